@@ -1,0 +1,125 @@
+"""The contract every member cluster meets: inventory, gang dispatch, status, cancel.
+
+Federation drives clusters only through `ClusterBackend`. A backend turns a `GangWorkload` into
+whatever its cluster runs (a Volcano Job, an Indexed Job, or a simulated gang) and reports back in
+`GangStatus`. Names are deterministic from job id and attempt, so a repeated dispatch after a crash
+finds the gang it already created instead of starting a second copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobId, TenantId
+
+
+class GangPhase(StrEnum):
+    """A gang's state as its cluster reports it."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    # A replica was evicted or its node was lost: the job's restart policy decides what follows.
+    EVICTED = "EVICTED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_final(self) -> bool:
+        return self in {GangPhase.SUCCEEDED, GangPhase.FAILED, GangPhase.EVICTED, GangPhase.CANCELLED}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One pod of the gang."""
+
+    task: str
+    index: int
+    gpu_count: int
+    image: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GangWorkload:
+    """A whole gang, ready to create on one cluster."""
+
+    job_id: JobId
+    attempt: int
+    tenant: TenantId
+    gpu_type: GpuType
+    kind: CapacityKind
+    priority_class: str
+    replicas: tuple[ReplicaSpec, ...]
+    min_available: int
+    max_runtime_s: int
+    # Simulated backends run the gang for this long; real clusters ignore it.
+    sim_duration_s: float | None = None
+    # Simulated backends end the gang with this exit code (non-zero fails it).
+    sim_exit_code: int = 0
+
+    @property
+    def name(self) -> str:
+        return gang_name(self.job_id, self.attempt)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(r.gpu_count for r in self.replicas)
+
+
+def gang_name(job_id: JobId, attempt: int) -> str:
+    """The deterministic object name of a job's attempt: the same dispatch twice names one object."""
+    return f"{job_id}-a{attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class GangStatus:
+    job_id: JobId
+    attempt: int
+    phase: GangPhase
+    message: str = ""
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+
+
+class ClusterError(Exception):
+    """Root of the errors a backend raises. `retryable` says whether trying again may help."""
+
+    retryable: bool = True
+
+
+class ClusterUnreachable(ClusterError):
+    retryable = True
+
+
+class GangRejected(ClusterError):
+    """The cluster will not take the gang as asked (it does not fit, or the spec is unusable)."""
+
+    retryable = False
+
+
+class ClusterBackend(Protocol):
+    """One member cluster."""
+
+    @property
+    def name(self) -> ClusterName: ...
+
+    async def inventory(self) -> ClusterState:
+        """The cluster's description and its free GPUs per node, by pool."""
+        ...
+
+    async def dispatch(self, gang: GangWorkload) -> None:
+        """Create the whole gang or nothing. Idempotent: a gang that exists is left as it is."""
+        ...
+
+    async def statuses(self) -> Sequence[GangStatus]:
+        """Every gang this cluster knows of, finished ones included until they are deleted."""
+        ...
+
+    async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
+        """Stop the gang (if it runs) and delete its objects. Cancelling a missing gang is fine."""
+        ...

@@ -1,0 +1,1 @@
+"""gpufed placement package."""
