@@ -28,7 +28,7 @@ from aetcd import rpc
 
 from federation.errors import GpufedError, StoreUnavailable
 
-T = TypeVar("T")
+_Operand = TypeVar("_Operand", int, bytes)
 
 # etcd's default --max-txn-ops: compares, success ops and failure ops are each capped at this.
 MAX_TXN_OPS = 128
@@ -206,29 +206,27 @@ def prefix_end(prefix: bytes) -> bytes:
 
 def compare_holds(c: Compare, kv: KeyValue | None) -> bool:
     """etcd's rule: a missing key compares as all zeros, except that a VALUE compare on it always fails."""
-    if kv is None and c.target is CompareTarget.VALUE:
-        return False
-    actual: int | bytes
-    if c.target is CompareTarget.VALUE:
-        actual = kv.value if kv is not None else b""
-    elif kv is None:
-        actual = 0
-    elif c.target is CompareTarget.VERSION:
-        actual = kv.version
-    elif c.target is CompareTarget.CREATE:
-        actual = kv.create_revision
-    else:
-        actual = kv.mod_revision
-    want = c.operand
-    match c.op:
+    if isinstance(c.operand, bytes):  # a VALUE compare, as Compare checks on construction
+        return kv is not None and _holds(c.op, kv.value, c.operand)
+    if kv is None:
+        return _holds(c.op, 0, c.operand)
+    if c.target is CompareTarget.VERSION:
+        return _holds(c.op, kv.version, c.operand)
+    if c.target is CompareTarget.CREATE:
+        return _holds(c.op, kv.create_revision, c.operand)
+    return _holds(c.op, kv.mod_revision, c.operand)
+
+
+def _holds(op: CompareOp, actual: _Operand, want: _Operand) -> bool:
+    match op:
         case CompareOp.EQUAL:
             return actual == want
         case CompareOp.NOT_EQUAL:
             return actual != want
         case CompareOp.LESS:
-            return actual < want  # type: ignore[operator]
+            return actual < want
         case CompareOp.GREATER:
-            return actual > want  # type: ignore[operator]
+            return actual > want
 
 
 def check_txn_shape(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> None:
@@ -343,18 +341,20 @@ class EtcdKv:
             return StoreUnavailable(f"{what}: etcd at {self.endpoint} did not answer: {e!r}")
         return KvError(f"{what}: etcd at {self.endpoint} failed: {e!r}")
 
-    async def _unary(self, what: str, stub: str, method: str, request: Any) -> Any:
+    async def _unary(self, what: str, method: Callable[[Any], Any], request: Any) -> Any:
+        """Call one unary RPC; `method` picks it from the connected client (its stubs exist only then)."""
         if self._closed:
             raise StoreUnavailable(f"{what}: the client for etcd at {self.endpoint} is closed")
         try:
             await self._client.connect()
-            call = getattr(getattr(self._client, stub), method)
-            return await call(request, timeout=self._timeout_s, metadata=self._client.metadata)
+            return await method(self._client)(
+                request, timeout=self._timeout_s, metadata=self._client.metadata
+            )
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
             raise self._error(what, e) from e
 
     async def get(self, key: bytes) -> KeyValue | None:
-        resp = await self._unary("get", "kvstub", "Range", rpc.RangeRequest(key=key))
+        resp = await self._unary("get", lambda c: c.kvstub.Range, rpc.RangeRequest(key=key))
         return _kv_from_pb(resp.kvs[0]) if resp.kvs else None
 
     async def range_prefix(
@@ -368,22 +368,24 @@ class EtcdKv:
             sort_order=rpc.RangeRequest.ASCEND,
             sort_target=rpc.RangeRequest.KEY,
         )
-        resp = await self._unary("range", "kvstub", "Range", req)
+        resp = await self._unary("range", lambda c: c.kvstub.Range, req)
         return RangeResult(
             kvs=tuple(_kv_from_pb(kv) for kv in resp.kvs), revision=resp.header.revision, more=resp.more
         )
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
-        resp = await self._unary("put", "kvstub", "Put", rpc.PutRequest(key=key, value=value, lease=lease))
+        resp = await self._unary(
+            "put", lambda c: c.kvstub.Put, rpc.PutRequest(key=key, value=value, lease=lease)
+        )
         return int(resp.header.revision)
 
     async def delete(self, key: bytes) -> bool:
-        resp = await self._unary("delete", "kvstub", "DeleteRange", rpc.DeleteRangeRequest(key=key))
+        resp = await self._unary("delete", lambda c: c.kvstub.DeleteRange, rpc.DeleteRangeRequest(key=key))
         return bool(resp.deleted)
 
     async def delete_prefix(self, prefix: bytes) -> int:
         req = rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix))
-        resp = await self._unary("delete prefix", "kvstub", "DeleteRange", req)
+        resp = await self._unary("delete prefix", lambda c: c.kvstub.DeleteRange, req)
         return int(resp.deleted)
 
     async def txn(
@@ -403,7 +405,7 @@ class EtcdKv:
             success=[_op_to_pb(op) for op in success],
             failure=[_op_to_pb(op) for op in failure],
         )
-        resp = await self._unary("txn", "kvstub", "Txn", req)
+        resp = await self._unary("txn", lambda c: c.kvstub.Txn, req)
         gets = tuple(
             _kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
             for r in resp.responses
@@ -434,7 +436,9 @@ class EtcdKv:
             await events.aclose()
 
     async def grant_lease(self, ttl_s: int) -> int:
-        resp = await self._unary("grant lease", "leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s))
+        resp = await self._unary(
+            "grant lease", lambda c: c.leasestub.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl_s)
+        )
         if resp.error:
             raise KvError(f"grant lease: etcd at {self.endpoint}: {resp.error}")
         return int(resp.ID)
@@ -463,12 +467,14 @@ class EtcdKv:
     async def revoke_lease(self, lease_id: int) -> None:
         # Already expired or revoked is the outcome the caller wanted.
         with contextlib.suppress(LeaseNotFound):
-            await self._unary("revoke lease", "leasestub", "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
+            await self._unary(
+                "revoke lease", lambda c: c.leasestub.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id)
+            )
 
     async def compact(self, revision: int) -> None:
         # Compacted at or past this revision already is fine.
         with contextlib.suppress(WatchCompacted):
-            await self._unary("compact", "kvstub", "Compact", rpc.CompactionRequest(revision=revision))
+            await self._unary("compact", lambda c: c.kvstub.Compact, rpc.CompactionRequest(revision=revision))
 
     async def close(self) -> None:
         if self._closed:
