@@ -10,6 +10,7 @@ from federation.etcd_process import EtcdProcess
 from federation.jobs import JobRecord
 from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
 from federation.kv import EtcdKv
+from federation.store import PREFIX, KvStore
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
 
 
@@ -26,11 +27,16 @@ def etcd_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProce
 async def etcd_kv(etcd_process: EtcdProcess) -> AsyncIterator[EtcdKv]:
     kv = await EtcdKv.connect(etcd_process.endpoint)
     # The store's keys are fixed under /gpufed/, so isolation means starting from an empty prefix.
-    await kv.delete_prefix(b"/gpufed/")
+    await kv.delete_prefix(PREFIX)
     try:
         yield kv
     finally:
         await kv.close()
+
+
+@pytest.fixture
+def etcd_store(etcd_kv: EtcdKv) -> KvStore:
+    return KvStore(etcd_kv)
 
 
 def build_job(

@@ -1,0 +1,178 @@
+"""The job store and its cache on real etcd, including etcd going away and coming back."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from federation.cache import JobCache
+from federation.errors import IdempotencyConflict, StoreUnavailable
+from federation.etcd_process import EtcdProcess
+from federation.jobs import JobRecord
+from federation.kv import EtcdKv
+from federation.records import Role, UserRecord
+from federation.store import PAGE_SIZE, PREFIX, KvStore
+from placement.model import JobId, JobPhase, TenantId
+
+pytestmark = pytest.mark.integration
+
+MakeJob = Callable[..., JobRecord]
+
+
+async def test_create_job_is_idempotent_per_key_and_digest(etcd_store: KvStore, make_job: MakeJob) -> None:
+    first, created = await etcd_store.create_job(make_job("j1"), idempotency_key="k1", manifest_digest="d1")
+    assert created
+    again, created_again = await etcd_store.create_job(
+        make_job("j2"), idempotency_key="k1", manifest_digest="d1"
+    )
+    assert not created_again
+    assert again == first
+    with pytest.raises(IdempotencyConflict, match="k1"):
+        await etcd_store.create_job(make_job("j3"), idempotency_key="k1", manifest_digest="other")
+    jobs, _ = await etcd_store.list_jobs()
+    assert [s.value.job_id for s in jobs] == ["j1"]
+
+
+async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_job(
+    etcd_store: KvStore, make_job: MakeJob
+) -> None:
+    results = await asyncio.gather(
+        *(
+            etcd_store.create_job(make_job(f"j{i}"), idempotency_key="same", manifest_digest="d")
+            for i in range(50)
+        )
+    )
+    assert sum(created for _, created in results) == 1
+    assert len({(s.value.job_id, s.mod_revision) for s, _ in results}) == 1
+    jobs, _ = await etcd_store.list_jobs()
+    assert len(jobs) == 1
+
+
+async def test_commit_is_compare_and_swap(etcd_store: KvStore, make_job: MakeJob) -> None:
+    stored, _ = await etcd_store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
+    admitted = dataclasses.replace(stored.value, phase=JobPhase.ADMITTED)
+    revision = await etcd_store.commit([(admitted, stored.mod_revision)])
+    assert revision is not None
+    current = await etcd_store.get_job(JobId("j1"))
+    assert current is not None
+    assert (current.value.phase, current.mod_revision) == (JobPhase.ADMITTED, revision)
+    # A writer that read before that commit loses.
+    assert (
+        await etcd_store.commit([(dataclasses.replace(stored.value, message="stale"), stored.mod_revision)])
+        is None
+    )
+    current = await etcd_store.get_job(JobId("j1"))
+    assert current is not None
+    assert current.value.message == ""
+
+
+async def test_list_jobs_pages_through_more_than_a_thousand_jobs(
+    etcd_store: KvStore, make_job: MakeJob
+) -> None:
+    total = PAGE_SIZE + 200
+    sem = asyncio.Semaphore(64)
+
+    async def create(i: int) -> None:
+        async with sem:
+            await etcd_store.create_job(make_job(f"j{i:05d}"), idempotency_key=f"k{i}", manifest_digest="d")
+
+    await asyncio.gather(*(create(i) for i in range(total)))
+    jobs, revision = await etcd_store.list_jobs()
+    assert [s.value.job_id for s in jobs] == [f"j{i:05d}" for i in range(total)]
+    assert revision >= max(s.mod_revision for s in jobs)
+
+
+async def test_tokens_are_never_stored_in_plaintext(etcd_store: KvStore, etcd_kv: EtcdKv) -> None:
+    token = "gpufed_0123456789abcdef-plaintext"
+    await etcd_store.put_user(UserRecord("bob", TenantId("nlp"), Role.MEMBER))
+    await etcd_store.put_token(token, "bob")
+    assert await etcd_store.resolve_token(token) == UserRecord("bob", TenantId("nlp"), Role.MEMBER)
+    stored = (await etcd_kv.range_prefix(PREFIX)).kvs
+    assert stored
+    assert not any(token.encode() in kv.key or token.encode() in kv.value for kv in stored)
+    assert await etcd_store.revoke_token(token)
+    assert await etcd_store.resolve_token(token) is None
+
+
+async def test_cache_lists_then_watches_creates_and_updates(etcd_store: KvStore, make_job: MakeJob) -> None:
+    before, _ = await etcd_store.create_job(make_job("before"), idempotency_key="k0", manifest_digest="d")
+    cache = JobCache(etcd_store)
+    await cache.start()
+    try:
+        assert cache.get(JobId("before")) == before
+        changes = cache.subscribe()
+        after, _ = await etcd_store.create_job(make_job("after"), idempotency_key="k1", manifest_digest="d")
+        admitted = dataclasses.replace(before.value, phase=JobPhase.ADMITTED)
+        revision = await etcd_store.commit([(admitted, before.mod_revision)])
+        assert revision is not None
+        assert await cache.wait_for_revision(revision)
+        assert cache.get(JobId("after")) == after
+        current = cache.get(JobId("before"))
+        assert current is not None
+        assert current.value.phase is JobPhase.ADMITTED
+        seen = [changes.get_nowait(), changes.get_nowait()]
+        assert [(e.job_id, e.mod_revision) for e in seen if e is not None] == [
+            ("after", after.mod_revision),
+            ("before", revision),
+        ]
+    finally:
+        await cache.stop()
+
+
+async def test_a_dead_etcd_fails_fast_and_its_data_survives_a_restart(
+    tmp_path: Path, make_job: MakeJob
+) -> None:
+    etcd = EtcdProcess(tmp_path / "etcd")
+    etcd.start()
+    kv = await EtcdKv.connect(etcd.endpoint, timeout_s=2.0)
+    cache: JobCache | None = None
+    try:
+        store = KvStore(kv)
+        stored, _ = await store.create_job(make_job("survivor"), idempotency_key="k", manifest_digest="d")
+        cache = JobCache(store)
+        await cache.start()
+
+        etcd.kill()
+        calls = {
+            "get_job": lambda: store.get_job(JobId("survivor")),
+            "create_job": lambda: store.create_job(make_job("j2"), idempotency_key="k2", manifest_digest="d"),
+            "list_jobs": store.list_jobs,
+            "commit": lambda: store.commit([(stored.value, stored.mod_revision)]),
+            "grant_lease": lambda: kv.grant_lease(5),
+        }
+        for name, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match=etcd.endpoint):
+                await call()
+            assert time.monotonic() - started < 3, f"{name} took too long to fail"
+        for _ in range(50):
+            if not cache.synced:
+                break
+            await asyncio.sleep(0.05)
+        assert not cache.synced, "the cache should notice its watch broke"
+
+        etcd.start()  # same data dir, same ports
+        again = await store.get_job(JobId("survivor"))
+        assert again == stored
+        later, _ = await store.create_job(make_job("later"), idempotency_key="k3", manifest_digest="d")
+        assert await cache.wait_for_revision(later.mod_revision, timeout_s=10)
+        assert cache.synced
+        assert cache.get(JobId("later")) == later
+    finally:
+        if cache is not None:
+            await cache.stop()
+        await kv.close()
+        etcd.stop()
+
+    # `gpufed up` again: a new process on the same data dir, with whatever ports are free now.
+    with EtcdProcess(tmp_path / "etcd") as reborn:
+        kv = await EtcdKv.connect(reborn.endpoint)
+        try:
+            assert await KvStore(kv).get_job(JobId("survivor")) == stored
+        finally:
+            await kv.close()
