@@ -1,0 +1,117 @@
+"""Leader election on real etcd leases: takeover after a crash, fencing of the old leader, loss on outage."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from federation.etcd_process import EtcdProcess
+from federation.jobs import JobRecord
+from federation.kv import EtcdKv
+from federation.leader import LeaderElection
+from federation.store import LEADER_KEY, KvStore
+
+pytestmark = pytest.mark.integration
+
+MakeJob = Callable[..., JobRecord]
+
+
+async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(etcd_kv: EtcdKv) -> None:
+    first = LeaderElection(etcd_kv, "first", ttl_s=5)
+    second = LeaderElection(etcd_kv, "second", ttl_s=5)
+    try:
+        fence = await first.acquire()
+        key = await etcd_kv.get(LEADER_KEY)
+        assert key is not None
+        assert (key.value, key.create_revision) == (b"first", fence.create_revision)
+        assert first.is_leader
+        assert first.fence == fence
+        standby = asyncio.create_task(second.acquire())
+        await asyncio.sleep(0.3)
+        assert not standby.done()
+        assert not second.is_leader
+        standby.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await standby
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence_is_refused(
+    etcd_kv: EtcdKv, make_job: MakeJob
+) -> None:
+    store = KvStore(etcd_kv)
+    first = LeaderElection(etcd_kv, "first", ttl_s=2)
+    second = LeaderElection(etcd_kv, "second", ttl_s=2)
+    try:
+        old_fence = await first.acquire()
+        standby = asyncio.create_task(second.acquire())
+        await asyncio.sleep(0.2)
+        # What SIGKILL looks like to etcd: the keepalives stop and nobody revokes the lease.
+        assert first._keepalive_task is not None
+        first._keepalive_task.cancel()
+        died = time.monotonic()
+        new_fence = await asyncio.wait_for(standby, timeout=6)
+        took_s = time.monotonic() - died
+        assert took_s < 2 + 1.5, f"takeover took {took_s:.1f}s with a 2s TTL"
+        assert new_fence.create_revision > old_fence.create_revision
+
+        stored, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
+        decision = dataclasses.replace(stored.value, message="admitted by the old leader")
+        assert await store.commit([(decision, stored.mod_revision)], fence=old_fence) is None
+        assert await store.commit([(decision, stored.mod_revision)], fence=new_fence) is not None
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_resign_hands_over_at_once(etcd_kv: EtcdKv) -> None:
+    first = LeaderElection(etcd_kv, "first", ttl_s=10)
+    second = LeaderElection(etcd_kv, "second", ttl_s=10)
+    try:
+        await first.acquire()
+        standby = asyncio.create_task(second.acquire())
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await first.resign()
+        await asyncio.wait_for(standby, timeout=5)
+        assert time.monotonic() - started < 1.5
+        assert first.lost().is_set()
+        assert second.is_leader
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None:
+    election = LeaderElection(etcd_kv, "me", ttl_s=2)
+    try:
+        fence = await election.acquire()
+        await etcd_kv.delete(fence.key)
+        await asyncio.wait_for(election.lost().wait(), timeout=3)
+        assert not election.is_leader
+    finally:
+        await election.close()
+
+
+async def test_the_leader_gives_up_when_etcd_is_gone_for_a_ttl(tmp_path: Path) -> None:
+    with EtcdProcess(tmp_path / "etcd") as etcd:
+        kv = await EtcdKv.connect(etcd.endpoint, timeout_s=1.0)
+        election = LeaderElection(kv, "me", ttl_s=2)
+        try:
+            await election.acquire()
+            etcd.kill()
+            started = time.monotonic()
+            await asyncio.wait_for(election.lost().wait(), timeout=5)
+            assert 1.0 < time.monotonic() - started < 3.5
+            assert not election.is_leader
+            assert election.fence is None
+        finally:
+            await election.close()
+            await kv.close()
