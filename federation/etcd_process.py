@@ -8,6 +8,7 @@ directory finds the same state, even when the new process gets different ports.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.resources
 import json
@@ -74,6 +75,7 @@ class EtcdProcess:
         self._extra_args = tuple(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._atexit_registered = False
 
     @property
     def host(self) -> str:
@@ -88,6 +90,10 @@ class EtcdProcess:
     @property
     def endpoint(self) -> str:
         return f"{self._host}:{self.client_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def running(self) -> bool:
@@ -137,6 +143,11 @@ class EtcdProcess:
         self._proc = subprocess.Popen(
             self._command(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        if not self._atexit_registered:
+            # The own session keeps etcd out of Ctrl-C; this keeps it from outliving an interpreter that
+            # exits without stopping it.
+            atexit.register(self.kill)
+            self._atexit_registered = True
         deadline = time.monotonic() + timeout_s
         while True:
             if self._proc.poll() is not None:

@@ -303,7 +303,8 @@ class EtcdKv:
 
     @classmethod
     async def connect(cls, endpoint: str, *, timeout_s: float = 5.0) -> EtcdKv:
-        """A connected client; raises StoreUnavailable if etcd does not answer a first read."""
+        """A client of "host:port"; raises StoreUnavailable if etcd does not answer a first read."""
+        endpoint = endpoint.removeprefix("http://")
         host, _, port = endpoint.rpartition(":")
         client = aetcd.Client(host=host, port=int(port), timeout=timeout_s, options=dict(_CHANNEL_OPTIONS))
         kv = cls(client, endpoint, timeout_s)

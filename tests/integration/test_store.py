@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -175,4 +177,19 @@ async def test_a_dead_etcd_fails_fast_and_its_data_survives_a_restart(
         try:
             assert await KvStore(kv).get_job(JobId("survivor")) == stored
         finally:
+            await kv.close()
+
+
+async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_path: Path) -> None:
+    with EtcdProcess(tmp_path / "etcd") as etcd:
+        kv = await EtcdKv.connect(etcd.endpoint, timeout_s=1.0)
+        assert etcd.pid is not None
+        try:
+            os.kill(etcd.pid, signal.SIGSTOP)  # alive, connected, silent: only a deadline helps
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="DEADLINE_EXCEEDED"):
+                await kv.get(b"/gpufed/jobs/x")
+            assert time.monotonic() - started < 2.5
+        finally:
+            os.kill(etcd.pid, signal.SIGCONT)
             await kv.close()
