@@ -1,0 +1,312 @@
+"""Invariants of the placer over random small snapshots.
+
+The checks replay a plan against the snapshot with the node-list `fit_replicas`, independently of the
+histograms the placer works on, so they also catch the two disagreeing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.fit import fit_replicas
+from placement.model import (
+    Admission,
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GangRequest,
+    GpuType,
+    GpuTypePolicy,
+    JobId,
+    NodePool,
+    Plan,
+    Provider,
+    RunningGang,
+    Snapshot,
+    TenantId,
+    TenantQuota,
+    WaitCode,
+    Waiting,
+)
+from placement.plan import plan
+from tests.unit.placement_builders import shuffled
+
+GPU_TYPES = [GpuType("A100"), GpuType("H100"), GpuType("L4")]
+KIND_RANK = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
+TENANTS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
+PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
+
+
+# Strategies are built once: building them inside a composite costs more than the draws themselves.
+GPUS_PER_NODE = st.sampled_from([2, 4, 8, 8])
+# Mostly whole or half-free nodes, clamped to the node size: enough room to admit, enough to contend for.
+FREE_PER_NODE = st.lists(st.sampled_from([0, 2, 4, 8, 8, 8]), max_size=6)
+A_GPU_TYPE = st.sampled_from(GPU_TYPES)
+# Skewed towards ties on price and kind, so that packing and cluster names decide often.
+A_KIND = st.sampled_from(
+    [CapacityKind.PRIVATE, CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT]
+)
+A_PRICE = st.sampled_from([1.0, 1.0, 2.0])
+MOSTLY_REACHABLE = st.sampled_from([True, True, True, False])
+A_TENANT = st.sampled_from(TENANTS)
+A_QUEUED_TENANT = st.sampled_from([*TENANTS, *TENANTS, TenantId("ghost")])
+A_PRIORITY = st.integers(0, 3)
+A_QUEUE_TIME = st.integers(0, 5).map(float)
+# Mostly shapes that repeat across the queue, as in real queues (and as the placer's caches assume).
+REPLICAS = st.sampled_from([(8,), (4,), (2,), (4, 4), (8, 8), (2, 2, 2)]) | st.lists(
+    st.integers(0, 8), min_size=1, max_size=4
+).map(tuple)
+ACCEPTED_TYPES = st.lists(
+    st.sampled_from([*GPU_TYPES, *GPU_TYPES, GpuType("B200")]), min_size=1, max_size=3
+).map(tuple)
+A_POLICY = st.sampled_from(list(GpuTypePolicy))
+CAPPED_TYPES = st.lists(A_GPU_TYPE, unique=True, max_size=1)
+A_CAP = st.integers(0, 48)
+A_RUNNING_COUNT = st.integers(1, 16)
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> NodePool:
+    gpus_per_node = draw(GPUS_PER_NODE)
+    return NodePool(
+        name="pool",
+        gpu_type=draw(A_GPU_TYPE),
+        kind=draw(A_KIND),
+        usd_per_gpu_hour=draw(A_PRICE),
+        gpus_per_node=gpus_per_node,
+        free_gpus_per_node=tuple(min(free, gpus_per_node) for free in draw(FREE_PER_NODE)),
+    )
+
+
+POOLS = st.lists(pools(), min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> ClusterState:
+    return ClusterState(
+        name=ClusterName("cluster"),
+        provider=Provider.PRIVATE,
+        region="local",
+        pools=draw(POOLS),
+        reachable=draw(MOSTLY_REACHABLE),
+    )
+
+
+@st.composite
+def gangs(draw: st.DrawFn) -> GangRequest:
+    return GangRequest(
+        job_id=JobId("job"),
+        tenant=draw(A_QUEUED_TENANT),
+        priority=draw(A_PRIORITY),
+        queued_at_s=draw(A_QUEUE_TIME),
+        replica_gpus=draw(REPLICAS),
+        gpu_types=draw(ACCEPTED_TYPES),
+        gpu_type_policy=draw(A_POLICY),
+        allow_spot=draw(st.booleans()),
+    )
+
+
+@st.composite
+def running_gangs(draw: st.DrawFn) -> RunningGang:
+    return RunningGang(
+        job_id=JobId("running"),
+        tenant=draw(A_TENANT),
+        priority=0,
+        cluster=ClusterName("c0"),
+        gpu_type=draw(A_GPU_TYPE),
+        gpu_count=draw(A_RUNNING_COUNT),
+    )
+
+
+CLUSTERS = st.lists(clusters(), min_size=1, max_size=3)
+QUEUE = st.lists(gangs(), max_size=12)
+RUNNING = st.lists(running_gangs(), max_size=3)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    """Ids and names are given by position after drawing, so that they are unique."""
+    tenants = tuple(
+        TenantQuota(tenant=tenant, gpu_caps=tuple((gpu_type, draw(A_CAP)) for gpu_type in draw(CAPPED_TYPES)))
+        for tenant in TENANTS
+    )
+    return Snapshot(
+        queued=tuple(replace(g, job_id=JobId(f"j{i}")) for i, g in enumerate(draw(QUEUE))),
+        running=tuple(replace(r, job_id=JobId(f"r{i}")) for i, r in enumerate(draw(RUNNING))),
+        tenants=tenants,
+        clusters=tuple(
+            replace(
+                c,
+                name=ClusterName(f"c{i}"),
+                pools=tuple(replace(p, name=f"p{k}") for k, p in enumerate(c.pools)),
+            )
+            for i, c in enumerate(draw(CLUSTERS))
+        ),
+    )
+
+
+OfferKey = tuple[str, str, CapacityKind, float]
+
+
+@dataclass
+class Replay:
+    """The snapshot's node lists and tenant usage, advanced admission by admission with `fit_replicas`."""
+
+    snapshot: Snapshot
+
+    def __post_init__(self) -> None:
+        self.free: dict[OfferKey, list[int]] = {}
+        self.reachable = {c.name: c.reachable for c in self.snapshot.clusters}
+        for cluster in self.snapshot.clusters:
+            for pool in cluster.pools:
+                key = (cluster.name, pool.gpu_type, pool.kind, pool.usd_per_gpu_hour)
+                self.free.setdefault(key, []).extend(pool.free_gpus_per_node)
+        self.usage: dict[tuple[str, str], int] = {}
+        for gang in self.snapshot.running:
+            self.usage[(gang.tenant, gang.gpu_type)] = (
+                self.usage.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count
+            )
+        self.caps = {t.tenant: dict(t.gpu_caps) for t in self.snapshot.tenants}
+
+    def cap_allows(self, gang: GangRequest, gpu_type: str) -> bool:
+        cap = self.caps[gang.tenant].get(GpuType(gpu_type))
+        return cap is None or self.usage.get((gang.tenant, gpu_type), 0) + gang.gpu_count <= cap
+
+    def usable_offers(self, gang: GangRequest, gpu_types: Sequence[str]) -> list[OfferKey]:
+        return [
+            key
+            for key in self.free
+            if key[1] in gpu_types
+            and self.reachable[ClusterName(key[0])]
+            and (gang.allow_spot or key[2] is not CapacityKind.SPOT)
+            and self.cap_allows(gang, key[1])
+        ]
+
+    def feasible(self, gang: GangRequest, gpu_types: Sequence[str]) -> list[OfferKey]:
+        return [
+            key
+            for key in self.usable_offers(gang, gpu_types)
+            if fit_replicas(gang.replica_gpus, self.free[key]) is not None
+        ]
+
+    def apply(self, gang: GangRequest, admission: Admission) -> None:
+        key = (admission.cluster, admission.gpu_type, admission.kind, admission.usd_per_gpu_hour)
+        taken = fit_replicas(gang.replica_gpus, self.free[key])
+        assert taken is not None, f"{gang.job_id} does not fit where it was admitted"
+        self.free[key] = [free - t for free, t in zip(self.free[key], taken, strict=True)]
+        assert min(self.free[key], default=0) >= 0
+        usage_key = (gang.tenant, admission.gpu_type)
+        self.usage[usage_key] = self.usage.get(usage_key, 0) + gang.gpu_count
+
+
+def in_queue_order(snapshot: Snapshot) -> list[GangRequest]:
+    return sorted(snapshot.queued, key=lambda g: (-g.priority, g.queued_at_s, g.job_id))
+
+
+def acceptable_types(gang: GangRequest) -> list[str]:
+    return list(dict.fromkeys(gang.gpu_types))
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_every_queued_job_is_admitted_once_or_waits_with_reasons(snapshot: Snapshot) -> None:
+    result = plan(snapshot, now=0.0)
+    admitted = [a.job_id for a in result.admissions]
+    waiting = [w.job_id for w in result.waiting]
+    assert len(admitted) == len(set(admitted))
+    assert sorted(admitted + waiting) == sorted(g.job_id for g in snapshot.queued)
+    assert all(w.reasons for w in result.waiting)
+    order = [g.job_id for g in in_queue_order(snapshot)]
+    assert waiting == [j for j in order if j in set(waiting)]
+    assert admitted == [j for j in order if j in set(admitted)]
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_admitted_gangs_fit_their_cluster_and_caps_hold(snapshot: Snapshot) -> None:
+    """Replaying admissions never drives a node below zero, and no tenant goes over a cap by them."""
+    result = plan(snapshot, now=0.0)
+    gangs = {g.job_id: g for g in snapshot.queued}
+    replay = Replay(snapshot)
+    known = {t.tenant for t in snapshot.tenants}
+    for admission in result.admissions:
+        gang = gangs[admission.job_id]
+        assert gang.tenant in known
+        assert admission.gpu_type in gang.gpu_types
+        assert gang.allow_spot or admission.kind is not CapacityKind.SPOT
+        assert replay.reachable[admission.cluster]
+        assert replay.cap_allows(gang, admission.gpu_type)
+        replay.apply(gang, admission)
+
+
+def selection_key(replay: Replay, gang: GangRequest, key: OfferKey) -> tuple[float, int, int, int, str, str]:
+    """The placer's documented preference: price, kind, GPUs stranded, nodes touched, cluster, type."""
+    free = replay.free[key]
+    taken = fit_replicas(gang.replica_gpus, free)
+    assert taken is not None
+    touched = [i for i, t in enumerate(taken) if t]
+    stranded = sum(free[i] - taken[i] for i in touched)
+    return (key[3], KIND_RANK[key[2]], stranded, len(touched), key[0], key[1])
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_a_waiting_gang_had_no_placement_at_its_turn_and_admissions_are_the_best(snapshot: Snapshot) -> None:
+    """Priority is respected: capacity a waiting gang could have used alone was not there at its turn.
+
+    Replaying in queue order, a waiting gang fits no usable pool group of any type it accepts, given the
+    admissions of the gangs before it only, and its capacity reasons state that replayed capacity. An
+    admitted gang got the placement the documented preference ranks first, on the first type that fits
+    when its types are ordered.
+    """
+    result = plan(snapshot, now=0.0)
+    admissions = {a.job_id: a for a in result.admissions}
+    waiting = {w.job_id: w for w in result.waiting}
+    replay = Replay(snapshot)
+    known = {t.tenant for t in snapshot.tenants}
+    for gang in in_queue_order(snapshot):
+        admission = admissions.get(gang.job_id)
+        if gang.tenant not in known:
+            assert admission is None
+            continue
+        types = acceptable_types(gang)
+        if admission is None:
+            assert replay.feasible(gang, types) == [], f"{gang.job_id} waits but fits"
+            check_capacity_reasons(replay, gang, waiting[gang.job_id])
+            continue
+        if gang.gpu_type_policy is GpuTypePolicy.ORDERED:
+            first_fitting = next(t for t in types if replay.feasible(gang, [t]))
+            assert admission.gpu_type == first_fitting
+            types = [first_fitting]
+        chosen = (admission.cluster, admission.gpu_type, admission.kind, admission.usd_per_gpu_hour)
+        best = min(replay.feasible(gang, types), key=lambda key: selection_key(replay, gang, key))
+        assert selection_key(replay, gang, chosen) == selection_key(replay, gang, best)
+        replay.apply(gang, admission)
+
+
+def check_capacity_reasons(replay: Replay, gang: GangRequest, waits: Waiting) -> None:
+    for reason in waits.reasons:
+        assert reason.gpu_type is None or reason.gpu_type in gang.gpu_types
+        if reason.code is not WaitCode.INSUFFICIENT_CAPACITY:
+            continue
+        usable = [
+            free
+            for (cluster, gpu_type, kind, _), free in replay.free.items()
+            if (cluster, gpu_type) == (reason.cluster, reason.gpu_type)
+            and (gang.allow_spot or kind is not CapacityKind.SPOT)
+        ]
+        nodes = [gpus for free in usable for gpus in free]
+        assert reason.message.endswith(f"has {sum(nodes)} free, at most {max(nodes)} on one node"), reason
+
+
+@PROPERTY_SETTINGS
+@given(snapshots(), st.randoms(use_true_random=False))
+def test_same_snapshot_in_any_order_gives_the_same_plan(snapshot: Snapshot, rng: random.Random) -> None:
+    expected: Plan = plan(snapshot, now=0.0)
+    assert plan(shuffled(snapshot, rng), now=0.0) == expected
+    assert plan(snapshot, now=1e9) == expected
