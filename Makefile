@@ -22,7 +22,7 @@ $(DEPS_STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 # Stubs come from the installed grpc_tools.protoc, never committed: see docs/architecture.md.
 $(STUBS): $(PROTO) $(DEPS_STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO)
 	touch $(STUBS)
 

@@ -41,7 +41,13 @@ class Owner(StrEnum):
     STATUS = "status"
 
 
-Q, AD, ST, DI, RU = JobPhase.QUEUED, JobPhase.ADMITTED, JobPhase.STAGING, JobPhase.DISPATCHED, JobPhase.RUNNING
+Q, AD, ST, DI, RU = (
+    JobPhase.QUEUED,
+    JobPhase.ADMITTED,
+    JobPhase.STAGING,
+    JobPhase.DISPATCHED,
+    JobPhase.RUNNING,
+)
 SU, FA, CA = JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED
 
 # (from, to) -> owner. QUEUED is also a target: a requeue (cluster rejected the gang, the gang was
@@ -112,7 +118,9 @@ class JobRecord:
         if owner is None:
             raise InvalidTransition(f"job {self.job_id}: {self.phase} -> {to} is not a valid transition")
         if owner is not by:
-            raise InvalidTransition(f"job {self.job_id}: {self.phase} -> {to} is written by {owner}, not {by}")
+            raise InvalidTransition(
+                f"job {self.job_id}: {self.phase} -> {to} is written by {owner}, not {by}"
+            )
         attempt = int(changes.get("attempt", self.attempt))
         event = PhaseEvent(phase=to, at_s=at_s, attempt=attempt, reason=reason)
         return replace(self, phase=to, message=reason, events=(*self.events, event), **changes)
@@ -244,7 +252,8 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested,
         "message": job.message,
         "events": [
-            {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason} for e in job.events
+            {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason}
+            for e in job.events
         ],
     }
 
@@ -272,7 +281,12 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         cancel_requested=bool(d["cancel_requested"]),
         message=d["message"],
         events=tuple(
-            PhaseEvent(phase=JobPhase(e["phase"]), at_s=float(e["at_s"]), attempt=int(e["attempt"]), reason=e["reason"])
+            PhaseEvent(
+                phase=JobPhase(e["phase"]),
+                at_s=float(e["at_s"]),
+                attempt=int(e["attempt"]),
+                reason=e["reason"],
+            )
             for e in d["events"]
         ),
     )

@@ -57,7 +57,7 @@ class UserRecord:
 
 
 def tenant_to_dict(t: TenantRecord) -> dict[str, Any]:
-    return {"name": t.name, "gpu_caps": {g: n for g, n in t.gpu_caps}}
+    return {"name": t.name, "gpu_caps": dict(t.gpu_caps)}
 
 
 def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:

@@ -1,0 +1,351 @@
+"""The gRPC servicers: authenticate, authorize, validate, then read or write through the store.
+
+Handlers are thin. Authorization rules live in `federation.auth`, validation in `federation.spec`,
+storage in `federation.store`; each handler only strings them together, and `_unary` maps every
+project error to its status code in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from federation.api import convert
+from federation.api.status import status_code_for
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.auth import (
+    Authenticator,
+    Principal,
+    check_read_job,
+    check_write_job,
+    listable_tenant,
+    submit_tenant,
+)
+from federation.cache import JobCache
+from federation.errors import (
+    FailedPrecondition,
+    GpufedError,
+    InvalidArgument,
+    InvalidSpec,
+    NotFound,
+    PermissionDenied,
+)
+from federation.jobs import JobRecord
+from federation.metrics import Metrics
+from federation.spec import manifest_digest, parse_manifest
+from federation.store import JobStore, Stored
+from placement.model import ClusterState, JobId, JobPhase, TenantId
+
+log = structlog.get_logger("gpufed.api")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 128
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 100
+# Urgent work preempts others; until admin approvals exist, only admins may submit it.
+RESTRICTED_PRIORITY_CLASSES = frozenset({"urgent"})
+
+
+def _new_job_id(name: str) -> JobId:
+    # Readable and DNS-label safe: the job name plus 32 random bits (the create is create-only, so a
+    # collision is caught and retried, never overwritten).
+    return JobId(f"{name[:40].rstrip('-')}-{secrets.token_hex(4)}")
+
+
+async def _abort(context: Ctx, error: GpufedError) -> None:
+    await context.abort(status_code_for(error), str(error))
+
+
+class _Handlers:
+    """Shared plumbing: authentication, error mapping and latency metrics for every call."""
+
+    def __init__(self, auth: Authenticator, metrics: Metrics) -> None:
+        self._auth = auth
+        self._metrics = metrics
+
+    async def principal(self, context: Ctx) -> Principal:
+        return await self._auth.authenticate(context.invocation_metadata())
+
+    async def unary(
+        self,
+        method: str,
+        request: Req,
+        context: Ctx,
+        body: Callable[[Principal, Req], Awaitable[Resp]],
+    ) -> Resp:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            who = await self.principal(context)
+            return await body(who, request)
+        except GpufedError as error:
+            code = status_code_for(error)
+            log.info("call_refused", method=method, code=code.name, error=str(error))
+            await _abort(context, error)
+            raise  # unreachable: abort raises
+        finally:
+            self._metrics.observe_call(method, code.name, time.perf_counter() - started)
+
+
+class JobService(pb_grpc.JobServiceServicer):
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        cache: JobCache,
+        auth: Authenticator,
+        metrics: Metrics,
+        priority_classes: Mapping[str, int],
+        known_tenants: Callable[[], Awaitable[frozenset[TenantId]]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._h = _Handlers(auth, metrics)
+        self._metrics = metrics
+        self._priority_classes = priority_classes
+        self._known_tenants = known_tenants
+        self._clock = clock
+
+    # ---- submit
+
+    async def SubmitJob(self, request: pb.SubmitJobRequest, context: Ctx) -> pb.SubmitJobResponse:
+        return await self._h.unary("SubmitJob", request, context, self._submit)
+
+    async def _submit(self, who: Principal, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
+        key = request.idempotency_key
+        if len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidArgument(f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
+        spec = parse_manifest(request.manifest, priority_classes=self._priority_classes.keys())
+        tenant = submit_tenant(who, spec.tenant)
+        if tenant not in await self._known_tenants():
+            raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
+        if spec.priority_class in RESTRICTED_PRIORITY_CLASSES and not who.is_admin:
+            raise PermissionDenied(
+                f"spec.priorityClassName: {spec.priority_class!r} needs an admin's approval"
+            )
+        spec = replace(spec, tenant=tenant)
+        now = self._clock()
+        job = JobRecord(
+            job_id=_new_job_id(spec.name),
+            tenant=tenant,
+            user=who.user,
+            spec=spec,
+            phase=JobPhase.QUEUED,
+            submitted_at_s=now,
+            queued_at_s=now,
+            priority=self._priority_classes[spec.priority_class],
+        )
+        # Without a client key every call is its own submission: key it by the fresh job id.
+        stored, created = await self._store.create_job(
+            job, idempotency_key=key or f"auto:{job.job_id}", manifest_digest=manifest_digest(spec)
+        )
+        if created:
+            self._metrics.jobs_submitted.labels(tenant=tenant).inc()
+            log.info("job_submitted", job_id=stored.value.job_id, tenant=tenant, user=who.user)
+        return pb.SubmitJobResponse(
+            job_id=stored.value.job_id, created=created, job=convert.job_to_pb(stored.value)
+        )
+
+    # ---- reads
+
+    async def _visible_job(self, who: Principal, job_id: str) -> Stored[JobRecord]:
+        if not job_id:
+            raise InvalidArgument("job_id: required")
+        stored = self._cache.get(JobId(job_id))
+        if stored is None:
+            # The cache may trail a write made a moment ago on this or another server.
+            stored = await self._store.get_job(JobId(job_id))
+        if stored is None:
+            raise NotFound(f"job {job_id} not found")
+        check_read_job(who, stored.value.tenant)
+        return stored
+
+    async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
+        async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
+            stored = await self._visible_job(who, req.job_id)
+            return convert.job_to_pb(stored.value, with_manifest=True)
+
+        return await self._h.unary("GetJob", request, context, body)
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: Ctx) -> pb.ListJobsResponse:
+        return await self._h.unary("ListJobs", request, context, self._list)
+
+    async def _list(self, who: Principal, req: pb.ListJobsRequest) -> pb.ListJobsResponse:
+        tenant = listable_tenant(who, req.tenant)
+        if req.page_size < 0:
+            raise InvalidArgument("page_size: must not be negative")
+        size = min(req.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        phases = {p for p in (convert.phase_from_pb(v) for v in req.phases) if p is not None}
+        after = _decode_page_token(req.page_token)
+        jobs = [
+            s.value
+            for s in self._cache.jobs()
+            if (tenant is None or s.value.tenant == tenant)
+            and (not phases or s.value.phase in phases)
+            and s.value.spec.name.startswith(req.name_prefix)
+        ]
+        jobs.sort(key=_list_order)
+        if after is not None:
+            jobs = [j for j in jobs if _list_order(j) > after]
+        page = jobs[:size]
+        token = _encode_page_token(_list_order(page[-1])) if len(jobs) > size else ""
+        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in page], next_page_token=token)
+
+    async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
+        try:
+            who = await self._h.principal(context)
+            if request.job_id:
+                first = await self._visible_job(who, request.job_id)
+                tenant: TenantId | None = first.value.tenant
+            else:
+                tenant = listable_tenant(who, request.tenant)
+        except GpufedError as error:
+            await _abort(context, error)
+            return
+        queue = self._cache.subscribe()
+        try:
+            last_sent: dict[JobId, tuple[JobPhase, int, bool]] = {}
+
+            def wanted(job: JobRecord) -> bool:
+                if request.job_id and job.job_id != request.job_id:
+                    return False
+                return tenant is None or job.tenant == tenant
+
+            def changed(job: JobRecord) -> bool:
+                state = (job.phase, job.attempt, job.cancel_requested)
+                if last_sent.get(job.job_id) == state:
+                    return False
+                last_sent[job.job_id] = state
+                return True
+
+            if request.include_initial or request.job_id:
+                for stored in sorted(self._cache.jobs(), key=lambda s: _list_order(s.value)):
+                    if wanted(stored.value) and changed(stored.value):
+                        yield pb.JobEvent(job=convert.job_to_pb(stored.value))
+                if request.job_id:
+                    current = self._cache.get(JobId(request.job_id))
+                    if current is not None and current.value.phase.is_terminal:
+                        return
+            while True:
+                event = await queue.get()
+                if event is None:
+                    # The cache dropped this subscriber (it fell too far behind): end the stream so
+                    # the client re-watches with include_initial instead of silently missing changes.
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "watch fell behind; watch again")
+                    return
+                job = event.job
+                if job is None or not wanted(job) or not changed(job):
+                    continue
+                yield pb.JobEvent(job=convert.job_to_pb(job))
+                if request.job_id and job.phase.is_terminal:
+                    return
+        finally:
+            self._cache.unsubscribe(queue)
+
+    async def CancelJob(self, request: pb.CancelJobRequest, context: Ctx) -> pb.Job:
+        return await self._h.unary("CancelJob", request, context, self._cancel)
+
+    async def _cancel(self, who: Principal, req: pb.CancelJobRequest) -> pb.Job:
+        for _ in range(5):
+            stored = await self._visible_job(who, req.job_id)
+            check_write_job(who, stored.value.tenant)
+            job = stored.value
+            if job.phase.is_terminal:
+                raise FailedPrecondition(f"job {job.job_id} already {job.phase}")
+            if job.cancel_requested:
+                return convert.job_to_pb(job)
+            # The API only records the request; the dispatcher (the one writer of that transition)
+            # stops the gang and moves the job to CANCELLED.
+            reason = req.reason[:256] or f"cancelled by {who.user}"
+            updated = replace(job, cancel_requested=True, message=reason)
+            if await self._store.commit([(updated, stored.mod_revision)]) is not None:
+                log.info("job_cancel_requested", job_id=job.job_id, tenant=job.tenant, user=who.user)
+                return convert.job_to_pb(updated)
+            await asyncio.sleep(0.01)
+            fresh = await self._store.get_job(job.job_id)
+            if fresh is None:
+                raise NotFound(f"job {req.job_id} not found")
+        raise FailedPrecondition(f"job {req.job_id} is changing too fast to cancel; try again")
+
+    async def ExplainJob(self, request: pb.ExplainJobRequest, context: Ctx) -> pb.ExplainJobResponse:
+        async def body(who: Principal, req: pb.ExplainJobRequest) -> pb.ExplainJobResponse:
+            job = (await self._visible_job(who, req.job_id)).value
+            reasons = await self._store.get_wait_reasons(job.job_id) if job.phase is JobPhase.QUEUED else ()
+            return pb.ExplainJobResponse(
+                job_id=job.job_id,
+                phase=convert.phase_to_pb(job.phase),
+                summary=explain_summary(job, len(reasons), now=self._clock()),
+                reasons=[convert.wait_reason_to_pb(r) for r in reasons],
+            )
+
+        return await self._h.unary("ExplainJob", request, context, body)
+
+
+def explain_summary(job: JobRecord, reason_count: int, *, now: float) -> str:
+    placed = job.placement
+    if job.phase is JobPhase.QUEUED:
+        waited = max(0.0, now - job.queued_at_s)
+        if job.cancel_requested:
+            return "queued; cancellation requested"
+        if reason_count == 0:
+            return f"queued for {waited:.0f}s; not yet considered by a scheduling cycle"
+        return f"queued for {waited:.0f}s (attempt {job.attempt}); waiting because:"
+    if placed is not None and not job.phase.is_terminal:
+        return (
+            f"{job.phase.value.lower()} on {placed.cluster} ({job.spec.gpu_count} x {placed.gpu_type}, "
+            f"{placed.kind.value}, ${placed.usd_per_gpu_hour:.2f}/GPU-hour), attempt {job.attempt}"
+        )
+    return f"{job.phase.value.lower()}: {job.message}" if job.message else job.phase.value.lower()
+
+
+def _list_order(job: JobRecord) -> tuple[float, str]:
+    return (job.submitted_at_s, job.job_id)
+
+
+def _encode_page_token(key: tuple[float, str]) -> str:
+    return base64.urlsafe_b64encode(f"{key[0]!r}|{key[1]}".encode()).decode()
+
+
+def _decode_page_token(token: str) -> tuple[float, str] | None:
+    if not token:
+        return None
+    try:
+        at, _, job_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        return (float(at), job_id)
+    except ValueError as error:
+        raise InvalidArgument("page_token: not a token this server issued") from error
+
+
+class FederationService(pb_grpc.FederationServiceServicer):
+    def __init__(
+        self, *, auth: Authenticator, metrics: Metrics, clusters: Callable[[], Awaitable[list[ClusterState]]]
+    ) -> None:
+        self._h = _Handlers(auth, metrics)
+        self._clusters = clusters
+
+    async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.Identity:
+        async def body(who: Principal, _req: pb.WhoAmIRequest) -> pb.Identity:
+            return pb.Identity(user=who.user, tenant=who.tenant, role=who.role.value)
+
+        return await self._h.unary("WhoAmI", request, context, body)
+
+    async def ListClusters(self, request: pb.ListClustersRequest, context: Ctx) -> pb.ListClustersResponse:
+        async def body(_who: Principal, _req: pb.ListClustersRequest) -> pb.ListClustersResponse:
+            return pb.ListClustersResponse(
+                clusters=[convert.cluster_to_pb(c) for c in await self._clusters()]
+            )
+
+        return await self._h.unary("ListClusters", request, context, body)

@@ -1,0 +1,117 @@
+"""Who is calling, and what they may do.
+
+A bearer token maps to a user, a tenant and a role. Tokens are stored only as SHA-256 hashes, so a
+leaked etcd snapshot does not leak credentials. Every authorization rule about jobs is a function
+here, so the tenant-isolation rules can be read (and tested) in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from federation.errors import NotFound, PermissionDenied, Unauthenticated
+from federation.records import Role, UserRecord
+from federation.store import JobStore
+from placement.model import TenantId
+
+# A resolved token is trusted this long before etcd is asked again: revocation takes effect within it.
+TOKEN_CACHE_TTL_S = 5.0
+MAX_TOKEN_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    user: str
+    tenant: TenantId
+    role: Role
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+
+def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The token from `authorization: Bearer <token>` metadata, or Unauthenticated."""
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        text = value.decode() if isinstance(value, bytes) else value
+        scheme, _, token = text.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
+        token = token.strip()
+        if len(token) > MAX_TOKEN_LENGTH:
+            raise Unauthenticated("token is too long")
+        return token
+    raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+
+
+class Authenticator:
+    def __init__(self, store: JobStore, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._clock = clock
+        self._cache: dict[str, tuple[float, UserRecord]] = {}
+
+    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
+        token = bearer_token(metadata)
+        now = self._clock()
+        hit = self._cache.get(token)
+        if hit is not None and now - hit[0] < TOKEN_CACHE_TTL_S:
+            user = hit[1]
+        else:
+            resolved = await self._store.resolve_token(token)
+            if resolved is None:
+                self._cache.pop(token, None)
+                raise Unauthenticated("unknown or revoked token")
+            user = resolved
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[token] = (now, user)
+        return Principal(user=user.name, tenant=user.tenant, role=user.role)
+
+
+# ---- job authorization: members act within their tenant; admins anywhere; infra reads everything.
+
+
+def can_read_tenant(who: Principal, tenant: TenantId) -> bool:
+    if who.role in (Role.ADMIN, Role.INFRA):
+        return True
+    if who.role is Role.MEMBER:
+        return who.tenant == tenant
+    return False
+
+
+def check_read_job(who: Principal, tenant: TenantId) -> None:
+    """Raise NotFound (not PermissionDenied) so a caller cannot probe other tenants' job ids."""
+    if not can_read_tenant(who, tenant):
+        raise NotFound("job not found")
+
+
+def check_write_job(who: Principal, tenant: TenantId) -> None:
+    check_read_job(who, tenant)
+    if who.role not in (Role.ADMIN, Role.MEMBER):
+        raise PermissionDenied(f"role {who.role} may not change jobs")
+
+
+def submit_tenant(who: Principal, requested: TenantId | None) -> TenantId:
+    """The tenant a submission is charged to. Members submit only to their own tenant."""
+    if who.role not in (Role.ADMIN, Role.MEMBER):
+        raise PermissionDenied(f"role {who.role} may not submit jobs")
+    if requested is None or requested == who.tenant:
+        return who.tenant
+    if who.is_admin:
+        return requested
+    raise PermissionDenied(f"spec.tenant: members may submit only to their own tenant ({who.tenant})")
+
+
+def listable_tenant(who: Principal, requested: str) -> TenantId | None:
+    """The tenant filter a list or watch call runs with (None: all tenants)."""
+    if who.role is Role.MEMBER:
+        if requested and requested != who.tenant:
+            raise PermissionDenied(f"members may list only their own tenant ({who.tenant})")
+        return who.tenant
+    if who.role in (Role.ADMIN, Role.INFRA):
+        return TenantId(requested) if requested else None
+    raise PermissionDenied(f"role {who.role} may not list jobs")

@@ -1,0 +1,65 @@
+"""Prometheus metrics: queue depth per tenant, admissions, cycle time, API latency.
+
+Each server owns its own registry so that several servers in one test process do not collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.api_latency = Histogram(
+            "gpufed_api_request_seconds",
+            "gRPC call latency by method and status code",
+            ["method", "code"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.jobs_submitted = Counter(
+            "gpufed_jobs_submitted_total", "Jobs accepted by SubmitJob", ["tenant"], registry=r
+        )
+        self.queue_depth = Gauge("gpufed_queue_depth", "Jobs waiting in the queue", ["tenant"], registry=r)
+        self.admissions = Counter(
+            "gpufed_admissions_total", "Gangs admitted to a cluster", ["cluster", "gpu_type"], registry=r
+        )
+        self.admission_conflicts = Counter(
+            "gpufed_admission_conflicts_total",
+            "Admissions undone because a compare-and-swap lost",
+            registry=r,
+        )
+        self.cycle_seconds = Histogram(
+            "gpufed_scheduling_cycle_seconds",
+            "Time of one scheduling cycle",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.transitions = Counter(
+            "gpufed_job_transitions_total", "Phase changes written", ["to_phase"], registry=r
+        )
+        self.is_leader = Gauge("gpufed_leader", "1 while this server holds the leader lease", registry=r)
+        self._known_tenants: set[str] = set()
+
+    def observe_call(self, method: str, code: str, seconds: float) -> None:
+        self.api_latency.labels(method=method, code=code).observe(seconds)
+
+    def set_queue_depth(self, by_tenant: Mapping[str, int]) -> None:
+        # Tenants whose queue emptied must read 0, not keep their last value.
+        for tenant in self._known_tenants - by_tenant.keys():
+            self.queue_depth.labels(tenant=tenant).set(0)
+        for tenant, depth in by_tenant.items():
+            self.queue_depth.labels(tenant=tenant).set(depth)
+        self._known_tenants |= set(by_tenant)
+
+    def serve(self, host: str, port: int) -> Any:
+        """Start the /metrics HTTP endpoint on a background thread; returns the server to shut down."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
