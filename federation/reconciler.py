@@ -1,0 +1,255 @@
+"""Reconcilers that move admitted jobs through their clusters. Run only by the leader.
+
+Active transitions (decide and act), written by the dispatcher:
+  ADMITTED -> DISPATCHED   the backend created the whole gang (idempotent by name)
+  ADMITTED -> QUEUED       the cluster refused the gang or did not answer: back to the queue
+  any live -> CANCELLED    a user asked to cancel: stop the gang first, then record it
+
+Passive transitions (mirror what the cluster reports), written by the status reconciler:
+  DISPATCHED -> RUNNING -> SUCCEEDED | FAILED
+  DISPATCHED | RUNNING -> QUEUED   the gang failed or was evicted and the restart policy restarts it
+                                   as a new attempt (the queue position is kept)
+
+Every write is a compare-and-swap on the job's revision, fenced by the leader lease, so a server
+that lost leadership mid-tick commits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+
+import structlog
+
+from clusters.api import (
+    ClusterError,
+    GangPhase,
+    GangRejected,
+    GangStatus,
+    GangWorkload,
+    ReplicaSpec,
+)
+from federation.cache import JobCache
+from federation.jobs import JobRecord, Owner
+from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
+from federation.members import GangKey, MemberClusters
+from federation.metrics import Metrics
+from federation.store import Fence, JobStore, Stored
+from placement.model import ClusterName, JobPhase
+
+log = structlog.get_logger("gpufed.reconciler")
+
+CANCEL_GRACE_PERIOD_S = 30.0
+RECONCILE_CONCURRENCY = 64
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def sim_duration_s(text: str | None) -> float | None:
+    """`"4s"`, `"1.5m"`, `"250ms"` or plain seconds; None when absent or unreadable."""
+    if text is None:
+        return None
+    match = _DURATION.match(text)
+    if match is None:
+        return None
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def workload_for(job: JobRecord) -> GangWorkload:
+    assert job.placement is not None
+    replicas = tuple(
+        ReplicaSpec(
+            task=task.name,
+            index=index,
+            gpu_count=task.gpus_per_replica,
+            image=task.image,
+            command=task.command,
+            env=task.env,
+        )
+        for task in job.spec.tasks
+        for index in range(task.replicas)
+    )
+    exit_code = job.spec.annotation(SIM_EXIT_CODE_ANNOTATION)
+    return GangWorkload(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        tenant=job.tenant,
+        gpu_type=job.placement.gpu_type,
+        kind=job.placement.kind,
+        priority_class=job.spec.priority_class,
+        replicas=replicas,
+        min_available=job.spec.min_available,
+        max_runtime_s=job.spec.max_runtime_s,
+        sim_duration_s=sim_duration_s(job.spec.annotation(SIM_DURATION_ANNOTATION)),
+        sim_exit_code=int(exit_code) if exit_code and exit_code.lstrip("-").isdigit() else 0,
+    )
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        cache: JobCache,
+        members: MemberClusters,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._members = members
+        self._metrics = metrics
+        self._clock = clock
+
+    async def tick(self, fence: Fence | None) -> int:
+        """One pass over every live job; returns how many transitions were committed."""
+        live = [s for s in self._cache.jobs() if not s.value.phase.is_terminal]
+        if not live:
+            return 0
+        statuses = await self._members.statuses()
+        semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+
+        async def one(stored: Stored[JobRecord]) -> bool:
+            async with semaphore:
+                return await self._reconcile(stored, statuses, fence)
+
+        return sum(await asyncio.gather(*(one(s) for s in live)))
+
+    async def _reconcile(
+        self,
+        stored: Stored[JobRecord],
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+        fence: Fence | None,
+    ) -> bool:
+        job = stored.value
+        if job.cancel_requested:
+            nxt = await self._cancel(job)
+        elif job.phase is JobPhase.ADMITTED:
+            nxt = await self._dispatch(job)
+        elif job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING) and job.placement is not None:
+            cluster_statuses = statuses.get(job.placement.cluster)
+            # A cluster that does not answer is left alone here; requeueing after a grace period is
+            # the cluster-loss reconciler's job.
+            if cluster_statuses is None:
+                return False
+            nxt = self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
+        else:
+            return False
+        if nxt is None:
+            return False
+        revision = await self._store.commit([(nxt, stored.mod_revision)], fence=fence)
+        if revision is None:
+            return False
+        self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()
+        log.info(
+            "job_transitioned",
+            job_id=nxt.job_id,
+            tenant=nxt.tenant,
+            cluster=nxt.placement.cluster if nxt.placement else None,
+            from_phase=job.phase.value,
+            to_phase=nxt.phase.value,
+            attempt=nxt.attempt,
+            reason=nxt.message,
+        )
+        return True
+
+    async def _cancel(self, job: JobRecord) -> JobRecord | None:
+        if job.placement is not None and job.phase is not JobPhase.QUEUED:
+            backend = self._members.get(job.placement.cluster)
+            if backend is not None:
+                try:
+                    await backend.cancel(job.job_id, job.attempt, CANCEL_GRACE_PERIOD_S)
+                except ClusterError as error:
+                    # Do not record CANCELLED while the gang may still run: try again next tick.
+                    log.warning(
+                        "cancel_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error)
+                    )
+                    return None
+        return job.transition(
+            JobPhase.CANCELLED, by=Owner.DISPATCHER, at_s=self._clock(), reason=job.message or "cancelled"
+        )
+
+    async def _dispatch(self, job: JobRecord) -> JobRecord | None:
+        assert job.placement is not None
+        backend = self._members.get(job.placement.cluster)
+        now = self._clock()
+        if backend is None:
+            return job.transition(
+                JobPhase.QUEUED,
+                by=Owner.DISPATCHER,
+                at_s=now,
+                reason=f"cluster {job.placement.cluster} is no longer a member",
+                placement=None,
+            )
+        try:
+            await backend.dispatch(workload_for(job))
+        except GangRejected as error:
+            return job.transition(
+                JobPhase.QUEUED,
+                by=Owner.DISPATCHER,
+                at_s=now,
+                reason=f"{job.placement.cluster} refused the gang: {error}",
+                placement=None,
+            )
+        except ClusterError as error:
+            return job.transition(
+                JobPhase.QUEUED,
+                by=Owner.DISPATCHER,
+                at_s=now,
+                reason=f"{job.placement.cluster} did not take the gang: {error}",
+                placement=None,
+            )
+        return job.transition(
+            JobPhase.DISPATCHED,
+            by=Owner.DISPATCHER,
+            at_s=now,
+            reason=f"gang of {job.spec.replica_count} created on {job.placement.cluster}",
+        )
+
+    def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+        now = self._clock()
+        if gang is None:
+            return self._after_loss(
+                job, RestartAction.RESTART_JOB, "the gang disappeared from its cluster", now
+            )
+        match gang.phase:
+            case GangPhase.PENDING:
+                return None
+            case GangPhase.RUNNING:
+                if job.phase is JobPhase.DISPATCHED:
+                    return job.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=gang.started_at_s or now)
+                return None
+            case GangPhase.SUCCEEDED:
+                return job.transition(
+                    JobPhase.SUCCEEDED, by=Owner.STATUS, at_s=gang.finished_at_s or now, reason=gang.message
+                )
+            case GangPhase.FAILED:
+                return self._after_loss(
+                    job, job.spec.restart_policy.on_failure, f"failed: {gang.message}", now
+                )
+            case GangPhase.EVICTED:
+                return self._after_loss(
+                    job, job.spec.restart_policy.on_eviction, f"evicted: {gang.message}", now
+                )
+            case GangPhase.CANCELLED:
+                return self._after_loss(job, RestartAction.ABORT_JOB, "cancelled on the cluster", now)
+        return None
+
+    def _after_loss(self, job: JobRecord, action: RestartAction, what: str, now: float) -> JobRecord:
+        """Restart the whole gang as a new attempt, or fail the job, as its restart policy says."""
+        retries_used = job.attempt - 1
+        if action is RestartAction.RESTART_JOB and retries_used < job.spec.restart_policy.max_retries:
+            return job.transition(
+                JobPhase.QUEUED,
+                by=Owner.STATUS,
+                at_s=now,
+                reason=f"attempt {job.attempt} {what}; restarting the whole gang "
+                f"(retry {retries_used + 1} of {job.spec.restart_policy.max_retries})",
+                attempt=job.attempt + 1,
+                placement=None,
+            )
+        return job.transition(
+            JobPhase.FAILED, by=Owner.STATUS, at_s=now, reason=f"attempt {job.attempt} {what}"
+        )
