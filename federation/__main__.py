@@ -1,0 +1,5 @@
+"""`python -m federation` is the `gpufed` command."""
+
+from federation.cli import main
+
+main()

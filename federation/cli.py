@@ -1,0 +1,294 @@
+"""`gpufed`: the command line for users (submit, get, list, watch, cancel, explain) and operators (up, serve).
+
+Where to connect and as whom: `--server`/`GPUFED_SERVER` and `--token`, `--token-file`/`GPUFED_TOKEN_FILE`
+or `--user NAME` (the token file of the embedded default under `--state-dir`). With none of them,
+the embedded default in `./.gpufed` is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import grpc
+
+from federation.api.convert import phase_name
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.client import GpufedClient
+from federation.embedded import EmbeddedInfo, read_endpoint, run_up
+from federation.logs import configure_logging
+from federation.render import (
+    FORMATS,
+    as_dict,
+    clusters_table,
+    explain_text,
+    job_detail,
+    jobs_table,
+    structured,
+)
+
+DEFAULT_STATE_DIR = Path(".gpufed")
+
+
+class _Opts:
+    def __init__(self, **kwargs: Any) -> None:
+        self.server: str | None = kwargs["server"]
+        self.token: str | None = kwargs["token"]
+        self.token_file: str | None = kwargs["token_file"]
+        self.user: str | None = kwargs["user"]
+        self.state_dir: Path = Path(kwargs["state_dir"])
+        self.output: str = kwargs["output"]
+
+    def client(self) -> GpufedClient:
+        server = self.server or os.environ.get("GPUFED_SERVER")
+        if not server:
+            try:
+                server = read_endpoint(self.state_dir)["grpc"]
+            except FileNotFoundError as error:
+                raise click.ClickException(
+                    f"no server given and no embedded default running in {self.state_dir} "
+                    "(use --server, GPUFED_SERVER, or start one with `gpufed up`)"
+                ) from error
+        return GpufedClient(server, self._token())
+
+    def _token(self) -> str:
+        if self.token:
+            return self.token
+        path = self.token_file or os.environ.get("GPUFED_TOKEN_FILE")
+        if path is None and self.user:
+            path = str(self.state_dir / "tokens" / f"{self.user}.token")
+        if path is None:
+            env = os.environ.get("GPUFED_TOKEN")
+            if env:
+                return env
+            raise click.ClickException("no token: use --token, --token-file, --user or GPUFED_TOKEN(_FILE)")
+        try:
+            return Path(path).read_text().strip()
+        except OSError as error:
+            raise click.ClickException(f"cannot read token file {path}: {error.strerror}") from error
+
+    def emit(self, message: Any, table_text: str) -> None:
+        if self.output == "table":
+            click.echo(table_text)
+        else:
+            click.echo(structured(as_dict(message), self.output))
+
+
+def _rpc(fn: Any) -> Any:
+    """Turn gRPC errors into a one-line message and exit status 1, instead of a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as error:
+            code = error.code().name if hasattr(error, "code") else "ERROR"
+            details = error.details() if hasattr(error, "details") else str(error)
+            raise click.ClickException(f"{code}: {details}") from error
+
+    return wrapper
+
+
+@click.group()
+@click.option("--server", help="gRPC address host:port (default: GPUFED_SERVER or the embedded default)")
+@click.option("--token", help="bearer token (prefer --token-file)")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="file holding the bearer token")
+@click.option("--user", help="use the embedded default's token file for this user")
+@click.option(
+    "--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True, help="embedded default's state"
+)
+@click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.pass_context
+def cli(ctx: click.Context, /, **kwargs: Any) -> None:
+    """gpufed: one submission endpoint for GPU training jobs across clusters and clouds."""
+    ctx.obj = _Opts(**kwargs)
+
+
+@cli.command()
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="federation config (tenants, users, clusters)",
+)
+@click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
+@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port (0: any)")
+@click.pass_obj
+def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
+    """Start the embedded default: local etcd, the server and simulated clusters."""
+    configure_logging()
+
+    def ready(info: EmbeddedInfo) -> None:
+        click.echo(
+            f"gpufed is up: gRPC {info.grpc_target}, etcd {info.etcd_endpoint}, metrics {info.metrics_url}"
+        )
+        click.echo(f"state: {info.state_dir}")
+        for user, path in sorted(info.token_files.items()):
+            click.echo(f"token for {user}: {path}")
+        click.echo("try: gpufed --user alice submit -f examples/resnet-vision.yaml")
+        sys.stdout.flush()
+
+    asyncio.run(
+        run_up(
+            opts.state_dir,
+            config_path=Path(config) if config else None,
+            grpc_port=port,
+            metrics_port=metrics_port,
+            on_ready=ready,
+        )
+    )
+
+
+@cli.command()
+@click.option("--etcd", "etcd_endpoint", required=True, help="etcd client endpoint host:port")
+@click.option("--port", default=50051, show_default=True)
+@click.option("--metrics-port", default=None, type=int, help="Prometheus /metrics port")
+@click.option(
+    "--bootstrap", "bootstrap_path", type=click.Path(exists=True, dir_okay=False), help="config to load first"
+)
+@click.option("--identity", default=None, help="name in the leader election (default: host-pid)")
+@click.pass_obj
+def serve(
+    opts: _Opts,
+    etcd_endpoint: str,
+    port: int,
+    metrics_port: int | None,
+    bootstrap_path: str | None,
+    identity: str | None,
+) -> None:
+    """Run one server against an existing etcd (several may share one etcd)."""
+    from federation.serve import run_server
+
+    configure_logging()
+    asyncio.run(
+        run_server(
+            etcd_endpoint,
+            state_dir=opts.state_dir,
+            port=port,
+            metrics_port=metrics_port,
+            bootstrap_path=Path(bootstrap_path) if bootstrap_path else None,
+            identity=identity,
+        )
+    )
+
+
+@cli.command()
+@click.option(
+    "-f", "--file", "path", required=True, type=click.File("r"), help="TrainingJob manifest ('-': stdin)"
+)
+@click.option("--idempotency-key", default=None, help="retry-safe key (default: a fresh UUID)")
+@click.pass_obj
+@_rpc
+def submit(opts: _Opts, path: Any, idempotency_key: str | None) -> None:
+    """Submit a TrainingJob manifest."""
+    with opts.client() as client:
+        reply = client.submit(path.read(), idempotency_key=idempotency_key or str(uuid.uuid4()))
+    suffix = "" if reply.created else " (already submitted with this idempotency key)"
+    opts.emit(reply, f"{reply.job_id} submitted{suffix}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_obj
+@_rpc
+def get(opts: _Opts, job_id: str) -> None:
+    """Show one job."""
+    with opts.client() as client:
+        job = client.get(job_id)
+    opts.emit(job, job_detail(job))
+
+
+@cli.command(name="list")
+@click.option("--tenant", default="", help="admins: one tenant (default all)")
+@click.option("--phase", "phases", multiple=True, help="only these phases (repeatable)")
+@click.pass_obj
+@_rpc
+def list_jobs(opts: _Opts, tenant: str, phases: tuple[str, ...]) -> None:
+    """List jobs you may see."""
+    try:
+        wanted = [pb.JobPhase.Value("JOB_PHASE_" + p.upper()) for p in phases]
+    except ValueError as error:
+        raise click.BadParameter(f"unknown phase in {phases}", param_hint="--phase") from error
+    with opts.client() as client:
+        jobs = client.list_all(tenant=tenant, phases=wanted)
+    opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
+
+
+@cli.command()
+@click.argument("job_id", required=False, default="")
+@click.option("--tenant", default="")
+@click.pass_obj
+@_rpc
+def watch(opts: _Opts, job_id: str, tenant: str) -> None:
+    """Stream phase changes (of one job until it ends, or of every visible job)."""
+    with opts.client() as client:
+        for event in client.watch(job_id=job_id, tenant=tenant):
+            j = event.job
+            if opts.output == "table":
+                where = f" on {j.cluster}" if j.cluster else ""
+                click.echo(
+                    f"{j.job_id}  {phase_name(j.phase):<10} attempt {j.attempt}{where}  {j.message}".rstrip()
+                )
+            else:
+                click.echo(structured(as_dict(j), opts.output))
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--reason", default="")
+@click.pass_obj
+@_rpc
+def cancel(opts: _Opts, job_id: str, reason: str) -> None:
+    """Cancel a job (its gang is stopped on its cluster)."""
+    with opts.client() as client:
+        job = client.cancel(job_id, reason=reason)
+    opts.emit(job, f"{job.job_id} cancellation requested")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_obj
+@_rpc
+def explain(opts: _Opts, job_id: str) -> None:
+    """Say why a job waits (or where it runs)."""
+    with opts.client() as client:
+        reply = client.explain(job_id)
+    opts.emit(reply, explain_text(reply))
+
+
+@cli.command()
+@click.pass_obj
+@_rpc
+def whoami(opts: _Opts) -> None:
+    """Show the user, tenant and role of your token."""
+    with opts.client() as client:
+        me = client.whoami()
+    opts.emit(me, f"{me.user} (tenant {me.tenant}, role {me.role})")
+
+
+@cli.command()
+@click.pass_obj
+@_rpc
+def clusters(opts: _Opts) -> None:
+    """List member clusters with their pools, prices and free GPUs."""
+    with opts.client() as client:
+        reply = client.clusters()
+    opts.emit(reply, clusters_table(reply))
+
+
+@cli.command()
+@click.pass_obj
+def demo(opts: _Opts) -> None:
+    """Start the embedded default, run jobs from two tenants through it, and stop."""
+    from federation.demo import run_demo
+
+    sys.exit(run_demo())
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,159 @@
+"""The federation's configuration file: tenants, users and member clusters.
+
+`gpufed up` and `gpufed serve --bootstrap` read it and write it to etcd; after that etcd is the
+source of truth. Errors name the offending field like manifest errors do.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from federation.errors import InvalidSpec
+from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
+from federation.store import JobStore
+from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class FederationConfig:
+    tenants: tuple[TenantRecord, ...]
+    users: tuple[UserRecord, ...]
+    clusters: tuple[ClusterRecord, ...]
+
+
+def _name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidSpec(field, f"must be a DNS label (lowercase letters, digits, '-'), got {value!r}")
+    return value
+
+
+def _list(doc: dict[str, Any], key: str) -> list[Any]:
+    value = doc.get(key) or []
+    if not isinstance(value, list):
+        raise InvalidSpec(key, "must be a list")
+    return value
+
+
+def _number(value: Any, field: str, *, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise InvalidSpec(field, f"must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _int(value: Any, field: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidSpec(field, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def parse_config(text: str) -> FederationConfig:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InvalidSpec("config", f"is not valid YAML: {error}") from error
+    if not isinstance(doc, dict):
+        raise InvalidSpec("config", "must be a mapping with tenants, users and clusters")
+
+    tenants = []
+    for i, t in enumerate(_list(doc, "tenants")):
+        at = f"tenants[{i}]"
+        caps = t.get("gpuCaps") or {}
+        if not isinstance(caps, dict):
+            raise InvalidSpec(f"{at}.gpuCaps", "must map GPU type to a GPU count")
+        tenants.append(
+            TenantRecord(
+                name=TenantId(_name(t.get("name"), f"{at}.name")),
+                gpu_caps=tuple(
+                    sorted(
+                        (GpuType(str(g)), _int(n, f"{at}.gpuCaps.{g}", minimum=0)) for g, n in caps.items()
+                    )
+                ),
+            )
+        )
+    tenant_names = {t.name for t in tenants}
+
+    users = []
+    for i, u in enumerate(_list(doc, "users")):
+        at = f"users[{i}]"
+        tenant = _name(u.get("tenant"), f"{at}.tenant")
+        if tenant not in tenant_names:
+            raise InvalidSpec(f"{at}.tenant", f"tenant {tenant!r} is not defined under tenants")
+        try:
+            role = Role(u.get("role", "member"))
+        except ValueError as error:
+            raise InvalidSpec(f"{at}.role", f"must be one of {[r.value for r in Role]}") from error
+        users.append(UserRecord(name=_name(u.get("name"), f"{at}.name"), tenant=TenantId(tenant), role=role))
+
+    clusters = []
+    for i, c in enumerate(_list(doc, "clusters")):
+        at = f"clusters[{i}]"
+        try:
+            provider = Provider(c.get("provider"))
+        except ValueError as error:
+            raise InvalidSpec(f"{at}.provider", f"must be one of {[p.value for p in Provider]}") from error
+        pools = []
+        for j, p in enumerate(c.get("pools") or []):
+            pat = f"{at}.pools[{j}]"
+            try:
+                kind = CapacityKind(p.get("kind"))
+            except ValueError as error:
+                raise InvalidSpec(
+                    f"{pat}.kind", f"must be one of {[k.value for k in CapacityKind]}"
+                ) from error
+            pools.append(
+                PoolConfig(
+                    name=_name(p.get("name"), f"{pat}.name"),
+                    gpu_type=GpuType(str(p.get("gpuType"))),
+                    kind=kind,
+                    usd_per_gpu_hour=_number(p.get("usdPerGpuHour"), f"{pat}.usdPerGpuHour", minimum=0),
+                    gpus_per_node=_int(p.get("gpusPerNode"), f"{pat}.gpusPerNode", minimum=1),
+                    node_count=_int(p.get("nodes"), f"{pat}.nodes", minimum=0),
+                )
+            )
+        clusters.append(
+            ClusterRecord(
+                name=ClusterName(_name(c.get("name"), f"{at}.name")),
+                provider=provider,
+                region=str(c.get("region", "")),
+                pools=tuple(pools),
+                backend=str(c.get("backend", "memory")),
+                object_store=c.get("objectStore"),
+            )
+        )
+    return FederationConfig(tenants=tuple(tenants), users=tuple(users), clusters=tuple(clusters))
+
+
+def load_config(path: Path) -> FederationConfig:
+    return parse_config(path.read_text())
+
+
+async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) -> dict[str, Path]:
+    """Write the config to etcd and make sure every user has a token file. Safe to repeat.
+
+    Tokens are created once and kept in `token_dir` (mode 0600); etcd holds only their hashes. A
+    restart reuses the files, so users keep working across restarts of the embedded default.
+    """
+    for tenant in config.tenants:
+        await store.put_tenant(tenant)
+    for cluster in config.clusters:
+        await store.put_cluster(cluster)
+    token_dir.mkdir(parents=True, exist_ok=True)
+    token_dir.chmod(0o700)
+    paths = {}
+    for user in config.users:
+        await store.put_user(user)
+        path = token_dir / f"{user.name}.token"
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(32) + "\n")
+            path.chmod(0o600)
+        await store.put_token(path.read_text().strip(), user.name)
+        paths[user.name] = path
+    return paths

@@ -1,0 +1,200 @@
+"""`gpufed demo` (`make demo`): the embedded default, end to end, in about half a minute.
+
+It starts `gpufed up` as its own process in a temporary state directory, submits the examples as
+two tenants, shows what the federation does with them (placement, tenant isolation, a clear error
+for a bad manifest, an explained wait, a cancel), watches every job to its end, and stops the
+process group cleanly. Exit status 0 only if every step did what it should.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from federation.api.convert import phase_name
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.client import GpufedClient, wait_until_serving
+from federation.embedded import ENDPOINT_FILE, read_endpoint
+from federation.render import clusters_table, explain_text, jobs_table
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TERMINAL = {pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED}
+
+UNPLACEABLE = """\
+apiVersion: gpufed.io/v1
+kind: TrainingJob
+metadata: {name: needs-b200}
+spec:
+  gpuTypes: [B200]
+  tasks:
+    - {name: worker, replicas: 2, image: "pytorch/pytorch:2.3", gpus: 8}
+"""
+
+
+def _step(text: str) -> None:
+    print(f"\n=== {text}", flush=True)
+
+
+def _start_up(state_dir: Path) -> subprocess.Popen[bytes]:
+    log = (state_dir / "up.log").open("wb")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "federation",
+            "--state-dir",
+            str(state_dir),
+            "up",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_for_endpoint(state_dir: Path, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gpufed up exited with {proc.returncode}; see {state_dir / 'up.log'}")
+        if (state_dir / ENDPOINT_FILE).exists():
+            target = read_endpoint(state_dir)["grpc"]
+            wait_until_serving(target)
+            return target
+        time.sleep(0.2)
+    raise RuntimeError("gpufed up did not become ready in time")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> bool:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return False
+    return proc.returncode == 0
+
+
+def _token(state_dir: Path, user: str) -> str:
+    return (state_dir / "tokens" / f"{user}.token").read_text().strip()
+
+
+def run_demo() -> int:
+    with tempfile.TemporaryDirectory(prefix="gpufed-demo-") as tmp:
+        state_dir = Path(tmp)
+        proc = _start_up(state_dir)
+        ok = False
+        try:
+            target = _wait_for_endpoint(state_dir, proc)
+            ok = _scenario(target, state_dir)
+        except Exception as error:  # the demo reports any failure and still stops what it started
+            print(f"demo failed: {error!r}", file=sys.stderr)
+            print((state_dir / "up.log").read_text()[-4000:], file=sys.stderr)
+        finally:
+            _step("stopping the embedded default")
+            clean = _stop(proc)
+            print("stopped cleanly" if clean else "had to kill the embedded default", flush=True)
+            ok = ok and clean
+        print("\ndemo " + ("passed" if ok else "FAILED"), flush=True)
+        return 0 if ok else 1
+
+
+def _scenario(target: str, state_dir: Path) -> bool:
+    admin = GpufedClient(target, _token(state_dir, "admin"))
+    alice = GpufedClient(target, _token(state_dir, "alice"))
+    bob = GpufedClient(target, _token(state_dir, "bob"))
+    checks: list[tuple[str, bool]] = []
+
+    _step(f"gpufed is up at {target}; member clusters (as admin)")
+    print(clusters_table(admin.clusters()))
+
+    _step("alice (tenant vision) and bob (tenant nlp) submit the examples")
+    key = str(uuid.uuid4())
+    vision = alice.submit((EXAMPLES / "resnet-vision.yaml").read_text(), idempotency_key=key)
+    again = alice.submit((EXAMPLES / "resnet-vision.yaml").read_text(), idempotency_key=key)
+    llm = bob.submit((EXAMPLES / "llm-finetune-nlp.yaml").read_text(), idempotency_key=str(uuid.uuid4()))
+    bert = bob.submit((EXAMPLES / "bert-eval-nlp.yaml").read_text(), idempotency_key=str(uuid.uuid4()))
+    waits = bob.submit(UNPLACEABLE, idempotency_key=str(uuid.uuid4()))
+    for reply in (vision, llm, bert, waits):
+        print(f"submitted {reply.job_id} ({reply.job.tenant})")
+    print(f"same idempotency key again -> {again.job_id} (created={again.created})")
+    checks.append(
+        ("idempotent resubmission gives the same job", again.job_id == vision.job_id and not again.created)
+    )
+
+    _step("a bad manifest is refused with the field and the rule")
+    try:
+        alice.submit((EXAMPLES / "invalid-replicas.yaml").read_text())
+        checks.append(("invalid manifest refused", False))
+    except grpc.RpcError as error:
+        print(f"{error.code().name}: {error.details()}")
+        checks.append(("invalid manifest refused", error.code() == grpc.StatusCode.INVALID_ARGUMENT))
+
+    _step("tenants are isolated: bob asks for alice's job")
+    try:
+        bob.get(vision.job_id)
+        checks.append(("other tenant's job hidden", False))
+    except grpc.RpcError as error:
+        print(f"{error.code().name}: {error.details()}")
+        checks.append(("other tenant's job hidden", error.code() == grpc.StatusCode.NOT_FOUND))
+
+    _step("watching every job to its end (as admin)")
+    expected = {vision.job_id, llm.job_id, bert.job_id}
+    finished: dict[str, pb.Job] = {}
+    deadline = time.monotonic() + 90
+    explained = False
+    for event in admin.watch(include_initial=True, timeout_s=90):
+        j = event.job
+        where = (
+            f" on {j.cluster} ({j.gpu_type} {j.capacity_kind} ${j.usd_per_gpu_hour:.2f}/GPU-h)"
+            if j.cluster
+            else ""
+        )
+        print(f"{j.job_id:<32} {phase_name(j.phase):<10}{where}")
+        if not explained and j.job_id == waits.job_id and j.phase == pb.JOB_PHASE_QUEUED:
+            time.sleep(1.0)
+            _step("why does bob's B200 job wait?")
+            why = bob.explain(waits.job_id)
+            print(explain_text(why))
+            checks.append(("explain gives reasons", len(why.reasons) > 0))
+            bob.cancel(waits.job_id, reason="no B200 anywhere; cancelled by bob")
+            print(f"bob cancelled {waits.job_id}")
+            explained = True
+        if j.phase in TERMINAL and j.job_id in expected:
+            finished[j.job_id] = j
+        if len(finished) == len(expected) or time.monotonic() > deadline:
+            break
+
+    _step("final state (as admin)")
+    jobs = admin.list_all()
+    print(jobs_table(jobs))
+    by_id = {j.job_id: j for j in jobs}
+    checks.append(
+        (
+            "every example job succeeded",
+            all(by_id[i].phase == pb.JOB_PHASE_SUCCEEDED for i in expected if i in by_id),
+        )
+    )
+    checks.append(("unplaceable job cancelled", by_id[waits.job_id].phase == pb.JOB_PHASE_CANCELLED))
+    checks.append(("bob sees only nlp jobs", {j.tenant for j in bob.list_all()} == {"nlp"}))
+    for client in (admin, alice, bob):
+        client.close()
+
+    _step("checks")
+    for name, passed in checks:
+        print(f"{'ok  ' if passed else 'FAIL'} {name}")
+    return all(passed for _, passed in checks)

@@ -1,0 +1,111 @@
+"""How the CLI shows API replies: a table for people, JSON or YAML for scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from federation.api.convert import phase_name
+from federation.api.v1 import gpufed_pb2 as pb
+
+FORMATS = ("table", "json", "yaml")
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def structured(payload: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(payload, indent=2, sort_keys=False)
+    return yaml.safe_dump(payload, sort_keys=False).rstrip()
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _age(job: pb.Job) -> str:
+    seconds = max(0, int(datetime.now(UTC).timestamp() - job.submitted_at.seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def jobs_table(jobs: Sequence[pb.Job]) -> str:
+    rows = [
+        [
+            j.job_id,
+            j.tenant,
+            phase_name(j.phase),
+            f"{j.gpu_count}x{j.gpu_type or '/'.join(j.gpu_types)}",
+            j.cluster or "-",
+            f"${j.usd_per_gpu_hour:.2f}" if j.cluster else "-",
+            str(j.attempt),
+            _age(j),
+        ]
+        for j in jobs
+    ]
+    return table(["JOB", "TENANT", "PHASE", "GPUS", "CLUSTER", "$/GPU-H", "ATTEMPT", "AGE"], rows)
+
+
+def job_detail(job: pb.Job) -> str:
+    lines = [
+        f"Job:       {job.job_id} ({job.name})",
+        f"Tenant:    {job.tenant}   User: {job.user}",
+        f"Phase:     {phase_name(job.phase)}   Attempt: {job.attempt}",
+        f"Priority:  {job.priority_class} ({job.priority})",
+        f"Gang:      {job.replica_count} replicas, {job.gpu_count} GPUs of {', '.join(job.gpu_types)}",
+    ]
+    if job.cluster:
+        lines.append(
+            f"Placed:    {job.cluster}: {job.gpu_type} {job.capacity_kind}"
+            f" at ${job.usd_per_gpu_hour:.2f}/GPU-hour"
+        )
+    if job.message:
+        lines.append(f"Message:   {job.message}")
+    lines.append("Events:")
+    for e in job.events:
+        at = datetime.fromtimestamp(e.at.seconds + e.at.nanos / 1e9, UTC).strftime("%H:%M:%S.%f")[:-3]
+        lines.append(f"  {at}  {phase_name(e.phase):<10} attempt {e.attempt}  {e.reason}".rstrip())
+    return "\n".join(lines)
+
+
+def explain_text(reply: pb.ExplainJobResponse) -> str:
+    lines = [f"{reply.job_id}: {reply.summary}"]
+    for r in reply.reasons:
+        where = "/".join(x for x in (r.cluster, r.gpu_type) if x)
+        lines.append(f"  - [{r.code}]{' ' + where if where else ''}: {r.message}")
+    return "\n".join(lines)
+
+
+def clusters_table(reply: pb.ListClustersResponse) -> str:
+    rows = [
+        [
+            c.name,
+            c.provider,
+            c.region,
+            "yes" if c.reachable else "NO",
+            p.name,
+            p.gpu_type,
+            p.capacity_kind,
+            f"${p.usd_per_gpu_hour:.2f}",
+            f"{p.free_gpus}/{p.gpus_per_node * p.node_count}",
+        ]
+        for c in reply.clusters
+        for p in c.pools
+    ]
+    return table(["CLUSTER", "PROVIDER", "REGION", "UP", "POOL", "GPU", "KIND", "$/GPU-H", "FREE"], rows)

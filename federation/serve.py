@@ -1,0 +1,46 @@
+"""`gpufed serve`: one server process on an existing etcd, until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+from federation.config import bootstrap, load_config
+from federation.kv import EtcdKv
+from federation.server import FederationServer, ServerConfig
+from federation.store import KvStore
+
+
+async def run_server(
+    etcd_endpoint: str,
+    *,
+    state_dir: Path,
+    port: int,
+    metrics_port: int | None,
+    bootstrap_path: Path | None,
+    identity: str | None,
+) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if bootstrap_path is not None:
+        kv = await EtcdKv.connect(etcd_endpoint)
+        try:
+            await bootstrap(KvStore(kv), load_config(bootstrap_path), state_dir / "tokens")
+        finally:
+            await kv.close()
+    config = ServerConfig(
+        etcd_endpoint=etcd_endpoint, state_dir=state_dir, grpc_port=port, metrics_port=metrics_port
+    )
+    if identity:
+        config = replace(config, identity=identity)
+    server = FederationServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,211 @@
+"""One gpufed server: the gRPC API for everyone, the scheduling loop when it is the leader.
+
+Any number of servers may share one etcd. All serve reads and submissions; the one holding the
+leader lease also runs the scheduling cycle and the reconcilers, and fences each of its commits
+with the lease, so a server that lost leadership cannot commit a stale decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from federation.api.service import FederationService, JobService
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.auth import Authenticator
+from federation.cache import JobCache
+from federation.errors import GpufedError
+from federation.kv import EtcdKv
+from federation.leader import LeaderElection
+from federation.members import MemberClusters
+from federation.metrics import Metrics
+from federation.priorities import DEFAULT_PRIORITY_CLASSES
+from federation.reconciler import Reconciler
+from federation.records import TenantRecord
+from federation.scheduler import Scheduler
+from federation.store import Fence, KvStore
+from placement.model import ClusterState, TenantId
+
+log = structlog.get_logger("gpufed.server")
+
+# Tenants change rarely; re-read them at most this often rather than on every submission.
+TENANT_REFRESH_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    etcd_endpoint: str
+    state_dir: Path
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    metrics_port: int | None = None
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    cycle_interval_s: float = 0.5
+    # Cycles never run closer together than this, however often jobs change.
+    min_cycle_gap_s: float = 0.05
+    lease_ttl_s: int = 5
+
+
+class TenantDirectory:
+    def __init__(self, store: KvStore, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._clock = clock
+        self._tenants: list[TenantRecord] = []
+        self._names: frozenset[TenantId] = frozenset()
+        self._read_at = float("-inf")
+
+    async def list(self) -> list[TenantRecord]:
+        if self._clock() - self._read_at > TENANT_REFRESH_S:
+            self._tenants = await self._store.list_tenants()
+            self._names = frozenset(t.name for t in self._tenants)
+            self._read_at = self._clock()
+        return self._tenants
+
+    async def names(self) -> frozenset[TenantId]:
+        await self.list()
+        return self._names
+
+
+class FederationServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self._kv: EtcdKv | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._cache: JobCache | None = None
+        self._election: LeaderElection | None = None
+        self._leader_task: asyncio.Task[None] | None = None
+        self._metrics_server: Any = None
+        self.members: MemberClusters | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._kv = await EtcdKv.connect(cfg.etcd_endpoint)
+        store = KvStore(self._kv)
+        self._cache = JobCache(store)
+        await self._cache.start()
+        tenants = TenantDirectory(store)
+        self.members = MemberClusters.build(await store.list_clusters(), state_dir=cfg.state_dir)
+        members = self.members
+        auth = Authenticator(store)
+
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
+        pb_grpc.add_JobServiceServicer_to_server(
+            JobService(
+                store=store,
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+                priority_classes=DEFAULT_PRIORITY_CLASSES,
+                known_tenants=tenants.names,
+            ),
+            server,
+        )
+
+        async def clusters() -> list[ClusterState]:
+            return await members.inventories()
+
+        pb_grpc.add_FederationServiceServicer_to_server(
+            FederationService(auth=auth, metrics=self.metrics, clusters=clusters), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        services = [
+            pb.DESCRIPTOR.services_by_name["JobService"].full_name,
+            pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(services, server)
+        self.port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        await server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._grpc = server
+
+        if cfg.metrics_port is not None:
+            self._metrics_server = self.metrics.serve(cfg.grpc_host, cfg.metrics_port)
+            self.metrics_port = int(self._metrics_server.server_port)
+
+        scheduler = Scheduler(
+            store=store, cache=self._cache, members=members, tenants=tenants.list, metrics=self.metrics
+        )
+        reconciler = Reconciler(store=store, cache=self._cache, members=members, metrics=self.metrics)
+        self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
+        self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
+        log.info("server_started", port=self.port, metrics_port=self.metrics_port, identity=cfg.identity)
+
+    async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
+        assert self._election is not None
+        assert self._cache is not None
+        election = self._election
+        while True:
+            fence = await election.acquire()
+            self.metrics.is_leader.set(1)
+            log.info("leader_elected", identity=self.config.identity)
+            try:
+                await self._loop(scheduler, reconciler, fence, election.lost())
+            finally:
+                self.metrics.is_leader.set(0)
+            log.warning("leadership_lost", identity=self.config.identity)
+
+    async def _loop(
+        self, scheduler: Scheduler, reconciler: Reconciler, fence: Fence, lost: asyncio.Event
+    ) -> None:
+        assert self._cache is not None
+        changes = self._cache.subscribe()
+        try:
+            while not lost.is_set():
+                started = time.monotonic()
+                try:
+                    await reconciler.tick(fence)
+                    await scheduler.run_cycle(fence)
+                except GpufedError as error:
+                    # etcd or a cluster hiccup: nothing was half-written; try again next round.
+                    log.warning("cycle_failed", error=str(error), retryable=error.retryable)
+                elapsed = time.monotonic() - started
+                await asyncio.sleep(max(0.0, self.config.min_cycle_gap_s - elapsed))
+                # Sleep until a job changes or the interval passes, whichever is first.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changes.get(), timeout=self.config.cycle_interval_s)
+                while not changes.empty():
+                    changes.get_nowait()
+        finally:
+            self._cache.unsubscribe(changes)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leader_task
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        if self._election is not None:
+            with contextlib.suppress(GpufedError):
+                await self._election.resign()
+            await self._election.close()
+        if self._cache is not None:
+            await self._cache.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if self._kv is not None:
+            await self._kv.close()
+        log.info("server_stopped", identity=self.config.identity)
+
+    async def wait(self) -> None:
+        assert self._grpc is not None
+        await self._grpc.wait_for_termination()
