@@ -104,8 +104,14 @@ class Reconciler:
         self._clock = clock
 
     async def tick(self, fence: Fence | None) -> int:
-        """One pass over every live job; returns how many transitions were committed."""
-        live = [s for s in self._cache.jobs() if not s.value.phase.is_terminal]
+        """One pass over every job that may need action; returns how many transitions were committed."""
+        # Queued jobs are the scheduler's: skipping them here keeps a tick's cost proportional to the
+        # work in flight, not to the length of the queue.
+        live = [
+            s
+            for s in self._cache.jobs()
+            if not s.value.phase.is_terminal and (s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED)
+        ]
         if not live:
             return 0
         statuses = await self._members.statuses()

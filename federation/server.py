@@ -178,7 +178,9 @@ class FederationServer:
                     # etcd or a cluster hiccup: nothing was half-written; try again next round.
                     log.warning("cycle_failed", error=str(error), retryable=error.retryable)
                 elapsed = time.monotonic() - started
-                await asyncio.sleep(max(0.0, self.config.min_cycle_gap_s - elapsed))
+                # Leave the API at least three quarters of the loop: with a long queue a cycle gets
+                # expensive, and submissions must not wait behind back-to-back cycles.
+                await asyncio.sleep(max(self.config.min_cycle_gap_s, 3 * elapsed) - elapsed)
                 # Sleep until a job changes or the interval passes, whichever is first.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changes.get(), timeout=self.config.cycle_interval_s)
