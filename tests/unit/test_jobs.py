@@ -1,0 +1,91 @@
+"""The transition table: every allowed change has one owner, everything else is refused."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from federation.errors import InvalidTransition
+from federation.jobs import TRANSITIONS, JobRecord, Owner, job_from_dict, job_to_dict
+from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
+from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
+
+
+def a_job(phase: JobPhase = JobPhase.QUEUED) -> JobRecord:
+    spec = TrainingJobSpec(
+        name="train",
+        tenant=TenantId("vision"),
+        priority_class="normal",
+        tasks=(
+            TaskSpec("master", 1, "img", ("python",), (("A", "1"),), 2),
+            TaskSpec("worker", 3, "img", (), (), 2),
+        ),
+        gpu_types=(GpuType("A100"),),
+        gpu_type_policy=GpuTypePolicy.ORDERED,
+        min_available=4,
+        max_runtime_s=3600,
+        restart_policy=RestartPolicy(),
+    )
+    return JobRecord(
+        job_id=JobId("train-1"),
+        tenant=TenantId("vision"),
+        user="alice",
+        spec=spec,
+        phase=phase,
+        submitted_at_s=1.0,
+        queued_at_s=1.0,
+        priority=1000,
+    )
+
+
+ALLOWED = sorted(TRANSITIONS.items(), key=lambda kv: (kv[0][0].value, kv[0][1].value))
+FORBIDDEN = [(a, b) for a, b in itertools.product(JobPhase, JobPhase) if (a, b) not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("edge", "owner"), ALLOWED, ids=[f"{a}->{b}" for (a, b), _ in ALLOWED])
+def test_an_allowed_transition_by_its_owner_records_an_event(
+    edge: tuple[JobPhase, JobPhase], owner: Owner
+) -> None:
+    source, target = edge
+    job = a_job(source).transition(target, by=owner, at_s=5.0, reason="why")
+    assert job.phase is target
+    assert job.events[-1].phase is target
+    assert job.events[-1].reason == "why"
+
+
+@pytest.mark.parametrize(("edge", "owner"), ALLOWED, ids=[f"{a}->{b}" for (a, b), _ in ALLOWED])
+def test_an_allowed_transition_by_another_component_is_refused(
+    edge: tuple[JobPhase, JobPhase], owner: Owner
+) -> None:
+    source, target = edge
+    for other in Owner:
+        if other is not owner:
+            with pytest.raises(InvalidTransition, match="is written by"):
+                a_job(source).transition(target, by=other, at_s=5.0)
+
+
+@pytest.mark.parametrize("edge", FORBIDDEN, ids=[f"{a}->{b}" for a, b in FORBIDDEN])
+def test_a_transition_outside_the_table_is_refused(edge: tuple[JobPhase, JobPhase]) -> None:
+    source, target = edge
+    for owner in Owner:
+        with pytest.raises(InvalidTransition, match="not a valid transition"):
+            a_job(source).transition(target, by=owner, at_s=5.0)
+
+
+def test_terminal_phases_have_no_way_out() -> None:
+    assert not [edge for edge in TRANSITIONS if edge[0].is_terminal]
+
+
+def test_a_requeue_keeps_the_queue_position_and_counts_the_attempt() -> None:
+    running = a_job(JobPhase.RUNNING)
+    requeued = running.transition(JobPhase.QUEUED, by=Owner.STATUS, at_s=99.0, attempt=2)
+    assert requeued.queued_at_s == running.queued_at_s
+    assert requeued.attempt == 2
+    assert requeued.events[-1].attempt == 2
+
+
+def test_the_storage_codec_round_trips() -> None:
+    job = a_job().transition(JobPhase.ADMITTED, by=Owner.SCHEDULER, at_s=2.0, reason="r")
+    assert job_from_dict(job_to_dict(job)) == job
+    assert job.gang_request().replica_gpus == (2, 2, 2, 2)

@@ -1,0 +1,263 @@
+"""The scheduling cycle and reconcilers over the in-memory store and cluster, on a fake clock.
+
+Each test drives `tick`/`run_cycle` by hand, so every transition is deterministic and the restart
+policy, cancellation and refusal paths can be checked one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+import pytest
+
+from clusters.api import GangPhase
+from clusters.memory import InMemoryCluster, MemoryPool
+from federation.cache import JobCache
+from federation.jobs import JobRecord
+from federation.jobspec import RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.members import MemberClusters
+from federation.metrics import Metrics
+from federation.reconciler import Reconciler, sim_duration_s
+from federation.records import ClusterRecord, PoolConfig, TenantRecord
+from federation.scheduler import Scheduler
+from federation.store import InMemoryJobStore, KvStore
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    GpuType,
+    GpuTypePolicy,
+    JobId,
+    JobPhase,
+    Provider,
+    TenantId,
+)
+
+A100 = GpuType("A100")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    store: KvStore
+    cache: JobCache
+    cluster: InMemoryCluster
+    scheduler: Scheduler
+    reconciler: Reconciler
+    clock: Clock
+
+    async def step(self, seconds: float = 0.0) -> None:
+        """Advance the clock, then run what the leader's loop runs, letting the cache catch up."""
+        self.clock.now += seconds
+        for _ in range(3):
+            await self.reconciler.tick(None)
+            await self._sync()
+            await self.scheduler.run_cycle(None)
+            await self._sync()
+
+    async def _sync(self) -> None:
+        _, revision = await self.store.list_jobs()
+        await self.cache.wait_for_revision(revision)
+
+    async def job(self, job_id: JobId) -> JobRecord:
+        stored = await self.store.get_job(job_id)
+        assert stored is not None
+        return stored.value
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    clock = Clock()
+    store = InMemoryJobStore()
+    await store.put_tenant(TenantRecord(name=TenantId("vision")))
+    pools = (PoolConfig("a100", A100, CapacityKind.PRIVATE, 1.1, gpus_per_node=8, node_count=2),)
+    record = ClusterRecord(name=ClusterName("onprem"), provider=Provider.PRIVATE, region="dc1", pools=pools)
+    cluster = InMemoryCluster(
+        record.name,
+        provider=record.provider,
+        region=record.region,
+        pools=[
+            MemoryPool(p.name, p.gpu_type, p.kind, p.usd_per_gpu_hour, p.gpus_per_node, p.node_count)
+            for p in pools
+        ],
+        clock=clock,
+    )
+    members = MemberClusters([record], {record.name: cluster})
+    cache = JobCache(store)
+    await cache.start()
+    metrics = Metrics()
+    scheduler = Scheduler(
+        store=store, cache=cache, members=members, tenants=store.list_tenants, metrics=metrics, clock=clock
+    )
+    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
+    yield World(store, cache, cluster, scheduler, reconciler, clock)
+    await cache.stop()
+
+
+def a_job(
+    name: str,
+    *,
+    gpus: int = 4,
+    duration: str = "10s",
+    policy: RestartPolicy | None = None,
+    exit_code: int = 0,
+) -> JobRecord:
+    annotations = [("sim.gpufed.io/duration", duration)]
+    if exit_code:
+        annotations.append(("sim.gpufed.io/exit-code", str(exit_code)))
+    spec = TrainingJobSpec(
+        name=name,
+        tenant=TenantId("vision"),
+        priority_class="normal",
+        tasks=(TaskSpec("worker", 2, "img", (), (), gpus),),
+        gpu_types=(A100,),
+        gpu_type_policy=GpuTypePolicy.ORDERED,
+        min_available=2,
+        max_runtime_s=3600,
+        restart_policy=policy or RestartPolicy(),
+        annotations=tuple(sorted(annotations)),
+    )
+    return JobRecord(
+        job_id=JobId(name),
+        tenant=TenantId("vision"),
+        user="alice",
+        spec=spec,
+        phase=JobPhase.QUEUED,
+        submitted_at_s=1000.0,
+        queued_at_s=1000.0,
+        priority=1000,
+    )
+
+
+async def submit(world: World, job: JobRecord) -> JobId:
+    stored, created = await world.store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+    assert created
+    return stored.value.job_id
+
+
+async def test_a_job_runs_through_every_phase_and_succeeds(world: World) -> None:
+    job_id = await submit(world, a_job("ok"))
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.RUNNING
+    await world.step(10.0)
+    job = await world.job(job_id)
+    assert job.phase is JobPhase.SUCCEEDED
+    assert [e.phase for e in job.events] == [
+        JobPhase.ADMITTED,
+        JobPhase.DISPATCHED,
+        JobPhase.RUNNING,
+        JobPhase.SUCCEEDED,
+    ]
+    assert world.cluster.dispatch_count(job_id, 1) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_phase", "expected_attempt"),
+    [
+        pytest.param(
+            RestartPolicy(on_eviction=RestartAction.RESTART_JOB, max_retries=2),
+            JobPhase.RUNNING,
+            2,
+            id="restart",
+        ),
+        pytest.param(RestartPolicy(on_eviction=RestartAction.ABORT_JOB), JobPhase.FAILED, 1, id="abort"),
+        pytest.param(
+            RestartPolicy(on_eviction=RestartAction.RESTART_JOB, max_retries=0),
+            JobPhase.FAILED,
+            1,
+            id="no-retries-left",
+        ),
+    ],
+)
+async def test_an_evicted_gang_follows_the_restart_policy(
+    world: World, policy: RestartPolicy, expected_phase: JobPhase, expected_attempt: int
+) -> None:
+    job_id = await submit(world, a_job("evicted", policy=policy))
+    await world.step()
+    world.cluster.evict(job_id, 1, reason="node lost")
+    await world.step()
+    job = await world.job(job_id)
+    assert job.phase is expected_phase
+    assert job.attempt == expected_attempt
+    if expected_phase is JobPhase.RUNNING:
+        # The whole gang restarted as a new attempt, keeping its queue position.
+        assert job.queued_at_s == 1000.0
+        assert JobPhase.QUEUED in [e.phase for e in job.events]
+        assert world.cluster.dispatch_count(job_id, 2) == 1
+
+
+async def test_a_failing_gang_is_aborted_by_default(world: World) -> None:
+    job_id = await submit(world, a_job("crashes", exit_code=3))
+    await world.step()
+    await world.step(10.0)
+    job = await world.job(job_id)
+    assert job.phase is JobPhase.FAILED
+    assert "3" in job.message
+
+
+async def test_cancelling_a_running_job_stops_the_gang_first(world: World) -> None:
+    job_id = await submit(world, a_job("long", duration="1h"))
+    await world.step()
+    stored = await world.store.get_job(job_id)
+    assert stored is not None
+    await world.store.commit([(replace(stored.value, cancel_requested=True), stored.mod_revision)])
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.CANCELLED
+    statuses = {(s.job_id, s.attempt): s.phase for s in await world.cluster.statuses()}
+    assert statuses.get((job_id, 1)) in (None, GangPhase.CANCELLED)
+
+
+async def test_the_gang_of_an_unreachable_cluster_is_not_cancelled_as_done(world: World) -> None:
+    job_id = await submit(world, a_job("stuck", duration="1h"))
+    await world.step()
+    stored = await world.store.get_job(job_id)
+    assert stored is not None
+    await world.store.commit([(replace(stored.value, cancel_requested=True), stored.mod_revision)])
+    world.cluster.set_reachable(False)
+    await world.step()
+    # The gang may still run: the job must not claim CANCELLED until the cluster confirms.
+    assert (await world.job(job_id)).phase is JobPhase.RUNNING
+    world.cluster.set_reachable(True)
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.CANCELLED
+
+
+async def test_gangs_wait_for_whole_nodes_and_start_when_capacity_frees(world: World) -> None:
+    # Two nodes of 8: each job is 2 replicas x 8 GPUs, so only one runs at a time.
+    first = await submit(world, a_job("first", gpus=8, duration="5s"))
+    second = await submit(world, replace(a_job("second", gpus=8, duration="5s"), queued_at_s=1001.0))
+    await world.step()
+    assert (await world.job(first)).phase is JobPhase.RUNNING
+    assert (await world.job(second)).phase is JobPhase.QUEUED
+    reasons = await world.store.get_wait_reasons(second)
+    assert reasons
+    assert reasons[0].code.value == "insufficient_capacity"
+    await world.step(5.0)
+    assert (await world.job(first)).phase is JobPhase.SUCCEEDED
+    assert (await world.job(second)).phase is JobPhase.RUNNING
+
+
+async def test_a_gang_that_vanished_from_its_cluster_is_restarted(world: World) -> None:
+    job_id = await submit(world, a_job("vanishing", duration="1h"))
+    await world.step()
+    world.cluster.forget(job_id, 1)
+    await world.step()
+    job = await world.job(job_id)
+    assert job.attempt == 2
+    assert "disappeared" in " ".join(e.reason for e in job.events)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("4s", 4.0), ("1.5m", 90.0), ("250ms", 0.25), ("7", 7.0), ("2h", 7200.0), ("soon", None), (None, None)],
+    ids=str,
+)
+def test_sim_duration(text: str | None, seconds: float | None) -> None:
+    assert sim_duration_s(text) == seconds
