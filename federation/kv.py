@@ -147,6 +147,15 @@ Op = Put | Delete | Get
 
 
 @dataclass(frozen=True, slots=True)
+class Txn:
+    """One conditional transaction, for `txn_many`."""
+
+    compares: tuple[Compare, ...]
+    success: tuple[Op, ...]
+    failure: tuple[Op, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TxnResult:
     succeeded: bool
     # Store revision after the txn (unchanged when the branch that ran wrote nothing).
@@ -176,6 +185,15 @@ class KeyValueStore(Protocol):
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult: ...
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        """Independent transactions in one request: each commits or fails on its own compares.
+
+        On etcd they are nested transactions of one request, applied at one revision, so a batch
+        costs one round trip and one raft entry instead of one per transaction (group commit).
+        No two of them may write the same key, and at most MAX_TXN_OPS may go in one call.
+        """
+        ...
 
     def watch_prefix(self, prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         """Events from start_revision (inclusive; 0: from now). Raises WatchCompacted when iterated."""
@@ -238,6 +256,19 @@ def check_txn_shape(compares: Sequence[Compare], success: Sequence[Op], failure:
         written = [op.key for op in branch if not isinstance(op, Get)]
         if len(set(written)) != len(written):
             raise KvError("txn writes the same key twice in one branch; etcd rejects that")
+
+
+def check_batch_shape(txns: Sequence[Txn]) -> None:
+    """What etcd refuses in a batch of nested transactions: too many, or two writing one key."""
+    if len(txns) > MAX_TXN_OPS:
+        raise KvError(f"batch has {len(txns)} transactions; etcd allows at most {MAX_TXN_OPS}")
+    written: set[bytes] = set()
+    for t in txns:
+        check_txn_shape(t.compares, t.success, t.failure)
+        keys = {op.key for op in (*t.success, *t.failure) if not isinstance(op, Get)}
+        if written & keys:
+            raise KvError("two transactions in one batch write the same key; etcd rejects that")
+        written |= keys
 
 
 # ---- etcd, through aetcd ------------------------------------------------------------------------
@@ -393,26 +424,19 @@ class EtcdKv:
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
         check_txn_shape(compares, success, failure)
-        req = rpc.TxnRequest(
-            compare=[
-                rpc.Compare(
-                    key=c.key,
-                    target=_COMPARE_TARGETS[c.target],
-                    result=_COMPARE_OPS[c.op],
-                    **{_COMPARE_FIELDS[c.target]: c.operand},
-                )
-                for c in compares
-            ],
-            success=[_op_to_pb(op) for op in success],
-            failure=[_op_to_pb(op) for op in failure],
+        resp = await self._unary("txn", lambda c: c.kvstub.Txn, _txn_to_pb(compares, success, failure))
+        return _txn_result(resp, resp.header.revision)
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        check_batch_shape(txns)
+        if not txns:
+            return []
+        outer = rpc.TxnRequest(
+            compare=[],
+            success=[rpc.RequestOp(request_txn=_txn_to_pb(t.compares, t.success, t.failure)) for t in txns],
         )
-        resp = await self._unary("txn", lambda c: c.kvstub.Txn, req)
-        gets = tuple(
-            _kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
-            for r in resp.responses
-            if r.WhichOneof("response") == "response_range"
-        )
-        return TxnResult(succeeded=resp.succeeded, revision=resp.header.revision, gets=gets)
+        resp = await self._unary("txn", lambda c: c.kvstub.Txn, outer)
+        return [_txn_result(r.response_txn, resp.header.revision) for r in resp.responses]
 
     async def watch_prefix(self, prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         if self._closed:
@@ -484,6 +508,31 @@ class EtcdKv:
         # Closing the client of a dead etcd: nothing is left to release remotely.
         with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError):
             await self._client.close()
+
+
+def _txn_to_pb(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
+    return rpc.TxnRequest(
+        compare=[
+            rpc.Compare(
+                key=c.key,
+                target=_COMPARE_TARGETS[c.target],
+                result=_COMPARE_OPS[c.op],
+                **{_COMPARE_FIELDS[c.target]: c.operand},
+            )
+            for c in compares
+        ],
+        success=[_op_to_pb(op) for op in success],
+        failure=[_op_to_pb(op) for op in failure],
+    )
+
+
+def _txn_result(resp: Any, revision: int) -> TxnResult:
+    gets = tuple(
+        _kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
+        for r in resp.responses
+        if r.WhichOneof("response") == "response_range"
+    )
+    return TxnResult(succeeded=resp.succeeded, revision=revision, gets=gets)
 
 
 def _op_to_pb(op: Op) -> Any:
@@ -668,27 +717,42 @@ class MemoryKv:
     ) -> TxnResult:
         self._check_open()
         check_txn_shape(compares, success, failure)
-        succeeded = all(compare_holds(c, self._data.get(c.key)) for c in compares)
-        branch = success if succeeded else failure
-        for op in branch:
-            if isinstance(op, Put):
-                self._check_lease(op.lease)
+        return self._apply_txns([Txn(tuple(compares), tuple(success), tuple(failure))])[0]
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        self._check_open()
+        check_batch_shape(txns)
+        return self._apply_txns(txns)
+
+    def _apply_txns(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        """As etcd does: every compare is read before any write, and all writes share one revision."""
+        outcomes = [all(compare_holds(c, self._data.get(c.key)) for c in t.compares) for t in txns]
+        branches = [t.success if ok else t.failure for t, ok in zip(txns, outcomes, strict=True)]
+        for branch in branches:
+            for op in branch:
+                if isinstance(op, Put):
+                    self._check_lease(op.lease)
         writes = any(
-            isinstance(op, Put) or (isinstance(op, Delete) and op.key in self._data) for op in branch
+            isinstance(op, Put) or (isinstance(op, Delete) and op.key in self._data)
+            for branch in branches
+            for op in branch
         )
         if writes:
             self._revision += 1
-        gets: list[KeyValue | None] = []
-        for op in branch:
-            if isinstance(op, Get):
-                gets.append(self._data.get(op.key))
-            elif isinstance(op, Put):
-                self._put_kv(op.key, op.value, op.lease)
-            elif op.key in self._data:
-                self._write(op.key, None)
+        all_gets: list[tuple[KeyValue | None, ...]] = []
+        for branch in branches:
+            gets: list[KeyValue | None] = []
+            for op in branch:
+                if isinstance(op, Get):
+                    gets.append(self._data.get(op.key))
+                elif isinstance(op, Put):
+                    self._put_kv(op.key, op.value, op.lease)
+                elif op.key in self._data:
+                    self._write(op.key, None)
+            all_gets.append(tuple(gets))
         if writes:
             self._notify()
-        return TxnResult(succeeded, self._revision, tuple(gets))
+        return [TxnResult(ok, self._revision, gets) for ok, gets in zip(outcomes, all_gets, strict=True)]
 
     async def watch_prefix(self, prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         self._check_open()

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
+from federation.group_commit import GroupCommit
 from federation.jobs import JobRecord, job_from_dict, job_to_dict
 from federation.kv import (
     MAX_TXN_OPS,
@@ -32,6 +33,7 @@ from federation.kv import (
     KeyValueStore,
     MemoryKv,
     Put,
+    Txn,
     WatchCompacted,
 )
 from federation.records import (
@@ -198,6 +200,9 @@ class KvStore:
 
     def __init__(self, kv: KeyValueStore) -> None:
         self._kv = kv
+        # Submissions, admissions and transitions are independent transactions: under load they
+        # share etcd requests instead of paying a round trip each.
+        self._group = GroupCommit(kv)
 
     @property
     def kv(self) -> KeyValueStore:
@@ -211,10 +216,12 @@ class KvStore:
         idem = IDEM + job.tenant.encode() + b"/" + _sha256(idempotency_key)
         key = job_key(job.job_id)
         value = _dumps(job_to_dict(job))
-        result = await self._kv.txn(
-            [Compare.absent(idem), Compare.absent(key)],
-            [Put(idem, _dumps({"job_id": job.job_id, "digest": manifest_digest})), Put(key, value)],
-            [Get(idem), Get(key)],
+        result = await self._group.run(
+            Txn(
+                (Compare.absent(idem), Compare.absent(key)),
+                (Put(idem, _dumps({"job_id": job.job_id, "digest": manifest_digest})), Put(key, value)),
+                (Get(idem), Get(key)),
+            )
         )
         if result.succeeded:
             return Stored(job, result.revision), True
@@ -267,8 +274,8 @@ class KvStore:
         compares = [Compare.mod_revision_is(job_key(job.job_id), rev) for job, rev in updates]
         if fence is not None:
             compares.append(fence.compare())
-        puts = [Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates]
-        result = await self._kv.txn(compares, puts)
+        puts = tuple(Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates)
+        result = await self._group.run(Txn(tuple(compares), puts))
         return result.revision if result.succeeded else None
 
     async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
@@ -296,7 +303,7 @@ class KvStore:
                 await self._kv.delete(key)
             return
         op = Put(key, _dumps([_wait_to_dict(r) for r in reasons])) if reasons else Delete(key)
-        result = await self._kv.txn([fence.compare()], [op])
+        result = await self._group.run(Txn((fence.compare(),), (op,)))
         if not result.succeeded:
             raise NotLeader(
                 f"leader key {fence.key!r} is no longer ours; wait reasons of {job_id} not written"

@@ -28,6 +28,7 @@ from federation.kv import (
     LeaseNotFound,
     MemoryKv,
     Put,
+    Txn,
     WatchCompacted,
     WatchEvent,
 )
@@ -304,3 +305,37 @@ async def test_watch_from_a_compacted_revision_raises_watch_compacted(kv: Kv) ->
     # From the compaction revision on, history is still there.
     events = await take(s.watch_prefix(P + b"c/", start_revision=now), 1)
     assert events[0].kv.value == b"3"
+
+
+async def test_txn_many_commits_each_transaction_on_its_own_compares_at_one_revision(kv: Kv) -> None:
+    s = kv.store
+    await s.put(P + b"taken", b"old")
+    results = await s.txn_many(
+        [
+            Txn((Compare.absent(P + b"new"),), (Put(P + b"new", b"1"),), (Get(P + b"new"),)),
+            Txn((Compare.absent(P + b"taken"),), (Put(P + b"taken", b"2"),), (Get(P + b"taken"),)),
+            Txn((Compare.absent(P + b"other"),), (Put(P + b"other", b"3"),)),
+        ]
+    )
+    assert [r.succeeded for r in results] == [True, False, True]
+    # The failed one ran its failure branch and wrote nothing.
+    taken = results[1].gets[0]
+    assert taken is not None
+    assert taken.value == b"old"
+    assert (await s.get(P + b"taken")).value == b"old"  # type: ignore[union-attr]
+    new, other = await s.get(P + b"new"), await s.get(P + b"other")
+    assert new is not None
+    assert other is not None
+    # Like etcd's nested transactions: every write of the batch shares one revision.
+    assert new.mod_revision == other.mod_revision == results[0].revision == results[2].revision
+
+
+async def test_txn_many_refuses_two_transactions_writing_one_key(kv: Kv) -> None:
+    with pytest.raises(KvError, match="same key"):
+        await kv.store.txn_many(
+            [
+                Txn((), (Put(P + b"k", b"1"),)),
+                Txn((), (Put(P + b"k", b"2"),)),
+            ]
+        )
+    assert await kv.store.get(P + b"k") is None

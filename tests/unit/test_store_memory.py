@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from federation.cache import JobCache
 from federation.errors import Conflict, IdempotencyConflict, NotLeader
-from federation.jobs import JobRecord
+from federation.jobs import JobRecord, job_to_dict
 from federation.kv import MemoryKv
 from federation.leader import LeaderElection
 from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
-from federation.store import PAGE_SIZE, PREFIX, Fence, InMemoryJobStore, JobEvent, JobEventType, KvStore
+from federation.store import (
+    PAGE_SIZE,
+    PREFIX,
+    Fence,
+    InMemoryJobStore,
+    JobEvent,
+    JobEventType,
+    KvStore,
+    Stored,
+    job_key,
+)
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -289,10 +300,14 @@ async def test_cache_start_sees_jobs_that_existed_before(store: KvStore, make_jo
 async def test_cache_recovers_from_a_compacted_watch_by_relisting(
     store: KvStore, kv: MemoryKv, cache: JobCache, make_job: MakeJob
 ) -> None:
+    first, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
+    assert await cache.wait_for_revision(first.mod_revision, timeout_s=3)
     events = cache.subscribe()
-    stored, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
-    # MemoryKv does not yield to the loop, so the cache's watch has not seen this write yet when the
-    # history under it is compacted away: its next read of history fails with WatchCompacted.
+    # MemoryKv.put does not yield to the loop, so the cache's watch has not seen this write yet when
+    # the history under it is compacted away: its next read of history fails with WatchCompacted.
+    updated = dataclasses.replace(first.value, message="changed behind the watch")
+    revision = await kv.put(job_key(JobId("j1")), json.dumps(job_to_dict(updated)).encode())
+    stored = Stored(updated, revision)
     await kv.put(PREFIX + b"tenants/other", b"{}")
     await kv.compact(kv.revision)
     assert stored.mod_revision < kv.revision
