@@ -10,6 +10,7 @@ import grpc
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.spec import wire_manifest
 
 
 class GpufedClient:
@@ -33,7 +34,7 @@ class GpufedClient:
 
     def submit(self, manifest: str, *, idempotency_key: str = "") -> pb.SubmitJobResponse:
         return self._jobs.SubmitJob(
-            pb.SubmitJobRequest(manifest=manifest, idempotency_key=idempotency_key),
+            pb.SubmitJobRequest(manifest=wire_manifest(manifest), idempotency_key=idempotency_key),
             metadata=self._metadata,
             timeout=self._timeout_s,
         )

@@ -33,6 +33,7 @@ from federation.jobspec import (
     TaskSpec,
     TrainingJobSpec,
 )
+from federation.manifest_json import load_json_manifest, looks_like_json, to_json_text
 from federation.priorities import DEFAULT_PRIORITY_CLASS
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
@@ -102,6 +103,8 @@ _ACTIONS = {action.value: action for action in RestartAction}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LAST_DEADLINE_S = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _STR_TAG = "tag:yaml.org,2002:str"
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _T = TypeVar("_T")
 _TAG_WORDS = {
@@ -146,6 +149,7 @@ class _Open:
 
     path: str
     is_mapping: bool
+    value: dict[str, object] | list[object]
     index: int = 0
     key: str | None = None
     key_lines: dict[str, int] = field(default_factory=dict)
@@ -187,11 +191,17 @@ def _tag(loader: Any, event: yaml.ScalarEvent) -> str:
     return event.tag
 
 
-def _scan(text: str) -> None:
-    """Walk the parse events (no tree is built) and refuse what a safe manifest never needs."""
+def _scan(text: str) -> object:
+    """Walk the parse events once: refuse what a safe manifest never needs, and build the values.
+
+    Building here rather than loading again after the checks parses the text once: manifest
+    parsing was the largest single cost of a submission.
+    """
     stack: list[_Open] = []
     documents = values = 0
     loader = None
+    root: object = None
+    needs_loader = False
     try:
         # Inside the try: the pure-Python reader checks for control characters on construction.
         loader = _Loader(text)
@@ -216,12 +226,14 @@ def _scan(text: str) -> None:
                 )
             parent = stack[-1] if stack else None
             is_key = parent is not None and parent.is_mapping and parent.key is None
+            value_key = ""
             if parent is None:
                 path = ""
             elif is_key:
                 path = parent.path
             elif parent.is_mapping:
-                path, parent.key = _key_path(parent.path, parent.key or ""), None
+                value_key = parent.key or ""
+                path, parent.key = _key_path(parent.path, value_key), None
             else:
                 path, parent.index = f"{parent.path}[{parent.index}]", parent.index + 1
             if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
@@ -238,11 +250,17 @@ def _scan(text: str) -> None:
                     )
                 if is_key and parent is not None:
                     parent.key = _mapping_key(parent, event, _tag(loader, event))
-                elif len(event.value) > _MAX_NUMBER_CHARS and _tag(loader, event) in _NUMBER_TAGS:
+                    continue
+                tag = _tag(loader, event)
+                if len(event.value) > _MAX_NUMBER_CHARS and tag in _NUMBER_TAGS:
                     raise InvalidSpec(
                         _field(path),
                         f"numbers may have at most {_MAX_NUMBER_CHARS} characters {_at(event.start_mark)}",
                     )
+                # libyaml's marks are its own type; constructors only read them for error messages.
+                node = yaml.ScalarNode(tag, event.value, None, None, event.style)
+                built = event.value if tag == _STR_TAG else loader.construct_object(node)
+                root = _attach(parent, value_key, built, root)
             elif is_key:
                 raise InvalidSpec(
                     _field(path),
@@ -253,12 +271,45 @@ def _scan(text: str) -> None:
                     raise InvalidSpec(
                         "manifest", f"nests deeper than {MAX_DEPTH} levels {_at(event.start_mark)}"
                     )
-                stack.append(_Open(path, isinstance(event, yaml.MappingStartEvent)))
+                is_mapping = isinstance(event, yaml.MappingStartEvent)
+                if event.tag not in (None, "!", _MAP_TAG if is_mapping else _SEQ_TAG):
+                    # An explicitly tagged collection (!!set, !!omap, or an unknown tag): rare, so
+                    # let the loader build (or refuse) the whole document as it always has.
+                    needs_loader = True
+                container: dict[str, object] | list[object] = {} if is_mapping else []
+                root = _attach(parent, value_key, container, root)
+                stack.append(_Open(path, is_mapping, container))
     except yaml.YAMLError as error:
         raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
+    except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
+        raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
     finally:
         if loader is not None:
             loader.dispose()
+    return _load_with_loader(text) if needs_loader else root
+
+
+def _load_with_loader(text: str) -> object:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as error:
+        raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
+    except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
+        raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
+    finally:
+        loader.dispose()
+
+
+def _attach(parent: _Open | None, key: str, value: object, root: object) -> object:
+    """Put a built value into its container; returns the document's root value."""
+    if parent is None:
+        return value
+    if isinstance(parent.value, dict):
+        parent.value[key] = value
+    else:
+        parent.value.append(value)
+    return root
 
 
 def _mapping_key(parent: _Open, event: yaml.ScalarEvent, tag: str) -> str:
@@ -306,16 +357,26 @@ def _load(text: str | bytes) -> object:
             ) from None
         if size > MAX_MANIFEST_BYTES:
             raise InvalidSpec("manifest", f"is {size} bytes, over the limit of {MAX_MANIFEST_BYTES}")
-    _scan(text)
-    loader = _Loader(text)
+    if looks_like_json(text):
+        return load_json_manifest(
+            text, max_depth=MAX_DEPTH, max_values=MAX_VALUES, max_number_chars=_MAX_NUMBER_CHARS
+        )
+    return _scan(text)
+
+
+def wire_manifest(text: str) -> str:
+    """What a client sends for a user's manifest: JSON when the YAML reads cleanly here.
+
+    The same strict loader runs on the user's machine, so the server reads cheap JSON; a manifest
+    that does not read (or has no JSON form) is sent as written, for the server's authoritative error.
+    """
+    if looks_like_json(text) or len(text.encode()) > MAX_MANIFEST_BYTES:
+        return text
     try:
-        return loader.get_single_data()
-    except yaml.YAMLError as error:
-        raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
-    except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
-        raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
-    finally:
-        loader.dispose()
+        document = _scan(text)
+    except InvalidSpec:
+        return text
+    return to_json_text(document) or text
 
 
 # ---- field rules: each names its field in the error
