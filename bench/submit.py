@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--processes", type=int, default=1, help="client processes")
     parser.add_argument(
-        "--concurrency", type=int, default=16, help="submissions in flight per client process"
+        "--concurrency", type=int, default=8, help="submissions in flight per client process"
     )
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
     args = parser.parse_args()

@@ -110,7 +110,8 @@ class Reconciler:
         live = [
             s
             for s in self._cache.jobs()
-            if not s.value.phase.is_terminal and (s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED)
+            if not s.value.phase.is_terminal
+            and (s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED)
         ]
         if not live:
             return 0
