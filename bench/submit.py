@@ -126,9 +126,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="5 s of load instead of 20 s")
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--processes", type=int, default=1, help="client processes")
-    parser.add_argument(
-        "--concurrency", type=int, default=8, help="submissions in flight per client process"
-    )
+    parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight per client process")
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)

@@ -40,7 +40,7 @@ from placement.model import (
     ClusterState,
     GpuType,
     JobId,
-    NodePool,
+    PoolSpec,
     Provider,
     TenantId,
 )
@@ -48,16 +48,8 @@ from placement.model import (
 log = structlog.get_logger("gpufed.clusters.memory")
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryPool:
-    """A pool of identical simulated nodes, all free and healthy at start."""
-
-    name: str
-    gpu_type: GpuType
-    kind: CapacityKind
-    usd_per_gpu_hour: float
-    gpus_per_node: int
-    node_count: int
+# A pool of identical simulated nodes, all free and healthy at start: the shared PoolSpec.
+MemoryPool = PoolSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +180,8 @@ class InMemoryCluster:
                 provider=self._provider,
                 region=self._region,
                 pools=tuple(
-                    NodePool(
-                        name=p.name,
-                        gpu_type=p.gpu_type,
-                        kind=p.kind,
-                        usd_per_gpu_hour=p.usd_per_gpu_hour,
-                        gpus_per_node=p.gpus_per_node,
-                        free_gpus_per_node=tuple(
-                            free for i, free in enumerate(self._free[pos]) if i not in self._failed[pos]
-                        ),
+                    p.with_free(
+                        tuple(free for i, free in enumerate(self._free[pos]) if i not in self._failed[pos])
                     )
                     for pos, p in enumerate(self._pools)
                 ),

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
-from clusters.memory import InMemoryCluster, MemoryPool
 
 from clusters.api import ClusterBackend, ClusterError, GangStatus
+from clusters.memory import InMemoryCluster
 from federation.records import ClusterRecord
-from placement.model import ClusterName, ClusterState, JobId, NodePool
+from placement.model import ClusterName, ClusterState, JobId
 
 log = structlog.get_logger("gpufed.members")
 
@@ -28,17 +28,7 @@ def _unreachable_state(record: ClusterRecord) -> ClusterState:
         name=record.name,
         provider=record.provider,
         region=record.region,
-        pools=tuple(
-            NodePool(
-                name=p.name,
-                gpu_type=p.gpu_type,
-                kind=p.kind,
-                usd_per_gpu_hour=p.usd_per_gpu_hour,
-                gpus_per_node=p.gpus_per_node,
-                free_gpus_per_node=(),
-            )
-            for p in record.pools
-        ),
+        pools=tuple(p.with_free(()) for p in record.pools),
         reachable=False,
         object_store=record.object_store,
     )
@@ -71,17 +61,7 @@ class MemberClusters:
                 record.name,
                 provider=record.provider,
                 region=record.region,
-                pools=[
-                    MemoryPool(
-                        name=p.name,
-                        gpu_type=p.gpu_type,
-                        kind=p.kind,
-                        usd_per_gpu_hour=p.usd_per_gpu_hour,
-                        gpus_per_node=p.gpus_per_node,
-                        node_count=p.node_count,
-                    )
-                    for p in record.pools
-                ],
+                pools=record.pools,
                 object_store=record.object_store,
                 journal_path=journal,
                 clock=clock,

@@ -180,40 +180,28 @@ class Reconciler:
 
     async def _dispatch(self, job: JobRecord) -> JobRecord | None:
         assert job.placement is not None
-        backend = self._members.get(job.placement.cluster)
+        cluster = job.placement.cluster
+        backend = self._members.get(cluster)
         now = self._clock()
         if backend is None:
-            return job.transition(
-                JobPhase.QUEUED,
-                by=Owner.DISPATCHER,
-                at_s=now,
-                reason=f"cluster {job.placement.cluster} is no longer a member",
-                placement=None,
-            )
+            return self._requeue(job, f"cluster {cluster} is no longer a member", now)
         try:
             await backend.dispatch(workload_for(job))
         except GangRejected as error:
-            return job.transition(
-                JobPhase.QUEUED,
-                by=Owner.DISPATCHER,
-                at_s=now,
-                reason=f"{job.placement.cluster} refused the gang: {error}",
-                placement=None,
-            )
+            return self._requeue(job, f"{cluster} refused the gang: {error}", now)
         except ClusterError as error:
-            return job.transition(
-                JobPhase.QUEUED,
-                by=Owner.DISPATCHER,
-                at_s=now,
-                reason=f"{job.placement.cluster} did not take the gang: {error}",
-                placement=None,
-            )
+            return self._requeue(job, f"{cluster} did not take the gang: {error}", now)
         return job.transition(
             JobPhase.DISPATCHED,
             by=Owner.DISPATCHER,
             at_s=now,
-            reason=f"gang of {job.spec.replica_count} created on {job.placement.cluster}",
+            reason=f"gang of {job.spec.replica_count} created on {cluster}",
         )
+
+    @staticmethod
+    def _requeue(job: JobRecord, reason: str, now: float) -> JobRecord:
+        """Back to the queue, same attempt: the gang never started, so no retry is used up."""
+        return job.transition(JobPhase.QUEUED, by=Owner.DISPATCHER, at_s=now, reason=reason, placement=None)
 
     def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         now = self._clock()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId, TenantQuota
+from placement.model import CapacityKind, ClusterName, GpuType, PoolSpec, Provider, TenantId, TenantQuota
 
 
 class Role(StrEnum):
@@ -28,14 +28,8 @@ class TenantRecord:
         return TenantQuota(tenant=self.name, gpu_caps=self.gpu_caps)
 
 
-@dataclass(frozen=True, slots=True)
-class PoolConfig:
-    name: str
-    gpu_type: GpuType
-    kind: CapacityKind
-    usd_per_gpu_hour: float
-    gpus_per_node: int
-    node_count: int
+# A configured node pool is the shared PoolSpec; the name says where it comes from.
+PoolConfig = PoolSpec
 
 
 @dataclass(frozen=True, slots=True)

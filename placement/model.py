@@ -115,6 +115,29 @@ class NodePool:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """How a node pool is configured: the shape every backend and the config file share."""
+
+    name: str
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    gpus_per_node: int
+    node_count: int
+
+    def with_free(self, free_gpus_per_node: tuple[int, ...]) -> NodePool:
+        """The pool as the placer sees it, given each schedulable node's free GPUs."""
+        return NodePool(
+            name=self.name,
+            gpu_type=self.gpu_type,
+            kind=self.kind,
+            usd_per_gpu_hour=self.usd_per_gpu_hour,
+            gpus_per_node=self.gpus_per_node,
+            free_gpus_per_node=free_gpus_per_node,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     """One member cluster as the placer sees it at snapshot time."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from clusters.api import GangPhase
-from clusters.memory import InMemoryCluster, MemoryPool
+from clusters.memory import InMemoryCluster
 from federation.cache import JobCache
 from federation.jobs import JobRecord
 from federation.jobspec import RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
@@ -83,10 +83,7 @@ async def world() -> AsyncIterator[World]:
         record.name,
         provider=record.provider,
         region=record.region,
-        pools=[
-            MemoryPool(p.name, p.gpu_type, p.kind, p.usd_per_gpu_hour, p.gpus_per_node, p.node_count)
-            for p in pools
-        ],
+        pools=pools,
         clock=clock,
     )
     members = MemberClusters([record], {record.name: cluster})

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from federation.etcd_process import EtcdProcess
+from tests.e2e.harness import ServerProcess
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A fresh etcd per test: end-to-end tests must not see each other's jobs."""
+    process = EtcdProcess(tmp_path / "etcd")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def server(etcd: EtcdProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(etcd.endpoint, tmp_path / "state")
+    process.start()
+    yield process
+    process.stop()

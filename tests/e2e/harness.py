@@ -1,0 +1,139 @@
+"""Processes for end-to-end tests: a real etcd and `gpufed serve` as its own OS process.
+
+The server runs as a subprocess so that tests can SIGKILL it like a crash would, and talk to it only
+through the gRPC client, as users do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from federation.client import GpufedClient, wait_until_serving
+
+CONFIG = Path(__file__).with_name("federation.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def manifest(
+    name: str = "train",
+    *,
+    workers: int = 1,
+    gpus: int = 1,
+    gpu: str = "A100",
+    duration: str = "1s",
+    tenant: str | None = None,
+    extra_spec: str = "",
+) -> str:
+    tenant_line = f"  tenant: {tenant}\n" if tenant else ""
+    return (
+        "apiVersion: gpufed.io/v1\nkind: TrainingJob\n"
+        f'metadata:\n  name: {name}\n  annotations:\n    sim.gpufed.io/duration: "{duration}"\n'
+        f"spec:\n{tenant_line}  gpuTypes: [{gpu}]\n{extra_spec}"
+        "  tasks:\n"
+        f'    - {{name: master, replicas: 1, image: "pytorch/pytorch:2.3", gpus: {gpus}}}\n'
+        f'    - {{name: worker, replicas: {workers}, image: "pytorch/pytorch:2.3", gpus: {gpus}}}\n'
+    )
+
+
+class ServerProcess:
+    """`python -m federation serve` on a given etcd and state dir; restartable on the same state."""
+
+    def __init__(
+        self, etcd_endpoint: str, state_dir: Path, *, config: Path = CONFIG, identity: str = "e2e"
+    ) -> None:
+        self.etcd_endpoint = etcd_endpoint
+        self.state_dir = state_dir
+        self.config = config
+        self.identity = identity
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._log: BinaryIO | None = None
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._close_log()
+        self._log = log = (self.state_dir / f"server-{self.identity}-{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "federation",
+                "--state-dir",
+                str(self.state_dir),
+                "serve",
+                "--etcd",
+                self.etcd_endpoint,
+                "--port",
+                str(self.port),
+                "--bootstrap",
+                str(self.config),
+                "--identity",
+                f"{self.identity}-{self.starts}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            wait_until_serving(self.target, timeout_s=30)
+        except Exception:
+            self.stop()
+            raise
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._close_log()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_log()
+
+    def client(self, user: str) -> GpufedClient:
+        token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
+        return GpufedClient(self.target, token)
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.state_dir.glob("server-*.log")))
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        time.sleep(interval_s)
