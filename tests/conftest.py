@@ -40,27 +40,39 @@ def etcd_store(etcd_kv: EtcdKv) -> KvStore:
 
 
 def build_job(
-    job_id: str, *, tenant: str = "t1", gpus: int = 8, phase: JobPhase = JobPhase.QUEUED
+    job_id: str,
+    *,
+    tenant: str = "t1",
+    gpus: int = 8,
+    replicas: int = 1,
+    gpu: str = "H100",
+    phase: JobPhase = JobPhase.QUEUED,
+    tasks: tuple[TaskSpec, ...] | None = None,
+    policy: RestartPolicy | None = None,
+    annotations: tuple[tuple[str, str], ...] = (),
 ) -> JobRecord:
+    """The one job builder of the test suite: a queued gang of `replicas` workers by default."""
+    tasks = tasks or (
+        TaskSpec(
+            name="worker",
+            replicas=replicas,
+            image="ghcr.io/example/train:1",
+            command=("python", "train.py"),
+            env=(("EPOCHS", "3"),),
+            gpus_per_replica=gpus,
+        ),
+    )
     spec = TrainingJobSpec(
         name=f"train-{job_id}",
         tenant=TenantId(tenant),
         priority_class="default",
-        tasks=(
-            TaskSpec(
-                name="worker",
-                replicas=1,
-                image="ghcr.io/example/train:1",
-                command=("python", "train.py"),
-                env=(("EPOCHS", "3"),),
-                gpus_per_replica=gpus,
-            ),
-        ),
-        gpu_types=(GpuType("H100"),),
+        tasks=tasks,
+        gpu_types=(GpuType(gpu),),
         gpu_type_policy=GpuTypePolicy.ORDERED,
-        min_available=1,
+        min_available=sum(t.replicas for t in tasks),
         max_runtime_s=3600,
-        restart_policy=RestartPolicy(),
+        restart_policy=policy or RestartPolicy(),
+        annotations=tuple(sorted(annotations)),
     )
     return JobRecord(
         job_id=JobId(job_id),

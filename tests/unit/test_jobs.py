@@ -8,35 +8,17 @@ import pytest
 
 from federation.errors import InvalidTransition
 from federation.jobs import TRANSITIONS, JobRecord, Owner, job_from_dict, job_to_dict
-from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
-from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
+from federation.jobspec import TaskSpec
+from placement.model import JobPhase
+from tests.conftest import build_job
 
 
 def a_job(phase: JobPhase = JobPhase.QUEUED) -> JobRecord:
-    spec = TrainingJobSpec(
-        name="train",
-        tenant=TenantId("vision"),
-        priority_class="normal",
-        tasks=(
-            TaskSpec("master", 1, "img", ("python",), (("A", "1"),), 2),
-            TaskSpec("worker", 3, "img", (), (), 2),
-        ),
-        gpu_types=(GpuType("A100"),),
-        gpu_type_policy=GpuTypePolicy.ORDERED,
-        min_available=4,
-        max_runtime_s=3600,
-        restart_policy=RestartPolicy(),
+    tasks = (
+        TaskSpec("master", 1, "img", ("python",), (("A", "1"),), 2),
+        TaskSpec("worker", 3, "img", (), (), 2),
     )
-    return JobRecord(
-        job_id=JobId("train-1"),
-        tenant=TenantId("vision"),
-        user="alice",
-        spec=spec,
-        phase=phase,
-        submitted_at_s=1.0,
-        queued_at_s=1.0,
-        priority=1000,
-    )
+    return build_job("train-1", tenant="vision", gpu="A100", phase=phase, tasks=tasks)
 
 
 ALLOWED = sorted(TRANSITIONS.items(), key=lambda kv: (kv[0][0].value, kv[0][1].value))

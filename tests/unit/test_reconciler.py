@@ -15,7 +15,7 @@ from clusters.api import GangPhase
 from clusters.memory import InMemoryCluster
 from federation.cache import JobCache
 from federation.jobs import JobRecord
-from federation.jobspec import RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.jobspec import RestartAction, RestartPolicy
 from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.reconciler import Reconciler, sim_duration_s
@@ -26,12 +26,12 @@ from placement.model import (
     CapacityKind,
     ClusterName,
     GpuType,
-    GpuTypePolicy,
     JobId,
     JobPhase,
     Provider,
     TenantId,
 )
+from tests.conftest import build_job
 
 A100 = GpuType("A100")
 
@@ -109,28 +109,16 @@ def a_job(
     annotations = [("sim.gpufed.io/duration", duration)]
     if exit_code:
         annotations.append(("sim.gpufed.io/exit-code", str(exit_code)))
-    spec = TrainingJobSpec(
-        name=name,
-        tenant=TenantId("vision"),
-        priority_class="normal",
-        tasks=(TaskSpec("worker", 2, "img", (), (), gpus),),
-        gpu_types=(A100,),
-        gpu_type_policy=GpuTypePolicy.ORDERED,
-        min_available=2,
-        max_runtime_s=3600,
-        restart_policy=policy or RestartPolicy(),
-        annotations=tuple(sorted(annotations)),
+    job = build_job(
+        name,
+        tenant="vision",
+        gpus=gpus,
+        replicas=2,
+        gpu="A100",
+        policy=policy,
+        annotations=tuple(annotations),
     )
-    return JobRecord(
-        job_id=JobId(name),
-        tenant=TenantId("vision"),
-        user="alice",
-        spec=spec,
-        phase=JobPhase.QUEUED,
-        submitted_at_s=1000.0,
-        queued_at_s=1000.0,
-        priority=1000,
-    )
+    return replace(job, priority=1000)
 
 
 async def submit(world: World, job: JobRecord) -> JobId:
