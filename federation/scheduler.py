@@ -25,7 +25,17 @@ from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.records import TenantRecord
 from federation.store import Fence, JobStore, Stored
-from placement.model import Admission, ClusterState, JobId, JobPhase, Plan, Snapshot, Waiting, WaitReason
+from placement.model import (
+    Admission,
+    ClusterState,
+    GangRequest,
+    JobId,
+    JobPhase,
+    Plan,
+    Snapshot,
+    Waiting,
+    WaitReason,
+)
 from placement.plan import plan
 from placement.reserve import PendingGang, reserve_pending
 
@@ -45,9 +55,12 @@ class CycleResult:
 
 
 def build_snapshot(
-    jobs: Sequence[JobRecord], tenants: Sequence[TenantRecord], inventories: Sequence[ClusterState]
+    jobs: Sequence[JobRecord],
+    tenants: Sequence[TenantRecord],
+    inventories: Sequence[ClusterState],
+    gang_request: Callable[[JobRecord], GangRequest] = JobRecord.gang_request,
 ) -> Snapshot:
-    queued = tuple(j.gang_request() for j in jobs if j.phase is JobPhase.QUEUED and not j.cancel_requested)
+    queued = tuple(gang_request(j) for j in jobs if j.phase is JobPhase.QUEUED and not j.cancel_requested)
     running = tuple(rg for j in jobs if (rg := j.running_gang()) is not None)
     pending = [
         PendingGang(
@@ -68,13 +81,39 @@ def build_snapshot(
     )
 
 
+class GangRequests:
+    """Each queued job's GangRequest, built once per version of its record.
+
+    Records are immutable and the cache hands out the same object until the job changes, so a
+    request built for that object stays right. With thousands queued, rebuilding every request each
+    cycle cost as much as planning them.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[JobId, tuple[JobRecord, GangRequest]] = {}
+
+    def __call__(self, job: JobRecord) -> GangRequest:
+        hit = self._built.get(job.job_id)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        request = job.gang_request()
+        self._built[job.job_id] = (job, request)
+        return request
+
+    def keep_only(self, job_ids: set[JobId]) -> None:
+        for job_id in [j for j in self._built if j not in job_ids]:
+            del self._built[job_id]
+
+
 def _snapshot_and_plan(
     jobs: Sequence[JobRecord],
     tenants: Sequence[TenantRecord],
     inventories: Sequence[ClusterState],
     now: float,
+    requests: GangRequests,
 ) -> tuple[Snapshot, Plan]:
-    snapshot = build_snapshot(jobs, tenants, inventories)
+    snapshot = build_snapshot(jobs, tenants, inventories, requests)
+    requests.keep_only({q.job_id for q in snapshot.queued})
     return snapshot, plan(snapshot, now=now)
 
 
@@ -96,6 +135,7 @@ class Scheduler:
         self._metrics = metrics
         self._clock = clock
         self._written_reasons: dict[JobId, tuple[WaitReason, ...]] = {}
+        self._requests = GangRequests()
 
     async def run_cycle(self, fence: Fence | None) -> CycleResult:
         started = time.perf_counter()
@@ -107,7 +147,9 @@ class Scheduler:
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait
         # milliseconds behind a long cycle instead of its whole length.
-        snapshot, result = await asyncio.to_thread(_snapshot_and_plan, jobs, tenants, inventories, now)
+        snapshot, result = await asyncio.to_thread(
+            _snapshot_and_plan, jobs, tenants, inventories, now, self._requests
+        )
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
         outcomes = await asyncio.gather(
