@@ -196,7 +196,6 @@ class Scheduler:
             self._metrics.admission_conflicts.inc()
             log.info("admission_conflicted", job_id=job.job_id, tenant=job.tenant, cluster=admission.cluster)
             return False
-        self._written_reasons.pop(job.job_id, None)
         self._metrics.admissions.labels(cluster=admission.cluster, gpu_type=admission.gpu_type).inc()
         self._metrics.transitions.labels(to_phase=JobPhase.ADMITTED.value).inc()
         log.info(
@@ -219,8 +218,14 @@ class Scheduler:
                 await self._store.put_wait_reasons(w.job_id, w.reasons, fence=fence)
             self._written_reasons[w.job_id] = w.reasons
 
-        await asyncio.gather(*(write(w) for w in changed))
         still_waiting = {w.job_id for w in waiting}
-        for job_id in list(self._written_reasons):
-            if job_id not in still_waiting:
-                del self._written_reasons[job_id]
+        # A job that stopped waiting (admitted or cancelled) has no reasons any more: delete them so
+        # etcd does not keep one stale key per job ever queued.
+        left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
+
+        async def clear(job_id: JobId) -> None:
+            async with semaphore:
+                await self._store.put_wait_reasons(job_id, (), fence=fence)
+            del self._written_reasons[job_id]
+
+        await asyncio.gather(*(write(w) for w in changed), *(clear(j) for j in left))

@@ -246,3 +246,14 @@ async def test_a_gang_that_vanished_from_its_cluster_is_restarted(world: World) 
 )
 def test_sim_duration(text: str | None, seconds: float | None) -> None:
     assert sim_duration_s(text) == seconds
+
+
+async def test_wait_reasons_are_deleted_once_the_job_stops_waiting(world: World) -> None:
+    first = await submit(world, a_job("first", gpus=8, duration="5s"))
+    second = await submit(world, replace(a_job("second", gpus=8, duration="5s"), queued_at_s=1001.0))
+    await world.step()
+    assert await world.store.get_wait_reasons(second)
+    await world.step(5.0)
+    assert (await world.job(second)).phase is JobPhase.RUNNING
+    assert await world.store.get_wait_reasons(second) == ()
+    assert await world.store.get_wait_reasons(first) == ()
