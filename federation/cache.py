@@ -35,6 +35,9 @@ class JobCache:
         self._store = store
         self._queue_size = queue_size
         self._jobs: dict[JobId, Stored[JobRecord]] = {}
+        # Jobs not yet finished, kept apart so the leader's loops cost what is in flight, not
+        # everything ever submitted.
+        self._live: dict[JobId, Stored[JobRecord]] = {}
         self._revision = 0
         self._synced = False
         self._task: asyncio.Task[None] | None = None
@@ -74,6 +77,10 @@ class JobCache:
 
     def jobs(self) -> list[Stored[JobRecord]]:
         return list(self._jobs.values())
+
+    def live_jobs(self) -> list[Stored[JobRecord]]:
+        """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""
+        return list(self._live.values())
 
     async def wait_for_revision(self, revision: int, timeout_s: float = 5.0) -> bool:
         """Wait until the cache reflects `revision`; False on timeout.
@@ -136,6 +143,7 @@ class JobCache:
         first = not self._synced and self._revision == 0
         old = self._jobs
         self._jobs = fresh
+        self._live = {job_id: s for job_id, s in fresh.items() if not s.value.phase.is_terminal}
         if not first:
             for job_id, stored in fresh.items():
                 was = old.get(job_id)
@@ -148,9 +156,15 @@ class JobCache:
 
     def _apply(self, ev: JobEvent) -> None:
         if ev.type is JobEventType.PUT and ev.job is not None:
-            self._jobs[ev.job_id] = Stored(ev.job, ev.mod_revision)
+            stored = Stored(ev.job, ev.mod_revision)
+            self._jobs[ev.job_id] = stored
+            if ev.job.phase.is_terminal:
+                self._live.pop(ev.job_id, None)
+            else:
+                self._live[ev.job_id] = stored
         else:
             self._jobs.pop(ev.job_id, None)
+            self._live.pop(ev.job_id, None)
         self._publish(ev)
         self._advance(ev.mod_revision)
 

@@ -109,9 +109,8 @@ class Reconciler:
         # work in flight, not to the length of the queue.
         live = [
             s
-            for s in self._cache.jobs()
-            if not s.value.phase.is_terminal
-            and (s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED)
+            for s in self._cache.live_jobs()
+            if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED
         ]
         if not live:
             return 0

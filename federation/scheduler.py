@@ -139,7 +139,7 @@ class Scheduler:
 
     async def run_cycle(self, fence: Fence | None) -> CycleResult:
         started = time.perf_counter()
-        stored_jobs = {s.value.job_id: s for s in self._cache.jobs()}
+        stored_jobs = {s.value.job_id: s for s in self._cache.live_jobs()}
         jobs = [s.value for s in stored_jobs.values()]
         tenants = await self._tenants()
         inventories = await self._members.inventories()

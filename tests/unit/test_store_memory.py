@@ -395,3 +395,16 @@ async def test_a_leader_whose_key_is_taken_sets_lost(kv: MemoryKv) -> None:
     assert not election.is_leader
     assert election.fence is None
     await election.close()
+
+
+async def test_live_jobs_leave_the_index_when_they_finish(
+    store: KvStore, cache: JobCache, make_job: MakeJob
+) -> None:
+    await store.create_job(make_job("live"), idempotency_key="a", manifest_digest="d")
+    done, _ = await store.create_job(make_job("done"), idempotency_key="b", manifest_digest="d")
+    finished = dataclasses.replace(done.value, phase=JobPhase.CANCELLED)
+    revision = await store.commit([(finished, done.mod_revision)])
+    assert revision is not None
+    assert await cache.wait_for_revision(revision, timeout_s=3)
+    assert {s.value.job_id for s in cache.live_jobs()} == {JobId("live")}
+    assert {s.value.job_id for s in cache.jobs()} == {JobId("live"), JobId("done")}
