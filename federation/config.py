@@ -126,6 +126,9 @@ def parse_config(text: str) -> FederationConfig:
                 pools=tuple(pools),
                 backend=str(c.get("backend", "memory")),
                 object_store=c.get("objectStore"),
+                unreachable_grace_s=_number(
+                    c.get("unreachableGraceSeconds", 120), f"{at}.unreachableGraceSeconds", minimum=0
+                ),
             )
         )
     return FederationConfig(tenants=tuple(tenants), users=tuple(users), clusters=tuple(clusters))

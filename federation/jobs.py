@@ -105,6 +105,9 @@ class JobRecord:
     queued_at_s: float
     priority: int
     attempt: int = 1
+    # Restarts charged to the job's restart policy. A new attempt forced by the federation (its
+    # cluster was lost) is not the job's fault, so attempts and retries are counted apart.
+    retries_used: int = 0
     placement: JobPlacement | None = None
     cancel_requested: bool = False
     message: str = ""
@@ -241,6 +244,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "queued_at_s": job.queued_at_s,
         "priority": job.priority,
         "attempt": job.attempt,
+        "retries_used": job.retries_used,
         "placement": None
         if p is None
         else {
@@ -270,6 +274,8 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         queued_at_s=float(d["queued_at_s"]),
         priority=int(d["priority"]),
         attempt=int(d["attempt"]),
+        # Records written before the field existed counted every new attempt as a retry.
+        retries_used=int(d.get("retries_used", int(d["attempt"]) - 1)),
         placement=None
         if p is None
         else JobPlacement(

@@ -75,6 +75,10 @@ class MemberClusters:
     def get(self, name: ClusterName) -> ClusterBackend | None:
         return self._backends.get(name)
 
+    def unreachable_grace_s(self, name: ClusterName) -> float:
+        record = self._records.get(name)
+        return 120.0 if record is None else record.unreachable_grace_s
+
     async def inventories(self) -> list[ClusterState]:
         states = []
         for name in self.names:

@@ -8,7 +8,12 @@ Active transitions (decide and act), written by the dispatcher:
 Passive transitions (mirror what the cluster reports), written by the status reconciler:
   DISPATCHED -> RUNNING -> SUCCEEDED | FAILED
   DISPATCHED | RUNNING -> QUEUED   the gang failed or was evicted and the restart policy restarts it
-                                   as a new attempt (the queue position is kept)
+                                   as a new attempt (the queue position is kept), or its cluster has
+                                   not answered for longer than its grace period (a new attempt that
+                                   uses up no retry: losing a cluster is not the job's fault)
+
+Clean-up: gangs that no current attempt needs (`federation.collector`) are cancelled on their
+clusters, so the copy left on a cluster that comes back after its jobs moved on is removed.
 
 Every write is a compare-and-swap on the job's revision, fenced by the leader lease, so a server
 that lost leadership mid-tick commits nothing.
@@ -32,12 +37,13 @@ from clusters.api import (
     ReplicaSpec,
 )
 from federation.cache import JobCache
+from federation.collector import stale_gangs
 from federation.jobs import JobRecord, Owner
 from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.store import Fence, JobStore, Stored
-from placement.model import ClusterName, JobPhase
+from placement.model import ClusterName, JobId, JobPhase
 
 log = structlog.get_logger("gpufed.reconciler")
 
@@ -102,6 +108,9 @@ class Reconciler:
         self._members = members
         self._metrics = metrics
         self._clock = clock
+        # When each silent cluster stopped answering, by this server's clock. Forgotten on restart,
+        # which only makes a new leader wait a full grace period before it requeues anything.
+        self._silent_since: dict[ClusterName, float] = {}
 
     async def tick(self, fence: Fence | None) -> int:
         """One pass over every job that may need action; returns how many transitions were committed."""
@@ -112,21 +121,65 @@ class Reconciler:
             for s in self._cache.live_jobs()
             if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED
         ]
-        if not live:
-            return 0
         statuses = await self._members.statuses()
+        lost = self._lost_clusters(statuses)
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
         async def one(stored: Stored[JobRecord]) -> bool:
             async with semaphore:
-                return await self._reconcile(stored, statuses, fence)
+                return await self._reconcile(stored, statuses, lost, fence)
 
-        return sum(await asyncio.gather(*(one(s) for s in live)))
+        committed = sum(await asyncio.gather(*(one(s) for s in live)))
+        await self._collect(statuses)
+        return committed
+
+    def _lost_clusters(
+        self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
+    ) -> set[ClusterName]:
+        """Clusters silent for longer than their grace period; their running jobs move elsewhere."""
+        now = self._clock()
+        for name, gangs in statuses.items():
+            if gangs is None:
+                self._silent_since.setdefault(name, now)
+            elif self._silent_since.pop(name, None) is not None:
+                log.info("cluster_answered_again", cluster=name)
+        return {
+            name
+            for name, since in self._silent_since.items()
+            if now - since >= self._members.unreachable_grace_s(name)
+        }
+
+    async def _collect(self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> None:
+        """Cancel gangs that no current attempt needs (see federation.collector)."""
+
+        def job_of(job_id: JobId) -> JobRecord | None:
+            stored = self._cache.get(job_id)
+            return None if stored is None else stored.value
+
+        for stale in stale_gangs(statuses, job_of, now_s=self._clock()):
+            backend = self._members.get(stale.cluster)
+            if backend is None:
+                continue
+            try:
+                await backend.cancel(stale.job_id, stale.attempt, CANCEL_GRACE_PERIOD_S)
+            except ClusterError as error:
+                log.warning(
+                    "stale_gang_removal_failed", cluster=stale.cluster, job_id=stale.job_id, error=str(error)
+                )
+                continue
+            log.info(
+                "stale_gang_removed",
+                cluster=stale.cluster,
+                job_id=stale.job_id,
+                attempt=stale.attempt,
+                why=stale.why.value,
+            )
 
     async def _reconcile(
         self,
         stored: Stored[JobRecord],
         statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+        lost: set[ClusterName],
         fence: Fence | None,
     ) -> bool:
         job = stored.value
@@ -135,12 +188,15 @@ class Reconciler:
         elif job.phase is JobPhase.ADMITTED:
             nxt = await self._dispatch(job)
         elif job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING) and job.placement is not None:
-            cluster_statuses = statuses.get(job.placement.cluster)
-            # A cluster that does not answer is left alone here; requeueing after a grace period is
-            # the cluster-loss reconciler's job.
+            cluster = job.placement.cluster
+            cluster_statuses = statuses.get(cluster)
             if cluster_statuses is None:
-                return False
-            nxt = self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
+                # Silence within the grace period may be a blip: leave the job be until it is not.
+                if cluster not in lost:
+                    return False
+                nxt = self._move_off_lost_cluster(job, cluster)
+            else:
+                nxt = self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
         else:
             return False
         if nxt is None:
@@ -199,8 +255,19 @@ class Reconciler:
 
     @staticmethod
     def _requeue(job: JobRecord, reason: str, now: float) -> JobRecord:
-        """Back to the queue, same attempt: the gang never started, so no retry is used up."""
-        return job.transition(JobPhase.QUEUED, by=Owner.DISPATCHER, at_s=now, reason=reason, placement=None)
+        """Back to the queue as a new attempt that uses up no retry (the gang never started).
+
+        A fresh attempt number gives the next dispatch fresh object names, so a gang that a timed-out
+        create left behind can never be mistaken for the new one; the collector removes it.
+        """
+        return job.transition(
+            JobPhase.QUEUED,
+            by=Owner.DISPATCHER,
+            at_s=now,
+            reason=reason,
+            attempt=job.attempt + 1,
+            placement=None,
+        )
 
     def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         now = self._clock()
@@ -231,9 +298,22 @@ class Reconciler:
                 return self._after_loss(job, RestartAction.ABORT_JOB, "cancelled on the cluster", now)
         return None
 
+    def _move_off_lost_cluster(self, job: JobRecord, cluster: ClusterName) -> JobRecord:
+        """A new attempt, placed afresh; the copy left on the silent cluster is collected when it returns."""
+        grace_s = self._members.unreachable_grace_s(cluster)
+        return job.transition(
+            JobPhase.QUEUED,
+            by=Owner.STATUS,
+            at_s=self._clock(),
+            reason=f"attempt {job.attempt}: cluster {cluster} has not answered for over {grace_s:g}s; "
+            "requeued to run elsewhere",
+            attempt=job.attempt + 1,
+            placement=None,
+        )
+
     def _after_loss(self, job: JobRecord, action: RestartAction, what: str, now: float) -> JobRecord:
         """Restart the whole gang as a new attempt, or fail the job, as its restart policy says."""
-        retries_used = job.attempt - 1
+        retries_used = job.retries_used
         if action is RestartAction.RESTART_JOB and retries_used < job.spec.restart_policy.max_retries:
             return job.transition(
                 JobPhase.QUEUED,
@@ -242,6 +322,7 @@ class Reconciler:
                 reason=f"attempt {job.attempt} {what}; restarting the whole gang "
                 f"(retry {retries_used + 1} of {job.spec.restart_policy.max_retries})",
                 attempt=job.attempt + 1,
+                retries_used=retries_used + 1,
                 placement=None,
             )
         return job.transition(

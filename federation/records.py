@@ -41,6 +41,9 @@ class ClusterRecord:
     # Which backend serves it: "memory" (in-process simulation) today; "kubernetes" later.
     backend: str = "memory"
     object_store: str | None = None
+    # How long the cluster may stay silent before its running jobs are requeued elsewhere. Short
+    # enough that a lost cluster does not hold jobs hostage, long enough to ride out an API blip.
+    unreachable_grace_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ def cluster_to_dict(c: ClusterRecord) -> dict[str, Any]:
         "region": c.region,
         "backend": c.backend,
         "object_store": c.object_store,
+        "unreachable_grace_s": c.unreachable_grace_s,
         "pools": [
             {
                 "name": p.name,
@@ -89,6 +93,7 @@ def cluster_from_dict(d: dict[str, Any]) -> ClusterRecord:
         region=d["region"],
         backend=d.get("backend", "memory"),
         object_store=d.get("object_store"),
+        unreachable_grace_s=float(d.get("unreachable_grace_s", 120.0)),
         pools=tuple(
             PoolConfig(
                 name=p["name"],

@@ -7,124 +7,23 @@ policy, cancellation and refusal paths can be checked one at a time.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
 from clusters.api import GangPhase
-from clusters.memory import InMemoryCluster
-from federation.cache import JobCache
-from federation.jobs import JobRecord
 from federation.jobspec import RestartAction, RestartPolicy
-from federation.members import MemberClusters
-from federation.metrics import Metrics
-from federation.reconciler import Reconciler, sim_duration_s
-from federation.records import ClusterRecord, PoolConfig, TenantRecord
-from federation.scheduler import Scheduler
-from federation.store import InMemoryJobStore, KvStore
+from federation.reconciler import sim_duration_s
 from placement.model import (
-    CapacityKind,
-    ClusterName,
-    GpuType,
-    JobId,
     JobPhase,
-    Provider,
-    TenantId,
 )
-from tests.conftest import build_job
-
-A100 = GpuType("A100")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class World:
-    store: KvStore
-    cache: JobCache
-    cluster: InMemoryCluster
-    scheduler: Scheduler
-    reconciler: Reconciler
-    clock: Clock
-
-    async def step(self, seconds: float = 0.0) -> None:
-        """Advance the clock, then run what the leader's loop runs, letting the cache catch up."""
-        self.clock.now += seconds
-        for _ in range(3):
-            await self.reconciler.tick(None)
-            await self._sync()
-            await self.scheduler.run_cycle(None)
-            await self._sync()
-
-    async def _sync(self) -> None:
-        _, revision = await self.store.list_jobs()
-        await self.cache.wait_for_revision(revision)
-
-    async def job(self, job_id: JobId) -> JobRecord:
-        stored = await self.store.get_job(job_id)
-        assert stored is not None
-        return stored.value
+from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
-    clock = Clock()
-    store = InMemoryJobStore()
-    await store.put_tenant(TenantRecord(name=TenantId("vision")))
-    pools = (PoolConfig("a100", A100, CapacityKind.PRIVATE, 1.1, gpus_per_node=8, node_count=2),)
-    record = ClusterRecord(name=ClusterName("onprem"), provider=Provider.PRIVATE, region="dc1", pools=pools)
-    cluster = InMemoryCluster(
-        record.name,
-        provider=record.provider,
-        region=record.region,
-        pools=pools,
-        clock=clock,
-    )
-    members = MemberClusters([record], {record.name: cluster})
-    cache = JobCache(store)
-    await cache.start()
-    metrics = Metrics()
-    scheduler = Scheduler(
-        store=store, cache=cache, members=members, tenants=store.list_tenants, metrics=metrics, clock=clock
-    )
-    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
-    yield World(store, cache, cluster, scheduler, reconciler, clock)
-    await cache.stop()
-
-
-def a_job(
-    name: str,
-    *,
-    gpus: int = 4,
-    duration: str = "10s",
-    policy: RestartPolicy | None = None,
-    exit_code: int = 0,
-) -> JobRecord:
-    annotations = [("sim.gpufed.io/duration", duration)]
-    if exit_code:
-        annotations.append(("sim.gpufed.io/exit-code", str(exit_code)))
-    job = build_job(
-        name,
-        tenant="vision",
-        gpus=gpus,
-        replicas=2,
-        gpu="A100",
-        policy=policy,
-        annotations=tuple(annotations),
-    )
-    return replace(job, priority=1000)
-
-
-async def submit(world: World, job: JobRecord) -> JobId:
-    stored, created = await world.store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
-    assert created
-    return stored.value.job_id
+    async with build_world() as w:
+        yield w
 
 
 async def test_a_job_runs_through_every_phase_and_succeeds(world: World) -> None:

@@ -1,0 +1,136 @@
+"""A small federation over the in-memory store and simulated clusters, on a fake clock.
+
+Tests drive `step()` by hand, so every transition is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+
+from clusters.memory import InMemoryCluster
+from federation.cache import JobCache
+from federation.jobs import JobRecord
+from federation.jobspec import RestartPolicy
+from federation.members import MemberClusters
+from federation.metrics import Metrics
+from federation.reconciler import Reconciler
+from federation.records import ClusterRecord, PoolConfig, TenantRecord
+from federation.scheduler import Scheduler
+from federation.store import InMemoryJobStore, KvStore
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, Provider, TenantId
+from tests.conftest import build_job
+
+A100 = GpuType("A100")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    store: KvStore
+    cache: JobCache
+    clusters: dict[str, InMemoryCluster]
+    scheduler: Scheduler
+    reconciler: Reconciler
+    clock: Clock
+
+    @property
+    def cluster(self) -> InMemoryCluster:
+        """The first (private, cheapest) cluster: the one jobs land on while it has room."""
+        return next(iter(self.clusters.values()))
+
+    async def step(self, seconds: float = 0.0) -> None:
+        """Advance the clock, then run what the leader's loop runs, letting the cache catch up."""
+        self.clock.now += seconds
+        for _ in range(3):
+            await self.reconciler.tick(None)
+            await self._sync()
+            await self.scheduler.run_cycle(None)
+            await self._sync()
+
+    async def _sync(self) -> None:
+        _, revision = await self.store.list_jobs()
+        await self.cache.wait_for_revision(revision)
+
+    async def job(self, job_id: JobId) -> JobRecord:
+        stored = await self.store.get_job(job_id)
+        assert stored is not None
+        return stored.value
+
+
+# Name, provider, price per GPU-hour: the first is private and cheapest, so jobs go there first.
+_CLUSTERS = (
+    ("onprem", Provider.PRIVATE, CapacityKind.PRIVATE, 1.1),
+    ("cloud", Provider.AWS, CapacityKind.ON_DEMAND, 4.0),
+)
+
+
+@asynccontextmanager
+async def build_world(*, cluster_count: int = 1, unreachable_grace_s: float = 120.0) -> AsyncIterator[World]:
+    clock = Clock()
+    store = InMemoryJobStore()
+    await store.put_tenant(TenantRecord(name=TenantId("vision")))
+    records: list[ClusterRecord] = []
+    clusters: dict[str, InMemoryCluster] = {}
+    for name, provider, kind, price in _CLUSTERS[:cluster_count]:
+        pools = (PoolConfig("a100", A100, kind, price, gpus_per_node=8, node_count=2),)
+        record = ClusterRecord(
+            name=ClusterName(name),
+            provider=provider,
+            region="dc1",
+            pools=pools,
+            unreachable_grace_s=unreachable_grace_s,
+        )
+        records.append(record)
+        clusters[name] = InMemoryCluster(
+            record.name, provider=record.provider, region=record.region, pools=pools, clock=clock
+        )
+    members = MemberClusters(records, {ClusterName(n): c for n, c in clusters.items()})
+    cache = JobCache(store)
+    await cache.start()
+    metrics = Metrics()
+    scheduler = Scheduler(
+        store=store, cache=cache, members=members, tenants=store.list_tenants, metrics=metrics, clock=clock
+    )
+    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
+    try:
+        yield World(store, cache, clusters, scheduler, reconciler, clock)
+    finally:
+        await cache.stop()
+
+
+def a_job(
+    name: str,
+    *,
+    gpus: int = 4,
+    duration: str = "10s",
+    policy: RestartPolicy | None = None,
+    exit_code: int = 0,
+) -> JobRecord:
+    annotations = [("sim.gpufed.io/duration", duration)]
+    if exit_code:
+        annotations.append(("sim.gpufed.io/exit-code", str(exit_code)))
+    job = build_job(
+        name,
+        tenant="vision",
+        gpus=gpus,
+        replicas=2,
+        gpu="A100",
+        policy=policy,
+        annotations=tuple(annotations),
+    )
+    return replace(job, priority=1000)
+
+
+async def submit(world: World, job: JobRecord) -> JobId:
+    stored, created = await world.store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+    assert created
+    return stored.value.job_id

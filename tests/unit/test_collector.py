@@ -1,0 +1,108 @@
+"""Which gangs the collector removes: one row per rule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from clusters.api import GangPhase, GangStatus
+from federation.collector import FINISHED_GANG_RETENTION_S, StaleWhy, stale_gangs
+from federation.jobs import JobPlacement, JobRecord
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase
+from tests.conftest import build_job
+
+NOW_S = 100_000.0
+HERE, THERE = ClusterName("here"), ClusterName("there")
+
+
+def job(phase: JobPhase, *, attempt: int = 1, on: ClusterName | None = HERE) -> JobRecord:
+    placement = None if on is None else JobPlacement(on, GpuType("A100"), CapacityKind.PRIVATE, 1.0)
+    return replace(
+        build_job("j", tenant="t", gpus=1, replicas=1, gpu="A100"),
+        job_id=JobId("j"),
+        phase=phase,
+        attempt=attempt,
+        placement=placement,
+        submitted_at_s=NOW_S - 10,
+    )
+
+
+def gang(phase: GangPhase, *, attempt: int = 1, finished_ago_s: float | None = None) -> GangStatus:
+    finished = None if finished_ago_s is None else NOW_S - finished_ago_s
+    return GangStatus(job_id=JobId("j"), attempt=attempt, phase=phase, finished_at_s=finished)
+
+
+LONG_AGO = FINISHED_GANG_RETENTION_S + 1
+
+
+@pytest.mark.parametrize(
+    ("record", "status", "expected"),
+    [
+        pytest.param(job(JobPhase.RUNNING), gang(GangPhase.RUNNING), None, id="current-attempt-is-kept"),
+        pytest.param(job(JobPhase.ADMITTED), gang(GangPhase.PENDING), None, id="admitted-here-is-kept"),
+        pytest.param(
+            job(JobPhase.RUNNING, attempt=2, on=THERE),
+            gang(GangPhase.RUNNING),
+            StaleWhy.SUPERSEDED,
+            id="older-attempt-still-running-goes",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING, attempt=2),
+            gang(GangPhase.EVICTED, finished_ago_s=60),
+            None,
+            id="older-attempt-finished-recently-is-kept-for-its-logs",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING, attempt=2),
+            gang(GangPhase.EVICTED, finished_ago_s=LONG_AGO),
+            StaleWhy.EXPIRED,
+            id="older-attempt-finished-long-ago-goes",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING, on=THERE),
+            gang(GangPhase.RUNNING),
+            StaleWhy.ELSEWHERE,
+            id="same-attempt-placed-elsewhere-goes",
+        ),
+        pytest.param(
+            job(JobPhase.QUEUED, on=None),
+            gang(GangPhase.RUNNING),
+            StaleWhy.NOT_PLACED,
+            id="gang-of-a-requeued-job-goes",
+        ),
+        pytest.param(
+            job(JobPhase.FAILED),
+            gang(GangPhase.RUNNING),
+            StaleWhy.JOB_FINISHED,
+            id="running-gang-of-a-finished-job-goes",
+        ),
+        pytest.param(
+            job(JobPhase.SUCCEEDED),
+            gang(GangPhase.SUCCEEDED, finished_ago_s=60),
+            None,
+            id="finished-gang-of-a-finished-job-is-kept-a-while",
+        ),
+        pytest.param(
+            job(JobPhase.SUCCEEDED),
+            gang(GangPhase.SUCCEEDED, finished_ago_s=LONG_AGO),
+            StaleWhy.EXPIRED,
+            id="finished-gang-past-retention-goes",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING),
+            gang(GangPhase.RUNNING, attempt=2),
+            None,
+            id="attempt-newer-than-the-record-is-a-cache-lag-and-kept",
+        ),
+    ],
+)
+def test_stale_gangs(record: JobRecord, status: GangStatus, expected: StaleWhy | None) -> None:
+    found = stale_gangs({HERE: {(status.job_id, status.attempt): status}}, lambda _: record, now_s=NOW_S)
+    assert [s.why for s in found] == ([] if expected is None else [expected])
+
+
+def test_gangs_of_unknown_jobs_and_silent_clusters_are_left_alone() -> None:
+    running = gang(GangPhase.RUNNING)
+    statuses = {HERE: {(running.job_id, 1): running}, THERE: None}
+    assert stale_gangs(statuses, lambda _: None, now_s=NOW_S) == []
