@@ -18,7 +18,7 @@ import structlog
 
 from federation.config import bootstrap, load_config
 from federation.etcd_process import EtcdProcess
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
 from federation.store import KvStore
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from federation.config import bootstrap, load_config
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
 from federation.store import KvStore
 

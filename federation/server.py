@@ -28,7 +28,7 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import Authenticator
 from federation.cache import JobCache
 from federation.errors import GpufedError
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
 from federation.members import MemberClusters
 from federation.metrics import Metrics

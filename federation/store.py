@@ -31,11 +31,11 @@ from federation.kv import (
     EventType,
     Get,
     KeyValueStore,
-    MemoryKv,
     Put,
     Txn,
     WatchCompacted,
 )
+from federation.kv_memory import MemoryKv
 from federation.records import (
     ClusterRecord,
     TenantRecord,

@@ -9,7 +9,7 @@ import pytest
 from federation.etcd_process import EtcdProcess
 from federation.jobs import JobRecord
 from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.store import PREFIX, KvStore
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
 

@@ -20,18 +20,18 @@ from federation.kv import (
     CompareOp,
     CompareTarget,
     Delete,
-    EtcdKv,
     EventType,
     Get,
     KeyValueStore,
     KvError,
     LeaseNotFound,
-    MemoryKv,
     Put,
     Txn,
     WatchCompacted,
     WatchEvent,
 )
+from federation.kv_etcd import EtcdKv
+from federation.kv_memory import MemoryKv
 
 P = b"/gpufed/kvtest/"
 

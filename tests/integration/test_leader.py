@@ -12,7 +12,7 @@ import pytest
 
 from federation.etcd_process import EtcdProcess
 from federation.jobs import JobRecord
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
 from federation.store import LEADER_KEY, KvStore
 

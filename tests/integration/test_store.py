@@ -16,7 +16,7 @@ from federation.cache import JobCache
 from federation.errors import IdempotencyConflict, StoreUnavailable
 from federation.etcd_process import EtcdProcess
 from federation.jobs import JobRecord
-from federation.kv import EtcdKv
+from federation.kv_etcd import EtcdKv
 from federation.records import Role, UserRecord
 from federation.store import PAGE_SIZE, PREFIX, KvStore
 from placement.model import JobId, JobPhase, TenantId

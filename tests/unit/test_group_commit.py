@@ -9,7 +9,8 @@ import pytest
 
 from federation.errors import StoreUnavailable
 from federation.group_commit import GroupCommit
-from federation.kv import Compare, Get, MemoryKv, Op, Put, Txn, TxnResult
+from federation.kv import Compare, Get, Op, Put, Txn, TxnResult
+from federation.kv_memory import MemoryKv
 
 
 class CountingKv(MemoryKv):

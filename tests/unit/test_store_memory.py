@@ -16,7 +16,7 @@ import pytest
 from federation.cache import JobCache
 from federation.errors import Conflict, IdempotencyConflict, NotLeader
 from federation.jobs import JobRecord, job_to_dict
-from federation.kv import MemoryKv
+from federation.kv_memory import MemoryKv
 from federation.leader import LeaderElection
 from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from federation.store import (
