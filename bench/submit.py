@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from federation.client import GpufedClient  # noqa: E402
 from federation.etcd_process import EtcdProcess  # noqa: E402
-from federation.spec import wire_manifest  # noqa: E402
+from federation.manifest_text import wire_manifest  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
 CONFIG = """\

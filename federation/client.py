@@ -10,7 +10,7 @@ import grpc
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.spec import wire_manifest
+from federation.manifest_text import wire_manifest
 
 
 class GpufedClient:

@@ -1,9 +1,7 @@
 """Parse and validate `TrainingJob` manifests: the one door from user YAML to a `TrainingJobSpec`.
 
-Manifests come from untrusted callers, so loading is defensive before it is helpful: the size is
-capped before parsing, anchors and aliases are refused (no "billion laughs"), nesting is bounded,
-and there must be one document with string keys and no duplicate keys (PyYAML would silently keep
-the last). Every rejection, for any input at all, is an `InvalidSpec` naming the field path
+Loading untrusted text is `federation.manifest_text`'s job; this module applies the field rules.
+Every rejection, for any input at all, is an `InvalidSpec` naming the field path
 (`spec.tasks[1].replicas`) and the rule, so the API can answer with a clear INVALID_ARGUMENT.
 
 `render_manifest` writes the canonical form back (every default explicit) and `manifest_digest`
@@ -17,7 +15,6 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -33,12 +30,16 @@ from federation.jobspec import (
     TaskSpec,
     TrainingJobSpec,
 )
-from federation.manifest_json import load_json_manifest, looks_like_json, to_json_text
+from federation.manifest_text import (
+    MAX_MANIFEST_BYTES,
+    field_path,
+    key_path,
+    load_manifest_text,
+    shorten,
+)
 from federation.priorities import DEFAULT_PRIORITY_CLASS
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
-MAX_MANIFEST_BYTES = 256 * 1024
-MAX_DEPTH = 20
 MAX_TASKS = 16
 MAX_REPLICAS = 1024  # per task and across the job
 MAX_GPUS_PER_REPLICA = 16
@@ -53,11 +54,6 @@ MAX_IMAGE_CHARS = 512
 MAX_RETRIES = 100
 MAX_RUNTIME_S = 30 * 86400
 DEFAULT_MAX_RUNTIME_S = 86400
-# Bounds on what building the values may cost, checked while scanning. The largest manifest the
-# rules allow has about 25,000 values (16 tasks of 256 command items and 256 env entries); a
-# hostile 256 KiB one could have ten times that. A huge hex or base-60 number is costly to build.
-MAX_VALUES = 50_000
-_MAX_NUMBER_CHARS = 64
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -71,10 +67,6 @@ _DURATION = re.compile(r"(?:(\d{1,9})d)?(?:(\d{1,9})h)?(?:(\d{1,9})m)?(?:(\d{1,9
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,32}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))"
 )
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Maps whose keys are user data: their entries are shown as `metadata.labels["app"]`.
-_FREE_FORM = re.compile(r"metadata\.(labels|annotations)|spec\.tasks\[\d+\]\.env")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 _DNS_LABEL_RULE = (
     "a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit, "
@@ -102,281 +94,7 @@ _POLICY_NAMES = {policy: name for name, policy in _POLICIES.items()}
 _ACTIONS = {action.value: action for action in RestartAction}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LAST_DEADLINE_S = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
-_STR_TAG = "tag:yaml.org,2002:str"
-_MAP_TAG = "tag:yaml.org,2002:map"
-_SEQ_TAG = "tag:yaml.org,2002:seq"
-_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _T = TypeVar("_T")
-_TAG_WORDS = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "a boolean",
-    "null": "null",
-    "merge": "a merge key, which is not supported",
-}
-
-
-# ---- loading: untrusted text to plain values, or InvalidSpec
-
-
-def _timestamp_or_text(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.ScalarNode) -> object:
-    """An impossible timestamp (month 13) stays text, so `spec.deadline` can report it by name."""
-    try:
-        return loader.construct_yaml_timestamp(node)
-    except ValueError:
-        return loader.construct_scalar(node)
-
-
-class _PureLoader(yaml.SafeLoader):
-    pass
-
-
-_Loader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = _PureLoader
-if yaml.__with_libyaml__:
-
-    class _FastLoader(yaml.CSafeLoader):
-        pass
-
-    _Loader = _FastLoader
-
-for _cls in {_PureLoader, _Loader}:
-    _cls.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_or_text)
-
-
-@dataclass(slots=True)
-class _Open:
-    """A mapping or list being scanned: where it is, and what its next child will be called."""
-
-    path: str
-    is_mapping: bool
-    value: dict[str, object] | list[object]
-    index: int = 0
-    key: str | None = None
-    key_lines: dict[str, int] = field(default_factory=dict)
-
-
-def _field(path: str) -> str:
-    return path or "manifest"
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def _key_path(path: str, key: str) -> str:
-    if _FREE_FORM.fullmatch(path) or not _PLAIN_KEY.fullmatch(key) or len(key) > 60:
-        shown = key if len(key) <= 60 else key[:60] + "..."
-        return f"{path}[{json.dumps(shown)}]"
-    return f"{path}.{key}" if path else key
-
-
-def _at(mark: Any) -> str:
-    return "" if mark is None else f"at line {mark.line + 1}, column {mark.column + 1}"
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    if isinstance(error, yaml.reader.ReaderError):
-        char = error.character
-        code = ord(char) if isinstance(char, str) else char
-        return f"{error.reason}, found #x{code:04x} at character {error.position}"
-    if isinstance(error, yaml.MarkedYAMLError):
-        return f"{error.problem or error.context} {_at(error.problem_mark)}".strip()
-    return str(error)
-
-
-def _tag(loader: Any, event: yaml.ScalarEvent) -> str:
-    if event.tag is None or event.tag == "!":
-        tag: str = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
-        return tag
-    return event.tag
-
-
-def _scan(text: str) -> object:
-    """Walk the parse events once: refuse what a safe manifest never needs, and build the values.
-
-    Building here rather than loading again after the checks parses the text once: manifest
-    parsing was the largest single cost of a submission.
-    """
-    stack: list[_Open] = []
-    documents = values = 0
-    loader = None
-    root: object = None
-    needs_loader = False
-    try:
-        # Inside the try: the pure-Python reader checks for control characters on construction.
-        loader = _Loader(text)
-        while loader.check_event():
-            event = loader.get_event()
-            if event is None:
-                break
-            if isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
-                    raise InvalidSpec(
-                        "manifest", f"must be a single YAML document, found another {_at(event.start_mark)}"
-                    )
-            if isinstance(event, yaml.CollectionEndEvent):
-                stack.pop()
-            if not isinstance(event, yaml.NodeEvent):
-                continue
-            values += 1
-            if values > MAX_VALUES:
-                raise InvalidSpec(
-                    "manifest", f"holds more than {MAX_VALUES} keys and values {_at(event.start_mark)}"
-                )
-            parent = stack[-1] if stack else None
-            is_key = parent is not None and parent.is_mapping and parent.key is None
-            value_key = ""
-            if parent is None:
-                path = ""
-            elif is_key:
-                path = parent.path
-            elif parent.is_mapping:
-                value_key = parent.key or ""
-                path, parent.key = _key_path(parent.path, value_key), None
-            else:
-                path, parent.index = f"{parent.path}[{parent.index}]", parent.index + 1
-            if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
-                sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
-                raise InvalidSpec(
-                    _field(path),
-                    f"YAML anchors and aliases are not allowed, found {sign}{event.anchor} "
-                    + _at(event.start_mark),
-                )
-            if isinstance(event, yaml.ScalarEvent):
-                if _SURROGATE.search(event.value):
-                    raise InvalidSpec(
-                        _field(path), f"holds a lone surrogate (not valid Unicode) {_at(event.start_mark)}"
-                    )
-                if is_key and parent is not None:
-                    parent.key = _mapping_key(parent, event, _tag(loader, event))
-                    continue
-                tag = _tag(loader, event)
-                if len(event.value) > _MAX_NUMBER_CHARS and tag in _NUMBER_TAGS:
-                    raise InvalidSpec(
-                        _field(path),
-                        f"numbers may have at most {_MAX_NUMBER_CHARS} characters {_at(event.start_mark)}",
-                    )
-                # libyaml's marks are its own type; constructors only read them for error messages.
-                node = yaml.ScalarNode(tag, event.value, None, None, event.style)
-                built = event.value if tag == _STR_TAG else loader.construct_object(node)
-                root = _attach(parent, value_key, built, root)
-            elif is_key:
-                raise InvalidSpec(
-                    _field(path),
-                    f"mapping keys must be strings, found a collection as a key {_at(event.start_mark)}",
-                )
-            elif isinstance(event, yaml.CollectionStartEvent):
-                if len(stack) >= MAX_DEPTH:
-                    raise InvalidSpec(
-                        "manifest", f"nests deeper than {MAX_DEPTH} levels {_at(event.start_mark)}"
-                    )
-                is_mapping = isinstance(event, yaml.MappingStartEvent)
-                if event.tag not in (None, "!", _MAP_TAG if is_mapping else _SEQ_TAG):
-                    # An explicitly tagged collection (!!set, !!omap, or an unknown tag): rare, so
-                    # let the loader build (or refuse) the whole document as it always has.
-                    needs_loader = True
-                container: dict[str, object] | list[object] = {} if is_mapping else []
-                root = _attach(parent, value_key, container, root)
-                stack.append(_Open(path, is_mapping, container))
-    except yaml.YAMLError as error:
-        raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
-    except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
-        raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    return _load_with_loader(text) if needs_loader else root
-
-
-def _load_with_loader(text: str) -> object:
-    loader = _Loader(text)
-    try:
-        return loader.get_single_data()
-    except yaml.YAMLError as error:
-        raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
-    except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
-        raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
-    finally:
-        loader.dispose()
-
-
-def _attach(parent: _Open | None, key: str, value: object, root: object) -> object:
-    """Put a built value into its container; returns the document's root value."""
-    if parent is None:
-        return value
-    if isinstance(parent.value, dict):
-        parent.value[key] = value
-    else:
-        parent.value.append(value)
-    return root
-
-
-def _mapping_key(parent: _Open, event: yaml.ScalarEvent, tag: str) -> str:
-    where = _at(event.start_mark)
-    if tag != _STR_TAG:
-        kind = tag.rsplit(":", 1)[-1]
-        reads_as = _TAG_WORDS.get(kind, f"{kind} ({tag})")
-        raise InvalidSpec(
-            _field(parent.path),
-            f"mapping keys must be strings, found {_short(event.value)} {where}, which YAML reads as "
-            f"{reads_as}; quote it",
-        )
-    if event.value in parent.key_lines:
-        raise InvalidSpec(
-            _key_path(parent.path, event.value),
-            f"duplicate key (first at line {parent.key_lines[event.value]}, again {where}); "
-            "YAML would silently keep only the last",
-        )
-    parent.key_lines[event.value] = event.start_mark.line + 1 if event.start_mark else 0
-    return event.value
-
-
-def _load(text: str | bytes) -> object:
-    if isinstance(text, bytes | bytearray):
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise InvalidSpec("manifest", f"is {len(text)} bytes, over the limit of {MAX_MANIFEST_BYTES}")
-        try:
-            text = bytes(text).decode("utf-8-sig")
-        except UnicodeDecodeError as error:
-            raise InvalidSpec(
-                "manifest", f"is not UTF-8 text: byte {text[error.start]:#04x} at offset {error.start}"
-            ) from None
-    elif not isinstance(text, str):
-        raise InvalidSpec("manifest", f"must be text or bytes, got {type(text).__name__}")
-    elif len(text) > MAX_MANIFEST_BYTES:
-        raise InvalidSpec(
-            "manifest", f"is {len(text)} characters, over the limit of {MAX_MANIFEST_BYTES} bytes"
-        )
-    else:
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError as error:
-            raise InvalidSpec(
-                "manifest", f"is not valid Unicode: {error.reason} at character {error.start}"
-            ) from None
-        if size > MAX_MANIFEST_BYTES:
-            raise InvalidSpec("manifest", f"is {size} bytes, over the limit of {MAX_MANIFEST_BYTES}")
-    if looks_like_json(text):
-        return load_json_manifest(
-            text, max_depth=MAX_DEPTH, max_values=MAX_VALUES, max_number_chars=_MAX_NUMBER_CHARS
-        )
-    return _scan(text)
-
-
-def wire_manifest(text: str) -> str:
-    """What a client sends for a user's manifest: JSON when the YAML reads cleanly here.
-
-    The same strict loader runs on the user's machine, so the server reads cheap JSON; a manifest
-    that does not read (or has no JSON form) is sent as written, for the server's authoritative error.
-    """
-    if looks_like_json(text) or len(text.encode()) > MAX_MANIFEST_BYTES:
-        return text
-    try:
-        document = _scan(text)
-    except InvalidSpec:
-        return text
-    return to_json_text(document) or text
 
 
 # ---- field rules: each names its field in the error
@@ -390,7 +108,7 @@ def _found(value: object) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return f"{_short(value)} (a string)"
+        return f"{shorten(value)} (a string)"
     if isinstance(value, date):
         return f"a {'timestamp' if isinstance(value, datetime) else 'date'} ({value.isoformat()})"
     if isinstance(value, dict | list):
@@ -407,15 +125,15 @@ def _mapping(
     value: object, path: str, allowed: Sequence[str], required: Sequence[str] = ()
 ) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidSpec(_field(path), f"must be a mapping, got {_found(value)}")
+        raise InvalidSpec(field_path(path), f"must be a mapping, got {_found(value)}")
     for key in value:
         if key not in allowed:
             name = str(key)
             hint = _did_you_mean(name, allowed) or f"; expected one of: {', '.join(allowed)}"
-            raise InvalidSpec(_key_path(path, name), f"unknown field {_short(name)}{hint}")
+            raise InvalidSpec(key_path(path, name), f"unknown field {shorten(name)}{hint}")
     for key in required:
         if key not in value:
-            raise InvalidSpec(_key_path(path, key), "is required")
+            raise InvalidSpec(key_path(path, key), "is required")
     return value
 
 
@@ -435,7 +153,7 @@ def _string(value: object, path: str) -> str:
 def _matching(value: object, path: str, pattern: re.Pattern[str], max_chars: int, rule: str) -> str:
     text = _string(value, path)
     if len(text) > max_chars or not pattern.fullmatch(text):
-        raise InvalidSpec(path, f"must be {rule}, got {_short(text)}")
+        raise InvalidSpec(path, f"must be {rule}, got {shorten(text)}")
     return text
 
 
@@ -472,13 +190,13 @@ def _label_key(key: str, path: str) -> None:
         raise InvalidSpec(
             path,
             "key prefix must be a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 "
-            f"characters) followed by '/', got {_short(prefix)}",
+            f"characters) followed by '/', got {shorten(prefix)}",
         )
     if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         raise InvalidSpec(
             path,
             "key name must be 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
-            f"or digit, got {_short(name)}",
+            f"or digit, got {shorten(name)}",
         )
 
 
@@ -489,14 +207,14 @@ def _labels(value: object, path: str) -> tuple[tuple[str, str], ...]:
     if len(labels) > MAX_LABELS:
         raise InvalidSpec(path, f"must have at most {MAX_LABELS} entries, got {len(labels)}")
     for key, item in labels.items():
-        at = _key_path(path, key)
+        at = key_path(path, key)
         _label_key(key, at)
         text = _string(item, at)
         if text and (len(text) > 63 or not _LABEL_NAME.fullmatch(text)):
             raise InvalidSpec(
                 at,
                 "value must be empty or 1 to 63 letters, digits, '-', '_' or '.', starting and ending "
-                f"with a letter or digit, got {_short(text)}",
+                f"with a letter or digit, got {shorten(text)}",
             )
     return tuple(sorted(labels.items()))
 
@@ -506,7 +224,7 @@ def _annotations(value: object, path: str) -> tuple[tuple[str, str], ...]:
         return ()
     annotations = _user_map(value, path)
     for key, item in annotations.items():
-        at = _key_path(path, key)
+        at = key_path(path, key)
         _label_key(key, at)
         _string(item, at)
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
@@ -527,7 +245,7 @@ def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
     if len(value) > MAX_ENV:
         raise InvalidSpec(path, f"must have at most {MAX_ENV} variables, got {len(value)}")
     if isinstance(value, dict):
-        entries = [(name, item, _key_path(path, name), _key_path(path, name)) for name, item in value.items()]
+        entries = [(name, item, key_path(path, name), key_path(path, name)) for name, item in value.items()]
     else:
         entries = []
         for i, raw in enumerate(value):
@@ -539,7 +257,7 @@ def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
             name, name_at, _ENV_NAME, MAX_MANIFEST_BYTES, "a variable name ([A-Za-z_][A-Za-z0-9_]*)"
         )
         if text in seen:
-            raise InvalidSpec(name_at, f"duplicate variable {_short(text)} (also at {seen[text]})")
+            raise InvalidSpec(name_at, f"duplicate variable {shorten(text)} (also at {seen[text]})")
         seen[text] = name_at
         _string(item, value_at)
     return tuple((name, item) for name, item, _, _ in entries)
@@ -563,7 +281,7 @@ def _image(value: object, path: str) -> str:
         raise InvalidSpec(
             path,
             f"must be a container image reference: 1 to {MAX_IMAGE_CHARS} characters without whitespace, "
-            f"got {_short(text)}",
+            f"got {shorten(text)}",
         )
     return text
 
@@ -621,7 +339,7 @@ def _priority_class(value: object, path: str, classes: Collection[str]) -> str:
         return DEFAULT_PRIORITY_CLASS
     name = _string(value, path)
     if name not in classes:
-        raise InvalidSpec(path, f"must be one of {listed}, got {_short(name)}{_did_you_mean(name, classes)}")
+        raise InvalidSpec(path, f"must be one of {listed}, got {shorten(name)}{_did_you_mean(name, classes)}")
     return name
 
 
@@ -657,7 +375,7 @@ def _deadline_s(value: object, path: str) -> float | None:
     if isinstance(value, str):
         match = _RFC3339.fullmatch(value)
         if match is None:
-            raise InvalidSpec(path, f"{rule}, got {_short(value)}")
+            raise InvalidSpec(path, f"{rule}, got {shorten(value)}")
         year, month, day, hour, minute, second = (int(part) for part in match.groups()[:6])
         fraction, utc, sign, offset_h, offset_m = match.groups()[6:]
         offset = timedelta(0) if utc else timedelta(hours=int(offset_h), minutes=int(offset_m))
@@ -666,7 +384,7 @@ def _deadline_s(value: object, path: str) -> float | None:
             micros = int((fraction or "0").ljust(6, "0")[:6])
             value = datetime(year, month, day, hour, minute, second, micros, tzinfo=zone)
         except ValueError as error:
-            raise InvalidSpec(path, f"{rule}, got {_short(match[0])}: {error}") from None
+            raise InvalidSpec(path, f"{rule}, got {shorten(match[0])}: {error}") from None
     if not isinstance(value, datetime):
         raise InvalidSpec(path, f"{rule}, got {_found(value)}")
     if value.utcoffset() is None:
@@ -696,7 +414,8 @@ def _dataset(value: object, path: str) -> DatasetRef | None:
         ):
             raise InvalidSpec(
                 path,
-                f"must be 'name' or 'name@version', with {name_rule} and {version_rule}, got {_short(value)}",
+                f"must be 'name' or 'name@version', with {name_rule} and {version_rule}, "
+                f"got {shorten(value)}",
             )
         return DatasetRef(name, version if at else None)
     if not isinstance(value, dict):
@@ -736,7 +455,7 @@ def _allow_spot(value: object, path: str) -> bool:
 
 def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> TrainingJobSpec:
     """The validated spec of a manifest; otherwise InvalidSpec naming the first field that breaks a rule."""
-    doc = _load(text)
+    doc = load_manifest_text(text)
     if doc is None:
         raise InvalidSpec(
             "manifest", "is empty: expected a TrainingJob with apiVersion, kind, metadata and spec"

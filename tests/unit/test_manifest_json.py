@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.errors import InvalidSpec
+from federation.manifest_text import wire_manifest
 from federation.priorities import DEFAULT_PRIORITY_CLASSES
-from federation.spec import parse_manifest, wire_manifest
+from federation.spec import parse_manifest
 
 EXAMPLES = sorted(
     p

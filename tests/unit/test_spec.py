@@ -19,14 +19,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from federation import spec as spec_module
+from federation import manifest_text as loader_module
 from federation.errors import InvalidSpec
 from federation.jobspec import DatasetRef, RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.manifest_text import MAX_DEPTH, MAX_MANIFEST_BYTES, MAX_VALUES
 from federation.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.spec import (
-    MAX_DEPTH,
-    MAX_MANIFEST_BYTES,
-    MAX_VALUES,
     manifest_digest,
     parse_manifest,
     render_manifest,
@@ -342,7 +340,7 @@ LOADER_RULES = [
 @pytest.fixture(params=["libyaml", "pure-python"])
 def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "pure-python":
-        monkeypatch.setattr(spec_module, "_Loader", spec_module._PureLoader)
+        monkeypatch.setattr(loader_module, "_Loader", loader_module._PureLoader)
     elif not yaml.__with_libyaml__:
         pytest.skip("PyYAML was built without libyaml")
     return str(request.param)
@@ -359,14 +357,14 @@ def test_the_loader_refuses_unsafe_or_unreadable_input(
 def test_the_libyaml_loader_is_used_when_available() -> None:
     if not yaml.__with_libyaml__:
         pytest.skip("PyYAML was built without libyaml")
-    assert issubclass(spec_module._Loader, yaml.CSafeLoader)
+    assert issubclass(loader_module._Loader, yaml.CSafeLoader)
 
 
 def test_an_escaped_lone_surrogate_is_refused_by_the_pure_python_loader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # libyaml refuses the escape itself; the pure-Python scanner builds the surrogate, which the scan refuses.
-    monkeypatch.setattr(spec_module, "_Loader", spec_module._PureLoader)
+    monkeypatch.setattr(loader_module, "_Loader", loader_module._PureLoader)
     error = rejection(MINIMAL.replace("{name: tiny}", '{name: tiny, annotations: {a: "\\ud800"}}'))
     assert error.field == 'metadata.annotations["a"]'
     assert "lone surrogate" in error.rule
