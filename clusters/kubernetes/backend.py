@@ -1,0 +1,375 @@
+"""`ClusterBackend` for a real Kubernetes cluster, through the official client.
+
+One backend drives one kubeconfig context. Reads never touch the API on the caller's path: watch
+threads (`watch.Informer`) keep nodes, pods and gang objects cached, and `inventory()` and
+`statuses()` are computed from that cache, memoised until it changes. Writes (dispatch, cancel,
+evict, garbage collection) go to the API on a small thread pool of the backend's own, so that a slow
+cluster cannot starve the event loop's default executor that the rest of the server shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import structlog
+
+from clusters.api import ClusterUnreachable, GangRejected, GangStatus, GangWorkload
+from clusters.kubernetes import manifests
+from clusters.kubernetes.config import KubernetesClusterConfig
+from clusters.kubernetes.errors import is_no_answer, status_of, translate
+from clusters.kubernetes.gangs import GangWriter
+from clusters.kubernetes.inventory import (
+    NodeInfo,
+    PodInfo,
+    cluster_state,
+    never_fits,
+    node_info,
+    pod_info,
+    unpriced,
+)
+from clusters.kubernetes.kube import KubeApi, Timeouts, api_client
+from clusters.kubernetes.names import object_name
+from clusters.kubernetes.status import (
+    MANAGED_BY,
+    MANAGED_BY_KEY,
+    GangKind,
+    GangObject,
+    gang_object,
+    gang_statuses,
+    summarize_pods,
+)
+from clusters.kubernetes.tombstones import Tombstones
+from clusters.kubernetes.watch import Health, Informer
+from placement.model import ClusterName, ClusterState, JobId
+
+log = structlog.get_logger("gpufed.clusters.kubernetes")
+
+R = TypeVar("R")
+GANG_SELECTOR = f"{MANAGED_BY_KEY}={MANAGED_BY}"
+
+
+class KubernetesBackend:
+    """A member cluster behind `clusters.api.ClusterBackend`; use as `async with` or `start`/`close`.
+
+    Beyond the protocol: `evict` (preemption), `collect_garbage` (stale attempts) and `wait_synced`.
+    """
+
+    def __init__(self, config: KubernetesClusterConfig, *, client: Any = None) -> None:
+        settings = config.settings
+        self._config = config
+        self._prices = config.price_table()
+        self._log = log.bind(cluster=config.name)
+        timeouts = Timeouts(settings.connect_timeout_s, settings.request_timeout_s)
+        self._client = client or api_client(
+            config.kubeconfig, config.context, pool_size=settings.api_threads + 8
+        )
+        self._api = KubeApi(self._client, timeouts)
+        self._health = Health()
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.api_threads, thread_name_prefix=f"gpufed-k8s-{config.name}"
+        )
+        self._nodes: Informer[NodeInfo] = self._informer(
+            "nodes", self._api.list_nodes, lambda o: node_info(o, config.provider)
+        )
+        self._pods: Informer[PodInfo] = self._informer("pods", self._api.list_pods, pod_info)
+        self._jobs: Informer[GangObject] = self._informer(
+            "jobs", self._api.list_jobs, lambda o: gang_object(o, GangKind.INDEXED_JOB), GANG_SELECTOR
+        )
+        self._vcjobs: Informer[GangObject] | None = None
+        self._volcano: bool | None = None
+        self._tombstones = Tombstones(settings.tombstone_ttl_s)
+        self._writer = GangWriter(self._api, config, self._call)
+        self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
+        self._statuses_memo: tuple[tuple[int, int, int, int], tuple[GangStatus, ...]] | None = None
+        self._warned_unpriced: set[tuple[str, str]] = set()
+        self._started = False
+        self._closed = False
+
+    def _informer(
+        self, name: str, call: Any, parse: Callable[[dict[str, Any]], Any], selector: str | None = None
+    ) -> Informer[Any]:
+        s = self._config.settings
+        return Informer(
+            name,
+            self._api,
+            call,
+            parse,
+            health=self._health,
+            label_selector=selector,
+            watch_timeout_s=s.watch_timeout_s,
+            backoff_min_s=s.backoff_min_s,
+            backoff_max_s=s.backoff_max_s,
+            cluster=self._config.name,
+        )
+
+    # ---- life ------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> KubernetesBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the watches; discovery of Volcano is tried now and again later if the API is down."""
+        if self._started:
+            return
+        self._started = True
+        for informer in (self._nodes, self._pods, self._jobs):
+            informer.start()
+        try:
+            await self._discover()
+        except ClusterUnreachable as error:
+            self._log.warning("discovery_deferred", error=str(error))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        informers = [i for i in (self._nodes, self._pods, self._jobs, self._vcjobs) if i is not None]
+        for informer in informers:
+            informer.stop()
+        loop = asyncio.get_running_loop()
+        for informer in informers:
+            if not await loop.run_in_executor(None, informer.join, 10.0):
+                self._log.error("watch_thread_stuck", watch=informer.name)
+        await loop.run_in_executor(None, self._executor.shutdown)
+        self._api.close()
+        self._log.debug("backend_closed")
+
+    async def wait_synced(self, timeout_s: float | None = None) -> bool:
+        """Until every watch has listed once (True), or the timeout passes (False)."""
+        deadline = time.monotonic() + (
+            self._config.settings.sync_timeout_s if timeout_s is None else timeout_s
+        )
+        while True:
+            if self._volcano is None:
+                with contextlib.suppress(ClusterUnreachable):
+                    await self._discover()
+            if self._volcano is not None and all(i.synced.is_set() for i in self._informers()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    def _informers(self) -> list[Informer[Any]]:
+        return [i for i in (self._nodes, self._pods, self._jobs, self._vcjobs) if i is not None]
+
+    # ---- ClusterBackend --------------------------------------------------------------------------
+
+    @property
+    def name(self) -> ClusterName:
+        return self._config.name
+
+    @property
+    def uses_volcano(self) -> bool | None:
+        """Whether gangs go out as Volcano Jobs; None until discovery has answered."""
+        return self._volcano
+
+    @property
+    def reachable(self) -> bool:
+        return self._health.silent_for_s() <= self._config.settings.unreachable_after_s
+
+    async def inventory(self) -> ClusterState:
+        """From the watch cache; an API silent past the threshold gives `reachable=False`."""
+        reachable = self.reachable
+        if reachable and not (self._nodes.synced.is_set() and self._pods.synced.is_set()):
+            reachable = await self._wait(self._nodes, self._pods)
+        key = (self._nodes.version, self._pods.version, reachable)
+        if self._inventory_memo is not None and self._inventory_memo[0] == key:
+            return self._inventory_memo[1]
+        _, nodes = self._nodes.snapshot()
+        _, pods = self._pods.snapshot()
+        for gpu_type, kind in unpriced(nodes, self._prices):
+            if (gpu_type, kind) not in self._warned_unpriced:
+                self._warned_unpriced.add((gpu_type, kind))
+                self._log.warning("pool_unpriced", gpu_type=gpu_type, kind=kind.value)
+        c = self._config
+        state = cluster_state(
+            name=c.name,
+            provider=c.provider,
+            region=c.region,
+            object_store=c.object_store,
+            prices=self._prices,
+            nodes=nodes,
+            pods=pods,
+            reachable=reachable,
+        )
+        self._inventory_memo = (key, state)
+        return state
+
+    async def statuses(self) -> Sequence[GangStatus]:
+        await self._require_gang_cache()
+        now_s = time.time()
+        self._tombstones.expire(now_s)
+        vc = self._vcjobs.version if self._vcjobs is not None else 0
+        key = (self._jobs.version, vc, self._pods.version, self._tombstones.version)
+        if self._statuses_memo is not None and self._statuses_memo[0] == key:
+            return self._statuses_memo[1]
+        gangs = self._gangs()
+        _, pods = self._pods.snapshot()
+        found = gang_statuses(gangs.values(), summarize_pods(pods), now_s=now_s)
+        result = tuple(found) + self._tombstones.statuses(exclude=gangs.keys())
+        self._statuses_memo = (key, result)
+        return result
+
+    async def dispatch(self, gang: GangWorkload) -> None:
+        await self._require_gang_cache()
+        if (gang.job_id, gang.attempt) in self._gangs():
+            return
+        if not gang.replicas:
+            raise GangRejected(f"gang {gang.name} has no replicas")
+        _, nodes = self._nodes.snapshot()
+        selection = manifests.select_nodes(nodes, gang.gpu_type, gang.kind)
+        why = never_fits(nodes, gang.gpu_type, gang.kind, [r.gpu_count for r in gang.replicas])
+        if selection is None or why is not None:
+            message = f"gang {gang.name} cannot run on cluster {self.name}: " + (
+                why or f"it has no {gang.kind.value} {gang.gpu_type} nodes"
+            )
+            self._log.info("gang_rejected", job_id=gang.job_id, attempt=gang.attempt, reason=message)
+            raise GangRejected(message)
+        volcano = await self._discover()
+        self._tombstones.forget((gang.job_id, gang.attempt))
+        await self._writer.create(gang, selection, volcano=volcano)
+        self._log.info(
+            "gang_dispatched",
+            job_id=gang.job_id,
+            attempt=gang.attempt,
+            gpu_count=gang.gpu_count,
+            volcano=volcano,
+            name=object_name(gang.job_id, gang.attempt),
+        )
+
+    async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
+        """Delete the gang (a running one is then reported CANCELLED); deleting a missing one is fine."""
+        await self._stop_gang(job_id, attempt, grace_period_s, evicted=None)
+
+    # ---- beyond the protocol ---------------------------------------------------------------------
+
+    async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
+        """Stop the gang as an eviction (preemption): an Event on it says why, its status is EVICTED."""
+        await self._stop_gang(job_id, attempt, grace_period_s, evicted=reason)
+
+    async def collect_garbage(
+        self, live: Collection[tuple[JobId, int]], grace_period_s: float | None = None
+    ) -> list[tuple[JobId, int]]:
+        """Delete every gpufed gang (and orphaned Service) whose (job id, attempt) is not in `live`."""
+        await self._require_gang_cache()
+        grace_s = self._config.settings.gc_grace_period_s if grace_period_s is None else grace_period_s
+        live_keys = set(live)
+        stale = [g for key, g in self._gangs().items() if key not in live_keys]
+        await asyncio.gather(*(self._writer.delete(g.kind, g.namespace, g.name, grace_s) for g in stale))
+        orphans = await self._writer.orphan_services(live_keys, {g.name for g in self._gangs().values()})
+        self._tombstones.retain(live_keys)
+        collected = sorted({g.key for g in stale} | set(orphans))
+        if collected:
+            self._log.info("gangs_collected", count=len(collected), gangs=[f"{j}/{a}" for j, a in collected])
+        return collected
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _gangs(self) -> dict[tuple[JobId, int], GangObject]:
+        gangs = {g.key: g for g in self._jobs.snapshot()[1]}
+        if self._vcjobs is not None:
+            gangs.update((g.key, g) for g in self._vcjobs.snapshot()[1])
+        return gangs
+
+    async def _stop_gang(
+        self, job_id: JobId, attempt: int, grace_period_s: float, *, evicted: str | None
+    ) -> None:
+        await self._require_gang_cache()
+        key = (job_id, attempt)
+        gang = self._gangs().get(key)
+        if gang is None:
+            # Created so recently that the watch has not shown it yet, or really gone: ask the API.
+            gang = await self._writer.find(job_id, attempt, volcano=bool(self._volcano))
+        if gang is None:
+            self._tombstones.forget(key)
+            return
+        if gang.outcome is None:
+            self._tombstones.add(key, evicted=evicted, at_s=time.time())
+        else:
+            self._tombstones.forget(key)
+        if evicted is not None:
+            await self._writer.mark_evicted(gang, evicted)
+        await self._writer.delete(gang.kind, gang.namespace, gang.name, grace_period_s)
+        self._log.info(
+            "gang_evicted" if evicted is not None else "gang_cancelled",
+            job_id=job_id,
+            attempt=attempt,
+            grace_period_s=grace_period_s,
+            reason=evicted,
+        )
+
+    async def _require_gang_cache(self) -> None:
+        """Raise ClusterUnreachable unless the API answers and the gang watches have listed."""
+        if self._closed:
+            raise ClusterUnreachable(f"cluster {self.name}: the backend is closed")
+        if not self.reachable:
+            raise ClusterUnreachable(
+                f"cluster {self.name}: the API has not answered for {self._health.silent_for_s():.0f} s"
+            )
+        await self._discover()
+        assert self._vcjobs is not None or self._volcano is False
+        waiting = [i for i in self._informers() if not i.synced.is_set()]
+        if waiting and not await self._wait(*waiting):
+            raise ClusterUnreachable(
+                f"cluster {self.name}: watches not listed yet: {', '.join(i.name for i in waiting)}"
+            )
+
+    async def _wait(self, *informers: Informer[Any]) -> bool:
+        deadline = time.monotonic() + self._config.settings.sync_timeout_s
+        while not all(i.synced.is_set() for i in informers):
+            if time.monotonic() >= deadline or not self.reachable:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def _discover(self) -> bool:
+        """Whether the API serves Volcano's jobs; asked once, then the vcjob watch starts if it does."""
+        if self._volcano is not None:
+            return self._volcano
+        groups = await self._call("discover API groups", self._api.api_groups)
+        if self._volcano is None:
+            self._volcano = manifests.VOLCANO_GROUP in (groups or ())
+            if self._volcano:
+                self._vcjobs = self._informer(
+                    "vcjobs",
+                    self._api.list_volcano_jobs,
+                    lambda o: gang_object(o, GangKind.VOLCANO_JOB),
+                    GANG_SELECTOR,
+                )
+                self._vcjobs.start()
+            self._log.info("api_discovered", volcano=self._volcano)
+        return self._volcano
+
+    async def _call(
+        self,
+        doing: str,
+        fn: Callable[..., R],
+        *args: Any,
+        ok: frozenset[int] = frozenset(),
+        dispatching: bool = False,
+    ) -> R | None:
+        """Run one blocking API call on the pool; an error whose HTTP status is in `ok` gives None."""
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor, fn, *args)
+        except Exception as error:
+            status = status_of(error)
+            if status is not None and status in ok:
+                self._health.answered()
+                return None
+            if is_no_answer(error):
+                self._health.failed()
+            else:
+                self._health.answered()
+            raise translate(error, self.name, doing, dispatching=dispatching) from error
+        self._health.answered()
+        return result

@@ -1,0 +1,188 @@
+"""The writes that create and remove a gang's objects, all or nothing, and idempotent by name.
+
+A gang is one object (a Volcano Job) or two (a headless Service, then an Indexed Job). Names come
+from the job id and attempt, so a repeated create meets `409 Conflict`, which is success: the object
+is already there. When the second object of an Indexed gang cannot be created the first is removed
+again, so a failed dispatch leaves nothing behind that garbage collection would have to find.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from clusters.api import GangRejected, GangWorkload
+from clusters.kubernetes import manifests
+from clusters.kubernetes.config import KubernetesClusterConfig
+from clusters.kubernetes.inventory import GANG_LABEL
+from clusters.kubernetes.kube import KubeApi
+from clusters.kubernetes.names import namespace_for, object_name, queue_for
+from clusters.kubernetes.status import (
+    ATTEMPT_KEY,
+    EVICTED_KEY,
+    JOB_ID_KEY,
+    MANAGED_BY,
+    MANAGED_BY_KEY,
+    GangKind,
+    GangObject,
+    gang_object,
+)
+from placement.model import JobId
+
+log = structlog.get_logger("gpufed.clusters.kubernetes")
+
+R = TypeVar("R")
+CONFLICT = frozenset({409})
+NOT_FOUND = frozenset({404})
+
+
+class Caller(Protocol):
+    """Runs a blocking API call off the event loop and maps its errors (the backend's `_call`)."""
+
+    async def __call__(
+        self,
+        doing: str,
+        fn: Callable[..., R],
+        *args: Any,
+        ok: frozenset[int] = ...,
+        dispatching: bool = ...,
+    ) -> R | None: ...
+
+
+class GangWriter:
+    def __init__(self, api: KubeApi, config: KubernetesClusterConfig, call: Caller) -> None:
+        self._api = api
+        self._config = config
+        self._call = call
+        self._namespaces: set[str] = set()
+        self._queues: set[str] = set()
+        self._log = log.bind(cluster=config.name)
+
+    async def create(self, gang: GangWorkload, selection: manifests.NodeSelection, *, volcano: bool) -> None:
+        settings = self._config.settings
+        name = object_name(gang.job_id, gang.attempt)
+        namespace = await self._namespace(gang)
+        doing = f"create gang {name} in {namespace}"
+        if volcano:
+            await self._queue(gang)
+            body = manifests.volcano_job(gang, name, namespace, selection, master_port=settings.master_port)
+            await self._call(
+                doing, self._api.create_volcano_job, namespace, body, ok=CONFLICT, dispatching=True
+            )
+            return
+        if manifests.uniform_replica(gang) is None:
+            raise GangRejected(
+                f"gang {gang.name}: cluster {self._config.name} has no Volcano, and an Indexed Job runs "
+                "one pod template, but the replicas differ in image, command, env or GPUs"
+            )
+        service = manifests.headless_service(gang, name, namespace, master_port=settings.master_port)
+        job = manifests.indexed_job(gang, name, namespace, selection, master_port=settings.master_port)
+        await self._call(doing, self._api.create_service, namespace, service, ok=CONFLICT, dispatching=True)
+        try:
+            await self._call(doing, self._api.create_job, namespace, job, ok=CONFLICT, dispatching=True)
+        except Exception:
+            # All or nothing: the Service alone is no gang. If this fails too, GC finds the orphan.
+            try:
+                await self._call(
+                    f"remove service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND
+                )
+            except Exception as error:
+                self._log.warning("service_left_behind", name=name, namespace=namespace, error=str(error))
+            raise
+
+    async def delete(self, kind: GangKind, namespace: str, name: str, grace_period_s: float) -> None:
+        doing = f"delete gang {name} in {namespace}"
+        if kind is GangKind.VOLCANO_JOB:
+            await self._call(
+                doing, self._api.delete_volcano_job, namespace, name, grace_period_s, ok=NOT_FOUND
+            )
+        else:
+            await self._call(doing, self._api.delete_job, namespace, name, grace_period_s, ok=NOT_FOUND)
+        # Volcano's svc plugin owns its Service, but a cluster without garbage collection keeps it.
+        await self._call(f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND)
+
+    async def mark_evicted(self, gang: GangObject, reason: str) -> None:
+        """Say on the gang (annotation, then an Event) that gpufed evicted it, before deleting it."""
+        doing = f"annotate gang {gang.name} as evicted"
+        if gang.kind is GangKind.VOLCANO_JOB:
+            annotate = self._api.annotate_volcano_job
+            api_version = f"{manifests.VOLCANO_GROUP}/{manifests.VOLCANO_VERSION}"
+        else:
+            annotate = self._api.annotate_job
+            api_version = "batch/v1"
+        await self._call(doing, annotate, gang.namespace, gang.name, {EVICTED_KEY: reason}, ok=NOT_FOUND)
+        now = time.time()
+        event = manifests.eviction_event(
+            namespace=gang.namespace,
+            name=gang.name,
+            uid=gang.uid,
+            kind="Job",
+            api_version=api_version,
+            reason=reason,
+            now_iso=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            seq=f"{int(now * 1e9):x}",
+        )
+        await self._call(f"record eviction of {gang.name}", self._api.create_event, gang.namespace, event)
+
+    async def find(self, job_id: JobId, attempt: int, *, volcano: bool) -> GangObject | None:
+        """The gang by its label, asking the API: for a gang the watch may not have shown yet."""
+        selector = f"{GANG_LABEL}={object_name(job_id, attempt)}"
+        calls = [(self._api.list_jobs, GangKind.INDEXED_JOB)]
+        if volcano:
+            calls.append((self._api.list_volcano_jobs, GangKind.VOLCANO_JOB))
+        for call, kind in calls:
+            page = await self._call(
+                f"find gang {job_id}/{attempt}",
+                lambda c=call: self._api.list_page(c, label_selector=selector, limit=10, token=None),
+            )
+            for obj in (page or {}).get("items") or ():
+                gang = gang_object(obj, kind)
+                if gang is not None and gang.key == (job_id, attempt):
+                    return gang
+        return None
+
+    async def orphan_services(
+        self, live: Collection[tuple[JobId, int]], gang_names: set[str]
+    ) -> list[tuple[JobId, int]]:
+        """Delete gpufed's Services that belong to no live attempt and to no gang object."""
+        services = await self._call(
+            "list services", self._api.list_services, f"{MANAGED_BY_KEY}={MANAGED_BY}"
+        )
+        removed = []
+        for service in services or ():
+            meta = service.get("metadata") or {}
+            notes = meta.get("annotations") or {}
+            job_id, attempt = notes.get(JOB_ID_KEY), notes.get(ATTEMPT_KEY)
+            if job_id is None or attempt is None or not str(attempt).isdigit():
+                continue
+            key = (JobId(job_id), int(attempt))
+            if key in live or meta.get("name") in gang_names:
+                continue
+            await self._call(
+                f"delete service {meta.get('name')}",
+                self._api.delete_service,
+                meta.get("namespace", ""),
+                meta.get("name", ""),
+                ok=NOT_FOUND,
+            )
+            removed.append(key)
+        return removed
+
+    async def _namespace(self, gang: GangWorkload) -> str:
+        prefix = self._config.settings.namespace_prefix
+        namespace = namespace_for(prefix, gang.tenant)
+        if namespace not in self._namespaces:
+            body = manifests.namespace_manifest(prefix, gang.tenant)
+            await self._call(f"create namespace {namespace}", self._api.create_namespace, body, ok=CONFLICT)
+            self._namespaces.add(namespace)
+        return namespace
+
+    async def _queue(self, gang: GangWorkload) -> None:
+        queue = queue_for(gang.tenant)
+        if queue not in self._queues:
+            body = manifests.queue_manifest(gang.tenant)
+            await self._call(f"create queue {queue}", self._api.create_queue, body, ok=CONFLICT)
+            self._queues.add(queue)

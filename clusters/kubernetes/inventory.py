@@ -1,0 +1,286 @@
+"""Nodes and pods as the inventory needs them, and the `ClusterState` built from them.
+
+The watch threads keep every node and pod of the cluster; holding the full objects would cost memory
+and time on each inventory, so each is reduced once, when its event arrives, to the few fields that
+count: a node's pool, GPU type, capacity kind, GPUs and whether gpufed may schedule there; a pod's
+node, GPU request, phase and gang. `cluster_state` is then a pass over small records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, NodePool, Provider
+
+Json = dict[str, Any]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+GANG_LABEL = "gpufed.io/gang"
+POOL_LABELS = (
+    "gpufed.io/pool",
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "kubernetes.azure.com/agentpool",
+    "agentpool",
+)
+SPOT_LABELS = {
+    "gpufed.io/capacity-type": "spot",
+    "cloud.google.com/gke-spot": "true",
+    "eks.amazonaws.com/capacityType": "SPOT",
+    "kubernetes.azure.com/scalesetpriority": "spot",
+}
+# gpufed's pods tolerate these taint keys (the GPU operator's), whatever the effect.
+TOLERATED_TAINTS = frozenset({GPU_RESOURCE})
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+# Longest names first, so that "A100" is not read as "A10" nor "L40S" as "L4".
+KNOWN_GPUS = (
+    "GH200", "H200", "H100", "H800", "B200", "B100", "GB200", "A100", "A800", "A10G", "A10", "A30",
+    "A40", "L40S", "L40", "L4", "V100", "T4", "P100", "P4", "K80", "MI300X", "MI250X",
+)  # fmt: skip
+_TOKEN = re.compile(r"[-_ ]+")
+
+
+def gpu_type_of(product: str) -> GpuType:
+    """The placer's GPU type named inside a GPU operator's product label (`NVIDIA-H100-80GB-HBM3`)."""
+    tokens = [t.upper() for t in _TOKEN.split(product) if t]
+    for token in tokens:
+        if token in KNOWN_GPUS:
+            return GpuType(token)
+    for known in KNOWN_GPUS:
+        if any(token.startswith(known) for token in tokens):
+            return GpuType(known)
+    model = [t for t in tokens if t not in {"NVIDIA", "TESLA", "GEFORCE", "AMD"}]
+    return GpuType(model[0] if model else product)
+
+
+def parse_time_s(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def _quantity(value: object) -> int:
+    """GPU counts are whole numbers; anything else (a typo, a fraction) counts as none."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    pool: str
+    pool_label: str | None
+    product: str
+    gpu_type: GpuType
+    kind: CapacityKind
+    allocatable_gpus: int
+    # The label that marks the node as spot capacity, if any (key, value).
+    spot_label: tuple[str, str] | None
+    # Ready, not cordoned, and no NoSchedule/NoExecute taint that gpufed's pods do not tolerate.
+    schedulable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    node_name: str | None
+    gpus: int
+    phase: str
+    # The gang the pod belongs to (its `gpufed.io/gang` label), if gpufed made it.
+    gang: str | None
+    started_at_s: float | None
+    # Why it failed, for a gang's status message ("DeadlineExceeded", "exit code 3", ...).
+    failure: str
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.node_name is not None and self.phase not in FINISHED_PHASES
+
+
+def _schedulable(node: Json) -> bool:
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    for taint in spec.get("taints") or ():
+        if taint.get("effect") in {"NoSchedule", "NoExecute"} and taint.get("key") not in TOLERATED_TAINTS:
+            return False
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def node_info(node: Json, provider: Provider) -> NodeInfo | None:
+    """The node as inventory sees it; None for a node without GPUs."""
+    meta = node.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
+    product = labels.get(PRODUCT_LABEL)
+    if allocatable <= 0 or not product:
+        return None
+    gpu_type = gpu_type_of(product)
+    spot_label = next(
+        (
+            (key, labels[key])
+            for key, value in SPOT_LABELS.items()
+            if labels.get(key, "").lower() == value.lower()
+        ),
+        None,
+    )
+    if provider is Provider.PRIVATE:
+        kind = CapacityKind.PRIVATE
+    elif spot_label is not None:
+        kind = CapacityKind.SPOT
+    else:
+        kind = CapacityKind.ON_DEMAND
+    pool_label = next((key for key in POOL_LABELS if labels.get(key)), None)
+    pool = labels[pool_label] if pool_label else f"{gpu_type.lower()}-{kind.value.replace('_', '-')}"
+    return NodeInfo(
+        name=meta.get("name", ""),
+        pool=pool,
+        pool_label=pool_label,
+        product=product,
+        gpu_type=gpu_type,
+        kind=kind,
+        allocatable_gpus=allocatable,
+        spot_label=spot_label,
+        schedulable=_schedulable(node),
+    )
+
+
+def _pod_gpus(spec: Json) -> int:
+    """The pod's effective GPU request: the larger of its containers' sum and any init container."""
+
+    def gpus(container: Json) -> int:
+        resources = container.get("resources") or {}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        # An extended resource given only as a limit is requested at that limit.
+        return _quantity(requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE, 0)))
+
+    main = sum(gpus(c) for c in spec.get("containers") or ())
+    init = max((gpus(c) for c in spec.get("initContainers") or ()), default=0)
+    return max(main, init)
+
+
+def _failure(status: Json) -> str:
+    reason = status.get("reason")
+    if reason:
+        return str(reason)
+    for container in status.get("containerStatuses") or ():
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return f"container {container.get('name')} exited with code {terminated['exitCode']}"
+    return ""
+
+
+def pod_info(pod: Json) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    return PodInfo(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        node_name=spec.get("nodeName") or None,
+        gpus=_pod_gpus(spec),
+        phase=phase,
+        gang=(meta.get("labels") or {}).get(GANG_LABEL),
+        started_at_s=parse_time_s(status.get("startTime")),
+        failure=_failure(status) if phase == "Failed" else "",
+    )
+
+
+def cluster_state(
+    *,
+    name: ClusterName,
+    provider: Provider,
+    region: str,
+    object_store: str | None,
+    prices: Mapping[tuple[GpuType, CapacityKind], float],
+    nodes: Iterable[NodeInfo],
+    pods: Iterable[PodInfo],
+    reachable: bool,
+) -> ClusterState:
+    """Pools grouped by pool label, each schedulable node with its free GPUs; unpriced pools left out."""
+    used: dict[str, int] = defaultdict(int)
+    for pod in pods:
+        if pod.holds_gpus and pod.gpus and pod.node_name is not None:
+            used[pod.node_name] += pod.gpus
+    groups: dict[tuple[str, GpuType, CapacityKind], list[NodeInfo]] = defaultdict(list)
+    for node in nodes:
+        groups[(node.pool, node.gpu_type, node.kind)].append(node)
+    pool_names: dict[str, int] = defaultdict(int)
+    for pool, _, _ in groups:
+        pool_names[pool] += 1
+    pools: list[NodePool] = []
+    for (pool, gpu_type, kind), members in groups.items():
+        price = prices.get((gpu_type, kind))
+        if price is None:
+            continue
+        members.sort(key=lambda n: n.name)
+        pools.append(
+            NodePool(
+                # A pool label shared by nodes of two GPU types or kinds becomes one pool per kind.
+                name=pool if pool_names[pool] == 1 else f"{pool}-{gpu_type.lower()}-{kind.value}",
+                gpu_type=gpu_type,
+                kind=kind,
+                usd_per_gpu_hour=price,
+                gpus_per_node=max(n.allocatable_gpus for n in members),
+                free_gpus_per_node=tuple(
+                    max(0, n.allocatable_gpus - used.get(n.name, 0)) for n in members if n.schedulable
+                ),
+            )
+        )
+    pools.sort(key=lambda p: p.name)
+    return ClusterState(
+        name=name,
+        provider=provider,
+        region=region,
+        pools=tuple(pools),
+        reachable=reachable,
+        object_store=object_store,
+    )
+
+
+def unpriced(
+    nodes: Iterable[NodeInfo], prices: Mapping[tuple[GpuType, CapacityKind], float]
+) -> set[tuple[GpuType, CapacityKind]]:
+    """GPU types and kinds the cluster has but the config gives no price for (left out of inventory)."""
+    return {(n.gpu_type, n.kind) for n in nodes if (n.gpu_type, n.kind) not in prices}
+
+
+def never_fits(
+    nodes: Iterable[NodeInfo], gpu_type: GpuType, kind: CapacityKind, replica_gpus: list[int]
+) -> str | None:
+    """Why the gang could not run here even on an empty cluster, or None if it could.
+
+    Best fit decreasing over the schedulable nodes' allocatable GPUs, each replica on one node. A
+    gang that fits only once others finish is not refused: it waits in the cluster's queue.
+    """
+    free = sorted(
+        n.allocatable_gpus for n in nodes if n.gpu_type == gpu_type and n.kind == kind and n.schedulable
+    )
+    have = f"the cluster has {len(free)} such schedulable nodes with {sum(free)} GPUs in all"
+    for need in sorted(replica_gpus, reverse=True):
+        fitting = [i for i, f in enumerate(free) if f >= need]
+        if not fitting:
+            return (
+                f"needs {sum(replica_gpus)} {kind.value} {gpu_type} GPUs as replicas of "
+                f"{'+'.join(str(g) for g in sorted(replica_gpus, reverse=True))} (each on one node); "
+                f"{have}"
+            )
+        best = min(fitting, key=lambda i: free[i])
+        free[best] -= need
+    return None

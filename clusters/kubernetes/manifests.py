@@ -1,0 +1,363 @@
+"""The objects gpufed creates on a member cluster, as plain dicts: pure builders, no I/O.
+
+Kept apart from the code that sends them so that their shape (docs/kubernetes.md) can be read and
+tested on its own, and so that the backend sends exactly what a test inspected. Dicts rather than the
+client's model classes: the client serialises a dict as it is, and building models only to turn them
+back into JSON would cost time on every dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clusters.api import GangWorkload, ReplicaSpec
+from clusters.kubernetes.inventory import GANG_LABEL, GPU_RESOURCE, PRODUCT_LABEL, NodeInfo
+from clusters.kubernetes.names import dns_label, label_value, namespace_for, queue_for, task_name
+from clusters.kubernetes.status import (
+    ATTEMPT_KEY,
+    JOB_ID_KEY,
+    MANAGED_BY,
+    MANAGED_BY_KEY,
+    REPLICAS_KEY,
+    TENANT_KEY,
+)
+from placement.model import CapacityKind, GpuType, TenantId
+
+Json = dict[str, Any]
+
+VOLCANO_GROUP = "batch.volcano.sh"
+VOLCANO_VERSION = "v1alpha1"
+VOLCANO_SCHEDULING_GROUP = "scheduling.volcano.sh"
+SIM_DURATION_ANNOTATION = "sim.gpufed.io/duration"
+SIM_EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
+TASK_LABEL = "gpufed.io/task"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelection:
+    """Where the gang's pods may run: the chosen GPU type and capacity kind, as node labels.
+
+    `node_selector` holds the labels with one allowed value; `expressions` what only node affinity
+    can say (several products or pools, or "not spot" on a pool that mixes kinds).
+    """
+
+    node_selector: tuple[tuple[str, str], ...]
+    expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+
+def select_nodes(nodes: Sequence[NodeInfo], gpu_type: GpuType, kind: CapacityKind) -> NodeSelection | None:
+    """Labels that pick the nodes of this GPU type and kind; None when the cluster has none."""
+    matching = [n for n in nodes if n.gpu_type == gpu_type and n.kind == kind]
+    if not matching:
+        return None
+    selector: dict[str, str] = {}
+    expressions: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def allow(key: str, values: set[str]) -> None:
+        if len(values) == 1:
+            selector[key] = next(iter(values))
+        else:
+            expressions.append((key, "In", tuple(sorted(values))))
+
+    allow(PRODUCT_LABEL, {n.product for n in matching})
+    pool_keys = {n.pool_label for n in matching}
+    pools = {n.pool for n in matching}
+    pure_pools = False
+    if len(pool_keys) == 1 and None not in pool_keys:
+        pool_key = next(iter(pool_keys))
+        assert pool_key is not None
+        allow(pool_key, pools)
+        # Pools that hold only this type and kind need nothing more to tell the kind apart.
+        pure_pools = all(
+            (n.gpu_type, n.kind) == (gpu_type, kind)
+            for n in nodes
+            if n.pool_label == pool_key and n.pool in pools
+        )
+    if not pure_pools:
+        if kind is CapacityKind.SPOT:
+            spot_labels = {n.spot_label for n in matching if n.spot_label is not None}
+            if len(spot_labels) == 1:
+                key, value = next(iter(spot_labels))
+                selector[key] = value
+        elif kind is CapacityKind.ON_DEMAND:
+            for key, value in sorted({n.spot_label for n in nodes if n.spot_label is not None}):
+                expressions.append((key, "NotIn", (value,)))
+    return NodeSelection(tuple(sorted(selector.items())), tuple(expressions))
+
+
+def labels(gang: GangWorkload, name: str) -> dict[str, str]:
+    return {
+        JOB_ID_KEY: label_value(gang.job_id),
+        TENANT_KEY: label_value(gang.tenant),
+        ATTEMPT_KEY: str(gang.attempt),
+        GANG_LABEL: name,
+        MANAGED_BY_KEY: MANAGED_BY,
+    }
+
+
+def _annotations(gang: GangWorkload) -> dict[str, str]:
+    """The exact ids (labels may have had to shorten them) and the gang's size."""
+    return {
+        JOB_ID_KEY: gang.job_id,
+        TENANT_KEY: gang.tenant,
+        ATTEMPT_KEY: str(gang.attempt),
+        REPLICAS_KEY: str(len(gang.replicas)),
+    }
+
+
+def _metadata(gang: GangWorkload, name: str, namespace: str) -> Json:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(gang, name),
+        "annotations": _annotations(gang),
+    }
+
+
+def namespace_manifest(prefix: str, tenant: TenantId) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": namespace_for(prefix, tenant),
+            "labels": {TENANT_KEY: label_value(tenant), MANAGED_BY_KEY: MANAGED_BY},
+        },
+    }
+
+
+def queue_manifest(tenant: TenantId) -> Json:
+    """Volcano admits a job only into a queue that exists: one per tenant, created on first use."""
+    return {
+        "apiVersion": f"{VOLCANO_SCHEDULING_GROUP}/v1beta1",
+        "kind": "Queue",
+        "metadata": {
+            "name": queue_for(tenant),
+            "labels": {TENANT_KEY: label_value(tenant), MANAGED_BY_KEY: MANAGED_BY},
+        },
+        "spec": {"weight": 1, "reclaimable": True},
+    }
+
+
+def _pod_annotations(gang: GangWorkload) -> dict[str, str]:
+    annotations: dict[str, str] = {}
+    if gang.sim_duration_s is not None:
+        annotations[SIM_DURATION_ANNOTATION] = repr(float(gang.sim_duration_s))
+    if gang.sim_exit_code != 0 or gang.sim_duration_s is not None:
+        annotations[SIM_EXIT_CODE_ANNOTATION] = str(gang.sim_exit_code)
+    return annotations
+
+
+def _pod_spec(
+    gang: GangWorkload,
+    replica: ReplicaSpec,
+    selection: NodeSelection,
+    env: Sequence[Json],
+    *,
+    scheduler: str | None,
+) -> Json:
+    spec: Json = {
+        "restartPolicy": "Never",
+        "priorityClassName": gang.priority_class,
+        "nodeSelector": dict(selection.node_selector),
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists"}],
+        "containers": [
+            {
+                "name": dns_label(replica.task),
+                "image": replica.image,
+                "command": list(replica.command),
+                "env": [{"name": k, "value": v} for k, v in replica.env] + list(env),
+                "resources": {
+                    "limits": {GPU_RESOURCE: str(replica.gpu_count)},
+                    "requests": {GPU_RESOURCE: str(replica.gpu_count)},
+                },
+            }
+        ],
+    }
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    if gang.max_runtime_s > 0:
+        # On the pod, not the Job: the limit is on running, not on waiting for a place to run.
+        spec["activeDeadlineSeconds"] = gang.max_runtime_s
+    if selection.expressions:
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": k, "operator": op, "values": list(v)}
+                                for k, op, v in selection.expressions
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    return spec
+
+
+def _tasks(gang: GangWorkload) -> list[tuple[str, list[ReplicaSpec]]]:
+    """The gang's tasks in the order given (the first is the master: rank 0 is its replica 0)."""
+    tasks: dict[str, list[ReplicaSpec]] = {}
+    for replica in gang.replicas:
+        tasks.setdefault(replica.task, []).append(replica)
+    return list(tasks.items())
+
+
+def volcano_job(
+    gang: GangWorkload, name: str, namespace: str, selection: NodeSelection, *, master_port: int
+) -> Json:
+    tasks = _tasks(gang)
+    first_task = task_name(name, tasks[0][0], len(tasks[0][1]))
+    rendezvous = [
+        {"name": "MASTER_ADDR", "value": f"{name}-{first_task}-0.{name}"},
+        {"name": "MASTER_PORT", "value": str(master_port)},
+        {"name": "WORLD_SIZE", "value": str(len(gang.replicas))},
+    ]
+    vc_tasks: list[Json] = []
+    offset = 0
+    for position, (task, replicas) in enumerate(tasks):
+        short = task_name(name, task, len(replicas))
+        env = [*rendezvous, {"name": "GPUFED_RANK_OFFSET", "value": str(offset)}]
+        offset += len(replicas)
+        template_labels = {**labels(gang, name), TASK_LABEL: label_value(task)}
+        vc_task: Json = {
+            "name": short,
+            "replicas": len(replicas),
+            "template": {
+                "metadata": {"labels": template_labels, "annotations": _pod_annotations(gang)},
+                "spec": _pod_spec(gang, replicas[0], selection, env, scheduler="volcano"),
+            },
+        }
+        if position == 0:
+            # The master's end is the gang's end: its workers are then stopped, not waited for.
+            vc_task["policies"] = [{"event": "TaskCompleted", "action": "CompleteJob"}]
+        vc_tasks.append(vc_task)
+    return {
+        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
+        "kind": "Job",
+        "metadata": _metadata(gang, name, namespace),
+        "spec": {
+            "minAvailable": gang.min_available,
+            "queue": queue_for(gang.tenant),
+            "priorityClassName": gang.priority_class,
+            "schedulerName": "volcano",
+            # gpufed counts retries across clusters and may place the next attempt elsewhere.
+            "maxRetry": 0,
+            "plugins": {"svc": [], "ssh": [], "env": []},
+            "policies": [
+                {"event": "PodEvicted", "action": "AbortJob"},
+                {"event": "PodFailed", "action": "AbortJob"},
+            ],
+            "tasks": vc_tasks,
+        },
+    }
+
+
+def uniform_replica(gang: GangWorkload) -> ReplicaSpec | None:
+    """The one pod template an Indexed Job can have; None when replicas differ in what they run."""
+    first = gang.replicas[0]
+    for r in gang.replicas[1:]:
+        if (r.gpu_count, r.image, r.command, r.env) != (
+            first.gpu_count,
+            first.image,
+            first.command,
+            first.env,
+        ):
+            return None
+    return first
+
+
+def indexed_job(
+    gang: GangWorkload, name: str, namespace: str, selection: NodeSelection, *, master_port: int
+) -> Json:
+    replica = uniform_replica(gang)
+    if replica is None:
+        raise ValueError(f"gang {gang.name}: an Indexed Job needs replicas that all run the same pod")
+    count = len(gang.replicas)
+    env: list[Json] = [
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
+        {"name": "MASTER_PORT", "value": str(master_port)},
+        {"name": "WORLD_SIZE", "value": str(count)},
+        {
+            "name": "RANK",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}
+            },
+        },
+    ]
+    pod_spec = _pod_spec(gang, replica, selection, env, scheduler=None)
+    pod_spec["subdomain"] = name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(gang, name, namespace),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": count,
+            "parallelism": count,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    }
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": {**labels(gang, name), TASK_LABEL: label_value(replica.task)},
+                    "annotations": _pod_annotations(gang),
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def headless_service(gang: GangWorkload, name: str, namespace: str, *, master_port: int) -> Json:
+    """Gives each pod of an Indexed Job the DNS name `<gang>-<index>.<gang>` for the rendezvous."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(gang, name, namespace),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {GANG_LABEL: name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": master_port, "targetPort": master_port}],
+        },
+    }
+
+
+def eviction_event(
+    *, namespace: str, name: str, uid: str, kind: str, api_version: str, reason: str, now_iso: str, seq: str
+) -> Json:
+    """A core v1 Event on the gang that says why gpufed evicted it (kubectl describe shows it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{seq}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+        },
+        "reason": "Evicted",
+        "message": reason,
+        "type": "Warning",
+        "source": {"component": "gpufed"},
+        "reportingComponent": "gpufed.io/federation",
+        "reportingInstance": "gpufed",
+        "action": "Evict",
+        "firstTimestamp": now_iso,
+        "lastTimestamp": now_iso,
+        "eventTime": None,
+        "count": 1,
+    }

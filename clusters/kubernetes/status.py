@@ -1,0 +1,217 @@
+"""From gang objects and their pods to `GangStatus`: the one place that reads Kubernetes phases.
+
+A gang's fate is told differently by the two kinds of object: an Indexed Job by its conditions (and
+the reason on `Failed` says whether a disruption or a container ended it), a Volcano Job by its state
+and the event that triggered its policy. Both are mapped here, as pure functions, to the same five
+outcomes, so that federation's restart policy sees "evicted" the same way from every cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from clusters.api import GangPhase, GangStatus
+from clusters.kubernetes.inventory import PodInfo, parse_time_s
+from placement.model import JobId, TenantId
+
+Json = dict[str, Any]
+
+JOB_ID_KEY = "gpufed.io/job-id"
+TENANT_KEY = "gpufed.io/tenant"
+ATTEMPT_KEY = "gpufed.io/attempt"
+REPLICAS_KEY = "gpufed.io/replicas"
+# Set on the gang just before `evict` deletes it, so the deletion reads as an eviction.
+EVICTED_KEY = "gpufed.io/evicted"
+MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpufed"
+
+# A Job that a disruption (eviction, lost node) ended; our podFailurePolicy's only rule gives this.
+_DISRUPTED = frozenset({"PodFailurePolicy"})
+_VOLCANO_EVICTED = frozenset({"PodEvicted"})
+
+
+class GangKind(StrEnum):
+    INDEXED_JOB = "batch/v1 Job"
+    VOLCANO_JOB = "batch.volcano.sh/v1alpha1 Job"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    phase: GangPhase
+    message: str
+    at_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GangObject:
+    """A gang object reduced to what its status needs."""
+
+    kind: GangKind
+    namespace: str
+    name: str
+    uid: str
+    job_id: JobId
+    attempt: int
+    tenant: TenantId
+    replicas: int
+    # Set once the object says how it ended; None while it may still run.
+    outcome: Outcome | None
+    # Volcano's own view that the gang runs (minAvailable pods up), with the time it began.
+    running_since_s: float | None
+    # When deletion was asked for (metadata.deletionTimestamp); the object lingers until pods are gone.
+    deleting_since_s: float | None
+    evicted_reason: str | None
+
+    @property
+    def key(self) -> tuple[JobId, int]:
+        return (self.job_id, self.attempt)
+
+
+@dataclass(slots=True)
+class PodSummary:
+    """What a gang's pods say: how many run, when the last of them started, why one failed."""
+
+    running: int = 0
+    started_at_s: float | None = None
+    failure: str = ""
+
+
+def _batch_outcome(status: Json) -> Outcome | None:
+    for condition in status.get("conditions") or ():
+        if condition.get("status") != "True":
+            continue
+        kind = condition.get("type")
+        reason = str(condition.get("reason") or "")
+        at_s = parse_time_s(condition.get("lastTransitionTime")) or parse_time_s(status.get("completionTime"))
+        message = str(condition.get("message") or reason)
+        # FailureTarget and SuccessCriteriaMet come first on current clusters; they are decided ends.
+        if kind in {"Failed", "FailureTarget"}:
+            phase = GangPhase.EVICTED if reason in _DISRUPTED else GangPhase.FAILED
+            return Outcome(phase, f"{reason}: {message}" if message != reason else reason, at_s)
+        if kind in {"Complete", "SuccessCriteriaMet"}:
+            return Outcome(GangPhase.SUCCEEDED, "completed", at_s)
+    return None
+
+
+def _volcano_outcome(state: Json) -> Outcome | None:
+    phase = state.get("phase")
+    reason = str(state.get("reason") or "")
+    at_s = parse_time_s(state.get("lastTransitionTime"))
+    evicted = reason in _VOLCANO_EVICTED
+    suffix = f" ({reason})" if reason else ""
+    if phase == "Completed":
+        return Outcome(GangPhase.SUCCEEDED, "completed", at_s)
+    if phase in {"Aborted", "Failed"}:
+        return Outcome(GangPhase.EVICTED if evicted else GangPhase.FAILED, f"{phase}{suffix}", at_s)
+    if phase == "Terminated":
+        return Outcome(GangPhase.EVICTED if evicted else GangPhase.CANCELLED, f"{phase}{suffix}", at_s)
+    return None
+
+
+def _text(meta: Json, key: str) -> str | None:
+    """The exact value from the annotation, else the (possibly shortened) label."""
+    value = (meta.get("annotations") or {}).get(key) or (meta.get("labels") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+def gang_object(obj: Json, kind: GangKind) -> GangObject | None:
+    """None for an object that is not one of gpufed's gangs (labels missing or garbled)."""
+    meta = obj.get("metadata") or {}
+    job_id = _text(meta, JOB_ID_KEY)
+    attempt = _text(meta, ATTEMPT_KEY)
+    if job_id is None or attempt is None or not attempt.isdigit():
+        return None
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    running_since_s = None
+    if kind is GangKind.INDEXED_JOB:
+        replicas = int(spec.get("completions") or spec.get("parallelism") or 0)
+        outcome = _batch_outcome(status)
+    else:
+        replicas = sum(int(t.get("replicas") or 0) for t in spec.get("tasks") or ())
+        state = status.get("state") or {}
+        outcome = _volcano_outcome(state)
+        if state.get("phase") in {"Running", "Completing"}:
+            running_since_s = parse_time_s(state.get("lastTransitionTime"))
+            running_since_s = running_since_s if running_since_s is not None else 0.0
+    return GangObject(
+        kind=kind,
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        job_id=JobId(job_id),
+        attempt=int(attempt),
+        tenant=TenantId(_text(meta, TENANT_KEY) or ""),
+        replicas=replicas,
+        outcome=outcome,
+        running_since_s=running_since_s,
+        deleting_since_s=(
+            parse_time_s(meta["deletionTimestamp"]) or 0.0 if meta.get("deletionTimestamp") else None
+        ),
+        evicted_reason=(meta.get("annotations") or {}).get(EVICTED_KEY),
+    )
+
+
+def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]:
+    """Per (namespace, gang): one pass over the pod cache for every gang's status."""
+    summaries: dict[tuple[str, str], PodSummary] = {}
+    for pod in pods:
+        if pod.gang is None:
+            continue
+        summary = summaries.setdefault((pod.namespace, pod.gang), PodSummary())
+        if pod.phase == "Running":
+            summary.running += 1
+            if pod.started_at_s is not None:
+                summary.started_at_s = max(summary.started_at_s or 0.0, pod.started_at_s)
+        elif pod.failure and not summary.failure:
+            summary.failure = f"pod {pod.name}: {pod.failure}"
+    return summaries
+
+
+def gang_status(gang: GangObject, pods: PodSummary | None, *, now_s: float) -> GangStatus:
+    pods = pods or PodSummary()
+    started_at_s = pods.started_at_s if pods.started_at_s is not None else gang.running_since_s or None
+    outcome = gang.outcome
+    if outcome is None and gang.deleting_since_s is not None:
+        # Deleted while it could still run: gpufed (or an operator) stopped it.
+        at_s = gang.deleting_since_s or now_s
+        if gang.evicted_reason is not None:
+            outcome = Outcome(GangPhase.EVICTED, gang.evicted_reason, at_s)
+        else:
+            outcome = Outcome(GangPhase.CANCELLED, "deleted", at_s)
+    if outcome is not None:
+        message = outcome.message
+        if outcome.phase is GangPhase.FAILED and pods.failure:
+            message = f"{message}; {pods.failure}"
+        return GangStatus(
+            job_id=gang.job_id,
+            attempt=gang.attempt,
+            phase=outcome.phase,
+            message=message,
+            started_at_s=started_at_s,
+            finished_at_s=outcome.at_s if outcome.at_s is not None else now_s,
+        )
+    running = gang.running_since_s is not None or (gang.replicas > 0 and pods.running >= gang.replicas)
+    if running:
+        return GangStatus(
+            job_id=gang.job_id,
+            attempt=gang.attempt,
+            phase=GangPhase.RUNNING,
+            message=f"{pods.running} of {gang.replicas} pods running",
+            started_at_s=started_at_s if started_at_s is not None else now_s,
+        )
+    return GangStatus(
+        job_id=gang.job_id,
+        attempt=gang.attempt,
+        phase=GangPhase.PENDING,
+        message=f"{pods.running} of {gang.replicas} pods running",
+    )
+
+
+def gang_statuses(
+    gangs: Iterable[GangObject], pods: Mapping[tuple[str, str], PodSummary], *, now_s: float
+) -> list[GangStatus]:
+    return [gang_status(g, pods.get((g.namespace, g.name)), now_s=now_s) for g in gangs]

@@ -1,0 +1,257 @@
+"""List-then-watch caches, one thread each, and the cluster's reachability they measure.
+
+The official client blocks, so each watch gets a thread of its own rather than a slot in a shared
+pool that a long watch would hold forever. A watch lists once, then follows the event stream from the
+list's resourceVersion; when the stream ends (the server's timeout) it resumes from the last version
+it saw, and only a `410 Gone` (the version fell out of the server's window) costs a new list. While
+the API cannot be reached the thread retries with a doubling backoff and `Health` records since when;
+the backend reads that to say `reachable=False`, so a blip shorter than the threshold is not an
+outage. `stop()` shuts the socket under a blocked read, so closing never waits out a watch timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import structlog
+import urllib3
+
+from clusters.kubernetes.errors import is_no_answer, status_of
+from clusters.kubernetes.kube import KubeApi, ListCall
+
+log = structlog.get_logger("gpufed.clusters.kubernetes")
+
+T = TypeVar("T")
+Json = dict[str, Any]
+PAGE_SIZE = 500
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old for the server: list again."""
+
+
+class Health:
+    """Whether the API has been answering; every call and watch reports to it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failing_since: float | None = None
+
+    def answered(self) -> None:
+        with self._lock:
+            self._failing_since = None
+
+    def failed(self) -> None:
+        with self._lock:
+            if self._failing_since is None:
+                self._failing_since = self._clock()
+
+    def silent_for_s(self) -> float:
+        with self._lock:
+            return 0.0 if self._failing_since is None else self._clock() - self._failing_since
+
+
+class Informer(Generic[T]):
+    """A thread that keeps `items` equal to the server's objects of one kind, each reduced by `parse`.
+
+    `parse` returns None for objects the cache should not keep (a node without GPUs).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        api: KubeApi,
+        call: ListCall,
+        parse: Callable[[Json], T | None],
+        *,
+        health: Health,
+        label_selector: str | None = None,
+        watch_timeout_s: int,
+        backoff_min_s: float,
+        backoff_max_s: float,
+        cluster: str,
+    ) -> None:
+        self.name = name
+        self._api = api
+        self._call = call
+        self._parse = parse
+        self._health = health
+        self._selector = label_selector
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff = (backoff_min_s, backoff_max_s)
+        self._lock = threading.Lock()
+        self._items: dict[str, T] = {}
+        self._version = 0
+        self._resource_version: str | None = None
+        self._stop = threading.Event()
+        self._response: urllib3.BaseHTTPResponse | None = None
+        self.synced = threading.Event()
+        # Counters that tests and the benchmark read: lists made, watch requests made, events seen.
+        self.lists = 0
+        self.watches = 0
+        self.events = 0
+        self._log = log.bind(cluster=cluster, watch=name)
+        self._thread = threading.Thread(target=self._run, name=f"gpufed-watch-{cluster}-{name}", daemon=True)
+
+    # ---- read side (any thread) ------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[int, list[T]]:
+        """The cache's version (bumped on every change) and its items."""
+        with self._lock:
+            return self._version, list(self._items.values())
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def get(self, key: str) -> T | None:
+        with self._lock:
+            return self._items.get(key)
+
+    # ---- life ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            # Unblocks the read in the watch thread (urllib3 >= 2.3).
+            response.shutdown()
+
+    def join(self, timeout_s: float) -> bool:
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # ---- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay_s = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                if self._resource_version is None:
+                    self._relist()
+                self._watch_once()
+                delay_s = self._backoff[0]
+            except Gone:
+                self._log.info("watch_expired", resource_version=self._resource_version)
+                self._resource_version = None
+            except Exception as error:
+                if self._stop.is_set():
+                    break
+                if is_no_answer(error):
+                    self._health.failed()
+                    self._log.warning("watch_disconnected", error=repr(error), retry_in_s=delay_s)
+                else:
+                    # An answer we did not expect (a 4xx, a garbled body): start over from a list.
+                    self._log.error("watch_failed", error=repr(error), retry_in_s=delay_s)
+                    self._resource_version = None
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, self._backoff[1])
+        self._log.debug("watch_stopped")
+
+    def _relist(self) -> None:
+        items: dict[str, T] = {}
+        token: str | None = None
+        while True:
+            self.lists += 1
+            try:
+                page = self._api.list_page(
+                    self._call, label_selector=self._selector, limit=PAGE_SIZE, token=token
+                )
+            except Exception as error:
+                if status_of(error) == 410 and token is not None:
+                    # The continue token expired mid-list: the list is no longer one snapshot.
+                    token = None
+                    items = {}
+                    continue
+                raise
+            self._health.answered()
+            for obj in page.get("items") or ():
+                parsed = self._parse(obj)
+                if parsed is not None:
+                    items[_key(obj)] = parsed
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                resource_version = str(meta.get("resourceVersion") or "")
+                break
+        with self._lock:
+            self._items = items
+            self._version += 1
+        self._resource_version = resource_version
+        self.synced.set()
+        self._log.debug("watch_listed", items=len(items), resource_version=resource_version)
+
+    def _watch_once(self) -> None:
+        assert self._resource_version is not None
+        self.watches += 1
+        try:
+            response = self._api.watch(
+                self._call,
+                resource_version=self._resource_version,
+                label_selector=self._selector,
+                timeout_s=self._watch_timeout_s,
+            )
+        except Exception as error:
+            if status_of(error) == 410:
+                raise Gone from error
+            raise
+        with self._lock:
+            self._response = response
+        if self._stop.is_set():
+            response.shutdown()
+        self._health.answered()
+        try:
+            for line in self._api.lines(response):
+                if self._stop.is_set():
+                    return
+                self._apply(json.loads(line))
+        finally:
+            with self._lock:
+                self._response = None
+            response.release_conn()
+
+    def _apply(self, event: Json) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(str(obj.get("message", "")))
+            raise WatchError(f"watch {self.name}: {obj.get('code')} {obj.get('message', '')}")
+        self._health.answered()
+        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            if resource_version:
+                self._resource_version = str(resource_version)
+            return
+        self.events += 1
+        key = _key(obj)
+        parsed = None if kind == "DELETED" else self._parse(obj)
+        with self._lock:
+            if parsed is None:
+                changed = self._items.pop(key, None) is not None
+            else:
+                self._items[key] = parsed
+                changed = True
+            if changed:
+                self._version += 1
+        if resource_version:
+            self._resource_version = str(resource_version)
+
+
+class WatchError(Exception):
+    """The watch stream reported an error other than Gone; the informer lists again."""
+
+
+def _key(obj: Json) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
