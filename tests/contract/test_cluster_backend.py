@@ -1,0 +1,138 @@
+"""The `ClusterBackend` contract, the same cases for every backend (see conftest for the subjects).
+
+What the protocol demands where backends could differ:
+* A gang that cannot fit the cluster is refused with `GangRejected` at dispatch, and nothing of it is
+  created (no partial start). The in-memory cluster refuses what does not fit its free GPUs now; the
+  Kubernetes backend refuses what would not fit even an empty cluster and lets a gang that fits only
+  later wait as PENDING in the cluster's queue (tested in tests/integration).
+* After `cancel`, a gang that was running is either listed as CANCELLED or gone, and its GPUs are
+  free again. A second cancel, or one of a gang never dispatched, is not an error.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clusters.api import GangPhase, GangRejected
+from placement.model import CapacityKind, GpuType
+from tests.contract.conftest import Subject
+from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, total_gpus, wait_phase
+
+H100 = GpuType("H100")
+ON_DEMAND = CapacityKind.ON_DEMAND
+
+
+def needs_simulation(subject: Subject) -> None:
+    if not subject.simulated:
+        pytest.skip("needs simulated run durations and exit codes (a real kubelet ignores them)")
+
+
+async def test_inventory_shows_the_pools_and_their_gpus(subject: Subject) -> None:
+    state = await subject.backend.inventory()
+    assert state.name == subject.backend.name
+    assert state.reachable
+    if subject.pools is None:
+        assert state.pools, "a real test cluster should have at least one priced GPU pool"
+        for pool in state.pools:
+            assert pool.gpus_per_node >= 1
+            assert all(0 <= free <= pool.gpus_per_node for free in pool.free_gpus_per_node)
+        return
+    seen = {(p.name, p.gpu_type, p.kind, p.gpus_per_node, p.usd_per_gpu_hour) for p in state.pools}
+    assert seen == {(p.name, p.gpu_type, p.kind, p.gpus_per_node, p.usd_per_gpu_hour) for p in subject.pools}
+    for pool in state.pools:
+        spec = next(p for p in subject.pools if p.name == pool.name)
+        assert pool.free_gpus_per_node == (spec.gpus_per_node,) * spec.node_count
+
+
+async def test_a_dispatched_gang_runs_to_succeeded(subject: Subject) -> None:
+    needs_simulation(subject)
+    gang = a_gang("ok-1", duration_s=0.5)
+    await subject.backend.dispatch(gang)
+    status = await wait_phase(subject.backend, gang, GangPhase.SUCCEEDED)
+    assert status.started_at_s is not None
+    assert status.finished_at_s is not None
+    assert status.finished_at_s >= status.started_at_s
+
+
+async def test_the_same_dispatch_twice_makes_one_gang(subject: Subject) -> None:
+    gang = a_gang("twice-1", duration_s=30.0)
+    before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+    await subject.backend.dispatch(gang)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING, GangPhase.PENDING)
+    mine = [s for s in await subject.backend.statuses() if (s.job_id, s.attempt) == (gang.job_id, gang.attempt)]
+    assert len(mine) == 1
+
+    async def used_once() -> bool:
+        used = before - free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+        assert used <= gang.gpu_count, f"{used} GPUs used: the gang was started twice"
+        return used == gang.gpu_count
+
+    if subject.simulated:
+        await eventually(used_once, what="the gang's GPUs to show as used once")
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def test_a_gang_larger_than_the_cluster_is_rejected_and_nothing_starts(subject: Subject) -> None:
+    state = await subject.backend.inventory()
+    total = total_gpus(state, H100, ON_DEMAND)
+    per_node = max((p.gpus_per_node for p in state.pools if p.gpu_type == H100 and p.kind is ON_DEMAND), default=8)
+    gang = a_gang("huge-1", replicas=total // per_node + 1, gpus=per_node)
+    with pytest.raises(GangRejected):
+        await subject.backend.dispatch(gang)
+    assert await status_of(subject.backend, gang) is None
+    assert free_gpus(await subject.backend.inventory(), H100, ON_DEMAND) == free_gpus(state, H100, ON_DEMAND)
+
+
+async def test_a_replica_larger_than_any_node_is_rejected(subject: Subject) -> None:
+    gang = a_gang("wide-1", replicas=1, gpus=64)
+    with pytest.raises(GangRejected):
+        await subject.backend.dispatch(gang)
+    assert await status_of(subject.backend, gang) is None
+
+
+async def test_a_failing_exit_code_gives_failed(subject: Subject) -> None:
+    needs_simulation(subject)
+    gang = a_gang("bad-1", duration_s=0.3, exit_code=3)
+    await subject.backend.dispatch(gang)
+    status = await wait_phase(subject.backend, gang, GangPhase.FAILED, GangPhase.SUCCEEDED)
+    assert status.phase is GangPhase.FAILED, status
+    assert status.finished_at_s is not None
+
+
+async def test_inventory_shows_the_gpus_a_running_gang_uses(subject: Subject) -> None:
+    needs_simulation(subject)
+    gang = a_gang("busy-1", replicas=2, gpus=4, duration_s=30.0)
+    before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING)
+
+    async def used() -> bool:
+        return before - free_gpus(await subject.backend.inventory(), H100, ON_DEMAND) == gang.gpu_count
+
+    await eventually(used, what="8 GPUs in use")
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def test_cancel_stops_the_gang_and_frees_its_gpus(subject: Subject) -> None:
+    needs_simulation(subject)
+    gang = a_gang("stop-1", replicas=2, gpus=8, duration_s=60.0)
+    before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING)
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+    async def stopped() -> bool:
+        status = await status_of(subject.backend, gang)
+        freed = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND) == before
+        return freed and (status is None or status.phase is GangPhase.CANCELLED)
+
+    await eventually(stopped, what="the gang gone or CANCELLED, and its GPUs free")
+    # Cancelling again (the collector may) is fine too.
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def test_cancelling_a_gang_that_was_never_dispatched_is_fine(subject: Subject) -> None:
+    gang = a_gang("ghost-1")
+    await subject.backend.cancel(gang.job_id, gang.attempt, 5.0)
+    assert await status_of(subject.backend, gang) is None
