@@ -1,74 +1,78 @@
 """Immutable value types shared by the placer and every edge package.
 
 The placer is a pure function from a `Snapshot` to a `Plan`. Everything it reads or returns is
-defined here, frozen and slotted, so that a plan can be replayed from a recorded snapshot and two
-equal snapshots always give equal plans. Edge packages (`clusters`, `datasync`, `iac`) import these
-types, never each other.
+defined here or in the modules this one re-exports (`model_ids`, `model_policy`, `model_plan`),
+frozen and slotted, so that a plan can be replayed from a recorded snapshot and two equal snapshots
+always give equal plans. Edge packages (`clusters`, `datasync`, `iac`) import these types from
+`placement.model`, never each other.
+
+Every field added after the first policy has a default meaning "not known / rule off", so snapshots
+built by older callers keep their meaning.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import NewType
+from dataclasses import dataclass
 
-JobId = NewType("JobId", str)
-TenantId = NewType("TenantId", str)
-ClusterName = NewType("ClusterName", str)
-# A GPU product as the placer compares them: "A100", "H100", "L4", ...
-GpuType = NewType("GpuType", str)
+from placement.model_ids import (
+    CapacityKind,
+    ClusterName,
+    GpuType,
+    GpuTypePolicy,
+    JobId,
+    JobPhase,
+    Provider,
+    TenantId,
+)
+from placement.model_plan import (
+    Admission,
+    CapacityRequest,
+    Plan,
+    Preemption,
+    PreemptionReason,
+    Reservation,
+    WaitCode,
+    Waiting,
+    WaitReason,
+)
+from placement.model_policy import EgressRate, GpuQuota, PolicyConfig, PriorityClass, TenantQuota
+
+__all__ = [
+    "Admission",
+    "CapacityKind",
+    "CapacityRequest",
+    "ClusterName",
+    "ClusterState",
+    "EgressRate",
+    "GangRequest",
+    "GpuQuota",
+    "GpuType",
+    "GpuTypePolicy",
+    "JobId",
+    "JobPhase",
+    "NodePool",
+    "NodeShare",
+    "Plan",
+    "PolicyConfig",
+    "PoolSpec",
+    "Preemption",
+    "PreemptionReason",
+    "PriorityClass",
+    "Provider",
+    "Reservation",
+    "RunningGang",
+    "ScalablePool",
+    "Snapshot",
+    "TenantId",
+    "TenantQuota",
+    "WaitCode",
+    "WaitReason",
+    "Waiting",
+]
 
 
-class JobPhase(StrEnum):
-    """Where a job is in its life. Transitions are checked against one table (federation.jobs)."""
-
-    QUEUED = "QUEUED"
-    ADMITTED = "ADMITTED"
-    STAGING = "STAGING"
-    DISPATCHED = "DISPATCHED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in _TERMINAL_PHASES
-
-    @property
-    def holds_capacity(self) -> bool:
-        """Phases in which the job's gang counts against quota and cluster capacity."""
-        return self in _CAPACITY_PHASES
-
-
-_TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
-_CAPACITY_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING, JobPhase.DISPATCHED, JobPhase.RUNNING})
-
-
-class Provider(StrEnum):
-    PRIVATE = "private"
-    AWS = "aws"
-    GCP = "gcp"
-    AZURE = "azure"
-    LAMBDA = "lambda"
-    NEBIUS = "nebius"
-
-
-class CapacityKind(StrEnum):
-    """How a GPU is paid for: owned capacity at an internal rate, or cloud on demand or spot."""
-
-    PRIVATE = "private"
-    ON_DEMAND = "on_demand"
-    SPOT = "spot"
-
-
-class GpuTypePolicy(StrEnum):
-    """How a job's list of acceptable GPU types is read."""
-
-    # Try the types in the order given; a later type is used only when no earlier one fits.
-    ORDERED = "ordered"
-    # Any type in the set is acceptable; the cheapest fit wins.
-    ANY = "any"
+# Frozen, so one shared default is safe.
+DEFAULT_POLICY = PolicyConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,7 @@ class GangRequest:
 
     job_id: JobId
     tenant: TenantId
+    # The value of the job's priority class (higher runs first).
     priority: int
     # Position in the queue: submission time, kept across requeues so a victim keeps its place.
     queued_at_s: float
@@ -85,8 +90,24 @@ class GangRequest:
     gpu_types: tuple[GpuType, ...]
     gpu_type_policy: GpuTypePolicy = GpuTypePolicy.ORDERED
     allow_spot: bool = False
+    # The run-time limit (wall clock); 0 when the job states none. Backfill relies on it.
     max_runtime_s: int = 0
     dataset: str | None = None
+    # Name of the job's priority class ("" for none): says whether it needs approval.
+    priority_class: str = ""
+    # Highest priority the submitting user may use (None: no per-user limit).
+    user_max_priority: int | None = None
+    # When the admin's approval of this job's class expires (None: no approval granted).
+    approval_expires_at_s: float | None = None
+    # The job must finish by this time (same clock as `now`), or None.
+    deadline_at_s: float | None = None
+    # Expected work in seconds on a GPU of speed 1.0 (0: use `max_runtime_s`, else the policy default).
+    expected_runtime_s: float = 0.0
+    # The dataset's size and the object store it is in now, for egress and staging time.
+    dataset_size_bytes: int = 0
+    dataset_store: str | None = None
+    # Relative speeds for this job, overriding the snapshot's (e.g. (("H100", 2.0), ("A100", 1.0))).
+    gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -104,6 +125,8 @@ class NodePool:
     gpus_per_node: int
     # Free GPUs on each schedulable node (cordoned, tainted or not-Ready nodes are left out).
     free_gpus_per_node: tuple[int, ...]
+    # Spot only: chance per hour that a node is reclaimed by the provider.
+    restart_risk_per_hour: float = 0.0
 
     @property
     def free_gpus(self) -> int:
@@ -138,6 +161,26 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ScalablePool:
+    """A node pool the provisioner may grow: the placer asks for nodes when a gang fits nowhere else."""
+
+    name: str
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    gpus_per_node: int
+    node_count: int
+    max_nodes: int
+    # Nodes already asked for by earlier cycles and not yet in the inventory.
+    requested_nodes: int = 0
+    restart_risk_per_hour: float = 0.0
+
+    @property
+    def addable_nodes(self) -> int:
+        return max(0, self.max_nodes - self.node_count - self.requested_nodes)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     """One member cluster as the placer sees it at snapshot time."""
 
@@ -148,21 +191,16 @@ class ClusterState:
     reachable: bool = True
     # Object store that serves datasets to this cluster, if any.
     object_store: str | None = None
+    scalable_pools: tuple[ScalablePool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class TenantQuota:
-    """A tenant's limits. The full quota model (guaranteed, borrowing, lending) is the placer's issue."""
+class NodeShare:
+    """GPUs a running gang holds on one node: node `node_index` of `pool`'s `free_gpus_per_node`."""
 
-    tenant: TenantId
-    # Hard cap on GPUs held at once, per GPU type; a type not listed is uncapped.
-    gpu_caps: tuple[tuple[GpuType, int], ...] = ()
-
-    def cap_for(self, gpu_type: GpuType) -> int | None:
-        for listed_type, cap in self.gpu_caps:
-            if listed_type == gpu_type:
-                return cap
-        return None
+    pool: str
+    node_index: int
+    gpus: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +213,18 @@ class RunningGang:
     cluster: ClusterName
     gpu_type: GpuType
     gpu_count: int
+    priority_class: str = ""
+    # False for gangs that must never be evicted (the class may also forbid it).
+    preemptible: bool = True
+    # Original queue time: a victim is requeued at this position.
+    queued_at_s: float = 0.0
+    grace_period_s: float | None = None
+    # When the gang's run-time limit ends (None: unknown, treated as never, so no reservation counts on it).
+    ends_at_s: float | None = None
+    # Where the gang sits. Without it the placer cannot tell what evicting it frees, so never evicts it.
+    nodes: tuple[NodeShare, ...] = ()
+    # Evicted by an earlier cycle and inside its grace period: its GPUs will be free soon.
+    terminating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,48 +235,8 @@ class Snapshot:
     running: tuple[RunningGang, ...]
     tenants: tuple[TenantQuota, ...]
     clusters: tuple[ClusterState, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A decision to run a job's whole gang on one cluster, on one GPU type, at one price."""
-
-    job_id: JobId
-    cluster: ClusterName
-    gpu_type: GpuType
-    kind: CapacityKind
-    usd_per_gpu_hour: float
-
-
-class WaitCode(StrEnum):
-    """Why a job was not admitted this cycle. Specific enough for a user to act on."""
-
-    NO_CLUSTER_HAS_GPU_TYPE = "no_cluster_has_gpu_type"
-    INSUFFICIENT_CAPACITY = "insufficient_capacity"
-    TENANT_CAP_REACHED = "tenant_cap_reached"
-    UNKNOWN_TENANT = "unknown_tenant"
-    CLUSTER_UNREACHABLE = "cluster_unreachable"
-    SPOT_NOT_ALLOWED = "spot_not_allowed"
-    GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitReason:
-    code: WaitCode
-    message: str
-    cluster: ClusterName | None = None
-    gpu_type: GpuType | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    job_id: JobId
-    reasons: tuple[WaitReason, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The placer's output: what to admit, and for every job left waiting, why."""
-
-    admissions: tuple[Admission, ...] = ()
-    waiting: tuple[Waiting, ...] = field(default_factory=tuple)
+    priority_classes: tuple[PriorityClass, ...] = ()
+    # Relative speed per GPU type (1.0 when not listed): an H100 at 2.0 does an A100's hour in half an hour.
+    gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
+    egress_rates: tuple[EgressRate, ...] = ()
+    policy: PolicyConfig = DEFAULT_POLICY

@@ -1,423 +1,327 @@
-"""The first placement policy: greedy admission in priority order, each gang to its cheapest fit.
+"""The placement policy: one scheduling cycle, from a `Snapshot` to a `Plan`, in numbered steps.
 
-`plan` is one scheduling cycle's decision. It is written as numbered steps over a small working state
-so that later policies (reservations and backfill, borrowing quotas, preemption, fair share) become
-steps of their own rather than a rewrite:
+1. Working state: offers and their free GPUs (`inventory`), tenant usage against the tree of quotas
+   (`quota`), dominant shares (`fairshare`), the cost model (`cost`), running gangs by offer (`preempt`).
+2. Order: priority (highest first); within a priority, the tenant with the lowest weighted dominant
+   share; each tenant's jobs by queue time (`fairshare.fair_order`).
+3. Gates, for each gang in that order: known tenant, priority within the tenant's and the user's
+   maximum, approval of a class that needs one still valid at `now`, no spent GPU-hour budget on the
+   tenant or an ancestor. A gang that fails a gate waits, whatever capacity there is.
+4. Quota: each GPU type the gang accepts must pass caps and borrowing limits up the tree and leave
+   what lenders hold back (`quota`). Types that fail are not considered.
+5. Place now: among offers of the accepted types (ordered types: one type at a time, in order), the
+   cheapest expected cost that fits (`cost`), then private before on demand before spot, then the
+   tightest packing, then cluster name and GPU type. Offers that miss the deadline, or would delay a
+   backfill reservation, are skipped. If the best is cloud capacity while a private offer could hold
+   the gang, the gang may wait for private GPUs instead (Starburst rule in `cost`).
+6. Make room, for a gang that fits nowhere for lack of capacity: evict the smallest set of lower
+   priority or borrowing gangs (`preempt`, within the per-interval limit) and hold the capacity for
+   the gang; else ask a scalable pool for nodes (`capacity`); else, for the first such gang, reserve
+   the earliest start that running gangs' ends allow (`backfill`).
+7. Explain: a gang left waiting gets every reason, most fundamental first (`explain`).
 
-1. Order the queue: priority (highest first), then queue time, then job id.
-2. Build the working state: free GPUs of every pool group (see `_Offer`) and GPUs each tenant holds
-   by GPU type (from `snapshot.running`).
-3. For each gang in that order, choose among feasible placements: lowest price, then capacity kind
-   (private, then on demand, then spot, which carries restart risk), then the tightest packing (fewest
-   GPUs stranded on the nodes it touches, then fewest nodes), then cluster name, then GPU type. With
-   `GpuTypePolicy.ORDERED` a later GPU type is tried only when no earlier type has any placement.
-   Admit the gang and deduct its GPUs from the working state.
-4. A gang with no placement waits, with every reason that blocks it, and does not hold up later
-   gangs (greedy: there are no reservations yet).
-
-Every input tuple is read through a sort on stable keys or folded into order-free counts, so equal
-snapshots give equal plans whatever the order of their tuples.
+A gang that fails does not hold up later ones beyond its reservation (greedy with backfill). Every
+input is read through a sort on total keys or folded into order-free counts, so equal snapshots give
+equal plans whatever the order of their tuples.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Final
+from dataclasses import dataclass, field
 
-from placement.fit import FreeHistogram, HistogramFit, gang_shape
+from placement import explain
+from placement.cost import CostModel, GangCost
+from placement.explain import by_code, in_rank_order
+from placement.fairshare import FairShare, fair_order
+from placement.fit import HistogramFit, gang_shape
+from placement.inventory import Inventory, Offer
 from placement.model import (
     Admission,
-    CapacityKind,
     ClusterName,
-    ClusterState,
     GangRequest,
     GpuType,
     GpuTypePolicy,
-    NodePool,
     Plan,
-    RunningGang,
     Snapshot,
     TenantId,
-    TenantQuota,
     Waiting,
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.quota import QuotaBook
+from placement.room import Room
 
-_KIND_RANK: Final = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
-# The order in which a waiting job's reasons are listed: what the user must fix first comes first.
-_CODE_RANK: Final = {
-    code: rank
-    for rank, code in enumerate(
-        (
-            Code.UNKNOWN_TENANT,
-            Code.NO_CLUSTER_HAS_GPU_TYPE,
-            Code.SPOT_NOT_ALLOWED,
-            Code.CLUSTER_UNREACHABLE,
-            Code.TENANT_CAP_REACHED,
-            Code.GANG_LARGER_THAN_CLUSTER,
-            Code.INSUFFICIENT_CAPACITY,
-        )
-    )
-}
-# A list of reasons split by code, in `_CODE_RANK` order.
-_ByCode = tuple[tuple[WaitReason, ...], ...]
+_CAPACITY_CODES = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_CLUSTER})
 
 
 def plan(snapshot: Snapshot, *, now: float) -> Plan:
-    """Decide which queued gangs to admit where, and why the others wait.
-
-    `now` is the cycle's time; this first policy does not read it (queue order uses `queued_at_s`),
-    but later steps (reservations, aging) will.
-    """
-    cycle = _Cycle(snapshot)
-    for gang in sorted(snapshot.queued, key=_queue_key):
+    """Decide which queued gangs to admit where, whom to evict, what to buy, and why the others wait."""
+    cycle = _Cycle(snapshot, now)
+    for gang in fair_order(snapshot.queued, cycle.fair):
         cycle.decide(gang)
-    return Plan(admissions=tuple(cycle.admissions), waiting=tuple(cycle.waiting))
-
-
-def _queue_key(gang: GangRequest) -> tuple[int, float, str]:
-    return (-gang.priority, gang.queued_at_s, gang.job_id)
-
-
-class _Offer:
-    """The pools of one cluster that one gang may span: same GPU type, capacity kind and price."""
-
-    __slots__ = (
-        "_fits",
-        "_fits_empty",
-        "capacity",
-        "free",
-        "kind",
-        "rank",
-        "search_key",
-        "usd_per_gpu_hour",
-        "version",
-        "view",
+    return Plan(
+        admissions=tuple(cycle.admissions),
+        waiting=tuple(cycle.waiting),
+        preemptions=tuple(cycle.room.preemptions),
+        capacity_requests=tuple(cycle.room.capacity_requests),
+        reservations=tuple(cycle.room.reservations),
     )
 
-    def __init__(
-        self, view: _View, kind: CapacityKind, usd_per_gpu_hour: float, pools: Sequence[NodePool]
-    ) -> None:
-        self.view = view
-        self.kind = kind
-        self.usd_per_gpu_hour = usd_per_gpu_hour
-        nodes = [(free, max(free, pool.gpus_per_node)) for pool in pools for free in pool.free_gpus_per_node]
-        self.free = FreeHistogram(free for free, _ in nodes)
-        # The same nodes with nothing running: decides whether a gang could ever fit here.
-        self.capacity = FreeHistogram(size for _, size in nodes)
-        self.rank = (usd_per_gpu_hour, _KIND_RANK[kind])
-        self.search_key = (*self.rank, view.cluster, view.gpu_type)
-        self._fits_empty: dict[tuple[int, ...], bool] = {}
-        # Bumped by every admission here. Most offers are unchanged between two gangs of a queue, and
-        # a queue repeats few shapes, so fits are cached by shape for the current version.
-        self.version = 0
-        self._fits: dict[tuple[int, ...], tuple[int, HistogramFit | None]] = {}
 
-    def fit(self, shape: tuple[int, ...]) -> HistogramFit | None:
-        cached = self._fits.get(shape)
-        if cached is not None and cached[0] == self.version:
-            return cached[1]
-        placed = self.free.fit(shape)
-        self._fits[shape] = (self.version, placed)
-        return placed
-
-    def fits_when_empty(self, shape: tuple[int, ...]) -> bool:
-        fits = self._fits_empty.get(shape)
-        if fits is None:
-            fits = self._fits_empty[shape] = self.capacity.fit(shape) is not None
-        return fits
+@dataclass(slots=True)
+class _Fit:
+    offer: Offer
+    placed: HistogramFit
+    cost_usd: float
 
 
-class _View:
-    """One cluster's pool groups of one GPU type: what a wait reason speaks about.
-
-    Thousands of waiting gangs ask the same views the same question between two admissions, so
-    reasons are cached by gang shape and invalidated by `version`, which each admission here bumps.
-    """
-
-    __slots__ = ("_blockers", "_by_shape", "_usable", "cluster", "gpu_type", "offers", "reachable", "version")
-
-    def __init__(self, cluster: ClusterName, gpu_type: GpuType, reachable: bool) -> None:
-        self.cluster = cluster
-        self.gpu_type = gpu_type
-        self.reachable = reachable
-        self.offers: list[_Offer] = []
-        self.version = 0
-        # (shape, allow_spot) -> (version the reason holds for, or None for always; reason)
-        self._by_shape: dict[tuple[tuple[int, ...], bool], tuple[int | None, WaitReason]] = {}
-        # Filled on first use, once `offers` is complete.
-        self._usable: dict[bool, list[_Offer]] = {}
-        self._blockers: dict[bool, WaitReason | None] = {}
-
-    def usable(self, allow_spot: bool) -> list[_Offer]:
-        usable = self._usable.get(allow_spot)
-        if usable is None:
-            usable = [offer for offer in self.offers if allow_spot or offer.kind is not CapacityKind.SPOT]
-            self._usable[allow_spot] = usable
-        return usable
-
-    def blocker(self, allow_spot: bool) -> WaitReason | None:
-        """A reason that rules this view out for the gang whatever its size, if there is one."""
-        if allow_spot not in self._blockers:
-            self._blockers[allow_spot] = self._find_blocker(allow_spot)
-        return self._blockers[allow_spot]
-
-    def _find_blocker(self, allow_spot: bool) -> WaitReason | None:
-        cluster, gpu_type = self.cluster, self.gpu_type
-        if not self.reachable:
-            message = f"cluster {cluster} has GPUs of {gpu_type} but is unreachable"
-            return WaitReason(Code.CLUSTER_UNREACHABLE, message, cluster, gpu_type)
-        if not self.usable(allow_spot):
-            message = (
-                f"cluster {cluster} has GPUs of {gpu_type} only as spot capacity; the job does not allow spot"
-            )
-            return WaitReason(Code.SPOT_NOT_ALLOWED, message, cluster, gpu_type)
-        return None
-
-    def capacity_reason(self, shape: tuple[int, ...], allow_spot: bool) -> WaitReason:
-        """Why a gang of this shape, known not to fit any usable offer here now, does not fit."""
-        cached = self._by_shape.get((shape, allow_spot))
-        if cached is not None and cached[0] in (None, self.version):
-            return cached[1]
-        cluster, gpu_type, usable = self.cluster, self.gpu_type, self.usable(allow_spot)
-        valid_for: int | None = self.version
-        if not any(offer.fits_when_empty(shape) for offer in usable):
-            valid_for = None
-            size = max(usable, key=lambda o: o.capacity.total_free).capacity
-            message = (
-                f"needs {_describe(shape)} of {gpu_type}; cluster {cluster} has only {size.total_free} GPUs "
-                f"of {gpu_type} on {size.node_count} nodes, at most {size.max_free} on one node"
-            )
-            if len(usable) > 1:
-                message += " (pools of different kind or price cannot be combined; largest shown)"
-            reason = WaitReason(Code.GANG_LARGER_THAN_CLUSTER, message, cluster, gpu_type)
-        else:
-            free = sum(offer.free.total_free for offer in usable)
-            per_node = max(offer.free.max_free for offer in usable)
-            message = (
-                f"needs {_describe(shape)} of {gpu_type}; cluster {cluster} has {free} free, "
-                f"at most {per_node} on one node"
-            )
-            reason = WaitReason(Code.INSUFFICIENT_CAPACITY, message, cluster, gpu_type)
-        self._by_shape[(shape, allow_spot)] = (valid_for, reason)
-        return reason
-
-
-class _Inventory:
-    """Every pool group of the snapshot, indexed for the two questions the cycle asks."""
-
-    def __init__(self, clusters: Iterable[ClusterState]) -> None:
-        groups: dict[tuple[ClusterName, GpuType, CapacityKind, float], list[NodePool]] = {}
-        reachable: dict[ClusterName, bool] = {}
-        for cluster in clusters:
-            reachable[cluster.name] = reachable.get(cluster.name, True) and cluster.reachable
-            for pool in cluster.pools:
-                key = (cluster.name, pool.gpu_type, pool.kind, pool.usd_per_gpu_hour)
-                groups.setdefault(key, []).append(pool)
-        views: dict[tuple[ClusterName, GpuType], _View] = {}
-        for (cluster_name, gpu_type, kind, price), pools in sorted(groups.items(), key=lambda item: item[0]):
-            view = views.get((cluster_name, gpu_type))
-            if view is None:
-                view = views[(cluster_name, gpu_type)] = _View(
-                    cluster_name, gpu_type, reachable[cluster_name]
-                )
-            view.offers.append(_Offer(view, kind, price, pools))
-        # For reasons: each type's views in cluster name order.
-        self.by_type: dict[GpuType, list[_View]] = {}
-        for (_, gpu_type), view in sorted(views.items()):
-            self.by_type.setdefault(gpu_type, []).append(view)
-        self._search: dict[tuple[tuple[GpuType, ...], bool], list[_Offer]] = {}
-        self._type_version = dict.fromkeys(self.by_type, 0)
-        self._reasons: dict[tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, _ByCode]] = {}
-
-    def take(self, offer: _Offer, placed: HistogramFit) -> None:
-        offer.free.take(placed)
-        offer.version += 1
-        offer.view.version += 1
-        self._type_version[offer.view.gpu_type] += 1
-
-    def cluster_reasons(
-        self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool
-    ) -> _ByCode:
-        """Why each cluster with this type cannot take a gang of this shape that fits none of them now.
-
-        Cached per type until the next admission of that type: a long queue repeats few shapes.
-        """
-        key = (gpu_type, shape, allow_spot, capped)
-        version = self._type_version.get(gpu_type, 0)
-        cached = self._reasons.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        reasons = []
-        for view in self.by_type.get(gpu_type, ()):
-            reason = view.blocker(allow_spot)
-            if reason is None and not capped:
-                reason = view.capacity_reason(shape, allow_spot)
-            if reason is not None:
-                reasons.append(reason)
-        by_code = _by_code(reasons)
-        self._reasons[key] = (version, by_code)
-        return by_code
-
-    def search_order(self, gpu_types: Iterable[GpuType], allow_spot: bool) -> list[_Offer]:
-        """Reachable offers of these types that the gang may use, cheapest first (cached)."""
-        types = tuple(sorted(set(gpu_types)))
-        found = self._search.get((types, allow_spot))
-        if found is None:
-            found = sorted(
-                (
-                    offer
-                    for gpu_type in types
-                    for view in self.by_type.get(gpu_type, ())
-                    if view.reachable
-                    for offer in view.usable(allow_spot)
-                ),
-                key=lambda o: o.search_key,
-            )
-            self._search[(types, allow_spot)] = found
-        return found
+@dataclass(slots=True)
+class _Miss:
+    # Nothing fits for lack of free GPUs (not a deadline, a reservation or a choice to wait).
+    capacity_only: bool
+    notes: list[WaitReason] = field(default_factory=list)
+    # The gang chose to wait (for private capacity): try no other type and make no room.
+    stop: bool = False
 
 
 class _Cycle:
     """The working state of one `plan` call and the decision for one gang at a time."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.inventory = _Inventory(snapshot.clusters)
-        self.caps = _caps_by_tenant(snapshot.tenants)
-        self.usage = _usage_by_tenant_and_type(snapshot.running)
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.now = now
+        self.policy = policy = snapshot.policy
+        self.inventory = Inventory(snapshot.clusters, policy)
+        self.book = QuotaBook(snapshot.tenants, snapshot.running)
+        held: dict[tuple[TenantId, GpuType], int] = {}
+        for gang in snapshot.running:
+            held[(gang.tenant, gang.gpu_type)] = held.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count
+        self.fair = FairShare(self.book.tenants, held, self.inventory.capacity_by_type, policy)
+        self.costs = CostModel(dict(sorted(snapshot.gpu_speeds)), snapshot.egress_rates, policy)
+        self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
+        # Capacity only shrinks during a cycle, so a (shape, types, spot) that fits nowhere stays so.
+        self.infeasible: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self.admissions: list[Admission] = []
         self.waiting: list[Waiting] = []
 
+    # -- step 3 and 4: gates and quota
+
     def decide(self, gang: GangRequest) -> None:
-        if gang.tenant not in self.caps:
-            reason = WaitReason(Code.UNKNOWN_TENANT, f"tenant {gang.tenant} is not known to the federation")
-            self.waiting.append(Waiting(gang.job_id, (reason,)))
+        gates = self._gates(gang)
+        if gates:
+            self.waiting.append(Waiting(gang.job_id, tuple(gates)))
             return
+        ctx = GangCost(self.costs, gang)
         shape = gang_shape(gang.replica_gpus)
         types = tuple(dict.fromkeys(gang.gpu_types))
-        chosen = self._choose(gang, shape, types)
-        if chosen is None:
-            self.waiting.append(Waiting(gang.job_id, _explain(self, gang, shape, types)))
-            return
-        offer, placed = chosen
-        self.inventory.take(offer, placed)
-        cluster, gpu_type = offer.view.cluster, offer.view.gpu_type
-        key = (gang.tenant, gpu_type)
-        self.usage[key] = self.usage.get(key, 0) + gang.gpu_count
-        self.admissions.append(Admission(gang.job_id, cluster, gpu_type, offer.kind, offer.usd_per_gpu_hour))
-
-    def cap_left(self, tenant: TenantId, gpu_type: GpuType) -> int | None:
-        """GPUs of this type the tenant may still take, or None when uncapped."""
-        cap = self.caps[tenant].get(gpu_type)
-        return None if cap is None else cap - self.usage.get((tenant, gpu_type), 0)
-
-    def _choose(
-        self, gang: GangRequest, shape: tuple[int, ...], types: tuple[GpuType, ...]
-    ) -> tuple[_Offer, HistogramFit] | None:
-        need = gang.gpu_count
-        allowed = []
+        quota: dict[GpuType, WaitReason] = {}
+        allowed: list[GpuType] = []
         for gpu_type in types:
-            left = self.cap_left(gang.tenant, gpu_type)
-            if left is None or need <= left:
-                allowed.append(gpu_type)
-        if gang.gpu_type_policy is GpuTypePolicy.ANY:
-            return _cheapest_fit(self.inventory.search_order(allowed, gang.allow_spot), shape)
-        for gpu_type in allowed:
-            chosen = _cheapest_fit(self.inventory.search_order((gpu_type,), gang.allow_spot), shape)
-            if chosen is not None:
-                return chosen
-        return None
-
-
-def _cheapest_fit(offers: Sequence[_Offer], shape: tuple[int, ...]) -> tuple[_Offer, HistogramFit] | None:
-    """The best placement among `offers` (sorted by `search_key`), or None.
-
-    Price and kind come first, so only offers tied with the first feasible one on both are compared
-    on packing; ties after that go to the earlier offer, i.e. by cluster name, then GPU type.
-    """
-    need = sum(shape)
-    largest = shape[0] if shape else 0
-    best: tuple[_Offer, HistogramFit] | None = None
-    best_packing = (0, 0)
-    for offer in offers:
-        if best is not None and offer.rank != best[0].rank:
-            break
-        free = offer.free
-        if free.total_free < need or free.max_free < largest:
-            continue
-        # A gang touches at least ceil(need / max_free) nodes here; skip offers that cannot beat the best.
-        if best is not None and best_packing <= (0, -(-need // max(free.max_free, 1))):
-            continue
-        placed = offer.fit(shape)
-        if placed is None:
-            continue
-        if best is None or placed.packing_key < best_packing:
-            best, best_packing = (offer, placed), placed.packing_key
-    return best
-
-
-def _caps_by_tenant(tenants: Iterable[TenantQuota]) -> dict[TenantId, dict[GpuType, int]]:
-    """Each known tenant's caps by GPU type; if a tenant or a type is listed twice, the lower cap wins."""
-    caps: dict[TenantId, dict[GpuType, int]] = {}
-    for quota in tenants:
-        tenant_caps = caps.setdefault(quota.tenant, {})
-        for gpu_type, cap in quota.gpu_caps:
-            tenant_caps[gpu_type] = min(cap, tenant_caps.get(gpu_type, cap))
-    return caps
-
-
-def _usage_by_tenant_and_type(running: Iterable[RunningGang]) -> dict[tuple[TenantId, GpuType], int]:
-    usage: dict[tuple[TenantId, GpuType], int] = {}
-    for gang in running:
-        key = (gang.tenant, gang.gpu_type)
-        usage[key] = usage.get(key, 0) + gang.gpu_count
-    return usage
-
-
-def _explain(
-    cycle: _Cycle, gang: GangRequest, shape: tuple[int, ...], types: tuple[GpuType, ...]
-) -> tuple[WaitReason, ...]:
-    """Every reason that keeps `gang` from every placement it accepts, most fundamental first.
-
-    Reasons are listed by code (see `_CODE_RANK`), then in the order of the job's GPU types, then by
-    cluster name. Where the tenant's cap already rules a GPU type out, that type's cluster capacity is
-    not reported: the cap is what must change first.
-    """
-    tables: list[_ByCode] = []
-    missing = [gpu_type for gpu_type in types if gpu_type not in cycle.inventory.by_type]
-    if missing or not types:
-        names = ", ".join(missing) or "(none listed)"
-        only = missing[0] if len(missing) == 1 else None
-        message = f"no cluster has GPUs of type {names}"
-        tables.append(_by_code([WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only)]))
-    need = gang.gpu_count
-    for gpu_type in types:
-        left = cycle.cap_left(gang.tenant, gpu_type)
-        capped = left is not None and need > left
-        if capped:
-            cap = cycle.caps[gang.tenant][gpu_type]
-            held = cycle.usage.get((gang.tenant, gpu_type), 0)
-            message = (
-                f"tenant {gang.tenant} may hold {cap} GPUs of {gpu_type}, holds {held}, job needs {need}"
+            reason = self.book.limit_reason(
+                gang.tenant, gpu_type, gang.gpu_count
+            ) or self.book.lending_reason(
+                gang.tenant, gpu_type, gang.gpu_count, self.inventory.free_by_type.get(gpu_type, 0)
             )
-            tables.append(_by_code([WaitReason(Code.TENANT_CAP_REACHED, message, None, gpu_type)]))
-        # `_choose` found no fit on this type, so the gang fits no usable offer of it now.
-        tables.append(cycle.inventory.cluster_reasons(gpu_type, shape, gang.allow_spot, capped))
-    return tuple(reason for code in range(len(_CODE_RANK)) for table in tables for reason in table[code])
+            if reason is None:
+                allowed.append(gpu_type)
+            else:
+                quota[gpu_type] = reason
+        if gang.gpu_type_policy is GpuTypePolicy.ORDERED:
+            groups: list[tuple[GpuType, ...]] = [(gpu_type,) for gpu_type in allowed]
+        else:
+            groups = [tuple(allowed)] if allowed else []
+        notes: list[WaitReason] = []
+        capacity_only = True
+        for group in groups:
+            outcome = self._place(ctx, shape, group)
+            if isinstance(outcome, _Fit):
+                self._admit(ctx, shape, outcome)
+                return
+            notes.extend(outcome.notes)
+            capacity_only = capacity_only and outcome.capacity_only
+            if outcome.stop:
+                break
+        else:
+            if groups and capacity_only:
+                notes.extend(self.room.make_room(ctx, shape, groups))
+        self.waiting.append(
+            Waiting(gang.job_id, self._explain(ctx, shape, types, quota, notes, capacity_only))
+        )
 
+    def _gates(self, gang: GangRequest) -> list[WaitReason]:
+        if not self.book.known(gang.tenant):
+            return [WaitReason(Code.UNKNOWN_TENANT, f"tenant {gang.tenant} is not known to the federation")]
+        reasons = []
+        tenant_max = self.book.tenants[gang.tenant].max_priority
+        for who, limit in (
+            (f"tenant {gang.tenant}", tenant_max),
+            ("the submitting user", gang.user_max_priority),
+        ):
+            if limit is not None and gang.priority > limit:
+                message = f"{who} may use priority up to {limit}; the job asks {gang.priority}"
+                if gang.priority_class:
+                    message += f" (class {gang.priority_class})"
+                reasons.append(
+                    WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant, limit_gpus=None)
+                )
+        priority_class = self.room.classes.get(gang.priority_class)
+        if priority_class is not None and priority_class.needs_approval:
+            expires = gang.approval_expires_at_s
+            if expires is None:
+                message = f"priority class {priority_class.name} needs an admin's approval; none is granted"
+                reasons.append(WaitReason(Code.APPROVAL_REQUIRED, message, tenant=gang.tenant))
+            elif expires <= self.now:
+                message = f"the approval for priority class {priority_class.name} expired at {expires:g}"
+                reasons.append(WaitReason(Code.APPROVAL_EXPIRED, message, tenant=gang.tenant, at_s=expires))
+        budget = self.book.budget_reason(gang.tenant)
+        if budget is not None:
+            reasons.append(budget)
+        return reasons
 
-def _by_code(reasons: Iterable[WaitReason]) -> _ByCode:
-    slots: list[list[WaitReason]] = [[] for _ in _CODE_RANK]
-    for reason in reasons:
-        slots[_CODE_RANK[reason.code]].append(reason)
-    return tuple(tuple(slot) for slot in slots)
+    # -- step 5: place now
 
+    def _place(self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]) -> _Fit | _Miss:
+        gang = ctx.gang
+        key = (shape, group, gang.allow_spot)
+        if key in self.infeasible:
+            return _Miss(True)
+        need, largest = gang.gpu_count, shape[0] if shape else 0
+        candidates = []
+        for offer in self.inventory.search_order(group, gang.allow_spot):
+            free = offer.free
+            if free.total_free >= need and free.max_free >= largest:
+                cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
+                candidates.append((cost, offer.kind_rank, offer.search_key, offer))
+        candidates.sort(key=lambda c: c[:3])
+        best: _Fit | None = None
+        rank = (0.0, 0)
+        fitted = False
+        late: tuple[float, Offer] | None = None
+        blocked: Offer | None = None
+        hold, deadline = self.room.hold, gang.deadline_at_s
+        for cost, kind_rank, _, offer in candidates:
+            if best is not None and (cost, kind_rank) != rank:
+                break
+            placed = offer.fit(shape)
+            if placed is None:
+                continue
+            fitted = True
+            if deadline is not None:
+                finish = self.now + ctx.duration_s(offer.view.gpu_type, offer.view.store)
+                if finish > deadline:
+                    late = (finish, offer) if late is None or finish < late[0] else late
+                    continue
+            if (
+                hold is not None
+                and hold.offer is offer
+                and not hold.allows(shape, gang.max_runtime_s, self.now)
+            ):
+                blocked = offer
+                continue
+            if best is None or placed.packing_key < best.placed.packing_key:
+                best, rank = _Fit(offer, placed, cost), (cost, kind_rank)
+        if best is None:
+            if not fitted:
+                self.infeasible.add(key)
+                return _Miss(True)
+            return _Miss(False, self._placement_notes(gang, late, blocked))
+        if self.policy.private_wait_s_per_gpu_hour > 0 and not best.offer.is_private:
+            wait = self.room.private_wait(ctx, shape, group, best.cost_usd)
+            if wait is not None:
+                return _Miss(False, [wait], stop=True)
+        return best
 
-def _describe(shape: tuple[int, ...]) -> str:
-    """'4 x 8 GPUs', or '1 x 8 + 2 x 4 GPUs' for mixed replicas."""
-    if not shape:
-        return "0 GPUs"
-    counts = sorted(Counter(shape).items(), reverse=True)
-    return " + ".join(f"{n} x {gpus}" for gpus, n in counts) + " GPUs"
+    def _placement_notes(
+        self, gang: GangRequest, late: tuple[float, Offer] | None, blocked: Offer | None
+    ) -> list[WaitReason]:
+        notes = []
+        if late is not None:
+            finish, offer = late
+            message = (
+                f"the job must finish by {gang.deadline_at_s:g}; the fastest placement free now, on cluster "
+                f"{offer.view.cluster} ({offer.view.gpu_type}), would finish at {finish:g}"
+            )
+            notes.append(
+                WaitReason(
+                    Code.DEADLINE_UNMEETABLE, message, offer.view.cluster, offer.view.gpu_type, at_s=finish
+                )
+            )
+        if blocked is not None and self.room.hold is not None:
+            hold = self.room.hold
+            message = (
+                f"starting now on cluster {blocked.view.cluster} ({blocked.view.gpu_type}) would delay job "
+                f"{hold.job_id}, reserved to start there at {hold.start_at_s:g}"
+            )
+            if gang.max_runtime_s <= 0:
+                message += "; a job with a run-time limit that ends before then may start ahead"
+            notes.append(
+                WaitReason(
+                    Code.BACKFILL_WOULD_DELAY,
+                    message,
+                    blocked.view.cluster,
+                    blocked.view.gpu_type,
+                    at_s=hold.start_at_s,
+                )
+            )
+        return notes
+
+    def _admit(self, ctx: GangCost, shape: tuple[int, ...], fit: _Fit) -> None:
+        gang, offer = ctx.gang, fit.offer
+        cluster, gpu_type = offer.view.cluster, offer.view.gpu_type
+        self.inventory.take(offer, fit.placed, shape)
+        self.book.add(gang.tenant, gpu_type, gang.gpu_count)
+        self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
+        if self.room.hold is not None and self.room.hold.offer is offer:
+            self.room.hold.commit(shape, gang.max_runtime_s, self.now)
+        self.admissions.append(
+            Admission(gang.job_id, cluster, gpu_type, offer.kind, offer.usd_per_gpu_hour, fit.cost_usd)
+        )
+
+    # -- step 7: explain
+
+    def _explain(
+        self,
+        ctx: GangCost,
+        shape: tuple[int, ...],
+        types: tuple[GpuType, ...],
+        quota: dict[GpuType, WaitReason],
+        notes: list[WaitReason],
+        capacity_only: bool,
+    ) -> tuple[WaitReason, ...]:
+        """Every reason that keeps the gang from every placement it accepts, most fundamental first.
+
+        Where quota already rules a type out, that type's cluster capacity is not reported: the quota
+        is what must change first. A gang that fits somewhere but waits by choice or for a deadline or
+        a reservation does not get capacity reasons for the clusters where it fits.
+        """
+        gang = ctx.gang
+        tables = []
+        missing = [gpu_type for gpu_type in types if gpu_type not in self.inventory.by_type]
+        if missing or not types:
+            names = ", ".join(missing) or "(none listed)"
+            only = missing[0] if len(missing) == 1 else None
+            message = f"no cluster has GPUs of type {names}"
+            tables.append(by_code([WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only)]))
+        fits_now: set[tuple[ClusterName, GpuType]] = set()
+        if not capacity_only:
+            fits_now = {
+                (o.view.cluster, o.view.gpu_type)
+                for o in self.inventory.search_order(types, gang.allow_spot)
+                if o.fit(shape) is not None
+            }
+        for gpu_type in types:
+            reason = quota.get(gpu_type)
+            if reason is not None:
+                tables.append(by_code([reason]))
+            table = self.inventory.cluster_reasons(gpu_type, shape, gang.allow_spot, reason is not None)
+            if fits_now:
+                table = by_code(
+                    r
+                    for r in in_rank_order([table])
+                    if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
+                )
+            tables.append(table)
+        tables.append(by_code(notes))
+        reasons = in_rank_order(tables)
+        if not reasons:  # pragma: no cover - every path above names a blocker; kept so no job waits silently
+            reasons = (WaitReason(Code.INSUFFICIENT_CAPACITY, f"no placement for {explain.describe(shape)}"),)
+        return reasons

@@ -1,0 +1,72 @@
+"""Capacity requests: when a gang fits nowhere now, ask a scalable pool for enough nodes for all of it.
+
+A request is for whole new nodes of one pool in one cluster, enough for every replica of the gang
+(first-fit decreasing onto empty nodes), so the provisioner grows a pool atomically for one gang or
+not at all. Among pools that may grow that far (their maximum, less nodes they have and nodes earlier
+cycles asked for, less what this cycle has asked for already), the cheapest expected cost wins.
+Placement sees the new nodes only as inventory in a later snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from placement.model import CapacityKind, ClusterName, GpuType, ScalablePool
+
+
+def nodes_needed(shape: tuple[int, ...], gpus_per_node: int) -> int | None:
+    """Empty nodes of `gpus_per_node` GPUs that hold every replica of `shape` (None: a replica is too big)."""
+    if not shape:
+        return 0
+    if gpus_per_node <= 0 or shape[0] > gpus_per_node:
+        return None
+    nodes: list[int] = []
+    for gpus in shape:
+        for i, free in enumerate(nodes):
+            if free >= gpus:
+                nodes[i] -= gpus
+                break
+        else:
+            nodes.append(gpus_per_node - gpus)
+    return len(nodes)
+
+
+class Growth:
+    """The cycle's scalable pools and what it has asked of them so far."""
+
+    def __init__(self, pools: Sequence[tuple[ClusterName, ScalablePool]]) -> None:
+        self._pools = list(pools)
+        self._asked: dict[tuple[ClusterName, str], int] = {}
+
+    def choose(
+        self,
+        shape: tuple[int, ...],
+        gpu_types: Sequence[GpuType],
+        allow_spot: bool,
+        cost: Callable[[ClusterName, ScalablePool], float | None],
+    ) -> tuple[ClusterName, ScalablePool, int] | None:
+        """The cheapest pool of these types that can grow by enough nodes for the gang.
+
+        `cost` gives a pool's expected cost for the gang, or None when it is unusable (deadline missed).
+        """
+        best: tuple[ClusterName, ScalablePool, int] | None = None
+        best_key: tuple[float, str, str] | None = None
+        for cluster, pool in self._pools:
+            if pool.gpu_type not in gpu_types or (pool.kind is CapacityKind.SPOT and not allow_spot):
+                continue
+            nodes = nodes_needed(shape, pool.gpus_per_node)
+            if nodes is None or nodes == 0:
+                continue
+            if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
+                continue
+            expected = cost(cluster, pool)
+            if expected is None:
+                continue
+            key = (expected, cluster, pool.name)
+            if best_key is None or key < best_key:
+                best, best_key = (cluster, pool, nodes), key
+        return best
+
+    def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:
+        key = (cluster, pool.name)
+        self._asked[key] = self._asked.get(key, 0) + nodes

@@ -1,0 +1,151 @@
+"""The cost model: what a placement is expected to cost, when it would finish, and how long to wait.
+
+Expected cost of running a gang on an offer now:
+
+    price per GPU-hour of useful work (spot: x (1 + restart risk per hour x work lost per restart))
+  x GPUs x hours of work at that GPU type's speed
+  + egress of the dataset if the cluster reads from another object store (size x rate between stores)
+  + the value of the time the job waits for its dataset to move (wait value per hour x transfer hours)
+
+Work is stated on a GPU of speed 1.0: an H100 listed at speed 2.0 runs it in half the hours, and is
+priced that way. Finish time is now + transfer time + work / speed; a job with a deadline is placed
+only where it finishes in time.
+
+Waiting for private capacity follows Starburst (Luo et al., USENIX ATC'24): a job that would pay
+cloud prices waits for private GPUs for a time proportional to its compute (GPU-hours), so big jobs,
+which cost most in the cloud, wait longest, and small ones go to the cloud soon. The wait is also
+bounded by what it saves (cloud minus private cost, over the value of an hour of waiting), by a
+maximum, and by the deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from placement.model import EgressRate, GangRequest, GpuType, PolicyConfig
+
+_GB = 1e9
+_HOUR_S = 3600.0
+
+
+class CostModel:
+    """The snapshot's prices, speeds and egress table, and the policy's knobs, for one cycle."""
+
+    def __init__(
+        self,
+        speeds: Mapping[GpuType, float],
+        egress: tuple[EgressRate, ...],
+        policy: PolicyConfig,
+    ) -> None:
+        self._speeds = {t: s for t, s in speeds.items() if s > 0}
+        self._egress: dict[tuple[str, str], float] = {}
+        # Listed twice: the dearer rate, whatever the order.
+        for rate in egress:
+            key = (rate.source_store, rate.destination_store)
+            self._egress[key] = max(rate.usd_per_gb, self._egress.get(key, rate.usd_per_gb))
+        self.policy = policy
+
+    def work_s(self, gang: GangRequest) -> float:
+        """Seconds of work on a GPU of speed 1.0."""
+        if gang.expected_runtime_s > 0:
+            return gang.expected_runtime_s
+        if gang.max_runtime_s > 0:
+            return float(gang.max_runtime_s)
+        return self.policy.default_runtime_s
+
+    def speed(self, gang: GangRequest, gpu_type: GpuType) -> float:
+        for listed, speed in gang.gpu_speeds:
+            if listed == gpu_type and speed > 0:
+                return speed
+        return self._speeds.get(gpu_type, 1.0)
+
+    def moves(self, gang: GangRequest, store: str | None) -> bool:
+        return (
+            gang.dataset_size_bytes > 0
+            and gang.dataset_store is not None
+            and store is not None
+            and store != gang.dataset_store
+        )
+
+    def egress_usd(self, gang: GangRequest, store: str | None) -> float:
+        if not self.moves(gang, store):
+            return 0.0
+        assert gang.dataset_store is not None
+        assert store is not None
+        rate = self._egress.get((gang.dataset_store, store), self.policy.default_egress_usd_per_gb)
+        return gang.dataset_size_bytes / _GB * rate
+
+    def transfer_s(self, gang: GangRequest, store: str | None) -> float:
+        if not self.moves(gang, store) or self.policy.transfer_bytes_per_s <= 0:
+            return 0.0
+        return gang.dataset_size_bytes / self.policy.transfer_bytes_per_s
+
+    def run_s(self, gang: GangRequest, gpu_type: GpuType) -> float:
+        return self.work_s(gang) / self.speed(gang, gpu_type)
+
+    def expected_cost_usd(
+        self, gang: GangRequest, gpu_type: GpuType, price_factor: float, store: str | None
+    ) -> float:
+        """`price_factor`: USD per GPU-hour of useful work on the offer (spot risk included)."""
+        gpu_hours = gang.gpu_count * self.run_s(gang, gpu_type) / _HOUR_S
+        waiting = self.policy.wait_value_usd_per_hour * self.transfer_s(gang, store) / _HOUR_S
+        return price_factor * gpu_hours + self.egress_usd(gang, store) + waiting
+
+    def finish_at_s(self, gang: GangRequest, gpu_type: GpuType, store: str | None, start_s: float) -> float:
+        return start_s + self.transfer_s(gang, store) + self.run_s(gang, gpu_type)
+
+    def private_wait_until_s(
+        self, gang: GangRequest, private_cost_usd: float, cloud_cost_usd: float, private_finish_delay_s: float
+    ) -> float:
+        """Until when the gang should wait for private GPUs rather than pay `cloud_cost_usd` now.
+
+        `private_finish_delay_s`: time from a private start to the finish (transfer and run).
+        """
+        policy = self.policy
+        saving = cloud_cost_usd - private_cost_usd
+        if policy.private_wait_s_per_gpu_hour <= 0 or saving <= 0:
+            return gang.queued_at_s
+        gpu_hours = gang.gpu_count * self.work_s(gang) / _HOUR_S
+        wait_s = min(policy.private_wait_s_per_gpu_hour * gpu_hours, policy.private_wait_max_s)
+        if policy.wait_value_usd_per_hour > 0:
+            wait_s = min(wait_s, saving / policy.wait_value_usd_per_hour * _HOUR_S)
+        until = gang.queued_at_s + wait_s
+        if gang.deadline_at_s is not None:
+            until = min(until, gang.deadline_at_s - private_finish_delay_s)
+        return until
+
+
+class GangCost:
+    """One gang's side of the cost model, with the per-type and per-store parts computed once."""
+
+    __slots__ = ("_extra", "_speed", "gang", "gpu_hours", "model", "work_s")
+
+    def __init__(self, model: CostModel, gang: GangRequest) -> None:
+        self.model = model
+        self.gang = gang
+        self.work_s = model.work_s(gang)
+        # GPU-hours on GPUs of speed 1.0.
+        self.gpu_hours = gang.gpu_count * self.work_s / _HOUR_S
+        self._speed: dict[GpuType, float] = {}
+        self._extra: dict[str | None, float] = {}
+
+    def speed(self, gpu_type: GpuType) -> float:
+        speed = self._speed.get(gpu_type)
+        if speed is None:
+            speed = self._speed[gpu_type] = self.model.speed(self.gang, gpu_type)
+        return speed
+
+    def _moving_cost(self, store: str | None) -> float:
+        extra = self._extra.get(store)
+        if extra is None:
+            model, gang = self.model, self.gang
+            waiting = model.policy.wait_value_usd_per_hour * model.transfer_s(gang, store) / _HOUR_S
+            extra = self._extra[store] = model.egress_usd(gang, store) + waiting
+        return extra
+
+    def cost(self, gpu_type: GpuType, price_factor: float, store: str | None) -> float:
+        return price_factor * self.gpu_hours / self.speed(gpu_type) + self._moving_cost(store)
+
+    def duration_s(self, gpu_type: GpuType, store: str | None) -> float:
+        """From start to finish: moving the dataset, then the work at this type's speed."""
+        return self.model.transfer_s(self.gang, store) + self.work_s / self.speed(gpu_type)

@@ -1,0 +1,143 @@
+"""Wait reasons: their order, and the wording of each, so that a user can act on what they read.
+
+A waiting job gets every reason that blocks it, most fundamental first (what the user must change
+first comes first), then in the order of the job's GPU types, then by cluster name. Each reason
+carries the figures behind it as fields (which tenant, which limit, what is held, the largest free
+block), so that `explain` can show them without parsing the message.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Final
+
+from placement.model_ids import ClusterName, GpuType, TenantId
+from placement.model_plan import WaitCode as Code
+from placement.model_plan import WaitReason
+
+CODE_RANK: Final = {
+    code: rank
+    for rank, code in enumerate(
+        (
+            Code.UNKNOWN_TENANT,
+            Code.PRIORITY_NOT_ALLOWED,
+            Code.APPROVAL_REQUIRED,
+            Code.APPROVAL_EXPIRED,
+            Code.BUDGET_SPENT,
+            Code.NO_CLUSTER_HAS_GPU_TYPE,
+            Code.SPOT_NOT_ALLOWED,
+            Code.CLUSTER_UNREACHABLE,
+            Code.TENANT_CAP_REACHED,
+            Code.BORROWING_LIMIT,
+            Code.QUOTA_EXHAUSTED,
+            Code.GANG_LARGER_THAN_CLUSTER,
+            Code.INSUFFICIENT_CAPACITY,
+            Code.DEADLINE_UNMEETABLE,
+            Code.BACKFILL_WOULD_DELAY,
+            Code.WAITING_FOR_PRIVATE_CAPACITY,
+            Code.PREEMPTION_LIMIT_REACHED,
+            Code.PREEMPTING,
+            Code.CAPACITY_REQUESTED,
+            Code.RESERVED,
+        )
+    )
+}
+assert len(CODE_RANK) == len(Code), "every wait code needs a rank"
+
+# A list of reasons split by code, in `CODE_RANK` order.
+ByCode = tuple[tuple[WaitReason, ...], ...]
+
+
+def by_code(reasons: Iterable[WaitReason]) -> ByCode:
+    slots: list[list[WaitReason]] = [[] for _ in CODE_RANK]
+    for reason in reasons:
+        slots[CODE_RANK[reason.code]].append(reason)
+    return tuple(tuple(slot) for slot in slots)
+
+
+def in_rank_order(tables: Iterable[ByCode]) -> tuple[WaitReason, ...]:
+    """Merge split lists: by code first, then in the order the tables were given."""
+    listed = tuple(tables)
+    return tuple(reason for code in range(len(CODE_RANK)) for table in listed for reason in table[code])
+
+
+def describe(shape: tuple[int, ...]) -> str:
+    """'4 x 8 GPUs', or '1 x 8 + 2 x 4 GPUs' for mixed replicas."""
+    if not shape:
+        return "0 GPUs"
+    counts = sorted(Counter(shape).items(), reverse=True)
+    return " + ".join(f"{n} x {gpus}" for gpus, n in counts) + " GPUs"
+
+
+def cap_reached(tenant: TenantId, gpu_type: GpuType, cap: int, held: int, need: int) -> WaitReason:
+    message = f"tenant {tenant} may hold {cap} GPUs of {gpu_type}, holds {held}, job needs {need}"
+    return WaitReason(
+        Code.TENANT_CAP_REACHED,
+        message,
+        gpu_type=gpu_type,
+        tenant=tenant,
+        limit_gpus=cap,
+        held_gpus=held,
+        needed_gpus=need,
+    )
+
+
+def borrowing_limit(
+    tenant: TenantId, gpu_type: GpuType, guaranteed: int, limit: int, held: int, need: int
+) -> WaitReason:
+    message = (
+        f"tenant {tenant} may borrow {limit} GPUs of {gpu_type} beyond its {guaranteed} guaranteed, "
+        f"holds {held}, job needs {need}"
+    )
+    return WaitReason(
+        Code.BORROWING_LIMIT,
+        message,
+        gpu_type=gpu_type,
+        tenant=tenant,
+        limit_gpus=guaranteed + limit,
+        held_gpus=held,
+        needed_gpus=need,
+    )
+
+
+def quota_exhausted(
+    tenant: TenantId, gpu_type: GpuType, guaranteed: int, held: int, need: int, free: int, reserved: int
+) -> WaitReason:
+    message = (
+        f"tenant {tenant} holds {held} GPUs of {gpu_type} of {guaranteed} guaranteed and needs {need}; "
+        f"beyond its guarantee it may borrow only idle GPUs that other tenants lend: {free} free, "
+        f"{reserved} held back for other tenants' guarantees"
+    )
+    return WaitReason(
+        Code.QUOTA_EXHAUSTED,
+        message,
+        gpu_type=gpu_type,
+        tenant=tenant,
+        limit_gpus=guaranteed,
+        held_gpus=held,
+        needed_gpus=need,
+        free_gpus=free,
+    )
+
+
+def budget_spent(tenant: TenantId, budget_gpu_hours: float, spent_gpu_hours: float) -> WaitReason:
+    message = (
+        f"tenant {tenant} has spent {spent_gpu_hours:g} of its {budget_gpu_hours:g} GPU-hour budget this "
+        "month; new jobs wait until the budget is raised or the month turns"
+    )
+    return WaitReason(Code.BUDGET_SPENT, message, tenant=tenant)
+
+
+def capacity(
+    code: Code, message: str, cluster: ClusterName, gpu_type: GpuType, free: int, largest: int, need: int
+) -> WaitReason:
+    return WaitReason(
+        code,
+        message,
+        cluster,
+        gpu_type,
+        needed_gpus=need,
+        free_gpus=free,
+        largest_free_node_gpus=largest,
+    )

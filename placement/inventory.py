@@ -1,0 +1,332 @@
+"""The cycle's view of capacity: pool groups ("offers") per cluster and GPU type, and what is left.
+
+An offer is the pools of one cluster that one gang may span: same GPU type, capacity kind, price and
+restart risk. Its free GPUs are kept as a `FreeHistogram` (fast to fit many gangs into) and, for the
+rare questions that need node identity (what evicting a gang frees, what frees when running gangs
+end), as the snapshot's node list plus the shapes admitted since, replayed with the same best-fit
+rule.
+
+Thousands of waiting gangs ask the same offers the same question between two admissions, so fits
+and reasons are cached by gang shape and invalidated by a version that each change bumps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from placement import explain
+from placement.explain import ByCode, by_code, describe
+from placement.fit import FreeHistogram, HistogramFit, fit_replicas
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GpuType,
+    NodePool,
+    PolicyConfig,
+    ScalablePool,
+    WaitReason,
+)
+from placement.model import WaitCode as Code
+
+KIND_RANK: Final = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
+
+
+def price_factor(
+    kind: CapacityKind, usd_per_gpu_hour: float, risk_per_hour: float, policy: PolicyConfig
+) -> float:
+    """USD per GPU-hour of useful work: spot pays again for the work lost at each reclaim."""
+    if kind is CapacityKind.SPOT:
+        return usd_per_gpu_hour * (1.0 + risk_per_hour * policy.spot_lost_work_h)
+    return usd_per_gpu_hour
+
+
+class Offer:
+    """The pools of one cluster that one gang may span, and their free GPUs during the cycle."""
+
+    __slots__ = (
+        "_base_nodes",
+        "_fits",
+        "_fits_empty",
+        "_placed",
+        "capacity",
+        "free",
+        "kind",
+        "kind_rank",
+        "node_sizes",
+        "pool_offsets",
+        "price_factor",
+        "search_key",
+        "usd_per_gpu_hour",
+        "version",
+        "view",
+    )
+
+    def __init__(
+        self,
+        view: View,
+        kind: CapacityKind,
+        usd_per_gpu_hour: float,
+        risk_per_hour: float,
+        pools: Sequence[NodePool],
+        policy: PolicyConfig,
+    ) -> None:
+        self.view = view
+        self.kind = kind
+        self.kind_rank = KIND_RANK[kind]
+        self.usd_per_gpu_hour = usd_per_gpu_hour
+        self.price_factor = price_factor(kind, usd_per_gpu_hour, risk_per_hour, policy)
+        self.pool_offsets: dict[str, int] = {}
+        nodes: list[int] = []
+        sizes: list[int] = []
+        for pool in pools:
+            self.pool_offsets.setdefault(pool.name, len(nodes))
+            nodes.extend(pool.free_gpus_per_node)
+            sizes.extend(max(free, pool.gpus_per_node) for free in pool.free_gpus_per_node)
+        self._base_nodes = nodes
+        self._placed: list[tuple[int, ...]] = []
+        self.node_sizes = tuple(sizes)
+        self.free = FreeHistogram(nodes)
+        # The same nodes with nothing running: decides whether a gang could ever fit here.
+        self.capacity = FreeHistogram(sizes)
+        self.search_key = (view.cluster, view.gpu_type, self.kind_rank, usd_per_gpu_hour, risk_per_hour)
+        self._fits_empty: dict[tuple[int, ...], bool] = {}
+        self.version = 0
+        self._fits: dict[tuple[int, ...], tuple[int, HistogramFit | None]] = {}
+
+    @property
+    def is_private(self) -> bool:
+        return self.kind is CapacityKind.PRIVATE
+
+    def fit(self, shape: tuple[int, ...]) -> HistogramFit | None:
+        cached = self._fits.get(shape)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        placed = self.free.fit(shape)
+        self._fits[shape] = (self.version, placed)
+        return placed
+
+    def fits_when_empty(self, shape: tuple[int, ...]) -> bool:
+        fits = self._fits_empty.get(shape)
+        if fits is None:
+            fits = self._fits_empty[shape] = self.capacity.fit(shape) is not None
+        return fits
+
+    def nodes(self) -> list[int]:
+        """Free GPUs per node now: the snapshot's nodes with this cycle's admissions replayed."""
+        nodes = list(self._base_nodes)
+        for shape in self._placed:
+            taken = fit_replicas(shape, nodes)
+            if taken is None:  # pragma: no cover - the histogram admitted it, and both follow one rule
+                raise AssertionError("node list and histogram disagree")
+            nodes = [free - t for free, t in zip(nodes, taken, strict=True)]
+        self._base_nodes, self._placed = nodes, []
+        return list(nodes)
+
+    def node_index(self, pool: str, index: int) -> int | None:
+        offset = self.pool_offsets.get(pool)
+        return None if offset is None else offset + index
+
+
+class View:
+    """One cluster's offers of one GPU type: what a wait reason speaks about."""
+
+    __slots__ = (
+        "_blockers",
+        "_by_shape",
+        "_usable",
+        "cluster",
+        "gpu_type",
+        "offers",
+        "reachable",
+        "store",
+        "version",
+    )
+
+    def __init__(self, cluster: ClusterName, gpu_type: GpuType, reachable: bool, store: str | None) -> None:
+        self.cluster = cluster
+        self.gpu_type = gpu_type
+        self.reachable = reachable
+        self.store = store
+        self.offers: list[Offer] = []
+        self.version = 0
+        # (shape, allow_spot) -> (version the reason holds for, or None for always; reason)
+        self._by_shape: dict[tuple[tuple[int, ...], bool], tuple[int | None, WaitReason]] = {}
+        self._usable: dict[bool, list[Offer]] = {}
+        self._blockers: dict[bool, WaitReason | None] = {}
+
+    def usable(self, allow_spot: bool) -> list[Offer]:
+        usable = self._usable.get(allow_spot)
+        if usable is None:
+            usable = [offer for offer in self.offers if allow_spot or offer.kind is not CapacityKind.SPOT]
+            self._usable[allow_spot] = usable
+        return usable
+
+    def blocker(self, allow_spot: bool) -> WaitReason | None:
+        """A reason that rules this view out for the gang whatever its size, if there is one."""
+        if allow_spot not in self._blockers:
+            self._blockers[allow_spot] = self._find_blocker(allow_spot)
+        return self._blockers[allow_spot]
+
+    def _find_blocker(self, allow_spot: bool) -> WaitReason | None:
+        cluster, gpu_type = self.cluster, self.gpu_type
+        if not self.reachable:
+            message = f"cluster {cluster} has GPUs of {gpu_type} but is unreachable"
+            return WaitReason(Code.CLUSTER_UNREACHABLE, message, cluster, gpu_type)
+        if not self.usable(allow_spot):
+            message = (
+                f"cluster {cluster} has GPUs of {gpu_type} only as spot capacity; the job does not allow spot"
+            )
+            return WaitReason(Code.SPOT_NOT_ALLOWED, message, cluster, gpu_type)
+        return None
+
+    def capacity_reason(self, shape: tuple[int, ...], allow_spot: bool) -> WaitReason:
+        """Why a gang of this shape, known not to fit any usable offer here now, does not fit."""
+        cached = self._by_shape.get((shape, allow_spot))
+        if cached is not None and cached[0] in (None, self.version):
+            return cached[1]
+        cluster, gpu_type, usable = self.cluster, self.gpu_type, self.usable(allow_spot)
+        valid_for: int | None = self.version
+        need = sum(shape)
+        if not any(offer.fits_when_empty(shape) for offer in usable):
+            valid_for = None
+            size = max(usable, key=lambda o: o.capacity.total_free).capacity
+            message = (
+                f"needs {describe(shape)} of {gpu_type}; cluster {cluster} has only {size.total_free} GPUs "
+                f"of {gpu_type} on {size.node_count} nodes, at most {size.max_free} on one node"
+            )
+            if len(usable) > 1:
+                message += " (pools of different kind or price cannot be combined; largest shown)"
+            code = Code.GANG_LARGER_THAN_CLUSTER
+            free, per_node = size.total_free, size.max_free
+        else:
+            free = sum(offer.free.total_free for offer in usable)
+            per_node = max(offer.free.max_free for offer in usable)
+            message = (
+                f"needs {describe(shape)} of {gpu_type}; cluster {cluster} has {free} free, "
+                f"at most {per_node} on one node"
+            )
+            code = Code.INSUFFICIENT_CAPACITY
+        reason = explain.capacity(code, message, cluster, gpu_type, free, per_node, need)
+        self._by_shape[(shape, allow_spot)] = (valid_for, reason)
+        return reason
+
+
+class Inventory:
+    """Every offer of the snapshot, indexed for the questions the cycle asks."""
+
+    def __init__(self, clusters: Iterable[ClusterState], policy: PolicyConfig) -> None:
+        groups: dict[tuple[ClusterName, GpuType, CapacityKind, float, float], list[NodePool]] = {}
+        reachable: dict[ClusterName, bool] = {}
+        stores: dict[ClusterName, str | None] = {}
+        scalable: list[tuple[ClusterName, ScalablePool]] = []
+        for cluster in clusters:
+            reachable[cluster.name] = reachable.get(cluster.name, True) and cluster.reachable
+            stores[cluster.name] = min(
+                (s for s in (stores.get(cluster.name), cluster.object_store) if s is not None), default=None
+            )
+            for pool in sorted(cluster.pools, key=lambda p: p.name):
+                key = (
+                    cluster.name,
+                    pool.gpu_type,
+                    pool.kind,
+                    pool.usd_per_gpu_hour,
+                    pool.restart_risk_per_hour,
+                )
+                groups.setdefault(key, []).append(pool)
+            scalable.extend((cluster.name, pool) for pool in cluster.scalable_pools)
+        views: dict[tuple[ClusterName, GpuType], View] = {}
+        self.offers: list[Offer] = []
+        for (cluster_name, gpu_type, kind, price, risk), pools in sorted(groups.items(), key=lambda i: i[0]):
+            view = views.get((cluster_name, gpu_type))
+            if view is None:
+                view = views[(cluster_name, gpu_type)] = View(
+                    cluster_name, gpu_type, reachable[cluster_name], stores[cluster_name]
+                )
+            offer = Offer(view, kind, price, risk, pools, policy)
+            view.offers.append(offer)
+            self.offers.append(offer)
+        self.by_type: dict[GpuType, list[View]] = {}
+        for (_, gpu_type), view in sorted(views.items()):
+            self.by_type.setdefault(gpu_type, []).append(view)
+        # Reachable capacity by type: what fair share divides and what lenders' reservations come out of.
+        self.capacity_by_type: dict[GpuType, int] = {}
+        self.free_by_type: dict[GpuType, int] = {}
+        for offer in self.offers:
+            if offer.view.reachable:
+                gpu_type = offer.view.gpu_type
+                self.capacity_by_type[gpu_type] = (
+                    self.capacity_by_type.get(gpu_type, 0) + offer.capacity.total_free
+                )
+                self.free_by_type[gpu_type] = self.free_by_type.get(gpu_type, 0) + offer.free.total_free
+        self.by_pool: dict[tuple[ClusterName, str], Offer] = {}
+        for offer in self.offers:
+            for pool_name in offer.pool_offsets:
+                self.by_pool.setdefault((offer.view.cluster, pool_name), offer)
+        self.scalable = sorted(
+            ((cluster, pool) for cluster, pool in scalable if reachable.get(cluster, False)),
+            key=lambda item: (item[0], item[1].name),
+        )
+        self.stores = stores
+        self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
+        self._type_version = dict.fromkeys(self.by_type, 0)
+        self._reasons: dict[tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, ByCode]] = {}
+
+    def take(self, offer: Offer, placed: HistogramFit, shape: tuple[int, ...]) -> None:
+        offer.free.take(placed)
+        offer._placed.append(shape)
+        self._changed(offer, -sum(shape))
+
+    def set_nodes(self, offer: Offer, nodes: list[int]) -> None:
+        """Replace an offer's free nodes (after holding capacity for a preemptor)."""
+        before = offer.free.total_free
+        offer._base_nodes, offer._placed = list(nodes), []
+        offer.free = FreeHistogram(nodes)
+        self._changed(offer, offer.free.total_free - before)
+
+    def _changed(self, offer: Offer, delta_free: int) -> None:
+        offer.version += 1
+        offer.view.version += 1
+        gpu_type = offer.view.gpu_type
+        self._type_version[gpu_type] += 1
+        if offer.view.reachable:
+            self.free_by_type[gpu_type] += delta_free
+
+    def search_order(self, gpu_types: Iterable[GpuType], allow_spot: bool) -> list[Offer]:
+        """Reachable offers of these types that the gang may use, in a fixed order (cached)."""
+        types = tuple(sorted(set(gpu_types)))
+        found = self._search.get((types, allow_spot))
+        if found is None:
+            found = [
+                offer
+                for gpu_type in types
+                for view in self.by_type.get(gpu_type, ())
+                if view.reachable
+                for offer in view.usable(allow_spot)
+            ]
+            self._search[(types, allow_spot)] = found
+        return found
+
+    def cluster_reasons(
+        self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool
+    ) -> ByCode:
+        """Why each cluster with this type cannot take a gang of this shape that fits none of them now.
+
+        Cached per type until the next change of that type: a long queue repeats few shapes.
+        """
+        key = (gpu_type, shape, allow_spot, capped)
+        version = self._type_version.get(gpu_type, 0)
+        cached = self._reasons.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        reasons = []
+        for view in self.by_type.get(gpu_type, ()):
+            reason = view.blocker(allow_spot)
+            if reason is None and not capped:
+                reason = view.capacity_reason(shape, allow_spot)
+            if reason is not None:
+                reasons.append(reason)
+        table = by_code(reasons)
+        self._reasons[key] = (version, table)
+        return table

@@ -1,0 +1,69 @@
+"""Ids and enumerations every placement value type refers to.
+
+They live apart from the value types so that the model can be split into small modules (jobs and
+clusters, tenants and policy, the plan) without import cycles. `placement.model` re-exports them;
+import them from there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NewType
+
+JobId = NewType("JobId", str)
+TenantId = NewType("TenantId", str)
+ClusterName = NewType("ClusterName", str)
+# A GPU product as the placer compares them: "A100", "H100", "L4", ...
+GpuType = NewType("GpuType", str)
+
+
+class JobPhase(StrEnum):
+    """Where a job is in its life. Transitions are checked against one table (federation.jobs)."""
+
+    QUEUED = "QUEUED"
+    ADMITTED = "ADMITTED"
+    STAGING = "STAGING"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_PHASES
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Phases in which the job's gang counts against quota and cluster capacity."""
+        return self in _CAPACITY_PHASES
+
+
+_TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
+_CAPACITY_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING, JobPhase.DISPATCHED, JobPhase.RUNNING})
+
+
+class Provider(StrEnum):
+    PRIVATE = "private"
+    AWS = "aws"
+    GCP = "gcp"
+    AZURE = "azure"
+    LAMBDA = "lambda"
+    NEBIUS = "nebius"
+
+
+class CapacityKind(StrEnum):
+    """How a GPU is paid for: owned capacity at an internal rate, or cloud on demand or spot."""
+
+    PRIVATE = "private"
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+class GpuTypePolicy(StrEnum):
+    """How a job's list of acceptable GPU types is read."""
+
+    # Try the types in the order given; a later type is used only when no earlier one fits.
+    ORDERED = "ordered"
+    # Any type in the set is acceptable; the cheapest expected cost wins (speeds count).
+    ANY = "any"

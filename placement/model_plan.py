@@ -1,0 +1,135 @@
+"""What a cycle decides: admissions, preemptions, capacity to buy, backfill reservations, and reasons.
+
+Federation applies a `Plan` (commits admissions, evicts victims, hands capacity requests to the
+provisioner) and stores each waiting job's reasons for `explain`. Every type is a frozen value, so a
+plan compares equal to the plan of an equal snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from placement.model_ids import CapacityKind, ClusterName, GpuType, JobId, TenantId
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A decision to run a job's whole gang on one cluster, on one GPU type, at one price."""
+
+    job_id: JobId
+    cluster: ClusterName
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    # The cost model's estimate for the chosen placement (compute, restart risk, egress, staging delay).
+    expected_cost_usd: float = 0.0
+
+
+class PreemptionReason(StrEnum):
+    # The victim's tenant borrows capacity that the preemptor's tenant is guaranteed.
+    RECLAIM_GUARANTEE = "reclaim_guarantee"
+    # The victim has a lower priority than the preemptor, in the same tenant.
+    LOWER_PRIORITY = "lower_priority"
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Evict a whole running gang so that `for_job` fits; the victim is requeued at its old position."""
+
+    victim: JobId
+    tenant: TenantId
+    cluster: ClusterName
+    gpu_type: GpuType
+    gpu_count: int
+    reason: PreemptionReason
+    grace_period_s: float
+    for_job: JobId
+    # Queue position to requeue the victim at: its original queue time, not the eviction time.
+    requeue_queued_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRequest:
+    """Grow one scalable pool by whole nodes, enough for the whole gang or nothing (one request per gang)."""
+
+    cluster: ClusterName
+    pool: str
+    gpu_type: GpuType
+    kind: CapacityKind
+    nodes: int
+    job_ids: tuple[JobId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A blocked gang's promised start: later gangs on that cluster and type may not delay it."""
+
+    job_id: JobId
+    cluster: ClusterName
+    gpu_type: GpuType
+    start_at_s: float
+
+
+class WaitCode(StrEnum):
+    """Why a job was not admitted this cycle. Specific enough for a user to act on."""
+
+    UNKNOWN_TENANT = "unknown_tenant"
+    PRIORITY_NOT_ALLOWED = "priority_not_allowed"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_EXPIRED = "approval_expired"
+    BUDGET_SPENT = "budget_spent"
+    NO_CLUSTER_HAS_GPU_TYPE = "no_cluster_has_gpu_type"
+    SPOT_NOT_ALLOWED = "spot_not_allowed"
+    CLUSTER_UNREACHABLE = "cluster_unreachable"
+    TENANT_CAP_REACHED = "tenant_cap_reached"
+    BORROWING_LIMIT = "borrowing_limit"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"
+    WAITING_FOR_PRIVATE_CAPACITY = "waiting_for_private_capacity"
+    BACKFILL_WOULD_DELAY = "backfill_would_delay"
+    PREEMPTION_LIMIT_REACHED = "preemption_limit_reached"
+    # Victims were chosen (now or in an earlier cycle) and are leaving; the gang starts when they are gone.
+    PREEMPTING = "preempting"
+    CAPACITY_REQUESTED = "capacity_requested"
+    RESERVED = "reserved"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitReason:
+    """One reason, with the figures behind it where there are some (None: does not apply)."""
+
+    code: WaitCode
+    message: str
+    cluster: ClusterName | None = None
+    gpu_type: GpuType | None = None
+    # The tenant whose quota, cap or budget blocks (the job's tenant or one of its ancestors).
+    tenant: TenantId | None = None
+    # The limit in force (GPUs), what is held against it, and what the job needs.
+    limit_gpus: int | None = None
+    held_gpus: int | None = None
+    needed_gpus: int | None = None
+    # Capacity of `cluster` and `gpu_type` usable by the job: free GPUs, largest free block on one node.
+    free_gpus: int | None = None
+    largest_free_node_gpus: int | None = None
+    # A time that matters: approval expiry, end of the wait for private capacity, reserved start.
+    at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    job_id: JobId
+    reasons: tuple[WaitReason, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The placer's output: what to admit, whom to evict, what to buy, and for every job left waiting, why."""
+
+    admissions: tuple[Admission, ...] = ()
+    waiting: tuple[Waiting, ...] = field(default_factory=tuple)
+    preemptions: tuple[Preemption, ...] = ()
+    capacity_requests: tuple[CapacityRequest, ...] = ()
+    reservations: tuple[Reservation, ...] = ()

@@ -1,0 +1,197 @@
+"""Preemption: the smallest set of whole running gangs to evict so that one waiting gang fits.
+
+Who may be evicted for a waiting gang of tenant T, priority P, on GPU type X:
+
+- a gang of T with a priority below P (within a tenant, lower priority yields to higher);
+- a gang of another tenant that holds more of X than it is guaranteed (it borrows), when T stays
+  within its own guarantee of X by taking the gang (guaranteed quota is reclaimed from borrowers).
+  A borrower is evicted only down to its guarantee: each victim must still be borrowing once the
+  victims before it are gone.
+
+Never: a gang marked not preemptible (or whose priority class is not), a gang whose nodes are not
+known (the placer could not tell what evicting it frees), or a gang another preemptor already counts
+on this cycle.
+
+Per offer (cluster, GPU type, kind, price) the search works on the offer's node list: the GPUs free
+now plus those of gangs already leaving (evicted earlier and inside their grace period, which cost
+nothing to count on). If the gang fits with those, no one new is evicted. Otherwise a single victim
+is preferred when one suffices; failing that, victims are added in preference order (lowest priority,
+fewest GPUs, most recently queued, job id) until the gang fits, and then every victim whose removal
+still leaves a fit is dropped again, so each evicted gang is needed. Among offers, the fewest victims
+win, then the fewest GPUs evicted, then the offer's expected cost. A gang that would not fit even
+with every candidate evicted evicts no one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from placement.fit import fit_replicas
+from placement.inventory import Inventory, Offer
+from placement.model import PreemptionReason, RunningGang
+
+Candidate = tuple[RunningGang, PreemptionReason]
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    offer: Offer
+    victims: tuple[Candidate, ...]
+    # Gangs already leaving whose GPUs the preemptor counts on.
+    draining: tuple[RunningGang, ...]
+    # The offer's free GPUs per node once the preemptor's share of the free ones is held for it.
+    nodes_after: tuple[int, ...]
+
+    @property
+    def victim_gpus(self) -> int:
+        return sum(gang.gpu_count for gang, _ in self.victims)
+
+
+def _preference(candidate: Candidate) -> tuple[int, int, float, str]:
+    gang, _ = candidate
+    return (gang.priority, gang.gpu_count, -gang.queued_at_s, gang.job_id)
+
+
+class RunningIndex:
+    """Running gangs by the offer their nodes are in; gangs that cannot be located are left out."""
+
+    def __init__(self, inventory: Inventory, running: Iterable[RunningGang]) -> None:
+        self.by_offer: dict[int, list[tuple[RunningGang, tuple[tuple[int, int], ...]]]] = {}
+        self._offers: dict[int, Offer] = {}
+        for gang in sorted(running, key=lambda g: g.job_id):
+            located = _locate(inventory, gang)
+            if located is not None:
+                offer, shares = located
+                self.by_offer.setdefault(id(offer), []).append((gang, shares))
+        self.claimed: set[str] = set()
+
+    def on(self, offer: Offer) -> list[tuple[RunningGang, tuple[tuple[int, int], ...]]]:
+        return self.by_offer.get(id(offer), [])
+
+
+def _locate(inventory: Inventory, gang: RunningGang) -> tuple[Offer, tuple[tuple[int, int], ...]] | None:
+    if not gang.nodes:
+        return None
+    offer: Offer | None = None
+    shares = []
+    for share in gang.nodes:
+        found = inventory.by_pool.get((gang.cluster, share.pool))
+        if found is None or (offer is not None and found is not offer):
+            return None
+        offer = found
+        index = found.node_index(share.pool, share.node_index)
+        if index is None or not 0 <= index < len(found.node_sizes) or share.gpus < 0:
+            return None
+        shares.append((index, share.gpus))
+    assert offer is not None
+    return offer, tuple(shares)
+
+
+def _with(nodes: list[int], shares: Iterable[tuple[int, int]]) -> list[int]:
+    out = list(nodes)
+    for index, gpus in shares:
+        out[index] += gpus
+    return out
+
+
+def choose_victims(
+    shape: tuple[int, ...],
+    offers: Sequence[Offer],
+    index: RunningIndex,
+    candidates: Callable[[Offer, RunningGang], PreemptionReason | None],
+    offer_cost: Callable[[Offer], float],
+    valid: Callable[[Sequence[Candidate]], bool],
+) -> VictimChoice | None:
+    """The best victim set over `offers`, or None when no set lets the gang fit on any of them.
+
+    `candidates(offer, gang)` says whether and why a running gang may be evicted for this preemptor;
+    `valid(victims)` may still refuse a whole set (a borrower evicted below its guarantee).
+    """
+    best: VictimChoice | None = None
+    best_key: tuple[int, int, float, tuple[object, ...]] | None = None
+    need = sum(shape)
+    for offer in offers:
+        running = index.on(offer)
+        if not running or sum(offer.node_sizes) < need:
+            continue
+        draining = [(g, s) for g, s in running if g.terminating and g.job_id not in index.claimed]
+        eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
+        for gang, shares in running:
+            if gang.terminating or gang.job_id in index.claimed:
+                continue
+            reason = candidates(offer, gang)
+            if reason is not None:
+                eligible.append(((gang, reason), shares))
+        if not draining and not eligible:
+            continue
+        nodes = offer.nodes()
+        freed = _with([0] * len(nodes), (s for _, shares in draining for s in shares))
+        everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))
+        if fit_replicas(shape, everything) is None:
+            continue  # even evicting every candidate would not do
+        chosen = _smallest_set(shape, nodes, freed, eligible)
+        if chosen is None:
+            continue
+        victims, victim_freed = chosen
+        if not valid(victims):
+            continue
+        used_draining = _needed_draining(shape, nodes, victim_freed, draining)
+        used = {gang.job_id for gang in used_draining}
+        total_freed = _with(victim_freed, (s for g, shares in draining if g.job_id in used for s in shares))
+        taken = fit_replicas(shape, [n + f for n, f in zip(nodes, total_freed, strict=True)])
+        assert taken is not None
+        # The preemptor uses freed GPUs first; whatever it needs beyond them is held from the free ones.
+        nodes_after = tuple(n - max(0, t - f) for n, t, f in zip(nodes, taken, total_freed, strict=True))
+        choice = VictimChoice(offer, tuple(victims), tuple(used_draining), nodes_after)
+        key = (len(victims), choice.victim_gpus, offer_cost(offer), offer.search_key)
+        if best_key is None or key < best_key:
+            best, best_key = choice, key
+    return best
+
+
+def _smallest_set(
+    shape: tuple[int, ...],
+    nodes: list[int],
+    freed: list[int],
+    eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]],
+) -> tuple[list[Candidate], list[int]] | None:
+    base = [n + f for n, f in zip(nodes, freed, strict=True)]
+    if fit_replicas(shape, base) is not None:
+        return [], [0] * len(nodes)
+    ordered = sorted(eligible, key=lambda item: _preference(item[0]))
+    for candidate, shares in ordered:
+        if fit_replicas(shape, _with(base, shares)) is not None:
+            return [candidate], _with([0] * len(nodes), shares)
+    chosen: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
+    current = base
+    for item in ordered:
+        chosen.append(item)
+        current = _with(current, item[1])
+        if fit_replicas(shape, current) is not None:
+            break
+    else:
+        return None
+    # Drop, latest-added first, every victim the gang fits without.
+    for item in reversed(list(chosen)):
+        rest = [other for other in chosen if other is not item]
+        if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
+            chosen = rest
+    victim_freed = _with([0] * len(nodes), (s for _, shares in chosen for s in shares))
+    return [candidate for candidate, _ in sorted(chosen, key=lambda item: _preference(item[0]))], victim_freed
+
+
+def _needed_draining(
+    shape: tuple[int, ...],
+    nodes: list[int],
+    victim_freed: list[int],
+    draining: list[tuple[RunningGang, tuple[tuple[int, int], ...]]],
+) -> list[RunningGang]:
+    """The leaving gangs the preemptor counts on: all of them, less those it fits without."""
+    kept = list(draining)
+    base = [n + f for n, f in zip(nodes, victim_freed, strict=True)]
+    for item in reversed(list(kept)):
+        rest = [other for other in kept if other is not item]
+        if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
+            kept = rest
+    return [gang for gang, _ in kept]

@@ -1,0 +1,148 @@
+"""Quota accounting over the tenant tree: caps, borrowing limits, lending limits, guarantees, budgets.
+
+Usage is GPUs held at once, per tenant and GPU type, where a tenant's usage includes its
+descendants'. The rules, checked when a gang of `n` GPUs of one type is about to be admitted:
+
+1. Cap: on the job's tenant and every ancestor, usage + n <= cap.
+2. Borrowing limit: on the same nodes, usage + n <= guaranteed + borrowing limit.
+3. Lending: a tenant that would go beyond its own guarantee borrows, and may borrow only idle GPUs
+   that others lend. A tenant with a lending limit holds back max(0, guaranteed - usage - lending
+   limit) of its unused guarantee; what the borrower takes must leave that much free (counted over
+   the federation's free GPUs of the type). Held-back amounts are summed over leaf tenants only, so
+   an organisation and its teams are not counted twice.
+4. Budget: a tenant or ancestor whose monthly GPU-hour budget is spent admits nothing new.
+
+Guarantees are what preemption honours: a tenant within its guarantee may reclaim GPUs from tenants
+using more than theirs (see `preempt`). Guarantees are not checked against physical capacity; an
+oversubscribed configuration simply cannot honour them all.
+
+The book is the cycle's working state; `add` keeps it current as the cycle admits gangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from placement import explain
+from placement.model import GpuType, RunningGang, TenantId, TenantQuota, WaitReason
+
+
+class QuotaBook:
+    def __init__(self, tenants: Iterable[TenantQuota], running: Iterable[RunningGang]) -> None:
+        merged: dict[TenantId, TenantQuota] = {}
+        # A tenant listed twice is a config mistake; merge the entries in a fixed order so that the outcome
+        # does not depend on the snapshot's order (the lower cap wins, the first parent in order).
+        for quota in sorted(tenants, key=repr):
+            known = merged.get(quota.tenant)
+            if known is None:
+                merged[quota.tenant] = quota
+                continue
+            merged[quota.tenant] = TenantQuota(
+                tenant=known.tenant,
+                gpu_caps=known.gpu_caps + quota.gpu_caps,
+                parent=known.parent if known.parent is not None else quota.parent,
+                quotas=known.quotas + quota.quotas,
+                weight=known.weight,
+                monthly_budget_gpu_hours=known.monthly_budget_gpu_hours,
+                spent_gpu_hours=known.spent_gpu_hours,
+                usage_history_gpu_hours=known.usage_history_gpu_hours,
+                max_priority=known.max_priority,
+            )
+        self.tenants = merged
+        self.path: dict[TenantId, tuple[TenantId, ...]] = {t: self._path_of(t) for t in merged}
+        has_children = {parent for path in self.path.values() for parent in path[1:]}
+        self._leaves = {t for t in merged if t not in has_children}
+        self.usage: dict[tuple[TenantId, GpuType], int] = {}
+        # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
+        self.held_back: dict[GpuType, int] = {}
+        self._held_back_by: dict[tuple[TenantId, GpuType], int] = {}
+        for quota in merged.values():
+            for q in quota.quotas:
+                self._update_held_back(quota.tenant, q.gpu_type)
+        for gang in running:
+            self.add(gang.tenant, gang.gpu_type, gang.gpu_count)
+
+    def _path_of(self, tenant: TenantId) -> tuple[TenantId, ...]:
+        """The tenant and its ancestors, nearest first; a parent cycle or unknown parent ends the path."""
+        path = [tenant]
+        parent = self.tenants[tenant].parent if tenant in self.tenants else None
+        while parent is not None and parent in self.tenants and parent not in path:
+            path.append(parent)
+            parent = self.tenants[parent].parent
+        return tuple(path)
+
+    def known(self, tenant: TenantId) -> bool:
+        return tenant in self.tenants
+
+    def held(self, tenant: TenantId, gpu_type: GpuType) -> int:
+        return self.usage.get((tenant, gpu_type), 0)
+
+    def guaranteed(self, tenant: TenantId, gpu_type: GpuType) -> int:
+        quota = self.tenants[tenant].quota_for(gpu_type) if tenant in self.tenants else None
+        return 0 if quota is None else quota.guaranteed_gpus
+
+    def within_guarantee(self, tenant: TenantId, gpu_type: GpuType, need: int) -> bool:
+        return self.held(tenant, gpu_type) + need <= self.guaranteed(tenant, gpu_type)
+
+    def borrowing(self, tenant: TenantId, gpu_type: GpuType, minus: int = 0) -> bool:
+        """Whether the tenant holds more than its guarantee, after giving back `minus` GPUs."""
+        return self.held(tenant, gpu_type) - minus > self.guaranteed(tenant, gpu_type)
+
+    def add(self, tenant: TenantId, gpu_type: GpuType, gpus: int) -> None:
+        for node in self.path.get(tenant, (tenant,)):
+            key = (node, gpu_type)
+            self.usage[key] = self.usage.get(key, 0) + gpus
+        self._update_held_back(tenant, gpu_type)
+
+    def _update_held_back(self, tenant: TenantId, gpu_type: GpuType) -> None:
+        if tenant not in self._leaves:
+            return
+        quota = self.tenants[tenant].quota_for(gpu_type)
+        held_back = 0
+        if quota is not None and quota.lending_limit_gpus is not None:
+            unused = quota.guaranteed_gpus - self.held(tenant, gpu_type)
+            held_back = max(0, unused - quota.lending_limit_gpus)
+        key = (tenant, gpu_type)
+        before = self._held_back_by.get(key, 0)
+        if held_back != before:
+            self._held_back_by[key] = held_back
+            self.held_back[gpu_type] = self.held_back.get(gpu_type, 0) + held_back - before
+
+    def limit_reason(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
+        """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break."""
+        for node in self.path[tenant]:
+            quota = self.tenants[node]
+            held = self.held(node, gpu_type)
+            cap = quota.cap_for(gpu_type)
+            if cap is not None and held + need > cap:
+                return explain.cap_reached(node, gpu_type, cap, held, need)
+            share = quota.quota_for(gpu_type)
+            limit = None if share is None else share.borrowing_limit_gpus
+            if share is not None and limit is not None and held + need > share.guaranteed_gpus + limit:
+                return explain.borrowing_limit(node, gpu_type, share.guaranteed_gpus, limit, held, need)
+        return None
+
+    def lending_reason(self, tenant: TenantId, gpu_type: GpuType, need: int, free: int) -> WaitReason | None:
+        """Why borrowing `need` GPUs would eat into capacity other tenants hold back, if it would."""
+        if self.within_guarantee(tenant, gpu_type, need):
+            return None
+        others = self.held_back.get(gpu_type, 0) - self._held_back_by.get((tenant, gpu_type), 0)
+        if others <= 0 or free - need >= others:
+            return None
+        return explain.quota_exhausted(
+            tenant,
+            gpu_type,
+            self.guaranteed(tenant, gpu_type),
+            self.held(tenant, gpu_type),
+            need,
+            free,
+            others,
+        )
+
+    def budget_reason(self, tenant: TenantId) -> WaitReason | None:
+        for node in self.path[tenant]:
+            quota = self.tenants[node]
+            budget = quota.monthly_budget_gpu_hours
+            if budget is not None and quota.spent_gpu_hours >= budget:
+                return explain.budget_spent(node, budget, quota.spent_gpu_hours)
+        return None

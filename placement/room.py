@@ -1,0 +1,321 @@
+"""Step 6 of the cycle: making room for a gang that fits nowhere for lack of free GPUs.
+
+In this order, the first that applies:
+
+1. Preempt: evict the smallest set of whole gangs that lets the gang fit (`preempt` says who may be
+   evicted and how the set is chosen), unless that would pass the per-interval preemption limit. The
+   GPUs the gang will use are held for it at once, so that later gangs of the cycle do not take them
+   while the victims finish their grace period; the gang itself is admitted in a later cycle, once
+   the victims are gone.
+2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`).
+3. Ask a scalable pool for enough new nodes for the whole gang (`capacity`).
+4. Reserve a start for the first such gang of the cycle (`backfill`).
+
+The room maker keeps what the cycle has evicted, requested and reserved so far; `plan` returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from placement.backfill import Hold, reserve
+from placement.capacity import Growth
+from placement.cost import CostModel, GangCost
+from placement.fairshare import FairShare
+from placement.inventory import Inventory, Offer, price_factor
+from placement.model import (
+    CapacityRequest,
+    ClusterName,
+    GpuType,
+    Preemption,
+    PreemptionReason,
+    Reservation,
+    RunningGang,
+    ScalablePool,
+    Snapshot,
+    TenantId,
+    WaitReason,
+)
+from placement.model import WaitCode as Code
+from placement.preempt import Candidate, RunningIndex, choose_victims
+from placement.quota import QuotaBook
+
+
+class Room:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        inventory: Inventory,
+        book: QuotaBook,
+        fair: FairShare,
+        costs: CostModel,
+    ) -> None:
+        self.now = now
+        self.policy = policy = snapshot.policy
+        self.inventory = inventory
+        self.book = book
+        self.fair = fair
+        self.costs = costs
+        self.classes = {c.name: c for c in sorted(snapshot.priority_classes, key=repr, reverse=True)}
+        self.running = RunningIndex(inventory, snapshot.running)
+        # What preemption could possibly use, per type: lowest evictable priority per tenant, tenants
+        # with evictable gangs, and gangs already leaving. Lets most gangs skip the victim search at once.
+        self.lowest_priority: dict[tuple[TenantId, GpuType], int] = {}
+        self.evictable_tenants: dict[GpuType, set[TenantId]] = {}
+        self.draining_types: set[GpuType] = set()
+        for gangs in self.running.by_offer.values():
+            for gang, _ in gangs:
+                if gang.terminating:
+                    self.draining_types.add(gang.gpu_type)
+                elif self._preemptible(gang):
+                    key = (gang.tenant, gang.gpu_type)
+                    self.lowest_priority[key] = min(
+                        gang.priority, self.lowest_priority.get(key, gang.priority)
+                    )
+                    self.evictable_tenants.setdefault(gang.gpu_type, set()).add(gang.tenant)
+        self.growth = Growth(inventory.scalable)
+        self.hold: Hold | None = None
+        # Victim searches that found nothing; the candidates only dwindle during a cycle.
+        self.no_victims: set[tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        self.preempted_gpus = policy.preempted_gpus_this_interval
+        self.evicted: dict[tuple[TenantId, GpuType], int] = {}
+        self.victim_ends: dict[str, float] = {}
+        self.preemptions: list[Preemption] = []
+        self.capacity_requests: list[CapacityRequest] = []
+        self.reservations: list[Reservation] = []
+
+    def private_wait(
+        self, ctx: GangCost, shape: tuple[int, ...], group: Sequence[GpuType], cloud_cost: float
+    ) -> WaitReason | None:
+        """Why to wait for private GPUs rather than pay `cloud_cost` now, if the Starburst rule says so."""
+        best: tuple[float, tuple[object, ...], Offer] | None = None
+        for offer in self.inventory.search_order(group, ctx.gang.allow_spot):
+            if offer.is_private and offer.fits_when_empty(shape):
+                cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
+                if best is None or (cost, offer.search_key) < best[:2]:
+                    best = (cost, offer.search_key, offer)
+        if best is None:
+            return None
+        private_cost, _, offer = best
+        delay = ctx.duration_s(offer.view.gpu_type, offer.view.store)
+        until = self.costs.private_wait_until_s(ctx.gang, private_cost, cloud_cost, delay)
+        if self.now >= until:
+            return None
+        message = (
+            f"waiting for private GPUs on cluster {offer.view.cluster} ({offer.view.gpu_type}) "
+            f"until {until:g}: "
+            f"cloud now would cost ${cloud_cost:,.2f} against ${private_cost:,.2f}"
+        )
+        return WaitReason(
+            Code.WAITING_FOR_PRIVATE_CAPACITY, message, offer.view.cluster, offer.view.gpu_type, at_s=until
+        )
+
+    def make_room(
+        self, ctx: GangCost, shape: tuple[int, ...], groups: Sequence[tuple[GpuType, ...]]
+    ) -> list[WaitReason]:
+        notes: list[WaitReason] = []
+        if self.policy.preemption:
+            for group in groups:
+                outcome = self._preempt(ctx, shape, group)
+                if outcome is not None:
+                    if outcome.code is Code.PREEMPTING:
+                        return [outcome]
+                    notes.append(outcome)
+                    break
+        for group in groups:
+            if self.policy.private_wait_s_per_gpu_hour > 0:
+                cloud = self._cheapest_pool(ctx, shape, group)
+                wait = None if cloud is None else self.private_wait(ctx, shape, group, cloud[3])
+                if wait is not None:
+                    return [*notes, wait]
+            request = self._request_capacity(ctx, shape, group)
+            if request is not None:
+                return [*notes, request]
+        if self.policy.backfill and self.hold is None:
+            offers = [o for group in groups for o in self.inventory.search_order(group, ctx.gang.allow_spot)]
+            hold = reserve(
+                ctx.gang.job_id,
+                shape,
+                offers,
+                self.running,
+                self._end_of,
+                lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+            )
+            if hold is not None:
+                self.hold = hold
+                view = hold.offer.view
+                self.reservations.append(
+                    Reservation(ctx.gang.job_id, view.cluster, view.gpu_type, hold.start_at_s)
+                )
+                message = (
+                    f"reserved to start on cluster {view.cluster} ({view.gpu_type}) at {hold.start_at_s:g}, "
+                    "when running gangs reach their run-time limits; later jobs may not delay it"
+                )
+                notes.append(
+                    WaitReason(Code.RESERVED, message, view.cluster, view.gpu_type, at_s=hold.start_at_s)
+                )
+        return notes
+
+    def _end_of(self, job_id: str, ends_at_s: float | None, terminating: bool) -> float | None:
+        if job_id in self.victim_ends:
+            return self.victim_ends[job_id]
+        if terminating:
+            return self.now + self.policy.default_grace_period_s
+        return None if ends_at_s is None else max(ends_at_s, self.now)
+
+    def _preemptible(self, gang: RunningGang) -> bool:
+        priority_class = self.classes.get(gang.priority_class)
+        return gang.preemptible and (priority_class is None or priority_class.preemptible)
+
+    def _preempt(
+        self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
+    ) -> WaitReason | None:
+        gang, book = ctx.gang, self.book
+        key = (gang.tenant, gang.priority, shape, group, gang.allow_spot)
+        if key in self.no_victims:
+            return None
+        need = gang.gpu_count
+
+        def may_reclaim(gpu_type: GpuType) -> bool:
+            return book.within_guarantee(gang.tenant, gpu_type, need)
+
+        def hopeful(gpu_type: GpuType) -> bool:
+            own = self.lowest_priority.get((gang.tenant, gpu_type))
+            others = self.evictable_tenants.get(gpu_type, set()) - {gang.tenant}
+            return (
+                gpu_type in self.draining_types
+                or (own is not None and own < gang.priority)
+                or (bool(others) and may_reclaim(gpu_type))
+            )
+
+        if not any(hopeful(gpu_type) for gpu_type in group):
+            self.no_victims.add(key)
+            return None
+
+        def candidate(offer: Offer, victim: RunningGang) -> PreemptionReason | None:
+            if not self._preemptible(victim):
+                return None
+            if victim.tenant == gang.tenant:
+                return PreemptionReason.LOWER_PRIORITY if victim.priority < gang.priority else None
+            gpu_type = offer.view.gpu_type
+            evicted = self.evicted.get((victim.tenant, gpu_type), 0)
+            if may_reclaim(gpu_type) and book.borrowing(victim.tenant, gpu_type, evicted):
+                return PreemptionReason.RECLAIM_GUARANTEE
+            return None
+
+        def valid(victims: Sequence[Candidate]) -> bool:
+            """Each borrower's victims, in order, leave it borrowing until the last one goes."""
+            evicted = dict(self.evicted)
+            for victim, reason in victims:
+                k = (victim.tenant, victim.gpu_type)
+                if reason is PreemptionReason.RECLAIM_GUARANTEE and not book.borrowing(
+                    victim.tenant, victim.gpu_type, evicted.get(k, 0)
+                ):
+                    return False
+                evicted[k] = evicted.get(k, 0) + victim.gpu_count
+            return True
+
+        offers = self.inventory.search_order(group, gang.allow_spot)
+        cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
+        choice = choose_victims(shape, offers, self.running, candidate, cost, valid)
+        if choice is None:
+            self.no_victims.add(key)
+            return None
+        limit = self.policy.preemption_limit_gpus
+        if limit is not None and choice.victims and self.preempted_gpus + choice.victim_gpus > limit:
+            message = (
+                f"making room needs evicting {len(choice.victims)} gangs ({choice.victim_gpus} GPUs); "
+                f"{self.preempted_gpus} of the {limit} GPUs that may be preempted this interval are used"
+            )
+            return WaitReason(
+                Code.PREEMPTION_LIMIT_REACHED,
+                message,
+                choice.offer.view.cluster,
+                choice.offer.view.gpu_type,
+                limit_gpus=limit,
+                held_gpus=self.preempted_gpus,
+                needed_gpus=choice.victim_gpus,
+            )
+        offer = choice.offer
+        cluster, gpu_type = offer.view.cluster, offer.view.gpu_type
+        self.inventory.set_nodes(offer, list(choice.nodes_after))
+        book.add(gang.tenant, gpu_type, need)
+        self.fair.add(gang.tenant, gpu_type, need)
+        grace_s = 0.0
+        for victim, reason in choice.victims:
+            self.running.claimed.add(victim.job_id)
+            grace = (
+                self.policy.default_grace_period_s if victim.grace_period_s is None else victim.grace_period_s
+            )
+            grace_s = max(grace_s, grace)
+            self.victim_ends[victim.job_id] = self.now + grace
+            k = (victim.tenant, victim.gpu_type)
+            self.evicted[k] = self.evicted.get(k, 0) + victim.gpu_count
+            self.preempted_gpus += victim.gpu_count
+            self.preemptions.append(
+                Preemption(
+                    victim.job_id,
+                    victim.tenant,
+                    cluster,
+                    gpu_type,
+                    victim.gpu_count,
+                    reason,
+                    grace,
+                    gang.job_id,
+                    victim.queued_at_s,
+                )
+            )
+        for leaving in choice.draining:
+            self.running.claimed.add(leaving.job_id)
+        evicting = len(choice.victims) + len(choice.draining)
+        message = (
+            f"waiting for {evicting} gangs to leave cluster {cluster} ({gpu_type}); "
+            f"their capacity is held for this job"
+        )
+        return WaitReason(Code.PREEMPTING, message, cluster, gpu_type, at_s=self.now + grace_s)
+
+    def _pool_cost(self, ctx: GangCost, cluster: ClusterName, pool: ScalablePool) -> float | None:
+        store = self.inventory.stores.get(cluster)
+        if (
+            ctx.gang.deadline_at_s is not None
+            and self.now + ctx.duration_s(pool.gpu_type, store) > ctx.gang.deadline_at_s
+        ):
+            return None
+        factor = price_factor(pool.kind, pool.usd_per_gpu_hour, pool.restart_risk_per_hour, self.policy)
+        return ctx.cost(pool.gpu_type, factor, store)
+
+    def _cheapest_pool(
+        self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
+    ) -> tuple[ClusterName, ScalablePool, int, float] | None:
+        chosen = self.growth.choose(
+            shape, group, ctx.gang.allow_spot, lambda c, p: self._pool_cost(ctx, c, p)
+        )
+        if chosen is None:
+            return None
+        cluster, pool, nodes = chosen
+        cost = self._pool_cost(ctx, cluster, pool)
+        assert cost is not None
+        return cluster, pool, nodes, cost
+
+    def _request_capacity(
+        self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
+    ) -> WaitReason | None:
+        chosen = self._cheapest_pool(ctx, shape, group)
+        if chosen is None:
+            return None
+        cluster, pool, nodes, _ = chosen
+        self.growth.ask(cluster, pool, nodes)
+        gang = ctx.gang
+        self.book.add(gang.tenant, pool.gpu_type, gang.gpu_count)
+        self.fair.add(gang.tenant, pool.gpu_type, gang.gpu_count)
+        self.capacity_requests.append(
+            CapacityRequest(cluster, pool.name, pool.gpu_type, pool.kind, nodes, (gang.job_id,))
+        )
+        message = (
+            f"asked for {nodes} more nodes of pool {pool.name} on cluster {cluster} ({pool.gpu_type}) "
+            "for this job"
+        )
+        return WaitReason(
+            Code.CAPACITY_REQUESTED, message, cluster, pool.gpu_type, needed_gpus=gang.gpu_count
+        )
