@@ -1,0 +1,379 @@
+"""The Volcano Job controller: a PodGroup, a headless Service and pods per task, and the policies.
+
+gpufed's backend creates `batch.volcano.sh/v1alpha1` Jobs with `PodEvicted`/`PodFailed: AbortJob`
+and `TaskCompleted: CompleteJob` and reads `status.state.phase` and `reason`; users also set
+`RestartJob` with `maxRetry`. The phases follow Volcano's state machine: Pending -> Running ->
+Completing/Completed, Aborting/Aborted, Terminating/Terminated, Restarting -> Pending, Failed.
+Without a matching policy a Job ends when all its pods have ended: Completed if at least
+`minAvailable` succeeded, Failed otherwise (Volcano's own rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusters.sim import podstatus
+from clusters.sim.admission import Admission
+from clusters.sim.clock import Clock, rfc3339
+from clusters.sim.events import EventRecorder
+from clusters.sim.lifecycle import Lifecycle
+from clusters.sim.resources import POD_GROUPS, PODS, SERVICES, VOLCANO_JOBS
+from clusters.sim.scheduler import GROUP_ANNOTATION
+from clusters.sim.selectors import LabelSelector, Op, Requirement
+from clusters.sim.store import Change, EventType, Key, Store, clone, key_of
+
+Obj = dict[str, Any]
+JOB_NAME = "volcano.sh/job-name"
+COMPONENT = "vc-controller-manager"
+# Phases in which the controller keeps the pods it wants present.
+_ACTIVE = {"Pending", "Running"}
+_FINAL = {"Completed", "Aborted", "Terminated", "Failed"}
+# What an action turns the Job into while pods are stopping, and once they have stopped.
+_ENDINGS = {
+    "AbortJob": ("Aborting", "Aborted"),
+    "TerminateJob": ("Terminating", "Terminated"),
+    "CompleteJob": ("Completing", "Completed"),
+}
+_FINISHED = dict(_ENDINGS.values())
+
+
+@dataclass(slots=True)
+class _Seen:
+    handled: set[str] = field(default_factory=set)
+
+
+def owner_vcjob(pod: Obj) -> str | None:
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and ref.get("apiVersion") == VOLCANO_JOBS.api_version:
+            return str(ref.get("name"))
+    return None
+
+
+def _owner_ref(job: Obj) -> Obj:
+    m = job["metadata"]
+    return {
+        "apiVersion": VOLCANO_JOBS.api_version,
+        "kind": "Job",
+        "name": m["name"],
+        "uid": m["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _action_for(job: Obj, task: str | None, event: str) -> str | None:
+    """Task policies first, then the Job's; the first whose event matches decides."""
+    tasks = {t.get("name"): t for t in job["spec"].get("tasks") or []}
+    scopes = [(tasks.get(task) or {}).get("policies") or [], job["spec"].get("policies") or []]
+    for policies in scopes:
+        for policy in policies:
+            events = list(policy.get("events") or []) + ([policy["event"]] if policy.get("event") else [])
+            if event in events or "*" in events:
+                return str(policy.get("action"))
+    return None
+
+
+class VolcanoJobController:
+    def __init__(
+        self, store: Store, clock: Clock, recorder: EventRecorder, admission: Admission, lifecycle: Lifecycle
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._recorder = recorder
+        self._admission = admission
+        self._lifecycle = lifecycle
+        self._dirty: set[Key] = set()
+        self._seen: dict[str, _Seen] = {}
+
+    def observe(self, change: Change) -> None:
+        if change.rt is VOLCANO_JOBS:
+            if change.type is EventType.DELETED:
+                self._seen.pop(change.obj["metadata"]["uid"], None)
+            else:
+                self._dirty.add(key_of(change.obj))
+        elif change.rt is PODS:
+            job = owner_vcjob(change.obj)
+            if job is not None:
+                self._dirty.add((change.obj["metadata"].get("namespace", ""), job))
+
+    def sync(self) -> bool:
+        if not self._dirty:
+            return False
+        dirty, self._dirty = self._dirty, set()
+        for namespace, name in sorted(dirty):
+            job = self._store.get(VOLCANO_JOBS, namespace, name)
+            if job is not None and not podstatus.is_deleting(job):
+                self._sync_job(job)
+        return True
+
+    def _pods(self, job: Obj) -> list[Obj]:
+        m = job["metadata"]
+        selector = LabelSelector((Requirement(JOB_NAME, Op.EQ, frozenset({m["name"]})),))
+        return [
+            p
+            for p in self._store.list(PODS, m["namespace"], selector)
+            if any(r.get("uid") == m["uid"] for r in p["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _sync_job(self, job: Obj) -> None:
+        m = job["metadata"]
+        spec = job["spec"]
+        new = clone(job)
+        status = new.setdefault("status", {})
+        state = status.setdefault("state", {})
+        wall_s = self._clock.wall_s()
+        if not state.get("phase"):
+            self._ensure_dependents(job)
+            self._set_phase(new, "Pending", wall_s)
+            status.setdefault("retryCount", 0)
+            status.setdefault("version", 0)
+        seen = self._seen.setdefault(m["uid"], _Seen())
+        pods = self._pods(job)
+        phase = state["phase"]
+        if phase in _ACTIVE:
+            action, event, message = self._triggered(job, pods, seen)
+            if action in _ENDINGS:
+                self._set_phase(new, _ENDINGS[action][0], wall_s, event, message)
+                self._event(new, action, f"Start to execute action {action}")
+            elif action in ("RestartJob", "RestartTask", "RestartPod"):
+                if int(status.get("retryCount", 0)) >= int(spec.get("maxRetry", 3)):
+                    self._set_phase(
+                        new, "Failed", wall_s, event, f"job has reached the maximum retries: {message}"
+                    )
+                else:
+                    self._set_phase(new, "Restarting", wall_s, event, message)
+                self._event(new, action, f"Start to execute action {action}")
+        phase = state["phase"]
+        live = [p for p in pods if not podstatus.is_terminal(p)]
+        if phase in _ACTIVE:
+            pods += self._create_missing(job, {p["metadata"]["name"] for p in pods})
+            self._progress(new, pods, wall_s)
+        elif phase in ("Aborting", "Terminating", "Completing") or phase in _FINAL:
+            self._kill(live)
+            if phase not in _FINAL and not live:
+                self._set_phase(new, _FINISHED[phase], wall_s, state.get("reason"), state.get("message"))
+        elif phase == "Restarting":
+            self._kill(pods, grace_s=0)
+            if not self._pods(job):
+                status["retryCount"] = int(status.get("retryCount", 0)) + 1
+                status["version"] = int(status.get("version", 0)) + 1
+                seen.handled.clear()
+                self._set_phase(new, "Pending", wall_s)
+                pods = self._create_missing(new, set())
+        self._count(new, self._pods(job))
+        self._store.update(VOLCANO_JOBS, new)
+        self._sync_pod_group(new)
+
+    def _triggered(self, job: Obj, pods: list[Obj], seen: _Seen) -> tuple[str | None, str, str]:
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            if podstatus.phase(pod) != "Failed" or uid in seen.handled:
+                continue
+            seen.handled.add(uid)
+            disrupted = (podstatus.condition(pod, podstatus.DISRUPTION_TARGET) or {}).get("status") == "True"
+            event = "PodEvicted" if disrupted else "PodFailed"
+            task = (pod["metadata"].get("annotations") or {}).get("volcano.sh/task-spec")
+            action = _action_for(job, task, event)
+            if action is not None:
+                return (
+                    action,
+                    event,
+                    f"pod {pod['metadata']['name']} {'was evicted' if disrupted else 'failed'}",
+                )
+        for task in job["spec"].get("tasks") or []:
+            name = task["name"]
+            mine = [
+                p
+                for p in pods
+                if (p["metadata"].get("annotations") or {}).get("volcano.sh/task-spec") == name
+            ]
+            done = sum(1 for p in mine if podstatus.phase(p) == "Succeeded")
+            if mine and done >= int(task.get("replicas", 1)):
+                action = _action_for(job, name, "TaskCompleted")
+                if action is not None:
+                    return action, "TaskCompleted", f"task {name} completed"
+        return None, "", ""
+
+    def _progress(self, job: Obj, pods: list[Obj], wall_s: float) -> None:
+        """Pending -> Running -> Completed or Failed, by Volcano's default rule."""
+        state = job["status"]["state"]
+        min_available = int(job["spec"].get("minAvailable", 1))
+        total = sum(int(t.get("replicas", 1)) for t in job["spec"].get("tasks") or [])
+        running = sum(1 for p in pods if podstatus.phase(p) == "Running")
+        succeeded = sum(1 for p in pods if podstatus.phase(p) == "Succeeded")
+        failed = sum(1 for p in pods if podstatus.phase(p) == "Failed")
+        if succeeded + failed >= total and pods:
+            self._set_phase(job, "Completed" if succeeded >= min_available else "Failed", wall_s)
+        elif state["phase"] == "Pending" and running + succeeded >= min_available:
+            self._set_phase(job, "Running", wall_s)
+
+    def _set_phase(
+        self, job: Obj, phase: str, wall_s: float, reason: str | None = None, message: str | None = None
+    ) -> None:
+        status = job["status"]
+        if status.get("state", {}).get("phase") == phase:
+            return
+        stamp = rfc3339(wall_s)
+        state: Obj = {"phase": phase, "lastTransitionTime": stamp}
+        if reason:
+            state["reason"] = reason
+        if message:
+            state["message"] = message
+        status["state"] = state
+        status.setdefault("conditions", []).append({"status": phase, "lastTransitionTime": stamp})
+
+    def _event(self, job: Obj, reason: str, message: str) -> None:
+        self._recorder.record(VOLCANO_JOBS, job, reason, message, component=COMPONENT)
+
+    def _kill(self, pods: list[Obj], grace_s: float | None = None) -> None:
+        for pod in pods:
+            if not podstatus.is_deleting(pod) or grace_s == 0:
+                self._lifecycle.delete(
+                    PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], grace_s=grace_s
+                )
+
+    def _count(self, job: Obj, pods: list[Obj]) -> None:
+        status = job["status"]
+        counts = {"Pending": 0, "Running": 0, "Succeeded": 0, "Failed": 0}
+        tasks: dict[str, dict[str, int]] = {}
+        terminating = 0
+        for pod in pods:
+            phase = podstatus.phase(pod)
+            if podstatus.is_deleting(pod) and phase not in podstatus.TERMINAL_PHASES:
+                terminating += 1
+                continue
+            counts[phase] = counts.get(phase, 0) + 1
+            task = (pod["metadata"].get("annotations") or {}).get("volcano.sh/task-spec", "")
+            tasks.setdefault(task, {}).setdefault(phase, 0)
+            tasks[task][phase] += 1
+        status.update(
+            minAvailable=int(job["spec"].get("minAvailable", 1)),
+            pending=counts["Pending"],
+            running=counts["Running"],
+            succeeded=counts["Succeeded"],
+            failed=counts["Failed"],
+            terminating=terminating,
+            unknown=0,
+            taskStatusCount={t: {"phase": p} for t, p in tasks.items()},
+        )
+
+    def _ensure_dependents(self, job: Obj) -> None:
+        m = job["metadata"]
+        spec = job["spec"]
+        namespace, name = m["namespace"], m["name"]
+        if self._store.get(POD_GROUPS, namespace, name) is None:
+            group = {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "ownerReferences": [_owner_ref(job)],
+                    "annotations": {},
+                    "labels": {JOB_NAME: name},
+                },
+                "spec": {
+                    "minMember": int(spec.get("minAvailable", 1)),
+                    "minTaskMember": {
+                        t["name"]: int(t.get("minAvailable", t.get("replicas", 1))) for t in spec["tasks"]
+                    },
+                    "queue": spec.get("queue", "default"),
+                    "priorityClassName": spec.get("priorityClassName", ""),
+                },
+            }
+            self._store.create(POD_GROUPS, self._admission.admit_create(POD_GROUPS, group, namespace))
+        plugins = spec.get("plugins") or {}
+        if "svc" in plugins and self._store.get(SERVICES, namespace, name) is None:
+            svc = {
+                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [_owner_ref(job)]},
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": True,
+                    "selector": {JOB_NAME: name, "volcano.sh/job-namespace": namespace},
+                    "ports": [{"name": "placeholder-volcano", "port": 1, "protocol": "TCP", "targetPort": 1}],
+                },
+            }
+            self._store.create(SERVICES, self._admission.admit_create(SERVICES, svc, namespace))
+
+    def _create_missing(self, job: Obj, existing: set[str]) -> list[Obj]:
+        created: list[Obj] = []
+        for task in job["spec"].get("tasks") or []:
+            for index in range(int(task.get("replicas", 1))):
+                name = f"{job['metadata']['name']}-{task['name']}-{index}"
+                if name not in existing:
+                    pod = self._admission.admit_create(
+                        PODS, self._pod_for(job, task, index, name), job["metadata"]["namespace"]
+                    )
+                    created.append(self._store.create(PODS, pod))
+        return created
+
+    def _pod_for(self, job: Obj, task: Obj, index: int, name: str) -> Obj:
+        m = job["metadata"]
+        spec = job["spec"]
+        template = clone(task.get("template") or {})
+        tm = template.get("metadata") or {}
+        pod_spec = template.get("spec") or {}
+        version = str((job.get("status") or {}).get("version", 0))
+        labels = dict(tm.get("labels") or {})
+        labels.update(
+            {
+                JOB_NAME: m["name"],
+                "volcano.sh/job-namespace": m["namespace"],
+                "volcano.sh/queue-name": spec.get("queue", "default"),
+                "volcano.sh/task-spec": task["name"],
+                "volcano.sh/task-index": str(index),
+            }
+        )
+        annotations = dict(tm.get("annotations") or {})
+        annotations.update(
+            {
+                GROUP_ANNOTATION: m["name"],
+                JOB_NAME: m["name"],
+                "volcano.sh/task-spec": task["name"],
+                "volcano.sh/job-version": version,
+                "volcano.sh/queue-name": spec.get("queue", "default"),
+                "volcano.sh/task-index": str(index),
+            }
+        )
+        pod_spec.setdefault("schedulerName", spec.get("schedulerName", "volcano"))
+        if spec.get("priorityClassName"):
+            pod_spec.setdefault("priorityClassName", spec["priorityClassName"])
+        plugins = spec.get("plugins") or {}
+        if "svc" in plugins:
+            pod_spec["hostname"] = name
+            pod_spec["subdomain"] = m["name"]
+        if "env" in plugins:
+            for c in pod_spec.get("containers") or []:
+                env = c.setdefault("env", [])
+                env += [
+                    {"name": "VC_TASK_INDEX", "value": str(index)},
+                    {"name": "VK_TASK_INDEX", "value": str(index)},
+                ]
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": m["namespace"],
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [_owner_ref(job)],
+            },
+            "spec": pod_spec,
+        }
+
+    def _sync_pod_group(self, job: Obj) -> None:
+        m = job["metadata"]
+        group = self._store.get(POD_GROUPS, m["namespace"], m["name"])
+        if group is None:
+            return
+        status = job["status"]
+        phase = {"Completed": "Completed", "Running": "Running"}.get(status["state"]["phase"])
+        min_member = int(group["spec"].get("minMember", 1))
+        if phase is None:
+            phase = "Running" if status.get("running", 0) >= min_member else "Inqueue"
+        new = clone(group)
+        new["status"] = {
+            "phase": phase,
+            "running": status.get("running", 0),
+            "succeeded": status.get("succeeded", 0),
+            "failed": status.get("failed", 0),
+        }
+        self._store.update(POD_GROUPS, new)

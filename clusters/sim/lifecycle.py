@@ -1,0 +1,154 @@
+"""Deletion as a real API server and garbage collector do it: grace periods and propagation.
+
+Clients observe deletion through watches, and each propagation policy looks different there:
+`Foreground` leaves the owner visible with a `deletionTimestamp` until its dependents are gone,
+`Background` removes the owner at once and its dependents after, `Orphan` keeps the dependents and
+strips their owner references. A running pod deleted with a grace period stays visible (with its
+`deletionTimestamp`) until the simulated kubelet has stopped it. A `batch/v1` Job deleted without a
+policy orphans its pods, as on a real server, which is why gpufed asks for `Foreground` explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusters.sim import podstatus
+from clusters.sim.clock import Clock, rfc3339
+from clusters.sim.events import EventRecorder
+from clusters.sim.resources import BATCH_JOBS, NAMESPACES, PODS, ResourceType
+from clusters.sim.store import Change, EventType, Store, clone
+from clusters.sim.timers import Timers
+
+Obj = dict[str, Any]
+FOREGROUND = "Foreground"
+BACKGROUND = "Background"
+ORPHAN = "Orphan"
+FOREGROUND_FINALIZER = "foregroundDeletion"
+
+
+class Lifecycle:
+    def __init__(
+        self, store: Store, clock: Clock, timers: Timers, recorder: EventRecorder, termination_s: float
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._timers = timers
+        self._recorder = recorder
+        self._termination_s = termination_s
+        # Owners deleted in the foreground, by uid, waiting for their last dependent to go.
+        self._waiting: dict[str, tuple[ResourceType, str, str]] = {}
+        self._ready: set[str] = set()
+
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        *,
+        grace_s: float | None = None,
+        propagation: str | None = None,
+    ) -> Obj:
+        obj = self._store.require(rt, namespace, name)
+        if propagation is None:
+            propagation = ORPHAN if rt is BATCH_JOBS else BACKGROUND
+        if rt is NAMESPACES:
+            return self._delete_namespace(obj)
+        if rt is PODS:
+            return self._delete_pod(obj, grace_s)
+        uid = obj["metadata"]["uid"]
+        dependents = self._store.dependents_of(uid)
+        if propagation == FOREGROUND and dependents:
+            if podstatus.is_deleting(obj):
+                return obj
+            marked = clone(obj)
+            m = marked["metadata"]
+            m["deletionTimestamp"] = rfc3339(self._clock.wall_s())
+            m["deletionGracePeriodSeconds"] = 0
+            m["finalizers"] = [*m.get("finalizers", []), FOREGROUND_FINALIZER]
+            marked = self._store.update(rt, marked)
+            self._waiting[uid] = (rt, namespace, name)
+            for dep in dependents:
+                self._delete_quietly(*dep, propagation=BACKGROUND)
+            return marked
+        if propagation == ORPHAN:
+            for dep_rt, dep_ns, dep_name in dependents:
+                dependent = self._store.get(dep_rt, dep_ns, dep_name)
+                if dependent is not None:
+                    freed = clone(dependent)
+                    refs = [r for r in freed["metadata"].get("ownerReferences", []) if r.get("uid") != uid]
+                    freed["metadata"]["ownerReferences"] = refs
+                    self._store.update(dep_rt, freed)
+            return self._store.remove(rt, namespace, name)
+        gone = self._store.remove(rt, namespace, name)
+        for dep in dependents:
+            self._delete_quietly(*dep, propagation=BACKGROUND)
+        return gone
+
+    def _delete_quietly(self, rt: ResourceType, namespace: str, name: str, *, propagation: str) -> None:
+        if self._store.get(rt, namespace, name) is not None:
+            self.delete(rt, namespace, name, propagation=propagation)
+
+    def _delete_pod(self, pod: Obj, grace_s: float | None) -> Obj:
+        m = pod["metadata"]
+        if grace_s is None:
+            grace_s = float(pod.get("spec", {}).get("terminationGracePeriodSeconds", 30))
+        running = podstatus.node_name(pod) is not None and not podstatus.is_terminal(pod)
+        if grace_s <= 0 or not running:
+            return self._store.remove(PODS, m.get("namespace", ""), m["name"])
+        if podstatus.is_deleting(pod):
+            return pod
+        marked = clone(pod)
+        marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s() + grace_s)
+        marked["metadata"]["deletionGracePeriodSeconds"] = int(grace_s)
+        marked = self._store.update(PODS, marked)
+        for c in podstatus.containers(pod):
+            self._recorder.record(
+                PODS,
+                marked,
+                "Killing",
+                f"Stopping container {c.get('name')}",
+                component="kubelet",
+                field_path=f"spec.containers{{{c.get('name')}}}",
+            )
+        uid = m["uid"]
+        namespace, name = m.get("namespace", ""), m["name"]
+
+        def stopped() -> None:
+            current = self._store.get(PODS, namespace, name)
+            if current is not None and current["metadata"]["uid"] == uid:
+                self._store.remove(PODS, namespace, name)
+
+        self._timers.after(min(grace_s, self._termination_s), stopped)
+        return marked
+
+    def _delete_namespace(self, ns: Obj) -> Obj:
+        name = ns["metadata"]["name"]
+        marked = clone(ns)
+        marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s())
+        marked["status"] = {"phase": "Terminating"}
+        self._store.update(NAMESPACES, marked)
+        # Everything in the namespace goes at once: nothing in the simulator holds finalizers on it.
+        for rt, namespace, obj_name in self._store.namespaces_in_use(name):
+            if self._store.get(rt, namespace, obj_name) is not None:
+                self._store.remove(rt, namespace, obj_name)
+        return self._store.remove(NAMESPACES, "", name)
+
+    def observe(self, change: Change) -> None:
+        if change.type is not EventType.DELETED or not self._waiting:
+            return
+        for ref in change.obj["metadata"].get("ownerReferences") or []:
+            uid = ref.get("uid")
+            if uid in self._waiting and not self._store.dependents_of(uid):
+                self._ready.add(uid)
+
+    def sync(self) -> bool:
+        """Remove foreground-deleted owners whose last dependent has gone."""
+        if not self._ready:
+            return False
+        ready, self._ready = self._ready, set()
+        for uid in ready:
+            rt, namespace, name = self._waiting.pop(uid)
+            current = self._store.get(rt, namespace, name)
+            if current is not None and current["metadata"]["uid"] == uid:
+                self._store.remove(rt, namespace, name)
+        return True

@@ -1,0 +1,359 @@
+"""The simulated scheduler: binds pending pods to nodes, whole gangs or nothing, best fit first.
+
+It keeps its own account of what each node has left (allocatable minus the requests of bound pods
+that have not finished), updated from store changes, so a scheduling pass never lists pods.
+
+Pods are placed in units: the pods sharing a Volcano PodGroup (`scheduling.k8s.io/group-name`)
+are bound only when at least `minMember` of them fit at once, the pods of one `batch/v1` Job all
+together (as a cluster with a coscheduling plugin would), and any other pod on its own. Units that
+did not fit are tried again only when capacity may have appeared (a pod finished, a node changed),
+so a queue of thousands of unschedulable pods costs nothing while nothing changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusters.sim import podstatus, quantity
+from clusters.sim.clock import Clock
+from clusters.sim.events import EventRecorder
+from clusters.sim.resources import NODES, POD_GROUPS, PODS
+from clusters.sim.selectors import node_selector_terms_match
+from clusters.sim.store import Change, EventType, Key, Store, clone, key_of
+
+Obj = dict[str, Any]
+GPU = "nvidia.com/gpu"
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# ("group", ns, podgroup) | ("job", ns, job uid) | ("pod", ns, name)
+UnitKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    gpu: int = 0
+    cpu_m: int = 0
+    memory_b: int = 0
+
+    @classmethod
+    def of(cls, pod: Obj) -> Demand:
+        gpu = cpu = mem = 0
+        for c in podstatus.containers(pod):
+            requests = (c.get("resources") or {}).get("requests") or {}
+            gpu += quantity.whole(requests.get(GPU, 0))
+            cpu += quantity.milli(requests.get("cpu", 0))
+            mem += quantity.whole(requests.get("memory", 0))
+        return cls(gpu, cpu, mem)
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, str]
+    taints: list[Obj]
+    ready: bool
+    unschedulable: bool
+    gpu: int
+    cpu_m: int
+    memory_b: int
+    pods: int
+    used: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+
+    @classmethod
+    def of(cls, node: Obj) -> NodeInfo:
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (node.get("status") or {}).get("conditions") or []
+        )
+        return cls(
+            name=node["metadata"]["name"],
+            labels=dict(node["metadata"].get("labels") or {}),
+            taints=list((node.get("spec") or {}).get("taints") or []),
+            ready=ready,
+            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+            gpu=quantity.whole(alloc.get(GPU, 0)),
+            cpu_m=quantity.milli(alloc.get("cpu", 0)),
+            memory_b=quantity.whole(alloc.get("memory", 0)),
+            pods=quantity.whole(alloc.get("pods", 110)),
+        )
+
+
+def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists" and (not t.get("key") or t.get("key") == taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+class Scheduler:
+    def __init__(self, store: Store, clock: Clock, recorder: EventRecorder) -> None:
+        self._store = store
+        self._clock = clock
+        self._recorder = recorder
+        self._nodes: dict[str, NodeInfo] = {}
+        self._bound: dict[Key, tuple[str, Demand, UnitKey]] = {}
+        self._group_bound: Counter[UnitKey] = Counter()
+        # Pending pods by unit, in arrival order, and the units not yet tried since the last change.
+        self._units: dict[UnitKey, dict[Key, int]] = {}
+        self._unit_of: dict[Key, UnitKey] = {}
+        self._fresh: set[UnitKey] = set()
+        self._retry_all = False
+        self._seq = itertools.count()
+        self._reported: dict[Key, str] = {}
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def observe(self, change: Change) -> None:
+        if change.rt is PODS:
+            self._observe_pod(change)
+        elif change.rt is NODES:
+            name = change.obj["metadata"]["name"]
+            if change.type is EventType.DELETED:
+                self._nodes.pop(name, None)
+            else:
+                info = NodeInfo.of(change.obj)
+                previous = self._nodes.get(name)
+                if previous is not None:
+                    info.used = previous.used
+                self._nodes[name] = info
+            self._retry_all = True
+        elif change.rt is POD_GROUPS and change.type is not EventType.DELETED:
+            self._retry_all = True
+
+    def _observe_pod(self, change: Change) -> None:
+        pod = change.obj
+        key = key_of(pod)
+        node = podstatus.node_name(pod)
+        live = change.type is not EventType.DELETED and not podstatus.is_terminal(pod)
+        if node and live:
+            if key not in self._bound:
+                self._account(key, node, Demand.of(pod), _unit_key(pod))
+        elif key in self._bound:
+            self._release(key)
+        pending = live and not node and not podstatus.is_deleting(pod)
+        if pending and key not in self._unit_of:
+            unit = _unit_key(pod)
+            self._unit_of[key] = unit
+            self._units.setdefault(unit, {})[key] = next(self._seq)
+            self._fresh.add(unit)
+        elif not pending and key in self._unit_of:
+            unit = self._unit_of.pop(key)
+            members = self._units.get(unit)
+            if members is not None:
+                members.pop(key, None)
+                if not members:
+                    del self._units[unit]
+            self._reported.pop(key, None)
+
+    def _account(self, key: Key, node: str, demand: Demand, unit: UnitKey) -> None:
+        self._bound[key] = (node, demand, unit)
+        self._group_bound[unit] += 1
+        info = self._nodes.get(node)
+        if info is not None:
+            info.used[0] += demand.gpu
+            info.used[1] += demand.cpu_m
+            info.used[2] += demand.memory_b
+            info.used[3] += 1
+
+    def _release(self, key: Key) -> None:
+        node, demand, unit = self._bound.pop(key)
+        self._group_bound[unit] -= 1
+        if self._group_bound[unit] <= 0:
+            del self._group_bound[unit]
+        info = self._nodes.get(node)
+        if info is not None:
+            info.used[0] -= demand.gpu
+            info.used[1] -= demand.cpu_m
+            info.used[2] -= demand.memory_b
+            info.used[3] -= 1
+        self._retry_all = True
+
+    def free_gpus(self) -> dict[str, int]:
+        """Free GPUs per node as the scheduler sees them, for tests and the admin endpoint."""
+        return {n.name: n.gpu - n.used[0] for n in self._nodes.values()}
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def sync(self) -> bool:
+        units = list(self._units) if self._retry_all else [u for u in self._fresh if u in self._units]
+        self._retry_all = False
+        self._fresh.clear()
+        if not units:
+            return False
+        units.sort(key=self._order)
+        for unit in units:
+            members = self._units.get(unit)
+            if members:
+                self._schedule_unit(unit, [self._store.require(PODS, *k) for k in members])
+        return True
+
+    def _order(self, unit: UnitKey) -> tuple[int, int]:
+        members = self._units[unit]
+        first = min(members.values())
+        key = min(members, key=members.__getitem__)
+        pod = self._store.get(PODS, *key) or {}
+        return (-int((pod.get("spec") or {}).get("priority") or 0), first)
+
+    def _schedule_unit(self, unit: UnitKey, pods: list[Obj]) -> None:
+        kind, namespace, name = unit
+        if kind == "group":
+            group = self._store.get(POD_GROUPS, namespace, name)
+            if group is None:
+                self._unschedulable(pods, f'podgroup "{namespace}/{name}" not found')
+                return
+            min_member = int((group.get("spec") or {}).get("minMember") or 1)
+            need = max(0, min_member - self._group_bound.get(unit, 0))
+        elif kind == "job":
+            need = len(pods)
+        else:
+            need = 1
+        placed, reasons = self._place(pods, need)
+        if len(placed) < need or not placed:
+            message = _summary(len(self._nodes), reasons)
+            if kind != "pod":
+                message = f"{len(pods)} pending pods of the gang, {need} must start together: {message}"
+            self._unschedulable(pods, message)
+            return
+        bound = {key_of(p) for p, _ in placed}
+        for pod, node in placed:
+            self._bind(pod, node)
+        if len(bound) < len(pods):
+            message = _summary(len(self._nodes), reasons)
+            self._unschedulable([p for p in pods if key_of(p) not in bound], message)
+
+    def _place(self, pods: list[Obj], need: int) -> tuple[list[tuple[Obj, str]], Counter[str]]:
+        """Best fit for each pod in turn, largest first, against tentative usage."""
+        extra: dict[str, list[int]] = {}
+        placed: list[tuple[Obj, str]] = []
+        reasons: Counter[str] = Counter()
+        ordered = sorted(pods, key=lambda p: -Demand.of(p).gpu)
+        for i, pod in enumerate(ordered):
+            demand = Demand.of(pod)
+            pod_reasons: Counter[str] = Counter()
+            node = self._best_node(pod, demand, extra, pod_reasons)
+            if node is None:
+                # Report why the first pod that did not fit was refused, per node, as kube-scheduler does.
+                if not reasons:
+                    reasons.update(pod_reasons)
+                if need == len(pods) or len(placed) + (len(ordered) - i - 1) < need:
+                    break
+                continue
+            placed.append((pod, node))
+            add = extra.setdefault(node, [0, 0, 0, 0])
+            add[0] += demand.gpu
+            add[1] += demand.cpu_m
+            add[2] += demand.memory_b
+            add[3] += 1
+        return placed, reasons
+
+    def _best_node(
+        self, pod: Obj, demand: Demand, extra: dict[str, list[int]], reasons: Counter[str]
+    ) -> str | None:
+        spec = pod.get("spec") or {}
+        selector: dict[str, str] = spec.get("nodeSelector") or {}
+        tolerations: list[Obj] = spec.get("tolerations") or []
+        terms = (
+            ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            )
+            or {}
+        ).get("nodeSelectorTerms") or []
+        best: tuple[int, int, str] | None = None
+        for info in self._nodes.values():
+            why = self._unfit(info, demand, selector, tolerations, terms, extra.get(info.name))
+            if why is not None:
+                reasons[why] += 1
+                continue
+            add = extra.get(info.name, (0, 0, 0, 0))
+            score = (
+                info.gpu - info.used[0] - add[0] - demand.gpu,
+                info.cpu_m - info.used[1] - add[1],
+                info.name,
+            )
+            if best is None or score < best:
+                best = score
+        return None if best is None else best[2]
+
+    @staticmethod
+    def _unfit(
+        info: NodeInfo,
+        demand: Demand,
+        selector: dict[str, str],
+        tolerations: list[Obj],
+        terms: list[Obj],
+        extra: list[int] | None,
+    ) -> str | None:
+        if not info.ready:
+            return "node(s) were not ready"
+        if info.unschedulable:
+            return "node(s) were unschedulable"
+        for taint in info.taints:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, taint):
+                return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+        if any(info.labels.get(k) != v for k, v in selector.items()) or not node_selector_terms_match(
+            terms, info.labels
+        ):
+            return "node(s) didn't match Pod's node affinity/selector"
+        add = extra or (0, 0, 0, 0)
+        if demand.gpu and info.gpu - info.used[0] - add[0] < demand.gpu:
+            return f"Insufficient {GPU}"
+        if demand.cpu_m and info.cpu_m - info.used[1] - add[1] < demand.cpu_m:
+            return "Insufficient cpu"
+        if demand.memory_b and info.memory_b - info.used[2] - add[2] < demand.memory_b:
+            return "Insufficient memory"
+        if info.pods - info.used[3] - add[3] < 1:
+            return "Too many pods"
+        return None
+
+    def _bind(self, pod: Obj, node: str) -> None:
+        wall_s = self._clock.wall_s()
+        bound = clone(pod)
+        bound["spec"]["nodeName"] = node
+        podstatus.set_condition(bound, "PodScheduled", "True", wall_s)
+        bound = self._store.update(PODS, bound)
+        m = bound["metadata"]
+        self._recorder.record(
+            PODS,
+            bound,
+            "Scheduled",
+            f"Successfully assigned {m.get('namespace')}/{m['name']} to {node}",
+            component="default-scheduler",
+        )
+
+    def _unschedulable(self, pods: list[Obj], message: str) -> None:
+        wall_s = self._clock.wall_s()
+        for pod in pods:
+            key = key_of(pod)
+            if self._reported.get(key) == message:
+                continue
+            self._reported[key] = message
+            marked = clone(pod)
+            podstatus.set_condition(marked, "PodScheduled", "False", wall_s, "Unschedulable", message)
+            marked = self._store.update(PODS, marked)
+            self._recorder.record(
+                PODS, marked, "FailedScheduling", message, warning=True, component="default-scheduler"
+            )
+
+
+def _unit_key(pod: Obj) -> UnitKey:
+    m = pod["metadata"]
+    namespace = m.get("namespace", "")
+    group = (m.get("annotations") or {}).get(GROUP_ANNOTATION)
+    if group:
+        return ("group", namespace, group)
+    for ref in m.get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and ref.get("apiVersion") == "batch/v1" and ref.get("controller"):
+            return ("job", namespace, str(ref.get("uid")))
+    return ("pod", namespace, m["name"])
+
+
+def _summary(node_count: int, reasons: Counter[str]) -> str:
+    detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+    return f"0/{node_count} nodes are available: {detail or 'no nodes'}."
