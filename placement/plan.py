@@ -191,16 +191,16 @@ class _Cycle:
             if free.total_free >= need and free.max_free >= largest:
                 cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
                 # Price breaks ties of cost, which a gang of no GPUs has zero everywhere.
-                candidates.append((cost, offer.kind_rank, offer.price_factor, offer.search_key, offer))
+                candidates.append((cost, offer.price_factor, offer.kind_rank, offer.search_key, offer))
         candidates.sort(key=lambda c: c[:4])
         best: _Fit | None = None
-        rank = (0.0, 0, 0.0)
+        rank = (0.0, 0.0, 0)
         fitted = False
         late: tuple[float, Offer] | None = None
         blocked: Offer | None = None
         hold, deadline = self.room.hold, gang.deadline_at_s
-        for cost, kind_rank, factor, _, offer in candidates:
-            if best is not None and (cost, kind_rank, factor) != rank:
+        for cost, factor, kind_rank, _, offer in candidates:
+            if best is not None and (cost, factor, kind_rank) != rank:
                 break
             placed = offer.fit(shape)
             if placed is None:
@@ -219,7 +219,7 @@ class _Cycle:
                 blocked = offer
                 continue
             if best is None or placed.packing_key < best.placed.packing_key:
-                best, rank = _Fit(offer, placed, cost), (cost, kind_rank, factor)
+                best, rank = _Fit(offer, placed, cost), (cost, factor, kind_rank)
         if best is None:
             if not fitted:
                 self.infeasible.add(key)
