@@ -83,7 +83,7 @@ class KubernetesBackend:
         self._vcjobs: Informer[GangObject] | None = None
         self._volcano: bool | None = None
         self._tombstones = Tombstones(settings.tombstone_ttl_s)
-        self._writer = GangWriter(self._api, config, self._call)
+        self._writer = GangWriter(self._api, config, self._call, self._created)
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
         self._statuses_memo: tuple[tuple[int, int, int, int], tuple[GangStatus, ...]] | None = None
         self._warned_unpriced: set[tuple[str, str]] = set()
@@ -137,7 +137,7 @@ class KubernetesBackend:
             informer.stop()
         loop = asyncio.get_running_loop()
         for informer in informers:
-            if not await loop.run_in_executor(None, informer.join, 10.0):
+            if not await loop.run_in_executor(self._executor, informer.join, 10.0):
                 self._log.error("watch_thread_stuck", watch=informer.name)
         await loop.run_in_executor(None, self._executor.shutdown)
         self._api.close()
@@ -274,6 +274,11 @@ class KubernetesBackend:
 
     # ---- internals -------------------------------------------------------------------------------
 
+    def _created(self, kind: GangKind, obj: dict[str, Any]) -> None:
+        informer = self._vcjobs if kind is GangKind.VOLCANO_JOB else self._jobs
+        if informer is not None:
+            informer.remember(obj)
+
     def _gangs(self) -> dict[tuple[JobId, int], GangObject]:
         gangs = {g.key: g for g in self._jobs.snapshot()[1]}
         if self._vcjobs is not None:
@@ -337,7 +342,8 @@ class KubernetesBackend:
             return self._volcano
         groups = await self._call("discover API groups", self._api.api_groups)
         if self._volcano is None:
-            self._volcano = manifests.VOLCANO_GROUP in (groups or ())
+            served = manifests.VOLCANO_GROUP in (groups or ())
+            self._volcano = served and self._config.settings.use_volcano is not False
             if self._volcano:
                 self._vcjobs = self._informer(
                     "vcjobs",

@@ -47,6 +47,9 @@ class KubernetesSettings:
     tombstone_ttl_s: float = 600.0
     # The port the rendezvous environment gives to torch.distributed.
     master_port: int = 29500
+    # None: Volcano Jobs where discovery finds batch.volcano.sh, else Indexed Jobs. False: Indexed
+    # Jobs even where Volcano is installed (an operator who keeps Volcano for other work).
+    use_volcano: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import structlog
 from clusters.api import GangRejected, GangWorkload
 from clusters.kubernetes import manifests
 from clusters.kubernetes.config import KubernetesClusterConfig
+from clusters.kubernetes.errors import ApiRefused
 from clusters.kubernetes.inventory import GANG_LABEL
 from clusters.kubernetes.kube import KubeApi
 from clusters.kubernetes.names import namespace_for, object_name, queue_for
@@ -53,7 +54,14 @@ class Caller(Protocol):
 
 
 class GangWriter:
-    def __init__(self, api: KubeApi, config: KubernetesClusterConfig, call: Caller) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: KubernetesClusterConfig,
+        call: Caller,
+        created: Callable[[GangKind, dict[str, Any]], None],
+    ) -> None:
+        self._created = created
         self._api = api
         self._config = config
         self._call = call
@@ -82,7 +90,9 @@ class GangWriter:
         job = manifests.indexed_job(gang, name, namespace, selection, master_port=settings.master_port)
         await self._call(doing, self._api.create_service, namespace, service, ok=CONFLICT, dispatching=True)
         try:
-            await self._call(doing, self._api.create_job, namespace, job, ok=CONFLICT, dispatching=True)
+            made = await self._call(
+                doing, self._api.create_job, namespace, job, ok=CONFLICT, dispatching=True
+            )
         except Exception:
             # All or nothing: the Service alone is no gang. If this fails too, GC finds the orphan.
             try:
@@ -92,6 +102,8 @@ class GangWriter:
             except Exception as error:
                 self._log.warning("service_left_behind", name=name, namespace=namespace, error=str(error))
             raise
+        if made is not None:
+            self._created(GangKind.INDEXED_JOB, made)
 
     async def delete(self, kind: GangKind, namespace: str, name: str, grace_period_s: float) -> None:
         doing = f"delete gang {name} in {namespace}"
@@ -184,5 +196,12 @@ class GangWriter:
         queue = queue_for(gang.tenant)
         if queue not in self._queues:
             body = manifests.queue_manifest(gang.tenant)
-            await self._call(f"create queue {queue}", self._api.create_queue, body, ok=CONFLICT)
+            try:
+                await self._call(f"create queue {queue}", self._api.create_queue, body, ok=CONFLICT)
+            except ApiRefused as error:
+                if "HTTP 404" not in str(error):
+                    raise
+                # No Queue resource (a Volcano without its scheduling CRDs, or a simulator that
+                # leaves queues out): the job names its queue all the same; say so once.
+                self._log.warning("volcano_queues_not_served", queue=queue)
             self._queues.add(queue)

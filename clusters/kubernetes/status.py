@@ -162,10 +162,10 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
         if pod.gang is None:
             continue
         summary = summaries.setdefault((pod.namespace, pod.gang), PodSummary())
+        if pod.started_at_s is not None:
+            summary.started_at_s = max(summary.started_at_s or 0.0, pod.started_at_s)
         if pod.phase == "Running":
             summary.running += 1
-            if pod.started_at_s is not None:
-                summary.started_at_s = max(summary.started_at_s or 0.0, pod.started_at_s)
         elif pod.failure and not summary.failure:
             summary.failure = f"pod {pod.name}: {pod.failure}"
     return summaries

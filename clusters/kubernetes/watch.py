@@ -113,6 +113,20 @@ class Informer(Generic[T]):
         with self._lock:
             return self._items.get(key)
 
+    def remember(self, obj: Json) -> None:
+        """Put an object the backend just created into the cache, unless the watch already has it.
+
+        Without this a `statuses()` right after a dispatch could miss the new gang for the moment
+        the watch event takes, and federation would read the gap as a gang that disappeared.
+        """
+        parsed = self._parse(obj)
+        if parsed is None:
+            return
+        with self._lock:
+            if _key(obj) not in self._items:
+                self._items[_key(obj)] = parsed
+                self._version += 1
+
     # ---- life ------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -139,7 +153,10 @@ class Informer(Generic[T]):
             try:
                 if self._resource_version is None:
                     self._relist()
-                self._watch_once()
+                began_s = time.monotonic()
+                if self._watch_once() == 0 and time.monotonic() - began_s < 1.0:
+                    # A server that ends watches at once must not be asked again in a tight loop.
+                    self._stop.wait(delay_s)
                 delay_s = self._backoff[0]
             except Gone:
                 self._log.info("watch_expired", resource_version=self._resource_version)
@@ -191,7 +208,8 @@ class Informer(Generic[T]):
         self.synced.set()
         self._log.debug("watch_listed", items=len(items), resource_version=resource_version)
 
-    def _watch_once(self) -> None:
+    def _watch_once(self) -> int:
+        """Follow one watch request to its end; the number of events it brought."""
         assert self._resource_version is not None
         self.watches += 1
         try:
@@ -210,15 +228,24 @@ class Informer(Generic[T]):
         if self._stop.is_set():
             response.shutdown()
         self._health.answered()
+        seen = 0
+        ended = False
         try:
             for line in self._api.lines(response):
                 if self._stop.is_set():
-                    return
+                    break
+                seen += 1
                 self._apply(json.loads(line))
+            else:
+                ended = True
         finally:
             with self._lock:
                 self._response = None
+            if not ended:
+                # Unread bytes would poison the next request on this connection: drop it instead.
+                response.close()
             response.release_conn()
+        return seen
 
     def _apply(self, event: Json) -> None:
         kind = event.get("type")

@@ -7,6 +7,7 @@ one without (Indexed Jobs); and the Kubernetes backend against a real cluster wh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -81,8 +82,10 @@ async def memory_subject() -> AsyncIterator[Subject]:
 async def sim_subject(tmp_path: Path, *, volcano: bool) -> AsyncIterator[Subject]:
     from tests.contract.simulated import running_sim
 
-    async with running_sim(tmp_path, POOLS, volcano=volcano) as kubeconfig:
-        async with KubernetesBackend(kube_config("sim", kubeconfig)) as backend:
+    async with running_sim(tmp_path, POOLS, volcano=volcano) as (_, kubeconfig):
+        config = kube_config("sim", kubeconfig)
+        settings = dataclasses.replace(config.settings, use_volcano=None if volcano else False)
+        async with KubernetesBackend(dataclasses.replace(config, settings=settings)) as backend:
             assert await backend.wait_synced(), "the backend's watches never listed"
             assert backend.uses_volcano is volcano
             yield Subject(backend, POOLS, simulated=True)

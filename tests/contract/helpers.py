@@ -55,7 +55,11 @@ def a_gang(
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, timeout_s: float = 15.0, interval_s: float = 0.05, what: str = ""
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout_s: float = 15.0,
+    interval_s: float = 0.05,
+    what: str = "",
 ) -> T:
     """Poll `probe` until it gives something other than None (or False); fail after the timeout."""
     deadline = time.monotonic() + timeout_s

@@ -60,7 +60,9 @@ async def test_the_same_dispatch_twice_makes_one_gang(subject: Subject) -> None:
     await subject.backend.dispatch(gang)
     await subject.backend.dispatch(gang)
     await wait_phase(subject.backend, gang, GangPhase.RUNNING, GangPhase.PENDING)
-    mine = [s for s in await subject.backend.statuses() if (s.job_id, s.attempt) == (gang.job_id, gang.attempt)]
+    mine = [
+        s for s in await subject.backend.statuses() if (s.job_id, s.attempt) == (gang.job_id, gang.attempt)
+    ]
     assert len(mine) == 1
 
     async def used_once() -> bool:
@@ -76,7 +78,9 @@ async def test_the_same_dispatch_twice_makes_one_gang(subject: Subject) -> None:
 async def test_a_gang_larger_than_the_cluster_is_rejected_and_nothing_starts(subject: Subject) -> None:
     state = await subject.backend.inventory()
     total = total_gpus(state, H100, ON_DEMAND)
-    per_node = max((p.gpus_per_node for p in state.pools if p.gpu_type == H100 and p.kind is ON_DEMAND), default=8)
+    per_node = max(
+        (p.gpus_per_node for p in state.pools if p.gpu_type == H100 and p.kind is ON_DEMAND), default=8
+    )
     gang = a_gang("huge-1", replicas=total // per_node + 1, gpus=per_node)
     with pytest.raises(GangRejected):
         await subject.backend.dispatch(gang)
