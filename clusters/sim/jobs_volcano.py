@@ -121,16 +121,16 @@ class VolcanoJobController:
         spec = job["spec"]
         new = clone(job)
         status = new.setdefault("status", {})
-        state = status.setdefault("state", {})
+        status.setdefault("state", {})
         wall_s = self._clock.wall_s()
-        if not state.get("phase"):
+        if not status["state"].get("phase"):
             self._ensure_dependents(job)
             self._set_phase(new, "Pending", wall_s)
             status.setdefault("retryCount", 0)
             status.setdefault("version", 0)
         seen = self._seen.setdefault(m["uid"], _Seen())
         pods = self._pods(job)
-        phase = state["phase"]
+        phase = status["state"]["phase"]
         if phase in _ACTIVE:
             action, event, message = self._triggered(job, pods, seen)
             if action in _ENDINGS:
@@ -144,7 +144,7 @@ class VolcanoJobController:
                 else:
                     self._set_phase(new, "Restarting", wall_s, event, message)
                 self._event(new, action, f"Start to execute action {action}")
-        phase = state["phase"]
+        phase = status["state"]["phase"]
         live = [p for p in pods if not podstatus.is_terminal(p)]
         if phase in _ACTIVE:
             pods += self._create_missing(job, {p["metadata"]["name"] for p in pods})
@@ -152,7 +152,13 @@ class VolcanoJobController:
         elif phase in ("Aborting", "Terminating", "Completing") or phase in _FINAL:
             self._kill(live)
             if phase not in _FINAL and not live:
-                self._set_phase(new, _FINISHED[phase], wall_s, state.get("reason"), state.get("message"))
+                self._set_phase(
+                    new,
+                    _FINISHED[phase],
+                    wall_s,
+                    status["state"].get("reason"),
+                    status["state"].get("message"),
+                )
         elif phase == "Restarting":
             self._kill(pods, grace_s=0)
             if not self._pods(job):

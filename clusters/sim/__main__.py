@@ -1,0 +1,117 @@
+"""`python -m clusters.sim --config FILE`: simulated clusters as a process, for `gpufed up` and tests.
+
+Each cluster in the config gets its own loopback port. When all are serving, one JSON line goes
+to stdout and, atomically, to `--ready-file`:
+
+    {"pid": 1234, "clusters": [{"name": "onprem", "url": "http://127.0.0.1:40123",
+                                "admin_url": "http://127.0.0.1:40123/sim/v1"}]}
+
+so a parent process waits for the file (or the line) instead of polling ports. SIGTERM or SIGINT
+stops every cluster cleanly. Logs go to stderr, leaving stdout to the ready line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from clusters.sim.cluster import SimCluster
+from clusters.sim.config import SimClusterConfig, SimConfigError, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m clusters.sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file: one cluster, or clusters: [...]")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, default=0, help="0 picks free ports; N gives N, N+1, ... per cluster"
+    )
+    parser.add_argument(
+        "--ready-file", type=Path, help="where to write the JSON of names and URLs when ready"
+    )
+    parser.add_argument("--kubeconfig", type=Path, help="write one kubeconfig with a context per cluster")
+    parser.add_argument("--time-scale", type=float, help="override every cluster's timeScale")
+    return parser
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _kubeconfig(clusters: Sequence[SimCluster]) -> dict[str, Any]:
+    docs = [c.kubeconfig_dict() for c in clusters]
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [d["clusters"][0] for d in docs],
+        "users": [d["users"][0] for d in docs],
+        "contexts": [d["contexts"][0] for d in docs],
+        "current-context": docs[0]["current-context"],
+        "preferences": {},
+    }
+
+
+async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -> None:
+    clusters = [
+        SimCluster(config, host=args.host, port=args.port + i if args.port else 0)
+        for i, config in enumerate(configs)
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    started: list[SimCluster] = []
+    try:
+        for cluster in clusters:
+            await cluster.start()
+            started.append(cluster)
+        if args.kubeconfig:
+            _write_atomically(args.kubeconfig, yaml.safe_dump(_kubeconfig(clusters), sort_keys=False))
+        ready = {
+            "pid": os.getpid(),
+            "clusters": [{"name": c.name, "url": c.url, "admin_url": f"{c.url}/sim/v1"} for c in clusters],
+        }
+        line = json.dumps(ready)
+        if args.ready_file:
+            _write_atomically(args.ready_file, line + "\n")
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        for cluster in reversed(started):
+            await cluster.stop()
+        if args.ready_file:
+            with contextlib.suppress(FileNotFoundError):
+                args.ready_file.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    try:
+        configs = load(args.config)
+    except SimConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    if args.time_scale:
+        configs = tuple(dataclasses.replace(c, time_scale=args.time_scale) for c in configs)
+    asyncio.run(serve(configs, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
