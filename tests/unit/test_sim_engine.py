@@ -1,0 +1,208 @@
+"""The simulated cluster's control loop on a manual clock: scheduler, kubelet and Job controllers.
+
+No HTTP and no real time: each test builds an engine, writes objects as the API would, advances
+the clock and reconciles, so durations and deadlines are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from clusters.sim import ManualClock, SimPoolConfig, cluster
+from clusters.sim.engine import Engine
+from clusters.sim.resources import BATCH_JOBS, EVENTS, NODES, POD_GROUPS, PODS, ResourceType
+
+Obj = dict[str, Any]
+
+
+def an_engine(*pools: SimPoolConfig) -> Engine:
+    config = cluster("u", pools or (SimPoolConfig.of("a100", "A100", node_count=2),), default_duration_s=10)
+    return Engine(config, ManualClock())
+
+
+def create(engine: Engine, rt: ResourceType, body: Obj, namespace: str = "default") -> Obj:
+    obj = engine.store.create(rt, engine.admission.admit_create(rt, body, namespace))
+    engine.reconcile()
+    return obj
+
+
+def advance(engine: Engine, seconds: float) -> None:
+    assert isinstance(engine.clock, ManualClock)
+    engine.clock.advance(seconds)
+    engine.reconcile()
+
+
+def a_pod(
+    name: str, gpus: int = 0, *, duration_s: float | None = None, group: str | None = None, **spec: Any
+) -> Obj:
+    annotations = {"sim.gpufed.io/duration": str(duration_s)} if duration_s is not None else {}
+    if group:
+        annotations["scheduling.k8s.io/group-name"] = group
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "i", "resources": resources}],
+            **spec,
+        },
+    }
+
+
+def pod(engine: Engine, name: str) -> Obj:
+    return engine.store.require(PODS, "default", name)
+
+
+def phases(engine: Engine) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["status"]["phase"] for p in engine.store.list(PODS)}
+
+
+def test_pod_runs_for_its_duration_then_succeeds() -> None:
+    engine = an_engine()
+    create(engine, PODS, a_pod("p", 1, duration_s=5))
+    assert phases(engine) == {"p": "Running"}
+    advance(engine, 4.9)
+    assert phases(engine) == {"p": "Running"}
+    advance(engine, 0.2)
+    assert phases(engine) == {"p": "Succeeded"}
+
+
+def test_default_duration_comes_from_the_config() -> None:
+    engine = an_engine()
+    create(engine, PODS, a_pod("p", 1))
+    advance(engine, 9.9)
+    assert phases(engine) == {"p": "Running"}
+    advance(engine, 0.2)
+    assert phases(engine) == {"p": "Succeeded"}
+
+
+def test_pod_deadline_shorter_than_duration_fails_it() -> None:
+    engine = an_engine()
+    create(engine, PODS, a_pod("p", duration_s=100, activeDeadlineSeconds=3))
+    advance(engine, 3)
+    assert (pod(engine, "p")["status"]["phase"], pod(engine, "p")["status"]["reason"]) == (
+        "Failed",
+        "DeadlineExceeded",
+    )
+
+
+def test_finished_pod_frees_its_gpus_for_a_waiting_one() -> None:
+    engine = an_engine(SimPoolConfig.of("a100", "A100", node_count=1))
+    create(engine, PODS, a_pod("first", 8, duration_s=5))
+    create(engine, PODS, a_pod("second", 8, duration_s=5))
+    assert phases(engine) == {"first": "Running", "second": "Pending"}
+    advance(engine, 5)
+    assert phases(engine) == {"first": "Succeeded", "second": "Running"}
+
+
+@pytest.mark.parametrize(
+    ("min_member", "members", "running"),
+    [(3, 3, 0), (2, 3, 2), (2, 2, 2), (1, 3, 2)],
+    ids=["whole-gang-too-big", "min-member-fits", "exact", "singles"],
+)
+def test_podgroup_binds_at_least_min_member_or_nothing(min_member: int, members: int, running: int) -> None:
+    engine = an_engine()
+    create(engine, POD_GROUPS, {"metadata": {"name": "g"}, "spec": {"minMember": min_member}})
+    for i in range(members):
+        engine.store.create(
+            PODS, engine.admission.admit_create(PODS, a_pod(f"p{i}", 8, group="g"), "default")
+        )
+    engine.reconcile()
+    assert sum(1 for p in phases(engine).values() if p == "Running") == running
+
+
+def test_pods_without_their_podgroup_wait() -> None:
+    engine = an_engine()
+    create(engine, PODS, a_pod("p", 1, group="missing"))
+    scheduled = next(c for c in pod(engine, "p")["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert 'podgroup "default/missing" not found' in scheduled["message"]
+    create(engine, POD_GROUPS, {"metadata": {"name": "missing"}, "spec": {"minMember": 1}})
+    assert phases(engine) == {"p": "Running"}
+
+
+def test_failed_scheduling_is_reported_once_per_reason() -> None:
+    engine = an_engine()
+    create(engine, PODS, a_pod("p", 9))
+    for i in range(3):
+        create(engine, PODS, a_pod(f"small-{i}", 1, duration_s=1))
+        advance(engine, 1)
+    failed = [e for e in engine.store.list(EVENTS) if e["reason"] == "FailedScheduling"]
+    assert len(failed) == 1
+    assert failed[0]["message"] == "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+
+
+def test_taint_without_toleration_keeps_pods_off() -> None:
+    engine = an_engine(SimPoolConfig.of("a100", "A100", node_count=1))
+    node = engine.store.list(NODES)[0]
+    tainted = {
+        **node,
+        "spec": {**node["spec"], "taints": [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]},
+    }
+    engine.store.update(NODES, tainted)
+    create(engine, PODS, a_pod("plain", 1))
+    create(engine, PODS, a_pod("tolerant", 1, tolerations=[{"key": "dedicated", "operator": "Exists"}]))
+    assert phases(engine) == {"plain": "Pending", "tolerant": "Running"}
+
+
+def an_indexed_job(name: str, replicas: int, *, backoff: int = 0, **template_annotations: str) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": replicas,
+            "parallelism": replicas,
+            "backoffLimit": backoff,
+            "template": {
+                "metadata": {"annotations": template_annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+
+
+def test_job_replaces_failed_pods_until_the_backoff_limit() -> None:
+    engine = an_engine()
+    create(
+        engine,
+        BATCH_JOBS,
+        an_indexed_job("j", 1, backoff=2, **{"sim.gpufed.io/duration": "1", "sim.gpufed.io/exit-code": "1"}),
+    )
+    for _ in range(3):
+        advance(engine, 1)
+    job = engine.store.require(BATCH_JOBS, "default", "j")
+    assert job["status"]["failed"] == 3
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert len(engine.store.list(PODS)) == 3
+
+
+def test_job_deadline_fails_it_and_stops_its_pods() -> None:
+    engine = an_engine()
+    body = an_indexed_job("j", 2, **{"sim.gpufed.io/duration": "100"})
+    body["spec"]["activeDeadlineSeconds"] = 5
+    create(engine, BATCH_JOBS, body)
+    advance(engine, 5)
+    job = engine.store.require(BATCH_JOBS, "default", "j")
+    assert (
+        next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    )
+    advance(engine, 1)
+    assert engine.store.list(PODS) == []
+
+
+def test_job_defaults_selector_and_labels() -> None:
+    engine = an_engine()
+    job = create(engine, BATCH_JOBS, an_indexed_job("j", 1))
+    uid = job["metadata"]["uid"]
+    assert job["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    (only,) = engine.store.list(PODS)
+    assert only["metadata"]["labels"]["batch.kubernetes.io/job-name"] == "j"
+    assert only["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
+    assert {
+        "name": "JOB_COMPLETION_INDEX",
+        "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}
+        },
+    } in only["spec"]["containers"][0]["env"]
