@@ -272,6 +272,10 @@ class KubernetesBackend:
             self._log.info("gangs_collected", count=len(collected), gangs=[f"{j}/{a}" for j, a in collected])
         return collected
 
+    def watch_counts(self) -> dict[str, tuple[int, int, int]]:
+        """Per watch: lists made, watch requests made, events applied (for tests and benchmarks)."""
+        return {i.name: (i.lists, i.watches, i.events) for i in self._informers()}
+
     # ---- internals -------------------------------------------------------------------------------
 
     def _created(self, kind: GangKind, obj: dict[str, Any]) -> None:

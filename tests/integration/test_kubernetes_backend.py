@@ -1,0 +1,387 @@
+"""The Kubernetes backend against a simulated cluster: what only a Kubernetes cluster can show.
+
+Node health and taints in the inventory, watches (not polling) carrying capacity changes, relisting
+after 410 Gone, evictions and lost nodes, an API that stops answering, the objects' names, labels
+and shapes, and garbage collection. The simulator is driven through the Kubernetes API where a real
+cluster would be (cordon, taint, the eviction subresource) and through its fault switches where
+only a broken cluster would be (a lost node, an unreachable API server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from clusters.api import ClusterUnreachable, GangPhase, GangRejected
+from clusters.kubernetes import KubernetesBackend
+from clusters.kubernetes.names import object_name
+from clusters.sim import SimCluster
+from placement.model import CapacityKind, GpuType, JobId
+from tests.contract.conftest import POOLS, kube_config
+from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, wait_phase
+from tests.contract.simulated import running_sim
+
+H100 = GpuType("H100")
+ON_DEMAND = CapacityKind.ON_DEMAND
+NS = "gpufed-team-a"
+
+
+@dataclass
+class World:
+    sim: SimCluster
+    backend: KubernetesBackend
+    api: Any  # kubernetes.client.ApiClient, for what a test reads or does through the API itself
+
+    async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A blocking client call off the event loop that serves the simulator."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    @property
+    def core(self) -> Any:
+        return k8s.CoreV1Api(self.api)
+
+    @property
+    def batch(self) -> Any:
+        return k8s.BatchV1Api(self.api)
+
+    @property
+    def custom(self) -> Any:
+        return k8s.CustomObjectsApi(self.api)
+
+    async def pods_of(self, gang_object: str) -> list[Any]:
+        pods = await self.call(
+            self.core.list_namespaced_pod, NS, label_selector=f"gpufed.io/gang={gang_object}"
+        )
+        return list(pods.items)
+
+    def node_names(self, pool: str) -> list[str]:
+        return [n["metadata"]["name"] for n in self.sim.engine.pool_nodes(pool)]
+
+
+async def open_world(tmp_path: Path, *, volcano: bool, **sim_options: Any) -> AsyncIterator[World]:
+    async with running_sim(tmp_path, POOLS, volcano=volcano, **sim_options) as (sim, kubeconfig):
+        config = kube_config("sim", kubeconfig)
+        settings = dataclasses.replace(config.settings, use_volcano=None if volcano else False)
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        try:
+            async with KubernetesBackend(dataclasses.replace(config, settings=settings)) as backend:
+                assert await backend.wait_synced()
+                yield World(sim, backend, api)
+        finally:
+            api.close()
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    """A simulated cluster without Volcano as far as the backend is concerned (Indexed Jobs)."""
+    async for w in open_world(tmp_path, volcano=False):
+        yield w
+
+
+@pytest.fixture
+async def vc_world(tmp_path: Path) -> AsyncIterator[World]:
+    async for w in open_world(tmp_path, volcano=True):
+        yield w
+
+
+def h100_nodes_free(state: Any) -> tuple[int, ...]:
+    return next(p for p in state.pools if p.name == "h100").free_gpus_per_node
+
+
+# ---- inventory -----------------------------------------------------------------------------------
+
+
+async def test_cordoned_tainted_and_not_ready_nodes_leave_the_inventory(world: World) -> None:
+    first, second = world.node_names("h100")
+    assert h100_nodes_free(await world.backend.inventory()) == (8, 8)
+    await world.call(world.core.patch_node, first, {"spec": {"unschedulable": True}})
+
+    async def count(n: int) -> bool:
+        return len(h100_nodes_free(await world.backend.inventory())) == n
+
+    await eventually(lambda: count(1), what="the cordoned node to leave")
+    await world.call(world.core.patch_node, first, {"spec": {"unschedulable": False}})
+    await eventually(lambda: count(2), what="the uncordoned node to return")
+    # A taint gpufed's pods tolerate keeps the node; another NoSchedule taint removes it.
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    await world.call(world.core.patch_node, second, {"spec": {"taints": [taint]}})
+    await asyncio.sleep(0.3)
+    assert len(h100_nodes_free(await world.backend.inventory())) == 2
+    other = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
+    await world.call(world.core.patch_node, second, {"spec": {"taints": [taint, other]}})
+    await eventually(lambda: count(1), what="the node with a foreign taint to leave")
+    world.sim.faults.lose_node(first)
+    await eventually(lambda: count(0), what="the NotReady node to leave")
+    world.sim.faults.restore_node(first)
+    await eventually(lambda: count(1), what="the node to come back Ready")
+
+
+async def test_capacity_changes_arrive_by_watch_without_listing_again(world: World) -> None:
+    before = world.backend.watch_counts()
+    world.sim.faults.add_nodes("h100", 2)
+
+    async def four_nodes() -> bool:
+        return len(h100_nodes_free(await world.backend.inventory())) == 4
+
+    await eventually(four_nodes, what="two new nodes")
+    after = world.backend.watch_counts()
+    assert after["nodes"][0] == before["nodes"][0], "the node cache listed again instead of watching"
+    assert after["nodes"][2] >= before["nodes"][2] + 2
+    # Many reads cost no API call at all: the cache answers.
+    for _ in range(50):
+        await world.backend.inventory()
+    assert world.backend.watch_counts()["nodes"][:2] == after["nodes"][:2]
+
+
+async def test_a_watch_too_old_for_the_server_lists_again(tmp_path: Path) -> None:
+    async for w in open_world(tmp_path, volcano=False, history_limit=20):
+        await relist_after_gone(w)
+
+
+async def relist_after_gone(w: World) -> None:
+    lists_before = w.backend.watch_counts()["nodes"][0]
+    # While the watches are cut off, more changes happen than the server keeps history for.
+    w.sim.faults.set_unreachable("close")
+    await asyncio.sleep(0.3)
+    w.sim.faults.add_nodes("l4", 30)
+    w.sim.faults.set_reachable()
+
+    async def relisted() -> bool:
+        state = await w.backend.inventory()
+        nodes = next(p for p in state.pools if p.name == "l4").free_gpus_per_node
+        return len(nodes) == 32 and w.backend.watch_counts()["nodes"][0] > lists_before
+
+    await eventually(relisted, what="a relist after 410 Gone showing 32 L4 nodes")
+
+
+async def test_an_unreachable_api_is_reported_and_recovered_from(world: World) -> None:
+    gang = a_gang("outage-1", duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    world.sim.faults.set_unreachable("close")
+
+    async def unreachable() -> bool:
+        return not (await world.backend.inventory()).reachable
+
+    await eventually(unreachable, what="inventory to say unreachable")
+    with pytest.raises(ClusterUnreachable):
+        await world.backend.statuses()
+    with pytest.raises(ClusterUnreachable):
+        await world.backend.dispatch(a_gang("outage-2"))
+    world.sim.faults.set_reachable()
+
+    async def back() -> bool:
+        return (await world.backend.inventory()).reachable
+
+    await eventually(back, what="inventory to say reachable again")
+    assert (await wait_phase(world.backend, gang, GangPhase.RUNNING)).phase is GangPhase.RUNNING
+
+
+@pytest.mark.parametrize("mode", ["503", "429"])
+async def test_api_errors_are_unreachable_not_rejections(world: World, mode: str) -> None:
+    world.sim.faults.set_unreachable(mode)
+    try:
+        with pytest.raises(ClusterUnreachable):
+            await world.backend.cancel(JobId("missing"), 1, 0.0)
+    finally:
+        world.sim.faults.set_reachable()
+
+
+# ---- evictions -----------------------------------------------------------------------------------
+
+
+async def test_a_lost_node_evicts_the_gang(world: World) -> None:
+    gang = a_gang("lost-1", replicas=2, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    pods = await world.pods_of(object_name(gang.job_id, gang.attempt))
+    world.sim.faults.lose_node(pods[0].spec.node_name)
+    status = await wait_phase(world.backend, gang, *[p for p in GangPhase if p.is_final])
+    assert status.phase is GangPhase.EVICTED, status
+
+
+async def test_an_evicted_pod_evicts_the_gang(world: World) -> None:
+    gang = a_gang("evicted-1", replicas=2, gpus=4, duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    pod = (await world.pods_of(object_name(gang.job_id, gang.attempt)))[0]
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.metadata.name, "namespace": NS},
+    }
+    await world.call(world.core.create_namespaced_pod_eviction, pod.metadata.name, NS, body)
+    status = await wait_phase(world.backend, gang, *[p for p in GangPhase if p.is_final])
+    assert status.phase is GangPhase.EVICTED, status
+
+
+async def test_evict_records_an_event_and_reports_evicted(world: World) -> None:
+    gang = a_gang("preempted-1", duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    await world.backend.evict(gang.job_id, gang.attempt, 0.0, "preempted by a higher priority job")
+    status = await wait_phase(world.backend, gang, GangPhase.EVICTED)
+    assert "preempted" in status.message
+    events = await world.call(world.core.list_namespaced_event, NS)
+    mine = [e for e in events.items if e.involved_object.name == object_name(gang.job_id, gang.attempt)]
+    assert any(e.reason == "Evicted" and "preempted" in (e.message or "") for e in mine)
+
+    async def freed() -> bool:
+        return free_gpus(await world.backend.inventory(), H100, ON_DEMAND) == 16
+
+    await eventually(freed, what="the evicted gang's GPUs to be free")
+
+
+async def test_a_gang_that_fits_only_later_waits_whole(world: World) -> None:
+    big = a_gang("fill-1", replicas=2, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(big)
+    await wait_phase(world.backend, big, GangPhase.RUNNING)
+    later = a_gang("later-1", replicas=2, gpus=4, duration_s=60.0)
+    await world.backend.dispatch(later)
+    await asyncio.sleep(0.5)
+    assert (await status_of(world.backend, later)).phase is GangPhase.PENDING  # type: ignore[union-attr]
+    pods = await world.pods_of(object_name(later.job_id, later.attempt))
+    assert not [p for p in pods if p.status.phase == "Running"], "part of the gang started"
+    await world.backend.cancel(big.job_id, big.attempt, 0.0)
+    await wait_phase(world.backend, later, GangPhase.RUNNING)
+
+
+async def test_replicas_that_differ_need_volcano(world: World) -> None:
+    gang = a_gang("mixed-1", tasks=("master", "worker"), replicas=1)
+    gang = dataclasses.replace(
+        gang, replicas=(gang.replicas[0], dataclasses.replace(gang.replicas[1], gpu_count=2))
+    )
+    with pytest.raises(GangRejected, match="Indexed Job"):
+        await world.backend.dispatch(gang)
+
+
+# ---- objects -------------------------------------------------------------------------------------
+
+
+async def test_names_labels_and_namespace(world: World) -> None:
+    long_id = "a-very-long-training-job-name-for-the-llm-1234abcd"
+    gang = a_gang(long_id, tenant="team-a", replicas=2, gpus=4, duration_s=60.0, attempt=3)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    name = object_name(gang.job_id, gang.attempt)
+    assert len(name) <= 48
+    assert name == name.lower()
+    namespace = await world.call(world.core.read_namespace, NS)
+    assert namespace.metadata.labels["gpufed.io/tenant"] == "team-a"
+    job = await world.call(world.batch.read_namespaced_job, name, NS)
+    labels = job.metadata.labels
+    assert labels["gpufed.io/job-id"] == long_id
+    assert labels["gpufed.io/tenant"] == "team-a"
+    assert labels["gpufed.io/attempt"] == "3"
+    assert labels["app.kubernetes.io/managed-by"] == "gpufed"
+    for pod in await world.pods_of(name):
+        assert pod.metadata.labels["gpufed.io/job-id"] == long_id
+        assert pod.metadata.annotations["sim.gpufed.io/duration"] == "60.0"
+        assert len(f"{name}-{pod.metadata.annotations['batch.kubernetes.io/job-completion-index']}") <= 63
+
+
+async def test_indexed_job_shape(world: World) -> None:
+    gang = a_gang("shape-1", replicas=2, gpus=4, duration_s=60.0, max_runtime_s=900)
+    await world.backend.dispatch(gang)
+    name = object_name(gang.job_id, gang.attempt)
+    job = (await world.call(world.batch.read_namespaced_job, name, NS, _preload_content=False)).json()
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 2
+    assert spec["backoffLimit"] == 0
+    rule = spec["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob"
+    assert rule["onPodConditions"][0]["type"] == "DisruptionTarget"
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == name
+    assert pod["activeDeadlineSeconds"] == 900
+    assert pod["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpufed.io/pool": "h100",
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "default"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"
+    assert env["WORLD_SIZE"]["value"] == "2"
+    assert "batch.kubernetes.io/job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    service = await world.call(world.core.read_namespaced_service, name, NS)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.selector == {"gpufed.io/gang": name}
+
+
+async def test_spot_gangs_select_spot_nodes(world: World) -> None:
+    gang = a_gang("spot-1", kind=CapacityKind.SPOT, replicas=1, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    (pod,) = await world.pods_of(object_name(gang.job_id, gang.attempt))
+    assert pod.spec.node_name in world.node_names("h100-spot")
+
+
+async def test_volcano_job_shape(vc_world: World) -> None:
+    gang = a_gang("vc-shape-1", tasks=("master", "worker"), replicas=2, gpus=4, duration_s=60.0)
+    await vc_world.backend.dispatch(gang)
+    name = object_name(gang.job_id, gang.attempt)
+    job = await vc_world.call(
+        vc_world.custom.get_namespaced_custom_object, "batch.volcano.sh", "v1alpha1", NS, "jobs", name
+    )
+    spec = job["spec"]
+    assert spec["minAvailable"] == 4
+    assert spec["queue"] == "team-a"
+    assert spec["schedulerName"] == "volcano"
+    assert spec["maxRetry"] == 0
+    assert spec["priorityClassName"] == "default"
+    assert set(spec["plugins"]) == {"svc", "ssh", "env"}
+    assert {"event": "PodEvicted", "action": "AbortJob"} in spec["policies"]
+    assert {"event": "PodFailed", "action": "AbortJob"} in spec["policies"]
+    master, worker = spec["tasks"]
+    assert (master["name"], master["replicas"], worker["name"], worker["replicas"]) == (
+        "master",
+        2,
+        "worker",
+        2,
+    )
+    assert master["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
+    container = master["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MASTER_ADDR"] == f"{name}-master-0.{name}"
+    assert env["WORLD_SIZE"] == "4"
+    group = await vc_world.call(
+        vc_world.custom.get_namespaced_custom_object,
+        "scheduling.volcano.sh",
+        "v1beta1",
+        NS,
+        "podgroups",
+        name,
+    )
+    assert group["spec"]["minMember"] == 4
+
+
+# ---- garbage collection --------------------------------------------------------------------------
+
+
+async def test_garbage_collection_removes_attempts_that_are_not_live(world: World) -> None:
+    old = a_gang("gc-1", attempt=1, replicas=1, gpus=8, duration_s=60.0)
+    new = a_gang("gc-1", attempt=2, replicas=1, gpus=8, duration_s=60.0)
+    for gang in (old, new):
+        await world.backend.dispatch(gang)
+        await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    collected = await world.backend.collect_garbage({(new.job_id, new.attempt)}, grace_period_s=0.0)
+    assert collected == [(old.job_id, old.attempt)]
+
+    async def gone() -> bool:
+        return await status_of(world.backend, old) is None
+
+    await eventually(gone, what="the stale attempt's gang to be deleted")
+    services = await world.call(world.core.list_namespaced_service, NS)
+    assert [s.metadata.name for s in services.items] == [object_name(new.job_id, new.attempt)]
+    assert (await status_of(world.backend, new)).phase is GangPhase.RUNNING  # type: ignore[union-attr]
