@@ -35,13 +35,17 @@ class Growth:
     """The cycle's scalable pools and what it has asked of them so far."""
 
     def __init__(self, pools: Sequence[tuple[ClusterName, ScalablePool]]) -> None:
-        self._pools = list(pools)
+        self._by_type: dict[GpuType, list[tuple[ClusterName, ScalablePool]]] = {}
+        for cluster, pool in pools:
+            self._by_type.setdefault(pool.gpu_type, []).append((cluster, pool))
         self._asked: dict[tuple[ClusterName, str], int] = {}
+        # Pools only shrink during a cycle: a (shape, types, spot) that no pool can hold stays so.
+        self._hopeless: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
 
     def choose(
         self,
         shape: tuple[int, ...],
-        gpu_types: Sequence[GpuType],
+        gpu_types: tuple[GpuType, ...],
         allow_spot: bool,
         cost: Callable[[ClusterName, ScalablePool], float | None],
     ) -> tuple[ClusterName, ScalablePool, int] | None:
@@ -49,22 +53,30 @@ class Growth:
 
         `cost` gives a pool's expected cost for the gang, or None when it is unusable (deadline missed).
         """
+        key = (shape, gpu_types, allow_spot)
+        if key in self._hopeless:
+            return None
         best: tuple[ClusterName, ScalablePool, int] | None = None
         best_key: tuple[float, str, str] | None = None
-        for cluster, pool in self._pools:
-            if pool.gpu_type not in gpu_types or (pool.kind is CapacityKind.SPOT and not allow_spot):
-                continue
-            nodes = nodes_needed(shape, pool.gpus_per_node)
-            if nodes is None or nodes == 0:
-                continue
-            if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
-                continue
-            expected = cost(cluster, pool)
-            if expected is None:
-                continue
-            key = (expected, cluster, pool.name)
-            if best_key is None or key < best_key:
-                best, best_key = (cluster, pool, nodes), key
+        roomy = False
+        for gpu_type in gpu_types:
+            for cluster, pool in self._by_type.get(gpu_type, ()):
+                if pool.kind is CapacityKind.SPOT and not allow_spot:
+                    continue
+                nodes = nodes_needed(shape, pool.gpus_per_node)
+                if nodes is None or nodes == 0:
+                    continue
+                if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
+                    continue
+                roomy = True
+                expected = cost(cluster, pool)
+                if expected is None:
+                    continue
+                rank = (expected, cluster, pool.name)
+                if best_key is None or rank < best_key:
+                    best, best_key = (cluster, pool, nodes), rank
+        if not roomy:
+            self._hopeless.add(key)
         return best
 
     def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:

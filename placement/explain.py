@@ -45,21 +45,10 @@ CODE_RANK: Final = {
 }
 assert len(CODE_RANK) == len(Code), "every wait code needs a rank"
 
-# A list of reasons split by code, in `CODE_RANK` order.
-ByCode = tuple[tuple[WaitReason, ...], ...]
 
-
-def by_code(reasons: Iterable[WaitReason]) -> ByCode:
-    slots: list[list[WaitReason]] = [[] for _ in CODE_RANK]
-    for reason in reasons:
-        slots[CODE_RANK[reason.code]].append(reason)
-    return tuple(tuple(slot) for slot in slots)
-
-
-def in_rank_order(tables: Iterable[ByCode]) -> tuple[WaitReason, ...]:
-    """Merge split lists: by code first, then in the order the tables were given."""
-    listed = tuple(tables)
-    return tuple(reason for code in range(len(CODE_RANK)) for table in listed for reason in table[code])
+def ranked(reasons: Iterable[WaitReason]) -> tuple[WaitReason, ...]:
+    """Reasons by code rank; a stable sort, so reasons of one code keep the order they were listed in."""
+    return tuple(sorted(reasons, key=lambda r: CODE_RANK[r.code]))
 
 
 def describe(shape: tuple[int, ...]) -> str:

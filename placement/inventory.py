@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from placement import explain
-from placement.explain import ByCode, by_code, describe
+from placement.explain import describe, ranked
 from placement.fit import FreeHistogram, HistogramFit, fit_replicas
 from placement.model import (
     CapacityKind,
@@ -30,6 +30,7 @@ from placement.model import (
 )
 from placement.model import WaitCode as Code
 
+Reasons = tuple[WaitReason, ...]
 KIND_RANK: Final = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
 
 
@@ -271,7 +272,7 @@ class Inventory:
         self.stores = stores
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
-        self._reasons: dict[tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, ByCode]] = {}
+        self._reasons: dict[tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, Reasons]] = {}
 
     def take(self, offer: Offer, placed: HistogramFit, shape: tuple[int, ...]) -> None:
         offer.free.take(placed)
@@ -310,13 +311,14 @@ class Inventory:
 
     def cluster_reasons(
         self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool
-    ) -> ByCode:
+    ) -> Reasons:
         """Why each cluster with this type cannot take a gang of this shape that fits none of them now.
 
         Cached per type until the next change of that type: a long queue repeats few shapes.
         """
-        key = (gpu_type, shape, allow_spot, capped)
-        version = self._type_version.get(gpu_type, 0)
+        # With the type ruled out by quota only blockers are listed, and they never change.
+        key = (gpu_type, () if capped else shape, allow_spot, capped)
+        version = 0 if capped else self._type_version.get(gpu_type, 0)
         cached = self._reasons.get(key)
         if cached is not None and cached[0] == version:
             return cached[1]
@@ -327,6 +329,6 @@ class Inventory:
                 reason = view.capacity_reason(shape, allow_spot)
             if reason is not None:
                 reasons.append(reason)
-        table = by_code(reasons)
+        table = ranked(reasons)
         self._reasons[key] = (version, table)
         return table

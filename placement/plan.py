@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from placement import explain
 from placement.cost import CostModel, GangCost
-from placement.explain import by_code, in_rank_order
+from placement.explain import ranked
 from placement.fairshare import FairShare, fair_order
 from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer
@@ -295,13 +295,13 @@ class _Cycle:
         a reservation does not get capacity reasons for the clusters where it fits.
         """
         gang = ctx.gang
-        tables = []
+        reasons: list[WaitReason] = []
         missing = [gpu_type for gpu_type in types if gpu_type not in self.inventory.by_type]
         if missing or not types:
             names = ", ".join(missing) or "(none listed)"
             only = missing[0] if len(missing) == 1 else None
             message = f"no cluster has GPUs of type {names}"
-            tables.append(by_code([WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only)]))
+            reasons.append(WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only))
         fits_now: set[tuple[ClusterName, GpuType]] = set()
         if not capacity_only:
             fits_now = {
@@ -312,17 +312,18 @@ class _Cycle:
         for gpu_type in types:
             reason = quota.get(gpu_type)
             if reason is not None:
-                tables.append(by_code([reason]))
+                reasons.append(reason)
             table = self.inventory.cluster_reasons(gpu_type, shape, gang.allow_spot, reason is not None)
             if fits_now:
-                table = by_code(
+                table = tuple(
                     r
-                    for r in in_rank_order([table])
+                    for r in table
                     if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
                 )
-            tables.append(table)
-        tables.append(by_code(notes))
-        reasons = in_rank_order(tables)
+            reasons.extend(table)
+        reasons.extend(notes)
         if not reasons:  # pragma: no cover - every path above names a blocker; kept so no job waits silently
-            reasons = (WaitReason(Code.INSUFFICIENT_CAPACITY, f"no placement for {explain.describe(shape)}"),)
-        return reasons
+            reasons.append(
+                WaitReason(Code.INSUFFICIENT_CAPACITY, f"no placement for {explain.describe(shape)}")
+            )
+        return ranked(reasons)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from placement.fit import fit_replicas
 from placement.inventory import Inventory, Offer
-from placement.model import PreemptionReason, RunningGang
+from placement.model import PreemptionReason, RunningGang, TenantId
 
 Candidate = tuple[RunningGang, PreemptionReason]
 
@@ -53,21 +53,55 @@ def _preference(candidate: Candidate) -> tuple[int, int, float, str]:
     return (gang.priority, gang.gpu_count, -gang.queued_at_s, gang.job_id)
 
 
+Located = tuple[RunningGang, tuple[tuple[int, int], ...]]
+# Who may be evicted from one tenant: the reason, and a priority bound (only gangs below it; None: any).
+TenantRule = tuple[PreemptionReason, int | None]
+
+
+class OfferRunning:
+    """The running gangs of one offer, split the ways the victim search reads them."""
+
+    __slots__ = ("all", "by_tenant", "draining")
+
+    def __init__(self) -> None:
+        self.all: list[Located] = []
+        self.draining: list[Located] = []
+        # Evictable gangs per tenant, lowest priority first.
+        self.by_tenant: dict[TenantId, list[Located]] = {}
+
+
 class RunningIndex:
     """Running gangs by the offer their nodes are in; gangs that cannot be located are left out."""
 
-    def __init__(self, inventory: Inventory, running: Iterable[RunningGang]) -> None:
-        self.by_offer: dict[int, list[tuple[RunningGang, tuple[tuple[int, int], ...]]]] = {}
-        self._offers: dict[int, Offer] = {}
+    def __init__(
+        self, inventory: Inventory, running: Iterable[RunningGang], preemptible: Callable[[RunningGang], bool]
+    ) -> None:
+        self._by_offer: dict[int, OfferRunning] = {}
         for gang in sorted(running, key=lambda g: g.job_id):
             located = _locate(inventory, gang)
-            if located is not None:
-                offer, shares = located
-                self.by_offer.setdefault(id(offer), []).append((gang, shares))
+            if located is None:
+                continue
+            offer, shares = located
+            entry = self._by_offer.setdefault(id(offer), OfferRunning())
+            entry.all.append((gang, shares))
+            if gang.terminating:
+                entry.draining.append((gang, shares))
+            elif preemptible(gang):
+                entry.by_tenant.setdefault(gang.tenant, []).append((gang, shares))
+        for entry in self._by_offer.values():
+            for gangs in entry.by_tenant.values():
+                gangs.sort(key=lambda item: (item[0].priority, item[0].job_id))
         self.claimed: set[str] = set()
 
-    def on(self, offer: Offer) -> list[tuple[RunningGang, tuple[tuple[int, int], ...]]]:
-        return self.by_offer.get(id(offer), [])
+    def entries(self) -> Iterable[OfferRunning]:
+        return self._by_offer.values()
+
+    def entry(self, offer: Offer) -> OfferRunning | None:
+        return self._by_offer.get(id(offer))
+
+    def on(self, offer: Offer) -> list[Located]:
+        entry = self._by_offer.get(id(offer))
+        return [] if entry is None else entry.all
 
 
 def _locate(inventory: Inventory, gang: RunningGang) -> tuple[Offer, tuple[tuple[int, int], ...]] | None:
@@ -99,32 +133,39 @@ def choose_victims(
     shape: tuple[int, ...],
     offers: Sequence[Offer],
     index: RunningIndex,
-    candidates: Callable[[Offer, RunningGang], PreemptionReason | None],
+    rule: Callable[[Offer, TenantId], TenantRule | None],
     offer_cost: Callable[[Offer], float],
     valid: Callable[[Sequence[Candidate]], bool],
 ) -> VictimChoice | None:
     """The best victim set over `offers`, or None when no set lets the gang fit on any of them.
 
-    `candidates(offer, gang)` says whether and why a running gang may be evicted for this preemptor;
+    `rule(offer, tenant)` says whether, why and below which priority the tenant's gangs may be evicted;
     `valid(victims)` may still refuse a whole set (a borrower evicted below its guarantee).
     """
     best: VictimChoice | None = None
     best_key: tuple[int, int, float, tuple[object, ...]] | None = None
     need = sum(shape)
+    claimed = index.claimed
     for offer in offers:
-        running = index.on(offer)
-        if not running or sum(offer.node_sizes) < need:
+        entry = index.entry(offer)
+        if entry is None or not offer.fits_when_empty(shape):
             continue
-        draining = [(g, s) for g, s in running if g.terminating and g.job_id not in index.claimed]
+        draining = [(g, s) for g, s in entry.draining if g.job_id not in claimed]
+        room = offer.free.total_free + sum(g.gpu_count for g, _ in draining)
         eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
-        for gang, shares in running:
-            if gang.terminating or gang.job_id in index.claimed:
+        for tenant, gangs in entry.by_tenant.items():
+            found = rule(offer, tenant)
+            if found is None:
                 continue
-            reason = candidates(offer, gang)
-            if reason is not None:
-                eligible.append(((gang, reason), shares))
-        if not draining and not eligible:
-            continue
+            reason, below = found
+            for gang, shares in gangs:
+                if below is not None and gang.priority >= below:
+                    break
+                if gang.job_id not in claimed:
+                    eligible.append(((gang, reason), shares))
+                    room += gang.gpu_count
+        if room < need:
+            continue  # not enough GPUs even with every candidate gone
         nodes = offer.nodes()
         freed = _with([0] * len(nodes), (s for _, shares in draining for s in shares))
         everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))

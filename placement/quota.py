@@ -52,6 +52,18 @@ class QuotaBook:
         self.path: dict[TenantId, tuple[TenantId, ...]] = {t: self._path_of(t) for t in merged}
         has_children = {parent for path in self.path.values() for parent in path[1:]}
         self._leaves = {t for t in merged if t not in has_children}
+        # The tightest of cap and guarantee + borrowing limit, per (tenant, type) that has either.
+        self._limits: dict[tuple[TenantId, GpuType], int] = {}
+        for quota in merged.values():
+            types = {gpu_type for gpu_type, _ in quota.gpu_caps} | {q.gpu_type for q in quota.quotas}
+            for gpu_type in types:
+                limits = [quota.cap_for(gpu_type)]
+                share = quota.quota_for(gpu_type)
+                if share is not None and share.borrowing_limit_gpus is not None:
+                    limits.append(share.guaranteed_gpus + share.borrowing_limit_gpus)
+                known = [limit for limit in limits if limit is not None]
+                if known:
+                    self._limits[(quota.tenant, gpu_type)] = min(known)
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
@@ -110,17 +122,24 @@ class QuotaBook:
 
     def limit_reason(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
         """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break."""
+        usage, limits = self.usage, self._limits
         for node in self.path[tenant]:
-            quota = self.tenants[node]
-            held = self.held(node, gpu_type)
-            cap = quota.cap_for(gpu_type)
-            if cap is not None and held + need > cap:
-                return explain.cap_reached(node, gpu_type, cap, held, need)
-            share = quota.quota_for(gpu_type)
-            limit = None if share is None else share.borrowing_limit_gpus
-            if share is not None and limit is not None and held + need > share.guaranteed_gpus + limit:
-                return explain.borrowing_limit(node, gpu_type, share.guaranteed_gpus, limit, held, need)
+            limit = limits.get((node, gpu_type))
+            if limit is not None and usage.get((node, gpu_type), 0) + need > limit:
+                return self._limit_reason(node, gpu_type, need)
         return None
+
+    def _limit_reason(self, node: TenantId, gpu_type: GpuType, need: int) -> WaitReason:
+        quota, held = self.tenants[node], self.held(node, gpu_type)
+        cap = quota.cap_for(gpu_type)
+        if cap is not None and held + need > cap:
+            return explain.cap_reached(node, gpu_type, cap, held, need)
+        share = quota.quota_for(gpu_type)
+        assert share is not None
+        assert share.borrowing_limit_gpus is not None
+        return explain.borrowing_limit(
+            node, gpu_type, share.guaranteed_gpus, share.borrowing_limit_gpus, held, need
+        )
 
     def lending_reason(self, tenant: TenantId, gpu_type: GpuType, need: int, free: int) -> WaitReason | None:
         """Why borrowing `need` GPUs would eat into capacity other tenants hold back, if it would."""

@@ -58,22 +58,20 @@ class Room:
         self.fair = fair
         self.costs = costs
         self.classes = {c.name: c for c in sorted(snapshot.priority_classes, key=repr, reverse=True)}
-        self.running = RunningIndex(inventory, snapshot.running)
+        self.running = RunningIndex(inventory, snapshot.running, self._preemptible)
         # What preemption could possibly use, per type: lowest evictable priority per tenant, tenants
         # with evictable gangs, and gangs already leaving. Lets most gangs skip the victim search at once.
         self.lowest_priority: dict[tuple[TenantId, GpuType], int] = {}
         self.evictable_tenants: dict[GpuType, set[TenantId]] = {}
         self.draining_types: set[GpuType] = set()
-        for gangs in self.running.by_offer.values():
-            for gang, _ in gangs:
-                if gang.terminating:
-                    self.draining_types.add(gang.gpu_type)
-                elif self._preemptible(gang):
-                    key = (gang.tenant, gang.gpu_type)
-                    self.lowest_priority[key] = min(
-                        gang.priority, self.lowest_priority.get(key, gang.priority)
-                    )
-                    self.evictable_tenants.setdefault(gang.gpu_type, set()).add(gang.tenant)
+        for entry in self.running.entries():
+            for gang, _ in entry.draining:
+                self.draining_types.add(gang.gpu_type)
+            for tenant, gangs in entry.by_tenant.items():
+                gpu_type = gangs[0][0].gpu_type
+                key = (tenant, gpu_type)
+                self.lowest_priority[key] = min(gangs[0][0].priority, self.lowest_priority.get(key, 1 << 62))
+                self.evictable_tenants.setdefault(gpu_type, set()).add(tenant)
         self.growth = Growth(inventory.scalable)
         self.hold: Hold | None = None
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
@@ -124,14 +122,14 @@ class Room:
                     notes.append(outcome)
                     break
         for group in groups:
+            chosen = self._cheapest_pool(ctx, shape, group)
+            if chosen is None:
+                continue
             if self.policy.private_wait_s_per_gpu_hour > 0:
-                cloud = self._cheapest_pool(ctx, shape, group)
-                wait = None if cloud is None else self.private_wait(ctx, shape, group, cloud[3])
+                wait = self.private_wait(ctx, shape, group, chosen[3])
                 if wait is not None:
                     return [*notes, wait]
-            request = self._request_capacity(ctx, shape, group)
-            if request is not None:
-                return [*notes, request]
+            return [*notes, self._request_capacity(ctx, chosen)]
         if self.policy.backfill and self.hold is None:
             offers = [o for group in groups for o in self.inventory.search_order(group, ctx.gang.allow_spot)]
             hold = reserve(
@@ -193,15 +191,17 @@ class Room:
             self.no_victims.add(key)
             return None
 
-        def candidate(offer: Offer, victim: RunningGang) -> PreemptionReason | None:
-            if not self._preemptible(victim):
-                return None
-            if victim.tenant == gang.tenant:
-                return PreemptionReason.LOWER_PRIORITY if victim.priority < gang.priority else None
+        reclaim: dict[GpuType, bool] = {}
+
+        def rule(offer: Offer, tenant: TenantId) -> tuple[PreemptionReason, int | None] | None:
+            if tenant == gang.tenant:
+                return (PreemptionReason.LOWER_PRIORITY, gang.priority)
             gpu_type = offer.view.gpu_type
-            evicted = self.evicted.get((victim.tenant, gpu_type), 0)
-            if may_reclaim(gpu_type) and book.borrowing(victim.tenant, gpu_type, evicted):
-                return PreemptionReason.RECLAIM_GUARANTEE
+            may = reclaim.get(gpu_type)
+            if may is None:
+                may = reclaim[gpu_type] = may_reclaim(gpu_type)
+            if may and book.borrowing(tenant, gpu_type, self.evicted.get((tenant, gpu_type), 0)):
+                return (PreemptionReason.RECLAIM_GUARANTEE, None)
             return None
 
         def valid(victims: Sequence[Candidate]) -> bool:
@@ -216,13 +216,22 @@ class Room:
                 evicted[k] = evicted.get(k, 0) + victim.gpu_count
             return True
 
+        limit = self.policy.preemption_limit_gpus
+        if limit is not None and self.preempted_gpus >= limit and not self.draining_types.intersection(group):
+            # Nothing may be evicted any more this interval: spare the victim search.
+            message = (
+                f"no gang may be preempted for this job until the interval ends: all {limit} GPUs that may "
+                "be preempted in it are used"
+            )
+            return WaitReason(
+                Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
+            )
         offers = self.inventory.search_order(group, gang.allow_spot)
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
-        choice = choose_victims(shape, offers, self.running, candidate, cost, valid)
+        choice = choose_victims(shape, offers, self.running, rule, cost, valid)
         if choice is None:
             self.no_victims.add(key)
             return None
-        limit = self.policy.preemption_limit_gpus
         if limit is not None and choice.victims and self.preempted_gpus + choice.victim_gpus > limit:
             message = (
                 f"making room needs evicting {len(choice.victims)} gangs ({choice.victim_gpus} GPUs); "
@@ -299,11 +308,8 @@ class Room:
         return cluster, pool, nodes, cost
 
     def _request_capacity(
-        self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
-    ) -> WaitReason | None:
-        chosen = self._cheapest_pool(ctx, shape, group)
-        if chosen is None:
-            return None
+        self, ctx: GangCost, chosen: tuple[ClusterName, ScalablePool, int, float]
+    ) -> WaitReason:
         cluster, pool, nodes, _ = chosen
         self.growth.ask(cluster, pool, nodes)
         gang = ctx.gang

@@ -1,0 +1,235 @@
+"""The benchmark's snapshot: a busy federation, seeded, so every run plans the same cycle.
+
+10,000 waiting gangs, 50 clusters (20 private, 30 cloud with on-demand, spot and growable pools),
+6 GPU types with relative speeds, 30 tenants (5 organisations of 5 teams) with guarantees, borrowing
+and lending limits, caps, budgets and usage history, four priority classes (one needing approval),
+datasets in several object stores, deadlines, and running gangs placed on known nodes with run-time
+limits, so that every rule of the policy has work to do.
+"""
+
+from __future__ import annotations
+
+import random
+
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    EgressRate,
+    GangRequest,
+    GpuQuota,
+    GpuType,
+    GpuTypePolicy,
+    JobId,
+    NodePool,
+    NodeShare,
+    PolicyConfig,
+    PriorityClass,
+    Provider,
+    RunningGang,
+    ScalablePool,
+    Snapshot,
+    TenantId,
+    TenantQuota,
+)
+
+NOW = 1_000_000.0
+TYPES = [GpuType(t) for t in ("H100", "A100", "L40S", "A10G", "L4", "V100")]
+SPEEDS = {"H100": 2.0, "A100": 1.0, "L40S": 0.8, "A10G": 0.45, "L4": 0.35, "V100": 0.5}
+PRIVATE_PRICE = {"H100": 1.6, "A100": 0.9, "L40S": 0.6, "A10G": 0.35, "L4": 0.25, "V100": 0.3}
+CLOUD_PRICE = {"H100": 4.5, "A100": 2.9, "L40S": 1.9, "A10G": 1.0, "L4": 0.8, "V100": 1.2}
+STORES = ["dc-east", "dc-west", "s3-use1", "gcs-us", "blob-eu"]
+SHAPES = [(1,), (2,), (4,), (8,), (4, 4), (8, 8), (8,) * 4, (8,) * 8, (1, 8, 8), (2, 2, 2, 2)]
+SHAPE_WEIGHTS = [18, 14, 14, 16, 6, 12, 8, 4, 4, 4]
+CLASSES = (
+    PriorityClass("low", 0),
+    PriorityClass("normal", 100),
+    PriorityClass("high", 500),
+    PriorityClass("urgent", 1000, preemptible=False, needs_approval=True),
+)
+
+
+def _clusters(rng: random.Random) -> tuple[list[ClusterState], dict[tuple[str, str], list[int]]]:
+    clusters = []
+    nodes: dict[tuple[str, str], list[int]] = {}
+    for i in range(50):
+        private = i < 20
+        name = ClusterName(f"{'dc' if private else 'cloud'}-{i:02d}")
+        provider = Provider.PRIVATE if private else [Provider.AWS, Provider.GCP, Provider.AZURE][i % 3]
+        store = STORES[i % 2] if private else STORES[2 + i % 3]
+        types = rng.sample(TYPES, 2 if private else 3)
+        pools = []
+        scalable = []
+        for gpu_type in types:
+            count = rng.randint(16, 48) if private else rng.randint(4, 16)
+            kinds = [CapacityKind.PRIVATE] if private else [CapacityKind.ON_DEMAND, CapacityKind.SPOT]
+            for kind in kinds:
+                pool_name = f"{gpu_type.lower()}-{kind.value}"
+                price = PRIVATE_PRICE[gpu_type] if private else CLOUD_PRICE[gpu_type]
+                if kind is CapacityKind.SPOT:
+                    price *= 0.4
+                free = [8] * count
+                nodes[(name, pool_name)] = free
+                pools.append(
+                    NodePool(
+                        pool_name,
+                        gpu_type,
+                        kind,
+                        round(price * (1 + rng.random() * 0.1), 3),
+                        8,
+                        (),
+                        restart_risk_per_hour=0.1 if kind is CapacityKind.SPOT else 0.0,
+                    )
+                )
+            if not private:
+                scalable.append(
+                    ScalablePool(f"{gpu_type.lower()}-grow", gpu_type, CapacityKind.ON_DEMAND,
+                                 CLOUD_PRICE[gpu_type] * 1.05, 8, 0, rng.randint(2, 8))
+                )
+        clusters.append(ClusterState(name, provider, "r", tuple(pools), object_store=store,
+                                     scalable_pools=tuple(scalable)))
+    return clusters, nodes
+
+
+def _tenants(rng: random.Random) -> list[TenantQuota]:
+    tenants = []
+    for org in range(5):
+        org_id = TenantId(f"org{org}")
+        tenants.append(TenantQuota(org_id, quotas=tuple(GpuQuota(t, 0, None, None, 1600) for t in TYPES)))
+        for team in range(5):
+            quotas = tuple(
+                GpuQuota(
+                    t,
+                    guaranteed_gpus=rng.choice([0, 16, 32, 64]),
+                    borrowing_limit_gpus=rng.choice([None, 64, 256]),
+                    lending_limit_gpus=rng.choice([None, None, 16]),
+                    cap_gpus=rng.choice([None, 512]),
+                )
+                for t in TYPES
+            )
+            budget = rng.choice([None, None, 50_000.0])
+            spent = 60_000.0 if (org, team) == (4, 4) else rng.random() * 10_000
+            tenants.append(
+                TenantQuota(
+                    TenantId(f"org{org}-team{team}"),
+                    parent=org_id,
+                    quotas=quotas,
+                    weight=rng.choice([1.0, 1.0, 2.0]),
+                    monthly_budget_gpu_hours=budget,
+                    spent_gpu_hours=spent,
+                    usage_history_gpu_hours=tuple((t, rng.random() * 2000) for t in rng.sample(TYPES, 2)),
+                    max_priority=rng.choice([500, 1000]),
+                )
+            )
+    return tenants
+
+
+def _running(
+    rng: random.Random, clusters: list[ClusterState], nodes: dict[tuple[str, str], list[int]], teams: list[TenantId]
+) -> list[RunningGang]:
+    """Fill private pools to about 70%, cloud pools to about 40%, with gangs on known nodes."""
+    running = []
+    for cluster in clusters:
+        for pool in cluster.pools:
+            free = nodes[(cluster.name, pool.name)]
+            target = 0.7 if pool.kind is CapacityKind.PRIVATE else 0.4
+            for index in range(len(free)):
+                if rng.random() < target:
+                    used = rng.choice([8, 8, 4, 2])
+                    free[index] -= used
+                    job = JobId(f"run-{len(running):05d}")
+                    priority = rng.choice([0, 100, 100, 500])
+                    running.append(
+                        RunningGang(
+                            job,
+                            rng.choice(teams),
+                            priority,
+                            cluster.name,
+                            pool.gpu_type,
+                            used,
+                            queued_at_s=NOW - rng.random() * 86400,
+                            ends_at_s=NOW + rng.random() * 36000,
+                            nodes=(NodeShare(pool.name, index, used),),
+                            priority_class={0: "low", 100: "normal", 500: "high"}[priority],
+                        )
+                    )
+    return running
+
+
+def _gangs(rng: random.Random, count: int, teams: list[TenantId]) -> list[GangRequest]:
+    gangs = []
+    for i in range(count):
+        shape = rng.choices(SHAPES, SHAPE_WEIGHTS)[0]
+        roll = rng.random()
+        if roll < 0.5:
+            types, policy = (rng.choice(TYPES),), GpuTypePolicy.ORDERED
+        elif roll < 0.8:
+            types, policy = tuple(rng.sample(TYPES, 2)), GpuTypePolicy.ORDERED
+        else:
+            types, policy = tuple(rng.sample(TYPES, 3)), GpuTypePolicy.ANY
+        priority_class = rng.choices(CLASSES, [30, 55, 13, 2])[0]
+        dataset = rng.random() < 0.3
+        gangs.append(
+            GangRequest(
+                job_id=JobId(f"job-{i:05d}"),
+                tenant=rng.choice(teams),
+                priority=priority_class.value,
+                queued_at_s=NOW - rng.randint(0, 7200),
+                replica_gpus=shape,
+                gpu_types=types,
+                gpu_type_policy=policy,
+                allow_spot=rng.random() < 0.3,
+                max_runtime_s=rng.choice([0, 1800, 3600, 4 * 3600]),
+                priority_class=priority_class.name,
+                approval_expires_at_s=NOW + 3600 if rng.random() < 0.5 else None,
+                deadline_at_s=NOW + rng.choice([3600, 8 * 3600]) if rng.random() < 0.1 else None,
+                expected_runtime_s=rng.choice([1800.0, 3600.0, 7200.0]),
+                dataset_size_bytes=rng.choice([50, 500, 2000]) * 10**9 if dataset else 0,
+                dataset_store=rng.choice(STORES) if dataset else None,
+            )
+        )
+    return gangs
+
+
+def build(seed: int = 7, gangs: int = 10_000) -> Snapshot:
+    rng = random.Random(seed)
+    clusters, nodes = _clusters(rng)
+    tenants = _tenants(rng)
+    teams = [t.tenant for t in tenants if t.parent is not None]
+    running = _running(rng, clusters, nodes, teams)
+    clusters = [
+        ClusterState(
+            c.name,
+            c.provider,
+            c.region,
+            tuple(
+                NodePool(p.name, p.gpu_type, p.kind, p.usd_per_gpu_hour, p.gpus_per_node,
+                         tuple(nodes[(c.name, p.name)]), p.restart_risk_per_hour)
+                for p in c.pools
+            ),
+            object_store=c.object_store,
+            scalable_pools=c.scalable_pools,
+        )
+        for c in clusters
+    ]
+    egress = tuple(
+        EgressRate(a, b, 0.02 if a.startswith("dc") and b.startswith("dc") else 0.09)
+        for a in STORES
+        for b in STORES
+        if a != b
+    )
+    return Snapshot(
+        queued=tuple(_gangs(rng, gangs, teams)),
+        running=tuple(running),
+        tenants=tuple(tenants),
+        clusters=tuple(clusters),
+        priority_classes=CLASSES,
+        gpu_speeds=tuple((GpuType(t), s) for t, s in SPEEDS.items()),
+        egress_rates=egress,
+        policy=PolicyConfig(
+            preemption_limit_gpus=256,
+            wait_value_usd_per_hour=5.0,
+            private_wait_s_per_gpu_hour=60.0,
+            fair_share_history=True,
+        ),
+    )
