@@ -57,13 +57,13 @@ class QuotaBook:
         for quota in merged.values():
             types = {gpu_type for gpu_type, _ in quota.gpu_caps} | {q.gpu_type for q in quota.quotas}
             for gpu_type in types:
-                limits = [quota.cap_for(gpu_type)]
+                limits: list[int | None] = [quota.cap_for(gpu_type)]
                 share = quota.quota_for(gpu_type)
                 if share is not None and share.borrowing_limit_gpus is not None:
                     limits.append(share.guaranteed_gpus + share.borrowing_limit_gpus)
-                known = [limit for limit in limits if limit is not None]
-                if known:
-                    self._limits[(quota.tenant, gpu_type)] = min(known)
+                bounds = [limit for limit in limits if limit is not None]
+                if bounds:
+                    self._limits[(quota.tenant, gpu_type)] = min(bounds)
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
