@@ -7,8 +7,11 @@ one without (Indexed Jobs); and the Kubernetes backend against a real cluster wh
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +112,20 @@ async def real_subject() -> AsyncIterator[Subject]:
     async with KubernetesBackend(config) as backend:
         assert await backend.wait_synced(30.0), "the real cluster's watches never listed"
         yield Subject(backend, None, simulated=False)
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_threads() -> AsyncIterator[None]:
+    """A closed backend leaves no watch or worker thread behind (close() joins them all)."""
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith("gpufed-") and t.is_alive()]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"threads left running after the test: {left}")
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture(params=["memory", "k8s-sim-volcano", "k8s-sim-indexed", "k8s-real"])

@@ -25,9 +25,12 @@ from clusters.kubernetes import KubernetesBackend
 from clusters.kubernetes.names import object_name
 from clusters.sim import SimCluster
 from placement.model import CapacityKind, GpuType, JobId
-from tests.contract.conftest import POOLS, kube_config
+from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, wait_phase
 from tests.contract.simulated import running_sim
+
+# Every test here checks that the backend it closed left no thread behind.
+pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
 H100 = GpuType("H100")
 ON_DEMAND = CapacityKind.ON_DEMAND
@@ -89,6 +92,13 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 @pytest.fixture
 async def vc_world(tmp_path: Path) -> AsyncIterator[World]:
     async for w in open_world(tmp_path, volcano=True):
+        yield w
+
+
+@pytest.fixture(params=["indexed", "volcano"])
+async def any_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
+    """Both kinds of gang object, for behaviour that must not depend on the kind."""
+    async for w in open_world(tmp_path, volcano=request.param == "volcano"):
         yield w
 
 
@@ -198,60 +208,60 @@ async def test_api_errors_are_unreachable_not_rejections(world: World, mode: str
 # ---- evictions -----------------------------------------------------------------------------------
 
 
-async def test_a_lost_node_evicts_the_gang(world: World) -> None:
+async def test_a_lost_node_evicts_the_gang(any_world: World) -> None:
     gang = a_gang("lost-1", replicas=2, gpus=8, duration_s=60.0)
-    await world.backend.dispatch(gang)
-    await wait_phase(world.backend, gang, GangPhase.RUNNING)
-    pods = await world.pods_of(object_name(gang.job_id, gang.attempt))
-    world.sim.faults.lose_node(pods[0].spec.node_name)
-    status = await wait_phase(world.backend, gang, *[p for p in GangPhase if p.is_final])
+    await any_world.backend.dispatch(gang)
+    await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    pods = await any_world.pods_of(object_name(gang.job_id, gang.attempt))
+    any_world.sim.faults.lose_node(pods[0].spec.node_name)
+    status = await wait_phase(any_world.backend, gang, *[p for p in GangPhase if p.is_final])
     assert status.phase is GangPhase.EVICTED, status
 
 
-async def test_an_evicted_pod_evicts_the_gang(world: World) -> None:
+async def test_an_evicted_pod_evicts_the_gang(any_world: World) -> None:
     gang = a_gang("evicted-1", replicas=2, gpus=4, duration_s=60.0)
-    await world.backend.dispatch(gang)
-    await wait_phase(world.backend, gang, GangPhase.RUNNING)
-    pod = (await world.pods_of(object_name(gang.job_id, gang.attempt)))[0]
+    await any_world.backend.dispatch(gang)
+    await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    pod = (await any_world.pods_of(object_name(gang.job_id, gang.attempt)))[0]
     body = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": pod.metadata.name, "namespace": NS},
     }
-    await world.call(world.core.create_namespaced_pod_eviction, pod.metadata.name, NS, body)
-    status = await wait_phase(world.backend, gang, *[p for p in GangPhase if p.is_final])
+    await any_world.call(any_world.core.create_namespaced_pod_eviction, pod.metadata.name, NS, body)
+    status = await wait_phase(any_world.backend, gang, *[p for p in GangPhase if p.is_final])
     assert status.phase is GangPhase.EVICTED, status
 
 
-async def test_evict_records_an_event_and_reports_evicted(world: World) -> None:
+async def test_evict_records_an_event_and_reports_evicted(any_world: World) -> None:
     gang = a_gang("preempted-1", duration_s=60.0)
-    await world.backend.dispatch(gang)
-    await wait_phase(world.backend, gang, GangPhase.RUNNING)
-    await world.backend.evict(gang.job_id, gang.attempt, 0.0, "preempted by a higher priority job")
-    status = await wait_phase(world.backend, gang, GangPhase.EVICTED)
+    await any_world.backend.dispatch(gang)
+    await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    await any_world.backend.evict(gang.job_id, gang.attempt, 0.0, "preempted by a higher priority job")
+    status = await wait_phase(any_world.backend, gang, GangPhase.EVICTED)
     assert "preempted" in status.message
-    events = await world.call(world.core.list_namespaced_event, NS)
+    events = await any_world.call(any_world.core.list_namespaced_event, NS)
     mine = [e for e in events.items if e.involved_object.name == object_name(gang.job_id, gang.attempt)]
     assert any(e.reason == "Evicted" and "preempted" in (e.message or "") for e in mine)
 
     async def freed() -> bool:
-        return free_gpus(await world.backend.inventory(), H100, ON_DEMAND) == 16
+        return free_gpus(await any_world.backend.inventory(), H100, ON_DEMAND) == 16
 
     await eventually(freed, what="the evicted gang's GPUs to be free")
 
 
-async def test_a_gang_that_fits_only_later_waits_whole(world: World) -> None:
+async def test_a_gang_that_fits_only_later_waits_whole(any_world: World) -> None:
     big = a_gang("fill-1", replicas=2, gpus=8, duration_s=60.0)
-    await world.backend.dispatch(big)
-    await wait_phase(world.backend, big, GangPhase.RUNNING)
+    await any_world.backend.dispatch(big)
+    await wait_phase(any_world.backend, big, GangPhase.RUNNING)
     later = a_gang("later-1", replicas=2, gpus=4, duration_s=60.0)
-    await world.backend.dispatch(later)
+    await any_world.backend.dispatch(later)
     await asyncio.sleep(0.5)
-    assert (await status_of(world.backend, later)).phase is GangPhase.PENDING  # type: ignore[union-attr]
-    pods = await world.pods_of(object_name(later.job_id, later.attempt))
+    assert (await status_of(any_world.backend, later)).phase is GangPhase.PENDING  # type: ignore[union-attr]
+    pods = await any_world.pods_of(object_name(later.job_id, later.attempt))
     assert not [p for p in pods if p.status.phase == "Running"], "part of the gang started"
-    await world.backend.cancel(big.job_id, big.attempt, 0.0)
-    await wait_phase(world.backend, later, GangPhase.RUNNING)
+    await any_world.backend.cancel(big.job_id, big.attempt, 0.0)
+    await wait_phase(any_world.backend, later, GangPhase.RUNNING)
 
 
 async def test_replicas_that_differ_need_volcano(world: World) -> None:
@@ -369,19 +379,19 @@ async def test_volcano_job_shape(vc_world: World) -> None:
 # ---- garbage collection --------------------------------------------------------------------------
 
 
-async def test_garbage_collection_removes_attempts_that_are_not_live(world: World) -> None:
+async def test_garbage_collection_removes_attempts_that_are_not_live(any_world: World) -> None:
     old = a_gang("gc-1", attempt=1, replicas=1, gpus=8, duration_s=60.0)
     new = a_gang("gc-1", attempt=2, replicas=1, gpus=8, duration_s=60.0)
     for gang in (old, new):
-        await world.backend.dispatch(gang)
-        await wait_phase(world.backend, gang, GangPhase.RUNNING)
-    collected = await world.backend.collect_garbage({(new.job_id, new.attempt)}, grace_period_s=0.0)
+        await any_world.backend.dispatch(gang)
+        await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    collected = await any_world.backend.collect_garbage({(new.job_id, new.attempt)}, grace_period_s=0.0)
     assert collected == [(old.job_id, old.attempt)]
 
     async def gone() -> bool:
-        return await status_of(world.backend, old) is None
+        return await status_of(any_world.backend, old) is None
 
     await eventually(gone, what="the stale attempt's gang to be deleted")
-    services = await world.call(world.core.list_namespaced_service, NS)
+    services = await any_world.call(any_world.core.list_namespaced_service, NS)
     assert [s.metadata.name for s in services.items] == [object_name(new.job_id, new.attempt)]
-    assert (await status_of(world.backend, new)).phase is GangPhase.RUNNING  # type: ignore[union-attr]
+    assert (await status_of(any_world.backend, new)).phase is GangPhase.RUNNING  # type: ignore[union-attr]
