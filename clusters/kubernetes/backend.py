@@ -33,7 +33,7 @@ from clusters.kubernetes.inventory import (
     unpriced,
 )
 from clusters.kubernetes.kube import KubeApi, Timeouts, api_client
-from clusters.kubernetes.names import object_name
+from clusters.kubernetes.names import namespace_for, object_name
 from clusters.kubernetes.status import (
     MANAGED_BY,
     MANAGED_BY_KEY,
@@ -221,7 +221,9 @@ class KubernetesBackend:
 
     async def dispatch(self, gang: GangWorkload) -> None:
         await self._require_gang_cache()
-        if (gang.job_id, gang.attempt) in self._gangs():
+        cache_key = f"{namespace_for(self._config.settings.namespace_prefix, gang.tenant)}/"
+        cache_key += object_name(gang.job_id, gang.attempt)
+        if any(i is not None and i.get(cache_key) is not None for i in (self._jobs, self._vcjobs)):
             return
         if not gang.replicas:
             raise GangRejected(f"gang {gang.name} has no replicas")
