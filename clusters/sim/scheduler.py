@@ -107,6 +107,12 @@ class Scheduler:
         self._retry_all = False
         self._seq = itertools.count()
         self._reported: dict[Key, str] = {}
+        self._max_free_gpu = 0
+        self._demands: dict[str, Demand] = {}
+        # Per unit: its place in the queue (priority, arrival) and the GPUs of its largest pod.
+        self._unit_meta: dict[UnitKey, tuple[tuple[int, int], int]] = {}
+        # Units that did not fit when last tried.
+        self._refused: set[UnitKey] = set()
 
     # -- observing ----------------------------------------------------------------------------
 
@@ -142,6 +148,9 @@ class Scheduler:
             unit = _unit_key(pod)
             self._unit_of[key] = unit
             self._units.setdefault(unit, {})[key] = next(self._seq)
+            priority = -int((pod.get("spec") or {}).get("priority") or 0)
+            order, largest = self._unit_meta.get(unit, ((priority, next(self._seq)), 0))
+            self._unit_meta[unit] = (order, max(largest, self._demand(pod).gpu))
             self._fresh.add(unit)
         elif not pending and key in self._unit_of:
             unit = self._unit_of.pop(key)
@@ -150,7 +159,10 @@ class Scheduler:
                 members.pop(key, None)
                 if not members:
                     del self._units[unit]
+                    del self._unit_meta[unit]
+                    self._refused.discard(unit)
             self._reported.pop(key, None)
+            self._demands.pop(pod["metadata"]["uid"], None)
 
     def _account(self, key: Key, node: str, demand: Demand, unit: UnitKey) -> None:
         self._bound[key] = (node, demand, unit)
@@ -187,25 +199,39 @@ class Scheduler:
         self._fresh.clear()
         if not units:
             return False
-        units.sort(key=self._order)
+        units.sort(key=lambda u: self._unit_meta[u][0])
+        self._refresh_max_free()
         for unit in units:
             members = self._units.get(unit)
-            if members:
-                self._schedule_unit(unit, [self._store.require(PODS, *k) for k in members])
+            if not members:
+                continue
+            # A unit refused before whose largest pod fits on no node is skipped without scanning
+            # the nodes: that keeps a backlog of thousands of pending pods cheap while capacity
+            # frees up a little at a time.
+            if unit in self._refused and self._unit_meta[unit][1] > self._max_free_gpu:
+                continue
+            self._schedule_unit(unit, [self._store.require(PODS, *k) for k in members])
         return True
 
-    def _order(self, unit: UnitKey) -> tuple[int, int]:
-        members = self._units[unit]
-        first = min(members.values())
-        key = min(members, key=members.__getitem__)
-        pod = self._store.get(PODS, *key) or {}
-        return (-int((pod.get("spec") or {}).get("priority") or 0), first)
+    def _refresh_max_free(self) -> None:
+        self._max_free_gpu = max(
+            (n.gpu - n.used[0] for n in self._nodes.values() if n.ready and not n.unschedulable), default=0
+        )
+
+    def _demand(self, pod: Obj) -> Demand:
+        """Requests parsed once per pod: quantity parsing dominated scheduling passes otherwise."""
+        uid = pod["metadata"]["uid"]
+        demand = self._demands.get(uid)
+        if demand is None:
+            demand = self._demands[uid] = Demand.of(pod)
+        return demand
 
     def _schedule_unit(self, unit: UnitKey, pods: list[Obj]) -> None:
         kind, namespace, name = unit
         if kind == "group":
             group = self._store.get(POD_GROUPS, namespace, name)
             if group is None:
+                self._refused.add(unit)
                 self._unschedulable(pods, f'podgroup "{namespace}/{name}" not found')
                 return
             min_member = int((group.get("spec") or {}).get("minMember") or 1)
@@ -219,11 +245,14 @@ class Scheduler:
             message = _summary(len(self._nodes), reasons)
             if kind != "pod":
                 message = f"{len(pods)} pending pods of the gang, {need} must start together: {message}"
+            self._refused.add(unit)
             self._unschedulable(pods, message)
             return
         bound = {key_of(p) for p, _ in placed}
         for pod, node in placed:
             self._bind(pod, node)
+        self._refused.discard(unit)
+        self._refresh_max_free()
         if len(bound) < len(pods):
             message = _summary(len(self._nodes), reasons)
             self._unschedulable([p for p in pods if key_of(p) not in bound], message)
@@ -233,9 +262,9 @@ class Scheduler:
         extra: dict[str, list[int]] = {}
         placed: list[tuple[Obj, str]] = []
         reasons: Counter[str] = Counter()
-        ordered = sorted(pods, key=lambda p: -Demand.of(p).gpu)
+        ordered = sorted(pods, key=lambda p: -self._demand(p).gpu)
         for i, pod in enumerate(ordered):
-            demand = Demand.of(pod)
+            demand = self._demand(pod)
             pod_reasons: Counter[str] = Counter()
             node = self._best_node(pod, demand, extra, pod_reasons)
             if node is None:
