@@ -205,6 +205,9 @@ class ClusterBuilder:
         self._region = region
         return self
 
+    def provider_cloud(self) -> ClusterBuilder:
+        return self.provider(Provider.AWS)
+
     def unreachable(self) -> ClusterBuilder:
         self._reachable = False
         return self
