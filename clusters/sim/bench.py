@@ -53,7 +53,8 @@ def run(pods: int, threads: int, duration_s: float) -> None:
         running: set[str] = set()
         done: set[str] = set()
         all_running_s = 0.0
-        watcher: Any = watch.Watch()
+        watch_type: Any = watch.Watch
+        watcher = watch_type()
         stream = watcher.stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=600)
         for event in stream:
             pod = event["raw_object"]
