@@ -22,6 +22,7 @@ from clusters.sim.resources import (
     NAMESPACES,
     POD_GROUPS,
     PODS,
+    QUEUES,
     SERVICES,
     VOLCANO_JOBS,
     ResourceType,
@@ -230,6 +231,13 @@ def _default_volcano_job(_: Admission, job: Obj) -> None:
     job["status"] = {}
 
 
+def _default_queue(_: Admission, queue: Obj) -> None:
+    spec = queue.setdefault("spec", {})
+    spec.setdefault("weight", 1)
+    spec.setdefault("reclaimable", True)
+    queue["status"] = {"state": "Open"}
+
+
 def _default_pod_group(_: Admission, pg: Obj) -> None:
     pg.setdefault("spec", {}).setdefault("minMember", 1)
     pg.setdefault("status", {}).setdefault("phase", "Pending")
@@ -242,4 +250,5 @@ _DEFAULTS = {
     BATCH_JOBS: _default_batch_job,
     VOLCANO_JOBS: _default_volcano_job,
     POD_GROUPS: _default_pod_group,
+    QUEUES: _default_queue,
 }

@@ -102,6 +102,8 @@ class SimClusterConfig:
     # Real seconds between BOOKMARK events on watches that asked for them.
     bookmark_interval_s: float = 5.0
     kubernetes_version: str = "v1.34.0"
+    # False makes a cluster without Volcano: its API groups are neither listed nor served.
+    volcano: bool = True
 
 
 def load(path: str | Path) -> tuple[SimClusterConfig, ...]:
@@ -174,6 +176,7 @@ def from_mapping(data: Any, at: str = "cluster") -> SimClusterConfig:
         time_scale=_number(_get(data, at, "timeScale", default=1.0), f"{at}.timeScale", float) or 1.0,
         history_limit=_number(_get(data, at, "historyLimit", default=20000), f"{at}.historyLimit", int),
         event_limit=_number(_get(data, at, "eventLimit", default=10000), f"{at}.eventLimit", int),
+        volcano=bool(_get(data, at, "volcano", default=True)),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusters.sim.resources import ALL, BY_GROUP_VERSION, VERBS, ResourceType
+from clusters.sim.resources import ALL, BY_GROUP_VERSION, VERBS, VOLCANO_GROUPS, ResourceType
 
 Obj = dict[str, Any]
 
@@ -44,9 +44,11 @@ def _group(name: str, versions: list[str]) -> Obj:
     return {"name": name, "versions": listed, "preferredVersion": listed[0]}
 
 
-def groups() -> Obj:
+def groups(volcano: bool = True) -> Obj:
     by_group: dict[str, list[str]] = {}
     for rt in ALL:
+        if not volcano and rt.group in VOLCANO_GROUPS:
+            continue
         if rt.group and rt.version not in by_group.setdefault(rt.group, []):
             by_group[rt.group].append(rt.version)
     return {

@@ -23,7 +23,7 @@ from clusters.sim.jobs_batch import BatchJobController
 from clusters.sim.jobs_volcano import VolcanoJobController
 from clusters.sim.kubelet import Kubelet
 from clusters.sim.lifecycle import Lifecycle
-from clusters.sim.resources import NAMESPACES, NODES
+from clusters.sim.resources import NAMESPACES, NODES, QUEUES
 from clusters.sim.scheduler import GPU, Scheduler
 from clusters.sim.selectors import LabelSelector, Op, Requirement
 from clusters.sim.store import Change, Store
@@ -89,6 +89,10 @@ class Engine:
             self.store.create(
                 NAMESPACES, self.admission.admit_create(NAMESPACES, {"metadata": {"name": name}}, None)
             )
+        if config.volcano:
+            # A Volcano installation comes with its `default` queue.
+            queue = {"metadata": {"name": "default"}}
+            self.store.create(QUEUES, self.admission.admit_create(QUEUES, queue, None))
         for pool in config.pools:
             self.add_nodes(pool.name, pool.node_count)
         self.reconcile()

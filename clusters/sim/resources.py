@@ -52,6 +52,11 @@ VOLCANO_JOBS = ResourceType(
 POD_GROUPS = ResourceType(
     "scheduling.volcano.sh", "v1beta1", "podgroups", "podgroup", "PodGroup", True, ("pg", "podgroup-v1beta1")
 )
+QUEUES = ResourceType(
+    "scheduling.volcano.sh", "v1beta1", "queues", "queue", "Queue", False, ("q", "queue-v1beta1")
+)
+# Served only by clusters configured with Volcano (the default).
+VOLCANO_GROUPS = frozenset({"batch.volcano.sh", "scheduling.volcano.sh"})
 
 ALL: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -62,6 +67,7 @@ ALL: tuple[ResourceType, ...] = (
     BATCH_JOBS,
     VOLCANO_JOBS,
     POD_GROUPS,
+    QUEUES,
 )
 
 # (group, version) -> plural -> type, for routing.

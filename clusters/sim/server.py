@@ -20,7 +20,7 @@ from clusters.sim import discovery, errors, faults, patch, podstatus, table, wat
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
 from clusters.sim.faults import Faults, Unreachable
-from clusters.sim.resources import PODS, ResourceType, lookup
+from clusters.sim.resources import PODS, VOLCANO_GROUPS, ResourceType, lookup
 from clusters.sim.selectors import parse_field_selector, parse_label_selector
 from clusters.sim.store import Watcher, clone
 
@@ -115,19 +115,27 @@ class ApiServer:
         return _json_response(discovery.core_versions(request.host))
 
     async def _groups(self, _: web.Request) -> web.Response:
-        return _json_response(discovery.groups())
+        return _json_response(discovery.groups(self._engine.config.volcano))
 
     async def _core_resources(self, _: web.Request) -> web.Response:
         return _json_response(discovery.resources("", "v1") or {})
 
+    def _serves(self, group: str) -> bool:
+        return self._engine.config.volcano or group not in VOLCANO_GROUPS
+
     async def _group(self, request: web.Request) -> web.Response:
-        body = discovery.group(request.match_info["group"])
+        body = (
+            discovery.group(request.match_info["group"])
+            if self._serves(request.match_info["group"])
+            else None
+        )
         if body is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return _json_response(body)
 
     async def _group_resources(self, request: web.Request) -> web.Response:
-        body = discovery.resources(request.match_info["group"], request.match_info["version"])
+        group = request.match_info["group"]
+        body = discovery.resources(group, request.match_info["version"]) if self._serves(group) else None
         if body is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return _json_response(body)
@@ -149,6 +157,8 @@ class ApiServer:
         if len(parts) >= 3 and parts[0] == "namespaces" and lookup(group, version, parts[2]) is not None:
             namespace, parts = parts[1], parts[2:]
         rt = lookup(group, version, parts[0])
+        if rt is not None and rt.group in VOLCANO_GROUPS and not self._engine.config.volcano:
+            rt = None
         if rt is None or len(parts) > 3 or (namespace is not None and not rt.namespaced):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = parts[1] if len(parts) > 1 else None

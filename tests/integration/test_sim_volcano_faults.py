@@ -285,3 +285,36 @@ def test_pool_scales_up_and_down(sim: ThreadedSim, core: client.CoreV1Api) -> No
     removed = admin(sim, "DELETE", "/pools/h100/nodes?count=3")["removed"]
     assert removed == ["vc-h100-3", "vc-h100-2", "vc-h100-1"]
     assert [n.metadata.name for n in core.list_node().items] == ["vc-h100-0"]
+
+
+def test_queues_are_served_and_a_second_create_is_409(custom: client.CustomObjectsApi) -> None:
+    queue = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": "vision"},
+        "spec": {"weight": 1, "reclaimable": True},
+    }
+    custom.create_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues", queue)
+    with pytest.raises(ApiException) as info:
+        custom.create_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues", queue)
+    assert info.value.status == 409
+    names = [
+        q["metadata"]["name"]
+        for q in custom.list_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues")["items"]
+    ]
+    assert names == ["default", "vision"]
+
+
+def test_a_cluster_without_volcano_neither_lists_nor_serves_it() -> None:
+    config = cluster("plain", [SimPoolConfig.of("h100", "H100")], volcano=False)
+    with ThreadedSim(config) as sim:
+        configuration = client.Configuration()
+        configuration.host = sim.url
+        api = client.ApiClient(configuration)
+        groups = {g.name for g in client.ApisApi(api).get_api_versions().groups}
+        assert groups == {"batch"}
+        with pytest.raises(ApiException) as info:
+            client.CustomObjectsApi(api).create_namespaced_custom_object(
+                GROUP, VERSION, "default", "jobs", a_vcjob("x")
+            )
+        assert info.value.status == 404
