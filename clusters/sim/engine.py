@@ -117,7 +117,12 @@ class Engine:
         """The control loop: reconcile, then sleep until a change or the next timer."""
         while True:
             self._wake.clear()
-            self.reconcile()
+            try:
+                self.reconcile()
+            except Exception:
+                # A bug in one controller must not freeze the whole cluster: log it and go on, as a
+                # real controller manager's work queue retries a failed key.
+                log.exception("sim_reconcile_failed", cluster=self.config.name)
             delay = self.timers.next_delay_s()
             if self._wake.is_set():
                 continue

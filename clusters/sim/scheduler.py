@@ -319,6 +319,10 @@ class Scheduler:
         terms: list[Obj],
         extra: list[int] | None,
     ) -> str | None:
+        add = extra or (0, 0, 0, 0)
+        # Capacity first: on a busy cluster it is what rules out most nodes, and it is the cheapest.
+        if demand.gpu and info.gpu - info.used[0] - add[0] < demand.gpu:
+            return f"Insufficient {GPU}"
         if not info.ready:
             return "node(s) were not ready"
         if info.unschedulable:
@@ -330,9 +334,6 @@ class Scheduler:
             terms, info.labels
         ):
             return "node(s) didn't match Pod's node affinity/selector"
-        add = extra or (0, 0, 0, 0)
-        if demand.gpu and info.gpu - info.used[0] - add[0] < demand.gpu:
-            return f"Insufficient {GPU}"
         if demand.cpu_m and info.cpu_m - info.used[1] - add[1] < demand.cpu_m:
             return "Insufficient cpu"
         if demand.memory_b and info.memory_b - info.used[2] - add[2] < demand.memory_b:

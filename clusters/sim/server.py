@@ -14,6 +14,7 @@ import contextlib
 import json
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from clusters.sim import discovery, errors, faults, patch, podstatus, table, watchstream
@@ -25,6 +26,7 @@ from clusters.sim.selectors import parse_field_selector, parse_label_selector
 from clusters.sim.store import Watcher, clone
 
 Obj = dict[str, Any]
+log = structlog.get_logger("gpufed.clusters.sim")
 _OPEN_PATHS = ("/sim/", "/healthz", "/livez", "/readyz")
 
 
@@ -99,6 +101,13 @@ class ApiServer:
             return await handler(request)  # type: ignore[no-any-return]
         except ApiError as exc:
             return _error_response(exc)
+        except web.HTTPException:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A body the simulator could not make sense of: a real server would have refused it as
+            # invalid, so the client gets a Status rather than a bare 500 page.
+            log.warning("sim_request_failed", path=request.path, method=request.method, error=repr(exc))
+            return _error_response(ApiError(422, "Invalid", f"the request could not be processed: {exc!r}"))
 
     # -- discovery ----------------------------------------------------------------------------
 

@@ -6,7 +6,10 @@ drives it with the synchronous client exactly as a backend would.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -469,3 +472,46 @@ def test_bearer_token_is_required_when_configured() -> None:
         configuration.api_key = {"authorization": "s3cret"}
         configuration.api_key_prefix = {"authorization": "Bearer"}
         assert len(client.CoreV1Api(client.ApiClient(configuration)).list_node().items) == 1
+
+
+def test_time_scale_runs_simulated_seconds_faster() -> None:
+    config = cluster("fast", [SimPoolConfig.of("a", "A100")], time_scale=20)
+    with ThreadedSim(config) as sim:
+        configuration = client.Configuration()
+        configuration.host = sim.url
+        core = client.CoreV1Api(client.ApiClient(configuration))
+        started = time.monotonic()
+        core.create_namespaced_pod("default", a_pod("p", duration_s=4))
+        wait_for(lambda: core.read_namespaced_pod("p", "default").status.phase == "Succeeded")
+        assert time.monotonic() - started < 1.5
+
+
+def test_status_subresource_writes_only_status(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", a_pod("s", duration_s=60))
+    core.patch_namespaced_pod_status(
+        "s", "default", {"status": {"message": "hello"}, "metadata": {"labels": {"x": "1"}}}
+    )
+    core.patch_namespaced_pod("s", "default", {"status": {"message": "ignored"}})
+    pod = core.read_namespaced_pod("s", "default")
+    assert (pod.status.message, pod.metadata.labels) == ("hello", None)
+
+
+def test_watch_1_and_raw_lines(sim: ThreadedSim, core: client.CoreV1Api) -> None:
+    rv = core.list_node().metadata.resource_version
+    core.patch_node("sim1-l4-0", {"metadata": {"labels": {"touched": "yes"}}})
+    url = f"{sim.url}/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds=1"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        lines = [json.loads(line) for line in response.read().splitlines() if line]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("MODIFIED", "sim1-l4-0")]
+
+
+def test_nonsense_body_is_a_status_not_a_crash(sim: ThreadedSim) -> None:
+    request = urllib.request.Request(
+        f"{sim.url}/api/v1/namespaces/default/pods",
+        data=b'{"metadata": "x"}',
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert json.loads(info.value.read())["kind"] == "Status"
