@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from clusters.sim import discovery, errors, faults, patch, podstatus, table, watchstream
+from clusters.sim import discovery, errors, faults, paging, patch, podstatus, table, watchstream
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
 from clusters.sim.faults import Faults, Unreachable
@@ -232,19 +232,15 @@ class ApiServer:
                 streams=self._streams,
             )
         items = store.list(rt, namespace, labels, fields)
-        rv = str(store.resource_version)
+        list_meta: Obj = {"resourceVersion": str(store.resource_version)}
+        items = paging.page(items, list_meta, query.get("limit", ""), query.get("continue", ""))
         if table.wants_table(request.headers.get("Accept", "")):
-            body = table.render(
-                rt, items, self._engine.clock.wall_s(), rv, query.get("includeObject", "Metadata")
-            )
+            include = query.get("includeObject", "Metadata")
+            body = table.render(rt, items, self._engine.clock.wall_s(), list_meta["resourceVersion"], include)
+            body["metadata"] = list_meta
             return _json_response(body)
         return _json_response(
-            {
-                "kind": f"{rt.kind}List",
-                "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": rv},
-                "items": items,
-            }
+            {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": list_meta, "items": items}
         )
 
     async def _body(self, request: web.Request) -> Any:

@@ -515,3 +515,22 @@ def test_nonsense_body_is_a_status_not_a_crash(sim: ThreadedSim) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)
     assert json.loads(info.value.read())["kind"] == "Status"
+
+
+def test_lists_page_with_limit_and_continue(core: client.CoreV1Api) -> None:
+    for i in range(5):
+        core.create_namespaced_pod("default", a_pod(f"page-{i}", duration_s=60))
+    first = core.list_namespaced_pod("default", limit=2)
+    assert [p.metadata.name for p in first.items] == ["page-0", "page-1"]
+    assert first.metadata.remaining_item_count == 3
+    names = [p.metadata.name for p in first.items]
+    token = first.metadata._continue
+    while token:
+        page = core.list_namespaced_pod("default", limit=2, _continue=token)
+        assert page.metadata.resource_version == first.metadata.resource_version
+        names += [p.metadata.name for p in page.items]
+        token = page.metadata._continue
+    assert names == [f"page-{i}" for i in range(5)]
+    with pytest.raises(ApiException) as info:
+        core.list_namespaced_pod("default", limit=2, _continue="garbage")
+    assert info.value.status == 400
