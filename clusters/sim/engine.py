@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import structlog
 
 from clusters.sim.admission import Admission
+from clusters.sim.capacity import GPU
 from clusters.sim.clock import Clock, ScaledClock, rfc3339
 from clusters.sim.config import SimClusterConfig, SimPoolConfig
 from clusters.sim.events import EventRecorder
@@ -24,7 +25,7 @@ from clusters.sim.jobs_volcano import VolcanoJobController
 from clusters.sim.kubelet import Kubelet
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import NAMESPACES, NODES, QUEUES
-from clusters.sim.scheduler import GPU, Scheduler
+from clusters.sim.scheduler import Scheduler
 from clusters.sim.selectors import LabelSelector, Op, Requirement
 from clusters.sim.store import Change, Store
 from clusters.sim.timers import Timers

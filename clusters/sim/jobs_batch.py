@@ -19,7 +19,7 @@ from clusters.sim.events import EventRecorder
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import BATCH_JOBS, PODS
 from clusters.sim.selectors import LabelSelector, Op, Requirement
-from clusters.sim.store import Change, EventType, Key, Store, clone, key_of
+from clusters.sim.store import Change, EventType, Key, Store, clone, edit, key_of
 from clusters.sim.timers import Timers
 
 Obj = dict[str, Any]
@@ -120,7 +120,7 @@ class BatchJobController:
         m = job["metadata"]
         spec = job["spec"]
         tally = self._tallies.setdefault(m["uid"], _Tally())
-        new = clone(job)
+        new = edit(job, "status")
         status = new.setdefault("status", {})
         wall_s = self._clock.wall_s()
         if spec.get("suspend"):

@@ -21,7 +21,7 @@ from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import POD_GROUPS, PODS, SERVICES, VOLCANO_JOBS
 from clusters.sim.scheduler import GROUP_ANNOTATION
 from clusters.sim.selectors import LabelSelector, Op, Requirement
-from clusters.sim.store import Change, EventType, Key, Store, clone, key_of
+from clusters.sim.store import Change, EventType, Key, Store, clone, edit, key_of
 
 Obj = dict[str, Any]
 JOB_NAME = "volcano.sh/job-name"
@@ -119,7 +119,7 @@ class VolcanoJobController:
     def _sync_job(self, job: Obj) -> None:
         m = job["metadata"]
         spec = job["spec"]
-        new = clone(job)
+        new = edit(job, "status")
         status = new.setdefault("status", {})
         status.setdefault("state", {})
         wall_s = self._clock.wall_s()
@@ -375,7 +375,7 @@ class VolcanoJobController:
         min_member = int(group["spec"].get("minMember", 1))
         if phase is None:
             phase = "Running" if status.get("running", 0) >= min_member else "Inqueue"
-        new = clone(group)
+        new = edit(group, "status")
         new["status"] = {
             "phase": phase,
             "running": status.get("running", 0),

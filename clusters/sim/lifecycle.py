@@ -16,7 +16,7 @@ from clusters.sim import podstatus
 from clusters.sim.clock import Clock, rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import BATCH_JOBS, NAMESPACES, PODS, ResourceType
-from clusters.sim.store import Change, EventType, Store, clone
+from clusters.sim.store import Change, EventType, Store, clone, edit
 from clusters.sim.timers import Timers
 
 Obj = dict[str, Any]
@@ -97,7 +97,7 @@ class Lifecycle:
             return self._store.remove(PODS, m.get("namespace", ""), m["name"])
         if podstatus.is_deleting(pod):
             return pod
-        marked = clone(pod)
+        marked = edit(pod)
         marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s() + grace_s)
         marked["metadata"]["deletionGracePeriodSeconds"] = int(grace_s)
         marked = self._store.update(PODS, marked)

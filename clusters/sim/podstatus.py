@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from clusters.sim.clock import rfc3339
-from clusters.sim.store import clone
+from clusters.sim.store import edit
 
 Obj = dict[str, Any]
 
@@ -75,7 +75,7 @@ def _container_id(pod: Obj, name: str) -> str:
 
 def running(pod: Obj, wall_s: float, host_ip: str, pod_ip: str) -> Obj:
     """The pod with its containers started and Ready."""
-    new = clone(pod)
+    new = edit(pod, "status")
     status = new.setdefault("status", {})
     stamp = rfc3339(wall_s)
     status["phase"] = "Running"
@@ -113,7 +113,7 @@ def terminated(
     container_reason: str | None = None,
 ) -> Obj:
     """The pod ended: Succeeded when every container exited 0, Failed otherwise."""
-    new = clone(pod)
+    new = edit(pod, "status")
     status = new.setdefault("status", {})
     stamp = rfc3339(wall_s)
     status["phase"] = "Succeeded" if exit_code == 0 and reason is None else "Failed"

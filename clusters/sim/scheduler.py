@@ -14,82 +14,20 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
-from clusters.sim import podstatus, quantity
+from clusters.sim import podstatus
+from clusters.sim.capacity import GPU, Demand, NodeInfo, tolerates
 from clusters.sim.clock import Clock
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import NODES, POD_GROUPS, PODS
 from clusters.sim.selectors import node_selector_terms_match
-from clusters.sim.store import Change, EventType, Key, Store, clone, key_of
+from clusters.sim.store import Change, EventType, Key, Store, edit, key_of
 
 Obj = dict[str, Any]
-GPU = "nvidia.com/gpu"
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 # ("group", ns, podgroup) | ("job", ns, job uid) | ("pod", ns, name)
 UnitKey = tuple[str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    gpu: int = 0
-    cpu_m: int = 0
-    memory_b: int = 0
-
-    @classmethod
-    def of(cls, pod: Obj) -> Demand:
-        gpu = cpu = mem = 0
-        for c in podstatus.containers(pod):
-            requests = (c.get("resources") or {}).get("requests") or {}
-            gpu += quantity.whole(requests.get(GPU, 0))
-            cpu += quantity.milli(requests.get("cpu", 0))
-            mem += quantity.whole(requests.get("memory", 0))
-        return cls(gpu, cpu, mem)
-
-
-@dataclass(slots=True)
-class NodeInfo:
-    name: str
-    labels: dict[str, str]
-    taints: list[Obj]
-    ready: bool
-    unschedulable: bool
-    gpu: int
-    cpu_m: int
-    memory_b: int
-    pods: int
-    used: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
-
-    @classmethod
-    def of(cls, node: Obj) -> NodeInfo:
-        alloc = (node.get("status") or {}).get("allocatable") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (node.get("status") or {}).get("conditions") or []
-        )
-        return cls(
-            name=node["metadata"]["name"],
-            labels=dict(node["metadata"].get("labels") or {}),
-            taints=list((node.get("spec") or {}).get("taints") or []),
-            ready=ready,
-            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
-            gpu=quantity.whole(alloc.get(GPU, 0)),
-            cpu_m=quantity.milli(alloc.get("cpu", 0)),
-            memory_b=quantity.whole(alloc.get("memory", 0)),
-            pods=quantity.whole(alloc.get("pods", 110)),
-        )
-
-
-def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists" and (not t.get("key") or t.get("key") == taint.get("key")):
-            return True
-        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
-            return True
-    return False
 
 
 class Scheduler:
@@ -98,6 +36,8 @@ class Scheduler:
         self._clock = clock
         self._recorder = recorder
         self._nodes: dict[str, NodeInfo] = {}
+        # Node names by free GPUs, so that best fit looks at the tightest nodes first.
+        self._by_free: dict[int, set[str]] = {}
         self._bound: dict[Key, tuple[str, Demand, UnitKey]] = {}
         self._group_bound: Counter[UnitKey] = Counter()
         # Pending pods by unit, in arrival order, and the units not yet tried since the last change.
@@ -121,14 +61,15 @@ class Scheduler:
             self._observe_pod(change)
         elif change.rt is NODES:
             name = change.obj["metadata"]["name"]
-            if change.type is EventType.DELETED:
-                self._nodes.pop(name, None)
-            else:
+            previous = self._nodes.pop(name, None)
+            if previous is not None:
+                self._unbucket(previous)
+            if change.type is not EventType.DELETED:
                 info = NodeInfo.of(change.obj)
-                previous = self._nodes.get(name)
                 if previous is not None:
                     info.used = previous.used
                 self._nodes[name] = info
+                self._bucket(info)
             self._retry_all = True
         elif change.rt is POD_GROUPS and change.type is not EventType.DELETED:
             self._retry_all = True
@@ -169,10 +110,12 @@ class Scheduler:
         self._group_bound[unit] += 1
         info = self._nodes.get(node)
         if info is not None:
+            self._unbucket(info)
             info.used[0] += demand.gpu
             info.used[1] += demand.cpu_m
             info.used[2] += demand.memory_b
             info.used[3] += 1
+            self._bucket(info)
 
     def _release(self, key: Key) -> None:
         node, demand, unit = self._bound.pop(key)
@@ -181,11 +124,24 @@ class Scheduler:
             del self._group_bound[unit]
         info = self._nodes.get(node)
         if info is not None:
+            self._unbucket(info)
             info.used[0] -= demand.gpu
             info.used[1] -= demand.cpu_m
             info.used[2] -= demand.memory_b
             info.used[3] -= 1
+            self._bucket(info)
         self._retry_all = True
+
+    def _bucket(self, info: NodeInfo) -> None:
+        self._by_free.setdefault(info.gpu - info.used[0], set()).add(info.name)
+
+    def _unbucket(self, info: NodeInfo) -> None:
+        free = info.gpu - info.used[0]
+        bucket = self._by_free.get(free)
+        if bucket is not None:
+            bucket.discard(info.name)
+            if not bucket:
+                del self._by_free[free]
 
     def free_gpus(self) -> dict[str, int]:
         """Free GPUs per node as the scheduler sees them, for tests and the admin endpoint."""
@@ -295,19 +251,35 @@ class Scheduler:
             or {}
         ).get("nodeSelectorTerms") or []
         best: tuple[int, int, str] | None = None
-        for info in self._nodes.values():
-            why = self._unfit(info, demand, selector, tolerations, terms, extra.get(info.name))
-            if why is not None:
-                reasons[why] += 1
+        # Nodes already holding some of this gang's tentative pods sit in stale buckets: judge them
+        # one by one, then walk the buckets from the tightest fit up and stop at the first that fits.
+        for name, add in extra.items():
+            info = self._nodes[name]
+            if self._unfit(info, demand, selector, tolerations, terms, add) is None:
+                score = (
+                    info.gpu - info.used[0] - add[0] - demand.gpu,
+                    info.cpu_m - info.used[1] - add[1],
+                    name,
+                )
+                best = score if best is None else min(best, score)
+        for free in sorted(self._by_free):
+            if free < demand.gpu:
                 continue
-            add = extra.get(info.name, (0, 0, 0, 0))
-            score = (
-                info.gpu - info.used[0] - add[0] - demand.gpu,
-                info.cpu_m - info.used[1] - add[1],
-                info.name,
-            )
-            if best is None or score < best:
-                best = score
+            if best is not None and free - demand.gpu > best[0]:
+                break
+            for name in self._by_free[free]:
+                if name in extra:
+                    continue
+                info = self._nodes[name]
+                if self._unfit(info, demand, selector, tolerations, terms, None) is None:
+                    score = (free - demand.gpu, info.cpu_m - info.used[1], name)
+                    best = score if best is None else min(best, score)
+        if best is None:
+            # Nothing fits: look at every node once, to say why, as kube-scheduler's message does.
+            for info in self._nodes.values():
+                why = self._unfit(info, demand, selector, tolerations, terms, extra.get(info.name))
+                if why is not None:
+                    reasons[why] += 1
         return None if best is None else best[2]
 
     @staticmethod
@@ -328,7 +300,7 @@ class Scheduler:
         if info.unschedulable:
             return "node(s) were unschedulable"
         for taint in info.taints:
-            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, taint):
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
                 return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
         if any(info.labels.get(k) != v for k, v in selector.items()) or not node_selector_terms_match(
             terms, info.labels
@@ -344,8 +316,8 @@ class Scheduler:
 
     def _bind(self, pod: Obj, node: str) -> None:
         wall_s = self._clock.wall_s()
-        bound = clone(pod)
-        bound["spec"]["nodeName"] = node
+        bound = edit(pod, "status")
+        bound["spec"] = {**pod["spec"], "nodeName": node}
         podstatus.set_condition(bound, "PodScheduled", "True", wall_s)
         bound = self._store.update(PODS, bound)
         m = bound["metadata"]
@@ -364,7 +336,7 @@ class Scheduler:
             if self._reported.get(key) == message:
                 continue
             self._reported[key] = message
-            marked = clone(pod)
+            marked = edit(pod, "status")
             podstatus.set_condition(marked, "PodScheduled", "False", wall_s, "Unschedulable", message)
             marked = self._store.update(PODS, marked)
             self._recorder.record(

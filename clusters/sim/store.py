@@ -59,6 +59,20 @@ def clone(value: T) -> T:
     return cast(T, _clone(value))
 
 
+def edit(obj: Obj, *parts: str) -> Obj:
+    """A copy to change: `metadata` and the named top-level parts deep, the rest shared.
+
+    Cheaper than `clone` on hot paths (a status update need not copy the pod's spec); safe because
+    committed objects are never mutated and the store only sets top-level metadata fields.
+    """
+    new = dict(obj)
+    new["metadata"] = clone(obj.get("metadata") or {})
+    for part in parts:
+        if part in obj:
+            new[part] = clone(obj[part])
+    return new
+
+
 def meta(obj: Obj) -> Obj:
     m: Obj | None = obj.get("metadata")
     if m is None:
