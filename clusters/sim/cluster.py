@@ -61,10 +61,7 @@ class SimCluster:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
         await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        port = sockets[0].getsockname()[1]
+        port = self._runner.addresses[0][1]
         self._url = f"http://{self._host}:{port}"
         log.info("sim_cluster_started", cluster=self.name, url=self._url)
 

@@ -135,6 +135,29 @@ def test_get_pods_all_namespaces_and_short_names(sim: tuple[ThreadedSim, Path]) 
     assert wide[0][:7] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]
 
 
+def test_get_jobs_shows_completions(sim: tuple[ThreadedSim, Path]) -> None:
+    running, kubeconfig = sim
+    job = {
+        "metadata": {"name": "train"},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 2,
+            "parallelism": 2,
+            "template": {
+                "metadata": {"annotations": {"sim.gpufed.io/duration": "0.1"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "train:1"}]},
+            },
+        },
+    }
+    client.BatchV1Api(api_for(running)).create_namespaced_job("default", job)
+    deadline = time.monotonic() + 10
+    while "Complete" not in kubectl(kubeconfig, "get", "jobs") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    table = rows(kubectl(kubeconfig, "get", "jobs"))
+    assert table[0] == ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]
+    assert table[1][:3] == ["train", "Complete", "2/2"]
+
+
 def test_get_pods_watch_streams_changes(sim: tuple[ThreadedSim, Path]) -> None:
     running, kubeconfig = sim
     assert KUBECTL is not None

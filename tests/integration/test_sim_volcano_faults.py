@@ -318,3 +318,27 @@ def test_a_cluster_without_volcano_neither_lists_nor_serves_it() -> None:
                 GROUP, VERSION, "default", "jobs", a_vcjob("x")
             )
         assert info.value.status == 404
+
+
+def test_vcjob_watch_through_custom_objects_api(custom: client.CustomObjectsApi) -> None:
+    rv = custom.list_namespaced_custom_object(GROUP, VERSION, "default", "jobs")["metadata"][
+        "resourceVersion"
+    ]
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "jobs", a_vcjob("w", workers=1, worker_s=0.2)
+    )
+    phases: list[str] = []
+    for event in watch.Watch().stream(
+        custom.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        "default",
+        "jobs",
+        resource_version=rv,
+        timeout_seconds=10,
+    ):
+        phases.append(event["object"].get("status", {}).get("state", {}).get("phase", ""))
+        if phases[-1] == "Completed":
+            break
+    assert phases[-1] == "Completed"
+    assert "Running" in phases
