@@ -83,11 +83,21 @@ def _clusters(rng: random.Random) -> tuple[list[ClusterState], dict[tuple[str, s
                 )
             if not private:
                 scalable.append(
-                    ScalablePool(f"{gpu_type.lower()}-grow", gpu_type, CapacityKind.ON_DEMAND,
-                                 CLOUD_PRICE[gpu_type] * 1.05, 8, 0, rng.randint(2, 8))
+                    ScalablePool(
+                        f"{gpu_type.lower()}-grow",
+                        gpu_type,
+                        CapacityKind.ON_DEMAND,
+                        CLOUD_PRICE[gpu_type] * 1.05,
+                        8,
+                        0,
+                        rng.randint(2, 8),
+                    )
                 )
-        clusters.append(ClusterState(name, provider, "r", tuple(pools), object_store=store,
-                                     scalable_pools=tuple(scalable)))
+        clusters.append(
+            ClusterState(
+                name, provider, "r", tuple(pools), object_store=store, scalable_pools=tuple(scalable)
+            )
+        )
     return clusters, nodes
 
 
@@ -125,7 +135,10 @@ def _tenants(rng: random.Random) -> list[TenantQuota]:
 
 
 def _running(
-    rng: random.Random, clusters: list[ClusterState], nodes: dict[tuple[str, str], list[int]], teams: list[TenantId]
+    rng: random.Random,
+    clusters: list[ClusterState],
+    nodes: dict[tuple[str, str], list[int]],
+    teams: list[TenantId],
 ) -> list[RunningGang]:
     """Fill private pools to about 70%, cloud pools to about 40%, with gangs on known nodes."""
     running = []
@@ -203,8 +216,15 @@ def build(seed: int = 7, gangs: int = 10_000) -> Snapshot:
             c.provider,
             c.region,
             tuple(
-                NodePool(p.name, p.gpu_type, p.kind, p.usd_per_gpu_hour, p.gpus_per_node,
-                         tuple(nodes[(c.name, p.name)]), p.restart_risk_per_hour)
+                NodePool(
+                    p.name,
+                    p.gpu_type,
+                    p.kind,
+                    p.usd_per_gpu_hour,
+                    p.gpus_per_node,
+                    tuple(nodes[(c.name, p.name)]),
+                    p.restart_risk_per_hour,
+                )
                 for p in c.pools
             ),
             object_store=c.object_store,
