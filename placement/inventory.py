@@ -139,6 +139,7 @@ class View:
         "_usable",
         "cluster",
         "gpu_type",
+        "index",
         "offers",
         "reachable",
         "store",
@@ -152,6 +153,8 @@ class View:
         self.store = store
         self.offers: list[Offer] = []
         self.version = 0
+        # Position among the views of its GPU type (cluster name order).
+        self.index = 0
         # (shape, allow_spot) -> (version the reason holds for, or None for always; reason)
         self._by_shape: dict[tuple[tuple[int, ...], bool], tuple[int | None, WaitReason]] = {}
         self._usable: dict[bool, list[Offer]] = {}
@@ -250,7 +253,8 @@ class Inventory:
             self.offers.append(offer)
         self.by_type: dict[GpuType, list[View]] = {}
         for (_, gpu_type), view in sorted(views.items()):
-            self.by_type.setdefault(gpu_type, []).append(view)
+            view.index = len(self.by_type.setdefault(gpu_type, []))
+            self.by_type[gpu_type].append(view)
         # Reachable capacity by type: what fair share divides and what lenders' reservations come out of.
         self.capacity_by_type: dict[GpuType, int] = {}
         self.free_by_type: dict[GpuType, int] = {}
@@ -272,7 +276,12 @@ class Inventory:
         self.stores = stores
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
-        self._reasons: dict[tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, Reasons]] = {}
+        # (type, shape, spot, capped) -> (type version, reason per view of the type, ranked reasons)
+        self._reasons: dict[
+            tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, list[WaitReason | None], Reasons]
+        ] = {}
+        # The view each change of a type touched, in order: entry i took the type to version i + 1.
+        self._changes: dict[GpuType, list[View]] = {gpu_type: [] for gpu_type in self.by_type}
 
     def take(self, offer: Offer, placed: HistogramFit, shape: tuple[int, ...]) -> None:
         offer.free.take(placed)
@@ -291,6 +300,7 @@ class Inventory:
         offer.view.version += 1
         gpu_type = offer.view.gpu_type
         self._type_version[gpu_type] += 1
+        self._changes[gpu_type].append(offer.view)
         if offer.view.reachable:
             self.free_by_type[gpu_type] += delta_free
 
@@ -314,21 +324,27 @@ class Inventory:
     ) -> Reasons:
         """Why each cluster with this type cannot take a gang of this shape that fits none of them now.
 
-        Cached per type until the next change of that type: a long queue repeats few shapes.
+        Cached per (type, shape); after a change only the views that changed are asked again, since a
+        long queue repeats few shapes and each admission changes one view.
         """
         # With the type ruled out by quota only blockers are listed, and they never change.
         key = (gpu_type, () if capped else shape, allow_spot, capped)
         version = 0 if capped else self._type_version.get(gpu_type, 0)
         cached = self._reasons.get(key)
         if cached is not None and cached[0] == version:
-            return cached[1]
-        reasons = []
-        for view in self.by_type.get(gpu_type, ()):
+            return cached[2]
+        views = self.by_type.get(gpu_type, ())
+        if cached is None:
+            stale: Iterable[View] = views
+            per_view: list[WaitReason | None] = [None] * len(views)
+        else:
+            stale = set(self._changes[gpu_type][cached[0] :])
+            per_view = cached[1]
+        for view in stale:
             reason = view.blocker(allow_spot)
             if reason is None and not capped:
                 reason = view.capacity_reason(shape, allow_spot)
-            if reason is not None:
-                reasons.append(reason)
-        table = ranked(reasons)
-        self._reasons[key] = (version, table)
+            per_view[view.index] = reason
+        table = ranked(r for r in per_view if r is not None)
+        self._reasons[key] = (version, per_view, table)
         return table

@@ -26,6 +26,7 @@ from placement.inventory import Inventory, Offer, price_factor
 from placement.model import (
     CapacityRequest,
     ClusterName,
+    GangRequest,
     GpuType,
     Preemption,
     PreemptionReason,
@@ -74,6 +75,7 @@ class Room:
                 self.evictable_tenants.setdefault(gpu_type, set()).add(tenant)
         self.growth = Growth(inventory.scalable)
         self.hold: Hold | None = None
+        self._private_fits: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], list[Offer]] = {}
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
         self.no_victims: set[tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
@@ -88,11 +90,19 @@ class Room:
     ) -> WaitReason | None:
         """Why to wait for private GPUs rather than pay `cloud_cost` now, if the Starburst rule says so."""
         best: tuple[float, tuple[object, ...], Offer] | None = None
-        for offer in self.inventory.search_order(group, ctx.gang.allow_spot):
-            if offer.is_private and offer.fits_when_empty(shape):
-                cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
-                if best is None or (cost, offer.search_key) < best[:2]:
-                    best = (cost, offer.search_key, offer)
+        key = (shape, tuple(group), ctx.gang.allow_spot)
+        private = self._private_fits.get(key)
+        if private is None:
+            # Whether a private offer could ever hold the shape does not change during a cycle.
+            private = self._private_fits[key] = [
+                offer
+                for offer in self.inventory.search_order(group, ctx.gang.allow_spot)
+                if offer.is_private and offer.fits_when_empty(shape)
+            ]
+        for offer in private:
+            cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
+            if best is None or (cost, offer.search_key) < best[:2]:
+                best = (cost, offer.search_key, offer)
         if best is None:
             return None
         private_cost, _, offer = best
@@ -166,6 +176,23 @@ class Room:
         priority_class = self.classes.get(gang.priority_class)
         return gang.preemptible and (priority_class is None or priority_class.preemptible)
 
+    def _hopeful(self, gang: GangRequest, group: tuple[GpuType, ...]) -> bool:
+        """Whether anyone at all could be evicted for the gang on these types (or is leaving already)."""
+        for gpu_type in group:
+            if gpu_type in self.draining_types:
+                return True
+            own = self.lowest_priority.get((gang.tenant, gpu_type))
+            if own is not None and own < gang.priority:
+                return True
+            others = self.evictable_tenants.get(gpu_type)
+            if (
+                others
+                and (len(others) > 1 or gang.tenant not in others)
+                and self.book.within_guarantee(gang.tenant, gpu_type, gang.gpu_count)
+            ):
+                return True
+        return False
+
     def _preempt(
         self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
     ) -> WaitReason | None:
@@ -174,22 +201,12 @@ class Room:
         if key in self.no_victims:
             return None
         need = gang.gpu_count
+        if not self._hopeful(gang, group):
+            self.no_victims.add(key)
+            return None
 
         def may_reclaim(gpu_type: GpuType) -> bool:
             return book.within_guarantee(gang.tenant, gpu_type, need)
-
-        def hopeful(gpu_type: GpuType) -> bool:
-            own = self.lowest_priority.get((gang.tenant, gpu_type))
-            others = self.evictable_tenants.get(gpu_type, set()) - {gang.tenant}
-            return (
-                gpu_type in self.draining_types
-                or (own is not None and own < gang.priority)
-                or (bool(others) and may_reclaim(gpu_type))
-            )
-
-        if not any(hopeful(gpu_type) for gpu_type in group):
-            self.no_victims.add(key)
-            return None
 
         reclaim: dict[GpuType, bool] = {}
 
