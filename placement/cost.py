@@ -53,6 +53,9 @@ class CostModel:
             return float(gang.max_runtime_s)
         return self.policy.default_runtime_s
 
+    def snapshot_speed(self, gpu_type: GpuType) -> float:
+        return self._speeds.get(gpu_type, 1.0)
+
     def speed(self, gang: GangRequest, gpu_type: GpuType) -> float:
         for listed, speed in gang.gpu_speeds:
             if listed == gpu_type and speed > 0:
@@ -118,7 +121,7 @@ class CostModel:
 class GangCost:
     """One gang's side of the cost model, with the per-type and per-store parts computed once."""
 
-    __slots__ = ("_extra", "_speed", "gang", "gpu_hours", "model", "work_s")
+    __slots__ = ("_extra", "_speed", "gang", "gpu_hours", "model", "static_order", "work_s")
 
     def __init__(self, model: CostModel, gang: GangRequest) -> None:
         self.model = model
@@ -128,6 +131,13 @@ class GangCost:
         self.gpu_hours = gang.gpu_count * self.work_s / _HOUR_S
         self._speed: dict[GpuType, float] = {}
         self._extra: dict[str | None, float] = {}
+        # Whether cost orders offers as the snapshot's price per unit of work does (same for every such
+        # gang): no dataset to move, no speeds of its own, and some work to price.
+        self.static_order = (
+            self.gpu_hours > 0
+            and not gang.gpu_speeds
+            and (gang.dataset_size_bytes <= 0 or gang.dataset_store is None)
+        )
 
     def speed(self, gpu_type: GpuType) -> float:
         speed = self._speed.get(gpu_type)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from placement import explain
+from placement.cost import CostModel
 from placement.explain import describe, ranked
 from placement.fit import FreeHistogram, HistogramFit, fit_replicas
 from placement.model import (
@@ -275,6 +276,7 @@ class Inventory:
         )
         self.stores = stores
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
+        self._by_work_price: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
         # (type, shape, spot, capped) -> (type version, reason per view of the type, ranked reasons)
         self._reasons: dict[
@@ -317,6 +319,23 @@ class Inventory:
                 for offer in view.usable(allow_spot)
             ]
             self._search[(types, allow_spot)] = found
+        return found
+
+    def by_work_price(self, gpu_types: Iterable[GpuType], allow_spot: bool, costs: CostModel) -> list[Offer]:
+        """`search_order`'s offers by price per unit of work (price / speed), then price, kind and key."""
+        types = tuple(sorted(set(gpu_types)))
+        found = self._by_work_price.get((types, allow_spot))
+        if found is None:
+            found = sorted(
+                self.search_order(types, allow_spot),
+                key=lambda o: (
+                    o.price_factor / costs.snapshot_speed(o.view.gpu_type),
+                    o.price_factor,
+                    o.kind_rank,
+                    o.search_key,
+                ),
+            )
+            self._by_work_price[(types, allow_spot)] = found
         return found
 
     def cluster_reasons(

@@ -27,6 +27,7 @@ equal plans whatever the order of their tuples.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from placement import explain
@@ -185,21 +186,33 @@ class _Cycle:
         if key in self.infeasible:
             return _Miss(True)
         need, largest = gang.gpu_count, shape[0] if shape else 0
-        candidates = []
-        for offer in self.inventory.search_order(group, gang.allow_spot):
-            free = offer.free
-            if free.total_free >= need and free.max_free >= largest:
-                cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
-                # Price breaks ties of cost, which a gang of no GPUs has zero everywhere.
-                candidates.append((cost, offer.price_factor, offer.kind_rank, offer.search_key, offer))
-        candidates.sort(key=lambda c: c[:4])
+        candidates: Iterable[tuple[float, float, int, Offer]]
+        if ctx.static_order:
+            # Cost is the gang's GPU-hours times price per unit of work, so the offers' fixed order by price
+            # per unit of work is the order of cost: no sort, and the scan below stops at the first rank
+            # past the best fit.
+            candidates = (
+                (ctx.cost(o.view.gpu_type, o.price_factor, o.view.store), o.price_factor, o.kind_rank, o)
+                for o in self.inventory.by_work_price(group, gang.allow_spot, self.costs)
+                if o.free.total_free >= need and o.free.max_free >= largest
+            )
+        else:
+            # Price breaks ties of cost, which a gang of no GPUs has zero everywhere.
+            candidates = sorted(
+                (
+                    (ctx.cost(o.view.gpu_type, o.price_factor, o.view.store), o.price_factor, o.kind_rank, o)
+                    for o in self.inventory.search_order(group, gang.allow_spot)
+                    if o.free.total_free >= need and o.free.max_free >= largest
+                ),
+                key=lambda c: (c[0], c[1], c[2], c[3].search_key),
+            )
         best: _Fit | None = None
         rank = (0.0, 0.0, 0)
         fitted = False
         late: tuple[float, Offer] | None = None
         blocked: Offer | None = None
         hold, deadline = self.room.hold, gang.deadline_at_s
-        for cost, factor, kind_rank, _, offer in candidates:
+        for cost, factor, kind_rank, offer in candidates:
             if best is not None and (cost, factor, kind_rank) != rank:
                 break
             placed = offer.fit(shape)
@@ -303,6 +316,7 @@ class _Cycle:
             message = f"no cluster has GPUs of type {names}"
             reasons.append(WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only))
         fits_now: set[tuple[ClusterName, GpuType]] = set()
+        table: tuple[WaitReason, ...] = ()
         if not capacity_only:
             fits_now = {
                 (o.view.cluster, o.view.gpu_type)
@@ -321,6 +335,8 @@ class _Cycle:
                     if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
                 )
             reasons.extend(table)
+        if len(types) == 1 and not quota and not notes and not missing:
+            return table  # one table, already ranked: the common case of a long queue
         reasons.extend(notes)
         if not reasons:  # pragma: no cover - every path above names a blocker; kept so no job waits silently
             reasons.append(
