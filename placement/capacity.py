@@ -41,6 +41,8 @@ class Growth:
         self._asked: dict[tuple[ClusterName, str], int] = {}
         # Pools only shrink during a cycle: a (shape, types, spot) that no pool can hold stays so.
         self._hopeless: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        self._orders: dict[tuple[tuple[GpuType, ...], bool], list[tuple[ClusterName, ScalablePool]]] = {}
+        self._needed: dict[tuple[tuple[int, ...], int], int | None] = {}
 
     def choose(
         self,
@@ -48,14 +50,19 @@ class Growth:
         gpu_types: tuple[GpuType, ...],
         allow_spot: bool,
         cost: Callable[[ClusterName, ScalablePool], float | None],
+        static_key: Callable[[ScalablePool], float] | None = None,
     ) -> tuple[ClusterName, ScalablePool, int] | None:
         """The cheapest pool of these types that can grow by enough nodes for the gang.
 
         `cost` gives a pool's expected cost for the gang, or None when it is unusable (deadline missed).
+        `static_key`, when the gang's cost orders pools as it does (price per unit of work), lets the
+        search take the first pool in that order that has room.
         """
         key = (shape, gpu_types, allow_spot)
         if key in self._hopeless:
             return None
+        if static_key is not None:
+            return self._first_in_order(key, static_key, cost)
         best: tuple[ClusterName, ScalablePool, int] | None = None
         best_key: tuple[float, str, str] | None = None
         roomy = False
@@ -63,7 +70,7 @@ class Growth:
             for cluster, pool in self._by_type.get(gpu_type, ()):
                 if pool.kind is CapacityKind.SPOT and not allow_spot:
                     continue
-                nodes = nodes_needed(shape, pool.gpus_per_node)
+                nodes = self._nodes_needed(shape, pool.gpus_per_node)
                 if nodes is None or nodes == 0:
                     continue
                 if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
@@ -78,6 +85,42 @@ class Growth:
         if not roomy:
             self._hopeless.add(key)
         return best
+
+    def _first_in_order(
+        self,
+        key: tuple[tuple[int, ...], tuple[GpuType, ...], bool],
+        static_key: Callable[[ScalablePool], float],
+        cost: Callable[[ClusterName, ScalablePool], float | None],
+    ) -> tuple[ClusterName, ScalablePool, int] | None:
+        shape, gpu_types, allow_spot = key
+        order = self._orders.get((gpu_types, allow_spot))
+        if order is None:
+            order = self._orders[(gpu_types, allow_spot)] = sorted(
+                (
+                    (cluster, pool)
+                    for gpu_type in gpu_types
+                    for cluster, pool in self._by_type.get(gpu_type, ())
+                    if allow_spot or pool.kind is not CapacityKind.SPOT
+                ),
+                key=lambda item: (static_key(item[1]), item[0], item[1].name),
+            )
+        roomy = False
+        for cluster, pool in order:
+            nodes = self._nodes_needed(shape, pool.gpus_per_node)
+            if not nodes or pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
+                continue
+            roomy = True
+            if cost(cluster, pool) is not None:
+                return cluster, pool, nodes
+        if not roomy:
+            self._hopeless.add(key)
+        return None
+
+    def _nodes_needed(self, shape: tuple[int, ...], gpus_per_node: int) -> int | None:
+        found = self._needed.get((shape, gpus_per_node), -1)
+        if found == -1:
+            found = self._needed[(shape, gpus_per_node)] = nodes_needed(shape, gpus_per_node)
+        return found
 
     def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:
         key = (cluster, pool.name)

@@ -64,6 +64,12 @@ class QuotaBook:
                 bounds = [limit for limit in limits if limit is not None]
                 if bounds:
                     self._limits[(quota.tenant, gpu_type)] = min(bounds)
+        self._guaranteed: dict[tuple[TenantId, GpuType], int] = {}
+        for quota in merged.values():
+            for gpu_type in {q.gpu_type for q in quota.quotas}:
+                share = quota.quota_for(gpu_type)
+                if share is not None:
+                    self._guaranteed[(quota.tenant, gpu_type)] = share.guaranteed_gpus
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
@@ -90,8 +96,7 @@ class QuotaBook:
         return self.usage.get((tenant, gpu_type), 0)
 
     def guaranteed(self, tenant: TenantId, gpu_type: GpuType) -> int:
-        quota = self.tenants[tenant].quota_for(gpu_type) if tenant in self.tenants else None
-        return 0 if quota is None else quota.guaranteed_gpus
+        return self._guaranteed.get((tenant, gpu_type), 0)
 
     def within_guarantee(self, tenant: TenantId, gpu_type: GpuType, need: int) -> bool:
         return self.held(tenant, gpu_type) + need <= self.guaranteed(tenant, gpu_type)

@@ -311,11 +311,18 @@ class Room:
         factor = price_factor(pool.kind, pool.usd_per_gpu_hour, pool.restart_risk_per_hour, self.policy)
         return ctx.cost(pool.gpu_type, factor, store)
 
+    def _pool_work_price(self, pool: ScalablePool) -> float:
+        factor = price_factor(pool.kind, pool.usd_per_gpu_hour, pool.restart_risk_per_hour, self.policy)
+        return factor / self.costs.snapshot_speed(pool.gpu_type)
+
     def _cheapest_pool(
         self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
     ) -> tuple[ClusterName, ScalablePool, int, float] | None:
+        static = None
+        if ctx.static_order and ctx.gang.deadline_at_s is None:
+            static = self._pool_work_price
         chosen = self.growth.choose(
-            shape, group, ctx.gang.allow_spot, lambda c, p: self._pool_cost(ctx, c, p)
+            shape, group, ctx.gang.allow_spot, lambda c, p: self._pool_cost(ctx, c, p), static
         )
         if chosen is None:
             return None
