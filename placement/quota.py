@@ -70,6 +70,7 @@ class QuotaBook:
                 share = quota.quota_for(gpu_type)
                 if share is not None:
                     self._guaranteed[(quota.tenant, gpu_type)] = share.guaranteed_gpus
+        self._limit_reasons: dict[tuple[TenantId, GpuType, int, int], WaitReason] = {}
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
@@ -130,8 +131,14 @@ class QuotaBook:
         usage, limits = self.usage, self._limits
         for node in self.path[tenant]:
             limit = limits.get((node, gpu_type))
-            if limit is not None and usage.get((node, gpu_type), 0) + need > limit:
-                return self._limit_reason(node, gpu_type, need)
+            held = usage.get((node, gpu_type), 0)
+            if limit is not None and held + need > limit:
+                # A tenant at its limit stays there for many gangs of a long queue: one reason each.
+                key = (node, gpu_type, held, need)
+                reason = self._limit_reasons.get(key)
+                if reason is None:
+                    reason = self._limit_reasons[key] = self._limit_reason(node, gpu_type, need)
+                return reason
         return None
 
     def _limit_reason(self, node: TenantId, gpu_type: GpuType, need: int) -> WaitReason:
