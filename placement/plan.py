@@ -161,9 +161,7 @@ class _Cycle:
                 message = f"{who} may use priority up to {limit}; the job asks {gang.priority}"
                 if gang.priority_class:
                     message += f" (class {gang.priority_class})"
-                reasons.append(
-                    WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant, limit_gpus=None)
-                )
+                reasons.append(WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant))
         priority_class = self.room.classes.get(gang.priority_class)
         if priority_class is not None and priority_class.needs_approval:
             expires = gang.approval_expires_at_s
