@@ -153,12 +153,10 @@ class _Cycle:
             return [WaitReason(Code.UNKNOWN_TENANT, f"tenant {gang.tenant} is not known to the federation")]
         reasons = []
         tenant_max = self.book.tenants[gang.tenant].max_priority
-        for who, limit in (
-            (f"tenant {gang.tenant}", tenant_max),
-            ("the submitting user", gang.user_max_priority),
-        ):
+        for who, limit in ((None, tenant_max), ("the submitting user", gang.user_max_priority)):
             if limit is not None and gang.priority > limit:
-                message = f"{who} may use priority up to {limit}; the job asks {gang.priority}"
+                subject = who or f"tenant {gang.tenant}"
+                message = f"{subject} may use priority up to {limit}; the job asks {gang.priority}"
                 if gang.priority_class:
                     message += f" (class {gang.priority_class})"
                 reasons.append(WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant))

@@ -155,9 +155,10 @@ class QuotaBook:
 
     def lending_reason(self, tenant: TenantId, gpu_type: GpuType, need: int, free: int) -> WaitReason | None:
         """Why borrowing `need` GPUs would eat into capacity other tenants hold back, if it would."""
-        if self.within_guarantee(tenant, gpu_type, need):
+        held_back = self.held_back.get(gpu_type, 0)
+        if not held_back or self.within_guarantee(tenant, gpu_type, need):
             return None
-        others = self.held_back.get(gpu_type, 0) - self._held_back_by.get((tenant, gpu_type), 0)
+        others = held_back - self._held_back_by.get((tenant, gpu_type), 0)
         if others <= 0 or free - need >= others:
             return None
         return explain.quota_exhausted(
