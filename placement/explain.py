@@ -51,22 +51,12 @@ def ranked(reasons: Iterable[WaitReason]) -> tuple[WaitReason, ...]:
     return tuple(sorted(reasons, key=lambda r: CODE_RANK[r.code]))
 
 
-_DESCRIBED: dict[tuple[int, ...], str] = {}
-
-
 def describe(shape: tuple[int, ...]) -> str:
     """'4 x 8 GPUs', or '1 x 8 + 2 x 4 GPUs' for mixed replicas."""
-    text = _DESCRIBED.get(shape)
-    if text is None:
-        if not shape:
-            text = "0 GPUs"
-        else:
-            counts = sorted(Counter(shape).items(), reverse=True)
-            text = " + ".join(f"{n} x {gpus}" for gpus, n in counts) + " GPUs"
-        # A pure function of a small key: memoised across cycles, bounded by the shapes seen.
-        if len(_DESCRIBED) < 4096:
-            _DESCRIBED[shape] = text
-    return text
+    if not shape:
+        return "0 GPUs"
+    counts = sorted(Counter(shape).items(), reverse=True)
+    return " + ".join(f"{n} x {gpus}" for gpus, n in counts) + " GPUs"
 
 
 def cap_reached(tenant: TenantId, gpu_type: GpuType, cap: int, held: int, need: int) -> WaitReason:

@@ -137,6 +137,7 @@ class View:
     __slots__ = (
         "_blockers",
         "_by_shape",
+        "_described",
         "_usable",
         "cluster",
         "gpu_type",
@@ -147,8 +148,17 @@ class View:
         "version",
     )
 
-    def __init__(self, cluster: ClusterName, gpu_type: GpuType, reachable: bool, store: str | None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterName,
+        gpu_type: GpuType,
+        reachable: bool,
+        store: str | None,
+        described: dict[tuple[int, ...], str],
+    ) -> None:
         self.cluster = cluster
+        # Shape descriptions, shared by every view of the cycle: reasons repeat few shapes.
+        self._described = described
         self.gpu_type = gpu_type
         self.reachable = reachable
         self.store = store
@@ -194,11 +204,14 @@ class View:
         cluster, gpu_type, usable = self.cluster, self.gpu_type, self.usable(allow_spot)
         valid_for: int | None = self.version
         need = sum(shape)
+        text = self._described.get(shape)
+        if text is None:
+            text = self._described[shape] = describe(shape)
         if not any(offer.fits_when_empty(shape) for offer in usable):
             valid_for = None
             size = max(usable, key=lambda o: o.capacity.total_free).capacity
             message = (
-                f"needs {describe(shape)} of {gpu_type}; cluster {cluster} has only {size.total_free} GPUs "
+                f"needs {text} of {gpu_type}; cluster {cluster} has only {size.total_free} GPUs "
                 f"of {gpu_type} on {size.node_count} nodes, at most {size.max_free} on one node"
             )
             if len(usable) > 1:
@@ -209,7 +222,7 @@ class View:
             free = sum(offer.free.total_free for offer in usable)
             per_node = max(offer.free.max_free for offer in usable)
             message = (
-                f"needs {describe(shape)} of {gpu_type}; cluster {cluster} has {free} free, "
+                f"needs {text} of {gpu_type}; cluster {cluster} has {free} free, "
                 f"at most {per_node} on one node"
             )
             code = Code.INSUFFICIENT_CAPACITY
@@ -242,12 +255,13 @@ class Inventory:
                 groups.setdefault(key, []).append(pool)
             scalable.extend((cluster.name, pool) for pool in cluster.scalable_pools)
         views: dict[tuple[ClusterName, GpuType], View] = {}
+        described: dict[tuple[int, ...], str] = {}
         self.offers: list[Offer] = []
         for (cluster_name, gpu_type, kind, price, risk), pools in sorted(groups.items(), key=lambda i: i[0]):
             view = views.get((cluster_name, gpu_type))
             if view is None:
                 view = views[(cluster_name, gpu_type)] = View(
-                    cluster_name, gpu_type, reachable[cluster_name], stores[cluster_name]
+                    cluster_name, gpu_type, reachable[cluster_name], stores[cluster_name], described
                 )
             offer = Offer(view, kind, price, risk, pools, policy)
             view.offers.append(offer)
