@@ -294,6 +294,9 @@ class Room:
             )
         for leaving in choice.draining:
             self.running.claimed.add(leaving.job_id)
+        if choice.draining:
+            # How much of their grace period the leaving gangs have left is not known: assume all of it.
+            grace_s = max(grace_s, self.policy.default_grace_period_s)
         evicting = len(choice.victims) + len(choice.draining)
         message = (
             f"waiting for {evicting} gangs to leave cluster {cluster} ({gpu_type}); "

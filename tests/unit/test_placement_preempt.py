@@ -218,3 +218,22 @@ def test_a_victim_is_claimed_by_one_preemptor_only() -> None:
 
 def test_policy_defaults_allow_preemption_without_limit() -> None:
     assert (PolicyConfig().preemption, PolicyConfig().preemption_limit_gpus) == (True, None)
+
+
+def test_a_gang_counting_on_leaving_gangs_waits_for_them_without_new_evictions() -> None:
+    snapshot = (
+        full_cluster()
+        .running("leaving", tenant=INTERN, nodes=[(POOL, 0, 8)], terminating=True)
+        .running("staying", tenant=INTERN, nodes=[(POOL, 1, 8)])
+        .queue(a_gang("urgent").tenant(SENIOR), a_gang("next").tenant(SENIOR).queued_at(1))
+    )
+    result = plan(snapshot.build(), now=NOW)
+    first, second = result.waiting
+    assert (first.job_id, first.reasons[-1].code, first.reasons[-1].at_s) == (
+        "urgent",
+        WaitCode.PREEMPTING,
+        NOW + 30,
+    )
+    # The leaving gang's GPUs are promised to the first gang: the second must evict someone else.
+    assert second.reasons[-1].code is WaitCode.PREEMPTING
+    assert evicted(result) == [("staying", "next", "reclaim_guarantee")]
