@@ -19,6 +19,9 @@ from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, Us
 from federation.store import JobStore
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
+# memory: in-process simulation (unit tests); kubernetes: a real API server through a kubeconfig;
+# sim: a simulated Kubernetes cluster that `gpufed up` starts, then drives as kubernetes.
+BACKENDS = ("memory", "kubernetes", "sim")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -51,6 +54,18 @@ def _number(value: Any, field: str, *, minimum: float) -> float:
 def _int(value: Any, field: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidSpec(field, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _flag(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidSpec(field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _optional_text(value: Any, field: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidSpec(field, f"must be a string, got {value!r}")
     return value
 
 
@@ -118,14 +133,24 @@ def parse_config(text: str) -> FederationConfig:
                     node_count=_int(p.get("nodes"), f"{pat}.nodes", minimum=0),
                 )
             )
+        backend = c.get("backend", "memory")
+        if backend not in BACKENDS:
+            raise InvalidSpec(f"{at}.backend", f"must be one of {list(BACKENDS)}, got {backend!r}")
+        kubeconfig = c.get("kubeconfig")
+        if backend == "kubernetes" and not isinstance(kubeconfig, str):
+            raise InvalidSpec(f"{at}.kubeconfig", "is required for a kubernetes cluster: a kubeconfig path")
         clusters.append(
             ClusterRecord(
                 name=ClusterName(_name(c.get("name"), f"{at}.name")),
                 provider=provider,
                 region=str(c.get("region", "")),
                 pools=tuple(pools),
-                backend=str(c.get("backend", "memory")),
+                backend=backend,
                 object_store=c.get("objectStore"),
+                kubeconfig=kubeconfig,
+                context=_optional_text(c.get("context"), f"{at}.context"),
+                scalable=_flag(c.get("scalable", False), f"{at}.scalable"),
+                volcano=_flag(c.get("volcano", True), f"{at}.volcano"),
                 unreachable_grace_s=_number(
                     c.get("unreachableGraceSeconds", 120), f"{at}.unreachableGraceSeconds", minimum=0
                 ),

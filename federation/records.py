@@ -38,9 +38,18 @@ class ClusterRecord:
     provider: Provider
     region: str
     pools: tuple[PoolConfig, ...]
-    # Which backend serves it: "memory" (in-process simulation) today; "kubernetes" later.
+    # Which backend serves it: "kubernetes" (the official client, through `kubeconfig`/`context`),
+    # "memory" (in-process simulation, for unit tests), or "sim" in a config file: a simulated
+    # Kubernetes cluster that `gpufed up` starts and then drives as "kubernetes".
     backend: str = "memory"
     object_store: str | None = None
+    kubeconfig: str | None = None
+    # None: the kubeconfig's current context.
+    context: str | None = None
+    # Whether the provisioner may add nodes to this cluster's pools.
+    scalable: bool = False
+    # A simulated cluster serves the Volcano API unless told not to (then gangs are Indexed Jobs).
+    volcano: bool = True
     # How long the cluster may stay silent before its running jobs are requeued elsewhere. Short
     # enough that a lost cluster does not hold jobs hostage, long enough to ride out an API blip.
     unreachable_grace_s: float = 120.0
@@ -72,6 +81,10 @@ def cluster_to_dict(c: ClusterRecord) -> dict[str, Any]:
         "backend": c.backend,
         "object_store": c.object_store,
         "unreachable_grace_s": c.unreachable_grace_s,
+        "kubeconfig": c.kubeconfig,
+        "context": c.context,
+        "scalable": c.scalable,
+        "volcano": c.volcano,
         "pools": [
             {
                 "name": p.name,
@@ -94,6 +107,10 @@ def cluster_from_dict(d: dict[str, Any]) -> ClusterRecord:
         backend=d.get("backend", "memory"),
         object_store=d.get("object_store"),
         unreachable_grace_s=float(d.get("unreachable_grace_s", 120.0)),
+        kubeconfig=d.get("kubeconfig"),
+        context=d.get("context"),
+        scalable=bool(d.get("scalable", False)),
+        volcano=bool(d.get("volcano", True)),
         pools=tuple(
             PoolConfig(
                 name=p["name"],
