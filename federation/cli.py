@@ -21,6 +21,7 @@ from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient
 from federation.embedded import EmbeddedInfo, read_endpoint, run_up
+from federation.errors import GpufedError
 from federation.logs import configure_logging
 from federation.render import (
     FORMATS,
@@ -291,4 +292,9 @@ def demo(opts: _Opts) -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except GpufedError as error:
+        # A bad config or a component that would not start: say which, without a traceback.
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)

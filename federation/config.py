@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from clusters.sim.config import SimConfigError, from_mapping
 from federation.errors import InvalidSpec
 from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from federation.store import JobStore
@@ -30,6 +31,20 @@ class FederationConfig:
     tenants: tuple[TenantRecord, ...]
     users: tuple[UserRecord, ...]
     clusters: tuple[ClusterRecord, ...]
+    # The config entries of the clusters with `backend: sim`, as written (the simulator reads the
+    # same keys), for `gpufed up` to start; validated when the config is read.
+    simulated: tuple[dict[str, Any], ...] = field(default=())
+
+    def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
+        """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
+        reached through the simulator's kubeconfig, one context per cluster named after it."""
+        clusters = tuple(
+            replace(c, backend="kubernetes", kubeconfig=str(kubeconfig), context=c.name)
+            if c.backend == "sim"
+            else c
+            for c in self.clusters
+        )
+        return replace(self, clusters=clusters, simulated=())
 
 
 def _name(value: Any, field: str) -> str:
@@ -108,6 +123,7 @@ def parse_config(text: str) -> FederationConfig:
         users.append(UserRecord(name=_name(u.get("name"), f"{at}.name"), tenant=TenantId(tenant), role=role))
 
     clusters = []
+    simulated: list[dict[str, Any]] = []
     for i, c in enumerate(_list(doc, "clusters")):
         at = f"clusters[{i}]"
         try:
@@ -136,6 +152,14 @@ def parse_config(text: str) -> FederationConfig:
         backend = c.get("backend", "memory")
         if backend not in BACKENDS:
             raise InvalidSpec(f"{at}.backend", f"must be one of {list(BACKENDS)}, got {backend!r}")
+        if backend == "sim":
+            try:
+                from_mapping(c, at)
+            except SimConfigError as error:
+                # The simulator's messages start with the field's path: keep the one path.
+                path, _, rule = str(error).partition(" ")
+                raise InvalidSpec(path, rule) from error
+            simulated.append(dict(c))
         kubeconfig = c.get("kubeconfig")
         if backend == "kubernetes" and not isinstance(kubeconfig, str):
             raise InvalidSpec(f"{at}.kubeconfig", "is required for a kubernetes cluster: a kubeconfig path")
@@ -156,7 +180,9 @@ def parse_config(text: str) -> FederationConfig:
                 ),
             )
         )
-    return FederationConfig(tenants=tuple(tenants), users=tuple(users), clusters=tuple(clusters))
+    return FederationConfig(
+        tenants=tuple(tenants), users=tuple(users), clusters=tuple(clusters), simulated=tuple(simulated)
+    )
 
 
 def load_config(path: Path) -> FederationConfig:

@@ -9,6 +9,7 @@ process group cleanly. Exit status 0 only if every step did what it should.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,37 @@ def _stop(proc: subprocess.Popen[bytes]) -> bool:
             proc.wait()
             return False
     return proc.returncode == 0
+
+
+def _kubectl_gangs(state_dir: Path, context: str) -> str:
+    """`kubectl get` of gpufed's gang objects: Volcano Jobs where the cluster serves them, else
+    Indexed Jobs. kubectl comes with the dev dependencies, beside this interpreter."""
+    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+    if kubectl is None:
+        return "(no kubectl installed)"
+    text = ""
+    for resource in ("jobs.batch.volcano.sh", "jobs.batch"):
+        out = subprocess.run(
+            [
+                kubectl,
+                "--kubeconfig",
+                str(state_dir / "sim" / "kubeconfig"),
+                "--context",
+                context,
+                "get",
+                resource,
+                "--all-namespaces",
+                "--selector",
+                "app.kubernetes.io/managed-by=gpufed",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        text = (out.stdout or out.stderr).rstrip()
+        if out.returncode == 0 and out.stdout.strip():
+            break
+    return text
 
 
 def _token(state_dir: Path, user: str) -> str:
@@ -191,6 +223,17 @@ def _scenario(target: str, state_dir: Path) -> bool:
     )
     checks.append(("unplaceable job cancelled", by_id[waits.job_id].phase == pb.JOB_PHASE_CANCELLED))
     checks.append(("bob sees only nlp jobs", {j.tenant for j in bob.list_all()} == {"nlp"}))
+
+    _step("what the member clusters hold: kubectl on each simulated cluster's Kubernetes API")
+    shown = {name: _kubectl_gangs(state_dir, name) for name in sorted({by_id[i].cluster for i in expected})}
+    for name, text in shown.items():
+        print(f"--- {name}\n{text}")
+    checks.append(
+        (
+            "each gang is one object on its cluster",
+            all(f"{i}-a{by_id[i].attempt}" in shown.get(by_id[i].cluster, "") for i in expected),
+        )
+    )
     for client in (admin, alice, bob):
         client.close()
 

@@ -1,5 +1,8 @@
 """The embedded all-in-one behind `gpufed up`: a local etcd, one server, simulated clusters.
 
+The simulated clusters (`backend: sim` in the config) run in a simulator process that serves the
+Kubernetes API; the server reaches them through its kubeconfig, as it would real clusters.
+
 Everything lives under one state directory (etcd's data, cluster journals, token files), so
 stopping and starting again finds every accepted job where it was.
 """
@@ -20,6 +23,7 @@ from federation.config import bootstrap, load_config
 from federation.etcd_process import EtcdProcess
 from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
+from federation.sim_process import SimProcess
 from federation.store import KvStore
 
 log = structlog.get_logger("gpufed.embedded")
@@ -59,8 +63,18 @@ async def run_up(
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     config = load_config(config_path or default_config_path())
+    sims = SimProcess(state_dir / "sim", config.simulated) if config.simulated else None
+    if sims is not None:
+        await asyncio.to_thread(sims.start)
+        config = config.with_simulators_at(sims.kubeconfig)
+        log.info("simulated_clusters_started", clusters=sorted(sims.endpoints), pid=sims.pid)
     etcd = EtcdProcess(state_dir / "etcd")
-    await asyncio.to_thread(etcd.start)
+    try:
+        await asyncio.to_thread(etcd.start)
+    except BaseException:
+        if sims is not None:
+            await asyncio.to_thread(sims.stop)
+        raise
     endpoint_file = state_dir / ENDPOINT_FILE
     try:
         kv = await EtcdKv.connect(etcd.endpoint)
@@ -108,3 +122,5 @@ async def run_up(
     finally:
         endpoint_file.unlink(missing_ok=True)
         await asyncio.to_thread(etcd.stop)
+        if sims is not None:
+            await asyncio.to_thread(sims.stop)

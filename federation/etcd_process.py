@@ -8,26 +8,20 @@ directory finds the same state, even when the new process gets different ports.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import importlib.resources
 import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
+from federation.child_process import ChildProcess
 from federation.errors import GpufedError
 
-_LOG_TAIL_BYTES = 4000
 # A port picked by binding to 0 can be taken by someone else before etcd binds it; try a few times.
 _PORT_ATTEMPTS = 3
 
@@ -73,9 +67,7 @@ class EtcdProcess:
         self._peer_port = peer_port
         self.log_path = log_path if log_path is not None else self.data_dir / "etcd.log"
         self._extra_args = tuple(extra_args)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._atexit_registered = False
+        self._child = ChildProcess(self.log_path)
 
     @property
     def host(self) -> str:
@@ -93,11 +85,11 @@ class EtcdProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._child.pid
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._child.running
 
     def start(self, timeout_s: float = 20.0) -> None:
         """Start etcd and return once it reports healthy. A restart reuses the ports it had before."""
@@ -136,33 +128,18 @@ class EtcdProcess:
     def _spawn_and_wait(self, timeout_s: float) -> None:
         # etcd wants its data dir private; create it so before the log file lands in it.
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        log_start = self._log.tell()
-        # A session of its own, so a Ctrl-C aimed at the test runner does not kill etcd before teardown.
-        self._proc = subprocess.Popen(
-            self._command(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        if not self._atexit_registered:
-            # The own session keeps etcd out of Ctrl-C; this keeps it from outliving an interpreter that
-            # exits without stopping it.
-            atexit.register(self.kill)
-            self._atexit_registered = True
+        self._child.spawn(self._command())
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._reap()
-                raise EtcdStartFailed(
-                    f"etcd exited with code {code} while starting:\n{self._tail(log_start)}"
-                )
+            code = self._child.exit_code()
+            if code is not None:
+                raise EtcdStartFailed(f"etcd exited with code {code} while starting:\n{self._child.tail()}")
             if self._healthy():
                 return
             if time.monotonic() > deadline:
+                tail = self._child.tail()
                 self.stop()
-                raise EtcdStartFailed(
-                    f"etcd at {self.endpoint} not healthy after {timeout_s}s:\n{self._tail(log_start)}"
-                )
+                raise EtcdStartFailed(f"etcd at {self.endpoint} not healthy after {timeout_s}s:\n{tail}")
             time.sleep(0.05)
 
     def _healthy(self) -> bool:
@@ -175,40 +152,13 @@ class EtcdProcess:
             return False
         return bool(body.get("health") == "true")
 
-    def _tail(self, start: int) -> str:
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(max(start, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace")
-        except OSError as e:
-            return f"(log {self.log_path} unreadable: {e})"
-
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if etcd has not exited within timeout_s. Safe to call twice."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._reap()
+        self._child.stop(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like to clients. For fault tests."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        self._reap()
-
-    def _reap(self) -> None:
-        self._proc = None
-        if self._log is not None:
-            with contextlib.suppress(OSError):
-                self._log.close()
-            self._log = None
+        self._child.kill()
 
     def __enter__(self) -> EtcdProcess:
         self.start()

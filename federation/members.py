@@ -7,6 +7,7 @@ an exception that would stop a scheduling cycle.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import structlog
 
 from clusters.api import ClusterBackend, ClusterError, GangStatus
+from clusters.kubernetes.backend import KubernetesBackend
+from clusters.kubernetes.config import GpuPrice, KubernetesClusterConfig, KubernetesSettings
 from clusters.memory import InMemoryCluster
 from federation.records import ClusterRecord
 from placement.model import ClusterName, ClusterState, JobId
@@ -34,6 +37,37 @@ def _unreachable_state(record: ClusterRecord) -> ClusterState:
     )
 
 
+# The longest a Kubernetes backend waits, silent, before it reports its cluster unreachable. The
+# federation's grace period (ClusterRecord.unreachable_grace_s) starts counting only then, so a
+# short grace shortens this too: detection takes at most a quarter of the grace on top of it.
+MAX_SILENCE_BEFORE_UNREACHABLE_S = 30.0
+MIN_SILENCE_BEFORE_UNREACHABLE_S = 1.0
+
+
+def kubernetes_config(record: ClusterRecord) -> KubernetesClusterConfig:
+    """The backend's view of a cluster record: where its API is and what its GPUs cost."""
+    if record.kubeconfig is None:
+        raise ValueError(f"cluster {record.name}: a kubernetes cluster needs a kubeconfig")
+    silence_s = min(
+        MAX_SILENCE_BEFORE_UNREACHABLE_S,
+        max(MIN_SILENCE_BEFORE_UNREACHABLE_S, record.unreachable_grace_s / 4),
+    )
+    return KubernetesClusterConfig(
+        name=record.name,
+        provider=record.provider,
+        region=record.region,
+        prices=tuple(GpuPrice(p.gpu_type, p.kind, p.usd_per_gpu_hour) for p in record.pools),
+        kubeconfig=Path(record.kubeconfig),
+        context=record.context,
+        object_store=record.object_store,
+        scalable=record.scalable,
+        # True means "where the cluster serves it"; False keeps to Indexed Jobs regardless.
+        settings=KubernetesSettings(
+            use_volcano=None if record.volcano else False, unreachable_after_s=silence_s
+        ),
+    )
+
+
 class MemberClusters:
     def __init__(
         self, records: Sequence[ClusterRecord], backends: Mapping[ClusterName, ClusterBackend]
@@ -51,8 +85,16 @@ class MemberClusters:
     ) -> MemberClusters:
         backends: dict[ClusterName, ClusterBackend] = {}
         for record in records:
+            if record.backend == "kubernetes":
+                backends[record.name] = KubernetesBackend(kubernetes_config(record))
+                continue
             if record.backend != "memory":
-                raise ValueError(f"cluster {record.name}: backend {record.backend!r} is not available yet")
+                # "sim" never reaches a server: `gpufed up` starts the simulator and stores the
+                # cluster as "kubernetes"; anything else is a record from a newer or broken writer.
+                raise ValueError(
+                    f"cluster {record.name}: backend {record.backend!r} cannot be served; "
+                    "use kubernetes (with a kubeconfig) or memory"
+                )
             journal = None
             if state_dir is not None:
                 (state_dir / "clusters").mkdir(parents=True, exist_ok=True)
@@ -67,6 +109,23 @@ class MemberClusters:
                 clock=clock,
             )
         return cls(records, backends)
+
+    async def start(self, sync_timeout_s: float = 5.0) -> None:
+        """Start every backend's watches and wait, briefly, for their first lists.
+
+        A cluster that does not answer in time is not an error: the first cycles see it
+        unreachable, and it joins when its API answers.
+        """
+        kube = [b for b in self._backends.values() if isinstance(b, KubernetesBackend)]
+        await asyncio.gather(*(b.start() for b in kube))
+        synced = await asyncio.gather(*(b.wait_synced(sync_timeout_s) for b in kube))
+        for backend, ok in zip(kube, synced, strict=True):
+            if not ok:
+                log.warning("cluster_not_synced", cluster=backend.name, waited_s=sync_timeout_s)
+
+    async def close(self) -> None:
+        kube = [b for b in self._backends.values() if isinstance(b, KubernetesBackend)]
+        await asyncio.gather(*(b.close() for b in kube))
 
     @property
     def names(self) -> list[ClusterName]:

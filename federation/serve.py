@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from federation.config import bootstrap, load_config
+from federation.errors import InvalidSpec
 from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
 from federation.store import KvStore
@@ -24,9 +25,18 @@ async def run_server(
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if bootstrap_path is not None:
+        federation_config = load_config(bootstrap_path)
+        if federation_config.simulated:
+            names = ", ".join(str(c.get("name")) for c in federation_config.simulated)
+            raise InvalidSpec(
+                "clusters[].backend",
+                f"sim clusters ({names}) run only under `gpufed up`; for `gpufed serve`, start "
+                "`python -m clusters.sim --kubeconfig FILE` yourself and name the clusters "
+                "`backend: kubernetes` with that kubeconfig",
+            )
         kv = await EtcdKv.connect(etcd_endpoint)
         try:
-            await bootstrap(KvStore(kv), load_config(bootstrap_path), state_dir / "tokens")
+            await bootstrap(KvStore(kv), federation_config, state_dir / "tokens")
         finally:
             await kv.close()
     config = ServerConfig(

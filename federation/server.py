@@ -102,6 +102,7 @@ class FederationServer:
         tenants = TenantDirectory(store)
         self.members = MemberClusters.build(await store.list_clusters(), state_dir=cfg.state_dir)
         members = self.members
+        await members.start()
         auth = Authenticator(store)
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
@@ -202,6 +203,8 @@ class FederationServer:
             await self._election.close()
         if self._cache is not None:
             await self._cache.stop()
+        if self.members is not None:
+            await self.members.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         if self._kv is not None:

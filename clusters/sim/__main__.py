@@ -43,7 +43,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--kubeconfig", type=Path, help="write one kubeconfig with a context per cluster")
     parser.add_argument("--time-scale", type=float, help="override every cluster's timeScale")
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one dies (for a parent killed with SIGKILL)",
+    )
     return parser
+
+
+async def _wait_for_orphaning(parent_pid: int, stop: asyncio.Event) -> None:
+    # A parent killed with SIGKILL cannot stop us, and we live in a session of our own: once we
+    # are reparented, nobody owns these clusters any more, so they go too.
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            sys.stderr.write(f"parent {parent_pid} is gone; stopping\n")
+            stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -74,6 +91,7 @@ async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    watcher = asyncio.create_task(_wait_for_orphaning(os.getppid(), stop)) if args.exit_with_parent else None
     started: list[SimCluster] = []
     try:
         for cluster in clusters:
@@ -92,6 +110,8 @@ async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -
         sys.stdout.flush()
         await stop.wait()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         for cluster in reversed(started):
             await cluster.stop()
         if args.ready_file:

@@ -1,0 +1,94 @@
+"""A helper process that gpufed starts and owns: its log file, its stop, and its death with us.
+
+The embedded default starts etcd and the simulated clusters as processes of their own. Each gets a
+session of its own, so that a Ctrl-C aimed at a terminal or a test runner does not kill it before
+its owner has stopped cleanly, and an atexit hook, so that it does not outlive an interpreter that
+exits without stopping it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+_LOG_TAIL_BYTES = 4000
+
+
+class ChildProcess:
+    """One child process writing stdout and stderr to `log_path` (appended across restarts)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_start = 0
+        self._atexit_registered = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def spawn(self, command: Sequence[str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log_start = self._log.tell()
+        self._proc = subprocess.Popen(
+            list(command), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        if not self._atexit_registered:
+            atexit.register(self.kill)
+            self._atexit_registered = True
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process has ended (and it is then forgotten), else None."""
+        if self._proc is None or self._proc.poll() is None:
+            return None
+        code = self._proc.returncode
+        self._reap()
+        return code
+
+    def tail(self) -> str:
+        """The end of what the process wrote since it was last spawned: for error messages."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except OSError as e:
+            return f"(log {self.log_path} unreadable: {e})"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if the process has not exited within timeout_s. Safe to call twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._reap()
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like to clients. For fault tests."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._reap()
+
+    def _reap(self) -> None:
+        self._proc = None
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
