@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from federation.config import parse_config
 from federation.embedded import default_config_path
 from federation.errors import InvalidSpec
+from federation.members import MemberClusters, kubernetes_config
+from placement.model import CapacityKind, GpuType
 
 
 def test_the_shipped_default_parses() -> None:
@@ -34,9 +39,82 @@ def test_the_shipped_default_parses() -> None:
             "clusters[0].pools[0].usdPerGpuHour",
             id="negative-price",
         ),
+        pytest.param(
+            "clusters: [{name: c, provider: aws, backend: eks}]", "clusters[0].backend", id="backend"
+        ),
+        pytest.param(
+            "clusters: [{name: c, provider: aws, backend: kubernetes}]",
+            "clusters[0].kubeconfig",
+            id="kubeconfig",
+        ),
+        pytest.param(
+            "clusters: [{name: c, provider: aws, backend: sim, timeScale: fast}]",
+            "clusters[0].timeScale",
+            id="sim-time-scale",
+        ),
+        pytest.param(
+            "clusters: [{name: c, provider: aws, scalable: maybe}]", "clusters[0].scalable", id="flag"
+        ),
     ],
 )
 def test_config_errors_name_the_field(text: str, field: str) -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse_config(text)
     assert caught.value.field == field
+
+
+SIM_CLUSTER = """
+clusters:
+  - name: onprem
+    backend: sim
+    provider: private
+    volcano: false
+    timeScale: 2
+    pools: [{name: a100, gpuType: A100, kind: private, usdPerGpuHour: 1.1, gpusPerNode: 8, nodes: 2}]
+  - name: real
+    backend: kubernetes
+    kubeconfig: /etc/gpufed/real.kubeconfig
+    context: prod
+    provider: aws
+    scalable: true
+    pools: [{name: h100, gpuType: H100, kind: on_demand, usdPerGpuHour: 6.88, gpusPerNode: 8, nodes: 1}]
+"""
+
+
+def test_sim_clusters_become_kubernetes_clusters_behind_the_simulators_kubeconfig(tmp_path: Path) -> None:
+    config = parse_config(SIM_CLUSTER)
+    # The simulator gets the entry as written, with its own keys (timeScale) kept.
+    assert [c["name"] for c in config.simulated] == ["onprem"]
+    assert config.simulated[0]["timeScale"] == 2
+    started = config.with_simulators_at(tmp_path / "kubeconfig")
+    onprem, real = started.clusters
+    assert (onprem.backend, onprem.kubeconfig, onprem.context) == (
+        "kubernetes",
+        str(tmp_path / "kubeconfig"),
+        "onprem",
+    )
+    assert onprem.volcano is False
+    assert started.simulated == ()
+    assert real == config.clusters[1]
+    assert (real.kubeconfig, real.context, real.scalable) == ("/etc/gpufed/real.kubeconfig", "prod", True)
+
+
+def test_a_kubernetes_record_gives_the_backend_its_prices_kubeconfig_and_a_silence_threshold() -> None:
+    real = parse_config(SIM_CLUSTER).clusters[1]
+    backend = kubernetes_config(real)
+    assert backend.kubeconfig == Path("/etc/gpufed/real.kubeconfig")
+    assert backend.context == "prod"
+    assert backend.price(GpuType("H100"), CapacityKind.ON_DEMAND) == 6.88
+    assert backend.scalable
+    assert backend.settings.use_volcano is None  # where the cluster serves it
+    # The default grace (120 s) is detected after the backend's own 30 s ceiling; a short one sooner.
+    assert backend.settings.unreachable_after_s == 30.0
+    short = kubernetes_config(replace(real, unreachable_grace_s=4.0, volcano=False))
+    assert short.settings.unreachable_after_s == 1.0
+    assert short.settings.use_volcano is False
+
+
+def test_a_record_with_a_backend_no_server_can_drive_is_refused_by_name() -> None:
+    sim = parse_config(SIM_CLUSTER).clusters[0]
+    with pytest.raises(ValueError, match=r"onprem.*'sim' cannot be served"):
+        MemberClusters.build([sim], state_dir=None)

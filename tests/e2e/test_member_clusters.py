@@ -1,0 +1,214 @@
+"""End to end on Kubernetes API servers: `gpufed serve` drives simulated clusters through kubeconfigs.
+
+The simulator runs as its own process (as `gpufed up` runs it) and the server as another; the
+server reaches the clusters only with the official `kubernetes` client over HTTP, and the test
+reaches them the same way to see what they hold. Faults come through the simulator's admin
+endpoint, as an operator's chaos tool would inject them.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.etcd_process import EtcdProcess
+from federation.sim_process import SimProcess
+from tests.e2e.harness import ServerProcess, manifest, wait_for
+
+pytestmark = pytest.mark.e2e
+
+# Short enough for a test, long enough that the backend's own silence threshold (a quarter of it)
+# is not hit by a slow CI machine's scheduling hiccup.
+GRACE_S = 4
+
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 3,
+            }
+        ],
+    },
+    {
+        "name": "cloud",
+        "provider": "aws",
+        "region": "us-east-1",
+        "pools": [
+            {
+                "name": "a100-od",
+                "gpuType": "A100",
+                "kind": "on_demand",
+                "usdPerGpuHour": 2.7447,
+                "gpusPerNode": 8,
+                "nodes": 2,
+            }
+        ],
+    },
+]
+
+RESTART_ON_EVICTION = "  restartPolicy: {onFailure: AbortJob, onEviction: RestartJob, maxRetries: 2}\n"
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[SimProcess]:
+    process = SimProcess(tmp_path / "sim", CLUSTERS)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = {
+        "tenants": [{"name": "platform"}, {"name": "vision"}],
+        "users": [
+            {"name": "admin", "tenant": "platform", "role": "admin"},
+            {"name": "alice", "tenant": "vision"},
+        ],
+        "clusters": [
+            {
+                **c,
+                "backend": "kubernetes",
+                "kubeconfig": str(sims.kubeconfig),
+                "context": c["name"],
+                "unreachableGraceSeconds": GRACE_S,
+            }
+            for c in CLUSTERS
+        ],
+    }
+    path = tmp_path / "federation.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=path)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _api(sims: SimProcess, cluster: str) -> Any:
+    return k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(sims.kubeconfig), context=cluster
+    )
+
+
+def _gang_pods(sims: SimProcess, cluster: str, job_id: str) -> list[Any]:
+    with _api(sims, cluster) as api:
+        pods = k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"gpufed.io/job-id={job_id}")
+    return list(pods.items)
+
+
+def _gangs(sims: SimProcess, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """The Volcano Jobs of a job on a cluster (every attempt)."""
+    with _api(sims, cluster) as api:
+        found: Any = k8s.CustomObjectsApi(api).list_cluster_custom_object(
+            "batch.volcano.sh", "v1alpha1", "jobs", label_selector=f"gpufed.io/job-id={job_id}"
+        )
+    return list(found["items"])
+
+
+def _admin(sims: SimProcess, cluster: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    request = urllib.request.Request(
+        sims.endpoints[cluster].admin_url + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
+    with opener.open(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _job(fed: ServerProcess, job_id: str) -> pb.Job:
+    with fed.client("alice") as alice:
+        return alice.get(job_id)
+
+
+def test_a_gang_lands_whole_on_one_cluster_and_restarts_whole_when_a_node_is_lost(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    with fed.client("alice") as alice:
+        job_id = alice.submit(
+            manifest("ddp", workers=4, gpus=2, duration="6s", extra_spec=RESTART_ON_EVICTION)
+        ).job_id
+    running = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_RUNNING and j, timeout_s=30)
+    assert running.cluster == "onprem", "private capacity is used before the cloud's"
+    assert running.attempt == 1
+
+    # One gang object with every replica, on one cluster; nothing on the other.
+    gangs = _gangs(sims, "onprem", job_id)
+    assert [g["metadata"]["name"] for g in gangs] == [f"{job_id}-a1"]
+    assert gangs[0]["spec"]["minAvailable"] == 5
+    pods = _gang_pods(sims, "onprem", job_id)
+    assert sorted(p.metadata.name for p in pods) == sorted(
+        [f"{job_id}-a1-master-0"] + [f"{job_id}-a1-worker-{i}" for i in range(4)]
+    )
+    assert all(p.status.phase == "Running" for p in pods)
+    assert _gangs(sims, "cloud", job_id) == []
+    assert _gang_pods(sims, "cloud", job_id) == []
+
+    # The node under one worker stops reporting: the whole gang, not only that pod, starts again.
+    victim = next(p for p in pods if p.metadata.name.endswith("worker-3")).spec.node_name
+    _admin(sims, "onprem", "POST", f"/faults/nodes/{victim}/lose")
+    restarted = wait_for(lambda: (j := _job(fed, job_id)).attempt == 2 and j, timeout_s=30)
+    assert "evicted" in " ".join(e.reason for e in restarted.events).lower()
+    done = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60)
+    assert done.attempt == 2
+    phases = [pb.JobPhase.Name(e.phase).removeprefix("JOB_PHASE_") for e in done.events]
+    assert phases.count("RUNNING") == 2
+    assert phases[-1] == "SUCCEEDED"
+
+    # No pod of attempt 1 runs any more; attempt 2 ran whole, on one cluster, off the lost node.
+    second: dict[str, list[str]] = {}
+    for cluster in ("onprem", "cloud"):
+        for pod in _gang_pods(sims, cluster, job_id):
+            if pod.metadata.labels["gpufed.io/attempt"] == "1":
+                assert pod.status.phase != "Running", pod.metadata.name
+            else:
+                assert pod.spec.node_name != victim
+                second.setdefault(cluster, []).append(pod.metadata.name)
+    assert list(second) == [done.cluster]
+    assert len(second[done.cluster]) == 5
+
+
+def test_a_cluster_silent_past_its_grace_loses_its_jobs_and_the_stale_copy_goes_when_it_returns(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    with fed.client("alice") as alice:
+        job_id = alice.submit(manifest("long", workers=2, gpus=4, duration="12s")).job_id
+    running = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_RUNNING and j, timeout_s=30)
+    assert (running.cluster, running.attempt) == ("onprem", 1)
+
+    # The on-prem API stops answering (connections refused). The gang keeps running there, unseen.
+    _admin(sims, "onprem", "POST", "/faults/unreachable", {"mode": "close"})
+    moved = wait_for(
+        lambda: (j := _job(fed, job_id)).attempt == 2 and j.phase == pb.JOB_PHASE_RUNNING and j,
+        timeout_s=GRACE_S * 3 + 30,
+    )
+    assert moved.cluster == "cloud"
+    assert "has not answered" in " ".join(e.reason for e in moved.events)
+    assert [g["metadata"]["name"] for g in _gangs(sims, "cloud", job_id)] == [f"{job_id}-a2"]
+
+    # Back again: the superseded attempt 1, still running there, is deleted, so it never runs twice.
+    _admin(sims, "onprem", "DELETE", "/faults/unreachable")
+    wait_for(lambda: _gangs(sims, "onprem", job_id) == [], timeout_s=30)
+    wait_for(
+        lambda: all(p.status.phase != "Running" for p in _gang_pods(sims, "onprem", job_id)), timeout_s=30
+    )
+    done = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60)
+    assert (done.cluster, done.attempt) == ("cloud", 2)
