@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ from clusters.kubernetes import (  # noqa: E402
     KubernetesClusterConfig,
     KubernetesSettings,
 )
+from federation.sim_process import SimProcess  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuType, Provider  # noqa: E402
 from tests.contract.helpers import a_gang  # noqa: E402
 
@@ -43,34 +42,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def start_sim(workdir: Path, nodes: int) -> tuple[subprocess.Popen[bytes], Path]:
-    config = workdir / "sim.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "name": "bench",
-                "pools": [{"name": "h100", "gpuType": "H100", "gpusPerNode": 8, "nodes": nodes}],
-            }
-        )
-    )
-    ready, kubeconfig = workdir / "ready.json", workdir / "kubeconfig"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "clusters.sim", "--config", str(config), "--ready-file", str(ready),
-         "--kubeconfig", str(kubeconfig)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the simulated cluster did not start")
-        time.sleep(0.05)
-    return process, kubeconfig
-
-
 async def run(jobs: int, nodes: int, concurrency: int, duration_s: float) -> dict[str, tuple[float, str]]:
     figures: dict[str, tuple[float, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        process, kubeconfig = start_sim(Path(tmp), nodes)
+        sim = SimProcess(
+            Path(tmp),
+            [
+                {
+                    "name": "bench",
+                    "pools": [{"name": "h100", "gpuType": "H100", "gpusPerNode": 8, "nodes": nodes}],
+                }
+            ],
+        )
+        sim.start()
+        kubeconfig = sim.kubeconfig
         try:
             config = KubernetesClusterConfig(
                 name=ClusterName("bench"),
@@ -91,8 +76,7 @@ async def run(jobs: int, nodes: int, concurrency: int, duration_s: float) -> dic
                 figures["relists_during_run"] = (sum(c[0] for c in counts.values()) - len(counts), "lists")
                 figures["watch_events"] = (sum(c[2] for c in counts.values()), "events")
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            sim.stop(timeout_s=30)
     return figures
 
 
