@@ -46,27 +46,36 @@ def run(pods: int, threads: int, duration_s: float) -> None:
         # The client's own annotations are partial; the benchmark reads raw objects anyway.
         core: Any = client.CoreV1Api(client.ApiClient(configuration))
         rv = core.list_namespaced_pod("default").metadata.resource_version
-        started = time.monotonic()
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: core.create_namespaced_pod("default", _pod(i, duration_s)), range(pods)))
-        created_s = time.monotonic() - started
         running: set[str] = set()
         done: set[str] = set()
-        all_running_s = 0.0
-        watch_type: Any = watch.Watch
-        watcher = watch_type()
-        stream = watcher.stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=600)
-        for event in stream:
-            pod = event["raw_object"]
-            phase = pod["status"].get("phase")
-            if phase == "Running":
-                running.add(pod["metadata"]["name"])
-                if len(running) == pods and not all_running_s:
-                    all_running_s = time.monotonic() - started
-            elif phase == "Succeeded":
-                done.add(pod["metadata"]["name"])
-                if len(done) == pods:
-                    break
+        marks: dict[str, float] = {}
+        started = time.monotonic()
+
+        def follow() -> None:
+            # Watch from before the first create: with thousands of pods the changes made while
+            # they are created (binds, status, events) would otherwise outrun the history window.
+            watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+            for event in watcher.stream(
+                core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=600
+            ):
+                pod = event["raw_object"]
+                phase = pod["status"].get("phase")
+                if phase == "Running":
+                    running.add(pod["metadata"]["name"])
+                    if len(running) == pods:
+                        marks.setdefault("running", time.monotonic() - started)
+                elif phase == "Succeeded":
+                    done.add(pod["metadata"]["name"])
+                    if len(done) == pods:
+                        watcher.stop()
+                        return
+
+        with ThreadPoolExecutor(threads + 1) as pool:
+            followed = pool.submit(follow)
+            list(pool.map(lambda i: core.create_namespaced_pod("default", _pod(i, duration_s)), range(pods)))
+            created_s = time.monotonic() - started
+            followed.result()
+        all_running_s = marks.get("running", float("nan"))
         finished_s = time.monotonic() - started
         listed = time.monotonic()
         count = len(core.list_pod_for_all_namespaces().items)
