@@ -6,7 +6,6 @@ source of truth. Errors name the offending field like manifest errors do.
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,15 +14,16 @@ from typing import Any
 import yaml
 
 from clusters.sim.config import SimConfigError, from_mapping
+from federation.config_policy import check_tenant_tree, parse_settings, parse_tenant
 from federation.errors import InvalidSpec
-from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
+from federation.records import ClusterRecord, PoolConfig, Role, SchedulingSettings, TenantRecord, UserRecord
 from federation.store import JobStore
+from federation.validate import flag_field, int_field, name_field, number_field
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
 # memory: in-process simulation (unit tests); kubernetes: a real API server through a kubeconfig;
 # sim: a simulated Kubernetes cluster that `gpufed up` starts, then drives as kubernetes.
 BACKENDS = ("memory", "kubernetes", "sim")
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class FederationConfig:
     # The config entries of the clusters with `backend: sim`, as written (the simulator reads the
     # same keys), for `gpufed up` to start; validated when the config is read.
     simulated: tuple[dict[str, Any], ...] = field(default=())
+    settings: SchedulingSettings = field(default_factory=SchedulingSettings)
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
         """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
@@ -47,34 +48,10 @@ class FederationConfig:
         return replace(self, clusters=clusters, simulated=())
 
 
-def _name(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise InvalidSpec(field, f"must be a DNS label (lowercase letters, digits, '-'), got {value!r}")
-    return value
-
-
 def _list(doc: dict[str, Any], key: str) -> list[Any]:
     value = doc.get(key) or []
     if not isinstance(value, list):
         raise InvalidSpec(key, "must be a list")
-    return value
-
-
-def _number(value: Any, field: str, *, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise InvalidSpec(field, f"must be a number >= {minimum}, got {value!r}")
-    return float(value)
-
-
-def _int(value: Any, field: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidSpec(field, f"must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _flag(value: Any, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidSpec(field, f"must be true or false, got {value!r}")
     return value
 
 
@@ -92,35 +69,28 @@ def parse_config(text: str) -> FederationConfig:
     if not isinstance(doc, dict):
         raise InvalidSpec("config", "must be a mapping with tenants, users and clusters")
 
-    tenants = []
-    for i, t in enumerate(_list(doc, "tenants")):
-        at = f"tenants[{i}]"
-        caps = t.get("gpuCaps") or {}
-        if not isinstance(caps, dict):
-            raise InvalidSpec(f"{at}.gpuCaps", "must map GPU type to a GPU count")
-        tenants.append(
-            TenantRecord(
-                name=TenantId(_name(t.get("name"), f"{at}.name")),
-                gpu_caps=tuple(
-                    sorted(
-                        (GpuType(str(g)), _int(n, f"{at}.gpuCaps.{g}", minimum=0)) for g, n in caps.items()
-                    )
-                ),
-            )
-        )
+    settings = parse_settings(doc)
+    class_names = [c.name for c in settings.priority_classes]
+    tenants = [
+        parse_tenant(t, f"tenants[{i}]", priority_classes=class_names)
+        for i, t in enumerate(_list(doc, "tenants"))
+    ]
+    check_tenant_tree(tenants)
     tenant_names = {t.name for t in tenants}
 
     users = []
     for i, u in enumerate(_list(doc, "users")):
         at = f"users[{i}]"
-        tenant = _name(u.get("tenant"), f"{at}.tenant")
+        tenant = name_field(u.get("tenant"), f"{at}.tenant")
         if tenant not in tenant_names:
             raise InvalidSpec(f"{at}.tenant", f"tenant {tenant!r} is not defined under tenants")
         try:
             role = Role(u.get("role", "member"))
         except ValueError as error:
             raise InvalidSpec(f"{at}.role", f"must be one of {[r.value for r in Role]}") from error
-        users.append(UserRecord(name=_name(u.get("name"), f"{at}.name"), tenant=TenantId(tenant), role=role))
+        users.append(
+            UserRecord(name=name_field(u.get("name"), f"{at}.name"), tenant=TenantId(tenant), role=role)
+        )
 
     clusters = []
     simulated: list[dict[str, Any]] = []
@@ -141,12 +111,12 @@ def parse_config(text: str) -> FederationConfig:
                 ) from error
             pools.append(
                 PoolConfig(
-                    name=_name(p.get("name"), f"{pat}.name"),
+                    name=name_field(p.get("name"), f"{pat}.name"),
                     gpu_type=GpuType(str(p.get("gpuType"))),
                     kind=kind,
-                    usd_per_gpu_hour=_number(p.get("usdPerGpuHour"), f"{pat}.usdPerGpuHour", minimum=0),
-                    gpus_per_node=_int(p.get("gpusPerNode"), f"{pat}.gpusPerNode", minimum=1),
-                    node_count=_int(p.get("nodes"), f"{pat}.nodes", minimum=0),
+                    usd_per_gpu_hour=number_field(p.get("usdPerGpuHour"), f"{pat}.usdPerGpuHour", minimum=0),
+                    gpus_per_node=int_field(p.get("gpusPerNode"), f"{pat}.gpusPerNode", minimum=1),
+                    node_count=int_field(p.get("nodes"), f"{pat}.nodes", minimum=0),
                 )
             )
         backend = c.get("backend", "memory")
@@ -165,7 +135,7 @@ def parse_config(text: str) -> FederationConfig:
             raise InvalidSpec(f"{at}.kubeconfig", "is required for a kubernetes cluster: a kubeconfig path")
         clusters.append(
             ClusterRecord(
-                name=ClusterName(_name(c.get("name"), f"{at}.name")),
+                name=ClusterName(name_field(c.get("name"), f"{at}.name")),
                 provider=provider,
                 region=str(c.get("region", "")),
                 pools=tuple(pools),
@@ -173,15 +143,19 @@ def parse_config(text: str) -> FederationConfig:
                 object_store=c.get("objectStore"),
                 kubeconfig=kubeconfig,
                 context=_optional_text(c.get("context"), f"{at}.context"),
-                scalable=_flag(c.get("scalable", False), f"{at}.scalable"),
-                volcano=_flag(c.get("volcano", True), f"{at}.volcano"),
-                unreachable_grace_s=_number(
+                scalable=flag_field(c.get("scalable", False), f"{at}.scalable"),
+                volcano=flag_field(c.get("volcano", True), f"{at}.volcano"),
+                unreachable_grace_s=number_field(
                     c.get("unreachableGraceSeconds", 120), f"{at}.unreachableGraceSeconds", minimum=0
                 ),
             )
         )
     return FederationConfig(
-        tenants=tuple(tenants), users=tuple(users), clusters=tuple(clusters), simulated=tuple(simulated)
+        tenants=tuple(tenants),
+        users=tuple(users),
+        clusters=tuple(clusters),
+        simulated=tuple(simulated),
+        settings=settings,
     )
 
 
@@ -195,6 +169,7 @@ async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) 
     Tokens are created once and kept in `token_dir` (mode 0600); etcd holds only their hashes. A
     restart reuses the files, so users keep working across restarts of the embedded default.
     """
+    await store.put_settings(config.settings)
     for tenant in config.tenants:
         await store.put_tenant(tenant)
     for cluster in config.clusters:

@@ -5,15 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from placement.model import PriorityClass
+
 DEFAULT_PRIORITY_CLASS = "normal"
 
-# Values leave room between classes for ones an operator adds later.
+# The classes a federation has unless its config names its own. Values leave room between classes
+# for ones an operator adds later.
+DEFAULT_PRIORITY_CLASS_TABLE: tuple[PriorityClass, ...] = (
+    PriorityClass("low", 100),
+    PriorityClass("normal", 1000),
+    PriorityClass("high", 10_000),
+    # Deadlines and paper submissions: admitted only with an admin's time-limited approval, and
+    # never evicted once running.
+    PriorityClass("urgent", 100_000, preemptible=False, needs_approval=True),
+)
+
 DEFAULT_PRIORITY_CLASSES: Mapping[str, int] = MappingProxyType(
-    {
-        "low": 100,
-        "normal": 1000,
-        "high": 10_000,
-        # Needs an admin's time-limited approval once the placer's priority rules land.
-        "urgent": 100_000,
-    }
+    {c.name: c.value for c in DEFAULT_PRIORITY_CLASS_TABLE}
 )

@@ -7,7 +7,8 @@ together or not at all, and scheduling decisions commit by compare-and-swap on t
 fenced by the leader's lease key so that a deposed leader cannot write.
 
 Layout, all under PREFIX: jobs/<job_id>, idem/<tenant>/<sha256 of the client's key>, tenants/<name>,
-clusters/<name>, users/<name>, tokens/<sha256 of the token>, waits/<job_id>, leader. Values are compact
+clusters/<name>, users/<name>, tokens/<sha256 of the token>, waits/<job_id>, approvals/<id>, settings,
+leader. Values are compact
 JSON through the explicit codecs in federation.jobs and federation.records.
 """
 
@@ -37,11 +38,17 @@ from federation.kv import (
 )
 from federation.kv_memory import MemoryKv
 from federation.records import (
+    ApprovalRecord,
     ClusterRecord,
+    SchedulingSettings,
     TenantRecord,
     UserRecord,
+    approval_from_dict,
+    approval_to_dict,
     cluster_from_dict,
     cluster_to_dict,
+    settings_from_dict,
+    settings_to_dict,
     tenant_from_dict,
     tenant_to_dict,
     user_from_dict,
@@ -58,6 +65,8 @@ TENANTS = PREFIX + b"tenants/"
 CLUSTERS = PREFIX + b"clusters/"
 USERS = PREFIX + b"users/"
 TOKENS = PREFIX + b"tokens/"
+APPROVALS = PREFIX + b"approvals/"
+SETTINGS_KEY = PREFIX + b"settings"
 WAITS = PREFIX + b"waits/"
 LEADER_KEY = PREFIX + b"leader"
 
@@ -156,6 +165,18 @@ class JobStore(Protocol):
     async def get_user(self, name: str) -> UserRecord | None: ...
 
     async def list_users(self) -> list[UserRecord]: ...
+
+    async def put_approval(self, a: ApprovalRecord) -> None: ...
+
+    async def list_approvals(self) -> list[ApprovalRecord]: ...
+
+    async def delete_approval(self, approval_id: str) -> bool: ...
+
+    async def put_settings(self, s: SchedulingSettings) -> None: ...
+
+    async def get_settings(self) -> SchedulingSettings:
+        """The stored settings, or the defaults when none were ever written."""
+        ...
 
     async def put_token(self, token: str, user: str) -> None:
         """Remember that token authenticates user. Only the token's SHA-256 is stored."""
@@ -349,6 +370,22 @@ class KvStore:
 
     async def list_users(self) -> list[UserRecord]:
         return await self._list_values(USERS, user_from_dict)
+
+    async def put_approval(self, a: ApprovalRecord) -> None:
+        await self._kv.put(APPROVALS + a.approval_id.encode(), _dumps(approval_to_dict(a)))
+
+    async def list_approvals(self) -> list[ApprovalRecord]:
+        return await self._list_values(APPROVALS, approval_from_dict)
+
+    async def delete_approval(self, approval_id: str) -> bool:
+        return await self._kv.delete(APPROVALS + approval_id.encode())
+
+    async def put_settings(self, s: SchedulingSettings) -> None:
+        await self._kv.put(SETTINGS_KEY, _dumps(settings_to_dict(s)))
+
+    async def get_settings(self) -> SchedulingSettings:
+        stored = await self._get(SETTINGS_KEY, settings_from_dict)
+        return stored if stored is not None else SchedulingSettings()
 
     # ---- API tokens: the token itself never reaches the store, so a copy of etcd holds no credential
 
