@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobId, TenantId
+from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobId, NodeShare, TenantId
 
 
 class GangPhase(StrEnum):
@@ -84,6 +84,10 @@ class GangStatus:
     message: str = ""
     started_at_s: float | None = None
     finished_at_s: float | None = None
+    # Where a RUNNING gang holds GPUs, by the node indices of `inventory()`'s free_gpus_per_node
+    # (the placer adds them back to see what evicting it would free). Empty when finished, pending,
+    # or partly on nodes the inventory leaves out: a partial location would miscount.
+    nodes: tuple[NodeShare, ...] = ()
 
 
 class ClusterError(Exception):
@@ -122,4 +126,9 @@ class ClusterBackend(Protocol):
 
     async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
         """Stop the gang (if it runs) and delete its objects. Cancelling a missing gang is fine."""
+        ...
+
+    async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
+        """Preempt the gang: its pods get `grace_period_s` to stop, then it reports EVICTED with
+        `reason` (unless it finishes first). Evicting a missing or finished gang is fine."""
         ...

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from bisect import insort
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from placement.model import (
     ClusterState,
     GpuType,
     JobId,
+    NodeShare,
     PoolSpec,
     Provider,
     TenantId,
@@ -95,8 +96,10 @@ class _Gang:
     phase: GangPhase = GangPhase.RUNNING
     message: str = ""
     finished_at_s: float | None = None
+    # Preempted: when its grace period ends (it is EVICTED then, unless it finishes first).
+    evicting_at_s: float | None = None
 
-    def status(self) -> GangStatus:
+    def status(self, nodes: tuple[NodeShare, ...]) -> GangStatus:
         return GangStatus(
             job_id=self.sim.job_id,
             attempt=self.sim.attempt,
@@ -104,13 +107,14 @@ class _Gang:
             message=self.message,
             started_at_s=self.sim.started_at_s,
             finished_at_s=self.finished_at_s,
+            nodes=nodes if self.phase is GangPhase.RUNNING else (),
         )
 
 
 class InMemoryCluster:
     """A simulated cluster behind `clusters.api.ClusterBackend`, with fault injection for tests.
 
-    Fault injection (`set_reachable`, `evict`, `fail_node`) and `forget` act on the simulated world,
+    Fault injection (`set_reachable`, `inject_eviction`, `fail_node`) and `forget` act on the simulated world,
     so they work while the cluster is unreachable; only the protocol calls raise then.
     """
 
@@ -261,8 +265,37 @@ class InMemoryCluster:
         self._reachable = reachable
         self._inventory = None
 
-    def evict(self, job_id: JobId, attempt: int, reason: str = "node lost") -> None:
-        """End a running gang as EVICTED and free its GPUs. A finished gang is left as it is."""
+    async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
+        """Preempt a running gang: it keeps its GPUs for the grace period, then ends EVICTED.
+
+        A gang that would finish on its own within the grace period finishes as it would have; a
+        missing or finished gang is fine; evicting twice keeps the earlier end.
+        """
+        self._check_reachable()
+        now = self._now()
+        gang = self._running.get(gang_name(job_id, attempt))
+        if gang is None:
+            return
+        evict_at_s = now + max(0.0, grace_period_s)
+        if gang.evicting_at_s is not None and gang.evicting_at_s <= evict_at_s:
+            return
+        self._commit(
+            {
+                "op": "preempt",
+                "at_s": now,
+                "job_id": job_id,
+                "attempt": attempt,
+                "evict_at_s": evict_at_s,
+                "reason": reason,
+            }
+        )
+        self._log.info(
+            "gang_preempted", job_id=job_id, attempt=attempt, grace_period_s=grace_period_s, reason=reason
+        )
+        self._now()
+
+    def inject_eviction(self, job_id: JobId, attempt: int, reason: str = "node lost") -> None:
+        """Fault: end a running gang as EVICTED now and free its GPUs. A finished gang is left as it is."""
         now = self._now()
         name = gang_name(job_id, attempt)
         if name not in self._gangs:
@@ -389,6 +422,8 @@ class InMemoryCluster:
                 self._remove(name)
         elif op == "evict":
             self._finish(gang, GangPhase.EVICTED, record["reason"], at_s)
+        elif op == "preempt":
+            self._apply_preempt(gang, float(record["evict_at_s"]), str(record["reason"]))
         elif op == "forget":
             self._remove(name)
         else:
@@ -427,11 +462,24 @@ class InMemoryCluster:
         )
         gang = _Gang(name, sim, GangPhase(record["end_phase"]), str(record["end_message"]), self._seq)
         self._gangs[name] = gang
-        self._status_of[name] = gang.status()
+        self._status_of[name] = self._status(gang)
         self._running[name] = gang
         self._dispatches[name] += 1
         heapq.heappush(self._ends, (sim.ends_at_s, gang.seq, name))
         self._changed(capacity=True)
+
+    def _apply_preempt(self, gang: _Gang, evict_at_s: float, reason: str) -> None:
+        if self._running.get(gang.name) is not gang or evict_at_s >= gang.sim.ends_at_s:
+            return  # it ends on its own first
+        if gang.evicting_at_s is not None and gang.evicting_at_s <= evict_at_s:
+            return
+        # A new sequence number retires the gang's planned end in the heap.
+        self._seq += 1
+        gang.seq = self._seq
+        gang.evicting_at_s = evict_at_s
+        gang.end_phase = GangPhase.EVICTED
+        gang.end_message = reason
+        heapq.heappush(self._ends, (evict_at_s, gang.seq, gang.name))
 
     def _apply_fail_node(self, pool: str, index: int, at_s: float) -> None:
         pos = self._pool_pos[pool]
@@ -444,13 +492,36 @@ class InMemoryCluster:
             self._finish(gang, GangPhase.EVICTED, f"node {pool}/{index} lost", at_s)
         self._failed[pos].add(index)
         self._free[pos][index] = 0
+        # The inventory lists healthy nodes only, so the index of every later node in the pool moved.
+        for gang in self._running.values():
+            self._status_of[gang.name] = self._status(gang)
         self._changed(capacity=True)
+
+    def _visible_index(self, pos: int, node: int) -> int | None:
+        """A node's index in the inventory's `free_gpus_per_node`, which leaves failed nodes out."""
+        failed = self._failed[pos]
+        if node in failed:
+            return None
+        return node - sum(1 for f in failed if f < node)
+
+    def _status(self, gang: _Gang) -> GangStatus:
+        held: dict[tuple[str, int], int] = defaultdict(int)
+        for r in gang.sim.replicas:
+            index = self._visible_index(self._pool_pos[r.pool], r.node_index)
+            if index is None:
+                # Part of it sits where the inventory does not look: a partial location would make
+                # the placer miscount what evicting it frees, so report none.
+                return gang.status(())
+            held[(r.pool, index)] += r.gpu_count
+        return gang.status(
+            tuple(NodeShare(pool, index, gpus) for (pool, index), gpus in sorted(held.items()))
+        )
 
     def _finish(self, gang: _Gang, phase: GangPhase, message: str, at_s: float) -> None:
         gang.phase = phase
         gang.message = message
         gang.finished_at_s = at_s
-        self._status_of[gang.name] = gang.status()
+        self._status_of[gang.name] = self._status(gang)
         self._release(gang)
         self._changed(capacity=False)
 

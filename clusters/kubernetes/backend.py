@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,9 @@ from clusters.kubernetes.inventory import (
     cluster_state,
     never_fits,
     node_info,
+    node_positions,
     pod_info,
+    pool_layout,
     unpriced,
 )
 from clusters.kubernetes.kube import KubeApi, Timeouts, api_client
@@ -85,7 +88,7 @@ class KubernetesBackend:
         self._tombstones = Tombstones(settings.tombstone_ttl_s)
         self._writer = GangWriter(self._api, config, self._call, self._created)
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
-        self._statuses_memo: tuple[tuple[int, int, int, int], tuple[GangStatus, ...]] | None = None
+        self._statuses_memo: tuple[tuple[int, int, int, int, int], tuple[GangStatus, ...]] | None = None
         self._warned_unpriced: set[tuple[str, str]] = set()
         self._started = False
         self._closed = False
@@ -139,7 +142,7 @@ class KubernetesBackend:
         for informer in informers:
             if not await loop.run_in_executor(self._executor, informer.join, 10.0):
                 self._log.error("watch_thread_stuck", watch=informer.name)
-        await loop.run_in_executor(None, self._executor.shutdown)
+        await loop.run_in_executor(None, functools.partial(self._executor.shutdown, cancel_futures=True))
         self._api.close()
         self._log.debug("backend_closed")
 
@@ -209,12 +212,15 @@ class KubernetesBackend:
         now_s = time.time()
         self._tombstones.expire(now_s)
         vc = self._vcjobs.version if self._vcjobs is not None else 0
-        key = (self._jobs.version, vc, self._pods.version, self._tombstones.version)
+        # Nodes count too: a running gang's shares are positions in the inventory's node lists.
+        key = (self._jobs.version, vc, self._pods.version, self._tombstones.version, self._nodes.version)
         if self._statuses_memo is not None and self._statuses_memo[0] == key:
             return self._statuses_memo[1]
         gangs = self._gangs()
         _, pods = self._pods.snapshot()
-        found = gang_statuses(gangs.values(), summarize_pods(pods), now_s=now_s)
+        _, nodes = self._nodes.snapshot()
+        positions = node_positions(pool_layout(nodes, self._prices))
+        found = gang_statuses(gangs.values(), summarize_pods(pods), now_s=now_s, positions=positions)
         result = tuple(found) + self._tombstones.statuses(exclude=gangs.keys())
         self._statuses_memo = (key, result)
         return result

@@ -202,6 +202,59 @@ def pod_info(pod: Json) -> PodInfo:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PoolLayout:
+    """One priced pool as the inventory lists it: its name, and its schedulable nodes in order."""
+
+    name: str
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    gpus_per_node: int
+    # Schedulable nodes only, by name: position i is `free_gpus_per_node[i]` of the pool.
+    nodes: tuple[NodeInfo, ...]
+
+
+def pool_layout(
+    nodes: Iterable[NodeInfo], prices: Mapping[tuple[GpuType, CapacityKind], float]
+) -> list[PoolLayout]:
+    """Pools grouped by pool label, sorted by name, each with its schedulable nodes by name.
+
+    The one ordering both the inventory and the gangs' node shares use, so that a share's node
+    index points at the node the inventory lists there.
+    """
+    groups: dict[tuple[str, GpuType, CapacityKind], list[NodeInfo]] = defaultdict(list)
+    for node in nodes:
+        groups[(node.pool, node.gpu_type, node.kind)].append(node)
+    pool_names: dict[str, int] = defaultdict(int)
+    for pool, _, _ in groups:
+        pool_names[pool] += 1
+    pools: list[PoolLayout] = []
+    for (pool, gpu_type, kind), members in groups.items():
+        price = prices.get((gpu_type, kind))
+        if price is None:
+            continue
+        members.sort(key=lambda n: n.name)
+        pools.append(
+            PoolLayout(
+                # A pool label shared by nodes of two GPU types or kinds becomes one pool per kind.
+                name=pool if pool_names[pool] == 1 else f"{pool}-{gpu_type.lower()}-{kind.value}",
+                gpu_type=gpu_type,
+                kind=kind,
+                usd_per_gpu_hour=price,
+                gpus_per_node=max(n.allocatable_gpus for n in members),
+                nodes=tuple(n for n in members if n.schedulable),
+            )
+        )
+    pools.sort(key=lambda p: p.name)
+    return pools
+
+
+def node_positions(layout: Iterable[PoolLayout]) -> dict[str, tuple[str, int]]:
+    """Node name to (pool, index in the pool's free_gpus_per_node), for listed nodes only."""
+    return {node.name: (pool.name, i) for pool in layout for i, node in enumerate(pool.nodes)}
+
+
 def cluster_state(
     *,
     name: ClusterName,
@@ -218,32 +271,17 @@ def cluster_state(
     for pod in pods:
         if pod.holds_gpus and pod.gpus and pod.node_name is not None:
             used[pod.node_name] += pod.gpus
-    groups: dict[tuple[str, GpuType, CapacityKind], list[NodeInfo]] = defaultdict(list)
-    for node in nodes:
-        groups[(node.pool, node.gpu_type, node.kind)].append(node)
-    pool_names: dict[str, int] = defaultdict(int)
-    for pool, _, _ in groups:
-        pool_names[pool] += 1
-    pools: list[NodePool] = []
-    for (pool, gpu_type, kind), members in groups.items():
-        price = prices.get((gpu_type, kind))
-        if price is None:
-            continue
-        members.sort(key=lambda n: n.name)
-        pools.append(
-            NodePool(
-                # A pool label shared by nodes of two GPU types or kinds becomes one pool per kind.
-                name=pool if pool_names[pool] == 1 else f"{pool}-{gpu_type.lower()}-{kind.value}",
-                gpu_type=gpu_type,
-                kind=kind,
-                usd_per_gpu_hour=price,
-                gpus_per_node=max(n.allocatable_gpus for n in members),
-                free_gpus_per_node=tuple(
-                    max(0, n.allocatable_gpus - used.get(n.name, 0)) for n in members if n.schedulable
-                ),
-            )
+    pools = [
+        NodePool(
+            name=pool.name,
+            gpu_type=pool.gpu_type,
+            kind=pool.kind,
+            usd_per_gpu_hour=pool.usd_per_gpu_hour,
+            gpus_per_node=pool.gpus_per_node,
+            free_gpus_per_node=tuple(max(0, n.allocatable_gpus - used.get(n.name, 0)) for n in pool.nodes),
         )
-    pools.sort(key=lambda p: p.name)
+        for pool in pool_layout(nodes, prices)
+    ]
     return ClusterState(
         name=name,
         provider=provider,

@@ -9,13 +9,13 @@ outcomes, so that federation's restart policy sees "evicted" the same way from e
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from clusters.api import GangPhase, GangStatus
 from clusters.kubernetes.inventory import PodInfo, parse_time_s
-from placement.model import JobId, TenantId
+from placement.model import JobId, NodeShare, TenantId
 
 Json = dict[str, Any]
 
@@ -77,6 +77,8 @@ class PodSummary:
     running: int = 0
     started_at_s: float | None = None
     failure: str = ""
+    # GPUs the gang's unfinished pods hold, by node name.
+    gpus_by_node: dict[str, int] = field(default_factory=dict)
 
 
 def _batch_outcome(status: Json) -> Outcome | None:
@@ -164,6 +166,8 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
         summary = summaries.setdefault((pod.namespace, pod.gang), PodSummary())
         if pod.started_at_s is not None:
             summary.started_at_s = max(summary.started_at_s or 0.0, pod.started_at_s)
+        if pod.holds_gpus and pod.gpus and pod.node_name is not None:
+            summary.gpus_by_node[pod.node_name] = summary.gpus_by_node.get(pod.node_name, 0) + pod.gpus
         if pod.phase == "Running":
             summary.running += 1
         elif pod.failure and not summary.failure:
@@ -171,7 +175,27 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
     return summaries
 
 
-def gang_status(gang: GangObject, pods: PodSummary | None, *, now_s: float) -> GangStatus:
+def node_shares(
+    gpus_by_node: Mapping[str, int], positions: Mapping[str, tuple[str, int]]
+) -> tuple[NodeShare, ...]:
+    """The gang's GPUs by inventory position; none at all if a node is not in the inventory
+    (cordoned, NotReady, unpriced), since a partial location would miscount what evicting frees."""
+    shares = []
+    for node, gpus in gpus_by_node.items():
+        position = positions.get(node)
+        if position is None:
+            return ()
+        shares.append(NodeShare(position[0], position[1], gpus))
+    return tuple(sorted(shares, key=lambda n: (n.pool, n.node_index)))
+
+
+def gang_status(
+    gang: GangObject,
+    pods: PodSummary | None,
+    *,
+    now_s: float,
+    positions: Mapping[str, tuple[str, int]] | None = None,
+) -> GangStatus:
     pods = pods or PodSummary()
     started_at_s = pods.started_at_s if pods.started_at_s is not None else gang.running_since_s or None
     outcome = gang.outcome
@@ -202,6 +226,7 @@ def gang_status(gang: GangObject, pods: PodSummary | None, *, now_s: float) -> G
             phase=GangPhase.RUNNING,
             message=f"{pods.running} of {gang.replicas} pods running",
             started_at_s=started_at_s if started_at_s is not None else now_s,
+            nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
         )
     return GangStatus(
         job_id=gang.job_id,
@@ -212,6 +237,10 @@ def gang_status(gang: GangObject, pods: PodSummary | None, *, now_s: float) -> G
 
 
 def gang_statuses(
-    gangs: Iterable[GangObject], pods: Mapping[tuple[str, str], PodSummary], *, now_s: float
+    gangs: Iterable[GangObject],
+    pods: Mapping[tuple[str, str], PodSummary],
+    *,
+    now_s: float,
+    positions: Mapping[str, tuple[str, int]] | None = None,
 ) -> list[GangStatus]:
-    return [gang_status(g, pods.get((g.namespace, g.name)), now_s=now_s) for g in gangs]
+    return [gang_status(g, pods.get((g.namespace, g.name)), now_s=now_s, positions=positions) for g in gangs]

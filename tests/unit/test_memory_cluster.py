@@ -22,7 +22,7 @@ from clusters.api import (
     ReplicaSpec,
 )
 from clusters.memory import InMemoryCluster, JournalError, MemoryPool
-from placement.model import CapacityKind, ClusterName, GpuType, JobId, Provider, TenantId
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, NodeShare, Provider, TenantId
 
 H100 = GpuType("H100")
 A100 = GpuType("A100")
@@ -317,7 +317,14 @@ async def test_a_gang_runs_for_its_simulated_duration(
 
     if ends_after_s > 0:
         clock.advance(ends_after_s - 0.001)
-        assert await status_of(cluster, "j1") == GangStatus(JobId("j1"), 1, GangPhase.RUNNING, "", START_S)
+        assert await status_of(cluster, "j1") == GangStatus(
+            JobId("j1"),
+            1,
+            GangPhase.RUNNING,
+            "",
+            START_S,
+            nodes=(NodeShare("h100", 0, 8), NodeShare("h100", 1, 8)),
+        )
         assert await free_per_node(cluster) == (0, 0, 8)
     clock.advance(3600)
 
@@ -389,7 +396,9 @@ async def test_a_gang_dispatched_again_after_being_deleted_runs_its_own_duration
     await cluster.dispatch(a_gang("j1", 8, duration_s=100))
     clock.advance(50)
 
-    assert await status_of(cluster, "j1") == GangStatus(JobId("j1"), 1, GangPhase.RUNNING, "", START_S + 5)
+    assert await status_of(cluster, "j1") == GangStatus(
+        JobId("j1"), 1, GangPhase.RUNNING, "", START_S + 5, nodes=(NodeShare("h100", 0, 8),)
+    )
     assert cluster.dispatch_count(JobId("j1"), 1) == 2
 
 
@@ -418,13 +427,15 @@ async def test_evict_ends_a_running_gang_and_frees_its_gpus() -> None:
     await cluster.dispatch(a_gang("j2", 4))
     clock.advance(5)
 
-    cluster.evict(JobId("j1"), 1, reason="spot reclaimed")
+    cluster.inject_eviction(JobId("j1"), 1, reason="spot reclaimed")
 
     assert await status_of(cluster, "j1") == GangStatus(
         JobId("j1"), 1, GangPhase.EVICTED, "spot reclaimed", START_S, START_S + 5
     )
     assert await free_per_node(cluster) == (8, 8, 4)
-    assert (await status_of(cluster, "j2")) == GangStatus(JobId("j2"), 1, GangPhase.RUNNING, "", START_S)
+    assert (await status_of(cluster, "j2")) == GangStatus(
+        JobId("j2"), 1, GangPhase.RUNNING, "", START_S, nodes=(NodeShare("h100", 2, 4),)
+    )
 
 
 async def test_evicting_a_finished_gang_leaves_it_as_it_ended() -> None:
@@ -433,13 +444,13 @@ async def test_evicting_a_finished_gang_leaves_it_as_it_ended() -> None:
     await cluster.dispatch(a_gang("j1", 8, duration_s=10))
     clock.advance(10)
 
-    cluster.evict(JobId("j1"), 1)
+    cluster.inject_eviction(JobId("j1"), 1)
 
     status = await status_of(cluster, "j1")
     assert status is not None
     assert status.phase is GangPhase.SUCCEEDED
     with pytest.raises(KeyError, match="no gang ghost-a1"):
-        cluster.evict(JobId("ghost"), 1)
+        cluster.inject_eviction(JobId("ghost"), 1)
 
 
 async def test_a_failed_node_leaves_the_inventory_and_evicts_the_gangs_on_it() -> None:
@@ -549,7 +560,7 @@ async def test_a_restarted_cluster_replays_its_journal(tmp_path: Path) -> None:
     await cluster.dispatch(a_gang("forgotten", 1))
     clock.advance(15)
     await cluster.cancel(JobId("cancelled"), 1, 30)
-    cluster.evict(JobId("evicted"), 1, reason="preempted by kubelet")
+    cluster.inject_eviction(JobId("evicted"), 1, reason="preempted by kubelet")
     lost_node = next(
         r.node_index for g in cluster.running_gangs() if g.job_id == "node-lost" for r in g.replicas
     )
@@ -758,7 +769,7 @@ async def run_ops(ops: list[Op], journal: Path) -> None:
                 await cluster.cancel(JobId(job), 1, grace_period_s=0)
             case Evict(job):
                 if await status_of(cluster, job) is not None:
-                    cluster.evict(JobId(job), 1)
+                    cluster.inject_eviction(JobId(job), 1)
             case FailNode(pool, index):
                 node = (POOLS[pool].name, min(index, POOLS[pool].node_count - 1))
                 cluster.fail_node(*node)
@@ -782,3 +793,104 @@ async def run_ops(ops: list[Op], journal: Path) -> None:
 def test_free_gpus_stay_within_every_node(ops: list[Op]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run_ops(ops, Path(tmp) / "c1.journal"))
+
+
+# ---- preemption through the protocol, and where gangs sit ----------------------------------------
+
+
+async def test_a_preempted_gang_keeps_its_gpus_for_its_grace_period_then_ends_evicted() -> None:
+    clock = FakeClock()
+    cluster = a_cluster(clock)
+    await cluster.dispatch(a_gang("j1", 8, duration_s=100))
+
+    await cluster.evict(JobId("j1"), 1, 30, "preempted for urgent-1")
+    clock.advance(29)
+    assert (await status_of(cluster, "j1")).phase is GangPhase.RUNNING  # type: ignore[union-attr]
+    assert await free_per_node(cluster) == (0, 8, 8)
+
+    clock.advance(1)
+    assert await status_of(cluster, "j1") == GangStatus(
+        JobId("j1"), 1, GangPhase.EVICTED, "preempted for urgent-1", START_S, START_S + 30
+    )
+    assert await free_per_node(cluster) == (8, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "phase", "ended_after_s"),
+    [
+        pytest.param(0, GangPhase.EVICTED, 0, id="no grace: evicted at once"),
+        pytest.param(60, GangPhase.SUCCEEDED, 10, id="finishing within the grace period: it succeeds"),
+    ],
+)
+async def test_a_preemption_ends_at_the_grace_period_or_the_gangs_own_end(
+    grace_s: float, phase: GangPhase, ended_after_s: float
+) -> None:
+    clock = FakeClock()
+    cluster = a_cluster(clock)
+    await cluster.dispatch(a_gang("j1", 8, duration_s=10))
+
+    await cluster.evict(JobId("j1"), 1, grace_s, "preempted")
+    clock.advance(100)
+
+    status = await status_of(cluster, "j1")
+    assert status is not None
+    assert (status.phase, status.finished_at_s, status.nodes) == (phase, START_S + ended_after_s, ())
+
+
+async def test_evicting_a_missing_or_finished_gang_is_fine_and_a_second_eviction_keeps_the_first_end() -> (
+    None
+):
+    clock = FakeClock()
+    cluster = a_cluster(clock)
+    await cluster.evict(JobId("ghost"), 1, 5, "preempted")
+    await cluster.dispatch(a_gang("j1", 8, duration_s=100))
+
+    await cluster.evict(JobId("j1"), 1, 10, "first")
+    await cluster.evict(JobId("j1"), 1, 50, "second")
+    clock.advance(10)
+
+    assert await status_of(cluster, "j1") == GangStatus(
+        JobId("j1"), 1, GangPhase.EVICTED, "first", START_S, START_S + 10
+    )
+
+
+async def test_a_preemption_in_its_grace_period_survives_a_reload_from_the_journal(tmp_path: Path) -> None:
+    clock = FakeClock()
+    journal = tmp_path / "c1.jsonl"
+    cluster = a_cluster(clock, journal=journal)
+    await cluster.dispatch(a_gang("j1", 8, duration_s=100))
+    await cluster.evict(JobId("j1"), 1, 30, "preempted")
+
+    reloaded = a_cluster(clock, journal=journal)
+    clock.advance(30)
+
+    status = await status_of(reloaded, "j1")
+    assert status is not None
+    assert (status.phase, status.message) == (GangPhase.EVICTED, "preempted")
+
+
+async def test_node_shares_index_the_inventorys_nodes_even_after_a_node_before_them_fails() -> None:
+    clock = FakeClock()
+    cluster = a_cluster(clock, a_pool(nodes=4))
+    await cluster.dispatch(a_gang("a", 8))  # node 0
+    await cluster.dispatch(a_gang("b", 4, 4))  # best fit packs both replicas onto node 1
+    await cluster.dispatch(a_gang("c", 8))
+
+    cluster.fail_node("h100", 0)
+    inventory = await cluster.inventory()
+    free = inventory.pools[0].free_gpus_per_node
+
+    for job in ("b", "c"):
+        status = await status_of(cluster, job)
+        assert status is not None
+        assert status.nodes
+        for share in status.nodes:
+            # What the gang holds plus what is free never exceeds the node it names.
+            assert share.gpus + free[share.node_index] <= 8
+    held = [0] * len(free)
+    for job in ("b", "c"):
+        for share in (await status_of(cluster, job)).nodes:  # type: ignore[union-attr]
+            held[share.node_index] += share.gpus
+    assert [h + f for h, f in zip(held, free, strict=True)] == [8, 8, 8]
+    # Node 0 is gone, so node 1 (where b packed both replicas) is now the inventory's first.
+    assert (await status_of(cluster, "b")).nodes == (NodeShare("h100", 0, 8),)  # type: ignore[union-attr]

@@ -65,7 +65,7 @@ async def test_an_evicted_gang_follows_the_restart_policy(
 ) -> None:
     job_id = await submit(world, a_job("evicted", policy=policy))
     await world.step()
-    world.cluster.evict(job_id, 1, reason="node lost")
+    world.cluster.inject_eviction(job_id, 1, reason="node lost")
     await world.step()
     job = await world.job(job_id)
     assert job.phase is expected_phase
