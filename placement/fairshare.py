@@ -16,7 +16,7 @@ one heap of tenants per priority and update a single entry per admission.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from placement.model import GangRequest, GpuType, PolicyConfig, TenantId, TenantQuota
 
@@ -58,29 +58,42 @@ class FairShare:
         self._shares.pop(tenant, None)
 
 
-def fair_order(queued: Iterable[GangRequest], fair: FairShare) -> Iterator[GangRequest]:
-    """The queue in decision order: priority (highest first); within a priority, the tenant with the
-    lowest dominant share next, ties to the earlier head of queue; each tenant's jobs first in, first out
-    (queue time, then job id).
+def fair_order(
+    queued: Iterable[GangRequest],
+    fair: FairShare,
+    within_guarantee: Callable[[GangRequest], bool] = lambda gang: True,
+) -> Iterator[GangRequest]:
+    """The queue in decision order.
 
-    A generator: the caller decides each gang (and updates `fair`) before asking for the next, so each
-    tenant's share is read after its previous admission.
+    Tenants take turns by their next gang: first a gang its tenant can run within its guarantee,
+    before one that would borrow; then the higher priority; then the tenant with the lowest dominant
+    share; then the earlier queue time and job id. Each tenant's own gangs go by priority, then first
+    in, first out.
+
+    Guaranteed work goes first whatever its priority because guarantees are reclaimed from borrowers
+    whatever theirs: if a borrower went first it would take the GPUs back each time it was requeued,
+    be evicted again, and neither job would ever finish (Kueue orders its heads the same way).
+
+    A generator: the caller decides each gang (and updates `fair` and what `within_guarantee` reads)
+    before asking for the next, so a tenant's standing is read after its previous admission.
     """
-    levels: dict[int, dict[TenantId, list[GangRequest]]] = {}
+    by_tenant: dict[TenantId, list[GangRequest]] = {}
     for gang in queued:
-        levels.setdefault(gang.priority, {}).setdefault(gang.tenant, []).append(gang)
-    for priority in sorted(levels, reverse=True):
-        heap: list[tuple[float, float, str, TenantId, int]] = []
-        by_tenant = levels[priority]
-        for tenant, gangs in by_tenant.items():
-            gangs.sort(key=lambda g: (g.queued_at_s, g.job_id))
-            heap.append((fair.share(tenant), gangs[0].queued_at_s, gangs[0].job_id, tenant, 0))
-        heapq.heapify(heap)
-        while heap:
-            _, _, _, tenant, position = heapq.heappop(heap)
-            gangs = by_tenant[tenant]
-            yield gangs[position]
-            position += 1
-            if position < len(gangs):
-                head = gangs[position]
-                heapq.heappush(heap, (fair.share(tenant), head.queued_at_s, head.job_id, tenant, position))
+        by_tenant.setdefault(gang.tenant, []).append(gang)
+
+    def entry(tenant: TenantId, position: int) -> tuple[bool, int, float, float, str, TenantId, int]:
+        head = by_tenant[tenant][position]
+        borrows = not within_guarantee(head)
+        return (borrows, -head.priority, fair.share(tenant), head.queued_at_s, head.job_id, tenant, position)
+
+    heap = []
+    for tenant, gangs in by_tenant.items():
+        gangs.sort(key=lambda g: (-g.priority, g.queued_at_s, g.job_id))
+        heap.append(entry(tenant, 0))
+    heapq.heapify(heap)
+    while heap:
+        *_, tenant, position = heapq.heappop(heap)
+        yield by_tenant[tenant][position]
+        position += 1
+        if position < len(by_tenant[tenant]):
+            heapq.heappush(heap, entry(tenant, position))

@@ -2,8 +2,11 @@
 
 1. Working state: offers and their free GPUs (`inventory`), tenant usage against the tree of quotas
    (`quota`), dominant shares (`fairshare`), the cost model (`cost`), running gangs by offer (`preempt`).
-2. Order: priority (highest first); within a priority, the tenant with the lowest weighted dominant
-   share; each tenant's jobs by queue time (`fairshare.fair_order`).
+2. Order (`fairshare.fair_order`): tenants take turns by their next gang: gangs their tenant can run
+   within its guarantee before gangs that would borrow (guarantees are reclaimed whatever the
+   borrower's priority, so a borrower first would retake the GPUs after each eviction); then priority
+   (highest first); then the tenant with the lowest weighted dominant share; then queue time. Each
+   tenant's own jobs go by priority, then queue time.
 3. Gates, for each gang in that order: known tenant, priority within the tenant's and the user's
    maximum, approval of a class that needs one still valid at `now`, no spent GPU-hour budget on the
    tenant or an ancestor. A gang that fails a gate waits, whatever capacity there is.
@@ -58,7 +61,7 @@ _CAPACITY_CODES = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_C
 def plan(snapshot: Snapshot, *, now: float) -> Plan:
     """Decide which queued gangs to admit where, whom to evict, what to buy, and why the others wait."""
     cycle = _Cycle(snapshot, now)
-    for gang in fair_order(snapshot.queued, cycle.fair):
+    for gang in fair_order(snapshot.queued, cycle.fair, cycle.within_guarantee):
         cycle.decide(gang)
     return Plan(
         admissions=tuple(cycle.admissions),
@@ -103,6 +106,10 @@ class _Cycle:
         self.infeasible: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self.admissions: list[Admission] = []
         self.waiting: list[Waiting] = []
+
+    def within_guarantee(self, gang: GangRequest) -> bool:
+        """Whether the gang's tenant could run it on some accepted type without borrowing."""
+        return any(self.book.within_guarantee(gang.tenant, t, gang.gpu_count) for t in gang.gpu_types)
 
     # -- step 3 and 4: gates and quota
 

@@ -83,6 +83,29 @@ CASES = [
         "b-early",
         id="equal-shares-fall-back-to-queue-time",
     ),
+    pytest.param(
+        a_snapshot()
+        .clusters(ONE_NODE_EACH)
+        .tenants(a_tenant("owner").quota("A100", guaranteed=8), a_tenant("borrower").quota("A100", borrow=8))
+        .queue(
+            a_gang("borrower-high").tenant("borrower").priority(10).queued_at(0),
+            a_gang("owner-low").tenant("owner").queued_at(5),
+        ),
+        "owner-low",
+        # Else a borrower evicted to honour a guarantee would take the GPUs back at once, forever.
+        id="a-gang-within-its-guarantee-goes-before-one-that-borrows-whatever-its-priority",
+    ),
+    pytest.param(
+        a_snapshot()
+        .clusters(ONE_NODE_EACH)
+        .tenants(a_tenant("t").quota("A100", guaranteed=8))
+        .queue(
+            a_gang("small-low").tenant("t").gang(1, gpus=4).queued_at(0),
+            a_gang("big-high").tenant("t").priority(10).queued_at(5),
+        ),
+        "big-high",
+        id="within-a-tenant-priority-still-comes-first",
+    ),
 ]
 
 

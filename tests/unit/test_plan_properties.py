@@ -34,6 +34,7 @@ from placement.model import (
     Waiting,
 )
 from placement.plan import plan
+from placement.quota import QuotaBook
 from tests.unit.placement_builders import shuffled
 
 GPU_TYPES = [GpuType("A100"), GpuType("H100"), GpuType("L4")]
@@ -205,9 +206,10 @@ class Replay:
 
 
 def decision_order(snapshot: Snapshot, result: Plan) -> list[GangRequest]:
-    """The documented order, replayed naively: priority, then the tenant with the lowest weighted dominant
-    share (GPUs held over reachable GPUs of the type, largest over types), then queue time and job id;
-    shares move with each admission of the plan."""
+    """The documented order, replayed naively: the tenant whose next gang stays within its guarantee
+    first, then the higher priority, then the lowest weighted dominant share (GPUs held over reachable
+    GPUs of the type, largest over types), then queue time and job id; each tenant's gangs by priority
+    then queue time; shares and guarantees move with each admission of the plan."""
     admitted = {a.job_id: a for a in result.admissions}
     capacity: dict[str, int] = {}
     for cluster in snapshot.clusters:
@@ -220,28 +222,41 @@ def decision_order(snapshot: Snapshot, result: Plan) -> list[GangRequest]:
         key = (running.tenant, running.gpu_type)
         load[key] = load.get(key, 0.0) + running.gpu_count
     weight = {t.tenant: t.weight for t in snapshot.tenants}
+    # Held GPUs against guarantees: the quota book's own count (quotas are tested elsewhere).
+    book = QuotaBook(snapshot.tenants, snapshot.running)
 
     def share(tenant: str) -> float:
         shares = [load.get((tenant, t), 0.0) / c for t, c in capacity.items() if c > 0]
         return max(shares, default=0.0) / weight.get(TenantId(tenant), 1.0)
 
+    def borrows(gang: GangRequest) -> bool:
+        return not any(book.within_guarantee(gang.tenant, t, gang.gpu_count) for t in gang.gpu_types)
+
+    pending: dict[str, list[GangRequest]] = {}
+    for gang in sorted(snapshot.queued, key=lambda g: (-g.priority, g.queued_at_s, g.job_id)):
+        pending.setdefault(gang.tenant, []).append(gang)
     order = []
-    for priority in sorted({g.priority for g in snapshot.queued}, reverse=True):
-        pending: dict[str, list[GangRequest]] = {}
-        for gang in sorted(snapshot.queued, key=lambda g: (g.queued_at_s, g.job_id)):
-            if gang.priority == priority:
-                pending.setdefault(gang.tenant, []).append(gang)
-        while pending:
-            tenant = min(
-                pending, key=lambda t: (share(t), pending[t][0].queued_at_s, pending[t][0].job_id, t)
-            )
-            gang = pending[tenant].pop(0)
-            if not pending[tenant]:
-                del pending[tenant]
-            order.append(gang)
-            if gang.job_id in admitted:
-                key = (gang.tenant, admitted[gang.job_id].gpu_type)
-                load[key] = load.get(key, 0.0) + gang.gpu_count
+    while pending:
+        tenant = min(
+            pending,
+            key=lambda t: (
+                borrows(pending[t][0]),
+                -pending[t][0].priority,
+                share(t),
+                pending[t][0].queued_at_s,
+                pending[t][0].job_id,
+                t,
+            ),
+        )
+        gang = pending[tenant].pop(0)
+        if not pending[tenant]:
+            del pending[tenant]
+        order.append(gang)
+        if gang.job_id in admitted:
+            gpu_type = admitted[gang.job_id].gpu_type
+            key = (gang.tenant, gpu_type)
+            load[key] = load.get(key, 0.0) + gang.gpu_count
+            book.add(gang.tenant, gpu_type, gang.gpu_count)
     return order
 
 
