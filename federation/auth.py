@@ -26,6 +26,8 @@ class Principal:
     user: str
     tenant: TenantId
     role: Role
+    # The highest priority class this user may submit at (None: the tenant's limit only).
+    max_priority_class: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -69,7 +71,9 @@ class Authenticator:
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[token] = (now, user)
-        return Principal(user=user.name, tenant=user.tenant, role=user.role)
+        return Principal(
+            user=user.name, tenant=user.tenant, role=user.role, max_priority_class=user.max_priority_class
+        )
 
 
 # ---- job authorization: members act within their tenant; admins anywhere; infra reads everything.
@@ -115,3 +119,25 @@ def listable_tenant(who: Principal, requested: str) -> TenantId | None:
     if who.role in (Role.ADMIN, Role.INFRA):
         return TenantId(requested) if requested else None
     raise PermissionDenied(f"role {who.role} may not list jobs")
+
+
+# ---- administration: admins write; infra and finance read everything; members read their tenant.
+
+
+def check_admin(who: Principal, action: str) -> None:
+    if not who.is_admin:
+        raise PermissionDenied(f"only an admin may {action} (you are {who.user}, role {who.role})")
+
+
+def check_read_tenant_config(who: Principal, tenant: TenantId) -> None:
+    """Raise NotFound for a tenant the caller may not read, so names cannot be probed."""
+    if who.role in (Role.ADMIN, Role.INFRA, Role.FINANCE):
+        return
+    if who.role is Role.MEMBER and who.tenant == tenant:
+        return
+    raise NotFound(f"tenant {tenant!r} not found")
+
+
+def readable_tenants(who: Principal) -> TenantId | None:
+    """The one tenant a caller may list admin records of (None: every tenant)."""
+    return None if who.role in (Role.ADMIN, Role.INFRA, Role.FINANCE) else who.tenant

@@ -17,6 +17,7 @@ from typing import Any
 import click
 import grpc
 
+from federation import cli_admin
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient
@@ -289,6 +290,9 @@ def demo(opts: _Opts) -> None:
     from federation.demo import run_demo
 
     sys.exit(run_demo())
+
+
+cli_admin.register(cli, _rpc)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ class GpufedClient:
         self._channel = grpc.insecure_channel(target)
         self._jobs = pb_grpc.JobServiceStub(self._channel)
         self._fed = pb_grpc.FederationServiceStub(self._channel)
+        self._admin = pb_grpc.AdminServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._timeout_s = timeout_s
 
@@ -109,6 +110,52 @@ class GpufedClient:
         return self._fed.ListClusters(
             pb.ListClustersRequest(), metadata=self._metadata, timeout=self._timeout_s
         )
+
+    # ---- administration
+
+    def _call(self, method: Any, request: Any) -> Any:
+        return method(request, metadata=self._metadata, timeout=self._timeout_s)
+
+    def set_tenant(self, document: str) -> pb.Tenant:
+        reply: pb.Tenant = self._call(self._admin.SetTenant, pb.SetTenantRequest(document=document))
+        return reply
+
+    def get_tenant(self, name: str) -> pb.Tenant:
+        reply: pb.Tenant = self._call(self._admin.GetTenant, pb.GetTenantRequest(name=name))
+        return reply
+
+    def list_tenants(self) -> pb.ListTenantsResponse:
+        reply: pb.ListTenantsResponse = self._call(self._admin.ListTenants, pb.ListTenantsRequest())
+        return reply
+
+    def delete_tenant(self, name: str) -> None:
+        self._call(self._admin.DeleteTenant, pb.DeleteTenantRequest(name=name))
+
+    def set_user_priority(self, user: str, max_priority_class: str) -> pb.User:
+        request = pb.SetUserPriorityRequest(user=user, max_priority_class=max_priority_class)
+        reply: pb.User = self._call(self._admin.SetUserPriority, request)
+        return reply
+
+    def grant_approval(
+        self, *, tenant: str, priority_class: str, duration_s: float, reason: str, user: str = ""
+    ) -> pb.Approval:
+        request = pb.GrantApprovalRequest(
+            tenant=tenant,
+            user=user,
+            priority_class=priority_class,
+            duration_seconds=duration_s,
+            reason=reason,
+        )
+        reply: pb.Approval = self._call(self._admin.GrantApproval, request)
+        return reply
+
+    def list_approvals(self, *, tenant: str = "", include_expired: bool = False) -> pb.ListApprovalsResponse:
+        request = pb.ListApprovalsRequest(tenant=tenant, include_expired=include_expired)
+        reply: pb.ListApprovalsResponse = self._call(self._admin.ListApprovals, request)
+        return reply
+
+    def revoke_approval(self, approval_id: str) -> None:
+        self._call(self._admin.RevokeApproval, pb.RevokeApprovalRequest(approval_id=approval_id))
 
 
 def wait_until_serving(target: str, *, timeout_s: float = 30.0) -> None:

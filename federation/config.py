@@ -88,8 +88,16 @@ def parse_config(text: str) -> FederationConfig:
             role = Role(u.get("role", "member"))
         except ValueError as error:
             raise InvalidSpec(f"{at}.role", f"must be one of {[r.value for r in Role]}") from error
+        max_class = u.get("maxPriorityClass")
+        if max_class is not None and max_class not in class_names:
+            raise InvalidSpec(f"{at}.maxPriorityClass", f"{max_class!r} is not a priority class")
         users.append(
-            UserRecord(name=name_field(u.get("name"), f"{at}.name"), tenant=TenantId(tenant), role=role)
+            UserRecord(
+                name=name_field(u.get("name"), f"{at}.name"),
+                tenant=TenantId(tenant),
+                role=role,
+                max_priority_class=max_class,
+            )
         )
 
     clusters = []

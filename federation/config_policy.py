@@ -215,3 +215,31 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             policy_doc.get("usageHalfLifeHours", 24), "policy.usageHalfLifeHours", minimum=0.01
         ),
     )
+
+
+def tenant_document(t: TenantRecord) -> dict[str, Any]:
+    """The tenant in the config file's keys: what `parse_tenant` reads back to the same record."""
+    doc: dict[str, Any] = {"name": t.name}
+    if t.parent is not None:
+        doc["parent"] = t.parent
+    if t.gpu_caps:
+        doc["gpuCaps"] = dict(t.gpu_caps)
+    if t.quotas:
+        quotas: dict[str, dict[str, int]] = {}
+        for q in t.quotas:
+            entry = {"guaranteed": q.guaranteed_gpus}
+            for key, value in (
+                ("borrowingLimit", q.borrowing_limit_gpus),
+                ("lendingLimit", q.lending_limit_gpus),
+                ("cap", q.cap_gpus),
+            ):
+                if value is not None:
+                    entry[key] = value
+            quotas[q.gpu_type] = entry
+        doc["quotas"] = quotas
+    doc["weight"] = t.weight
+    if t.monthly_budget_gpu_hours is not None:
+        doc["monthlyBudgetGpuHours"] = t.monthly_budget_gpu_hours
+    if t.max_priority_class is not None:
+        doc["maxPriorityClass"] = t.max_priority_class
+    return doc

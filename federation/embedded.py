@@ -10,6 +10,7 @@ stopping and starting again finds every accepted job where it was.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import signal
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from federation.store import KvStore
 log = structlog.get_logger("gpufed.embedded")
 
 ENDPOINT_FILE = "endpoint.json"
+STOP_STACKS_AFTER_S = 20.0
 
 
 def default_config_path() -> Path:
@@ -117,6 +119,9 @@ async def run_up(
                 loop.add_signal_handler(sig, stop.set)
             await stop.wait()
             log.info("embedded_stopping")
+            # Every stop step is bounded, so a stop that still takes this long is a bug: leave the
+            # stacks of every thread on stderr to say where it hangs.
+            faulthandler.dump_traceback_later(STOP_STACKS_AFTER_S, exit=False)
         finally:
             await server.stop()
     finally:
@@ -124,3 +129,4 @@ async def run_up(
         await asyncio.to_thread(etcd.stop)
         if sims is not None:
             await asyncio.to_thread(sims.stop)
+        faulthandler.cancel_dump_traceback_later()

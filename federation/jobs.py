@@ -94,6 +94,22 @@ class JobPlacement:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionOrder:
+    """The scheduler's decision to evict this job's running gang so that another job fits.
+
+    Written by the scheduler on the running job's record (a compare-and-swap like any decision);
+    the reconciler then evicts the gang with the grace period and, once the cluster reports it
+    gone, requeues the job at its original queue position without charging a retry.
+    """
+
+    for_job: JobId
+    reason: str
+    grace_period_s: float
+    requested_at_s: float
+    requeue_queued_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: JobId
     tenant: TenantId
@@ -112,6 +128,8 @@ class JobRecord:
     cancel_requested: bool = False
     message: str = ""
     events: tuple[PhaseEvent, ...] = ()
+    # Set while the current attempt's gang is being evicted for another job; cleared on requeue.
+    preemption: PreemptionOrder | None = None
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -124,6 +142,9 @@ class JobRecord:
             raise InvalidTransition(
                 f"job {self.job_id}: {self.phase} -> {to} is written by {owner}, not {by}"
             )
+        if to is JobPhase.QUEUED:
+            # Back in the queue, nothing is being evicted any more: a new attempt starts clean.
+            changes.setdefault("preemption", None)
         attempt = int(changes.get("attempt", self.attempt))
         event = PhaseEvent(phase=to, at_s=at_s, attempt=attempt, reason=reason)
         return replace(self, phase=to, message=reason, events=(*self.events, event), **changes)
@@ -254,6 +275,15 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             "usd_per_gpu_hour": p.usd_per_gpu_hour,
         },
         "cancel_requested": job.cancel_requested,
+        "preemption": None
+        if job.preemption is None
+        else {
+            "for_job": job.preemption.for_job,
+            "reason": job.preemption.reason,
+            "grace_period_s": job.preemption.grace_period_s,
+            "requested_at_s": job.preemption.requested_at_s,
+            "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
+        },
         "message": job.message,
         "events": [
             {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason}
@@ -285,6 +315,7 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
             usd_per_gpu_hour=float(p["usd_per_gpu_hour"]),
         ),
         cancel_requested=bool(d["cancel_requested"]),
+        preemption=_preemption_from_dict(d.get("preemption")),
         message=d["message"],
         events=tuple(
             PhaseEvent(
@@ -295,4 +326,16 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
             )
             for e in d["events"]
         ),
+    )
+
+
+def _preemption_from_dict(d: dict[str, Any] | None) -> PreemptionOrder | None:
+    if d is None:
+        return None
+    return PreemptionOrder(
+        for_job=JobId(d["for_job"]),
+        reason=d["reason"],
+        grace_period_s=float(d["grace_period_s"]),
+        requested_at_s=float(d["requested_at_s"]),
+        requeue_queued_at_s=float(d["requeue_queued_at_s"]),
     )

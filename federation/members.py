@@ -74,6 +74,9 @@ class MemberClusters:
     ) -> None:
         self._records = {r.name: r for r in records}
         self._backends = dict(backends)
+        # The statuses of the reconciler's latest tick, for the scheduler: where running gangs sit
+        # (nodes, for preemption) and when they started. One tick old at most.
+        self.last_statuses: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
 
     @classmethod
     def build(
@@ -123,9 +126,19 @@ class MemberClusters:
             if not ok:
                 log.warning("cluster_not_synced", cluster=backend.name, waited_s=sync_timeout_s)
 
-    async def close(self) -> None:
-        kube = [b for b in self._backends.values() if isinstance(b, KubernetesBackend)]
-        await asyncio.gather(*(b.close() for b in kube))
+    async def close(self, timeout_s: float = 15.0) -> None:
+        """Stop every backend's watches; bounded, because a shutdown must not hang on one cluster."""
+        kube = {
+            asyncio.create_task(b.close()): b.name
+            for b in self._backends.values()
+            if isinstance(b, KubernetesBackend)
+        }
+        if not kube:
+            return
+        _, pending = await asyncio.wait(kube, timeout=timeout_s)
+        for task in pending:
+            log.error("cluster_close_stuck", cluster=kube[task], waited_s=timeout_s)
+            task.cancel()
 
     @property
     def names(self) -> list[ClusterName]:
@@ -157,4 +170,5 @@ class MemberClusters:
             except ClusterError as error:
                 log.warning("cluster_status_failed", cluster=name, error=str(error))
                 result[name] = None
+        self.last_statuses = result
         return result

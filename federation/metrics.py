@@ -36,6 +36,12 @@ class Metrics:
             "Admissions undone because a compare-and-swap lost",
             registry=r,
         )
+        self.preemptions = Counter(
+            "gpufed_preemptions_total",
+            "Running gangs evicted so that another job fits",
+            ["tenant"],
+            registry=r,
+        )
         self.cycle_seconds = Histogram(
             "gpufed_scheduling_cycle_seconds",
             "Time of one scheduling cycle",

@@ -7,6 +7,9 @@ Active transitions (decide and act), written by the dispatcher:
 
 Passive transitions (mirror what the cluster reports), written by the status reconciler:
   DISPATCHED -> RUNNING -> SUCCEEDED | FAILED
+  DISPATCHED | RUNNING -> QUEUED   the scheduler ordered a preemption: the gang is evicted with its
+                                   grace period, then the job is requeued at its original position
+                                   (a new attempt that uses up no retry)
   DISPATCHED | RUNNING -> QUEUED   the gang failed or was evicted and the restart policy restarts it
                                    as a new attempt (the queue position is kept), or its cluster has
                                    not answered for longer than its grace period (a new attempt that
@@ -111,6 +114,7 @@ class Reconciler:
         # When each silent cluster stopped answering, by this server's clock. Forgotten on restart,
         # which only makes a new leader wait a full grace period before it requeues anything.
         self._silent_since: dict[ClusterName, float] = {}
+        self._evictions_sent: set[GangKey] = set()
 
     async def tick(self, fence: Fence | None) -> int:
         """One pass over every job that may need action; returns how many transitions were committed."""
@@ -185,6 +189,9 @@ class Reconciler:
         job = stored.value
         if job.cancel_requested:
             nxt = await self._cancel(job)
+        elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
+            # Preempted before its gang was created: nothing to evict.
+            nxt = self._requeue_preempted(job, Owner.DISPATCHER)
         elif job.phase is JobPhase.ADMITTED:
             nxt = await self._dispatch(job)
         elif job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING) and job.placement is not None:
@@ -195,6 +202,8 @@ class Reconciler:
                 if cluster not in lost:
                     return False
                 nxt = self._move_off_lost_cluster(job, cluster)
+            elif job.preemption is not None:
+                nxt = await self._preempt(job, cluster_statuses.get((job.job_id, job.attempt)))
             else:
                 nxt = self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
         else:
@@ -297,6 +306,60 @@ class Reconciler:
             case GangPhase.CANCELLED:
                 return self._after_loss(job, RestartAction.ABORT_JOB, "cancelled on the cluster", now)
         return None
+
+    async def _preempt(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+        """Evict the gang with its grace period; once the cluster says it is gone, requeue the job."""
+        order = job.preemption
+        assert order is not None
+        assert job.placement is not None
+        if gang is not None and gang.phase is GangPhase.SUCCEEDED:
+            return self._mirror(job, gang)
+        if gang is None or gang.phase.is_final:
+            return self._requeue_preempted(job, Owner.STATUS)
+        key = (job.job_id, job.attempt)
+        if key in self._evictions_sent:
+            return None
+        backend = self._members.get(job.placement.cluster)
+        if backend is None:
+            return None
+        try:
+            await backend.evict(
+                job.job_id,
+                job.attempt,
+                order.grace_period_s,
+                f"preempted for {order.for_job}: {order.reason}",
+            )
+        except ClusterError as error:
+            log.warning("evict_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error))
+            return None
+        # Remembered per process only: a new leader evicts again, which a backend treats as a no-op.
+        self._evictions_sent.add(key)
+        self._metrics.preemptions.labels(tenant=job.tenant).inc()
+        log.info(
+            "gang_evicted",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            cluster=job.placement.cluster,
+            for_job=order.for_job,
+            grace_period_s=order.grace_period_s,
+        )
+        return None
+
+    def _requeue_preempted(self, job: JobRecord, by: Owner) -> JobRecord:
+        """A new attempt at the job's original queue position; a preemption uses up no retry."""
+        order = job.preemption
+        assert order is not None
+        self._evictions_sent.discard((job.job_id, job.attempt))
+        return job.transition(
+            JobPhase.QUEUED,
+            by=by,
+            at_s=self._clock(),
+            reason=f"attempt {job.attempt} preempted for {order.for_job} ({order.reason}); "
+            "requeued at its original position",
+            attempt=job.attempt + 1,
+            placement=None,
+            queued_at_s=order.requeue_queued_at_s,
+        )
 
     def _move_off_lost_cluster(self, job: JobRecord, cluster: ClusterName) -> JobRecord:
         """A new attempt, placed afresh; the copy left on the silent cluster is collected when it returns."""

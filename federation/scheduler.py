@@ -1,10 +1,12 @@
 """The scheduling cycle, run only by the leader.
 
-1. Snapshot: queued and running jobs from the cache, tenants, each cluster's free GPUs (less what is
-   admitted but not yet dispatched).
+1. Snapshot (`federation.snapshot`): queued and running jobs from the cache (running ones with the
+   nodes their cluster reports), tenants with their usage, priority classes, approvals, settings,
+   each cluster's free GPUs (less what is admitted but not yet dispatched).
 2. Plan: `placement.plan(snapshot, now=...)`, a pure function.
-3. Commit: each admission is its own compare-and-swap on the job's revision, fenced by the leader
-   lease. A lost race writes nothing; the job is simply tried again next cycle.
+3. Commit: each admission, and each preemption order on a victim, is its own compare-and-swap on
+   the job's revision, fenced by the leader lease. A lost race writes nothing; the job is simply
+   tried again next cycle. The reconciler carries out preemption orders (evict, then requeue).
 4. Explain: wait reasons are written for jobs whose reasons changed, so any server can answer
    `explain` without re-planning.
 """
@@ -13,37 +15,43 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import structlog
 
+from clusters.api import GangStatus
 from federation.cache import JobCache
-from federation.jobs import JobPlacement, JobRecord, Owner
-from federation.members import MemberClusters
+from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
-from federation.records import TenantRecord
+from federation.snapshot import GangRequests, PlacerInputs, build_snapshot
 from federation.store import Fence, JobStore, Stored
+from federation.usage import TenantUsage, UsageBook
 from placement.model import (
     Admission,
+    ClusterName,
     ClusterState,
-    GangRequest,
     JobId,
     JobPhase,
     Plan,
+    Preemption,
     Snapshot,
+    TenantId,
     Waiting,
     WaitReason,
 )
 from placement.plan import plan
-from placement.reserve import PendingGang, reserve_pending
 
 log = structlog.get_logger("gpufed.scheduler")
 
 # Bounded so that a cycle with thousands of admissions does not open thousands of etcd calls at once.
 COMMIT_CONCURRENCY = 64
-_PENDING_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING})
+# How often the placer's inputs (settings, tenants, users, approvals) are re-read from etcd, and
+# how often usage is re-added from the job records: admin changes apply within this, at a cycle.
+INPUTS_REFRESH_S = 2.0
+USAGE_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,67 +62,58 @@ class CycleResult:
     seconds: float
 
 
-def build_snapshot(
-    jobs: Sequence[JobRecord],
-    tenants: Sequence[TenantRecord],
-    inventories: Sequence[ClusterState],
-    gang_request: Callable[[JobRecord], GangRequest] = JobRecord.gang_request,
-) -> Snapshot:
-    queued = tuple(gang_request(j) for j in jobs if j.phase is JobPhase.QUEUED and not j.cancel_requested)
-    running = tuple(rg for j in jobs if (rg := j.running_gang()) is not None)
-    pending = [
-        PendingGang(
-            cluster=j.placement.cluster,
-            gpu_type=j.placement.gpu_type,
-            kind=j.placement.kind,
-            replica_gpus=j.spec.replica_gpus,
-        )
-        for j in jobs
-        if j.phase in _PENDING_PHASES and j.placement is not None
-    ]
-    clusters = tuple(reserve_pending(c, pending) if pending else c for c in inventories)
-    return Snapshot(
-        queued=queued,
-        running=running,
-        tenants=tuple(t.quota() for t in tenants),
-        clusters=clusters,
-    )
-
-
-class GangRequests:
-    """Each queued job's GangRequest, built once per version of its record.
-
-    Records are immutable and the cache hands out the same object until the job changes, so a
-    request built for that object stays right. With thousands queued, rebuilding every request each
-    cycle cost as much as planning them.
-    """
-
-    def __init__(self) -> None:
-        self._built: dict[JobId, tuple[JobRecord, GangRequest]] = {}
-
-    def __call__(self, job: JobRecord) -> GangRequest:
-        hit = self._built.get(job.job_id)
-        if hit is not None and hit[0] is job:
-            return hit[1]
-        request = job.gang_request()
-        self._built[job.job_id] = (job, request)
-        return request
-
-    def keep_only(self, job_ids: set[JobId]) -> None:
-        for job_id in [j for j in self._built if j not in job_ids]:
-            del self._built[job_id]
-
-
 def _snapshot_and_plan(
     jobs: Sequence[JobRecord],
-    tenants: Sequence[TenantRecord],
+    inputs: PlacerInputs,
     inventories: Sequence[ClusterState],
+    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
+    usage: Mapping[TenantId, TenantUsage],
+    preempted_gpus: int,
     now: float,
     requests: GangRequests,
 ) -> tuple[Snapshot, Plan]:
-    snapshot = build_snapshot(jobs, tenants, inventories, requests)
+    snapshot = build_snapshot(
+        jobs,
+        inputs,
+        inventories,
+        statuses=statuses,
+        usage=usage,
+        preempted_gpus_this_interval=preempted_gpus,
+        requests=requests.get,
+    )
     requests.keep_only({q.job_id for q in snapshot.queued})
     return snapshot, plan(snapshot, now=now)
+
+
+class InputsReader:
+    """The placer's inputs from etcd, re-read at most every INPUTS_REFRESH_S; a new version on change."""
+
+    def __init__(self, store: JobStore, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._clock = clock
+        self._inputs: PlacerInputs | None = None
+        self._read_at = float("-inf")
+
+    async def read(self) -> PlacerInputs:
+        if self._inputs is not None and self._clock() - self._read_at < INPUTS_REFRESH_S:
+            return self._inputs
+        settings = await self._store.get_settings()
+        tenants = tuple(await self._store.list_tenants())
+        users = {u.name: u for u in await self._store.list_users()}
+        approvals = tuple(await self._store.list_approvals())
+        previous = self._inputs
+        fresh = PlacerInputs(settings=settings, tenants=tenants, users=users, approvals=approvals)
+        if previous is None or (previous.settings, previous.tenants, previous.users, previous.approvals) != (
+            settings,
+            tenants,
+            users,
+            approvals,
+        ):
+            version = 0 if previous is None else previous.version + 1
+            self._inputs = replace(fresh, version=version)
+        self._read_at = self._clock()
+        assert self._inputs is not None
+        return self._inputs
 
 
 class Scheduler:
@@ -124,34 +123,67 @@ class Scheduler:
         store: JobStore,
         cache: JobCache,
         members: MemberClusters,
-        tenants: Callable[[], Awaitable[list[TenantRecord]]],
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._cache = cache
         self._members = members
-        self._tenants = tenants
         self._metrics = metrics
         self._clock = clock
         self._written_reasons: dict[JobId, tuple[WaitReason, ...]] = {}
         self._requests = GangRequests()
+        self._inputs = InputsReader(store, clock)
+        self._usage_book = UsageBook()
+        self._usage: dict[TenantId, TenantUsage] = {}
+        self._usage_at = float("-inf")
+        # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.
+        self._preempted: deque[tuple[float, int]] = deque()
+
+    def _tenant_usage(self, now: float, half_life_h: float) -> dict[TenantId, TenantUsage]:
+        if now - self._usage_at >= USAGE_REFRESH_S:
+            jobs = (s.value for s in self._cache.jobs())
+            self._usage = self._usage_book.usage(jobs, now_s=now, half_life_h=half_life_h)
+            self._usage_at = now
+        return self._usage
+
+    def _preempted_gpus(self, now: float, interval_s: float) -> int:
+        while self._preempted and self._preempted[0][0] <= now - interval_s:
+            self._preempted.popleft()
+        return sum(gpus for _, gpus in self._preempted)
 
     async def run_cycle(self, fence: Fence | None) -> CycleResult:
         started = time.perf_counter()
         stored_jobs = {s.value.job_id: s for s in self._cache.live_jobs()}
         jobs = [s.value for s in stored_jobs.values()]
-        tenants = await self._tenants()
+        inputs = await self._inputs.read()
         inventories = await self._members.inventories()
         now = self._clock()
+        usage = self._tenant_usage(now, inputs.settings.usage_half_life_h)
+        preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait
         # milliseconds behind a long cycle instead of its whole length.
         snapshot, result = await asyncio.to_thread(
-            _snapshot_and_plan, jobs, tenants, inventories, now, self._requests
+            _snapshot_and_plan,
+            jobs,
+            inputs,
+            inventories,
+            self._members.last_statuses,
+            usage,
+            preempted,
+            now,
+            self._requests,
         )
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
+        evictions = await asyncio.gather(
+            *(
+                self._order_preemption(stored_jobs[p.victim], p, now, fence, semaphore)
+                for p in result.preemptions
+                if p.victim in stored_jobs
+            )
+        )
         outcomes = await asyncio.gather(
             *(self._admit(stored_jobs[a.job_id], a, now, fence, semaphore) for a in result.admissions)
         )
@@ -162,11 +194,65 @@ class Scheduler:
         self._metrics.set_queue_depth(Counter(q.tenant for q in snapshot.queued))
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
-        if admitted or conflicts:
-            log.info("cycle_completed", admitted=admitted, conflicts=conflicts, waiting=len(result.waiting))
+        if admitted or conflicts or any(evictions):
+            log.info(
+                "cycle_completed",
+                admitted=admitted,
+                conflicts=conflicts,
+                preemptions=sum(evictions),
+                waiting=len(result.waiting),
+            )
+        for request in result.capacity_requests:
+            # The provisioner that acts on these arrives with issue 6; until then they are logged
+            # and the waiting job's reasons say which pool would have to grow.
+            log.info(
+                "capacity_requested",
+                cluster=request.cluster,
+                pool=request.pool,
+                gpu_type=request.gpu_type,
+                nodes=request.nodes,
+                jobs=list(request.job_ids),
+            )
         return CycleResult(
             admitted=admitted, conflicts=conflicts, waiting=len(result.waiting), seconds=seconds
         )
+
+    async def _order_preemption(
+        self,
+        stored: Stored[JobRecord],
+        preemption: Preemption,
+        now: float,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> bool:
+        """Mark the victim for eviction; the reconciler evicts it and requeues it when it is gone."""
+        victim = stored.value
+        if victim.preemption is not None:
+            return False
+        order = PreemptionOrder(
+            for_job=preemption.for_job,
+            reason=preemption.reason.value,
+            grace_period_s=preemption.grace_period_s,
+            requested_at_s=now,
+            requeue_queued_at_s=preemption.requeue_queued_at_s,
+        )
+        async with semaphore:
+            revision = await self._store.commit(
+                [(replace(victim, preemption=order), stored.mod_revision)], fence=fence
+            )
+        if revision is None:
+            return False
+        self._preempted.append((now, preemption.gpu_count))
+        log.info(
+            "preemption_ordered",
+            victim=victim.job_id,
+            tenant=victim.tenant,
+            cluster=preemption.cluster,
+            gpus=preemption.gpu_count,
+            for_job=preemption.for_job,
+            reason=preemption.reason.value,
+        )
+        return True
 
     async def _admit(
         self,

@@ -22,6 +22,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from federation.api.admin import AdminService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
@@ -32,9 +33,8 @@ from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
 from federation.members import MemberClusters
 from federation.metrics import Metrics
-from federation.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.reconciler import Reconciler
-from federation.records import TenantRecord
+from federation.records import SchedulingSettings, TenantRecord
 from federation.scheduler import Scheduler
 from federation.store import Fence, KvStore
 from placement.model import ClusterState, TenantId
@@ -43,6 +43,7 @@ log = structlog.get_logger("gpufed.server")
 
 # Tenants change rarely; re-read them at most this often rather than on every submission.
 TENANT_REFRESH_S = 2.0
+LEADER_STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,23 +61,28 @@ class ServerConfig:
 
 
 class TenantDirectory:
+    """Tenants and scheduling settings for the submission path, re-read at most every few seconds."""
+
     def __init__(self, store: KvStore, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._clock = clock
-        self._tenants: list[TenantRecord] = []
-        self._names: frozenset[TenantId] = frozenset()
+        self._tenants: dict[TenantId, TenantRecord] = {}
+        self._settings = SchedulingSettings()
         self._read_at = float("-inf")
 
-    async def list(self) -> list[TenantRecord]:
+    async def _refresh(self) -> None:
         if self._clock() - self._read_at > TENANT_REFRESH_S:
-            self._tenants = await self._store.list_tenants()
-            self._names = frozenset(t.name for t in self._tenants)
+            self._tenants = {t.name: t for t in await self._store.list_tenants()}
+            self._settings = await self._store.get_settings()
             self._read_at = self._clock()
-        return self._tenants
 
-    async def names(self) -> frozenset[TenantId]:
-        await self.list()
-        return self._names
+    async def get(self, name: TenantId) -> TenantRecord | None:
+        await self._refresh()
+        return self._tenants.get(name)
+
+    async def settings(self) -> SchedulingSettings:
+        await self._refresh()
+        return self._settings
 
 
 class FederationServer:
@@ -112,10 +118,12 @@ class FederationServer:
                 cache=self._cache,
                 auth=auth,
                 metrics=self.metrics,
-                priority_classes=DEFAULT_PRIORITY_CLASSES,
-                known_tenants=tenants.names,
+                tenants=tenants,
             ),
             server,
+        )
+        pb_grpc.add_AdminServiceServicer_to_server(
+            AdminService(store=store, cache=self._cache, auth=auth, metrics=self.metrics), server
         )
 
         async def clusters() -> list[ClusterState]:
@@ -129,6 +137,7 @@ class FederationServer:
         services = [
             pb.DESCRIPTOR.services_by_name["JobService"].full_name,
             pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
+            pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
@@ -142,9 +151,7 @@ class FederationServer:
             self._metrics_server = self.metrics.serve(cfg.grpc_host, cfg.metrics_port)
             self.metrics_port = int(self._metrics_server.server_port)
 
-        scheduler = Scheduler(
-            store=store, cache=self._cache, members=members, tenants=tenants.list, metrics=self.metrics
-        )
+        scheduler = Scheduler(store=store, cache=self._cache, members=members, metrics=self.metrics)
         reconciler = Reconciler(store=store, cache=self._cache, members=members, metrics=self.metrics)
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
@@ -176,6 +183,11 @@ class FederationServer:
                     await reconciler.tick(fence)
                     await scheduler.run_cycle(fence)
                 except GpufedError as error:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        # stop() cancelled us mid-call and a client library turned that into its own
+                        # error: retrying here would make the shutdown wait forever.
+                        raise
                     # etcd or a cluster hiccup: nothing was half-written; try again next round.
                     log.warning("cycle_failed", error=str(error), retryable=error.retryable)
                 elapsed = time.monotonic() - started
@@ -193,8 +205,14 @@ class FederationServer:
     async def stop(self, grace_s: float = 2.0) -> None:
         if self._leader_task is not None:
             self._leader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._leader_task
+            # Bounded: a stop that hangs is worse than one that leaves a stuck task behind (the
+            # fence makes whatever it still writes harmless once the lease is gone).
+            done, _ = await asyncio.wait({self._leader_task}, timeout=LEADER_STOP_TIMEOUT_S)
+            if not done:
+                log.error("leader_task_stuck", waited_s=LEADER_STOP_TIMEOUT_S)
+            else:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._leader_task
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
         if self._election is not None:

@@ -343,6 +343,11 @@ def _priority_class(value: object, path: str, classes: Collection[str]) -> str:
     return name
 
 
+def duration_seconds(text: str, path: str) -> int:
+    """A duration as manifests write it ('72h', '1h30m', '2d'), at most 30 days; errors name `path`."""
+    return _duration_s(text if text else "", path)
+
+
 def _duration_s(value: object, path: str) -> int:
     if value is None:
         return DEFAULT_MAX_RUNTIME_S

@@ -54,7 +54,7 @@ from federation.records import (
     user_from_dict,
     user_to_dict,
 )
-from placement.model import ClusterName, GpuType, JobId, WaitCode, WaitReason
+from placement.model import ClusterName, GpuType, JobId, TenantId, WaitCode, WaitReason
 
 T = TypeVar("T")
 
@@ -154,6 +154,8 @@ class JobStore(Protocol):
 
     async def list_tenants(self) -> list[TenantRecord]: ...
 
+    async def delete_tenant(self, name: str) -> bool: ...
+
     async def put_cluster(self, c: ClusterRecord) -> None: ...
 
     async def get_cluster(self, name: str) -> ClusterRecord | None: ...
@@ -203,8 +205,28 @@ def _stored_job(value: bytes, mod_revision: int) -> Stored[JobRecord]:
     return Stored(job_from_dict(json.loads(value)), mod_revision)
 
 
+# The figures of a wait reason beside its code and message; absent keys read as None, so reasons
+# written before a field existed still load.
+_WAIT_FIGURES = (
+    "tenant",
+    "limit_gpus",
+    "held_gpus",
+    "needed_gpus",
+    "free_gpus",
+    "largest_free_node_gpus",
+    "at_s",
+)
+
+
 def _wait_to_dict(r: WaitReason) -> dict[str, Any]:
-    return {"code": r.code.value, "message": r.message, "cluster": r.cluster, "gpu_type": r.gpu_type}
+    d: dict[str, Any] = {
+        "code": r.code.value,
+        "message": r.message,
+        "cluster": r.cluster,
+        "gpu_type": r.gpu_type,
+    }
+    d.update({k: getattr(r, k) for k in _WAIT_FIGURES if getattr(r, k) is not None})
+    return d
 
 
 def _wait_from_dict(d: dict[str, Any]) -> WaitReason:
@@ -213,6 +235,13 @@ def _wait_from_dict(d: dict[str, Any]) -> WaitReason:
         message=d["message"],
         cluster=None if d["cluster"] is None else ClusterName(d["cluster"]),
         gpu_type=None if d["gpu_type"] is None else GpuType(d["gpu_type"]),
+        tenant=None if d.get("tenant") is None else TenantId(d["tenant"]),
+        limit_gpus=d.get("limit_gpus"),
+        held_gpus=d.get("held_gpus"),
+        needed_gpus=d.get("needed_gpus"),
+        free_gpus=d.get("free_gpus"),
+        largest_free_node_gpus=d.get("largest_free_node_gpus"),
+        at_s=d.get("at_s"),
     )
 
 
@@ -352,6 +381,9 @@ class KvStore:
 
     async def list_tenants(self) -> list[TenantRecord]:
         return await self._list_values(TENANTS, tenant_from_dict)
+
+    async def delete_tenant(self, name: str) -> bool:
+        return await self._kv.delete(TENANTS + name.encode())
 
     async def put_cluster(self, c: ClusterRecord) -> None:
         await self._kv.put(CLUSTERS + c.name.encode(), _dumps(cluster_to_dict(c)))

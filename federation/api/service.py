@@ -11,9 +11,9 @@ import asyncio
 import base64
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
@@ -41,6 +41,7 @@ from federation.errors import (
 )
 from federation.jobs import JobRecord
 from federation.metrics import Metrics
+from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
 from placement.model import ClusterState, JobId, JobPhase, TenantId
@@ -54,8 +55,39 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_IDEMPOTENCY_KEY_LENGTH = 128
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
-# Urgent work preempts others; until admin approvals exist, only admins may submit it.
-RESTRICTED_PRIORITY_CLASSES = frozenset({"urgent"})
+
+
+class SubmitPolicy(Protocol):
+    """What a submission is checked against: the tenant's record and the priority classes."""
+
+    async def get(self, name: TenantId) -> TenantRecord | None: ...
+
+    async def settings(self) -> SchedulingSettings: ...
+
+
+def check_priority_class(
+    who: Principal, tenant: TenantRecord, settings: SchedulingSettings, name: str
+) -> int:
+    """The class's value, if the user and the tenant may use it.
+
+    A class that needs an approval (urgent) may be submitted by anyone allowed that high: the placer
+    admits it only while an admin's approval covers it, and says so in the job's wait reasons.
+    """
+    values = settings.class_values()
+    value = values.get(name)
+    if value is None:
+        raise InvalidSpec(
+            "spec.priorityClassName", f"{name!r} is not a priority class (known: {', '.join(sorted(values))})"
+        )
+    for who_limits, limit in (
+        ("tenant " + tenant.name, tenant.max_priority_class),
+        ("user " + who.user, who.max_priority_class),
+    ):
+        if limit is not None and value > values.get(limit, value):
+            raise PermissionDenied(
+                f"spec.priorityClassName: {name!r} is above what {who_limits} may use (at most {limit!r})"
+            )
+    return value
 
 
 def _new_job_id(name: str) -> JobId:
@@ -68,7 +100,7 @@ async def _abort(context: Ctx, error: GpufedError) -> None:
     await context.abort(status_code_for(error), str(error))
 
 
-class _Handlers:
+class CallHandlers:
     """Shared plumbing: authentication, error mapping and latency metrics for every call."""
 
     def __init__(self, auth: Authenticator, metrics: Metrics) -> None:
@@ -107,16 +139,14 @@ class JobService(pb_grpc.JobServiceServicer):
         cache: JobCache,
         auth: Authenticator,
         metrics: Metrics,
-        priority_classes: Mapping[str, int],
-        known_tenants: Callable[[], Awaitable[frozenset[TenantId]]],
+        tenants: SubmitPolicy,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._cache = cache
-        self._h = _Handlers(auth, metrics)
+        self._h = CallHandlers(auth, metrics)
         self._metrics = metrics
-        self._priority_classes = priority_classes
-        self._known_tenants = known_tenants
+        self._tenants = tenants
         self._clock = clock
 
     # ---- submit
@@ -128,14 +158,13 @@ class JobService(pb_grpc.JobServiceServicer):
         key = request.idempotency_key
         if len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
             raise InvalidArgument(f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
-        spec = parse_manifest(request.manifest, priority_classes=self._priority_classes.keys())
+        settings = await self._tenants.settings()
+        spec = parse_manifest(request.manifest, priority_classes=settings.class_values().keys())
         tenant = submit_tenant(who, spec.tenant)
-        if tenant not in await self._known_tenants():
+        record = await self._tenants.get(tenant)
+        if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
-        if spec.priority_class in RESTRICTED_PRIORITY_CLASSES and not who.is_admin:
-            raise PermissionDenied(
-                f"spec.priorityClassName: {spec.priority_class!r} needs an admin's approval"
-            )
+        priority = check_priority_class(who, record, settings, spec.priority_class)
         spec = replace(spec, tenant=tenant)
         now = self._clock()
         job = JobRecord(
@@ -146,7 +175,7 @@ class JobService(pb_grpc.JobServiceServicer):
             phase=JobPhase.QUEUED,
             submitted_at_s=now,
             queued_at_s=now,
-            priority=self._priority_classes[spec.priority_class],
+            priority=priority,
         )
         # Without a client key every call is its own submission: key it by the fresh job id.
         stored, created = await self._store.create_job(
@@ -333,7 +362,7 @@ class FederationService(pb_grpc.FederationServiceServicer):
     def __init__(
         self, *, auth: Authenticator, metrics: Metrics, clusters: Callable[[], Awaitable[list[ClusterState]]]
     ) -> None:
-        self._h = _Handlers(auth, metrics)
+        self._h = CallHandlers(auth, metrics)
         self._clusters = clusters
 
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.Identity:

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -50,9 +51,23 @@ class Up:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+        self.log_path = state_dir.parent / "up-0.log"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
+        self.starts += 1
+        self.log_path = self.state_dir.parent / f"up-{self.starts}.log"
+        # Kept for the failure message: a stop that hangs leaves its thread stacks here.
+        with self.log_path.open("w") as stderr:
+            self.proc = self._spawn(stderr)
+        wait_for(
+            lambda: (self.state_dir / ENDPOINT_FILE).exists() or self.proc.poll() is not None, timeout_s=60
+        )
+        assert self.proc.poll() is None, "gpufed up exited"
+        wait_until_serving(read_endpoint(self.state_dir)["grpc"])
+
+    def _spawn(self, stderr: IO[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -66,20 +81,23 @@ class Up:
                 "0",
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=stderr,
             text=True,
             start_new_session=True,
         )
-        wait_for(
-            lambda: (self.state_dir / ENDPOINT_FILE).exists() or self.proc.poll() is not None, timeout_s=60
-        )
-        assert self.proc.poll() is None, "gpufed up exited"
-        wait_until_serving(read_endpoint(self.state_dir)["grpc"])
 
     def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            tail = self.log_path.read_text()[-6000:]
+            raise AssertionError(
+                f"gpufed up did not stop within 30 s after SIGTERM; its stderr ends:\n{tail}"
+            ) from None
 
 
 @pytest.fixture

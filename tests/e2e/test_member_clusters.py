@@ -8,21 +8,17 @@ endpoint, as an operator's chaos tool would inject them.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.etcd_process import EtcdProcess
 from federation.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import gang_pods, gangs, job_of, sim_admin, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -76,67 +72,25 @@ def sims(tmp_path: Path) -> Iterator[SimProcess]:
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = {
-        "tenants": [{"name": "platform"}, {"name": "vision"}],
-        "users": [
+    config = write_config(
+        tmp_path / "federation.yaml",
+        sims,
+        CLUSTERS,
+        grace_s=GRACE_S,
+        tenants=[{"name": "platform"}, {"name": "vision"}],
+        users=[
             {"name": "admin", "tenant": "platform", "role": "admin"},
             {"name": "alice", "tenant": "vision"},
         ],
-        "clusters": [
-            {
-                **c,
-                "backend": "kubernetes",
-                "kubeconfig": str(sims.kubeconfig),
-                "context": c["name"],
-                "unreachableGraceSeconds": GRACE_S,
-            }
-            for c in CLUSTERS
-        ],
-    }
-    path = tmp_path / "federation.yaml"
-    path.write_text(yaml.safe_dump(config))
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=path)
+    )
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
     process.start()
     yield process
     process.stop()
 
 
-def _api(sims: SimProcess, cluster: str) -> Any:
-    return k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(sims.kubeconfig), context=cluster
-    )
-
-
-def _gang_pods(sims: SimProcess, cluster: str, job_id: str) -> list[Any]:
-    with _api(sims, cluster) as api:
-        pods = k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"gpufed.io/job-id={job_id}")
-    return list(pods.items)
-
-
-def _gangs(sims: SimProcess, cluster: str, job_id: str) -> list[dict[str, Any]]:
-    """The Volcano Jobs of a job on a cluster (every attempt)."""
-    with _api(sims, cluster) as api:
-        found: Any = k8s.CustomObjectsApi(api).list_cluster_custom_object(
-            "batch.volcano.sh", "v1alpha1", "jobs", label_selector=f"gpufed.io/job-id={job_id}"
-        )
-    return list(found["items"])
-
-
-def _admin(sims: SimProcess, cluster: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(
-        sims.endpoints[cluster].admin_url + path,
-        method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Content-Type": "application/json"},
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
-    with opener.open(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
 def _job(fed: ServerProcess, job_id: str) -> pb.Job:
-    with fed.client("alice") as alice:
-        return alice.get(job_id)
+    return job_of(fed, "alice", job_id)
 
 
 def test_a_gang_lands_whole_on_one_cluster_and_restarts_whole_when_a_node_is_lost(
@@ -151,20 +105,20 @@ def test_a_gang_lands_whole_on_one_cluster_and_restarts_whole_when_a_node_is_los
     assert running.attempt == 1
 
     # One gang object with every replica, on one cluster; nothing on the other.
-    gangs = _gangs(sims, "onprem", job_id)
-    assert [g["metadata"]["name"] for g in gangs] == [f"{job_id}-a1"]
-    assert gangs[0]["spec"]["minAvailable"] == 5
-    pods = _gang_pods(sims, "onprem", job_id)
+    objects = gangs(sims, "onprem", job_id)
+    assert [g["metadata"]["name"] for g in objects] == [f"{job_id}-a1"]
+    assert objects[0]["spec"]["minAvailable"] == 5
+    pods = gang_pods(sims, "onprem", job_id)
     assert sorted(p.metadata.name for p in pods) == sorted(
         [f"{job_id}-a1-master-0"] + [f"{job_id}-a1-worker-{i}" for i in range(4)]
     )
     assert all(p.status.phase == "Running" for p in pods)
-    assert _gangs(sims, "cloud", job_id) == []
-    assert _gang_pods(sims, "cloud", job_id) == []
+    assert gangs(sims, "cloud", job_id) == []
+    assert gang_pods(sims, "cloud", job_id) == []
 
     # The node under one worker stops reporting: the whole gang, not only that pod, starts again.
     victim = next(p for p in pods if p.metadata.name.endswith("worker-3")).spec.node_name
-    _admin(sims, "onprem", "POST", f"/faults/nodes/{victim}/lose")
+    sim_admin(sims, "onprem", "POST", f"/faults/nodes/{victim}/lose")
     restarted = wait_for(lambda: (j := _job(fed, job_id)).attempt == 2 and j, timeout_s=30)
     assert "evicted" in " ".join(e.reason for e in restarted.events).lower()
     done = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60)
@@ -176,7 +130,7 @@ def test_a_gang_lands_whole_on_one_cluster_and_restarts_whole_when_a_node_is_los
     # No pod of attempt 1 runs any more; attempt 2 ran whole, on one cluster, off the lost node.
     second: dict[str, list[str]] = {}
     for cluster in ("onprem", "cloud"):
-        for pod in _gang_pods(sims, cluster, job_id):
+        for pod in gang_pods(sims, cluster, job_id):
             if pod.metadata.labels["gpufed.io/attempt"] == "1":
                 assert pod.status.phase != "Running", pod.metadata.name
             else:
@@ -195,20 +149,20 @@ def test_a_cluster_silent_past_its_grace_loses_its_jobs_and_the_stale_copy_goes_
     assert (running.cluster, running.attempt) == ("onprem", 1)
 
     # The on-prem API stops answering (connections refused). The gang keeps running there, unseen.
-    _admin(sims, "onprem", "POST", "/faults/unreachable", {"mode": "close"})
+    sim_admin(sims, "onprem", "POST", "/faults/unreachable", {"mode": "close"})
     moved = wait_for(
         lambda: (j := _job(fed, job_id)).attempt == 2 and j.phase == pb.JOB_PHASE_RUNNING and j,
         timeout_s=GRACE_S * 3 + 30,
     )
     assert moved.cluster == "cloud"
     assert "has not answered" in " ".join(e.reason for e in moved.events)
-    assert [g["metadata"]["name"] for g in _gangs(sims, "cloud", job_id)] == [f"{job_id}-a2"]
+    assert [g["metadata"]["name"] for g in gangs(sims, "cloud", job_id)] == [f"{job_id}-a2"]
 
     # Back again: the superseded attempt 1, still running there, is deleted, so it never runs twice.
-    _admin(sims, "onprem", "DELETE", "/faults/unreachable")
-    wait_for(lambda: _gangs(sims, "onprem", job_id) == [], timeout_s=30)
+    sim_admin(sims, "onprem", "DELETE", "/faults/unreachable")
+    wait_for(lambda: gangs(sims, "onprem", job_id) == [], timeout_s=30)
     wait_for(
-        lambda: all(p.status.phase != "Running" for p in _gang_pods(sims, "onprem", job_id)), timeout_s=30
+        lambda: all(p.status.phase != "Running" for p in gang_pods(sims, "onprem", job_id)), timeout_s=30
     )
     done = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60)
     assert (done.cluster, done.attempt) == ("cloud", 2)

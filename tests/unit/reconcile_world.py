@@ -16,7 +16,7 @@ from federation.jobspec import RestartPolicy
 from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.reconciler import Reconciler
-from federation.records import ClusterRecord, PoolConfig, TenantRecord
+from federation.records import ClusterRecord, PoolConfig, SchedulingSettings, TenantRecord
 from federation.scheduler import Scheduler
 from federation.store import InMemoryJobStore, KvStore
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, Provider, TenantId
@@ -57,8 +57,10 @@ class World:
             await self._sync()
 
     async def _sync(self) -> None:
-        _, revision = await self.store.list_jobs()
-        await self.cache.wait_for_revision(revision)
+        # The cache watches job keys only: wait for the latest job write, not the store's revision
+        # (wait reasons and approvals move that too, and the cache would never reach it).
+        jobs, _ = await self.store.list_jobs()
+        await self.cache.wait_for_revision(max((j.mod_revision for j in jobs), default=0))
 
     async def job(self, job_id: JobId) -> JobRecord:
         stored = await self.store.get_job(job_id)
@@ -74,10 +76,19 @@ _CLUSTERS = (
 
 
 @asynccontextmanager
-async def build_world(*, cluster_count: int = 1, unreachable_grace_s: float = 120.0) -> AsyncIterator[World]:
+async def build_world(
+    *,
+    cluster_count: int = 1,
+    unreachable_grace_s: float = 120.0,
+    tenants: tuple[TenantRecord, ...] = (TenantRecord(name=TenantId("vision")),),
+    settings: SchedulingSettings | None = None,
+) -> AsyncIterator[World]:
     clock = Clock()
     store = InMemoryJobStore()
-    await store.put_tenant(TenantRecord(name=TenantId("vision")))
+    for tenant in tenants:
+        await store.put_tenant(tenant)
+    if settings is not None:
+        await store.put_settings(settings)
     records: list[ClusterRecord] = []
     clusters: dict[str, InMemoryCluster] = {}
     for name, provider, kind, price in _CLUSTERS[:cluster_count]:
@@ -97,9 +108,7 @@ async def build_world(*, cluster_count: int = 1, unreachable_grace_s: float = 12
     cache = JobCache(store)
     await cache.start()
     metrics = Metrics()
-    scheduler = Scheduler(
-        store=store, cache=cache, members=members, tenants=store.list_tenants, metrics=metrics, clock=clock
-    )
+    scheduler = Scheduler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
     reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
     try:
         yield World(store, cache, clusters, scheduler, reconciler, clock)
@@ -114,20 +123,30 @@ def a_job(
     duration: str = "10s",
     policy: RestartPolicy | None = None,
     exit_code: int = 0,
+    tenant: str = "vision",
+    priority_class: str = "normal",
+    priority: int = 1000,
+    queued_at_s: float = 1000.0,
 ) -> JobRecord:
     annotations = [("sim.gpufed.io/duration", duration)]
     if exit_code:
         annotations.append(("sim.gpufed.io/exit-code", str(exit_code)))
     job = build_job(
         name,
-        tenant="vision",
+        tenant=tenant,
         gpus=gpus,
         replicas=2,
         gpu="A100",
         policy=policy,
         annotations=tuple(annotations),
     )
-    return replace(job, priority=1000)
+    return replace(
+        job,
+        spec=replace(job.spec, priority_class=priority_class),
+        priority=priority,
+        queued_at_s=queued_at_s,
+        submitted_at_s=queued_at_s,
+    )
 
 
 async def submit(world: World, job: JobRecord) -> JobId:

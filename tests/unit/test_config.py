@@ -19,6 +19,8 @@ def test_the_shipped_default_parses() -> None:
     assert {t.name for t in config.tenants} >= {"vision", "nlp"}
     assert {u.role.value for u in config.users} >= {"admin", "member"}
     assert len(config.clusters) == 3
+    users = {u.name: u for u in config.users}
+    assert users["ivan"].max_priority_class == "normal", "the intern's limit is kept"
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,11 @@ def test_the_shipped_default_parses() -> None:
         ),
         pytest.param(
             "tenants: [{name: a}]\nusers: [{name: u, tenant: a, role: god}]", "users[0].role", id="role"
+        ),
+        pytest.param(
+            "tenants: [{name: a}]\nusers: [{name: u, tenant: a, maxPriorityClass: royal}]",
+            "users[0].maxPriorityClass",
+            id="user-max-class",
         ),
         pytest.param("clusters: [{name: c, provider: mars}]", "clusters[0].provider", id="provider"),
         pytest.param(

@@ -1,0 +1,180 @@
+"""What federation hands the placer: usage from job history, approvals, classes, datasets, nodes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from clusters.api import GangPhase, GangStatus
+from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from federation.jobspec import DatasetRef
+from federation.records import (
+    ApprovalRecord,
+    DatasetLocation,
+    Role,
+    SchedulingSettings,
+    TenantRecord,
+    UserRecord,
+)
+from federation.snapshot import GangRequests, PlacerInputs, build_snapshot, gang_request
+from federation.usage import UsageBook, month_start_s
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    GpuQuota,
+    GpuType,
+    JobId,
+    JobPhase,
+    PolicyConfig,
+    TenantId,
+)
+from tests.conftest import build_job
+
+A100 = GpuType("A100")
+VISION = TenantId("vision")
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC).timestamp()
+
+
+def _ran(job: JobRecord, start: float, end: float | None, *, to: JobPhase = JobPhase.SUCCEEDED) -> JobRecord:
+    placed = job.transition(
+        JobPhase.ADMITTED,
+        by=Owner.SCHEDULER,
+        at_s=start - 1,
+        placement=JobPlacement(ClusterName("onprem"), A100, CapacityKind.PRIVATE, 1.1),
+    )
+    placed = placed.transition(JobPhase.DISPATCHED, by=Owner.DISPATCHER, at_s=start - 0.5)
+    placed = placed.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=start)
+    if end is None:
+        return placed
+    return placed.transition(to, by=Owner.STATUS, at_s=end)
+
+
+def _job(job_id: str, gpus: int = 4) -> JobRecord:
+    return build_job(job_id, tenant="vision", gpus=gpus, replicas=1, gpu="A100")
+
+
+def test_month_usage_counts_only_started_time_this_month_and_running_jobs_up_to_now() -> None:
+    month = month_start_s(NOW)
+    assert month == datetime(2026, 11, 1, tzinfo=UTC).timestamp()
+    jobs = [
+        _ran(_job("done"), NOW - 7200, NOW - 3600),  # 4 GPUs x 1 h
+        _ran(_job("running", gpus=8), NOW - 1800, None),  # 8 GPUs x 0.5 h so far
+        _ran(_job("across", gpus=2), month - 3600, month + 3600),  # only the hour inside the month
+        _job("never-started"),
+    ]
+    usage = UsageBook().usage(jobs, now_s=NOW, half_life_h=24)
+    assert usage[VISION].month_gpu_hours == pytest.approx(4 + 4 + 2)
+
+
+def test_decayed_history_halves_per_half_life() -> None:
+    book = UsageBook()
+    recent = book.usage([_ran(_job("r"), NOW - 3600, NOW)], now_s=NOW, half_life_h=24)
+    old = book.usage([_ran(_job("o"), NOW - 25 * 3600, NOW - 24 * 3600)], now_s=NOW, half_life_h=24)
+    recent_h = dict(recent[VISION].decayed_gpu_hours)[A100]
+    old_h = dict(old[VISION].decayed_gpu_hours)[A100]
+    assert recent_h == pytest.approx(4.0, rel=0.02)
+    assert old_h == pytest.approx(recent_h / 2, rel=1e-6)
+
+
+def test_a_requeued_attempt_counts_until_its_requeue() -> None:
+    running = _ran(_job("p"), NOW - 3600, None)
+    requeued = running.transition(
+        JobPhase.QUEUED, by=Owner.STATUS, at_s=NOW - 1800, attempt=2, placement=None
+    )
+    usage = UsageBook().usage([requeued], now_s=NOW, half_life_h=24)
+    assert usage[VISION].month_gpu_hours == pytest.approx(4 * 0.5)
+
+
+def _inputs(**changes: object) -> PlacerInputs:
+    inputs = PlacerInputs(
+        settings=SchedulingSettings(
+            gpu_speeds=((GpuType("H100"), 2.0),),
+            datasets=(DatasetLocation("imagenet@2012", "onprem-s3", 150 * 2**30),),
+        ),
+        tenants=(
+            TenantRecord(
+                VISION,
+                quotas=(GpuQuota(A100, guaranteed_gpus=16, cap_gpus=32),),
+                weight=2.0,
+                monthly_budget_gpu_hours=1000.0,
+                max_priority_class="high",
+            ),
+        ),
+        users={"alice": UserRecord("alice", VISION, Role.MEMBER, max_priority_class="normal")},
+        approvals=(),
+    )
+    return replace(inputs, **changes)  # type: ignore[arg-type]
+
+
+def test_a_request_carries_the_users_limit_the_approval_the_dataset_and_the_speeds() -> None:
+    job = _job("j")
+    job = replace(
+        job, spec=replace(job.spec, priority_class="urgent", dataset=DatasetRef("imagenet", "2012"))
+    )
+    approvals = (
+        ApprovalRecord("a1", VISION, "urgent", NOW + 3600, "CVPR", "admin", NOW, user="alice"),
+        ApprovalRecord("a2", VISION, "urgent", NOW + 7200, "team-wide", "admin", NOW),
+        ApprovalRecord("a3", VISION, "urgent", NOW + 9999, "someone else", "admin", NOW, user="bob"),
+        ApprovalRecord("a4", TenantId("nlp"), "urgent", NOW + 9999, "other team", "admin", NOW),
+    )
+    request = gang_request(job, _inputs(approvals=approvals))
+    assert request.priority_class == "urgent"
+    assert request.user_max_priority == 1000  # alice: at most "normal"
+    assert request.approval_expires_at_s == NOW + 7200  # the latest that covers alice's job
+    assert (request.dataset_store, request.dataset_size_bytes) == ("onprem-s3", 150 * 2**30)
+    assert request.gpu_speeds == ((GpuType("H100"), 2.0),)
+    assert gang_request(job, _inputs()).approval_expires_at_s is None
+
+
+def test_requests_are_rebuilt_when_the_inputs_change_version() -> None:
+    job = _job("j")
+    cache = GangRequests()
+    first = cache.get(job, _inputs())
+    assert cache.get(job, _inputs()) is first
+    approved = _inputs(
+        approvals=(ApprovalRecord("a", VISION, "normal", NOW + 60, "x", "admin", NOW),), version=1
+    )
+    assert cache.get(job, approved) is not first
+
+
+def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_with_their_nodes() -> None:
+    from federation.usage import TenantUsage
+    from placement.model import NodeShare
+
+    running = _ran(_job("r", gpus=8), NOW - 600, None)
+    evicting = replace(
+        _ran(_job("e"), NOW - 600, None),
+        preemption=PreemptionOrder(JobId("x"), "lower_priority", 30.0, NOW, 1000.0),
+    )
+    queued = _job("q")
+    status = GangStatus(JobId("r"), 1, GangPhase.RUNNING, started_at_s=NOW - 600)
+    try:
+        status = replace(status, nodes=(NodeShare("a100", 0, 8),))  # type: ignore[call-arg]
+        has_nodes = True
+    except TypeError:
+        has_nodes = False
+    snapshot = build_snapshot(
+        [running, evicting, queued],
+        _inputs(settings=replace(_inputs().settings, policy=PolicyConfig(preemption_limit_gpus=64))),
+        [],
+        statuses={ClusterName("onprem"): {(JobId("r"), 1): status}},
+        usage={VISION: TenantUsage(12.5, ((A100, 3.0),))},
+        preempted_gpus_this_interval=16,
+    )
+    assert [q.job_id for q in snapshot.queued] == ["q"]
+    gangs = {g.job_id: g for g in snapshot.running}
+    assert gangs[JobId("r")].ends_at_s == NOW - 600 + 3600
+    if has_nodes:
+        assert gangs[JobId("r")].nodes == (NodeShare("a100", 0, 8),)
+    assert not gangs[JobId("r")].terminating
+    assert gangs[JobId("e")].terminating
+    (tenant,) = snapshot.tenants
+    assert tenant.spent_gpu_hours == 12.5
+    assert tenant.usage_history_gpu_hours == ((A100, 3.0),)
+    assert tenant.max_priority == 10_000
+    assert tenant.weight == 2.0
+    assert [c.name for c in snapshot.priority_classes] == ["low", "normal", "high", "urgent"]
+    assert snapshot.policy.preemption_limit_gpus == 64
+    assert snapshot.policy.preempted_gpus_this_interval == 16
