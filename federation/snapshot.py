@@ -77,7 +77,7 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
         return None
     klass = inputs.settings.priority_class(job.spec.priority_class)
     started = status.started_at_s if status is not None else None
-    nodes: tuple[NodeShare, ...] = getattr(status, "nodes", ()) if status is not None else ()
+    nodes: tuple[NodeShare, ...] = status.nodes if status is not None else ()
     return replace(
         base,
         priority_class=job.spec.priority_class,

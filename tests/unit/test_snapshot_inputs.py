@@ -149,12 +149,9 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
         preemption=PreemptionOrder(JobId("x"), "lower_priority", 30.0, NOW, 1000.0),
     )
     queued = _job("q")
-    status = GangStatus(JobId("r"), 1, GangPhase.RUNNING, started_at_s=NOW - 600)
-    try:
-        status = replace(status, nodes=(NodeShare("a100", 0, 8),))  # type: ignore[call-arg]
-        has_nodes = True
-    except TypeError:
-        has_nodes = False
+    status = GangStatus(
+        JobId("r"), 1, GangPhase.RUNNING, started_at_s=NOW - 600, nodes=(NodeShare("a100", 0, 8),)
+    )
     snapshot = build_snapshot(
         [running, evicting, queued],
         _inputs(settings=replace(_inputs().settings, policy=PolicyConfig(preemption_limit_gpus=64))),
@@ -166,8 +163,7 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
     assert [q.job_id for q in snapshot.queued] == ["q"]
     gangs = {g.job_id: g for g in snapshot.running}
     assert gangs[JobId("r")].ends_at_s == NOW - 600 + 3600
-    if has_nodes:
-        assert gangs[JobId("r")].nodes == (NodeShare("a100", 0, 8),)
+    assert gangs[JobId("r")].nodes == (NodeShare("a100", 0, 8),)
     assert not gangs[JobId("r")].terminating
     assert gangs[JobId("e")].terminating
     (tenant,) = snapshot.tenants
