@@ -18,7 +18,7 @@ import os
 import time
 from bisect import insort
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,16 @@ class SimGang:
     replicas: tuple[ReplicaPlacement, ...]
     started_at_s: float
     ends_at_s: float
+
+
+def listed_nodes(node_count: int, failed: Collection[int]) -> tuple[int, ...]:
+    """A pool's nodes in the order the inventory lists them, each by its index in the pool.
+
+    Failed nodes are left out, so a node's position here, not its index in the pool, is what
+    `free_gpus_per_node` and a running gang's `NodeShare.node_index` mean. Both read this one order,
+    so a share always names the node the inventory shows at that position.
+    """
+    return tuple(i for i in range(node_count) if i not in failed)
 
 
 class JournalError(ClusterError):
@@ -146,6 +156,9 @@ class InMemoryCluster:
         self._pool_pos = {p.name: pos for pos, p in enumerate(self._pools)}
         self._free = [[p.gpus_per_node] * p.node_count for p in self._pools]
         self._failed: list[set[int]] = [set() for _ in self._pools]
+        # Per pool: the inventory's node order, and each listed node's position in it (see listed_nodes).
+        self._listed = [listed_nodes(p.node_count, ()) for p in self._pools]
+        self._listed_at = [{node: i for i, node in enumerate(nodes)} for nodes in self._listed]
         self._gangs: dict[str, _Gang] = {}
         self._running: dict[str, _Gang] = {}
         self._ends: list[tuple[float, int, str]] = []
@@ -184,9 +197,7 @@ class InMemoryCluster:
                 provider=self._provider,
                 region=self._region,
                 pools=tuple(
-                    p.with_free(
-                        tuple(free for i, free in enumerate(self._free[pos]) if i not in self._failed[pos])
-                    )
+                    p.with_free(tuple(self._free[pos][i] for i in self._listed[pos]))
                     for pos, p in enumerate(self._pools)
                 ),
                 reachable=self._reachable,
@@ -258,13 +269,6 @@ class InMemoryCluster:
         else:
             self._log.info("gang_deleted", job_id=job_id, attempt=attempt)
 
-    # ---- fault injection and introspection -------------------------------------------------------
-
-    def set_reachable(self, reachable: bool) -> None:
-        """While unreachable, every protocol call raises ClusterUnreachable (the gangs run on)."""
-        self._reachable = reachable
-        self._inventory = None
-
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
         """Preempt a running gang: it keeps its GPUs for the grace period, then ends EVICTED.
 
@@ -292,7 +296,15 @@ class InMemoryCluster:
         self._log.info(
             "gang_preempted", job_id=job_id, attempt=attempt, grace_period_s=grace_period_s, reason=reason
         )
+        # A grace period of 0 ends the gang now: the next status must already say EVICTED.
         self._now()
+
+    # ---- fault injection and introspection -------------------------------------------------------
+
+    def set_reachable(self, reachable: bool) -> None:
+        """While unreachable, every protocol call raises ClusterUnreachable (the gangs run on)."""
+        self._reachable = reachable
+        self._inventory = None
 
     def inject_eviction(self, job_id: JobId, attempt: int, reason: str = "node lost") -> None:
         """Fault: end a running gang as EVICTED now and free its GPUs. A finished gang is left as it is."""
@@ -492,22 +504,17 @@ class InMemoryCluster:
             self._finish(gang, GangPhase.EVICTED, f"node {pool}/{index} lost", at_s)
         self._failed[pos].add(index)
         self._free[pos][index] = 0
-        # The inventory lists healthy nodes only, so the index of every later node in the pool moved.
+        self._listed[pos] = listed_nodes(self._pools[pos].node_count, self._failed[pos])
+        self._listed_at[pos] = {node: i for i, node in enumerate(self._listed[pos])}
+        # The inventory lists healthy nodes only, so the position of every later node in the pool moved.
         for gang in self._running.values():
             self._status_of[gang.name] = self._status(gang)
         self._changed(capacity=True)
 
-    def _visible_index(self, pos: int, node: int) -> int | None:
-        """A node's index in the inventory's `free_gpus_per_node`, which leaves failed nodes out."""
-        failed = self._failed[pos]
-        if node in failed:
-            return None
-        return node - sum(1 for f in failed if f < node)
-
     def _status(self, gang: _Gang) -> GangStatus:
         held: dict[tuple[str, int], int] = defaultdict(int)
         for r in gang.sim.replicas:
-            index = self._visible_index(self._pool_pos[r.pool], r.node_index)
+            index = self._listed_at[self._pool_pos[r.pool]].get(r.node_index)
             if index is None:
                 # Part of it sits where the inventory does not look: a partial location would make
                 # the placer miscount what evicting it frees, so report none.

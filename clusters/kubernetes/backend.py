@@ -258,11 +258,16 @@ class KubernetesBackend:
         """Delete the gang (a running one is then reported CANCELLED); deleting a missing one is fine."""
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=None)
 
-    # ---- beyond the protocol ---------------------------------------------------------------------
-
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
-        """Stop the gang as an eviction (preemption): an Event on it says why, its status is EVICTED."""
+        """Stop the gang as an eviction (preemption): an Event on it says why, its status is EVICTED.
+
+        EVICTED shows as soon as the deletion starts, while the pods still stop within the grace
+        period; their GPUs stay used in `inventory()` until they are gone, so nothing is counted free
+        early.
+        """
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=reason)
+
+    # ---- beyond the protocol ---------------------------------------------------------------------
 
     async def collect_garbage(
         self, live: Collection[tuple[JobId, int]], grace_period_s: float | None = None
@@ -307,7 +312,13 @@ class KubernetesBackend:
             # Created so recently that the watch has not shown it yet, or really gone: ask the API.
             gang = await self._writer.find(job_id, attempt, volcano=bool(self._volcano))
         if gang is None:
-            self._tombstones.forget(key)
+            if evicted is None:
+                # Cancelling a gang that is gone is the collector's clean-up: nothing needs its record.
+                self._tombstones.forget(key)
+            # An eviction sent again (a new leader does) must not erase how the gang ended.
+            return
+        if evicted is not None and gang.evicted_reason is not None and gang.deleting_since_s is not None:
+            # Already evicted and deleting: the first reason and grace period stand, as on every backend.
             return
         if gang.outcome is None:
             self._tombstones.add(key, evicted=evicted, at_s=time.time())

@@ -7,9 +7,17 @@ What the protocol demands where backends could differ:
   later wait as PENDING in the cluster's queue (tested in tests/integration).
 * After `cancel`, a gang that was running is either listed as CANCELLED or gone, and its GPUs are
   free again. A second cancel, or one of a gang never dispatched, is not an error.
+* After `evict`, a gang that was running reports EVICTED with the reason in its message, and its
+  GPUs are free again once its pods have stopped. When EVICTED shows may differ: the in-memory
+  cluster keeps the gang RUNNING (on its GPUs) until the grace period ends, Kubernetes says EVICTED
+  as soon as the deletion starts while the inventory still counts the stopping pods' GPUs as used.
+* A RUNNING gang's `nodes` name positions in `inventory()`'s `free_gpus_per_node`: one share per
+  node, the GPUs it holds there, so that what is free plus what it holds is the node's capacity.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -139,4 +147,70 @@ async def test_cancel_stops_the_gang_and_frees_its_gpus(subject: Subject) -> Non
 async def test_cancelling_a_gang_that_was_never_dispatched_is_fine(subject: Subject) -> None:
     gang = a_gang("ghost-1")
     await subject.backend.cancel(gang.job_id, gang.attempt, 5.0)
+    assert await status_of(subject.backend, gang) is None
+
+
+# ---- where a running gang sits, and eviction ------------------------------------------------------
+
+
+async def test_a_running_gang_names_the_inventory_nodes_it_holds(subject: Subject) -> None:
+    needs_simulation(subject)
+    # Three replicas of 4 on two nodes of 8: one node holds two of them, which make one share.
+    gang = a_gang("placed-1", replicas=3, gpus=4, duration_s=30.0)
+    before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING)
+
+    async def settled() -> bool:
+        # Statuses and inventory may come from caches that catch up one after the other.
+        status = await status_of(subject.backend, gang)
+        used = before - free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+        return status is not None and bool(status.nodes) and used == gang.gpu_count
+
+    await eventually(settled, what="the gang located and its GPUs in use")
+    status = await status_of(subject.backend, gang)
+    state = await subject.backend.inventory()
+    assert status is not None
+    assert sum(share.gpus for share in status.nodes) == gang.gpu_count
+    assert sorted(share.gpus for share in status.nodes) == [4, 8]
+    held = Counter((share.pool, share.node_index) for share in status.nodes)
+    assert max(held.values()) == 1, f"a node named twice: {status.nodes}"
+    pools = {p.name: p for p in state.pools}
+    for share in status.nodes:
+        pool = pools[share.pool]
+        assert (pool.gpu_type, pool.kind) == (gang.gpu_type, gang.kind)
+        assert 0 <= share.node_index < len(pool.free_gpus_per_node)
+        # The gang is alone on the cluster: what it holds is what the node is missing.
+        assert pool.free_gpus_per_node[share.node_index] + share.gpus == pool.gpus_per_node
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def test_evict_ends_the_gang_as_evicted_with_the_reason_and_frees_its_gpus(subject: Subject) -> None:
+    needs_simulation(subject)
+    gang = a_gang("victim-1", replicas=2, gpus=8, duration_s=60.0)
+    before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING)
+
+    await subject.backend.evict(gang.job_id, gang.attempt, 1.0, "preempted for urgent-1: priority")
+
+    status = await wait_phase(subject.backend, gang, *[p for p in GangPhase if p.is_final])
+    assert status.phase is GangPhase.EVICTED, status
+    assert "preempted for urgent-1" in status.message
+    assert status.nodes == ()
+
+    async def freed() -> bool:
+        return free_gpus(await subject.backend.inventory(), H100, ON_DEMAND) == before
+
+    await eventually(freed, what="the evicted gang's GPUs to be free")
+    # Evicting again (a new leader may) is fine, and changes nothing.
+    await subject.backend.evict(gang.job_id, gang.attempt, 1.0, "preempted again")
+    again = await status_of(subject.backend, gang)
+    assert again is not None
+    assert (again.phase, again.message) == (GangPhase.EVICTED, status.message)
+
+
+async def test_evicting_a_gang_that_was_never_dispatched_is_fine(subject: Subject) -> None:
+    gang = a_gang("ghost-2")
+    await subject.backend.evict(gang.job_id, gang.attempt, 5.0, "preempted")
     assert await status_of(subject.backend, gang) is None

@@ -21,7 +21,7 @@ from clusters.api import (
     GangWorkload,
     ReplicaSpec,
 )
-from clusters.memory import InMemoryCluster, JournalError, MemoryPool
+from clusters.memory import InMemoryCluster, JournalError, MemoryPool, listed_nodes
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, NodeShare, Provider, TenantId
 
 H100 = GpuType("H100")
@@ -703,6 +703,12 @@ class Evict:
 
 
 @dataclass(frozen=True)
+class Preempt:
+    job: str
+    grace_period_s: float
+
+
+@dataclass(frozen=True)
 class FailNode:
     pool: int
     index: int
@@ -713,7 +719,7 @@ class Advance:
     seconds: float
 
 
-Op = Dispatch | Cancel | Evict | FailNode | Advance
+Op = Dispatch | Cancel | Evict | Preempt | FailNode | Advance
 A_JOB = st.sampled_from(JOBS)
 A_DISPATCH = st.builds(
     Dispatch,
@@ -730,6 +736,7 @@ OPS = st.lists(
         A_CLOCK_STEP,
         st.builds(Cancel, A_JOB),
         st.builds(Evict, A_JOB),
+        st.builds(Preempt, A_JOB, st.sampled_from([0.0, 5.0])),
         st.builds(FailNode, st.integers(0, 1), st.integers(0, 2)),
     ),
     max_size=30,
@@ -752,6 +759,22 @@ async def check_capacity(cluster: InMemoryCluster, failed: set[tuple[str, int]])
         )
 
 
+async def check_shares(cluster: InMemoryCluster) -> None:
+    """Running gangs' shares name listed nodes, once each, and with the free GPUs fill every node."""
+    state = await cluster.inventory()
+    held = {p.name: [0] * len(p.free_gpus_per_node) for p in state.pools}
+    for status in await cluster.statuses():
+        if status.phase is not GangPhase.RUNNING:
+            assert status.nodes == ()
+            continue
+        assert len({(s.pool, s.node_index) for s in status.nodes}) == len(status.nodes)
+        for share in status.nodes:
+            held[share.pool][share.node_index] += share.gpus
+    for pool in state.pools:
+        free = pool.free_gpus_per_node
+        assert [h + f for h, f in zip(held[pool.name], free, strict=True)] == [pool.gpus_per_node] * len(free)
+
+
 async def run_ops(ops: list[Op], journal: Path) -> None:
     clock = FakeClock()
     cluster = a_cluster(clock, *POOLS, journal=journal)
@@ -770,6 +793,8 @@ async def run_ops(ops: list[Op], journal: Path) -> None:
             case Evict(job):
                 if await status_of(cluster, job) is not None:
                     cluster.inject_eviction(JobId(job), 1)
+            case Preempt(job, grace_period_s):
+                await cluster.evict(JobId(job), 1, grace_period_s, "preempted")
             case FailNode(pool, index):
                 node = (POOLS[pool].name, min(index, POOLS[pool].node_count - 1))
                 cluster.fail_node(*node)
@@ -777,6 +802,7 @@ async def run_ops(ops: list[Op], journal: Path) -> None:
             case Advance(seconds):
                 clock.advance(seconds)
         await check_capacity(cluster, failed)
+        await check_shares(cluster)
         running = {g.job_id for g in cluster.running_gangs()}
         assert {s.job_id for s in await cluster.statuses() if s.phase is GangPhase.RUNNING} == running
         for status in await cluster.statuses():
@@ -894,3 +920,35 @@ async def test_node_shares_index_the_inventorys_nodes_even_after_a_node_before_t
     assert [h + f for h, f in zip(held, free, strict=True)] == [8, 8, 8]
     # Node 0 is gone, so node 1 (where b packed both replicas) is now the inventory's first.
     assert (await status_of(cluster, "b")).nodes == (NodeShare("h100", 0, 8),)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("node_count", "failed", "listed"),
+    [
+        pytest.param(3, set(), (0, 1, 2), id="all healthy: every node at its own index"),
+        pytest.param(4, {0}, (1, 2, 3), id="first failed: every later node moves up one"),
+        pytest.param(4, {1, 2}, (0, 3), id="two failed in the middle: node 3 is listed second"),
+        pytest.param(2, {0, 1}, (), id="all failed: none listed"),
+        pytest.param(0, set(), (), id="no nodes"),
+    ],
+)
+def test_the_inventory_lists_healthy_nodes_in_pool_order(
+    node_count: int, failed: set[int], listed: tuple[int, ...]
+) -> None:
+    assert listed_nodes(node_count, failed) == listed
+
+
+async def test_node_shares_follow_failed_nodes_across_a_reload_from_the_journal(tmp_path: Path) -> None:
+    clock = FakeClock()
+    journal = tmp_path / "c1.jsonl"
+    cluster = a_cluster(clock, a_pool(nodes=4), journal=journal)
+    await cluster.dispatch(a_gang("a", 8, 8, 8))  # nodes 0, 1 and 2
+    await cluster.dispatch(a_gang("b", 8))  # node 3
+    cluster.fail_node("h100", 1)  # evicts a
+
+    reloaded = a_cluster(clock, a_pool(nodes=4), journal=journal)
+
+    for c in (cluster, reloaded):
+        # Node 3 is third of the healthy nodes 0, 2 and 3.
+        assert await free_per_node(c) == (8, 8, 0)
+        assert (await status_of(c, "b")).nodes == (NodeShare("h100", 2, 8),)  # type: ignore[union-attr]
