@@ -129,6 +129,9 @@ class ClusterBackend(Protocol):
         ...
 
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
-        """Preempt the gang: its pods get `grace_period_s` to stop, then it reports EVICTED with
-        `reason` (unless it finishes first). Evicting a missing or finished gang is fine."""
+        """Preempt the gang: its pods get `grace_period_s` to stop, and it reports EVICTED with
+        `reason` as its message by the time they have (unless it finishes first). Until its pods
+        stop, `inventory()` counts their GPUs as used. Evicting again keeps the first reason, and the
+        gang stops no later than the shortest grace period asked. Evicting a missing or finished gang
+        is fine."""
         ...

@@ -317,15 +317,16 @@ class KubernetesBackend:
                 self._tombstones.forget(key)
             # An eviction sent again (a new leader does) must not erase how the gang ended.
             return
-        if evicted is not None and gang.evicted_reason is not None and gang.deleting_since_s is not None:
-            # Already evicted and deleting: the first reason and grace period stand, as on every backend.
-            return
-        if gang.outcome is None:
-            self._tombstones.add(key, evicted=evicted, at_s=time.time())
-        else:
-            self._tombstones.forget(key)
-        if evicted is not None:
-            await self._writer.mark_evicted(gang, evicted)
+        # Evicted and deleting already: the first reason stands, as on every backend. The delete is
+        # still sent, since the API server keeps the shorter of two grace periods.
+        again = evicted is not None and gang.evicted_reason is not None and gang.deleting_since_s is not None
+        if not again:
+            if gang.outcome is None:
+                self._tombstones.add(key, evicted=evicted, at_s=time.time())
+            else:
+                self._tombstones.forget(key)
+            if evicted is not None:
+                await self._writer.mark_evicted(gang, evicted)
         await self._writer.delete(gang.kind, gang.namespace, gang.name, grace_period_s)
         self._log.info(
             "gang_evicted" if evicted is not None else "gang_cancelled",

@@ -24,7 +24,7 @@ from clusters.api import ClusterUnreachable, GangPhase, GangRejected
 from clusters.kubernetes import KubernetesBackend
 from clusters.kubernetes.names import object_name
 from clusters.sim import SimCluster
-from placement.model import CapacityKind, GpuType, JobId
+from placement.model import CapacityKind, GpuType, JobId, NodeShare
 from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, wait_phase
 from tests.contract.simulated import running_sim
@@ -132,6 +132,30 @@ async def test_cordoned_tainted_and_not_ready_nodes_leave_the_inventory(world: W
     await eventually(lambda: count(0), what="the NotReady node to leave")
     world.sim.faults.restore_node(first)
     await eventually(lambda: count(1), what="the node to come back Ready")
+
+
+async def test_a_gangs_node_shares_follow_the_inventory_as_nodes_are_cordoned(world: World) -> None:
+    gang = a_gang("located-1", replicas=1, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await wait_phase(world.backend, gang, GangPhase.RUNNING)
+    (pod,) = await world.pods_of(object_name(gang.job_id, gang.attempt))
+    mine = pod.spec.node_name
+    (other,) = [n for n in world.node_names("h100") if n != mine]
+
+    async def located_at(*shares: NodeShare) -> bool:
+        status = await status_of(world.backend, gang)
+        return status is not None and status.nodes == shares
+
+    # The inventory lists a pool's schedulable nodes by name; a share names its position there.
+    await eventually(lambda: located_at(NodeShare("h100", sorted((mine, other)).index(mine), 8)))
+    await world.call(world.core.patch_node, other, {"spec": {"unschedulable": True}})
+    await eventually(lambda: located_at(NodeShare("h100", 0, 8)), what="the share to move to position 0")
+    # On a node the inventory leaves out, the gang cannot be located at all.
+    await world.call(world.core.patch_node, mine, {"spec": {"unschedulable": True}})
+    await eventually(lambda: located_at(), what="no shares once the gang's node is cordoned")
+    await world.call(world.core.patch_node, mine, {"spec": {"unschedulable": False}})
+    await eventually(lambda: located_at(NodeShare("h100", 0, 8)), what="the share back")
+    await world.backend.cancel(gang.job_id, gang.attempt, 0.0)
 
 
 async def test_capacity_changes_arrive_by_watch_without_listing_again(world: World) -> None:
