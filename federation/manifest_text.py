@@ -205,7 +205,12 @@ def _scan(text: str) -> object:
                 root = _attach(parent, value_key, container, root)
                 stack.append(_Open(path, is_mapping, container))
     except yaml.YAMLError as error:
-        raise InvalidSpec("manifest", f"is not valid YAML: {_yaml_problem(error)}") from None
+        problem = _yaml_problem(error)
+        if "maximum nesting depth" in problem:
+            # libyaml (PyYAML 6.0.4 on) stops runaway nesting itself, in its look-ahead, before our
+            # own depth check sees the events: say the same thing either way.
+            raise InvalidSpec("manifest", f"nests deeper than {MAX_DEPTH} levels ({problem})") from None
+        raise InvalidSpec("manifest", f"is not valid YAML: {problem}") from None
     except (ValueError, TypeError, OverflowError) as error:  # from constructors, e.g. `!!int abc`
         raise InvalidSpec("manifest", f"holds a value YAML cannot build: {error}") from None
     finally:

@@ -18,6 +18,7 @@ from clusters.api import ClusterBackend, ClusterError, GangStatus
 from clusters.kubernetes.backend import KubernetesBackend
 from clusters.kubernetes.config import GpuPrice, KubernetesClusterConfig, KubernetesSettings
 from clusters.memory import InMemoryCluster
+from federation.ledger import ClusterSite
 from federation.records import ClusterRecord
 from placement.model import ClusterName, ClusterState, JobId
 
@@ -146,6 +147,13 @@ class MemberClusters:
 
     def get(self, name: ClusterName) -> ClusterBackend | None:
         return self._backends.get(name)
+
+    def site(self, name: ClusterName) -> ClusterSite:
+        """Provider and region for the ledger; a cluster removed since keeps a recognisable entry."""
+        record = self._records.get(name)
+        if record is None:
+            return ClusterSite(provider="unknown", region="unknown")
+        return ClusterSite(provider=record.provider.value, region=record.region)
 
     def unreachable_grace_s(self, name: ClusterName) -> float:
         record = self._records.get(name)

@@ -43,6 +43,7 @@ from federation.cache import JobCache
 from federation.collector import stale_gangs
 from federation.jobs import JobRecord, Owner
 from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
+from federation.ledger import ledger_update
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.store import Fence, JobStore, Stored
@@ -187,6 +188,10 @@ class Reconciler:
         fence: Fence | None,
     ) -> bool:
         job = stored.value
+        gang: GangStatus | None = None
+        if job.placement is not None:
+            on_cluster = statuses.get(job.placement.cluster)
+            gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
         if job.cancel_requested:
             nxt = await self._cancel(job)
         elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
@@ -210,7 +215,20 @@ class Reconciler:
             return False
         if nxt is None:
             return False
-        revision = await self._store.commit([(nxt, stored.mod_revision)], fence=fence)
+        entry = None
+        if job.placement is not None:
+            entry = ledger_update(
+                job,
+                nxt,
+                site=self._members.site(job.placement.cluster),
+                started_at_s=None if gang is None else gang.started_at_s,
+                # A cancel is recorded once the cluster was told to stop: the gang's GPUs count until then.
+                finished_at_s=None if gang is None or nxt.phase is JobPhase.CANCELLED else gang.finished_at_s,
+                now_s=self._clock(),
+            )
+        revision = await self._store.commit(
+            [(nxt, stored.mod_revision)], fence=fence, ledger=() if entry is None else (entry,)
+        )
         if revision is None:
             return False
         self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()

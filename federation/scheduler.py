@@ -24,11 +24,12 @@ import structlog
 from clusters.api import GangStatus
 from federation.cache import JobCache
 from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from federation.ledger_cache import LedgerCache
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.snapshot import GangRequests, PlacerInputs, build_snapshot
 from federation.store import Fence, JobStore, Stored
-from federation.usage import TenantUsage, UsageBook
+from federation.usage import TenantUsage, tenant_usage
 from placement.model import (
     Admission,
     ClusterName,
@@ -122,19 +123,20 @@ class Scheduler:
         *,
         store: JobStore,
         cache: JobCache,
+        ledger: LedgerCache,
         members: MemberClusters,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._cache = cache
+        self._ledger = ledger
         self._members = members
         self._metrics = metrics
         self._clock = clock
         self._written_reasons: dict[JobId, tuple[WaitReason, ...]] = {}
         self._requests = GangRequests()
         self._inputs = InputsReader(store, clock)
-        self._usage_book = UsageBook()
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
         # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.
@@ -142,8 +144,7 @@ class Scheduler:
 
     def _tenant_usage(self, now: float, half_life_h: float) -> dict[TenantId, TenantUsage]:
         if now - self._usage_at >= USAGE_REFRESH_S:
-            jobs = (s.value for s in self._cache.jobs())
-            self._usage = self._usage_book.usage(jobs, now_s=now, half_life_h=half_life_h)
+            self._usage = tenant_usage(self._ledger.intervals(), now_s=now, half_life_h=half_life_h)
             self._usage_at = now
         return self._usage
 

@@ -31,6 +31,7 @@ from federation.cache import JobCache
 from federation.errors import GpufedError
 from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
+from federation.ledger_cache import LedgerCache
 from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.reconciler import Reconciler
@@ -92,6 +93,7 @@ class FederationServer:
         self._kv: EtcdKv | None = None
         self._grpc: grpc.aio.Server | None = None
         self._cache: JobCache | None = None
+        self._ledger: LedgerCache | None = None
         self._election: LeaderElection | None = None
         self._leader_task: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
@@ -105,6 +107,8 @@ class FederationServer:
         store = KvStore(self._kv)
         self._cache = JobCache(store)
         await self._cache.start()
+        self._ledger = LedgerCache(store)
+        await self._ledger.start()
         tenants = TenantDirectory(store)
         self.members = MemberClusters.build(await store.list_clusters(), state_dir=cfg.state_dir)
         members = self.members
@@ -151,7 +155,9 @@ class FederationServer:
             self._metrics_server = self.metrics.serve(cfg.grpc_host, cfg.metrics_port)
             self.metrics_port = int(self._metrics_server.server_port)
 
-        scheduler = Scheduler(store=store, cache=self._cache, members=members, metrics=self.metrics)
+        scheduler = Scheduler(
+            store=store, cache=self._cache, ledger=self._ledger, members=members, metrics=self.metrics
+        )
         reconciler = Reconciler(store=store, cache=self._cache, members=members, metrics=self.metrics)
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
@@ -221,6 +227,8 @@ class FederationServer:
             await self._election.close()
         if self._cache is not None:
             await self._cache.stop()
+        if self._ledger is not None:
+            await self._ledger.stop()
         if self.members is not None:
             await self.members.close()
         if self._metrics_server is not None:

@@ -8,7 +8,7 @@ fenced by the leader's lease key so that a deposed leader cannot write.
 
 Layout, all under PREFIX: jobs/<job_id>, idem/<tenant>/<sha256 of the client's key>, tenants/<name>,
 clusters/<name>, users/<name>, tokens/<sha256 of the token>, waits/<job_id>, approvals/<id>, settings,
-leader. Values are compact
+leader, ledger/<job_id>/<attempt>. Values are compact
 JSON through the explicit codecs in federation.jobs and federation.records.
 """
 
@@ -37,6 +37,7 @@ from federation.kv import (
     WatchCompacted,
 )
 from federation.kv_memory import MemoryKv
+from federation.ledger import LEDGER_PREFIX, LedgerInterval, interval_from_dict, interval_to_dict
 from federation.records import (
     ApprovalRecord,
     ClusterRecord,
@@ -132,12 +133,25 @@ class JobStore(Protocol):
         ...
 
     async def commit(
-        self, updates: Sequence[tuple[JobRecord, int]], *, fence: Fence | None = None
+        self,
+        updates: Sequence[tuple[JobRecord, int]],
+        *,
+        fence: Fence | None = None,
+        ledger: Sequence[LedgerInterval] = (),
     ) -> int | None:
-        """Write all jobs if each is still at the given mod revision (and the fence holds).
+        """Write all jobs if each is still at the given mod revision (and the fence holds), and the
+        ledger entries with them in the same transaction.
 
         Returns the new revision, or None when any compare failed and nothing was written.
         """
+        ...
+
+    async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
+        """Every ledger interval, and the revision they were read at."""
+        ...
+
+    def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
+        """Ledger intervals as they are written (entries are never deleted)."""
         ...
 
     def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]: ...
@@ -317,16 +331,34 @@ class KvStore:
         raise AssertionError("unreachable")
 
     async def commit(
-        self, updates: Sequence[tuple[JobRecord, int]], *, fence: Fence | None = None
+        self,
+        updates: Sequence[tuple[JobRecord, int]],
+        *,
+        fence: Fence | None = None,
+        ledger: Sequence[LedgerInterval] = (),
     ) -> int | None:
-        if len(updates) > MAX_COMMIT_UPDATES:
+        if len(updates) + len(ledger) > MAX_COMMIT_UPDATES:
             raise ValueError(f"{len(updates)} updates in one commit; etcd allows {MAX_COMMIT_UPDATES}")
         compares = [Compare.mod_revision_is(job_key(job.job_id), rev) for job, rev in updates]
         if fence is not None:
             compares.append(fence.compare())
-        puts = tuple(Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates)
+        puts = tuple(Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates) + tuple(
+            # Ledger entries ride in the transition's own transaction: written exactly once, with it.
+            Put(iv.key, _dumps(interval_to_dict(iv)))
+            for iv in ledger
+        )
         result = await self._group.run(Txn(tuple(compares), puts))
         return result.revision if result.succeeded else None
+
+    async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
+        return await self._list(LEDGER_PREFIX, lambda value, _rev: interval_from_dict(json.loads(value)))
+
+    async def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
+        events = self._kv.watch_prefix(LEDGER_PREFIX, start_revision=start_revision)
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                if ev.type is EventType.PUT:
+                    yield interval_from_dict(json.loads(ev.kv.value))
 
     async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
         events = self._kv.watch_prefix(JOBS, start_revision=start_revision)

@@ -13,6 +13,7 @@ from clusters.memory import InMemoryCluster
 from federation.cache import JobCache
 from federation.jobs import JobRecord
 from federation.jobspec import RestartPolicy
+from federation.ledger_cache import LedgerCache
 from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.reconciler import Reconciler
@@ -41,6 +42,7 @@ class World:
     scheduler: Scheduler
     reconciler: Reconciler
     clock: Clock
+    ledger: LedgerCache
 
     @property
     def cluster(self) -> InMemoryCluster:
@@ -107,12 +109,17 @@ async def build_world(
     members = MemberClusters(records, {ClusterName(n): c for n, c in clusters.items()})
     cache = JobCache(store)
     await cache.start()
+    ledger = LedgerCache(store)
+    await ledger.start()
     metrics = Metrics()
-    scheduler = Scheduler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
+    scheduler = Scheduler(
+        store=store, cache=cache, ledger=ledger, members=members, metrics=metrics, clock=clock
+    )
     reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
     try:
-        yield World(store, cache, clusters, scheduler, reconciler, clock)
+        yield World(store, cache, clusters, scheduler, reconciler, clock, ledger)
     finally:
+        await ledger.stop()
         await cache.stop()
 
 

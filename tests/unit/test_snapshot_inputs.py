@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -10,6 +11,7 @@ import pytest
 from clusters.api import GangPhase, GangStatus
 from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
 from federation.jobspec import DatasetRef
+from federation.ledger import ClusterSite, LedgerInterval, ledger_update
 from federation.records import (
     ApprovalRecord,
     DatasetLocation,
@@ -19,7 +21,7 @@ from federation.records import (
     UserRecord,
 )
 from federation.snapshot import GangRequests, PlacerInputs, build_snapshot, gang_request
-from federation.usage import UsageBook, month_start_s
+from federation.usage import month_start_s, tenant_usage
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -37,18 +39,38 @@ VISION = TenantId("vision")
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC).timestamp()
 
 
-def _ran(job: JobRecord, start: float, end: float | None, *, to: JobPhase = JobPhase.SUCCEEDED) -> JobRecord:
+def _ledger(*histories: list[JobRecord]) -> list[LedgerInterval]:
+    """The ledger the reconciler would have written for each job's successive records."""
+    entries: dict[bytes, LedgerInterval] = {}
+    for history in histories:
+        for before, after in itertools.pairwise(history):
+            entry = ledger_update(
+                before,
+                after,
+                site=ClusterSite("private", "dc1"),
+                started_at_s=None,
+                finished_at_s=after.events[-1].at_s,
+                now_s=after.events[-1].at_s,
+            )
+            if entry is not None:
+                entries[entry.key] = entry
+    return list(entries.values())
+
+
+def _ran(
+    job: JobRecord, start: float, end: float | None, *, to: JobPhase = JobPhase.SUCCEEDED
+) -> list[JobRecord]:
     placed = job.transition(
         JobPhase.ADMITTED,
         by=Owner.SCHEDULER,
         at_s=start - 1,
         placement=JobPlacement(ClusterName("onprem"), A100, CapacityKind.PRIVATE, 1.1),
     )
-    placed = placed.transition(JobPhase.DISPATCHED, by=Owner.DISPATCHER, at_s=start - 0.5)
-    placed = placed.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=start)
+    dispatched = placed.transition(JobPhase.DISPATCHED, by=Owner.DISPATCHER, at_s=start - 0.5)
+    running = dispatched.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=start)
     if end is None:
-        return placed
-    return placed.transition(to, by=Owner.STATUS, at_s=end)
+        return [job, placed, dispatched, running]
+    return [job, placed, dispatched, running, running.transition(to, by=Owner.STATUS, at_s=end)]
 
 
 def _job(job_id: str, gpus: int = 4) -> JobRecord:
@@ -58,20 +80,20 @@ def _job(job_id: str, gpus: int = 4) -> JobRecord:
 def test_month_usage_counts_only_started_time_this_month_and_running_jobs_up_to_now() -> None:
     month = month_start_s(NOW)
     assert month == datetime(2026, 11, 1, tzinfo=UTC).timestamp()
-    jobs = [
+    ledger = _ledger(
         _ran(_job("done"), NOW - 7200, NOW - 3600),  # 4 GPUs x 1 h
         _ran(_job("running", gpus=8), NOW - 1800, None),  # 8 GPUs x 0.5 h so far
         _ran(_job("across", gpus=2), month - 3600, month + 3600),  # only the hour inside the month
-        _job("never-started"),
-    ]
-    usage = UsageBook().usage(jobs, now_s=NOW, half_life_h=24)
+        [_job("never-started")],
+    )
+    assert len(ledger) == 3
+    usage = tenant_usage(ledger, now_s=NOW, half_life_h=24)
     assert usage[VISION].month_gpu_hours == pytest.approx(4 + 4 + 2)
 
 
 def test_decayed_history_halves_per_half_life() -> None:
-    book = UsageBook()
-    recent = book.usage([_ran(_job("r"), NOW - 3600, NOW)], now_s=NOW, half_life_h=24)
-    old = book.usage([_ran(_job("o"), NOW - 25 * 3600, NOW - 24 * 3600)], now_s=NOW, half_life_h=24)
+    recent = tenant_usage(_ledger(_ran(_job("r"), NOW - 3600, NOW)), now_s=NOW, half_life_h=24)
+    old = tenant_usage(_ledger(_ran(_job("o"), NOW - 25 * 3600, NOW - 24 * 3600)), now_s=NOW, half_life_h=24)
     recent_h = dict(recent[VISION].decayed_gpu_hours)[A100]
     old_h = dict(old[VISION].decayed_gpu_hours)[A100]
     assert recent_h == pytest.approx(4.0, rel=0.02)
@@ -79,11 +101,11 @@ def test_decayed_history_halves_per_half_life() -> None:
 
 
 def test_a_requeued_attempt_counts_until_its_requeue() -> None:
-    running = _ran(_job("p"), NOW - 3600, None)
-    requeued = running.transition(
+    history = _ran(_job("p"), NOW - 3600, None)
+    requeued = history[-1].transition(
         JobPhase.QUEUED, by=Owner.STATUS, at_s=NOW - 1800, attempt=2, placement=None
     )
-    usage = UsageBook().usage([requeued], now_s=NOW, half_life_h=24)
+    usage = tenant_usage(_ledger([*history, requeued]), now_s=NOW, half_life_h=24)
     assert usage[VISION].month_gpu_hours == pytest.approx(4 * 0.5)
 
 
@@ -143,9 +165,9 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
     from federation.usage import TenantUsage
     from placement.model import NodeShare
 
-    running = _ran(_job("r", gpus=8), NOW - 600, None)
+    running = _ran(_job("r", gpus=8), NOW - 600, None)[-1]
     evicting = replace(
-        _ran(_job("e"), NOW - 600, None),
+        _ran(_job("e"), NOW - 600, None)[-1],
         preemption=PreemptionOrder(JobId("x"), "lower_priority", 30.0, NOW, 1000.0),
     )
     queued = _job("q")
