@@ -141,3 +141,22 @@ def check_read_tenant_config(who: Principal, tenant: TenantId) -> None:
 def readable_tenants(who: Principal) -> TenantId | None:
     """The one tenant a caller may list admin records of (None: every tenant)."""
     return None if who.role in (Role.ADMIN, Role.INFRA, Role.FINANCE) else who.tenant
+
+
+# ---- finance reports: the finance role reads every tenant; a member only its own; nobody else.
+
+
+def report_scope(who: Principal, requested: str) -> TenantId | None:
+    """The one tenant the caller's report covers (None: every tenant). Admins and infra run the
+    fleet, not its bills: they are refused, as the finance rules say."""
+    if who.role is Role.FINANCE:
+        return TenantId(requested) if requested else None
+    if who.role is Role.MEMBER:
+        if requested and requested != who.tenant:
+            # Another tenant's figures are not there for a member, and its name is not confirmed.
+            raise NotFound(f"tenant {requested!r} not found")
+        return who.tenant
+    raise PermissionDenied(
+        "only the finance role or a tenant's members read usage reports "
+        f"(you are {who.user}, role {who.role})"
+    )

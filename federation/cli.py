@@ -17,10 +17,10 @@ from typing import Any
 import click
 import grpc
 
-from federation import cli_admin
+from federation import cli_access, cli_admin, cli_report
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient
+from federation.client import GpufedClient, TlsClient
 from federation.embedded import EmbeddedInfo, read_endpoint, run_up
 from federation.errors import GpufedError
 from federation.logs import configure_logging
@@ -45,6 +45,11 @@ class _Opts:
         self.user: str | None = kwargs["user"]
         self.state_dir: Path = Path(kwargs["state_dir"])
         self.output: str = kwargs["output"]
+        self.tls_ca: str | None = kwargs["tls_ca"] or os.environ.get("GPUFED_TLS_CA")
+        self.tls_client_cert: str | None = kwargs["tls_client_cert"] or os.environ.get(
+            "GPUFED_TLS_CLIENT_CERT"
+        )
+        self.tls_client_key: str | None = kwargs["tls_client_key"] or os.environ.get("GPUFED_TLS_CLIENT_KEY")
 
     def client(self) -> GpufedClient:
         server = self.server or os.environ.get("GPUFED_SERVER")
@@ -56,7 +61,17 @@ class _Opts:
                     f"no server given and no embedded default running in {self.state_dir} "
                     "(use --server, GPUFED_SERVER, or start one with `gpufed up`)"
                 ) from error
-        return GpufedClient(server, self._token())
+        tls = None
+        if self.tls_ca is not None:
+            try:
+                tls = TlsClient(
+                    ca_pem=Path(self.tls_ca).read_bytes(),
+                    cert_pem=Path(self.tls_client_cert).read_bytes() if self.tls_client_cert else None,
+                    key_pem=Path(self.tls_client_key).read_bytes() if self.tls_client_key else None,
+                )
+            except OSError as error:
+                raise click.ClickException(f"cannot read a TLS file: {error}") from error
+        return GpufedClient(server, self._token(), tls=tls)
 
     def _token(self) -> str:
         if self.token:
@@ -106,6 +121,11 @@ def _rpc(fn: Any) -> Any:
     "--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True, help="embedded default's state"
 )
 @click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option(
+    "--tls-ca", default=None, help="CA that signed the server's certificate: use TLS (GPUFED_TLS_CA)"
+)
+@click.option("--tls-client-cert", default=None, help="client certificate for mutual TLS (PEM)")
+@click.option("--tls-client-key", default=None, help="client private key for mutual TLS (PEM)")
 @click.pass_context
 def cli(ctx: click.Context, /, **kwargs: Any) -> None:
     """gpufed: one submission endpoint for GPU training jobs across clusters and clouds."""
@@ -154,6 +174,15 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     "--bootstrap", "bootstrap_path", type=click.Path(exists=True, dir_okay=False), help="config to load first"
 )
 @click.option("--identity", default=None, help="name in the leader election (default: host-pid)")
+@click.option(
+    "--tls-cert", type=click.Path(exists=True, dir_okay=False), help="server certificate chain (PEM)"
+)
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="server private key (PEM)")
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(exists=True, dir_okay=False),
+    help="require client certificates signed by this CA (mutual TLS)",
+)
 @click.pass_obj
 def serve(
     opts: _Opts,
@@ -162,9 +191,24 @@ def serve(
     metrics_port: int | None,
     bootstrap_path: str | None,
     identity: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
-    from federation.serve import run_server
+    from federation.serve import TlsFiles, run_server
+
+    if (tls_cert is None) != (tls_key is None):
+        raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
+    if tls_client_ca is not None and tls_cert is None:
+        raise click.BadParameter(
+            "mutual TLS needs the server's own --tls-cert and --tls-key", param_hint="--tls-client-ca"
+        )
+    tls = (
+        None
+        if tls_cert is None or tls_key is None
+        else TlsFiles(Path(tls_cert), Path(tls_key), Path(tls_client_ca) if tls_client_ca else None)
+    )
 
     configure_logging()
     asyncio.run(
@@ -175,6 +219,7 @@ def serve(
             metrics_port=metrics_port,
             bootstrap_path=Path(bootstrap_path) if bootstrap_path else None,
             identity=identity,
+            tls=tls,
         )
     )
 
@@ -293,6 +338,8 @@ def demo(opts: _Opts) -> None:
 
 
 cli_admin.register(cli, _rpc)
+cli_access.register(cli, _rpc)
+cli_report.register(cli, _rpc)
 
 
 def main() -> None:

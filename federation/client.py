@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -13,12 +14,30 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.manifest_text import wire_manifest
 
 
+@dataclass(frozen=True, slots=True)
+class TlsClient:
+    """Trust `ca_pem` for the server; present a certificate too when the server asks (mutual TLS)."""
+
+    ca_pem: bytes
+    cert_pem: bytes | None = None
+    key_pem: bytes | None = None
+
+
 class GpufedClient:
-    def __init__(self, target: str, token: str, *, timeout_s: float = 10.0) -> None:
-        self._channel = grpc.insecure_channel(target)
+    def __init__(
+        self, target: str, token: str, *, timeout_s: float = 10.0, tls: TlsClient | None = None
+    ) -> None:
+        if tls is None:
+            self._channel = grpc.insecure_channel(target)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=tls.ca_pem, private_key=tls.key_pem, certificate_chain=tls.cert_pem
+            )
+            self._channel = grpc.secure_channel(target, credentials)
         self._jobs = pb_grpc.JobServiceStub(self._channel)
         self._fed = pb_grpc.FederationServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
+        self._reports = pb_grpc.ReportServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._timeout_s = timeout_s
 
@@ -157,12 +176,90 @@ class GpufedClient:
     def revoke_approval(self, approval_id: str) -> None:
         self._call(self._admin.RevokeApproval, pb.RevokeApprovalRequest(approval_id=approval_id))
 
+    def set_user(self, name: str, *, tenant: str, role: str, max_priority_class: str = "") -> pb.User:
+        request = pb.SetUserRequest(
+            name=name, tenant=tenant, role=role, max_priority_class=max_priority_class
+        )
+        reply: pb.User = self._call(self._admin.SetUser, request)
+        return reply
 
-def wait_until_serving(target: str, *, timeout_s: float = 30.0) -> None:
+    def list_users(self) -> pb.ListUsersResponse:
+        reply: pb.ListUsersResponse = self._call(self._admin.ListUsers, pb.ListUsersRequest())
+        return reply
+
+    def issue_token(self, user: str, *, ttl_s: float = 0.0) -> pb.IssuedToken:
+        reply: pb.IssuedToken = self._call(
+            self._admin.IssueToken, pb.IssueTokenRequest(user=user, ttl_seconds=ttl_s)
+        )
+        return reply
+
+    def list_tokens(self, *, user: str = "") -> pb.ListTokensResponse:
+        reply: pb.ListTokensResponse = self._call(self._admin.ListTokens, pb.ListTokensRequest(user=user))
+        return reply
+
+    def revoke_token(self, token_id: str) -> None:
+        self._call(self._admin.RevokeToken, pb.RevokeTokenRequest(token_id=token_id))
+
+    def list_audit(self, *, limit: int = 100) -> pb.ListAuditResponse:
+        reply: pb.ListAuditResponse = self._call(self._admin.ListAudit, pb.ListAuditRequest(limit=limit))
+        return reply
+
+    # ---- finance
+
+    def report(
+        self,
+        *,
+        start_s: float | None = None,
+        end_s: float | None = None,
+        group_by: Sequence[str] = (),
+        bucket: str = "",
+        tenant: str = "",
+        fmt: str = "table",
+    ) -> pb.RenderedReport:
+        request = pb.GetReportRequest(group_by=list(group_by), bucket=bucket, tenant=tenant, format=fmt)
+        _set_period(request, start_s, end_s)
+        reply: pb.RenderedReport = self._call(self._reports.GetReport, request)
+        return reply
+
+    def export_focus(
+        self, *, start_s: float | None = None, end_s: float | None = None, tenant: str = "", fmt: str = "csv"
+    ) -> pb.RenderedReport:
+        request = pb.ExportFocusRequest(tenant=tenant, format=fmt)
+        _set_period(request, start_s, end_s)
+        reply: pb.RenderedReport = self._call(self._reports.ExportFocus, request)
+        return reply
+
+    def ledger(
+        self, *, start_s: float | None = None, end_s: float | None = None, tenant: str = ""
+    ) -> pb.ListLedgerResponse:
+        request = pb.ListLedgerRequest(tenant=tenant)
+        _set_period(request, start_s, end_s)
+        reply: pb.ListLedgerResponse = self._call(self._reports.ListLedger, request)
+        return reply
+
+
+def _set_period(request: Any, start_s: float | None, end_s: float | None) -> None:
+    if start_s is not None:
+        request.start.FromNanoseconds(int(start_s * 1e9))
+    if end_s is not None:
+        request.end.FromNanoseconds(int(end_s * 1e9))
+
+
+def wait_until_serving(target: str, *, timeout_s: float = 30.0, tls: TlsClient | None = None) -> None:
     """Block until the server's health service says SERVING."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    channel = (
+        grpc.insecure_channel(target)
+        if tls is None
+        else grpc.secure_channel(
+            target,
+            grpc.ssl_channel_credentials(
+                root_certificates=tls.ca_pem, private_key=tls.key_pem, certificate_chain=tls.cert_pem
+            ),
+        )
+    )
+    with channel:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
         # types-grpcio-health-checking declares HealthStub without its generated methods.
         stub: Any = health_pb2_grpc.HealthStub(channel)

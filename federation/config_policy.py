@@ -35,7 +35,16 @@ _POLICY_KEYS: dict[str, str] = {
     "transferBytesPerSecond": "transfer_bytes_per_s",
 }
 _TENANT_KEYS = frozenset(
-    {"name", "gpuCaps", "parent", "quotas", "weight", "monthlyBudgetGpuHours", "maxPriorityClass"}
+    {
+        "name",
+        "gpuCaps",
+        "parent",
+        "quotas",
+        "weight",
+        "monthlyBudgetGpuHours",
+        "maxPriorityClass",
+        "submitRateLimit",
+    }
 )
 _QUOTA_KEYS = frozenset({"guaranteed", "borrowingLimit", "lendingLimit", "cap"})
 
@@ -93,6 +102,7 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
     max_class = t.get("maxPriorityClass")
     if max_class is not None and max_class not in set(priority_classes):
         raise InvalidSpec(f"{at}.maxPriorityClass", f"{max_class!r} is not a priority class")
+    rate_s, burst = _submit_rate_limit(t.get("submitRateLimit"), f"{at}.submitRateLimit")
     return TenantRecord(
         name=TenantId(name_field(t.get("name"), f"{at}.name")),
         gpu_caps=tuple(
@@ -105,7 +115,20 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
         if budget is None
         else number_field(budget, f"{at}.monthlyBudgetGpuHours", minimum=0),
         max_priority_class=max_class,
+        submit_rate_per_s=rate_s,
+        submit_burst=burst,
     )
+
+
+def _submit_rate_limit(doc: Any, at: str) -> tuple[float | None, int | None]:
+    """`{perSecond: 20, burst: 100}`: the burst defaults to twice the rate (at least 1)."""
+    if doc is None:
+        return None, None
+    d = _mapping(doc, at)
+    _unknown_keys(d, frozenset({"perSecond", "burst"}), at)
+    rate = number_field(d.get("perSecond"), f"{at}.perSecond", minimum=0.001)
+    burst = d.get("burst")
+    return rate, (max(1, int(rate * 2)) if burst is None else int_field(burst, f"{at}.burst", minimum=1))
 
 
 def check_tenant_tree(tenants: Iterable[TenantRecord], at: str = "tenants") -> None:
@@ -242,4 +265,6 @@ def tenant_document(t: TenantRecord) -> dict[str, Any]:
         doc["monthlyBudgetGpuHours"] = t.monthly_budget_gpu_hours
     if t.max_priority_class is not None:
         doc["maxPriorityClass"] = t.max_priority_class
+    if t.submit_rate_per_s is not None:
+        doc["submitRateLimit"] = {"perSecond": t.submit_rate_per_s, "burst": t.submit_burst}
     return doc

@@ -62,6 +62,12 @@ class Conflict(GpufedError):
     retryable = True
 
 
+class RateLimited(GpufedError):
+    """A tenant submits faster than its limit: try again after the time the message gives."""
+
+    retryable = True
+
+
 class NotLeader(GpufedError):
     """This server does not hold the leader lease, so it may not commit scheduling decisions."""
 

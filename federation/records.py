@@ -46,6 +46,10 @@ class TenantRecord:
     monthly_budget_gpu_hours: float | None = None
     # The highest priority class the tenant's jobs may use (None: any).
     max_priority_class: str | None = None
+    # Submissions per second per server, with a burst (None: no limit), so one team's script cannot
+    # crowd out everyone else's submissions or etcd.
+    submit_rate_per_s: float | None = None
+    submit_burst: int | None = None
 
     def quota(
         self,
@@ -209,6 +213,8 @@ def tenant_to_dict(t: TenantRecord) -> dict[str, Any]:
         "weight": t.weight,
         "monthly_budget_gpu_hours": t.monthly_budget_gpu_hours,
         "max_priority_class": t.max_priority_class,
+        "submit_rate_per_s": t.submit_rate_per_s,
+        "submit_burst": t.submit_burst,
     }
 
 
@@ -224,6 +230,8 @@ def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:
         weight=float(d.get("weight", 1.0)),
         monthly_budget_gpu_hours=None if budget is None else float(budget),
         max_priority_class=d.get("max_priority_class"),
+        submit_rate_per_s=None if d.get("submit_rate_per_s") is None else float(d["submit_rate_per_s"]),
+        submit_burst=None if d.get("submit_burst") is None else int(d["submit_burst"]),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from federation.config import bootstrap, load_config
@@ -12,6 +12,13 @@ from federation.errors import InvalidSpec
 from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
 from federation.store import KvStore
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
 
 
 async def run_server(
@@ -22,6 +29,7 @@ async def run_server(
     metrics_port: int | None,
     bootstrap_path: Path | None,
     identity: str | None,
+    tls: TlsFiles | None = None,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if bootstrap_path is not None:
@@ -44,6 +52,8 @@ async def run_server(
     )
     if identity:
         config = replace(config, identity=identity)
+    if tls is not None:
+        config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
     server = FederationServer(config)
     await server.start()
     stop = asyncio.Event()

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from federation.api.admin import AdminService
+from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
@@ -37,6 +38,7 @@ from federation.metrics import Metrics
 from federation.reconciler import Reconciler
 from federation.records import SchedulingSettings, TenantRecord
 from federation.scheduler import Scheduler
+from federation.security_store import SecurityStore
 from federation.store import Fence, KvStore
 from placement.model import ClusterState, TenantId
 
@@ -59,6 +61,11 @@ class ServerConfig:
     # Cycles never run closer together than this, however often jobs change.
     min_cycle_gap_s: float = 0.05
     lease_ttl_s: int = 5
+    # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, clients must present
+    # a certificate it signed (mutual TLS) as well as their bearer token.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
 
 class TenantDirectory:
@@ -127,7 +134,19 @@ class FederationServer:
             server,
         )
         pb_grpc.add_AdminServiceServicer_to_server(
-            AdminService(store=store, cache=self._cache, auth=auth, metrics=self.metrics), server
+            AdminService(
+                store=store,
+                security=SecurityStore(self._kv),
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+            ),
+            server,
+        )
+
+        pb_grpc.add_ReportServiceServicer_to_server(
+            ReportService(ledger=self._ledger, auth=auth, metrics=self.metrics),  # type: ignore[abstract]
+            server,
         )
 
         async def clusters() -> list[ClusterState]:
@@ -142,11 +161,21 @@ class FederationServer:
             pb.DESCRIPTOR.services_by_name["JobService"].full_name,
             pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
             pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(services, server)
-        self.port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        address = f"{cfg.grpc_host}:{cfg.grpc_port}"
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())],
+                root_certificates=None if cfg.tls_client_ca is None else cfg.tls_client_ca.read_bytes(),
+                require_client_auth=cfg.tls_client_ca is not None,
+            )
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
         await server.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self._grpc = server

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -461,7 +462,11 @@ class KvStore:
         kv = await self._kv.get(TOKENS + _sha256(token))
         if kv is None:
             return None
-        return await self.get_user(json.loads(kv.value)["user"])
+        record = json.loads(kv.value)
+        expires = record.get("expires_at_s")
+        if expires is not None and float(expires) <= time.time():
+            return None
+        return await self.get_user(record["user"])
 
     async def revoke_token(self, token: str) -> bool:
         return await self._kv.delete(TOKENS + _sha256(token))

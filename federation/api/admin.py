@@ -16,6 +16,7 @@ from dataclasses import replace
 import structlog
 
 from federation.api import convert
+from federation.api.admin_access import AccessAdmin, user_to_pb
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
@@ -31,7 +32,8 @@ from federation.config_policy import check_tenant_tree, parse_tenant, tenant_doc
 from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound
 from federation.manifest_text import load_manifest_text
 from federation.metrics import Metrics
-from federation.records import ApprovalRecord, TenantRecord, UserRecord
+from federation.records import ApprovalRecord, TenantRecord
+from federation.security_store import SecurityStore
 from federation.store import JobStore
 from federation.validate import name_field
 from placement.model import TenantId
@@ -61,29 +63,22 @@ def approval_to_pb(a: ApprovalRecord, now_s: float) -> pb.Approval:
     )
 
 
-def user_to_pb(u: UserRecord) -> pb.User:
-    return pb.User(
-        name=u.name, tenant=u.tenant, role=u.role.value, max_priority_class=u.max_priority_class or ""
-    )
-
-
-class AdminService(pb_grpc.AdminServiceServicer):
+class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
     def __init__(
         self,
         *,
         store: JobStore,
+        security: SecurityStore,
         cache: JobCache,
         auth: Authenticator,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._security = security
         self._cache = cache
         self._h = CallHandlers(auth, metrics)
         self._clock = clock
-
-    async def _class_names(self) -> set[str]:
-        return set((await self._store.get_settings()).class_values())
 
     # ---- tenants
 
@@ -98,7 +93,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             # The whole tree must stay sound: the parent exists and no cycle appears.
             check_tenant_tree([*others, tenant], "tenant")
             await self._store.put_tenant(tenant)
-            log.info("tenant_set", tenant=tenant.name, by=who.user)
+            await self.audit(who, "tenant_set", tenant.name, req.document[:2000])
             return tenant_to_pb(tenant)
 
         return await self._h.unary("SetTenant", request, context, body)
@@ -143,7 +138,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
                     "cancel them or let them finish"
                 )
             await self._store.delete_tenant(name)
-            log.info("tenant_deleted", tenant=name, by=who.user)
+            await self.audit(who, "tenant_deleted", name)
             return pb.DeleteTenantResponse()
 
         return await self._h.unary("DeleteTenant", request, context, body)
@@ -161,7 +156,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
                 raise InvalidSpec("max_priority_class", f"{limit!r} is not a priority class")
             updated = replace(user, max_priority_class=limit)
             await self._store.put_user(updated)
-            log.info("user_priority_set", user=user.name, max_priority_class=limit, by=who.user)
+            await self.audit(who, "user_priority_set", user.name, f"max_class={limit}")
             return user_to_pb(updated)
 
         return await self._h.unary("SetUserPriority", request, context, body)
@@ -207,14 +202,12 @@ class AdminService(pb_grpc.AdminServiceServicer):
                 user=user,
             )
             await self._store.put_approval(approval)
-            log.info(
+            await self.audit(
+                who,
                 "approval_granted",
-                approval_id=approval.approval_id,
-                tenant=tenant,
-                user=user,
-                priority_class=cls.name,
-                expires_at_s=approval.expires_at_s,
-                by=who.user,
+                tenant,
+                f"approval_id={approval.approval_id} user={user} class={cls.name} "
+                f"expires_at_s={approval.expires_at_s:.0f} reason={reason}",
             )
             return approval_to_pb(approval, now)
 
@@ -249,7 +242,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             if not await self._store.delete_approval(req.approval_id):
                 raise NotFound(f"approval {req.approval_id!r} not found")
             # Jobs it admitted keep running: only new admissions need a valid approval.
-            log.info("approval_revoked", approval_id=req.approval_id, by=who.user)
+            await self.audit(who, "approval_revoked", req.approval_id)
             return pb.RevokeApprovalResponse()
 
         return await self._h.unary("RevokeApproval", request, context, body)

@@ -41,6 +41,7 @@ from federation.errors import (
 )
 from federation.jobs import JobRecord
 from federation.metrics import Metrics
+from federation.ratelimit import SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
@@ -148,6 +149,7 @@ class JobService(pb_grpc.JobServiceServicer):
         self._metrics = metrics
         self._tenants = tenants
         self._clock = clock
+        self._rate_limiter = SubmitRateLimiter()
 
     # ---- submit
 
@@ -165,6 +167,8 @@ class JobService(pb_grpc.JobServiceServicer):
         if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
         priority = check_priority_class(who, record, settings, spec.priority_class)
+        # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
+        self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
         spec = replace(spec, tenant=tenant)
         now = self._clock()
         job = JobRecord(

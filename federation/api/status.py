@@ -15,6 +15,7 @@ from federation.errors import (
     NotFound,
     NotLeader,
     PermissionDenied,
+    RateLimited,
     StoreUnavailable,
     Unauthenticated,
 )
@@ -29,6 +30,7 @@ _CODES: tuple[tuple[type[GpufedError], grpc.StatusCode], ...] = (
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
+    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Conflict, grpc.StatusCode.ABORTED),
     (InvalidTransition, grpc.StatusCode.INTERNAL),
 )

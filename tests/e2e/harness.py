@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from federation.client import GpufedClient, wait_until_serving
+from federation.client import GpufedClient, TlsClient, wait_until_serving
 
 CONFIG = Path(__file__).with_name("federation.yaml")
 
@@ -52,8 +52,17 @@ class ServerProcess:
     """`python -m federation serve` on a given etcd and state dir; restartable on the same state."""
 
     def __init__(
-        self, etcd_endpoint: str, state_dir: Path, *, config: Path = CONFIG, identity: str = "e2e"
+        self,
+        etcd_endpoint: str,
+        state_dir: Path,
+        *,
+        config: Path = CONFIG,
+        identity: str = "e2e",
+        extra_args: tuple[str, ...] = (),
+        tls: TlsClient | None = None,
     ) -> None:
+        self.extra_args = extra_args
+        self.tls = tls
         self.etcd_endpoint = etcd_endpoint
         self.state_dir = state_dir
         self.config = config
@@ -93,13 +102,14 @@ class ServerProcess:
                 str(self.config),
                 "--identity",
                 f"{self.identity}-{self.starts}",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            wait_until_serving(self.target, timeout_s=30)
+            wait_until_serving(self.target, timeout_s=30, tls=self.tls)
         except Exception:
             self.stop()
             raise
@@ -122,7 +132,7 @@ class ServerProcess:
 
     def client(self, user: str) -> GpufedClient:
         token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
-        return GpufedClient(self.target, token)
+        return GpufedClient(self.target, token, tls=self.tls)
 
     def log_text(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.state_dir.glob("server-*.log")))

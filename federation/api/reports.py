@@ -1,0 +1,96 @@
+"""ReportService: finance's view of the usage ledger, over gRPC.
+
+Reports are computed from the server's in-memory ledger cache (kept current by watch), so a month of
+intervals answers without a trip to etcd. Who reads what is one rule, `auth.report_scope`: finance
+reads every tenant, a member only its own, nobody else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from federation.api import convert
+from federation.api.service import CallHandlers, Ctx
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.auth import Authenticator, Principal, report_scope
+from federation.errors import InvalidArgument
+from federation.ledger import LedgerInterval
+from federation.ledger_cache import LedgerCache
+from federation.metrics import Metrics
+from federation.usage import month_start_s
+from placement.model import TenantId
+
+
+def interval_to_pb(iv: LedgerInterval, now_s: float) -> pb.LedgerInterval:
+    out = pb.LedgerInterval(
+        job_id=iv.job_id,
+        attempt=iv.attempt,
+        tenant=iv.tenant,
+        user=iv.user,
+        cluster=iv.cluster,
+        provider=iv.provider,
+        region=iv.region,
+        gpu_type=iv.gpu_type,
+        gpu_count=iv.gpu_count,
+        kind=iv.kind.value,
+        start=convert.timestamp(iv.start_s),
+        usd_per_gpu_hour=iv.usd_per_gpu_hour,
+        ended="" if iv.ended is None else iv.ended.value,
+        gpu_hours=iv.gpu_hours(until_s=now_s),
+        cost_usd=iv.cost_usd(until_s=now_s),
+        start_s=iv.start_s,
+        end_s=0.0 if iv.end_s is None else iv.end_s,
+    )
+    if iv.end_s is not None:
+        out.end.CopyFrom(convert.timestamp(iv.end_s))
+    return out
+
+
+def period(
+    start: Timestamp, end: Timestamp, *, has_start: bool, has_end: bool, now_s: float
+) -> tuple[float, float]:
+    """[start, end) from the request, defaulting to this month so far; refuses an empty period."""
+    start_s = start.ToNanoseconds() / 1e9 if has_start else month_start_s(now_s)
+    end_s = end.ToNanoseconds() / 1e9 if has_end else now_s
+    if end_s <= start_s:
+        raise InvalidArgument("end: must be after start")
+    return start_s, end_s
+
+
+def visible(intervals: list[LedgerInterval], tenant: TenantId | None) -> list[LedgerInterval]:
+    return intervals if tenant is None else [iv for iv in intervals if iv.tenant == tenant]
+
+
+class ReportService(pb_grpc.ReportServiceServicer):
+    def __init__(
+        self,
+        *,
+        ledger: LedgerCache,
+        auth: Authenticator,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._h = CallHandlers(auth, metrics)
+        self._clock = clock
+
+    async def ListLedger(self, request: pb.ListLedgerRequest, context: Ctx) -> pb.ListLedgerResponse:
+        async def body(who: Principal, req: pb.ListLedgerRequest) -> pb.ListLedgerResponse:
+            tenant = report_scope(who, req.tenant)
+            now = self._clock()
+            start_s, end_s = period(
+                req.start, req.end, has_start=req.HasField("start"), has_end=req.HasField("end"), now_s=now
+            )
+            found = [
+                iv
+                for iv in visible(self._ledger.intervals(), tenant)
+                if iv.start_s < end_s and (iv.end_s is None or iv.end_s > start_s)
+            ]
+            found.sort(key=lambda iv: (iv.start_s, iv.job_id, iv.attempt))
+            return pb.ListLedgerResponse(intervals=[interval_to_pb(iv, now) for iv in found])
+
+        return await self._h.unary("ListLedger", request, context, body)

@@ -1,0 +1,42 @@
+"""Per-tenant limits on submissions: a token bucket per tenant, per server.
+
+One team's runaway script must not crowd out other teams' submissions or flood etcd. Each server
+keeps its own buckets (no coordination on the hot path), so with N servers a tenant's ceiling is N
+times its configured rate; the limit is a guard against floods, not an exact quota.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from federation.errors import RateLimited
+
+
+class SubmitRateLimiter:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # tenant -> (tokens, last refill time, rate, burst)
+        self._buckets: dict[str, tuple[float, float, float, int]] = {}
+
+    def admit(self, tenant: str, rate_per_s: float | None, burst: int | None) -> None:
+        """Take one submission from the tenant's bucket, or raise RateLimited saying when to retry."""
+        if rate_per_s is None or rate_per_s <= 0:
+            return
+        capacity = burst if burst is not None and burst > 0 else max(1, int(rate_per_s * 2))
+        now = self._clock()
+        tokens, last, old_rate, old_capacity = self._buckets.get(
+            tenant, (float(capacity), now, rate_per_s, capacity)
+        )
+        if (old_rate, old_capacity) != (rate_per_s, capacity):
+            # The admin changed the limit: keep what was saved, within the new burst.
+            tokens = min(tokens, float(capacity))
+        tokens = min(float(capacity), tokens + (now - last) * rate_per_s)
+        if tokens < 1.0:
+            self._buckets[tenant] = (tokens, now, rate_per_s, capacity)
+            wait_s = (1.0 - tokens) / rate_per_s
+            raise RateLimited(
+                f"tenant {tenant} submits faster than its limit of {rate_per_s:g}/s (burst {capacity}); "
+                f"retry in {wait_s:.2f}s"
+            )
+        self._buckets[tenant] = (tokens - 1.0, now, rate_per_s, capacity)

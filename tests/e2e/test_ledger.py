@@ -1,0 +1,279 @@
+"""End to end, the usage ledger against what the clusters ran: the report's GPU-hours per tenant
+equal the integral of GPUs held over time, measured independently from the clusters' own pods.
+
+A mix of jobs runs on simulated Kubernetes clusters through the public API: one finishes, one is
+preempted by an approved urgent job and runs again, one fails, one is cancelled before it starts;
+the server is killed and restarted in the middle. A watch on every cluster's pods, opened before
+anything runs, records when each pod started and when it stopped holding its GPUs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.etcd_process import EtcdProcess
+from federation.sim_process import SimProcess
+from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import job_of, write_config
+
+pytestmark = pytest.mark.e2e
+
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 2,
+            }
+        ],
+    },
+    {
+        "name": "gcp",
+        "provider": "gcp",
+        "region": "us-east4",
+        "volcano": False,
+        "pools": [
+            {
+                "name": "l4",
+                "gpuType": "L4",
+                "kind": "on_demand",
+                "usdPerGpuHour": 0.7045,
+                "gpusPerNode": 1,
+                "nodes": 4,
+            }
+        ],
+    },
+]
+TENANTS: list[dict[str, Any]] = [
+    {"name": "platform"},
+    {"name": "research", "quotas": {"A100": {"cap": 32}}},
+    {"name": "seniors", "parent": "research", "quotas": {"A100": {"guaranteed": 16}}},
+    {"name": "interns", "parent": "research", "quotas": {"A100": {"guaranteed": 0, "borrowingLimit": 16}}},
+]
+USERS: list[dict[str, Any]] = [
+    {"name": "admin", "tenant": "platform", "role": "admin"},
+    {"name": "fin", "tenant": "platform", "role": "finance"},
+    {"name": "sara", "tenant": "seniors"},
+    {"name": "ivan", "tenant": "interns", "maxPriorityClass": "normal"},
+]
+POLICY = {
+    "defaultGracePeriodSeconds": 1,
+    "privateWaitSecondsPerGpuHour": 0,
+    "preemptionLimitGpus": 64,
+    "preemptionIntervalSeconds": 600,
+}
+
+
+@dataclass
+class PodLife:
+    tenant: str
+    gpus: int
+    start_s: float | None = None
+    end_s: float | None = None
+
+
+@dataclass
+class PodRecorder:
+    """Every pod's GPU time as its cluster reports it: startTime to termination (or deletion)."""
+
+    pods: dict[str, PodLife] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    watches: list[Any] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopped: bool = False
+
+    def follow(self, sims: SimProcess, cluster: str) -> threading.Thread:
+        api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)  # type: ignore[no-untyped-call]
+        core = k8s.CoreV1Api(api)
+        w = k8s_watch.Watch()
+        self.watches.append(w)
+
+        def run() -> None:
+            try:
+                for event in w.stream(core.list_pod_for_all_namespaces, timeout_seconds=300):
+                    self._seen(cluster, event["type"], event["object"])
+            except Exception as error:  # the simulator going away at teardown ends the stream
+                if not self.stopped:
+                    self.errors.append(f"{cluster}: {error!r}")
+
+        thread = threading.Thread(target=run, daemon=True, name=f"pods-{cluster}")
+        thread.start()
+        return thread
+
+    def _seen(self, cluster: str, kind: str, pod: Any) -> None:
+        labels = pod.metadata.labels or {}
+        gpus = sum(
+            int((c.resources.limits or {}).get("nvidia.com/gpu", 0)) for c in pod.spec.containers or []
+        )
+        if "gpufed.io/tenant" not in labels or gpus == 0:
+            return
+        key = f"{cluster}/{pod.metadata.uid}"
+        with self.lock:
+            life = self.pods.setdefault(key, PodLife(labels["gpufed.io/tenant"], gpus))
+            if pod.status.start_time is not None and life.start_s is None:
+                life.start_s = pod.status.start_time.timestamp()
+            if life.end_s is None:
+                for cs in pod.status.container_statuses or []:
+                    done = cs.state.terminated if cs.state is not None else None
+                    if done is not None and done.finished_at is not None:
+                        life.end_s = done.finished_at.timestamp()
+                if kind == "DELETED" and life.end_s is None and life.start_s is not None:
+                    # Killed on deletion: it held its GPUs until the cluster removed it.
+                    life.end_s = time.time()
+
+    def gpu_hours_by_tenant(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        with self.lock:
+            for life in self.pods.values():
+                if life.start_s is not None and life.end_s is not None:
+                    out[life.tenant] += life.gpus * (life.end_s - life.start_s) / 3600.0
+        return dict(out)
+
+    def stop(self) -> None:
+        self.stopped = True
+        for w in self.watches:
+            w.stop()
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[SimProcess]:
+    process = SimProcess(tmp_path / "sim", CLUSTERS)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = write_config(
+        tmp_path / "federation.yaml", sims, CLUSTERS, grace_s=4, policy=POLICY, tenants=TENANTS, users=USERS
+    )
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _phase(fed: ServerProcess, user: str, job_id: str, phase: int, timeout_s: float = 60) -> pb.Job:
+    job: pb.Job = wait_for(lambda: (j := job_of(fed, user, job_id)).phase == phase and j, timeout_s=timeout_s)
+    return job
+
+
+def _failing(name: str) -> str:
+    text = manifest(name, gpu="L4", workers=1, gpus=1, duration="2s")
+    return text.replace(
+        '    sim.gpufed.io/duration: "2s"\n',
+        '    sim.gpufed.io/duration: "2s"\n    sim.gpufed.io/exit-code: "3"\n',
+    )
+
+
+def _ledger_by_tenant(fed: ServerProcess, start_s: float, end_s: float) -> dict[str, float]:
+    with fed.client("fin") as fin:
+        intervals = fin.ledger(start_s=start_s, end_s=end_s).intervals
+    out: dict[str, float] = defaultdict(float)
+    for iv in intervals:
+        assert iv.end_s > 0, f"interval still open at the end: {iv}"
+        out[iv.tenant] += iv.gpu_hours
+    return dict(out)
+
+
+def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    recorder = PodRecorder()
+    for cluster in ("onprem", "gcp"):
+        recorder.follow(sims, cluster)
+    time.sleep(0.5)
+    started_s = time.time() - 60
+    try:
+        with fed.client("ivan") as ivan:
+            intern = ivan.submit(manifest("intern", workers=1, gpus=8, duration="5s")).job_id
+            # No B200 exists anywhere: it waits, and is cancelled before it ever starts.
+            never = ivan.submit(manifest("never", gpu="B200", workers=1, gpus=1, duration="1s")).job_id
+        _phase(fed, "ivan", intern, pb.JOB_PHASE_RUNNING)
+        with fed.client("sara") as sara:
+            paper = sara.submit(
+                manifest(
+                    "paper", workers=1, gpus=8, duration="3s", extra_spec="  priorityClassName: urgent\n"
+                )
+            ).job_id
+            broken = sara.submit(_failing("broken")).job_id
+        with fed.client("admin") as admin:
+            admin.grant_approval(
+                tenant="seniors", priority_class="urgent", duration_s=3600, reason="deadline"
+            )
+        _phase(fed, "sara", paper, pb.JOB_PHASE_RUNNING)
+        with fed.client("ivan") as ivan:
+            ivan.cancel(never)
+        _phase(fed, "sara", broken, pb.JOB_PHASE_FAILED)
+
+        # A crash in the middle: the ledger is in etcd, written with each transition.
+        fed.kill()
+        fed.start()
+
+        _phase(fed, "sara", paper, pb.JOB_PHASE_SUCCEEDED)
+        done = _phase(fed, "ivan", intern, pb.JOB_PHASE_SUCCEEDED, timeout_s=90)
+        assert done.attempt == 2, "the intern's job was preempted once and ran again"
+        assert job_of(fed, "ivan", never).phase == pb.JOB_PHASE_CANCELLED
+        # Let the last pods' terminations reach the recorder.
+        wait_for(lambda: all(p.end_s is not None for p in recorder.pods.values() if p.start_s), timeout_s=15)
+    finally:
+        recorder.stop()
+    end_s = time.time() + 1
+
+    with fed.client("fin") as fin:
+        intervals = list(fin.ledger(start_s=started_s, end_s=end_s).intervals)
+    ended = sorted((iv.job_id, iv.attempt, iv.ended) for iv in intervals)
+    assert ended == sorted(
+        [(intern, 1, "preempted"), (intern, 2, "finished"), (paper, 1, "finished"), (broken, 1, "failed")]
+    )
+    assert never not in {iv.job_id for iv in intervals}, "a job cancelled before it started costs nothing"
+
+    assert recorder.errors == [], "the pod watch must see every change"
+    ledger = _ledger_by_tenant(fed, started_s, end_s)
+    cluster_side = recorder.gpu_hours_by_tenant()
+    assert set(ledger) == set(cluster_side) == {"interns", "seniors"}
+    for tenant, hours in cluster_side.items():
+        # To the second: every interval's ends agree with the pods' within a second of its GPUs.
+        gpu_count = sum(iv.gpu_count for iv in intervals if iv.tenant == tenant)
+        assert abs(ledger[tenant] - hours) * 3600 <= gpu_count * 1.0, (tenant, ledger[tenant], hours)
+
+    # Another restart changes no figure.
+    before = _ledger_by_tenant(fed, started_s, end_s)
+    fed.stop()
+    fed.start()
+    assert _ledger_by_tenant(fed, started_s, end_s) == before
+
+
+def test_reports_are_for_finance_and_each_tenants_own_members_only(fed: ServerProcess) -> None:
+    with fed.client("fin") as fin:
+        assert fin.ledger().intervals is not None
+    with fed.client("sara") as sara:
+        sara.ledger()
+        sara.ledger(tenant="seniors")
+        with pytest.raises(grpc.RpcError) as other:
+            sara.ledger(tenant="interns")
+        assert other.value.code() == grpc.StatusCode.NOT_FOUND
+    with fed.client("admin") as admin, pytest.raises(grpc.RpcError) as refused:
+        admin.ledger()
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
