@@ -9,25 +9,20 @@ anything runs, records when each pod started and when it stopped holding its GPU
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes import watch as k8s_watch
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.etcd_process import EtcdProcess
 from federation.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import job_of, write_config
+from tests.e2e.kube import PodRecorder, job_of, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -82,77 +77,6 @@ POLICY = {
     "preemptionLimitGpus": 64,
     "preemptionIntervalSeconds": 600,
 }
-
-
-@dataclass
-class PodLife:
-    tenant: str
-    gpus: int
-    start_s: float | None = None
-    end_s: float | None = None
-
-
-@dataclass
-class PodRecorder:
-    """Every pod's GPU time as its cluster reports it: startTime to termination (or deletion)."""
-
-    pods: dict[str, PodLife] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    watches: list[Any] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    stopped: bool = False
-
-    def follow(self, sims: SimProcess, cluster: str) -> threading.Thread:
-        api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)  # type: ignore[no-untyped-call]
-        core = k8s.CoreV1Api(api)
-        w = k8s_watch.Watch()
-        self.watches.append(w)
-
-        def run() -> None:
-            try:
-                for event in w.stream(core.list_pod_for_all_namespaces, timeout_seconds=300):
-                    self._seen(cluster, event["type"], event["object"])
-            except Exception as error:  # the simulator going away at teardown ends the stream
-                if not self.stopped:
-                    self.errors.append(f"{cluster}: {error!r}")
-
-        thread = threading.Thread(target=run, daemon=True, name=f"pods-{cluster}")
-        thread.start()
-        return thread
-
-    def _seen(self, cluster: str, kind: str, pod: Any) -> None:
-        labels = pod.metadata.labels or {}
-        gpus = sum(
-            int((c.resources.limits or {}).get("nvidia.com/gpu", 0)) for c in pod.spec.containers or []
-        )
-        if "gpufed.io/tenant" not in labels or gpus == 0:
-            return
-        key = f"{cluster}/{pod.metadata.uid}"
-        with self.lock:
-            life = self.pods.setdefault(key, PodLife(labels["gpufed.io/tenant"], gpus))
-            if pod.status.start_time is not None and life.start_s is None:
-                life.start_s = pod.status.start_time.timestamp()
-            if life.end_s is None:
-                for cs in pod.status.container_statuses or []:
-                    done = cs.state.terminated if cs.state is not None else None
-                    if done is not None and done.finished_at is not None:
-                        life.end_s = done.finished_at.timestamp()
-                if kind == "DELETED" and life.end_s is None and life.start_s is not None:
-                    # Killed on deletion: it held its GPUs until the cluster removed it.
-                    life.end_s = time.time()
-
-    def gpu_hours_by_tenant(self) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        with self.lock:
-            for life in self.pods.values():
-                if life.start_s is not None and life.end_s is not None:
-                    out[life.tenant] += life.gpus * (life.end_s - life.start_s) / 3600.0
-        return dict(out)
-
-    def stop(self) -> None:
-        self.stopped = True
-        for w in self.watches:
-            w.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,186 @@
+"""Two servers on one etcd, SIGKILLed in turn at random moments while clients keep submitting and
+gangs keep starting and finishing: afterwards every accepted job exists once and finished, no job
+ever had two attempts running at once, and the ledger has one interval per started attempt that
+matches the pods the cluster ran, with no gap or double count.
+
+The clusters are a simulated Kubernetes API in its own process, shared by both servers as real
+clusters are; a watch on its pods, opened before anything runs, is the independent record of what
+ran. Whichever server holds the lease is the leader, so killing each in turn kills the leader at
+least every other time; the survivor takes over within the lease TTL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.client import GpufedClient
+from federation.etcd_process import EtcdProcess
+from federation.sim_process import SimProcess
+from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import PodRecorder, write_config
+
+pytestmark = pytest.mark.e2e
+
+KILLS = 6
+SEED = 20261124
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 2,
+            }
+        ],
+    }
+]
+USERS = [
+    {"name": "admin", "tenant": "platform", "role": "admin"},
+    {"name": "fin", "tenant": "platform", "role": "finance"},
+]
+USERS += [{"name": "alice", "tenant": "vision"}, {"name": "bob", "tenant": "nlp"}]
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[SimProcess]:
+    process = SimProcess(tmp_path / "sim", CLUSTERS)
+    process.start()
+    yield process
+    process.stop()
+
+
+class Submitter:
+    """Clients submitting all along, to whichever server answers, retrying with the same key."""
+
+    def __init__(self, servers: list[ServerProcess], tokens_of: ServerProcess) -> None:
+        self.servers = servers
+        self.tokens_of = tokens_of
+        self.accepted: dict[str, str] = {}  # idempotency key -> job id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="submitter")
+
+    def _run(self) -> None:
+        tokens = {
+            user: (self.tokens_of.state_dir / "tokens" / f"{user}.token").read_text().strip()
+            for user in ("alice", "bob")
+        }
+        i = 0
+        while not self.stop.is_set():
+            key = f"k{i}"
+            user = "alice" if i % 2 == 0 else "bob"
+            text = manifest(f"j{i}", workers=1, gpus=2, duration="1s")
+            turn = i
+            while not self.stop.is_set():
+                # A server that is down (or died mid-call) gets the same key again on the other one:
+                # if the first had accepted it, the retry finds that job instead of making another.
+                server = self.servers[turn % len(self.servers)]
+                try:
+                    with GpufedClient(server.target, tokens[user], timeout_s=3) as client:
+                        self.accepted[key] = client.submit(text, idempotency_key=key).job_id
+                    break
+                except grpc.RpcError:
+                    turn += 1
+                    time.sleep(0.1)
+            i += 1
+            time.sleep(0.15)
+
+
+def test_servers_killed_in_turn_lose_no_job_run_none_twice_and_keep_the_ledger_whole(
+    etcd: EtcdProcess, sims: SimProcess, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "federation.yaml",
+        sims,
+        CLUSTERS,
+        grace_s=30,
+        tenants=[{"name": "platform"}, {"name": "vision"}, {"name": "nlp"}],
+        users=USERS,
+    )
+    servers = [
+        ServerProcess(etcd.endpoint, tmp_path / f"state-{name}", config=config, identity=name)
+        for name in "ab"
+    ]
+    recorder = PodRecorder()
+    recorder.follow(sims, "onprem")
+    rng = random.Random(SEED)
+    for server in servers:
+        server.start()
+    submitter = Submitter(servers, servers[0])
+    try:
+        submitter.thread.start()
+        for kill in range(KILLS):
+            time.sleep(rng.uniform(1.0, 3.0))
+            victim = servers[kill % 2]
+            victim.kill()
+            time.sleep(rng.uniform(0.0, 1.0))
+            victim.start()
+        submitter.stop.set()
+        submitter.thread.join(timeout=30)
+        accepted = dict(submitter.accepted)
+        assert len(accepted) > 20, "the clients kept submitting through the kills"
+
+        with servers[0].client("admin") as admin:
+            wait_for(
+                lambda: all(
+                    j.phase == pb.JOB_PHASE_SUCCEEDED
+                    for j in admin.list_all()
+                    if j.job_id in accepted.values()
+                ),
+                timeout_s=120,
+            )
+            jobs = {j.job_id: j for j in admin.list_all()}
+        wait_for(lambda: all(p.end_s is not None for p in recorder.pods.values() if p.start_s), timeout_s=15)
+        with servers[0].client("fin") as fin:
+            ledger = list(fin.ledger(start_s=time.time() - 3600, end_s=time.time() + 1).intervals)
+    finally:
+        submitter.stop.set()
+        recorder.stop()
+        for server in servers:
+            server.stop()
+
+    assert set(accepted.values()) <= set(jobs), "an accepted job was lost"
+    assert len(jobs) == len(set(accepted.values())), "a job was created twice"
+    assert recorder.errors == []
+
+    # No job ever ran two attempts at once (its pods of different attempts never overlap).
+    lives = recorder.lives_by_job()
+    spans: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for (job_id, attempt), pods in lives.items():
+        starts = [p.start_s for p in pods if p.start_s is not None]
+        ends = [p.end_s for p in pods if p.end_s is not None]
+        if starts and ends:
+            spans[job_id].append((min(starts), max(ends), attempt))
+    for job_id, runs in spans.items():
+        runs.sort()
+        for (_, end, a), (start, _, b) in itertools.pairwise(runs):
+            assert start >= end - 0.5, f"{job_id}: attempts {a} and {b} ran at once"
+
+    # The ledger: one closed interval per attempt that ran pods, and none for any other.
+    by_key = {(iv.job_id, iv.attempt): iv for iv in ledger}
+    assert len(by_key) == len(ledger), "an attempt was charged twice"
+    ran = {key for key, pods in lives.items() if any(p.start_s for p in pods)}
+    assert set(by_key) == ran, set(by_key) ^ ran
+    for key, iv in by_key.items():
+        assert iv.end_s > 0, f"{key} left open"
+        pods = lives[key]
+        start = max(p.start_s for p in pods if p.start_s is not None)
+        end = max(p.end_s for p in pods if p.end_s is not None)
+        assert abs(iv.start_s - start) <= 1.0, (key, iv.start_s, start)
+        assert abs(iv.end_s - end) <= 1.0, (key, iv.end_s, end)
