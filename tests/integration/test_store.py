@@ -186,6 +186,8 @@ async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_pa
         assert etcd.pid is not None
         try:
             os.kill(etcd.pid, signal.SIGSTOP)  # alive, connected, silent: only a deadline helps
+            # The signal lands asynchronously; on a busy machine etcd could still answer one more call.
+            await _stopped(etcd.pid)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="DEADLINE_EXCEEDED"):
                 await kv.get(b"/gpufed/jobs/x")
@@ -193,3 +195,20 @@ async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_pa
         finally:
             os.kill(etcd.pid, signal.SIGCONT)
             await kv.close()
+
+
+def _thread_states(pid: int) -> list[str]:
+    return [
+        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    ]
+
+
+async def _stopped(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until every thread of `pid` is stopped (state T in /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(state == "T" for state in _thread_states(pid)):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"etcd {pid} did not stop")
