@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from federation.errors import NotFound, PermissionDenied, Unauthenticated
 from federation.records import Role, UserRecord
 from federation.store import JobStore
+from federation.validate import shown
 from placement.model import TenantId
 
 # A resolved token is trusted this long before etcd is asked again: revocation takes effect within it.
@@ -135,7 +136,7 @@ def check_read_tenant_config(who: Principal, tenant: TenantId) -> None:
         return
     if who.role is Role.MEMBER and who.tenant == tenant:
         return
-    raise NotFound(f"tenant {tenant!r} not found")
+    raise NotFound(f"tenant {shown(tenant)} not found")
 
 
 def readable_tenants(who: Principal) -> TenantId | None:
@@ -154,7 +155,7 @@ def report_scope(who: Principal, requested: str) -> TenantId | None:
     if who.role is Role.MEMBER:
         if requested and requested != who.tenant:
             # Another tenant's figures are not there for a member, and its name is not confirmed.
-            raise NotFound(f"tenant {requested!r} not found")
+            raise NotFound(f"tenant {shown(requested)} not found")
         return who.tenant
     raise PermissionDenied(
         "only the finance role or a tenant's members read usage reports "

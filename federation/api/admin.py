@@ -35,7 +35,7 @@ from federation.metrics import Metrics
 from federation.records import ApprovalRecord, TenantRecord
 from federation.security_store import SecurityStore
 from federation.store import JobStore
-from federation.validate import name_field
+from federation.validate import name_field, shown
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")
@@ -104,7 +104,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             check_read_tenant_config(who, name)
             tenant = await self._store.get_tenant(name)
             if tenant is None:
-                raise NotFound(f"tenant {name!r} not found")
+                raise NotFound(f"tenant {shown(name)} not found")
             return tenant_to_pb(tenant)
 
         return await self._h.unary("GetTenant", request, context, body)
@@ -124,17 +124,17 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             check_admin(who, "delete a tenant")
             name = TenantId(name_field(req.name, "name"))
             if await self._store.get_tenant(name) is None:
-                raise NotFound(f"tenant {name!r} not found")
+                raise NotFound(f"tenant {shown(name)} not found")
             children = sorted(t.name for t in await self._store.list_tenants() if t.parent == name)
             if children:
-                raise FailedPrecondition(f"tenant {name!r} has child tenants: {', '.join(children)}")
+                raise FailedPrecondition(f"tenant {shown(name)} has child tenants: {', '.join(children)}")
             users = sorted(u.name for u in await self._store.list_users() if u.tenant == name)
             if users:
-                raise FailedPrecondition(f"tenant {name!r} still has users: {', '.join(users)}")
+                raise FailedPrecondition(f"tenant {shown(name)} still has users: {', '.join(users)}")
             live = sorted(s.value.job_id for s in self._cache.live_jobs() if s.value.tenant == name)
             if live:
                 raise FailedPrecondition(
-                    f"tenant {name!r} has {len(live)} jobs that have not finished (first: {live[0]}); "
+                    f"tenant {shown(name)} has {len(live)} jobs that have not finished (first: {live[0]}); "
                     "cancel them or let them finish"
                 )
             await self._store.delete_tenant(name)
@@ -150,10 +150,10 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             check_admin(who, "set a user's priority limit")
             user = await self._store.get_user(name_field(req.user, "user"))
             if user is None:
-                raise NotFound(f"user {req.user!r} not found")
+                raise NotFound(f"user {shown(req.user)} not found")
             limit = req.max_priority_class or None
             if limit is not None and limit not in await self._class_names():
-                raise InvalidSpec("max_priority_class", f"{limit!r} is not a priority class")
+                raise InvalidSpec("max_priority_class", f"{shown(limit)} is not a priority class")
             updated = replace(user, max_priority_class=limit)
             await self._store.put_user(updated)
             await self.audit(who, "user_priority_set", user.name, f"max_class={limit}")
@@ -168,18 +168,18 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             check_admin(who, "grant an approval")
             tenant = TenantId(name_field(req.tenant, "tenant"))
             if await self._store.get_tenant(tenant) is None:
-                raise NotFound(f"tenant {tenant!r} not found")
+                raise NotFound(f"tenant {shown(tenant)} not found")
             user = req.user or None
             if user is not None:
                 found = await self._store.get_user(user)
                 if found is None or found.tenant != tenant:
-                    raise InvalidSpec("user", f"{user!r} is not a user of tenant {tenant!r}")
+                    raise InvalidSpec("user", f"{shown(user)} is not a user of tenant {shown(tenant)}")
             settings = await self._store.get_settings()
             cls = settings.priority_class(req.priority_class)
             if cls is None:
-                raise InvalidSpec("priority_class", f"{req.priority_class!r} is not a priority class")
+                raise InvalidSpec("priority_class", f"{shown(req.priority_class)} is not a priority class")
             if not cls.needs_approval:
-                raise InvalidSpec("priority_class", f"{cls.name!r} needs no approval")
+                raise InvalidSpec("priority_class", f"{shown(cls.name)} needs no approval")
             if not 0 < req.duration_seconds <= MAX_APPROVAL_S:
                 raise InvalidSpec(
                     "duration_seconds", f"must be more than 0 and at most {MAX_APPROVAL_S:.0f} (30 days)"
@@ -240,7 +240,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             if not req.approval_id:
                 raise InvalidArgument("approval_id: required")
             if not await self._store.delete_approval(req.approval_id):
-                raise NotFound(f"approval {req.approval_id!r} not found")
+                raise NotFound(f"approval {shown(req.approval_id)} not found")
             # Jobs it admitted keep running: only new admissions need a valid approval.
             await self.audit(who, "approval_revoked", req.approval_id)
             return pb.RevokeApprovalResponse()

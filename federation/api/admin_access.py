@@ -19,7 +19,7 @@ from federation.errors import InvalidArgument, InvalidSpec, NotFound
 from federation.records import Role, UserRecord
 from federation.security_store import AuditEvent, SecurityStore, TokenRecord, new_token, token_hash
 from federation.store import JobStore
-from federation.validate import name_field
+from federation.validate import name_field, shown
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")
@@ -67,15 +67,15 @@ class AccessAdmin:
             name = name_field(req.name, "name")
             tenant = TenantId(name_field(req.tenant, "tenant"))
             if await self._store.get_tenant(tenant) is None:
-                raise NotFound(f"tenant {tenant!r} not found")
+                raise NotFound(f"tenant {shown(tenant)} not found")
             try:
                 role = Role(req.role or "member")
             except ValueError:
                 known = ", ".join(r.value for r in Role)
-                raise InvalidSpec("role", f"{req.role!r} is not a role (known: {known})") from None
+                raise InvalidSpec("role", f"{shown(req.role)} is not a role (known: {known})") from None
             limit = req.max_priority_class or None
             if limit is not None and limit not in await self._class_names():
-                raise InvalidSpec("max_priority_class", f"{limit!r} is not a priority class")
+                raise InvalidSpec("max_priority_class", f"{shown(limit)} is not a priority class")
             user = UserRecord(name=name, tenant=tenant, role=role, max_priority_class=limit)
             await self._store.put_user(user)
             await self.audit(who, "user_set", name, f"tenant={tenant} role={role.value} max_class={limit}")
@@ -96,7 +96,7 @@ class AccessAdmin:
             check_admin(who, "issue a token")
             user = await self._store.get_user(name_field(req.user, "user"))
             if user is None:
-                raise NotFound(f"user {req.user!r} not found")
+                raise NotFound(f"user {shown(req.user)} not found")
             if not 0 <= req.ttl_seconds <= MAX_TOKEN_TTL_S:
                 raise InvalidSpec(
                     "ttl_seconds", f"must be 0 (until revoked) to {MAX_TOKEN_TTL_S:.0f} (366 days)"
@@ -135,7 +135,7 @@ class AccessAdmin:
                 )
             revoked = await self._security.revoke_token_id(token_id)
             if revoked is None:
-                raise NotFound(f"token {token_id!r} not found (or the prefix matches several)")
+                raise NotFound(f"token {shown(token_id)} not found (or the prefix matches several)")
             await self.audit(who, "token_revoked", revoked.user, f"token_id={revoked.token_id}")
             return pb.RevokeTokenResponse()
 

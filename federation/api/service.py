@@ -45,6 +45,7 @@ from federation.ratelimit import SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
+from federation.validate import shown
 from placement.model import ClusterState, JobId, JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.api")
@@ -53,6 +54,8 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
+# Job ids are a name of at most 40 characters and 8 hex digits; anything much longer is not one.
+MAX_JOB_ID_LENGTH = 128
 MAX_IDEMPOTENCY_KEY_LENGTH = 128
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
@@ -197,12 +200,14 @@ class JobService(pb_grpc.JobServiceServicer):
     async def _visible_job(self, who: Principal, job_id: str) -> Stored[JobRecord]:
         if not job_id:
             raise InvalidArgument("job_id: required")
+        if len(job_id) > MAX_JOB_ID_LENGTH:
+            raise InvalidArgument(f"job_id: at most {MAX_JOB_ID_LENGTH} characters, got {len(job_id)}")
         stored = self._cache.get(JobId(job_id))
         if stored is None:
             # The cache may trail a write made a moment ago on this or another server.
             stored = await self._store.get_job(JobId(job_id))
         if stored is None:
-            raise NotFound(f"job {job_id} not found")
+            raise NotFound(f"job {shown(job_id)} not found")
         check_read_job(who, stored.value.tenant)
         return stored
 
