@@ -4,8 +4,10 @@ Starts a real etcd and one `gpufed serve` process (scheduler included, as in pro
 several client processes, each with several threads, submit small gangs for a fixed time. Every
 accepted job id is then looked up through the API to prove none was lost.
 
-    python bench/submit.py            # 20 s of load
-    python bench/submit.py --quick    # 5 s
+    python bench/submit.py                            # 20 s of load on one server
+    python bench/submit.py --quick                    # 5 s
+    python bench/submit.py --servers 2 --processes 2  # two servers on one etcd (one leads),
+                                                      # one client process on each
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=1, help="client processes")
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight per client process")
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="gpufed servers on the one etcd; client process i uses server i mod N",
+    )
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
 
@@ -137,14 +145,21 @@ def main() -> int:
         config.write_text(CONFIG)
         etcd = EtcdProcess(tmp_path / "etcd")
         etcd.start()
-        server = ServerProcess(etcd.endpoint, tmp_path / "state", config=config, identity="bench")
+        servers = [
+            ServerProcess(etcd.endpoint, tmp_path / "state", config=config, identity=f"bench{i}")
+            for i in range(args.servers)
+        ]
+        server = servers[0]
         try:
-            server.start()
+            for each in servers:
+                # Started one after the other: the first takes the lease and leads; the others serve.
+                each.start()
             tokens = [(tmp_path / "state" / "tokens" / f"u{i}.token").read_text().strip() for i in range(4)]
-            # One warm-up call per tenant so connection set-up is not measured.
+            # One warm-up call per tenant and server so connection set-up is not measured.
             for token in tokens:
-                with GpufedClient(server.target, token) as c:
-                    c.whoami()
+                for each in servers:
+                    with GpufedClient(each.target, token) as c:
+                        c.whoami()
             ctx = mp.get_context("spawn")
             out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
             start_at = time.time() + 2.0
@@ -153,7 +168,7 @@ def main() -> int:
                 ctx.Process(
                     target=_client_process,
                     args=(
-                        server.target,
+                        servers[i % len(servers)].target,
                         tokens[i % len(tokens)],
                         args.concurrency,
                         start_at,
@@ -166,8 +181,8 @@ def main() -> int:
             ]
             for p in procs:
                 p.start()
-            assert server.proc is not None
-            watched = {"server": server.proc.pid, "etcd": etcd.pid}
+            watched = {f"server{i}": each.proc.pid for i, each in enumerate(servers) if each.proc is not None}
+            watched["etcd"] = etcd.pid
             while time.time() < start_at:
                 time.sleep(0.01)
             cpu_before = {name: _cpu_seconds(pid) for name, pid in watched.items() if pid}
@@ -186,7 +201,8 @@ def main() -> int:
                 # The list is served from the cache; confirm any stragglers straight from etcd.
                 missing = [j for j in missing if not _exists(admin, j)]
         finally:
-            server.stop()
+            for each in servers:
+                each.stop()
             etcd.stop()
 
     clients = args.processes * args.concurrency
@@ -197,11 +213,13 @@ def main() -> int:
         print(
             f"cpu: {name} used {used:.1f} s of CPU in {seconds:.0f} s ({100 * used / seconds:.0f}% of one core)"
         )
+    print(f"servers: {args.servers} on one etcd")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
     print(f"submit_throughput: {len(accepted) / seconds:.0f} jobs/s")
     print(f"submit_p50_latency: {1000 * statistics.median(latencies):.1f} ms")
     print(f"submit_p99_latency: {1000 * _percentile(latencies, 0.99):.1f} ms")
     print(f"submit_clients_in_flight: {clients} requests")
+    print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")
     return 0 if not missing else 1
 
