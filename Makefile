@@ -7,7 +7,7 @@ STUBS  := federation/api/v1/gpufed_pb2.py federation/api/v1/gpufed_pb2_grpc.py
 # Re-install when the dependency list or the pins change.
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup proto lint typecheck imports unit test demo bench-quick clean
+.PHONY: setup proto lint typecheck imports unit test demo bench-quick clean system-tools
 
 setup: $(DEPS_STAMP) $(STUBS)
 
@@ -38,7 +38,19 @@ typecheck: setup
 imports: setup
 	$(BIN)/lint-imports
 
-test: lint typecheck imports
+# Debian tools the tests drive as a user would: headless Chromium opens the HTML finance report,
+# openssl makes the TLS certificates. Installed only where missing (apt needs root, as CI has).
+system-tools:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing; install them (apt-get install$$missing) or run as root" >&2; exit 1; fi; \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: lint typecheck imports system-tools
 	$(BIN)/pytest -q
 
 demo: setup

@@ -145,7 +145,7 @@ class FederationServer:
         )
 
         pb_grpc.add_ReportServiceServicer_to_server(
-            ReportService(ledger=self._ledger, auth=auth, metrics=self.metrics),  # type: ignore[abstract]
+            ReportService(ledger=self._ledger, store=store, auth=auth, metrics=self.metrics),
             server,
         )
 

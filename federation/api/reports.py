@@ -21,8 +21,31 @@ from federation.errors import InvalidArgument
 from federation.ledger import LedgerInterval
 from federation.ledger_cache import LedgerCache
 from federation.metrics import Metrics
+from federation.report import (
+    Bucket,
+    Dim,
+    Report,
+    ReportQuery,
+    compute_report,
+    focus_rows,
+    render_csv,
+    render_focus_csv,
+    render_focus_json,
+    render_html,
+    render_json,
+    render_table,
+)
+from federation.store import JobStore
 from federation.usage import month_start_s
+from federation.validate import shown
 from placement.model import TenantId
+
+RENDERERS: dict[str, tuple[Callable[[Report], str], str]] = {
+    "table": (render_table, "text/plain"),
+    "csv": (render_csv, "text/csv"),
+    "json": (render_json, "application/json"),
+    "html": (render_html, "text/html"),
+}
 
 
 def interval_to_pb(iv: LedgerInterval, now_s: float) -> pb.LedgerInterval:
@@ -70,13 +93,71 @@ class ReportService(pb_grpc.ReportServiceServicer):
         self,
         *,
         ledger: LedgerCache,
+        store: JobStore,
         auth: Authenticator,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._ledger = ledger
+        self._store = store
         self._h = CallHandlers(auth, metrics)
         self._clock = clock
+
+    def _query(
+        self,
+        who: Principal,
+        req: pb.GetReportRequest | pb.ExportFocusRequest,
+        group_by: tuple[Dim, ...],
+        bucket: str,
+    ) -> ReportQuery:
+        tenant = report_scope(who, req.tenant)
+        now = self._clock()
+        start_s, end_s = period(
+            req.start, req.end, has_start=req.HasField("start"), has_end=req.HasField("end"), now_s=now
+        )
+        if bucket and bucket not in {b.value for b in Bucket}:
+            raise InvalidArgument(f"bucket: {shown(bucket)} is not one of day, week, month")
+        return ReportQuery(
+            start_s=start_s,
+            end_s=end_s,
+            now_s=now,
+            group_by=group_by,
+            bucket=Bucket(bucket) if bucket else None,
+            tenants=None if tenant is None else frozenset({tenant}),
+        )
+
+    async def GetReport(self, request: pb.GetReportRequest, context: Ctx) -> pb.RenderedReport:
+        async def body(who: Principal, req: pb.GetReportRequest) -> pb.RenderedReport:
+            dims = []
+            for name in req.group_by or ["tenant"]:
+                if name not in {d.value for d in Dim}:
+                    known = ", ".join(d.value for d in Dim)
+                    raise InvalidArgument(f"group_by: {shown(name)} is not one of {known}")
+                if Dim(name) not in dims:
+                    dims.append(Dim(name))
+            fmt = req.format or "table"
+            if fmt not in RENDERERS:
+                raise InvalidArgument(f"format: {shown(fmt)} is not one of {', '.join(RENDERERS)}")
+            query = self._query(who, req, tuple(dims), req.bucket)
+            tenants = await self._store.list_tenants()
+            report = compute_report(self._ledger.intervals(), tenants, query)
+            render, content_type = RENDERERS[fmt]
+            return pb.RenderedReport(content=render(report), content_type=content_type)
+
+        return await self._h.unary("GetReport", request, context, body)
+
+    async def ExportFocus(self, request: pb.ExportFocusRequest, context: Ctx) -> pb.RenderedReport:
+        async def body(who: Principal, req: pb.ExportFocusRequest) -> pb.RenderedReport:
+            fmt = req.format or "csv"
+            if fmt not in ("csv", "json"):
+                raise InvalidArgument(f"format: {shown(fmt)} is not csv or json")
+            query = self._query(who, req, (Dim.TENANT,), "")
+            rows = focus_rows(self._ledger.intervals(), query)
+            if fmt == "csv":
+                return pb.RenderedReport(content=render_focus_csv(rows), content_type="text/csv")
+            return pb.RenderedReport(content=render_focus_json(rows), content_type="application/json")
+
+        return await self._h.unary("ExportFocus", request, context, body)
 
     async def ListLedger(self, request: pb.ListLedgerRequest, context: Ctx) -> pb.ListLedgerResponse:
         async def body(who: Principal, req: pb.ListLedgerRequest) -> pb.ListLedgerResponse:

@@ -9,6 +9,7 @@ anything runs, records when each pod started and when it stopped holding its GPU
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -121,6 +122,16 @@ def _ledger_by_tenant(fed: ServerProcess, start_s: float, end_s: float) -> dict[
     return dict(out)
 
 
+def _tenants(report_json: str) -> dict[str, float]:
+    return {row["tenant"]: row["gpu_hours"] for row in json.loads(report_json)["rows"]}
+
+
+def _report_by_tenant(fed: ServerProcess, start_s: float, end_s: float) -> dict[str, float]:
+    """GPU-hours per tenant as finance's report gives them."""
+    with fed.client("fin") as fin:
+        return _tenants(fin.report(start_s=start_s, end_s=end_s, group_by=["tenant"], fmt="json").content)
+
+
 def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart(
     fed: ServerProcess, sims: SimProcess
 ) -> None:
@@ -174,7 +185,8 @@ def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart
     assert never not in {iv.job_id for iv in intervals}, "a job cancelled before it started costs nothing"
 
     assert recorder.errors == [], "the pod watch must see every change"
-    ledger = _ledger_by_tenant(fed, started_s, end_s)
+    ledger = _report_by_tenant(fed, started_s, end_s)
+    assert ledger == pytest.approx(_ledger_by_tenant(fed, started_s, end_s), rel=1e-9)
     cluster_side = recorder.gpu_hours_by_tenant()
     assert set(ledger) == set(cluster_side) == {"interns", "seniors"}
     for tenant, hours in cluster_side.items():
@@ -183,13 +195,20 @@ def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart
         assert abs(ledger[tenant] - hours) * 3600 <= gpu_count * 1.0, (tenant, ledger[tenant], hours)
 
     # Another restart changes no figure.
-    before = _ledger_by_tenant(fed, started_s, end_s)
+    before = _report_by_tenant(fed, started_s, end_s)
     fed.stop()
     fed.start()
-    assert _ledger_by_tenant(fed, started_s, end_s) == before
+    assert _report_by_tenant(fed, started_s, end_s) == before
+    with fed.client("sara") as sara:
+        assert set(_tenants(sara.report(start_s=started_s, end_s=end_s, fmt="json").content)) == {"seniors"}
 
 
 def test_reports_are_for_finance_and_each_tenants_own_members_only(fed: ServerProcess) -> None:
+    with fed.client("fin") as fin:
+        html = fin.report(fmt="html")
+        assert html.content_type == "text/html"
+        assert 'id="cost-by-tenant"' in html.content
+        assert fin.export_focus().content.startswith("ChargePeriodStart,")
     with fed.client("fin") as fin:
         assert fin.ledger().intervals is not None
     with fed.client("sara") as sara:

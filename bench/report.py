@@ -1,0 +1,129 @@
+"""Finance reports over a month of ledger intervals: how long computing and rendering take.
+
+Generates 100,000 intervals for one month (30 tenants, 10 clusters, 6 GPU types, seeded), then
+times `compute_report` for several groupings (median of several runs) and the renderers. The aim:
+a month of 100,000 intervals reported in under a second.
+
+    python bench/report.py            # 100,000 intervals, 7 runs each
+    python bench/report.py --quick    # 100,000 intervals, 3 runs each
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from federation.ledger import IntervalEnd, LedgerInterval  # noqa: E402
+from federation.records import TenantRecord  # noqa: E402
+from federation.report import (  # noqa: E402
+    Bucket,
+    Dim,
+    ReportQuery,
+    compute_report,
+    focus_rows,
+    render_focus_csv,
+    render_html,
+    render_json,
+)
+from placement.model import CapacityKind, ClusterName, GpuQuota, GpuType, JobId, TenantId  # noqa: E402
+
+TYPES = ("A100", "H100", "L4", "A10G", "V100", "T4")
+KINDS = (CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT)
+
+
+def ledger(count: int, month_start: float, seed: int = 7) -> list[LedgerInterval]:
+    rng = random.Random(seed)
+    month = 30 * 86400.0
+    out = []
+    for i in range(count):
+        start = month_start + rng.uniform(0, month)
+        length = rng.expovariate(1 / 7200.0)
+        out.append(
+            LedgerInterval(
+                job_id=JobId(f"job-{i}"),
+                attempt=1 + (i % 3 == 0),
+                tenant=TenantId(f"team-{rng.randrange(30)}"),
+                user=f"user-{rng.randrange(300)}",
+                cluster=ClusterName(f"cluster-{rng.randrange(10)}"),
+                provider=rng.choice(("private", "aws", "gcp", "azure")),
+                region="r1",
+                gpu_type=GpuType(rng.choice(TYPES)),
+                gpu_count=rng.choice((1, 2, 4, 8, 8, 16, 32)),
+                kind=rng.choice(KINDS),
+                start_s=start,
+                end_s=None if i % 50 == 0 else start + length,
+                usd_per_gpu_hour=rng.uniform(0.5, 7.0),
+                ended=None if i % 50 == 0 else IntervalEnd.FINISHED,
+            )
+        )
+    return out
+
+
+def timed(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return 1000 * statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--intervals", type=int, default=100_000)
+    args = parser.parse_args()
+    runs = 3 if args.quick else 7
+    start = datetime(2026, 11, 1, tzinfo=UTC).timestamp()
+    end = datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    now = end - 3600
+    intervals = ledger(args.intervals, start)
+    tenants = [
+        TenantRecord(
+            TenantId(f"team-{i}"),
+            quotas=(GpuQuota(GpuType("A100"), guaranteed_gpus=16),),
+            monthly_budget_gpu_hours=50_000.0,
+        )
+        for i in range(30)
+    ]
+    cases = {
+        "report_by_tenant_ms": ReportQuery(start, end, now, (Dim.TENANT,)),
+        "report_by_tenant_day_ms": ReportQuery(start, end, now, (Dim.TENANT,), Bucket.DAY),
+        "report_by_tenant_gpu_type_week_ms": ReportQuery(
+            start, end, now, (Dim.TENANT, Dim.GPU_TYPE), Bucket.WEEK
+        ),
+        "report_by_user_cluster_month_ms": ReportQuery(
+            start, end, now, (Dim.USER, Dim.CLUSTER), Bucket.MONTH
+        ),
+        "report_one_tenant_by_day_ms": ReportQuery(
+            start, end, now, (Dim.TENANT,), Bucket.DAY, frozenset({TenantId("team-3")})
+        ),
+    }
+    figures = {}
+    for name, query in cases.items():
+        figures[name] = timed(lambda q=query: compute_report(intervals, tenants, q), runs)
+    report = compute_report(intervals, tenants, cases["report_by_tenant_day_ms"])
+    figures["render_json_ms"] = timed(lambda: render_json(report), runs)
+    figures["render_html_ms"] = timed(lambda: render_html(report), runs)
+    figures["focus_export_csv_ms"] = timed(
+        lambda: render_focus_csv(focus_rows(intervals, cases["report_by_tenant_ms"])), 1
+    )
+    print(f"intervals: {len(intervals)} in one month, 30 tenants, 10 clusters, {len(TYPES)} GPU types")
+    print(f"runs: median of {runs}")
+    for name, value in figures.items():
+        print(f"{name.removesuffix('_ms')}: {value:.0f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

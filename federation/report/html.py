@@ -1,0 +1,151 @@
+"""A self-contained HTML report: tables and two charts drawn as inline SVG.
+
+No scripts, fonts, stylesheets or images from anywhere else: the file opens the same on a laptop
+with no network, in a mail attachment, or in headless Chromium in CI. Charts: cost per day stacked
+by tenant, and GPU-hours by GPU type. Chart elements carry stable ids and classes
+(`#cost-by-tenant .bar`, `#gpu-hours-by-type .bar`) so tests can find what was drawn.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from federation.report.compute import Report
+from federation.report.query import Bucket, bucket_label, iso_utc
+from federation.report.render import report_dict
+
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+WIDTH, HEIGHT, PAD = 720, 260, 48
+
+
+def _cost_chart(report: Report) -> str:
+    days = sorted({d for d, _, _ in report.daily_cost_by_tenant})
+    tenants = sorted({t for _, t, _ in report.daily_cost_by_tenant})
+    cost: dict[tuple[float, str], float] = {(d, t): c for d, t, c in report.daily_cost_by_tenant}
+    totals = [sum(cost.get((d, t), 0.0) for t in tenants) for d in days]
+    top = max(totals, default=0.0) or 1.0
+    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    slot = inner_w / max(1, len(days))
+    bar_w = max(2.0, slot * 0.7)
+    parts = [
+        f'<svg id="cost-by-tenant" class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+        f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="Cost per day by tenant">',
+        f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
+        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
+        f'<text x="{PAD - 6}" y="{PAD + 4}" text-anchor="end" font-size="11">${top:,.0f}</text>',
+        f'<text x="{PAD - 6}" y="{HEIGHT - PAD}" text-anchor="end" font-size="11">$0</text>',
+    ]
+    for i, day in enumerate(days):
+        x = PAD + i * slot + (slot - bar_w) / 2
+        y = float(HEIGHT - PAD)
+        for j, tenant in enumerate(tenants):
+            value = cost.get((day, tenant), 0.0)
+            if value <= 0:
+                continue
+            h = inner_h * value / top
+            y -= h
+            parts.append(
+                f'<rect class="bar" data-tenant="{escape(tenant)}" x="{x:.1f}" y="{y:.1f}" '
+                f'width="{bar_w:.1f}" height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
+                f"<title>{escape(tenant)} {bucket_label(day, Bucket.DAY)}: ${value:,.2f}</title></rect>"
+            )
+        if len(days) <= 31 and (i % max(1, len(days) // 10) == 0):
+            parts.append(
+                f'<text x="{x + bar_w / 2:.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" font-size="10">'
+                f"{bucket_label(day, Bucket.DAY)[5:]}</text>"
+            )
+    for j, tenant in enumerate(tenants):
+        lx = PAD + j * 110
+        parts.append(
+            f'<rect class="legend" x="{lx}" y="{HEIGHT - 18}" width="10" height="10" '
+            f'fill="{PALETTE[j % len(PALETTE)]}"/><text x="{lx + 14}" y="{HEIGHT - 9}" font-size="11">'
+            f"{escape(tenant)}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _type_chart(report: Report) -> str:
+    types = list(report.gpu_hours_by_type)
+    top = max((h for _, h in types), default=0.0) or 1.0
+    row_h = 26
+    height = PAD + row_h * max(1, len(types))
+    parts = [
+        f'<svg id="gpu-hours-by-type" class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+        f'height="{height}" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="GPU-hours by GPU type">'
+    ]
+    for i, (gpu_type, hours) in enumerate(types):
+        y = 10 + i * row_h
+        w = (WIDTH - 2 * PAD - 120) * hours / top
+        parts.append(
+            f'<text x="{PAD + 50}" y="{y + 15}" text-anchor="end" font-size="12">{escape(gpu_type)}</text>'
+            f'<rect class="bar" data-gpu-type="{escape(gpu_type)}" x="{PAD + 56}" y="{y}" width="{w:.1f}" '
+            f'height="{row_h - 8}" fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(gpu_type)}: '
+            f"{hours:,.1f} GPU-hours</title></rect>"
+            f'<text x="{PAD + 62 + w:.1f}" y="{y + 15}" font-size="11">{hours:,.1f}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _table(heads: list[str], rows: list[list[str]], css: str) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in heads)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
+    data = report_dict(report)
+    q = report.query
+    heads = list(data["rows"][0].keys()) if data["rows"] else [d.value for d in q.group_by]
+    rows = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()] for row in data["rows"]]
+    tenant_rows = []
+    for t in report.tenants:
+        tenant_rows.append(
+            [
+                t.tenant,
+                f"{t.gpu_hours:,.2f}",
+                f"${t.cost_usd:,.2f}",
+                "-" if t.quota_share is None else f"{100 * t.quota_share:.1f}%",
+                "-" if t.monthly_budget_gpu_hours is None else f"{t.monthly_budget_gpu_hours:,.1f}",
+                "-" if t.budget_left_gpu_hours is None else f"{t.budget_left_gpu_hours:,.1f}",
+                f"{t.forecast_month_gpu_hours:,.1f}",
+                f"${t.forecast_month_cost_usd:,.2f}",
+            ]
+        )
+    style = (
+        "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
+        "{text-align:left}th{background:#f3f3f3}.chart{display:block;margin:8px 0 24px}"
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{style}</style></head><body>"
+        f"<h1>{escape(title)}</h1>"
+        f"<p>{iso_utc(q.start_s)} to {iso_utc(min(q.end_s, max(q.now_s, q.start_s)))} (UTC). "
+        f'Total <strong id="total-gpu-hours">{report.total_gpu_hours:,.2f}</strong> GPU-hours, '
+        f'<strong id="total-cost">${report.total_cost_usd:,.2f}</strong>, at the price in force when '
+        "each attempt started.</p>"
+        "<h2>Cost per day by tenant</h2>"
+        + _cost_chart(report)
+        + "<h2>GPU-hours by GPU type</h2>"
+        + _type_chart(report)
+        + "<h2>Tenants: quota, budget and forecast</h2>"
+        + _table(
+            [
+                "tenant",
+                "GPU-hours",
+                "cost",
+                "quota used",
+                "monthly budget",
+                "left",
+                "forecast GPU-h",
+                "forecast cost",
+            ],
+            tenant_rows,
+            "tenants",
+        )
+        + "<h2>Usage</h2>"
+        + _table(heads, rows, "usage")
+        + "</body></html>\n"
+    )

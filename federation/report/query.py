@@ -1,0 +1,115 @@
+"""What a finance report asks for: a period, a grouping, time buckets, and which tenants it may see.
+
+Pure values and calendar arithmetic in UTC. Buckets are calendar days, ISO weeks (Monday 00:00) or
+calendar months, so a report's rows line up with an invoice's periods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from functools import lru_cache
+
+from placement.model import TenantId
+
+
+class Dim(StrEnum):
+    TENANT = "tenant"
+    USER = "user"
+    CLUSTER = "cluster"
+    PROVIDER = "provider"
+    GPU_TYPE = "gpu_type"
+    KIND = "kind"
+
+
+class Bucket(StrEnum):
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
+_DAY, _WEEK = Bucket.DAY, Bucket.WEEK
+
+
+@dataclass(frozen=True, slots=True)
+class ReportQuery:
+    start_s: float
+    end_s: float
+    now_s: float
+    group_by: tuple[Dim, ...] = (Dim.TENANT,)
+    bucket: Bucket | None = None
+    # None: every tenant. Otherwise only these (a member's report names its own tenant only).
+    tenants: frozenset[TenantId] | None = None
+
+    def __post_init__(self) -> None:
+        if self.end_s <= self.start_s:
+            raise ValueError("a report's period must end after it starts")
+
+
+def month_start_s(at_s: float) -> float:
+    return _month_of_day(int(at_s // 86400.0))
+
+
+@lru_cache(maxsize=8192)
+def _month_of_day(day: int) -> float:
+    # Memoised by day: a month's worth of intervals asks for the same 30 answers again and again.
+    at = datetime.fromtimestamp(day * 86400.0, UTC)
+    return datetime(at.year, at.month, 1, tzinfo=UTC).timestamp()
+
+
+def next_month_s(at_s: float) -> float:
+    return _next_month(month_start_s(at_s))
+
+
+@lru_cache(maxsize=1024)
+def _next_month(month_s: float) -> float:
+    at = datetime.fromtimestamp(month_s, UTC)
+    nxt = at.replace(year=at.year + 1, month=1) if at.month == 12 else at.replace(month=at.month + 1)
+    return nxt.timestamp()
+
+
+DAY_S = 86400.0
+WEEK_S = 7 * DAY_S
+# 1970-01-01 was a Thursday: ISO weeks start 4 days later, on Monday 1970-01-05.
+_MONDAY_S = 4 * DAY_S
+
+
+def bucket_start_s(at_s: float, bucket: Bucket) -> float:
+    # Days and weeks by arithmetic on the UTC epoch (no leap seconds in POSIX time): a report splits
+    # hundreds of thousands of intervals, and a datetime per piece would dominate its time. The
+    # enum members are compared as module constants: attribute lookups on the class cost more.
+    if bucket is _DAY:
+        return at_s - at_s % DAY_S
+    if bucket is _WEEK:
+        return at_s - (at_s - _MONDAY_S) % WEEK_S
+    return month_start_s(at_s)
+
+
+def bucket_end_s(start_s: float, bucket: Bucket) -> float:
+    if bucket is _DAY:
+        return start_s + DAY_S
+    if bucket is _WEEK:
+        return start_s + WEEK_S
+    return next_month_s(start_s)
+
+
+def bucket_label(start_s: float, bucket: Bucket) -> str:
+    at = datetime.fromtimestamp(start_s, UTC)
+    if bucket is Bucket.MONTH:
+        return at.strftime("%Y-%m")
+    if bucket is Bucket.WEEK:
+        year, week, _ = at.isocalendar()
+        return f"{year}-W{week:02d}"
+    return at.strftime("%Y-%m-%d")
+
+
+def iso_utc(at_s: float) -> str:
+    if at_s % 86400.0 == 0:
+        return _iso_day(at_s)
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@lru_cache(maxsize=8192)
+def _iso_day(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

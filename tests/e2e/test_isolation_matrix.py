@@ -1,0 +1,185 @@
+"""The tenant-isolation matrix: every API call, by every role, on its own and on another tenant's
+objects, with the result each must get.
+
+One server (real etcd, real gRPC) serves the whole module. Callers: an admin, an infra operator and a
+finance analyst (all of tenant `platform`), and alice, a member of `vision`. Targets: objects of
+`vision` (alice's own) and of `nlp` (another tenant's). Jobs are created fresh for each case by the
+admin, so a case that changes one (cancel) never affects another. List calls are also checked for
+what they return: a member's list never holds another tenant's item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from federation.client import GpufedClient
+from federation.etcd_process import EtcdProcess
+from tests.e2e.harness import ServerProcess, manifest
+
+pytestmark = pytest.mark.e2e
+
+OK = grpc.StatusCode.OK
+NF = grpc.StatusCode.NOT_FOUND
+PD = grpc.StatusCode.PERMISSION_DENIED
+FP = grpc.StatusCode.FAILED_PRECONDITION
+
+ROLES = {"admin": "admin", "infra": "ops", "finance": "fin", "member": "alice"}
+OWN, OTHER = "vision", "nlp"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("matrix")
+    config = root / "federation.yaml"
+    base = (Path(__file__).with_name("federation.yaml")).read_text()
+    config.write_text(base.replace("  - {name: fin, tenant: platform, role: finance}\n",
+                                   "  - {name: fin, tenant: platform, role: finance}\n"
+                                   "  - {name: ops, tenant: platform, role: infra}\n"))  # fmt: skip
+    etcd = EtcdProcess(root / "etcd")
+    etcd.start()
+    process = ServerProcess(etcd.endpoint, root / "state", config=config)
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        etcd.stop()
+
+
+def _job(server: ServerProcess, tenant: str) -> str:
+    """A job of `tenant` that waits forever (no such GPU type), created by the admin."""
+    with server.client("admin") as admin:
+        return admin.submit(manifest("matrix", gpu="B200", tenant=tenant)).job_id
+
+
+Call = Callable[[GpufedClient, ServerProcess, str], Any]
+
+CALLS: dict[str, Call] = {
+    "SubmitJob": lambda c, s, t: c.submit(manifest("mine", gpu="B200", tenant=t)),
+    "GetJob": lambda c, s, t: c.get(_job(s, t)),
+    "ListJobs": lambda c, s, t: c.list_page(tenant=t),
+    "WatchJobs": lambda c, s, t: next(iter(c.watch(job_id=_job(s, t), timeout_s=5))),
+    "CancelJob": lambda c, s, t: c.cancel(_job(s, t)),
+    "ExplainJob": lambda c, s, t: c.explain(_job(s, t)),
+    "SetTenant": lambda c, s, t: c.set_tenant(f"name: {t}\nweight: 1\n"),
+    "GetTenant": lambda c, s, t: c.get_tenant(t),
+    "DeleteTenant": lambda c, s, t: c.delete_tenant(t),
+    "SetUserPriority": lambda c, s, t: c.set_user_priority("alice" if t == OWN else "bob", "normal"),
+    "GrantApproval": lambda c, s, t: c.grant_approval(
+        tenant=t, priority_class="urgent", duration_s=60, reason="x"
+    ),
+    "ListApprovals": lambda c, s, t: c.list_approvals(tenant=t),
+    "SetUser": lambda c, s, t: c.set_user(f"new-{t}", tenant=t, role="member"),
+    "IssueToken": lambda c, s, t: c.issue_token("alice" if t == OWN else "bob"),
+    "ListTokens": lambda c, s, t: c.list_tokens(user="alice" if t == OWN else "bob"),
+    "GetReport": lambda c, s, t: c.report(tenant=t, fmt="json"),
+    "ExportFocus": lambda c, s, t: c.export_focus(tenant=t),
+    "ListLedger": lambda c, s, t: c.ledger(tenant=t),
+}
+
+# call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
+# platform roles "own" and "other" are simply two tenants that are not theirs.
+EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
+    "SubmitJob": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
+    "GetJob": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "ListJobs": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (OK, PD)},
+    "WatchJobs": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "CancelJob": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    "ExplainJob": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "SetTenant": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "GetTenant": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (OK, NF)},
+    # The tenants have users and jobs: even an admin may not delete them.
+    "DeleteTenant": {"admin": (FP, FP), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "SetUserPriority": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "GrantApproval": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "ListApprovals": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (OK, NF)},
+    "SetUser": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "IssueToken": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    "ListTokens": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
+    # Reports: finance reads every tenant, a member its own, nobody else.
+    "GetReport": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
+    "ExportFocus": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
+    "ListLedger": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
+}
+
+CASES = [
+    pytest.param(call, role, which, id=f"{call}-{role}-{which}")
+    for call in CALLS
+    for role in ROLES
+    for which in ("own", "other")
+]
+
+
+def _code(fn: Callable[[], Any]) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as error:
+        code: grpc.StatusCode = error.code()
+        return code
+    return OK
+
+
+def test_the_matrix_covers_every_call_of_the_api() -> None:
+    from federation.api.v1 import gpufed_pb2 as pb
+
+    rpcs = {m.name for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
+    # Calls with no tenant in them: WhoAmI and ListClusters are everyone's; RevokeApproval,
+    # RevokeToken, ListUsers and ListAudit are admin-only (checked below).
+    untargeted = {
+        "WhoAmI",
+        "ListClusters",
+        "ListTenants",
+        "RevokeApproval",
+        "RevokeToken",
+        "ListUsers",
+        "ListAudit",
+    }
+    assert rpcs - untargeted == set(CALLS)
+    assert set(EXPECTED) == set(CALLS)
+
+
+@pytest.mark.parametrize(("call", "role", "which"), CASES)
+def test_every_call_by_every_role_on_its_own_and_another_tenants_objects(
+    server: ServerProcess, call: str, role: str, which: str
+) -> None:
+    tenant = OWN if which == "own" else OTHER
+    expected = EXPECTED[call][role][0 if which == "own" else 1]
+    with server.client(ROLES[role]) as client:
+        got = _code(lambda: CALLS[call](client, server, tenant))
+    assert got == expected, f"{call} by {role} on {which} tenant: {got.name}, expected {expected.name}"
+
+
+@pytest.mark.parametrize("role", list(ROLES))
+def test_untargeted_calls(server: ServerProcess, role: str) -> None:
+    admin_only = OK if role == "admin" else PD
+    with server.client(ROLES[role]) as client:
+        assert _code(client.whoami) == OK
+        assert _code(client.clusters) == OK
+        assert _code(client.list_tenants) == OK
+        assert _code(client.list_users) == admin_only
+        assert _code(client.list_audit) == admin_only
+        assert _code(lambda: client.revoke_approval("ap-missing")) == (NF if role == "admin" else PD)
+        assert _code(lambda: client.revoke_token("0123456789ab")) == (NF if role == "admin" else PD)
+
+
+def test_a_members_lists_hold_only_its_own_tenant(server: ServerProcess) -> None:
+    _job(server, OWN)
+    _job(server, OTHER)
+    with server.client("admin") as admin:
+        admin.grant_approval(tenant=OTHER, priority_class="urgent", duration_s=60, reason="other team")
+    with server.client("alice") as alice:
+        assert {j.tenant for j in alice.list_all()} == {OWN}
+        assert {t.name for t in alice.list_tenants().tenants} == {OWN}
+        assert {a.tenant for a in alice.list_approvals().approvals} <= {OWN}
+        assert {iv.tenant for iv in alice.ledger().intervals} <= {OWN}
+        seen: set[str] = set()
+        # The stream runs until its deadline; everything it sent before then is alice's tenant's.
+        with pytest.raises(grpc.RpcError) as ended:
+            seen.update(event.job.tenant for event in alice.watch(include_initial=True, timeout_s=2))
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert seen == {OWN}
