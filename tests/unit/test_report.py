@@ -244,3 +244,21 @@ def test_any_grouping_adds_up_to_the_clipped_gpu_hours_of_every_interval(
     assert sum(c for _, _, c in report.daily_cost_by_tenant) == pytest.approx(
         expected * 1.5, rel=1e-9, abs=1e-9
     )
+
+
+def test_idle_cost_is_provisioned_gpu_time_no_job_used_on_that_cluster_and_type() -> None:
+    from federation.report.idle import ProvisionedInterval, idle_cost
+
+    pool = ProvisionedInterval(
+        "onprem", "a100-burst", "A100", 16, 2.0, t("2026-11-10T00:00"), t("2026-11-10T10:00")
+    )
+    ledger = [
+        an_interval("2026-11-10T02:00", "2026-11-10T04:00", gpus=8),  # 16 GPU-hours used
+        an_interval("2026-11-10T09:00", "2026-11-10T12:00", gpus=8),  # 8 of them inside the pool's time
+        an_interval("2026-11-10T02:00", "2026-11-10T04:00", gpus=8, gpu="H100"),  # another type
+    ]
+    (cost,) = idle_cost([pool], ledger, start_s=t("2026-11-01"), end_s=t("2026-12-01"))
+    assert (cost.provisioned_gpu_hours, cost.used_gpu_hours, cost.idle_gpu_hours) == (160.0, 24.0, 136.0)
+    assert cost.idle_cost_usd == pytest.approx(272.0)
+    (clipped,) = idle_cost([pool], [], start_s=t("2026-11-10T05:00"), end_s=t("2026-12-01"))
+    assert clipped.idle_gpu_hours == pytest.approx(80.0)
