@@ -234,7 +234,18 @@ def _scenario(target: str, state_dir: Path) -> bool:
             all(f"{i}-a{by_id[i].attempt}" in shown.get(by_id[i].cluster, "") for i in expected),
         )
     )
-    for client in (admin, alice, bob):
+    _step("finance: GPU-hours and cost from the usage ledger (as finance, then as alice)")
+    finance = GpufedClient(target, _token(state_dir, "finance"))
+    print(finance.report(group_by=["tenant", "gpu_type"]).content)
+    charged = {iv.job_id for iv in finance.ledger().intervals}
+    checks.append(("every job that ran is in the ledger", expected <= charged))
+    checks.append(("the job cancelled before it started costs nothing", waits.job_id not in charged))
+    mine = {iv.tenant for iv in alice.ledger().intervals}
+    checks.append(("alice's report holds only her tenant", mine <= {"vision"}))
+    html = finance.report(fmt="html").content
+    checks.append(("the HTML report has its charts", 'id="cost-by-tenant"' in html and 'class="bar"' in html))
+    print(f"HTML report: {len(html):,} bytes, self-contained (gpufed report -o html --out FILE)")
+    for client in (admin, alice, bob, finance):
         client.close()
 
     _step("checks")

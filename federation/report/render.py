@@ -42,13 +42,13 @@ def render_table(report: Report) -> str:
     lines = [f"GPU usage {iso_utc(q.start_s)} to {iso_utc(min(q.end_s, max(q.now_s, q.start_s)))} (UTC)", ""]
     rows = [[h.upper().replace("_", " ") for h in _headers(report)]]
     for cells in _cells(report):
-        rows.append([*(str(c) for c in cells[:-3]), f"{cells[-3]:.2f}", f"{cells[-2]:.2f}", str(cells[-1])])
+        rows.append([*(str(c) for c in cells[:-3]), f"{cells[-3]:.3f}", f"{cells[-2]:.3f}", str(cells[-1])])
     rows.append(
         [
             "TOTAL",
             *[""] * (len(rows[0]) - 4),
-            f"{report.total_gpu_hours:.2f}",
-            f"{report.total_cost_usd:.2f}",
+            f"{report.total_gpu_hours:.3f}",
+            f"{report.total_cost_usd:.3f}",
             "",
         ]
     )
@@ -79,10 +79,10 @@ def render_table(report: Report) -> str:
         summary.append(
             [
                 t.tenant,
-                f"{t.gpu_hours:.2f}",
-                f"{t.cost_usd:.2f}",
+                f"{t.gpu_hours:.3f}",
+                f"{t.cost_usd:.3f}",
                 "-" if t.quota_share is None else f"{100 * t.quota_share:.1f}%",
-                f"{t.month_gpu_hours:.2f}",
+                f"{t.month_gpu_hours:.3f}",
                 _opt(t.monthly_budget_gpu_hours, ".1f"),
                 _opt(t.budget_left_gpu_hours, ".1f"),
                 f"{t.forecast_month_gpu_hours:.1f}",
