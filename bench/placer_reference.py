@@ -166,21 +166,35 @@ class _Reference:
         return max((n / capacity[g] for g, n in load.items() if capacity.get(g, 0) > 0), default=0.0) / weight
 
     # -- the cycle
+    def _within_guarantee(self, gang: GangRequest) -> bool:
+        return any(
+            self.usage.get((gang.tenant, t), 0) + gang.gpu_count <= self._guaranteed(gang.tenant, t)
+            for t in gang.gpu_types
+        )
+
     def run(self) -> list[Admission]:
-        for priority in sorted({g.priority for g in self.s.queued}, reverse=True):
-            pending: dict[str, list[GangRequest]] = {}
-            for g in sorted(self.s.queued, key=lambda g: (g.queued_at_s, g.job_id)):
-                if g.priority == priority:
-                    pending.setdefault(g.tenant, []).append(g)
-            while pending:
-                t = min(
-                    pending,
-                    key=lambda t: (self._share(t), pending[t][0].queued_at_s, pending[t][0].job_id, t),
-                )
-                gang = pending[t].pop(0)
-                if not pending[t]:
-                    del pending[t]
-                self.decide(gang)
+        # Tenants take turns by their next gang: within its tenant's guarantee before borrowing, then
+        # priority, then the lowest dominant share, then queue time; each tenant's own gangs by
+        # priority, then queue time. Recomputed from scratch at every turn: slow, and plainly right.
+        pending: dict[str, list[GangRequest]] = {}
+        for g in sorted(self.s.queued, key=lambda g: (-g.priority, g.queued_at_s, g.job_id)):
+            pending.setdefault(g.tenant, []).append(g)
+        while pending:
+            t = min(
+                pending,
+                key=lambda t: (
+                    not self._within_guarantee(pending[t][0]),
+                    -pending[t][0].priority,
+                    self._share(t),
+                    pending[t][0].queued_at_s,
+                    pending[t][0].job_id,
+                    t,
+                ),
+            )
+            gang = pending[t].pop(0)
+            if not pending[t]:
+                del pending[t]
+            self.decide(gang)
         return self.admissions
 
     def _gates_ok(self, gang: GangRequest) -> bool:
