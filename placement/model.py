@@ -12,7 +12,7 @@ built by older callers keep their meaning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from placement.model_ids import (
     CapacityKind,
@@ -108,10 +108,11 @@ class GangRequest:
     dataset_store: str | None = None
     # Relative speeds for this job, overriding the snapshot's (e.g. (("H100", 2.0), ("A100", 1.0))).
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
+    # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.
+    gpu_count: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def gpu_count(self) -> int:
-        return sum(self.replica_gpus)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_count", sum(self.replica_gpus))
 
 
 @dataclass(frozen=True, slots=True)
