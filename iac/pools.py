@@ -106,6 +106,9 @@ class PoolSpec:
     zone: str = ""
     taints: tuple[Taint, ...] = (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
     labels: tuple[tuple[str, str], ...] = ()
+    # What one GPU of the pool costs per hour (the cloud's price for this type and kind), for the
+    # cost of each change shown before it is applied.
+    usd_per_gpu_hour: float = 0.0
     # Spot bid cap in USD per node-hour (Azure); None: pay up to the on-demand price.
     spot_max_usd_per_hour: float | None = None
     # Cloud-side identifiers of the cluster the pool joins (EKS role and subnets, GKE project, AKS
@@ -184,6 +187,8 @@ def validate(spec: PoolSpec) -> PoolSpec:
             "desired_nodes",
             f"{spec.desired_nodes} is outside min_nodes..max_nodes ({spec.min_nodes}..{spec.max_nodes})",
         )
+    if spec.usd_per_gpu_hour < 0:
+        raise InvalidPoolSpec("usd_per_gpu_hour", "must not be negative")
     if spec.spot_max_usd_per_hour is not None:
         if spec.cloud is not Cloud.AZURE:
             raise InvalidPoolSpec(
