@@ -16,7 +16,6 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +55,6 @@ USERS = [
     {"name": "fin", "tenant": "platform", "role": "finance"},
 ]
 USERS += [{"name": "alice", "tenant": "vision"}, {"name": "bob", "tenant": "nlp"}]
-
-
-@pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path / "sim", CLUSTERS)
-    process.start()
-    yield process
-    process.stop()
 
 
 class Submitter:

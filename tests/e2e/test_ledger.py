@@ -81,14 +81,6 @@ POLICY = {
 
 
 @pytest.fixture
-def sims(tmp_path: Path) -> Iterator[SimProcess]:
-    process = SimProcess(tmp_path / "sim", CLUSTERS)
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
     config = write_config(
         tmp_path / "federation.yaml", sims, CLUSTERS, grace_s=4, policy=POLICY, tenants=TENANTS, users=USERS

@@ -3,7 +3,8 @@ labels, bounds, autoscaler-owned counts), and specs our own validation refuses b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -26,10 +27,16 @@ class Mocks(pulumi.runtime.Mocks):
 
 
 @pytest.fixture
-def mocks() -> Mocks:
+def mocks() -> Iterator[Mocks]:
+    # Pulumi's runtime runs on the thread's current event loop; pytest-asyncio's tests leave none
+    # behind when they close theirs, so this test brings its own.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     m = Mocks()
     pulumi.runtime.set_mocks(m, preview=False)
-    return m
+    yield m
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 AWS = PoolSpec(
