@@ -2,35 +2,43 @@
 
 Each interval is clipped to the report's period (an open one runs to min(now, end)) and, with time
 buckets, split exactly at their boundaries; GPU-hours are GPUs x hours held, cost is GPU-hours x the
-price in force when the attempt started. A month of 100,000 intervals is one pass of plain arithmetic
-(`bench/report.py` measures it).
+price in force when the attempt started. The arithmetic runs on columns (`columns.py`), so a month
+of 100,000 intervals takes tens of milliseconds (`bench/report.py`).
 
-Per tenant (an organisation's figures include its teams'):
+Per tenant (an organisation's figures include its teams', as quotas and budgets roll up the tenant
+tree in `placement.quota`):
 - share of quota used: GPU-hours used / (guaranteed GPUs, summed over types, x hours in the period);
-- budget: this calendar month's GPU-hours against `monthlyBudgetGpuHours`, and what is left;
-- forecast: this month so far, extrapolated to the month's end at the month-to-date rate.
+- budget: this calendar month's GPU-hours against `monthly_budget_gpu_hours`, and what is left;
+- forecast: this month so far plus the rest of the month at a rate, the month-to-date rate or the
+  last seven days' (`ReportQuery.forecast` says which, and the summary repeats it).
+
+The tenant filter is strict: intervals of tenants outside it are dropped before anything is summed,
+so neither rows, totals, charts nor roll-ups can carry another tenant's usage.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import Any
+from itertools import pairwise
+
+import numpy as np
 
 from federation.ledger import LedgerInterval
 from federation.records import TenantRecord
+from federation.report.columns import I64, Columns, Pieces, clip, split
 from federation.report.query import (
     Bucket,
-    Dim,
+    ForecastBasis,
     ReportQuery,
-    bucket_end_s,
-    bucket_start_s,
+    bucket_edges,
     month_start_s,
     next_month_s,
 )
 from placement.model import TenantId
+
+WEEK_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,7 @@ class Row:
     bucket_start_s: float | None
     gpu_hours: float
     cost_usd: float
+    # Interval pieces summed into the row (an interval split across two buckets counts in each).
     intervals: int
 
 
@@ -56,12 +65,19 @@ class TenantSummary:
     month_cost_usd: float
     forecast_month_gpu_hours: float
     forecast_month_cost_usd: float
+    forecast_basis: ForecastBasis = ForecastBasis.MONTH_TO_DATE
 
     @property
     def budget_left_gpu_hours(self) -> float | None:
         if self.monthly_budget_gpu_hours is None:
             return None
         return self.monthly_budget_gpu_hours - self.month_gpu_hours
+
+    @property
+    def budget_spent_share(self) -> float | None:
+        if not self.monthly_budget_gpu_hours:
+            return None
+        return self.month_gpu_hours / self.monthly_budget_gpu_hours
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,42 +92,14 @@ class Report:
     gpu_hours_by_type: tuple[tuple[str, float], ...]
 
 
-def _key_of(dims: tuple[Dim, ...]) -> Callable[[LedgerInterval], tuple[str, ...]]:
-    """A function from an interval to its row key, built once per report rather than per interval."""
-    fields = [("kind" if d is Dim.KIND else d.value) for d in dims]
-    get = attrgetter(*fields)
-    kind_at = fields.index("kind") if "kind" in fields else None
-
-    def key(iv: LedgerInterval) -> tuple[str, ...]:
-        got = get(iv)
-        values: list[Any] = list(got) if len(fields) > 1 else [got]
-        if kind_at is not None:
-            values[kind_at] = values[kind_at].value
-        return tuple(values)
-
-    return key
-
-
-_DAY = Bucket.DAY
-
-
 def pieces(start: float, end: float, bucket: Bucket) -> list[tuple[float, float, float]]:
     """(bucket start, piece start, piece end) for [start, end) split at the bucket's boundaries."""
-    b = bucket_start_s(start, bucket)
-    b_end = bucket_end_s(b, bucket)
-    if end <= b_end:
-        # Most intervals fit in one bucket: no loop, no list growth.
-        return [(b, start, end)]
-    out = []
-    while start < end:
-        piece_end = min(end, b_end)
-        out.append((b, start, piece_end))
-        start, b = piece_end, b_end
-        b_end = bucket_end_s(b, bucket)
-    return out
+    edges = bucket_edges(start, end, bucket)
+    return [(a, max(a, start), min(b, end)) for a, b in pairwise(edges)]
 
 
 def _ancestors(tenants: Mapping[TenantId, TenantRecord], tenant: TenantId) -> list[TenantId]:
+    """The tenant and its ancestors, nearest first; a cycle or an unknown parent ends the chain."""
     out, seen = [tenant], {tenant}
     record = tenants.get(tenant)
     while record is not None and record.parent is not None and record.parent not in seen:
@@ -121,104 +109,137 @@ def _ancestors(tenants: Mapping[TenantId, TenantRecord], tenant: TenantId) -> li
     return out
 
 
+def _sums(codes: I64, size: int, *weights: np.ndarray) -> list[list[float]]:
+    """Per code, the sum of each weight column: `out[code][k]`."""
+    if codes.size == 0:
+        return [[0.0] * len(weights) for _ in range(size)]
+    columns = [np.bincount(codes, weights=w, minlength=size).tolist() for w in weights]
+    return [list(values) for values in zip(*columns, strict=True)]
+
+
+def _group_rows(cols: Columns, query: ReportQuery, edges: list[float], got: Pieces) -> list[Row]:
+    if got.row.size == 0:
+        return []
+    # One integer per (bucket, key...), bucket most significant so rows come out in time order;
+    # compacted whenever the mixed radix would grow too large for an int64.
+    group = got.bucket.copy()
+    coded = [cols.coded(d.value) for d in query.group_by]
+    radix = len(edges)
+    for c in coded:
+        group = group * len(c.labels) + c.codes[got.row]
+        radix *= len(c.labels)
+        if radix > 2**40:
+            _, group = np.unique(group, return_inverse=True)
+            radix = int(group.max()) + 1
+    keys, inverse = np.unique(group, return_inverse=True)
+    hours = np.bincount(inverse, weights=got.gpu_hours).tolist()
+    cost = np.bincount(inverse, weights=got.cost_usd).tolist()
+    count = np.bincount(inverse).tolist()
+    # Decode each group back from any one of its pieces (all of a group's share its key and bucket).
+    first = np.zeros(keys.size, dtype=np.int64)
+    first[inverse] = np.arange(inverse.size)
+    rows_of = got.row[first]
+    bucket_of = got.bucket[first].tolist()
+    labels = [[c.labels[i] for i in c.codes[rows_of].tolist()] for c in coded]
+    bucketed = query.bucket is not None
+    return [
+        Row(
+            key=tuple(column[k] for column in labels),
+            bucket_start_s=edges[bucket_of[k]] if bucketed else None,
+            gpu_hours=hours[k],
+            cost_usd=cost[k],
+            intervals=int(count[k]),
+        )
+        for k in range(keys.size)
+    ]
+
+
 def compute_report(
     intervals: Iterable[LedgerInterval], tenants: Sequence[TenantRecord], query: ReportQuery
 ) -> Report:
-    q_start, q_end = query.start_s, min(query.end_s, max(query.now_s, query.start_s))
-    month0, month1 = month_start_s(query.now_s), next_month_s(query.now_s)
     allowed = query.tenants
+    listed = list(intervals)
+    if allowed is not None:
+        listed = [iv for iv in listed if iv.tenant in allowed]
+    now = query.now_s
+    cols = Columns(listed, now_s=now)
     by_name = {t.name: t for t in tenants}
-    dims = query.group_by
-    bucket = query.bucket
+    q_start, q_end = query.start_s, query.until_s
 
-    rows: dict[tuple[tuple[str, ...], float | None], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    tenant_hours: dict[TenantId, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    month_hours: dict[TenantId, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    daily: dict[tuple[float, str], float] = defaultdict(float)
-    by_type: dict[str, float] = defaultdict(float)
+    day_edges = bucket_edges(q_start, q_end, Bucket.DAY)
+    daily = split(cols, np.array(day_edges), q_start, q_end)
+    if query.bucket is Bucket.DAY:
+        rows = _group_rows(cols, query, day_edges, daily)
+    else:
+        edges = bucket_edges(q_start, q_end, query.bucket)
+        rows = _group_rows(cols, query, edges, split(cols, np.array(edges), q_start, q_end))
 
-    key_of = _key_of(dims)
-    lineage: dict[TenantId, list[TenantId]] = {}
-    for iv in intervals:
-        if allowed is not None and iv.tenant not in allowed:
-            continue
-        chain = lineage.get(iv.tenant)
-        if chain is None:
-            chain = lineage[iv.tenant] = _ancestors(by_name, iv.tenant)
-        start = iv.start_s
-        end = query.now_s if iv.end_s is None else min(iv.end_s, query.now_s)
-        if end <= start:
-            continue
-        gpus, price = iv.gpu_count, iv.usd_per_gpu_hour
-        # This month's figures, for budgets and the forecast, whatever the report's period.
-        m_start, m_end = max(start, month0), min(end, month1)
-        if m_end > m_start:
-            hours = gpus * (m_end - m_start) / 3600.0
-            for who in chain:
-                acc = month_hours[who]
-                acc[0] += hours
-                acc[1] += hours * price
-        p_start, p_end = max(start, q_start), min(end, q_end)
-        if p_end <= p_start:
-            continue
-        key = key_of(iv)
-        hours = gpus * (p_end - p_start) / 3600.0
-        cost = hours * price
-        for who in chain:
-            acc = tenant_hours[who]
-            acc[0] += hours
-            acc[1] += cost
-        by_type[iv.gpu_type] += hours
-        for day, a, b in pieces(p_start, p_end, _DAY):
-            daily[(day, iv.tenant)] += gpus * (b - a) / 3600.0 * price
-        if bucket is None:
-            row = rows[(key, None)]
-            row[0] += hours
-            row[1] += cost
-            row[2] += 1
-        else:
-            for b_start, a, b in pieces(p_start, p_end, bucket):
-                piece = gpus * (b - a) / 3600.0
-                row = rows[(key, b_start)]
-                row[0] += piece
-                row[1] += piece * price
-                row[2] += 1
-
-    period_h = (q_end - q_start) / 3600.0
-    elapsed = max(0.0, min(query.now_s, month1) - month0)
-    scale = (month1 - month0) / elapsed if elapsed > 0 else 0.0
-    shown_tenants = sorted(
-        (set(tenant_hours) | set(month_hours) | {t.name for t in tenants})
-        if allowed is None
-        else set(allowed)
+    tenant = cols.coded("tenant")
+    n_tenants = len(tenant.labels)
+    per_day = np.bincount(daily.bucket * n_tenants + tenant.codes[daily.row], weights=daily.cost_usd)
+    daily_cost = tuple(
+        (day_edges[k // n_tenants], tenant.labels[k % n_tenants], c)
+        for k, c in enumerate(per_day.tolist())
+        if c > 0.0
     )
+    gpu = cols.coded("gpu_type")
+    by_type = np.bincount(gpu.codes[daily.row], weights=daily.gpu_hours, minlength=len(gpu.labels))
+    period = _sums(tenant.codes[daily.row], n_tenants, daily.gpu_hours, daily.cost_usd)
+
+    # This month's figures, for budgets and the forecast, whatever the report's period.
+    month0, month1 = month_start_s(now), next_month_s(now)
+    keep, a, b = clip(cols, month0, min(now, month1))
+    hours = cols.gpu_count[keep] * (b - a) / 3600.0
+    month = _sums(tenant.codes[keep], n_tenants, hours, hours * cols.usd_per_gpu_hour[keep])
+    keep, a, b = clip(cols, now - WEEK_S, now)
+    hours = cols.gpu_count[keep] * (b - a) / 3600.0
+    week = _sums(tenant.codes[keep], n_tenants, hours, hours * cols.usd_per_gpu_hour[keep])
+
+    # Roll each tenant's figures up its chain of ancestors: [period h, $, month h, $, week h, $].
+    totals: dict[TenantId, list[float]] = {}
+    for code, name in enumerate(tenant.labels):
+        figures = [*period[code], *month[code], *week[code]]
+        for who in _ancestors(by_name, TenantId(name)):
+            acc = totals.setdefault(who, [0.0] * 6)
+            for i, v in enumerate(figures):
+                acc[i] += v
+
+    shown = sorted(set(totals) | set(by_name) if allowed is None else set(allowed))
+    period_h = (q_end - q_start) / 3600.0
+    left_s = max(0.0, month1 - max(now, month0))
+    elapsed_s = max(0.0, min(now, month1) - month0)
     summaries = []
-    for name in shown_tenants:
+    for name in shown:
         record = by_name.get(name)
-        used = tenant_hours.get(name, [0.0, 0.0])
-        month = month_hours.get(name, [0.0, 0.0])
+        f = totals.get(name, [0.0] * 6)
         guaranteed = sum(q.guaranteed_gpus for q in record.quotas) if record is not None else 0
+        if query.forecast is ForecastBasis.LAST_7_DAYS:
+            rate_h, rate_usd = f[4] / WEEK_S, f[5] / WEEK_S
+        else:
+            rate_h = f[2] / elapsed_s if elapsed_s > 0 else 0.0
+            rate_usd = f[3] / elapsed_s if elapsed_s > 0 else 0.0
         summaries.append(
             TenantSummary(
                 tenant=name,
-                gpu_hours=used[0],
-                cost_usd=used[1],
-                quota_share=used[0] / (guaranteed * period_h) if guaranteed and period_h > 0 else None,
+                gpu_hours=f[0],
+                cost_usd=f[1],
+                quota_share=f[0] / (guaranteed * period_h) if guaranteed and period_h > 0 else None,
                 monthly_budget_gpu_hours=None if record is None else record.monthly_budget_gpu_hours,
-                month_gpu_hours=month[0],
-                month_cost_usd=month[1],
-                forecast_month_gpu_hours=month[0] * scale,
-                forecast_month_cost_usd=month[1] * scale,
+                month_gpu_hours=f[2],
+                month_cost_usd=f[3],
+                forecast_month_gpu_hours=f[2] + rate_h * left_s,
+                forecast_month_cost_usd=f[3] + rate_usd * left_s,
+                forecast_basis=query.forecast,
             )
         )
-    ordered = sorted(rows.items(), key=lambda item: (item[0][1] or 0.0, item[0][0]))
-    out_rows = tuple(Row(key, b, v[0], v[1], int(v[2])) for (key, b), v in ordered)
     return Report(
         query=query,
-        rows=out_rows,
-        total_gpu_hours=sum(r.gpu_hours for r in out_rows),
-        total_cost_usd=sum(r.cost_usd for r in out_rows),
+        rows=tuple(rows),
+        total_gpu_hours=math.fsum(r.gpu_hours for r in rows),
+        total_cost_usd=math.fsum(r.cost_usd for r in rows),
         tenants=tuple(summaries),
-        daily_cost_by_tenant=tuple(sorted((d, t, c) for (d, t), c in daily.items())),
-        gpu_hours_by_type=tuple(sorted(by_type.items())),
+        daily_cost_by_tenant=daily_cost,
+        gpu_hours_by_type=tuple(
+            (label, h) for label, h in zip(gpu.labels, by_type.tolist(), strict=True) if h > 0.0
+        ),
     )

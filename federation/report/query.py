@@ -7,9 +7,10 @@ calendar months, so a report's rows line up with an invoice's periods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from placement.model import TenantId
 
@@ -29,6 +30,15 @@ class Bucket(StrEnum):
     MONTH = "month"
 
 
+class ForecastBasis(StrEnum):
+    """The rate a month-end forecast extrapolates at, from now to the end of the month."""
+
+    # This month's usage so far over the time elapsed: steady, slow to see a change in pace.
+    MONTH_TO_DATE = "month_to_date"
+    # The last seven days' usage over seven days: follows a recent ramp up or down.
+    LAST_7_DAYS = "last_7_days"
+
+
 _DAY, _WEEK = Bucket.DAY, Bucket.WEEK
 
 
@@ -41,10 +51,43 @@ class ReportQuery:
     bucket: Bucket | None = None
     # None: every tenant. Otherwise only these (a member's report names its own tenant only).
     tenants: frozenset[TenantId] | None = None
+    forecast: ForecastBasis = ForecastBasis.MONTH_TO_DATE
 
     def __post_init__(self) -> None:
         if self.end_s <= self.start_s:
             raise ValueError("a report's period must end after it starts")
+
+    @property
+    def until_s(self) -> float:
+        """Where counting stops: the period's end, or now if that is earlier (nothing counts ahead)."""
+        return min(self.end_s, max(self.now_s, self.start_s))
+
+    @classmethod
+    def this_month(cls, now_s: float, **kw: Any) -> ReportQuery:
+        """The calendar month (UTC) that `now_s` falls in; it counts up to now."""
+        return cls(start_s=month_start_s(now_s), end_s=next_month_s(now_s), now_s=now_s, **kw)
+
+    @classmethod
+    def last_month(cls, now_s: float, **kw: Any) -> ReportQuery:
+        """The calendar month (UTC) before the one `now_s` falls in."""
+        this = month_start_s(now_s)
+        return cls(start_s=month_start_s(this - 1.0), end_s=this, now_s=now_s, **kw)
+
+    @classmethod
+    def between(cls, start: str | date, end: str | date, *, now_s: float, **kw: Any) -> ReportQuery:
+        """[start, end) from ISO dates or date-times, read as UTC (`2026-11-01`, `2026-11-01T12:00`)."""
+        return cls(start_s=utc_s(start), end_s=utc_s(end), now_s=now_s, **kw)
+
+
+def utc_s(when: str | date) -> float:
+    """Seconds since the epoch of an ISO date or date-time; without a zone it is UTC."""
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    if not isinstance(when, datetime):
+        when = datetime(when.year, when.month, when.day)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def month_start_s(at_s: float) -> float:
@@ -92,6 +135,18 @@ def bucket_end_s(start_s: float, bucket: Bucket) -> float:
     if bucket is _WEEK:
         return start_s + WEEK_S
     return next_month_s(start_s)
+
+
+def bucket_edges(since_s: float, until_s: float, bucket: Bucket | None) -> list[float]:
+    """Bucket boundaries from the one holding `since_s` to the first at or after `until_s`."""
+    if bucket is None:
+        return [since_s, until_s]
+    edges = [bucket_start_s(since_s, bucket)]
+    while edges[-1] < until_s:
+        edges.append(bucket_end_s(edges[-1], bucket))
+    if len(edges) == 1:
+        edges.append(bucket_end_s(edges[0], bucket))
+    return edges
 
 
 def bucket_label(start_s: float, bucket: Bucket) -> str:
