@@ -2,24 +2,44 @@
 
 `compute_report(intervals, tenants, query)` groups GPU-hours and cost; `render_table`, `render_csv`,
 `render_json` and `render_html` present a report; `focus_rows` and `render_focus_csv|json` export
-FOCUS-style rows. `federation.api.reports` serves them over gRPC.
+FOCUS-style rows; `idle_cost` sets provisioned node-pool time against the ledger.
+`federation.api.reports` serves them over gRPC. Importing this package needs neither grpc nor etcd.
 """
 
 from federation.report.compute import Report, Row, TenantSummary, compute_report
+from federation.report.focus import COLUMNS as FOCUS_COLUMNS
 from federation.report.focus import focus_rows, render_focus_csv, render_focus_json
 from federation.report.html import render_html
-from federation.report.query import Bucket, Dim, ReportQuery
+from federation.report.idle import (
+    ClusterIdleCost,
+    IdleCost,
+    ProvisionedInterval,
+    idle_by_cluster,
+    idle_cost,
+)
+from federation.report.query import Bucket, Dim, ForecastBasis, ReportQuery, utc_s
 from federation.report.render import render_csv, render_json, render_table, report_dict
 
+# The names the issue's brief uses.
+GroupBy = Dim
+
 __all__ = [
+    "FOCUS_COLUMNS",
     "Bucket",
+    "ClusterIdleCost",
     "Dim",
+    "ForecastBasis",
+    "GroupBy",
+    "IdleCost",
+    "ProvisionedInterval",
     "Report",
     "ReportQuery",
     "Row",
     "TenantSummary",
     "compute_report",
     "focus_rows",
+    "idle_by_cluster",
+    "idle_cost",
     "render_csv",
     "render_focus_csv",
     "render_focus_json",
@@ -27,4 +47,5 @@ __all__ = [
     "render_json",
     "render_table",
     "report_dict",
+    "utc_s",
 ]

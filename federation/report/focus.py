@@ -14,9 +14,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from federation.ledger import LedgerInterval
-from federation.report.compute import pieces
-from federation.report.query import Bucket, ReportQuery, iso_utc
+from federation.report.columns import Columns, split
+from federation.report.query import Bucket, ReportQuery, bucket_edges, iso_utc
 
 COLUMNS = (
     "ChargePeriodStart",
@@ -44,63 +46,84 @@ COLUMNS = (
 
 
 def focus_rows(intervals: Iterable[LedgerInterval], query: ReportQuery) -> list[dict[str, Any]]:
-    q_end = min(query.end_s, max(query.now_s, query.start_s))
+    """One row per interval and UTC day it held GPUs in, clipped to the query's period and filter.
+
+    Rows come in the order of the intervals' starts (then job and attempt), each interval's days
+    in order.
+    """
+    listed = [iv for iv in intervals if query.tenants is None or iv.tenant in query.tenants]
+    listed.sort(key=lambda i: (i.start_s, i.job_id, i.attempt))
+    cols = Columns(listed, now_s=query.now_s)
+    edges = bucket_edges(query.start_s, query.until_s, Bucket.DAY)
+    got = split(cols, np.array(edges), query.start_s, query.until_s)
+    days = [iso_utc(e) for e in edges]
+    # What does not change from one day of an interval to the next, built once per interval.
+    fixed: dict[int, dict[str, Any]] = {}
     rows = []
-    for iv in sorted(intervals, key=lambda i: (i.start_s, i.job_id, i.attempt)):
-        if query.tenants is not None and iv.tenant not in query.tenants:
-            continue
-        end = query.now_s if iv.end_s is None else min(iv.end_s, query.now_s)
-        start, end = max(iv.start_s, query.start_s), min(end, q_end)
-        for day, a, b in pieces(start, end, Bucket.DAY) if end > start else ():
-            hours = iv.gpu_count * (b - a) / 3600.0
-            cost = hours * iv.usd_per_gpu_hour
-            rows.append(
-                {
-                    "ChargePeriodStart": iso_utc(day),
-                    "ChargePeriodEnd": iso_utc(day + 86400.0),
-                    "BilledCost": round(cost, 6),
-                    "EffectiveCost": round(cost, 6),
-                    "ListCost": round(cost, 6),
-                    "BillingCurrency": "USD",
-                    "ConsumedQuantity": round(hours, 6),
-                    "ConsumedUnit": "GPU-Hours",
-                    "PricingQuantity": round(hours, 6),
-                    "PricingUnit": "GPU-Hours",
-                    "ListUnitPrice": iv.usd_per_gpu_hour,
-                    "ChargeCategory": "Usage",
-                    "ChargeDescription": (
-                        f"{iv.gpu_count} x {iv.gpu_type} ({iv.kind.value}), {iv.job_id} attempt {iv.attempt}"
-                    ),
-                    "ResourceType": "GPU",
-                    "ResourceId": f"{iv.cluster}/{iv.job_id}/a{iv.attempt}",
-                    "ProviderName": iv.provider,
-                    "RegionName": iv.region,
-                    "SkuId": f"{iv.gpu_type}-{iv.kind.value}",
-                    "ServiceName": "gpufed",
-                    "SubAccountName": iv.tenant,
-                    "Tags": {
-                        "tenant": iv.tenant,
-                        "user": iv.user,
-                        "cluster": iv.cluster,
-                        "gpu_type": iv.gpu_type,
-                        "job": iv.job_id,
-                    },
-                }
-            )
+    for i, bucket, hours, cost in zip(
+        got.row.tolist(), got.bucket.tolist(), got.gpu_hours.tolist(), got.cost_usd.tolist(), strict=True
+    ):
+        same = fixed.get(i)
+        if same is None:
+            same = fixed[i] = _fixed(listed[i])
+        billed, used = round(cost, 6), round(hours, 6)
+        row = dict(same)
+        row["ChargePeriodStart"] = days[bucket]
+        row["ChargePeriodEnd"] = days[bucket + 1]
+        row["BilledCost"] = row["EffectiveCost"] = row["ListCost"] = billed
+        row["ConsumedQuantity"] = row["PricingQuantity"] = used
+        row["Tags"] = dict(same["Tags"])
+        rows.append(row)
     return rows
+
+
+def _fixed(iv: LedgerInterval) -> dict[str, Any]:
+    return {
+        "ChargePeriodStart": "",
+        "ChargePeriodEnd": "",
+        "BilledCost": 0.0,
+        "EffectiveCost": 0.0,
+        "ListCost": 0.0,
+        "BillingCurrency": "USD",
+        "ConsumedQuantity": 0.0,
+        "ConsumedUnit": "GPU-Hours",
+        "PricingQuantity": 0.0,
+        "PricingUnit": "GPU-Hours",
+        "ListUnitPrice": iv.usd_per_gpu_hour,
+        "ChargeCategory": "Usage",
+        "ChargeDescription": (
+            f"{iv.gpu_count} x {iv.gpu_type} ({iv.kind.value}), {iv.job_id} attempt {iv.attempt}"
+        ),
+        "ResourceType": "GPU",
+        "ResourceId": f"{iv.cluster}/{iv.job_id}/a{iv.attempt}",
+        "ProviderName": iv.provider,
+        "RegionName": iv.region,
+        "SkuId": f"{iv.gpu_type}-{iv.kind.value}",
+        "ServiceName": "gpufed",
+        "SubAccountName": iv.tenant,
+        "Tags": {
+            "tenant": iv.tenant,
+            "user": iv.user,
+            "cluster": iv.cluster,
+            "gpu_type": iv.gpu_type,
+            "job": iv.job_id,
+        },
+    }
 
 
 def render_focus_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
-    tags = COLUMNS.index("Tags")
+    plain = COLUMNS[:-1]
+    assert COLUMNS[-1] == "Tags"
     for row in rows:
-        cells = [row[c] for c in COLUMNS]
-        cells[tags] = json.dumps(cells[tags], sort_keys=True)
-        writer.writerow(cells)
+        writer.writerow([*(row[c] for c in plain), json.dumps(row["Tags"], sort_keys=True)])
     return out.getvalue()
 
 
 def render_focus_json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps(rows, indent=1, sort_keys=True) + "\n"
+    """A JSON array with one row per line and sorted keys (one line each keeps the C encoder)."""
+    if not rows:
+        return "[]\n"
+    return "[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n]\n"
