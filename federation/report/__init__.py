@@ -20,16 +20,12 @@ from federation.report.idle import (
 from federation.report.query import Bucket, Dim, ForecastBasis, ReportQuery, utc_s
 from federation.report.render import render_csv, render_json, render_table, report_dict
 
-# The names the brief uses.
-GroupBy = Dim
-
 __all__ = [
     "FOCUS_COLUMNS",
     "Bucket",
     "ClusterIdleCost",
     "Dim",
     "ForecastBasis",
-    "GroupBy",
     "IdleCost",
     "ProvisionedInterval",
     "Report",

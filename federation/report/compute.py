@@ -28,6 +28,7 @@ import numpy as np
 from federation.ledger import LedgerInterval
 from federation.records import TenantRecord
 from federation.report.columns import I64, Columns, Pieces, clip, split
+from federation.report.idle import IdleCost, ProvisionedInterval, idle_cost
 from federation.report.query import (
     Bucket,
     ForecastBasis,
@@ -90,6 +91,9 @@ class Report:
     # Extra series for charts, whatever the grouping: cost by (day, tenant), GPU-hours by GPU type.
     daily_cost_by_tenant: tuple[tuple[float, str, float], ...]
     gpu_hours_by_type: tuple[tuple[str, float], ...]
+    # Idle provisioned capacity per pool, in a report over every tenant only: what a pool left
+    # idle says what the other tenants used, so a member's report has none.
+    idle: tuple[IdleCost, ...] = ()
 
 
 def pieces(start: float, end: float, bucket: Bucket) -> list[tuple[float, float, float]]:
@@ -155,10 +159,20 @@ def _group_rows(cols: Columns, query: ReportQuery, edges: list[float], got: Piec
 
 
 def compute_report(
-    intervals: Iterable[LedgerInterval], tenants: Sequence[TenantRecord], query: ReportQuery
+    intervals: Iterable[LedgerInterval],
+    tenants: Sequence[TenantRecord],
+    query: ReportQuery,
+    *,
+    provisioned: Iterable[ProvisionedInterval] = (),
 ) -> Report:
+    """The report `query` asks for; `provisioned` pool intervals add idle cost (every-tenant view)."""
     allowed = query.tenants
     listed = list(intervals)
+    idle = (
+        ()
+        if allowed is not None
+        else tuple(idle_cost(provisioned, listed, start_s=query.start_s, end_s=query.until_s))
+    )
     if allowed is not None:
         listed = [iv for iv in listed if iv.tenant in allowed]
     now = query.now_s
@@ -242,4 +256,5 @@ def compute_report(
         gpu_hours_by_type=tuple(
             (label, h) for label, h in zip(gpu.labels, by_type.tolist(), strict=True) if h > 0.0
         ),
+        idle=idle,
     )

@@ -8,57 +8,77 @@ by tenant, and GPU-hours by GPU type. Chart elements carry stable ids and classe
 
 from __future__ import annotations
 
+from collections import defaultdict
 from html import escape
 
 from federation.report.compute import Report
-from federation.report.query import Bucket, bucket_label, iso_utc
-from federation.report.render import report_dict
+from federation.report.idle import idle_by_cluster
+from federation.report.query import Bucket, bucket_label, bucket_start_s, iso_utc
+from federation.report.render import FORECAST_WORDS, report_dict
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 WIDTH, HEIGHT, PAD = 720, 260, 48
 
 
-def _cost_chart(report: Report) -> str:
-    days = sorted({d for d, _, _ in report.daily_cost_by_tenant})
-    tenants = sorted({t for _, t, _ in report.daily_cost_by_tenant})
-    cost: dict[tuple[float, str], float] = {(d, t): c for d, t, c in report.daily_cost_by_tenant}
-    totals = [sum(cost.get((d, t), 0.0) for t in tenants) for d in days]
+def chart_bucket(days: int) -> Bucket:
+    """Days while they fit as bars (two months), then ISO weeks, then months."""
+    if days <= 62:
+        return Bucket.DAY
+    return Bucket.WEEK if days <= 62 * 7 else Bucket.MONTH
+
+
+def _cost_chart(report: Report, bucket: Bucket) -> str:
+    daily = report.daily_cost_by_tenant
+    cost: dict[tuple[float, str], float] = defaultdict(float)
+    for day, tenant, usd in daily:
+        cost[(bucket_start_s(day, bucket), tenant)] += usd
+    periods = sorted({p for p, _ in cost})
+    tenants = sorted({t for _, t in cost})
+    totals = [sum(cost.get((p, t), 0.0) for t in tenants) for p in periods]
     top = max(totals, default=0.0) or 1.0
     inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
-    slot = inner_w / max(1, len(days))
-    bar_w = max(2.0, slot * 0.7)
+    slot = inner_w / max(1, len(periods))
+    bar_w = max(1.0, slot * 0.7)
+    per_row = 6
+    legend_rows = (len(tenants) + per_row - 1) // per_row
+    height = HEIGHT + 16 * max(0, legend_rows - 1)
     parts = [
-        f'<svg id="cost-by-tenant" class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-        f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="Cost per day by tenant">',
+        f'<svg id="cost-by-tenant" class="chart" data-bucket="{bucket.value}" '
+        f'xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="Cost per {bucket.value} by tenant">',
         f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
         f'<text x="{PAD - 6}" y="{PAD + 4}" text-anchor="end" font-size="11">${top:,.0f}</text>',
         f'<text x="{PAD - 6}" y="{HEIGHT - PAD}" text-anchor="end" font-size="11">$0</text>',
     ]
-    for i, day in enumerate(days):
+    every = max(1, len(periods) // 10)
+    for i, period in enumerate(periods):
         x = PAD + i * slot + (slot - bar_w) / 2
         y = float(HEIGHT - PAD)
+        label = bucket_label(period, bucket)
         for j, tenant in enumerate(tenants):
-            value = cost.get((day, tenant), 0.0)
+            value = cost.get((period, tenant), 0.0)
             if value <= 0:
                 continue
             h = inner_h * value / top
             y -= h
             parts.append(
-                f'<rect class="bar" data-tenant="{escape(tenant)}" x="{x:.1f}" y="{y:.1f}" '
-                f'width="{bar_w:.1f}" height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
-                f"<title>{escape(tenant)} {bucket_label(day, Bucket.DAY)}: ${value:,.2f}</title></rect>"
+                f'<rect class="bar" data-tenant="{escape(tenant)}" data-period="{label}" x="{x:.1f}" '
+                f'y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
+                f"<title>{escape(tenant)} {label}: ${value:,.2f}</title></rect>"
             )
-        if len(days) <= 31 and (i % max(1, len(days) // 10) == 0):
+        if i % every == 0:
+            short = label[5:] if bucket is Bucket.DAY else label
             parts.append(
-                f'<text x="{x + bar_w / 2:.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" font-size="10">'
-                f"{bucket_label(day, Bucket.DAY)[5:]}</text>"
+                f'<text class="tick" x="{x + bar_w / 2:.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" '
+                f'font-size="10">{short}</text>'
             )
     for j, tenant in enumerate(tenants):
-        lx = PAD + j * 110
+        lx = PAD + (j % per_row) * 110
+        ly = HEIGHT - 18 + 16 * (j // per_row)
         parts.append(
-            f'<rect class="legend" x="{lx}" y="{HEIGHT - 18}" width="10" height="10" '
-            f'fill="{PALETTE[j % len(PALETTE)]}"/><text x="{lx + 14}" y="{HEIGHT - 9}" font-size="11">'
+            f'<rect class="legend" data-tenant="{escape(tenant)}" x="{lx}" y="{ly}" width="10" height="10" '
+            f'fill="{PALETTE[j % len(PALETTE)]}"/><text x="{lx + 14}" y="{ly + 9}" font-size="11">'
             f"{escape(tenant)}</text>"
         )
     parts.append("</svg>")
@@ -94,25 +114,68 @@ def _table(heads: list[str], rows: list[list[str]], css: str) -> str:
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _money(usd: float) -> str:
+    return f"${usd:,.2f}"
+
+
+def _tenant_rows(report: Report) -> list[list[str]]:
+    return [
+        [
+            t.tenant,
+            f"{t.gpu_hours:,.2f}",
+            _money(t.cost_usd),
+            "-" if t.quota_share is None else f"{100 * t.quota_share:.1f}%",
+            f"{t.month_gpu_hours:,.1f}",
+            "-" if t.monthly_budget_gpu_hours is None else f"{t.monthly_budget_gpu_hours:,.1f}",
+            "-" if t.budget_spent_share is None else f"{100 * t.budget_spent_share:.1f}%",
+            "-" if t.budget_left_gpu_hours is None else f"{t.budget_left_gpu_hours:,.1f}",
+            f"{t.forecast_month_gpu_hours:,.1f}",
+            _money(t.forecast_month_cost_usd),
+        ]
+        for t in report.tenants
+    ]
+
+
+def _idle_section(report: Report) -> str:
+    if not report.idle:
+        return ""
+    pools = [
+        [
+            p.cluster,
+            p.pool,
+            p.gpu_type,
+            p.kind.value,
+            f"{p.provisioned_gpu_hours:,.1f}",
+            f"{p.used_gpu_hours:,.1f}",
+            f"{p.idle_gpu_hours:,.1f}",
+            _money(p.idle_cost_usd),
+        ]
+        for p in report.idle
+    ]
+    clusters = [
+        [
+            c.cluster,
+            f"{c.provisioned_gpu_hours:,.1f}",
+            f"{c.used_gpu_hours:,.1f}",
+            f"{c.idle_gpu_hours:,.1f}",
+            _money(c.idle_cost_usd),
+        ]
+        for c in idle_by_cluster(report.idle)
+    ]
+    hours = ["provisioned GPU-h", "used GPU-h", "idle GPU-h", "idle cost"]
+    return (
+        "<h2>Idle provisioned capacity</h2>"
+        + _table(["cluster", "pool", "GPU type", "kind", *hours], pools, "idle-pools")
+        + _table(["cluster", *hours], clusters, "idle-clusters")
+    )
+
+
 def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
     data = report_dict(report)
     q = report.query
     heads = list(data["rows"][0].keys()) if data["rows"] else [d.value for d in q.group_by]
     rows = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()] for row in data["rows"]]
-    tenant_rows = []
-    for t in report.tenants:
-        tenant_rows.append(
-            [
-                t.tenant,
-                f"{t.gpu_hours:,.2f}",
-                f"${t.cost_usd:,.2f}",
-                "-" if t.quota_share is None else f"{100 * t.quota_share:.1f}%",
-                "-" if t.monthly_budget_gpu_hours is None else f"{t.monthly_budget_gpu_hours:,.1f}",
-                "-" if t.budget_left_gpu_hours is None else f"{t.budget_left_gpu_hours:,.1f}",
-                f"{t.forecast_month_gpu_hours:,.1f}",
-                f"${t.forecast_month_cost_usd:,.2f}",
-            ]
-        )
+    bucket = chart_bucket(len({d for d, _, _ in report.daily_cost_by_tenant}))
     style = (
         "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
@@ -122,12 +185,12 @@ def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{style}</style></head><body>"
         f"<h1>{escape(title)}</h1>"
-        f"<p>{iso_utc(q.start_s)} to {iso_utc(min(q.end_s, max(q.now_s, q.start_s)))} (UTC). "
+        f"<p>{iso_utc(q.start_s)} to {iso_utc(q.until_s)} (UTC). "
         f'Total <strong id="total-gpu-hours">{report.total_gpu_hours:,.2f}</strong> GPU-hours, '
-        f'<strong id="total-cost">${report.total_cost_usd:,.2f}</strong>, at the price in force when '
+        f'<strong id="total-cost">{_money(report.total_cost_usd)}</strong>, at the price in force when '
         "each attempt started.</p>"
-        "<h2>Cost per day by tenant</h2>"
-        + _cost_chart(report)
+        f"<h2>Cost per {bucket.value} by tenant</h2>"
+        + _cost_chart(report, bucket)
         + "<h2>GPU-hours by GPU type</h2>"
         + _type_chart(report)
         + "<h2>Tenants: quota, budget and forecast</h2>"
@@ -137,14 +200,19 @@ def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
                 "GPU-hours",
                 "cost",
                 "quota used",
+                "month GPU-h",
                 "monthly budget",
+                "budget used",
                 "left",
                 "forecast GPU-h",
                 "forecast cost",
             ],
-            tenant_rows,
+            _tenant_rows(report),
             "tenants",
         )
+        + f'<p id="forecast-basis">Budget and forecast: calendar month {data["month"]}; the forecast '
+        f"runs to the month's end {FORECAST_WORDS[q.forecast]}.</p>"
+        + _idle_section(report)
         + "<h2>Usage</h2>"
         + _table(heads, rows, "usage")
         + "</body></html>\n"
