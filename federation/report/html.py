@@ -8,6 +8,7 @@ by tenant, and GPU-hours by GPU type. Chart elements carry stable ids and classe
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from html import escape
 
@@ -21,7 +22,7 @@ WIDTH, HEIGHT, PAD = 720, 260, 48
 
 
 def chart_bucket(days: int) -> Bucket:
-    """Days while they fit as bars (two months), then ISO weeks, then months."""
+    """For a period of `days`: days while they fit as bars (two months), then ISO weeks, then months."""
     if days <= 62:
         return Bucket.DAY
     return Bucket.WEEK if days <= 62 * 7 else Bucket.MONTH
@@ -175,7 +176,7 @@ def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
     q = report.query
     heads = list(data["rows"][0].keys()) if data["rows"] else [d.value for d in q.group_by]
     rows = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()] for row in data["rows"]]
-    bucket = chart_bucket(len({d for d, _, _ in report.daily_cost_by_tenant}))
+    bucket = chart_bucket(math.ceil((q.until_s - q.start_s) / 86400.0))
     style = (
         "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
