@@ -1,11 +1,17 @@
 """`PulumiProvisioner`: node pools through Pulumi's Automation API, one stack per (cluster, pool).
 
-Each pool is its own stack (`<cluster>.<pool>`) in project `gpufed-pools`, so one pool's failure or
-lock never blocks another. State lives in a local file backend under the state directory by default,
-or in a bucket (`s3://...`, `gs://...`, `azblob://...`) named by `backend_url`; secrets are encrypted
-with a passphrase. One operation per stack at a time (an asyncio lock here; Pulumi's own lock across
-processes, whose "concurrent update" is retryable). Every call has a timeout. Errors are mapped to
-retryable or permanent by what the CLI said.
+Each pool is its own stack, named `<cluster>.<pool>` (`stack_name`), in project `gpufed-pools`, so
+one pool's failure or lock never blocks another. State lives in a local file backend under the state
+directory by default (`file://<state_dir>/pulumi`), or in a bucket (`s3://...`, `gs://...`,
+`azblob://...`) named by `backend_url`; it is written both to the project settings and to
+`PULUMI_BACKEND_URL`. Secrets are encrypted with a passphrase (`PULUMI_CONFIG_PASSPHRASE`), which
+never appears in a repr or a log.
+
+One operation per stack at a time: an asyncio lock per stack here, and Pulumi's own lock across
+processes (its "concurrent update" is `StackBusy`, retryable). Every call has a timeout; a call
+that overruns raises `OperationTimedOut`, and its stack stays locked until the CLI really ends, so
+no second operation can start beside it. Errors are mapped to retryable or permanent by what the
+CLI said (`classify`).
 
 The Pulumi CLI cannot be installed on the machines this project is built on: tests inject a
 `PulumiCommand` that records the CLI calls and answers them (`tests/unit/test_iac_automation.py`);
@@ -17,15 +23,33 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from pulumi import automation as auto
 
-from iac.api import ChangePreview, ChangeResult, PermanentIacError, RetryableIacError, usd_per_hour
+from iac.api import (
+    ChangePreview,
+    ChangeResult,
+    Operation,
+    PendingOperation,
+    PoolStatus,
+    check_not_below_busy,
+    usd_per_hour,
+)
+from iac.errors import (
+    CapacityUnavailable,
+    IacError,
+    InvalidConfig,
+    NetworkError,
+    OperationTimedOut,
+    PermissionDenied,
+    QuotaExceeded,
+    StackBusy,
+    Throttled,
+)
 from iac.pools import Cloud, PoolSpec, validate
 from iac.programs import pool_program
 
@@ -34,38 +58,70 @@ log = structlog.get_logger("gpufed.iac")
 PROJECT = "gpufed-pools"
 T = TypeVar("T")
 
-# What the CLI says when trying again may work, and when it will not.
-_RETRYABLE = re.compile(
-    r"(conflict: another update|currently being updated|throttl|rate exceeded|too many requests|429|"
-    r"timed? ?out|timeout|connection reset|connection refused|temporar|unavailable|503|502|eof)",
-    re.I,
-)
-_PERMANENT = re.compile(
-    r"(quota|limitexceeded|unauthori[sz]ed|accessdenied|access denied|forbidden|403|permission|"
-    r"invalidparameter|invalid value|not found|does not exist|validation)",
-    re.I,
+# What the CLI says, first match wins: permanent conditions before the retryable ones, so that
+# "quota exceeded (retry later)" is read as the quota it is.
+_RULES: tuple[tuple[re.Pattern[str], type[IacError]], ...] = (
+    (re.compile(r"quota|limitexceeded|limit exceeded|vcpulimit", re.I), QuotaExceeded),
+    (
+        re.compile(
+            r"unauthori[sz]ed|accessdenied|access denied|forbidden|\b403\b|permission|"
+            r"no valid credential|could not find default credentials|authorizationfailed",
+            re.I,
+        ),
+        PermissionDenied,
+    ),
+    (
+        re.compile(
+            r"insufficientinstancecapacity|zone_resource_pool_exhausted|stockout|"
+            r"skunotavailable|allocationfailed|overconstrainedallocation",
+            re.I,
+        ),
+        CapacityUnavailable,
+    ),
+    (
+        re.compile(r"conflict: another update|currently locked by|concurrent update", re.I),
+        StackBusy,
+    ),
+    (
+        re.compile(r"throttl|rate exceeded|rate limit|too many requests|\b429\b|requestlimitexceeded", re.I),
+        Throttled,
+    ),
+    (re.compile(r"timed? ?out|deadline exceeded", re.I), OperationTimedOut),
+    (
+        re.compile(
+            r"connection reset|connection refused|no such host|temporar|unavailable|\b50[234]\b|"
+            r"\beof\b|i/o timeout|network is unreachable|tls handshake",
+            re.I,
+        ),
+        NetworkError,
+    ),
 )
 
 
 def stack_name(spec: PoolSpec) -> str:
-    return f"{spec.cluster}.{spec.name}"
+    """`<cluster>.<pool>`: Pulumi stack names allow letters, digits, '-', '_' and '.'."""
+    return spec.pool_id
 
 
-def classify(error: Exception) -> Exception:
-    """The project error for what Pulumi raised: retryable or permanent, with the CLI's own words."""
-    if isinstance(error, auto.ConcurrentUpdateError):
-        return RetryableIacError(f"another operation holds the stack: {error}")
+def classify(error: Exception) -> IacError:
+    """The project error for what Pulumi raised, with the CLI's own words (the end of them)."""
+    if isinstance(error, IacError):
+        return error
     text = str(error)
     if isinstance(error, auto.CommandError):
-        text = f"{getattr(error, 'stderr', '')} {getattr(error, 'stdout', '')} {error}"
-    if _PERMANENT.search(text):
-        return PermanentIacError(text.strip()[-2000:])
-    if _RETRYABLE.search(text):
-        return RetryableIacError(text.strip()[-2000:])
-    return PermanentIacError(text.strip()[-2000:])
+        text = f"{getattr(error, 'stderr', '')}\n{getattr(error, 'stdout', '')}\n{error}"
+    message = text.strip()[-2000:]
+    if isinstance(error, auto.ConcurrentUpdateError):
+        return StackBusy(f"another operation holds the stack: {message}")
+    for pattern, kind in _RULES:
+        if pattern.search(text):
+            return kind(message)
+    # Unknown failures are not retried blindly: a person reads them first.
+    return InvalidConfig(message)
 
 
 def region_config(spec: PoolSpec) -> dict[str, auto.ConfigValue]:
+    """The provider's stack config: where the pool's resources are made."""
     if spec.cloud is Cloud.AWS:
         return {"aws:region": auto.ConfigValue(spec.region)}
     if spec.cloud is Cloud.GCP:
@@ -74,6 +130,27 @@ def region_config(spec: PoolSpec) -> dict[str, auto.ConfigValue]:
             "gcp:region": auto.ConfigValue(spec.region),
         }
     return {"azure-native:location": auto.ConfigValue(spec.region)}
+
+
+# Where each program's resource keeps its node count, in the stack's exported state.
+_COUNT_PATH: dict[Cloud, tuple[str, tuple[str, ...]]] = {
+    Cloud.AWS: ("aws:eks/nodeGroup:NodeGroup", ("scalingConfig", "desiredSize")),
+    Cloud.GCP: ("gcp:container/nodePool:NodePool", ("nodeCount",)),
+    Cloud.AZURE: ("azure-native:containerservice:AgentPool", ("count",)),
+}
+
+
+def nodes_in_state(spec: PoolSpec, deployment: Mapping[str, Any] | None) -> int | None:
+    """The pool's node count as its last refresh saw it (None: the stack holds no such pool)."""
+    kind, path = _COUNT_PATH[spec.cloud]
+    for resource in (deployment or {}).get("resources") or []:
+        if resource.get("type") != kind:
+            continue
+        value: Any = resource.get("outputs") or {}
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return int(value) if isinstance(value, int | float) else 0
+    return None
 
 
 class PulumiProvisioner:
@@ -85,6 +162,7 @@ class PulumiProvisioner:
         backend_url: str | None = None,
         command: auto.PulumiCommand | None = None,
         timeout_s: float = 1800.0,
+        # The usual time a scale-up takes, for the pending operation's expected end only.
         lead_time_s: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -97,21 +175,34 @@ class PulumiProvisioner:
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._nodes: dict[str, int] = {}
+        self._pending: dict[str, PendingOperation] = {}
 
     def __repr__(self) -> str:
         # Never the passphrase.
         return f"PulumiProvisioner(backend={self._backend_url!r})"
 
+    @property
+    def backend_url(self) -> str:
+        return self._backend_url
+
     def _stack(self, spec: PoolSpec, nodes: int) -> auto.Stack:
         if self._backend_url.startswith("file://"):
             Path(self._backend_url.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-        sized = _with_nodes(spec, nodes)
+        work_dir = self._state_dir / "work" / stack_name(spec)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        sized = validate(spec.with_nodes(nodes))
         options = auto.LocalWorkspaceOptions(
+            work_dir=str(work_dir),
             pulumi_command=self._command,
+            secrets_provider="passphrase",
             project_settings=auto.ProjectSettings(
                 name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=self._backend_url)
             ),
-            env_vars={"PULUMI_CONFIG_PASSPHRASE": self._passphrase, "PULUMI_SKIP_UPDATE_CHECK": "true"},
+            env_vars={
+                "PULUMI_BACKEND_URL": self._backend_url,
+                "PULUMI_CONFIG_PASSPHRASE": self._passphrase,
+                "PULUMI_SKIP_UPDATE_CHECK": "true",
+            },
         )
 
         def program() -> None:
@@ -123,78 +214,129 @@ class PulumiProvisioner:
         stack.set_all_config(region_config(spec))
         return stack
 
-    async def _locked(self, spec: PoolSpec, what: str, work: Callable[[], T]) -> T:
-        lock = self._locks.setdefault(stack_name(spec), asyncio.Lock())
-        async with lock:
-            started = time.monotonic()
+    async def _locked(self, spec: PoolSpec, op: Operation, nodes_to: int, work: Callable[[], T]) -> T:
+        name = stack_name(spec)
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        await lock.acquire()
+        started = time.monotonic()
+        before = self._nodes.get(spec.pool_id, 0)
+        now = self._clock()
+        # A scale-up is expected to take the lead time; other operations have no estimate.
+        expected = now + self._lead_time_s if op is Operation.SCALE_UP else None
+        self._pending[name] = PendingOperation(spec.pool_id, op, before, nodes_to, now, expected)
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        released = False
+
+        def release(_: object = None) -> None:
+            self._pending.pop(name, None)
+            lock.release()
+
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self._timeout_s)
+            if not done:
+                # The CLI cannot be interrupted from here; the stack stays locked until it ends.
+                task.add_done_callback(release)
+                released = True
+                log.warning("pool_operation_timed_out", op=op.value, stack=name, timeout_s=self._timeout_s)
+                raise OperationTimedOut(f"{op} of {name} did not finish in {self._timeout_s:g}s")
             try:
-                result = await asyncio.wait_for(asyncio.to_thread(work), timeout=self._timeout_s)
-            except TimeoutError:
-                raise RetryableIacError(
-                    f"{what} of {stack_name(spec)} did not finish in {self._timeout_s:g}s"
-                ) from None
-            except (auto.CommandError, auto.ConcurrentUpdateError, RuntimeError) as error:
+                result = task.result()
+            except Exception as error:
                 mapped = classify(error)
                 log.warning(
                     "pool_operation_failed",
-                    op=what,
-                    stack=stack_name(spec),
-                    retryable=mapped.__class__.__name__,
+                    op=op.value,
+                    stack=name,
+                    error=type(mapped).__name__,
+                    retryable=mapped.retryable,
                 )
                 raise mapped from error
-            log.info(
-                "pool_operation_done",
-                op=what,
-                stack=stack_name(spec),
-                took_s=round(time.monotonic() - started, 1),
-            )
-            return result
+        finally:
+            if not released:
+                release()
+        log.info("pool_operation_done", op=op.value, stack=name, took_s=round(time.monotonic() - started, 1))
+        return result
+
+    def _current_nodes(self, stack: auto.Stack, spec: PoolSpec) -> int:
+        outputs = stack.outputs()
+        return int(outputs["nodes"].value) if "nodes" in outputs else 0
 
     async def preview(self, spec: PoolSpec, nodes: int) -> ChangePreview:
         spec = validate(spec)
-        before = self._nodes.get(spec.pool_id, 0)
 
-        def work() -> dict[str, int]:
-            summary = self._stack(spec, nodes).preview().change_summary
-            return {str(getattr(op, "value", op)): int(n) for op, n in summary.items()}
+        def work() -> tuple[int, dict[str, int]]:
+            stack = self._stack(spec, nodes)
+            before = self._current_nodes(stack, spec)
+            summary = stack.preview().change_summary
+            return before, {str(getattr(op, "value", op)): int(n) for op, n in summary.items()}
 
-        steps = await self._locked(spec, "preview", work)
+        before, steps = await self._locked(spec, Operation.PREVIEW, nodes, work)
+        self._nodes[spec.pool_id] = before
         return ChangePreview(
             pool_id=spec.pool_id,
             nodes_before=before,
             nodes_after=nodes,
             usd_per_hour_before=usd_per_hour(spec, before),
             usd_per_hour_after=usd_per_hour(spec, nodes),
-            steps=tuple(sorted((str(k), int(v)) for k, v in steps.items())),
+            steps=tuple(sorted(steps.items())),
         )
 
-    async def apply(self, spec: PoolSpec, nodes: int) -> ChangeResult:
+    async def apply(self, spec: PoolSpec, nodes: int, *, busy_nodes: int = 0) -> ChangeResult:
         spec = validate(spec)
-        await self._locked(spec, "up", lambda: self._stack(spec, nodes).up())
-        self._nodes[spec.pool_id] = nodes
-        return ChangeResult(spec.pool_id, nodes, self._clock() + self._lead_time_s)
-
-    async def destroy(self, spec: PoolSpec) -> None:
-        spec = validate(spec)
-        await self._locked(spec, "destroy", lambda: self._stack(spec, 0).destroy())
-        self._nodes.pop(spec.pool_id, None)
-
-    async def refresh(self, spec: PoolSpec) -> int:
-        spec = validate(spec)
+        check_not_below_busy(spec, nodes, busy_nodes)
+        op = Operation.SCALE_UP if nodes >= self._nodes.get(spec.pool_id, 0) else Operation.SCALE_DOWN
 
         def work() -> int:
+            stack = self._stack(spec, nodes)
+            before = self._current_nodes(stack, spec)
+            stack.up()
+            return before
+
+        before = await self._locked(spec, op, nodes, work)
+        self._nodes[spec.pool_id] = nodes
+        # `up` returns once the cloud reports the pool at its new size: the nodes are ready now.
+        return ChangeResult(
+            spec.pool_id, before, nodes, self._clock(), usd_per_hour(spec, before), usd_per_hour(spec, nodes)
+        )
+
+    async def destroy(self, spec: PoolSpec, *, busy_nodes: int = 0) -> ChangeResult:
+        spec = validate(spec)
+        check_not_below_busy(spec, 0, busy_nodes)
+
+        def work() -> int:
+            stack = self._stack(spec, 0)
+            before = self._current_nodes(stack, spec)
+            stack.destroy()
+            return before
+
+        before = await self._locked(spec, Operation.DESTROY, 0, work)
+        self._nodes.pop(spec.pool_id, None)
+        return ChangeResult(spec.pool_id, before, 0, self._clock(), usd_per_hour(spec, before), 0.0)
+
+    async def refresh(self, spec: PoolSpec) -> PoolStatus:
+        spec = validate(spec)
+
+        def work() -> int | None:
             stack = self._stack(spec, self._nodes.get(spec.pool_id, spec.desired_nodes))
             stack.refresh()
-            outputs = stack.outputs()
-            return int(outputs["nodes"].value) if "nodes" in outputs else 0
+            return nodes_in_state(spec, stack.export_stack().deployment)
 
-        nodes = await self._locked(spec, "refresh", work)
-        self._nodes[spec.pool_id] = nodes
-        return nodes
+        found = await self._locked(spec, Operation.REFRESH, self._nodes.get(spec.pool_id, 0), work)
+        nodes = found or 0
+        if found is None:
+            self._nodes.pop(spec.pool_id, None)
+        else:
+            self._nodes[spec.pool_id] = nodes
+        return PoolStatus(spec.pool_id, found is not None, nodes, nodes, usd_per_hour(spec, nodes))
 
-
-def _with_nodes(spec: PoolSpec, nodes: int) -> PoolSpec:
-    # A scale beyond the pool's bounds widens them: asking for 6 nodes of a 0..4 pool means 0..6.
-    return replace(
-        spec, desired_nodes=nodes, max_nodes=max(spec.max_nodes, nodes), min_nodes=min(spec.min_nodes, nodes)
-    )
+    async def status(self, spec: PoolSpec) -> PoolStatus:
+        nodes = self._nodes.get(spec.pool_id, 0)
+        pending = self._pending.get(stack_name(spec))
+        return PoolStatus(
+            spec.pool_id,
+            spec.pool_id in self._nodes,
+            nodes,
+            nodes,
+            usd_per_hour(spec, nodes),
+            (pending,) if pending else (),
+        )

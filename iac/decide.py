@@ -1,71 +1,57 @@
 """What size each scalable pool should be: pure decisions for the capacity reconciler.
 
-Inputs are the placer's capacity requests (whole nodes for whole gangs), the infra team's capacity
-plans, and each pool's state; out come pool changes with reasons, and the requests refused with
-theirs. The rules, in order:
+Inputs are the placer's capacity requests (whole nodes for one whole gang each), the infra team's
+capacity plans, each pool's state and the limits; out come pool changes with their reasons and
+costs, and every request refused with its reason. The rules, in order:
 
-1. A pool never goes below its floor: its minimum, the nodes running jobs (never remove a node that
-   runs one), and what an active capacity plan asks for. A plan is active from its start less the
-   provisioning lead time (so the nodes are ready when it starts) until its end.
-2. Requests grow pools, one gang's request at a time, oldest first, within the pool's maximum, the
-   cloud's GPU limit and the federation's spend ceiling per hour. A request already being provisioned
-   (its jobs are pending) is not asked again: the placer repeats it every cycle until the nodes show.
-3. Nodes above the floor that have been idle for longer than the idle TTL are released.
+1. A pool never goes below its floor: its minimum, the nodes running jobs (a node that runs a job
+   is never removed), and what the active capacity plans need of it (`iac.plans`: provisioned the
+   lead time before a plan starts, released at its end). Plans count against the per-cloud GPU
+   limit but not the spend ceiling: a person approved them with their cost shown.
+2. Requests grow pools, in the placer's order, one gang's request at a time and whole or not at
+   all, within the pool's maximum, the cloud's GPU limit and the spend ceiling per hour. A request
+   whose jobs are already being provisioned for is not asked again (the placer repeats it every
+   cycle until the nodes show in inventory), and one whose gang will start elsewhere before new
+   nodes could be ready (a reservation within the lead time) is refused as not worth buying.
+3. Ready nodes that have run nothing for the idle TTL are released, down to the floor; nodes a
+   request or a plan has just asked for are not (a pool grows or shrinks in one decision, not both).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from placement.model_plan import CapacityRequest
-
-
-@dataclass(frozen=True, slots=True)
-class PoolState:
-    cluster: str
-    pool: str
-    provider: str
-    gpu_type: str
-    gpus_per_node: int
-    usd_per_gpu_hour: float
-    # The count asked for (including scale-ups still booting), and the nodes running any job.
-    nodes: int
-    busy_nodes: int
-    min_nodes: int = 0
-    max_nodes: int = 0
-    # Nodes with nothing on them, and since when at least that many have been idle (None: none idle).
-    idle_nodes: int = 0
-    idle_since_s: float | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.cluster, self.pool)
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityPlan:
-    """The infra team's capacity: `gpus` of a pool's type from `start_s` to `end_s`."""
-
-    plan_id: str
-    cluster: str
-    pool: str
-    gpus: int
-    start_s: float
-    end_s: float
-    reason: str = ""
+from iac.plans import CapacityPlan, PlanNeed, required_capacity
+from iac.pool_state import PoolKey, PoolState
+from placement.model import CapacityRequest, JobId, Provider
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     # GPUs gpufed may hold per provider at once (a cloud account's quota); absent: no limit.
-    max_gpus_by_provider: Mapping[str, int] = field(default_factory=dict)
-    # What scalable pools may cost per hour in total (None: no ceiling).
+    max_gpus_by_provider: Mapping[Provider, int] = field(default_factory=dict)
+    # What the scalable pools may cost per hour in total (None: no ceiling).
     max_usd_per_hour: float | None = None
     lead_time_s: float = 600.0
     idle_ttl_s: float = 1800.0
+
+
+class RefusalCode(StrEnum):
+    UNKNOWN_POOL = "unknown_pool"
+    POOL_MAX_NODES = "pool_max_nodes"
+    PROVIDER_GPU_LIMIT = "provider_gpu_limit"
+    SPEND_CEILING = "spend_ceiling"
+    STARTS_SOONER_ELSEWHERE = "starts_sooner_elsewhere"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    request: CapacityRequest
+    code: RefusalCode
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,38 +60,26 @@ class PoolChange:
     pool: str
     nodes_from: int
     nodes_to: int
-    reason: str
-    # Jobs whose gangs wait for these nodes (empty for plans and scale-downs).
-    job_ids: tuple[str, ...] = ()
+    reasons: tuple[str, ...]
+    usd_per_hour_before: float
+    usd_per_hour_after: float
+    # Jobs whose gangs wait for these nodes, and plans that hold them (empty for scale-downs).
+    job_ids: tuple[JobId, ...] = ()
+    plan_ids: tuple[str, ...] = ()
 
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    request: CapacityRequest
-    reason: str
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     changes: tuple[PoolChange, ...]
     refused: tuple[Refusal, ...]
-
-
-def plan_nodes(plan: CapacityPlan, pool: PoolState) -> int:
-    return math.ceil(plan.gpus / pool.gpus_per_node)
-
-
-def active(plan: CapacityPlan, now_s: float, lead_time_s: float) -> bool:
-    return plan.start_s - lead_time_s <= now_s < plan.end_s
-
-
-def gpus_for_deadline(jobs: Sequence[tuple[int, float]], *, now_s: float, deadline_s: float) -> int:
-    """GPUs needed to run `jobs` ((GPUs, seconds of run time) each) by the deadline, all at once at
-    worst: the work in GPU-seconds spread over the time left, but never fewer than the largest job."""
-    if deadline_s <= now_s:
-        raise ValueError("the deadline has passed")
-    work = sum(g * s for g, s in jobs)
-    return max(math.ceil(work / (deadline_s - now_s)), max((g for g, _ in jobs), default=0))
+    plans: tuple[PlanNeed, ...] = ()
+    # What the scalable pools cost per hour now, and after the changes.
+    usd_per_hour_before: float = 0.0
+    usd_per_hour_after: float = 0.0
 
 
 def decide(
@@ -115,45 +89,70 @@ def decide(
     plans: Sequence[CapacityPlan],
     limits: Limits,
     now_s: float,
-    pending_jobs: frozenset[str] = frozenset(),
+    provisioning_for: frozenset[JobId] = frozenset(),
+    starts_at_s: Mapping[JobId, float] | None = None,
 ) -> Decision:
+    """`provisioning_for`: jobs whose nodes are being provisioned already. `starts_at_s`: when a
+    blocked gang is expected to start anyway (the placer's reservations)."""
     by_key = {p.key: p for p in pools}
     target = {p.key: p.nodes for p in pools}
-    reasons: dict[tuple[str, str], list[str]] = defaultdict(list)
-    jobs: dict[tuple[str, str], list[str]] = defaultdict(list)
+    reasons: dict[PoolKey, list[str]] = defaultdict(list)
+    jobs: dict[PoolKey, list[JobId]] = defaultdict(list)
+    plan_ids: dict[PoolKey, list[str]] = defaultdict(list)
 
-    floor: dict[tuple[str, str], int] = {}
-    for p in pools:
-        floor[p.key] = max(p.min_nodes, p.busy_nodes)
-    for plan in plans:
-        pool = by_key.get((plan.cluster, plan.pool))
-        if pool is not None and active(plan, now_s, limits.lead_time_s):
-            need = plan_nodes(plan, pool)
-            if need > floor[pool.key]:
-                floor[pool.key] = need
-                reasons[pool.key].append(f"capacity plan {plan.plan_id} ({plan.gpus} GPUs until its end)")
-    for key, nodes in floor.items():
-        if nodes > target[key]:
-            target[key] = nodes
+    required = required_capacity(plans, pools, now_s=now_s, lead_time_s=limits.lead_time_s)
+    floor = {p.key: max(p.min_nodes, p.busy_nodes) for p in pools}
+    for need in required.needs:
+        for key, _ in need.nodes_by_pool:
+            plan_ids[key].append(need.plan_id)
+    for key, nodes in required.floors.items():
+        if nodes > floor[key]:
+            floor[key] = nodes
+    _grow_to_floors(pools, target, floor, limits, reasons, plan_ids)
 
-    def gpus_of(provider: str) -> int:
+    def gpus_of(provider: Provider) -> int:
         return sum(target[p.key] * p.gpus_per_node for p in pools if p.provider == provider)
 
     def spend() -> float:
-        return sum(target[p.key] * p.gpus_per_node * p.usd_per_gpu_hour for p in pools)
+        return sum(p.usd_per_hour(target[p.key]) for p in pools)
 
     refused: list[Refusal] = []
     for request in requests:
-        if request.job_ids and all(j in pending_jobs for j in request.job_ids):
+        if request.job_ids and all(j in provisioning_for for j in request.job_ids):
             continue
         pool = by_key.get((request.cluster, request.pool))
         if pool is None:
-            refused.append(Refusal(request, f"{request.cluster}/{request.pool} is not a scalable pool"))
+            refused.append(
+                Refusal(
+                    request,
+                    RefusalCode.UNKNOWN_POOL,
+                    f"{request.cluster}/{request.pool} is not a scalable pool",
+                )
+            )
+            continue
+        ready_at = now_s + limits.lead_time_s
+        sooner = [
+            s for j in request.job_ids if (s := (starts_at_s or {}).get(j)) is not None and s <= ready_at
+        ]
+        if request.job_ids and len(sooner) == len(request.job_ids):
+            refused.append(
+                Refusal(
+                    request,
+                    RefusalCode.STARTS_SOONER_ELSEWHERE,
+                    f"the gang is expected to start at {max(sooner):.0f}, before new nodes "
+                    f"would be ready at {ready_at:.0f}",
+                )
+            )
             continue
         want = target[pool.key] + request.nodes
-        if pool.max_nodes and want > pool.max_nodes:
+        if want > pool.max_nodes:
             refused.append(
-                Refusal(request, f"{pool.cluster}/{pool.pool} would exceed its {pool.max_nodes} nodes")
+                Refusal(
+                    request,
+                    RefusalCode.POOL_MAX_NODES,
+                    f"{pool.cluster}/{pool.pool} would need {want} nodes, "
+                    f"above its maximum of {pool.max_nodes}",
+                )
             )
             continue
         extra_gpus = request.nodes * pool.gpus_per_node
@@ -161,15 +160,19 @@ def decide(
         if cap is not None and gpus_of(pool.provider) + extra_gpus > cap:
             refused.append(
                 Refusal(
-                    request, f"{pool.provider} limit of {cap} GPUs ({gpus_of(pool.provider)} held or asked)"
+                    request,
+                    RefusalCode.PROVIDER_GPU_LIMIT,
+                    f"{pool.provider} limit of {cap} GPUs ({gpus_of(pool.provider)} held or asked, "
+                    f"+{extra_gpus} asked)",
                 )
             )
             continue
-        extra_usd = extra_gpus * pool.usd_per_gpu_hour
+        extra_usd = pool.usd_per_hour(request.nodes)
         if limits.max_usd_per_hour is not None and spend() + extra_usd > limits.max_usd_per_hour:
             refused.append(
                 Refusal(
                     request,
+                    RefusalCode.SPEND_CEILING,
                     f"spend ceiling of ${limits.max_usd_per_hour:,.2f}/h (${spend():,.2f}/h now, "
                     f"+${extra_usd:,.2f}/h asked)",
                 )
@@ -180,21 +183,64 @@ def decide(
         jobs[pool.key].extend(request.job_ids)
 
     for p in pools:
-        if target[p.key] != p.nodes or p.idle_since_s is None:
+        if target[p.key] != p.nodes:
             continue
-        if now_s - p.idle_since_s < limits.idle_ttl_s:
-            continue
-        shrunk = max(floor[p.key], p.nodes - p.idle_nodes)
+        expired = sum(1 for since in p.idle_since_s if now_s - since >= limits.idle_ttl_s)
+        shrunk = max(floor[p.key], p.nodes - expired)
         if shrunk < p.nodes:
             target[p.key] = shrunk
-            idle_for = now_s - p.idle_since_s
             reasons[p.key].append(
-                f"{p.nodes - shrunk} node(s) idle for {idle_for:.0f}s (TTL {limits.idle_ttl_s:.0f}s)"
+                f"{p.nodes - shrunk} node(s) idle for at least {limits.idle_ttl_s:.0f}s (the idle TTL)"
             )
 
     changes = tuple(
-        PoolChange(p.cluster, p.pool, p.nodes, target[p.key], "; ".join(reasons[p.key]), tuple(jobs[p.key]))
+        PoolChange(
+            p.cluster,
+            p.pool,
+            p.nodes,
+            target[p.key],
+            tuple(reasons[p.key]),
+            p.usd_per_hour(p.nodes),
+            p.usd_per_hour(target[p.key]),
+            tuple(jobs[p.key]),
+            tuple(plan_ids[p.key]) if target[p.key] > p.nodes else (),
+        )
         for p in sorted(pools, key=lambda p: p.key)
         if target[p.key] != p.nodes
     )
-    return Decision(changes=changes, refused=tuple(refused))
+    return Decision(
+        changes,
+        tuple(refused),
+        required.needs,
+        sum(p.usd_per_hour(p.nodes) for p in pools),
+        sum(p.usd_per_hour(target[p.key]) for p in pools),
+    )
+
+
+def _grow_to_floors(
+    pools: Sequence[PoolState],
+    target: dict[PoolKey, int],
+    floor: dict[PoolKey, int],
+    limits: Limits,
+    reasons: dict[PoolKey, list[str]],
+    plan_ids: dict[PoolKey, list[str]],
+) -> None:
+    """Raise each pool to its floor, within the per-cloud GPU limit (a cloud's quota binds plans too)."""
+    for p in sorted(pools, key=lambda p: p.key):
+        if floor[p.key] <= target[p.key]:
+            continue
+        cap = limits.max_gpus_by_provider.get(p.provider)
+        nodes = floor[p.key]
+        if cap is not None:
+            held = sum(target[q.key] * q.gpus_per_node for q in pools if q.provider == p.provider)
+            room = (cap - held) // p.gpus_per_node
+            if room < nodes - target[p.key]:
+                nodes = target[p.key] + max(0, room)
+                reasons[p.key].append(f"{p.provider} limit of {cap} GPUs holds the plans' floor back")
+        if nodes > target[p.key]:
+            if plan_ids[p.key]:
+                reasons[p.key].append(f"capacity plan(s) {', '.join(plan_ids[p.key])}")
+            else:
+                reasons[p.key].append("the pool's minimum and busy nodes")
+            target[p.key] = nodes
+        floor[p.key] = max(nodes, p.busy_nodes)

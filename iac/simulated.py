@@ -1,158 +1,158 @@
-"""Provisioners without a cloud: in memory for unit tests, and one that resizes simulated clusters.
+"""`SimulatedProvisioner`: node pools of simulated clusters, grown after a lead time like a cloud's.
 
-`SimulatedProvisioner` stands in for Pulumi on the embedded default: a scale-up becomes real nodes in
-a simulated cluster after the configured lead time (as a cloud takes minutes to boot GPU nodes), a
-scale-down removes idle nodes at once. It reaches the cluster through a `PoolResizer`, so `iac` does
-not depend on `clusters`; `HttpPoolResizer` uses the simulator's admin API over loopback.
+It stands in for Pulumi on the embedded default and in tests: a scale-up becomes real nodes in a
+simulated cluster after the configured lead time (a cloud takes minutes to boot GPU nodes), and is
+reported as pending until then; a scale-down first cancels scale-ups that have not landed, then
+removes idle nodes at once, newest first. It never removes a node that runs a job: it asks the
+resizer which nodes are busy, refuses to go below them (`BusyNodesProtected`), and the resizer
+removes a node only if it is still idle when reached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 
 import aiohttp
+import structlog
 
-from iac.api import ChangePreview, ChangeResult, PermanentIacError, RetryableIacError, usd_per_hour
+from iac.api import (
+    ChangePreview,
+    ChangeResult,
+    Operation,
+    PendingOperation,
+    PoolStatus,
+    check_not_below_busy,
+    usd_per_hour,
+)
+from iac.errors import NetworkError
 from iac.pools import PoolSpec, validate
+from iac.resize import PoolNodes, PoolResizer
+
+log = structlog.get_logger("gpufed.iac")
 
 
-class PoolResizer(Protocol):
-    async def add_nodes(self, cluster: str, pool: str, count: int) -> None: ...
-
-    async def remove_nodes(self, cluster: str, pool: str, count: int) -> None:
-        """Remove `count` nodes, the emptiest first (the caller only removes idle ones)."""
-        ...
-
-
-class InMemoryProvisioner:
-    """Records every operation and holds each pool's node count; for unit tests."""
-
-    def __init__(self, *, lead_time_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
-        self.nodes: dict[str, int] = {}
-        self.operations: list[tuple[str, str, int]] = []
-        self._lead_time_s = lead_time_s
-        self._clock = clock
-
-    async def preview(self, spec: PoolSpec, nodes: int) -> ChangePreview:
-        spec = validate(spec)
-        before = self.nodes.get(spec.pool_id, 0)
-        self.operations.append(("preview", spec.pool_id, nodes))
-        return ChangePreview(
-            spec.pool_id, before, nodes, usd_per_hour(spec, before), usd_per_hour(spec, nodes)
-        )
-
-    async def apply(self, spec: PoolSpec, nodes: int) -> ChangeResult:
-        spec = validate(spec)
-        self.operations.append(("apply", spec.pool_id, nodes))
-        self.nodes[spec.pool_id] = nodes
-        return ChangeResult(spec.pool_id, nodes, self._clock() + self._lead_time_s)
-
-    async def destroy(self, spec: PoolSpec) -> None:
-        self.operations.append(("destroy", spec.pool_id, 0))
-        self.nodes.pop(spec.pool_id, None)
-
-    async def refresh(self, spec: PoolSpec) -> int:
-        return self.nodes.get(spec.pool_id, 0)
+@dataclass(slots=True)
+class _Growth:
+    op: PendingOperation
+    count: int
+    task: asyncio.Task[None] | None = field(default=None)
 
 
 class SimulatedProvisioner:
-    """Scales simulated clusters' pools: up after the lead time, down at once."""
-
     def __init__(
         self,
         resizer: PoolResizer,
         *,
         lead_time_s: float,
-        initial_nodes: dict[str, int] | None = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._resizer = resizer
         self._lead_time_s = lead_time_s
         self._clock = clock
-        # What the pool will have once pending scale-ups land (the target), and what it has now.
-        self.target: dict[str, int] = dict(initial_nodes or {})
-        self.ready: dict[str, int] = dict(initial_nodes or {})
-        self._pending: set[asyncio.Task[None]] = set()
+        self._sleep = sleep
+        self._growths: dict[str, list[_Growth]] = {}
+        self._ready: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+
+    async def _nodes(self, spec: PoolSpec) -> PoolNodes:
+        try:
+            nodes = await self._resizer.pool_nodes(spec.cluster, spec.name)
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise NetworkError(f"{spec.pool_id}: the simulated cluster did not answer: {error}") from error
+        self._ready[spec.pool_id] = len(nodes.names)
+        return nodes
+
+    def _booting(self, pool_id: str) -> int:
+        return sum(g.count for g in self._growths.get(pool_id, ()))
 
     async def preview(self, spec: PoolSpec, nodes: int) -> ChangePreview:
         spec = validate(spec)
-        before = self.target.get(spec.pool_id, 0)
+        before = len((await self._nodes(spec)).names) + self._booting(spec.pool_id)
         return ChangePreview(
             spec.pool_id, before, nodes, usd_per_hour(spec, before), usd_per_hour(spec, nodes)
         )
 
-    async def apply(self, spec: PoolSpec, nodes: int) -> ChangeResult:
+    async def apply(self, spec: PoolSpec, nodes: int, *, busy_nodes: int = 0) -> ChangeResult:
         spec = validate(spec)
-        lock = self._locks.setdefault(spec.pool_id, asyncio.Lock())
-        async with lock:
-            before = self.target.get(spec.pool_id, 0)
-            self.target[spec.pool_id] = nodes
-            if nodes < before:
-                await self._resize(spec, nodes - before)
-                return ChangeResult(spec.pool_id, nodes, self._clock())
+        check_not_below_busy(spec, nodes, busy_nodes)
+        async with self._locks.setdefault(spec.pool_id, asyncio.Lock()):
+            current = await self._nodes(spec)
+            check_not_below_busy(spec, nodes, len(current.busy))
+            growths = self._growths.setdefault(spec.pool_id, [])
+            before = len(current.names) + self._booting(spec.pool_id)
+            now = self._clock()
+            ready_at = now
             if nodes > before:
-                task = asyncio.create_task(self._grow_later(spec, nodes - before))
-                self._pending.add(task)
-                task.add_done_callback(self._pending.discard)
-            return ChangeResult(spec.pool_id, nodes, self._clock() + self._lead_time_s)
+                ready_at = now + self._lead_time_s
+                op = PendingOperation(spec.pool_id, Operation.SCALE_UP, before, nodes, now, ready_at)
+                growth = _Growth(op, nodes - before)
+                growth.task = asyncio.create_task(self._grow_later(spec, growth))
+                growths.append(growth)
+                log.info("sim_pool_scale_up_started", pool=spec.pool_id, nodes_from=before, nodes_to=nodes)
+            elif nodes < before:
+                excess = before - nodes
+                # Scale-ups not yet landed are the cheapest to give back: newest first.
+                while excess and growths:
+                    last = growths[-1]
+                    take = min(excess, last.count)
+                    last.count -= take
+                    last.op = replace(last.op, nodes_to=last.op.nodes_to - take)
+                    excess -= take
+                    if last.count == 0 and last.task is not None:
+                        last.task.cancel()
+                        growths.pop()
+                if excess:
+                    victims = list(reversed(current.idle))[:excess]
+                    try:
+                        removed = await self._resizer.remove_idle_nodes(spec.cluster, spec.name, victims)
+                    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                        raise NetworkError(f"{spec.pool_id}: removing nodes failed: {error}") from error
+                    self._ready[spec.pool_id] = len(current.names) - len(removed)
+                    # Nodes the resizer found busy when it reached them stay in the pool.
+                    nodes += excess - len(removed)
+                log.info("sim_pool_scaled_down", pool=spec.pool_id, nodes_from=before, nodes_to=nodes)
+            return ChangeResult(
+                spec.pool_id, before, nodes, ready_at, usd_per_hour(spec, before), usd_per_hour(spec, nodes)
+            )
 
-    async def _grow_later(self, spec: PoolSpec, count: int) -> None:
-        await asyncio.sleep(self._lead_time_s)
-        await self._resize(spec, count)
+    async def _grow_later(self, spec: PoolSpec, growth: _Growth) -> None:
+        await self._sleep(max(0.0, (growth.op.ready_at_s or 0.0) - self._clock()))
+        async with self._locks[spec.pool_id]:
+            growths = self._growths.get(spec.pool_id, [])
+            if growth not in growths:
+                return
+            growths.remove(growth)
+            try:
+                added = await self._resizer.add_nodes(spec.cluster, spec.name, growth.count)
+            except Exception as error:
+                # The reconciler sees the shortfall in status and inventory and asks again.
+                log.warning("sim_pool_scale_up_failed", pool=spec.pool_id, error=str(error))
+                return
+            self._ready[spec.pool_id] = self._ready.get(spec.pool_id, 0) + len(added)
+            log.info("sim_pool_scaled_up", pool=spec.pool_id, added=len(added))
 
-    async def _resize(self, spec: PoolSpec, delta: int) -> None:
-        try:
-            if delta > 0:
-                await self._resizer.add_nodes(spec.cluster, spec.name, delta)
-            elif delta < 0:
-                await self._resizer.remove_nodes(spec.cluster, spec.name, -delta)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise RetryableIacError(
-                f"{spec.pool_id}: the simulated cluster did not answer: {error}"
-            ) from error
-        self.ready[spec.pool_id] = self.ready.get(spec.pool_id, 0) + delta
+    async def destroy(self, spec: PoolSpec, *, busy_nodes: int = 0) -> ChangeResult:
+        return await self.apply(spec, 0, busy_nodes=busy_nodes)
 
-    async def destroy(self, spec: PoolSpec) -> None:
-        await self.apply(spec, 0)
+    async def refresh(self, spec: PoolSpec) -> PoolStatus:
+        await self._nodes(spec)
+        return await self.status(spec)
 
-    async def refresh(self, spec: PoolSpec) -> int:
-        return self.ready.get(spec.pool_id, 0)
+    async def status(self, spec: PoolSpec) -> PoolStatus:
+        ready = self._ready.get(spec.pool_id, 0)
+        growths = self._growths.get(spec.pool_id, [])
+        nodes = ready + self._booting(spec.pool_id)
+        pending = tuple(g.op for g in growths if g.count)
+        return PoolStatus(spec.pool_id, nodes > 0, nodes, ready, usd_per_hour(spec, nodes), pending)
 
     async def close(self) -> None:
-        for task in list(self._pending):
+        """Cancel scale-ups that have not landed (the embedded default is shutting down)."""
+        tasks = [g.task for gs in self._growths.values() for g in gs if g.task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
-
-
-class HttpPoolResizer:
-    """Adds and removes nodes of a simulated cluster through its `/sim/v1/` admin API (loopback)."""
-
-    def __init__(self, admin_urls: dict[str, str], *, timeout_s: float = 10.0) -> None:
-        self._urls = admin_urls
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    def _url(self, cluster: str, pool: str) -> str:
-        base = self._urls.get(cluster)
-        if base is None:
-            raise PermanentIacError(f"no simulated cluster {cluster!r}")
-        return f"{base.rstrip('/')}/sim/v1/pools/{pool}/nodes"
-
-    async def add_nodes(self, cluster: str, pool: str, count: int) -> None:
-        async with (
-            aiohttp.ClientSession(timeout=self._timeout) as session,
-            session.post(self._url(cluster, pool), json={"count": count}) as reply,
-        ):
-            if reply.status >= 400:
-                raise PermanentIacError(f"{cluster}/{pool}: adding nodes answered {reply.status}")
-
-    async def remove_nodes(self, cluster: str, pool: str, count: int) -> None:
-        async with (
-            aiohttp.ClientSession(timeout=self._timeout) as session,
-            session.delete(self._url(cluster, pool), params={"count": str(count)}) as reply,
-        ):
-            if reply.status >= 400:
-                raise PermanentIacError(f"{cluster}/{pool}: removing nodes answered {reply.status}")
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._growths.clear()
