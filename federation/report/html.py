@@ -178,7 +178,8 @@ def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
     rows = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()] for row in data["rows"]]
     bucket = chart_bucket(math.ceil((q.until_s - q.start_s) / 86400.0))
     style = (
-        "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}"
+        "body{font-family:sans-serif;margin:24px;color:#222}"
+        "table{border-collapse:collapse;margin:8px 0 24px;font-size:13px}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
         "{text-align:left}th{background:#f3f3f3}.chart{display:block;margin:8px 0 24px}"
     )

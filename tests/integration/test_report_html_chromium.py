@@ -1,25 +1,28 @@
 """The HTML finance report opens in headless Chromium and its charts render.
 
-Chromium loads the report from a file with the network shut off; the test reads the DOM Chromium
-built (its bars, with their drawn sizes) and a screenshot that must not be blank. `make test`
-installs Debian's chromium where it is missing; in CI a missing browser fails the test rather than
-skipping it.
+Chromium loads the report from a file with the network shut off. Two looks: the DOM Chromium built,
+with the box it laid out for every chart and bar (a copy of the page carries a test-only inline
+script that measures them; the report itself has no script), and a screenshot whose pixels must
+show the charts' colours. `make test` installs Debian's chromium where it is missing; in CI a
+missing browser fails the test rather than skipping it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-import struct
 import subprocess
-import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from PIL import Image
 
 from federation.report import ReportQuery, compute_report, render_html
-from tests.unit.test_report import an_interval, t
+from federation.report.html import PALETTE
+from tests.unit.test_report_query import a_tenant, an_interval, t
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
@@ -31,6 +34,7 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--hide-scrollbars",
     "--proxy-server=127.0.0.1:9",  # nothing may leave the machine; the report needs nothing
 ]
 
@@ -39,16 +43,33 @@ pytestmark = pytest.mark.skipif(
     reason="chromium is not installed (make test installs it)",
 )
 
+MEASURE = """<script>
+const out = {};
+for (const svg of document.querySelectorAll("svg.chart")) {
+  const box = svg.getBoundingClientRect();
+  out[svg.id] = {width: box.width, height: box.height, bars: [...svg.querySelectorAll(".bar")].map(
+    (bar) => { const b = bar.getBoundingClientRect();
+               return {key: bar.dataset.tenant || bar.dataset.gpuType, width: b.width, height: b.height}; })};
+}
+const pre = document.createElement("pre");
+pre.id = "measured";
+pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
 
-def _report(path: Path) -> Path:
+
+def _report_html() -> str:
     ledger = [
-        an_interval("2026-11-03T00:00", "2026-11-04T00:00", tenant="vision", gpu="A100"),
-        an_interval("2026-11-03T12:00", "2026-11-05T00:00", tenant="nlp", gpu="H100", price=6.0),
-        an_interval("2026-11-05T00:00", "2026-11-05T06:00", tenant="audio", gpu="L4", price=0.8),
+        # 8 A100 x 24 h x $2 = $384 on the 3rd.
+        an_interval("2026-11-03T00:00", "2026-11-04T00:00").tenant("vision").build(),
+        # 8 H100 x 36 h x $6: $576 on the 3rd, $1,152 on the 4th.
+        an_interval("2026-11-03T12:00", "2026-11-05T00:00").tenant("nlp").gpu("H100").price(6.0).build(),
+        # 8 L4 x 6 h x $0.8 on the 5th.
+        an_interval("2026-11-05T00:00", "2026-11-05T06:00").tenant("audio").gpu("L4").price(0.8).build(),
     ]
     query = ReportQuery(t("2026-11-01"), t("2026-12-01"), t("2026-11-06"))
-    path.write_text(render_html(compute_report(ledger, [], query)))
-    return path
+    tenants = [a_tenant("vision", guaranteed={"A100": 8}, budget_gpu_hours=1000.0)]
+    return render_html(compute_report(ledger, tenants, query))
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -62,33 +83,56 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _png_is_not_blank(png: bytes) -> bool:
-    """True when the PNG's pixel rows differ (a chart drew something on the white page)."""
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    data, pos = b"", 8
-    while pos < len(png):
-        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
-        if kind == b"IDAT":
-            data += png[pos + 8 : pos + 8 + length]
-        pos += 12 + length
-    raw = zlib.decompress(data)
-    return len({raw[i : i + 64] for i in range(0, len(raw), 4096)}) > 3
-
-
-def test_the_charts_render_in_headless_chromium(tmp_path: Path) -> None:
-    page = _report(tmp_path / "report.html")
+def _measured(tmp_path: Path) -> dict[str, Any]:
+    page = tmp_path / "measured.html"
+    page.write_text(_report_html().replace("</body>", MEASURE + "</body>"))
     dom = _chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
-    cost_chart = re.search(r'<svg id="cost-by-tenant".*?</svg>', dom, re.S)
-    type_chart = re.search(r'<svg id="gpu-hours-by-type".*?</svg>', dom, re.S)
-    assert cost_chart is not None
-    assert type_chart is not None
-    # Three days of cost, one bar per tenant that ran that day (vision and nlp on the 3rd).
-    tenants_drawn = re.findall(r'class="bar" data-tenant="([^"]+)"', cost_chart.group(0))
-    assert sorted(tenants_drawn) == ["audio", "nlp", "nlp", "vision"]
-    heights = [float(h) for h in re.findall(r'class="bar"[^>]*height="([0-9.]+)"', cost_chart.group(0))]
-    assert all(h > 0 for h in heights)
-    assert re.findall(r'data-gpu-type="([^"]+)"', type_chart.group(0)) == ["A100", "H100", "L4"]
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
+    assert found is not None, f"the measuring script did not run: {dom[:500]}"
+    data: dict[str, Any] = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return data
 
+
+def test_chromium_lays_out_both_charts_with_bars_sized_by_their_figures(tmp_path: Path) -> None:
+    charts = _measured(tmp_path)
+    assert set(charts) == {"cost-by-tenant", "gpu-hours-by-type"}
+    for chart in charts.values():
+        assert chart["width"] > 600
+        assert chart["height"] > 100
+
+    cost_bars = charts["cost-by-tenant"]["bars"]
+    # One bar per tenant per day it ran: vision and nlp on the 3rd, nlp on the 4th, audio on the 5th.
+    assert sorted(b["key"] for b in cost_bars) == ["audio", "nlp", "nlp", "vision"]
+    assert all(b["width"] > 0 and b["height"] > 0 for b in cost_bars)
+    heights = {(b["key"], round(b["height"])) for b in cost_bars}
+    tallest = max(h for _, h in heights)
+    # Heights drawn in proportion to cost: nlp's $1,152 day is the full scale, vision's $384 a third.
+    assert ("nlp", tallest) in heights
+    vision = next(b["height"] for b in cost_bars if b["key"] == "vision")
+    assert vision / tallest == pytest.approx(384 / 1152, rel=0.02)
+
+    type_bars = {b["key"]: b["width"] for b in charts["gpu-hours-by-type"]["bars"]}
+    assert list(type_bars) == ["A100", "H100", "L4"]
+    # GPU-hours: A100 192, H100 288, L4 48.
+    assert type_bars["A100"] / type_bars["H100"] == pytest.approx(192 / 288, rel=0.02)
+    assert type_bars["L4"] / type_bars["H100"] == pytest.approx(48 / 288, rel=0.02)
+
+
+def test_a_screenshot_of_the_report_shows_the_charts_colours(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(_report_html())
     shot = tmp_path / "report.png"
-    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=900,1200", page.as_uri())
-    assert _png_is_not_blank(shot.read_bytes())
+    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=800,1100", page.as_uri())
+    with Image.open(shot) as image:
+        pixels = image.convert("RGB")
+        colours = pixels.getcolors(maxcolors=1 << 20)
+    assert colours is not None
+    counts = {rgb: n for n, rgb in colours}
+    white = counts.get((255, 255, 255), 0)
+    assert white < pixels.width * pixels.height * 0.98, "the page is not blank"
+    for hex_colour in PALETTE[:3]:
+        rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+        # A bar is at least a few hundred pixels of its exact fill colour.
+        assert counts.get(rgb, 0) > 300, f"no bar drawn in {hex_colour}"
+    if os.environ.get("GPUFED_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["GPUFED_KEEP_SCREENSHOT"])
