@@ -144,18 +144,12 @@ def _group_rows(cols: Columns, query: ReportQuery, edges: list[float], got: Piec
     first[inverse] = np.arange(inverse.size)
     rows_of = got.row[first]
     bucket_of = got.bucket[first].tolist()
-    labels = [[c.labels[i] for i in c.codes[rows_of].tolist()] for c in coded]
-    bucketed = query.bucket is not None
-    return [
-        Row(
-            key=tuple(column[k] for column in labels),
-            bucket_start_s=edges[bucket_of[k]] if bucketed else None,
-            gpu_hours=hours[k],
-            cost_usd=cost[k],
-            intervals=int(count[k]),
-        )
-        for k in range(keys.size)
-    ]
+    # Built column-wise with zip and map (C loops): a five-dimension daily report has a row for
+    # nearly every piece, and a Python loop per row doubled its time.
+    labels = [list(map(c.labels.__getitem__, c.codes[rows_of].tolist())) for c in coded]
+    keys_of = list(zip(*labels, strict=True)) if labels else [()] * keys.size
+    starts = list(map(edges.__getitem__, bucket_of)) if query.bucket is not None else [None] * keys.size
+    return list(map(Row, keys_of, starts, hours, cost, count))
 
 
 def compute_report(
