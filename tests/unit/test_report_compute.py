@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from federation.ledger import LedgerInterval
 from federation.records import TenantRecord
 from federation.report import Bucket, Dim, ForecastBasis, ReportQuery, compute_report
-from federation.report.compute import Report
+from federation.report.compute import Report, TenantSummary
 from placement.model import CapacityKind, TenantId
 from tests.unit.test_report_query import NOVEMBER, H, a_query, a_tenant, an_interval, t
 
@@ -351,7 +351,7 @@ def org_ledger() -> list[LedgerInterval]:
 
 def test_budgets_count_this_month_and_roll_up_the_tenant_tree() -> None:
     report = compute_report(org_ledger(), org(), a_query("2026-11-01", "2026-12-01", "2026-11-11"))
-    by = {s.tenant: s for s in report.tenants}
+    by: dict[str, TenantSummary] = {s.tenant: s for s in report.tenants}
     assert by["speech"].month_gpu_hours == pytest.approx(20.0)
     assert by["vision"].month_gpu_hours == pytest.approx(1940.0), "vision counts its team speech"
     assert by["research"].month_gpu_hours == pytest.approx(1960.0), "the organisation counts every team"
@@ -366,7 +366,7 @@ def test_budgets_count_this_month_and_roll_up_the_tenant_tree() -> None:
 
 def test_budget_and_forecast_are_this_months_whatever_the_period() -> None:
     report = compute_report(org_ledger(), org(), a_query("2026-10-01", "2026-11-01", "2026-11-11"))
-    vision = {s.tenant: s for s in report.tenants}["vision"]
+    vision = next(s for s in report.tenants if s.tenant == "vision")
     assert vision.gpu_hours == pytest.approx(10.0), "October's usage in October's report"
     assert vision.month_gpu_hours == pytest.approx(1940.0), "November's for the budget"
 
@@ -391,7 +391,7 @@ def test_the_forecast_extrapolates_to_the_end_of_the_month_at_the_chosen_rate(
     report = compute_report(
         org_ledger(), org(), a_query("2026-11-01", "2026-12-01", "2026-11-11", forecast=basis)
     )
-    by = {s.tenant: s for s in report.tenants}
+    by: dict[str, TenantSummary] = {s.tenant: s for s in report.tenants}
     assert by["vision"].forecast_month_gpu_hours == pytest.approx(forecast_vision)
     assert by["nlp"].forecast_month_gpu_hours == pytest.approx(forecast_nlp)
     assert by["nlp"].forecast_month_cost_usd == pytest.approx(2.0 * forecast_nlp)
