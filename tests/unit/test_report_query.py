@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from typing import Any
@@ -222,3 +224,35 @@ def test_bucket_edges_cover_the_period(
     since: str, until: str, bucket: Bucket | None, edges: list[str]
 ) -> None:
     assert bucket_edges(t(since), t(until), bucket) == [t(e) for e in edges]
+
+
+# ---- the package's surface
+
+
+def test_the_report_package_imports_without_grpc_or_etcd_and_keeps_its_public_names() -> None:
+    code = (
+        "import sys, federation.report as r; "
+        "print(sorted(m for m in ('grpc', 'aetcd') if m in sys.modules)); print(sorted(r.__all__))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, names = done.stdout.splitlines()
+    assert loaded == "[]"
+    for name in (
+        "Bucket",
+        "Dim",
+        "ForecastBasis",
+        "ReportQuery",
+        "Report",
+        "compute_report",
+        "render_table",
+        "render_csv",
+        "render_json",
+        "render_html",
+        "focus_rows",
+        "render_focus_csv",
+        "render_focus_json",
+        "ProvisionedInterval",
+        "idle_cost",
+        "idle_by_cluster",
+    ):
+        assert repr(name) in names
