@@ -142,9 +142,14 @@ class Scheduler:
         # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.
         self._preempted: deque[tuple[float, int]] = deque()
 
-    def _tenant_usage(self, now: float, half_life_h: float) -> dict[TenantId, TenantUsage]:
+    def _tenant_usage(self, now: float, inputs: PlacerInputs) -> dict[TenantId, TenantUsage]:
         if now - self._usage_at >= USAGE_REFRESH_S:
-            self._usage = tenant_usage(self._ledger.intervals(), now_s=now, half_life_h=half_life_h)
+            self._usage = tenant_usage(
+                self._ledger.intervals(),
+                now_s=now,
+                half_life_h=inputs.settings.usage_half_life_h,
+                parents={t.name: t.parent for t in inputs.tenants},
+            )
             self._usage_at = now
         return self._usage
 
@@ -160,7 +165,7 @@ class Scheduler:
         inputs = await self._inputs.read()
         inventories = await self._members.inventories()
         now = self._clock()
-        usage = self._tenant_usage(now, inputs.settings.usage_half_life_h)
+        usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait

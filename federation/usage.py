@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,8 +36,16 @@ class TenantUsage:
 
 
 def tenant_usage(
-    intervals: Iterable[LedgerInterval], *, now_s: float, half_life_h: float
+    intervals: Iterable[LedgerInterval],
+    *,
+    now_s: float,
+    half_life_h: float,
+    parents: Mapping[TenantId, TenantId | None] | None = None,
 ) -> dict[TenantId, TenantUsage]:
+    """Per tenant. This month's GPU-hours roll up the tenant tree (an organisation's budget is spent
+    by its teams, as the finance report counts it); the decayed history stays per tenant, since fair
+    share is computed among leaf tenants."""
+    parents = parents or {}
     month_start = month_start_s(now_s)
     half_life_s = half_life_h * 3600.0
     month: dict[TenantId, float] = defaultdict(float)
@@ -47,7 +55,13 @@ def tenant_usage(
         if end <= iv.start_s:
             continue
         if end > month_start:
-            month[iv.tenant] += iv.gpu_count * (end - max(iv.start_s, month_start)) / 3600.0
+            hours = iv.gpu_count * (end - max(iv.start_s, month_start)) / 3600.0
+            tenant: TenantId | None = iv.tenant
+            seen: set[TenantId] = set()
+            while tenant is not None and tenant not in seen:
+                month[tenant] += hours
+                seen.add(tenant)
+                tenant = parents.get(tenant)
         decayed[iv.tenant][iv.gpu_type] += iv.gpu_count * _decayed_hours(iv.start_s, end, now_s, half_life_s)
     return {
         tenant: TenantUsage(

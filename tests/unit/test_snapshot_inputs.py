@@ -196,3 +196,17 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
     assert [c.name for c in snapshot.priority_classes] == ["low", "normal", "high", "urgent"]
     assert snapshot.policy.preemption_limit_gpus == 64
     assert snapshot.policy.preempted_gpus_this_interval == 16
+
+
+def test_an_organisations_month_includes_its_teams_for_its_budget() -> None:
+    ledger = _ledger(_ran(_job("team-job"), NOW - 3600, NOW))
+    usage = tenant_usage(
+        ledger,
+        now_s=NOW,
+        half_life_h=24,
+        parents={VISION: TenantId("research"), TenantId("research"): None},
+    )
+    assert usage[TenantId("research")].month_gpu_hours == pytest.approx(4.0)
+    assert usage[VISION].month_gpu_hours == pytest.approx(4.0)
+    # Fair share stays per team: the organisation has no history of its own.
+    assert usage[TenantId("research")].decayed_gpu_hours == ()
