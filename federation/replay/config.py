@@ -1,0 +1,210 @@
+"""Every assumption of a replay, read from one YAML file.
+
+Nothing the replay decides is hidden in code: the private clusters and their internal rates, the
+public clusters and where their prices come from, how GPU types are assigned to trace jobs, the
+teams' quotas, the run-time limit given to jobs, the control plane's cycle and the policies compared
+all come from here, so a result can be reproduced from the file and the command alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from federation.replay.errors import ReplayError
+from placement.model import GpuType, GpuTypePolicy
+
+_HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuChoice:
+    """One entry of the mix: jobs drawn here accept these types (in order, or any by cost)."""
+
+    gpu_types: tuple[GpuType, ...]
+    share: float
+    policy: GpuTypePolicy = GpuTypePolicy.ORDERED
+
+
+@dataclass(frozen=True, slots=True)
+class PrivateCluster:
+    name: str
+    region: str
+    # Fraction of the private GPUs of a run that this cluster holds, per type.
+    type_fractions: tuple[tuple[GpuType, float], ...]
+    usd_per_gpu_hour: tuple[tuple[GpuType, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PublicCluster:
+    """A cloud region; its price per GPU type is read from the price file (cheapest instance per GPU)."""
+
+    name: str
+    cloud: str
+    region: str
+    # Our GPU type -> the price file's accelerator name.
+    accelerators: tuple[tuple[GpuType, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpufedSettings:
+    """The PolicyConfig knobs of gpufed's own policy (the Starburst-style wait)."""
+
+    private_wait_s_per_gpu_hour: float
+    private_wait_max_s: float
+    wait_value_usd_per_hour: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    trace_path: Path
+    prices_path: Path
+    seed: int
+    gpu_mix: tuple[GpuChoice, ...]
+    gpu_speeds: tuple[tuple[GpuType, float], ...]
+    gpus_per_node: int
+    private_clusters: tuple[PrivateCluster, ...]
+    # Private GPUs as multiples of the week's mean GPU demand (GPU-hours / week hours).
+    private_sizes: tuple[float, ...]
+    public_clusters: tuple[PublicCluster, ...]
+    lead_time_s: float
+    cloud_max_gpus_per_type: int
+    allow_spot: bool
+    spot_restart_risk_per_hour: float
+    # Prices that mark a row as a placeholder, not a price (both on demand and spot equal to one).
+    placeholder_prices_usd_per_hour: tuple[float, ...]
+    # Each team's guarantee per type: this fraction of the private GPUs of the type, split by demand share.
+    guarantee_fraction: float
+    preemption: bool
+    grace_period_s: float
+    runtime_limit_factor: float
+    # "limit": the placer's cost model sees only the run-time limit; "exact": it knows the duration.
+    expected_runtime: str
+    cycle_s: float
+    period_s: float
+    fixed_waits_s: tuple[float, ...]
+    gpufed: GpufedSettings
+    # Extra gpufed settings to sweep (its own cost/JCT curve); may be empty.
+    gpufed_sweep: tuple[GpufedSettings, ...] = ()
+    # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
+    limit_jobs: int = 0
+    every_nth_job: int = 1
+    source: Path | None = field(default=None, compare=False)
+
+    def speed(self, gpu_type: GpuType) -> float:
+        return dict(self.gpu_speeds).get(gpu_type, 1.0)
+
+
+def _need(doc: dict[str, Any], key: str, where: str) -> Any:
+    if key not in doc:
+        raise ReplayError(f"{where}: missing field {key!r}")
+    return doc[key]
+
+
+def _path(value: str, base: Path) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
+    return GpufedSettings(
+        private_wait_s_per_gpu_hour=float(_need(doc, "private_wait_s_per_gpu_hour", where)),
+        private_wait_max_s=float(doc.get("private_wait_max_s", 4 * _HOUR_S)),
+        wait_value_usd_per_hour=float(doc.get("wait_value_usd_per_hour", 0.0)),
+    )
+
+
+def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) -> ReplayConfig:
+    """A config from its YAML document; relative paths are taken from `base`."""
+    if not isinstance(doc, dict):
+        raise ReplayError("config: expected a mapping at the top level")
+    mix = tuple(
+        GpuChoice(
+            gpu_types=tuple(GpuType(t) for t in _need(entry, "types", "gpu_mix[]")),
+            share=float(_need(entry, "share", "gpu_mix[]")),
+            policy=GpuTypePolicy(entry.get("policy", "ordered")),
+        )
+        for entry in _need(doc, "gpu_mix", "config")
+    )
+    if not mix or abs(sum(c.share for c in mix) - 1.0) > 1e-6:
+        raise ReplayError("gpu_mix: shares must sum to 1")
+    private = _need(doc, "private", "config")
+    clusters = tuple(
+        PrivateCluster(
+            name=str(_need(c, "name", "private.clusters[]")),
+            region=str(c.get("region", "dc")),
+            type_fractions=tuple(
+                (GpuType(t), float(f)) for t, f in _need(c, "type_fractions", "private.clusters[]").items()
+            ),
+            usd_per_gpu_hour=tuple(
+                (GpuType(t), float(p)) for t, p in _need(c, "usd_per_gpu_hour", "private.clusters[]").items()
+            ),
+        )
+        for c in _need(private, "clusters", "private")
+    )
+    total = sum(f for c in clusters for _, f in c.type_fractions)
+    if abs(total - 1.0) > 1e-6:
+        raise ReplayError(f"private.clusters: type_fractions must sum to 1 over all clusters (got {total:g})")
+    public = _need(doc, "public", "config")
+    clouds = tuple(
+        PublicCluster(
+            name=str(_need(c, "name", "public.clusters[]")),
+            cloud=str(_need(c, "cloud", "public.clusters[]")),
+            region=str(_need(c, "region", "public.clusters[]")),
+            accelerators=tuple(
+                (GpuType(t), str(a)) for t, a in _need(c, "accelerators", "public.clusters[]").items()
+            ),
+        )
+        for c in public.get("clusters", [])
+    )
+    jobs = doc.get("jobs", {})
+    quotas = doc.get("quotas", {})
+    placer = doc.get("placer", {})
+    policies = doc.get("policies", {})
+    expected = str(jobs.get("expected_runtime", "limit"))
+    if expected not in ("limit", "exact"):
+        raise ReplayError("jobs.expected_runtime: must be 'limit' or 'exact'")
+    return ReplayConfig(
+        trace_path=_path(str(_need(doc, "trace", "config")), base),
+        prices_path=_path(str(_need(doc, "prices", "config")), base),
+        seed=int(doc.get("seed", 0)),
+        gpu_mix=mix,
+        gpu_speeds=tuple((GpuType(t), float(s)) for t, s in doc.get("gpu_speeds", {}).items()),
+        gpus_per_node=int(private.get("gpus_per_node", 8)),
+        private_clusters=clusters,
+        private_sizes=tuple(float(s) for s in private.get("sizes", [1.0])),
+        public_clusters=clouds,
+        lead_time_s=float(public.get("lead_time_s", 0.0)),
+        cloud_max_gpus_per_type=int(public.get("max_gpus_per_type", 4096)),
+        allow_spot=bool(public.get("spot", False)),
+        spot_restart_risk_per_hour=float(public.get("spot_restart_risk_per_hour", 0.05)),
+        placeholder_prices_usd_per_hour=tuple(float(p) for p in doc.get("placeholder_prices", [700.0])),
+        guarantee_fraction=float(quotas.get("guarantee_fraction", 1.0)),
+        preemption=bool(quotas.get("preemption", True)),
+        grace_period_s=float(quotas.get("grace_period_s", 30.0)),
+        runtime_limit_factor=float(jobs.get("runtime_limit_factor", 1.5)),
+        expected_runtime=expected,
+        cycle_s=float(placer.get("cycle_s", 30.0)),
+        period_s=float(doc.get("period_s", 7 * 24 * _HOUR_S)),
+        fixed_waits_s=tuple(float(w) for w in policies.get("fixed_waits_s", [])),
+        gpufed=_gpufed(_need(policies, "gpufed", "policies"), "policies.gpufed"),
+        gpufed_sweep=tuple(_gpufed(g, "policies.gpufed_sweep[]") for g in policies.get("gpufed_sweep", [])),
+        limit_jobs=int(doc.get("limit_jobs", 0)),
+        every_nth_job=int(doc.get("every_nth_job", 1)),
+        source=source,
+    )
+
+
+def load_config(path: Path) -> ReplayConfig:
+    """Read a replay config; relative trace and price paths are taken from the file's directory."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ReplayError(f"{path}: cannot read the config: {error}") from error
+    try:
+        return parse_config(doc, path.parent.resolve(), source=path)
+    except (TypeError, ValueError, AttributeError) as error:
+        raise ReplayError(f"{path}: {error}") from error

@@ -1,0 +1,94 @@
+"""The policies a replay compares, each expressed as settings of the real placer.
+
+No policy has its own scheduler: every one runs `placement.plan`, and differs only in what the
+snapshot holds and in its `PolicyConfig`:
+
+- `private_only`: no public clusters, one queue for everyone (first come, first served, with the
+  placer's backfill): what teams get from a shared private cluster without a federation.
+- `burst_now`: public clusters, the Starburst wait off (`private_wait_s_per_gpu_hour = 0`): a job
+  that finds no free private GPU goes to the cheapest cloud at once.
+- `fixed_wait_<W>`: the Starburst wait with a per-GPU-hour rate so large that the cap always binds:
+  `min(huge x GPU-hours, private_wait_max_s = W) = W`, so every job waits exactly W after its queue
+  time for private GPUs, then goes to the cloud.
+- `gpufed`: the compute-weighted wait (`private_wait_s_per_gpu_hour`, `private_wait_max_s`,
+  `wait_value_usd_per_hour` from the config).
+
+All but `private_only` use the teams as tenants with their guarantees, so the cloud policies differ
+only in when a job gives up on private GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from federation.replay.config import GpufedSettings, ReplayConfig
+from placement.model import PolicyConfig
+
+# A rate per GPU-hour so large that `private_wait_max_s` always binds (any job has some GPU-hours).
+_ALWAYS_CAP = 1e15
+
+
+class PolicyKind(StrEnum):
+    PRIVATE_ONLY = "private_only"
+    BURST_NOW = "burst_now"
+    FIXED_WAIT = "fixed_wait"
+    GPUFED = "gpufed"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str
+    kind: PolicyKind
+    fixed_wait_s: float = 0.0
+    gpufed: GpufedSettings | None = None
+
+    @property
+    def uses_cloud(self) -> bool:
+        return self.kind is not PolicyKind.PRIVATE_ONLY
+
+    @property
+    def fifo(self) -> bool:
+        return self.kind is PolicyKind.PRIVATE_ONLY
+
+    def policy_config(self, config: ReplayConfig) -> PolicyConfig:
+        base = {"preemption": config.preemption, "default_grace_period_s": config.grace_period_s}
+        if self.kind is PolicyKind.FIXED_WAIT:
+            return PolicyConfig(
+                **base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
+            )
+        if self.kind is PolicyKind.GPUFED:
+            assert self.gpufed is not None
+            return PolicyConfig(
+                **base,
+                private_wait_s_per_gpu_hour=self.gpufed.private_wait_s_per_gpu_hour,
+                private_wait_max_s=self.gpufed.private_wait_max_s,
+                wait_value_usd_per_hour=self.gpufed.wait_value_usd_per_hour,
+            )
+        return PolicyConfig(**base)
+
+
+def _wait_name(wait_s: float) -> str:
+    if wait_s >= 3600 and wait_s % 3600 == 0:
+        return f"{wait_s / 3600:g}h"
+    return f"{wait_s / 60:g}m"
+
+
+def gpufed_name(settings: GpufedSettings) -> str:
+    rate = settings.private_wait_s_per_gpu_hour
+    return f"gpufed_{rate:g}s_per_gpuh_max_{_wait_name(settings.private_wait_max_s)}"
+
+
+def policies(config: ReplayConfig) -> list[PolicySpec]:
+    """Every policy of a run, in the order of the report."""
+    specs = [
+        PolicySpec("private_only", PolicyKind.PRIVATE_ONLY),
+        PolicySpec("burst_now", PolicyKind.BURST_NOW),
+    ]
+    specs += [
+        PolicySpec(f"fixed_wait_{_wait_name(w)}", PolicyKind.FIXED_WAIT, fixed_wait_s=w)
+        for w in config.fixed_waits_s
+    ]
+    specs.append(PolicySpec("gpufed", PolicyKind.GPUFED, gpufed=config.gpufed))
+    specs += [PolicySpec(gpufed_name(s), PolicyKind.GPUFED, gpufed=s) for s in config.gpufed_sweep]
+    return specs
