@@ -35,8 +35,10 @@ SPOT_LABELS = {
     "eks.amazonaws.com/capacityType": "SPOT",
     "kubernetes.azure.com/scalesetpriority": "spot",
 }
-# gpufed's pods tolerate these taint keys (the GPU operator's), whatever the effect.
-TOLERATED_TAINTS = frozenset({GPU_RESOURCE})
+# gpufed's pods tolerate these taint keys, whatever the effect: the GPU operator's, and the one AKS
+# puts on every spot node (without it, AKS spot pools would never show in the inventory).
+AKS_SPOT_TAINT = "kubernetes.azure.com/scalesetpriority"
+TOLERATED_TAINTS = frozenset({GPU_RESOURCE, AKS_SPOT_TAINT})
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 # Longest names first, so that "A100" is not read as "A10" nor "L40S" as "L4".

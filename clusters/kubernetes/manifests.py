@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusters.api import GangWorkload, ReplicaSpec
-from clusters.kubernetes.inventory import GANG_LABEL, GPU_RESOURCE, PRODUCT_LABEL, NodeInfo
+from clusters.kubernetes.inventory import GANG_LABEL, GPU_RESOURCE, PRODUCT_LABEL, TOLERATED_TAINTS, NodeInfo
 from clusters.kubernetes.names import dns_label, label_value, namespace_for, queue_for, task_name
 from clusters.kubernetes.status import (
     ATTEMPT_KEY,
@@ -162,7 +162,7 @@ def _pod_spec(
         "restartPolicy": "Never",
         "priorityClassName": gang.priority_class,
         "nodeSelector": dict(selection.node_selector),
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists"}],
+        "tolerations": [{"key": key, "operator": "Exists"} for key in sorted(TOLERATED_TAINTS)],
         "containers": [
             {
                 "name": dns_label(replica.task),

@@ -342,6 +342,8 @@ async def test_indexed_job_shape(world: World) -> None:
         "gpufed.io/pool": "h100",
     }
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    # AKS taints every spot node; without the toleration a gang could never land on one.
+    assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"} in pod["tolerations"]
     assert pod["priorityClassName"] == "default"
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"

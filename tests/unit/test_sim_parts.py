@@ -177,3 +177,31 @@ def test_config_errors_name_the_field(document: dict[str, Any], message: str) ->
 )
 def test_ages_print_like_kubectl(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("taints", "schedulable"),
+    [
+        pytest.param(
+            [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}], True, id="gpu-operator"
+        ),
+        pytest.param(
+            [{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}],
+            True,
+            id="aks-spot",
+        ),
+        pytest.param(
+            [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}], False, id="someone-elses"
+        ),
+        pytest.param(
+            [{"key": "dedicated", "value": "infra", "effect": "PreferNoSchedule"}], True, id="only-preferred"
+        ),
+    ],
+)
+def test_which_taints_keep_a_node_out_of_the_inventory(
+    taints: list[dict[str, str]], schedulable: bool
+) -> None:
+    from clusters.kubernetes.inventory import _schedulable
+
+    node = {"spec": {"taints": taints}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert _schedulable(node) is schedulable
