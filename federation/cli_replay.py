@@ -1,0 +1,70 @@
+"""`gpufed replay`: replay a job trace through the real placer on a simulated federation.
+
+For users with their own traces (the Philly columns: job_id, submit_time_s, duration_s, num_gpus,
+tenant) and their own clusters and prices, described in a config like `bench/replay.yaml`. Runs
+locally: no server, etcd or cluster is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+
+from federation.replay.config import load_config
+from federation.replay.errors import ReplayError
+from federation.replay.report import write_all
+from federation.replay.sweep import Executor, process_pool, ray_executor, serial, sweep
+
+
+def executor_for(workers: int, use_ray: bool) -> Executor:
+    if use_ray:
+        return ray_executor(max(1, workers))
+    return process_pool(workers) if workers > 1 else serial
+
+
+@click.command("replay")
+@click.option(
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
+)
+@click.option(
+    "--trace",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Overrides the config's trace.",
+)
+@click.option(
+    "--prices",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Overrides the config's price file.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for table, CSV and plots.",
+)
+@click.option("--workers", type=int, default=1, show_default=True, help="Local processes (1: serial).")
+@click.option("--ray", "use_ray", is_flag=True, help="Run the sweep in parallel with Ray (local, loopback).")
+def replay(
+    config_path: Path, trace: Path | None, prices: Path | None, out: Path, workers: int, use_ray: bool
+) -> None:
+    """Replay a trace under every policy of the config, at every private size, and report."""
+    try:
+        config = load_config(config_path)
+        if trace is not None:
+            config = dataclasses.replace(config, trace_path=trace.resolve())
+        if prices is not None:
+            config = dataclasses.replace(config, prices_path=prices.resolve())
+        rows = sweep(config, executor_for(workers, use_ray))
+    except ReplayError as error:
+        raise click.ClickException(str(error)) from error
+    command = "gpufed " + " ".join(sys.argv[1:])
+    for line in write_all(rows, out, command):
+        click.echo(line)
+    click.echo(f"results in {out}")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(replay)

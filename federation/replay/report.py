@@ -1,0 +1,194 @@
+"""Writing a sweep's results: a Markdown table, a CSV, the headline figures and one plot per size.
+
+The headline compares gpufed with the fixed-wait curve, not with bursting at once: at each private
+size, the fixed-wait policies (burst-now is the wait of 0) trace cloud cost against average JCT, and
+`cost_ratio_vs_fixed_wait_curve` is gpufed's cost over the curve's cost at gpufed's average JCT,
+interpolated linearly between the curve's points sorted by JCT. Outside the curve's JCT range the
+nearest end is used, and the figure says it was clamped.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from federation.replay.metrics import Metrics
+
+_COLUMNS = [f.name for f in fields(Metrics)]
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    size_factor: float
+    gpufed_cost_usd: float
+    gpufed_avg_jct_h: float
+    curve_cost_usd: float
+    # gpufed's JCT lies outside the curve's range (the curve's end was used).
+    clamped: bool
+    burst_now_cost_usd: float
+
+    @property
+    def cost_ratio_vs_fixed_wait_curve(self) -> float:
+        if self.curve_cost_usd <= 0:
+            return math.inf if self.gpufed_cost_usd > 0 else 1.0
+        return self.gpufed_cost_usd / self.curve_cost_usd
+
+    @property
+    def cloud_cost_cut_vs_burst_now(self) -> float:
+        if self.burst_now_cost_usd <= 0:
+            return 0.0
+        return 1.0 - self.gpufed_cost_usd / self.burst_now_cost_usd
+
+
+def curve(rows: Sequence[Metrics], size: float) -> list[Metrics]:
+    """The fixed-wait curve at one size (burst-now as the wait of 0), sorted by average JCT."""
+    points = [
+        r
+        for r in rows
+        if r.size_factor == size and (r.policy == "burst_now" or r.policy.startswith("fixed_wait_"))
+    ]
+    return sorted(points, key=lambda r: (r.avg_jct_h, -r.cloud_cost_usd))
+
+
+def curve_cost_at(points: Sequence[Metrics], jct_h: float) -> tuple[float, bool]:
+    xs = np.array([p.avg_jct_h for p in points])
+    ys = np.array([p.cloud_cost_usd for p in points])
+    clamped = bool(jct_h < xs.min() or jct_h > xs.max())
+    return float(np.interp(jct_h, xs, ys)), clamped
+
+
+def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]:
+    out = []
+    for size in sorted({r.size_factor for r in rows}):
+        gpufed = next((r for r in rows if r.size_factor == size and r.policy == policy), None)
+        burst = next((r for r in rows if r.size_factor == size and r.policy == "burst_now"), None)
+        points = curve(rows, size)
+        if gpufed is None or burst is None or not points:
+            continue
+        cost, clamped = curve_cost_at(points, gpufed.avg_jct_h)
+        out.append(
+            Headline(size, gpufed.cloud_cost_usd, gpufed.avg_jct_h, cost, clamped, burst.cloud_cost_usd)
+        )
+    return out
+
+
+def figure_lines(heads: Sequence[Headline]) -> list[str]:
+    lines = []
+    for h in heads:
+        tag = f"{h.size_factor:g}x"
+        lines.append(f"cost_ratio_vs_fixed_wait_curve_{tag}: {h.cost_ratio_vs_fixed_wait_curve:.3f} ratio")
+        lines.append(f"cloud_cost_cut_vs_burst_now_{tag}: {h.cloud_cost_cut_vs_burst_now * 100:.1f} %")
+    return lines
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value)
+
+
+def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
+    shown = [
+        ("policy", "policy"),
+        ("private_gpus", "private GPUs"),
+        ("cloud_cost_usd", "cloud USD"),
+        ("jobs_in_cloud", "jobs in cloud"),
+        ("avg_jct_h", "avg JCT h"),
+        ("p95_jct_h", "p95 JCT h"),
+        ("avg_queue_h", "avg queue h"),
+        ("p95_queue_h", "p95 queue h"),
+        ("private_utilisation", "private util"),
+        ("jain_fairness", "Jain"),
+        ("max_share_gap_pp", "max gap pp"),
+        ("preemptions", "preemptions"),
+        ("unfinished", "unfinished"),
+        ("replay_s", "replay s"),
+    ]
+    out = []
+    for size in sorted({r.size_factor for r in rows}):
+        out.append(f"### Private size {size:g} x mean demand\n")
+        out.append("| " + " | ".join(title for _, title in shown) + " |")
+        out.append("|" + "---|" * len(shown))
+        for row in (r for r in rows if r.size_factor == size):
+            values = row.row()
+            out.append("| " + " | ".join(_cell(values[key]) for key, _ in shown) + " |")
+        out.append("")
+    out.append("### Headline figures\n")
+    out.append(
+        "| size | gpufed USD | gpufed avg JCT h | fixed-wait curve USD at that JCT | ratio | cut vs burst-now |"  # noqa: E501
+    )
+    out.append("|---|---|---|---|---|---|")
+    for h in heads:
+        clamp = " (clamped to the curve's end)" if h.clamped else ""
+        out.append(
+            f"| {h.size_factor:g}x | {h.gpufed_cost_usd:,.0f} | {h.gpufed_avg_jct_h:.3f} | "
+            f"{h.curve_cost_usd:,.0f}{clamp} | {h.cost_ratio_vs_fixed_wait_curve:.3f} | "
+            f"{h.cloud_cost_cut_vs_burst_now * 100:.1f} % |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def write_csv(rows: Sequence[Metrics], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row.row())
+
+
+def plot(rows: Sequence[Metrics], size: float, path: Path) -> None:
+    """Cloud cost against average JCT at one size: the fixed-wait curve, burst-now and gpufed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = curve(rows, size)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(
+        [p.avg_jct_h for p in points],
+        [p.cloud_cost_usd for p in points],
+        "o-",
+        color="tab:blue",
+        label="fixed wait (burst-now = 0)",
+    )
+    for p in points:
+        label = p.policy.removeprefix("fixed_wait_") if p.policy != "burst_now" else "0"
+        ax.annotate(
+            label, (p.avg_jct_h, p.cloud_cost_usd), textcoords="offset points", xytext=(4, 4), fontsize=8
+        )
+    for row in rows:
+        if row.size_factor != size:
+            continue
+        if row.policy == "gpufed":
+            ax.plot(row.avg_jct_h, row.cloud_cost_usd, "*", markersize=14, color="tab:red", label="gpufed")
+        elif row.policy.startswith("gpufed_"):
+            ax.plot(row.avg_jct_h, row.cloud_cost_usd, "x", color="tab:red")
+        elif row.policy == "private_only":
+            ax.axvline(row.avg_jct_h, color="grey", linestyle="--", label="private only (no cloud)")
+    ax.set_xlabel("average job completion time (h)")
+    ax.set_ylabel("cloud cost (USD)")
+    ax.set_title(f"Philly week replay, private GPUs = {size:g} x mean demand")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(rows: Sequence[Metrics], out: Path, command: str) -> list[str]:
+    """Table, CSV and plots under `out`; returns the headline figure lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    heads = headlines(rows)
+    write_csv(rows, out / "replay.csv")
+    (out / "replay.md").write_text(
+        f"# Replay results\n\nProduced by `{command}`.\n\n" + markdown(rows, heads)
+    )
+    for size in sorted({r.size_factor for r in rows}):
+        plot(rows, size, out / f"replay_cost_vs_jct_{size:g}x.png")
+    return figure_lines(heads)
