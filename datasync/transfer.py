@@ -1,0 +1,293 @@
+"""Copying objects: one GET and PUT, a multipart upload that resumes part by part, or a server-side copy.
+
+Every copy is verified before it counts. Bytes that pass through this process are hashed on the way and
+must give the manifest's sha256 (else the source changed: a permanent error); the target's ETag, where
+it is an MD5 (single part) or an MD5 of part MD5s (multipart), must match what was sent. A server-side
+copy moves no bytes through us, so the target is read back and hashed. `readback=True` reads back every
+copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from datasync.errors import DatasyncError, ObjectNotFound, SourceChanged, VerificationFailed
+from datasync.journal import Journal, JournalState
+from datasync.manifest import sha256_of
+from datasync.marker import VerifiedObject, normalize_etag
+from datasync.model import ManifestEntry
+from datasync.progress import ProgressTracker
+from datasync.store import ObjectStore, PartInfo
+from datasync.throttle import Retrier, RetryPolicy, TokenBucket
+
+_log = structlog.get_logger(__name__)
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_MULTIPART = re.compile(r"^[0-9a-f]{32}-\d+$")
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOptions:
+    concurrency: int = 32
+    multipart_threshold_bytes: int = 32 * _MIB
+    part_size_bytes: int = 16 * _MIB
+    max_buffered_bytes: int = 256 * _MIB
+    bandwidth_bytes_per_s: float | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    readback: bool = False
+    delete_removed: bool = True
+    progress_interval_s: float = 0.5
+
+
+@dataclass
+class TransferStats:
+    objects_copied: int = 0
+    bytes_read: int = 0
+    bytes_uploaded: int = 0
+    objects_put: int = 0
+    parts_uploaded: int = 0
+    parts_reused: int = 0
+    server_side_copies: int = 0
+    retries: int = 0
+    verified: dict[str, VerifiedObject] = field(default_factory=dict)
+    failures: list[tuple[str, DatasyncError]] = field(default_factory=list)
+
+    def merge(self, other: TransferStats) -> None:
+        for name in ("objects_copied", "bytes_read", "bytes_uploaded", "objects_put", "parts_uploaded"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.parts_reused += other.parts_reused
+        self.server_side_copies += other.server_side_copies
+        self.retries += other.retries
+        self.verified.update(other.verified)
+        self.failures.extend(other.failures)
+
+
+def _check_etag(etag: str | None, expected: str, what: str) -> None:
+    """Fail when the store's ETag is of the comparable kind (`pattern`) and differs from what we sent."""
+    tag = normalize_etag(etag)
+    if tag is not None and (_MD5.match(tag) or _MULTIPART.match(tag)) and tag != expected:
+        raise VerificationFailed(f"{what}: target ETag {tag} differs from the {expected} sent")
+
+
+def _md5(data: bytes) -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+def _digests(data: bytes) -> tuple[bytes, bytes]:
+    return hashlib.sha256(data).digest(), hashlib.md5(data, usedforsecurity=False).digest()
+
+
+class Copier:
+    """Copies manifest entries from `source` to `target`; one instance per run (or per Ray shard)."""
+
+    def __init__(
+        self,
+        source: ObjectStore,
+        source_prefix: str,
+        target: ObjectStore,
+        target_prefix: str,
+        *,
+        options: SyncOptions,
+        journal: Journal,
+        resume: JournalState,
+        tracker: ProgressTracker,
+    ) -> None:
+        self.source, self.target = source, target
+        self.source_prefix, self.target_prefix = source_prefix, target_prefix
+        self.options = options
+        self.journal = journal
+        self.resume = resume
+        self.tracker = tracker
+        self.stats = TransferStats()
+        self._retry = Retrier(options.retry)
+        self._bucket = (
+            TokenBucket(options.bandwidth_bytes_per_s, max(options.bandwidth_bytes_per_s / 4, 64 * 1024))
+            if options.bandwidth_bytes_per_s
+            else None
+        )
+        self._part_slots = asyncio.Semaphore(max(1, options.max_buffered_bytes // options.part_size_bytes))
+        self._server_side = target.can_copy_from(source)
+
+    async def run(self, entries: Iterable[ManifestEntry]) -> TransferStats:
+        work = iter(entries)
+
+        async def worker() -> None:
+            for entry in work:
+                try:
+                    obj = await self.copy(entry)
+                except DatasyncError as e:
+                    _log.warning("object_sync_failed", path=entry.path, error=str(e), retryable=e.retryable)
+                    self.stats.failures.append((entry.path, e))
+                    continue
+                self.stats.verified[entry.path] = obj
+                self.stats.objects_copied += 1
+                self.tracker.object_done()
+                self.journal.object_finished(entry.path, obj)
+
+        await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
+        self.stats.retries = self._retry.retries
+        return self.stats
+
+    async def copy(self, entry: ManifestEntry) -> VerifiedObject:
+        src, dst = self.source_prefix + entry.path, self.target_prefix + entry.path
+        if self._server_side:
+            return await self._retry(f"copy {entry.path}", lambda: self._server_copy(entry, src, dst))
+        if (
+            entry.size_bytes > self.options.multipart_threshold_bytes
+            and self.target.supports_resumable_multipart
+        ):
+            return await self._multipart(entry, src, dst)
+        return await self._retry(f"put {entry.path}", lambda: self._single(entry, src, dst))
+
+    async def _throttle(self, n: int) -> None:
+        if self._bucket is not None:
+            await self._bucket.acquire(n)
+
+    async def _readback(self, entry: ManifestEntry, dst: str, etag: str | None) -> VerifiedObject:
+        digest = await sha256_of(self.target, dst, entry.size_bytes)
+        if digest != entry.sha256:
+            raise VerificationFailed(
+                f"{dst}: target sha256 {digest[:12]} is not the manifest's {entry.sha256[:12]}"
+            )
+        return VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
+
+    async def _server_copy(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
+        etag = await self.target.copy_from(self.source, src, dst)
+        self.stats.server_side_copies += 1
+        obj = await self._readback(entry, dst, etag)
+        self.tracker.add_bytes(entry.size_bytes)
+        return obj
+
+    async def _single(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
+        data = await self.source.get(src)
+        self.stats.bytes_read += len(data)
+        if len(data) != entry.size_bytes:
+            raise SourceChanged(f"{src}: {len(data)} bytes, the manifest says {entry.size_bytes}")
+        sha, md5 = await asyncio.to_thread(_digests, data) if len(data) >= _MIB else _digests(data)
+        if sha.hex() != entry.sha256:
+            raise SourceChanged(f"{src}: content differs from the manifest (sha256 {sha.hex()[:12]})")
+        await self._throttle(len(data))
+        etag = await self.target.put(dst, data)
+        self.stats.objects_put += 1
+        self.stats.bytes_uploaded += len(data)
+        _check_etag(etag, md5.hex(), dst)
+        obj = (
+            await self._readback(entry, dst, etag)
+            if self.options.readback
+            else VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
+        )
+        self.tracker.add_bytes(len(data))
+        return obj
+
+    async def _resumable_upload(self, entry: ManifestEntry, dst: str) -> tuple[str, dict[int, PartInfo]]:
+        """The upload to continue (its id and the parts the target still holds), or a new one."""
+        part_size = self.options.part_size_bytes
+        state = self.resume.uploads.get(entry.path)
+        if state is not None and state.part_size_bytes == part_size:
+            try:
+                held = await self._retry(
+                    f"list parts {entry.path}", lambda: self.target.list_parts(dst, state.upload_id)
+                )
+            except ObjectNotFound:
+                held = []
+            by_number = {p.part_number: p for p in held}
+            done = {
+                n: p
+                for n, p in state.parts.items()
+                if n in by_number and normalize_etag(by_number[n].etag) == normalize_etag(p.etag)
+            }
+            if held:
+                _log.info("upload_resumed", path=entry.path, parts_done=len(done))
+                return state.upload_id, done
+        upload_id = await self._retry(
+            f"create upload {entry.path}", lambda: self.target.create_multipart(dst)
+        )
+        self.journal.upload_started(entry.path, upload_id, part_size)
+        return upload_id, {}
+
+    async def _multipart(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
+        part_size = self.options.part_size_bytes
+        upload_id, done = await self._resumable_upload(entry, dst)
+        sha = hashlib.sha256()
+        md5s: list[bytes] = []
+        sent: list[asyncio.Task[PartInfo]] = []
+        parts: dict[int, PartInfo] = {}
+        try:
+            for index, start in enumerate(range(0, entry.size_bytes, part_size)):
+                number, end = index + 1, min(start + part_size, entry.size_bytes)
+                await self._part_slots.acquire()
+                try:
+                    data = await self._retry(
+                        f"get part {number} of {src}",
+                        functools.partial(self.source.get, src, start=start, end=end),
+                    )
+                    if len(data) != end - start:
+                        raise SourceChanged(
+                            f"{src}: part {number} has {len(data)} bytes, expected {end - start}"
+                        )
+                    self.stats.bytes_read += len(data)
+                    await asyncio.to_thread(sha.update, data)
+                    md5 = await asyncio.to_thread(_md5, data)
+                except BaseException:
+                    self._part_slots.release()
+                    raise
+                md5s.append(md5)
+                reused = done.get(number)
+                tag = normalize_etag(reused.etag) if reused is not None else None
+                if (
+                    reused is not None
+                    and reused.size_bytes == len(data)
+                    and (not _MD5.match(tag or "") or tag == md5.hex())
+                ):
+                    self._part_slots.release()
+                    parts[number] = reused
+                    self.stats.parts_reused += 1
+                    self.tracker.add_bytes(len(data))
+                    continue
+                sent.append(asyncio.create_task(self._send_part(entry, dst, upload_id, number, data, md5)))
+            for part in await asyncio.gather(*sent):
+                parts[part.part_number] = part
+        except BaseException:
+            for task in sent:
+                task.cancel()
+            await asyncio.gather(*sent, return_exceptions=True)
+            raise
+        if sha.hexdigest() != entry.sha256:
+            await self.target.abort_multipart(dst, upload_id)
+            raise SourceChanged(f"{src}: content differs from the manifest (sha256 {sha.hexdigest()[:12]})")
+        ordered = [parts[n] for n in sorted(parts)]
+        etag = await self._retry(
+            f"complete {entry.path}", lambda: self.target.complete_multipart(dst, upload_id, ordered)
+        )
+        expected = f"{hashlib.md5(b''.join(md5s), usedforsecurity=False).hexdigest()}-{len(md5s)}"
+        _check_etag(etag, expected, dst)
+        if self.options.readback:
+            return await self._readback(entry, dst, etag)
+        return VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
+
+    async def _send_part(
+        self, entry: ManifestEntry, dst: str, upload_id: str, number: int, data: bytes, md5: bytes
+    ) -> PartInfo:
+        try:
+            await self._throttle(len(data))
+
+            async def put() -> PartInfo:
+                part = await self.target.put_part(dst, upload_id, number, data)
+                _check_etag(part.etag, md5.hex(), f"{dst} part {number}")
+                return part
+
+            part = await self._retry(f"put part {number} of {entry.path}", put)
+            self.stats.parts_uploaded += 1
+            self.stats.bytes_uploaded += len(data)
+            self.journal.part_finished(entry.path, upload_id, part)
+            self.tracker.add_bytes(len(data))
+            return part
+        finally:
+            self._part_slots.release()
