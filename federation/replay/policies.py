@@ -19,7 +19,7 @@ only in when a job gives up on private GPUs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from federation.replay.config import GpufedSettings, ReplayConfig
@@ -52,20 +52,20 @@ class PolicySpec:
         return self.kind is PolicyKind.PRIVATE_ONLY
 
     def policy_config(self, config: ReplayConfig) -> PolicyConfig:
-        base = {"preemption": config.preemption, "default_grace_period_s": config.grace_period_s}
+        base = PolicyConfig(preemption=config.preemption, default_grace_period_s=config.grace_period_s)
         if self.kind is PolicyKind.FIXED_WAIT:
-            return PolicyConfig(
-                **base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
+            return replace(
+                base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
             )
         if self.kind is PolicyKind.GPUFED:
             assert self.gpufed is not None
-            return PolicyConfig(
-                **base,
+            return replace(
+                base,
                 private_wait_s_per_gpu_hour=self.gpufed.private_wait_s_per_gpu_hour,
                 private_wait_max_s=self.gpufed.private_wait_max_s,
                 wait_value_usd_per_hour=self.gpufed.wait_value_usd_per_hour,
             )
-        return PolicyConfig(**base)
+        return base
 
 
 def _wait_name(wait_s: float) -> str:

@@ -35,6 +35,7 @@ from federation.replay.policies import PolicySpec
 from federation.replay.trace import TraceJob
 from federation.replay.world import FIFO_TENANT, PoolDef, World, gang_request
 from placement.model import (
+    ClusterName,
     ClusterState,
     GangRequest,
     JobId,
@@ -209,7 +210,7 @@ class Simulator:
             for node, gpus in run.shares:
                 nodes[node] += gpus
         else:
-            self.cloud_used[key] -= len(run.shares)
+            self.cloud_used[key] -= sum(gpus for _, gpus in run.shares)
         outcome = self.result.outcomes[job_id]
         if run.start_s < at:
             self.result.intervals.append(
@@ -233,14 +234,18 @@ class Simulator:
     # -- snapshot and plan
 
     def _snapshot(self) -> Snapshot:
-        clusters: dict[str, list[NodePool]] = {}
-        meta: dict[str, PoolDef] = {}
+        clusters: dict[ClusterName, list[NodePool]] = {}
+        meta: dict[ClusterName, PoolDef] = {}
         for pool in self.pools:
             key = (pool.cluster, pool.name)
             if pool.is_private:
                 free = tuple(self.free[key])
             else:
-                free = (pool.gpus_per_node,) * max(0, pool.nodes - self.cloud_used[key])
+                # Elastic: the GPUs not yet bought, as whole nodes and one partial node.
+                whole, rest = divmod(
+                    max(0, pool.nodes * pool.gpus_per_node - self.cloud_used[key]), pool.gpus_per_node
+                )
+                free = (pool.gpus_per_node,) * whole + ((rest,) if rest else ())
             clusters.setdefault(pool.cluster, []).append(
                 NodePool(
                     pool.name,
@@ -319,9 +324,9 @@ class Simulator:
                 shares.append((best, gpus))
             start = now
         else:
-            if self.cloud_used[key] + len(replicas) > pool.nodes:
+            if self.cloud_used[key] + request.gpu_count > pool.nodes * pool.gpus_per_node:
                 return False
-            self.cloud_used[key] += len(replicas)
+            self.cloud_used[key] += request.gpu_count
             shares = [(-1, gpus) for gpus in replicas]
             start = now + self.config.lead_time_s
         job_id = request.job_id
