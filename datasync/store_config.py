@@ -110,6 +110,15 @@ def parse_store_config(doc: Mapping[str, Any]) -> StoreConfig:
 def open_store(name: str, config: StoreConfig, *, env: Mapping[str, str] | None = None) -> ObjectStore:
     """Build the store client; credentials are read here, from the sources the config names."""
     env = os.environ if env is None else env
+    try:
+        return _open(name, config, env)
+    except StoreConfigError:
+        raise
+    except Exception as e:  # obstore's config errors; their text names fields and files, not secrets
+        raise StoreConfigError(f"store {name}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _open(name: str, config: StoreConfig, env: Mapping[str, str]) -> ObjectStore:
     if isinstance(config, S3StoreConfig):
         return _open_s3(name, config, env)
     if isinstance(config, GcsStoreConfig):
@@ -153,7 +162,7 @@ def _open_s3(name: str, config: S3StoreConfig, env: Mapping[str, str]) -> Obstor
         kwargs["virtual_hosted_style_request"] = bool(config.virtual_hosted)
         kwargs["client_options"] = {
             "allow_http": config.endpoint.startswith("http://"),
-            "pool_max_idle_per_host": 64,
+            "pool_max_idle_per_host": "64",
         }
     if creds is not None:
         kwargs["access_key_id"] = creds.access_key_id

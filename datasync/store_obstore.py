@@ -21,15 +21,17 @@ from datasync.s3_requests import S3Requests
 from datasync.store import ObjectMeta, ObjectStore, PartInfo
 
 _MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
+# obstore raises the builtin FileNotFoundError / PermissionError for some statuses, its own errors for others.
+_ERRORS = (obx.BaseError, FileNotFoundError, PermissionError)
 
 
 def map_error(e: Exception, what: str) -> DatasyncError:
     """obstore's exceptions as ours. The message keeps obstore's first line: it names the URL, no secret."""
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     text = f"{what}: {first}"
-    if isinstance(e, obx.NotFoundError):
+    if isinstance(e, obx.NotFoundError | FileNotFoundError):
         return ObjectNotFound(text)
-    if isinstance(e, obx.PermissionDeniedError | obx.UnauthenticatedError):
+    if isinstance(e, obx.PermissionDeniedError | obx.UnauthenticatedError | PermissionError):
         return AccessDenied(text)
     if isinstance(e, obx.GenericError) and "status code: 4" in str(e) and "status code: 429" not in str(e):
         err = DatasyncError(text)
@@ -83,7 +85,7 @@ class ObstoreStore:
                 yield [
                     ObjectMeta(m["path"], m["size"], m["e_tag"], m["last_modified"].timestamp()) for m in page
                 ]
-        except obx.BaseError as e:
+        except _ERRORS as e:
             raise map_error(e, f"{self._name}: list {prefix!r}") from None
 
     async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> bytes:
@@ -95,7 +97,7 @@ class ObstoreStore:
                 result = await obstore.get_async(self.raw, path, options={"range": {"offset": start or 0}})
                 return (await result.bytes_async()).to_bytes()
             return (await obstore.get_range_async(self.raw, path, start=start or 0, end=end)).to_bytes()
-        except obx.BaseError as e:
+        except _ERRORS as e:
             raise map_error(e, f"{self._name}: get {path}") from None
 
     async def put(self, path: str, data: bytes) -> str | None:
@@ -107,7 +109,7 @@ class ObstoreStore:
                 use_multipart=len(data) > _MULTIPART_CHUNK_BYTES,
                 chunk_size=_MULTIPART_CHUNK_BYTES,
             )
-        except obx.BaseError as e:
+        except _ERRORS as e:
             raise map_error(e, f"{self._name}: put {path}") from None
         return result["e_tag"]
 
@@ -145,7 +147,7 @@ class ObstoreStore:
             return await self._s3.copy_object(source.bucket, src_path, dst_path)
         try:
             await obstore.copy_async(self.raw, src_path, dst_path)
-        except obx.BaseError as e:
+        except _ERRORS as e:
             raise map_error(e, f"{self._name}: copy {src_path}") from None
         return None
 
@@ -153,9 +155,9 @@ class ObstoreStore:
         try:
             for i in range(0, len(paths), 1000):
                 await obstore.delete_async(self.raw, list(paths[i : i + 1000]))
-        except obx.NotFoundError:
+        except (obx.NotFoundError, FileNotFoundError):
             return
-        except obx.BaseError as e:
+        except _ERRORS as e:
             raise map_error(e, f"{self._name}: delete") from None
 
     async def close(self) -> None:
