@@ -126,5 +126,6 @@ def plan_eviction(
         tuple(chosen),
         freed,
         False,
-        f"store {store}: {pinned} bytes pinned by running jobs, {incoming_bytes} incoming, capacity {capacity_bytes}",
+        f"store {store}: {pinned} bytes pinned by running jobs, {incoming_bytes} incoming, "
+        f"capacity {capacity_bytes}",
     )

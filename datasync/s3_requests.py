@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import io
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -133,7 +134,9 @@ class S3Requests:
             method, url, query, headers or {}, self._credentials, self._region, dt.datetime.now(dt.UTC)
         )
         try:
-            async with self._session.request(method, url, params=query, headers=signed, data=data) as resp:
+            # A BytesIO body: aiohttp warns that raw bytes over 1 MiB would be copied on the event loop.
+            body_in = io.BytesIO(data) if data is not None else None
+            async with self._session.request(method, url, params=query, headers=signed, data=body_in) as resp:
                 body = await resp.text()
                 if resp.status >= 300:
                     raise _error_for(resp.status, body, what)

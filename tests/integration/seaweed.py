@@ -1,0 +1,69 @@
+"""Helpers for the datasync integration tests: two SeaweedFS stores, store clients, and a sync child.
+
+`python -m tests.integration.seaweed sync <args.json>` runs one sync in a child process, so a test can
+SIGKILL it mid-transfer and resume it in the parent, as a crashed staging worker would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from datasync.journal import LocalJournal
+from datasync.manifest import build_manifest
+from datasync.plan import plan_sync
+from datasync.seaweed_process import SeaweedProcess
+from datasync.store import ObjectStore
+from datasync.store_config import S3StoreConfig, open_store
+from datasync.sync import run_sync
+from datasync.transfer import SyncOptions
+
+
+@dataclass(frozen=True)
+class SeaweedStore:
+    """How to reach one running SeaweedFS: the config (no secret) and the env holding its keys."""
+
+    name: str
+    config: S3StoreConfig
+    env: dict[str, str]
+
+    def open(self) -> ObjectStore:
+        return open_store(self.name, self.config, env=self.env)
+
+
+def store_of(process: SeaweedProcess, name: str, bucket: str) -> SeaweedStore:
+    key_var, secret_var = f"{name.upper()}_KEY_ID", f"{name.upper()}_SECRET"
+    config = S3StoreConfig(
+        bucket, endpoint=process.endpoint, access_key_id_env=key_var, secret_access_key_env=secret_var
+    )
+    return SeaweedStore(name, config, {key_var: process.access_key_id, secret_var: process.secret_access_key})
+
+
+def _child_sync(args: dict[str, object]) -> None:
+    async def run() -> None:
+        source = SeaweedStore(
+            str(args["source_name"]), S3StoreConfig(**args["source"]), dict(os.environ)
+        ).open()  # type: ignore[arg-type]
+        target = SeaweedStore(
+            str(args["target_name"]), S3StoreConfig(**args["target"]), dict(os.environ)
+        ).open()  # type: ignore[arg-type]
+        manifest = await build_manifest(source, str(args["source_prefix"]))
+        journal = LocalJournal(args["journal"])  # type: ignore[arg-type]
+        plan = await plan_sync(
+            source, str(args["source_prefix"]), target, str(args["target_prefix"]), manifest, journal=journal
+        )
+        options = SyncOptions(**args["options"])  # type: ignore[arg-type]
+        await run_sync(plan, source, target, options=options, journal=journal)
+        await source.close()
+        await target.close()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "sync":
+        with open(sys.argv[2]) as f:
+            _child_sync(json.load(f))
