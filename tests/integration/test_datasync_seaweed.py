@@ -95,14 +95,17 @@ async def test_first_sync_then_a_noop_resync(stores: tuple[ObjectStore, ObjectSt
     assert manifest.object_count == len(files)
 
     first = await sync(source, target, prefix, manifest)
-    assert first.objects_copied == len(files) and first.failures == ()
+    assert first.objects_copied == len(files)
+    assert first.failures == ()
     assert first.parts_uploaded == 6  # 3 + 3 parts of 5 MiB for the two big objects
     for path in ("shard-007.tar", "weights/big-0.bin"):
         assert await target_bytes(target, prefix, path) == files[path]
     assert (await verify(target, prefix + "cache/", manifest)).ok
 
     again = await sync(source, target, prefix, manifest)
-    assert again.objects_copied == 0 and again.bytes_uploaded == 0 and again.objects_up_to_date == len(files)
+    assert again.objects_copied == 0
+    assert again.bytes_uploaded == 0
+    assert again.objects_up_to_date == len(files)
 
 
 async def test_only_changed_and_deleted_objects_move(stores: tuple[ObjectStore, ObjectStore, str]) -> None:
@@ -116,11 +119,13 @@ async def test_only_changed_and_deleted_objects_move(stores: tuple[ObjectStore, 
     await source.delete([prefix + "v1/shard-002.tar", prefix + "v1/weights/big-1.bin"])
     manifest = await build_manifest(source, prefix + "v1/")
     report = await sync(source, target, prefix, manifest)
-    assert report.objects_copied == 1 and report.bytes_uploaded == len(b"changed")
+    assert report.objects_copied == 1
+    assert report.bytes_uploaded == len(b"changed")
     assert report.objects_deleted == 2
     assert await target_bytes(target, prefix, "shard-001.tar") == b"changed"
     listed = {m.path async for page in target.list_prefix(prefix + "cache/") for m in page}
-    assert prefix + "cache/shard-002.tar" not in listed and prefix + "cache/weights/big-1.bin" not in listed
+    assert prefix + "cache/shard-002.tar" not in listed
+    assert prefix + "cache/weights/big-1.bin" not in listed
     assert prefix + "cache/README.not-ours" in listed  # a sync never deletes what it did not write
     assert (await verify(target, prefix + "cache/", manifest)).ok
 
@@ -134,11 +139,11 @@ async def test_a_killed_sync_resumes_without_resending_finished_objects_or_parts
     await upload(source, prefix + "v1/", files)
     manifest = await build_manifest(source, prefix + "v1/")
     journal_path = tmp_path / "journal.jsonl"
-    # Slow (8 MiB/s) and one object at a time, so the kill lands in the middle of the big upload.
+    # Slow (8 MiB/s), two objects at a time: the small ones finish while the big upload is still going.
     slow = {
         "multipart_threshold_bytes": 8 * MIB,
         "part_size_bytes": 5 * MIB,
-        "concurrency": 1,
+        "concurrency": 2,
         "max_buffered_bytes": 5 * MIB,
         "bandwidth_bytes_per_s": 8 * MIB,
     }
@@ -165,8 +170,12 @@ async def test_a_killed_sync_resumes_without_resending_finished_objects_or_parts
     }
     args_path = tmp_path / "args.json"
     args_path.write_text(json.dumps(args))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.seaweed", "sync", str(args_path)],
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.integration.seaweed",
+        "sync",
+        str(args_path),
         cwd=REPO,
         env={**os.environ, **src.env, **dst.env},
         stdout=subprocess.DEVNULL,
@@ -174,23 +183,24 @@ async def test_a_killed_sync_resumes_without_resending_finished_objects_or_parts
     )
     try:
         deadline = time.monotonic() + 60
-        # Wait until the big object has two parts in and a few small objects are done, then kill.
+        # Wait until the big object has two parts in, then kill.
         while time.monotonic() < deadline:
             text = journal_path.read_text() if journal_path.exists() else ""
             if text.count('"t":"part"') >= 2:
                 break
-            assert child.poll() is None, "the sync finished before it could be killed; slow it down"
+            assert child.returncode is None, "the sync finished before it could be killed; slow it down"
             await asyncio.sleep(0.02)
         child.send_signal(signal.SIGKILL)
-        child.wait()
+        await child.wait()
     finally:
-        if child.poll() is None:
+        if child.returncode is None:
             child.kill()
-            child.wait()
+            await child.wait()
     journal = LocalJournal(journal_path)
     state = journal.state()
     parts_before = len(state.uploads["big.bin"].parts)
-    assert parts_before >= 2 and "big.bin" not in state.finished
+    assert parts_before >= 2
+    assert "big.bin" not in state.finished
 
     report = await sync(source, target, prefix, manifest, journal=journal)
     assert report.parts_reused == parts_before
@@ -215,7 +225,8 @@ async def test_corruption_at_the_target_is_detected_and_repaired_by_the_next_syn
     original = files["shard-010.tar"]
     await target.put(prefix + "cache/shard-010.tar", bytes(b ^ 0xFF for b in original))
     report = await verify(target, prefix + "cache/", manifest)
-    assert report.wrong_hash == ("shard-010.tar",) and not report.ok
+    assert report.wrong_hash == ("shard-010.tar",)
+    assert not report.ok
     repaired = await sync(source, target, prefix, manifest)
     assert repaired.objects_copied == 1
     assert await target_bytes(target, prefix, "shard-010.tar") == original
@@ -230,5 +241,6 @@ async def test_same_endpoint_copies_server_side_and_verifies_by_reading_back(
     manifest = await build_manifest(source, prefix + "v1/")
     assert isinstance(source, ObstoreStore)
     report = await sync(source, source, prefix, manifest)
-    assert report.server_side_copies == 2 and report.bytes_uploaded == 0
+    assert report.server_side_copies == 2
+    assert report.bytes_uploaded == 0
     assert await source.get(prefix + "cache/b.bin") == files["b.bin"]
