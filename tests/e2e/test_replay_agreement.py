@@ -1,0 +1,190 @@
+"""The replay and the real control plane make the same decisions on a sample of the Philly week.
+
+The first 120 jobs of the week (up to 8 GPUs each, GPU types drawn as bench/replay.yaml says) go
+through the gRPC API to a real server on real etcd and simulated Kubernetes clusters, and through
+the replay with the same clusters, prices and speeds, under burst-now (a job that does not fit in
+private capacity goes to the cheapest cloud at once). Time is compressed into waves of 30 jobs:
+jobs shorter than the trace's median run 1 s (they finish before the next wave), the others run
+for the whole test. Each wave is submitted, every job of it is waited for until it runs (or has
+run), and the short ones must finish before the next wave.
+
+The check: every job runs on the same cluster and GPU type in both. It is deterministic because one
+tenant makes the queue first come first served and burst-now never reserves or waits: each job's
+decision depends only on the jobs before it and on which have finished, which the waves fix, not on
+how submissions fall into the server's cycles. Node choice matches because both place best fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.etcd_process import EtcdProcess
+from federation.replay.config import load_config
+from federation.replay.policies import PolicyKind, PolicySpec
+from federation.replay.sim import simulate
+from federation.replay.trace import TraceJob, assign_gpu_types, read_trace
+from federation.replay.world import PoolDef, World
+from federation.sim_process import SimProcess
+from placement.model import CapacityKind, ClusterName, GpuType, GpuTypePolicy, Provider, TenantId, TenantQuota
+from tests.e2e.harness import ServerProcess, wait_for
+from tests.e2e.kube import write_config
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_CONFIG = ROOT / "bench" / "replay.yaml"
+JOBS, WAVE = 120, 30
+WAVE_GAP_S = 100_000.0
+LONG_S = 600
+STARTED = (pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_SUCCEEDED)
+
+# Private nodes and elastic-enough clouds at list prices (USD per GPU-hour) from the shared snapshot.
+POOLS = [
+    ("onprem", Provider.PRIVATE, "V100", CapacityKind.PRIVATE, 0.6, 2),
+    ("onprem", Provider.PRIVATE, "A100", CapacityKind.PRIVATE, 1.0, 1),
+    ("aws", Provider.AWS, "V100", CapacityKind.ON_DEMAND, 3.06, 20),
+    ("aws", Provider.AWS, "A100", CapacityKind.ON_DEMAND, 2.744705, 20),
+    ("gcp", Provider.GCP, "V100", CapacityKind.ON_DEMAND, 2.539151, 20),
+    ("gcp", Provider.GCP, "A100", CapacityKind.ON_DEMAND, 3.483719, 20),
+]
+
+
+def _pool_defs() -> list[PoolDef]:
+    return [
+        PoolDef(ClusterName(c), p, "r1", t.lower(), GpuType(t), k, price, 8, nodes)
+        for c, p, t, k, price, nodes in POOLS
+    ]
+
+
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": cluster,
+        "provider": provider.value,
+        "region": "r1",
+        "pools": [
+            {
+                "name": p.name,
+                "gpuType": p.gpu_type,
+                "kind": p.kind.value,
+                "usdPerGpuHour": p.usd_per_gpu_hour,
+                "gpusPerNode": p.gpus_per_node,
+                "nodes": p.nodes,
+            }
+            for p in _pool_defs()
+            if p.cluster == cluster
+        ],
+    }
+    for cluster, provider in (("onprem", Provider.PRIVATE), ("aws", Provider.AWS), ("gcp", Provider.GCP))
+]
+
+
+def _sample() -> list[TraceJob]:
+    config = load_config(BENCH_CONFIG)
+    if not config.trace_path.exists():
+        pytest.skip("shared/data is absent")
+    jobs = [
+        j
+        for j in assign_gpu_types(read_trace(config.trace_path), config.gpu_mix, config.seed)
+        if j.num_gpus <= 8
+    ]
+    return jobs[:JOBS]
+
+
+def _short(job: TraceJob, median_s: float) -> bool:
+    return job.duration_s < median_s
+
+
+def _manifest(job: TraceJob, short: bool) -> str:
+    policy = "  gpuTypePolicy: Any\n" if job.gpu_type_policy is GpuTypePolicy.ANY else ""
+    return (
+        "apiVersion: gpufed.io/v1\nkind: TrainingJob\n"
+        f'metadata:\n  name: {job.job_id}\n  annotations:\n    sim.gpufed.io/duration: "{1 if short else LONG_S}s"\n'
+        f"spec:\n  gpuTypes: [{', '.join(job.gpu_types)}]\n{policy}  maxRuntime: 2h\n"
+        f'  tasks:\n    - {{name: master, replicas: 1, image: "pytorch/pytorch:2.3", gpus: {job.num_gpus}}}\n'
+    )
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = write_config(
+        tmp_path / "federation.yaml",
+        sims,
+        CLUSTERS,
+        grace_s=30,
+        policy={"privateWaitSecondsPerGpuHour": 0},
+        gpuSpeeds={"V100": 1.0, "A100": 1.6},
+        tenants=[{"name": "platform"}, {"name": "replay"}],
+        users=[{"name": "admin", "tenant": "platform", "role": "admin"}, {"name": "ann", "tenant": "replay"}],
+    )
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _replay(jobs: list[TraceJob], median_s: float) -> dict[str, tuple[str, str]]:
+    config = dataclasses.replace(load_config(BENCH_CONFIG), cycle_s=0.0, expected_runtime="limit")
+    compressed = [
+        TraceJob(
+            j.job_id,
+            (i // WAVE) * WAVE_GAP_S + (i % WAVE) * 0.01,
+            1.0 if _short(j, median_s) else 10 * WAVE_GAP_S * math.ceil(len(jobs) / WAVE),
+            j.num_gpus,
+            TenantId("replay"),
+            j.gpu_types,
+            j.gpu_type_policy,
+        )
+        for i, j in enumerate(jobs)
+    ]
+    pools = _pool_defs()
+    # One tenant with no quota, as on the server.
+    world = World(
+        sum(p.nodes * 8 for p in pools if p.is_private), tuple(pools), (TenantQuota(TenantId("replay")),)
+    )
+    result = simulate(config, world, PolicySpec("burst_now", PolicyKind.BURST_NOW), compressed)
+    return {o.job.job_id: (o.cluster, o.gpu_type) for o in result.outcomes.values()}
+
+
+def test_the_replay_and_the_control_plane_put_every_job_in_the_same_place(fed: ServerProcess) -> None:
+    jobs = _sample()
+    durations = sorted(j.duration_s for j in jobs)
+    median_s = durations[len(durations) // 2]
+    expected = _replay(jobs, median_s)
+    actual: dict[str, tuple[str, str]] = {}
+    with fed.client("ann") as ann:
+        for start in range(0, len(jobs), WAVE):
+            wave = jobs[start : start + WAVE]
+            ids = {ann.submit(_manifest(j, _short(j, median_s))).job_id: j for j in wave}
+
+            def placed(ids: dict[str, TraceJob] = ids) -> list[pb.Job] | None:
+                found = [ann.get(i) for i in ids]
+                return found if all(f.phase in STARTED and f.cluster for f in found) else None
+
+            try:
+                done = wait_for(placed, timeout_s=120, interval_s=0.5)
+            except AssertionError:
+                stuck = [(ann.get(i), ann.explain(i)) for i in ids]
+                raise AssertionError(
+                    "not all placed: "
+                    + "; ".join(
+                        f"{j.name} {j.phase} {j.message} {[r.code for r in e.reasons]}"
+                        for j, e in stuck
+                        if j.phase not in STARTED or not j.cluster
+                    )
+                ) from None
+            for job in done:
+                actual[ids[job.job_id].job_id] = (job.cluster, job.gpu_type)
+            shorts = [i for i, j in ids.items() if _short(j, median_s)]
+            wait_for(lambda s=shorts: all(ann.get(i).phase == pb.JOB_PHASE_SUCCEEDED for i in s), 60, 0.5)
+    differ = {k: (expected[k], actual[k]) for k in actual if expected[k] != actual[k]}
+    assert not differ, f"{len(differ)} of {len(actual)} jobs placed differently (replay, server): {differ}"
+    # The sample exercises both sides of the decision.
+    assert {c for c, _ in actual.values()} >= {"onprem"}
+    assert len({c for c, _ in actual.values()}) >= 2
