@@ -17,7 +17,7 @@ import structlog
 from datasync.codec import manifest_from_json, manifest_to_json
 from datasync.errors import SourceChanged
 from datasync.model import Manifest, ManifestEntry
-from datasync.store import ObjectMeta, ObjectStore
+from datasync.store import Blob, ObjectMeta, ObjectStore
 
 _log = structlog.get_logger(__name__)
 
@@ -30,7 +30,7 @@ def is_internal(relative_path: str) -> bool:
     return relative_path.startswith(INTERNAL_DIR)
 
 
-async def hash_update(h: hashlib._Hash, data: bytes) -> None:
+async def hash_update(h: hashlib._Hash, data: Blob) -> None:
     """Feed `data` to `h`, on a thread when it is big enough to stall the event loop."""
     if len(data) >= _THREAD_HASH_BYTES:
         await asyncio.to_thread(h.update, data)
@@ -122,4 +122,4 @@ async def save_manifest(store: ObjectStore, path: str, manifest: Manifest) -> No
 
 
 async def load_manifest(store: ObjectStore, path: str) -> Manifest:
-    return manifest_from_json(await store.get(path))
+    return manifest_from_json(bytes(await store.get(path)))

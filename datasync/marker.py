@@ -64,7 +64,7 @@ class SyncState:
 async def read_marker(store: ObjectStore, prefix: str) -> SyncState | None:
     """The target's sync state, or None when there is none or it is unreadable (then nothing is trusted)."""
     try:
-        data = await store.get(prefix + MARKER_NAME)
+        data = bytes(await store.get(prefix + MARKER_NAME))
     except ObjectNotFound:
         return None
     try:

@@ -14,19 +14,41 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import io
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import aiohttp.payload
+from aiohttp.abc import AbstractStreamWriter
 
 from datasync.credentials import AwsCredentials
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
 from datasync.store import PartInfo
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
+_WRITE_SLICE_BYTES = 1024 * 1024
+
+
+class _ViewPayload(aiohttp.payload.BytesPayload):
+    """A request body sent from a memoryview in 1 MiB slices: no copy of a 16 MiB part (BytesIO copies
+    it, and so does `bytes()` of obstore's buffer), and the loop is not held by one giant write."""
+
+    def __init__(self, value: bytes | memoryview) -> None:
+        view = memoryview(value).cast("B")
+        aiohttp.payload.Payload.__init__(self, b"", content_type="application/octet-stream")
+        self._view = view
+        self._size = view.nbytes
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        view = self._view
+        end = view.nbytes if content_length is None else min(content_length, view.nbytes)
+        for start in range(0, end, _WRITE_SLICE_BYTES):
+            await writer.write(view[start : min(start + _WRITE_SLICE_BYTES, end)])
 
 
 def _quote(s: str, safe: str = "-_.~") -> str:
@@ -119,7 +141,7 @@ class S3Requests:
         *,
         query: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
-        data: bytes | None = None,
+        data: bytes | memoryview | None = None,
         what: str,
     ) -> tuple[str, Mapping[str, str]]:
         loop = asyncio.get_running_loop()
@@ -134,8 +156,7 @@ class S3Requests:
             method, url, query, headers or {}, self._credentials, self._region, dt.datetime.now(dt.UTC)
         )
         try:
-            # A BytesIO body: aiohttp warns that raw bytes over 1 MiB would be copied on the event loop.
-            body_in = io.BytesIO(data) if data is not None else None
+            body_in = _ViewPayload(data) if data is not None else None
             async with self._session.request(method, url, params=query, headers=signed, data=body_in) as resp:
                 body = await resp.text()
                 if resp.status >= 300:
@@ -154,7 +175,9 @@ class S3Requests:
             raise StoreUnavailable(f"create upload {key}: no UploadId in the reply")
         return ids[0]
 
-    async def put_part(self, key: str, upload_id: str, part_number: int, data: bytes) -> PartInfo:
+    async def put_part(
+        self, key: str, upload_id: str, part_number: int, data: bytes | memoryview
+    ) -> PartInfo:
         query = {"partNumber": str(part_number), "uploadId": upload_id}
         _, headers = await self._request(
             "PUT", key, query=query, data=data, what=f"put part {part_number} of {key}"

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+# Object bytes: stores may hand out a memoryview over their client's buffer rather than copy it to bytes.
+Blob = bytes | memoryview
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectMeta:
     """One object as a listing reports it. `etag` is an opaque change token, never a content hash."""
@@ -49,11 +53,11 @@ class ObjectStore(Protocol):
         """Every object under `prefix` (recursively), in pages, from one listing call stream."""
         ...
 
-    async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> bytes:
+    async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> Blob:
         """The object's bytes, or bytes [start, end) of it."""
         ...
 
-    async def put(self, path: str, data: bytes) -> str | None:
+    async def put(self, path: str, data: Blob) -> str | None:
         """Write the object in one request; returns its new ETag when the store reports one."""
         ...
 
@@ -61,7 +65,7 @@ class ObjectStore(Protocol):
         """Start a multipart upload; returns its upload id."""
         ...
 
-    async def put_part(self, path: str, upload_id: str, part_number: int, data: bytes) -> PartInfo: ...
+    async def put_part(self, path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo: ...
 
     async def list_parts(self, path: str, upload_id: str) -> list[PartInfo]:
         """Parts the store holds for an unfinished upload (raises ObjectNotFound once it is gone)."""

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from datasync.errors import DatasyncError, ObjectNotFound, StoreUnavailable
-from datasync.store import ObjectMeta, ObjectStore, PartInfo
+from datasync.store import Blob, ObjectMeta, ObjectStore, PartInfo
 
 _STAGING = ".multipart"
 _PAGE = 1000
@@ -101,7 +101,7 @@ class LocalStore:
         tmp.replace(target)
         return _etag(target.stat())
 
-    async def put(self, path: str, data: bytes) -> str | None:
+    async def put(self, path: str, data: Blob) -> str | None:
         return await asyncio.to_thread(self._write, self._file(path), bytes(data))
 
     def _upload_dir(self, upload_id: str) -> Path:
@@ -113,7 +113,7 @@ class LocalStore:
         await asyncio.to_thread(self._upload_dir(upload_id).mkdir, parents=True)
         return upload_id
 
-    async def put_part(self, path: str, upload_id: str, part_number: int, data: bytes) -> PartInfo:
+    async def put_part(self, path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo:
         folder = self._upload_dir(upload_id)
         if not folder.is_dir():
             raise ObjectNotFound(f"{self._name}: no upload {upload_id}")

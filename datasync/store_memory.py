@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from datasync.errors import DatasyncError, ObjectNotFound, StoreUnavailable
-from datasync.store import ObjectMeta, ObjectStore, PartInfo
+from datasync.store import Blob, ObjectMeta, ObjectStore, PartInfo
 
 _PAGE = 1000
 _upload_ids = itertools.count(1)
 
 
-def md5_etag(data: bytes) -> str:
+def md5_etag(data: Blob) -> str:
     return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
 
 
@@ -74,7 +74,7 @@ class MemoryStore:
         if pending:
             raise pending.pop(0)
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: Blob) -> None:
         """Set an object directly (no request counted): for test setup and corruption."""
         self.objects[path] = (bytes(data), md5_etag(data), time.time())
 
@@ -95,7 +95,7 @@ class MemoryStore:
         data = self.objects[path][0]
         return data[start or 0 : end if end is not None else len(data)]
 
-    async def put(self, path: str, data: bytes) -> str | None:
+    async def put(self, path: str, data: Blob) -> str | None:
         self._enter("put")
         self.bytes_written += len(data)
         self.write(path, data)
@@ -113,7 +113,7 @@ class MemoryStore:
             raise ObjectNotFound(f"{self._name}: no upload {upload_id} for {path}")
         return upload
 
-    async def put_part(self, path: str, upload_id: str, part_number: int, data: bytes) -> PartInfo:
+    async def put_part(self, path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo:
         self._enter("put_part")
         self._upload(path, upload_id).parts[part_number] = bytes(data)
         self.bytes_written += len(data)

@@ -18,7 +18,7 @@ import obstore.exceptions as obx
 
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
 from datasync.s3_requests import S3Requests
-from datasync.store import ObjectMeta, ObjectStore, PartInfo
+from datasync.store import Blob, ObjectMeta, ObjectStore, PartInfo
 
 _MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
 # obstore raises the builtin FileNotFoundError / PermissionError for some statuses, its own errors for others.
@@ -88,19 +88,19 @@ class ObstoreStore:
         except _ERRORS as e:
             raise map_error(e, f"{self._name}: list {prefix!r}") from None
 
-    async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> bytes:
+    async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> Blob:
         try:
             if start is None and end is None:
                 result = await obstore.get_async(self.raw, path)
-                return (await result.bytes_async()).to_bytes()
+                return memoryview(await result.bytes_async())
             if end is None:
                 result = await obstore.get_async(self.raw, path, options={"range": {"offset": start or 0}})
-                return (await result.bytes_async()).to_bytes()
-            return (await obstore.get_range_async(self.raw, path, start=start or 0, end=end)).to_bytes()
+                return memoryview(await result.bytes_async())
+            return memoryview(await obstore.get_range_async(self.raw, path, start=start or 0, end=end))
         except _ERRORS as e:
             raise map_error(e, f"{self._name}: get {path}") from None
 
-    async def put(self, path: str, data: bytes) -> str | None:
+    async def put(self, path: str, data: Blob) -> str | None:
         try:
             result = await obstore.put_async(
                 self.raw,
@@ -123,7 +123,7 @@ class ObstoreStore:
     async def create_multipart(self, path: str) -> str:
         return await self._multipart().create_multipart(path)
 
-    async def put_part(self, path: str, upload_id: str, part_number: int, data: bytes) -> PartInfo:
+    async def put_part(self, path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo:
         return await self._multipart().put_part(path, upload_id, part_number, data)
 
     async def list_parts(self, path: str, upload_id: str) -> list[PartInfo]:

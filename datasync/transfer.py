@@ -24,7 +24,7 @@ from datasync.manifest import sha256_of
 from datasync.marker import VerifiedObject, normalize_etag
 from datasync.model import ManifestEntry
 from datasync.progress import ProgressTracker
-from datasync.store import ObjectStore, PartInfo
+from datasync.store import Blob, ObjectStore, PartInfo
 from datasync.throttle import Retrier, RetryPolicy, TokenBucket
 
 _log = structlog.get_logger(__name__)
@@ -76,11 +76,11 @@ def _check_etag(etag: str | None, expected: str, what: str) -> None:
         raise VerificationFailed(f"{what}: target ETag {tag} differs from the {expected} sent")
 
 
-def _md5(data: bytes) -> bytes:
+def _md5(data: Blob) -> bytes:
     return hashlib.md5(data, usedforsecurity=False).digest()
 
 
-def _digests(data: bytes) -> tuple[bytes, bytes]:
+def _digests(data: Blob) -> tuple[bytes, bytes]:
     return hashlib.sha256(data).digest(), hashlib.md5(data, usedforsecurity=False).digest()
 
 
@@ -273,7 +273,7 @@ class Copier:
         return VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
 
     async def _send_part(
-        self, entry: ManifestEntry, dst: str, upload_id: str, number: int, data: bytes, md5: bytes
+        self, entry: ManifestEntry, dst: str, upload_id: str, number: int, data: Blob, md5: bytes
     ) -> PartInfo:
         try:
             await self._throttle(len(data))
