@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-
 # Object bytes: stores may hand out a memoryview over their client's buffer rather than copy it to bytes.
 Blob = bytes | memoryview
 
