@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import aiohttp.payload
+import yarl
 from aiohttp.abc import AbstractStreamWriter
 
 from datasync.credentials import AwsCredentials
@@ -157,7 +158,10 @@ class S3Requests:
         )
         try:
             body_in = _ViewPayload(data) if data is not None else None
-            async with self._session.request(method, url, params=query, headers=signed, data=body_in) as resp:
+            # The exact bytes that were signed: yarl must not re-quote the path or the query.
+            canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+            target = yarl.URL(f"{url}?{canonical_query}" if canonical_query else url, encoded=True)
+            async with self._session.request(method, target, headers=signed, data=body_in) as resp:
                 body = await resp.text()
                 if resp.status >= 300:
                     raise _error_for(resp.status, body, what)

@@ -10,6 +10,7 @@ copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import re
@@ -206,6 +207,11 @@ class Copier:
             if held:
                 _log.info("upload_resumed", path=entry.path, parts_done=len(done))
                 return state.upload_id, done
+        if state is not None:
+            # An upload we cannot continue (other part size, or the store dropped it): do not leave it
+            # holding storage.
+            with contextlib.suppress(DatasyncError):
+                await self.target.abort_multipart(dst, state.upload_id)
         upload_id = await self._retry(
             f"create upload {entry.path}", lambda: self.target.create_multipart(dst)
         )

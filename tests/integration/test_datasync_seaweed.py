@@ -244,3 +244,16 @@ async def test_same_endpoint_copies_server_side_and_verifies_by_reading_back(
     assert report.server_side_copies == 2
     assert report.bytes_uploaded == 0
     assert await source.get(prefix + "cache/b.bin") == files["b.bin"]
+
+
+async def test_keys_that_need_escaping_survive_signed_multipart_requests(
+    stores: tuple[ObjectStore, ObjectStore, str],
+) -> None:
+    source, target, prefix = stores
+    files = {"odd name=1+2/ü & (x).bin": os.urandom(9 * MIB), "a%20b.txt": b"literal percent"}
+    await upload(source, prefix + "v1/", files)
+    manifest = await build_manifest(source, prefix + "v1/")
+    report = await sync(source, target, prefix, manifest)
+    assert report.parts_uploaded == 2
+    for path, data in files.items():
+        assert await target_bytes(target, prefix, path) == data
