@@ -84,9 +84,10 @@ class GangStatus:
     message: str = ""
     started_at_s: float | None = None
     finished_at_s: float | None = None
-    # Where a RUNNING gang holds GPUs, by the node indices of `inventory()`'s free_gpus_per_node
-    # (the placer adds them back to see what evicting it would free). Empty when finished, pending,
-    # or partly on nodes the inventory leaves out: a partial location would miscount.
+    # Where a gang holds GPUs, by the node indices of `inventory()`'s free_gpus_per_node (the placer
+    # adds them back to see what evicting it would free; for a PENDING gang, only its pods already
+    # bound). Empty when finished, or partly on nodes the inventory leaves out: a partial location
+    # would miscount.
     nodes: tuple[NodeShare, ...] = ()
 
 

@@ -163,6 +163,11 @@ class Scheduler:
         stored_jobs = {s.value.job_id: s for s in self._cache.live_jobs()}
         jobs = [s.value for s in stored_jobs.values()]
         inputs = await self._inputs.read()
+        # Statuses read with the inventory, not the reconciler's from up to a tick ago: the snapshot
+        # holds back the GPUs of dispatched gangs whose pods the inventory does not show yet, and a
+        # stale status would count a gang bound since then twice. Read first, so a pod bound between
+        # the two reads is counted twice (less free capacity for a cycle), never missed.
+        statuses = await self._members.statuses()
         inventories = await self._members.inventories()
         now = self._clock()
         usage = self._tenant_usage(now, inputs)
@@ -175,7 +180,7 @@ class Scheduler:
             jobs,
             inputs,
             inventories,
-            self._members.last_statuses,
+            statuses,
             usage,
             preempted,
             now,

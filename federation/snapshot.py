@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from clusters.api import GangStatus
+from clusters.api import GangPhase, GangStatus
 from federation.jobs import JobRecord
 from federation.records import ApprovalRecord, SchedulingSettings, TenantRecord, UserRecord
 from federation.usage import TenantUsage
@@ -89,6 +89,37 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
     )
 
 
+def unbound_replica_gpus(
+    job: JobRecord, cluster_answered: bool, status: GangStatus | None
+) -> tuple[int, ...]:
+    """The GPUs per replica that `job` is promised on its cluster but the inventory does not yet show.
+
+    Admitted and staging gangs are not on the cluster at all. A dispatched gang is on it, but until
+    its pods are bound to nodes the inventory counts none of its GPUs: without holding them back, the
+    next cycle admitted a second gang into the same GPUs, and that gang sat pending behind work that
+    could run for hours. Once the cluster reports pods on nodes, only the rest is held back.
+    """
+    if job.phase in _PENDING_PHASES:
+        return job.spec.replica_gpus
+    if job.phase is not JobPhase.DISPATCHED or not cluster_answered:
+        # Running gangs are bound; a silent cluster's inventory offers nothing to protect.
+        return ()
+    if status is None:
+        return job.spec.replica_gpus  # created, not yet seen by the cluster's watch
+    if status.phase is not GangPhase.PENDING:
+        return ()
+    bound = sum(share.gpus for share in status.nodes)
+    remaining: list[int] = []
+    # Which replicas are bound is not reported, only where GPUs are held: count the smallest as bound
+    # first, so the larger replicas are held back and the estimate errs towards less free capacity.
+    for gpus in sorted(job.spec.replica_gpus):
+        if gpus <= bound:
+            bound -= gpus
+        else:
+            remaining.append(gpus)
+    return tuple(remaining)
+
+
 class GangRequests:
     """Each queued job's GangRequest, built once per (record version, inputs version)."""
 
@@ -129,16 +160,25 @@ def build_snapshot(
         gang = running_gang(job, inputs, status)
         if gang is not None:
             running.append(gang)
-    pending = [
-        PendingGang(
-            cluster=j.placement.cluster,
-            gpu_type=j.placement.gpu_type,
-            kind=j.placement.kind,
-            replica_gpus=j.spec.replica_gpus,
+    pending = []
+    for job in jobs:
+        if job.placement is None:
+            continue
+        on_cluster = statuses.get(job.placement.cluster)
+        unbound = unbound_replica_gpus(
+            job,
+            on_cluster is not None,
+            None if on_cluster is None else on_cluster.get((job.job_id, job.attempt)),
         )
-        for j in jobs
-        if j.phase in _PENDING_PHASES and j.placement is not None
-    ]
+        if unbound:
+            pending.append(
+                PendingGang(
+                    cluster=job.placement.cluster,
+                    gpu_type=job.placement.gpu_type,
+                    kind=job.placement.kind,
+                    replica_gpus=unbound,
+                )
+            )
     clusters = tuple(reserve_pending(c, pending) if pending else c for c in inventories)
     settings = inputs.settings
     values = settings.class_values()

@@ -228,11 +228,13 @@ def gang_status(
             started_at_s=started_at_s if started_at_s is not None else now_s,
             nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
         )
+    # Pods already bound hold their GPUs in the inventory; the federation holds back only the rest.
     return GangStatus(
         job_id=gang.job_id,
         attempt=gang.attempt,
         phase=GangPhase.PENDING,
         message=f"{pods.running} of {gang.replicas} pods running",
+        nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
     )
 
 

@@ -210,3 +210,68 @@ def test_an_organisations_month_includes_its_teams_for_its_budget() -> None:
     assert usage[VISION].month_gpu_hours == pytest.approx(4.0)
     # Fair share stays per team: the organisation has no history of its own.
     assert usage[TenantId("research")].decayed_gpu_hours == ()
+
+
+def _placed(phase: JobPhase, replicas: int = 2) -> JobRecord:
+    job = build_job("d", gpus=4, replicas=replicas, gpu="A100", phase=phase)
+    placement = JobPlacement(ClusterName("onprem"), A100, CapacityKind.PRIVATE, 1.1)
+    return replace(job, placement=placement)
+
+
+def _pending(*shares: tuple[int, int]) -> GangStatus:
+    from placement.model import NodeShare
+
+    return GangStatus(
+        JobId("d"), 1, GangPhase.PENDING, nodes=tuple(NodeShare("a100", i, g) for i, g in shares)
+    )
+
+
+@pytest.mark.parametrize(
+    ("phase", "answered", "status", "held_back"),
+    [
+        pytest.param(JobPhase.ADMITTED, True, None, (4, 4), id="admitted-not-on-the-cluster-yet"),
+        pytest.param(JobPhase.STAGING, True, None, (4, 4), id="staging-not-on-the-cluster-yet"),
+        pytest.param(JobPhase.DISPATCHED, True, None, (4, 4), id="dispatched-not-seen-by-the-watch-yet"),
+        pytest.param(JobPhase.DISPATCHED, True, _pending(), (4, 4), id="dispatched-pods-unbound"),
+        pytest.param(JobPhase.DISPATCHED, True, _pending((0, 4)), (4,), id="dispatched-half-bound"),
+        pytest.param(JobPhase.DISPATCHED, True, _pending((0, 4), (1, 4)), (), id="dispatched-all-bound"),
+        pytest.param(
+            JobPhase.DISPATCHED,
+            True,
+            GangStatus(JobId("d"), 1, GangPhase.SUCCEEDED),
+            (),
+            id="dispatched-already-finished",
+        ),
+        pytest.param(JobPhase.DISPATCHED, False, None, (), id="cluster-silent-nothing-to-protect"),
+        pytest.param(JobPhase.RUNNING, True, None, (), id="running-is-in-the-inventory"),
+    ],
+)
+def test_gpus_promised_but_not_yet_in_the_inventory_are_held_back(
+    phase: JobPhase, answered: bool, status: GangStatus | None, held_back: tuple[int, ...]
+) -> None:
+    from federation.snapshot import unbound_replica_gpus
+
+    assert unbound_replica_gpus(_placed(phase), answered, status) == held_back
+
+
+def test_a_dispatched_gang_whose_pods_are_not_bound_keeps_its_gpus_out_of_the_next_cycle() -> None:
+    from placement.model import ClusterState, NodePool, Provider
+
+    cluster = ClusterState(
+        name=ClusterName("onprem"),
+        provider=Provider.PRIVATE,
+        region="dc1",
+        pools=(NodePool("a100", A100, CapacityKind.PRIVATE, 1.1, 8, (8, 8)),),
+    )
+    dispatched = _placed(JobPhase.DISPATCHED)
+    unbound = build_snapshot(
+        [dispatched], _inputs(), [cluster], statuses={ClusterName("onprem"): {(JobId("d"), 1): _pending()}}
+    )
+    bound = build_snapshot(
+        [dispatched],
+        _inputs(),
+        [cluster],
+        statuses={ClusterName("onprem"): {(JobId("d"), 1): _pending((0, 4), (0, 4))}},
+    )
+    assert sum(unbound.clusters[0].pools[0].free_gpus_per_node) == 8
+    assert bound.clusters[0].pools[0].free_gpus_per_node == (8, 8)
