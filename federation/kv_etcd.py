@@ -67,10 +67,14 @@ _COMPARE_FIELDS = {
 # Reconnect quickly after an etcd restart (gRPC's default backoff grows to two minutes); never go through
 # an HTTP proxy from the environment; ping a quiet connection so a half-open one (a partition, not a crash)
 # is noticed by a watch. etcd refuses pings more often than every 5 s.
+# `min_reconnect_backoff_ms` is gRPC's minimum *connect timeout*, not a backoff: at 100 ms a restarted
+# etcd that took longer than that to send its HTTP/2 SETTINGS (a busy 2-core machine) was given up
+# on, again and again ("connection attempt timed out before receiving SETTINGS frame"). A refused
+# connection still retries within `max_reconnect_backoff_ms`; only a slow handshake gets longer.
 _CHANNEL_OPTIONS: dict[str, int] = {
     "grpc.enable_http_proxy": 0,
     "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 5_000,
     "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
