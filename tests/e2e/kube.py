@@ -96,6 +96,9 @@ class PodLife:
     attempt: int = 0
     start_s: float | None = None
     end_s: float | None = None
+    cluster: str = ""
+    name: str = ""
+    node: str = ""
 
 
 @dataclass
@@ -142,8 +145,12 @@ class PodRecorder:
                     gpus,
                     labels.get("gpufed.io/job-id", ""),
                     int(labels.get("gpufed.io/attempt", "0")),
+                    cluster=cluster,
+                    name=pod.metadata.name,
                 ),
             )
+            if pod.spec.node_name:
+                life.node = pod.spec.node_name
             if pod.status.start_time is not None and life.start_s is None:
                 life.start_s = pod.status.start_time.timestamp()
             if life.end_s is None:
