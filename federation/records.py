@@ -140,11 +140,13 @@ class ApprovalRecord:
 
 @dataclass(frozen=True, slots=True)
 class DatasetLocation:
-    """Where a dataset version lives and how big it is, until the dataset registry knows (issue 5)."""
+    """Where a dataset version lives and how big it is: from the dataset registry (the home store and
+    the stores holding a cached copy), else from the config's `datasets:` list."""
 
     dataset: str
     store: str
     size_bytes: int
+    cached_in: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

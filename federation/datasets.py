@@ -1,0 +1,264 @@
+"""The dataset registry in etcd: datasets with their versions and manifests, and the copies near clusters.
+
+A dataset belongs to a tenant, lives in a home store, and has immutable versions, each pinned by a
+manifest (path, size, sha256) built when the version was registered. The values and their JSON are
+datasync's (`Dataset`, `Manifest`, `CachedCopy`); this module only keys them in etcd and writes them
+with compare-and-swap, so two registrations of one dataset cannot lose each other's version.
+
+Keys:
+  /gpufed/datasets/<name>                        the Dataset (tenant, home store, versions, sharing)
+  /gpufed/manifests/<name>/<version>             the version's manifest (JSON rows)
+  /gpufed/caches/<store>/<name>/<version>        a copy in a store other than home: size, last use, pins
+
+Dataset names are global (as bucket names are), so a job's `dataset: imagenet@v3` means one thing
+whoever reads it; another tenant's dataset is invisible (NOT_FOUND) unless shared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from datasync import (
+    CachedCopy,
+    CacheState,
+    CopyKey,
+    Dataset,
+    DatasetName,
+    DatasetVersion,
+    Manifest,
+    StoreName,
+    VersionId,
+    dataset_from_json,
+    dataset_to_json,
+    manifest_from_json,
+    manifest_to_json,
+)
+from federation.errors import Conflict, FailedPrecondition, InvalidSpec
+from federation.kv import Compare, Delete, KeyValueStore, Put
+from federation.records import DatasetLocation, SchedulingSettings
+from federation.validate import shown
+from placement.model import TenantId
+
+DATASETS = b"/gpufed/datasets/"
+MANIFESTS = b"/gpufed/manifests/"
+CACHES = b"/gpufed/caches/"
+# A manifest row is about 100 bytes: past this a manifest would crowd etcd's 1.5 MiB request limit.
+MAX_MANIFEST_BYTES = 1_000_000
+
+_DATASET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# Starts with a letter or digit, so a version is never '.' or '..' inside an object path.
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MAX_PREFIX = 512
+
+
+def dataset_name_field(value: Any, field: str = "name") -> DatasetName:
+    if not isinstance(value, str) or len(value) > 253 or not _DATASET_NAME.fullmatch(value):
+        raise InvalidSpec(
+            field, f"must be a dataset name (lowercase letters, digits, '-' and '.'), got {shown(value)}"
+        )
+    return DatasetName(value)
+
+
+def version_field(value: Any, field: str = "version") -> VersionId:
+    if not isinstance(value, str) or not _VERSION.fullmatch(value):
+        raise InvalidSpec(
+            field, f"must be 1 to 64 letters, digits, '.', '_' or '-', starting with one, got {shown(value)}"
+        )
+    return VersionId(value)
+
+
+def prefix_field(value: Any, field: str = "prefix") -> str:
+    """An object prefix inside a store: relative, no '..' or empty segments, no control characters."""
+    if not isinstance(value, str) or not value or len(value) > _MAX_PREFIX:
+        raise InvalidSpec(
+            field, f"must be an object prefix of 1 to {_MAX_PREFIX} characters, got {shown(value)}"
+        )
+    text = value if value.endswith("/") else value + "/"
+    segments = text[:-1].split("/")
+    if (
+        text.startswith("/")
+        or any(s in ("", ".", "..") for s in segments)
+        or segments[0] == ".gpufed"
+        or any(ord(c) < 32 or c == "\x7f" for c in text)
+    ):
+        raise InvalidSpec(
+            field,
+            "must be a relative prefix such as 'imagenet/v3/' (no leading '/', no empty, '.' or '..' "
+            f"parts, no control characters), got {shown(value)}",
+        )
+    return text
+
+
+def cache_prefix(dataset: str, version: str) -> str:
+    """Where a copy of a version lives in a store that is not its home."""
+    return f"gpufed-cache/{dataset}/{version}/"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDataset:
+    value: Dataset
+    mod_revision: int
+
+
+def _dataset_key(name: str) -> bytes:
+    return DATASETS + name.encode()
+
+
+def _manifest_key(name: str, version: str) -> bytes:
+    return MANIFESTS + f"{name}/{version}".encode()
+
+
+def _cache_key(key: CopyKey) -> bytes:
+    return CACHES + f"{key.store}/{key.dataset}/{key.version}".encode()
+
+
+def _copy_to_json(c: CachedCopy) -> bytes:
+    return json.dumps(
+        {"size_bytes": c.size_bytes, "last_used_s": c.last_used_s, "pinned_by": sorted(c.pinned_by)},
+        sort_keys=True,
+    ).encode()
+
+
+def _copy_from_json(key: bytes, value: bytes) -> CachedCopy:
+    store, dataset, version = key[len(CACHES) :].decode().split("/", 2)
+    d = json.loads(value)
+    return CachedCopy(
+        CopyKey(StoreName(store), DatasetName(dataset), VersionId(version)),
+        int(d["size_bytes"]),
+        float(d["last_used_s"]),
+        frozenset(str(j) for j in d["pinned_by"]),
+    )
+
+
+class DatasetRegistry:
+    """Datasets, manifests and cached copies over any `KeyValueStore` (etcd, or the in-memory twin)."""
+
+    def __init__(self, kv: KeyValueStore) -> None:
+        self._kv = kv
+
+    async def get(self, name: str) -> StoredDataset | None:
+        kv = await self._kv.get(_dataset_key(name))
+        return None if kv is None else StoredDataset(dataset_from_json(kv.value), kv.mod_revision)
+
+    async def list(self) -> list[Dataset]:
+        page = await self._kv.range_prefix(DATASETS)
+        return [dataset_from_json(kv.value) for kv in page.kvs]
+
+    async def manifest(self, name: str, version: str) -> Manifest | None:
+        kv = await self._kv.get(_manifest_key(name, version))
+        return None if kv is None else manifest_from_json(kv.value)
+
+    async def add_version(
+        self,
+        tenant: TenantId,
+        version: DatasetVersion,
+        manifest: Manifest,
+        shared_with: frozenset[TenantId],
+    ) -> tuple[Dataset, bool]:
+        """Register `version` (one transaction with its manifest). Returns (dataset, created).
+
+        The same content under an existing version is a no-op (a retried register); different content
+        is refused: a version names exactly one content, or jobs could not trust it.
+        """
+        body = manifest_to_json(manifest)
+        if len(body) > MAX_MANIFEST_BYTES:
+            raise FailedPrecondition(
+                f"prefix: {manifest.object_count} objects make a manifest of {len(body)} bytes, more than "
+                f"the registry keeps ({MAX_MANIFEST_BYTES}); register a smaller prefix"
+            )
+        stored = await self.get(version.dataset)
+        if stored is None:
+            dataset = Dataset(version.dataset, tenant, version.home.store, (version,), shared_with)
+            compare = Compare.absent(_dataset_key(version.dataset))
+        else:
+            old = stored.value
+            if old.tenant != tenant:
+                # Names are global; saying whose it is would leak another tenant's data.
+                raise FailedPrecondition(f"name: dataset name {version.dataset!r} is taken")
+            if old.home_store != version.home.store:
+                raise FailedPrecondition(
+                    f"store: dataset {old.name} lives in store {old.home_store}; register its versions there"
+                )
+            existing = old.version(version.version)
+            if existing is not None:
+                if existing.manifest_digest == version.manifest_digest:
+                    return old, False
+                raise FailedPrecondition(
+                    f"version: {old.name}@{version.version} exists with other content; "
+                    "versions are immutable, register a new version"
+                )
+            dataset = replace(
+                old, versions=(*old.versions, version), shared_with=old.shared_with | shared_with
+            )
+            compare = Compare.mod_revision_is(_dataset_key(version.dataset), stored.mod_revision)
+        result = await self._kv.txn(
+            [compare],
+            [
+                Put(_dataset_key(dataset.name), dataset_to_json(dataset)),
+                Put(_manifest_key(dataset.name, version.version), body),
+            ],
+        )
+        if not result.succeeded:
+            raise Conflict(f"dataset {dataset.name} changed while registering; try again")
+        return dataset, True
+
+    # ---- cached copies
+
+    async def copies(self, store: str | None = None) -> CacheState:
+        prefix = CACHES if store is None else CACHES + f"{store}/".encode()
+        page = await self._kv.range_prefix(prefix)
+        return CacheState(tuple(_copy_from_json(kv.key, kv.value) for kv in page.kvs))
+
+    async def get_copy(self, key: CopyKey) -> tuple[CachedCopy, int] | None:
+        kv = await self._kv.get(_cache_key(key))
+        return None if kv is None else (_copy_from_json(kv.key, kv.value), kv.mod_revision)
+
+    async def put_copy(self, copy: CachedCopy, *, expect_revision: int | None) -> bool:
+        """Compare-and-swap one copy record (expect_revision None: it must not exist yet)."""
+        key = _cache_key(copy.key)
+        compare = (
+            Compare.absent(key) if expect_revision is None else Compare.mod_revision_is(key, expect_revision)
+        )
+        result = await self._kv.txn([compare], [Put(key, _copy_to_json(copy))])
+        return result.succeeded
+
+    async def delete_copy(self, key: CopyKey, *, expect_revision: int) -> bool:
+        key_bytes = _cache_key(key)
+        compare = Compare.mod_revision_is(key_bytes, expect_revision)
+        return (await self._kv.txn([compare], [Delete(key_bytes)])).succeeded
+
+
+# ---- what the placer sees: every version's home store and size, and the stores holding a copy.
+
+DatasetLocations = Callable[[], Awaitable[tuple[DatasetLocation, ...]]]
+
+
+def placer_locations(datasets: Sequence[Dataset], copies: CacheState) -> tuple[DatasetLocation, ...]:
+    """One location per `name@version`, and one per bare `name` for its latest version."""
+    out: list[DatasetLocation] = []
+    for d in datasets:
+        latest = d.latest()
+        for v in d.versions:
+            cached = tuple(sorted({c.key.store for c in copies.locations(d.name, v.version)}))
+            refs = [f"{d.name}@{v.version}"] + ([d.name] if v is latest else [])
+            out.extend(DatasetLocation(r, v.home.store, v.size_bytes, cached) for r in refs)
+    return tuple(out)
+
+
+def with_registry_locations(
+    settings: SchedulingSettings, registry: Sequence[DatasetLocation]
+) -> SchedulingSettings:
+    known = {loc.dataset for loc in registry}
+    seed = tuple(loc for loc in settings.datasets if loc.dataset not in known)
+    return replace(settings, datasets=(*registry, *seed))
+
+
+def locations_reader(registry: DatasetRegistry) -> DatasetLocations:
+    async def read() -> tuple[DatasetLocation, ...]:
+        return placer_locations(await registry.list(), await registry.copies())
+
+    return read
