@@ -3,6 +3,9 @@
 Active transitions (decide and act), written by the dispatcher:
   ADMITTED -> DISPATCHED   the backend created the whole gang (idempotent by name)
   ADMITTED -> QUEUED       the cluster refused the gang or did not answer: back to the queue
+  ADMITTED -> STAGING      the job's dataset is not in its cluster's store: a background sync copies
+                           it (federation.staging); then STAGING -> DISPATCHED, or FAILED / QUEUED
+                           (by the job's restart policy) when the sync fails
   any live -> CANCELLED    a user asked to cancel: stop the gang first, then record it
 
 Passive transitions (mirror what the cluster reports), written by the status reconciler:
@@ -46,6 +49,7 @@ from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION
 from federation.ledger import ledger_update
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
+from federation.staging import GateKind, Stager, gate_transition
 from federation.store import Fence, JobStore, Stored
 from placement.model import ClusterName, JobId, JobPhase
 
@@ -106,8 +110,10 @@ class Reconciler:
         members: MemberClusters,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        staging: Stager | None = None,
     ) -> None:
         self._store = store
+        self._staging = staging
         self._cache = cache
         self._members = members
         self._metrics = metrics
@@ -135,6 +141,8 @@ class Reconciler:
                 return await self._reconcile(stored, statuses, lost, fence)
 
         committed = sum(await asyncio.gather(*(one(s) for s in live)))
+        if self._staging is not None:
+            await self._staging.tick(s.value for s in self._cache.live_jobs())
         await self._collect(statuses)
         return committed
 
@@ -197,7 +205,7 @@ class Reconciler:
         elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
             # Preempted before its gang was created: nothing to evict.
             nxt = self._requeue_preempted(job, Owner.DISPATCHER)
-        elif job.phase is JobPhase.ADMITTED:
+        elif job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
             nxt = await self._dispatch(job)
         elif job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING) and job.placement is not None:
             cluster = job.placement.cluster
@@ -267,6 +275,11 @@ class Reconciler:
         now = self._clock()
         if backend is None:
             return self._requeue(job, f"cluster {cluster} is no longer a member", now)
+        if self._staging is not None and job.spec.dataset is not None:
+            # The gang starts only once its dataset is in its cluster's store (see federation.staging).
+            gate = await self._staging.check(job)
+            if gate.kind is not GateKind.READY:
+                return gate_transition(job, gate, now)
         try:
             await backend.dispatch(workload_for(job))
         except GangRejected as error:

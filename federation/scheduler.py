@@ -23,6 +23,7 @@ import structlog
 
 from clusters.api import GangStatus
 from federation.cache import JobCache
+from federation.datasets import DatasetLocations, with_registry_locations
 from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
 from federation.ledger_cache import LedgerCache
 from federation.members import GangKey, MemberClusters
@@ -89,9 +90,15 @@ def _snapshot_and_plan(
 class InputsReader:
     """The placer's inputs from etcd, re-read at most every INPUTS_REFRESH_S; a new version on change."""
 
-    def __init__(self, store: JobStore, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        clock: Callable[[], float] = time.monotonic,
+        dataset_locations: DatasetLocations | None = None,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._dataset_locations = dataset_locations
         self._inputs: PlacerInputs | None = None
         self._read_at = float("-inf")
 
@@ -99,6 +106,10 @@ class InputsReader:
         if self._inputs is not None and self._clock() - self._read_at < INPUTS_REFRESH_S:
             return self._inputs
         settings = await self._store.get_settings()
+        if self._dataset_locations is not None:
+            # The registry says where each version is (home and cached copies); the config's list
+            # still answers for datasets the registry does not know.
+            settings = with_registry_locations(settings, await self._dataset_locations())
         tenants = tuple(await self._store.list_tenants())
         users = {u.name: u for u in await self._store.list_users()}
         approvals = tuple(await self._store.list_approvals())
@@ -127,6 +138,7 @@ class Scheduler:
         members: MemberClusters,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        dataset_locations: DatasetLocations | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
@@ -136,7 +148,7 @@ class Scheduler:
         self._clock = clock
         self._written_reasons: dict[JobId, tuple[WaitReason, ...]] = {}
         self._requests = GangRequests()
-        self._inputs = InputsReader(store, clock)
+        self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
         # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.

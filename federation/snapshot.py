@@ -67,6 +67,7 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         deadline_at_s=job.spec.deadline_s,
         dataset_size_bytes=0 if dataset is None else dataset.size_bytes,
         dataset_store=None if dataset is None else dataset.store,
+        dataset_cached_in=() if dataset is None else dataset.cached_in,
         gpu_speeds=settings.gpu_speeds,
     )
 

@@ -68,6 +68,7 @@ class CostModel:
             and gang.dataset_store is not None
             and store is not None
             and store != gang.dataset_store
+            and store not in gang.dataset_cached_in
         )
 
     def egress_usd(self, gang: GangRequest, store: str | None) -> float:

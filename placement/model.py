@@ -106,6 +106,8 @@ class GangRequest:
     # The dataset's size and the object store it is in now, for egress and staging time.
     dataset_size_bytes: int = 0
     dataset_store: str | None = None
+    # Other stores that already hold a copy of the dataset: placing the job there moves nothing.
+    dataset_cached_in: tuple[str, ...] = ()
     # Relative speeds for this job, overriding the snapshot's (e.g. (("H100", 2.0), ("A100", 1.0))).
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
     # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.

@@ -1,0 +1,246 @@
+"""The leader's background syncs: each requested copy of a dataset version runs as its own asyncio task,
+so a long transfer never holds up a reconciler tick or the scheduling cycle.
+
+A sync record in `requested` or `running` state with no task in this process is started (or restarted):
+that covers a new request and a sync a previous leader was running when it died. The restart resumes
+from the journal under `<state-dir>/datasync/` (finished objects and uploaded parts are not sent again)
+and from the target's marker, which a finished object's listing must match.
+
+Before copying, the cache's capacity in the target store is made room for: unpinned copies go least
+recently used first (`datasync.plan_eviction`); when pinned copies leave no room the sync fails as
+retryable, and the job waits in the queue for a copy to be released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+
+from datasync import (
+    CopyKey,
+    DatasetName,
+    DatasyncError,
+    LocalJournal,
+    ObjectStore,
+    StoreName,
+    SyncFailed,
+    SyncProgress,
+    VersionId,
+    plan_eviction,
+    plan_sync,
+    record_copy,
+    run_sync,
+)
+from datasync.store import list_all
+from federation.datasets import DatasetRegistry, cache_prefix
+from federation.datasets_stores import StoreDirectory
+from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
+from federation.errors import Conflict
+from federation.records import SchedulingSettings
+
+log = structlog.get_logger("gpufed.staging")
+
+PROGRESS_WRITE_S = 1.0
+
+
+class StageFailed(Exception):
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def egress_rate(settings: SchedulingSettings, source: str, target: str) -> float:
+    for rate in settings.egress_rates:
+        if rate.source_store == source and rate.destination_store == target:
+            return rate.usd_per_gb
+    return settings.policy.default_egress_usd_per_gb
+
+
+class SyncRunner:
+    def __init__(
+        self,
+        *,
+        registry: DatasetRegistry,
+        syncs: SyncRecords,
+        stores: StoreDirectory,
+        settings: Callable[[], Awaitable[SchedulingSettings]],
+        journal_dir: Path,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._registry = registry
+        self._syncs = syncs
+        self._stores = stores
+        self._settings = settings
+        self._journal_dir = journal_dir
+        self._clock = clock
+        self._tasks: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+
+    async def start_missing(self) -> None:
+        """Start a task for every active sync record that has none here."""
+        for record in await self._syncs.list():
+            key = (record.store, record.dataset, record.version)
+            task = self._tasks.get(key)
+            if not record.state.active or (task is not None and not task.done()):
+                continue
+            if record.state is SyncState.RUNNING:
+                log.info("sync_resumed", dataset=record.dataset, version=record.version, store=record.store)
+            self._tasks[key] = asyncio.create_task(self._run(record), name=f"sync-{'/'.join(key)}")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    async def _write(self, record: SyncRecord) -> SyncRecord:
+        """Write our view, keeping job ids that joined meanwhile (the dispatcher adds them)."""
+        held = await self._syncs.get(record.store, record.dataset, record.version)
+        jobs = record.job_ids if held is None else tuple(dict.fromkeys((*held[0].job_ids, *record.job_ids)))
+        fresh = replace(record, job_ids=jobs, updated_at_s=self._clock())
+        await self._syncs.put(fresh)
+        return fresh
+
+    async def _run(self, record: SyncRecord) -> None:
+        try:
+            done = await self._copy(record)
+        except asyncio.CancelledError:
+            raise
+        except StageFailed as error:
+            done = replace(record, state=SyncState.FAILED, error=str(error), retryable=error.retryable)
+        except DatasyncError as error:
+            done = replace(record, state=SyncState.FAILED, error=str(error)[:1000], retryable=error.retryable)
+        except Exception as error:  # a bug or an SDK surprise must fail the sync, not hang its jobs
+            log.exception("sync_crashed", dataset=record.dataset, store=record.store)
+            done = replace(
+                record, state=SyncState.FAILED, error=f"{type(error).__name__}: {error}", retryable=True
+            )
+        with contextlib.suppress(Exception):
+            await self._write(done)
+        log.info(
+            "sync_ended",
+            dataset=record.dataset,
+            version=record.version,
+            store=record.store,
+            state=done.state.value,
+            error=done.error,
+        )
+
+    async def _copy(self, record: SyncRecord) -> SyncRecord:
+        stored = await self._registry.get(record.dataset)
+        version = None if stored is None else stored.value.version(VersionId(record.version))
+        manifest = await self._registry.manifest(record.dataset, record.version)
+        if version is None or manifest is None:
+            raise StageFailed(f"dataset {record.dataset}@{record.version} is not registered", retryable=False)
+        if manifest.digest != version.manifest_digest:
+            raise StageFailed(
+                f"manifest of {record.dataset}@{record.version} does not match its record", retryable=False
+            )
+        source = await self._stores.client(version.home.store)
+        target = await self._stores.client(record.store)
+        await self._make_room(record, version.size_bytes, target)
+        journal = LocalJournal.for_sync(self._journal_dir, version.home.store, record.store, manifest.digest)
+        prefix = cache_prefix(record.dataset, record.version)
+        plan = await plan_sync(source, version.home.prefix, target, prefix, manifest, journal=journal)
+        rate = egress_rate(await self._settings(), version.home.store, record.store)
+        estimate = plan.egress(rate)
+        running = await self._write(
+            replace(
+                record,
+                state=SyncState.RUNNING,
+                source_store=version.home.store,
+                bytes_total=plan.total_bytes,
+                objects_total=plan.total_objects,
+                bytes_to_copy=plan.copy_bytes,
+                objects_to_copy=len(plan.to_copy),
+                egress_usd=estimate.usd,
+                egress_usd_per_gb=rate,
+                error="",
+            )
+        )
+        latest: list[SyncProgress] = []
+        writer = asyncio.create_task(self._progress_writer(running, latest))
+        try:
+            report = await run_sync(plan, source, target, journal=journal, progress=latest.append)
+        except SyncFailed as error:
+            raise StageFailed(str(error)[:1000], retryable=error.retryable) from error
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        await self._record_copy(record, version.size_bytes)
+        final = _with_progress(running, latest[-1]) if latest else running
+        return replace(final, state=SyncState.DONE, bytes_copied=report.bytes_copied, verified=True)
+
+    async def _progress_writer(self, running: SyncRecord, latest: list[SyncProgress]) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_WRITE_S)
+            if latest:
+                with contextlib.suppress(Exception):
+                    await self._write(_with_progress(running, latest[-1]))
+                del latest[:-1]
+
+    async def _record_copy(self, record: SyncRecord, size_bytes: int) -> None:
+        key = CopyKey(StoreName(record.store), DatasetName(record.dataset), VersionId(record.version))
+        for _ in range(10):
+            held = await self._registry.get_copy(key)
+            state = await self._registry.copies(record.store)
+            copy = record_copy(state, key, size_bytes, self._clock()).get(key)
+            assert copy is not None
+            if await self._registry.put_copy(copy, expect_revision=None if held is None else held[1]):
+                return
+        raise StageFailed(f"could not record the copy of {record.dataset} in {record.store}", retryable=True)
+
+    async def _make_room(self, record: SyncRecord, size_bytes: int, target: ObjectStore) -> None:
+        store = await self._stores.require(record.store)
+        if store.capacity_bytes is None:
+            return
+        state = await self._registry.copies(record.store)
+        key = CopyKey(StoreName(record.store), DatasetName(record.dataset), VersionId(record.version))
+        incoming = 0 if state.get(key) is not None else size_bytes
+        decision = plan_eviction(state, StoreName(record.store), store.capacity_bytes, incoming)
+        if not decision.fits:
+            raise StageFailed(
+                f"no room for {record.dataset}@{record.version}: {decision.reason}", retryable=True
+            )
+        for evicted in decision.evict:
+            held = await self._registry.get_copy(evicted)
+            if held is None:
+                continue
+            try:
+                await evict_copy(self._registry, target, evicted, held[1])
+            except Conflict as error:
+                raise StageFailed(str(error), retryable=True) from error
+            log.info("copy_evicted", store=evicted.store, dataset=evicted.dataset, version=evicted.version)
+
+
+async def evict_copy(registry: DatasetRegistry, target: ObjectStore, key: CopyKey, revision: int) -> None:
+    """Delete the copy's record, then its objects. The record goes first, by compare-and-swap on the
+    revision the decision read, so a job that pinned the copy meanwhile keeps it; a crash before the
+    objects go leaves them for the next sync of the version, which reuses what its marker vouches for."""
+    if not await registry.delete_copy(key, expect_revision=revision):
+        raise Conflict(f"the copy of {key.dataset}@{key.version} in {key.store} changed (a job pinned it?)")
+    objects = await list_all(target, cache_prefix(key.dataset, key.version))
+    if objects:
+        await target.delete([o.path for o in objects])
+
+
+def _with_progress(record: SyncRecord, p: SyncProgress) -> SyncRecord:
+    return replace(
+        record,
+        bytes_done=p.bytes_done,
+        bytes_total=p.bytes_total,
+        objects_done=p.objects_done,
+        objects_total=p.objects_total,
+        rate_bytes_per_s=p.rate_bytes_per_s,
+        eta_s=p.eta_s,
+        elapsed_s=p.elapsed_s,
+    )
