@@ -161,3 +161,48 @@ def report_scope(who: Principal, requested: str) -> TenantId | None:
         "only the finance role or a tenant's members read usage reports "
         f"(you are {who.user}, role {who.role})"
     )
+
+
+# ---- datasets: a member reads its tenant's datasets and those shared with it, and writes its own;
+# admins everything; infra reads everything (it runs the stores); finance has no business here.
+
+
+def check_read_dataset(who: Principal, owner: TenantId, shared_with: frozenset[TenantId], name: str) -> None:
+    """Raise NotFound for a dataset the caller may not see, so names cannot be probed."""
+    if who.role in (Role.ADMIN, Role.INFRA):
+        return
+    if who.role is Role.MEMBER and (who.tenant == owner or who.tenant in shared_with):
+        return
+    raise NotFound(f"dataset {shown(name)} not found")
+
+
+def dataset_write_tenant(who: Principal, requested: str) -> TenantId:
+    """The tenant a new dataset (version) is registered for: members their own, admins any."""
+    if who.role not in (Role.ADMIN, Role.MEMBER):
+        raise PermissionDenied(f"role {who.role} may not register datasets")
+    if not requested or requested == who.tenant:
+        return who.tenant
+    if who.is_admin:
+        return TenantId(requested)
+    raise PermissionDenied(f"tenant: members register datasets only for their own tenant ({who.tenant})")
+
+
+def check_sync_dataset(who: Principal, owner: TenantId, evict: bool = False) -> None:
+    """Copies cost egress and space: admins, and members who may read the dataset (evict: who own it)."""
+    if who.is_admin or (who.role is Role.MEMBER and (not evict or who.tenant == owner)):
+        return
+    raise PermissionDenied(
+        f"only an admin or a member of the owning tenant may {'evict' if evict else 'sync'} datasets "
+        f"(you are {who.user}, role {who.role})"
+    )
+
+
+def dataset_list_scope(who: Principal, requested: str) -> TenantId | None:
+    """The tenant a dataset listing is filtered to (None: all the caller may see)."""
+    if who.role is Role.MEMBER:
+        if requested and requested != who.tenant:
+            raise PermissionDenied(f"members may list only their own tenant's datasets ({who.tenant})")
+        return who.tenant
+    if who.role in (Role.ADMIN, Role.INFRA):
+        return TenantId(requested) if requested else None
+    raise PermissionDenied(f"role {who.role} may not list datasets")

@@ -52,6 +52,15 @@ class GpufedClient:
     def close(self) -> None:
         self._channel.close()
 
+    # For the clients of other services (federation.datasets_client) on the same channel and token.
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._channel
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
     def submit(self, manifest: str, *, idempotency_key: str = "") -> pb.SubmitJobResponse:
         return self._jobs.SubmitJob(
             pb.SubmitJobRequest(manifest=wire_manifest(manifest), idempotency_key=idempotency_key),

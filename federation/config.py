@@ -15,9 +15,10 @@ import yaml
 
 from clusters.sim.config import SimConfigError, from_mapping
 from federation.config_policy import check_tenant_tree, parse_settings, parse_tenant
+from federation.datasets_stores import StoreDirectory, StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
 from federation.records import ClusterRecord, PoolConfig, Role, SchedulingSettings, TenantRecord, UserRecord
-from federation.store import JobStore
+from federation.store import JobStore, KvStore
 from federation.validate import flag_field, int_field, name_field, number_field
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
@@ -35,6 +36,8 @@ class FederationConfig:
     # same keys), for `gpufed up` to start; validated when the config is read.
     simulated: tuple[dict[str, Any], ...] = field(default=())
     settings: SchedulingSettings = field(default_factory=SchedulingSettings)
+    # The `objectStores:` section: where datasets live and are cached (see federation.datasets_stores).
+    object_stores: tuple[StoreRecord, ...] = field(default=())
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
         """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
@@ -158,12 +161,15 @@ def parse_config(text: str) -> FederationConfig:
                 ),
             )
         )
+    object_stores = parse_object_stores(doc)
+    check_cluster_stores([(c.name, c.object_store) for c in clusters], object_stores)
     return FederationConfig(
         tenants=tuple(tenants),
         users=tuple(users),
         clusters=tuple(clusters),
         simulated=tuple(simulated),
         settings=settings,
+        object_stores=object_stores,
     )
 
 
@@ -182,6 +188,10 @@ async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) 
         await store.put_tenant(tenant)
     for cluster in config.clusters:
         await store.put_cluster(cluster)
+    if config.object_stores and isinstance(store, KvStore):
+        directory = StoreDirectory(store.kv)
+        for object_store in config.object_stores:
+            await directory.put(object_store)
     token_dir.mkdir(parents=True, exist_ok=True)
     token_dir.chmod(0o700)
     paths = {}

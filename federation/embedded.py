@@ -1,4 +1,5 @@
-"""The embedded all-in-one behind `gpufed up`: a local etcd, one server, simulated clusters.
+"""The embedded all-in-one behind `gpufed up`: a local etcd, one server, simulated clusters, and the
+local SeaweedFS servers behind the config's `seaweed:` object stores.
 
 The simulated clusters (`backend: sim` in the config) run in a simulator process that serves the
 Kubernetes API; the server reaches them through its kubeconfig, as it would real clusters.
@@ -14,13 +15,14 @@ import faulthandler
 import json
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
 import structlog
 
 from federation.config import bootstrap, load_config
+from federation.datasets_seaweed import EmbeddedStores
 from federation.etcd_process import EtcdProcess
 from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
@@ -70,10 +72,15 @@ async def run_up(
         await asyncio.to_thread(sims.start)
         config = config.with_simulators_at(sims.kubeconfig)
         log.info("simulated_clusters_started", clusters=sorted(sims.endpoints), pid=sims.pid)
+    # The config's `seaweed:` object stores: local SeaweedFS servers, so datasets really cross stores.
+    stores = EmbeddedStores(state_dir, config.object_stores)
     etcd = EtcdProcess(state_dir / "etcd")
     try:
+        if stores.needed:
+            config = replace(config, object_stores=await asyncio.to_thread(stores.start))
         await asyncio.to_thread(etcd.start)
     except BaseException:
+        await asyncio.to_thread(stores.stop)
         if sims is not None:
             await asyncio.to_thread(sims.stop)
         raise
@@ -127,6 +134,7 @@ async def run_up(
     finally:
         endpoint_file.unlink(missing_ok=True)
         await asyncio.to_thread(etcd.stop)
+        await asyncio.to_thread(stores.stop)
         if sims is not None:
             await asyncio.to_thread(sims.stop)
         faulthandler.cancel_dump_traceback_later()

@@ -42,6 +42,14 @@ async def run_server(
                 "`python -m clusters.sim --kubeconfig FILE` yourself and name the clusters "
                 "`backend: kubernetes` with that kubeconfig",
             )
+        embedded_stores = [s.name for s in federation_config.object_stores if s.seaweed]
+        if embedded_stores:
+            # Without the SeaweedFS `gpufed up` starts, such a store has no endpoint: refuse rather
+            # than let its client fall back to AWS's.
+            raise InvalidSpec(
+                "objectStores.seaweed",
+                f"stores {', '.join(embedded_stores)} are served by `gpufed up` only; give them an endpoint",
+            )
         kv = await EtcdKv.connect(etcd_endpoint)
         try:
             await bootstrap(KvStore(kv), federation_config, state_dir / "tokens")

@@ -23,12 +23,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from federation.api.admin import AdminService
+from federation.api.datasets import DatasetService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import Authenticator
 from federation.cache import JobCache
+from federation.datasets import DatasetRegistry, locations_reader
+from federation.datasets_stores import StoreDirectory
+from federation.datasets_syncs import SyncRecords
 from federation.errors import GpufedError
 from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
@@ -39,6 +43,8 @@ from federation.reconciler import Reconciler
 from federation.records import SchedulingSettings, TenantRecord
 from federation.scheduler import Scheduler
 from federation.security_store import SecurityStore
+from federation.staging import Stager
+from federation.staging_run import SyncRunner
 from federation.store import Fence, KvStore
 from placement.model import ClusterState, TenantId
 
@@ -105,6 +111,8 @@ class FederationServer:
         self._leader_task: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
         self.members: MemberClusters | None = None
+        self._stores: StoreDirectory | None = None
+        self._stager: Stager | None = None
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -117,7 +125,8 @@ class FederationServer:
         self._ledger = LedgerCache(store)
         await self._ledger.start()
         tenants = TenantDirectory(store)
-        self.members = MemberClusters.build(await store.list_clusters(), state_dir=cfg.state_dir)
+        cluster_records = await store.list_clusters()
+        self.members = MemberClusters.build(cluster_records, state_dir=cfg.state_dir)
         members = self.members
         await members.start()
         auth = Authenticator(store)
@@ -157,7 +166,17 @@ class FederationServer:
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        registry = DatasetRegistry(self._kv)
+        syncs = SyncRecords(self._kv)
+        self._stores = stores = StoreDirectory(self._kv)
+        pb_grpc.add_DatasetsServicer_to_server(
+            DatasetService(
+                store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
+            ),
+            server,
+        )
         services = [
+            pb.DESCRIPTOR.services_by_name["Datasets"].full_name,
             pb.DESCRIPTOR.services_by_name["JobService"].full_name,
             pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
             pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
@@ -185,9 +204,29 @@ class FederationServer:
             self.metrics_port = int(self._metrics_server.server_port)
 
         scheduler = Scheduler(
-            store=store, cache=self._cache, ledger=self._ledger, members=members, metrics=self.metrics
+            store=store,
+            cache=self._cache,
+            ledger=self._ledger,
+            members=members,
+            metrics=self.metrics,
+            dataset_locations=locations_reader(registry),
         )
-        reconciler = Reconciler(store=store, cache=self._cache, members=members, metrics=self.metrics)
+        cluster_stores = {r.name: r.object_store for r in cluster_records}
+        self._stager = Stager(
+            registry=registry,
+            syncs=syncs,
+            runner=SyncRunner(
+                registry=registry,
+                syncs=syncs,
+                stores=stores,
+                settings=tenants.settings,
+                journal_dir=cfg.state_dir / "datasync",
+            ),
+            cluster_store=cluster_stores.get,
+        )
+        reconciler = Reconciler(
+            store=store, cache=self._cache, members=members, metrics=self.metrics, staging=self._stager
+        )
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         log.info("server_started", port=self.port, metrics_port=self.metrics_port, identity=cfg.identity)
@@ -258,6 +297,10 @@ class FederationServer:
             await self._cache.stop()
         if self._ledger is not None:
             await self._ledger.stop()
+        if self._stager is not None:
+            await self._stager.stop()
+        if self._stores is not None:
+            await self._stores.close()
         if self.members is not None:
             await self.members.close()
         if self._metrics_server is not None:

@@ -1,0 +1,322 @@
+"""The Datasets service: register versions (the server builds the manifest), list and show them with
+their copies, plan or request a sync (egress estimate first), read progress, evict a copy.
+
+Every field is checked before anything is read from a store or written to etcd, and a refused request
+writes nothing. Errors from the object stores (datasync's) become FAILED_PRECONDITION when retrying
+cannot help (a missing bucket, bad credentials) and UNAVAILABLE when it may.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from datasync import (
+    CachedCopy,
+    CopyKey,
+    Dataset,
+    DatasetVersion,
+    DatasyncError,
+    StoreLocation,
+    StoreName,
+    build_manifest,
+    plan_sync,
+)
+from federation.api import convert
+from federation.api.service import CallHandlers, Ctx
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.auth import (
+    Authenticator,
+    Principal,
+    check_read_dataset,
+    check_sync_dataset,
+    dataset_list_scope,
+    dataset_write_tenant,
+)
+from federation.datasets import (
+    DatasetRegistry,
+    cache_prefix,
+    dataset_name_field,
+    prefix_field,
+    version_field,
+)
+from federation.datasets_stores import StoreDirectory
+from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
+from federation.errors import FailedPrecondition, InvalidSpec, NotFound, StoreUnavailable
+from federation.metrics import Metrics
+from federation.records import Role
+from federation.staging import resolve
+from federation.staging_run import egress_rate, evict_copy
+from federation.store import JobStore
+from federation.validate import name_field, shown
+from placement.model import TenantId
+
+T = TypeVar("T")
+MAX_SHARED = 100
+BUILD_CONCURRENCY = 16
+
+
+async def _store_call(what: str, call: Awaitable[T]) -> T:
+    """Run an object-store call, turning datasync's errors into federation's (retryable or not)."""
+    try:
+        return await call
+    except DatasyncError as error:
+        text = f"{what}: {str(error)[:400]}"
+        raise (StoreUnavailable(text) if error.retryable else FailedPrecondition(text)) from error
+
+
+def version_to_pb(v: DatasetVersion) -> pb.DatasetVersionInfo:
+    return pb.DatasetVersionInfo(
+        dataset=v.dataset,
+        version=v.version,
+        store=v.home.store,
+        prefix=v.home.prefix,
+        manifest_digest=v.manifest_digest,
+        size_bytes=v.size_bytes,
+        object_count=v.object_count,
+        created_at=convert.timestamp(v.created_at_s),
+    )
+
+
+def dataset_to_pb(d: Dataset, copies: tuple[CachedCopy, ...]) -> pb.DatasetInfo:
+    return pb.DatasetInfo(
+        name=d.name,
+        tenant=d.tenant,
+        home_store=d.home_store,
+        shared_with=sorted(d.shared_with),
+        versions=[version_to_pb(v) for v in sorted(d.versions, key=lambda v: v.created_at_s)],
+        copies=[
+            pb.CachedCopyInfo(
+                store=c.key.store,
+                version=c.key.version,
+                size_bytes=c.size_bytes,
+                last_used=convert.timestamp(c.last_used_s),
+                pinned_by=sorted(c.pinned_by),
+            )
+            for c in copies
+            if c.key.dataset == d.name
+        ],
+    )
+
+
+def sync_to_pb(r: SyncRecord) -> pb.SyncStatus:
+    return pb.SyncStatus(
+        dataset=r.dataset,
+        version=r.version,
+        store=r.store,
+        source_store=r.source_store,
+        state=r.state.value,
+        progress=pb.SyncProgressInfo(
+            bytes_done=r.bytes_done,
+            bytes_total=r.bytes_total,
+            objects_done=r.objects_done,
+            objects_total=r.objects_total,
+            rate_bytes_per_s=r.rate_bytes_per_s,
+            eta_s=-1.0 if r.eta_s is None else r.eta_s,
+            elapsed_s=r.elapsed_s,
+        ),
+        bytes_to_copy=r.bytes_to_copy,
+        objects_to_copy=r.objects_to_copy,
+        egress_usd=r.egress_usd,
+        egress_usd_per_gb=r.egress_usd_per_gb,
+        bytes_copied=r.bytes_copied,
+        error=r.error,
+        job_ids=list(r.job_ids),
+        updated_at=convert.timestamp(r.updated_at_s),
+        verified=r.verified,
+    )
+
+
+class DatasetService(pb_grpc.DatasetsServicer):
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        registry: DatasetRegistry,
+        stores: StoreDirectory,
+        syncs: SyncRecords,
+        auth: Authenticator,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._stores = stores
+        self._syncs = syncs
+        self._h = CallHandlers(auth, metrics)
+        self._clock = clock
+
+    async def _visible(self, who: Principal, name: str) -> Dataset:
+        stored = await self._registry.get(name)
+        if stored is None:
+            raise NotFound(f"dataset {shown(name)} not found")
+        d = stored.value
+        check_read_dataset(who, d.tenant, d.shared_with, name)
+        return d
+
+    async def RegisterDataset(
+        self, request: pb.RegisterDatasetRequest, context: Ctx
+    ) -> pb.DatasetVersionInfo:
+        async def body(who: Principal, req: pb.RegisterDatasetRequest) -> pb.DatasetVersionInfo:
+            name = dataset_name_field(req.name)
+            version = version_field(req.version)
+            store_name = name_field(req.store, "store")
+            prefix = prefix_field(req.prefix)
+            if len(req.shared_with) > MAX_SHARED:
+                raise InvalidSpec("shared_with", f"at most {MAX_SHARED} tenants")
+            shared = frozenset(
+                TenantId(name_field(t, f"shared_with[{i}]")) for i, t in enumerate(req.shared_with)
+            )
+            if req.tenant:
+                name_field(req.tenant, "tenant")
+            tenant = dataset_write_tenant(who, req.tenant)
+            stored = await self._registry.get(name)
+            if stored is not None and not who.is_admin:
+                check_read_dataset(who, stored.value.tenant, frozenset(), name)
+            await self._stores.require(store_name)
+            client = await _store_call(f"store {store_name}", self._stores.client(store_name))
+            manifest = await _store_call(
+                f"reading {store_name}/{prefix}",
+                build_manifest(client, prefix, concurrency=BUILD_CONCURRENCY),
+            )
+            if manifest.object_count == 0:
+                raise FailedPrecondition(f"prefix: no objects under {shown(prefix)} in store {store_name}")
+            record = DatasetVersion(
+                dataset=name,
+                version=version,
+                home=StoreLocation(StoreName(store_name), prefix),
+                manifest_digest=manifest.digest,
+                size_bytes=manifest.total_size_bytes,
+                object_count=manifest.object_count,
+                created_at_s=self._clock(),
+            )
+            dataset, _created = await self._registry.add_version(tenant, record, manifest, shared)
+            kept = dataset.version(version)
+            assert kept is not None
+            return version_to_pb(kept)
+
+        return await self._h.unary("RegisterDataset", request, context, body)
+
+    async def ListDatasets(self, request: pb.ListDatasetsRequest, context: Ctx) -> pb.ListDatasetsResponse:
+        async def body(who: Principal, req: pb.ListDatasetsRequest) -> pb.ListDatasetsResponse:
+            if req.tenant:
+                name_field(req.tenant, "tenant")
+            scope = dataset_list_scope(who, req.tenant)
+            copies = (await self._registry.copies()).copies
+            datasets = sorted(await self._registry.list(), key=lambda d: d.name)
+            if who.role is Role.MEMBER:
+                # A member sees its tenant's datasets and those other tenants shared with it.
+                datasets = [d for d in datasets if d.visible_to(who.tenant)]
+            elif scope is not None:
+                datasets = [d for d in datasets if d.tenant == scope]
+            return pb.ListDatasetsResponse(datasets=[dataset_to_pb(d, copies) for d in datasets])
+
+        return await self._h.unary("ListDatasets", request, context, body)
+
+    async def GetDataset(self, request: pb.GetDatasetRequest, context: Ctx) -> pb.DatasetInfo:
+        async def body(who: Principal, req: pb.GetDatasetRequest) -> pb.DatasetInfo:
+            dataset = await self._visible(who, dataset_name_field(req.name))
+            return dataset_to_pb(dataset, (await self._registry.copies()).copies)
+
+        return await self._h.unary("GetDataset", request, context, body)
+
+    async def _target(
+        self, who: Principal, name: str, version: str, store: str, *, evict: bool = False
+    ) -> tuple[Dataset, DatasetVersion, str]:
+        name = dataset_name_field(name)
+        wanted = version_field(version) if version else None
+        store = name_field(store, "store")
+        dataset = await self._visible(who, name)
+        check_sync_dataset(who, dataset.tenant, evict=evict)
+        found = resolve(dataset, wanted)
+        if found is None:
+            raise NotFound(f"version: dataset {name} has no version {shown(version or 'at all')}")
+        await self._stores.require(store)
+        return dataset, found, store
+
+    async def SyncDataset(self, request: pb.SyncDatasetRequest, context: Ctx) -> pb.SyncStatus:
+        async def body(who: Principal, req: pb.SyncDatasetRequest) -> pb.SyncStatus:
+            _dataset, version, store = await self._target(who, req.name, req.version, req.store)
+            if store == version.home.store:
+                raise FailedPrecondition(f"store: {store} is the home of {version.dataset}; nothing to copy")
+            manifest = await self._registry.manifest(version.dataset, version.version)
+            if manifest is None or manifest.digest != version.manifest_digest:
+                raise FailedPrecondition(
+                    f"dataset {version.dataset}@{version.version} has no usable manifest"
+                )
+            source = await _store_call(f"store {version.home.store}", self._stores.client(version.home.store))
+            target = await _store_call(f"store {store}", self._stores.client(store))
+            plan = await _store_call(
+                f"planning the copy to {store}",
+                plan_sync(
+                    source,
+                    version.home.prefix,
+                    target,
+                    cache_prefix(version.dataset, version.version),
+                    manifest,
+                ),
+            )
+            rate = egress_rate(await self._store.get_settings(), version.home.store, store)
+            record = SyncRecord(
+                dataset=version.dataset,
+                version=version.version,
+                store=store,
+                source_store=version.home.store,
+                state=SyncState.REQUESTED,
+                updated_at_s=self._clock(),
+                bytes_total=plan.total_bytes,
+                objects_total=plan.total_objects,
+                bytes_done=plan.total_bytes - plan.copy_bytes,
+                objects_done=plan.total_objects - len(plan.to_copy),
+                bytes_to_copy=plan.copy_bytes,
+                objects_to_copy=len(plan.to_copy),
+                egress_usd=plan.egress(rate).usd,
+                egress_usd_per_gb=rate,
+            )
+            if req.dry_run:
+                reply = sync_to_pb(record)
+                reply.state = "planned"
+                return reply
+            # The leader's stager runs it (and says so in the record); this server only asks.
+            requested = await self._syncs.request(record)
+            return sync_to_pb(requested)
+
+        return await self._h.unary("SyncDataset", request, context, body)
+
+    async def GetSyncStatus(
+        self, request: pb.GetSyncStatusRequest, context: Ctx
+    ) -> pb.ListSyncStatusResponse:
+        async def body(who: Principal, req: pb.GetSyncStatusRequest) -> pb.ListSyncStatusResponse:
+            name = dataset_name_field(req.name)
+            store = name_field(req.store, "store") if req.store else None
+            await self._visible(who, name)
+            records = await self._syncs.list(store=store, dataset=name)
+            return pb.ListSyncStatusResponse(syncs=[sync_to_pb(r) for r in records])
+
+        return await self._h.unary("GetSyncStatus", request, context, body)
+
+    async def EvictDataset(self, request: pb.EvictDatasetRequest, context: Ctx) -> pb.EvictDatasetResponse:
+        async def body(who: Principal, req: pb.EvictDatasetRequest) -> pb.EvictDatasetResponse:
+            _dataset, version, store = await self._target(who, req.name, req.version, req.store, evict=True)
+            if store == version.home.store:
+                raise FailedPrecondition(
+                    f"store: {store} holds the home copy of {version.dataset}, never evicted"
+                )
+            key = CopyKey(StoreName(store), version.dataset, version.version)
+            held = await self._registry.get_copy(key)
+            if held is None:
+                # Nothing cached there: evicting is a no-op, as deleting a missing object is.
+                return pb.EvictDatasetResponse(freed_bytes=0)
+            copy, revision = held
+            if copy.pinned:
+                raise FailedPrecondition(
+                    f"the copy in {store} is used by job(s) {', '.join(sorted(copy.pinned_by))}; "
+                    "evict it later"
+                )
+            target = await _store_call(f"store {store}", self._stores.client(store))
+            await _store_call(f"evicting from {store}", evict_copy(self._registry, target, key, revision))
+            return pb.EvictDatasetResponse(freed_bytes=copy.size_bytes)
+
+        return await self._h.unary("EvictDataset", request, context, body)
