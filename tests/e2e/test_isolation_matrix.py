@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from federation.client import GpufedClient
+from federation.datasets_client import DatasetsClient
 from federation.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest
 
@@ -40,6 +41,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     config.write_text(base.replace("  - {name: fin, tenant: platform, role: finance}\n",
                                    "  - {name: fin, tenant: platform, role: finance}\n"
                                    "  - {name: ops, tenant: platform, role: infra}\n"))  # fmt: skip
+    # Two local-directory object stores for the dataset calls: each tenant's data in the first.
+    for tenant in (OWN, OTHER):
+        (root / "lab" / "data" / tenant).mkdir(parents=True)
+        (root / "lab" / "data" / tenant / "part-0.bin").write_bytes(tenant.encode() * 100)
+    with config.open("a") as f:
+        f.write(f"objectStores:\n  lab: {{kind: local, root: {root / 'lab'}}}\n"
+                f"  lab-cache: {{kind: local, root: {root / 'lab-cache'}}}\n")  # fmt: skip
     etcd = EtcdProcess(root / "etcd")
     etcd.start()
     process = ServerProcess(etcd.endpoint, root / "state", config=config)
@@ -55,6 +63,15 @@ def _job(server: ServerProcess, tenant: str) -> str:
     """A job of `tenant` that waits forever (no such GPU type), created by the admin."""
     with server.client("admin") as admin:
         return admin.submit(manifest("matrix", gpu="B200", tenant=tenant)).job_id
+
+
+def _dataset(server: ServerProcess, tenant: str) -> str:
+    """A dataset of `tenant`, registered by the admin (again: a no-op)."""
+    with server.client("admin") as admin:
+        DatasetsClient(admin).register(
+            f"m-{tenant}", "v1", store="lab", prefix=f"data/{tenant}/", tenant=tenant
+        )
+    return f"m-{tenant}"
 
 
 Call = Callable[[GpufedClient, ServerProcess, str], Any]
@@ -80,6 +97,14 @@ CALLS: dict[str, Call] = {
     "GetReport": lambda c, s, t: c.report(tenant=t, fmt="json"),
     "ExportFocus": lambda c, s, t: c.export_focus(tenant=t),
     "ListLedger": lambda c, s, t: c.ledger(tenant=t),
+    "RegisterDataset": lambda c, s, t: DatasetsClient(c).register(
+        f"r-{t}", "v1", store="lab", prefix=f"data/{t}/", tenant=t
+    ),
+    "ListDatasets": lambda c, s, t: DatasetsClient(c).list(tenant=t),
+    "GetDataset": lambda c, s, t: DatasetsClient(c).get(_dataset(s, t)),
+    "SyncDataset": lambda c, s, t: DatasetsClient(c).sync(_dataset(s, t), store="lab-cache", dry_run=True),
+    "GetSyncStatus": lambda c, s, t: DatasetsClient(c).status(_dataset(s, t)),
+    "EvictDataset": lambda c, s, t: DatasetsClient(c).evict(_dataset(s, t), store="lab-cache"),
 }
 
 # call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
@@ -105,6 +130,14 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "GetReport": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
     "ExportFocus": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
     "ListLedger": {"admin": (PD, PD), "infra": (PD, PD), "finance": (OK, OK), "member": (OK, NF)},
+    # Datasets: a member uses its tenant's (and shared ones); infra reads all but copies none;
+    # finance has no business with them. Evicting a copy that is not there is a no-op.
+    "RegisterDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
+    "ListDatasets": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (OK, PD)},
+    "GetDataset": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "SyncDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    "GetSyncStatus": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "EvictDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
 }
 
 CASES = [
@@ -177,6 +210,9 @@ def test_a_members_lists_hold_only_its_own_tenant(server: ServerProcess) -> None
         assert {t.name for t in alice.list_tenants().tenants} == {OWN}
         assert {a.tenant for a in alice.list_approvals().approvals} <= {OWN}
         assert {iv.tenant for iv in alice.ledger().intervals} <= {OWN}
+        _dataset(server, OWN)
+        _dataset(server, OTHER)
+        assert {d.tenant for d in DatasetsClient(alice).list().datasets} == {OWN}
         seen: set[str] = set()
         # The stream runs until its deadline; everything it sent before then is alice's tenant's.
         with pytest.raises(grpc.RpcError) as ended:

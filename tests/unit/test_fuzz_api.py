@@ -8,8 +8,10 @@ admin's token so that requests get past authorization and reach the field checks
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,12 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from datasync.store_config import LocalStoreConfig
 from federation.api.admin import AdminService
+from federation.api.datasets import DatasetService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.auth import Authenticator
 from federation.cache import JobCache
+from federation.datasets import DatasetRegistry
+from federation.datasets_stores import StoreDirectory, StoreRecord
+from federation.datasets_syncs import SyncRecords
 from federation.ledger_cache import LedgerCache
 from federation.metrics import Metrics
 from federation.records import Role, TenantRecord, UserRecord
@@ -60,6 +67,7 @@ class World:
     reports: ReportService
     fed: FederationService
     caches: tuple[JobCache, LedgerCache]
+    datasets: DatasetService
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -98,7 +106,26 @@ def world() -> Iterator[World]:
             return []
 
         fed = FederationService(auth=auth, metrics=metrics, clusters=no_clusters)
-        return World(loop, store, jobs, admin, reports, fed, (cache, ledger))
+        # A real (local-directory) store holding one registered dataset, so fuzzed requests that name
+        # them get past the lookups to the store and registry code.
+        lab = Path(tempfile.mkdtemp(prefix="fuzz-lab-"))
+        (lab / "data").mkdir()
+        (lab / "data" / "part-0.bin").write_bytes(b"0123456789" * 10)
+        stores = StoreDirectory(store.kv)
+        await stores.put(StoreRecord("lab", LocalStoreConfig(str(lab))))
+        await stores.put(StoreRecord("lab-cache", LocalStoreConfig(str(lab / "cache"))))
+        datasets = DatasetService(
+            store=store,
+            registry=DatasetRegistry(store.kv),
+            stores=stores,
+            syncs=SyncRecords(store.kv),
+            auth=auth,
+            metrics=metrics,
+        )
+        await datasets.RegisterDataset(
+            pb.RegisterDatasetRequest(name="ds", version="v1", store="lab", prefix="data/"), Context()
+        )
+        return World(loop, store, jobs, admin, reports, fed, (cache, ledger), datasets)
 
     w = loop.run_until_complete(build())
     yield w
@@ -114,6 +141,10 @@ texts = st.one_of(
 )
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**40), 2**40).map(float))
 ints = st.integers(-(2**31), 2**31 - 1)
+# Names that exist in the world, mixed into the dataset calls' fields.
+dataset_names = st.one_of(texts, st.just("ds"))
+store_names = st.one_of(texts, st.sampled_from(["lab", "lab-cache"]))
+prefixes = st.one_of(texts, st.sampled_from(["data/", "data", "cache/", "../data/"]))
 manifests = st.one_of(
     texts,
     st.sampled_from(
@@ -189,13 +220,46 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             st.builds(pb.ExportFocusRequest, tenant=texts, format=st.one_of(texts, st.just("json"))),
         ),
         "WhoAmI": (lambda w: w.fed.WhoAmI, st.just(pb.WhoAmIRequest())),
+        "RegisterDataset": (
+            lambda w: w.datasets.RegisterDataset,
+            st.builds(
+                pb.RegisterDatasetRequest,
+                name=dataset_names,
+                version=texts,
+                store=store_names,
+                prefix=prefixes,
+                shared_with=st.lists(texts, max_size=3),
+                tenant=texts,
+            ),
+        ),
+        "ListDatasets": (lambda w: w.datasets.ListDatasets, st.builds(pb.ListDatasetsRequest, tenant=texts)),
+        "GetDataset": (lambda w: w.datasets.GetDataset, st.builds(pb.GetDatasetRequest, name=dataset_names)),
+        "SyncDataset": (
+            lambda w: w.datasets.SyncDataset,
+            st.builds(
+                pb.SyncDatasetRequest,
+                name=dataset_names,
+                version=texts,
+                store=store_names,
+                dry_run=st.booleans(),
+            ),
+        ),
+        "GetSyncStatus": (
+            lambda w: w.datasets.GetSyncStatus,
+            st.builds(pb.GetSyncStatusRequest, name=dataset_names, store=store_names),
+        ),
+        "EvictDataset": (
+            lambda w: w.datasets.EvictDataset,
+            st.builds(pb.EvictDatasetRequest, name=dataset_names, version=texts, store=store_names),
+        ),
     }
 
 
 REQUESTS = _requests()
 # Calls that write on success; the fuzzer checks that a refused one wrote nothing.
 WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
-          "RevokeApproval", "SetUser", "IssueToken", "RevokeToken"}  # fmt: skip
+          "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
+          "EvictDataset"}  # fmt: skip
 
 
 @pytest.mark.parametrize("call", sorted(REQUESTS))
