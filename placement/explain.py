@@ -38,6 +38,8 @@ CODE_RANK: Final = {
             Code.WAITING_FOR_PRIVATE_CAPACITY,
             Code.PREEMPTION_LIMIT_REACHED,
             Code.PREEMPTING,
+            Code.CAPACITY_REFUSED,
+            Code.CAPACITY_FAILED,
             Code.CAPACITY_REQUESTED,
             Code.RESERVED,
         )

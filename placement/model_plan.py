@@ -94,6 +94,10 @@ class WaitCode(StrEnum):
     # Victims were chosen (now or in an earlier cycle) and are leaving; the gang starts when they are gone.
     PREEMPTING = "preempting"
     CAPACITY_REQUESTED = "capacity_requested"
+    # Set by the capacity reconciler, not the placer: the pool change was refused (a limit, the
+    # spend ceiling) or failed at the provisioner and waits for a retry.
+    CAPACITY_REFUSED = "capacity_refused"
+    CAPACITY_FAILED = "capacity_failed"
     RESERVED = "reserved"
 
 
