@@ -55,7 +55,8 @@ def config_doc(config: StoreConfig) -> dict[str, Any]:
 
 
 def parse_object_stores(doc: Mapping[str, Any]) -> tuple[StoreRecord, ...]:
-    section = doc.get("objectStores") or {}
+    section = doc.get("objectStores")
+    section = {} if section is None else section
     if not isinstance(section, dict):
         raise InvalidSpec("objectStores", "must be a mapping of store name to its keys")
     records = []

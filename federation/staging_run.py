@@ -30,6 +30,7 @@ from datasync import (
     ObjectStore,
     StoreName,
     SyncFailed,
+    SyncOptions,
     SyncProgress,
     VersionId,
     plan_eviction,
@@ -71,8 +72,10 @@ class SyncRunner:
         stores: StoreDirectory,
         settings: Callable[[], Awaitable[SchedulingSettings]],
         journal_dir: Path,
+        options: SyncOptions | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._options = options
         self._registry = registry
         self._syncs = syncs
         self._stores = stores
@@ -169,7 +172,9 @@ class SyncRunner:
         latest: list[SyncProgress] = []
         writer = asyncio.create_task(self._progress_writer(running, latest))
         try:
-            report = await run_sync(plan, source, target, journal=journal, progress=latest.append)
+            report = await run_sync(
+                plan, source, target, options=self._options, journal=journal, progress=latest.append
+            )
         except SyncFailed as error:
             raise StageFailed(str(error)[:1000], retryable=error.retryable) from error
         finally:
