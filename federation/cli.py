@@ -17,7 +17,7 @@ from typing import Any
 import click
 import grpc
 
-from federation import cli_access, cli_admin, cli_dataset, cli_replay, cli_report
+from federation import cli_access, cli_admin, cli_capacity, cli_dataset, cli_replay, cli_report
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient, TlsClient
@@ -340,6 +340,7 @@ def demo(opts: _Opts) -> None:
 cli_admin.register(cli, _rpc)
 cli_access.register(cli, _rpc)
 cli_report.register(cli, _rpc)
+cli_capacity.register(cli, _rpc)
 cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
 

@@ -14,6 +14,9 @@ from typing import Any
 import yaml
 
 from clusters.sim.config import SimConfigError, from_mapping
+from federation.capacity_config import parse_capacity
+from federation.capacity_records import CapacitySettings
+from federation.capacity_store import CapacityStore
 from federation.config_policy import check_tenant_tree, parse_settings, parse_tenant
 from federation.datasets_stores import StoreDirectory, StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
@@ -38,6 +41,8 @@ class FederationConfig:
     settings: SchedulingSettings = field(default_factory=SchedulingSettings)
     # The `objectStores:` section: where datasets live and are cached (see federation.datasets_stores).
     object_stores: tuple[StoreRecord, ...] = field(default=())
+    # The `capacity:` section: provisioner, lead time, idle TTL, limits (federation.capacity_config).
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
         """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
@@ -170,6 +175,7 @@ def parse_config(text: str) -> FederationConfig:
         simulated=tuple(simulated),
         settings=settings,
         object_stores=object_stores,
+        capacity=parse_capacity(doc),
     )
 
 
@@ -192,6 +198,8 @@ async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) 
         directory = StoreDirectory(store.kv)
         for object_store in config.object_stores:
             await directory.put(object_store)
+    if isinstance(store, KvStore):
+        await CapacityStore(store.kv).put_settings(config.capacity)
     token_dir.mkdir(parents=True, exist_ok=True)
     token_dir.chmod(0o700)
     paths = {}

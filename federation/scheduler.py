@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import structlog
 
@@ -33,6 +34,7 @@ from federation.store import Fence, JobStore, Stored
 from federation.usage import TenantUsage, tenant_usage
 from placement.model import (
     Admission,
+    CapacityRequest,
     ClusterName,
     ClusterState,
     JobId,
@@ -87,6 +89,16 @@ def _snapshot_and_plan(
     return snapshot, plan(snapshot, now=now)
 
 
+class CapacityHook(Protocol):
+    """What the scheduler asks of the capacity reconciler (`federation.capacity`), if there is one."""
+
+    def with_scalable_pools(self, states: Sequence[ClusterState]) -> list[ClusterState]: ...
+
+    def offer(self, requests: Sequence[CapacityRequest], starts_at_s: Mapping[JobId, float]) -> None: ...
+
+    def annotate(self, waiting: Sequence[Waiting]) -> list[Waiting]: ...
+
+
 class InputsReader:
     """The placer's inputs from etcd, re-read at most every INPUTS_REFRESH_S; a new version on change."""
 
@@ -139,7 +151,9 @@ class Scheduler:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         dataset_locations: DatasetLocations | None = None,
+        capacity: CapacityHook | None = None,
     ) -> None:
+        self._capacity = capacity
         self._store = store
         self._cache = cache
         self._ledger = ledger
@@ -181,6 +195,8 @@ class Scheduler:
         # the two reads is counted twice (less free capacity for a cycle), never missed.
         statuses = await self._members.statuses()
         inventories = await self._members.inventories()
+        if self._capacity is not None:
+            inventories = self._capacity.with_scalable_pools(inventories)
         now = self._clock()
         usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
@@ -213,7 +229,14 @@ class Scheduler:
         admitted = sum(outcomes)
         conflicts = len(outcomes) - admitted
 
-        await self._write_reasons(result.waiting, fence, semaphore)
+        waiting: Sequence[Waiting] = result.waiting
+        if self._capacity is not None:
+            # The capacity reconciler acts on the requests after this cycle; its word on earlier
+            # ones (refused, failing, on the way) goes into the waiting jobs' reasons.
+            starts = {r.job_id: r.start_at_s for r in result.reservations}
+            self._capacity.offer(result.capacity_requests, starts)
+            waiting = self._capacity.annotate(result.waiting)
+        await self._write_reasons(waiting, fence, semaphore)
         self._metrics.set_queue_depth(Counter(q.tenant for q in snapshot.queued))
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
@@ -225,9 +248,9 @@ class Scheduler:
                 preemptions=sum(evictions),
                 waiting=len(result.waiting),
             )
-        for request in result.capacity_requests:
-            # The provisioner that acts on these arrives with issue 6; until then they are logged
-            # and the waiting job's reasons say which pool would have to grow.
+        for request in result.capacity_requests if self._capacity is None else ():
+            # Without a provisioner nothing acts on these: they are logged, and the waiting job's
+            # reasons say which pool would have to grow.
             log.info(
                 "capacity_requested",
                 cluster=request.cluster,

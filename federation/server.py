@@ -30,6 +30,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import Authenticator
 from federation.cache import JobCache
+from federation.capacity_wiring import CapacityWiring
 from federation.datasets import DatasetRegistry, locations_reader
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
@@ -113,6 +114,7 @@ class FederationServer:
         self.members: MemberClusters | None = None
         self._stores: StoreDirectory | None = None
         self._stager: Stager | None = None
+        self._capacity: CapacityWiring | None = None
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -164,6 +166,16 @@ class FederationServer:
         pb_grpc.add_FederationServiceServicer_to_server(
             FederationService(auth=auth, metrics=self.metrics, clusters=clusters), server
         )
+        self._capacity = capacity = await CapacityWiring.build(
+            kv=self._kv,
+            store=store,
+            cache=self._cache,
+            members=members,
+            auth=auth,
+            metrics=self.metrics,
+            state_dir=cfg.state_dir,
+        )
+        capacity.register(server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         registry = DatasetRegistry(self._kv)
@@ -181,6 +193,7 @@ class FederationServer:
             pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
             pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
             pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
+            pb.DESCRIPTOR.services_by_name["Capacity"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
@@ -210,6 +223,7 @@ class FederationServer:
             members=members,
             metrics=self.metrics,
             dataset_locations=locations_reader(registry),
+            capacity=capacity.reconciler,
         )
         cluster_stores = {r.name: r.object_store for r in cluster_records}
         self._stager = Stager(
@@ -256,6 +270,8 @@ class FederationServer:
                 try:
                     await reconciler.tick(fence)
                     await scheduler.run_cycle(fence)
+                    if self._capacity is not None:
+                        await self._capacity.tick(fence)
                 except GpufedError as error:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
@@ -301,6 +317,8 @@ class FederationServer:
             await self._stager.stop()
         if self._stores is not None:
             await self._stores.close()
+        if self._capacity is not None:
+            await self._capacity.close()
         if self.members is not None:
             await self.members.close()
         if self._metrics_server is not None:

@@ -10,6 +10,7 @@ what they return: a member's list never holds another tenant's item.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
+from federation.capacity_client import CapacityClient, plan_request
 from federation.client import GpufedClient
 from federation.datasets_client import DatasetsClient
 from federation.etcd_process import EtcdProcess
@@ -45,6 +47,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for tenant in (OWN, OTHER):
         (root / "lab" / "data" / tenant).mkdir(parents=True)
         (root / "lab" / "data" / tenant / "part-0.bin").write_bytes(tenant.encode() * 100)
+    # The cloud cluster may grow, so that capacity plans have a pool to name.
+    config.write_text(
+        config.read_text().replace("    region: us-east-1\n", "    region: us-east-1\n    scalable: true\n")
+    )
     with config.open("a") as f:
         f.write(f"objectStores:\n  lab: {{kind: local, root: {root / 'lab'}}}\n"
                 f"  lab-cache: {{kind: local, root: {root / 'lab-cache'}}}\n")  # fmt: skip
@@ -72,6 +78,22 @@ def _dataset(server: ServerProcess, tenant: str) -> str:
             f"m-{tenant}", "v1", store="lab", prefix=f"data/{tenant}/", tenant=tenant
         )
     return f"m-{tenant}"
+
+
+def _plan_request(server: ServerProcess, tenant: str) -> Any:
+    """A deadline plan for a job of `tenant`: enough H100 to finish it within the hour."""
+    return plan_request(
+        kind="deadline",
+        cluster="cloud",
+        gpu_type="H100",
+        end_s=time.time() + 3600,
+        job_ids=[_job(server, tenant)],
+    )
+
+
+def _plan(server: ServerProcess, tenant: str) -> str:
+    with server.client("admin") as admin:
+        return CapacityClient(admin).create_plan(_plan_request(server, tenant)).plan_id
 
 
 Call = Callable[[GpufedClient, ServerProcess, str], Any]
@@ -105,6 +127,11 @@ CALLS: dict[str, Call] = {
     "SyncDataset": lambda c, s, t: DatasetsClient(c).sync(_dataset(s, t), store="lab-cache", dry_run=True),
     "GetSyncStatus": lambda c, s, t: DatasetsClient(c).status(_dataset(s, t)),
     "EvictDataset": lambda c, s, t: DatasetsClient(c).evict(_dataset(s, t), store="lab-cache"),
+    "CreateCapacityPlan": lambda c, s, t: CapacityClient(c).create_plan(_plan_request(s, t)),
+    "ListCapacityPlans": lambda c, s, t: CapacityClient(c).list_plans(include_ended=True),
+    "PreviewCapacityPlan": lambda c, s, t: CapacityClient(c).preview_plan(_plan_request(s, t)),
+    "CancelCapacityPlan": lambda c, s, t: CapacityClient(c).cancel_plan(_plan(s, t)),
+    "ListCapacityPools": lambda c, s, t: CapacityClient(c).pools(),
 }
 
 # call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
@@ -138,6 +165,13 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "SyncDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "GetSyncStatus": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "EvictDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    # Capacity: plans and pools span every tenant. Infra and admins change plans, finance reads
+    # them (and pools) for their cost, members are refused even for plans over their own jobs.
+    "CreateCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
+    "ListCapacityPlans": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
+    "PreviewCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
+    "CancelCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
+    "ListCapacityPools": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
 }
 
 CASES = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,27 +17,30 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datasync.store_config import LocalStoreConfig
 from federation.api.admin import AdminService
+from federation.api.capacity import CapacityService
 from federation.api.datasets import DatasetService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.auth import Authenticator
 from federation.cache import JobCache
+from federation.capacity_store import CapacityStore
 from federation.datasets import DatasetRegistry
 from federation.datasets_stores import StoreDirectory, StoreRecord
 from federation.datasets_syncs import SyncRecords
 from federation.ledger_cache import LedgerCache
 from federation.metrics import Metrics
-from federation.records import Role, TenantRecord, UserRecord
+from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from federation.security_store import SecurityStore
 from federation.server import TenantDirectory
 from federation.store import InMemoryJobStore, KvStore
-from placement.model import TenantId
+from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
 ADMIN_TOKEN = "admin-token"
 
@@ -68,6 +72,7 @@ class World:
     fed: FederationService
     caches: tuple[JobCache, LedgerCache]
     datasets: DatasetService
+    capacity: CapacityService | None = None
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -125,7 +130,21 @@ def world() -> Iterator[World]:
         await datasets.RegisterDataset(
             pb.RegisterDatasetRequest(name="ds", version="v1", store="lab", prefix="data/"), Context()
         )
-        return World(loop, store, jobs, admin, reports, fed, (cache, ledger), datasets)
+        world = World(loop, store, jobs, admin, reports, fed, (cache, ledger), datasets)
+        # A cloud cluster that may grow, so that plans naming it get past the cluster check.
+        h100 = PoolConfig("h100", GpuType("H100"), CapacityKind.ON_DEMAND, 6.88, 8, 2)
+        await store.put_cluster(
+            ClusterRecord(ClusterName("cloud"), Provider.AWS, "us-east-1", (h100,), scalable=True)
+        )
+        world.capacity = CapacityService(
+            store=store,
+            capacity=CapacityStore(store.kv),
+            auth=auth,
+            metrics=metrics,
+            inventories=no_clusters,
+            job=lambda _: None,
+        )
+        return world
 
     w = loop.run_until_complete(build())
     yield w
@@ -154,6 +173,29 @@ manifests = st.one_of(
             "[" * 5000,
         ]
     ),
+)
+
+
+def _timestamps() -> st.SearchStrategy[Timestamp | None]:
+    seconds = st.one_of(
+        st.integers(-62_135_596_800, 253_402_300_799),
+        st.floats(-1e6, 1e7).map(lambda d: int(time.time() + d)),
+    )
+    return st.one_of(st.none(), st.builds(Timestamp, seconds=seconds, nanos=st.integers(0, 999_999_999)))
+
+
+plan_requests = st.builds(
+    pb.CapacityPlanRequest,
+    kind=st.one_of(texts, st.sampled_from(["fixed", "deadline"])),
+    cluster=st.one_of(texts, st.just("cloud")),
+    gpu_type=st.one_of(texts, st.just("H100")),
+    gpus=ints,
+    start=_timestamps(),
+    end=_timestamps(),
+    job_ids=st.lists(texts, max_size=3),
+    pool=st.one_of(texts, st.just("h100")),
+    reason=texts,
+    plan_id=texts,
 )
 
 
@@ -252,6 +294,17 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             lambda w: w.datasets.EvictDataset,
             st.builds(pb.EvictDatasetRequest, name=dataset_names, version=texts, store=store_names),
         ),
+        "CreateCapacityPlan": (lambda w: w.capacity.CreateCapacityPlan, plan_requests),
+        "PreviewCapacityPlan": (lambda w: w.capacity.PreviewCapacityPlan, plan_requests),
+        "ListCapacityPlans": (
+            lambda w: w.capacity.ListCapacityPlans,
+            st.builds(pb.ListCapacityPlansRequest, include_ended=st.booleans()),
+        ),
+        "CancelCapacityPlan": (
+            lambda w: w.capacity.CancelCapacityPlan,
+            st.builds(pb.CancelCapacityPlanRequest, plan_id=texts),
+        ),
+        "ListCapacityPools": (lambda w: w.capacity.ListCapacityPools, st.just(pb.ListCapacityPoolsRequest())),
     }
 
 
@@ -259,7 +312,7 @@ REQUESTS = _requests()
 # Calls that write on success; the fuzzer checks that a refused one wrote nothing.
 WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
           "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
-          "EvictDataset"}  # fmt: skip
+          "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan"}  # fmt: skip
 
 
 @pytest.mark.parametrize("call", sorted(REQUESTS))

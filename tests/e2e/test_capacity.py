@@ -1,0 +1,235 @@
+"""Capacity on demand, end to end: `gpufed serve` with the simulated provisioner against a simulated
+cloud cluster in its own process, driven only through the gRPC client.
+
+What the simulator holds is read with the official `kubernetes` client (nodes labelled with their
+pool), never from gpufed's own records: a pool has grown when the cluster has the nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.capacity_client import CapacityClient, plan_request
+from federation.etcd_process import EtcdProcess
+from federation.sim_process import SimProcess
+from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import write_config
+
+pytestmark = pytest.mark.e2e
+
+LEAD_S = 6.0
+BOOT_S = 2.0
+TTL_S = 4.0
+
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "aws-us-east-1",
+        "provider": "aws",
+        "region": "us-east-1",
+        "scalable": True,
+        "pools": [
+            # p5.48xlarge, 8 x H100: two nodes, 16 GPUs; a 32-GPU gang fits nowhere.
+            {
+                "name": "h100-od",
+                "gpuType": "H100",
+                "kind": "on_demand",
+                "usdPerGpuHour": 6.88,
+                "gpusPerNode": 8,
+                "nodes": 2,
+            }
+        ],
+    },
+]
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = write_config(
+        tmp_path / "federation.yaml",
+        sims,
+        CLUSTERS,
+        grace_s=30,
+        tenants=[{"name": "platform"}, {"name": "nlp"}],
+        users=[
+            {"name": "admin", "tenant": "platform", "role": "admin"},
+            {"name": "infra", "tenant": "platform", "role": "infra"},
+            {"name": "fin", "tenant": "platform", "role": "finance"},
+            {"name": "bob", "tenant": "nlp"},
+        ],
+        capacity={
+            "provisioner": "simulated",
+            "leadTimeSeconds": LEAD_S,
+            "simulatedBootSeconds": BOOT_S,
+            "idleTtlSeconds": TTL_S,
+            "spendCeilingUsdPerHour": 1000,
+            "cloudGpuLimits": {"aws": 64},
+            "maxNodesPerPool": 8,
+        },
+    )
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    process.start()
+    yield process
+    process.stop()
+
+
+def sim_nodes(sims: SimProcess, pool: str = "h100-od") -> list[str]:
+    """The pool's nodes as the cluster itself reports them."""
+    with k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(sims.kubeconfig), context="aws-us-east-1"
+    ) as api:
+        nodes = k8s.CoreV1Api(api).list_node(label_selector=f"gpufed.io/pool={pool}")
+    return sorted(n.metadata.name for n in nodes.items if n.metadata.deletion_timestamp is None)
+
+
+def _code(fn: Any) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as error:
+        code: grpc.StatusCode = error.code()
+        return code
+    return grpc.StatusCode.OK
+
+
+def test_a_gang_that_fits_nowhere_grows_a_pool_runs_and_the_pool_shrinks_after_the_ttl(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    assert len(sim_nodes(sims)) == 2
+    with fed.client("bob") as bob:
+        job_id = bob.submit(manifest("big", workers=3, gpus=8, gpu="H100", duration="4s")).job_id
+
+        # While the nodes boot, the job says capacity is on the way.
+        def provisioning() -> bool:
+            reasons = bob.explain(job_id).reasons
+            return any(r.code == "capacity_requested" and "provisioned" in r.message for r in reasons)
+
+        wait_for(provisioning, timeout_s=30)
+        with fed.client("infra") as infra:
+            (pool,) = CapacityClient(infra).pools().pools
+            assert pool.HasField("pending")
+            assert (pool.pending.nodes_from, pool.pending.nodes_to) == (2, 6)
+            assert list(pool.pending.job_ids) == [job_id]
+
+        wait_for(lambda: len(sim_nodes(sims)) == 6, timeout_s=30)
+        done = wait_for(lambda: (j := bob.get(job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60)
+        # No node under the gang was taken away: it ran once, to the end.
+        assert done.attempt == 1
+        assert done.cluster == "aws-us-east-1"
+
+    # Idle for the TTL, the added nodes go: the cluster is back to the configured two.
+    wait_for(lambda: len(sim_nodes(sims)) == 2, timeout_s=TTL_S + 30)
+    with fed.client("fin") as fin:
+        (pool,) = CapacityClient(fin).pools().pools
+        assert not pool.HasField("pending")
+
+
+def test_a_plan_is_provisioned_before_its_start_and_released_after_its_end(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    start = time.time() + LEAD_S + 6
+    end = start + 6
+    request = plan_request(
+        kind="fixed",
+        cluster="aws-us-east-1",
+        gpu_type="H100",
+        gpus=32,
+        start_s=start,
+        end_s=end,
+        reason="e2e",
+    )
+    with fed.client("bob") as bob:
+        assert _code(lambda: CapacityClient(bob).create_plan(request)) == grpc.StatusCode.PERMISSION_DENIED
+    with fed.client("infra") as infra:
+        capacity = CapacityClient(infra)
+        preview = capacity.preview_plan(request)
+        assert [(c.pool, c.nodes_from, c.nodes_to) for c in preview.changes] == [("h100-od", 2, 4)]
+        assert preview.usd_per_hour == pytest.approx(32 * 6.88)
+        assert preview.total_usd == pytest.approx(32 * 6.88 * (end - (start - LEAD_S)) / 3600, rel=0.05)
+        assert capacity.list_plans().plans == []  # a preview stores nothing
+
+        plan = capacity.create_plan(request)
+        assert plan.state == "scheduled"
+        assert len(sim_nodes(sims)) == 2
+
+        # The lead time before its start, the pool grows; the nodes are there when it starts.
+        wait_for(lambda: len(sim_nodes(sims)) == 4, timeout_s=start - time.time() + 10)
+        assert time.time() < start, "the plan's nodes should be ready before it starts"
+        (listed,) = capacity.list_plans().plans
+        assert listed.plan_id == plan.plan_id
+        assert listed.state in ("provisioning", "active")
+        assert listed.gpus_now == 32
+
+        # Held until its end, whatever the idle TTL says, then released.
+        wait_for(lambda: len(sim_nodes(sims)) == 2, timeout_s=end - time.time() + TTL_S + 30)
+        assert time.time() >= end, "the plan's nodes went before its end"
+        assert capacity.list_plans().plans == []
+        (ended,) = capacity.list_plans(include_ended=True).plans
+        assert ended.state == "ended"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        pytest.param({"cluster": "nowhere"}, "cluster", id="unknown-cluster"),
+        pytest.param({"gpu_type": "B200"}, "gpu_type", id="gpu-type-not-there"),
+        pytest.param({"gpus": 0}, "gpus", id="no-gpus"),
+        pytest.param({"gpus": -8}, "gpus", id="negative-gpus"),
+        pytest.param({"start_offset_s": 100.0, "end_offset_s": 50.0}, "start", id="start-after-end"),
+        pytest.param({"end_offset_s": -10.0}, "end", id="end-in-the-past"),
+        pytest.param({"pool": "a100-od"}, "pool", id="unknown-pool"),
+        pytest.param({"kind": "forever"}, "kind", id="unknown-kind"),
+        pytest.param(
+            {"kind": "deadline", "gpus": 0, "job_ids": ["no-such-job"]}, "job_ids[0]", id="unknown-job"
+        ),
+    ],
+)
+def test_bad_plans_are_refused_naming_the_field_and_nothing_is_stored(
+    fed: ServerProcess, fields: dict[str, Any], field: str
+) -> None:
+    now = time.time()
+    args: dict[str, Any] = {
+        "kind": "fixed",
+        "cluster": "aws-us-east-1",
+        "gpu_type": "H100",
+        "gpus": 16,
+        "start_s": now + fields.pop("start_offset_s", 60.0),
+        "end_s": now + fields.pop("end_offset_s", 120.0),
+    }
+    args.update(fields)
+    if args["kind"] == "deadline":
+        args.pop("start_s")
+    with fed.client("admin") as admin:
+        capacity = CapacityClient(admin)
+        with pytest.raises(grpc.RpcError) as refused:
+            capacity.create_plan(plan_request(**args))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith(f"{field}:"), refused.value.details()
+        assert capacity.list_plans(include_ended=True).plans == []
+
+
+def test_plans_are_cancelled_by_infra_and_admins_only(fed: ServerProcess) -> None:
+    now = time.time()
+    request = plan_request(
+        kind="fixed", cluster="aws-us-east-1", gpu_type="H100", gpus=8, start_s=now + 3600, end_s=now + 7200
+    )
+    with fed.client("admin") as admin:
+        plan = CapacityClient(admin).create_plan(request)
+    with fed.client("fin") as fin:
+        assert (
+            _code(lambda: CapacityClient(fin).cancel_plan(plan.plan_id)) == grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert [p.plan_id for p in CapacityClient(fin).list_plans().plans] == [plan.plan_id]
+    with fed.client("infra") as infra:
+        cancelled = CapacityClient(infra).cancel_plan(plan.plan_id)
+        assert (cancelled.state, cancelled.cancelled_by) == ("cancelled", "infra")
+        again = _code(lambda: CapacityClient(infra).cancel_plan(plan.plan_id))
+        assert again == grpc.StatusCode.FAILED_PRECONDITION
+        assert CapacityClient(infra).list_plans().plans == []
