@@ -257,6 +257,9 @@ class FederationServer:
                 await self._loop(scheduler, reconciler, fence, election.lost())
             finally:
                 self.metrics.is_leader.set(0)
+                if self._stager is not None:
+                    # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
+                    await self._stager.stop()
             log.warning("leadership_lost", identity=self.config.identity)
 
     async def _loop(
