@@ -67,14 +67,14 @@ class EmbeddedStores:
             raise
         out = []
         for r in self._records:
-            server = self._servers.get(r.seaweed or "")
-            if server is None or not isinstance(r.config, S3StoreConfig):
+            serving = self._servers.get(r.seaweed or "")
+            if serving is None or not isinstance(r.config, S3StoreConfig):
                 out.append(r)
                 continue
             key_var, secret_var = key_env(r.seaweed or "")
             config = S3StoreConfig(
                 r.config.bucket,
-                endpoint=server.endpoint,
+                endpoint=serving.endpoint,
                 region="us-east-1",
                 access_key_id_env=key_var,
                 secret_access_key_env=secret_var,

@@ -125,7 +125,10 @@ def _hashes(up: Embedded, store: str, prefix: str) -> dict[str, str]:
 def _run_job(client: GpufedClient, dataset: str, name: str) -> pb.Job:
     spec = manifest(name, gpu="H100", duration="1s", extra_spec=f"  dataset: {dataset}\n")
     job_id = client.submit(spec).job_id
-    return wait_for(lambda: (j := client.get(job_id)).phase in FINAL and j, timeout_s=120, interval_s=0.3)
+    job: pb.Job = wait_for(
+        lambda: (j := client.get(job_id)).phase in FINAL and j, timeout_s=120, interval_s=0.3
+    )
+    return job
 
 
 def _phases(job: pb.Job) -> list[str]:
