@@ -30,6 +30,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import Authenticator
 from federation.cache import JobCache
+from federation.capacity_store import CapacityStore
 from federation.capacity_wiring import CapacityWiring
 from federation.datasets import DatasetRegistry, locations_reader
 from federation.datasets_stores import StoreDirectory
@@ -156,7 +157,13 @@ class FederationServer:
         )
 
         pb_grpc.add_ReportServiceServicer_to_server(
-            ReportService(ledger=self._ledger, store=store, auth=auth, metrics=self.metrics),
+            ReportService(
+                ledger=self._ledger,
+                store=store,
+                auth=auth,
+                metrics=self.metrics,
+                provisioned=CapacityStore(self._kv).list_intervals,
+            ),
             server,
         )
 

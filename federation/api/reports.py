@@ -8,7 +8,7 @@ reads every tenant, a member only its own, nobody else.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -35,6 +35,7 @@ from federation.report import (
     render_json,
     render_table,
 )
+from federation.report.idle import ProvisionedInterval
 from federation.store import JobStore
 from federation.usage import month_start_s
 from federation.validate import shown
@@ -97,7 +98,11 @@ class ReportService(pb_grpc.ReportServiceServicer):
         auth: Authenticator,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        provisioned: Callable[[], Awaitable[Sequence[ProvisionedInterval]]] | None = None,
     ) -> None:
+        # The node-pool intervals the capacity reconciler recorded, for the idle cost of a report
+        # over every tenant (a member's report shows none: idle says what others used).
+        self._provisioned = provisioned
         self._ledger = ledger
         self._store = store
         self._h = CallHandlers(auth, metrics)
@@ -140,7 +145,8 @@ class ReportService(pb_grpc.ReportServiceServicer):
                 raise InvalidArgument(f"format: {shown(fmt)} is not one of {', '.join(RENDERERS)}")
             query = self._query(who, req, tuple(dims), req.bucket)
             tenants = await self._store.list_tenants()
-            report = compute_report(self._ledger.intervals(), tenants, query)
+            pools = await self._provisioned() if self._provisioned and query.tenants is None else ()
+            report = compute_report(self._ledger.intervals(), tenants, query, provisioned=pools)
             render, content_type = RENDERERS[fmt]
             return pb.RenderedReport(content=render(report), content_type=content_type)
 

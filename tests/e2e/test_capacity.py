@@ -129,6 +129,10 @@ def test_a_gang_that_fits_nowhere_grows_a_pool_runs_and_the_pool_shrinks_after_t
     with fed.client("fin") as fin:
         (pool,) = CapacityClient(fin).pools().pools
         assert not pool.HasField("pending")
+        # The added nodes' time, less what the gang used of it, is the pool's idle cost.
+        report = fin.report(fmt="table").content
+        assert "Idle provisioned capacity" in report
+        assert "h100-od" in report.split("Idle provisioned capacity")[1]
 
 
 def test_a_plan_is_provisioned_before_its_start_and_released_after_its_end(
