@@ -141,8 +141,12 @@ class LocalJournal:
     def part_finished(self, path: str, upload_id: str, part: PartInfo) -> None:
         self._append(_part_record(path, upload_id, part))
 
-    def clear(self) -> None:
+    def close(self) -> None:
+        """Close the file but keep the records: a sync that failed or was cancelled resumes from them."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def clear(self) -> None:
+        self.close()
         self.path.unlink(missing_ok=True)

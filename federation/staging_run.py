@@ -151,39 +151,43 @@ class SyncRunner:
         target = await self._stores.client(record.store)
         await self._make_room(record, version.size_bytes, target)
         journal = LocalJournal.for_sync(self._journal_dir, version.home.store, record.store, manifest.digest)
-        prefix = cache_prefix(record.dataset, record.version)
-        plan = await plan_sync(source, version.home.prefix, target, prefix, manifest, journal=journal)
-        rate = egress_rate(await self._settings(), version.home.store, record.store)
-        estimate = plan.egress(rate)
-        running = await self._write(
-            replace(
-                record,
-                state=SyncState.RUNNING,
-                source_store=version.home.store,
-                bytes_total=plan.total_bytes,
-                objects_total=plan.total_objects,
-                bytes_to_copy=plan.copy_bytes,
-                objects_to_copy=len(plan.to_copy),
-                egress_usd=estimate.usd,
-                egress_usd_per_gb=rate,
-                error="",
-            )
-        )
-        latest: list[SyncProgress] = []
-        writer = asyncio.create_task(self._progress_writer(running, latest))
         try:
-            report = await run_sync(
-                plan, source, target, options=self._options, journal=journal, progress=latest.append
+            prefix = cache_prefix(record.dataset, record.version)
+            plan = await plan_sync(source, version.home.prefix, target, prefix, manifest, journal=journal)
+            rate = egress_rate(await self._settings(), version.home.store, record.store)
+            estimate = plan.egress(rate)
+            running = await self._write(
+                replace(
+                    record,
+                    state=SyncState.RUNNING,
+                    source_store=version.home.store,
+                    bytes_total=plan.total_bytes,
+                    objects_total=plan.total_objects,
+                    bytes_to_copy=plan.copy_bytes,
+                    objects_to_copy=len(plan.to_copy),
+                    egress_usd=estimate.usd,
+                    egress_usd_per_gb=rate,
+                    error="",
+                )
             )
-        except SyncFailed as error:
-            raise StageFailed(str(error)[:1000], retryable=error.retryable) from error
+            latest: list[SyncProgress] = []
+            writer = asyncio.create_task(self._progress_writer(running, latest))
+            try:
+                report = await run_sync(
+                    plan, source, target, options=self._options, journal=journal, progress=latest.append
+                )
+            except SyncFailed as error:
+                raise StageFailed(str(error)[:1000], retryable=error.retryable) from error
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+            await self._record_copy(record, version.size_bytes)
+            final = _with_progress(running, latest[-1]) if latest else running
+            return replace(final, state=SyncState.DONE, bytes_copied=report.bytes_copied, verified=True)
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-        await self._record_copy(record, version.size_bytes)
-        final = _with_progress(running, latest[-1]) if latest else running
-        return replace(final, state=SyncState.DONE, bytes_copied=report.bytes_copied, verified=True)
+            # Kept on disk for a resume when the copy did not finish; the file itself must not leak.
+            journal.close()
 
     async def _progress_writer(self, running: SyncRecord, latest: list[SyncProgress]) -> None:
         while True:

@@ -172,9 +172,8 @@ class DatasetService(pb_grpc.DatasetsServicer):
             if req.tenant:
                 name_field(req.tenant, "tenant")
             tenant = dataset_write_tenant(who, req.tenant)
-            stored = await self._registry.get(name)
-            if stored is not None and not who.is_admin:
-                check_read_dataset(who, stored.value.tenant, frozenset(), name)
+            if tenant != who.tenant and await self._store.get_tenant(tenant) is None:
+                raise InvalidSpec("tenant", f"no tenant {shown(tenant)}")
             await self._stores.require(store_name)
             client = await _store_call(f"store {store_name}", self._stores.client(store_name))
             manifest = await _store_call(
