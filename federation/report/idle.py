@@ -1,7 +1,7 @@
 """Idle cost: node-pool time that gpufed provisioned and no job used.
 
-A pool that gpufed scaled up is paid for whether or not gangs run on it. The provisioner (issue 6)
-records each stretch a pool held GPUs as a `ProvisionedInterval`; this module sets them against the
+A pool that gpufed scaled up is paid for whether or not gangs run on it. The capacity reconciler
+(`federation.capacity`) records each stretch of nodes it added as a `ProvisionedInterval`; this module sets them against the
 ledger. At every moment, on one cluster and GPU type, the idle GPUs are the provisioned GPUs minus
 the GPUs ledger intervals held there, never below zero; idle GPU-hours are that integrated over
 time, and idle cost is it at the pool's price.
