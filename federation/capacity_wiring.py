@@ -24,6 +24,7 @@ from federation.jobs import JobRecord
 from federation.kv import KeyValueStore
 from federation.members import MemberClusters
 from federation.metrics import Metrics
+from federation.security_store import SecurityStore
 from federation.store import Fence, JobStore
 from iac.api import Provisioner
 from placement.model import JobId
@@ -64,6 +65,7 @@ class CapacityWiring:
             metrics=metrics,
             inventories=members.inventories,
             job=job,
+            security=SecurityStore(kv),
         )
         provisioner = build_provisioner(settings, records, state_dir=state_dir)
         reconciler = None

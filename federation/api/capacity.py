@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api import convert
@@ -31,10 +32,13 @@ from federation.errors import Conflict, FailedPrecondition, InvalidArgument, Not
 from federation.jobs import JobRecord
 from federation.metrics import Metrics
 from federation.records import Role
+from federation.security_store import AuditEvent, SecurityStore
 from federation.store import JobStore
 from federation.validate import shown
 from iac.pool_state import PoolState
 from placement.model import ClusterName, ClusterState, GpuType, JobId
+
+log = structlog.get_logger("gpufed.api")
 
 MAX_PLAN_GPUS = 65_536
 MAX_PLAN_JOBS = 256
@@ -144,13 +148,22 @@ class CapacityService(pb_grpc.CapacityServicer):
         inventories: Callable[[], Awaitable[list[ClusterState]]],
         job: Callable[[JobId], JobRecord | None],
         clock: Callable[[], float] = time.time,
+        security: SecurityStore | None = None,
     ) -> None:
         self._store = store
+        self._security = security
         self._capacity = capacity
         self._h = CallHandlers(auth, metrics)
         self._inventories = inventories
         self._job = job
         self._clock = clock
+
+    async def _audit(self, who: Principal, action: str, target: str, detail: str) -> None:
+        # Plans buy GPUs: who asked for what stays on record, with the admins' own actions.
+        log.info("capacity_plan_changed", action=action, plan_id=target, by=who.user, role=who.role.value)
+        if self._security is not None:
+            event = AuditEvent(self._clock(), who.user, who.role.value, action, target, detail)
+            await self._security.append_audit(event)
 
     async def _pools(self) -> tuple[CapacitySettings, dict[PoolKey, ScalablePoolEntry]]:
         settings = await self._capacity.get_settings()
@@ -206,6 +219,8 @@ class CapacityService(pb_grpc.CapacityServicer):
                     raise InvalidArgument(f"job_ids[{i}]: no job {shown(job_id)}")
             if not await self._capacity.create_plan(plan):
                 raise Conflict(f"plan id {plan.plan_id} was taken; try again")
+            what = f"{plan.kind.value} {plan.gpus or len(plan.job_ids)} {plan.gpu_type} in {plan.cluster}"
+            await self._audit(who, "capacity_plan_created", plan.plan_id, f"{what}: {plan.reason}"[:500])
             return self._plan_pb(plan, now, settings, 0, 0.0)
 
         return await self._h.unary("CreateCapacityPlan", request, context, body)
@@ -300,6 +315,7 @@ class CapacityService(pb_grpc.CapacityServicer):
             cancelled = replace(plan, cancelled_at_s=now, cancelled_by=who.user)
             if not await self._capacity.update_plan(cancelled, stored.mod_revision):
                 raise Conflict(f"plan {plan.plan_id} changed meanwhile; try again")
+            await self._audit(who, "capacity_plan_cancelled", plan.plan_id, "")
             return self._plan_pb(cancelled, now, settings, 0, 0.0)
 
         return await self._h.unary("CancelCapacityPlan", request, context, body)

@@ -237,3 +237,7 @@ def test_plans_are_cancelled_by_infra_and_admins_only(fed: ServerProcess) -> Non
         again = _code(lambda: CapacityClient(infra).cancel_plan(plan.plan_id))
         assert again == grpc.StatusCode.FAILED_PRECONDITION
         assert CapacityClient(infra).list_plans().plans == []
+    with fed.client("admin") as admin:
+        trail = [(e.user, e.action, e.target) for e in admin.list_audit().events]
+        assert ("admin", "capacity_plan_created", plan.plan_id) in trail
+        assert ("infra", "capacity_plan_cancelled", plan.plan_id) in trail
