@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ from placement.model import (
     ClusterState,
     GpuType,
     JobId,
+    JobPhase,
     NodePool,
     Provider,
     Waiting,
@@ -358,5 +361,39 @@ def test_a_cancelled_plan_holds_nothing(world: World) -> None:
     )
     world.run(world.store.create_plan(plan))
     rec = world.reconciler()
+    world.run(rec.tick(None))
+    assert world.nodes() == 2
+
+
+def test_a_deadline_plan_holds_enough_for_its_jobs_and_nothing_once_they_are_done(world: World) -> None:
+    now = world.clock.now
+    jobs = {JobId("a"): (16, 3600), JobId("b"): (16, 3600)}
+    done: set[JobId] = set()
+
+    def job(job_id: JobId) -> Any:
+        gpus, runtime = jobs[job_id]
+        phase = JobPhase.SUCCEEDED if job_id in done else JobPhase.QUEUED
+        return SimpleNamespace(phase=phase, spec=SimpleNamespace(gpu_count=gpus, max_runtime_s=runtime))
+
+    # Both jobs, an hour each, within 1 h 10 min: they must run side by side, on 32 GPUs (4 nodes).
+    plan = PlanRecord(
+        "plan-d", PlanKind.DEADLINE, CLUSTER, H100, "infra", now, end_s=now + 4200, job_ids=tuple(jobs)
+    )
+    world.run(world.store.create_plan(plan))
+    rec = CapacityReconciler(
+        store=world.store,
+        provisioner=world.provisioner,
+        settings=SETTINGS,
+        pools=world.pools,
+        inventories=world.inventories,
+        job=job,
+        clock=world.clock,
+    )
+    world.run(rec.tick(None))
+    assert world.nodes() == 4
+    world.clock.now += 11
+    world.run(rec.tick(None))
+    done.update(jobs)
+    world.clock.now += 31
     world.run(rec.tick(None))
     assert world.nodes() == 2
