@@ -33,6 +33,7 @@ from federation.cache import JobCache
 from federation.capacity_store import CapacityStore
 from federation.capacity_wiring import CapacityWiring
 from federation.datasets import DatasetRegistry, locations_reader
+from federation.datasets_check import DatasetCheck
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
 from federation.errors import GpufedError
@@ -142,6 +143,7 @@ class FederationServer:
                 auth=auth,
                 metrics=self.metrics,
                 tenants=tenants,
+                datasets=DatasetCheck(DatasetRegistry(self._kv)),
             ),
             server,
         )

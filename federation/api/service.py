@@ -40,6 +40,7 @@ from federation.errors import (
     PermissionDenied,
 )
 from federation.jobs import JobRecord
+from federation.jobspec import DatasetRef
 from federation.metrics import Metrics
 from federation.ratelimit import SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
@@ -67,6 +68,12 @@ class SubmitPolicy(Protocol):
     async def get(self, name: TenantId) -> TenantRecord | None: ...
 
     async def settings(self) -> SchedulingSettings: ...
+
+
+class DatasetPolicy(Protocol):
+    """Whether a tenant's job may name a dataset (`federation.datasets_check.DatasetCheck`)."""
+
+    async def check(self, tenant: TenantId, ref: DatasetRef, settings: SchedulingSettings) -> None: ...
 
 
 def check_priority_class(
@@ -144,9 +151,11 @@ class JobService(pb_grpc.JobServiceServicer):
         auth: Authenticator,
         metrics: Metrics,
         tenants: SubmitPolicy,
+        datasets: DatasetPolicy,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._datasets = datasets
         self._cache = cache
         self._h = CallHandlers(auth, metrics)
         self._metrics = metrics
@@ -172,6 +181,10 @@ class JobService(pb_grpc.JobServiceServicer):
         priority = check_priority_class(who, record, settings, spec.priority_class)
         # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
         self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
+        if spec.dataset is not None:
+            # After the rate limiter: a reference the in-memory view cannot vouch for costs an etcd
+            # read, and a flood of unknown ones must stay within the tenant's rate.
+            await self._datasets.check(tenant, spec.dataset, settings)
         spec = replace(spec, tenant=tenant)
         now = self._clock()
         job = JobRecord(

@@ -5,7 +5,8 @@ data there first and to check the copies byte for byte.
 A job whose dataset lives only in the private store, placed on the public cloud (it asks for H100s,
 which only aws-us-east-1 has), waits in STAGING while the version is copied and verified, then runs;
 the next job of the same dataset there starts without copying. Datasets stay within their tenant unless
-shared, a sync whose source object is gone fails the job naming the object, and bad fields are refused.
+shared (a job naming data its tenant may not use is refused at submission), a sync whose source object
+is gone fails the job naming the object, and bad fields are refused.
 """
 
 from __future__ import annotations
@@ -220,12 +221,39 @@ def test_datasets_stay_within_their_tenant_unless_shared(up: Embedded) -> None:
             theirs.list(tenant="vision")
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert {"open", "secret"} <= {d.name for d in DatasetsClient(admin).list().datasets}
-        # bob's job may not read alice's unshared data: it fails, saying so.
-        spec = manifest("peek", gpu="A100", duration="1s", extra_spec="  dataset: secret@v1\n")
-        job_id = bob.submit(spec).job_id
-        job = wait_for(lambda: (j := bob.get(job_id)).phase in FINAL and j, timeout_s=60, interval_s=0.3)
-        assert job.phase == pb.JOB_PHASE_FAILED
-        assert "not shared with tenant nlp" in job.message
+
+
+def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(up: Embedded) -> None:
+    _put(up, "onprem-s3", {"vision/private/v1/a.bin": b"p" * 1000, "vision/public/v1/a.bin": b"q" * 1000})
+    with up.client("alice") as alice, up.client("bob") as bob:
+        mine = DatasetsClient(alice)
+        mine.register("private", "v1", store="onprem-s3", prefix="vision/private/v1/")
+        mine.register("public", "v1", store="onprem-s3", prefix="vision/public/v1/", shared_with=["nlp"])
+        before = bob.list_all()
+        # alice's unshared dataset reads exactly like one that does not exist; a version that does not
+        # exist is refused too; and the same, whatever the idempotency key.
+        for ref in ("private@v1", "private", "no-such-data@v1", "public@v9"):
+            spec = manifest("peek", gpu="A100", duration="1s", extra_spec=f"  dataset: {ref}\n")
+            with pytest.raises(grpc.RpcError) as caught:
+                bob.submit(spec, idempotency_key=f"peek-{ref}")
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ref
+            details = caught.value.details() or ""
+            assert details.startswith("spec.dataset: "), details
+            assert ref.split("@")[0] in details
+        assert bob.list_all() == before, "a refused job must not be stored"
+        # Shared with bob's tenant: accepted, and it runs (its home store is the cluster's).
+        spec = manifest("shared", gpu="A100", duration="1s", extra_spec="  dataset: public@v1\n")
+        accepted = bob.submit(spec, idempotency_key="peek-public@v1")
+        assert accepted.created
+        job = wait_for(
+            lambda: (j := bob.get(accepted.job_id)).phase in FINAL and j, timeout_s=60, interval_s=0.3
+        )
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
+        # The refused submission's key was not kept: shared now (with a new version; sharing is per
+        # dataset), the same key makes a new job, accepted at once although the server's view is older.
+        mine.register("private", "v2", store="onprem-s3", prefix="vision/private/v1/", shared_with=["nlp"])
+        spec = manifest("peek", gpu="A100", duration="1s", extra_spec="  dataset: private@v1\n")
+        assert bob.submit(spec, idempotency_key="peek-private@v1").created
 
 
 def test_a_sync_whose_source_object_is_gone_fails_the_job_naming_it(up: Embedded) -> None:

@@ -32,6 +32,7 @@ from federation.auth import Authenticator
 from federation.cache import JobCache
 from federation.capacity_store import CapacityStore
 from federation.datasets import DatasetRegistry
+from federation.datasets_check import DatasetCheck
 from federation.datasets_stores import StoreDirectory, StoreRecord
 from federation.datasets_syncs import SyncRecords
 from federation.ledger_cache import LedgerCache
@@ -100,7 +101,12 @@ def world() -> Iterator[World]:
         auth = Authenticator(store)
         metrics = Metrics()
         jobs = JobService(
-            store=store, cache=cache, auth=auth, metrics=metrics, tenants=TenantDirectory(store)
+            store=store,
+            cache=cache,
+            auth=auth,
+            metrics=metrics,
+            tenants=TenantDirectory(store),
+            datasets=DatasetCheck(DatasetRegistry(store.kv)),
         )
         admin = AdminService(
             store=store, security=SecurityStore(store.kv), cache=cache, auth=auth, metrics=metrics
