@@ -6,6 +6,7 @@ accepted job id is then looked up through the API to prove none was lost.
 
     python bench/submit.py                            # 20 s of load on one server
     python bench/submit.py --quick                    # 5 s
+    python bench/submit.py --quick --dataset          # every job names a dataset (checked at submit)
     python bench/submit.py --servers 2 --processes 2  # two servers on one etcd (one leads),
                                                       # one client process on each
 """
@@ -45,6 +46,7 @@ clusters:
     provider: private
     region: dc1
     pools: [{name: a100, gpuType: A100, kind: private, usdPerGpuHour: 1.1, gpusPerNode: 8, nodes: 16}]
+datasets: [{name: imagenet@2012, store: onprem-s3, sizeGiB: 150}]
 """
 
 MANIFEST = """\
@@ -66,6 +68,7 @@ def _client_process(
     start_at: float,
     stop_at: float,
     send_yaml: bool,
+    dataset: bool,
     out: mp.Queue,  # type: ignore[type-arg]
 ) -> None:
     """One client process: `concurrency` submissions in flight at once on one asyncio channel.
@@ -82,7 +85,8 @@ def _client_process(
     ids: list[str] = []
     errors = 0
     # What GpufedClient sends: the user's YAML read here and sent as JSON (--yaml: sent as written).
-    wire = MANIFEST if send_yaml else wire_manifest(MANIFEST)
+    text = MANIFEST + ("  dataset: imagenet@2012\n" if dataset else "")
+    wire = text if send_yaml else wire_manifest(text)
 
     async def run() -> None:
         nonlocal errors
@@ -131,6 +135,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight per client process")
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
     parser.add_argument(
+        "--dataset", action="store_true", help="every job names a dataset (from the config's datasets:)"
+    )
+    parser.add_argument(
         "--servers",
         type=int,
         default=1,
@@ -174,6 +181,7 @@ def main() -> int:
                         start_at,
                         stop_at,
                         args.yaml,
+                        args.dataset,
                         out,
                     ),
                 )
