@@ -18,6 +18,7 @@ from federation.capacity_config import parse_capacity
 from federation.capacity_records import CapacitySettings
 from federation.capacity_store import CapacityStore
 from federation.config_policy import check_tenant_tree, parse_settings, parse_tenant
+from federation.datasets_executor import DatasyncSettings, parse_datasync, put_settings
 from federation.datasets_stores import StoreDirectory, StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
 from federation.records import ClusterRecord, PoolConfig, Role, SchedulingSettings, TenantRecord, UserRecord
@@ -43,6 +44,8 @@ class FederationConfig:
     object_stores: tuple[StoreRecord, ...] = field(default=())
     # The `capacity:` section: provisioner, lead time, idle TTL, limits (federation.capacity_config).
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    # The `datasync:` section: where staging's copies run (federation.datasets_executor).
+    datasync: DatasyncSettings = field(default_factory=DatasyncSettings)
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
         """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
@@ -176,6 +179,7 @@ def parse_config(text: str) -> FederationConfig:
         settings=settings,
         object_stores=object_stores,
         capacity=parse_capacity(doc),
+        datasync=parse_datasync(doc),
     )
 
 
@@ -200,6 +204,7 @@ async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) 
             await directory.put(object_store)
     if isinstance(store, KvStore):
         await CapacityStore(store.kv).put_settings(config.capacity)
+        await put_settings(store.kv, config.datasync)
     token_dir.mkdir(parents=True, exist_ok=True)
     token_dir.chmod(0o700)
     paths = {}

@@ -34,6 +34,7 @@ from federation.capacity_store import CapacityStore
 from federation.capacity_wiring import CapacityWiring
 from federation.datasets import DatasetRegistry, locations_reader
 from federation.datasets_check import DatasetCheck
+from federation.datasets_executor import Executors, get_settings
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
 from federation.errors import GpufedError
@@ -116,6 +117,7 @@ class FederationServer:
         self.members: MemberClusters | None = None
         self._stores: StoreDirectory | None = None
         self._stager: Stager | None = None
+        self._executors: Executors | None = None
         self._capacity: CapacityWiring | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -235,6 +237,7 @@ class FederationServer:
             capacity=capacity.reconciler,
         )
         cluster_stores = {r.name: r.object_store for r in cluster_records}
+        self._executors = Executors(await get_settings(self._kv), journal_dir=cfg.state_dir / "datasync")
         self._stager = Stager(
             registry=registry,
             syncs=syncs,
@@ -244,6 +247,7 @@ class FederationServer:
                 stores=stores,
                 settings=tenants.settings,
                 journal_dir=cfg.state_dir / "datasync",
+                executors=self._executors,
             ),
             cluster_store=cluster_stores.get,
         )
@@ -329,6 +333,8 @@ class FederationServer:
             await self._stager.stop()
         if self._stores is not None:
             await self._stores.close()
+        if self._executors is not None:
+            await self._executors.close()
         if self._capacity is not None:
             await self._capacity.close()
         if self.members is not None:

@@ -40,6 +40,7 @@ from datasync import (
 )
 from datasync.store import list_all
 from federation.datasets import DatasetRegistry, cache_prefix
+from federation.datasets_executor import Executors
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
 from federation.errors import Conflict
@@ -73,9 +74,11 @@ class SyncRunner:
         settings: Callable[[], Awaitable[SchedulingSettings]],
         journal_dir: Path,
         options: SyncOptions | None = None,
+        executors: Executors | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._options = options
+        self._executors = executors
         self._registry = registry
         self._syncs = syncs
         self._stores = stores
@@ -170,11 +173,26 @@ class SyncRunner:
                     error="",
                 )
             )
+            executor = (
+                None
+                if self._executors is None
+                else await self._executors.for_sync(
+                    plan,
+                    await self._stores.require(version.home.store),
+                    await self._stores.require(record.store),
+                )
+            )
             latest: list[SyncProgress] = []
             writer = asyncio.create_task(self._progress_writer(running, latest))
             try:
                 report = await run_sync(
-                    plan, source, target, options=self._options, journal=journal, progress=latest.append
+                    plan,
+                    source,
+                    target,
+                    options=self._options,
+                    executor=executor,
+                    journal=journal,
+                    progress=latest.append,
                 )
             except SyncFailed as error:
                 raise StageFailed(str(error)[:1000], retryable=error.retryable) from error

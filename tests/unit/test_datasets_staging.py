@@ -23,6 +23,7 @@ from datasync import (
 )
 from datasync.store_config import LocalStoreConfig, MemoryStoreConfig
 from federation.datasets import DatasetRegistry, placer_locations, prefix_field, with_registry_locations
+from federation.datasets_executor import Executors
 from federation.datasets_stores import StoreDirectory, StoreRecord, parse_object_stores
 from federation.datasets_syncs import SyncRecords, SyncState
 from federation.errors import FailedPrecondition, InvalidSpec
@@ -88,7 +89,12 @@ def staged_job(
 
 
 def _world(
-    root: Path, kv: MemoryKv, *, options: SyncOptions | None = None, stores: StoreDirectory | None = None
+    root: Path,
+    kv: MemoryKv,
+    *,
+    options: SyncOptions | None = None,
+    stores: StoreDirectory | None = None,
+    executors: Executors | None = None,
 ) -> World:
     registry, syncs, stores = DatasetRegistry(kv), SyncRecords(kv), stores or StoreDirectory(kv)
 
@@ -97,7 +103,7 @@ def _world(
 
     runner = SyncRunner(
         registry=registry, syncs=syncs, stores=stores, settings=settings, journal_dir=root / "journal",
-        options=options,
+        options=options, executors=executors,
     )  # fmt: skip
     clusters: dict[str, str] = {"onprem": "home", "aws": "cloud"}
     stager = Stager(registry=registry, syncs=syncs, runner=runner, cluster_store=lambda c: clusters.get(c))

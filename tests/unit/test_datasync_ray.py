@@ -1,12 +1,11 @@
-"""The Ray executor: the same sync split into shards run by Ray tasks (one Ray start for the session),
-and `import datasync` not importing ray."""
+"""The Ray executor: the same sync split into shards run by Ray tasks (one Ray start for the session,
+`ray_session` in conftest.py), and `import datasync` not importing ray."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,6 @@ from datasync.ray_executor import RayExecutor, split_into_shards
 from datasync.store_config import LocalStoreConfig, open_store
 from datasync.sync import run_sync
 from datasync.verify import verify
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
-    # Another suite may have started Ray in this session already: reuse it, and stop only our own.
-    started_here = not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, _node_ip_address="127.0.0.1")
-    try:
-        yield
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def test_importing_datasync_does_not_import_ray() -> None:
