@@ -25,7 +25,7 @@ below it, and the simulated one removes only nodes still idle when it reaches th
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -39,6 +39,7 @@ from federation.capacity_track import (
     grown,
     plan_values,
     pool_usage,
+    reserved_nodes,
     shrunk,
     update_idle,
     wait_notes,
@@ -77,7 +78,9 @@ class CapacityReconciler:
         inventories: Callable[[], Awaitable[list[ClusterState]]],
         job: Callable[[JobId], JobRecord | None],
         clock: Callable[[], float] = time.time,
+        live_jobs: Callable[[], Iterable[JobRecord]] = tuple,
     ) -> None:
+        self._live_jobs = live_jobs
         self._store = store
         self._provisioner = provisioner
         self._settings = settings
@@ -203,7 +206,9 @@ class CapacityReconciler:
             await self._put_op(op, fence)
             await self._apply(op, busy.get(key, 0), now, fence)
         for key, op in list(self._ops.items()):
-            if not op.applied and op.next_try_at_s <= now and op.attempts > 0:
+            # Failed ones once their backoff is over, and any a crashed leader recorded but never
+            # got to apply (no attempt yet, no retry time).
+            if not op.applied and op.next_try_at_s <= now:
                 await self._apply(op, busy.get(key, 0), now, fence)
         for refusal in decision.refused:
             log.info(
@@ -222,6 +227,10 @@ class CapacityReconciler:
         """Passive: the pool as the world reports it; closes a scale-up whose nodes arrived."""
         key = entry.key
         ready, busy, idle = pool_usage(state, entry.config.name)
+        # Gangs just admitted here hold their nodes before their pods show on them.
+        held = min(ready, busy + reserved_nodes(entry, self._live_jobs()))
+        idle = max(0, idle - (held - busy))
+        busy = held
         status = self._status.get(key)
         nodes = status.nodes if status is not None and status.exists else ready
         record = self._records.get(key, PoolRecord(entry.cluster, entry.config.name))
@@ -233,6 +242,11 @@ class CapacityReconciler:
         if op is not None and op.applied and op.nodes_to > op.nodes_from:
             pending = status is not None and bool(status.pending)
             if ready >= op.nodes_to:
+                # The pool grew for waiting work, which may not show as busy yet (admitted this very
+                # cycle): every idle clock starts again, so the old nodes do not go as the new arrive.
+                restarted = replace(self._records.get(key, fresh), idle_since_s=(now,) * idle)
+                await self._store.put_pool(restarted, fence=fence)
+                self._records[key] = restarted
                 await self._open_intervals(entry, op.nodes_to - op.nodes_from, now, fence)
                 await self._store.delete_op(*key, fence=fence)
                 del self._ops[key]

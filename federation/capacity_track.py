@@ -38,6 +38,25 @@ def pool_usage(state: ClusterState | None, pool: str) -> tuple[int, int, int]:
     return 0, 0, 0
 
 
+# Placed on a cluster but not yet (or not surely) on its nodes: the inventory may not show them busy.
+ON_THEIR_WAY = frozenset({JobPhase.ADMITTED, JobPhase.STAGING, JobPhase.DISPATCHED})
+
+
+def reserved_nodes(entry: ScalablePoolEntry, jobs: Iterable[JobRecord]) -> int:
+    """Nodes of the pool that gangs placed there and not yet running will need. Counted as busy, so
+    a pool never shrinks under a gang the scheduler just admitted to it (a dispatched gang whose
+    pods are bound is counted twice: that only delays a scale-down)."""
+    gpus = sum(
+        j.spec.gpu_count
+        for j in jobs
+        if j.phase in ON_THEIR_WAY
+        and j.placement is not None
+        and (j.placement.cluster, j.placement.gpu_type, j.placement.kind)
+        == (entry.cluster, entry.config.gpu_type, entry.config.kind)
+    )
+    return -(-gpus // entry.config.gpus_per_node)
+
+
 def update_idle(idle_since_s: tuple[float, ...], idle_now: int, now_s: float) -> tuple[float, ...]:
     """Idle clocks for `idle_now` idle nodes. Which node picked up work is not known, so the oldest
     clock goes: that can only delay a scale-down, never bring one forward."""

@@ -78,6 +78,7 @@ class CapacityWiring:
                 pools=pools,
                 inventories=members.inventories,
                 job=job,
+                live_jobs=lambda: [s.value for s in cache.live_jobs()],
             )
         log.info(
             "capacity_configured",

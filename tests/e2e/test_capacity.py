@@ -241,3 +241,28 @@ def test_plans_are_cancelled_by_infra_and_admins_only(fed: ServerProcess) -> Non
         trail = [(e.user, e.action, e.target) for e in admin.list_audit().events]
         assert ("admin", "capacity_plan_created", plan.plan_id) in trail
         assert ("infra", "capacity_plan_cancelled", plan.plan_id) in trail
+
+
+def test_a_server_killed_while_nodes_boot_resumes_the_operation_without_asking_twice(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
+    with fed.client("bob") as bob:
+        job_id = bob.submit(manifest("big", workers=3, gpus=8, gpu="H100", duration="2s")).job_id
+    with fed.client("infra") as infra:
+        wait_for(lambda: CapacityClient(infra).pools().pools[0].HasField("pending"), timeout_s=30)
+    # The scale-up was in the killed server's simulated cloud: it never lands. The next leader finds
+    # the operation in etcd, sees the nodes did not come, and asks for the same count again.
+    fed.kill()
+    fed.start()
+    most = 0
+
+    def succeeded() -> bool:
+        nonlocal most
+        most = max(most, len(sim_nodes(sims)))
+        with fed.client("bob") as bob:
+            return bob.get(job_id).phase == pb.JOB_PHASE_SUCCEEDED
+
+    wait_for(succeeded, timeout_s=90, interval_s=0.5)
+    assert most == 6, "the pool should have grown by the gang's four nodes exactly once"
+    with fed.client("bob") as bob:
+        assert bob.get(job_id).attempt == 1

@@ -16,7 +16,7 @@ import pytest
 
 from federation.capacity import CapacityReconciler
 from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
-from federation.capacity_records import CapacitySettings, PlanKind, PlanRecord, ProvisionerKind
+from federation.capacity_records import CapacitySettings, PendingOp, PlanKind, PlanRecord, ProvisionerKind
 from federation.capacity_store import CapacityStore
 from federation.kv_memory import MemoryKv
 from federation.records import ClusterRecord, PoolConfig
@@ -397,3 +397,63 @@ def test_a_deadline_plan_holds_enough_for_its_jobs_and_nothing_once_they_are_don
     world.clock.now += 31
     world.run(rec.tick(None))
     assert world.nodes() == 2
+
+
+def test_the_old_nodes_do_not_go_as_the_new_ones_arrive(world: World) -> None:
+    rec = world.reconciler()
+    world.run(rec.tick(None))  # the two configured nodes start their idle clocks
+    world.clock.now += 100  # ... long past the TTL, but they are the pool's floor
+    rec.offer([gang("big")], {})
+    world.run(rec.tick(None))
+    world.clock.now += 11
+    world.run(rec.tick(None))  # the four new nodes land; the gang is admitted but not yet on them
+    assert world.nodes() == 6
+    world.clock.now += 29
+    world.run(rec.tick(None))
+    assert world.nodes() == 6
+
+
+def test_a_gang_admitted_to_the_pool_holds_its_nodes_before_its_pods_show(world: World) -> None:
+    admitted = SimpleNamespace(
+        phase=JobPhase.ADMITTED,
+        placement=SimpleNamespace(cluster=CLUSTER, gpu_type=H100, kind=CapacityKind.ON_DEMAND),
+        spec=SimpleNamespace(gpu_count=32),
+    )
+    live: list[Any] = []
+    rec = CapacityReconciler(
+        store=world.store,
+        provisioner=world.provisioner,
+        settings=SETTINGS,
+        pools=world.pools,
+        inventories=world.inventories,
+        job=lambda _: None,
+        clock=world.clock,
+        live_jobs=lambda: live,
+    )
+    rec.offer([gang("big")], {})
+    world.run(rec.tick(None))
+    world.clock.now += 11
+    rec.offer([], {})
+    world.run(rec.tick(None))
+    live.append(admitted)
+    world.clock.now += 100
+    world.run(rec.tick(None))
+    assert world.nodes() == 4  # the gang's four stay, busy or not; the two spare ones go
+    live.clear()  # it ended: its nodes are idle from now
+    world.run(rec.tick(None))
+    world.clock.now += 31
+    world.run(rec.tick(None))
+    assert world.nodes() == 2
+
+
+def test_an_operation_a_crashed_leader_recorded_but_never_applied_is_applied_by_the_next(
+    world: World,
+) -> None:
+    op = PendingOp(CLUSTER, "h100-od", 2, 6, world.clock.now, "4 node(s) for big", (JobId("big"),))
+    world.run(world.store.put_op(op, fence=None))
+    rec = world.reconciler()
+    rec.offer([gang("big")], {})
+    world.run(rec.tick(None))
+    assert world.nodes() == 6
+    (stored,) = world.run(world.store.list_ops())
+    assert stored.applied
