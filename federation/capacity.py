@@ -31,7 +31,7 @@ from dataclasses import replace
 import structlog
 
 from federation.capacity_pools import PoolKey, ScalablePoolEntry
-from federation.capacity_records import CapacitySettings, PendingOp, PlanRecord, PoolRecord
+from federation.capacity_records import CapacitySettings, PendingOp, PoolRecord
 from federation.capacity_store import CapacityStore
 from federation.capacity_track import (
     annotate,
@@ -48,7 +48,7 @@ from federation.jobs import JobRecord
 from federation.report.idle import ProvisionedInterval
 from federation.store import Fence
 from iac.api import IacError, PoolStatus, Provisioner
-from iac.decide import Decision, Limits, PoolChange, decide
+from iac.decide import Decision, Limits, decide
 from iac.errors import BusyNodesProtected
 from iac.pool_state import PoolState
 from placement.model import (
@@ -364,10 +364,3 @@ class CapacityReconciler:
 
     def status(self) -> dict[PoolKey, PoolStatus]:
         return dict(self._status)
-
-
-def plan_records_active(plans: Sequence[PlanRecord], now_s: float) -> list[PlanRecord]:
-    return [p for p in plans if p.cancelled_at_s is None and p.end_s > now_s]
-
-
-__all__ = ["CapacityReconciler", "PoolChange", "plan_records_active"]
