@@ -1,10 +1,10 @@
 """Idle cost: node-pool time that gpufed provisioned and no job used.
 
 A pool that gpufed scaled up is paid for whether or not gangs run on it. The capacity reconciler
-(`federation.capacity`) records each stretch of nodes it added as a `ProvisionedInterval`; this module sets them against the
-ledger. At every moment, on one cluster and GPU type, the idle GPUs are the provisioned GPUs minus
-the GPUs ledger intervals held there, never below zero; idle GPU-hours are that integrated over
-time, and idle cost is it at the pool's price.
+(`federation.capacity`) records each stretch of nodes it added as a `ProvisionedInterval`; this
+module sets them against the ledger. At every moment, on one cluster and GPU type, the idle GPUs
+are the provisioned GPUs minus the GPUs ledger intervals held there, never below zero; idle
+GPU-hours are that integrated over time, and idle cost is it at the pool's price.
 
 The ledger does not say which pool a gang ran on, so when several pools of the same cluster and
 type are up at once, the GPUs in use are shared out among them in proportion to their sizes. Usage
