@@ -7,6 +7,10 @@ pool), never from gpufed's own records: a pool has grown when the cluster has th
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +23,8 @@ from kubernetes import config as k8s_config
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.capacity_client import CapacityClient, plan_request
+from federation.client import GpufedClient, wait_until_serving
+from federation.embedded import ENDPOINT_FILE, default_config_path, read_endpoint
 from federation.etcd_process import EtcdProcess
 from federation.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
@@ -81,10 +87,11 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
     process.stop()
 
 
-def sim_nodes(sims: SimProcess, pool: str = "h100-od") -> list[str]:
-    """The pool's nodes as the cluster itself reports them."""
+def sim_nodes(sims: SimProcess | Path, pool: str = "h100-od") -> list[str]:
+    """The pool's nodes as the cluster itself reports them (through the simulator's kubeconfig)."""
+    kubeconfig = sims if isinstance(sims, Path) else sims.kubeconfig
     with k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(sims.kubeconfig), context="aws-us-east-1"
+        config_file=str(kubeconfig), context="aws-us-east-1"
     ) as api:
         nodes = k8s.CoreV1Api(api).list_node(label_selector=f"gpufed.io/pool={pool}")
     return sorted(n.metadata.name for n in nodes.items if n.metadata.deletion_timestamp is None)
@@ -266,3 +273,45 @@ def test_a_server_killed_while_nodes_boot_resumes_the_operation_without_asking_t
     assert most == 6, "the pool should have grown by the gang's four nodes exactly once"
     with fed.client("bob") as bob:
         assert bob.get(job_id).attempt == 1
+
+
+def test_the_embedded_default_grows_its_simulated_cloud_for_a_gang_and_shrinks_it_again(
+    tmp_path: Path,
+) -> None:
+    """`gpufed up` as shipped, with only the lead time and idle TTL made short."""
+    config = tmp_path / "federation.yaml"
+    text = default_config_path().read_text()
+    for key, value in (("leadTimeSeconds", "3"), ("idleTtlSeconds", "4")):
+        text, n = re.subn(rf"(\n  {key}: )\S+", rf"\g<1>{value}", text)
+        assert n == 1, key
+    config.write_text(text)
+    state = tmp_path / "state"
+    log = (tmp_path / "up.log").open("w")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "federation", "--state-dir", str(state), "up", "--config", str(config),
+         "--port", "0", "--metrics-port", "0"],
+        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (state / ENDPOINT_FILE).exists() or up.poll() is not None, timeout_s=90)
+        assert up.poll() is None, "gpufed up exited"
+        target = read_endpoint(state)["grpc"]
+        wait_until_serving(target)
+        kubeconfig = state / "sim" / "kubeconfig"
+        assert len(sim_nodes(kubeconfig)) == 2
+        with GpufedClient(target, (state / "tokens" / "bob.token").read_text().strip()) as bob:
+            job_id = bob.submit(manifest("big", workers=3, gpus=8, gpu="H100", duration="3s")).job_id
+            wait_for(lambda: len(sim_nodes(kubeconfig)) == 6, timeout_s=60)
+            done = wait_for(
+                lambda: (j := bob.get(job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60
+            )
+            assert (done.attempt, done.cluster) == (1, "aws-us-east-1")
+        wait_for(lambda: len(sim_nodes(kubeconfig)) == 2, timeout_s=60)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        log.close()
