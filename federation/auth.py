@@ -206,3 +206,21 @@ def dataset_list_scope(who: Principal, requested: str) -> TenantId | None:
     if who.role in (Role.ADMIN, Role.INFRA):
         return TenantId(requested) if requested else None
     raise PermissionDenied(f"role {who.role} may not list datasets")
+
+
+# ---- capacity: plans buy GPUs for everyone, so only infra and admins change them; finance reads
+# them (and the pools) to foresee the bill; members see their own jobs' capacity only through explain.
+
+
+def check_change_plans(who: Principal) -> None:
+    if who.role not in (Role.ADMIN, Role.INFRA):
+        raise PermissionDenied(
+            f"only infra and admins may change capacity plans (you are {who.user}, {who.role})"
+        )
+
+
+def check_read_capacity(who: Principal) -> None:
+    if who.role not in (Role.ADMIN, Role.INFRA, Role.FINANCE):
+        raise PermissionDenied(
+            f"capacity plans and pools are for admin, infra and finance (you are {who.role})"
+        )

@@ -22,16 +22,15 @@ from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import Authenticator, Principal
+from federation.auth import Authenticator, Principal, check_change_plans, check_read_capacity
 from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
 from federation.capacity_preview import held_now, need_usd_per_hour, plan_state, pool_states, preview
 from federation.capacity_records import CapacitySettings, PendingOp, PlanKind, PlanRecord
 from federation.capacity_store import CapacityStore
 from federation.capacity_track import plan_values, pool_usage
-from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
 from federation.jobs import JobRecord
 from federation.metrics import Metrics
-from federation.records import Role
 from federation.security_store import AuditEvent, SecurityStore
 from federation.store import JobStore
 from federation.validate import shown
@@ -46,20 +45,6 @@ MAX_REASON_LENGTH = 500
 MAX_ID_LENGTH = 128
 # Plans are for the weeks ahead, not for years: a typo in a year should not hold GPUs for one.
 MAX_AHEAD_S = 400 * 86_400.0
-
-
-def check_change_plans(who: Principal) -> None:
-    if who.role not in (Role.ADMIN, Role.INFRA):
-        raise PermissionDenied(
-            f"only infra and admins may change capacity plans (you are {who.user}, {who.role})"
-        )
-
-
-def check_read_capacity(who: Principal) -> None:
-    if who.role not in (Role.ADMIN, Role.INFRA, Role.FINANCE):
-        raise PermissionDenied(
-            f"capacity plans and pools are for admin, infra and finance (you are {who.role})"
-        )
 
 
 def _seconds(ts: Timestamp, field: str, now_s: float) -> float:
