@@ -92,8 +92,13 @@ def fair_order(
         heap.append(entry(tenant, 0))
     heapq.heapify(heap)
     while heap:
-        *_, tenant, position = heapq.heappop(heap)
-        yield by_tenant[tenant][position]
+        *_, tenant, position = heap[0]
+        gangs = by_tenant[tenant]
+        yield gangs[position]
         position += 1
-        if position < len(by_tenant[tenant]):
-            heapq.heappush(heap, entry(tenant, position))
+        # Entries are unique (tenant, position), so replacing the top in one sift pops in the same order
+        # as a pop and a push.
+        if position < len(gangs):
+            heapq.heapreplace(heap, entry(tenant, position))
+        else:
+            heapq.heappop(heap)

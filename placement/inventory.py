@@ -322,6 +322,12 @@ class Inventory:
 
     def search_order(self, gpu_types: Iterable[GpuType], allow_spot: bool) -> list[Offer]:
         """Reachable offers of these types that the gang may use, in a fixed order (cached)."""
+        # A gang's own tuple of types is the usual question: look it up as given before normalising it.
+        if isinstance(gpu_types, tuple):
+            found = self._search.get((gpu_types, allow_spot))
+            if found is not None:
+                return found
+        given = gpu_types = tuple(gpu_types)
         types = tuple(sorted(set(gpu_types)))
         found = self._search.get((types, allow_spot))
         if found is None:
@@ -333,10 +339,16 @@ class Inventory:
                 for offer in view.usable(allow_spot)
             ]
             self._search[(types, allow_spot)] = found
+        self._search[(given, allow_spot)] = found
         return found
 
     def by_work_price(self, gpu_types: Iterable[GpuType], allow_spot: bool, costs: CostModel) -> list[Offer]:
         """`search_order`'s offers by price per unit of work (price / speed), then price, kind and key."""
+        if isinstance(gpu_types, tuple):
+            found = self._by_work_price.get((gpu_types, allow_spot))
+            if found is not None:
+                return found
+        given = gpu_types = tuple(gpu_types)
         types = tuple(sorted(set(gpu_types)))
         found = self._by_work_price.get((types, allow_spot))
         if found is None:
@@ -350,6 +362,7 @@ class Inventory:
                 ),
             )
             self._by_work_price[(types, allow_spot)] = found
+        self._by_work_price[(given, allow_spot)] = found
         return found
 
     def cluster_reasons(

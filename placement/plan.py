@@ -30,8 +30,9 @@ equal plans whatever the order of their tuples.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
 
 from placement import explain
 from placement.cost import CostModel, GangCost
@@ -83,9 +84,13 @@ class _Fit:
 class _Miss:
     # Nothing fits for lack of free GPUs (not a deadline, a reservation or a choice to wait).
     capacity_only: bool
-    notes: list[WaitReason] = field(default_factory=list)
+    notes: Sequence[WaitReason] = ()
     # The gang chose to wait (for private capacity): try no other type and make no room.
     stop: bool = False
+
+
+# Most misses of a long queue are this one; it carries no notes, so one value serves them all.
+_NO_FIT: Final = _Miss(True)
 
 
 class _Cycle:
@@ -104,12 +109,14 @@ class _Cycle:
         self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
         # Capacity only shrinks during a cycle, so a (shape, types, spot) that fits nowhere stays so.
         self.infeasible: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        # Replica lists repeat across a long queue: each is sorted into a shape once.
+        self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.admissions: list[Admission] = []
         self.waiting: list[Waiting] = []
 
     def within_guarantee(self, gang: GangRequest) -> bool:
         """Whether the gang's tenant could run it on some accepted type without borrowing."""
-        return any(self.book.within_guarantee(gang.tenant, t, gang.gpu_count) for t in gang.gpu_types)
+        return self.book.within_any_guarantee(gang.tenant, gang.gpu_types, gang.gpu_count)
 
     # -- step 3 and 4: gates and quota
 
@@ -119,7 +126,9 @@ class _Cycle:
             self.waiting.append(Waiting(gang.job_id, tuple(gates)))
             return
         ctx = GangCost(self.costs, gang)
-        shape = gang_shape(gang.replica_gpus)
+        shape = self.shapes.get(gang.replica_gpus)
+        if shape is None:
+            shape = self.shapes[gang.replica_gpus] = gang_shape(gang.replica_gpus)
         types = tuple(dict.fromkeys(gang.gpu_types))
         quota: dict[GpuType, WaitReason] = {}
         allowed: list[GpuType] = []
@@ -187,7 +196,7 @@ class _Cycle:
         gang = ctx.gang
         key = (shape, group, gang.allow_spot)
         if key in self.infeasible:
-            return _Miss(True)
+            return _NO_FIT
         need, largest = gang.gpu_count, shape[0] if shape else 0
         candidates: Iterable[tuple[float, float, int, Offer]]
         if ctx.static_order:
@@ -239,7 +248,7 @@ class _Cycle:
         if best is None:
             if not fitted:
                 self.infeasible.add(key)
-                return _Miss(True)
+                return _NO_FIT
             return _Miss(False, self._placement_notes(gang, late, blocked))
         if self.policy.private_wait_s_per_gpu_hour > 0 and not best.offer.is_private:
             wait = self.room.private_wait(ctx, shape, group, best.cost_usd)

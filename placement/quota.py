@@ -102,6 +102,15 @@ class QuotaBook:
     def within_guarantee(self, tenant: TenantId, gpu_type: GpuType, need: int) -> bool:
         return self.held(tenant, gpu_type) + need <= self.guaranteed(tenant, gpu_type)
 
+    def within_any_guarantee(self, tenant: TenantId, gpu_types: Iterable[GpuType], need: int) -> bool:
+        """Whether `need` more GPUs of one of these types stay within the tenant's guarantee."""
+        usage, guaranteed = self.usage, self._guaranteed
+        for gpu_type in gpu_types:
+            key = (tenant, gpu_type)
+            if usage.get(key, 0) + need <= guaranteed.get(key, 0):
+                return True
+        return False
+
     def borrowing(self, tenant: TenantId, gpu_type: GpuType, minus: int = 0) -> bool:
         """Whether the tenant holds more than its guarantee, after giving back `minus` GPUs."""
         return self.held(tenant, gpu_type) - minus > self.guaranteed(tenant, gpu_type)

@@ -79,6 +79,7 @@ class Room:
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
         self.no_victims: set[tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
+        self._limit_used: WaitReason | None = None
         self.evicted: dict[tuple[TenantId, GpuType], int] = {}
         self.victim_ends: dict[str, float] = {}
         self.preemptions: list[Preemption] = []
@@ -235,14 +236,17 @@ class Room:
 
         limit = self.policy.preemption_limit_gpus
         if limit is not None and self.preempted_gpus >= limit and not self.draining_types.intersection(group):
-            # Nothing may be evicted any more this interval: spare the victim search.
-            message = (
-                f"no gang may be preempted for this job until the interval ends: all {limit} GPUs that may "
-                "be preempted in it are used"
-            )
-            return WaitReason(
-                Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
-            )
+            # Nothing may be evicted any more this interval: spare the victim search. Once the limit is
+            # used, every later gang of the cycle gets this same reason.
+            if self._limit_used is None or self._limit_used.held_gpus != self.preempted_gpus:
+                message = (
+                    f"no gang may be preempted for this job until the interval ends: all {limit} GPUs that "
+                    "may be preempted in it are used"
+                )
+                self._limit_used = WaitReason(
+                    Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
+                )
+            return self._limit_used
         offers = self.inventory.search_order(group, gang.allow_spot)
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
         choice = choose_victims(shape, offers, self.running, rule, cost, valid)
