@@ -39,6 +39,11 @@ class Growth:
         for cluster, pool in pools:
             self._by_type.setdefault(pool.gpu_type, []).append((cluster, pool))
         self._asked: dict[tuple[ClusterName, str], int] = {}
+        # Pools with no room left are dropped from the lists searched: room only shrinks in a cycle, and
+        # a pool without room holds no gang. Late in a busy cycle most pools are full. `_filled` counts
+        # pools that filled up; a list is pruned again only when it grew since the list's last pruning.
+        self._filled = 0
+        self._pruned_at: dict[int, int] = {}
         # Pools only shrink during a cycle: a (shape, types, spot) that no pool can hold stays so.
         self._hopeless: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self._orders: dict[tuple[tuple[GpuType, ...], bool], list[tuple[ClusterName, ScalablePool]]] = {}
@@ -67,7 +72,8 @@ class Growth:
         best_key: tuple[float, str, str] | None = None
         roomy = False
         for gpu_type in gpu_types:
-            for cluster, pool in self._by_type.get(gpu_type, ()):
+            pools = self._by_type.get(gpu_type)
+            for cluster, pool in self._pruned(pools) if pools else ():
                 if pool.kind is CapacityKind.SPOT and not allow_spot:
                     continue
                 nodes = self._nodes_needed(shape, pool.gpus_per_node)
@@ -105,7 +111,7 @@ class Growth:
                 key=lambda item: (static_key(item[1]), item[0], item[1].name),
             )
         roomy = False
-        for cluster, pool in order:
+        for cluster, pool in self._pruned(order):
             nodes = self._nodes_needed(shape, pool.gpus_per_node)
             if not nodes or pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
                 continue
@@ -122,6 +128,20 @@ class Growth:
             found = self._needed[(shape, gpus_per_node)] = nodes_needed(shape, gpus_per_node)
         return found
 
+    def _room(self, cluster: ClusterName, pool: ScalablePool) -> int:
+        return pool.addable_nodes - self._asked.get((cluster, pool.name), 0)
+
+    def _pruned(
+        self, pools: list[tuple[ClusterName, ScalablePool]]
+    ) -> list[tuple[ClusterName, ScalablePool]]:
+        """The list without the pools that have no room left (pruned in place, order kept)."""
+        if self._pruned_at.get(id(pools), 0) != self._filled:
+            self._pruned_at[id(pools)] = self._filled
+            pools[:] = [(c, p) for c, p in pools if self._room(c, p) > 0]
+        return pools
+
     def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:
         key = (cluster, pool.name)
         self._asked[key] = self._asked.get(key, 0) + nodes
+        if self._room(cluster, pool) <= 0:
+            self._filled += 1

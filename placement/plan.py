@@ -36,7 +36,7 @@ from typing import Final
 
 from placement import explain
 from placement.cost import CostModel, GangCost
-from placement.explain import ranked
+from placement.explain import CODE_RANK, ranked
 from placement.fairshare import FairShare, fair_order
 from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer
@@ -57,6 +57,10 @@ from placement.quota import QuotaBook
 from placement.room import Room
 
 _CAPACITY_CODES = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_CLUSTER})
+# The latest rank a cluster's reason (blocker or capacity) can have.
+_LAST_TABLE_RANK: Final = max(
+    CODE_RANK[c] for c in (*_CAPACITY_CODES, Code.CLUSTER_UNREACHABLE, Code.SPOT_NOT_ALLOWED)
+)
 
 
 def plan(snapshot: Snapshot, *, now: float) -> Plan:
@@ -347,8 +351,13 @@ class _Cycle:
                     if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
                 )
             reasons.extend(table)
-        if len(types) == 1 and not quota and not notes and not missing:
-            return table  # one table, already ranked: the common case of a long queue
+        if len(types) == 1 and not quota and not missing:
+            # One table, already ranked: the common case of a long queue. Notes (deadline, reservation,
+            # waiting, room made) all rank after any cluster's reason, so they go after it as they are.
+            if not notes:
+                return table
+            if all(CODE_RANK[n.code] > _LAST_TABLE_RANK for n in notes):
+                return table + ranked(notes)
         reasons.extend(notes)
         if not reasons:  # pragma: no cover - every path above names a blocker; kept so no job waits silently
             reasons.append(
