@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -160,7 +160,8 @@ class Scheduler:
         self._members = members
         self._metrics = metrics
         self._clock = clock
-        self._written_reasons: dict[JobId, tuple[WaitReason, ...]] = {}
+        # Per job, the reasons last written and the key of the wait they came from (`Waiting.key`).
+        self._written_reasons: dict[JobId, tuple[Hashable, tuple[WaitReason, ...]]] = {}
         self._requests = GangRequests()
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
@@ -343,12 +344,24 @@ class Scheduler:
     async def _write_reasons(
         self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
     ) -> None:
-        changed = [w for w in waiting if self._written_reasons.get(w.job_id) != w.reasons]
+        changed = []
+        for w in waiting:
+            written = self._written_reasons.get(w.job_id)
+            if written is None:
+                changed.append(w)
+                continue
+            key = w.key
+            if written[0] == key:
+                continue  # equal keys, equal reasons: not even worded
+            if written[1] == w.reasons:
+                self._written_reasons[w.job_id] = (key, written[1])
+                continue
+            changed.append(w)
 
         async def write(w: Waiting) -> None:
             async with semaphore:
                 await self._store.put_wait_reasons(w.job_id, w.reasons, fence=fence)
-            self._written_reasons[w.job_id] = w.reasons
+            self._written_reasons[w.job_id] = (w.key, w.reasons)
 
         still_waiting = {w.job_id for w in waiting}
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: delete them so

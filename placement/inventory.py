@@ -17,7 +17,7 @@ from typing import Final
 
 from placement import explain
 from placement.cost import CostModel
-from placement.explain import describe, ranked
+from placement.explain import describe
 from placement.fit import FreeHistogram, HistogramFit, fit_replicas
 from placement.model import (
     CapacityKind,
@@ -31,7 +31,6 @@ from placement.model import (
 )
 from placement.model import WaitCode as Code
 
-Reasons = tuple[WaitReason, ...]
 KIND_RANK: Final = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
 
 
@@ -166,8 +165,8 @@ class View:
         self.version = 0
         # Position among the views of its GPU type (cluster name order).
         self.index = 0
-        # (shape, allow_spot) -> (version the reason holds for, or None for always; reason)
-        self._by_shape: dict[tuple[tuple[int, ...], bool], tuple[int | None, WaitReason]] = {}
+        # (shape, allow_spot) -> (figures the reason holds for, or None for always; reason)
+        self._by_shape: dict[tuple[tuple[int, ...], bool], tuple[tuple[int, int] | None, WaitReason]] = {}
         self._usable: dict[bool, list[Offer]] = {}
         self._blockers: dict[bool, WaitReason | None] = {}
 
@@ -196,13 +195,19 @@ class View:
             return WaitReason(Code.SPOT_NOT_ALLOWED, message, cluster, gpu_type)
         return None
 
-    def capacity_reason(self, shape: tuple[int, ...], allow_spot: bool) -> WaitReason:
-        """Why a gang of this shape, known not to fit any usable offer here now, does not fit."""
-        cached = self._by_shape.get((shape, allow_spot))
-        if cached is not None and cached[0] in (None, self.version):
+    def capacity_reason(
+        self, shape: tuple[int, ...], allow_spot: bool, figures: tuple[int, int]
+    ) -> WaitReason:
+        """Why a gang of this shape does not fit, given the usable offers' free GPUs and largest block.
+
+        Worded once per (shape, spot) and figures: most gangs read a view that did not change.
+        """
+        key = (shape, allow_spot)
+        cached = self._by_shape.get(key)
+        if cached is not None and cached[0] in (None, figures):
             return cached[1]
         cluster, gpu_type, usable = self.cluster, self.gpu_type, self.usable(allow_spot)
-        valid_for: int | None = self.version
+        valid_for: tuple[int, int] | None = figures
         need = sum(shape)
         text = self._described.get(shape)
         if text is None:
@@ -219,15 +224,14 @@ class View:
             code = Code.GANG_LARGER_THAN_CLUSTER
             free, per_node = size.total_free, size.max_free
         else:
-            free = sum(offer.free.total_free for offer in usable)
-            per_node = max(offer.free.max_free for offer in usable)
+            free, per_node = figures
             message = (
                 f"needs {text} of {gpu_type}; cluster {cluster} has {free} free, "
                 f"at most {per_node} on one node"
             )
             code = Code.INSUFFICIENT_CAPACITY
         reason = explain.capacity(code, message, cluster, gpu_type, free, per_node, need)
-        self._by_shape[(shape, allow_spot)] = (valid_for, reason)
+        self._by_shape[key] = (valid_for, reason)
         return reason
 
 
@@ -292,10 +296,6 @@ class Inventory:
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._by_work_price: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
-        # (type, shape, spot, capped) -> (type version, reason per view of the type, ranked reasons)
-        self._reasons: dict[
-            tuple[GpuType, tuple[int, ...], bool, bool], tuple[int, list[WaitReason | None], Reasons]
-        ] = {}
         # The view each change of a type touched, in order: entry i took the type to version i + 1.
         self._changes: dict[GpuType, list[View]] = {gpu_type: [] for gpu_type in self.by_type}
 
@@ -319,6 +319,14 @@ class Inventory:
         self._changes[gpu_type].append(offer.view)
         if offer.view.reachable:
             self.free_by_type[gpu_type] += delta_free
+
+    def type_version(self, gpu_type: GpuType) -> int:
+        """How many changes the offers of this type have had in the cycle."""
+        return self._type_version.get(gpu_type, 0)
+
+    def changed_views(self, gpu_type: GpuType, since_version: int) -> list[View]:
+        """The views of this type changed since the type had `since_version` (with repeats)."""
+        return self._changes[gpu_type][since_version:]
 
     def search_order(self, gpu_types: Iterable[GpuType], allow_spot: bool) -> list[Offer]:
         """Reachable offers of these types that the gang may use, in a fixed order (cached)."""
@@ -364,33 +372,3 @@ class Inventory:
             self._by_work_price[(types, allow_spot)] = found
         self._by_work_price[(given, allow_spot)] = found
         return found
-
-    def cluster_reasons(
-        self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool
-    ) -> Reasons:
-        """Why each cluster with this type cannot take a gang of this shape that fits none of them now.
-
-        Cached per (type, shape); after a change only the views that changed are asked again, since a
-        long queue repeats few shapes and each admission changes one view.
-        """
-        # With the type ruled out by quota only blockers are listed, and they never change.
-        key = (gpu_type, () if capped else shape, allow_spot, capped)
-        version = 0 if capped else self._type_version.get(gpu_type, 0)
-        cached = self._reasons.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[2]
-        views = self.by_type.get(gpu_type, ())
-        if cached is None:
-            stale: Iterable[View] = views
-            per_view: list[WaitReason | None] = [None] * len(views)
-        else:
-            stale = set(self._changes[gpu_type][cached[0] :])
-            per_view = cached[1]
-        for view in stale:
-            reason = view.blocker(allow_spot)
-            if reason is None and not capped:
-                reason = view.capacity_reason(shape, allow_spot)
-            per_view[view.index] = reason
-        table = ranked(r for r in per_view if r is not None)
-        self._reasons[key] = (version, per_view, table)
-        return table

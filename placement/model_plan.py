@@ -7,8 +7,10 @@ plan compares equal to the plan of an equal snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from placement.model_ids import CapacityKind, ClusterName, GpuType, JobId, TenantId
 
@@ -122,10 +124,80 @@ class WaitReason:
     at_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+class Explanation(Protocol):
+    """Reasons recorded as figures, worded when first read (see `placement.reasons`)."""
+
+    @property
+    def key(self) -> Hashable:
+        """A value that is equal for two explanations only when their reasons are equal."""
+        ...
+
+    def build(self) -> tuple[WaitReason, ...]: ...
+
+
 class Waiting:
+    """A job left waiting, and every reason why, most fundamental first.
+
+    A cycle leaves thousands of jobs waiting on capacity, so the placer records the figures and the
+    reasons are worded on first read (`reasons`). `key` tells two waits with equal reasons apart from
+    changed ones without wording either: the scheduler writes only jobs whose reasons changed.
+    A value: immutable, equal and hashed by job and reasons.
+    """
+
+    __slots__ = ("_explanation", "_reasons", "job_id")
+
     job_id: JobId
-    reasons: tuple[WaitReason, ...]
+    _reasons: tuple[WaitReason, ...] | None
+    _explanation: Explanation | None
+
+    def __init__(self, job_id: JobId, reasons: tuple[WaitReason, ...]) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "_reasons", tuple(reasons))
+        object.__setattr__(self, "_explanation", None)
+
+    @classmethod
+    def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
+        """A wait whose reasons are worded from `explanation` when first read."""
+        waiting = cls.__new__(cls)
+        object.__setattr__(waiting, "job_id", job_id)
+        object.__setattr__(waiting, "_reasons", None)
+        object.__setattr__(waiting, "_explanation", explanation)
+        return waiting
+
+    @property
+    def reasons(self) -> tuple[WaitReason, ...]:
+        reasons = self._reasons
+        if reasons is None:
+            assert self._explanation is not None
+            reasons = self._explanation.build()
+            object.__setattr__(self, "_reasons", reasons)
+        return reasons
+
+    @property
+    def key(self) -> Hashable:
+        """Equal for two waits with equal reasons (unequal keys may still have equal reasons)."""
+        if self._explanation is not None:
+            return self._explanation.key
+        return self.reasons
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Waiting is immutable: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Waiting:
+            return NotImplemented
+        assert isinstance(other, Waiting)
+        return self.job_id == other.job_id and self.reasons == other.reasons
+
+    def __hash__(self) -> int:
+        return hash((self.job_id, self.reasons))
+
+    def __reduce__(self) -> tuple[type[Waiting], tuple[JobId, tuple[WaitReason, ...]]]:
+        # Copies and pickles carry the worded reasons (the figures refer to the cycle's working state).
+        return (Waiting, (self.job_id, self.reasons))
+
+    def __repr__(self) -> str:
+        return f"Waiting(job_id={self.job_id!r}, reasons={self.reasons!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,9 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from placement import explain
 from placement.cost import CostModel, GangCost
-from placement.explain import CODE_RANK, ranked
 from placement.fairshare import FairShare, fair_order
 from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer
@@ -54,13 +52,8 @@ from placement.model import (
 )
 from placement.model import WaitCode as Code
 from placement.quota import QuotaBook
+from placement.reasons import GangExplanation, Tables
 from placement.room import Room
-
-_CAPACITY_CODES = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_CLUSTER})
-# The latest rank a cluster's reason (blocker or capacity) can have.
-_LAST_TABLE_RANK: Final = max(
-    CODE_RANK[c] for c in (*_CAPACITY_CODES, Code.CLUSTER_UNREACHABLE, Code.SPOT_NOT_ALLOWED)
-)
 
 
 def plan(snapshot: Snapshot, *, now: float) -> Plan:
@@ -111,6 +104,7 @@ class _Cycle:
         self.fair = FairShare(self.book.tenants, held, self.inventory.capacity_by_type, policy)
         self.costs = CostModel(dict(sorted(snapshot.gpu_speeds)), snapshot.egress_rates, policy)
         self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
+        self.tables = Tables(self.inventory)
         # Capacity only shrinks during a cycle, so a (shape, types, spot) that fits nowhere stays so.
         self.infeasible: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         # Replica lists repeat across a long queue: each is sorted into a shape once.
@@ -164,9 +158,7 @@ class _Cycle:
         else:
             if groups and capacity_only:
                 notes.extend(self.room.make_room(ctx, shape, groups))
-        self.waiting.append(
-            Waiting(gang.job_id, self._explain(ctx, shape, types, quota, notes, capacity_only))
-        )
+        self.waiting.append(self._explain(ctx, shape, types, quota, notes, capacity_only))
 
     def _gates(self, gang: GangRequest) -> list[WaitReason]:
         if not self.book.known(gang.tenant):
@@ -316,51 +308,27 @@ class _Cycle:
         quota: dict[GpuType, WaitReason],
         notes: list[WaitReason],
         capacity_only: bool,
-    ) -> tuple[WaitReason, ...]:
-        """Every reason that keeps the gang from every placement it accepts, most fundamental first.
-
-        Where quota already rules a type out, that type's cluster capacity is not reported: the quota
-        is what must change first. A gang that fits somewhere but waits by choice or for a deadline or
-        a reservation does not get capacity reasons for the clusters where it fits.
-        """
+    ) -> Waiting:
+        """The gang's wait, with its reasons recorded as figures and worded when read (`reasons`)."""
         gang = ctx.gang
-        reasons: list[WaitReason] = []
+        head: tuple[WaitReason, ...] = ()
         missing = [gpu_type for gpu_type in types if gpu_type not in self.inventory.by_type]
         if missing or not types:
             names = ", ".join(missing) or "(none listed)"
             only = missing[0] if len(missing) == 1 else None
             message = f"no cluster has GPUs of type {names}"
-            reasons.append(WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only))
-        fits_now: set[tuple[ClusterName, GpuType]] = set()
-        table: tuple[WaitReason, ...] = ()
+            head = (WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only),)
+        fits_now: frozenset[tuple[ClusterName, GpuType]] = frozenset()
         if not capacity_only:
-            fits_now = {
+            fits_now = frozenset(
                 (o.view.cluster, o.view.gpu_type)
                 for o in self.inventory.search_order(types, gang.allow_spot)
                 if o.fit(shape) is not None
-            }
-        for gpu_type in types:
-            reason = quota.get(gpu_type)
-            if reason is not None:
-                reasons.append(reason)
-            table = self.inventory.cluster_reasons(gpu_type, shape, gang.allow_spot, reason is not None)
-            if fits_now:
-                table = tuple(
-                    r
-                    for r in table
-                    if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
-                )
-            reasons.extend(table)
-        if len(types) == 1 and not quota and not missing:
-            # One table, already ranked: the common case of a long queue. Notes (deadline, reservation,
-            # waiting, room made) all rank after any cluster's reason, so they go after it as they are.
-            if not notes:
-                return table
-            if all(CODE_RANK[n.code] > _LAST_TABLE_RANK for n in notes):
-                return table + ranked(notes)
-        reasons.extend(notes)
-        if not reasons:  # pragma: no cover - every path above names a blocker; kept so no job waits silently
-            reasons.append(
-                WaitReason(Code.INSUFFICIENT_CAPACITY, f"no placement for {explain.describe(shape)}")
             )
-        return ranked(reasons)
+        parts = tuple((quota.get(t), self.tables.table(t, shape, gang.allow_spot, t in quota)) for t in types)
+        single = len(types) == 1 and not quota and not missing
+        if single and not notes and not fits_now:
+            # The common case of a long queue: the type's table is the whole explanation.
+            return Waiting.explained(gang.job_id, parts[0][1])
+        explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single)
+        return Waiting.explained(gang.job_id, explanation)
