@@ -199,10 +199,16 @@ class Tables:
 
     def table(self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool) -> Table:
         """The table as of now: one per (type, shape, spot) between two changes of the type."""
-        figures = self._figures_now(gpu_type, allow_spot)
+        if capped:
+            # Only blockers are listed, whatever the shape and the free figures: one table per cycle,
+            # and a key that stays equal from cycle to cycle while nothing else changes.
+            shape = ()
+            figures: tuple[Figures, ...] = (None,) * len(self.inventory.by_type.get(gpu_type, ()))
+        else:
+            figures = self._figures_now(gpu_type, allow_spot)
         key = (gpu_type, shape, allow_spot, capped)
         table = self._tables.get(key)
-        if table is None or table.figures is not figures:
+        if table is None or (table.figures is not figures and not capped):
             views = self.inventory.by_type.get(gpu_type, [])
             static = self._static.get((gpu_type, allow_spot))
             if static is None:
