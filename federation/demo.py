@@ -3,8 +3,9 @@
 It starts `gpufed up` as its own process in a temporary state directory, submits the examples as
 two tenants, shows what the federation does with them (placement, tenant isolation, a clear error
 for a bad manifest, an explained wait, a cancel), watches every job to its end, stages a dataset to
-the cloud for a job and reuses the copy (`demo_data`), shows finance's report, and stops the process
-group cleanly. Exit status 0 only if every step did what it should.
+the cloud for a job and reuses the copy (`demo_data`), grows a cloud pool for a gang that fits
+nowhere (`demo_capacity`), shows finance's report, and stops the process group cleanly. Exit status
+0 only if every step did what it should.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from federation import demo_data
+from federation import demo_capacity, demo_data
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient, wait_until_serving
@@ -238,7 +239,10 @@ def _scenario(target: str, state_dir: Path) -> bool:
     )
     data_checks, data_jobs = demo_data.run(alice, state_dir)
     checks += data_checks
-    ran = expected | data_jobs
+    infra = GpufedClient(target, _token(state_dir, "infra"))
+    capacity_checks, gang = demo_capacity.run(bob, infra, state_dir)
+    checks += capacity_checks
+    ran = expected | data_jobs | {gang}
 
     _step("finance: GPU-hours and cost from the usage ledger (as finance, then as alice)")
     finance = GpufedClient(target, _token(state_dir, "finance"))
@@ -251,7 +255,7 @@ def _scenario(target: str, state_dir: Path) -> bool:
     html = finance.report(fmt="html").content
     checks.append(("the HTML report has its charts", 'id="cost-by-tenant"' in html and 'class="bar"' in html))
     print(f"HTML report: {len(html):,} bytes, self-contained (gpufed report -o html --out FILE)")
-    for client in (admin, alice, bob, finance):
+    for client in (admin, alice, bob, infra, finance):
         client.close()
 
     _step("checks")
