@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
+from datasync import DatasetVersion
 from federation.kv import Compare, KeyValueStore, Put
 
 SYNCS = b"/gpufed/syncs/"
@@ -59,6 +60,21 @@ class SyncRecord:
 
     def with_job(self, job_id: str) -> SyncRecord:
         return self if job_id in self.job_ids else replace(self, job_ids=(*self.job_ids, job_id))
+
+    @classmethod
+    def requested(cls, version: DatasetVersion, store: str, now_s: float) -> SyncRecord:
+        """A sync of `version` from its home store to `store`, asked for and not yet planned: the
+        one shape both staging (for a job) and the API (for a user) start a sync from."""
+        return cls(
+            dataset=version.dataset,
+            version=version.version,
+            store=store,
+            source_store=version.home.store,
+            state=SyncState.REQUESTED,
+            updated_at_s=now_s,
+            bytes_total=version.size_bytes,
+            objects_total=version.object_count,
+        )
 
 
 def sync_key(store: str, dataset: str, version: str) -> bytes:

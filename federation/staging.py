@@ -99,17 +99,7 @@ class Stager:
             return READY
         assert job.placement is not None
         record = await self._syncs.request(
-            SyncRecord(
-                dataset=version.dataset,
-                version=version.version,
-                store=store,
-                source_store=version.home.store,
-                state=SyncState.REQUESTED,
-                updated_at_s=self._clock(),
-                bytes_total=version.size_bytes,
-                objects_total=version.object_count,
-            ),
-            job_id=job.job_id,
+            SyncRecord.requested(version, store, self._clock()), job_id=job.job_id
         )
         await self._runner.start_missing()
         return Gate(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from datasync import (
@@ -43,7 +44,7 @@ from federation.datasets import (
     version_field,
 )
 from federation.datasets_stores import StoreDirectory
-from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
+from federation.datasets_syncs import SyncRecord, SyncRecords
 from federation.errors import FailedPrecondition, InvalidSpec, NotFound, StoreUnavailable
 from federation.metrics import Metrics
 from federation.records import Role
@@ -258,13 +259,8 @@ class DatasetService(pb_grpc.DatasetsServicer):
                 ),
             )
             rate = egress_rate(await self._store.get_settings(), version.home.store, store)
-            record = SyncRecord(
-                dataset=version.dataset,
-                version=version.version,
-                store=store,
-                source_store=version.home.store,
-                state=SyncState.REQUESTED,
-                updated_at_s=self._clock(),
+            record = replace(
+                SyncRecord.requested(version, store, self._clock()),
                 bytes_total=plan.total_bytes,
                 objects_total=plan.total_objects,
                 bytes_done=plan.total_bytes - plan.copy_bytes,
