@@ -34,7 +34,7 @@ from federation.replay.world import PoolDef, World
 from federation.sim_process import SimProcess
 from placement.model import CapacityKind, ClusterName, GpuType, GpuTypePolicy, Provider, TenantId, TenantQuota
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import write_config
+from tests.e2e.kube import gang_pods, sim_admin, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -152,7 +152,26 @@ def _replay(jobs: list[TraceJob], median_s: float) -> dict[str, tuple[str, str]]
     return {o.job.job_id: (o.cluster, o.gpu_type) for o in result.outcomes.values()}
 
 
-def test_the_replay_and_the_control_plane_put_every_job_in_the_same_place(fed: ServerProcess) -> None:
+def _cluster_side(sims: SimProcess, jobs: list[pb.Job]) -> str:
+    """What the clusters say of jobs that did not start: their pods, and every node's free GPUs."""
+    lines = []
+    for job in jobs:
+        for cluster in ("onprem", "aws", "gcp"):
+            for pod in gang_pods(sims, cluster, job.job_id):
+                scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+                why = f"{scheduled[0].status} {scheduled[0].message}" if scheduled else "-"
+                lines.append(
+                    f"{cluster} {pod.metadata.name} {pod.status.phase} node={pod.spec.node_name} {why}"
+                )
+    for cluster in ("onprem",):
+        state = sim_admin(sims, cluster, "GET", "/state")
+        lines.append(f"{cluster} state: {state}")
+    return "\n".join(lines)
+
+
+def test_the_replay_and_the_control_plane_put_every_job_in_the_same_place(
+    fed: ServerProcess, sims: SimProcess
+) -> None:
     jobs = _sample()
     durations = sorted(j.duration_s for j in jobs)
     median_s = durations[len(durations) // 2]
@@ -171,13 +190,14 @@ def test_the_replay_and_the_control_plane_put_every_job_in_the_same_place(fed: S
                 done = wait_for(placed, timeout_s=120, interval_s=0.5)
             except AssertionError:
                 stuck = [(ann.get(i), ann.explain(i)) for i in ids]
+                late = [(j, e) for j, e in stuck if j.phase not in STARTED or not j.cluster]
                 raise AssertionError(
                     "not all placed: "
                     + "; ".join(
-                        f"{j.name} {j.phase} {j.message} {[r.code for r in e.reasons]}"
-                        for j, e in stuck
-                        if j.phase not in STARTED or not j.cluster
+                        f"{j.name} {j.phase} {j.message} {[r.code for r in e.reasons]}" for j, e in late
                     )
+                    + "\n"
+                    + _cluster_side(sims, [j for j, _ in late])
                 ) from None
             for job in done:
                 actual[ids[job.job_id].job_id] = (job.cluster, job.gpu_type)
