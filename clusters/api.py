@@ -89,6 +89,11 @@ class GangStatus:
     # bound). Empty when finished, or partly on nodes the inventory leaves out: a partial location
     # would miscount.
     nodes: tuple[NodeShare, ...] = ()
+    # GPUs of the gang's pods that the same pod view the inventory is computed from has seen bound
+    # to a node (still holding them or finished); None where the backend accounts a gang's GPUs in
+    # its inventory the moment it accepts the gang (the in-memory cluster). The federation holds
+    # back the rest of a live gang's GPUs, which its cluster's inventory does not show yet.
+    bound_gpus: int | None = None
 
 
 class ClusterError(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from clusters.api import GangPhase, GangStatus
+from clusters.api import GangStatus
 from federation.jobs import JobRecord
 from federation.records import ApprovalRecord, SchedulingSettings, TenantRecord, UserRecord
 from federation.usage import TenantUsage
@@ -98,20 +98,24 @@ def unbound_replica_gpus(
     Admitted and staging gangs are not on the cluster at all. A dispatched gang is on it, but until
     its pods are bound to nodes the inventory counts none of its GPUs: without holding them back, the
     next cycle admitted a second gang into the same GPUs, and that gang sat pending behind work that
-    could run for hours. Once the cluster reports pods on nodes, only the rest is held back.
+    could run for hours. The same holds for a gang already reported running, whose pods the pod
+    watch (from which the inventory is computed) has not caught up with yet. Once the cluster
+    reports pods on nodes, only the rest is held back.
     """
     if job.phase in _PENDING_PHASES:
         return job.spec.replica_gpus
-    if job.phase is not JobPhase.DISPATCHED or not cluster_answered:
-        # Running gangs are bound; a silent cluster's inventory offers nothing to protect.
+    if job.phase not in (JobPhase.DISPATCHED, JobPhase.RUNNING) or not cluster_answered:
+        # A silent cluster's inventory offers nothing to protect.
         return ()
     if status is None:
-        return job.spec.replica_gpus  # created, not yet seen by the cluster's watch
-    if status.phase is not GangPhase.PENDING:
+        # Created but not yet seen by the cluster's watch; a running gang that vanished is the
+        # reconciler's to handle.
+        return job.spec.replica_gpus if job.phase is JobPhase.DISPATCHED else ()
+    if status.phase.is_final or status.bound_gpus is None:
         return ()
-    bound = sum(share.gpus for share in status.nodes)
+    bound = status.bound_gpus
     remaining: list[int] = []
-    # Which replicas are bound is not reported, only where GPUs are held: count the smallest as bound
+    # Which replicas are bound is not reported, only how many GPUs: count the smallest as bound
     # first, so the larger replicas are held back and the estimate errs towards less free capacity.
     for gpus in sorted(job.spec.replica_gpus):
         if gpus <= bound:

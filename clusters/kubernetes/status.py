@@ -79,6 +79,9 @@ class PodSummary:
     failure: str = ""
     # GPUs the gang's unfinished pods hold, by node name.
     gpus_by_node: dict[str, int] = field(default_factory=dict)
+    # GPUs of the gang's pods that were ever bound to a node, finished or not: what the inventory
+    # has accounted for (held, or held and given back), as opposed to pods still waiting for a node.
+    placed_gpus: int = 0
 
 
 def _batch_outcome(status: Json) -> Outcome | None:
@@ -168,6 +171,8 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
             summary.started_at_s = max(summary.started_at_s or 0.0, pod.started_at_s)
         if pod.holds_gpus and pod.gpus and pod.node_name is not None:
             summary.gpus_by_node[pod.node_name] = summary.gpus_by_node.get(pod.node_name, 0) + pod.gpus
+        if pod.node_name is not None:
+            summary.placed_gpus += pod.gpus
         if pod.phase == "Running":
             summary.running += 1
         elif pod.failure and not summary.failure:
@@ -227,6 +232,8 @@ def gang_status(
             message=f"{pods.running} of {gang.replicas} pods running",
             started_at_s=started_at_s if started_at_s is not None else now_s,
             nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
+            # The gang's object can say Running before the pod watch has shown its pods bound.
+            bound_gpus=pods.placed_gpus,
         )
     # Pods already bound hold their GPUs in the inventory; the federation holds back only the rest.
     return GangStatus(
@@ -235,6 +242,7 @@ def gang_status(
         phase=GangPhase.PENDING,
         message=f"{pods.running} of {gang.replicas} pods running",
         nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
+        bound_gpus=pods.placed_gpus,
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from clusters.api import ClusterUnreachable, GangPhase, GangRejected
+from clusters.api import ClusterUnreachable, GangPhase, GangRejected, GangWorkload
 from clusters.kubernetes import KubernetesBackend
 from clusters.kubernetes.names import object_name
 from clusters.sim import SimCluster
@@ -153,9 +153,28 @@ async def test_a_gangs_node_shares_follow_the_inventory_as_nodes_are_cordoned(wo
     # On a node the inventory leaves out, the gang cannot be located at all.
     await world.call(world.core.patch_node, mine, {"spec": {"unschedulable": True}})
     await eventually(lambda: located_at(), what="no shares once the gang's node is cordoned")
+    # Its GPUs are still bound (the federation must not hold them back as if the pod had no node).
+    status = await status_of(world.backend, gang)
+    assert status is not None
+    assert status.bound_gpus == 8
     await world.call(world.core.patch_node, mine, {"spec": {"unschedulable": False}})
     await eventually(lambda: located_at(NodeShare("h100", 0, 8)), what="the share back")
     await world.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def test_a_pending_gang_says_how_many_of_its_gpus_are_bound_to_nodes(world: World) -> None:
+    hog = a_gang("hog-1", replicas=2, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(hog)
+    await wait_phase(world.backend, hog, GangPhase.RUNNING)
+    waiting = a_gang("waits-1", replicas=1, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(waiting)
+
+    async def reported(gang: GangWorkload, phase: GangPhase, bound_gpus: int) -> bool:
+        status = await status_of(world.backend, gang)
+        return status is not None and status.phase is phase and status.bound_gpus == bound_gpus
+
+    await eventually(lambda: reported(hog, GangPhase.RUNNING, 16), what="the running gang's 16 bound GPUs")
+    await eventually(lambda: reported(waiting, GangPhase.PENDING, 0), what="the waiting gang with none bound")
 
 
 async def test_capacity_changes_arrive_by_watch_without_listing_again(world: World) -> None:

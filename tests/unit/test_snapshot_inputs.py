@@ -218,12 +218,8 @@ def _placed(phase: JobPhase, replicas: int = 2) -> JobRecord:
     return replace(job, placement=placement)
 
 
-def _pending(*shares: tuple[int, int]) -> GangStatus:
-    from placement.model import NodeShare
-
-    return GangStatus(
-        JobId("d"), 1, GangPhase.PENDING, nodes=tuple(NodeShare("a100", i, g) for i, g in shares)
-    )
+def _seen(phase: GangPhase, bound_gpus: int | None) -> GangStatus:
+    return GangStatus(JobId("d"), 1, phase, bound_gpus=bound_gpus)
 
 
 @pytest.mark.parametrize(
@@ -232,18 +228,33 @@ def _pending(*shares: tuple[int, int]) -> GangStatus:
         pytest.param(JobPhase.ADMITTED, True, None, (4, 4), id="admitted-not-on-the-cluster-yet"),
         pytest.param(JobPhase.STAGING, True, None, (4, 4), id="staging-not-on-the-cluster-yet"),
         pytest.param(JobPhase.DISPATCHED, True, None, (4, 4), id="dispatched-not-seen-by-the-watch-yet"),
-        pytest.param(JobPhase.DISPATCHED, True, _pending(), (4, 4), id="dispatched-pods-unbound"),
-        pytest.param(JobPhase.DISPATCHED, True, _pending((0, 4)), (4,), id="dispatched-half-bound"),
-        pytest.param(JobPhase.DISPATCHED, True, _pending((0, 4), (1, 4)), (), id="dispatched-all-bound"),
+        pytest.param(
+            JobPhase.DISPATCHED, True, _seen(GangPhase.PENDING, 0), (4, 4), id="dispatched-pods-unbound"
+        ),
+        pytest.param(
+            JobPhase.DISPATCHED, True, _seen(GangPhase.PENDING, 4), (4,), id="dispatched-half-bound"
+        ),
+        pytest.param(JobPhase.DISPATCHED, True, _seen(GangPhase.PENDING, 8), (), id="dispatched-all-bound"),
+        pytest.param(
+            JobPhase.RUNNING,
+            True,
+            _seen(GangPhase.RUNNING, 0),
+            (4, 4),
+            id="running-by-the-gang-object-before-the-pod-watch-shows-its-pods",
+        ),
+        pytest.param(JobPhase.RUNNING, True, _seen(GangPhase.RUNNING, 8), (), id="running-and-bound"),
+        pytest.param(
+            JobPhase.DISPATCHED, True, _seen(GangPhase.SUCCEEDED, 0), (), id="dispatched-already-finished"
+        ),
         pytest.param(
             JobPhase.DISPATCHED,
             True,
-            GangStatus(JobId("d"), 1, GangPhase.SUCCEEDED),
+            _seen(GangPhase.RUNNING, None),
             (),
-            id="dispatched-already-finished",
+            id="a-backend-that-accounts-gangs-at-once",
         ),
         pytest.param(JobPhase.DISPATCHED, False, None, (), id="cluster-silent-nothing-to-protect"),
-        pytest.param(JobPhase.RUNNING, True, None, (), id="running-is-in-the-inventory"),
+        pytest.param(JobPhase.RUNNING, True, None, (), id="running-gang-vanished-is-the-reconcilers"),
     ],
 )
 def test_gpus_promised_but_not_yet_in_the_inventory_are_held_back(
@@ -265,13 +276,16 @@ def test_a_dispatched_gang_whose_pods_are_not_bound_keeps_its_gpus_out_of_the_ne
     )
     dispatched = _placed(JobPhase.DISPATCHED)
     unbound = build_snapshot(
-        [dispatched], _inputs(), [cluster], statuses={ClusterName("onprem"): {(JobId("d"), 1): _pending()}}
+        [dispatched],
+        _inputs(),
+        [cluster],
+        statuses={ClusterName("onprem"): {(JobId("d"), 1): _seen(GangPhase.PENDING, 0)}},
     )
     bound = build_snapshot(
         [dispatched],
         _inputs(),
         [cluster],
-        statuses={ClusterName("onprem"): {(JobId("d"), 1): _pending((0, 4), (0, 4))}},
+        statuses={ClusterName("onprem"): {(JobId("d"), 1): _seen(GangPhase.PENDING, 8)}},
     )
     assert sum(unbound.clusters[0].pools[0].free_gpus_per_node) == 8
     assert bound.clusters[0].pools[0].free_gpus_per_node == (8, 8)
