@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime as dt
 import json
 import os
 import secrets
@@ -33,7 +34,9 @@ from typing import IO
 
 import structlog
 
+from datasync.credentials import AwsCredentials, Secret
 from datasync.errors import DatasyncError
+from datasync.s3_requests import sign_v4
 
 _log = structlog.get_logger(__name__)
 
@@ -234,16 +237,25 @@ class SeaweedProcess:
             time.sleep(0.1)
 
     def _ready(self) -> bool:
-        # Any S3 answer (even AccessDenied to an anonymous request) means the gateway serves; each bucket
-        # must also exist, which an anonymous HEAD reports as 403 rather than 404.
+        # Any S3 answer (even AccessDenied to an anonymous request) means the gateway serves. Each bucket
+        # must also exist, which only a signed HEAD can tell: the gateway refuses an anonymous one with
+        # 403 before it looks the bucket up, and `weed mini` creates its buckets a moment after the
+        # gateway starts answering (tests that listed a bucket at once got 404 NoSuchBucket).
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key))
         for path in ["", *self.buckets]:
-            request = urllib.request.Request(f"{self.endpoint}/{path}", method="HEAD")
+            url = f"{self.endpoint}/{path}"
+            headers = (
+                sign_v4("HEAD", url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
+                if path
+                else {}
+            )
+            request = urllib.request.Request(url, method="HEAD", headers=headers)
             try:
                 with opener.open(request, timeout=1.0):
                     pass
             except urllib.error.HTTPError as e:
-                if e.code == 404 or e.code >= 500:
+                if e.code == 404 or e.code >= 500 or (path and e.code == 403):
                     return False
             except OSError:
                 return False
