@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -28,6 +29,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.client import GpufedClient  # noqa: E402
 from federation.etcd_process import EtcdProcess  # noqa: E402
 from federation.manifest_text import wire_manifest  # noqa: E402
@@ -204,7 +206,11 @@ def main() -> int:
             errors = sum(r[2] for r in results)
             admin_token = (tmp_path / "state" / "tokens" / "admin.token").read_text().strip()
             with GpufedClient(server.target, admin_token, timeout_s=60) as admin:
-                stored = {j.job_id for j in admin.list_all()}
+                listed = admin.list_all()
+                stored = {j.job_id for j in listed}
+                # Proof that the leader scheduled all along (a throughput bought by an idle
+                # scheduler would mean nothing): how far the accepted jobs got by the end.
+                phases = Counter(pb.JobPhase.Name(j.phase).removeprefix("JOB_PHASE_") for j in listed)
                 missing = [j for j in accepted if j not in stored]
                 # The list is served from the cache; confirm any stragglers straight from etcd.
                 missing = [j for j in missing if not _exists(admin, j)]
@@ -223,6 +229,7 @@ def main() -> int:
         )
     print(f"servers: {args.servers} on one etcd")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
+    print("phases at the end: " + ", ".join(f"{n} {phase}" for phase, n in sorted(phases.items())))
     print(f"submit_throughput: {len(accepted) / seconds:.0f} jobs/s")
     print(f"submit_p50_latency: {1000 * statistics.median(latencies):.1f} ms")
     print(f"submit_p99_latency: {1000 * _percentile(latencies, 0.99):.1f} ms")
