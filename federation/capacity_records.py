@@ -14,7 +14,7 @@ for (the finance idle-cost report reads them). Keys, all under `/gpufed/capacity
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -116,28 +116,6 @@ class PoolRecord:
     # One entry per idle ready node: since when it has been idle (oldest first).
     idle_since_s: tuple[float, ...] = ()
     nodes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    """One scalable pool as the API shows it: size, price, bounds and what is under way."""
-
-    cluster: ClusterName
-    pool: str
-    provider: Provider
-    gpu_type: GpuType
-    kind: CapacityKind
-    gpus_per_node: int
-    usd_per_gpu_hour: float
-    nodes: int
-    ready_nodes: int
-    busy_nodes: int
-    min_nodes: int
-    max_nodes: int
-    pending: PendingOp | None = None
-    provisionable: bool = True
-    note: str = ""
-    idle_nodes: int = field(default=0)
 
 
 def settings_to_dict(s: CapacitySettings) -> dict[str, Any]:

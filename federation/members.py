@@ -75,9 +75,6 @@ class MemberClusters:
     ) -> None:
         self._records = {r.name: r for r in records}
         self._backends = dict(backends)
-        # The statuses of the reconciler's latest tick, for the scheduler: where running gangs sit
-        # (nodes, for preemption) and when they started. One tick old at most.
-        self.last_statuses: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
 
     @classmethod
     def build(
@@ -178,5 +175,4 @@ class MemberClusters:
             except ClusterError as error:
                 log.warning("cluster_status_failed", cluster=name, error=str(error))
                 result[name] = None
-        self.last_statuses = result
         return result
