@@ -100,26 +100,27 @@ def check_write_job(who: Principal, tenant: TenantId) -> None:
         raise PermissionDenied(f"role {who.role} may not change jobs")
 
 
-def submit_tenant(who: Principal, requested: TenantId | None) -> TenantId:
-    """The tenant a submission is charged to. Members submit only to their own tenant."""
+def acting_tenant(who: Principal, requested: str | None, *, action: str, field: str) -> TenantId:
+    """The tenant a write (a submission, a dataset registration) is for: members act only for their
+    own tenant, admins for any they name; nobody else writes."""
     if who.role not in (Role.ADMIN, Role.MEMBER):
-        raise PermissionDenied(f"role {who.role} may not submit jobs")
-    if requested is None or requested == who.tenant:
+        raise PermissionDenied(f"role {who.role} may not {action}")
+    if not requested or requested == who.tenant:
         return who.tenant
     if who.is_admin:
-        return requested
-    raise PermissionDenied(f"spec.tenant: members may submit only to their own tenant ({who.tenant})")
+        return TenantId(requested)
+    raise PermissionDenied(f"{field}: members may {action} only for their own tenant ({who.tenant})")
 
 
-def listable_tenant(who: Principal, requested: str) -> TenantId | None:
-    """The tenant filter a list or watch call runs with (None: all tenants)."""
+def listable_tenant(who: Principal, requested: str, what: str = "jobs") -> TenantId | None:
+    """The tenant filter a list or watch call of `what` runs with (None: all tenants)."""
     if who.role is Role.MEMBER:
         if requested and requested != who.tenant:
-            raise PermissionDenied(f"members may list only their own tenant ({who.tenant})")
+            raise PermissionDenied(f"members may list only their own tenant's {what} ({who.tenant})")
         return who.tenant
     if who.role in (Role.ADMIN, Role.INFRA):
         return TenantId(requested) if requested else None
-    raise PermissionDenied(f"role {who.role} may not list jobs")
+    raise PermissionDenied(f"role {who.role} may not list {what}")
 
 
 # ---- administration: admins write; infra and finance read everything; members read their tenant.
@@ -176,17 +177,6 @@ def check_read_dataset(who: Principal, owner: TenantId, shared_with: frozenset[T
     raise NotFound(f"dataset {shown(name)} not found")
 
 
-def dataset_write_tenant(who: Principal, requested: str) -> TenantId:
-    """The tenant a new dataset (version) is registered for: members their own, admins any."""
-    if who.role not in (Role.ADMIN, Role.MEMBER):
-        raise PermissionDenied(f"role {who.role} may not register datasets")
-    if not requested or requested == who.tenant:
-        return who.tenant
-    if who.is_admin:
-        return TenantId(requested)
-    raise PermissionDenied(f"tenant: members register datasets only for their own tenant ({who.tenant})")
-
-
 def check_sync_dataset(who: Principal, owner: TenantId, evict: bool = False) -> None:
     """Copies cost egress and space: admins, and members who may read the dataset (evict: who own it)."""
     if who.is_admin or (who.role is Role.MEMBER and (not evict or who.tenant == owner)):
@@ -195,17 +185,6 @@ def check_sync_dataset(who: Principal, owner: TenantId, evict: bool = False) -> 
         f"only an admin or a member of the owning tenant may {'evict' if evict else 'sync'} datasets "
         f"(you are {who.user}, role {who.role})"
     )
-
-
-def dataset_list_scope(who: Principal, requested: str) -> TenantId | None:
-    """The tenant a dataset listing is filtered to (None: all the caller may see)."""
-    if who.role is Role.MEMBER:
-        if requested and requested != who.tenant:
-            raise PermissionDenied(f"members may list only their own tenant's datasets ({who.tenant})")
-        return who.tenant
-    if who.role in (Role.ADMIN, Role.INFRA):
-        return TenantId(requested) if requested else None
-    raise PermissionDenied(f"role {who.role} may not list datasets")
 
 
 # ---- capacity: plans buy GPUs for everyone, so only infra and admins change them; finance reads

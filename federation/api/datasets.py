@@ -31,10 +31,10 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import (
     Authenticator,
     Principal,
+    acting_tenant,
     check_read_dataset,
     check_sync_dataset,
-    dataset_list_scope,
-    dataset_write_tenant,
+    listable_tenant,
 )
 from federation.datasets import (
     DatasetRegistry,
@@ -172,7 +172,7 @@ class DatasetService(pb_grpc.DatasetsServicer):
             )
             if req.tenant:
                 name_field(req.tenant, "tenant")
-            tenant = dataset_write_tenant(who, req.tenant)
+            tenant = acting_tenant(who, req.tenant, action="register datasets", field="tenant")
             if tenant != who.tenant and await self._store.get_tenant(tenant) is None:
                 raise InvalidSpec("tenant", f"no tenant {shown(tenant)}")
             await self._stores.require(store_name)
@@ -203,7 +203,7 @@ class DatasetService(pb_grpc.DatasetsServicer):
         async def body(who: Principal, req: pb.ListDatasetsRequest) -> pb.ListDatasetsResponse:
             if req.tenant:
                 name_field(req.tenant, "tenant")
-            scope = dataset_list_scope(who, req.tenant)
+            scope = listable_tenant(who, req.tenant, "datasets")
             copies = (await self._registry.copies()).copies
             datasets = sorted(await self._registry.list(), key=lambda d: d.name)
             if who.role is Role.MEMBER:

@@ -25,10 +25,10 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import (
     Authenticator,
     Principal,
+    acting_tenant,
     check_read_job,
     check_write_job,
     listable_tenant,
-    submit_tenant,
 )
 from federation.cache import JobCache
 from federation.errors import (
@@ -174,7 +174,7 @@ class JobService(pb_grpc.JobServiceServicer):
             raise InvalidArgument(f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
         settings = await self._tenants.settings()
         spec = parse_manifest(request.manifest, priority_classes=settings.class_values().keys())
-        tenant = submit_tenant(who, spec.tenant)
+        tenant = acting_tenant(who, spec.tenant, action="submit jobs", field="spec.tenant")
         record = await self._tenants.get(tenant)
         if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")

@@ -6,11 +6,11 @@ import pytest
 
 from federation.auth import (
     Principal,
+    acting_tenant,
     bearer_token,
     check_read_job,
     check_write_job,
     listable_tenant,
-    submit_tenant,
 )
 from federation.errors import NotFound, PermissionDenied, Unauthenticated
 from federation.records import Role
@@ -21,6 +21,11 @@ VISION, NLP = TenantId("vision"), TenantId("nlp")
 
 def who(role: Role, tenant: TenantId = VISION) -> Principal:
     return Principal(user="u", tenant=tenant, role=role)
+
+
+def submit_tenant(principal: Principal, requested: TenantId | None) -> TenantId:
+    """The tenant SubmitJob charges, as the service asks for it."""
+    return acting_tenant(principal, requested, action="submit jobs", field="spec.tenant")
 
 
 # (role, job's tenant) -> (may read, may write)
