@@ -136,6 +136,7 @@ class FederationServer:
         members = self.members
         await members.start()
         auth = Authenticator(store)
+        registry = DatasetRegistry(self._kv)
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
         pb_grpc.add_JobServiceServicer_to_server(
@@ -145,7 +146,7 @@ class FederationServer:
                 auth=auth,
                 metrics=self.metrics,
                 tenants=tenants,
-                datasets=DatasetCheck(DatasetRegistry(self._kv)),
+                datasets=DatasetCheck(registry),
             ),
             server,
         )
@@ -189,7 +190,6 @@ class FederationServer:
         capacity.register(server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        registry = DatasetRegistry(self._kv)
         syncs = SyncRecords(self._kv)
         self._stores = stores = StoreDirectory(self._kv)
         pb_grpc.add_DatasetsServicer_to_server(
