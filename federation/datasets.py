@@ -98,6 +98,11 @@ def cache_prefix(dataset: str, version: str) -> str:
     return f"gpufed-cache/{dataset}/{version}/"
 
 
+def resolve(dataset: Dataset, version: str | None) -> DatasetVersion | None:
+    """The version a reference names: the given one, or the latest when it names none."""
+    return dataset.latest() if version is None else dataset.version(VersionId(version))
+
+
 @dataclass(frozen=True, slots=True)
 class StoredDataset:
     value: Dataset

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import structlog
 
-from datasync import Dataset, VersionId
-from federation.datasets import DatasetRegistry
+from datasync import Dataset
+from federation.datasets import DatasetRegistry, resolve
 from federation.errors import FailedPrecondition
 from federation.jobspec import DatasetRef
 from federation.records import SchedulingSettings
@@ -42,8 +42,7 @@ def refusal(
         if settings.dataset(str(ref)) is not None:
             return None
     elif dataset.visible_to(tenant):
-        version = dataset.latest() if ref.version is None else dataset.version(VersionId(ref.version))
-        if version is not None:
+        if resolve(dataset, ref.version) is not None:
             return None
         known = ", ".join(v.version for v in dataset.versions)
         return f"{FIELD}: dataset {ref.name!r} has no version {ref.version!r} (registered: {known})"

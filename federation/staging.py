@@ -22,8 +22,8 @@ from enum import StrEnum
 
 import structlog
 
-from datasync import CopyKey, Dataset, DatasetName, DatasetVersion, StoreName, VersionId, pin, unpin
-from federation.datasets import DatasetRegistry
+from datasync import CopyKey, DatasetName, DatasetVersion, StoreName, VersionId, pin, unpin
+from federation.datasets import DatasetRegistry, resolve
 from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
 from federation.jobs import JobRecord, Owner
 from federation.staging_run import SyncRunner
@@ -52,10 +52,6 @@ class Gate:
 
 READY = Gate(GateKind.READY)
 WAIT = Gate(GateKind.WAIT)
-
-
-def resolve(dataset: Dataset, version: str | None) -> DatasetVersion | None:
-    return dataset.latest() if version is None else dataset.version(VersionId(version))
 
 
 class Stager:

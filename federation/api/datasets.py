@@ -41,6 +41,7 @@ from federation.datasets import (
     cache_prefix,
     dataset_name_field,
     prefix_field,
+    resolve,
     version_field,
 )
 from federation.datasets_stores import StoreDirectory
@@ -48,7 +49,6 @@ from federation.datasets_syncs import SyncRecord, SyncRecords
 from federation.errors import FailedPrecondition, InvalidSpec, NotFound, StoreUnavailable
 from federation.metrics import Metrics
 from federation.records import Role
-from federation.staging import resolve
 from federation.staging_run import egress_rate, evict_copy
 from federation.store import JobStore
 from federation.validate import name_field, shown
