@@ -35,17 +35,18 @@ from datasync.model import (
     StoreName,
     VersionId,
 )
-from datasync.plan import EgressEstimate, SyncPlan, plan_sync
+from datasync.plan import EgressEstimate, ExistingCopy, ReuseItem, SyncPlan, plan_sync
 from datasync.progress import SyncProgress
 from datasync.store import ObjectMeta, ObjectStore
 from datasync.store_config import StoreConfig, open_store, parse_store_config
 from datasync.sync import LocalExecutor, SyncReport, run_sync, sync_version
 from datasync.transfer import SyncOptions
-from datasync.verify import VerifyReport, verify
+from datasync.verify import CheckReport, VerifyReport, check_copy, repair_copy, verify, verify_copy
 
 __all__ = [
     "CacheState",
     "CachedCopy",
+    "CheckReport",
     "CopyKey",
     "Dataset",
     "DatasetName",
@@ -53,12 +54,14 @@ __all__ = [
     "DatasyncError",
     "EgressEstimate",
     "EvictionDecision",
+    "ExistingCopy",
     "LocalExecutor",
     "LocalJournal",
     "Manifest",
     "ManifestEntry",
     "ObjectMeta",
     "ObjectStore",
+    "ReuseItem",
     "StoreConfig",
     "StoreLocation",
     "StoreName",
@@ -70,6 +73,7 @@ __all__ = [
     "VerifyReport",
     "VersionId",
     "build_manifest",
+    "check_copy",
     "dataset_from_json",
     "dataset_to_json",
     "load_manifest",
@@ -82,11 +86,13 @@ __all__ = [
     "plan_eviction",
     "plan_sync",
     "record_copy",
+    "repair_copy",
     "run_sync",
     "save_manifest",
     "sync_version",
     "unpin",
     "verify",
+    "verify_copy",
     "version_from_json",
     "version_to_json",
 ]

@@ -156,5 +156,10 @@ class RayExecutor:
             for path in stats.verified:
                 journal.object_finished(path, stats.verified[path])
                 tracker.object_done()
-            tracker.add_bytes(sum(o.size_bytes for o in stats.verified.values()))
+            for _ in stats.failures:
+                tracker.object_failed()
+            # What the shard really did, by kind: resumed parts are not bytes moved now.
+            tracker.add_bytes(stats.bytes_uploaded)
+            tracker.add_resumed(stats.bytes_resumed)
+            tracker.add_server_copied(stats.bytes_server_copied)
         return total

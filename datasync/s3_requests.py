@@ -14,9 +14,10 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import html
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -26,7 +27,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from datasync.credentials import AwsCredentials
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
-from datasync.store import PartInfo
+from datasync.store import ObjectMeta, PartInfo
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _WRITE_SLICE_BYTES = 1024 * 1024
@@ -104,6 +105,20 @@ def _xml_values(body: str, tag: str) -> list[str]:
     return re.findall(rf"<{tag}>(.*?)</{tag}>", body, flags=re.S)
 
 
+_CONTENTS = re.compile(r"<Contents>(.*?)</Contents>", flags=re.S)
+
+
+def _unescape(text: str) -> str:
+    return html.unescape(text)
+
+
+def _timestamp(iso: str) -> float:
+    try:
+        return dt.datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _error_for(status: int, body: str, what: str) -> DatasyncError:
     code = next(iter(_xml_values(body, "Code")), "")
     message = f"{what}: HTTP {status} {code}".strip()
@@ -145,6 +160,27 @@ class S3Requests:
         data: bytes | memoryview | None = None,
         what: str,
     ) -> tuple[str, Mapping[str, str]]:
+        raw, reply_headers = await self._send(method, key, query=query, headers=headers, data=data, what=what)
+        body = raw.decode("utf-8", errors="replace")
+        # S3 reports some failures of a 200 response in its body (CompleteMultipartUpload, copy).
+        if "<Error>" in body:
+            raise _error_for(500, body, what)
+        return body, reply_headers
+
+    async def _request_bytes(self, method: str, key: str, *, headers: Mapping[str, str], what: str) -> bytes:
+        raw, _ = await self._send(method, key, query=None, headers=headers, data=None, what=what)
+        return raw
+
+    async def _send(
+        self,
+        method: str,
+        key: str,
+        *,
+        query: Mapping[str, str] | None,
+        headers: Mapping[str, str] | None,
+        data: bytes | memoryview | None,
+        what: str,
+    ) -> tuple[bytes, Mapping[str, str]]:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -162,13 +198,10 @@ class S3Requests:
             canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
             target = yarl.URL(f"{url}?{canonical_query}" if canonical_query else url, encoded=True)
             async with self._session.request(method, target, headers=signed, data=body_in) as resp:
-                body = await resp.text()
+                raw = await resp.read()
                 if resp.status >= 300:
-                    raise _error_for(resp.status, body, what)
-                # S3 reports some failures of a 200 response in its body (CompleteMultipartUpload, copy).
-                if "<Error>" in body:
-                    raise _error_for(500, body, what)
-                return body, resp.headers
+                    raise _error_for(resp.status, raw.decode("utf-8", errors="replace"), what)
+                return raw, resp.headers
         except (aiohttp.ClientError, TimeoutError) as e:
             raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
 
@@ -228,6 +261,48 @@ class S3Requests:
         )
         etags = _xml_values(body, "ETag")
         return etags[0].replace("&#34;", '"').replace("&quot;", '"') if etags else None
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[list[ObjectMeta]]:
+        """ListObjectsV2 pages with `encoding-type=url`: keys come percent-encoded, so a key with a control
+        character (which XML 1.0 cannot carry) or a newline, or one ending in '/', arrives exactly."""
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix, "encoding-type": "url", "max-keys": "1000"}
+            if token is not None:
+                query["continuation-token"] = token
+            body, _ = await self._request("GET", "", query=query, what=f"list {prefix!r}")
+            page = []
+            for block in _CONTENTS.findall(body):
+                key = urllib.parse.unquote_plus(_xml_values(block, "Key")[0])
+                etag = next(iter(_xml_values(block, "ETag")), "")
+                modified = next(iter(_xml_values(block, "LastModified")), "")
+                page.append(
+                    ObjectMeta(
+                        key,
+                        int(_xml_values(block, "Size")[0]),
+                        _unescape(etag) or None,
+                        _timestamp(modified),
+                    )
+                )
+            yield page
+            tokens = _xml_values(body, "NextContinuationToken")
+            if _xml_values(body, "IsTruncated")[:1] != ["true"] or not tokens:
+                return
+            token = _unescape(tokens[0])
+
+    async def get_object(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        headers = {}
+        if start is not None or end is not None:
+            headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+        return await self._request_bytes("GET", key, headers=headers, what=f"get {key!r}")
+
+    async def put_object(self, key: str, data: bytes | memoryview) -> str | None:
+        _, headers = await self._request("PUT", key, data=data, what=f"put {key!r}")
+        return headers.get("ETag")
+
+    async def delete_object(self, key: str) -> None:
+        with contextlib.suppress(ObjectNotFound):
+            await self._request("DELETE", key, what=f"delete {key!r}")
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

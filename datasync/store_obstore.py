@@ -21,6 +21,10 @@ from datasync.s3_requests import S3Requests
 from datasync.store import Blob, ObjectMeta, ObjectStore, PartInfo
 
 _MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
+# S3's limit for one PUT. Below it an S3 store always writes in one request, so the ETag is the plain MD5
+# of the bytes: obstore's own multipart `put` (which gave `md5-of-parts-2` for a 16-32 MiB object and made
+# every such object fail its ETag check) is used only where the protocol needs it.
+_S3_SINGLE_PUT_MAX_BYTES = 5 * 1024**3
 # obstore raises the builtin FileNotFoundError / PermissionError for some statuses, its own errors for others.
 _ERRORS = (obx.BaseError, FileNotFoundError, PermissionError)
 
@@ -42,6 +46,17 @@ def map_error(e: Exception, what: str) -> DatasyncError:
         err.retryable = False
         return err
     return StoreUnavailable(text)
+
+
+def obstore_can_name(key: str) -> bool:
+    """False for legal S3 keys that obstore's `Path` rejects or silently rewrites: a key ending (or
+    starting) in '/' (a folder marker; obstore strips the slash), an empty segment, '.' or '..' as a
+    segment, or a control character (newline included). Those go through `S3Requests` instead."""
+    if not key or key[0] == "/" or key[-1] == "/" or "//" in key:
+        return False
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return False
+    return not any(part in (".", "..") for part in key.split("/"))
 
 
 class ObstoreStore:
@@ -79,7 +94,23 @@ class ObstoreStore:
     def supports_resumable_multipart(self) -> bool:
         return self._s3 is not None
 
+    def _raw(self, key: str) -> S3Requests | None:
+        """The signed client for a key obstore cannot name (None: obstore can). Without one, such a key
+        is refused by name rather than silently read or written under another name."""
+        if obstore_can_name(key):
+            return None
+        if self._s3 is None:
+            err = DatasyncError(f"{self._name}: key {key!r} is not supported on this store")
+            err.retryable = False
+            raise err
+        return self._s3
+
     async def list_prefix(self, prefix: str) -> AsyncIterator[Sequence[ObjectMeta]]:
+        if self._s3 is not None:
+            # Our own ListObjectsV2: obstore's listing fails as a whole on one key it cannot parse.
+            async for s3_page in self._s3.list_objects(prefix):
+                yield s3_page
+            return
         try:
             async for page in obstore.list(self.raw, prefix=prefix or None, chunk_size=1000):
                 yield [
@@ -89,6 +120,9 @@ class ObstoreStore:
             raise map_error(e, f"{self._name}: list {prefix!r}") from None
 
     async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> Blob:
+        raw = self._raw(path)
+        if raw is not None:
+            return await raw.get_object(path, start, end)
         try:
             if start is None and end is None:
                 result = await obstore.get_async(self.raw, path)
@@ -101,12 +135,16 @@ class ObstoreStore:
             raise map_error(e, f"{self._name}: get {path}") from None
 
     async def put(self, path: str, data: Blob) -> str | None:
+        raw = self._raw(path)
+        if raw is not None:
+            return await raw.put_object(path, data)
+        limit = _S3_SINGLE_PUT_MAX_BYTES if self._s3 is not None else _MULTIPART_CHUNK_BYTES
         try:
             result = await obstore.put_async(
                 self.raw,
                 path,
                 data,
-                use_multipart=len(data) > _MULTIPART_CHUNK_BYTES,
+                use_multipart=len(data) > limit,
                 chunk_size=_MULTIPART_CHUNK_BYTES,
             )
         except _ERRORS as e:
@@ -143,7 +181,9 @@ class ObstoreStore:
     async def copy_from(self, source: ObjectStore, src_path: str, dst_path: str) -> str | None:
         if not isinstance(source, ObstoreStore) or not self.can_copy_from(source):
             raise StoreUnavailable(f"{self._name}: cannot copy server-side from {source.name}")
-        if source.bucket != self.bucket and self._s3 is not None:
+        if self._s3 is not None and (
+            source.bucket != self.bucket or not (obstore_can_name(src_path) and obstore_can_name(dst_path))
+        ):
             return await self._s3.copy_object(source.bucket, src_path, dst_path)
         try:
             await obstore.copy_async(self.raw, src_path, dst_path)
@@ -152,6 +192,12 @@ class ObstoreStore:
         return None
 
     async def delete(self, paths: Sequence[str]) -> None:
+        named = [p for p in paths if obstore_can_name(p)]
+        for path in paths:
+            raw = self._raw(path) if not obstore_can_name(path) else None
+            if raw is not None:
+                await raw.delete_object(path)
+        paths = named
         try:
             for i in range(0, len(paths), 1000):
                 await obstore.delete_async(self.raw, list(paths[i : i + 1000]))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import structlog
@@ -25,8 +26,8 @@ from datasync.errors import DatasyncError, SyncFailed
 from datasync.journal import Journal, MemoryJournal
 from datasync.marker import SyncState, VerifiedObject, normalize_etag, write_marker
 from datasync.model import Manifest
-from datasync.plan import EgressEstimate, SyncPlan, plan_sync
-from datasync.progress import ProgressCallback, ProgressTracker
+from datasync.plan import EgressEstimate, ExistingCopy, SyncPlan, plan_sync
+from datasync.progress import ProgressCallback, ProgressTracker, SyncProgress
 from datasync.store import ObjectStore
 from datasync.transfer import Copier, SyncOptions, TransferStats
 
@@ -48,6 +49,27 @@ class SyncReport:
     retries: int
     duration_s: float
     failures: tuple[tuple[str, str], ...] = ()
+    # What this run did, by kind (see `SyncProgress`): objects copied server-side from another version's
+    # copy in the target store, bytes of parts a killed run had uploaded, bytes copied server-side from
+    # the source, objects read back to verify them.
+    objects_reused: int = 0
+    bytes_reused: int = 0
+    bytes_resumed: int = 0
+    bytes_server_copied: int = 0
+    readbacks: int = 0
+    # path -> ETag of every object of the version verified at the target (up to date, copied or reused):
+    # what the caller records (etcd) and passes back as `recorded_etags` to plan or check the copy.
+    verified_etags: dict[str, str] = field(default_factory=dict)
+    progress: SyncProgress | None = None
+
+    @property
+    def objects_failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def rate_bytes_per_s(self) -> float:
+        """Bytes sent to the target through this process, over this run's duration."""
+        return self.bytes_uploaded / self.duration_s if self.duration_s > 0 else 0.0
 
 
 class Executor(Protocol):
@@ -89,6 +111,35 @@ class LocalExecutor:
         return await copier.run(plan.to_copy)
 
 
+async def _reuse(
+    plan: SyncPlan,
+    source: ObjectStore,
+    target: ObjectStore,
+    options: SyncOptions,
+    journal: Journal,
+    tracker: ProgressTracker,
+    etag_vouched: bool,
+) -> tuple[SyncPlan, TransferStats]:
+    """Server-side copies from existing copies in the target store, here whatever the executor (they
+    move no bytes through any worker); what could not be reused joins the plan's copies from the source."""
+    copier = Copier(
+        source,
+        plan.source_prefix,
+        target,
+        plan.target_prefix,
+        options=options,
+        journal=journal,
+        resume=plan.resume,
+        tracker=tracker,
+        etag_vouched=etag_vouched,
+    )
+    fallback = await copier.reuse(plan.to_reuse)
+    if fallback:
+        to_copy = tuple(sorted((*plan.to_copy, *fallback), key=lambda e: (-e.size_bytes, e.path)))
+        plan = replace(plan, to_copy=to_copy, to_reuse=())
+    return plan, copier.stats
+
+
 async def _report_progress(tracker: ProgressTracker, callback: ProgressCallback, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
@@ -116,8 +167,12 @@ async def run_sync(
     executor: Executor | None = None,
     journal: Journal | None = None,
     progress: ProgressCallback | None = None,
+    reuse_etags_vouched: bool = False,
 ) -> SyncReport:
-    """Execute `plan`. Raises `SyncFailed` (with `.report`) when some objects could not be copied."""
+    """Execute `plan`. Raises `SyncFailed` (with `.report`) when some objects could not be copied.
+
+    `reuse_etags_vouched`: the plan's reuse candidates were checked against recorded ETags
+    (`ExistingCopy.etags`), so a reused copy reporting the same ETag needs no read-back."""
     options = options or SyncOptions()
     executor = executor or LocalExecutor()
     journal = journal if journal is not None else MemoryJournal()
@@ -140,15 +195,19 @@ async def run_sync(
     )
     reporter = (
         asyncio.create_task(_report_progress(tracker, progress, options.progress_interval_s))
-        if progress is not None and plan.to_copy
+        if progress is not None and (plan.to_copy or plan.to_reuse)
         else None
     )
     try:
+        reused = TransferStats()
+        if plan.to_reuse:
+            plan, reused = await _reuse(plan, source, target, options, journal, tracker, reuse_etags_vouched)
         stats = (
             await executor.copy(plan, source, target, options, journal, tracker)
             if plan.to_copy
             else TransferStats()
         )
+        stats.merge(reused)
     finally:
         if reporter is not None:
             reporter.cancel()
@@ -158,14 +217,16 @@ async def run_sync(
     if options.delete_removed and plan.to_delete:
         await target.delete([plan.target_prefix + p for p in plan.to_delete])
         deleted = len(plan.to_delete)
-    if plan.to_copy or plan.to_delete or stats.failures:
-        verified = {**plan.up_to_date, **stats.verified}
+    verified = {**plan.up_to_date, **stats.verified}
+    if plan.to_copy or plan.to_delete or stats.failures or stats.verified:
         await _fill_missing_etags(target, plan.target_prefix, verified)
+        # A resume hint for a planner without the caller's record; never trusted on its own.
         await write_marker(target, plan.target_prefix, SyncState(plan.manifest_digest, verified))
     if not stats.failures:
         journal.clear()
+    final = tracker.snapshot(finished=True)
     if progress is not None:
-        progress(tracker.snapshot(finished=True))
+        progress(final)
     report = SyncReport(
         objects_total=plan.total_objects,
         objects_copied=stats.objects_copied,
@@ -180,6 +241,13 @@ async def run_sync(
         retries=stats.retries,
         duration_s=time.monotonic() - started,
         failures=tuple((p, str(e)) for p, e in stats.failures),
+        objects_reused=stats.objects_reused,
+        bytes_reused=stats.bytes_reused,
+        bytes_resumed=stats.bytes_resumed,
+        bytes_server_copied=stats.bytes_server_copied,
+        readbacks=stats.readbacks,
+        verified_etags={p: o.etag for p, o in verified.items() if o.etag is not None},
+        progress=final,
     )
     _log.info(
         "sync_finished",
@@ -187,6 +255,7 @@ async def run_sync(
         target=target.name,
         target_prefix=plan.target_prefix,
         objects_copied=report.objects_copied,
+        objects_reused=report.objects_reused,
         objects_deleted=deleted,
         bytes_uploaded=report.bytes_uploaded,
         failures=len(report.failures),
@@ -212,14 +281,32 @@ async def sync_version(
     progress: ProgressCallback | None = None,
     usd_per_gb: float = 0.0,
     max_usd: float | None = None,
+    recorded_etags: Mapping[str, str] | None = None,
+    reuse: Sequence[ExistingCopy] = (),
 ) -> tuple[SyncReport, EgressEstimate]:
     """Plan and run in one call; refuses (before copying anything) when the egress would exceed max_usd."""
-    plan = await plan_sync(source, source_prefix, target, target_prefix, manifest, journal=journal)
+    plan = await plan_sync(
+        source,
+        source_prefix,
+        target,
+        target_prefix,
+        manifest,
+        journal=journal,
+        recorded_etags=recorded_etags,
+        reuse=reuse,
+    )
     estimate = plan.egress(usd_per_gb)
     if max_usd is not None and estimate.usd > max_usd:
         raise SyncFailed([("*", _over_budget(estimate, max_usd))])
     report = await run_sync(
-        plan, source, target, options=options, executor=executor, journal=journal, progress=progress
+        plan,
+        source,
+        target,
+        options=options,
+        executor=executor,
+        journal=journal,
+        progress=progress,
+        reuse_etags_vouched=bool(reuse) and all(c.etags is not None for c in reuse),
     )
     return report, estimate
 

@@ -1,10 +1,14 @@
 """Copying objects: one GET and PUT, a multipart upload that resumes part by part, or a server-side copy.
 
-Every copy is verified before it counts. Bytes that pass through this process are hashed on the way and
-must give the manifest's sha256 (else the source changed: a permanent error); the target's ETag, where
-it is an MD5 (single part) or an MD5 of part MD5s (multipart), must match what was sent. A server-side
-copy moves no bytes through us, so the target is read back and hashed. `readback=True` reads back every
-copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`.
+Every copy is verified before it counts, whatever its size. Bytes that pass through this process are
+hashed on the way and must give the manifest's sha256 (else the source changed: a permanent error). Then
+the target must prove it holds them: its ETag must be exactly the one the upload implies (the MD5 of a
+single PUT, `md5(part MD5s)-N` of our multipart upload). An MD5-shaped ETag that differs fails the copy;
+an ETag that proves nothing (none, an opaque token, or a multipart ETag of parts the store chose itself)
+means the object is read back from the target and hashed. Verification is never skipped. A server-side
+copy moves no bytes through us, so it is proven by the ETag it reports being the verified one of its
+source, else read back. `readback=True` reads back every copy. Memory is bounded: multipart parts in
+flight share `max_buffered_bytes`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from datasync.journal import Journal, JournalState
 from datasync.manifest import sha256_of
 from datasync.marker import VerifiedObject, normalize_etag
 from datasync.model import ManifestEntry
+from datasync.plan import ReuseItem
 from datasync.progress import ProgressTracker
 from datasync.store import Blob, ObjectStore, PartInfo
 from datasync.throttle import Retrier, RetryPolicy, TokenBucket
@@ -57,11 +62,29 @@ class TransferStats:
     parts_reused: int = 0
     server_side_copies: int = 0
     retries: int = 0
+    objects_reused: int = 0
+    bytes_reused: int = 0
+    bytes_resumed: int = 0
+    bytes_server_copied: int = 0
+    readbacks: int = 0
     verified: dict[str, VerifiedObject] = field(default_factory=dict)
     failures: list[tuple[str, DatasyncError]] = field(default_factory=list)
 
+    _COUNTERS = (
+        "objects_copied",
+        "bytes_read",
+        "bytes_uploaded",
+        "objects_put",
+        "parts_uploaded",
+        "objects_reused",
+        "bytes_reused",
+        "bytes_resumed",
+        "bytes_server_copied",
+        "readbacks",
+    )
+
     def merge(self, other: TransferStats) -> None:
-        for name in ("objects_copied", "bytes_read", "bytes_uploaded", "objects_put", "parts_uploaded"):
+        for name in self._COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.parts_reused += other.parts_reused
         self.server_side_copies += other.server_side_copies
@@ -71,10 +94,26 @@ class TransferStats:
 
 
 def _check_etag(etag: str | None, expected: str, what: str) -> None:
-    """Fail when the store's ETag is of the comparable kind (`pattern`) and differs from what we sent."""
+    """Fail when the store's ETag is of the comparable kind and differs from what we sent."""
     tag = normalize_etag(etag)
     if tag is not None and (_MD5.match(tag) or _MULTIPART.match(tag)) and tag != expected:
         raise VerificationFailed(f"{what}: target ETag {tag} differs from the {expected} sent")
+
+
+def etag_proves(etag: str | None, expected: str, what: str) -> bool:
+    """True when the target's ETag is exactly `expected` (the upload is proven); raises when it is of
+    `expected`'s kind and differs (the target holds other bytes); False when it cannot tell, and the
+    caller must read the object back. A plain MD5 where a multipart one was expected (or the reverse)
+    cannot tell: the store may have assembled the object its own way."""
+    tag = normalize_etag(etag)
+    if tag == expected:
+        return True
+    if tag is None:
+        return False
+    same_kind = bool(_MD5.match(tag)) if _MD5.match(expected) else bool(_MULTIPART.match(tag))
+    if same_kind and (_MD5.match(tag) or tag.rsplit("-", 1)[1] == expected.rsplit("-", 1)[1]):
+        raise VerificationFailed(f"{what}: target ETag {tag} differs from the {expected} sent")
+    return False
 
 
 def _md5(data: Blob) -> bytes:
@@ -99,7 +138,11 @@ class Copier:
         journal: Journal,
         resume: JournalState,
         tracker: ProgressTracker,
+        etag_vouched: bool = False,
     ) -> None:
+        # True when the reuse candidates' ETags were checked against the caller's record of a verified
+        # copy: only then does an equal ETag on the server-side copy prove its bytes.
+        self._etag_vouched = etag_vouched
         self.source, self.target = source, target
         self.source_prefix, self.target_prefix = source_prefix, target_prefix
         self.options = options
@@ -126,6 +169,7 @@ class Copier:
                 except DatasyncError as e:
                     _log.warning("object_sync_failed", path=entry.path, error=str(e), retryable=e.retryable)
                     self.stats.failures.append((entry.path, e))
+                    self.tracker.object_failed()
                     continue
                 self.stats.verified[entry.path] = obj
                 self.stats.objects_copied += 1
@@ -135,6 +179,50 @@ class Copier:
         await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
         self.stats.retries = self._retry.retries
         return self.stats
+
+    async def reuse(self, items: Iterable[ReuseItem]) -> list[ManifestEntry]:
+        """Server-side copies from existing copies in the target store; returns the entries that could
+        not be reused (the caller copies those from the source instead)."""
+        work = iter(items)
+        fallback: list[ManifestEntry] = []
+
+        async def worker() -> None:
+            for item in work:
+                dst = self.target_prefix + item.entry.path
+                try:
+                    obj = await self._retry(
+                        f"reuse {item.entry.path}", functools.partial(self._reuse_one, item, dst)
+                    )
+                except DatasyncError as e:
+                    _log.info("reuse_fell_back", path=item.entry.path, error=str(e))
+                    fallback.append(item.entry)
+                    continue
+                self.stats.verified[item.entry.path] = obj
+                self.stats.objects_reused += 1
+                self.stats.bytes_reused += item.entry.size_bytes
+                self.tracker.add_reused(item.entry.size_bytes)
+                self.tracker.object_done(reused=True)
+                self.journal.object_finished(item.entry.path, obj)
+
+        await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
+        self.stats.retries = self._retry.retries
+        return fallback
+
+    async def _reuse_one(self, item: ReuseItem, dst: str) -> VerifiedObject:
+        etag = await self.target.copy_from(self.target, item.from_path, dst)
+        self.stats.server_side_copies += 1
+        tag = normalize_etag(etag)
+        # The source object is listed with this ETag, which its copy's record vouched for when given;
+        # a copy reporting the same MD5-kind ETag holds the same bytes. Else read it back.
+        if (
+            not self.options.readback
+            and tag is not None
+            and tag == item.from_etag
+            and (_MD5.match(tag) or _MULTIPART.match(tag))
+            and self._etag_vouched
+        ):
+            return VerifiedObject(item.entry.size_bytes, tag, item.entry.sha256)
+        return await self._readback(item.entry, dst, etag)
 
     async def copy(self, entry: ManifestEntry) -> VerifiedObject:
         src, dst = self.source_prefix + entry.path, self.target_prefix + entry.path
@@ -152,6 +240,7 @@ class Copier:
             await self._bucket.acquire(n)
 
     async def _readback(self, entry: ManifestEntry, dst: str, etag: str | None) -> VerifiedObject:
+        self.stats.readbacks += 1
         digest = await sha256_of(self.target, dst, entry.size_bytes)
         if digest != entry.sha256:
             raise VerificationFailed(
@@ -163,7 +252,8 @@ class Copier:
         etag = await self.target.copy_from(self.source, src, dst)
         self.stats.server_side_copies += 1
         obj = await self._readback(entry, dst, etag)
-        self.tracker.add_bytes(entry.size_bytes)
+        self.stats.bytes_server_copied += entry.size_bytes
+        self.tracker.add_server_copied(entry.size_bytes)
         return obj
 
     async def _single(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
@@ -178,12 +268,10 @@ class Copier:
         etag = await self.target.put(dst, data)
         self.stats.objects_put += 1
         self.stats.bytes_uploaded += len(data)
-        _check_etag(etag, md5.hex(), dst)
-        obj = (
-            await self._readback(entry, dst, etag)
-            if self.options.readback
-            else VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
-        )
+        if self.options.readback or not etag_proves(etag, md5.hex(), dst):
+            obj = await self._readback(entry, dst, etag)
+        else:
+            obj = VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
         self.tracker.add_bytes(len(data))
         return obj
 
@@ -255,7 +343,8 @@ class Copier:
                     self._part_slots.release()
                     parts[number] = reused
                     self.stats.parts_reused += 1
-                    self.tracker.add_bytes(len(data))
+                    self.stats.bytes_resumed += len(data)
+                    self.tracker.add_resumed(len(data))
                     continue
                 sent.append(asyncio.create_task(self._send_part(entry, dst, upload_id, number, data, md5)))
             for part in await asyncio.gather(*sent):
@@ -273,8 +362,7 @@ class Copier:
             f"complete {entry.path}", lambda: self.target.complete_multipart(dst, upload_id, ordered)
         )
         expected = f"{hashlib.md5(b''.join(md5s), usedforsecurity=False).hexdigest()}-{len(md5s)}"
-        _check_etag(etag, expected, dst)
-        if self.options.readback:
+        if self.options.readback or not etag_proves(etag, expected, dst):
             return await self._readback(entry, dst, etag)
         return VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
 

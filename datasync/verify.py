@@ -1,22 +1,34 @@
-"""Verification: re-read a copy at the target and check every object against the manifest's sha256.
+"""Checking a copy later: cheaply against the record, fully by re-reading, and repairing what is bad.
 
-A sync verifies each object as it copies it; `verify` is the later check that the copy is still intact
-(bit rot, a tool that overwrote objects, a partial restore). Objects found bad are dropped from the
-target's marker, so the next sync copies them again even if their size and ETag look unchanged.
+A sync verifies each object as it copies it; these are the later checks that the copy is still intact
+(bit rot, a tool or a third party that overwrote objects, a partial restore). Both are computed against
+what the caller passes in (the manifest and the recorded ETags, from etcd), never against the target's
+marker, which anyone who can write the bucket can edit:
+
+- `check_copy`: one listing; every object must be listed with the manifest's size and the ETag recorded
+  when it was verified. Finds deletions, overwrites and truncations; not bit rot under an unchanged ETag.
+- `verify_copy` (`verify`): re-reads every object and compares its sha256 with the manifest's. Objects
+  found bad are dropped from the marker too, so a planner without a record copies them again.
+- `repair_copy`: copies the given objects again from the source, verified like any sync.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import structlog
 
 from datasync.errors import ObjectNotFound, SourceChanged
+from datasync.journal import JournalState
 from datasync.manifest import sha256_of
-from datasync.marker import SyncState, read_marker, write_marker
+from datasync.marker import SyncState, normalize_etag, read_marker, write_marker
 from datasync.model import Manifest, ManifestEntry
-from datasync.store import ObjectStore
+from datasync.plan import SyncPlan
+from datasync.store import ObjectStore, list_all
+from datasync.sync import SyncReport, run_sync
+from datasync.transfer import SyncOptions
 
 _log = structlog.get_logger(__name__)
 
@@ -35,6 +47,102 @@ class VerifyReport:
     @property
     def bad_paths(self) -> tuple[str, ...]:
         return tuple(sorted({*self.missing, *self.wrong_size, *self.wrong_hash}))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """`check_copy`'s findings. `unrecorded`: objects present but with no recorded ETag to compare."""
+
+    objects_checked: int
+    missing: tuple[str, ...]
+    wrong_size: tuple[str, ...]
+    etag_changed: tuple[str, ...]
+    unrecorded: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.wrong_size or self.etag_changed or self.unrecorded)
+
+    @property
+    def bad_paths(self) -> tuple[str, ...]:
+        return tuple(sorted({*self.missing, *self.wrong_size, *self.etag_changed, *self.unrecorded}))
+
+
+def _with_slash(prefix: str) -> str:
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+async def check_copy(
+    target: ObjectStore,
+    target_prefix: str,
+    manifest: Manifest,
+    recorded_etags: Mapping[str, str],
+) -> CheckReport:
+    """One listing of the copy against the manifest's sizes and the recorded ETags (no object read)."""
+    target_prefix = _with_slash(target_prefix)
+    listing = {m.path[len(target_prefix) :]: m for m in await list_all(target, target_prefix)}
+    missing, wrong_size, changed, unrecorded = [], [], [], []
+    for entry in manifest.entries:
+        meta = listing.get(entry.path)
+        recorded = normalize_etag(recorded_etags.get(entry.path))
+        if meta is None:
+            missing.append(entry.path)
+        elif meta.size_bytes != entry.size_bytes:
+            wrong_size.append(entry.path)
+        elif recorded is None:
+            unrecorded.append(entry.path)
+        elif normalize_etag(meta.etag) != recorded:
+            changed.append(entry.path)
+    report = CheckReport(
+        manifest.object_count, tuple(missing), tuple(wrong_size), tuple(changed), tuple(unrecorded)
+    )
+    _log.info(
+        "copy_checked", target=target.name, prefix=target_prefix, ok=report.ok, bad=len(report.bad_paths)
+    )
+    return report
+
+
+async def verify_copy(
+    target: ObjectStore, target_prefix: str, manifest: Manifest, *, concurrency: int = 16
+) -> VerifyReport:
+    """Re-read and re-hash every object of the copy (`verify` under the name the federation uses)."""
+    return await verify(target, target_prefix, manifest, concurrency=concurrency)
+
+
+async def repair_copy(
+    source: ObjectStore,
+    source_prefix: str,
+    target: ObjectStore,
+    target_prefix: str,
+    manifest: Manifest,
+    bad_paths: Sequence[str],
+    *,
+    options: SyncOptions | None = None,
+) -> SyncReport:
+    """Copy `bad_paths` again from the source (whatever the target lists for them), verified as in any
+    sync. The report's `verified_etags` covers only the repaired objects: merge them into the record."""
+    wanted = manifest.by_path()
+    entries = [wanted[p] for p in sorted(set(bad_paths)) if p in wanted]
+    plan = SyncPlan(
+        source_prefix=_with_slash(source_prefix),
+        target_prefix=_with_slash(target_prefix),
+        manifest_digest=manifest.digest,
+        to_copy=tuple(sorted(entries, key=lambda e: (-e.size_bytes, e.path))),
+        up_to_date={},
+        to_delete=(),
+        server_side=target.can_copy_from(source),
+        total_bytes=sum(e.size_bytes for e in entries),
+        total_objects=len(entries),
+        resume=JournalState(),
+    )
+    marker = await read_marker(target, _with_slash(target_prefix))
+    if marker is not None:
+        # Keep the marker's other entries: run_sync writes the marker from the plan's up-to-date set.
+        kept = {p: o for p, o in marker.objects.items() if p in wanted and p not in set(bad_paths)}
+        plan = replace(plan, up_to_date=kept)
+    report = await run_sync(plan, source, target, options=options)
+    _log.info("copy_repaired", target=target.name, prefix=target_prefix, objects=len(entries))
+    return report
 
 
 async def verify(

@@ -43,7 +43,15 @@ def some_files(n_small: int = 5, n_big: int = 1) -> dict[str, bytes]:
 
 
 async def synced(source: ObjectStore, target: ObjectStore, manifest: Manifest, **kw: object) -> object:
-    plan = await plan_sync(source, "v1/", target, "cache/", manifest, journal=kw.get("journal"))  # type: ignore[arg-type]
+    plan = await plan_sync(
+        source,
+        "v1/",
+        target,
+        "cache/",
+        manifest,
+        journal=kw.get("journal"),  # type: ignore[arg-type]
+        recorded_etags=kw.get("recorded_etags"),  # type: ignore[arg-type]
+    )
     return await run_sync(
         plan, source, target, options=kw.get("options", SMALL_PARTS), journal=kw.get("journal")
     )  # type: ignore[arg-type]
@@ -81,11 +89,18 @@ async def test_first_sync_copies_everything_verified_and_a_resync_moves_nothing(
     assert "cache/" + MARKER_NAME in target.objects
 
     target.requests.clear()
-    report = await synced(source, target, manifest)
-    assert report.objects_copied == 0
-    assert report.objects_up_to_date == len(files)
-    # The whole no-op: one listing and one GET of the marker; nothing written.
-    assert dict(target.requests) == {"list": 1, "get": 1}
+    again = await synced(source, target, manifest, recorded_etags=report.verified_etags)
+    assert again.objects_copied == 0
+    assert again.objects_up_to_date == len(files)
+    # The whole no-op, given the record of the verified copy: one listing; nothing read or written.
+    assert dict(target.requests) == {"list": 1}
+
+    # Without a record, the marker is only a hint: what it vouches for is re-read at the target (no
+    # egress) before it counts; still nothing is written.
+    target.requests.clear()
+    hinted = await synced(source, target, manifest)
+    assert hinted.objects_copied == 0
+    assert dict(target.requests) == {"list": 1, "get": 1 + len(files)}
 
 
 async def test_changed_and_deleted_objects_are_the_only_ones_that_move() -> None:
