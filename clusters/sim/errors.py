@@ -100,3 +100,17 @@ def too_many_requests() -> ApiError:
 
 def unavailable() -> ApiError:
     return ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+
+
+def invalid_query(field: str, why: str) -> ApiError:
+    """A list or watch parameter the server refuses: `422 Invalid` naming the parameter."""
+    return ApiError(
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {field}: {why}',
+        {
+            "kind": "ListOptions",
+            "group": "meta.k8s.io",
+            "causes": [{"reason": "FieldValueForbidden", "message": why, "field": field}],
+        },
+    )

@@ -45,6 +45,18 @@ PODS = ResourceType(
 )
 SERVICES = ResourceType("", "v1", "services", "service", "Service", True, ("svc",), categories=("all",))
 EVENTS = ResourceType("", "v1", "events", "event", "Event", True, ("ev",), subresources=())
+CONFIG_MAPS = ResourceType("", "v1", "configmaps", "configmap", "ConfigMap", True, ("cm",), subresources=())
+LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True, (), subresources=())
+PRIORITY_CLASSES = ResourceType(
+    "scheduling.k8s.io",
+    "v1",
+    "priorityclasses",
+    "priorityclass",
+    "PriorityClass",
+    False,
+    ("pc",),
+    subresources=(),
+)
 BATCH_JOBS = ResourceType("batch", "v1", "jobs", "job", "Job", True, (), categories=("all",))
 VOLCANO_JOBS = ResourceType(
     "batch.volcano.sh", "v1alpha1", "jobs", "job", "Job", True, ("vcjob", "vj"), categories=("all",)
@@ -64,6 +76,9 @@ ALL: tuple[ResourceType, ...] = (
     PODS,
     SERVICES,
     EVENTS,
+    CONFIG_MAPS,
+    LEASES,
+    PRIORITY_CLASSES,
     BATCH_JOBS,
     VOLCANO_JOBS,
     POD_GROUPS,

@@ -2,9 +2,10 @@
 
 The string forms are the ones clients put in `labelSelector=` and `fieldSelector=`; the object form
 (`matchLabels` / `matchExpressions`) is what a Job's selector and a node affinity term carry. Field
-selectors accept any dotted path into the object, which covers the fields the real API server
-indexes (`metadata.name`, `metadata.namespace`, `spec.nodeName`, `status.phase`) and a few it does
-not: the simulator would rather answer than refuse.
+selectors are checked against the fields the real API server supports for each kind
+(`SELECTABLE_FIELDS`); any other field is refused with `400 BadRequest`, as a real server refuses it,
+and a field the object leaves unset compares as its default (`spec.unschedulable=false` matches a
+node that never set it).
 """
 
 from __future__ import annotations
@@ -208,15 +209,85 @@ def parse_field_selector(text: str | None) -> FieldSelector:
     return FieldSelector(tuple(reqs))
 
 
+# The fields a real API server lets a field selector name, beyond `metadata.name` and (for
+# namespaced kinds) `metadata.namespace`, keyed by (group, plural). Custom resources (Volcano's)
+# have none.
+SELECTABLE_FIELDS: dict[tuple[str, str], frozenset[str]] = {
+    ("", "pods"): frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+        }
+    ),
+    ("", "nodes"): frozenset({"spec.unschedulable"}),
+    ("", "namespaces"): frozenset({"status.phase"}),
+    ("", "events"): frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    ("", "secrets"): frozenset({"type"}),
+    ("batch", "jobs"): frozenset({"status.successful"}),
+}
+# Fields whose unset value the server compares as something other than "".
+_DEFAULTS: dict[tuple[str, ...], str] = {("spec", "unschedulable"): "false", ("spec", "hostNetwork"): "false"}
+# Fields that are not a plain path into the object.
+_DERIVED: dict[tuple[str, ...], tuple[str, ...]] = {("source",): ("source", "component")}
+
+
+def check_field_selector(
+    group: str, plural: str, namespaced: bool, builtin: bool, selector: FieldSelector
+) -> None:
+    """Refuse, as a real server does, a selector on a field the kind does not support."""
+    allowed = {"metadata.name"} | ({"metadata.namespace"} if namespaced or builtin else set())
+    allowed |= SELECTABLE_FIELDS.get((group, plural), frozenset())
+    for requirement in selector.requirements:
+        field = ".".join(requirement.path)
+        if field in allowed:
+            continue
+        if builtin:
+            raise bad_request(
+                f'Unable to find "{group}/{plural}" that match field selector "{field}": '
+                f"field label not supported: {field}"
+            )
+        known = ", ".join(f'"{f}"' for f in sorted(allowed))
+        raise bad_request(
+            f'Unable to find "{plural}.{group}" that match field selector "{field}": '
+            f'"{field}" is not a known field selector: only {known}'
+        )
+
+
 def field_value(obj: Obj, path: Sequence[str]) -> str:
-    """A field as the API server compares it: missing is "", booleans are "true"/"false"."""
+    """A field as the API server compares it: unset is its default, booleans are "true"/"false"."""
+    key = tuple(path)
+    if key == ("status", "podIPs"):
+        ips = (obj.get("status") or {}).get("podIPs") or []
+        return ",".join(str(ip.get("ip", "")) for ip in ips if isinstance(ip, dict))
+    path = _DERIVED.get(key, path)
     current: Any = obj
     for step in path:
         if not isinstance(current, dict):
             return ""
         current = current.get(step)
     if current is None:
-        return ""
+        return _DEFAULTS.get(key, "")
     if isinstance(current, bool):
         return "true" if current else "false"
     return str(current)

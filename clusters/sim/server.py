@@ -10,20 +10,33 @@ module. Every failure leaves as a `Status` object. A middleware applies the clus
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
 import structlog
+import yaml
 from aiohttp import web
 
-from clusters.sim import discovery, errors, faults, paging, patch, podstatus, table, watchstream
+from clusters.sim import (
+    apply,
+    discovery,
+    errors,
+    faults,
+    openapi,
+    patch,
+    podlog,
+    protobuf,
+    reads,
+    table,
+    validation,
+    watchstream,
+    writes,
+)
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
 from clusters.sim.faults import Faults, Unreachable
 from clusters.sim.resources import PODS, VOLCANO_GROUPS, ResourceType, lookup
-from clusters.sim.selectors import parse_field_selector, parse_label_selector
-from clusters.sim.store import Watcher, clone
+from clusters.sim.store import Watcher
 
 Obj = dict[str, Any]
 log = structlog.get_logger("gpufed.clusters.sim")
@@ -47,6 +60,8 @@ class ApiServer:
         self._faults = fault_switches
         self._token = token
         self._streams: dict[Watcher, web.Request] = {}
+        self._writes = writes.Writes(engine)
+        apply.set_clock(engine.clock.wall_s)
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.add_routes(faults.admin_routes(engine, fault_switches, describe))
         discovery_routes = [
@@ -63,6 +78,9 @@ class ApiServer:
         for path in ("/healthz", "/livez", "/readyz"):
             self.app.router.add_get(path, self._ok)
         self.app.router.add_get("/version", self._version)
+        self.app.router.add_get("/openapi/v3", self._openapi_root)
+        self.app.router.add_get("/openapi/v3/", self._openapi_root)
+        self.app.router.add_get("/openapi/v3/{path:.+}", self._openapi_document)
         self.app.router.add_get("/version/", self._version)
         self.app.router.add_route("*", "/api/v1/{tail:.+}", self._core)
         self.app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", self._grouped)
@@ -116,6 +134,24 @@ class ApiServer:
 
     async def _ok(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _openapi_root(self, _: web.Request) -> web.Response:
+        return _json_response(openapi.root(self._engine.config.volcano))
+
+    async def _openapi_document(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"].strip("/").split("/")
+        group, version = (
+            ("", path[1])
+            if path[:1] == ["api"] and len(path) == 2
+            else ((path[1], path[2]) if path[:1] == ["apis"] and len(path) == 3 else ("?", "?"))
+        )
+        body = openapi.document(group, version) if self._serves(group) else None
+        if body is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        response = web.Response(body=body, content_type="application/json")
+        # The URL carries the document's hash, so clients may cache it for good.
+        response.headers["Cache-Control"] = "public, immutable"
+        return response
 
     async def _version(self, _: web.Request) -> web.Response:
         return _json_response(discovery.version(self._engine.config.kubernetes_version))
@@ -172,6 +208,8 @@ class ApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = parts[1] if len(parts) > 1 else None
         sub = parts[2] if len(parts) > 2 else None
+        if rt is PODS and sub == "log" and name is not None and request.method == "GET":
+            return await podlog.serve(request, self._engine, namespace or "", name)
         if sub is not None and sub not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
@@ -187,11 +225,7 @@ class ApiServer:
             if method == "GET":
                 return self._respond(request, rt, self._engine.store.require(rt, ns, name))
             if method == "POST" and sub == "eviction":
-                faults.evict(self._engine, ns, name)
-                return _json_response(
-                    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-                    201,
-                )
+                return await self._evict(request, ns, name)
             if method == "PUT":
                 return await self._replace(request, rt, ns, name, sub)
             if method == "PATCH":
@@ -216,10 +250,9 @@ class ApiServer:
         self, request: web.Request, rt: ResourceType, namespace: str | None
     ) -> web.StreamResponse:
         query = request.query
-        labels = parse_label_selector(query.get("labelSelector"))
-        fields = parse_field_selector(query.get("fieldSelector"))
         store = self._engine.store
         if query.get("watch", "") in ("true", "1"):
+            labels, fields = reads.selectors(rt, query)
             return await watchstream.serve(
                 request,
                 store,
@@ -231,9 +264,7 @@ class ApiServer:
                 now_wall_s=self._engine.clock.wall_s,
                 streams=self._streams,
             )
-        items = store.list(rt, namespace, labels, fields)
-        list_meta: Obj = {"resourceVersion": str(store.resource_version)}
-        items = paging.page(items, list_meta, query.get("limit", ""), query.get("continue", ""))
+        items, list_meta = reads.list_objects(store, rt, namespace, query)
         if table.wants_table(request.headers.get("Accept", "")):
             include = query.get("includeObject", "Metadata")
             body = table.render(rt, items, self._engine.clock.wall_s(), list_meta["resourceVersion"], include)
@@ -247,126 +278,86 @@ class ApiServer:
         raw = await request.read()
         if not raw:
             return None
-        media = request.headers.get("Content-Type", "application/json")
-        # Protobuf and CBOR are refused with 415, on which client-go falls back to JSON.
+        media = request.headers.get("Content-Type", "application/json").split(";", 1)[0].strip()
+        if media == protobuf.MEDIA:
+            return protobuf.decode(raw)
+        # CBOR and anything else is refused with 415, on which client-go falls back to JSON.
         if "json" not in media and "yaml" not in media:
             raise errors.unsupported_media(media)
         try:
             return json.loads(raw)
         except ValueError as exc:
+            if "yaml" in media:
+                try:
+                    return yaml.safe_load(raw)
+                except yaml.YAMLError as yaml_exc:
+                    raise errors.bad_request(f"the request body is not YAML: {yaml_exc}") from yaml_exc
             raise errors.bad_request(f"the request body is not JSON: {exc}") from exc
+
+    def _query(self, request: web.Request) -> dict[str, str]:
+        """The query, with `fieldManager` defaulted from the User-Agent as a real server does."""
+        query = dict(request.query)
+        if "dryRun" in request.query:
+            values = request.query.getall("dryRun")
+            bad = [v for v in values if v != "All"]
+            query["dryRun"] = bad[0] if bad else "All"
+        query.setdefault(
+            "fieldManager", apply.manager_of(request.query, request.headers.get("User-Agent", ""))
+        )
+        validation.check_mode(query)
+        return query
 
     async def _create(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
         body = await self._body(request)
-        obj = self._engine.admission.admit_create(rt, body, namespace)
-        created = self._engine.store.create(rt, obj)
-        return self._respond(request, rt, created, 201)
-
-    def _merge_for_update(self, rt: ResourceType, old: Obj, new: Obj, sub: str | None) -> Obj:
-        """Status is written only through `/status`, and `/status` writes nothing else."""
-        if sub == "status":
-            merged = clone(old)
-            merged["status"] = new.get("status") or {}
-            merged["metadata"]["resourceVersion"] = (new.get("metadata") or {}).get("resourceVersion")
-            return merged
-        merged = clone(new)
-        m = merged.setdefault("metadata", {})
-        for kept in ("deletionTimestamp", "deletionGracePeriodSeconds"):
-            if kept in old["metadata"]:
-                m[kept] = old["metadata"][kept]
-        if rt.has_status:
-            merged["status"] = clone(old.get("status") or {})
-        if rt is PODS and podstatus.node_name(old):
-            merged.setdefault("spec", {})["nodeName"] = podstatus.node_name(old)
-        return merged
-
-    def _check_name(self, rt: ResourceType, body: Any, name: str) -> Obj:
-        if not isinstance(body, dict):
-            raise errors.bad_request("the body must be a JSON object")
-        body_name = (body.get("metadata") or {}).get("name")
-        if body_name and body_name != name:
-            raise errors.bad_request(
-                f"the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )
-        body.setdefault("metadata", {})["name"] = name
-        checked: Obj = body
-        return checked
+        query = self._query(request)
+        warnings = validation.check(rt, body, query)
+        created = self._writes.create(rt, namespace, body, query)
+        return self._warn(self._respond(request, rt, created, 201), warnings)
 
     async def _replace(
         self, request: web.Request, rt: ResourceType, ns: str, name: str, sub: str | None
     ) -> web.Response:
-        body = self._check_name(rt, await self._body(request), name)
-        store = self._engine.store
-        old = store.require(rt, ns, name)
-        merged = self._merge_for_update(rt, old, body, sub)
-        expect = (body.get("metadata") or {}).get("resourceVersion")
-        merged["metadata"]["namespace"] = old["metadata"].get("namespace")
-        return self._respond(request, rt, store.update(rt, merged, expect_rv=expect))
+        body = await self._body(request)
+        query = self._query(request)
+        warnings = validation.check(rt, body, query)
+        return self._warn(
+            self._respond(request, rt, self._writes.replace(rt, ns, name, sub, body, query)), warnings
+        )
 
     async def _patch(
         self, request: web.Request, rt: ResourceType, ns: str, name: str, sub: str | None
     ) -> web.Response:
         body = await self._body(request)
-        store = self._engine.store
-        old = store.require(rt, ns, name)
-        patched = patch.apply(request.headers.get("Content-Type", ""), old, body)
-        patched = self._check_name(rt, patched, name)
-        expect = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
-        merged = self._merge_for_update(rt, old, patched, sub)
-        merged["metadata"]["namespace"] = old["metadata"].get("namespace")
-        return self._respond(request, rt, store.update(rt, merged, expect_rv=expect))
+        query = self._query(request)
+        content_type = request.headers.get("Content-Type", "")
+        warnings = validation.check(rt, body, query, partial=not content_type.startswith(patch.APPLY))
+        obj, created = self._writes.patch(rt, ns, name, sub, content_type, body, query)
+        return self._warn(self._respond(request, rt, obj, 201 if created else 200), warnings)
 
-    async def _delete_options(self, request: web.Request) -> tuple[float | None, str | None, Obj]:
+    @staticmethod
+    def _warn(response: web.Response, warnings: list[str]) -> web.Response:
+        for text in warnings:
+            response.headers.add("Warning", f'299 - "{text}"')
+        return response
+
+    async def _evict(self, request: web.Request, ns: str, name: str) -> web.Response:
         body = await self._body(request)
-        options: Obj = body if isinstance(body, dict) else {}
-        query = request.query
-        grace = options.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
-        policy = options.get("propagationPolicy", query.get("propagationPolicy"))
-        orphan = options.get("orphanDependents", query.get("orphanDependents"))
-        if policy is None and orphan is not None:
-            policy = "Orphan" if str(orphan).lower() == "true" else "Background"
-        try:
-            grace_s = None if grace is None else float(grace)
-        except ValueError as exc:
-            raise errors.bad_request(f"invalid gracePeriodSeconds: {grace}") from exc
-        if policy not in (None, "Foreground", "Background", "Orphan"):
-            raise errors.bad_request(f"invalid propagationPolicy: {policy}")
-        return grace_s, policy, options.get("preconditions") or {}
+        options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
+        if writes.dry_run(request.query, options or {}):
+            self._engine.store.require(PODS, ns, name)
+        else:
+            grace = (options or {}).get("gracePeriodSeconds")
+            faults.evict(self._engine, ns, name, None if grace is None else float(grace))
+        return _json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+        )
 
     async def _delete(self, request: web.Request, rt: ResourceType, ns: str, name: str) -> web.Response:
-        grace_s, policy, preconditions = await self._delete_options(request)
-        current = self._engine.store.require(rt, ns, name)
-        for field in ("uid", "resourceVersion"):
-            wanted = preconditions.get(field)
-            if wanted and wanted != current["metadata"].get(field):
-                raise errors.conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: {field} in precondition: {wanted}, "
-                    f"{field} in object meta: {current['metadata'].get(field)}",
-                )
-        gone = self._engine.lifecycle.delete(rt, ns, name, grace_s=grace_s, propagation=policy)
-        return self._respond(request, rt, gone)
+        body = await self._body(request)
+        return self._respond(request, rt, self._writes.delete(rt, ns, name, body, request.query))
 
     async def _delete_collection(
         self, request: web.Request, rt: ResourceType, namespace: str | None
     ) -> web.Response:
-        grace_s, policy, _ = await self._delete_options(request)
-        labels = parse_label_selector(request.query.get("labelSelector"))
-        fields = parse_field_selector(request.query.get("fieldSelector"))
-        store = self._engine.store
-        removed = []
-        for obj in store.list(rt, namespace, labels, fields):
-            ns, name = obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
-            with contextlib.suppress(ApiError):
-                removed.append(
-                    self._engine.lifecycle.delete(rt, ns, name, grace_s=grace_s, propagation=policy)
-                )
-        return _json_response(
-            {
-                "kind": f"{rt.kind}List",
-                "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": str(store.resource_version)},
-                "items": removed,
-            }
-        )
+        body = await self._body(request)
+        return _json_response(self._writes.delete_collection(rt, namespace, body, request.query))

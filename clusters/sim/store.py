@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, cast
 
-from clusters.sim import errors
+from clusters.sim import canonical, errors
 from clusters.sim.clock import rfc3339
 from clusters.sim.resources import ALL, PODS, ResourceType
 from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSelector
@@ -217,6 +217,47 @@ class Store:
             return list(by_ns.get(namespace, {}).values())
         return [o for objs in by_ns.values() for o in objs.values()]
 
+    def list_at(
+        self,
+        rt: ResourceType,
+        rv: int,
+        namespace: str | None = None,
+        labels: LabelSelector = EVERYTHING,
+        fields: FieldSelector = NO_FIELDS,
+    ) -> builtins.list[Obj]:
+        """The list as it was at `rv` (`resourceVersionMatch=Exact`), rebuilt by undoing history.
+
+        Raises `ResourceGone` when `rv` is older than the history window, as a real server answers
+        410 for a compacted revision.
+        """
+        if rv < self._compacted_rv:
+            raise ResourceGone(f"too old resource version: {rv} ({self._compacted_rv})")
+        state = {key_of(o): o for o in self._candidates(rt, namespace, EVERYTHING, NO_FIELDS)}
+        for change in reversed(self._history):
+            if change.rv <= rv:
+                break
+            if change.rt is not rt:
+                continue
+            key = key_of(change.obj)
+            if change.type is EventType.ADDED:
+                state.pop(key, None)
+            elif change.old is not None:
+                state[key] = change.old
+        out = [
+            o
+            for k, o in state.items()
+            if (namespace is None or not rt.namespaced or k[0] == namespace)
+            and labels.matches(meta(o).get("labels"))
+            and fields.matches(o)
+        ]
+        out.sort(key=key_of)
+        return out
+
+    @property
+    def compacted_rv(self) -> int:
+        """The newest resourceVersion no longer in history: older resumes and exact lists get 410."""
+        return self._compacted_rv
+
     def count(self, rt: ResourceType) -> int:
         return sum(len(objs) for objs in self._objects[rt].values())
 
@@ -236,8 +277,12 @@ class Store:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, obj: Obj) -> Obj:
-        """Commit a new object, stamping uid, creationTimestamp and resourceVersion."""
+    def create(self, rt: ResourceType, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """Commit a new object, stamping uid, creationTimestamp and resourceVersion.
+
+        With `dry_run` the object is checked and stamped as it would be, but nothing is stored, no
+        resourceVersion is used and nobody is told (`dryRun=All`): its resourceVersion is empty.
+        """
         m = meta(obj)
         ns = (m.get("namespace") or "") if rt.namespaced else ""
         name = m.get("name") or ""
@@ -245,11 +290,18 @@ class Store:
             raise errors.already_exists(rt, name)
         if not rt.namespaced:
             m.pop("namespace", None)
-        m.setdefault("uid", str(uuid.uuid4()))
-        m.setdefault("creationTimestamp", rfc3339(self._wall_s()))
-        m.setdefault("generation", 1)
+        if not m.get("uid"):
+            m["uid"] = str(uuid.uuid4())
+        # The server stamps creation itself: a client's value (even `null`, which the python client
+        # and kubectl send for an unset time) is ignored.
+        m["creationTimestamp"] = rfc3339(self._wall_s())
+        m["generation"] = 1
+        canonical.quantities(rt, obj)
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
+        if dry_run:
+            m.pop("resourceVersion", None)
+            return obj
         rv = self._next_rv()
         m["resourceVersion"] = str(rv)
         self._objects[rt].setdefault(ns, {})[name] = obj
@@ -257,8 +309,14 @@ class Store:
         self._commit(Change(rv, EventType.ADDED, rt, obj, None))
         return obj
 
-    def update(self, rt: ResourceType, obj: Obj, *, expect_rv: str | None = None) -> Obj:
-        """Replace an object. An update that changes nothing is a no-op, as on a real server."""
+    def update(
+        self, rt: ResourceType, obj: Obj, *, expect_rv: str | None = None, dry_run: bool = False
+    ) -> Obj:
+        """Replace an object. An update that changes nothing is a no-op, as on a real server.
+
+        With `dry_run` the result is returned as it would be, keeping the current resourceVersion,
+        and nothing is stored or announced.
+        """
         ns, name = key_of(obj)
         ns = ns if rt.namespaced else ""
         old = self.get(rt, ns, name)
@@ -272,6 +330,7 @@ class Store:
                 "the object has been modified; please apply your changes to the latest version and try again",
             )
         m = meta(obj)
+        canonical.quantities(rt, obj)
         # Identity and bookkeeping fields belong to the server.
         for fixed in ("uid", "creationTimestamp", "namespace"):
             if fixed in old_meta:
@@ -287,6 +346,8 @@ class Store:
             m["generation"] = old_meta.get("generation", 1)
         if obj == old:
             return old
+        if dry_run:
+            return obj
         rv = self._next_rv()
         m["resourceVersion"] = str(rv)
         self._objects[rt][ns][name] = obj

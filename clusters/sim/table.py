@@ -14,11 +14,14 @@ from clusters.sim import podstatus
 from clusters.sim.clock import parse_rfc3339
 from clusters.sim.resources import (
     BATCH_JOBS,
+    CONFIG_MAPS,
     EVENTS,
+    LEASES,
     NAMESPACES,
     NODES,
     POD_GROUPS,
     PODS,
+    PRIORITY_CLASSES,
     SERVICES,
     VOLCANO_JOBS,
     ResourceType,
@@ -195,6 +198,19 @@ def _event(ev: Obj, now: float) -> list[Any]:
     ]
 
 
+def _config_map(cm: Obj, now: float) -> list[Any]:
+    data = len(cm.get("data") or {}) + len(cm.get("binaryData") or {})
+    return [cm["metadata"]["name"], data, _age(cm, now)]
+
+
+def _lease(lease: Obj, now: float) -> list[Any]:
+    return [lease["metadata"]["name"], (lease.get("spec") or {}).get("holderIdentity", ""), _age(lease, now)]
+
+
+def _priority_class(pc: Obj, now: float) -> list[Any]:
+    return [pc["metadata"]["name"], pc.get("value", 0), bool(pc.get("globalDefault", False)), _age(pc, now)]
+
+
 _NAME: Column = ("Name", "string", 0)
 _AGE: Column = ("Age", "string", 0)
 _PRINTERS: dict[ResourceType, tuple[list[Column], Callable[[Obj, float], list[Any]]]] = {
@@ -263,6 +279,12 @@ _PRINTERS: dict[ResourceType, tuple[list[Column], Callable[[Obj, float], list[An
         _podgroup,
     ),
     NAMESPACES: ([_NAME, ("Status", "string", 0), _AGE], _namespace),
+    CONFIG_MAPS: ([_NAME, ("Data", "integer", 0), _AGE], _config_map),
+    LEASES: ([_NAME, ("Holder", "string", 0), _AGE], _lease),
+    PRIORITY_CLASSES: (
+        [_NAME, ("Value", "integer", 0), ("Global-Default", "boolean", 0), _AGE],
+        _priority_class,
+    ),
     SERVICES: (
         [
             _NAME,

@@ -2,8 +2,9 @@
 
 This is what the python client's `Watch.stream` and `kubectl get -w` read. Events already queued
 are written together (one write for a burst), BOOKMARK events carry the store's resourceVersion
-when the watcher asked for them and has nothing pending, `timeoutSeconds` ends the stream cleanly,
-and a resume from before the history window answers `200` with one ERROR event holding a `410
+when the watcher asked for them and has nothing pending, a watch-list (`sendInitialEvents=true`)
+ends its initial events with the `k8s.io/initial-events-end` bookmark, `timeoutSeconds` ends the
+stream cleanly, and a resume from before the history window answers `200` with one ERROR event holding a `410
 Expired` Status, as a real API server does.
 """
 
@@ -16,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from clusters.sim import errors, table
+from clusters.sim import errors, reads, table
 from clusters.sim.resources import ResourceType
 from clusters.sim.selectors import FieldSelector, LabelSelector
-from clusters.sim.store import EventType, ResourceGone, Store, Watcher
+from clusters.sim.store import Change, EventType, ResourceGone, Store, Watcher
 
 Obj = dict[str, Any]
 # A real API server picks 30 to 60 minutes; one cap keeps abandoned sim watches from piling up.
@@ -45,11 +46,14 @@ async def serve(
 ) -> web.StreamResponse:
     query = request.query
     rv_text = query.get("resourceVersion", "")
+    initial_events = reads.check_watch(store, query)
     try:
-        since = None if rv_text in ("", "0") else int(rv_text)
+        since = None if rv_text in ("", "0") or initial_events else int(rv_text)
         timeout_s = float(query.get("timeoutSeconds", DEFAULT_TIMEOUT_S))
     except ValueError as exc:
         raise errors.bad_request(f"invalid watch parameter: {exc}") from exc
+    if query.get("sendInitialEvents") == "false" and since is None:
+        since = store.resource_version
     bookmarks = query.get("allowWatchBookmarks", "") in ("true", "1")
     as_table = table.wants_table(request.headers.get("Accept", ""))
     include = query.get("includeObject", "Metadata")
@@ -62,6 +66,18 @@ async def serve(
         await response.write(_line(EventType.ERROR.value, errors.gone(str(exc)).status()))
         await response.write_eof()
         return response
+    if initial_events:
+        # The watch-list protocol: the initial ADDED events end with a bookmark that says so.
+        end = {
+            "kind": rt.kind,
+            "apiVersion": rt.api_version,
+            "metadata": {
+                "resourceVersion": str(store.resource_version),
+                "annotations": {"k8s.io/initial-events-end": "true"},
+            },
+        }
+        marker = Change(store.resource_version, EventType.BOOKMARK, rt, end, None)
+        watcher.queue.put_nowait((EventType.BOOKMARK, marker))
     streams[watcher] = request
     await response.prepare(request)
     loop = asyncio.get_running_loop()
@@ -94,7 +110,7 @@ async def serve(
                     ended = True
                     break
                 event_type, change = entry
-                if as_table:
+                if as_table and event_type is not EventType.BOOKMARK:
                     rendered = table.render(
                         rt, [change.obj], now_wall_s(), str(change.rv), include, with_columns=first_table
                     )
