@@ -181,7 +181,10 @@ def _default_batch_job(_: Admission, job: Obj) -> None:
     spec.setdefault("backoffLimit", 6)
     spec.setdefault("suspend", False)
     spec.setdefault("manualSelector", False)
-    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    # With a pod failure policy a terminating pod is replaced only once it has failed.
+    spec.setdefault(
+        "podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed"
+    )
     if spec["completionMode"] == "Indexed" and spec["completions"] is None:
         raise errors.invalid(
             BATCH_JOBS, m["name"], "spec.completions", "Required value when completionMode is Indexed"

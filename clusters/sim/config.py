@@ -99,6 +99,14 @@ class SimClusterConfig:
     termination_s: float = 0.2
     # Simulated seconds between a pod's binding and its container running.
     container_start_s: float = 0.0
+    # The first container restart back-off (simulated seconds), doubled per restart up to 300 s.
+    restart_backoff_s: float = 10.0
+    # Simulated seconds between a running container's progress lines in its log.
+    log_interval_s: float = 5.0
+    # The most of one container run's log a read returns (the runtime's rotation).
+    log_cap_bytes: int = 1024 * 1024
+    # Ended pods kept before the pod garbage collector deletes the oldest.
+    terminated_pod_gc_threshold: int = 12500
     # Real seconds between BOOKMARK events on watches that asked for them.
     bookmark_interval_s: float = 5.0
     kubernetes_version: str = "v1.34.0"
@@ -177,6 +185,10 @@ def from_mapping(data: Any, at: str = "cluster") -> SimClusterConfig:
         history_limit=_number(_get(data, at, "historyLimit", default=20000), f"{at}.historyLimit", int),
         event_limit=_number(_get(data, at, "eventLimit", default=10000), f"{at}.eventLimit", int),
         volcano=bool(_get(data, at, "volcano", default=True)),
+        restart_backoff_s=_number(
+            _get(data, at, "restartBackoffS", default=10.0), f"{at}.restartBackoffS", float
+        ),
+        log_interval_s=_number(_get(data, at, "logIntervalS", default=5.0), f"{at}.logIntervalS", float),
     )
 
 

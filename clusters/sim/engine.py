@@ -24,6 +24,8 @@ from clusters.sim.jobs_batch import BatchJobController
 from clusters.sim.jobs_volcano import VolcanoJobController
 from clusters.sim.kubelet import Kubelet
 from clusters.sim.lifecycle import Lifecycle
+from clusters.sim.logs import LogBook
+from clusters.sim.podgc import PodGC
 from clusters.sim.resources import NAMESPACES, NODES, QUEUES
 from clusters.sim.scheduler import Scheduler
 from clusters.sim.selectors import LabelSelector, Op, Requirement
@@ -68,7 +70,10 @@ class Engine:
             self.recorder,
             default_duration_s=config.default_duration_s,
             container_start_s=config.container_start_s,
+            restart_backoff_s=config.restart_backoff_s,
         )
+        self.logs = LogBook(self.clock, interval_s=config.log_interval_s, cap_bytes=config.log_cap_bytes)
+        self.podgc = PodGC(self.store, self.clock, self.lifecycle, config.terminated_pod_gc_threshold)
         self.batch_jobs = BatchJobController(
             self.store, self.clock, self.timers, self.recorder, self.admission, self.lifecycle
         )
@@ -83,6 +88,8 @@ class Engine:
             self.volcano_jobs,
             self.scheduler,
             self.kubelet,
+            self.podgc,
+            self.logs,
         )
         self._wake = asyncio.Event()
         self.store.add_listener(self._observe)

@@ -20,6 +20,7 @@ from aiohttp import web
 from clusters.sim import podstatus
 from clusters.sim.clock import rfc3339
 from clusters.sim.engine import Engine
+from clusters.sim.eviction import evict_by_api, evict_by_kubelet
 from clusters.sim.resources import NODES, PODS
 from clusters.sim.store import clone
 
@@ -37,27 +38,9 @@ class Unreachable(StrEnum):
     THROTTLED = "429"
 
 
-def evict(engine: Engine, namespace: str, name: str) -> Obj:
-    """What the eviction API does to a pod: `DisruptionTarget` (EvictionByEvictionAPI), then it stops."""
-    pod = engine.store.require(PODS, namespace, name)
-    if podstatus.is_terminal(pod):
-        return pod
-    ended = engine.store.update(
-        PODS,
-        podstatus.disrupted(
-            pod,
-            engine.clock.wall_s(),
-            condition_reason="EvictionByEvictionAPI",
-            condition_message="Eviction API: evicting",
-            reason="Evicted",
-            message="The pod was evicted by the eviction API",
-        ),
-    )
-    engine.recorder.record(
-        PODS, ended, "Evicted", "Evicted by the eviction API", warning=True, component="kubelet"
-    )
-    engine.recorder.record(PODS, ended, "Killing", "Stopping container", component="kubelet")
-    return ended
+def evict(engine: Engine, namespace: str, name: str, grace_s: float | None = None) -> Obj:
+    """What the `pods/eviction` subresource does (see `eviction.py`): a graceful, marked delete."""
+    return evict_by_api(engine.store, engine.clock, engine.lifecycle, namespace, name, grace_s)
 
 
 def lose_node(engine: Engine, name: str) -> None:
@@ -148,7 +131,8 @@ class Faults:
         restore_node(self._engine, name)
 
     def evict_pod(self, namespace: str, name: str) -> None:
-        evict(self._engine, namespace, name)
+        """A node-pressure eviction by the kubelet: the pod ends Failed/Evicted and stays listed."""
+        evict_by_kubelet(self._engine.store, self._engine.clock, self._engine.recorder, namespace, name)
 
     def set_unreachable(self, mode: Unreachable | str = Unreachable.CLOSE) -> None:
         self.unreachable = Unreachable(mode)

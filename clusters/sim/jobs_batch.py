@@ -25,6 +25,9 @@ from clusters.sim.timers import Timers
 Obj = dict[str, Any]
 INDEX = "batch.kubernetes.io/job-completion-index"
 COMPONENT = "job-controller"
+# Held on every pod the controller creates until it has counted the pod's end, so that a pod
+# deleted (evicted, drained) before the controller looked is still counted, as on a real cluster.
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 
 @dataclass(slots=True)
@@ -37,6 +40,8 @@ class _Tally:
     active: set[str] = field(default_factory=set)
     done_indexes: set[int] = field(default_factory=set)
     deadline_armed: bool = False
+    # Pods deleted because the Job was suspended: their end counts neither way.
+    suspended: set[str] = field(default_factory=set)
 
 
 def owner_job(pod: Obj) -> str | None:
@@ -85,6 +90,7 @@ class BatchJobController:
         self._lifecycle = lifecycle
         self._dirty: set[Key] = set()
         self._tallies: dict[str, _Tally] = {}
+        self._pods_to_release: set[Key] = set()
 
     def observe(self, change: Change) -> None:
         if change.rt is BATCH_JOBS:
@@ -96,15 +102,33 @@ class BatchJobController:
             job = owner_job(change.obj)
             if job is not None:
                 self._dirty.add((change.obj["metadata"].get("namespace", ""), job))
+            if change.type is not EventType.DELETED and TRACKING_FINALIZER in (
+                change.obj["metadata"].get("finalizers") or []
+            ):
+                self._pods_to_release.add(key_of(change.obj))
 
     def sync(self) -> bool:
-        if not self._dirty:
+        if not self._dirty and not self._pods_to_release:
             return False
         dirty, self._dirty = self._dirty, set()
         for namespace, name in sorted(dirty):
             job = self._store.get(BATCH_JOBS, namespace, name)
             if job is not None and not podstatus.is_deleting(job):
                 self._sync_job(job)
+        # After the Jobs above have counted them: ended pods no longer need holding.
+        release, self._pods_to_release = self._pods_to_release, set()
+        for key in release:
+            pod = self._store.get(PODS, *key)
+            if pod is None:
+                continue
+            ended = podstatus.is_terminal(pod) or (
+                podstatus.is_deleting(pod) and podstatus.node_name(pod) is None
+            )
+            if ended:
+                freed = edit(pod)
+                kept = [f for f in freed["metadata"].get("finalizers") or [] if f != TRACKING_FINALIZER]
+                freed["metadata"]["finalizers"] = kept
+                self._store.update(PODS, freed)
         return True
 
     def _pods(self, job: Obj) -> list[Obj]:
@@ -123,16 +147,26 @@ class BatchJobController:
         new = edit(job, "status")
         status = new.setdefault("status", {})
         wall_s = self._clock.wall_s()
-        if spec.get("suspend"):
-            return
-        status.setdefault("startTime", rfc3339(wall_s))
         pods = self._pods(job)
         finished = _finished(job)
+        if finished is None and spec.get("suspend"):
+            self._suspend(new, pods, tally, wall_s)
+            return
+        if (podstatus.condition(job, "Suspended") or {}).get("status") == "True":
+            # Resumed: the deadline counts again from now, as the docs say of startTime.
+            podstatus.set_condition(new, "Suspended", "False", wall_s, "JobResumed", "Job resumed")
+            status["startTime"] = rfc3339(wall_s)
+            tally.deadline_armed = False
+            self._recorder.record(BATCH_JOBS, new, "Resumed", "Job resumed", component=COMPONENT)
+        status.setdefault("startTime", rfc3339(wall_s))
         failure: tuple[str, str] | None = None
         present: set[str] = set()
         for pod in pods:
             uid = pod["metadata"]["uid"]
             present.add(uid)
+            if uid in tally.suspended:
+                tally.active.discard(uid)
+                continue
             if podstatus.is_terminal(pod):
                 tally.active.discard(uid)
                 if uid in tally.counted:
@@ -168,7 +202,10 @@ class BatchJobController:
                 self._complete(new, active, wall_s)
                 active = []
             else:
-                active += self._create_missing(job, active, tally, completions, indexed)
+                holding = active
+                if spec.get("podReplacementPolicy") == "Failed":
+                    holding = [p for p in pods if not podstatus.is_terminal(p)]
+                active += self._create_missing(job, holding, tally, completions, indexed)
         elif active:
             self._terminate(job, active)
             active = []
@@ -183,6 +220,27 @@ class BatchJobController:
         if spec.get("completionMode") == "Indexed":
             status["completedIndexes"] = _compress(tally.done_indexes)
         self._store.update(BATCH_JOBS, new)
+
+    def _suspend(self, job: Obj, pods: list[Obj], tally: _Tally, wall_s: float) -> None:
+        """No pods while suspended: the running ones are deleted, and they count as nothing."""
+        status = job["status"]
+        active = [p for p in pods if not podstatus.is_terminal(p) and not podstatus.is_deleting(p)]
+        for pod in active:
+            tally.suspended.add(pod["metadata"]["uid"])
+            tally.active.discard(pod["metadata"]["uid"])
+        self._terminate(job, active)
+        if (podstatus.condition(job, "Suspended") or {}).get("status") != "True":
+            podstatus.set_condition(job, "Suspended", "True", wall_s, "JobSuspended", "Job suspended")
+            self._recorder.record(BATCH_JOBS, job, "Suspended", "Job suspended", component=COMPONENT)
+        status.pop("startTime", None)
+        status["active"] = 0
+        status["ready"] = 0
+        status["terminating"] = sum(
+            1 for p in pods if podstatus.is_deleting(p) and not podstatus.is_terminal(p)
+        ) + len(active)
+        status.setdefault("succeeded", tally.succeeded)
+        status.setdefault("failed", tally.failed)
+        self._store.update(BATCH_JOBS, job)
 
     def _count_failure(self, job: Obj, pod: Obj, tally: _Tally) -> tuple[str, str] | None:
         """Apply the pod failure policy to one failed pod; a (reason, message) fails the Job."""
@@ -297,6 +355,7 @@ class BatchJobController:
                 "namespace": m["namespace"],
                 "labels": labels,
                 "annotations": annotations,
+                "finalizers": [TRACKING_FINALIZER],
                 "ownerReferences": [
                     {
                         "apiVersion": "batch/v1",

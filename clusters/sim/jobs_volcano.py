@@ -6,6 +6,13 @@ and `TaskCompleted: CompleteJob` and reads `status.state.phase` and `reason`; us
 Completing/Completed, Aborting/Aborted, Terminating/Terminated, Restarting -> Pending, Failed.
 Without a matching policy a Job ends when all its pods have ended: Completed if at least
 `minAvailable` succeeded, Failed otherwise (Volcano's own rule).
+
+A pod of the Job deleted by anyone but the controller (a drain, `kubectl delete pod`, the pod
+garbage collector) is a `PodEvicted` event, as Volcano's pod-delete handler makes it: the Job's
+policy for it applies, and only without one is the pod recreated (Volcano's default SyncJob).
+Every kill (AbortJob, TerminateJob, CompleteJob, RestartJob) bumps `status.version`; RestartJob
+counts `retryCount` and fails the Job once it reaches `maxRetry`. Pods carry the version they were
+created at (`volcano.sh/job-version`), and events of pods from an older version are ignored.
 """
 
 from __future__ import annotations
@@ -41,6 +48,17 @@ _FINISHED = dict(_ENDINGS.values())
 @dataclass(slots=True)
 class _Seen:
     handled: set[str] = field(default_factory=set)
+    # Pods of the Job deleted by someone else, not yet acted on.
+    deleted: list[Obj] = field(default_factory=list)
+
+
+_VERSION = "volcano.sh/job-version"
+_RESTARTS = ("RestartJob", "RestartTask", "RestartPod")
+
+
+def _version_of(pod: Obj) -> int:
+    text = (pod["metadata"].get("annotations") or {}).get(_VERSION, "0")
+    return int(text) if str(text).isdigit() else 0
 
 
 def owner_vcjob(pod: Obj) -> str | None:
@@ -85,6 +103,8 @@ class VolcanoJobController:
         self._lifecycle = lifecycle
         self._dirty: set[Key] = set()
         self._seen: dict[str, _Seen] = {}
+        # Pods this controller deleted itself: their deletion is no eviction.
+        self._killed: set[str] = set()
 
     def observe(self, change: Change) -> None:
         if change.rt is VOLCANO_JOBS:
@@ -96,6 +116,17 @@ class VolcanoJobController:
             job = owner_vcjob(change.obj)
             if job is not None:
                 self._dirty.add((change.obj["metadata"].get("namespace", ""), job))
+                if change.type is EventType.DELETED:
+                    self._deleted(change.obj)
+
+    def _deleted(self, pod: Obj) -> None:
+        uid = pod["metadata"]["uid"]
+        if uid in self._killed:
+            self._killed.discard(uid)
+            return
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if ref.get("uid") in self._seen:
+                self._seen[ref["uid"]].deleted.append(pod)
 
     def sync(self) -> bool:
         if not self._dirty:
@@ -131,23 +162,24 @@ class VolcanoJobController:
         seen = self._seen.setdefault(m["uid"], _Seen())
         pods = self._pods(job)
         phase = status["state"]["phase"]
+        version = int(status.get("version", 0))
         if phase in _ACTIVE:
-            action, event, message = self._triggered(job, pods, seen)
+            action, event, message = self._triggered(job, pods, seen, version)
             if action in _ENDINGS:
                 self._set_phase(new, _ENDINGS[action][0], wall_s, event, message)
+                status["version"] = version + 1
                 self._event(new, action, f"Start to execute action {action}")
-            elif action in ("RestartJob", "RestartTask", "RestartPod"):
-                if int(status.get("retryCount", 0)) >= int(spec.get("maxRetry", 3)):
-                    self._set_phase(
-                        new, "Failed", wall_s, event, f"job has reached the maximum retries: {message}"
-                    )
-                else:
-                    self._set_phase(new, "Restarting", wall_s, event, message)
+            elif action in _RESTARTS:
+                status["retryCount"] = int(status.get("retryCount", 0)) + 1
+                status["version"] = version + 1
+                self._set_phase(new, "Restarting", wall_s, event, message)
                 self._event(new, action, f"Start to execute action {action}")
+        else:
+            seen.deleted.clear()
         phase = status["state"]["phase"]
         live = [p for p in pods if not podstatus.is_terminal(p)]
         if phase in _ACTIVE:
-            pods += self._create_missing(job, {p["metadata"]["name"] for p in pods})
+            pods += self._create_missing(new, {p["metadata"]["name"] for p in pods})
             self._progress(new, pods, wall_s)
         elif phase in ("Aborting", "Terminating", "Completing") or phase in _FINAL:
             self._kill(live)
@@ -161,9 +193,16 @@ class VolcanoJobController:
                 )
         elif phase == "Restarting":
             self._kill(pods, grace_s=0)
-            if not self._pods(job):
-                status["retryCount"] = int(status.get("retryCount", 0)) + 1
-                status["version"] = int(status.get("version", 0)) + 1
+            state = status["state"]
+            if int(status.get("retryCount", 0)) >= int(spec.get("maxRetry", 3)):
+                self._set_phase(
+                    new,
+                    "Failed",
+                    wall_s,
+                    state.get("reason"),
+                    f"job has reached the maximum retries: {state.get('message', '')}",
+                )
+            elif not self._pods(job):
                 seen.handled.clear()
                 self._set_phase(new, "Pending", wall_s)
                 pods = self._create_missing(new, set())
@@ -171,8 +210,20 @@ class VolcanoJobController:
         self._store.update(VOLCANO_JOBS, new)
         self._sync_pod_group(new)
 
-    def _triggered(self, job: Obj, pods: list[Obj], seen: _Seen) -> tuple[str | None, str, str]:
+    def _triggered(self, job: Obj, pods: list[Obj], seen: _Seen, version: int) -> tuple[str | None, str, str]:
+        deleted, seen.deleted = seen.deleted, []
+        for pod in deleted:
+            uid = pod["metadata"]["uid"]
+            if uid in seen.handled or _version_of(pod) < version:
+                continue
+            seen.handled.add(uid)
+            task = (pod["metadata"].get("annotations") or {}).get("volcano.sh/task-spec")
+            action = _action_for(job, task, "PodEvicted")
+            if action is not None:
+                return action, "PodEvicted", f"pod {pod['metadata']['name']} was deleted"
         for pod in pods:
+            if _version_of(pod) < version:
+                continue
             uid = pod["metadata"]["uid"]
             if podstatus.phase(pod) != "Failed" or uid in seen.handled:
                 continue
@@ -234,6 +285,7 @@ class VolcanoJobController:
 
     def _kill(self, pods: list[Obj], grace_s: float | None = None) -> None:
         for pod in pods:
+            self._killed.add(pod["metadata"]["uid"])
             if not podstatus.is_deleting(pod) or grace_s == 0:
                 self._lifecycle.delete(
                     PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], grace_s=grace_s

@@ -1,10 +1,20 @@
-"""The simulated kubelet: runs every bound pod for its simulated duration and reports how it ended.
+"""The simulated kubelet: admits each bound pod, runs its containers, restarts them, reports the end.
 
-A real kubelet would start the containers; this one reads two annotations instead
-(`sim.gpufed.io/duration` in seconds and `sim.gpufed.io/exit-code`), so tests and benchmarks decide
-how long each pod runs and how it ends. It enforces `activeDeadlineSeconds` from the pod's start
-time, as a real kubelet does, and writes the same status fields (phase, conditions, container
-states, start time, IPs) that clients read.
+A real kubelet would start the containers; this one reads annotations instead, so tests and
+benchmarks decide what each pod does (all its containers behave alike):
+
+| annotation | effect |
+|---|---|
+| `sim.gpufed.io/duration` | seconds each run lasts (default: the cluster's `default_duration_s`) |
+| `sim.gpufed.io/exit-code` | the exit code of each run; non-zero ends it with reason `Error` |
+| `sim.gpufed.io/oom-kill-after-s` | the run is OOM-killed after that many seconds (`OOMKilled`, 137) |
+| `sim.gpufed.io/fail-image-pull` | the image never pulls: `ErrImagePull`, then `ImagePullBackOff` |
+
+Like a real kubelet it refuses a pod whose requests do not fit what the node has left for the pods
+it already admitted (`OutOfnvidia.com/gpu`, phase Failed): that is what happens to a pod created
+with `spec.nodeName` set, which no scheduler checked. It restarts containers by `restartPolicy`
+(Always, or OnFailure after a non-zero exit) after an exponential back-off (CrashLoopBackOff), and
+enforces `activeDeadlineSeconds` from the pod's start time.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import itertools
 from typing import Any
 
 from clusters.sim import podstatus
+from clusters.sim.capacity import GPU, Demand, NodeInfo
 from clusters.sim.clock import Clock
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import NODES, PODS
@@ -23,10 +34,22 @@ from clusters.sim.timers import Timers
 Obj = dict[str, Any]
 DURATION_ANNOTATION = "sim.gpufed.io/duration"
 EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
+OOM_ANNOTATION = "sim.gpufed.io/oom-kill-after-s"
+IMAGE_PULL_ANNOTATION = "sim.gpufed.io/fail-image-pull"
+COMPONENT = "kubelet"
+# The kubelet's container restart back-off: 10 s, doubled per restart, capped at five minutes.
+_BACKOFF_CAP_S = 300.0
+# How long ErrImagePull shows before the kubelet reports ImagePullBackOff.
+_PULL_RETRY_S = 1.0
+
+
+def _annotation(pod: Obj, key: str) -> str | None:
+    value = (pod["metadata"].get("annotations") or {}).get(key)
+    return None if value is None else str(value)
 
 
 def duration_s(pod: Obj, default_s: float) -> float:
-    text = (pod["metadata"].get("annotations") or {}).get(DURATION_ANNOTATION)
+    text = _annotation(pod, DURATION_ANNOTATION)
     try:
         return max(0.0, float(text)) if text is not None else default_s
     except ValueError:
@@ -34,11 +57,36 @@ def duration_s(pod: Obj, default_s: float) -> float:
 
 
 def exit_code(pod: Obj) -> int:
-    text = (pod["metadata"].get("annotations") or {}).get(EXIT_CODE_ANNOTATION)
+    text = _annotation(pod, EXIT_CODE_ANNOTATION)
     try:
         return int(text) if text is not None else 0
     except ValueError:
         return 1
+
+
+def oom_after_s(pod: Obj) -> float | None:
+    text = _annotation(pod, OOM_ANNOTATION)
+    try:
+        return max(0.0, float(text)) if text is not None else None
+    except ValueError:
+        return None
+
+
+def image_pull_failure(pod: Obj) -> str | None:
+    """The pull error to report, or None when the image pulls."""
+    text = _annotation(pod, IMAGE_PULL_ANNOTATION)
+    if text is None or text.lower() in ("", "false", "0"):
+        return None
+    return "not found" if text.lower() in ("true", "1", "yes") else text
+
+
+def restarts(pod: Obj, code: int) -> bool:
+    policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+    return policy == "Always" or (policy == "OnFailure" and code != 0)
+
+
+def _field(container: Obj) -> str:
+    return f"spec.containers{{{container.get('name')}}}"
 
 
 class Kubelet:
@@ -51,6 +99,7 @@ class Kubelet:
         *,
         default_duration_s: float,
         container_start_s: float,
+        restart_backoff_s: float = 10.0,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -58,21 +107,33 @@ class Kubelet:
         self._recorder = recorder
         self._default_duration_s = default_duration_s
         self._container_start_s = container_start_s
+        self._restart_backoff_s = restart_backoff_s
         self._to_start: dict[Key, str] = {}
         self._starting: set[str] = set()
+        # Pods this kubelet admitted and that have not ended, per node: what admission counts.
+        self._admitted: dict[str, dict[str, Demand]] = {}
+        self._node_of: dict[str, str] = {}
         self._ips = itertools.count(2)
 
     def observe(self, change: Change) -> None:
-        if change.rt is not PODS or change.type is EventType.DELETED:
+        if change.rt is not PODS:
             return
         pod = change.obj
+        uid = pod["metadata"]["uid"]
+        if change.type is EventType.DELETED or podstatus.is_terminal(pod):
+            node = self._node_of.pop(uid, None)
+            if node is not None:
+                self._admitted.get(node, {}).pop(uid, None)
+            self._starting.discard(uid)
+            return
         if (
             podstatus.node_name(pod)
             and podstatus.phase(pod) == "Pending"
+            and not (pod.get("status") or {}).get("containerStatuses")
             and not podstatus.is_deleting(pod)
-            and pod["metadata"]["uid"] not in self._starting
+            and uid not in self._starting
         ):
-            self._to_start[key_of(pod)] = pod["metadata"]["uid"]
+            self._to_start[key_of(pod)] = uid
 
     def sync(self) -> bool:
         if not self._to_start:
@@ -87,37 +148,176 @@ class Kubelet:
         pod = self._store.get(PODS, *key)
         return pod if pod is not None and pod["metadata"]["uid"] == uid else None
 
+    def _refusal(self, pod: Obj, node: Obj) -> tuple[str, str] | None:
+        """Admission: the first resource the pod asks for beyond what the node has left."""
+        info = NodeInfo.of(node)
+        admitted = self._admitted.get(info.name, {})
+        demand = Demand.of(pod)
+        used = Demand(
+            gpu=sum(d.gpu for d in admitted.values()),
+            cpu_m=sum(d.cpu_m for d in admitted.values()),
+            memory_b=sum(d.memory_b for d in admitted.values()),
+        )
+        checks = (
+            (GPU, demand.gpu, used.gpu, info.gpu, ""),
+            ("cpu", demand.cpu_m, used.cpu_m, info.cpu_m, "m"),
+            ("memory", demand.memory_b, used.memory_b, info.memory_b, ""),
+            ("pods", 1, len(admitted), info.pods, ""),
+        )
+        for resource, requested, in_use, capacity, unit in checks:
+            if requested and in_use + requested > capacity:
+                return (
+                    f"OutOf{resource}",
+                    f"Node didn't have enough resource: {resource}, requested: {requested}{unit}, "
+                    f"used: {in_use}{unit}, capacity: {capacity}{unit}",
+                )
+        return None
+
     def _start(self, key: Key, uid: str) -> None:
-        self._starting.discard(uid)
         pod = self._current(key, uid)
         if pod is None or podstatus.phase(pod) != "Pending" or podstatus.is_deleting(pod):
+            self._starting.discard(uid)
             return
         node_name = podstatus.node_name(pod) or ""
         node = self._store.get(NODES, "", node_name)
+        if node is None:
+            # No kubelet serves a node that does not exist; the pod garbage collector removes it.
+            self._starting.discard(uid)
+            return
+        refusal = self._refusal(pod, node)
+        if refusal is not None:
+            reason, message = refusal
+            self._starting.discard(uid)
+            ended = self._store.update(
+                PODS, podstatus.rejected(pod, self._clock.wall_s(), reason, f"Pod was rejected: {message}")
+            )
+            self._recorder.record(PODS, ended, reason, message, warning=True, component=COMPONENT)
+            return
+        self._admitted.setdefault(node_name, {})[uid] = Demand.of(pod)
+        self._node_of[uid] = node_name
         host_ip = _host_ip(node)
         n = next(self._ips)
         pod_ip = f"10.244.{(n >> 8) & 255}.{n & 255}"
-        started = self._store.update(PODS, podstatus.running(pod, self._clock.wall_s(), host_ip, pod_ip))
-        for c in podstatus.containers(started):
-            self._recorder.record(
-                PODS,
-                started,
-                "Started",
-                f"Started container {c.get('name')}",
-                component="kubelet",
-                field_path=f"spec.containers{{{c.get('name')}}}",
-            )
         now = self._clock.now_s()
-        self._timers.at(now + duration_s(started, self._default_duration_s), lambda: self._finish(key, uid))
-        deadline = (started.get("spec") or {}).get("activeDeadlineSeconds")
+        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
         if deadline is not None:
             self._timers.at(now + float(deadline), lambda: self._deadline(key, uid))
-
-    def _finish(self, key: Key, uid: str) -> None:
-        pod = self._current(key, uid)
-        if pod is None or podstatus.phase(pod) != "Running":
+        pull_error = image_pull_failure(pod)
+        if pull_error is not None:
+            self._pull_failed(pod, host_ip, pod_ip, pull_error)
             return
-        self._store.update(PODS, podstatus.terminated(pod, self._clock.wall_s(), exit_code=exit_code(pod)))
+        started = self._store.update(PODS, podstatus.running(pod, self._clock.wall_s(), host_ip, pod_ip))
+        self._started(started)
+
+    def _pull_failed(self, pod: Obj, host_ip: str, pod_ip: str, error: str) -> None:
+        key, uid = key_of(pod), pod["metadata"]["uid"]
+        image = podstatus.containers(pod)[0].get("image", "")
+        message = f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": {error}'
+        waiting = self._store.update(
+            PODS, podstatus.waiting(pod, self._clock.wall_s(), host_ip, pod_ip, "ErrImagePull", message)
+        )
+        for c in podstatus.containers(pod):
+            image = c.get("image", "")
+            rec = functools.partial(
+                self._recorder.record, PODS, waiting, component=COMPONENT, field_path=_field(c)
+            )
+            rec("Pulling", f'Pulling image "{image}"')
+            rec("Failed", f'Failed to pull image "{image}": {message}', warning=True)
+            rec("Failed", "Error: ErrImagePull", warning=True)
+
+        def back_off() -> None:
+            current = self._current(key, uid)
+            if current is None or podstatus.phase(current) != "Pending" or podstatus.is_deleting(current):
+                return
+            new = podstatus.waiting(current, self._clock.wall_s(), host_ip, pod_ip, "ImagePullBackOff", "")
+            for cs, c in zip(new["status"]["containerStatuses"], podstatus.containers(new), strict=True):
+                cs["state"]["waiting"]["message"] = f'Back-off pulling image "{c.get("image", "")}"'
+            backing = self._store.update(PODS, new)
+            for c in podstatus.containers(backing):
+                rec = functools.partial(
+                    self._recorder.record, PODS, backing, component=COMPONENT, field_path=_field(c)
+                )
+                rec("BackOff", f'Back-off pulling image "{c.get("image", "")}"')
+                rec("Failed", "Error: ImagePullBackOff", warning=True)
+
+        self._timers.after(_PULL_RETRY_S, back_off)
+
+    def _started(self, pod: Obj) -> None:
+        """Record the run's start and arm its end."""
+        for c in podstatus.containers(pod):
+            rec = functools.partial(
+                self._recorder.record, PODS, pod, component=COMPONENT, field_path=_field(c)
+            )
+            # Pulled and Created are left out: a benchmark's event budget goes to what clients read.
+            rec("Started", f"Started container {c.get('name')}")
+        run_s = duration_s(pod, self._default_duration_s)
+        oom_s = oom_after_s(pod)
+        oom = oom_s is not None and oom_s < run_s
+        key, uid = key_of(pod), pod["metadata"]["uid"]
+        run = podstatus.restart_count(pod)
+        self._timers.after(
+            oom_s if oom and oom_s is not None else run_s, lambda: self._finish(key, uid, run, oom)
+        )
+
+    def _finish(self, key: Key, uid: str, run: int, oom: bool) -> None:
+        pod = self._current(key, uid)
+        if pod is None or podstatus.phase(pod) != "Running" or podstatus.restart_count(pod) != run:
+            return
+        if not (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("running"):
+            return
+        wall_s = self._clock.wall_s()
+        code = 137 if oom else exit_code(pod)
+        reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+        if oom:
+            self._oom_event(pod)
+        if restarts(pod, code) and not podstatus.is_deleting(pod):
+            backoff_s = min(_BACKOFF_CAP_S, self._restart_backoff_s * 2**run)
+            crashed = self._store.update(
+                PODS, podstatus.crashed(pod, wall_s, exit_code=code, reason=reason, backoff_s=backoff_s)
+            )
+            for c in podstatus.containers(crashed):
+                m = crashed["metadata"]
+                self._recorder.record(
+                    PODS,
+                    crashed,
+                    "BackOff",
+                    f"Back-off restarting failed container {c.get('name')} in pod "
+                    f"{m['name']}_{m.get('namespace')}({m.get('uid')})",
+                    warning=True,
+                    component=COMPONENT,
+                    field_path=_field(c),
+                )
+            self._timers.after(backoff_s, lambda: self._restart(key, uid, run))
+            return
+        self._store.update(
+            PODS,
+            podstatus.terminated(pod, wall_s, exit_code=code, reason=None, container_reason=reason),
+        )
+
+    def _restart(self, key: Key, uid: str, run: int) -> None:
+        pod = self._current(key, uid)
+        if pod is None or podstatus.is_terminal(pod) or podstatus.is_deleting(pod):
+            return
+        if podstatus.restart_count(pod) != run:
+            return
+        self._started(self._store.update(PODS, podstatus.restarted(pod, self._clock.wall_s())))
+
+    def _oom_event(self, pod: Obj) -> None:
+        # The kernel's OOM kill is reported on the node, by node-problem-detector's kernel monitor.
+        node = self._store.get(NODES, "", podstatus.node_name(pod) or "")
+        if node is None:
+            return
+        m = pod["metadata"]
+        name = podstatus.containers(pod)[0].get("name", "")
+        self._recorder.record(
+            NODES,
+            node,
+            "OOMKilling",
+            f"Memory cgroup out of memory: Killed process in container {name} "
+            f"of pod {m.get('namespace')}/{m['name']}",
+            warning=True,
+            component="kernel-monitor",
+        )
 
     def _deadline(self, key: Key, uid: str) -> None:
         pod = self._current(key, uid)
@@ -130,7 +330,7 @@ class Kubelet:
                 pod, self._clock.wall_s(), exit_code=137, reason="DeadlineExceeded", message=message
             ),
         )
-        self._recorder.record(PODS, ended, "DeadlineExceeded", message, warning=True, component="kubelet")
+        self._recorder.record(PODS, ended, "DeadlineExceeded", message, warning=True, component=COMPONENT)
 
 
 def _host_ip(node: Obj | None) -> str:

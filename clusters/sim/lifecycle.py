@@ -38,6 +38,8 @@ class Lifecycle:
         # Owners deleted in the foreground, by uid, waiting for their last dependent to go.
         self._waiting: dict[str, tuple[ResourceType, str, str]] = {}
         self._ready: set[str] = set()
+        # Deleted, ended pods whose finalizers are gone, by uid: removed on the next sync.
+        self._reap: dict[str, tuple[str, str]] = {}
 
     def delete(
         self,
@@ -93,14 +95,19 @@ class Lifecycle:
         if grace_s is None:
             grace_s = float(pod.get("spec", {}).get("terminationGracePeriodSeconds", 30))
         running = podstatus.node_name(pod) is not None and not podstatus.is_terminal(pod)
-        if grace_s <= 0 or not running:
+        held = bool(m.get("finalizers"))
+        if (grace_s <= 0 or not running) and not held:
             return self._store.remove(PODS, m.get("namespace", ""), m["name"])
         if podstatus.is_deleting(pod):
             return pod
         marked = edit(pod)
-        marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s() + grace_s)
-        marked["metadata"]["deletionGracePeriodSeconds"] = int(grace_s)
+        wait_s = grace_s if running else 0.0
+        marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s() + wait_s)
+        marked["metadata"]["deletionGracePeriodSeconds"] = int(wait_s)
         marked = self._store.update(PODS, marked)
+        if not running:
+            # Already ended: it goes as soon as its finalizers are removed (see `observe`).
+            return marked
         for c in podstatus.containers(pod):
             self._recorder.record(
                 PODS,
@@ -115,7 +122,15 @@ class Lifecycle:
 
         def stopped() -> None:
             current = self._store.get(PODS, namespace, name)
-            if current is not None and current["metadata"]["uid"] == uid:
+            if current is None or current["metadata"]["uid"] != uid:
+                return
+            if not podstatus.is_terminal(current):
+                # The kubelet reports the killed containers before the pod object goes, so that
+                # controllers (the Job's failure policy) see how it ended.
+                current = self._store.update(
+                    PODS, podstatus.terminated(current, self._clock.wall_s(), exit_code=137)
+                )
+            if not current["metadata"].get("finalizers"):
                 self._store.remove(PODS, namespace, name)
 
         self._timers.after(min(grace_s, self._termination_s), stopped)
@@ -134,6 +149,16 @@ class Lifecycle:
         return self._store.remove(NAMESPACES, "", name)
 
     def observe(self, change: Change) -> None:
+        if change.rt is PODS and change.type is EventType.MODIFIED:
+            # A deleted pod that has ended goes once its last finalizer is removed, by whoever.
+            m = change.obj["metadata"]
+            if (
+                m.get("deletionTimestamp")
+                and not m.get("finalizers")
+                and (podstatus.is_terminal(change.obj) or podstatus.node_name(change.obj) is None)
+            ):
+                self._reap[m["uid"]] = (m.get("namespace", ""), m["name"])
+            return
         if change.type is not EventType.DELETED or not self._waiting:
             return
         for ref in change.obj["metadata"].get("ownerReferences") or []:
@@ -142,9 +167,14 @@ class Lifecycle:
                 self._ready.add(uid)
 
     def sync(self) -> bool:
-        """Remove foreground-deleted owners whose last dependent has gone."""
-        if not self._ready:
+        """Remove foreground-deleted owners whose last dependent has gone, and released pods."""
+        if not self._ready and not self._reap:
             return False
+        reap, self._reap = self._reap, {}
+        for uid, (namespace, name) in reap.items():
+            pod = self._store.get(PODS, namespace, name)
+            if pod is not None and pod["metadata"]["uid"] == uid:
+                self._store.remove(PODS, namespace, name)
         ready, self._ready = self._ready, set()
         for uid in ready:
             rt, namespace, name = self._waiting.pop(uid)

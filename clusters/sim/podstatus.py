@@ -68,22 +68,118 @@ def containers(pod: Obj) -> list[Obj]:
     return list(found)
 
 
-def _container_id(pod: Obj, name: str) -> str:
+def _container_id(pod: Obj, name: str, restart_count: int = 0) -> str:
     uid = str(pod["metadata"].get("uid", ""))
-    return f"containerd://{uid.replace('-', '')[:24]}{abs(hash(name)) % 10**8:08d}"
+    return f"containerd://{uid.replace('-', '')[:24]}{abs(hash(name)) % 10**8:08d}{restart_count:04d}"
+
+
+def restart_count(pod: Obj) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return int(statuses[0].get("restartCount") or 0)
+
+
+def _accepted(new: Obj, wall_s: float, host_ip: str, pod_ip: str) -> Obj:
+    """What a kubelet writes once it has admitted a pod, whatever its containers then do."""
+    status: Obj = new.setdefault("status", {})
+    status.setdefault("startTime", rfc3339(wall_s))
+    status["hostIP"] = host_ip
+    status["hostIPs"] = [{"ip": host_ip}]
+    status["podIP"] = pod_ip
+    status["podIPs"] = [{"ip": pod_ip}]
+    return status
+
+
+def _not_ready(new: Obj, wall_s: float) -> None:
+    names = " ".join(str(c.get("name", "")) for c in containers(new))
+    message = f"containers with unready status: [{names}]"
+    for kind in ("Ready", "ContainersReady"):
+        set_condition(new, kind, "False", wall_s, "ContainersNotReady", message)
+
+
+def waiting(pod: Obj, wall_s: float, host_ip: str, pod_ip: str, reason: str, message: str) -> Obj:
+    """Admitted, but the containers cannot start (an image that does not pull): phase Pending."""
+    new = edit(pod, "status")
+    status = _accepted(new, wall_s, host_ip, pod_ip)
+    status["phase"] = "Pending"
+    for kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled"):
+        set_condition(new, kind, "True", wall_s)
+    _not_ready(new, wall_s)
+    status["containerStatuses"] = [
+        {
+            "name": c.get("name", ""),
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": message}},
+            "lastState": {},
+        }
+        for c in containers(new)
+    ]
+    return new
+
+
+def rejected(pod: Obj, wall_s: float, reason: str, message: str) -> Obj:
+    """Refused by the kubelet's admission (`OutOfnvidia.com/gpu`): Failed before any container ran."""
+    new = edit(pod, "status")
+    status = new.setdefault("status", {})
+    status["phase"] = "Failed"
+    status["reason"] = reason
+    status["message"] = message
+    status.setdefault("startTime", rfc3339(wall_s))
+    return new
+
+
+def crashed(pod: Obj, wall_s: float, *, exit_code: int, reason: str, backoff_s: float) -> Obj:
+    """The containers exited and will be restarted: CrashLoopBackOff, the run kept in `lastState`."""
+    new = edit(pod, "status")
+    status = new.setdefault("status", {})
+    stamp = rfc3339(wall_s)
+    m = new["metadata"]
+    for cs in status.get("containerStatuses") or []:
+        running_since = ((cs.get("state") or {}).get("running") or {}).get("startedAt", stamp)
+        cs["lastState"] = {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": reason,
+                "startedAt": running_since,
+                "finishedAt": stamp,
+                "containerID": cs.get("containerID", ""),
+            }
+        }
+        message = (
+            f"back-off {int(backoff_s)}s restarting failed container={cs.get('name')} "
+            f"pod={m['name']}_{m.get('namespace', '')}({m.get('uid', '')})"
+        )
+        cs["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+        cs["ready"] = False
+        cs["started"] = False
+    _not_ready(new, wall_s)
+    return new
+
+
+def restarted(pod: Obj, wall_s: float) -> Obj:
+    """The back-off is over: the containers run again, one more restart counted."""
+    new = edit(pod, "status")
+    stamp = rfc3339(wall_s)
+    for cs in (new.get("status") or {}).get("containerStatuses") or []:
+        cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
+        cs["containerID"] = _container_id(new, cs.get("name", ""), cs["restartCount"])
+        cs["state"] = {"running": {"startedAt": stamp}}
+        cs["ready"] = True
+        cs["started"] = True
+    for kind in ("ContainersReady", "Ready"):
+        set_condition(new, kind, "True", wall_s)
+    return new
 
 
 def running(pod: Obj, wall_s: float, host_ip: str, pod_ip: str) -> Obj:
     """The pod with its containers started and Ready."""
     new = edit(pod, "status")
-    status = new.setdefault("status", {})
+    status = _accepted(new, wall_s, host_ip, pod_ip)
     stamp = rfc3339(wall_s)
     status["phase"] = "Running"
-    status.setdefault("startTime", stamp)
-    status["hostIP"] = host_ip
-    status["hostIPs"] = [{"ip": host_ip}]
-    status["podIP"] = pod_ip
-    status["podIPs"] = [{"ip": pod_ip}]
     for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"):
         set_condition(new, kind, "True", wall_s)
     status["containerStatuses"] = [
@@ -128,6 +224,12 @@ def terminated(
     ]
     for cs in statuses:
         previous = (cs.get("state") or {}).get("running") or {}
+        if not previous and (cs.get("state") or {}).get("waiting") and (cs.get("lastState") or {}):
+            # Ended between two runs (a crash loop stopped by deletion): the last run stays the record.
+            cs["state"] = cs["lastState"]
+            cs["ready"] = False
+            cs["started"] = False
+            continue
         state: Obj = {
             "exitCode": exit_code,
             "reason": container_reason or ("Completed" if exit_code == 0 else "Error"),

@@ -4,8 +4,9 @@ It keeps its own account of what each node has left (allocatable minus the reque
 that have not finished), updated from store changes, so a scheduling pass never lists pods.
 
 Pods are placed in units: the pods sharing a Volcano PodGroup (`scheduling.k8s.io/group-name`)
-are bound only when at least `minMember` of them fit at once, the pods of one `batch/v1` Job all
-together (as a cluster with a coscheduling plugin would), and any other pod on its own. Units that
+are bound only when at least `minMember` of them fit at once, and any other pod on its own, the
+way kube-scheduler places them: a `batch/v1` Job without a PodGroup starts its pods one by one,
+as far as capacity goes, whoever created it. Units that
 did not fit are tried again only when capacity may have appeared (a pod finished, a node changed),
 so a queue of thousands of unschedulable pods costs nothing while nothing changes.
 """
@@ -26,7 +27,7 @@ from clusters.sim.store import Change, EventType, Key, Store, edit, key_of
 
 Obj = dict[str, Any]
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
-# ("group", ns, podgroup) | ("job", ns, job uid) | ("pod", ns, name)
+# ("group", ns, podgroup) | ("pod", ns, name)
 UnitKey = tuple[str, str, str]
 
 
@@ -192,8 +193,6 @@ class Scheduler:
                 return
             min_member = int((group.get("spec") or {}).get("minMember") or 1)
             need = max(0, min_member - self._group_bound.get(unit, 0))
-        elif kind == "job":
-            need = len(pods)
         else:
             need = 1
         placed, reasons = self._place(pods, need)
@@ -350,9 +349,6 @@ def _unit_key(pod: Obj) -> UnitKey:
     group = (m.get("annotations") or {}).get(GROUP_ANNOTATION)
     if group:
         return ("group", namespace, group)
-    for ref in m.get("ownerReferences") or []:
-        if ref.get("kind") == "Job" and ref.get("apiVersion") == "batch/v1" and ref.get("controller"):
-            return ("job", namespace, str(ref.get("uid")))
     return ("pod", namespace, m["name"])
 
 

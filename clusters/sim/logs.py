@@ -1,0 +1,201 @@
+"""Container logs of the simulated kubelet: what each run printed, kept as a record, not as text.
+
+A real kubelet keeps each container's output (and the previous instance's, after a restart) on the
+node and serves it through `GET .../pods/{name}/log`. The simulated containers print a fixed shape
+(their command and image when they start, a progress line every `interval_s` simulated seconds, how
+they exited), so a run is stored as a few numbers and its lines are produced when read. That keeps
+memory flat however long a pod runs; a read still sees at most the last `cap_bytes` of a run, the
+way a runtime rotates a container's log file.
+
+The book follows pod status changes (a container state that turned `running`, `terminated`, or
+`waiting` after a crash), so every path that ends a container (its duration, an OOM kill, deletion,
+a lost node) writes the exit line without knowing about logs. Followers wait on an asyncio event
+that is set when a run ends; runs of a deleted pod are dropped, as the kubelet drops its logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from clusters.sim import podstatus
+from clusters.sim.clock import Clock
+from clusters.sim.resources import PODS
+from clusters.sim.store import Change, EventType
+
+Obj = dict[str, Any]
+# The runs a kubelet can show per container: the current one and the one before the last restart.
+_KEPT_RUNS = 2
+Line = tuple[float, str]
+
+
+@dataclass(slots=True)
+class Run:
+    """One container instance, from its start to its exit."""
+
+    index: int
+    started_wall_s: float
+    container: str
+    image: str
+    command: str
+    interval_s: float
+    ended_wall_s: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    ended: asyncio.Event | None = field(default=None, repr=False)
+
+    def _fixed(self) -> list[Line]:
+        attempt = f", restart {self.index}" if self.index else ""
+        return [
+            (
+                self.started_wall_s,
+                f'[sim] container "{self.container}" started (image {self.image}{attempt})',
+            ),
+            (self.started_wall_s, f"[sim] command: {self.command}"),
+        ]
+
+    def _progress(self, k: int) -> Line:
+        elapsed_s = k * self.interval_s
+        return self.started_wall_s + elapsed_s, f"[sim] progress: step {k}, {elapsed_s:g}s elapsed"
+
+    def _exit(self) -> Line:
+        assert self.ended_wall_s is not None
+        if self.reason == "OOMKilled":
+            text = f"[sim] killed: out of memory (OOMKilled, exit code {self.exit_code})"
+        else:
+            text = f"[sim] exited with code {self.exit_code} ({self.reason})"
+        return self.ended_wall_s, text
+
+    def lines(self, until_wall_s: float, cap_bytes: int) -> list[Line]:
+        """What the run has printed by `until_wall_s`, at most its last `cap_bytes`."""
+        end = until_wall_s if self.ended_wall_s is None else min(until_wall_s, self.ended_wall_s)
+        if end < self.started_wall_s:
+            return []
+        steps = self._steps(end)
+        tail: list[Line] = []
+        size = 0
+        if self.ended_wall_s is not None and until_wall_s >= self.ended_wall_s:
+            tail.append(self._exit())
+            size += len(tail[-1][1]) + 1
+        # Newest first, so that a long run costs only the lines that fit under the cap.
+        for k in range(steps, 0, -1):
+            line = self._progress(k)
+            size += len(line[1]) + 1
+            if size > cap_bytes:
+                return tail[::-1]
+            tail.append(line)
+        for line in reversed(self._fixed()):
+            size += len(line[1]) + 1
+            if size > cap_bytes:
+                break
+            tail.append(line)
+        return tail[::-1]
+
+    def count(self, until_wall_s: float) -> int:
+        """How many lines the run has printed by `until_wall_s`, whatever the cap keeps."""
+        end = until_wall_s if self.ended_wall_s is None else min(until_wall_s, self.ended_wall_s)
+        if end < self.started_wall_s:
+            return 0
+        exited = self.ended_wall_s is not None and until_wall_s >= self.ended_wall_s
+        return len(self._fixed()) + self._steps(end) + (1 if exited else 0)
+
+    def _steps(self, end_wall_s: float) -> int:
+        if self.interval_s <= 0:
+            return 0
+        steps = math.floor((end_wall_s - self.started_wall_s) / self.interval_s + 1e-9)
+        if self.ended_wall_s is not None and end_wall_s >= self.ended_wall_s:
+            # A progress line due at the very moment of the exit is not printed.
+            while steps > 0 and self._progress(steps)[0] >= self.ended_wall_s:
+                steps -= 1
+        return max(0, steps)
+
+    def next_line_wall_s(self, now_wall_s: float) -> float | None:
+        """When the next progress line is due, if the run is still going."""
+        if self.ended_wall_s is not None or self.interval_s <= 0:
+            return None
+        return self._progress(self._steps(max(now_wall_s, self.started_wall_s)) + 1)[0]
+
+    def wait_end(self) -> asyncio.Event:
+        if self.ended is None:
+            self.ended = asyncio.Event()
+            if self.ended_wall_s is not None:
+                self.ended.set()
+        return self.ended
+
+
+def _command(container: Obj) -> str:
+    words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
+    return " ".join(words) if words else "(the image's entrypoint)"
+
+
+def stamp(wall_s: float) -> str:
+    """RFC 3339 with nanoseconds, as the kubelet prefixes lines with `timestamps=true`."""
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+class LogBook:
+    def __init__(self, clock: Clock, *, interval_s: float, cap_bytes: int) -> None:
+        self._clock = clock
+        self.interval_s = interval_s
+        self.cap_bytes = cap_bytes
+        # (pod uid, container name) -> the runs kept, oldest first.
+        self._runs: dict[tuple[str, str], list[Run]] = {}
+        self._by_pod: dict[str, set[str]] = {}
+
+    def runs(self, pod_uid: str, container: str) -> list[Run]:
+        return list(self._runs.get((pod_uid, container), []))
+
+    def observe(self, change: Change) -> None:
+        if change.rt is not PODS:
+            return
+        pod = change.obj
+        uid = pod["metadata"]["uid"]
+        if change.type is EventType.DELETED:
+            for name in self._by_pod.pop(uid, set()):
+                for run in self._runs.pop((uid, name), []):
+                    self._end(run, 137, "Error")
+            return
+        specs = {c.get("name"): c for c in podstatus.containers(pod)}
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            self._follow(uid, cs, specs.get(cs.get("name")) or {})
+
+    def _follow(self, uid: str, cs: Obj, spec: Obj) -> None:
+        name = str(cs.get("name", ""))
+        index = int(cs.get("restartCount") or 0)
+        state = cs.get("state") or {}
+        runs = self._runs.get((uid, name))
+        current = runs[-1] if runs and runs[-1].index == index else None
+        if "running" in state and current is None:
+            run = Run(
+                index=index,
+                started_wall_s=self._clock.wall_s(),
+                container=name,
+                image=str(cs.get("image") or spec.get("image") or ""),
+                command=_command(spec),
+                interval_s=self.interval_s,
+            )
+            runs = self._runs.setdefault((uid, name), [])
+            runs.append(run)
+            del runs[:-_KEPT_RUNS]
+            self._by_pod.setdefault(uid, set()).add(name)
+            return
+        ended = state.get("terminated") or (
+            (cs.get("lastState") or {}).get("terminated") if "waiting" in state else None
+        )
+        if ended and current is not None and current.ended_wall_s is None:
+            self._end(current, int(ended.get("exitCode", 0)), str(ended.get("reason") or ""))
+
+    def _end(self, run: Run, exit_code: int, reason: str) -> None:
+        if run.ended_wall_s is not None:
+            return
+        run.ended_wall_s = self._clock.wall_s()
+        run.exit_code = exit_code
+        run.reason = reason
+        if run.ended is not None:
+            run.ended.set()
+
+    def sync(self) -> bool:
+        return False
