@@ -11,7 +11,40 @@ import grpc
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.manifest_text import wire_manifest
+from federation.manifest_text import MAX_MANIFEST_BYTES, wire_manifest
+
+
+class RefusedLocally(grpc.RpcError):
+    """A request the server would refuse, refused before it is sent: the same code and wording a
+    caller handles for the server's answer, without moving megabytes to get it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def check_manifest_size(manifest: str) -> None:
+    """Refuse a manifest (or a tenant document, read by the same loader) over the server's limit
+    here: a 50 MB file is not worth sending to learn that."""
+    if len(manifest) > MAX_MANIFEST_BYTES:
+        size = len(manifest)
+        raise RefusedLocally(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"manifest: is at least {size} bytes, over the limit of {MAX_MANIFEST_BYTES} (not sent)",
+        )
+    size = len(manifest.encode("utf-8", "surrogatepass"))
+    if size > MAX_MANIFEST_BYTES:
+        raise RefusedLocally(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"manifest: is {size} bytes, over the limit of {MAX_MANIFEST_BYTES} (not sent)",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +95,7 @@ class GpufedClient:
         return self._metadata
 
     def submit(self, manifest: str, *, idempotency_key: str = "") -> pb.SubmitJobResponse:
+        check_manifest_size(manifest)
         return self._jobs.SubmitJob(
             pb.SubmitJobRequest(manifest=wire_manifest(manifest), idempotency_key=idempotency_key),
             metadata=self._metadata,
@@ -145,6 +179,7 @@ class GpufedClient:
         return method(request, metadata=self._metadata, timeout=self._timeout_s)
 
     def set_tenant(self, document: str) -> pb.Tenant:
+        check_manifest_size(document)
         reply: pb.Tenant = self._call(self._admin.SetTenant, pb.SetTenantRequest(document=document))
         return reply
 

@@ -7,6 +7,7 @@ times its configured rate; the limit is a guard against floods, not an exact quo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -34,9 +35,22 @@ class SubmitRateLimiter:
         tokens = min(float(capacity), tokens + (now - last) * rate_per_s)
         if tokens < 1.0:
             self._buckets[tenant] = (tokens, now, rate_per_s, capacity)
-            wait_s = (1.0 - tokens) / rate_per_s
             raise RateLimited(
                 f"tenant {tenant} submits faster than its limit of {rate_per_s:g}/s (burst {capacity}); "
-                f"retry in {wait_s:.2f}s"
+                f"retry in {retry_after_s((1.0 - tokens) / rate_per_s):.2f}s"
             )
         self._buckets[tenant] = (tokens - 1.0, now, rate_per_s, capacity)
+
+    def refund(self, tenant: str) -> None:
+        """Give back the submission `admit` took for a call that created nothing (a retry of an
+        idempotency key already accepted): a retry is not a new submission."""
+        bucket = self._buckets.get(tenant)
+        if bucket is not None:
+            tokens, last, rate, capacity = bucket
+            self._buckets[tenant] = (min(float(capacity), tokens + 1.0), last, rate, capacity)
+
+
+def retry_after_s(wait_s: float) -> float:
+    """The wait a refusal tells, rounded up to the hundredth it is shown with: a client that waits
+    what it read is admitted (never 'retry in 0.00s', which a client would retry at once)."""
+    return max(0.01, math.ceil(wait_s * 100 - 1e-9) / 100)

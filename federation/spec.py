@@ -38,6 +38,7 @@ from federation.manifest_text import (
     shorten,
 )
 from federation.priorities import DEFAULT_PRIORITY_CLASS
+from federation.validate import unsafe_character
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
 MAX_TASKS = 16
@@ -150,6 +151,18 @@ def _string(value: object, path: str) -> str:
     return value
 
 
+def _free_text(value: object, path: str) -> str:
+    """A string a user writes freely (env values, command items, annotations), without the control
+    and bidirectional characters that would hide or disguise text in a terminal, a log or a pod spec."""
+    text = _string(value, path)
+    found = unsafe_character(text)
+    if found is not None:
+        raise InvalidSpec(
+            path, f"must not contain control or bidirectional characters: {found[1]} at character {found[0]}"
+        )
+    return text
+
+
 def _matching(value: object, path: str, pattern: re.Pattern[str], max_chars: int, rule: str) -> str:
     text = _string(value, path)
     if len(text) > max_chars or not pattern.fullmatch(text):
@@ -226,7 +239,7 @@ def _annotations(value: object, path: str) -> tuple[tuple[str, str], ...]:
     for key, item in annotations.items():
         at = key_path(path, key)
         _label_key(key, at)
-        _string(item, at)
+        _free_text(item, at)
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if size > MAX_ANNOTATIONS_BYTES:
         raise InvalidSpec(
@@ -259,7 +272,7 @@ def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
         if text in seen:
             raise InvalidSpec(name_at, f"duplicate variable {shorten(text)} (also at {seen[text]})")
         seen[text] = name_at
-        _string(item, value_at)
+        _free_text(item, value_at)
     return tuple((name, item) for name, item, _, _ in entries)
 
 
@@ -268,7 +281,7 @@ def _command(value: object, path: str) -> tuple[str, ...]:
         return ()
     items = _list(value, path, 0, MAX_COMMAND_ITEMS)
     for i, item in enumerate(items):
-        if len(_string(item, f"{path}[{i}]")) > MAX_COMMAND_ITEM_CHARS:
+        if len(_free_text(item, f"{path}[{i}]")) > MAX_COMMAND_ITEM_CHARS:
             raise InvalidSpec(
                 f"{path}[{i}]", f"must have at most {MAX_COMMAND_ITEM_CHARS} characters, got {len(item)}"
             )

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 from federation.errors import InvalidSpec
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# fullmatch, never `^...$` with match: `$` also matches before a final "\n", which let "alice\n" in.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+# Characters that change how text reads on a terminal or in a log without being visible: the
+# bidirectional controls (Trojan Source, CVE-2021-42574). Control characters (NUL, ESC, ...) are
+# caught by their category; tab and newlines stay allowed (a script, a certificate in an env value).
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+def unsafe_character(text: str) -> tuple[int, str] | None:
+    """The first control or bidirectional-control character in `text` (index, 'U+001B'), or None."""
+    for i, c in enumerate(text):
+        if c in _BIDI_CONTROLS or (unicodedata.category(c) == "Cc" and c not in _ALLOWED_CONTROLS):
+            return i, f"U+{ord(c):04X}"
+    return None
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -18,7 +35,7 @@ def shown(value: Any, limit: int = 80) -> str:
 
 def name_field(value: Any, field: str) -> str:
     """A DNS label, as Kubernetes names namespaces: tenants, users, clusters, stores."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidSpec(field, f"must be a DNS label (lowercase letters, digits, '-'), got {shown(value)}")
     return value
 

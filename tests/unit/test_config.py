@@ -6,11 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from federation.config import parse_config
 from federation.embedded import default_config_path
 from federation.errors import InvalidSpec
 from federation.members import MemberClusters, kubernetes_config
+from federation.validate import name_field
 from placement.model import CapacityKind, GpuType
 
 
@@ -125,3 +127,16 @@ def test_a_record_with_a_backend_no_server_can_drive_is_refused_by_name() -> Non
     sim = parse_config(SIM_CLUSTER).clusters[0]
     with pytest.raises(ValueError, match=r"onprem.*'sim' cannot be served"):
         MemberClusters.build([sim], state_dir=None)
+
+
+@pytest.mark.parametrize("value", ["alice\n", "alice\r\n", "\nalice", "alice\x00", " alice", "nlp\n"])
+def test_a_name_with_a_trailing_newline_or_other_stray_character_is_refused(value: str) -> None:
+    """`^...$` with re.match accepts "alice\\n" (`$` matches before a final newline): names are
+    checked whole, so a user "alice\\n" can never sit beside "alice"."""
+    with pytest.raises(InvalidSpec, match="must be a DNS label"):
+        name_field(value, "name")
+    with pytest.raises(InvalidSpec) as caught:
+        parse_config(yaml.safe_dump({"tenants": [{"name": value}]}))
+    assert caught.value.field == "tenants[0].name"
+    clean = value.strip(" \r\n\x00")
+    assert name_field(clean, "name") == clean

@@ -6,7 +6,7 @@ import pytest
 
 from federation.config_policy import parse_tenant, tenant_document
 from federation.errors import InvalidSpec, RateLimited
-from federation.ratelimit import SubmitRateLimiter
+from federation.ratelimit import SubmitRateLimiter, retry_after_s
 
 
 class Clock:
@@ -66,3 +66,34 @@ def test_the_limit_round_trips_through_the_tenant_document() -> None:
     )
     assert (tenant.submit_rate_per_s, tenant.submit_burst) == (20.0, 40)
     assert parse_tenant(tenant_document(tenant), "tenant", priority_classes=()) == tenant
+
+
+def test_a_refusal_never_says_retry_in_no_time_and_waiting_what_it_says_is_enough() -> None:
+    clock = Clock()
+    limiter = SubmitRateLimiter(clock)
+    for _ in range(5):
+        limiter.admit("vision", 2.0, 5)
+    clock.now += 0.4999  # a hair short of the next token
+    with pytest.raises(RateLimited, match=r"retry in 0\.01s") as refused:
+        limiter.admit("vision", 2.0, 5)
+    said = float(str(refused.value).rsplit("retry in ", 1)[1].rstrip("s"))
+    clock.now += said
+    limiter.admit("vision", 2.0, 5)
+
+
+@pytest.mark.parametrize("wait_s", [1e-9, 0.004, 0.01, 0.0100001, 0.333, 2.0])
+def test_the_wait_told_is_rounded_up_to_what_it_shows(wait_s: float) -> None:
+    told = retry_after_s(wait_s)
+    assert told >= wait_s - 1e-12
+    assert told >= 0.01
+    assert f"{told:.2f}" != "0.00"
+
+
+def test_a_refunded_submission_is_available_again() -> None:
+    """A retry of an accepted idempotency key is admitted, then refunded when it created nothing."""
+    limiter = SubmitRateLimiter(Clock())
+    limiter.admit("vision", 1.0, 1)
+    limiter.refund("vision")
+    limiter.admit("vision", 1.0, 1)
+    with pytest.raises(RateLimited):
+        limiter.admit("vision", 1.0, 1)

@@ -34,6 +34,7 @@ from placement.model import GpuType, GpuTypePolicy, TenantId
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLASSES = DEFAULT_PRIORITY_CLASSES.keys()
 DELETE = object()
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -716,16 +717,23 @@ ENV_NAMES = st.builds(
 )
 GPU_TYPES = joined(ALNUM, "-_.")
 IMAGES = st.text(LOWER_ALNUM + "./:_-", min_size=1, max_size=30)
+# Free text: any character but the control (tab and newlines aside) and bidirectional ones, which
+# the parser refuses (see test_control_and_bidi_characters_are_refused_in_free_text).
+FREE_TEXT = st.text(
+    st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters=sorted(BIDI))
+    | st.sampled_from("\t\n\r"),
+    max_size=30,
+)
 
 
 @st.composite
 def task_specs(draw: st.DrawFn, name: str) -> TaskSpec:
-    env = draw(st.dictionaries(ENV_NAMES, st.text(max_size=12), max_size=3))
+    env = draw(st.dictionaries(ENV_NAMES, FREE_TEXT, max_size=3))
     return TaskSpec(
         name=name,
         replicas=draw(st.integers(1, 8)),
         image=draw(IMAGES),
-        command=tuple(draw(st.lists(st.text(max_size=12), max_size=4))),
+        command=tuple(draw(st.lists(FREE_TEXT, max_size=4))),
         env=tuple(env.items()),
         gpus_per_replica=draw(st.integers(1, 16)),
     )
@@ -758,9 +766,7 @@ def job_specs(draw: st.DrawFn) -> TrainingJobSpec:
         dataset=dataset,
         deadline_s=None if deadline is None else deadline.timestamp(),
         labels=tuple(sorted(draw(st.dictionaries(LABEL_KEYS, LABEL_PART | st.just(""), max_size=4)).items())),
-        annotations=tuple(
-            sorted(draw(st.dictionaries(LABEL_KEYS, st.text(max_size=30), max_size=4)).items())
-        ),
+        annotations=tuple(sorted(draw(st.dictionaries(LABEL_KEYS, FREE_TEXT, max_size=4)).items())),
     )
 
 
@@ -770,3 +776,48 @@ def test_a_valid_spec_survives_render_and_parse(spec: TrainingJobSpec) -> None:
     again = parse(render_manifest(spec))
     assert again == spec
     assert manifest_digest(again) == manifest_digest(spec)
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\x1b[2J", "\u202e", "\u2066", "\x7f", "\x85"])
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("env", 'spec.tasks[0].env["TOKEN"]'),
+        ("command", "spec.tasks[0].command[1]"),
+        ("annotation", 'metadata.annotations["team.io/note"]'),
+    ],
+)
+def test_control_and_bidi_characters_are_refused_in_free_text(bad: str, where: str, field: str) -> None:
+    """NUL, ESC, DEL, C1 controls and bidi overrides would hide or disguise text in a terminal, a log
+    or a pod spec (Trojan Source); tab and newlines are ordinary in scripts and certificates."""
+
+    def manifest(text: str) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "gpufed.io/v1",
+                "kind": "TrainingJob",
+                "metadata": {
+                    "name": "t",
+                    "annotations": {"team.io/note": text if where == "annotation" else "x"},
+                },
+                "spec": {
+                    "gpuTypes": ["A100"],
+                    "tasks": [
+                        {
+                            "name": "w",
+                            "replicas": 1,
+                            "image": "img",
+                            "gpus": 1,
+                            "command": ["sh", text if where == "command" else "x"],
+                            "env": {"TOKEN": text if where == "env" else "x"},
+                        }
+                    ],
+                },
+            }
+        )
+
+    with pytest.raises(InvalidSpec) as error:
+        parse(manifest(f"ok{bad}ok"))
+    assert error.value.field == field
+    assert f"U+{ord(bad[0]):04X} at character 2" in str(error.value)
+    parse(manifest("a\tb\nc\r\nd"))
