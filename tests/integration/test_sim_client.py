@@ -361,17 +361,18 @@ def test_indexed_job_runs_to_complete(core: client.CoreV1Api, batch: client.Batc
     assert (job.status.succeeded, job.status.completed_indexes) == (2, "0-1")
 
 
-def test_job_gang_is_all_or_nothing(core: client.CoreV1Api, batch: client.BatchV1Api) -> None:
-    # Two A100 nodes of 8: a 3 x 8 gang cannot start even though two of its pods would fit.
+def test_job_without_podgroup_starts_pods_one_by_one(
+    core: client.CoreV1Api, batch: client.BatchV1Api
+) -> None:
+    # Two A100 nodes of 8: kube-scheduler places a 3 x 8 Job's pods one by one, so two run and one
+    # waits (only a PodGroup makes a gang; see test_sim_volcano_faults for that).
     batch.create_namespaced_job("default", an_indexed_job("big", 3, duration_s=60))
-    wait_for(lambda: all(p.status.conditions for p in core.list_namespaced_pod("default").items))
-    pods = core.list_namespaced_pod("default").items
-    assert len(pods) == 3
-    assert all(p.spec.node_name is None for p in pods)
-    batch.create_namespaced_job("default", an_indexed_job("fits", 2, duration_s=60))
     wait_for(
         lambda: len(core.list_namespaced_pod("default", field_selector="status.phase=Running").items) == 2
     )
+    waiting = [p for p in core.list_namespaced_pod("default").items if p.spec.node_name is None]
+    assert len(waiting) == 1
+    assert wait_for(lambda: core.read_namespaced_pod(waiting[0].metadata.name, "default").status.conditions)
 
 
 def test_failed_pod_fails_job_with_backoff_limit(core: client.CoreV1Api, batch: client.BatchV1Api) -> None:
@@ -424,13 +425,15 @@ def test_eviction_api_marks_pod_and_fails_job(core: client.CoreV1Api, batch: cli
         "default",
         {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod.metadata.name}},
     )
+    # An API eviction is a marked, graceful delete: DisruptionTarget, a deletionTimestamp, then gone.
     evicted = core.read_namespaced_pod(pod.metadata.name, "default")
-    assert (evicted.status.phase, evicted.status.reason) == ("Failed", "Evicted")
+    assert evicted.metadata.deletion_timestamp is not None
     assert (
         next(c for c in evicted.status.conditions if c.type == "DisruptionTarget").reason
         == "EvictionByEvictionAPI"
     )
     assert wait_for(lambda: job_condition(batch, "ev")) == ("Failed", "PodFailurePolicy")
+    wait_for(lambda: not core.list_namespaced_pod("default").items)
 
 
 def test_foreground_delete_of_job_removes_pods_first(
