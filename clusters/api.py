@@ -94,6 +94,13 @@ class GangStatus:
     # its inventory the moment it accepts the gang (the in-memory cluster). The federation holds
     # back the rest of a live gang's GPUs, which its cluster's inventory does not show yet.
     bound_gpus: int | None = None
+    # Pods of this attempt that still exist unfinished (pending, running, or stopping): the attempt
+    # is over on the cluster only once this is 0, however its gang object says it ended. Backends
+    # that model no pods (the in-memory cluster) report 0.
+    live_pods: int = 0
+    # The gang's own object is gone (a third party deleted it, perhaps with `--cascade=orphan`)
+    # while pods or other objects of the attempt are left; `cancel` removes what is left.
+    orphaned: bool = False
 
 
 class ClusterError(Exception):
@@ -131,7 +138,8 @@ class ClusterBackend(Protocol):
         ...
 
     async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
-        """Stop the gang (if it runs) and delete its objects. Cancelling a missing gang is fine."""
+        """Stop the gang (if it runs) and delete its objects, with every pod, service and pod group
+        of the attempt that outlived its gang object. Cancelling a missing gang is fine."""
         ...
 
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:

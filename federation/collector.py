@@ -3,8 +3,10 @@
 A gang outlives its purpose when its job moved on without it: the job was requeued as a new attempt
 while its cluster was unreachable (the old copy comes back with the cluster), a dispatch that timed
 out created the gang after all and the job went elsewhere, or the job finished long ago and its
-objects are only clutter. Deciding this is pure and kept apart from the reconciler that acts on it,
-so each rule has a test of its own.
+objects are only clutter. A gang whose object a third party deleted without its pods (`kubectl
+delete --cascade=orphan`) is reported by its pods (`GangStatus.orphaned`), and goes the same way: the
+backend's `cancel` deletes every pod, service and pod group of the attempt. Deciding this is pure
+and kept apart from the reconciler that acts on it, so each rule has a test of its own.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def _why_stale(
     why = _unneeded(cluster, attempt, job)
     if why is None:
         return None
-    if not gang.phase.is_final:
-        # Still holding GPUs that no attempt will use: remove it now.
+    if not gang.phase.is_final or gang.live_pods > 0:
+        # Still holding GPUs that no attempt will use (its pods may outlive a finished or deleted
+        # gang object): remove it now.
         return why
     # A finished gang holds no GPUs; keep it a while so that its pods' logs can still be read.
     ended_s = gang.finished_at_s if gang.finished_at_s is not None else _last_event_s(job)

@@ -110,6 +110,22 @@ class PreemptionOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchRefusal:
+    """A cluster refused (or did not take) this job's dispatch `count` times in a row.
+
+    Kept on the record, so that the backoff outlives a leader change and is fenced like every other
+    write; `federation.dispatch_backoff` decides with it. A dispatch that succeeds clears it.
+    """
+
+    cluster: ClusterName
+    count: int
+    first_at_s: float
+    last_at_s: float
+    retry_at_s: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: JobId
     tenant: TenantId
@@ -130,6 +146,8 @@ class JobRecord:
     events: tuple[PhaseEvent, ...] = ()
     # Set while the current attempt's gang is being evicted for another job; cleared on requeue.
     preemption: PreemptionOrder | None = None
+    # Clusters that refused this job's dispatch, each backing off (federation.dispatch_backoff).
+    refusals: tuple[DispatchRefusal, ...] = ()
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -285,6 +303,17 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
         },
         "message": job.message,
+        "refusals": [
+            {
+                "cluster": r.cluster,
+                "count": r.count,
+                "first_at_s": r.first_at_s,
+                "last_at_s": r.last_at_s,
+                "retry_at_s": r.retry_at_s,
+                "error": r.error,
+            }
+            for r in job.refusals
+        ],
         "events": [
             {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason}
             for e in job.events
@@ -316,6 +345,17 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         ),
         cancel_requested=bool(d["cancel_requested"]),
         preemption=_preemption_from_dict(d.get("preemption")),
+        refusals=tuple(
+            DispatchRefusal(
+                cluster=ClusterName(r["cluster"]),
+                count=int(r["count"]),
+                first_at_s=float(r["first_at_s"]),
+                last_at_s=float(r["last_at_s"]),
+                retry_at_s=float(r["retry_at_s"]),
+                error=str(r["error"]),
+            )
+            for r in d.get("refusals") or ()
+        ),
         message=d["message"],
         events=tuple(
             PhaseEvent(

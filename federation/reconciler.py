@@ -2,7 +2,9 @@
 
 Active transitions (decide and act), written by the dispatcher:
   ADMITTED -> DISPATCHED   the backend created the whole gang (idempotent by name)
-  ADMITTED -> QUEUED       the cluster refused the gang or did not answer: back to the queue
+  ADMITTED -> QUEUED       the cluster refused the gang or did not answer: back to the queue, and that
+                           cluster is not asked again for this job until its backoff has passed
+                           (federation.dispatch_backoff); no retry is charged
   ADMITTED -> STAGING      the job's dataset is not in its cluster's store: a background sync copies
                            it (federation.staging); then STAGING -> DISPATCHED, or FAILED / QUEUED
                            (by the job's restart policy) when the sync fails
@@ -18,8 +20,13 @@ Passive transitions (mirror what the cluster reports), written by the status rec
                                    not answered for longer than its grace period (a new attempt that
                                    uses up no retry: losing a cluster is not the job's fault)
 
+An attempt ends only once its pods are gone: a gang that ended, or whose object vanished, while
+pods of it still run holds the job where it is (and its ledger interval open) while
+`federation.leftovers` deletes them, so the next attempt never runs beside them.
+
 Clean-up: gangs that no current attempt needs (`federation.collector`) are cancelled on their
-clusters, so the copy left on a cluster that comes back after its jobs moved on is removed.
+clusters, with every pod, service and pod group of theirs, so the copy left on a cluster that comes
+back after its jobs moved on is removed, and so are pods orphaned by a third party.
 
 Every write is a compare-and-swap on the job's revision, fenced by the leader lease, so a server
 that lost leadership mid-tick commits nothing.
@@ -31,6 +38,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
@@ -44,9 +52,11 @@ from clusters.api import (
 )
 from federation.cache import JobCache
 from federation.collector import stale_gangs
+from federation.dispatch_backoff import ClusterRefusing, cleared, refused, refusing_clusters, wait_until_s
 from federation.jobs import JobRecord, Owner
 from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
 from federation.ledger import ledger_update
+from federation.leftovers import Leftovers, pods_outlive
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.staging import GateKind, Stager, gate_transition
@@ -122,6 +132,8 @@ class Reconciler:
         # which only makes a new leader wait a full grace period before it requeues anything.
         self._silent_since: dict[ClusterName, float] = {}
         self._evictions_sent: set[GangKey] = set()
+        self._leftovers = Leftovers(members, clock, CANCEL_GRACE_PERIOD_S)
+        self._refusing: dict[ClusterName, ClusterRefusing] = {}
 
     async def tick(self, fence: Fence | None) -> int:
         """One pass over every job that may need action; returns how many transitions were committed."""
@@ -134,6 +146,7 @@ class Reconciler:
         ]
         statuses = await self._members.statuses()
         lost = self._lost_clusters(statuses)
+        self._refusing = refusing_clusters((s.value for s in live), self._clock())
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
         async def one(stored: Stored[JobRecord]) -> bool:
@@ -218,7 +231,7 @@ class Reconciler:
             elif job.preemption is not None:
                 nxt = await self._preempt(job, cluster_statuses.get((job.job_id, job.attempt)))
             else:
-                nxt = self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
+                nxt = await self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
         else:
             return False
         if nxt is None:
@@ -239,6 +252,7 @@ class Reconciler:
         )
         if revision is None:
             return False
+        self._leftovers.forget((job.job_id, job.attempt))
         self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()
         log.info(
             "job_transitioned",
@@ -280,18 +294,38 @@ class Reconciler:
             gate = await self._staging.check(job)
             if gate.kind is not GateKind.READY:
                 return gate_transition(job, gate, now)
+        until_s, _ = wait_until_s(job, cluster, self._refusing.get(cluster))
+        if until_s > now:
+            # Backing off from a cluster that refused: no call, no write; explain says why.
+            return None
         try:
             await backend.dispatch(workload_for(job))
         except GangRejected as error:
-            return self._requeue(job, f"{cluster} refused the gang: {error}", now)
+            return self._refused(job, cluster, f"{cluster} refused the gang: {error}", now)
         except ClusterError as error:
-            return self._requeue(job, f"{cluster} did not take the gang: {error}", now)
+            return self._refused(job, cluster, f"{cluster} did not take the gang: {error}", now)
         return job.transition(
             JobPhase.DISPATCHED,
             by=Owner.DISPATCHER,
             at_s=now,
             reason=f"gang of {job.spec.replica_count} created on {cluster}",
+            refusals=cleared(job, cluster),
         )
+
+    def _refused(self, job: JobRecord, cluster: ClusterName, reason: str, now: float) -> JobRecord:
+        """Back to the queue, with the refusal on the record: that cluster backs off for this job."""
+        refusals = refused(job, cluster, reason, now)
+        entry = refusals[-1]
+        log.info(
+            "dispatch_refused",
+            job_id=job.job_id,
+            cluster=cluster,
+            refusals=entry.count,
+            retry_in_s=entry.retry_at_s - now,
+            error=reason,
+        )
+        nxt = self._requeue(job, reason, now)
+        return replace(nxt, refusals=refusals)
 
     @staticmethod
     def _requeue(job: JobRecord, reason: str, now: float) -> JobRecord:
@@ -309,11 +343,20 @@ class Reconciler:
             placement=None,
         )
 
-    def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+    async def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         now = self._clock()
+        if gang is not None and pods_outlive(gang):
+            # Over by its gang, but its pods still hold GPUs: remove them and wait for them to go.
+            assert job.placement is not None
+            await self._leftovers.remove(job.placement.cluster, gang)
+            return None
         if gang is None:
             return self._after_loss(
                 job, RestartAction.RESTART_JOB, "the gang disappeared from its cluster", now
+            )
+        if gang.orphaned:
+            return self._after_loss(
+                job, RestartAction.RESTART_JOB, "lost its gang object on the cluster (deleted)", now
             )
         match gang.phase:
             case GangPhase.PENDING:
@@ -344,7 +387,11 @@ class Reconciler:
         assert order is not None
         assert job.placement is not None
         if gang is not None and gang.phase is GangPhase.SUCCEEDED:
-            return self._mirror(job, gang)
+            return await self._mirror(job, gang)
+        if gang is not None and pods_outlive(gang):
+            # Evicted, but not gone yet: the next attempt must not start beside these pods.
+            await self._leftovers.remove(job.placement.cluster, gang)
+            return None
         if gang is None or gang.phase.is_final:
             return self._requeue_preempted(job, Owner.STATUS)
         key = (job.job_id, job.attempt)

@@ -44,6 +44,7 @@ from clusters.kubernetes.status import (
     GangObject,
     gang_object,
     gang_statuses,
+    orphan_statuses,
     summarize_pods,
 )
 from clusters.kubernetes.tombstones import Tombstones
@@ -220,8 +221,11 @@ class KubernetesBackend:
         _, pods = self._pods.snapshot()
         _, nodes = self._nodes.snapshot()
         positions = node_positions(pool_layout(nodes, self._prices))
-        found = gang_statuses(gangs.values(), summarize_pods(pods), now_s=now_s, positions=positions)
-        result = tuple(found) + self._tombstones.statuses(exclude=gangs.keys())
+        summaries = summarize_pods(pods)
+        found = gang_statuses(gangs.values(), summaries, now_s=now_s, positions=positions)
+        orphans = orphan_statuses(summaries, gangs.values(), self._tombstones.by_key())
+        reported = gangs.keys() | {(o.job_id, o.attempt) for o in orphans}
+        result = tuple(found) + tuple(orphans) + self._tombstones.statuses(exclude=reported)
         self._statuses_memo = (key, result)
         return result
 
@@ -316,6 +320,7 @@ class KubernetesBackend:
                 # Cancelling a gang that is gone is the collector's clean-up: nothing needs its record.
                 self._tombstones.forget(key)
             # An eviction sent again (a new leader does) must not erase how the gang ended.
+            await self._remove_leftovers(job_id, attempt, grace_period_s)
             return
         # Evicted and deleting already: the first reason stands, as on every backend. The delete is
         # still sent, since the API server keeps the shorter of two grace periods.
@@ -334,6 +339,25 @@ class KubernetesBackend:
             attempt=attempt,
             grace_period_s=grace_period_s,
             reason=evicted,
+        )
+
+    async def _remove_leftovers(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
+        """Delete what an attempt left behind its deleted gang object: pods (orphaned by
+        `--cascade=orphan`, or still stopping), and their Service and PodGroup of the same name."""
+        _, pods = self._pods.snapshot()
+        name = object_name(job_id, attempt)
+        left = [p for p in pods if (p.job_id, p.attempt) == (job_id, attempt) or p.gang == name]
+        if not left:
+            return
+        await self._writer.delete_leftovers(
+            [(p.namespace, p.name) for p in left], name, grace_period_s, volcano=bool(self._volcano)
+        )
+        self._log.info(
+            "gang_leftovers_deleted",
+            job_id=job_id,
+            attempt=attempt,
+            pods=len(left),
+            grace_period_s=grace_period_s,
         )
 
     async def _require_gang_cache(self) -> None:

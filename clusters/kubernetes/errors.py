@@ -23,6 +23,12 @@ class ApiRefused(ClusterError):
     retryable = False
 
 
+class NamespaceTerminating(ClusterError):
+    """The tenant's namespace is being deleted: objects cannot be created in it until it is gone."""
+
+    retryable = True
+
+
 # Answers that say "not now" rather than "not this": worth trying again, perhaps elsewhere.
 _RETRYABLE_STATUS = frozenset({0, 408, 425, 429})
 # Expired or refused credentials: a rotated token may fix it; the cluster is unusable meanwhile.
@@ -70,6 +76,10 @@ def translate(error: BaseException, cluster: str, doing: str, *, dispatching: bo
     message = f"cluster {cluster}: {doing}: HTTP {status} {reason_of(error)}".rstrip()
     if status in _RETRYABLE_STATUS or status >= 500:
         return ClusterUnreachable(message)
+    if status == 403 and "being terminated" in message:
+        # A real API server refuses new objects while a deleted namespace empties; it is made
+        # again once gone, so this is "not now", not "not this".
+        return NamespaceTerminating(f"{message} (the namespace is being deleted; it is recreated once gone)")
     if status in _AUTH_STATUS:
         return ClusterUnreachable(f"{message} (credentials refused)")
     if dispatching:

@@ -9,15 +9,15 @@ again, so a failed dispatch leaves nothing behind that garbage collection would 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from clusters.api import GangRejected, GangWorkload
+from clusters.api import ClusterError, GangRejected, GangWorkload
 from clusters.kubernetes import manifests
 from clusters.kubernetes.config import KubernetesClusterConfig
-from clusters.kubernetes.errors import ApiRefused
+from clusters.kubernetes.errors import ApiRefused, status_of
 from clusters.kubernetes.inventory import GANG_LABEL
 from clusters.kubernetes.kube import KubeApi
 from clusters.kubernetes.names import namespace_for, object_name, queue_for
@@ -70,9 +70,28 @@ class GangWriter:
         self._log = log.bind(cluster=config.name)
 
     async def create(self, gang: GangWorkload, selection: manifests.NodeSelection, *, volcano: bool) -> None:
+        """Create the gang in its tenant's namespace, making the namespace again if someone deleted it.
+
+        gpufed owns `<prefix><tenant>`: a namespace deleted under it (by a person, or a clean-up
+        script) is recreated, and the create tried once more, rather than refused for every job of
+        the tenant until a person notices.
+        """
+        namespace = await self._namespace(gang)
+        try:
+            await self._create(gang, selection, namespace, volcano=volcano)
+        except ClusterError as error:
+            # Whatever went wrong, ask for the namespace again next time: it costs one 409.
+            self._namespaces.discard(namespace)
+            if not _namespace_missing(error):
+                raise
+            self._log.warning("namespace_recreated", namespace=namespace, job_id=gang.job_id)
+            await self._create(gang, selection, await self._namespace(gang), volcano=volcano)
+
+    async def _create(
+        self, gang: GangWorkload, selection: manifests.NodeSelection, namespace: str, *, volcano: bool
+    ) -> None:
         settings = self._config.settings
         name = object_name(gang.job_id, gang.attempt)
-        namespace = await self._namespace(gang)
         doing = f"create gang {name} in {namespace}"
         if volcano:
             await self._queue(gang)
@@ -115,6 +134,29 @@ class GangWriter:
             await self._call(doing, self._api.delete_job, namespace, name, grace_period_s, ok=NOT_FOUND)
         # Volcano's svc plugin owns its Service, but a cluster without garbage collection keeps it.
         await self._call(f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND)
+
+    async def delete_leftovers(
+        self, pods: Sequence[tuple[str, str]], name: str, grace_period_s: float, *, volcano: bool
+    ) -> None:
+        """Delete an attempt's pods by name, then its Service and PodGroup (named like the gang) in
+        each of their namespaces: what is left when the gang object went without them."""
+        for namespace, pod in pods:
+            await self._call(
+                f"delete pod {pod} in {namespace}",
+                self._api.delete_pod,
+                namespace,
+                pod,
+                grace_period_s,
+                ok=NOT_FOUND,
+            )
+        for namespace in sorted({ns for ns, _ in pods}):
+            await self._call(
+                f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND
+            )
+            if volcano:
+                await self._call(
+                    f"delete pod group {name}", self._api.delete_pod_group, namespace, name, ok=NOT_FOUND
+                )
 
     async def mark_evicted(self, gang: GangObject, reason: str) -> None:
         """Say on the gang (annotation, then an Event) that gpufed evicted it, before deleting it."""
@@ -205,3 +247,9 @@ class GangWriter:
                 # leaves queues out): the job names its queue all the same; say so once.
                 self._log.warning("volcano_queues_not_served", queue=queue)
             self._queues.add(queue)
+
+
+def _namespace_missing(error: BaseException) -> bool:
+    """A create answered `404 namespaces "x" not found`: the namespace was deleted under us."""
+    cause = error.__cause__
+    return cause is not None and status_of(cause) == 404 and "namespace" in str(error).lower()

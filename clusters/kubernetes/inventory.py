@@ -22,6 +22,9 @@ Json = dict[str, Any]
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GANG_LABEL = "gpufed.io/gang"
+# The exact ids are annotations; labels carry them too, shortened where they had to be.
+JOB_ID_KEY = "gpufed.io/job-id"
+ATTEMPT_KEY = "gpufed.io/attempt"
 POOL_LABELS = (
     "gpufed.io/pool",
     "cloud.google.com/gke-nodepool",
@@ -106,10 +109,19 @@ class PodInfo:
     started_at_s: float | None
     # Why it failed, for a gang's status message ("DeadlineExceeded", "exit code 3", ...).
     failure: str
+    # The job and attempt the pod ran for, so that pods which outlived their gang object (deleted
+    # with `--cascade=orphan`, say) can still be told apart and removed.
+    job_id: str | None = None
+    attempt: int | None = None
 
     @property
     def holds_gpus(self) -> bool:
         return self.node_name is not None and self.phase not in FINISHED_PHASES
+
+    @property
+    def live(self) -> bool:
+        """Not finished: it may run, or still runs while it stops (a deleted pod until it is gone)."""
+        return self.phase not in FINISHED_PHASES
 
 
 def _schedulable(node: Json) -> bool:
@@ -201,7 +213,14 @@ def pod_info(pod: Json) -> PodInfo:
         gang=(meta.get("labels") or {}).get(GANG_LABEL),
         started_at_s=parse_time_s(status.get("startTime")),
         failure=_failure(status) if phase == "Failed" else "",
+        job_id=_id_of(meta, JOB_ID_KEY),
+        attempt=int(attempt) if (attempt := _id_of(meta, ATTEMPT_KEY)) and attempt.isdigit() else None,
     )
+
+
+def _id_of(meta: Json, key: str) -> str | None:
+    value = (meta.get("annotations") or {}).get(key) or (meta.get("labels") or {}).get(key)
+    return None if value is None else str(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -290,6 +290,35 @@ class KubeApi:
             )
         )
 
+    def delete_pod(self, namespace: str, name: str, grace_period_s: float) -> None:
+        _json(
+            self._core.delete_namespaced_pod(
+                name,
+                namespace,
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": max(0, round(grace_period_s)),
+                },
+                _content_type=JSON,
+                _preload_content=False,
+                _request_timeout=self._timeouts.pair(),
+            )
+        )
+
+    def delete_pod_group(self, namespace: str, name: str) -> None:
+        _json(
+            self._custom.delete_namespaced_custom_object(
+                VOLCANO_SCHEDULING_GROUP,
+                "v1beta1",
+                namespace,
+                "podgroups",
+                name,
+                _preload_content=False,
+                _request_timeout=self._timeouts.pair(),
+            )
+        )
+
     def list_services(self, label_selector: str) -> list[Json]:
         data = _json(
             self._core.list_service_for_all_namespaces(

@@ -142,7 +142,8 @@ def queue_manifest(tenant: TenantId) -> Json:
 
 
 def _pod_annotations(gang: GangWorkload) -> dict[str, str]:
-    annotations: dict[str, str] = {}
+    # The exact ids: a pod that outlives its gang object is still known by them.
+    annotations: dict[str, str] = {JOB_ID_KEY: gang.job_id, ATTEMPT_KEY: str(gang.attempt)}
     if gang.sim_duration_s is not None:
         annotations[SIM_DURATION_ANNOTATION] = repr(float(gang.sim_duration_s))
     if gang.sim_exit_code != 0 or gang.sim_duration_s is not None:

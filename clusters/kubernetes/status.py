@@ -9,19 +9,19 @@ outcomes, so that federation's restart policy sees "evicted" the same way from e
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from clusters.api import GangPhase, GangStatus
+from clusters.kubernetes.inventory import ATTEMPT_KEY as ATTEMPT_KEY
+from clusters.kubernetes.inventory import JOB_ID_KEY as JOB_ID_KEY
 from clusters.kubernetes.inventory import PodInfo, parse_time_s
 from placement.model import JobId, NodeShare, TenantId
 
 Json = dict[str, Any]
 
-JOB_ID_KEY = "gpufed.io/job-id"
 TENANT_KEY = "gpufed.io/tenant"
-ATTEMPT_KEY = "gpufed.io/attempt"
 REPLICAS_KEY = "gpufed.io/replicas"
 # Set on the gang just before `evict` deletes it, so the deletion reads as an eviction.
 EVICTED_KEY = "gpufed.io/evicted"
@@ -82,6 +82,10 @@ class PodSummary:
     # GPUs of the gang's pods that were ever bound to a node, finished or not: what the inventory
     # has accounted for (held, or held and given back), as opposed to pods still waiting for a node.
     placed_gpus: int = 0
+    # Pods not finished (pending, running, or stopping after a deletion).
+    live: int = 0
+    # The job and attempt the pods say they ran for (None for pods made before pods said so).
+    key: tuple[JobId, int] | None = None
 
 
 def _batch_outcome(status: Json) -> Outcome | None:
@@ -173,6 +177,10 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
             summary.gpus_by_node[pod.node_name] = summary.gpus_by_node.get(pod.node_name, 0) + pod.gpus
         if pod.node_name is not None:
             summary.placed_gpus += pod.gpus
+        if pod.live:
+            summary.live += 1
+        if summary.key is None and pod.job_id is not None and pod.attempt is not None:
+            summary.key = (JobId(pod.job_id), pod.attempt)
         if pod.phase == "Running":
             summary.running += 1
         elif pod.failure and not summary.failure:
@@ -222,6 +230,7 @@ def gang_status(
             message=message,
             started_at_s=started_at_s,
             finished_at_s=outcome.at_s if outcome.at_s is not None else now_s,
+            live_pods=pods.live,
         )
     running = gang.running_since_s is not None or (gang.replicas > 0 and pods.running >= gang.replicas)
     if running:
@@ -234,6 +243,7 @@ def gang_status(
             nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
             # The gang's object can say Running before the pod watch has shown its pods bound.
             bound_gpus=pods.placed_gpus,
+            live_pods=pods.live,
         )
     # Pods already bound hold their GPUs in the inventory; the federation holds back only the rest.
     return GangStatus(
@@ -243,6 +253,7 @@ def gang_status(
         message=f"{pods.running} of {gang.replicas} pods running",
         nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
         bound_gpus=pods.placed_gpus,
+        live_pods=pods.live,
     )
 
 
@@ -254,3 +265,37 @@ def gang_statuses(
     positions: Mapping[str, tuple[str, int]] | None = None,
 ) -> list[GangStatus]:
     return [gang_status(g, pods.get((g.namespace, g.name)), now_s=now_s, positions=positions) for g in gangs]
+
+
+def orphan_statuses(
+    pods: Mapping[tuple[str, str], PodSummary],
+    gangs: Iterable[GangObject],
+    ended: Mapping[tuple[JobId, int], GangStatus],
+) -> list[GangStatus]:
+    """Attempts whose pods outlived their gang object: deleted with `--cascade=orphan`, or deleted
+    in the background while the pods still stop. Reported `orphaned`, with the pods still live, so
+    that federation neither starts the next attempt beside them nor closes the ledger early.
+
+    `ended` holds what the backend remembers of gangs it stopped itself; their outcome stands.
+    """
+    have = {(g.namespace, g.name) for g in gangs}
+    found: list[GangStatus] = []
+    for where, summary in sorted(pods.items()):
+        if where in have or summary.key is None:
+            continue
+        known = ended.get(summary.key)
+        if known is not None:
+            found.append(replace(known, live_pods=summary.live, orphaned=True))
+            continue
+        found.append(
+            GangStatus(
+                job_id=summary.key[0],
+                attempt=summary.key[1],
+                phase=GangPhase.CANCELLED,
+                message=f"gang object deleted; {summary.live} of its pods left",
+                started_at_s=summary.started_at_s,
+                live_pods=summary.live,
+                orphaned=True,
+            )
+        )
+    return found

@@ -49,5 +49,8 @@ class Tombstones:
         for key in [k for k, t in self._items.items() if t.expires_at_s <= now_s]:
             self.forget(key)
 
+    def by_key(self) -> dict[Key, GangStatus]:
+        return {k: t.status for k, t in self._items.items()}
+
     def statuses(self, *, exclude: Collection[Key]) -> tuple[GangStatus, ...]:
         return tuple(t.status for k, t in self._items.items() if k not in exclude)
