@@ -63,6 +63,8 @@ def fields(obj: Any, parent: str = "", top: bool = True) -> set[Path]:
             continue
         if top and key == "metadata" and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in _SERVER_META}
+            if not value:
+                continue
         step = f"f:{key}"
         mkey = patch.merge_key(parent, key)
         if isinstance(value, dict) and value:
@@ -287,8 +289,13 @@ def _dotted(path: Path) -> str:
 
 
 def _conflict(rt: ResourceType, old: Obj, conflicts: list[tuple[str, Path]]) -> ApiError:
+    version = rt.api_version
     causes = [
-        {"reason": "FieldManagerConflict", "message": f'conflict with "{m}"', "field": _dotted(p)}
+        {
+            "reason": "FieldManagerConflict",
+            "message": f'conflict with "{m}" using {version}',
+            "field": _dotted(p),
+        }
         for m, p in sorted(conflicts)
     ]
     count = len(causes)

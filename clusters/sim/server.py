@@ -301,9 +301,10 @@ class ApiServer:
             values = request.query.getall("dryRun")
             bad = [v for v in values if v != "All"]
             query["dryRun"] = bad[0] if bad else "All"
-        query.setdefault(
-            "fieldManager", apply.manager_of(request.query, request.headers.get("User-Agent", ""))
-        )
+        if not request.headers.get("Content-Type", "").startswith(patch.APPLY):
+            # An apply must name its manager; any other write defaults it from the User-Agent.
+            user_agent = request.headers.get("User-Agent", "")
+            query.setdefault("fieldManager", apply.manager_of(request.query, user_agent))
         validation.check_mode(query)
         return query
 

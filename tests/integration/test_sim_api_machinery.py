@@ -1,0 +1,283 @@
+"""The simulated API server's API machinery, judged by the real kubectl and the official client.
+
+Each test is a behaviour the Kubernetes API documentation defines (dry run, canonical quantities,
+field selectors, resourceVersionMatch, server-side field validation, server-side apply, strategic
+merge by key, protobuf request bodies) and that a client can see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+
+KUBECTL = shutil.which(
+    "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+)
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[ThreadedSim]:
+    config = cluster(
+        "am", [SimPoolConfig.of("a100", "A100", node_count=2)], default_duration_s=60, history_limit=50
+    )
+    with ThreadedSim(config) as running:
+        running.kubeconfig(tmp_path / "kubeconfig")
+        yield running
+
+
+@pytest.fixture
+def api(sim: ThreadedSim) -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = sim.url
+    configuration.retries = False
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def run(
+    tmp_path: Path, *args: str, stdin: str | None = None, ok: bool = True
+) -> subprocess.CompletedProcess[str]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed")
+    kubeconfig = tmp_path / "kubeconfig"
+    result = subprocess.run(
+        [
+            KUBECTL,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--request-timeout=10s",
+            *args,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if ok:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def post_json(url: str, path: str, body: object, content_type: str = "application/json") -> object:
+    """A raw request, for bodies the python client's models would refuse to send."""
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": content_type}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+POD_YAML = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: {image}
+    resources:
+      limits:
+        nvidia.com/gpu: 4
+        cpu: 1000m
+        memory: 1024Mi
+"""
+
+
+def a_pod(name: str, gpus: object = "1") -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "train:1", "resources": {"limits": {GPU: gpus}}}],
+        },
+    }
+
+
+# -- dry run ----------------------------------------------------------------------------------
+
+
+def test_kubectl_server_dry_run_creates_and_cordons_nothing(
+    sim: ThreadedSim, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    out = run(
+        tmp_path,
+        "apply",
+        "--dry-run=server",
+        "--validate=false",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        stdin=POD_YAML.format(name="dry", image="busybox"),
+    )
+    shown = json.loads(out.stdout)
+    assert shown["metadata"]["uid"]
+    assert shown["metadata"].get("resourceVersion", "") == ""
+    assert shown["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"  # defaulted, as admitted
+    assert core.list_namespaced_pod("default").items == []
+    node = core.list_node().items[0].metadata.name
+    assert "(server dry run)" in run(tmp_path, "cordon", node, "--dry-run=server").stdout
+    assert not core.read_node(node).spec.unschedulable
+    # Nothing was written: no resourceVersion was used, so no watcher or controller heard of it.
+    assert core.list_namespaced_pod("default").metadata.resource_version == rv
+    assert sim.call(lambda: sim.cluster.engine.store.resource_version) == int(rv)
+
+
+def test_kubectl_diff_changes_nothing(core: client.CoreV1Api, tmp_path: Path) -> None:
+    run(tmp_path, "apply", "--validate=false", "-f", "-", stdin=POD_YAML.format(name="d", image="busybox"))
+    before = core.read_namespaced_pod("d", "default")
+    out = run(tmp_path, "diff", "-f", "-", stdin=POD_YAML.format(name="d", image="busybox:2"), ok=False)
+    assert out.returncode == 1, out.stderr  # 1: differences found
+    assert "+  - image: busybox:2" in out.stdout
+    after = core.read_namespaced_pod("d", "default")
+    assert after.spec.containers[0].image == "busybox"
+    assert after.metadata.resource_version == before.metadata.resource_version
+
+
+def test_client_dry_run_on_every_verb_stores_nothing(sim: ThreadedSim, core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_pod("default", a_pod("dr", "8"), dry_run="All")
+    assert created.metadata.uid
+    assert not created.metadata.resource_version
+    with pytest.raises(ApiException) as info:
+        core.read_namespaced_pod("dr", "default")
+    assert info.value.status == 404
+    core.create_namespaced_pod("default", a_pod("real"))
+    live = core.read_namespaced_pod("real", "default")
+    patched = core.patch_namespaced_pod(
+        "real", "default", {"metadata": {"labels": {"x": "y"}}}, dry_run="All"
+    )
+    assert patched.metadata.labels == {"x": "y"}
+    assert patched.metadata.resource_version == live.metadata.resource_version
+    live.metadata.labels = {"z": "1"}
+    replaced = core.replace_namespaced_pod("real", "default", live, dry_run="All")
+    assert replaced.metadata.labels == {"z": "1"}
+    core.delete_namespaced_pod("real", "default", dry_run="All")
+    now = core.read_namespaced_pod("real", "default")
+    assert now.metadata.labels is None
+    assert now.metadata.deletion_timestamp is None
+    # 8 GPUs were asked for in dry run: no node lost any.
+    assert all(p.metadata.name == "real" for p in core.list_pod_for_all_namespaces().items)
+    with pytest.raises(ApiException) as info:
+        core.create_namespaced_pod("default", a_pod("bad"), dry_run="Some")
+    assert info.value.status == 400
+
+
+# -- quantities -------------------------------------------------------------------------------
+
+
+def test_quantities_come_back_as_canonical_strings(sim: ThreadedSim, core: client.CoreV1Api) -> None:
+    body = a_pod("q", 4)
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000m", "memory": 1073741824, GPU: 4}  # type: ignore[index]
+    body["spec"]["containers"][0]["resources"]["limits"] = {GPU: 4, "memory": "1024Mi", "cpu": 0.5}  # type: ignore[index]
+    post_json(sim.url, "/api/v1/namespaces/default/pods", body)
+    # The python client's models refuse a number where a quantity belongs: listing works only if
+    # the server canonicalised.
+    pods = core.list_namespaced_pod("default").items
+    resources = pods[0].spec.containers[0].resources
+    assert resources.requests == {"cpu": "1", "memory": "1073741824", GPU: "4"}  # a number stays decimal
+    assert resources.limits == {GPU: "4", "memory": "1Gi", "cpu": "500m"}
+    events = list(watch.Watch().stream(core.list_namespaced_pod, "default", timeout_seconds=1))
+    assert events
+    assert events[0]["object"].spec.containers[0].resources.limits[GPU] == "4"
+    with pytest.raises(ApiException) as info:
+        core.create_namespaced_pod("default", a_pod("nonsense", "four"))
+    assert info.value.status == 400
+
+
+# -- field selectors, resourceVersionMatch, watch ------------------------------------------------
+
+
+def test_field_selectors_are_checked_and_defaults_match(core: client.CoreV1Api) -> None:
+    names = {n.metadata.name for n in core.list_node(field_selector="spec.unschedulable=false").items}
+    assert len(names) == 2
+    core.patch_node(sorted(names)[0], {"spec": {"unschedulable": True}})
+    assert [n.metadata.name for n in core.list_node(field_selector="spec.unschedulable=true").items] == [
+        sorted(names)[0]
+    ]
+    for selector in ("spec.unschedulabel=false", "metadata.labels.x=y", "status.phase=Ready"):
+        with pytest.raises(ApiException) as info:
+            core.list_node(field_selector=selector)
+        assert info.value.status == 400, selector
+    with pytest.raises(ApiException) as info:
+        core.list_namespaced_pod("default", field_selector="spec.nodename=x")
+    assert info.value.status == 400
+
+
+def test_resource_version_match_exact_lists_the_past(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", a_pod("first"))
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    core.create_namespaced_pod("default", a_pod("second"))
+    core.delete_namespaced_pod("first", "default", grace_period_seconds=0)
+    then = core.list_namespaced_pod("default", resource_version=rv, resource_version_match="Exact")
+    assert then.metadata.resource_version == rv
+    assert [p.metadata.name for p in then.items] == ["first"]
+    assert {p.metadata.name for p in core.list_namespaced_pod("default").items} == {"second"}
+    for i in range(40):  # history_limit is 50
+        core.create_namespaced_pod("default", a_pod(f"churn-{i}"))
+    with pytest.raises(ApiException) as info:
+        core.list_namespaced_pod("default", resource_version=rv, resource_version_match="Exact")
+    assert info.value.status == 410
+    with pytest.raises(ApiException) as info:
+        core.list_namespaced_pod("default", resource_version_match="Exact")
+    assert info.value.status == 422
+
+
+def test_list_and_watch_from_a_future_resource_version_are_504(core: client.CoreV1Api) -> None:
+    future = str(int(core.list_namespaced_pod("default").metadata.resource_version) + 1000)
+    for call in (
+        lambda: core.list_namespaced_pod(
+            "default", resource_version=future, resource_version_match="NotOlderThan"
+        ),
+        lambda: core.list_namespaced_pod("default", watch=True, resource_version=future, timeout_seconds=1),
+    ):
+        with pytest.raises(ApiException) as info:
+            call()
+        assert info.value.status == 504
+        assert "ResourceVersionTooLarge" in str(info.value.body)
+
+
+def test_watch_list_ends_initial_events_with_a_bookmark(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", a_pod("wl"))
+    response = core.list_namespaced_pod(
+        "default",
+        watch=True,
+        send_initial_events=True,
+        resource_version_match="NotOlderThan",
+        allow_watch_bookmarks=True,
+        timeout_seconds=1,
+        _preload_content=False,
+    )
+    events = [json.loads(line) for line in response.read().decode().splitlines() if line]
+    assert (events[0]["type"], events[0]["object"]["metadata"]["name"]) == ("ADDED", "wl")
+    assert events[1]["type"] == "BOOKMARK"
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_creation_timestamp_null_is_stamped_by_the_server(sim: ThreadedSim, core: client.CoreV1Api) -> None:
+    body = a_pod("ts")
+    body["metadata"]["creationTimestamp"] = None  # type: ignore[index]
+    post_json(sim.url, "/api/v1/namespaces/default/pods", body)
+    assert core.read_namespaced_pod("ts", "default").metadata.creation_timestamp is not None
