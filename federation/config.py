@@ -1,12 +1,11 @@
 """The federation's configuration file: tenants, users and member clusters.
 
-`gpufed up` and `gpufed serve --bootstrap` read it and write it to etcd; after that etcd is the
-source of truth. Errors name the offending field like manifest errors do.
+`gpufed up` and `gpufed serve --bootstrap` read it and seed etcd with it (`federation.bootstrap`);
+after that etcd is the source of truth. Errors name the offending field like manifest errors do.
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,11 @@ import yaml
 from clusters.sim.config import SimConfigError, from_mapping
 from federation.capacity_config import parse_capacity
 from federation.capacity_records import CapacitySettings
-from federation.capacity_store import CapacityStore
 from federation.config_policy import check_tenant_tree, parse_settings, parse_tenant
-from federation.datasets_executor import DatasyncSettings, parse_datasync, put_settings
-from federation.datasets_stores import StoreDirectory, StoreRecord, check_cluster_stores, parse_object_stores
+from federation.datasets_executor import DatasyncSettings, parse_datasync
+from federation.datasets_stores import StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
 from federation.records import ClusterRecord, PoolConfig, Role, SchedulingSettings, TenantRecord, UserRecord
-from federation.store import JobStore, KvStore
 from federation.validate import flag_field, int_field, name_field, number_field
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
@@ -186,34 +183,3 @@ def parse_config(text: str) -> FederationConfig:
 def load_config(path: Path) -> FederationConfig:
     return parse_config(path.read_text())
 
-
-async def bootstrap(store: JobStore, config: FederationConfig, token_dir: Path) -> dict[str, Path]:
-    """Write the config to etcd and make sure every user has a token file. Safe to repeat.
-
-    Tokens are created once and kept in `token_dir` (mode 0600); etcd holds only their hashes. A
-    restart reuses the files, so users keep working across restarts of the embedded default.
-    """
-    await store.put_settings(config.settings)
-    for tenant in config.tenants:
-        await store.put_tenant(tenant)
-    for cluster in config.clusters:
-        await store.put_cluster(cluster)
-    if config.object_stores and isinstance(store, KvStore):
-        directory = StoreDirectory(store.kv)
-        for object_store in config.object_stores:
-            await directory.put(object_store)
-    if isinstance(store, KvStore):
-        await CapacityStore(store.kv).put_settings(config.capacity)
-        await put_settings(store.kv, config.datasync)
-    token_dir.mkdir(parents=True, exist_ok=True)
-    token_dir.chmod(0o700)
-    paths = {}
-    for user in config.users:
-        await store.put_user(user)
-        path = token_dir / f"{user.name}.token"
-        if not path.exists():
-            path.write_text(secrets.token_urlsafe(32) + "\n")
-            path.chmod(0o600)
-        await store.put_token(path.read_text().strip(), user.name)
-        paths[user.name] = path
-    return paths

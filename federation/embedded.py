@@ -21,7 +21,8 @@ from pathlib import Path
 
 import structlog
 
-from federation.config import bootstrap, load_config
+from federation.bootstrap import bootstrap
+from federation.config import load_config
 from federation.datasets_seaweed import EmbeddedStores
 from federation.etcd_process import EtcdProcess
 from federation.kv_etcd import EtcdKv

@@ -7,7 +7,8 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from federation.config import bootstrap, load_config
+from federation.bootstrap import bootstrap
+from federation.config import load_config
 from federation.errors import InvalidSpec
 from federation.kv_etcd import EtcdKv
 from federation.server import FederationServer, ServerConfig
