@@ -169,6 +169,9 @@ class InMemoryCluster:
         self._clock = clock
         self._default_duration_s = default_duration_s
         self._reachable = True
+        # Set by `refuse_dispatches`: every dispatch is refused with this reason (and counted).
+        self._refusing: str | None = None
+        self.refused_dispatches = 0
         self._inventory: ClusterState | None = None
         # Each gang's status kept current as it changes, so that listing them copies, never rebuilds.
         self._status_of: dict[str, GangStatus] = {}
@@ -210,6 +213,9 @@ class InMemoryCluster:
         now = self._now()
         if gang.name in self._gangs:
             return
+        if self._refusing is not None:
+            self.refused_dispatches += 1
+            raise GangRejected(f"cluster {self._name}: {self._refusing}")
         try:
             replicas = self._place(gang)
         except GangRejected as rejected:
@@ -305,6 +311,11 @@ class InMemoryCluster:
         """While unreachable, every protocol call raises ClusterUnreachable (the gangs run on)."""
         self._reachable = reachable
         self._inventory = None
+
+    def refuse_dispatches(self, reason: str | None) -> None:
+        """Fault: refuse every new gang with `reason` (an admission webhook, a namespace stuck
+        terminating) until called with None. Reads and gangs already there are unaffected."""
+        self._refusing = reason
 
     def inject_eviction(self, job_id: JobId, attempt: int, reason: str = "node lost") -> None:
         """Fault: end a running gang as EVICTED now and free its GPUs. A finished gang is left as it is."""

@@ -92,13 +92,24 @@ def explain_text(reply: pb.ExplainJobResponse) -> str:
     return "\n".join(lines)
 
 
+def _up(c: pb.Cluster) -> str:
+    if not c.reachable:
+        return "NO"
+    return "REFUSING" if c.state == "refusing" else "yes"
+
+
+def _clock(ts: Any) -> str:
+    return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, UTC).strftime("%H:%M:%S")
+
+
 def clusters_table(reply: pb.ListClustersResponse) -> str:
+    """Pools by cluster; then a line for each cluster that keeps refusing dispatches."""
     rows = [
         [
             c.name,
             c.provider,
             c.region,
-            "yes" if c.reachable else "NO",
+            _up(c),
             p.name,
             p.gpu_type,
             p.capacity_kind,
@@ -108,4 +119,11 @@ def clusters_table(reply: pb.ListClustersResponse) -> str:
         for c in reply.clusters
         for p in c.pools
     ]
-    return table(["CLUSTER", "PROVIDER", "REGION", "UP", "POOL", "GPU", "KIND", "$/GPU-H", "FREE"], rows)
+    text = table(["CLUSTER", "PROVIDER", "REGION", "UP", "POOL", "GPU", "KIND", "$/GPU-H", "FREE"], rows)
+    notes = [
+        f"{c.name}: refusing dispatches since {_clock(c.refusing_since)} UTC ({c.refused_jobs} job(s)); "
+        f"backing off, next try {_clock(c.next_try)} UTC; last error: {c.last_error}"
+        for c in reply.clusters
+        if c.state == "refusing"
+    ]
+    return "\n".join([text, *notes]) if notes else text

@@ -37,6 +37,7 @@ from federation.datasets_check import DatasetCheck
 from federation.datasets_executor import Executors, get_settings
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
+from federation.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.errors import GpufedError
 from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
@@ -50,7 +51,7 @@ from federation.security_store import SecurityStore
 from federation.staging import Stager
 from federation.staging_run import SyncRunner
 from federation.store import Fence, KvStore
-from placement.model import ClusterState, TenantId
+from placement.model import ClusterName, ClusterState, TenantId
 
 log = structlog.get_logger("gpufed.server")
 
@@ -175,8 +176,13 @@ class FederationServer:
         async def clusters() -> list[ClusterState]:
             return await members.inventories()
 
+        job_cache = self._cache
+
+        def refusing() -> dict[ClusterName, ClusterRefusing]:
+            return refusing_clusters((s.value for s in job_cache.live_jobs()), time.time())
+
         pb_grpc.add_FederationServiceServicer_to_server(
-            FederationService(auth=auth, metrics=self.metrics, clusters=clusters), server
+            FederationService(auth=auth, metrics=self.metrics, clusters=clusters, refusing=refusing), server
         )
         self._capacity = capacity = await CapacityWiring.build(
             kv=self._kv,

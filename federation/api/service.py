@@ -11,7 +11,7 @@ import asyncio
 import base64
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +31,7 @@ from federation.auth import (
     listable_tenant,
 )
 from federation.cache import JobCache
+from federation.dispatch_backoff import ClusterRefusing, backoff_text
 from federation.errors import (
     FailedPrecondition,
     GpufedError,
@@ -47,7 +48,7 @@ from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
 from federation.validate import shown
-from placement.model import ClusterState, JobId, JobPhase, TenantId
+from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.api")
 
@@ -347,18 +348,24 @@ class JobService(pb_grpc.JobServiceServicer):
 
 def explain_summary(job: JobRecord, reason_count: int, *, now: float) -> str:
     placed = job.placement
+    # A cluster that refused the job's dispatch is not asked again until its backoff has passed.
+    backoff = "" if job.phase.is_terminal else backoff_text(job, now)
     if job.phase is JobPhase.QUEUED:
         waited = max(0.0, now - job.queued_at_s)
         if job.cancel_requested:
             return "queued; cancellation requested"
         if reason_count == 0:
-            return f"queued for {waited:.0f}s; not yet considered by a scheduling cycle"
+            text = f"queued for {waited:.0f}s; not yet considered by a scheduling cycle"
+            return f"{text}; {backoff}" if backoff else text
+        if backoff:
+            return f"queued for {waited:.0f}s (attempt {job.attempt}); {backoff}; waiting because:"
         return f"queued for {waited:.0f}s (attempt {job.attempt}); waiting because:"
     if placed is not None and not job.phase.is_terminal:
-        return (
+        text = (
             f"{job.phase.value.lower()} on {placed.cluster} ({job.spec.gpu_count} x {placed.gpu_type}, "
             f"{placed.kind.value}, ${placed.usd_per_gpu_hour:.2f}/GPU-hour), attempt {job.attempt}"
         )
+        return f"{text}; {backoff}" if backoff else text
     return f"{job.phase.value.lower()}: {job.message}" if job.message else job.phase.value.lower()
 
 
@@ -382,10 +389,17 @@ def _decode_page_token(token: str) -> tuple[float, str] | None:
 
 class FederationService(pb_grpc.FederationServiceServicer):
     def __init__(
-        self, *, auth: Authenticator, metrics: Metrics, clusters: Callable[[], Awaitable[list[ClusterState]]]
+        self,
+        *,
+        auth: Authenticator,
+        metrics: Metrics,
+        clusters: Callable[[], Awaitable[list[ClusterState]]],
+        refusing: Callable[[], Mapping[ClusterName, ClusterRefusing]] | None = None,
     ) -> None:
         self._h = CallHandlers(auth, metrics)
         self._clusters = clusters
+        # Clusters that keep refusing dispatches, from the live jobs' records (any server has them).
+        self._refusing = refusing
 
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Ctx) -> pb.Identity:
         async def body(who: Principal, _req: pb.WhoAmIRequest) -> pb.Identity:
@@ -395,8 +409,18 @@ class FederationService(pb_grpc.FederationServiceServicer):
 
     async def ListClusters(self, request: pb.ListClustersRequest, context: Ctx) -> pb.ListClustersResponse:
         async def body(_who: Principal, _req: pb.ListClustersRequest) -> pb.ListClustersResponse:
-            return pb.ListClustersResponse(
-                clusters=[convert.cluster_to_pb(c) for c in await self._clusters()]
-            )
+            refusing = {} if self._refusing is None else self._refusing()
+            clusters = []
+            for state in await self._clusters():
+                cluster = convert.cluster_to_pb(state)
+                refusal = refusing.get(state.name)
+                if refusal is not None:
+                    cluster.state = "refusing"
+                    cluster.last_error = refusal.last_error
+                    cluster.refusing_since.FromNanoseconds(int(refusal.since_s * 1e9))
+                    cluster.refused_jobs = refusal.jobs
+                    cluster.next_try.FromNanoseconds(int(refusal.retry_at_s * 1e9))
+                clusters.append(cluster)
+            return pb.ListClustersResponse(clusters=clusters)
 
         return await self._h.unary("ListClusters", request, context, body)

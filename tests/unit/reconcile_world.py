@@ -43,6 +43,7 @@ class World:
     reconciler: Reconciler
     clock: Clock
     ledger: LedgerCache
+    members: MemberClusters
 
     @property
     def cluster(self) -> InMemoryCluster:
@@ -117,7 +118,7 @@ async def build_world(
     )
     reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
     try:
-        yield World(store, cache, clusters, scheduler, reconciler, clock, ledger)
+        yield World(store, cache, clusters, scheduler, reconciler, clock, ledger, members)
     finally:
         await ledger.stop()
         await cache.stop()
