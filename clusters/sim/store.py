@@ -32,6 +32,8 @@ from clusters.sim.resources import ALL, PODS, ResourceType
 from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSelector
 
 Obj = dict[str, Any]
+# kube-apiserver asks etcd to compact every five minutes (`--etcd-compaction-interval`).
+COMPACTION_INTERVAL_S = 300.0
 # (namespace, name); the namespace is "" for cluster-scoped objects.
 Key = tuple[str, str]
 Ref = tuple[ResourceType, str, str]
@@ -151,7 +153,12 @@ class Watcher:
 
 
 class Store:
-    def __init__(self, wall_s: Callable[[], float], history_limit: int = 20000) -> None:
+    def __init__(
+        self,
+        wall_s: Callable[[], float],
+        history_limit: int = 20000,
+        compaction_interval_s: float = COMPACTION_INTERVAL_S,
+    ) -> None:
         self._wall_s = wall_s
         self._rv = 1
         self._objects: dict[ResourceType, dict[str, dict[str, Obj]]] = {rt: {} for rt in ALL}
@@ -161,6 +168,10 @@ class Store:
         self._history: deque[Change] = deque()
         self._history_limit = max(1, history_limit)
         self._compacted_rv = 0
+        # etcd as kube-apiserver runs it: every interval, compact to the revision of the last tick.
+        self._compaction_interval_s = compaction_interval_s
+        self._tick_s = wall_s()
+        self._tick_rv = self._rv
         self._watchers: dict[ResourceType, set[Watcher]] = {rt: set() for rt in ALL}
         self._listeners: list[Callable[[Change], None]] = []
 
@@ -230,6 +241,7 @@ class Store:
         Raises `ResourceGone` when `rv` is older than the history window, as a real server answers
         410 for a compacted revision.
         """
+        self._compact()
         if rv < self._compacted_rv:
             raise ResourceGone(f"too old resource version: {rv} ({self._compacted_rv})")
         state = {key_of(o): o for o in self._candidates(rt, namespace, EVERYTHING, NO_FIELDS)}
@@ -374,7 +386,23 @@ class Store:
         self._rv += 1
         return self._rv
 
+    def _compact(self) -> None:
+        """Drop the history older than the previous compaction tick, as etcd's periodic compactor.
+
+        History therefore spans one to two intervals of cluster time (and at most `history_limit`
+        changes); a watch or exact list from before it gets `410 Gone`, as on a real cluster.
+        """
+        now = self._wall_s()
+        if now - self._tick_s < self._compaction_interval_s:
+            return
+        target = self._tick_rv
+        while self._history and self._history[0].rv <= target:
+            self._history.popleft()
+        self._compacted_rv = max(self._compacted_rv, target)
+        self._tick_s, self._tick_rv = now, self._rv
+
     def _commit(self, change: Change) -> None:
+        self._compact()
         self._history.append(change)
         while len(self._history) > self._history_limit:
             self._compacted_rv = self._history.popleft().rv
@@ -431,6 +459,7 @@ class Store:
         since_rv: int | None,
     ) -> Watcher:
         """A watcher primed with what it missed: every object (no resourceVersion) or the history."""
+        self._compact()
         if since_rv is not None and since_rv < self._compacted_rv:
             raise ResourceGone(f"too old resource version: {since_rv} ({self._compacted_rv})")
         watcher = Watcher(rt, namespace, labels, fields)

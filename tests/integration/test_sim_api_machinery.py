@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,3 +282,35 @@ def test_creation_timestamp_null_is_stamped_by_the_server(sim: ThreadedSim, core
     body["metadata"]["creationTimestamp"] = None  # type: ignore[index]
     post_json(sim.url, "/api/v1/namespaces/default/pods", body)
     assert core.read_namespaced_pod("ts", "default").metadata.creation_timestamp is not None
+
+
+def test_watch_from_before_the_last_compaction_is_410_gone() -> None:
+    # etcd is compacted every five minutes of cluster time; at 1000x that is 0.3 s.
+    config = cluster("compact", [SimPoolConfig.of("a100", "A100")], time_scale=1000)
+    with ThreadedSim(config) as sim:
+        configuration = client.Configuration()
+        configuration.host = sim.url
+        core = client.CoreV1Api(client.ApiClient(configuration))
+        old = core.list_namespaced_pod("default").metadata.resource_version
+        for i in range(3):
+            time.sleep(0.4)
+            core.create_namespaced_config_map("default", {"metadata": {"name": f"tick-{i}"}})
+        with pytest.raises(ApiException) as info:
+            for _ in watch.Watch().stream(
+                core.list_namespaced_pod, "default", resource_version=old, timeout_seconds=2
+            ):
+                pass
+        assert info.value.status == 410
+        with pytest.raises(ApiException) as info:
+            core.list_namespaced_pod("default", resource_version=old, resource_version_match="Exact")
+        assert info.value.status == 410
+        # A client that relists gets a fresh resourceVersion it can watch from.
+        fresh = core.list_namespaced_pod("default").metadata.resource_version
+        assert (
+            list(
+                watch.Watch().stream(
+                    core.list_namespaced_pod, "default", resource_version=fresh, timeout_seconds=1
+                )
+            )
+            == []
+        )
