@@ -60,6 +60,24 @@ LONG_AGO = FINISHED_GANG_RETENTION_S + 1
             id="older-attempt-finished-long-ago-goes",
         ),
         pytest.param(
+            job(JobPhase.RUNNING, attempt=2),
+            replace(gang(GangPhase.CANCELLED), orphaned=True, live_pods=2),
+            StaleWhy.SUPERSEDED,
+            id="pods-orphaned-by-their-gang-object-go-at-once",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING, attempt=2),
+            replace(gang(GangPhase.FAILED, finished_ago_s=60), live_pods=1),
+            StaleWhy.SUPERSEDED,
+            id="older-attempt-ended-with-pods-still-running-goes",
+        ),
+        pytest.param(
+            job(JobPhase.RUNNING, attempt=2),
+            replace(gang(GangPhase.CANCELLED, finished_ago_s=60), orphaned=True),
+            None,
+            id="finished-pods-left-by-a-deleted-gang-are-kept-for-their-logs",
+        ),
+        pytest.param(
             job(JobPhase.RUNNING, on=THERE),
             gang(GangPhase.RUNNING),
             StaleWhy.ELSEWHERE,

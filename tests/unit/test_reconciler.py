@@ -6,17 +6,16 @@ policy, cancellation and refusal paths can be checked one at a time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pytest
 
-from clusters.api import GangPhase
+from clusters.api import GangPhase, GangStatus
 from federation.jobspec import RestartAction, RestartPolicy
-from federation.reconciler import sim_duration_s
-from placement.model import (
-    JobPhase,
-)
+from federation.ledger import IntervalEnd
+from federation.reconciler import CANCEL_GRACE_PERIOD_S, sim_duration_s
+from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
@@ -156,3 +155,54 @@ async def test_wait_reasons_are_deleted_once_the_job_stops_waiting(world: World)
     assert (await world.job(second)).phase is JobPhase.RUNNING
     assert await world.store.get_wait_reasons(second) == ()
     assert await world.store.get_wait_reasons(first) == ()
+
+
+async def test_a_gang_whose_pods_outlive_its_object_restarts_only_once_they_are_gone(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kubectl delete --cascade=orphan`: the pods run on; the next attempt waits for them to go,
+    the reconciler has them deleted, and the ledger charges attempt 1 until they went."""
+    job_id = await submit(world, a_job("orphaned", duration="600s"))
+    await world.step()
+    started_at_s = world.clock.now
+    assert (await world.job(job_id)).phase is JobPhase.RUNNING
+
+    cluster = world.cluster
+    real_statuses = cluster.statuses
+    left = GangStatus(
+        job_id=job_id,
+        attempt=1,
+        phase=GangPhase.CANCELLED,
+        message="gang object deleted; 2 of its pods left",
+        started_at_s=started_at_s,
+        live_pods=2,
+        orphaned=True,
+    )
+    pods_left = [left]
+    cancels: list[tuple[str, int, float]] = []
+
+    async def statuses() -> Sequence[GangStatus]:
+        return (*(await real_statuses()), *pods_left)
+
+    async def cancel(job: JobId, attempt: int, grace_period_s: float) -> None:
+        cancels.append((job, attempt, grace_period_s))
+
+    monkeypatch.setattr(cluster, "statuses", statuses)
+    monkeypatch.setattr(cluster, "cancel", cancel)
+    cluster.forget(job_id, 1)  # the gang object is gone; its pods (above) are not
+
+    for _ in range(10):
+        await world.step(0.5)
+    job = await world.job(job_id)
+    assert (job.phase, job.attempt) == (JobPhase.RUNNING, 1), "no new attempt beside the old pods"
+    assert cluster.dispatch_count(job_id, 2) == 0
+    assert cancels[0] == (job_id, 1, CANCEL_GRACE_PERIOD_S), "the leftover pods are deleted"
+
+    pods_left.clear()  # the pods are gone
+    gone_at_s = world.clock.now + 0.5
+    await world.step(0.5)
+    job = await world.job(job_id)
+    assert (job.phase, job.attempt, job.retries_used) == (JobPhase.RUNNING, 2, 1)
+    listed, _ = await world.store.list_ledger()
+    first = next(iv for iv in listed if iv.attempt == 1)
+    assert (first.start_s, first.end_s, first.ended) == (started_at_s, gone_at_s, IntervalEnd.REQUEUED)

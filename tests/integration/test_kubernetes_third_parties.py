@@ -1,0 +1,94 @@
+"""The Kubernetes backend when someone else deletes what it made: the tenant's namespace, or a gang
+object without its pods (`--cascade=orphan`). Driven through the Kubernetes API of a simulated
+cluster, as a person with kubectl would; the end-to-end versions are in tests/e2e/test_third_parties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from clusters.api import GangPhase
+from clusters.kubernetes.names import object_name
+from tests.contract.conftest import no_leaked_threads
+from tests.contract.helpers import a_gang, eventually, status_of, wait_phase
+from tests.integration.test_kubernetes_backend import NS, World, open_world
+
+pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
+
+
+@pytest.fixture(params=["indexed", "volcano"])
+async def any_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
+    async for w in open_world(tmp_path, volcano=request.param == "volcano"):
+        yield w
+
+
+async def test_a_deleted_tenant_namespace_is_made_again_by_the_next_dispatch(any_world: World) -> None:
+    first = a_gang("ns-1", replicas=1, gpus=4, duration_s=60.0)
+    await any_world.backend.dispatch(first)
+    await wait_phase(any_world.backend, first, GangPhase.RUNNING)
+
+    await any_world.call(any_world.core.delete_namespace, NS)
+
+    async def gone() -> bool:
+        return await status_of(any_world.backend, first) is None
+
+    await eventually(gone, what="the gang to go with its namespace")
+    # Before: the backend remembered it had made the namespace, and every create met 404 for good.
+    second = a_gang("ns-2", replicas=1, gpus=4, duration_s=60.0)
+    await any_world.backend.dispatch(second)
+    await wait_phase(any_world.backend, second, GangPhase.RUNNING)
+    namespace = await any_world.call(any_world.core.read_namespace, NS)
+    assert namespace.metadata.labels["app.kubernetes.io/managed-by"] == "gpufed"
+
+
+async def test_pods_orphaned_by_their_gang_object_are_reported_and_removed_by_cancel(
+    any_world: World,
+) -> None:
+    gang = a_gang("orph-1", replicas=2, gpus=4, duration_s=60.0)
+    await any_world.backend.dispatch(gang)
+    await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    name = object_name(gang.job_id, gang.attempt)
+    orphan = {"propagationPolicy": "Orphan"}
+    if any_world.backend.uses_volcano:
+        await any_world.call(
+            any_world.custom.delete_namespaced_custom_object,
+            "batch.volcano.sh",
+            "v1alpha1",
+            NS,
+            "jobs",
+            name,
+            body=orphan,
+        )
+    else:
+        await any_world.call(any_world.batch.delete_namespaced_job, name, NS, body=orphan)
+
+    async def orphaned() -> object:
+        status = await status_of(any_world.backend, gang)
+        return status if status is not None and status.orphaned else None
+
+    status = await eventually(orphaned, what="the pods to be reported without their gang object")
+    assert status.live_pods == 2
+    assert status.phase.is_final
+    assert len(await any_world.pods_of(name)) == 2
+
+    # The collector's (and the reconciler's) cancel removes what the gang object left behind.
+    await any_world.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+    async def cleared() -> bool:
+        return not await any_world.pods_of(name) and await status_of(any_world.backend, gang) is None
+
+    await eventually(cleared, what="the orphaned pods to be deleted")
+    services = await any_world.call(any_world.core.list_namespaced_service, NS)
+    assert name not in [s.metadata.name for s in services.items]
+    if any_world.backend.uses_volcano:
+        groups = await any_world.call(
+            any_world.custom.list_namespaced_custom_object,
+            "scheduling.volcano.sh",
+            "v1beta1",
+            NS,
+            "podgroups",
+        )
+        assert name not in [g["metadata"]["name"] for g in groups["items"]]
