@@ -19,270 +19,11 @@ from typing import Any
 
 from clusters.sim import patch
 from clusters.sim.resources import ALL, ResourceType
+from clusters.sim.schemas import TYPES
 
 Obj = dict[str, Any]
 _CORE = "io.k8s.api.core.v1."
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1."
-# Field types: string, integer, boolean, number, quantity, int-or-string, time, object (open),
-# `#Name` a described type, `[]T` a list, `{}T` a map.
-_TYPES: dict[str, tuple[str, dict[str, str]]] = {
-    "ObjectMeta": (
-        "Standard object's metadata.",
-        {
-            "name": "string",
-            "generateName": "string",
-            "namespace": "string",
-            "uid": "string",
-            "resourceVersion": "string",
-            "generation": "integer",
-            "creationTimestamp": "time",
-            "deletionTimestamp": "time",
-            "deletionGracePeriodSeconds": "integer",
-            "labels": "{}string",
-            "annotations": "{}string",
-            "ownerReferences": "[]#OwnerReference",
-            "finalizers": "[]string",
-            "managedFields": "[]object",
-            "selfLink": "string",
-        },
-    ),
-    "OwnerReference": (
-        "An object that owns this one.",
-        {
-            "apiVersion": "string",
-            "kind": "string",
-            "name": "string",
-            "uid": "string",
-            "controller": "boolean",
-            "blockOwnerDeletion": "boolean",
-        },
-    ),
-    "LabelSelector": (
-        "A label query over a set of resources.",
-        {"matchLabels": "{}string", "matchExpressions": "[]object"},
-    ),
-    "Pod": (
-        "Pod is a collection of containers that can run on a host.",
-        {"spec": "#PodSpec", "status": "object"},
-    ),
-    "PodSpec": (
-        "A description of a pod.",
-        {
-            "containers": "[]#Container",
-            "initContainers": "[]#Container",
-            "restartPolicy": "string",
-            "terminationGracePeriodSeconds": "integer",
-            "activeDeadlineSeconds": "integer",
-            "dnsPolicy": "string",
-            "nodeSelector": "{}string",
-            "serviceAccountName": "string",
-            "serviceAccount": "string",
-            "automountServiceAccountToken": "boolean",
-            "nodeName": "string",
-            "hostNetwork": "boolean",
-            "hostPID": "boolean",
-            "hostIPC": "boolean",
-            "securityContext": "object",
-            "imagePullSecrets": "[]object",
-            "hostname": "string",
-            "subdomain": "string",
-            "affinity": "object",
-            "schedulerName": "string",
-            "tolerations": "[]#Toleration",
-            "priorityClassName": "string",
-            "priority": "integer",
-            "preemptionPolicy": "string",
-            "enableServiceLinks": "boolean",
-            "volumes": "[]object",
-            "topologySpreadConstraints": "[]object",
-            "schedulingGates": "[]object",
-            "readinessGates": "[]object",
-            "runtimeClassName": "string",
-            "overhead": "{}quantity",
-            "shareProcessNamespace": "boolean",
-            "hostAliases": "[]object",
-            "dnsConfig": "object",
-            "resourceClaims": "[]object",
-            "resources": "#ResourceRequirements",
-        },
-    ),
-    "Container": (
-        "A single application container that you want to run within a pod.",
-        {
-            "name": "string",
-            "image": "string",
-            "command": "[]string",
-            "args": "[]string",
-            "workingDir": "string",
-            "ports": "[]#ContainerPort",
-            "env": "[]#EnvVar",
-            "envFrom": "[]object",
-            "resources": "#ResourceRequirements",
-            "volumeMounts": "[]object",
-            "livenessProbe": "object",
-            "readinessProbe": "object",
-            "startupProbe": "object",
-            "lifecycle": "object",
-            "terminationMessagePath": "string",
-            "terminationMessagePolicy": "string",
-            "imagePullPolicy": "string",
-            "securityContext": "object",
-            "stdin": "boolean",
-            "stdinOnce": "boolean",
-            "tty": "boolean",
-            "restartPolicy": "string",
-            "resizePolicy": "[]object",
-            "volumeDevices": "[]object",
-        },
-    ),
-    "ContainerPort": (
-        "A network port in a single container.",
-        {
-            "name": "string",
-            "hostPort": "integer",
-            "containerPort": "integer",
-            "protocol": "string",
-            "hostIP": "string",
-        },
-    ),
-    "EnvVar": ("An environment variable.", {"name": "string", "value": "string", "valueFrom": "object"}),
-    "ResourceRequirements": (
-        "Compute resource requirements.",
-        {"limits": "{}quantity", "requests": "{}quantity", "claims": "[]object"},
-    ),
-    "Toleration": (
-        "The pod this Toleration is attached to tolerates any taint that matches the triple "
-        "<key,value,effect>.",
-        {
-            "key": "string",
-            "operator": "string",
-            "value": "string",
-            "effect": "string",
-            "tolerationSeconds": "integer",
-        },
-    ),
-    "PodTemplateSpec": (
-        "Data a pod should have when created from a template.",
-        {"metadata": "#ObjectMeta", "spec": "#PodSpec"},
-    ),
-    "Node": ("Node is a worker node in Kubernetes.", {"spec": "#NodeSpec", "status": "object"}),
-    "NodeSpec": (
-        "Attributes of a node.",
-        {
-            "podCIDR": "string",
-            "podCIDRs": "[]string",
-            "providerID": "string",
-            "unschedulable": "boolean",
-            "taints": "[]object",
-            "externalID": "string",
-        },
-    ),
-    "Namespace": ("Namespace provides a scope for Names.", {"spec": "#NamespaceSpec", "status": "object"}),
-    "NamespaceSpec": ("Attributes of a namespace.", {"finalizers": "[]string"}),
-    "Service": ("A named abstraction of software service.", {"spec": "#ServiceSpec", "status": "object"}),
-    "ServiceSpec": (
-        "Attributes of a service.",
-        {
-            "ports": "[]#ServicePort",
-            "selector": "{}string",
-            "clusterIP": "string",
-            "clusterIPs": "[]string",
-            "type": "string",
-            "externalIPs": "[]string",
-            "sessionAffinity": "string",
-            "externalName": "string",
-            "publishNotReadyAddresses": "boolean",
-            "ipFamilies": "[]string",
-            "ipFamilyPolicy": "string",
-            "internalTrafficPolicy": "string",
-            "externalTrafficPolicy": "string",
-            "loadBalancerIP": "string",
-            "sessionAffinityConfig": "object",
-            "allocateLoadBalancerNodePorts": "boolean",
-        },
-    ),
-    "ServicePort": (
-        "A port the service exposes.",
-        {
-            "name": "string",
-            "protocol": "string",
-            "appProtocol": "string",
-            "port": "integer",
-            "targetPort": "int-or-string",
-            "nodePort": "integer",
-        },
-    ),
-    "Event": (
-        "A report of an event somewhere in the cluster.",
-        {
-            "involvedObject": "object",
-            "reason": "string",
-            "message": "string",
-            "source": "object",
-            "firstTimestamp": "time",
-            "lastTimestamp": "time",
-            "count": "integer",
-            "type": "string",
-            "eventTime": "string",
-            "series": "object",
-            "action": "string",
-            "related": "object",
-            "reportingComponent": "string",
-            "reportingInstance": "string",
-        },
-    ),
-    "ConfigMap": (
-        "ConfigMap holds configuration data for pods to consume.",
-        {"data": "{}string", "binaryData": "{}string", "immutable": "boolean"},
-    ),
-    "Lease": ("Lease defines a lease concept.", {"spec": "#LeaseSpec"}),
-    "LeaseSpec": (
-        "The specification of a Lease.",
-        {
-            "holderIdentity": "string",
-            "leaseDurationSeconds": "integer",
-            "acquireTime": "string",
-            "renewTime": "string",
-            "leaseTransitions": "integer",
-            "strategy": "string",
-            "preferredHolder": "string",
-        },
-    ),
-    "PriorityClass": (
-        "PriorityClass defines mapping from a priority class name to the priority integer value.",
-        {
-            "value": "integer",
-            "globalDefault": "boolean",
-            "description": "string",
-            "preemptionPolicy": "string",
-        },
-    ),
-    "Job": ("Job represents the configuration of a single job.", {"spec": "#JobSpec", "status": "object"}),
-    "JobSpec": (
-        "The specification of a job.",
-        {
-            "parallelism": "integer",
-            "completions": "integer",
-            "activeDeadlineSeconds": "integer",
-            "podFailurePolicy": "object",
-            "successPolicy": "object",
-            "backoffLimit": "integer",
-            "backoffLimitPerIndex": "integer",
-            "maxFailedIndexes": "integer",
-            "selector": "#LabelSelector",
-            "manualSelector": "boolean",
-            "template": "#PodTemplateSpec",
-            "ttlSecondsAfterFinished": "integer",
-            "completionMode": "string",
-            "suspend": "boolean",
-            "podReplacementPolicy": "string",
-            "managedBy": "string",
-        },
-    ),
-    "VolcanoJob": ("A Volcano batch job.", {"spec": "object", "status": "object"}),
-    "PodGroup": ("A Volcano pod group: a gang scheduled together.", {"spec": "object", "status": "object"}),
-    "Queue": ("A Volcano queue.", {"spec": "object", "status": "object"}),
-}
 # The kind each served type's schema is named after, where it differs from the kind.
 _SCHEMA_OF = {("batch.volcano.sh", "Job"): "VolcanoJob"}
 
@@ -331,7 +72,7 @@ def _field(type_text: str) -> Obj:
 
 
 def _schema(name: str, kind_of: ResourceType | None) -> Obj:
-    description, props = _TYPES[name]
+    description, props = TYPES[name]
     fields = dict(props)
     if kind_of is not None:
         fields = {"apiVersion": "string", "kind": "string", "metadata": "#ObjectMeta", **fields}
@@ -362,7 +103,7 @@ def _parent_hint(type_name: str) -> str:
 
 def fields_of(type_name: str) -> dict[str, str] | None:
     """A described type's fields (`validation` walks them); None for an unknown type."""
-    entry = _TYPES.get(type_name)
+    entry = TYPES.get(type_name)
     return None if entry is None else entry[1]
 
 
@@ -370,7 +111,7 @@ def _refs(name: str, seen: set[str]) -> None:
     if name in seen:
         return
     seen.add(name)
-    for type_text in _TYPES[name][1].values():
+    for type_text in TYPES[name][1].values():
         inner = type_text.lstrip("[]{}")
         if inner.startswith("#"):
             _refs(inner[1:], seen)
@@ -455,3 +196,44 @@ def root(volcano: bool) -> Obj:
         path = _gv_path(group, version)
         paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}
     return {"paths": paths}
+
+
+def _v2_operation(op: Obj) -> Obj:
+    out = {k: v for k, v in op.items() if k not in ("parameters", "responses")}
+    out["parameters"] = [
+        {"name": p["name"], "in": p["in"], "type": p["schema"]["type"], "uniqueItems": True}
+        for p in op.get("parameters", [])
+    ]
+    schema = op["responses"]["200"]["content"]["application/json"]["schema"]
+    out["responses"] = {"200": {"description": "OK", "schema": schema}}
+    return out
+
+
+@cache
+def swagger(volcano: bool) -> bytes:
+    """`/openapi/v2`: the same schemas and operations as Swagger 2.0, in JSON."""
+    paths: Obj = {}
+    definitions: Obj = {}
+    for group, version in group_versions():
+        if not volcano and group.endswith("volcano.sh"):
+            continue
+        text = (document(group, version) or b"{}").decode().replace("#/components/schemas/", "#/definitions/")
+        doc = json.loads(text)
+        definitions.update(doc["components"]["schemas"])
+        for path, ops in doc["paths"].items():
+            paths[path] = {verb: _v2_operation(op) for verb, op in ops.items()}
+    body = {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": "unversioned"},
+        "paths": paths,
+        "definitions": definitions,
+    }
+    return json.dumps(body).encode()
+
+
+def accepts_json(accept: str) -> bool:
+    """Whether a client takes JSON: a real server's OpenAPI handler also speaks protobuf, this one not."""
+    if not accept.strip():
+        return True
+    media = [part.split(";", 1)[0].strip() for part in accept.split(",")]
+    return any(m in ("application/json", "*/*", "application/*") for m in media)

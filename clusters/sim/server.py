@@ -78,6 +78,7 @@ class ApiServer:
         for path in ("/healthz", "/livez", "/readyz"):
             self.app.router.add_get(path, self._ok)
         self.app.router.add_get("/version", self._version)
+        self.app.router.add_get("/openapi/v2", self._openapi_v2)
         self.app.router.add_get("/openapi/v3", self._openapi_root)
         self.app.router.add_get("/openapi/v3/", self._openapi_root)
         self.app.router.add_get("/openapi/v3/{path:.+}", self._openapi_document)
@@ -134,6 +135,17 @@ class ApiServer:
 
     async def _ok(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _openapi_v2(self, request: web.Request) -> web.Response:
+        if not openapi.accepts_json(request.headers.get("Accept", "")):
+            raise ApiError(
+                406,
+                "NotAcceptable",
+                "only application/json is served for /openapi/v2; the simulator has no protobuf OpenAPI",
+            )
+        return web.Response(
+            body=openapi.swagger(self._engine.config.volcano), content_type="application/json"
+        )
 
     async def _openapi_root(self, _: web.Request) -> web.Response:
         return _json_response(openapi.root(self._engine.config.volcano))

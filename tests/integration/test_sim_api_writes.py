@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -251,3 +252,36 @@ def test_strategic_merge_patch_on_a_custom_resource_is_415(sim: ThreadedSim, api
         "application/merge-patch+json",
     )
     assert status == 200
+
+
+def test_kubectl_drain_server_dry_run_evicts_and_cordons_nothing(
+    sim: ThreadedSim, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    kubectl(tmp_path, "run", "r", "--image=busybox", "--restart=Never")
+    node = core.list_node().items[0].metadata.name
+    deadline = time.monotonic() + 10
+    while core.read_namespaced_pod("r", "default").status.phase != "Running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # kubectl sends the eviction as protobuf, with dryRun inside its DeleteOptions.
+    out = kubectl(tmp_path, "drain", node, "--dry-run=server", "--force", "--ignore-daemonsets")
+    assert "evicting pod default/r (server dry run)" in out.stderr + out.stdout
+    pod = core.read_namespaced_pod("r", "default")
+    assert (pod.status.phase, pod.metadata.deletion_timestamp) == ("Running", None)
+    assert not core.read_node(node).spec.unschedulable
+
+
+def test_openapi_v2_is_json_and_protobuf_is_not_acceptable(sim: ThreadedSim) -> None:
+    with urllib.request.urlopen(sim.url + "/openapi/v2", timeout=10) as response:
+        doc = json.loads(response.read())
+    assert doc["swagger"] == "2.0"
+    pod = doc["definitions"]["io.k8s.api.core.v1.Pod"]
+    assert pod["x-kubernetes-group-version-kind"] == [{"group": "", "version": "v1", "kind": "Pod"}]
+    protobuf_only = urllib.request.Request(
+        sim.url + "/openapi/v2",
+        headers={"Accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(protobuf_only, timeout=10)
+    assert info.value.code == 406
+    assert json.loads(info.value.read())["kind"] == "Status"

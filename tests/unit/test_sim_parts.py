@@ -205,3 +205,153 @@ def test_which_taints_keep_a_node_out_of_the_inventory(
 
     node = {"spec": {"taints": taints}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     assert _schedulable(node) is schedulable
+
+
+# -- API machinery parts: quantities, strategic merge, protobuf, field ownership ----------------
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [
+        ("1000m", "1"),
+        (4, "4"),
+        ("1Gi", "1Gi"),
+        ("1024Mi", "1Gi"),
+        ("1536Mi", "1536Mi"),
+        ("1.5Gi", "1536Mi"),
+        ("1000", "1k"),
+        (0.5, "500m"),
+        ("1e3", "1e3"),
+        ("100m", "100m"),
+        ("0.0000000001", "1n"),
+        (1073741824, "1073741824"),
+    ],
+)
+def test_quantity_canonical_form(given: object, canonical: str) -> None:
+    from clusters.sim.quantity import canonical as to_canonical
+
+    assert to_canonical(given) == canonical
+
+
+@pytest.mark.parametrize("bad", ["four", "1Gb", "", " 1", True, None])
+def test_quantity_refuses_what_the_server_refuses(bad: object) -> None:
+    from clusters.sim.quantity import QuantityError, canonical
+
+    with pytest.raises(QuantityError):
+        canonical(bad)
+
+
+def test_strategic_merge_by_key_directives_and_sets() -> None:
+    svc = {"spec": {"ports": [{"port": 80, "name": "a"}, {"port": 81, "name": "b"}]}}
+    merged = apply(STRATEGIC, svc, {"spec": {"ports": [{"port": 81, "name": "bb"}, {"port": 82}]}})
+    assert merged["spec"]["ports"] == [{"port": 80, "name": "a"}, {"port": 81, "name": "bb"}, {"port": 82}]
+    deleted = apply(STRATEGIC, svc, {"spec": {"ports": [{"port": 80, "$patch": "delete"}]}})
+    assert deleted["spec"]["ports"] == [{"port": 81, "name": "b"}]
+    replaced = apply(STRATEGIC, svc, {"spec": {"ports": [{"$patch": "replace"}, {"port": 9}]}})
+    assert replaced["spec"]["ports"] == [{"port": 9}]
+    ordered = apply(STRATEGIC, svc, {"spec": {"$setElementOrder/ports": [{"port": 81}, {"port": 80}]}})
+    assert [p["port"] for p in ordered["spec"]["ports"]] == [81, 80]
+    pod = {"metadata": {"finalizers": ["a"]}, "spec": {"tolerations": [{"key": "x"}]}}
+    patched = apply(
+        STRATEGIC, pod, {"metadata": {"finalizers": ["b"]}, "spec": {"tolerations": [{"key": "y"}]}}
+    )
+    assert patched["metadata"]["finalizers"] == ["a", "b"]  # a merged set
+    assert patched["spec"]["tolerations"] == [{"key": "y"}]  # no merge key: replaced
+    with pytest.raises(ApiError):
+        apply(STRATEGIC, svc, {"spec": {"ports": [{"name": "no-port"}]}})
+    # A JSON merge patch still replaces lists whole.
+    assert apply(MERGE, svc, {"spec": {"ports": [{"port": 1}]}})["spec"]["ports"] == [{"port": 1}]
+
+
+def _proto_field(number: int, payload: bytes | int) -> bytes:
+    def varint(value: int) -> bytes:
+        out = b""
+        while True:
+            byte, value = value & 0x7F, value >> 7
+            out += bytes([byte | (0x80 if value else 0)])
+            if not value:
+                return out
+
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_protobuf_bodies_decode_and_unknown_fields_are_refused() -> None:
+    from clusters.sim import protobuf
+
+    meta = _proto_field(1, b"cm") + _proto_field(2, b"") + _proto_field(7, 0)
+    entry = _proto_field(1, b"k") + _proto_field(2, b"v")
+    raw = _proto_field(1, meta) + _proto_field(2, entry)
+    type_meta = _proto_field(1, b"v1") + _proto_field(2, b"ConfigMap")
+    body = b"k8s\x00" + _proto_field(1, type_meta) + _proto_field(2, raw)
+    assert protobuf.decode(body) == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cm"},
+        "data": {"k": "v"},
+    }
+    odd = b"k8s\x00" + _proto_field(1, type_meta) + _proto_field(2, raw + _proto_field(99, b"x"))
+    with pytest.raises(ApiError) as info:
+        protobuf.decode(odd)
+    assert info.value.code == 415
+    other = b"k8s\x00" + _proto_field(1, _proto_field(1, b"v1") + _proto_field(2, b"Secret"))
+    with pytest.raises(ApiError) as info:
+        protobuf.decode(other)
+    assert info.value.code == 415
+
+
+def test_field_ownership_update_then_apply_conflict() -> None:
+    from clusters.sim import apply as ssa
+    from clusters.sim.resources import CONFIG_MAPS
+
+    applied = ssa.apply_create(
+        CONFIG_MAPS,
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}},
+        {"fieldManager": "me"},
+    )
+    assert applied["metadata"]["managedFields"][0]["fieldsV1"] == {"f:data": {"f:a": {}}}
+    changed = {**applied, "data": {"a": "2"}}
+    ssa.record_update(changed, applied, {"fieldManager": "other"}, "Update")
+    owners = {e["manager"]: e["fieldsV1"] for e in changed["metadata"]["managedFields"]}
+    assert owners == {"other": {"f:data": {"f:a": {}}}}  # an update takes the field over
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "3"}}
+    with pytest.raises(ApiError) as info:
+        ssa.apply_patch(CONFIG_MAPS, changed, config, {"fieldManager": "me"})
+    assert info.value.code == 409
+    forced = ssa.apply_patch(CONFIG_MAPS, changed, config, {"fieldManager": "me", "force": "true"})
+    assert forced["data"] == {"a": "3"}
+    assert [e["manager"] for e in forced["metadata"]["managedFields"]] == ["me"]
+
+
+def test_field_selectors_only_on_supported_fields() -> None:
+    from clusters.sim.selectors import check_field_selector, field_value
+
+    check_field_selector("", "nodes", False, True, parse_field_selector("spec.unschedulable=false"))
+    with pytest.raises(ApiError) as info:
+        check_field_selector("", "nodes", False, True, parse_field_selector("spec.unschedulabel=false"))
+    assert info.value.code == 400
+    with pytest.raises(ApiError):
+        check_field_selector("batch.volcano.sh", "jobs", True, False, parse_field_selector("status.state=x"))
+    assert field_value({"spec": {}}, ("spec", "unschedulable")) == "false"
+
+
+def test_exact_list_rebuilds_the_past_until_history_is_compacted() -> None:
+    now = [0.0]
+    store = Store(lambda: now[0], compaction_interval_s=10)
+    ns = {"metadata": {"name": "default"}}
+    from clusters.sim.resources import NAMESPACES
+
+    store.create(NAMESPACES, ns)
+    pod = {"metadata": {"name": "p", "namespace": "default"}, "spec": {}}
+    store.create(PODS, pod)
+    rv = store.resource_version
+    store.remove(PODS, "default", "p")
+    assert [o["metadata"]["name"] for o in store.list_at(PODS, rv)] == ["p"]
+    assert store.list(PODS) == []
+    now[0] = 11
+    store.create(PODS, {"metadata": {"name": "q", "namespace": "default"}, "spec": {}})
+    now[0] = 22
+    store.create(PODS, {"metadata": {"name": "r", "namespace": "default"}, "spec": {}})
+    with pytest.raises(ResourceGone):
+        store.list_at(PODS, rv)
