@@ -116,13 +116,15 @@ class VolcanoJobController:
             job = owner_vcjob(change.obj)
             if job is not None:
                 self._dirty.add((change.obj["metadata"].get("namespace", ""), job))
-                if change.type is EventType.DELETED:
-                    self._deleted(change.obj)
+                # Volcano's pod handlers take a pod marked for deletion as deleted already.
+                if change.type is EventType.DELETED or podstatus.is_deleting(change.obj):
+                    self._deleted(change.obj, change.type is EventType.DELETED)
 
-    def _deleted(self, pod: Obj) -> None:
+    def _deleted(self, pod: Obj, gone: bool) -> None:
         uid = pod["metadata"]["uid"]
         if uid in self._killed:
-            self._killed.discard(uid)
+            if gone:
+                self._killed.discard(uid)
             return
         for ref in pod["metadata"].get("ownerReferences") or []:
             if ref.get("uid") in self._seen:
@@ -163,6 +165,7 @@ class VolcanoJobController:
         pods = self._pods(job)
         phase = status["state"]["phase"]
         version = int(status.get("version", 0))
+        entered = phase
         if phase in _ACTIVE:
             action, event, message = self._triggered(job, pods, seen, version)
             if action in _ENDINGS:
@@ -194,7 +197,10 @@ class VolcanoJobController:
         elif phase == "Restarting":
             self._kill(pods, grace_s=0)
             state = status["state"]
-            if int(status.get("retryCount", 0)) >= int(spec.get("maxRetry", 3)):
+            if entered != "Restarting":
+                # Restarting is committed first, as Volcano's KillJob writes it; the next round goes on.
+                self._dirty.add(key_of(job))
+            elif int(status.get("retryCount", 0)) >= int(spec.get("maxRetry", 3)):
                 self._set_phase(
                     new,
                     "Failed",

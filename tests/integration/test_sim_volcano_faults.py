@@ -343,3 +343,135 @@ def test_vcjob_watch_through_custom_objects_api(custom: client.CustomObjectsApi)
             break
     assert phases[-1] == "Completed"
     assert "Running" in phases
+
+
+# -- a pod of the gang deleted by someone else: Volcano's PodEvicted ------------------------------
+
+
+def pod_uids(core: client.CoreV1Api) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod("default").items}
+
+
+def vcjob(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, "default", "jobs", name)
+    return job
+
+
+def test_deleting_a_gang_pod_aborts_with_gpufeds_policy(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", a_vcjob("del1"))
+    wait_for(phase_is(custom, "del1", "Running"))
+    core.delete_namespaced_pod("del1-worker-0", "default")
+    wait_for(phase_is(custom, "del1", "Aborted"))
+    job = vcjob(custom, "del1")
+    assert job["status"]["state"]["reason"] == "PodEvicted"
+    assert job["status"]["version"] == 1
+    # Not recreated: the gang is over, and its other pod is stopped.
+    wait_for(lambda: not core.list_namespaced_pod("default").items)
+
+
+@pytest.mark.parametrize(("action", "ending"), [("TerminateJob", "Terminated"), ("AbortJob", "Aborted")])
+def test_deleting_a_gang_pod_applies_the_jobs_ending_policy(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi, action: str, ending: str
+) -> None:
+    body = a_vcjob("end", policies=[{"event": "PodEvicted", "action": action}])
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", body)
+    wait_for(phase_is(custom, "end", "Running"))
+    core.delete_namespaced_pod("end-worker-1", "default")
+    wait_for(phase_is(custom, "end", ending))
+    assert vcjob_state(custom, "end")["reason"] == "PodEvicted"
+
+
+def test_deleting_a_gang_pod_restarts_the_job_with_a_new_version(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    body = a_vcjob("rs", max_retry=3, policies=[{"event": "PodEvicted", "action": "RestartJob"}])
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", body)
+    wait_for(phase_is(custom, "rs", "Running"))
+    before = pod_uids(core)
+    rv = custom.list_namespaced_custom_object(GROUP, VERSION, "default", "jobs")["metadata"][
+        "resourceVersion"
+    ]
+    core.delete_namespaced_pod("rs-worker-0", "default")
+    phases: list[str] = []
+    for event in watch.Watch().stream(
+        custom.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        "default",
+        "jobs",
+        resource_version=rv,
+        timeout_seconds=10,
+    ):
+        phases.append(event["object"]["status"]["state"]["phase"])
+        if phases[-1] == "Running" and "Restarting" in phases:
+            break
+    assert "Restarting" in phases
+    assert phases[-1] == "Running"
+    job = vcjob(custom, "rs")
+    assert (job["status"]["retryCount"], job["status"]["version"]) == (1, 1)
+    after = wait_for(lambda: (u := pod_uids(core)) and len(u) == 2 and u)
+    # The same names, new pods, created at the new version.
+    assert sorted(after) == sorted(before)
+    assert not set(after.values()) & set(before.values())
+    pod = core.read_namespaced_pod("rs-worker-1", "default")
+    assert pod.metadata.annotations["volcano.sh/job-version"] == "1"
+
+
+def test_restart_policy_with_max_retry_zero_fails_the_job(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    body = a_vcjob("once", max_retry=0, policies=[{"event": "PodEvicted", "action": "RestartJob"}])
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", body)
+    wait_for(phase_is(custom, "once", "Running"))
+    core.delete_namespaced_pod("once-worker-0", "default")
+    wait_for(phase_is(custom, "once", "Failed"))
+    assert vcjob(custom, "once")["status"]["retryCount"] == 1
+
+
+def test_without_a_policy_a_deleted_pod_is_recreated(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", a_vcjob("sync", policies=[]))
+    wait_for(phase_is(custom, "sync", "Running"))
+    before = pod_uids(core)["sync-worker-0"]
+    core.delete_namespaced_pod("sync-worker-0", "default")
+    wait_for(lambda: pod_uids(core).get("sync-worker-0") not in (None, before))
+    assert vcjob_state(custom, "sync")["phase"] == "Running"
+
+
+def test_another_teams_plain_job_never_splits_a_gang(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
+    # A third party's Job without PodGroup takes one node; gpufed's 2 x 8 gang must not half-start.
+    other = {
+        "metadata": {"name": "other"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "m", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+                    ],
+                }
+            }
+        },
+    }
+    client.BatchV1Api(core.api_client).create_namespaced_job("default", other)
+    wait_for(lambda: [p for p in core.list_namespaced_pod("default").items if p.status.phase == "Running"])
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", a_vcjob("gang"))
+    wait_for(
+        lambda: (
+            all(
+                p.status.conditions
+                for p in core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=gang").items
+            )
+            and core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=gang").items
+        )
+    )
+    time.sleep(0.3)
+    gang = core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=gang").items
+    assert len(gang) == 2
+    assert all(p.spec.node_name is None for p in gang)
+    assert vcjob_state(custom, "gang")["phase"] == "Pending"
