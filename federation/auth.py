@@ -57,11 +57,15 @@ class Authenticator:
         self._clock = clock
         self._cache: dict[str, tuple[float, UserRecord]] = {}
 
-    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
+    async def authenticate(
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, *, max_age_s: float = TOKEN_CACHE_TTL_S
+    ) -> Principal:
+        """The caller, from a resolution at most `max_age_s` old (an open stream asks with less, so
+        that its re-checks plus their spacing stay within the cache's TTL)."""
         token = bearer_token(metadata)
         now = self._clock()
         hit = self._cache.get(token)
-        if hit is not None and now - hit[0] < TOKEN_CACHE_TTL_S:
+        if hit is not None and now - hit[0] < min(max_age_s, TOKEN_CACHE_TTL_S):
             user = hit[1]
         else:
             resolved = await self._store.resolve_token(token)
@@ -88,14 +92,20 @@ def can_read_tenant(who: Principal, tenant: TenantId) -> bool:
     return False
 
 
-def check_read_job(who: Principal, tenant: TenantId) -> None:
-    """Raise NotFound (not PermissionDenied) so a caller cannot probe other tenants' job ids."""
+def job_not_found(job_id: str) -> str:
+    """The one answer for a job that does not exist and for a job the caller may not read."""
+    return f"job {shown(job_id)} not found"
+
+
+def check_read_job(who: Principal, tenant: TenantId, job_id: str = "") -> None:
+    """Raise NotFound (not PermissionDenied), worded as for a missing job, so a caller cannot probe
+    other tenants' job ids."""
     if not can_read_tenant(who, tenant):
-        raise NotFound("job not found")
+        raise NotFound(job_not_found(job_id))
 
 
-def check_write_job(who: Principal, tenant: TenantId) -> None:
-    check_read_job(who, tenant)
+def check_write_job(who: Principal, tenant: TenantId, job_id: str = "") -> None:
+    check_read_job(who, tenant, job_id)
     if who.role not in (Role.ADMIN, Role.MEMBER):
         raise PermissionDenied(f"role {who.role} may not change jobs")
 
@@ -195,6 +205,16 @@ def check_change_plans(who: Principal) -> None:
     if who.role not in (Role.ADMIN, Role.INFRA):
         raise PermissionDenied(
             f"only infra and admins may change capacity plans (you are {who.user}, {who.role})"
+        )
+
+
+def check_name_jobs_in_plan(who: Principal) -> None:
+    """A deadline plan names jobs of any tenant: only who reads every job may preview one, so that a
+    preview can never tell a caller whether a job id it may not read exists."""
+    if who.role not in (Role.ADMIN, Role.INFRA):
+        raise PermissionDenied(
+            f"job_ids: a plan naming jobs is previewed by admin and infra, who read every job (you are "
+            f"{who.role}); preview a stored plan by plan_id instead"
         )
 
 

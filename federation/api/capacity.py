@@ -22,7 +22,14 @@ from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import Authenticator, Principal, check_change_plans, check_read_capacity
+from federation.auth import (
+    Authenticator,
+    Principal,
+    can_read_tenant,
+    check_change_plans,
+    check_name_jobs_in_plan,
+    check_read_capacity,
+)
 from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
 from federation.capacity_preview import held_now, need_usd_per_hour, plan_state, pool_states, preview
 from federation.capacity_records import CapacitySettings, PendingOp, PlanKind, PlanRecord
@@ -143,6 +150,15 @@ class CapacityService(pb_grpc.CapacityServicer):
         self._job = job
         self._clock = clock
 
+    async def _check_named_jobs(self, who: Principal, plan: PlanRecord) -> None:
+        """Each job a deadline plan names exists and the caller may read it. One etcd read per job
+        whatever the answer, and one message for "missing" and "not yours" (finance reads plans,
+        not jobs), so a preview is no oracle for other tenants' job ids."""
+        for i, job_id in enumerate(plan.job_ids):
+            stored = await self._store.get_job(job_id)
+            if stored is None or not can_read_tenant(who, stored.value.tenant):
+                raise InvalidArgument(f"job_ids[{i}]: no job {shown(job_id)}")
+
     async def _audit(self, who: Principal, action: str, target: str, detail: str) -> None:
         # Plans buy GPUs: who asked for what stays on record, with the admins' own actions.
         log.info("capacity_plan_changed", action=action, plan_id=target, by=who.user, role=who.role.value)
@@ -199,9 +215,7 @@ class CapacityService(pb_grpc.CapacityServicer):
             now = self._clock()
             settings, pools = await self._pools()
             plan = plan_from_request(req, who, now_s=now, pools=pools)
-            for i, job_id in enumerate(plan.job_ids):
-                if await self._store.get_job(job_id) is None:
-                    raise InvalidArgument(f"job_ids[{i}]: no job {shown(job_id)}")
+            await self._check_named_jobs(who, plan)
             if not await self._capacity.create_plan(plan):
                 raise Conflict(f"plan id {plan.plan_id} was taken; try again")
             what = f"{plan.kind.value} {plan.gpus or len(plan.job_ids)} {plan.gpu_type} in {plan.cluster}"
@@ -250,9 +264,9 @@ class CapacityService(pb_grpc.CapacityServicer):
                 plan = stored
             else:
                 plan = plan_from_request(req, who, now_s=now, pools=pools)
-                for i, job_id in enumerate(plan.job_ids):
-                    if self._job(job_id) is None and await self._store.get_job(job_id) is None:
-                        raise InvalidArgument(f"job_ids[{i}]: no job {shown(job_id)}")
+                if plan.job_ids:
+                    check_name_jobs_in_plan(who)
+                await self._check_named_jobs(who, plan)
             others = plan_values([p for p in records if p.plan_id != plan.plan_id], self._job, now)
             mine = plan_values([replace(plan, cancelled_at_s=None)], self._job, now)[0]
             states = await self._pool_states(pools)

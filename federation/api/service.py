@@ -19,15 +19,18 @@ import grpc
 import structlog
 
 from federation.api import convert
+from federation.api.redact import Redactor
 from federation.api.status import status_code_for
+from federation.api.streams import StreamGuard, next_event
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import (
     Authenticator,
     Principal,
     acting_tenant,
-    check_read_job,
+    can_read_tenant,
     check_write_job,
+    job_not_found,
     listable_tenant,
 )
 from federation.cache import JobCache
@@ -39,7 +42,9 @@ from federation.errors import (
     InvalidSpec,
     NotFound,
     PermissionDenied,
+    RateLimited,
 )
+from federation.idempotent_retry import accepted_before
 from federation.jobs import JobRecord
 from federation.jobspec import DatasetRef
 from federation.metrics import Metrics
@@ -47,7 +52,6 @@ from federation.ratelimit import SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
-from federation.validate import shown
 from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.api")
@@ -159,6 +163,7 @@ class JobService(pb_grpc.JobServiceServicer):
         self._datasets = datasets
         self._cache = cache
         self._h = CallHandlers(auth, metrics)
+        self._auth = auth
         self._metrics = metrics
         self._tenants = tenants
         self._clock = clock
@@ -180,13 +185,23 @@ class JobService(pb_grpc.JobServiceServicer):
         if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
         priority = check_priority_class(who, record, settings, spec.priority_class)
+        spec = replace(spec, tenant=tenant)
+        digest = manifest_digest(spec)
         # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
-        self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
+        try:
+            self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
+        except RateLimited:
+            # A retry of a submission already accepted creates nothing: answer it, do not refuse it.
+            earlier = await accepted_before(self._store, tenant, key, digest)
+            if earlier is None:
+                raise
+            return pb.SubmitJobResponse(
+                job_id=earlier.value.job_id, created=False, job=self._shown(who, earlier.value)
+            )
         if spec.dataset is not None:
             # After the rate limiter: a reference the in-memory view cannot vouch for costs an etcd
             # read, and a flood of unknown ones must stay within the tenant's rate.
             await self._datasets.check(tenant, spec.dataset, settings)
-        spec = replace(spec, tenant=tenant)
         now = self._clock()
         job = JobRecord(
             job_id=_new_job_id(spec.name),
@@ -200,13 +215,15 @@ class JobService(pb_grpc.JobServiceServicer):
         )
         # Without a client key every call is its own submission: key it by the fresh job id.
         stored, created = await self._store.create_job(
-            job, idempotency_key=key or f"auto:{job.job_id}", manifest_digest=manifest_digest(spec)
+            job, idempotency_key=key or f"auto:{job.job_id}", manifest_digest=digest
         )
         if created:
             self._metrics.jobs_submitted.labels(tenant=tenant).inc()
             log.info("job_submitted", job_id=stored.value.job_id, tenant=tenant, user=who.user)
+        else:
+            self._rate_limiter.refund(tenant)
         return pb.SubmitJobResponse(
-            job_id=stored.value.job_id, created=created, job=convert.job_to_pb(stored.value)
+            job_id=stored.value.job_id, created=created, job=self._shown(who, stored.value)
         )
 
     # ---- reads
@@ -216,19 +233,32 @@ class JobService(pb_grpc.JobServiceServicer):
             raise InvalidArgument("job_id: required")
         if len(job_id) > MAX_JOB_ID_LENGTH:
             raise InvalidArgument(f"job_id: at most {MAX_JOB_ID_LENGTH} characters, got {len(job_id)}")
-        stored = self._cache.get(JobId(job_id))
-        if stored is None:
-            # The cache may trail a write made a moment ago on this or another server.
-            stored = await self._store.get_job(JobId(job_id))
-        if stored is None:
-            raise NotFound(f"job {shown(job_id)} not found")
-        check_read_job(who, stored.value.tenant)
+        cached = self._cache.get(JobId(job_id))
+        if cached is not None and can_read_tenant(who, cached.value.tenant):
+            return cached
+        # Not in the cache (it may trail a write made a moment ago on this or another server), or not
+        # the caller's: one etcd read either way, and one answer, so that "another tenant's" and
+        # "does not exist" cost the same time and say the same words.
+        stored = await self._store.get_job(JobId(job_id))
+        if stored is None or not can_read_tenant(who, stored.value.tenant):
+            raise NotFound(job_not_found(job_id))
         return stored
+
+    def _shown(self, who: Principal, job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
+        """The job as this caller may read it (see `federation.api.redact`)."""
+        return convert.job_to_pb(self.redactor(who).job(job), with_manifest=with_manifest)
+
+    def redactor(self, who: Principal) -> Redactor:
+        def tenant_of(job_id: JobId) -> TenantId | None:
+            found = self._cache.get(job_id)
+            return None if found is None else found.value.tenant
+
+        return Redactor(who, tenant_of)
 
     async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
         async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
             stored = await self._visible_job(who, req.job_id)
-            return convert.job_to_pb(stored.value, with_manifest=True)
+            return self._shown(who, stored.value, with_manifest=True)
 
         return await self._h.unary("GetJob", request, context, body)
 
@@ -254,7 +284,7 @@ class JobService(pb_grpc.JobServiceServicer):
             jobs = [j for j in jobs if _list_order(j) > after]
         page = jobs[:size]
         token = _encode_page_token(_list_order(page[-1])) if len(jobs) > size else ""
-        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in page], next_page_token=token)
+        return pb.ListJobsResponse(jobs=[self._shown(who, j) for j in page], next_page_token=token)
 
     async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
         try:
@@ -267,6 +297,7 @@ class JobService(pb_grpc.JobServiceServicer):
         except GpufedError as error:
             await _abort(context, error)
             return
+        guard = StreamGuard(self._auth, context.invocation_metadata(), who)
         queue = self._cache.subscribe()
         try:
             last_sent: dict[JobId, tuple[JobPhase, int, bool]] = {}
@@ -286,13 +317,18 @@ class JobService(pb_grpc.JobServiceServicer):
             if request.include_initial or request.job_id:
                 for stored in sorted(self._cache.jobs(), key=lambda s: _list_order(s.value)):
                     if wanted(stored.value) and changed(stored.value):
-                        yield pb.JobEvent(job=convert.job_to_pb(stored.value))
+                        yield pb.JobEvent(job=self._shown(who, stored.value))
                 if request.job_id:
                     current = self._cache.get(JobId(request.job_id))
                     if current is not None and current.value.phase.is_terminal:
                         return
             while True:
-                event = await queue.get()
+                try:
+                    event = await next_event(queue, guard)
+                except GpufedError as error:
+                    # Revoked, or moved to another tenant or role: the stream's scope is no longer theirs.
+                    await _abort(context, error)
+                    return
                 if event is None:
                     # The cache dropped this subscriber (it fell too far behind): end the stream so
                     # the client re-watches with include_initial instead of silently missing changes.
@@ -301,7 +337,7 @@ class JobService(pb_grpc.JobServiceServicer):
                 job = event.job
                 if job is None or not wanted(job) or not changed(job):
                     continue
-                yield pb.JobEvent(job=convert.job_to_pb(job))
+                yield pb.JobEvent(job=self._shown(who, job))
                 if request.job_id and job.phase.is_terminal:
                     return
         finally:
@@ -313,29 +349,31 @@ class JobService(pb_grpc.JobServiceServicer):
     async def _cancel(self, who: Principal, req: pb.CancelJobRequest) -> pb.Job:
         for _ in range(5):
             stored = await self._visible_job(who, req.job_id)
-            check_write_job(who, stored.value.tenant)
+            check_write_job(who, stored.value.tenant, req.job_id)
             job = stored.value
             if job.phase.is_terminal:
                 raise FailedPrecondition(f"job {job.job_id} already {job.phase}")
             if job.cancel_requested:
-                return convert.job_to_pb(job)
+                return self._shown(who, job)
             # The API only records the request; the dispatcher (the one writer of that transition)
             # stops the gang and moves the job to CANCELLED.
             reason = req.reason[:256] or f"cancelled by {who.user}"
             updated = replace(job, cancel_requested=True, message=reason)
             if await self._store.commit([(updated, stored.mod_revision)]) is not None:
                 log.info("job_cancel_requested", job_id=job.job_id, tenant=job.tenant, user=who.user)
-                return convert.job_to_pb(updated)
+                return self._shown(who, updated)
             await asyncio.sleep(0.01)
             fresh = await self._store.get_job(job.job_id)
             if fresh is None:
-                raise NotFound(f"job {req.job_id} not found")
+                raise NotFound(job_not_found(req.job_id))
         raise FailedPrecondition(f"job {req.job_id} is changing too fast to cancel; try again")
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context: Ctx) -> pb.ExplainJobResponse:
         async def body(who: Principal, req: pb.ExplainJobRequest) -> pb.ExplainJobResponse:
-            job = (await self._visible_job(who, req.job_id)).value
+            redactor = self.redactor(who)
+            job = redactor.job((await self._visible_job(who, req.job_id)).value)
             reasons = await self._store.get_wait_reasons(job.job_id) if job.phase is JobPhase.QUEUED else ()
+            reasons = redactor.reasons(reasons)
             return pb.ExplainJobResponse(
                 job_id=job.job_id,
                 phase=convert.phase_to_pb(job.phase),

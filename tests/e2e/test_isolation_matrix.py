@@ -169,7 +169,8 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     # them (and pools) for their cost, members are refused even for plans over their own jobs.
     "CreateCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
     "ListCapacityPlans": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
-    "PreviewCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
+    # A preview naming jobs is no job-existence oracle: finance (which reads no jobs) is refused it.
+    "PreviewCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
     "CancelCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
     "ListCapacityPools": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
 }
@@ -253,3 +254,75 @@ def test_a_members_lists_hold_only_its_own_tenant(server: ServerProcess) -> None
             seen.update(event.job.tenant for event in alice.watch(include_initial=True, timeout_s=2))
         assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert seen == {OWN}
+
+
+# ---- "another tenant's" and "does not exist" must be the same answer, in the same time.
+
+# The calls that take a job id, as a caller without rights to the job would make them.
+BY_JOB_ID: dict[str, Callable[[GpufedClient, str], Any]] = {
+    "GetJob": lambda c, job_id: c.get(job_id),
+    "WatchJobs": lambda c, job_id: next(iter(c.watch(job_id=job_id, timeout_s=5))),
+    "CancelJob": lambda c, job_id: c.cancel(job_id),
+    "ExplainJob": lambda c, job_id: c.explain(job_id),
+    "PreviewCapacityPlan": lambda c, job_id: CapacityClient(c).preview_plan(
+        plan_request(
+            kind="deadline", cluster="cloud", gpu_type="H100", end_s=time.time() + 3600, job_ids=[job_id]
+        )
+    ),
+}
+
+
+def _answer(fn: Callable[[], Any], job_id: str) -> tuple[str, str]:
+    """The whole answer, with the id itself (the one part that differs by design) taken out."""
+    try:
+        fn()
+    except grpc.RpcError as error:
+        return error.code().name, (error.details() or "").replace(job_id, "<id>")
+    return "OK", ""
+
+
+def _missing_like(job_id: str) -> str:
+    """An id of the same shape (name, '-', 8 hex digits) that no job has."""
+    name, _, suffix = job_id.rpartition("-")
+    return f"{name}-{'%08x' % ((int(suffix, 16) + 0x5A5A5A5) % 2**32)}"
+
+
+@pytest.mark.parametrize("call", list(BY_JOB_ID))
+@pytest.mark.parametrize("role", ["member", "finance"])
+def test_another_tenants_job_and_a_missing_job_get_the_same_whole_answer(
+    server: ServerProcess, call: str, role: str
+) -> None:
+    other = _job(server, OTHER)
+    missing = _missing_like(other)
+    with server.client(ROLES[role]) as client:
+        theirs = _answer(lambda: BY_JOB_ID[call](client, other), other)
+        nobodys = _answer(lambda: BY_JOB_ID[call](client, missing), missing)
+    assert theirs == nobodys
+    assert theirs[0] != "OK"
+
+
+def _median_s(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2]
+
+
+def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: ServerProcess) -> None:
+    """Interleaved GetJob calls (so load drifts hit both alike): the medians must agree within a
+    third. The leak this catches answered another tenant's job from the cache (0.65 ms) and a missing
+    one after an etcd read (1.10 ms): a ratio of 0.59. A loaded machine gets three tries."""
+    other = _job(server, OTHER)
+    missing = _missing_like(other)
+    ratios = []
+    with server.client("alice") as alice:
+        for _ in range(3):
+            timings: dict[str, list[float]] = {other: [], missing: []}
+            for _ in range(250):
+                for job_id in (other, missing):
+                    started = time.perf_counter()
+                    assert _code(lambda job_id=job_id: alice.get(job_id)) == NF
+                    timings[job_id].append(time.perf_counter() - started)
+            ratio = _median_s(timings[other]) / _median_s(timings[missing])
+            ratios.append(round(ratio, 3))
+            if 0.75 <= ratio <= 1.33:
+                return
+    pytest.fail(f"another tenant's job and a missing one answer in different times: ratios {ratios}")

@@ -145,3 +145,29 @@ def test_a_tenant_over_its_submission_limit_is_told_to_slow_down_and_others_are_
     with mtls_server.client("alice") as alice:
         for i in range(5):
             alice.submit(manifest(f"vision-{i}", gpu="B200"))
+
+
+def test_a_retry_of_an_accepted_submission_is_answered_not_charged_nor_refused(
+    mtls_server: ServerProcess,
+) -> None:
+    """A client whose reply was lost retries with the same idempotency key: it gets its job back,
+    also when its tenant is at its limit, and the retry costs the tenant nothing."""
+    with mtls_server.client("bob") as bob:
+        first = bob.submit(manifest("keyed-0", gpu="B200"), idempotency_key="key-0")
+        # Retries while under the limit create nothing and leave the burst as it was.
+        for _ in range(3):
+            again = bob.submit(manifest("keyed-0", gpu="B200"), idempotency_key="key-0")
+            assert (again.job_id, again.created) == (first.job_id, False)
+        for i in (1, 2):  # the rest of the burst of 3: only the first submission was charged
+            assert bob.submit(manifest(f"keyed-{i}", gpu="B200"), idempotency_key=f"key-{i}").created
+        with pytest.raises(grpc.RpcError) as limited:
+            bob.submit(manifest("keyed-3", gpu="B200"), idempotency_key="key-3")
+        assert limited.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # At the limit, a retry of an accepted key is still answered with its job.
+        again = bob.submit(manifest("keyed-1", gpu="B200"), idempotency_key="key-1")
+        assert again.created is False
+        # The same key with another manifest is not a retry: the limit answers it.
+        with pytest.raises(grpc.RpcError) as other:
+            bob.submit(manifest("keyed-1", gpu="B200", workers=2), idempotency_key="key-1")
+        assert other.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert len(bob.list_all()) == 3
