@@ -206,3 +206,83 @@ def test_job_defaults_selector_and_labels() -> None:
             "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}
         },
     } in only["spec"]["containers"][0]["env"]
+
+
+def test_restarts_back_off_doubling_and_keep_the_last_run() -> None:
+    config = cluster("u", (SimPoolConfig.of("a100", "A100"),), default_duration_s=1, restart_backoff_s=10)
+    engine = Engine(config, ManualClock())
+    create(engine, PODS, a_pod("loop", restartPolicy="Always"))
+    advance(engine, 1)
+    (status,) = pod(engine, "loop")["status"]["containerStatuses"]
+    assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["lastState"]["terminated"]["reason"] == "Completed"
+    assert (pod(engine, "loop")["status"]["phase"], status["restartCount"]) == ("Running", 0)
+    advance(engine, 9.9)
+    assert "waiting" in pod(engine, "loop")["status"]["containerStatuses"][0]["state"]
+    advance(engine, 0.1)
+    (status,) = pod(engine, "loop")["status"]["containerStatuses"]
+    assert ("running" in status["state"], status["restartCount"]) == (True, 1)
+    advance(engine, 1)
+    advance(engine, 19.9)
+    assert pod(engine, "loop")["status"]["containerStatuses"][0]["restartCount"] == 1
+    advance(engine, 0.1)
+    assert pod(engine, "loop")["status"]["containerStatuses"][0]["restartCount"] == 2
+    runs = engine.logs.runs(pod(engine, "loop")["metadata"]["uid"], "c")
+    assert [r.index for r in runs] == [1, 2]
+
+
+@pytest.mark.parametrize(("policy", "code", "phase"), [("OnFailure", 0, "Succeeded"), ("Never", 3, "Failed")])
+def test_no_restart_when_the_policy_says_so(policy: str, code: int, phase: str) -> None:
+    engine = an_engine()
+    body = a_pod("p", duration_s=1)
+    body["spec"]["restartPolicy"] = policy
+    body["metadata"]["annotations"]["sim.gpufed.io/exit-code"] = str(code)
+    create(engine, PODS, body)
+    advance(engine, 1)
+    assert phases(engine) == {"p": phase}
+
+
+def test_a_log_stays_under_its_cap_however_long_the_run() -> None:
+    config = cluster("u", (SimPoolConfig.of("a100", "A100"),), log_interval_s=1, log_cap_bytes=1000)
+    engine = Engine(config, ManualClock())
+    create(engine, PODS, a_pod("long", duration_s=10**7))
+    advance(engine, 10**6)
+    (run,) = engine.logs.runs(pod(engine, "long")["metadata"]["uid"], "c")
+    lines = run.lines(engine.clock.wall_s(), engine.logs.cap_bytes)
+    assert sum(len(text) + 1 for _, text in lines) <= 1000
+    assert lines[-1][1] == "[sim] progress: step 1000000, 1e+06s elapsed"
+    assert run.count(engine.clock.wall_s()) == 1_000_002
+
+
+def test_pod_gc_keeps_at_most_the_threshold_of_ended_pods() -> None:
+    config = cluster("u", (SimPoolConfig.of("a100", "A100"),), terminated_pod_gc_threshold=2)
+    engine = Engine(config, ManualClock())
+    for i in range(4):
+        create(engine, PODS, a_pod(f"p{i}", duration_s=1 + i))
+    advance(engine, 10)
+    assert phases(engine) == {"p2": "Succeeded", "p3": "Succeeded"}
+
+
+def test_kubelet_refuses_a_pinned_pod_beyond_the_node_cpu() -> None:
+    engine = an_engine()
+    body = a_pod("big", nodeName="u-a100-0")
+    body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "200"}}
+    create(engine, PODS, body)
+    status = pod(engine, "big")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "OutOfcpu")
+    assert status["message"] == (
+        "Pod was rejected: Node didn't have enough resource: cpu, requested: 200000m, used: 0m, capacity: 96000m"
+    )
+
+
+def test_suspending_a_running_job_deletes_its_pods_without_counting_failures() -> None:
+    engine = an_engine()
+    job = create(engine, BATCH_JOBS, an_indexed_job("j", 2, **{"sim.gpufed.io/duration": "100"}))
+    assert sorted(phases(engine).values()) == ["Running", "Running"]
+    suspended = {**job, "spec": {**job["spec"], "suspend": True}}
+    engine.store.update(BATCH_JOBS, suspended)
+    engine.reconcile()
+    advance(engine, 1)
+    assert engine.store.list(PODS) == []
+    status = engine.store.require(BATCH_JOBS, "default", "j")["status"]
+    assert (status["active"], status["failed"], "startTime" in status) == (0, 0, False)
