@@ -4,25 +4,20 @@ The server decodes each quantity field into a `resource.Quantity` and encodes it
 that sent `nvidia.com/gpu: 4` (a JSON number) or `cpu: 1000m` reads back `"4"` and `"1"`. The
 python client's models depend on it: they refuse a number where a quantity string belongs, and one
 such object would break every list and watch of its kind. Only the fields that are quantities in
-the served kinds are touched; a value that does not parse is refused with `400`, as the server's
-decoder refuses it.
+the built-in kinds are touched; a value that does not parse is refused with `400`, as the server's
+decoder refuses it. Custom resources (Volcano's) are stored as sent, as a real server stores them:
+it does not know which of their fields are quantities. The pods Volcano makes from them are
+canonicalised like any pod.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
 from clusters.sim import errors, quantity
-from clusters.sim.resources import (
-    BATCH_JOBS,
-    NODES,
-    POD_GROUPS,
-    PODS,
-    QUEUES,
-    VOLCANO_JOBS,
-    ResourceType,
-)
+from clusters.sim.resources import BATCH_JOBS, NODES, PODS, ResourceType
 
 Obj = dict[str, Any]
 
@@ -60,40 +55,36 @@ def _maps(rt: ResourceType, obj: Obj) -> Iterator[Obj]:
         yield from (m for k in ("capacity", "allocatable") if (m := _dict(status.get(k))) is not None)
     elif rt is BATCH_JOBS:
         yield from _pod_spec_maps(_template_spec(spec.get("template")))
-    elif rt is VOLCANO_JOBS:
-        for task in spec.get("tasks") or []:
-            if isinstance(task, dict):
-                yield from _pod_spec_maps(_template_spec(task.get("template")))
-        if (m := _dict(spec.get("minResources"))) is not None:
-            yield m
-    elif rt is POD_GROUPS:
-        if (m := _dict(spec.get("minResources"))) is not None:
-            yield m
-    elif rt is QUEUES:
-        yield from (m for k in ("capability", "deserved") if (m := _dict(spec.get(k))) is not None)
-        guarantee = _dict(spec.get("guarantee")) or {}
-        if (m := _dict(guarantee.get("resource"))) is not None:
-            yield m
+
+
+def _canonical(name: str, value: Any) -> str:
+    if isinstance(value, str) and value in _CANONICAL_CACHE:
+        return value
+    try:
+        text = quantity.canonical(value)
+    except quantity.QuantityError as exc:
+        raise errors.bad_request(f"unable to decode {name!r}: {exc}") from exc
+    if text == value and len(_CANONICAL_CACHE) < 4096:
+        _CANONICAL_CACHE.add(text)
+    return text
 
 
 def quantities(rt: ResourceType, obj: Obj) -> None:
-    """Rewrite every quantity of `obj` in canonical form, in place, touching only values that change.
+    """Rewrite every quantity of `obj` in canonical form.
 
-    Committed objects are already canonical, so the maps they share with a new version are left
-    alone; only freshly written values are replaced.
+    `obj` is a new top-level dict, but its parts may be shared with committed objects (a pod made
+    from a Job's template, an `edit` of a status): those are never changed in place. When a value
+    must change, the part that holds it (`spec` or `status`) is copied first.
     """
+    stale = any(_canonical(n, v) != v for values in _maps(rt, obj) for n, v in values.items())
+    if not stale:
+        return
+    for part in ("spec", "status"):
+        if isinstance(obj.get(part), dict):
+            obj[part] = copy.deepcopy(obj[part])
     for values in _maps(rt, obj):
         for name, value in list(values.items()):
-            if isinstance(value, str) and value in _CANONICAL_CACHE:
-                continue
-            try:
-                text = quantity.canonical(value)
-            except quantity.QuantityError as exc:
-                raise errors.bad_request(f"unable to decode {name!r}: {exc}") from exc
-            if text != value:
-                values[name] = text
-            elif len(_CANONICAL_CACHE) < 4096:
-                _CANONICAL_CACHE.add(text)
+            values[name] = _canonical(name, value)
 
 
 # Values already seen in canonical form ("8", "1Gi"): most writes repeat a handful of them.

@@ -285,3 +285,47 @@ def test_openapi_v2_is_json_and_protobuf_is_not_acceptable(sim: ThreadedSim) -> 
         urllib.request.urlopen(protobuf_only, timeout=10)
     assert info.value.code == 406
     assert json.loads(info.value.read())["kind"] == "Status"
+
+
+VCJOB = """
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: vc
+spec:
+  minAvailable: 1
+  schedulerName: volcano
+  queue: default
+  tasks:
+  - name: w
+    replicas: 1
+    template:
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: m
+          image: x
+          resources:
+            limits:
+              nvidia.com/gpu: 1
+"""
+
+
+def test_custom_resources_keep_their_quantities_as_sent(
+    sim: ThreadedSim, api: client.ApiClient, tmp_path: Path
+) -> None:
+    # A real server cannot know which fields of a custom resource are quantities; its pods are built-in.
+    assert "created" in kubectl(tmp_path, "apply", "-f", "-", stdin=VCJOB).stdout
+    job = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "batch.volcano.sh", "v1alpha1", "default", "jobs", "vc"
+    )
+    assert job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": 1
+    }
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + 10
+    while not core.list_namespaced_pod("default").items:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pod = core.list_namespaced_pod("default").items[0]
+    assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
