@@ -1,4 +1,5 @@
-"""`gpufed dataset register|list|show|sync|status|evict`: the dataset registry and its copies (Datasets).
+"""`gpufed dataset register|list|show|sync|status|evict|verify|grants|grant`: the dataset registry, its
+copies, and who may register what (Datasets).
 
 `sync` shows the plan first (bytes to copy, egress estimate), then asks the leader to run it; with
 `--wait` it follows the progress (bytes, objects, rate, time left) until the copy is done or failed.
@@ -60,7 +61,11 @@ def dataset_text(d: pb.DatasetInfo) -> str:
             f"objects  sha256 {v.manifest_digest[:16]}"
         )
     for c in d.copies:
-        pins = f"  pinned by {', '.join(c.pinned_by)}" if c.pinned_by else ""
+        users = [
+            *c.pinned_by,
+            *([f"{c.pinned_by_others} job(s) of other tenants"] if c.pinned_by_others else []),
+        ]
+        pins = f"  pinned by {', '.join(users)}" if users else ""
         lines.append(f"  copy of {c.version} in {c.store}: {human_bytes(c.size_bytes)}{pins}")
     return "\n".join(lines)
 
@@ -78,7 +83,15 @@ def sync_text(s: pb.SyncStatus) -> str:
         f"  plan: copy {human_bytes(s.bytes_to_copy)} in {s.objects_to_copy} objects; "
         f"egress ${s.egress_usd:.2f} at ${s.egress_usd_per_gb:.3f}/GB"
     )
-    extra = [f"  jobs: {', '.join(s.job_ids)}"] if s.job_ids else []
+    jobs = [*s.job_ids, *([f"{s.other_job_count} job(s) of other tenants"] if s.other_job_count else [])]
+    extra = [f"  jobs: {', '.join(jobs)}"] if jobs else []
+    if p.objects_up_to_date or p.objects_copied or p.objects_reused or p.objects_failed:
+        extra.append(
+            f"  objects: {p.objects_up_to_date} up to date, {p.objects_copied} copied, "
+            f"{p.objects_reused} reused, {p.objects_failed} failed; bytes: "
+            f"{human_bytes(p.bytes_transferred)} transferred, {human_bytes(p.bytes_server_copied)} copied "
+            f"server-side, {human_bytes(p.bytes_reused)} reused, {human_bytes(p.bytes_resumed)} resumed"
+        )
     if s.state == "done":
         extra.append(f"  copied {human_bytes(s.bytes_copied)}; verified: {'yes' if s.verified else 'no'}")
     if s.error:
@@ -185,3 +198,57 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         with opts.client() as client:
             reply = DatasetsClient(client).evict(name, store=store, version=version)
         opts.emit(reply, f"evicted {ref} from {store}: {human_bytes(reply.freed_bytes)} freed")
+
+    @dataset.command(name="verify")
+    @click.argument("ref", metavar="NAME[@VERSION]")
+    @click.option("--store", required=True, help="the store holding the copy to check")
+    @click.option("--repair/--no-repair", default=True, help="copy bad objects again (default: yes)")
+    @click.pass_obj
+    @rpc
+    def verify_cmd(opts: Any, ref: str, store: str, repair: bool) -> None:
+        """Re-read and re-hash every object of a copy against the version's manifest; repair what is bad."""
+        name, _, version = ref.partition("@")
+        with opts.client() as client:
+            reply = DatasetsClient(client).verify(name, store=store, version=version, repair=repair)
+        opts.emit(reply, verify_text(reply))
+        if not reply.ok:
+            raise SystemExit(1)
+
+    @dataset.command(name="grants")
+    @click.option("--store", default="", help="only this store")
+    @click.option("--tenant", default="", help="only this tenant (admins and infra)")
+    @click.pass_obj
+    @rpc
+    def grants_cmd(opts: Any, store: str, tenant: str) -> None:
+        """The prefixes each tenant may register datasets under, per store."""
+        with opts.client() as client:
+            reply = DatasetsClient(client).grants(store=store, tenant=tenant)
+        rows = [("STORE", "TENANT", "PREFIXES", "FROM")]
+        rows += [(g.store, g.tenant, ",".join(g.prefixes) or "-", g.source) for g in reply.grants]
+        opts.emit(reply, _table(rows))
+
+    @dataset.command(name="grant")
+    @click.argument("store")
+    @click.argument("tenant")
+    @click.argument("prefixes", nargs=-1)
+    @click.pass_obj
+    @rpc
+    def grant_cmd(opts: Any, store: str, tenant: str, prefixes: tuple[str, ...]) -> None:
+        """Admins: let TENANT register under PREFIXES in STORE (none: back to the config's). Audited."""
+        with opts.client() as client:
+            reply = DatasetsClient(client).set_grant(store=store, tenant=tenant, prefixes=prefixes)
+        opts.emit(
+            reply, f"{reply.tenant} in {reply.store}: {', '.join(reply.prefixes) or 'none'} ({reply.source})"
+        )
+
+
+def verify_text(r: pb.VerifyDatasetResponse) -> str:
+    head = f"{r.dataset}@{r.version} in {r.store}: {r.objects_checked} objects checked; "
+    bad = len({*r.missing, *r.wrong_size, *r.wrong_hash})
+    if not bad:
+        return head + "all match the manifest"
+    lines = [head + f"{bad} bad, {len(r.repaired)} repaired; {'whole now' if r.ok else 'STILL DAMAGED'}"]
+    lines += [f"  missing: {p}" for p in r.missing]
+    lines += [f"  wrong size: {p}" for p in r.wrong_size]
+    lines += [f"  wrong sha256: {p}" for p in r.wrong_hash]
+    return "\n".join(lines)

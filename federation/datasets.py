@@ -9,6 +9,9 @@ Keys:
   /gpufed/datasets/<name>                        the Dataset (tenant, home store, versions, sharing)
   /gpufed/manifests/<name>/<version>             the version's manifest (JSON rows)
   /gpufed/caches/<store>/<name>/<version>        a copy in a store other than home: size, last use, pins
+  /gpufed/copy-etags/<store>/<name>/<version>    the copy's objects as last verified (path -> ETag) and
+                                                 when: written with the copy record, the truth a copy
+                                                 is checked against (its marker in the bucket is a hint)
 
 Dataset names are global (as bucket names are), so a job's `dataset: imagenet@v3` means one thing
 whoever reads it; another tenant's dataset is invisible (NOT_FOUND) unless shared.
@@ -38,7 +41,7 @@ from datasync import (
     manifest_to_json,
 )
 from federation.errors import Conflict, FailedPrecondition, InvalidSpec
-from federation.kv import Compare, Delete, KeyValueStore, Put
+from federation.kv import Compare, Delete, KeyValueStore, Op, Put
 from federation.records import DatasetLocation, SchedulingSettings
 from federation.validate import shown
 from placement.model import TenantId
@@ -46,6 +49,7 @@ from placement.model import TenantId
 DATASETS = b"/gpufed/datasets/"
 MANIFESTS = b"/gpufed/manifests/"
 CACHES = b"/gpufed/caches/"
+COPY_ETAGS = b"/gpufed/copy-etags/"
 # A manifest row is about 100 bytes: past this a manifest would crowd etcd's 1.5 MiB request limit.
 MAX_MANIFEST_BYTES = 1_000_000
 
@@ -53,6 +57,10 @@ _DATASET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 # Starts with a letter or digit, so a version is never '.' or '..' inside an object path.
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MAX_PREFIX = 512
+# Every store's `gpufed-cache/` holds copies only (each version under its own prefix, so evicting one never
+# deletes an object another version or dataset references); `.gpufed/` holds datasync's state.
+CACHE_ROOT = "gpufed-cache"
+RESERVED_ROOTS = frozenset({CACHE_ROOT, ".gpufed"})
 
 
 def dataset_name_field(value: Any, field: str = "name") -> DatasetName:
@@ -79,10 +87,14 @@ def prefix_field(value: Any, field: str = "prefix") -> str:
         )
     text = value if value.endswith("/") else value + "/"
     segments = text[:-1].split("/")
+    if segments[0] in RESERVED_ROOTS:
+        # A home under the cache would be deleted with the copy evicted there (another dataset's data).
+        raise InvalidSpec(
+            field, f"{segments[0]}/ is reserved for gpufed's copies and state, got {shown(value)}"
+        )
     if (
         text.startswith("/")
         or any(s in ("", ".", "..") for s in segments)
-        or segments[0] == ".gpufed"
         or any(ord(c) < 32 or c == "\x7f" for c in text)
     ):
         raise InvalidSpec(
@@ -95,12 +107,20 @@ def prefix_field(value: Any, field: str = "prefix") -> str:
 
 def cache_prefix(dataset: str, version: str) -> str:
     """Where a copy of a version lives in a store that is not its home."""
-    return f"gpufed-cache/{dataset}/{version}/"
+    return f"{CACHE_ROOT}/{dataset}/{version}/"
 
 
 def resolve(dataset: Dataset, version: str | None) -> DatasetVersion | None:
     """The version a reference names: the given one, or the latest when it names none."""
     return dataset.latest() if version is None else dataset.version(VersionId(version))
+
+
+@dataclass(frozen=True, slots=True)
+class CopyEtags:
+    """What a copy held when it was last verified (hashed by a sync, a repair or a scrub)."""
+
+    etags: dict[str, str]
+    verified_at_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +139,10 @@ def _manifest_key(name: str, version: str) -> bytes:
 
 def _cache_key(key: CopyKey) -> bytes:
     return CACHES + f"{key.store}/{key.dataset}/{key.version}".encode()
+
+
+def _etags_key(key: CopyKey) -> bytes:
+    return COPY_ETAGS + f"{key.store}/{key.dataset}/{key.version}".encode()
 
 
 def _copy_to_json(c: CachedCopy) -> bytes:
@@ -144,6 +168,11 @@ class DatasetRegistry:
 
     def __init__(self, kv: KeyValueStore) -> None:
         self._kv = kv
+
+    @property
+    def kv(self) -> KeyValueStore:
+        """The store the registry is in, for the copy fences (`federation.datasets_fence`)."""
+        return self._kv
 
     async def get(self, name: str) -> StoredDataset | None:
         kv = await self._kv.get(_dataset_key(name))
@@ -222,19 +251,42 @@ class DatasetRegistry:
         kv = await self._kv.get(_cache_key(key))
         return None if kv is None else (_copy_from_json(kv.key, kv.value), kv.mod_revision)
 
-    async def put_copy(self, copy: CachedCopy, *, expect_revision: int | None) -> bool:
-        """Compare-and-swap one copy record (expect_revision None: it must not exist yet)."""
+    async def put_copy(
+        self,
+        copy: CachedCopy,
+        *,
+        expect_revision: int | None,
+        etags: CopyEtags | None = None,
+        also: Sequence[Compare] = (),
+    ) -> bool:
+        """Compare-and-swap one copy record (expect_revision None: it must not exist yet), with its
+        verified ETags when given (a sync's or a repair's result), and `also` (the fence still held)."""
         key = _cache_key(copy.key)
         compare = (
             Compare.absent(key) if expect_revision is None else Compare.mod_revision_is(key, expect_revision)
         )
-        result = await self._kv.txn([compare], [Put(key, _copy_to_json(copy))])
+        ops = [Put(key, _copy_to_json(copy))]
+        if etags is not None:
+            body = {"etags": etags.etags, "verified_at_s": etags.verified_at_s}
+            ops.append(Put(_etags_key(copy.key), json.dumps(body, sort_keys=True).encode()))
+        result = await self._kv.txn([compare, *also], ops)
         return result.succeeded
 
-    async def delete_copy(self, key: CopyKey, *, expect_revision: int) -> bool:
+    async def copy_etags(self, key: CopyKey) -> CopyEtags | None:
+        kv = await self._kv.get(_etags_key(key))
+        if kv is None:
+            return None
+        d = json.loads(kv.value)
+        return CopyEtags({str(p): str(e) for p, e in d["etags"].items()}, float(d["verified_at_s"]))
+
+    async def delete_copy(
+        self, key: CopyKey, *, expect_revision: int, also: Sequence[Compare] = (), extra: Sequence[Op] = ()
+    ) -> bool:
+        """Delete the copy record and its ETags at once (with `extra` deletes, if `also` holds)."""
         key_bytes = _cache_key(key)
         compare = Compare.mod_revision_is(key_bytes, expect_revision)
-        return (await self._kv.txn([compare], [Delete(key_bytes)])).succeeded
+        ops: list[Op] = [Delete(key_bytes), Delete(_etags_key(key)), *extra]
+        return (await self._kv.txn([compare, *also], ops)).succeeded
 
 
 # ---- what the placer sees: every version's home store and size, and the stores holding a copy.

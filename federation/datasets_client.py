@@ -58,3 +58,27 @@ class DatasetsClient:
             metadata=self._metadata,
             timeout=TIMEOUT_S,
         )
+
+    def verify(
+        self, name: str, *, store: str, version: str = "", repair: bool = False
+    ) -> pb.VerifyDatasetResponse:
+        # Re-reads and hashes every object of the copy: as long as registering it.
+        return self._stub.VerifyDataset(
+            pb.VerifyDatasetRequest(name=name, version=version, store=store, repair=repair),
+            metadata=self._metadata,
+            timeout=REGISTER_TIMEOUT_S,
+        )
+
+    def grants(self, *, store: str = "", tenant: str = "") -> pb.ListDatasetGrantsResponse:
+        return self._stub.ListDatasetGrants(
+            pb.ListDatasetGrantsRequest(store=store, tenant=tenant),
+            metadata=self._metadata,
+            timeout=TIMEOUT_S,
+        )
+
+    def set_grant(self, *, store: str, tenant: str, prefixes: Sequence[str]) -> pb.DatasetGrant:
+        return self._stub.SetDatasetGrant(
+            pb.DatasetGrant(store=store, tenant=tenant, prefixes=list(prefixes)),
+            metadata=self._metadata,
+            timeout=TIMEOUT_S,
+        )

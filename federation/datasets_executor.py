@@ -10,6 +10,8 @@ datasync:
   shardBytes: 1073741824    # ray only: about this many bytes per shard (default 1 GiB)
   maxShards: 16             # ray only: at most this many shards per sync
   cpusPerShard: 1           # ray only: the CPUs each shard's task reserves
+  scrubIntervalSeconds: 600 # the leader re-reads and re-hashes one cached copy this often (the one
+                            # verified longest ago) and repairs what it finds bad; 0: no scrub
 ```
 
 Ray is imported, and started or joined, only when a sync actually copies through it: a federation on
@@ -18,7 +20,8 @@ Planning, the marker, deletions, progress and the sync record stay with the lead
 workers build their own store clients from the store configs, so the credentials those configs name must
 be in the workers' environment (a Ray started here inherits the server's).
 
-Key: /gpufed/datasync -> {"executor", "ray_address", "shard_bytes", "max_shards", "cpus_per_shard"}
+Key: /gpufed/datasync -> {"executor", "ray_address", "shard_bytes", "max_shards", "cpus_per_shard",
+                          "scrub_interval_s"}
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from federation.validate import int_field, number_field, shown
 log = structlog.get_logger("gpufed.staging")
 
 SETTINGS_KEY = b"/gpufed/datasync"
-KEYS = ("executor", "rayAddress", "shardBytes", "maxShards", "cpusPerShard")
+KEYS = ("executor", "rayAddress", "shardBytes", "maxShards", "cpusPerShard", "scrubIntervalSeconds")
 GIB = 2**30
 
 
@@ -62,6 +65,8 @@ class DatasyncSettings:
     shard_bytes: int = GIB
     max_shards: int = 16
     cpus_per_shard: float = 1.0
+    # One cached copy re-hashed (and repaired) this often; 0 turns the scrub off.
+    scrub_interval_s: float = 600.0
 
 
 def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
@@ -94,6 +99,11 @@ def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
         cpus_per_shard=number_field(
             section.get("cpusPerShard", defaults.cpus_per_shard), "datasync.cpusPerShard", minimum=0
         ),
+        scrub_interval_s=number_field(
+            section.get("scrubIntervalSeconds", defaults.scrub_interval_s),
+            "datasync.scrubIntervalSeconds",
+            minimum=0,
+        ),
     )
 
 
@@ -105,6 +115,7 @@ def settings_to_json(s: DatasyncSettings) -> bytes:
             "shard_bytes": s.shard_bytes,
             "max_shards": s.max_shards,
             "cpus_per_shard": s.cpus_per_shard,
+            "scrub_interval_s": s.scrub_interval_s,
         },
         sort_keys=True,
     ).encode()
@@ -118,6 +129,7 @@ def settings_from_json(value: bytes) -> DatasyncSettings:
         shard_bytes=int(d["shard_bytes"]),
         max_shards=int(d["max_shards"]),
         cpus_per_shard=float(d["cpus_per_shard"]),
+        scrub_interval_s=float(d.get("scrub_interval_s", DatasyncSettings().scrub_interval_s)),
     )
 
 

@@ -4,8 +4,9 @@ and the store clients a server opens from them.
 A store's record holds no secret: credentials come from environment variables (or files) the record
 names, read on the server when the client is built (see docs/datasync.md). The config keys are datasync's
 store keys in the config file's camelCase (`accessKeyIdEnv` for `access_key_id_env`), plus two of
-federation's: `capacityGiB` (the cache's size there; unset: unbounded) and `seaweed` (only under `gpufed
-up`: a local SeaweedFS server of that name serves the store's bucket; stores naming one server share it).
+federation's: `capacityGiB` (the cache's size there; unset: unbounded), `seaweed` (only under `gpufed
+up`: a local SeaweedFS server of that name serves the store's bucket; stores naming one server share it)
+and `datasetPrefixes` (who may register what there: `federation.datasets_grants`).
 
 Key: /gpufed/stores/<name> -> {"config": {...datasync keys...}, "capacity_bytes": int | null}
 """
@@ -22,6 +23,7 @@ from typing import Any
 import structlog
 
 from datasync import DatasyncError, ObjectStore, StoreConfig, open_store, parse_store_config
+from federation.datasets_grants import DEFAULT_PREFIXES, parse_dataset_prefixes
 from federation.errors import InvalidSpec, NotFound
 from federation.kv import KeyValueStore
 from federation.validate import name_field, number_field, shown
@@ -47,6 +49,8 @@ class StoreRecord:
     capacity_bytes: int | None = None
     # `gpufed up` only: the local SeaweedFS server that serves this store.
     seaweed: str | None = None
+    # Where each tenant (or '*') may register datasets in this store (`federation.datasets_grants`).
+    dataset_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_PREFIXES
 
 
 def config_doc(config: StoreConfig) -> dict[str, Any]:
@@ -68,6 +72,7 @@ def parse_object_stores(doc: Mapping[str, Any]) -> tuple[StoreRecord, ...]:
         keys = {_CAMEL.sub("_", str(k)).lower(): v for k, v in raw.items()}
         capacity = keys.pop("capacity_gi_b", None)
         seaweed = keys.pop("seaweed", None)
+        prefixes = parse_dataset_prefixes(keys.pop("dataset_prefixes", None), f"{at}.datasetPrefixes")
         if seaweed is not None:
             seaweed = name_field(seaweed, f"{at}.seaweed")
             if keys.get("kind") != "s3":
@@ -84,6 +89,7 @@ def parse_object_stores(doc: Mapping[str, Any]) -> tuple[StoreRecord, ...]:
                 if capacity is None
                 else int(number_field(capacity, f"{at}.capacityGiB", minimum=0) * 2**30),
                 seaweed=seaweed,
+                dataset_prefixes=prefixes,
             )
         )
     return tuple(records)
@@ -105,15 +111,27 @@ def check_cluster_stores(
 
 
 def store_to_json(s: StoreRecord) -> bytes:
-    return json.dumps(
-        {"config": config_doc(s.config), "capacity_bytes": s.capacity_bytes}, sort_keys=True
-    ).encode()
+    doc: dict[str, Any] = {"config": config_doc(s.config), "capacity_bytes": s.capacity_bytes}
+    if s.dataset_prefixes != DEFAULT_PREFIXES:
+        doc["dataset_prefixes"] = {t: list(p) for t, p in s.dataset_prefixes}
+    return json.dumps(doc, sort_keys=True).encode()
 
 
 def store_from_json(name: str, value: bytes) -> StoreRecord:
     d = json.loads(value)
     capacity = d.get("capacity_bytes")
-    return StoreRecord(name, parse_store_config(d["config"]), None if capacity is None else int(capacity))
+    held = d.get("dataset_prefixes")
+    prefixes = (
+        DEFAULT_PREFIXES
+        if held is None
+        else tuple(sorted((str(t), tuple(str(x) for x in p)) for t, p in held.items()))
+    )
+    return StoreRecord(
+        name,
+        parse_store_config(d["config"]),
+        None if capacity is None else int(capacity),
+        dataset_prefixes=prefixes,
+    )
 
 
 class StoreDirectory:

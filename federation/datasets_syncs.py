@@ -25,6 +25,8 @@ class SyncState(StrEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    # The copy was evicted after this sync: what it copied is gone, and nothing is verified any more.
+    EVICTED = "evicted"
 
     @property
     def active(self) -> bool:
@@ -53,6 +55,18 @@ class SyncRecord:
     egress_usd: float = 0.0
     egress_usd_per_gb: float = 0.0
     bytes_copied: int = 0
+    # What this run did, by kind (datasync's `SyncProgress`): objects found up to date, copied from the
+    # source, reused server-side from another version's copy in the target store, failed; bytes that
+    # passed through this process, were copied inside the target's endpoint, reused, or resumed from a
+    # killed run's uploaded parts. The rate counts transferred bytes only.
+    objects_up_to_date: int = 0
+    objects_copied: int = 0
+    objects_reused: int = 0
+    objects_failed: int = 0
+    bytes_transferred: int = 0
+    bytes_server_copied: int = 0
+    bytes_reused: int = 0
+    bytes_resumed: int = 0
     verified: bool = False
     error: str = ""
     # Whether trying again may help (a timeout) or not (the source object is gone).
@@ -79,6 +93,10 @@ class SyncRecord:
 
 def sync_key(store: str, dataset: str, version: str) -> bytes:
     return SYNCS + f"{store}/{dataset}/{version}".encode()
+
+
+def encode_record(r: SyncRecord) -> bytes:
+    return _to_json(r)
 
 
 def _to_json(r: SyncRecord) -> bytes:

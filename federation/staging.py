@@ -121,19 +121,30 @@ class Stager:
                 f"sync of {version.dataset}@{version.version} to {store} failed: {record.error}",
                 retryable=record.retryable,
             )
+        if held is not None and held[0].state.active:
+            # The copy is being written (a first sync, or a re-sync repairing it): not usable yet.
+            return WAIT
         if await self._present(job, version, store):
             return READY
-        if held is None or not held[0].state.active:
-            # The record is gone (or done while the copy was evicted): ask again.
-            gate = await self.prepare(job)
-            return WAIT if gate.kind is GateKind.STAGE else gate
-        return WAIT
+        # The record is gone, or done while the copy was evicted or found damaged: ask again.
+        gate = await self.prepare(job)
+        return WAIT if gate.kind is GateKind.STAGE else gate
 
     async def _present(self, job: JobRecord, version: DatasetVersion, store: str) -> bool:
-        """Whether the store holds the version; a cached copy is pinned by the job before dispatch."""
+        """Whether the store holds the version; a cached copy is checked against etcd's record (one
+        listing: sizes and ETags) and pinned by the job before dispatch. A copy that fails the check is
+        not used: the caller asks for a sync, which copies again only what is missing or changed."""
         if store == version.home.store:
             return True
         key = CopyKey(StoreName(store), DatasetName(version.dataset), VersionId(version.version))
+        if await self._registry.get_copy(key) is None:
+            return False
+        bad = await self._runner.check(key)
+        if bad:
+            log.warning(
+                "copy_damaged", job_id=job.job_id, store=store, dataset=version.dataset, objects=len(bad)
+            )
+            return False
         for _ in range(5):
             held = await self._registry.get_copy(key)
             if held is None:
@@ -150,8 +161,10 @@ class Stager:
         return False
 
     async def tick(self, jobs: Iterable[JobRecord]) -> None:
-        """Start syncs that have no task here (new, or left by a previous leader); release old pins."""
+        """Start syncs that have no task here (new, or left by a previous leader); release old pins;
+        start the periodic scrub of one copy when it is due."""
         await self._runner.start_missing()
+        self._runner.scrub_tick()
         using = {
             (j.job_id, self._cluster_store(j.placement.cluster))
             for j in jobs

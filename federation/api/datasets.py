@@ -9,22 +9,22 @@ cannot help (a missing bucket, bad credentials) and UNAVAILABLE when it may.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TypeVar
 
 from datasync import (
     CachedCopy,
     CopyKey,
     Dataset,
     DatasetVersion,
-    DatasyncError,
     StoreLocation,
     StoreName,
     build_manifest,
     plan_sync,
 )
 from federation.api import convert
+from federation.api.datasets_trust import DatasetTrustCalls
+from federation.api.datasets_trust import store_call as _store_call
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
@@ -32,6 +32,7 @@ from federation.auth import (
     Authenticator,
     Principal,
     acting_tenant,
+    can_read_tenant,
     check_read_dataset,
     check_sync_dataset,
     listable_tenant,
@@ -44,28 +45,20 @@ from federation.datasets import (
     resolve,
     version_field,
 )
+from federation.datasets_grants import GrantDirectory, allows
 from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecord, SyncRecords
-from federation.errors import FailedPrecondition, InvalidSpec, NotFound, StoreUnavailable
+from federation.errors import FailedPrecondition, InvalidSpec, NotFound, PermissionDenied
 from federation.metrics import Metrics
 from federation.records import Role
+from federation.security_store import SecurityStore
 from federation.staging_run import egress_rate, evict_copy
 from federation.store import JobStore
 from federation.validate import name_field, shown
-from placement.model import TenantId
+from placement.model import JobId, TenantId
 
-T = TypeVar("T")
 MAX_SHARED = 100
 BUILD_CONCURRENCY = 16
-
-
-async def _store_call(what: str, call: Awaitable[T]) -> T:
-    """Run an object-store call, turning datasync's errors into federation's (retryable or not)."""
-    try:
-        return await call
-    except DatasyncError as error:
-        text = f"{what}: {str(error)[:400]}"
-        raise (StoreUnavailable(text) if error.retryable else FailedPrecondition(text)) from error
 
 
 def version_to_pb(v: DatasetVersion) -> pb.DatasetVersionInfo:
@@ -81,7 +74,11 @@ def version_to_pb(v: DatasetVersion) -> pb.DatasetVersionInfo:
     )
 
 
-def dataset_to_pb(d: Dataset, copies: tuple[CachedCopy, ...]) -> pb.DatasetInfo:
+def dataset_to_pb(
+    d: Dataset, copies: tuple[CachedCopy, ...], shown_jobs: dict[str, tuple[list[str], int]] | None = None
+) -> pb.DatasetInfo:
+    """`shown_jobs`: per copy (store/version), the pinning jobs the caller may read, and how many others."""
+    shown_jobs = shown_jobs or {}
     return pb.DatasetInfo(
         name=d.name,
         tenant=d.tenant,
@@ -94,7 +91,8 @@ def dataset_to_pb(d: Dataset, copies: tuple[CachedCopy, ...]) -> pb.DatasetInfo:
                 version=c.key.version,
                 size_bytes=c.size_bytes,
                 last_used=convert.timestamp(c.last_used_s),
-                pinned_by=sorted(c.pinned_by),
+                pinned_by=shown_jobs.get(f"{c.key.store}/{c.key.version}", (sorted(c.pinned_by), 0))[0],
+                pinned_by_others=shown_jobs.get(f"{c.key.store}/{c.key.version}", ([], 0))[1],
             )
             for c in copies
             if c.key.dataset == d.name
@@ -102,7 +100,8 @@ def dataset_to_pb(d: Dataset, copies: tuple[CachedCopy, ...]) -> pb.DatasetInfo:
     )
 
 
-def sync_to_pb(r: SyncRecord) -> pb.SyncStatus:
+def sync_to_pb(r: SyncRecord, shown_jobs: tuple[list[str], int] | None = None) -> pb.SyncStatus:
+    jobs, others = shown_jobs if shown_jobs is not None else (list(r.job_ids), 0)
     return pb.SyncStatus(
         dataset=r.dataset,
         version=r.version,
@@ -117,6 +116,14 @@ def sync_to_pb(r: SyncRecord) -> pb.SyncStatus:
             rate_bytes_per_s=r.rate_bytes_per_s,
             eta_s=-1.0 if r.eta_s is None else r.eta_s,
             elapsed_s=r.elapsed_s,
+            objects_up_to_date=r.objects_up_to_date,
+            objects_copied=r.objects_copied,
+            objects_reused=r.objects_reused,
+            objects_failed=r.objects_failed,
+            bytes_transferred=r.bytes_transferred,
+            bytes_server_copied=r.bytes_server_copied,
+            bytes_reused=r.bytes_reused,
+            bytes_resumed=r.bytes_resumed,
         ),
         bytes_to_copy=r.bytes_to_copy,
         objects_to_copy=r.objects_to_copy,
@@ -124,13 +131,14 @@ def sync_to_pb(r: SyncRecord) -> pb.SyncStatus:
         egress_usd_per_gb=r.egress_usd_per_gb,
         bytes_copied=r.bytes_copied,
         error=r.error,
-        job_ids=list(r.job_ids),
+        job_ids=jobs,
+        other_job_count=others,
         updated_at=convert.timestamp(r.updated_at_s),
         verified=r.verified,
     )
 
 
-class DatasetService(pb_grpc.DatasetsServicer):
+class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
     def __init__(
         self,
         *,
@@ -148,6 +156,30 @@ class DatasetService(pb_grpc.DatasetsServicer):
         self._syncs = syncs
         self._h = CallHandlers(auth, metrics)
         self._clock = clock
+        self._grants = GrantDirectory(registry.kv)
+        self._security = SecurityStore(registry.kv)
+
+    async def _readable_jobs(self, who: Principal, job_ids: Iterable[str]) -> tuple[list[str], int]:
+        """The job ids the caller may read, and how many others there are: a shared dataset's copies
+        and syncs are used by other tenants' jobs, whose ids are theirs to see."""
+        ids = sorted(set(job_ids))
+        if who.role in (Role.ADMIN, Role.INFRA):
+            return ids, 0
+        shown_ids = []
+        for job_id in ids:
+            stored = await self._store.get_job(JobId(job_id))
+            if stored is not None and can_read_tenant(who, stored.value.tenant):
+                shown_ids.append(job_id)
+        return shown_ids, len(ids) - len(shown_ids)
+
+    async def _copy_jobs(
+        self, who: Principal, d: Dataset, copies: tuple[CachedCopy, ...]
+    ) -> dict[str, tuple[list[str], int]]:
+        return {
+            f"{c.key.store}/{c.key.version}": await self._readable_jobs(who, c.pinned_by)
+            for c in copies
+            if c.key.dataset == d.name and c.pinned_by
+        }
 
     async def _visible(self, who: Principal, name: str) -> Dataset:
         stored = await self._registry.get(name)
@@ -175,7 +207,17 @@ class DatasetService(pb_grpc.DatasetsServicer):
             tenant = acting_tenant(who, req.tenant, action="register datasets", field="tenant")
             if tenant != who.tenant and await self._store.get_tenant(tenant) is None:
                 raise InvalidSpec("tenant", f"no tenant {shown(tenant)}")
-            await self._stores.require(store_name)
+            store_record = await self._stores.require(store_name)
+            if not who.is_admin:
+                # The server reads the prefix with its own credentials: a member may name only data its
+                # tenant was granted, never another tenant's.
+                grant = await self._grants.effective(store_name, tenant, store_record.dataset_prefixes)
+                if not allows(grant.prefixes, prefix):
+                    granted = ", ".join(grant.prefixes) or "none"
+                    raise PermissionDenied(
+                        f"prefix: tenant {tenant} may register datasets in store {store_name} only under "
+                        f"its granted prefixes ({granted}), not {shown(prefix)}; an admin grants more"
+                    )
             client = await _store_call(f"store {store_name}", self._stores.client(store_name))
             manifest = await _store_call(
                 f"reading {store_name}/{prefix}",
@@ -211,14 +253,17 @@ class DatasetService(pb_grpc.DatasetsServicer):
                 datasets = [d for d in datasets if d.visible_to(who.tenant)]
             elif scope is not None:
                 datasets = [d for d in datasets if d.tenant == scope]
-            return pb.ListDatasetsResponse(datasets=[dataset_to_pb(d, copies) for d in datasets])
+            return pb.ListDatasetsResponse(
+                datasets=[dataset_to_pb(d, copies, await self._copy_jobs(who, d, copies)) for d in datasets]
+            )
 
         return await self._h.unary("ListDatasets", request, context, body)
 
     async def GetDataset(self, request: pb.GetDatasetRequest, context: Ctx) -> pb.DatasetInfo:
         async def body(who: Principal, req: pb.GetDatasetRequest) -> pb.DatasetInfo:
             dataset = await self._visible(who, dataset_name_field(req.name))
-            return dataset_to_pb(dataset, (await self._registry.copies()).copies)
+            copies = (await self._registry.copies()).copies
+            return dataset_to_pb(dataset, copies, await self._copy_jobs(who, dataset, copies))
 
         return await self._h.unary("GetDataset", request, context, body)
 
@@ -276,7 +321,7 @@ class DatasetService(pb_grpc.DatasetsServicer):
                 return reply
             # The leader's stager runs it (and says so in the record); this server only asks.
             requested = await self._syncs.request(record)
-            return sync_to_pb(requested)
+            return sync_to_pb(requested, await self._readable_jobs(who, requested.job_ids))
 
         return await self._h.unary("SyncDataset", request, context, body)
 
@@ -288,7 +333,9 @@ class DatasetService(pb_grpc.DatasetsServicer):
             store = name_field(req.store, "store") if req.store else None
             await self._visible(who, name)
             records = await self._syncs.list(store=store, dataset=name)
-            return pb.ListSyncStatusResponse(syncs=[sync_to_pb(r) for r in records])
+            return pb.ListSyncStatusResponse(
+                syncs=[sync_to_pb(r, await self._readable_jobs(who, r.job_ids)) for r in records]
+            )
 
         return await self._h.unary("GetSyncStatus", request, context, body)
 
@@ -306,12 +353,13 @@ class DatasetService(pb_grpc.DatasetsServicer):
                 return pb.EvictDatasetResponse(freed_bytes=0)
             copy, revision = held
             if copy.pinned:
-                raise FailedPrecondition(
-                    f"the copy in {store} is used by job(s) {', '.join(sorted(copy.pinned_by))}; "
-                    "evict it later"
-                )
+                named, others = await self._readable_jobs(who, copy.pinned_by)
+                users = ", ".join([*named, *([f"{others} job(s) of other tenants"] if others else [])])
+                raise FailedPrecondition(f"the copy in {store} is used by {users}; evict it later")
             target = await _store_call(f"store {store}", self._stores.client(store))
-            await _store_call(f"evicting from {store}", evict_copy(self._registry, target, key, revision))
+            await _store_call(
+                f"evicting from {store}", evict_copy(self._registry, self._syncs, target, key, revision)
+            )
             return pb.EvictDatasetResponse(freed_bytes=copy.size_bytes)
 
         return await self._h.unary("EvictDataset", request, context, body)

@@ -192,7 +192,9 @@ def test_a_job_stages_its_dataset_to_the_cloud_and_the_next_one_reuses_the_copy(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
-    assert "onprem-s3 -> s3-us-east-1: done" in status.stdout
+    # Issue 15: an evicted copy no longer shows done and verified.
+    assert "onprem-s3 -> s3-us-east-1: evicted" in status.stdout
+    assert "verified: yes" not in status.stdout
 
 
 def test_datasets_stay_within_their_tenant_unless_shared(up: Embedded) -> None:
