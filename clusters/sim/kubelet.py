@@ -113,6 +113,7 @@ class Kubelet:
         # Pods this kubelet admitted and that have not ended, per node: what admission counts.
         self._admitted: dict[str, dict[str, Demand]] = {}
         self._node_of: dict[str, str] = {}
+        self._nodes: dict[str, tuple[str, NodeInfo]] = {}
         self._ips = itertools.count(2)
 
     def observe(self, change: Change) -> None:
@@ -148,9 +149,17 @@ class Kubelet:
         pod = self._store.get(PODS, *key)
         return pod if pod is not None and pod["metadata"]["uid"] == uid else None
 
+    def _node_info(self, node: Obj) -> NodeInfo:
+        """Allocatable parsed once per node version: quantity parsing dominated pod starts."""
+        rv = str(node["metadata"].get("resourceVersion", ""))
+        cached = self._nodes.get(node["metadata"]["name"])
+        if cached is None or cached[0] != rv:
+            cached = self._nodes[node["metadata"]["name"]] = (rv, NodeInfo.of(node))
+        return cached[1]
+
     def _refusal(self, pod: Obj, node: Obj) -> tuple[str, str] | None:
         """Admission: the first resource the pod asks for beyond what the node has left."""
-        info = NodeInfo.of(node)
+        info = self._node_info(node)
         admitted = self._admitted.get(info.name, {})
         demand = Demand.of(pod)
         used = Demand(
