@@ -40,6 +40,7 @@ _SERVER_META = frozenset(
     }
 )
 _now_s: list[Any] = []
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def set_clock(wall_s: Any) -> None:
@@ -197,7 +198,19 @@ def manager_of(query: Mapping[str, str], user_agent: str = "") -> str:
 def record_update(
     obj: Obj, old: Obj | None, query: Mapping[str, str], operation: str, sub: str | None = None
 ) -> None:
-    """Give `query`'s manager the fields this update changed, taking them from other managers."""
+    """Give `query`'s manager the fields this update changed, taking them from other managers.
+
+    A request that itself rewrites `managedFields` is taken as given (kubectl does this to hand a
+    client-side applier's fields to its server-side apply); `[{}]` strips them all, and an empty
+    list or no list leaves them to the server, as the server-side apply documentation describes.
+    """
+    incoming = (obj.get("metadata") or {}).get("managedFields")
+    current = (old or {}).get("metadata", {}).get("managedFields") or []
+    if incoming == [{}]:
+        obj["metadata"]["managedFields"] = []
+        return
+    if incoming and incoming != current and all(isinstance(e, dict) and e.get("manager") for e in incoming):
+        return
     manager = query.get("fieldManager") or "unknown"
     entries = _entries(old) if old is not None else []
     new_paths = (
@@ -260,7 +273,7 @@ def apply_patch(rt: ResourceType, old: Obj, body: Any, query: Mapping[str, str])
         for path in applied & paths:
             if _value(config, path) != _value(old, path):
                 conflicts.append((other, path))
-    if conflicts and not force:
+    if conflicts and not force and not (manager == "kubectl" and _upgrades_client_side_apply(old, conflicts)):
         raise _conflict(rt, old, conflicts)
     taken = {p for _, p in conflicts}
     previous = next((paths for m, op, s, paths in entries if m == manager and op == "Apply" and not s), set())
@@ -276,6 +289,25 @@ def apply_patch(rt: ResourceType, old: Obj, body: Any, query: Mapping[str, str])
         _remove(merged, path)
     _write(merged, entries, {(manager, "Apply")})
     return merged
+
+
+def _upgrades_client_side_apply(old: Obj, conflicts: list[tuple[str, Path]]) -> bool:
+    """A first server-side apply by kubectl after `kubectl apply` takes over without conflicts.
+
+    As the API server does for the manager `kubectl`: the conflicts are allowed when every
+    conflicting field is in the object's `kubectl.kubernetes.io/last-applied-configuration` and
+    still has the value recorded there (no one else changed it since).
+    """
+    annotations = (old.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(LAST_APPLIED)
+    if not text:
+        return False
+    try:
+        last_applied = json.loads(text)
+    except ValueError:
+        return False
+    owned = fields(last_applied)
+    return all(path in owned and _value(last_applied, path) == _value(old, path) for _, path in conflicts)
 
 
 def _dotted(path: Path) -> str:

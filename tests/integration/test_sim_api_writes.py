@@ -329,3 +329,20 @@ def test_custom_resources_keep_their_quantities_as_sent(
         time.sleep(0.05)
     pod = core.list_namespaced_pod("default").items[0]
     assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+
+
+def test_server_side_apply_after_client_side_apply_takes_over_without_conflict(
+    core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: up\ndata:\n  a: '1'\n  b: '2'\n"
+    kubectl(tmp_path, "apply", "-f", "-", stdin=manifest)
+    kubectl(tmp_path, "apply", "--server-side", "-f", "-", stdin=manifest.replace("'1'", "'5'"))
+    live = core.read_namespaced_config_map("up", "default")
+    assert live.data == {"a": "5", "b": "2"}
+    assert "kubectl" in {m.manager for m in live.metadata.managed_fields}
+    # A field someone else changed since the client-side apply is a real conflict.
+    kubectl(tmp_path, "patch", "configmap", "up", "-p", '{"data":{"b":"7"}}')
+    refused = kubectl(
+        tmp_path, "apply", "--server-side", "-f", "-", stdin=manifest.replace("'2'", "'8'"), ok=False
+    )
+    assert 'conflict with "kubectl-patch" using v1: .data.b' in refused.stderr
