@@ -6,8 +6,9 @@ stuck terminating) would be asked again every cycle, each time as a new attempt:
 tens of attempts a second. So each refusal is written on the job's record (`DispatchRefusal`, fenced
 like every write, so a new leader keeps the backoff) and the dispatcher waits before asking that
 cluster again for that job: 1 s, 2 s, 4 s ... up to 5 minutes. A cluster that several jobs found
-refusing is "refusing" as a whole: jobs that never tried it wait for its next probe too, and
-`gpufed clusters` says so, with the last error and since when. None of it charges the job's retries.
+refusing is "refusing" as a whole until a dispatch there succeeds again: jobs that never tried it
+wait for its next probe (at most CLUSTER_PROBE_MAX_S), and `gpufed clusters` says so, with the last
+error and since when. None of it charges the job's retries.
 
 Pure functions over job records; the reconciler acts on them.
 """
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from federation.jobs import DispatchRefusal, JobRecord
-from placement.model import ClusterName
+from placement.model import ClusterName, JobPhase
 
 BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
@@ -28,6 +29,9 @@ CURRENT_FOR_S = 60.0
 REFUSING_JOBS = 2
 # Or one job refused this many times in a row.
 REFUSING_COUNT = 3
+# The longest a job that never met the refusal waits for a refusing cluster's next probe: a refusal
+# may be the refused gang's own (it fits no node there), and other jobs must not wait long for it.
+CLUSTER_PROBE_MAX_S = 10.0
 
 
 def delay_s(count: int) -> float:
@@ -75,20 +79,28 @@ class ClusterRefusing:
 
 
 def refusing_clusters(jobs: Iterable[JobRecord], now_s: float) -> dict[ClusterName, ClusterRefusing]:
-    """Every cluster that refused several live jobs (or one, several times) lately."""
+    """Every cluster that refused several live jobs (or one, several times) lately, and has taken
+    no gang since its last refusal."""
     by_cluster: dict[ClusterName, list[DispatchRefusal]] = {}
+    took: dict[ClusterName, float] = {}
     for job in jobs:
         if job.phase.is_terminal:
             continue
         for r in job.refusals:
             if now_s <= r.retry_at_s + CURRENT_FOR_S:
                 by_cluster.setdefault(r.cluster, []).append(r)
+        if job.placement is not None and job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING):
+            at_s = _dispatched_at_s(job)
+            if at_s is not None and at_s > took.get(job.placement.cluster, float("-inf")):
+                took[job.placement.cluster] = at_s
     found: dict[ClusterName, ClusterRefusing] = {}
     for cluster, entries in by_cluster.items():
         count = max(r.count for r in entries)
         if len(entries) < REFUSING_JOBS and count < REFUSING_COUNT:
             continue
         last = max(entries, key=lambda r: r.last_at_s)
+        if took.get(cluster, float("-inf")) >= last.last_at_s:
+            continue
         found[cluster] = ClusterRefusing(
             cluster=cluster,
             since_s=min(r.first_at_s for r in entries),
@@ -96,9 +108,19 @@ def refusing_clusters(jobs: Iterable[JobRecord], now_s: float) -> dict[ClusterNa
             last_error=last.error,
             jobs=len(entries),
             count=count,
-            retry_at_s=last.last_at_s + delay_s(count),
+            retry_at_s=last.last_at_s + min(delay_s(count), CLUSTER_PROBE_MAX_S),
         )
     return found
+
+
+def _dispatched_at_s(job: JobRecord) -> float | None:
+    """When the current attempt's gang was created (its DISPATCHED event)."""
+    for event in reversed(job.events):
+        if event.attempt != job.attempt:
+            return None
+        if event.phase is JobPhase.DISPATCHED:
+            return event.at_s
+    return None
 
 
 def wait_until_s(

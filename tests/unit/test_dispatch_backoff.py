@@ -15,7 +15,9 @@ import pytest
 from federation.api.service import explain_summary
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.dispatch_backoff import (
+    CLUSTER_PROBE_MAX_S,
     MAX_DELAY_S,
+    REFUSING_COUNT,
     backoff_text,
     cleared,
     delay_s,
@@ -182,3 +184,23 @@ def test_gpufed_clusters_shows_a_refusing_cluster_with_its_last_error_and_since_
         f"onprem: refusing dispatches since 01:00:00 UTC (3 job(s)); backing off, next try 01:00:08 UTC; "
         f"last error: {REFUSAL}"
     ) in text
+
+
+async def test_a_refusing_cluster_holds_other_jobs_back_briefly_and_stops_refusing_once_it_takes_one(
+    world: World,
+) -> None:
+    world.cluster.refuse_dispatches(REFUSAL)
+    bad = await submit(world, a_job("bad", gpus=2, duration="600s"))
+    for _ in range(4 * 20):
+        await world.step(0.25)
+    assert (await world.job(bad)).refusals[0].count >= REFUSING_COUNT
+    # The refusal was the bad job's own: the cluster takes other gangs.
+    world.cluster.refuse_dispatches(None)
+    good = await submit(world, a_job("good", gpus=2, duration="600s"))
+    waited_s = 0.0
+    while (await world.job(good)).phase is not JobPhase.RUNNING:
+        await world.step(0.25)
+        waited_s += 0.25
+        assert waited_s <= CLUSTER_PROBE_MAX_S + 1.0, "a refusing cluster held the good job too long"
+    jobs = [s.value for s in world.cache.live_jobs()]
+    assert refusing_clusters(jobs, world.clock.now) == {}, "it took a gang since its last refusal"
