@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clusters.sim import apply, errors, patch, podstatus
+from clusters.sim.clock import rfc3339
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
 from clusters.sim.reads import selectors
@@ -162,9 +163,24 @@ class Writes:
                     f"{field} in object meta: {current['metadata'].get(field)}",
                 )
         if dry:
-            # What would be deleted, as it is now: nothing is marked, nothing is told.
-            return clone(current)
+            return self._delete_preview(rt, current, grace_s)
         return self._engine.lifecycle.delete(rt, ns, name, grace_s=grace_s, propagation=policy)
+
+    def _delete_preview(self, rt: ResourceType, current: Obj, grace_s: float | None) -> Obj:
+        """What a dry-run delete answers: a running pod as it would be marked for graceful
+        deletion; anything else as it is. Nothing is marked, nothing is told."""
+        preview = clone(current)
+        if rt is not PODS or podstatus.is_deleting(current) or not podstatus.node_name(current):
+            return preview
+        if (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return preview
+        spec_grace = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        grace = int(spec_grace if grace_s is None else grace_s)
+        if grace > 0:
+            m = preview["metadata"]
+            m["deletionTimestamp"] = rfc3339(self._engine.clock.wall_s() + grace)
+            m["deletionGracePeriodSeconds"] = grace
+        return preview
 
     def delete_collection(
         self, rt: ResourceType, namespace: str | None, body: Any, query: Mapping[str, str]

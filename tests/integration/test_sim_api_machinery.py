@@ -175,7 +175,14 @@ def test_client_dry_run_on_every_verb_stores_nothing(sim: ThreadedSim, core: cli
     live.metadata.labels = {"z": "1"}
     replaced = core.replace_namespaced_pod("real", "default", live, dry_run="All")
     assert replaced.metadata.labels == {"z": "1"}
-    core.delete_namespaced_pod("real", "default", dry_run="All")
+    deadline = time.monotonic() + 10
+    while not core.read_namespaced_pod("real", "default").spec.node_name:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    preview = core.delete_namespaced_pod("real", "default", dry_run="All")
+    # The answer shows the pod as a graceful delete would mark it; the stored pod is untouched.
+    assert preview.metadata.deletion_grace_period_seconds == 30
+    assert preview.metadata.deletion_timestamp is not None
     now = core.read_namespaced_pod("real", "default")
     assert now.metadata.labels is None
     assert now.metadata.deletion_timestamp is None
