@@ -479,3 +479,60 @@ def test_oom_kill_and_error_exit_are_container_states(core: client.CoreV1Api) ->
     ]
     assert node_events
     assert "default/oom" in node_events[0].message
+
+
+def test_node_pressure_eviction_fault_leaves_an_evicted_pod(
+    sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
+) -> None:
+    running, kubeconfig = sim
+    core.create_namespaced_pod("default", a_pod("pressed", gpus=1))
+    wait_for(lambda: phase_of(core, "pressed") == "Running")
+    request = urllib.request.Request(f"{running.url}/sim/v1/faults/pods/default/pressed/evict", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read())["ok"]
+    pod = core.read_namespaced_pod("pressed", "default")
+    assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
+    target = next(c for c in pod.status.conditions if c.type == "DisruptionTarget")
+    assert target.reason == "TerminationByKubelet"
+    row = kubectl(kubeconfig, "get", "pod", "pressed", "--no-headers").stdout.split()
+    assert row[2] == "Evicted"
+    reasons = {
+        e.reason for e in core.list_namespaced_event("default").items if e.involved_object.name == "pressed"
+    }
+    assert {"Evicted", "Killing"} <= reasons
+    # Its GPU is free again for others, and the pod is still there to be read.
+    assert wait_for(lambda: sum(admin_state(running)["free_gpus"].values()) == 16)
+    time.sleep(0.3)
+    assert phase_of(core, "pressed") == "Failed"
+
+
+def test_a_pod_force_deleted_by_a_third_party_is_still_counted_by_its_job(
+    core: client.CoreV1Api, batch: client.BatchV1Api
+) -> None:
+    batch.create_namespaced_job("default", a_job("tracked", pods=1, gpus=0, backoffLimit=0))
+    pod = wait_for(lambda: next((p for p in job_pods(core, "tracked") if p.status.phase == "Running"), None))
+    assert pod.metadata.finalizers == ["batch.kubernetes.io/job-tracking"]
+    core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    # Counted first, then released: the Job saw the failure although the pod is gone.
+    wait_for(lambda: gone(core, pod.metadata.name))
+    job = wait_for(lambda: (j := batch.read_namespaced_job("tracked", "default")).status.failed and j)
+    assert job.status.failed == 1
+
+
+def test_a_deleted_pod_waits_for_its_finalizers(
+    sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
+) -> None:
+    _, kubeconfig = sim
+    body = a_pod("held")
+    body["metadata"]["finalizers"] = ["example.com/hold"]
+    core.create_namespaced_pod("default", body)
+    wait_for(lambda: phase_of(core, "held") == "Running")
+    kubectl(kubeconfig, "delete", "pod", "held", "--wait=false")
+    stopped = wait_for(
+        lambda: (p := core.read_namespaced_pod("held", "default")).status.phase == "Failed" and p
+    )
+    assert stopped.metadata.deletion_timestamp is not None
+    time.sleep(0.3)
+    assert phase_of(core, "held") == "Failed"
+    kubectl(kubeconfig, "patch", "pod", "held", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    wait_for(lambda: gone(core, "held"))
