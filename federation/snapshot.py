@@ -87,6 +87,9 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
         ends_at_s=None if started is None or not job.spec.max_runtime_s else started + job.spec.max_runtime_s,
         nodes=nodes,
         terminating=job.preemption is not None or job.cancel_requested,
+        # An order counts until its victim is gone (requeued) or the order is withdrawn: the victim's
+        # GPUs are the beneficiary's, so the next cycle neither evicts more for it nor gives them away.
+        evicted_for=None if job.preemption is None else job.preemption.for_job,
     )
 
 

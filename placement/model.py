@@ -228,6 +228,9 @@ class RunningGang:
     nodes: tuple[NodeShare, ...] = ()
     # Evicted by an earlier cycle and inside its grace period: its GPUs will be free soon.
     terminating: bool = False
+    # The queued gang an outstanding preemption order evicts it for (None: no order). Until it is
+    # gone its GPUs count as freed for that gang: no new victims for it, none of them for others.
+    evicted_for: JobId | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,9 @@ def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
                     if gpus == 0:
                         break
                     left -= gpus
+                    terminating = draw(st.sampled_from([False, False, False, True]))
+                    # An outstanding order names the queued gang it evicts for (j0, j1 or one gone).
+                    ordered = draw(st.sampled_from([None, JobId("j0"), JobId("j1"), JobId("gone")]))
                     running.append(
                         RunningGang(
                             job_id=JobId("r"),
@@ -106,7 +109,8 @@ def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
                             queued_at_s=float(draw(st.integers(0, 9))),
                             ends_at_s=draw(st.sampled_from([None, NOW + 50, NOW + 500])),
                             nodes=(NodeShare(pool_name, node, gpus),),
-                            terminating=draw(st.sampled_from([False, False, False, True])),
+                            terminating=terminating,
+                            evicted_for=ordered if terminating else None,
                         )
                     )
                 free.append(left)
@@ -371,6 +375,17 @@ def test_every_evicted_gang_is_needed(snapshot: Snapshot) -> None:
         assert fit_replicas(gang.replica_gpus, freed(rest + draining)) is None, (
             f"{victim.job_id} was not needed"
         )
+
+
+@SETTINGS
+@given(snapshots())
+def test_no_one_more_is_evicted_for_a_gang_whose_ordered_victims_are_still_leaving(
+    snapshot: Snapshot,
+) -> None:
+    result = plan(snapshot, now=NOW)
+    awaited = {r.evicted_for for r in snapshot.running if r.terminating and r.evicted_for is not None}
+    for p in result.preemptions:
+        assert p.for_job not in awaited, f"{p.victim} evicted again for {p.for_job}"
 
 
 @SETTINGS

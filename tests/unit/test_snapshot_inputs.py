@@ -188,6 +188,9 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
     assert gangs[JobId("r")].nodes == (NodeShare("a100", 0, 8),)
     assert not gangs[JobId("r")].terminating
     assert gangs[JobId("e")].terminating
+    # The order counts for the gang it was given for until the victim is requeued.
+    assert gangs[JobId("e")].evicted_for == "x"
+    assert gangs[JobId("r")].evicted_for is None
     (tenant,) = snapshot.tenants
     assert tenant.spent_gpu_hours == 12.5
     assert tenant.usage_history_gpu_hours == ((A100, 3.0),)
