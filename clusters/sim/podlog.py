@@ -179,8 +179,24 @@ async def serve(request: web.Request, engine: Engine, namespace: str, name: str)
     response = web.StreamResponse(headers={"Content-Type": "text/plain"})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    await response.write(budget.take(body))
-    sent = run.count(now)
+    # A follower that hangs up ends the stream; it is no error of the server's.
+    with contextlib.suppress(ConnectionResetError):
+        await response.write(budget.take(body))
+        await _follow(response, engine, run, opts, budget, (namespace, name), run.count(now))
+        await response.write_eof()
+    return response
+
+
+async def _follow(
+    response: web.StreamResponse,
+    engine: Engine,
+    run: Run,
+    opts: LogOptions,
+    budget: _Budget,
+    key: tuple[str, str],
+    sent: int,
+) -> None:
+    """Write lines as the run prints them; `sent` lines were written already."""
     while not budget.spent:
         if run.ended_wall_s is None:
             due = run.next_line_wall_s(engine.clock.wall_s())
@@ -197,8 +213,5 @@ async def serve(request: web.Request, engine: Engine, namespace: str, name: str)
             new = [line for line in new if line[0] >= opts.since_wall_s]
         if new:
             await response.write(budget.take(b"".join(_render(line, opts.timestamps) for line in new)))
-        if run.ended_wall_s is not None or engine.store.get(PODS, namespace, name) is None:
+        if run.ended_wall_s is not None or engine.store.get(PODS, *key) is None:
             break
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
-    return response
