@@ -150,18 +150,36 @@ def _pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
 
 
+def _resolve(doc: Any, parts: list[str], op: dict[str, Any]) -> Any:
+    current = doc
+    try:
+        for part in parts:
+            current = current[int(part)] if isinstance(current, list) else current[part]
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise bad_request(f"JSON patch failed at {op.get('from')}: {exc}") from exc
+    return current
+
+
 def json_patch(target: dict[str, Any], ops: list[Any]) -> dict[str, Any]:
-    """RFC 6902 add, remove, replace and test: what kubectl and the python client send."""
+    """RFC 6902 add, remove, replace, move, copy and test."""
     doc = copy.deepcopy(target)
     for op in ops:
         if not isinstance(op, dict):
             raise bad_request("each JSON patch operation must be an object")
+        kind = op.get("op")
+        if kind in ("move", "copy"):
+            # RFC 6902: read `from`, then add it at `path` (removing the source for a move).
+            source = _pointer(str(op.get("from", "")))
+            value = _resolve(doc, source, op)
+            if kind == "move":
+                doc = json_patch(doc, [{"op": "remove", "path": op.get("from")}])
+            doc = json_patch(doc, [{"op": "add", "path": op.get("path"), "value": copy.deepcopy(value)}])
+            continue
         parts = _pointer(str(op.get("path", "")))
         parent: Any = doc
         for part in parts[:-1]:
             parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
         last = parts[-1]
-        kind = op.get("op")
         try:
             if kind in ("add", "replace"):
                 if isinstance(parent, list):

@@ -350,7 +350,8 @@ class ApiServer:
     @staticmethod
     def _warn(response: web.Response, warnings: list[str]) -> web.Response:
         for text in warnings:
-            response.headers.add("Warning", f'299 - "{text}"')
+            escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.add("Warning", f'299 - "{escaped}"')
         return response
 
     async def _evict(self, request: web.Request, ns: str, name: str) -> web.Response:

@@ -157,6 +157,17 @@ def test_kubectl_apply_validates_on_the_server(core: client.CoreV1Api, tmp_path:
     with pytest.raises(ApiException) as info:
         core.read_namespaced_pod("w", "default")
     assert info.value.status == 404
+    # --validate=warn: stored, with the server's warning relayed by kubectl.
+    warned = kubectl(
+        tmp_path,
+        "apply",
+        "--validate=warn",
+        "-f",
+        "-",
+        stdin=POD.format(field="activeDeadlineSecond").replace("name: v", "name: x"),
+    )
+    assert 'Warning: unknown field "spec.activeDeadlineSecond"' in warned.stderr
+    assert core.read_namespaced_pod("x", "default").spec.active_deadline_seconds is None
 
 
 def test_kubectl_explain_reads_openapi_v3(sim: ThreadedSim, tmp_path: Path) -> None:

@@ -355,3 +355,11 @@ def test_exact_list_rebuilds_the_past_until_history_is_compacted() -> None:
     store.create(PODS, {"metadata": {"name": "r", "namespace": "default"}, "spec": {}})
     with pytest.raises(ResourceGone):
         store.list_at(PODS, rv)
+
+
+def test_json_patch_move_and_copy() -> None:
+    doc = {"a": {"b": 1}, "l": [1, 2]}
+    ops = [{"op": "move", "from": "/a/b", "path": "/c"}, {"op": "copy", "from": "/l/0", "path": "/l/-"}]
+    assert apply(JSON_PATCH, doc, ops) == {"a": {}, "l": [1, 2, 1], "c": 1}
+    with pytest.raises(ApiError):
+        apply(JSON_PATCH, doc, [{"op": "copy", "from": "/missing", "path": "/x"}])
