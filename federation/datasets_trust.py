@@ -107,7 +107,10 @@ async def verify_cached(
             source = await stores.client(version.home.store)
             fixed = await repair_copy(source, version.home.prefix, target, prefix, manifest, report.bad_paths)
             good.update(fixed.verified_etags)
-            outcome = replace(outcome, repaired=tuple(sorted(fixed.verified_etags)))
+            # Its verified ETags also cover the marker's good objects it kept: repaired are the bad ones.
+            outcome = replace(
+                outcome, repaired=tuple(sorted(set(report.bad_paths) & set(fixed.verified_etags)))
+            )
         if outcome.ok:
             # Only a whole copy is recorded as verified; a damaged one keeps its old record, so the next
             # dispatch's check fails on it and re-syncs it.
