@@ -30,6 +30,7 @@ OK = grpc.StatusCode.OK
 NF = grpc.StatusCode.NOT_FOUND
 PD = grpc.StatusCode.PERMISSION_DENIED
 FP = grpc.StatusCode.FAILED_PRECONDITION
+IA = grpc.StatusCode.INVALID_ARGUMENT
 
 ROLES = {"admin": "admin", "infra": "ops", "finance": "fin", "member": "alice"}
 OWN, OTHER = "vision", "nlp"
@@ -52,7 +53,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         config.read_text().replace("    region: us-east-1\n", "    region: us-east-1\n    scalable: true\n")
     )
     with config.open("a") as f:
-        f.write(f"objectStores:\n  lab: {{kind: local, root: {root / 'lab'}}}\n"
+        # Each tenant may register datasets under data/<tenant>/ of the lab store (a member nowhere else).
+        f.write(f"objectStores:\n  lab: {{kind: local, root: {root / 'lab'}, "
+                "datasetPrefixes: {'*': ['data/{tenant}/']}}\n"
                 f"  lab-cache: {{kind: local, root: {root / 'lab-cache'}}}\n")  # fmt: skip
     etcd = EtcdProcess(root / "etcd")
     etcd.start()
@@ -127,6 +130,19 @@ CALLS: dict[str, Call] = {
     "SyncDataset": lambda c, s, t: DatasetsClient(c).sync(_dataset(s, t), store="lab-cache", dry_run=True),
     "GetSyncStatus": lambda c, s, t: DatasetsClient(c).status(_dataset(s, t)),
     "EvictDataset": lambda c, s, t: DatasetsClient(c).evict(_dataset(s, t), store="lab-cache"),
+    # Registration is authorized by prefix (issue 15): for tenant t, data granted to the other tenant;
+    # and gpufed's cache prefix, which no one may register.
+    "RegisterDataset/other-prefix": lambda c, s, t: DatasetsClient(c).register(
+        f"x-{t}", "v1", store="lab", prefix=f"data/{OTHER if t == OWN else OWN}/", tenant=t
+    ),
+    "RegisterDataset/cache-prefix": lambda c, s, t: DatasetsClient(c).register(
+        f"c-{t}", "v1", store="lab", prefix=f"gpufed-cache/m-{t}/v1/", tenant=t
+    ),
+    "VerifyDataset": lambda c, s, t: DatasetsClient(c).verify(_dataset(s, t), store="lab", repair=False),
+    "ListDatasetGrants": lambda c, s, t: DatasetsClient(c).grants(tenant=t),
+    "SetDatasetGrant": lambda c, s, t: DatasetsClient(c).set_grant(
+        store="lab", tenant=t, prefixes=[f"data/{t}/"]
+    ),
     "CreateCapacityPlan": lambda c, s, t: CapacityClient(c).create_plan(_plan_request(s, t)),
     "ListCapacityPlans": lambda c, s, t: CapacityClient(c).list_plans(include_ended=True),
     "PreviewCapacityPlan": lambda c, s, t: CapacityClient(c).preview_plan(_plan_request(s, t)),
@@ -165,6 +181,22 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "SyncDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "GetSyncStatus": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "EvictDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    # Admins register anything; a member only under its own tenant's prefixes; nobody the cache.
+    "RegisterDataset/other-prefix": {
+        "admin": (OK, OK),
+        "infra": (PD, PD),
+        "finance": (PD, PD),
+        "member": (PD, PD),
+    },
+    "RegisterDataset/cache-prefix": {
+        "admin": (IA, IA),
+        "infra": (IA, IA),
+        "finance": (IA, IA),
+        "member": (IA, IA),
+    },
+    "VerifyDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    "ListDatasetGrants": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (OK, PD)},
+    "SetDatasetGrant": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
     # Capacity: plans and pools span every tenant. Infra and admins change plans, finance reads
     # them (and pools) for their cost, members are refused even for plans over their own jobs.
     "CreateCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
@@ -207,7 +239,8 @@ def test_the_matrix_covers_every_call_of_the_api() -> None:
         "ListUsers",
         "ListAudit",
     }
-    assert rpcs - untargeted == set(CALLS)
+    # A call may have several rows ("RegisterDataset/other-prefix"): each names its RPC first.
+    assert rpcs - untargeted == {c.split("/")[0] for c in CALLS}
     assert set(EXPECTED) == set(CALLS)
 
 
