@@ -2,14 +2,16 @@
 
 The API concepts page defines what `resourceVersion` and `resourceVersionMatch` mean on a list:
 unset is the newest state; `0` or `NotOlderThan` is any state at least that new; `Exact` is the
-state at exactly that revision, `410 Gone` once it has left history and `504` with the cause
-`ResourceVersionTooLarge` when the server has not reached it yet. A field selector may name only the
+state at exactly that revision, `410 Gone` once it has left history; a revision the server has not
+reached after waiting 3 s is `504` with the cause `ResourceVersionTooLarge` (for a watch, as an
+ERROR event in the stream, which makes an informer relist). A field selector may name only the
 fields the kind supports. Everything a real server refuses is refused here with the same code, so a
 client that depends on the distinction (an informer relisting on 410) sees it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +28,8 @@ from clusters.sim.selectors import (
 from clusters.sim.store import ResourceGone, Store
 
 Obj = dict[str, Any]
+# How long a real API server waits for its cache to reach a requested resourceVersion.
+FRESHNESS_WAIT_S = 3.0
 _MATCHES = ("", "Exact", "NotOlderThan")
 
 
@@ -107,7 +111,7 @@ def check_watch(store: Store, query: Mapping[str, str]) -> bool:
     """Refuse what a real server refuses on a watch; True when initial events were asked for."""
     initial = query.get("sendInitialEvents", "")
     match = query.get("resourceVersionMatch", "")
-    rv = _requested_rv(query)
+    _requested_rv(query)  # refuses a malformed one
     if initial not in ("", "true", "false"):
         raise errors.bad_request(f"invalid sendInitialEvents: {initial!r}")
     if initial:
@@ -121,6 +125,16 @@ def check_watch(store: Store, query: Mapping[str, str]) -> bool:
             "resourceVersionMatch",
             "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
         )
-    if rv is not None and rv > store.resource_version:
-        raise too_large(rv, store.resource_version)
     return initial == "true"
+
+
+async def wait_fresh(store: Store, query: Mapping[str, str]) -> None:
+    """Wait, as a real server waits up to 3 s, for a requested resourceVersion the store has not reached."""
+    rv = _requested_rv(query)
+    if rv is None or rv <= store.resource_version:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FRESHNESS_WAIT_S
+    # Polled: the store has no per-revision signal, and this wait is rare and short.
+    while store.resource_version < rv and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)

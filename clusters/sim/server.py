@@ -276,6 +276,7 @@ class ApiServer:
                 now_wall_s=self._engine.clock.wall_s,
                 streams=self._streams,
             )
+        await reads.wait_fresh(store, query)
         items, list_meta = reads.list_objects(store, rt, namespace, query)
         if table.wants_table(request.headers.get("Accept", "")):
             include = query.get("includeObject", "Metadata")

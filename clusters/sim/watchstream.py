@@ -59,11 +59,15 @@ async def serve(
     include = query.get("includeObject", "Metadata")
     response = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
     response.enable_chunked_encoding()
+    await reads.wait_fresh(store, query)
     try:
+        if since is not None and since > store.resource_version:
+            raise reads.too_large(since, store.resource_version)
         watcher = store.watch(rt, namespace, labels, fields, since)
-    except ResourceGone as exc:
+    except (ResourceGone, errors.ApiError) as exc:
+        failure = exc if isinstance(exc, errors.ApiError) else errors.gone(str(exc))
         await response.prepare(request)
-        await response.write(_line(EventType.ERROR.value, errors.gone(str(exc)).status()))
+        await response.write(_line(EventType.ERROR.value, failure.status()))
         await response.write_eof()
         return response
     if initial_events:

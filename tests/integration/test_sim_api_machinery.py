@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from clusters.sim import SimPoolConfig, ThreadedSim, cluster, reads
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -253,18 +254,30 @@ def test_resource_version_match_exact_lists_the_past(core: client.CoreV1Api) -> 
     assert info.value.status == 422
 
 
-def test_list_and_watch_from_a_future_resource_version_are_504(core: client.CoreV1Api) -> None:
-    future = str(int(core.list_namespaced_pod("default").metadata.resource_version) + 1000)
-    for call in (
-        lambda: core.list_namespaced_pod(
-            "default", resource_version=future, resource_version_match="NotOlderThan"
-        ),
-        lambda: core.list_namespaced_pod("default", watch=True, resource_version=future, timeout_seconds=1),
-    ):
-        with pytest.raises(ApiException) as info:
-            call()
-        assert info.value.status == 504
-        assert "ResourceVersionTooLarge" in str(info.value.body)
+def test_a_resource_version_from_the_future_is_waited_for_then_504(
+    monkeypatch: pytest.MonkeyPatch, core: client.CoreV1Api
+) -> None:
+    monkeypatch.setattr(reads, "FRESHNESS_WAIT_S", 0.5)
+    now = int(core.list_namespaced_pod("default").metadata.resource_version)
+    future = str(now + 1000)
+    started = time.monotonic()
+    with pytest.raises(ApiException) as info:
+        core.list_namespaced_pod("default", resource_version=future, resource_version_match="NotOlderThan")
+    assert time.monotonic() - started >= 0.5  # the server waited for it first
+    assert info.value.status == 504
+    assert "ResourceVersionTooLarge" in str(info.value.body)
+    # A watch answers with an ERROR event in the stream, on which an informer relists.
+    response = core.list_namespaced_pod(
+        "default", watch=True, resource_version=future, timeout_seconds=1, _preload_content=False
+    )
+    events = [json.loads(line) for line in response.read().decode().splitlines() if line]
+    assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 504)]
+    # A revision reached while waiting is served.
+    threading.Timer(0.1, lambda: core.create_namespaced_pod("default", a_pod("soon"))).start()
+    listed = core.list_namespaced_pod(
+        "default", resource_version=str(now + 1), resource_version_match="NotOlderThan"
+    )
+    assert [p.metadata.name for p in listed.items] == ["soon"]
 
 
 def test_watch_list_ends_initial_events_with_a_bookmark(core: client.CoreV1Api) -> None:
