@@ -40,6 +40,8 @@ class Leftovers:
         # When each attempt's leftovers were last deleted, by this process. A new leader deletes
         # again, which the cluster treats as a no-op for pods already stopping.
         self._sent: dict[GangKey, float] = {}
+        # Attempts the reconciler held back for their pods: their interval ends when the pods went.
+        self._waiting: set[GangKey] = set()
 
     async def remove(self, cluster: ClusterName, gang: GangStatus) -> None:
         """Delete the attempt's pods when it is time to (see the module docstring)."""
@@ -73,5 +75,12 @@ class Leftovers:
             grace_period_s=grace_s,
         )
 
+    def note_wait(self, key: GangKey) -> None:
+        self._waiting.add(key)
+
+    def waited(self, key: GangKey) -> bool:
+        return key in self._waiting
+
     def forget(self, key: GangKey) -> None:
         self._sent.pop(key, None)
+        self._waiting.discard(key)

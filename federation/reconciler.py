@@ -132,6 +132,7 @@ class Reconciler:
         # which only makes a new leader wait a full grace period before it requeues anything.
         self._silent_since: dict[ClusterName, float] = {}
         self._evictions_sent: set[GangKey] = set()
+        self._cancels_sent: set[GangKey] = set()
         self._leftovers = Leftovers(members, clock, CANCEL_GRACE_PERIOD_S)
         self._refusing: dict[ClusterName, ClusterRefusing] = {}
 
@@ -214,7 +215,7 @@ class Reconciler:
             on_cluster = statuses.get(job.placement.cluster)
             gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
         if job.cancel_requested:
-            nxt = await self._cancel(job)
+            nxt = await self._cancel(job, gang)
         elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
             # Preempted before its gang was created: nothing to evict.
             nxt = self._requeue_preempted(job, Owner.DISPATCHER)
@@ -243,8 +244,13 @@ class Reconciler:
                 nxt,
                 site=self._members.site(job.placement.cluster),
                 started_at_s=None if gang is None else gang.started_at_s,
-                # A cancel is recorded once the cluster was told to stop: the gang's GPUs count until then.
-                finished_at_s=None if gang is None or nxt.phase is JobPhase.CANCELLED else gang.finished_at_s,
+                # A cancel is recorded once the pods are gone, and so is an attempt whose pods the
+                # reconciler waited for: the GPUs count until then, as the cloud bills them.
+                finished_at_s=None
+                if gang is None
+                or nxt.phase is JobPhase.CANCELLED
+                or self._leftovers.waited((job.job_id, job.attempt))
+                else gang.finished_at_s,
                 now_s=self._clock(),
             )
         revision = await self._store.commit(
@@ -253,6 +259,7 @@ class Reconciler:
         if revision is None:
             return False
         self._leftovers.forget((job.job_id, job.attempt))
+        self._cancels_sent.discard((job.job_id, job.attempt))
         self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()
         log.info(
             "job_transitioned",
@@ -266,10 +273,11 @@ class Reconciler:
         )
         return True
 
-    async def _cancel(self, job: JobRecord) -> JobRecord | None:
+    async def _cancel(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         if job.placement is not None and job.phase is not JobPhase.QUEUED:
+            key = (job.job_id, job.attempt)
             backend = self._members.get(job.placement.cluster)
-            if backend is not None:
+            if backend is not None and key not in self._cancels_sent:
                 try:
                     await backend.cancel(job.job_id, job.attempt, CANCEL_GRACE_PERIOD_S)
                 except ClusterError as error:
@@ -278,6 +286,14 @@ class Reconciler:
                         "cancel_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error)
                     )
                     return None
+                # Once per leader; pods that outstay their grace are deleted again, without one.
+                self._cancels_sent.add(key)
+            if backend is not None and gang is not None and gang.live_pods > 0:
+                # CANCELLED once the pods are gone: they hold their GPUs (and are billed) until then.
+                self._leftovers.note_wait(key)
+                if pods_outlive(gang):
+                    await self._leftovers.remove(job.placement.cluster, gang)
+                return None
         return job.transition(
             JobPhase.CANCELLED, by=Owner.DISPATCHER, at_s=self._clock(), reason=job.message or "cancelled"
         )
@@ -348,6 +364,7 @@ class Reconciler:
         if gang is not None and pods_outlive(gang):
             # Over by its gang, but its pods still hold GPUs: remove them and wait for them to go.
             assert job.placement is not None
+            self._leftovers.note_wait((job.job_id, job.attempt))
             await self._leftovers.remove(job.placement.cluster, gang)
             return None
         if gang is None:
@@ -390,6 +407,7 @@ class Reconciler:
             return await self._mirror(job, gang)
         if gang is not None and pods_outlive(gang):
             # Evicted, but not gone yet: the next attempt must not start beside these pods.
+            self._leftovers.note_wait((job.job_id, job.attempt))
             await self._leftovers.remove(job.placement.cluster, gang)
             return None
         if gang is None or gang.phase.is_final:

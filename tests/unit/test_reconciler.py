@@ -206,3 +206,48 @@ async def test_a_gang_whose_pods_outlive_its_object_restarts_only_once_they_are_
     listed, _ = await world.store.list_ledger()
     first = next(iv for iv in listed if iv.attempt == 1)
     assert (first.start_s, first.end_s, first.ended) == (started_at_s, gone_at_s, IntervalEnd.REQUEUED)
+
+
+async def test_a_cancelled_job_is_charged_until_its_pods_are_gone(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = await submit(world, a_job("long", duration="1h"))
+    await world.step()
+    started_at_s = world.clock.now
+    cluster = world.cluster
+    real_statuses = cluster.statuses
+    stopping = [
+        GangStatus(
+            job_id=job_id,
+            attempt=1,
+            phase=GangPhase.CANCELLED,
+            message="deleted",
+            started_at_s=started_at_s,
+            finished_at_s=started_at_s + 1,
+            live_pods=2,
+        )
+    ]
+
+    async def statuses() -> Sequence[GangStatus]:
+        # The cluster's view once told to stop: the gang deleted, its pods still stopping.
+        own = await real_statuses()
+        return (*(s for s in own if s.job_id != job_id), *stopping)
+
+    monkeypatch.setattr(cluster, "statuses", statuses)
+    stored = await world.store.get_job(job_id)
+    assert stored is not None
+    await world.store.commit([(replace(stored.value, cancel_requested=True), stored.mod_revision)])
+    for _ in range(4):
+        await world.step(0.5)
+    assert (await world.job(job_id)).phase is JobPhase.RUNNING, "not CANCELLED while its pods stop"
+    stopping.clear()
+    gone_at_s = world.clock.now + 0.5
+    await world.step(0.5)
+    assert (await world.job(job_id)).phase is JobPhase.CANCELLED
+    listed, _ = await world.store.list_ledger()
+    (interval,) = listed
+    assert (interval.start_s, interval.end_s, interval.ended) == (
+        started_at_s,
+        gone_at_s,
+        IntervalEnd.CANCELLED,
+    )
