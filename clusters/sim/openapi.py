@@ -48,6 +48,30 @@ def _qualified(name: str, rt_group: str = "") -> str:
     return _CORE + name
 
 
+# Scalar types with a name of their own, as a real server's documents name them.
+_SCALARS = {
+    "time": "io.k8s.apimachinery.pkg.apis.meta.v1.Time",
+    "quantity": "io.k8s.apimachinery.pkg.api.resource.Quantity",
+    "int-or-string": "io.k8s.apimachinery.pkg.util.intstr.IntOrString",
+}
+_SCALAR_SCHEMAS: dict[str, Obj] = {
+    _SCALARS["time"]: {
+        "description": "Time is a wrapper around time.Time, serialised in RFC 3339.",
+        "type": "string",
+        "format": "date-time",
+    },
+    _SCALARS["quantity"]: {
+        "description": "Quantity is a fixed-point representation of a number (`500m`, `4Gi`, `2`).",
+        "oneOf": [{"type": "string"}, {"type": "number"}],
+    },
+    _SCALARS["int-or-string"]: {
+        "description": "IntOrString is a type that can hold an int32 or a string.",
+        "type": "string",
+        "format": "int-or-string",
+    },
+}
+
+
 def _field(type_text: str) -> Obj:
     if type_text.startswith("[]"):
         return {"type": "array", "items": _field(type_text[2:])}
@@ -60,12 +84,9 @@ def _field(type_text: str) -> Obj:
         "integer": {"type": "integer", "format": "int64"},
         "boolean": {"type": "boolean"},
         "number": {"type": "number"},
-        "time": {"type": "string", "format": "date-time"},
-        "quantity": {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]},
-        "int-or-string": {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-        },
+        "time": {"allOf": [{"$ref": f"#/components/schemas/{_SCALARS['time']}"}]},
+        "quantity": {"allOf": [{"$ref": f"#/components/schemas/{_SCALARS['quantity']}"}]},
+        "int-or-string": {"allOf": [{"$ref": f"#/components/schemas/{_SCALARS['int-or-string']}"}]},
         "object": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
     }
     return scalars[type_text]
@@ -171,6 +192,7 @@ def document(group: str, version: str) -> bytes | None:
             "patch": _operation(rt, "patch", f"patch{verb_id}"),
             "delete": _operation(rt, "delete", f"delete{verb_id}"),
         }
+        schemas.update(_SCALAR_SCHEMAS)
         needed: set[str] = set()
         _refs(schema_name(rt), needed)
         _refs("ObjectMeta", needed)
