@@ -168,3 +168,48 @@ def test_registration_is_limited_to_granted_prefixes_and_admin_grants_are_audite
         events = [e for e in admin.list_audit(limit=200).events if e.action == "dataset_grant_set"]
         assert [(e.user, e.target) for e in events] == [("admin", "onprem-s3/vision")] * 2
         assert "shared/vision/" in " ".join(e.detail for e in events)
+
+
+def test_a_new_version_copies_only_what_changed_and_evicting_the_old_one_leaves_it_whole(
+    up: Embedded,
+) -> None:
+    v1 = _objects("grow")
+    _put(up, "onprem-s3", v1)
+    v2 = {p.replace("/v1/", "/v2/"): d for p, d in v1.items()}
+    v2["vision/grow/v2/c.json"] = b"changed" * 100
+    _put(up, "onprem-s3", v2)
+    with up.client("alice") as alice:
+        datasets = DatasetsClient(alice)
+        datasets.register("grow", "v1", store="onprem-s3", prefix="vision/grow/v1/")
+        datasets.register("grow", "v2", store="onprem-s3", prefix="vision/grow/v2/")
+        assert _run_job(alice, "grow@v1", "v1").phase == pb.JOB_PHASE_SUCCEEDED
+        second = _run_job(alice, "grow@v2", "v2")
+        assert second.phase == pb.JOB_PHASE_SUCCEEDED, second.message
+        (sync,) = [s for s in datasets.status("grow", store=CLOUD).syncs if s.version == "v2"]
+        p = sync.progress
+        # Two objects came from v1's copy in the same bucket, server-side; one crossed from home.
+        assert (p.objects_reused, p.objects_copied, p.objects_failed) == (2, 1, 0), p
+        assert p.bytes_transferred == len(b"changed" * 100)
+        want = {k.removeprefix("vision/grow/v2/"): hashlib.sha256(d).hexdigest() for k, d in v2.items()}
+        assert _hashes(up, CLOUD, "gpufed-cache/grow/v2/") == want
+        wait_for(lambda: all(not c.pinned_by for c in datasets.get("grow").copies), timeout_s=15)
+        datasets.evict("grow", version="v1", store=CLOUD)
+        assert _hashes(up, CLOUD, "gpufed-cache/grow/v1/") == {}
+        assert _hashes(up, CLOUD, "gpufed-cache/grow/v2/") == want
+
+
+def test_a_shared_datasets_copies_and_syncs_name_only_jobs_the_caller_may_read(up: Embedded) -> None:
+    objects = {"vision/pub/v1/a.bin": os.urandom(2_000_000)}
+    _put(up, "onprem-s3", objects)
+    with up.client("alice") as alice, up.client("bob") as bob:
+        DatasetsClient(alice).register(
+            "pub", "v1", store="onprem-s3", prefix="vision/pub/v1/", shared_with=["nlp"]
+        )
+        job = _run_job(bob, "pub@v1", "bobs")
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
+        (theirs,) = DatasetsClient(bob).status("pub", store=CLOUD).syncs
+        assert (list(theirs.job_ids), theirs.other_job_count) == ([job.job_id], 0)
+        (mine,) = DatasetsClient(alice).status("pub", store=CLOUD).syncs
+        # Alice owns the data, not bob's job: she learns that one job of another tenant used it.
+        assert (list(mine.job_ids), mine.other_job_count) == ([], 1)
+        assert job.job_id not in str(DatasetsClient(alice).get("pub"))
