@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable, Iterator
 
 import structlog
 
+from federation.cache_index import JobIndex, ListKey
 from federation.errors import StoreUnavailable
 from federation.jobs import JobRecord
 from federation.kv import WatchCompacted
 from federation.store import JobEvent, JobEventType, JobStore, Stored
-from placement.model import JobId
+from placement.model import JobId, JobPhase, TenantId
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +40,8 @@ class JobCache:
         # Jobs not yet finished, kept apart so the leader's loops cost what is in flight, not
         # everything ever submitted.
         self._live: dict[JobId, Stored[JobRecord]] = {}
+        # The same jobs in list order by tenant and phase, so that a listing costs what it shows.
+        self._index = JobIndex()
         self._revision = 0
         self._synced = False
         self._task: asyncio.Task[None] | None = None
@@ -77,6 +81,16 @@ class JobCache:
 
     def jobs(self) -> list[Stored[JobRecord]]:
         return list(self._jobs.values())
+
+    def ordered(
+        self,
+        tenant: TenantId | None = None,
+        phases: Iterable[JobPhase] = (),
+        after: ListKey | None = None,
+    ) -> Iterator[Stored[JobRecord]]:
+        """Jobs of one tenant (None: all) in some phases (empty: any), in list order past `after`,
+        reading only their entries (`federation.cache_index`). Consume it before the next await."""
+        return self._index.ordered(tenant, phases, after)
 
     def live_jobs(self) -> list[Stored[JobRecord]]:
         """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""
@@ -144,6 +158,7 @@ class JobCache:
         old = self._jobs
         self._jobs = fresh
         self._live = {job_id: s for job_id, s in fresh.items() if not s.value.phase.is_terminal}
+        self._index.rebuild(fresh.values())
         if not first:
             for job_id, stored in fresh.items():
                 was = old.get(job_id)
@@ -162,9 +177,11 @@ class JobCache:
                 self._live.pop(ev.job_id, None)
             else:
                 self._live[ev.job_id] = stored
+            self._index.put(stored)
         else:
             self._jobs.pop(ev.job_id, None)
             self._live.pop(ev.job_id, None)
+            self._index.remove(ev.job_id)
         self._publish(ev)
         self._advance(ev.mod_revision)
 

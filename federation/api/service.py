@@ -272,18 +272,18 @@ class JobService(pb_grpc.JobServiceServicer):
         size = min(req.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         phases = {p for p in (convert.phase_from_pb(v) for v in req.phases) if p is not None}
         after = _decode_page_token(req.page_token)
-        jobs = [
-            s.value
-            for s in self._cache.jobs()
-            if (tenant is None or s.value.tenant == tenant)
-            and (not phases or s.value.phase in phases)
-            and s.value.spec.name.startswith(req.name_prefix)
-        ]
-        jobs.sort(key=_list_order)
-        if after is not None:
-            jobs = [j for j in jobs if _list_order(j) > after]
-        page = jobs[:size]
-        token = _encode_page_token(_list_order(page[-1])) if len(jobs) > size else ""
+        # The cache's index walks only the caller's tenant (and phases), in order from the page's
+        # start: one tenant's thousands of jobs do not slow another's list.
+        page: list[JobRecord] = []
+        more = False
+        for stored in self._cache.ordered(tenant, phases, after):
+            if not stored.value.spec.name.startswith(req.name_prefix):
+                continue
+            if len(page) == size:
+                more = True
+                break
+            page.append(stored.value)
+        token = _encode_page_token(_list_order(page[-1])) if more else ""
         return pb.ListJobsResponse(jobs=[self._shown(who, j) for j in page], next_page_token=token)
 
     async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
@@ -315,7 +315,13 @@ class JobService(pb_grpc.JobServiceServicer):
                 return True
 
             if request.include_initial or request.job_id:
-                for stored in sorted(self._cache.jobs(), key=lambda s: _list_order(s.value)):
+                # Read whole before the first yield: the cache changes while the stream waits.
+                if request.job_id:
+                    found = self._cache.get(JobId(request.job_id))
+                    initial = [] if found is None else [found]
+                else:
+                    initial = list(self._cache.ordered(tenant))
+                for stored in initial:
                     if wanted(stored.value) and changed(stored.value):
                         yield pb.JobEvent(job=self._shown(who, stored.value))
                 if request.job_id:
