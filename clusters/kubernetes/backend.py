@@ -276,15 +276,29 @@ class KubernetesBackend:
     async def collect_garbage(
         self, live: Collection[tuple[JobId, int]], grace_period_s: float | None = None
     ) -> list[tuple[JobId, int]]:
-        """Delete every gpufed gang (and orphaned Service) whose (job id, attempt) is not in `live`."""
+        """Delete every gpufed gang (and orphaned Service) whose (job id, attempt) is not in `live`,
+        and the pods of such attempts that outlived their gang object."""
         await self._require_gang_cache()
         grace_s = self._config.settings.gc_grace_period_s if grace_period_s is None else grace_period_s
         live_keys = set(live)
-        stale = [g for key, g in self._gangs().items() if key not in live_keys]
+        gangs = self._gangs()
+        stale = [g for key, g in gangs.items() if key not in live_keys]
         await asyncio.gather(*(self._writer.delete(g.kind, g.namespace, g.name, grace_s) for g in stale))
+        _, pods = self._pods.snapshot()
+        left = (
+            {
+                (JobId(p.job_id), p.attempt)
+                for p in pods
+                if p.job_id is not None and p.attempt is not None and p.live
+            }
+            - live_keys
+            - gangs.keys()
+        )
+        for job_id, attempt in sorted(left):
+            await self._remove_leftovers(job_id, attempt, grace_s)
         orphans = await self._writer.orphan_services(live_keys, {g.name for g in self._gangs().values()})
         self._tombstones.retain(live_keys)
-        collected = sorted({g.key for g in stale} | set(orphans))
+        collected = sorted({g.key for g in stale} | set(orphans) | left)
         if collected:
             self._log.info("gangs_collected", count=len(collected), gangs=[f"{j}/{a}" for j, a in collected])
         return collected

@@ -19,6 +19,12 @@ from tests.integration.test_kubernetes_backend import NS, World, open_world
 pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
 
+@pytest.fixture
+async def vc_world(tmp_path: Path) -> AsyncIterator[World]:
+    async for w in open_world(tmp_path, volcano=True):
+        yield w
+
+
 @pytest.fixture(params=["indexed", "volcano"])
 async def any_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
     async for w in open_world(tmp_path, volcano=request.param == "volcano"):
@@ -92,3 +98,32 @@ async def test_pods_orphaned_by_their_gang_object_are_reported_and_removed_by_ca
             "podgroups",
         )
         assert name not in [g["metadata"]["name"] for g in groups["items"]]
+
+
+async def test_garbage_collection_removes_pods_whose_gang_object_was_orphan_deleted(vc_world: World) -> None:
+    gang = a_gang("orph-gc", replicas=2, gpus=4, duration_s=60.0)
+    await vc_world.backend.dispatch(gang)
+    await wait_phase(vc_world.backend, gang, GangPhase.RUNNING)
+    name = object_name(gang.job_id, gang.attempt)
+    await vc_world.call(
+        vc_world.custom.delete_namespaced_custom_object,
+        "batch.volcano.sh",
+        "v1alpha1",
+        NS,
+        "jobs",
+        name,
+        body={"propagationPolicy": "Orphan"},
+    )
+
+    async def orphaned() -> bool:
+        status = await status_of(vc_world.backend, gang)
+        return status is not None and status.orphaned
+
+    await eventually(orphaned, what="the orphaned pods to be reported")
+    collected = await vc_world.backend.collect_garbage(set(), grace_period_s=0.0)
+    assert (gang.job_id, gang.attempt) in collected
+
+    async def cleared() -> bool:
+        return not await vc_world.pods_of(name)
+
+    await eventually(cleared, what="the orphaned pods to be collected")
