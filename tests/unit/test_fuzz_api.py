@@ -300,6 +300,26 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             lambda w: w.datasets.EvictDataset,
             st.builds(pb.EvictDatasetRequest, name=dataset_names, version=texts, store=store_names),
         ),
+        "VerifyDataset": (
+            lambda w: w.datasets.VerifyDataset,
+            st.builds(
+                pb.VerifyDatasetRequest,
+                name=dataset_names,
+                version=texts,
+                store=store_names,
+                repair=st.booleans(),
+            ),
+        ),
+        "ListDatasetGrants": (
+            lambda w: w.datasets.ListDatasetGrants,
+            st.builds(pb.ListDatasetGrantsRequest, store=store_names, tenant=texts),
+        ),
+        "SetDatasetGrant": (
+            lambda w: w.datasets.SetDatasetGrant,
+            st.builds(
+                pb.DatasetGrant, store=store_names, tenant=texts, prefixes=st.lists(prefixes, max_size=3)
+            ),
+        ),
         "CreateCapacityPlan": (lambda w: w.capacity.CreateCapacityPlan, plan_requests),
         "PreviewCapacityPlan": (lambda w: w.capacity.PreviewCapacityPlan, plan_requests),
         "ListCapacityPlans": (
@@ -318,7 +338,8 @@ REQUESTS = _requests()
 # Calls that write on success; the fuzzer checks that a refused one wrote nothing.
 WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
           "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
-          "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan"}  # fmt: skip
+          "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan", "VerifyDataset",
+          "SetDatasetGrant"}  # fmt: skip
 
 
 @pytest.mark.parametrize("call", sorted(REQUESTS))
