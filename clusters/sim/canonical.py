@@ -12,11 +12,11 @@ canonicalised like any pod.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
 from clusters.sim import errors, quantity
+from clusters.sim.changes import clone
 from clusters.sim.resources import BATCH_JOBS, NODES, PODS, ResourceType
 
 Obj = dict[str, Any]
@@ -81,7 +81,7 @@ def quantities(rt: ResourceType, obj: Obj) -> None:
         return
     for part in ("spec", "status"):
         if isinstance(obj.get(part), dict):
-            obj[part] = copy.deepcopy(obj[part])
+            obj[part] = clone(obj[part])
     for values in _maps(rt, obj):
         for name, value in list(values.items()):
             values[name] = _canonical(name, value)

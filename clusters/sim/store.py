@@ -16,17 +16,22 @@ its history entry and every queued watch event share one dict safely.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import json
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from clusters.sim import canonical, errors
+from clusters.sim.changes import Change as Change
+from clusters.sim.changes import EventType as EventType
+from clusters.sim.changes import Key as Key
+from clusters.sim.changes import ResourceGone as ResourceGone
+from clusters.sim.changes import Watcher as Watcher
+from clusters.sim.changes import clone as clone
+from clusters.sim.changes import edit as edit
+from clusters.sim.changes import key_of as key_of
+from clusters.sim.changes import meta as meta
 from clusters.sim.clock import rfc3339
 from clusters.sim.resources import ALL, PODS, ResourceType
 from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSelector
@@ -34,122 +39,7 @@ from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSe
 Obj = dict[str, Any]
 # kube-apiserver asks etcd to compact every five minutes (`--etcd-compaction-interval`).
 COMPACTION_INTERVAL_S = 300.0
-# (namespace, name); the namespace is "" for cluster-scoped objects.
-Key = tuple[str, str]
 Ref = tuple[ResourceType, str, str]
-T = TypeVar("T")
-
-
-class EventType(StrEnum):
-    ADDED = "ADDED"
-    MODIFIED = "MODIFIED"
-    DELETED = "DELETED"
-    BOOKMARK = "BOOKMARK"
-    ERROR = "ERROR"
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    return value
-
-
-def clone(value: T) -> T:
-    """A deep copy of JSON data; several times faster than `copy.deepcopy` on API objects."""
-    return cast(T, _clone(value))
-
-
-def edit(obj: Obj, *parts: str) -> Obj:
-    """A copy to change: `metadata` and the named top-level parts deep, the rest shared.
-
-    Cheaper than `clone` on hot paths (a status update need not copy the pod's spec); safe because
-    committed objects are never mutated and the store only sets top-level metadata fields.
-    """
-    new = dict(obj)
-    new["metadata"] = clone(obj.get("metadata") or {})
-    for part in parts:
-        if part in obj:
-            new[part] = clone(obj[part])
-    return new
-
-
-def meta(obj: Obj) -> Obj:
-    m: Obj | None = obj.get("metadata")
-    if m is None:
-        m = obj["metadata"] = {}
-    return m
-
-
-def key_of(obj: Obj) -> Key:
-    m = obj.get("metadata") or {}
-    return (m.get("namespace") or "", m.get("name") or "")
-
-
-@dataclass(slots=True)
-class Change:
-    """One committed change, as history keeps it and watchers receive it."""
-
-    rv: int
-    type: EventType
-    rt: ResourceType
-    obj: Obj
-    # The object before the change, so that a selector watch can turn a change into ADDED or DELETED.
-    old: Obj | None
-    _lines: dict[EventType, bytes] = field(default_factory=dict)
-
-    def line(self, as_type: EventType) -> bytes:
-        """The watch line, serialised once and shared by every watcher that gets it."""
-        cached = self._lines.get(as_type)
-        if cached is None:
-            cached = b'{"type":"%s","object":%s}\n' % (as_type.value.encode(), json.dumps(self.obj).encode())
-            self._lines[as_type] = cached
-        return cached
-
-
-class ResourceGone(Exception):
-    """A watch asked to resume from before the history window."""
-
-
-class Watcher:
-    """One open watch: its filter and its queue. `None` in the queue ends the watch."""
-
-    def __init__(self, rt: ResourceType, namespace: str | None, labels: LabelSelector, fields: FieldSelector):
-        self.rt = rt
-        self.namespace = namespace
-        self.labels = labels
-        self.fields = fields
-        self.queue: asyncio.Queue[tuple[EventType, Change] | None] = asyncio.Queue()
-        self.closed = False
-
-    def _matches(self, obj: Obj | None) -> bool:
-        if obj is None:
-            return False
-        m = obj.get("metadata") or {}
-        if self.namespace and m.get("namespace") != self.namespace:
-            return False
-        return self.labels.matches(m.get("labels")) and self.fields.matches(obj)
-
-    def offer(self, change: Change) -> None:
-        if self.closed:
-            return
-        now = self._matches(change.obj)
-        if change.type is EventType.MODIFIED:
-            before = self._matches(change.old)
-            if now and before:
-                self.queue.put_nowait((EventType.MODIFIED, change))
-            elif now:
-                self.queue.put_nowait((EventType.ADDED, change))
-            elif before:
-                self.queue.put_nowait((EventType.DELETED, change))
-        elif now:
-            self.queue.put_nowait((change.type, change))
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(None)
 
 
 class Store:
