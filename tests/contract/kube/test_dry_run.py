@@ -38,7 +38,9 @@ def test_client_dry_run_create_returns_the_object_and_stores_none(
     # Ask for every GPU of a node, twice, as dry runs: neither may hold GPUs.
     gpu_nodes(kubectl, 8)
     for _ in range(2):
-        made = official.call("CoreV1Api", "create_namespaced_pod", ns, pod("dry-gpu", gpus=8), dry_run="All")
+        made = official.call(
+            "CoreV1Api", "create_namespaced_pod", ns, pod("dry-gpu", gpus="8"), dry_run="All"
+        )
         assert made["metadata"]["name"] == "dry-gpu"
         assert made["metadata"].get("uid"), "a dry run returns the object as it would be stored"
     assert _pod_names(kubectl, ns) == []

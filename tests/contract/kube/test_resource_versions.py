@@ -68,7 +68,7 @@ def test_watch_from_a_too_old_version_is_gone(official: OfficialClient, kubectl:
         "kind": "List",
         "items": [configmap(f"churn-{i}", {"i": "x"}) for i in range(150)],
     }
-    kubectl("create", "-n", ns, "-f", "-", stdin=json.dumps(churn), timeout_s=120)
+    kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(churn), timeout_s=120)
     kubectl("delete", "configmaps", "--all", "-n", ns, timeout_s=120)
     with pytest.raises(ClientError) as caught:
         official.watch(
