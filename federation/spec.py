@@ -38,7 +38,7 @@ from federation.manifest_text import (
     shorten,
 )
 from federation.priorities import DEFAULT_PRIORITY_CLASS
-from federation.validate import unsafe_character
+from federation.validate import free_text
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
 MAX_TASKS = 16
@@ -154,13 +154,7 @@ def _string(value: object, path: str) -> str:
 def _free_text(value: object, path: str) -> str:
     """A string a user writes freely (env values, command items, annotations), without the control
     and bidirectional characters that would hide or disguise text in a terminal, a log or a pod spec."""
-    text = _string(value, path)
-    found = unsafe_character(text)
-    if found is not None:
-        raise InvalidSpec(
-            path, f"must not contain control or bidirectional characters: {found[1]} at character {found[0]}"
-        )
-    return text
+    return free_text(_string(value, path), path)
 
 
 def _matching(value: object, path: str, pattern: re.Pattern[str], max_chars: int, rule: str) -> str:

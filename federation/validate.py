@@ -27,6 +27,16 @@ def unsafe_character(text: str) -> tuple[int, str] | None:
     return None
 
 
+def free_text(text: str, field: str) -> str:
+    """Text a caller writes freely (a reason), refused if it holds control or bidi characters."""
+    found = unsafe_character(text)
+    if found is not None:
+        raise InvalidSpec(
+            field, f"must not contain control or bidirectional characters: {found[1]} at character {found[0]}"
+        )
+    return text
+
+
 def shown(value: Any, limit: int = 80) -> str:
     """A value as an error message may quote it: its repr, cut short so a huge input is not echoed."""
     text = repr(value)

@@ -35,7 +35,7 @@ from federation.metrics import Metrics
 from federation.records import ApprovalRecord, TenantRecord
 from federation.security_store import SecurityStore
 from federation.store import JobStore
-from federation.validate import name_field, shown
+from federation.validate import free_text, name_field, shown
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")
@@ -184,7 +184,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
                 raise InvalidSpec(
                     "duration_seconds", f"must be more than 0 and at most {MAX_APPROVAL_S:.0f} (30 days)"
                 )
-            reason = req.reason.strip()
+            reason = free_text(req.reason.strip(), "reason")
             if not reason or len(reason) > MAX_REASON_LENGTH:
                 raise InvalidSpec(
                     "reason",

@@ -52,6 +52,7 @@ from federation.ratelimit import SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
+from federation.validate import free_text
 from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.api")
@@ -363,7 +364,7 @@ class JobService(pb_grpc.JobServiceServicer):
                 return self._shown(who, job)
             # The API only records the request; the dispatcher (the one writer of that transition)
             # stops the gang and moves the job to CANCELLED.
-            reason = req.reason[:256] or f"cancelled by {who.user}"
+            reason = free_text(req.reason[:256], "reason") or f"cancelled by {who.user}"
             updated = replace(job, cancel_requested=True, message=reason)
             if await self._store.commit([(updated, stored.mod_revision)]) is not None:
                 log.info("job_cancel_requested", job_id=job.job_id, tenant=job.tenant, user=who.user)

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from federation.api.streams import StreamGuard
 from federation.auth import (
+    TOKEN_CACHE_TTL_S,
+    Authenticator,
     Principal,
     acting_tenant,
     bearer_token,
     check_read_job,
     check_write_job,
+    job_not_found,
     listable_tenant,
 )
 from federation.errors import NotFound, PermissionDenied, Unauthenticated
-from federation.records import Role
+from federation.records import Role, UserRecord
+from federation.store import InMemoryJobStore, KvStore
 from placement.model import TenantId
 
 VISION, NLP = TenantId("vision"), TenantId("nlp")
@@ -102,3 +109,69 @@ def test_bad_authorization_metadata_is_unauthenticated(metadata: tuple[tuple[str
 
 def test_bearer_token_is_read() -> None:
     assert bearer_token((("x-other", "1"), ("Authorization", "Bearer  tok "))) == "tok"
+
+
+def test_a_job_the_caller_may_not_read_is_worded_as_a_missing_one() -> None:
+    with pytest.raises(NotFound) as hidden:
+        check_read_job(who(Role.MEMBER), NLP, "train-0badc0de")
+    assert str(hidden.value) == job_not_found("train-0badc0de") == "job 'train-0badc0de' not found"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guarded(store: KvStore, clock: Clock) -> StreamGuard:
+    auth = Authenticator(store, clock=clock)
+    metadata = (("authorization", "Bearer tok"),)
+    principal = asyncio.run(auth.authenticate(metadata))
+    return StreamGuard(auth, metadata, principal, clock=clock)
+
+
+def _store() -> KvStore:
+    store = InMemoryJobStore()
+    asyncio.run(store.put_user(UserRecord("carol", VISION, Role.MEMBER)))
+    asyncio.run(store.put_token("tok", "carol"))
+    return store
+
+
+def test_a_stream_guard_ends_a_revoked_stream_within_the_token_cache_ttl() -> None:
+    store, clock = _store(), Clock()
+    guard = _guarded(store, clock)
+    asyncio.run(store.revoke_token("tok"))
+    refused_after = None
+    for step in range(1, 100):
+        clock.now += 0.1
+        try:
+            asyncio.run(guard.check())
+        except Unauthenticated:
+            refused_after = step * 0.1
+            break
+    assert refused_after is not None
+    assert refused_after <= TOKEN_CACHE_TTL_S
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        pytest.param(UserRecord("carol", NLP, Role.MEMBER), True, id="moved-tenant"),
+        pytest.param(UserRecord("carol", VISION, Role.FINANCE), True, id="new-role"),
+        pytest.param(UserRecord("carol", VISION, Role.MEMBER, "low"), False, id="class-limit-only"),
+    ],
+)
+def test_a_stream_guard_ends_a_stream_whose_user_changed_tenant_or_role(
+    change: UserRecord, refused: bool
+) -> None:
+    store, clock = _store(), Clock()
+    guard = _guarded(store, clock)
+    asyncio.run(store.put_user(change))
+    clock.now += TOKEN_CACHE_TTL_S
+    if refused:
+        with pytest.raises(PermissionDenied, match="open it again"):
+            asyncio.run(guard.check())
+    else:
+        asyncio.run(guard.check())

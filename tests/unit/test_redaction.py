@@ -186,3 +186,17 @@ def test_a_preemptor_the_server_no_longer_knows_is_not_named_either() -> None:
         redactor.text("preempted for gone-job-01234567: priority") == f"preempted for {OTHER_JOB}: priority"
     )
     assert redactor.text("no preemption here") == "no preemption here"
+
+
+def test_a_cancel_reason_with_terminal_escapes_is_refused_and_changes_nothing(world: World) -> None:
+    """The reason becomes the job's message, which every reader's terminal prints."""
+    with pytest.raises(Aborted) as refused:
+        world.run(
+            world.jobs.CancelJob(
+                pb.CancelJobRequest(job_id=SIBLING, reason="done\x1b[2J\u202e"), Context("alice-token")
+            )
+        )
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "U+001B at character 4" in str(refused.value)
+    got = world.run(world.jobs.GetJob(pb.GetJobRequest(job_id=SIBLING), Context("alice-token")))
+    assert not got.cancel_requested
