@@ -11,13 +11,13 @@ without a grace period if they outlast the first deletion by as long.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
 from clusters.api import ClusterError, GangPhase, GangStatus
 from federation.members import GangKey, MemberClusters
-from placement.model import ClusterName
+from placement.model import ClusterName, JobId
 
 log = structlog.get_logger("gpufed.leftovers")
 
@@ -30,6 +30,19 @@ def pods_outlive(gang: GangStatus | None) -> bool:
         and (gang.orphaned or gang.phase.is_final)
         and gang.phase is not GangPhase.SUCCEEDED
     )
+
+
+def holding_attempts(
+    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
+) -> dict[JobId, list[tuple[ClusterName, int]]]:
+    """Per job, the attempts whose gangs may still hold pods on a reachable cluster (not ended, or
+    ended with live pods), and where: the next attempt of the job is not dispatched beside them."""
+    found: dict[JobId, list[tuple[ClusterName, int]]] = {}
+    for cluster, gangs in statuses.items():
+        for (job_id, attempt), gang in (gangs or {}).items():
+            if not gang.phase.is_final or gang.live_pods > 0:
+                found.setdefault(job_id, []).append((cluster, attempt))
+    return found
 
 
 class Leftovers:

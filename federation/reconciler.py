@@ -56,7 +56,7 @@ from federation.dispatch_backoff import ClusterRefusing, cleared, refused, refus
 from federation.jobs import JobRecord, Owner
 from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
 from federation.ledger import ledger_update
-from federation.leftovers import Leftovers, pods_outlive
+from federation.leftovers import Leftovers, holding_attempts, pods_outlive
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.staging import GateKind, Stager, gate_transition
@@ -135,6 +135,7 @@ class Reconciler:
         self._cancels_sent: set[GangKey] = set()
         self._leftovers = Leftovers(members, clock, CANCEL_GRACE_PERIOD_S)
         self._refusing: dict[ClusterName, ClusterRefusing] = {}
+        self._holding: dict[JobId, list[tuple[ClusterName, int]]] = {}
 
     async def tick(self, fence: Fence | None) -> int:
         """One pass over every job that may need action; returns how many transitions were committed."""
@@ -148,6 +149,7 @@ class Reconciler:
         statuses = await self._members.statuses()
         lost = self._lost_clusters(statuses)
         self._refusing = refusing_clusters((s.value for s in live), self._clock())
+        self._holding = holding_attempts(statuses)
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
         async def one(stored: Stored[JobRecord]) -> bool:
@@ -313,6 +315,12 @@ class Reconciler:
         until_s, _ = wait_until_s(job, cluster, self._refusing.get(cluster))
         if until_s > now:
             # Backing off from a cluster that refused: no call, no write; explain says why.
+            return None
+        older = [(c, a) for c, a in self._holding.get(job.job_id, ()) if a < job.attempt]
+        if older:
+            # An earlier attempt still holds pods somewhere (a create that timed out but happened,
+            # a gang the collector is removing): two copies of the job must never run at once.
+            log.info("dispatch_held_for_older_attempt", job_id=job.job_id, attempt=job.attempt, older=older)
             return None
         try:
             await backend.dispatch(workload_for(job))

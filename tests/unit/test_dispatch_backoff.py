@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from clusters.api import ClusterUnreachable, GangWorkload
 from federation.api.service import explain_summary
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.dispatch_backoff import (
@@ -27,7 +28,7 @@ from federation.dispatch_backoff import (
 from federation.metrics import Metrics
 from federation.reconciler import Reconciler
 from federation.render import clusters_table
-from placement.model import ClusterName, JobPhase
+from placement.model import ClusterName, JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 ONPREM = ClusterName("onprem")
@@ -204,3 +205,37 @@ async def test_a_refusing_cluster_holds_other_jobs_back_briefly_and_stops_refusi
         assert waited_s <= CLUSTER_PROBE_MAX_S + 1.0, "a refusing cluster held the good job too long"
     jobs = [s.value for s in world.cache.live_jobs()]
     assert refusing_clusters(jobs, world.clock.now) == {}, "it took a gang since its last refusal"
+
+
+async def test_a_create_that_timed_out_but_happened_is_removed_before_the_next_attempt_is_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with build_world(cluster_count=2) as world:
+        onprem, cloud = world.clusters["onprem"], world.clusters["cloud"]
+        calls: list[str] = []
+        real = {"onprem": onprem.dispatch, "cloud": cloud.dispatch}
+        real_cancel = onprem.cancel
+
+        async def onprem_dispatch(gang: GangWorkload) -> None:
+            await real["onprem"](gang)  # the cluster made it; the answer was lost
+            calls.append(f"onprem created a{gang.attempt}")
+            raise ClusterUnreachable("cluster onprem: create gang: read timed out")
+
+        async def cloud_dispatch(gang: GangWorkload) -> None:
+            calls.append(f"cloud created a{gang.attempt}")
+            await real["cloud"](gang)
+
+        async def onprem_cancel(job_id: JobId, attempt: int, grace_period_s: float) -> None:
+            calls.append(f"onprem cancelled a{attempt}")
+            await real_cancel(job_id, attempt, grace_period_s)
+
+        monkeypatch.setattr(onprem, "dispatch", onprem_dispatch)
+        monkeypatch.setattr(onprem, "cancel", onprem_cancel)
+        monkeypatch.setattr(cloud, "dispatch", cloud_dispatch)
+        # The whole of onprem: its lost attempt fills it, so the next goes to the cloud at once.
+        job_id = await submit(world, a_job("twice", gpus=8, duration="600s"))
+        for _ in range(8):
+            await world.step(0.25)
+        job = await world.job(job_id)
+        assert (job.phase, job.attempt, job.retries_used) == (JobPhase.RUNNING, 2, 0)
+        assert calls == ["onprem created a1", "onprem cancelled a1", "cloud created a2"]
