@@ -31,7 +31,7 @@ from federation.capacity_store import CapacityStore
 from federation.config import FederationConfig
 from federation.datasets_executor import get_settings as get_datasync
 from federation.datasets_executor import put_settings as put_datasync
-from federation.datasets_stores import StoreDirectory
+from federation.datasets_stores import StoreDirectory, store_to_json
 from federation.records import TenantRecord, UserRecord
 from federation.security_store import TOKEN_ID_DIGITS, AuditEvent, SecurityStore, TokenRecord, token_hash
 from federation.store import PREFIX, KvStore
@@ -120,7 +120,9 @@ async def _config_sections(store: KvStore, config: FederationConfig, audit: _Aud
             await audit("cluster_set", cluster.name, "from the config file")
     directory = StoreDirectory(store.kv)
     for object_store in config.object_stores:
-        if await directory.get(object_store.name) != object_store:
+        held_store = await directory.get(object_store.name)
+        # Compared as stored: `seaweed` only tells `gpufed up` which store to start, and is not kept.
+        if held_store is None or store_to_json(held_store) != store_to_json(object_store):
             await directory.put(object_store)
             await audit("object_store_set", object_store.name, "from the config file")
     capacity = CapacityStore(store.kv)
