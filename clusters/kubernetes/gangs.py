@@ -252,4 +252,4 @@ class GangWriter:
 def _namespace_missing(error: BaseException) -> bool:
     """A create answered `404 namespaces "x" not found`: the namespace was deleted under us."""
     cause = error.__cause__
-    return cause is not None and status_of(cause) == 404 and "namespace" in str(error).lower()
+    return cause is not None and status_of(cause) == 404 and 'namespaces "' in str(error)

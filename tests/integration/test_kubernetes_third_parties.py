@@ -5,12 +5,15 @@ cluster, as a person with kubectl would; the end-to-end versions are in tests/e2
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from clusters.api import GangPhase
+from clusters.api import ClusterUnreachable, GangPhase, GangRejected
+from clusters.kubernetes.errors import NamespaceTerminating, translate
 from clusters.kubernetes.names import object_name
 from tests.contract.conftest import no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, status_of, wait_phase
@@ -127,3 +130,30 @@ async def test_garbage_collection_removes_pods_whose_gang_object_was_orphan_dele
         return not await vc_world.pods_of(name)
 
     await eventually(cleared, what="the orphaned pods to be collected")
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "expected", "retryable"),
+    [
+        pytest.param(
+            403,
+            'jobs.batch "g-a1" is forbidden: unable to create new content in namespace gpufed-team-a '
+            "because it is being terminated",
+            NamespaceTerminating,
+            True,
+            id="namespace-terminating-is-not-now",
+        ),
+        pytest.param(403, "forbidden: User cannot create jobs", ClusterUnreachable, True, id="rbac"),
+        pytest.param(404, 'namespaces "gpufed-team-a" not found', GangRejected, False, id="not-found"),
+    ],
+)
+def test_a_real_api_servers_answers_while_a_namespace_goes(
+    status: int, message: str, expected: type[Exception], retryable: bool
+) -> None:
+    """What a real API server answers a create while a deleted namespace empties (the simulator
+    removes a namespace at once, so the 403 is only seen here)."""
+    error = ApiException(status=status, reason="Forbidden" if status == 403 else "Not Found")
+    error.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    translated = translate(error, "sim", "create gang g-a1", dispatching=True)
+    assert type(translated) is expected
+    assert translated.retryable is retryable
