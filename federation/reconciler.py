@@ -35,7 +35,6 @@ that lost leadership mid-tick commits nothing.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -47,68 +46,25 @@ from clusters.api import (
     GangPhase,
     GangRejected,
     GangStatus,
-    GangWorkload,
-    ReplicaSpec,
 )
 from federation.cache import JobCache
 from federation.collector import stale_gangs
 from federation.dispatch_backoff import ClusterRefusing, cleared, refused, refusing_clusters, wait_until_s
 from federation.jobs import JobRecord, Owner
-from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION, RestartAction
+from federation.jobspec import RestartAction
 from federation.ledger import ledger_update
 from federation.leftovers import Leftovers, holding_attempts, pods_outlive
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
 from federation.staging import GateKind, Stager, gate_transition
 from federation.store import Fence, JobStore, Stored
+from federation.workload import workload_for
 from placement.model import ClusterName, JobId, JobPhase
 
 log = structlog.get_logger("gpufed.reconciler")
 
 CANCEL_GRACE_PERIOD_S = 30.0
 RECONCILE_CONCURRENCY = 64
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def sim_duration_s(text: str | None) -> float | None:
-    """`"4s"`, `"1.5m"`, `"250ms"` or plain seconds; None when absent or unreadable."""
-    if text is None:
-        return None
-    match = _DURATION.match(text)
-    if match is None:
-        return None
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-def workload_for(job: JobRecord) -> GangWorkload:
-    assert job.placement is not None
-    replicas = tuple(
-        ReplicaSpec(
-            task=task.name,
-            index=index,
-            gpu_count=task.gpus_per_replica,
-            image=task.image,
-            command=task.command,
-            env=task.env,
-        )
-        for task in job.spec.tasks
-        for index in range(task.replicas)
-    )
-    exit_code = job.spec.annotation(SIM_EXIT_CODE_ANNOTATION)
-    return GangWorkload(
-        job_id=job.job_id,
-        attempt=job.attempt,
-        tenant=job.tenant,
-        gpu_type=job.placement.gpu_type,
-        kind=job.placement.kind,
-        priority_class=job.spec.priority_class,
-        replicas=replicas,
-        min_available=job.spec.min_available,
-        max_runtime_s=job.spec.max_runtime_s,
-        sim_duration_s=sim_duration_s(job.spec.annotation(SIM_DURATION_ANNOTATION)),
-        sim_exit_code=int(exit_code) if exit_code and exit_code.lstrip("-").isdigit() else 0,
-    )
 
 
 class Reconciler:

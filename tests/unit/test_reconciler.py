@@ -14,7 +14,8 @@ import pytest
 from clusters.api import GangPhase, GangStatus
 from federation.jobspec import RestartAction, RestartPolicy
 from federation.ledger import IntervalEnd
-from federation.reconciler import CANCEL_GRACE_PERIOD_S, sim_duration_s
+from federation.reconciler import CANCEL_GRACE_PERIOD_S
+from federation.workload import sim_duration_s
 from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
