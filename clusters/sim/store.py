@@ -33,13 +33,27 @@ from clusters.sim.changes import edit as edit
 from clusters.sim.changes import key_of as key_of
 from clusters.sim.changes import meta as meta
 from clusters.sim.clock import rfc3339
-from clusters.sim.resources import ALL, PODS, ResourceType
+from clusters.sim.resources import ALL, BATCH_JOBS, POD_GROUPS, PODS, QUEUES, VOLCANO_JOBS, ResourceType
 from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSelector
 
 Obj = dict[str, Any]
 # kube-apiserver asks etcd to compact every five minutes (`--etcd-compaction-interval`).
 COMPACTION_INTERVAL_S = 300.0
 Ref = tuple[ResourceType, str, str]
+
+
+# The kinds whose server strategy keeps `metadata.generation` (bumped when the spec changes):
+# pods (since PodObservedGenerationTracking), Jobs and every custom resource. ConfigMaps, Nodes,
+# Namespaces, Services, Events, Leases and PriorityClasses have none.
+GENERATION_KINDS = frozenset({PODS, BATCH_JOBS, VOLCANO_JOBS, POD_GROUPS, QUEUES})
+
+
+def _spec_for_generation(rt: ResourceType, obj: Obj) -> Any:
+    """The spec as generation sees it: binding a pod to a node is not a spec change."""
+    spec = obj.get("spec")
+    if rt is PODS and isinstance(spec, dict) and "nodeName" in spec:
+        return {k: v for k, v in spec.items() if k != "nodeName"}
+    return spec
 
 
 class Store:
@@ -197,7 +211,10 @@ class Store:
         # The server stamps creation itself: a client's value (even `null`, which the python client
         # and kubectl send for an unset time) is ignored.
         m["creationTimestamp"] = rfc3339(self._wall_s())
-        m["generation"] = 1
+        if rt in GENERATION_KINDS:
+            m["generation"] = 1
+        else:
+            m.pop("generation", None)
         canonical.quantities(rt, obj)
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
@@ -242,7 +259,9 @@ class Store:
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
         m["resourceVersion"] = old_meta["resourceVersion"]
-        if obj.get("spec") != old.get("spec"):
+        if rt not in GENERATION_KINDS:
+            m.pop("generation", None)
+        elif _spec_for_generation(rt, obj) != _spec_for_generation(rt, old):
             m["generation"] = int(old_meta.get("generation", 1)) + 1
         else:
             m["generation"] = old_meta.get("generation", 1)

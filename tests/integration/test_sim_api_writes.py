@@ -357,3 +357,17 @@ def test_server_side_apply_after_client_side_apply_takes_over_without_conflict(
         tmp_path, "apply", "--server-side", "-f", "-", stdin=manifest.replace("'2'", "'8'"), ok=False
     )
     assert 'conflict with "kubectl-patch" using v1: .data.b' in refused.stderr
+
+
+def test_generation_only_where_the_server_keeps_it(core: client.CoreV1Api, tmp_path: Path) -> None:
+    core.create_namespaced_config_map("default", {"metadata": {"name": "g"}, "data": {"a": "1"}})
+    core.patch_namespaced_config_map("g", "default", {"data": {"a": "2"}})
+    assert core.read_namespaced_config_map("g", "default").metadata.generation is None
+    kubectl(tmp_path, "run", "gen", "--image=busybox", "--restart=Never")
+    deadline = time.monotonic() + 10
+    while not core.read_namespaced_pod("gen", "default").spec.node_name:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert core.read_namespaced_pod("gen", "default").metadata.generation == 1  # binding is not a change
+    kubectl(tmp_path, "set", "image", "pod/gen", "gen=busybox:2")
+    assert core.read_namespaced_pod("gen", "default").metadata.generation == 2
