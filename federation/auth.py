@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from federation.auth_limits import AuthLimits
 from federation.errors import NotFound, PermissionDenied, Unauthenticated
 from federation.records import Role, UserRecord
 from federation.store import JobStore
@@ -56,9 +57,15 @@ class Authenticator:
         self._store = store
         self._clock = clock
         self._cache: dict[str, tuple[float, UserRecord]] = {}
+        # Failed authentications per peer and unknown tokens, checked before a lookup reaches etcd.
+        self.limits = AuthLimits(clock=clock)
 
     async def authenticate(
-        self, metadata: Iterable[tuple[str, str | bytes]] | None, *, max_age_s: float = TOKEN_CACHE_TTL_S
+        self,
+        metadata: Iterable[tuple[str, str | bytes]] | None,
+        *,
+        max_age_s: float = TOKEN_CACHE_TTL_S,
+        peer: str = "",
     ) -> Principal:
         """The caller, from a resolution at most `max_age_s` old (an open stream asks with less, so
         that its re-checks plus their spacing stay within the cache's TTL)."""
@@ -68,9 +75,11 @@ class Authenticator:
         if hit is not None and now - hit[0] < min(max_age_s, TOKEN_CACHE_TTL_S):
             user = hit[1]
         else:
+            self.limits.before_lookup(token, peer)
             resolved = await self._store.resolve_token(token)
             if resolved is None:
                 self._cache.pop(token, None)
+                self.limits.unknown(token, peer)
                 raise Unauthenticated("unknown or revoked token")
             user = resolved
             if len(self._cache) > 10_000:

@@ -183,6 +183,13 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="require client certificates signed by this CA (mutual TLS)",
 )
+@click.option(
+    "--read-rate-per-s",
+    type=float,
+    default=None,
+    help="reads (get, list, watch) each caller may make per second on this server; 0: no limit "
+    "(default 100, burst 200)",
+)
 @click.pass_obj
 def serve(
     opts: _Opts,
@@ -194,6 +201,7 @@ def serve(
     tls_cert: str | None,
     tls_key: str | None,
     tls_client_ca: str | None,
+    read_rate_per_s: float | None,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
     from federation.serve import TlsFiles, run_server
@@ -220,6 +228,7 @@ def serve(
             bootstrap_path=Path(bootstrap_path) if bootstrap_path else None,
             identity=identity,
             tls=tls,
+            read_rate_per_s=read_rate_per_s,
         )
     )
 

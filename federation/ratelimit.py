@@ -54,3 +54,77 @@ def retry_after_s(wait_s: float) -> float:
     """The wait a refusal tells, rounded up to the hundredth it is shown with: a client that waits
     what it read is admitted (never 'retry in 0.00s', which a client would retry at once)."""
     return max(0.01, math.ceil(wait_s * 100 - 1e-9) / 100)
+
+
+# Reads (get, list, watch) one caller may make per second on one server, and at once. Generous for
+# people and scripts; a loop that lists as fast as it can is held to it instead of taking the server.
+READ_RATE_PER_S = 100.0
+READ_BURST = 200
+# Above this many buckets, full ones (callers idle long enough to have refilled) are forgotten.
+_MAX_BUCKETS = 10_000
+
+
+class TokenBuckets:
+    """One token bucket per key, all with the same rate and burst."""
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = max(1, burst)
+        self._clock = clock
+        # key -> (tokens, last refill time)
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> float | None:
+        """Take one token from `key`'s bucket: None when taken, else the seconds until one is there."""
+        now = self._clock()
+        tokens, last = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - last) * self.rate_per_s)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            return retry_after_s((1.0 - tokens) / self.rate_per_s)
+        if key not in self._buckets and len(self._buckets) >= _MAX_BUCKETS:
+            self._forget_full(now)
+        self._buckets[key] = (tokens - 1.0, now)
+        return None
+
+    def wait_s(self, key: str) -> float | None:
+        """Like `take` without taking: None when a token is there now."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return None
+        tokens = min(float(self.burst), bucket[0] + (self._clock() - bucket[1]) * self.rate_per_s)
+        return None if tokens >= 1.0 else retry_after_s((1.0 - tokens) / self.rate_per_s)
+
+    def _forget_full(self, now: float) -> None:
+        full = [
+            k for k, (t, last) in self._buckets.items() if t + (now - last) * self.rate_per_s >= self.burst
+        ]
+        for key in full:
+            del self._buckets[key]
+        if len(self._buckets) >= _MAX_BUCKETS:
+            # Every caller is busy: forgetting some only gives them a fresh burst.
+            self._buckets.clear()
+
+
+class ReadRateLimiter:
+    """Per-caller limits on reads: one caller's polling loop must not slow everyone's reads."""
+
+    def __init__(
+        self,
+        rate_per_s: float | None = READ_RATE_PER_S,
+        burst: int = READ_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # None or 0: no limit (a benchmark measuring the cost of reads, not the limit).
+        self._buckets = None if not rate_per_s or rate_per_s <= 0 else TokenBuckets(rate_per_s, burst, clock)
+
+    def admit(self, caller: str) -> None:
+        """Take one read from the caller's bucket, or raise RateLimited saying when to retry."""
+        if self._buckets is None:
+            return
+        wait_s = self._buckets.take(caller)
+        if wait_s is not None:
+            raise RateLimited(
+                f"{caller} reads faster than the limit of {self._buckets.rate_per_s:g}/s "
+                f"(burst {self._buckets.burst}); retry in {wait_s:.2f}s"
+            )

@@ -31,6 +31,7 @@ async def run_server(
     bootstrap_path: Path | None,
     identity: str | None,
     tls: TlsFiles | None = None,
+    read_rate_per_s: float | None = None,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if bootstrap_path is not None:
@@ -61,6 +62,8 @@ async def run_server(
     )
     if identity:
         config = replace(config, identity=identity)
+    if read_rate_per_s is not None:
+        config = replace(config, read_rate_per_s=read_rate_per_s)
     if tls is not None:
         config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
     server = FederationServer(config)

@@ -44,6 +44,7 @@ from federation.leader import LeaderElection
 from federation.ledger_cache import LedgerCache
 from federation.members import MemberClusters
 from federation.metrics import Metrics
+from federation.ratelimit import READ_RATE_PER_S, ReadRateLimiter
 from federation.reconciler import Reconciler
 from federation.records import SchedulingSettings, TenantRecord
 from federation.scheduler import Scheduler
@@ -77,6 +78,8 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # Reads (get, list, watch) per caller per second on this server (0: no limit).
+    read_rate_per_s: float = READ_RATE_PER_S
 
 
 class TenantDirectory:
@@ -148,6 +151,7 @@ class FederationServer:
                 metrics=self.metrics,
                 tenants=tenants,
                 datasets=DatasetCheck(registry),
+                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
             ),
             server,
         )

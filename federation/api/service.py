@@ -48,7 +48,7 @@ from federation.idempotent_retry import accepted_before
 from federation.jobs import JobRecord
 from federation.jobspec import DatasetRef
 from federation.metrics import Metrics
-from federation.ratelimit import SubmitRateLimiter
+from federation.ratelimit import ReadRateLimiter, SubmitRateLimiter
 from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
@@ -125,7 +125,14 @@ class CallHandlers:
         self._metrics = metrics
 
     async def principal(self, context: Ctx) -> Principal:
-        return await self._auth.authenticate(context.invocation_metadata())
+        # The peer's address bounds its failed authentications (`federation.auth_limits`); test
+        # doubles of the context may not have one.
+        peer = context.peer() if hasattr(context, "peer") else ""
+        return await self._auth.authenticate(context.invocation_metadata(), peer=peer)
+
+    def token_issued(self, token: str) -> None:
+        """A token was just stored: it must work on its first call, whatever was tried before."""
+        self._auth.limits.forget(token)
 
     async def unary(
         self,
@@ -159,9 +166,12 @@ class JobService(pb_grpc.JobServiceServicer):
         tenants: SubmitPolicy,
         datasets: DatasetPolicy,
         clock: Callable[[], float] = time.time,
+        read_limiter: ReadRateLimiter | None = None,
     ) -> None:
         self._store = store
         self._datasets = datasets
+        # Per caller, on this server: one caller's polling loop must not slow everyone's reads.
+        self._read_limiter = read_limiter or ReadRateLimiter()
         self._cache = cache
         self._h = CallHandlers(auth, metrics)
         self._auth = auth
@@ -258,6 +268,7 @@ class JobService(pb_grpc.JobServiceServicer):
 
     async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
         async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
+            self._read_limiter.admit(who.user)
             stored = await self._visible_job(who, req.job_id)
             return self._shown(who, stored.value, with_manifest=True)
 
@@ -267,6 +278,7 @@ class JobService(pb_grpc.JobServiceServicer):
         return await self._h.unary("ListJobs", request, context, self._list)
 
     async def _list(self, who: Principal, req: pb.ListJobsRequest) -> pb.ListJobsResponse:
+        self._read_limiter.admit(who.user)
         tenant = listable_tenant(who, req.tenant)
         if req.page_size < 0:
             raise InvalidArgument("page_size: must not be negative")
@@ -290,6 +302,7 @@ class JobService(pb_grpc.JobServiceServicer):
     async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
         try:
             who = await self._h.principal(context)
+            self._read_limiter.admit(who.user)
             if request.job_id:
                 first = await self._visible_job(who, request.job_id)
                 tenant: TenantId | None = first.value.tenant

@@ -1,0 +1,163 @@
+"""Guards in front of token lookups and per-caller read limits, on a clock the test moves.
+
+Over the in-memory store (the same keys and reads as on etcd), counting the token lookups that
+would each be an etcd read. Before these guards every unknown token was one lookup, without limit.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from federation.auth import Authenticator
+from federation.auth_limits import FAILED_AUTH_BURST, FAILED_AUTH_RATE_PER_S, peer_address
+from federation.errors import RateLimited, Unauthenticated
+from federation.ratelimit import ReadRateLimiter
+from federation.records import Role, UserRecord
+from federation.store import InMemoryJobStore
+from placement.model import TenantId
+
+PEER = "ipv4:10.0.0.7:51234"
+OTHER_PEER = "ipv4:10.0.0.8:40000"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingStore:
+    """The store's token lookups, counted: each is an etcd read on a real server."""
+
+    def __init__(self) -> None:
+        self.store = InMemoryJobStore()
+        self.lookups = 0
+
+    async def resolve_token(self, token: str) -> UserRecord | None:
+        self.lookups += 1
+        return await self.store.resolve_token(token)
+
+    async def put_token(self, token: str, user: str) -> None:
+        await self.store.put_token(token, user)
+
+
+def bearer(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def retry_in(error: RateLimited) -> float:
+    found = re.search(r"retry in ([0-9.]+)s", str(error))
+    assert found is not None, str(error)
+    return float(found.group(1))
+
+
+@pytest.fixture
+async def world() -> tuple[Authenticator, CountingStore, Clock]:
+    store = CountingStore()
+    await store.store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
+    await store.put_token("alice-token", "alice")
+    clock = Clock()
+    return Authenticator(store, clock=clock), store, clock  # type: ignore[arg-type]
+
+
+async def test_the_same_unknown_token_is_looked_up_once(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    auth, store, _ = world
+    for _ in range(10):
+        with pytest.raises(Unauthenticated):
+            await auth.authenticate(bearer("revoked-long-ago"), peer=PEER)
+    assert store.lookups == 1
+
+
+async def test_a_flood_of_random_tokens_reaches_the_store_only_within_the_peers_limit(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    auth, store, clock = world
+    await auth.authenticate(bearer("alice-token"), peer=PEER)  # resolved before the flood
+    lookups_before = store.lookups
+    refused = None
+    for i in range(500):
+        try:
+            await auth.authenticate(bearer(f"random-{i}"), peer=PEER)
+        except Unauthenticated:
+            continue
+        except RateLimited as error:
+            refused = error
+    assert store.lookups - lookups_before == FAILED_AUTH_BURST, "500 random tokens, one lookup each"
+    assert refused is not None
+    assert "10.0.0.7" in str(refused)
+    # Alice, already resolved, still gets in from the same address; another address is not limited.
+    assert (await auth.authenticate(bearer("alice-token"), peer=PEER)).user == "alice"
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("someone-else"), peer=OTHER_PEER)
+
+    # The retry time is truthful: a moment before it, still refused; at it, looked up again.
+    wait_s = retry_in(refused)
+    assert wait_s == pytest.approx(1 / FAILED_AUTH_RATE_PER_S, abs=0.02)
+    clock.now += wait_s - 0.05
+    with pytest.raises(RateLimited):
+        await auth.authenticate(bearer("random-late"), peer=PEER)
+    clock.now += 0.05
+    before = store.lookups
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("random-later"), peer=PEER)
+    assert store.lookups == before + 1
+
+
+async def test_an_issued_token_works_at_once_even_if_it_was_tried_before(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    auth, store, _ = world
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("chosen-token"), peer=PEER)
+    await store.put_token("chosen-token", "alice")
+    auth.limits.forget("chosen-token")  # what IssueToken does once it has stored the token
+    assert (await auth.authenticate(bearer("chosen-token"), peer=PEER)).user == "alice"
+
+
+async def test_an_unknown_token_is_forgotten_after_its_time(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    auth, store, clock = world
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("later-token"), peer=PEER)
+    # Stored by another server, which cannot tell this one: refused here until the entry expires.
+    await store.put_token("later-token", "alice")
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("later-token"), peer=PEER)
+    clock.now += 31
+    assert (await auth.authenticate(bearer("later-token"), peer=PEER)).user == "alice"
+
+
+def test_peer_addresses_drop_the_port() -> None:
+    assert peer_address("ipv4:127.0.0.1:5123") == "ipv4:127.0.0.1"
+    assert peer_address("ipv6:[::1]:5123") == "ipv6:[::1]"
+    assert peer_address("unix:/tmp/s") == "unix:/tmp/s"
+
+
+def test_reads_are_limited_per_caller_with_a_truthful_retry_time() -> None:
+    clock = Clock()
+    limiter = ReadRateLimiter(10.0, 20, clock)
+    for _ in range(20):
+        limiter.admit("alice")
+    with pytest.raises(RateLimited) as refused:
+        limiter.admit("alice")
+    limiter.admit("bob")  # another caller has its own bucket
+    wait_s = retry_in(refused.value)
+    assert wait_s == pytest.approx(0.1, abs=0.011)
+    clock.now += wait_s - 0.02
+    with pytest.raises(RateLimited):
+        limiter.admit("alice")
+    clock.now += 0.02
+    limiter.admit("alice")
+
+
+def test_no_read_limit_when_turned_off() -> None:
+    limiter = ReadRateLimiter(0, 1, Clock())
+    for _ in range(1000):
+        limiter.admit("alice")
