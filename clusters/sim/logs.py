@@ -132,8 +132,9 @@ def _command(container: Obj) -> str:
 
 
 def stamp(wall_s: float) -> str:
-    """RFC 3339 with nanoseconds, as the kubelet prefixes lines with `timestamps=true`."""
-    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+    """Go's RFC3339Nano (trailing zeros of the fraction dropped), as the kubelet prefixes lines."""
+    text = datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
+    return f"{text}Z"
 
 
 class LogBook:

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ KUBECTL = shutil.which(
 )
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 GPU = "nvidia.com/gpu"
-STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z ")
+# Go's RFC3339Nano, as the kubelet writes it: up to nine fraction digits, trailing zeros dropped.
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{0,8}[1-9])?Z ")
 
 
 @pytest.fixture
@@ -316,6 +318,12 @@ def test_kubectl_logs_plain_tail_timestamps_limit_and_since(
     stamped = kubectl(kubeconfig, "logs", "talker", "--timestamps").stdout.splitlines()
     assert all(STAMP.match(line) for line in stamped)
     assert [STAMP.sub("", line) for line in stamped] == lines
+    # sinceTime travels in whole seconds (metav1.Time): the lines from that second on come back.
+    seconds = [int(datetime.fromisoformat(line[:19]).replace(tzinfo=UTC).timestamp()) for line in stamped]
+    cut = seconds[-1]
+    since_time = datetime.fromtimestamp(cut, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = kubectl(kubeconfig, "logs", "talker", f"--since-time={since_time}").stdout
+    assert since.splitlines() == [line for line, s in zip(lines, seconds, strict=True) if s >= cut]
     assert kubectl(kubeconfig, "logs", "talker", "--limit-bytes=12").stdout == lines[0][:12]
     time.sleep(1.2)
     assert kubectl(kubeconfig, "logs", "talker", "--since=1s").stdout == ""
