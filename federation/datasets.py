@@ -32,6 +32,7 @@ from datasync import (
     Dataset,
     DatasetName,
     DatasetVersion,
+    ExistingCopy,
     Manifest,
     StoreName,
     VersionId,
@@ -278,6 +279,20 @@ class DatasetRegistry:
             return None
         d = json.loads(kv.value)
         return CopyEtags({str(p): str(e) for p, e in d["etags"].items()}, float(d["verified_at_s"]))
+
+    async def reusable(self, store: str, dataset: str, version: str) -> tuple[ExistingCopy, ...]:
+        """Copies of the dataset's other versions in `store`, with their recorded ETags: a new version
+        copies only what changed, the rest server-side from these (see datasync.plan)."""
+        out: tuple[ExistingCopy, ...] = ()
+        for copy in (await self.copies(store)).copies:
+            if copy.key.dataset != dataset or copy.key.version == version:
+                continue
+            manifest = await self.manifest(copy.key.dataset, copy.key.version)
+            etags = await self.copy_etags(copy.key)
+            if manifest is not None and etags is not None:
+                prefix = cache_prefix(copy.key.dataset, copy.key.version)
+                out = (*out, ExistingCopy(prefix, manifest, etags.etags))
+        return out
 
     async def delete_copy(
         self, key: CopyKey, *, expect_revision: int, also: Sequence[Compare] = (), extra: Sequence[Op] = ()

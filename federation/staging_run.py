@@ -26,7 +26,6 @@ from datasync import (
     CopyKey,
     DatasetName,
     DatasyncError,
-    ExistingCopy,
     LocalJournal,
     ObjectStore,
     StoreName,
@@ -170,20 +169,6 @@ class SyncRunner:
                 record, state=SyncState.FAILED, error=f"{type(error).__name__}: {error}", retryable=True
             )
 
-    async def _reusable(self, record: SyncRecord) -> list[ExistingCopy]:
-        """Copies of the dataset's other versions in the target store, with their recorded ETags: a new
-        version copies only what changed, the rest server-side from them (see datasync.plan)."""
-        out = []
-        for copy in (await self._registry.copies(record.store)).copies:
-            if copy.key.dataset != record.dataset or copy.key.version == record.version:
-                continue
-            manifest = await self._registry.manifest(copy.key.dataset, copy.key.version)
-            etags = await self._registry.copy_etags(copy.key)
-            if manifest is not None and etags is not None:
-                prefix = cache_prefix(copy.key.dataset, copy.key.version)
-                out.append(ExistingCopy(prefix, manifest, etags.etags))
-        return out
-
     async def _copy(self, record: SyncRecord, fence: Fence) -> SyncRecord:
         stored = await self._registry.get(record.dataset)
         version = None if stored is None else stored.value.version(VersionId(record.version))
@@ -201,7 +186,7 @@ class SyncRunner:
         # etcd's record of the copy is the truth the plan trusts; without one, the target's marker is
         # only a hint datasync re-hashes before counting an object as there.
         recorded = await self._registry.copy_etags(key)
-        reuse = await self._reusable(record)
+        reuse = await self._registry.reusable(record.store, record.dataset, record.version)
         journal = LocalJournal.for_sync(self._journal_dir, version.home.store, record.store, manifest.digest)
         try:
             prefix = cache_prefix(record.dataset, record.version)

@@ -293,6 +293,11 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
                 )
             source = await _store_call(f"store {version.home.store}", self._stores.client(version.home.store))
             target = await _store_call(f"store {store}", self._stores.client(store))
+            # Planned as the leader's sync will run it: against etcd's record of the copy (not the
+            # bucket's marker), reusing other versions' copies there.
+            recorded = await self._registry.copy_etags(
+                CopyKey(StoreName(store), version.dataset, version.version)
+            )
             plan = await _store_call(
                 f"planning the copy to {store}",
                 plan_sync(
@@ -301,6 +306,8 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
                     target,
                     cache_prefix(version.dataset, version.version),
                     manifest,
+                    recorded_etags=None if recorded is None else recorded.etags,
+                    reuse=await self._registry.reusable(store, version.dataset, version.version),
                 ),
             )
             rate = egress_rate(await self._store.get_settings(), version.home.store, store)
