@@ -187,7 +187,8 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     "--read-rate-per-s",
     type=float,
     default=None,
-    help="reads (get, list, watch) each caller may make per second on this server; 0: no limit "
+    help="lists, watches and job lookups that reach etcd each caller may make per second on this "
+    "server; 0: no limit "
     "(default 100, burst 200)",
 )
 @click.pass_obj

@@ -56,8 +56,9 @@ def retry_after_s(wait_s: float) -> float:
     return max(0.01, math.ceil(wait_s * 100 - 1e-9) / 100)
 
 
-# Reads (get, list, watch) one caller may make per second on one server, and at once. Generous for
-# people and scripts; a loop that lists as fast as it can is held to it instead of taking the server.
+# Reads one caller may make per second on one server, and at once: lists, watches, and job lookups
+# that miss the cache and so read etcd (a lookup the cache answers costs next to nothing). Generous
+# for people and scripts; a loop that lists as fast as it can is held to it instead of taking the server.
 READ_RATE_PER_S = 100.0
 READ_BURST = 200
 # Above this many buckets, full ones (callers idle long enough to have refilled) are forgotten.

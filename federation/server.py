@@ -78,7 +78,7 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
-    # Reads (get, list, watch) per caller per second on this server (0: no limit).
+    # Lists, watches and job lookups that reach etcd, per caller per second on this server (0: no limit).
     read_rate_per_s: float = READ_RATE_PER_S
 
 

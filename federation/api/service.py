@@ -249,7 +249,9 @@ class JobService(pb_grpc.JobServiceServicer):
             return cached
         # Not in the cache (it may trail a write made a moment ago on this or another server), or not
         # the caller's: one etcd read either way, and one answer, so that "another tenant's" and
-        # "does not exist" cost the same time and say the same words.
+        # "does not exist" cost the same time and say the same words. Within the caller's read limit:
+        # a flood of made-up ids must not become a flood of etcd reads.
+        self._read_limiter.admit(who.user)
         stored = await self._store.get_job(JobId(job_id))
         if stored is None or not can_read_tenant(who, stored.value.tenant):
             raise NotFound(job_not_found(job_id))
@@ -268,7 +270,6 @@ class JobService(pb_grpc.JobServiceServicer):
 
     async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
         async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
-            self._read_limiter.admit(who.user)
             stored = await self._visible_job(who, req.job_id)
             return self._shown(who, stored.value, with_manifest=True)
 
