@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from clusters.sim import apply, errors, patch, podstatus
+from clusters.sim import apply, canonical, errors, immutable, patch, podstatus
 from clusters.sim.clock import rfc3339
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
@@ -88,6 +88,9 @@ class Writes:
         store = self._engine.store
         old = store.require(rt, ns, name)
         merged = merge_for_update(rt, old, body, sub)
+        if sub is None:
+            canonical.quantities(rt, merged)  # decoded before validated, as on a real server
+            immutable.check_update(rt, old, merged)
         expect = (body.get("metadata") or {}).get("resourceVersion")
         merged["metadata"]["namespace"] = old["metadata"].get("namespace")
         apply.record_update(merged, old, query, "Update", sub)
@@ -128,6 +131,9 @@ class Writes:
         patched = check_name(patched, name)
         expect = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
         merged = merge_for_update(rt, old, patched, sub)
+        if sub is None:
+            canonical.quantities(rt, merged)  # decoded before validated, as on a real server
+            immutable.check_update(rt, old, merged)
         merged["metadata"]["namespace"] = old["metadata"].get("namespace")
         if media != patch.APPLY:
             apply.record_update(merged, old, query, "Update", sub)

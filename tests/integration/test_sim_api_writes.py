@@ -371,3 +371,37 @@ def test_generation_only_where_the_server_keeps_it(core: client.CoreV1Api, tmp_p
     assert core.read_namespaced_pod("gen", "default").metadata.generation == 1  # binding is not a change
     kubectl(tmp_path, "set", "image", "pod/gen", "gen=busybox:2")
     assert core.read_namespaced_pod("gen", "default").metadata.generation == 2
+
+
+def test_updates_may_not_change_immutable_fields(api: client.ApiClient, tmp_path: Path) -> None:
+    core = client.CoreV1Api(api)
+    pod = {
+        "metadata": {"name": "im"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "m", "image": "a:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+    core.create_namespaced_pod("default", pod)
+    # A running pod's GPU request cannot be raised by an update: a real server refuses it.
+    more = {"spec": {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    with pytest.raises(ApiException) as info:
+        core.patch_namespaced_pod("im", "default", more)
+    assert info.value.status == 422
+    assert "pod updates may not change fields" in str(info.value.body)
+    limits = core.read_namespaced_pod("im", "default").spec.containers[0].resources.limits
+    assert limits == {"nvidia.com/gpu": "1"}
+    # The image, and a shorter deadline, may change.
+    core.patch_namespaced_pod(
+        "im",
+        "default",
+        {"spec": {"activeDeadlineSeconds": 60, "containers": [{"name": "m", "image": "a:2"}]}},
+    )
+    assert core.read_namespaced_pod("im", "default").spec.containers[0].image == "a:2"
+    batch = client.BatchV1Api(api)
+    kubectl(tmp_path, "create", "job", "ij", "--image=busybox")
+    with pytest.raises(ApiException) as info:
+        batch.patch_namespaced_job(
+            "ij", "default", {"spec": {"template": {"metadata": {"labels": {"x": "y"}}}}}
+        )
+    assert info.value.status == 422
