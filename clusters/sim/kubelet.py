@@ -213,13 +213,18 @@ class Kubelet:
             self._timers.at(now + float(deadline), lambda: self._deadline(key, uid))
         pull_error = image_pull_failure(pod)
         if pull_error is not None:
-            self._pull_failed(pod, host_ip, pod_ip, pull_error)
+            self._pull_failed(key, uid, host_ip, pod_ip, pull_error)
             return
         started = self._store.update(PODS, podstatus.running(pod, self._clock.wall_s(), host_ip, pod_ip))
         self._started(started)
 
-    def _pull_failed(self, pod: Obj, host_ip: str, pod_ip: str, error: str) -> None:
-        key, uid = key_of(pod), pod["metadata"]["uid"]
+    def _pull_failed(
+        self, key: Key, uid: str, host_ip: str, pod_ip: str, error: str, attempt: int = 0
+    ) -> None:
+        """One failed pull: ErrImagePull, then ImagePullBackOff until the next try (doubling back-off)."""
+        pod = self._current(key, uid)
+        if pod is None or podstatus.phase(pod) != "Pending" or podstatus.is_deleting(pod):
+            return
         image = podstatus.containers(pod)[0].get("image", "")
         message = f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": {error}'
         waiting = self._store.update(
@@ -248,6 +253,10 @@ class Kubelet:
                 )
                 rec("BackOff", f'Back-off pulling image "{c.get("image", "")}"')
                 rec("Failed", "Error: ImagePullBackOff", warning=True)
+            wait_s = min(_BACKOFF_CAP_S, self._restart_backoff_s * 2**attempt)
+            self._timers.after(
+                wait_s, lambda: self._pull_failed(key, uid, host_ip, pod_ip, error, attempt + 1)
+            )
 
         self._timers.after(_PULL_RETRY_S, back_off)
 

@@ -286,3 +286,32 @@ def test_suspending_a_running_job_deletes_its_pods_without_counting_failures() -
     assert engine.store.list(PODS) == []
     status = engine.store.require(BATCH_JOBS, "default", "j")["status"]
     assert (status["active"], status["failed"], "startTime" in status) == (0, 0, False)
+
+
+def test_an_image_that_never_pulls_is_retried_with_a_doubling_back_off() -> None:
+    config = cluster("u", (SimPoolConfig.of("a100", "A100"),), restart_backoff_s=10)
+    engine = Engine(config, ManualClock())
+    body = a_pod("img")
+    body["metadata"]["annotations"]["sim.gpufed.io/fail-image-pull"] = "manifest unknown"
+
+    def waiting() -> str:
+        return str(pod(engine, "img")["status"]["containerStatuses"][0]["state"]["waiting"]["reason"])
+
+    def pulls() -> int:
+        return sum(1 for e in engine.store.list(EVENTS) if e["reason"] == "Pulling")
+
+    create(engine, PODS, body)
+    assert (waiting(), pulls()) == ("ErrImagePull", 1)
+    assert (
+        "manifest unknown"
+        in pod(engine, "img")["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+    )
+    advance(engine, 1)
+    assert waiting() == "ImagePullBackOff"
+    advance(engine, 10)
+    assert (waiting(), pulls()) == ("ErrImagePull", 2)
+    advance(engine, 1)
+    advance(engine, 19.9)
+    assert (waiting(), pulls()) == ("ImagePullBackOff", 2)
+    advance(engine, 0.1)
+    assert (waiting(), pulls(), phases(engine)) == ("ErrImagePull", 3, {"img": "Pending"})
