@@ -16,6 +16,7 @@ from clusters.sim import podstatus
 from clusters.sim.admission import CONTROLLER_UID, Admission, random_suffix
 from clusters.sim.clock import Clock, parse_rfc3339, rfc3339
 from clusters.sim.events import EventRecorder
+from clusters.sim.job_failure_policy import rule_matches, rule_subject
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import BATCH_JOBS, PODS
 from clusters.sim.selectors import LabelSelector, Op, Requirement
@@ -246,12 +247,12 @@ class BatchJobController:
         """Apply the pod failure policy to one failed pod; a (reason, message) fails the Job."""
         rules = ((job["spec"].get("podFailurePolicy") or {}).get("rules")) or []
         for i, rule in enumerate(rules):
-            if not _rule_matches(rule, pod):
+            if not rule_matches(rule, pod):
                 continue
             action = rule.get("action")
             pod_ref = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
             if action == "FailJob":
-                what = _rule_subject(rule)
+                what = rule_subject(rule)
                 return ("PodFailurePolicy", f"Pod {pod_ref} has {what} matching FailJob rule at index {i}")
             if action == "Ignore":
                 return None
@@ -374,34 +375,3 @@ class BatchJobController:
 def _index_of(pod: Obj) -> int | None:
     text = (pod["metadata"].get("annotations") or {}).get(INDEX)
     return int(text) if text is not None and text.isdigit() else None
-
-
-def _rule_matches(rule: Obj, pod: Obj) -> bool:
-    on_conditions = rule.get("onPodConditions")
-    if on_conditions:
-        return any(
-            (c := podstatus.condition(pod, want.get("type", ""))) is not None
-            and c.get("status") == want.get("status", "True")
-            for want in on_conditions
-        )
-    on_codes = rule.get("onExitCodes")
-    if on_codes:
-        values = {int(v) for v in on_codes.get("values") or []}
-        container = on_codes.get("containerName")
-        codes = [
-            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []
-            if container is None or cs.get("name") == container
-        ]
-        codes = [c for c in codes if c not in (None, 0)]
-        if on_codes.get("operator") == "NotIn":
-            return any(c not in values for c in codes)
-        return any(c in values for c in codes)
-    return False
-
-
-def _rule_subject(rule: Obj) -> str:
-    if rule.get("onPodConditions"):
-        kinds = [w.get("type") for w in rule["onPodConditions"]]
-        return f"condition {kinds[0]}"
-    return "container exit code"

@@ -26,12 +26,11 @@ from clusters.sim.clock import Clock, rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import POD_GROUPS, PODS, SERVICES, VOLCANO_JOBS
-from clusters.sim.scheduler import GROUP_ANNOTATION
 from clusters.sim.selectors import LabelSelector, Op, Requirement
-from clusters.sim.store import Change, EventType, Key, Store, clone, edit, key_of
+from clusters.sim.store import Change, EventType, Key, Store, edit, key_of
+from clusters.sim.volcano_pods import JOB_NAME, owner_ref, owner_vcjob, pod_for, version_of
 
 Obj = dict[str, Any]
-JOB_NAME = "volcano.sh/job-name"
 COMPONENT = "vc-controller-manager"
 # Phases in which the controller keeps the pods it wants present.
 _ACTIVE = {"Pending", "Running"}
@@ -52,32 +51,7 @@ class _Seen:
     deleted: list[Obj] = field(default_factory=list)
 
 
-_VERSION = "volcano.sh/job-version"
 _RESTARTS = ("RestartJob", "RestartTask", "RestartPod")
-
-
-def _version_of(pod: Obj) -> int:
-    text = (pod["metadata"].get("annotations") or {}).get(_VERSION, "0")
-    return int(text) if str(text).isdigit() else 0
-
-
-def owner_vcjob(pod: Obj) -> str | None:
-    for ref in pod["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == "Job" and ref.get("apiVersion") == VOLCANO_JOBS.api_version:
-            return str(ref.get("name"))
-    return None
-
-
-def _owner_ref(job: Obj) -> Obj:
-    m = job["metadata"]
-    return {
-        "apiVersion": VOLCANO_JOBS.api_version,
-        "kind": "Job",
-        "name": m["name"],
-        "uid": m["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _action_for(job: Obj, task: str | None, event: str) -> str | None:
@@ -220,7 +194,7 @@ class VolcanoJobController:
         deleted, seen.deleted = seen.deleted, []
         for pod in deleted:
             uid = pod["metadata"]["uid"]
-            if uid in seen.handled or _version_of(pod) < version:
+            if uid in seen.handled or version_of(pod) < version:
                 continue
             seen.handled.add(uid)
             task = (pod["metadata"].get("annotations") or {}).get("volcano.sh/task-spec")
@@ -228,7 +202,7 @@ class VolcanoJobController:
             if action is not None:
                 return action, "PodEvicted", f"pod {pod['metadata']['name']} was deleted"
         for pod in pods:
-            if _version_of(pod) < version:
+            if version_of(pod) < version:
                 continue
             uid = pod["metadata"]["uid"]
             if podstatus.phase(pod) != "Failed" or uid in seen.handled:
@@ -331,7 +305,7 @@ class VolcanoJobController:
                 "metadata": {
                     "name": name,
                     "namespace": namespace,
-                    "ownerReferences": [_owner_ref(job)],
+                    "ownerReferences": [owner_ref(job)],
                     "annotations": {},
                     "labels": {JOB_NAME: name},
                 },
@@ -348,7 +322,7 @@ class VolcanoJobController:
         plugins = spec.get("plugins") or {}
         if "svc" in plugins and self._store.get(SERVICES, namespace, name) is None:
             svc = {
-                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [_owner_ref(job)]},
+                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner_ref(job)]},
                 "spec": {
                     "clusterIP": "None",
                     "publishNotReadyAddresses": True,
@@ -365,63 +339,10 @@ class VolcanoJobController:
                 name = f"{job['metadata']['name']}-{task['name']}-{index}"
                 if name not in existing:
                     pod = self._admission.admit_create(
-                        PODS, self._pod_for(job, task, index, name), job["metadata"]["namespace"]
+                        PODS, pod_for(job, task, index, name), job["metadata"]["namespace"]
                     )
                     created.append(self._store.create(PODS, pod))
         return created
-
-    def _pod_for(self, job: Obj, task: Obj, index: int, name: str) -> Obj:
-        m = job["metadata"]
-        spec = job["spec"]
-        template = clone(task.get("template") or {})
-        tm = template.get("metadata") or {}
-        pod_spec = template.get("spec") or {}
-        version = str((job.get("status") or {}).get("version", 0))
-        labels = dict(tm.get("labels") or {})
-        labels.update(
-            {
-                JOB_NAME: m["name"],
-                "volcano.sh/job-namespace": m["namespace"],
-                "volcano.sh/queue-name": spec.get("queue", "default"),
-                "volcano.sh/task-spec": task["name"],
-                "volcano.sh/task-index": str(index),
-            }
-        )
-        annotations = dict(tm.get("annotations") or {})
-        annotations.update(
-            {
-                GROUP_ANNOTATION: m["name"],
-                JOB_NAME: m["name"],
-                "volcano.sh/task-spec": task["name"],
-                "volcano.sh/job-version": version,
-                "volcano.sh/queue-name": spec.get("queue", "default"),
-                "volcano.sh/task-index": str(index),
-            }
-        )
-        pod_spec.setdefault("schedulerName", spec.get("schedulerName", "volcano"))
-        if spec.get("priorityClassName"):
-            pod_spec.setdefault("priorityClassName", spec["priorityClassName"])
-        plugins = spec.get("plugins") or {}
-        if "svc" in plugins:
-            pod_spec["hostname"] = name
-            pod_spec["subdomain"] = m["name"]
-        if "env" in plugins:
-            for c in pod_spec.get("containers") or []:
-                env = c.setdefault("env", [])
-                env += [
-                    {"name": "VC_TASK_INDEX", "value": str(index)},
-                    {"name": "VK_TASK_INDEX", "value": str(index)},
-                ]
-        return {
-            "metadata": {
-                "name": name,
-                "namespace": m["namespace"],
-                "labels": labels,
-                "annotations": annotations,
-                "ownerReferences": [_owner_ref(job)],
-            },
-            "spec": pod_spec,
-        }
 
     def _sync_pod_group(self, job: Obj) -> None:
         m = job["metadata"]
