@@ -544,3 +544,45 @@ def test_a_deleted_pod_waits_for_its_finalizers(
     assert phase_of(core, "held") == "Failed"
     kubectl(kubeconfig, "patch", "pod", "held", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     wait_for(lambda: gone(core, "held"))
+
+
+def test_draining_a_node_under_a_volcano_gang_aborts_it_with_pod_evicted(
+    sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
+) -> None:
+    _, kubeconfig = sim
+    custom = client.CustomObjectsApi(core.api_client)
+    template = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "train:1", "resources": {"limits": {GPU: "8"}}}],
+        }
+    }
+    gang = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "gang"},
+        "spec": {
+            "minAvailable": 2,
+            "maxRetry": 0,
+            # What gpufed's backend renders (clusters/kubernetes/manifests.py).
+            "policies": [
+                {"event": "PodEvicted", "action": "AbortJob"},
+                {"event": "PodFailed", "action": "AbortJob"},
+            ],
+            "tasks": [{"name": "worker", "replicas": 2, "template": template}],
+        },
+    }
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", gang)
+
+    def phase() -> str:
+        job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", "gang")
+        return str(job.get("status", {}).get("state", {}).get("phase"))
+
+    wait_for(lambda: phase() == "Running")
+    kubectl(
+        kubeconfig, "drain", "kl-a100-0", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s"
+    )
+    wait_for(lambda: phase() == "Aborted")
+    job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", "gang")
+    assert job["status"]["state"]["reason"] == "PodEvicted"
+    wait_for(lambda: not core.list_namespaced_pod("default").items)
