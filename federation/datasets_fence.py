@@ -32,8 +32,10 @@ from federation.kv import Compare, KeyValueStore, LeaseNotFound, Put
 log = structlog.get_logger("gpufed.staging")
 
 FENCES = b"/gpufed/copy-fences/"
-FENCE_TTL_S = 15
-KEEPALIVE_S = 4.0
+# Long enough that a busy event loop does not lose a fence between keepalives; a dead holder's fence
+# frees itself within this.
+FENCE_TTL_S = 30
+KEEPALIVE_S = 5.0
 
 
 def fence_key(key: CopyKey) -> bytes:

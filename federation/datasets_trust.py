@@ -111,14 +111,16 @@ async def verify_cached(
             outcome = replace(
                 outcome, repaired=tuple(sorted(set(report.bad_paths) & set(fixed.verified_etags)))
             )
-        if outcome.ok:
-            # Only a whole copy is recorded as verified; a damaged one keeps its old record, so the next
-            # dispatch's check fails on it and re-syncs it.
-            copy, revision = held
-            if not await registry.put_copy(
-                copy, expect_revision=revision, etags=CopyEtags(good, clock()), also=[fence.held]
-            ):
-                log.info("copy_verify_not_recorded", store=key.store, dataset=key.dataset)
+        # The record keeps only objects found good: one still bad (a repair failed, or none was asked
+        # for) has no recorded ETag, so the next dispatch's check fails on it even when bit rot left its
+        # ETag unchanged, and re-syncs it. Only a whole copy counts as verified now.
+        copy, revision = held
+        before = await registry.copy_etags(key)
+        at_s = clock() if outcome.ok else (0.0 if before is None else before.verified_at_s)
+        if not await registry.put_copy(
+            copy, expect_revision=revision, etags=CopyEtags(good, at_s), also=[fence.held]
+        ):
+            log.info("copy_verify_not_recorded", store=key.store, dataset=key.dataset)
         log.info(
             "copy_verified",
             store=key.store,

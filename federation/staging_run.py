@@ -61,6 +61,10 @@ class StageFailed(Exception):
         self.retryable = retryable
 
 
+class FenceLost(StageFailed):
+    """The sync's fence expired (or was taken) before it recorded the copy: it records nothing."""
+
+
 def egress_rate(settings: SchedulingSettings, source: str, target: str) -> float:
     for rate in settings.egress_rates:
         if rate.source_store == source and rate.destination_store == target:
@@ -159,6 +163,10 @@ class SyncRunner:
             return await self._copy(record, fence)
         except asyncio.CancelledError:
             raise
+        except FenceLost as error:
+            # Not the data's fault, nor the job's: asked for again, it runs once the fence is free.
+            log.warning("sync_fence_lost", dataset=record.dataset, store=record.store)
+            return replace(record, state=SyncState.REQUESTED, error=str(error), verified=False)
         except StageFailed as error:
             return replace(record, state=SyncState.FAILED, error=str(error), retryable=error.retryable)
         except DatasyncError as error:
@@ -286,7 +294,7 @@ class SyncRunner:
                 return
             holder = await self._kv.get(fence.key)
             if holder is None or holder.value != fence.value:
-                raise StageFailed(
+                raise FenceLost(
                     f"lost the fence of the copy of {record.dataset} in {record.store}; not recorded",
                     retryable=True,
                 )

@@ -5,6 +5,7 @@ re-stages a damaged copy, and the periodic scrub that repairs one."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from federation.datasets import prefix_field
 from federation.datasets_executor import DatasyncSettings, Executors, parse_datasync
 from federation.datasets_grants import GrantDirectory, allows
 from federation.datasets_stores import StoreRecord, parse_object_stores, store_from_json, store_to_json
-from federation.datasets_trust import check_cached
+from federation.datasets_trust import check_cached, verify_cached
 from federation.errors import InvalidSpec
 from federation.kv_memory import MemoryKv
 from federation.staging import GateKind
@@ -134,6 +135,30 @@ async def test_the_scrub_rehashes_and_repairs_a_copy_on_the_leaders_tick(tmp_pat
         assert after is not None
         assert after.verified_at_s > before.verified_at_s
         assert await check_cached(w.registry, w.stores, KEY) == ()
+    finally:
+        await w.stager.stop()
+        await w.stores.close()
+
+
+async def test_bit_rot_under_an_unchanged_etag_found_by_verify_fails_the_next_check(tmp_path: Path) -> None:
+    w = await _world_with_stores(tmp_path)
+    try:
+        job = staged_job("first", "mini")
+        await w.stager.prepare(job)
+        assert await w.settle(job) is GateKind.READY
+        target = tmp_path / "cloud" / "gpufed-cache/mini/v1/a.bin"
+        stat = target.stat()
+        target.write_bytes(b"r" * 3000)
+        os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same ETag: rot
+        assert await check_cached(w.registry, w.stores, KEY) == ()  # one listing cannot see it
+        found = await verify_cached(w.registry, w.stores, KEY, repair=False)
+        assert (found.wrong_hash, found.ok) == (("a.bin",), False)
+        # Verify dropped it from etcd's record: the next dispatch's check fails and re-stages it.
+        assert await check_cached(w.registry, w.stores, KEY) == ("a.bin",)
+        second = staged_job("second", "mini")
+        assert (await w.stager.prepare(second)).kind is GateKind.STAGE
+        assert await w.settle(second) is GateKind.READY
+        assert target.read_bytes() == FILES["a.bin"]
     finally:
         await w.stager.stop()
         await w.stores.close()
