@@ -7,6 +7,11 @@ port is its HTTP port + 10000, because some components (the admin's plugin worke
 whatever flag they were given. S3 credentials come from an identities file written into the data dir
 (`-s3.config`), the way SeaweedFS documents static S3 identities. Telemetry is off: nothing leaves loopback.
 
+A restart on the same data dir reuses the ports of the last run when they are all still free
+(`ports.json`), so the endpoint that clients and `stores.json` know stays right. A pid file in the data
+dir lets a start stop the weed a crashed run left holding the data dir's leveldb lock, and the kernel
+kills weed when the process that started it dies (`child_guard`).
+
 The embedded default starts two of these (one private store, one public cloud's store), so nothing here is
 test-only: `SeaweedProcess(data_dir).start()` and read `.endpoint`, `.access_key_id`, `.secret_access_key`.
 """
@@ -34,6 +39,7 @@ from typing import IO
 
 import structlog
 
+from datasync.child_guard import clear_leftover, die_with_parent, write_pid_file
 from datasync.credentials import AwsCredentials, Secret
 from datasync.errors import DatasyncError
 from datasync.s3_requests import sign_v4
@@ -63,9 +69,13 @@ def weed_binary() -> Path:
     return Path(on_path)
 
 
-def _port_pair_free(port: int, host: str) -> bool:
+def _port_pair_free(port: int, host: str, *, reuse_addr: bool = False) -> bool:
+    # weed (Go) listens with SO_REUSEADDR, so a port whose last run left connections in TIME_WAIT is
+    # free to it; `reuse_addr` asks the same question when reusing a remembered port.
     for p in (port, port + _GRPC_OFFSET):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if reuse_addr:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, p))
             except OSError:
@@ -110,6 +120,8 @@ class SeaweedProcess:
         self.access_key_id = access_key_id
         self._extra_args = tuple(extra_args)
         self.log_path = self.data_dir / "weed.log"
+        self.pid_file = self.data_dir / "weed.pid"
+        self._ports_path = self.data_dir / "ports.json"
         self._ports: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -193,13 +205,22 @@ class SeaweedProcess:
             return
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         identities = self._write_identities()
+        leftover = clear_leftover(self.pid_file)
+        if leftover is not None:
+            _log.warning(
+                "leftover_process_cleared",
+                pid=leftover.pid,
+                command=" ".join(leftover.command[:2]),
+                pid_file=str(leftover.pid_file),
+            )
         for attempt in range(_PORT_ATTEMPTS):
             if not self._ports:
-                self._ports = dict(
+                self._ports = self._remembered_ports() or dict(
                     zip(_COMPONENTS, free_port_pairs(len(_COMPONENTS), self.host), strict=True)
                 )
             try:
                 self._spawn_and_wait(identities, timeout_s)
+                self._ports_path.write_text(json.dumps(self._ports))
                 _log.info("seaweed_started", endpoint=self.endpoint, pid=self.pid)
                 return
             except SeaweedStartFailed as e:
@@ -207,18 +228,31 @@ class SeaweedProcess:
                     raise
                 self._ports = {}
 
+    def _remembered_ports(self) -> dict[str, int] | None:
+        try:
+            data = json.loads(self._ports_path.read_text())
+            ports = {name: int(data[name]) for name in _COMPONENTS}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not all(_port_pair_free(p, self.host, reuse_addr=True) for p in ports.values()):
+            return None
+        return ports
+
     def _spawn_and_wait(self, identities: Path, timeout_s: float) -> None:
         self._log = self.log_path.open("ab")
         self._log_start = self._log.tell()
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        command = self._command(identities)
         self._proc = subprocess.Popen(
-            self._command(identities),
+            command,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
             env=env,
             cwd=self.data_dir,
         )
+        write_pid_file(self.pid_file, self._proc.pid, command)
         if not self._atexit:
             atexit.register(self.kill)
             self._atexit = True
@@ -290,6 +324,8 @@ class SeaweedProcess:
         self._reap()
 
     def _reap(self) -> None:
+        if self._proc is not None:
+            self.pid_file.unlink(missing_ok=True)
         self._proc = None
         if self._log is not None:
             with contextlib.suppress(OSError):

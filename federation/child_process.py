@@ -3,7 +3,9 @@
 The embedded default starts etcd and the simulated clusters as processes of their own. Each gets a
 session of its own, so that a Ctrl-C aimed at a terminal or a test runner does not kill it before
 its owner has stopped cleanly, and an atexit hook, so that it does not outlive an interpreter that
-exits without stopping it.
+exits without stopping it. An interpreter that is SIGKILLed runs no hook: the kernel kills the child
+then (`datasync.child_guard.die_with_parent`), and the child's pid file lets the next start stop one
+that survived anyway (`clear_leftover`), so a crashed `gpufed up` never blocks the next one.
 """
 
 from __future__ import annotations
@@ -17,14 +19,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+import structlog
+
+from datasync.child_guard import Leftover, clear_leftover, die_with_parent, write_pid_file
+
+log = structlog.get_logger("gpufed.child")
+
 _LOG_TAIL_BYTES = 4000
 
 
 class ChildProcess:
-    """One child process writing stdout and stderr to `log_path` (appended across restarts)."""
+    """One child process writing stdout and stderr to `log_path` (appended across restarts).
 
-    def __init__(self, log_path: Path) -> None:
+    With a `pid_file`, a spawn first stops the process a crashed predecessor left there (see
+    `cleared`), then records the new one.
+    """
+
+    def __init__(self, log_path: Path, *, pid_file: Path | None = None) -> None:
         self.log_path = log_path
+        self.pid_file = pid_file
+        self.cleared: list[Leftover] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._log_start = 0
@@ -40,11 +54,27 @@ class ChildProcess:
 
     def spawn(self, command: Sequence[str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.pid_file is not None:
+            leftover = clear_leftover(self.pid_file)
+            if leftover is not None:
+                self.cleared.append(leftover)
+                log.warning(
+                    "leftover_process_cleared",
+                    pid=leftover.pid,
+                    command=" ".join(leftover.command[:2]),
+                    pid_file=str(leftover.pid_file),
+                )
         self._log = self.log_path.open("ab")
         self._log_start = self._log.tell()
         self._proc = subprocess.Popen(
-            list(command), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            list(command),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
+        if self.pid_file is not None:
+            write_pid_file(self.pid_file, self._proc.pid, command)
         if not self._atexit_registered:
             atexit.register(self.kill)
             self._atexit_registered = True
@@ -87,6 +117,8 @@ class ChildProcess:
         self._reap()
 
     def _reap(self) -> None:
+        if self._proc is not None and self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
         self._proc = None
         if self._log is not None:
             with contextlib.suppress(OSError):

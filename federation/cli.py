@@ -155,15 +155,25 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
         click.echo("try: gpufed --user alice submit -f examples/resnet-vision.yaml")
         sys.stdout.flush()
 
-    asyncio.run(
-        run_up(
-            opts.state_dir,
-            config_path=Path(config) if config else None,
-            grpc_port=port,
-            metrics_port=metrics_port,
-            on_ready=ready,
-        )
-    )
+    from datasync.seaweed_process import SeaweedStartFailed
+    from federation.etcd_process import EtcdStartFailed
+    from federation.sim_process import SimStartFailed
+    from federation.state_lock import StateDirBusy, hold_state_dir
+
+    try:
+        # Only one gpufed up per state dir: the start clears what a crashed run left there.
+        with hold_state_dir(Path(opts.state_dir)):
+            asyncio.run(
+                run_up(
+                    opts.state_dir,
+                    config_path=Path(config) if config else None,
+                    grpc_port=port,
+                    metrics_port=metrics_port,
+                    on_ready=ready,
+                )
+            )
+    except (StateDirBusy, EtcdStartFailed, SimStartFailed, SeaweedStartFailed) as e:
+        raise click.ClickException(str(e)) from e
 
 
 @cli.command()

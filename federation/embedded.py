@@ -67,6 +67,8 @@ async def run_up(
     """Run until SIGINT/SIGTERM (or `stop` is set), then stop the server and etcd cleanly."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    # A SIGKILLed run leaves its addresses behind: no client may take them for this run's.
+    (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
     config = load_config(config_path or default_config_path())
     sims = SimProcess(state_dir / "sim", config.simulated) if config.simulated else None
     if sims is not None:

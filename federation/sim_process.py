@@ -50,7 +50,7 @@ class SimProcess:
         self.ready_path = work_dir / "ready.json"
         self._clusters = [dict(c) for c in clusters]
         self._time_scale = time_scale
-        self._child = ChildProcess(work_dir / "sim.log")
+        self._child = ChildProcess(work_dir / "sim.log", pid_file=work_dir / "sim.pid")
         self.endpoints: dict[str, SimEndpoint] = {}
 
     @property

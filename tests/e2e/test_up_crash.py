@@ -1,0 +1,270 @@
+"""`gpufed up` SIGKILLed (issue 15, point 8): its children die with it, the next start on the same state
+dir clears what a crash left, keeps the endpoints, and finishes a dataset sync cut off mid-way.
+
+Driven as a user drives it: `python -m federation up` as a process of its own, the datasets API over
+gRPC, the object stores through their S3 endpoints. rclone (`.venv/bin/rclone check --checksum`) is the
+independent judge of the finished copy; /proc is the judge of what is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from datasync import open_store
+from datasync.seaweed_process import SeaweedProcess
+from datasync.store_config import S3StoreConfig
+from federation.client import GpufedClient, wait_until_serving
+from federation.datasets_client import DatasetsClient
+from federation.embedded import read_endpoint
+from tests.e2e.harness import wait_for
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1024 * 1024
+HOME, CACHE = "onprem-s3", "s3-us-east-1"
+# Enough that a loopback sync takes seconds on a busy 2-core machine, in objects below the multipart
+# threshold, so that every object has an MD5 ETag and `rclone check --checksum` compares them all.
+OBJECTS, OBJECT_BYTES = 48, 4 * MIB
+
+
+def processes_mentioning(text: str) -> dict[int, str]:
+    """Live (not zombie) processes whose command line names `text`, other than this one."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
+        if text in cmdline:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+class Up:
+    """`gpufed up` on `state_dir`, started again and again; stderr of each start kept apart."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.state_dir.parent / f"up-{self.starts}.log"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.state_dir.parent / f"up-{self.starts}.out"
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        with self.stderr_path.open("w") as stderr, self.stdout_path.open("w") as stdout:
+            return subprocess.Popen(
+                [sys.executable, "-m", "federation", "--state-dir", str(self.state_dir), "up",
+                 "--port", "0", "--metrics-port", "0"],
+                stdout=stdout, stderr=stderr, start_new_session=True,
+            )  # fmt: skip
+
+    def start(self) -> None:
+        self.proc = self.spawn()
+        proc = self.proc
+        # Not the endpoint file: a SIGKILLed run leaves its own behind until the next one starts.
+        wait_for(
+            lambda: "gpufed is up" in self.stdout_path.read_text() or proc.poll() is not None, timeout_s=90
+        )
+        assert proc.poll() is None, self.stderr_path.read_text()[-3000:]
+        wait_until_serving(read_endpoint(self.state_dir)["grpc"])
+
+    def sigkill(self) -> None:
+        """SIGKILL gpufed up alone (not its process group): its children must go by themselves."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def client(self, user: str) -> GpufedClient:
+        token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
+        return GpufedClient(read_endpoint(self.state_dir)["grpc"], token)
+
+    def stores(self) -> dict[str, dict[str, str]]:
+        stores: dict[str, dict[str, str]] = json.loads((self.state_dir / "stores.json").read_text())
+        return stores
+
+    def endpoints(self) -> dict[str, str]:
+        """What clients of this state dir connect to, apart from the gRPC port `--port 0` leaves free."""
+        stores = {name: where["endpoint"] for name, where in self.stores().items()}
+        return {"etcd": read_endpoint(self.state_dir)["etcd"], **stores}
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    instance = Up(tmp_path / "state")
+    instance.start()
+    yield instance
+    instance.stop()
+    # Whatever a test left running on purpose (a survivor, a stand-in) goes too.
+    for pid in processes_mentioning(str(instance.state_dir)):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _put_dataset(up: Up, prefix: str) -> None:
+    where = up.stores()[HOME]
+    secret = SeaweedProcess(Path(where["seaweed_dir"])).secret_access_key
+    config = S3StoreConfig(
+        where["bucket"], endpoint=where["endpoint"], region="us-east-1",
+        access_key_id_env="K", secret_access_key_env="S",
+    )  # fmt: skip
+
+    async def run() -> None:
+        store = open_store(HOME, config, env={"K": "gpufed", "S": secret})
+        slots = asyncio.Semaphore(4)
+
+        async def one(i: int) -> None:
+            async with slots:
+                await store.put(f"{prefix}part-{i:03d}.bin", os.urandom(OBJECT_BYTES))
+
+        await asyncio.gather(*(one(i) for i in range(OBJECTS)))
+        await store.close()
+
+    asyncio.run(run())
+
+
+def _rclone(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    for remote, name in (("HOME", HOME), ("CACHE", CACHE)):
+        where = up.stores()[name]
+        prefix = f"RCLONE_CONFIG_{remote}_"
+        env |= {
+            prefix + "TYPE": "s3",
+            prefix + "PROVIDER": "SeaweedFS",
+            prefix + "ENDPOINT": where["endpoint"],
+            prefix + "ACCESS_KEY_ID": "gpufed",
+            prefix + "SECRET_ACCESS_KEY": SeaweedProcess(Path(where["seaweed_dir"])).secret_access_key,
+            prefix + "REGION": "us-east-1",
+        }
+    rclone = Path(sys.executable).parent / "rclone"
+    return subprocess.run([str(rclone), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _cache_prefix(up: Up) -> str:
+    """Where the copy lives in the cache bucket, found by listing it rather than by assuming a layout."""
+    bucket = up.stores()[CACHE]["bucket"]
+    listed = _rclone(up, "lsf", "-R", "--files-only", f"cache:{bucket}")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    (path,) = [p for p in listed.stdout.splitlines() if p.endswith("part-000.bin")]
+    return f"{bucket}/{path.removesuffix('part-000.bin')}"
+
+
+def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the_sync(up: Up) -> None:
+    home_prefix = "vision/crashy/v1/"
+    _put_dataset(up, home_prefix)
+    total = OBJECTS * OBJECT_BYTES
+    with up.client("alice") as alice:
+        datasets = DatasetsClient(alice)
+        registered = datasets.register("crashy", "v1", store=HOME, prefix=home_prefix)
+        assert registered.size_bytes == total
+        datasets.sync("crashy", store=CACHE)
+
+        def mid_way() -> bool:
+            syncs = datasets.status("crashy", store=CACHE).syncs
+            return bool(syncs) and 0 < syncs[0].progress.bytes_done < total // 2
+
+        wait_for(mid_way, timeout_s=60, interval_s=0.05)
+    before = up.endpoints()
+    children = set(processes_mentioning(str(up.state_dir))) - {up.proc.pid if up.proc else 0}
+    assert len(children) >= 4, "expected etcd, two weed and the simulator"
+    up.sigkill()
+
+    # The kernel kills every child with its parent: nothing of the crashed run holds a lock or a port.
+    wait_for(lambda: not processes_mentioning(str(up.state_dir)), timeout_s=10, interval_s=0.05)
+
+    up.start()
+    assert up.endpoints() == before
+    with up.client("alice") as alice:
+        datasets = DatasetsClient(alice)
+
+        def finished() -> bool:
+            (sync,) = datasets.status("crashy", store=CACHE).syncs
+            assert sync.state != "failed", sync.error
+            return sync.state == "done"
+
+        wait_for(finished, timeout_s=180, interval_s=0.3)
+        (sync,) = datasets.status("crashy", store=CACHE).syncs
+        assert sync.verified
+    checked = _rclone(
+        up, "check", "--checksum", "--one-way", "--exclude", ".gpufed/**",
+        f"home:{up.stores()[HOME]['bucket']}/{home_prefix}", f"cache:{_cache_prefix(up)}",
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert f"{OBJECTS} matching files" in checked.stderr, checked.stderr[-3000:]
+    assert "0 differences found" in checked.stderr, checked.stderr[-3000:]
+
+
+def test_a_start_clears_a_survivor_of_a_crash_by_its_pid_file_and_spares_a_reused_pid(up: Up) -> None:
+    sd = up.state_dir
+    up.sigkill()
+    wait_for(lambda: not processes_mentioning(str(sd)), timeout_s=10, interval_s=0.05)
+    # A child that outlived the crash (its pid file names it, and it still runs that command) ...
+    etcd_pid_file = sd / "etcd" / "etcd.pid"
+    command = json.loads(etcd_pid_file.read_text())["command"]
+    survivor = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    etcd_pid_file.write_text(json.dumps({"pid": survivor.pid, "command": command}))
+    # ... and a pid file whose pid now belongs to an unrelated process.
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    weed_pid_file = sd / "seaweed" / "onprem" / "weed.pid"
+    recorded = json.loads(weed_pid_file.read_text())["command"]
+    weed_pid_file.write_text(json.dumps({"pid": stranger.pid, "command": recorded}))
+    try:
+        up.start()
+        survivor.wait(timeout=10)
+        assert stranger.poll() is None, "a process that merely reused a recorded pid was signalled"
+        stderr = up.stderr_path.read_text()
+        cleared = [line for line in stderr.splitlines() if "leftover_process_cleared" in line]
+        assert len(cleared) == 1, stderr[-3000:]
+        assert str(survivor.pid) in cleared[0]
+        assert "etcd.pid" in cleared[0]
+        with up.client("alice") as alice:
+            assert alice.list_all() == []
+    finally:
+        stranger.kill()
+        stranger.wait()
+        if survivor.poll() is None:
+            survivor.kill()
+            survivor.wait()
+
+
+def test_a_second_up_on_a_live_state_dir_is_refused_and_touches_nothing(up: Up) -> None:
+    running = processes_mentioning(str(up.state_dir))
+    second = up.spawn()
+    assert second.wait(timeout=60) == 1
+    stderr = up.stderr_path.read_text()
+    assert up.proc is not None
+    assert f"another gpufed up (pid {up.proc.pid}) is running" in stderr
+    assert "Traceback" not in stderr
+    time.sleep(0.5)
+    assert set(processes_mentioning(str(up.state_dir))) >= set(running)
+    wait_until_serving(read_endpoint(up.state_dir)["grpc"])
