@@ -80,8 +80,10 @@ class GangWriter:
         try:
             await self._create(gang, selection, namespace, volcano=volcano)
         except ClusterError as error:
-            # Whatever went wrong, ask for the namespace again next time: it costs one 409.
+            # Whatever went wrong, ask for the namespace (and the tenant's Volcano queue, which a
+            # person may have deleted too) again next time: it costs one 409 each.
             self._namespaces.discard(namespace)
+            self._queues.discard(queue_for(gang.tenant))
             if not _namespace_missing(error):
                 raise
             self._log.warning("namespace_recreated", namespace=namespace, job_id=gang.job_id)
