@@ -1,4 +1,10 @@
-"""`KeyValueStore` over a real etcd, through aetcd: the only module that imports aetcd.
+"""`KeyValueStore` over a real etcd, through aetcd (with `kv_etcd_channel`, the only modules that import it).
+
+A client holds one aetcd client per member of the etcd cluster and sends each call to the current one.
+When that member does not answer, the call moves to the next (and the next call starts there): reads
+and lease keepalives always, writes only when the failure shows that the member never took them (no
+connection, no leader), since a write cut off in flight may have been applied, as etcd's own clientv3
+decides. With every member tried and none answering, the call fails with `StoreUnavailable`.
 
 aetcd ships no types and raises its own exception tree; here they become frozen values,
 `StoreUnavailable` (etcd did not answer) and `WatchCompacted`. aetcd's `transaction` drops the
@@ -16,7 +22,7 @@ import aetcd
 import aetcd.exceptions
 from aetcd import rpc
 
-from federation.errors import GpufedError, StoreUnavailable
+from federation.errors import GpufedError, InvalidSpec, StoreUnavailable
 from federation.kv import (
     Compare,
     CompareOp,
@@ -37,6 +43,7 @@ from federation.kv import (
     check_txn_shape,
     prefix_end,
 )
+from federation.kv_etcd_channel import EndpointClient, EtcdTls, parse_endpoints
 
 _UNAVAILABLE_CODES = frozenset(
     {
@@ -46,6 +53,8 @@ _UNAVAILABLE_CODES = frozenset(
         rpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+# What says a request never reached a member that could apply it: safe to send a write elsewhere.
+_NOT_SENT_DETAILS = ("failed to connect", "connection refused", "no leader", "not capable", "leader changed")
 _COMPARE_TARGETS = {
     CompareTarget.VERSION: rpc.Compare.VERSION,
     CompareTarget.CREATE: rpc.Compare.CREATE,
@@ -93,21 +102,33 @@ def _kv_from_pb(kv: Any) -> KeyValue:
 
 
 class EtcdKv:
-    """KeyValueStore over one aetcd client. Every call has a deadline, so a dead etcd fails fast."""
+    """KeyValueStore over one aetcd client per etcd member. Every call has a deadline per member tried,
+    so a dead etcd fails fast."""
 
-    def __init__(self, client: Any, endpoint: str, timeout_s: float) -> None:
-        self._client = client
-        self.endpoint = endpoint
+    def __init__(self, clients: Sequence[Any], timeout_s: float) -> None:
+        self._clients = list(clients)
+        self._current = 0
+        self.endpoint = ",".join(c.endpoint for c in self._clients)
         self._timeout_s = timeout_s
         self._closed = False
 
     @classmethod
-    async def connect(cls, endpoint: str, *, timeout_s: float = 5.0) -> EtcdKv:
-        """A client of "host:port"; raises StoreUnavailable if etcd does not answer a first read."""
-        endpoint = endpoint.removeprefix("http://")
-        host, _, port = endpoint.rpartition(":")
-        client = aetcd.Client(host=host, port=int(port), timeout=timeout_s, options=dict(_CHANNEL_OPTIONS))
-        kv = cls(client, endpoint, timeout_s)
+    async def connect(
+        cls, endpoints: str | Sequence[str], *, timeout_s: float = 5.0, tls: EtcdTls | None = None
+    ) -> EtcdKv:
+        """A client of "host:port[,host:port...]" (the members of one cluster).
+
+        TLS from `tls`, else from GPUFED_ETCD_CACERT/_CERT/_KEY. Raises StoreUnavailable if no member
+        answers a first read.
+        """
+        names, https = parse_endpoints(endpoints)
+        tls = tls if tls is not None else EtcdTls.from_env()
+        if https and tls is None:
+            raise InvalidSpec("etcd endpoints", "https:// endpoints need a CA (GPUFED_ETCD_CACERT)")
+        clients = [
+            EndpointClient(name, tls=tls, timeout_s=timeout_s, options=_CHANNEL_OPTIONS) for name in names
+        ]
+        kv = cls(clients, timeout_s)
         try:
             await kv.get(b"/")
         except BaseException:
@@ -115,22 +136,31 @@ class EtcdKv:
             raise
         return kv
 
-    def _error(self, what: str, e: BaseException) -> GpufedError:
+    @property
+    def current_endpoint(self) -> str:
+        """The member calls go to now."""
+        return str(self._clients[self._current].endpoint)
+
+    def _move_on(self, index: int) -> None:
+        # Only the first of several calls failing on the same member moves the others along.
+        if self._current == index:
+            self._current = (index + 1) % len(self._clients)
+
+    def _error(self, what: str, e: BaseException, endpoint: str | None = None) -> GpufedError:
         """The project error for anything aetcd or gRPC raised."""
+        endpoint = endpoint or self.endpoint
         if isinstance(e, aetcd.exceptions.RevisionCompactedError):
-            return WatchCompacted(f"{what}: etcd at {self.endpoint} compacted below {e.compacted_revision}")
+            return WatchCompacted(f"{what}: etcd at {endpoint} compacted below {e.compacted_revision}")
         cause = e if isinstance(e, rpc.AioRpcError) else e.__cause__
         if isinstance(cause, rpc.AioRpcError):
             code, details = cause.code(), cause.details() or ""
             if code in _UNAVAILABLE_CODES:
-                return StoreUnavailable(
-                    f"{what}: etcd at {self.endpoint} did not answer: {code.name} {details}"
-                )
+                return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
             if "compacted" in details:
-                return WatchCompacted(f"{what}: etcd at {self.endpoint}: {details}")
+                return WatchCompacted(f"{what}: etcd at {endpoint}: {details}")
             if "lease not found" in details:
-                return LeaseNotFound(f"{what}: etcd at {self.endpoint}: {details}")
-            return KvError(f"{what}: etcd at {self.endpoint} refused: {code.name} {details}")
+                return LeaseNotFound(f"{what}: etcd at {endpoint}: {details}")
+            return KvError(f"{what}: etcd at {endpoint} refused: {code.name} {details}")
         if isinstance(
             e,
             aetcd.exceptions.ConnectionFailedError
@@ -139,23 +169,38 @@ class EtcdKv:
             | TimeoutError
             | rpc.BaseError,
         ):
-            return StoreUnavailable(f"{what}: etcd at {self.endpoint} did not answer: {e!r}")
-        return KvError(f"{what}: etcd at {self.endpoint} failed: {e!r}")
+            return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {e!r}")
+        return KvError(f"{what}: etcd at {endpoint} failed: {e!r}")
 
-    async def _unary(self, what: str, method: Callable[[Any], Any], request: Any) -> Any:
-        """Call one unary RPC; `method` picks it from the connected client (its stubs exist only then)."""
+    async def _unary(
+        self, what: str, method: Callable[[Any], Any], request: Any, *, idempotent: bool = False
+    ) -> Any:
+        """Call one unary RPC; `method` picks it from the connected client (its stubs exist only then).
+
+        On a member that does not answer, an idempotent call moves to the next member; any other
+        only when the member surely never took it.
+        """
         if self._closed:
             raise StoreUnavailable(f"{what}: the client for etcd at {self.endpoint} is closed")
-        try:
-            await self._client.connect()
-            return await method(self._client)(
-                request, timeout=self._timeout_s, metadata=self._client.metadata
-            )
-        except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
-            raise self._error(what, e) from e
+        for attempt in range(len(self._clients)):
+            index = self._current
+            client = self._clients[index]
+            try:
+                await client.connect()
+                return await method(client)(request, timeout=self._timeout_s, metadata=client.metadata)
+            except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
+                error = self._error(what, e, client.endpoint)
+                if not isinstance(error, StoreUnavailable):
+                    raise error from e
+                self._move_on(index)
+                detail = str(error).lower()
+                retry = idempotent or any(d in detail for d in _NOT_SENT_DETAILS)
+                if not retry or attempt == len(self._clients) - 1:
+                    raise error from e
+        raise AssertionError("unreachable: the last attempt raises")
 
     async def get(self, key: bytes) -> KeyValue | None:
-        resp = await self._unary("get", lambda c: c.kvstub.Range, rpc.RangeRequest(key=key))
+        resp = await self._unary("get", lambda c: c.kvstub.Range, rpc.RangeRequest(key=key), idempotent=True)
         return _kv_from_pb(resp.kvs[0]) if resp.kvs else None
 
     async def range_prefix(
@@ -169,7 +214,7 @@ class EtcdKv:
             sort_order=rpc.RangeRequest.ASCEND,
             sort_target=rpc.RangeRequest.KEY,
         )
-        resp = await self._unary("range", lambda c: c.kvstub.Range, req)
+        resp = await self._unary("range", lambda c: c.kvstub.Range, req, idempotent=True)
         return RangeResult(
             kvs=tuple(_kv_from_pb(kv) for kv in resp.kvs), revision=resp.header.revision, more=resp.more
         )
@@ -210,24 +255,34 @@ class EtcdKv:
     async def watch_prefix(self, prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         if self._closed:
             raise StoreUnavailable(f"watch: the client for etcd at {self.endpoint} is closed")
+        # A watch stays on the member it started on; when that one fails, the caller's next watch
+        # (from its last revision) starts on the next member.
+        index = self._current
+        client = self._clients[index]
         try:
-            watch = await self._client.watch(
+            watch = await client.watch(
                 prefix, range_end=prefix_end(prefix), start_revision=start_revision or None
             )
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
-            raise self._error("watch", e) from e
+            raise self._watch_error(index, e) from e
         events = watch.__aiter__()
         try:
             async for ev in events:
                 kv = _kv_from_pb(ev.kv)
                 yield WatchEvent(EventType.PUT if ev.kind == "PUT" else EventType.DELETE, kv)
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
-            raise self._error("watch", e) from e
+            raise self._watch_error(index, e) from e
         finally:
             # After a client close or a dead stream aetcd has already dropped the watch; nothing to cancel.
             with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, AttributeError):
                 await watch.cancel()
             await events.aclose()
+
+    def _watch_error(self, index: int, e: BaseException) -> GpufedError:
+        error = self._error("watch", e, self._clients[index].endpoint)
+        if isinstance(error, StoreUnavailable):
+            self._move_on(index)
+        return error
 
     async def grant_lease(self, ttl_s: int) -> int:
         resp = await self._unary(
@@ -240,22 +295,32 @@ class EtcdKv:
     async def keepalive(self, lease_id: int) -> int:
         if self._closed:
             raise StoreUnavailable(f"keepalive: the client for etcd at {self.endpoint} is closed")
+        # A keepalive is idempotent: try each member once.
+        for attempt in range(len(self._clients)):
+            index = self._current
+            try:
+                return await self._keepalive_once(self._clients[index], lease_id)
+            except StoreUnavailable:
+                self._move_on(index)
+                if attempt == len(self._clients) - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def _keepalive_once(self, client: Any, lease_id: int) -> int:
         call = None
         try:
-            await self._client.connect()
-            call = self._client.leasestub.LeaseKeepAlive(
-                [rpc.LeaseKeepAliveRequest(ID=lease_id)],
-                timeout=self._timeout_s,
-                metadata=self._client.metadata,
+            await client.connect()
+            call = client.leasestub.LeaseKeepAlive(
+                [rpc.LeaseKeepAliveRequest(ID=lease_id)], timeout=self._timeout_s, metadata=client.metadata
             )
             reply = await call.read()
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
-            raise self._error("keepalive", e) from e
+            raise self._error("keepalive", e, client.endpoint) from e
         finally:
             if call is not None:
                 call.cancel()
         if not isinstance(reply, rpc.LeaseKeepAliveResponse):  # gRPC's EOF: the stream closed empty
-            raise StoreUnavailable(f"keepalive: etcd at {self.endpoint} closed the stream")
+            raise StoreUnavailable(f"keepalive: etcd at {client.endpoint} closed the stream")
         return int(reply.TTL)
 
     async def revoke_lease(self, lease_id: int) -> None:
@@ -274,9 +339,10 @@ class EtcdKv:
         if self._closed:
             return
         self._closed = True
-        # Closing the client of a dead etcd: nothing is left to release remotely.
-        with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError):
-            await self._client.close()
+        for client in self._clients:
+            # Closing the client of a dead etcd: nothing is left to release remotely.
+            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError):
+                await client.close()
 
 
 def _txn_to_pb(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
