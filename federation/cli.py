@@ -177,7 +177,30 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
 
 
 @cli.command()
-@click.option("--etcd", "etcd_endpoint", required=True, help="etcd client endpoint host:port")
+@click.option(
+    "--etcd",
+    "etcd_endpoint",
+    required=True,
+    help="etcd client endpoints, comma-separated host:port (every member of the cluster; https:// for TLS)",
+)
+@click.option(
+    "--etcd-cacert",
+    envvar="GPUFED_ETCD_CACERT",
+    type=click.Path(exists=True, dir_okay=False),
+    help="CA of the etcd members' certificates: talk TLS to etcd (GPUFED_ETCD_CACERT)",
+)
+@click.option(
+    "--etcd-cert",
+    envvar="GPUFED_ETCD_CERT",
+    type=click.Path(exists=True, dir_okay=False),
+    help="client certificate for etcd's --client-cert-auth (GPUFED_ETCD_CERT)",
+)
+@click.option(
+    "--etcd-key",
+    envvar="GPUFED_ETCD_KEY",
+    type=click.Path(exists=True, dir_okay=False),
+    help="private key of --etcd-cert (GPUFED_ETCD_KEY)",
+)
 @click.option("--port", default=50051, show_default=True)
 @click.option("--metrics-port", default=None, type=int, help="Prometheus /metrics port")
 @click.option(
@@ -205,6 +228,9 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
 def serve(
     opts: _Opts,
     etcd_endpoint: str,
+    etcd_cacert: str | None,
+    etcd_cert: str | None,
+    etcd_key: str | None,
     port: int,
     metrics_port: int | None,
     bootstrap_path: str | None,
@@ -215,8 +241,22 @@ def serve(
     read_rate_per_s: float | None,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
+    from federation.kv_etcd_channel import EtcdTls
     from federation.serve import TlsFiles, run_server
 
+    if (etcd_cert is None) != (etcd_key is None):
+        raise click.BadParameter("give both --etcd-cert and --etcd-key", param_hint="--etcd-cert")
+    if etcd_cert is not None and etcd_cacert is None:
+        raise click.BadParameter(
+            "a client certificate for etcd needs its --etcd-cacert", param_hint="--etcd-cert"
+        )
+    etcd_tls = (
+        EtcdTls(
+            Path(etcd_cacert), Path(etcd_cert) if etcd_cert else None, Path(etcd_key) if etcd_key else None
+        )
+        if etcd_cacert
+        else None
+    )
     if (tls_cert is None) != (tls_key is None):
         raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
     if tls_client_ca is not None and tls_cert is None:
@@ -240,6 +280,7 @@ def serve(
             identity=identity,
             tls=tls,
             read_rate_per_s=read_rate_per_s,
+            etcd_tls=etcd_tls,
         )
     )
 

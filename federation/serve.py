@@ -1,8 +1,14 @@
-"""`gpufed serve`: one server process on an existing etcd, until SIGINT/SIGTERM."""
+"""`gpufed serve`: one server process on an existing etcd, until SIGINT/SIGTERM.
+
+The etcd may be a cluster (its members' endpoints, comma-separated) serving TLS with client
+certificates: the files are put in this process's environment (GPUFED_ETCD_CACERT/_CERT/_KEY), where
+every etcd client of the process (bootstrap, the server, its leader election) reads them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,6 +17,7 @@ from federation.bootstrap import bootstrap
 from federation.config import load_config
 from federation.errors import InvalidSpec
 from federation.kv_etcd import EtcdKv
+from federation.kv_etcd_channel import CACERT_ENV, CERT_ENV, KEY_ENV, EtcdTls
 from federation.server import FederationServer, ServerConfig
 from federation.store import KvStore
 
@@ -32,8 +39,15 @@ async def run_server(
     identity: str | None,
     tls: TlsFiles | None = None,
     read_rate_per_s: float | None = None,
+    etcd_tls: EtcdTls | None = None,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
+    if etcd_tls is not None:
+        for name, path in ((CACERT_ENV, etcd_tls.ca), (CERT_ENV, etcd_tls.cert), (KEY_ENV, etcd_tls.key)):
+            if path is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = str(path.resolve())
     if bootstrap_path is not None:
         federation_config = load_config(bootstrap_path)
         if federation_config.simulated:
