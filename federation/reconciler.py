@@ -104,7 +104,8 @@ class Reconciler:
         ]
         statuses = await self._members.statuses()
         lost = self._lost_clusters(statuses)
-        self._refusing = refusing_clusters((s.value for s in live), self._clock())
+        # Over every live job: most jobs a cluster refused are back in the queue.
+        self._refusing = refusing_clusters((s.value for s in self._cache.live_jobs()), self._clock())
         self._holding = holding_attempts(statuses)
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
