@@ -349,11 +349,14 @@ def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: Server
     with server.client("alice") as alice:
         for _ in range(3):
             timings: dict[str, list[float]] = {other: [], missing: []}
-            for _ in range(250):
-                for job_id in (other, missing):
+            for i in range(200):
+                # Each goes first half the time: the first call after the pause pays for waking up.
+                for job_id in (other, missing) if i % 2 else (missing, other):
                     started = time.perf_counter()
                     assert _code(lambda job_id=job_id: alice.get(job_id)) == NF
                     timings[job_id].append(time.perf_counter() - started)
+                # Both cost one read from etcd, within the caller's read limit (100/s): stay under it.
+                time.sleep(0.025)
             ratio = _median_s(timings[other]) / _median_s(timings[missing])
             ratios.append(round(ratio, 3))
             if 0.75 <= ratio <= 1.33:
