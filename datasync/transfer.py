@@ -37,6 +37,8 @@ _log = structlog.get_logger(__name__)
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART = re.compile(r"^[0-9a-f]{32}-\d+$")
 _MIB = 1024 * 1024
+# Parts of one object fetched at once: the one being hashed and the next two.
+_LOOKAHEAD_PARTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,12 @@ def etag_proves(etag: str | None, expected: str, what: str) -> bool:
 
 
 def _md5(data: Blob) -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+def _hash_part(sha: hashlib._Hash, data: Blob) -> bytes:
+    """Feed the object's sha256 and return the part's MD5: one thread hop per part (both release the GIL)."""
+    sha.update(data)
     return hashlib.md5(data, usedforsecurity=False).digest()
 
 
@@ -313,28 +321,32 @@ class Copier:
         md5s: list[bytes] = []
         sent: list[asyncio.Task[PartInfo]] = []
         parts: dict[int, PartInfo] = {}
+        ranges = [
+            (index + 1, start, min(start + part_size, entry.size_bytes))
+            for index, start in enumerate(range(0, entry.size_bytes, part_size))
+        ]
+        # The next parts' GETs run while this one is hashed and sent (the sha256 must go in order).
+        # Each fetched part holds one of the `max_buffered_bytes` slots until its upload is done.
+        fetches: dict[int, asyncio.Task[Blob]] = {}
+        holding: set[int] = set()
+        next_fetch = 0
         try:
-            for index, start in enumerate(range(0, entry.size_bytes, part_size)):
-                number, end = index + 1, min(start + part_size, entry.size_bytes)
-                await self._part_slots.acquire()
-                try:
-                    data = await self._retry(
-                        f"get part {number} of {src}",
-                        functools.partial(self.source.get, src, start=start, end=end),
-                    )
-                    if len(data) != end - start:
-                        raise SourceChanged(
-                            f"{src}: part {number} has {len(data)} bytes, expected {end - start}"
-                        )
-                    self.stats.bytes_read += len(data)
-                    await asyncio.to_thread(sha.update, data)
-                    md5 = await asyncio.to_thread(_md5, data)
-                except BaseException:
-                    self._part_slots.release()
-                    raise
+            for number, _, _ in ranges:
+                while next_fetch < len(ranges) and next_fetch < number + _LOOKAHEAD_PARTS:
+                    ahead, start, end = ranges[next_fetch]
+                    if ahead > number and self._part_slots.locked():
+                        break  # read ahead only with spare memory: waiting here could deadlock
+                    await self._part_slots.acquire()
+                    holding.add(ahead)
+                    fetches[ahead] = asyncio.create_task(self._fetch_part(src, ahead, start, end))
+                    next_fetch += 1
+                data = await fetches.pop(number)
+                self.stats.bytes_read += len(data)
+                md5 = await asyncio.to_thread(_hash_part, sha, data)
                 md5s.append(md5)
                 reused = done.get(number)
                 tag = normalize_etag(reused.etag) if reused is not None else None
+                holding.discard(number)
                 if (
                     reused is not None
                     and reused.size_bytes == len(data)
@@ -350,9 +362,11 @@ class Copier:
             for part in await asyncio.gather(*sent):
                 parts[part.part_number] = part
         except BaseException:
-            for task in sent:
+            for task in (*sent, *fetches.values()):
                 task.cancel()
-            await asyncio.gather(*sent, return_exceptions=True)
+            await asyncio.gather(*sent, *fetches.values(), return_exceptions=True)
+            for _ in holding:
+                self._part_slots.release()
             raise
         if sha.hexdigest() != entry.sha256:
             await self.target.abort_multipart(dst, upload_id)
@@ -365,6 +379,14 @@ class Copier:
         if self.options.readback or not etag_proves(etag, expected, dst):
             return await self._readback(entry, dst, etag)
         return VerifiedObject(entry.size_bytes, normalize_etag(etag), entry.sha256)
+
+    async def _fetch_part(self, src: str, number: int, start: int, end: int) -> Blob:
+        data = await self._retry(
+            f"get part {number} of {src}", functools.partial(self.source.get, src, start=start, end=end)
+        )
+        if len(data) != end - start:
+            raise SourceChanged(f"{src}: part {number} has {len(data)} bytes, expected {end - start}")
+        return data
 
     async def _send_part(
         self, entry: ManifestEntry, dst: str, upload_id: str, number: int, data: Blob, md5: bytes
