@@ -87,9 +87,7 @@ async def our_sync(
 ) -> tuple[float, SyncReport]:
     started, cpu = time.perf_counter(), time.process_time()
     plan = await plan_sync(source, src, target, dst, manifest, **plan_kw)  # type: ignore[arg-type]
-    report = await run_sync(
-        plan, source, target, options=options, reuse_etags_vouched=bool(plan_kw.get("reuse"))
-    )
+    report = await run_sync(plan, source, target, options=options)
     CPU_S["ours"].append(time.process_time() - cpu)
     return time.perf_counter() - started, report
 

@@ -118,7 +118,6 @@ async def _reuse(
     options: SyncOptions,
     journal: Journal,
     tracker: ProgressTracker,
-    etag_vouched: bool,
 ) -> tuple[SyncPlan, TransferStats]:
     """Server-side copies from existing copies in the target store, here whatever the executor (they
     move no bytes through any worker); what could not be reused joins the plan's copies from the source."""
@@ -131,7 +130,6 @@ async def _reuse(
         journal=journal,
         resume=plan.resume,
         tracker=tracker,
-        etag_vouched=etag_vouched,
     )
     fallback = await copier.reuse(plan.to_reuse)
     if fallback:
@@ -171,8 +169,9 @@ async def run_sync(
 ) -> SyncReport:
     """Execute `plan`. Raises `SyncFailed` (with `.report`) when some objects could not be copied.
 
-    `reuse_etags_vouched`: the plan's reuse candidates were checked against recorded ETags
-    (`ExistingCopy.etags`), so a reused copy reporting the same ETag needs no read-back."""
+    `reuse_etags_vouched` is accepted for callers written against an earlier draft and has no effect:
+    every reused object is read back and hashed, whatever its ETag says."""
+    del reuse_etags_vouched
     options = options or SyncOptions()
     executor = executor or LocalExecutor()
     journal = journal if journal is not None else MemoryJournal()
@@ -201,7 +200,7 @@ async def run_sync(
     try:
         reused = TransferStats()
         if plan.to_reuse:
-            plan, reused = await _reuse(plan, source, target, options, journal, tracker, reuse_etags_vouched)
+            plan, reused = await _reuse(plan, source, target, options, journal, tracker)
         stats = (
             await executor.copy(plan, source, target, options, journal, tracker)
             if plan.to_copy
@@ -306,7 +305,6 @@ async def sync_version(
         executor=executor,
         journal=journal,
         progress=progress,
-        reuse_etags_vouched=bool(reuse) and all(c.etags is not None for c in reuse),
     )
     return report, estimate
 

@@ -5,10 +5,10 @@ hashed on the way and must give the manifest's sha256 (else the source changed: 
 the target must prove it holds them: its ETag must be exactly the one the upload implies (the MD5 of a
 single PUT, `md5(part MD5s)-N` of our multipart upload). An MD5-shaped ETag that differs fails the copy;
 an ETag that proves nothing (none, an opaque token, or a multipart ETag of parts the store chose itself)
-means the object is read back from the target and hashed. Verification is never skipped. A server-side
-copy moves no bytes through us, so it is proven by the ETag it reports being the verified one of its
-source, else read back. `readback=True` reads back every copy. Memory is bounded: multipart parts in
-flight share `max_buffered_bytes`.
+means the object is read back from the target and hashed. Verification is never skipped. A
+server-side copy (from the source's endpoint, or from another version's copy in the target store) moves
+no bytes through us, so it is read back from the target and hashed. `readback=True` reads back every
+copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`.
 """
 
 from __future__ import annotations
@@ -146,11 +146,7 @@ class Copier:
         journal: Journal,
         resume: JournalState,
         tracker: ProgressTracker,
-        etag_vouched: bool = False,
     ) -> None:
-        # True when the reuse candidates' ETags were checked against the caller's record of a verified
-        # copy: only then does an equal ETag on the server-side copy prove its bytes.
-        self._etag_vouched = etag_vouched
         self.source, self.target = source, target
         self.source_prefix, self.target_prefix = source_prefix, target_prefix
         self.options = options
@@ -198,9 +194,7 @@ class Copier:
             for item in work:
                 dst = self.target_prefix + item.entry.path
                 try:
-                    obj = await self._retry(
-                        f"reuse {item.entry.path}", functools.partial(self._reuse_one, item, dst)
-                    )
+                    obj = await self._reuse_one(item, dst)
                 except DatasyncError as e:
                     _log.info("reuse_fell_back", path=item.entry.path, error=str(e))
                     fallback.append(item.entry)
@@ -217,19 +211,15 @@ class Copier:
         return fallback
 
     async def _reuse_one(self, item: ReuseItem, dst: str) -> VerifiedObject:
-        etag = await self.target.copy_from(self.target, item.from_path, dst)
+        """One server-side copy inside the target store, always read back and hashed: an equal ETag would
+        not show bit rot in the copy it came from, and a reused object must not carry it into a new
+        version. The read stays inside the target store (no egress). A bad copy is not retried here:
+        the caller copies that object from the source instead."""
+        etag = await self._retry(
+            f"reuse {item.entry.path}",
+            functools.partial(self.target.copy_from, self.target, item.from_path, dst),
+        )
         self.stats.server_side_copies += 1
-        tag = normalize_etag(etag)
-        # The source object is listed with this ETag, which its copy's record vouched for when given;
-        # a copy reporting the same MD5-kind ETag holds the same bytes. Else read it back.
-        if (
-            not self.options.readback
-            and tag is not None
-            and tag == item.from_etag
-            and (_MD5.match(tag) or _MULTIPART.match(tag))
-            and self._etag_vouched
-        ):
-            return VerifiedObject(item.entry.size_bytes, tag, item.entry.sha256)
         return await self._readback(item.entry, dst, etag)
 
     async def copy(self, entry: ManifestEntry) -> VerifiedObject:

@@ -127,9 +127,7 @@ async def synced(
     **plan_kw: object,
 ) -> SyncReport:
     plan = await plan_sync(source, src, target, dst, manifest, **plan_kw)  # type: ignore[arg-type]
-    return await run_sync(
-        plan, source, target, options=options, reuse_etags_vouched=bool(plan_kw.get("reuse"))
-    )
+    return await run_sync(plan, source, target, options=options)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +245,7 @@ async def test_version_two_moves_only_the_changed_bytes(
     assert plan.copy_bytes == changed_bytes
     assert plan.egress(0.09).bytes_crossing == changed_bytes
     assert len(plan.to_reuse) == len(v2) - len(changed) - len(added)
-    report = await run_sync(plan, source, target, options=SMALL, reuse_etags_vouched=True)
+    report = await run_sync(plan, source, target, options=SMALL)
     assert report.failures == ()
     # Only the changed and added bytes crossed (give or take nothing: whole objects, no part re-sent).
     assert report.bytes_uploaded == changed_bytes
