@@ -61,6 +61,8 @@ class ApiServer:
         self._token = token
         self._streams: dict[Watcher, web.Request] = {}
         self._writes = writes.Writes(engine)
+        # Like kube-apiserver's watch caches, which start from a list when the server starts.
+        engine.store.start_watch_cache()
         apply.set_clock(engine.clock.wall_s)
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.add_routes(faults.admin_routes(engine, fault_switches, describe))

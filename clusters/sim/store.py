@@ -1,17 +1,14 @@
 """The simulated API server's storage: objects, one resourceVersion counter, history and watches.
 
-A real API server keeps a window of recent changes per resource so that a watcher can resume from
-the resourceVersion it last saw; older ones get `410 Gone` and must list again. Clients (the python
-client's `Watch`, kubectl, the gpufed backend's informers) are written against exactly that, so the
-store keeps one bounded history of changes across all types with a single monotonically increasing
-counter, and answers too-old resumes with `Gone`.
+Clients (the python client's `Watch`, kubectl, the gpufed backend's informers) resume watches from
+the resourceVersion they last saw and list again on `410 Gone`. The store keeps one history of
+changes across all types with a single increasing counter, compacted as etcd is (`_compact`), and a
+per-kind window as the API server's watch cache (`watchcache`); a resume from before either is Gone.
 
 Watch fan-out is one `asyncio.Queue` per watcher, filled synchronously when a change is committed:
 a change costs one pass over that type's watchers, never a scan of the objects. Lists narrow by
-namespace, by the label index (for `key=value` selectors) and by the pods-per-node index.
-
-Stored dicts are never mutated after they are committed; writers `clone` first. That lets a change,
-its history entry and every queued watch event share one dict safely.
+namespace, by the label index (for `key=value` selectors) and by the pods-per-node index. Stored
+dicts are never mutated after they are committed (see `changes`).
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from clusters.sim.changes import meta as meta
 from clusters.sim.clock import rfc3339
 from clusters.sim.resources import ALL, BATCH_JOBS, POD_GROUPS, PODS, QUEUES, VOLCANO_JOBS, ResourceType
 from clusters.sim.selectors import EVERYTHING, NO_FIELDS, FieldSelector, LabelSelector
+from clusters.sim.watchcache import WatchWindows
 
 Obj = dict[str, Any]
 # kube-apiserver asks etcd to compact every five minutes (`--etcd-compaction-interval`).
@@ -72,6 +70,7 @@ class Store:
         self._history: deque[Change] = deque()
         self._history_limit = max(1, history_limit)
         self._compacted_rv = 0
+        self._windows = WatchWindows(wall_s)
         # etcd as kube-apiserver runs it: every interval, compact to the revision of the last tick.
         self._compaction_interval_s = compaction_interval_s
         self._tick_s = wall_s()
@@ -310,8 +309,13 @@ class Store:
         self._compacted_rv = max(self._compacted_rv, target)
         self._tick_s, self._tick_rv = now, self._rv
 
+    def start_watch_cache(self) -> None:
+        """The API server starts serving: watches from before now are `410 Gone` from here on."""
+        self._windows.start(self._rv)
+
     def _commit(self, change: Change) -> None:
         self._compact()
+        self._windows.record(change.rt, change.rv)
         self._history.append(change)
         while len(self._history) > self._history_limit:
             self._compacted_rv = self._history.popleft().rv
@@ -369,8 +373,9 @@ class Store:
     ) -> Watcher:
         """A watcher primed with what it missed: every object (no resourceVersion) or the history."""
         self._compact()
-        if since_rv is not None and since_rv < self._compacted_rv:
-            raise ResourceGone(f"too old resource version: {since_rv} ({self._compacted_rv})")
+        oldest = max(self._compacted_rv, self._windows.floor(rt))
+        if since_rv is not None and since_rv < oldest:
+            raise ResourceGone(f"too old resource version: {since_rv} ({oldest})")
         watcher = Watcher(rt, namespace, labels, fields)
         if since_rv is None:
             for obj in self.list(rt, namespace, labels, fields):

@@ -363,3 +363,21 @@ def test_json_patch_move_and_copy() -> None:
     assert apply(JSON_PATCH, doc, ops) == {"a": {}, "l": [1, 2, 1], "c": 1}
     with pytest.raises(ApiError):
         apply(JSON_PATCH, doc, [{"op": "copy", "from": "/missing", "path": "/x"}])
+
+
+def test_watch_window_keeps_100_events_and_grows_while_they_are_fresh() -> None:
+    from clusters.sim.resources import CONFIG_MAPS, NODES
+    from clusters.sim.watchcache import WatchWindows
+
+    now = [0.0]
+    windows = WatchWindows(lambda: now[0])
+    windows.start(10)
+    assert windows.floor(CONFIG_MAPS) == 10  # nothing before the server started
+    for rv in range(11, 311):  # 300 events in one instant: the window doubles to keep them
+        windows.record(CONFIG_MAPS, rv)
+    assert windows.floor(CONFIG_MAPS) == 10
+    now[0] = 200.0  # now they are stale: the window shrinks back and the oldest go
+    for rv in range(311, 420):  # once the grown window is full, it shrinks instead
+        windows.record(CONFIG_MAPS, rv)
+    assert windows.floor(CONFIG_MAPS) > 10
+    assert windows.floor(NODES) == 10  # per kind
