@@ -59,6 +59,9 @@ class Leftovers:
     async def remove(self, cluster: ClusterName, gang: GangStatus) -> None:
         """Delete the attempt's pods when it is time to (see the module docstring)."""
         now = self._clock()
+        # Attempts long settled (moved on, or collected) need no memory.
+        for old in [k for k, at_s in self._sent.items() if now - at_s > 10 * self._patience_s]:
+            del self._sent[old]
         key = (gang.job_id, gang.attempt)
         sent = self._sent.get(key)
         if sent is None:

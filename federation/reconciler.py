@@ -146,6 +146,11 @@ class Reconciler:
             backend = self._members.get(stale.cluster)
             if backend is None:
                 continue
+            gang = (statuses.get(stale.cluster) or {}).get((stale.job_id, stale.attempt))
+            if gang is not None and pods_outlive(gang):
+                # Only pods are left, already stopping or orphaned: delete them once, not every tick.
+                await self._leftovers.remove(stale.cluster, gang)
+                continue
             try:
                 await backend.cancel(stale.job_id, stale.attempt, CANCEL_GRACE_PERIOD_S)
             except ClusterError as error:
