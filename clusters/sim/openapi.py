@@ -17,7 +17,7 @@ import json
 from functools import cache
 from typing import Any
 
-from clusters.sim import patch
+from clusters.sim import openapi_proto, patch
 from clusters.sim.resources import ALL, ResourceType
 from clusters.sim.schemas import TYPES
 
@@ -253,8 +253,17 @@ def swagger(volcano: bool) -> bytes:
     return json.dumps(body).encode()
 
 
+@cache
+def swagger_protobuf(volcano: bool) -> bytes:
+    return openapi_proto.document(json.loads(swagger(volcano)))
+
+
+def accepts_protobuf(accept: str) -> bool:
+    return openapi_proto.MEDIA in accept or "application/com.github.proto-openapi.spec.v2" in accept
+
+
 def accepts_json(accept: str) -> bool:
-    """Whether a client takes JSON: a real server's OpenAPI handler also speaks protobuf, this one not."""
+    """Whether a client takes JSON (or says nothing of what it takes)."""
     if not accept.strip():
         return True
     media = [part.split(";", 1)[0].strip() for part in accept.split(",")]
