@@ -29,6 +29,7 @@ from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
 from federation.ledger_cache import LedgerCache
 from federation.members import GangKey, MemberClusters
 from federation.metrics import Metrics
+from federation.scheduler_idle import IdleGate
 from federation.snapshot import GangRequests, PlacerInputs, build_snapshot
 from federation.store import Fence, JobStore, Stored
 from federation.usage import TenantUsage, tenant_usage
@@ -168,6 +169,9 @@ class Scheduler:
         self._usage_at = float("-inf")
         # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.
         self._preempted: deque[tuple[float, int]] = deque()
+        # Skips cycles that would read exactly what the last one read (`federation.scheduler_idle`).
+        self._idle = IdleGate()
+        self._last_waiting = 0
 
     def _tenant_usage(self, now: float, inputs: PlacerInputs) -> dict[TenantId, TenantUsage]:
         if now - self._usage_at >= USAGE_REFRESH_S:
@@ -201,6 +205,9 @@ class Scheduler:
         now = self._clock()
         usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
+        read = (self._cache.revision, inputs.version, tuple(inventories), statuses, usage, preempted)
+        if self._idle.may_skip(read, now):
+            return CycleResult(admitted=0, conflicts=0, waiting=self._last_waiting, seconds=0.0)
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait
         # milliseconds behind a long cycle instead of its whole length.
@@ -241,6 +248,12 @@ class Scheduler:
         self._metrics.set_queue_depth(Counter(q.tenant for q in snapshot.queued))
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
+        self._last_waiting = len(result.waiting)
+        if admitted or conflicts or result.preemptions:
+            # What it wrote changes the jobs; a conflict or an order not written must be tried again.
+            self._idle.forget()
+        else:
+            self._idle.planned(read, now, seconds)
         if admitted or conflicts or any(evictions):
             log.info(
                 "cycle_completed",
