@@ -77,13 +77,13 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MAX_NODES = 1000
 GPU_TAINT_KEY = "nvidia.com/gpu"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # AKS: Linux agent pool names are 1 to 12 lowercase letters and digits, starting with a letter.
-_AKS_POOL = re.compile(r"^[a-z][a-z0-9]{0,11}$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_REGION = re.compile(r"^[a-z]+[a-z0-9-]*[0-9a-z]$")
+_AKS_POOL = re.compile(r"[a-z][a-z0-9]{0,11}")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_REGION = re.compile(r"[a-z]+[a-z0-9-]*[0-9a-z]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,18 +236,18 @@ def validate(spec: PoolSpec, provider: ProviderConfig | None = None) -> PoolSpec
 
 def _names(spec: PoolSpec) -> None:
     for field_name, value in (("cluster", spec.cluster), ("name", spec.name)):
-        if not _DNS_LABEL.match(value):
+        if not _DNS_LABEL.fullmatch(value):
             raise InvalidPoolSpec(
                 field_name, f"must be a DNS label (lowercase letters, digits, '-', at most 63), got {value!r}"
             )
-    if spec.cloud is Cloud.AZURE and not _AKS_POOL.match(spec.name):
+    if spec.cloud is Cloud.AZURE and not _AKS_POOL.fullmatch(spec.name):
         raise InvalidPoolSpec(
             "name", f"an AKS pool name is 1 to 12 lowercase letters and digits, got {spec.name!r}"
         )
 
 
 def _place(spec: PoolSpec, provider: ProviderConfig | None) -> None:
-    if not _REGION.match(spec.region):
+    if not _REGION.fullmatch(spec.region):
         raise InvalidPoolSpec("region", f"must be a {spec.cloud} region name, got {spec.region!r}")
     if provider is not None and provider.regions and spec.region not in provider.regions:
         raise InvalidPoolSpec(
@@ -330,7 +330,7 @@ def _capacity(spec: PoolSpec, provider: ProviderConfig | None) -> None:
 def _taints_and_labels(spec: PoolSpec) -> None:
     for i, taint in enumerate(spec.taints):
         _label_key(taint.key, f"taints[{i}].key")
-        if not _LABEL_VALUE.match(taint.value):
+        if not _LABEL_VALUE.fullmatch(taint.value):
             raise InvalidPoolSpec(f"taints[{i}].value", f"{taint.value!r} is not a valid label value")
         if taint.effect not in TAINT_EFFECTS:
             raise InvalidPoolSpec(f"taints[{i}].effect", f"must be one of {', '.join(TAINT_EFFECTS)}")
@@ -343,15 +343,15 @@ def _taints_and_labels(spec: PoolSpec) -> None:
         if key in seen:
             raise InvalidPoolSpec(where, "given twice")
         seen.add(key)
-        if not _LABEL_VALUE.match(value):
+        if not _LABEL_VALUE.fullmatch(value):
             raise InvalidPoolSpec(where, f"{value!r} is not a valid label value")
-    if not _LABEL_VALUE.match(spec.gpu_type):
+    if not _LABEL_VALUE.fullmatch(spec.gpu_type):
         raise InvalidPoolSpec("gpu_type", f"{spec.gpu_type!r} is not a valid label value")
 
 
 def _label_key(key: str, field_name: str) -> None:
     prefix, slash, name = key.rpartition("/")
-    if slash and not _PREFIX.match(prefix):
+    if slash and not _PREFIX.fullmatch(prefix):
         raise InvalidPoolSpec(field_name, f"{key!r}: the prefix must be a DNS subdomain")
-    if not _LABEL_NAME.match(name):
+    if not _LABEL_NAME.fullmatch(name):
         raise InvalidPoolSpec(field_name, f"{key!r} is not a valid Kubernetes label name")

@@ -34,7 +34,7 @@ _EKS_EFFECT = {
 _GKE_EFFECT = _EKS_EFFECT
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TENANT = "gpufed.io/tenant"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def _ignore_count(spec: PoolSpec, *paths: str) -> pulumi.ResourceOptions:
@@ -197,7 +197,7 @@ def bootstrap(spec: ClusterBootstrap, provider: k8s.Provider | None = None) -> l
         *((f"tenants[{i}]", spec.namespace_prefix + t) for i, t in enumerate(spec.tenants)),
         *((f"priority_classes[{i}]", c.name) for i, c in enumerate(spec.priority_classes)),
     ):
-        if not _DNS_LABEL.match(name):
+        if not _DNS_LABEL.fullmatch(name):
             raise InvalidPoolSpec(field_name, f"{name!r} is not a DNS label")
     opts = pulumi.ResourceOptions(provider=provider)
     created: list[pulumi.CustomResource] = [

@@ -306,6 +306,8 @@ def test_a_bootstrap_with_a_tenant_that_is_no_dns_label_is_refused() -> None:
 
     with pytest.raises(InvalidPoolSpec, match=r"tenants\[0\]"):
         bootstrap(ClusterBootstrap(tenants=(TenantId("Vision_Team"),), priority_classes=(), volcano=True))
+    with pytest.raises(InvalidPoolSpec, match=r"tenants\[0\]"):
+        bootstrap(ClusterBootstrap(tenants=(TenantId("vision\n"),), priority_classes=(), volcano=True))
 
 
 @pytest.mark.parametrize(
@@ -362,6 +364,12 @@ def test_a_bootstrap_with_a_tenant_that_is_no_dns_label_is_refused() -> None:
             replace(AWS, labels=(("gpufed.io/pool", "mine"),)), "labels['gpufed.io/pool']", id="own-label"
         ),
         pytest.param(replace(AWS, name="H100_Spot"), "name", id="name-not-dns"),
+        # `$` matches before a final newline: names are matched whole.
+        pytest.param(replace(AWS, name="h100-spot\n"), "name", id="name-with-trailing-newline"),
+        pytest.param(replace(AWS, region="us-west-2\n"), "region", id="region-with-trailing-newline"),
+        pytest.param(
+            replace(AWS, taints=(Taint("gpu", "x\n"),)), "taints[0].value", id="taint-value-newline"
+        ),
         pytest.param(replace(AWS, cluster=ClusterName("x" * 64)), "cluster", id="cluster-too-long"),
         pytest.param(replace(AZURE, name="nd-h100-spot"), "name", id="aks-pool-name-rules"),
         pytest.param(replace(AWS, region=""), "region", id="no-region"),
