@@ -5,7 +5,7 @@ manifest (path, size, sha256) built when the version was registered. The values 
 datasync's (`Dataset`, `Manifest`, `CachedCopy`); this module only keys them in etcd and writes them
 with compare-and-swap, so two registrations of one dataset cannot lose each other's version.
 
-Keys:
+Keys (<name> is the registry's name of a dataset, `<tenant>/<name>`):
   /gpufed/datasets/<name>                        the Dataset (tenant, home store, versions, sharing)
   /gpufed/manifests/<name>/<version>             the version's manifest (JSON rows)
   /gpufed/caches/<store>/<name>/<version>        a copy in a store other than home: size, last use, pins
@@ -13,8 +13,16 @@ Keys:
                                                  when: written with the copy record, the truth a copy
                                                  is checked against (its marker in the bucket is a hint)
 
-Dataset names are global (as bucket names are), so a job's `dataset: imagenet@v3` means one thing
-whoever reads it; another tenant's dataset is invisible (NOT_FOUND) unless shared.
+Dataset names are per tenant (issue 16): with global names, registering a name another tenant uses
+answered "taken" where reading it answered NOT_FOUND, an existence oracle. The registry's name of a
+dataset is `<tenant>/<name>`, so its copies, syncs and cache prefix (`gpufed-cache/<tenant>/<name>/<v>/`)
+are the tenant's too. A reference is `name` (the caller's own tenant's) or `tenant/name` (another
+tenant's, usable only when shared with the caller's tenant); an outsider's reference to an unshared
+dataset answers exactly as one to a dataset that does not exist, after the same etcd reads.
+
+Datasets registered before names were per tenant keep their key (`/gpufed/datasets/<name>`), their name
+and their copies: `lookup` reads that key as the fallback of `<tenant>/<name>` when it belongs to
+`<tenant>`, so old state directories keep working without moving any object.
 """
 
 from __future__ import annotations
@@ -64,12 +72,37 @@ CACHE_ROOT = "gpufed-cache"
 RESERVED_ROOTS = frozenset({CACHE_ROOT, ".gpufed"})
 
 
+_TENANT = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+REF_RULE = "'name' (your tenant's) or 'tenant/name' (a dataset another tenant shared with yours)"
+
+
 def dataset_name_field(value: Any, field: str = "name") -> DatasetName:
     if not isinstance(value, str) or len(value) > 253 or not _DATASET_NAME.fullmatch(value):
         raise InvalidSpec(
             field, f"must be a dataset name (lowercase letters, digits, '-' and '.'), got {shown(value)}"
         )
     return DatasetName(value)
+
+
+def dataset_ref_field(value: Any, field: str = "name") -> str:
+    """A reference to a dataset: a bare name, or `tenant/name`."""
+    if isinstance(value, str):
+        owner, slash, bare = value.rpartition("/")
+        if (not slash or _TENANT.fullmatch(owner)) and len(bare) <= 253 and _DATASET_NAME.fullmatch(bare):
+            return value
+    raise InvalidSpec(
+        field, f"must be {REF_RULE}, with lowercase letters, digits, '-' and '.', got {shown(value)}"
+    )
+
+
+def qualified(tenant: str, reference: str) -> str:
+    """The registry's name a reference means to `tenant`: `tenant/name` as given, a bare name in its own."""
+    return reference if "/" in reference else f"{tenant}/{reference}"
+
+
+def reference(dataset: Dataset) -> str:
+    """How anyone names the dataset (`tenant/name`), a dataset registered before per-tenant names too."""
+    return dataset.name if "/" in dataset.name else f"{dataset.tenant}/{dataset.name}"
 
 
 def version_field(value: Any, field: str = "version") -> VersionId:
@@ -154,7 +187,10 @@ def _copy_to_json(c: CachedCopy) -> bytes:
 
 
 def _copy_from_json(key: bytes, value: bytes) -> CachedCopy:
-    store, dataset, version = key[len(CACHES) :].decode().split("/", 2)
+    # The store first and the version last (neither has a '/'); between them the dataset's name, which
+    # is `tenant/name` (or a bare name registered before names were per tenant).
+    store, rest = key[len(CACHES) :].decode().split("/", 1)
+    dataset, version = rest.rsplit("/", 1)
     d = json.loads(value)
     return CachedCopy(
         CopyKey(StoreName(store), DatasetName(dataset), VersionId(version)),
@@ -176,8 +212,22 @@ class DatasetRegistry:
         return self._kv
 
     async def get(self, name: str) -> StoredDataset | None:
+        """The dataset of this registry name (`tenant/name`, or a bare legacy name), exactly."""
         kv = await self._kv.get(_dataset_key(name))
         return None if kv is None else StoredDataset(dataset_from_json(kv.value), kv.mod_revision)
+
+    async def lookup(self, tenant: str, ref: str) -> StoredDataset | None:
+        """The dataset `ref` means to `tenant` (whether the tenant may see it is the caller's check).
+
+        Both keys are always read, whichever answers: the time taken says nothing about which exists.
+        """
+        name = qualified(tenant, ref)
+        owner, _, bare = name.partition("/")
+        stored = await self.get(name)
+        legacy = await self.get(bare)
+        if stored is not None:
+            return stored
+        return legacy if legacy is not None and legacy.value.tenant == owner else None
 
     async def list(self) -> list[Dataset]:
         page = await self._kv.range_prefix(DATASETS)
@@ -194,26 +244,30 @@ class DatasetRegistry:
         manifest: Manifest,
         shared_with: frozenset[TenantId],
     ) -> tuple[Dataset, bool]:
-        """Register `version` (one transaction with its manifest). Returns (dataset, created).
+        """Register `version` of the tenant's dataset `version.dataset` (a bare name: the registry
+        names it `tenant/name`), in one transaction with its manifest. Returns (dataset, created).
 
         The same content under an existing version is a no-op (a retried register); different content
         is refused: a version names exactly one content, or jobs could not trust it.
         """
+        dataset_name_field(version.dataset)  # a name in the tenant's own namespace, never `other/name`
         body = manifest_to_json(manifest)
         if len(body) > MAX_MANIFEST_BYTES:
             raise FailedPrecondition(
                 f"prefix: {manifest.object_count} objects make a manifest of {len(body)} bytes, more than "
                 f"the registry keeps ({MAX_MANIFEST_BYTES}); register a smaller prefix"
             )
-        stored = await self.get(version.dataset)
+        stored = await self.lookup(tenant, version.dataset)
         if stored is None:
-            dataset = Dataset(version.dataset, tenant, version.home.store, (version,), shared_with)
-            compare = Compare.absent(_dataset_key(version.dataset))
+            name = DatasetName(qualified(tenant, version.dataset))
+            version = replace(version, dataset=name)
+            dataset = Dataset(name, tenant, version.home.store, (version,), shared_with)
+            compare = Compare.absent(_dataset_key(name))
         else:
             old = stored.value
-            if old.tenant != tenant:
-                # Names are global; saying whose it is would leak another tenant's data.
-                raise FailedPrecondition(f"name: dataset name {version.dataset!r} is taken")
+            # The tenant's own (lookup finds no other): a legacy dataset keeps its bare name.
+            assert old.tenant == tenant
+            version = replace(version, dataset=old.name)
             if old.home_store != version.home.store:
                 raise FailedPrecondition(
                     f"store: dataset {old.name} lives in store {old.home_store}; register its versions there"
@@ -229,7 +283,7 @@ class DatasetRegistry:
             dataset = replace(
                 old, versions=(*old.versions, version), shared_with=old.shared_with | shared_with
             )
-            compare = Compare.mod_revision_is(_dataset_key(version.dataset), stored.mod_revision)
+            compare = Compare.mod_revision_is(_dataset_key(old.name), stored.mod_revision)
         result = await self._kv.txn(
             [compare],
             [
@@ -310,13 +364,15 @@ DatasetLocations = Callable[[], Awaitable[tuple[DatasetLocation, ...]]]
 
 
 def placer_locations(datasets: Sequence[Dataset], copies: CacheState) -> tuple[DatasetLocation, ...]:
-    """One location per `name@version`, and one per bare `name` for its latest version."""
+    """One location per `tenant/name@version`, and one per `tenant/name` for its latest version
+    (a job's reference is qualified with its tenant before it is looked up: `federation.snapshot`)."""
     out: list[DatasetLocation] = []
     for d in datasets:
         latest = d.latest()
+        ref = reference(d)
         for v in d.versions:
             cached = tuple(sorted({c.key.store for c in copies.locations(d.name, v.version)}))
-            refs = [f"{d.name}@{v.version}"] + ([d.name] if v is latest else [])
+            refs = [f"{ref}@{v.version}"] + ([ref] if v is latest else [])
             out.extend(DatasetLocation(r, v.home.store, v.size_bytes, cached) for r in refs)
     return tuple(out)
 

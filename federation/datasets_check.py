@@ -9,7 +9,9 @@ job must not be refused for that. Accepted references never read etcd between re
 
 The rule is the one STAGING and the placer apply: a name the registry knows is decided by the registry
 (the dataset must be the tenant's own or shared with it, and have the version); only a name it does not
-know may be vouched for by the config's `datasets:` list.
+know may be vouched for by the config's `datasets:` list. A bare name is the submitting tenant's
+dataset, `tenant/name` another tenant's (`federation.datasets`); the config's entries are the admins',
+global and matched by the reference exactly as written.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 import structlog
 
 from datasync import Dataset
-from federation.datasets import DatasetRegistry, resolve
+from federation.datasets import DatasetRegistry, qualified, resolve
 from federation.errors import FailedPrecondition
 from federation.jobspec import DatasetRef
 from federation.records import SchedulingSettings
@@ -47,10 +49,19 @@ def refusal(
         known = ", ".join(v.version for v in dataset.versions)
         return f"{FIELD}: dataset {ref.name!r} has no version {ref.version!r} (registered: {known})"
     # Another tenant's unshared dataset reads exactly like a missing one: its name says nothing.
-    return (
-        f"{FIELD}: dataset {str(ref)!r} is not registered for tenant {tenant} (own or shared with it) "
-        "nor listed in the config's datasets:"
-    )
+    return f"{FIELD}: {not_registered(ref, tenant)} nor listed in the config's datasets:"
+
+
+def not_registered(ref: DatasetRef, tenant: TenantId) -> str:
+    return f"dataset {str(ref)!r} is not registered for tenant {tenant} (own or shared with it)"
+
+
+def _lookup(view: dict[str, Dataset], tenant: TenantId, ref: str) -> Dataset | None:
+    """`DatasetRegistry.lookup` over the view: the qualified name, else a legacy bare one of its owner."""
+    name = qualified(tenant, ref)
+    owner, _, bare = name.partition("/")
+    legacy = view.get(bare)
+    return view.get(name) or (legacy if legacy is not None and legacy.tenant == owner else None)
 
 
 class DatasetCheck:
@@ -82,10 +93,10 @@ class DatasetCheck:
     async def check(self, tenant: TenantId, ref: DatasetRef, settings: SchedulingSettings) -> None:
         """Raise FailedPrecondition naming the field and the reference unless the tenant may use it."""
         view = await self._view()
-        if refusal(ref, tenant, view.get(ref.name), settings) is None:
+        if refusal(ref, tenant, _lookup(view, tenant, ref.name), settings) is None:
             return
         # The view may trail a registration or share made since it was read: ask etcd before refusing.
-        stored = await self._registry.get(ref.name)
+        stored = await self._registry.lookup(tenant, ref.name)
         dataset = None if stored is None else stored.value
         if dataset is not None:
             self._datasets[dataset.name] = dataset

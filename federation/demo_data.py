@@ -27,8 +27,9 @@ from federation.datasets_client import DatasetsClient
 HOME, CLOUD = "onprem-s3", "s3-us-east-1"
 NAME, VERSION = "flowers", "v1"
 PREFIX = f"vision/{NAME}/{VERSION}/"
-# The copy's place in the cloud store (federation.staging names it so).
-CACHE_PREFIX = f"gpufed-cache/{NAME}/{VERSION}/"
+TENANT = "vision"  # alice's: dataset names are per tenant, and so are the copies' places
+# The copy's place in the cloud store (federation.datasets.cache_prefix names it so).
+CACHE_PREFIX = f"gpufed-cache/{TENANT}/{NAME}/{VERSION}/"
 FINAL = {pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED}
 
 

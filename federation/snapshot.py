@@ -57,8 +57,14 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
     user_max = None
     if user is not None and user.max_priority_class is not None:
         user_max = values.get(user.max_priority_class)
-    dataset_ref = None if job.spec.dataset is None else str(job.spec.dataset)
-    dataset = settings.dataset(dataset_ref)
+    # The registry's locations name `tenant/name`: a bare name is the job's tenant's dataset. Only a
+    # reference the registry does not know falls back to the config's `datasets:` entry as written.
+    ref = job.spec.dataset
+    dataset = None
+    if ref is not None:
+        owned = ref.name if "/" in ref.name else f"{job.tenant}/{ref.name}"
+        tail = "" if ref.version is None else f"@{ref.version}"
+        dataset = settings.dataset(owned + tail) or settings.dataset(str(ref))
     return replace(
         job.gang_request(),
         priority_class=job.spec.priority_class,

@@ -58,7 +58,8 @@ DEFAULT_MAX_RUNTIME_S = 86400
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DATASET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# A dataset another tenant shared is named `tenant/name`; a bare name is the job's tenant's own.
+_DATASET_REF = re.compile(r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -415,13 +416,16 @@ def _format_deadline(seconds: float) -> str:
 
 
 def _dataset(value: object, path: str) -> DatasetRef | None:
-    name_rule = "a dataset name (lowercase letters, digits, '-' and '.', at most 253 characters)"
+    name_rule = (
+        "a dataset name (lowercase letters, digits, '-' and '.', at most 253 characters), "
+        "optionally after 'tenant/' for a dataset another tenant shared"
+    )
     version_rule = "a version of 1 to 64 letters, digits, '.', '_' or '-'"
     if value is None:
         return None
     if isinstance(value, str):
         name, at, version = value.partition("@")
-        if not (len(name) <= 253 and _DATASET_NAME.fullmatch(name)) or (
+        if not (len(name) <= 317 and _DATASET_REF.fullmatch(name)) or (
             at and not _VERSION.fullmatch(version)
         ):
             raise InvalidSpec(
@@ -433,7 +437,7 @@ def _dataset(value: object, path: str) -> DatasetRef | None:
     if not isinstance(value, dict):
         raise InvalidSpec(path, f"must be 'name', 'name@version' or {{name, version}}, got {_found(value)}")
     ref = _mapping(value, path, ("name", "version"), required=("name",))
-    name = _matching(ref["name"], f"{path}.name", _DATASET_NAME, 253, name_rule)
+    name = _matching(ref["name"], f"{path}.name", _DATASET_REF, 317, name_rule)
     if ref.get("version") is None:
         return DatasetRef(name)
     return DatasetRef(name, _matching(ref["version"], f"{path}.version", _VERSION, 64, version_rule))

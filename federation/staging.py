@@ -24,6 +24,7 @@ import structlog
 
 from datasync import CopyKey, DatasetName, DatasetVersion, StoreName, VersionId, pin, unpin
 from federation.datasets import DatasetRegistry, resolve
+from federation.datasets_check import not_registered
 from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
 from federation.jobs import JobRecord, Owner
 from federation.staging_run import SyncRunner
@@ -76,11 +77,13 @@ class Stager:
         if ref is None or job.placement is None:
             return READY
         store = self._cluster_store(job.placement.cluster)
-        stored = await self._registry.get(ref.name)
+        # A bare name is the job's tenant's dataset; `tenant/name` another tenant's (shared with it).
+        stored = await self._registry.lookup(job.tenant, ref.name)
         if stored is None or store is None:
             return READY
         if not stored.value.visible_to(job.tenant):
-            return Gate(GateKind.FAIL, f"dataset {ref.name} is not shared with tenant {job.tenant}")
+            # No longer shared since the job was submitted: said as for a dataset the tenant cannot name.
+            return Gate(GateKind.FAIL, not_registered(ref, job.tenant))
         version = resolve(stored.value, ref.version)
         if version is None:
             return Gate(GateKind.FAIL, f"dataset {ref} has no such version")

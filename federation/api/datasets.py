@@ -41,7 +41,9 @@ from federation.datasets import (
     DatasetRegistry,
     cache_prefix,
     dataset_name_field,
+    dataset_ref_field,
     prefix_field,
+    reference,
     resolve,
     version_field,
 )
@@ -80,7 +82,7 @@ def dataset_to_pb(
     """`shown_jobs`: per copy (store/version), the pinning jobs the caller may read, and how many others."""
     shown_jobs = shown_jobs or {}
     return pb.DatasetInfo(
-        name=d.name,
+        name=reference(d),
         tenant=d.tenant,
         home_store=d.home_store,
         shared_with=sorted(d.shared_with),
@@ -182,7 +184,9 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
         }
 
     async def _visible(self, who: Principal, name: str) -> Dataset:
-        stored = await self._registry.get(name)
+        """The dataset `name` (bare: the caller's tenant's; `tenant/name`: another's) if the caller may
+        read it. Missing and not visible raise the same NotFound, after the same reads."""
+        stored = await self._registry.lookup(who.tenant, name)
         if stored is None:
             raise NotFound(f"dataset {shown(name)} not found")
         d = stored.value
@@ -247,7 +251,7 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
                 name_field(req.tenant, "tenant")
             scope = listable_tenant(who, req.tenant, "datasets")
             copies = (await self._registry.copies()).copies
-            datasets = sorted(await self._registry.list(), key=lambda d: d.name)
+            datasets = sorted(await self._registry.list(), key=reference)
             if who.role is Role.MEMBER:
                 # A member sees its tenant's datasets and those other tenants shared with it.
                 datasets = [d for d in datasets if d.visible_to(who.tenant)]
@@ -261,7 +265,7 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
 
     async def GetDataset(self, request: pb.GetDatasetRequest, context: Ctx) -> pb.DatasetInfo:
         async def body(who: Principal, req: pb.GetDatasetRequest) -> pb.DatasetInfo:
-            dataset = await self._visible(who, dataset_name_field(req.name))
+            dataset = await self._visible(who, dataset_ref_field(req.name))
             copies = (await self._registry.copies()).copies
             return dataset_to_pb(dataset, copies, await self._copy_jobs(who, dataset, copies))
 
@@ -270,7 +274,7 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
     async def _target(
         self, who: Principal, name: str, version: str, store: str, *, evict: bool = False
     ) -> tuple[Dataset, DatasetVersion, str]:
-        name = dataset_name_field(name)
+        name = dataset_ref_field(name)
         wanted = version_field(version) if version else None
         store = name_field(store, "store")
         dataset = await self._visible(who, name)
@@ -336,10 +340,10 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
         self, request: pb.GetSyncStatusRequest, context: Ctx
     ) -> pb.ListSyncStatusResponse:
         async def body(who: Principal, req: pb.GetSyncStatusRequest) -> pb.ListSyncStatusResponse:
-            name = dataset_name_field(req.name)
+            name = dataset_ref_field(req.name)
             store = name_field(req.store, "store") if req.store else None
-            await self._visible(who, name)
-            records = await self._syncs.list(store=store, dataset=name)
+            dataset = await self._visible(who, name)
+            records = await self._syncs.list(store=store, dataset=dataset.name)
             return pb.ListSyncStatusResponse(
                 syncs=[sync_to_pb(r, await self._readable_jobs(who, r.job_ids)) for r in records]
             )

@@ -51,15 +51,23 @@ def a_dataset(name: str, *, tenant: TenantId = VISION, shared: tuple[TenantId, .
     [
         pytest.param(DatasetRef("mini", "v1"), VISION, a_dataset("mini"), None, id="own-version"),
         pytest.param(DatasetRef("mini"), VISION, a_dataset("mini"), None, id="own-latest"),
-        pytest.param(DatasetRef("mini", "v1"), NLP, a_dataset("mini", shared=(NLP,)), None, id="shared"),
-        pytest.param(DatasetRef("mini", "v1"), NLP, a_dataset("mini"), "not registered", id="unshared"),
+        pytest.param(
+            DatasetRef("vision/mini", "v1"), NLP, a_dataset("mini", shared=(NLP,)), None, id="shared"
+        ),
+        pytest.param(
+            DatasetRef("vision/mini", "v1"), NLP, a_dataset("mini"), "not registered", id="unshared"
+        ),
         pytest.param(DatasetRef("mini", "v2"), VISION, a_dataset("mini"), "no version 'v2'", id="no-version"),
         pytest.param(DatasetRef("nope", "v1"), VISION, None, "not registered", id="unknown"),
         pytest.param(DatasetRef("imagenet", "2012"), VISION, None, None, id="config-fallback"),
         pytest.param(DatasetRef("imagenet"), VISION, None, "not registered", id="fallback-is-exact"),
         # The registry decides a name it knows: the fallback list is no way into another tenant's data.
         pytest.param(
-            DatasetRef("imagenet", "2012"), NLP, a_dataset("imagenet"), "not registered", id="registry-wins"
+            DatasetRef("vision/imagenet", "2012"),
+            NLP,
+            a_dataset("imagenet"),
+            "not registered",
+            id="registry-wins",
         ),
     ],
 )
@@ -99,27 +107,30 @@ async def test_accepted_references_are_answered_from_memory_and_a_new_registrati
     reads = kv.reads
     for tenant in (VISION, NLP):
         for _ in range(50):
-            await check.check(tenant, DatasetRef("mini", "v1"), FALLBACK)
+            await check.check(tenant, DatasetRef("vision/mini", "v1"), FALLBACK)
+            await check.check(VISION, DatasetRef("mini", "v1"), FALLBACK)
             await check.check(tenant, DatasetRef("imagenet", "2012"), FALLBACK)
     assert kv.reads == reads, "accepted references must not read etcd between refreshes"
 
-    # Registered after the view was read, and submitted at once: one read of its key, then memory.
+    # Registered after the view was read, and submitted at once: one lookup (its key and the key a
+    # dataset of that name had before names were per tenant, always both), then memory.
     await registry.add_version(VISION, a_version("fresh", "v1"), MANIFEST, frozenset())
     reads = kv.reads
     await check.check(VISION, DatasetRef("fresh", "v1"), FALLBACK)
-    assert kv.reads == reads + 1
+    assert kv.reads == reads + 2
     await check.check(VISION, DatasetRef("fresh", "v1"), FALLBACK)
-    assert kv.reads == reads + 1
+    assert kv.reads == reads + 2
 
     now[0] = 3.0
     await check.check(VISION, DatasetRef("mini", "v1"), FALLBACK)
-    assert kv.reads == reads + 2  # the refresh
+    assert kv.reads == reads + 3  # the refresh
 
 
 @pytest.mark.parametrize(
     ("tenant", "ref"),
     [
-        pytest.param(SPEECH, DatasetRef("mini", "v1"), id="another-tenants-unshared"),
+        pytest.param(SPEECH, DatasetRef("vision/mini", "v1"), id="another-tenants-unshared"),
+        pytest.param(SPEECH, DatasetRef("mini", "v1"), id="another-tenants-name-is-not-mine"),
         pytest.param(VISION, DatasetRef("nope"), id="unknown"),
         pytest.param(VISION, DatasetRef("mini", "v9"), id="unknown-version"),
     ],

@@ -127,17 +127,17 @@ async def test_a_staging_sync_runs_through_ray_verified_to_the_end(ray_session: 
         assert await world.settle(job, timeout_s=60) is GateKind.READY
         (executor,) = spy.chosen
         assert isinstance(executor, RayExecutor)
-        held = await world.syncs.get("cloud", "sharded", "v1")
+        held = await world.syncs.get("cloud", "vision/sharded", "v1")
         assert held is not None
         record = held[0]
         total = sum(len(d) for d in files.values())
         assert (record.state, record.verified, record.bytes_copied) == (SyncState.DONE, True, total)
         assert (record.bytes_done, record.objects_done) == (record.bytes_total, record.objects_total)
         assert (record.bytes_total, record.objects_total) == (total, len(files))
-        manifest = await world.registry.manifest("sharded", "v1")
+        manifest = await world.registry.manifest("vision/sharded", "v1")
         assert manifest is not None
         cloud = await world.stores.client("cloud")
-        assert (await verify(cloud, "gpufed-cache/sharded/v1/", manifest)).ok
+        assert (await verify(cloud, "gpufed-cache/vision/sharded/v1/", manifest)).ok
     finally:
         await world.stager.stop()
         await world.stores.close()

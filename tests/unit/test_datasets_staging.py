@@ -130,11 +130,11 @@ async def test_a_job_stages_then_pins_the_copy_and_the_next_job_finds_it(world: 
     assert gate.kind is GateKind.STAGE
     assert "from home to cloud for aws" in gate.reason
     assert await world.settle(first) is GateKind.READY
-    held = await world.syncs.get("cloud", "mini", "v1")
+    held = await world.syncs.get("cloud", "vision/mini", "v1")
     assert held is not None
     assert (held[0].state, held[0].verified, held[0].bytes_copied) == (SyncState.DONE, True, 4000)
-    assert (world.root / "cloud" / "gpufed-cache/mini/v1/a.bin").read_bytes() == b"a" * 3000
-    key = CopyKey(StoreName("cloud"), DatasetName("mini"), VersionId("v1"))
+    assert (world.root / "cloud" / "gpufed-cache/vision/mini/v1/a.bin").read_bytes() == b"a" * 3000
+    key = CopyKey(StoreName("cloud"), DatasetName("vision/mini"), VersionId("v1"))
     copy = (await world.registry.copies()).get(key)
     assert copy is not None
     assert copy.pinned_by == {first.job_id}
@@ -165,9 +165,9 @@ async def test_beyond_capacity_the_least_recently_used_unpinned_copy_goes(world:
     await world.stager.prepare(third)
     assert await world.settle(third) is GateKind.READY
     left = {c.key.dataset for c in (await world.registry.copies()).copies}
-    assert left == {"third"}  # 4.5 + 4.5 + 7.5 KiB > 10 KiB: both older copies had to go
-    assert not (world.root / "cloud" / "gpufed-cache/old").exists() or not any(
-        (world.root / "cloud" / "gpufed-cache/old").rglob("*.bin")
+    assert left == {"vision/third"}  # 4.5 + 4.5 + 7.5 KiB > 10 KiB: both older copies had to go
+    assert not (world.root / "cloud" / "gpufed-cache/vision/old").exists() or not any(
+        (world.root / "cloud" / "gpufed-cache/vision/old").rglob("*.bin")
     )
 
 
@@ -214,13 +214,15 @@ async def test_a_missing_source_object_fails_at_once_naming_it(world: World) -> 
 
 async def test_another_tenants_unshared_dataset_cannot_be_staged(world: World) -> None:
     await world.register("theirs", {"a.bin": b"a"}, tenant=TenantId("nlp"))
-    job = staged_job("peek", "theirs")
+    # A bare name is the job's tenant's own: vision has no `theirs`, so the registry has nothing to stage.
+    assert (await world.stager.prepare(staged_job("mine", "theirs"))).kind is GateKind.READY
+    job = staged_job("peek", "nlp/theirs")
     gate = await world.stager.prepare(job)
     assert gate.kind is GateKind.FAIL
     staging = gate_transition(job, gate, now_s=1.0)  # ADMITTED may not fail outright: via STAGING
     assert staging is not None
     assert staging.phase is JobPhase.STAGING
-    assert "not shared with tenant vision" in staging.message
+    assert "'nlp/theirs@v1' is not registered for tenant vision (own or shared with it)" in staging.message
 
 
 async def test_a_sync_a_dead_leader_left_running_resumes_without_resending(tmp_path: Path) -> None:
@@ -234,10 +236,10 @@ async def test_a_sync_a_dead_leader_left_running_resumes_without_resending(tmp_p
     await first.register("slow", {f"part-{i}.bin": bytes([i]) * 32 * KIB for i in range(6)})
     job = staged_job("j", "slow")
     await first.stager.prepare(job)
-    copied = tmp_path / "cloud" / "gpufed-cache/slow/v1"
+    copied = tmp_path / "cloud" / "gpufed-cache/vision/slow/v1"
     await _until(lambda: copied.exists() and len(list(copied.glob("part-*.bin"))) >= 2)
     await first.stager.stop()  # the leader dies mid-sync: its record still says running
-    held = await first.syncs.get("cloud", "slow", "v1")
+    held = await first.syncs.get("cloud", "vision/slow", "v1")
     assert held is not None
     assert held[0].state is SyncState.RUNNING
     done_before = {p.name: p.stat().st_mtime_ns for p in copied.glob("part-*.bin")}
@@ -260,32 +262,40 @@ async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None
     raise AssertionError("condition not met")
 
 
-async def test_a_version_is_immutable_and_names_are_per_owner(world: World) -> None:
+async def test_a_version_is_immutable_and_names_are_per_tenant(world: World) -> None:
     await world.register("ds", {"a.bin": b"1"})
     await world.register("ds", {"a.bin": b"1"})  # same content again: a no-op
     with pytest.raises(FailedPrecondition, match="immutable"):
         await world.register("ds", {"a.bin": b"2"})
-    with pytest.raises(FailedPrecondition, match="is taken"):
-        await world.register("ds", {"a.bin": b"1"}, tenant=TenantId("nlp"))
+    # Another tenant's `ds` is another dataset (issue 16: no "taken" answer that says the name is used).
+    await world.register("ds", {"a.bin": b"2"}, tenant=TenantId("nlp"))
+    assert {d.name for d in await world.registry.list()} == {"vision/ds", "nlp/ds"}
 
 
 def test_the_placer_sees_home_and_cached_stores_and_the_config_fills_in() -> None:
+    name = DatasetName("vision/mini")
     version = DatasetVersion(
-        DatasetName("mini"), VersionId("v1"), StoreLocation(StoreName("home"), "mini/"), "d", 100, 1, 1.0
+        name, VersionId("v1"), StoreLocation(StoreName("home"), "mini/"), "d", 100, 1, 1.0
     )
     from datasync import CacheState, Dataset, record_copy
 
-    state = record_copy(
-        CacheState(), CopyKey(StoreName("cloud"), DatasetName("mini"), VersionId("v1")), 100, 1.0
-    )
-    locations = placer_locations([Dataset(DatasetName("mini"), VISION, StoreName("home"), (version,))], state)
+    state = record_copy(CacheState(), CopyKey(StoreName("cloud"), name, VersionId("v1")), 100, 1.0)
+    locations = placer_locations([Dataset(name, VISION, StoreName("home"), (version,))], state)
     assert set(locations) == {
-        DatasetLocation("mini@v1", "home", 100, ("cloud",)),
-        DatasetLocation("mini", "home", 100, ("cloud",)),
+        DatasetLocation("vision/mini@v1", "home", 100, ("cloud",)),
+        DatasetLocation("vision/mini", "home", 100, ("cloud",)),
     }
-    seed = SchedulingSettings(datasets=(DatasetLocation("mini@v1", "old", 5), DatasetLocation("c4", "s3", 9)))
+    seed = SchedulingSettings(
+        datasets=(
+            DatasetLocation("vision/mini@v1", "old", 5),
+            DatasetLocation("mini@v1", "s3", 7),
+            DatasetLocation("c4", "s3", 9),
+        )
+    )
     merged = with_registry_locations(seed, locations)
-    assert merged.dataset("mini@v1") == DatasetLocation("mini@v1", "home", 100, ("cloud",))
+    assert merged.dataset("vision/mini@v1") == DatasetLocation("vision/mini@v1", "home", 100, ("cloud",))
+    # The config's entries are global, named as written: a bare `mini@v1` is not vision's dataset.
+    assert merged.dataset("mini@v1") == DatasetLocation("mini@v1", "s3", 7)
     assert merged.dataset("c4") == DatasetLocation("c4", "s3", 9)
 
 

@@ -22,7 +22,7 @@ from federation.kv_memory import MemoryKv
 from federation.staging import GateKind
 from tests.unit.test_datasets_staging import World, _world, staged_job
 
-KEY = CopyKey(StoreName("cloud"), DatasetName("mini"), VersionId("v1"))
+KEY = CopyKey(StoreName("cloud"), DatasetName("vision/mini"), VersionId("v1"))
 FILES = {"a.bin": b"a" * 3000, "b.bin": b"b" * 1000}
 
 
@@ -96,7 +96,7 @@ async def test_a_copy_damaged_after_its_sync_is_staged_again_before_the_next_job
         first = staged_job("first", "mini")
         await w.stager.prepare(first)
         assert await w.settle(first) is GateKind.READY
-        copy = tmp_path / "cloud" / "gpufed-cache/mini/v1"
+        copy = tmp_path / "cloud" / "gpufed-cache/vision/mini/v1"
         (copy / "b.bin").unlink()
         assert await check_cached(w.registry, w.stores, KEY) == ("b.bin",)
         second = staged_job("second", "mini")
@@ -104,7 +104,7 @@ async def test_a_copy_damaged_after_its_sync_is_staged_again_before_the_next_job
         assert gate.kind is GateKind.STAGE  # not READY: the copy failed its check
         assert await w.settle(second) is GateKind.READY
         assert (copy / "b.bin").read_bytes() == FILES["b.bin"]
-        held = await w.syncs.get("cloud", "mini", "v1")
+        held = await w.syncs.get("cloud", "vision/mini", "v1")
         assert held is not None
         assert (held[0].objects_copied, held[0].objects_up_to_date) == (1, 1)
         # An overwrite of the same size changes the object's ETag: the check catches it too.
@@ -121,7 +121,7 @@ async def test_the_scrub_rehashes_and_repairs_a_copy_on_the_leaders_tick(tmp_pat
         job = staged_job("first", "mini")
         await w.stager.prepare(job)
         assert await w.settle(job) is GateKind.READY
-        target = tmp_path / "cloud" / "gpufed-cache/mini/v1/a.bin"
+        target = tmp_path / "cloud" / "gpufed-cache/vision/mini/v1/a.bin"
         target.write_bytes(b"z" * 3000)  # same size: only re-reading finds it
         before = await w.registry.copy_etags(KEY)
         assert before is not None
@@ -146,7 +146,7 @@ async def test_bit_rot_under_an_unchanged_etag_found_by_verify_fails_the_next_ch
         job = staged_job("first", "mini")
         await w.stager.prepare(job)
         assert await w.settle(job) is GateKind.READY
-        target = tmp_path / "cloud" / "gpufed-cache/mini/v1/a.bin"
+        target = tmp_path / "cloud" / "gpufed-cache/vision/mini/v1/a.bin"
         stat = target.stat()
         target.write_bytes(b"r" * 3000)
         os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same ETag: rot

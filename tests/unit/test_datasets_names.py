@@ -1,0 +1,217 @@
+"""Dataset names are per tenant (issue 16): two tenants may each have `imagenet`, a bare name is the
+caller's own tenant's, `tenant/name` another tenant's; a dataset registered before names were per tenant
+keeps its key and its copies, and a lookup reads the same keys whichever dataset exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from datasync import (
+    CachedCopy,
+    CopyKey,
+    Dataset,
+    DatasetName,
+    DatasetVersion,
+    Manifest,
+    ManifestEntry,
+    StoreLocation,
+    StoreName,
+    VersionId,
+    dataset_to_json,
+)
+from federation.datasets import DatasetRegistry, cache_prefix, dataset_ref_field, placer_locations
+from federation.datasets_check import DatasetCheck
+from federation.errors import FailedPrecondition, InvalidSpec
+from federation.jobspec import DatasetRef
+from federation.kv import KeyValue
+from federation.kv_memory import MemoryKv
+from federation.priorities import DEFAULT_PRIORITY_CLASSES
+from federation.records import SchedulingSettings
+from federation.spec import parse_manifest
+from placement.model import TenantId
+
+VISION, NLP, SPEECH = TenantId("vision"), TenantId("nlp"), TenantId("speech")
+
+
+def manifest(content: bytes) -> Manifest:
+    return Manifest((ManifestEntry("a.bin", len(content), content.hex().ljust(64, "0")[:64]),))
+
+
+def version(name: str, v: str, content: bytes, store: str = "home") -> tuple[DatasetVersion, Manifest]:
+    m = manifest(content)
+    record = DatasetVersion(
+        DatasetName(name), VersionId(v), StoreLocation(StoreName(store), f"{name}/"), m.digest, 3, 1, 1.0
+    )
+    return record, m
+
+
+async def register(
+    registry: DatasetRegistry,
+    tenant: TenantId,
+    name: str,
+    v: str,
+    content: bytes,
+    shared: frozenset[TenantId],
+) -> Dataset:
+    record, m = version(name, v, content)
+    dataset, _ = await registry.add_version(tenant, record, m, shared)
+    return dataset
+
+
+async def test_two_tenants_register_the_same_name_and_each_sees_only_its_own() -> None:
+    registry = DatasetRegistry(MemoryKv())
+    mine = await register(registry, VISION, "imagenet", "v1", b"vision", frozenset())
+    theirs = await register(registry, NLP, "imagenet", "v1", b"nlp", frozenset())
+    assert (mine.name, theirs.name) == ("vision/imagenet", "nlp/imagenet")
+    assert mine.versions[0].manifest_digest != theirs.versions[0].manifest_digest
+    for tenant, want in ((VISION, mine), (NLP, theirs)):
+        found = await registry.lookup(tenant, "imagenet")
+        assert found is not None
+        assert found.value == want
+    assert await registry.lookup(SPEECH, "imagenet") is None
+    # Each tenant's manifest, copy record and cache prefix are its own.
+    assert await registry.manifest("vision/imagenet", "v1") == manifest(b"vision")
+    assert await registry.manifest("nlp/imagenet", "v1") == manifest(b"nlp")
+    assert cache_prefix(mine.name, "v1") == "gpufed-cache/vision/imagenet/v1/"
+    for d in (mine, theirs):
+        key = CopyKey(StoreName("cloud"), d.name, VersionId("v1"))
+        assert await registry.put_copy(
+            CachedCopy(key, 3, 1.0, frozenset({f"job-{d.tenant}"})), expect_revision=None
+        )
+    copies = {c.key: c.pinned_by for c in (await registry.copies("cloud")).copies}
+    assert copies == {
+        CopyKey(StoreName("cloud"), DatasetName("vision/imagenet"), VersionId("v1")): frozenset(
+            {"job-vision"}
+        ),
+        CopyKey(StoreName("cloud"), DatasetName("nlp/imagenet"), VersionId("v1")): frozenset({"job-nlp"}),
+    }
+    # The placer's references: each tenant's under its own name.
+    refs = {loc.dataset for loc in placer_locations([mine, theirs], await registry.copies())}
+    assert refs == {"vision/imagenet", "vision/imagenet@v1", "nlp/imagenet", "nlp/imagenet@v1"}
+
+
+async def test_a_shared_dataset_is_named_owner_slash_name_and_the_submit_check_follows() -> None:
+    registry = DatasetRegistry(MemoryKv())
+    await register(registry, VISION, "imagenet", "v1", b"vision", frozenset({NLP}))
+    check = DatasetCheck(registry)
+    settings = SchedulingSettings()
+    await check.check(NLP, DatasetRef("vision/imagenet", "v1"), settings)
+    await check.check(VISION, DatasetRef("vision/imagenet"), settings)  # one's own, qualified: the same
+    answers = []
+    for tenant, ref in (
+        (NLP, DatasetRef("imagenet", "v1")),  # bare: nlp's own, and nlp has none
+        (SPEECH, DatasetRef("vision/imagenet", "v1")),  # not shared with speech
+        (SPEECH, DatasetRef("vision/nothing", "v1")),  # does not exist
+        (SPEECH, DatasetRef("nobody/imagenet", "v1")),  # no such tenant
+    ):
+        with pytest.raises(FailedPrecondition) as caught:
+            await check.check(tenant, ref, settings)
+        answers.append(str(caught.value).replace(ref.name, "<ref>").replace(tenant, "<tenant>"))
+    assert len(set(answers)) == 1, answers
+
+
+class CountingKv(MemoryKv):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[bytes] = []
+
+    async def get(self, key: bytes) -> KeyValue | None:
+        self.keys.append(key)
+        return await super().get(key)
+
+    async def range_prefix(self, *args: Any, **kwargs: Any) -> Any:
+        self.keys.append(b"range")
+        return await super().range_prefix(*args, **kwargs)
+
+
+async def test_an_outsiders_lookup_reads_what_a_lookup_of_nothing_reads() -> None:
+    kv = CountingKv()
+    registry = DatasetRegistry(kv)
+    await register(registry, VISION, "secret", "v1", b"s", frozenset())
+    shapes = []
+    for ref in ("vision/secret", "vision/nothing"):
+        kv.keys.clear()
+        await registry.lookup(SPEECH, ref)
+        shapes.append([k.replace(b"secret", b"X").replace(b"nothing", b"X") for k in kv.keys])
+    assert shapes[0] == shapes[1]
+    assert len(shapes[0]) == 2  # the tenant's key and the key of a name from before per-tenant names
+
+
+async def test_a_dataset_registered_before_names_were_per_tenant_keeps_working() -> None:
+    kv = MemoryKv()
+    registry = DatasetRegistry(kv)
+    # As an older server wrote it: under /gpufed/datasets/<name>, named without its tenant.
+    old, _ = version("imagenet", "v1", b"old")
+    legacy = Dataset(DatasetName("imagenet"), VISION, StoreName("home"), (old,), frozenset({NLP}))
+    await kv.put(b"/gpufed/datasets/imagenet", dataset_to_json(legacy))
+    for tenant, ref in ((VISION, "imagenet"), (VISION, "vision/imagenet"), (NLP, "vision/imagenet")):
+        found = await registry.lookup(tenant, ref)
+        assert found is not None, (tenant, ref)
+        assert found.value.name == "imagenet"  # its copies and cache prefix stay where they are
+    assert await registry.lookup(NLP, "imagenet") is None  # nlp's bare name is nlp's own
+    assert await registry.lookup(SPEECH, "speech/imagenet") is None
+    # Its owner's next version joins it (no second dataset of the same name), another tenant's is new.
+    await register(registry, VISION, "imagenet", "v2", b"new", frozenset())
+    stored = await registry.lookup(VISION, "imagenet")
+    assert stored is not None
+    assert [v.version for v in stored.value.versions] == ["v1", "v2"]
+    assert stored.value.versions[1].dataset == "imagenet"
+    await register(registry, NLP, "imagenet", "v1", b"nlp", frozenset())
+    assert sorted(d.name for d in await registry.list()) == ["imagenet", "nlp/imagenet"]
+    loc = {x.dataset for x in placer_locations(await registry.list(), await registry.copies())}
+    assert {"vision/imagenet", "vision/imagenet@v2", "nlp/imagenet"} <= loc
+
+
+@pytest.mark.parametrize("value", ["imagenet", "vision/imagenet", "a/b.c-d"])
+def test_references_are_a_name_or_tenant_slash_name(value: str) -> None:
+    assert dataset_ref_field(value) == value
+
+
+@pytest.mark.parametrize("value", ["", "a/b/c", "/imagenet", "vision/", "Vision/x", "a_b/x", "x/Y", 3])
+def test_other_references_are_refused(value: object) -> None:
+    with pytest.raises(InvalidSpec, match=r"^name: must be 'name'"):
+        dataset_ref_field(value)
+
+
+async def test_a_tenant_registers_only_in_its_own_namespace() -> None:
+    registry = DatasetRegistry(MemoryKv())
+    record, m = version("nlp/imagenet", "v1", b"x")
+    with pytest.raises(InvalidSpec):
+        await registry.add_version(VISION, record, m, frozenset())
+    assert await registry.list() == []
+
+
+JOB = """\
+apiVersion: gpufed.io/v1
+kind: TrainingJob
+metadata: {{name: j}}
+spec:
+  gpuTypes: [A100]
+  dataset: {dataset}
+  tasks:
+    - {{name: w, replicas: 1, image: "pytorch/pytorch:2.3", gpus: 1}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("dataset", "ref"),
+    [
+        ("imagenet", DatasetRef("imagenet")),
+        ("imagenet@v3", DatasetRef("imagenet", "v3")),
+        ("vision/imagenet@v3", DatasetRef("vision/imagenet", "v3")),
+        ("{name: vision/imagenet, version: v3}", DatasetRef("vision/imagenet", "v3")),
+    ],
+)
+def test_a_job_names_its_tenants_dataset_or_a_shared_one(dataset: str, ref: DatasetRef) -> None:
+    spec = parse_manifest(JOB.format(dataset=dataset), priority_classes=DEFAULT_PRIORITY_CLASSES)
+    assert spec.dataset == ref
+
+
+@pytest.mark.parametrize(
+    "dataset", ["a/b/imagenet", "/imagenet", "Vision/imagenet", "vision/", "x_y/imagenet"]
+)
+def test_a_job_naming_a_malformed_reference_is_refused(dataset: str) -> None:
+    with pytest.raises(InvalidSpec, match=r"^spec\.dataset"):
+        parse_manifest(JOB.format(dataset=dataset), priority_classes=DEFAULT_PRIORITY_CLASSES)
