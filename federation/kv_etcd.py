@@ -53,6 +53,20 @@ _UNAVAILABLE_CODES = frozenset(
         rpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+# etcd relays some of its own timeouts as UNKNOWN: a follower that forwards a lease keepalive to a
+# leader that is gone answers "UNKNOWN context deadline exceeded". gRPC ends a stream whose member was
+# killed under it with "INTERNAL Internal error from Core" at times. Both are etcd not answering, not
+# a refusal: taken as a refusal, they ended a leader's keepalive loop without a word (issue 16).
+_OTHER_WORDS_FOR_UNAVAILABLE = {
+    rpc.StatusCode.UNKNOWN: ("deadline exceeded", "context canceled", "timed out", "connection"),
+    rpc.StatusCode.INTERNAL: ("error from core", "rst_stream", "stream removed", "socket closed"),
+}
+
+
+def _unavailable_in_other_words(code: Any, details: str) -> bool:
+    return any(d in details.lower() for d in _OTHER_WORDS_FOR_UNAVAILABLE.get(code, ()))
+
+
 # What says a request never reached a member that could apply it: safe to send a write elsewhere.
 _NOT_SENT_DETAILS = ("failed to connect", "connection refused", "no leader", "not capable", "leader changed")
 _COMPARE_TARGETS = {
@@ -154,7 +168,7 @@ class EtcdKv:
         cause = e if isinstance(e, rpc.AioRpcError) else e.__cause__
         if isinstance(cause, rpc.AioRpcError):
             code, details = cause.code(), cause.details() or ""
-            if code in _UNAVAILABLE_CODES:
+            if code in _UNAVAILABLE_CODES or _unavailable_in_other_words(code, details):
                 return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
             if "compacted" in details:
                 return WatchCompacted(f"{what}: etcd at {endpoint}: {details}")

@@ -8,6 +8,7 @@ import pytest
 from federation.etcd_process import EtcdProcess
 from federation.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess
+from tests.etcd_cluster import EtcdCluster
 
 
 @pytest.fixture
@@ -17,6 +18,18 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(params=["etcd1", "etcd3"])
+def any_etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdProcess | EtcdCluster]:
+    """A fresh etcd per test, one member or a three-member cluster (as a real deployment runs it):
+    `.endpoint` is what `gpufed serve --etcd` takes either way."""
+    store: EtcdProcess | EtcdCluster = (
+        EtcdProcess(tmp_path / "etcd") if request.param == "etcd1" else EtcdCluster(tmp_path / "etcd")
+    )
+    store.start()
+    yield store
+    store.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """A crash loses no accepted job and runs no gang twice.
 
-The server is SIGKILLed while jobs are queued and running, then started again on the same etcd.
+The server is SIGKILLed while jobs are queued and running, then started again on the same etcd (one
+member, and a three-member cluster).
 The simulated clusters keep a journal of every gang they created, like a real cluster outlives its
 control plane; the test reads it to prove no job's attempt was started twice.
 """
@@ -19,6 +20,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient
 from federation.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -38,9 +40,9 @@ def _dispatches(state_dir: Path) -> Counter[tuple[str, int]]:
 
 @pytest.mark.parametrize("kill_after_s", [0.0, 1.0], ids=["kill-at-first-start", "kill-mid-run"])
 def test_sigkill_with_jobs_queued_and_running_loses_nothing_and_runs_nothing_twice(
-    etcd: EtcdProcess, tmp_path: Path, kill_after_s: float
+    any_etcd: EtcdProcess | EtcdCluster, tmp_path: Path, kill_after_s: float
 ) -> None:
-    server = ServerProcess(etcd.endpoint, tmp_path / "state")
+    server = ServerProcess(any_etcd.endpoint, tmp_path / "state")
     server.start()
     try:
         with server.client("alice") as alice, server.client("bob") as bob:
