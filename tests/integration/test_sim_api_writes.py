@@ -126,58 +126,6 @@ def test_leases_and_configmaps_through_the_client(api: client.ApiClient) -> None
     assert [c.metadata.name for c in core.list_namespaced_config_map("default").items] == ["cfg"]
 
 
-POD = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: v
-spec:
-  restartPolicy: Never
-  {field}: 5
-  containers:
-  - name: main
-    image: busybox
-"""
-
-
-def test_kubectl_apply_validates_on_the_server(core: client.CoreV1Api, tmp_path: Path) -> None:
-    # Without --validate=false: kubectl finds fieldValidation in /openapi/v3 and sends Strict.
-    kubectl(tmp_path, "apply", "-f", "-", stdin=POD.format(field="activeDeadlineSeconds"))
-    assert core.read_namespaced_pod("v", "default").spec.active_deadline_seconds == 5
-    bad = kubectl(
-        tmp_path,
-        "apply",
-        "-f",
-        "-",
-        stdin=POD.format(field="activeDeadlineSecond").replace("name: v", "name: w"),
-        ok=False,
-    )
-    assert bad.returncode != 0
-    assert 'unknown field "spec.activeDeadlineSecond"' in bad.stderr
-    with pytest.raises(ApiException) as info:
-        core.read_namespaced_pod("w", "default")
-    assert info.value.status == 404
-    # --validate=warn: stored, with the server's warning relayed by kubectl.
-    warned = kubectl(
-        tmp_path,
-        "apply",
-        "--validate=warn",
-        "-f",
-        "-",
-        stdin=POD.format(field="activeDeadlineSecond").replace("name: v", "name: x"),
-    )
-    assert 'Warning: unknown field "spec.activeDeadlineSecond"' in warned.stderr
-    assert core.read_namespaced_pod("x", "default").spec.active_deadline_seconds is None
-
-
-def test_kubectl_explain_reads_openapi_v3(sim: ThreadedSim, tmp_path: Path) -> None:
-    out = kubectl(tmp_path, "explain", "pods.spec.containers.resources").stdout
-    assert "limits" in out
-    assert "requests" in out
-    assert "holderIdentity" in kubectl(tmp_path, "explain", "leases.spec").stdout
-    assert "completions" in kubectl(tmp_path, "explain", "jobs.spec", "--api-version=batch/v1").stdout
-
-
 SERVICE = {
     "metadata": {"name": "svc"},
     "spec": {
@@ -280,43 +228,6 @@ def test_kubectl_drain_server_dry_run_evicts_and_cordons_nothing(
     pod = core.read_namespaced_pod("r", "default")
     assert (pod.status.phase, pod.metadata.deletion_timestamp) == ("Running", None)
     assert not core.read_node(node).spec.unschedulable
-
-
-def test_openapi_v2_as_json_and_as_protobuf(sim: ThreadedSim) -> None:
-    with urllib.request.urlopen(sim.url + "/openapi/v2", timeout=10) as response:
-        doc = json.loads(response.read())
-    assert doc["swagger"] == "2.0"
-    pod = doc["definitions"]["io.k8s.api.core.v1.Pod"]
-    assert pod["x-kubernetes-group-version-kind"] == [{"group": "", "version": "v1", "kind": "Pod"}]
-    protobuf = urllib.request.Request(
-        sim.url + "/openapi/v2",
-        headers={"Accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"},
-    )
-    with urllib.request.urlopen(protobuf, timeout=10) as response:
-        body = response.read()
-    assert body.startswith(b"\n\x032.0")  # field 1 (swagger), "2.0"
-    assert b"io.k8s.api.core.v1.Pod" in body
-    xml_only = urllib.request.Request(sim.url + "/openapi/v2", headers={"Accept": "application/xml"})
-    with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(xml_only, timeout=10)
-    assert info.value.code == 406
-
-
-def test_kubectl_apply_of_a_list_validates_items_with_openapi_v2(
-    core: client.CoreV1Api, tmp_path: Path
-) -> None:
-    # No List paths exist in /openapi/v3: kubectl falls back to /openapi/v2 (protobuf) and checks
-    # the items itself, as against a real server.
-    items = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"l{i}"}, "data": {"a": "b"}}
-        for i in range(3)
-    ]
-    good = {"apiVersion": "v1", "kind": "List", "items": items}
-    kubectl(tmp_path, "apply", "-f", "-", stdin=json.dumps(good))
-    assert [c.metadata.name for c in core.list_namespaced_config_map("default").items] == ["l0", "l1", "l2"]
-    bad = {"apiVersion": "v1", "kind": "List", "items": [{**items[0], "metadata": {"name": "m"}, "dta": {}}]}
-    refused = kubectl(tmp_path, "apply", "-f", "-", stdin=json.dumps(bad), ok=False)
-    assert 'unknown field "dta"' in refused.stderr
 
 
 VCJOB = """
