@@ -8,7 +8,8 @@ Active transitions (decide and act), written by the dispatcher:
   ADMITTED -> STAGING      the job's dataset is not in its cluster's store: a background sync copies
                            it (federation.staging); then STAGING -> DISPATCHED, or FAILED / QUEUED
                            (by the job's restart policy) when the sync fails
-  any live -> CANCELLED    a user asked to cancel: stop the gang first, then record it
+  any live -> CANCELLED    a user asked to cancel: stop the gang first, then record it once its
+                           pods are gone
 
 Passive transitions (mirror what the cluster reports), written by the status reconciler:
   DISPATCHED -> RUNNING -> SUCCEEDED | FAILED
@@ -22,7 +23,8 @@ Passive transitions (mirror what the cluster reports), written by the status rec
 
 An attempt ends only once its pods are gone: a gang that ended, or whose object vanished, while
 pods of it still run holds the job where it is (and its ledger interval open) while
-`federation.leftovers` deletes them, so the next attempt never runs beside them.
+`federation.leftovers` deletes them, so the next attempt never runs beside them; and no attempt is
+dispatched while an earlier one of the job still holds pods on a reachable cluster.
 
 Clean-up: gangs that no current attempt needs (`federation.collector`) are cancelled on their
 clusters, with every pod, service and pod group of theirs, so the copy left on a cluster that comes
