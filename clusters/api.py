@@ -8,10 +8,10 @@ finds the gang it already created instead of starting a second copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobId, NodeShare, TenantId
 
@@ -117,6 +117,84 @@ class GangRejected(ClusterError):
     """The cluster will not take the gang as asked (it does not fit, or the spec is unusable)."""
 
     retryable = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One pod of a gang as `kubectl describe pod` would sum it up (for `gpufed describe`).
+
+    `index` is the pod's gang-wide rank when `by_rank` (an Indexed Job's completion index), else
+    its index within `task` (a Volcano task); federation maps either to the spec's task/replica.
+    """
+
+    pod: str
+    task: str
+    index: int
+    by_rank: bool
+    node: str
+    phase: str
+    restarts: int
+    # The container's last exit code (None while it never ended).
+    exit_code: int | None
+    # Why it waits or ended: OOMKilled, Error, ImagePullBackOff, Evicted, ...; "" while all is well.
+    reason: str
+    message: str
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+    container: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GangEvent:
+    """A Kubernetes Event about one of the gang's objects (the gang, its pods)."""
+
+    object_kind: str
+    object_name: str
+    type: str
+    reason: str
+    message: str
+    count: int
+    last_at_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogOptions:
+    """The pod log API's options (`GET .../pods/{name}/log`), passed through as they are."""
+
+    follow: bool = False
+    tail_lines: int | None = None
+    since_s: int | None = None
+    timestamps: bool = False
+    previous: bool = False
+    limit_bytes: int | None = None
+
+
+class LogUnavailable(ClusterError):
+    """The cluster answered but has no log to give (the pod is gone, or has not started)."""
+
+    retryable = False
+
+
+@runtime_checkable
+class GangInspector(Protocol):
+    """What a backend can show of a gang beyond its status: its pods, their events and logs.
+
+    Apart from `ClusterBackend` so that a backend (or a test's fake) without it still drives
+    jobs; the logs service asks each backend whether it is one.
+    """
+
+    async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        """The attempt's pods that exist now, with their status details."""
+        ...
+
+    async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
+        """Events of the attempt's gang object and pods, oldest first."""
+        ...
+
+    def pod_log(self, tenant: TenantId, replica: ReplicaState, options: LogOptions) -> AsyncIterator[bytes]:
+        """The pod's log in chunks of whole lines; with `follow`, until its container ends.
+        Raises ClusterUnreachable (no answer) or LogUnavailable (no such log)."""
+        ...
 
 
 class ClusterBackend(Protocol):

@@ -18,7 +18,7 @@ import os
 import time
 from bisect import insort
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,17 @@ import structlog
 from clusters.api import (
     ClusterError,
     ClusterUnreachable,
+    GangEvent,
     GangPhase,
     GangRejected,
     GangStatus,
     GangWorkload,
+    LogOptions,
+    LogUnavailable,
+    ReplicaState,
     gang_name,
 )
+from clusters.memory_logs import fake_log, fake_replicas
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -304,6 +309,34 @@ class InMemoryCluster:
         )
         # A grace period of 0 ends the gang now: the next status must already say EVICTED.
         self._now()
+
+    # ---- clusters.api.GangInspector: a fake (clusters.memory_logs) --------------------------------
+
+    async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        self._check_reachable()
+        gang = self._gangs.get(gang_name(job_id, attempt))
+        if gang is None or gang.sim.tenant != tenant:
+            return []
+        self._now()
+        places = [(r.task, r.replica_index, f"{r.pool}-{r.node_index}") for r in gang.sim.replicas]
+        return fake_replicas(
+            gang.name, gang.phase, gang.message, places, gang.sim.started_at_s, gang.finished_at_s
+        )
+
+    async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
+        self._check_reachable()
+        return []
+
+    async def pod_log(
+        self, tenant: TenantId, replica: ReplicaState, options: LogOptions
+    ) -> AsyncIterator[bytes]:
+        self._check_reachable()
+        if not any(
+            replica.pod.startswith(f"{g.name}-") and g.sim.tenant == tenant for g in self._gangs.values()
+        ):
+            raise LogUnavailable(f"pod {replica.pod} not found")
+        async for chunk in fake_log(replica, options):
+            yield chunk
 
     # ---- fault injection and introspection -------------------------------------------------------
 

@@ -13,13 +13,21 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
 
-from clusters.api import ClusterUnreachable, GangRejected, GangStatus, GangWorkload
+from clusters.api import (
+    ClusterUnreachable,
+    GangEvent,
+    GangRejected,
+    GangStatus,
+    GangWorkload,
+    LogOptions,
+    ReplicaState,
+)
 from clusters.kubernetes import manifests
 from clusters.kubernetes.config import KubernetesClusterConfig
 from clusters.kubernetes.errors import is_no_answer, status_of, translate
@@ -36,6 +44,7 @@ from clusters.kubernetes.inventory import (
     unpriced,
 )
 from clusters.kubernetes.kube import KubeApi, Timeouts, api_client
+from clusters.kubernetes.logs import LOG_THREADS, GangInspection
 from clusters.kubernetes.names import namespace_for, object_name
 from clusters.kubernetes.status import (
     MANAGED_BY,
@@ -49,7 +58,7 @@ from clusters.kubernetes.status import (
 )
 from clusters.kubernetes.tombstones import Tombstones
 from clusters.kubernetes.watch import Health, Informer
-from placement.model import ClusterName, ClusterState, JobId
+from placement.model import ClusterName, ClusterState, JobId, TenantId
 
 log = structlog.get_logger("gpufed.clusters.kubernetes")
 
@@ -88,6 +97,15 @@ class KubernetesBackend:
         self._volcano: bool | None = None
         self._tombstones = Tombstones(settings.tombstone_ttl_s)
         self._writer = GangWriter(self._api, config, self._call, self._created)
+        self._inspection = GangInspection(
+            config.name,
+            settings.namespace_prefix,
+            self._client,
+            timeouts,
+            None
+            if client is not None
+            else functools.partial(api_client, config.kubeconfig, config.context, pool_size=LOG_THREADS),
+        )
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
         self._statuses_memo: tuple[tuple[int, int, int, int, int], tuple[GangStatus, ...]] | None = None
         self._warned_unpriced: set[tuple[str, str]] = set()
@@ -144,6 +162,7 @@ class KubernetesBackend:
             if not await loop.run_in_executor(self._executor, informer.join, 10.0):
                 self._log.error("watch_thread_stuck", watch=informer.name)
         await loop.run_in_executor(None, functools.partial(self._executor.shutdown, cancel_futures=True))
+        self._inspection.close()
         self._api.close()
         self._log.debug("backend_closed")
 
@@ -270,6 +289,17 @@ class KubernetesBackend:
         early.
         """
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=reason)
+
+    # ---- clusters.api.GangInspector (describe and logs; clusters.kubernetes.logs) ----------------
+
+    async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        return await self._inspection.replicas(tenant, job_id, attempt)
+
+    async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
+        return await self._inspection.events(tenant, job_id, attempt)
+
+    def pod_log(self, tenant: TenantId, replica: ReplicaState, options: LogOptions) -> AsyncIterator[bytes]:
+        return self._inspection.pod_log(tenant, replica, options)
 
     # ---- beyond the protocol ---------------------------------------------------------------------
 
