@@ -74,13 +74,13 @@ def _job(server: ServerProcess, tenant: str) -> str:
         return admin.submit(manifest("matrix", gpu="B200", tenant=tenant)).job_id
 
 
-def _dataset(server: ServerProcess, tenant: str) -> str:
-    """A dataset of `tenant`, registered by the admin (again: a no-op)."""
+def _dataset(server: ServerProcess, tenant: str, name: str | None = None) -> str:
+    """A dataset of `tenant`, registered by the admin (again: a no-op). Names are per tenant: the
+    reference `tenant/name` is the one every caller may use."""
+    name = name or f"m-{tenant}"
     with server.client("admin") as admin:
-        DatasetsClient(admin).register(
-            f"m-{tenant}", "v1", store="lab", prefix=f"data/{tenant}/", tenant=tenant
-        )
-    return f"m-{tenant}"
+        DatasetsClient(admin).register(name, "v1", store="lab", prefix=f"data/{tenant}/", tenant=tenant)
+    return f"{tenant}/{name}"
 
 
 def _plan_request(server: ServerProcess, tenant: str) -> Any:
@@ -337,6 +337,71 @@ def test_another_tenants_job_and_a_missing_job_get_the_same_whole_answer(
 def _median_s(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[len(ordered) // 2]
+
+
+# Dataset calls (issue 16): alice naming nlp's unshared dataset, and naming one nlp does not have.
+BY_DATASET: dict[str, Callable[[GpufedClient, str], Any]] = {
+    "GetDataset": lambda c, ref: DatasetsClient(c).get(ref),
+    "SyncDataset": lambda c, ref: DatasetsClient(c).sync(ref, store="lab-cache", dry_run=True),
+    "GetSyncStatus": lambda c, ref: DatasetsClient(c).status(ref),
+    "EvictDataset": lambda c, ref: DatasetsClient(c).evict(ref, store="lab-cache"),
+    "VerifyDataset": lambda c, ref: DatasetsClient(c).verify(ref, store="lab", repair=False),
+    "SyncDataset/version": lambda c, ref: DatasetsClient(c).sync(ref, version="v1", store="lab-cache"),
+}
+
+
+@pytest.mark.parametrize("call", list(BY_DATASET))
+@pytest.mark.parametrize("role", ["member", "finance"])
+def test_another_tenants_dataset_and_a_missing_one_get_the_same_whole_answer(
+    server: ServerProcess, call: str, role: str
+) -> None:
+    theirs_ref = _dataset(server, OTHER, "m-kept")
+    missing_ref = f"{OTHER}/m-none"
+    with server.client(ROLES[role]) as client:
+        theirs = _answer(lambda: BY_DATASET[call](client, theirs_ref), theirs_ref)
+        nobodys = _answer(lambda: BY_DATASET[call](client, missing_ref), missing_ref)
+    assert theirs == nobodys
+    assert theirs[0] == "NOT_FOUND"
+
+
+def test_registering_a_name_another_tenant_uses_answers_as_a_fresh_name(server: ServerProcess) -> None:
+    """With global names, alice registering `m-used` (nlp's) was told it is "taken": an existence
+    oracle. Names are per tenant: she gets a dataset of her own, as for a name nobody uses."""
+    used = _dataset(server, OTHER, "m-used")
+    with server.client("alice") as alice:
+        datasets = DatasetsClient(alice)
+        answers = []
+        for name in ("m-used", "m-free"):
+            reply = datasets.register(name, "v1", store="lab", prefix=f"data/{OWN}/")
+            answers.append((reply.dataset.replace(name, "<name>"), reply.size_bytes, reply.object_count))
+        assert answers[0] == answers[1] == (f"{OWN}/<name>", len(OWN) * 100, 1)
+        assert datasets.get("m-used").tenant == OWN
+        assert datasets.get(f"{OWN}/m-used").name == f"{OWN}/m-used"
+        assert _code(lambda: datasets.get(used)) == NF
+    with server.client("admin") as admin:
+        owners = {d.name: d.tenant for d in DatasetsClient(admin).list().datasets}
+    assert (owners[f"{OWN}/m-used"], owners[used]) == (OWN, OTHER)
+
+
+def test_another_tenants_dataset_and_a_missing_one_take_the_same_time(server: ServerProcess) -> None:
+    """Interleaved GetDataset calls, as for jobs below: both read the same two etcd keys."""
+    theirs, missing = _dataset(server, OTHER, "m-timed"), f"{OTHER}/m-nowhere"
+    ratios = []
+    with server.client("alice") as alice:
+        datasets = DatasetsClient(alice)
+        for _ in range(3):
+            timings: dict[str, list[float]] = {theirs: [], missing: []}
+            for i in range(150):
+                for ref in (theirs, missing) if i % 2 else (missing, theirs):
+                    started = time.perf_counter()
+                    assert _code(lambda ref=ref: datasets.get(ref)) == NF
+                    timings[ref].append(time.perf_counter() - started)
+                time.sleep(0.025)
+            ratio = _median_s(timings[theirs]) / _median_s(timings[missing])
+            ratios.append(round(ratio, 3))
+            if 0.75 <= ratio <= 1.33:
+                return
+    pytest.fail(f"another tenant's dataset and a missing one answer in different times: ratios {ratios}")
 
 
 def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: ServerProcess) -> None:
