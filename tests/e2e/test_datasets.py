@@ -164,7 +164,7 @@ def test_a_job_stages_its_dataset_to_the_cloud_and_the_next_one_reuses_the_copy(
         assert sync.progress.bytes_done == sync.progress.bytes_total == total
         # The copy in the cloud store is the data, byte for byte.
         want = {p.removeprefix("vision/mini/v1/"): hashlib.sha256(d).hexdigest() for p, d in objects.items()}
-        assert _hashes(up, "s3-us-east-1", "gpufed-cache/mini/v1/") == want
+        assert _hashes(up, "s3-us-east-1", "gpufed-cache/vision/mini/v1/") == want
 
         second = _run_job(alice, "mini", "reuses")
         assert second.phase == pb.JOB_PHASE_SUCCEEDED, second.message
@@ -184,7 +184,7 @@ def test_a_job_stages_its_dataset_to_the_cloud_and_the_next_one_reuses_the_copy(
         assert home.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert datasets.evict("mini", store="s3-us-east-1").freed_bytes == total
         assert not datasets.get("mini").copies
-        assert _hashes(up, "s3-us-east-1", "gpufed-cache/mini/v1/") == {}
+        assert _hashes(up, "s3-us-east-1", "gpufed-cache/vision/mini/v1/") == {}
 
     status = subprocess.run(
         [sys.executable, "-m", "federation", "--state-dir", str(up.state_dir), "--user", "alice",
@@ -203,26 +203,28 @@ def test_datasets_stay_within_their_tenant_unless_shared(up: Embedded) -> None:
         mine, theirs = DatasetsClient(alice), DatasetsClient(bob)
         mine.register("secret", "v1", store="onprem-s3", prefix="vision/secret/v1/")
         mine.register("open", "v1", store="onprem-s3", prefix="vision/open/v1/", shared_with=["nlp"])
-        for call in (
-            lambda: theirs.get("secret"),
-            lambda: theirs.status("secret"),
-            lambda: theirs.sync("secret", store="s3-us-east-1", dry_run=True),
-            lambda: theirs.evict("secret", store="s3-us-east-1"),
-        ):
-            with pytest.raises(grpc.RpcError) as caught:
-                call()
-            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        # Another tenant's dataset is named `tenant/name`; a bare name is always the caller's own.
+        for ref in ("vision/secret", "secret"):
+            for call in (
+                lambda ref=ref: theirs.get(ref),
+                lambda ref=ref: theirs.status(ref),
+                lambda ref=ref: theirs.sync(ref, store="s3-us-east-1", dry_run=True),
+                lambda ref=ref: theirs.evict(ref, store="s3-us-east-1"),
+            ):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call()
+                assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         names = {d.name for d in theirs.list().datasets}
-        assert "open" in names
-        assert "secret" not in names
-        assert theirs.get("open").tenant == "vision"
+        assert "vision/open" in names
+        assert "vision/secret" not in names
+        assert theirs.get("vision/open").tenant == "vision"
         with pytest.raises(grpc.RpcError) as caught:
-            theirs.evict("open", store="s3-us-east-1")  # shared to use, not to manage
+            theirs.evict("vision/open", store="s3-us-east-1")  # shared to use, not to manage
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(grpc.RpcError) as caught:
             theirs.list(tenant="vision")
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert {"open", "secret"} <= {d.name for d in DatasetsClient(admin).list().datasets}
+        assert {"vision/open", "vision/secret"} <= {d.name for d in DatasetsClient(admin).list().datasets}
 
 
 def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(up: Embedded) -> None:
@@ -234,7 +236,13 @@ def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(u
         before = bob.list_all()
         # alice's unshared dataset reads exactly like one that does not exist; a version that does not
         # exist is refused too; and the same, whatever the idempotency key.
-        for ref in ("private@v1", "private", "no-such-data@v1", "public@v9"):
+        for ref in (
+            "vision/private@v1",
+            "vision/private",
+            "private@v1",
+            "no-such-data@v1",
+            "vision/public@v9",
+        ):
             spec = manifest("peek", gpu="A100", duration="1s", extra_spec=f"  dataset: {ref}\n")
             with pytest.raises(grpc.RpcError) as caught:
                 bob.submit(spec, idempotency_key=f"peek-{ref}")
@@ -244,8 +252,8 @@ def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(u
             assert ref.split("@")[0] in details
         assert bob.list_all() == before, "a refused job must not be stored"
         # Shared with bob's tenant: accepted, and it runs (its home store is the cluster's).
-        spec = manifest("shared", gpu="A100", duration="1s", extra_spec="  dataset: public@v1\n")
-        accepted = bob.submit(spec, idempotency_key="peek-public@v1")
+        spec = manifest("shared", gpu="A100", duration="1s", extra_spec="  dataset: vision/public@v1\n")
+        accepted = bob.submit(spec, idempotency_key="peek-vision/public@v1")
         assert accepted.created
         job = wait_for(
             lambda: (j := bob.get(accepted.job_id)).phase in FINAL and j, timeout_s=60, interval_s=0.3
@@ -254,8 +262,60 @@ def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(u
         # The refused submission's key was not kept: shared now (with a new version; sharing is per
         # dataset), the same key makes a new job, accepted at once although the server's view is older.
         mine.register("private", "v2", store="onprem-s3", prefix="vision/private/v1/", shared_with=["nlp"])
-        spec = manifest("peek", gpu="A100", duration="1s", extra_spec="  dataset: private@v1\n")
-        assert bob.submit(spec, idempotency_key="peek-private@v1").created
+        spec = manifest("peek", gpu="A100", duration="1s", extra_spec="  dataset: vision/private@v1\n")
+        assert bob.submit(spec, idempotency_key="peek-vision/private@v1").created
+
+
+def test_two_tenants_datasets_of_one_name_are_two_and_each_job_stages_its_own(up: Embedded) -> None:
+    """Issue 16: dataset names are per tenant. alice (vision) and bob (nlp) each register `twin`, with
+    different data; a bare `twin` is the job's own tenant's, `vision/twin` is alice's for whom she shared
+    it with, and for anyone else reads exactly like a dataset that does not exist."""
+    ours, theirs = os.urandom(50_000), os.urandom(60_000)
+    _put(up, "onprem-s3", {"vision/twin/v1/a.bin": ours, "nlp/twin/v1/a.bin": theirs})
+    cloud = "s3-us-east-1"
+    with up.client("alice") as alice, up.client("bob") as bob:
+        mine, bobs = DatasetsClient(alice), DatasetsClient(bob)
+        first = mine.register("twin", "v1", store="onprem-s3", prefix="vision/twin/v1/")
+        second = bobs.register("twin", "v1", store="onprem-s3", prefix="nlp/twin/v1/")  # not "taken"
+        assert (first.dataset, second.dataset) == ("vision/twin", "nlp/twin")
+        assert (mine.get("twin").tenant, bobs.get("twin").tenant) == ("vision", "nlp")
+        assert mine.get("twin").versions[0].manifest_digest != bobs.get("twin").versions[0].manifest_digest
+
+        job = _run_job(alice, "twin@v1", "twin-a")
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
+        assert "STAGING" in _phases(job)
+        assert _hashes(up, cloud, "gpufed-cache/vision/twin/v1/") == {
+            "a.bin": hashlib.sha256(ours).hexdigest()
+        }
+        assert _hashes(up, cloud, "gpufed-cache/nlp/twin/v1/") == {}
+
+        # bob naming alice's unshared `twin` is told what naming nothing tells him.
+        answers = []
+        for ref in ("vision/twin@v1", "vision/elsewhere@v1"):
+            spec = manifest("peek", gpu="H100", duration="1s", extra_spec=f"  dataset: {ref}\n")
+            with pytest.raises(grpc.RpcError) as caught:
+                bob.submit(spec)
+            answers.append((caught.value.code(), (caught.value.details() or "").replace(ref, "<ref>")))
+        assert answers[0] == answers[1]
+        assert answers[0][0] == grpc.StatusCode.FAILED_PRECONDITION
+
+        job = _run_job(bob, "twin@v1", "twin-b")
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
+        assert _hashes(up, cloud, "gpufed-cache/nlp/twin/v1/") == {
+            "a.bin": hashlib.sha256(theirs).hexdigest()
+        }
+        assert _hashes(up, cloud, "gpufed-cache/vision/twin/v1/") == {
+            "a.bin": hashlib.sha256(ours).hexdigest()
+        }
+
+        # Shared with bob's tenant, `vision/twin` is alice's data, from the copy already in the cloud.
+        mine.register("twin", "v2", store="onprem-s3", prefix="vision/twin/v1/", shared_with=["nlp"])
+        job = _run_job(bob, "vision/twin@v1", "twin-shared")
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
+        assert _phases(job) == ["ADMITTED", "DISPATCHED", "RUNNING", "SUCCEEDED"]
+        assert bobs.get("vision/twin").tenant == "vision"
+        assert {s.dataset for s in bobs.status("vision/twin", store=cloud).syncs} == {"vision/twin"}
+        assert {s.dataset for s in bobs.status("twin", store=cloud).syncs} == {"nlp/twin"}
 
 
 def test_a_sync_whose_source_object_is_gone_fails_the_job_naming_it(up: Embedded) -> None:
@@ -266,7 +326,7 @@ def test_a_sync_whose_source_object_is_gone_fails_the_job_naming_it(up: Embedded
         job = _run_job(alice, "broken@v1", "broken")
         assert job.phase == pb.JOB_PHASE_FAILED
         assert _phases(job) == ["ADMITTED", "STAGING", "FAILED"]
-        assert "sync of broken@v1 to s3-us-east-1 failed" in job.message
+        assert "sync of vision/broken@v1 to s3-us-east-1 failed" in job.message
         assert "gone.bin" in job.message
         (sync,) = DatasetsClient(alice).status("broken").syncs
         assert sync.state == "failed"
