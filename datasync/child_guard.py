@@ -2,7 +2,11 @@
 
 `gpufed up` starts etcd, SeaweedFS and the simulator as processes of their own. A parent that is
 SIGKILLed runs no cleanup, so each child asks the kernel to kill it when its parent dies
-(`prctl(PR_SET_PDEATHSIG)`, set between fork and exec). That covers the parent's death, not the
+(`prctl(PR_SET_PDEATHSIG)`). Not from a `preexec_fn`: that makes subprocess fork() rather than
+vfork(), which runs gRPC's fork handlers in the child, and with gRPC's threads running they aborted
+the child (SIGABRT, "epoll_wait error: Bad file descriptor"). The child instead starts as a small
+Python shim that sets the signal and execs the real command (the setting survives exec), so the
+process keeps its pid and, from then on, its own command line. That covers the parent's death, not the
 machine's: each child also leaves a pid file beside its data, holding its pid and its command line,
 so the next start can find a child that survived anyway (a crash on another kernel path, a parent
 that was a thread which ended) and stop it before it holds a lock or a port the new one needs. A pid
@@ -16,12 +20,12 @@ Here in datasync, the lowest layer that starts processes, so that `datasync.seaw
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,24 +45,25 @@ class Leftover:
         return f"pid {self.pid} ({' '.join(self.command[:2])}, from {self.pid_file})"
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A `preexec_fn` that has the kernel SIGKILL the child when the forking thread's process dies.
+# argv: parent pid, then the command. -I -S: no site, no user paths; ctypes only.
+_SHIM = (
+    "import ctypes,os,sys\n"
+    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def die_with_parent(command: Sequence[str]) -> list[str]:
+    """`command` wrapped so that the kernel SIGKILLs it when the process spawning it dies.
 
     PR_SET_PDEATHSIG follows the *thread* that forked: a child spawned from a worker thread dies when
     that thread ends. asyncio's default executor keeps its threads until the loop closes, which is
-    also when `gpufed up` stops its children, so that is the lifetime wanted here.
+    also when `gpufed up` stops its children, so that is the lifetime wanted here. The check of the
+    parent pid covers a parent that died before the signal was set (then none would ever come).
+    `command[0]` must be a path (execv does not search PATH).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        # The parent may have died between fork and prctl; then no signal will ever come.
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+    return [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), *command]
 
 
 def write_pid_file(path: Path, pid: int, command: Sequence[str]) -> None:

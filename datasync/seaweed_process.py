@@ -244,11 +244,10 @@ class SeaweedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         command = self._command(identities)
         self._proc = subprocess.Popen(
-            command,
+            die_with_parent(command),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
             env=env,
             cwd=self.data_dir,
         )

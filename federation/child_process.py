@@ -67,11 +67,7 @@ class ChildProcess:
         self._log = self.log_path.open("ab")
         self._log_start = self._log.tell()
         self._proc = subprocess.Popen(
-            list(command),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
+            die_with_parent(command), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
         if self.pid_file is not None:
             write_pid_file(self.pid_file, self._proc.pid, command)
