@@ -80,19 +80,19 @@ def test_a_damaged_copy_is_caught_before_the_next_job_runs_and_repaired(up: Embe
         first = _run_job(alice, "trust@v1", "first")
         assert first.phase == pb.JOB_PHASE_SUCCEEDED, first.message
         assert "STAGING" in _phases(first)
-        assert _hashes(up, CLOUD, "gpufed-cache/trust/v1/") == _want("trust", objects)
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/trust/v1/") == _want("trust", objects)
 
         # A third party on the cloud bucket deletes one object and overwrites another, same size.
         bucket = third_party(up, CLOUD)
-        obstore.delete(bucket, "gpufed-cache/trust/v1/c.json")
-        obstore.put(bucket, "gpufed-cache/trust/v1/b.bin", os.urandom(70_000))
-        assert _hashes(up, CLOUD, "gpufed-cache/trust/v1/") != _want("trust", objects)
+        obstore.delete(bucket, "gpufed-cache/vision/trust/v1/c.json")
+        obstore.put(bucket, "gpufed-cache/vision/trust/v1/b.bin", os.urandom(70_000))
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/trust/v1/") != _want("trust", objects)
 
         second = _run_job(alice, "trust@v1", "second")
         assert second.phase == pb.JOB_PHASE_SUCCEEDED, second.message
         # Caught before dispatch: the job staged again instead of running on the damaged copy.
         assert _phases(second) == ["ADMITTED", "STAGING", "DISPATCHED", "RUNNING", "SUCCEEDED"]
-        assert _hashes(up, CLOUD, "gpufed-cache/trust/v1/") == _want("trust", objects)
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/trust/v1/") == _want("trust", objects)
         (sync,) = datasets.status("trust", store=CLOUD).syncs
         assert (sync.state, sync.verified) == ("done", True)
         # Only the two bad objects were copied again; the good one was trusted from etcd's record.
@@ -114,21 +114,27 @@ def test_dataset_verify_rehashes_a_copy_reports_and_repairs_it(up: Embedded) -> 
     assert clean.returncode == 0, clean.stderr
     assert "3 objects checked; all match the manifest" in clean.stdout
 
-    obstore.put(third_party(up, CLOUD), "gpufed-cache/verif/v1/a.bin", os.urandom(300_000))
+    obstore.put(third_party(up, CLOUD), "gpufed-cache/vision/verif/v1/a.bin", os.urandom(300_000))
     report = _cli(up, "alice", "dataset", "verify", "verif@v1", "--store", CLOUD, "--no-repair")
     assert report.returncode == 1, report.stdout + report.stderr
     assert "wrong sha256: a.bin" in report.stdout
     assert "STILL DAMAGED" in report.stdout
-    assert _hashes(up, CLOUD, "gpufed-cache/verif/v1/") != _want("verif", objects)
+    assert _hashes(up, CLOUD, "gpufed-cache/vision/verif/v1/") != _want("verif", objects)
 
     repaired = _cli(up, "alice", "dataset", "verify", "verif@v1", "--store", CLOUD)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert "1 bad, 1 repaired; whole now" in repaired.stdout
-    assert _hashes(up, CLOUD, "gpufed-cache/verif/v1/") == _want("verif", objects)
+    assert _hashes(up, CLOUD, "gpufed-cache/vision/verif/v1/") == _want("verif", objects)
     # Another tenant cannot even see it; the home copy verifies too (without repair).
-    other = _cli(up, "bob", "dataset", "verify", "verif@v1", "--store", CLOUD)
+    other = _cli(up, "bob", "dataset", "verify", "vision/verif@v1", "--store", CLOUD)
     assert other.returncode != 0
     assert "not found" in other.stderr
+    # ... nor tell it from a dataset that does not exist (issue 16): the same words, name aside.
+    nothing = _cli(up, "bob", "dataset", "verify", "vision/nothing@v1", "--store", CLOUD)
+    assert (nothing.returncode, nothing.stderr.replace("nothing", "verif")) == (
+        other.returncode,
+        other.stderr,
+    )
     home = _cli(up, "alice", "dataset", "verify", "verif@v1", "--store", "onprem-s3", "--no-repair")
     assert home.returncode == 0, home.stderr
 
@@ -142,7 +148,7 @@ def test_registration_is_limited_to_granted_prefixes_and_admin_grants_are_audite
         assert other.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "vision/" in str(other.value.details())  # it says what the tenant may use
         with pytest.raises(grpc.RpcError) as cache:
-            mine.register("cached", "v1", store="onprem-s3", prefix="gpufed-cache/trust/v1/")
+            mine.register("cached", "v1", store="onprem-s3", prefix="gpufed-cache/vision/trust/v1/")
         assert cache.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as outside:
             mine.register("set", "v1", store="onprem-s3", prefix="shared/vision/")
@@ -191,11 +197,11 @@ def test_a_new_version_copies_only_what_changed_and_evicting_the_old_one_leaves_
         assert (p.objects_reused, p.objects_copied, p.objects_failed) == (2, 1, 0), p
         assert p.bytes_transferred == len(b"changed" * 100)
         want = {k.removeprefix("vision/grow/v2/"): hashlib.sha256(d).hexdigest() for k, d in v2.items()}
-        assert _hashes(up, CLOUD, "gpufed-cache/grow/v2/") == want
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/grow/v2/") == want
         wait_for(lambda: all(not c.pinned_by for c in datasets.get("grow").copies), timeout_s=15)
         datasets.evict("grow", version="v1", store=CLOUD)
-        assert _hashes(up, CLOUD, "gpufed-cache/grow/v1/") == {}
-        assert _hashes(up, CLOUD, "gpufed-cache/grow/v2/") == want
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/grow/v1/") == {}
+        assert _hashes(up, CLOUD, "gpufed-cache/vision/grow/v2/") == want
 
 
 def test_a_shared_datasets_copies_and_syncs_name_only_jobs_the_caller_may_read(up: Embedded) -> None:
@@ -205,9 +211,9 @@ def test_a_shared_datasets_copies_and_syncs_name_only_jobs_the_caller_may_read(u
         DatasetsClient(alice).register(
             "pub", "v1", store="onprem-s3", prefix="vision/pub/v1/", shared_with=["nlp"]
         )
-        job = _run_job(bob, "pub@v1", "bobs")
+        job = _run_job(bob, "vision/pub@v1", "bobs")
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message
-        (theirs,) = DatasetsClient(bob).status("pub", store=CLOUD).syncs
+        (theirs,) = DatasetsClient(bob).status("vision/pub", store=CLOUD).syncs
         assert (list(theirs.job_ids), theirs.other_job_count) == ([job.job_id], 0)
         (mine,) = DatasetsClient(alice).status("pub", store=CLOUD).syncs
         # Alice owns the data, not bob's job: she learns that one job of another tenant used it.
