@@ -267,4 +267,4 @@ def accepts_json(accept: str) -> bool:
     if not accept.strip():
         return True
     media = [part.split(";", 1)[0].strip() for part in accept.split(",")]
-    return any(m in ("application/json", "*/*", "application/*") for m in media)
+    return any(m in ("application/json", "application/yaml", "*/*", "application/*") for m in media)

@@ -213,6 +213,14 @@ class ApiServer:
     async def _resource(
         self, request: web.Request, group: str, version: str, tail: str
     ) -> web.StreamResponse:
+        if not openapi.accepts_json(request.headers.get("Accept", "")):
+            # A real server could answer in protobuf; the simulator answers only JSON, so it says so.
+            raise ApiError(
+                406,
+                "NotAcceptable",
+                "only the following media types are accepted: application/json, application/yaml; "
+                f"not {request.headers.get('Accept')}",
+            )
         parts = [p for p in tail.split("/") if p]
         namespace: str | None = None
         if len(parts) >= 3 and parts[0] == "namespaces" and lookup(group, version, parts[2]) is not None:
