@@ -175,3 +175,19 @@ def test_kubectl_apply_of_a_list_validates_items_with_openapi_v2(
     bad = {"apiVersion": "v1", "kind": "List", "items": [{**items[0], "metadata": {"name": "m"}, "dta": {}}]}
     refused = kubectl(tmp_path, "apply", "-f", "-", stdin=json.dumps(bad), ok=False)
     assert 'unknown field "dta"' in refused.stderr
+
+
+def test_a_client_that_takes_only_protobuf_answers_gets_406(sim: ThreadedSim) -> None:
+    # The simulator reads protobuf but answers only JSON; a real server would answer in protobuf.
+    only = urllib.request.Request(
+        sim.url + "/api/v1/pods", headers={"Accept": "application/vnd.kubernetes.protobuf"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(only, timeout=10)
+    assert info.value.code == 406
+    assert json.loads(info.value.read())["reason"] == "NotAcceptable"
+    either = urllib.request.Request(
+        sim.url + "/api/v1/pods", headers={"Accept": "application/vnd.kubernetes.protobuf,application/json"}
+    )
+    with urllib.request.urlopen(either, timeout=10) as response:
+        assert json.loads(response.read())["kind"] == "PodList"
