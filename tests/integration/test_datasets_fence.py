@@ -48,7 +48,8 @@ OBJECTS = 8
 SIZE = 256 * KIB
 # About 1 s per sync: long enough to act while it runs.
 SLOW = SyncOptions(concurrency=2, bandwidth_bytes_per_s=2 * 1024 * 1024)
-KEY = CopyKey(StoreName("cloud"), DatasetName("race"), VersionId("v1"))
+# The registry names vision's `race` vision/race (names are per tenant).
+KEY = CopyKey(StoreName("cloud"), DatasetName("vision/race"), VersionId("v1"))
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,9 @@ async def world(
         manifest.digest, manifest.total_size_bytes, manifest.object_count, created_at_s=1.0,
     )  # fmt: skip
     registry = DatasetRegistry(etcd_kv)
-    await registry.add_version(TenantId("vision"), version, manifest, frozenset())
+    dataset, _ = await registry.add_version(TenantId("vision"), version, manifest, frozenset())
+    version = dataset.versions[0]
+    assert version.dataset == KEY.dataset
     w = World(etcd_kv, registry, SyncRecords(etcd_kv), env, version, [])
     w.leader(tmp_path)
     # Start from an empty cache: a previous test's copy of the same key must not count.
