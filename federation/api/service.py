@@ -53,7 +53,7 @@ from federation.records import SchedulingSettings, TenantRecord
 from federation.spec import manifest_digest, parse_manifest
 from federation.store import JobStore, Stored
 from federation.validate import free_text
-from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId
+from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId, WaitReason
 
 log = structlog.get_logger("gpufed.api")
 
@@ -393,7 +393,11 @@ class JobService(pb_grpc.JobServiceServicer):
         async def body(who: Principal, req: pb.ExplainJobRequest) -> pb.ExplainJobResponse:
             redactor = self.redactor(who)
             job = redactor.job((await self._visible_job(who, req.job_id)).value)
-            reasons = await self._store.get_wait_reasons(job.job_id) if job.phase is JobPhase.QUEUED else ()
+            reasons: tuple[WaitReason, ...] = ()
+            if job.phase is JobPhase.QUEUED:
+                # Reasons are read from etcd: within the caller's read limit.
+                self._read_limiter.admit(who.user)
+                reasons = await self._store.get_wait_reasons(job.job_id)
             reasons = redactor.reasons(reasons)
             return pb.ExplainJobResponse(
                 job_id=job.job_id,
