@@ -73,7 +73,9 @@ class AuthLimits:
                 self._failed(address)
                 raise Unauthenticated("unknown or revoked token")
             del self._unknown[digest]
-        wait_s = self._failures.wait_s(address)
+        # No peer: an open stream re-checking the token it was opened with, not a new attempt. Its
+        # failures are no one's to charge, and must not lock other streams out of their re-checks.
+        wait_s = self._failures.wait_s(address) if address else None
         if wait_s is not None:
             raise RateLimited(f"too many failed authentications from {address}; retry in {wait_s:.2f}s")
 
@@ -91,4 +93,5 @@ class AuthLimits:
         self._unknown.pop(token_digest(token), None)
 
     def _failed(self, address: str) -> None:
-        self._failures.take(address)
+        if address:
+            self._failures.take(address)

@@ -161,3 +161,15 @@ def test_no_read_limit_when_turned_off() -> None:
     limiter = ReadRateLimiter(0, 1, Clock())
     for _ in range(1000):
         limiter.admit("alice")
+
+
+async def test_stream_rechecks_without_a_peer_lock_no_one_out(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    """Open streams re-check their tokens with no peer: revoked ones fail, the others keep going."""
+    auth, _, clock = world
+    for i in range(3 * 20):
+        with pytest.raises(Unauthenticated):
+            await auth.authenticate(bearer(f"revoked-{i}"), max_age_s=4.0)
+    clock.now += 10  # past the positive cache: alice's stream must look her token up again
+    assert (await auth.authenticate(bearer("alice-token"), max_age_s=4.0)).user == "alice"
