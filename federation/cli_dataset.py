@@ -102,7 +102,11 @@ def sync_text(s: pb.SyncStatus) -> str:
 def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     @cli.group()
     def dataset() -> None:
-        """Datasets: versions with manifests in a home store, copies near clusters, syncs."""
+        """Datasets: versions with manifests in a home store, copies near clusters, syncs.
+
+        Names are per tenant: NAME is your tenant's dataset, TENANT/NAME one another tenant shared
+        with yours.
+        """
 
     @dataset.command(name="register")
     @click.argument("ref", metavar="NAME@VERSION")
@@ -115,7 +119,8 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     def register_cmd(
         opts: Any, ref: str, store: str, prefix: str, shared: tuple[str, ...], tenant: str
     ) -> None:
-        """Hash every object under PREFIX into a manifest and register it as NAME@VERSION."""
+        """Hash every object under PREFIX into a manifest and register it as NAME@VERSION (a name in
+        your tenant's namespace: another tenant's dataset of the same name is another dataset)."""
         name, _, version = ref.partition("@")
         with opts.client() as client:
             reply = DatasetsClient(client).register(

@@ -3,7 +3,7 @@ submitted, rather than admitted, placed and then failed by STAGING minutes later
 
 The submit path is benchmarked (hundreds of submissions a second), so the check reads a view of the
 registry's datasets kept in memory and re-read at most every few seconds, as `TenantDirectory` does for
-tenants. A reference the view cannot vouch for costs one etcd read of that dataset's key before it is
+tenants. A reference the view cannot vouch for costs one etcd lookup of that dataset before it is
 refused: the view may trail a registration or a share made a moment ago on this or another server, and a
 job must not be refused for that. Accepted references never read etcd between refreshes.
 
