@@ -119,6 +119,8 @@ class _Cycle:
     # -- step 3 and 4: gates and quota
 
     def decide(self, gang: GangRequest) -> None:
+        # GPUs held for this gang since the cycle began (its victims' of earlier cycles) are its own.
+        self.room.ordered.release(gang.job_id)
         gates = self._gates(gang)
         if gates:
             self.waiting.append(Waiting(gang.job_id, tuple(gates)))

@@ -7,8 +7,8 @@ In this order, the first that applies:
    GPUs the gang will use are held for it at once, so that later gangs of the cycle do not take them
    while the victims finish their grace period; the gang itself is admitted in a later cycle, once
    the victims are gone. Victims ordered out by an earlier cycle count the same way until they
-   are gone or the order is withdrawn (`RunningGang.evicted_for`): their beneficiary evicts no one
-   new and waits, holding only what it needs beyond them, and no other gang counts on them.
+   are gone (`RunningGang.evicted_for`, `placement.ordered`): their beneficiary evicts no one new
+   and waits, holding only what it needs beyond them, and no other gang counts on them.
 2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`).
 3. Ask a scalable pool for enough new nodes for the whole gang (`capacity`).
 4. Reserve a start for the first such gang of the cycle (`backfill`).
@@ -30,7 +30,6 @@ from placement.model import (
     ClusterName,
     GangRequest,
     GpuType,
-    JobId,
     Preemption,
     PreemptionReason,
     Reservation,
@@ -41,6 +40,7 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.ordered import OrderedEvictions
 from placement.preempt import Candidate, RunningIndex, choose_victims
 from placement.quota import QuotaBook
 
@@ -76,14 +76,8 @@ class Room:
                 key = (tenant, gpu_type)
                 self.lowest_priority[key] = min(gangs[0][0].priority, self.lowest_priority.get(key, 1 << 62))
                 self.evictable_tenants.setdefault(gpu_type, set()).add(tenant)
-        # Gangs evicted for a queued gang by an earlier cycle, by beneficiary: claimed for it at once,
-        # so that no other preemptor counts on them; the beneficiary orders no one new while they leave.
-        queued = {g.job_id for g in snapshot.queued}
-        self.ordered: dict[JobId, list[RunningGang]] = {}
-        for gang in sorted(snapshot.running, key=lambda g: g.job_id):
-            if gang.terminating and gang.evicted_for is not None and gang.evicted_for in queued:
-                self.ordered.setdefault(gang.evicted_for, []).append(gang)
-                self.running.claimed.add(gang.job_id)
+        # Gangs evicted for a queued gang by an earlier cycle: theirs and their GPUs are that gang's.
+        self.ordered = OrderedEvictions(snapshot, inventory, self.running)
         self.growth = Growth(inventory.scalable)
         self.hold: Hold | None = None
         self._private_fits: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], list[Offer]] = {}
@@ -135,8 +129,12 @@ class Room:
         self, ctx: GangCost, shape: tuple[int, ...], groups: Sequence[tuple[GpuType, ...]]
     ) -> list[WaitReason]:
         notes: list[WaitReason] = []
-        if ctx.gang.job_id in self.ordered:
-            return [self._await_ordered(ctx)]
+        if ctx.gang.job_id in self.ordered.leaving:
+            gang = ctx.gang
+            reason, gpu_type = self.ordered.wait(gang, self.policy, self.now)
+            self.book.add(gang.tenant, gpu_type, gang.gpu_count)
+            self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
+            return [reason]
         if self.policy.preemption:
             for group in groups:
                 outcome = self._preempt(ctx, shape, group)
@@ -178,42 +176,6 @@ class Room:
                     WaitReason(Code.RESERVED, message, view.cluster, view.gpu_type, at_s=hold.start_at_s)
                 )
         return notes
-
-    def _await_ordered(self, ctx: GangCost) -> WaitReason:
-        """Wait for the gangs an earlier cycle ordered evicted for this one; evict no one new.
-
-        Their GPUs count as freed for the gang, wherever its cluster reports them (an evicted gang's
-        pods may still hold their nodes through the grace period, when its status no longer says
-        where): only the rest of what it needs is held from the free GPUs of that offer, so later
-        gangs of the cycle do not take them.
-        """
-        gang = ctx.gang
-        leaving = self.ordered[gang.job_id]
-        cluster, gpu_type = leaving[0].cluster, leaving[0].gpu_type
-        coming = sum(g.gpu_count for g in leaving if (g.cluster, g.gpu_type) == (cluster, gpu_type))
-        offers = self.inventory.search_order((gpu_type,), gang.allow_spot)
-        offer = next((o for o in offers if o.view.cluster == cluster), None)
-        if offer is not None:
-            short = max(0, gang.gpu_count - coming)
-            nodes = offer.nodes()
-            for index in sorted(range(len(nodes)), key=lambda i: (-nodes[i], i)):
-                if short <= 0:
-                    break
-                taken = min(short, nodes[index])
-                nodes[index] -= taken
-                short -= taken
-            self.inventory.set_nodes(offer, nodes)
-        self.book.add(gang.tenant, gpu_type, gang.gpu_count)
-        self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
-        grace_s = max(
-            self.policy.default_grace_period_s if g.grace_period_s is None else g.grace_period_s
-            for g in leaving
-        )
-        message = (
-            f"waiting for {len(leaving)} gangs ordered evicted for this job to leave cluster {cluster} "
-            f"({gpu_type}); their capacity is held for this job"
-        )
-        return WaitReason(Code.PREEMPTING, message, cluster, gpu_type, at_s=self.now + grace_s)
 
     def _end_of(self, job_id: str, ends_at_s: float | None, terminating: bool) -> float | None:
         if job_id in self.victim_ends:

@@ -124,3 +124,28 @@ def test_an_order_for_a_gang_no_longer_queued_frees_its_gpus_for_anyone() -> Non
     result = plan(ordered_for(snapshot, "gone", "v2", "v3"), now=NOW)
     assert result.preemptions == ()
     assert preempting(result, "llm")
+
+
+def test_gpus_freed_by_ordered_victims_go_to_their_beneficiary_not_to_a_gang_decided_first() -> None:
+    # v2 and v3 are gone from their nodes (free again) while their records still carry the order
+    # for llm. nlp's hotter 8-GPU gang is decided first (higher priority) and must not take them.
+    snapshot = (
+        a_snapshot()
+        .clusters(a_cluster("c1").pool("A100", free=(0, 0, 8, 8)))
+        .tenants(
+            a_tenant(VISION).quota("A100", guaranteed=16, borrow=16),
+            a_tenant(NLP).quota("A100", guaranteed=16, borrow=16),
+        )
+        .running("v0", tenant=VISION, nodes=[(POOL, 0, 8)], preemptible=False)
+        .running("v1", tenant=VISION, nodes=[(POOL, 1, 8)], preemptible=False)
+        .running("v2", tenant=VISION, gpus=8)
+        .running("v3", tenant=VISION, gpus=8)
+        .queue(
+            a_gang("hot").tenant(NLP).gang(1, gpus=8).priority(5000),
+            a_gang("llm").tenant(NLP).gang(2, gpus=8),
+        )
+        .build()
+    )
+    result = plan(ordered_for(snapshot, "llm", "v2", "v3", located=False), now=NOW)
+    assert [a.job_id for a in result.admissions] == ["llm"]
+    assert result.preemptions == ()
