@@ -7,6 +7,9 @@ The clusters are a simulated Kubernetes API in its own process, shared by both s
 clusters are; a watch on its pods, opened before anything runs, is the independent record of what
 ran. Whichever server holds the lease is the leader, so killing each in turn kills the leader at
 least every other time; the survivor takes over within the lease TTL.
+
+The etcd is one member, or a three-member cluster as a real deployment runs it; with the cluster, one
+member is also killed part-way through and started again later, under all of the above.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from federation.etcd_process import EtcdProcess
 from federation.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import PodRecorder, write_config
+from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +98,7 @@ class Submitter:
 
 
 def test_servers_killed_in_turn_lose_no_job_run_none_twice_and_keep_the_ledger_whole(
-    etcd: EtcdProcess, sims: SimProcess, tmp_path: Path
+    any_etcd: EtcdProcess | EtcdCluster, sims: SimProcess, tmp_path: Path
 ) -> None:
     config = write_config(
         tmp_path / "federation.yaml",
@@ -105,7 +109,7 @@ def test_servers_killed_in_turn_lose_no_job_run_none_twice_and_keep_the_ledger_w
         users=USERS,
     )
     servers = [
-        ServerProcess(etcd.endpoint, tmp_path / f"state-{name}", config=config, identity=name)
+        ServerProcess(any_etcd.endpoint, tmp_path / f"state-{name}", config=config, identity=name)
         for name in "ab"
     ]
     recorder = PodRecorder()
@@ -122,6 +126,10 @@ def test_servers_killed_in_turn_lose_no_job_run_none_twice_and_keep_the_ledger_w
             victim.kill()
             time.sleep(rng.uniform(0.0, 1.0))
             victim.start()
+            if isinstance(any_etcd, EtcdCluster) and kill == 1:
+                any_etcd.kill(0)  # the member both servers talk to first
+            if isinstance(any_etcd, EtcdCluster) and kill == 4:
+                any_etcd.restart(0)
         submitter.stop.set()
         submitter.thread.join(timeout=30)
         accepted = dict(submitter.accepted)

@@ -6,12 +6,18 @@ deadline instead of hanging. Both back: service resumes, and every job the serve
 there once and finishes. The member killed first is the one the server talks to (the first listed),
 the worst case. Figures (latency with one member down, time to UNAVAILABLE with two down, time to
 resume) are printed, and written to `<tmp>/figures.json`, for docs/reliability.md.
+
+And `gpufed serve` on a cluster that demands TLS client certificates: with `--etcd-cacert`,
+`--etcd-cert` and `--etcd-key` it serves (through a member's death too); with the CA alone it exits
+naming etcd.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +29,7 @@ import pytest
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.etcd_cluster import EtcdCluster
+from tests.etcd_cluster import EtcdCluster, make_certs
 
 pytestmark = pytest.mark.e2e
 
@@ -184,3 +190,31 @@ def test_one_member_down_costs_latency_two_fail_fast_and_their_return_loses_noth
     finally:
         server.stop()
         cluster.stop()
+
+
+def test_serve_on_a_tls_cluster_with_a_client_certificate_and_not_without(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    cluster = EtcdCluster(tmp_path / "etcd", tls=certs.server)
+    cluster.start()
+    assert certs.client.cert is not None
+    assert certs.client.key is not None
+    flags = ("--etcd-cacert", str(certs.client.ca), "--etcd-cert", str(certs.client.cert),
+             "--etcd-key", str(certs.client.key))  # fmt: skip
+    server = ServerProcess(cluster.endpoint, tmp_path / "state", extra_args=flags)
+    try:
+        server.start()
+        with server.client("alice") as alice:
+            job_id = alice.submit(manifest("over-tls", duration="1s"), idempotency_key="tls").job_id
+            cluster.kill(0)
+            wait_for(lambda: alice.get(job_id).phase == pb.JOB_PHASE_SUCCEEDED, timeout_s=60)
+    finally:
+        server.stop()
+    # The CA alone (no client certificate): etcd refuses the handshake, and serve says so and exits.
+    refused = subprocess.run(
+        [sys.executable, "-m", "federation", "--state-dir", str(tmp_path / "other"), "serve",
+         "--etcd", cluster.endpoint, "--etcd-cacert", str(certs.client.ca), "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    cluster.stop()
+    assert refused.returncode != 0
+    assert "etcd at" in refused.stderr, refused.stderr[-2000:]
