@@ -375,6 +375,13 @@ def test_registering_a_name_another_tenant_uses_answers_as_a_fresh_name(server: 
             reply = datasets.register(name, "v1", store="lab", prefix=f"data/{OWN}/")
             answers.append((reply.dataset.replace(name, "<name>"), reply.size_bytes, reply.object_count))
         assert answers[0] == answers[1] == (f"{OWN}/<name>", len(OWN) * 100, 1)
+        # Naming the other tenant's namespace is refused alike, whether the name is used there or not.
+        refused = [
+            _answer(lambda ref=ref: datasets.register(ref, "v1", store="lab", prefix=f"data/{OWN}/"), ref)
+            for ref in (used, f"{OTHER}/m-free")
+        ]
+        assert refused[0] == refused[1]
+        assert refused[0][0] == "INVALID_ARGUMENT"
         assert datasets.get("m-used").tenant == OWN
         assert datasets.get(f"{OWN}/m-used").name == f"{OWN}/m-used"
         assert _code(lambda: datasets.get(used)) == NF
