@@ -4,6 +4,7 @@ keeps its key and its copies, and a lookup reads the same keys whichever dataset
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,16 +22,25 @@ from datasync import (
     VersionId,
     dataset_to_json,
 )
-from federation.datasets import DatasetRegistry, cache_prefix, dataset_ref_field, placer_locations
+from federation.datasets import (
+    DatasetRegistry,
+    cache_prefix,
+    dataset_ref_field,
+    locations_reader,
+    placer_locations,
+    with_registry_locations,
+)
 from federation.datasets_check import DatasetCheck
 from federation.errors import FailedPrecondition, InvalidSpec
 from federation.jobspec import DatasetRef
 from federation.kv import KeyValue
 from federation.kv_memory import MemoryKv
 from federation.priorities import DEFAULT_PRIORITY_CLASSES
-from federation.records import SchedulingSettings
+from federation.records import DatasetLocation, SchedulingSettings
+from federation.snapshot import PlacerInputs, gang_request
 from federation.spec import parse_manifest
 from placement.model import TenantId
+from tests.conftest import build_job
 
 VISION, NLP, SPEECH = TenantId("vision"), TenantId("nlp"), TenantId("speech")
 
@@ -215,3 +225,33 @@ def test_a_job_names_its_tenants_dataset_or_a_shared_one(dataset: str, ref: Data
 def test_a_job_naming_a_malformed_reference_is_refused(dataset: str) -> None:
     with pytest.raises(InvalidSpec, match=r"^spec\.dataset"):
         parse_manifest(JOB.format(dataset=dataset), priority_classes=DEFAULT_PRIORITY_CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "ref", "store"),
+    [
+        pytest.param("vision", DatasetRef("imagenet", "v1"), "vision-home", id="own-registered"),
+        pytest.param("nlp", DatasetRef("imagenet", "v1"), "nlp-home", id="other-tenants-own"),
+        pytest.param("speech", DatasetRef("imagenet", "v1"), "config-home", id="config-for-the-rest"),
+        pytest.param("nlp", DatasetRef("vision/imagenet", "v1"), "vision-home", id="shared-by-name"),
+        pytest.param("vision", DatasetRef("imagenet"), "vision-home", id="latest"),
+    ],
+)
+async def test_the_placer_sees_the_dataset_the_jobs_tenant_means(
+    tenant: str, ref: DatasetRef, store: str
+) -> None:
+    registry = DatasetRegistry(MemoryKv())
+    for owner in (VISION, NLP):
+        record, m = version("imagenet", "v1", owner.encode(), store=f"{owner}-home")
+        await registry.add_version(owner, record, m, frozenset({NLP}) if owner == VISION else frozenset())
+    seed = SchedulingSettings(
+        datasets=(
+            DatasetLocation("imagenet@v1", "config-home", 1),
+            DatasetLocation("imagenet", "config-home", 1),
+        )
+    )
+    settings = with_registry_locations(seed, await locations_reader(registry)())
+    job = build_job("j", tenant=tenant, gpu="A100")
+    job = replace(job, spec=replace(job.spec, dataset=ref))
+    inputs = PlacerInputs(settings=settings, tenants=(), users={}, approvals=())
+    assert gang_request(job, inputs).dataset_store == store
