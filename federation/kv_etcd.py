@@ -68,7 +68,8 @@ def _unavailable_in_other_words(code: Any, details: str) -> bool:
 
 
 # What says a request never reached a member that could apply it: safe to send a write elsewhere.
-_NOT_SENT_DETAILS = ("failed to connect", "connection refused", "no leader", "not capable", "leader changed")
+# Not "leader changed": etcd says that of a proposal whose outcome it no longer knows.
+_NOT_SENT_DETAILS = ("failed to connect", "connection refused", "no leader", "not capable")
 _COMPARE_TARGETS = {
     CompareTarget.VERSION: rpc.Compare.VERSION,
     CompareTarget.CREATE: rpc.Compare.CREATE,
