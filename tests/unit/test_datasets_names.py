@@ -5,6 +5,7 @@ keeps its key and its copies, and a lookup reads the same keys whichever dataset
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +21,11 @@ from datasync import (
     StoreLocation,
     StoreName,
     VersionId,
+    build_manifest,
     dataset_to_json,
+    manifest_to_json,
 )
+from datasync.store_config import LocalStoreConfig
 from federation.datasets import (
     DatasetRegistry,
     cache_prefix,
@@ -31,6 +35,7 @@ from federation.datasets import (
     with_registry_locations,
 )
 from federation.datasets_check import DatasetCheck
+from federation.datasets_stores import StoreRecord
 from federation.errors import FailedPrecondition, InvalidSpec
 from federation.jobspec import DatasetRef
 from federation.kv import KeyValue
@@ -39,8 +44,10 @@ from federation.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.records import DatasetLocation, SchedulingSettings
 from federation.snapshot import PlacerInputs, gang_request
 from federation.spec import parse_manifest
+from federation.staging import GateKind
 from placement.model import TenantId
 from tests.conftest import build_job
+from tests.unit.test_datasets_staging import _world, staged_job
 
 VISION, NLP, SPEECH = TenantId("vision"), TenantId("nlp"), TenantId("speech")
 
@@ -255,3 +262,41 @@ async def test_the_placer_sees_the_dataset_the_jobs_tenant_means(
     job = replace(job, spec=replace(job.spec, dataset=ref))
     inputs = PlacerInputs(settings=settings, tenants=(), users={}, approvals=())
     assert gang_request(job, inputs).dataset_store == store
+
+
+async def test_a_dataset_from_before_is_staged_and_shared_as_before(tmp_path: Path) -> None:
+    """An old server's state: the dataset under /gpufed/datasets/<name> with its manifest. A job of its
+    tenant naming it bare stages it where the old server put its copies (gpufed-cache/<name>/<v>/), and
+    a job of the tenant it is shared with names it `owner/name` and uses that same copy."""
+    w = _world(tmp_path, MemoryKv())
+    await w.stores.put(StoreRecord("home", LocalStoreConfig(str(tmp_path / "home"))))
+    await w.stores.put(StoreRecord("cloud", LocalStoreConfig(str(tmp_path / "cloud"))))
+    try:
+        home = await w.stores.client("home")
+        await home.put("legacy/a.bin", b"L" * 2000)
+        built = await build_manifest(home, "legacy/")
+        record = DatasetVersion(
+            DatasetName("legacy"), VersionId("v1"), StoreLocation(StoreName("home"), "legacy/"),
+            built.digest, built.total_size_bytes, built.object_count, 1.0,
+        )  # fmt: skip
+        old = Dataset(DatasetName("legacy"), VISION, StoreName("home"), (record,), frozenset({NLP}))
+        await w.kv.put(b"/gpufed/datasets/legacy", dataset_to_json(old))
+        await w.kv.put(b"/gpufed/manifests/legacy/v1", manifest_to_json(built))
+
+        first = staged_job("first", "legacy")
+        assert (await w.stager.prepare(first)).kind is GateKind.STAGE
+        assert await w.settle(first) is GateKind.READY
+        assert (tmp_path / "cloud" / "gpufed-cache/legacy/v1/a.bin").read_bytes() == b"L" * 2000
+        shared = replace(staged_job("shared", "vision/legacy"), tenant=NLP)
+        assert (await w.stager.prepare(shared)).kind is GateKind.READY  # the same copy, now pinned
+        (copy,) = (await w.registry.copies("cloud")).copies
+        assert (copy.key.dataset, copy.pinned_by) == ("legacy", frozenset({"first", "shared"}))
+        # A bare `legacy` is nlp's own, and nlp has none: nothing of vision's is staged for it.
+        assert (
+            await w.stager.prepare(replace(staged_job("bare", "legacy"), tenant=NLP))
+        ).kind is GateKind.READY
+        (copy,) = (await w.registry.copies("cloud")).copies
+        assert "bare" not in copy.pinned_by
+    finally:
+        await w.stager.stop()
+        await w.stores.close()
