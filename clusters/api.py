@@ -61,6 +61,9 @@ class GangWorkload:
     sim_duration_s: float | None = None
     # Simulated backends end the gang with this exit code (non-zero fails it).
     sim_exit_code: int = 0
+    # Other `sim.gpufed.io/*` annotations of the job (an OOM kill, an image that never pulls), put
+    # on its pods for a simulated kubelet; a real kubelet ignores them.
+    sim_annotations: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:

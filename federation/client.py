@@ -165,6 +165,18 @@ class GpufedClient:
             pb.ExplainJobRequest(job_id=job_id), metadata=self._metadata, timeout=self._timeout_s
         )
 
+    def logs(self, request: pb.StreamLogsRequest, *, timeout_s: float | None = None) -> Iterator[pb.LogChunk]:
+        """A job's log chunks (federation.api.logs); the iterator can be `cancel()`ed."""
+        stream: Iterator[pb.LogChunk] = pb_grpc.LogsStub(self._channel).StreamLogs(
+            request, metadata=self._metadata, timeout=timeout_s
+        )
+        return stream
+
+    def describe(self, job_id: str) -> pb.JobDescription:
+        return pb_grpc.LogsStub(self._channel).DescribeJob(
+            pb.DescribeJobRequest(job_id=job_id), metadata=self._metadata, timeout=self._timeout_s
+        )
+
     def whoami(self) -> pb.Identity:
         return self._fed.WhoAmI(pb.WhoAmIRequest(), metadata=self._metadata, timeout=self._timeout_s)
 

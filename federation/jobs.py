@@ -148,6 +148,9 @@ class JobRecord:
     preemption: PreemptionOrder | None = None
     # Clusters that refused this job's dispatch, each backing off (federation.dispatch_backoff).
     refusals: tuple[DispatchRefusal, ...] = ()
+    # Why the job failed or its attempt waits (OOMKilled, Error (exit 3), ImagePullBackOff),
+    # from its pods; written by the reconciler (federation.job_logs_archive), shown by get/list.
+    reason: str = ""
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -303,6 +306,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
         },
         "message": job.message,
+        "reason": job.reason,
         "refusals": [
             {
                 "cluster": r.cluster,
@@ -357,6 +361,7 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
             for r in d.get("refusals") or ()
         ),
         message=d["message"],
+        reason=str(d.get("reason", "")),
         events=tuple(
             PhaseEvent(
                 phase=JobPhase(e["phase"]),

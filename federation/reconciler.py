@@ -52,6 +52,7 @@ from clusters.api import (
 from federation.cache import JobCache
 from federation.collector import stale_gangs
 from federation.dispatch_backoff import ClusterRefusing, cleared, refused, refusing_clusters, wait_until_s
+from federation.job_logs_keep import AttemptKeeper
 from federation.jobs import JobRecord, Owner
 from federation.jobspec import RestartAction
 from federation.ledger import ledger_update
@@ -79,8 +80,11 @@ class Reconciler:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         staging: Stager | None = None,
+        keeper: AttemptKeeper | None = None,
     ) -> None:
         self._store = store
+        # Keeps an ended attempt's logs and names its failure (federation.job_logs_keep).
+        self._keeper = keeper
         self._staging = staging
         self._cache = cache
         self._members = members
@@ -201,6 +205,8 @@ class Reconciler:
                 nxt = await self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
         else:
             return False
+        if self._keeper is not None and job.placement is not None:
+            nxt = await self._keep(job, nxt, gang)
         if nxt is None:
             return False
         entry = None
@@ -238,6 +244,18 @@ class Reconciler:
             reason=nxt.message,
         )
         return True
+
+    async def _keep(self, job: JobRecord, nxt: JobRecord | None, gang: GangStatus | None) -> JobRecord | None:
+        """The hook where an attempt ends: its logs are kept and its failure named on `nxt`; while a
+        dispatched gang waits, the reason it waits (ImagePullBackOff) is written on the job."""
+        assert self._keeper is not None
+        if nxt is None:
+            return await self._keeper.waiting(job, gang) if job.phase is JobPhase.DISPATCHED else None
+        if nxt.attempt != job.attempt or nxt.phase.is_terminal:
+            return await self._keeper.ended(job, nxt, gang)
+        if nxt.phase is JobPhase.RUNNING and job.reason:
+            return replace(nxt, reason="")
+        return nxt
 
     async def _cancel(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         if job.placement is not None and job.phase is not JobPhase.QUEUED:

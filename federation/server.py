@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from federation.api.admin import AdminService
 from federation.api.datasets import DatasetService
+from federation.api.logs import LogsService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
@@ -39,6 +40,8 @@ from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
 from federation.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.errors import GpufedError
+from federation.job_logs import LogArchive, LogsSettings
+from federation.job_logs_keep import AttemptKeeper
 from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
 from federation.ledger_cache import LedgerCache
@@ -80,6 +83,8 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     # Lists, watches and job lookups that reach etcd, per caller per second on this server (0: no limit).
     read_rate_per_s: float = READ_RATE_PER_S
+    # Kept logs and the limits of `gpufed logs` (federation.job_logs).
+    logs: LogsSettings = field(default_factory=LogsSettings)
 
 
 class TenantDirectory:
@@ -208,7 +213,21 @@ class FederationServer:
             ),
             server,
         )
+        archive = LogArchive(self._kv, cfg.logs)
+        pb_grpc.add_LogsServicer_to_server(
+            LogsService(
+                store=store,
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+                members=members,
+                archive=archive,
+                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            ),
+            server,
+        )
         services = [
+            pb.DESCRIPTOR.services_by_name["Logs"].full_name,
             pb.DESCRIPTOR.services_by_name["Datasets"].full_name,
             pb.DESCRIPTOR.services_by_name["JobService"].full_name,
             pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
@@ -262,7 +281,12 @@ class FederationServer:
             cluster_store=cluster_stores.get,
         )
         reconciler = Reconciler(
-            store=store, cache=self._cache, members=members, metrics=self.metrics, staging=self._stager
+            store=store,
+            cache=self._cache,
+            members=members,
+            metrics=self.metrics,
+            staging=self._stager,
+            keeper=AttemptKeeper(archive, members),
         )
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")

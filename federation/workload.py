@@ -12,6 +12,8 @@ from clusters.api import GangWorkload, ReplicaSpec
 from federation.jobs import JobRecord
 from federation.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION
 
+# The simulated kubelet's annotations (docs/kubernetes.md); the job's are passed to its pods.
+SIM_PREFIX = "sim.gpufed.io/"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -53,4 +55,9 @@ def workload_for(job: JobRecord) -> GangWorkload:
         max_runtime_s=job.spec.max_runtime_s,
         sim_duration_s=sim_duration_s(job.spec.annotation(SIM_DURATION_ANNOTATION)),
         sim_exit_code=int(exit_code) if exit_code and exit_code.lstrip("-").isdigit() else 0,
+        sim_annotations=tuple(
+            (k, v)
+            for k, v in job.spec.annotations
+            if k.startswith(SIM_PREFIX) and k not in (SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION)
+        ),
     )

@@ -148,6 +148,7 @@ def _pod_annotations(gang: GangWorkload) -> dict[str, str]:
         annotations[SIM_DURATION_ANNOTATION] = repr(float(gang.sim_duration_s))
     if gang.sim_exit_code != 0 or gang.sim_duration_s is not None:
         annotations[SIM_EXIT_CODE_ANNOTATION] = str(gang.sim_exit_code)
+    annotations.update(gang.sim_annotations)
     return annotations
 
 

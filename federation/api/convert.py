@@ -69,6 +69,7 @@ def job_to_pb(job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
         events=[_event_to_pb(e) for e in job.events],
         manifest=render_manifest(job.spec) if with_manifest else "",
         dataset=str(job.spec.dataset) if job.spec.dataset else "",
+        reason=job.reason,
     )
 
 

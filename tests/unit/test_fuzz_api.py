@@ -25,6 +25,7 @@ from datasync.store_config import LocalStoreConfig
 from federation.api.admin import AdminService
 from federation.api.capacity import CapacityService
 from federation.api.datasets import DatasetService
+from federation.api.logs import LogsService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
@@ -35,7 +36,9 @@ from federation.datasets import DatasetRegistry
 from federation.datasets_check import DatasetCheck
 from federation.datasets_stores import StoreDirectory, StoreRecord
 from federation.datasets_syncs import SyncRecords
+from federation.job_logs import LogArchive, LogsSettings
 from federation.ledger_cache import LedgerCache
+from federation.members import MemberClusters
 from federation.metrics import Metrics
 from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from federation.security_store import SecurityStore
@@ -74,6 +77,7 @@ class World:
     caches: tuple[JobCache, LedgerCache]
     datasets: DatasetService
     capacity: CapacityService | None = None
+    logs: LogsService | None = None
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -137,6 +141,14 @@ def world() -> Iterator[World]:
             pb.RegisterDatasetRequest(name="ds", version="v1", store="lab", prefix="data/"), Context()
         )
         world = World(loop, store, jobs, admin, reports, fed, (cache, ledger), datasets)
+        world.logs = LogsService(
+            store=store,
+            cache=cache,
+            auth=auth,
+            metrics=metrics,
+            members=MemberClusters([], {}),
+            archive=LogArchive(store.kv, LogsSettings()),
+        )
         # A cloud cluster that may grow, so that plans naming it get past the cluster check.
         h100 = PoolConfig("h100", GpuType("H100"), CapacityKind.ON_DEMAND, 6.88, 8, 2)
         await store.put_cluster(
@@ -218,6 +230,7 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
         ),
         "CancelJob": (lambda w: w.jobs.CancelJob, st.builds(pb.CancelJobRequest, job_id=texts, reason=texts)),
         "ExplainJob": (lambda w: w.jobs.ExplainJob, st.builds(pb.ExplainJobRequest, job_id=texts)),
+        "DescribeJob": (lambda w: w.logs.DescribeJob, st.builds(pb.DescribeJobRequest, job_id=texts)),
         "SetTenant": (lambda w: w.admin.SetTenant, st.builds(pb.SetTenantRequest, document=manifests)),
         "GetTenant": (lambda w: w.admin.GetTenant, st.builds(pb.GetTenantRequest, name=texts)),
         "DeleteTenant": (lambda w: w.admin.DeleteTenant, st.builds(pb.DeleteTenantRequest, name=texts)),
@@ -369,5 +382,5 @@ def test_no_field_value_crashes_a_call_or_half_writes(world: World, call: str) -
 def test_every_unary_call_is_fuzzed() -> None:
     rpcs = {m.name for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
     # Streams, and calls with no fields worth fuzzing beyond what others cover.
-    others = {"WatchJobs", "ListClusters", "ListTenants", "ListUsers"}
+    others = {"WatchJobs", "StreamLogs", "ListClusters", "ListTenants", "ListUsers"}
     assert rpcs - others == set(REQUESTS)

@@ -1,0 +1,274 @@
+"""The `Logs` service: a job's logs and a describe view, through the one endpoint.
+
+An engineer reads the logs of their own tenant's jobs without a kubeconfig for any member cluster:
+the server reads the pods' logs with the cluster's credentials and relays them. Who may read which
+job is decided exactly as for `GetJob` (another tenant's job is NOT_FOUND, in the same words as a
+missing one), and what one caller can take is bounded: bytes per call, open streams per tenant and
+per server (RESOURCE_EXHAUSTED, with the limit in the message). A cluster that cannot be reached is
+UNAVAILABLE naming it; a follow already streaming says so in a notice and goes on when it answers.
+Attempts whose pods are gone are served from the copy kept when they ended (`federation.job_logs`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+
+import grpc
+import structlog
+
+from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable
+from federation.api.logs_describe import describe
+from federation.api.redact import Redactor
+from federation.api.service import MAX_JOB_ID_LENGTH, CallHandlers, Ctx
+from federation.api.status import status_code_for
+from federation.api.streams import StreamGuard
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.auth import Authenticator, Principal, can_read_tenant, job_not_found
+from federation.cache import JobCache
+from federation.errors import GpufedError, InvalidArgument, NotFound, RateLimited
+from federation.job_logs import LogArchive, LogsSettings, locate
+from federation.job_logs_stream import KEPT, Chunk, Target, merged, select_kept
+from federation.jobs import JobRecord
+from federation.members import MemberClusters
+from federation.metrics import Metrics
+from federation.ratelimit import ReadRateLimiter
+from federation.store import JobStore
+from placement.model import JobId, TenantId
+
+log = structlog.get_logger("gpufed.api.logs")
+
+# Between tries to read a follow's log again after its cluster stopped answering.
+RETRY_S = 1.0
+
+
+class ClusterUnavailable(GpufedError):
+    """The job's cluster does not answer (UNAVAILABLE, by `federation.api.status`)."""
+
+    retryable = True
+
+
+class StreamLimits:
+    """Open StreamLogs calls on this server, per tenant and in all."""
+
+    def __init__(self, per_tenant: int, per_server: int) -> None:
+        self._per_tenant = per_tenant
+        self._per_server = per_server
+        self._open: Counter[TenantId] = Counter()
+
+    @contextmanager
+    def slot(self, tenant: TenantId) -> Iterator[None]:
+        if sum(self._open.values()) >= self._per_server:
+            raise RateLimited(
+                f"this server already streams {self._per_server} logs (its limit); try again later"
+            )
+        if self._open[tenant] >= self._per_tenant:
+            raise RateLimited(
+                f"tenant {tenant} already has {self._per_tenant} log streams open (its limit per server); "
+                "close one and try again"
+            )
+        self._open[tenant] += 1
+        try:
+            yield
+        finally:
+            self._open[tenant] -= 1
+
+
+def _options(req: pb.StreamLogsRequest) -> LogOptions:
+    tail = req.tail_lines if req.HasField("tail_lines") else None
+    since = req.since_seconds if req.HasField("since_seconds") else None
+    if tail is not None and tail < 0:
+        raise InvalidArgument("tail_lines: must not be negative")
+    if since is not None and since <= 0:
+        raise InvalidArgument("since_seconds: must be positive")
+    return LogOptions(
+        follow=req.follow, tail_lines=tail, since_s=since, timestamps=req.timestamps, previous=req.previous
+    )
+
+
+def _pb(chunk: Chunk, attempt: int) -> pb.LogChunk:
+    return pb.LogChunk(
+        task=chunk.task,
+        replica=chunk.replica,
+        attempt=attempt,
+        pod=chunk.pod,
+        lines=list(chunk.lines),
+        source=chunk.source,
+        notice=chunk.notice,
+    )
+
+
+class LogsService(pb_grpc.LogsServicer):
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        cache: JobCache,
+        auth: Authenticator,
+        metrics: Metrics,
+        members: MemberClusters,
+        archive: LogArchive,
+        read_limiter: ReadRateLimiter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._auth = auth
+        self._h = CallHandlers(auth, metrics)
+        self._metrics = metrics
+        self._members = members
+        self._archive = archive
+        self._settings: LogsSettings = archive.settings
+        self._limits = StreamLimits(
+            self._settings.max_streams_per_tenant, self._settings.max_streams_per_server
+        )
+        self._read_limiter = read_limiter or ReadRateLimiter()
+        self._clock = clock
+
+    async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
+        """As `GetJob` decides: one etcd read and one answer for "not yours" and "not there"."""
+        if not job_id:
+            raise InvalidArgument("job_id: required")
+        if len(job_id) > MAX_JOB_ID_LENGTH:
+            raise InvalidArgument(f"job_id: at most {MAX_JOB_ID_LENGTH} characters, got {len(job_id)}")
+        cached = self._cache.get(JobId(job_id))
+        if cached is not None and can_read_tenant(who, cached.value.tenant):
+            return cached.value
+        self._read_limiter.admit(who.user)
+        stored = await self._store.get_job(JobId(job_id))
+        if stored is None or not can_read_tenant(who, stored.value.tenant):
+            raise NotFound(job_not_found(job_id))
+        return stored.value
+
+    # ---- StreamLogs
+
+    async def StreamLogs(self, request: pb.StreamLogsRequest, context: Ctx) -> AsyncIterator[pb.LogChunk]:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            who = await self._h.principal(context)
+            job = await self._visible_job(who, request.job_id)
+            options = _options(request)
+            attempt = request.attempt or job.attempt
+            if attempt < 0 or attempt > job.attempt:
+                raise InvalidArgument(f"attempt: job {job.job_id} has attempts 1 to {job.attempt}")
+        except GpufedError as error:
+            await context.abort(status_code_for(error), str(error))
+            return
+        guard = StreamGuard(self._auth, context.invocation_metadata(), who)
+        sent_bytes = 0
+        limit = self._settings.max_bytes_per_call
+        try:
+            with self._limits.slot(job.tenant):
+                async for chunk in self._chunks(job, attempt, request, options):
+                    await guard.check()
+                    size = sum(len(line) + 1 for line in chunk.lines)
+                    if sent_bytes + size > limit:
+                        raise RateLimited(
+                            f"the log output reached {limit} bytes, the limit per call; "
+                            "narrow it with --tail, --since, --task or --replica"
+                        )
+                    sent_bytes += size
+                    yield _pb(chunk, attempt)
+        except GpufedError as error:
+            code = status_code_for(error)
+            log.info("logs_refused", job_id=job.job_id, tenant=job.tenant, code=code.name, error=str(error))
+            await context.abort(code, str(error))
+        finally:
+            self._metrics.observe_call("StreamLogs", code.name, time.perf_counter() - started)
+
+    def _live(self, job_id: JobId, attempt: int) -> Callable[[], bool]:
+        def live() -> bool:
+            found = self._cache.get(job_id)
+            return found is not None and found.value.attempt == attempt and not found.value.phase.is_terminal
+
+        return live
+
+    async def _chunks(
+        self, job: JobRecord, attempt: int, req: pb.StreamLogsRequest, options: LogOptions
+    ) -> AsyncIterator[Chunk]:
+        def wanted(task: str, replica: int) -> bool:
+            return (not req.task or task == req.task) and (
+                not req.HasField("replica") or replica == req.replica
+            )
+
+        if attempt == job.attempt and job.placement is not None:
+            cluster = job.placement.cluster
+            backend = self._members.get(cluster)
+            if isinstance(backend, GangInspector):
+                try:
+                    replicas = await backend.replicas(job.tenant, job.job_id, attempt)
+                except ClusterUnreachable as error:
+                    kept = await self._archive.summary(job.job_id, attempt, self._clock())
+                    if kept is None:
+                        raise ClusterUnavailable(f"cluster {cluster} cannot be reached: {error}") from error
+                    replicas = []
+                if replicas:
+                    targets = [
+                        Target(*where, r)
+                        for r in replicas
+                        if wanted(*(where := locate(r, job.spec, job.job_id, attempt)))
+                    ]
+                    try:
+                        async for chunk in merged(
+                            backend,
+                            cluster,
+                            job.tenant,
+                            targets,
+                            options,
+                            live=self._live(job.job_id, attempt),
+                            retry_s=RETRY_S,
+                            clock=self._clock,
+                        ):
+                            yield chunk
+                    except ClusterUnreachable as error:
+                        raise ClusterUnavailable(f"cluster {cluster} cannot be reached: {error}") from error
+                    except LogUnavailable as error:
+                        raise NotFound(str(error)) from error
+                    return
+        async for chunk in self._kept(job, attempt, options, wanted):
+            yield chunk
+
+    async def _kept(
+        self, job: JobRecord, attempt: int, options: LogOptions, wanted: Callable[[str, int], bool]
+    ) -> AsyncIterator[Chunk]:
+        kept = await self._archive.summary(job.job_id, attempt, self._clock())
+        if kept is None:
+            raise NotFound(
+                f"job {job.job_id} attempt {attempt}: no logs (its pods are gone and none were kept, or "
+                f"they are older than {self._settings.retain_hours:g} hours)"
+                if job.placement is not None or attempt < job.attempt
+                else f"job {job.job_id} has not started yet: no logs"
+            )
+        for r in sorted(kept.replicas, key=lambda k: (k.task, k.replica)):
+            if not wanted(r.task, r.replica):
+                continue
+            data = await self._archive.log(job.job_id, attempt, r.task, r.replica)
+            lines = select_kept(data, options, self._clock())
+            for i in range(0, len(lines), 512):
+                yield Chunk(r.task, r.replica, r.state.pod, tuple(lines[i : i + 512]), KEPT)
+        if kept.note:
+            yield Chunk("", 0, "", notice=kept.note, source=KEPT)
+
+    # ---- DescribeJob
+
+    def _tenant_of(self, job_id: JobId) -> TenantId | None:
+        found = self._cache.get(job_id)
+        return None if found is None else found.value.tenant
+
+    async def DescribeJob(self, request: pb.DescribeJobRequest, context: Ctx) -> pb.JobDescription:
+        async def body(who: Principal, req: pb.DescribeJobRequest) -> pb.JobDescription:
+            job = await self._visible_job(who, req.job_id)
+            return await describe(
+                job,
+                Redactor(who, self._tenant_of),
+                members=self._members,
+                archive=self._archive,
+                store=self._store,
+                now_s=self._clock(),
+            )
+
+        return await self._h.unary("DescribeJob", request, context, body)

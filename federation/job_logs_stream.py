@@ -1,0 +1,207 @@
+"""The lines of a gang's replicas, merged into one stream of tagged chunks, live or from the kept copy.
+
+Live, each replica's pod log is read on its own task and the chunks meet in one bounded queue, so a
+chatty replica cannot hold back a quiet one and a slow client slows every reader, never the server.
+Lines are always asked for with their timestamps: with them a follow that lost its cluster resumes
+(`sinceSeconds` back to the last line seen, and what was already sent is skipped) rather than
+starting over, and the kept copy can be cut by `--since`. The stamps are taken off again unless the
+caller asked for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+import structlog
+
+from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable, ReplicaState
+from placement.model import TenantId
+
+log = structlog.get_logger("gpufed.logs")
+
+LIVE = "live"
+KEPT = "kept"
+# Lines per chunk sent: small enough to arrive as they are written, big enough to amortise framing.
+_CHUNK_LINES = 512
+_QUEUE_CHUNKS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    task: str
+    replica: int
+    pod: str
+    lines: tuple[str, ...] = ()
+    source: str = LIVE
+    notice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One replica to read: where the spec puts it, and its pod."""
+
+    task: str
+    replica: int
+    state: ReplicaState
+
+
+def stamp_s(stamp: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 stamp with up to nanoseconds."""
+    text = stamp.rstrip("Z")
+    if "." in text:
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    try:
+        return datetime.fromisoformat(text + "+00:00").timestamp()
+    except ValueError:
+        return None
+
+
+def split_stamp(line: str) -> tuple[str, str]:
+    stamp, _, text = line.partition(" ")
+    return stamp, text
+
+
+def select_kept(data: bytes, options: LogOptions, now_s: float) -> list[str]:
+    """The kept lines that `--since`, `--tail` and `--timestamps` ask for."""
+    lines = data.decode("utf-8", "replace").splitlines()
+    if options.since_s is not None:
+        oldest = now_s - options.since_s
+        lines = [ln for ln in lines if (s := stamp_s(split_stamp(ln)[0])) is None or s >= oldest]
+    if options.tail_lines is not None:
+        lines = lines[-options.tail_lines :] if options.tail_lines else []
+    if not options.timestamps:
+        lines = [split_stamp(ln)[1] for ln in lines]
+    return lines
+
+
+def _chunks(target: Target, lines: Sequence[str], source: str) -> list[Chunk]:
+    return [
+        Chunk(target.task, target.replica, target.state.pod, tuple(lines[i : i + _CHUNK_LINES]), source)
+        for i in range(0, len(lines), _CHUNK_LINES)
+    ]
+
+
+async def read_replica(
+    backend: GangInspector,
+    cluster: str,
+    tenant: TenantId,
+    target: Target,
+    options: LogOptions,
+    put: Callable[[Chunk], Awaitable[None]],
+    *,
+    live: Callable[[], bool],
+    retry_s: float,
+    clock: Callable[[], float],
+) -> None:
+    """One replica's lines until its log ends (with follow: its container ends, or the job does)."""
+    asked = replace(options, timestamps=True)
+    last: list[str] = []
+    lost = False
+    waiting_said = False
+
+    def notice(text: str) -> Chunk:
+        return Chunk(target.task, target.replica, target.state.pod, notice=text)
+
+    while True:
+        stream = backend.pod_log(tenant, target.state, asked)
+        try:
+            rest = ""
+            async for data in stream:
+                if lost:
+                    lost = False
+                    await put(notice(f"cluster {cluster} answers again; the log goes on"))
+                lines = (rest + data.decode("utf-8", "replace")).split("\n")
+                rest = lines.pop()
+                for chunk in _chunks(target, _fresh_lines(lines, last, options.timestamps), LIVE):
+                    await put(chunk)
+            return
+        except ClusterUnreachable as error:
+            if not options.follow:
+                raise
+            if not lost:
+                lost = True
+                await put(notice(f"{error}; resuming when it answers"))
+        except LogUnavailable as error:
+            gone = "404" in str(error) or "not found" in str(error)
+            if gone or not (options.follow and live()):
+                await put(notice(str(error)))
+                return
+            if not waiting_said:
+                waiting_said = True
+                await put(notice(str(error)))
+        finally:
+            await _close(stream)
+        if not live():
+            return
+        await asyncio.sleep(retry_s)
+        seen_s = stamp_s(last[0]) if last else None
+        if seen_s is not None:
+            asked = replace(asked, tail_lines=None, since_s=max(1, math.ceil(clock() - seen_s) + 1))
+
+
+def _fresh_lines(lines: Sequence[str], last: list[str], timestamps: bool) -> list[str]:
+    """The lines not sent yet (a resumed read starts a little before the last line sent)."""
+    out: list[str] = []
+    for line in lines:
+        stamp, body = split_stamp(line)
+        if last and stamp <= last[0]:
+            continue
+        last[:] = [stamp]
+        out.append(line if timestamps else body)
+    return out
+
+
+async def _close(stream: AsyncIterator[bytes]) -> None:
+    # An abandoned follow must let go of its connection and its thread now, not when collected.
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+async def merged(
+    backend: GangInspector,
+    cluster: str,
+    tenant: TenantId,
+    targets: Sequence[Target],
+    options: LogOptions,
+    *,
+    live: Callable[[], bool],
+    retry_s: float,
+    clock: Callable[[], float],
+) -> AsyncIterator[Chunk]:
+    """Every target's chunks as they come; raises the first reader's error (ClusterUnreachable)."""
+    queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(_QUEUE_CHUNKS)
+
+    async def reader(target: Target) -> None:
+        try:
+            await read_replica(
+                backend, cluster, tenant, target, options, queue.put, live=live, retry_s=retry_s, clock=clock
+            )
+        except Exception as error:  # handed to the consumer, which raises it
+            await queue.put(error)
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(reader(t)) for t in targets]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

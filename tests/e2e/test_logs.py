@@ -1,0 +1,204 @@
+"""End to end: a job's logs and its describe view through the one gRPC endpoint (issue 18).
+
+`gpufed serve` drives a simulated cluster (its own process) with the official client; the test talks
+to the server only through gRPC, and to the cluster through the official client only to see what it
+holds. The simulated kubelet writes each container's log (docs/kubernetes.md) and fails containers
+by pod annotation: an OOM kill, an image that never pulls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client as k8s
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.etcd_process import EtcdProcess
+from federation.sim_process import SimProcess
+from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import _api, gang_pods, gangs, job_of, write_config
+
+pytestmark = pytest.mark.e2e
+
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "logIntervalS": 0.2,
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 2,
+            }
+        ],
+    }
+]
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    clusters = [{k: v for k, v in c.items() if k != "logIntervalS"} for c in CLUSTERS]
+    config = write_config(
+        tmp_path / "federation.yaml",
+        sims,
+        clusters,
+        grace_s=4,
+        tenants=[{"name": "platform"}, {"name": "vision"}, {"name": "audio"}],
+        users=[
+            {"name": "admin", "tenant": "platform", "role": "admin"},
+            {"name": "alice", "tenant": "vision"},
+            {"name": "bob", "tenant": "audio"},
+        ],
+    )
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _annotated(name: str, annotations: dict[str, str], *, duration: str = "3s", extra: str = "") -> str:
+    text = manifest(name, workers=3, gpus=1, duration=duration, extra_spec=extra)
+    lines = "".join(f'    {k}: "{v}"\n' for k, v in annotations.items())
+    return text.replace("  annotations:\n", "  annotations:\n" + lines, 1)
+
+
+def delete_gang(sims: SimProcess, cluster: str, namespace: str, name: str) -> None:
+    with _api(sims, cluster) as api:
+        k8s.CustomObjectsApi(api).delete_namespaced_custom_object(
+            "batch.volcano.sh", "v1alpha1", namespace, "jobs", name, propagation_policy="Background"
+        )
+
+
+def _logs(fed: ServerProcess, user: str, **request: Any) -> list[pb.LogChunk]:
+    with fed.client(user) as client:
+        return list(client.logs(pb.StreamLogsRequest(**request), timeout_s=60))
+
+
+def _by_replica(chunks: list[pb.LogChunk]) -> dict[tuple[str, int], list[str]]:
+    found: dict[tuple[str, int], list[str]] = {}
+    for c in chunks:
+        if c.lines:
+            found.setdefault((c.task, c.replica), []).extend(c.lines)
+    return found
+
+
+ALL_FOUR = {("master", 0), ("worker", 0), ("worker", 1), ("worker", 2)}
+
+
+def test_logs_of_a_gang_follow_then_kept_after_pods_are_gone(fed: ServerProcess, sims: SimProcess) -> None:
+    with fed.client("alice") as alice:
+        job_id = alice.submit(manifest("ddp", workers=3, gpus=1, duration="4s")).job_id
+    wait_for(lambda: job_of(fed, "alice", job_id).phase == pb.JOB_PHASE_RUNNING, timeout_s=30)
+
+    # -f: lines arrive while the job runs, and the stream ends when the job does.
+    arrivals: list[tuple[float, pb.LogChunk]] = []
+    done = threading.Event()
+
+    def follow() -> None:
+        with fed.client("alice") as client:
+            for chunk in client.logs(pb.StreamLogsRequest(job_id=job_id, follow=True), timeout_s=60):
+                arrivals.append((time.monotonic(), chunk))
+        done.set()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    finished = wait_for(
+        lambda: (j := job_of(fed, "alice", job_id)).phase == pb.JOB_PHASE_SUCCEEDED and j, timeout_s=60
+    )
+    ended_at = time.monotonic()
+    assert done.wait(20), "the follow did not end when the job ended"
+    followed = _by_replica([c for _, c in arrivals])
+    assert set(followed) == ALL_FOUR
+    assert arrivals[0][0] < ended_at - 1.0, "lines must stream while the job runs, not at its end"
+    assert any("exited with code 0" in line for line in followed[("master", 0)])
+    assert finished.reason == ""
+
+    # Once the gang's pods are collected (here by an operator, before gpufed's own hour is up), the
+    # logs are served from the kept copy.
+    for gang in gangs(sims, "onprem", job_id):
+        delete_gang(sims, "onprem", gang["metadata"]["namespace"], gang["metadata"]["name"])
+    wait_for(lambda: not gang_pods(sims, "onprem", job_id), timeout_s=60)
+    kept = _logs(fed, "alice", job_id=job_id)
+    assert {c.source for c in kept if c.lines} == {"kept"}
+    kept_lines = _by_replica(kept)
+    assert set(kept_lines) == ALL_FOUR
+    assert kept_lines[("master", 0)][-1] == followed[("master", 0)][-1]
+    tail = _by_replica(_logs(fed, "alice", job_id=job_id, task="worker", replica=1, tail_lines=2))
+    assert tail == {("worker", 1): kept_lines[("worker", 1)][-2:]}
+    stamped = _by_replica(_logs(fed, "alice", job_id=job_id, task="master", tail_lines=1, timestamps=True))
+    assert stamped[("master", 0)][0].split(" ", 1)[0].endswith("Z")
+
+    # Another tenant: NOT_FOUND, word for word as for a job that does not exist.
+    with fed.client("bob") as bob:
+        with pytest.raises(grpc.RpcError) as theirs:
+            list(bob.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=10))
+        with pytest.raises(grpc.RpcError) as missing:
+            list(bob.logs(pb.StreamLogsRequest(job_id="nope-00000000"), timeout_s=10))
+        with pytest.raises(grpc.RpcError) as get_theirs:
+            bob.get(job_id)
+        with pytest.raises(grpc.RpcError) as described:
+            bob.describe(job_id)
+    assert theirs.value.code() == grpc.StatusCode.NOT_FOUND
+    assert theirs.value.details() == get_theirs.value.details() == f"job '{job_id}' not found"
+    assert described.value.details() == theirs.value.details()
+    assert missing.value.details() == "job 'nope-00000000' not found"
+
+
+def test_oom_killed_attempts_keep_their_logs_and_say_why(fed: ServerProcess) -> None:
+    retry = "  restartPolicy: {onFailure: RestartJob, onEviction: RestartJob, maxRetries: 1}\n"
+    with fed.client("alice") as alice:
+        job_id = alice.submit(
+            _annotated("oom", {"sim.gpufed.io/oom-kill-after-s": "1.5"}, duration="30s", extra=retry)
+        ).job_id
+    failed = wait_for(
+        lambda: (j := job_of(fed, "alice", job_id)).phase == pb.JOB_PHASE_FAILED and j, timeout_s=90
+    )
+    assert failed.attempt == 2
+    assert failed.reason == "OOMKilled"
+    with fed.client("alice") as alice:
+        listed = {j.job_id: j for j in alice.list_all()}
+        description = alice.describe(job_id)
+    assert listed[job_id].reason == "OOMKilled"
+    assert [a.attempt for a in description.attempts] == [1, 2]
+    for attempt in description.attempts:
+        assert attempt.cluster == "onprem"
+        assert attempt.gpu_type == "A100"
+        assert {(r.task, r.replica) for r in attempt.replicas} == ALL_FOUR
+        assert any(r.reason == "OOMKilled" and r.exit_code == 137 for r in attempt.replicas)
+    # The failed first attempt's logs, after the second attempt replaced it.
+    first = _by_replica(_logs(fed, "alice", job_id=job_id, attempt=1))
+    assert set(first) == ALL_FOUR
+    assert any("out of memory" in line for line in first[("master", 0)])
+
+
+def test_an_image_that_never_pulls_shows_in_list_and_describe(fed: ServerProcess) -> None:
+    with fed.client("alice") as alice:
+        job_id = alice.submit(_annotated("pull", {"sim.gpufed.io/fail-image-pull": "true"})).job_id
+
+        def reason() -> bool:
+            return {j.job_id: j for j in alice.list_all()}[job_id].reason == "ImagePullBackOff"
+
+        wait_for(reason, timeout_s=60)
+        description = alice.describe(job_id)
+        # Logs of containers that never started: a clear notice per replica, not silence.
+        unstarted = list(alice.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=10))
+        alice.cancel(job_id)
+    assert description.job.phase == pb.JOB_PHASE_DISPATCHED
+    live = description.attempts[-1]
+    assert live.reason == "ImagePullBackOff"
+    assert all(r.reason in {"ImagePullBackOff", "ErrImagePull"} for r in live.replicas)
+    assert any("ImagePullBackOff" in w or "ErrImagePull" in w for w in description.wait_reasons)
+    assert any(e.reason in {"Failed", "BackOff"} for e in live.events)
+    assert {(c.task, c.replica) for c in unstarted} == ALL_FOUR
+    assert all("waiting to start" in c.notice for c in unstarted)
