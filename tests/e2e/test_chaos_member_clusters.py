@@ -451,9 +451,18 @@ def test_chaos_by_third_parties(fed: ServerProcess, sims: SimProcess, tmp_path: 
         if job_id not in owners or not ran:
             continue
         interval = by_attempt.get((job_id, attempt))
-        assert interval is not None, f"{job_id} attempt {attempt} ran pods but has no ledger interval"
         first_start = min(p.start_s for p in ran if p.start_s is not None)
         last_end = max(p.end_s if p.end_s is not None else float("inf") for p in ran)
+        if interval is None:
+            # A gang killed within a second of starting may never be seen running: what is not
+            # charged is then under a second, which is the bound. Anything longer must be charged.
+            longest_s = (last_end + 1.0 if float(last_end).is_integer() else last_end) - first_start
+            assert longest_s <= LEDGER_TOLERANCE_S, (
+                f"{job_id} attempt {attempt} ran pods for up to {longest_s:.2f}s but has no ledger interval: "
+                + ", ".join(f"{p.name}@{p.node} {p.start_s}..{p.end_s}" for p in ran)
+                + f"\nevents: {[e.reason for e in jobs[job_id].events]}"
+            )
+            continue
         assert interval.end_s > 0, f"{job_id} attempt {attempt}: interval still open"
         assert _within(interval.start_s, first_start), (job_id, attempt, interval, first_start)
         assert _within(interval.end_s, last_end), (job_id, attempt, interval, last_end)
