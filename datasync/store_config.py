@@ -156,7 +156,9 @@ def _open_s3(name: str, config: S3StoreConfig, env: Mapping[str, str]) -> Obstor
             f"store {name}: {config.access_key_id_env} / {config.secret_access_key_env} are not both set"
         )
     region = config.region or resolve_aws_region(profile=config.profile, env=env) or "us-east-1"
-    kwargs: dict[str, Any] = {"region": region, "retry_config": _RETRY}
+    # Unsigned payloads (as S3Requests sends, and the AWS SDKs over TLS): obstore would otherwise hash
+    # every PUT body with sha256 just to sign it; content is verified against the manifest and ETags.
+    kwargs: dict[str, Any] = {"region": region, "retry_config": _RETRY, "unsigned_payload": True}
     if config.endpoint:
         kwargs["endpoint"] = config.endpoint
         kwargs["virtual_hosted_style_request"] = bool(config.virtual_hosted)
