@@ -17,7 +17,7 @@ from typing import Any
 import click
 import grpc
 
-from federation import cli_access, cli_admin, cli_capacity, cli_dataset, cli_replay, cli_report
+from federation import cli_access, cli_admin, cli_capacity, cli_dataset, cli_logs, cli_replay, cli_report
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.client import GpufedClient, TlsClient
@@ -339,9 +339,8 @@ def watch(opts: _Opts, job_id: str, tenant: str) -> None:
             j = event.job
             if opts.output == "table":
                 where = f" on {j.cluster}" if j.cluster else ""
-                click.echo(
-                    f"{j.job_id}  {phase_name(j.phase):<10} attempt {j.attempt}{where}  {j.message}".rstrip()
-                )
+                phase = phase_name(j.phase) + (f" ({j.reason})" if j.reason else "")
+                click.echo(f"{j.job_id}  {phase:<10} attempt {j.attempt}{where}  {j.message}".rstrip())
             else:
                 click.echo(structured(as_dict(j), opts.output))
 
@@ -404,6 +403,7 @@ cli_report.register(cli, _rpc)
 cli_capacity.register(cli, _rpc)
 cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
+cli_logs.register(cli, _rpc)
 
 
 def main() -> None:

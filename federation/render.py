@@ -51,6 +51,8 @@ def jobs_table(jobs: Sequence[pb.Job]) -> str:
             j.job_id,
             j.tenant,
             phase_name(j.phase),
+            # Why it failed or waits (OOMKilled, Error (exit 3), ImagePullBackOff), not only "failed".
+            j.reason or "-",
             f"{j.gpu_count}x{j.gpu_type or '/'.join(j.gpu_types)}",
             j.cluster or "-",
             f"${j.usd_per_gpu_hour:.2f}" if j.cluster else "-",
@@ -59,7 +61,7 @@ def jobs_table(jobs: Sequence[pb.Job]) -> str:
         ]
         for j in jobs
     ]
-    return table(["JOB", "TENANT", "PHASE", "GPUS", "CLUSTER", "$/GPU-H", "ATTEMPT", "AGE"], rows)
+    return table(["JOB", "TENANT", "PHASE", "REASON", "GPUS", "CLUSTER", "$/GPU-H", "ATTEMPT", "AGE"], rows)
 
 
 def job_detail(job: pb.Job) -> str:
@@ -75,6 +77,8 @@ def job_detail(job: pb.Job) -> str:
             f"Placed:    {job.cluster}: {job.gpu_type} {job.capacity_kind}"
             f" at ${job.usd_per_gpu_hour:.2f}/GPU-hour"
         )
+    if job.reason:
+        lines.append(f"Reason:    {job.reason}")
     if job.message:
         lines.append(f"Message:   {job.message}")
     lines.append("Events:")
