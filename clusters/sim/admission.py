@@ -31,9 +31,12 @@ from clusters.sim.store import Store, clone, meta
 
 Obj = dict[str, Any]
 
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Matched whole (`fullmatch`): with `^...$` and `match`, `$` lets a trailing newline through.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_SERVICE_CIDR_BASE = ipaddress.IPv4Address("10.96.0.0")
+_FIRST_SERVICE_IP = 10
 
 CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 JOB_NAME = "batch.kubernetes.io/job-name"
@@ -47,7 +50,6 @@ def random_suffix(length: int = 5) -> str:
 class Admission:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._service_ips = (str(ipaddress.IPv4Address("10.96.0.0") + i) for i in itertools.count(10))
 
     def admit_create(self, rt: ResourceType, obj: Obj, namespace: str | None) -> Obj:
         if not isinstance(obj, dict):
@@ -61,8 +63,12 @@ class Admission:
                     "the namespace of the provided object does not match the namespace sent on the request"
                 )
             m["namespace"] = namespace or body_ns or "default"
-            if self._store.get(NAMESPACES, "", m["namespace"]) is None:
+            home = self._store.get(NAMESPACES, "", m["namespace"])
+            if home is None:
                 raise errors.not_found(NAMESPACES, m["namespace"])
+            if home["metadata"].get("deletionTimestamp"):
+                # The NamespaceLifecycle admission plugin: nothing new while the namespace empties.
+                raise errors.namespace_terminating(rt, m.get("name") or m.get("generateName") or "", home)
         if not m.get("name") and m.get("generateName"):
             m["name"] = f"{m['generateName']}{random_suffix()}"
         name = m.get("name") or ""
@@ -72,7 +78,7 @@ class Admission:
             )
         limit = 63 if rt in (NAMESPACES, SERVICES) else 253
         pattern = _LABEL if rt in (NAMESPACES, SERVICES) else _SUBDOMAIN
-        if len(name) > limit or not pattern.match(name):
+        if len(name) > limit or not pattern.fullmatch(name):
             raise errors.invalid(
                 rt, name, "metadata.name", f"Invalid value: {name!r}: must be a lowercase RFC 1123 name"
             )
@@ -88,7 +94,21 @@ class Admission:
         return obj
 
     def _service_ip(self) -> str:
-        return next(self._service_ips)
+        """The lowest free address: one is used only by a stored Service, so a dry-run create, a
+        create refused later and a deleted Service hold none (a real allocator frees them too)."""
+        taken = self._service_ips_taken()
+        for offset in itertools.count(_FIRST_SERVICE_IP):
+            address = str(_SERVICE_CIDR_BASE + offset)
+            if address not in taken:
+                return address
+        raise AssertionError("unreachable")
+
+    def _service_ips_taken(self) -> set[str]:
+        return {
+            ip
+            for svc in self._store.list(SERVICES, None)
+            for ip in (svc.get("spec") or {}).get("clusterIPs") or []
+        }
 
 
 def _default_namespace(_: Admission, ns: Obj) -> None:
@@ -161,6 +181,14 @@ def _default_service(admission: Admission, svc: Obj) -> None:
     spec.setdefault("type", "ClusterIP")
     if spec.get("clusterIP") is None:
         spec["clusterIP"] = admission._service_ip()
+    elif spec["clusterIP"] != "None" and spec["clusterIP"] in admission._service_ips_taken():
+        raise errors.invalid(
+            SERVICES,
+            svc["metadata"]["name"],
+            "spec.clusterIPs",
+            f'Invalid value: []string{{"{spec["clusterIP"]}"}}: failed to allocate IP '
+            f"{spec['clusterIP']}: provided IP is already allocated",
+        )
     spec["clusterIPs"] = [spec["clusterIP"]]
     spec.setdefault("sessionAffinity", "None")
     spec.setdefault("ipFamilies", ["IPv4"])

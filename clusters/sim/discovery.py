@@ -13,7 +13,7 @@ from clusters.sim.resources import ALL, BY_GROUP_VERSION, VERBS, VOLCANO_GROUPS,
 
 Obj = dict[str, Any]
 
-_SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "eviction": ["create"]}
+_SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "eviction": ["create"], "log": ["get"]}
 
 
 def version(kubernetes_version: str) -> Obj:

@@ -25,6 +25,7 @@ from clusters.sim.jobs_volcano import VolcanoJobController
 from clusters.sim.kubelet import Kubelet
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.logs import LogBook
+from clusters.sim.namespaces import NamespaceController
 from clusters.sim.podgc import PodGC
 from clusters.sim.resources import NAMESPACES, NODES, QUEUES
 from clusters.sim.scheduler import Scheduler
@@ -62,6 +63,7 @@ class Engine:
         self.recorder = EventRecorder(self.store, self.clock, config.event_limit, host=config.name)
         self.admission = Admission(self.store)
         self.lifecycle = Lifecycle(self.store, self.clock, self.timers, self.recorder, config.termination_s)
+        self.namespaces = NamespaceController(self.store, self.lifecycle)
         self.scheduler = Scheduler(self.store, self.clock, self.recorder)
         self.kubelet = Kubelet(
             self.store,
@@ -84,6 +86,7 @@ class Engine:
         # and the scheduler before the kubelet, so a new Job's pods start in one pass.
         self._controllers: tuple[Controller, ...] = (
             self.lifecycle,
+            self.namespaces,
             self.batch_jobs,
             self.volcano_jobs,
             self.scheduler,

@@ -67,6 +67,26 @@ def invalid(rt: ResourceType, name: str, field: str, why: str) -> ApiError:
     return ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: {field}: {why}', details)
 
 
+def namespace_terminating(rt: ResourceType, name: str, namespace: Obj) -> ApiError:
+    """A create in a namespace being deleted, as the NamespaceLifecycle admission plugin words it."""
+    ns = namespace["metadata"]["name"]
+    details = _details(rt, name)
+    details["causes"] = [
+        {
+            "reason": "NamespaceTerminating",
+            "message": f"namespace {ns} is being terminated",
+            "field": "metadata.namespace",
+        }
+    ]
+    return ApiError(
+        403,
+        "Forbidden",
+        f'{rt.group_resource} "{name}" is forbidden: unable to create new content in namespace {ns} '
+        "because it is being terminated",
+        details,
+    )
+
+
 def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 

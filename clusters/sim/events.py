@@ -66,8 +66,9 @@ class EventRecorder:
             "reportingComponent": component,
             "reportingInstance": self._host,
         }
-        if self._store.get(NAMESPACES, "", namespace) is None:
-            # The namespace is being deleted with everything in it; a late Event has nowhere to go.
+        home = self._store.get(NAMESPACES, "", namespace)
+        if home is None or home["metadata"].get("deletionTimestamp"):
+            # The namespace is gone or being emptied: a real server refuses a late Event (403).
             return
         self._store.create(EVENTS, event)
         self._kept.append((namespace, event_name))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusters.sim import podstatus
+from clusters.sim import errors, podstatus
 from clusters.sim.clock import Clock, rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import BATCH_JOBS, NAMESPACES, PODS, ResourceType
@@ -24,6 +24,18 @@ FOREGROUND = "Foreground"
 BACKGROUND = "Background"
 ORPHAN = "Orphan"
 FOREGROUND_FINALIZER = "foregroundDeletion"
+# A pod whose containers ignore SIGTERM (a trainer busy writing a checkpoint) stays Terminating for
+# its whole grace period; without it containers exit within `termination_s` of being told to stop.
+IGNORE_SIGTERM = "sim.gpufed.io/ignore-sigterm"
+_STILL_EMPTYING = (
+    "The system is ensuring all content is removed from this namespace.  Upon completion, this "
+    "namespace will automatically be purged by the system."
+)
+
+
+def ignores_sigterm(pod: Obj) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(IGNORE_SIGTERM, "")).lower() == "true"
 
 
 class Lifecycle:
@@ -133,20 +145,21 @@ class Lifecycle:
             if not current["metadata"].get("finalizers"):
                 self._store.remove(PODS, namespace, name)
 
-        self._timers.after(min(grace_s, self._termination_s), stopped)
+        # Containers exit promptly on SIGTERM unless marked as ignoring it: those are killed
+        # (SIGKILL, exit 137) only when the grace period ends, as a real kubelet does.
+        stop_after_s = grace_s if ignores_sigterm(pod) else min(grace_s, self._termination_s)
+        self._timers.after(stop_after_s, stopped)
         return marked
 
     def _delete_namespace(self, ns: Obj) -> Obj:
-        name = ns["metadata"]["name"]
+        """The first delete marks it Terminating (the namespace controller, `namespaces.py`,
+        empties it and lets it go); one while it empties is a conflict, as on a real server."""
+        if ns["metadata"].get("deletionTimestamp"):
+            raise errors.conflict(NAMESPACES, ns["metadata"]["name"], _STILL_EMPTYING)
         marked = clone(ns)
         marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s())
         marked["status"] = {"phase": "Terminating"}
-        self._store.update(NAMESPACES, marked)
-        # Everything in the namespace goes at once: nothing in the simulator holds finalizers on it.
-        for rt, namespace, obj_name in self._store.namespaces_in_use(name):
-            if self._store.get(rt, namespace, obj_name) is not None:
-                self._store.remove(rt, namespace, obj_name)
-        return self._store.remove(NAMESPACES, "", name)
+        return self._store.update(NAMESPACES, marked)
 
     def observe(self, change: Change) -> None:
         if change.rt is PODS and change.type is EventType.MODIFIED:

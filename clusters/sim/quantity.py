@@ -66,7 +66,7 @@ def whole(value: object) -> int:
 # python client's models reject a number where a quantity string belongs), so the simulator stores
 # quantities the same way.
 
-_NUMBER = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)$")
+_NUMBER = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)")
 _DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL_BY_EXPONENT = {e: s for s, e in _DECIMAL_SUFFIXES.items()}
@@ -85,7 +85,7 @@ def parse_with_format(value: object) -> tuple[Decimal, Format]:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise QuantityError(f"quantities must be strings or numbers, not {type(value).__name__}")
     text = repr(value) if isinstance(value, float) else str(value)
-    match = _NUMBER.match(text.strip() if isinstance(value, str) else text)
+    match = _NUMBER.fullmatch(text.strip() if isinstance(value, str) else text)
     if match is None or (isinstance(value, str) and value != value.strip()):
         raise QuantityError(f"quantities must match the regular expression '{_PATTERN}'")
     number, suffix = Decimal(match.group(1)), match.group(2)

@@ -20,7 +20,7 @@ class ResourceType:
     kind: str
     namespaced: bool
     short_names: tuple[str, ...] = ()
-    # Subresources served besides the object itself (`status`, `eviction`).
+    # Subresources served besides the object itself (`status`, `eviction`, `log`).
     subresources: tuple[str, ...] = ("status",)
     categories: tuple[str, ...] = ()
 
@@ -41,7 +41,7 @@ class ResourceType:
 NAMESPACES = ResourceType("", "v1", "namespaces", "namespace", "Namespace", False, ("ns",))
 NODES = ResourceType("", "v1", "nodes", "node", "Node", False, ("no",))
 PODS = ResourceType(
-    "", "v1", "pods", "pod", "Pod", True, ("po",), ("status", "eviction"), categories=("all",)
+    "", "v1", "pods", "pod", "Pod", True, ("po",), ("status", "eviction", "log"), categories=("all",)
 )
 SERVICES = ResourceType("", "v1", "services", "service", "Service", True, ("svc",), categories=("all",))
 EVENTS = ResourceType("", "v1", "events", "event", "Event", True, ("ev",), subresources=())

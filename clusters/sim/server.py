@@ -237,6 +237,10 @@ class ApiServer:
         if sub is not None and sub not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
+        if sub == "log":
+            raise errors.not_allowed(
+                f"the server does not allow this method on the requested resource: {method}"
+            )
         if name is None:
             if method == "GET":
                 return await self._list_or_watch(request, rt, namespace)
