@@ -53,6 +53,61 @@ async def test_a_deleted_tenant_namespace_is_made_again_by_the_next_dispatch(any
     assert namespace.metadata.labels["app.kubernetes.io/managed-by"] == "gpufed"
 
 
+async def test_a_dispatch_while_the_tenant_namespace_terminates_backs_off_then_succeeds(
+    any_world: World,
+) -> None:
+    first = a_gang("term-1", replicas=1, gpus=4, duration_s=60.0)
+    await any_world.backend.dispatch(first)
+    await wait_phase(any_world.backend, first, GangPhase.RUNNING)
+    # A third party's pod that ignores SIGTERM keeps the namespace Terminating for its grace period.
+    holder = {
+        "metadata": {"name": "holder", "annotations": {"sim.gpufed.io/ignore-sigterm": "true"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox:1"}],
+        },
+    }
+    await any_world.call(any_world.core.create_namespaced_pod, NS, holder)
+
+    async def holder_runs() -> bool:
+        pod = await any_world.call(any_world.core.read_namespaced_pod, "holder", NS)
+        return bool(pod.status.phase == "Running")
+
+    await eventually(holder_runs, what="the third party's pod to run")
+    old_uid = (await any_world.call(any_world.core.read_namespace, NS)).metadata.uid
+    await any_world.call(any_world.core.delete_namespace, NS)
+
+    second = a_gang("term-2", replicas=1, gpus=4, duration_s=60.0)
+    with pytest.raises(NamespaceTerminating) as refused:
+        await any_world.backend.dispatch(second)
+    assert refused.value.retryable
+    assert "is being terminated" in str(refused.value)
+    terminating = await any_world.call(any_world.core.read_namespace, NS)
+    assert terminating.status.phase == "Terminating"
+
+    # Tried again after a back-off, as the federation does with a retryable error, until it takes.
+    refusals = [refused.value]
+
+    async def dispatched() -> bool:
+        try:
+            await any_world.backend.dispatch(second)
+        except NamespaceTerminating as error:
+            refusals.append(error)
+            return False
+        return True
+
+    await eventually(dispatched, timeout_s=20.0, interval_s=0.25, what="the dispatch to take")
+    await wait_phase(any_world.backend, second, GangPhase.RUNNING)
+    namespace = await any_world.call(any_world.core.read_namespace, NS)
+    # A namespace made again after the old one went, not the old one revived.
+    assert namespace.metadata.uid != old_uid
+    assert namespace.status.phase == "Active"
+    assert namespace.metadata.labels["app.kubernetes.io/managed-by"] == "gpufed"
+    assert len(refusals) >= 2  # the holder kept it Terminating for ~2 s: it was refused meanwhile
+    assert await status_of(any_world.backend, first) is None
+
+
 async def test_pods_orphaned_by_their_gang_object_are_reported_and_removed_by_cancel(
     any_world: World,
 ) -> None:
