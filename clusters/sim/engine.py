@@ -63,7 +63,7 @@ class Engine:
         self.recorder = EventRecorder(self.store, self.clock, config.event_limit, host=config.name)
         self.admission = Admission(self.store)
         self.lifecycle = Lifecycle(self.store, self.clock, self.timers, self.recorder, config.termination_s)
-        self.namespaces = NamespaceController(self.store, self.lifecycle)
+        self.namespaces = NamespaceController(self.store, self.clock, self.lifecycle)
         self.scheduler = Scheduler(self.store, self.clock, self.recorder)
         self.kubelet = Kubelet(
             self.store,

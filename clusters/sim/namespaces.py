@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from clusters.sim import errors, podstatus
+from clusters.sim.clock import Clock, rfc3339
 from clusters.sim.lifecycle import BACKGROUND, Lifecycle
 from clusters.sim.resources import EVENTS, NAMESPACES, ResourceType
 from clusters.sim.store import Change, EventType, Store, clone
@@ -26,11 +27,65 @@ log = structlog.get_logger("gpufed.clusters.sim")
 KUBERNETES_FINALIZER = "kubernetes"
 
 
+def deletion_conditions(remaining: list[tuple[ResourceType, Obj]]) -> list[tuple[str, str, str, str]]:
+    """(type, status, reason, message) of each condition a real namespace controller reports."""
+    counts: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for rt, obj in remaining:
+        resource = f"{rt.plural}.{rt.group}"
+        counts[resource] = counts.get(resource, 0) + 1
+        for finalizer in obj["metadata"].get("finalizers") or []:
+            held[finalizer] = held.get(finalizer, 0) + 1
+    content = (
+        (
+            "True",
+            "SomeResourcesRemain",
+            "Some resources are remaining: "
+            + ", ".join(f"{r} has {n} resource instances" for r, n in sorted(counts.items())),
+        )
+        if counts
+        else ("False", "ContentRemoved", "All content successfully removed")
+    )
+    finalizers = (
+        (
+            "True",
+            "SomeFinalizersRemain",
+            "Some content in the namespace has finalizers remaining: "
+            + ", ".join(f"{f} in {n} resource instances" for f, n in sorted(held.items())),
+        )
+        if held
+        else ("False", "ContentHasNoFinalizers", "All content-preserving finalizers finished")
+    )
+    return [
+        (
+            "NamespaceDeletionDiscoveryFailure",
+            "False",
+            "ResourcesDiscovered",
+            "All resources successfully discovered",
+        ),
+        (
+            "NamespaceDeletionGroupVersionParsingFailure",
+            "False",
+            "ParsedGroupVersions",
+            "All legacy kube types successfully parsed",
+        ),
+        (
+            "NamespaceDeletionContentFailure",
+            "False",
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization",
+        ),
+        ("NamespaceContentRemaining", *content),
+        ("NamespaceFinalizersRemaining", *finalizers),
+    ]
+
+
 class NamespaceController:
     """Empties Terminating namespaces, then lets them go."""
 
-    def __init__(self, store: Store, lifecycle: Lifecycle) -> None:
+    def __init__(self, store: Store, clock: Clock, lifecycle: Lifecycle) -> None:
         self._store = store
+        self._clock = clock
         self._lifecycle = lifecycle
         self._terminating: set[str] = set()
         self._dirty: set[str] = set()
@@ -71,7 +126,9 @@ class NamespaceController:
                 continue
             self._delete(rt, namespace, obj_name)
         left = self._store.namespaces_in_use(name)
-        if any(rt is not EVENTS for rt, _, _ in left):
+        remaining = [(rt, self._store.get(rt, ns_, n)) for rt, ns_, n in left if rt is not EVENTS]
+        ns = self._report(ns, [(rt, obj) for rt, obj in remaining if obj is not None])
+        if remaining:
             return
         for rt, namespace, obj_name in left:
             self._store.remove(rt, namespace, obj_name)
@@ -85,6 +142,36 @@ class NamespaceController:
             return
         self._store.remove(NAMESPACES, "", name)
         log.info("sim_namespace_deleted", namespace=name)
+
+    def _report(self, ns: Obj, remaining: list[tuple[ResourceType, Obj]]) -> Obj:
+        """The namespace's deletion conditions, as the namespace controller writes them (kubectl
+        describe shows them); written only when one changes."""
+        wanted = deletion_conditions(remaining)
+        old = {c.get("type"): c for c in (ns.get("status") or {}).get("conditions") or []}
+        now = rfc3339(self._clock.wall_s())
+        conditions = []
+        for kind, status, reason, message in wanted:
+            before = old.get(kind) or {}
+            same = (before.get("status"), before.get("reason"), before.get("message")) == (
+                status,
+                reason,
+                message,
+            )
+            stamp = before.get("lastTransitionTime", now) if same else now
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": status,
+                    "lastTransitionTime": stamp,
+                    "reason": reason,
+                    "message": message,
+                }
+            )
+        if conditions == list(old.values()):
+            return ns
+        reported = clone(ns)
+        reported.setdefault("status", {})["conditions"] = conditions
+        return self._store.update(NAMESPACES, reported)
 
     def _delete(self, rt: ResourceType, namespace: str, name: str) -> None:
         try:

@@ -51,6 +51,10 @@ def refusal(error: ApiException) -> dict[str, object]:
     return body
 
 
+def conditions(core: client.CoreV1Api, namespace: str) -> dict[str, client.V1NamespaceCondition]:
+    return {c.type: c for c in core.read_namespace(namespace).status.conditions or []}
+
+
 # -- namespaces -----------------------------------------------------------------------------------
 
 
@@ -82,6 +86,9 @@ def test_a_deleted_namespace_terminates_refuses_creates_and_goes_once_empty(
         wait_for(lambda: not core.list_namespaced_service("team").items)
         wait_for(lambda: not any(p.metadata.name == "quick" for p in core.list_namespaced_pod("team").items))
         slow = core.read_namespaced_pod("slow", "team")
+        remaining = conditions(core, "team")["NamespaceContentRemaining"]
+        assert (remaining.status, remaining.reason) == ("True", "SomeResourcesRemain")
+        assert remaining.message == "Some resources are remaining: pods. has 1 resource instances"
         assert slow.metadata.deletion_timestamp is not None
         assert slow.status.phase == "Running"
 
@@ -134,6 +141,12 @@ def test_a_namespace_held_by_a_pod_finalizer_waits_for_it(
     wait_for(lambda: core.read_namespaced_pod("p", "held").status.phase == "Failed")
     time.sleep(0.5)
     assert core.read_namespace("held").status.phase == "Terminating"
+    held = conditions(core, "held")["NamespaceFinalizersRemaining"]
+    assert (held.status, held.reason) == ("True", "SomeFinalizersRemain")
+    assert (
+        held.message
+        == "Some content in the namespace has finalizers remaining: x.io/keep in 1 resource instances"
+    )
     core.patch_namespaced_pod("p", "held", {"metadata": {"finalizers": None}})
     wait_for(lambda: not [n for n in core.list_namespace().items if n.metadata.name == "held"])
 
