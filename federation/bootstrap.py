@@ -32,6 +32,7 @@ from federation.config import FederationConfig
 from federation.datasets_executor import get_settings as get_datasync
 from federation.datasets_executor import put_settings as put_datasync
 from federation.datasets_stores import StoreDirectory, store_to_json
+from federation.job_logs import get_logs_settings, put_logs_settings
 from federation.records import TenantRecord, UserRecord
 from federation.security_store import TOKEN_ID_DIGITS, AuditEvent, SecurityStore, TokenRecord, token_hash
 from federation.store import PREFIX, KvStore
@@ -129,6 +130,9 @@ async def _config_sections(store: KvStore, config: FederationConfig, audit: _Aud
     if await capacity.get_settings() != config.capacity:
         await capacity.put_settings(config.capacity)
         await audit("capacity_settings_set", "capacity", "from the config file")
+    if await get_logs_settings(store.kv) != config.logs:
+        await put_logs_settings(store.kv, config.logs)
+        await audit("logs_settings_set", "logs", "from the config file")
     if await get_datasync(store.kv) != config.datasync:
         await put_datasync(store.kv, config.datasync)
         await audit("datasync_settings_set", "datasync", "from the config file")

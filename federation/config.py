@@ -19,6 +19,7 @@ from federation.config_policy import check_tenant_tree, parse_settings, parse_te
 from federation.datasets_executor import DatasyncSettings, parse_datasync
 from federation.datasets_stores import StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
+from federation.job_logs import LogsSettings, parse_logs
 from federation.records import ClusterRecord, PoolConfig, Role, SchedulingSettings, TenantRecord, UserRecord
 from federation.validate import flag_field, int_field, name_field, number_field
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
@@ -41,6 +42,8 @@ class FederationConfig:
     object_stores: tuple[StoreRecord, ...] = field(default=())
     # The `capacity:` section: provisioner, lead time, idle TTL, limits (federation.capacity_config).
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    # The `logs:` section: kept logs' size and retention, limits of `gpufed logs` (federation.job_logs).
+    logs: LogsSettings = field(default_factory=LogsSettings)
     # The `datasync:` section: where staging's copies run (federation.datasets_executor).
     datasync: DatasyncSettings = field(default_factory=DatasyncSettings)
 
@@ -177,9 +180,9 @@ def parse_config(text: str) -> FederationConfig:
         object_stores=object_stores,
         capacity=parse_capacity(doc),
         datasync=parse_datasync(doc),
+        logs=parse_logs(doc),
     )
 
 
 def load_config(path: Path) -> FederationConfig:
     return parse_config(path.read_text())
-

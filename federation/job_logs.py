@@ -23,12 +23,15 @@ from typing import Any
 
 from clusters.api import ReplicaState
 from clusters.kubernetes.names import object_name, task_name
+from federation.errors import InvalidSpec
 from federation.jobspec import TrainingJobSpec
 from federation.kv import KeyValueStore
+from federation.validate import int_field, number_field
 from placement.model import JobId
 
 PREFIX = b"/gpufed/logs/"
 SUMMARY = "_attempt"
+SETTINGS_KEY = b"/gpufed/config/logs"
 
 # Reasons a container waits that no waiting will fix: `list` shows them while the job is DISPATCHED.
 WAITING_REASONS = frozenset(
@@ -63,6 +66,49 @@ class LogsSettings:
     @property
     def keep_bytes(self) -> int:
         return self.keep_kib * 1024
+
+
+# The config file's `logs:` keys, by the field each sets.
+_KEYS = {
+    "keepKiB": "keep_kib",
+    "retainHours": "retain_hours",
+    "maxBytesPerCall": "max_bytes_per_call",
+    "maxStreamsPerTenant": "max_streams_per_tenant",
+    "maxStreamsPerServer": "max_streams_per_server",
+    "keepTimeoutSeconds": "keep_timeout_s",
+}
+# etcd refuses a request over 1.5 MiB; one replica's copy is one put.
+_MAX_KEEP_KIB = 1024
+
+
+def parse_logs(doc: dict[str, Any]) -> LogsSettings:
+    """The `logs:` section of the federation config; defaults for what it leaves out."""
+    section = doc.get("logs") or {}
+    if not isinstance(section, dict):
+        raise InvalidSpec("logs", "must be a mapping")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        name = _KEYS.get(str(key))
+        if name is None:
+            raise InvalidSpec(f"logs.{key}", f"is not a logs setting (known: {', '.join(_KEYS)})")
+        at = f"logs.{key}"
+        if name in ("retain_hours", "keep_timeout_s"):
+            values[name] = number_field(value, at, minimum=0.001)
+        else:
+            values[name] = int_field(value, at, minimum=0 if name == "keep_kib" else 1)
+    settings = LogsSettings(**values)
+    if settings.keep_kib > _MAX_KEEP_KIB:
+        raise InvalidSpec("logs.keepKiB", f"must be at most {_MAX_KEEP_KIB} (one etcd request per replica)")
+    return settings
+
+
+async def get_logs_settings(kv: KeyValueStore) -> LogsSettings | None:
+    found = await kv.get(SETTINGS_KEY)
+    return None if found is None else LogsSettings(**json.loads(found.value))
+
+
+async def put_logs_settings(kv: KeyValueStore, settings: LogsSettings) -> None:
+    await kv.put(SETTINGS_KEY, json.dumps(asdict(settings), sort_keys=True).encode())
 
 
 def failure_reason(replicas: Sequence[ReplicaState]) -> str:

@@ -40,7 +40,7 @@ from federation.datasets_stores import StoreDirectory
 from federation.datasets_syncs import SyncRecords
 from federation.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.errors import GpufedError
-from federation.job_logs import LogArchive, LogsSettings
+from federation.job_logs import LogArchive, LogsSettings, get_logs_settings
 from federation.job_logs_keep import AttemptKeeper
 from federation.kv_etcd import EtcdKv
 from federation.leader import LeaderElection
@@ -213,7 +213,8 @@ class FederationServer:
             ),
             server,
         )
-        archive = LogArchive(self._kv, cfg.logs)
+        # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
+        archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
         pb_grpc.add_LogsServicer_to_server(
             LogsService(
                 store=store,

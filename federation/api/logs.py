@@ -61,14 +61,14 @@ class StreamLimits:
 
     @contextmanager
     def slot(self, tenant: TenantId) -> Iterator[None]:
-        if sum(self._open.values()) >= self._per_server:
-            raise RateLimited(
-                f"this server already streams {self._per_server} logs (its limit); try again later"
-            )
         if self._open[tenant] >= self._per_tenant:
             raise RateLimited(
                 f"tenant {tenant} already has {self._per_tenant} log streams open (its limit per server); "
                 "close one and try again"
+            )
+        if sum(self._open.values()) >= self._per_server:
+            raise RateLimited(
+                f"this server already streams {self._per_server} logs (its limit); try again later"
             )
         self._open[tenant] += 1
         try:

@@ -1,0 +1,204 @@
+"""The pure parts of `gpufed logs`: failure reasons, where a pod sits in the spec, the kept copy's
+cuts, the limits, the config section, and a follow that resumes after its cluster stopped answering."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+import click
+import pytest
+
+from clusters.api import ClusterUnreachable, GangEvent, LogOptions, ReplicaState
+from federation.api.logs import StreamLimits
+from federation.cli_logs import parse_since
+from federation.errors import InvalidSpec, RateLimited
+from federation.job_logs import failure_reason, last_bytes, locate, parse_logs, waiting_reason
+from federation.job_logs_stream import Chunk, Target, read_replica, select_kept
+from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
+from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
+
+
+def a_replica(
+    reason: str = "", exit_code: int | None = None, *, task: str = "worker", index: int = 0
+) -> ReplicaState:
+    return ReplicaState(f"p-{task}-{index}", task, index, False, "n1", "Failed", 0, exit_code, reason, "")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        pytest.param([], "", id="no-pods"),
+        pytest.param([a_replica("Completed", 0)], "Completed", id="plain-reason"),
+        pytest.param([a_replica("Error", 3)], "Error (exit 3)", id="exit-code"),
+        pytest.param(
+            [a_replica("Error", 1), a_replica("OOMKilled", 137)], "OOMKilled", id="oom-before-its-echo"
+        ),
+        pytest.param([a_replica("Evicted")], "Evicted", id="evicted"),
+        pytest.param([a_replica("", 2)], "Error (exit 2)", id="exit-without-reason"),
+        pytest.param([a_replica("ImagePullBackOff")], "ImagePullBackOff", id="image-pull"),
+    ],
+)
+def test_failure_reason(replicas: list[ReplicaState], expected: str) -> None:
+    assert failure_reason(replicas) == expected
+
+
+def test_waiting_reason_only_names_what_waiting_will_not_cure() -> None:
+    assert waiting_reason([a_replica("ContainerCreating")]) == ""
+    assert waiting_reason([a_replica("ContainerCreating"), a_replica("ErrImagePull")]) == "ErrImagePull"
+
+
+SPEC = TrainingJobSpec(
+    name="ddp",
+    tenant=TenantId("vision"),
+    priority_class="default",
+    tasks=(
+        TaskSpec("master", 1, "img", (), (), 1),
+        TaskSpec("worker", 3, "img", (), (), 1),
+    ),
+    gpu_types=(GpuType("A100"),),
+    gpu_type_policy=GpuTypePolicy.ANY,
+    min_available=4,
+    max_runtime_s=0,
+    restart_policy=RestartPolicy(),
+    allow_spot=False,
+    dataset=None,
+    deadline_s=None,
+    labels=(),
+    annotations=(),
+)
+
+
+def test_locate_by_rank_and_by_task() -> None:
+    by_rank = replace(a_replica(task="master"), by_rank=True, index=2)
+    assert locate(by_rank, SPEC, JobId("ddp-1"), 1) == ("worker", 1)
+    assert locate(a_replica(task="worker", index=2), SPEC, JobId("ddp-1"), 1) == ("worker", 2)
+
+
+def test_kept_copy_is_cut_by_since_tail_and_stamps() -> None:
+    data = b"".join(f"2026-11-25T10:00:{s:02d}.000000000Z line {s}\n".encode() for s in range(10))
+    now_s = 1795600805.0  # 2026-11-25T10:00:05Z
+    assert select_kept(data, LogOptions(tail_lines=2), now_s) == ["line 8", "line 9"]
+    assert select_kept(data, LogOptions(since_s=2), now_s)[0] == "line 3"
+    assert select_kept(data, LogOptions(tail_lines=1, timestamps=True), now_s) == [
+        "2026-11-25T10:00:09.000000000Z line 9"
+    ]
+    assert select_kept(data, LogOptions(tail_lines=0), now_s) == []
+
+
+def test_last_bytes_starts_at_a_whole_line() -> None:
+    data = b"aaaa\nbbbb\ncccc\n"
+    assert last_bytes(data, 100) == data
+    assert last_bytes(data, 7) == b"cccc\n"
+
+
+def test_parse_since() -> None:
+    assert parse_since("10m") == 600
+    assert parse_since("1h30m") == 5400
+    assert parse_since("500ms") == 1
+    with pytest.raises(click.BadParameter):
+        parse_since("ten minutes")
+
+
+def test_logs_config_section() -> None:
+    settings = parse_logs({"logs": {"keepKiB": 64, "retainHours": 24, "maxStreamsPerTenant": 3}})
+    assert (settings.keep_bytes, settings.retain_hours, settings.max_streams_per_tenant) == (65536, 24.0, 3)
+    assert parse_logs({}).keep_kib == 256
+    with pytest.raises(InvalidSpec, match=r"logs\.keepKB"):
+        parse_logs({"logs": {"keepKB": 1}})
+    with pytest.raises(InvalidSpec, match=r"logs\.keepKiB"):
+        parse_logs({"logs": {"keepKiB": 4096}})
+
+
+def test_stream_limits_per_tenant_then_per_server() -> None:
+    limits = StreamLimits(per_tenant=1, per_server=2)
+    with limits.slot(TenantId("a")):
+        with pytest.raises(RateLimited, match="tenant a already has 1"), limits.slot(TenantId("a")):
+            pass
+        with (
+            limits.slot(TenantId("b")),
+            pytest.raises(RateLimited, match="already streams 2"),
+            limits.slot(TenantId("c")),
+        ):
+            pass
+    with limits.slot(TenantId("a")):
+        pass
+
+
+class FlakyCluster:
+    """Lines 0-5, then the connection is lost; read again, it answers from `since` (overlapping)."""
+
+    def __init__(self) -> None:
+        self.asked: list[LogOptions] = []
+
+    async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        return []
+
+    async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
+        return []
+
+    async def pod_log(
+        self, tenant: TenantId, replica: ReplicaState, options: LogOptions
+    ) -> AsyncIterator[bytes]:
+        self.asked.append(options)
+        if len(self.asked) == 1:
+            yield b"".join(f"2026-11-25T10:00:0{i}.000000000Z line {i}\n".encode() for i in range(6))
+            raise ClusterUnreachable("cluster c1: no answer")
+        if len(self.asked) == 2:
+            raise ClusterUnreachable("cluster c1: no answer")
+        yield b"".join(f"2026-11-25T10:00:0{i}.000000000Z line {i}\n".encode() for i in range(4, 9))
+
+
+def test_a_follow_resumes_where_it_was_without_repeating() -> None:
+    cluster = FlakyCluster()
+    got: list[Chunk] = []
+
+    async def put(chunk: Chunk) -> None:
+        got.append(chunk)
+
+    target = Target("worker", 0, a_replica())
+    asyncio.run(
+        read_replica(
+            cluster,
+            "c1",
+            TenantId("vision"),
+            target,
+            LogOptions(follow=True, tail_lines=100),
+            put,
+            live=lambda: True,
+            retry_s=0.01,
+            clock=lambda: 1795600810.0,
+        )
+    )
+    lines = [line for c in got for line in c.lines]
+    assert lines == [f"line {i}" for i in range(9)]
+    notices = [c.notice for c in got if c.notice]
+    assert notices == [
+        "cluster c1: no answer; resuming when it answers",
+        "cluster c1 answers again; the log goes on",
+    ]
+    assert cluster.asked[0].timestamps  # stamps asked for always, to resume by
+    assert cluster.asked[-1].tail_lines is None
+    assert cluster.asked[-1].since_s == 6  # back to just before the last line seen (10:00:05)
+
+
+def test_without_follow_an_unreachable_cluster_is_an_error() -> None:
+    async def put(chunk: Chunk) -> None:
+        pass
+
+    cluster = FlakyCluster()
+    with pytest.raises(ClusterUnreachable):
+        asyncio.run(
+            read_replica(
+                cluster,
+                "c1",
+                TenantId("vision"),
+                Target("worker", 0, a_replica()),
+                LogOptions(),
+                put,
+                live=lambda: True,
+                retry_s=0.01,
+                clock=lambda: 0.0,
+            )
+        )
