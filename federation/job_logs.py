@@ -5,9 +5,10 @@ Why etcd and not files under the state dir: every API server of an HA federation
 serve `gpufed logs` for any job, and only etcd is shared between them (a file store would hold the
 logs on the leader that happened to see the attempt end). The copy is small and bounded by design:
 `keep_kib` per replica (256 KiB by default, well under etcd's 1.5 MiB request limit), one key per
-replica, written once per attempt under a lease whose TTL is the retention, so etcd itself forgets
-them (`retain_hours`, 168 by default); readers also check the time kept, since a lease's countdown
-starts again when etcd elects a new leader.
+replica, written once per attempt under a lease whose TTL is the retention (plus at most an hour:
+one lease serves the attempts kept within an hour), so etcd itself forgets them (`retain_hours`, 168
+by default); readers cut at the retention by the time kept, which also covers a lease's countdown
+starting again when etcd elects a new leader.
 
 Keys: `/gpufed/logs/<job id>/<attempt>/_attempt` (JSON summary: placement, times, outcome, reason,
 replicas' last states) and `/gpufed/logs/<job id>/<attempt>/<task>-<replica>` (log bytes, each line
@@ -16,7 +17,9 @@ stamped with its RFC 3339 time as the pod log API gives it with `timestamps=true
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,13 +28,14 @@ from clusters.api import ReplicaState
 from clusters.kubernetes.names import object_name, task_name
 from federation.errors import InvalidSpec
 from federation.jobspec import TrainingJobSpec
-from federation.kv import KeyValueStore
+from federation.kv import KeyValueStore, LeaseNotFound
 from federation.validate import int_field, number_field
 from placement.model import JobId
 
 PREFIX = b"/gpufed/logs/"
 SUMMARY = "_attempt"
 SETTINGS_KEY = b"/gpufed/config/logs"
+LEASE_REUSE_S = 3600.0
 
 # Reasons a container waits that no waiting will fix: `list` shows them while the job is DISPATCHED.
 WAITING_REASONS = frozenset(
@@ -210,13 +214,36 @@ class LogArchive:
     def __init__(self, kv: KeyValueStore, settings: LogsSettings) -> None:
         self._kv = kv
         self.settings = settings
+        self._lease: tuple[int, float] | None = None
+
+    async def _lease_id(self) -> int:
+        """A lease shared by the attempts kept within an hour: one grant an hour, not one per attempt.
+        Its TTL is the retention plus that hour; readers cut at the retention by the time kept."""
+        now = time.monotonic()
+        if self._lease is None or now - self._lease[1] > LEASE_REUSE_S:
+            ttl_s = max(1, round(self.settings.retain_hours * 3600 + LEASE_REUSE_S))
+            self._lease = (await self._kv.grant_lease(ttl_s), now)
+        return self._lease[0]
 
     async def keep(self, job_id: str, kept: KeptAttempt, logs: dict[tuple[str, int], bytes]) -> None:
-        """Write one attempt: its logs first, then the summary that says they are there."""
-        ttl_s = max(1, round(self.settings.retain_hours * 3600))
-        lease = await self._kv.grant_lease(ttl_s)
-        for (task, replica), data in sorted(logs.items()):
-            await self._kv.put(replica_key(job_id, kept.attempt, task, replica), data, lease=lease)
+        """Write one attempt: its logs first (one put per replica, each far below etcd's request
+        limit, sent together), then the summary that says they are there."""
+        try:
+            lease = await self._lease_id()
+            await self._put_all(job_id, kept, logs, lease)
+        except LeaseNotFound:
+            self._lease = None
+            await self._put_all(job_id, kept, logs, await self._lease_id())
+
+    async def _put_all(
+        self, job_id: str, kept: KeptAttempt, logs: dict[tuple[str, int], bytes], lease: int
+    ) -> None:
+        await asyncio.gather(
+            *(
+                self._kv.put(replica_key(job_id, kept.attempt, task, replica), data, lease=lease)
+                for (task, replica), data in sorted(logs.items())
+            )
+        )
         await self._kv.put(_key(job_id, kept.attempt, SUMMARY), _summary_json(kept), lease=lease)
 
     def _fresh(self, kept: KeptAttempt, now_s: float) -> bool:
