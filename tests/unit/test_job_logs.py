@@ -14,9 +14,20 @@ from clusters.api import ClusterUnreachable, GangEvent, LogOptions, ReplicaState
 from federation.api.logs import StreamLimits
 from federation.cli_logs import parse_since
 from federation.errors import InvalidSpec, RateLimited
-from federation.job_logs import failure_reason, last_bytes, locate, parse_logs, waiting_reason
+from federation.job_logs import (
+    KeptAttempt,
+    KeptReplica,
+    LogArchive,
+    LogsSettings,
+    failure_reason,
+    last_bytes,
+    locate,
+    parse_logs,
+    waiting_reason,
+)
 from federation.job_logs_stream import Chunk, Target, read_replica, select_kept
 from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.kv_memory import MemoryKv
 from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
 
 
@@ -202,3 +213,37 @@ def test_without_follow_an_unreachable_cluster_is_an_error() -> None:
                 clock=lambda: 0.0,
             )
         )
+
+
+def test_kept_attempts_round_trip_and_expire_at_the_retention() -> None:
+    kv = MemoryKv()
+    archive = LogArchive(kv, LogsSettings(retain_hours=1.0))
+    state = a_replica("OOMKilled", 137)
+    kept = KeptAttempt(
+        attempt=1,
+        cluster="onprem",
+        gpu_type="A100",
+        capacity_kind="private",
+        usd_per_gpu_hour=1.1,
+        started_at_s=100.0,
+        finished_at_s=160.0,
+        outcome="FAILED",
+        reason="OOMKilled",
+        kept_at_s=1000.0,
+        note="",
+        replicas=(KeptReplica("worker", 0, state, 6),),
+    )
+
+    async def run() -> tuple[KeptAttempt | None, bytes, KeptAttempt | None, int]:
+        await archive.keep("job-1", kept, {("worker", 0): b"x y z\n"})
+        fresh = await archive.summary("job-1", 1, now_s=1000.0 + 3599)
+        data = await archive.log("job-1", 1, "worker", 0)
+        stale = await archive.summary("job-1", 1, now_s=1000.0 + 3601)
+        lease = (await kv.get(b"/gpufed/logs/job-1/1/worker-0")).lease  # type: ignore[union-attr]
+        return fresh, data, stale, lease
+
+    fresh, data, stale, lease = asyncio.run(run())
+    assert fresh == kept
+    assert data == b"x y z\n"
+    assert stale is None
+    assert lease != 0, "kept copies go with a lease, so that etcd forgets them"
