@@ -12,7 +12,8 @@ import pytest
 
 from clusters.sim import ManualClock, SimPoolConfig, cluster
 from clusters.sim.engine import Engine
-from clusters.sim.resources import BATCH_JOBS, EVENTS, NODES, POD_GROUPS, PODS, ResourceType
+from clusters.sim.errors import ApiError
+from clusters.sim.resources import BATCH_JOBS, EVENTS, NAMESPACES, NODES, POD_GROUPS, PODS, ResourceType
 
 Obj = dict[str, Any]
 
@@ -315,3 +316,43 @@ def test_an_image_that_never_pulls_is_retried_with_a_doubling_back_off() -> None
     assert (waiting(), pulls()) == ("ImagePullBackOff", 2)
     advance(engine, 0.1)
     assert (waiting(), pulls(), phases(engine)) == ("ErrImagePull", 3, {"img": "Pending"})
+
+
+def test_a_deleted_namespace_empties_then_goes_when_its_slowest_pod_is_killed() -> None:
+    engine = an_engine()
+    create(engine, NAMESPACES, {"metadata": {"name": "t"}}, namespace="")
+    create(engine, BATCH_JOBS, an_indexed_job("j", 2), namespace="t")
+    stubborn = a_pod("stubborn", duration_s=600, terminationGracePeriodSeconds=30)
+    stubborn["metadata"]["annotations"]["sim.gpufed.io/ignore-sigterm"] = "true"
+    create(engine, PODS, stubborn, namespace="t")
+    assert {p["status"]["phase"] for p in engine.store.list(PODS, "t")} == {"Running"}
+
+    engine.lifecycle.delete(NAMESPACES, "", "t")
+    engine.reconcile()
+    ns = engine.store.require(NAMESPACES, "", "t")
+    assert ns["status"]["phase"] == "Terminating"
+    assert ns["spec"]["finalizers"] == ["kubernetes"]
+    assert engine.store.list(BATCH_JOBS, "t") == []
+    with pytest.raises(ApiError) as refused:
+        engine.admission.admit_create(PODS, a_pod("late"), "t")
+    assert refused.value.code == 403
+    assert refused.value.details is not None
+    assert refused.value.details["causes"][0]["reason"] == "NamespaceTerminating"
+
+    advance(engine, 1)  # the Job's pods exit promptly on SIGTERM
+    assert [p["metadata"]["name"] for p in engine.store.list(PODS, "t")] == ["stubborn"]
+    assert engine.store.list(EVENTS, "t") == []  # late events are dropped, not stored
+    advance(engine, 28)
+    assert engine.store.get(NAMESPACES, "", "t") is not None
+    advance(engine, 2)  # killed at the end of its grace period: the namespace goes with it
+    assert engine.store.get(NAMESPACES, "", "t") is None
+
+
+def test_deleting_a_terminating_namespace_again_is_a_conflict() -> None:
+    engine = an_engine()
+    create(engine, NAMESPACES, {"metadata": {"name": "t"}}, namespace="")
+    create(engine, PODS, a_pod("p"), namespace="t")
+    engine.lifecycle.delete(NAMESPACES, "", "t")
+    with pytest.raises(ApiError) as again:
+        engine.lifecycle.delete(NAMESPACES, "", "t")
+    assert again.value.code == 409
