@@ -29,7 +29,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.auth import Authenticator, Principal, can_read_tenant, job_not_found
 from federation.cache import JobCache
-from federation.errors import GpufedError, InvalidArgument, NotFound, RateLimited
+from federation.errors import FailedPrecondition, GpufedError, InvalidArgument, NotFound, RateLimited
 from federation.job_logs import LogArchive, LogsSettings, locate
 from federation.job_logs_stream import KEPT, Chunk, Target, merged, select_kept
 from federation.jobs import JobRecord
@@ -237,11 +237,13 @@ class LogsService(pb_grpc.LogsServicer):
     ) -> AsyncIterator[Chunk]:
         kept = await self._archive.summary(job.job_id, attempt, self._clock())
         if kept is None:
+            if job.placement is None and attempt == job.attempt:
+                # The job exists and the caller may read it: "not yet" is a state, not an absence
+                # (NOT_FOUND stays the answer an outsider gets).
+                raise FailedPrecondition(f"job {job.job_id} has not started yet: no logs")
             raise NotFound(
                 f"job {job.job_id} attempt {attempt}: no logs (its pods are gone and none were kept, or "
                 f"they are older than {self._settings.retain_hours:g} hours)"
-                if job.placement is not None or attempt < job.attempt
-                else f"job {job.job_id} has not started yet: no logs"
             )
         for r in sorted(kept.replicas, key=lambda k: (k.task, k.replica)):
             if not wanted(r.task, r.replica):

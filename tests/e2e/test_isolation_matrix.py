@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
+from federation.api.v1 import gpufed_pb2 as pb
 from federation.capacity_client import CapacityClient, plan_request
 from federation.client import GpufedClient
 from federation.datasets_client import DatasetsClient
@@ -108,6 +109,8 @@ CALLS: dict[str, Call] = {
     "WatchJobs": lambda c, s, t: next(iter(c.watch(job_id=_job(s, t), timeout_s=5))),
     "CancelJob": lambda c, s, t: c.cancel(_job(s, t)),
     "ExplainJob": lambda c, s, t: c.explain(_job(s, t)),
+    "StreamLogs": lambda c, s, t: list(c.logs(pb.StreamLogsRequest(job_id=_job(s, t)), timeout_s=5)),
+    "DescribeJob": lambda c, s, t: c.describe(_job(s, t)),
     "SetTenant": lambda c, s, t: c.set_tenant(f"name: {t}\nweight: 1\n"),
     "GetTenant": lambda c, s, t: c.get_tenant(t),
     "DeleteTenant": lambda c, s, t: c.delete_tenant(t),
@@ -159,6 +162,9 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "WatchJobs": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "CancelJob": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "ExplainJob": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    # The matrix's jobs never start (no cluster has B200): a reader is told there are no logs yet.
+    "StreamLogs": {"admin": (FP, FP), "infra": (FP, FP), "finance": (NF, NF), "member": (FP, NF)},
+    "DescribeJob": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "SetTenant": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (PD, PD)},
     "GetTenant": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (OK, NF)},
     # The tenants have users and jobs: even an admin may not delete them.
@@ -297,6 +303,8 @@ BY_JOB_ID: dict[str, Callable[[GpufedClient, str], Any]] = {
     "WatchJobs": lambda c, job_id: next(iter(c.watch(job_id=job_id, timeout_s=5))),
     "CancelJob": lambda c, job_id: c.cancel(job_id),
     "ExplainJob": lambda c, job_id: c.explain(job_id),
+    "StreamLogs": lambda c, job_id: list(c.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=5)),
+    "DescribeJob": lambda c, job_id: c.describe(job_id),
     "PreviewCapacityPlan": lambda c, job_id: CapacityClient(c).preview_plan(
         plan_request(
             kind="deadline", cluster="cloud", gpu_type="H100", end_s=time.time() + 3600, job_ids=[job_id]
