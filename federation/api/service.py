@@ -323,7 +323,8 @@ class JobService(pb_grpc.JobServiceServicer):
                 return tenant is None or job.tenant == tenant
 
             def changed(job: JobRecord) -> bool:
-                state = (job.phase, job.attempt, job.cancel_requested)
+                # The reason too: an attempt waiting on ImagePullBackOff is news before its phase moves.
+                state = (job.phase, job.attempt, job.cancel_requested, job.reason)
                 if last_sent.get(job.job_id) == state:
                     return False
                 last_sent[job.job_id] = state

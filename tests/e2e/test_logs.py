@@ -217,6 +217,13 @@ def test_oom_killed_attempts_keep_their_logs_and_say_why(fed: ServerProcess) -> 
 def test_an_image_that_never_pulls_shows_in_list_and_describe(fed: ServerProcess) -> None:
     with fed.client("alice") as alice:
         job_id = alice.submit(_annotated("pull", {"sim.gpufed.io/fail-image-pull": "true"})).job_id
+        # A watch says why the job waits while it is still DISPATCHED, without a phase change.
+        watched = next(
+            event
+            for event in alice.watch(job_id=job_id, include_initial=True, timeout_s=60)
+            if event.job.reason == "ImagePullBackOff"
+        )
+        assert watched.job.phase == pb.JOB_PHASE_DISPATCHED
 
         def reason() -> bool:
             return {j.job_id: j for j in alice.list_all()}[job_id].reason == "ImagePullBackOff"
