@@ -96,6 +96,11 @@ class Reconciler:
         self._evictions_sent: set[GangKey] = set()
         self._cancels_sent: set[GangKey] = set()
         self._leftovers = Leftovers(members, clock, CANCEL_GRACE_PERIOD_S)
+        # The first start each live attempt's cluster reported. An attempt killed before it was seen
+        # RUNNING (a namespace deleted under it) may close only once its pods are gone, when the
+        # cluster no longer says when they started; the ledger still charges from here. A new leader
+        # starts empty and relies on what the cluster still shows.
+        self._started_at: dict[GangKey, float] = {}
         self._refusing: dict[ClusterName, ClusterRefusing] = {}
         self._holding: dict[JobId, list[tuple[ClusterName, int]]] = {}
 
@@ -184,6 +189,8 @@ class Reconciler:
         if job.placement is not None:
             on_cluster = statuses.get(job.placement.cluster)
             gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
+            if gang is not None and gang.started_at_s is not None:
+                self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
         if job.cancel_requested:
             nxt = await self._cancel(job, gang)
         elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
@@ -215,7 +222,7 @@ class Reconciler:
                 job,
                 nxt,
                 site=self._members.site(job.placement.cluster),
-                started_at_s=None if gang is None else gang.started_at_s,
+                started_at_s=self._started_at.get((job.job_id, job.attempt)),
                 # A cancel is recorded once the pods are gone, and so is an attempt whose pods the
                 # reconciler waited for: the GPUs count until then, as the cloud bills them.
                 finished_at_s=None
@@ -231,6 +238,7 @@ class Reconciler:
         if revision is None:
             return False
         self._leftovers.forget((job.job_id, job.attempt))
+        self._started_at.pop((job.job_id, job.attempt), None)
         self._cancels_sent.discard((job.job_id, job.attempt))
         self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()
         log.info(

@@ -252,3 +252,35 @@ async def test_a_cancelled_job_is_charged_until_its_pods_are_gone(
         gone_at_s,
         IntervalEnd.CANCELLED,
     )
+
+
+async def test_an_attempt_killed_before_it_was_seen_running_is_charged_from_its_pods_start(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace deleted under a gang that just started: the cluster said once when its pods
+    started, then the gang and its pods went before the job was ever RUNNING. The GPUs were held
+    from that start until the pods were gone, and the ledger says so."""
+    job_id = await submit(world, a_job("brief", duration="600s"))
+    cluster = world.cluster
+    # The cluster shows the gang pending, pods not yet started.
+    shown = [GangStatus(job_id=job_id, attempt=1, phase=GangPhase.PENDING, live_pods=2)]
+
+    async def statuses() -> Sequence[GangStatus]:
+        return tuple(shown)
+
+    monkeypatch.setattr(cluster, "statuses", statuses)
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED
+    started_at_s = world.clock.now
+    shown[0] = replace(shown[0], started_at_s=started_at_s)
+    await world.step(0.5)
+    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED, "PENDING is not RUNNING"
+    shown.clear()  # the gang object and its pods are gone at once
+    cluster.forget(job_id, 1)
+    gone_at_s = world.clock.now + 0.5
+    await world.step(0.5)
+    # (The faked cluster shows no gang at all from now on, so later attempts vanish too.)
+    assert (await world.job(job_id)).attempt >= 2
+    listed, _ = await world.store.list_ledger()
+    first = next(iv for iv in listed if iv.attempt == 1)
+    assert (first.start_s, first.end_s) == (started_at_s, gone_at_s)
