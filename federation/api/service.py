@@ -315,7 +315,7 @@ class JobService(pb_grpc.JobServiceServicer):
         guard = StreamGuard(self._auth, context.invocation_metadata(), who)
         queue = self._cache.subscribe()
         try:
-            last_sent: dict[JobId, tuple[JobPhase, int, bool]] = {}
+            last_sent: dict[JobId, tuple[JobPhase, int, bool, str]] = {}
 
             def wanted(job: JobRecord) -> bool:
                 if request.job_id and job.job_id != request.job_id:
