@@ -105,7 +105,14 @@ class LeaderElection:
                         return
 
     async def _keepalive(self) -> None:
-        why = await self._refresh_until_lost()
+        try:
+            why = await self._refresh_until_lost()
+        except Exception as error:
+            # A task that dies leaves `lost` unset: this server would go on believing it leads while
+            # nobody refreshes the lease. Giving up leadership is safe (every commit is fenced) and
+            # the server's loop acquires again.
+            why = f"keepalive failed: {error!r}"
+            log.exception("leader_keepalive_crashed", identity=self.identity)
         log.warning("leader_lost", identity=self.identity, reason=why)
         self._lost.set()
         # Give the lease back if etcd is there to take it, so that a standby (or our own next acquire)

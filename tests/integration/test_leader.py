@@ -115,3 +115,23 @@ async def test_the_leader_gives_up_when_etcd_is_gone_for_a_ttl(tmp_path: Path) -
         finally:
             await election.close()
             await kv.close()
+
+
+async def test_an_unexpected_keepalive_error_ends_the_leadership_instead_of_hiding(
+    etcd_kv: EtcdKv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any failure of the lease refresh other than etcd being away still ends the leadership: a
+    keepalive task that died quietly would leave this server believing it leads with no lease."""
+    election = LeaderElection(etcd_kv, "me", ttl_s=2)
+    try:
+        await election.acquire()
+
+        async def broken(lease_id: int) -> int:
+            raise RuntimeError("a bug, or an error etcd never sent before")
+
+        monkeypatch.setattr(etcd_kv, "keepalive", broken)
+        await asyncio.wait_for(election.lost().wait(), timeout=3)
+        assert not election.is_leader
+    finally:
+        monkeypatch.undo()
+        await election.close()
