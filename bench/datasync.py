@@ -10,7 +10,7 @@ changed, 5 added and 3 deleted, synced beside version 1's copy (bytes moved agai
 Each tool runs `--repeats` times (3; 1 with --quick) in alternating order and the median counts.
 `--quick` uses 4 x 16 MiB and 2,000 x 4 KiB (under a minute). Ends with `figure_name: value unit` lines.
 
-    .venv/bin/python bench/datasync.py [--quick] [--concurrency 32]
+    .venv/bin/python bench/datasync.py [--quick] [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def _children_cpu_s() -> float:
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=SyncOptions().concurrency)
     parser.add_argument(
         "--repeats", type=int, default=None, help="runs of each tool (default 3, 1 with --quick)"
     )
