@@ -32,7 +32,7 @@ from clusters.kubernetes import (  # noqa: E402
     KubernetesClusterConfig,
     KubernetesSettings,
 )
-from federation.sim_process import SimProcess  # noqa: E402
+from federation.runtime.sim_process import SimProcess  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuType, Provider  # noqa: E402
 from tests.contract.helpers import a_gang  # noqa: E402
 

@@ -35,9 +35,9 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.client import GpufedClient  # noqa: E402
-from federation.etcd_process import EtcdProcess  # noqa: E402
-from federation.manifest_text import wire_manifest  # noqa: E402
+from federation.api.client import GpufedClient  # noqa: E402
+from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
+from federation.spec.manifest_text import wire_manifest  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
 CONFIG = """\

@@ -36,12 +36,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc  # noqa: E402
-from federation.client import GpufedClient  # noqa: E402
-from federation.etcd_process import EtcdProcess  # noqa: E402
-from federation.job_logs_stream import split_stamp, stamp_s  # noqa: E402
-from federation.sim_process import SimProcess  # noqa: E402
+from federation.joblogs.stream import split_stamp, stamp_s  # noqa: E402
+from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
+from federation.runtime.sim_process import SimProcess  # noqa: E402
 from tests.e2e.harness import ServerProcess, wait_for  # noqa: E402
 
 KUBECTL = str(ROOT / ".venv" / "bin" / "kubectl")

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from federation.cli_replay import executor_for  # noqa: E402
+from federation.cli.replay import executor_for  # noqa: E402
 from federation.replay.config import load_config  # noqa: E402
 from federation.replay.report import headlines, markdown, write_all  # noqa: E402
 from federation.replay.sweep import sweep  # noqa: E402

@@ -23,9 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation.ledger import IntervalEnd, LedgerInterval  # noqa: E402
-from federation.records import TenantRecord  # noqa: E402
-from federation.report import (  # noqa: E402
+from federation.ledger.report import (  # noqa: E402
     Bucket,
     Dim,
     ForecastBasis,
@@ -38,6 +36,8 @@ from federation.report import (  # noqa: E402
     render_html,
     render_json,
 )
+from federation.store.intervals import IntervalEnd, LedgerInterval  # noqa: E402
+from federation.store.records import TenantRecord  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuQuota, GpuType, JobId, TenantId  # noqa: E402
 
 TYPES = ("A100", "H100", "L4", "A10G", "V100", "T4")

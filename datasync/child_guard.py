@@ -14,7 +14,7 @@ is only trusted while `/proc/<pid>/cmdline` still reads as the recorded command,
 an unrelated process is never signalled.
 
 Here in datasync, the lowest layer that starts processes, so that `datasync.seaweed_process` and
-`federation.child_process` share it.
+`federation.runtime.child_process` share it.
 """
 
 from __future__ import annotations

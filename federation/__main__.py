@@ -1,5 +1,5 @@
 """`python -m federation` is the `gpufed` command."""
 
-from federation.cli import main
+from federation.cli.main import main
 
 main()

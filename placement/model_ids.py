@@ -18,7 +18,7 @@ GpuType = NewType("GpuType", str)
 
 
 class JobPhase(StrEnum):
-    """Where a job is in its life. Transitions are checked against one table (federation.jobs)."""
+    """Where a job is in its life. Transitions are checked against one table (federation.store.jobs)."""
 
     QUEUED = "QUEUED"
     ADMITTED = "ADMITTED"

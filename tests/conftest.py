@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from federation.etcd_process import EtcdProcess
-from federation.jobs import JobRecord
-from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
-from federation.kv_etcd import EtcdKv
-from federation.store import PREFIX, KvStore
+from federation.runtime.etcd_process import EtcdProcess
+from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.store.job_store import PREFIX, KvStore
+from federation.store.jobs import JobRecord
+from federation.store.kv_etcd import EtcdKv
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from federation.etcd_process import EtcdProcess, EtcdServerTls, free_port
-from federation.kv_etcd_channel import EtcdTls
+from federation.runtime.etcd_process import EtcdProcess, EtcdServerTls, free_port
+from federation.store.kv_etcd_channel import EtcdTls
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,22 +20,22 @@ from federation.api.admin_access import AccessAdmin, user_to_pb
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import (
+from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound
+from federation.metrics import Metrics
+from federation.security.auth import (
     Authenticator,
     Principal,
     check_admin,
     check_read_tenant_config,
     readable_tenants,
 )
-from federation.cache import JobCache
-from federation.config_policy import check_tenant_tree, parse_tenant, tenant_document
-from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound
-from federation.manifest_text import load_manifest_text
-from federation.metrics import Metrics
-from federation.records import ApprovalRecord, TenantRecord
-from federation.security_store import SecurityStore
-from federation.store import JobStore
-from federation.validate import free_text, name_field, shown
+from federation.security.tokens import SecurityStore
+from federation.spec.manifest_text import load_manifest_text
+from federation.spec.validate import free_text, name_field, shown
+from federation.store.config_policy import check_tenant_tree, parse_tenant, tenant_document
+from federation.store.job_cache import JobCache
+from federation.store.job_store import JobStore
+from federation.store.records import ApprovalRecord, TenantRecord
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")

@@ -14,12 +14,12 @@ import structlog
 from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth import Principal, check_admin
 from federation.errors import InvalidArgument, InvalidSpec, NotFound
-from federation.records import Role, UserRecord
-from federation.security_store import AuditEvent, SecurityStore, TokenRecord, new_token, token_hash
-from federation.store import JobStore
-from federation.validate import name_field, shown
+from federation.security.auth import Principal, check_admin
+from federation.security.tokens import AuditEvent, SecurityStore, TokenRecord, new_token, token_hash
+from federation.spec.validate import name_field, shown
+from federation.store.job_store import JobStore
+from federation.store.records import Role, UserRecord
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")

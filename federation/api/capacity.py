@@ -22,7 +22,14 @@ from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import (
+from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
+from federation.capacity.preview import held_now, need_usd_per_hour, plan_state, pool_states, preview
+from federation.capacity.records import CapacitySettings, PendingOp, PlanKind, PlanRecord
+from federation.capacity.store import CapacityStore
+from federation.capacity.track import plan_values, pool_usage
+from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from federation.metrics import Metrics
+from federation.security.auth import (
     Authenticator,
     Principal,
     can_read_tenant,
@@ -30,17 +37,10 @@ from federation.auth import (
     check_name_jobs_in_plan,
     check_read_capacity,
 )
-from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
-from federation.capacity_preview import held_now, need_usd_per_hour, plan_state, pool_states, preview
-from federation.capacity_records import CapacitySettings, PendingOp, PlanKind, PlanRecord
-from federation.capacity_store import CapacityStore
-from federation.capacity_track import plan_values, pool_usage
-from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
-from federation.jobs import JobRecord
-from federation.metrics import Metrics
-from federation.security_store import AuditEvent, SecurityStore
-from federation.store import JobStore
-from federation.validate import shown
+from federation.security.tokens import AuditEvent, SecurityStore
+from federation.spec.validate import shown
+from federation.store.job_store import JobStore
+from federation.store.jobs import JobRecord
 from iac.pool_state import PoolState
 from placement.model import ClusterName, ClusterState, GpuType, JobId
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.jobs import JobRecord, PhaseEvent
-from federation.spec import render_manifest
+from federation.spec.training_job import render_manifest
+from federation.store.jobs import JobRecord, PhaseEvent
 from placement.model import ClusterState, JobPhase, WaitReason
 
 _PHASES: dict[JobPhase, pb.JobPhase.ValueType] = {

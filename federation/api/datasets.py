@@ -28,16 +28,8 @@ from federation.api.datasets_trust import store_call as _store_call
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import (
-    Authenticator,
-    Principal,
-    acting_tenant,
-    can_read_tenant,
-    check_read_dataset,
-    check_sync_dataset,
-    listable_tenant,
-)
-from federation.datasets import (
+from federation.datasets.grants import GrantDirectory, allows
+from federation.datasets.registry import (
     DatasetRegistry,
     cache_prefix,
     dataset_name_field,
@@ -47,16 +39,24 @@ from federation.datasets import (
     resolve,
     version_field,
 )
-from federation.datasets_grants import GrantDirectory, allows
-from federation.datasets_stores import StoreDirectory
-from federation.datasets_syncs import SyncRecord, SyncRecords
+from federation.datasets.staging_run import egress_rate, evict_copy
+from federation.datasets.stores import StoreDirectory
+from federation.datasets.syncs import SyncRecord, SyncRecords
 from federation.errors import FailedPrecondition, InvalidSpec, NotFound, PermissionDenied
 from federation.metrics import Metrics
-from federation.records import Role
-from federation.security_store import SecurityStore
-from federation.staging_run import egress_rate, evict_copy
-from federation.store import JobStore
-from federation.validate import name_field, shown
+from federation.security.auth import (
+    Authenticator,
+    Principal,
+    acting_tenant,
+    can_read_tenant,
+    check_read_dataset,
+    check_sync_dataset,
+    listable_tenant,
+)
+from federation.security.tokens import SecurityStore
+from federation.spec.validate import name_field, shown
+from federation.store.job_store import JobStore
+from federation.store.records import Role
 from placement.model import JobId, TenantId
 
 MAX_SHARED = 100

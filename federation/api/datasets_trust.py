@@ -13,15 +13,15 @@ import structlog
 from datasync import CopyKey, DatasetVersion, DatasyncError, StoreName, verify_copy
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth import Principal, check_admin, listable_tenant
-from federation.datasets import DatasetRegistry, prefix_field
-from federation.datasets_grants import MAX_PREFIXES, Grant, GrantDirectory, grant_rows
-from federation.datasets_stores import StoreDirectory
-from federation.datasets_trust import VerifyOutcome, verify_cached
+from federation.datasets.grants import MAX_PREFIXES, Grant, GrantDirectory, grant_rows
+from federation.datasets.registry import DatasetRegistry, prefix_field
+from federation.datasets.stores import StoreDirectory
+from federation.datasets.trust import VerifyOutcome, verify_cached
 from federation.errors import FailedPrecondition, InvalidSpec, NotFound, StoreUnavailable
-from federation.security_store import AuditEvent, SecurityStore
-from federation.store import JobStore
-from federation.validate import name_field, shown
+from federation.security.auth import Principal, check_admin, listable_tenant
+from federation.security.tokens import AuditEvent, SecurityStore
+from federation.spec.validate import name_field, shown
+from federation.store.job_store import JobStore
 
 log = structlog.get_logger("gpufed.api")
 T = TypeVar("T")

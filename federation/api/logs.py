@@ -6,7 +6,7 @@ job is decided exactly as for `GetJob` (another tenant's job is NOT_FOUND, in th
 missing one), and what one caller can take is bounded: bytes per call, open streams per tenant and
 per server (RESOURCE_EXHAUSTED, with the limit in the message). A cluster that cannot be reached is
 UNAVAILABLE naming it; a follow already streaming says so in a notice and goes on when it answers.
-Attempts whose pods are gone are served from the copy kept when they ended (`federation.job_logs`).
+Attempts whose pods are gone are served from the copy kept when they ended (`federation.joblogs.archive`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import Authenticator, Principal, can_read_tenant, job_not_found
-from federation.cache import JobCache
 from federation.errors import FailedPrecondition, GpufedError, InvalidArgument, NotFound, RateLimited
-from federation.job_logs import LogArchive, LogsSettings, locate
-from federation.job_logs_stream import KEPT, Chunk, Target, merged, select_kept
-from federation.jobs import JobRecord
-from federation.members import MemberClusters
+from federation.joblogs.archive import LogArchive, LogsSettings, locate
+from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
 from federation.metrics import Metrics
-from federation.ratelimit import ReadRateLimiter
-from federation.store import JobStore
+from federation.scheduling.members import MemberClusters
+from federation.security.auth import Authenticator, Principal, can_read_tenant, job_not_found
+from federation.security.ratelimit import ReadRateLimiter
+from federation.store.job_cache import JobCache
+from federation.store.job_store import JobStore
+from federation.store.jobs import JobRecord
 from placement.model import JobId, TenantId
 
 log = structlog.get_logger("gpufed.api.logs")

@@ -1,7 +1,7 @@
 """`gpufed describe`: one view of a job across all its attempts, as `kubectl describe` gives of a pod.
 
 The current attempt is read live from its cluster (its pods, their last states, the events of the
-gang's objects); ended attempts come from the summary kept when they ended (`federation.job_logs`),
+gang's objects); ended attempts come from the summary kept when they ended (`federation.joblogs.archive`),
 so they stay visible after their pods were collected or their cluster was lost. Where neither
 exists, the job's own history still says where each attempt ran and how it ended.
 """
@@ -14,10 +14,10 @@ from clusters.api import ClusterError, GangEvent, GangInspector, ReplicaState
 from federation.api import convert
 from federation.api.redact import Redactor
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.job_logs import KeptAttempt, LogArchive, locate, waiting_reason
-from federation.jobs import JobRecord
-from federation.members import MemberClusters
-from federation.store import JobStore
+from federation.joblogs.archive import KeptAttempt, LogArchive, locate, waiting_reason
+from federation.scheduling.members import MemberClusters
+from federation.store.job_store import JobStore
+from federation.store.jobs import JobRecord
 from placement.model import JobPhase
 
 

@@ -15,12 +15,12 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from federation.auth import Principal, can_read_tenant
-from federation.jobs import JobRecord
+from federation.security.auth import Principal, can_read_tenant
+from federation.store.jobs import JobRecord
 from placement.model import JobId, TenantId
 from placement.model_plan import WaitCode, WaitReason
 
-# How the reconcilers name the job a preemption was for (`federation.reconciler`): "preempted for
+# How the reconcilers name the job a preemption was for (`federation.scheduling.reconciler`): "preempted for
 # <job id>: <reason>" and "preempted for <job id> (<reason>)". Job ids are DNS labels.
 _PREEMPTED_FOR = re.compile(r"preempted for ([a-z0-9][-a-z0-9]*)")
 OTHER_JOB = "a job of another tenant"

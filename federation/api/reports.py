@@ -16,12 +16,9 @@ from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import Authenticator, Principal, report_scope
 from federation.errors import InvalidArgument
-from federation.ledger import LedgerInterval
-from federation.ledger_cache import LedgerCache
-from federation.metrics import Metrics
-from federation.report import (
+from federation.ledger.cache import LedgerCache
+from federation.ledger.report import (
     Bucket,
     Dim,
     Report,
@@ -35,10 +32,13 @@ from federation.report import (
     render_json,
     render_table,
 )
-from federation.report.idle import ProvisionedInterval
-from federation.store import JobStore
-from federation.usage import month_start_s
-from federation.validate import shown
+from federation.ledger.report.idle import ProvisionedInterval
+from federation.ledger.usage import month_start_s
+from federation.metrics import Metrics
+from federation.security.auth import Authenticator, Principal, report_scope
+from federation.spec.validate import shown
+from federation.store.intervals import LedgerInterval
+from federation.store.job_store import JobStore
 from placement.model import TenantId
 
 RENDERERS: dict[str, tuple[Callable[[Report], str], str]] = {

@@ -1,8 +1,8 @@
 """The gRPC servicers: authenticate, authorize, validate, then read or write through the store.
 
-Handlers are thin. Authorization rules live in `federation.auth`, validation in `federation.spec`,
-storage in `federation.store`; each handler only strings them together, and `_unary` maps every
-project error to its status code in one place.
+Handlers are thin. Authorization rules live in `federation.security.auth`, validation in
+`federation.spec.training_job`, storage in `federation.store.job_store`; each handler only strings
+them together, and `_unary` maps every project error to its status code in one place.
 """
 
 from __future__ import annotations
@@ -24,17 +24,6 @@ from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-from federation.auth import (
-    Authenticator,
-    Principal,
-    acting_tenant,
-    can_read_tenant,
-    check_write_job,
-    job_not_found,
-    listable_tenant,
-)
-from federation.cache import JobCache
-from federation.dispatch_backoff import ClusterRefusing, backoff_text
 from federation.errors import (
     FailedPrecondition,
     GpufedError,
@@ -44,15 +33,26 @@ from federation.errors import (
     PermissionDenied,
     RateLimited,
 )
-from federation.idempotent_retry import accepted_before
-from federation.jobs import JobRecord
-from federation.jobspec import DatasetRef
 from federation.metrics import Metrics
-from federation.ratelimit import ReadRateLimiter, SubmitRateLimiter
-from federation.records import SchedulingSettings, TenantRecord
-from federation.spec import manifest_digest, parse_manifest
-from federation.store import JobStore, Stored
-from federation.validate import free_text
+from federation.scheduling.dispatch_backoff import ClusterRefusing, backoff_text
+from federation.security.auth import (
+    Authenticator,
+    Principal,
+    acting_tenant,
+    can_read_tenant,
+    check_write_job,
+    job_not_found,
+    listable_tenant,
+)
+from federation.security.ratelimit import ReadRateLimiter, SubmitRateLimiter
+from federation.spec.jobspec import DatasetRef
+from federation.spec.training_job import manifest_digest, parse_manifest
+from federation.spec.validate import free_text
+from federation.store.idempotent_retry import accepted_before
+from federation.store.job_cache import JobCache
+from federation.store.job_store import JobStore, Stored
+from federation.store.jobs import JobRecord
+from federation.store.records import SchedulingSettings, TenantRecord
 from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId, WaitReason
 
 log = structlog.get_logger("gpufed.api")
@@ -77,7 +77,7 @@ class SubmitPolicy(Protocol):
 
 
 class DatasetPolicy(Protocol):
-    """Whether a tenant's job may name a dataset (`federation.datasets_check.DatasetCheck`)."""
+    """Whether a tenant's job may name a dataset (`federation.datasets.check.DatasetCheck`)."""
 
     async def check(self, tenant: TenantId, ref: DatasetRef, settings: SchedulingSettings) -> None: ...
 
@@ -125,7 +125,7 @@ class CallHandlers:
         self._metrics = metrics
 
     async def principal(self, context: Ctx) -> Principal:
-        # The peer's address bounds its failed authentications (`federation.auth_limits`); test
+        # The peer's address bounds its failed authentications (`federation.security.auth_limits`); test
         # doubles of the context may not have one.
         peer = context.peer() if hasattr(context, "peer") else ""
         return await self._auth.authenticate(context.invocation_metadata(), peer=peer)

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from federation.auth import TOKEN_CACHE_TTL_S, Authenticator, Principal
 from federation.errors import PermissionDenied
+from federation.security.auth import TOKEN_CACHE_TTL_S, Authenticator, Principal
 
 # Between re-checks; a check trusts a token resolution up to TTL - RECHECK_S old, so a revocation
 # ends a stream at most TOKEN_CACHE_TTL_S after it, even when no event flows.

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess
 from tests.etcd_cluster import EtcdCluster
 

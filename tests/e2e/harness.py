@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from federation.client import GpufedClient, TlsClient, wait_until_serving
+from federation.api.client import GpufedClient, TlsClient, wait_until_serving
 
 CONFIG = Path(__file__).with_name("federation.yaml")
 

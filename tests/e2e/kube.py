@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.sim_process import SimProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess
 
 

@@ -21,12 +21,12 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from federation.api.capacity_client import CapacityClient, plan_request
+from federation.api.client import GpufedClient, wait_until_serving
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.capacity_client import CapacityClient, plan_request
-from federation.client import GpufedClient, wait_until_serving
-from federation.embedded import ENDPOINT_FILE, default_config_path, read_endpoint
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.embedded import ENDPOINT_FILE, default_config_path, read_endpoint
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import write_config
 

@@ -34,8 +34,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import PodLife, PodRecorder, job_of, write_config
 

@@ -15,8 +15,8 @@ from typing import IO
 import pytest
 import yaml
 
-from federation.client import wait_until_serving
-from federation.embedded import ENDPOINT_FILE, read_endpoint
+from federation.api.client import wait_until_serving
+from federation.runtime.embedded import ENDPOINT_FILE, read_endpoint
 from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.e2e

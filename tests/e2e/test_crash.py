@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient
-from federation.etcd_process import EtcdProcess
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.etcd_cluster import EtcdCluster
 

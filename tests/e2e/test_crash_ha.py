@@ -25,10 +25,10 @@ from typing import Any
 import grpc
 import pytest
 
+from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import PodRecorder, write_config
 from tests.etcd_cluster import EtcdCluster

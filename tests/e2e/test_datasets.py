@@ -27,10 +27,10 @@ import pytest
 from datasync import ObjectStore, open_store
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store_config import S3StoreConfig
+from federation.api.client import GpufedClient, wait_until_serving
+from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient, wait_until_serving
-from federation.datasets_client import DatasetsClient
-from federation.embedded import ENDPOINT_FILE, read_endpoint
+from federation.runtime.embedded import ENDPOINT_FILE, read_endpoint
 from tests.e2e.harness import manifest, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -24,8 +24,8 @@ import pytest
 from obstore.store import S3Store
 
 from datasync.seaweed_process import SeaweedProcess
+from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.datasets_client import DatasetsClient
 from tests.e2e.harness import wait_for
 from tests.e2e.test_datasets import Embedded, _hashes, _phases, _put, _run_job
 

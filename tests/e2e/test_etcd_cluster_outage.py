@@ -26,8 +26,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.etcd_cluster import EtcdCluster, make_certs
 

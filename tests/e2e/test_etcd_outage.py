@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 
 pytestmark = pytest.mark.e2e

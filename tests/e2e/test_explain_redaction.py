@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import CONFIG, ServerProcess, manifest, wait_for
 
 pytestmark = pytest.mark.e2e

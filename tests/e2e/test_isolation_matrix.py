@@ -18,11 +18,11 @@ from typing import Any
 import grpc
 import pytest
 
+from federation.api.capacity_client import CapacityClient, plan_request
+from federation.api.client import GpufedClient
+from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.capacity_client import CapacityClient, plan_request
-from federation.client import GpufedClient
-from federation.datasets_client import DatasetsClient
-from federation.etcd_process import EtcdProcess
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest
 
 pytestmark = pytest.mark.e2e

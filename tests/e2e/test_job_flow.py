@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.client import GpufedClient
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -21,8 +21,8 @@ import pytest
 from kubernetes import client as k8s
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import _api, gang_pods, gangs, job_of, sim_admin, write_config
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import PodRecorder, gang_pods, gangs, job_of, sim_admin, write_config
 

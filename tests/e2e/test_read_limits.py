@@ -15,11 +15,11 @@ import urllib.request
 import grpc
 import pytest
 
+from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth_limits import FAILED_AUTH_BURST
-from federation.client import GpufedClient
-from federation.etcd_process import EtcdProcess
-from federation.ratelimit import READ_BURST
+from federation.runtime.etcd_process import EtcdProcess
+from federation.security.auth_limits import FAILED_AUTH_BURST
+from federation.security.ratelimit import READ_BURST
 from tests.e2e.harness import ServerProcess
 
 pytestmark = pytest.mark.e2e

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
-from federation.render import clusters_table
-from federation.sim_process import SimProcess
+from federation.cli.render import clusters_table
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
 from tests.e2e.kube import job_of, write_config
 

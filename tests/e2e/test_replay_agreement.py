@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.etcd_process import EtcdProcess
 from federation.replay.config import load_config
 from federation.replay.policies import PolicyKind, PolicySpec
 from federation.replay.sim import simulate
 from federation.replay.trace import TraceJob, assign_gpu_types, read_trace
 from federation.replay.world import PoolDef, World
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from placement.model import CapacityKind, ClusterName, GpuType, GpuTypePolicy, Provider, TenantId, TenantQuota
 from tests.e2e.harness import ServerProcess, wait_for
 from tests.e2e.kube import gang_pods, sim_admin, write_config

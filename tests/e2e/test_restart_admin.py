@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from federation.client import GpufedClient
-from federation.etcd_process import EtcdProcess
+from federation.api.client import GpufedClient
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import CONFIG, ServerProcess, manifest
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ import grpc
 import pytest
 import yaml
 
-from federation.client import GpufedClient, TlsClient
-from federation.etcd_process import EtcdProcess
+from federation.api.client import GpufedClient, TlsClient
+from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import CONFIG, ServerProcess, manifest
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from federation.auth import TOKEN_CACHE_TTL_S
-from federation.client import GpufedClient
+from federation.api.client import GpufedClient
+from federation.security.auth import TOKEN_CACHE_TTL_S
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 
 pytestmark = pytest.mark.e2e

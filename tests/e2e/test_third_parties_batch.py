@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from federation.etcd_process import EtcdProcess
-from federation.sim_process import SimProcess
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import gang_pods, write_config
 from tests.e2e.test_third_parties import (

@@ -23,9 +23,9 @@ import pytest
 from datasync import open_store
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store_config import S3StoreConfig
-from federation.client import GpufedClient, wait_until_serving
-from federation.datasets_client import DatasetsClient
-from federation.embedded import read_endpoint
+from federation.api.client import GpufedClient, wait_until_serving
+from federation.api.datasets_client import DatasetsClient
+from federation.runtime.embedded import read_endpoint
 from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -30,14 +30,14 @@ from datasync import (
 )
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store import list_all
-from federation.datasets import DatasetRegistry, cache_prefix
-from federation.datasets_fence import CopyBusy, fence_key, fenced
-from federation.datasets_stores import StoreDirectory, StoreRecord
-from federation.datasets_syncs import SyncRecord, SyncRecords, SyncState
-from federation.datasets_trust import check_cached
-from federation.kv_etcd import EtcdKv
-from federation.records import SchedulingSettings
-from federation.staging_run import SyncRunner, evict_copy
+from federation.datasets.fence import CopyBusy, fence_key, fenced
+from federation.datasets.registry import DatasetRegistry, cache_prefix
+from federation.datasets.staging_run import SyncRunner, evict_copy
+from federation.datasets.stores import StoreDirectory, StoreRecord
+from federation.datasets.syncs import SyncRecord, SyncRecords, SyncState
+from federation.datasets.trust import check_cached
+from federation.store.kv_etcd import EtcdKv
+from federation.store.records import SchedulingSettings
 from placement.model import TenantId
 from tests.integration.seaweed import store_of
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from federation.errors import StoreUnavailable
-from federation.kv_etcd import EtcdKv
-from federation.kv_etcd_channel import EtcdTls
+from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_channel import EtcdTls
 from tests.etcd_cluster import Certs, EtcdCluster, make_certs
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from federation.etcd_process import EtcdProcess
-from federation.kv import (
+from federation.runtime.etcd_process import EtcdProcess
+from federation.store.kv import (
     MAX_TXN_OPS,
     Compare,
     CompareOp,
@@ -30,8 +30,8 @@ from federation.kv import (
     WatchCompacted,
     WatchEvent,
 )
-from federation.kv_etcd import EtcdKv
-from federation.kv_memory import MemoryKv
+from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_memory import MemoryKv
 
 P = b"/gpufed/kvtest/"
 

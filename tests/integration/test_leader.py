@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from federation.etcd_process import EtcdProcess
-from federation.jobs import JobRecord
-from federation.kv_etcd import EtcdKv
-from federation.leader import LeaderElection
-from federation.store import LEADER_KEY, KvStore
+from federation.runtime.etcd_process import EtcdProcess
+from federation.scheduling.leader import LeaderElection
+from federation.store.job_store import LEADER_KEY, KvStore
+from federation.store.jobs import JobRecord
+from federation.store.kv_etcd import EtcdKv
 
 pytestmark = pytest.mark.integration
 

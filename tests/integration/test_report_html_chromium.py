@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from federation.report import ReportQuery, compute_report, render_html
-from federation.report.html import PALETTE
+from federation.ledger.report import ReportQuery, compute_report, render_html
+from federation.ledger.report.html import PALETTE
 from tests.unit.test_report_query import a_tenant, an_interval, t
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,13 +13,13 @@ from typing import TypeVar
 
 import pytest
 
-from federation.cache import JobCache
 from federation.errors import IdempotencyConflict, StoreUnavailable
-from federation.etcd_process import EtcdProcess
-from federation.jobs import JobRecord
-from federation.kv_etcd import EtcdKv
-from federation.records import Role, UserRecord
-from federation.store import PAGE_SIZE, PREFIX, KvStore
+from federation.runtime.etcd_process import EtcdProcess
+from federation.store.job_cache import JobCache
+from federation.store.job_store import PAGE_SIZE, PREFIX, KvStore
+from federation.store.jobs import JobRecord
+from federation.store.kv_etcd import EtcdKv
+from federation.store.records import Role, UserRecord
 from placement.model import JobId, JobPhase, TenantId
 
 pytestmark = pytest.mark.integration

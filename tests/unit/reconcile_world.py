@@ -10,16 +10,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 from clusters.memory import InMemoryCluster
-from federation.cache import JobCache
-from federation.jobs import JobRecord
-from federation.jobspec import RestartPolicy
-from federation.ledger_cache import LedgerCache
-from federation.members import MemberClusters
+from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
-from federation.reconciler import Reconciler
-from federation.records import ClusterRecord, PoolConfig, SchedulingSettings, TenantRecord
-from federation.scheduler import Scheduler
-from federation.store import InMemoryJobStore, KvStore
+from federation.scheduling.members import MemberClusters
+from federation.scheduling.reconciler import Reconciler
+from federation.scheduling.scheduler import Scheduler
+from federation.spec.jobspec import RestartPolicy
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.jobs import JobRecord
+from federation.store.records import ClusterRecord, PoolConfig, SchedulingSettings, TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, Provider, TenantId
 from tests.conftest import build_job
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from federation.api.streams import StreamGuard
-from federation.auth import (
+from federation.errors import NotFound, PermissionDenied, Unauthenticated
+from federation.security.auth import (
     TOKEN_CACHE_TTL_S,
     Authenticator,
     Principal,
@@ -18,9 +19,8 @@ from federation.auth import (
     job_not_found,
     listable_tenant,
 )
-from federation.errors import NotFound, PermissionDenied, Unauthenticated
-from federation.records import Role, UserRecord
-from federation.store import InMemoryJobStore, KvStore
+from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.records import Role, UserRecord
 from placement.model import TenantId
 
 VISION, NLP = TenantId("vision"), TenantId("nlp")

@@ -10,12 +10,12 @@ import re
 
 import pytest
 
-from federation.auth import Authenticator
-from federation.auth_limits import FAILED_AUTH_BURST, FAILED_AUTH_RATE_PER_S, peer_address
 from federation.errors import RateLimited, Unauthenticated
-from federation.ratelimit import ReadRateLimiter
-from federation.records import Role, UserRecord
-from federation.store import InMemoryJobStore
+from federation.security.auth import Authenticator
+from federation.security.auth_limits import FAILED_AUTH_BURST, FAILED_AUTH_RATE_PER_S, peer_address
+from federation.security.ratelimit import ReadRateLimiter
+from federation.store.job_store import InMemoryJobStore
+from federation.store.records import Role, UserRecord
 from placement.model import TenantId
 
 PEER = "ipv4:10.0.0.7:51234"

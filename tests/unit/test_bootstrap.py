@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from federation.bootstrap import bootstrap
-from federation.config import parse_config
-from federation.embedded import default_config_path
-from federation.kv_memory import MemoryKv
-from federation.security_store import SecurityStore
-from federation.store import KvStore
+from federation.runtime.bootstrap import bootstrap
+from federation.runtime.config import parse_config
+from federation.runtime.embedded import default_config_path
+from federation.security.tokens import SecurityStore
+from federation.store.job_store import KvStore
+from federation.store.kv_memory import MemoryKv
 
 
 def _trail(store: KvStore) -> list[tuple[str, str, str]]:

@@ -15,16 +15,16 @@ import pytest
 
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth import Authenticator
-from federation.cache import JobCache
-from federation.cache_index import JobIndex, list_key
-from federation.datasets import DatasetRegistry
-from federation.datasets_check import DatasetCheck
-from federation.jobs import JobRecord
+from federation.datasets.check import DatasetCheck
+from federation.datasets.registry import DatasetRegistry
 from federation.metrics import Metrics
-from federation.records import Role, TenantRecord, UserRecord
-from federation.server import TenantDirectory
-from federation.store import InMemoryJobStore, Stored
+from federation.runtime.server import TenantDirectory
+from federation.security.auth import Authenticator
+from federation.store.job_cache import JobCache
+from federation.store.job_cache_index import JobIndex, list_key
+from federation.store.job_store import InMemoryJobStore, Stored
+from federation.store.jobs import JobRecord
+from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import JobId, JobPhase, TenantId
 from tests.conftest import build_job
 

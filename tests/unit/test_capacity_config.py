@@ -9,18 +9,18 @@ from typing import Any
 import pytest
 import yaml
 
-from federation.capacity_config import parse_capacity
-from federation.capacity_pools import build_provisioner, scalable_pools
-from federation.capacity_records import (
+from federation.capacity.config import parse_capacity
+from federation.capacity.pools import build_provisioner, scalable_pools
+from federation.capacity.records import (
     CapacitySettings,
     ProvisionerKind,
     settings_from_dict,
     settings_to_dict,
 )
-from federation.config import load_config
-from federation.embedded import default_config_path
 from federation.errors import InvalidSpec
-from federation.records import ClusterRecord, PoolConfig
+from federation.runtime.config import load_config
+from federation.runtime.embedded import default_config_path
+from federation.store.records import ClusterRecord, PoolConfig
 from iac.automation import PulumiProvisioner
 from iac.simulated import SimulatedProvisioner
 from placement.model import CapacityKind, ClusterName, GpuType, Provider

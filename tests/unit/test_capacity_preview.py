@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
-from federation.capacity_preview import plan_state, pool_states, preview
-from federation.capacity_records import CapacitySettings, PlanKind, PlanRecord, ProvisionerKind
-from federation.records import ClusterRecord, PoolConfig
+from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
+from federation.capacity.preview import plan_state, pool_states, preview
+from federation.capacity.records import CapacitySettings, PlanKind, PlanRecord, ProvisionerKind
+from federation.store.records import ClusterRecord, PoolConfig
 from iac.plans import FixedPlan
 from placement.model import CapacityKind, ClusterName, GpuType, Provider
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from federation.capacity import CapacityReconciler
-from federation.capacity_pools import PoolKey, ScalablePoolEntry, scalable_pools
-from federation.capacity_records import CapacitySettings, PendingOp, PlanKind, PlanRecord, ProvisionerKind
-from federation.capacity_store import CapacityStore
-from federation.kv_memory import MemoryKv
-from federation.records import ClusterRecord, PoolConfig
+from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
+from federation.capacity.reconciler import CapacityReconciler
+from federation.capacity.records import CapacitySettings, PendingOp, PlanKind, PlanRecord, ProvisionerKind
+from federation.capacity.store import CapacityStore
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import ClusterRecord, PoolConfig
 from iac.api import ChangeResult
 from iac.errors import QuotaExceeded, Throttled
 from iac.memory import InMemoryProvisioner

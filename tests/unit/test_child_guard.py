@@ -13,7 +13,7 @@ import pytest
 
 from datasync.child_guard import clear_leftover, die_with_parent, write_pid_file
 from federation.errors import InvalidSpec
-from federation.kv_etcd_channel import EtcdTls, parse_endpoints
+from federation.store.kv_etcd_channel import EtcdTls, parse_endpoints
 
 
 def _alive(pid: int) -> bool:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from federation.cli import cli
-from federation.manifest_text import MAX_MANIFEST_BYTES
+from federation.cli.main import cli
+from federation.spec.manifest_text import MAX_MANIFEST_BYTES
 from tests.e2e.harness import manifest
 
 

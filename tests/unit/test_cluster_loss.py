@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from clusters.api import GangPhase
-from federation.jobspec import RestartAction, RestartPolicy
+from federation.spec.jobspec import RestartAction, RestartPolicy
 from placement.model import JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus
-from federation.collector import FINISHED_GANG_RETENTION_S, StaleWhy, stale_gangs
-from federation.jobs import JobPlacement, JobRecord
+from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, StaleWhy, stale_gangs
+from federation.store.jobs import JobPlacement, JobRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase
 from tests.conftest import build_job
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from federation.config import parse_config
-from federation.embedded import default_config_path
 from federation.errors import InvalidSpec
-from federation.members import MemberClusters, kubernetes_config
-from federation.validate import name_field
+from federation.runtime.config import parse_config
+from federation.runtime.embedded import default_config_path
+from federation.scheduling.members import MemberClusters, kubernetes_config
+from federation.spec.validate import name_field
 from placement.model import CapacityKind, GpuType
 
 

@@ -16,13 +16,13 @@ from datasync import (
     StoreName,
     VersionId,
 )
-from federation.datasets import DatasetRegistry
-from federation.datasets_check import DatasetCheck, refusal
+from federation.datasets.check import DatasetCheck, refusal
+from federation.datasets.registry import DatasetRegistry
 from federation.errors import FailedPrecondition
-from federation.jobspec import DatasetRef
-from federation.kv import KeyValue, RangeResult
-from federation.kv_memory import MemoryKv
-from federation.records import DatasetLocation, SchedulingSettings
+from federation.spec.jobspec import DatasetRef
+from federation.store.kv import KeyValue, RangeResult
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import DatasetLocation, SchedulingSettings
 from placement.model import TenantId
 
 VISION, NLP, SPEECH = TenantId("vision"), TenantId("nlp"), TenantId("speech")

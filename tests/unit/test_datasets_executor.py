@@ -16,8 +16,7 @@ from datasync.plan import SyncPlan
 from datasync.ray_executor import RayExecutor
 from datasync.store_config import LocalStoreConfig
 from datasync.sync import Executor
-from federation.config import parse_config
-from federation.datasets_executor import (
+from federation.datasets.executor import (
     DatasyncSettings,
     ExecutorKind,
     Executors,
@@ -26,11 +25,12 @@ from federation.datasets_executor import (
     settings_to_json,
     shard_count,
 )
-from federation.datasets_stores import StoreRecord
-from federation.datasets_syncs import SyncState
+from federation.datasets.staging import GateKind
+from federation.datasets.stores import StoreRecord
+from federation.datasets.syncs import SyncState
 from federation.errors import InvalidSpec
-from federation.kv_memory import MemoryKv
-from federation.staging import GateKind
+from federation.runtime.config import parse_config
+from federation.store.kv_memory import MemoryKv
 from tests.unit.test_datasets_staging import KIB, _world, staged_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,9 @@ def test_shards_follow_the_bytes_up_to_the_limit(copy_bytes: int, expected: int)
 
 
 def test_choosing_an_executor_does_not_import_ray() -> None:
-    code = "import sys, federation.server, federation.datasets_executor; assert 'ray' not in sys.modules"
+    code = (
+        "import sys, federation.runtime.server, federation.datasets.executor; assert 'ray' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

@@ -26,7 +26,8 @@ from datasync import (
     manifest_to_json,
 )
 from datasync.store_config import LocalStoreConfig
-from federation.datasets import (
+from federation.datasets.check import DatasetCheck
+from federation.datasets.registry import (
     DatasetRegistry,
     cache_prefix,
     dataset_ref_field,
@@ -34,17 +35,16 @@ from federation.datasets import (
     placer_locations,
     with_registry_locations,
 )
-from federation.datasets_check import DatasetCheck
-from federation.datasets_stores import StoreRecord
+from federation.datasets.staging import GateKind
+from federation.datasets.stores import StoreRecord
 from federation.errors import FailedPrecondition, InvalidSpec
-from federation.jobspec import DatasetRef
-from federation.kv import KeyValue
-from federation.kv_memory import MemoryKv
-from federation.priorities import DEFAULT_PRIORITY_CLASSES
-from federation.records import DatasetLocation, SchedulingSettings
-from federation.snapshot import PlacerInputs, gang_request
-from federation.spec import parse_manifest
-from federation.staging import GateKind
+from federation.scheduling.snapshot import PlacerInputs, gang_request
+from federation.spec.jobspec import DatasetRef
+from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
+from federation.spec.training_job import parse_manifest
+from federation.store.kv import KeyValue
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import DatasetLocation, SchedulingSettings
 from placement.model import TenantId
 from tests.conftest import build_job
 from tests.unit.test_datasets_staging import _world, staged_job

@@ -22,17 +22,22 @@ from datasync import (
     build_manifest,
 )
 from datasync.store_config import LocalStoreConfig, MemoryStoreConfig
-from federation.datasets import DatasetRegistry, placer_locations, prefix_field, with_registry_locations
-from federation.datasets_executor import Executors
-from federation.datasets_stores import StoreDirectory, StoreRecord, parse_object_stores
-from federation.datasets_syncs import SyncRecords, SyncState
+from federation.datasets.executor import Executors
+from federation.datasets.registry import (
+    DatasetRegistry,
+    placer_locations,
+    prefix_field,
+    with_registry_locations,
+)
+from federation.datasets.staging import GateKind, Stager, gate_transition
+from federation.datasets.staging_run import SyncRunner
+from federation.datasets.stores import StoreDirectory, StoreRecord, parse_object_stores
+from federation.datasets.syncs import SyncRecords, SyncState
 from federation.errors import FailedPrecondition, InvalidSpec
-from federation.jobs import JobPlacement, JobRecord
-from federation.jobspec import DatasetRef, RestartAction, RestartPolicy
-from federation.kv_memory import MemoryKv
-from federation.records import DatasetLocation, SchedulingSettings
-from federation.staging import GateKind, Stager, gate_transition
-from federation.staging_run import SyncRunner
+from federation.spec.jobspec import DatasetRef, RestartAction, RestartPolicy
+from federation.store.jobs import JobPlacement, JobRecord
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import DatasetLocation, SchedulingSettings
 from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, TenantId
 from tests.unit.reconcile_world import a_job
 

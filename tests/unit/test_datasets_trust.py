@@ -12,14 +12,14 @@ import pytest
 
 from datasync import CopyKey, DatasetName, StoreName, VersionId
 from datasync.store_config import LocalStoreConfig
-from federation.datasets import prefix_field
-from federation.datasets_executor import DatasyncSettings, Executors, parse_datasync
-from federation.datasets_grants import GrantDirectory, allows
-from federation.datasets_stores import StoreRecord, parse_object_stores, store_from_json, store_to_json
-from federation.datasets_trust import check_cached, verify_cached
+from federation.datasets.executor import DatasyncSettings, Executors, parse_datasync
+from federation.datasets.grants import GrantDirectory, allows
+from federation.datasets.registry import prefix_field
+from federation.datasets.staging import GateKind
+from federation.datasets.stores import StoreRecord, parse_object_stores, store_from_json, store_to_json
+from federation.datasets.trust import check_cached, verify_cached
 from federation.errors import InvalidSpec
-from federation.kv_memory import MemoryKv
-from federation.staging import GateKind
+from federation.store.kv_memory import MemoryKv
 from tests.unit.test_datasets_staging import World, _world, staged_job
 
 KEY = CopyKey(StoreName("cloud"), DatasetName("vision/mini"), VersionId("v1"))

@@ -15,7 +15,9 @@ import pytest
 from clusters.api import ClusterUnreachable, GangWorkload
 from federation.api.service import explain_summary
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.dispatch_backoff import (
+from federation.cli.render import clusters_table
+from federation.metrics import Metrics
+from federation.scheduling.dispatch_backoff import (
     CLUSTER_PROBE_MAX_S,
     MAX_DELAY_S,
     REFUSING_COUNT,
@@ -25,9 +27,7 @@ from federation.dispatch_backoff import (
     refused,
     refusing_clusters,
 )
-from federation.metrics import Metrics
-from federation.reconciler import Reconciler
-from federation.render import clusters_table
+from federation.scheduling.reconciler import Reconciler
 from placement.model import ClusterName, JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

@@ -29,21 +29,21 @@ from federation.api.logs import LogsService
 from federation.api.reports import ReportService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth import Authenticator
-from federation.cache import JobCache
-from federation.capacity_store import CapacityStore
-from federation.datasets import DatasetRegistry
-from federation.datasets_check import DatasetCheck
-from federation.datasets_stores import StoreDirectory, StoreRecord
-from federation.datasets_syncs import SyncRecords
-from federation.job_logs import LogArchive, LogsSettings
-from federation.ledger_cache import LedgerCache
-from federation.members import MemberClusters
+from federation.capacity.store import CapacityStore
+from federation.datasets.check import DatasetCheck
+from federation.datasets.registry import DatasetRegistry
+from federation.datasets.stores import StoreDirectory, StoreRecord
+from federation.datasets.syncs import SyncRecords
+from federation.joblogs.archive import LogArchive, LogsSettings
+from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
-from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
-from federation.security_store import SecurityStore
-from federation.server import TenantDirectory
-from federation.store import InMemoryJobStore, KvStore
+from federation.runtime.server import TenantDirectory
+from federation.scheduling.members import MemberClusters
+from federation.security.auth import Authenticator
+from federation.security.tokens import SecurityStore
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
 ADMIN_TOKEN = "admin-token"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from federation.errors import StoreUnavailable
-from federation.group_commit import GroupCommit
-from federation.kv import Compare, Get, Op, Put, Txn, TxnResult
-from federation.kv_memory import MemoryKv
+from federation.store.group_commit import GroupCommit
+from federation.store.kv import Compare, Get, Op, Put, Txn, TxnResult
+from federation.store.kv_memory import MemoryKv
 
 
 class CountingKv(MemoryKv):

@@ -12,9 +12,9 @@ import pytest
 
 from clusters.api import ClusterUnreachable, GangEvent, LogOptions, ReplicaState
 from federation.api.logs import StreamLimits
-from federation.cli_logs import parse_since
+from federation.cli.logs import parse_since
 from federation.errors import InvalidSpec, RateLimited
-from federation.job_logs import (
+from federation.joblogs.archive import (
     KeptAttempt,
     KeptReplica,
     LogArchive,
@@ -25,9 +25,9 @@ from federation.job_logs import (
     parse_logs,
     waiting_reason,
 )
-from federation.job_logs_stream import Chunk, Target, read_replica, select_kept
-from federation.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
-from federation.kv_memory import MemoryKv
+from federation.joblogs.stream import Chunk, Target, read_replica, select_kept
+from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.store.kv_memory import MemoryKv
 from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
 
 

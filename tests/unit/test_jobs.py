@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from federation.errors import InvalidTransition
-from federation.jobs import TRANSITIONS, JobRecord, Owner, job_from_dict, job_to_dict
-from federation.jobspec import TaskSpec
+from federation.spec.jobspec import TaskSpec
+from federation.store.jobs import TRANSITIONS, JobRecord, Owner, job_from_dict, job_to_dict
 from placement.model import JobPhase
 from tests.conftest import build_job
 

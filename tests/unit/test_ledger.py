@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from federation.jobs import Owner
-from federation.jobspec import RestartAction, RestartPolicy
-from federation.ledger import IntervalEnd, LedgerInterval, ledger_key
-from federation.store import KvStore
+from federation.spec.jobspec import RestartAction, RestartPolicy
+from federation.store.intervals import IntervalEnd, LedgerInterval, ledger_key
+from federation.store.job_store import KvStore
+from federation.store.jobs import Owner
 from placement.model import CapacityKind, JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

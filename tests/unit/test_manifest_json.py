@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.errors import InvalidSpec
-from federation.manifest_text import wire_manifest
-from federation.priorities import DEFAULT_PRIORITY_CLASSES
-from federation.spec import parse_manifest
+from federation.spec.manifest_text import wire_manifest
+from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
+from federation.spec.training_job import parse_manifest
 
 EXAMPLES = sorted(
     p

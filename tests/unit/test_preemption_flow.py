@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from federation.records import ApprovalRecord, SchedulingSettings, TenantRecord
+from federation.store.records import ApprovalRecord, SchedulingSettings, TenantRecord
 from placement.model import GpuQuota, GpuType, JobPhase, PolicyConfig, TenantId, WaitCode
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

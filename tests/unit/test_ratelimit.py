@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from federation.config_policy import parse_tenant, tenant_document
 from federation.errors import InvalidSpec, RateLimited
-from federation.ratelimit import SubmitRateLimiter, retry_after_s
+from federation.security.ratelimit import SubmitRateLimiter, retry_after_s
+from federation.store.config_policy import parse_tenant, tenant_document
 
 
 class Clock:

@@ -12,10 +12,10 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus
-from federation.jobspec import RestartAction, RestartPolicy
-from federation.ledger import IntervalEnd
-from federation.reconciler import CANCEL_GRACE_PERIOD_S
-from federation.workload import sim_duration_s
+from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S
+from federation.scheduling.workload import sim_duration_s
+from federation.spec.jobspec import RestartAction, RestartPolicy
+from federation.store.intervals import IntervalEnd
 from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

@@ -20,16 +20,16 @@ import pytest
 from federation.api.redact import OTHER_JOB, OTHER_TENANT, Redactor
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.auth import Authenticator, Principal
-from federation.cache import JobCache
-from federation.datasets import DatasetRegistry
-from federation.datasets_check import DatasetCheck
-from federation.jobs import JobRecord, PhaseEvent
+from federation.datasets.check import DatasetCheck
+from federation.datasets.registry import DatasetRegistry
 from federation.metrics import Metrics
-from federation.records import Role, TenantRecord, UserRecord
-from federation.server import TenantDirectory
-from federation.spec import parse_manifest
-from federation.store import InMemoryJobStore
+from federation.runtime.server import TenantDirectory
+from federation.security.auth import Authenticator, Principal
+from federation.spec.training_job import parse_manifest
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore
+from federation.store.jobs import JobRecord, PhaseEvent
+from federation.store.records import Role, TenantRecord, UserRecord
 from placement import explain
 from placement.model import GpuType, JobId, JobPhase, TenantId
 from tests.e2e.harness import manifest

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from federation.ledger import LedgerInterval
-from federation.records import TenantRecord
-from federation.report import Bucket, Dim, ForecastBasis, ReportQuery, compute_report
-from federation.report.compute import Report, TenantSummary
+from federation.ledger.report import Bucket, Dim, ForecastBasis, ReportQuery, compute_report
+from federation.ledger.report.compute import Report, TenantSummary
+from federation.store.intervals import LedgerInterval
+from federation.store.records import TenantRecord
 from placement.model import CapacityKind, TenantId
 from tests.unit.test_report_query import NOVEMBER, H, a_query, a_tenant, an_interval, t
 

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from federation.ledger import LedgerInterval
-from federation.report import (
+from federation.ledger.report import (
     ProvisionedInterval,
     compute_report,
     idle_by_cluster,
@@ -16,6 +15,7 @@ from federation.report import (
     render_json,
     render_table,
 )
+from federation.store.intervals import LedgerInterval
 from placement.model import CapacityKind, TenantId
 from tests.unit.test_report_query import NOVEMBER, a_query, an_interval, t
 

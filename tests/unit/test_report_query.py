@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from federation.ledger import IntervalEnd, LedgerInterval
-from federation.records import TenantRecord
-from federation.report import Bucket, ReportQuery, utc_s
-from federation.report.query import bucket_edges, bucket_label, bucket_start_s
+from federation.ledger.report import Bucket, ReportQuery, utc_s
+from federation.ledger.report.query import bucket_edges, bucket_label, bucket_start_s
+from federation.store.intervals import IntervalEnd, LedgerInterval
+from federation.store.records import TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuQuota, GpuType, JobId, TenantId
 
 H = 3600.0
@@ -231,7 +231,7 @@ def test_bucket_edges_cover_the_period(
 
 def test_the_report_package_imports_without_grpc_or_etcd_and_keeps_its_public_names() -> None:
     code = (
-        "import sys, federation.report as r; "
+        "import sys, federation.ledger.report as r; "
         "print(sorted(m for m in ('grpc', 'aetcd') if m in sys.modules)); print(sorted(r.__all__))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

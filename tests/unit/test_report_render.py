@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from federation.ledger import LedgerInterval
-from federation.report import (
+from federation.ledger.report import (
     FOCUS_COLUMNS,
     Bucket,
     Dim,
@@ -25,6 +24,7 @@ from federation.report import (
     render_json,
     render_table,
 )
+from federation.store.intervals import LedgerInterval
 from placement.model import CapacityKind, TenantId
 from tests.unit.test_report_query import NOVEMBER, a_query, a_tenant, an_interval
 

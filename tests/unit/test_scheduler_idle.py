@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import federation.scheduler as scheduler_module
-from federation.scheduler_idle import IDLE_REPLAN_CYCLES, IdleGate
+import federation.scheduling.scheduler as scheduler_module
+from federation.scheduling.idle import IDLE_REPLAN_CYCLES, IdleGate
 from placement.model import JobPhase, Plan, Snapshot
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 

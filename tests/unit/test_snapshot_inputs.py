@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.api import GangPhase, GangStatus
-from federation.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
-from federation.jobspec import DatasetRef
-from federation.ledger import ClusterSite, LedgerInterval, ledger_update
-from federation.records import (
+from federation.ledger.usage import month_start_s, tenant_usage
+from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot, gang_request
+from federation.spec.jobspec import DatasetRef
+from federation.store.intervals import ClusterSite, LedgerInterval, ledger_update
+from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from federation.store.records import (
     ApprovalRecord,
     DatasetLocation,
     Role,
@@ -20,8 +22,6 @@ from federation.records import (
     TenantRecord,
     UserRecord,
 )
-from federation.snapshot import GangRequests, PlacerInputs, build_snapshot, gang_request
-from federation.usage import month_start_s, tenant_usage
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -162,7 +162,7 @@ def test_requests_are_rebuilt_when_the_inputs_change_version() -> None:
 
 
 def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_with_their_nodes() -> None:
-    from federation.usage import TenantUsage
+    from federation.ledger.usage import TenantUsage
     from placement.model import NodeShare
 
     running = _ran(_job("r", gpus=8), NOW - 600, None)[-1]
@@ -263,7 +263,7 @@ def _seen(phase: GangPhase, bound_gpus: int | None) -> GangStatus:
 def test_gpus_promised_but_not_yet_in_the_inventory_are_held_back(
     phase: JobPhase, answered: bool, status: GangStatus | None, held_back: tuple[int, ...]
 ) -> None:
-    from federation.snapshot import unbound_replica_gpus
+    from federation.scheduling.snapshot import unbound_replica_gpus
 
     assert unbound_replica_gpus(_placed(phase), answered, status) == held_back
 

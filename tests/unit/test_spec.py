@@ -1,4 +1,4 @@
-"""`federation.spec`: every rule names its field, defaults are filled in, hostile input is refused.
+"""`federation.spec.training_job`: every rule names its field, defaults are filled in, hostile input is refused.
 
 Most cases edit one field of a valid manifest (built as a dict, then dumped to YAML) and check the
 field path and a phrase of the rule. Loader-level cases (aliases, duplicate keys, ...) are raw text.
@@ -19,12 +19,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from federation import manifest_text as loader_module
 from federation.errors import InvalidSpec
-from federation.jobspec import DatasetRef, RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
-from federation.manifest_text import MAX_DEPTH, MAX_MANIFEST_BYTES, MAX_VALUES
-from federation.priorities import DEFAULT_PRIORITY_CLASSES
-from federation.spec import (
+from federation.spec import manifest_text as loader_module
+from federation.spec.jobspec import DatasetRef, RestartAction, RestartPolicy, TaskSpec, TrainingJobSpec
+from federation.spec.manifest_text import MAX_DEPTH, MAX_MANIFEST_BYTES, MAX_VALUES
+from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
+from federation.spec.training_job import (
     manifest_digest,
     parse_manifest,
     render_manifest,

@@ -13,13 +13,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from federation.cache import JobCache
 from federation.errors import Conflict, IdempotencyConflict, NotLeader
-from federation.jobs import JobRecord, job_to_dict
-from federation.kv_memory import MemoryKv
-from federation.leader import LeaderElection
-from federation.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
-from federation.store import (
+from federation.scheduling.leader import LeaderElection
+from federation.store.job_cache import JobCache
+from federation.store.job_store import (
     PAGE_SIZE,
     PREFIX,
     Fence,
@@ -30,6 +27,9 @@ from federation.store import (
     Stored,
     job_key,
 )
+from federation.store.jobs import JobRecord, job_to_dict
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from placement.model import (
     CapacityKind,
     ClusterName,

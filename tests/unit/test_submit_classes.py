@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from federation.api.service import check_priority_class
-from federation.auth import Principal
 from federation.errors import InvalidSpec, PermissionDenied
-from federation.records import Role, SchedulingSettings, TenantRecord
+from federation.security.auth import Principal
+from federation.store.records import Role, SchedulingSettings, TenantRecord
 from placement.model import TenantId
 
 SETTINGS = SchedulingSettings()

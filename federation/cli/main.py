@@ -1,0 +1,421 @@
+"""`gpufed`: the command line for users (submit, get, list, watch, cancel, explain) and operators (up, serve).
+
+Where to connect and as whom: `--server`/`GPUFED_SERVER` and `--token`, `--token-file`/`GPUFED_TOKEN_FILE`
+or `--user NAME` (the token file of the embedded default under `--state-dir`). With none of them,
+the embedded default in `./.gpufed` is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import grpc
+
+from federation.api.client import GpufedClient, TlsClient
+from federation.api.convert import phase_name
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.cli import access as cli_access
+from federation.cli import admin as cli_admin
+from federation.cli import capacity as cli_capacity
+from federation.cli import dataset as cli_dataset
+from federation.cli import logs as cli_logs
+from federation.cli import replay as cli_replay
+from federation.cli import report as cli_report
+from federation.cli.render import (
+    FORMATS,
+    as_dict,
+    clusters_table,
+    explain_text,
+    job_detail,
+    jobs_table,
+    structured,
+)
+from federation.errors import GpufedError
+from federation.logs import configure_logging
+from federation.runtime.embedded import EmbeddedInfo, read_endpoint, run_up
+
+DEFAULT_STATE_DIR = Path(".gpufed")
+
+
+class _Opts:
+    def __init__(self, **kwargs: Any) -> None:
+        self.server: str | None = kwargs["server"]
+        self.token: str | None = kwargs["token"]
+        self.token_file: str | None = kwargs["token_file"]
+        self.user: str | None = kwargs["user"]
+        self.state_dir: Path = Path(kwargs["state_dir"])
+        self.output: str = kwargs["output"]
+        self.tls_ca: str | None = kwargs["tls_ca"] or os.environ.get("GPUFED_TLS_CA")
+        self.tls_client_cert: str | None = kwargs["tls_client_cert"] or os.environ.get(
+            "GPUFED_TLS_CLIENT_CERT"
+        )
+        self.tls_client_key: str | None = kwargs["tls_client_key"] or os.environ.get("GPUFED_TLS_CLIENT_KEY")
+
+    def client(self) -> GpufedClient:
+        server = self.server or os.environ.get("GPUFED_SERVER")
+        if not server:
+            try:
+                server = read_endpoint(self.state_dir)["grpc"]
+            except FileNotFoundError as error:
+                raise click.ClickException(
+                    f"no server given and no embedded default running in {self.state_dir} "
+                    "(use --server, GPUFED_SERVER, or start one with `gpufed up`)"
+                ) from error
+        tls = None
+        if self.tls_ca is not None:
+            try:
+                tls = TlsClient(
+                    ca_pem=Path(self.tls_ca).read_bytes(),
+                    cert_pem=Path(self.tls_client_cert).read_bytes() if self.tls_client_cert else None,
+                    key_pem=Path(self.tls_client_key).read_bytes() if self.tls_client_key else None,
+                )
+            except OSError as error:
+                raise click.ClickException(f"cannot read a TLS file: {error}") from error
+        return GpufedClient(server, self._token(), tls=tls)
+
+    def _token(self) -> str:
+        if self.token:
+            return self.token
+        path = self.token_file or os.environ.get("GPUFED_TOKEN_FILE")
+        if path is None and self.user:
+            path = str(self.state_dir / "tokens" / f"{self.user}.token")
+        if path is None:
+            env = os.environ.get("GPUFED_TOKEN")
+            if env:
+                return env
+            raise click.ClickException("no token: use --token, --token-file, --user or GPUFED_TOKEN(_FILE)")
+        try:
+            return Path(path).read_text().strip()
+        except OSError as error:
+            raise click.ClickException(f"cannot read token file {path}: {error.strerror}") from error
+
+    def emit(self, message: Any, table_text: str) -> None:
+        if self.output == "table":
+            click.echo(table_text)
+        else:
+            click.echo(structured(as_dict(message), self.output))
+
+
+def _rpc(fn: Any) -> Any:
+    """Turn gRPC errors into a one-line message and exit status 1, instead of a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as error:
+            code = error.code().name if hasattr(error, "code") else "ERROR"
+            details = error.details() if hasattr(error, "details") else str(error)
+            raise click.ClickException(f"{code}: {details}") from error
+
+    return wrapper
+
+
+@click.group()
+@click.option("--server", help="gRPC address host:port (default: GPUFED_SERVER or the embedded default)")
+@click.option("--token", help="bearer token (prefer --token-file)")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="file holding the bearer token")
+@click.option("--user", help="use the embedded default's token file for this user")
+@click.option(
+    "--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True, help="embedded default's state"
+)
+@click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option(
+    "--tls-ca", default=None, help="CA that signed the server's certificate: use TLS (GPUFED_TLS_CA)"
+)
+@click.option("--tls-client-cert", default=None, help="client certificate for mutual TLS (PEM)")
+@click.option("--tls-client-key", default=None, help="client private key for mutual TLS (PEM)")
+@click.pass_context
+def cli(ctx: click.Context, /, **kwargs: Any) -> None:
+    """gpufed: one submission endpoint for GPU training jobs across clusters and clouds."""
+    ctx.obj = _Opts(**kwargs)
+
+
+@cli.command()
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="federation config (tenants, users, clusters)",
+)
+@click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
+@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port (0: any)")
+@click.pass_obj
+def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
+    """Start the embedded default: local etcd, the server and simulated clusters."""
+    configure_logging()
+
+    def ready(info: EmbeddedInfo) -> None:
+        click.echo(
+            f"gpufed is up: gRPC {info.grpc_target}, etcd {info.etcd_endpoint}, metrics {info.metrics_url}"
+        )
+        click.echo(f"state: {info.state_dir}")
+        for user, path in sorted(info.token_files.items()):
+            click.echo(f"token for {user}: {path}")
+        click.echo("try: gpufed --user alice submit -f examples/resnet-vision.yaml")
+        sys.stdout.flush()
+
+    from datasync.seaweed_process import SeaweedStartFailed
+    from federation.runtime.etcd_process import EtcdStartFailed
+    from federation.runtime.sim_process import SimStartFailed
+    from federation.runtime.state_lock import StateDirBusy, hold_state_dir
+
+    try:
+        # Only one gpufed up per state dir: the start clears what a crashed run left there.
+        with hold_state_dir(Path(opts.state_dir)):
+            asyncio.run(
+                run_up(
+                    opts.state_dir,
+                    config_path=Path(config) if config else None,
+                    grpc_port=port,
+                    metrics_port=metrics_port,
+                    on_ready=ready,
+                )
+            )
+    except (StateDirBusy, EtcdStartFailed, SimStartFailed, SeaweedStartFailed) as e:
+        raise click.ClickException(str(e)) from e
+
+
+@cli.command()
+@click.option(
+    "--etcd",
+    "etcd_endpoint",
+    required=True,
+    help="etcd client endpoints, comma-separated host:port (every member of the cluster; https:// for TLS)",
+)
+@click.option(
+    "--etcd-cacert",
+    envvar="GPUFED_ETCD_CACERT",
+    type=click.Path(exists=True, dir_okay=False),
+    help="CA of the etcd members' certificates: talk TLS to etcd (GPUFED_ETCD_CACERT)",
+)
+@click.option(
+    "--etcd-cert",
+    envvar="GPUFED_ETCD_CERT",
+    type=click.Path(exists=True, dir_okay=False),
+    help="client certificate for etcd's --client-cert-auth (GPUFED_ETCD_CERT)",
+)
+@click.option(
+    "--etcd-key",
+    envvar="GPUFED_ETCD_KEY",
+    type=click.Path(exists=True, dir_okay=False),
+    help="private key of --etcd-cert (GPUFED_ETCD_KEY)",
+)
+@click.option("--port", default=50051, show_default=True)
+@click.option("--metrics-port", default=None, type=int, help="Prometheus /metrics port")
+@click.option(
+    "--bootstrap", "bootstrap_path", type=click.Path(exists=True, dir_okay=False), help="config to load first"
+)
+@click.option("--identity", default=None, help="name in the leader election (default: host-pid)")
+@click.option(
+    "--tls-cert", type=click.Path(exists=True, dir_okay=False), help="server certificate chain (PEM)"
+)
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="server private key (PEM)")
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(exists=True, dir_okay=False),
+    help="require client certificates signed by this CA (mutual TLS)",
+)
+@click.option(
+    "--read-rate-per-s",
+    type=float,
+    default=None,
+    help="lists, watches and job lookups that reach etcd each caller may make per second on this "
+    "server; 0: no limit "
+    "(default 100, burst 200)",
+)
+@click.pass_obj
+def serve(
+    opts: _Opts,
+    etcd_endpoint: str,
+    etcd_cacert: str | None,
+    etcd_cert: str | None,
+    etcd_key: str | None,
+    port: int,
+    metrics_port: int | None,
+    bootstrap_path: str | None,
+    identity: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
+    read_rate_per_s: float | None,
+) -> None:
+    """Run one server against an existing etcd (several may share one etcd)."""
+    from federation.runtime.serve import TlsFiles, run_server
+    from federation.store.kv_etcd_channel import EtcdTls
+
+    if (etcd_cert is None) != (etcd_key is None):
+        raise click.BadParameter("give both --etcd-cert and --etcd-key", param_hint="--etcd-cert")
+    if etcd_cert is not None and etcd_cacert is None:
+        raise click.BadParameter(
+            "a client certificate for etcd needs its --etcd-cacert", param_hint="--etcd-cert"
+        )
+    etcd_tls = (
+        EtcdTls(
+            Path(etcd_cacert), Path(etcd_cert) if etcd_cert else None, Path(etcd_key) if etcd_key else None
+        )
+        if etcd_cacert
+        else None
+    )
+    if (tls_cert is None) != (tls_key is None):
+        raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
+    if tls_client_ca is not None and tls_cert is None:
+        raise click.BadParameter(
+            "mutual TLS needs the server's own --tls-cert and --tls-key", param_hint="--tls-client-ca"
+        )
+    tls = (
+        None
+        if tls_cert is None or tls_key is None
+        else TlsFiles(Path(tls_cert), Path(tls_key), Path(tls_client_ca) if tls_client_ca else None)
+    )
+
+    configure_logging()
+    asyncio.run(
+        run_server(
+            etcd_endpoint,
+            state_dir=opts.state_dir,
+            port=port,
+            metrics_port=metrics_port,
+            bootstrap_path=Path(bootstrap_path) if bootstrap_path else None,
+            identity=identity,
+            tls=tls,
+            read_rate_per_s=read_rate_per_s,
+            etcd_tls=etcd_tls,
+        )
+    )
+
+
+@cli.command()
+@click.option(
+    "-f", "--file", "path", required=True, type=click.File("r"), help="TrainingJob manifest ('-': stdin)"
+)
+@click.option("--idempotency-key", default=None, help="retry-safe key (default: a fresh UUID)")
+@click.pass_obj
+@_rpc
+def submit(opts: _Opts, path: Any, idempotency_key: str | None) -> None:
+    """Submit a TrainingJob manifest."""
+    with opts.client() as client:
+        reply = client.submit(path.read(), idempotency_key=idempotency_key or str(uuid.uuid4()))
+    suffix = "" if reply.created else " (already submitted with this idempotency key)"
+    opts.emit(reply, f"{reply.job_id} submitted{suffix}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_obj
+@_rpc
+def get(opts: _Opts, job_id: str) -> None:
+    """Show one job."""
+    with opts.client() as client:
+        job = client.get(job_id)
+    opts.emit(job, job_detail(job))
+
+
+@cli.command(name="list")
+@click.option("--tenant", default="", help="admins: one tenant (default all)")
+@click.option("--phase", "phases", multiple=True, help="only these phases (repeatable)")
+@click.pass_obj
+@_rpc
+def list_jobs(opts: _Opts, tenant: str, phases: tuple[str, ...]) -> None:
+    """List jobs you may see."""
+    try:
+        wanted = [pb.JobPhase.Value("JOB_PHASE_" + p.upper()) for p in phases]
+    except ValueError as error:
+        raise click.BadParameter(f"unknown phase in {phases}", param_hint="--phase") from error
+    with opts.client() as client:
+        jobs = client.list_all(tenant=tenant, phases=wanted)
+    opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
+
+
+@cli.command()
+@click.argument("job_id", required=False, default="")
+@click.option("--tenant", default="")
+@click.pass_obj
+@_rpc
+def watch(opts: _Opts, job_id: str, tenant: str) -> None:
+    """Stream phase changes (of one job until it ends, or of every visible job)."""
+    with opts.client() as client:
+        for event in client.watch(job_id=job_id, tenant=tenant):
+            j = event.job
+            if opts.output == "table":
+                where = f" on {j.cluster}" if j.cluster else ""
+                phase = phase_name(j.phase) + (f" ({j.reason})" if j.reason else "")
+                click.echo(f"{j.job_id}  {phase:<10} attempt {j.attempt}{where}  {j.message}".rstrip())
+            else:
+                click.echo(structured(as_dict(j), opts.output))
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--reason", default="")
+@click.pass_obj
+@_rpc
+def cancel(opts: _Opts, job_id: str, reason: str) -> None:
+    """Cancel a job (its gang is stopped on its cluster)."""
+    with opts.client() as client:
+        job = client.cancel(job_id, reason=reason)
+    opts.emit(job, f"{job.job_id} cancellation requested")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_obj
+@_rpc
+def explain(opts: _Opts, job_id: str) -> None:
+    """Say why a job waits (or where it runs)."""
+    with opts.client() as client:
+        reply = client.explain(job_id)
+    opts.emit(reply, explain_text(reply))
+
+
+@cli.command()
+@click.pass_obj
+@_rpc
+def whoami(opts: _Opts) -> None:
+    """Show the user, tenant and role of your token."""
+    with opts.client() as client:
+        me = client.whoami()
+    opts.emit(me, f"{me.user} (tenant {me.tenant}, role {me.role})")
+
+
+@cli.command()
+@click.pass_obj
+@_rpc
+def clusters(opts: _Opts) -> None:
+    """List member clusters with their pools, prices and free GPUs."""
+    with opts.client() as client:
+        reply = client.clusters()
+    opts.emit(reply, clusters_table(reply))
+
+
+@cli.command()
+@click.pass_obj
+def demo(opts: _Opts) -> None:
+    """Start the embedded default, run jobs from two tenants through it, and stop."""
+    from federation.cli.demo import run_demo
+
+    sys.exit(run_demo())
+
+
+cli_admin.register(cli, _rpc)
+cli_access.register(cli, _rpc)
+cli_report.register(cli, _rpc)
+cli_capacity.register(cli, _rpc)
+cli_replay.register(cli)
+cli_dataset.register(cli, _rpc)
+cli_logs.register(cli, _rpc)
+
+
+def main() -> None:
+    try:
+        cli()
+    except GpufedError as error:
+        # A bad config or a component that would not start: say which, without a traceback.
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)

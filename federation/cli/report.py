@@ -1,0 +1,188 @@
+"""`gpufed report ...`: finance's GPU-hour and cost reports from the usage ledger (ReportService).
+
+The server computes and renders; the CLI picks the period and the grouping and writes the result to
+the terminal or a file. Finance reads every tenant; a member reads only its own tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from federation.cli.render import as_dict, structured
+
+GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind")
+BUCKETS = ("", "day", "week", "month")
+REPORT_FORMATS = ("table", "csv", "json", "html")
+
+
+def parse_when(text: str, what: str) -> float:
+    """A UTC date (`2026-11-01`) or ISO 8601 time (`2026-11-01T08:00`, with or without a zone)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise click.BadParameter(
+            f"{text!r} is not a date (YYYY-MM-DD) or ISO 8601 time", param_hint=what
+        ) from error
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def month_period(text: str) -> tuple[float, float]:
+    """`2026-11` -> [2026-11-01, 2026-12-01) in UTC."""
+    try:
+        first = datetime.strptime(text, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError as error:
+        raise click.BadParameter(f"{text!r} is not a month (YYYY-MM)", param_hint="--month") from error
+    nxt = (
+        first.replace(year=first.year + 1, month=1)
+        if first.month == 12
+        else first.replace(month=first.month + 1)
+    )
+    return first.timestamp(), nxt.timestamp()
+
+
+def period(since: str | None, until: str | None, month: str | None) -> tuple[float | None, float | None]:
+    if month is not None:
+        if since is not None or until is not None:
+            raise click.BadParameter("give either --month or --from/--to", param_hint="--month")
+        return month_period(month)
+    return (
+        None if since is None else parse_when(since, "--from"),
+        None if until is None else parse_when(until, "--to"),
+    )
+
+
+def _write(content: str, out: str | None, what: str) -> None:
+    if out is None:
+        click.echo(content, nl=not content.endswith("\n"))
+        return
+    Path(out).write_text(content)
+    click.echo(f"{what} written to {out}", err=True)
+
+
+def _period_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--month", default=None, help="a calendar month, YYYY-MM (UTC)")(fn)
+    fn = click.option(
+        "--to", "until", default=None, help="end (exclusive): date or ISO time, UTC (default now)"
+    )(fn)
+    fn = click.option(
+        "--from", "since", default=None, help="start: date or ISO time, UTC (default: first of this month)"
+    )(fn)
+    fn = click.option("--tenant", default="", help="one tenant (finance: any; members: their own)")(fn)
+    return click.option("--out", default=None, help="write to this file instead of the terminal")(fn)
+
+
+def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
+    @cli.group(invoke_without_command=True)
+    @_period_options
+    @click.option(
+        "--by",
+        "group_by",
+        default="tenant",
+        show_default=True,
+        help=f"comma-separated grouping: {', '.join(GROUPS)}",
+    )
+    @click.option(
+        "--bucket", type=click.Choice(BUCKETS), default="", help="split by day, week (ISO) or month as well"
+    )
+    @click.option(
+        "-o", "--output", "fmt", type=click.Choice(REPORT_FORMATS), default="table", show_default=True
+    )
+    @click.pass_context
+    @rpc
+    def report(ctx: click.Context, /, **kw: Any) -> None:
+        """GPU-hours and cost from the usage ledger, with quota share, budget and forecast."""
+        if ctx.invoked_subcommand is not None:
+            return
+        groups = [g.strip() for g in kw["group_by"].split(",") if g.strip()]
+        unknown = [g for g in groups if g not in GROUPS]
+        if unknown:
+            raise click.BadParameter(
+                f"unknown grouping {', '.join(unknown)} (known: {', '.join(GROUPS)})", param_hint="--by"
+            )
+        start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        with ctx.obj.client() as client:
+            reply = client.report(
+                start_s=start_s,
+                end_s=end_s,
+                group_by=groups,
+                bucket=kw["bucket"],
+                tenant=kw["tenant"],
+                fmt=kw["fmt"],
+            )
+        _write(reply.content, kw["out"], "report")
+
+    @report.command()
+    @_period_options
+    @click.option(
+        "-o", "--output", "fmt", type=click.Choice(("csv", "json")), default="csv", show_default=True
+    )
+    @click.pass_obj
+    @rpc
+    def focus(opts: Any, /, **kw: Any) -> None:
+        """Export FOCUS-style rows (one per interval and day) for finance tools."""
+        start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        with opts.client() as client:
+            reply = client.export_focus(start_s=start_s, end_s=end_s, tenant=kw["tenant"], fmt=kw["fmt"])
+        _write(reply.content, kw["out"], "FOCUS export")
+
+    @report.command()
+    @_period_options
+    @click.pass_obj
+    @rpc
+    def ledger(opts: Any, /, **kw: Any) -> None:
+        """The ledger's intervals themselves: who held which GPUs, where, when and at what price."""
+        start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        with opts.client() as client:
+            reply = client.ledger(start_s=start_s, end_s=end_s, tenant=kw["tenant"])
+        if opts.output != "table":
+            _write(structured(as_dict(reply), opts.output), kw["out"], "ledger")
+            return
+        rows = [
+            (
+                "JOB",
+                "ATT",
+                "TENANT",
+                "USER",
+                "CLUSTER",
+                "GPU",
+                "N",
+                "KIND",
+                "START",
+                "END",
+                "GPU-H",
+                "USD",
+                "ENDED",
+            )
+        ]
+        for iv in reply.intervals:
+            rows.append(
+                (
+                    iv.job_id,
+                    str(iv.attempt),
+                    iv.tenant,
+                    iv.user,
+                    iv.cluster,
+                    iv.gpu_type,
+                    str(iv.gpu_count),
+                    iv.kind,
+                    _utc(iv.start_s),
+                    _utc(iv.end_s) if iv.end_s else "running",
+                    f"{iv.gpu_hours:.3f}",
+                    f"{iv.cost_usd:.2f}",
+                    iv.ended or "-",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        _write(text + "\n", kw["out"], "ledger")
+
+
+def _utc(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d %H:%M:%S")

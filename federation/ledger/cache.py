@@ -1,0 +1,86 @@
+"""The usage ledger in memory, kept current by list-then-watch, for budgets, fair share and reports.
+
+Reports over a month of intervals must answer in well under a second, and the scheduler reads every
+tenant's usage each few seconds: neither can afford to list the ledger from etcd each time. Entries
+are only ever put (opened, then closed), never deleted, so the cache is a map from key to the latest
+interval. A broken watch (etcd away, or compaction) lists everything again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from federation.errors import StoreUnavailable
+from federation.store.intervals import LedgerInterval
+from federation.store.job_store import JobStore
+from federation.store.kv import WatchCompacted
+
+log = structlog.get_logger(__name__)
+
+_BACKOFF_START_S = 0.2
+_BACKOFF_MAX_S = 5.0
+
+
+class LedgerCache:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._intervals: dict[bytes, LedgerInterval] = {}
+        self._revision = 0
+        self._synced = False
+        self._task: asyncio.Task[None] | None = None
+        # Bumped on every change, so that derived figures can be cached until the ledger moves.
+        self.version = 0
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        await self._relist()
+        self._task = asyncio.create_task(self._follow(), name="ledger-cache-watch")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._synced = False
+
+    def intervals(self) -> list[LedgerInterval]:
+        return list(self._intervals.values())
+
+    async def _relist(self) -> None:
+        listed, revision = await self._store.list_ledger()
+        self._intervals = {iv.key: iv for iv in listed}
+        self._revision = revision
+        self._synced = True
+        self.version += 1
+
+    async def _follow(self) -> None:
+        backoff_s = _BACKOFF_START_S
+        while True:
+            try:
+                if not self._synced:
+                    await self._relist()
+                    backoff_s = _BACKOFF_START_S
+                events = self._store.watch_ledger(start_revision=self._revision + 1)
+                async with contextlib.aclosing(events):
+                    async for interval in events:
+                        self._intervals[interval.key] = interval
+                        self.version += 1
+                        backoff_s = _BACKOFF_START_S
+                log.warning("ledger_cache_watch_ended", revision=self._revision)
+            except (WatchCompacted, StoreUnavailable) as e:
+                log.warning("ledger_cache_watch_broke", error=str(e), backoff_s=backoff_s)
+            except Exception:
+                log.exception("ledger_cache_watch_failed", backoff_s=backoff_s)
+            # Without revisions on the decoded entries, resuming exactly is not possible: list again.
+            self._synced = False
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)

@@ -1,0 +1,105 @@
+"""Ledger intervals as columns, and the split of clipped intervals into time-bucket pieces.
+
+A report over a month of 100,000 intervals must answer in well under a second. A loop that clips,
+splits and accumulates interval by interval in Python took 300 to 550 ms here; reading each field
+once into a numpy array and doing the arithmetic on whole columns takes a fraction of that
+(`bench/report.py`). Labels (tenant, GPU type, ...) are coded as small integers, sorted, so a group
+is one integer and sums are `bincount`s.
+
+The split is exact: a piece runs from max(interval start, bucket start) to min(interval end, bucket
+end), so the pieces of an interval add up to its clipped length up to floating-point rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+from numpy.typing import NDArray
+
+from federation.store.intervals import LedgerInterval
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Coded:
+    """One label column: `labels[codes[i]]` is interval i's value; labels are sorted."""
+
+    labels: tuple[str, ...]
+    codes: I64
+
+
+def encode(values: Sequence[object]) -> Coded:
+    # dict.fromkeys and map over a bound method run in C: a generator with setdefault took 45 ms
+    # per 100,000 values here, this takes a few.
+    distinct = sorted(dict.fromkeys(values), key=str)
+    index = {v: i for i, v in enumerate(distinct)}
+    codes = np.array(list(map(index.__getitem__, values)), dtype=np.int64)
+    # StrEnum members (the capacity kind) become their value; everything else is already a str.
+    return Coded(tuple(str(v) for v in distinct), codes)
+
+
+class Columns:
+    """The fields of a list of intervals that reports read, each read once and kept as an array.
+
+    Label columns are coded on first use only: a report by tenant never reads users.
+    """
+
+    def __init__(self, intervals: Sequence[LedgerInterval], *, now_s: float) -> None:
+        self.intervals = intervals
+        self.count = len(intervals)
+        self.start_s: F64 = np.array([iv.start_s for iv in intervals], dtype=np.float64)
+        # None (still open) reads as NaN, and an open interval runs until now.
+        end = np.array([iv.end_s for iv in intervals], dtype=np.float64)
+        self.end_s: F64 = np.minimum(np.where(np.isnan(end), now_s, end), now_s)
+        self.gpu_count: F64 = np.array([iv.gpu_count for iv in intervals], dtype=np.float64)
+        self.usd_per_gpu_hour: F64 = np.array([iv.usd_per_gpu_hour for iv in intervals], dtype=np.float64)
+        self._coded: dict[str, Coded] = {}
+
+    def coded(self, field: str) -> Coded:
+        got = self._coded.get(field)
+        if got is None:
+            got = self._coded[field] = encode(list(map(attrgetter(field), self.intervals)))
+        return got
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Pieces:
+    """Clipped intervals split at bucket edges: piece j belongs to interval `row[j]`, bucket `bucket[j]`."""
+
+    row: I64
+    bucket: I64
+    gpu_hours: F64
+    cost_usd: F64
+
+
+def clip(cols: Columns, since_s: float, until_s: float) -> tuple[I64, F64, F64]:
+    """Indices of the intervals that overlap [since, until), and their clipped starts and ends."""
+    start = np.maximum(cols.start_s, since_s)
+    end = np.minimum(cols.end_s, until_s)
+    keep = np.flatnonzero(end > start)
+    return keep, start[keep], end[keep]
+
+
+def split(cols: Columns, edges: F64, since_s: float, until_s: float) -> Pieces:
+    """Clip every interval to [since, until) and split it at `edges` (sorted, covering the range)."""
+    keep, start, end = clip(cols, since_s, until_s)
+    first = np.searchsorted(edges, start, side="right") - 1
+    last = np.searchsorted(edges, end, side="left") - 1
+    spans = last - first + 1
+    if spans.size and int(spans.max()) == 1:
+        row, bucket, a, b = keep, first, start, end
+    else:
+        # Most intervals sit in one bucket; the rest repeat once per bucket they touch.
+        owner = np.repeat(np.arange(keep.size), spans)
+        offset = np.arange(owner.size) - np.repeat(np.cumsum(spans) - spans, spans)
+        bucket = first[owner] + offset
+        a = np.maximum(start[owner], edges[bucket])
+        b = np.minimum(end[owner], edges[bucket + 1])
+        row = keep[owner]
+    hours = cols.gpu_count[row] * (b - a) / 3600.0
+    return Pieces(row, bucket.astype(np.int64), hours, hours * cols.usd_per_gpu_hour[row])

@@ -1,0 +1,92 @@
+"""`gpufed serve`: one server process on an existing etcd, until SIGINT/SIGTERM.
+
+The etcd may be a cluster (its members' endpoints, comma-separated) serving TLS with client
+certificates: the files are put in this process's environment (GPUFED_ETCD_CACERT/_CERT/_KEY), where
+every etcd client of the process (bootstrap, the server, its leader election) reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from federation.errors import InvalidSpec
+from federation.runtime.bootstrap import bootstrap
+from federation.runtime.config import load_config
+from federation.runtime.server import FederationServer, ServerConfig
+from federation.store.job_store import KvStore
+from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_channel import CACERT_ENV, CERT_ENV, KEY_ENV, EtcdTls
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+
+async def run_server(
+    etcd_endpoint: str,
+    *,
+    state_dir: Path,
+    port: int,
+    metrics_port: int | None,
+    bootstrap_path: Path | None,
+    identity: str | None,
+    tls: TlsFiles | None = None,
+    read_rate_per_s: float | None = None,
+    etcd_tls: EtcdTls | None = None,
+) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if etcd_tls is not None:
+        for name, path in ((CACERT_ENV, etcd_tls.ca), (CERT_ENV, etcd_tls.cert), (KEY_ENV, etcd_tls.key)):
+            if path is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = str(path.resolve())
+    if bootstrap_path is not None:
+        federation_config = load_config(bootstrap_path)
+        if federation_config.simulated:
+            names = ", ".join(str(c.get("name")) for c in federation_config.simulated)
+            raise InvalidSpec(
+                "clusters[].backend",
+                f"sim clusters ({names}) run only under `gpufed up`; for `gpufed serve`, start "
+                "`python -m clusters.sim --kubeconfig FILE` yourself and name the clusters "
+                "`backend: kubernetes` with that kubeconfig",
+            )
+        embedded_stores = [s.name for s in federation_config.object_stores if s.seaweed]
+        if embedded_stores:
+            # Without the SeaweedFS `gpufed up` starts, such a store has no endpoint: refuse rather
+            # than let its client fall back to AWS's.
+            raise InvalidSpec(
+                "objectStores.seaweed",
+                f"stores {', '.join(embedded_stores)} are served by `gpufed up` only; give them an endpoint",
+            )
+        kv = await EtcdKv.connect(etcd_endpoint)
+        try:
+            await bootstrap(KvStore(kv), federation_config, state_dir / "tokens")
+        finally:
+            await kv.close()
+    config = ServerConfig(
+        etcd_endpoint=etcd_endpoint, state_dir=state_dir, grpc_port=port, metrics_port=metrics_port
+    )
+    if identity:
+        config = replace(config, identity=identity)
+    if read_rate_per_s is not None:
+        config = replace(config, read_rate_per_s=read_rate_per_s)
+    if tls is not None:
+        config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
+    server = FederationServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

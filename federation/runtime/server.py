@@ -1,0 +1,385 @@
+"""One gpufed server: the gRPC API for everyone, the scheduling loop when it is the leader.
+
+Any number of servers may share one etcd. All serve reads and submissions; the one holding the
+leader lease also runs the scheduling cycle and the reconcilers, and fences each of its commits
+with the lease, so a server that lost leadership cannot commit a stale decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from federation.api.admin import AdminService
+from federation.api.datasets import DatasetService
+from federation.api.logs import LogsService
+from federation.api.reports import ReportService
+from federation.api.service import FederationService, JobService
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.capacity.store import CapacityStore
+from federation.datasets.check import DatasetCheck
+from federation.datasets.executor import Executors, get_settings
+from federation.datasets.registry import DatasetRegistry, locations_reader
+from federation.datasets.staging import Stager
+from federation.datasets.staging_run import SyncRunner
+from federation.datasets.stores import StoreDirectory
+from federation.datasets.syncs import SyncRecords
+from federation.errors import GpufedError
+from federation.joblogs.archive import LogArchive, LogsSettings, get_logs_settings
+from federation.ledger.cache import LedgerCache
+from federation.metrics import Metrics
+from federation.runtime.capacity_wiring import CapacityWiring
+from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
+from federation.scheduling.leader import LeaderElection
+from federation.scheduling.logs_keep import AttemptKeeper
+from federation.scheduling.members import MemberClusters
+from federation.scheduling.reconciler import Reconciler
+from federation.scheduling.scheduler import Scheduler
+from federation.security.auth import Authenticator
+from federation.security.ratelimit import READ_RATE_PER_S, ReadRateLimiter
+from federation.security.tokens import SecurityStore
+from federation.store.job_cache import JobCache
+from federation.store.job_store import Fence, KvStore
+from federation.store.kv_etcd import EtcdKv
+from federation.store.records import SchedulingSettings, TenantRecord
+from placement.model import ClusterName, ClusterState, TenantId
+
+log = structlog.get_logger("gpufed.server")
+
+# Tenants change rarely; re-read them at most this often rather than on every submission.
+TENANT_REFRESH_S = 2.0
+LEADER_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    etcd_endpoint: str
+    state_dir: Path
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    metrics_port: int | None = None
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    cycle_interval_s: float = 0.5
+    # Cycles never run closer together than this, however often jobs change.
+    min_cycle_gap_s: float = 0.05
+    lease_ttl_s: int = 5
+    # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, clients must present
+    # a certificate it signed (mutual TLS) as well as their bearer token.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # Lists, watches and job lookups that reach etcd, per caller per second on this server (0: no limit).
+    read_rate_per_s: float = READ_RATE_PER_S
+    # Kept logs and the limits of `gpufed logs` (federation.joblogs.archive).
+    logs: LogsSettings = field(default_factory=LogsSettings)
+
+
+class TenantDirectory:
+    """Tenants and scheduling settings for the submission path, re-read at most every few seconds."""
+
+    def __init__(self, store: KvStore, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._clock = clock
+        self._tenants: dict[TenantId, TenantRecord] = {}
+        self._settings = SchedulingSettings()
+        self._read_at = float("-inf")
+
+    async def _refresh(self) -> None:
+        if self._clock() - self._read_at > TENANT_REFRESH_S:
+            self._tenants = {t.name: t for t in await self._store.list_tenants()}
+            self._settings = await self._store.get_settings()
+            self._read_at = self._clock()
+
+    async def get(self, name: TenantId) -> TenantRecord | None:
+        await self._refresh()
+        return self._tenants.get(name)
+
+    async def settings(self) -> SchedulingSettings:
+        await self._refresh()
+        return self._settings
+
+
+class FederationServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self._kv: EtcdKv | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._cache: JobCache | None = None
+        self._ledger: LedgerCache | None = None
+        self._election: LeaderElection | None = None
+        self._leader_task: asyncio.Task[None] | None = None
+        self._metrics_server: Any = None
+        self.members: MemberClusters | None = None
+        self._stores: StoreDirectory | None = None
+        self._stager: Stager | None = None
+        self._executors: Executors | None = None
+        self._capacity: CapacityWiring | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._kv = await EtcdKv.connect(cfg.etcd_endpoint)
+        store = KvStore(self._kv)
+        self._cache = JobCache(store)
+        await self._cache.start()
+        self._ledger = LedgerCache(store)
+        await self._ledger.start()
+        tenants = TenantDirectory(store)
+        cluster_records = await store.list_clusters()
+        self.members = MemberClusters.build(cluster_records, state_dir=cfg.state_dir)
+        members = self.members
+        await members.start()
+        auth = Authenticator(store)
+        registry = DatasetRegistry(self._kv)
+
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
+        pb_grpc.add_JobServiceServicer_to_server(
+            JobService(
+                store=store,
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+                tenants=tenants,
+                datasets=DatasetCheck(registry),
+                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            ),
+            server,
+        )
+        pb_grpc.add_AdminServiceServicer_to_server(
+            AdminService(
+                store=store,
+                security=SecurityStore(self._kv),
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+            ),
+            server,
+        )
+
+        pb_grpc.add_ReportServiceServicer_to_server(
+            ReportService(
+                ledger=self._ledger,
+                store=store,
+                auth=auth,
+                metrics=self.metrics,
+                provisioned=CapacityStore(self._kv).list_intervals,
+            ),
+            server,
+        )
+
+        async def clusters() -> list[ClusterState]:
+            return await members.inventories()
+
+        job_cache = self._cache
+
+        def refusing() -> dict[ClusterName, ClusterRefusing]:
+            return refusing_clusters((s.value for s in job_cache.live_jobs()), time.time())
+
+        pb_grpc.add_FederationServiceServicer_to_server(
+            FederationService(auth=auth, metrics=self.metrics, clusters=clusters, refusing=refusing), server
+        )
+        self._capacity = capacity = await CapacityWiring.build(
+            kv=self._kv,
+            store=store,
+            cache=self._cache,
+            members=members,
+            auth=auth,
+            metrics=self.metrics,
+            state_dir=cfg.state_dir,
+        )
+        capacity.register(server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        syncs = SyncRecords(self._kv)
+        self._stores = stores = StoreDirectory(self._kv)
+        pb_grpc.add_DatasetsServicer_to_server(
+            DatasetService(
+                store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
+            ),
+            server,
+        )
+        # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
+        archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
+        pb_grpc.add_LogsServicer_to_server(
+            LogsService(
+                store=store,
+                cache=self._cache,
+                auth=auth,
+                metrics=self.metrics,
+                members=members,
+                archive=archive,
+                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            ),
+            server,
+        )
+        services = [
+            pb.DESCRIPTOR.services_by_name["Logs"].full_name,
+            pb.DESCRIPTOR.services_by_name["Datasets"].full_name,
+            pb.DESCRIPTOR.services_by_name["JobService"].full_name,
+            pb.DESCRIPTOR.services_by_name["FederationService"].full_name,
+            pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
+            pb.DESCRIPTOR.services_by_name["Capacity"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(services, server)
+        address = f"{cfg.grpc_host}:{cfg.grpc_port}"
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())],
+                root_certificates=None if cfg.tls_client_ca is None else cfg.tls_client_ca.read_bytes(),
+                require_client_auth=cfg.tls_client_ca is not None,
+            )
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
+        await server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._grpc = server
+
+        if cfg.metrics_port is not None:
+            self._metrics_server = self.metrics.serve(cfg.grpc_host, cfg.metrics_port)
+            self.metrics_port = int(self._metrics_server.server_port)
+
+        scheduler = Scheduler(
+            store=store,
+            cache=self._cache,
+            ledger=self._ledger,
+            members=members,
+            metrics=self.metrics,
+            dataset_locations=locations_reader(registry),
+            capacity=capacity.reconciler,
+        )
+        cluster_stores = {r.name: r.object_store for r in cluster_records}
+        self._executors = Executors(await get_settings(self._kv), journal_dir=cfg.state_dir / "datasync")
+        self._stager = Stager(
+            registry=registry,
+            syncs=syncs,
+            runner=SyncRunner(
+                registry=registry,
+                syncs=syncs,
+                stores=stores,
+                settings=tenants.settings,
+                journal_dir=cfg.state_dir / "datasync",
+                executors=self._executors,
+            ),
+            cluster_store=cluster_stores.get,
+        )
+        reconciler = Reconciler(
+            store=store,
+            cache=self._cache,
+            members=members,
+            metrics=self.metrics,
+            staging=self._stager,
+            keeper=AttemptKeeper(archive, members),
+        )
+        self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
+        self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
+        log.info("server_started", port=self.port, metrics_port=self.metrics_port, identity=cfg.identity)
+
+    async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
+        assert self._election is not None
+        assert self._cache is not None
+        election = self._election
+        while True:
+            fence = await election.acquire()
+            self.metrics.is_leader.set(1)
+            log.info("leader_elected", identity=self.config.identity)
+            try:
+                await self._loop(scheduler, reconciler, fence, election.lost())
+            finally:
+                self.metrics.is_leader.set(0)
+                if self._stager is not None:
+                    # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
+                    await self._stager.stop()
+            log.warning("leadership_lost", identity=self.config.identity)
+
+    async def _loop(
+        self, scheduler: Scheduler, reconciler: Reconciler, fence: Fence, lost: asyncio.Event
+    ) -> None:
+        assert self._cache is not None
+        changes = self._cache.subscribe()
+        try:
+            while not lost.is_set():
+                started = time.monotonic()
+                try:
+                    await reconciler.tick(fence)
+                    await scheduler.run_cycle(fence)
+                    if self._capacity is not None:
+                        await self._capacity.tick(fence)
+                except GpufedError as error:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        # stop() cancelled us mid-call and a client library turned that into its own
+                        # error: retrying here would make the shutdown wait forever.
+                        raise
+                    # etcd or a cluster hiccup: nothing was half-written; try again next round.
+                    log.warning("cycle_failed", error=str(error), retryable=error.retryable)
+                elapsed = time.monotonic() - started
+                # Leave the API at least three quarters of the loop: with a long queue a cycle gets
+                # expensive, and submissions must not wait behind back-to-back cycles.
+                await asyncio.sleep(max(self.config.min_cycle_gap_s, 3 * elapsed) - elapsed)
+                # Sleep until a job changes or the interval passes, whichever is first.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changes.get(), timeout=self.config.cycle_interval_s)
+                while not changes.empty():
+                    changes.get_nowait()
+        finally:
+            self._cache.unsubscribe(changes)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+            # Bounded: a stop that hangs is worse than one that leaves a stuck task behind (the
+            # fence makes whatever it still writes harmless once the lease is gone).
+            done, _ = await asyncio.wait({self._leader_task}, timeout=LEADER_STOP_TIMEOUT_S)
+            if not done:
+                log.error("leader_task_stuck", waited_s=LEADER_STOP_TIMEOUT_S)
+            else:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._leader_task
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        if self._election is not None:
+            with contextlib.suppress(GpufedError):
+                await self._election.resign()
+            await self._election.close()
+        if self._cache is not None:
+            await self._cache.stop()
+        if self._ledger is not None:
+            await self._ledger.stop()
+        if self._stager is not None:
+            await self._stager.stop()
+        if self._stores is not None:
+            await self._stores.close()
+        if self._executors is not None:
+            await self._executors.close()
+        if self._capacity is not None:
+            await self._capacity.close()
+        if self.members is not None:
+            await self.members.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if self._kv is not None:
+            await self._kv.close()
+        log.info("server_stopped", identity=self.config.identity)
+
+    async def wait(self) -> None:
+        assert self._grpc is not None
+        await self._grpc.wait_for_termination()

@@ -1,0 +1,110 @@
+"""The simulated clusters of the embedded default, as one `python -m clusters.sim` process.
+
+`gpufed up` gives the simulator the config entries of its `backend: sim` clusters, waits for its
+ready file, and from then on drives those clusters as any Kubernetes cluster: through the
+kubeconfig the simulator writes, with the official client. A process of its own, not a thread of
+the server, so that the API traffic is real HTTP between processes, as with a real cluster, and
+the server's event loop does not share a core's GIL with the simulated kubelets.
+
+The simulator keeps its state in memory: when `gpufed up` restarts, its clusters come back empty,
+and the reconciler restarts the gangs that were on them as new attempts (no accepted job is lost).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from federation.errors import GpufedError
+from federation.runtime.child_process import ChildProcess
+
+
+class SimStartFailed(GpufedError):
+    """The simulator exited or did not become ready in time. The message carries its log's tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimEndpoint:
+    name: str
+    url: str
+    admin_url: str
+
+
+class SimProcess:
+    """The simulator for `clusters` (federation config entries), under `work_dir`."""
+
+    def __init__(
+        self, work_dir: Path, clusters: Sequence[Mapping[str, Any]], *, time_scale: float | None = None
+    ) -> None:
+        self.work_dir = work_dir
+        self.config_path = work_dir / "clusters.yaml"
+        self.kubeconfig = work_dir / "kubeconfig"
+        self.ready_path = work_dir / "ready.json"
+        self._clusters = [dict(c) for c in clusters]
+        self._time_scale = time_scale
+        self._child = ChildProcess(work_dir / "sim.log", pid_file=work_dir / "sim.pid")
+        self.endpoints: dict[str, SimEndpoint] = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the simulator and return once every cluster serves and the kubeconfig is written."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump({"clusters": self._clusters}, sort_keys=False))
+        self.ready_path.unlink(missing_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "clusters.sim",
+            "--config",
+            str(self.config_path),
+            "--ready-file",
+            str(self.ready_path),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--exit-with-parent",
+        ]
+        if self._time_scale is not None:
+            command += ["--time-scale", repr(self._time_scale)]
+        self._child.spawn(command)
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_path.exists():
+            code = self._child.exit_code()
+            if code is not None:
+                raise SimStartFailed(f"the simulator exited with code {code}:\n{self._child.tail()}")
+            if time.monotonic() > deadline:
+                tail = self._child.tail()
+                self.stop()
+                raise SimStartFailed(f"the simulator was not ready after {timeout_s}s:\n{tail}")
+            time.sleep(0.05)
+        ready = json.loads(self.ready_path.read_text())
+        self.endpoints = {
+            c["name"]: SimEndpoint(c["name"], c["url"], c["admin_url"]) for c in ready["clusters"]
+        }
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._child.stop(timeout_s)
+        self.endpoints = {}
+
+    def kill(self) -> None:
+        self._child.kill()
+        self.endpoints = {}
+
+    def __enter__(self) -> SimProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

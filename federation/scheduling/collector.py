@@ -1,0 +1,102 @@
+"""Which gangs on member clusters no longer belong to any job's current attempt.
+
+A gang outlives its purpose when its job moved on without it: the job was requeued as a new attempt
+while its cluster was unreachable (the old copy comes back with the cluster), a dispatch that timed
+out created the gang after all and the job went elsewhere, or the job finished long ago and its
+objects are only clutter. A gang whose object a third party deleted without its pods (`kubectl
+delete --cascade=orphan`) is reported by its pods (`GangStatus.orphaned`), and goes the same way: the
+backend's `cancel` deletes every pod, service and pod group of the attempt. Deciding this is pure
+and kept apart from the reconciler that acts on it, so each rule has a test of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from clusters.api import GangStatus
+from federation.store.jobs import JobRecord
+from placement.model import ClusterName, JobId, JobPhase
+
+# Finished gangs of finished jobs are kept this long, so that users can still read their pods' logs.
+FINISHED_GANG_RETENTION_S = 3600.0
+
+
+class StaleWhy(StrEnum):
+    SUPERSEDED = "superseded"  # the job runs a newer attempt
+    ELSEWHERE = "elsewhere"  # the job's current attempt was placed on another cluster
+    NOT_PLACED = "not_placed"  # the job went back to the queue without this gang
+    JOB_FINISHED = "job_finished"  # the job ended while this gang still runs
+    EXPIRED = "expired"  # both ended longer ago than the retention period
+
+
+@dataclass(frozen=True, slots=True)
+class StaleGang:
+    cluster: ClusterName
+    job_id: JobId
+    attempt: int
+    why: StaleWhy
+
+
+def stale_gangs(
+    statuses: Mapping[ClusterName, Mapping[tuple[JobId, int], GangStatus] | None],
+    job_of: Callable[[JobId], JobRecord | None],
+    *,
+    now_s: float,
+    retention_s: float = FINISHED_GANG_RETENTION_S,
+) -> list[StaleGang]:
+    """Every gang on a reachable cluster that no live attempt needs, in a stable order."""
+    stale: list[StaleGang] = []
+    for cluster in sorted(statuses):
+        gangs = statuses[cluster]
+        if gangs is None:
+            continue
+        for (job_id, attempt), gang in sorted(gangs.items()):
+            job = job_of(job_id)
+            # A gang of a job we do not know may belong to another federation sharing the cluster.
+            if job is None:
+                continue
+            why = _why_stale(cluster, attempt, gang, job, now_s, retention_s)
+            if why is not None:
+                stale.append(StaleGang(cluster=cluster, job_id=job_id, attempt=attempt, why=why))
+    return stale
+
+
+def _why_stale(
+    cluster: ClusterName,
+    attempt: int,
+    gang: GangStatus,
+    job: JobRecord,
+    now_s: float,
+    retention_s: float,
+) -> StaleWhy | None:
+    if attempt > job.attempt:
+        # A newer attempt than the record knows: the record is behind (a cache lag), not the gang.
+        return None
+    why = _unneeded(cluster, attempt, job)
+    if why is None:
+        return None
+    if not gang.phase.is_final or gang.live_pods > 0:
+        # Still holding GPUs that no attempt will use (its pods may outlive a finished or deleted
+        # gang object): remove it now.
+        return why
+    # A finished gang holds no GPUs; keep it a while so that its pods' logs can still be read.
+    ended_s = gang.finished_at_s if gang.finished_at_s is not None else _last_event_s(job)
+    return StaleWhy.EXPIRED if now_s - ended_s >= retention_s else None
+
+
+def _unneeded(cluster: ClusterName, attempt: int, job: JobRecord) -> StaleWhy | None:
+    if attempt < job.attempt:
+        return StaleWhy.SUPERSEDED
+    if job.phase.is_terminal:
+        return StaleWhy.JOB_FINISHED
+    if job.phase is JobPhase.QUEUED:
+        return StaleWhy.NOT_PLACED
+    if job.placement is not None and job.placement.cluster != cluster:
+        return StaleWhy.ELSEWHERE
+    return None
+
+
+def _last_event_s(job: JobRecord) -> float:
+    return job.events[-1].at_s if job.events else job.submitted_at_s

@@ -1,0 +1,178 @@
+"""The member clusters this server drives, built from their stored records.
+
+Federation sees every cluster only through `clusters.api.ClusterBackend`; this module picks the
+backend for each record and turns a cluster that does not answer into a value (unreachable), never
+an exception that would stop a scheduling cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import structlog
+
+from clusters.api import ClusterBackend, ClusterError, GangStatus
+from clusters.kubernetes.backend import KubernetesBackend
+from clusters.kubernetes.config import GpuPrice, KubernetesClusterConfig, KubernetesSettings
+from clusters.memory import InMemoryCluster
+from federation.store.intervals import ClusterSite
+from federation.store.records import ClusterRecord
+from placement.model import ClusterName, ClusterState, JobId
+
+log = structlog.get_logger("gpufed.members")
+
+GangKey = tuple[JobId, int]
+
+
+def _unreachable_state(record: ClusterRecord) -> ClusterState:
+    return ClusterState(
+        name=record.name,
+        provider=record.provider,
+        region=record.region,
+        pools=tuple(p.with_free(()) for p in record.pools),
+        reachable=False,
+        object_store=record.object_store,
+    )
+
+
+# The longest a Kubernetes backend waits, silent, before it reports its cluster unreachable. The
+# federation's grace period (ClusterRecord.unreachable_grace_s) starts counting only then, so a
+# short grace shortens this too: detection takes at most a quarter of the grace on top of it.
+MAX_SILENCE_BEFORE_UNREACHABLE_S = 30.0
+MIN_SILENCE_BEFORE_UNREACHABLE_S = 1.0
+
+
+def kubernetes_config(record: ClusterRecord) -> KubernetesClusterConfig:
+    """The backend's view of a cluster record: where its API is and what its GPUs cost."""
+    if record.kubeconfig is None:
+        raise ValueError(f"cluster {record.name}: a kubernetes cluster needs a kubeconfig")
+    silence_s = min(
+        MAX_SILENCE_BEFORE_UNREACHABLE_S,
+        max(MIN_SILENCE_BEFORE_UNREACHABLE_S, record.unreachable_grace_s / 4),
+    )
+    return KubernetesClusterConfig(
+        name=record.name,
+        provider=record.provider,
+        region=record.region,
+        prices=tuple(GpuPrice(p.gpu_type, p.kind, p.usd_per_gpu_hour) for p in record.pools),
+        kubeconfig=Path(record.kubeconfig),
+        context=record.context,
+        object_store=record.object_store,
+        scalable=record.scalable,
+        # True means "where the cluster serves it"; False keeps to Indexed Jobs regardless.
+        settings=KubernetesSettings(
+            use_volcano=None if record.volcano else False, unreachable_after_s=silence_s
+        ),
+    )
+
+
+class MemberClusters:
+    def __init__(
+        self, records: Sequence[ClusterRecord], backends: Mapping[ClusterName, ClusterBackend]
+    ) -> None:
+        self._records = {r.name: r for r in records}
+        self._backends = dict(backends)
+
+    @classmethod
+    def build(
+        cls,
+        records: Sequence[ClusterRecord],
+        *,
+        state_dir: Path | None,
+        clock: Callable[[], float] = time.time,
+    ) -> MemberClusters:
+        backends: dict[ClusterName, ClusterBackend] = {}
+        for record in records:
+            if record.backend == "kubernetes":
+                backends[record.name] = KubernetesBackend(kubernetes_config(record))
+                continue
+            if record.backend != "memory":
+                # "sim" never reaches a server: `gpufed up` starts the simulator and stores the
+                # cluster as "kubernetes"; anything else is a record from a newer or broken writer.
+                raise ValueError(
+                    f"cluster {record.name}: backend {record.backend!r} cannot be served; "
+                    "use kubernetes (with a kubeconfig) or memory"
+                )
+            journal = None
+            if state_dir is not None:
+                (state_dir / "clusters").mkdir(parents=True, exist_ok=True)
+                journal = state_dir / "clusters" / f"{record.name}.journal"
+            backends[record.name] = InMemoryCluster(
+                record.name,
+                provider=record.provider,
+                region=record.region,
+                pools=record.pools,
+                object_store=record.object_store,
+                journal_path=journal,
+                clock=clock,
+            )
+        return cls(records, backends)
+
+    async def start(self, sync_timeout_s: float = 5.0) -> None:
+        """Start every backend's watches and wait, briefly, for their first lists.
+
+        A cluster that does not answer in time is not an error: the first cycles see it
+        unreachable, and it joins when its API answers.
+        """
+        kube = [b for b in self._backends.values() if isinstance(b, KubernetesBackend)]
+        await asyncio.gather(*(b.start() for b in kube))
+        synced = await asyncio.gather(*(b.wait_synced(sync_timeout_s) for b in kube))
+        for backend, ok in zip(kube, synced, strict=True):
+            if not ok:
+                log.warning("cluster_not_synced", cluster=backend.name, waited_s=sync_timeout_s)
+
+    async def close(self, timeout_s: float = 15.0) -> None:
+        """Stop every backend's watches; bounded, because a shutdown must not hang on one cluster."""
+        kube = {
+            asyncio.create_task(b.close()): b.name
+            for b in self._backends.values()
+            if isinstance(b, KubernetesBackend)
+        }
+        if not kube:
+            return
+        _, pending = await asyncio.wait(kube, timeout=timeout_s)
+        for task in pending:
+            log.error("cluster_close_stuck", cluster=kube[task], waited_s=timeout_s)
+            task.cancel()
+
+    @property
+    def names(self) -> list[ClusterName]:
+        return sorted(self._backends)
+
+    def get(self, name: ClusterName) -> ClusterBackend | None:
+        return self._backends.get(name)
+
+    def site(self, name: ClusterName) -> ClusterSite:
+        """Provider and region for the ledger; a cluster removed since keeps a recognisable entry."""
+        record = self._records.get(name)
+        if record is None:
+            return ClusterSite(provider="unknown", region="unknown")
+        return ClusterSite(provider=record.provider.value, region=record.region)
+
+    def unreachable_grace_s(self, name: ClusterName) -> float:
+        record = self._records.get(name)
+        return 120.0 if record is None else record.unreachable_grace_s
+
+    async def inventories(self) -> list[ClusterState]:
+        states = []
+        for name in self.names:
+            try:
+                states.append(await self._backends[name].inventory())
+            except ClusterError as error:
+                log.warning("cluster_inventory_failed", cluster=name, error=str(error))
+                states.append(_unreachable_state(self._records[name]))
+        return states
+
+    async def statuses(self) -> dict[ClusterName, dict[GangKey, GangStatus] | None]:
+        """Each cluster's gangs by (job, attempt); None for a cluster that did not answer."""
+        result: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
+        for name in self.names:
+            try:
+                result[name] = {(s.job_id, s.attempt): s for s in await self._backends[name].statuses()}
+            except ClusterError as error:
+                log.warning("cluster_status_failed", cluster=name, error=str(error))
+                result[name] = None
+        return result

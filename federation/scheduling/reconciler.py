@@ -1,0 +1,494 @@
+"""Reconcilers that move admitted jobs through their clusters. Run only by the leader.
+
+Active transitions (decide and act), written by the dispatcher:
+  ADMITTED -> DISPATCHED   the backend created the whole gang (idempotent by name)
+  ADMITTED -> QUEUED       the cluster refused the gang or did not answer: back to the queue, and that
+                           cluster is not asked again for this job until its backoff has passed
+                           (federation.scheduling.dispatch_backoff); no retry is charged
+  ADMITTED -> STAGING      the job's dataset is not in its cluster's store: a background sync copies
+                           it (federation.datasets.staging); then STAGING -> DISPATCHED, or FAILED / QUEUED
+                           (by the job's restart policy) when the sync fails
+  any live -> CANCELLED    a user asked to cancel: stop the gang first, then record it once its
+                           pods are gone
+
+Passive transitions (mirror what the cluster reports), written by the status reconciler:
+  DISPATCHED -> RUNNING -> SUCCEEDED | FAILED
+  DISPATCHED | RUNNING -> QUEUED   the scheduler ordered a preemption: the gang is evicted with its
+                                   grace period, then the job is requeued at its original position
+                                   (a new attempt that uses up no retry)
+  DISPATCHED | RUNNING -> QUEUED   the gang failed or was evicted and the restart policy restarts it
+                                   as a new attempt (the queue position is kept), or its cluster has
+                                   not answered for longer than its grace period (a new attempt that
+                                   uses up no retry: losing a cluster is not the job's fault)
+
+An attempt ends only once its pods are gone: a gang that ended, or whose object vanished, while
+pods of it still run holds the job where it is (and its ledger interval open) while
+`federation.scheduling.leftovers` deletes them, so the next attempt never runs beside them; and no attempt is
+dispatched while an earlier one of the job still holds pods on a reachable cluster.
+
+Clean-up: gangs that no current attempt needs (`federation.scheduling.collector`) are cancelled on their
+clusters, with every pod, service and pod group of theirs, so the copy left on a cluster that comes
+back after its jobs moved on is removed, and so are pods orphaned by a third party.
+
+Every write is a compare-and-swap on the job's revision, fenced by the leader lease, so a server
+that lost leadership mid-tick commits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from clusters.api import (
+    ClusterError,
+    GangPhase,
+    GangRejected,
+    GangStatus,
+)
+from federation.datasets.staging import GateKind, Stager, gate_transition
+from federation.metrics import Metrics
+from federation.scheduling.collector import stale_gangs
+from federation.scheduling.dispatch_backoff import (
+    ClusterRefusing,
+    cleared,
+    refused,
+    refusing_clusters,
+    wait_until_s,
+)
+from federation.scheduling.leftovers import Leftovers, holding_attempts, pods_outlive
+from federation.scheduling.logs_keep import AttemptKeeper
+from federation.scheduling.members import GangKey, MemberClusters
+from federation.scheduling.workload import workload_for
+from federation.spec.jobspec import RestartAction
+from federation.store.intervals import ledger_update
+from federation.store.job_cache import JobCache
+from federation.store.job_store import Fence, JobStore, Stored
+from federation.store.jobs import JobRecord, Owner
+from placement.model import ClusterName, JobId, JobPhase
+
+log = structlog.get_logger("gpufed.reconciler")
+
+CANCEL_GRACE_PERIOD_S = 30.0
+RECONCILE_CONCURRENCY = 64
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        cache: JobCache,
+        members: MemberClusters,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+        staging: Stager | None = None,
+        keeper: AttemptKeeper | None = None,
+    ) -> None:
+        self._store = store
+        # Keeps an ended attempt's logs and names its failure (federation.scheduling.logs_keep).
+        self._keeper = keeper
+        self._staging = staging
+        self._cache = cache
+        self._members = members
+        self._metrics = metrics
+        self._clock = clock
+        # When each silent cluster stopped answering, by this server's clock. Forgotten on restart,
+        # which only makes a new leader wait a full grace period before it requeues anything.
+        self._silent_since: dict[ClusterName, float] = {}
+        self._evictions_sent: set[GangKey] = set()
+        self._cancels_sent: set[GangKey] = set()
+        self._leftovers = Leftovers(members, clock, CANCEL_GRACE_PERIOD_S)
+        # The first start each live attempt's cluster reported. An attempt killed before it was seen
+        # RUNNING (a namespace deleted under it) may close only once its pods are gone, when the
+        # cluster no longer says when they started; the ledger still charges from here. A new leader
+        # starts empty and relies on what the cluster still shows.
+        self._started_at: dict[GangKey, float] = {}
+        self._refusing: dict[ClusterName, ClusterRefusing] = {}
+        self._holding: dict[JobId, list[tuple[ClusterName, int]]] = {}
+
+    async def tick(self, fence: Fence | None) -> int:
+        """One pass over every job that may need action; returns how many transitions were committed."""
+        # Queued jobs are the scheduler's: skipping them here keeps a tick's cost proportional to the
+        # work in flight, not to the length of the queue.
+        live = [
+            s
+            for s in self._cache.live_jobs()
+            if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED
+        ]
+        statuses = await self._members.statuses()
+        lost = self._lost_clusters(statuses)
+        # Over every live job: most jobs a cluster refused are back in the queue.
+        self._refusing = refusing_clusters((s.value for s in self._cache.live_jobs()), self._clock())
+        self._holding = holding_attempts(statuses)
+        semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+
+        async def one(stored: Stored[JobRecord]) -> bool:
+            async with semaphore:
+                return await self._reconcile(stored, statuses, lost, fence)
+
+        committed = sum(await asyncio.gather(*(one(s) for s in live)))
+        if self._staging is not None:
+            await self._staging.tick(s.value for s in self._cache.live_jobs())
+        await self._collect(statuses)
+        return committed
+
+    def _lost_clusters(
+        self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
+    ) -> set[ClusterName]:
+        """Clusters silent for longer than their grace period; their running jobs move elsewhere."""
+        now = self._clock()
+        for name, gangs in statuses.items():
+            if gangs is None:
+                self._silent_since.setdefault(name, now)
+            elif self._silent_since.pop(name, None) is not None:
+                log.info("cluster_answered_again", cluster=name)
+        return {
+            name
+            for name, since in self._silent_since.items()
+            if now - since >= self._members.unreachable_grace_s(name)
+        }
+
+    async def _collect(self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> None:
+        """Cancel gangs that no current attempt needs (see federation.scheduling.collector)."""
+
+        def job_of(job_id: JobId) -> JobRecord | None:
+            stored = self._cache.get(job_id)
+            return None if stored is None else stored.value
+
+        for stale in stale_gangs(statuses, job_of, now_s=self._clock()):
+            backend = self._members.get(stale.cluster)
+            if backend is None:
+                continue
+            gang = (statuses.get(stale.cluster) or {}).get((stale.job_id, stale.attempt))
+            if gang is not None and pods_outlive(gang):
+                # Only pods are left, already stopping or orphaned: delete them once, not every tick.
+                await self._leftovers.remove(stale.cluster, gang)
+                continue
+            try:
+                await backend.cancel(stale.job_id, stale.attempt, CANCEL_GRACE_PERIOD_S)
+            except ClusterError as error:
+                log.warning(
+                    "stale_gang_removal_failed", cluster=stale.cluster, job_id=stale.job_id, error=str(error)
+                )
+                continue
+            log.info(
+                "stale_gang_removed",
+                cluster=stale.cluster,
+                job_id=stale.job_id,
+                attempt=stale.attempt,
+                why=stale.why.value,
+            )
+
+    async def _reconcile(
+        self,
+        stored: Stored[JobRecord],
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+        lost: set[ClusterName],
+        fence: Fence | None,
+    ) -> bool:
+        job = stored.value
+        gang: GangStatus | None = None
+        if job.placement is not None:
+            on_cluster = statuses.get(job.placement.cluster)
+            gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
+            if gang is not None and gang.started_at_s is not None:
+                self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        if job.cancel_requested:
+            nxt = await self._cancel(job, gang)
+        elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
+            # Preempted before its gang was created: nothing to evict.
+            nxt = self._requeue_preempted(job, Owner.DISPATCHER)
+        elif job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
+            nxt = await self._dispatch(job)
+        elif job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING) and job.placement is not None:
+            cluster = job.placement.cluster
+            cluster_statuses = statuses.get(cluster)
+            if cluster_statuses is None:
+                # Silence within the grace period may be a blip: leave the job be until it is not.
+                if cluster not in lost:
+                    return False
+                nxt = self._move_off_lost_cluster(job, cluster)
+            elif job.preemption is not None:
+                nxt = await self._preempt(job, cluster_statuses.get((job.job_id, job.attempt)))
+            else:
+                nxt = await self._mirror(job, cluster_statuses.get((job.job_id, job.attempt)))
+        else:
+            return False
+        if self._keeper is not None and job.placement is not None:
+            nxt = await self._keep(job, nxt, gang)
+        if nxt is None:
+            return False
+        entry = None
+        if job.placement is not None:
+            entry = ledger_update(
+                job,
+                nxt,
+                site=self._members.site(job.placement.cluster),
+                started_at_s=self._started_at.get((job.job_id, job.attempt)),
+                # A cancel is recorded once the pods are gone, and so is an attempt whose pods the
+                # reconciler waited for: the GPUs count until then, as the cloud bills them.
+                finished_at_s=None
+                if gang is None
+                or nxt.phase is JobPhase.CANCELLED
+                or self._leftovers.waited((job.job_id, job.attempt))
+                else gang.finished_at_s,
+                now_s=self._clock(),
+            )
+        revision = await self._store.commit(
+            [(nxt, stored.mod_revision)], fence=fence, ledger=() if entry is None else (entry,)
+        )
+        if revision is None:
+            return False
+        self._leftovers.forget((job.job_id, job.attempt))
+        self._started_at.pop((job.job_id, job.attempt), None)
+        self._cancels_sent.discard((job.job_id, job.attempt))
+        self._metrics.transitions.labels(to_phase=nxt.phase.value).inc()
+        log.info(
+            "job_transitioned",
+            job_id=nxt.job_id,
+            tenant=nxt.tenant,
+            cluster=nxt.placement.cluster if nxt.placement else None,
+            from_phase=job.phase.value,
+            to_phase=nxt.phase.value,
+            attempt=nxt.attempt,
+            reason=nxt.message,
+        )
+        return True
+
+    async def _keep(self, job: JobRecord, nxt: JobRecord | None, gang: GangStatus | None) -> JobRecord | None:
+        """The hook where an attempt ends: its logs are kept and its failure named on `nxt`; while a
+        dispatched gang waits, the reason it waits (ImagePullBackOff) is written on the job."""
+        assert self._keeper is not None
+        if nxt is None:
+            return await self._keeper.waiting(job, gang) if job.phase is JobPhase.DISPATCHED else None
+        if nxt.attempt != job.attempt or nxt.phase.is_terminal:
+            return await self._keeper.ended(job, nxt, gang)
+        if nxt.phase is JobPhase.RUNNING and job.reason:
+            return replace(nxt, reason="")
+        return nxt
+
+    async def _cancel(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+        if job.placement is not None and job.phase is not JobPhase.QUEUED:
+            key = (job.job_id, job.attempt)
+            backend = self._members.get(job.placement.cluster)
+            if backend is not None and key not in self._cancels_sent:
+                try:
+                    await backend.cancel(job.job_id, job.attempt, CANCEL_GRACE_PERIOD_S)
+                except ClusterError as error:
+                    # Do not record CANCELLED while the gang may still run: try again next tick.
+                    log.warning(
+                        "cancel_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error)
+                    )
+                    return None
+                # Once per leader; pods that outstay their grace are deleted again, without one.
+                self._cancels_sent.add(key)
+            if backend is not None and gang is not None and gang.live_pods > 0:
+                # CANCELLED once the pods are gone: they hold their GPUs (and are billed) until then.
+                self._leftovers.note_wait(key)
+                if pods_outlive(gang):
+                    await self._leftovers.remove(job.placement.cluster, gang)
+                return None
+        return job.transition(
+            JobPhase.CANCELLED, by=Owner.DISPATCHER, at_s=self._clock(), reason=job.message or "cancelled"
+        )
+
+    async def _dispatch(self, job: JobRecord) -> JobRecord | None:
+        assert job.placement is not None
+        cluster = job.placement.cluster
+        backend = self._members.get(cluster)
+        now = self._clock()
+        if backend is None:
+            return self._requeue(job, f"cluster {cluster} is no longer a member", now)
+        if self._staging is not None and job.spec.dataset is not None:
+            # The gang starts only once its dataset is in its cluster's store
+            # (see federation.datasets.staging).
+            gate = await self._staging.check(job)
+            if gate.kind is not GateKind.READY:
+                return gate_transition(job, gate, now)
+        until_s, _ = wait_until_s(job, cluster, self._refusing.get(cluster))
+        if until_s > now:
+            # Backing off from a cluster that refused: no call, no write; explain says why.
+            return None
+        older = [(c, a) for c, a in self._holding.get(job.job_id, ()) if a < job.attempt]
+        if older:
+            # An earlier attempt still holds pods somewhere (a create that timed out but happened,
+            # a gang the collector is removing): two copies of the job must never run at once.
+            log.info("dispatch_held_for_older_attempt", job_id=job.job_id, attempt=job.attempt, older=older)
+            return None
+        try:
+            await backend.dispatch(workload_for(job))
+        except GangRejected as error:
+            return self._refused(job, cluster, f"{cluster} refused the gang: {error}", now)
+        except ClusterError as error:
+            return self._refused(job, cluster, f"{cluster} did not take the gang: {error}", now)
+        return job.transition(
+            JobPhase.DISPATCHED,
+            by=Owner.DISPATCHER,
+            at_s=now,
+            reason=f"gang of {job.spec.replica_count} created on {cluster}",
+            refusals=cleared(job, cluster),
+        )
+
+    def _refused(self, job: JobRecord, cluster: ClusterName, reason: str, now: float) -> JobRecord:
+        """Back to the queue, with the refusal on the record: that cluster backs off for this job."""
+        refusals = refused(job, cluster, reason, now)
+        entry = refusals[-1]
+        log.info(
+            "dispatch_refused",
+            job_id=job.job_id,
+            cluster=cluster,
+            refusals=entry.count,
+            retry_in_s=entry.retry_at_s - now,
+            error=reason,
+        )
+        nxt = self._requeue(job, reason, now)
+        return replace(nxt, refusals=refusals)
+
+    @staticmethod
+    def _requeue(job: JobRecord, reason: str, now: float) -> JobRecord:
+        """Back to the queue as a new attempt that uses up no retry (the gang never started).
+
+        A fresh attempt number gives the next dispatch fresh object names, so a gang that a timed-out
+        create left behind can never be mistaken for the new one; the collector removes it.
+        """
+        return job.transition(
+            JobPhase.QUEUED,
+            by=Owner.DISPATCHER,
+            at_s=now,
+            reason=reason,
+            attempt=job.attempt + 1,
+            placement=None,
+        )
+
+    async def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+        now = self._clock()
+        if gang is not None and pods_outlive(gang):
+            # Over by its gang, but its pods still hold GPUs: remove them and wait for them to go.
+            assert job.placement is not None
+            self._leftovers.note_wait((job.job_id, job.attempt))
+            await self._leftovers.remove(job.placement.cluster, gang)
+            return None
+        if gang is None:
+            return self._after_loss(
+                job, RestartAction.RESTART_JOB, "the gang disappeared from its cluster", now
+            )
+        if gang.orphaned:
+            return self._after_loss(
+                job, RestartAction.RESTART_JOB, "lost its gang object on the cluster (deleted)", now
+            )
+        match gang.phase:
+            case GangPhase.PENDING:
+                return None
+            case GangPhase.RUNNING:
+                if job.phase is JobPhase.DISPATCHED:
+                    return job.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=gang.started_at_s or now)
+                return None
+            case GangPhase.SUCCEEDED:
+                return job.transition(
+                    JobPhase.SUCCEEDED, by=Owner.STATUS, at_s=gang.finished_at_s or now, reason=gang.message
+                )
+            case GangPhase.FAILED:
+                return self._after_loss(
+                    job, job.spec.restart_policy.on_failure, f"failed: {gang.message}", now
+                )
+            case GangPhase.EVICTED:
+                return self._after_loss(
+                    job, job.spec.restart_policy.on_eviction, f"evicted: {gang.message}", now
+                )
+            case GangPhase.CANCELLED:
+                return self._after_loss(job, RestartAction.ABORT_JOB, "cancelled on the cluster", now)
+        return None
+
+    async def _preempt(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
+        """Evict the gang with its grace period; once the cluster says it is gone, requeue the job."""
+        order = job.preemption
+        assert order is not None
+        assert job.placement is not None
+        if gang is not None and gang.phase is GangPhase.SUCCEEDED:
+            return await self._mirror(job, gang)
+        if gang is not None and pods_outlive(gang):
+            # Evicted, but not gone yet: the next attempt must not start beside these pods.
+            self._leftovers.note_wait((job.job_id, job.attempt))
+            await self._leftovers.remove(job.placement.cluster, gang)
+            return None
+        if gang is None or gang.phase.is_final:
+            return self._requeue_preempted(job, Owner.STATUS)
+        key = (job.job_id, job.attempt)
+        if key in self._evictions_sent:
+            return None
+        backend = self._members.get(job.placement.cluster)
+        if backend is None:
+            return None
+        try:
+            await backend.evict(
+                job.job_id,
+                job.attempt,
+                order.grace_period_s,
+                f"preempted for {order.for_job}: {order.reason}",
+            )
+        except ClusterError as error:
+            log.warning("evict_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error))
+            return None
+        # Remembered per process only: a new leader evicts again, which a backend treats as a no-op.
+        self._evictions_sent.add(key)
+        self._metrics.preemptions.labels(tenant=job.tenant).inc()
+        log.info(
+            "gang_evicted",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            cluster=job.placement.cluster,
+            for_job=order.for_job,
+            grace_period_s=order.grace_period_s,
+        )
+        return None
+
+    def _requeue_preempted(self, job: JobRecord, by: Owner) -> JobRecord:
+        """A new attempt at the job's original queue position; a preemption uses up no retry."""
+        order = job.preemption
+        assert order is not None
+        self._evictions_sent.discard((job.job_id, job.attempt))
+        return job.transition(
+            JobPhase.QUEUED,
+            by=by,
+            at_s=self._clock(),
+            reason=f"attempt {job.attempt} preempted for {order.for_job} ({order.reason}); "
+            "requeued at its original position",
+            attempt=job.attempt + 1,
+            placement=None,
+            queued_at_s=order.requeue_queued_at_s,
+        )
+
+    def _move_off_lost_cluster(self, job: JobRecord, cluster: ClusterName) -> JobRecord:
+        """A new attempt, placed afresh; the copy left on the silent cluster is collected when it returns."""
+        grace_s = self._members.unreachable_grace_s(cluster)
+        return job.transition(
+            JobPhase.QUEUED,
+            by=Owner.STATUS,
+            at_s=self._clock(),
+            reason=f"attempt {job.attempt}: cluster {cluster} has not answered for over {grace_s:g}s; "
+            "requeued to run elsewhere",
+            attempt=job.attempt + 1,
+            placement=None,
+        )
+
+    def _after_loss(self, job: JobRecord, action: RestartAction, what: str, now: float) -> JobRecord:
+        """Restart the whole gang as a new attempt, or fail the job, as its restart policy says."""
+        retries_used = job.retries_used
+        if action is RestartAction.RESTART_JOB and retries_used < job.spec.restart_policy.max_retries:
+            return job.transition(
+                JobPhase.QUEUED,
+                by=Owner.STATUS,
+                at_s=now,
+                reason=f"attempt {job.attempt} {what}; restarting the whole gang "
+                f"(retry {retries_used + 1} of {job.spec.restart_policy.max_retries})",
+                attempt=job.attempt + 1,
+                retries_used=retries_used + 1,
+                placement=None,
+            )
+        return job.transition(
+            JobPhase.FAILED, by=Owner.STATUS, at_s=now, reason=f"attempt {job.attempt} {what}"
+        )

@@ -1,0 +1,392 @@
+"""The scheduling cycle, run only by the leader.
+
+1. Snapshot (`federation.scheduling.snapshot`): queued and running jobs from the cache (running ones with the
+   nodes their cluster reports), tenants with their usage, priority classes, approvals, settings,
+   each cluster's free GPUs (less what is admitted but not yet dispatched).
+2. Plan: `placement.plan(snapshot, now=...)`, a pure function.
+3. Commit: each admission, and each preemption order on a victim, is its own compare-and-swap on
+   the job's revision, fenced by the leader lease. A lost race writes nothing; the job is simply
+   tried again next cycle. The reconciler carries out preemption orders (evict, then requeue).
+4. Explain: wait reasons are written for jobs whose reasons changed, so any server can answer
+   `explain` without re-planning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import structlog
+
+from clusters.api import GangStatus
+from federation.datasets.registry import DatasetLocations, with_registry_locations
+from federation.ledger.cache import LedgerCache
+from federation.ledger.usage import TenantUsage, tenant_usage
+from federation.metrics import Metrics
+from federation.scheduling.idle import IdleGate
+from federation.scheduling.members import GangKey, MemberClusters
+from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
+from federation.store.job_cache import JobCache
+from federation.store.job_store import Fence, JobStore, Stored
+from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from placement.model import (
+    Admission,
+    CapacityRequest,
+    ClusterName,
+    ClusterState,
+    JobId,
+    JobPhase,
+    Plan,
+    Preemption,
+    Snapshot,
+    TenantId,
+    Waiting,
+    WaitReason,
+)
+from placement.plan import plan
+
+log = structlog.get_logger("gpufed.scheduler")
+
+# Bounded so that a cycle with thousands of admissions does not open thousands of etcd calls at once.
+COMMIT_CONCURRENCY = 64
+# How often the placer's inputs (settings, tenants, users, approvals) are re-read from etcd, and
+# how often usage is re-added from the job records: admin changes apply within this, at a cycle.
+INPUTS_REFRESH_S = 2.0
+USAGE_REFRESH_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    admitted: int
+    conflicts: int
+    waiting: int
+    seconds: float
+
+
+def _snapshot_and_plan(
+    jobs: Sequence[JobRecord],
+    inputs: PlacerInputs,
+    inventories: Sequence[ClusterState],
+    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
+    usage: Mapping[TenantId, TenantUsage],
+    preempted_gpus: int,
+    now: float,
+    requests: GangRequests,
+) -> tuple[Snapshot, Plan]:
+    snapshot = build_snapshot(
+        jobs,
+        inputs,
+        inventories,
+        statuses=statuses,
+        usage=usage,
+        preempted_gpus_this_interval=preempted_gpus,
+        requests=requests.get,
+    )
+    requests.keep_only({q.job_id for q in snapshot.queued})
+    return snapshot, plan(snapshot, now=now)
+
+
+class CapacityHook(Protocol):
+    """What the scheduler asks of the capacity reconciler, if there is one.
+
+    That is `federation.capacity.reconciler`, in a sibling room the scheduler does not import.
+    """
+
+    def with_scalable_pools(self, states: Sequence[ClusterState]) -> list[ClusterState]: ...
+
+    def offer(self, requests: Sequence[CapacityRequest], starts_at_s: Mapping[JobId, float]) -> None: ...
+
+    def annotate(self, waiting: Sequence[Waiting]) -> list[Waiting]: ...
+
+
+class InputsReader:
+    """The placer's inputs from etcd, re-read at most every INPUTS_REFRESH_S; a new version on change."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        clock: Callable[[], float] = time.monotonic,
+        dataset_locations: DatasetLocations | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._dataset_locations = dataset_locations
+        self._inputs: PlacerInputs | None = None
+        self._read_at = float("-inf")
+
+    async def read(self) -> PlacerInputs:
+        if self._inputs is not None and self._clock() - self._read_at < INPUTS_REFRESH_S:
+            return self._inputs
+        settings = await self._store.get_settings()
+        if self._dataset_locations is not None:
+            # The registry says where each version is (home and cached copies); the config's list
+            # still answers for datasets the registry does not know.
+            settings = with_registry_locations(settings, await self._dataset_locations())
+        tenants = tuple(await self._store.list_tenants())
+        users = {u.name: u for u in await self._store.list_users()}
+        approvals = tuple(await self._store.list_approvals())
+        previous = self._inputs
+        fresh = PlacerInputs(settings=settings, tenants=tenants, users=users, approvals=approvals)
+        if previous is None or (previous.settings, previous.tenants, previous.users, previous.approvals) != (
+            settings,
+            tenants,
+            users,
+            approvals,
+        ):
+            version = 0 if previous is None else previous.version + 1
+            self._inputs = replace(fresh, version=version)
+        self._read_at = self._clock()
+        assert self._inputs is not None
+        return self._inputs
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        cache: JobCache,
+        ledger: LedgerCache,
+        members: MemberClusters,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+        dataset_locations: DatasetLocations | None = None,
+        capacity: CapacityHook | None = None,
+    ) -> None:
+        self._capacity = capacity
+        self._store = store
+        self._cache = cache
+        self._ledger = ledger
+        self._members = members
+        self._metrics = metrics
+        self._clock = clock
+        # Per job, the reasons last written and the key of the wait they came from (`Waiting.key`).
+        self._written_reasons: dict[JobId, tuple[Hashable, tuple[WaitReason, ...]]] = {}
+        self._requests = GangRequests()
+        self._inputs = InputsReader(store, clock, dataset_locations)
+        self._usage: dict[TenantId, TenantUsage] = {}
+        self._usage_at = float("-inf")
+        # (when, GPUs) of the preemptions this leader ordered, for the per-interval limit.
+        self._preempted: deque[tuple[float, int]] = deque()
+        # Skips cycles that would read exactly what the last one read (`federation.scheduling.idle`).
+        self._idle = IdleGate()
+        self._last_waiting = 0
+
+    def _tenant_usage(self, now: float, inputs: PlacerInputs) -> dict[TenantId, TenantUsage]:
+        if now - self._usage_at >= USAGE_REFRESH_S:
+            self._usage = tenant_usage(
+                self._ledger.intervals(),
+                now_s=now,
+                half_life_h=inputs.settings.usage_half_life_h,
+                parents={t.name: t.parent for t in inputs.tenants},
+            )
+            self._usage_at = now
+        return self._usage
+
+    def _preempted_gpus(self, now: float, interval_s: float) -> int:
+        while self._preempted and self._preempted[0][0] <= now - interval_s:
+            self._preempted.popleft()
+        return sum(gpus for _, gpus in self._preempted)
+
+    async def run_cycle(self, fence: Fence | None) -> CycleResult:
+        started = time.perf_counter()
+        stored_jobs = {s.value.job_id: s for s in self._cache.live_jobs()}
+        jobs = [s.value for s in stored_jobs.values()]
+        inputs = await self._inputs.read()
+        # Statuses read with the inventory, not the reconciler's from up to a tick ago: the snapshot
+        # holds back the GPUs of dispatched gangs whose pods the inventory does not show yet, and a
+        # stale status would count a gang bound since then twice. Read first, so a pod bound between
+        # the two reads is counted twice (less free capacity for a cycle), never missed.
+        statuses = await self._members.statuses()
+        inventories = await self._members.inventories()
+        if self._capacity is not None:
+            inventories = self._capacity.with_scalable_pools(inventories)
+        now = self._clock()
+        usage = self._tenant_usage(now, inputs)
+        preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
+        read = (self._cache.revision, inputs.version, tuple(inventories), statuses, usage, preempted)
+        if self._idle.may_skip(read, now):
+            return CycleResult(admitted=0, conflicts=0, waiting=self._last_waiting, seconds=0.0)
+        # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
+        # worker thread the event loop still gets the GIL every switch interval, so API calls wait
+        # milliseconds behind a long cycle instead of its whole length.
+        snapshot, result = await asyncio.to_thread(
+            _snapshot_and_plan,
+            jobs,
+            inputs,
+            inventories,
+            statuses,
+            usage,
+            preempted,
+            now,
+            self._requests,
+        )
+
+        semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
+        evictions = await asyncio.gather(
+            *(
+                self._order_preemption(stored_jobs[p.victim], p, now, fence, semaphore)
+                for p in result.preemptions
+                if p.victim in stored_jobs
+            )
+        )
+        outcomes = await asyncio.gather(
+            *(self._admit(stored_jobs[a.job_id], a, now, fence, semaphore) for a in result.admissions)
+        )
+        admitted = sum(outcomes)
+        conflicts = len(outcomes) - admitted
+
+        waiting: Sequence[Waiting] = result.waiting
+        if self._capacity is not None:
+            # The capacity reconciler acts on the requests after this cycle; its word on earlier
+            # ones (refused, failing, on the way) goes into the waiting jobs' reasons.
+            starts = {r.job_id: r.start_at_s for r in result.reservations}
+            self._capacity.offer(result.capacity_requests, starts)
+            waiting = self._capacity.annotate(result.waiting)
+        await self._write_reasons(waiting, fence, semaphore)
+        self._metrics.set_queue_depth(Counter(q.tenant for q in snapshot.queued))
+        seconds = time.perf_counter() - started
+        self._metrics.cycle_seconds.observe(seconds)
+        self._last_waiting = len(result.waiting)
+        if admitted or conflicts or result.preemptions:
+            # What it wrote changes the jobs; a conflict or an order not written must be tried again.
+            self._idle.forget()
+        else:
+            self._idle.planned(read, now, seconds)
+        if admitted or conflicts or any(evictions):
+            log.info(
+                "cycle_completed",
+                admitted=admitted,
+                conflicts=conflicts,
+                preemptions=sum(evictions),
+                waiting=len(result.waiting),
+            )
+        for request in result.capacity_requests if self._capacity is None else ():
+            # Without a provisioner nothing acts on these: they are logged, and the waiting job's
+            # reasons say which pool would have to grow.
+            log.info(
+                "capacity_requested",
+                cluster=request.cluster,
+                pool=request.pool,
+                gpu_type=request.gpu_type,
+                nodes=request.nodes,
+                jobs=list(request.job_ids),
+            )
+        return CycleResult(
+            admitted=admitted, conflicts=conflicts, waiting=len(result.waiting), seconds=seconds
+        )
+
+    async def _order_preemption(
+        self,
+        stored: Stored[JobRecord],
+        preemption: Preemption,
+        now: float,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> bool:
+        """Mark the victim for eviction; the reconciler evicts it and requeues it when it is gone."""
+        victim = stored.value
+        if victim.preemption is not None:
+            return False
+        order = PreemptionOrder(
+            for_job=preemption.for_job,
+            reason=preemption.reason.value,
+            grace_period_s=preemption.grace_period_s,
+            requested_at_s=now,
+            requeue_queued_at_s=preemption.requeue_queued_at_s,
+        )
+        async with semaphore:
+            revision = await self._store.commit(
+                [(replace(victim, preemption=order), stored.mod_revision)], fence=fence
+            )
+        if revision is None:
+            return False
+        self._preempted.append((now, preemption.gpu_count))
+        log.info(
+            "preemption_ordered",
+            victim=victim.job_id,
+            tenant=victim.tenant,
+            cluster=preemption.cluster,
+            gpus=preemption.gpu_count,
+            for_job=preemption.for_job,
+            reason=preemption.reason.value,
+        )
+        return True
+
+    async def _admit(
+        self,
+        stored: Stored[JobRecord],
+        admission: Admission,
+        now: float,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> bool:
+        job = stored.value.transition(
+            JobPhase.ADMITTED,
+            by=Owner.SCHEDULER,
+            at_s=now,
+            reason=f"admitted to {admission.cluster} ({admission.gpu_type}, {admission.kind.value})",
+            placement=JobPlacement(
+                cluster=admission.cluster,
+                gpu_type=admission.gpu_type,
+                kind=admission.kind,
+                usd_per_gpu_hour=admission.usd_per_gpu_hour,
+            ),
+        )
+        async with semaphore:
+            revision = await self._store.commit([(job, stored.mod_revision)], fence=fence)
+        if revision is None:
+            # Someone changed the job (a cancel, or a racing leader): nothing was written. The job is
+            # still queued in the next snapshot if it should be.
+            self._metrics.admission_conflicts.inc()
+            log.info("admission_conflicted", job_id=job.job_id, tenant=job.tenant, cluster=admission.cluster)
+            return False
+        self._metrics.admissions.labels(cluster=admission.cluster, gpu_type=admission.gpu_type).inc()
+        self._metrics.transitions.labels(to_phase=JobPhase.ADMITTED.value).inc()
+        log.info(
+            "job_admitted",
+            job_id=job.job_id,
+            tenant=job.tenant,
+            cluster=admission.cluster,
+            gpu_type=admission.gpu_type,
+            usd_per_gpu_hour=admission.usd_per_gpu_hour,
+        )
+        return True
+
+    async def _write_reasons(
+        self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
+    ) -> None:
+        changed = []
+        for w in waiting:
+            written = self._written_reasons.get(w.job_id)
+            if written is None:
+                changed.append(w)
+                continue
+            key = w.key
+            if written[0] == key:
+                continue  # equal keys, equal reasons: not even worded
+            if written[1] == w.reasons:
+                self._written_reasons[w.job_id] = (key, written[1])
+                continue
+            changed.append(w)
+
+        async def write(w: Waiting) -> None:
+            async with semaphore:
+                await self._store.put_wait_reasons(w.job_id, w.reasons, fence=fence)
+            self._written_reasons[w.job_id] = (w.key, w.reasons)
+
+        still_waiting = {w.job_id for w in waiting}
+        # A job that stopped waiting (admitted or cancelled) has no reasons any more: delete them so
+        # etcd does not keep one stale key per job ever queued.
+        left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
+
+        async def clear(job_id: JobId) -> None:
+            async with semaphore:
+                await self._store.put_wait_reasons(job_id, (), fence=fence)
+            del self._written_reasons[job_id]
+
+        await asyncio.gather(*(write(w) for w in changed), *(clear(j) for j in left))

@@ -1,0 +1,218 @@
+"""From federation's records to the placer's `Snapshot`: jobs, tenants, settings, approvals, clusters.
+
+Pure: the scheduler reads everything (job cache, etcd records, cluster inventories and statuses),
+and this module turns it into the placer's values. A queued job's `GangRequest` depends on the job
+record and on the inputs (settings, users, approvals), so it is rebuilt only when one of them
+changes; with thousands queued, rebuilding every request each cycle cost as much as planning them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from clusters.api import GangStatus
+from federation.ledger.usage import TenantUsage
+from federation.store.jobs import JobRecord
+from federation.store.records import ApprovalRecord, SchedulingSettings, TenantRecord, UserRecord
+from placement.model import (
+    ClusterName,
+    ClusterState,
+    GangRequest,
+    JobId,
+    JobPhase,
+    NodeShare,
+    RunningGang,
+    Snapshot,
+    TenantId,
+)
+from placement.reserve import PendingGang, reserve_pending
+
+_PENDING_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING})
+
+GangKey = tuple[JobId, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacerInputs:
+    """What a cycle needs besides jobs and clusters. `version` changes whenever any part does."""
+
+    settings: SchedulingSettings
+    tenants: tuple[TenantRecord, ...]
+    users: Mapping[str, UserRecord]
+    approvals: tuple[ApprovalRecord, ...]
+    version: int = 0
+
+
+def approval_expiry(job: JobRecord, approvals: Sequence[ApprovalRecord]) -> float | None:
+    """When the latest approval that covers the job's class expires (None: no approval)."""
+    ends = [a.expires_at_s for a in approvals if a.covers(job.tenant, job.user, job.spec.priority_class)]
+    return max(ends) if ends else None
+
+
+def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
+    settings = inputs.settings
+    values = settings.class_values()
+    user = inputs.users.get(job.user)
+    user_max = None
+    if user is not None and user.max_priority_class is not None:
+        user_max = values.get(user.max_priority_class)
+    # The registry's locations name `tenant/name`: a bare name is the job's tenant's dataset. Only a
+    # reference the registry does not know falls back to the config's `datasets:` entry as written.
+    ref = job.spec.dataset
+    dataset = None
+    if ref is not None:
+        owned = ref.name if "/" in ref.name else f"{job.tenant}/{ref.name}"
+        tail = "" if ref.version is None else f"@{ref.version}"
+        dataset = settings.dataset(owned + tail) or settings.dataset(str(ref))
+    return replace(
+        job.gang_request(),
+        priority_class=job.spec.priority_class,
+        user_max_priority=user_max,
+        approval_expires_at_s=approval_expiry(job, inputs.approvals),
+        deadline_at_s=job.spec.deadline_s,
+        dataset_size_bytes=0 if dataset is None else dataset.size_bytes,
+        dataset_store=None if dataset is None else dataset.store,
+        dataset_cached_in=() if dataset is None else dataset.cached_in,
+        gpu_speeds=settings.gpu_speeds,
+    )
+
+
+def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None) -> RunningGang | None:
+    base = job.running_gang()
+    if base is None:
+        return None
+    klass = inputs.settings.priority_class(job.spec.priority_class)
+    started = status.started_at_s if status is not None else None
+    nodes: tuple[NodeShare, ...] = status.nodes if status is not None else ()
+    return replace(
+        base,
+        priority_class=job.spec.priority_class,
+        preemptible=klass is None or klass.preemptible,
+        queued_at_s=job.queued_at_s,
+        ends_at_s=None if started is None or not job.spec.max_runtime_s else started + job.spec.max_runtime_s,
+        nodes=nodes,
+        terminating=job.preemption is not None or job.cancel_requested,
+        # An order counts until its victim is gone (requeued) or the order is withdrawn: the victim's
+        # GPUs are the beneficiary's, so the next cycle neither evicts more for it nor gives them away.
+        evicted_for=None if job.preemption is None else job.preemption.for_job,
+    )
+
+
+def unbound_replica_gpus(
+    job: JobRecord, cluster_answered: bool, status: GangStatus | None
+) -> tuple[int, ...]:
+    """The GPUs per replica that `job` is promised on its cluster but the inventory does not yet show.
+
+    Admitted and staging gangs are not on the cluster at all. A dispatched gang is on it, but until
+    its pods are bound to nodes the inventory counts none of its GPUs: without holding them back, the
+    next cycle admitted a second gang into the same GPUs, and that gang sat pending behind work that
+    could run for hours. The same holds for a gang already reported running, whose pods the pod
+    watch (from which the inventory is computed) has not caught up with yet. Once the cluster
+    reports pods on nodes, only the rest is held back.
+    """
+    if job.phase in _PENDING_PHASES:
+        return job.spec.replica_gpus
+    if job.phase not in (JobPhase.DISPATCHED, JobPhase.RUNNING) or not cluster_answered:
+        # A silent cluster's inventory offers nothing to protect.
+        return ()
+    if status is None:
+        # Created but not yet seen by the cluster's watch; a running gang that vanished is the
+        # reconciler's to handle.
+        return job.spec.replica_gpus if job.phase is JobPhase.DISPATCHED else ()
+    if status.phase.is_final or status.bound_gpus is None:
+        return ()
+    bound = status.bound_gpus
+    remaining: list[int] = []
+    # Which replicas are bound is not reported, only how many GPUs: count the smallest as bound
+    # first, so the larger replicas are held back and the estimate errs towards less free capacity.
+    for gpus in sorted(job.spec.replica_gpus):
+        if gpus <= bound:
+            bound -= gpus
+        else:
+            remaining.append(gpus)
+    return tuple(remaining)
+
+
+class GangRequests:
+    """Each queued job's GangRequest, built once per (record version, inputs version)."""
+
+    def __init__(self) -> None:
+        self._built: dict[JobId, tuple[JobRecord, int, GangRequest]] = {}
+
+    def get(self, job: JobRecord, inputs: PlacerInputs) -> GangRequest:
+        hit = self._built.get(job.job_id)
+        if hit is not None and hit[0] is job and hit[1] == inputs.version:
+            return hit[2]
+        request = gang_request(job, inputs)
+        self._built[job.job_id] = (job, inputs.version, request)
+        return request
+
+    def keep_only(self, job_ids: set[JobId]) -> None:
+        for job_id in [j for j in self._built if j not in job_ids]:
+            del self._built[job_id]
+
+
+def build_snapshot(
+    jobs: Sequence[JobRecord],
+    inputs: PlacerInputs,
+    inventories: Sequence[ClusterState],
+    *,
+    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None] | None = None,
+    usage: Mapping[TenantId, TenantUsage] | None = None,
+    preempted_gpus_this_interval: int = 0,
+    requests: Callable[[JobRecord, PlacerInputs], GangRequest] = gang_request,
+) -> Snapshot:
+    statuses = statuses or {}
+    usage = usage or {}
+    queued = tuple(requests(j, inputs) for j in jobs if j.phase is JobPhase.QUEUED and not j.cancel_requested)
+    running = []
+    for job in jobs:
+        cluster = job.placement.cluster if job.placement is not None else None
+        on_cluster = statuses.get(cluster) if cluster is not None else None
+        status = on_cluster.get((job.job_id, job.attempt)) if on_cluster is not None else None
+        gang = running_gang(job, inputs, status)
+        if gang is not None:
+            running.append(gang)
+    pending = []
+    for job in jobs:
+        if job.placement is None:
+            continue
+        on_cluster = statuses.get(job.placement.cluster)
+        unbound = unbound_replica_gpus(
+            job,
+            on_cluster is not None,
+            None if on_cluster is None else on_cluster.get((job.job_id, job.attempt)),
+        )
+        if unbound:
+            pending.append(
+                PendingGang(
+                    cluster=job.placement.cluster,
+                    gpu_type=job.placement.gpu_type,
+                    kind=job.placement.kind,
+                    replica_gpus=unbound,
+                )
+            )
+    clusters = tuple(reserve_pending(c, pending) if pending else c for c in inventories)
+    settings = inputs.settings
+    values = settings.class_values()
+    tenants = []
+    for t in inputs.tenants:
+        used = usage.get(t.name)
+        tenants.append(
+            t.quota(
+                priority_classes=values,
+                spent_gpu_hours=0.0 if used is None else used.month_gpu_hours,
+                usage_history_gpu_hours=() if used is None else used.decayed_gpu_hours,
+            )
+        )
+    return Snapshot(
+        queued=queued,
+        running=tuple(running),
+        tenants=tuple(tenants),
+        clusters=clusters,
+        priority_classes=settings.priority_classes,
+        gpu_speeds=settings.gpu_speeds,
+        egress_rates=settings.egress_rates,
+        policy=replace(settings.policy, preempted_gpus_this_interval=preempted_gpus_this_interval),
+    )

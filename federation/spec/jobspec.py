@@ -1,0 +1,94 @@
+"""The validated form of a `TrainingJob` manifest.
+
+Users write YAML that a Volcano user would recognise (`federation.spec.training_job` parses and validates it);
+everything past the API edge works with these frozen values instead, never with raw dicts or
+protobuf messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placement.model import GpuType, GpuTypePolicy, TenantId
+
+API_VERSION = "gpufed.io/v1"
+KIND = "TrainingJob"
+
+# Annotations read by the simulated clusters only: how long the gang runs and how it exits.
+SIM_DURATION_ANNOTATION = "sim.gpufed.io/duration"
+SIM_EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
+
+
+class RestartAction(StrEnum):
+    """What happens to the whole gang when a pod fails or is evicted (Volcano's action names)."""
+
+    RESTART_JOB = "RestartJob"
+    ABORT_JOB = "AbortJob"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A role in the gang (for example `master` or `worker`) with its replica count."""
+
+    name: str
+    replicas: int
+    image: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    gpus_per_replica: int
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRef:
+    name: str
+    version: str | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.version is None else f"{self.name}@{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    on_failure: RestartAction = RestartAction.ABORT_JOB
+    on_eviction: RestartAction = RestartAction.RESTART_JOB
+    # How many times the whole gang may be restarted before the job fails.
+    max_retries: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingJobSpec:
+    name: str
+    # None when the manifest leaves it out: the server fills in the caller's tenant.
+    tenant: TenantId | None
+    priority_class: str
+    tasks: tuple[TaskSpec, ...]
+    gpu_types: tuple[GpuType, ...]
+    gpu_type_policy: GpuTypePolicy
+    min_available: int
+    max_runtime_s: int
+    restart_policy: RestartPolicy
+    allow_spot: bool = False
+    dataset: DatasetRef | None = None
+    # Seconds since the epoch (UTC) by which the job should finish, if the user has a deadline.
+    deadline_s: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def replica_count(self) -> int:
+        return sum(t.replicas for t in self.tasks)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(t.replicas * t.gpus_per_replica for t in self.tasks)
+
+    @property
+    def replica_gpus(self) -> tuple[int, ...]:
+        return tuple(t.gpus_per_replica for t in self.tasks for _ in range(t.replicas))
+
+    def annotation(self, key: str) -> str | None:
+        for k, v in self.annotations:
+            if k == key:
+                return v
+        return None

@@ -1,0 +1,207 @@
+"""Every job in memory, kept current by list-then-watch, so that readers do not each go to etcd.
+
+The scheduler snapshots from here and the API serves `get`/`watch` from here. The cache lists all jobs,
+then watches from the revision after the list; when the watch breaks (etcd unavailable, or the revision
+was compacted while it was away) it backs off, lists again and resumes, and meanwhile reports itself not
+synced. Changes found by a relist are announced to subscribers as if they had been watched, so that a
+subscriber sees every job's latest state even across a gap.
+
+Subscribers get bounded queues. One that falls more than `queue_size` events behind is dropped: its
+queue is emptied and a single None put on it, which means "you missed events: resubscribe and read
+`jobs()` again". None is also the last item each subscriber gets when the cache stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import structlog
+
+from federation.errors import StoreUnavailable
+from federation.store.job_cache_index import JobIndex, ListKey
+from federation.store.job_store import JobEvent, JobEventType, JobStore, Stored
+from federation.store.jobs import JobRecord
+from federation.store.kv import WatchCompacted
+from placement.model import JobId, JobPhase, TenantId
+
+log = structlog.get_logger(__name__)
+
+_BACKOFF_START_S = 0.2
+_BACKOFF_MAX_S = 5.0
+
+
+class JobCache:
+    def __init__(self, store: JobStore, *, queue_size: int = 10_000) -> None:
+        self._store = store
+        self._queue_size = queue_size
+        self._jobs: dict[JobId, Stored[JobRecord]] = {}
+        # Jobs not yet finished, kept apart so the leader's loops cost what is in flight, not
+        # everything ever submitted.
+        self._live: dict[JobId, Stored[JobRecord]] = {}
+        # The same jobs in list order by tenant and phase, so that a listing costs what it shows.
+        self._index = JobIndex()
+        self._revision = 0
+        self._synced = False
+        self._task: asyncio.Task[None] | None = None
+        self._subscribers: set[asyncio.Queue[JobEvent | None]] = set()
+        # Replaced on every advance of the revision; waiters hold the old one, which is set.
+        self._advanced = asyncio.Event()
+
+    @property
+    def revision(self) -> int:
+        """The store revision the cache reflects: every job change up to it has been applied."""
+        return self._revision
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    async def start(self) -> None:
+        """List all jobs (errors propagate), then follow changes in a background task."""
+        if self._task is not None:
+            return
+        await self._relist()
+        self._task = asyncio.create_task(self._follow(), name="job-cache-watch")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._synced = False
+        for q in list(self._subscribers):
+            self._close_queue(q)
+        self._subscribers.clear()
+
+    def get(self, job_id: JobId) -> Stored[JobRecord] | None:
+        return self._jobs.get(job_id)
+
+    def jobs(self) -> list[Stored[JobRecord]]:
+        return list(self._jobs.values())
+
+    def ordered(
+        self,
+        tenant: TenantId | None = None,
+        phases: Iterable[JobPhase] = (),
+        after: ListKey | None = None,
+    ) -> Iterator[Stored[JobRecord]]:
+        """Jobs of one tenant (None: all) in some phases (empty: any), in list order past `after`,
+        reading only their entries (`federation.store.job_cache_index`). Consume it before the next await."""
+        return self._index.ordered(tenant, phases, after)
+
+    def live_jobs(self) -> list[Stored[JobRecord]]:
+        """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""
+        return list(self._live.values())
+
+    async def wait_for_revision(self, revision: int, timeout_s: float = 5.0) -> bool:
+        """Wait until the cache reflects `revision`; False on timeout.
+
+        Read-your-writes after create_job or commit: pass the revision they returned. The watch only sees
+        job keys, so a revision of another write (a tenant, wait reasons) is reached only by a later job
+        change or a relist.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._revision < revision:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._advanced.wait()
+            except TimeoutError:
+                return self._revision >= revision
+        return True
+
+    def subscribe(self) -> asyncio.Queue[JobEvent | None]:
+        q: asyncio.Queue[JobEvent | None] = asyncio.Queue(maxsize=self._queue_size)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[JobEvent | None]) -> None:
+        self._subscribers.discard(q)
+
+    # ---- internals
+
+    async def _follow(self) -> None:
+        backoff_s = _BACKOFF_START_S
+        while True:
+            try:
+                if not self._synced:
+                    await self._relist()
+                    backoff_s = _BACKOFF_START_S
+                events = self._store.watch_jobs(start_revision=self._revision + 1)
+                async with contextlib.aclosing(events):
+                    async for ev in events:
+                        self._apply(ev)
+                        backoff_s = _BACKOFF_START_S
+                # A watch that ends without an error: the kv was closed under us. List again.
+                log.warning("job_cache_watch_ended", revision=self._revision)
+            except (WatchCompacted, StoreUnavailable) as e:
+                log.warning(
+                    "job_cache_watch_broke", revision=self._revision, error=str(e), backoff_s=backoff_s
+                )
+            except Exception:
+                # A bug, not an outage, but a cache that silently stops is worse than one that retries.
+                log.exception("job_cache_watch_failed", revision=self._revision, backoff_s=backoff_s)
+            self._synced = False
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+    async def _relist(self) -> None:
+        listed, revision = await self._store.list_jobs()
+        fresh = {s.value.job_id: s for s in listed}
+        first = not self._synced and self._revision == 0
+        old = self._jobs
+        self._jobs = fresh
+        self._live = {job_id: s for job_id, s in fresh.items() if not s.value.phase.is_terminal}
+        self._index.rebuild(fresh.values())
+        if not first:
+            for job_id, stored in fresh.items():
+                was = old.get(job_id)
+                if was is None or was.mod_revision != stored.mod_revision:
+                    self._publish(JobEvent(JobEventType.PUT, job_id, stored.value, stored.mod_revision))
+            for job_id in old.keys() - fresh.keys():
+                self._publish(JobEvent(JobEventType.DELETE, job_id, None, revision))
+        self._synced = True
+        self._advance(revision)
+
+    def _apply(self, ev: JobEvent) -> None:
+        if ev.type is JobEventType.PUT and ev.job is not None:
+            stored = Stored(ev.job, ev.mod_revision)
+            self._jobs[ev.job_id] = stored
+            if ev.job.phase.is_terminal:
+                self._live.pop(ev.job_id, None)
+            else:
+                self._live[ev.job_id] = stored
+            self._index.put(stored)
+        else:
+            self._jobs.pop(ev.job_id, None)
+            self._live.pop(ev.job_id, None)
+            self._index.remove(ev.job_id)
+        self._publish(ev)
+        self._advance(ev.mod_revision)
+
+    def _advance(self, revision: int) -> None:
+        if revision > self._revision:
+            self._revision = revision
+            self._advanced.set()
+            self._advanced = asyncio.Event()
+
+    def _publish(self, ev: JobEvent) -> None:
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(ev)
+            except asyncio.QueueFull:
+                log.warning("job_cache_subscriber_dropped", queue_size=self._queue_size)
+                self._subscribers.discard(q)
+                self._close_queue(q)
+
+    @staticmethod
+    def _close_queue(q: asyncio.Queue[JobEvent | None]) -> None:
+        while not q.empty():
+            q.get_nowait()
+        q.put_nowait(None)

@@ -1,0 +1,153 @@
+"""Jobs in list order by tenant and by phase, so that a read costs what its caller may see.
+
+`ListJobs` and `WatchJobs(include_initial)` used to scan and sort every job of every tenant before
+filtering: once bob had submitted 20,000 jobs, alice's list of her 83 fell from 474 to 168 calls a
+second and its p99 rose from 162 ms to 1.1 s. The job cache keeps this index current through every
+watch event and relist; a read walks only the entries of the caller's tenant (and phases), in list
+order from where its page starts.
+
+The list order is (submitted_at_s, job_id): fixed for a job's whole life, so a job changing phase
+moves between phase entries but never within the order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable, Iterator
+
+from federation.store.job_store import Stored
+from federation.store.jobs import JobRecord
+from placement.model import JobId, JobPhase, TenantId
+
+ListKey = tuple[float, str]
+
+
+def list_key(job: JobRecord) -> ListKey:
+    """Where a job sorts in a listing: oldest submission first, job id to break ties."""
+    return (job.submitted_at_s, job.job_id)
+
+
+class _Ordered:
+    """Records sorted by list key: insert and remove by bisection, read forward from a key."""
+
+    __slots__ = ("_items", "_keys")
+
+    def __init__(self) -> None:
+        self._keys: list[ListKey] = []
+        self._items: dict[str, Stored[JobRecord]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, key: ListKey, stored: Stored[JobRecord]) -> None:
+        if key[1] not in self._items:
+            bisect.insort(self._keys, key)
+        self._items[key[1]] = stored
+
+    def remove(self, key: ListKey) -> None:
+        if self._items.pop(key[1], None) is None:
+            return
+        i = bisect.bisect_left(self._keys, key)
+        if i < len(self._keys) and self._keys[i] == key:
+            del self._keys[i]
+
+    def after(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
+        """Entries past `start` (all when None), in order. Read it to the end before the index changes."""
+        keys = self._keys
+        i = 0 if start is None else bisect.bisect_right(keys, start)
+        while i < len(keys):
+            key = keys[i]
+            yield key, self._items[key[1]]
+            i += 1
+
+
+class JobIndex:
+    """Every job, ordered, under four views: all, by tenant, by phase, by tenant and phase."""
+
+    def __init__(self) -> None:
+        self._all = _Ordered()
+        self._by_tenant: dict[TenantId, _Ordered] = {}
+        self._by_phase: dict[JobPhase, _Ordered] = {}
+        self._by_tenant_phase: dict[tuple[TenantId, JobPhase], _Ordered] = {}
+        # Where each job is filed, to take it out of the right entries when it changes or goes.
+        self._filed: dict[JobId, tuple[ListKey, TenantId, JobPhase]] = {}
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def rebuild(self, jobs: Iterable[Stored[JobRecord]]) -> None:
+        self._all = _Ordered()
+        self._by_tenant, self._by_phase, self._by_tenant_phase, self._filed = {}, {}, {}, {}
+        for stored in jobs:
+            self.put(stored)
+
+    def put(self, stored: Stored[JobRecord]) -> None:
+        job = stored.value
+        key = list_key(job)
+        filed = self._filed.get(job.job_id)
+        if filed is not None and filed != (key, job.tenant, job.phase):
+            self.remove(job.job_id)
+        self._filed[job.job_id] = (key, job.tenant, job.phase)
+        for entry in self._entries(job.tenant, job.phase):
+            entry.put(key, stored)
+
+    def remove(self, job_id: JobId) -> None:
+        filed = self._filed.pop(job_id, None)
+        if filed is None:
+            return
+        key, tenant, phase = filed
+        for entry in self._entries(tenant, phase):
+            entry.remove(key)
+        # Drop emptied entries: tenants and phases come and go, the index should not keep them all.
+        if not self._by_tenant[tenant]:
+            del self._by_tenant[tenant]
+        if not self._by_phase[phase]:
+            del self._by_phase[phase]
+        if not self._by_tenant_phase[(tenant, phase)]:
+            del self._by_tenant_phase[(tenant, phase)]
+
+    def _entries(self, tenant: TenantId, phase: JobPhase) -> tuple[_Ordered, ...]:
+        by_tenant = self._by_tenant.get(tenant)
+        if by_tenant is None:
+            by_tenant = self._by_tenant[tenant] = _Ordered()
+        by_phase = self._by_phase.get(phase)
+        if by_phase is None:
+            by_phase = self._by_phase[phase] = _Ordered()
+        both = self._by_tenant_phase.get((tenant, phase))
+        if both is None:
+            both = self._by_tenant_phase[(tenant, phase)] = _Ordered()
+        return (self._all, by_tenant, by_phase, both)
+
+    def ordered(
+        self,
+        tenant: TenantId | None = None,
+        phases: Iterable[JobPhase] = (),
+        after: ListKey | None = None,
+    ) -> Iterator[Stored[JobRecord]]:
+        """Jobs of `tenant` (None: every tenant) in `phases` (empty: any), in list order past `after`.
+
+        Costs the entries walked: a page of a tenant's jobs reads that tenant's entries, not others'.
+        Consume it before the index next changes (no await in between).
+        """
+        wanted = sorted(set(phases))
+        sources: list[_Ordered] = []
+        if not wanted:
+            found = self._all if tenant is None else self._by_tenant.get(tenant)
+            if found is not None:
+                sources.append(found)
+        else:
+            for phase in wanted:
+                found = (
+                    self._by_phase.get(phase)
+                    if tenant is None
+                    else self._by_tenant_phase.get((tenant, phase))
+                )
+                if found is not None:
+                    sources.append(found)
+        if len(sources) == 1:
+            for _, stored in sources[0].after(after):
+                yield stored
+            return
+        for _, stored in heapq.merge(*(s.after(after) for s in sources), key=lambda item: item[0]):
+            yield stored

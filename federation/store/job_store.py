@@ -1,0 +1,477 @@
+"""Federation's state in a key-value store: jobs, idempotency keys, configuration, tokens, wait reasons.
+
+`JobStore` is what the API, the scheduler and the reconcilers consume; `KvStore` implements it over any
+`KeyValueStore` (real etcd in production, `MemoryKv` in unit tests), so both run the same transactions.
+Every write that must be atomic is one etcd transaction: a job and its idempotency key are created
+together or not at all, and scheduling decisions commit by compare-and-swap on the revisions they read,
+fenced by the leader's lease key so that a deposed leader cannot write.
+
+Layout, all under PREFIX: jobs/<job_id>, idem/<tenant>/<sha256 of the client's key>, tenants/<name>,
+clusters/<name>, users/<name>, tokens/<sha256 of the token>, waits/<job_id>, approvals/<id>, settings,
+leader, ledger/<job_id>/<attempt>. Values are compact
+JSON through the explicit codecs in federation.store.jobs and federation.store.records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Generic, Protocol, TypeVar
+
+from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
+from federation.store.group_commit import GroupCommit
+from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_dict, interval_to_dict
+from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
+from federation.store.kv import (
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    EventType,
+    Get,
+    KeyValueStore,
+    Put,
+    Txn,
+    WatchCompacted,
+)
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import (
+    ApprovalRecord,
+    ClusterRecord,
+    SchedulingSettings,
+    TenantRecord,
+    UserRecord,
+    approval_from_dict,
+    approval_to_dict,
+    cluster_from_dict,
+    cluster_to_dict,
+    settings_from_dict,
+    settings_to_dict,
+    tenant_from_dict,
+    tenant_to_dict,
+    user_from_dict,
+    user_to_dict,
+)
+from placement.model import ClusterName, GpuType, JobId, TenantId, WaitCode, WaitReason
+
+T = TypeVar("T")
+
+PREFIX = b"/gpufed/"
+JOBS = PREFIX + b"jobs/"
+IDEM = PREFIX + b"idem/"
+TENANTS = PREFIX + b"tenants/"
+CLUSTERS = PREFIX + b"clusters/"
+USERS = PREFIX + b"users/"
+TOKENS = PREFIX + b"tokens/"
+APPROVALS = PREFIX + b"approvals/"
+SETTINGS_KEY = PREFIX + b"settings"
+WAITS = PREFIX + b"waits/"
+LEADER_KEY = PREFIX + b"leader"
+
+# Keys read per round trip when listing; 1000 jobs of about 1 KiB stay well under etcd's 1.5 MiB replies.
+PAGE_SIZE = 1000
+# One compare per job, plus the fence, must fit etcd's per-txn cap.
+MAX_COMMIT_UPDATES = MAX_TXN_OPS - 1
+# A compaction racing a paginated list makes it start over; more than this in a row is not a race.
+_LIST_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Stored(Generic[T]):
+    value: T
+    # Pass this back to `commit` to update only if nobody wrote in between.
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The leader's fencing token: its lease key and the revision that created it.
+
+    A write carrying it also compares the key's create revision, so it fails once the lease has expired
+    or another leader has taken the key, even if the old leader has not noticed yet.
+    """
+
+    key: bytes
+    create_revision: int
+
+    def compare(self) -> Compare:
+        return Compare.created_at(self.key, self.create_revision)
+
+
+class JobEventType(StrEnum):
+    PUT = "PUT"
+    DELETE = "DELETE"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    type: JobEventType
+    job_id: JobId
+    # None for DELETE.
+    job: JobRecord | None
+    mod_revision: int
+
+
+class JobStore(Protocol):
+    async def create_job(
+        self, job: JobRecord, *, idempotency_key: str, manifest_digest: str
+    ) -> tuple[Stored[JobRecord], bool]:
+        """Create the job unless the tenant used the idempotency key before; True when created now.
+
+        A key reused with the same manifest digest returns the job it created first; with another
+        digest it raises IdempotencyConflict.
+        """
+        ...
+
+    async def get_job(self, job_id: JobId) -> Stored[JobRecord] | None: ...
+
+    async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
+        """Every job, and the revision they were all read at (watch from revision + 1)."""
+        ...
+
+    async def commit(
+        self,
+        updates: Sequence[tuple[JobRecord, int]],
+        *,
+        fence: Fence | None = None,
+        ledger: Sequence[LedgerInterval] = (),
+    ) -> int | None:
+        """Write all jobs if each is still at the given mod revision (and the fence holds), and the
+        ledger entries with them in the same transaction.
+
+        Returns the new revision, or None when any compare failed and nothing was written.
+        """
+        ...
+
+    async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
+        """Every ledger interval, and the revision they were read at."""
+        ...
+
+    def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
+        """Ledger intervals as they are written (entries are never deleted)."""
+        ...
+
+    def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]: ...
+
+    async def put_wait_reasons(
+        self, job_id: JobId, reasons: Sequence[WaitReason], *, fence: Fence | None = None
+    ) -> None: ...
+
+    async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]: ...
+
+    async def put_tenant(self, t: TenantRecord) -> None: ...
+
+    async def get_tenant(self, name: str) -> TenantRecord | None: ...
+
+    async def list_tenants(self) -> list[TenantRecord]: ...
+
+    async def delete_tenant(self, name: str) -> bool: ...
+
+    async def put_cluster(self, c: ClusterRecord) -> None: ...
+
+    async def get_cluster(self, name: str) -> ClusterRecord | None: ...
+
+    async def list_clusters(self) -> list[ClusterRecord]: ...
+
+    async def put_user(self, u: UserRecord) -> None: ...
+
+    async def get_user(self, name: str) -> UserRecord | None: ...
+
+    async def list_users(self) -> list[UserRecord]: ...
+
+    async def put_approval(self, a: ApprovalRecord) -> None: ...
+
+    async def list_approvals(self) -> list[ApprovalRecord]: ...
+
+    async def delete_approval(self, approval_id: str) -> bool: ...
+
+    async def put_settings(self, s: SchedulingSettings) -> None: ...
+
+    async def get_settings(self) -> SchedulingSettings:
+        """The stored settings, or the defaults when none were ever written."""
+        ...
+
+    async def put_token(self, token: str, user: str) -> None:
+        """Remember that token authenticates user. Only the token's SHA-256 is stored."""
+        ...
+
+    async def resolve_token(self, token: str) -> UserRecord | None: ...
+
+    async def revoke_token(self, token: str) -> bool: ...
+
+
+def _dumps(d: Any) -> bytes:
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _sha256(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).hexdigest().encode()
+
+
+def job_key(job_id: str) -> bytes:
+    return JOBS + job_id.encode()
+
+
+def _stored_job(value: bytes, mod_revision: int) -> Stored[JobRecord]:
+    return Stored(job_from_dict(json.loads(value)), mod_revision)
+
+
+# The figures of a wait reason beside its code and message; absent keys read as None, so reasons
+# written before a field existed still load.
+_WAIT_FIGURES = (
+    "tenant",
+    "limit_gpus",
+    "held_gpus",
+    "needed_gpus",
+    "free_gpus",
+    "largest_free_node_gpus",
+    "at_s",
+)
+
+
+def _wait_to_dict(r: WaitReason) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "code": r.code.value,
+        "message": r.message,
+        "cluster": r.cluster,
+        "gpu_type": r.gpu_type,
+    }
+    d.update({k: getattr(r, k) for k in _WAIT_FIGURES if getattr(r, k) is not None})
+    return d
+
+
+def _wait_from_dict(d: dict[str, Any]) -> WaitReason:
+    return WaitReason(
+        code=WaitCode(d["code"]),
+        message=d["message"],
+        cluster=None if d["cluster"] is None else ClusterName(d["cluster"]),
+        gpu_type=None if d["gpu_type"] is None else GpuType(d["gpu_type"]),
+        tenant=None if d.get("tenant") is None else TenantId(d["tenant"]),
+        limit_gpus=d.get("limit_gpus"),
+        held_gpus=d.get("held_gpus"),
+        needed_gpus=d.get("needed_gpus"),
+        free_gpus=d.get("free_gpus"),
+        largest_free_node_gpus=d.get("largest_free_node_gpus"),
+        at_s=d.get("at_s"),
+    )
+
+
+class KvStore:
+    """JobStore over any KeyValueStore."""
+
+    def __init__(self, kv: KeyValueStore) -> None:
+        self._kv = kv
+        # Submissions, admissions and transitions are independent transactions: under load they
+        # share etcd requests instead of paying a round trip each.
+        self._group = GroupCommit(kv)
+
+    @property
+    def kv(self) -> KeyValueStore:
+        return self._kv
+
+    # ---- jobs
+
+    async def create_job(
+        self, job: JobRecord, *, idempotency_key: str, manifest_digest: str
+    ) -> tuple[Stored[JobRecord], bool]:
+        idem = IDEM + job.tenant.encode() + b"/" + _sha256(idempotency_key)
+        key = job_key(job.job_id)
+        value = _dumps(job_to_dict(job))
+        result = await self._group.run(
+            Txn(
+                (Compare.absent(idem), Compare.absent(key)),
+                (Put(idem, _dumps({"job_id": job.job_id, "digest": manifest_digest})), Put(key, value)),
+                (Get(idem), Get(key)),
+            )
+        )
+        if result.succeeded:
+            return Stored(job, result.revision), True
+        idem_kv, job_kv = result.gets
+        if idem_kv is None:
+            raise Conflict(f"job {job.job_id} already exists under another idempotency key")
+        first = json.loads(idem_kv.value)
+        if first["digest"] != manifest_digest:
+            raise IdempotencyConflict(
+                f"idempotency key {idempotency_key!r} was used before with a different manifest "
+                f"(job {first['job_id']})"
+            )
+        if first["job_id"] != job.job_id:
+            job_kv = await self._kv.get(job_key(first["job_id"]))
+        if job_kv is None:
+            raise NotFound(f"job {first['job_id']} of idempotency key {idempotency_key!r} no longer exists")
+        return _stored_job(job_kv.value, job_kv.mod_revision), False
+
+    async def get_job(self, job_id: JobId) -> Stored[JobRecord] | None:
+        kv = await self._kv.get(job_key(job_id))
+        return None if kv is None else _stored_job(kv.value, kv.mod_revision)
+
+    async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
+        return await self._list(JOBS, lambda v, rev: _stored_job(v, rev))
+
+    async def _list(self, prefix: bytes, decode: Callable[[bytes, int], T]) -> tuple[list[T], int]:
+        """Every value under prefix, page by page, all read at the revision of the first page."""
+        for attempt in range(_LIST_ATTEMPTS):
+            try:
+                out: list[T] = []
+                page = await self._kv.range_prefix(prefix, limit=PAGE_SIZE)
+                revision = page.revision
+                while True:
+                    out.extend(decode(kv.value, kv.mod_revision) for kv in page.kvs)
+                    if not page.more or not page.kvs:
+                        return out, revision
+                    page = await self._kv.range_prefix(
+                        prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
+                    )
+            except WatchCompacted:
+                if attempt == _LIST_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def commit(
+        self,
+        updates: Sequence[tuple[JobRecord, int]],
+        *,
+        fence: Fence | None = None,
+        ledger: Sequence[LedgerInterval] = (),
+    ) -> int | None:
+        if len(updates) + len(ledger) > MAX_COMMIT_UPDATES:
+            raise ValueError(f"{len(updates)} updates in one commit; etcd allows {MAX_COMMIT_UPDATES}")
+        compares = [Compare.mod_revision_is(job_key(job.job_id), rev) for job, rev in updates]
+        if fence is not None:
+            compares.append(fence.compare())
+        puts = tuple(Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates) + tuple(
+            # Ledger entries ride in the transition's own transaction: written exactly once, with it.
+            Put(iv.key, _dumps(interval_to_dict(iv)))
+            for iv in ledger
+        )
+        result = await self._group.run(Txn(tuple(compares), puts))
+        return result.revision if result.succeeded else None
+
+    async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
+        return await self._list(LEDGER_PREFIX, lambda value, _rev: interval_from_dict(json.loads(value)))
+
+    async def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
+        events = self._kv.watch_prefix(LEDGER_PREFIX, start_revision=start_revision)
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                if ev.type is EventType.PUT:
+                    yield interval_from_dict(json.loads(ev.kv.value))
+
+    async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
+        events = self._kv.watch_prefix(JOBS, start_revision=start_revision)
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                job_id = JobId(ev.kv.key[len(JOBS) :].decode())
+                if ev.type is EventType.PUT:
+                    job = job_from_dict(json.loads(ev.kv.value))
+                    yield JobEvent(JobEventType.PUT, job_id, job, ev.kv.mod_revision)
+                else:
+                    yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)
+
+    # ---- why jobs wait (written by the scheduler each cycle, read by `gpufed describe`)
+
+    async def put_wait_reasons(
+        self, job_id: JobId, reasons: Sequence[WaitReason], *, fence: Fence | None = None
+    ) -> None:
+        """Replace the job's wait reasons; none deletes them. With a fence, raises NotLeader if it fails."""
+        key = WAITS + job_id.encode()
+        if fence is None:
+            if reasons:
+                await self._kv.put(key, _dumps([_wait_to_dict(r) for r in reasons]))
+            else:
+                await self._kv.delete(key)
+            return
+        op = Put(key, _dumps([_wait_to_dict(r) for r in reasons])) if reasons else Delete(key)
+        result = await self._group.run(Txn((fence.compare(),), (op,)))
+        if not result.succeeded:
+            raise NotLeader(
+                f"leader key {fence.key!r} is no longer ours; wait reasons of {job_id} not written"
+            )
+
+    async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]:
+        kv = await self._kv.get(WAITS + job_id.encode())
+        return () if kv is None else tuple(_wait_from_dict(d) for d in json.loads(kv.value))
+
+    # ---- configuration
+
+    async def _get(self, key: bytes, decode: Callable[[dict[str, Any]], T]) -> T | None:
+        kv = await self._kv.get(key)
+        return None if kv is None else decode(json.loads(kv.value))
+
+    async def _list_values(self, prefix: bytes, decode: Callable[[dict[str, Any]], T]) -> list[T]:
+        values, _ = await self._list(prefix, lambda v, _rev: decode(json.loads(v)))
+        return values
+
+    async def put_tenant(self, t: TenantRecord) -> None:
+        await self._kv.put(TENANTS + t.name.encode(), _dumps(tenant_to_dict(t)))
+
+    async def get_tenant(self, name: str) -> TenantRecord | None:
+        return await self._get(TENANTS + name.encode(), tenant_from_dict)
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        return await self._list_values(TENANTS, tenant_from_dict)
+
+    async def delete_tenant(self, name: str) -> bool:
+        return await self._kv.delete(TENANTS + name.encode())
+
+    async def put_cluster(self, c: ClusterRecord) -> None:
+        await self._kv.put(CLUSTERS + c.name.encode(), _dumps(cluster_to_dict(c)))
+
+    async def get_cluster(self, name: str) -> ClusterRecord | None:
+        return await self._get(CLUSTERS + name.encode(), cluster_from_dict)
+
+    async def list_clusters(self) -> list[ClusterRecord]:
+        return await self._list_values(CLUSTERS, cluster_from_dict)
+
+    async def put_user(self, u: UserRecord) -> None:
+        await self._kv.put(USERS + u.name.encode(), _dumps(user_to_dict(u)))
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        return await self._get(USERS + name.encode(), user_from_dict)
+
+    async def list_users(self) -> list[UserRecord]:
+        return await self._list_values(USERS, user_from_dict)
+
+    async def put_approval(self, a: ApprovalRecord) -> None:
+        await self._kv.put(APPROVALS + a.approval_id.encode(), _dumps(approval_to_dict(a)))
+
+    async def list_approvals(self) -> list[ApprovalRecord]:
+        return await self._list_values(APPROVALS, approval_from_dict)
+
+    async def delete_approval(self, approval_id: str) -> bool:
+        return await self._kv.delete(APPROVALS + approval_id.encode())
+
+    async def put_settings(self, s: SchedulingSettings) -> None:
+        await self._kv.put(SETTINGS_KEY, _dumps(settings_to_dict(s)))
+
+    async def get_settings(self) -> SchedulingSettings:
+        stored = await self._get(SETTINGS_KEY, settings_from_dict)
+        return stored if stored is not None else SchedulingSettings()
+
+    # ---- API tokens: the token itself never reaches the store, so a copy of etcd holds no credential
+
+    async def put_token(self, token: str, user: str) -> None:
+        await self._kv.put(TOKENS + _sha256(token), _dumps({"user": user}))
+
+    async def resolve_token(self, token: str) -> UserRecord | None:
+        """The token's user as stored now, so a changed role or tenant applies at once."""
+        kv = await self._kv.get(TOKENS + _sha256(token))
+        if kv is None:
+            return None
+        record = json.loads(kv.value)
+        expires = record.get("expires_at_s")
+        if expires is not None and float(expires) <= time.time():
+            return None
+        return await self.get_user(record["user"])
+
+    async def revoke_token(self, token: str) -> bool:
+        return await self._kv.delete(TOKENS + _sha256(token))
+
+
+def InMemoryJobStore(kv: MemoryKv | None = None) -> KvStore:  # noqa: N802 - reads as the fake's class name
+    """The in-memory JobStore for unit tests: the real KvStore over a MemoryKv."""
+    return KvStore(kv if kv is not None else MemoryKv())

@@ -1,0 +1,386 @@
+"""A job as federation stores it, and the one table that says which phase may follow which.
+
+Every phase change goes through `JobRecord.transition`, which checks the table and records an event,
+so the history a user sees through `get`/`watch` and the rule the reconcilers obey cannot drift
+apart. Each transition has exactly one owning component (named in the table) that may write it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from federation.errors import InvalidTransition
+from federation.spec.jobspec import (
+    DatasetRef,
+    RestartAction,
+    RestartPolicy,
+    TaskSpec,
+    TrainingJobSpec,
+)
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    GangRequest,
+    GpuType,
+    GpuTypePolicy,
+    JobId,
+    JobPhase,
+    RunningGang,
+    TenantId,
+)
+
+
+class Owner(StrEnum):
+    """The component that writes a transition. One writer per transition keeps races explicit."""
+
+    API = "api"
+    SCHEDULER = "scheduler"
+    DISPATCHER = "dispatcher"
+    STATUS = "status"
+
+
+Q, AD, ST, DI, RU = (
+    JobPhase.QUEUED,
+    JobPhase.ADMITTED,
+    JobPhase.STAGING,
+    JobPhase.DISPATCHED,
+    JobPhase.RUNNING,
+)
+SU, FA, CA = JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED
+
+# (from, to) -> owner. QUEUED is also a target: a requeue (cluster rejected the gang, the gang was
+# evicted and the restart policy says restart, or the cluster was lost) goes back to the queue.
+TRANSITIONS: dict[tuple[JobPhase, JobPhase], Owner] = {
+    (Q, AD): Owner.SCHEDULER,
+    (Q, CA): Owner.DISPATCHER,
+    (AD, ST): Owner.DISPATCHER,
+    (AD, DI): Owner.DISPATCHER,
+    (AD, Q): Owner.DISPATCHER,
+    (AD, CA): Owner.DISPATCHER,
+    (ST, DI): Owner.DISPATCHER,
+    (ST, Q): Owner.DISPATCHER,
+    (ST, FA): Owner.DISPATCHER,
+    (ST, CA): Owner.DISPATCHER,
+    (DI, RU): Owner.STATUS,
+    (DI, SU): Owner.STATUS,
+    (DI, FA): Owner.STATUS,
+    (DI, Q): Owner.STATUS,
+    (DI, CA): Owner.DISPATCHER,
+    (RU, SU): Owner.STATUS,
+    (RU, FA): Owner.STATUS,
+    (RU, Q): Owner.STATUS,
+    (RU, CA): Owner.DISPATCHER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseEvent:
+    phase: JobPhase
+    at_s: float
+    attempt: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlacement:
+    """Where the scheduler put the current attempt, and at what price."""
+
+    cluster: ClusterName
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionOrder:
+    """The scheduler's decision to evict this job's running gang so that another job fits.
+
+    Written by the scheduler on the running job's record (a compare-and-swap like any decision);
+    the reconciler then evicts the gang with the grace period and, once the cluster reports it
+    gone, requeues the job at its original queue position without charging a retry.
+    """
+
+    for_job: JobId
+    reason: str
+    grace_period_s: float
+    requested_at_s: float
+    requeue_queued_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRefusal:
+    """A cluster refused (or did not take) this job's dispatch `count` times in a row.
+
+    Kept on the record, so that the backoff outlives a leader change and is fenced like every other
+    write; `federation.scheduling.dispatch_backoff` decides with it. A dispatch that succeeds clears it.
+    """
+
+    cluster: ClusterName
+    count: int
+    first_at_s: float
+    last_at_s: float
+    retry_at_s: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: JobId
+    tenant: TenantId
+    user: str
+    spec: TrainingJobSpec
+    phase: JobPhase
+    submitted_at_s: float
+    # Queue position; kept when a job is requeued so that it does not go to the back.
+    queued_at_s: float
+    priority: int
+    attempt: int = 1
+    # Restarts charged to the job's restart policy. A new attempt forced by the federation (its
+    # cluster was lost) is not the job's fault, so attempts and retries are counted apart.
+    retries_used: int = 0
+    placement: JobPlacement | None = None
+    cancel_requested: bool = False
+    message: str = ""
+    events: tuple[PhaseEvent, ...] = ()
+    # Set while the current attempt's gang is being evicted for another job; cleared on requeue.
+    preemption: PreemptionOrder | None = None
+    # Clusters that refused this job's dispatch, each backing off (federation.scheduling.dispatch_backoff).
+    refusals: tuple[DispatchRefusal, ...] = ()
+    # Why the job failed or its attempt waits (OOMKilled, Error (exit 3), ImagePullBackOff),
+    # from its pods; written by the reconciler (federation.joblogs.archive), shown by get/list.
+    reason: str = ""
+
+    def transition(
+        self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
+    ) -> JobRecord:
+        """The record after a checked phase change. Raises InvalidTransition if the table forbids it."""
+        owner = TRANSITIONS.get((self.phase, to))
+        if owner is None:
+            raise InvalidTransition(f"job {self.job_id}: {self.phase} -> {to} is not a valid transition")
+        if owner is not by:
+            raise InvalidTransition(
+                f"job {self.job_id}: {self.phase} -> {to} is written by {owner}, not {by}"
+            )
+        if to is JobPhase.QUEUED:
+            # Back in the queue, nothing is being evicted any more: a new attempt starts clean.
+            changes.setdefault("preemption", None)
+        attempt = int(changes.get("attempt", self.attempt))
+        event = PhaseEvent(phase=to, at_s=at_s, attempt=attempt, reason=reason)
+        return replace(self, phase=to, message=reason, events=(*self.events, event), **changes)
+
+    def gang_request(self) -> GangRequest:
+        return GangRequest(
+            job_id=self.job_id,
+            tenant=self.tenant,
+            priority=self.priority,
+            queued_at_s=self.queued_at_s,
+            replica_gpus=self.spec.replica_gpus,
+            gpu_types=self.spec.gpu_types,
+            gpu_type_policy=self.spec.gpu_type_policy,
+            allow_spot=self.spec.allow_spot,
+            max_runtime_s=self.spec.max_runtime_s,
+            dataset=None if self.spec.dataset is None else str(self.spec.dataset),
+        )
+
+    def running_gang(self) -> RunningGang | None:
+        if not self.phase.holds_capacity or self.placement is None:
+            return None
+        return RunningGang(
+            job_id=self.job_id,
+            tenant=self.tenant,
+            priority=self.priority,
+            cluster=self.placement.cluster,
+            gpu_type=self.placement.gpu_type,
+            gpu_count=self.spec.gpu_count,
+        )
+
+
+# ---- storage codec: the JSON kept in etcd. Explicit, so that a field rename is a visible change.
+
+
+def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "tenant": spec.tenant,
+        "priority_class": spec.priority_class,
+        "tasks": [
+            {
+                "name": t.name,
+                "replicas": t.replicas,
+                "image": t.image,
+                "command": list(t.command),
+                "env": [list(kv) for kv in t.env],
+                "gpus_per_replica": t.gpus_per_replica,
+            }
+            for t in spec.tasks
+        ],
+        "gpu_types": list(spec.gpu_types),
+        "gpu_type_policy": spec.gpu_type_policy.value,
+        "min_available": spec.min_available,
+        "max_runtime_s": spec.max_runtime_s,
+        "restart_policy": {
+            "on_failure": spec.restart_policy.on_failure.value,
+            "on_eviction": spec.restart_policy.on_eviction.value,
+            "max_retries": spec.restart_policy.max_retries,
+        },
+        "allow_spot": spec.allow_spot,
+        "dataset": None
+        if spec.dataset is None
+        else {"name": spec.dataset.name, "version": spec.dataset.version},
+        "deadline_s": spec.deadline_s,
+        "labels": [list(kv) for kv in spec.labels],
+        "annotations": [list(kv) for kv in spec.annotations],
+    }
+
+
+def _pairs(raw: list[list[str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in raw)
+
+
+def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
+    rp = d["restart_policy"]
+    ds = d["dataset"]
+    return TrainingJobSpec(
+        name=d["name"],
+        tenant=None if d["tenant"] is None else TenantId(d["tenant"]),
+        priority_class=d["priority_class"],
+        tasks=tuple(
+            TaskSpec(
+                name=t["name"],
+                replicas=int(t["replicas"]),
+                image=t["image"],
+                command=tuple(t["command"]),
+                env=_pairs(t["env"]),
+                gpus_per_replica=int(t["gpus_per_replica"]),
+            )
+            for t in d["tasks"]
+        ),
+        gpu_types=tuple(GpuType(g) for g in d["gpu_types"]),
+        gpu_type_policy=GpuTypePolicy(d["gpu_type_policy"]),
+        min_available=int(d["min_available"]),
+        max_runtime_s=int(d["max_runtime_s"]),
+        restart_policy=RestartPolicy(
+            on_failure=RestartAction(rp["on_failure"]),
+            on_eviction=RestartAction(rp["on_eviction"]),
+            max_retries=int(rp["max_retries"]),
+        ),
+        allow_spot=bool(d["allow_spot"]),
+        dataset=None if ds is None else DatasetRef(name=ds["name"], version=ds["version"]),
+        deadline_s=d["deadline_s"],
+        labels=_pairs(d["labels"]),
+        annotations=_pairs(d["annotations"]),
+    )
+
+
+def job_to_dict(job: JobRecord) -> dict[str, Any]:
+    p = job.placement
+    return {
+        "job_id": job.job_id,
+        "tenant": job.tenant,
+        "user": job.user,
+        "spec": spec_to_dict(job.spec),
+        "phase": job.phase.value,
+        "submitted_at_s": job.submitted_at_s,
+        "queued_at_s": job.queued_at_s,
+        "priority": job.priority,
+        "attempt": job.attempt,
+        "retries_used": job.retries_used,
+        "placement": None
+        if p is None
+        else {
+            "cluster": p.cluster,
+            "gpu_type": p.gpu_type,
+            "kind": p.kind.value,
+            "usd_per_gpu_hour": p.usd_per_gpu_hour,
+        },
+        "cancel_requested": job.cancel_requested,
+        "preemption": None
+        if job.preemption is None
+        else {
+            "for_job": job.preemption.for_job,
+            "reason": job.preemption.reason,
+            "grace_period_s": job.preemption.grace_period_s,
+            "requested_at_s": job.preemption.requested_at_s,
+            "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
+        },
+        "message": job.message,
+        "reason": job.reason,
+        "refusals": [
+            {
+                "cluster": r.cluster,
+                "count": r.count,
+                "first_at_s": r.first_at_s,
+                "last_at_s": r.last_at_s,
+                "retry_at_s": r.retry_at_s,
+                "error": r.error,
+            }
+            for r in job.refusals
+        ],
+        "events": [
+            {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason}
+            for e in job.events
+        ],
+    }
+
+
+def job_from_dict(d: dict[str, Any]) -> JobRecord:
+    p = d["placement"]
+    return JobRecord(
+        job_id=JobId(d["job_id"]),
+        tenant=TenantId(d["tenant"]),
+        user=d["user"],
+        spec=spec_from_dict(d["spec"]),
+        phase=JobPhase(d["phase"]),
+        submitted_at_s=float(d["submitted_at_s"]),
+        queued_at_s=float(d["queued_at_s"]),
+        priority=int(d["priority"]),
+        attempt=int(d["attempt"]),
+        # Records written before the field existed counted every new attempt as a retry.
+        retries_used=int(d.get("retries_used", int(d["attempt"]) - 1)),
+        placement=None
+        if p is None
+        else JobPlacement(
+            cluster=ClusterName(p["cluster"]),
+            gpu_type=GpuType(p["gpu_type"]),
+            kind=CapacityKind(p["kind"]),
+            usd_per_gpu_hour=float(p["usd_per_gpu_hour"]),
+        ),
+        cancel_requested=bool(d["cancel_requested"]),
+        preemption=_preemption_from_dict(d.get("preemption")),
+        refusals=tuple(
+            DispatchRefusal(
+                cluster=ClusterName(r["cluster"]),
+                count=int(r["count"]),
+                first_at_s=float(r["first_at_s"]),
+                last_at_s=float(r["last_at_s"]),
+                retry_at_s=float(r["retry_at_s"]),
+                error=str(r["error"]),
+            )
+            for r in d.get("refusals") or ()
+        ),
+        message=d["message"],
+        reason=str(d.get("reason", "")),
+        events=tuple(
+            PhaseEvent(
+                phase=JobPhase(e["phase"]),
+                at_s=float(e["at_s"]),
+                attempt=int(e["attempt"]),
+                reason=e["reason"],
+            )
+            for e in d["events"]
+        ),
+    )
+
+
+def _preemption_from_dict(d: dict[str, Any] | None) -> PreemptionOrder | None:
+    if d is None:
+        return None
+    return PreemptionOrder(
+        for_job=JobId(d["for_job"]),
+        reason=d["reason"],
+        grace_period_s=float(d["grace_period_s"]),
+        requested_at_s=float(d["requested_at_s"]),
+        requeue_queued_at_s=float(d["requeue_queued_at_s"]),
+    )

@@ -1,0 +1,393 @@
+"""`KeyValueStore` over a real etcd, through aetcd (with `kv_etcd_channel`, the only modules that import it).
+
+A client holds one aetcd client per member of the etcd cluster and sends each call to the current one.
+When that member does not answer, the call moves to the next (and the next call starts there): reads
+and lease keepalives always, writes only when the failure shows that the member never took them (no
+connection, no leader), since a write cut off in flight may have been applied, as etcd's own clientv3
+decides. With every member tried and none answering, the call fails with `StoreUnavailable`.
+
+aetcd ships no types and raises its own exception tree; here they become frozen values,
+`StoreUnavailable` (etcd did not answer) and `WatchCompacted`. aetcd's `transaction` drops the
+response header (so the revision of a write is lost) and its `get_prefix` has neither limit nor
+revision, so unary calls go straight to the gRPC stubs of aetcd's client; its watcher is used as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
+
+import aetcd
+import aetcd.exceptions
+from aetcd import rpc
+
+from federation.errors import GpufedError, InvalidSpec, StoreUnavailable
+from federation.store.kv import (
+    Compare,
+    CompareOp,
+    CompareTarget,
+    Delete,
+    EventType,
+    KeyValue,
+    KvError,
+    LeaseNotFound,
+    Op,
+    Put,
+    RangeResult,
+    Txn,
+    TxnResult,
+    WatchCompacted,
+    WatchEvent,
+    check_batch_shape,
+    check_txn_shape,
+    prefix_end,
+)
+from federation.store.kv_etcd_channel import EndpointClient, EtcdTls, parse_endpoints
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        rpc.StatusCode.UNAVAILABLE,
+        rpc.StatusCode.DEADLINE_EXCEEDED,
+        rpc.StatusCode.CANCELLED,
+        rpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+# etcd relays some of its own timeouts as UNKNOWN: a follower that forwards a lease keepalive to a
+# leader that is gone answers "UNKNOWN context deadline exceeded". gRPC ends a stream whose member was
+# killed under it with "INTERNAL Internal error from Core" at times. Both are etcd not answering, not
+# a refusal: taken as a refusal, they ended a leader's keepalive loop without a word (issue 16).
+_OTHER_WORDS_FOR_UNAVAILABLE = {
+    rpc.StatusCode.UNKNOWN: ("deadline exceeded", "context canceled", "timed out", "connection"),
+    rpc.StatusCode.INTERNAL: ("error from core", "rst_stream", "stream removed", "socket closed"),
+}
+
+
+def _unavailable_in_other_words(code: Any, details: str) -> bool:
+    return any(d in details.lower() for d in _OTHER_WORDS_FOR_UNAVAILABLE.get(code, ()))
+
+
+# What says a request never reached a member that could apply it: safe to send a write elsewhere.
+# Not "leader changed": etcd says that of a proposal whose outcome it no longer knows.
+_NOT_SENT_DETAILS = ("failed to connect", "connection refused", "no leader", "not capable")
+_COMPARE_TARGETS = {
+    CompareTarget.VERSION: rpc.Compare.VERSION,
+    CompareTarget.CREATE: rpc.Compare.CREATE,
+    CompareTarget.MOD: rpc.Compare.MOD,
+    CompareTarget.VALUE: rpc.Compare.VALUE,
+}
+_COMPARE_OPS = {
+    CompareOp.EQUAL: rpc.Compare.EQUAL,
+    CompareOp.NOT_EQUAL: rpc.Compare.NOT_EQUAL,
+    CompareOp.LESS: rpc.Compare.LESS,
+    CompareOp.GREATER: rpc.Compare.GREATER,
+}
+_COMPARE_FIELDS = {
+    CompareTarget.VERSION: "version",
+    CompareTarget.CREATE: "create_revision",
+    CompareTarget.MOD: "mod_revision",
+    CompareTarget.VALUE: "value",
+}
+# Reconnect quickly after an etcd restart (gRPC's default backoff grows to two minutes); never go through
+# an HTTP proxy from the environment; ping a quiet connection so a half-open one (a partition, not a crash)
+# is noticed by a watch. etcd refuses pings more often than every 5 s.
+# `min_reconnect_backoff_ms` is gRPC's minimum *connect timeout*, not a backoff: at 100 ms a restarted
+# etcd that took longer than that to send its HTTP/2 SETTINGS (a busy 2-core machine) was given up
+# on, again and again ("connection attempt timed out before receiving SETTINGS frame"). A refused
+# connection still retries within `max_reconnect_backoff_ms`; only a slow handshake gets longer.
+_CHANNEL_OPTIONS: dict[str, int] = {
+    "grpc.enable_http_proxy": 0,
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 5_000,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+}
+
+
+def _kv_from_pb(kv: Any) -> KeyValue:
+    return KeyValue(
+        key=kv.key,
+        value=kv.value,
+        create_revision=kv.create_revision,
+        mod_revision=kv.mod_revision,
+        version=kv.version,
+        lease=kv.lease,
+    )
+
+
+class EtcdKv:
+    """KeyValueStore over one aetcd client per etcd member. Every call has a deadline per member tried,
+    so a dead etcd fails fast."""
+
+    def __init__(self, clients: Sequence[Any], timeout_s: float) -> None:
+        self._clients = list(clients)
+        self._current = 0
+        self.endpoint = ",".join(c.endpoint for c in self._clients)
+        self._timeout_s = timeout_s
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls, endpoints: str | Sequence[str], *, timeout_s: float = 5.0, tls: EtcdTls | None = None
+    ) -> EtcdKv:
+        """A client of "host:port[,host:port...]" (the members of one cluster).
+
+        TLS from `tls`, else from GPUFED_ETCD_CACERT/_CERT/_KEY. Raises StoreUnavailable if no member
+        answers a first read.
+        """
+        names, https = parse_endpoints(endpoints)
+        tls = tls if tls is not None else EtcdTls.from_env()
+        if https and tls is None:
+            raise InvalidSpec("etcd endpoints", "https:// endpoints need a CA (GPUFED_ETCD_CACERT)")
+        clients = [
+            EndpointClient(name, tls=tls, timeout_s=timeout_s, options=_CHANNEL_OPTIONS) for name in names
+        ]
+        kv = cls(clients, timeout_s)
+        try:
+            await kv.get(b"/")
+        except BaseException:
+            await kv.close()
+            raise
+        return kv
+
+    @property
+    def current_endpoint(self) -> str:
+        """The member calls go to now."""
+        return str(self._clients[self._current].endpoint)
+
+    def _move_on(self, index: int) -> None:
+        # Only the first of several calls failing on the same member moves the others along.
+        if self._current == index:
+            self._current = (index + 1) % len(self._clients)
+
+    def _error(self, what: str, e: BaseException, endpoint: str | None = None) -> GpufedError:
+        """The project error for anything aetcd or gRPC raised."""
+        endpoint = endpoint or self.endpoint
+        if isinstance(e, aetcd.exceptions.RevisionCompactedError):
+            return WatchCompacted(f"{what}: etcd at {endpoint} compacted below {e.compacted_revision}")
+        cause = e if isinstance(e, rpc.AioRpcError) else e.__cause__
+        if isinstance(cause, rpc.AioRpcError):
+            code, details = cause.code(), cause.details() or ""
+            if code in _UNAVAILABLE_CODES or _unavailable_in_other_words(code, details):
+                return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
+            if "compacted" in details:
+                return WatchCompacted(f"{what}: etcd at {endpoint}: {details}")
+            if "lease not found" in details:
+                return LeaseNotFound(f"{what}: etcd at {endpoint}: {details}")
+            return KvError(f"{what}: etcd at {endpoint} refused: {code.name} {details}")
+        if isinstance(
+            e,
+            aetcd.exceptions.ConnectionFailedError
+            | aetcd.exceptions.ConnectionTimeoutError
+            | aetcd.exceptions.WatchTimeoutError
+            | TimeoutError
+            | rpc.BaseError,
+        ):
+            return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {e!r}")
+        return KvError(f"{what}: etcd at {endpoint} failed: {e!r}")
+
+    async def _unary(
+        self, what: str, method: Callable[[Any], Any], request: Any, *, idempotent: bool = False
+    ) -> Any:
+        """Call one unary RPC; `method` picks it from the connected client (its stubs exist only then).
+
+        On a member that does not answer, an idempotent call moves to the next member; any other
+        only when the member surely never took it.
+        """
+        if self._closed:
+            raise StoreUnavailable(f"{what}: the client for etcd at {self.endpoint} is closed")
+        for attempt in range(len(self._clients)):
+            index = self._current
+            client = self._clients[index]
+            try:
+                await client.connect()
+                return await method(client)(request, timeout=self._timeout_s, metadata=client.metadata)
+            except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
+                error = self._error(what, e, client.endpoint)
+                if not isinstance(error, StoreUnavailable):
+                    raise error from e
+                self._move_on(index)
+                detail = str(error).lower()
+                retry = idempotent or any(d in detail for d in _NOT_SENT_DETAILS)
+                if not retry or attempt == len(self._clients) - 1:
+                    raise error from e
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def get(self, key: bytes) -> KeyValue | None:
+        resp = await self._unary("get", lambda c: c.kvstub.Range, rpc.RangeRequest(key=key), idempotent=True)
+        return _kv_from_pb(resp.kvs[0]) if resp.kvs else None
+
+    async def range_prefix(
+        self, prefix: bytes, *, limit: int = 0, start: bytes | None = None, revision: int = 0
+    ) -> RangeResult:
+        req = rpc.RangeRequest(
+            key=prefix if start is None else start,
+            range_end=prefix_end(prefix),
+            limit=limit,
+            revision=revision,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.KEY,
+        )
+        resp = await self._unary("range", lambda c: c.kvstub.Range, req, idempotent=True)
+        return RangeResult(
+            kvs=tuple(_kv_from_pb(kv) for kv in resp.kvs), revision=resp.header.revision, more=resp.more
+        )
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        resp = await self._unary(
+            "put", lambda c: c.kvstub.Put, rpc.PutRequest(key=key, value=value, lease=lease)
+        )
+        return int(resp.header.revision)
+
+    async def delete(self, key: bytes) -> bool:
+        resp = await self._unary("delete", lambda c: c.kvstub.DeleteRange, rpc.DeleteRangeRequest(key=key))
+        return bool(resp.deleted)
+
+    async def delete_prefix(self, prefix: bytes) -> int:
+        req = rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix))
+        resp = await self._unary("delete prefix", lambda c: c.kvstub.DeleteRange, req)
+        return int(resp.deleted)
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        check_txn_shape(compares, success, failure)
+        resp = await self._unary("txn", lambda c: c.kvstub.Txn, _txn_to_pb(compares, success, failure))
+        return _txn_result(resp, resp.header.revision)
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        check_batch_shape(txns)
+        if not txns:
+            return []
+        outer = rpc.TxnRequest(
+            compare=[],
+            success=[rpc.RequestOp(request_txn=_txn_to_pb(t.compares, t.success, t.failure)) for t in txns],
+        )
+        resp = await self._unary("txn", lambda c: c.kvstub.Txn, outer)
+        return [_txn_result(r.response_txn, resp.header.revision) for r in resp.responses]
+
+    async def watch_prefix(self, prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        if self._closed:
+            raise StoreUnavailable(f"watch: the client for etcd at {self.endpoint} is closed")
+        # A watch stays on the member it started on; when that one fails, the caller's next watch
+        # (from its last revision) starts on the next member.
+        index = self._current
+        client = self._clients[index]
+        try:
+            watch = await client.watch(
+                prefix, range_end=prefix_end(prefix), start_revision=start_revision or None
+            )
+        except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
+            raise self._watch_error(index, e) from e
+        events = watch.__aiter__()
+        try:
+            async for ev in events:
+                kv = _kv_from_pb(ev.kv)
+                yield WatchEvent(EventType.PUT if ev.kind == "PUT" else EventType.DELETE, kv)
+        except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
+            raise self._watch_error(index, e) from e
+        finally:
+            # After a client close or a dead stream aetcd has already dropped the watch; nothing to cancel.
+            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, AttributeError):
+                await watch.cancel()
+            await events.aclose()
+
+    def _watch_error(self, index: int, e: BaseException) -> GpufedError:
+        error = self._error("watch", e, self._clients[index].endpoint)
+        if isinstance(error, StoreUnavailable):
+            self._move_on(index)
+        return error
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        resp = await self._unary(
+            "grant lease", lambda c: c.leasestub.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl_s)
+        )
+        if resp.error:
+            raise KvError(f"grant lease: etcd at {self.endpoint}: {resp.error}")
+        return int(resp.ID)
+
+    async def keepalive(self, lease_id: int) -> int:
+        if self._closed:
+            raise StoreUnavailable(f"keepalive: the client for etcd at {self.endpoint} is closed")
+        # A keepalive is idempotent: try each member once.
+        for attempt in range(len(self._clients)):
+            index = self._current
+            try:
+                return await self._keepalive_once(self._clients[index], lease_id)
+            except StoreUnavailable:
+                self._move_on(index)
+                if attempt == len(self._clients) - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def _keepalive_once(self, client: Any, lease_id: int) -> int:
+        call = None
+        try:
+            await client.connect()
+            call = client.leasestub.LeaseKeepAlive(
+                [rpc.LeaseKeepAliveRequest(ID=lease_id)], timeout=self._timeout_s, metadata=client.metadata
+            )
+            reply = await call.read()
+        except (aetcd.exceptions.ClientError, rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
+            raise self._error("keepalive", e, client.endpoint) from e
+        finally:
+            if call is not None:
+                call.cancel()
+        if not isinstance(reply, rpc.LeaseKeepAliveResponse):  # gRPC's EOF: the stream closed empty
+            raise StoreUnavailable(f"keepalive: etcd at {client.endpoint} closed the stream")
+        return int(reply.TTL)
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        # Already expired or revoked is the outcome the caller wanted.
+        with contextlib.suppress(LeaseNotFound):
+            await self._unary(
+                "revoke lease", lambda c: c.leasestub.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id)
+            )
+
+    async def compact(self, revision: int) -> None:
+        # Compacted at or past this revision already is fine.
+        with contextlib.suppress(WatchCompacted):
+            await self._unary("compact", lambda c: c.kvstub.Compact, rpc.CompactionRequest(revision=revision))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for client in self._clients:
+            # Closing the client of a dead etcd: nothing is left to release remotely.
+            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError):
+                await client.close()
+
+
+def _txn_to_pb(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
+    return rpc.TxnRequest(
+        compare=[
+            rpc.Compare(
+                key=c.key,
+                target=_COMPARE_TARGETS[c.target],
+                result=_COMPARE_OPS[c.op],
+                **{_COMPARE_FIELDS[c.target]: c.operand},
+            )
+            for c in compares
+        ],
+        success=[_op_to_pb(op) for op in success],
+        failure=[_op_to_pb(op) for op in failure],
+    )
+
+
+def _txn_result(resp: Any, revision: int) -> TxnResult:
+    gets = tuple(
+        _kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
+        for r in resp.responses
+        if r.WhichOneof("response") == "response_range"
+    )
+    return TxnResult(succeeded=resp.succeeded, revision=revision, gets=gets)
+
+
+def _op_to_pb(op: Op) -> Any:
+    if isinstance(op, Put):
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease))
+    if isinstance(op, Delete):
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key))
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key))
