@@ -10,7 +10,7 @@ changed, 5 added and 3 deleted, synced beside version 1's copy (bytes moved agai
 Each tool runs `--repeats` times (3; 1 with --quick) in alternating order and the median counts.
 `--quick` uses 4 x 16 MiB and 2,000 x 4 KiB (under a minute). Ends with `figure_name: value unit` lines.
 
-    .venv/bin/python bench/datasync.py [--quick] [--concurrency 64]
+    .venv/bin/python bench/datasync.py [--quick] [--concurrency 32]
 """
 
 from __future__ import annotations

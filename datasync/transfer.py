@@ -43,9 +43,9 @@ _LOOKAHEAD_PARTS = 3
 
 @dataclass(frozen=True, slots=True)
 class SyncOptions:
-    # Small objects are bound by round trips, not bytes: 64 in flight beat 32 by about 12% on 20,000 x
-    # 4 KiB (bench/datasync.py). Memory stays bounded by max_buffered_bytes, whatever the count.
-    concurrency: int = 64
+    # 64 in flight measured no better than 32 on 20,000 x 4 KiB (bench/datasync.py, docs/datasync.md),
+    # and each single-PUT object in flight is held whole in memory (up to 32 MiB each).
+    concurrency: int = 32
     multipart_threshold_bytes: int = 32 * _MIB
     part_size_bytes: int = 16 * _MIB
     max_buffered_bytes: int = 256 * _MIB
