@@ -187,9 +187,17 @@ def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the
         assert registered.size_bytes == total
         datasets.sync("crashy", store=CACHE)
 
+        # Mid-sync: running for half a second (objects in flight, some perhaps already written) and
+        # not half done. Progress counts whole objects and is written once a second, while 32 of the
+        # 48 objects are in flight at once: "some bytes done but under half" is often never seen.
+        running_since: list[float] = []
+
         def mid_way() -> bool:
             syncs = datasets.status("crashy", store=CACHE).syncs
-            return bool(syncs) and 0 < syncs[0].progress.bytes_done < total // 2
+            if not syncs or syncs[0].state != "running" or syncs[0].progress.bytes_done >= total // 2:
+                return False
+            running_since[:] = running_since or [time.monotonic()]
+            return time.monotonic() - running_since[0] >= 0.5
 
         wait_for(mid_way, timeout_s=60, interval_s=0.05)
     before = up.endpoints()
