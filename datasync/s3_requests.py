@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import html
@@ -57,6 +58,16 @@ def _quote(s: str, safe: str = "-_.~") -> str:
     return urllib.parse.quote(s, safe=safe)
 
 
+@functools.lru_cache(maxsize=16)
+def _signing_key(secret: str, day: str, region: str) -> bytes:
+    """SigV4's key for one day and region: four HMACs that are the same for every request of the day.
+    Derived once (a small-object copy signs two requests an object; this was half of signing's CPU)."""
+    key = ("AWS4" + secret).encode()
+    for piece in (day, region, "s3", "aws4_request"):
+        key = hmac.digest(key, piece.encode(), "sha256")
+    return key
+
+
 def sign_v4(
     method: str,
     url: str,
@@ -89,10 +100,8 @@ def sign_v4(
     )
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-    key = ("AWS4" + credentials.secret_access_key.reveal()).encode()
-    for piece in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, piece.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    key = _signing_key(credentials.secret_access_key.reveal(), day, region)
+    signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
     out["authorization"] = (
         f"AWS4-HMAC-SHA256 Credential={credentials.access_key_id}/{scope}, "
         f"SignedHeaders={';'.join(signed)}, Signature={signature}"
