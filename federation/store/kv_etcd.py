@@ -126,6 +126,8 @@ class EtcdKv:
         self.endpoint = ",".join(c.endpoint for c in self._clients)
         self._timeout_s = timeout_s
         self._closed = False
+        # Set when calls leave a member that did not answer: that member may have been the leader.
+        self._leader_unconfirmed = False
 
     @classmethod
     async def connect(
@@ -160,6 +162,30 @@ class EtcdKv:
         # Only the first of several calls failing on the same member moves the others along.
         if self._current == index:
             self._current = (index + 1) % len(self._clients)
+            self._leader_unconfirmed = True
+
+    async def _confirm_leader(self, what: str) -> None:
+        """Before the first write after calls moved off a member that did not answer: a linearizable read
+        on the member the write will go to.
+
+        A follower forwards a write to the leader it knows. If that leader has just died, the write is
+        dropped in transit and etcd answers only after its own request timeout (5 s plus two election
+        timeouts, etcd-io/etcd#5214), past our deadline, so the write's outcome would be unknown. A
+        linearizable read needs a ReadIndex confirmed by a live leader (etcd sends it again every
+        500 ms and answers "leader changed" after an election), and being idempotent it may be tried
+        on every member. Once one succeeds, that member follows a live leader and the write goes
+        there: a member's death costs the write latency, not an unknown outcome.
+        """
+        try:
+            await self._unary(
+                f"{what} (confirming a live leader first)",
+                lambda c: c.kvstub.Range,
+                rpc.RangeRequest(key=b"/", count_only=True),
+                idempotent=True,
+            )
+        except StoreUnavailable as e:
+            raise StoreUnavailable(f"{what}: not sent: no etcd member confirmed a live leader ({e})") from e
+        self._leader_unconfirmed = False
 
     def _error(self, what: str, e: BaseException, endpoint: str | None = None) -> GpufedError:
         """The project error for anything aetcd or gRPC raised."""
@@ -188,16 +214,29 @@ class EtcdKv:
         return KvError(f"{what}: etcd at {endpoint} failed: {e!r}")
 
     async def _unary(
-        self, what: str, method: Callable[[Any], Any], request: Any, *, idempotent: bool = False
+        self,
+        what: str,
+        method: Callable[[Any], Any],
+        request: Any,
+        *,
+        idempotent: bool = False,
+        write: bool | None = None,
     ) -> Any:
         """Call one unary RPC; `method` picks it from the connected client (its stubs exist only then).
 
         On a member that does not answer, an idempotent call moves to the next member; any other
-        only when the member surely never took it.
+        only when the member surely never took it. A write (by default, any call that is not
+        idempotent) first confirms a live leader when calls have just left a member that did not answer.
         """
         if self._closed:
             raise StoreUnavailable(f"{what}: the client for etcd at {self.endpoint} is closed")
         for attempt in range(len(self._clients)):
+            if (
+                (not idempotent if write is None else write)
+                and self._leader_unconfirmed
+                and len(self._clients) > 1
+            ):
+                await self._confirm_leader(what)
             index = self._current
             client = self._clients[index]
             try:
@@ -235,8 +274,15 @@ class EtcdKv:
         )
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        # A plain put may be sent again on another member: applied twice, it leaves the key as one put
+        # sent at the second moment would (puts to one key from several writers have no order anyway),
+        # and the revision returned is one at which the key holds `value`. A txn or delete may not.
         resp = await self._unary(
-            "put", lambda c: c.kvstub.Put, rpc.PutRequest(key=key, value=value, lease=lease)
+            "put",
+            lambda c: c.kvstub.Put,
+            rpc.PutRequest(key=key, value=value, lease=lease),
+            idempotent=True,
+            write=True,
         )
         return int(resp.header.revision)
 

@@ -113,8 +113,12 @@ def test_one_member_down_costs_latency_two_fail_fast_and_their_return_loses_noth
         cluster.kill(1)
         time.sleep(PHASE_S * 2)
         # The load is one call at a time: a call caught by the kill itself can take two deadlines and
-        # fill the fixed phase. Keep the phase until a call that began after the kill has settled.
-        wait_for(lambda: any(c.started_s > killed_at + 1.0 for c in load.of("two-down")), timeout_s=60)
+        # fill the fixed phase. Keep the phase until a submission that began after the kill has settled.
+        wait_for(
+            lambda: any(c.op == "submit" and c.started_s > killed_at + 1.0 for c in load.of("two-down")),
+            timeout_s=60,
+        )
+        # (The load's next call is already under way; it may end after the restart below.)
 
         load.phase = "back"
         back_at = time.monotonic()
@@ -140,11 +144,17 @@ def test_one_member_down_costs_latency_two_fail_fast_and_their_return_loses_noth
         assert len(one_down) > 10, "the load kept going"
         assert max(c.took_s for c in one_down) < 5.0
 
-        # Two down: no quorum, so every call that started after the kill settled fails with
-        # UNAVAILABLE, each within its deadline (the client's own is 15 s): no hang.
-        settled = [c for c in two_down if c.started_s > killed_at + 1.0]
+        # Two down: no quorum, so every submission that started after the kill and ended before the
+        # members came back fails with UNAVAILABLE, each within its deadline (the client's own is
+        # 15 s): no hang. (A call still in flight at the restart may succeed: it is not counted.) A
+        # read of a job the server already holds is answered from its watch-fed cache (GetJob reads
+        # etcd only for a job it does not hold), so reads may still succeed.
+        settled = [c for c in two_down if c.started_s > killed_at + 1.0 and c.started_s + c.took_s < back_at]
         assert settled, ("calls were made with two members down", two_down, back, killed_at)
-        assert {c.code for c in settled} == {"UNAVAILABLE"}, {c.code for c in settled}
+        submits = [c for c in settled if c.op == "submit"]
+        assert submits, ("a submission was made with two members down", settled)
+        assert {c.code for c in submits} == {"UNAVAILABLE"}, (killed_at, back_at, submits)
+        assert {c.code for c in settled} <= {"UNAVAILABLE", "OK"}, {c.code for c in settled}
         # A call that began after the kill meets one deadline (5 s) at the member left without a
         # quorum; the one in flight at the kill may meet the dying member's first. None reaches the
         # client's own 15 s: UNAVAILABLE, never a hang.
