@@ -68,6 +68,13 @@ def _signing_key(secret: str, day: str, region: str) -> bytes:
     return key
 
 
+def url_with_query(url: str, query: Mapping[str, str]) -> str:
+    """`url` with `query` in SigV4's canonical form (names sorted, each name and value encoded once):
+    sent exactly so, the query the server reads is the one that was signed."""
+    canonical = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+    return f"{url}?{canonical}" if canonical else url
+
+
 def sign_v4(
     method: str,
     url: str,
@@ -77,7 +84,13 @@ def sign_v4(
     region: str,
     now: dt.datetime,
 ) -> dict[str, str]:
-    """The headers to send: `headers` plus x-amz-date, x-amz-content-sha256 and Authorization."""
+    """The headers to send: `headers` plus x-amz-date, x-amz-content-sha256 and Authorization.
+
+    `url` is the URL exactly as it is sent, its path already percent-encoded once (`S3Requests._url`).
+    S3's canonical URI is that path as it is: S3, unlike other AWS services, does not encode it a
+    second time (botocore's S3SigV4Auth does not either; `tests/unit/test_s3_signing.py` checks ours
+    against botocore's).
+    """
     parts = urllib.parse.urlsplit(url)
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
     day = amz_date[:8]
@@ -91,7 +104,7 @@ def sign_v4(
     canonical = "\n".join(
         [
             method,
-            _quote(parts.path or "/", safe="-_.~/"),
+            parts.path or "/",
             "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())),
             "".join(f"{k}:{out[k].strip()}\n" for k in signed),
             ";".join(signed),
@@ -169,7 +182,8 @@ class S3Requests:
     def __repr__(self) -> str:
         return f"S3Requests(endpoint={self._endpoint!r}, bucket={self._bucket!r})"
 
-    def _url(self, key: str) -> str:
+    def object_url(self, key: str) -> str:
+        """The URL of `key`, its path percent-encoded once (every byte but unreserved ones and '/')."""
         return f"{self._endpoint}/{_quote(self._bucket)}/{_quote(key, safe='-_.~/')}"
 
     async def _request(
@@ -209,7 +223,7 @@ class S3Requests:
                 connector=aiohttp.TCPConnector(limit=64), timeout=aiohttp.ClientTimeout(total=300)
             )
             self._loop = loop
-        url = self._url(key)
+        url = self.object_url(key)
         query = dict(query or {})
         signed = sign_v4(
             method, url, query, headers or {}, self._credentials, self._region, dt.datetime.now(dt.UTC)
@@ -217,8 +231,7 @@ class S3Requests:
         try:
             body_in = _ViewPayload(data) if data is not None else None
             # The exact bytes that were signed: yarl must not re-quote the path or the query.
-            canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
-            target = yarl.URL(f"{url}?{canonical_query}" if canonical_query else url, encoded=True)
+            target = yarl.URL(url_with_query(url, query), encoded=True)
             async with self._session.request(method, target, headers=signed, data=body_in) as resp:
                 raw = await resp.read()
                 if resp.status >= 300:
