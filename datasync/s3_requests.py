@@ -86,9 +86,9 @@ def sign_v4(
 ) -> dict[str, str]:
     """The headers to send: `headers` plus x-amz-date, x-amz-content-sha256 and Authorization.
 
-    `url` is the URL exactly as it is sent, its path already percent-encoded once (`S3Requests._url`).
+    `url` is the URL exactly as it is sent, its path already percent-encoded once (`S3Requests.object_url`).
     S3's canonical URI is that path as it is: S3, unlike other AWS services, does not encode it a
-    second time (botocore's S3SigV4Auth does not either; `tests/unit/test_s3_signing.py` checks ours
+    second time (botocore's S3SigV4Auth does not either; `tests/contract/s3/` checks ours
     against botocore's).
     """
     parts = urllib.parse.urlsplit(url)
