@@ -1,4 +1,5 @@
-"""Pacing for transfers: a token bucket for the bandwidth cap, and retries with exponential backoff.
+"""Pacing for transfers: a token bucket for the bandwidth cap, a byte budget for memory, and retries
+with exponential backoff.
 
 The bucket's arithmetic (`reserve`) is pure, with time as an argument, so unit tests check it without
 sleeping. A request larger than the burst is let through by going into debt, so that a 16 MiB part under
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -54,6 +56,55 @@ class TokenBucket:
         wait_s = self.reserve(size_bytes, self._clock())
         if wait_s > 0:
             await self._sleep(wait_s)
+
+
+class ByteBudget:
+    """At most `capacity_bytes` held at once by the copies in flight; the rest wait, first come first
+    served. A request larger than the capacity costs the whole capacity (it then runs alone) rather
+    than waiting forever. `release` is synchronous, so a `finally` or a cancelled task can call it."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = max(1, capacity_bytes)
+        self.held_bytes = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def cost_of(self, size_bytes: int) -> int:
+        return min(max(size_bytes, 0), self.capacity_bytes)
+
+    async def acquire(self, size_bytes: int) -> int:
+        """Wait until `size_bytes` (cut to the capacity) fit; returns the cost to hand to `release`."""
+        cost = self.cost_of(size_bytes)
+        if not self._waiters and self.held_bytes + cost <= self.capacity_bytes:
+            self.held_bytes += cost
+            return cost
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((cost, granted))
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self.release(cost)  # granted just as the waiter was cancelled: hand it on
+            else:
+                self._waiters = deque(w for w in self._waiters if w[1] is not granted)
+                self._grant()
+            raise
+        return cost
+
+    def release(self, cost: int) -> None:
+        self.held_bytes -= cost
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            cost, granted = self._waiters[0]
+            if granted.cancelled():
+                self._waiters.popleft()
+                continue
+            if self.held_bytes + cost > self.capacity_bytes:
+                return
+            self._waiters.popleft()
+            self.held_bytes += cost
+            granted.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)

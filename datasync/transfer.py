@@ -8,7 +8,8 @@ an ETag that proves nothing (none, an opaque token, or a multipart ETag of parts
 means the object is read back from the target and hashed. Verification is never skipped. A
 server-side copy (from the source's endpoint, or from another version's copy in the target store) moves
 no bytes through us, so it is read back from the target and hashed. `readback=True` reads back every
-copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`.
+copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`, and whole objects in
+flight (a single GET and PUT) share another `max_buffered_bytes`, so at most twice that is held.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from datasync.model import ManifestEntry
 from datasync.plan import ReuseItem
 from datasync.progress import ProgressTracker
 from datasync.store import Blob, ObjectStore, PartInfo
-from datasync.throttle import Retrier, RetryPolicy, TokenBucket
+from datasync.throttle import ByteBudget, Retrier, RetryPolicy, TokenBucket
 
 _log = structlog.get_logger(__name__)
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
@@ -43,8 +44,7 @@ _LOOKAHEAD_PARTS = 3
 
 @dataclass(frozen=True, slots=True)
 class SyncOptions:
-    # 64 in flight measured no better than 32 on 20,000 x 4 KiB (bench/datasync.py, docs/datasync.md),
-    # and each single-PUT object in flight is held whole in memory (up to 32 MiB each).
+    # 64 in flight measured no better than 32 on 20,000 x 4 KiB (bench/datasync.py, docs/datasync.md).
     concurrency: int = 32
     multipart_threshold_bytes: int = 32 * _MIB
     part_size_bytes: int = 16 * _MIB
@@ -163,6 +163,9 @@ class Copier:
             else None
         )
         self._part_slots = asyncio.Semaphore(max(1, options.max_buffered_bytes // options.part_size_bytes))
+        # Each object copied by one GET and PUT is held whole between the two (up to the multipart
+        # threshold, or any size on a store without resumable multipart): those share a budget too.
+        self._object_bytes = ByteBudget(options.max_buffered_bytes)
         self._server_side = target.can_copy_from(source)
 
     async def run(self, entries: Iterable[ManifestEntry]) -> TransferStats:
@@ -257,6 +260,13 @@ class Copier:
         return obj
 
     async def _single(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
+        cost = await self._object_bytes.acquire(entry.size_bytes)
+        try:
+            return await self._single_held(entry, src, dst)
+        finally:
+            self._object_bytes.release(cost)
+
+    async def _single_held(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
         data = await self.source.get(src)
         self.stats.bytes_read += len(data)
         if len(data) != entry.size_bytes:

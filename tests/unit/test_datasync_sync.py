@@ -3,6 +3,7 @@ retries, resumed multipart uploads, server-side copies, progress, egress estimat
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ from datasync.store import ObjectStore, list_all
 from datasync.store_local import LocalStore
 from datasync.store_memory import MemoryStore
 from datasync.sync import run_sync, sync_version
-from datasync.throttle import RetryPolicy, TokenBucket
+from datasync.throttle import ByteBudget, RetryPolicy, TokenBucket
 from datasync.transfer import SyncOptions
 from datasync.verify import verify
 
@@ -304,3 +305,68 @@ async def test_local_directory_store_round_trip(tmp_path: Path) -> None:
     listed = [m.path for m in await list_all(target, "cache2/")]
     assert "cache2/" + MARKER_NAME in listed
     assert not any(".multipart" in p for p in listed)
+
+
+async def test_whole_objects_in_flight_are_held_to_max_buffered_bytes() -> None:
+    # Objects under the multipart threshold are read whole and held until their PUT is done. With
+    # eight workers and 48 KiB objects, eight at once would hold 384 KiB; the budget is 128 KiB.
+    source, target = MemoryStore("src"), MemoryStore("dst", endpoint="other")
+    fill(source, "v1/", {f"{i}.bin": os.urandom(48 * KIB) for i in range(24)})
+    manifest = await build_manifest(source, "v1/")
+    held, peak = 0, 0
+    original_get, original_put = source.get, target.put
+
+    async def counting_get(path: str, **kw: int | None) -> bytes:
+        nonlocal held, peak
+        data = await original_get(path, **kw)
+        held += len(data)
+        peak = max(peak, held)
+        return data
+
+    async def slow_put(path: str, data: bytes) -> str | None:
+        nonlocal held
+        await asyncio.sleep(0.005)  # long enough for every worker to be holding its object
+        etag = await original_put(path, data)
+        if not path.endswith(MARKER_NAME):
+            held -= len(data)
+        return etag
+
+    source.get = counting_get  # type: ignore[method-assign]
+    target.put = slow_put  # type: ignore[method-assign]
+    options = SyncOptions(
+        multipart_threshold_bytes=256 * KIB,
+        part_size_bytes=64 * KIB,
+        max_buffered_bytes=128 * KIB,
+        concurrency=8,
+        retry=FAST_RETRY,
+    )
+    report = await synced(source, target, manifest, options=options)
+    assert report.objects_copied == 24  # type: ignore[attr-defined]
+    assert 96 * KIB <= peak <= 128 * KIB, peak  # two at a time: the budget is used, and never exceeded
+    assert await contents(target, "cache/") == await contents(source, "v1/")
+
+
+async def test_byte_budget_serves_in_order_lets_an_oversized_request_run_alone_and_survives_cancellation() -> (
+    None
+):
+    budget = ByteBudget(100)
+    first = await budget.acquire(60)
+    big = asyncio.create_task(budget.acquire(500))  # over the capacity: waits for all of it
+    small = asyncio.create_task(budget.acquire(10))  # fits now, but comes after the big one
+    await asyncio.sleep(0)
+    assert not big.done()
+    assert not small.done()
+    budget.release(first)
+    assert await big == 100
+    assert budget.held_bytes == 100
+    await asyncio.sleep(0)
+    assert not small.done()
+    budget.release(100)
+    assert await small == 10
+    waiting = asyncio.create_task(budget.acquire(95))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await budget.acquire(90) == 90  # the cancelled waiter left nothing held or queued
+    assert budget.held_bytes == 100
