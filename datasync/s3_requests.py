@@ -68,10 +68,15 @@ def _signing_key(secret: str, day: str, region: str) -> bytes:
     return key
 
 
+def canonical_query(query: Mapping[str, str]) -> str:
+    """SigV4's canonical query string: names sorted, each name and value percent-encoded once."""
+    return "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+
+
 def url_with_query(url: str, query: Mapping[str, str]) -> str:
-    """`url` with `query` in SigV4's canonical form (names sorted, each name and value encoded once):
-    sent exactly so, the query the server reads is the one that was signed."""
-    canonical = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+    """`url` with `query` in SigV4's canonical form: sent exactly so, the query the server reads is
+    the one that was signed (`sign_v4` signs `canonical_query` of the same mapping)."""
+    canonical = canonical_query(query)
     return f"{url}?{canonical}" if canonical else url
 
 
@@ -105,7 +110,7 @@ def sign_v4(
         [
             method,
             parts.path or "/",
-            "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())),
+            canonical_query(query),
             "".join(f"{k}:{out[k].strip()}\n" for k in signed),
             ";".join(signed),
             _UNSIGNED,
