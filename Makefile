@@ -39,11 +39,13 @@ imports: setup
 	$(BIN)/lint-imports
 
 # Debian tools the tests drive as a user would: headless Chromium opens the HTML finance report,
-# openssl makes the TLS certificates. Installed only where missing (apt needs root, as CI has).
+# openssl makes the TLS certificates, postgresql is the history store's real PostgreSQL (started by
+# the tests as a process, never as a system service). Installed only where missing (apt needs root, as CI has).
 system-tools:
 	@missing=""; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing; install them (apt-get install$$missing) or run as root" >&2; exit 1; fi; \
 	  echo "installing$$missing"; \

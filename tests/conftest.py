@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.postgres_process import PostgresProcess, PostgresUnavailable
 from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
 from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
@@ -18,6 +20,24 @@ from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
 def etcd_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
     """One etcd for the whole session (about 0.2 s to start); tests isolate by wiping /gpufed/."""
     process = EtcdProcess(tmp_path_factory.mktemp("etcd-session") / "data")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_process() -> Iterator[PostgresProcess]:
+    """One real PostgreSQL for the session, started only if a test asks for it (about 1 s).
+
+    Missing server binaries skip the PostgreSQL tests on a developer's machine, but fail them in CI
+    (CI=true): there `make test` has installed Debian's postgresql, so a missing one is a broken run.
+    """
+    try:
+        process = PostgresProcess()
+    except PostgresUnavailable as error:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs a real PostgreSQL: {error}")
+        pytest.skip(str(error))
     process.start()
     yield process
     process.stop()

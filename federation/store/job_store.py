@@ -233,7 +233,7 @@ _WAIT_FIGURES = (
 )
 
 
-def _wait_to_dict(r: WaitReason) -> dict[str, Any]:
+def wait_to_dict(r: WaitReason) -> dict[str, Any]:
     d: dict[str, Any] = {
         "code": r.code.value,
         "message": r.message,
@@ -244,7 +244,7 @@ def _wait_to_dict(r: WaitReason) -> dict[str, Any]:
     return d
 
 
-def _wait_from_dict(d: dict[str, Any]) -> WaitReason:
+def wait_from_dict(d: dict[str, Any]) -> WaitReason:
     return WaitReason(
         code=WaitCode(d["code"]),
         message=d["message"],
@@ -381,11 +381,11 @@ class KvStore:
         key = WAITS + job_id.encode()
         if fence is None:
             if reasons:
-                await self._kv.put(key, _dumps([_wait_to_dict(r) for r in reasons]))
+                await self._kv.put(key, _dumps([wait_to_dict(r) for r in reasons]))
             else:
                 await self._kv.delete(key)
             return
-        op = Put(key, _dumps([_wait_to_dict(r) for r in reasons])) if reasons else Delete(key)
+        op = Put(key, _dumps([wait_to_dict(r) for r in reasons])) if reasons else Delete(key)
         result = await self._group.run(Txn((fence.compare(),), (op,)))
         if not result.succeeded:
             raise NotLeader(
@@ -394,7 +394,7 @@ class KvStore:
 
     async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]:
         kv = await self._kv.get(WAITS + job_id.encode())
-        return () if kv is None else tuple(_wait_from_dict(d) for d in json.loads(kv.value))
+        return () if kv is None else tuple(wait_from_dict(d) for d in json.loads(kv.value))
 
     # ---- configuration
 

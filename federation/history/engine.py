@@ -1,0 +1,95 @@
+"""Opening the history database from a DSN, and migrating it.
+
+Two backends, one schema: `sqlite:///<path>` (the embedded default, a file under the state
+directory) and `postgresql://...` (production; psycopg 3). SQLite runs in WAL mode so that readers
+(reports, `gpufed get`) never wait for the archiver's write transaction, with `synchronous=NORMAL`,
+which in WAL mode loses at most the last transactions on power loss and never corrupts: the archiver
+deletes from etcd only after its SQL commit returned, and re-archiving is idempotent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, create_engine
+from sqlalchemy.engine.url import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from federation.errors import InvalidArgument
+
+HEAD = "head"
+DEFAULT_FILE = "history.sqlite3"
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# How long a SQLite writer waits for another's lock before failing, rather than failing at once.
+_SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def default_dsn(state_dir: Path) -> str:
+    return f"sqlite:///{(Path(state_dir) / DEFAULT_FILE).resolve()}"
+
+
+def parse_dsn(dsn: str) -> URL:
+    """The DSN as SQLAlchemy reads it, with PostgreSQL pinned to psycopg 3. Raises InvalidArgument."""
+    try:
+        url = make_url(dsn)
+    except ArgumentError as error:
+        raise InvalidArgument(f"history.dsn: not a database URL ({dsn!r})") from error
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if url.drivername != "sqlite":
+            raise InvalidArgument(f"history.dsn: use plain sqlite:///<path>, not {url.drivername}")
+        return url
+    if backend in ("postgresql", "postgres"):
+        if url.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
+            raise InvalidArgument(
+                f"history.dsn: PostgreSQL goes through psycopg 3; use postgresql://, not {url.drivername}"
+            )
+        return url.set(drivername="postgresql+psycopg")
+    raise InvalidArgument(f"history.dsn: backend {backend!r} is not supported (sqlite or postgresql)")
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.close()
+
+
+def open_engine(dsn: str) -> Engine:
+    """An engine for the DSN (the database must exist; a SQLite file is created with its directory)."""
+    url = parse_dsn(dsn)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    # pool_pre_ping: a PostgreSQL restarted under a long-lived leader would otherwise hand out dead
+    # connections once each.
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.set_main_option("path_separator", "os")
+    return config
+
+
+def migrate(engine: Engine, revision: str = HEAD) -> None:
+    """Bring the schema to `revision` (default: the newest), in one transaction per revision."""
+    config = _alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

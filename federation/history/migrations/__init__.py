@@ -1,0 +1,1 @@
+"""Alembic migrations of the history store; run them with `federation.history.engine.migrate`."""

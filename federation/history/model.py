@@ -1,0 +1,152 @@
+"""The values the history store takes and gives: archived jobs and audit records, job filters with
+keyset pagination, and usage queries with their rows. Validated on construction, so a bad request
+fails with the field it got wrong before any SQL runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from federation.errors import InvalidArgument
+from federation.store.intervals import LedgerInterval
+from federation.store.jobs import JobRecord
+from placement.model import JobPhase, TenantId
+from placement.model_plan import WaitReason
+
+# The same bounds as ListJobs on the live path, so a client pages both stores alike.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500
+MAX_AUDIT_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedAttempt:
+    """One attempt's kept summary (`federation.joblogs.archive`'s `_attempt` JSON), kept as JSON
+    here: the history keeps what joblogs wrote without depending on the room above it."""
+
+    attempt: int
+    summary: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSnapshot:
+    """The wait reasons a scheduling cycle gave the job, and when."""
+
+    at_s: float
+    reasons: tuple[WaitReason, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedJob:
+    """An ended job with everything kept about it. Its events live inside `record`."""
+
+    record: JobRecord
+    ended_at_s: float
+    attempts: tuple[ArchivedAttempt, ...] = ()
+    intervals: tuple[LedgerInterval, ...] = ()
+    waits: tuple[WaitSnapshot, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.record.phase.is_terminal:
+            raise InvalidArgument(
+                f"job {self.record.job_id}: phase {self.record.phase} has not ended;"
+                " only ended jobs are archived"
+            )
+        for i, iv in enumerate(self.intervals):
+            if iv.end_s is None:
+                raise InvalidArgument(f"job {self.record.job_id}: intervals[{i}] is still open")
+            if iv.job_id != self.record.job_id:
+                raise InvalidArgument(f"job {self.record.job_id}: intervals[{i}] belongs to job {iv.job_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedAudit:
+    """One admin action. `audit_id` is its etcd key's suffix (`<ns time>-<random>`): unique, so it
+    is the primary key that makes a second archive of the same record a no-op."""
+
+    audit_id: str
+    at_s: float
+    user: str
+    role: str
+    action: str
+    target: str
+    detail: str = ""
+
+
+# (submitted_at_s, job_id): the live ListJobs order, so one page token shape serves both stores.
+ListPosition = tuple[float, str]
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """ListJobs' filters plus `since_s` (submitted at or after). `tenant` None: every tenant; the
+    caller decides what a principal may ask for (`security.auth.listable_tenant`)."""
+
+    tenant: TenantId | None = None
+    phases: frozenset[JobPhase] = frozenset()
+    name_prefix: str = ""
+    since_s: float | None = None
+    page_size: int = DEFAULT_PAGE_SIZE
+    after: ListPosition | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size: must be between 1 and {MAX_PAGE_SIZE}, got {self.page_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: tuple[JobRecord, ...]
+    # Where the next page starts; None when this was the last.
+    next_after: ListPosition | None
+
+
+class GroupBy(StrEnum):
+    TENANT = "tenant"
+    USER = "user"
+    CLUSTER = "cluster"
+    PROVIDER = "provider"
+    GPU_TYPE = "gpu_type"
+    KIND = "kind"
+
+
+class Period(StrEnum):
+    DAY = "day"
+    MONTH = "month"
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    """GPU-hours and cost of closed intervals within [since_s, until_s), clipped to it, grouped by
+    `group_by` and optionally by UTC day or month. `tenant` narrows to one tenant (isolation)."""
+
+    since_s: float
+    until_s: float
+    group_by: tuple[GroupBy, ...] = ()
+    period: Period | None = None
+    tenant: TenantId | None = None
+
+    def __post_init__(self) -> None:
+        if not self.until_s > self.since_s:
+            raise InvalidArgument(f"until_s: must be after since_s ({self.until_s} <= {self.since_s})")
+        if len(set(self.group_by)) != len(self.group_by):
+            raise InvalidArgument(f"group_by: names a dimension twice ({', '.join(self.group_by)})")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    # The values of the query's `group_by`, in its order.
+    keys: tuple[str, ...]
+    # 'YYYY-MM-DD' or 'YYYY-MM' when the query has a period; None otherwise.
+    period: str | None
+    gpu_hours: float
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCounts:
+    jobs: int
+    intervals: int
+    audit: int

@@ -1,0 +1,57 @@
+"""`HistoryStore`: what the archiver writes to and the read paths read from.
+
+Synchronous on purpose: both drivers (sqlite3, psycopg) block, and one blocking call per batch on a
+worker thread (`asyncio.to_thread`) costs less than an async driver's round trips per row. Callers
+on the event loop must not call it directly.
+
+Writes are idempotent by primary key: writing a job, interval or audit record that is already
+there changes nothing (the first copy stays), so the archiver may repeat a batch after a crash
+between its SQL commit and its etcd delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from federation.history.model import (
+    ArchivedAudit,
+    ArchivedJob,
+    HistoryCounts,
+    JobFilter,
+    JobPage,
+    UsageQuery,
+    UsageRow,
+)
+from placement.model import JobId
+
+
+class HistoryStore(Protocol):
+    def write_jobs(self, jobs: Sequence[ArchivedJob]) -> int:
+        """Write the jobs with their attempts, intervals, usage days and waits in one transaction.
+        Returns how many jobs were new (the rest were already archived and were left as they were)."""
+        ...
+
+    def write_audit(self, records: Sequence[ArchivedAudit]) -> int:
+        """Write audit records in one transaction; returns how many were new."""
+        ...
+
+    def get_job(self, job_id: JobId) -> ArchivedJob | None: ...
+
+    def list_jobs(self, query: JobFilter) -> JobPage:
+        """Jobs in the live ListJobs order (submitted_at_s, job_id), from `query.after`."""
+        ...
+
+    def usage(self, query: UsageQuery) -> list[UsageRow]:
+        """GPU-hours and cost of archived (closed) intervals, computed in SQL."""
+        ...
+
+    def list_audit(
+        self, *, since_s: float | None = None, after: tuple[float, str] | None = None, limit: int = 1000
+    ) -> list[ArchivedAudit]:
+        """Audit records in time order, from `after` (at_s, audit_id) or `since_s`."""
+        ...
+
+    def counts(self) -> HistoryCounts: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,145 @@
+"""From the store's records to table rows and back: pure, so both backends write the same rows.
+
+A closed interval becomes one `history_intervals` row and one `history_usage_days` row per UTC day
+it touched (cut at midnight), which is what lets a report read only the days it covers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
+from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
+from federation.store.job_store import wait_from_dict, wait_to_dict
+from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
+
+DAY_S = 86_400.0
+
+
+def interval_id(job_id: str, attempt: int) -> str:
+    """The interval's primary key: its etcd key's tail, so a row and a key name the same interval."""
+    return f"{job_id}/{attempt:06d}"
+
+
+def day_of(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d")
+
+
+def day_pieces(start_s: float, end_s: float) -> Iterator[tuple[str, float, float]]:
+    """(day, start, end) for each UTC day [start_s, end_s) touches; nothing for an empty interval."""
+    at = start_s
+    while at < end_s:
+        midnight = (at // DAY_S + 1) * DAY_S
+        piece_end = min(end_s, midnight)
+        yield day_of(at), at, piece_end
+        at = piece_end
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def job_row(job: ArchivedJob) -> dict[str, Any]:
+    r = job.record
+    return {
+        "job_id": r.job_id,
+        "tenant": r.tenant,
+        "user_name": r.user,
+        "name": r.spec.name,
+        "phase": r.phase.value,
+        "submitted_at_s": r.submitted_at_s,
+        "ended_at_s": job.ended_at_s,
+        "record_json": _dumps(job_to_dict(r)),
+    }
+
+
+def record_from_row(record_json: str) -> JobRecord:
+    return job_from_dict(json.loads(record_json))
+
+
+def attempt_row(job_id: str, a: ArchivedAttempt) -> dict[str, Any]:
+    return {"job_id": job_id, "attempt": a.attempt, "summary_json": _dumps(dict(a.summary))}
+
+
+def attempt_from_row(row: Mapping[Any, Any]) -> ArchivedAttempt:
+    return ArchivedAttempt(attempt=int(row["attempt"]), summary=json.loads(row["summary_json"]))
+
+
+def wait_row(job_id: str, seq: int, w: WaitSnapshot) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "seq": seq,
+        "at_s": w.at_s,
+        "reasons_json": _dumps([wait_to_dict(r) for r in w.reasons]),
+    }
+
+
+def wait_from_row(row: Mapping[Any, Any]) -> WaitSnapshot:
+    reasons = tuple(wait_from_dict(d) for d in json.loads(row["reasons_json"]))
+    return WaitSnapshot(at_s=float(row["at_s"]), reasons=reasons)
+
+
+def interval_row(iv: LedgerInterval) -> dict[str, Any]:
+    d = interval_to_dict(iv)
+    d["interval_id"] = interval_id(iv.job_id, iv.attempt)
+    d["user_name"] = d.pop("user")
+    d["ended"] = d["ended"] or ""
+    return d
+
+
+def interval_from_row(row: Mapping[Any, Any]) -> LedgerInterval:
+    d = dict(row)
+    d.pop("interval_id", None)
+    d["user"] = d.pop("user_name")
+    d["ended"] = d["ended"] or None
+    return interval_from_dict(d)
+
+
+def usage_day_rows(iv: LedgerInterval) -> list[dict[str, Any]]:
+    if iv.end_s is None:
+        raise ValueError(f"interval {iv.job_id}/{iv.attempt} is open; only closed ones are cut into days")
+    key = interval_id(iv.job_id, iv.attempt)
+    return [
+        {
+            "interval_id": key,
+            "day": day,
+            "start_s": start,
+            "end_s": end,
+            "tenant": iv.tenant,
+            "user_name": iv.user,
+            "cluster": iv.cluster,
+            "provider": iv.provider,
+            "gpu_type": iv.gpu_type,
+            "kind": iv.kind.value,
+            "gpu_count": iv.gpu_count,
+            "usd_per_gpu_hour": iv.usd_per_gpu_hour,
+        }
+        for day, start, end in day_pieces(iv.start_s, iv.end_s)
+    ]
+
+
+def audit_row(a: ArchivedAudit) -> dict[str, Any]:
+    return {
+        "audit_id": a.audit_id,
+        "at_s": a.at_s,
+        "user_name": a.user,
+        "role": a.role,
+        "action": a.action,
+        "target": a.target,
+        "detail": a.detail,
+    }
+
+
+def audit_from_row(row: Mapping[Any, Any]) -> ArchivedAudit:
+    return ArchivedAudit(
+        audit_id=str(row["audit_id"]),
+        at_s=float(row["at_s"]),
+        user=str(row["user_name"]),
+        role=str(row["role"]),
+        action=str(row["action"]),
+        target=str(row["target"]),
+        detail=str(row["detail"]),
+    )

@@ -1,0 +1,134 @@
+"""The history's tables, as SQLAlchemy Core metadata at the newest migration.
+
+The migrations under `migrations/versions/` create these tables; this module is what queries are
+written against. `tests/unit/test_history_migrations.py` checks that the two agree.
+
+Which index serves which query:
+
+* `history_jobs` primary key (job_id): get one job; the idempotent insert's conflict check.
+* `ix_history_jobs_submitted` (submitted_at_s, job_id): list across tenants in the live order, from a
+  page position (keyset), and `since`.
+* `ix_history_jobs_tenant_submitted` (tenant, submitted_at_s, job_id): one tenant's list, so a
+  member's page costs what that tenant has, not what the federation has.
+* `history_intervals` primary key (interval_id = `<job_id>/<attempt>`, the etcd key's tail): the
+  idempotent insert; `ix_history_intervals_job` (job_id): a job's intervals for `describe`.
+* `history_usage_days`: every closed interval cut at UTC midnights into one row per day it touched,
+  with the dimensions copied in. A report over [since, until) reads only the days in that range:
+  `ix_history_usage_days_day` (day) for the federation's report, `ix_history_usage_days_tenant_day`
+  (tenant, day; migration 0002) for one tenant's. Grouping by day or month groups on the `day`
+  column itself, so no interval is split at query time.
+* `ix_history_audit_at` (at_s, audit_id): the audit trail in time order, from a position.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+
+# Double precision on both backends: epoch seconds need more than a 4-byte float's 7 digits.
+Seconds = Float(precision=53)
+Money = Float(precision=53)
+
+metadata = MetaData()
+
+jobs = Table(
+    "history_jobs",
+    metadata,
+    Column("job_id", String, primary_key=True),
+    Column("tenant", String, nullable=False),
+    Column("user_name", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("phase", String, nullable=False),
+    Column("submitted_at_s", Seconds, nullable=False),
+    Column("ended_at_s", Seconds, nullable=False),
+    # The whole record in the store's own codec (`federation.store.jobs.job_to_dict`), events
+    # included: one codec for etcd and SQL, so a record reads back exactly as it was kept.
+    Column("record_json", Text, nullable=False),
+    Index("ix_history_jobs_submitted", "submitted_at_s", "job_id"),
+    Index("ix_history_jobs_tenant_submitted", "tenant", "submitted_at_s", "job_id"),
+)
+
+attempts = Table(
+    "history_attempts",
+    metadata,
+    Column("job_id", String, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("summary_json", Text, nullable=False),
+    PrimaryKeyConstraint("job_id", "attempt", name="pk_history_attempts"),
+)
+
+waits = Table(
+    "history_waits",
+    metadata,
+    Column("job_id", String, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("at_s", Seconds, nullable=False),
+    Column("reasons_json", Text, nullable=False),
+    PrimaryKeyConstraint("job_id", "seq", name="pk_history_waits"),
+)
+
+intervals = Table(
+    "history_intervals",
+    metadata,
+    Column("interval_id", String, primary_key=True),
+    Column("job_id", String, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("tenant", String, nullable=False),
+    Column("user_name", String, nullable=False),
+    Column("cluster", String, nullable=False),
+    Column("provider", String, nullable=False),
+    Column("region", String, nullable=False),
+    Column("gpu_type", String, nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("start_s", Seconds, nullable=False),
+    Column("end_s", Seconds, nullable=False),
+    Column("usd_per_gpu_hour", Money, nullable=False),
+    Column("ended", String, nullable=False),
+    Column("job_name", String, nullable=False),
+    Index("ix_history_intervals_job", "job_id"),
+)
+
+usage_days = Table(
+    "history_usage_days",
+    metadata,
+    Column("interval_id", String, nullable=False),
+    # 'YYYY-MM-DD' (UTC): sorts as it reads, and its first 7 characters are the month on both backends.
+    Column("day", String(10), nullable=False),
+    # The part of the interval within that day.
+    Column("start_s", Seconds, nullable=False),
+    Column("end_s", Seconds, nullable=False),
+    Column("tenant", String, nullable=False),
+    Column("user_name", String, nullable=False),
+    Column("cluster", String, nullable=False),
+    Column("provider", String, nullable=False),
+    Column("gpu_type", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("usd_per_gpu_hour", Money, nullable=False),
+    PrimaryKeyConstraint("interval_id", "day", name="pk_history_usage_days"),
+    Index("ix_history_usage_days_day", "day"),
+    Index("ix_history_usage_days_tenant_day", "tenant", "day"),
+)
+
+audit = Table(
+    "history_audit",
+    metadata,
+    Column("audit_id", String, primary_key=True),
+    Column("at_s", Seconds, nullable=False),
+    Column("user_name", String, nullable=False),
+    Column("role", String, nullable=False),
+    Column("action", String, nullable=False),
+    Column("target", String, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index("ix_history_audit_at", "at_s", "audit_id"),
+)

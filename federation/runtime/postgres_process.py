@@ -1,0 +1,178 @@
+"""A throwaway PostgreSQL server: what the history store's tests and `bench/history.py` run against.
+
+Real PostgreSQL, never a mock, so that the SQL, the conflict clauses, the migrations and the timings
+are the production ones. The server is Debian's `postgresql` (`/usr/lib/postgresql/<major>/bin`, or
+`initdb` on PATH); `make test` installs it where it is missing. PostgreSQL refuses to run as root, so
+when we are root the server runs as the `postgres` system user, in a data directory of its own under
+the system temp dir (pytest's per-user temp dirs are closed to other users). It listens on a free
+loopback port and on a unix socket in that directory, trusts local connections (nothing but loopback
+reaches it), and is stopped with a fast shutdown, which ends open sessions rather than waiting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psycopg
+
+from federation.errors import GpufedError
+from federation.runtime.etcd_process import free_port
+
+SUPERUSER = "gpufed"
+_SYSTEM_USER = "postgres"
+
+
+class PostgresUnavailable(GpufedError):
+    """No PostgreSQL server binaries here, or the server did not start. Says which and why."""
+
+
+def postgres_bin_dir() -> Path:
+    """Where Debian's server binaries are: `initdb` on PATH, else the newest /usr/lib/postgresql/*/bin."""
+    on_path = shutil.which("initdb")
+    if on_path is not None:
+        return Path(on_path).parent
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    if not found:
+        raise PostgresUnavailable(
+            "no PostgreSQL server: install Debian's postgresql (apt-get install postgresql; `make test` does)"
+        )
+    return Path(found[-1]).parent
+
+
+class PostgresProcess:
+    """One PostgreSQL on 127.0.0.1 with a temporary data dir. A context manager: start, then stop."""
+
+    def __init__(self, *, durable: bool = False) -> None:
+        # durable=False turns fsync off: right for tests (the data dir is thrown away), wrong for a
+        # benchmark of write throughput, which passes durable=True.
+        self._durable = durable
+        self._bin = postgres_bin_dir()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+        self.port = 0
+
+    @property
+    def dsn(self) -> str:
+        return self.dsn_for("postgres")
+
+    def dsn_for(self, database: str) -> str:
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+
+    def _as_server_user(self) -> dict[str, object]:
+        if os.geteuid() != 0:
+            return {}
+        try:
+            entry = pwd.getpwnam(_SYSTEM_USER)
+        except KeyError as error:
+            raise PostgresUnavailable(
+                f"running as root and there is no {_SYSTEM_USER!r} user to run PostgreSQL as"
+            ) from error
+        assert self._dir is not None
+        for path in (self._dir, *self._dir.rglob("*")):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="gpufed-pg-"))
+        data = self._dir / "data"
+        log = self._dir / "postgres.log"
+        log.touch()
+        run_as = self._as_server_user()
+        initdb = subprocess.run(
+            [
+                str(self._bin / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            capture_output=True,
+            cwd=self._dir,
+            **run_as,  # type: ignore[call-overload]
+        )
+        if initdb.returncode != 0:
+            raise PostgresUnavailable(f"initdb failed: {initdb.stderr.decode(errors='replace')[-2000:]}")
+        self.port = free_port()
+        settings = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        command = [
+            str(self._bin / "postgres"),
+            "-D", str(data),
+            "-p", str(self.port),
+            "-h", "127.0.0.1",
+            "-k", str(self._dir),
+            *([] if self._durable else settings),
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            self._proc = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                start_new_session=True,
+                **run_as,  # type: ignore[call-overload]
+            )
+        atexit.register(self.stop)
+        self._wait_ready(timeout_s, log)
+
+    def _wait_ready(self, timeout_s: float, log: Path) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise PostgresUnavailable(
+                    f"postgres exited ({self._proc.returncode}): {log.read_text()[-2000:]}"
+                )
+            try:
+                with psycopg.connect(self.dsn, connect_timeout=2):
+                    return
+            except psycopg.OperationalError as error:
+                if time.monotonic() > deadline:
+                    # Read the log before stop() removes the directory it is in.
+                    tail = log.read_text()[-2000:]
+                    self.stop()
+                    raise PostgresUnavailable(f"postgres not ready in {timeout_s}s: {tail}") from error
+                time.sleep(0.05)
+
+    def create_database(self, name: str) -> str:
+        """A new empty database; returns its DSN. Tests take one each, so none sees another's rows."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn_for(name)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Fast shutdown (SIGINT: open sessions are ended, not waited for), then the data dir goes."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                # SIGQUIT is PostgreSQL's immediate shutdown: the postmaster takes its backends down.
+                proc.send_signal(signal.SIGQUIT)
+                proc.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> PostgresProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,202 @@
+"""The history store on both backends: SQLite (a file) and a real PostgreSQL (a process fixture).
+
+Every test runs on each backend with a fresh, migrated database, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from federation.errors import InvalidArgument
+from federation.history.model import GroupBy, JobFilter, Period, UsageQuery
+from federation.history.sql_store import SqlHistoryStore
+from placement.model import JobId, JobPhase, TenantId
+from tests.history_builders import BACKENDS, an_archived_job, an_audit, an_interval, fresh_dsn, open_store
+
+DAY = 86_400.0
+# 2026-03-01T00:00:00Z: a month boundary, so day and month buckets are easy to read.
+MARCH = 1_772_323_200.0
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlHistoryStore]:
+    yield from open_store(fresh_dsn(request.param, tmp_path, request))
+
+
+def test_a_job_reads_back_whole(store: SqlHistoryStore) -> None:
+    job = an_archived_job("j1")
+    assert store.write_jobs([job]) == 1
+    assert store.get_job(JobId("j1")) == job
+    assert store.get_job(JobId("missing")) is None
+
+
+def test_writing_a_job_twice_leaves_one_copy(store: SqlHistoryStore) -> None:
+    # What a crash between the SQL commit and the etcd delete looks like: the batch comes again.
+    first = [an_archived_job("j1"), an_archived_job("j2")]
+    assert store.write_jobs(first) == 2
+    assert store.write_jobs([*first, an_archived_job("j3")]) == 1
+    counts = store.counts()
+    assert (counts.jobs, counts.intervals) == (3, 3)
+    hours = store.usage(UsageQuery(since_s=0, until_s=10_000))
+    assert hours[0].gpu_hours == pytest.approx(3 * 8.0)
+
+
+def test_a_rewrite_keeps_the_first_copy(store: SqlHistoryStore) -> None:
+    store.write_jobs([an_archived_job("j1", name="first")])
+    store.write_jobs([an_archived_job("j1", name="second")])
+    archived = store.get_job(JobId("j1"))
+    assert archived is not None
+    assert archived.record.spec.name == "first"
+
+
+def test_audit_is_idempotent_and_in_time_order(store: SqlHistoryStore) -> None:
+    records = [an_audit("00000000000000000002-bb", 2.0), an_audit("00000000000000000001-aa", 1.0)]
+    assert store.write_audit(records) == 2
+    assert store.write_audit(records) == 0
+    listed = store.list_audit()
+    assert [a.audit_id for a in listed] == ["00000000000000000001-aa", "00000000000000000002-bb"]
+    assert store.list_audit(after=(listed[0].at_s, listed[0].audit_id)) == [listed[1]]
+    assert store.list_audit(since_s=1.5) == [listed[1]]
+
+
+def test_list_pages_in_the_live_order_with_the_live_filters(store: SqlHistoryStore) -> None:
+    jobs = [
+        an_archived_job(f"j{i:02d}", tenant="t1" if i % 2 else "t2", submitted_at_s=1000.0 + i // 2)
+        for i in range(10)
+    ]
+    store.write_jobs([*jobs, an_archived_job("x1", name="eval-x1", phase=JobPhase.FAILED)])
+    seen: list[str] = []
+    after = None
+    while True:
+        page = store.list_jobs(JobFilter(page_size=3, after=after))
+        seen += [j.job_id for j in page.jobs]
+        if page.next_after is None:
+            break
+        after = page.next_after
+    expected = sorted(
+        [*jobs, an_archived_job("x1")], key=lambda j: (j.record.submitted_at_s, j.record.job_id)
+    )
+    assert seen == [j.record.job_id for j in expected]
+
+    t2 = store.list_jobs(JobFilter(tenant=TenantId("t2")))
+    assert {j.tenant for j in t2.jobs} == {"t2"}
+    assert len(t2.jobs) == 5
+    failed = store.list_jobs(JobFilter(phases=frozenset({JobPhase.FAILED})))
+    assert [j.job_id for j in failed.jobs] == ["x1"]
+    assert [j.job_id for j in store.list_jobs(JobFilter(name_prefix="eval-")).jobs] == ["x1"]
+    recent = store.list_jobs(JobFilter(since_s=1004.0))
+    assert {j.job_id for j in recent.jobs} == {"j08", "j09"}
+
+
+def test_a_name_prefix_is_not_a_pattern(store: SqlHistoryStore) -> None:
+    store.write_jobs([an_archived_job("a", name="x_1"), an_archived_job("b", name="xy1")])
+    assert [j.job_id for j in store.list_jobs(JobFilter(name_prefix="x_")).jobs] == ["a"]
+
+
+def _job_with(job_id: str, *intervals: tuple[float, float, str, str]) -> object:
+    return an_archived_job(
+        job_id,
+        tenant=intervals[0][2],
+        intervals=tuple(
+            an_interval(job_id, n + 1, start_s=s, end_s=e, tenant=t, gpu_type=g)
+            for n, (s, e, t, g) in enumerate(intervals)
+        ),
+    )
+
+
+def test_usage_is_clipped_to_the_period_and_split_at_midnight(store: SqlHistoryStore) -> None:
+    # 8 GPUs at $2/GPU-hour from 22:00 on 1 March to 02:00 on 2 March: 2 hours on each day.
+    job = an_archived_job(
+        "j1", intervals=(an_interval("j1", start_s=MARCH + 22 * 3600, end_s=MARCH + DAY + 2 * 3600),)
+    )
+    store.write_jobs([job])
+    by_day = store.usage(UsageQuery(since_s=MARCH, until_s=MARCH + 2 * DAY, period=Period.DAY))
+    assert [(r.period, r.gpu_hours, r.cost_usd) for r in by_day] == [
+        ("2026-03-01", pytest.approx(16.0), pytest.approx(32.0)),
+        ("2026-03-02", pytest.approx(16.0), pytest.approx(32.0)),
+    ]
+    # A period that starts and ends inside the interval counts only its part: 23:00 to 01:00.
+    inner = store.usage(UsageQuery(since_s=MARCH + 23 * 3600, until_s=MARCH + DAY + 3600))
+    assert inner[0].gpu_hours == pytest.approx(16.0)
+    assert store.usage(UsageQuery(since_s=MARCH + 2 * DAY, until_s=MARCH + 3 * DAY)) == []
+
+
+def test_usage_groups_by_every_dimension_and_month(store: SqlHistoryStore) -> None:
+    store.write_jobs(
+        [
+            an_archived_job(
+                "a", tenant="t1", intervals=(an_interval("a", start_s=MARCH, end_s=MARCH + 3600),)
+            ),
+            an_archived_job(
+                "b",
+                tenant="t2",
+                intervals=(
+                    an_interval(
+                        "b",
+                        start_s=MARCH + 31 * DAY,
+                        end_s=MARCH + 31 * DAY + 7200,
+                        tenant="t2",
+                        gpu_type="A100",
+                    ),
+                ),
+            ),
+        ]
+    )
+    query = UsageQuery(
+        since_s=MARCH,
+        until_s=MARCH + 61 * DAY,
+        group_by=(GroupBy.TENANT, GroupBy.GPU_TYPE),
+        period=Period.MONTH,
+    )
+    rows = store.usage(query)
+    assert [(r.keys, r.period, r.gpu_hours) for r in rows] == [
+        (("t1", "H100"), "2026-03", pytest.approx(8.0)),
+        (("t2", "A100"), "2026-04", pytest.approx(16.0)),
+    ]
+    for dimension in GroupBy:
+        grouped = store.usage(replace(query, group_by=(dimension,), period=None))
+        assert sum(r.gpu_hours for r in grouped) == pytest.approx(24.0), dimension
+    only_t2 = store.usage(replace(query, tenant=TenantId("t2")))
+    assert [r.keys for r in only_t2] == [("t2", "A100")]
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        pytest.param(lambda: UsageQuery(since_s=10, until_s=10), "until_s", id="empty-period"),
+        pytest.param(
+            lambda: UsageQuery(since_s=0, until_s=1, group_by=(GroupBy.USER, GroupBy.USER)),
+            "group_by",
+            id="dimension-twice",
+        ),
+        pytest.param(lambda: JobFilter(page_size=0), "page_size", id="page-size-zero"),
+        pytest.param(lambda: JobFilter(page_size=501), "page_size", id="page-size-over-500"),
+        pytest.param(
+            lambda: an_archived_job("j1", phase=JobPhase.RUNNING), "has not ended", id="job-not-ended"
+        ),
+        pytest.param(
+            lambda: an_archived_job(
+                "j1", intervals=(replace(an_interval("j1", start_s=0, end_s=1), end_s=None),)
+            ),
+            "still open",
+            id="open-interval",
+        ),
+        pytest.param(
+            lambda: an_archived_job("j1", intervals=(an_interval("other", start_s=0, end_s=1),)),
+            "belongs to job other",
+            id="interval-of-another-job",
+        ),
+    ],
+)
+def test_bad_input_names_the_problem(build: object, names: str) -> None:
+    with pytest.raises(InvalidArgument, match=names):
+        build()  # type: ignore[operator]
+
+
+def test_audit_limit_is_checked(store: SqlHistoryStore) -> None:
+    with pytest.raises(InvalidArgument, match="limit"):
+        store.list_audit(limit=0)
