@@ -28,6 +28,10 @@ def day_of(at_s: float) -> str:
     return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d")
 
 
+def month_of(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m")
+
+
 def day_pieces(start_s: float, end_s: float) -> Iterator[tuple[str, float, float]]:
     """(day, start, end) for each UTC day [start_s, end_s) touches; nothing for an empty interval."""
     at = start_s

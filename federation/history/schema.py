@@ -14,9 +14,13 @@ Which index serves which query:
   idempotent insert; `ix_history_intervals_job` (job_id): a job's intervals for `describe`.
 * `history_usage_days`: every closed interval cut at UTC midnights into one row per day it touched,
   with the dimensions copied in. A report over [since, until) reads only the days in that range:
-  `ix_history_usage_days_day` (day) for the federation's report, `ix_history_usage_days_tenant_day`
+  the primary key (day, interval_id) for the federation's report, `ix_history_usage_days_tenant_day`
   (tenant, day; migration 0002) for one tenant's. Grouping by day or month groups on the `day`
   column itself, so no interval is split at query time.
+* `history_usage_months` (migration 0002): the same usage summed by month, tenant, cluster,
+  provider, GPU type and kind, kept in step by every archive write. A report not grouped by user
+  or by day reads whole months here (a year is about 60,000 rows instead of 1,000,000) and only
+  the partial months at its ends from `history_usage_days`. Its primary key starts with the month.
 * `ix_history_audit_at` (at_s, audit_id): the audit trail in time order, from a position.
 """
 
@@ -115,9 +119,31 @@ usage_days = Table(
     Column("kind", String, nullable=False),
     Column("gpu_count", Integer, nullable=False),
     Column("usd_per_gpu_hour", Money, nullable=False),
-    PrimaryKeyConstraint("interval_id", "day", name="pk_history_usage_days"),
-    Index("ix_history_usage_days_day", "day"),
+    # Day first: the key is the index a period's report reads. On SQLite the table is stored in
+    # that order (WITHOUT ROWID), so a month's rows are read in sequence, not looked up one by one.
+    PrimaryKeyConstraint("day", "interval_id", name="pk_history_usage_days"),
     Index("ix_history_usage_days_tenant_day", "tenant", "day"),
+    sqlite_with_rowid=False,
+)
+
+usage_months = Table(
+    "history_usage_months",
+    metadata,
+    # 'YYYY-MM' (UTC).
+    Column("month", String(7), nullable=False),
+    Column("tenant", String, nullable=False),
+    Column("cluster", String, nullable=False),
+    Column("provider", String, nullable=False),
+    Column("gpu_type", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("gpu_seconds", Seconds, nullable=False),
+    Column("cost_usd", Money, nullable=False),
+    # Users are left out on purpose: with them a month has about as many rows as intervals, and the
+    # rollup would save nothing. A report by user reads `history_usage_days`.
+    PrimaryKeyConstraint(
+        "month", "tenant", "cluster", "provider", "gpu_type", "kind", name="pk_history_usage_months"
+    ),
+    sqlite_with_rowid=False,
 )
 
 audit = Table(

@@ -1,10 +1,11 @@
 """`SqlHistoryStore`: the history store on SQLAlchemy Core, one implementation for SQLite and
 PostgreSQL (the only dialect-specific part is the conflict clause of the idempotent insert).
 
-Idempotence: a batch first asks which of its jobs are already there and writes only the others,
-each with all its rows, in the batch's one transaction; so an archived job is always whole, and a
-job found present needs none of its rows written again. The inserts still say ON CONFLICT DO
-NOTHING, which covers two writers racing on one job (a deposed leader still finishing a batch).
+Idempotence: a batch inserts its jobs' rows with ON CONFLICT DO NOTHING RETURNING job_id, and
+writes the attempts, intervals, usage days and month rollup of only the jobs it inserted, all in the
+batch's one transaction. So an archived job is always whole, a job already there is left as it was
+(its first copy stays), and two writers racing on one job (a deposed leader still finishing a
+batch) cannot count its usage twice: PostgreSQL makes the second wait on the key, then skip it.
 """
 
 from __future__ import annotations
@@ -12,25 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, case, func, literal, select, tuple_
+from sqlalchemy import Table, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.dml import Insert
 
 from federation.errors import InvalidArgument
-from federation.history import rows, schema
+from federation.history import rows, schema, usage_sql
 from federation.history.engine import migrate, open_engine
 from federation.history.errors import HistoryUnavailable
 from federation.history.model import (
     MAX_AUDIT_LIMIT,
     ArchivedAudit,
     ArchivedJob,
-    GroupBy,
     HistoryCounts,
     JobFilter,
     JobPage,
-    Period,
     UsageQuery,
     UsageRow,
 )
@@ -38,15 +37,6 @@ from placement.model import JobId
 
 # Keeps each `IN (...)` and each multi-row VALUES well under SQLite's 32,766 bound parameters.
 _CHUNK = 500
-
-_DIMENSION_COLUMNS = {
-    GroupBy.TENANT: "tenant",
-    GroupBy.USER: "user_name",
-    GroupBy.CLUSTER: "cluster",
-    GroupBy.PROVIDER: "provider",
-    GroupBy.GPU_TYPE: "gpu_type",
-    GroupBy.KIND: "kind",
-}
 
 
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -86,21 +76,27 @@ class SqlHistoryStore:
         if values:
             conn.execute(self._insert(table), values)
 
-    def _present(self, conn: Connection, column: ColumnElement[str], keys: Sequence[str]) -> set[str]:
-        present: set[str] = set()
-        for chunk in _chunks(keys):
-            present.update(conn.execute(select(column).where(column.in_(chunk))).scalars())
-        return present
+    def _insert_new(self, conn: Connection, table: Table, values: list[dict[str, Any]]) -> set[str]:
+        """Insert the rows that are not there yet; the primary keys of those this call inserted.
+
+        RETURNING answers only rows actually inserted: a row another writer committed first (or
+        commits while this waits on its key) is not returned, so its children are not written twice.
+        """
+        if not values:
+            return set()
+        key = table.primary_key.columns.values()[0]
+        inserted: set[str] = set()
+        for chunk in _chunks(values):
+            inserted.update(conn.execute(self._insert(table).returning(key), list(chunk)).scalars())
+        return inserted
 
     # ---- writes
 
     def write_jobs(self, jobs: Sequence[ArchivedJob]) -> int:
         try:
             with self._engine.begin() as conn:
-                ids = [j.record.job_id for j in jobs]
-                present = self._present(conn, schema.jobs.c.job_id, ids)
-                new = [j for j in jobs if j.record.job_id not in present]
-                self._put(conn, schema.jobs, [rows.job_row(j) for j in new])
+                new_ids = self._insert_new(conn, schema.jobs, [rows.job_row(j) for j in jobs])
+                new = [j for j in jobs if j.record.job_id in new_ids]
                 self._put(
                     conn,
                     schema.attempts,
@@ -112,11 +108,10 @@ class SqlHistoryStore:
                     [rows.wait_row(j.record.job_id, seq, w) for j in new for seq, w in enumerate(j.waits)],
                 )
                 self._put(conn, schema.intervals, [rows.interval_row(iv) for j in new for iv in j.intervals])
-                self._put(
-                    conn,
-                    schema.usage_days,
-                    [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)],
-                )
+                days = [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)]
+                self._put(conn, schema.usage_days, days)
+                # Only rows this transaction inserted are added, so a rewrite never counts twice.
+                usage_sql.add_to_month_rollup(conn, self._dialect, usage_sql.month_rollup_rows(days))
                 return len(new)
         except OperationalError as error:
             raise HistoryUnavailable(f"history write of {len(jobs)} jobs: {error.orig}") from error
@@ -124,10 +119,7 @@ class SqlHistoryStore:
     def write_audit(self, records: Sequence[ArchivedAudit]) -> int:
         try:
             with self._engine.begin() as conn:
-                present = self._present(conn, schema.audit.c.audit_id, [r.audit_id for r in records])
-                new = [r for r in records if r.audit_id not in present]
-                self._put(conn, schema.audit, [rows.audit_row(r) for r in new])
-                return len(new)
+                return len(self._insert_new(conn, schema.audit, [rows.audit_row(r) for r in records]))
         except OperationalError as error:
             raise HistoryUnavailable(
                 f"history write of {len(records)} audit records: {error.orig}"
@@ -180,52 +172,8 @@ class SqlHistoryStore:
         )
 
     def usage(self, query: UsageQuery) -> list[UsageRow]:
-        d = schema.usage_days
-        lo = literal(query.since_s, schema.Seconds)
-        hi = literal(query.until_s, schema.Seconds)
-        # Clip to [since, until); a day wholly inside the range is left as it is.
-        start = case((d.c.start_s < lo, lo), else_=d.c.start_s)
-        end = case((d.c.end_s > hi, hi), else_=d.c.end_s)
-        gpu_seconds = d.c.gpu_count * (end - start)
-        keys = [d.c[_DIMENSION_COLUMNS[g]] for g in query.group_by]
-        period: list[ColumnElement[Any]] = []
-        if query.period is Period.DAY:
-            period = [d.c.day]
-        elif query.period is Period.MONTH:
-            period = [func.substr(d.c.day, 1, 7)]
-        conditions = [
-            d.c.day >= rows.day_of(query.since_s),
-            d.c.day <= rows.day_of(query.until_s),
-            d.c.end_s > lo,
-            d.c.start_s < hi,
-        ]
-        if query.tenant is not None:
-            conditions.append(d.c.tenant == query.tenant)
-        stmt = (
-            select(
-                *keys,
-                *period,
-                func.sum(gpu_seconds) / 3600.0,
-                func.sum(gpu_seconds * d.c.usd_per_gpu_hour) / 3600.0,
-            )
-            .where(and_(*conditions))
-            .group_by(*keys, *period)
-            .order_by(*keys, *period)
-        )
         with self._engine.connect() as conn:
-            found = conn.execute(stmt).all()
-        width = len(keys)
-        return [
-            UsageRow(
-                keys=tuple(str(v) for v in r[:width]),
-                period=str(r[width]) if period else None,
-                gpu_hours=float(r[-2]),
-                cost_usd=float(r[-1]),
-            )
-            for r in found
-            # Without a GROUP BY, SQL answers one row of NULL sums when nothing matched.
-            if r[-2] is not None
-        ]
+            return usage_sql.usage(conn, query)
 
     def list_audit(
         self, *, since_s: float | None = None, after: tuple[float, str] | None = None, limit: int = 1000

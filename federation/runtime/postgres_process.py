@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -52,10 +53,11 @@ def postgres_bin_dir() -> Path:
 class PostgresProcess:
     """One PostgreSQL on 127.0.0.1 with a temporary data dir. A context manager: start, then stop."""
 
-    def __init__(self, *, durable: bool = False) -> None:
+    def __init__(self, *, durable: bool = False, settings: Mapping[str, str] | None = None) -> None:
         # durable=False turns fsync off: right for tests (the data dir is thrown away), wrong for a
-        # benchmark of write throughput, which passes durable=True.
+        # benchmark of write throughput, which passes durable=True. `settings`: more `-c name=value`.
         self._durable = durable
+        self._settings = dict(settings or {})
         self._bin = postgres_bin_dir()
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
@@ -115,6 +117,7 @@ class PostgresProcess:
             "-h", "127.0.0.1",
             "-k", str(self._dir),
             *([] if self._durable else settings),
+            *(arg for name, value in self._settings.items() for arg in ("-c", f"{name}={value}")),
         ]  # fmt: skip
         with log.open("ab") as out:
             self._proc = subprocess.Popen(

@@ -9,17 +9,26 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import func, inspect, select
 
 from federation.errors import InvalidArgument
-from federation.history import schema
+from federation.history import rows, schema
 from federation.history.engine import current_revision, migrate, open_engine, parse_dsn
-from federation.history.model import GroupBy, UsageQuery
+from federation.history.model import ArchivedJob, GroupBy, UsageQuery
 from federation.history.sql_store import SqlHistoryStore
 from placement.model import JobId
-from tests.history_builders import BACKENDS, an_archived_job, fresh_dsn
+from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
 NEWEST = "0002"
+MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
+APRIL = MARCH + 31 * 86_400.0
+
+
+def _spanning_march(job_id: str, tenant: str) -> ArchivedJob:
+    """Two days of 8 GPUs in the middle of March."""
+    at = MARCH + 10 * 86_400.0
+    interval = an_interval(job_id, start_s=at, end_s=at + 2 * 86_400.0, tenant=tenant)
+    return an_archived_job(job_id, tenant=tenant, intervals=(interval,))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -59,16 +68,34 @@ def test_the_previous_revision_with_rows_upgrades_and_keeps_them(dsn: str) -> No
         assert "ix_history_usage_days_tenant_day" not in {
             ix["name"] for ix in inspect(engine).get_indexes("history_usage_days")
         }
-        SqlHistoryStore(engine).write_jobs([an_archived_job("j1"), an_archived_job("j2", tenant="t2")])
+        # Rows as 0001 kept them: no month rollup yet, so they are written table by table.
+        jobs = [_spanning_march("j1", "t1"), _spanning_march("j2", "t2")]
+        with engine.begin() as connection:
+            for job in jobs:
+                connection.execute(schema.jobs.insert(), rows.job_row(job))
+                job_id = job.record.job_id
+                connection.execute(
+                    schema.attempts.insert(), [rows.attempt_row(job_id, a) for a in job.attempts]
+                )
+                connection.execute(
+                    schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
+                )
+                connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
+                connection.execute(
+                    schema.usage_days.insert(), [d for iv in job.intervals for d in rows.usage_day_rows(iv)]
+                )
         migrate(engine)
         assert current_revision(engine) == NEWEST
         assert "ix_history_usage_days_tenant_day" in {
             ix["name"] for ix in inspect(engine).get_indexes("history_usage_days")
         }
         store = SqlHistoryStore(engine)
-        assert store.get_job(JobId("j1")) == an_archived_job("j1")
-        rows = store.usage(UsageQuery(since_s=0, until_s=10_000, group_by=(GroupBy.TENANT,)))
-        assert [(r.keys, r.gpu_hours) for r in rows] == [(("t1",), 8.0), (("t2",), 8.0)]
+        assert store.get_job(JobId("j1")) == jobs[0]
+        # March whole: read from the rollup 0002 filled from the rows 0001 kept.
+        found = store.usage(UsageQuery(since_s=MARCH, until_s=APRIL, group_by=(GroupBy.TENANT,)))
+        assert [(r.keys, r.gpu_hours) for r in found] == [(("t1",), 8.0 * 48), (("t2",), 8.0 * 48)]
+        with engine.connect() as connection:
+            assert connection.execute(select(func.count()).select_from(schema.usage_months)).scalar() == 2
     finally:
         engine.dispose()
 

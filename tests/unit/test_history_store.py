@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from federation.errors import InvalidArgument
-from federation.history.model import GroupBy, JobFilter, Period, UsageQuery
+from federation.history.model import GroupBy, JobFilter, Period, UsageQuery, UsageRow
 from federation.history.sql_store import SqlHistoryStore
+from federation.history.usage_sql import rebuild_month_rollup
 from placement.model import JobId, JobPhase, TenantId
 from tests.history_builders import BACKENDS, an_archived_job, an_audit, an_interval, fresh_dsn, open_store
 
@@ -162,6 +163,54 @@ def test_usage_groups_by_every_dimension_and_month(store: SqlHistoryStore) -> No
         assert sum(r.gpu_hours for r in grouped) == pytest.approx(24.0), dimension
     only_t2 = store.usage(replace(query, tenant=TenantId("t2")))
     assert [r.keys for r in only_t2] == [("t2", "A100")]
+
+
+def _by_month(found: list[UsageRow]) -> dict[tuple[tuple[str, ...], str], float]:
+    sums: dict[tuple[tuple[str, ...], str], float] = {}
+    for r in found:
+        assert r.period is not None
+        key = (r.keys, r.period[:7])
+        sums[key] = sums.get(key, 0.0) + r.gpu_hours
+    return sums
+
+
+def test_whole_months_from_the_rollup_agree_with_the_days(store: SqlHistoryStore) -> None:
+    # Intervals that cross day and month boundaries, for two tenants and two GPU types.
+    jobs = [
+        an_archived_job(
+            f"j{n}",
+            tenant=f"t{n % 2}",
+            intervals=(
+                an_interval(
+                    f"j{n}",
+                    start_s=MARCH + n * 5.3 * DAY,
+                    end_s=MARCH + n * 5.3 * DAY + (n + 1) * 0.7 * DAY,
+                    tenant=f"t{n % 2}",
+                    gpu_type="H100" if n % 3 else "A100",
+                    gpu_count=n + 1,
+                ),
+            ),
+        )
+        for n in range(20)
+    ]
+    store.write_jobs(jobs)
+    store.write_jobs(jobs)  # a rewrite must not add to the rollup
+    # From mid-February to mid-June: March, April and May whole (rollup), the ends from the days.
+    since, until = MARCH - 12.5 * DAY, MARCH + 106.5 * DAY
+    dims = (GroupBy.TENANT, GroupBy.GPU_TYPE)
+    by_month = store.usage(UsageQuery(since, until, dims, Period.MONTH))
+    by_day = store.usage(UsageQuery(since, until, dims, Period.DAY))
+    assert _by_month(by_month) == pytest.approx(_by_month(by_day))
+    total = sum(r.gpu_hours for r in by_month)
+    expected = sum(iv.gpu_hours(since_s=since, until_s=until) for j in jobs for iv in j.intervals)
+    assert total == pytest.approx(expected)
+    cost = sum(r.cost_usd for r in store.usage(UsageQuery(since, until)))
+    assert cost == pytest.approx(expected * 2.0)
+    with store.engine.begin() as conn:
+        rebuild_month_rollup(conn)
+    rebuilt = store.usage(UsageQuery(since, until, dims, Period.MONTH))
+    assert [(r.keys, r.period) for r in rebuilt] == [(r.keys, r.period) for r in by_month]
+    assert [r.cost_usd for r in rebuilt] == pytest.approx([r.cost_usd for r in by_month])
 
 
 @pytest.mark.parametrize(

@@ -82,9 +82,9 @@ def upgrade() -> None:
         sa.Column("kind", sa.String, nullable=False),
         sa.Column("gpu_count", sa.Integer, nullable=False),
         sa.Column("usd_per_gpu_hour", _S, nullable=False),
-        sa.PrimaryKeyConstraint("interval_id", "day", name="pk_history_usage_days"),
+        sa.PrimaryKeyConstraint("day", "interval_id", name="pk_history_usage_days"),
+        sqlite_with_rowid=False,
     )
-    op.create_index("ix_history_usage_days_day", "history_usage_days", ["day"])
     op.create_table(
         "history_audit",
         sa.Column("audit_id", sa.String, primary_key=True),

@@ -1,0 +1,178 @@
+"""Usage reports in SQL, and keeping the month rollup in step with the rows it sums.
+
+A report over [since, until) is answered in at most three parts, each one index-backed SQL query:
+the whole UTC months inside the range from `history_usage_months` (when the report is not by user
+or by day, which the rollup does not keep), and the rest, the partial months at either end or the
+whole range, from `history_usage_days`, clipped to the range. The parts are merged by key here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, and_, case, func, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from federation.history import rows, schema
+from federation.history.model import GroupBy, Period, UsageQuery, UsageRow
+
+_DIMENSION_COLUMNS = {
+    GroupBy.TENANT: "tenant",
+    GroupBy.USER: "user_name",
+    GroupBy.CLUSTER: "cluster",
+    GroupBy.PROVIDER: "provider",
+    GroupBy.GPU_TYPE: "gpu_type",
+    GroupBy.KIND: "kind",
+}
+_ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
+
+# (group keys, period) -> [gpu_hours, cost_usd]
+Sums = dict[tuple[tuple[str, ...], str | None], list[float]]
+
+
+def month_start_s(year: int, month: int) -> float:
+    return datetime(year + (month - 1) // 12, (month - 1) % 12 + 1, 1, tzinfo=UTC).timestamp()
+
+
+def whole_months(since_s: float, until_s: float) -> tuple[float, float] | None:
+    """[first, last) month boundaries inside [since_s, until_s), or None if no whole month fits."""
+    start = datetime.fromtimestamp(since_s, UTC)
+    first = month_start_s(start.year, start.month)
+    if first < since_s:
+        first = month_start_s(start.year, start.month + 1)
+    end = datetime.fromtimestamp(until_s, UTC)
+    last = month_start_s(end.year, end.month)
+    return (first, last) if last > first else None
+
+
+def _uses_rollup(query: UsageQuery) -> bool:
+    return GroupBy.USER not in query.group_by and query.period is not Period.DAY
+
+
+def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[Any]:
+    d = schema.usage_days
+    lo = literal(since_s, schema.Seconds)
+    hi = literal(until_s, schema.Seconds)
+    # Clip to [since, until); rows wholly inside are left as they are.
+    start = case((d.c.start_s < lo, lo), else_=d.c.start_s)
+    end = case((d.c.end_s > hi, hi), else_=d.c.end_s)
+    gpu_seconds = d.c.gpu_count * (end - start)
+    keys = [d.c[_DIMENSION_COLUMNS[g]] for g in query.group_by]
+    period: list[ColumnElement[Any]] = []
+    if query.period is Period.DAY:
+        period = [d.c.day]
+    elif query.period is Period.MONTH:
+        period = [func.substr(d.c.day, 1, 7)]
+    conditions = [
+        d.c.day >= rows.day_of(since_s),
+        d.c.day <= rows.day_of(until_s),
+        d.c.end_s > lo,
+        d.c.start_s < hi,
+    ]
+    if query.tenant is not None:
+        conditions.append(d.c.tenant == query.tenant)
+    return (
+        select(
+            *keys,
+            *period,
+            func.sum(gpu_seconds) / 3600.0,
+            func.sum(gpu_seconds * d.c.usd_per_gpu_hour) / 3600.0,
+        )
+        .where(and_(*conditions))
+        .group_by(*keys, *period)
+    )
+
+
+def _months_select(query: UsageQuery, first_s: float, last_s: float) -> Select[Any]:
+    m = schema.usage_months
+    keys = [m.c[_DIMENSION_COLUMNS[g]] for g in query.group_by]
+    period = [m.c.month] if query.period is Period.MONTH else []
+    conditions = [m.c.month >= rows.month_of(first_s), m.c.month < rows.month_of(last_s)]
+    if query.tenant is not None:
+        conditions.append(m.c.tenant == query.tenant)
+    return (
+        select(*keys, *period, func.sum(m.c.gpu_seconds) / 3600.0, func.sum(m.c.cost_usd))
+        .where(and_(*conditions))
+        .group_by(*keys, *period)
+    )
+
+
+def _add(sums: Sums, found: Iterable[Any], width: int, with_period: bool) -> None:
+    for r in found:
+        if r[-2] is None:
+            # Without a GROUP BY, SQL answers one row of NULL sums when nothing matched.
+            continue
+        key = (tuple(str(v) for v in r[:width]), str(r[width]) if with_period else None)
+        total = sums.setdefault(key, [0.0, 0.0])
+        total[0] += float(r[-2])
+        total[1] += float(r[-1])
+
+
+def usage(conn: Connection, query: UsageQuery) -> list[UsageRow]:
+    width = len(query.group_by)
+    with_period = query.period is not None
+    sums: Sums = {}
+    months = whole_months(query.since_s, query.until_s) if _uses_rollup(query) else None
+    if months is None:
+        _add(sums, conn.execute(_days_select(query, query.since_s, query.until_s)), width, with_period)
+    else:
+        first, last = months
+        _add(sums, conn.execute(_months_select(query, first, last)), width, with_period)
+        for since, until in ((query.since_s, first), (last, query.until_s)):
+            if until > since:
+                _add(sums, conn.execute(_days_select(query, since, until)), width, with_period)
+    return [
+        UsageRow(keys=keys, period=period, gpu_hours=total[0], cost_usd=total[1])
+        for (keys, period), total in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+    ]
+
+
+def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rollup's increments for newly written interval-days, one row per month and key."""
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for d in day_rows:
+        gpu_seconds = d["gpu_count"] * (d["end_s"] - d["start_s"])
+        key = (d["day"][:7], d["tenant"], d["cluster"], d["provider"], d["gpu_type"], d["kind"])
+        total = totals[key]
+        total[0] += gpu_seconds
+        total[1] += gpu_seconds * d["usd_per_gpu_hour"] / 3600.0
+    return [
+        {**dict(zip(_ROLLUP_KEY, key, strict=True)), "gpu_seconds": t[0], "cost_usd": t[1]}
+        for key, t in totals.items()
+    ]
+
+
+def add_to_month_rollup(conn: Connection, dialect: str, increments: list[dict[str, Any]]) -> None:
+    """Add the increments to the rollup (insert, or add to the row already there)."""
+    if not increments:
+        return
+    m = schema.usage_months
+    stmt = postgresql.insert(m) if dialect == "postgresql" else sqlite.insert(m)
+    upsert = stmt.on_conflict_do_update(
+        index_elements=list(_ROLLUP_KEY),
+        set_={
+            "gpu_seconds": m.c.gpu_seconds + stmt.excluded.gpu_seconds,
+            "cost_usd": m.c.cost_usd + stmt.excluded.cost_usd,
+        },
+    )
+    conn.execute(upsert, increments)
+
+
+def rebuild_month_rollup(conn: Connection) -> None:
+    """Recompute the whole rollup from `history_usage_days`: after a bulk load that bypassed
+    `write_jobs`, or to repair a rollup one suspects. One statement, in the caller's transaction."""
+    conn.execute(schema.usage_months.delete())
+    d = schema.usage_days
+    month = func.substr(d.c.day, 1, 7)
+    gpu_seconds = d.c.gpu_count * (d.c.end_s - d.c.start_s)
+    keys = [month, d.c.tenant, d.c.cluster, d.c.provider, d.c.gpu_type, d.c.kind]
+    summed = select(*keys, func.sum(gpu_seconds), func.sum(gpu_seconds * d.c.usd_per_gpu_hour) / 3600.0)
+    conn.execute(
+        schema.usage_months.insert().from_select(
+            [*_ROLLUP_KEY, "gpu_seconds", "cost_usd"], summed.group_by(*keys)
+        )
+    )
