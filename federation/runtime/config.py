@@ -18,6 +18,7 @@ from federation.capacity.records import CapacitySettings
 from federation.datasets.executor import DatasyncSettings, parse_datasync
 from federation.datasets.stores import StoreRecord, check_cluster_stores, parse_object_stores
 from federation.errors import InvalidSpec
+from federation.history.config import HistorySettings, parse_history
 from federation.joblogs.archive import LogsSettings, parse_logs
 from federation.spec.validate import flag_field, int_field, name_field, number_field
 from federation.store.config_policy import check_tenant_tree, parse_settings, parse_tenant
@@ -54,6 +55,9 @@ class FederationConfig:
     logs: LogsSettings = field(default_factory=LogsSettings)
     # The `datasync:` section: where staging's copies run (federation.datasets.executor).
     datasync: DatasyncSettings = field(default_factory=DatasyncSettings)
+    # The `history:` section: the history database's DSN and how long ended jobs stay in etcd
+    # (federation.history.config). Read and checked; nothing archives yet.
+    history: HistorySettings = field(default_factory=HistorySettings)
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:
         """The config once its simulated clusters serve: each is a kubernetes cluster from now on,
@@ -189,6 +193,7 @@ def parse_config(text: str) -> FederationConfig:
         capacity=parse_capacity(doc),
         datasync=parse_datasync(doc),
         logs=parse_logs(doc),
+        history=parse_history(doc),
     )
 
 
