@@ -33,6 +33,7 @@ from federation.history.model import (
     UsageQuery,
     UsageRow,
 )
+from federation.history.protocol import HistoryStore
 from placement.model import JobId
 
 # Keeps each `IN (...)` and each multi-row VALUES well under SQLite's 32,766 bound parameters.
@@ -199,3 +200,8 @@ class SqlHistoryStore:
             return HistoryCounts(
                 jobs=count(schema.jobs), intervals=count(schema.intervals), audit=count(schema.audit)
             )
+
+
+def _is_a_history_store(store: SqlHistoryStore) -> HistoryStore:
+    # mypy checks here that the implementation keeps to the protocol the archiver and readers use.
+    return store
