@@ -28,6 +28,7 @@ _DIMENSION_COLUMNS = {
     GroupBy.GPU_TYPE: "gpu_type",
     GroupBy.KIND: "kind",
 }
+_SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
 
 # (group keys, period) -> [gpu_hours, cost_usd]
@@ -73,9 +74,7 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
         d.c.end_s > lo,
         d.c.start_s < hi,
     ]
-    if query.tenant is not None:
-        conditions.append(d.c.tenant == query.tenant)
-    return (
+    stmt = (
         select(
             *keys,
             *period,
@@ -85,6 +84,12 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
         .where(and_(*conditions))
         .group_by(*keys, *period)
     )
+    if query.tenant is not None:
+        return stmt.where(d.c.tenant == query.tenant)
+    # Across tenants SQLite's planner prefers skip-scanning (tenant, day) to save the GROUP BY's
+    # sort, then looks every row up: twice as slow as reading the days in key order (measured over
+    # 1,000,000 intervals). The key of a WITHOUT ROWID table is this auto-named index.
+    return stmt.with_hint(d, f"INDEXED BY {_SQLITE_DAYS_KEY}", "sqlite")
 
 
 def _months_select(query: UsageQuery, first_s: float, last_s: float) -> Select[Any]:

@@ -249,3 +249,19 @@ def test_bad_input_names_the_problem(build: object, names: str) -> None:
 def test_audit_limit_is_checked(store: SqlHistoryStore) -> None:
     with pytest.raises(InvalidArgument, match="limit"):
         store.list_audit(limit=0)
+
+
+def test_sqlite_reads_the_days_in_key_order_across_tenants(tmp_path: Path) -> None:
+    # The hint names SQLite's auto index of the WITHOUT ROWID key: if the schema changed its name,
+    # this plan (and every report across tenants) would fail with "no such index".
+    from sqlalchemy.dialects import sqlite
+
+    from federation.history import usage_sql
+
+    for store in open_store(f"sqlite:///{tmp_path / 'h.sqlite3'}"):
+        query = UsageQuery(MARCH, MARCH + 10 * DAY, (GroupBy.TENANT, GroupBy.GPU_TYPE))
+        stmt = usage_sql._days_select(query, query.since_s, query.until_s)
+        sql = str(stmt.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+        with store.engine.connect() as conn:
+            plan = " ".join(str(r[3]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+        assert "USING PRIMARY KEY (day>? AND day<?)" in plan
