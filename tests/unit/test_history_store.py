@@ -5,6 +5,7 @@ Every test runs on each backend with a fresh, migrated database, so the two cann
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -265,3 +266,37 @@ def test_sqlite_reads_the_days_in_key_order_across_tenants(tmp_path: Path) -> No
         with store.engine.connect() as conn:
             plan = " ".join(str(r[3]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
         assert "USING PRIMARY KEY (day>? AND day<?)" in plan
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_writers_racing_on_the_same_jobs_leave_one_copy(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # A deposed leader still finishing a batch while the new leader archives the same jobs: on
+    # PostgreSQL the second waits on the first's keys, then skips them; the rollup must not double.
+    dsn = fresh_dsn(backend, tmp_path, request)
+    stores = [SqlHistoryStore.open(dsn), SqlHistoryStore.open(dsn)]
+    jobs = [
+        an_archived_job(f"j{n:03d}", intervals=(an_interval(f"j{n:03d}", start_s=MARCH, end_s=MARCH + 3600),))
+        for n in range(300)
+    ]
+    start = threading.Barrier(2)
+    written: list[int] = []
+
+    def write(store: SqlHistoryStore) -> None:
+        start.wait()
+        written.append(store.write_jobs(jobs))
+
+    threads = [threading.Thread(target=write, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sorted(written) == [0, 300]
+        assert stores[0].counts().intervals == 300
+        month = stores[0].usage(UsageQuery(MARCH, MARCH + 31 * DAY))  # whole March: the rollup
+        assert month[0].gpu_hours == pytest.approx(300 * 8.0)
+    finally:
+        for s in stores:
+            s.close()
