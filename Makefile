@@ -58,7 +58,7 @@ test: lint typecheck imports system-tools
 demo: setup
 	$(BIN)/gpufed demo
 
-bench-quick: setup
+bench-quick: setup system-tools
 	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:
