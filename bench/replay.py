@@ -68,6 +68,7 @@ def main() -> None:
     print(f"results in {out}")
     print(f"sweep_wall_s: {elapsed:.1f} s")
     print(f"slowest_replay_s: {max(r.replay_s for r in rows):.1f} s")
+    print(f"slowest_replay_cpu_s: {max(r.replay_cpu_s for r in rows):.1f} s")
     for line in lines:
         print(line)
 

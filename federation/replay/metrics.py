@@ -44,6 +44,9 @@ class Metrics:
     replay_s: float
     # The trace this row replays (its file name without extensions): rows of several weeks share a table.
     week: str = ""
+    # CPU seconds of the replay: on a machine shared with other work, wall time says more about the
+    # others than about the replay.
+    replay_cpu_s: float = 0.0
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -91,6 +94,7 @@ def summarise(
     period_s: float,
     replay_s: float,
     week: str = "",
+    replay_cpu_s: float = 0.0,
 ) -> Metrics:
     done = [o for o in result.outcomes.values() if o.finish_s is not None and o.start_s is not None]
     jct = np.array([o.finish_s - o.job.submit_time_s for o in done if o.finish_s is not None]) / _HOUR_S
@@ -124,4 +128,5 @@ def summarise(
         cycles=result.cycles,
         replay_s=replay_s,
         week=week,
+        replay_cpu_s=replay_cpu_s,
     )

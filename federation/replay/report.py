@@ -157,6 +157,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("preemptions", "preemptions"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
+        ("replay_cpu_s", "replay CPU s"),
     ]
     out = []
     for size in sorted({r.size_factor for r in rows}):

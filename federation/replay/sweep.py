@@ -66,13 +66,26 @@ def run_one(
 ) -> tuple[Metrics, Result]:
     inputs = load_inputs(config)
     world = world_for(config, inputs, size)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     result = simulate(config, world, policy, inputs.jobs, record=record)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
     metrics = summarise(
-        result, size, entitled_shares(world), config.period_s, elapsed, week=week_name(config.trace_path)
+        result,
+        size,
+        entitled_shares(world),
+        config.period_s,
+        elapsed,
+        week=week_name(config.trace_path),
+        replay_cpu_s=cpu,
     )
-    log.info("replay_finished", policy=policy.name, size=size, replay_s=round(elapsed, 1))
+    log.info(
+        "replay_finished",
+        week=metrics.week,
+        policy=policy.name,
+        size=size,
+        replay_s=round(elapsed, 1),
+        replay_cpu_s=round(cpu, 1),
+    )
     return metrics, result
 
 
