@@ -109,6 +109,12 @@ class PolicyConfig:
     # `private_wait_max_s`. 0 turns waiting off: a gang goes to the cloud as soon as private does not fit.
     private_wait_s_per_gpu_hour: float = 0.0
     private_wait_max_s: float = 4 * 3600.0
+    # Wait only if running gangs' run-time limits free private room for the gang before its wait ends:
+    # otherwise, by the limits' own account, the wait buys nothing, and the gang bursts at once.
+    private_wait_needs_start: bool = False
+    # The first gang of a cycle that waits for private GPUs gets a backfill reservation of that room, so
+    # that smaller gangs arriving later cannot take the GPUs it waits for (needs `backfill`).
+    private_wait_reserve: bool = False
     # Fair share: count the tenants' decayed usage history besides what they hold now.
     fair_share_history: bool = False
     # History GPU-hours are spread over this horizon to be comparable with GPUs held now.

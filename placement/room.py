@@ -9,7 +9,9 @@ In this order, the first that applies:
    the victims are gone. Victims ordered out by an earlier cycle count the same way until they
    are gone (`RunningGang.evicted_for`, `placement.ordered`): their beneficiary evicts no one new
    and waits, holding only what it needs beyond them, and no other gang counts on them.
-2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`).
+2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`);
+   optionally only if running gangs' run-time limits free room before the wait ends, and with a
+   reservation of that room for the first waiting gang of the cycle (`PolicyConfig`).
 3. Ask a scalable pool for enough new nodes for the whole gang (`capacity`).
 4. Reserve a start for the first such gang of the cycle (`backfill`).
 
@@ -81,6 +83,8 @@ class Room:
         self.growth = Growth(inventory.scalable)
         self.hold: Hold | None = None
         self._private_fits: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], list[Offer]] = {}
+        # Earliest private room by running gangs' limits, per (shape, types, spot): see `private_wait`.
+        self._room_at: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], float | None] = {}
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
         self.no_victims: set[tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
@@ -96,15 +100,7 @@ class Room:
     ) -> WaitReason | None:
         """Why to wait for private GPUs rather than pay `cloud_cost` now, if the Starburst rule says so."""
         best: tuple[float, tuple[object, ...], Offer] | None = None
-        key = (shape, tuple(group), ctx.gang.allow_spot)
-        private = self._private_fits.get(key)
-        if private is None:
-            # Whether a private offer could ever hold the shape does not change during a cycle.
-            private = self._private_fits[key] = [
-                offer
-                for offer in self.inventory.search_order(group, ctx.gang.allow_spot)
-                if offer.is_private and offer.fits_when_empty(shape)
-            ]
+        private = self._private_offers(shape, group, ctx.gang.allow_spot)
         for offer in private:
             cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
             if best is None or (cost, offer.search_key) < best[:2]:
@@ -116,14 +112,78 @@ class Room:
         until = self.costs.private_wait_until_s(ctx.gang, private_cost, cloud_cost, delay)
         if self.now >= until:
             return None
+        room_at = self._private_room_at(shape, group, ctx, private)
+        if self.policy.private_wait_needs_start and (room_at is None or room_at > until):
+            return None
         message = (
             f"waiting for private GPUs on cluster {offer.view.cluster} ({offer.view.gpu_type}) "
             f"until {until:g}: "
             f"cloud now would cost ${cloud_cost:,.2f} against ${private_cost:,.2f}"
         )
+        if room_at is not None and room_at <= until:
+            message += f"; running gangs' run-time limits free room for it by {room_at:g}"
+            if self._hold_for_waiter(ctx, shape, private):
+                assert self.hold is not None
+                message += (
+                    f", reserved on cluster {self.hold.offer.view.cluster} ({self.hold.offer.view.gpu_type})"
+                )
         return WaitReason(
             Code.WAITING_FOR_PRIVATE_CAPACITY, message, offer.view.cluster, offer.view.gpu_type, at_s=until
         )
+
+    def _private_offers(self, shape: tuple[int, ...], group: Sequence[GpuType], spot: bool) -> list[Offer]:
+        key = (shape, tuple(group), spot)
+        private = self._private_fits.get(key)
+        if private is None:
+            # Whether a private offer could ever hold the shape does not change during a cycle.
+            private = self._private_fits[key] = [
+                offer
+                for offer in self.inventory.search_order(group, spot)
+                if offer.is_private and offer.fits_when_empty(shape)
+            ]
+        return private
+
+    def _private_room_at(
+        self, shape: tuple[int, ...], group: Sequence[GpuType], ctx: GangCost, private: Sequence[Offer]
+    ) -> float | None:
+        """The earliest time running gangs' run-time limits free private room for the shape (None: never
+        known), or None at once when neither rule that reads it is on. Computed once per shape and types
+        in a cycle: it depends only on the running gangs, not on the job."""
+        policy = self.policy
+        if not (policy.private_wait_needs_start or (policy.private_wait_reserve and policy.backfill)):
+            return None
+        key = (shape, tuple(group), ctx.gang.allow_spot)
+        if key in self._room_at:
+            return self._room_at[key]
+        hold = reserve(
+            ctx.gang.job_id,
+            shape,
+            private,
+            self.running,
+            self._end_of,
+            lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+        )
+        at = self._room_at[key] = None if hold is None else hold.start_at_s
+        return at
+
+    def _hold_for_waiter(self, ctx: GangCost, shape: tuple[int, ...], private: Sequence[Offer]) -> bool:
+        """Reserve the private room for the first waiting gang of the cycle, as backfill would."""
+        if not (self.policy.private_wait_reserve and self.policy.backfill) or self.hold is not None:
+            return False
+        hold = reserve(
+            ctx.gang.job_id,
+            shape,
+            private,
+            self.running,
+            self._end_of,
+            lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+        )
+        if hold is None:
+            return False
+        self.hold = hold
+        view = hold.offer.view
+        self.reservations.append(Reservation(ctx.gang.job_id, view.cluster, view.gpu_type, hold.start_at_s))
+        return True
 
     def make_room(
         self, ctx: GangCost, shape: tuple[int, ...], groups: Sequence[tuple[GpuType, ...]]

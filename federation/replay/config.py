@@ -56,6 +56,10 @@ class GpufedSettings:
     private_wait_s_per_gpu_hour: float
     private_wait_max_s: float
     wait_value_usd_per_hour: float = 0.0
+    # Wait only when running gangs' run-time limits free private room before the wait ends.
+    private_wait_needs_start: bool = False
+    # Reserve that room for the first waiting gang of a cycle.
+    private_wait_reserve: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,8 @@ class ReplayConfig:
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
+    # Only the policies of these names (empty: all), for tuning runs.
+    only_policies: tuple[str, ...] = ()
     source: Path | None = field(default=None, compare=False)
 
     def speed(self, gpu_type: GpuType) -> float:
@@ -114,6 +120,8 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
         private_wait_s_per_gpu_hour=float(_need(doc, "private_wait_s_per_gpu_hour", where)),
         private_wait_max_s=float(doc.get("private_wait_max_s", 4 * _HOUR_S)),
         wait_value_usd_per_hour=float(doc.get("wait_value_usd_per_hour", 0.0)),
+        private_wait_needs_start=bool(doc.get("private_wait_needs_start", False)),
+        private_wait_reserve=bool(doc.get("private_wait_reserve", False)),
     )
 
 

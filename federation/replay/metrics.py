@@ -42,6 +42,11 @@ class Metrics:
     preemptions: int
     cycles: int
     replay_s: float
+    # The trace this row replays (its file name without extensions): rows of several weeks share a table.
+    week: str = ""
+    # CPU seconds of the replay: on a machine shared with other work, wall time says more about the
+    # others than about the replay.
+    replay_cpu_s: float = 0.0
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -83,7 +88,13 @@ def fairness(
 
 
 def summarise(
-    result: Result, size_factor: float, entitled: Mapping[str, float], period_s: float, replay_s: float
+    result: Result,
+    size_factor: float,
+    entitled: Mapping[str, float],
+    period_s: float,
+    replay_s: float,
+    week: str = "",
+    replay_cpu_s: float = 0.0,
 ) -> Metrics:
     done = [o for o in result.outcomes.values() if o.finish_s is not None and o.start_s is not None]
     jct = np.array([o.finish_s - o.job.submit_time_s for o in done if o.finish_s is not None]) / _HOUR_S
@@ -116,4 +127,6 @@ def summarise(
         preemptions=sum(o.preemptions for o in result.outcomes.values()),
         cycles=result.cycles,
         replay_s=replay_s,
+        week=week,
+        replay_cpu_s=replay_cpu_s,
     )

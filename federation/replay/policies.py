@@ -64,6 +64,8 @@ class PolicySpec:
                 private_wait_s_per_gpu_hour=self.gpufed.private_wait_s_per_gpu_hour,
                 private_wait_max_s=self.gpufed.private_wait_max_s,
                 wait_value_usd_per_hour=self.gpufed.wait_value_usd_per_hour,
+                private_wait_needs_start=self.gpufed.private_wait_needs_start,
+                private_wait_reserve=self.gpufed.private_wait_reserve,
             )
         return base
 
@@ -76,7 +78,12 @@ def _wait_name(wait_s: float) -> str:
 
 def gpufed_name(settings: GpufedSettings) -> str:
     rate = settings.private_wait_s_per_gpu_hour
-    return f"gpufed_{rate:g}s_per_gpuh_max_{_wait_name(settings.private_wait_max_s)}"
+    name = f"gpufed_{rate:g}s_per_gpuh_max_{_wait_name(settings.private_wait_max_s)}"
+    if settings.private_wait_needs_start:
+        name += "_needs_start"
+    if settings.private_wait_reserve:
+        name += "_reserve"
+    return name
 
 
 def policies(config: ReplayConfig) -> list[PolicySpec]:
@@ -91,4 +98,6 @@ def policies(config: ReplayConfig) -> list[PolicySpec]:
     ]
     specs.append(PolicySpec("gpufed", PolicyKind.GPUFED, gpufed=config.gpufed))
     specs += [PolicySpec(gpufed_name(s), PolicyKind.GPUFED, gpufed=s) for s in config.gpufed_sweep]
+    if config.only_policies:
+        specs = [s for s in specs if s.name in config.only_policies]
     return specs

@@ -31,6 +31,8 @@ class Headline:
     # gpufed's JCT lies outside the curve's range (the curve's end was used).
     clamped: bool
     burst_now_cost_usd: float
+    burst_now_avg_jct_h: float = 0.0
+    week: str = ""
 
     @property
     def cost_ratio_vs_fixed_wait_curve(self) -> float:
@@ -44,9 +46,22 @@ class Headline:
             return 0.0
         return 1.0 - self.gpufed_cost_usd / self.burst_now_cost_usd
 
+    @property
+    def avg_jct_vs_burst_now(self) -> float:
+        """How much longer gpufed's average JCT is than burst-now's (0.06: 6 % longer)."""
+        if self.burst_now_avg_jct_h <= 0:
+            return 0.0
+        return self.gpufed_avg_jct_h / self.burst_now_avg_jct_h - 1.0
+
+
+def weeks(rows: Sequence[Metrics]) -> list[str]:
+    return sorted({r.week for r in rows})
+
 
 def curve(rows: Sequence[Metrics], size: float) -> list[Metrics]:
-    """The fixed-wait curve at one size (burst-now as the wait of 0), sorted by average JCT."""
+    """The fixed-wait curve at one size (burst-now as the wait of 0), sorted by average JCT.
+
+    `rows` must be of one week: a curve mixing weeks means nothing."""
     points = [
         r
         for r in rows
@@ -63,26 +78,60 @@ def curve_cost_at(points: Sequence[Metrics], jct_h: float) -> tuple[float, bool]
 
 
 def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]:
+    """One headline per week and size, weeks in name order, then sizes in increasing order."""
     out = []
-    for size in sorted({r.size_factor for r in rows}):
-        gpufed = next((r for r in rows if r.size_factor == size and r.policy == policy), None)
-        burst = next((r for r in rows if r.size_factor == size and r.policy == "burst_now"), None)
-        points = curve(rows, size)
-        if gpufed is None or burst is None or not points:
-            continue
-        cost, clamped = curve_cost_at(points, gpufed.avg_jct_h)
-        out.append(
-            Headline(size, gpufed.cloud_cost_usd, gpufed.avg_jct_h, cost, clamped, burst.cloud_cost_usd)
-        )
+    for week in weeks(rows):
+        of_week = [r for r in rows if r.week == week]
+        for size in sorted({r.size_factor for r in of_week}):
+            gpufed = next((r for r in of_week if r.size_factor == size and r.policy == policy), None)
+            burst = next((r for r in of_week if r.size_factor == size and r.policy == "burst_now"), None)
+            points = curve(of_week, size)
+            if gpufed is None or burst is None or not points:
+                continue
+            cost, clamped = curve_cost_at(points, gpufed.avg_jct_h)
+            out.append(
+                Headline(
+                    size,
+                    gpufed.cloud_cost_usd,
+                    gpufed.avg_jct_h,
+                    cost,
+                    clamped,
+                    burst.cloud_cost_usd,
+                    burst.avg_jct_h,
+                    week,
+                )
+            )
     return out
 
 
 def figure_lines(heads: Sequence[Headline]) -> list[str]:
+    """Per week and size, then (with several weeks) the worst week of each size.
+
+    With one week the names carry only the size, as they always have; with several, the week too."""
+    several = len({h.week for h in heads}) > 1
     lines = []
     for h in heads:
-        tag = f"{h.size_factor:g}x"
+        tag = f"{h.week}_{h.size_factor:g}x" if several else f"{h.size_factor:g}x"
         lines.append(f"cost_ratio_vs_fixed_wait_curve_{tag}: {h.cost_ratio_vs_fixed_wait_curve:.3f} ratio")
         lines.append(f"cloud_cost_cut_vs_burst_now_{tag}: {h.cloud_cost_cut_vs_burst_now * 100:.1f} %")
+        lines.append(f"avg_jct_vs_burst_now_{tag}: {h.avg_jct_vs_burst_now * 100:+.1f} %")
+    if several:
+        lines += worst_lines(heads)
+    return lines
+
+
+def worst_lines(heads: Sequence[Headline]) -> list[str]:
+    """The worst week of each size: highest cost ratio, smallest cut, longest JCT against burst-now."""
+    lines = []
+    for size in sorted({h.size_factor for h in heads}):
+        of_size = [h for h in heads if h.size_factor == size]
+        tag = f"{size:g}x"
+        ratio = max(h.cost_ratio_vs_fixed_wait_curve for h in of_size)
+        cut = min(h.cloud_cost_cut_vs_burst_now for h in of_size)
+        jct = max(h.avg_jct_vs_burst_now for h in of_size)
+        lines.append(f"worst_cost_ratio_vs_fixed_wait_curve_{tag}: {ratio:.3f} ratio")
+        lines.append(f"worst_cloud_cost_cut_vs_burst_now_{tag}: {cut * 100:.1f} %")
+        lines.append(f"worst_avg_jct_vs_burst_now_{tag}: {jct * 100:+.1f} %")
     return lines
 
 
@@ -108,6 +157,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("preemptions", "preemptions"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
+        ("replay_cpu_s", "replay CPU s"),
     ]
     out = []
     for size in sorted({r.size_factor for r in rows}):
@@ -118,17 +168,23 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
             values = row.row()
             out.append("| " + " | ".join(_cell(values[key]) for key, _ in shown) + " |")
         out.append("")
-    out.append("### Headline figures\n")
+    out.append(headline_table(heads))
+    return "\n".join(out) + "\n"
+
+
+def headline_table(heads: Sequence[Headline]) -> str:
+    out = ["### Headline figures\n"]
     out.append(
-        "| size | gpufed USD | gpufed avg JCT h | fixed-wait curve USD at that JCT | ratio | cut vs burst-now |"  # noqa: E501
+        "| week | size | gpufed USD | gpufed avg JCT h | fixed-wait curve USD at that JCT | ratio "
+        "| cut vs burst-now | avg JCT vs burst-now |"
     )
-    out.append("|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|")
     for h in heads:
         clamp = " (clamped to the curve's end)" if h.clamped else ""
         out.append(
-            f"| {h.size_factor:g}x | {h.gpufed_cost_usd:,.0f} | {h.gpufed_avg_jct_h:.3f} | "
+            f"| {h.week} | {h.size_factor:g}x | {h.gpufed_cost_usd:,.0f} | {h.gpufed_avg_jct_h:.3f} | "
             f"{h.curve_cost_usd:,.0f}{clamp} | {h.cost_ratio_vs_fixed_wait_curve:.3f} | "
-            f"{h.cloud_cost_cut_vs_burst_now * 100:.1f} % |"
+            f"{h.cloud_cost_cut_vs_burst_now * 100:.1f} % | {h.avg_jct_vs_burst_now * 100:+.1f} % |"
         )
     return "\n".join(out) + "\n"
 
@@ -173,7 +229,8 @@ def plot(rows: Sequence[Metrics], size: float, path: Path) -> None:
             ax.axvline(row.avg_jct_h, color="grey", linestyle="--", label="private only (no cloud)")
     ax.set_xlabel("average job completion time (h)")
     ax.set_ylabel("cloud cost (USD)")
-    ax.set_title(f"Philly week replay, private GPUs = {size:g} x mean demand")
+    week = rows[0].week if rows else ""
+    ax.set_title(f"{week or 'trace'} replay, private GPUs = {size:g} x mean demand")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -181,14 +238,35 @@ def plot(rows: Sequence[Metrics], size: float, path: Path) -> None:
     plt.close(fig)
 
 
-def write_all(rows: Sequence[Metrics], out: Path, command: str) -> list[str]:
-    """Table, CSV and plots under `out`; returns the headline figure lines."""
+def write_week(rows: Sequence[Metrics], out: Path, command: str) -> None:
+    """One week's table, CSV and plots under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    heads = headlines(rows)
     write_csv(rows, out / "replay.csv")
     (out / "replay.md").write_text(
-        f"# Replay results\n\nProduced by `{command}`.\n\n" + markdown(rows, heads)
+        f"# Replay results: {rows[0].week}\n\nProduced by `{command}`.\n\n" + markdown(rows, headlines(rows))
     )
     for size in sorted({r.size_factor for r in rows}):
         plot(rows, size, out / f"replay_cost_vs_jct_{size:g}x.png")
-    return figure_lines(heads)
+
+
+def write_all(rows: Sequence[Metrics], out: Path, command: str) -> list[str]:
+    """Table, CSV and plots under `out` (one directory per week when there are several, and a summary
+    `weeks.md`); returns the headline figure lines."""
+    heads = headlines(rows)
+    names = weeks(rows)
+    if len(names) <= 1:
+        write_week(rows, out, command)
+        return figure_lines(heads)
+    for week in names:
+        write_week([r for r in rows if r.week == week], out / week, command)
+    write_csv(rows, out / "weeks.csv")
+    lines = figure_lines(heads)
+    (out / "weeks.md").write_text(
+        f"# Replay results over {len(names)} weeks\n\nProduced by `{command}`; one directory per week "
+        "holds its table and plots.\n\n"
+        + headline_table(heads)
+        + "\n### Worst week per size\n\n"
+        + "\n".join(f"    {line}" for line in worst_lines(heads))
+        + "\n"
+    )
+    return lines

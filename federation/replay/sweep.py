@@ -1,22 +1,26 @@
-"""Running every policy at every private size: serially, in a local process pool, or with Ray.
+"""Running every policy at every private size, on one week or several: serially, in a local process
+pool, or with Ray.
 
-One unit is one (policy, size) replay. A unit reads its inputs itself (the trace and prices load in a
+One unit is one (week, policy, size) replay. A unit reads its inputs itself (the trace and prices load in a
 fraction of a second), so units share nothing and any executor can run them; results come back as
 `Metrics` rows in the order of the plan, whatever order they finished in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from federation.replay.config import ReplayConfig
+from federation.replay.errors import ReplayError
 from federation.replay.metrics import Metrics, summarise
 from federation.replay.policies import PolicySpec, policies
 from federation.replay.prices import read_prices
@@ -62,11 +66,26 @@ def run_one(
 ) -> tuple[Metrics, Result]:
     inputs = load_inputs(config)
     world = world_for(config, inputs, size)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     result = simulate(config, world, policy, inputs.jobs, record=record)
-    elapsed = time.perf_counter() - started
-    metrics = summarise(result, size, entitled_shares(world), config.period_s, elapsed)
-    log.info("replay_finished", policy=policy.name, size=size, replay_s=round(elapsed, 1))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
+    metrics = summarise(
+        result,
+        size,
+        entitled_shares(world),
+        config.period_s,
+        elapsed,
+        week=week_name(config.trace_path),
+        replay_cpu_s=cpu,
+    )
+    log.info(
+        "replay_finished",
+        week=metrics.week,
+        policy=policy.name,
+        size=size,
+        replay_s=round(elapsed, 1),
+        replay_cpu_s=round(cpu, 1),
+    )
     return metrics, result
 
 
@@ -108,10 +127,51 @@ def ray_executor(num_cpus: int = 2) -> Executor:
     return run
 
 
+def week_name(trace: Path) -> str:
+    """`philly_week_2017-10-16.csv.gz` -> `philly_week_2017-10-16`: how tables and figures name a week."""
+    name = trace.name
+    for suffix in (".gz", ".csv"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def weeks_beside(trace: Path) -> list[Path]:
+    """Every trace in the directory of the config's trace (`*.csv`, `*.csv.gz`), in name order."""
+    found = sorted({*trace.parent.glob("*.csv"), *trace.parent.glob("*.csv.gz")})
+    if not found:
+        raise ReplayError(f"{trace.parent}: no traces (*.csv, *.csv.gz)")
+    return found
+
+
+def for_weeks(config: ReplayConfig, traces: Sequence[Path]) -> list[ReplayConfig]:
+    """One config per week: the same assumptions, only the trace differs (sizes follow each week's demand)."""
+    return [dataclasses.replace(config, trace_path=trace) for trace in traces]
+
+
 def sweep(config: ReplayConfig, executor: Executor = serial) -> list[Metrics]:
     """Every policy at every private size of the config."""
-    units = [(config, policy, size) for size in config.private_sizes for policy in policies(config)]
+    return sweep_weeks([config], executor)
+
+
+def sweep_weeks(configs: Sequence[ReplayConfig], executor: Executor = serial) -> list[Metrics]:
+    """Every policy at every private size of every config, in one batch so that workers stay busy."""
+    units = [
+        (config, policy, size)
+        for config in configs
+        for size in config.private_sizes
+        for policy in policies(config)
+    ]
     return executor(units)
 
 
-__all__ = ["Inputs", "demand_by_team", "load_inputs", "run_one", "sweep"]
+__all__ = [
+    "Inputs",
+    "demand_by_team",
+    "for_weeks",
+    "load_inputs",
+    "run_one",
+    "sweep",
+    "sweep_weeks",
+    "week_name",
+    "weeks_beside",
+]

@@ -26,6 +26,8 @@ _POLICY_KEYS: dict[str, str] = {
     "waitValueUsdPerHour": "wait_value_usd_per_hour",
     "privateWaitSecondsPerGpuHour": "private_wait_s_per_gpu_hour",
     "privateWaitMaxSeconds": "private_wait_max_s",
+    "privateWaitNeedsStart": "private_wait_needs_start",
+    "privateWaitReserve": "private_wait_reserve",
     "fairShareHistory": "fair_share_history",
     "historyHorizonHours": "history_horizon_h",
     "backfill": "backfill",

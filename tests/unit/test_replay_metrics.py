@@ -62,8 +62,8 @@ def test_summary_of_a_known_result() -> None:
     assert (m.jobs_in_cloud, m.unfinished, m.preemptions) == (1, 0, 0)
 
 
-def row(policy: str, jct_h: float, cost: float, size: float = 1.0) -> Metrics:
-    zero = Metrics(policy, size, 8, 1, 0, cost, 0, 0, jct_h, 0, 0, 0, 0, 1, 0, 0, 0, 0)
+def row(policy: str, jct_h: float, cost: float, size: float = 1.0, week: str = "") -> Metrics:
+    zero = Metrics(policy, size, 8, 1, 0, cost, 0, 0, jct_h, 0, 0, 0, 0, 1, 0, 0, 0, 0, week)
     return dataclasses.replace(zero, avg_jct_h=jct_h, cloud_cost_usd=cost)
 
 
@@ -84,9 +84,48 @@ def test_headline_interpolates_the_fixed_wait_curve_at_gpufeds_jct(tmp_path: Pat
     assert lines == [
         "cost_ratio_vs_fixed_wait_curve_1x: 0.750 ratio",
         "cloud_cost_cut_vs_burst_now_1x: 70.0 %",
+        "avg_jct_vs_burst_now_1x: +75.0 %",
     ]
     assert (tmp_path / "replay_cost_vs_jct_1x.png").stat().st_size > 0
     assert "gpufed" in (tmp_path / "replay.csv").read_text()
+
+
+def week_rows(week: str, gpufed_cost: float, gpufed_jct_h: float) -> list[Metrics]:
+    """At each of two sizes: burst-now 1,000 USD at 2 h, a 1 h fixed wait 600 USD at 3 h."""
+    return [
+        row(policy, jct, cost, size, week)
+        for size in (0.75, 1.0)
+        for policy, jct, cost in (
+            ("burst_now", 2.0, 1000),
+            ("fixed_wait_1h", 3.0, 600),
+            ("gpufed", gpufed_jct_h, gpufed_cost),
+        )
+    ]
+
+
+def test_several_weeks_get_a_curve_each_and_the_worst_week_per_size(tmp_path: Path) -> None:
+    # Week a: gpufed at 2.5 h, where a's curve costs 800: ratio 0.5, cut 60 %, JCT +25 %.
+    # Week b: gpufed at 2.2 h (curve 920): ratio 0.75 (690 / 920), cut 31 %, JCT +10 %.
+    rows = week_rows("a", 400, 2.5) + week_rows("b", 690, 2.2)
+    lines = write_all(rows, tmp_path, "test")
+    assert lines[:3] == [
+        "cost_ratio_vs_fixed_wait_curve_a_0.75x: 0.500 ratio",
+        "cloud_cost_cut_vs_burst_now_a_0.75x: 60.0 %",
+        "avg_jct_vs_burst_now_a_0.75x: +25.0 %",
+    ]
+    assert lines[-6:] == [
+        "worst_cost_ratio_vs_fixed_wait_curve_0.75x: 0.750 ratio",
+        "worst_cloud_cost_cut_vs_burst_now_0.75x: 31.0 %",
+        "worst_avg_jct_vs_burst_now_0.75x: +25.0 %",
+        "worst_cost_ratio_vs_fixed_wait_curve_1x: 0.750 ratio",
+        "worst_cloud_cost_cut_vs_burst_now_1x: 31.0 %",
+        "worst_avg_jct_vs_burst_now_1x: +25.0 %",
+    ]
+    assert len(lines) == 2 * 2 * 3 + 6
+    for week in ("a", "b"):
+        assert (tmp_path / week / "replay_cost_vs_jct_0.75x.png").stat().st_size > 0
+        assert f"| {week} |" in (tmp_path / week / "replay.md").read_text()
+    assert "worst_cost_ratio_vs_fixed_wait_curve_1x: 0.750 ratio" in (tmp_path / "weeks.md").read_text()
 
 
 def test_headline_beyond_the_curve_is_clamped_and_says_so() -> None:

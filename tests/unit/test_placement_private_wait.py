@@ -1,0 +1,104 @@
+"""Waiting for private GPUs, with what running gangs' run-time limits say about when room frees up.
+
+Every case: a private cluster `onprem` (one pool `p` of A100 nodes at $1) and an elastic cloud at $3.
+Job `j` needs a whole node (8 GPUs) for an hour: 8 GPU-hours, so at 600 s per GPU-hour it may wait
+80 minutes for private GPUs (until NOW + 4,800 s) before it bursts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, Plan, Reservation, WaitCode
+from placement.plan import plan
+from tests.unit.placement_builders import SnapshotBuilder, a_cluster, a_gang, a_snapshot
+
+HOUR = 3600.0
+NOW = 10 * HOUR
+MINUTE = 60.0
+WAIT_UNTIL = NOW + 80 * MINUTE
+
+
+def world(free: tuple[int, ...], **policy: object) -> SnapshotBuilder:
+    return (
+        a_snapshot()
+        .clusters(
+            a_cluster("onprem").pool("A100", free=free, price=1.0, name="p"),
+            a_cluster("cloud").provider_cloud().pool("A100", kind=CapacityKind.ON_DEMAND, nodes=4, price=3.0),
+        )
+        .policy(private_wait_s_per_gpu_hour=600.0, **policy)
+    )
+
+
+def big_job() -> SnapshotBuilder:
+    """`j` queued now; node 0 of `onprem` is fully used by `r`, whose end the cases set."""
+    return world((0,)).queue(a_gang("j").gang(1, gpus=8).queued_at(NOW))
+
+
+def outcome(result: Plan) -> str:
+    if result.admissions:
+        return f"admitted:{result.admissions[0].cluster}"
+    return result.waiting[0].reasons[-1].code.value
+
+
+NEEDS_START_CASES = [
+    pytest.param(True, NOW + 10 * MINUTE, "waiting_for_private_capacity", id="room-frees-within-the-wait"),
+    pytest.param(True, WAIT_UNTIL, "waiting_for_private_capacity", id="room-frees-as-the-wait-ends"),
+    pytest.param(True, NOW + 2 * HOUR, "admitted:cloud", id="room-frees-only-after-the-wait-bursts-now"),
+    pytest.param(True, None, "admitted:cloud", id="no-run-time-limit-known-bursts-now"),
+    pytest.param(False, NOW + 2 * HOUR, "waiting_for_private_capacity", id="rule-off-waits-as-before"),
+]
+
+
+@pytest.mark.parametrize(("needs_start", "ends_at", "expected"), NEEDS_START_CASES)
+def test_a_wait_needs_room_before_it_ends(needs_start: bool, ends_at: float | None, expected: str) -> None:
+    snapshot = big_job().policy(private_wait_needs_start=needs_start)
+    snapshot = snapshot.running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=ends_at)
+    assert outcome(plan(snapshot.build(), now=NOW)) == expected
+
+
+def test_the_wait_says_when_room_frees_and_until_when_it_waits() -> None:
+    snapshot = big_job().policy(private_wait_needs_start=True)
+    snapshot = snapshot.running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 10 * MINUTE)
+    (waiting,) = plan(snapshot.build(), now=NOW).waiting
+    reason = waiting.reasons[-1]
+    assert (reason.code, reason.cluster, reason.at_s) == (
+        WaitCode.WAITING_FOR_PRIVATE_CAPACITY,
+        "onprem",
+        WAIT_UNTIL,
+    )
+    assert f"until {WAIT_UNTIL:g}" in reason.message
+    assert f"run-time limits free room for it by {NOW + 10 * MINUTE:g}" in reason.message
+
+
+def small_job_behind(reserve: bool) -> Plan:
+    """Node 0 has 4 GPUs free and `r` holds the other 4 for 10 more minutes. `j` (8 GPUs) waits for
+    the whole node; `k` (4 GPUs for 3 hours, queued after `j`) fits in the free half now."""
+    snapshot = (
+        world((4,), private_wait_reserve=reserve)
+        .running("r", cluster="onprem", nodes=[("p", 0, 4)], ends_at=NOW + 10 * MINUTE)
+        .queue(
+            a_gang("j").gang(1, gpus=8).queued_at(NOW),
+            a_gang("k").gang(1, gpus=4).runtime(limit_s=int(3 * HOUR)).queued_at(NOW + 1),
+        )
+    )
+    return plan(snapshot.build(), now=NOW + 1)
+
+
+def test_without_a_reservation_a_later_small_job_takes_the_room_the_big_one_waits_for() -> None:
+    result = small_job_behind(reserve=False)
+    assert [(a.job_id, a.cluster) for a in result.admissions] == [("k", "onprem")]
+    assert result.reservations == ()
+
+
+def test_the_first_waiting_job_reserves_the_room_its_wait_is_for() -> None:
+    result = small_job_behind(reserve=True)
+    assert result.admissions == ()
+    assert result.reservations == (
+        Reservation(JobId("j"), ClusterName("onprem"), GpuType("A100"), NOW + 10 * MINUTE),
+    )
+    waits = {str(w.job_id): w.reasons[-1] for w in result.waiting}
+    assert "reserved on cluster onprem (A100)" in waits["j"].message
+    # `k` would delay `j` on onprem, so it waits for private GPUs of its own (12 GPU-hours: 2 h).
+    assert waits["k"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
+    assert waits["k"].at_s == NOW + 1 + 2 * HOUR

@@ -1,0 +1,36 @@
+"""The private-wait knobs reach the placer from the federation config, and are kept in etcd by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from federation.errors import InvalidSpec
+from federation.store.config_policy import parse_settings
+from federation.store.records import settings_from_dict, settings_to_dict
+
+
+def test_the_config_turns_the_room_rules_of_the_private_wait_on() -> None:
+    settings = parse_settings(
+        {
+            "policy": {
+                "privateWaitSecondsPerGpuHour": 600,
+                "privateWaitMaxSeconds": 86400,
+                "privateWaitNeedsStart": True,
+                "privateWaitReserve": True,
+            }
+        }
+    )
+    policy = settings.policy
+    assert (policy.private_wait_s_per_gpu_hour, policy.private_wait_max_s) == (600, 86400)
+    assert (policy.private_wait_needs_start, policy.private_wait_reserve) == (True, True)
+    assert settings_from_dict(settings_to_dict(settings)).policy == policy
+
+
+def test_the_room_rules_are_off_unless_asked_for() -> None:
+    policy = parse_settings({"policy": {"privateWaitSecondsPerGpuHour": 600}}).policy
+    assert (policy.private_wait_needs_start, policy.private_wait_reserve) == (False, False)
+
+
+def test_a_room_rule_must_be_a_boolean() -> None:
+    with pytest.raises(InvalidSpec, match=r"policy\.privateWaitReserve"):
+        parse_settings({"policy": {"privateWaitReserve": "yes"}})
