@@ -145,7 +145,12 @@ def cli(ctx: click.Context, /, **kwargs: Any) -> None:
     help="federation config (tenants, users, clusters)",
 )
 @click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
-@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port (0: any)")
+@click.option(
+    "--metrics-port",
+    default=9464,
+    show_default=True,
+    help="HTTP port of the web console and Prometheus /metrics (0: any)",
+)
 @click.pass_obj
 def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     """Start the embedded default: local etcd, the server and simulated clusters."""
@@ -155,6 +160,8 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
         click.echo(
             f"gpufed is up: gRPC {info.grpc_target}, etcd {info.etcd_endpoint}, metrics {info.metrics_url}"
         )
+        if info.console_url is not None:
+            click.echo(f"console: {info.console_url}")
         click.echo(f"state: {info.state_dir}")
         for user, path in sorted(info.token_files.items()):
             click.echo(f"token for {user}: {path}")
@@ -208,7 +215,12 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     help="private key of --etcd-cert (GPUFED_ETCD_KEY)",
 )
 @click.option("--port", default=50051, show_default=True)
-@click.option("--metrics-port", default=None, type=int, help="Prometheus /metrics port")
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=int,
+    help="HTTP port of the web console and Prometheus /metrics (HTTPS with --tls-cert)",
+)
 @click.option(
     "--bootstrap", "bootstrap_path", type=click.Path(exists=True, dir_okay=False), help="config to load first"
 )
