@@ -45,6 +45,7 @@ from federation.security.auth import (
     listable_tenant,
 )
 from federation.security.ratelimit import ReadRateLimiter, SubmitRateLimiter
+from federation.security.tokens import AuditEvent, SecurityStore
 from federation.spec.jobspec import DatasetRef
 from federation.spec.training_job import manifest_digest, parse_manifest
 from federation.spec.validate import free_text
@@ -167,9 +168,12 @@ class JobService(pb_grpc.JobServiceServicer):
         datasets: DatasetPolicy,
         clock: Callable[[], float] = time.time,
         read_limiter: ReadRateLimiter | None = None,
+        security: SecurityStore | None = None,
     ) -> None:
         self._store = store
         self._datasets = datasets
+        # Where a cancel is recorded in the audit trail (None: not recorded, for tests of the rest).
+        self._security = security
         # Per caller, on this server: one caller's polling loop must not slow everyone's reads.
         self._read_limiter = read_limiter or ReadRateLimiter()
         self._cache = cache
@@ -383,6 +387,17 @@ class JobService(pb_grpc.JobServiceServicer):
             updated = replace(job, cancel_requested=True, message=reason)
             if await self._store.commit([(updated, stored.mod_revision)]) is not None:
                 log.info("job_cancel_requested", job_id=job.job_id, tenant=job.tenant, user=who.user)
+                if self._security is not None:
+                    # A cancel stops someone's GPUs: who did it must be on record, as an admin's action is.
+                    event = AuditEvent(
+                        self._clock(),
+                        who.user,
+                        who.role.value,
+                        "job_cancel_requested",
+                        job.job_id,
+                        f"tenant={job.tenant} reason={reason}",
+                    )
+                    await self._security.append_audit(event)
                 return self._shown(who, updated)
             await asyncio.sleep(0.01)
             fresh = await self._store.get_job(job.job_id)

@@ -154,6 +154,7 @@ class FederationServer:
         registry = DatasetRegistry(self._kv)
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
+        security = SecurityStore(self._kv)
         jobs = JobService(
             store=store,
             cache=self._cache,
@@ -162,11 +163,12 @@ class FederationServer:
             tenants=tenants,
             datasets=DatasetCheck(registry),
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            security=security,
         )
         pb_grpc.add_JobServiceServicer_to_server(jobs, server)
         admin = AdminService(
             store=store,
-            security=SecurityStore(self._kv),
+            security=security,
             cache=self._cache,
             auth=auth,
             metrics=self.metrics,
