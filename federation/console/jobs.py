@@ -1,9 +1,233 @@
-"""Stub: replaced by its page."""
+"""The jobs page: the jobs a user may see, filtered by tenant, phase, user and cluster, live.
+
+It reads through ListJobs' pagination only, never every job: tenant and phase go to ListJobs (its
+index walks just those), user and cluster are applied to the pages it returns, scanning at most
+`MAX_SCANNED` jobs per console page (a sparse filter shows fewer rows and a link to scan on). The
+rows' phases then follow the jobs by `/jobs/events`, which repeats the same read about once a second
+and sends what changed.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
 from aiohttp import web
+
+from federation.api import convert
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.console import sse
+from federation.console.calls import CALLS_KEY, CallRefused
+from federation.console.layout import e, error_page, html_response, query_string, render_page, when
+from federation.console.view import VIEW_KEY, View
+
+PAGE_ROWS = 100
+# ListJobs pages read for one console page: large enough to fill it quickly, bounded for a sparse filter.
+LIST_PAGE_SIZE = 200
+MAX_SCANNED = 4000
+MAX_FIELD_LENGTH = 128
+PHASES = tuple(convert.phase_name(v) for v in pb.JobPhase.values() if v != pb.JOB_PHASE_UNSPECIFIED)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilters:
+    tenant: str = ""
+    phase: str = ""
+    user: str = ""
+    cluster: str = ""
+    page_token: str = ""
+
+    @classmethod
+    def of(cls, request: web.Request) -> JobFilters:
+        q = request.query
+
+        def field(name: str) -> str:
+            return q.get(name, "").strip()[:MAX_FIELD_LENGTH]
+
+        phase = field("phase").upper()
+        return cls(
+            tenant=field("tenant"),
+            phase=phase if phase in PHASES else "",
+            user=field("user"),
+            cluster=field("cluster"),
+            page_token=q.get("page_token", "")[:512],
+        )
+
+    def params(self, *, page_token: str | None = None) -> dict[str, str]:
+        token = self.page_token if page_token is None else page_token
+        return {
+            "tenant": self.tenant,
+            "phase": self.phase,
+            "user": self.user,
+            "cluster": self.cluster,
+            "page_token": token,
+        }
+
+    def wants(self, job: pb.Job) -> bool:
+        return (not self.user or job.user == self.user) and (not self.cluster or job.cluster == self.cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    jobs: list[pb.Job]
+    next_token: str
+    scanned: int
+
+
+async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
+    """One console page of jobs: whole ListJobs pages until it has `PAGE_ROWS` rows or has read
+    `MAX_SCANNED` jobs. The next-page token is ListJobs' own, so a page never repeats or skips one."""
+    calls = request.app[CALLS_KEY]
+    phases = [] if not filters.phase else [pb.JobPhase.Value("JOB_PHASE_" + filters.phase)]
+    narrowed = bool(filters.user or filters.cluster)
+    token = filters.page_token
+    found: list[pb.Job] = []
+    scanned = 0
+    while True:
+        reply: pb.ListJobsResponse = await calls.call(
+            request,
+            "ListJobs",
+            pb.ListJobsRequest(
+                tenant=filters.tenant,
+                phases=phases,
+                page_size=LIST_PAGE_SIZE if narrowed else PAGE_ROWS,
+                page_token=token,
+            ),
+        )
+        scanned += len(reply.jobs)
+        found.extend(j for j in reply.jobs if filters.wants(j))
+        token = reply.next_page_token
+        if not token or len(found) >= PAGE_ROWS or scanned >= MAX_SCANNED:
+            return JobsPage(found, token, scanned)
+
+
+def job_state(job: pb.Job) -> dict[str, object]:
+    """What the page's script updates in a row, or on a job's page."""
+    return {
+        "job_id": job.job_id,
+        "phase": convert.phase_name(job.phase),
+        "cluster": job.cluster,
+        "cancel_requested": job.cancel_requested,
+        "terminal": job.phase in TERMINAL,
+    }
+
+
+TERMINAL = frozenset({pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED})
+
+
+def gpu_kind(job: pb.Job) -> str:
+    """The placed GPU type, or the types the job accepts while it waits."""
+    return job.gpu_type or " | ".join(job.gpu_types)
+
+
+def _row(job: pb.Job) -> str:
+    href = f"/jobs/{e(job.job_id)}"
+    return (
+        f'<tr data-job-id="{e(job.job_id)}">'
+        f'<td class="name"><a href="{href}">{e(job.name)}</a><br>'
+        f'<span class="muted">{e(job.job_id)}</span></td>'
+        f'<td class="phase">{e(convert.phase_name(job.phase))}</td>'
+        f'<td class="tenant">{e(job.tenant)}</td>'
+        f'<td class="user">{e(job.user)}</td>'
+        f'<td class="cluster">{e(job.cluster)}</td>'
+        f'<td class="gpus">{job.gpu_count}</td>'
+        f'<td class="gpu-type">{e(gpu_kind(job))}</td>'
+        f'<td class="submitted">{e(when(job.submitted_at.seconds + job.submitted_at.nanos / 1e9))}</td>'
+        "</tr>"
+    )
+
+
+def _options(values: Iterable[tuple[str, str]], selected: str) -> str:
+    return "".join(
+        f'<option value="{e(v)}"{" selected" if v == selected else ""}>{e(label)}</option>'
+        for v, label in values
+    )
+
+
+async def _tenant_choices(request: web.Request, view: View) -> list[tuple[str, str]]:
+    if view.role == "member":
+        return [(view.tenant, view.tenant)]
+    reply: pb.ListTenantsResponse = await request.app[CALLS_KEY].call(
+        request, "ListTenants", pb.ListTenantsRequest()
+    )
+    return [("", "All tenants"), *((t.name, t.name) for t in reply.tenants)]
+
+
+def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tenant: str) -> str:
+    phases = [("", "Any phase"), *((p, p) for p in PHASES)]
+    return (
+        '<form id="filters" method="get" action="/jobs" role="search" aria-label="Filter jobs">'
+        f'<label>Tenant<select name="tenant">{_options(tenants, shown_tenant)}</select></label>'
+        f'<label>Phase<select name="phase">{_options(phases, filters.phase)}</select></label>'
+        f'<label>User<input name="user" value="{e(filters.user)}" maxlength="{MAX_FIELD_LENGTH}"></label>'
+        f'<label>Cluster<input name="cluster" value="{e(filters.cluster)}" maxlength="{MAX_FIELD_LENGTH}">'
+        "</label>"
+        '<button type="submit">Filter</button> <a href="/jobs">Clear</a></form>'
+    )
+
+
+async def jobs_page(request: web.Request) -> web.StreamResponse:
+    view = request[VIEW_KEY]
+    filters = JobFilters.of(request)
+    try:
+        page = await read_page(request, filters)
+    except CallRefused as refusal:
+        if refusal.code is grpc.StatusCode.PERMISSION_DENIED:
+            # A role that may not list jobs (finance): say so, rather than a 404 for the jobs page.
+            return error_page(view, refusal.details, 403)
+        raise
+    tenants = await _tenant_choices(request, view)
+    # A member lists its own tenant whatever the URL says: show the one actually listed.
+    shown_tenant = view.tenant if view.role == "member" else filters.tenant
+    return html_response(
+        render_page(view, page="jobs", title="Jobs", body=_body(filters, page, tenants, shown_tenant))
+    )
+
+
+def _body(filters: JobFilters, page: JobsPage, tenants: list[tuple[str, str]], shown_tenant: str) -> str:
+    events = "/jobs/events" + query_string(filters.params())
+    rows = "".join(_row(j) for j in page.jobs)
+    if not page.jobs:
+        rows = '<tr><td colspan="8" class="muted">No jobs match.</td></tr>'
+    pager = []
+    if filters.page_token:
+        pager.append(
+            f'<a id="first-page" href="/jobs{e(query_string(filters.params(page_token="")))}">First page</a>'
+        )
+    if page.next_token:
+        label = "Next page" if len(page.jobs) >= PAGE_ROWS else f"Scan further (read {page.scanned} jobs)"
+        href = "/jobs" + query_string(filters.params(page_token=page.next_token))
+        pager.append(f'<a id="next-page" href="{e(href)}">{e(label)}</a>')
+    return (
+        filters_form(filters, tenants, shown_tenant)
+        + f'<p class="live">{len(page.jobs)} jobs shown, oldest first; their phases update live.</p>'
+        + f'<table id="jobs" data-events="{e(events)}"><caption class="muted">Jobs</caption><thead><tr>'
+        '<th scope="col">Name</th><th scope="col">Phase</th><th scope="col">Tenant</th>'
+        '<th scope="col">User</th><th scope="col">Cluster</th><th scope="col" class="num">GPUs</th>'
+        '<th scope="col">GPU type</th>'
+        f'<th scope="col">Submitted</th></tr></thead><tbody>{rows}</tbody></table>'
+        + f'<nav class="pager" aria-label="Pages">{"".join(pager)}</nav>'
+    )
+
+
+async def jobs_events(request: web.Request) -> web.StreamResponse:
+    filters = JobFilters.of(request)
+    sent: dict[str, dict[str, object]] = {}
+
+    async def fetch() -> tuple[list[sse.Event], bool]:
+        page = await read_page(request, filters)
+        events: list[sse.Event] = []
+        for job in page.jobs:
+            state = job_state(job)
+            if sent.get(job.job_id) != state:
+                sent[job.job_id] = state
+                events.append(("job", state))
+        return events, False
+
+    return await sse.poll(request, fetch)
 
 
 def add_routes(app: web.Application) -> None:
-    pass
+    app.router.add_get("/jobs", jobs_page)
+    app.router.add_get("/jobs/events", jobs_events)

@@ -8,7 +8,10 @@ escaping slip cannot become script.
 from __future__ import annotations
 
 import html
+import time
+from collections.abc import Collection, Sequence
 from importlib import resources
+from urllib.parse import urlencode
 
 from aiohttp import web
 
@@ -110,3 +113,23 @@ def not_found_page(view: View | None, what: str = "page") -> web.Response:
 def error_page(view: View, message: str, status: int) -> web.Response:
     body = f'<p class="error" role="alert">{e(message)}</p>'
     return html_response(render_page(view, page="error", title="Refused", body=body), status=status)
+
+
+def when(seconds: float) -> str:
+    """A time for people, in UTC (the server's and every user's same clock); empty for none."""
+    if seconds <= 0:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + " UTC"
+
+
+def query_string(params: dict[str, str]) -> str:
+    """`?a=1&b=2` of the non-empty parameters (escape it with `e` before putting it in HTML)."""
+    kept = {k: v for k, v in params.items() if v}
+    return "?" + urlencode(kept) if kept else ""
+
+
+def table(headers: Sequence[str], rows: str, *, numeric: Collection[str] = (), attrs: str = "") -> str:
+    """A table with a header row; `rows` is already-escaped `<tr>` HTML, `attrs` trusted attributes."""
+    num = ' class="num"'
+    head = "".join(f'<th scope="col"{num if h in numeric else ""}>{e(h)}</th>' for h in headers)
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

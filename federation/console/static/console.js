@@ -36,9 +36,12 @@
     if (out && out.dataset.events) {
       var follow = document.getElementById("log-follow");
       var les = null;
-      var start = function () {
-        if (les) { return; }
-        les = new EventSource(out.dataset.events);
+      var stop = function () { if (les) { les.close(); les = null; } };
+      // The tail of the log, then (when following) what comes after it, until the job ends.
+      var start = function (following) {
+        stop();
+        out.textContent = "";
+        les = new EventSource(out.dataset.events + "?follow=" + (following ? "1" : "0"));
         les.addEventListener("log", function (ev) {
           var atEnd = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
           out.appendChild(document.createTextNode(JSON.parse(ev.data)));
@@ -48,14 +51,16 @@
           var note = document.getElementById("log-notice");
           if (note) { note.textContent = JSON.parse(ev.data); }
         });
-        les.addEventListener("end", function () { les.close(); les = null; if (follow) { follow.checked = false; } });
+        les.addEventListener("end", function (ev) {
+          stop();
+          var data = ev.data ? JSON.parse(ev.data) : {};
+          var note = document.getElementById("log-notice");
+          if (note && data.message) { note.textContent = data.message; }
+        });
       };
-      var stop = function () { if (les) { les.close(); les = null; } };
+      start(follow ? follow.checked : false);
       if (follow) {
-        follow.addEventListener("change", function () { if (follow.checked) { start(); } else { stop(); } });
-        if (follow.checked) { start(); }
-      } else {
-        start();
+        follow.addEventListener("change", function () { if (follow.checked) { start(true); } else { stop(); } });
       }
     }
   });
