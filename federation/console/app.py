@@ -27,6 +27,7 @@ from federation.console.layout import (
     html_response,
     not_found_page,
     render_bare,
+    see_other,
 )
 from federation.console.session import (
     COOKIE_NAME,
@@ -67,7 +68,7 @@ def _to_login(request: web.Request, *, secure: bool) -> web.StreamResponse:
     if _wants_stream(request) or request.method != "GET":
         response = web.Response(text="signed out", status=401, headers=SECURITY_HEADERS)
     else:
-        response = web.HTTPSeeOther("/login", headers=SECURITY_HEADERS)
+        response = see_other("/login")
     if request.cookies.get(COOKIE_NAME):
         clear_cookie(response, secure=secure)
     return response
@@ -122,7 +123,7 @@ def _refusal_page(request: web.Request, session: Session, view: View, refusal: C
         return not_found_page(view)
     if refusal.code is grpc.StatusCode.UNAUTHENTICATED:
         request.app[SESSIONS_KEY].end(session.session_id)
-        response = web.HTTPSeeOther("/login", headers=SECURITY_HEADERS)
+        response = see_other("/login")
         clear_cookie(response, secure=request.app[SECURE_KEY])
         return response
     return error_page(view, refusal.details, STATUS_OF.get(refusal.code, 400))
@@ -151,7 +152,7 @@ def login_form(error: str = "") -> str:
 async def login_get(request: web.Request) -> web.StreamResponse:
     session = request.app[SESSIONS_KEY].get(request.cookies.get(COOKIE_NAME))
     if session is not None:
-        raise web.HTTPSeeOther("/jobs", headers=SECURITY_HEADERS)
+        return see_other("/jobs")
     return html_response(render_bare(page="login", title="Sign in", body=login_form()))
 
 
@@ -175,7 +176,7 @@ async def login_post(request: web.Request) -> web.StreamResponse:
     sessions.end(request.cookies.get(COOKIE_NAME))
     session = sessions.create(token=token, user=who.user, tenant=who.tenant, role=who.role)
     log.info("console_signed_in", user=who.user, tenant=who.tenant, role=who.role)
-    response = web.HTTPSeeOther("/jobs", headers=SECURITY_HEADERS)
+    response = see_other("/jobs")
     set_cookie(response, session, secure=request.app[SECURE_KEY])
     return response
 
@@ -188,13 +189,13 @@ async def logout(request: web.Request) -> web.StreamResponse:
     session = request[SESSION_KEY]
     request.app[SESSIONS_KEY].end(session.session_id)
     log.info("console_signed_out", user=session.user)
-    response = web.HTTPSeeOther("/login", headers=SECURITY_HEADERS)
+    response = see_other("/login")
     clear_cookie(response, secure=request.app[SECURE_KEY])
     return response
 
 
 async def root(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPSeeOther("/jobs", headers=SECURITY_HEADERS)
+    return see_other("/jobs")
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

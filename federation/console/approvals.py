@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CALLS_KEY
-from federation.console.layout import e, html_response, render_page, table, when
+from federation.console.layout import e, html_response, render_page, see_other, table, when
 from federation.console.view import VIEW_KEY, View
 
 MAX_FIELD = 500
@@ -99,7 +99,7 @@ async def grant(request: web.Request) -> web.StreamResponse:
     )
     # A member's grant is refused by the servicer (PERMISSION_DENIED, shown as the 404 page).
     await request.app[CALLS_KEY].call(request, "GrantApproval", message)
-    raise web.HTTPSeeOther("/approvals")
+    return see_other("/approvals")
 
 
 async def revoke(request: web.Request) -> web.StreamResponse:
@@ -107,7 +107,7 @@ async def revoke(request: web.Request) -> web.StreamResponse:
     await request.app[CALLS_KEY].call(
         request, "RevokeApproval", pb.RevokeApprovalRequest(approval_id=approval_id)
     )
-    raise web.HTTPSeeOther("/approvals")
+    return see_other("/approvals")
 
 
 def add_routes(app: web.Application) -> None:

@@ -18,7 +18,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.console import sse
 from federation.console.calls import CALLS_KEY, CallRefused
 from federation.console.jobs import TERMINAL, job_state
-from federation.console.layout import e, html_response, render_page, table, when
+from federation.console.layout import e, html_response, render_page, see_other, table, when
 from federation.console.view import VIEW_KEY, View
 
 LOG_TAIL_LINES = 500
@@ -207,6 +207,8 @@ async def job_events(request: web.Request) -> web.StreamResponse:
     job_id = request.match_info["job_id"]
     calls = request.app[CALLS_KEY]
     last: dict[str, object] = {}
+    # Read once before the stream opens: a foreign or unknown id is the one 404, not an event.
+    await calls.call(request, "GetJob", pb.GetJobRequest(job_id=job_id))
 
     async def fetch() -> tuple[list[sse.Event], bool]:
         job: pb.Job = await calls.call(request, "GetJob", pb.GetJobRequest(job_id=job_id))
@@ -276,7 +278,7 @@ async def cancel(request: web.Request) -> web.StreamResponse:
     reason = form.get("reason")
     text = reason.strip()[:MAX_CANCEL_REASON] if isinstance(reason, str) else ""
     await request.app[CALLS_KEY].call(request, "CancelJob", pb.CancelJobRequest(job_id=job_id, reason=text))
-    raise web.HTTPSeeOther(f"/jobs/{job_id}")
+    return see_other(f"/jobs/{job_id}")
 
 
 def add_routes(app: web.Application) -> None:

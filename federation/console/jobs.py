@@ -19,7 +19,7 @@ from federation.api import convert
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console import sse
 from federation.console.calls import CALLS_KEY, CallRefused
-from federation.console.layout import e, error_page, html_response, query_string, render_page, when
+from federation.console.layout import e, html_response, query_string, render_page, when
 from federation.console.view import VIEW_KEY, View
 
 PAGE_ROWS = 100
@@ -147,7 +147,8 @@ def _options(values: Iterable[tuple[str, str]], selected: str) -> str:
 
 async def _tenant_choices(request: web.Request, view: View) -> list[tuple[str, str]]:
     if view.role == "member":
-        return [(view.tenant, view.tenant)]
+        # The only tenant a member may list; "All" lists the same.
+        return [("", "My tenant"), (view.tenant, view.tenant)]
     reply: pb.ListTenantsResponse = await request.app[CALLS_KEY].call(
         request, "ListTenants", pb.ListTenantsRequest()
     )
@@ -170,22 +171,24 @@ def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tena
 async def jobs_page(request: web.Request) -> web.StreamResponse:
     view = request[VIEW_KEY]
     filters = JobFilters.of(request)
+    status, refused = 200, ""
     try:
         page = await read_page(request, filters)
     except CallRefused as refusal:
-        if refusal.code is grpc.StatusCode.PERMISSION_DENIED:
-            # A role that may not list jobs (finance): say so, rather than a 404 for the jobs page.
-            return error_page(view, refusal.details, 403)
-        raise
+        if refusal.code is not grpc.StatusCode.PERMISSION_DENIED:
+            raise
+        # Another tenant typed into the URL by a member, or a role that may not list jobs (finance):
+        # the API's refusal, on the jobs page, with no rows.
+        status, refused = 403, refusal.details
+        page = JobsPage([], "", 0)
     tenants = await _tenant_choices(request, view)
-    # A member lists its own tenant whatever the URL says: show the one actually listed.
-    shown_tenant = view.tenant if view.role == "member" else filters.tenant
-    return html_response(
-        render_page(view, page="jobs", title="Jobs", body=_body(filters, page, tenants, shown_tenant))
-    )
+    body = _body(filters, page, tenants, filters.tenant, refused)
+    return html_response(render_page(view, page="jobs", title="Jobs", body=body), status=status)
 
 
-def _body(filters: JobFilters, page: JobsPage, tenants: list[tuple[str, str]], shown_tenant: str) -> str:
+def _body(
+    filters: JobFilters, page: JobsPage, tenants: list[tuple[str, str]], shown_tenant: str, refused: str
+) -> str:
     events = "/jobs/events" + query_string(filters.params())
     rows = "".join(_row(j) for j in page.jobs)
     if not page.jobs:
@@ -199,8 +202,10 @@ def _body(filters: JobFilters, page: JobsPage, tenants: list[tuple[str, str]], s
         label = "Next page" if len(page.jobs) >= PAGE_ROWS else f"Scan further (read {page.scanned} jobs)"
         href = "/jobs" + query_string(filters.params(page_token=page.next_token))
         pager.append(f'<a id="next-page" href="{e(href)}">{e(label)}</a>')
+    error = f'<p class="error" role="alert">{e(refused)}</p>' if refused else ""
     return (
         filters_form(filters, tenants, shown_tenant)
+        + error
         + f'<p class="live">{len(page.jobs)} jobs shown, oldest first; their phases update live.</p>'
         + f'<table id="jobs" data-events="{e(events)}"><caption class="muted">Jobs</caption><thead><tr>'
         '<th scope="col">Name</th><th scope="col">Phase</th><th scope="col">Tenant</th>'
@@ -214,9 +219,11 @@ def _body(filters: JobFilters, page: JobsPage, tenants: list[tuple[str, str]], s
 async def jobs_events(request: web.Request) -> web.StreamResponse:
     filters = JobFilters.of(request)
     sent: dict[str, dict[str, object]] = {}
+    # The first read before the stream opens: a refused filter is a refused request, not an event.
+    first: list[JobsPage] = [await read_page(request, filters)]
 
     async def fetch() -> tuple[list[sse.Event], bool]:
-        page = await read_page(request, filters)
+        page = first.pop() if first else await read_page(request, filters)
         events: list[sse.Event] = []
         for job in page.jobs:
             state = job_state(job)

@@ -133,3 +133,8 @@ def table(headers: Sequence[str], rows: str, *, numeric: Collection[str] = (), a
     num = ' class="num"'
     head = "".join(f'<th scope="col"{num if h in numeric else ""}>{e(h)}</th>' for h in headers)
     return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def see_other(location: str) -> web.Response:
+    """A 303 to `location` (a path of ours): after a POST, and to the sign-in page."""
+    return web.Response(status=303, headers={**SECURITY_HEADERS, "Location": location})
