@@ -1,0 +1,62 @@
+"""The jobs table and the page frame: every value from the store is escaped; filters are bounded."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.jobs import JobFilters, JobsPage, _body, _row
+from federation.console.layout import e, render_page
+from federation.console.view import View
+
+SCRIPT = "<script>alert(1)</script>"
+VIEW = View(user="alice", tenant="vision", role="member", is_admin=False, csrf="tok", now_s=0.0)
+
+
+def test_a_job_name_holding_a_script_is_shown_as_text() -> None:
+    job = pb.Job(job_id=f'x"><{SCRIPT}', name=SCRIPT, tenant="vision", user=SCRIPT, cluster=SCRIPT)
+    row = _row(job)
+    assert "<script>" not in row
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in row
+    assert 'data-job-id="x&quot;&gt;&lt;' in row
+
+
+def test_the_page_frame_escapes_who_is_signed_in() -> None:
+    view = View(user=SCRIPT, tenant='"t', role="member", is_admin=False, csrf='"><x', now_s=0.0)
+    page = render_page(view, page="jobs", title=SCRIPT, body="")
+    assert "<script>alert" not in page
+    assert 'value="&quot;&gt;&lt;x"' in page
+    assert '<a class="skip-link" href="#page-jobs">' in page
+    assert 'nav id="nav"' in page
+
+
+def test_the_table_links_each_job_and_offers_the_next_page() -> None:
+    job = pb.Job(
+        job_id="train-1a2b3c4d", name="train", tenant="vision", user="alice", phase=pb.JOB_PHASE_RUNNING
+    )
+    filters = JobFilters(phase="RUNNING")
+    html = _body(filters, JobsPage([job] * 100, "tok", 100), [("", "All")], "", "")
+    assert '<td class="name"><a href="/jobs/train-1a2b3c4d">train</a>' in html
+    assert '<td class="phase">RUNNING</td>' in html
+    assert 'id="next-page" href="/jobs?phase=RUNNING&amp;page_token=tok"' in html
+    assert 'data-events="/jobs/events?phase=RUNNING"' in html
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", JobFilters()),
+        ("phase=running", JobFilters(phase="RUNNING")),
+        ("phase=bogus", JobFilters()),
+        ("tenant=nlp&user=bob&cluster=onprem", JobFilters(tenant="nlp", user="bob", cluster="onprem")),
+        ("user=" + "x" * 1000, JobFilters(user="x" * 128)),
+    ],
+    ids=["none", "phase-any-case", "unknown-phase-ignored", "all-fields", "long-value-cut"],
+)
+def test_filters_from_the_query(query: str, expected: JobFilters) -> None:
+    assert JobFilters.of(make_mocked_request("GET", "/jobs?" + query)) == expected
+
+
+def test_e_escapes_quotes_too() -> None:
+    assert e("a\"b'c<d>&") == "a&quot;b&#x27;c&lt;d&gt;&amp;"
