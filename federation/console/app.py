@@ -203,6 +203,11 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def favicon(request: web.Request) -> web.StreamResponse:
+    # No icon: an empty answer rather than a 404 in every browser's console.
+    return web.Response(status=204)
+
+
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
@@ -227,6 +232,7 @@ def build_app(
     app.router.add_post("/login", login_post)
     app.router.add_post("/logout", logout)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     for module in (jobs, job, approvals, queues, clusters, capacity, finance):
         module.add_routes(app)

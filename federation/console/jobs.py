@@ -206,8 +206,8 @@ def _body(
     return (
         filters_form(filters, tenants, shown_tenant)
         + error
-        + f'<p class="live">{len(page.jobs)} jobs shown, oldest first; their phases update live.</p>'
-        + f'<table id="jobs" data-events="{e(events)}"><caption class="muted">Jobs</caption><thead><tr>'
+        + f'<p class="live">Jobs shown: {len(page.jobs)}, oldest first; their phases update live.</p>'
+        + f'<table id="jobs" data-events="{e(events)}" aria-label="Jobs"><thead><tr>'
         '<th scope="col">Name</th><th scope="col">Phase</th><th scope="col">Tenant</th>'
         '<th scope="col">User</th><th scope="col">Cluster</th><th scope="col" class="num">GPUs</th>'
         '<th scope="col">GPU type</th>'
