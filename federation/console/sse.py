@@ -81,6 +81,12 @@ def _end_session_if_refused(request: web.Request, refusal: CallRefused) -> None:
         request.app[SESSIONS_KEY].end(request[SESSION_KEY].session_id)
 
 
+async def _ended(request: web.Request, stream: EventStream) -> None:
+    """The loop stopped because the session ended: tell a browser still there, so it stops too."""
+    if not stream.browser_gone() and not _session_alive(request):
+        await stream.send("end", {"code": "UNAUTHENTICATED", "message": "signed out"})
+
+
 async def poll(
     request: web.Request,
     fetch: Callable[[], Awaitable[tuple[Iterable[Event], bool]]],
@@ -105,6 +111,8 @@ async def poll(
                 break
             await stream.keepalive()
             await asyncio.sleep(interval_s)
+        else:
+            await _ended(request, stream)
     except ConnectionResetError:
         # The browser went away mid-write: nothing to tell anyone.
         pass
@@ -152,6 +160,8 @@ async def relay(
             else:
                 await stream.send("end", {})
                 break
+        else:
+            await _ended(request, stream)
     except CallRefused as refusal:
         _end_session_if_refused(request, refusal)
         with contextlib.suppress(ConnectionResetError):

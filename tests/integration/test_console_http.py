@@ -449,3 +449,39 @@ async def test_with_tls_the_console_is_https_and_the_cookie_secure(
                     await r.read()
     finally:
         await console.server.stop()
+
+
+async def test_an_open_event_stream_ends_when_its_session_does(console: Console) -> None:
+    job_id = await console.submit("alice", "long", duration="300s")
+    async with await console.signed_in("alice") as alice:
+        async with alice.get(f"/jobs/{job_id}") as r:
+            csrf = _csrf(await r.text())
+        async with asyncio.timeout(15), alice.get(f"/jobs/{job_id}/events") as stream:
+            assert stream.status == 200
+            first = await stream.content.readuntil(b"\n\n")  # retry:
+            first = await stream.content.readuntil(b"\n\n")
+            assert b"event: job" in first
+            async with alice.post("/logout", data={"csrf": csrf}, allow_redirects=False) as r:
+                assert r.status == 303
+            rest = await stream.content.read()  # until the server closes the stream
+        assert b"event: end" in rest
+        assert b"signed out" in rest
+        async with alice.get(f"/jobs/{job_id}/events", allow_redirects=False) as r:
+            assert r.status == 401  # EventSource stops on it rather than reconnecting
+
+
+async def test_the_logs_stream_relays_streamlogs_and_ends(console: Console) -> None:
+    job_id = await console.submit("alice", "logged", duration="1s")
+    deadline = time.monotonic() + 20
+    while (await console.job("alice", job_id)).phase != pb.JOB_PHASE_SUCCEEDED:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    async with await console.signed_in("alice") as alice:
+        events = await _sse_events(alice, f"/jobs/{job_id}/logs/events?follow=0", until="\x00", timeout_s=15)
+        async with alice.get(f"/jobs/{job_id}/logs") as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = await r.text()
+    assert events[-1][0] == "end", events
+    lines = "".join(data for name, data in events if name == "log")
+    assert ("master-0" in lines) == ("master-0" in text)
