@@ -282,6 +282,7 @@ def render_capacity(
                     "",
                     "Change",
                 ],
+                numeric=range(3, 9),
                 body=_pool_rows(pools.pools),
             )
             if pools.pools
@@ -294,6 +295,7 @@ def render_capacity(
             table(
                 table_id="plans",
                 heads=["Plan", "Kind", "State", "Where", "GPUs", "From", "To", "Held", "$/h", "By", "Reason"],
+                numeric=(7, 8),
                 body=_plan_rows(spans),
             )
             if spans

@@ -8,7 +8,7 @@ table beside it holds the same numbers, so nothing is only in the picture.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -103,8 +103,11 @@ def table(
     body: str,
     caption: str = "",
     css: str = "data",
+    numeric: Collection[int] = (),
 ) -> str:
-    """A table whose body rows are already HTML (escaped by the page)."""
-    th = "".join(f'<th scope="col">{e(h)}</th>' for h in heads)
+    """A table whose body rows are already HTML (escaped by the page); the `numeric` columns' heads
+    are right-aligned like their figures."""
+    right = ' class="num"'
+    th = "".join(f'<th scope="col"{right if i in numeric else ""}>{e(h)}</th>' for i, h in enumerate(heads))
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
     return f'<table id="{e(table_id)}" class="{e(css)}">{cap}<thead><tr>{th}</tr></thead>{body}</table>'

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from aiohttp import web
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -145,6 +146,10 @@ def _cluster_rows(view: ClustersView) -> str:
     return "<tbody>" + "".join(rows) + "</tbody>"
 
 
+def _jobs_on(cluster: str) -> str:
+    return "/jobs?" + urlencode({"cluster": cluster})
+
+
 def _prices(site: Site) -> str:
     return "<br>".join(
         f'<span class="pool">{e(p.name)}</span> {e(p.kind)} ${p.usd_per_gpu_hour:,.2f}' for p in site.pools
@@ -169,7 +174,7 @@ def _site_row(site: Site, known: bool) -> str:
     css = "unreachable" if not site.reachable else ("refusing" if site.state == "refusing" else "reachable")
     return (
         f'<tr data-cluster="{e(site.cluster)}" data-gpu-type="{e(site.gpu_type)}" class="{css}">'
-        f'<th scope="row">{e(site.cluster)}</th>'
+        f'<th scope="row"><a href="{e(_jobs_on(site.cluster))}">{e(site.cluster)}</a></th>'
         f'<td class="reach"><span class="badge {css}">{e(css)}</span></td>'
         f'<td class="prices">{_prices(site)}</td>'
         f'<td class="num total">{site.total}</td><td class="num used">{used}</td>'
@@ -183,6 +188,7 @@ def render_clusters(view: ClustersView) -> str:
         table(
             table_id="clusters",
             heads=["Cluster", "Provider", "Region", "Reachable", "GPUs", "Free", "Note"],
+            numeric=(4, 5),
             body=_cluster_rows(view),
             caption="Member clusters",
         )
@@ -214,6 +220,7 @@ def render_clusters(view: ClustersView) -> str:
             + table(
                 table_id=f"gpu-{gpu_type}",
                 heads=["Cluster", "State", "Pools and prices", "GPUs", "Used", "Promised", "Free", ""],
+                numeric=range(3, 7),
                 body="<tbody>" + "".join(_site_row(s, view.promised_known) for s in sites) + "</tbody>",
             )
             + "</section>"

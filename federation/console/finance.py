@@ -244,10 +244,20 @@ def _idle(report: Report, view: View) -> str:
     hours = ["Provisioned GPU-h", "Used GPU-h", "Idle GPU-h", "Idle cost"]
     return (
         f'<p>Idle cost in all: <strong id="idle-total">{_money(total)}</strong>.</p>'
+        + "<h3>By pool</h3>"
         + table(
-            table_id="idle-pools", heads=["Pool", "GPU type", "Kind", *hours], body=f"<tbody>{pools}</tbody>"
+            table_id="idle-pools",
+            heads=["Pool", "GPU type", "Kind", *hours],
+            numeric=range(3, 7),
+            body=f"<tbody>{pools}</tbody>",
         )
-        + table(table_id="idle-clusters", heads=["Cluster", *hours], body=f"<tbody>{clusters}</tbody>")
+        + "<h3>By cluster</h3>"
+        + table(
+            table_id="idle-clusters",
+            heads=["Cluster", *hours],
+            numeric=range(1, 5),
+            body=f"<tbody>{clusters}</tbody>",
+        )
     )
 
 
@@ -276,7 +286,12 @@ def _daily_table(daily: Sequence[tuple[str, str, float, float]]) -> str:
     )
     return (
         "<details><summary>The chart's figures, per day and tenant</summary>"
-        + table(table_id="daily", heads=["Day", "Tenant", "GPU-hours", "Cost"], body=f"<tbody>{rows}</tbody>")
+        + table(
+            table_id="daily",
+            heads=["Day", "Tenant", "GPU-hours", "Cost"],
+            numeric=(2, 3),
+            body=f"<tbody>{rows}</tbody>",
+        )
         + "</details>"
     )
 
@@ -321,6 +336,7 @@ def render_finance(fv: FinanceView, view: View) -> str:
                 "Forecast cost",
                 "Budget burn",
             ],
+            numeric=range(1, 9),
             body=_tenant_rows(r),
         )
         + '<p id="forecast-basis">Budgets and forecasts are for the calendar month '

@@ -376,6 +376,7 @@ def render_queues(view: QueuesView) -> str:
         table(
             table_id="queues",
             heads=["Tenant", "GPU type", "Running", "Queued", "Guaranteed", "Borrowed", "Cap", ""],
+            numeric=range(2, 7),
             body="".join(_tenant_rows(t, view.usage_known) for t in view.tenants),
             caption="GPUs by tenant and type",
         )
@@ -390,6 +391,7 @@ def render_queues(view: QueuesView) -> str:
         table(
             table_id="fair-share",
             heads=["Tenant", "Weight", "Jobs running", "Jobs queued", "Dominant share", "Of type", ""],
+            numeric=range(1, 5),
             body=_share_rows(view),
         )
     )
