@@ -282,6 +282,10 @@ def test_a_jobs_phase_changes_on_screen_without_a_reload(
     # rightly forbids; its `expect` polls from its own injected script instead.
     expect(job_page.locator("span#job-phase")).to_have_text("SUCCEEDED", timeout=90_000)
     expect(listing.locator(phase_cell)).to_have_text("SUCCEEDED", timeout=90_000)
+    # The log followed on the same page: the simulated container's lines up to its exit.
+    log = job_page.locator("pre#log-output")
+    expect(log).to_contain_text('container "worker" started', timeout=30_000)
+    expect(log).to_contain_text("exited with code 0", timeout=30_000)
     assert job_page.evaluate("window.__noReload") is True
     assert listing.evaluate("window.__noReload") is True
     assert navigations == [], f"the pages navigated: {navigations}"
