@@ -28,6 +28,15 @@ LIST_PAGE_SIZE = 200
 MAX_SCANNED = 4000
 MAX_FIELD_LENGTH = 128
 PHASES = tuple(convert.phase_name(v) for v in pb.JobPhase.values() if v != pb.JOB_PHASE_UNSPECIFIED)
+# Every phase but the finished ones: "where are my jobs now", without the history before them.
+LIVE = "LIVE"
+LIVE_PHASES = (
+    pb.JOB_PHASE_QUEUED,
+    pb.JOB_PHASE_ADMITTED,
+    pb.JOB_PHASE_STAGING,
+    pb.JOB_PHASE_DISPATCHED,
+    pb.JOB_PHASE_RUNNING,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,7 @@ class JobFilters:
         phase = field("phase").upper()
         return cls(
             tenant=field("tenant"),
-            phase=phase if phase in PHASES else "",
+            phase=phase if phase in PHASES or phase == LIVE else "",
             user=field("user"),
             cluster=field("cluster"),
             page_token=q.get("page_token", "")[:512],
@@ -75,11 +84,19 @@ class JobsPage:
     scanned: int
 
 
+def _phases(phase: str) -> list[pb.JobPhase.ValueType]:
+    if not phase:
+        return []
+    if phase == LIVE:
+        return list(LIVE_PHASES)
+    return [pb.JobPhase.Value("JOB_PHASE_" + phase)]
+
+
 async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
     """One console page of jobs: whole ListJobs pages until it has `PAGE_ROWS` rows or has read
     `MAX_SCANNED` jobs. The next-page token is ListJobs' own, so a page never repeats or skips one."""
     calls = request.app[CALLS_KEY]
-    phases = [] if not filters.phase else [pb.JobPhase.Value("JOB_PHASE_" + filters.phase)]
+    phases = _phases(filters.phase)
     narrowed = bool(filters.user or filters.cluster)
     token = filters.page_token
     found: list[pb.Job] = []
@@ -156,7 +173,7 @@ async def _tenant_choices(request: web.Request, view: View) -> list[tuple[str, s
 
 
 def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tenant: str) -> str:
-    phases = [("", "Any phase"), *((p, p) for p in PHASES)]
+    phases = [("", "Any phase"), (LIVE, "Not finished"), *((p, p) for p in PHASES)]
     return (
         '<form id="filters" method="get" action="/jobs" role="search" aria-label="Filter jobs">'
         f'<label>Tenant<select name="tenant">{_options(tenants, shown_tenant)}</select></label>'

@@ -398,6 +398,9 @@ async def test_a_jobs_phase_arrives_by_server_sent_events(console: Console) -> N
     job_id = await console.submit("alice", "live", duration="1s")
     async with await console.signed_in("alice") as alice:
         events = await _sse_events(alice, f"/jobs/{job_id}/events", until='"phase":"SUCCEEDED"', timeout_s=30)
+        for query, shown in (("phase=LIVE", False), ("phase=SUCCEEDED", True), ("phase=RUNNING", False)):
+            async with alice.get(f"/jobs?{query}") as r:
+                assert (f'data-job-id="{job_id}"' in await r.text()) is shown, query
     phases = [data for name, data in events if name == "job"]
     assert len(phases) >= 2, events  # a first state, then at least one change, without a reload
     assert '"phase":"SUCCEEDED"' in phases[-1]

@@ -49,10 +49,11 @@ def test_the_table_links_each_job_and_offers_the_next_page() -> None:
         ("", JobFilters()),
         ("phase=running", JobFilters(phase="RUNNING")),
         ("phase=bogus", JobFilters()),
+        ("phase=live", JobFilters(phase="LIVE")),
         ("tenant=nlp&user=bob&cluster=onprem", JobFilters(tenant="nlp", user="bob", cluster="onprem")),
         ("user=" + "x" * 1000, JobFilters(user="x" * 128)),
     ],
-    ids=["none", "phase-any-case", "unknown-phase-ignored", "all-fields", "long-value-cut"],
+    ids=["none", "phase-any-case", "unknown-phase-ignored", "not-finished", "all-fields", "long-value-cut"],
 )
 def test_filters_from_the_query(query: str, expected: JobFilters) -> None:
     assert JobFilters.of(make_mocked_request("GET", "/jobs?" + query)) == expected
