@@ -290,6 +290,7 @@ def _tenant_rows(t: TenantQueue, known: bool) -> str:
         f'<th scope="rowgroup" class="tenant depth-{min(t.depth, 4)}" rowspan="{max(1, len(t.rows))}">'
         f'<a href="{e(jobs_link)}">{e(t.name)}</a>'
         + (f'<span class="sub">in {e(t.parent)}</span>' if t.parent else "")
+        + ('<span class="sub">its teams included</span>' if t.has_children else "")
         + "</th>"
     )
     if not t.rows:
