@@ -7,10 +7,10 @@ scalable pools, a capacity plan and an approval. Then puts the jobs in through t
 many in flight): a few hundred short jobs that run to their end first (so that finance has a ledger
 to add up), then the rest, 8-GPU gangs of a day's run that fill the clusters and wait in the queues,
 split between vision and nlp. Once the server has settled (its first cycles over a new queue write
-every job's wait reasons), it signs in as the admin (who sees every job) and as alice, and asks for
-each page several times over one keep-alive connection, one request at a time: time from sending
-the request to the last byte of the answer, over loopback. The figure per page is the median;
-`slowest_page_ms` is the slowest page's.
+every job's wait reasons), it signs in as the admin (who sees every job), as alice and as finance
+(reports are the finance role's: the API gives admins none), and asks for each page several times
+over one keep-alive connection per session, one request at a time: time from sending the request to
+the last byte of the answer, over loopback. The figure per page is the median; `slowest_page_ms` is the slowest page's.
 
     python bench/console.py            # 10,000 jobs, each page 15 times
     python bench/console.py --quick    # 2,000 jobs, each page 5 times (within a minute)
@@ -322,7 +322,12 @@ def main() -> int:
             }
             sessions = {"admin": Browserless(http_port, _token(server, "admin"))}
             sessions["alice"] = Browserless(http_port, alice)
-            plan = [("admin", name, path) for name, path in pages.items()]
+            sessions["finance"] = Browserless(http_port, _token(server, "finance"))
+            # Reports are the finance role's (and members' for their tenant): admins get none.
+            plan = [
+                ("finance" if name.startswith("finance") else "admin", name, path)
+                for name, path in pages.items()
+            ]
             plan += [("alice", "jobs_member", "/jobs"), ("alice", "job_member", f"/jobs/{one_job}")]
             times: dict[str, list[float]] = {name: [] for _, name, _ in plan}
             server_times: dict[str, list[float]] = {name: [] for _, name, _ in plan}
@@ -354,7 +359,7 @@ def main() -> int:
     )
     print(f"phases: {phases_text}")
     print(
-        f"pages: {len(plan)} (as admin, who sees every job, and as alice), {repeat} requests each "
+        f"pages: {len(plan)} (as admin, who sees every job, finance as finance, and as alice), {repeat} requests each "
         f"after one warm-up, one at a time over a keep-alive connection"
     )
     print(f"server cpu while measured: {cpu_used:.1f} s in {measure_s:.1f} s")
