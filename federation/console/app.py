@@ -92,7 +92,10 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
             log.info("console_session_ended", user=session.user, why=refusal.details)
             sessions.end(session.session_id)
             return _to_login(request, secure=secure)
-        raise
+        # Too many failed sign-ins from this address, or the store is away: say so, keep the session.
+        return web.Response(
+            text=refusal.details, status=STATUS_OF.get(refusal.code, 503), headers=SECURITY_HEADERS
+        )
     session.user, session.tenant, session.role = who.user, who.tenant, who.role
     view = View(
         user=who.user,
@@ -209,6 +212,9 @@ async def favicon(request: web.Request) -> web.StreamResponse:
 
 
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    if request.path.startswith("/static/"):
+        # The same for everyone and small: a browser may keep them a few minutes.
+        response.headers.setdefault("Cache-Control", "public, max-age=300")
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
 

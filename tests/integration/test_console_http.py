@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallRefused, ConsoleCalls
@@ -490,3 +491,26 @@ async def test_the_logs_stream_relays_streamlogs_and_ends(console: Console) -> N
     lines = "".join(json.loads(data) for name, data in events if name == "log")
     assert "[master-0] master-0 started" in lines
     assert sorted(lines.splitlines()) == sorted(text.splitlines())
+
+
+async def test_static_files_are_served_with_the_security_headers(console: Console) -> None:
+    async with console.browser() as browser:
+        for path, kind in (("/static/console.css", "text/css"), ("/static/console.js", "javascript")):
+            async with browser.get(path) as r:
+                assert r.status == 200, path
+                assert kind in r.headers["Content-Type"]
+                assert r.headers["X-Content-Type-Options"] == "nosniff"
+                assert r.headers["Content-Security-Policy"] == "default-src 'self'; frame-ancestors 'none'"
+        escape = URL(console.url + "/static/%2e%2e/app.py", encoded=True)
+        async with browser.get(escape, allow_redirects=False) as r:
+            assert r.status in (403, 404)
+            assert "def build_app" not in await r.text()
+        async with browser.get("/login") as r:
+            page = await r.text()
+        # Every style sheet in static/ is linked, console.css first; the script is a file, never inline.
+        assert page.index('href="/static/console.css"') < page.find('href="/static/charts.css"') or (
+            "charts.css" not in page
+        )
+        assert '<script src="/static/console.js" defer></script>' in page
+        assert "<style" not in page
+        assert "<script>" not in page
