@@ -10,7 +10,8 @@ split between vision and nlp. Once the server has settled (its first cycles over
 every job's wait reasons), it signs in as the admin (who sees every job), as alice and as finance
 (reports are the finance role's: the API gives admins none), and asks for each page several times
 over one keep-alive connection per session, one request at a time: time from sending the request to
-the last byte of the answer, over loopback. The figure per page is the median; `slowest_page_ms` is the slowest page's.
+the last byte of the answer, over loopback. The figure per page is the median; `slowest_page_ms`
+is the slowest page's.
 
     python bench/console.py            # 10,000 jobs, each page 15 times
     python bench/console.py --quick    # 2,000 jobs, each page 5 times (within a minute)
@@ -312,6 +313,10 @@ def main() -> int:
             pages = {
                 "jobs": "/jobs",
                 "jobs_filtered": "/jobs?tenant=vision&phase=QUEUED",
+                # user and cluster are not ListJobs filters: the page scans ListJobs pages for them,
+                # at most 4,000 jobs a page; a sparse one (the few running on one cluster) is the worst.
+                "jobs_user": "/jobs?user=alice",
+                "jobs_cluster": "/jobs?cluster=onprem-a100",
                 "job": f"/jobs/{one_job}",
                 "queues": "/queues",
                 "clusters": "/clusters",
