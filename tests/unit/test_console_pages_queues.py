@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
+
+import grpc
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.queues import Tally, build_queues, render_queues
+from federation.console.calls import CALLS_KEY, CallRefused, ConsoleCalls
+from federation.console.queues import Tally, build_queues, list_jobs, render_queues
 
 EVIL = '<script>alert("x")</script>'
 
@@ -142,3 +148,45 @@ def test_bars_are_svg_with_widths_as_attributes() -> None:
     assert re.search(r'class="seg-guaranteed" x="0.0" y="1" width="160.0"', row.group(0))
     assert re.search(r'class="seg-borrowed" x="160.0" y="1" width="80.0"', row.group(0))
     assert 'role="img"' in row.group(0)
+
+
+class _Pages(ConsoleCalls):
+    """ListJobs in pages of queued jobs (10 pages of 500), or refused as for the finance role."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        super().__init__([])
+        self.refuse = refuse
+        self.calls = 0
+
+    async def call(self, request: web.Request, method_name: str, message: Any) -> Any:
+        assert method_name == "ListJobs"
+        self.calls += 1
+        if self.refuse:
+            raise CallRefused(grpc.StatusCode.PERMISSION_DENIED, "role finance may not list jobs")
+        page = int(message.page_token or 0)
+        jobs = [job("vision", pb.JOB_PHASE_QUEUED, 8) for _ in range(500)]
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=str(page + 1) if page < 9 else "")
+
+
+def _request(calls: ConsoleCalls) -> web.Request:
+    app = web.Application()
+    app[CALLS_KEY] = calls
+    return make_mocked_request("GET", "/queues", app=app)
+
+
+async def test_the_queue_is_read_whole_within_the_budget_and_cut_short_past_it() -> None:
+    calls = _Pages()
+    tally = Tally()
+    assert await list_jobs(_request(calls), [pb.JOB_PHASE_QUEUED], tally.add) == (True, False)
+    assert (calls.calls, tally.queued_jobs["vision"]) == (10, 5000)
+    # A deadline already passed: one page, and the page says how much it counted.
+    calls, tally = _Pages(), Tally()
+    known, tally.truncated = await list_jobs(_request(calls), [pb.JOB_PHASE_QUEUED], tally.add, deadline=0.0)
+    assert (known, tally.truncated, calls.calls) == (True, True, 1)
+    html = render_queues(build_queues(TENANTS, CLUSTERS, tally))
+    assert re.search(r'<p class="note" id="queued-truncated">.*count the first 500 queued jobs', html)
+    # A role that may not list jobs: usage unknown, nothing cut.
+    assert await list_jobs(_request(_Pages(refuse=True)), [pb.JOB_PHASE_QUEUED], Tally().add) == (
+        False,
+        False,
+    )
