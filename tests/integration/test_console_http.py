@@ -514,3 +514,28 @@ async def test_static_files_are_served_with_the_security_headers(console: Consol
         assert '<script src="/static/console.js" defer></script>' in page
         assert "<style" not in page
         assert "<script>" not in page
+
+
+async def test_the_server_stops_promptly_with_event_streams_open(etcd: EtcdProcess, tmp_path: Path) -> None:
+    console = await _start(etcd, tmp_path / "state")
+    stopped = False
+    try:
+        job_id = await console.submit("alice", "watched", duration="300s")
+        async with await console.signed_in("alice") as alice:
+            streams = [
+                await alice.get(f"/jobs/{job_id}/events"),
+                await alice.get("/jobs/events"),
+                await alice.get(f"/jobs/{job_id}/logs/events?follow=1"),
+            ]
+            for stream in streams:
+                assert stream.status == 200
+                await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)
+            started = time.monotonic()
+            await asyncio.wait_for(console.server.stop(), 20)
+            stopped = True
+            assert time.monotonic() - started < 10
+            for stream in streams:
+                stream.close()
+    finally:
+        if not stopped:
+            await console.server.stop()
