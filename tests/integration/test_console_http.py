@@ -539,3 +539,24 @@ async def test_the_server_stops_promptly_with_event_streams_open(etcd: EtcdProce
     finally:
         if not stopped:
             await console.server.stop()
+
+
+async def test_an_event_stream_stops_polling_when_the_browser_leaves(console: Console) -> None:
+    def list_calls() -> float:
+        value = console.server.metrics.registry.get_sample_value(
+            "gpufed_api_request_seconds_count", {"method": "ListJobs", "code": "OK"}
+        )
+        return value or 0.0
+
+    await console.submit("alice", "polled", duration="300s")
+    async with await console.signed_in("alice") as alice:
+        stream = await alice.get("/jobs/events")
+        assert stream.status == 200
+        await asyncio.wait_for(stream.content.readuntil(b"event: job"), 10)
+        await asyncio.sleep(2.5)
+        assert list_calls() >= 3  # about one read a second while the page is open
+        stream.close()  # the browser navigates away
+        await asyncio.sleep(2.5)
+        after = list_calls()
+        await asyncio.sleep(2.5)
+        assert list_calls() == after, "the stream kept polling for a browser that left"
