@@ -112,14 +112,18 @@ def timeline(spans: Sequence[PlanSpan], now_s: float, *, width: int = 960) -> st
             f"{utc_text(span.end_s)}; {p.gpus_now} GPUs held now, ${p.usd_per_hour:,.2f}/h"
         )
         state = p.state if p.state in STATES else "other"
-        # A label that would run off the right edge ends at it instead.
-        anchor = ' text-anchor="end"' if x1 + 120 > width else ""
+        # The words go after the bar, or before it where they would run off the right edge.
+        text_x, anchor = x1 + 4, ""
+        if x1 + 160 > width:
+            text_x, anchor = (
+                (x0 - 4, ' text-anchor="end"') if x0 - 160 > label_w else (width - 4, ' text-anchor="end"')
+            )
         parts.append(
             f'<g class="plan" data-plan-id="{e(p.plan_id)}" data-state="{e(state)}">'
             f'<text class="plan-label" x="{label_w - 8}" y="{y + 16}" text-anchor="end">{e(p.plan_id)}</text>'
             f'<rect class="plan-bar state-{e(state)}" x="{x0:.1f}" y="{y + 4}" '
             f'width="{max(2.0, x1 - x0):.1f}" height="{row_h - 8}"><title>{e(words)}</title></rect>'
-            f'<text class="plan-text" x="{min(x1 + 4, width - 4):.1f}" y="{y + 16}"{anchor}>'
+            f'<text class="plan-text" x="{text_x:.1f}" y="{y + 16}"{anchor}>'
             f"{e(what)} · {e(p.cluster)}</text></g>"
         )
     nx = x(now_s)

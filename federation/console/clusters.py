@@ -5,7 +5,9 @@ whether the cluster answers or keeps refusing dispatches, like `gpufed clusters`
 those of jobs placed on a cluster but not yet running there (admitted, staging, dispatched): the
 inventory still counts them free, so the page takes them out of "free" (`placement.reserve` does
 the same before each cycle). They come from ListJobs as the signed-in user: a member counts its own
-tenant's jobs only, and a role that may not list jobs sees no promised column.
+tenant's jobs only, and a role that may not list jobs sees no promised column. (A dispatched gang
+whose pods the cluster already shows bound counts as used and promised for a moment; free never
+goes below zero.)
 """
 
 from __future__ import annotations
