@@ -37,7 +37,8 @@ def _row(view: View, a: pb.Approval) -> str:
         f'<tr data-approval-id="{e(a.approval_id)}"><td>{e(a.approval_id)}</td><td>{e(a.tenant)}</td>'
         f"<td>{e(a.user or 'every user')}</td><td>{e(a.priority_class)}</td>"
         f"<td>{e(when(_seconds(a.expires_at)))} ({state})</td><td>{e(a.reason)}</td>"
-        f"<td>{e(a.granted_by)}, {e(when(_seconds(a.granted_at)))}</td><td>{revoke}</td></tr>"
+        f"<td>{e(a.granted_by)}, {e(when(_seconds(a.granted_at)))}</td>"
+        f"{f'<td>{revoke}</td>' if view.is_admin else ''}</tr>"
     )
 
 
@@ -63,10 +64,12 @@ async def approvals_page(request: web.Request) -> web.StreamResponse:
     reply: pb.ListApprovalsResponse = await calls.call(
         request, "ListApprovals", pb.ListApprovalsRequest(include_expired=include_expired)
     )
+    columns: tuple[str, ...] = ("Id", "Tenant", "User", "Class", "Expires", "Reason", "Granted by")
+    if view.is_admin:
+        columns = (*columns, "Action")
     rows = "".join(_row(view, a) for a in reply.approvals) or (
-        '<tr><td colspan="8" class="muted">No approvals.</td></tr>'
+        f'<tr><td colspan="{len(columns)}" class="muted">No approvals.</td></tr>'
     )
-    columns = ("Id", "Tenant", "User", "Class", "Expires", "Reason", "Granted by", "")
     toggle = (
         '<a href="/approvals">Hide expired</a>'
         if include_expired
