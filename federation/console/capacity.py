@@ -187,7 +187,12 @@ def _nodes_bar(p: pb.CapacityPool) -> str:
 def _pool_rows(pools: Sequence[pb.CapacityPool]) -> str:
     rows = []
     for p in pools:
-        pending = _pending_text(p.pending) if p.HasField("pending") else "-"
+        # In short: "Operations under way" above says the whole of it.
+        pending = "-"
+        if p.HasField("pending"):
+            pending = f"{p.pending.nodes_from} → {p.pending.nodes_to} nodes"
+            if p.pending.last_error:
+                pending += f", failing (x{p.pending.attempts})"
         if p.note:
             pending += f" ({p.note})"
         rows.append(
