@@ -476,3 +476,97 @@ def test_tab_reaches_the_navigation_with_a_visible_focus_ring(
         page.keyboard.press("Enter")
     assert page.url == f"{up.console_url}/approvals"
     context.close()
+
+
+def test_an_admin_grants_and_revokes_an_approval_through_the_page_both_audited(
+    up: ConsoleUp, demo: DemoData, browser: Browser
+) -> None:
+    reason = "paper <b>deadline</b> & more"
+    context, page = sign_in(browser, up, "admin")
+    page.goto("/approvals")
+    form = page.locator("form#grant-approval")
+    form.locator("[name=tenant]").select_option("nlp")
+    form.locator("[name=user]").fill("bob")
+    form.locator("[name=priority_class]").fill("urgent")
+    form.locator("[name=hours]").fill("2")
+    form.locator("[name=reason]").fill(reason)
+    with page.expect_navigation():
+        form.locator("[type=submit]").click()
+    assert page.locator("main#page-approvals").count() == 1
+    row = page.locator("main#page-approvals tr", has_text=reason)
+    assert row.count() == 1, "the granted approval is not listed (or its reason not shown as written)"
+    assert row.locator("b").count() == 0, "the reason's markup was not escaped"
+    listed = up.gpufed("approval", "list", user="admin")
+    assert reason in listed.stdout, listed.stdout
+    approval_id = next(w for w in row.inner_text().split() if w.startswith("ap-"))
+
+    with page.expect_navigation():
+        row.locator("form.revoke-approval [type=submit]").click()
+    assert page.locator("main#page-approvals tr", has_text=reason).count() == 0
+    assert reason not in up.gpufed("approval", "list", user="admin").stdout
+    audit = up.gpufed("audit", "--limit", "1000", user="admin").stdout
+    granted = [line for line in audit.splitlines() if "approval_grant" in line and "admin" in line]
+    revoked = [line for line in audit.splitlines() if "approval_revoked" in line and approval_id in line]
+    assert granted, audit
+    assert revoked, audit
+    context.close()
+
+    # A member has no grant form, and a POST with her own good CSRF token grants nothing.
+    context, page = sign_in(browser, up, "alice")
+    page.goto("/approvals")
+    assert page.locator("form#grant-approval").count() == 0
+    got = fetch(
+        page,
+        "/approvals",
+        method="POST",
+        form={
+            "csrf": csrf_of(page),
+            "tenant": "vision",
+            "user": "alice",
+            "priority_class": "urgent",
+            "hours": "24",
+            "reason": "self-granted",
+        },
+    )
+    assert got["status"] in (403, 404), got["status"]
+    assert "self-granted" not in up.gpufed("approval", "list", "--all", user="admin").stdout
+    context.close()
+
+
+def test_a_revoked_token_ends_the_browser_session(up: ConsoleUp, browser: Browser, tmp_path: Path) -> None:
+    token_file = tmp_path / "alice-2.token"
+    issued = up.gpufed("token", "issue", "alice", "--out", str(token_file), user="admin")
+    assert issued.returncode == 0, issued.stderr
+    token_id = issued.stdout.split()[1]
+    context = new_context(browser, up.console_url)
+    page = context.new_page()
+    page.goto("/login")
+    page.fill("form#login input[name=token]", token_file.read_text().strip())
+    with page.expect_navigation():
+        page.click("form#login button[type=submit]")
+    assert page.url == f"{up.console_url}/jobs"
+    revoked = up.gpufed("token", "revoke", token_id, user="admin")
+    assert revoked.returncode == 0, revoked.stderr
+
+    def signed_out() -> bool:
+        page.goto("/jobs")
+        return page.url == f"{up.console_url}/login"
+
+    wait_for(signed_out, timeout_s=20, what="the revoked token's session ended")
+    context.close()
+
+
+def test_values_from_the_store_are_escaped(up: ConsoleUp, browser: Browser) -> None:
+    payload = '<img id="pwned" src="/nothing" alt="x">'
+    manifest = SHORT.format(name="escape-me", duration="1s").replace(
+        'image: "pytorch/pytorch:2.3", gpus: 1}',
+        f"image: \"pytorch/pytorch:2.3\", gpus: 1, command: [python, '{payload}']}}",
+    )
+    job_id = submit(up, "alice", manifest)
+    context, page = sign_in(browser, up, "alice")
+    page.goto(f"/jobs/{job_id}")
+    assert payload in page.locator("#spec").inner_text(), "the command is not shown as written"
+    assert page.locator("#pwned").count() == 0
+    page.goto("/jobs")
+    assert page.locator("#pwned").count() == 0
+    context.close()
