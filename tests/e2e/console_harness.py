@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -243,7 +243,6 @@ class DemoData:
     nlp_waiting: str
     plan_reason: str
     approval_reason: str
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def submit(up: ConsoleUp, user: str, manifest: str) -> str:
@@ -276,12 +275,11 @@ def load_demo_data(up: ConsoleUp) -> DemoData:
     )  # fmt: skip
     assert grant.returncode == 0, grant.stderr
 
+    def finished(user: str, job_id: str) -> Callable[[], bool]:
+        return lambda: up.phase(user, job_id) in TERMINAL
+
     for job_id, user in ((vision, "alice"), (llm, "bob"), (bert, "bob")):
-        wait_for(
-            lambda job_id=job_id, user=user: up.phase(user, job_id) in TERMINAL,
-            timeout_s=120,
-            what=f"{job_id} finished",
-        )
+        wait_for(finished(user, job_id), timeout_s=120, what=f"{job_id} finished")
     return DemoData(
         vision=vision,
         nlp=[llm, bert, waiting, gang],
