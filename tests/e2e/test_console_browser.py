@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, FloatRect, Page, expect
 
 from tests.e2e.console_harness import (
     PAGES,
@@ -43,6 +43,7 @@ from tests.e2e.console_harness import (
 pytestmark = [pytest.mark.e2e, requires_chromium]
 
 SCREENSHOTS = os.environ.get("GPUFED_CONSOLE_SCREENSHOTS")
+FOCUS_CLIP: FloatRect = {"x": 0, "y": 0, "width": 1280, "height": 160}
 NAV_HREFS = {"/jobs", "/queues", "/clusters", "/capacity", "/finance", "/approvals"}
 
 
@@ -471,6 +472,8 @@ def test_tab_reaches_the_navigation_with_a_visible_focus_ring(
     for href, style in reached.items():
         ring = (style["outline"] != "none" and style["width"] > 0) or style["shadow"] not in ("none", "")
         assert ring, f"{href}: no visible focus ring ({style})"
+    if SCREENSHOTS:
+        page.screenshot(path=str(Path(SCREENSHOTS) / "keyboard-focus.png"), clip=FOCUS_CLIP)
     # Enter follows the focused link (the last one reached: Approvals).
     with page.expect_navigation():
         page.keyboard.press("Enter")
