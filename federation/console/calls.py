@@ -8,7 +8,7 @@ which tenant, redaction, read limits, audit) applies to the console unchanged.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
 import grpc
@@ -93,13 +93,15 @@ class ConsoleCalls:
         token, peer = _identity(request)
         return await self.call_token(token, peer, method_name, message)
 
-    def stream_token(self, token: str, peer: str, method_name: str, message: Any) -> AsyncIterator[Any]:
+    def stream_token(
+        self, token: str, peer: str, method_name: str, message: Any
+    ) -> AsyncGenerator[Any, None]:
         """A server-streaming call (WatchJobs, StreamLogs) with this token."""
         method = self._method(method_name)
-        result: AsyncIterator[Any] = method(message, CallContext(token, peer))
+        result: AsyncGenerator[Any, None] = method(message, CallContext(token, peer))
         return result
 
-    def stream(self, request: web.Request, method_name: str, message: Any) -> AsyncIterator[Any]:
+    def stream(self, request: web.Request, method_name: str, message: Any) -> AsyncGenerator[Any, None]:
         token, peer = _identity(request)
         return self.stream_token(token, peer, method_name, message)
 

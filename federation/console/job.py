@@ -9,6 +9,8 @@ phase follows the job by `/jobs/{id}/events`; the logs by `/jobs/{id}/logs/event
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 from aiohttp import web
@@ -25,6 +27,8 @@ LOG_TAIL_LINES = 500
 # The plain-text log download: more, but still bounded.
 LOG_TEXT_TAIL_LINES = 20_000
 MAX_CANCEL_REASON = 256
+# Between tries to read the logs of a job whose pods have not started yet.
+LOG_RETRY_S = 1.0
 
 
 def _seconds(ts: object) -> float:
@@ -249,8 +253,42 @@ async def log_events(request: web.Request) -> web.StreamResponse:
     calls = request.app[CALLS_KEY]
     # Read the job first, so a foreign or unknown id is the one 404 before any stream opens.
     await calls.call(request, "GetJob", pb.GetJobRequest(job_id=job_id))
-    source = calls.stream(request, "StreamLogs", _log_request(job_id, follow=follow, tail=LOG_TAIL_LINES))
-    return await sse.relay(request, source, _chunk_events)
+    return await sse.relay(request, _followed(request, job_id, follow=follow), _chunk_events)
+
+
+async def _followed(request: web.Request, job_id: str, *, follow: bool) -> AsyncIterator[pb.LogChunk]:
+    """StreamLogs, and with `follow` what `gpufed logs -f` leaves to its user: a page opened while the
+    job still waits keeps waiting for its pods, and a requeued job's next attempt is followed too."""
+    calls = request.app[CALLS_KEY]
+    streamed = 0  # the last attempt streamed to its end
+    said_waiting = False
+    while True:
+        job: pb.Job = await calls.call(request, "GetJob", pb.GetJobRequest(job_id=job_id))
+        if job.attempt <= streamed:
+            if not follow or job.phase in TERMINAL:
+                return
+            await asyncio.sleep(LOG_RETRY_S)
+            continue
+        message = _log_request(job_id, follow=follow, tail=LOG_TAIL_LINES)
+        message.attempt = job.attempt
+        try:
+            async with contextlib.aclosing(calls.stream(request, "StreamLogs", message)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except CallRefused as refusal:
+            # FAILED_PRECONDITION: not started yet; NOT_FOUND (the job is ours: GetJob said so just
+            # now): placed, but no pod to read yet.
+            waiting = refusal.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+            if not (follow and waiting and job.phase not in TERMINAL):
+                raise
+            if not said_waiting:
+                said_waiting = True
+                yield pb.LogChunk(notice="waiting for the job's pods to start")
+            await asyncio.sleep(LOG_RETRY_S)
+            continue
+        streamed = job.attempt
+        if not follow:
+            return
 
 
 async def log_text(request: web.Request) -> web.StreamResponse:

@@ -560,3 +560,13 @@ async def test_an_event_stream_stops_polling_when_the_browser_leaves(console: Co
         after = list_calls()
         await asyncio.sleep(2.5)
         assert list_calls() == after, "the stream kept polling for a browser that left"
+
+
+async def test_a_follow_opened_before_the_job_starts_waits_for_its_pods(console: Console) -> None:
+    job_id = await console.submit("alice", "early", duration="2s")
+    async with await console.signed_in("alice") as alice:
+        events = await _sse_events(alice, f"/jobs/{job_id}/logs/events?follow=1", until="\x00", timeout_s=30)
+    assert events[-1] == ("end", "{}"), events  # ended because the job did, not refused
+    lines = "".join(json.loads(data) for name, data in events if name == "log")
+    assert "[master-0] master-0 started" in lines
+    assert (await console.job("alice", job_id)).phase == pb.JOB_PHASE_SUCCEEDED

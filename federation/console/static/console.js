@@ -43,13 +43,15 @@
         out.textContent = "";
         les = new EventSource(out.dataset.events + "?follow=" + (following ? "1" : "0"));
         les.addEventListener("log", function (ev) {
+          var note = document.getElementById("log-notice");
+          if (note && note.dataset.waiting) { note.textContent = ""; delete note.dataset.waiting; }
           var atEnd = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
           out.appendChild(document.createTextNode(JSON.parse(ev.data)));
           if (atEnd) { out.scrollTop = out.scrollHeight; }
         });
         les.addEventListener("notice", function (ev) {
           var note = document.getElementById("log-notice");
-          if (note) { note.textContent = JSON.parse(ev.data); }
+          if (note) { note.textContent = JSON.parse(ev.data); note.dataset.waiting = "1"; }
         });
         les.addEventListener("end", function (ev) {
           stop();
