@@ -570,3 +570,24 @@ async def test_a_follow_opened_before_the_job_starts_waits_for_its_pods(console:
     lines = "".join(json.loads(data) for name, data in events if name == "log")
     assert "[master-0] master-0 started" in lines
     assert (await console.job("alice", job_id)).phase == pb.JOB_PHASE_SUCCEEDED
+
+
+async def test_each_role_gets_the_apis_answer_on_the_jobs_page(console: Console) -> None:
+    nlp_job = await console.submit("bob", "nlp-visible", duration="60s")
+    async with await console.signed_in("admin") as admin, admin.get("/jobs?tenant=nlp") as r:
+        assert r.status == 200
+        page = await r.text()
+        assert f'data-job-id="{nlp_job}"' in page
+        assert '<option value="nlp" selected>' in page
+    async with await console.signed_in("fin") as fin:
+        async with fin.get("/jobs") as r:
+            assert r.status == 403
+            page = await r.text()
+            assert "may not list jobs" in page
+            assert nlp_job not in page
+            assert '<span id="whoami">fin (platform, finance)</span>' in page
+        async with fin.get(f"/jobs/{nlp_job}") as r:
+            assert r.status == 404
+        async with fin.get("/approvals") as r:
+            assert r.status == 200
+            assert "grant-approval" not in await r.text()
