@@ -35,6 +35,7 @@ from federation.cli.render import (
     job_detail,
     jobs_table,
     structured,
+    summary_table,
 )
 from federation.errors import GpufedError
 from federation.logs import configure_logging
@@ -332,17 +333,35 @@ def get(opts: _Opts, job_id: str) -> None:
 @cli.command(name="list")
 @click.option("--tenant", default="", help="admins: one tenant (default all)")
 @click.option("--phase", "phases", multiple=True, help="only these phases (repeatable)")
+@click.option("--user", default="", help="only this user's jobs")
+@click.option("--cluster", default="", help="only jobs placed on this cluster")
+@click.option("--newest-first", is_flag=True, help="latest submission first (default: oldest first)")
 @click.pass_obj
 @_rpc
-def list_jobs(opts: _Opts, tenant: str, phases: tuple[str, ...]) -> None:
-    """List jobs you may see."""
+def list_jobs(
+    opts: _Opts, tenant: str, phases: tuple[str, ...], user: str, cluster: str, newest_first: bool
+) -> None:
+    """List jobs you may see (filtered and ordered by the server)."""
     try:
         wanted = [pb.JobPhase.Value("JOB_PHASE_" + p.upper()) for p in phases]
     except ValueError as error:
         raise click.BadParameter(f"unknown phase in {phases}", param_hint="--phase") from error
     with opts.client() as client:
-        jobs = client.list_all(tenant=tenant, phases=wanted)
+        jobs = client.list_all(
+            tenant=tenant, phases=wanted, user=user, cluster=cluster, newest_first=newest_first
+        )
     opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
+
+
+@cli.command()
+@click.option("--tenant", default="", help="admins and infra: one tenant (default all)")
+@click.pass_obj
+@_rpc
+def queues(opts: _Opts, tenant: str) -> None:
+    """GPUs running, admitted and queued per tenant and GPU type (the console's queues figures)."""
+    with opts.client() as client:
+        reply = client.summarize(tenant=tenant)
+    opts.emit(reply, summary_table(reply))
 
 
 @cli.command()
