@@ -1,10 +1,10 @@
 """The jobs page: the jobs a user may see, filtered by tenant, phase, user and cluster, live.
 
-It reads through ListJobs' pagination only, never every job: tenant and phase go to ListJobs (its
-index walks just those), user and cluster are applied to the pages it returns, scanning at most
-`MAX_SCANNED` jobs per console page (a sparse filter shows fewer rows and a link to scan on). The
-rows' phases then follow the jobs by `/jobs/events`, which repeats the same read about once a second
-and sends what changed.
+One ListJobs call per console page: the servicer filters by tenant, phase, user and cluster and
+orders (newest first unless asked otherwise) before it converts a job, so a sparse filter costs the
+page no more than a dense one. The next-page link carries ListJobs' own token. The rows' phases then
+follow the jobs by `/jobs/events`, which repeats the same read about once a second and sends what
+changed.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from federation.console.layout import e, html_response, query_string, render_pag
 from federation.console.view import VIEW_KEY, View
 
 PAGE_ROWS = 100
-# ListJobs pages read for one console page: large enough to fill it quickly, bounded for a sparse filter.
-LIST_PAGE_SIZE = 200
-MAX_SCANNED = 4000
 MAX_FIELD_LENGTH = 128
+NEWEST, OLDEST = "newest", "oldest"
 PHASES = tuple(convert.phase_name(v) for v in pb.JobPhase.values() if v != pb.JOB_PHASE_UNSPECIFIED)
 # Every phase but the finished ones: "where are my jobs now", without the history before them.
 LIVE = "LIVE"
@@ -46,6 +44,8 @@ class JobFilters:
     user: str = ""
     cluster: str = ""
     page_token: str = ""
+    # NEWEST (the default) or OLDEST: which end of the list order the pages start from.
+    order: str = NEWEST
 
     @classmethod
     def of(cls, request: web.Request) -> JobFilters:
@@ -61,6 +61,7 @@ class JobFilters:
             user=field("user"),
             cluster=field("cluster"),
             page_token=q.get("page_token", "")[:512],
+            order=OLDEST if field("order").lower() == OLDEST else NEWEST,
         )
 
     def params(self, *, page_token: str | None = None) -> dict[str, str]:
@@ -70,18 +71,15 @@ class JobFilters:
             "phase": self.phase,
             "user": self.user,
             "cluster": self.cluster,
+            "order": "" if self.order == NEWEST else self.order,
             "page_token": token,
         }
-
-    def wants(self, job: pb.Job) -> bool:
-        return (not self.user or job.user == self.user) and (not self.cluster or job.cluster == self.cluster)
 
 
 @dataclass(frozen=True, slots=True)
 class JobsPage:
     jobs: list[pb.Job]
     next_token: str
-    scanned: int
 
 
 def _phases(phase: str) -> list[pb.JobPhase.ValueType]:
@@ -93,30 +91,22 @@ def _phases(phase: str) -> list[pb.JobPhase.ValueType]:
 
 
 async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
-    """One console page of jobs: whole ListJobs pages until it has `PAGE_ROWS` rows or has read
-    `MAX_SCANNED` jobs. The next-page token is ListJobs' own, so a page never repeats or skips one."""
-    calls = request.app[CALLS_KEY]
-    phases = _phases(filters.phase)
-    narrowed = bool(filters.user or filters.cluster)
-    token = filters.page_token
-    found: list[pb.Job] = []
-    scanned = 0
-    while True:
-        reply: pb.ListJobsResponse = await calls.call(
-            request,
-            "ListJobs",
-            pb.ListJobsRequest(
-                tenant=filters.tenant,
-                phases=phases,
-                page_size=LIST_PAGE_SIZE if narrowed else PAGE_ROWS,
-                page_token=token,
-            ),
-        )
-        scanned += len(reply.jobs)
-        found.extend(j for j in reply.jobs if filters.wants(j))
-        token = reply.next_page_token
-        if not token or len(found) >= PAGE_ROWS or scanned >= MAX_SCANNED:
-            return JobsPage(found, token, scanned)
+    """One console page of jobs: one ListJobs page, filtered and ordered by the servicer. The
+    next-page token is ListJobs' own, so a page never repeats or skips a job."""
+    reply: pb.ListJobsResponse = await request.app[CALLS_KEY].call(
+        request,
+        "ListJobs",
+        pb.ListJobsRequest(
+            tenant=filters.tenant,
+            phases=_phases(filters.phase),
+            user=filters.user,
+            cluster=filters.cluster,
+            newest_first=filters.order == NEWEST,
+            page_size=PAGE_ROWS,
+            page_token=filters.page_token,
+        ),
+    )
+    return JobsPage(list(reply.jobs), reply.next_page_token)
 
 
 def job_state(job: pb.Job) -> dict[str, object]:
@@ -174,6 +164,7 @@ async def _tenant_choices(request: web.Request, view: View) -> list[tuple[str, s
 
 def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tenant: str) -> str:
     phases = [("", "Any phase"), (LIVE, "Not finished"), *((p, p) for p in PHASES)]
+    orders = [(NEWEST, "Newest first"), (OLDEST, "Oldest first")]
     return (
         '<form id="filters" method="get" action="/jobs" role="search" aria-label="Filter jobs">'
         f'<label>Tenant<select name="tenant">{_options(tenants, shown_tenant)}</select></label>'
@@ -181,6 +172,7 @@ def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tena
         f'<label>User<input name="user" value="{e(filters.user)}" maxlength="{MAX_FIELD_LENGTH}"></label>'
         f'<label>Cluster<input name="cluster" value="{e(filters.cluster)}" maxlength="{MAX_FIELD_LENGTH}">'
         "</label>"
+        f'<label>Order<select name="order">{_options(orders, filters.order)}</select></label>'
         '<button type="submit">Filter</button> <a href="/jobs">Clear</a></form>'
     )
 
@@ -192,12 +184,17 @@ async def jobs_page(request: web.Request) -> web.StreamResponse:
     try:
         page = await read_page(request, filters)
     except CallRefused as refusal:
-        if refusal.code is not grpc.StatusCode.PERMISSION_DENIED:
+        if refusal.code is grpc.StatusCode.PERMISSION_DENIED:
+            # Another tenant typed into the URL by a member, or a role that may not list jobs
+            # (finance): the API's refusal, on the jobs page, with no rows.
+            status = 403
+        elif refusal.code is grpc.StatusCode.INVALID_ARGUMENT:
+            # A filter or page token the API refuses (it names the field): said on the page.
+            status = 400
+        else:
             raise
-        # Another tenant typed into the URL by a member, or a role that may not list jobs (finance):
-        # the API's refusal, on the jobs page, with no rows.
-        status, refused = 403, refusal.details
-        page = JobsPage([], "", 0)
+        refused = refusal.details
+        page = JobsPage([], "")
     tenants = await _tenant_choices(request, view)
     body = _body(filters, page, tenants, filters.tenant, refused)
     return html_response(render_page(view, page="jobs", title="Jobs", body=body), status=status)
@@ -216,14 +213,13 @@ def _body(
             f'<a id="first-page" href="/jobs{e(query_string(filters.params(page_token="")))}">First page</a>'
         )
     if page.next_token:
-        label = "Next page" if len(page.jobs) >= PAGE_ROWS else f"Scan further (read {page.scanned} jobs)"
         href = "/jobs" + query_string(filters.params(page_token=page.next_token))
-        pager.append(f'<a id="next-page" href="{e(href)}">{e(label)}</a>')
+        pager.append(f'<a id="next-page" href="{e(href)}">Next page</a>')
     error = f'<p class="error" role="alert">{e(refused)}</p>' if refused else ""
     return (
         filters_form(filters, tenants, shown_tenant)
         + error
-        + f'<p class="live">Jobs shown: {len(page.jobs)}, oldest first; their phases update live.</p>'
+        + f'<p class="live">Jobs shown: {len(page.jobs)}, {filters.order} first; phases update live.</p>'
         + f'<table id="jobs" data-events="{e(events)}" aria-label="Jobs"><thead><tr>'
         '<th scope="col">Name</th><th scope="col">Phase</th><th scope="col">Tenant</th>'
         '<th scope="col">User</th><th scope="col">Cluster</th><th scope="col" class="num">GPUs</th>'

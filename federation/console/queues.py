@@ -2,9 +2,10 @@
 and each tenant's fair share as the placer counts it.
 
 Three calls as the signed-in user: ListTenants (the quotas: a member gets its own tenant only),
-ListClusters (the federation's reachable GPUs per type, what fair share divides by) and ListJobs
-over the live phases (a member's list holds only its own tenant's jobs; the finance role may not
-list jobs, and then the page shows the quotas alone). No job is shown, only sums.
+ListClusters (the federation's reachable GPUs per type, what fair share divides by) and
+SummarizeJobs (GPUs and jobs per tenant, GPU type and phase group, summed by the servicer over the
+whole queue from its job cache; a member's holds only its own tenant; the finance role may not read
+jobs, and then the page shows the quotas alone). No job is shown, only sums.
 
 The arithmetic follows `placement.quota` and `placement.fairshare`: a tenant's usage includes its
 child tenants' (caps and borrowing limits are checked up the tree), borrowed GPUs are those held
@@ -16,7 +17,6 @@ the placer adds recent usage to that; the page shows what is held now.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -36,48 +36,27 @@ from federation.store.config_policy import parse_tenant
 from federation.store.records import TenantRecord
 from placement.model import GpuType, TenantId
 
-# Phases whose jobs hold GPUs (placed: admitted, staging, dispatched or running) or wait for them.
-HELD_PHASES = (
-    pb.JOB_PHASE_ADMITTED,
-    pb.JOB_PHASE_STAGING,
-    pb.JOB_PHASE_DISPATCHED,
-    pb.JOB_PHASE_RUNNING,
-)
-PAGE_SIZE = 500
-# A bound on the pages one view reads (500 jobs each): far beyond any queue seen, never unbounded.
-MAX_PAGES = 200
-# Server time the page may spend reading the queue (issue 21: each page under 300 ms in all).
-QUEUE_BUDGET_S = 0.2
-
 
 @dataclass(slots=True)
 class Tally:
-    """GPUs per (tenant, GPU type) from the live jobs the caller may list."""
+    """GPUs per (tenant, GPU type), and jobs per tenant, from the summary of the live jobs."""
 
     held: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     queued: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     running_jobs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     queued_jobs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # False when the caller's role may not list jobs (finance): usage is then unknown, not zero.
+    # False when the caller's role may not read jobs (finance): usage is then unknown, not zero.
     known: bool = True
-    truncated: bool = False
 
-    def add(self, jobs: Iterable[pb.Job]) -> None:
-        # Ten thousand queued jobs pass through here per view of the page: locals, not attributes.
-        queued, held = self.queued, self.held
-        queued_jobs, running_jobs = self.queued_jobs, self.running_jobs
-        queued_phase = pb.JOB_PHASE_QUEUED
-        for job in jobs:
-            phase, tenant, gpus = job.phase, job.tenant, job.gpu_count
-            if phase == queued_phase:
-                queued_jobs[tenant] += 1
-                # A queued job that accepts several types is demand for each of them.
-                for gpu_type in job.gpu_types or ("any",):
-                    queued[(tenant, gpu_type)] += gpus
-            elif phase in HELD_PHASES:
-                running_jobs[tenant] += 1
-                gpu_type = job.gpu_type or (job.gpu_types[0] if job.gpu_types else "any")
-                held[(tenant, gpu_type)] += gpus
+    def add(self, summary: pb.JobSummary) -> None:
+        # Held: admitted, staging, dispatched and running (placed jobs hold their GPUs); a queued job
+        # that accepts several types is counted by the servicer under each of them.
+        for row in summary.rows:
+            into = self.queued if row.group == pb.JOB_GROUP_QUEUED else self.held
+            into[(row.tenant, row.gpu_type)] += row.gpus
+        for count in summary.tenants:
+            into_jobs = self.queued_jobs if count.group == pb.JOB_GROUP_QUEUED else self.running_jobs
+            into_jobs[count.tenant] += count.jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +95,6 @@ class QueuesView:
     tenants: tuple[TenantQueue, ...]
     capacity: dict[str, int]
     usage_known: bool
-    # The queued figures stop short of the whole queue (the page's time budget), after this many jobs.
-    truncated: bool
-    queued_counted: int = 0
 
 
 def tenant_record(tenant: pb.Tenant) -> TenantRecord:
@@ -252,8 +228,6 @@ def build_queues(tenants: Sequence[pb.Tenant], clusters: Sequence[pb.Cluster], t
         tenants=tuple(out),
         capacity=capacity,
         usage_known=tally.known,
-        truncated=tally.truncated,
-        queued_counted=sum(tally.queued_jobs.values()),
     )
 
 
@@ -358,12 +332,6 @@ def render_queues(view: QueuesView) -> str:
             '<p class="note" id="usage-hidden">Your role may not list jobs: the quotas are shown, '
             "not what runs or waits.</p>"
         )
-    if view.truncated:
-        parts.append(
-            '<p class="note" id="queued-truncated">A long queue: the queued figures count the first '
-            f"{view.queued_counted} queued jobs in list order, what the page had time to read "
-            "(<code>gpufed list --phase QUEUED</code> lists them all). Running figures are whole.</p>"
-        )
     parts.append(
         '<p class="explain">Running: GPUs held by admitted, staging, dispatched and running jobs, a '
         "tenant's teams included. Queued: GPUs asked for by queued jobs (a job that accepts several GPU "
@@ -414,18 +382,20 @@ def render_queues(view: QueuesView) -> str:
 # ---- gathering
 
 
+PAGE_SIZE = 500
+# A bound on the pages one view reads (500 jobs each): far beyond any placed set, never unbounded.
+MAX_PAGES = 200
+
+
 async def list_jobs(
     request: web.Request,
     phases: Sequence[pb.JobPhase.ValueType],
     on_page: Callable[[Sequence[pb.Job]], None],
-    *,
-    deadline: float | None = None,
 ) -> tuple[bool, bool]:
-    """Page through ListJobs over `phases`, handing each page to `on_page`. Returns (known,
-    truncated): known is False when the caller's role may not list jobs (finance); truncated when
-    pages were left unread, past MAX_PAGES or once the event loop's clock passed `deadline`."""
+    """Page through ListJobs over `phases`, handing each page to `on_page` (the clusters page reads
+    the placed jobs, bounded by the clusters' GPUs, this way). Returns (known, truncated): known is
+    False when the caller's role may not list jobs (finance); truncated past MAX_PAGES."""
     calls = request.app[CALLS_KEY]
-    loop = asyncio.get_running_loop()
     token = ""
     for _ in range(MAX_PAGES):
         try:
@@ -442,23 +412,20 @@ async def list_jobs(
         token = reply.next_page_token
         if not token:
             return True, False
-        if deadline is not None and loop.time() > deadline:
-            return True, True
     return True, True
 
 
 async def gather(request: web.Request) -> QueuesView:
-    # Placed jobs are bounded by the clusters' GPUs and are read whole; the queue is not bounded, and
-    # each job listed costs the servicer its conversion (about 15 us): past the page's time budget the
-    # queued sums stop, and the page says how many queued jobs they count.
-    deadline = asyncio.get_running_loop().time() + QUEUE_BUDGET_S
     calls = request.app[CALLS_KEY]
     tenants = await calls.call(request, "ListTenants", pb.ListTenantsRequest())
     clusters = await calls.call(request, "ListClusters", pb.ListClustersRequest())
     tally = Tally()
-    tally.known, _ = await list_jobs(request, HELD_PHASES, tally.add)
-    if tally.known:
-        _, tally.truncated = await list_jobs(request, (pb.JOB_PHASE_QUEUED,), tally.add, deadline=deadline)
+    try:
+        tally.add(await calls.call(request, "SummarizeJobs", pb.SummarizeJobsRequest()))
+    except CallRefused as refused:
+        if refused.code is not grpc.StatusCode.PERMISSION_DENIED:
+            raise
+        tally.known = False
     return build_queues(list(tenants.tenants), list(clusters.clusters), tally)
 
 

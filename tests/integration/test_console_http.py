@@ -591,3 +591,37 @@ async def test_each_role_gets_the_apis_answer_on_the_jobs_page(console: Console)
         async with fin.get("/approvals") as r:
             assert r.status == 200
             assert "grant-approval" not in await r.text()
+
+
+async def test_the_jobs_page_filters_and_orders_on_the_server(console: Console) -> None:
+    first = await console.submit("alice", "vision-first", duration="60s")
+    second = await console.submit("alice", "vision-second", duration="60s")
+    bobs = await console.submit("bob", "nlp-other", duration="60s")
+    async with await console.signed_in("admin") as admin:
+        async with admin.get("/jobs?user=alice") as r:
+            assert r.status == 200
+            page = await r.text()
+        ids = re.findall(r'data-job-id="([^"]+)"', page)
+        # Newest first by default; bob's job filtered out by ListJobs, not by the page.
+        assert ids.index(second) < ids.index(first)
+        assert bobs not in ids
+        async with admin.get("/jobs?user=alice&order=oldest") as r:
+            ids = re.findall(r'data-job-id="([^"]+)"', await r.text())
+        assert ids.index(first) < ids.index(second)
+        async with admin.get("/jobs?cluster=nowhere") as r:
+            assert r.status == 200
+            assert "No jobs match." in await r.text()
+        # A filter the API refuses: the page says which field, with no rows.
+        async with admin.get("/jobs?user=a%01b") as r:
+            assert r.status == 400
+            assert "user: a name without" in await r.text()
+        async with admin.get("/queues") as r:
+            assert r.status == 200
+            queues = await r.text()
+        assert 'data-tenant="nlp"' in queues
+        assert "queued-truncated" not in queues
+    async with await console.signed_in("alice") as alice, alice.get("/queues") as r:
+        assert r.status == 200
+        mine = await r.text()
+        assert 'data-tenant="vision"' in mine
+        assert 'data-tenant="nlp"' not in mine

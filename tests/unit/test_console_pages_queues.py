@@ -1,18 +1,26 @@
-"""The queues page's arithmetic and HTML, from API replies built by hand (no server)."""
+"""The queues page's arithmetic and HTML, from API replies built by hand (no server); the usage from
+the servicer's own summing (`federation.api.job_queries.summarize`) over job records built here."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import grpc
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from federation.api import convert
+from federation.api.job_queries import summarize
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CALLS_KEY, CallRefused, ConsoleCalls
-from federation.console.queues import Tally, build_queues, list_jobs, render_queues
+from federation.console.queues import Tally, build_queues, gather, list_jobs, render_queues
+from federation.store.jobs import JobPlacement, JobRecord
+from placement.model import ClusterName, GpuType
+from placement.model_ids import CapacityKind
+from tests.conftest import build_job
 
 EVIL = '<script>alert("x")</script>'
 
@@ -53,21 +61,24 @@ CLUSTERS = [
 ]
 
 
-def job(tenant: str, phase: int, gpus: int, gpu_type: str = "", types: tuple[str, ...] = ("A100",)) -> pb.Job:
-    return pb.Job(
-        job_id=f"{tenant}-{phase}-{gpus}",
-        tenant=tenant,
-        phase=phase,  # type: ignore[arg-type]
-        gpu_count=gpus,
-        gpu_type=gpu_type,
-        gpu_types=list(types),
-        cluster="onprem" if gpu_type else "",
+def job(
+    tenant: str, phase: int, gpus: int, gpu_type: str = "", types: tuple[str, ...] = ("A100",)
+) -> JobRecord:
+    found = convert.phase_from_pb(phase)  # type: ignore[arg-type]
+    assert found is not None
+    record = build_job(f"{tenant}-{phase}-{gpus}", tenant=tenant, gpus=gpus, phase=found)
+    placed = (
+        JobPlacement(ClusterName("onprem"), GpuType(gpu_type), CapacityKind.PRIVATE, 1.0)
+        if gpu_type
+        else None
     )
+    spec = replace(record.spec, gpu_types=tuple(GpuType(t) for t in types))
+    return replace(record, placement=placed, spec=spec)
 
 
-def tally_of(*jobs: pb.Job) -> Tally:
+def tally_of(*jobs: JobRecord) -> Tally:
     t = Tally()
-    t.add(jobs)
+    t.add(summarize(iter(jobs), None))
     return t
 
 
@@ -150,22 +161,31 @@ def test_bars_are_svg_with_widths_as_attributes() -> None:
     assert 'role="img"' in row.group(0)
 
 
-class _Pages(ConsoleCalls):
-    """ListJobs in pages of queued jobs (10 pages of 500), or refused as for the finance role."""
+class _Calls(ConsoleCalls):
+    """The three calls the page makes; SummarizeJobs over 5,000 queued jobs, or refused as for the
+    finance role."""
 
     def __init__(self, *, refuse: bool = False) -> None:
         super().__init__([])
         self.refuse = refuse
-        self.calls = 0
+        self.called: list[str] = []
 
     async def call(self, request: web.Request, method_name: str, message: Any) -> Any:
-        assert method_name == "ListJobs"
-        self.calls += 1
+        self.called.append(method_name)
+        if method_name == "ListTenants":
+            return pb.ListTenantsResponse(tenants=TENANTS)
+        if method_name == "ListClusters":
+            return pb.ListClustersResponse(clusters=CLUSTERS)
+        if method_name == "ListJobs":
+            # The clusters page's read of the placed jobs, two pages of one.
+            page = int(message.page_token or 0)
+            jobs = [pb.Job(job_id=f"j{page}", phase=pb.JOB_PHASE_ADMITTED)]
+            return pb.ListJobsResponse(jobs=jobs, next_page_token="" if page else "1")
+        assert method_name == "SummarizeJobs"
         if self.refuse:
             raise CallRefused(grpc.StatusCode.PERMISSION_DENIED, "role finance may not list jobs")
-        page = int(message.page_token or 0)
-        jobs = [job("vision", pb.JOB_PHASE_QUEUED, 8) for _ in range(500)]
-        return pb.ListJobsResponse(jobs=jobs, next_page_token=str(page + 1) if page < 9 else "")
+        queue = [replace(job("vision", pb.JOB_PHASE_QUEUED, 8), job_id=f"q{i}") for i in range(5000)]  # type: ignore[arg-type]
+        return summarize(iter(queue), None)
 
 
 def _request(calls: ConsoleCalls) -> web.Request:
@@ -174,19 +194,26 @@ def _request(calls: ConsoleCalls) -> web.Request:
     return make_mocked_request("GET", "/queues", app=app)
 
 
-async def test_the_queue_is_read_whole_within_the_budget_and_cut_short_past_it() -> None:
-    calls = _Pages()
-    tally = Tally()
-    assert await list_jobs(_request(calls), [pb.JOB_PHASE_QUEUED], tally.add) == (True, False)
-    assert (calls.calls, tally.queued_jobs["vision"]) == (10, 5000)
-    # A deadline already passed: one page, and the page says how much it counted.
-    calls, tally = _Pages(), Tally()
-    known, tally.truncated = await list_jobs(_request(calls), [pb.JOB_PHASE_QUEUED], tally.add, deadline=0.0)
-    assert (known, tally.truncated, calls.calls) == (True, True, 1)
-    html = render_queues(build_queues(TENANTS, CLUSTERS, tally))
-    assert re.search(r'<p class="note" id="queued-truncated">.*count the first 500 queued jobs', html)
-    # A role that may not list jobs: usage unknown, nothing cut.
-    assert await list_jobs(_request(_Pages(refuse=True)), [pb.JOB_PHASE_QUEUED], Tally().add) == (
-        False,
-        False,
-    )
+async def test_the_whole_queue_is_counted_by_one_summary_call() -> None:
+    calls = _Calls()
+    view = await gather(_request(calls))
+    assert calls.called == ["ListTenants", "ListClusters", "SummarizeJobs"]
+    by = {(t.name, r.gpu_type): r for t in view.tenants for r in t.rows}
+    assert by[("vision", "A100")].queued == 40_000
+    assert {t.name: t.queued_jobs for t in view.tenants}["vision"] == 5000
+    html = render_queues(view)
+    assert '<td class="num queued-jobs">5000</td>' in html
+    assert "truncated" not in html
+
+
+async def test_a_role_that_may_not_read_jobs_gets_the_quotas_alone() -> None:
+    view = await gather(_request(_Calls(refuse=True)))
+    assert not view.usage_known
+    assert 'id="usage-hidden"' in render_queues(view)
+
+
+async def test_the_clusters_page_still_reads_placed_jobs_by_pages() -> None:
+    calls = _Calls()
+    seen: list[pb.Job] = []
+    assert await list_jobs(_request(calls), [pb.JOB_PHASE_ADMITTED], seen.extend) == (True, False)
+    assert [j.job_id for j in seen] == ["j0", "j1"]
