@@ -29,7 +29,7 @@ from federation.console.charts import Marker, Segment, legend, stacked_bar, tabl
 from federation.console.layout import SECURITY_HEADERS, e, error_page, html_response, render_page
 from federation.console.view import VIEW_KEY, View
 from federation.ledger.report import Report, ReportQuery, TenantSummary, utc_s
-from federation.ledger.report.html import _cost_chart, _type_chart, chart_bucket
+from federation.ledger.report.html import chart_bucket, cost_chart, type_chart
 from federation.ledger.report.idle import IdleCost, idle_by_cluster
 from federation.ledger.report.query import ForecastBasis, month_start_s, next_month_s
 from placement.model import CapacityKind, TenantId
@@ -309,10 +309,10 @@ def render_finance(fv: FinanceView, view: View) -> str:
         f'<strong id="total-cost">{_money(r.total_cost_usd)}</strong>, at the price in force when each '
         "attempt started.</p>"
         + f"<h2>Cost per {e(bucket.value)} by tenant</h2>"
-        + _cost_chart(r, bucket)
+        + cost_chart(r, bucket)
         + _daily_table(fv.daily)
         + "<h2>GPU-hours by GPU type</h2>"
-        + _type_chart(r)
+        + type_chart(r)
         + "<h2>Tenants: cost, quota and budget burn</h2>"
         + legend(
             [
