@@ -1,14 +1,14 @@
 """Prometheus metrics: queue depth per tenant, admissions, cycle time, API latency.
 
-Each server owns its own registry so that several servers in one test process do not collide.
+Each server owns its own registry so that several servers in one test process do not collide. The
+server's HTTP port serves it at `/metrics` (`federation.console.app`), beside the web console.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -64,8 +64,3 @@ class Metrics:
         for tenant, depth in by_tenant.items():
             self.queue_depth.labels(tenant=tenant).set(depth)
         self._known_tenants |= set(by_tenant)
-
-    def serve(self, host: str, port: int) -> Any:
-        """Start the /metrics HTTP endpoint on a background thread; returns the server to shut down."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server

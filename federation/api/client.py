@@ -115,6 +115,9 @@ class GpufedClient:
         page_size: int = 0,
         page_token: str = "",
         name_prefix: str = "",
+        user: str = "",
+        cluster: str = "",
+        newest_first: bool = False,
     ) -> pb.ListJobsResponse:
         return self._jobs.ListJobs(
             pb.ListJobsRequest(
@@ -123,20 +126,45 @@ class GpufedClient:
                 page_size=page_size,
                 page_token=page_token,
                 name_prefix=name_prefix,
+                user=user,
+                cluster=cluster,
+                newest_first=newest_first,
             ),
             metadata=self._metadata,
             timeout=self._timeout_s,
         )
 
-    def list_all(self, *, tenant: str = "", phases: Sequence[pb.JobPhase.ValueType] = ()) -> list[pb.Job]:
+    def list_all(
+        self,
+        *,
+        tenant: str = "",
+        phases: Sequence[pb.JobPhase.ValueType] = (),
+        user: str = "",
+        cluster: str = "",
+        newest_first: bool = False,
+    ) -> list[pb.Job]:
         jobs: list[pb.Job] = []
         token = ""
         while True:
-            page = self.list_page(tenant=tenant, phases=phases, page_size=500, page_token=token)
+            page = self.list_page(
+                tenant=tenant,
+                phases=phases,
+                page_size=500,
+                page_token=token,
+                user=user,
+                cluster=cluster,
+                newest_first=newest_first,
+            )
             jobs.extend(page.jobs)
             token = page.next_page_token
             if not token:
                 return jobs
+
+    def summarize(self, *, tenant: str = "") -> pb.JobSummary:
+        """GPUs and jobs per tenant, GPU type and phase group over the jobs not finished."""
+        return self._jobs.SummarizeJobs(
+            pb.SummarizeJobsRequest(tenant=tenant), metadata=self._metadata, timeout=self._timeout_s
+        )
 
     def watch(
         self,

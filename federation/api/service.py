@@ -8,7 +8,6 @@ them together, and `_unary` maps every project error to its status code in one p
 from __future__ import annotations
 
 import asyncio
-import base64
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -19,6 +18,14 @@ import grpc
 import structlog
 
 from federation.api import convert
+from federation.api.job_queries import (
+    ListFilter,
+    decode_page_token,
+    encode_page_token,
+    list_order,
+    one_page,
+    summarize,
+)
 from federation.api.redact import Redactor
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
@@ -45,6 +52,7 @@ from federation.security.auth import (
     listable_tenant,
 )
 from federation.security.ratelimit import ReadRateLimiter, SubmitRateLimiter
+from federation.security.tokens import AuditEvent, SecurityStore
 from federation.spec.jobspec import DatasetRef
 from federation.spec.training_job import manifest_digest, parse_manifest
 from federation.spec.validate import free_text
@@ -167,9 +175,12 @@ class JobService(pb_grpc.JobServiceServicer):
         datasets: DatasetPolicy,
         clock: Callable[[], float] = time.time,
         read_limiter: ReadRateLimiter | None = None,
+        security: SecurityStore | None = None,
     ) -> None:
         self._store = store
         self._datasets = datasets
+        # Where a cancel is recorded in the audit trail (None: not recorded, for tests of the rest).
+        self._security = security
         # Per caller, on this server: one caller's polling loop must not slow everyone's reads.
         self._read_limiter = read_limiter or ReadRateLimiter()
         self._cache = cache
@@ -285,20 +296,24 @@ class JobService(pb_grpc.JobServiceServicer):
             raise InvalidArgument("page_size: must not be negative")
         size = min(req.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         phases = {p for p in (convert.phase_from_pb(v) for v in req.phases) if p is not None}
-        after = _decode_page_token(req.page_token)
+        wanted = ListFilter.of(req)
+        after = decode_page_token(req.page_token, newest_first=req.newest_first)
         # The cache's index walks only the caller's tenant (and phases), in order from the page's
-        # start: one tenant's thousands of jobs do not slow another's list.
-        page: list[JobRecord] = []
-        more = False
-        for stored in self._cache.ordered(tenant, phases, after):
-            if not stored.value.spec.name.startswith(req.name_prefix):
-                continue
-            if len(page) == size:
-                more = True
-                break
-            page.append(stored.value)
-        token = _encode_page_token(_list_order(page[-1])) if more else ""
+        # start: one tenant's thousands of jobs do not slow another's list. User and cluster are
+        # checked on the records walked; only the page returned is converted.
+        walked = self._cache.ordered(tenant, phases, after, newest_first=req.newest_first)
+        page, more = one_page((s.value for s in walked), wanted, size)
+        token = encode_page_token(list_order(page[-1]), newest_first=req.newest_first) if more else ""
         return pb.ListJobsResponse(jobs=[self._shown(who, j) for j in page], next_page_token=token)
+
+    async def SummarizeJobs(self, request: pb.SummarizeJobsRequest, context: Ctx) -> pb.JobSummary:
+        async def body(who: Principal, req: pb.SummarizeJobsRequest) -> pb.JobSummary:
+            self._read_limiter.admit(who.user)
+            # The same rule as ListJobs: a member its own tenant, finance not at all.
+            tenant = listable_tenant(who, req.tenant)
+            return summarize((s.value for s in self._cache.live_jobs()), tenant)
+
+        return await self._h.unary("SummarizeJobs", request, context, body)
 
     async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
         try:
@@ -383,6 +398,17 @@ class JobService(pb_grpc.JobServiceServicer):
             updated = replace(job, cancel_requested=True, message=reason)
             if await self._store.commit([(updated, stored.mod_revision)]) is not None:
                 log.info("job_cancel_requested", job_id=job.job_id, tenant=job.tenant, user=who.user)
+                if self._security is not None:
+                    # A cancel stops someone's GPUs: who did it must be on record, as an admin's action is.
+                    event = AuditEvent(
+                        self._clock(),
+                        who.user,
+                        who.role.value,
+                        "job_cancel_requested",
+                        job.job_id,
+                        f"tenant={job.tenant} reason={reason}",
+                    )
+                    await self._security.append_audit(event)
                 return self._shown(who, updated)
             await asyncio.sleep(0.01)
             fresh = await self._store.get_job(job.job_id)
@@ -431,24 +457,6 @@ def explain_summary(job: JobRecord, reason_count: int, *, now: float) -> str:
         )
         return f"{text}; {backoff}" if backoff else text
     return f"{job.phase.value.lower()}: {job.message}" if job.message else job.phase.value.lower()
-
-
-def _list_order(job: JobRecord) -> tuple[float, str]:
-    return (job.submitted_at_s, job.job_id)
-
-
-def _encode_page_token(key: tuple[float, str]) -> str:
-    return base64.urlsafe_b64encode(f"{key[0]!r}|{key[1]}".encode()).decode()
-
-
-def _decode_page_token(token: str) -> tuple[float, str] | None:
-    if not token:
-        return None
-    try:
-        at, _, job_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
-        return (float(at), job_id)
-    except ValueError as error:
-        raise InvalidArgument("page_token: not a token this server issued") from error
 
 
 class FederationService(pb_grpc.FederationServiceServicer):

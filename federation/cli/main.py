@@ -35,6 +35,7 @@ from federation.cli.render import (
     job_detail,
     jobs_table,
     structured,
+    summary_table,
 )
 from federation.errors import GpufedError
 from federation.logs import configure_logging
@@ -145,7 +146,12 @@ def cli(ctx: click.Context, /, **kwargs: Any) -> None:
     help="federation config (tenants, users, clusters)",
 )
 @click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
-@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port (0: any)")
+@click.option(
+    "--metrics-port",
+    default=9464,
+    show_default=True,
+    help="HTTP port of the web console and Prometheus /metrics (0: any)",
+)
 @click.pass_obj
 def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     """Start the embedded default: local etcd, the server and simulated clusters."""
@@ -155,6 +161,8 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
         click.echo(
             f"gpufed is up: gRPC {info.grpc_target}, etcd {info.etcd_endpoint}, metrics {info.metrics_url}"
         )
+        if info.console_url is not None:
+            click.echo(f"console: {info.console_url}")
         click.echo(f"state: {info.state_dir}")
         for user, path in sorted(info.token_files.items()):
             click.echo(f"token for {user}: {path}")
@@ -208,7 +216,12 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     help="private key of --etcd-cert (GPUFED_ETCD_KEY)",
 )
 @click.option("--port", default=50051, show_default=True)
-@click.option("--metrics-port", default=None, type=int, help="Prometheus /metrics port")
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=int,
+    help="HTTP port of the web console and Prometheus /metrics (HTTPS with --tls-cert)",
+)
 @click.option(
     "--bootstrap", "bootstrap_path", type=click.Path(exists=True, dir_okay=False), help="config to load first"
 )
@@ -320,17 +333,35 @@ def get(opts: _Opts, job_id: str) -> None:
 @cli.command(name="list")
 @click.option("--tenant", default="", help="admins: one tenant (default all)")
 @click.option("--phase", "phases", multiple=True, help="only these phases (repeatable)")
+@click.option("--user", default="", help="only this user's jobs")
+@click.option("--cluster", default="", help="only jobs placed on this cluster")
+@click.option("--newest-first", is_flag=True, help="latest submission first (default: oldest first)")
 @click.pass_obj
 @_rpc
-def list_jobs(opts: _Opts, tenant: str, phases: tuple[str, ...]) -> None:
-    """List jobs you may see."""
+def list_jobs(
+    opts: _Opts, tenant: str, phases: tuple[str, ...], user: str, cluster: str, newest_first: bool
+) -> None:
+    """List jobs you may see (filtered and ordered by the server)."""
     try:
         wanted = [pb.JobPhase.Value("JOB_PHASE_" + p.upper()) for p in phases]
     except ValueError as error:
         raise click.BadParameter(f"unknown phase in {phases}", param_hint="--phase") from error
     with opts.client() as client:
-        jobs = client.list_all(tenant=tenant, phases=wanted)
+        jobs = client.list_all(
+            tenant=tenant, phases=wanted, user=user, cluster=cluster, newest_first=newest_first
+        )
     opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
+
+
+@cli.command()
+@click.option("--tenant", default="", help="admins and infra: one tenant (default all)")
+@click.pass_obj
+@_rpc
+def queues(opts: _Opts, tenant: str) -> None:
+    """GPUs running, admitted and queued per tenant and GPU type (the console's queues figures)."""
+    with opts.client() as client:
+        reply = client.summarize(tenant=tenant)
+    opts.emit(reply, summary_table(reply))
 
 
 @cli.command()

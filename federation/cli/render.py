@@ -131,3 +131,12 @@ def clusters_table(reply: pb.ListClustersResponse) -> str:
         if c.state == "refusing"
     ]
     return "\n".join([text, *notes]) if notes else text
+
+
+def summary_table(reply: pb.JobSummary) -> str:
+    """GPUs by tenant, GPU type and group (running, admitted: placed not yet running, queued)."""
+    rows = [
+        [r.tenant, r.gpu_type, pb.JobGroup.Name(r.group).removeprefix("JOB_GROUP_"), str(r.gpus), str(r.jobs)]
+        for r in reply.rows
+    ]
+    return table(["TENANT", "GPU", "GROUP", "GPUS", "JOBS"], rows)

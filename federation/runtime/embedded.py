@@ -46,6 +46,8 @@ class EmbeddedInfo:
     grpc_target: str
     etcd_endpoint: str
     metrics_url: str | None
+    # The web console, on the same port as /metrics.
+    console_url: str | None
     token_files: dict[str, Path]
 
 
@@ -113,11 +115,17 @@ async def run_up(
                 grpc_target=f"127.0.0.1:{server.port}",
                 etcd_endpoint=etcd.endpoint,
                 metrics_url=metrics_url,
+                console_url=server.console_url,
                 token_files=tokens,
             )
             endpoint_file.write_text(
                 json.dumps(
-                    {"grpc": info.grpc_target, "etcd": info.etcd_endpoint, "metrics": metrics_url or ""},
+                    {
+                        "grpc": info.grpc_target,
+                        "etcd": info.etcd_endpoint,
+                        "metrics": metrics_url or "",
+                        "console": info.console_url or "",
+                    },
                     indent=2,
                 )
             )

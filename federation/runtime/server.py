@@ -2,7 +2,8 @@
 
 Any number of servers may share one etcd. All serve reads and submissions; the one holding the
 leader lease also runs the scheduling cycle and the reconcilers, and fences each of its commits
-with the lease, so a server that lost leadership cannot commit a stale decision.
+with the lease, so a server that lost leadership cannot commit a stale decision. Its HTTP port
+serves the web console (`federation.console`) and `/metrics`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -30,6 +32,8 @@ from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.capacity.store import CapacityStore
+from federation.console.app import build_app
+from federation.console.calls import ConsoleCalls
 from federation.datasets.check import DatasetCheck
 from federation.datasets.executor import Executors, get_settings
 from federation.datasets.registry import DatasetRegistry, locations_reader
@@ -122,7 +126,7 @@ class FederationServer:
         self._ledger: LedgerCache | None = None
         self._election: LeaderElection | None = None
         self._leader_task: asyncio.Task[None] | None = None
-        self._metrics_server: Any = None
+        self._http: web.AppRunner | None = None
         self.members: MemberClusters | None = None
         self._stores: StoreDirectory | None = None
         self._stager: Stager | None = None
@@ -130,6 +134,8 @@ class FederationServer:
         self._capacity: CapacityWiring | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        # The servicers, also called in process by the web console.
+        self.servicers: list[object] = []
 
     async def start(self) -> None:
         cfg = self.config
@@ -148,39 +154,34 @@ class FederationServer:
         registry = DatasetRegistry(self._kv)
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
-        pb_grpc.add_JobServiceServicer_to_server(
-            JobService(
-                store=store,
-                cache=self._cache,
-                auth=auth,
-                metrics=self.metrics,
-                tenants=tenants,
-                datasets=DatasetCheck(registry),
-                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
-            ),
-            server,
+        security = SecurityStore(self._kv)
+        jobs = JobService(
+            store=store,
+            cache=self._cache,
+            auth=auth,
+            metrics=self.metrics,
+            tenants=tenants,
+            datasets=DatasetCheck(registry),
+            read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            security=security,
         )
-        pb_grpc.add_AdminServiceServicer_to_server(
-            AdminService(
-                store=store,
-                security=SecurityStore(self._kv),
-                cache=self._cache,
-                auth=auth,
-                metrics=self.metrics,
-            ),
-            server,
+        pb_grpc.add_JobServiceServicer_to_server(jobs, server)
+        admin = AdminService(
+            store=store,
+            security=security,
+            cache=self._cache,
+            auth=auth,
+            metrics=self.metrics,
         )
-
-        pb_grpc.add_ReportServiceServicer_to_server(
-            ReportService(
-                ledger=self._ledger,
-                store=store,
-                auth=auth,
-                metrics=self.metrics,
-                provisioned=CapacityStore(self._kv).list_intervals,
-            ),
-            server,
+        pb_grpc.add_AdminServiceServicer_to_server(admin, server)
+        reports = ReportService(
+            ledger=self._ledger,
+            store=store,
+            auth=auth,
+            metrics=self.metrics,
+            provisioned=CapacityStore(self._kv).list_intervals,
         )
+        pb_grpc.add_ReportServiceServicer_to_server(reports, server)
 
         async def clusters() -> list[ClusterState]:
             return await members.inventories()
@@ -190,9 +191,8 @@ class FederationServer:
         def refusing() -> dict[ClusterName, ClusterRefusing]:
             return refusing_clusters((s.value for s in job_cache.live_jobs()), time.time())
 
-        pb_grpc.add_FederationServiceServicer_to_server(
-            FederationService(auth=auth, metrics=self.metrics, clusters=clusters, refusing=refusing), server
-        )
+        federation = FederationService(auth=auth, metrics=self.metrics, clusters=clusters, refusing=refusing)
+        pb_grpc.add_FederationServiceServicer_to_server(federation, server)
         self._capacity = capacity = await CapacityWiring.build(
             kv=self._kv,
             store=store,
@@ -207,26 +207,23 @@ class FederationServer:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         syncs = SyncRecords(self._kv)
         self._stores = stores = StoreDirectory(self._kv)
-        pb_grpc.add_DatasetsServicer_to_server(
-            DatasetService(
-                store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
-            ),
-            server,
+        datasets = DatasetService(
+            store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
         )
+        pb_grpc.add_DatasetsServicer_to_server(datasets, server)
         # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
         archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
-        pb_grpc.add_LogsServicer_to_server(
-            LogsService(
-                store=store,
-                cache=self._cache,
-                auth=auth,
-                metrics=self.metrics,
-                members=members,
-                archive=archive,
-                read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
-            ),
-            server,
+        logs = LogsService(
+            store=store,
+            cache=self._cache,
+            auth=auth,
+            metrics=self.metrics,
+            members=members,
+            archive=archive,
+            read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
         )
+        pb_grpc.add_LogsServicer_to_server(logs, server)
+        self.servicers = [jobs, admin, reports, federation, capacity.service, datasets, logs]
         services = [
             pb.DESCRIPTOR.services_by_name["Logs"].full_name,
             pb.DESCRIPTOR.services_by_name["Datasets"].full_name,
@@ -254,8 +251,7 @@ class FederationServer:
         self._grpc = server
 
         if cfg.metrics_port is not None:
-            self._metrics_server = self.metrics.serve(cfg.grpc_host, cfg.metrics_port)
-            self.metrics_port = int(self._metrics_server.server_port)
+            await self._serve_http(cfg.metrics_port)
 
         scheduler = Scheduler(
             store=store,
@@ -291,7 +287,41 @@ class FederationServer:
         )
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
-        log.info("server_started", port=self.port, metrics_port=self.metrics_port, identity=cfg.identity)
+        log.info(
+            "server_started",
+            port=self.port,
+            metrics_port=self.metrics_port,
+            console_url=self.console_url,
+            identity=cfg.identity,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.config.tls_cert is not None and self.config.tls_key is not None
+
+    @property
+    def console_url(self) -> str | None:
+        """The web console's address (`/metrics` is beside it), once the HTTP port is served."""
+        if self.metrics_port is None:
+            return None
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.config.grpc_host}:{self.metrics_port}/"
+
+    async def _serve_http(self, port: int) -> None:
+        """The HTTP port: the web console and `/metrics`, over TLS with the gRPC port's certificate."""
+        cfg = self.config
+        ssl_context: ssl.SSLContext | None = None
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+            ssl_context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        app = build_app(ConsoleCalls(self.servicers), registry=self.metrics.registry, secure=self.tls)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.grpc_host, port, ssl_context=ssl_context)
+        await site.start()
+        self._http = runner
+        self.metrics_port = int(runner.addresses[0][1])
 
     async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
         assert self._election is not None
@@ -354,6 +384,9 @@ class FederationServer:
             else:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._leader_task
+        if self._http is not None:
+            # First: open event streams end, so the rest stops without a browser holding it up.
+            await self._http.cleanup()
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
         if self._election is not None:
@@ -374,8 +407,6 @@ class FederationServer:
             await self._capacity.close()
         if self.members is not None:
             await self.members.close()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
         if self._kv is not None:
             await self._kv.close()
         log.info("server_stopped", identity=self.config.identity)

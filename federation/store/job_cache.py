@@ -87,10 +87,13 @@ class JobCache:
         tenant: TenantId | None = None,
         phases: Iterable[JobPhase] = (),
         after: ListKey | None = None,
+        *,
+        newest_first: bool = False,
     ) -> Iterator[Stored[JobRecord]]:
-        """Jobs of one tenant (None: all) in some phases (empty: any), in list order past `after`,
-        reading only their entries (`federation.store.job_cache_index`). Consume it before the next await."""
-        return self._index.ordered(tenant, phases, after)
+        """Jobs of one tenant (None: all) in some phases (empty: any), in list order past `after` (or
+        in reverse from before it), reading only their entries (`federation.store.job_cache_index`).
+        Consume it before the next await."""
+        return self._index.ordered(tenant, phases, after, newest_first=newest_first)
 
     def live_jobs(self) -> list[Stored[JobRecord]]:
         """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""

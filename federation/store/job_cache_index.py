@@ -61,6 +61,16 @@ class _Ordered:
             yield key, self._items[key[1]]
             i += 1
 
+    def before(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
+        """Entries before `start` (all when None), latest first. Read it to the end before the index
+        changes."""
+        keys = self._keys
+        i = len(keys) if start is None else bisect.bisect_left(keys, start)
+        while i > 0:
+            i -= 1
+            key = keys[i]
+            yield key, self._items[key[1]]
+
 
 class JobIndex:
     """Every job, ordered, under four views: all, by tenant, by phase, by tenant and phase."""
@@ -124,8 +134,11 @@ class JobIndex:
         tenant: TenantId | None = None,
         phases: Iterable[JobPhase] = (),
         after: ListKey | None = None,
+        *,
+        newest_first: bool = False,
     ) -> Iterator[Stored[JobRecord]]:
-        """Jobs of `tenant` (None: every tenant) in `phases` (empty: any), in list order past `after`.
+        """Jobs of `tenant` (None: every tenant) in `phases` (empty: any), in list order past `after`
+        (`newest_first`: in reverse order, from before `after`).
 
         Costs the entries walked: a page of a tenant's jobs reads that tenant's entries, not others'.
         Consume it before the index next changes (no await in between).
@@ -145,9 +158,10 @@ class JobIndex:
                 )
                 if found is not None:
                     sources.append(found)
-        if len(sources) == 1:
-            for _, stored in sources[0].after(after):
+        walks = [s.before(after) if newest_first else s.after(after) for s in sources]
+        if len(walks) == 1:
+            for _, stored in walks[0]:
                 yield stored
             return
-        for _, stored in heapq.merge(*(s.after(after) for s in sources), key=lambda item: item[0]):
+        for _, stored in heapq.merge(*walks, key=lambda item: item[0], reverse=newest_first):
             yield stored

@@ -53,6 +53,11 @@ def views(cache: JobCache) -> None:
                 assert middle is not None
                 after = [s.value.job_id for s in cache.ordered(tenant, phases, list_key(middle.value))]
                 assert after == every[2:]
+                # Newest first: the same jobs reversed, and from a key, those before it.
+                newest = [s.value.job_id for s in cache.ordered(tenant, phases, newest_first=True)]
+                assert newest == every[::-1]
+                before = cache.ordered(tenant, phases, list_key(middle.value), newest_first=True)
+                assert [s.value.job_id for s in before] == every[:1]
     # Each entry is the record the cache holds now, not an earlier version.
     for stored in cache.ordered():
         assert cache.get(stored.value.job_id) is stored

@@ -28,7 +28,8 @@ def chart_bucket(days: int) -> Bucket:
     return Bucket.WEEK if days <= 62 * 7 else Bucket.MONTH
 
 
-def _cost_chart(report: Report, bucket: Bucket) -> str:
+def cost_chart(report: Report, bucket: Bucket) -> str:
+    """Stacked bars of cost per tenant and period (SVG): the HTML report's chart, and the console's."""
     daily = report.daily_cost_by_tenant
     cost: dict[tuple[float, str], float] = defaultdict(float)
     for day, tenant, usd in daily:
@@ -86,7 +87,8 @@ def _cost_chart(report: Report, bucket: Bucket) -> str:
     return "".join(parts)
 
 
-def _type_chart(report: Report) -> str:
+def type_chart(report: Report) -> str:
+    """Horizontal bars of GPU-hours per GPU type (SVG), for the HTML report and the console."""
     types = list(report.gpu_hours_by_type)
     top = max((h for _, h in types), default=0.0) or 1.0
     row_h = 26
@@ -192,9 +194,9 @@ def render_html(report: Report, *, title: str = "GPU usage and cost") -> str:
         f'<strong id="total-cost">{_money(report.total_cost_usd)}</strong>, at the price in force when '
         "each attempt started.</p>"
         f"<h2>Cost per {bucket.value} by tenant</h2>"
-        + _cost_chart(report, bucket)
+        + cost_chart(report, bucket)
         + "<h2>GPU-hours by GPU type</h2>"
-        + _type_chart(report)
+        + type_chart(report)
         + "<h2>Tenants: quota, budget and forecast</h2>"
         + _table(
             [
