@@ -50,7 +50,7 @@ def _grant_form(view: View, tenants: list[str]) -> str:
         f'<input type="hidden" name="csrf" value="{e(view.csrf)}">'
         f'<label>Tenant<select name="tenant" required>{options}</select></label>'
         '<label>User (empty: every user)<input name="user" maxlength="128"></label>'
-        '<label>Priority class<input name="priority_class" required maxlength="128"></label>'
+        '<label>Priority class<input name="priority_class" value="urgent" required maxlength="128"></label>'
         '<label>Hours<input name="hours" type="number" min="1" max="720" value="24" required></label>'
         f'<label>Reason<input name="reason" required maxlength="{MAX_FIELD}"></label>'
         '<button type="submit">Grant</button></form>'

@@ -154,10 +154,13 @@ def _pending_text(c: pb.PendingPoolChange) -> str:
             parts.append(f"next try {utc_text(seconds(c.next_try_at), '%H:%M:%S')}")
     elif c.HasField("ready_at"):
         parts.append(f"ready ~{utc_text(seconds(c.ready_at), '%H:%M:%S')}")
-    if c.job_ids:
-        parts.append("for " + ", ".join(c.job_ids))
-    if c.plan_ids:
-        parts.append("plans " + ", ".join(c.plan_ids))
+    # The reconciler's reason usually names the jobs already ("4 node(s) for <job>"): say each once.
+    unnamed_jobs = [j for j in c.job_ids if j not in c.reason]
+    if unnamed_jobs:
+        parts.append("for " + ", ".join(unnamed_jobs))
+    unnamed_plans = [p for p in c.plan_ids if p not in c.reason]
+    if unnamed_plans:
+        parts.append("plans " + ", ".join(unnamed_plans))
     return "; ".join(parts)
 
 

@@ -118,3 +118,16 @@ def test_no_plans_and_no_operations_say_so() -> None:
     assert 'id="no-plans"' in html
     assert 'id="no-operations"' in html
     assert 'id="timeline-now"' in html
+
+
+def test_an_operation_names_each_job_once() -> None:
+    from federation.console.capacity import _pending_text
+
+    named = pb.PendingPoolChange(nodes_from=2, nodes_to=6, reason="4 node(s) for big-1", job_ids=["big-1"])
+    assert _pending_text(named).count("big-1") == 1
+    unnamed = pb.PendingPoolChange(
+        nodes_from=2, nodes_to=3, reason="deadline", job_ids=["big-2"], plan_ids=["p-1"]
+    )
+    text = _pending_text(unnamed)
+    assert "for big-2" in text
+    assert "plans p-1" in text

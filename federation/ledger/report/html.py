@@ -50,7 +50,7 @@ def cost_chart(report: Report, bucket: Bucket) -> str:
         f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="Cost per {bucket.value} by tenant">',
         f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
-        f'<text x="{PAD - 6}" y="{PAD + 4}" text-anchor="end" font-size="11">${top:,.0f}</text>',
+        f'<text x="{PAD - 6}" y="{PAD + 4}" text-anchor="end" font-size="11">${_scale(top)}</text>',
         f'<text x="{PAD - 6}" y="{HEIGHT - PAD}" text-anchor="end" font-size="11">$0</text>',
     ]
     every = max(1, len(periods) // 10)
@@ -104,11 +104,17 @@ def type_chart(report: Report) -> str:
             f'<text x="{PAD + 50}" y="{y + 15}" text-anchor="end" font-size="12">{escape(gpu_type)}</text>'
             f'<rect class="bar" data-gpu-type="{escape(gpu_type)}" x="{PAD + 56}" y="{y}" width="{w:.1f}" '
             f'height="{row_h - 8}" fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(gpu_type)}: '
-            f"{hours:,.1f} GPU-hours</title></rect>"
-            f'<text x="{PAD + 62 + w:.1f}" y="{y + 15}" font-size="11">{hours:,.1f}</text>'
+            f"{_scale(hours)} GPU-hours</title></rect>"
+            f'<text x="{PAD + 62 + w:.1f}" y="{y + 15}" font-size="11">{_scale(hours)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _scale(value: float) -> str:
+    """A chart label: whole numbers from 10 up, two decimals below, so that a month of small test
+    jobs (a few cents, a few GPU-minutes) does not read "$0" at both ends of the axis."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:,.2f}"
 
 
 def _table(heads: list[str], rows: list[list[str]], css: str) -> str:
