@@ -1,0 +1,96 @@
+"""Which jobs the archiver takes, exactly, and the `history:` knobs that drive it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from federation.errors import InvalidSpec
+from federation.history.config import HistorySettings, parse_history
+from federation.scheduling.archiver import due_jobs, ended_at_s
+from federation.store.job_store import Stored
+from federation.store.jobs import JobRecord, PhaseEvent
+from placement.model import JobPhase
+from tests.conftest import build_job
+
+NOW = 1_000_000.0
+HOUR = 3600.0
+
+
+def a_job(job_id: str, phase: JobPhase, ended_at_s: float | None) -> Stored[JobRecord]:
+    events: tuple[PhaseEvent, ...] = (PhaseEvent(JobPhase.QUEUED, 10.0, 1),)
+    if ended_at_s is not None:
+        events += (PhaseEvent(phase, ended_at_s, 1),)
+    return Stored(replace(build_job(job_id), phase=phase, events=events), 1)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "due"),
+    [
+        pytest.param([], [], id="nothing"),
+        pytest.param([a_job("a", JobPhase.SUCCEEDED, NOW - HOUR - 1)], ["a"], id="ended-over-an-hour-ago"),
+        pytest.param([a_job("a", JobPhase.SUCCEEDED, NOW - HOUR)], [], id="ended-exactly-an-hour-ago"),
+        pytest.param([a_job("a", JobPhase.FAILED, NOW - 60)], [], id="ended-a-minute-ago"),
+        pytest.param(
+            [a_job("q", JobPhase.QUEUED, None), a_job("r", JobPhase.RUNNING, NOW - 5 * HOUR)],
+            [],
+            id="live-jobs-never-however-old",
+        ),
+        pytest.param(
+            [
+                a_job("late", JobPhase.CANCELLED, NOW - 2 * HOUR),
+                a_job("b", JobPhase.FAILED, NOW - 3 * HOUR),
+                a_job("a", JobPhase.SUCCEEDED, NOW - 3 * HOUR),
+                a_job("recent", JobPhase.SUCCEEDED, NOW - 10),
+                a_job("run", JobPhase.RUNNING, NOW - 9 * HOUR),
+            ],
+            ["a", "b", "late"],
+            id="oldest-end-first-ties-by-id",
+        ),
+    ],
+)
+def test_due_jobs(jobs: list[Stored[JobRecord]], due: list[str]) -> None:
+    assert [s.value.job_id for s in due_jobs(jobs, now_s=NOW, retain_s=HOUR)] == due
+
+
+def test_an_ended_job_ended_at_its_last_event() -> None:
+    job = a_job("a", JobPhase.SUCCEEDED, 500.0).value
+    assert ended_at_s(job) == 500.0
+    # No events at all (never written so, but read safely): its submission time.
+    assert ended_at_s(replace(job, events=())) == job.submitted_at_s
+
+
+def test_retain_zero_takes_every_ended_job() -> None:
+    jobs = [a_job("a", JobPhase.SUCCEEDED, NOW - 0.5), a_job("q", JobPhase.QUEUED, None)]
+    assert [s.value.job_id for s in due_jobs(jobs, now_s=NOW, retain_s=0.0)] == ["a"]
+
+
+def test_archive_settings_default_and_parse() -> None:
+    assert parse_history({}) == HistorySettings()
+    assert HistorySettings().archive is True
+    got = parse_history(
+        {"history": {"archive": False, "archiveBatch": 50, "archiveRatePerS": 20, "retainInEtcd": "2h"}}
+    )
+    assert (got.archive, got.archive_batch, got.archive_rate_per_s, got.retain_in_etcd_s) == (
+        False,
+        50,
+        20.0,
+        7200.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        pytest.param({"archive": "yes"}, "history.archive", id="archive-not-a-bool"),
+        pytest.param({"archiveBatch": 0}, "history.archiveBatch", id="batch-zero"),
+        pytest.param({"archiveBatch": 129}, "history.archiveBatch", id="batch-over-one-etcd-request"),
+        pytest.param({"archiveRatePerS": 0}, "history.archiveRatePerS", id="rate-zero"),
+        pytest.param({"archiveRatePerS": "fast"}, "history.archiveRatePerS", id="rate-not-a-number"),
+    ],
+)
+def test_bad_archive_settings_name_the_field(section: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidSpec) as error:
+        parse_history({"history": section})
+    assert error.value.field == field
