@@ -51,6 +51,7 @@ from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
 from federation.runtime.history_wiring import open_history
+from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.scheduling.leader import LeaderElection
@@ -154,6 +155,7 @@ class FederationServer:
         self._executors: Executors | None = None
         self._capacity: CapacityWiring | None = None
         self._archiver: Archiver | None = None
+        self._archived_usage: ArchivedUsage | None = None
         # One history store per server: the archiver writes it, the read paths read it.
         self.history: SqlHistoryStore | None = None
         self.port = 0
@@ -287,7 +289,9 @@ class FederationServer:
         if cfg.metrics_port is not None:
             await self._serve_http(cfg.metrics_port)
 
+        self._archived_usage = ArchivedUsage(history)
         scheduler = Scheduler(
+            archived_usage=self._archived_usage,
             store=store,
             cache=self._cache,
             ledger=self._ledger,
@@ -462,6 +466,8 @@ class FederationServer:
             await self.members.close()
         if self._kv is not None:
             await self._kv.close()
+        if self._archived_usage is not None:
+            await self._archived_usage.close()
         if self.history is not None:
             self.history.close()
         log.info("server_stopped", identity=self.config.identity)

@@ -4,6 +4,7 @@ etcd delete, a deposed leader's delete, a job changed after it was read, and the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ import pytest
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
 from federation.history.sql_store import SqlHistoryStore
+from federation.ledger.cache import LedgerCache
 from federation.scheduling.archiver import Archiver, summary_key
 from federation.scheduling.leader import LeaderElection
 from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
@@ -322,3 +324,26 @@ async def test_a_deposed_leader_archives_no_audit_record_away(world: World) -> N
         assert len(await etcd_keys(world.kv, AUDIT)) == 1
     finally:
         await successor.close()
+
+
+async def test_the_ledger_cache_forgets_archived_intervals_and_keeps_the_rest(world: World) -> None:
+    """The cache holds etcd's part of the ledger: once archived, an interval is SQL's alone, so reports
+    and budgets that add the two never count it twice (after the delete)."""
+    ledger = LedgerCache(world.store)
+    await ledger.start()
+    try:
+        await seed_ended(world.store, "old", ended_at_s=OLD, attempts=2)
+        last = await seed_running(world.store, "running", started_at_s=OLD)
+        await world.synced(last)
+        for _ in range(50):
+            if len(ledger.intervals()) == 3:
+                break
+            await asyncio.sleep(0.05)
+        await world.archiver().archive_once(world.fence)
+        for _ in range(100):
+            if len(ledger.intervals()) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert [(iv.job_id, iv.end_s) for iv in ledger.intervals()] == [("running", None)]
+    finally:
+        await ledger.stop()

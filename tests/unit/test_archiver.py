@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from federation.errors import InvalidSpec
 from federation.history.config import HistorySettings, parse_history
+from federation.history.sql_store import SqlHistoryStore
+from federation.ledger.usage import TenantUsage
+from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import due_jobs, ended_at_s
 from federation.store.job_store import Stored
 from federation.store.jobs import JobRecord, PhaseEvent
-from placement.model import JobPhase
+from placement.model import GpuType, JobPhase, TenantId
 from tests.conftest import build_job
+from tests.history_builders import an_archived_job
 
 NOW = 1_000_000.0
 HOUR = 3600.0
@@ -94,3 +101,34 @@ def test_bad_archive_settings_name_the_field(section: dict[str, object], field: 
     with pytest.raises(InvalidSpec) as error:
         parse_history({"history": section})
     assert error.value.field == field
+
+
+def test_archived_hours_still_count_against_budgets_and_in_fair_share(tmp_path: Path) -> None:
+    """What the archiver moved to SQL is added to etcd's usage: this month's hours up the tenant
+    tree, the decayed history per leaf tenant; last month's only in the decayed history."""
+    now = datetime(2026, 11, 20, 12, tzinfo=UTC).timestamp()
+    this_month = now - 5 * 86_400.0
+    last_month = datetime(2026, 10, 30, 12, tzinfo=UTC).timestamp()
+    store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
+    try:
+        store.write_jobs(
+            [
+                an_archived_job("a", tenant="team", submitted_at_s=this_month),
+                an_archived_job("b", tenant="team", submitted_at_s=last_month),
+            ]
+        )
+        usage = ArchivedUsage(store)
+        live = {TenantId("team"): TenantUsage(2.0, ((GpuType("H100"), 1.0),))}
+        asyncio.run(usage.refresh(now, half_life_h=24.0))
+        got = usage.add_to(live, now_s=now, half_life_h=24.0, parents={TenantId("team"): TenantId("org")})
+    finally:
+        store.close()
+    # Each archived job ran 8 GPUs for an hour.
+    assert got[TenantId("team")].month_gpu_hours == pytest.approx(2.0 + 8.0)
+    assert got[TenantId("org")].month_gpu_hours == pytest.approx(8.0)
+    ((gpu, decayed),) = got[TenantId("team")].decayed_gpu_hours
+    assert gpu == "H100"
+    # Five days back at a one-day half-life weighs 1/32 (the day's middle is used: within a few %),
+    # three weeks back next to nothing.
+    assert decayed == pytest.approx(1.0 + 8.0 / 32, rel=0.05)
+    assert TenantId("org") not in dict(got[TenantId("org")].decayed_gpu_hours)
