@@ -14,8 +14,11 @@ import pytest
 
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
+from federation.history.engine import DEFAULT_FILE
 from federation.history.sql_store import SqlHistoryStore
 from federation.ledger.cache import LedgerCache
+from federation.runtime.config import FederationConfig
+from federation.runtime.history_wiring import open_history
 from federation.scheduling.archiver import Archiver, summary_key
 from federation.scheduling.leader import LeaderElection
 from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
@@ -347,3 +350,21 @@ async def test_the_ledger_cache_forgets_archived_intervals_and_keeps_the_rest(wo
         assert [(iv.job_id, iv.end_s) for iv in ledger.intervals()] == [("running", None)]
     finally:
         await ledger.stop()
+
+
+async def test_open_history_takes_the_configs_database_else_sqlite_under_the_state_dir(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    default = open_history(FederationConfig(tenants=(), users=(), clusters=()), state)
+    try:
+        assert default.engine.url.database == str((state / DEFAULT_FILE).resolve())
+    finally:
+        default.close()
+    monkeypatch.setenv("GPUFED_TEST_HISTORY_DSN", fresh_dsn("postgres", tmp_path, request))
+    postgres = open_history(HistorySettings(dsn_env="GPUFED_TEST_HISTORY_DSN"), state)
+    try:
+        assert postgres.engine.dialect.name == "postgresql"
+        assert postgres.counts().jobs == 0
+    finally:
+        postgres.close()

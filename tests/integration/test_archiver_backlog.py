@@ -141,3 +141,30 @@ async def test_a_backlog_is_archived_at_the_bounded_rate_while_cycles_go_on(
         f"\nloop_lag_ms during: {_lag(during)}\nloop_lag_ms after:  {_lag(lags)}"
     )
     assert cycles > 0
+
+
+async def test_archive_false_leaves_everything_in_etcd(
+    etcd_kv: EtcdKv, etcd_process: object, tmp_path: Path
+) -> None:
+    store = KvStore(etcd_kv)
+    await bootstrap(store, load_config(CONFIG), tmp_path / "tokens")
+    await seed_ended(store, "old", ended_at_s=time.time() - 2 * 3600, tenant="vision")
+    server = FederationServer(
+        ServerConfig(
+            etcd_endpoint=etcd_process.endpoint,  # type: ignore[attr-defined]
+            state_dir=tmp_path / "state",
+            identity="no-archive",
+            history=HistorySettings(archive=False),
+            archive_idle_s=0.1,
+        )
+    )
+    await server.start()
+    try:
+        # Long enough for several passes, had the archiver been on (it starts with the lease).
+        await asyncio.sleep(1.5)
+        assert server.metrics.is_leader._value.get() == 1  # type: ignore[attr-defined]
+        assert server.history is not None
+        assert server.history.counts().jobs == 0
+    finally:
+        await server.stop()
+    assert [kv.key for kv in (await etcd_kv.range_prefix(JOBS)).kvs] == [JOBS + b"old"]
