@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from federation.errors import NotLeader
+from federation.errors import InvalidArgument, NotLeader
 from federation.history.config import HistorySettings
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
 from federation.history.protocol import HistoryStore
@@ -193,12 +193,18 @@ class Archiver:
             if any(iv.end_s is None for iv in read.intervals):
                 log.warning("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason="open interval")
                 continue
-            jobs.append(_archived(read))
+            try:
+                jobs.append(_archived(read))
+            except InvalidArgument as error:
+                # A record the history refuses stays in etcd, said once per pass, rather than
+                # holding up every batch behind it.
+                log.error("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason=str(error))
+                continue
             found = idem.get(job.job_id)
             keys.append(read if found is None else replace(read, idem=found))
         if not jobs:
             return 0
-        new = await asyncio.to_thread(self._history.write_jobs, jobs)
+        new = await asyncio.to_thread(self._write_jobs, jobs)
         differ: set[JobId] = set()
         if new < len(jobs):
             # Some were there already (a pass that crashed before its delete): delete them only if
@@ -206,13 +212,35 @@ class Archiver:
             differ = await asyncio.to_thread(self._differing, jobs)
             for job_id in differ:
                 log.error("job_not_archived", job_id=job_id, reason="history holds an older copy")
-        done = await remove(self._kv, [k.removal(fence) for k in keys if k.job.value.job_id not in differ])
+        # Only what SQL now holds as etcd does may leave etcd.
+        written = {j.record.job_id for j in jobs} - differ
+        done = await remove(self._kv, [k.removal(fence) for k in keys if k.job.value.job_id in written])
         if not all(done) and not await fence_holds(self._kv, fence):
             raise NotLeader("the leader key is no longer ours; archived jobs left in etcd")
         moved = sum(done)
         if self._metrics is not None:
             self._metrics.archived.labels(kind="jobs").inc(moved)
         return moved
+
+    def _write_jobs(self, jobs: list[ArchivedJob]) -> int:
+        """One transaction for the batch; if the database refuses it as a whole, job by job, so that
+        one bad record never stops the jobs behind it (the refused ones are dropped from `jobs` and
+        stay in etcd)."""
+        try:
+            return self._history.write_jobs(jobs)
+        except InvalidArgument:
+            pass
+        new = 0
+        kept: list[ArchivedJob] = []
+        for job in jobs:
+            try:
+                new += self._history.write_jobs([job])
+            except InvalidArgument as error:
+                log.error("job_not_archived", job_id=job.record.job_id, reason=str(error))
+            else:
+                kept.append(job)
+        jobs[:] = kept
+        return new
 
     def _differing(self, jobs: Sequence[ArchivedJob]) -> set[JobId]:
         out: set[JobId] = set()

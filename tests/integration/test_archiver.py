@@ -22,7 +22,7 @@ from federation.runtime.history_wiring import open_history
 from federation.scheduling.archiver import Archiver, summary_key
 from federation.scheduling.leader import LeaderElection
 from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
-from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, ledger_key
+from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_to_dict, ledger_key
 from federation.store.job_cache import JobCache
 from federation.store.job_store import IDEM, JOBS, WAITS, Fence, KvStore, job_key
 from federation.store.jobs import JobPlacement, JobRecord, PhaseEvent
@@ -368,3 +368,19 @@ async def test_open_history_takes_the_configs_database_else_sqlite_under_the_sta
         assert postgres.counts().jobs == 0
     finally:
         postgres.close()
+
+
+async def test_a_record_the_history_refuses_stays_in_etcd_and_holds_up_no_other(world: World) -> None:
+    last = await seed_ended(world.store, "a-bad", ended_at_s=OLD - 100)
+    await seed_ended(world.store, "b-good", ended_at_s=OLD)
+    # An interval under a-bad's key that names another job: ArchivedJob refuses it.
+    wrong = an_interval("someone-else", start_s=OLD - 700, end_s=OLD - 100)
+    await world.kv.put(ledger_key("a-bad", 1), json.dumps(interval_to_dict(wrong)).encode())
+    last = await seed_ended(world.store, "c-good", ended_at_s=OLD + 1)
+    await world.synced(last)
+
+    report = await world.archiver(archive_batch=3).archive_once(world.fence)
+
+    assert (report.jobs_archived, report.jobs_left) == (2, 1)
+    assert await etcd_keys(world.kv, JOBS) == [job_key("a-bad")]
+    assert world.history.get_job(build_job("a-bad").job_id) is None
