@@ -28,12 +28,15 @@ from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
+from federation.history.config import HistorySettings
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob
 from federation.history.sql_store import SqlHistoryStore
 from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, LogsSettings
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.server import TenantDirectory
+from federation.scheduling.archiver import Archiver
+from federation.scheduling.leader import LeaderElection
 from federation.scheduling.members import MemberClusters
 from federation.security.auth import Authenticator
 from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
@@ -306,10 +309,15 @@ async def test_get_of_an_archived_job_reads_sql_with_the_live_isolation(sqlite_w
 
 
 async def _pages(
-    w: World, who: str, *, archive_between: tuple[list[str], ...] = (), **fields: Any
+    w: World,
+    who: str,
+    *,
+    archive_between: tuple[list[str], ...] = (),
+    page_token_from: str = "",
+    **fields: Any,
 ) -> list[list[str]]:
     pages: list[list[str]] = []
-    token = ""
+    token = page_token_from
     moves = list(archive_between)
     while True:
         reply = await w.list(who, page_token=token, include_archived=True, **fields)
@@ -551,3 +559,60 @@ def _a_replica() -> ReplicaState:
         started_at_s=NOW - 3600.0,
         finished_at_s=NOW - 60.0,
     )
+
+
+# ---- through the archiver itself (engineer A's `federation.scheduling.archiver`)
+
+
+async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) -> None:
+    w = world
+    logs = _logs_service(w, LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0)))
+    kept = KeptAttempt(
+        attempt=1,
+        cluster="onprem",
+        gpu_type="H100",
+        capacity_kind="on_demand",
+        usd_per_gpu_hour=2.0,
+        started_at_s=T0 + 600.0,
+        finished_at_s=T0 + 600.0 + 6 * 3600.0,
+        outcome="SUCCEEDED",
+        reason="Completed",
+        kept_at_s=NOW - 60.0,
+        note="",
+        replicas=(KeptReplica("worker", 0, replace(_a_replica(), pod="j00-worker-0"), 9),),
+    )
+    await LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0)).keep(
+        "j00", kept, {("worker", 0): b"t1 done\n"}
+    )
+    reports = await _every_report(w)
+    audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context("admin"))  # type: ignore[arg-type]
+    # The first page is read with everything in etcd; the archiver runs; the rest come from SQL.
+    first = await w.list("admin", include_archived=True, page_size=4)
+    election = LeaderElection(w.kv, "history-reads-test", ttl_s=5)
+    fence = await election.acquire()
+    try:
+        archiver = Archiver(
+            kv=w.kv,
+            cache=w.cache,
+            history=w.history,
+            settings=HistorySettings(retain_in_etcd_s=3600.0, archive_rate_per_s=10_000.0),
+            clock=lambda: NOW,
+        )
+        report = await archiver.archive_once(fence)
+    finally:
+        await election.close()
+    assert (report.jobs_archived, report.audit_archived) == (len(JOBS), 6)
+    assert w.history.counts().jobs == len(JOBS)
+    await _until(lambda: all(w.cache.get(JobId(j[0])) is None for j in JOBS))
+    assert [j.job_id for j in (await w.list("admin", page_size=100)).jobs] == ["live"]
+    rest = await _pages(w, "admin", page_size=4, page_token_from=first.next_page_token)
+    assert [j.job_id for j in first.jobs] + [j for p in rest for j in p] == ALL
+    assert await _every_report(w) == reports
+    after = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context("admin"))  # type: ignore[arg-type]
+    assert after.events == audit.events
+    assert (await w.get("alice", "j00")).phase == pb.JOB_PHASE_SUCCEEDED
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), _Context("alice"))  # type: ignore[arg-type]
+    assert [(a.attempt, a.reason, [r.pod for r in a.replicas]) for a in described.attempts] == [
+        (1, "Completed", ["j00-worker-0"])
+    ]
+    assert [line for c in await _stream(logs, "alice", "j00") for line in c.lines] == ["done"]
