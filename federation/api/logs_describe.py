@@ -78,11 +78,16 @@ def kept_attempts(attempts: Sequence[ArchivedAttempt]) -> dict[int, KeptAttempt]
     for a in attempts:
         # A JSON round trip: a copy we may pop from, in the shape `joblogs.archive` wrote it.
         d: dict[str, Any] = json.loads(json.dumps(dict(a.summary)))
-        replicas = tuple(
-            KeptReplica(r["task"], int(r["replica"]), ReplicaState(**r["state"]), int(r["size_bytes"]))
-            for r in d.pop("replicas", [])
-        )
-        out[a.attempt] = KeptAttempt(**d, replicas=replicas)
+        try:
+            replicas = tuple(
+                KeptReplica(r["task"], int(r["replica"]), ReplicaState(**r["state"]), int(r["size_bytes"]))
+                for r in d.pop("replicas", [])
+            )
+            out[a.attempt] = KeptAttempt(**d, replicas=replicas)
+        except (KeyError, TypeError, ValueError):
+            # The history keeps what it was given; a summary of another shape (an older joblogs, a
+            # hand-written row) is skipped, and describe falls back to the job's own events.
+            continue
     return out
 
 
