@@ -98,8 +98,9 @@ class ServerConfig:
     logs: LogsSettings = field(default_factory=LogsSettings)
     # The history store (SQLite under the state dir unless a DSN is given) and the archiver's knobs.
     history: HistorySettings = field(default_factory=HistorySettings)
-    # Seconds the archiver waits between passes once it has caught up (tests shorten it).
-    archive_idle_s: float = 30.0
+    # Seconds the archiver waits between passes once it has caught up (None: its own rule, at most
+    # 30 s and a quarter of `history.retainInEtcd`; tests shorten it).
+    archive_idle_s: float | None = None
 
 
 _Servicer = TypeVar("_Servicer")

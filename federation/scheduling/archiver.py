@@ -51,8 +51,10 @@ from placement.model import JobId
 
 log = structlog.get_logger("gpufed.archiver")
 
-# How long the archiver waits between passes when it has caught up.
+# How long the archiver waits between passes once it has caught up: at most this, and a quarter of
+# the retention when that is shorter (at least a second), so a short retention is kept to.
 IDLE_S = 30.0
+MIN_IDLE_S = 1.0
 # A job with more attempts than this has more keys than one transaction may read or delete; it stays
 # in etcd (with a warning) rather than being archived in pieces.
 MAX_ARCHIVED_ATTEMPTS = (MAX_TXN_OPS - 2) // 2 - 1
@@ -96,7 +98,7 @@ class Archiver:
         settings: HistorySettings,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
-        idle_s: float = IDLE_S,
+        idle_s: float | None = None,
     ) -> None:
         self._kv = kv
         self._cache = cache
@@ -104,7 +106,9 @@ class Archiver:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
-        self._idle_s = idle_s
+        self._idle_s = (
+            idle_s if idle_s is not None else min(IDLE_S, max(settings.retain_in_etcd_s / 4, MIN_IDLE_S))
+        )
 
     async def run(self, fence: Fence, lost: asyncio.Event) -> None:
         """Pass after pass until leadership is lost."""
