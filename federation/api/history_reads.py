@@ -17,14 +17,18 @@ here against the store's tables (`federation.history.schema`) and decoded with i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import ParamSpec, TypeVar
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 
 from federation.history import rows, schema
-from federation.history.model import ArchivedAudit
+from federation.history.errors import HistoryUnavailable
+from federation.history.model import ArchivedAudit, ArchivedJob
 from federation.history.protocol import HistoryStore
 from federation.history.sql_store import SqlHistoryStore
 from federation.store.intervals import IntervalEnd, LedgerInterval
@@ -54,12 +58,35 @@ _INTERVAL_COLUMNS = (
 _BATCH = 500
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _answers(read: Callable[P, R]) -> Callable[P, R]:
+    """A database that does not answer is UNAVAILABLE (retryable), not an unknown error."""
+
+    @functools.wraps(read)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return read(*args, **kwargs)
+        except OperationalError as error:
+            raise HistoryUnavailable(f"history database: {error.orig}") from error
+
+    return guarded
+
+
+@_answers
+def get_job(history: HistoryStore, job_id: JobId) -> ArchivedJob | None:
+    return history.get_job(job_id)
+
+
 def _engine(history: HistoryStore) -> Engine:
     if not isinstance(history, SqlHistoryStore):
         raise TypeError(f"history reads need the SQL history store, got {type(history).__name__}")
     return history.engine
 
 
+@_answers
 def list_archived(
     history: HistoryStore,
     *,
@@ -114,6 +141,7 @@ def _day(at_s: float) -> str:
     return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d")
 
 
+@_answers
 def archived_intervals(
     history: HistoryStore, since_s: float, until_s: float, tenant: TenantId | None
 ) -> list[LedgerInterval]:
@@ -168,6 +196,7 @@ def archived_intervals(
         ]
 
 
+@_answers
 def audit_before(history: HistoryStore, before_s: float | None, limit: int) -> list[ArchivedAudit]:
     """Up to `limit` archived audit records at or before `before_s`, newest first."""
     a = schema.audit

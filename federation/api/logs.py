@@ -21,6 +21,7 @@ import grpc
 import structlog
 
 from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable
+from federation.api import history_reads
 from federation.api.logs_describe import describe, kept_attempts
 from federation.api.redact import Redactor
 from federation.api.service import MAX_JOB_ID_LENGTH, CallHandlers, Ctx, archived_job
@@ -282,7 +283,7 @@ class LogsService(pb_grpc.LogsServicer):
             job = await self._visible_job(who, req.job_id)
             archived = None
             if self._history is not None and self._archived(job):
-                found = await asyncio.to_thread(self._history.get_job, job.job_id)
+                found = await asyncio.to_thread(history_reads.get_job, self._history, job.job_id)
                 archived = {} if found is None else kept_attempts(found.attempts)
             return await describe(
                 job,

@@ -493,7 +493,7 @@ async def archived_job(history: HistoryStore | None, job_id: JobId) -> Stored[Jo
     """An archived job as the live store gives one; revision 0: it is ended, nobody writes it."""
     if history is None:
         return None
-    found = await asyncio.to_thread(history.get_job, job_id)
+    found = await asyncio.to_thread(history_reads.get_job, history, job_id)
     return None if found is None else Stored(found.record, 0)
 
 
