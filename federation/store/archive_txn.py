@@ -15,6 +15,7 @@ idempotency), and the rules that make removal safe belong next to the writes the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,16 +135,24 @@ async def idempotency_keys(
         page = await kv.range_prefix(prefix, limit=PAGE_SIZE)
         revision = page.revision
         while True:
-            for item in page.kvs:
-                job_id = JobId(json.loads(item.value)["job_id"])
-                if job_id in job_ids:
-                    found[job_id] = item
+            # Decoded on a worker thread: a tenant may hold a key per live job, and a pass must not
+            # hold the event loop for all of them.
+            found.update(await asyncio.to_thread(_naming, page.kvs, job_ids))
             if not page.more or not page.kvs:
                 break
             page = await kv.range_prefix(
                 prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
             )
     return found
+
+
+def _naming(items: Sequence[KeyValue], job_ids: set[JobId]) -> dict[JobId, KeyValue]:
+    out: dict[JobId, KeyValue] = {}
+    for item in items:
+        job_id = JobId(json.loads(item.value)["job_id"])
+        if job_id in job_ids:
+            out[job_id] = item
+    return out
 
 
 async def remove(kv: KeyValueStore, removals: Sequence[Txn]) -> list[bool]:
