@@ -52,6 +52,22 @@ class Metrics:
             "gpufed_job_transitions_total", "Phase changes written", ["to_phase"], registry=r
         )
         self.is_leader = Gauge("gpufed_leader", "1 while this server holds the leader lease", registry=r)
+        # The archiver (federation.scheduling.archiver): what it moved to the history store, what
+        # is left for it, and what its last pass cost.
+        self.archived = Counter(
+            "gpufed_archived_total",
+            "Records moved from etcd to the history store, by kind (jobs, audit)",
+            ["kind"],
+            registry=r,
+        )
+        self.archive_backlog = Gauge(
+            "gpufed_archive_backlog_jobs",
+            "Ended jobs past history.retainInEtcd still in etcd, as the archiver's last look saw them",
+            registry=r,
+        )
+        self.archive_pass_seconds = Gauge(
+            "gpufed_archive_last_pass_seconds", "Duration of the archiver's last pass", registry=r
+        )
         self._known_tenants: set[str] = set()
 
     def observe_call(self, method: str, code: str, seconds: float) -> None:

@@ -21,6 +21,7 @@ from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound
+from federation.history.protocol import HistoryStore
 from federation.metrics import Metrics
 from federation.security.auth import (
     Authenticator,
@@ -73,9 +74,12 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
         auth: Authenticator,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        history: HistoryStore | None = None,
     ) -> None:
         self._store = store
         self._security = security
+        # Audit records archived to SQL (issue 19); None: etcd's trail only.
+        self._history = history
         self._cache = cache
         self._h = CallHandlers(auth, metrics)
         self._clock = clock

@@ -7,14 +7,18 @@ in the reply that issues it; etcd keeps its hash. Every admin write in AdminServ
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 from collections.abc import Callable
 
 import structlog
 
-from federation.api import convert
+from federation.api import convert, history_reads
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import InvalidArgument, InvalidSpec, NotFound
+from federation.history.protocol import HistoryStore
 from federation.security.auth import Principal, check_admin
 from federation.security.tokens import AuditEvent, SecurityStore, TokenRecord, new_token, token_hash
 from federation.spec.validate import name_field, shown
@@ -26,6 +30,8 @@ log = structlog.get_logger("gpufed.admin")
 
 MAX_TOKEN_TTL_S = 366 * 24 * 3600.0
 MAX_AUDIT_EVENTS = 10_000
+# etcd's list reads the whole prefix whatever the limit; ask for all of it to page across stores.
+ALL_AUDIT_EVENTS = 1 << 62
 
 
 def user_to_pb(u: UserRecord) -> pb.User:
@@ -50,6 +56,7 @@ class AccessAdmin:
     _security: SecurityStore
     _h: CallHandlers
     _clock: Callable[[], float]
+    _history: HistoryStore | None
 
     async def audit(self, who: Principal, action: str, target: str, detail: str = "") -> None:
         log.info(
@@ -148,8 +155,14 @@ class AccessAdmin:
             limit = req.limit or 1000
             if not 0 < limit <= MAX_AUDIT_EVENTS:
                 raise InvalidArgument(f"limit: must be 1 to {MAX_AUDIT_EVENTS}")
-            events = await self._security.list_audit(limit=limit)
+            before = decode_audit_token(req.page_token)
+            live = await self._security.list_audit(limit=ALL_AUDIT_EVENTS)
+            if before is None and self._history is None:
+                events, more = live[-limit:], False
+            else:
+                events, more = await self._audit_page(live, before, limit)
             return pb.ListAuditResponse(
+                next_page_token=encode_audit_token(events[0]) if more else "",
                 events=[
                     pb.AuditEvent(
                         at=convert.timestamp(e.at_s),
@@ -160,7 +173,48 @@ class AccessAdmin:
                         detail=e.detail,
                     )
                     for e in events
-                ]
+                ],
             )
 
         return await self._h.unary("ListAudit", request, context, body)
+
+    async def _audit_page(
+        self, live: list[AuditEvent], before: AuditEvent | None, limit: int
+    ) -> tuple[list[AuditEvent], bool]:
+        """The newest `limit` events of etcd's and SQL's before `before`, oldest first; more left?
+
+        An event is known by its content (etcd's list does not carry its key): a record the archiver
+        has copied to SQL and not yet deleted from etcd is the same event in both and is shown once.
+        """
+        archived: list[AuditEvent] = []
+        if self._history is not None:
+            rows = await asyncio.to_thread(
+                history_reads.audit_before, self._history, None if before is None else before.at_s, limit + 1
+            )
+            archived = [AuditEvent(r.at_s, r.user, r.role, r.action, r.target, r.detail) for r in rows]
+        found = {_audit_key(e): e for e in [*live, *archived]}
+        ordered = sorted(found.values(), key=_audit_key, reverse=True)
+        if before is not None:
+            edge = _audit_key(before)
+            ordered = [e for e in ordered if _audit_key(e) < edge]
+        page = ordered[:limit]
+        page.reverse()
+        return page, len(ordered) > limit
+
+
+def _audit_key(e: AuditEvent) -> tuple[float, str, str, str, str, str]:
+    return (e.at_s, e.user, e.role, e.action, e.target, e.detail)
+
+
+def encode_audit_token(e: AuditEvent) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(_audit_key(e))).encode()).decode()
+
+
+def decode_audit_token(token: str) -> AuditEvent | None:
+    if not token:
+        return None
+    try:
+        at_s, user, role, action, target, detail = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return AuditEvent(float(at_s), str(user), str(role), str(action), str(target), str(detail))
+    except (ValueError, TypeError) as error:
+        raise InvalidArgument("page_token: not a token this server issued") from error

@@ -118,21 +118,23 @@ class GpufedClient:
         user: str = "",
         cluster: str = "",
         newest_first: bool = False,
+        include_archived: bool = False,
+        since_s: float | None = None,
     ) -> pb.ListJobsResponse:
-        return self._jobs.ListJobs(
-            pb.ListJobsRequest(
-                tenant=tenant,
-                phases=phases,
-                page_size=page_size,
-                page_token=page_token,
-                name_prefix=name_prefix,
-                user=user,
-                cluster=cluster,
-                newest_first=newest_first,
-            ),
-            metadata=self._metadata,
-            timeout=self._timeout_s,
+        request = pb.ListJobsRequest(
+            tenant=tenant,
+            phases=phases,
+            page_size=page_size,
+            page_token=page_token,
+            name_prefix=name_prefix,
+            user=user,
+            cluster=cluster,
+            newest_first=newest_first,
+            include_archived=include_archived,
         )
+        if since_s is not None:
+            request.since.FromNanoseconds(int(since_s * 1e9))
+        return self._jobs.ListJobs(request, metadata=self._metadata, timeout=self._timeout_s)
 
     def list_all(
         self,
@@ -142,6 +144,8 @@ class GpufedClient:
         user: str = "",
         cluster: str = "",
         newest_first: bool = False,
+        include_archived: bool = False,
+        since_s: float | None = None,
     ) -> list[pb.Job]:
         jobs: list[pb.Job] = []
         token = ""
@@ -154,6 +158,8 @@ class GpufedClient:
                 user=user,
                 cluster=cluster,
                 newest_first=newest_first,
+                include_archived=include_archived,
+                since_s=since_s,
             )
             jobs.extend(page.jobs)
             token = page.next_page_token
@@ -284,8 +290,9 @@ class GpufedClient:
     def revoke_token(self, token_id: str) -> None:
         self._call(self._admin.RevokeToken, pb.RevokeTokenRequest(token_id=token_id))
 
-    def list_audit(self, *, limit: int = 100) -> pb.ListAuditResponse:
-        reply: pb.ListAuditResponse = self._call(self._admin.ListAudit, pb.ListAuditRequest(limit=limit))
+    def list_audit(self, *, limit: int = 100, page_token: str = "") -> pb.ListAuditResponse:
+        request = pb.ListAuditRequest(limit=limit, page_token=page_token)
+        reply: pb.ListAuditResponse = self._call(self._admin.ListAudit, request)
         return reply
 
     # ---- finance

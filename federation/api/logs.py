@@ -11,6 +11,7 @@ Attempts whose pods are gone are served from the copy kept when they ended (`fed
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,14 +21,16 @@ import grpc
 import structlog
 
 from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable
-from federation.api.logs_describe import describe
+from federation.api import history_reads
+from federation.api.logs_describe import describe, kept_attempts
 from federation.api.redact import Redactor
-from federation.api.service import MAX_JOB_ID_LENGTH, CallHandlers, Ctx
+from federation.api.service import MAX_JOB_ID_LENGTH, CallHandlers, Ctx, archived_job
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import FailedPrecondition, GpufedError, InvalidArgument, NotFound, RateLimited
+from federation.history.protocol import HistoryStore
 from federation.joblogs.archive import LogArchive, LogsSettings, locate
 from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
 from federation.metrics import Metrics
@@ -113,8 +116,11 @@ class LogsService(pb_grpc.LogsServicer):
         archive: LogArchive,
         read_limiter: ReadRateLimiter | None = None,
         clock: Callable[[], float] = time.time,
+        history: HistoryStore | None = None,
     ) -> None:
         self._store = store
+        # Ended jobs archived to SQL (issue 19): their record and attempt summaries; None: live only.
+        self._history = history
         self._cache = cache
         self._auth = auth
         self._h = CallHandlers(auth, metrics)
@@ -139,9 +145,15 @@ class LogsService(pb_grpc.LogsServicer):
             return cached.value
         self._read_limiter.admit(who.user)
         stored = await self._store.get_job(JobId(job_id))
+        if stored is None:
+            stored = await archived_job(self._history, JobId(job_id))
         if stored is None or not can_read_tenant(who, stored.value.tenant):
             raise NotFound(job_not_found(job_id))
         return stored.value
+
+    def _archived(self, job: JobRecord) -> bool:
+        # Ended and gone from etcd (so from the cache): its pods were collected long ago.
+        return job.phase.is_terminal and self._cache.get(job.job_id) is None
 
     # ---- StreamLogs
 
@@ -195,7 +207,7 @@ class LogsService(pb_grpc.LogsServicer):
                 not req.HasField("replica") or replica == req.replica
             )
 
-        if attempt == job.attempt and job.placement is not None:
+        if attempt == job.attempt and job.placement is not None and not self._archived(job):
             cluster = job.placement.cluster
             backend = self._members.get(cluster)
             if isinstance(backend, GangInspector):
@@ -241,6 +253,11 @@ class LogsService(pb_grpc.LogsServicer):
                 # The job exists and the caller may read it: "not yet" is a state, not an absence
                 # (NOT_FOUND stays the answer an outsider gets).
                 raise FailedPrecondition(f"job {job.job_id} has not started yet: no logs")
+            if self._archived(job):
+                raise NotFound(
+                    f"job {job.job_id} attempt {attempt}: ended and archived to the history store; its "
+                    f"logs are no longer kept (kept tails last {self._settings.retain_hours:g} hours)"
+                )
             raise NotFound(
                 f"job {job.job_id} attempt {attempt}: no logs (its pods are gone and none were kept, or "
                 f"they are older than {self._settings.retain_hours:g} hours)"
@@ -264,6 +281,10 @@ class LogsService(pb_grpc.LogsServicer):
     async def DescribeJob(self, request: pb.DescribeJobRequest, context: Ctx) -> pb.JobDescription:
         async def body(who: Principal, req: pb.DescribeJobRequest) -> pb.JobDescription:
             job = await self._visible_job(who, req.job_id)
+            archived = None
+            if self._history is not None and self._archived(job):
+                found = await asyncio.to_thread(history_reads.get_job, self._history, job.job_id)
+                archived = {} if found is None else kept_attempts(found.attempts)
             return await describe(
                 job,
                 Redactor(who, self._tenant_of),
@@ -271,6 +292,7 @@ class LogsService(pb_grpc.LogsServicer):
                 archive=self._archive,
                 store=self._store,
                 now_s=self._clock(),
+                archived=archived,
             )
 
         return await self._h.unary("DescribeJob", request, context, body)

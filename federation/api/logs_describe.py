@@ -8,13 +8,16 @@ exists, the job's own history still says where each attempt ran and how it ended
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from clusters.api import ClusterError, GangEvent, GangInspector, ReplicaState
 from federation.api import convert
 from federation.api.redact import Redactor
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.joblogs.archive import KeptAttempt, LogArchive, locate, waiting_reason
+from federation.history.model import ArchivedAttempt
+from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, locate, waiting_reason
 from federation.scheduling.members import MemberClusters
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
@@ -67,6 +70,25 @@ def _times(job: JobRecord, attempt: int) -> tuple[float | None, float | None, st
         if e.attempt == attempt + 1 and e.phase is JobPhase.QUEUED and finished is None:
             finished, outcome, reason = e.at_s, "REQUEUED", e.reason
     return started, finished, outcome, reason
+
+
+def kept_attempts(attempts: Sequence[ArchivedAttempt]) -> dict[int, KeptAttempt]:
+    """The attempt summaries the archiver copied to SQL, by attempt, as joblogs kept them."""
+    out = {}
+    for a in attempts:
+        # A JSON round trip: a copy we may pop from, in the shape `joblogs.archive` wrote it.
+        d: dict[str, Any] = json.loads(json.dumps(dict(a.summary)))
+        try:
+            replicas = tuple(
+                KeptReplica(r["task"], int(r["replica"]), ReplicaState(**r["state"]), int(r["size_bytes"]))
+                for r in d.pop("replicas", [])
+            )
+            out[a.attempt] = KeptAttempt(**d, replicas=replicas)
+        except (KeyError, TypeError, ValueError):
+            # The history keeps what it was given; a summary of another shape (an older joblogs, a
+            # hand-written row) is skipped, and describe falls back to the job's own events.
+            continue
+    return out
 
 
 def _kept_pb(kept: KeptAttempt) -> pb.AttemptDescription:
@@ -140,7 +162,10 @@ async def describe(
     archive: LogArchive,
     store: JobStore,
     now_s: float,
+    archived: Mapping[int, KeptAttempt] | None = None,
 ) -> pb.JobDescription:
+    """`archived`: the job is in the history store only, with these attempt summaries from SQL
+    (its cluster is not asked: an archived job's pods were collected long ago)."""
     shown = redactor.job(job)
     out = pb.JobDescription(job=convert.job_to_pb(shown))
     for t in job.spec.tasks:
@@ -156,7 +181,10 @@ async def describe(
     )
     live: tuple[pb.AttemptDescription, Sequence[ReplicaState]] | None = None
     for attempt in range(1, job.attempt + 1):
-        if attempt == job.attempt and job.placement is not None:
+        if archived is not None and attempt in archived:
+            out.attempts.append(_kept_pb(archived[attempt]))
+            continue
+        if attempt == job.attempt and job.placement is not None and archived is None:
             live = await _live(job, members)
             if live is not None:
                 out.attempts.append(live[0])

@@ -7,16 +7,18 @@ reads every tenant, a member only its own, nobody else.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from federation.api import convert
+from federation.api import convert, history_reads
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import InvalidArgument
+from federation.history.protocol import HistoryStore
 from federation.ledger.cache import LedgerCache
 from federation.ledger.report import (
     Bucket,
@@ -32,6 +34,7 @@ from federation.ledger.report import (
     render_json,
     render_table,
 )
+from federation.ledger.report.compute import WEEK_S
 from federation.ledger.report.idle import ProvisionedInterval
 from federation.ledger.usage import month_start_s
 from federation.metrics import Metrics
@@ -99,7 +102,10 @@ class ReportService(pb_grpc.ReportServiceServicer):
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         provisioned: Callable[[], Awaitable[Sequence[ProvisionedInterval]]] | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
+        # Closed intervals of archived jobs, in SQL (issue 19); None: etcd's ledger only.
+        self._history = history
         # The node-pool intervals the capacity reconciler recorded, for the idle cost of a report
         # over every tenant (a member's report shows none: idle says what others used).
         self._provisioned = provisioned
@@ -107,6 +113,36 @@ class ReportService(pb_grpc.ReportServiceServicer):
         self._store = store
         self._h = CallHandlers(auth, metrics)
         self._clock = clock
+
+    async def _intervals(
+        self, since_s: float, until_s: float, tenant: TenantId | None
+    ) -> list[LedgerInterval]:
+        """etcd's intervals (the ledger cache) plus the archived ones that overlap [since_s, until_s).
+
+        While the archiver has committed a job to SQL and not yet deleted it from etcd, its closed
+        intervals are in both: SQL's copy is kept and etcd's left out, by interval id (job, attempt),
+        so none is counted twice. Open intervals are only ever in etcd. Both copies of an interval
+        are the same closed record, so a report reads the same before and after archiving.
+        """
+        live = self._ledger.intervals()
+        if self._history is None:
+            return live
+        archived = await asyncio.to_thread(
+            history_reads.archived_intervals, self._history, since_s, until_s, tenant
+        )
+        held = {(iv.job_id, iv.attempt) for iv in archived}
+        merged = [iv for iv in live if (iv.job_id, iv.attempt) not in held] + archived
+        # One order whichever store holds an interval: float sums then add in the same order, so a
+        # report reads the same to the last digit before, during and after archiving.
+        merged.sort(key=lambda iv: (iv.start_s, iv.job_id, iv.attempt))
+        return merged
+
+    async def _report_intervals(self, query: ReportQuery) -> list[LedgerInterval]:
+        # Beyond the period: a report's budget and forecast read this month and the last seven days.
+        since_s = min(query.start_s, month_start_s(query.now_s), query.now_s - WEEK_S)
+        until_s = max(query.until_s, query.now_s)
+        tenant = None if query.tenants is None or len(query.tenants) != 1 else next(iter(query.tenants))
+        return await self._intervals(since_s, until_s, tenant)
 
     def _query(
         self,
@@ -146,7 +182,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
             query = self._query(who, req, tuple(dims), req.bucket)
             tenants = await self._store.list_tenants()
             pools = await self._provisioned() if self._provisioned and query.tenants is None else ()
-            report = compute_report(self._ledger.intervals(), tenants, query, provisioned=pools)
+            report = compute_report(await self._report_intervals(query), tenants, query, provisioned=pools)
             render, content_type = RENDERERS[fmt]
             return pb.RenderedReport(content=render(report), content_type=content_type)
 
@@ -158,7 +194,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
             if fmt not in ("csv", "json"):
                 raise InvalidArgument(f"format: {shown(fmt)} is not csv or json")
             query = self._query(who, req, (Dim.TENANT,), "")
-            rows = focus_rows(self._ledger.intervals(), query)
+            rows = focus_rows(await self._report_intervals(query), query)
             if fmt == "csv":
                 return pb.RenderedReport(content=render_focus_csv(rows), content_type="text/csv")
             return pb.RenderedReport(content=render_focus_json(rows), content_type="application/json")
@@ -174,7 +210,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
             )
             found = [
                 iv
-                for iv in visible(self._ledger.intervals(), tenant)
+                for iv in visible(await self._intervals(start_s, end_s, tenant), tenant)
                 if iv.start_s < end_s and (iv.end_s is None or iv.end_s > start_s)
             ]
             found.sort(key=lambda iv: (iv.start_s, iv.job_id, iv.attempt))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
 
-from federation.api import convert
+from federation.api import convert, history_reads
 from federation.api.job_queries import (
     ListFilter,
     decode_page_token,
@@ -40,6 +40,7 @@ from federation.errors import (
     PermissionDenied,
     RateLimited,
 )
+from federation.history.protocol import HistoryStore
 from federation.metrics import Metrics
 from federation.scheduling.dispatch_backoff import ClusterRefusing, backoff_text
 from federation.security.auth import (
@@ -176,8 +177,11 @@ class JobService(pb_grpc.JobServiceServicer):
         clock: Callable[[], float] = time.time,
         read_limiter: ReadRateLimiter | None = None,
         security: SecurityStore | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         self._store = store
+        # Ended jobs archived to SQL (issue 19); None: the live store only.
+        self._history = history
         self._datasets = datasets
         # Where a cancel is recorded in the audit trail (None: not recorded, for tests of the rest).
         self._security = security
@@ -264,6 +268,8 @@ class JobService(pb_grpc.JobServiceServicer):
         # a flood of made-up ids must not become a flood of etcd reads.
         self._read_limiter.admit(who.user)
         stored = await self._store.get_job(JobId(job_id))
+        if stored is None:
+            stored = await archived_job(self._history, JobId(job_id))
         if stored is None or not can_read_tenant(who, stored.value.tenant):
             raise NotFound(job_not_found(job_id))
         return stored
@@ -301,10 +307,55 @@ class JobService(pb_grpc.JobServiceServicer):
         # The cache's index walks only the caller's tenant (and phases), in order from the page's
         # start: one tenant's thousands of jobs do not slow another's list. User and cluster are
         # checked on the records walked; only the page returned is converted.
-        walked = self._cache.ordered(tenant, phases, after, newest_first=req.newest_first)
-        page, more = one_page((s.value for s in walked), wanted, size)
+        since_s = req.since.ToNanoseconds() / 1e9 if req.HasField("since") else None
+        start = after
+        if since_s is not None and not req.newest_first and (start is None or start < (since_s, "")):
+            start = (since_s, "")  # the walk starts at `since` instead of skipping everything older
+        walked = self._cache.ordered(tenant, phases, start, newest_first=req.newest_first)
+        if not req.include_archived or self._history is None:
+            page, more = one_page(since_filtered(walked, since_s, req.newest_first), wanted, size)
+        else:
+            page, more = await self._both_stores(req, tenant, phases, wanted, since_s, start, walked, size)
         token = encode_page_token(list_order(page[-1]), newest_first=req.newest_first) if more else ""
         return pb.ListJobsResponse(jobs=[self._shown(who, j) for j in page], next_page_token=token)
+
+    async def _both_stores(
+        self,
+        req: pb.ListJobsRequest,
+        tenant: TenantId | None,
+        phases: set[JobPhase],
+        wanted: ListFilter,
+        since_s: float | None,
+        after: tuple[float, str] | None,
+        walked: Iterator[Stored[JobRecord]],
+        size: int,
+    ) -> tuple[list[JobRecord], bool]:
+        """One page over the cache and the history store, merged on (submitted_at, job_id).
+
+        The cache is read first, then SQL: the archiver commits a job to SQL before it deletes it
+        from etcd, and the cache drops it only after etcd did, so a job missing from the cache's
+        read is already in SQL when SQL is read. Every job past the token is in one store or both
+        (a job in both, during the archiver's window, is shown once), and nothing at or before the
+        token is: no job is repeated or skipped across pages, whichever store holds it.
+        """
+        live, _ = one_page(since_filtered(walked, since_s, req.newest_first), wanted, size + 1)
+        assert self._history is not None
+        archived = await asyncio.to_thread(
+            history_reads.list_archived,
+            self._history,
+            tenant=tenant,
+            phases=frozenset(phases),
+            wants=wanted.wants,
+            user=wanted.user,
+            since_s=since_s,
+            after=after,
+            newest_first=req.newest_first,
+            count=size + 1,
+        )
+        merged: dict[JobId, JobRecord] = {j.job_id: j for j in archived}
+        merged.update((j.job_id, j) for j in live)  # the live copy wins while a job is in both
+        ordered = sorted(merged.values(), key=list_order, reverse=req.newest_first)
+        return ordered[:size], len(ordered) > size
 
     async def SummarizeJobs(self, request: pb.SummarizeJobsRequest, context: Ctx) -> pb.JobSummary:
         async def body(who: Principal, req: pb.SummarizeJobsRequest) -> pb.JobSummary:
@@ -349,15 +400,17 @@ class JobService(pb_grpc.JobServiceServicer):
                 # Read whole before the first yield: the cache changes while the stream waits.
                 if request.job_id:
                     found = self._cache.get(JobId(request.job_id))
-                    initial = [] if found is None else [found]
+                    # An archived job is in no cache: its one (ended) state is all there is to send.
+                    initial = [first] if found is None and first.value.phase.is_terminal else []
+                    initial = initial if found is None else [found]
                 else:
                     initial = list(self._cache.ordered(tenant))
                 for stored in initial:
                     if wanted(stored.value) and changed(stored.value):
                         yield pb.JobEvent(job=self._shown(who, stored.value))
                 if request.job_id:
-                    current = self._cache.get(JobId(request.job_id))
-                    if current is not None and current.value.phase.is_terminal:
+                    current = self._cache.get(JobId(request.job_id)) or first
+                    if current.value.phase.is_terminal:
                         return
             while True:
                 try:
@@ -434,6 +487,27 @@ class JobService(pb_grpc.JobServiceServicer):
             )
 
         return await self._h.unary("ExplainJob", request, context, body)
+
+
+async def archived_job(history: HistoryStore | None, job_id: JobId) -> Stored[JobRecord] | None:
+    """An archived job as the live store gives one; revision 0: it is ended, nobody writes it."""
+    if history is None:
+        return None
+    found = await asyncio.to_thread(history_reads.get_job, history, job_id)
+    return None if found is None else Stored(found.record, 0)
+
+
+def since_filtered(
+    walked: Iterator[Stored[JobRecord]], since_s: float | None, newest_first: bool
+) -> Iterator[JobRecord]:
+    """The walked jobs submitted at or after `since_s`; newest first, the walk stops below it."""
+    for stored in walked:
+        job = stored.value
+        if since_s is not None and job.submitted_at_s < since_s:
+            if newest_first:
+                return
+            continue
+        yield job
 
 
 def explain_summary(job: JobRecord, reason_count: int, *, now: float) -> str:

@@ -135,10 +135,13 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
 
     @cli.command()
     @click.option("--limit", default=100, show_default=True)
+    @click.option("--page", "page_token", default="", help="the token printed under a page: older events")
     @click.pass_obj
     @rpc
-    def audit(opts: Any, limit: int) -> None:
-        """Admin actions, newest last, with who did them (admins only)."""
+    def audit(opts: Any, limit: int, page_token: str) -> None:
+        """Admin actions, newest last, with who did them (admins only), archived ones included."""
         with opts.client() as client:
-            reply = client.list_audit(limit=limit)
+            reply = client.list_audit(limit=limit, page_token=page_token)
         opts.emit(reply, audit_table(list(reply.events)))
+        if reply.next_page_token:
+            click.echo(f"older events: gpufed audit --page {reply.next_page_token}", err=True)

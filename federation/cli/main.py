@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from federation.cli import dataset as cli_dataset
 from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
 from federation.cli import report as cli_report
+from federation.cli.logs import parse_since
 from federation.cli.render import (
     FORMATS,
     as_dict,
@@ -336,19 +338,35 @@ def get(opts: _Opts, job_id: str) -> None:
 @click.option("--user", default="", help="only this user's jobs")
 @click.option("--cluster", default="", help="only jobs placed on this cluster")
 @click.option("--newest-first", is_flag=True, help="latest submission first (default: oldest first)")
+@click.option("--all", "include_archived", is_flag=True, help="also ended jobs archived to SQL")
+@click.option("--since", default="", help="only jobs submitted within this long: '30d', '12h', '1h30m'")
 @click.pass_obj
 @_rpc
 def list_jobs(
-    opts: _Opts, tenant: str, phases: tuple[str, ...], user: str, cluster: str, newest_first: bool
+    opts: _Opts,
+    tenant: str,
+    phases: tuple[str, ...],
+    user: str,
+    cluster: str,
+    newest_first: bool,
+    include_archived: bool,
+    since: str,
 ) -> None:
-    """List jobs you may see (filtered and ordered by the server)."""
+    """List jobs you may see (filtered and ordered by the server); --all adds archived ones."""
     try:
         wanted = [pb.JobPhase.Value("JOB_PHASE_" + p.upper()) for p in phases]
     except ValueError as error:
         raise click.BadParameter(f"unknown phase in {phases}", param_hint="--phase") from error
+    since_s = time.time() - parse_since(since) if since else None
     with opts.client() as client:
         jobs = client.list_all(
-            tenant=tenant, phases=wanted, user=user, cluster=cluster, newest_first=newest_first
+            tenant=tenant,
+            phases=wanted,
+            user=user,
+            cluster=cluster,
+            newest_first=newest_first,
+            include_archived=include_archived,
+            since_s=since_s,
         )
     opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
 

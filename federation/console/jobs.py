@@ -46,6 +46,8 @@ class JobFilters:
     page_token: str = ""
     # NEWEST (the default) or OLDEST: which end of the list order the pages start from.
     order: str = NEWEST
+    # Also the ended jobs archived to the history store (ListJobs' include_archived).
+    archived: bool = False
 
     @classmethod
     def of(cls, request: web.Request) -> JobFilters:
@@ -62,6 +64,7 @@ class JobFilters:
             cluster=field("cluster"),
             page_token=q.get("page_token", "")[:512],
             order=OLDEST if field("order").lower() == OLDEST else NEWEST,
+            archived=field("archived") == "1",
         )
 
     def params(self, *, page_token: str | None = None) -> dict[str, str]:
@@ -72,6 +75,7 @@ class JobFilters:
             "user": self.user,
             "cluster": self.cluster,
             "order": "" if self.order == NEWEST else self.order,
+            "archived": "1" if self.archived else "",
             "page_token": token,
         }
 
@@ -104,6 +108,7 @@ async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
             newest_first=filters.order == NEWEST,
             page_size=PAGE_ROWS,
             page_token=filters.page_token,
+            include_archived=filters.archived,
         ),
     )
     return JobsPage(list(reply.jobs), reply.next_page_token)
@@ -173,6 +178,8 @@ def filters_form(filters: JobFilters, tenants: list[tuple[str, str]], shown_tena
         f'<label>Cluster<input name="cluster" value="{e(filters.cluster)}" maxlength="{MAX_FIELD_LENGTH}">'
         "</label>"
         f'<label>Order<select name="order">{_options(orders, filters.order)}</select></label>'
+        '<label><input type="checkbox" name="archived" value="1"'
+        f"{' checked' if filters.archived else ''}> Include archived</label>"
         '<button type="submit">Filter</button> <a href="/jobs">Clear</a></form>'
     )
 

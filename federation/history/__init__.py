@@ -7,6 +7,6 @@ the rooms that read history (`ledger` for reports, `security` for the audit trai
 the archiver), so it imports only `store`, `spec` and `placement`. Audit records arrive as this
 room's own `ArchivedAudit`, because `security` sits above it.
 
-Not yet built (next step of issue 19): the archiver that moves ended jobs here from etcd, and the
-read paths (`get`, `list --all`, reports, `audit`) that span both stores.
+The archiver that moves ended jobs and old audit records here from etcd is
+`federation.scheduling.archiver`, on the leader; the read paths that span both stores are in `api`.
 """

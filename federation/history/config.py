@@ -4,10 +4,13 @@ an ended job stays in etcd before the archiver moves it there.
     history:
       dsn: postgresql://gpufed@db.internal:5432/gpufed   # or dsnEnv: GPUFED_HISTORY_DSN
       retainInEtcd: 1h
+      archive: true          # the leader's archiver (federation.scheduling.archiver); false: keep all in etcd
+      archiveBatch: 100      # jobs (or audit records) per SQL write and etcd delete
+      archiveRatePerS: 200   # at most this many jobs (and as many audit records) a second
 
 Without a DSN the history is SQLite, `history.sqlite3` in the state directory. A DSN that carries a
 password belongs in an environment variable (`dsnEnv`), never in the config file, as with object
-stores' credentials. `retainInEtcd` is read now and used by the archiver (not built yet).
+stores' credentials.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from typing import Any
 
 from federation.errors import InvalidArgument, InvalidSpec
 from federation.history.engine import default_dsn, parse_dsn
-from federation.spec.validate import number_field
+from federation.spec.validate import int_field, number_field
 
 DEFAULT_RETAIN_IN_ETCD_S = 3600.0
-_KEYS = ("dsn", "dsnEnv", "retainInEtcd")
+DEFAULT_ARCHIVE_BATCH = 100
+# About 1.2 jobs a second arrive at 100,000 a day: 200 drains a day's backlog in under ten minutes
+# and keeps the archiver's etcd deletes a small share of what etcd takes (about 6,000 writes/s).
+DEFAULT_ARCHIVE_RATE_PER_S = 200.0
+# One job's deletes are one nested transaction, and one etcd request carries at most 128 of them.
+MAX_ARCHIVE_BATCH = 128
+_KEYS = ("dsn", "dsnEnv", "retainInEtcd", "archive", "archiveBatch", "archiveRatePerS")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
@@ -34,6 +43,10 @@ class HistorySettings:
     # The name of an environment variable that holds the DSN.
     dsn_env: str | None = None
     retain_in_etcd_s: float = DEFAULT_RETAIN_IN_ETCD_S
+    # False: the leader archives nothing and everything stays in etcd, as before the archiver.
+    archive: bool = True
+    archive_batch: int = DEFAULT_ARCHIVE_BATCH
+    archive_rate_per_s: float = DEFAULT_ARCHIVE_RATE_PER_S
 
 
 def _duration_s(value: Any, field: str) -> float:
@@ -43,6 +56,13 @@ def _duration_s(value: Any, field: str) -> float:
             raise InvalidSpec(field, f"must be seconds or a duration like 30m, 1h, 2d, got {value!r}")
         return float(match.group(1)) * _UNIT_S[match.group(2)]
     return number_field(value, field, minimum=0.0)
+
+
+def _batch(value: Any) -> int:
+    batch = int_field(value, "history.archiveBatch", minimum=1)
+    if batch > MAX_ARCHIVE_BATCH:
+        raise InvalidSpec("history.archiveBatch", f"must be at most {MAX_ARCHIVE_BATCH}, got {batch}")
+    return batch
 
 
 def parse_history(doc: dict[str, Any]) -> HistorySettings:
@@ -69,8 +89,23 @@ def parse_history(doc: dict[str, Any]) -> HistorySettings:
     if dsn_env is not None and (not isinstance(dsn_env, str) or not dsn_env):
         raise InvalidSpec("history.dsnEnv", "must name an environment variable")
     retain = section.get("retainInEtcd", DEFAULT_RETAIN_IN_ETCD_S)
+    archive = section.get("archive", True)
+    if not isinstance(archive, bool):
+        raise InvalidSpec("history.archive", f"must be true or false, got {archive!r}")
+    rate = number_field(
+        section.get("archiveRatePerS", DEFAULT_ARCHIVE_RATE_PER_S), "history.archiveRatePerS", minimum=0.0
+    )
+    if rate <= 0:
+        raise InvalidSpec(
+            "history.archiveRatePerS", "must be above 0 (turn the archiver off with archive: false)"
+        )
     return HistorySettings(
-        dsn=dsn, dsn_env=dsn_env, retain_in_etcd_s=_duration_s(retain, "history.retainInEtcd")
+        dsn=dsn,
+        dsn_env=dsn_env,
+        retain_in_etcd_s=_duration_s(retain, "history.retainInEtcd"),
+        archive=archive,
+        archive_batch=_batch(section.get("archiveBatch", DEFAULT_ARCHIVE_BATCH)),
+        archive_rate_per_s=rate,
     )
 
 

@@ -2,8 +2,10 @@
 
 Reports over a month of intervals must answer in well under a second, and the scheduler reads every
 tenant's usage each few seconds: neither can afford to list the ledger from etcd each time. Entries
-are only ever put (opened, then closed), never deleted, so the cache is a map from key to the latest
-interval. A broken watch (etcd away, or compaction) lists everything again.
+are put (opened, then closed) and deleted only once the archiver has moved them to the history
+store (closed intervals of ended jobs), so the cache is a map from key to the latest interval, and
+a deletion drops the entry: what the cache holds is etcd's part of the ledger, never SQL's. A
+broken watch (etcd away, or compaction) lists everything again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import structlog
 
 from federation.errors import StoreUnavailable
 from federation.store.intervals import LedgerInterval
-from federation.store.job_store import JobStore
+from federation.store.job_store import JobStore, LedgerRemoved
 from federation.store.kv import WatchCompacted
 
 log = structlog.get_logger(__name__)
@@ -71,8 +73,11 @@ class LedgerCache:
                     backoff_s = _BACKOFF_START_S
                 events = self._store.watch_ledger(start_revision=self._revision + 1)
                 async with contextlib.aclosing(events):
-                    async for interval in events:
-                        self._intervals[interval.key] = interval
+                    async for change in events:
+                        if isinstance(change, LedgerRemoved):
+                            self._intervals.pop(change.key, None)
+                        else:
+                            self._intervals[change.key] = change
                         self.version += 1
                         backoff_s = _BACKOFF_START_S
                 log.warning("ledger_cache_watch_ended", revision=self._revision)

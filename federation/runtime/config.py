@@ -56,7 +56,7 @@ class FederationConfig:
     # The `datasync:` section: where staging's copies run (federation.datasets.executor).
     datasync: DatasyncSettings = field(default_factory=DatasyncSettings)
     # The `history:` section: the history database's DSN and how long ended jobs stay in etcd
-    # (federation.history.config). Read and checked; nothing archives yet.
+    # (federation.history.config), and the leader's archiver's switch, batch and rate.
     history: HistorySettings = field(default_factory=HistorySettings)
 
     def with_simulators_at(self, kubeconfig: Path) -> FederationConfig:

@@ -103,6 +103,8 @@ async def run_up(
                 grpc_port=grpc_port,
                 metrics_port=metrics_port,
                 identity="embedded",
+                # SQLite under the state dir unless the config names a database.
+                history=config.history,
             )
         )
         await server.start()

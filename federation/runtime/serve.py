@@ -74,6 +74,9 @@ async def run_server(
     config = ServerConfig(
         etcd_endpoint=etcd_endpoint, state_dir=state_dir, grpc_port=port, metrics_port=metrics_port
     )
+    if bootstrap_path is not None:
+        # The history database and the archiver's knobs come from the config's `history:`.
+        config = replace(config, history=federation_config.history)
     if identity:
         config = replace(config, identity=identity)
     if read_rate_per_s is not None:

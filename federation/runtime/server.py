@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import socket
 import ssl
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -42,10 +44,15 @@ from federation.datasets.staging_run import SyncRunner
 from federation.datasets.stores import StoreDirectory
 from federation.datasets.syncs import SyncRecords
 from federation.errors import GpufedError
+from federation.history.config import HistorySettings
+from federation.history.sql_store import SqlHistoryStore
 from federation.joblogs.archive import LogArchive, LogsSettings, get_logs_settings
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
+from federation.runtime.history_wiring import open_history
+from federation.scheduling.archived_usage import ArchivedUsage
+from federation.scheduling.archiver import Archiver
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.scheduling.leader import LeaderElection
 from federation.scheduling.logs_keep import AttemptKeeper
@@ -89,6 +96,22 @@ class ServerConfig:
     read_rate_per_s: float = READ_RATE_PER_S
     # Kept logs and the limits of `gpufed logs` (federation.joblogs.archive).
     logs: LogsSettings = field(default_factory=LogsSettings)
+    # The history store (SQLite under the state dir unless a DSN is given) and the archiver's knobs.
+    history: HistorySettings = field(default_factory=HistorySettings)
+    # Seconds the archiver waits between passes once it has caught up (None: its own rule, at most
+    # 30 s and a quarter of `history.retainInEtcd`; tests shorten it).
+    archive_idle_s: float | None = None
+
+
+_Servicer = TypeVar("_Servicer")
+
+
+def _with_history(cls: Callable[..., _Servicer], history: SqlHistoryStore | None, **kwargs: Any) -> _Servicer:
+    """The servicer, given the history store if its constructor takes one (the reads that span
+    both stores add the parameter servicer by servicer)."""
+    if history is not None and "history" in inspect.signature(cls).parameters:
+        kwargs["history"] = history
+    return cls(**kwargs)
 
 
 class TenantDirectory:
@@ -132,6 +155,10 @@ class FederationServer:
         self._stager: Stager | None = None
         self._executors: Executors | None = None
         self._capacity: CapacityWiring | None = None
+        self._archiver: Archiver | None = None
+        self._archived_usage: ArchivedUsage | None = None
+        # One history store per server: the archiver writes it, the read paths read it.
+        self.history: SqlHistoryStore | None = None
         self.port = 0
         self.metrics_port: int | None = None
         # The servicers, also called in process by the web console.
@@ -140,6 +167,8 @@ class FederationServer:
     async def start(self) -> None:
         cfg = self.config
         self._kv = await EtcdKv.connect(cfg.etcd_endpoint)
+        # Blocking (it may migrate the schema): on a worker thread, before anything serves.
+        self.history = history = await asyncio.to_thread(open_history, cfg.history, cfg.state_dir)
         store = KvStore(self._kv)
         self._cache = JobCache(store)
         await self._cache.start()
@@ -155,7 +184,9 @@ class FederationServer:
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
         security = SecurityStore(self._kv)
-        jobs = JobService(
+        jobs = _with_history(
+            JobService,
+            history,
             store=store,
             cache=self._cache,
             auth=auth,
@@ -166,7 +197,9 @@ class FederationServer:
             security=security,
         )
         pb_grpc.add_JobServiceServicer_to_server(jobs, server)
-        admin = AdminService(
+        admin = _with_history(
+            AdminService,
+            history,
             store=store,
             security=security,
             cache=self._cache,
@@ -174,7 +207,9 @@ class FederationServer:
             metrics=self.metrics,
         )
         pb_grpc.add_AdminServiceServicer_to_server(admin, server)
-        reports = ReportService(
+        reports = _with_history(
+            ReportService,
+            history,
             ledger=self._ledger,
             store=store,
             auth=auth,
@@ -213,7 +248,9 @@ class FederationServer:
         pb_grpc.add_DatasetsServicer_to_server(datasets, server)
         # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
         archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
-        logs = LogsService(
+        logs = _with_history(
+            LogsService,
+            history,
             store=store,
             cache=self._cache,
             auth=auth,
@@ -253,7 +290,9 @@ class FederationServer:
         if cfg.metrics_port is not None:
             await self._serve_http(cfg.metrics_port)
 
+        self._archived_usage = ArchivedUsage(history)
         scheduler = Scheduler(
+            archived_usage=self._archived_usage,
             store=store,
             cache=self._cache,
             ledger=self._ledger,
@@ -285,6 +324,15 @@ class FederationServer:
             staging=self._stager,
             keeper=AttemptKeeper(archive, members),
         )
+        if cfg.history.archive:
+            self._archiver = Archiver(
+                kv=self._kv,
+                cache=self._cache,
+                history=history,
+                settings=cfg.history,
+                metrics=self.metrics,
+                idle_s=cfg.archive_idle_s,
+            )
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         log.info(
@@ -331,9 +379,19 @@ class FederationServer:
             fence = await election.acquire()
             self.metrics.is_leader.set(1)
             log.info("leader_elected", identity=self.config.identity)
+            # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
+            archiving = (
+                None
+                if self._archiver is None
+                else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
+            )
             try:
                 await self._loop(scheduler, reconciler, fence, election.lost())
             finally:
+                if archiving is not None:
+                    archiving.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await archiving
                 self.metrics.is_leader.set(0)
                 if self._stager is not None:
                     # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
@@ -409,6 +467,10 @@ class FederationServer:
             await self.members.close()
         if self._kv is not None:
             await self._kv.close()
+        if self._archived_usage is not None:
+            await self._archived_usage.close()
+        if self.history is not None:
+            self.history.close()
         log.info("server_stopped", identity=self.config.identity)
 
     async def wait(self) -> None:

@@ -27,6 +27,7 @@ from federation.datasets.registry import DatasetLocations, with_registry_locatio
 from federation.ledger.cache import LedgerCache
 from federation.ledger.usage import TenantUsage, tenant_usage
 from federation.metrics import Metrics
+from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.idle import IdleGate
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
@@ -156,8 +157,11 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         dataset_locations: DatasetLocations | None = None,
         capacity: CapacityHook | None = None,
+        archived_usage: ArchivedUsage | None = None,
     ) -> None:
         self._capacity = capacity
+        # What the archiver moved to SQL still counts against budgets and in fair share.
+        self._archived_usage = archived_usage
         self._store = store
         self._cache = cache
         self._ledger = ledger
@@ -178,12 +182,17 @@ class Scheduler:
 
     def _tenant_usage(self, now: float, inputs: PlacerInputs) -> dict[TenantId, TenantUsage]:
         if now - self._usage_at >= USAGE_REFRESH_S:
-            self._usage = tenant_usage(
-                self._ledger.intervals(),
-                now_s=now,
-                half_life_h=inputs.settings.usage_half_life_h,
-                parents={t.name: t.parent for t in inputs.tenants},
+            parents = {t.name: t.parent for t in inputs.tenants}
+            half_life_h = inputs.settings.usage_half_life_h
+            usage = tenant_usage(
+                self._ledger.intervals(), now_s=now, half_life_h=half_life_h, parents=parents
             )
+            if self._archived_usage is not None:
+                self._archived_usage.refresh_if_due(now, half_life_h)
+                usage = self._archived_usage.add_to(
+                    usage, now_s=now, half_life_h=half_life_h, parents=parents
+                )
+            self._usage = usage
             self._usage_at = now
         return self._usage
 
@@ -206,6 +215,10 @@ class Scheduler:
         if self._capacity is not None:
             inventories = self._capacity.with_scalable_pools(inventories)
         now = self._clock()
+        if self._archived_usage is not None and self._archived_usage.never_read:
+            # A new leader's first cycle must not forget what the archive holds: read it once first.
+            await self._archived_usage.refresh(now, inputs.settings.usage_half_life_h)
+            self._usage_at = float("-inf")
         usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
         read = (self._cache.revision, inputs.version, tuple(inventories), statuses, usage, preempted)

@@ -102,6 +102,13 @@ class Fence:
         return Compare.created_at(self.key, self.create_revision)
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerRemoved:
+    """A ledger interval deleted from etcd: the archiver moved it to the history store."""
+
+    key: bytes
+
+
 class JobEventType(StrEnum):
     PUT = "PUT"
     DELETE = "DELETE"
@@ -151,8 +158,9 @@ class JobStore(Protocol):
         """Every ledger interval, and the revision they were read at."""
         ...
 
-    def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
-        """Ledger intervals as they are written (entries are never deleted)."""
+    def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval | LedgerRemoved, None]:
+        """Ledger intervals as they are written, and their removal once archived (only closed
+        intervals of ended jobs are ever removed, after the history store has them)."""
         ...
 
     def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]: ...
@@ -354,12 +362,16 @@ class KvStore:
     async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
         return await self._list(LEDGER_PREFIX, lambda value, _rev: interval_from_dict(json.loads(value)))
 
-    async def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval, None]:
+    async def watch_ledger(
+        self, *, start_revision: int
+    ) -> AsyncGenerator[LedgerInterval | LedgerRemoved, None]:
         events = self._kv.watch_prefix(LEDGER_PREFIX, start_revision=start_revision)
         async with contextlib.aclosing(events):
             async for ev in events:
                 if ev.type is EventType.PUT:
                     yield interval_from_dict(json.loads(ev.kv.value))
+                else:
+                    yield LedgerRemoved(ev.kv.key)
 
     async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
         events = self._kv.watch_prefix(JOBS, start_revision=start_revision)

@@ -22,8 +22,11 @@ from federation.api.capacity_client import CapacityClient, plan_request
 from federation.api.client import GpufedClient
 from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.history.config import HistorySettings, resolve_dsn
+from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest
+from tests.history_builders import an_archived_job
 
 pytestmark = pytest.mark.e2e
 
@@ -444,3 +447,54 @@ def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: Server
             if 0.75 <= ratio <= 1.33:
                 return
     pytest.fail(f"another tenant's job and a missing one answer in different times: ratios {ratios}")
+
+
+# ---- archived jobs (issue 19): ended jobs moved to the history store answer as live ones do.
+
+_archived_ids = iter(range(1 << 30))
+
+
+def _archived_job(server: ServerProcess, tenant: str) -> str:
+    """An ended job of `tenant` in the server's history store only (as the archiver leaves one: in
+    SQL, gone from etcd), written to the server's own SQLite file."""
+    job_id = f"arch-{tenant}-{next(_archived_ids):08x}"
+    store = SqlHistoryStore.open(resolve_dsn(HistorySettings(), server.state_dir))
+    try:
+        store.write_jobs([an_archived_job(job_id, tenant=tenant, submitted_at_s=time.time() - 7200)])
+    finally:
+        store.close()
+    return job_id
+
+
+@pytest.mark.parametrize("call", list(BY_JOB_ID))
+@pytest.mark.parametrize("role", ["member", "finance"])
+def test_another_tenants_archived_job_and_a_missing_job_get_the_same_whole_answer(
+    server: ServerProcess, call: str, role: str
+) -> None:
+    other = _archived_job(server, OTHER)
+    missing = _missing_like(other)
+    with server.client(ROLES[role]) as client:
+        theirs = _answer(lambda: BY_JOB_ID[call](client, other), other)
+        nobodys = _answer(lambda: BY_JOB_ID[call](client, missing), missing)
+    assert theirs == nobodys
+    assert theirs[0] != "OK"
+
+
+def test_archived_jobs_by_role(server: ServerProcess) -> None:
+    own, other = _archived_job(server, OWN), _archived_job(server, OTHER)
+    expected = {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)}
+    for role, (on_own, on_other) in expected.items():
+        with server.client(ROLES[role]) as client:
+            assert (_code(lambda: client.get(own)), _code(lambda: client.get(other))) == (on_own, on_other), (
+                role
+            )
+    with server.client("alice") as alice:
+        assert alice.get(own).phase == pb.JOB_PHASE_SUCCEEDED
+        listed = alice.list_all(include_archived=True)
+        assert {j.tenant for j in listed} == {OWN}
+        assert own in {j.job_id for j in listed}
+        assert own not in {j.job_id for j in alice.list_all()}
+        # Watching an archived job sends its one ended state and ends.
+        assert [e.job.phase for e in alice.watch(job_id=own, timeout_s=5)] == [pb.JOB_PHASE_SUCCEEDED]
+    with server.client("admin") as admin:
+        assert {other, own} <= {j.job_id for j in admin.list_all(include_archived=True)}

@@ -1,0 +1,313 @@
+"""The leader's archiver: ended jobs and old audit records move from etcd to the history store.
+
+Why: etcd keeps what the federation is doing now; without this, every job, interval and audit
+record stays there forever and etcd outgrows its quota (issue 19). The archiver runs on the leader
+only, as a task of its own beside the scheduling loop, and never holds it up: its reads are a few
+etcd transactions per batch, its SQL runs on a worker thread (one `HistoryStore` call per batch),
+and it sleeps between batches to keep to `archiveRatePerS`.
+
+Per batch of jobs ended more than `retainInEtcd` ago, oldest first:
+
+1. read each job's record, ledger intervals, wait reasons and kept attempt summaries, one
+   transaction per job (`federation.store.archive_txn`);
+2. write them to SQL (`write_jobs`: one transaction, idempotent by primary key);
+3. only then delete the record, its intervals, its wait key and its idempotency key from etcd, one
+   nested transaction per job, fenced by the leader's lease and guarded by the job's mod revision.
+
+A crash between 2 and 3 leaves a job in both stores; the next pass writes it again (a no-op: the
+first copy stays) and deletes it. A job whose SQL copy differs from etcd's (changed after a crashed
+pass wrote it) is never deleted, so nothing leaves etcd that SQL does not hold as etcd held it.
+Kept log tails are left to their own lease (`logs.retainHours`): `gpufed logs` of an archived job
+reads them there until they expire; their summaries are copied to SQL with the job.
+
+Audit records older than `retainInEtcd` follow the same order: `write_audit`, then a fenced delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from federation.errors import InvalidArgument, NotLeader
+from federation.history.config import HistorySettings
+from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
+from federation.history.protocol import HistoryStore
+from federation.joblogs.archive import PREFIX as LOGS_PREFIX
+from federation.joblogs.archive import SUMMARY
+from federation.metrics import Metrics
+from federation.security.tokens import AUDIT
+from federation.store.archive_txn import JobKeys, fence_holds, idempotency_keys, read_jobs, remove
+from federation.store.job_cache import JobCache
+from federation.store.job_store import Fence, Stored
+from federation.store.jobs import JobRecord, job_to_dict
+from federation.store.kv import MAX_TXN_OPS, Delete, KeyValue, KeyValueStore
+from placement.model import JobId
+
+log = structlog.get_logger("gpufed.archiver")
+
+# How long the archiver waits between passes once it has caught up: at most this, and a quarter of
+# the retention when that is shorter (at least a second), so a short retention is kept to.
+IDLE_S = 30.0
+MIN_IDLE_S = 1.0
+# A job with more attempts than this has more keys than one transaction may read or delete; it stays
+# in etcd (with a warning) rather than being archived in pieces.
+MAX_ARCHIVED_ATTEMPTS = (MAX_TXN_OPS - 2) // 2 - 1
+
+
+def ended_at_s(job: JobRecord) -> float:
+    """When an ended job ended: its last event (the one that ended it)."""
+    return job.events[-1].at_s if job.events else job.submitted_at_s
+
+
+def due_jobs(jobs: Sequence[Stored[JobRecord]], *, now_s: float, retain_s: float) -> list[Stored[JobRecord]]:
+    """The jobs that ended more than `retain_s` before `now_s`, oldest end first (job id breaks
+    ties). Jobs not ended are never due. Pure, so it runs on a worker thread over a copy."""
+    cutoff = now_s - retain_s
+    due = [s for s in jobs if s.value.phase.is_terminal and ended_at_s(s.value) < cutoff]
+    due.sort(key=lambda s: (ended_at_s(s.value), s.value.job_id))
+    return due
+
+
+def summary_key(job_id: str, attempt: int) -> bytes:
+    return LOGS_PREFIX + f"{job_id}/{attempt}/{SUMMARY}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    jobs_due: int
+    jobs_archived: int
+    audit_archived: int
+    # Jobs left in etcd this pass: open interval, changed since read, SQL copy differs, too large.
+    jobs_left: int
+    took_s: float
+
+
+class Archiver:
+    def __init__(
+        self,
+        *,
+        kv: KeyValueStore,
+        cache: JobCache,
+        history: HistoryStore,
+        settings: HistorySettings,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        idle_s: float | None = None,
+    ) -> None:
+        self._kv = kv
+        self._cache = cache
+        self._history = history
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._idle_s = (
+            idle_s if idle_s is not None else min(IDLE_S, max(settings.retain_in_etcd_s / 4, MIN_IDLE_S))
+        )
+
+    async def run(self, fence: Fence, lost: asyncio.Event) -> None:
+        """Pass after pass until leadership is lost."""
+        while not lost.is_set():
+            try:
+                await self.archive_once(fence, lost)
+            except NotLeader:
+                log.warning("archiver_stopped", reason="leader fence no longer holds")
+                return
+            except Exception:
+                # etcd or the database hiccuped: nothing was deleted that SQL does not hold, and the
+                # next pass repeats whatever was half done. The archiver must never take the leader
+                # down with it.
+                log.exception("archive_pass_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lost.wait(), self._idle_s)
+
+    async def archive_once(self, fence: Fence, lost: asyncio.Event | None = None) -> PassReport:
+        """One pass: every due job and audit record, in batches at the bounded rate."""
+        started = time.monotonic()
+        now = self._clock()
+        retain = self._settings.retain_in_etcd_s
+        due = await asyncio.to_thread(due_jobs, self._cache.jobs(), now_s=now, retain_s=retain)
+        if self._metrics is not None:
+            self._metrics.archive_backlog.set(len(due))
+        archived = left = 0
+        if due:
+            idem = await idempotency_keys(
+                self._kv, [s.value.tenant for s in due], {s.value.job_id for s in due}
+            )
+            size = self._settings.archive_batch
+            for start in range(0, len(due), size):
+                if lost is not None and lost.is_set():
+                    break
+                began = time.monotonic()
+                batch = due[start : start + size]
+                moved = await self._archive_jobs(batch, idem, fence)
+                archived += moved
+                left += len(batch) - moved
+                if self._metrics is not None:
+                    self._metrics.archive_backlog.set(len(due) - start - len(batch))
+                await self._keep_rate(len(batch), began)
+        audit = await self._archive_audit(fence, now - retain, lost)
+        took = time.monotonic() - started
+        if self._metrics is not None:
+            self._metrics.archive_pass_seconds.set(took)
+        report = PassReport(len(due), archived, audit, left, took)
+        if archived or audit or left:
+            log.info(
+                "archive_pass_done",
+                jobs_due=len(due),
+                jobs_archived=archived,
+                jobs_left=left,
+                audit_archived=audit,
+                took_s=round(took, 3),
+            )
+        return report
+
+    async def _keep_rate(self, count: int, began: float) -> None:
+        wait = count / self._settings.archive_rate_per_s - (time.monotonic() - began)
+        # Even a batch that already took its share yields, so the loop's other tasks run between batches.
+        await asyncio.sleep(max(wait, 0.0))
+
+    async def _archive_jobs(
+        self, batch: Sequence[Stored[JobRecord]], idem: dict[JobId, KeyValue], fence: Fence
+    ) -> int:
+        wanted: list[Stored[JobRecord]] = []
+        for s in batch:
+            if s.value.attempt > MAX_ARCHIVED_ATTEMPTS:
+                log.warning("job_not_archived", job_id=s.value.job_id, reason="too many attempts")
+            else:
+                wanted.append(s)
+        reads = await read_jobs(
+            self._kv,
+            [(s.value.job_id, s.value.attempt) for s in wanted],
+            [[summary_key(s.value.job_id, a) for a in range(1, s.value.attempt + 1)] for s in wanted],
+        )
+        jobs: list[ArchivedJob] = []
+        keys: list[JobKeys] = []
+        for read in reads:
+            if read is None:
+                continue  # already gone: an earlier pass deleted it and the cache had not caught up
+            job = read.job.value
+            if not job.phase.is_terminal:
+                continue
+            if any(iv.end_s is None for iv in read.intervals):
+                log.warning("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason="open interval")
+                continue
+            try:
+                jobs.append(_archived(read))
+            except InvalidArgument as error:
+                # A record the history refuses stays in etcd, said once per pass, rather than
+                # holding up every batch behind it.
+                log.error("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason=str(error))
+                continue
+            found = idem.get(job.job_id)
+            keys.append(read if found is None else replace(read, idem=found))
+        if not jobs:
+            return 0
+        new = await asyncio.to_thread(self._write_jobs, jobs)
+        differ: set[JobId] = set()
+        if new < len(jobs):
+            # Some were there already (a pass that crashed before its delete): delete them only if
+            # SQL holds them as etcd does now.
+            differ = await asyncio.to_thread(self._differing, jobs)
+            for job_id in differ:
+                log.error("job_not_archived", job_id=job_id, reason="history holds an older copy")
+        # Only what SQL now holds as etcd does may leave etcd.
+        written = {j.record.job_id for j in jobs} - differ
+        done = await remove(self._kv, [k.removal(fence) for k in keys if k.job.value.job_id in written])
+        if not all(done) and not await fence_holds(self._kv, fence):
+            raise NotLeader("the leader key is no longer ours; archived jobs left in etcd")
+        moved = sum(done)
+        if self._metrics is not None:
+            self._metrics.archived.labels(kind="jobs").inc(moved)
+        return moved
+
+    def _write_jobs(self, jobs: list[ArchivedJob]) -> int:
+        """One transaction for the batch; if the database refuses it as a whole, job by job, so that
+        one bad record never stops the jobs behind it (the refused ones are dropped from `jobs` and
+        stay in etcd)."""
+        try:
+            return self._history.write_jobs(jobs)
+        except InvalidArgument:
+            pass
+        new = 0
+        kept: list[ArchivedJob] = []
+        for job in jobs:
+            try:
+                new += self._history.write_jobs([job])
+            except InvalidArgument as error:
+                log.error("job_not_archived", job_id=job.record.job_id, reason=str(error))
+            else:
+                kept.append(job)
+        jobs[:] = kept
+        return new
+
+    def _differing(self, jobs: Sequence[ArchivedJob]) -> set[JobId]:
+        out: set[JobId] = set()
+        for job in jobs:
+            kept = self._history.get_job(job.record.job_id)
+            if kept is None or job_to_dict(kept.record) != job_to_dict(job.record):
+                out.add(job.record.job_id)
+        return out
+
+    async def _archive_audit(self, fence: Fence, cutoff_s: float, lost: asyncio.Event | None) -> int:
+        """Audit records older than the cutoff, oldest first; their keys sort by time."""
+        cutoff_ns = int(cutoff_s * 1e9)
+        total = 0
+        while lost is None or not lost.is_set():
+            began = time.monotonic()
+            page = await self._kv.range_prefix(AUDIT, limit=self._settings.archive_batch)
+            due = [kv for kv in page.kvs if _audit_ns(kv.key) < cutoff_ns]
+            if not due:
+                break
+            records = [_audit(kv.key, kv.value) for kv in due]
+            await asyncio.to_thread(self._history.write_audit, records)
+            # Audit records are written once and never changed, so the fence is the only compare.
+            result = await self._kv.txn([fence.compare()], [Delete(kv.key) for kv in due])
+            if not result.succeeded:
+                raise NotLeader("the leader key is no longer ours; archived audit records left in etcd")
+            total += len(due)
+            if self._metrics is not None:
+                self._metrics.archived.labels(kind="audit").inc(len(due))
+            await self._keep_rate(len(due), began)
+            if len(due) < len(page.kvs) or not page.more:
+                break
+        return total
+
+
+def _archived(read: JobKeys) -> ArchivedJob:
+    job = read.job.value
+    attempts = tuple(
+        ArchivedAttempt(a, json.loads(raw))
+        for a in range(1, job.attempt + 1)
+        if (raw := read.extra.get(summary_key(job.job_id, a))) is not None
+    )
+    waits: tuple[WaitSnapshot, ...] = ()
+    if read.waits:
+        at = next((r.at_s for r in read.waits if r.at_s is not None), ended_at_s(job))
+        waits = (WaitSnapshot(at, read.waits),)
+    return ArchivedJob(
+        record=job, ended_at_s=ended_at_s(job), attempts=attempts, intervals=read.intervals, waits=waits
+    )
+
+
+def _audit_ns(key: bytes) -> int:
+    stamp = key[len(AUDIT) :].split(b"-", 1)[0]
+    return int(stamp) if stamp.isdigit() else 0
+
+
+def _audit(key: bytes, value: bytes) -> ArchivedAudit:
+    d = json.loads(value)
+    return ArchivedAudit(
+        audit_id=key[len(AUDIT) :].decode(),
+        at_s=float(d["at_s"]),
+        user=str(d.get("user", "")),
+        role=str(d.get("role", "")),
+        action=str(d.get("action", "")),
+        target=str(d.get("target", "")),
+        detail=str(d.get("detail", "")),
+    )

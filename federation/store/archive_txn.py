@@ -1,0 +1,169 @@
+"""Reading an ended job's keys for the archiver, and removing them once the history store has them.
+
+Why the store room: these are etcd transactions over the store's own keys (jobs, ledger, waits,
+idempotency), and the rules that make removal safe belong next to the writes they guard:
+
+* One job's keys are read in one transaction (one revision), so its record, ledger intervals and
+  wait reasons agree with each other.
+* One job's keys are removed in one transaction that holds only if the leader's fence holds (a
+  deposed leader removes nothing), the job is still at the mod revision read (a job changed since is
+  left for the next pass), its wait reasons are as read, and its idempotency key still names it.
+  Ledger intervals need no compare of their own: they are written only in the same transaction as
+  a change of their job's record, so an unchanged record means unchanged intervals.
+* Several jobs' removals go in one request (nested transactions), each committing on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from federation.store.intervals import LedgerInterval, interval_from_dict, ledger_key
+from federation.store.job_store import IDEM, PAGE_SIZE, WAITS, Fence, Stored, job_key, wait_from_dict
+from federation.store.jobs import JobRecord, job_from_dict
+from federation.store.kv import MAX_TXN_OPS, Compare, Delete, Get, KeyValue, KeyValueStore, Txn
+from placement.model import JobId, TenantId, WaitReason
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """What etcd holds about one job, as read in one transaction."""
+
+    job: Stored[JobRecord]
+    intervals: tuple[LedgerInterval, ...]
+    # The latest wait reasons and their key's mod revision (0: no key).
+    waits: tuple[WaitReason, ...]
+    waits_revision: int
+    # Extra keys read with the job (the archiver's attempt summaries), by key; None when absent.
+    extra: dict[bytes, bytes | None]
+    # The idempotency key that names this job and its value, if the caller found one.
+    idem: KeyValue | None = None
+
+    def removal(self, fence: Fence) -> Txn:
+        """The fenced, guarded transaction that deletes the job's keys from etcd."""
+        job_id = self.job.value.job_id
+        compares = [fence.compare(), Compare.mod_revision_is(job_key(job_id), self.job.mod_revision)]
+        compares.append(
+            Compare.mod_revision_is(WAITS + job_id.encode(), self.waits_revision)
+            if self.waits_revision
+            else Compare.absent(WAITS + job_id.encode())
+        )
+        deletes = [Delete(job_key(job_id)), *(Delete(iv.key) for iv in self.intervals)]
+        if self.waits_revision:
+            deletes.append(Delete(WAITS + job_id.encode()))
+        if self.idem is not None:
+            compares.append(Compare.value_is(self.idem.key, self.idem.value))
+            deletes.append(Delete(self.idem.key))
+        return Txn(tuple(compares), tuple(deletes))
+
+
+def keys_per_job(attempts: int, extra_per_attempt: int) -> int:
+    """How many Gets reading one job takes: its record, its waits, and per attempt its interval and
+    the caller's extra keys."""
+    return 2 + attempts * (1 + extra_per_attempt)
+
+
+async def read_jobs(
+    kv: KeyValueStore,
+    jobs: Sequence[tuple[JobId, int]],
+    extra: Sequence[Sequence[bytes]] = (),
+) -> list[JobKeys | None]:
+    """For each (job id, attempts) the job's keys, each job read in one transaction; None where the
+    job is gone. `extra[i]` are further keys to read with job i (at most MAX_TXN_OPS in all)."""
+    out: list[JobKeys | None] = []
+    batch: list[tuple[int, list[bytes]]] = []
+    results: dict[int, dict[bytes, KeyValue | None]] = {}
+
+    async def flush() -> None:
+        gets = [Get(k) for _, keys in batch for k in keys]
+        if not gets:
+            return
+        result = await kv.txn([], gets)
+        it = iter(result.gets)
+        for i, keys in batch:
+            results[i] = {k: next(it) for k in keys}
+        batch.clear()
+
+    for i, (job_id, attempts) in enumerate(jobs):
+        keys = [job_key(job_id), WAITS + job_id.encode()]
+        keys += [ledger_key(job_id, a) for a in range(1, attempts + 1)]
+        keys += list(extra[i]) if i < len(extra) else []
+        if len(keys) > MAX_TXN_OPS:
+            raise ValueError(f"job {job_id}: {len(keys)} keys to read; one transaction takes {MAX_TXN_OPS}")
+        if sum(len(k) for _, k in batch) + len(keys) > MAX_TXN_OPS:
+            await flush()
+        batch.append((i, keys))
+    await flush()
+
+    for i, (job_id, attempts) in enumerate(jobs):
+        got = results[i]
+        job_kv = got[job_key(job_id)]
+        if job_kv is None:
+            out.append(None)
+            continue
+        intervals = []
+        for a in range(1, attempts + 1):
+            iv = got[ledger_key(job_id, a)]
+            if iv is not None:
+                intervals.append(interval_from_dict(json.loads(iv.value)))
+        waits_kv = got[WAITS + job_id.encode()]
+        extra_keys = list(extra[i]) if i < len(extra) else []
+        out.append(
+            JobKeys(
+                job=Stored(job_from_dict(json.loads(job_kv.value)), job_kv.mod_revision),
+                intervals=tuple(intervals),
+                waits=()
+                if waits_kv is None
+                else tuple(wait_from_dict(d) for d in json.loads(waits_kv.value)),
+                waits_revision=0 if waits_kv is None else waits_kv.mod_revision,
+                extra={k: (v.value if (v := got[k]) is not None else None) for k in extra_keys},
+            )
+        )
+    return out
+
+
+async def idempotency_keys(
+    kv: KeyValueStore, tenants: Sequence[TenantId], job_ids: set[JobId]
+) -> dict[JobId, KeyValue]:
+    """The idempotency keys of the tenants that name one of `job_ids`. The key holds a hash of the
+    client's key, not the job id, so finding a job's key means reading the tenant's keys (paged)."""
+    found: dict[JobId, KeyValue] = {}
+    for tenant in sorted(set(tenants)):
+        prefix = IDEM + tenant.encode() + b"/"
+        page = await kv.range_prefix(prefix, limit=PAGE_SIZE)
+        revision = page.revision
+        while True:
+            # Decoded on a worker thread: a tenant may hold a key per live job, and a pass must not
+            # hold the event loop for all of them.
+            found.update(await asyncio.to_thread(_naming, page.kvs, job_ids))
+            if not page.more or not page.kvs:
+                break
+            page = await kv.range_prefix(
+                prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
+            )
+    return found
+
+
+def _naming(items: Sequence[KeyValue], job_ids: set[JobId]) -> dict[JobId, KeyValue]:
+    out: dict[JobId, KeyValue] = {}
+    for item in items:
+        job_id = JobId(json.loads(item.value)["job_id"])
+        if job_id in job_ids:
+            out[job_id] = item
+    return out
+
+
+async def remove(kv: KeyValueStore, removals: Sequence[Txn]) -> list[bool]:
+    """Run the removals, at most MAX_TXN_OPS per request; which of them committed."""
+    done: list[bool] = []
+    for start in range(0, len(removals), MAX_TXN_OPS):
+        results = await kv.txn_many(removals[start : start + MAX_TXN_OPS])
+        done.extend(r.succeeded for r in results)
+    return done
+
+
+async def fence_holds(kv: KeyValueStore, fence: Fence) -> bool:
+    holder = await kv.get(fence.key)
+    return holder is not None and holder.create_revision == fence.create_revision

@@ -1,0 +1,386 @@
+"""The archiver against a real etcd and a real history database (a SQLite file; PostgreSQL through
+the process fixture): what a pass moves and what it leaves, a crash between the SQL write and the
+etcd delete, a deposed leader's delete, a job changed after it was read, and the audit trail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from federation.errors import NotLeader, StoreUnavailable
+from federation.history.config import HistorySettings
+from federation.history.engine import DEFAULT_FILE
+from federation.history.sql_store import SqlHistoryStore
+from federation.ledger.cache import LedgerCache
+from federation.runtime.config import FederationConfig
+from federation.runtime.history_wiring import open_history
+from federation.scheduling.archiver import Archiver, summary_key
+from federation.scheduling.leader import LeaderElection
+from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
+from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_to_dict, ledger_key
+from federation.store.job_cache import JobCache
+from federation.store.job_store import IDEM, JOBS, WAITS, Fence, KvStore, job_key
+from federation.store.jobs import JobPlacement, JobRecord, PhaseEvent
+from federation.store.kv import Txn, TxnResult
+from federation.store.kv_etcd import EtcdKv
+from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, TenantId
+from placement.model_plan import WaitCode, WaitReason
+from tests.conftest import build_job
+from tests.history_builders import an_interval, fresh_dsn
+
+pytestmark = pytest.mark.integration
+
+NOW = 2_000_000.0
+HOUR = 3600.0
+OLD = NOW - 2 * HOUR
+RECENT = NOW - 60.0
+
+
+async def seed_ended(
+    store: KvStore,
+    job_id: str,
+    *,
+    ended_at_s: float,
+    tenant: str = "t1",
+    phase: JobPhase = JobPhase.SUCCEEDED,
+    attempts: int = 1,
+) -> int:
+    """An ended job as the reconciler leaves it: record, one closed interval per attempt, the wait
+    reasons of its last wait, its attempts' kept summaries and its idempotency key. Returns the
+    revision of its last write."""
+    queued = build_job(job_id, tenant=tenant)
+    stored, _ = await store.create_job(queued, idempotency_key=f"key-{job_id}", manifest_digest="d")
+    await store.put_wait_reasons(
+        queued.job_id,
+        [WaitReason(WaitCode.TENANT_CAP_REACHED, "cap", tenant=TenantId(tenant), at_s=1001.0)],
+    )
+    events = [PhaseEvent(JobPhase.QUEUED, 1000.0, 1)]
+    intervals: list[LedgerInterval] = []
+    for a in range(1, attempts + 1):
+        start = ended_at_s - 600.0 * (attempts - a + 1)
+        end = start + 500.0
+        events.append(PhaseEvent(JobPhase.RUNNING, start, a))
+        intervals.append(an_interval(job_id, a, start_s=start, end_s=end if a < attempts else ended_at_s))
+        await store.kv.put(summary_key(job_id, a), json.dumps({"attempt": a, "outcome": "done"}).encode())
+    events.append(PhaseEvent(phase, ended_at_s, attempts, "done"))
+    ended = replace(
+        queued,
+        phase=phase,
+        attempt=attempts,
+        placement=JobPlacement(ClusterName("onprem"), GpuType("H100"), CapacityKind.ON_DEMAND, 2.0),
+        events=tuple(events),
+    )
+    revision = await store.commit([(ended, stored.mod_revision)], ledger=intervals)
+    assert revision is not None
+    return revision
+
+
+async def seed_running(store: KvStore, job_id: str, *, started_at_s: float) -> int:
+    """A running job with its interval open."""
+    queued = build_job(job_id)
+    stored, _ = await store.create_job(queued, idempotency_key=f"key-{job_id}", manifest_digest="d")
+    running = replace(
+        queued,
+        phase=JobPhase.RUNNING,
+        placement=JobPlacement(ClusterName("onprem"), GpuType("H100"), CapacityKind.ON_DEMAND, 2.0),
+        events=(PhaseEvent(JobPhase.QUEUED, 1000.0, 1), PhaseEvent(JobPhase.RUNNING, started_at_s, 1)),
+    )
+    interval = replace(an_interval(job_id, start_s=started_at_s, end_s=0.0), end_s=None, ended=None)
+    revision = await store.commit([(running, stored.mod_revision)], ledger=[interval])
+    assert revision is not None
+    return revision
+
+
+async def etcd_keys(kv: EtcdKv, prefix: bytes) -> list[bytes]:
+    return [item.key for item in (await kv.range_prefix(prefix)).kvs]
+
+
+@dataclass
+class World:
+    kv: EtcdKv
+    store: KvStore
+    cache: JobCache
+    history: SqlHistoryStore
+    election: LeaderElection
+    fence: Fence
+
+    def archiver(self, kv: EtcdKv | None = None, **settings: object) -> Archiver:
+        return Archiver(
+            kv=kv or self.kv,
+            cache=self.cache,
+            history=self.history,
+            settings=HistorySettings(retain_in_etcd_s=HOUR, archive_rate_per_s=10_000.0, **settings),  # type: ignore[arg-type]
+            clock=lambda: NOW,
+        )
+
+    async def synced(self, revision: int) -> None:
+        assert await self.cache.wait_for_revision(revision)
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[SqlHistoryStore]:
+    store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
+    yield store
+    store.close()
+
+
+async def _world(kv: EtcdKv, history: SqlHistoryStore) -> AsyncIterator[World]:
+    store = KvStore(kv)
+    cache = JobCache(store)
+    await cache.start()
+    election = LeaderElection(kv, "archiver-test", ttl_s=5)
+    fence = await election.acquire()
+    try:
+        yield World(kv, store, cache, history, election, fence)
+    finally:
+        await election.close()
+        await cache.stop()
+
+
+@pytest.fixture
+async def world(etcd_kv: EtcdKv, history: SqlHistoryStore) -> AsyncIterator[World]:
+    async for w in _world(etcd_kv, history):
+        yield w
+
+
+async def _a_pass_moves_ended_jobs(w: World) -> None:
+    await seed_ended(w.store, "old-ok", ended_at_s=OLD, attempts=2)
+    await seed_ended(w.store, "old-failed", ended_at_s=OLD - 10, phase=JobPhase.FAILED, tenant="t2")
+    await seed_ended(w.store, "recent", ended_at_s=RECENT)
+    last = await seed_running(w.store, "running", started_at_s=OLD - HOUR)
+    await w.synced(last)
+
+    report = await w.archiver().archive_once(w.fence)
+
+    assert (report.jobs_due, report.jobs_archived, report.jobs_left) == (2, 2, 0)
+    # In SQL: the two old jobs whole, with their attempts, intervals and wait.
+    counts = w.history.counts()
+    assert (counts.jobs, counts.intervals) == (2, 3)
+    kept = w.history.get_job(build_job("old-ok").job_id)
+    assert kept is not None
+    assert kept.record.phase is JobPhase.SUCCEEDED
+    assert [a.attempt for a in kept.attempts] == [1, 2]
+    assert [iv.attempt for iv in kept.intervals] == [1, 2]
+    assert [r.code for w_ in kept.waits for r in w_.reasons] == [WaitCode.TENANT_CAP_REACHED]
+    assert w.history.get_job(build_job("recent").job_id) is None
+    assert w.history.get_job(build_job("running").job_id) is None
+    # Gone from etcd: record, intervals, waits, idempotency keys. Left: the recent and running jobs
+    # with all of theirs, and the kept logs of every job (they go with their own lease).
+    assert await etcd_keys(w.kv, JOBS) == [job_key("recent"), job_key("running")]
+    assert await etcd_keys(w.kv, LEDGER_PREFIX) == [ledger_key("recent", 1), ledger_key("running", 1)]
+    assert await etcd_keys(w.kv, WAITS) == [WAITS + b"recent"]
+    assert len(await etcd_keys(w.kv, IDEM)) == 2
+    assert await w.kv.get(summary_key("old-ok", 2)) is not None
+    # And from the cache, which follows etcd's watch.
+    assert w.cache.get(build_job("old-ok").job_id) is None
+    # A second pass finds nothing more to do.
+    again = await w.archiver().archive_once(w.fence)
+    assert (again.jobs_due, again.jobs_archived) == (0, 0)
+
+
+async def test_a_pass_moves_ended_jobs_and_leaves_running_and_recent_ones(world: World) -> None:
+    await _a_pass_moves_ended_jobs(world)
+
+
+async def test_a_pass_on_postgresql(etcd_kv: EtcdKv, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    store = SqlHistoryStore.open(fresh_dsn("postgres", tmp_path, request))
+    try:
+        async for w in _world(etcd_kv, store):
+            await _a_pass_moves_ended_jobs(w)
+    finally:
+        store.close()
+
+
+class FailingDeletes:
+    """etcd as the archiver sees it, with its deletes failing as a crash before them would leave
+    things: SQL written, etcd untouched."""
+
+    def __init__(self, kv: EtcdKv) -> None:
+        self._kv = kv
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._kv, name)
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        raise StoreUnavailable("etcd went away before the delete")
+
+
+async def test_a_crash_between_the_sql_write_and_the_etcd_delete_neither_loses_nor_doubles(
+    world: World,
+) -> None:
+    for i in range(5):
+        last = await seed_ended(world.store, f"j{i}", ended_at_s=OLD + i, attempts=1 + i % 2)
+    await world.synced(last)
+
+    with pytest.raises(StoreUnavailable):
+        await world.archiver(FailingDeletes(world.kv)).archive_once(world.fence)  # type: ignore[arg-type]
+    # In both stores now.
+    assert (world.history.counts().jobs, world.history.counts().intervals) == (5, 7)
+    assert len(await etcd_keys(world.kv, JOBS)) == 5
+
+    report = await world.archiver().archive_once(world.fence)
+
+    assert report.jobs_archived == 5
+    assert (world.history.counts().jobs, world.history.counts().intervals) == (5, 7)
+    assert await etcd_keys(world.kv, JOBS) == []
+    assert await etcd_keys(world.kv, LEDGER_PREFIX) == []
+
+
+async def test_a_deposed_leaders_delete_fails(world: World) -> None:
+    last = await seed_ended(world.store, "j1", ended_at_s=OLD)
+    await world.synced(last)
+    old_fence = world.fence
+    await world.election.resign()
+    successor = LeaderElection(world.kv, "successor", ttl_s=5)
+    try:
+        new_fence = await successor.acquire()
+        with pytest.raises(NotLeader):
+            await world.archiver().archive_once(old_fence)
+        # Written to SQL (harmless: idempotent), but not deleted from etcd.
+        assert await etcd_keys(world.kv, JOBS) == [job_key("j1")]
+        assert await etcd_keys(world.kv, LEDGER_PREFIX) == [ledger_key("j1", 1)]
+        # The new leader finishes the job.
+        report = await world.archiver().archive_once(new_fence)
+        assert report.jobs_archived == 1
+        assert await etcd_keys(world.kv, JOBS) == []
+        assert world.history.counts().jobs == 1
+    finally:
+        await successor.close()
+
+
+class TouchBeforeDelete:
+    """etcd, where someone rewrites a job between the archiver's read and its delete."""
+
+    def __init__(self, kv: EtcdKv, store: KvStore, change: JobRecord | None) -> None:
+        self._kv, self._store, self._change = kv, store, change
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._kv, name)
+
+    async def txn_many(self, txns: Sequence[Txn]) -> list[TxnResult]:
+        current = await self._store.get_job(build_job("j1").job_id)
+        assert current is not None
+        await self._store.commit([(self._change or current.value, current.mod_revision)])
+        return await self._kv.txn_many(txns)
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["rewritten-as-it-was", "rewritten-with-a-change"])
+async def test_a_job_changed_after_it_was_read_is_not_deleted(world: World, changed: bool) -> None:
+    last = await seed_ended(world.store, "j1", ended_at_s=OLD)
+    await world.synced(last)
+    current = await world.store.get_job(build_job("j1").job_id)
+    assert current is not None
+    change = replace(current.value, message="edited after the archive read it") if changed else None
+
+    report = await world.archiver(TouchBeforeDelete(world.kv, world.store, change)).archive_once(world.fence)  # type: ignore[arg-type]
+
+    assert (report.jobs_archived, report.jobs_left) == (0, 1)
+    assert await etcd_keys(world.kv, JOBS) == [job_key("j1")]
+    revision = (await world.kv.get(job_key("j1"))).mod_revision  # type: ignore[union-attr]
+    await world.synced(revision)
+    # Next pass: SQL already has the job. Deleted only if SQL holds it as etcd does now.
+    again = await world.archiver().archive_once(world.fence)
+    if changed:
+        assert (again.jobs_archived, again.jobs_left) == (0, 1)
+        assert await etcd_keys(world.kv, JOBS) == [job_key("j1")]
+    else:
+        assert again.jobs_archived == 1
+        assert await etcd_keys(world.kv, JOBS) == []
+    assert world.history.counts().jobs == 1
+
+
+async def test_audit_records_older_than_the_retention_move_to_sql(world: World) -> None:
+    security = SecurityStore(world.kv)
+    for i in range(7):
+        await security.append_audit(AuditEvent(OLD + i, "root", "admin", "tenant.put", f"t{i}"))
+    await security.append_audit(AuditEvent(RECENT, "root", "admin", "token.issue", "alice"))
+
+    report = await world.archiver(archive_batch=3).archive_once(world.fence)
+
+    assert report.audit_archived == 7
+    archived = world.history.list_audit()
+    assert [a.target for a in archived] == [f"t{i}" for i in range(7)]
+    assert archived[0].at_s == OLD
+    left = await etcd_keys(world.kv, AUDIT)
+    assert len(left) == 1
+    assert [e.action for e in await security.list_audit()] == ["token.issue"]
+    # Again: nothing due, nothing doubled.
+    assert (await world.archiver().archive_once(world.fence)).audit_archived == 0
+    assert world.history.counts().audit == 7
+
+
+async def test_a_deposed_leader_archives_no_audit_record_away(world: World) -> None:
+    security = SecurityStore(world.kv)
+    await security.append_audit(AuditEvent(OLD, "root", "admin", "tenant.put", "t1"))
+    old_fence = world.fence
+    await world.election.resign()
+    successor = LeaderElection(world.kv, "successor", ttl_s=5)
+    try:
+        await successor.acquire()
+        with pytest.raises(NotLeader):
+            await world.archiver().archive_once(old_fence)
+        assert len(await etcd_keys(world.kv, AUDIT)) == 1
+    finally:
+        await successor.close()
+
+
+async def test_the_ledger_cache_forgets_archived_intervals_and_keeps_the_rest(world: World) -> None:
+    """The cache holds etcd's part of the ledger: once archived, an interval is SQL's alone, so reports
+    and budgets that add the two never count it twice (after the delete)."""
+    ledger = LedgerCache(world.store)
+    await ledger.start()
+    try:
+        await seed_ended(world.store, "old", ended_at_s=OLD, attempts=2)
+        last = await seed_running(world.store, "running", started_at_s=OLD)
+        await world.synced(last)
+        for _ in range(50):
+            if len(ledger.intervals()) == 3:
+                break
+            await asyncio.sleep(0.05)
+        await world.archiver().archive_once(world.fence)
+        for _ in range(100):
+            if len(ledger.intervals()) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert [(iv.job_id, iv.end_s) for iv in ledger.intervals()] == [("running", None)]
+    finally:
+        await ledger.stop()
+
+
+async def test_open_history_takes_the_configs_database_else_sqlite_under_the_state_dir(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    default = open_history(FederationConfig(tenants=(), users=(), clusters=()), state)
+    try:
+        assert default.engine.url.database == str((state / DEFAULT_FILE).resolve())
+    finally:
+        default.close()
+    monkeypatch.setenv("GPUFED_TEST_HISTORY_DSN", fresh_dsn("postgres", tmp_path, request))
+    postgres = open_history(HistorySettings(dsn_env="GPUFED_TEST_HISTORY_DSN"), state)
+    try:
+        assert postgres.engine.dialect.name == "postgresql"
+        assert postgres.counts().jobs == 0
+    finally:
+        postgres.close()
+
+
+async def test_a_record_the_history_refuses_stays_in_etcd_and_holds_up_no_other(world: World) -> None:
+    last = await seed_ended(world.store, "a-bad", ended_at_s=OLD - 100)
+    await seed_ended(world.store, "b-good", ended_at_s=OLD)
+    # An interval under a-bad's key that names another job: ArchivedJob refuses it.
+    wrong = an_interval("someone-else", start_s=OLD - 700, end_s=OLD - 100)
+    await world.kv.put(ledger_key("a-bad", 1), json.dumps(interval_to_dict(wrong)).encode())
+    last = await seed_ended(world.store, "c-good", ended_at_s=OLD + 1)
+    await world.synced(last)
+
+    report = await world.archiver(archive_batch=3).archive_once(world.fence)
+
+    assert (report.jobs_archived, report.jobs_left) == (2, 1)
+    assert await etcd_keys(world.kv, JOBS) == [job_key("a-bad")]
+    assert world.history.get_job(build_job("a-bad").job_id) is None

@@ -1,0 +1,170 @@
+"""A backlog of thousands of ended jobs, archived by a real server's leader at the bounded rate while
+its scheduling cycle goes on: the wiring (one history store per server, SQLite under the state dir,
+the archiver beside the loop) and the figures (archive rate, cycle time and event-loop lag during
+the backlog). The figures are printed, not asserted: this machine's CPU is shared."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from federation.history.config import HistorySettings
+from federation.history.engine import DEFAULT_FILE
+from federation.history.sql_store import SqlHistoryStore
+from federation.runtime.bootstrap import bootstrap
+from federation.runtime.config import load_config
+from federation.runtime.server import FederationServer, ServerConfig
+from federation.store.intervals import LEDGER_PREFIX
+from federation.store.job_store import JOBS, KvStore
+from federation.store.kv_etcd import EtcdKv
+from tests.conftest import build_job
+from tests.integration.test_archiver import seed_ended
+
+pytestmark = pytest.mark.integration
+
+CONFIG = Path(__file__).parents[1] / "e2e" / "federation.yaml"
+BACKLOG = 3000
+RATE_PER_S = 600.0
+QUEUED = 40
+
+
+def _lag(lags: list[float]) -> str:
+    ordered = sorted(lags)
+    return (
+        f"median {1000 * statistics.median(ordered):.1f}, p99 {1000 * ordered[int(0.99 * len(ordered))]:.1f},"
+        f" max {1000 * ordered[-1]:.1f}"
+    )
+
+
+def _cycle_sample(server: FederationServer) -> tuple[float, float]:
+    registry = server.metrics.registry
+    total = registry.get_sample_value("gpufed_scheduling_cycle_seconds_sum") or 0.0
+    count = registry.get_sample_value("gpufed_scheduling_cycle_seconds_count") or 0.0
+    return total, count
+
+
+async def test_a_backlog_is_archived_at_the_bounded_rate_while_cycles_go_on(
+    etcd_kv: EtcdKv, etcd_process: object, tmp_path: Path
+) -> None:
+    store = KvStore(etcd_kv)
+    await bootstrap(store, load_config(CONFIG), tmp_path / "tokens")
+    ended_at = time.time() - 2 * 3600
+    for start in range(0, BACKLOG, 200):
+        await asyncio.gather(
+            *(
+                seed_ended(store, f"old-{i:05d}", ended_at_s=ended_at + i * 0.001, tenant="vision")
+                for i in range(start, min(start + 200, BACKLOG))
+            )
+        )
+    # Live work for the cycle: queued jobs too big to place, so every cycle plans them.
+    for i in range(QUEUED):
+        await store.create_job(
+            build_job(f"queued-{i:03d}", tenant="vision", gpus=64),
+            idempotency_key=f"q{i}",
+            manifest_digest="d",
+        )
+    state = tmp_path / "state"
+    server = FederationServer(
+        ServerConfig(
+            etcd_endpoint=etcd_process.endpoint,  # type: ignore[attr-defined]
+            state_dir=state,
+            identity="backlog",
+            cycle_interval_s=0.2,
+            history=HistorySettings(archive_batch=100, archive_rate_per_s=RATE_PER_S),
+            archive_idle_s=0.2,
+        )
+    )
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def probe() -> None:
+        # How late a 10 ms sleep wakes: what any API call or cycle waits for the loop.
+        while not stop.is_set():
+            asked = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - asked - 0.01)
+
+    await server.start()
+    try:
+        assert server.history is not None
+        cycle_before = _cycle_sample(server)
+        prober = asyncio.create_task(probe())
+        started = time.monotonic()
+        first_archived: float | None = None
+        while True:
+            counts = await asyncio.to_thread(server.history.counts)
+            if counts.jobs and first_archived is None:
+                first_archived = time.monotonic()
+            if counts.jobs >= BACKLOG:
+                break
+            assert time.monotonic() - started < 120, f"archived {counts.jobs} of {BACKLOG}"
+            await asyncio.sleep(0.2)
+        took = time.monotonic() - (first_archived or started)
+        cycle_after = _cycle_sample(server)
+        during = list(lags)
+        # The same figures with the archiver caught up, to compare with.
+        lags.clear()
+        await asyncio.sleep(3.0)
+        stop.set()
+        await prober
+        idle_cycles = _cycle_sample(server)
+        left = (await etcd_kv.range_prefix(JOBS)).kvs
+        intervals_left = (await etcd_kv.range_prefix(LEDGER_PREFIX)).kvs
+    finally:
+        await server.stop()
+
+    # Every old job moved, none doubled; the queued ones stay.
+    assert (counts.jobs, counts.intervals) == (BACKLOG, BACKLOG)
+    assert sorted(kv.key.decode().rsplit("/", 1)[1] for kv in left) == [
+        f"queued-{i:03d}" for i in range(QUEUED)
+    ]
+    assert intervals_left == ()
+    # The history is SQLite under the state dir, and it closed with the server.
+    reopened = SqlHistoryStore.open(f"sqlite:///{state / DEFAULT_FILE}")
+    assert reopened.counts().jobs == BACKLOG
+    reopened.close()
+    # Never faster than the bound (the first batch is free of its wait, hence one batch of slack).
+    rate = (BACKLOG - 100) / took
+    assert rate <= RATE_PER_S * 1.1
+    cycles = cycle_after[1] - cycle_before[1]
+    mean_cycle_ms = 1000 * (cycle_after[0] - cycle_before[0]) / max(cycles, 1)
+    idle = idle_cycles[1] - cycle_after[1]
+    idle_cycle_ms = 1000 * (idle_cycles[0] - cycle_after[0]) / max(idle, 1)
+    print(
+        f"\narchive_rate_jobs_per_s: {rate:.0f} (bound {RATE_PER_S:.0f}) over {BACKLOG} jobs in {took:.1f} s"
+        f"\ncycles: during the backlog {cycles:.0f} in {took:.1f} s, mean {mean_cycle_ms:.1f} ms;"
+        f" after it {idle:.0f} in 3 s, mean {idle_cycle_ms:.1f} ms"
+        f"\nloop_lag_ms during: {_lag(during)}\nloop_lag_ms after:  {_lag(lags)}"
+    )
+    assert cycles > 0
+
+
+async def test_archive_false_leaves_everything_in_etcd(
+    etcd_kv: EtcdKv, etcd_process: object, tmp_path: Path
+) -> None:
+    store = KvStore(etcd_kv)
+    await bootstrap(store, load_config(CONFIG), tmp_path / "tokens")
+    await seed_ended(store, "old", ended_at_s=time.time() - 2 * 3600, tenant="vision")
+    server = FederationServer(
+        ServerConfig(
+            etcd_endpoint=etcd_process.endpoint,  # type: ignore[attr-defined]
+            state_dir=tmp_path / "state",
+            identity="no-archive",
+            history=HistorySettings(archive=False),
+            archive_idle_s=0.1,
+        )
+    )
+    await server.start()
+    try:
+        # Long enough for several passes, had the archiver been on (it starts with the lease).
+        await asyncio.sleep(1.5)
+        assert server.metrics.is_leader._value.get() == 1  # type: ignore[attr-defined]
+        assert server.history is not None
+        assert server.history.counts().jobs == 0
+    finally:
+        await server.stop()
+    assert [kv.key for kv in (await etcd_kv.range_prefix(JOBS)).kvs] == [JOBS + b"old"]

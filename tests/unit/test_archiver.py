@@ -1,0 +1,134 @@
+"""Which jobs the archiver takes, exactly, and the `history:` knobs that drive it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from federation.errors import InvalidSpec
+from federation.history.config import HistorySettings, parse_history
+from federation.history.sql_store import SqlHistoryStore
+from federation.ledger.usage import TenantUsage
+from federation.scheduling.archived_usage import ArchivedUsage
+from federation.scheduling.archiver import due_jobs, ended_at_s
+from federation.store.job_store import Stored
+from federation.store.jobs import JobRecord, PhaseEvent
+from placement.model import GpuType, JobPhase, TenantId
+from tests.conftest import build_job
+from tests.history_builders import an_archived_job
+
+NOW = 1_000_000.0
+HOUR = 3600.0
+
+
+def a_job(job_id: str, phase: JobPhase, ended_at_s: float | None) -> Stored[JobRecord]:
+    events: tuple[PhaseEvent, ...] = (PhaseEvent(JobPhase.QUEUED, 10.0, 1),)
+    if ended_at_s is not None:
+        events += (PhaseEvent(phase, ended_at_s, 1),)
+    return Stored(replace(build_job(job_id), phase=phase, events=events), 1)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "due"),
+    [
+        pytest.param([], [], id="nothing"),
+        pytest.param([a_job("a", JobPhase.SUCCEEDED, NOW - HOUR - 1)], ["a"], id="ended-over-an-hour-ago"),
+        pytest.param([a_job("a", JobPhase.SUCCEEDED, NOW - HOUR)], [], id="ended-exactly-an-hour-ago"),
+        pytest.param([a_job("a", JobPhase.FAILED, NOW - 60)], [], id="ended-a-minute-ago"),
+        pytest.param(
+            [a_job("q", JobPhase.QUEUED, None), a_job("r", JobPhase.RUNNING, NOW - 5 * HOUR)],
+            [],
+            id="live-jobs-never-however-old",
+        ),
+        pytest.param(
+            [
+                a_job("late", JobPhase.CANCELLED, NOW - 2 * HOUR),
+                a_job("b", JobPhase.FAILED, NOW - 3 * HOUR),
+                a_job("a", JobPhase.SUCCEEDED, NOW - 3 * HOUR),
+                a_job("recent", JobPhase.SUCCEEDED, NOW - 10),
+                a_job("run", JobPhase.RUNNING, NOW - 9 * HOUR),
+            ],
+            ["a", "b", "late"],
+            id="oldest-end-first-ties-by-id",
+        ),
+    ],
+)
+def test_due_jobs(jobs: list[Stored[JobRecord]], due: list[str]) -> None:
+    assert [s.value.job_id for s in due_jobs(jobs, now_s=NOW, retain_s=HOUR)] == due
+
+
+def test_an_ended_job_ended_at_its_last_event() -> None:
+    job = a_job("a", JobPhase.SUCCEEDED, 500.0).value
+    assert ended_at_s(job) == 500.0
+    # No events at all (never written so, but read safely): its submission time.
+    assert ended_at_s(replace(job, events=())) == job.submitted_at_s
+
+
+def test_retain_zero_takes_every_ended_job() -> None:
+    jobs = [a_job("a", JobPhase.SUCCEEDED, NOW - 0.5), a_job("q", JobPhase.QUEUED, None)]
+    assert [s.value.job_id for s in due_jobs(jobs, now_s=NOW, retain_s=0.0)] == ["a"]
+
+
+def test_archive_settings_default_and_parse() -> None:
+    assert parse_history({}) == HistorySettings()
+    assert HistorySettings().archive is True
+    got = parse_history(
+        {"history": {"archive": False, "archiveBatch": 50, "archiveRatePerS": 20, "retainInEtcd": "2h"}}
+    )
+    assert (got.archive, got.archive_batch, got.archive_rate_per_s, got.retain_in_etcd_s) == (
+        False,
+        50,
+        20.0,
+        7200.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        pytest.param({"archive": "yes"}, "history.archive", id="archive-not-a-bool"),
+        pytest.param({"archiveBatch": 0}, "history.archiveBatch", id="batch-zero"),
+        pytest.param({"archiveBatch": 129}, "history.archiveBatch", id="batch-over-one-etcd-request"),
+        pytest.param({"archiveRatePerS": 0}, "history.archiveRatePerS", id="rate-zero"),
+        pytest.param({"archiveRatePerS": "fast"}, "history.archiveRatePerS", id="rate-not-a-number"),
+    ],
+)
+def test_bad_archive_settings_name_the_field(section: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidSpec) as error:
+        parse_history({"history": section})
+    assert error.value.field == field
+
+
+def test_archived_hours_still_count_against_budgets_and_in_fair_share(tmp_path: Path) -> None:
+    """What the archiver moved to SQL is added to etcd's usage: this month's hours up the tenant
+    tree, the decayed history per leaf tenant; last month's only in the decayed history."""
+    now = datetime(2026, 11, 20, 12, tzinfo=UTC).timestamp()
+    this_month = now - 5 * 86_400.0
+    last_month = datetime(2026, 10, 30, 12, tzinfo=UTC).timestamp()
+    store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
+    try:
+        store.write_jobs(
+            [
+                an_archived_job("a", tenant="team", submitted_at_s=this_month),
+                an_archived_job("b", tenant="team", submitted_at_s=last_month),
+            ]
+        )
+        usage = ArchivedUsage(store)
+        live = {TenantId("team"): TenantUsage(2.0, ((GpuType("H100"), 1.0),))}
+        asyncio.run(usage.refresh(now, half_life_h=24.0))
+        got = usage.add_to(live, now_s=now, half_life_h=24.0, parents={TenantId("team"): TenantId("org")})
+    finally:
+        store.close()
+    # Each archived job ran 8 GPUs for an hour.
+    assert got[TenantId("team")].month_gpu_hours == pytest.approx(2.0 + 8.0)
+    assert got[TenantId("org")].month_gpu_hours == pytest.approx(8.0)
+    ((gpu, decayed),) = got[TenantId("team")].decayed_gpu_hours
+    assert gpu == "H100"
+    # Five days back at a one-day half-life weighs 1/32 (the day's middle is used: within a few %),
+    # three weeks back next to nothing.
+    assert decayed == pytest.approx(1.0 + 8.0 / 32, rel=0.05)
+    assert TenantId("org") not in dict(got[TenantId("org")].decayed_gpu_hours)

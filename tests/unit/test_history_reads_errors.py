@@ -1,0 +1,65 @@
+"""A history database that does not answer: reads that need it say UNAVAILABLE (retryable), and
+reads the cache answers do not touch it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from sqlalchemy import text
+
+from federation.api.service import JobService
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.datasets.check import DatasetCheck
+from federation.datasets.registry import DatasetRegistry
+from federation.history.sql_store import SqlHistoryStore
+from federation.metrics import Metrics
+from federation.runtime.server import TenantDirectory
+from federation.security.auth import Authenticator
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore
+from federation.store.records import Role, TenantRecord, UserRecord
+from placement.model import TenantId
+from tests.conftest import build_job
+from tests.unit.test_list_filters import Refused, _Context
+
+
+async def test_a_broken_history_is_unavailable_and_the_live_path_still_answers(tmp_path: Path) -> None:
+    history = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
+    store = InMemoryJobStore()
+    await store.put_tenant(TenantRecord(TenantId("vision")))
+    await store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
+    await store.put_token("alice", "alice")
+    stored, _ = await store.create_job(
+        build_job("live-1", tenant="vision"), idempotency_key="k", manifest_digest="d"
+    )
+    cache = JobCache(store)
+    await cache.start()
+    assert await cache.wait_for_revision(stored.mod_revision)
+    service = JobService(
+        store=store,
+        cache=cache,
+        auth=Authenticator(store),
+        metrics=Metrics(),
+        tenants=TenantDirectory(store),
+        datasets=DatasetCheck(DatasetRegistry(store.kv)),
+        history=history,
+    )
+    try:
+        with history.engine.begin() as conn:
+            conn.execute(text("DROP TABLE history_jobs"))
+        job = await service.GetJob(pb.GetJobRequest(job_id="live-1"), _Context("alice"))  # type: ignore[arg-type]
+        assert job.job_id == "live-1"
+        live = await service.ListJobs(pb.ListJobsRequest(), _Context("alice"))  # type: ignore[arg-type]
+        assert [j.job_id for j in live.jobs] == ["live-1"]
+        for call in (
+            service.GetJob(pb.GetJobRequest(job_id="gone-00000000"), _Context("alice")),  # type: ignore[arg-type]
+            service.ListJobs(pb.ListJobsRequest(include_archived=True), _Context("alice")),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(Refused) as refused:
+                await call
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await cache.stop()
+        history.close()
