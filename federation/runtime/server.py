@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import socket
 import ssl
@@ -18,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -103,17 +101,6 @@ class ServerConfig:
     archive_idle_s: float | None = None
 
 
-_Servicer = TypeVar("_Servicer")
-
-
-def _with_history(cls: Callable[..., _Servicer], history: SqlHistoryStore | None, **kwargs: Any) -> _Servicer:
-    """The servicer, given the history store if its constructor takes one (the reads that span
-    both stores add the parameter servicer by servicer)."""
-    if history is not None and "history" in inspect.signature(cls).parameters:
-        kwargs["history"] = history
-    return cls(**kwargs)
-
-
 class TenantDirectory:
     """Tenants and scheduling settings for the submission path, re-read at most every few seconds."""
 
@@ -184,9 +171,8 @@ class FederationServer:
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
         security = SecurityStore(self._kv)
-        jobs = _with_history(
-            JobService,
-            history,
+        jobs = JobService(
+            history=history,
             store=store,
             cache=self._cache,
             auth=auth,
@@ -197,9 +183,8 @@ class FederationServer:
             security=security,
         )
         pb_grpc.add_JobServiceServicer_to_server(jobs, server)
-        admin = _with_history(
-            AdminService,
-            history,
+        admin = AdminService(
+            history=history,
             store=store,
             security=security,
             cache=self._cache,
@@ -207,9 +192,8 @@ class FederationServer:
             metrics=self.metrics,
         )
         pb_grpc.add_AdminServiceServicer_to_server(admin, server)
-        reports = _with_history(
-            ReportService,
-            history,
+        reports = ReportService(
+            history=history,
             ledger=self._ledger,
             store=store,
             auth=auth,
@@ -248,9 +232,8 @@ class FederationServer:
         pb_grpc.add_DatasetsServicer_to_server(datasets, server)
         # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
         archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
-        logs = _with_history(
-            LogsService,
-            history,
+        logs = LogsService(
+            history=history,
             store=store,
             cache=self._cache,
             auth=auth,
