@@ -26,6 +26,8 @@ from federation.api.logs import LogsService
 from federation.api.reports import ReportService
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.calls import CallContext
+from federation.console.calls import CallRefused as Refused
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
 from federation.history.config import HistorySettings
@@ -61,25 +63,9 @@ JOBS = [
 ]
 
 
-class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class _Context:
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self._token}"),)
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:40000"
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise Refused(code, details)
+# The servicers run in process with the console's own call context: the metadata, peer and abort
+# a gRPC server would give them.
+PEER = "ipv4:127.0.0.1:40000"
 
 
 def _interval(
@@ -156,22 +142,22 @@ class World:
             await _until(lambda: all(self.cache.get(JobId(j)) is None for j in job_ids))
 
     async def list(self, who: str, **fields: Any) -> pb.ListJobsResponse:
-        return await self.jobs.ListJobs(pb.ListJobsRequest(**fields), _Context(who))  # type: ignore[arg-type]
+        return await self.jobs.ListJobs(pb.ListJobsRequest(**fields), CallContext(who, PEER))  # type: ignore[arg-type]
 
     async def get(self, who: str, job_id: str) -> pb.Job:
-        return await self.jobs.GetJob(pb.GetJobRequest(job_id=job_id), _Context(who))  # type: ignore[arg-type]
+        return await self.jobs.GetJob(pb.GetJobRequest(job_id=job_id), CallContext(who, PEER))  # type: ignore[arg-type]
 
     async def report(self, who: str = "fin", **fields: Any) -> str:
         request = pb.GetReportRequest(**{"format": "json", **fields})
         request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
         request.end.FromNanoseconds(int(NOW * 1e9))
-        reply = await self.reports.GetReport(request, _Context(who))  # type: ignore[arg-type]
+        reply = await self.reports.GetReport(request, CallContext(who, PEER))  # type: ignore[arg-type]
         return str(reply.content)
 
     async def focus(self, who: str = "fin") -> str:
         request = pb.ExportFocusRequest(format="csv")
         request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
-        reply = await self.reports.ExportFocus(request, _Context(who))  # type: ignore[arg-type]
+        reply = await self.reports.ExportFocus(request, CallContext(who, PEER))  # type: ignore[arg-type]
         return str(reply.content)
 
 
@@ -414,7 +400,7 @@ async def _every_report(w: World) -> list[str]:
     out.append(await w.focus("bob"))
     request = pb.ListLedgerRequest()
     request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
-    ledger = await w.reports.ListLedger(request, _Context("fin"))  # type: ignore[arg-type]
+    ledger = await w.reports.ListLedger(request, CallContext("fin", PEER))  # type: ignore[arg-type]
     out.append(str(sorted((i.job_id, i.attempt, i.start_s, i.end_s, i.cost_usd) for i in ledger.intervals)))
     return out
 
@@ -465,17 +451,19 @@ async def test_audit_over_both_stores_newest_first_in_pages(sqlite_world: World)
     seen: list[str] = []
     token = ""
     while True:
-        reply = await w.admin.ListAudit(pb.ListAuditRequest(limit=2, page_token=token), _Context("admin"))  # type: ignore[arg-type]
+        reply = await w.admin.ListAudit(  # type: ignore[arg-type]
+            pb.ListAuditRequest(limit=2, page_token=token), CallContext("admin", PEER)
+        )
         seen = [e.action for e in reply.events] + seen
         token = reply.next_page_token
         if not token:
             break
     assert seen == [f"action_{k}" for k in range(6)]
-    whole = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context("admin"))  # type: ignore[arg-type]
+    whole = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
     assert [e.action for e in whole.events] == [f"action_{k}" for k in range(6)]
     for who in ("alice", "fin"):
         with pytest.raises(Refused) as refused:
-            await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context(who))  # type: ignore[arg-type]
+            await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext(who, PEER))  # type: ignore[arg-type]
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 
@@ -496,7 +484,7 @@ def _logs_service(w: World, archive: LogArchive) -> LogsService:
 
 
 async def _stream(logs: LogsService, who: str, job_id: str) -> list[pb.LogChunk]:
-    return [c async for c in logs.StreamLogs(pb.StreamLogsRequest(job_id=job_id), _Context(who))]  # type: ignore[arg-type]
+    return [c async for c in logs.StreamLogs(pb.StreamLogsRequest(job_id=job_id), CallContext(who, PEER))]  # type: ignore[arg-type]
 
 
 async def test_describe_and_logs_of_an_archived_job(sqlite_world: World) -> None:
@@ -504,14 +492,14 @@ async def test_describe_and_logs_of_an_archived_job(sqlite_world: World) -> None
     archive = LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0))
     logs = _logs_service(w, archive)
     await w.archive(["j00", "j02", "j03"])
-    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), _Context("alice"))  # type: ignore[arg-type]
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
     assert described.job.phase == pb.JOB_PHASE_SUCCEEDED
     [attempt] = described.attempts
     assert (attempt.cluster, attempt.gpu_type, attempt.outcome) == ("onprem", "H100", "SUCCEEDED")
     assert attempt.note.startswith("kept when the attempt ended")
     # Another tenant's archived job: NOT_FOUND, as for a job that does not exist.
     for call in (
-        logs.DescribeJob(pb.DescribeJobRequest(job_id="j02"), _Context("alice")),  # type: ignore[arg-type]
+        logs.DescribeJob(pb.DescribeJobRequest(job_id="j02"), CallContext("alice", PEER)),  # type: ignore[arg-type]
         _stream(logs, "alice", "j02"),
     ):
         with pytest.raises(Refused) as refused:
@@ -585,7 +573,7 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
         "j00", kept, {("worker", 0): b"t1 done\n"}
     )
     reports = await _every_report(w)
-    audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context("admin"))  # type: ignore[arg-type]
+    audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
     # The first page is read with everything in etcd; the archiver runs; the rest come from SQL.
     first = await w.list("admin", include_archived=True, page_size=4)
     election = LeaderElection(w.kv, "history-reads-test", ttl_s=5)
@@ -608,10 +596,10 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
     rest = await _pages(w, "admin", page_size=4, page_token_from=first.next_page_token)
     assert [j.job_id for j in first.jobs] + [j for p in rest for j in p] == ALL
     assert await _every_report(w) == reports
-    after = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), _Context("admin"))  # type: ignore[arg-type]
+    after = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
     assert after.events == audit.events
     assert (await w.get("alice", "j00")).phase == pb.JOB_PHASE_SUCCEEDED
-    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), _Context("alice"))  # type: ignore[arg-type]
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
     assert [(a.attempt, a.reason, [r.pod for r in a.replicas]) for a in described.attempts] == [
         (1, "Completed", ["j00-worker-0"])
     ]

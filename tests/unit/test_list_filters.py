@@ -16,6 +16,8 @@ import pytest
 from federation.api.job_queries import decode_page_token, encode_page_token
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.calls import CallContext
+from federation.console.calls import CallRefused as Refused
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
 from federation.errors import InvalidArgument
@@ -52,25 +54,9 @@ JOBS = [
 ]
 
 
-class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class _Context:
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self._token}"),)
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:40000"
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise Refused(code, details)
+# The servicers run in process with the console's own call context: the metadata, peer and abort
+# a gRPC server would give them.
+PEER = "ipv4:127.0.0.1:40000"
 
 
 @dataclass
@@ -79,7 +65,7 @@ class World:
     cache: JobCache
 
     async def list(self, who: str, **fields: Any) -> pb.ListJobsResponse:
-        return await self.service.ListJobs(pb.ListJobsRequest(**fields), _Context(who))  # type: ignore[arg-type]
+        return await self.service.ListJobs(pb.ListJobsRequest(**fields), CallContext(who, PEER))  # type: ignore[arg-type]
 
     async def ids(self, who: str, **fields: Any) -> list[str]:
         return [j.job_id for j in (await self.list(who, **fields)).jobs]
@@ -95,7 +81,7 @@ class World:
 
     async def summary(self, who: str, tenant: str = "") -> pb.JobSummary:
         request = pb.SummarizeJobsRequest(tenant=tenant)
-        return await self.service.SummarizeJobs(request, _Context(who))  # type: ignore[arg-type]
+        return await self.service.SummarizeJobs(request, CallContext(who, PEER))  # type: ignore[arg-type]
 
 
 @pytest.fixture
