@@ -11,6 +11,8 @@ from sqlalchemy import text
 
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.calls import CallContext
+from federation.console.calls import CallRefused as Refused
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
 from federation.history.sql_store import SqlHistoryStore
@@ -22,7 +24,8 @@ from federation.store.job_store import InMemoryJobStore
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import TenantId
 from tests.conftest import build_job
-from tests.unit.test_list_filters import Refused, _Context
+
+PEER = "ipv4:127.0.0.1:50000"
 
 
 async def test_a_broken_history_is_unavailable_and_the_live_path_still_answers(tmp_path: Path) -> None:
@@ -49,13 +52,13 @@ async def test_a_broken_history_is_unavailable_and_the_live_path_still_answers(t
     try:
         with history.engine.begin() as conn:
             conn.execute(text("DROP TABLE history_jobs"))
-        job = await service.GetJob(pb.GetJobRequest(job_id="live-1"), _Context("alice"))  # type: ignore[arg-type]
+        job = await service.GetJob(pb.GetJobRequest(job_id="live-1"), CallContext("alice", PEER))  # type: ignore[arg-type]
         assert job.job_id == "live-1"
-        live = await service.ListJobs(pb.ListJobsRequest(), _Context("alice"))  # type: ignore[arg-type]
+        live = await service.ListJobs(pb.ListJobsRequest(), CallContext("alice", PEER))  # type: ignore[arg-type]
         assert [j.job_id for j in live.jobs] == ["live-1"]
         for call in (
-            service.GetJob(pb.GetJobRequest(job_id="gone-00000000"), _Context("alice")),  # type: ignore[arg-type]
-            service.ListJobs(pb.ListJobsRequest(include_archived=True), _Context("alice")),  # type: ignore[arg-type]
+            service.GetJob(pb.GetJobRequest(job_id="gone-00000000"), CallContext("alice", PEER)),  # type: ignore[arg-type]
+            service.ListJobs(pb.ListJobsRequest(include_archived=True), CallContext("alice", PEER)),  # type: ignore[arg-type]
         ):
             with pytest.raises(Refused) as refused:
                 await call
