@@ -89,7 +89,6 @@ class KubernetesBackend:
         self._nodes: Informer[NodeInfo] = self._informer(
             "nodes", self._api.list_nodes, lambda o: node_info(o, config.provider)
         )
-        self._pods: Informer[PodInfo] = self._informer("pods", self._api.list_pods, pod_info)
         self._jobs: Informer[GangObject] = self._informer(
             "jobs", self._api.list_jobs, lambda o: gang_object(o, GangKind.INDEXED_JOB), GANG_SELECTOR
         )
@@ -106,6 +105,9 @@ class KubernetesBackend:
             if client is not None
             else functools.partial(api_client, config.kubeconfig, config.context, pool_size=LOG_THREADS),
         )
+        self._pods: Informer[PodInfo] = self._informer(
+            "pods", self._api.list_pods, pod_info, observer=self._inspection.observe_pod
+        )
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
         self._statuses_memo: tuple[tuple[int, int, int, int, int], tuple[GangStatus, ...]] | None = None
         self._warned_unpriced: set[tuple[str, str]] = set()
@@ -113,7 +115,12 @@ class KubernetesBackend:
         self._closed = False
 
     def _informer(
-        self, name: str, call: Any, parse: Callable[[dict[str, Any]], Any], selector: str | None = None
+        self,
+        name: str,
+        call: Any,
+        parse: Callable[[dict[str, Any]], Any],
+        selector: str | None = None,
+        observer: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> Informer[Any]:
         s = self._config.settings
         return Informer(
@@ -127,6 +134,7 @@ class KubernetesBackend:
             backoff_min_s=s.backoff_min_s,
             backoff_max_s=s.backoff_max_s,
             cluster=self._config.name,
+            observer=observer,
         )
 
     # ---- life ------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from clusters.api import (
 from clusters.kubernetes.errors import is_no_answer, reason_of, status_of
 from clusters.kubernetes.inventory import GANG_LABEL, parse_time_s
 from clusters.kubernetes.kube import Timeouts, k8s
+from clusters.kubernetes.last_words import LastWords
 from clusters.kubernetes.names import namespace_for, object_name
 from placement.model import JobId, TenantId
 
@@ -43,7 +44,6 @@ VOLCANO_TASK = "volcano.sh/task-spec"
 # Chunks in flight per stream between its reading thread and the loop: the backpressure bound.
 _QUEUE_CHUNKS = 32
 _READ_BYTES = 64 * 1024
-FOLLOW_READ_TIMEOUT_S = 300.0
 FOLLOW_READ_TIMEOUT_S = 300.0
 
 
@@ -162,7 +162,6 @@ class PodReader:
             "timestamps": options.timestamps,
             "previous": options.previous,
             "_preload_content": False,
-            # A follow may be silent for long: only the connect is bounded.
             # A follow may be silent for long; one silent past this is read again from where it was.
             "_request_timeout": self._timeouts.pair(FOLLOW_READ_TIMEOUT_S if options.follow else None),
         }
@@ -175,6 +174,15 @@ class PodReader:
         if options.limit_bytes is not None:
             kwargs["limit_bytes"] = options.limit_bytes
         return self._core.read_namespaced_pod_log(pod, namespace, **kwargs)
+
+    def read_log(self, namespace: str, pod: str, container: str, options: LogOptions) -> bytes:
+        """The whole log for `options` at once (not a follow), on the calling thread."""
+        response = self.open_log(namespace, pod, container, options)
+        try:
+            return bytes(response.read(decode_content=True))
+        finally:
+            with contextlib.suppress(Exception):
+                response.release_conn()
 
 
 def _items(response: Any) -> list[Json]:
@@ -271,6 +279,11 @@ async def stream_log(
 LOG_THREADS = 256
 
 
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
+
+
 class GangInspection:
     """`clusters.api.GangInspector` for the Kubernetes backend: reads on pools of their own."""
 
@@ -291,12 +304,19 @@ class GangInspection:
         self._log_client_factory = log_client
         self._log_client: Any = None
         self._log_reader: PodReader | None = None
+        # Killed pods' logs, read as the pod watch sees them go (`observe_pod` is its hook).
+        self.last_words = LastWords(cluster, self._reader.read_log, replica_state)
         self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"gpufed-k8s-read-{cluster}")
         self._logs = ThreadPoolExecutor(
             max_workers=LOG_THREADS, thread_name_prefix=f"gpufed-k8s-log-{cluster}"
         )
 
+    def observe_pod(self, kind: str, pod: Json) -> None:
+        if str((pod.get("metadata") or {}).get("namespace", "")).startswith(self._prefix):
+            self.last_words.observe(kind, pod)
+
     def close(self) -> None:
+        self.last_words.close()
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._logs.shutdown(wait=False, cancel_futures=True)
         if self._log_client is not None:
@@ -322,6 +342,12 @@ class GangInspection:
         pods = await self._read("list the gang's pods", functools.partial(self._reader.gang_pods, gang))
         namespace = namespace_for(self._prefix, tenant)
         found = [replica_state(p) for p in pods if (p.get("metadata") or {}).get("namespace") == namespace]
+        if found:
+            # Killed pods are shown beside the rest while the gang's pods are there (the keeper
+            # reads them all when the gang ends); once every pod is gone, so is the gang's live view,
+            # and readers turn to the kept copy.
+            await self.last_words.settled(namespace, gang)
+            found += self.last_words.gone_replicas(namespace, gang, [r.pod for r in found])
         return sorted(found, key=lambda r: (not r.by_rank, r.task, r.index, r.pod))
 
     async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
@@ -347,7 +373,28 @@ class GangInspection:
                 PodReader(self._log_client, self._timeouts) if self._log_client is not None else self._reader
             )
         namespace = namespace_for(self._prefix, tenant)
+        kept = self.last_words.log_of(namespace, replica.pod, options)
+        if kept is not None:
+            return _once(kept)
         opener = functools.partial(
             self._log_reader.open_log, namespace, replica.pod, replica.container, options
         )
-        return stream_log(self._logs, opener, cluster=self._cluster, pod=replica.pod)
+        live = stream_log(self._logs, opener, cluster=self._cluster, pod=replica.pod)
+        return self._live_else_kept(live, namespace, replica.pod, options)
+
+    async def _live_else_kept(
+        self, live: AsyncIterator[bytes], namespace: str, pod: str, options: LogOptions
+    ) -> AsyncIterator[bytes]:
+        """The live log; if the pod went before it could be read (killed a moment ago, its DELETED
+        event not yet here), the copy read as it was killed."""
+        sent = False
+        try:
+            async for chunk in live:
+                sent = True
+                yield chunk
+        except LogUnavailable:
+            kept = None if sent else self.last_words.log_of(namespace, pod, options, only_gone=False)
+            if kept is None:
+                raise
+            if kept:
+                yield kept

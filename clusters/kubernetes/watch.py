@@ -75,8 +75,11 @@ class Informer(Generic[T]):
         backoff_min_s: float,
         backoff_max_s: float,
         cluster: str,
+        observer: Callable[[str, Json], None] | None = None,
     ) -> None:
         self.name = name
+        # Told of every watch event as it is applied, on this thread; it must not block.
+        self._observer = observer
         self._api = api
         self._call = call
         self._parse = parse
@@ -271,6 +274,11 @@ class Informer(Generic[T]):
                 changed = True
             if changed:
                 self._version += 1
+        if self._observer is not None:
+            try:
+                self._observer(str(kind), obj)
+            except Exception:  # an observer's fault must not stop the cache
+                self._log.exception("watch_observer_failed")
         if resource_version:
             self._resource_version = str(resource_version)
 

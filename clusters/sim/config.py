@@ -189,6 +189,7 @@ def from_mapping(data: Any, at: str = "cluster") -> SimClusterConfig:
             _get(data, at, "restartBackoffS", default=10.0), f"{at}.restartBackoffS", float
         ),
         log_interval_s=_number(_get(data, at, "logIntervalS", default=5.0), f"{at}.logIntervalS", float),
+        termination_s=_number(_get(data, at, "terminationS", default=0.2), f"{at}.terminationS", float),
     )
 
 

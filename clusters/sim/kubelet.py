@@ -6,6 +6,7 @@ benchmarks decide what each pod does (all its containers behave alike):
 | annotation | effect |
 |---|---|
 | `sim.gpufed.io/duration` | seconds each run lasts (default: the cluster's `default_duration_s`) |
+| `sim.gpufed.io/duration.TASK` | the same for the pods of task TASK only (before the one above) |
 | `sim.gpufed.io/exit-code` | the exit code of each run; non-zero ends it with reason `Error` |
 | `sim.gpufed.io/oom-kill-after-s` | the run is OOM-killed after that many seconds (`OOMKilled`, 137) |
 | `sim.gpufed.io/fail-image-pull` | the image never pulls: `ErrImagePull`, then `ImagePullBackOff` |
@@ -33,6 +34,9 @@ from clusters.sim.timers import Timers
 
 Obj = dict[str, Any]
 DURATION_ANNOTATION = "sim.gpufed.io/duration"
+# Which task a pod runs: Volcano's annotation, or gpufed's label on an Indexed Job's pods.
+VOLCANO_TASK = "volcano.sh/task-spec"
+GPUFED_TASK = "gpufed.io/task"
 EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
 OOM_ANNOTATION = "sim.gpufed.io/oom-kill-after-s"
 IMAGE_PULL_ANNOTATION = "sim.gpufed.io/fail-image-pull"
@@ -49,7 +53,12 @@ def _annotation(pod: Obj, key: str) -> str | None:
 
 
 def duration_s(pod: Obj, default_s: float) -> float:
-    text = _annotation(pod, DURATION_ANNOTATION)
+    # A task's own duration (`sim.gpufed.io/duration.master`) before the pod's: the annotations are
+    # set gang-wide, and a gang whose master outlives its workers needs the two told apart.
+    task = _annotation(pod, VOLCANO_TASK) or (pod["metadata"].get("labels") or {}).get(GPUFED_TASK)
+    text = (_annotation(pod, f"{DURATION_ANNOTATION}.{task}") if task else None) or _annotation(
+        pod, DURATION_ANNOTATION
+    )
     try:
         return max(0.0, float(text)) if text is not None else default_s
     except ValueError:

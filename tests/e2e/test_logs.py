@@ -28,12 +28,17 @@ from tests.e2e.kube import _api, gang_pods, gangs, job_of, sim_admin, write_conf
 
 pytestmark = pytest.mark.e2e
 
+# Keys of the simulator's cluster config that gpufed's own config does not take.
+SIM_ONLY = {"logIntervalS", "terminationS"}
 CLUSTERS: list[dict[str, Any]] = [
     {
         "name": "onprem",
         "provider": "private",
         "region": "dc1",
         "logIntervalS": 0.2,
+        # A real kubelet notices a stopped container on its next relist, once a second: a killed
+        # pod stays that long (the simulator's default is 0.2 s).
+        "terminationS": 1.0,
         "pools": [
             {
                 "name": "a100",
@@ -50,7 +55,7 @@ CLUSTERS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    clusters = [{k: v for k, v in c.items() if k != "logIntervalS"} for c in CLUSTERS]
+    clusters = [{k: v for k, v in c.items() if k not in SIM_ONLY} for c in CLUSTERS]
     config = write_config(
         tmp_path / "federation.yaml",
         sims,
@@ -112,19 +117,12 @@ def _by_replica(chunks: list[pb.LogChunk]) -> dict[tuple[str, int], list[str]]:
 ALL_FOUR = {("master", 0), ("worker", 0), ("worker", 1), ("worker", 2)}
 
 
-# A known defect, found on 2026-11-27 and reproduced on the commit before that day's history merge (2 of
-# 3 runs): the replicas share one duration, so the master can end a moment before a worker; Volcano's
-# CompleteJob policy then kills the workers still running and their pods go, before the reconciler
-# keeps the attempt's logs. Those workers' logs are not kept. The fix is to keep each replica's log as
-# it ends, from the pod watch, rather than when the gang ends. Until then this test fails when the
-# race goes that way; it is marked, not loosened, so that it passes again once the keeper is fixed.
-@pytest.mark.xfail(
-    strict=False,
-    reason="workers killed by CompleteJob lose their logs before the attempt is kept (known defect)",
-)
+# The master outlives its workers by a second, as a DDP master that waits for every rank does: were
+# they to end together, Volcano's CompleteJob could kill a worker in the very moment it ends by itself,
+# and such a pod goes at once (the next test kills workers on purpose).
 def test_logs_of_a_gang_follow_then_kept_after_pods_are_gone(fed: ServerProcess, sims: SimProcess) -> None:
     with fed.client("alice") as alice:
-        job_id = alice.submit(manifest("ddp", workers=3, gpus=1, duration="4s")).job_id
+        job_id = alice.submit(_annotated("ddp", {"sim.gpufed.io/duration.master": "5"}, duration="4s")).job_id
     wait_for(lambda: job_of(fed, "alice", job_id).phase == pb.JOB_PHASE_RUNNING, timeout_s=30)
 
     # -f: lines arrive while the job runs, and the stream ends when the job does.
@@ -186,6 +184,44 @@ def test_logs_of_a_gang_follow_then_kept_after_pods_are_gone(fed: ServerProcess,
     assert theirs.value.details() == get_theirs.value.details() == f"job '{job_id}' not found"
     assert described.value.details() == theirs.value.details()
     assert missing.value.details() == "job 'nope-00000000' not found"
+
+
+def test_workers_killed_when_the_master_ends_keep_their_logs(fed: ServerProcess, sims: SimProcess) -> None:
+    """The master ends first; Volcano's `TaskCompleted: CompleteJob` kills the running workers, whose
+    pods go within `terminationS`, before the reconciler keeps the attempt. Their logs are kept all
+    the same: the backend read each one as the pod watch saw it marked for deletion."""
+    with fed.client("alice") as alice:
+        job_id = alice.submit(
+            _annotated("mpi", {"sim.gpufed.io/duration.master": "3"}, duration="60s")
+        ).job_id
+    wait_for(
+        lambda: job_of(fed, "alice", job_id).phase == pb.JOB_PHASE_SUCCEEDED,
+        timeout_s=60,
+    )
+    # The cluster says the workers were killed: deleted while they ran, not ended by themselves.
+    with _api(sims, "onprem") as api:
+        events = k8s.CoreV1Api(api).list_event_for_all_namespaces().items
+    killed = {
+        e.involved_object.name for e in events if e.reason == "Killing" and job_id in e.involved_object.name
+    }
+    assert {name.rsplit("-", 2)[-2] for name in killed} == {"worker"}
+    for gang in gangs(sims, "onprem", job_id):
+        delete_gang(sims, "onprem", gang["metadata"]["namespace"], gang["metadata"]["name"])
+    wait_for(lambda: not gang_pods(sims, "onprem", job_id), timeout_s=60)
+    kept = _logs(fed, "alice", job_id=job_id)
+    assert {c.source for c in kept if c.lines} == {"kept"}
+    kept_lines = _by_replica(kept)
+    assert set(kept_lines) == ALL_FOUR
+    for worker in range(3):
+        assert any("started" in line for line in kept_lines[("worker", worker)])
+        assert not any("exited with code 0" in line for line in kept_lines[("worker", worker)])
+    assert any("exited with code 0" in line for line in kept_lines[("master", 0)])
+    with fed.client("alice") as alice:
+        described = alice.describe(job_id)
+    replicas = {(r.task, r.replica): r for r in described.attempts[-1].replicas}
+    assert set(replicas) == ALL_FOUR
+    assert {replicas[("worker", i)].exit_code for i in range(3)} == {137}
+    assert replicas[("master", 0)].exit_code == 0
 
 
 def test_oom_killed_attempts_keep_their_logs_and_say_why(fed: ServerProcess) -> None:
@@ -259,7 +295,7 @@ LIMITS = {"maxStreamsPerTenant": 2, "maxStreamsPerServer": 3, "maxBytesPerCall":
 @pytest.fixture
 def limited(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
     """A server with small log limits (the config's `logs:`) and a long grace for a lost cluster."""
-    clusters = [{k: v for k, v in c.items() if k != "logIntervalS"} for c in CLUSTERS]
+    clusters = [{k: v for k, v in c.items() if k not in SIM_ONLY} for c in CLUSTERS]
     config = write_config(
         tmp_path / "federation.yaml",
         sims,
