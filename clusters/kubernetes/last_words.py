@@ -33,13 +33,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import structlog
 
 from clusters.api import LogOptions, ReplicaState
 from clusters.kubernetes.inventory import GANG_LABEL
+from clusters.logtext import last_bytes, select_lines
 
 Json = dict[str, Any]
 # Reads the whole (tail of the) log of one pod: (namespace, pod, container, options) -> bytes.
@@ -67,38 +67,11 @@ class _Entry:
     reading: bool = True
 
 
-def _tail(data: bytes, keep_bytes: int) -> bytes:
-    """The last `keep_bytes` of a log, from the start of a whole line."""
-    if len(data) <= keep_bytes:
-        return data
-    tail = data[-keep_bytes:]
-    cut = tail.find(b"\n") + 1
-    return tail[cut:] if 0 < cut < len(tail) else tail
-
-
-def _stamp_s(line: bytes) -> float | None:
-    """The RFC 3339 timestamp the log API puts before a line when asked for timestamps."""
-    head = line.split(b" ", 1)[0].decode("ascii", "replace")
-    try:
-        return datetime.fromisoformat(head.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def shaped(data: bytes, options: LogOptions, now_s: float) -> bytes:
     """A log kept with timestamps, cut as the pod log API would cut it for `options`."""
-    lines = data.splitlines(keepends=True)
-    if options.since_s is not None:
-        oldest_s = now_s - options.since_s
-        lines = [line for line in lines if (_stamp_s(line) or oldest_s) >= oldest_s]
-    if options.tail_lines is not None:
-        lines = lines[-options.tail_lines :] if options.tail_lines > 0 else []
-    if not options.timestamps:
-        lines = [line.split(b" ", 1)[1] if b" " in line else line for line in lines]
-    out = b"".join(lines)
-    if options.limit_bytes is not None:
-        out = out[: options.limit_bytes]
-    return out
+    lines = select_lines(data, options, now_s)
+    out = "".join(f"{line}\n" for line in lines).encode()
+    return out[: options.limit_bytes] if options.limit_bytes is not None else out
 
 
 class LastWords:
@@ -178,7 +151,7 @@ class LastWords:
                 after_s=round(self._clock() - entry.caught_at_s, 3),
             )
             return
-        data = _tail(data, self._max_bytes_per_pod)
+        data = last_bytes(data, self._max_bytes_per_pod)
         with self._lock:
             entry.reading = False
             if self._entries.get(key) is not entry:

@@ -199,15 +199,6 @@ def _summary_from(raw: bytes) -> KeptAttempt:
     return KeptAttempt(**d, replicas=replicas)
 
 
-def last_bytes(data: bytes, keep_bytes: int) -> bytes:
-    """The tail of a log that fits `keep_bytes`, starting at a whole line."""
-    if len(data) <= keep_bytes:
-        return data
-    tail = data[-keep_bytes:]
-    cut = tail.find(b"\n") + 1
-    return tail[cut:] if 0 < cut < len(tail) else tail
-
-
 class LogArchive:
     """The kept logs and attempt summaries in etcd."""
 

@@ -15,11 +15,11 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 
 import structlog
 
 from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable, ReplicaState
+from clusters.logtext import select_lines, split_stamp, stamp_s
 from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.logs")
@@ -50,34 +50,9 @@ class Target:
     state: ReplicaState
 
 
-def stamp_s(stamp: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 stamp with up to nanoseconds."""
-    text = stamp.rstrip("Z")
-    if "." in text:
-        head, frac = text.split(".", 1)
-        text = f"{head}.{frac[:6]}"
-    try:
-        return datetime.fromisoformat(text + "+00:00").timestamp()
-    except ValueError:
-        return None
-
-
-def split_stamp(line: str) -> tuple[str, str]:
-    stamp, _, text = line.partition(" ")
-    return stamp, text
-
-
 def select_kept(data: bytes, options: LogOptions, now_s: float) -> list[str]:
     """The kept lines that `--since`, `--tail` and `--timestamps` ask for."""
-    lines = data.decode("utf-8", "replace").splitlines()
-    if options.since_s is not None:
-        oldest = now_s - options.since_s
-        lines = [ln for ln in lines if (s := stamp_s(split_stamp(ln)[0])) is None or s >= oldest]
-    if options.tail_lines is not None:
-        lines = lines[-options.tail_lines :] if options.tail_lines else []
-    if not options.timestamps:
-        lines = [split_stamp(ln)[1] for ln in lines]
-    return lines
+    return select_lines(data, options, now_s)
 
 
 def _chunks(target: Target, lines: Sequence[str], source: str) -> list[Chunk]:

@@ -20,13 +20,13 @@ from dataclasses import replace
 import structlog
 
 from clusters.api import ClusterError, GangInspector, GangPhase, GangStatus, LogOptions, ReplicaState
+from clusters.logtext import last_bytes
 from federation.joblogs.archive import (
     WAITING_REASONS,
     KeptAttempt,
     KeptReplica,
     LogArchive,
     failure_reason,
-    last_bytes,
     locate,
     waiting_reason,
 )

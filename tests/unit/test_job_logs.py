@@ -11,6 +11,7 @@ import click
 import pytest
 
 from clusters.api import ClusterUnreachable, GangEvent, LogOptions, ReplicaState
+from clusters.logtext import last_bytes
 from federation.api.logs import StreamLimits
 from federation.cli.logs import parse_since
 from federation.errors import InvalidSpec, RateLimited
@@ -20,7 +21,6 @@ from federation.joblogs.archive import (
     LogArchive,
     LogsSettings,
     failure_reason,
-    last_bytes,
     locate,
     parse_logs,
     waiting_reason,
