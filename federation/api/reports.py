@@ -157,11 +157,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
         check = tuple((iv.job_id, iv.attempt) for iv in live if iv.end_s is not None)
         asked = archived.report_read(query, check=check, idle_sites=sites)
         answer = await asyncio.to_thread(history_reads.read_report, self._history, asked.read)
-        if answer.held:
-            live = [iv for iv in live if (iv.job_id, iv.attempt) not in answer.held]
-        sums = interval_sums(live, query, idle_sites=sites)
-        sums.add(archived.archived_sums(asked, answer, query))
-        return sums
+        return archived.both_stores(live, query, asked, answer, idle_sites=sites)
 
     def _query(
         self,

@@ -15,6 +15,7 @@ An empty window (a period that starts after now, a month that starts now) is not
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -30,7 +31,8 @@ from federation.ledger.report.query import (
     next_month_s,
     utc_s,
 )
-from federation.ledger.report.sums import WEEK_S, ReportSums, TenantSums
+from federation.ledger.report.sums import WEEK_S, ReportSums, TenantSums, interval_sums
+from federation.store.intervals import LedgerInterval
 
 _PERIODS = {Bucket.DAY: Period.DAY, Bucket.MONTH: Period.MONTH}
 
@@ -117,3 +119,20 @@ def archived_sums(asked: ArchivedRead, answer: ReportAnswer, query: ReportQuery)
     for e in answer.edges:
         add_edges(out.used, (e.cluster, e.gpu_type), e.at_s, e.delta)
     return out
+
+
+def both_stores(
+    live: Iterable[LedgerInterval],
+    query: ReportQuery,
+    asked: ArchivedRead,
+    answer: ReportAnswer,
+    *,
+    idle_sites: frozenset[tuple[str, str]] | None,
+) -> ReportSums:
+    """etcd's intervals summed here plus the store's sums, each interval once: etcd's copy of an
+    interval the store holds (`answer.held`, read in the same snapshot as its sums) is left out."""
+    if answer.held:
+        live = [iv for iv in live if (iv.job_id, iv.attempt) not in answer.held]
+    sums = interval_sums(live, query, idle_sites=idle_sites)
+    sums.add(archived_sums(asked, answer, query))
+    return sums
