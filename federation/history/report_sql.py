@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from federation.history import rows, schema
 from federation.history.model import IntervalKey, IntervalPage, IntervalQuery, Period
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
-from federation.history.usage_sql import DIMENSION_COLUMNS
+from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
 
@@ -86,21 +86,29 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
     gpu_seconds = d.c.gpu_count * (end - start)
     keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     bucket = _bucket(query)
-    grouped = [*keys, bucket.label("bucket")] if bucket is not None else keys
+    grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
+    count = func.count(func.distinct(d.c.interval_id)) if query.count_intervals else literal(0)
     stmt = select(
         *grouped,
         func.sum(gpu_seconds),
         func.sum(gpu_seconds * d.c.usd_per_gpu_hour),
-        func.count(func.distinct(d.c.interval_id)),
+        count,
     ).where(and_(*_in_range(query.since_s, query.until_s)))
     if query.tenants is not None:
         stmt = stmt.where(d.c.tenant.in_(sorted(query.tenants)))
+    else:
+        # As in `usage_sql`: across tenants SQLite's planner would skip-scan (tenant, day) and look
+        # every row up; the days' own key reads them in sequence.
+        stmt = stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
     if grouped:
         # Grouped by the label, not the expression: PostgreSQL binds the CASE's literals afresh in
         # each clause and would not see the select's and the GROUP BY's as the same expression.
-        by: list[ColumnElement[Any] | str] = [*keys, *(["bucket"] if bucket is not None else [])]
-        # In key order: the caller's float sums then add in the same order every time.
+        # The bucket first: rows come from the days' key in day order, so SQLite's sort for the
+        # GROUP BY finds them nearly in order (measured: about twice as fast over a year as keys first).
+        by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
+        # In a fixed order: the caller's float sums then add in the same order every time.
         stmt = stmt.group_by(*by).order_by(*by)
+    first = 0 if bucket is None else 1
     width = len(keys)
     out = []
     for r in conn.execute(stmt):
@@ -109,8 +117,8 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
             continue
         out.append(
             SumsRow(
-                keys=tuple(str(v) for v in r[:width]),
-                bucket=None if bucket is None else str(r[width]),
+                keys=tuple(str(v) for v in r[first : first + width]),
+                bucket=None if bucket is None else str(r[0]),
                 gpu_seconds=float(r[-3]),
                 cost_gpu_seconds=float(r[-2]),
                 intervals=int(r[-1]),

@@ -33,6 +33,9 @@ class SumsQuery:
     period: Period | None = None
     starts: tuple[str, ...] = ()
     tenants: frozenset[TenantId] | None = None
+    # Count each group's distinct intervals (COUNT DISTINCT, the costliest part of the query);
+    # False: `SumsRow.intervals` is 0.
+    count_intervals: bool = True
 
     def __post_init__(self) -> None:
         if not self.until_s > self.since_s:

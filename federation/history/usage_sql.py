@@ -28,7 +28,7 @@ DIMENSION_COLUMNS = {
     GroupBy.GPU_TYPE: "gpu_type",
     GroupBy.KIND: "kind",
 }
-_SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
+SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
 
 # (group keys, period) -> [gpu_hours, cost_usd]
@@ -89,7 +89,7 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
     # Across tenants SQLite's planner prefers skip-scanning (tenant, day) to save the GROUP BY's
     # sort, then looks every row up: twice as slow as reading the days in key order (measured over
     # 1,000,000 intervals). The key of a WITHOUT ROWID table is this auto-named index.
-    return stmt.with_hint(d, f"INDEXED BY {_SQLITE_DAYS_KEY}", "sqlite")
+    return stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
 
 
 def _months_select(query: UsageQuery, first_s: float, last_s: float) -> Select[Any]:

@@ -223,8 +223,8 @@ def test_sums_group_by_dimension_and_bucket(store: SqlHistoryStore) -> None:
     )
     by_month = _sums(store, SumsQuery(*week, (GroupBy.GPU_TYPE,), Period.MONTH))
     assert [(r.keys, r.bucket, r.gpu_seconds, r.intervals) for r in by_month] == [
-        (("A100",), "2026-03", 6 * 3600, 1),
         (("H100",), "2026-02", 16 * 3600, 1),
+        (("A100",), "2026-03", 6 * 3600, 1),
         (("H100",), "2026-03", 16 * 3600 + 64 * 3600 + 4 * 3600, 3),
     ]
     # ISO weeks as bucket starts: interval "a" is in both weeks, counted once in each.
@@ -238,6 +238,11 @@ def test_sums_group_by_dimension_and_bucket(store: SqlHistoryStore) -> None:
     assert [(r.keys, r.gpu_seconds) for r in clipped] == [
         (("t1", "on_demand"), 8 * 3600),
         (("t2", "on_demand"), 4 * 1800),
+    ]
+    # Without the count (the reports' daily and per-tenant sums): the same sums, intervals 0.
+    uncounted = _sums(store, SumsQuery(*week, (GroupBy.GPU_TYPE,), Period.MONTH, count_intervals=False))
+    assert [(r.keys, r.bucket, r.gpu_seconds, r.intervals) for r in uncounted] == [
+        (r.keys, r.bucket, r.gpu_seconds, 0) for r in by_month
     ]
     # Nothing in range: no rows (not one row of NULL sums).
     assert _sums(store, SumsQuery(MONDAY + 30 * DAY, MONDAY + 31 * DAY)) == ()

@@ -80,12 +80,32 @@ def report_read(
             starts = tuple(_day(e) for e in bucket_edges(q_start, q_end, Bucket.WEEK)[:-1])
         rows = ask(SumsQuery(q_start, q_end, group_by, period, starts, query.tenants))
         daily = ask(
-            SumsQuery(q_start, q_end, (GroupBy.TENANT, GroupBy.GPU_TYPE), Period.DAY, (), query.tenants)
+            SumsQuery(
+                q_start,
+                q_end,
+                (GroupBy.TENANT, GroupBy.GPU_TYPE),
+                Period.DAY,
+                (),
+                query.tenants,
+                count_intervals=False,
+            )
         )
     month_end = min(now, next_month_s(now))
     if month_end > month_start_s(now):
-        month = ask(SumsQuery(month_start_s(now), month_end, (GroupBy.TENANT,), None, (), query.tenants))
-    week = ask(SumsQuery(now - WEEK_S, now, (GroupBy.TENANT,), None, (), query.tenants))
+        month = ask(
+            SumsQuery(
+                month_start_s(now),
+                month_end,
+                (GroupBy.TENANT,),
+                None,
+                (),
+                query.tenants,
+                count_intervals=False,
+            )
+        )
+    week = ask(
+        SumsQuery(now - WEEK_S, now, (GroupBy.TENANT,), None, (), query.tenants, count_intervals=False)
+    )
     edges = None
     if idle_sites and q_end > q_start:
         edges = EdgesQuery(q_start, q_end, idle_sites)
