@@ -1,8 +1,12 @@
 """ReportService: finance's view of the usage ledger, over gRPC.
 
-Reports are computed from the server's in-memory ledger cache (kept current by watch), so a month of
-intervals answers without a trip to etcd. Who reads what is one rule, `auth.report_scope`: finance
-reads every tenant, a member only its own, nobody else.
+Reports are computed from the server's in-memory ledger cache (kept current by watch) for etcd's
+intervals, plus, with a history store, GROUP BY sums in SQL for the archived closed ones (issue 19):
+a report over years reads sums, not the archived intervals. ListLedger and the FOCUS export list
+intervals one by one, so they read the archived ones a page at a time.
+
+Who reads what is one rule, `auth.report_scope`: finance reads every tenant, a member only its own,
+nobody else.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from federation.ledger.report import (
     Dim,
     Report,
     ReportQuery,
-    compute_report,
+    archived,
     focus_rows,
     render_csv,
     render_focus_csv,
@@ -34,8 +38,9 @@ from federation.ledger.report import (
     render_json,
     render_table,
 )
-from federation.ledger.report.compute import WEEK_S
+from federation.ledger.report.compute import finish_report, idle_sites
 from federation.ledger.report.idle import ProvisionedInterval
+from federation.ledger.report.sums import ReportSums, interval_sums
 from federation.ledger.usage import month_start_s
 from federation.metrics import Metrics
 from federation.security.auth import Authenticator, Principal, report_scope
@@ -117,32 +122,42 @@ class ReportService(pb_grpc.ReportServiceServicer):
     async def _intervals(
         self, since_s: float, until_s: float, tenant: TenantId | None
     ) -> list[LedgerInterval]:
-        """etcd's intervals (the ledger cache) plus the archived ones that overlap [since_s, until_s).
+        """etcd's intervals (the ledger cache) plus the archived ones that overlap [since_s, until_s),
+        one by one: for the reads that list intervals (ListLedger, the FOCUS export's line items).
 
         While the archiver has committed a job to SQL and not yet deleted it from etcd, its closed
         intervals are in both: SQL's copy is kept and etcd's left out, by interval id (job, attempt),
-        so none is counted twice. Open intervals are only ever in etcd. Both copies of an interval
-        are the same closed record, so a report reads the same before and after archiving.
+        so none is counted twice. Open intervals are only ever in etcd. etcd is read first: the
+        archiver commits to SQL before it deletes from etcd, so an interval gone from etcd's copy is
+        in SQL by the time SQL is read, and one read from SQL is left out of etcd's.
         """
         live = self._ledger.intervals()
-        if self._history is None:
+        if self._history is None or until_s <= since_s:
             return live
-        archived = await asyncio.to_thread(
+        archived, held = await asyncio.to_thread(
             history_reads.archived_intervals, self._history, since_s, until_s, tenant
         )
-        held = {(iv.job_id, iv.attempt) for iv in archived}
         merged = [iv for iv in live if (iv.job_id, iv.attempt) not in held] + archived
         # One order whichever store holds an interval: float sums then add in the same order, so a
         # report reads the same to the last digit before, during and after archiving.
         merged.sort(key=lambda iv: (iv.start_s, iv.job_id, iv.attempt))
         return merged
 
-    async def _report_intervals(self, query: ReportQuery) -> list[LedgerInterval]:
-        # Beyond the period: a report's budget and forecast read this month and the last seven days.
-        since_s = min(query.start_s, month_start_s(query.now_s), query.now_s - WEEK_S)
-        until_s = max(query.until_s, query.now_s)
-        tenant = None if query.tenants is None or len(query.tenants) != 1 else next(iter(query.tenants))
-        return await self._intervals(since_s, until_s, tenant)
+    async def _report_sums(self, query: ReportQuery, pools: Sequence[ProvisionedInterval]) -> ReportSums:
+        """The report's sums: etcd's intervals summed here, the archived ones summed in SQL.
+
+        The store answers its sums and which of etcd's closed intervals it holds from one snapshot,
+        read after etcd's: those are left out of etcd's side, so an interval the archiver is moving
+        counts once (as in `_intervals`). Open intervals are only ever in etcd.
+        """
+        live = self._ledger.intervals()
+        sites = idle_sites(pools, query)
+        if self._history is None:
+            return interval_sums(live, query, idle_sites=sites)
+        check = tuple((iv.job_id, iv.attempt) for iv in live if iv.end_s is not None)
+        asked = archived.report_read(query, check=check, idle_sites=sites)
+        answer = await asyncio.to_thread(history_reads.read_report, self._history, asked.read)
+        return archived.both_stores(live, query, asked, answer, idle_sites=sites)
 
     def _query(
         self,
@@ -181,8 +196,9 @@ class ReportService(pb_grpc.ReportServiceServicer):
                 raise InvalidArgument(f"format: {shown(fmt)} is not one of {', '.join(RENDERERS)}")
             query = self._query(who, req, tuple(dims), req.bucket)
             tenants = await self._store.list_tenants()
-            pools = await self._provisioned() if self._provisioned and query.tenants is None else ()
-            report = compute_report(await self._report_intervals(query), tenants, query, provisioned=pools)
+            pools = list(await self._provisioned()) if self._provisioned and query.tenants is None else []
+            sums = await self._report_sums(query, pools)
+            report = finish_report(sums, tenants, query, provisioned=pools)
             render, content_type = RENDERERS[fmt]
             return pb.RenderedReport(content=render(report), content_type=content_type)
 
@@ -194,7 +210,10 @@ class ReportService(pb_grpc.ReportServiceServicer):
             if fmt not in ("csv", "json"):
                 raise InvalidArgument(f"format: {shown(fmt)} is not csv or json")
             query = self._query(who, req, (Dim.TENANT,), "")
-            rows = focus_rows(await self._report_intervals(query), query)
+            # One row per interval and day: these are line items, so the archived intervals are read
+            # one by one (a page at a time), not summed.
+            tenant = None if query.tenants is None else next(iter(query.tenants))
+            rows = focus_rows(await self._intervals(query.start_s, query.until_s, tenant), query)
             if fmt == "csv":
                 return pb.RenderedReport(content=render_focus_csv(rows), content_type="text/csv")
             return pb.RenderedReport(content=render_focus_json(rows), content_type="application/json")

@@ -90,6 +90,10 @@ class JobFilter:
     since_s: float | None = None
     page_size: int = DEFAULT_PAGE_SIZE
     after: ListPosition | None = None
+    # Only this user's jobs ("" for everyone's): ListJobs' `user` filter.
+    user: str = ""
+    # Newest first (`after` is then the position the walk continues below), for ListJobs' default order.
+    newest_first: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.page_size <= MAX_PAGE_SIZE:
@@ -150,3 +154,35 @@ class HistoryCounts:
     jobs: int
     intervals: int
     audit: int
+
+
+# (day 'YYYY-MM-DD', interval id): where a walk of the archived intervals continues.
+IntervalPosition = tuple[str, str]
+# (job id, attempt): an interval's identity in both stores (its etcd key and its SQL row).
+IntervalKey = tuple[str, int]
+MAX_INTERVAL_PAGE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalQuery:
+    """Archived intervals that held GPUs within [since_s, until_s), whole (not clipped), a page at a
+    time. `tenants` None: every tenant; otherwise only theirs (the caller's isolation rule)."""
+
+    since_s: float
+    until_s: float
+    tenants: frozenset[TenantId] | None = None
+    after: IntervalPosition | None = None
+    limit: int = 5000
+
+    def __post_init__(self) -> None:
+        if not self.until_s > self.since_s:
+            raise InvalidArgument(f"until_s: must be after since_s ({self.until_s} <= {self.since_s})")
+        if not 1 <= self.limit <= MAX_INTERVAL_PAGE:
+            raise InvalidArgument(f"limit: must be between 1 and {MAX_INTERVAL_PAGE}, got {self.limit}")
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalPage:
+    intervals: tuple[LedgerInterval, ...]
+    # Where the next page starts; None when this was the last.
+    next_after: IntervalPosition | None

@@ -18,11 +18,14 @@ from federation.history.model import (
     ArchivedAudit,
     ArchivedJob,
     HistoryCounts,
+    IntervalPage,
+    IntervalQuery,
     JobFilter,
     JobPage,
     UsageQuery,
     UsageRow,
 )
+from federation.history.sums import ReportAnswer, ReportRead
 from placement.model import JobId
 
 
@@ -39,7 +42,8 @@ class HistoryStore(Protocol):
     def get_job(self, job_id: JobId) -> ArchivedJob | None: ...
 
     def list_jobs(self, query: JobFilter) -> JobPage:
-        """Jobs in the live ListJobs order (submitted_at_s, job_id), from `query.after`."""
+        """Jobs in the live ListJobs order (submitted_at_s, job_id), or its reverse with
+        `query.newest_first`, from `query.after`."""
         ...
 
     def usage(self, query: UsageQuery) -> list[UsageRow]:
@@ -50,6 +54,20 @@ class HistoryStore(Protocol):
         self, *, since_s: float | None = None, after: tuple[float, str] | None = None, limit: int = 1000
     ) -> list[ArchivedAudit]:
         """Audit records in time order, from `after` (at_s, audit_id) or `since_s`."""
+        ...
+
+    def list_audit_newest(self, *, before_s: float | None = None, limit: int = 1000) -> list[ArchivedAudit]:
+        """Up to `limit` audit records at or before `before_s`, newest first (ListAudit's pages)."""
+        ...
+
+    def intervals_page(self, query: IntervalQuery) -> IntervalPage:
+        """A page of the archived intervals that overlap the query's range, whole, each once, in the
+        store's own order; a caller reads every page to have them all (the ledger listing, FOCUS)."""
+        ...
+
+    def read_report(self, read: ReportRead) -> ReportAnswer:
+        """A report's sums over archived intervals, computed in SQL, and which of `read.check` are
+        archived, all read from one snapshot (`federation.history.sums`)."""
         ...
 
     def counts(self) -> HistoryCounts: ...

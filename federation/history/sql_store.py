@@ -10,17 +10,18 @@ batch) cannot count its usage twice: PostgreSQL makes the second wait on the key
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Table, func, select, tuple_
+from sqlalchemy import Table, and_, func, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.dml import Insert
 
 from federation.errors import InvalidArgument
-from federation.history import rows, schema, usage_sql
+from federation.history import report_sql, rows, schema, usage_sql
 from federation.history.engine import migrate, open_engine
 from federation.history.errors import HistoryUnavailable
 from federation.history.model import (
@@ -28,12 +29,15 @@ from federation.history.model import (
     ArchivedAudit,
     ArchivedJob,
     HistoryCounts,
+    IntervalPage,
+    IntervalQuery,
     JobFilter,
     JobPage,
     UsageQuery,
     UsageRow,
 )
 from federation.history.protocol import HistoryStore
+from federation.history.sums import ReportAnswer, ReportRead
 from placement.model import JobId
 
 # Keeps each `IN (...)` and each multi-row VALUES well under SQLite's 32,766 bound parameters.
@@ -151,18 +155,27 @@ class SqlHistoryStore:
 
     def list_jobs(self, query: JobFilter) -> JobPage:
         j = schema.jobs
+        key = (j.c.submitted_at_s, j.c.job_id)
         stmt = select(j.c.record_json, j.c.submitted_at_s, j.c.job_id)
         if query.tenant is not None:
             stmt = stmt.where(j.c.tenant == query.tenant)
         if query.phases:
             stmt = stmt.where(j.c.phase.in_(sorted(p.value for p in query.phases)))
+        if query.user:
+            stmt = stmt.where(j.c.user_name == query.user)
         if query.name_prefix:
             stmt = stmt.where(j.c.name.startswith(query.name_prefix, autoescape=True))
         if query.since_s is not None:
             stmt = stmt.where(j.c.submitted_at_s >= query.since_s)
         if query.after is not None:
-            stmt = stmt.where(tuple_(j.c.submitted_at_s, j.c.job_id) > tuple_(*query.after))
-        stmt = stmt.order_by(j.c.submitted_at_s, j.c.job_id).limit(query.page_size + 1)
+            at, job_id = query.after
+            # Written out rather than as a row-value comparison: both dialects use the index.
+            if query.newest_first:
+                stmt = stmt.where(or_(key[0] < at, and_(key[0] == at, key[1] < job_id)))
+            else:
+                stmt = stmt.where(or_(key[0] > at, and_(key[0] == at, key[1] > job_id)))
+        order = (key[0].desc(), key[1].desc()) if query.newest_first else key
+        stmt = stmt.order_by(*order).limit(query.page_size + 1)
         with self._engine.connect() as conn:
             found = conn.execute(stmt).all()
         page = found[: query.page_size]
@@ -190,6 +203,49 @@ class SqlHistoryStore:
         stmt = stmt.order_by(a.c.at_s, a.c.audit_id).limit(limit)
         with self._engine.connect() as conn:
             return [rows.audit_from_row(r) for r in conn.execute(stmt).mappings()]
+
+    def list_audit_newest(self, *, before_s: float | None = None, limit: int = 1000) -> list[ArchivedAudit]:
+        # No upper bound here: ListAudit asks for one more than its own bound to know if more is left.
+        if limit < 1:
+            raise InvalidArgument(f"limit: must be at least 1, got {limit}")
+        a = schema.audit
+        stmt = select(a)
+        if before_s is not None:
+            stmt = stmt.where(a.c.at_s <= before_s)
+        stmt = stmt.order_by(a.c.at_s.desc(), a.c.audit_id.desc()).limit(limit)
+        with self._engine.connect() as conn:
+            return [rows.audit_from_row(r) for r in conn.execute(stmt).mappings()]
+
+    def intervals_page(self, query: IntervalQuery) -> IntervalPage:
+        with self._engine.connect() as conn:
+            return report_sql.intervals_page(conn, query)
+
+    def read_report(self, read: ReportRead) -> ReportAnswer:
+        with self._snapshot() as conn:
+            return ReportAnswer(
+                sums=tuple(report_sql.sums(conn, q) for q in read.sums),
+                edges=() if read.edges is None else report_sql.edges(conn, read.edges),
+                held=report_sql.held(conn, read.check),
+            )
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[Connection]:
+        """A connection whose statements all read one snapshot of the database.
+
+        PostgreSQL: REPEATABLE READ (its default, READ COMMITTED, takes a new snapshot per
+        statement). SQLite: an explicit BEGIN, since Python's driver opens a transaction only before
+        a write and would run each SELECT on its own; in WAL mode a read transaction sees the
+        database as of its first read, and never blocks the archiver's writes.
+        """
+        with self._engine.connect() as conn:
+            if self._dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            else:
+                conn.exec_driver_sql("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.rollback()
 
     def counts(self) -> HistoryCounts:
         with self._engine.connect() as conn:

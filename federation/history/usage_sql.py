@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from federation.history import rows, schema
 from federation.history.model import GroupBy, Period, UsageQuery, UsageRow
 
-_DIMENSION_COLUMNS = {
+DIMENSION_COLUMNS = {
     GroupBy.TENANT: "tenant",
     GroupBy.USER: "user_name",
     GroupBy.CLUSTER: "cluster",
@@ -28,7 +28,7 @@ _DIMENSION_COLUMNS = {
     GroupBy.GPU_TYPE: "gpu_type",
     GroupBy.KIND: "kind",
 }
-_SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
+SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
 
 # (group keys, period) -> [gpu_hours, cost_usd]
@@ -62,7 +62,7 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
     start = case((d.c.start_s < lo, lo), else_=d.c.start_s)
     end = case((d.c.end_s > hi, hi), else_=d.c.end_s)
     gpu_seconds = d.c.gpu_count * (end - start)
-    keys = [d.c[_DIMENSION_COLUMNS[g]] for g in query.group_by]
+    keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     period: list[ColumnElement[Any]] = []
     if query.period is Period.DAY:
         period = [d.c.day]
@@ -89,12 +89,12 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
     # Across tenants SQLite's planner prefers skip-scanning (tenant, day) to save the GROUP BY's
     # sort, then looks every row up: twice as slow as reading the days in key order (measured over
     # 1,000,000 intervals). The key of a WITHOUT ROWID table is this auto-named index.
-    return stmt.with_hint(d, f"INDEXED BY {_SQLITE_DAYS_KEY}", "sqlite")
+    return stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
 
 
 def _months_select(query: UsageQuery, first_s: float, last_s: float) -> Select[Any]:
     m = schema.usage_months
-    keys = [m.c[_DIMENSION_COLUMNS[g]] for g in query.group_by]
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     period = [m.c.month] if query.period is Period.MONTH else []
     conditions = [m.c.month >= rows.month_of(first_s), m.c.month < rows.month_of(last_s)]
     if query.tenant is not None:

@@ -75,6 +75,10 @@ class Pieces:
     bucket: I64
     gpu_hours: F64
     cost_usd: F64
+    # GPUs x seconds, and that x USD per GPU-hour: what reports sum, dividing by 3600 once at the end
+    # (so that sums from SQL and from here agree to the last digit on whole-second times).
+    gpu_seconds: F64
+    cost_gpu_seconds: F64
 
 
 def clip(cols: Columns, since_s: float, until_s: float) -> tuple[I64, F64, F64]:
@@ -101,5 +105,7 @@ def split(cols: Columns, edges: F64, since_s: float, until_s: float) -> Pieces:
         a = np.maximum(start[owner], edges[bucket])
         b = np.minimum(end[owner], edges[bucket + 1])
         row = keep[owner]
-    hours = cols.gpu_count[row] * (b - a) / 3600.0
-    return Pieces(row, bucket.astype(np.int64), hours, hours * cols.usd_per_gpu_hour[row])
+    seconds = cols.gpu_count[row] * (b - a)
+    hours = seconds / 3600.0
+    price = cols.usd_per_gpu_hour[row]
+    return Pieces(row, bucket.astype(np.int64), hours, hours * price, seconds, seconds * price)

@@ -5,6 +5,11 @@ buckets, split exactly at their boundaries; GPU-hours are GPUs x hours held, cos
 price in force when the attempt started. The arithmetic runs on columns (`columns.py`), so a month
 of 100,000 intervals takes tens of milliseconds (`bench/report.py`).
 
+A report is computed in two steps: its sums (`sums.ReportSums`: per group and bucket, per tenant and
+window, per day), which add, then `finish_report`. `compute_report` sums intervals held in memory;
+the API adds to etcd's sums the archived intervals' sums, computed in SQL by the history store
+(`archived.py`), so a report over years never reads the archived intervals one by one.
+
 Per tenant (an organisation's figures include its teams', as quotas and budgets roll up the tenant
 tree in `placement.quota`):
 - share of quota used: GPU-hours used / (guaranteed GPUs, summed over types, x hours in the period);
@@ -23,10 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-import numpy as np
-
-from federation.ledger.report.columns import I64, Columns, Pieces, clip, split
-from federation.ledger.report.idle import IdleCost, ProvisionedInterval, idle_cost
+from federation.ledger.report.idle import (
+    IdleCost,
+    ProvisionedInterval,
+    idle_cost_from_edges,
+    provisioned_sites,
+)
 from federation.ledger.report.query import (
     Bucket,
     ForecastBasis,
@@ -35,11 +42,10 @@ from federation.ledger.report.query import (
     month_start_s,
     next_month_s,
 )
+from federation.ledger.report.sums import WEEK_S, ReportSums, interval_sums
 from federation.store.intervals import LedgerInterval
 from federation.store.records import TenantRecord
 from placement.model import TenantId
-
-WEEK_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,45 +119,6 @@ def _ancestors(tenants: Mapping[TenantId, TenantRecord], tenant: TenantId) -> li
     return out
 
 
-def _sums(codes: I64, size: int, *weights: np.ndarray) -> list[list[float]]:
-    """Per code, the sum of each weight column: `out[code][k]`."""
-    if codes.size == 0:
-        return [[0.0] * len(weights) for _ in range(size)]
-    columns = [np.bincount(codes, weights=w, minlength=size).tolist() for w in weights]
-    return [list(values) for values in zip(*columns, strict=True)]
-
-
-def _group_rows(cols: Columns, query: ReportQuery, edges: list[float], got: Pieces) -> list[Row]:
-    if got.row.size == 0:
-        return []
-    # One integer per (bucket, key...), bucket most significant so rows come out in time order;
-    # compacted whenever the mixed radix would grow too large for an int64.
-    group = got.bucket.copy()
-    coded = [cols.coded(d.value) for d in query.group_by]
-    radix = len(edges)
-    for c in coded:
-        group = group * len(c.labels) + c.codes[got.row]
-        radix *= len(c.labels)
-        if radix > 2**40:
-            _, group = np.unique(group, return_inverse=True)
-            radix = int(group.max()) + 1
-    keys, inverse = np.unique(group, return_inverse=True)
-    hours = np.bincount(inverse, weights=got.gpu_hours).tolist()
-    cost = np.bincount(inverse, weights=got.cost_usd).tolist()
-    count = np.bincount(inverse).tolist()
-    # Decode each group back from any one of its pieces (all of a group's share its key and bucket).
-    first = np.zeros(keys.size, dtype=np.int64)
-    first[inverse] = np.arange(inverse.size)
-    rows_of = got.row[first]
-    bucket_of = got.bucket[first].tolist()
-    # Built column-wise with zip and map (C loops): a five-dimension daily report has a row for
-    # nearly every piece, and a Python loop per row doubled its time.
-    labels = [list(map(c.labels.__getitem__, c.codes[rows_of].tolist())) for c in coded]
-    keys_of = list(zip(*labels, strict=True)) if labels else [()] * keys.size
-    starts = list(map(edges.__getitem__, bucket_of)) if query.bucket is not None else [None] * keys.size
-    return list(map(Row, keys_of, starts, hours, cost, count))
-
-
 def compute_report(
     intervals: Iterable[LedgerInterval],
     tenants: Sequence[TenantRecord],
@@ -160,60 +127,61 @@ def compute_report(
     provisioned: Iterable[ProvisionedInterval] = (),
 ) -> Report:
     """The report `query` asks for; `provisioned` pool intervals add idle cost (every-tenant view)."""
+    pools = list(provisioned)
+    sites = idle_sites(pools, query)
+    return finish_report(interval_sums(intervals, query, idle_sites=sites), tenants, query, provisioned=pools)
+
+
+def idle_sites(pools: Sequence[ProvisionedInterval], query: ReportQuery) -> frozenset[tuple[str, str]] | None:
+    """The sites whose usage idle cost needs, or None in a report that shows no idle cost (a member's:
+    what a pool left idle says what the other tenants used)."""
+    if query.tenants is not None:
+        return None
+    return provisioned_sites(pools, start_s=query.start_s, end_s=query.until_s)
+
+
+def _hours(figures: list[float]) -> list[float]:
+    return [v / 3600.0 for v in figures]
+
+
+def finish_report(
+    sums: ReportSums,
+    tenants: Sequence[TenantRecord],
+    query: ReportQuery,
+    *,
+    provisioned: Iterable[ProvisionedInterval] = (),
+) -> Report:
+    """The report from its sums (`interval_sums` of etcd's intervals, plus SQL's of archived ones)."""
     allowed = query.tenants
-    listed = list(intervals)
     idle = (
         ()
         if allowed is not None
-        else tuple(idle_cost(provisioned, listed, start_s=query.start_s, end_s=query.until_s))
+        else tuple(idle_cost_from_edges(provisioned, sums.used, start_s=query.start_s, end_s=query.until_s))
     )
-    if allowed is not None:
-        listed = [iv for iv in listed if iv.tenant in allowed]
-    now = query.now_s
-    cols = Columns(listed, now_s=now)
+    # Rows in time order, then by key (labels sort as strings), as `interval_sums` groups them.
+    ordered = sorted(sums.rows.items(), key=lambda kv: (kv[0][0] or 0.0, kv[0][1]))
+    rows = [
+        Row(key=key, bucket_start_s=start, gpu_hours=s / 3600.0, cost_usd=c / 3600.0, intervals=int(n))
+        for (start, key), (s, c, n) in ordered
+    ]
     by_name = {t.name: t for t in tenants}
-    q_start, q_end = query.start_s, query.until_s
-
-    day_edges = bucket_edges(q_start, q_end, Bucket.DAY)
-    daily = split(cols, np.array(day_edges), q_start, q_end)
-    if query.bucket is Bucket.DAY:
-        rows = _group_rows(cols, query, day_edges, daily)
-    else:
-        edges = bucket_edges(q_start, q_end, query.bucket)
-        rows = _group_rows(cols, query, edges, split(cols, np.array(edges), q_start, q_end))
-
-    tenant = cols.coded("tenant")
-    n_tenants = len(tenant.labels)
-    per_day = np.bincount(daily.bucket * n_tenants + tenant.codes[daily.row], weights=daily.cost_usd)
-    daily_cost = tuple(
-        (day_edges[k // n_tenants], tenant.labels[k % n_tenants], c)
-        for k, c in enumerate(per_day.tolist())
-        if c > 0.0
-    )
-    gpu = cols.coded("gpu_type")
-    by_type = np.bincount(gpu.codes[daily.row], weights=daily.gpu_hours, minlength=len(gpu.labels))
-    period = _sums(tenant.codes[daily.row], n_tenants, daily.gpu_hours, daily.cost_usd)
-
-    # This month's figures, for budgets and the forecast, whatever the report's period.
+    now = query.now_s
     month0, month1 = month_start_s(now), next_month_s(now)
-    keep, a, b = clip(cols, month0, min(now, month1))
-    hours = cols.gpu_count[keep] * (b - a) / 3600.0
-    month = _sums(tenant.codes[keep], n_tenants, hours, hours * cols.usd_per_gpu_hour[keep])
-    keep, a, b = clip(cols, now - WEEK_S, now)
-    hours = cols.gpu_count[keep] * (b - a) / 3600.0
-    week = _sums(tenant.codes[keep], n_tenants, hours, hours * cols.usd_per_gpu_hour[keep])
 
     # Roll each tenant's figures up its chain of ancestors: [period h, $, month h, $, week h, $].
     totals: dict[TenantId, list[float]] = {}
-    for code, name in enumerate(tenant.labels):
-        figures = [*period[code], *month[code], *week[code]]
+    zero = [0.0, 0.0]
+    for name in sorted(set(sums.period) | set(sums.month) | set(sums.week)):
+        figures = _hours(
+            [*sums.period.get(name, zero), *sums.month.get(name, zero), *sums.week.get(name, zero)]
+        )
         for who in _ancestors(by_name, TenantId(name)):
             acc = totals.setdefault(who, [0.0] * 6)
             for i, v in enumerate(figures):
                 acc[i] += v
 
     shown = sorted(set(totals) | set(by_name) if allowed is None else set(allowed))
-    period_h = (q_end - q_start) / 3600.0
+    period_h = (query.until_s - query.start_s) / 3600.0
     left_s = max(0.0, month1 - max(now, month0))
     elapsed_s = max(0.0, min(now, month1) - month0)
     summaries = []
@@ -246,9 +214,9 @@ def compute_report(
         total_gpu_hours=math.fsum(r.gpu_hours for r in rows),
         total_cost_usd=math.fsum(r.cost_usd for r in rows),
         tenants=tuple(summaries),
-        daily_cost_by_tenant=daily_cost,
-        gpu_hours_by_type=tuple(
-            (label, h) for label, h in zip(gpu.labels, by_type.tolist(), strict=True) if h > 0.0
+        daily_cost_by_tenant=tuple(
+            (day, tenant, c / 3600.0) for (day, tenant), c in sorted(sums.daily_cost.items()) if c > 0.0
         ),
+        gpu_hours_by_type=tuple((gpu, s / 3600.0) for gpu, s in sorted(sums.by_type.items()) if s > 0.0),
         idle=idle,
     )

@@ -15,7 +15,7 @@ negative, and it is counted moment by moment: a busy hour does not cancel an idl
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from federation.store.intervals import LedgerInterval
@@ -60,20 +60,27 @@ class ClusterIdleCost:
     provisioned_cost_usd: float
 
 
+# Per (cluster, GPU type): at each instant, how the GPUs ledger intervals hold there change. Summed
+# per instant, and an instant whose changes cancel is left out: so the same usage gives the same
+# sweep whether it comes from whole intervals here or from SQL's day rows (`HistoryStore.read_report`).
+UsedEdges = dict[tuple[str, str], dict[float, int]]
+
+
 def _site_sweep(
-    pools: list[tuple[int, float, float, int]], used: list[tuple[float, float, int]]
+    pools: list[tuple[int, float, float, int]], used: Mapping[float, int]
 ) -> dict[int, list[float]]:
     """Per provisioned interval (by index): [provisioned GPU-h, used GPU-h, idle GPU-h].
 
-    `pools` is (index, start, end, gpus) and `used` is (start, end, gpus), all already clipped.
+    `pools` is (index, start, end, gpus), already clipped; `used` is the change in GPUs in use at
+    each instant (`UsedEdges` of one site).
     """
     events: list[tuple[float, int, int]] = []
     for index, a, b, gpus in pools:
         events.append((a, index, gpus))
         events.append((b, index, -gpus))
-    for a, b, gpus in used:
-        events.append((a, -1, gpus))
-        events.append((b, -1, -gpus))
+    for at, delta in used.items():
+        if delta:
+            events.append((at, -1, delta))
     events.sort()
     held: dict[int, int] = defaultdict(int)
     in_use = 0
@@ -99,6 +106,45 @@ def _site_sweep(
     return out
 
 
+def provisioned_sites(
+    provisioned: Iterable[ProvisionedInterval], *, start_s: float, end_s: float
+) -> frozenset[tuple[str, str]]:
+    """The (cluster, GPU type) sites with a pool up within [start_s, end_s): the only usage idle
+    cost reads."""
+    return frozenset(
+        (p.cluster, p.gpu_type)
+        for p in provisioned
+        if p.gpu_count > 0 and min(end_s if p.end_s is None else p.end_s, end_s) > max(p.start_s, start_s)
+    )
+
+
+def used_edges(
+    intervals: Iterable[LedgerInterval],
+    *,
+    start_s: float,
+    end_s: float,
+    sites: frozenset[tuple[str, str]] | None = None,
+) -> UsedEdges:
+    """The intervals' GPUs in use over [start_s, end_s) as changes per instant, per site (only
+    `sites` if given). An open interval counts up to `end_s`."""
+    out: UsedEdges = {}
+    for iv in intervals:
+        site = (str(iv.cluster), str(iv.gpu_type))
+        if sites is not None and site not in sites:
+            continue
+        a, b = max(iv.start_s, start_s), min(end_s if iv.end_s is None else iv.end_s, end_s)
+        if b > a:
+            moves = out.setdefault(site, {})
+            moves[a] = moves.get(a, 0) + iv.gpu_count
+            moves[b] = moves.get(b, 0) - iv.gpu_count
+    return out
+
+
+def add_edges(into: UsedEdges, site: tuple[str, str], at_s: float, delta: int) -> None:
+    moves = into.setdefault(site, {})
+    moves[at_s] = moves.get(at_s, 0) + delta
+
+
 def idle_cost(
     provisioned: Iterable[ProvisionedInterval],
     intervals: Iterable[LedgerInterval],
@@ -110,23 +156,26 @@ def idle_cost(
 
     Pass `end_s` no later than now: open intervals, provisioned or used, count up to it.
     """
+    listed = list(provisioned)
+    sites = provisioned_sites(listed, start_s=start_s, end_s=end_s)
+    used = used_edges(intervals, start_s=start_s, end_s=end_s, sites=sites)
+    return idle_cost_from_edges(listed, used, start_s=start_s, end_s=end_s)
+
+
+def idle_cost_from_edges(
+    provisioned: Iterable[ProvisionedInterval], used: UsedEdges, *, start_s: float, end_s: float
+) -> list[IdleCost]:
+    """`idle_cost` from the usage as changes per instant (`used_edges`, plus SQL's for archived
+    intervals)."""
     sites: dict[tuple[str, str], list[tuple[int, float, float, int]]] = defaultdict(list)
     listed = list(provisioned)
     for index, p in enumerate(listed):
         a, b = max(p.start_s, start_s), min(end_s if p.end_s is None else p.end_s, end_s)
         if b > a and p.gpu_count > 0:
             sites[(p.cluster, p.gpu_type)].append((index, a, b, p.gpu_count))
-    used: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
-    for iv in intervals:
-        site = (str(iv.cluster), str(iv.gpu_type))
-        if site not in sites:
-            continue
-        a, b = max(iv.start_s, start_s), min(end_s if iv.end_s is None else iv.end_s, end_s)
-        if b > a:
-            used[site].append((a, b, iv.gpu_count))
     totals: dict[tuple[str, str, str, CapacityKind], list[float]] = defaultdict(lambda: [0.0] * 5)
     for site, pools in sites.items():
-        for index, (have, busy, idle) in _site_sweep(pools, used.get(site, [])).items():
+        for index, (have, busy, idle) in _site_sweep(pools, used.get(site, {})).items():
             p = listed[index]
             acc = totals[(p.cluster, p.pool, p.gpu_type, p.kind)]
             acc[0] += have
