@@ -10,16 +10,22 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from federation.replay.config import load_config
 from federation.replay.errors import ReplayError
-from federation.replay.report import write_all
-from federation.replay.sweep import Executor, process_pool, ray_executor, serial, sweep
+
+if TYPE_CHECKING:
+    from federation.replay.sweep import Executor
+
+# The replay's modules (the simulator, the report's plots) are imported when `gpufed replay` runs,
+# not by every `gpufed` command: `gpufed serve` would pay for them on every restart.
 
 
 def executor_for(workers: int, use_ray: bool) -> Executor:
+    from federation.replay.sweep import process_pool, ray_executor, serial
+
     if use_ray:
         return ray_executor(max(1, workers))
     return process_pool(workers) if workers > 1 else serial
@@ -51,6 +57,10 @@ def replay(
     config_path: Path, trace: Path | None, prices: Path | None, out: Path, workers: int, use_ray: bool
 ) -> None:
     """Replay a trace under every policy of the config, at every private size, and report."""
+    from federation.replay.config import load_config
+    from federation.replay.report import write_all
+    from federation.replay.sweep import sweep
+
     try:
         config = load_config(config_path)
         if trace is not None:

@@ -45,9 +45,10 @@ log = structlog.get_logger("gpufed.console")
 STATIC_DIR = Path(__file__).parent / "static"
 SECURE_KEY = web.AppKey("gpufed_console_secure", bool)
 REGISTRY_KEY = web.AppKey("gpufed_console_registry", CollectorRegistry)
-# Paths served to anyone: the sign-in form, the Prometheus scrape, the style sheets and script.
+# Paths served to anyone: the sign-in form, the Prometheus scrape, the readiness probe, the style
+# sheets and script.
 PUBLIC_PREFIXES = ("/static/",)
-PUBLIC_PATHS = frozenset({"/login", "/metrics", "/favicon.ico"})
+PUBLIC_PATHS = frozenset({"/login", "/metrics", "/readyz", "/favicon.ico"})
 # Refusals shown as a page with this status (the rest: 400).
 STATUS_OF = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -225,8 +226,10 @@ def build_app(
     registry: CollectorRegistry,
     secure: bool = False,
     sessions: SessionStore | None = None,
+    readyz: Handler | None = None,
 ) -> web.Application:
-    """The console with `/metrics`; `secure` when served over TLS (the cookie is then Secure)."""
+    """The console with `/metrics`; `secure` when served over TLS (the cookie is then Secure);
+    `readyz`, when given, answers `/readyz` to anyone (`federation.runtime.readiness`)."""
     app = web.Application(middlewares=[signed_in], client_max_size=256 * 1024)
     app[CALLS_KEY] = calls
     app[SESSIONS_KEY] = sessions or SessionStore()
@@ -239,6 +242,8 @@ def build_app(
     app.router.add_post("/logout", logout)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/favicon.ico", favicon)
+    if readyz is not None:
+        app.router.add_get("/readyz", readyz)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     for module in (jobs, job, approvals, queues, clusters, capacity, finance):
         module.add_routes(app)

@@ -49,6 +49,7 @@ from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
 from federation.runtime.history_wiring import open_history
+from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
@@ -61,7 +62,7 @@ from federation.security.auth import Authenticator
 from federation.security.ratelimit import READ_RATE_PER_S, ReadRateLimiter
 from federation.security.tokens import SecurityStore
 from federation.store.job_cache import JobCache
-from federation.store.job_store import Fence, KvStore
+from federation.store.job_store import LEADER_KEY, Fence, KvStore
 from federation.store.kv_etcd import EtcdKv
 from federation.store.records import SchedulingSettings, TenantRecord
 from placement.model import ClusterName, ClusterState, TenantId
@@ -148,19 +149,29 @@ class FederationServer:
         self.history: SqlHistoryStore | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        # Set once this leadership term's first reconciler tick and scheduling cycle completed
+        # (`/readyz`, federation.runtime.readiness); cleared when leadership is lost.
+        self.first_pass_done = False
         # The servicers, also called in process by the web console.
         self.servicers: list[object] = []
 
     async def start(self) -> None:
         cfg = self.config
         self._kv = await EtcdKv.connect(cfg.etcd_endpoint)
-        # Blocking (it may migrate the schema): on a worker thread, before anything serves.
-        self.history = history = await asyncio.to_thread(open_history, cfg.history, cfg.state_dir)
         store = KvStore(self._kv)
         self._cache = JobCache(store)
-        await self._cache.start()
         self._ledger = LedgerCache(store)
-        await self._ledger.start()
+        # A restart's longest wait: every job and interval in etcd listed, and the history store
+        # opened (blocking, it may migrate the schema: on a worker thread). Side by side, so that one
+        # list's decoding overlaps the other's requests and the database's open.
+        listing_began = time.monotonic()
+        opening = asyncio.ensure_future(asyncio.to_thread(open_history, cfg.history, cfg.state_dir))
+        try:
+            await asyncio.gather(self._cache.start(), self._ledger.start())
+        finally:
+            # Kept even when a list failed, so that stop() closes it.
+            self.history = history = await opening
+        listed_s = time.monotonic() - listing_began
         tenants = TenantDirectory(store)
         cluster_records = await store.list_clusters()
         self.members = MemberClusters.build(cluster_records, state_dir=cfg.state_dir)
@@ -320,6 +331,9 @@ class FederationServer:
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         log.info(
             "server_started",
+            # What a restart spends before it serves (issue 19): listing etcd's jobs and intervals.
+            listed_s=round(listed_s, 3),
+            jobs=len(self._cache.jobs()),
             port=self.port,
             metrics_port=self.metrics_port,
             console_url=self.console_url,
@@ -346,7 +360,12 @@ class FederationServer:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
             ssl_context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-        app = build_app(ConsoleCalls(self.servicers), registry=self.metrics.registry, secure=self.tls)
+        app = build_app(
+            ConsoleCalls(self.servicers),
+            registry=self.metrics.registry,
+            secure=self.tls,
+            readyz=readyz_handler(self.readiness_inputs),
+        )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, cfg.grpc_host, port, ssl_context=ssl_context)
@@ -354,12 +373,33 @@ class FederationServer:
         self._http = runner
         self.metrics_port = int(runner.addresses[0][1])
 
+    async def readiness_inputs(self) -> ReadinessInputs:
+        """What `/readyz` judges by; reads the leader key from etcd only when this server does not lead."""
+        leading = self._election is not None and self._election.is_leader
+        leader_elsewhere: str | None = None
+        if not leading and self._kv is not None:
+            held = await self._kv.get(LEADER_KEY)
+            holder = None if held is None else held.value.decode(errors="replace")
+            # Our own identity: the key is written but the election has not returned yet; leading,
+            # with the first pass still to run.
+            leading = holder == self.config.identity
+            leader_elsewhere = None if leading else holder
+        return ReadinessInputs(
+            grpc_serving=self._grpc is not None,
+            jobs_listed=self._cache is not None and self._cache.synced,
+            ledger_listed=self._ledger is not None and self._ledger.synced,
+            leading=leading,
+            first_pass_done=leading and self.first_pass_done,
+            leader_elsewhere=leader_elsewhere,
+        )
+
     async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
         assert self._election is not None
         assert self._cache is not None
         election = self._election
         while True:
             fence = await election.acquire()
+            self.first_pass_done = False
             self.metrics.is_leader.set(1)
             log.info("leader_elected", identity=self.config.identity)
             # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
@@ -376,6 +416,7 @@ class FederationServer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await archiving
                 self.metrics.is_leader.set(0)
+                self.first_pass_done = False
                 if self._stager is not None:
                     # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
                     await self._stager.stop()
@@ -394,6 +435,9 @@ class FederationServer:
                     await scheduler.run_cycle(fence)
                     if self._capacity is not None:
                         await self._capacity.tick(fence)
+                    if not self.first_pass_done:
+                        log.info("leader_first_pass_done", seconds=round(time.monotonic() - started, 3))
+                    self.first_pass_done = True
                 except GpufedError as error:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():

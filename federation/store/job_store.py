@@ -14,11 +14,13 @@ JSON through the explicit codecs in federation.store.jobs and federation.store.r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
@@ -220,6 +222,30 @@ def _sha256(text: str) -> bytes:
     return hashlib.sha256(text.encode()).hexdigest().encode()
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (if it was on). Decoding 100,000 records makes
+    millions of objects, none of them garbage; the collector's passes over the growing heap would
+    otherwise cost about as much as the decoding (measured: 1.15 s against 0.63 s for 10,000 jobs).
+    Reference counting still frees what dies; the collector runs again after."""
+    global _gc_pauses, _gc_was_on
+    if _gc_pauses == 0:
+        _gc_was_on = gc.isenabled()
+        gc.disable()
+    # Counted: the job and ledger lists run side by side, and the first done must not turn it on.
+    _gc_pauses += 1
+    try:
+        yield
+    finally:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and _gc_was_on:
+            gc.enable()
+
+
+_gc_pauses = 0
+_gc_was_on = True
+
+
 def job_key(job_id: str) -> bytes:
     return JOBS + job_id.encode()
 
@@ -321,23 +347,46 @@ class KvStore:
         return await self._list(JOBS, lambda v, rev: _stored_job(v, rev))
 
     async def _list(self, prefix: bytes, decode: Callable[[bytes, int], T]) -> tuple[list[T], int]:
-        """Every value under prefix, page by page, all read at the revision of the first page."""
+        """Every value under prefix, page by page, all read at the revision of the first page.
+
+        A restart lists every job and interval in etcd (100,000 of each at a busy federation) before
+        it serves, so this is on the restart's critical path: the next page is asked for before this
+        one is decoded (etcd reads while we decode), and the cyclic garbage collector is held off
+        while the records are built (`paused_gc`)."""
         for attempt in range(_LIST_ATTEMPTS):
             try:
-                out: list[T] = []
-                page = await self._kv.range_prefix(prefix, limit=PAGE_SIZE)
-                revision = page.revision
-                while True:
-                    out.extend(decode(kv.value, kv.mod_revision) for kv in page.kvs)
-                    if not page.more or not page.kvs:
-                        return out, revision
-                    page = await self._kv.range_prefix(
-                        prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
-                    )
+                with paused_gc():
+                    return await self._list_once(prefix, decode)
             except WatchCompacted:
                 if attempt == _LIST_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    async def _list_once(self, prefix: bytes, decode: Callable[[bytes, int], T]) -> tuple[list[T], int]:
+        out: list[T] = []
+        page = await self._kv.range_prefix(prefix, limit=PAGE_SIZE)
+        revision = page.revision
+        while True:
+            following = None
+            if page.more and page.kvs:
+                following = asyncio.ensure_future(
+                    self._kv.range_prefix(
+                        prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
+                    )
+                )
+            try:
+                # Yields first, so the request for the next page is on its way while we decode.
+                await asyncio.sleep(0)
+                out.extend(decode(kv.value, kv.mod_revision) for kv in page.kvs)
+            except BaseException:
+                if following is not None:
+                    following.cancel()
+                    with contextlib.suppress(BaseException):
+                        await following
+                raise
+            if following is None:
+                return out, revision
+            page = await following
 
     async def commit(
         self,

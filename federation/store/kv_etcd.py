@@ -116,6 +116,16 @@ def _kv_from_pb(kv: Any) -> KeyValue:
     )
 
 
+def range_request(prefix: bytes, *, limit: int, start: bytes | None, revision: int) -> Any:
+    """One page of keys under `prefix` from `start`, with no sort order: etcd returns a range in
+    ascending key order anyway (it walks its key index), and asking for one makes etcd 3.5 read
+    every key to the range's end and sort them before it applies the limit, so paging through N
+    keys read N²/2 of them (a restart with 100,000 jobs in etcd spent two minutes listing them)."""
+    return rpc.RangeRequest(
+        key=prefix if start is None else start, range_end=prefix_end(prefix), limit=limit, revision=revision
+    )
+
+
 class EtcdKv:
     """KeyValueStore over one aetcd client per etcd member. Every call has a deadline per member tried,
     so a dead etcd fails fast."""
@@ -260,14 +270,7 @@ class EtcdKv:
     async def range_prefix(
         self, prefix: bytes, *, limit: int = 0, start: bytes | None = None, revision: int = 0
     ) -> RangeResult:
-        req = rpc.RangeRequest(
-            key=prefix if start is None else start,
-            range_end=prefix_end(prefix),
-            limit=limit,
-            revision=revision,
-            sort_order=rpc.RangeRequest.ASCEND,
-            sort_target=rpc.RangeRequest.KEY,
-        )
+        req = range_request(prefix, limit=limit, start=start, revision=revision)
         resp = await self._unary("range", lambda c: c.kvstub.Range, req, idempotent=True)
         return RangeResult(
             kvs=tuple(_kv_from_pb(kv) for kv in resp.kvs), revision=resp.header.revision, more=resp.more

@@ -169,3 +169,43 @@ async def test_alices_list_costs_the_same_beside_twenty_thousand_of_bobs_jobs() 
     beside = await fastest_s()
     await cache.stop()
     assert beside < 2 * alone, f"{beside * 1e3:.2f} ms beside bob's jobs, {alone * 1e3:.2f} ms alone"
+
+
+def _listing(index: JobIndex) -> list[tuple[TenantId | None, tuple[JobPhase, ...], list[int]]]:
+    return [
+        (tenant, tuple(phases), [s.mod_revision for s in index.ordered(tenant, phases)])
+        for tenant in [None, *TENANTS]
+        for phases in [[], [JobPhase.QUEUED], [JobPhase.RUNNING, JobPhase.SUCCEEDED]]
+    ]
+
+
+def test_a_rebuilt_index_equals_one_filed_job_by_job_and_stays_so_through_changes() -> None:
+    # A restart files every job at once (sorted once per view); the watch files them one by one.
+    rng = random.Random(11)
+    jobs = [
+        Stored(
+            replace(
+                build_job(f"j{i:03d}", tenant=rng.choice(TENANTS)),
+                phase=rng.choice(PHASES),
+                submitted_at_s=float(rng.randint(0, 50)),
+            ),
+            i,
+        )
+        for i in range(300)
+    ]
+    rebuilt, filed = JobIndex(), JobIndex()
+    rebuilt.rebuild(jobs)
+    for stored in jobs:
+        filed.put(stored)
+    assert _listing(rebuilt) == _listing(filed)
+    assert len(rebuilt) == len(filed) == 300
+    # Then the same changes through each: phase moves, and jobs leaving (archived).
+    for n, stored in enumerate(rng.sample(jobs, 100)):
+        moved = Stored(replace(stored.value, phase=rng.choice(PHASES)), 1000 + n)
+        rebuilt.put(moved)
+        filed.put(moved)
+    for stored in rng.sample(jobs, 50):
+        rebuilt.remove(stored.value.job_id)
+        filed.remove(stored.value.job_id)
+    assert _listing(rebuilt) == _listing(filed)
+    assert len(rebuilt) == 250
