@@ -98,3 +98,31 @@ async def test_the_leader_compacts_an_etcd_that_does_not_compact_itself(tmp_path
     finally:
         await kv.close()
         process.stop()
+
+
+async def test_a_standby_takes_over_after_the_leader_key_revision_was_compacted(tmp_path: Path) -> None:
+    """The leader key is written once, when the lead is taken, so its revision is soon compacted. A
+    standby that watched for a vacancy from that revision was refused by etcd (the watch raised
+    `WatchCompacted`) and its election ended: it never took over (found by the soak)."""
+    process = EtcdProcess(tmp_path / "etcd", compaction_retention=None)
+    process.start()
+    kv = await EtcdKv.connect(process.endpoint)
+    leader = LeaderElection(kv, "leader", ttl_s=2)
+    standby = LeaderElection(kv, "standby", ttl_s=2)
+    try:
+        await leader.acquire()
+        waiting = asyncio.create_task(standby.acquire())
+        await asyncio.sleep(0.5)
+        for i in range(5):
+            revision = await kv.put(b"/churn/k", f"v{i}".encode())
+        await kv.compact(revision)  # past the leader key's revision, as etcd's compactor would
+        await asyncio.sleep(1.0)  # the standby watches again in the meantime
+        assert not waiting.done()
+        await leader.resign()
+        fence = await asyncio.wait_for(waiting, 10)
+        assert standby.is_leader
+        assert fence.create_revision > revision
+    finally:
+        await standby.close()
+        await kv.close()
+        process.stop()
