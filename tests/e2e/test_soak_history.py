@@ -18,7 +18,7 @@ from tests.e2e.soak import Soak, SoakPlan
 pytestmark = pytest.mark.e2e
 
 PLAN = SoakPlan(
-    jobs=150,
+    jobs=300,  # 20 s of submissions: both kills land while jobs are still being archived
     kills=2,
     rate_per_s=15.0,
     retain_s=2.0,

@@ -51,6 +51,7 @@ def test_a_sound_soak_has_no_problems() -> None:
             {"sql_jobs": {"j0": "SUCCEEDED", "j1": "FAILED"}}, "not archived as SUCCEEDED", id="failed"
         ),
         pytest.param({"kills": []}, "leader kills done", id="kills-missing"),
+        pytest.param({"kills": [Kill(5.0, "a-1", 2, 0)]}, "not during archiving", id="kill-after-the-drain"),
         pytest.param({"accepted": {"k0": "j0"}}, "submissions accepted", id="submission-missing"),
     ],
 )
