@@ -19,7 +19,8 @@ lost its stream for a moment to resume without relisting) and states its space q
 Compaction frees pages inside the bbolt file, which later writes reuse, so the file stops growing
 once compaction keeps pace with the writes; it does not shrink without a defragmentation, which we
 do not schedule (it blocks the member while it copies the database; see docs/architecture.md,
-"etcd's size"). An external etcd needs the same flags from its operator.
+"etcd's size"). An external etcd needs the same flags from its operator; the leader compacts it
+too (`federation.scheduling.compactor`), for one that runs without them.
 """
 
 from __future__ import annotations
