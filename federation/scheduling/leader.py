@@ -16,7 +16,7 @@ import structlog
 
 from federation.errors import StoreUnavailable
 from federation.store.job_store import LEADER_KEY, Fence
-from federation.store.kv import Compare, Get, KeyValueStore, LeaseNotFound, Put
+from federation.store.kv import Compare, Get, KeyValueStore, LeaseNotFound, Put, WatchCompacted
 
 log = structlog.get_logger(__name__)
 
@@ -93,12 +93,17 @@ class LeaderElection:
         return self._fence
 
     async def _wait_for_vacancy(self) -> None:
-        """Until the leader key changes, or a while has passed (the in-memory kv expires leases on access)."""
-        current = await self._kv.get(self._key)
-        if current is None:
+        """Until the leader key changes, or a while has passed (the in-memory kv expires leases on access).
+
+        The watch starts after the revision of the read, not after the key's own mod revision: the key
+        is written once per leadership, so its revision is soon compacted, and etcd refuses a watch
+        from a compacted revision. A compaction between the read and the watch just means try again.
+        """
+        read = await self._kv.range_prefix(self._key, limit=1)
+        if not any(kv.key == self._key for kv in read.kvs):
             return
-        watch = self._kv.watch_prefix(self._key, start_revision=current.mod_revision + 1)
-        with contextlib.suppress(TimeoutError):
+        watch = self._kv.watch_prefix(self._key, start_revision=read.revision + 1)
+        with contextlib.suppress(TimeoutError, WatchCompacted):
             async with asyncio.timeout(max(self._ttl_s / 3, 0.1)), contextlib.aclosing(watch):
                 async for ev in watch:
                     if ev.kv.key == self._key:
