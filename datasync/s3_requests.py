@@ -28,6 +28,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from datasync.credentials import AwsCredentials
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
+from datasync.http11 import HttpClientError, HttpPool
 from datasync.store import ObjectMeta, PartInfo
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -183,6 +184,17 @@ class S3Requests:
         self._credentials = credentials
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Whole-object and ranged GETs and single PUTs go through our lean HTTP/1.1 client on a plain
+        # http endpoint (see `datasync.http11`: aiohttp's machinery was most of a small copy's CPU).
+        endpoint_parts = urllib.parse.urlsplit(self._endpoint)
+        self._origin = f"{endpoint_parts.scheme}://{endpoint_parts.netloc}"
+        self._lean_address = (
+            (endpoint_parts.hostname or "", endpoint_parts.port or 80, endpoint_parts.netloc)
+            if endpoint_parts.scheme == "http" and endpoint_parts.hostname
+            else None
+        )
+        self._pool: HttpPool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"S3Requests(endpoint={self._endpoint!r}, bucket={self._bucket!r})"
@@ -209,8 +221,42 @@ class S3Requests:
         return body, reply_headers
 
     async def _request_bytes(self, method: str, key: str, *, headers: Mapping[str, str], what: str) -> bytes:
-        raw, _ = await self._send(method, key, query=None, headers=headers, data=None, what=what)
+        raw, _ = await self._send_lean(method, key, headers=headers, data=None, what=what)
         return raw
+
+    def _lean_pool(self) -> HttpPool | None:
+        if self._lean_address is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            host, port, netloc = self._lean_address
+            self._pool = HttpPool(host, port, host_header=netloc, max_connections=64, timeout_s=300.0)
+            self._pool_loop = loop
+        return self._pool
+
+    async def _send_lean(
+        self,
+        method: str,
+        key: str,
+        *,
+        headers: Mapping[str, str],
+        data: bytes | memoryview | None,
+        what: str,
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """One GET or PUT without a query through the lean client (aiohttp where there is none: https).
+        Reply headers have lower-case names (aiohttp's are case-insensitive: read them lower-case)."""
+        pool = self._lean_pool()
+        if pool is None:
+            return await self._send(method, key, query=None, headers=headers, data=data, what=what)
+        url = self.object_url(key)
+        signed = sign_v4(method, url, {}, headers, self._credentials, self._region, dt.datetime.now(dt.UTC))
+        try:
+            response = await pool.request(method, url[len(self._origin) :], signed.items(), data)
+        except HttpClientError as e:
+            raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
+        if response.status >= 300:
+            raise _error_for(response.status, response.body.decode("utf-8", errors="replace"), what)
+        return response.body, response.headers
 
     async def _send(
         self,
@@ -325,8 +371,8 @@ class S3Requests:
         return await self._request_bytes("GET", key, headers=headers, what=f"get {key!r}")
 
     async def put_object(self, key: str, data: bytes | memoryview) -> str | None:
-        _, headers = await self._request("PUT", key, data=data, what=f"put {key!r}")
-        return headers.get("ETag")
+        _, headers = await self._send_lean("PUT", key, headers={}, data=data, what=f"put {key!r}")
+        return headers.get("etag")
 
     async def delete_object(self, key: str) -> None:
         with contextlib.suppress(ObjectNotFound):
@@ -336,6 +382,9 @@ class S3Requests:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+        self._pool = None
 
     def info(self) -> dict[str, Any]:
         return {"endpoint": self._endpoint, "bucket": self._bucket, "region": self._region}
