@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import html
 import re
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -98,32 +99,60 @@ def sign_v4(
     against botocore's).
     """
     parts = urllib.parse.urlsplit(url)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    return _sign(
+        method,
+        parts.netloc,
+        parts.path,
+        canonical_query(query),
+        headers,
+        credentials,
+        region,
+        now.strftime("%Y%m%dT%H%M%SZ"),
+    )
+
+
+_amz_date_cache: tuple[int, str] = (-1, "")
+
+
+def _amz_date_now() -> str:
+    """SigV4's timestamp of this second; formatted once a second, not per request."""
+    global _amz_date_cache
+    second = int(time.time())
+    if _amz_date_cache[0] != second:
+        _amz_date_cache = (second, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second)))
+    return _amz_date_cache[1]
+
+
+def _sign(
+    method: str,
+    host: str,
+    path: str,
+    query_string: str,
+    headers: Mapping[str, str],
+    credentials: AwsCredentials,
+    region: str,
+    amz_date: str,
+) -> dict[str, str]:
+    """`sign_v4` from the URL's parts: the lean client's requests know their host and path without
+    parsing a URL back (each small object signs two requests)."""
     day = amz_date[:8]
-    out = {k.lower(): v for k, v in headers.items()}
-    out["host"] = parts.netloc
+    out = {k.lower(): v for k, v in headers.items()} if headers else {}
+    out["host"] = host
     out["x-amz-date"] = amz_date
     out["x-amz-content-sha256"] = _UNSIGNED
     if credentials.session_token is not None:
         out["x-amz-security-token"] = credentials.session_token.reveal()
     signed = sorted(k for k in out if k == "host" or k.startswith("x-amz-") or k == "content-type")
-    canonical = "\n".join(
-        [
-            method,
-            parts.path or "/",
-            canonical_query(query),
-            "".join(f"{k}:{out[k].strip()}\n" for k in signed),
-            ";".join(signed),
-            _UNSIGNED,
-        ]
-    )
+    signed_names = ";".join(signed)
+    canonical_headers = "".join(f"{k}:{out[k].strip()}\n" for k in signed)
+    canonical = f"{method}\n{path or '/'}\n{query_string}\n{canonical_headers}\n{signed_names}\n{_UNSIGNED}"
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     key = _signing_key(credentials.secret_access_key.reveal(), day, region)
     signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
     out["authorization"] = (
         f"AWS4-HMAC-SHA256 Credential={credentials.access_key_id}/{scope}, "
-        f"SignedHeaders={';'.join(signed)}, Signature={signature}"
+        f"SignedHeaders={signed_names}, Signature={signature}"
     )
     del out["host"]
     return out
@@ -188,6 +217,8 @@ class S3Requests:
         # http endpoint (see `datasync.http11`: aiohttp's machinery was most of a small copy's CPU).
         endpoint_parts = urllib.parse.urlsplit(self._endpoint)
         self._origin = f"{endpoint_parts.scheme}://{endpoint_parts.netloc}"
+        self._netloc = endpoint_parts.netloc
+        self._bucket_path = f"{endpoint_parts.path}/{_quote(self._bucket)}/"
         self._lean_address = (
             (endpoint_parts.hostname or "", endpoint_parts.port or 80, endpoint_parts.netloc)
             if endpoint_parts.scheme == "http" and endpoint_parts.hostname
@@ -248,10 +279,13 @@ class S3Requests:
         pool = self._lean_pool()
         if pool is None:
             return await self._send(method, key, query=None, headers=headers, data=data, what=what)
-        url = self.object_url(key)
-        signed = sign_v4(method, url, {}, headers, self._credentials, self._region, dt.datetime.now(dt.UTC))
+        # The path as `object_url` has it, without building and parsing the URL back.
+        path = self._bucket_path + _quote(key, safe="-_.~/")
+        signed = _sign(
+            method, self._netloc, path, "", headers, self._credentials, self._region, _amz_date_now()
+        )
         try:
-            response = await pool.request(method, url[len(self._origin) :], signed.items(), data)
+            response = await pool.request(method, path, signed.items(), data)
         except HttpClientError as e:
             raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
         if response.status >= 300:

@@ -12,6 +12,7 @@ objects with obstore's own multipart `put`, which is not resumable part by part
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ _S3_SINGLE_PUT_MAX_BYTES = 5 * 1024**3
 _SIGNED_BODY_MAX_BYTES = 8 * 1024 * 1024
 # obstore raises the builtin FileNotFoundError / PermissionError for some statuses, its own errors for others.
 _ERRORS = (obx.BaseError, FileNotFoundError, PermissionError)
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def map_error(e: Exception, what: str) -> DatasyncError:
@@ -62,7 +64,7 @@ def obstore_can_name(key: str) -> bool:
     segment, or a control character (newline included). Those go through `S3Requests` instead."""
     if not key or key[0] == "/" or key[-1] == "/" or "//" in key:
         return False
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+    if _CONTROL.search(key):
         return False
     return not any(part in (".", "..") for part in key.split("/"))
 
