@@ -2,7 +2,9 @@
 
 obstore (Rust `object_store`) is the fast path for listing, GET, PUT and DELETE, but it hides multipart
 uploads inside `put`, so a killed process cannot continue an upload, and it copies only within one
-bucket. These few calls are signed here with AWS Signature V4 and sent with aiohttp. The signature
+bucket. These few calls are signed here with AWS Signature V4 and sent with aiohttp; whole-object and
+ranged GETs and single PUTs (a small-object copy's two requests an object) go through our lean HTTP/1.1
+client (`datasync.http11`) on plain-http endpoints, aiohttp on https ones. The signature
 covers an `UNSIGNED-PAYLOAD` body hash (what the AWS SDKs do over TLS); the engine verifies content
 against the manifest's sha256 and each part's MD5 ETag instead.
 """
@@ -204,7 +206,8 @@ def _error_for(status: int, body: str, what: str) -> DatasyncError:
 
 
 class S3Requests:
-    """Signed multipart and copy requests against one bucket. One aiohttp session per event loop."""
+    """Signed requests against one bucket. One aiohttp session, and one lean connection pool, per event
+    loop."""
 
     def __init__(self, endpoint: str, bucket: str, region: str, credentials: AwsCredentials) -> None:
         self._endpoint = endpoint.rstrip("/")

@@ -4,7 +4,8 @@ obstore was picked for speed: against a local SeaweedFS it did about 1,500 PUTs 
 objects per second from one Python process on 2 cores, where a boto3 thread pool managed about 210, and
 a listing of 20,000 objects takes about half a second. Ranged GETs, large PUTs, same-bucket copies and
 deletes go through it. For S3 with static credentials, listings, explicit multipart parts, cross-bucket
-copies, whole-object GETs and PUTs of small bodies go through `S3Requests` (signed aiohttp): per small
+copies, whole-object GETs and PUTs of small bodies go through `S3Requests` (signed requests on our
+lean HTTP/1.1 client, aiohttp for https): per small
 object it costs a third less CPU than obstore (see `_SIGNED_BODY_MAX_BYTES`). GCS and Azure upload large
 objects with obstore's own multipart `put`, which is not resumable part by part
 (`supports_resumable_multipart` is False there).
