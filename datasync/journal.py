@@ -5,13 +5,17 @@ upload id and part size), a part accepted by the target. A run that starts over 
 a finished object only if the target still lists it with the recorded size and ETag, and a finished part
 only if the target's ListParts still has it, so a stale journal costs a re-send, never a wrong object.
 
-`LocalJournal` appends JSON lines to a file and flushes each record: a SIGKILL loses nothing the kernel
-was handed (a machine crash may lose the last records, which are then sent again). The sync removes the
-journal once its marker is written. `MemoryJournal` is the fake for unit tests.
+`LocalJournal` appends JSON lines to a file. In an event loop it hands the records of one loop iteration to
+the kernel together, at the end of that iteration (one write for the many small objects that finish in
+it, where a write per record was a syscall per object); outside a loop it flushes each record. A SIGKILL
+loses at most the records of the iteration it interrupts, whose objects are then sent again (a machine
+crash may lose the last records too): a lost record costs a re-send, never a wrong object. The sync
+removes the journal once its marker is written. `MemoryJournal` is the fake for unit tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -108,6 +112,7 @@ class LocalJournal:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._file: IO[str] | None = None
+        self._flush_scheduled = False
 
     @staticmethod
     def for_sync(directory: Path, *key_parts: str) -> LocalJournal:
@@ -130,7 +135,20 @@ class LocalJournal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a")
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()
+        if self._flush_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._file.flush()
+            return
+        self._flush_scheduled = True
+        loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._file is not None:
+            self._file.flush()
 
     def object_finished(self, path: str, obj: VerifiedObject) -> None:
         self._append(_obj_record(path, obj))
@@ -143,6 +161,7 @@ class LocalJournal:
 
     def close(self) -> None:
         """Close the file but keep the records: a sync that failed or was cancelled resumes from them."""
+        self._flush_scheduled = False
         if self._file is not None:
             self._file.close()
             self._file = None

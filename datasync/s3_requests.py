@@ -2,7 +2,9 @@
 
 obstore (Rust `object_store`) is the fast path for listing, GET, PUT and DELETE, but it hides multipart
 uploads inside `put`, so a killed process cannot continue an upload, and it copies only within one
-bucket. These few calls are signed here with AWS Signature V4 and sent with aiohttp. The signature
+bucket. These few calls are signed here with AWS Signature V4 and sent with aiohttp; whole-object and
+ranged GETs and single PUTs (a small-object copy's two requests an object) go through our lean HTTP/1.1
+client (`datasync.http11`) on plain-http endpoints, aiohttp on https ones. The signature
 covers an `UNSIGNED-PAYLOAD` body hash (what the AWS SDKs do over TLS); the engine verifies content
 against the manifest's sha256 and each part's MD5 ETag instead.
 """
@@ -17,6 +19,7 @@ import hashlib
 import hmac
 import html
 import re
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -28,6 +31,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from datasync.credentials import AwsCredentials
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
+from datasync.http11 import HttpClientError, HttpPool
 from datasync.store import ObjectMeta, PartInfo
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -97,32 +101,60 @@ def sign_v4(
     against botocore's).
     """
     parts = urllib.parse.urlsplit(url)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    return _sign(
+        method,
+        parts.netloc,
+        parts.path,
+        canonical_query(query),
+        headers,
+        credentials,
+        region,
+        now.strftime("%Y%m%dT%H%M%SZ"),
+    )
+
+
+_amz_date_cache: tuple[int, str] = (-1, "")
+
+
+def _amz_date_now() -> str:
+    """SigV4's timestamp of this second; formatted once a second, not per request."""
+    global _amz_date_cache
+    second = int(time.time())
+    if _amz_date_cache[0] != second:
+        _amz_date_cache = (second, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second)))
+    return _amz_date_cache[1]
+
+
+def _sign(
+    method: str,
+    host: str,
+    path: str,
+    query_string: str,
+    headers: Mapping[str, str],
+    credentials: AwsCredentials,
+    region: str,
+    amz_date: str,
+) -> dict[str, str]:
+    """`sign_v4` from the URL's parts: the lean client's requests know their host and path without
+    parsing a URL back (each small object signs two requests)."""
     day = amz_date[:8]
-    out = {k.lower(): v for k, v in headers.items()}
-    out["host"] = parts.netloc
+    out = {k.lower(): v for k, v in headers.items()} if headers else {}
+    out["host"] = host
     out["x-amz-date"] = amz_date
     out["x-amz-content-sha256"] = _UNSIGNED
     if credentials.session_token is not None:
         out["x-amz-security-token"] = credentials.session_token.reveal()
     signed = sorted(k for k in out if k == "host" or k.startswith("x-amz-") or k == "content-type")
-    canonical = "\n".join(
-        [
-            method,
-            parts.path or "/",
-            canonical_query(query),
-            "".join(f"{k}:{out[k].strip()}\n" for k in signed),
-            ";".join(signed),
-            _UNSIGNED,
-        ]
-    )
+    signed_names = ";".join(signed)
+    canonical_headers = "".join(f"{k}:{out[k].strip()}\n" for k in signed)
+    canonical = f"{method}\n{path or '/'}\n{query_string}\n{canonical_headers}\n{signed_names}\n{_UNSIGNED}"
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     key = _signing_key(credentials.secret_access_key.reveal(), day, region)
     signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
     out["authorization"] = (
         f"AWS4-HMAC-SHA256 Credential={credentials.access_key_id}/{scope}, "
-        f"SignedHeaders={';'.join(signed)}, Signature={signature}"
+        f"SignedHeaders={signed_names}, Signature={signature}"
     )
     del out["host"]
     return out
@@ -174,7 +206,8 @@ def _error_for(status: int, body: str, what: str) -> DatasyncError:
 
 
 class S3Requests:
-    """Signed multipart and copy requests against one bucket. One aiohttp session per event loop."""
+    """Signed requests against one bucket. One aiohttp session, and one lean connection pool, per event
+    loop."""
 
     def __init__(self, endpoint: str, bucket: str, region: str, credentials: AwsCredentials) -> None:
         self._endpoint = endpoint.rstrip("/")
@@ -183,6 +216,19 @@ class S3Requests:
         self._credentials = credentials
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Whole-object and ranged GETs and single PUTs go through our lean HTTP/1.1 client on a plain
+        # http endpoint (see `datasync.http11`: aiohttp's machinery was most of a small copy's CPU).
+        endpoint_parts = urllib.parse.urlsplit(self._endpoint)
+        self._origin = f"{endpoint_parts.scheme}://{endpoint_parts.netloc}"
+        self._netloc = endpoint_parts.netloc
+        self._bucket_path = f"{endpoint_parts.path}/{_quote(self._bucket)}/"
+        self._lean_address = (
+            (endpoint_parts.hostname or "", endpoint_parts.port or 80, endpoint_parts.netloc)
+            if endpoint_parts.scheme == "http" and endpoint_parts.hostname
+            else None
+        )
+        self._pool: HttpPool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"S3Requests(endpoint={self._endpoint!r}, bucket={self._bucket!r})"
@@ -209,8 +255,45 @@ class S3Requests:
         return body, reply_headers
 
     async def _request_bytes(self, method: str, key: str, *, headers: Mapping[str, str], what: str) -> bytes:
-        raw, _ = await self._send(method, key, query=None, headers=headers, data=None, what=what)
+        raw, _ = await self._send_lean(method, key, headers=headers, data=None, what=what)
         return raw
+
+    def _lean_pool(self) -> HttpPool | None:
+        if self._lean_address is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            host, port, netloc = self._lean_address
+            self._pool = HttpPool(host, port, host_header=netloc, max_connections=64, timeout_s=300.0)
+            self._pool_loop = loop
+        return self._pool
+
+    async def _send_lean(
+        self,
+        method: str,
+        key: str,
+        *,
+        headers: Mapping[str, str],
+        data: bytes | memoryview | None,
+        what: str,
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """One GET or PUT without a query through the lean client (aiohttp where there is none: https).
+        Reply headers have lower-case names (aiohttp's are case-insensitive: read them lower-case)."""
+        pool = self._lean_pool()
+        if pool is None:
+            return await self._send(method, key, query=None, headers=headers, data=data, what=what)
+        # The path as `object_url` has it, without building and parsing the URL back.
+        path = self._bucket_path + _quote(key, safe="-_.~/")
+        signed = _sign(
+            method, self._netloc, path, "", headers, self._credentials, self._region, _amz_date_now()
+        )
+        try:
+            response = await pool.request(method, path, signed.items(), data)
+        except HttpClientError as e:
+            raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
+        if response.status >= 300:
+            raise _error_for(response.status, response.body.decode("utf-8", errors="replace"), what)
+        return response.body, response.headers
 
     async def _send(
         self,
@@ -325,8 +408,8 @@ class S3Requests:
         return await self._request_bytes("GET", key, headers=headers, what=f"get {key!r}")
 
     async def put_object(self, key: str, data: bytes | memoryview) -> str | None:
-        _, headers = await self._request("PUT", key, data=data, what=f"put {key!r}")
-        return headers.get("ETag")
+        _, headers = await self._send_lean("PUT", key, headers={}, data=data, what=f"put {key!r}")
+        return headers.get("etag")
 
     async def delete_object(self, key: str) -> None:
         with contextlib.suppress(ObjectNotFound):
@@ -336,6 +419,9 @@ class S3Requests:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+        self._pool = None
 
     def info(self) -> dict[str, Any]:
         return {"endpoint": self._endpoint, "bucket": self._bucket, "region": self._region}
