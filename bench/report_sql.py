@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,16 +53,6 @@ def api_report(store: SqlHistoryStore, query: ReportQuery) -> Report:
     return finish_report(both_stores([], query, asked, answer, idle_sites=None), [], query)
 
 
-def median_s(fn: Callable[[], object], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
 def measure(
     name: str, store: SqlHistoryStore, runs: int, expected_june_h: float, figures: dict[str, float]
 ) -> None:
@@ -90,7 +77,7 @@ def measure(
         ),
     }
     for figure, query in cases.items():
-        figures[f"{figure}_{name}"] = median_s(lambda q=query: api_report(store, q), runs)  # type: ignore[misc]
+        figures[f"{figure}_{name}"] = loads.median_s(lambda q=query: api_report(store, q), runs)  # type: ignore[misc]
         print(f"{figure}_{name}: {figures[f'{figure}_{name}']:.3f} s", flush=True)
 
 
