@@ -98,6 +98,9 @@ class LastWords:
         self._lock = threading.Lock()
         # (namespace, pod uid) -> entry, oldest first.
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        # (namespace, pod name) -> its entries' keys, oldest first: the watch thread looks a name up
+        # on every gang pod event, which must not cost a scan of every entry.
+        self._by_name: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._total_bytes = 0
         self._pool = ThreadPoolExecutor(
             max_workers=FETCH_THREADS, thread_name_prefix=f"gpufed-k8s-lastwords-{cluster}"
@@ -131,6 +134,7 @@ class LastWords:
                 return
             entry = _Entry(key[0], str(gang), self._replica_of(pod), self._clock())
             self._entries[key] = entry
+            self._by_name.setdefault((key[0], entry.state.pod), []).append(key)
             self._prune()
         with contextlib.suppress(RuntimeError):  # closed: the server is stopping
             self._pool.submit(self._read, key, entry)
@@ -164,9 +168,9 @@ class LastWords:
     def _forget_replaced(self, namespace: str, pod: str) -> None:
         """A new pod of the same name (a Volcano RestartTask) is the replica now: its own log is
         read live, never the copy of the one it replaced (the lock is held)."""
-        for key in [k for k, e in self._entries.items() if e.namespace == namespace and e.state.pod == pod]:
+        for key in list(self._by_name.get((namespace, pod), ())):
             if self._entries[key].gone:
-                self._total_bytes -= len(self._entries.pop(key).data or b"")
+                self._drop(key)
 
     def _prune(self) -> None:
         """Drop aged entries, then the oldest while over the byte bound (the lock is held)."""
@@ -175,8 +179,17 @@ class LastWords:
             key, entry = next(iter(self._entries.items()))
             if entry.caught_at_s >= oldest_s and self._total_bytes <= self._max_total_bytes:
                 return
-            del self._entries[key]
-            self._total_bytes -= len(entry.data or b"")
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        """Forget one entry, its bytes and its name (the lock is held)."""
+        entry = self._entries.pop(key)
+        self._total_bytes -= len(entry.data or b"")
+        name = (entry.namespace, entry.state.pod)
+        keys = self._by_name[name]
+        keys.remove(key)
+        if not keys:
+            del self._by_name[name]
 
     # ---- the read side (the event loop) ---------------------------------------------------------
 
@@ -218,8 +231,8 @@ class LastWords:
         with self._lock:
             found = [
                 e
-                for e in self._entries.values()
-                if e.namespace == namespace and e.state.pod == pod and (e.gone or not only_gone)
+                for e in (self._entries[k] for k in self._by_name.get((namespace, pod), ()))
+                if e.gone or not only_gone
             ]
         if not found or found[-1].data is None:
             return None

@@ -169,3 +169,20 @@ def test_shaped_cuts_as_the_pod_log_api_does() -> None:
     assert shaped(LOG, LogOptions(since_s=6), now_s) == b"step 1\nstep 2\n"
     assert shaped(LOG, LogOptions(tail_lines=0), now_s) == b""
     assert shaped(LOG, LogOptions(limit_bytes=5), now_s) == b"[sim]"
+
+
+def test_entries_dropped_for_any_reason_leave_no_name_behind() -> None:
+    """The name index follows the entries: pruned or replaced, a name serves nothing afterwards."""
+    now = [1000.0]
+    last = words(Fetcher(), ttl_s=60, clock=lambda: now[0])
+    for i in range(3):
+        pod = f"train-1-a1-worker-{i}"
+        last.observe("MODIFIED", a_pod(pod, deleting=True))
+        wait_read(last)
+        last.observe("DELETED", a_pod(pod, deleting=True))
+    last.observe("ADDED", a_pod("train-1-a1-worker-0", uid="uid-new", phase="Pending"))
+    now[0] += 61
+    last.observe("MODIFIED", a_pod("train-1-a1-worker-9", deleting=True))
+    wait_read(last)
+    assert [last.log_of(NS, f"train-1-a1-worker-{i}", LogOptions()) for i in range(3)] == [None] * 3
+    assert last._by_name.keys() == {(NS, "train-1-a1-worker-9")}
