@@ -33,6 +33,21 @@ SUPERUSER = "gpufed"
 _SYSTEM_USER = "postgres"
 
 
+def _dies_with_us(command: list[str]) -> list[str]:
+    """`command` wrapped so that the kernel sends the server SIGQUIT when the process starting it dies.
+
+    A test run that is SIGKILLed runs no atexit hook: without this its server (with its port and
+    shared memory) outlives it. SIGQUIT is PostgreSQL's immediate shutdown: the postmaster takes its
+    backends down and releases its shared memory. Not datasync's Python shim: the server runs as the
+    `postgres` user, who may not read our interpreter (a pyenv under /root), and the kernel clears
+    the setting on a change of user, so it must be set after the switch, by a program that user can
+    run: util-linux's `setpriv`, which Debian always has. Without it the server is only stopped by
+    `stop()` and atexit, as before.
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "QUIT", "--", *command] if setpriv else command
+
+
 class PostgresUnavailable(GpufedError):
     """No PostgreSQL server binaries here, or the server did not start. Says which and why."""
 
@@ -121,7 +136,7 @@ class PostgresProcess:
         ]  # fmt: skip
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
-                command,
+                _dies_with_us(command),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self._dir,

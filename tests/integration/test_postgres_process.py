@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -31,3 +38,46 @@ def test_a_stopped_server_leaves_nothing_behind() -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(postmaster, 0)
     held.close()
+
+
+def test_a_server_does_not_outlive_a_killed_test_run(tmp_path: Path) -> None:
+    """A SIGKILLed test run runs no atexit hook: the kernel must take its server down instead."""
+    try:
+        PostgresProcess()
+    except PostgresUnavailable as error:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs a real PostgreSQL: {error}")
+        pytest.skip(str(error))
+    script = (
+        "import sys, time\n"
+        "from federation.runtime.postgres_process import PostgresProcess\n"
+        "p = PostgresProcess()\n"
+        "p.start()\n"
+        "assert p._proc is not None and p._dir is not None\n"
+        "print(p._proc.pid, p._dir, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    postmaster_text, data_dir_text = run.stdout.readline().split()
+    postmaster, data_dir = int(postmaster_text), Path(data_dir_text)
+    try:
+        assert Path(f"/proc/{postmaster}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/postgres")
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 30
+        while _running(postmaster):
+            assert time.monotonic() < deadline, "the PostgreSQL server outlived the run that started it"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGKILL)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    # A zombie (reaped by nobody until init does) reads an empty command line: it holds nothing.
+    try:
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
+    except OSError:
+        return False
