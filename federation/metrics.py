@@ -52,6 +52,11 @@ class Metrics:
             "gpufed_job_transitions_total", "Phase changes written", ["to_phase"], registry=r
         )
         self.is_leader = Gauge("gpufed_leader", "1 while this server holds the leader lease", registry=r)
+        self.leader_crashes = Counter(
+            "gpufed_leader_term_crashes_total",
+            "Leader terms ended by an unexpected error (the server gave the key back)",
+            registry=r,
+        )
         # The archiver (federation.scheduling.archiver): what it moved to the history store, what
         # is left for it, and what its last pass cost.
         self.archived = Counter(

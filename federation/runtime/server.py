@@ -74,6 +74,9 @@ log = structlog.get_logger("gpufed.server")
 # Tenants change rarely; re-read them at most this often rather than on every submission.
 TENANT_REFRESH_S = 2.0
 LEADER_STOP_TIMEOUT_S = 10.0
+# After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
+LEADER_CRASH_WAIT_S = 1.0
+LEADER_CRASH_WAIT_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,36 +408,57 @@ class FederationServer:
         assert self._election is not None
         assert self._cache is not None
         election = self._election
+        crashes = 0
         while True:
-            fence = await election.acquire()
-            self.first_pass_done = False
-            self.metrics.is_leader.set(1)
-            log.info("leader_elected", identity=self.config.identity)
-            # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
-            archiving = (
-                None
-                if self._archiver is None
-                else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
-            )
-            compacting = (
-                None
-                if self._compactor is None
-                else asyncio.create_task(self._compactor.run(fence, election.lost()), name="gpufed-compactor")
-            )
             try:
-                await self._loop(scheduler, reconciler, fence, election.lost())
-            finally:
-                for task in (archiving, compacting):
-                    if task is not None:
-                        task.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
-                self.metrics.is_leader.set(0)
-                self.first_pass_done = False
-                if self._stager is not None:
-                    # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
-                    await self._stager.stop()
-            log.warning("leadership_lost", identity=self.config.identity)
+                await self._lead_term(scheduler, reconciler)
+                crashes = 0
+            except Exception:
+                # A bug (not an etcd or cluster hiccup: `_loop` retries those) ended this term. Dying
+                # quietly would leave the keepalive task refreshing the lease of a leader that no
+                # longer schedules, and no standby could ever take over. Give the key back instead,
+                # so a standby leads, and wait before standing again (longer each time in a row).
+                crashes += 1
+                wait_s = min(LEADER_CRASH_WAIT_S * 2 ** (crashes - 1), LEADER_CRASH_WAIT_MAX_S)
+                log.exception("leader_term_crashed", identity=self.config.identity, wait_s=wait_s)
+                self.metrics.leader_crashes.inc()
+                with contextlib.suppress(GpufedError):
+                    await election.resign()
+                await asyncio.sleep(wait_s)
+
+    async def _lead_term(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
+        """One term: wait to lead, then schedule until leadership is lost."""
+        assert self._election is not None
+        election = self._election
+        fence = await election.acquire()
+        self.first_pass_done = False
+        self.metrics.is_leader.set(1)
+        log.info("leader_elected", identity=self.config.identity)
+        # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
+        archiving = (
+            None
+            if self._archiver is None
+            else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
+        )
+        compacting = (
+            None
+            if self._compactor is None
+            else asyncio.create_task(self._compactor.run(fence, election.lost()), name="gpufed-compactor")
+        )
+        try:
+            await self._loop(scheduler, reconciler, fence, election.lost())
+        finally:
+            for task in (archiving, compacting):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            self.metrics.is_leader.set(0)
+            self.first_pass_done = False
+            if self._stager is not None:
+                # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
+                await self._stager.stop()
+        log.warning("leadership_lost", identity=self.config.identity)
 
     async def _loop(
         self, scheduler: Scheduler, reconciler: Reconciler, fence: Fence, lost: asyncio.Event

@@ -13,7 +13,8 @@ from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.server import FederationServer, ServerConfig
-from federation.store.job_store import KvStore
+from federation.scheduling.scheduler import Scheduler
+from federation.store.job_store import Fence, KvStore
 from federation.store.kv_etcd import EtcdKv
 
 pytestmark = pytest.mark.integration
@@ -112,3 +113,46 @@ async def test_readyz_answers_without_a_session_and_unready_is_503(
         assert (status, text) == (503, "not ready: job cache not listed\n")
     finally:
         await server.stop()
+
+
+async def test_a_leader_whose_loop_hits_a_bug_hands_over_rather_than_holding_the_key(
+    etcd_process: EtcdProcess, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error in the leader's loop (a bug, not an etcd hiccup) must not leave the lease
+    refreshed by a server that no longer schedules: it gives the key back and a standby leads."""
+    broken: list[object] = []
+    real_run_cycle = Scheduler.run_cycle
+
+    async def run_cycle(self: Scheduler, fence: Fence) -> None:
+        if fence in broken:
+            raise RuntimeError("a bug in the scheduling cycle")
+        await real_run_cycle(self, fence)
+
+    monkeypatch.setattr(Scheduler, "run_cycle", run_cycle)
+    first = await _server(etcd_process, state / "a", "crash-a")
+    try:
+        await _until_ready(first)
+        assert first._election is not None
+        crashed_fence = first._election.fence
+        assert crashed_fence is not None
+        second = await _server(etcd_process, state / "b", "crash-b")
+        try:
+            assert await _until_ready(second) == "ready: standby, leader crash-a\n"
+            broken.append(crashed_fence)
+            async with asyncio.timeout(20):
+                while True:
+                    if (await _readyz(second))[1] == "ready: leader, first pass done\n":
+                        break
+                    await asyncio.sleep(0.05)
+            assert _crashes(first) >= 1
+            # The first server keeps serving, now as a standby naming the new leader.
+            assert await _until_ready(first) == "ready: standby, leader crash-b\n"
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+
+
+def _crashes(server: FederationServer) -> float:
+    value = server.metrics.registry.get_sample_value("gpufed_leader_term_crashes_total")
+    return 0.0 if value is None else value
