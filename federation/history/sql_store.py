@@ -33,6 +33,7 @@ from federation.history.model import (
     IntervalQuery,
     JobFilter,
     JobPage,
+    KeptLog,
     UsageQuery,
     UsageRow,
 )
@@ -113,6 +114,10 @@ class SqlHistoryStore:
                     [rows.wait_row(j.record.job_id, seq, w) for j in new for seq, w in enumerate(j.waits)],
                 )
                 self._put(conn, schema.intervals, [rows.interval_row(iv) for j in new for iv in j.intervals])
+                # Tails go in chunks: a gang's tails may be megabytes, and one VALUES of them all
+                # would be one statement of that size.
+                for chunk in _chunks([rows.kept_log_row(k) for j in new for k in j.logs]):
+                    self._put(conn, schema.kept_logs, list(chunk))
                 days = [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)]
                 self._put(conn, schema.usage_days, days)
                 # Only rows this transaction inserted are added, so a rewrite never counts twice.
@@ -130,7 +135,38 @@ class SqlHistoryStore:
                 f"history write of {len(records)} audit records: {error.orig}"
             ) from error
 
+    def prune_kept_logs(self, *, kept_before_s: float, limit: int) -> int:
+        k = schema.kept_logs
+        if limit < 1:
+            raise InvalidArgument(f"limit: must be at least 1, got {limit}")
+        # The oldest `limit` by the kept-time index, then those rows by key: one short transaction
+        # (no DELETE ... LIMIT on PostgreSQL), so a large backlog never holds the table long.
+        oldest = (
+            select(k.c.job_id, k.c.attempt, k.c.task, k.c.replica)
+            .where(k.c.kept_at_s < kept_before_s)
+            .order_by(k.c.kept_at_s)
+            .limit(limit)
+        )
+        try:
+            with self._engine.begin() as conn:
+                keys = [tuple(r) for r in conn.execute(oldest)]
+                if not keys:
+                    return 0
+                key = tuple_(k.c.job_id, k.c.attempt, k.c.task, k.c.replica)
+                deleted = 0
+                for chunk in _chunks(keys):
+                    deleted += conn.execute(k.delete().where(key.in_(list(chunk)))).rowcount
+                return deleted
+        except OperationalError as error:
+            raise HistoryUnavailable(f"history prune of kept logs: {error.orig}") from error
+
     # ---- reads
+
+    def kept_logs(self, job_id: JobId, attempt: int) -> list[KeptLog]:
+        k = schema.kept_logs
+        stmt = select(k).where(k.c.job_id == job_id, k.c.attempt == attempt).order_by(k.c.task, k.c.replica)
+        with self._engine.connect() as conn:
+            return [rows.kept_log_from_row(r) for r in conn.execute(stmt).mappings()]
 
     def get_job(self, job_id: JobId) -> ArchivedJob | None:
         with self._engine.connect() as conn:
@@ -254,7 +290,10 @@ class SqlHistoryStore:
                 return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
             return HistoryCounts(
-                jobs=count(schema.jobs), intervals=count(schema.intervals), audit=count(schema.audit)
+                jobs=count(schema.jobs),
+                intervals=count(schema.intervals),
+                audit=count(schema.audit),
+                kept_logs=count(schema.kept_logs),
             )
 
 
