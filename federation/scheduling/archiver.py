@@ -309,6 +309,10 @@ class Archiver:
             summaries = [kv for kv in read.extra.values() if kv is not None]
             tails = named_tails(job.job_id, {_attempt_of(kv.key): kv.value for kv in summaries})
             keys = replace(keys, logs=tuple(summaries))
+            if keys.removal_ops() > MAX_REMOVAL_OPS:
+                # MAX_ARCHIVED_ATTEMPTS keeps this from happening; said rather than sent to etcd.
+                log.warning("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason="too many keys")
+                continue
             if keys.removal_ops() + len(tails) > MAX_REMOVAL_OPS:
                 # Too many keys for one removal: the job goes, its tails stay under their lease.
                 log.warning(
