@@ -295,6 +295,21 @@ class FailingDeletes:
 async def test_a_crash_between_the_sql_write_and_the_etcd_delete_neither_loses_nor_doubles(
     world: World,
 ) -> None:
+    await _a_crash_between_write_and_delete(world)
+
+
+async def test_a_crash_between_write_and_delete_on_postgresql(
+    etcd_kv: EtcdKv, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = SqlHistoryStore.open(fresh_dsn("postgres", tmp_path, request))
+    try:
+        async for w in _world(etcd_kv, store):
+            await _a_crash_between_write_and_delete(w)
+    finally:
+        store.close()
+
+
+async def _a_crash_between_write_and_delete(world: World) -> None:
     tails: dict[str, dict[tuple[int, str, int], bytes]] = {}
     for i in range(5):
         last = await seed_ended(world.store, f"j{i}", ended_at_s=OLD + i, attempts=1 + i % 2)
