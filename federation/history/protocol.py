@@ -34,7 +34,8 @@ class HistoryStore(Protocol):
     def write_jobs(self, jobs: Sequence[ArchivedJob]) -> int:
         """Write the jobs with their attempts, intervals, usage days, waits and kept log tails in one
         transaction.
-        Returns how many jobs were new (the rest were already archived and were left as they were)."""
+        Returns how many jobs were new (the rest were already archived and were left as they were,
+        but for kept tails they lacked, which are added: each tail is idempotent by its own key)."""
         ...
 
     def prune_kept_logs(self, *, kept_before_s: float, limit: int) -> int:

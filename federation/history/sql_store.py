@@ -3,8 +3,9 @@ PostgreSQL (the only dialect-specific part is the conflict clause of the idempot
 
 Idempotence: a batch inserts its jobs' rows with ON CONFLICT DO NOTHING RETURNING job_id, and
 writes the attempts, intervals, usage days and month rollup of only the jobs it inserted, all in the
-batch's one transaction. So an archived job is always whole, a job already there is left as it was
-(its first copy stays), and two writers racing on one job (a deposed leader still finishing a
+batch's one transaction (and the kept log tails of every job, each a no-op where its key is there
+already). So an archived job is always whole, a job already there is left as it was (its first copy
+stays), and two writers racing on one job (a deposed leader still finishing a
 batch) cannot count its usage twice: PostgreSQL makes the second wait on the key, then skip it.
 """
 
@@ -114,9 +115,10 @@ class SqlHistoryStore:
                     [rows.wait_row(j.record.job_id, seq, w) for j in new for seq, w in enumerate(j.waits)],
                 )
                 self._put(conn, schema.intervals, [rows.interval_row(iv) for j in new for iv in j.intervals])
-                # Tails go in chunks: a gang's tails may be megabytes, and one VALUES of them all
-                # would be one statement of that size.
-                for chunk in _chunks([rows.kept_log_row(k) for j in new for k in j.logs]):
+                # Tails of every job of the batch, not only the new ones: a job an older archiver
+                # wrote without them (and crashed before deleting) gains them; one already there is
+                # left as it was (its primary key). In chunks: a gang's tails may be megabytes.
+                for chunk in _chunks([rows.kept_log_row(k) for j in jobs for k in j.logs]):
                     self._put(conn, schema.kept_logs, list(chunk))
                 days = [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)]
                 self._put(conn, schema.usage_days, days)

@@ -64,6 +64,16 @@ def test_a_second_write_of_the_job_neither_doubles_nor_changes_its_tails(store: 
     assert [k.data for k in store.kept_logs(JobId("j1"), 1)] == [k.data for k in first.logs]
 
 
+def test_a_job_written_without_its_tails_gains_them_on_a_rewrite(store: SqlHistoryStore) -> None:
+    """A job an older archiver wrote (no tails) before a crash kept it in etcd: the next pass's
+    write adds its tails, so the archiver can delete them from etcd."""
+    job = with_tails("j1")
+    assert store.write_jobs([replace(job, logs=())]) == 1
+    assert store.kept_logs(JobId("j1"), 1) == []
+    assert store.write_jobs([job]) == 0
+    assert [k.data for k in store.kept_logs(JobId("j1"), 1)] == [k.data for k in job.logs]
+
+
 def test_prune_deletes_only_tails_kept_before_the_cut_oldest_first_in_batches(store: SqlHistoryStore) -> None:
     for i in range(5):
         store.write_jobs([with_tails(f"old{i}", kept_at_s=1000.0 + i)])
