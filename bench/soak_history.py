@@ -70,13 +70,13 @@ def report(result: SoakResult) -> None:
     first, second = warm[:half], warm[half:]
     took = result.submit_took_s + result.drain_took_s
     through = len(result.sql_jobs) + len(result.etcd_jobs)
-    print("\nt_s  db_mib  in_use_mib  bound_mib  etcd_jobs  logs_keys  revision  compacted_to")
+    print("\nt_s  db_mib  in_use_mib  bound_mib  etcd_jobs  logs_keys  archived_logs  revision  compacted_to")
     step = max(1, len(result.samples) // 25)
     for s in result.samples[::step] + result.samples[-1:]:
         print(
             f"{s.t_s:5.0f} {s.db_size_bytes / MiB:7.1f} {s.db_in_use_bytes / MiB:10.1f} "
-            f"{plan.bound_at(s.logs_keys) / MiB:10.1f} {s.etcd_jobs:10d} {s.logs_keys:10d} "
-            f"{s.revision:9d} {s.compact_revision:13d}"
+            f"{plan.bound_bytes / MiB:10.1f} {s.etcd_jobs:10d} {s.logs_keys:10d} "
+            f"{s.archived_logs_keys:14d} {s.revision:9d} {s.compact_revision:13d}"
         )
     for kill in result.kills:
         print(
@@ -88,8 +88,8 @@ def report(result: SoakResult) -> None:
     totals = result.totals()
     print(
         f"\nwarm-up: {plan.warmup_s:.0f} s; bound: 2 x (rate {plan.rate_per_s:g}/s x live window "
-        f"{plan.live_window_s:.0f} s x 16 KiB + rate x 16 revisions x 4 KiB x 2 x compaction {plan.compaction_s} s"
-        " + kept-log keys x 1 KiB) + 16 MiB"
+        f"{plan.live_window_s:.0f} s x 16 KiB + rate x 16 revisions x 4 KiB x 2 x compaction {plan.compaction_s} s)"
+        " + 16 MiB; kept logs leave etcd with their job, so nothing grows with the jobs through"
     )
     print(f"jobs_through: {through} jobs")
     print(f"jobs_submitted: {len(result.accepted)} jobs")
@@ -105,13 +105,16 @@ def report(result: SoakResult) -> None:
     print(f"etcd_db_bound_flat_mib: {plan.bound_bytes / MiB:.1f} MiB")
     last = result.samples[-1] if result.samples else None
     if last is not None:
-        print(f"etcd_db_bound_at_end_mib: {plan.bound_at(last.logs_keys) / MiB:.1f} MiB")
         print(f"etcd_kept_log_keys_at_end: {last.logs_keys} keys")
+        print(
+            "etcd_kept_log_keys_of_archived_jobs_max: "
+            f"{max(s.archived_logs_keys for s in result.samples)} keys"
+        )
+        print(f"sql_kept_tails: {result.sql_tails} tails")
         print(f"etcd_live_jobs_max: {max(s.etcd_jobs for s in result.samples)} jobs")
     if len(warm) >= 2 and through:
         grown = warm[-1].db_in_use_bytes - warm[0].db_in_use_bytes
-        jobs_between = max(warm[-1].logs_keys - warm[0].logs_keys, 1) / 2
-        print(f"etcd_in_use_growth_per_job_after_warmup: {grown / jobs_between:.0f} B")
+        print(f"etcd_in_use_growth_after_warmup_mib: {grown / MiB:.1f} MiB")
     if first and second:
         print(f"etcd_db_warm_first_half_max_mib: {max(s.db_size_bytes for s in first) / MiB:.1f} MiB")
         print(f"etcd_db_warm_second_half_max_mib: {max(s.db_size_bytes for s in second) / MiB:.1f} MiB")

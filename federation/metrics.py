@@ -61,7 +61,8 @@ class Metrics:
         # is left for it, and what its last pass cost.
         self.archived = Counter(
             "gpufed_archived_total",
-            "Records moved from etcd to the history store, by kind (jobs, audit)",
+            "Records moved from etcd to the history store, by kind (jobs, audit, tails), and expired kept "
+            "tails deleted from it (tails_pruned)",
             ["kind"],
             registry=r,
         )

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
+from clusters.api import ReplicaState
+from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
 from federation.history.sql_store import SqlHistoryStore
+from federation.joblogs.archive import KeptAttempt, KeptReplica
 from federation.runtime.postgres_process import PostgresProcess
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from federation.store.jobs import JobPlacement, PhaseEvent
@@ -119,3 +121,44 @@ def an_archived_job(
 
 def an_audit(audit_id: str, at_s: float, action: str = "tenant.put") -> ArchivedAudit:
     return ArchivedAudit(audit_id=audit_id, at_s=at_s, user="root", role="admin", action=action, target="t1")
+
+
+def with_kept_tails(
+    job: ArchivedJob, tails: dict[tuple[str, int], bytes], *, kept_at_s: float
+) -> ArchivedJob:
+    """`job` with attempt 1 kept as `joblogs` keeps one (its summary naming each replica) and its
+    tails moved to the history with it, as the archiver leaves a job."""
+    job_id = job.record.job_id
+
+    def state(task: str, replica: int) -> ReplicaState:
+        return ReplicaState(
+            pod=f"{job_id}-{task}-{replica}",
+            task=task,
+            index=replica,
+            by_rank=False,
+            node="n1",
+            phase="Succeeded",
+            restarts=0,
+            exit_code=0,
+            reason="Completed",
+            message="",
+            started_at_s=kept_at_s - 60.0,
+            finished_at_s=kept_at_s,
+        )
+
+    kept = KeptAttempt(
+        attempt=1,
+        cluster="onprem",
+        gpu_type="H100",
+        capacity_kind="on_demand",
+        usd_per_gpu_hour=2.0,
+        started_at_s=kept_at_s - 60.0,
+        finished_at_s=kept_at_s,
+        outcome=job.record.phase.value,
+        reason="",
+        kept_at_s=kept_at_s,
+        note="",
+        replicas=tuple(KeptReplica(t, i, state(t, i), len(data)) for (t, i), data in sorted(tails.items())),
+    )
+    logs = tuple(KeptLog(job_id, 1, t, i, kept_at_s, data) for (t, i), data in sorted(tails.items()))
+    return replace(job, attempts=(ArchivedAttempt(1, asdict(kept)),), logs=logs)

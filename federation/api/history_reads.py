@@ -12,6 +12,7 @@ into `HistoryUnavailable` (UNAVAILABLE, retryable):
 * `archived_intervals`: the closed intervals that overlap a period, whole, for the reads that need
   one row per interval (ListLedger, the FOCUS export), read a page at a time.
 * `audit_before`: audit records newest first, before a position, for ListAudit's pages.
+* `kept_logs`: an archived attempt's kept log tails, for StreamLogs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from federation.history.model import (
     IntervalKey,
     IntervalQuery,
     JobFilter,
+    KeptLog,
 )
 from federation.history.protocol import HistoryStore
 from federation.history.sums import ReportAnswer, ReportRead
@@ -64,6 +66,11 @@ def _answers(read: Callable[P, R]) -> Callable[P, R]:
 @_answers
 def get_job(history: HistoryStore, job_id: JobId) -> ArchivedJob | None:
     return history.get_job(job_id)
+
+
+@_answers
+def kept_logs(history: HistoryStore, job_id: JobId, attempt: int) -> list[KeptLog]:
+    return history.kept_logs(job_id, attempt)
 
 
 @_answers

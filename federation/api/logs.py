@@ -6,7 +6,9 @@ job is decided exactly as for `GetJob` (another tenant's job is NOT_FOUND, in th
 missing one), and what one caller can take is bounded: bytes per call, open streams per tenant and
 per server (RESOURCE_EXHAUSTED, with the limit in the message). A cluster that cannot be reached is
 UNAVAILABLE naming it; a follow already streaming says so in a notice and goes on when it answers.
-Attempts whose pods are gone are served from the copy kept when they ended (`federation.joblogs.archive`).
+Attempts whose pods are gone are served from the copy kept when they ended (`federation.joblogs.archive`):
+in etcd, or in the history store once the job was archived (read through `HistoryStore`, with the
+same retention and the same cutting). Tails an older archiver left in etcd are read there.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import FailedPrecondition, GpufedError, InvalidArgument, NotFound, RateLimited
 from federation.history.protocol import HistoryStore
-from federation.joblogs.archive import LogArchive, LogsSettings, locate
+from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings, locate
 from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
 from federation.metrics import Metrics
 from federation.scheduling.members import MemberClusters
@@ -244,10 +246,28 @@ class LogsService(pb_grpc.LogsServicer):
         async for chunk in self._kept(job, attempt, options, wanted):
             yield chunk
 
+    async def _kept_summary(
+        self, job: JobRecord, attempt: int
+    ) -> tuple[KeptAttempt | None, dict[tuple[str, int], bytes]]:
+        """The attempt's kept summary if its logs are still served, and the tails the history store
+        holds of it. An archived attempt with tails in the history is served from there, cut at
+        the retention from when it was kept; any other from etcd (a live job's, or one an older
+        archiver left there under its lease)."""
+        now = self._clock()
+        if self._history is not None and self._archived(job):
+            tails = await asyncio.to_thread(history_reads.kept_logs, self._history, job.job_id, attempt)
+            if tails:
+                found = await asyncio.to_thread(history_reads.get_job, self._history, job.job_id)
+                kept = None if found is None else kept_attempts(found.attempts).get(attempt)
+                if kept is None or not self._archive.fresh(kept, now):
+                    return None, {}
+                return kept, {(t.task, t.replica): t.data for t in tails}
+        return await self._archive.summary(job.job_id, attempt, now), {}
+
     async def _kept(
         self, job: JobRecord, attempt: int, options: LogOptions, wanted: Callable[[str, int], bool]
     ) -> AsyncIterator[Chunk]:
-        kept = await self._archive.summary(job.job_id, attempt, self._clock())
+        kept, in_history = await self._kept_summary(job, attempt)
         if kept is None:
             if job.placement is None and attempt == job.attempt:
                 # The job exists and the caller may read it: "not yet" is a state, not an absence
@@ -265,7 +285,11 @@ class LogsService(pb_grpc.LogsServicer):
         for r in sorted(kept.replicas, key=lambda k: (k.task, k.replica)):
             if not wanted(r.task, r.replica):
                 continue
-            data = await self._archive.log(job.job_id, attempt, r.task, r.replica)
+            data = in_history.get((r.task, r.replica))
+            if data is None:
+                # In etcd: a live job's, or one an older archiver (or a gang too large for one
+                # removal) left there under its lease.
+                data = await self._archive.log(job.job_id, attempt, r.task, r.replica)
             lines = select_kept(data, options, self._clock())
             for i in range(0, len(lines), 512):
                 yield Chunk(r.task, r.replica, r.state.pod, tuple(lines[i : i + 512]), KEPT)

@@ -182,7 +182,10 @@ async def describe(
     live: tuple[pb.AttemptDescription, Sequence[ReplicaState]] | None = None
     for attempt in range(1, job.attempt + 1):
         if archived is not None and attempt in archived:
-            out.attempts.append(_kept_pb(archived[attempt]))
+            described = _kept_pb(archived[attempt])
+            # The summary stays in the history for good; its logs only for the retention.
+            described.logs_kept = described.logs_kept and archive.fresh(archived[attempt], now_s)
+            out.attempts.append(described)
             continue
         if attempt == job.attempt and job.placement is not None and archived is None:
             live = await _live(job, members)

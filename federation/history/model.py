@@ -31,6 +31,27 @@ class ArchivedAttempt:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptLog:
+    """One replica's kept log tail (`federation.joblogs.archive`'s `<task>-<replica>` key), moved to
+    SQL with its job. `kept_at_s` is when the attempt was kept (its summary's `kept_at_s`): readers
+    serve a tail only within `logs.retainHours` of it, and the leader prunes it from SQL after.
+    `data` is the bytes as kept, stamps and all: binary-safe, read back exactly."""
+
+    job_id: str
+    attempt: int
+    task: str
+    replica: int
+    kept_at_s: float
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if self.attempt < 1:
+            raise InvalidArgument(
+                f"job {self.job_id}: kept log of attempt {self.attempt}; attempts start at 1"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class WaitSnapshot:
     """The wait reasons a scheduling cycle gave the job, and when."""
 
@@ -47,6 +68,9 @@ class ArchivedJob:
     attempts: tuple[ArchivedAttempt, ...] = ()
     intervals: tuple[LedgerInterval, ...] = ()
     waits: tuple[WaitSnapshot, ...] = ()
+    # The attempts' kept log tails, every replica of every attempt still kept in etcd when archived.
+    # Written with the job; `get_job` leaves them out (megabytes a gang), `kept_logs` reads them.
+    logs: tuple[KeptLog, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.record.phase.is_terminal:
@@ -59,6 +83,9 @@ class ArchivedJob:
                 raise InvalidArgument(f"job {self.record.job_id}: intervals[{i}] is still open")
             if iv.job_id != self.record.job_id:
                 raise InvalidArgument(f"job {self.record.job_id}: intervals[{i}] belongs to job {iv.job_id}")
+        for i, kept in enumerate(self.logs):
+            if kept.job_id != self.record.job_id:
+                raise InvalidArgument(f"job {self.record.job_id}: logs[{i}] belongs to job {kept.job_id}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +181,7 @@ class HistoryCounts:
     jobs: int
     intervals: int
     audit: int
+    kept_logs: int = 0
 
 
 # (day 'YYYY-MM-DD', interval id): where a walk of the archived intervals continues.

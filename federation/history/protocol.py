@@ -22,6 +22,7 @@ from federation.history.model import (
     IntervalQuery,
     JobFilter,
     JobPage,
+    KeptLog,
     UsageQuery,
     UsageRow,
 )
@@ -31,8 +32,20 @@ from placement.model import JobId
 
 class HistoryStore(Protocol):
     def write_jobs(self, jobs: Sequence[ArchivedJob]) -> int:
-        """Write the jobs with their attempts, intervals, usage days and waits in one transaction.
-        Returns how many jobs were new (the rest were already archived and were left as they were)."""
+        """Write the jobs with their attempts, intervals, usage days, waits and kept log tails in one
+        transaction.
+        Returns how many jobs were new (the rest were already archived and were left as they were,
+        but for kept tails they lacked, which are added: each tail is idempotent by its own key)."""
+        ...
+
+    def prune_kept_logs(self, *, kept_before_s: float, limit: int) -> int:
+        """Delete up to `limit` kept log tails kept before `kept_before_s`, oldest first, in one
+        short transaction; returns how many went. The leader calls it batch by batch."""
+        ...
+
+    def kept_logs(self, job_id: JobId, attempt: int) -> list[KeptLog]:
+        """One attempt's kept tails, by task and replica, whatever their age (the caller applies
+        the retention: `logs.retainHours` from `kept_at_s`)."""
         ...
 
     def write_audit(self, records: Sequence[ArchivedAudit]) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
+from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
 from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
 from federation.store.job_store import wait_from_dict, wait_to_dict
 from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
@@ -146,4 +146,27 @@ def audit_from_row(row: Mapping[Any, Any]) -> ArchivedAudit:
         action=str(row["action"]),
         target=str(row["target"]),
         detail=str(row["detail"]),
+    )
+
+
+def kept_log_row(k: KeptLog) -> dict[str, Any]:
+    return {
+        "job_id": k.job_id,
+        "attempt": k.attempt,
+        "task": k.task,
+        "replica": k.replica,
+        "kept_at_s": k.kept_at_s,
+        "data": k.data,
+    }
+
+
+def kept_log_from_row(row: Mapping[Any, Any]) -> KeptLog:
+    return KeptLog(
+        job_id=str(row["job_id"]),
+        attempt=int(row["attempt"]),
+        task=str(row["task"]),
+        replica=int(row["replica"]),
+        kept_at_s=float(row["kept_at_s"]),
+        # psycopg answers bytea as memoryview on some paths; bytes either way for the caller.
+        data=bytes(row["data"]),
     )

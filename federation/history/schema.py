@@ -22,6 +22,9 @@ Which index serves which query:
   or by day reads whole months here (a year is about 60,000 rows instead of 1,000,000) and only
   the partial months at its ends from `history_usage_days`. Its primary key starts with the month.
 * `ix_history_audit_at` (at_s, audit_id): the audit trail in time order, from a position.
+* `history_kept_logs` (migration 0003) primary key (job_id, attempt, task, replica): one attempt's
+  tails for `gpufed logs`, and the idempotent insert; `ix_history_kept_logs_kept_at` (kept_at_s):
+  the leader's prune of expired tails, a bounded DELETE from the oldest.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -157,4 +161,19 @@ audit = Table(
     Column("target", String, nullable=False),
     Column("detail", Text, nullable=False),
     Index("ix_history_audit_at", "at_s", "audit_id"),
+)
+
+kept_logs = Table(
+    "history_kept_logs",
+    metadata,
+    Column("job_id", String, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("task", String, nullable=False),
+    Column("replica", Integer, nullable=False),
+    # When the attempt was kept: what `logs.retainHours` counts from, on reads and in the prune.
+    Column("kept_at_s", Seconds, nullable=False),
+    # The bytes as etcd held them (BLOB on SQLite, bytea on PostgreSQL): read back exactly.
+    Column("data", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("job_id", "attempt", "task", "replica", name="pk_history_kept_logs"),
+    Index("ix_history_kept_logs_kept_at", "kept_at_s"),
 )

@@ -3,8 +3,9 @@ PostgreSQL (the only dialect-specific part is the conflict clause of the idempot
 
 Idempotence: a batch inserts its jobs' rows with ON CONFLICT DO NOTHING RETURNING job_id, and
 writes the attempts, intervals, usage days and month rollup of only the jobs it inserted, all in the
-batch's one transaction. So an archived job is always whole, a job already there is left as it was
-(its first copy stays), and two writers racing on one job (a deposed leader still finishing a
+batch's one transaction (and the kept log tails of every job, each a no-op where its key is there
+already). So an archived job is always whole, a job already there is left as it was (its first copy
+stays), and two writers racing on one job (a deposed leader still finishing a
 batch) cannot count its usage twice: PostgreSQL makes the second wait on the key, then skip it.
 """
 
@@ -33,6 +34,7 @@ from federation.history.model import (
     IntervalQuery,
     JobFilter,
     JobPage,
+    KeptLog,
     UsageQuery,
     UsageRow,
 )
@@ -113,6 +115,11 @@ class SqlHistoryStore:
                     [rows.wait_row(j.record.job_id, seq, w) for j in new for seq, w in enumerate(j.waits)],
                 )
                 self._put(conn, schema.intervals, [rows.interval_row(iv) for j in new for iv in j.intervals])
+                # Tails of every job of the batch, not only the new ones: a job an older archiver
+                # wrote without them (and crashed before deleting) gains them; one already there is
+                # left as it was (its primary key). In chunks: a gang's tails may be megabytes.
+                for chunk in _chunks([rows.kept_log_row(k) for j in jobs for k in j.logs]):
+                    self._put(conn, schema.kept_logs, list(chunk))
                 days = [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)]
                 self._put(conn, schema.usage_days, days)
                 # Only rows this transaction inserted are added, so a rewrite never counts twice.
@@ -130,7 +137,38 @@ class SqlHistoryStore:
                 f"history write of {len(records)} audit records: {error.orig}"
             ) from error
 
+    def prune_kept_logs(self, *, kept_before_s: float, limit: int) -> int:
+        k = schema.kept_logs
+        if limit < 1:
+            raise InvalidArgument(f"limit: must be at least 1, got {limit}")
+        # The oldest `limit` by the kept-time index, then those rows by key: one short transaction
+        # (no DELETE ... LIMIT on PostgreSQL), so a large backlog never holds the table long.
+        oldest = (
+            select(k.c.job_id, k.c.attempt, k.c.task, k.c.replica)
+            .where(k.c.kept_at_s < kept_before_s)
+            .order_by(k.c.kept_at_s)
+            .limit(limit)
+        )
+        try:
+            with self._engine.begin() as conn:
+                keys = [tuple(r) for r in conn.execute(oldest)]
+                if not keys:
+                    return 0
+                key = tuple_(k.c.job_id, k.c.attempt, k.c.task, k.c.replica)
+                deleted = 0
+                for chunk in _chunks(keys):
+                    deleted += conn.execute(k.delete().where(key.in_(list(chunk)))).rowcount
+                return deleted
+        except OperationalError as error:
+            raise HistoryUnavailable(f"history prune of kept logs: {error.orig}") from error
+
     # ---- reads
+
+    def kept_logs(self, job_id: JobId, attempt: int) -> list[KeptLog]:
+        k = schema.kept_logs
+        stmt = select(k).where(k.c.job_id == job_id, k.c.attempt == attempt).order_by(k.c.task, k.c.replica)
+        with self._engine.connect() as conn:
+            return [rows.kept_log_from_row(r) for r in conn.execute(stmt).mappings()]
 
     def get_job(self, job_id: JobId) -> ArchivedJob | None:
         with self._engine.connect() as conn:
@@ -254,7 +292,10 @@ class SqlHistoryStore:
                 return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
             return HistoryCounts(
-                jobs=count(schema.jobs), intervals=count(schema.intervals), audit=count(schema.audit)
+                jobs=count(schema.jobs),
+                intervals=count(schema.intervals),
+                audit=count(schema.audit),
+                kept_logs=count(schema.kept_logs),
             )
 
 

@@ -10,6 +10,10 @@ one lease serves the attempts kept within an hour), so etcd itself forgets them 
 by default); readers cut at the retention by the time kept, which also covers a lease's countdown
 starting again when etcd elects a new leader.
 
+Once the job is archived (`federation.scheduling.archiver`, `history.retainInEtcd` after it ended)
+the summaries and tails move to the history store with it and leave etcd; readers find them there,
+cut at the same retention, and the leader prunes them from SQL after it.
+
 Keys: `/gpufed/logs/<job id>/<attempt>/_attempt` (JSON summary: placement, times, outcome, reason,
 replicas' last states) and `/gpufed/logs/<job id>/<attempt>/<task>-<replica>` (log bytes, each line
 stamped with its RFC 3339 time as the pod log API gives it with `timestamps=true`).
@@ -237,7 +241,9 @@ class LogArchive:
         )
         await self._kv.put(_key(job_id, kept.attempt, SUMMARY), _summary_json(kept), lease=lease)
 
-    def _fresh(self, kept: KeptAttempt, now_s: float) -> bool:
+    def fresh(self, kept: KeptAttempt, now_s: float) -> bool:
+        """Whether an attempt's kept logs are still served: within the retention of when they were
+        kept (wherever they are now: etcd, or the history store once the job was archived)."""
         return now_s - kept.kept_at_s <= self.settings.retain_hours * 3600
 
     async def summary(self, job_id: str, attempt: int, now_s: float) -> KeptAttempt | None:
@@ -245,7 +251,7 @@ class LogArchive:
         if found is None:
             return None
         kept = _summary_from(found.value)
-        return kept if self._fresh(kept, now_s) else None
+        return kept if self.fresh(kept, now_s) else None
 
     async def log(self, job_id: str, attempt: int, task: str, replica: int) -> bytes:
         found = await self._kv.get(replica_key(job_id, attempt, task, replica))

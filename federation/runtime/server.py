@@ -335,6 +335,7 @@ class FederationServer:
                 settings=cfg.history,
                 metrics=self.metrics,
                 idle_s=cfg.archive_idle_s,
+                logs_retain_s=archive.settings.retain_hours * 3600.0,
             )
         if cfg.etcd_compaction_retention_s is not None:
             self._compactor = Compactor(self._kv, retention_s=cfg.etcd_compaction_retention_s)

@@ -9,16 +9,29 @@ and it sleeps between batches to keep to `archiveRatePerS`.
 Per batch of jobs ended more than `retainInEtcd` ago, oldest first:
 
 1. read each job's record, ledger intervals, wait reasons and kept attempt summaries, one
-   transaction per job (`federation.store.archive_txn`);
-2. write them to SQL (`write_jobs`: one transaction, idempotent by primary key);
-3. only then delete the record, its intervals, its wait key and its idempotency key from etcd, one
-   nested transaction per job, fenced by the leader's lease and guarded by the job's mod revision.
+   transaction per job (`federation.store.archive_txn`); then the kept log tails the summaries
+   name (`/gpufed/logs/<job id>/<attempt>/<task>-<replica>`), a few transactions of at most
+   `TAIL_READ_BYTES` each (gRPC's 4 MiB answer limit), a sub-batch of at most `TAIL_BATCH_BYTES`
+   of tails at a time (the leader's memory);
+2. write them to SQL (`write_jobs`: one transaction, idempotent by primary key, tails included);
+3. only then delete the record, its intervals, its wait key, its idempotency key and its kept-log
+   keys (summaries and tails) from etcd, one nested transaction per job, fenced by the leader's
+   lease and guarded by the job's mod revision and each kept-log key's.
 
 A crash between 2 and 3 leaves a job in both stores; the next pass writes it again (a no-op: the
 first copy stays) and deletes it. A job whose SQL copy differs from etcd's (changed after a crashed
-pass wrote it) is never deleted, so nothing leaves etcd that SQL does not hold as etcd held it.
-Kept log tails are left to their own lease (`logs.retainHours`): `gpufed logs` of an archived job
-reads them there until they expire; their summaries are copied to SQL with the job.
+pass wrote it, or a tail SQL does not hold byte for byte) is never deleted, so nothing leaves etcd
+that SQL does not hold as etcd held it. So after `retainInEtcd` a job leaves nothing in etcd, and
+etcd's size is flat in the number of jobs archived.
+
+One removal must fit etcd's per-transaction op limit (MAX_TXN_OPS): a job with more attempts than
+MAX_ARCHIVED_ATTEMPTS stays in etcd, with a warning; a job whose kept-log keys would take its
+removal past the limit (a gang of more than about 120 replicas) is archived without its tails,
+which stay in etcd under their own lease (`logs.retainHours`), with a warning, and are read there.
+
+Kept tails in SQL are served for `logs.retainHours` from when they were kept, like etcd's copy; the
+leader deletes older ones from SQL here, `archive_batch` rows per short transaction at the
+archiver's rate (`prune_kept_logs`), after each pass's archiving.
 
 Audit records older than `retainInEtcd` follow the same order: `write_audit`, then a fenced delete.
 """
@@ -36,17 +49,24 @@ import structlog
 
 from federation.errors import InvalidArgument, NotLeader
 from federation.history.config import HistorySettings
-from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, WaitSnapshot
+from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
 from federation.history.protocol import HistoryStore
 from federation.joblogs.archive import PREFIX as LOGS_PREFIX
-from federation.joblogs.archive import SUMMARY
+from federation.joblogs.archive import SUMMARY, replica_key
 from federation.metrics import Metrics
 from federation.security.tokens import AUDIT
-from federation.store.archive_txn import JobKeys, fence_holds, idempotency_keys, read_jobs, remove
+from federation.store.archive_txn import (
+    MAX_REMOVAL_OPS,
+    JobKeys,
+    fence_holds,
+    idempotency_keys,
+    read_jobs,
+    remove,
+)
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, Stored
 from federation.store.jobs import JobRecord, job_to_dict
-from federation.store.kv import MAX_TXN_OPS, Delete, KeyValue, KeyValueStore
+from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore
 from placement.model import JobId
 
 log = structlog.get_logger("gpufed.archiver")
@@ -58,6 +78,15 @@ MIN_IDLE_S = 1.0
 # A job with more attempts than this has more keys than one transaction may read or delete; it stays
 # in etcd (with a warning) rather than being archived in pieces.
 MAX_ARCHIVED_ATTEMPTS = (MAX_TXN_OPS - 2) // 2 - 1
+# Kept tails per etcd read: well under gRPC's default 4 MiB answer (one tail is at most 1 MiB,
+# `logs.keepKiB`'s bound), so a read never fails on size.
+TAIL_READ_BYTES = 2 * 1024 * 1024
+# Kept tails held at once between the etcd read and the SQL write: a batch of large gangs is moved
+# in sub-batches of about this much, not all at once.
+TAIL_BATCH_BYTES = 64 * 1024 * 1024
+# Batches of expired tails pruned from SQL per pass at most, so a long backlog (a leader that was
+# down for days) is worked off over several passes and archiving gets its turn between them.
+MAX_PRUNE_BATCHES = 100
 
 
 def ended_at_s(job: JobRecord) -> float:
@@ -79,6 +108,52 @@ def summary_key(job_id: str, attempt: int) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class _Tail:
+    """A kept tail an attempt summary names: where it is in etcd and what the summary says of it."""
+
+    key: bytes
+    attempt: int
+    task: str
+    replica: int
+    kept_at_s: float
+    size_bytes: int
+
+
+def named_tails(job_id: str, summaries: dict[int, bytes]) -> list[_Tail]:
+    """The tails the attempts' summaries name (`joblogs.archive` writes one key per replica whose
+    log it read, and lists the replica with its size). A summary of another shape names none: its
+    tails, if any, stay under their lease."""
+    out: list[_Tail] = []
+    for attempt, raw in sorted(summaries.items()):
+        try:
+            d = json.loads(raw)
+            kept_at = float(d["kept_at_s"])
+            replicas = [(str(r["task"]), int(r["replica"]), int(r["size_bytes"])) for r in d["replicas"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+        for task, replica, size in replicas:
+            key = replica_key(job_id, attempt, task, replica)
+            out.append(_Tail(key, attempt, task, replica, kept_at, size))
+    return out
+
+
+def tail_reads(tails: Sequence[_Tail]) -> list[list[_Tail]]:
+    """The tails cut into etcd reads: at most MAX_TXN_OPS keys and about TAIL_READ_BYTES each."""
+    out: list[list[_Tail]] = []
+    current: list[_Tail] = []
+    size = 0
+    for t in tails:
+        if current and (len(current) == MAX_TXN_OPS or size + t.size_bytes > TAIL_READ_BYTES):
+            out.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.size_bytes
+    if current:
+        out.append(current)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class PassReport:
     jobs_due: int
     jobs_archived: int
@@ -86,6 +161,9 @@ class PassReport:
     # Jobs left in etcd this pass: open interval, changed since read, SQL copy differs, too large.
     jobs_left: int
     took_s: float
+    # Kept tails moved to SQL with their jobs, and expired ones deleted from SQL.
+    tails_archived: int = 0
+    tails_pruned: int = 0
 
 
 class Archiver:
@@ -99,6 +177,7 @@ class Archiver:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         idle_s: float | None = None,
+        logs_retain_s: float | None = None,
     ) -> None:
         self._kv = kv
         self._cache = cache
@@ -106,6 +185,10 @@ class Archiver:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
+        # `logs.retainHours`: tails kept longer ago are pruned from SQL. None: no prune (tests of
+        # the move alone).
+        self._logs_retain_s = logs_retain_s
+        self._tails_moved = 0
         self._idle_s = (
             idle_s if idle_s is not None else min(IDLE_S, max(settings.retain_in_etcd_s / 4, MIN_IDLE_S))
         )
@@ -135,6 +218,7 @@ class Archiver:
         if self._metrics is not None:
             self._metrics.archive_backlog.set(len(due))
         archived = left = 0
+        self._tails_moved = 0
         if due:
             idem = await idempotency_keys(
                 self._kv, [s.value.tenant for s in due], {s.value.job_id for s in due}
@@ -152,20 +236,44 @@ class Archiver:
                     self._metrics.archive_backlog.set(len(due) - start - len(batch))
                 await self._keep_rate(len(batch), began)
         audit = await self._archive_audit(fence, now - retain, lost)
+        pruned = await self._prune_tails(now, lost)
         took = time.monotonic() - started
         if self._metrics is not None:
             self._metrics.archive_pass_seconds.set(took)
-        report = PassReport(len(due), archived, audit, left, took)
-        if archived or audit or left:
+        report = PassReport(len(due), archived, audit, left, took, self._tails_moved, pruned)
+        if archived or audit or left or pruned:
             log.info(
                 "archive_pass_done",
                 jobs_due=len(due),
                 jobs_archived=archived,
                 jobs_left=left,
                 audit_archived=audit,
+                tails_archived=self._tails_moved,
+                tails_pruned=pruned,
                 took_s=round(took, 3),
             )
         return report
+
+    async def _prune_tails(self, now_s: float, lost: asyncio.Event | None) -> int:
+        """Delete the tails kept more than `logs.retainHours` ago from SQL, a batch per short
+        transaction at the archiver's rate, at most MAX_PRUNE_BATCHES a pass."""
+        if self._logs_retain_s is None:
+            return 0
+        before = now_s - self._logs_retain_s
+        size = self._settings.archive_batch
+        total = 0
+        for _ in range(MAX_PRUNE_BATCHES):
+            if lost is not None and lost.is_set():
+                break
+            began = time.monotonic()
+            gone = await asyncio.to_thread(self._history.prune_kept_logs, kept_before_s=before, limit=size)
+            total += gone
+            if self._metrics is not None and gone:
+                self._metrics.archived.labels(kind="tails_pruned").inc(gone)
+            if gone < size:
+                break
+            await self._keep_rate(gone, began)
+        return total
 
     async def _keep_rate(self, count: int, began: float) -> None:
         wait = count / self._settings.archive_rate_per_s - (time.monotonic() - began)
@@ -186,8 +294,7 @@ class Archiver:
             [(s.value.job_id, s.value.attempt) for s in wanted],
             [[summary_key(s.value.job_id, a) for a in range(1, s.value.attempt + 1)] for s in wanted],
         )
-        jobs: list[ArchivedJob] = []
-        keys: list[JobKeys] = []
+        ready: list[tuple[JobKeys, list[_Tail]]] = []
         for read in reads:
             if read is None:
                 continue  # already gone: an earlier pass deleted it and the cache had not caught up
@@ -197,15 +304,63 @@ class Archiver:
             if any(iv.end_s is None for iv in read.intervals):
                 log.warning("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason="open interval")
                 continue
+            found = idem.get(job.job_id)
+            keys = read if found is None else replace(read, idem=found)
+            summaries = [kv for kv in read.extra.values() if kv is not None]
+            tails = named_tails(job.job_id, {_attempt_of(kv.key): kv.value for kv in summaries})
+            keys = replace(keys, logs=tuple(summaries))
+            if keys.removal_ops() > MAX_REMOVAL_OPS:
+                # MAX_ARCHIVED_ATTEMPTS keeps this from happening; said rather than sent to etcd.
+                log.warning("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason="too many keys")
+                continue
+            if keys.removal_ops() + len(tails) > MAX_REMOVAL_OPS:
+                # Too many keys for one removal: the job goes, its tails stay under their lease.
+                log.warning(
+                    "kept_logs_left_in_etcd",
+                    job_id=job.job_id,
+                    tenant=job.tenant,
+                    tails=len(tails),
+                    reason=f"more keys than one etcd transaction takes ({MAX_TXN_OPS})",
+                )
+                tails = []
+            ready.append((keys, tails))
+        moved = 0
+        group: list[tuple[JobKeys, list[_Tail]]] = []
+        size = 0
+        for item in ready:
+            item_size = sum(t.size_bytes for t in item[1])
+            if group and size + item_size > TAIL_BATCH_BYTES:
+                moved += await self._move(group, fence)
+                group, size = [], 0
+            group.append(item)
+            size += item_size
+        if group:
+            moved += await self._move(group, fence)
+        return moved
+
+    async def _move(self, group: Sequence[tuple[JobKeys, list[_Tail]]], fence: Fence) -> int:
+        """Read the group's tails, write the jobs with them to SQL, then remove them from etcd."""
+        found: dict[bytes, KeyValue] = {}
+        for part in tail_reads([t for _, tails in group for t in tails]):
+            result = await self._kv.txn([], [Get(t.key) for t in part])
+            found.update({kv.key: kv for kv in result.gets if kv is not None})
+        jobs: list[ArchivedJob] = []
+        keys: list[JobKeys] = []
+        for read, tails in group:
+            job = read.job.value
+            here = [t for t in tails if t.key in found]
+            logs = tuple(
+                KeptLog(job.job_id, t.attempt, t.task, t.replica, t.kept_at_s, found[t.key].value)
+                for t in here
+            )
             try:
-                jobs.append(_archived(read))
+                jobs.append(_archived(read, logs))
             except InvalidArgument as error:
                 # A record the history refuses stays in etcd, said once per pass, rather than
                 # holding up every batch behind it.
                 log.error("job_not_archived", job_id=job.job_id, tenant=job.tenant, reason=str(error))
                 continue
-            found = idem.get(job.job_id)
-            keys.append(read if found is None else replace(read, idem=found))
+            keys.append(replace(read, logs=read.logs + tuple(found[t.key] for t in here)))
         if not jobs:
             return 0
         new = await asyncio.to_thread(self._write_jobs, jobs)
@@ -218,12 +373,19 @@ class Archiver:
                 log.error("job_not_archived", job_id=job_id, reason="history holds an older copy")
         # Only what SQL now holds as etcd does may leave etcd.
         written = {j.record.job_id for j in jobs} - differ
-        done = await remove(self._kv, [k.removal(fence) for k in keys if k.job.value.job_id in written])
+        removals = [k for k in keys if k.job.value.job_id in written]
+        done = await remove(self._kv, [k.removal(fence) for k in removals])
         if not all(done) and not await fence_holds(self._kv, fence):
             raise NotLeader("the leader key is no longer ours; archived jobs left in etcd")
         moved = sum(done)
+        by_id = {j.record.job_id: j for j in jobs}
+        moved_tails = sum(
+            len(by_id[k.job.value.job_id].logs) for k, ok in zip(removals, done, strict=True) if ok
+        )
+        self._tails_moved += moved_tails
         if self._metrics is not None:
             self._metrics.archived.labels(kind="jobs").inc(moved)
+            self._metrics.archived.labels(kind="tails").inc(moved_tails)
         return moved
 
     def _write_jobs(self, jobs: list[ArchivedJob]) -> int:
@@ -252,6 +414,16 @@ class Archiver:
             kept = self._history.get_job(job.record.job_id)
             if kept is None or job_to_dict(kept.record) != job_to_dict(job.record):
                 out.add(job.record.job_id)
+                continue
+            # Each tail about to leave etcd must be in SQL byte for byte (a crashed pass wrote them).
+            attempts = sorted({t.attempt for t in job.logs})
+            held = {
+                (k.attempt, k.task, k.replica, k.data)
+                for a in attempts
+                for k in self._history.kept_logs(job.record.job_id, a)
+            }
+            if any((t.attempt, t.task, t.replica, t.data) not in held for t in job.logs):
+                out.add(job.record.job_id)
         return out
 
     async def _archive_audit(self, fence: Fence, cutoff_s: float, lost: asyncio.Event | None) -> int:
@@ -279,19 +451,29 @@ class Archiver:
         return total
 
 
-def _archived(read: JobKeys) -> ArchivedJob:
+def _attempt_of(key: bytes) -> int:
+    """The attempt of a kept-log key `/gpufed/logs/<job id>/<attempt>/<name>`."""
+    return int(key.rsplit(b"/", 2)[1])
+
+
+def _archived(read: JobKeys, logs: tuple[KeptLog, ...] = ()) -> ArchivedJob:
     job = read.job.value
     attempts = tuple(
-        ArchivedAttempt(a, json.loads(raw))
+        ArchivedAttempt(a, json.loads(kv.value))
         for a in range(1, job.attempt + 1)
-        if (raw := read.extra.get(summary_key(job.job_id, a))) is not None
+        if (kv := read.extra.get(summary_key(job.job_id, a))) is not None
     )
     waits: tuple[WaitSnapshot, ...] = ()
     if read.waits:
         at = next((r.at_s for r in read.waits if r.at_s is not None), ended_at_s(job))
         waits = (WaitSnapshot(at, read.waits),)
     return ArchivedJob(
-        record=job, ended_at_s=ended_at_s(job), attempts=attempts, intervals=read.intervals, waits=waits
+        record=job,
+        ended_at_s=ended_at_s(job),
+        attempts=attempts,
+        intervals=read.intervals,
+        waits=waits,
+        logs=logs,
     )
 
 

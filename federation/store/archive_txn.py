@@ -9,7 +9,9 @@ idempotency), and the rules that make removal safe belong next to the writes the
   deposed leader removes nothing), the job is still at the mod revision read (a job changed since is
   left for the next pass), its wait reasons are as read, and its idempotency key still names it.
   Ledger intervals need no compare of their own: they are written only in the same transaction as
-  a change of their job's record, so an unchanged record means unchanged intervals.
+  a change of their job's record, so an unchanged record means unchanged intervals. Kept-log keys
+  (attempt summaries and tails) are written by another path under their own lease, so each has a
+  compare of its own: still at the mod revision read, or already gone (its lease expired).
 * Several jobs' removals go in one request (nested transactions), each committing on its own.
 """
 
@@ -37,9 +39,11 @@ class JobKeys:
     waits: tuple[WaitReason, ...]
     waits_revision: int
     # Extra keys read with the job (the archiver's attempt summaries), by key; None when absent.
-    extra: dict[bytes, bytes | None]
+    extra: dict[bytes, KeyValue | None]
     # The idempotency key that names this job and its value, if the caller found one.
     idem: KeyValue | None = None
+    # Further keys to remove with the job (its kept-log summaries and tails), as read.
+    logs: tuple[KeyValue, ...] = ()
 
     def removal(self, fence: Fence) -> Txn:
         """The fenced, guarded transaction that deletes the job's keys from etcd."""
@@ -56,7 +60,19 @@ class JobKeys:
         if self.idem is not None:
             compares.append(Compare.value_is(self.idem.key, self.idem.value))
             deletes.append(Delete(self.idem.key))
+        for kept in self.logs:
+            # Unchanged since read, or gone (a key whose lease expired compares as revision 0).
+            compares.append(Compare.mod_revision_less(kept.key, kept.mod_revision + 1))
+            deletes.append(Delete(kept.key))
         return Txn(tuple(compares), tuple(deletes))
+
+    def removal_ops(self) -> int:
+        """The larger of the removal's compares and deletes: what etcd's MAX_TXN_OPS caps."""
+        compares = 3 + (self.idem is not None) + len(self.logs)
+        deletes = (
+            1 + len(self.intervals) + (self.waits_revision != 0) + (self.idem is not None) + len(self.logs)
+        )
+        return max(compares, deletes)
 
 
 def keys_per_job(attempts: int, extra_per_attempt: int) -> int:
@@ -118,7 +134,7 @@ async def read_jobs(
                 if waits_kv is None
                 else tuple(wait_from_dict(d) for d in json.loads(waits_kv.value)),
                 waits_revision=0 if waits_kv is None else waits_kv.mod_revision,
-                extra={k: (v.value if (v := got[k]) is not None else None) for k in extra_keys},
+                extra={k: got[k] for k in extra_keys},
             )
         )
     return out
@@ -155,11 +171,39 @@ def _naming(items: Sequence[KeyValue], job_ids: set[JobId]) -> dict[JobId, KeyVa
     return out
 
 
+# The most ops one removal may have: it goes nested in a request, alone at the least.
+MAX_REMOVAL_OPS = MAX_TXN_OPS - 1
+
+
+def txn_ops(t: Txn) -> int:
+    return max(len(t.compares), len(t.success), len(t.failure))
+
+
+def batches(removals: Sequence[Txn]) -> list[list[Txn]]:
+    """The removals, in order, cut into requests etcd takes: it caps a request's nested
+    transactions and each nested one's ops together, at MAX_TXN_OPS minus how many share the
+    request (`checkTxnRequest`: 100 nested transactions leave each 28 ops). A removal too large to
+    share goes alone (at most MAX_REMOVAL_OPS)."""
+    out: list[list[Txn]] = []
+    current: list[Txn] = []
+    widest = 0
+    for t in removals:
+        ops = txn_ops(t)
+        if current and len(current) + 1 + max(widest, ops) > MAX_TXN_OPS:
+            out.append(current)
+            current, widest = [], 0
+        current.append(t)
+        widest = max(widest, ops)
+    if current:
+        out.append(current)
+    return out
+
+
 async def remove(kv: KeyValueStore, removals: Sequence[Txn]) -> list[bool]:
-    """Run the removals, at most MAX_TXN_OPS per request; which of them committed."""
+    """Run the removals, as few requests as etcd's op limits allow; which of them committed."""
     done: list[bool] = []
-    for start in range(0, len(removals), MAX_TXN_OPS):
-        results = await kv.txn_many(removals[start : start + MAX_TXN_OPS])
+    for batch in batches(removals):
+        results = await kv.txn_many(batch)
         done.extend(r.succeeded for r in results)
     return done
 

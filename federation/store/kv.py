@@ -104,6 +104,10 @@ class Compare:
         return Compare(key, CompareTarget.MOD, CompareOp.EQUAL, revision)
 
     @staticmethod
+    def mod_revision_less(key: bytes, revision: int) -> Compare:
+        return Compare(key, CompareTarget.MOD, CompareOp.LESS, revision)
+
+    @staticmethod
     def created_at(key: bytes, create_revision: int) -> Compare:
         return Compare(key, CompareTarget.CREATE, CompareOp.EQUAL, create_revision)
 
@@ -249,8 +253,15 @@ def check_batch_shape(txns: Sequence[Txn]) -> None:
     if len(txns) > MAX_TXN_OPS:
         raise KvError(f"batch has {len(txns)} transactions; etcd allows at most {MAX_TXN_OPS}")
     written: set[bytes] = set()
+    # etcd gives each nested transaction what the request's own ops leave of the limit.
+    room = MAX_TXN_OPS - len(txns)
     for t in txns:
         check_txn_shape(t.compares, t.success, t.failure)
+        if max(len(t.compares), len(t.success), len(t.failure)) > room:
+            raise KvError(
+                f"a transaction nested with {len(txns) - 1} others has more than {room} ops;"
+                " etcd refuses that"
+            )
         keys = {op.key for op in (*t.success, *t.failure) if not isinstance(op, Get)}
         if written & keys:
             raise KvError("two transactions in one batch write the same key; etcd rejects that")

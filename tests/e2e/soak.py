@@ -46,8 +46,11 @@ MiB = 1024 * 1024
 KiB = 1024
 
 # The size model behind the stated bound (see `SoakPlan.bound_bytes`). Per live job: its record with
-# events (about 2-3 KiB as JSON), its ledger interval, idempotency and wait keys, and the index
-# entries etcd keeps per key; 16 KiB is well above what a one-attempt job holds.
+# events (about 2-3 KiB as JSON), its ledger interval, idempotency and wait keys, its kept-log keys
+# once its attempt ended (the attempt's summary, about 1 KiB, and one tail per replica: a few hundred
+# bytes from the simulator), and the index entries etcd keeps per key; 16 KiB is well above what a
+# one-attempt job holds. Kept logs leave etcd with their job (the archiver moves them to SQL), so
+# nothing in etcd outlives the live window and the bound is flat in the jobs through.
 LIVE_JOB_BYTES = 16 * KiB
 # Per job, the revisions its life writes (submit, admit, dispatch, running, end, interval open and
 # close, archive deletes: about 12) times the mean size of a revision's value (a job record: at most
@@ -58,11 +61,6 @@ REVISION_BYTES = 4 * KiB
 BASE_BYTES = 16 * MiB
 # bbolt leaves B+tree pages part-full after deletes and holds freed pages until no reader needs them.
 BBOLT_SLACK = 2.0
-# Per kept-log key (an attempt's summary, or one replica's log tail: a few hundred bytes from the
-# simulator, whose pods print a line or two): value, key and index. The one term that grows with the
-# jobs through rather than the rate: kept logs live under a lease of `logs.retainHours` plus up to an
-# hour, which compressed time cannot shorten, so in a soak shorter than that they never expire.
-LOG_KEY_BYTES = 1 * KiB
 # What one takeover costs: the dead leader's lease running out (the servers' TTL) plus election.
 TAKEOVER_S = 7.0
 
@@ -110,10 +108,6 @@ class SoakPlan:
         history = self.rate_per_s * REVISIONS_PER_JOB * REVISION_BYTES * 2 * self.compaction_s
         return int(BBOLT_SLACK * (live + history) + BASE_BYTES)
 
-    def bound_at(self, logs_keys: int) -> int:
-        """The whole bound when etcd holds `logs_keys` kept-log keys: the flat part plus theirs."""
-        return self.bound_bytes + int(BBOLT_SLACK * logs_keys * LOG_KEY_BYTES)
-
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -124,6 +118,9 @@ class Sample:
     compact_revision: int
     etcd_jobs: int
     logs_keys: int
+    # Kept-log keys in etcd of jobs no longer there (archived): the archiver moves them with their
+    # job, so this stays 0 (a job's keys leave in one transaction).
+    archived_logs_keys: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +143,8 @@ class SoakResult:
     sql_intervals: list[tuple[str, str, int]] = field(default_factory=list)  # (interval id, job, attempt)
     etcd_jobs: set[str] = field(default_factory=set)
     etcd_intervals: list[tuple[str, int]] = field(default_factory=list)
+    etcd_logs_keys: list[str] = field(default_factory=list)  # every /gpufed/logs/ key left at the end
+    sql_tails: int = 0  # kept tails in history_kept_logs
     ran: set[tuple[str, int]] | None = None  # (job, attempt) with a pod that started, if recorded
     pod_errors: list[str] = field(default_factory=list)
     mean_job_value_bytes: float = 0.0
@@ -227,12 +226,24 @@ class SoakResult:
             out.append(f"{len(self.kills)} of {plan.kills} leader kills done")
         if idle := [k for k in self.kills if k.sql_jobs == 0 or k.etcd_jobs == 0]:
             out.append(f"{len(idle)} kills not during archiving, e.g. {idle[0]}")
-        if over := [s for s in self.warm_samples if s.db_size_bytes > plan.bound_at(s.logs_keys)]:
+        if over := [s for s in self.warm_samples if s.db_size_bytes > plan.bound_bytes]:
             first = over[0]
             out.append(
                 f"etcd db {first.db_size_bytes / MiB:.1f} MiB over the bound "
-                f"{plan.bound_at(first.logs_keys) / MiB:.1f} MiB at {first.t_s:.0f} s"
+                f"{plan.bound_bytes / MiB:.1f} MiB at {first.t_s:.0f} s"
             )
+        if stale := [s for s in self.samples if s.archived_logs_keys]:
+            out.append(
+                f"{len(stale)} samples saw kept-log keys of archived jobs in etcd, "
+                f"e.g. {stale[0].archived_logs_keys} at {stale[0].t_s:.0f} s"
+            )
+        if self.etcd_logs_keys:
+            out.append(
+                f"{len(self.etcd_logs_keys)} kept-log keys left in etcd after the drain, "
+                f"e.g. {self.etcd_logs_keys[:3]}"
+            )
+        if self.sql_jobs and not self.sql_tails:
+            out.append(f"no kept tails in SQL for {len(self.sql_jobs)} archived jobs")
         compactions = {s.compact_revision for s in self.samples}
         if len(compactions - {0}) < 2:
             out.append(f"etcd's compacted revision did not advance: {sorted(compactions)}")
@@ -502,14 +513,20 @@ class Soak:
 
     def _sample_once(self) -> None:
         status = endpoint_status(self.etcd.endpoint)
+        # Jobs first, then kept logs: a job archived between the two reads has lost its logs by the
+        # second, so a log key whose job is missing from the first belongs to a job archived before.
+        live = {k.removeprefix(JOBS_PREFIX) for k in keys(self.etcd.endpoint, JOBS_PREFIX)}
+        logs = keys(self.etcd.endpoint, LOGS_PREFIX)
+        archived = sum(1 for k in logs if k.removeprefix(LOGS_PREFIX).rsplit("/", 2)[0] not in live)
         sample = Sample(
             self._now(),
             status.db_size_bytes,
             status.db_size_in_use_bytes,
             status.revision,
             compact_revision(self.etcd),
-            self._etcd_jobs(),
-            count_keys(self.etcd.endpoint, LOGS_PREFIX),
+            len(live),
+            len(logs),
+            archived,
         )
         with self._lock:
             self.result.samples.append(sample)
@@ -539,6 +556,9 @@ class Soak:
                 (str(a), str(b), int(c))
                 for a, b, c in conn.execute("SELECT interval_id, job_id, attempt FROM history_intervals")
             ]
+            row = conn.execute("SELECT count(*) FROM history_kept_logs").fetchone()
+            self.result.sql_tails = int(row[0]) if row else 0
+        self.result.etcd_logs_keys = keys(self.etcd.endpoint, LOGS_PREFIX)
         self.result.etcd_jobs = {k.removeprefix(JOBS_PREFIX) for k in keys(self.etcd.endpoint, JOBS_PREFIX)}
         ledger = (
             k.removeprefix(LEDGER_PREFIX).rsplit("/", 1) for k in keys(self.etcd.endpoint, LEDGER_PREFIX)

@@ -5,6 +5,7 @@ and still reads back, to its own tenant only."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def archiving_server(etcd: EtcdProcess, tmp_path: Path, dsn: str) -> Iterator[Se
     process.stop()
 
 
-def _etcd_job_keys(etcd: EtcdProcess) -> list[str]:
+def _etcd_job_keys(etcd: EtcdProcess, prefix: str = "/gpufed/jobs/") -> list[str]:
     etcdctl = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "etcdctl"
     out = subprocess.run(
         [
@@ -50,13 +51,27 @@ def _etcd_job_keys(etcd: EtcdProcess) -> list[str]:
             "get",
             "--prefix",
             "--keys-only",
-            "/gpufed/jobs/",
+            prefix,
         ],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     return [line for line in out.splitlines() if line]
+
+
+def _cli(server: ServerProcess, user: str, *args: str) -> str:
+    """The CLI, as a user runs it against the server."""
+    token = server.state_dir / "tokens" / f"{user}.token"
+    done = subprocess.run(
+        [sys.executable, "-m", "federation", "--server", server.target, "--token-file", str(token), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_an_ended_job_moves_to_postgresql_and_still_reads_back(
@@ -81,4 +96,26 @@ def test_an_ended_job_moves_to_postgresql_and_still_reads_back(
         with pytest.raises(grpc.RpcError) as refused:
             bob.get(job_id)
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        # Its kept logs moved with it: none of its keys under /gpufed/logs/ in etcd (by etcdctl), its
+        # tails in PostgreSQL, and `gpufed logs` reads them there, to its own tenant only.
+        assert _etcd_job_keys(etcd, f"/gpufed/logs/{job_id}/") == []
+        history = SqlHistoryStore.open(dsn)
+        try:
+            tails = history.kept_logs(JobId(job_id), 1)
+        finally:
+            history.close()
+        assert tails
+        assert all(t.data for t in tails)
+        chunks = list(alice.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=30))
+        assert {c.source for c in chunks if c.lines} == {"kept"}
+        served = [line for c in chunks for line in c.lines]
+        assert served
+        assert served[-1] in tails[-1].data.decode()
+        with pytest.raises(grpc.RpcError) as theirs:
+            list(bob.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=10))
+        assert theirs.value.code() == grpc.StatusCode.NOT_FOUND
+        assert theirs.value.details() == refused.value.details()
+    printed = _cli(archiving_server, "alice", "logs", job_id, "--tail", "1").splitlines()
+    assert printed
+    assert printed[-1].endswith(served[-1])
     assert "archive_pass_done" in archiving_server.log_text()

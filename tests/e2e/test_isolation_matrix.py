@@ -26,7 +26,7 @@ from federation.history.config import HistorySettings, resolve_dsn
 from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest
-from tests.history_builders import an_archived_job
+from tests.history_builders import an_archived_job, with_kept_tails
 
 pytestmark = pytest.mark.e2e
 
@@ -454,13 +454,18 @@ def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: Server
 _archived_ids = iter(range(1 << 30))
 
 
+ARCHIVED_TAIL = "2026-11-27T10:00:00Z archived epoch 1\n2026-11-27T10:00:01Z archived epoch 2\n"
+
+
 def _archived_job(server: ServerProcess, tenant: str) -> str:
     """An ended job of `tenant` in the server's history store only (as the archiver leaves one: in
-    SQL, gone from etcd), written to the server's own SQLite file."""
+    SQL with its kept log tail, gone from etcd), written to the server's own SQLite file."""
     job_id = f"arch-{tenant}-{next(_archived_ids):08x}"
     store = SqlHistoryStore.open(resolve_dsn(HistorySettings(), server.state_dir))
     try:
-        store.write_jobs([an_archived_job(job_id, tenant=tenant, submitted_at_s=time.time() - 7200)])
+        job = an_archived_job(job_id, tenant=tenant, submitted_at_s=time.time() - 7200)
+        tails = {("worker", 0): ARCHIVED_TAIL.encode()}
+        store.write_jobs([with_kept_tails(job, tails, kept_at_s=time.time() - 3600)])
     finally:
         store.close()
     return job_id
@@ -488,7 +493,18 @@ def test_archived_jobs_by_role(server: ServerProcess) -> None:
             assert (_code(lambda: client.get(own)), _code(lambda: client.get(other))) == (on_own, on_other), (
                 role
             )
+    # Its kept logs, read from the history store, by the same rule as the job itself.
+    for role, (on_own, on_other) in expected.items():
+        with server.client(ROLES[role]) as client:
+            codes = [
+                _code(lambda j=j: list(client.logs(pb.StreamLogsRequest(job_id=j), timeout_s=10)))
+                for j in (own, other)
+            ]
+            assert tuple(codes) == (on_own, on_other), role
     with server.client("alice") as alice:
+        chunks = list(alice.logs(pb.StreamLogsRequest(job_id=own), timeout_s=10))
+        assert [line for c in chunks for line in c.lines] == ["archived epoch 1", "archived epoch 2"]
+        assert {c.source for c in chunks} == {"kept"}
         assert alice.get(own).phase == pb.JOB_PHASE_SUCCEEDED
         listed = alice.list_all(include_archived=True)
         assert {j.tenant for j in listed} == {OWN}

@@ -1,7 +1,8 @@
 """The history soak, small enough for CI: jobs through two servers with the archiver on and the
 leader SIGKILLed during archiving; afterwards PostgreSQL plus etcd hold every accepted job and one
-ledger interval per attempt that ran (the pods the clusters ran are the judge), none twice, and
-etcd's database stayed under its stated bound while its compacted revision advanced.
+ledger interval per attempt that ran (the pods the clusters ran are the judge), none twice, every
+kept log tail moved to SQL and none left in etcd, and etcd's database stayed under its stated flat
+bound while its compacted revision advanced.
 
 The full-size run, with the figures, is `bench/soak_history.py`."""
 
@@ -43,6 +44,11 @@ def test_leader_kills_during_archiving_lose_and_double_nothing_and_etcd_stays_bo
     assert result.totals() == {"jobs": PLAN.jobs, "intervals": PLAN.jobs, "succeeded": PLAN.jobs}
     assert result.etcd_jobs == set()
     assert result.etcd_intervals == []
+    # Kept logs left etcd with their jobs (never a key of an archived job in any sample: `problems`),
+    # and are in SQL: one tail per job's one replica.
+    assert result.etcd_logs_keys == []
+    assert all(s.archived_logs_keys == 0 for s in result.samples)
+    assert result.sql_tails == PLAN.jobs
     # Each kill hit a leader while the archiver had work (jobs in SQL and still in etcd), and the next
     # leader went on archiving: SQL grew from kill to kill.
     assert all(k.sql_jobs > 0 and k.etcd_jobs > 0 for k in result.kills), result.kills

@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from clusters.api import ReplicaState
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
 from federation.history.engine import DEFAULT_FILE
 from federation.history.sql_store import SqlHistoryStore
+from federation.joblogs.archive import PREFIX as LOGS_PREFIX
+from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, LogsSettings, replica_key
 from federation.ledger.cache import LedgerCache
 from federation.runtime.config import FederationConfig
+from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.history_wiring import open_history
 from federation.scheduling.archiver import Archiver, summary_key
 from federation.scheduling.leader import LeaderElection
@@ -31,6 +35,7 @@ from federation.store.kv_etcd import EtcdKv
 from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, TenantId
 from placement.model_plan import WaitCode, WaitReason
 from tests.conftest import build_job
+from tests.etcdctl import etcdctl
 from tests.history_builders import an_interval, fresh_dsn
 
 pytestmark = pytest.mark.integration
@@ -80,6 +85,67 @@ async def seed_ended(
     return revision
 
 
+def tail_bytes(job_id: str, attempt: int, task: str, replica: int) -> bytes:
+    """A tail no text column would keep: stamped lines, a NUL, invalid UTF-8, and its own name."""
+    return (
+        f"2026-11-27T10:00:00Z {job_id} attempt {attempt} {task}-{replica}\n".encode()
+        + bytes(range(256))
+        + b"\x00\xc3\x28 no newline"
+    )
+
+
+async def seed_tails(
+    kv: EtcdKv, job_id: str, attempt: int, replicas: int, *, kept_at_s: float = OLD
+) -> dict[tuple[int, str, int], bytes]:
+    """An attempt kept as `joblogs` keeps one (under its lease): a master and workers, a tail each."""
+    slots = [("master", 0)] + [("worker", i) for i in range(replicas - 1)]
+    logs = {(task, i): tail_bytes(job_id, attempt, task, i) for task, i in slots}
+    state = ReplicaState(
+        pod=f"{job_id}-pod",
+        task="worker",
+        index=0,
+        by_rank=False,
+        node="n1",
+        phase="Succeeded",
+        restarts=0,
+        exit_code=0,
+        reason="Completed",
+        message="",
+        started_at_s=kept_at_s - 60,
+        finished_at_s=kept_at_s,
+    )
+    kept = KeptAttempt(
+        attempt=attempt,
+        cluster="onprem",
+        gpu_type="H100",
+        capacity_kind="on_demand",
+        usd_per_gpu_hour=2.0,
+        started_at_s=kept_at_s - 60,
+        finished_at_s=kept_at_s,
+        outcome="SUCCEEDED",
+        reason="",
+        kept_at_s=kept_at_s,
+        note="",
+        replicas=tuple(KeptReplica(t, i, state, len(data)) for (t, i), data in logs.items()),
+    )
+    await LogArchive(kv, LogsSettings()).keep(job_id, kept, logs)
+    return {(attempt, t, i): data for (t, i), data in logs.items()}
+
+
+def sql_tails(history: SqlHistoryStore, job_id: str, attempts: int) -> dict[tuple[int, str, int], bytes]:
+    return {
+        (k.attempt, k.task, k.replica): k.data
+        for a in range(1, attempts + 1)
+        for k in history.kept_logs(build_job(job_id).job_id, a)
+    }
+
+
+def etcdctl_keys(endpoint: str, prefix: str) -> list[str]:
+    """etcd's own account of the keys under a prefix, from etcdctl (not our client)."""
+    out = etcdctl(endpoint, "get", "--prefix", "--keys-only", prefix).stdout
+    return [line for line in out.splitlines() if line]
+
+
 async def seed_running(store: KvStore, job_id: str, *, started_at_s: float) -> int:
     """A running job with its interval open."""
     queued = build_job(job_id)
@@ -109,13 +175,16 @@ class World:
     election: LeaderElection
     fence: Fence
 
-    def archiver(self, kv: EtcdKv | None = None, **settings: object) -> Archiver:
+    def archiver(
+        self, kv: EtcdKv | None = None, *, logs_retain_s: float | None = None, **settings: object
+    ) -> Archiver:
         return Archiver(
             kv=kv or self.kv,
             cache=self.cache,
             history=self.history,
             settings=HistorySettings(retain_in_etcd_s=HOUR, archive_rate_per_s=10_000.0, **settings),  # type: ignore[arg-type]
             clock=lambda: NOW,
+            logs_retain_s=logs_retain_s,
         )
 
     async def synced(self, revision: int) -> None:
@@ -148,17 +217,22 @@ async def world(etcd_kv: EtcdKv, history: SqlHistoryStore) -> AsyncIterator[Worl
         yield w
 
 
-async def _a_pass_moves_ended_jobs(w: World) -> None:
+async def _a_pass_moves_ended_jobs(w: World, endpoint: str) -> None:
     await seed_ended(w.store, "old-ok", ended_at_s=OLD, attempts=2)
+    # Kept tails: attempt 1 of a gang of three, attempt 2 of a gang of two (over the seeded summaries).
+    tails = await seed_tails(w.kv, "old-ok", 1, 3) | await seed_tails(w.kv, "old-ok", 2, 2)
     await seed_ended(w.store, "old-failed", ended_at_s=OLD - 10, phase=JobPhase.FAILED, tenant="t2")
     await seed_ended(w.store, "recent", ended_at_s=RECENT)
+    await seed_tails(w.kv, "recent", 1, 2, kept_at_s=RECENT)
     last = await seed_running(w.store, "running", started_at_s=OLD - HOUR)
     await w.synced(last)
 
     report = await w.archiver().archive_once(w.fence)
 
-    assert (report.jobs_due, report.jobs_archived, report.jobs_left) == (2, 2, 0)
-    # In SQL: the two old jobs whole, with their attempts, intervals and wait.
+    assert (report.jobs_due, report.jobs_archived, report.jobs_left, report.tails_archived) == (2, 2, 0, 5)
+    # In SQL: the two old jobs whole, with their attempts, intervals, wait and tails byte for byte.
+    assert sql_tails(w.history, "old-ok", 2) == tails
+    assert w.history.counts().kept_logs == 5
     counts = w.history.counts()
     assert (counts.jobs, counts.intervals) == (2, 3)
     kept = w.history.get_job(build_job("old-ok").job_id)
@@ -169,13 +243,17 @@ async def _a_pass_moves_ended_jobs(w: World) -> None:
     assert [r.code for w_ in kept.waits for r in w_.reasons] == [WaitCode.TENANT_CAP_REACHED]
     assert w.history.get_job(build_job("recent").job_id) is None
     assert w.history.get_job(build_job("running").job_id) is None
-    # Gone from etcd: record, intervals, waits, idempotency keys. Left: the recent and running jobs
-    # with all of theirs, and the kept logs of every job (they go with their own lease).
+    # Gone from etcd: record, intervals, waits, idempotency keys, kept summaries and tails. Left: the
+    # recent and running jobs with all of theirs.
     assert await etcd_keys(w.kv, JOBS) == [job_key("recent"), job_key("running")]
     assert await etcd_keys(w.kv, LEDGER_PREFIX) == [ledger_key("recent", 1), ledger_key("running", 1)]
     assert await etcd_keys(w.kv, WAITS) == [WAITS + b"recent"]
     assert len(await etcd_keys(w.kv, IDEM)) == 2
-    assert await w.kv.get(summary_key("old-ok", 2)) is not None
+    recent_logs = [summary_key("recent", 1), replica_key("recent", 1, "master", 0)]
+    recent_logs.append(replica_key("recent", 1, "worker", 0))
+    assert sorted(await etcd_keys(w.kv, LOGS_PREFIX)) == sorted(recent_logs)
+    # And by etcd's own account.
+    assert sorted(etcdctl_keys(endpoint, LOGS_PREFIX.decode())) == sorted(k.decode() for k in recent_logs)
     # And from the cache, which follows etcd's watch.
     assert w.cache.get(build_job("old-ok").job_id) is None
     # A second pass finds nothing more to do.
@@ -183,15 +261,19 @@ async def _a_pass_moves_ended_jobs(w: World) -> None:
     assert (again.jobs_due, again.jobs_archived) == (0, 0)
 
 
-async def test_a_pass_moves_ended_jobs_and_leaves_running_and_recent_ones(world: World) -> None:
-    await _a_pass_moves_ended_jobs(world)
+async def test_a_pass_moves_ended_jobs_and_leaves_running_and_recent_ones(
+    world: World, etcd_process: EtcdProcess
+) -> None:
+    await _a_pass_moves_ended_jobs(world, etcd_process.endpoint)
 
 
-async def test_a_pass_on_postgresql(etcd_kv: EtcdKv, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+async def test_a_pass_on_postgresql(
+    etcd_kv: EtcdKv, etcd_process: EtcdProcess, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     store = SqlHistoryStore.open(fresh_dsn("postgres", tmp_path, request))
     try:
         async for w in _world(etcd_kv, store):
-            await _a_pass_moves_ended_jobs(w)
+            await _a_pass_moves_ended_jobs(w, etcd_process.endpoint)
     finally:
         store.close()
 
@@ -213,22 +295,49 @@ class FailingDeletes:
 async def test_a_crash_between_the_sql_write_and_the_etcd_delete_neither_loses_nor_doubles(
     world: World,
 ) -> None:
+    await _a_crash_between_write_and_delete(world)
+
+
+async def test_a_crash_between_write_and_delete_on_postgresql(
+    etcd_kv: EtcdKv, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = SqlHistoryStore.open(fresh_dsn("postgres", tmp_path, request))
+    try:
+        async for w in _world(etcd_kv, store):
+            await _a_crash_between_write_and_delete(w)
+    finally:
+        store.close()
+
+
+async def _a_crash_between_write_and_delete(world: World) -> None:
+    tails: dict[str, dict[tuple[int, str, int], bytes]] = {}
     for i in range(5):
         last = await seed_ended(world.store, f"j{i}", ended_at_s=OLD + i, attempts=1 + i % 2)
+        tails[f"j{i}"] = {}
+        for a in range(1, 2 + i % 2):
+            tails[f"j{i}"] |= await seed_tails(world.kv, f"j{i}", a, 2)
     await world.synced(last)
+    logs_before = await etcd_keys(world.kv, LOGS_PREFIX)
 
     with pytest.raises(StoreUnavailable):
         await world.archiver(FailingDeletes(world.kv)).archive_once(world.fence)  # type: ignore[arg-type]
-    # In both stores now.
+    # In both stores now, tails included.
     assert (world.history.counts().jobs, world.history.counts().intervals) == (5, 7)
+    assert world.history.counts().kept_logs == 14
     assert len(await etcd_keys(world.kv, JOBS)) == 5
+    assert await etcd_keys(world.kv, LOGS_PREFIX) == logs_before
 
     report = await world.archiver().archive_once(world.fence)
 
     assert report.jobs_archived == 5
     assert (world.history.counts().jobs, world.history.counts().intervals) == (5, 7)
+    # Neither lost nor doubled, byte for byte.
+    assert world.history.counts().kept_logs == 14
+    for i in range(5):
+        assert sql_tails(world.history, f"j{i}", 2) == tails[f"j{i}"]
     assert await etcd_keys(world.kv, JOBS) == []
     assert await etcd_keys(world.kv, LEDGER_PREFIX) == []
+    assert await etcd_keys(world.kv, LOGS_PREFIX) == []
 
 
 async def test_a_deposed_leaders_delete_fails(world: World) -> None:
@@ -384,3 +493,81 @@ async def test_a_record_the_history_refuses_stays_in_etcd_and_holds_up_no_other(
     assert (report.jobs_archived, report.jobs_left) == (2, 1)
     assert await etcd_keys(world.kv, JOBS) == [job_key("a-bad")]
     assert world.history.get_job(build_job("a-bad").job_id) is None
+
+
+async def test_a_tail_rewritten_after_a_crashed_pass_wrote_it_is_not_deleted(world: World) -> None:
+    last = await seed_ended(world.store, "j1", ended_at_s=OLD)
+    await seed_tails(world.kv, "j1", 1, 2)
+    await world.synced(last)
+    with pytest.raises(StoreUnavailable):
+        await world.archiver(FailingDeletes(world.kv)).archive_once(world.fence)  # type: ignore[arg-type]
+    # SQL holds the first bytes; etcd now holds others under the same key.
+    await world.kv.put(replica_key("j1", 1, "worker", 0), b"other bytes")
+
+    report = await world.archiver().archive_once(world.fence)
+
+    assert (report.jobs_archived, report.jobs_left) == (0, 1)
+    assert await etcd_keys(world.kv, JOBS) == [job_key("j1")]
+    assert replica_key("j1", 1, "worker", 0) in await etcd_keys(world.kv, LOGS_PREFIX)
+    assert sql_tails(world.history, "j1", 1)[(1, "worker", 0)] == tail_bytes("j1", 1, "worker", 0)
+
+
+async def test_jobs_with_many_tails_share_requests_within_etcds_op_limits(world: World) -> None:
+    """A removal of 115 ops cannot be nested with others (etcd gives each nested transaction the
+    limit less the request's own count): each goes alone, and all go."""
+    for i in range(6):
+        last = await seed_ended(world.store, f"gang{i}", ended_at_s=OLD + i)
+        await seed_tails(world.kv, f"gang{i}", 1, 110)
+    for i in range(30):
+        last = await seed_ended(world.store, f"small{i:02d}", ended_at_s=OLD + 10 + i)
+        await seed_tails(world.kv, f"small{i:02d}", 1, 4)
+    await world.synced(last)
+
+    report = await world.archiver().archive_once(world.fence)
+
+    assert (report.jobs_archived, report.jobs_left) == (36, 0)
+    assert report.tails_archived == 6 * 110 + 30 * 4
+    assert world.history.counts().kept_logs == 6 * 110 + 30 * 4
+    assert await etcd_keys(world.kv, JOBS) == []
+    assert await etcd_keys(world.kv, LOGS_PREFIX) == []
+
+
+async def test_a_gang_with_more_tails_than_one_removal_takes_leaves_them_under_their_lease(
+    world: World,
+) -> None:
+    last = await seed_ended(world.store, "huge", ended_at_s=OLD)
+    await seed_tails(world.kv, "huge", 1, 130)
+    await world.synced(last)
+
+    report = await world.archiver().archive_once(world.fence)
+
+    # The job goes (summary included); its 130 tails stay in etcd, where readers still find them
+    # until their lease ends.
+    assert (report.jobs_archived, report.tails_archived) == (1, 0)
+    assert await etcd_keys(world.kv, JOBS) == []
+    left = await etcd_keys(world.kv, LOGS_PREFIX)
+    assert len(left) == 130
+    assert summary_key("huge", 1) not in left
+    assert world.history.counts().kept_logs == 0
+    kept = world.history.get_job(build_job("huge").job_id)
+    assert kept is not None
+    assert len(kept.attempts[0].summary["replicas"]) == 130
+
+
+async def test_tails_past_the_logs_retention_are_pruned_from_sql_in_batches(world: World) -> None:
+    week = 168 * HOUR
+    old = await seed_ended(world.store, "expired", ended_at_s=OLD)
+    await seed_tails(world.kv, "expired", 1, 7, kept_at_s=NOW - week - 10)
+    last = await seed_ended(world.store, "kept", ended_at_s=OLD + 1)
+    await seed_tails(world.kv, "kept", 1, 2, kept_at_s=NOW - week + 10)
+    await world.synced(max(old, last))
+    # Moved first (nothing pruned: this archiver has no logs retention).
+    assert (await world.archiver().archive_once(world.fence)).tails_archived == 9
+    assert world.history.counts().kept_logs == 9
+
+    report = await world.archiver(logs_retain_s=week, archive_batch=3).archive_once(world.fence)
+
+    assert report.tails_pruned == 7
+    assert world.history.counts().kept_logs == 2
+    assert set(sql_tails(world.history, "kept", 1)) == {(1, "master", 0), (1, "worker", 0)}
+    assert world.history.counts().jobs == 2

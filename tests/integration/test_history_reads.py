@@ -603,4 +603,113 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
     assert [(a.attempt, a.reason, [r.pod for r in a.replicas]) for a in described.attempts] == [
         (1, "Completed", ["j00-worker-0"])
     ]
+    # The tail moved with its job: etcd holds no kept-log key of it, the history store its bytes.
+    assert (await w.kv.range_prefix(b"/gpufed/logs/j00/")).kvs == ()
+    assert [k.data for k in w.history.kept_logs(JobId("j00"), 1)] == [b"t1 done\n"]
     assert [line for c in await _stream(logs, "alice", "j00") for line in c.lines] == ["done"]
+
+
+# ---- kept tails archived with their job (issue 19: etcd flat after the first hour)
+
+STAMP = "2026-01-20T23:{:02d}:00Z"
+
+
+def _stamped(lines: list[str]) -> bytes:
+    """A kept tail as joblogs keeps one: each line with its RFC 3339 stamp, a minute apart, the last
+    at 23:59 of the day before NOW."""
+    start = 60 - len(lines)
+    return "".join(f"{STAMP.format(start + i)} {line}\n" for i, line in enumerate(lines)).encode()
+
+
+def _logs_at(w: World, now_s: float, retain_hours: float) -> LogsService:
+    archive = LogArchive(w.kv, LogsSettings(retain_hours=retain_hours))
+    return LogsService(
+        store=w.store,
+        cache=w.cache,
+        auth=Authenticator(w.store),
+        metrics=Metrics(),
+        members=MemberClusters([], {}),
+        archive=archive,
+        clock=lambda: now_s,
+        history=w.history,
+    )
+
+
+async def _lines(logs: LogsService, who: str, **request: Any) -> list[str]:
+    chunks = logs.StreamLogs(pb.StreamLogsRequest(**request), CallContext(who, PEER))  # type: ignore[arg-type]
+    return [line for c in [c async for c in chunks] for line in c.lines]
+
+
+async def test_logs_of_an_archived_job_are_read_from_the_history_store_cut_and_isolated(world: World) -> None:
+    """The archiver moves the tails to SQL and out of etcd; `gpufed logs` reads them there with the
+    live path's cutting, retention and isolation."""
+    w = world
+    lines = [f"epoch-{k}" for k in range(4)] + ["épocha-4 ✓"]
+    for job_id in ("j00", "j02"):
+        kept = KeptAttempt(
+            attempt=1,
+            cluster="onprem",
+            gpu_type="H100",
+            capacity_kind="on_demand",
+            usd_per_gpu_hour=2.0,
+            started_at_s=NOW - 7200.0,
+            finished_at_s=NOW - 600.0,
+            outcome="SUCCEEDED",
+            reason="",
+            kept_at_s=NOW - 600.0,
+            note="",
+            replicas=(
+                KeptReplica("master", 0, replace(_a_replica(), pod=f"{job_id}-master-0"), 1),
+                KeptReplica("worker", 0, replace(_a_replica(), pod=f"{job_id}-worker-0"), 1),
+            ),
+        )
+        await LogArchive(w.kv, LogsSettings()).keep(
+            job_id, kept, {("master", 0): _stamped(lines), ("worker", 0): _stamped(["w-only"])}
+        )
+    election = LeaderElection(w.kv, "history-logs-test", ttl_s=5)
+    fence = await election.acquire()
+    try:
+        archiver = Archiver(
+            kv=w.kv,
+            cache=w.cache,
+            history=w.history,
+            settings=HistorySettings(retain_in_etcd_s=3600.0, archive_rate_per_s=10_000.0),
+            clock=lambda: NOW,
+        )
+        report = await archiver.archive_once(fence)
+    finally:
+        await election.close()
+    assert report.tails_archived == 4
+    await _until(lambda: w.cache.get(JobId("j00")) is None)
+    assert (await w.kv.range_prefix(b"/gpufed/logs/")).kvs == ()
+    [master, _] = w.history.kept_logs(JobId("j00"), 1)
+    assert master.data == _stamped(lines)
+
+    logs = _logs_at(w, NOW, retain_hours=168.0)
+    assert await _lines(logs, "alice", job_id="j00", task="master") == lines
+    assert await _lines(logs, "alice", job_id="j00", task="master", tail_lines=2) == lines[3:]
+    stamped = await _lines(logs, "alice", job_id="j00", task="master", tail_lines=1, timestamps=True)
+    assert stamped == [f"{STAMP.format(59)} {lines[4]}"]
+    # --since 3m at 00:00: the lines of 23:57 and later.
+    assert await _lines(logs, "alice", job_id="j00", task="master", since_seconds=180) == lines[2:]
+    assert await _lines(logs, "alice", job_id="j00", task="worker") == ["w-only"]
+    # Another tenant's member: NOT_FOUND in the very words of a job that does not exist; finance,
+    # who reads no job's logs, the same.
+    for who, job_id in (("bob", "j00"), ("alice", "j02"), ("fin", "j00")):
+        with pytest.raises(Refused) as theirs:
+            await _lines(logs, who, job_id=job_id)
+        with pytest.raises(Refused) as missing:
+            await _lines(logs, who, job_id="j99-missing")
+        assert theirs.value.code == missing.value.code == grpc.StatusCode.NOT_FOUND, who
+        assert theirs.value.details == f"job '{job_id}' not found"
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    assert [a.logs_kept for a in described.attempts] == [True]
+
+    # Past the retention from when they were kept: not served, as etcd's copy would not be.
+    late = _logs_at(w, NOW - 600.0 + 168 * 3600.0 + 1, retain_hours=168.0)
+    with pytest.raises(Refused) as gone:
+        await _lines(late, "alice", job_id="j00")
+    assert gone.value.code == grpc.StatusCode.NOT_FOUND
+    assert "no longer kept" in gone.value.details
+    described = await late.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    assert [(a.outcome, a.logs_kept) for a in described.attempts] == [("SUCCEEDED", False)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,9 +16,11 @@ from federation.history.config import HistorySettings, parse_history
 from federation.history.sql_store import SqlHistoryStore
 from federation.ledger.usage import TenantUsage
 from federation.scheduling.archived_usage import ArchivedUsage
-from federation.scheduling.archiver import due_jobs, ended_at_s
+from federation.scheduling.archiver import due_jobs, ended_at_s, named_tails, tail_reads
+from federation.store.archive_txn import batches
 from federation.store.job_store import Stored
 from federation.store.jobs import JobRecord, PhaseEvent
+from federation.store.kv import Delete, KvError, Txn, check_batch_shape
 from placement.model import GpuType, JobPhase, TenantId
 from tests.conftest import build_job
 from tests.history_builders import an_archived_job
@@ -132,3 +136,52 @@ def test_archived_hours_still_count_against_budgets_and_in_fair_share(tmp_path: 
     # three weeks back next to nothing.
     assert decayed == pytest.approx(1.0 + 8.0 / 32, rel=0.05)
     assert TenantId("org") not in dict(got[TenantId("org")].decayed_gpu_hours)
+
+
+_removals = itertools.count()
+
+
+def _removal(ops: int) -> Txn:
+    n = next(_removals)
+    return Txn((), tuple(Delete(f"/k/{n}/{i}".encode()) for i in range(ops)))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "groups"),
+    [
+        pytest.param([], [], id="none"),
+        pytest.param([5] * 100, [100], id="a hundred small ones share one request"),
+        pytest.param([28] * 100, [100], id="100 nested leave each 28 ops"),
+        pytest.param([29] * 100, [99, 1], id="29 ops each: 99 share, one waits"),
+        pytest.param([127, 127], [1, 1], id="the largest go alone"),
+        pytest.param([5] * 10 + [120, 5], [10, 2], id="a wide one starts a request of its own"),
+    ],
+)
+def test_removals_are_cut_into_requests_etcd_takes(sizes: list[int], groups: list[int]) -> None:
+    cut = batches([_removal(n) for n in sizes])
+    assert [len(g) for g in cut] == groups
+    for g in cut:
+        check_batch_shape(g)  # etcd's own rule (as MemoryKv applies it): none refused
+
+
+def test_etcds_nested_op_rule_is_applied_by_the_shape_check() -> None:
+    with pytest.raises(KvError, match="more than 28 ops"):
+        check_batch_shape([_removal(29) for _ in range(100)])
+
+
+def test_tails_are_named_by_their_summaries_and_read_in_bounded_parts() -> None:
+    summary = {
+        "kept_at_s": 5.0,
+        "replicas": [
+            {"task": "master", "replica": 0, "size_bytes": 1024 * 1024},
+            {"task": "worker", "replica": 3, "size_bytes": 1024 * 1024},
+            {"task": "worker", "replica": 4, "size_bytes": 10},
+        ],
+    }
+    tails = named_tails("j1", {1: json.dumps(summary).encode(), 2: b"not json"})
+    assert [(t.key, t.kept_at_s) for t in tails] == [
+        (b"/gpufed/logs/j1/1/master-0", 5.0),
+        (b"/gpufed/logs/j1/1/worker-3", 5.0),
+        (b"/gpufed/logs/j1/1/worker-4", 5.0),
+    ]
+    assert [[t.replica for t in part] for part in tail_reads(tails)] == [[0, 3], [4]]

@@ -4,6 +4,7 @@ with the metadata the queries are written against."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,12 @@ from sqlalchemy import func, inspect, select
 from federation.errors import InvalidArgument
 from federation.history import rows, schema
 from federation.history.engine import current_revision, migrate, open_engine, parse_dsn
-from federation.history.model import ArchivedJob, GroupBy, UsageQuery
+from federation.history.model import ArchivedJob, GroupBy, KeptLog, UsageQuery
 from federation.history.sql_store import SqlHistoryStore
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
-NEWEST = "0002"
+NEWEST = "0003"
 MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 APRIL = MARCH + 31 * 86_400.0
 
@@ -96,6 +97,34 @@ def test_the_previous_revision_with_rows_upgrades_and_keeps_them(dsn: str) -> No
         assert [(r.keys, r.gpu_hours) for r in found] == [(("t1",), 8.0 * 48), (("t2",), 8.0 * 48)]
         with engine.connect() as connection:
             assert connection.execute(select(func.count()).select_from(schema.usage_months)).scalar() == 2
+    finally:
+        engine.dispose()
+
+
+def test_0002_with_rows_upgrades_to_kept_logs_and_keeps_them(dsn: str) -> None:
+    """0003 adds the kept-log table: the jobs, usage and rollup 0002 held read as before, and a job
+    archived after the upgrade keeps its tails byte for byte."""
+    engine = open_engine(dsn)
+    try:
+        migrate(engine, "0002")
+        assert "history_kept_logs" not in inspect(engine).get_table_names()
+        before = SqlHistoryStore(engine)
+        # 0002's write path is today's minus the tails table: write with no tails, as 0002 did.
+        jobs = [_spanning_march("j1", "t1"), _spanning_march("j2", "t2")]
+        assert before.write_jobs(jobs) == 2
+        migrate(engine)
+        assert current_revision(engine) == NEWEST
+        assert {ix["name"] for ix in inspect(engine).get_indexes("history_kept_logs")} == {
+            "ix_history_kept_logs_kept_at"
+        }
+        store = SqlHistoryStore(engine)
+        assert store.get_job(JobId("j1")) == jobs[0]
+        found = store.usage(UsageQuery(since_s=MARCH, until_s=APRIL, group_by=(GroupBy.TENANT,)))
+        assert [(r.keys, r.gpu_hours) for r in found] == [(("t1",), 8.0 * 48), (("t2",), 8.0 * 48)]
+        assert store.counts().kept_logs == 0
+        tail = KeptLog("j3", 1, "worker", 0, MARCH, b"\x00\xff binary \n")
+        assert store.write_jobs([replace(_spanning_march("j3", "t1"), logs=(tail,))]) == 1
+        assert store.kept_logs(JobId("j3"), 1) == [tail]
     finally:
         engine.dispose()
 
