@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select, tuple_, union_all
@@ -24,11 +24,13 @@ from sqlalchemy.engine import Connection
 from federation.history import rows, schema
 from federation.history.model import IntervalKey, IntervalPage, IntervalQuery, Period
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
-from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY
+from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, whole_months
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
 
 _CHUNK = 500
+# The dimensions `history_usage_months` keeps (all but the user).
+_ROLLUP_DIMENSIONS = frozenset({"tenant", "cluster", "provider", "gpu_type", "kind"})
 # LedgerInterval's fields in order, as the intervals table names them.
 _INTERVAL_COLUMNS = (
     "job_id",
@@ -81,8 +83,99 @@ def _bucket(query: SumsQuery) -> ColumnElement[Any] | None:
 
 
 def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
+    months = _rollup_months(query)
+    if months is None:
+        return _days_sums(conn, query, query.since_s, query.until_s)
+    first, last = months
+    head, tail = query.since_s < first, last < query.until_s
+    merged: dict[tuple[str | None, tuple[str, ...]], list[float]] = {}
+    parts = [_months_sums(conn, query, first, last, head=head)]
+    if head:
+        parts.append(_days_sums(conn, query, query.since_s, first))
+    if tail:
+        parts.append(_days_sums(conn, query, last, query.until_s))
+    for part in parts:
+        for r in part:
+            total = merged.setdefault((r.bucket, r.keys), [0.0, 0.0, 0])
+            total[0] += r.gpu_seconds
+            total[1] += r.cost_gpu_seconds
+            total[2] += r.intervals
+    if tail and query.period is None and query.count_intervals:
+        # Over the whole range an interval counts once: one running across `last` was counted in
+        # the whole months (or the head), so it leaves the tail's count. Those are the intervals
+        # of the tail's month that began before it (it starts at `last`, a month's first instant).
+        for keys, carried in _carried_into(conn, query, last):
+            found = merged.get((None, keys))
+            if found is not None:
+                found[2] -= carried
+    return tuple(
+        SumsRow(keys=keys, bucket=bucket, gpu_seconds=t[0], cost_gpu_seconds=t[1], intervals=int(t[2]))
+        for (bucket, keys), t in sorted(merged.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+    )
+
+
+def _rollup_months(query: SumsQuery) -> tuple[float, float] | None:
+    """The whole months of the query's range that `history_usage_months` can answer, or None when
+    it cannot help: a grouping it does not keep (user), day or week buckets, or no whole month."""
+    if query.starts or query.period is Period.DAY:
+        return None
+    if not all(DIMENSION_COLUMNS[g] in _ROLLUP_DIMENSIONS for g in query.group_by):
+        return None
+    return whole_months(query.since_s, query.until_s)
+
+
+def _months_sums(
+    conn: Connection, query: SumsQuery, first_s: float, last_s: float, *, head: bool
+) -> tuple[SumsRow, ...]:
+    """Sums over the whole months [first_s, last_s) from the rollup. Counts: a month bucket counts
+    the month's intervals; one bucket over the range counts each interval in its first month there
+    only: the first month's intervals (none of them if a head before it counted them already,
+    since an interval running into the first month has a piece in the head too) plus the intervals
+    begun in each later month."""
+    m = schema.usage_months
+    first_month = rows.month_of(first_s)
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    bucket = m.c.month if query.period is Period.MONTH else None
+    grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
+    count: ColumnElement[Any]
+    if not query.count_intervals:
+        count = literal(0)
+    elif bucket is not None:
+        count = func.sum(m.c.intervals)
+    elif head:
+        count = func.sum(m.c.intervals_begun)
+    else:
+        count = func.sum(case((m.c.month == first_month, m.c.intervals), else_=m.c.intervals_begun))
+    stmt = select(*grouped, func.sum(m.c.gpu_seconds), func.sum(m.c.cost_gpu_seconds), count).where(
+        m.c.month >= first_month, m.c.month < rows.month_of(last_s)
+    )
+    if query.tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+    if grouped:
+        by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
+        stmt = stmt.group_by(*by).order_by(*by)
+    return _rows(conn.execute(stmt), with_bucket=bucket is not None, width=len(keys))
+
+
+def _carried_into(conn: Connection, query: SumsQuery, month_s: float) -> list[tuple[tuple[str, ...], int]]:
+    """Per group, the intervals running across `month_s` (a month's first instant): those with a
+    day row in that month that began before it."""
+    m = schema.usage_months
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    stmt = select(*keys, func.sum(m.c.intervals - m.c.intervals_begun)).where(
+        m.c.month == rows.month_of(month_s)
+    )
+    if query.tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+    if keys:
+        stmt = stmt.group_by(*keys)
+    return [(tuple(str(v) for v in r[:-1]), int(r[-1])) for r in conn.execute(stmt) if r[-1] is not None]
+
+
+def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: float) -> tuple[SumsRow, ...]:
+    """Sums over [since_s, until_s) from the interval-days, clipped to it; counts are distinct ids."""
     d = schema.usage_days
-    start, end = _clipped(query.since_s, query.until_s)
+    start, end = _clipped(since_s, until_s)
     gpu_seconds = d.c.gpu_count * (end - start)
     keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     bucket = _bucket(query)
@@ -93,7 +186,7 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
         func.sum(gpu_seconds),
         func.sum(gpu_seconds * d.c.usd_per_gpu_hour),
         count,
-    ).where(and_(*_in_range(query.since_s, query.until_s)))
+    ).where(and_(*_in_range(since_s, until_s)))
     if query.tenants is not None:
         stmt = stmt.where(d.c.tenant.in_(sorted(query.tenants)))
     else:
@@ -108,17 +201,20 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
         by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
         # In a fixed order: the caller's float sums then add in the same order every time.
         stmt = stmt.group_by(*by).order_by(*by)
-    first = 0 if bucket is None else 1
-    width = len(keys)
+    return _rows(conn.execute(stmt), with_bucket=bucket is not None, width=len(keys))
+
+
+def _rows(found: Iterable[Any], *, with_bucket: bool, width: int) -> tuple[SumsRow, ...]:
+    first = 1 if with_bucket else 0
     out = []
-    for r in conn.execute(stmt):
+    for r in found:
         if r[-3] is None:
             # Without a GROUP BY, SQL answers one row of NULL sums when nothing matched.
             continue
         out.append(
             SumsRow(
                 keys=tuple(str(v) for v in r[first : first + width]),
-                bucket=None if bucket is None else str(r[0]),
+                bucket=str(r[0]) if with_bucket else None,
                 gpu_seconds=float(r[-3]),
                 cost_gpu_seconds=float(r[-2]),
                 intervals=int(r[-1]),

@@ -17,10 +17,12 @@ Which index serves which query:
   the primary key (day, interval_id) for the federation's report, `ix_history_usage_days_tenant_day`
   (tenant, day; migration 0002) for one tenant's. Grouping by day or month groups on the `day`
   column itself, so no interval is split at query time.
-* `history_usage_months` (migration 0002): the same usage summed by month, tenant, cluster,
-  provider, GPU type and kind, kept in step by every archive write. A report not grouped by user
-  or by day reads whole months here (a year is about 60,000 rows instead of 1,000,000) and only
-  the partial months at its ends from `history_usage_days`. Its primary key starts with the month.
+* `history_usage_months` (migration 0002; interval counts and undivided cost since 0003): the same
+  usage summed by month, tenant, cluster, provider, GPU type and kind, kept in step by every
+  archive write. A report not grouped by user, by day or by week (`HistoryStore.usage`, and the
+  finance report's own rows in `report_sql.sums`) reads whole months here (a year is about 60,000
+  rows instead of 1,000,000) and only the partial months at its ends from `history_usage_days`.
+  Its primary key starts with the month.
 * `ix_history_audit_at` (at_s, audit_id): the audit trail in time order, from a position.
 """
 
@@ -138,6 +140,14 @@ usage_months = Table(
     Column("kind", String, nullable=False),
     Column("gpu_seconds", Seconds, nullable=False),
     Column("cost_usd", Money, nullable=False),
+    # Migration 0003, what a finance report (`report_sql.sums`) needs to read whole months here:
+    # GPU-seconds x USD per GPU-hour undivided (exact on whole-second times, as the report sums it),
+    # the distinct intervals with a day row in the month, and how many of them began in it (their
+    # first day row is in this month). A range of whole months counts an interval once: its first
+    # month's `intervals` plus the other months' `intervals_begun`.
+    Column("cost_gpu_seconds", Money, nullable=False),
+    Column("intervals", Integer, nullable=False),
+    Column("intervals_begun", Integer, nullable=False),
     # Users are left out on purpose: with them a month has about as many rows as intervals, and the
     # rollup would save nothing. A report by user reads `history_usage_days`.
     PrimaryKeyConstraint(

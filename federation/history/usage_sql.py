@@ -30,6 +30,7 @@ DIMENSION_COLUMNS = {
 }
 SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
+_ROLLUP_SUMS = ("gpu_seconds", "cost_usd", "cost_gpu_seconds", "intervals", "intervals_begun")
 
 # (group keys, period) -> [gpu_hours, cost_usd]
 Sums = dict[tuple[tuple[str, ...], str | None], list[float]]
@@ -137,16 +138,43 @@ def usage(conn: Connection, query: UsageQuery) -> list[UsageRow]:
 
 
 def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rollup's increments for newly written interval-days, one row per month and key."""
-    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for d in day_rows:
+    """The rollup's increments for newly written interval-days, one row per month and key.
+
+    `day_rows` must hold every day row of each interval in it (as `write_jobs` writes whole
+    intervals): an interval's first day row, the one that makes it count as begun in its month, is
+    its earliest here."""
+    listed = list(day_rows)
+    first_day: dict[str, str] = {}
+    for d in listed:
+        seen = first_day.get(d["interval_id"])
+        if seen is None or d["day"] < seen:
+            first_day[d["interval_id"]] = d["day"]
+    # key -> [GPU-seconds, cost in USD, GPU-seconds x price, intervals, intervals begun]
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])
+    # An interval counts once per month however many of its days fall in it.
+    counted: set[tuple[str, str]] = set()
+    for d in listed:
         gpu_seconds = d["gpu_count"] * (d["end_s"] - d["start_s"])
-        key = (d["day"][:7], d["tenant"], d["cluster"], d["provider"], d["gpu_type"], d["kind"])
+        month = d["day"][:7]
+        key = (month, d["tenant"], d["cluster"], d["provider"], d["gpu_type"], d["kind"])
         total = totals[key]
         total[0] += gpu_seconds
         total[1] += gpu_seconds * d["usd_per_gpu_hour"] / 3600.0
+        total[2] += gpu_seconds * d["usd_per_gpu_hour"]
+        if (d["interval_id"], month) not in counted:
+            counted.add((d["interval_id"], month))
+            total[3] += 1
+        if first_day[d["interval_id"]] == d["day"]:
+            total[4] += 1
     return [
-        {**dict(zip(_ROLLUP_KEY, key, strict=True)), "gpu_seconds": t[0], "cost_usd": t[1]}
+        {
+            **dict(zip(_ROLLUP_KEY, key, strict=True)),
+            "gpu_seconds": t[0],
+            "cost_usd": t[1],
+            "cost_gpu_seconds": t[2],
+            "intervals": int(t[3]),
+            "intervals_begun": int(t[4]),
+        }
         for key, t in totals.items()
     ]
 
@@ -159,25 +187,29 @@ def add_to_month_rollup(conn: Connection, dialect: str, increments: list[dict[st
     stmt = postgresql.insert(m) if dialect == "postgresql" else sqlite.insert(m)
     upsert = stmt.on_conflict_do_update(
         index_elements=list(_ROLLUP_KEY),
-        set_={
-            "gpu_seconds": m.c.gpu_seconds + stmt.excluded.gpu_seconds,
-            "cost_usd": m.c.cost_usd + stmt.excluded.cost_usd,
-        },
+        set_={name: m.c[name] + stmt.excluded[name] for name in _ROLLUP_SUMS},
     )
     conn.execute(upsert, increments)
 
 
 def rebuild_month_rollup(conn: Connection) -> None:
     """Recompute the whole rollup from `history_usage_days`: after a bulk load that bypassed
-    `write_jobs`, or to repair a rollup one suspects. One statement, in the caller's transaction."""
+    `write_jobs`, or to repair a rollup one suspects. One statement, in the caller's transaction.
+    An interval's first day row is the one starting where the interval starts (the others start at
+    a midnight, and one starting at a midnight has its first row start there too)."""
     conn.execute(schema.usage_months.delete())
-    d = schema.usage_days
+    d, i = schema.usage_days, schema.intervals
     month = func.substr(d.c.day, 1, 7)
     gpu_seconds = d.c.gpu_count * (d.c.end_s - d.c.start_s)
     keys = [month, d.c.tenant, d.c.cluster, d.c.provider, d.c.gpu_type, d.c.kind]
-    summed = select(*keys, func.sum(gpu_seconds), func.sum(gpu_seconds * d.c.usd_per_gpu_hour) / 3600.0)
+    summed = select(
+        *keys,
+        func.sum(gpu_seconds),
+        func.sum(gpu_seconds * d.c.usd_per_gpu_hour) / 3600.0,
+        func.sum(gpu_seconds * d.c.usd_per_gpu_hour),
+        func.count(func.distinct(d.c.interval_id)),
+        func.sum(case((d.c.start_s == i.c.start_s, 1), else_=0)),
+    ).join_from(d, i, i.c.interval_id == d.c.interval_id)
     conn.execute(
-        schema.usage_months.insert().from_select(
-            [*_ROLLUP_KEY, "gpu_seconds", "cost_usd"], summed.group_by(*keys)
-        )
+        schema.usage_months.insert().from_select([*_ROLLUP_KEY, *_ROLLUP_SUMS], summed.group_by(*keys))
     )
