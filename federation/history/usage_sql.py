@@ -1,4 +1,5 @@
-"""Usage reports in SQL, and keeping the month rollup in step with the rows it sums.
+"""Usage reports in SQL, and keeping the rollups (by month; by day, tenant and GPU type) in step
+with the rows they sum.
 
 A report over [since, until) is answered in at most three parts, each one index-backed SQL query:
 the whole UTC months inside the range from `history_usage_months` (when the report is not by user
@@ -30,6 +31,7 @@ DIMENSION_COLUMNS = {
 }
 SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
+_TENANT_DAY_KEY = ("day", "tenant", "gpu_type")
 _ROLLUP_SUMS = ("gpu_seconds", "cost_usd", "cost_gpu_seconds", "intervals", "intervals_begun")
 
 # (group keys, period) -> [gpu_hours, cost_usd]
@@ -179,22 +181,48 @@ def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]
     ]
 
 
-def add_to_month_rollup(conn: Connection, dialect: str, increments: list[dict[str, Any]]) -> None:
-    """Add the increments to the rollup (insert, or add to the row already there)."""
-    if not increments:
-        return
-    m = schema.usage_months
-    stmt = postgresql.insert(m) if dialect == "postgresql" else sqlite.insert(m)
-    upsert = stmt.on_conflict_do_update(
-        index_elements=list(_ROLLUP_KEY),
-        set_={name: m.c[name] + stmt.excluded[name] for name in _ROLLUP_SUMS},
-    )
-    conn.execute(upsert, increments)
+def tenant_day_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The day rollup's increments for newly written interval-days, one row per day, tenant and
+    GPU type (a day row is one interval's part of one day, so each adds one interval)."""
+    totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for d in day_rows:
+        gpu_seconds = d["gpu_count"] * (d["end_s"] - d["start_s"])
+        total = totals[(d["day"], d["tenant"], d["gpu_type"])]
+        total[0] += gpu_seconds
+        total[1] += gpu_seconds * d["usd_per_gpu_hour"]
+        total[2] += 1
+    return [
+        {
+            "day": day,
+            "tenant": tenant,
+            "gpu_type": gpu_type,
+            "gpu_seconds": t[0],
+            "cost_gpu_seconds": t[1],
+            "intervals": int(t[2]),
+        }
+        for (day, tenant, gpu_type), t in totals.items()
+    ]
 
 
-def rebuild_month_rollup(conn: Connection) -> None:
-    """Recompute the whole rollup from `history_usage_days`: after a bulk load that bypassed
-    `write_jobs`, or to repair a rollup one suspects. One statement, in the caller's transaction.
+def add_to_rollups(conn: Connection, dialect: str, day_rows: list[dict[str, Any]]) -> None:
+    """Add newly written interval-days to both rollups (insert, or add to the row already there)."""
+    for table, key, increments in (
+        (schema.usage_months, _ROLLUP_KEY, month_rollup_rows(day_rows)),
+        (schema.usage_tenant_days, _TENANT_DAY_KEY, tenant_day_rollup_rows(day_rows)),
+    ):
+        if not increments:
+            continue
+        stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+        upsert = stmt.on_conflict_do_update(
+            index_elements=list(key),
+            set_={c.name: c + stmt.excluded[c.name] for c in table.columns if c.name not in key},
+        )
+        conn.execute(upsert, increments)
+
+
+def rebuild_rollups(conn: Connection) -> None:
+    """Recompute both rollups from `history_usage_days`: after a bulk load that bypassed
+    `write_jobs`, or to repair a rollup one suspects. In the caller's transaction.
     An interval's first day row is the one starting where the interval starts (the others start at
     a midnight, and one starting at a midnight has its first row start there too)."""
     conn.execute(schema.usage_months.delete())
@@ -212,4 +240,14 @@ def rebuild_month_rollup(conn: Connection) -> None:
     ).join_from(d, i, i.c.interval_id == d.c.interval_id)
     conn.execute(
         schema.usage_months.insert().from_select([*_ROLLUP_KEY, *_ROLLUP_SUMS], summed.group_by(*keys))
+    )
+    conn.execute(schema.usage_tenant_days.delete())
+    by_day = [d.c.day, d.c.tenant, d.c.gpu_type]
+    per_day = select(
+        *by_day, func.sum(gpu_seconds), func.sum(gpu_seconds * d.c.usd_per_gpu_hour), func.count()
+    ).group_by(*by_day)
+    conn.execute(
+        schema.usage_tenant_days.insert().from_select(
+            [*_TENANT_DAY_KEY, "gpu_seconds", "cost_gpu_seconds", "intervals"], per_day
+        )
     )

@@ -179,6 +179,13 @@ def test_revision_0002_with_rows_upgrades_to_rollup_counts(dsn: str) -> None:
             ("2026-03", "t2", 8 * 48 * 3_600.0, 8 * 48 * 3_600.0 * 2.0, 1, 1),
             ("2026-04", "t1", april_s, april_s * 2.0, 1, 0),
         ]
+        t = schema.usage_tenant_days
+        with engine.connect() as connection:
+            by_day = connection.execute(
+                select(t.c.day, t.c.tenant, t.c.gpu_seconds, t.c.intervals).where(t.c.day == "2026-03-01")
+            ).all()
+        # j1 all day, j2 its hour from midnight: two intervals that day.
+        assert [tuple(r) for r in by_day] == [("2026-03-01", "t1", 8 * 86_400.0 + 2 * 3_600.0, 2)]
         store = SqlHistoryStore(engine)
         # February to April whole: from the rollup alone; j1 counts once over the three months.
         read = ReportRead((SumsQuery(feb, APRIL + 30 * 86_400.0, (GroupBy.TENANT,)),))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +27,7 @@ from sqlalchemy import Row, select
 
 from federation.history import schema
 from federation.history.sql_store import SqlHistoryStore
-from federation.history.usage_sql import rebuild_month_rollup
+from federation.history.usage_sql import rebuild_rollups
 from federation.ledger.report import (
     Bucket,
     Dim,
@@ -312,7 +312,7 @@ def test_reports_over_whole_months_read_the_same(
     compared = 0
     for group_by, bucket, (name, start, end), tenants in itertools.product(
         YEAR_GROUPINGS,
-        [None, Bucket.MONTH, Bucket.WEEK],
+        [None, Bucket.MONTH, Bucket.WEEK, Bucket.DAY],
         YEAR_PERIODS,
         [None, frozenset({TenantId("nlp")})],
     ):
@@ -323,7 +323,7 @@ def test_reports_over_whole_months_read_the_same(
         assert got == expected, (name, group_by, bucket, tenants)
         assert expected.rows, "every query here has usage to compare"
         compared += 1
-    assert compared == 5 * 3 * 7 * 2
+    assert compared == 5 * 4 * 7 * 2
 
 
 def test_a_year_counts_an_interval_once_however_many_months_it_spans(
@@ -355,23 +355,23 @@ def test_a_year_counts_an_interval_once_however_many_months_it_spans(
         ), r
 
 
-def test_the_rollup_written_row_by_row_is_the_rollup_rebuilt_from_the_days(
+def test_the_rollups_written_row_by_row_are_the_rollups_rebuilt_from_the_days(
     archived_year: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
 ) -> None:
     """The archive's increments and the migration's (and bulk load's) fill from the day rows agree."""
     store, _, _ = archived_year
-    order = [
-        schema.usage_months.c[name] for name in ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
-    ]
-    with store.engine.begin() as conn:
-        written = conn.execute(select(schema.usage_months).order_by(*order)).all()
-        rebuild_month_rollup(conn)
-        rebuilt = conn.execute(select(schema.usage_months).order_by(*order)).all()
-    assert len(written) > 12
 
-    def exact(found: list[Row[Any]]) -> list[tuple[Any, ...]]:
+    def exact(found: Sequence[Row[Any]]) -> list[tuple[Any, ...]]:
         # All but `cost_usd` (0002's, divided by 3600 per write, so its last digit depends on the order).
         return [tuple(v for k, v in r._mapping.items() if k != "cost_usd") for r in found]
 
-    assert exact(written) == exact(rebuilt)
-    assert [r.cost_usd for r in written] == pytest.approx([r.cost_usd for r in rebuilt])
+    tables = (schema.usage_months, schema.usage_tenant_days)
+    with store.engine.begin() as conn:
+        written = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+        rebuild_rollups(conn)
+        rebuilt = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+    assert len(written[0]) > 12
+    assert len(written[1]) > 300
+    for before, after in zip(written, rebuilt, strict=True):
+        assert exact(before) == exact(after)
+    assert [r.cost_usd for r in written[0]] == pytest.approx([r.cost_usd for r in rebuilt[0]])

@@ -1,4 +1,5 @@
-"""Interval counts and exact cost in the month rollup, so finance reports can read it too.
+"""Interval counts and exact cost in the month rollup, and a day rollup by tenant and GPU type, so
+finance reports read rollups rather than every interval-day of a long period.
 
 A finance report (`report_sql.sums`) counts each group's distinct intervals and sums cost as
 GPU-seconds x price (exact on whole-second times, unlike 0002's `cost_usd`, which is divided by 3600
@@ -11,7 +12,10 @@ per write). Until now that made it read every interval-day of its period. With, 
 a range of whole months counts `intervals` of its first month plus `intervals_begun` of the others
 (an interval counts once however many months it spans), and a month bucket counts `intervals`.
 
-The table is rebuilt from `history_usage_days`, so the new columns hold the same figures as if every
+`history_usage_tenant_days`: usage by UTC day, tenant and GPU type, which every finance report asks
+for over its whole period (daily cost chart, GPU-hours by type, per-tenant figures).
+
+The month rollup is rebuilt from `history_usage_days`, so the new columns hold the same figures as if every
 row had been written with them. An interval's first day row is the one that starts where the
 interval starts (later rows start at a midnight; one that starts at a midnight has a first row
 starting there too, which is why this compares with the interval's start, not with midnight).
@@ -65,6 +69,25 @@ def upgrade() -> None:
     # and the fill below reads every day row once either way.
     op.drop_table("history_usage_months")
     _create(with_counts=True)
+    op.create_table(
+        "history_usage_tenant_days",
+        sa.Column("day", sa.String(10), nullable=False),
+        sa.Column("tenant", sa.String, nullable=False),
+        sa.Column("gpu_type", sa.String, nullable=False),
+        sa.Column("gpu_seconds", _S, nullable=False),
+        sa.Column("cost_gpu_seconds", _S, nullable=False),
+        sa.Column("intervals", sa.Integer, nullable=False),
+        sa.PrimaryKeyConstraint("day", "tenant", "gpu_type", name="pk_history_usage_tenant_days"),
+        sqlite_with_rowid=False,
+    )
+    # One day row per interval and day: a day's intervals are its rows.
+    op.execute(
+        "INSERT INTO history_usage_tenant_days"
+        " (day, tenant, gpu_type, gpu_seconds, cost_gpu_seconds, intervals)"
+        " SELECT day, tenant, gpu_type, SUM(gpu_count * (end_s - start_s)),"
+        " SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour), COUNT(*)"
+        " FROM history_usage_days GROUP BY day, tenant, gpu_type"
+    )
     # Frozen here rather than imported: a migration must do tomorrow what it did today.
     op.execute(
         "INSERT INTO history_usage_months"
@@ -82,6 +105,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("history_usage_tenant_days")
     op.drop_table("history_usage_months")
     _create(with_counts=False)
     op.execute(
