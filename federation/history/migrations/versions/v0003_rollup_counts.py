@@ -65,6 +65,11 @@ def _create(with_counts: bool) -> None:
 
 
 def upgrade() -> None:
+    # SQLite's planner would walk (tenant, day) and look every row up; the table's own key reads
+    # them in sequence, twice as fast.
+    in_key_order = ""
+    if op.get_bind().dialect.name == "sqlite":
+        in_key_order = " INDEXED BY sqlite_autoindex_history_usage_days_1"
     # Rebuilt rather than altered: the new columns have no default that would be right for old rows,
     # and the fill below reads every day row once either way.
     op.drop_table("history_usage_months")
@@ -86,9 +91,11 @@ def upgrade() -> None:
         " (day, tenant, gpu_type, gpu_seconds, cost_gpu_seconds, intervals)"
         " SELECT day, tenant, gpu_type, SUM(gpu_count * (end_s - start_s)),"
         " SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour), COUNT(*)"
-        " FROM history_usage_days GROUP BY day, tenant, gpu_type"
+        f" FROM history_usage_days{in_key_order} GROUP BY day, tenant, gpu_type"
     )
-    # Frozen here rather than imported: a migration must do tomorrow what it did today.
+    # Frozen here rather than imported: a migration must do tomorrow what it did today. An interval's
+    # rows are one per day and contiguous, so in a month exactly one of them is its first row or on
+    # the month's first day: counting those counts each interval once per month.
     op.execute(
         "INSERT INTO history_usage_months"
         " (month, tenant, cluster, provider, gpu_type, kind, gpu_seconds, cost_usd,"
@@ -97,9 +104,9 @@ def upgrade() -> None:
         " SUM(d.gpu_count * (d.end_s - d.start_s)),"
         " SUM(d.gpu_count * (d.end_s - d.start_s) * d.usd_per_gpu_hour) / 3600.0,"
         " SUM(d.gpu_count * (d.end_s - d.start_s) * d.usd_per_gpu_hour),"
-        " COUNT(DISTINCT d.interval_id),"
+        " SUM(CASE WHEN d.start_s = i.start_s OR substr(d.day, 9, 2) = '01' THEN 1 ELSE 0 END),"
         " SUM(CASE WHEN d.start_s = i.start_s THEN 1 ELSE 0 END)"
-        " FROM history_usage_days d JOIN history_intervals i ON i.interval_id = d.interval_id"
+        f" FROM history_usage_days d{in_key_order} JOIN history_intervals i ON i.interval_id = d.interval_id"
         " GROUP BY substr(d.day, 1, 7), d.tenant, d.cluster, d.provider, d.gpu_type, d.kind"
     )
 
