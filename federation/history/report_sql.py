@@ -1,10 +1,15 @@
-"""The reads behind finance reports and the ledger listing, in SQL on `history_usage_days`.
+"""The reads behind finance reports and the ledger listing, in SQL on `history_usage_days` and the
+rollups.
 
 * `sums`: GROUP BY sums of interval-days clipped to a range, by any dimensions and a time bucket.
   Every bucket a report offers starts at a UTC midnight, and a day row never crosses one, so a
   bucket's sum is the sum of its days' rows, and grouping happens on the `day` column itself.
-  Interval counts are COUNT(DISTINCT interval_id), which is why these sums never read the month
-  rollup (it keeps no interval ids); the rollup stays the fast path of `HistoryStore.usage`.
+  Interval counts are COUNT(DISTINCT interval_id). Where a rollup keeps the query's dimensions, its
+  whole months (`history_usage_months`; no bucket or by month) or whole days
+  (`history_usage_tenant_days`; by day) are read there instead, and only the partial ones at the
+  range's ends from the days: a year is tens of thousands of rollup rows, not a million day rows.
+  A month's interval count is its `intervals`; over several months an interval counts once, in the
+  first month of the range it has usage in (see `sums` and `_months_sums`).
 * `edges`: how the GPUs in use change over time per (cluster, GPU type), summed per instant in SQL:
   +gpus where a clipped day row starts, -gpus where it ends. A row ending at midnight and the same
   interval's next row starting there cancel, and such zero changes are left out.
