@@ -12,13 +12,14 @@ per write). Until now that made it read every interval-day of its period. With, 
 a range of whole months counts `intervals` of its first month plus `intervals_begun` of the others
 (an interval counts once however many months it spans), and a month bucket counts `intervals`.
 
-`history_usage_tenant_days`: usage by UTC day, tenant and GPU type, which every finance report asks
-for over its whole period (daily cost chart, GPU-hours by type, per-tenant figures).
+`history_usage_tenant_days`: usage by UTC day, tenant and GPU type; every finance report asks for
+tenant x day over its whole period (daily cost chart, per-tenant figures).
 
-The month rollup is rebuilt from `history_usage_days`, so the new columns hold the same figures as if every
-row had been written with them. An interval's first day row is the one that starts where the
-interval starts (later rows start at a midnight; one that starts at a midnight has a first row
-starting there too, which is why this compares with the interval's start, not with midnight).
+Both are filled from `history_usage_days` (the month rollup dropped and rebuilt), so they hold the
+same figures as if every row had been written with them. An interval's first day row is the one
+that starts where the interval starts (later rows start at a midnight; one that starts at a
+midnight has a first row starting there too, which is why this compares with the interval's start,
+not with midnight).
 
 Revision ID: 0003
 Revises: 0002
