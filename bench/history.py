@@ -267,12 +267,18 @@ def load_postgres(
         raw.close()
     with phase("postgres secondary indexes"):
         _create_secondary_indexes(store)
-    with phase("postgres rollups"), store.engine.begin() as conn:
-        rebuild_rollups(conn)
     # ANALYZE for the planner's statistics; VACUUM too would set the visibility map (index-only
     # scans), but rewrites every page of a fresh table: too slow for a load, and autovacuum does it.
+    # Before the rollups: their fill joins the days with the intervals, and planned without
+    # statistics it took 10 s here against 5 to 7 s with them.
     with phase("postgres analyze"), store.engine.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
+    with phase("postgres rollups"), store.engine.begin() as conn:
+        # The fill's hash join of 1,000,000 intervals spills to disk at the default 4 MB.
+        conn.exec_driver_sql("SET LOCAL work_mem = '256MB'")
+        rebuild_rollups(conn)
+    with phase("postgres analyze rollups"), store.engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE history_usage_months, history_usage_tenant_days")
 
 
 def _load_postgres_in_child(
