@@ -11,9 +11,11 @@ and `finish_report`, for
 * June by user, by day (no rollup can serve users; the widest usual report);
 * one tenant's June by day (a member's view).
 
-Unlike `HistoryStore.usage` (timed by `bench/history.py`), these sums count each row's interval
-pieces (COUNT DISTINCT), so they read `history_usage_days` and never the month rollup. The totals are
-checked against the generator's own sum for June.
+These sums count each row's interval pieces, as `HistoryStore.usage` (timed by `bench/history.py`)
+does not: whole months come from the month rollup's interval counts and whole days of the daily
+figures from the day rollup by tenant and GPU type (migration 0003); the partial months and days at
+the ends, and groupings no rollup keeps (by user; by week), from `history_usage_days`. The totals
+are checked against the generator's own sum for June, and the year's against its sum for 2026.
 
     python bench/report_sql.py            # 1,000,000 intervals, median of 3
     python bench/report_sql.py --quick    # 1,000,000 intervals too, one run each
@@ -54,13 +56,23 @@ def api_report(store: SqlHistoryStore, query: ReportQuery) -> Report:
 
 
 def measure(
-    name: str, store: SqlHistoryStore, runs: int, expected_june_h: float, figures: dict[str, float]
+    name: str,
+    store: SqlHistoryStore,
+    runs: int,
+    expected: tuple[float, float],
+    figures: dict[str, float],
 ) -> None:
+    expected_june_h, expected_year_h = expected
     june = {"start_s": loads.MONTH_START, "end_s": loads.MONTH_END, "now_s": NOW}
     by_tenant_gpu = ReportQuery(**june, group_by=(Dim.TENANT, Dim.GPU_TYPE), bucket=Bucket.MONTH)
     got = api_report(store, by_tenant_gpu).total_gpu_hours
     if abs(got - expected_june_h) > 1e-6 * expected_june_h:
         raise SystemExit(f"{name}: June's GPU-hours {got} != {expected_june_h} from the generator")
+    year_h = api_report(
+        store, ReportQuery(start_s=loads.YEAR_START, end_s=loads.YEAR_END, now_s=NOW)
+    ).total_gpu_hours
+    if abs(year_h - expected_year_h) > 1e-6 * expected_year_h:
+        raise SystemExit(f"{name}: 2026's GPU-hours {year_h} != {expected_year_h} from the generator")
     year = ReportQuery(
         start_s=loads.YEAR_START,
         end_s=loads.YEAR_END,
@@ -91,7 +103,10 @@ def main() -> int:
     runs = 1 if args.quick else 3
     figures: dict[str, float] = {}
     interval_rows, day_rows = loads.year_of_intervals(args.intervals)
-    expected = loads.expected_month_gpu_hours(day_rows)
+    expected = (
+        loads.expected_month_gpu_hours(day_rows),
+        sum(row[10] * (row[3] - row[2]) for row in day_rows) / 3600.0,
+    )
     with (
         tempfile.TemporaryDirectory(prefix="gpufed-bench-report-sql-") as tmp,
         PostgresProcess(settings={"max_wal_size": "4GB", "maintenance_work_mem": "256MB"}) as postgres,

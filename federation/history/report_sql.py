@@ -1,10 +1,15 @@
-"""The reads behind finance reports and the ledger listing, in SQL on `history_usage_days`.
+"""The reads behind finance reports and the ledger listing, in SQL on `history_usage_days` and the
+rollups.
 
 * `sums`: GROUP BY sums of interval-days clipped to a range, by any dimensions and a time bucket.
   Every bucket a report offers starts at a UTC midnight, and a day row never crosses one, so a
   bucket's sum is the sum of its days' rows, and grouping happens on the `day` column itself.
-  Interval counts are COUNT(DISTINCT interval_id), which is why these sums never read the month
-  rollup (it keeps no interval ids); the rollup stays the fast path of `HistoryStore.usage`.
+  Interval counts are COUNT(DISTINCT interval_id). Where a rollup keeps the query's dimensions, its
+  whole months (`history_usage_months`; no bucket or by month) or whole days
+  (`history_usage_tenant_days`; by day) are read there instead, and only the partial ones at the
+  range's ends from the days: a year is tens of thousands of rollup rows, not a million day rows.
+  A month's interval count is its `intervals`; over several months an interval counts once, in the
+  first month of the range it has usage in (see `sums` and `_months_sums`).
 * `edges`: how the GPUs in use change over time per (cluster, GPU type), summed per instant in SQL:
   +gpus where a clipped day row starts, -gpus where it ends. A row ending at midnight and the same
   interval's next row starting there cancel, and such zero changes are left out.
@@ -15,7 +20,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select, tuple_, union_all
@@ -24,11 +30,14 @@ from sqlalchemy.engine import Connection
 from federation.history import rows, schema
 from federation.history.model import IntervalKey, IntervalPage, IntervalQuery, Period
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
-from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY
+from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, whole_months
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
 
 _CHUNK = 500
+# The dimensions `history_usage_months` keeps (all but the user), and `history_usage_tenant_days`.
+_ROLLUP_DIMENSIONS = frozenset({"tenant", "cluster", "provider", "gpu_type", "kind"})
+_TENANT_DAY_DIMENSIONS = frozenset({"tenant", "gpu_type"})
 # LedgerInterval's fields in order, as the intervals table names them.
 _INTERVAL_COLUMNS = (
     "job_id",
@@ -81,8 +90,138 @@ def _bucket(query: SumsQuery) -> ColumnElement[Any] | None:
 
 
 def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
+    months, days = _rollup_months(query), _rollup_days(query)
+    if months is not None:
+        first, last = months
+        head, tail = query.since_s < first, last < query.until_s
+        whole = _months_sums(conn, query, first, last, head=head)
+    elif days is not None:
+        first, last = days
+        head, tail = query.since_s < first, last < query.until_s
+        whole = _tenant_days_sums(conn, query, first, last)
+    else:
+        return _days_sums(conn, query, query.since_s, query.until_s)
+    before = _days_sums(conn, query, query.since_s, first) if head else ()
+    after = _days_sums(conn, query, last, query.until_s) if tail else ()
+    if query.period is not None:
+        # By day or month each part has buckets of its own (the head's lies before the first whole
+        # day or month, the tail's after the last), and each part comes in (bucket, keys) order: so
+        # one after the other they are in order, with nothing to add up (a year by day is 90,000
+        # rows, and merging them in a dict here took longer than the SQL).
+        return (*before, *whole, *after)
+    merged: dict[tuple[str | None, tuple[str, ...]], list[float]] = {}
+    parts = (whole, before, after)
+    for part in parts:
+        for r in part:
+            total = merged.setdefault((r.bucket, r.keys), [0.0, 0.0, 0])
+            total[0] += r.gpu_seconds
+            total[1] += r.cost_gpu_seconds
+            total[2] += r.intervals
+    if tail and query.count_intervals:
+        # Over the whole range an interval counts once: one running across `last` was counted in
+        # the whole months (or the head), so it leaves the tail's count. Those are the intervals
+        # of the tail's month that began before it (it starts at `last`, a month's first instant).
+        for keys, carried in _carried_into(conn, query, last):
+            found = merged.get((None, keys))
+            if found is not None:
+                found[2] -= carried
+    return tuple(
+        SumsRow(keys=keys, bucket=bucket, gpu_seconds=t[0], cost_gpu_seconds=t[1], intervals=int(t[2]))
+        for (bucket, keys), t in sorted(merged.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+    )
+
+
+def _rollup_months(query: SumsQuery) -> tuple[float, float] | None:
+    """The whole months of the query's range that `history_usage_months` can answer, or None when
+    it cannot help: a grouping it does not keep (user), day or week buckets, or no whole month."""
+    if query.starts or query.period is Period.DAY:
+        return None
+    if not all(DIMENSION_COLUMNS[g] in _ROLLUP_DIMENSIONS for g in query.group_by):
+        return None
+    return whole_months(query.since_s, query.until_s)
+
+
+def _rollup_days(query: SumsQuery) -> tuple[float, float] | None:
+    """The whole UTC days of a by-day query's range that `history_usage_tenant_days` can answer (it
+    keeps tenant and GPU type only), or None. Each day is its own bucket, so counts simply add."""
+    if query.period is not Period.DAY:
+        return None
+    if not all(DIMENSION_COLUMNS[g] in _TENANT_DAY_DIMENSIONS for g in query.group_by):
+        return None
+    first = math.ceil(query.since_s / rows.DAY_S) * rows.DAY_S
+    last = math.floor(query.until_s / rows.DAY_S) * rows.DAY_S
+    return (first, last) if last > first else None
+
+
+def _tenant_days_sums(
+    conn: Connection, query: SumsQuery, first_s: float, last_s: float
+) -> tuple[SumsRow, ...]:
+    """Sums by day over the whole days [first_s, last_s) from the day rollup."""
+    t = schema.usage_tenant_days
+    keys = [t.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    count = func.sum(t.c.intervals) if query.count_intervals else literal(0)
+    stmt = select(
+        t.c.day.label("bucket"), *keys, func.sum(t.c.gpu_seconds), func.sum(t.c.cost_gpu_seconds), count
+    ).where(t.c.day >= rows.day_of(first_s), t.c.day < rows.day_of(last_s))
+    if query.tenants is not None:
+        stmt = stmt.where(t.c.tenant.in_(sorted(query.tenants)))
+    by: list[ColumnElement[Any] | str] = ["bucket", *keys]
+    stmt = stmt.group_by(*by).order_by(*by)
+    return _rows(conn.execute(stmt).all(), with_bucket=True, width=len(keys))
+
+
+def _months_sums(
+    conn: Connection, query: SumsQuery, first_s: float, last_s: float, *, head: bool
+) -> tuple[SumsRow, ...]:
+    """Sums over the whole months [first_s, last_s) from the rollup. Counts: a month bucket counts
+    the month's intervals; one bucket over the range counts each interval in its first month there
+    only: the first month's intervals (none of them if a head before it counted them already,
+    since an interval running into the first month has a piece in the head too) plus the intervals
+    begun in each later month."""
+    m = schema.usage_months
+    first_month = rows.month_of(first_s)
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    bucket = m.c.month if query.period is Period.MONTH else None
+    grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
+    count: ColumnElement[Any]
+    if not query.count_intervals:
+        count = literal(0)
+    elif bucket is not None:
+        count = func.sum(m.c.intervals)
+    elif head:
+        count = func.sum(m.c.intervals_begun)
+    else:
+        count = func.sum(case((m.c.month == first_month, m.c.intervals), else_=m.c.intervals_begun))
+    stmt = select(*grouped, func.sum(m.c.gpu_seconds), func.sum(m.c.cost_gpu_seconds), count).where(
+        m.c.month >= first_month, m.c.month < rows.month_of(last_s)
+    )
+    if query.tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+    if grouped:
+        by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
+        stmt = stmt.group_by(*by).order_by(*by)
+    return _rows(conn.execute(stmt).all(), with_bucket=bucket is not None, width=len(keys))
+
+
+def _carried_into(conn: Connection, query: SumsQuery, month_s: float) -> list[tuple[tuple[str, ...], int]]:
+    """Per group, the intervals running across `month_s` (a month's first instant): those with a
+    day row in that month that began before it."""
+    m = schema.usage_months
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    stmt = select(*keys, func.sum(m.c.intervals - m.c.intervals_begun)).where(
+        m.c.month == rows.month_of(month_s)
+    )
+    if query.tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+    if keys:
+        stmt = stmt.group_by(*keys)
+    return [(tuple(str(v) for v in r[:-1]), int(r[-1])) for r in conn.execute(stmt) if r[-1] is not None]
+
+
+def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: float) -> tuple[SumsRow, ...]:
+    """Sums over [since_s, until_s) from the interval-days, clipped to it; counts are distinct ids."""
     d = schema.usage_days
-    start, end = _clipped(query.since_s, query.until_s)
+    start, end = _clipped(since_s, until_s)
     gpu_seconds = d.c.gpu_count * (end - start)
     keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     bucket = _bucket(query)
@@ -93,7 +232,7 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
         func.sum(gpu_seconds),
         func.sum(gpu_seconds * d.c.usd_per_gpu_hour),
         count,
-    ).where(and_(*_in_range(query.since_s, query.until_s)))
+    ).where(and_(*_in_range(since_s, until_s)))
     if query.tenants is not None:
         stmt = stmt.where(d.c.tenant.in_(sorted(query.tenants)))
     else:
@@ -108,23 +247,26 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
         by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
         # In a fixed order: the caller's float sums then add in the same order every time.
         stmt = stmt.group_by(*by).order_by(*by)
-    first = 0 if bucket is None else 1
-    width = len(keys)
-    out = []
-    for r in conn.execute(stmt):
-        if r[-3] is None:
-            # Without a GROUP BY, SQL answers one row of NULL sums when nothing matched.
-            continue
-        out.append(
-            SumsRow(
-                keys=tuple(str(v) for v in r[first : first + width]),
-                bucket=None if bucket is None else str(r[0]),
-                gpu_seconds=float(r[-3]),
-                cost_gpu_seconds=float(r[-2]),
-                intervals=int(r[-1]),
-            )
+    return _rows(conn.execute(stmt).all(), with_bucket=bucket is not None, width=len(keys))
+
+
+def _rows(found: Iterable[Any], *, with_bucket: bool, width: int) -> tuple[SumsRow, ...]:
+    first = 1 if with_bucket else 0
+    end = first + width
+    # Positional and in one expression: a year by day is 90,000 rows, and this loop was most of the
+    # read's time when written out with keywords.
+    return tuple(
+        SumsRow(
+            tuple(map(str, r[first:end])),
+            str(r[0]) if with_bucket else None,
+            float(r[-3]),
+            float(r[-2]),
+            int(r[-1]),
         )
-    return tuple(out)
+        for r in found
+        # Without a GROUP BY, SQL answers one row of NULL sums when nothing matched.
+        if r[-3] is not None
+    )
 
 
 def edges(conn: Connection, query: EdgesQuery) -> tuple[UsageEdge, ...]:

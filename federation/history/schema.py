@@ -17,10 +17,15 @@ Which index serves which query:
   the primary key (day, interval_id) for the federation's report, `ix_history_usage_days_tenant_day`
   (tenant, day; migration 0002) for one tenant's. Grouping by day or month groups on the `day`
   column itself, so no interval is split at query time.
-* `history_usage_months` (migration 0002): the same usage summed by month, tenant, cluster,
-  provider, GPU type and kind, kept in step by every archive write. A report not grouped by user
-  or by day reads whole months here (a year is about 60,000 rows instead of 1,000,000) and only
-  the partial months at its ends from `history_usage_days`. Its primary key starts with the month.
+* `history_usage_months` (migration 0002; interval counts and undivided cost since 0004): the same
+  usage summed by month, tenant, cluster, provider, GPU type and kind, kept in step by every
+  archive write. A report not grouped by user, by day or by week (`HistoryStore.usage`, and the
+  finance report's own rows in `report_sql.sums`) reads whole months here (a year is about 60,000
+  rows instead of 1,000,000) and only the partial months at its ends from `history_usage_days`.
+  Its primary key starts with the month.
+* `history_usage_tenant_days` (migration 0004): usage by day, tenant and GPU type, what every finance
+  report asks for by day over its whole period; whole days are read here, partial ones at the
+  ends from `history_usage_days`. Its primary key starts with the day.
 * `ix_history_audit_at` (at_s, audit_id): the audit trail in time order, from a position.
 * `history_kept_logs` (migration 0003) primary key (job_id, attempt, task, replica): one attempt's
   tails for `gpufed logs`, and the idempotent insert; `ix_history_kept_logs_kept_at` (kept_at_s):
@@ -142,11 +147,38 @@ usage_months = Table(
     Column("kind", String, nullable=False),
     Column("gpu_seconds", Seconds, nullable=False),
     Column("cost_usd", Money, nullable=False),
+    # Migration 0004, what a finance report (`report_sql.sums`) needs to read whole months here:
+    # GPU-seconds x USD per GPU-hour undivided (exact on whole-second times, as the report sums it),
+    # the distinct intervals with a day row in the month, and how many of them began in it (their
+    # first day row is in this month). A range of whole months counts an interval once: its first
+    # month's `intervals` plus the other months' `intervals_begun`.
+    Column("cost_gpu_seconds", Money, nullable=False),
+    Column("intervals", Integer, nullable=False),
+    Column("intervals_begun", Integer, nullable=False),
     # Users are left out on purpose: with them a month has about as many rows as intervals, and the
     # rollup would save nothing. A report by user reads `history_usage_days`.
     PrimaryKeyConstraint(
         "month", "tenant", "cluster", "provider", "gpu_type", "kind", name="pk_history_usage_months"
     ),
+    sqlite_with_rowid=False,
+)
+
+usage_tenant_days = Table(
+    "history_usage_tenant_days",
+    metadata,
+    # Migration 0004: the same usage summed by UTC day, tenant and GPU type, kept in step by every
+    # archive write. Every finance report asks for exactly this (its daily cost chart, GPU-hours by
+    # type, each tenant's period figures) over its whole period: over a year that read every
+    # interval-day; here a day has a row per tenant and GPU type in use (about 90,000 for a year of
+    # 40 tenants and 6 types, against 1,000,000 interval-days). A day's distinct intervals are its
+    # day rows, one per interval, so `intervals` adds up row by row.
+    Column("day", String(10), nullable=False),
+    Column("tenant", String, nullable=False),
+    Column("gpu_type", String, nullable=False),
+    Column("gpu_seconds", Seconds, nullable=False),
+    Column("cost_gpu_seconds", Money, nullable=False),
+    Column("intervals", Integer, nullable=False),
+    PrimaryKeyConstraint("day", "tenant", "gpu_type", name="pk_history_usage_tenant_days"),
     sqlite_with_rowid=False,
 )
 

@@ -2,7 +2,7 @@
 PostgreSQL (the only dialect-specific part is the conflict clause of the idempotent insert).
 
 Idempotence: a batch inserts its jobs' rows with ON CONFLICT DO NOTHING RETURNING job_id, and
-writes the attempts, intervals, usage days and month rollup of only the jobs it inserted, all in the
+writes the attempts, intervals, usage days and rollups of only the jobs it inserted, all in the
 batch's one transaction (and the kept log tails of every job, each a no-op where its key is there
 already). So an archived job is always whole, a job already there is left as it was (its first copy
 stays), and two writers racing on one job (a deposed leader still finishing a
@@ -123,7 +123,7 @@ class SqlHistoryStore:
                 days = [day for j in new for iv in j.intervals for day in rows.usage_day_rows(iv)]
                 self._put(conn, schema.usage_days, days)
                 # Only rows this transaction inserted are added, so a rewrite never counts twice.
-                usage_sql.add_to_month_rollup(conn, self._dialect, usage_sql.month_rollup_rows(days))
+                usage_sql.add_to_rollups(conn, self._dialect, days)
                 return len(new)
         except OperationalError as error:
             raise HistoryUnavailable(f"history write of {len(jobs)} jobs: {error.orig}") from error

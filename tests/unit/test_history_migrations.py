@@ -4,23 +4,25 @@ with the metadata the queries are written against."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import func, inspect, select
+from sqlalchemy import Engine, func, inspect, select
 
 from federation.errors import InvalidArgument
 from federation.history import rows, schema
 from federation.history.engine import current_revision, migrate, open_engine, parse_dsn
 from federation.history.model import ArchivedJob, GroupBy, KeptLog, UsageQuery
 from federation.history.sql_store import SqlHistoryStore
+from federation.history.sums import ReportRead, SumsQuery
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
-NEWEST = "0003"
+NEWEST = "0004"
 MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 APRIL = MARCH + 31 * 86_400.0
 
@@ -108,10 +110,8 @@ def test_0002_with_rows_upgrades_to_kept_logs_and_keeps_them(dsn: str) -> None:
     try:
         migrate(engine, "0002")
         assert "history_kept_logs" not in inspect(engine).get_table_names()
-        before = SqlHistoryStore(engine)
-        # 0002's write path is today's minus the tails table: write with no tails, as 0002 did.
         jobs = [_spanning_march("j1", "t1"), _spanning_march("j2", "t2")]
-        assert before.write_jobs(jobs) == 2
+        _write_as_0002(engine, jobs)
         migrate(engine)
         assert current_revision(engine) == NEWEST
         assert {ix["name"] for ix in inspect(engine).get_indexes("history_kept_logs")} == {
@@ -154,3 +154,86 @@ def test_a_bad_dsn_names_the_problem(dsn: str, names: str) -> None:
 
 def test_postgres_urls_go_through_psycopg_3() -> None:
     assert parse_dsn("postgresql://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_revision_0002_with_rows_upgrades_to_rollup_counts(dsn: str) -> None:
+    """0004 refills the month rollup with interval counts and undivided cost from the day rows: an
+    interval over three months counts once in a range of them, and in each month's bucket."""
+    engine = open_engine(dsn)
+    try:
+        # 0003 (the kept-log table) left the usage tables as 0002 made them.
+        migrate(engine, "0003")
+        feb = MARCH - 28 * 86_400.0
+        across = an_interval("j1", start_s=feb + 20 * 86_400.0, end_s=APRIL + 3 * 86_400.0 + 1.0)
+        at_midnight = an_interval("j2", start_s=MARCH, end_s=MARCH + 3_600.0, gpu_count=2)
+        jobs = [
+            an_archived_job("j1", intervals=(across,)),
+            an_archived_job("j2", intervals=(at_midnight,)),
+            _spanning_march("j3", "t2"),
+        ]
+        _write_as_0002(engine, jobs)
+        migrate(engine)
+        assert current_revision(engine) == NEWEST
+        m = schema.usage_months
+        with engine.connect() as connection:
+            found = connection.execute(
+                select(
+                    m.c.month,
+                    m.c.tenant,
+                    m.c.gpu_seconds,
+                    m.c.cost_gpu_seconds,
+                    m.c.intervals,
+                    m.c.intervals_begun,
+                ).order_by(m.c.month, m.c.tenant)
+            ).all()
+        feb_s, march_s = 8 * 8 * 86_400.0, 8 * 31 * 86_400.0 + 2 * 3_600.0
+        april_s = 8 * (3 * 86_400.0 + 1.0)
+        assert [tuple(r) for r in found] == [
+            ("2026-02", "t1", feb_s, feb_s * 2.0, 1, 1),
+            ("2026-03", "t1", march_s, march_s * 2.0, 2, 1),  # j1 carried in, j2 begun at midnight
+            ("2026-03", "t2", 8 * 48 * 3_600.0, 8 * 48 * 3_600.0 * 2.0, 1, 1),
+            ("2026-04", "t1", april_s, april_s * 2.0, 1, 0),
+        ]
+        t = schema.usage_tenant_days
+        with engine.connect() as connection:
+            by_day = connection.execute(
+                select(t.c.day, t.c.tenant, t.c.gpu_seconds, t.c.intervals).where(t.c.day == "2026-03-01")
+            ).all()
+        # j1 all day, j2 its hour from midnight: two intervals that day.
+        assert [tuple(r) for r in by_day] == [("2026-03-01", "t1", 8 * 86_400.0 + 2 * 3_600.0, 2)]
+        store = SqlHistoryStore(engine)
+        # February to April whole: from the rollup alone; j1 counts once over the three months.
+        read = ReportRead((SumsQuery(feb, APRIL + 30 * 86_400.0, (GroupBy.TENANT,)),))
+        (t1, t2) = store.read_report(read).sums[0]
+        assert (t1.keys, t1.intervals, t1.gpu_seconds) == (("t1",), 2, feb_s + march_s + april_s)
+        assert (t2.keys, t2.intervals) == (("t2",), 1)
+    finally:
+        engine.dispose()
+
+
+def _write_as_0002(engine: Engine, jobs: Sequence[ArchivedJob]) -> None:
+    """The jobs as 0002's write path left them: rows, intervals, day rows and its month rollup (without
+    the columns 0004 adds); today's store writes tables an older schema lacks."""
+    with engine.begin() as connection:
+        for job in jobs:
+            connection.execute(schema.jobs.insert(), rows.job_row(job))
+            job_id = job.record.job_id
+            if job.attempts:
+                connection.execute(
+                    schema.attempts.insert(), [rows.attempt_row(job_id, a) for a in job.attempts]
+                )
+            if job.waits:
+                connection.execute(
+                    schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
+                )
+            connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
+            connection.execute(
+                schema.usage_days.insert(), [d for iv in job.intervals for d in rows.usage_day_rows(iv)]
+            )
+        connection.exec_driver_sql(
+            "INSERT INTO history_usage_months"
+            " (month, tenant, cluster, provider, gpu_type, kind, gpu_seconds, cost_usd)"
+            " SELECT substr(day, 1, 7), tenant, cluster, provider, gpu_type, kind,"
+            " SUM(gpu_count * (end_s - start_s)), SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour) / 3600.0"
+            " FROM history_usage_days GROUP BY substr(day, 1, 7), tenant, cluster, provider, gpu_type, kind"
+        )

@@ -8,6 +8,7 @@ isolation: a query for one tenant never returns another's rows.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -256,12 +257,14 @@ def test_sums_of_one_tenant_never_carry_anothers(store: SqlHistoryStore) -> None
         (GroupBy.GPU_TYPE,),
         (GroupBy.CLUSTER, GroupBy.PROVIDER, GroupBy.KIND),
     ]:
-        for period in (None, Period.DAY, Period.MONTH):
-            t2 = _sums(
-                store,
-                SumsQuery(MONDAY - DAY, MONDAY + DAY, group_by, period, tenants=frozenset({TenantId("t2")})),
-            )
-            assert sum(r.gpu_seconds for r in t2) == 4 * 3600, (group_by, period)
+        # Two whole days (the day rollup, by day), and a range holding the whole of March (the
+        # month rollup, without a bucket or by month).
+        for (since, until), period in itertools.product(
+            [(MONDAY - DAY, MONDAY + DAY), (MONDAY - 2 * DAY, MONDAY + 31 * DAY)],
+            (None, Period.DAY, Period.MONTH),
+        ):
+            t2 = _sums(store, SumsQuery(since, until, group_by, period, tenants=frozenset({TenantId("t2")})))
+            assert sum(r.gpu_seconds for r in t2) == 4 * 3600, (group_by, period, since)
             assert sum(r.intervals for r in t2) == 1
     answer = store.read_report(
         ReportRead(

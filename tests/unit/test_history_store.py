@@ -15,7 +15,7 @@ import pytest
 from federation.errors import InvalidArgument
 from federation.history.model import GroupBy, JobFilter, Period, UsageQuery, UsageRow
 from federation.history.sql_store import SqlHistoryStore
-from federation.history.usage_sql import rebuild_month_rollup
+from federation.history.usage_sql import rebuild_rollups
 from placement.model import JobId, JobPhase, TenantId
 from tests.history_builders import BACKENDS, an_archived_job, an_audit, an_interval, fresh_dsn, open_store
 
@@ -208,7 +208,7 @@ def test_whole_months_from_the_rollup_agree_with_the_days(store: SqlHistoryStore
     cost = sum(r.cost_usd for r in store.usage(UsageQuery(since, until)))
     assert cost == pytest.approx(expected * 2.0)
     with store.engine.begin() as conn:
-        rebuild_month_rollup(conn)
+        rebuild_rollups(conn)
     rebuilt = store.usage(UsageQuery(since, until, dims, Period.MONTH))
     assert [(r.keys, r.period) for r in rebuilt] == [(r.keys, r.period) for r in by_month]
     assert [r.cost_usd for r in rebuilt] == pytest.approx([r.cost_usd for r in by_month])

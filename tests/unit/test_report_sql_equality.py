@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import Row, select
 
+from federation.history import schema
 from federation.history.sql_store import SqlHistoryStore
+from federation.history.usage_sql import rebuild_rollups
 from federation.ledger.report import (
     Bucket,
     Dim,
@@ -34,6 +40,7 @@ from federation.ledger.report import (
 )
 from federation.ledger.report.archived import both_stores, report_read
 from federation.ledger.report.compute import Report, finish_report, idle_sites
+from federation.ledger.report.query import next_month_s
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from federation.store.records import TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
@@ -99,13 +106,12 @@ POOLS = [
 ]
 
 
-@pytest.fixture(params=BACKENDS)
-def archived(
-    request: pytest.FixtureRequest, tmp_path: Path
+def _stored(
+    closed: list[LedgerInterval], opened: list[LedgerInterval], dsn: str
 ) -> Iterator[tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]]:
     """(store, every interval, etcd's intervals): most closed jobs archived and gone from etcd, a
-    tenth archived and still in etcd, a tenth not archived yet; open ones in etcd only."""
-    closed, opened = _ledger()
+    tenth archived and still in etcd, a tenth not archived yet; open ones in etcd only. Archived in
+    batches of 25 jobs, so the month rollup is added to row by row, as the archiver adds to it."""
     by_job: dict[str, list[LedgerInterval]] = {}
     for iv in closed:
         by_job.setdefault(iv.job_id, []).append(iv)
@@ -119,9 +125,18 @@ def archived(
         to_archive.append(an_archived_job(job_id, tenant=ivs[0].tenant, intervals=tuple(ivs)))
         if n % 10 == 1:
             live.extend(ivs)  # archived, not yet deleted from etcd
-    for store in open_store(fresh_dsn(str(request.param), tmp_path, request)):
-        assert store.write_jobs(to_archive) == len(to_archive)
+    for store in open_store(dsn):
+        written = sum(store.write_jobs(to_archive[at : at + 25]) for at in range(0, len(to_archive), 25))
+        assert written == len(to_archive)
         yield store, closed + opened, live
+
+
+@pytest.fixture(params=BACKENDS)
+def archived(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]]:
+    closed, opened = _ledger()
+    yield from _stored(closed, opened, fresh_dsn(str(request.param), tmp_path, request))
 
 
 GROUPINGS: list[tuple[Dim, ...]] = [
@@ -202,3 +217,161 @@ def test_an_interval_in_both_stores_counts_once(
     expected, got = _both_ways(store, everything, live, query)
     assert got == expected
     assert doubled.total_gpu_hours > expected.total_gpu_hours
+
+
+# ---- a year of ledger: the whole months of a range are read from the month rollup
+
+JAN_2026 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+# 2026-12-20 12:00:00 UTC: the year's last weeks are still running.
+YEAR_NOW = 1_797_724_800.0 + 12 * 3600
+
+
+def _month(n: int) -> float:
+    """The first instant of the n-th month of 2026 (1-based; 13 is January 2027)."""
+    return datetime(2026 + (n - 1) // 12, (n - 1) % 12 + 1, 1, tzinfo=UTC).timestamp()
+
+
+def _year_ledger(seed: int = 26) -> tuple[list[LedgerInterval], list[LedgerInterval]]:
+    """(closed, open) intervals over 2026, whole seconds: short ones, ones crossing months, ones
+    spanning several months, and ones starting or ending exactly at a month's midnight."""
+    rng = random.Random(seed)
+    closed: list[LedgerInterval] = []
+    opened: list[LedgerInterval] = []
+    # (start, duration): random ones, then the edge cases.
+    spans: list[tuple[float, float | None]] = []
+    for _ in range(360):
+        start = JAN_2026 + rng.randrange(0, int(YEAR_NOW - JAN_2026) - 3600)
+        spans.append(
+            (start, rng.choice([600.0, 3600.0, 20_000.0, 90_000.0, 400_000.0, 3_000_000.0, 8_000_000.0]))
+        )
+    for n in range(2, 13):
+        spans.append(
+            (_month(n), rng.choice([3600.0, 86_400.0, 40 * 86_400.0]))
+        )  # begins at a month's midnight
+        spans.append((_month(n) - 7200.0, 7200.0))  # ends at a month's midnight
+        spans.append((_month(n) - 5 * 86_400.0, 70 * 86_400.0 + 1.0))  # across three months
+    spans.append((_month(1), 200 * 86_400.0))  # from the year's first instant, through seven months
+    spans.append((_month(3), None))  # open since a month's midnight
+    for i, (start, duration) in enumerate(spans):
+        cluster, provider, gpu = rng.choice(SITES)
+        is_open = duration is None or (i % 41 == 0 and start + duration >= YEAR_NOW - 3600)
+        end = None if is_open or duration is None else min(YEAR_NOW - 1, start + duration)
+        iv = LedgerInterval(
+            job_id=JobId(f"y{i:04d}"),
+            attempt=1 + i % 2,
+            tenant=TenantId(rng.choice(["vision", "speech", "nlp", "nlp"])),
+            user=rng.choice(["alice", "bob", "carol"]),
+            cluster=ClusterName(cluster),
+            provider=provider,
+            region="eu-west",
+            gpu_type=GpuType(gpu),
+            gpu_count=rng.choice([1, 2, 4, 8]),
+            kind=rng.choice([CapacityKind.ON_DEMAND, CapacityKind.SPOT]),
+            start_s=start,
+            end_s=end,
+            usd_per_gpu_hour=rng.choice([2.0, 3.5, 1.25, 0.75]),
+            ended=None if end is None else IntervalEnd.FINISHED,
+            job_name=f"year-{i}",
+        )
+        (opened if end is None else closed).append(iv)
+    return closed, opened
+
+
+@pytest.fixture(params=BACKENDS)
+def archived_year(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]]:
+    closed, opened = _year_ledger()
+    yield from _stored(closed, opened, fresh_dsn(str(request.param), tmp_path, request))
+
+
+YEAR_PERIODS = [
+    # The year: eleven whole months, and December up to now from the days.
+    ("2026", _month(1), _month(13)),
+    ("whole months only", _month(1), _month(12)),
+    ("one whole month", _month(6), _month(7)),
+    ("mid-month to mid-month", _month(1) + 16 * DAY + 18_191, _month(11) + 19 * DAY + 46_807),
+    ("from a month's midnight to mid-month", _month(2), _month(5) + 14 * DAY + 43_200),
+    ("from mid-month to a month's midnight", _month(3) + 9 * DAY + 25_200, _month(7)),
+    # No whole month inside: from the days alone, as before.
+    ("across one month boundary", _month(4) + 14 * DAY, _month(5) + 19 * DAY),
+]
+YEAR_GROUPINGS: list[tuple[Dim, ...]] = [
+    (Dim.TENANT,),
+    (Dim.GPU_TYPE,),
+    (Dim.TENANT, Dim.GPU_TYPE),
+    (Dim.CLUSTER, Dim.PROVIDER, Dim.KIND),
+    (Dim.USER,),  # not in the rollup: the days, for contrast
+]
+
+
+def test_reports_over_whole_months_read_the_same(
+    archived_year: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
+) -> None:
+    store, everything, live = archived_year
+    compared = 0
+    for group_by, bucket, (name, start, end), tenants in itertools.product(
+        YEAR_GROUPINGS,
+        [None, Bucket.MONTH, Bucket.WEEK, Bucket.DAY],
+        YEAR_PERIODS,
+        [None, frozenset({TenantId("nlp")})],
+    ):
+        query = ReportQuery(
+            start_s=start, end_s=end, now_s=YEAR_NOW, group_by=group_by, bucket=bucket, tenants=tenants
+        )
+        expected, got = _both_ways(store, everything, live, query)
+        assert got == expected, (name, group_by, bucket, tenants)
+        assert expected.rows, "every query here has usage to compare"
+        compared += 1
+    assert compared == 5 * 4 * 7 * 2
+
+
+def test_a_year_counts_an_interval_once_however_many_months_it_spans(
+    archived_year: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
+) -> None:
+    """The year's total counts each interval with usage in it once, and a month bucket each interval
+    with usage in that month: checked against the ledger itself, not only against the in-memory sum."""
+    store, everything, live = archived_year
+    query = ReportQuery(start_s=_month(1), end_s=_month(13), now_s=YEAR_NOW, group_by=(Dim.TENANT,))
+    expected, got = _both_ways(store, everything, live, query)
+    assert got == expected
+    counted = {r.key[0]: r.intervals for r in got.rows}
+    assert counted == {
+        tenant: sum(1 for iv in everything if iv.tenant == tenant and (iv.end_s or YEAR_NOW) > iv.start_s)
+        for tenant in counted
+    }
+    by_month = replace(query, bucket=Bucket.MONTH)
+    expected, got = _both_ways(store, everything, live, by_month)
+    assert got == expected
+    spanning = [iv for iv in everything if iv.end_s is not None and iv.end_s - iv.start_s > 60 * DAY]
+    assert spanning, "the ledger has intervals over several months"
+    for r in got.rows:
+        assert r.bucket_start_s is not None
+        since, until = r.bucket_start_s, next_month_s(r.bucket_start_s)
+        assert r.intervals == sum(
+            1
+            for iv in everything
+            if iv.tenant == r.key[0] and min(iv.end_s or YEAR_NOW, until) > max(iv.start_s, since)
+        ), r
+
+
+def test_the_rollups_written_row_by_row_are_the_rollups_rebuilt_from_the_days(
+    archived_year: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
+) -> None:
+    """The archive's increments and the migration's (and bulk load's) fill from the day rows agree."""
+    store, _, _ = archived_year
+
+    def exact(found: Sequence[Row[Any]]) -> list[tuple[Any, ...]]:
+        # All but `cost_usd` (0002's, divided by 3600 per write, so its last digit depends on the order).
+        return [tuple(v for k, v in r._mapping.items() if k != "cost_usd") for r in found]
+
+    tables = (schema.usage_months, schema.usage_tenant_days)
+    with store.engine.begin() as conn:
+        written = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+        rebuild_rollups(conn)
+        rebuilt = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+    assert len(written[0]) > 12
+    assert len(written[1]) > 300
+    for before, after in zip(written, rebuilt, strict=True):
+        assert exact(before) == exact(after)
+    assert [r.cost_usd for r in written[0]] == pytest.approx([r.cost_usd for r in rebuilt[0]])

@@ -1,14 +1,19 @@
 """A report's sums over archived closed intervals: what to ask the history store, and its answer as
 `ReportSums` to add to etcd's (`sums.interval_sums`).
 
-The store sums in SQL (`HistoryStore.read_report`, GROUP BY over `history_usage_days`); this module
+The store sums in SQL (`HistoryStore.read_report`); this module
 only says which sums a report needs and reads them back:
 
 0. the report's rows: its grouping and bucket over its period (ISO weeks as bucket start days);
-1. tenant x GPU type x day over the period: the daily cost chart, GPU-hours by type, and each
-   tenant's period figures (summed here over the GPU types and days);
-2. per tenant, this calendar month up to now (budget, forecast);
-3. per tenant, the last seven days (forecast).
+1. tenant x day over the period: the daily cost chart, and each tenant's period figures (summed
+   here over the days);
+2. GPU type over the period: GPU-hours by type (asked apart from 1., whose rows it would multiply
+   by the GPU types: a year by tenant and day is 15,000 rows, by tenant, type and day 90,000);
+3. per tenant, this calendar month up to now (budget, forecast);
+4. per tenant, the last seven days (forecast).
+
+Each is a GROUP BY the store answers from its rollups where they serve (whole months; whole days by
+tenant and GPU type) and from the interval-days elsewhere (`federation.history.report_sql`).
 
 An empty window (a period that starts after now, a month that starts now) is not asked for.
 """
@@ -44,6 +49,7 @@ class ArchivedRead:
     read: ReportRead
     rows: int | None
     daily: int | None
+    by_type: int | None
     month: int | None
     week: int | None
 
@@ -71,7 +77,7 @@ def report_read(
         return len(sums) - 1
 
     q_start, q_end, now = query.start_s, query.until_s, query.now_s
-    rows = daily = month = week = None
+    rows = daily = by_type = month = week = None
     if q_end > q_start:
         group_by = tuple(GroupBy(d.value) for d in query.group_by)
         period = None if query.bucket is None else _PERIODS.get(query.bucket)
@@ -80,15 +86,10 @@ def report_read(
             starts = tuple(_day(e) for e in bucket_edges(q_start, q_end, Bucket.WEEK)[:-1])
         rows = ask(SumsQuery(q_start, q_end, group_by, period, starts, query.tenants))
         daily = ask(
-            SumsQuery(
-                q_start,
-                q_end,
-                (GroupBy.TENANT, GroupBy.GPU_TYPE),
-                Period.DAY,
-                (),
-                query.tenants,
-                count_intervals=False,
-            )
+            SumsQuery(q_start, q_end, (GroupBy.TENANT,), Period.DAY, (), query.tenants, count_intervals=False)
+        )
+        by_type = ask(
+            SumsQuery(q_start, q_end, (GroupBy.GPU_TYPE,), None, (), query.tenants, count_intervals=False)
         )
     month_end = min(now, next_month_s(now))
     if month_end > month_start_s(now):
@@ -109,7 +110,7 @@ def report_read(
     edges = None
     if idle_sites and q_end > q_start:
         edges = EdgesQuery(q_start, q_end, idle_sites)
-    return ArchivedRead(ReportRead(tuple(sums), edges, check), rows, daily, month, week)
+    return ArchivedRead(ReportRead(tuple(sums), edges, check), rows, daily, by_type, month, week)
 
 
 def _per_tenant(answer: ReportAnswer, index: int | None) -> TenantSums:
@@ -127,13 +128,16 @@ def archived_sums(asked: ArchivedRead, answer: ReportAnswer, query: ReportQuery)
             out.rows[(start, r.keys)] = [r.gpu_seconds, r.cost_gpu_seconds, float(r.intervals)]
     if asked.daily is not None:
         for r in answer.sums[asked.daily]:
-            tenant, gpu = r.keys
+            (tenant,) = r.keys
             day = _start_s(str(r.bucket))
             out.daily_cost[(day, tenant)] = out.daily_cost.get((day, tenant), 0.0) + r.cost_gpu_seconds
-            out.by_type[gpu] = out.by_type.get(gpu, 0.0) + r.gpu_seconds
             acc = out.period.setdefault(tenant, [0.0, 0.0])
             acc[0] += r.gpu_seconds
             acc[1] += r.cost_gpu_seconds
+    if asked.by_type is not None:
+        for r in answer.sums[asked.by_type]:
+            (gpu,) = r.keys
+            out.by_type[gpu] = out.by_type.get(gpu, 0.0) + r.gpu_seconds
     out.month = _per_tenant(answer, asked.month)
     out.week = _per_tenant(answer, asked.week)
     for e in answer.edges:
