@@ -107,7 +107,11 @@ class CostModel:
         """
         policy = self.policy
         saving = cloud_cost_usd - private_cost_usd
-        if policy.private_wait_s_per_gpu_hour <= 0 or saving <= 0:
+        if (
+            policy.private_wait_s_per_gpu_hour <= 0
+            or saving <= 0
+            or gang.gpu_count < policy.private_wait_min_gpus
+        ):
             return gang.queued_at_s
         gpu_hours = gang.gpu_count * self.work_s(gang) / _HOUR_S
         wait_s = min(policy.private_wait_s_per_gpu_hour * gpu_hours, policy.private_wait_max_s)

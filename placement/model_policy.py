@@ -115,6 +115,18 @@ class PolicyConfig:
     # The first gang of a cycle that waits for private GPUs gets a backfill reservation of that room, so
     # that smaller gangs arriving later cannot take the GPUs it waits for (needs `backfill`).
     private_wait_reserve: bool = False
+    # With `private_wait_reserve`, how many waiting gangs of a cycle get a reservation: the first ones in
+    # queue order whose room the limits promise before their wait ends. A later reservation on an offer
+    # starts at or after the one before, on what that one leaves, so none overlap; a gang whose room
+    # comes only after its wait ends behind them bursts at once (with `private_wait_needs_start`). 1:
+    # the first waiting gang only, and only if no gang of the cycle holds a reservation yet.
+    private_wait_reservations: int = 1
+    # The job's size in the wait: a gang of fewer GPUs than `private_wait_min_gpus` never waits (it
+    # bursts at once); `private_wait_needs_start` applies only to gangs of at most
+    # `private_wait_needs_start_max_gpus` GPUs (None: every gang), so that larger gangs, whose whole
+    # nodes the limits seldom promise, may still wait for them.
+    private_wait_min_gpus: int = 1
+    private_wait_needs_start_max_gpus: int | None = None
     # Fair share: count the tenants' decayed usage history besides what they hold now.
     fair_share_history: bool = False
     # History GPU-hours are spread over this horizon to be comparable with GPUs held now.

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from placement.backfill import Hold
 from placement.cost import CostModel, GangCost
 from placement.fairshare import FairShare, fair_order
 from placement.fit import HistogramFit, gang_shape
@@ -220,8 +221,8 @@ class _Cycle:
         rank = (0.0, 0.0, 0)
         fitted = False
         late: tuple[float, Offer] | None = None
-        blocked: Offer | None = None
-        hold, deadline = self.room.hold, gang.deadline_at_s
+        blocked: tuple[Offer, Hold] | None = None
+        holds_on, deadline = self.room.holds_on, gang.deadline_at_s
         for cost, factor, kind_rank, offer in candidates:
             if best is not None and (cost, factor, kind_rank) != rank:
                 break
@@ -234,13 +235,14 @@ class _Cycle:
                 if finish > deadline:
                     late = (finish, offer) if late is None or finish < late[0] else late
                     continue
-            if (
-                hold is not None
-                and hold.offer is offer
-                and not hold.allows(shape, gang.max_runtime_s, self.now)
-            ):
-                blocked = offer
-                continue
+            if holds_on:
+                delayed = next(
+                    (h for h in holds_on.get(offer, ()) if not h.allows(shape, gang.max_runtime_s, self.now)),
+                    None,
+                )
+                if delayed is not None:
+                    blocked = (offer, delayed)
+                    continue
             if best is None or placed.packing_key < best.placed.packing_key:
                 best, rank = _Fit(offer, placed, cost), (cost, factor, kind_rank)
         if best is None:
@@ -255,7 +257,7 @@ class _Cycle:
         return best
 
     def _placement_notes(
-        self, gang: GangRequest, late: tuple[float, Offer] | None, blocked: Offer | None
+        self, gang: GangRequest, late: tuple[float, Offer] | None, blocked: tuple[Offer, Hold] | None
     ) -> list[WaitReason]:
         notes = []
         if late is not None:
@@ -269,10 +271,10 @@ class _Cycle:
                     Code.DEADLINE_UNMEETABLE, message, offer.view.cluster, offer.view.gpu_type, at_s=finish
                 )
             )
-        if blocked is not None and self.room.hold is not None:
-            hold = self.room.hold
+        if blocked is not None:
+            offer, hold = blocked
             message = (
-                f"starting now on cluster {blocked.view.cluster} ({blocked.view.gpu_type}) would delay job "
+                f"starting now on cluster {offer.view.cluster} ({offer.view.gpu_type}) would delay job "
                 f"{hold.job_id}, reserved to start there at {hold.start_at_s:g}"
             )
             if gang.max_runtime_s <= 0:
@@ -281,8 +283,8 @@ class _Cycle:
                 WaitReason(
                     Code.BACKFILL_WOULD_DELAY,
                     message,
-                    blocked.view.cluster,
-                    blocked.view.gpu_type,
+                    offer.view.cluster,
+                    offer.view.gpu_type,
                     at_s=hold.start_at_s,
                 )
             )
@@ -294,8 +296,8 @@ class _Cycle:
         self.inventory.take(offer, fit.placed, shape)
         self.book.add(gang.tenant, gpu_type, gang.gpu_count)
         self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
-        if self.room.hold is not None and self.room.hold.offer is offer:
-            self.room.hold.commit(shape, gang.max_runtime_s, self.now)
+        for hold in self.room.holds_on.get(offer, ()):
+            hold.commit(shape, gang.max_runtime_s, self.now)
         self.admissions.append(
             Admission(gang.job_id, cluster, gpu_type, offer.kind, offer.usd_per_gpu_hour, fit.cost_usd)
         )

@@ -81,7 +81,10 @@ class Room:
         # Gangs evicted for a queued gang by an earlier cycle: theirs and their GPUs are that gang's.
         self.ordered = OrderedEvictions(snapshot, inventory, self.running)
         self.growth = Growth(inventory.scalable)
-        self.hold: Hold | None = None
+        # Reservations made this cycle, and per offer the last one (a later one starts after it).
+        self.holds: list[Hold] = []
+        self.holds_on: dict[Offer, list[Hold]] = {}
+        self._waiter_holds = 0
         self._private_fits: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], list[Offer]] = {}
         # Earliest private room by running gangs' limits, per (shape, types, spot): see `private_wait`.
         self._room_at: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], float | None] = {}
@@ -113,8 +116,23 @@ class Room:
         if self.now >= until:
             return None
         room_at = self._private_room_at(shape, group, ctx, private)
-        if self.policy.private_wait_needs_start and (room_at is None or room_at > until):
+        needs_start = self.policy.private_wait_needs_start and (
+            self.policy.private_wait_needs_start_max_gpus is None
+            or ctx.gang.gpu_count <= self.policy.private_wait_needs_start_max_gpus
+        )
+        if needs_start and (room_at is None or room_at > until):
             return None
+        hold: Hold | None = None
+        if room_at is not None and room_at <= until and self._may_reserve_for_waiter():
+            hold = self._reserve_for_waiter(ctx, shape, private)
+            if hold is None or hold.start_at_s > until:
+                # Earlier reservations take the room first: by the limits, none is left before the wait ends.
+                if needs_start:
+                    return None
+                hold = None
+            else:
+                self._keep(hold)
+                self._waiter_holds += 1
         message = (
             f"waiting for private GPUs on cluster {offer.view.cluster} ({offer.view.gpu_type}) "
             f"until {until:g}: "
@@ -122,11 +140,11 @@ class Room:
         )
         if room_at is not None and room_at <= until:
             message += f"; running gangs' run-time limits free room for it by {room_at:g}"
-            if self._hold_for_waiter(ctx, shape, private):
-                assert self.hold is not None
-                message += (
-                    f", reserved on cluster {self.hold.offer.view.cluster} ({self.hold.offer.view.gpu_type})"
-                )
+            if hold is not None:
+                view = hold.offer.view
+                message += f", reserved on cluster {view.cluster} ({view.gpu_type})"
+                if hold.start_at_s != room_at:
+                    message += f" from {hold.start_at_s:g}, after earlier reservations"
         return WaitReason(
             Code.WAITING_FOR_PRIVATE_CAPACITY, message, offer.view.cluster, offer.view.gpu_type, at_s=until
         )
@@ -166,24 +184,35 @@ class Room:
         at = self._room_at[key] = None if hold is None else hold.start_at_s
         return at
 
-    def _hold_for_waiter(self, ctx: GangCost, shape: tuple[int, ...], private: Sequence[Offer]) -> bool:
-        """Reserve the private room for the first waiting gang of the cycle, as backfill would."""
-        if not (self.policy.private_wait_reserve and self.policy.backfill) or self.hold is not None:
+    def _may_reserve_for_waiter(self) -> bool:
+        policy = self.policy
+        if not (policy.private_wait_reserve and policy.backfill):
             return False
-        hold = reserve(
+        if policy.private_wait_reservations <= 1:
+            # One hold a cycle, as backfill: none if any gang holds one already.
+            return not self.holds
+        return self._waiter_holds < policy.private_wait_reservations
+
+    def _reserve_for_waiter(
+        self, ctx: GangCost, shape: tuple[int, ...], private: Sequence[Offer]
+    ) -> Hold | None:
+        """The private room for a waiting gang, after every reservation already made on each offer."""
+        last = {offer: holds[-1] for offer, holds in self.holds_on.items()}
+        return reserve(
             ctx.gang.job_id,
             shape,
             private,
             self.running,
             self._end_of,
             lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+            last,
         )
-        if hold is None:
-            return False
-        self.hold = hold
+
+    def _keep(self, hold: Hold) -> None:
+        self.holds.append(hold)
+        self.holds_on.setdefault(hold.offer, []).append(hold)
         view = hold.offer.view
-        self.reservations.append(Reservation(ctx.gang.job_id, view.cluster, view.gpu_type, hold.start_at_s))
-        return True
+        self.reservations.append(Reservation(hold.job_id, view.cluster, view.gpu_type, hold.start_at_s))
 
     def make_room(
         self, ctx: GangCost, shape: tuple[int, ...], groups: Sequence[tuple[GpuType, ...]]
@@ -212,7 +241,7 @@ class Room:
                 if wait is not None:
                     return [*notes, wait]
             return [*notes, self._request_capacity(ctx, chosen)]
-        if self.policy.backfill and self.hold is None:
+        if self.policy.backfill and not self.holds:
             offers = [o for group in groups for o in self.inventory.search_order(group, ctx.gang.allow_spot)]
             hold = reserve(
                 ctx.gang.job_id,
@@ -223,11 +252,8 @@ class Room:
                 lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
             )
             if hold is not None:
-                self.hold = hold
+                self._keep(hold)
                 view = hold.offer.view
-                self.reservations.append(
-                    Reservation(ctx.gang.job_id, view.cluster, view.gpu_type, hold.start_at_s)
-                )
                 message = (
                     f"reserved to start on cluster {view.cluster} ({view.gpu_type}) at {hold.start_at_s:g}, "
                     "when running gangs reach their run-time limits; later jobs may not delay it"

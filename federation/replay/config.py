@@ -60,6 +60,11 @@ class GpufedSettings:
     private_wait_needs_start: bool = False
     # Reserve that room for the first waiting gang of a cycle.
     private_wait_reserve: bool = False
+    # How many waiting gangs of a cycle may hold such reservations (never overlapping).
+    private_wait_reservations: int = 1
+    # The job's size: fewer GPUs never wait; more than `..._max_gpus` wait without the room test.
+    private_wait_min_gpus: int = 1
+    private_wait_needs_start_max_gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,13 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
         wait_value_usd_per_hour=float(doc.get("wait_value_usd_per_hour", 0.0)),
         private_wait_needs_start=bool(doc.get("private_wait_needs_start", False)),
         private_wait_reserve=bool(doc.get("private_wait_reserve", False)),
+        private_wait_reservations=int(doc.get("private_wait_reservations", 1)),
+        private_wait_min_gpus=int(doc.get("private_wait_min_gpus", 1)),
+        private_wait_needs_start_max_gpus=(
+            None
+            if doc.get("private_wait_needs_start_max_gpus") is None
+            else int(doc["private_wait_needs_start_max_gpus"])
+        ),
     )
 
 

@@ -66,6 +66,9 @@ class PolicySpec:
                 wait_value_usd_per_hour=self.gpufed.wait_value_usd_per_hour,
                 private_wait_needs_start=self.gpufed.private_wait_needs_start,
                 private_wait_reserve=self.gpufed.private_wait_reserve,
+                private_wait_reservations=self.gpufed.private_wait_reservations,
+                private_wait_min_gpus=self.gpufed.private_wait_min_gpus,
+                private_wait_needs_start_max_gpus=self.gpufed.private_wait_needs_start_max_gpus,
             )
         return base
 
@@ -79,10 +82,16 @@ def _wait_name(wait_s: float) -> str:
 def gpufed_name(settings: GpufedSettings) -> str:
     rate = settings.private_wait_s_per_gpu_hour
     name = f"gpufed_{rate:g}s_per_gpuh_max_{_wait_name(settings.private_wait_max_s)}"
+    if settings.private_wait_min_gpus > 1:
+        name += f"_min_{settings.private_wait_min_gpus}gpus"
     if settings.private_wait_needs_start:
         name += "_needs_start"
+        if settings.private_wait_needs_start_max_gpus is not None:
+            name += f"_up_to_{settings.private_wait_needs_start_max_gpus}gpus"
     if settings.private_wait_reserve:
         name += "_reserve"
+        if settings.private_wait_reservations > 1:
+            name += f"_{settings.private_wait_reservations}"
     return name
 
 

@@ -28,6 +28,7 @@ _POLICY_KEYS: dict[str, str] = {
     "privateWaitMaxSeconds": "private_wait_max_s",
     "privateWaitNeedsStart": "private_wait_needs_start",
     "privateWaitReserve": "private_wait_reserve",
+    "privateWaitReservations": "private_wait_reservations",
     "fairShareHistory": "fair_share_history",
     "historyHorizonHours": "history_horizon_h",
     "backfill": "backfill",
@@ -221,6 +222,8 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             changes[attr] = value
         elif attr == "preemption_limit_gpus":
             changes[attr] = _optional_count(value, f"policy.{key}")
+        elif kinds[attr] is int:
+            changes[attr] = int_field(value, f"policy.{key}", minimum=1)
         else:
             changes[attr] = number_field(value, f"policy.{key}", minimum=0)
     return SchedulingSettings(

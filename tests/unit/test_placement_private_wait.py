@@ -102,3 +102,107 @@ def test_the_first_waiting_job_reserves_the_room_its_wait_is_for() -> None:
     # `k` would delay `j` on onprem, so it waits for private GPUs of its own (12 GPU-hours: 2 h).
     assert waits["k"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
     assert waits["k"].at_s == NOW + 1 + 2 * HOUR
+
+
+def two_big_jobs_and_a_small_one(reservations: int, *, needs_start: bool = True) -> Plan:
+    """Each of two nodes has 4 GPUs free; `r0` holds the rest of node 0 for 10 more minutes, `r1` the
+    rest of node 1 for 20. `j1` and `j2` (8 GPUs each) wait for whole nodes; `k` (4 GPUs for 3 hours,
+    queued last) fits in either free half now."""
+    snapshot = (
+        world(
+            (4, 4),
+            private_wait_reserve=True,
+            private_wait_needs_start=needs_start,
+            private_wait_reservations=reservations,
+        )
+        .running("r0", cluster="onprem", nodes=[("p", 0, 4)], ends_at=NOW + 10 * MINUTE)
+        .running("r1", cluster="onprem", nodes=[("p", 1, 4)], ends_at=NOW + 20 * MINUTE)
+        .queue(
+            a_gang("j1").gang(1, gpus=8).queued_at(NOW),
+            a_gang("j2").gang(1, gpus=8).queued_at(NOW + 1),
+            a_gang("k").gang(1, gpus=4).runtime(limit_s=int(3 * HOUR)).queued_at(NOW + 2),
+        )
+    )
+    return plan(snapshot.build(), now=NOW + 2)
+
+
+def test_with_one_reservation_a_small_job_takes_the_node_the_second_big_one_waits_for() -> None:
+    result = two_big_jobs_and_a_small_one(1)
+    assert [(a.job_id, a.cluster) for a in result.admissions] == [("k", "onprem")]
+    assert [r.job_id for r in result.reservations] == ["j1"]
+
+
+def test_each_waiting_job_reserves_its_own_room_after_the_ones_before() -> None:
+    result = two_big_jobs_and_a_small_one(2)
+    assert result.reservations == (
+        Reservation(JobId("j1"), ClusterName("onprem"), GpuType("A100"), NOW + 10 * MINUTE),
+        Reservation(JobId("j2"), ClusterName("onprem"), GpuType("A100"), NOW + 20 * MINUTE),
+    )
+    waits = {str(w.job_id): w.reasons[-1] for w in result.waiting}
+    # `k` fits beside `j1` at its start, but not beside both: it may not delay `j2`.
+    assert result.admissions == ()
+    assert waits["k"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
+    # `j2`'s message says when its reserved room comes, after `j1`'s.
+    assert waits["j2"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
+    assert waits["j2"].at_s == NOW + 1 + 80 * MINUTE
+    assert f"reserved on cluster onprem (A100) from {NOW + 20 * MINUTE:g}" in waits["j2"].message
+
+
+def one_node_two_big_jobs(needs_start: bool) -> Plan:
+    """One node, fully used by `r` for 10 more minutes; `j1` and `j2` both need all of it."""
+    snapshot = (
+        world(
+            (0,),
+            private_wait_reserve=True,
+            private_wait_needs_start=needs_start,
+            private_wait_reservations=4,
+        )
+        .running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 10 * MINUTE)
+        .queue(
+            a_gang("j1").gang(1, gpus=8).queued_at(NOW),
+            a_gang("j2").gang(1, gpus=8).queued_at(NOW + 1),
+        )
+    )
+    return plan(snapshot.build(), now=NOW + 2)
+
+
+def test_reservations_never_overlap_and_a_job_left_without_room_bursts() -> None:
+    result = one_node_two_big_jobs(needs_start=True)
+    # By the limits `j1` holds the node for ever after `r`: nothing is left for `j2` before its wait ends.
+    assert [r.job_id for r in result.reservations] == ["j1"]
+    assert [(a.job_id, a.cluster) for a in result.admissions] == [("j2", "cloud")]
+
+
+def test_without_the_room_test_a_job_left_without_room_waits_unreserved() -> None:
+    result = one_node_two_big_jobs(needs_start=False)
+    assert [r.job_id for r in result.reservations] == ["j1"]
+    waits = {str(w.job_id): w.reasons[-1] for w in result.waiting}
+    assert waits["j2"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
+    assert "reserved" not in waits["j2"].message
+
+
+@pytest.mark.parametrize(
+    ("min_gpus", "expected"),
+    [
+        pytest.param(8, "waiting_for_private_capacity", id="as-large-as-the-minimum-waits"),
+        pytest.param(16, "admitted:cloud", id="smaller-than-the-minimum-bursts-now"),
+    ],
+)
+def test_a_job_smaller_than_the_minimum_never_waits(min_gpus: int, expected: str) -> None:
+    snapshot = big_job().policy(private_wait_min_gpus=min_gpus)
+    snapshot = snapshot.running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 10 * MINUTE)
+    assert outcome(plan(snapshot.build(), now=NOW)) == expected
+
+
+@pytest.mark.parametrize(
+    ("max_gpus", "expected"),
+    [
+        pytest.param(4, "waiting_for_private_capacity", id="larger-than-the-test-waits-without-promise"),
+        pytest.param(8, "admitted:cloud", id="within-the-test-bursts-now"),
+    ],
+)
+def test_the_room_test_applies_only_up_to_its_size(max_gpus: int, expected: str) -> None:
+    # The limits free room only after the wait would end.
+    snapshot = big_job().policy(private_wait_needs_start=True, private_wait_needs_start_max_gpus=max_gpus)
+    snapshot = snapshot.running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 2 * HOUR)
+    assert outcome(plan(snapshot.build(), now=NOW)) == expected

@@ -34,3 +34,16 @@ def test_the_room_rules_are_off_unless_asked_for() -> None:
 def test_a_room_rule_must_be_a_boolean() -> None:
     with pytest.raises(InvalidSpec, match=r"policy\.privateWaitReserve"):
         parse_settings({"policy": {"privateWaitReserve": "yes"}})
+
+
+def test_the_config_sets_how_many_waiting_jobs_are_reserved() -> None:
+    settings = parse_settings({"policy": {"privateWaitReserve": True, "privateWaitReservations": 4}})
+    assert settings.policy.private_wait_reservations == 4
+    assert settings_from_dict(settings_to_dict(settings)).policy == settings.policy
+    assert parse_settings({"policy": {}}).policy.private_wait_reservations == 1
+
+
+@pytest.mark.parametrize("value", [0, "two", 1.5])
+def test_the_number_of_reservations_is_a_positive_whole_number(value: object) -> None:
+    with pytest.raises(InvalidSpec, match=r"policy\.privateWaitReservations"):
+        parse_settings({"policy": {"privateWaitReservations": value}})
