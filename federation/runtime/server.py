@@ -74,6 +74,8 @@ log = structlog.get_logger("gpufed.server")
 # Tenants change rarely; re-read them at most this often rather than on every submission.
 TENANT_REFRESH_S = 2.0
 LEADER_STOP_TIMEOUT_S = 10.0
+# How long a new leader's archiver waits for the first pass before it starts regardless.
+ARCHIVE_WAITS_FOR_FIRST_PASS_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,11 +412,16 @@ class FederationServer:
             self.first_pass_done = False
             self.metrics.is_leader.set(1)
             log.info("leader_elected", identity=self.config.identity)
-            # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
+            # Beside the loop, never in it: a backlog must not delay a scheduling cycle. Nor the first
+            # pass: its first scan reads every ended job's record, which a restart leaves undecoded
+            # until read (`Stored.decoded_on_read`), so it waits for the first pass to be done.
             archiving = (
                 None
                 if self._archiver is None
-                else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
+                else asyncio.create_task(
+                    self._archive_after_first_pass(self._archiver, fence, election.lost()),
+                    name="gpufed-archiver",
+                )
             )
             compacting = (
                 None
@@ -435,6 +442,15 @@ class FederationServer:
                     # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
                     await self._stager.stop()
             log.warning("leadership_lost", identity=self.config.identity)
+
+    async def _archive_after_first_pass(self, archiver: Archiver, fence: Fence, lost: asyncio.Event) -> None:
+        # At most a while: a leader whose cycles keep failing must still keep etcd small.
+        deadline = time.monotonic() + ARCHIVE_WAITS_FOR_FIRST_PASS_S
+        while not self.first_pass_done and time.monotonic() < deadline:
+            if lost.is_set():
+                return
+            await asyncio.sleep(0.1)
+        await archiver.run(fence, lost)
 
     async def _loop(
         self, scheduler: Scheduler, reconciler: Reconciler, fence: Fence, lost: asyncio.Event

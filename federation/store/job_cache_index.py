@@ -29,8 +29,12 @@ def list_key(job: JobRecord) -> ListKey:
     return (job.submitted_at_s, job.job_id)
 
 
-def _entry_key(entry: tuple[ListKey, Stored[JobRecord]]) -> ListKey:
-    return entry[0]
+# Where a job is filed: its list key, tenant and phase.
+Filing = tuple[ListKey, TenantId, JobPhase]
+
+
+def _filing_key(entry: tuple[Filing, Stored[JobRecord]]) -> ListKey:
+    return entry[0][0]
 
 
 class _Ordered:
@@ -90,32 +94,40 @@ class JobIndex:
         self._by_phase: dict[JobPhase, _Ordered] = {}
         self._by_tenant_phase: dict[tuple[TenantId, JobPhase], _Ordered] = {}
         # Where each job is filed, to take it out of the right entries when it changes or goes.
-        self._filed: dict[JobId, tuple[ListKey, TenantId, JobPhase]] = {}
+        self._filed: dict[JobId, Filing] = {}
 
     def __len__(self) -> int:
         return len(self._all)
 
     def rebuild(self, jobs: Iterable[Stored[JobRecord]]) -> None:
-        """The index of `jobs` (distinct jobs, as a list gives them). Sorted once, all of them, then
-        dealt out to the views in that order, so each view is born sorted: sorting each view on its
-        own sorted every job four times (a quarter of a restart's listing, at 100,000 jobs)."""
-        every = [(list_key(stored.value), stored) for stored in jobs]
-        every.sort(key=_entry_key)
+        """The index of `jobs` (distinct jobs, as a list gives them)."""
+        self.rebuild_filed(((list_key(s.value), s.value.tenant, s.value.phase), s) for s in jobs)
+
+    def rebuild_filed(self, entries: Iterable[tuple[Filing, Stored[JobRecord]]]) -> None:
+        """The index of distinct jobs, each with where it is filed (its list key, tenant and phase,
+        as `list_key` and its record say), so that a job whose record is decoded only when read
+        (`Stored.decoded_on_read`) is filed without being decoded.
+
+        Sorted once, all of them, then dealt out to the views in that order, so each view is born
+        sorted: sorting each view on its own sorted every job four times (a quarter of a restart's
+        listing, at 100,000 jobs)."""
+        every = list(entries)
+        every.sort(key=_filing_key)
         items: dict[JobId, Stored[JobRecord]] = {}
         by_tenant: dict[TenantId, list[ListKey]] = defaultdict(list)
         by_phase: dict[JobPhase, list[ListKey]] = defaultdict(list)
         by_both: dict[tuple[TenantId, JobPhase], list[ListKey]] = defaultdict(list)
-        filed: dict[JobId, tuple[ListKey, TenantId, JobPhase]] = {}
-        for key, stored in every:
-            job = stored.value
-            tenant, phase = job.tenant, job.phase
-            items[job.job_id] = stored
-            filed[job.job_id] = (key, tenant, phase)
+        filed: dict[JobId, Filing] = {}
+        for filing, stored in every:
+            key, tenant, phase = filing
+            job_id = JobId(key[1])
+            items[job_id] = stored
+            filed[job_id] = filing
             by_tenant[tenant].append(key)
             by_phase[phase].append(key)
             by_both[(tenant, phase)].append(key)
         self._items = items
-        self._all = _Ordered(items, [key for key, _ in every])
+        self._all = _Ordered(items, [filing[0] for filing, _ in every])
         self._by_tenant = {tenant: _Ordered(items, keys) for tenant, keys in by_tenant.items()}
         self._by_phase = {phase: _Ordered(items, keys) for phase, keys in by_phase.items()}
         self._by_tenant_phase = {both: _Ordered(items, keys) for both, keys in by_both.items()}

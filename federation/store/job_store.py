@@ -28,7 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
 from federation.store.group_commit import GroupCommit
 from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_json, interval_to_dict
-from federation.store.jobs import JobRecord, job_from_json, job_to_dict
+from federation.store.jobs import JobHead, JobRecord, job_from_json, job_head_from_json, job_to_dict
 from federation.store.kv import (
     MAX_TXN_OPS,
     Compare,
@@ -83,11 +83,67 @@ MAX_COMMIT_UPDATES = MAX_TXN_OPS - 1
 _LIST_ATTEMPTS = 5
 
 
-@dataclass(frozen=True, slots=True)
 class Stored(Generic[T]):
-    value: T
-    # Pass this back to `commit` to update only if nobody wrote in between.
-    mod_revision: int
+    """A value as read from the store, and the revision it was read at (pass that back to `commit`
+    to update only if nobody wrote in between). Immutable; equal and hashed by both.
+
+    `Stored.decoded_on_read` keeps the value's stored bytes and decodes them on the first read of
+    `value`: a restart lists every ended job in etcd, which no one may read before the archiver
+    moves it to SQL, and decoding them all was most of the time a restart took to serve (issue 19).
+    A read from any thread gets the decoded value; two threads reading at once may both decode,
+    to equal values."""
+
+    __slots__ = ("_decode", "_mod_revision", "_raw", "_value")
+
+    def __init__(self, value: T, mod_revision: int) -> None:
+        self._value = value
+        self._mod_revision = mod_revision
+        self._decode: Callable[[bytes], T] | None = None
+        self._raw = b""
+
+    @classmethod
+    def decoded_on_read(cls, raw: bytes, decode: Callable[[bytes], T], mod_revision: int) -> Stored[T]:
+        stored: Stored[T] = cls.__new__(cls)
+        stored._mod_revision = mod_revision
+        stored._raw = raw
+        # Last: a reader that finds a decoder finds the bytes it decodes.
+        stored._decode = decode
+        return stored
+
+    @property
+    def value(self) -> T:
+        decode = self._decode
+        if decode is not None:
+            # A record the decoder refuses raises here, on every read, as it would have in the list.
+            self._value = decode(self._raw)
+            # The value first, then the decoder gone: a reader that finds no decoder finds the value.
+            self._decode = None
+            self._raw = b""
+        return self._value
+
+    @property
+    def mod_revision(self) -> int:
+        return self._mod_revision
+
+    @property
+    def decoded(self) -> bool:
+        """Whether `value` was built already (tests; nothing decides by it)."""
+        return self._decode is None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stored):
+            return NotImplemented
+        return self._mod_revision == other._mod_revision and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash((self.value, self._mod_revision))
+
+    def __repr__(self) -> str:
+        return f"Stored(value={self.value!r}, mod_revision={self._mod_revision!r})"
+
+
+# A job as the job cache lists it: what its index files it by, and the job.
+JobEntry = tuple[JobHead, Stored[JobRecord]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +197,11 @@ class JobStore(Protocol):
 
     async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
         """Every job, and the revision they were all read at (watch from revision + 1)."""
+        ...
+
+    async def list_job_entries(self) -> tuple[list[JobEntry], int]:
+        """`list_jobs` for the job cache: each job with its head (what the cache files it by), an
+        ended job's record decoded only when first read (`Stored.decoded_on_read`)."""
         ...
 
     async def commit(
@@ -269,6 +330,19 @@ def _stored_job(value: bytes, mod_revision: int) -> Stored[JobRecord]:
     return Stored(job_from_json(value), mod_revision)
 
 
+def _job_entry(kv: KeyValue) -> JobEntry:
+    """A listed job for the cache: its head decoded now; the rest of an ended job's record when
+    first read (`Stored.decoded_on_read`), of a live one now (the leader reads it at once)."""
+    head = job_head_from_json(kv.value)
+    if head is None:
+        # The head alone would not decode: decode the lot the usual way (or fail as it would).
+        job = job_from_json(kv.value)
+        return JobHead(job.job_id, job.tenant, job.phase, job.submitted_at_s), Stored(job, kv.mod_revision)
+    if head.phase.is_terminal:
+        return head, Stored.decoded_on_read(kv.value, job_from_json, kv.mod_revision)
+    return head, Stored(job_from_json(kv.value), kv.mod_revision)
+
+
 # The figures of a wait reason beside its code and message; absent keys read as None, so reasons
 # written before a field existed still load.
 _WAIT_FIGURES = (
@@ -360,6 +434,9 @@ class KvStore:
 
     async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
         return await self._list(JOBS, lambda kv: _stored_job(kv.value, kv.mod_revision))
+
+    async def list_job_entries(self) -> tuple[list[JobEntry], int]:
+        return await self._list(JOBS, _job_entry)
 
     async def _list(self, prefix: bytes, decode: Callable[[KeyValue], T]) -> tuple[list[T], int]:
         """Every value under prefix, page by page, all read at the revision of the first page.

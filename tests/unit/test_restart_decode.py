@@ -30,6 +30,7 @@ from federation.store.job_cache_index import list_key
 from federation.store.job_store import (
     FREEZE_AFTER_OBJECTS,
     InMemoryJobStore,
+    Stored,
     job_key,
     paused_gc,
 )
@@ -246,3 +247,78 @@ def test_what_a_pause_made_in_bulk_is_frozen_and_a_little_is_not() -> None:
         del small, bulk
     finally:
         gc.unfreeze()
+
+
+def _ended(job_id: str, *, submitted_at_s: float) -> JobRecord:
+    job = replace(_varied_jobs()[3], job_id=JobId(job_id), submitted_at_s=submitted_at_s)
+    return replace(job, queued_at_s=submitted_at_s)
+
+
+async def test_ended_jobs_listed_undecoded_still_follow_the_watch_and_a_relist() -> None:
+    """The cache lists ended jobs without decoding them; each reads as decoding it eagerly gives,
+    a change to one (watched, or found by the relist after a compaction) replaces it, a deletion
+    (the archiver's) takes it out of every listing."""
+    kv = MemoryKv()
+    store = InMemoryJobStore(kv)
+    queued = build_job("queued")
+    for job in (_ended("e1", submitted_at_s=1.0), _ended("e2", submitted_at_s=2.0), queued):
+        await kv.put(job_key(job.job_id), _dumps(job_to_dict(job)))
+    cache = JobCache(store)
+    await cache.start()
+    try:
+        e1, e2 = cache.get(JobId("e1")), cache.get(JobId("e2"))
+        assert e1 is not None
+        assert e2 is not None
+        assert not e1.decoded, "an ended job is not decoded by the list"
+        assert [s.value.job_id for s in cache.ordered(None, (JobPhase.SUCCEEDED,))] == ["e1", "e2"]
+        assert e1.decoded
+        assert [s.value.job_id for s in cache.live_jobs()] == ["queued"]
+
+        # Watched: a change to an ended job, then the archiver's deletion of the other.
+        changed = replace(e2.value, message="archived soon")
+        revision = await store.commit([(changed, e2.mod_revision)])
+        assert revision is not None
+        await kv.delete(job_key("e1"))
+        assert await cache.wait_for_revision(revision + 1, timeout_s=3)
+        assert cache.get(JobId("e2")) == type(e2)(changed, revision)
+        assert cache.get(JobId("e1")) is None
+        assert [s.value.job_id for s in cache.ordered()] == ["e2", "queued"]
+
+        # Changed behind the watch and compacted: the relist finds it, and announces it.
+        events = cache.subscribe()
+        behind = replace(changed, message="changed behind the watch")
+        revision = await kv.put(job_key("e2"), _dumps(job_to_dict(behind)))
+        await kv.compact(kv.revision)
+        assert await cache.wait_for_revision(revision, timeout_s=3)
+        relisted = cache.get(JobId("e2"))
+        assert relisted is not None
+        assert relisted.value == behind
+        assert relisted.mod_revision == revision
+        event = events.get_nowait()
+        assert event is not None
+        assert (event.job_id, event.job, event.mod_revision) == ("e2", behind, revision)
+    finally:
+        await cache.stop()
+
+
+def test_a_stored_value_decoded_on_read_equals_the_same_value_decoded_at_once() -> None:
+    job = _varied_jobs()[3]
+    raw = _dumps(job_to_dict(job))
+    lazy = Stored.decoded_on_read(raw, job_from_json, 7)
+    eager = Stored(job, 7)
+    assert lazy == eager
+    assert eager == lazy
+    assert hash(lazy) == hash(eager)
+    assert lazy != Stored(job, 8)
+    assert Stored.decoded_on_read(raw, job_from_json, 7).value == job
+
+
+def test_an_ended_record_the_decoder_refuses_fails_when_read() -> None:
+    # The head decodes; the rest does not: the failure the eager list raised comes on reading it.
+    d = job_to_dict(_varied_jobs()[3])
+    del d["spec"]
+    lazy = Stored.decoded_on_read(_dumps(d), job_from_json, 1)
+    with pytest.raises(KeyError):
+        _ = lazy.value
+    with pytest.raises(KeyError):
+        _ = lazy.value
