@@ -85,40 +85,40 @@ _LIST_ATTEMPTS = 5
 
 class Stored(Generic[T]):
     """A value as read from the store, and the revision it was read at (pass that back to `commit`
-    to update only if nobody wrote in between). Immutable; equal and hashed by both.
+    to update only if nobody wrote in between). Equal and hashed by both.
 
     `Stored.decoded_on_read` keeps the value's stored bytes and decodes them on the first read of
     `value`: a restart lists every ended job in etcd, which no one may read before the archiver
     moves it to SQL, and decoding them all was most of the time a restart took to serve (issue 19).
     A read from any thread gets the decoded value; two threads reading at once may both decode,
-    to equal values."""
+    to equal values. Not assigned to after it is made (by convention: it is no longer a frozen
+    dataclass, so that the decoded value can be kept)."""
 
-    __slots__ = ("_decode", "_mod_revision", "_raw", "_value")
+    __slots__ = ("_mod_revision", "_pending", "_value")
 
     def __init__(self, value: T, mod_revision: int) -> None:
         self._value = value
         self._mod_revision = mod_revision
-        self._decode: Callable[[bytes], T] | None = None
-        self._raw = b""
+        # The bytes and their decoder while `value` is not decoded yet: one attribute, so that a
+        # reader on another thread sees both or neither.
+        self._pending: tuple[bytes, Callable[[bytes], T]] | None = None
 
     @classmethod
     def decoded_on_read(cls, raw: bytes, decode: Callable[[bytes], T], mod_revision: int) -> Stored[T]:
         stored: Stored[T] = cls.__new__(cls)
         stored._mod_revision = mod_revision
-        stored._raw = raw
-        # Last: a reader that finds a decoder finds the bytes it decodes.
-        stored._decode = decode
+        stored._pending = (raw, decode)
         return stored
 
     @property
     def value(self) -> T:
-        decode = self._decode
-        if decode is not None:
+        pending = self._pending
+        if pending is not None:
+            raw, decode = pending
             # A record the decoder refuses raises here, on every read, as it would have in the list.
-            self._value = decode(self._raw)
-            # The value first, then the decoder gone: a reader that finds no decoder finds the value.
-            self._decode = None
-            self._raw = b""
+            self._value = decode(raw)
+            # The value first, then the bytes gone: a reader that finds none finds the value.
+            self._pending = None
         return self._value
 
     @property
@@ -128,7 +128,7 @@ class Stored(Generic[T]):
     @property
     def decoded(self) -> bool:
         """Whether `value` was built already (tests; nothing decides by it)."""
-        return self._decode is None
+        return self._pending is None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Stored):
