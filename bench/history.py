@@ -29,6 +29,8 @@ under 5 s whatever the history's size.
                                        # archived; restart with 100,000 live jobs
     python bench/history.py --quick    # 1,000,000 intervals too, 1 run, 2,000 jobs archived;
                                        # restart with 10,000 live jobs, all the history only
+    python bench/history.py --restart-only   # no SQL history: only the restart with 100,000 live
+                                             # jobs and an empty SQLite history (to iterate on it)
 
 Ends with one `figure_name: value unit` line per figure, among them `month_report_s: X s` (the
 slower backend's month) and `restart_to_serving_s: X s` (the slowest restart of the run).
@@ -511,10 +513,20 @@ def _ready(url: str) -> bool:
         return False
 
 
-def time_restart(endpoint: str, state_dir: Path, config_path: Path, job_id: JobId, label: str) -> float:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a live process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_restart(
+    endpoint: str, state_dir: Path, config_path: Path, job_id: JobId, label: str
+) -> tuple[float, float]:
     """Seconds from launching one `gpufed serve` process to serving: `/readyz` 200 (caches listed,
     the leader's first reconciler tick and scheduling cycle done, archived usage read), then a
-    GetJob of a queued job answered correctly on a fresh channel. Stops it after.
+    GetJob of a queued job answered correctly on a fresh channel. Stops it after. Returns the
+    seconds and the server's CPU seconds by then (the wall time on a shared machine varies with
+    the load; the CPU time much less).
 
     `/readyz` is polled first because a gRPC channel that found no server backs off (a second,
     then more) before it tries again, which would add its backoff to the figure."""
@@ -545,9 +557,10 @@ def time_restart(endpoint: str, state_dir: Path, config_path: Path, job_id: JobI
         with GpufedClient(f"127.0.0.1:{port}", token, timeout_s=10.0) as client:
             job = client.get(job_id)
         serving = time.perf_counter() - began
+        cpu = _cpu_s(proc.pid)
         assert job.job_id == job_id, job
         assert job.phase == pb.JOB_PHASE_QUEUED, job
-        return serving
+        return serving, cpu
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -558,18 +571,24 @@ def time_restart(endpoint: str, state_dir: Path, config_path: Path, job_id: JobI
         log.close()
 
 
-def _startup_parts(log_path: Path) -> tuple[float, float]:
-    """What the server's log says its start spent listing etcd and on its first pass."""
-    listed = first_pass = float("nan")
+def _startup_parts(log_path: Path) -> dict[str, float]:
+    """What the server's log says its start spent: listing etcd (wall and CPU seconds), the
+    leader's first pass, and the process's CPU seconds when listed and when first pass was done."""
+    parts = dict.fromkeys(
+        ("listed_s", "listed_cpu_s", "cpu_listed_s", "first_pass_s", "cpu_first_pass_s"), float("nan")
+    )
     for line in log_path.read_text(errors="replace").splitlines():
         if not line.startswith("{"):
             continue
         entry = json.loads(line)
         if entry.get("event") == "server_started":
-            listed = float(entry["listed_s"])
+            parts["listed_s"] = float(entry["listed_s"])
+            parts["listed_cpu_s"] = float(entry.get("listed_cpu_s", "nan"))
+            parts["cpu_listed_s"] = float(entry.get("cpu_s", "nan"))
         elif entry.get("event") == "leader_first_pass_done":
-            first_pass = float(entry["seconds"])
-    return listed, first_pass
+            parts["first_pass_s"] = float(entry["seconds"])
+            parts["cpu_first_pass_s"] = float(entry.get("cpu_s", "nan"))
+    return parts
 
 
 def sample_of_history(
@@ -610,16 +629,39 @@ def measure_restarts(
                     for package in ("federation", "clusters", "placement", "datasync", "iac"):
                         compileall.compile_dir(ROOT / package, quiet=1)
             elif n == 0:
-                first = time_restart(etcd.endpoint, state_dir, config_path, job_id, "first")
+                first, _ = time_restart(etcd.endpoint, state_dir, config_path, job_id, "first")
                 print(f"  first start after seeding: {first:.1f} s")
-            serving = time_restart(etcd.endpoint, state_dir, config_path, job_id, label)
-            listed, first_pass = _startup_parts(state_dir / f"serve-{label}.log")
+            serving, cpu = time_restart(etcd.endpoint, state_dir, config_path, job_id, label)
+            parts = _startup_parts(state_dir / f"serve-{label}.log")
             print(
-                f"  restart, history {label}: serving at {serving:.2f} s (of which listing etcd "
-                f"{listed:.2f} s, the leader's first pass {first_pass:.2f} s; the rest is the "
-                "interpreter, imports, bootstrap and the members)"
+                f"  restart, history {label}: serving at {serving:.2f} s, {cpu:.2f} s of the server's "
+                f"CPU (listing etcd {parts['listed_s']:.2f} s, {parts['listed_cpu_s']:.2f} s of CPU; "
+                f"the leader's first pass {parts['first_pass_s']:.2f} s; the process's CPU "
+                f"{parts['cpu_listed_s']:.2f} s when listed, {parts['cpu_first_pass_s']:.2f} s at the "
+                "first pass's end; the rest is the interpreter, imports, bootstrap and the members)"
             )
             figures[f"restart_to_serving_s_{label}"] = (serving, "s")
+
+
+def _print_figures(figures: dict[str, tuple[float, str]]) -> None:
+    for name, (value, unit) in figures.items():
+        print(f"{name}: {value:.3f} {unit}" if unit == "s" else f"{name}: {value:.0f} {unit}")
+
+
+def restart_only(args: argparse.Namespace, figures: dict[str, tuple[float, str]]) -> int:
+    """The restart alone, against an empty SQLite history: what the restart costs with the SQL
+    side at its cheapest, to iterate on the etcd side without loading a year of intervals."""
+    with tempfile.TemporaryDirectory(prefix="gpufed-bench-restart-") as tmp_name:
+        tmp = Path(tmp_name)
+        empty_dsn = f"sqlite:///{tmp / 'history-empty.sqlite3'}"
+        SqlHistoryStore.open(empty_dsn).close()
+        measure_restarts(
+            tmp, argparse.Namespace(**{**vars(args), "quick": False}), [("archived_0", empty_dsn)], figures
+        )
+    figures["restart_to_serving_s"] = figures["restart_to_serving_s_archived_0"]
+    print(f"restart: {args.live} jobs in etcd, no archived history")
+    _print_figures(figures)
+    return 0
 
 
 def main() -> int:
@@ -627,6 +669,11 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--restart-only",
+        action="store_true",
+        help="only the restart (with an empty SQLite history), untimed first start included",
+    )
     parser.add_argument("--intervals", type=int, default=1_000_000)
     parser.add_argument(
         "--live", type=int, default=None, help="jobs in etcd for the restart (100,000; quick 10,000)"
@@ -636,6 +683,8 @@ def main() -> int:
     if args.live is None:
         args.live = 10_000 if args.quick else 100_000
     figures: dict[str, tuple[float, str]] = {}
+    if args.restart_only:
+        return restart_only(args, figures)
 
     began = time.perf_counter()
     interval_rows, day_rows = year_of_intervals(args.intervals)
@@ -715,8 +764,7 @@ def main() -> int:
         "(leader's first pass done); restart_to_serving_s is the slowest history's"
     )
     print("aims: month_report_s < 1 s, year_report_s < 2 s, on both backends; restart_to_serving_s < 5 s")
-    for name, (value, unit) in figures.items():
-        print(f"{name}: {value:.3f} {unit}" if unit == "s" else f"{name}: {value:.0f} {unit}")
+    _print_figures(figures)
     return 0
 
 

@@ -17,7 +17,7 @@ import structlog
 
 from federation.errors import StoreUnavailable
 from federation.store.intervals import LedgerInterval
-from federation.store.job_store import JobStore, LedgerRemoved
+from federation.store.job_store import JobStore, LedgerRemoved, paused_gc
 from federation.store.kv import WatchCompacted
 
 log = structlog.get_logger(__name__)
@@ -59,7 +59,8 @@ class LedgerCache:
 
     async def _relist(self) -> None:
         listed, revision = await self._store.list_ledger()
-        self._intervals = {iv.key: iv for iv in listed}
+        with paused_gc():  # as the job cache does: a map of every interval is many objects
+            self._intervals = {iv.key: iv for iv in listed}
         self._revision = revision
         self._synced = True
         self.version += 1

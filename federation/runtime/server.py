@@ -77,6 +77,8 @@ LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
 LEADER_CRASH_WAIT_MAX_S = 60.0
+# How long a new leader's archiver waits for the first pass before it starts regardless.
+ARCHIVE_WAITS_FOR_FIRST_PASS_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +175,7 @@ class FederationServer:
         # A restart's longest wait: every job and interval in etcd listed, and the history store
         # opened (blocking, it may migrate the schema: on a worker thread). Side by side, so that one
         # list's decoding overlaps the other's requests and the database's open.
-        listing_began = time.monotonic()
+        listing_began, listing_cpu_began = time.monotonic(), time.process_time()
         opening = asyncio.ensure_future(asyncio.to_thread(open_history, cfg.history, cfg.state_dir))
         try:
             await asyncio.gather(self._cache.start(), self._ledger.start())
@@ -181,6 +183,7 @@ class FederationServer:
             # Kept even when a list failed, so that stop() closes it.
             self.history = history = await opening
         listed_s = time.monotonic() - listing_began
+        listed_cpu_s = time.process_time() - listing_cpu_began
         tenants = TenantDirectory(store)
         cluster_records = await store.list_clusters()
         self.members = MemberClusters.build(cluster_records, state_dir=cfg.state_dir)
@@ -345,6 +348,10 @@ class FederationServer:
             "server_started",
             # What a restart spends before it serves (issue 19): listing etcd's jobs and intervals.
             listed_s=round(listed_s, 3),
+            # The process's CPU seconds, in the listing and since it began (the interpreter and
+            # the imports included): a shared machine's load swings the wall time, not these.
+            listed_cpu_s=round(listed_cpu_s, 3),
+            cpu_s=round(time.process_time(), 3),
             jobs=len(self._cache.jobs()),
             port=self.port,
             metrics_port=self.metrics_port,
@@ -435,11 +442,16 @@ class FederationServer:
         self.first_pass_done = False
         self.metrics.is_leader.set(1)
         log.info("leader_elected", identity=self.config.identity)
-        # Beside the loop, never in it: a backlog must not delay a scheduling cycle.
+        # Beside the loop, never in it: a backlog must not delay a scheduling cycle. Nor the first
+        # pass: its first scan reads every ended job's record, which a restart leaves undecoded
+        # until read (`Stored.decoded_on_read`), so it waits for the first pass to be done.
         archiving = (
             None
             if self._archiver is None
-            else asyncio.create_task(self._archiver.run(fence, election.lost()), name="gpufed-archiver")
+            else asyncio.create_task(
+                self._archive_after_first_pass(self._archiver, fence, election.lost()),
+                name="gpufed-archiver",
+            )
         )
         compacting = (
             None
@@ -461,6 +473,15 @@ class FederationServer:
                 await self._stager.stop()
         log.warning("leadership_lost", identity=self.config.identity)
 
+    async def _archive_after_first_pass(self, archiver: Archiver, fence: Fence, lost: asyncio.Event) -> None:
+        # At most a while: a leader whose cycles keep failing must still keep etcd small.
+        deadline = time.monotonic() + ARCHIVE_WAITS_FOR_FIRST_PASS_S
+        while not self.first_pass_done and time.monotonic() < deadline:
+            if lost.is_set():
+                return
+            await asyncio.sleep(0.1)
+        await archiver.run(fence, lost)
+
     async def _loop(
         self, scheduler: Scheduler, reconciler: Reconciler, fence: Fence, lost: asyncio.Event
     ) -> None:
@@ -475,7 +496,11 @@ class FederationServer:
                     if self._capacity is not None:
                         await self._capacity.tick(fence)
                     if not self.first_pass_done:
-                        log.info("leader_first_pass_done", seconds=round(time.monotonic() - started, 3))
+                        log.info(
+                            "leader_first_pass_done",
+                            seconds=round(time.monotonic() - started, 3),
+                            cpu_s=round(time.process_time(), 3),
+                        )
                     self.first_pass_done = True
                 except GpufedError as error:
                     task = asyncio.current_task()

@@ -50,6 +50,10 @@ from placement.model import (
 )
 from placement.plan import plan
 
+# The wait key of reasons read from the store: equal to no `Waiting.key`, so they are compared
+# by their worded reasons.
+_READ_FROM_STORE = object()
+
 log = structlog.get_logger("gpufed.scheduler")
 
 # Bounded so that a cycle with thousands of admissions does not open thousands of etcd calls at once.
@@ -170,6 +174,9 @@ class Scheduler:
         self._clock = clock
         # Per job, the reasons last written and the key of the wait they came from (`Waiting.key`).
         self._written_reasons: dict[JobId, tuple[Hashable, tuple[WaitReason, ...]]] = {}
+        # Whether `_written_reasons` was read from the store, and under which leader term (fence).
+        self._reasons_read = False
+        self._reasons_fence: Fence | None = None
         self._requests = GangRequests()
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
@@ -370,9 +377,22 @@ class Scheduler:
         )
         return True
 
+    async def _read_written_reasons(self, fence: Fence | None) -> None:
+        """What the store holds, as this term's starting point: a new leader (or this one back in
+        office after another wrote) knew nothing of what was written, and rewrote every waiting
+        job's reasons on its first cycle: 8,000 fenced writes, most of its first pass after a
+        restart (issue 19). Read here, the stored ones that are still right are not written again,
+        and those of jobs no longer waiting are deleted."""
+        if self._reasons_read and fence == self._reasons_fence:
+            return
+        stored = await self._store.list_wait_reasons()
+        self._written_reasons = {job_id: (_READ_FROM_STORE, reasons) for job_id, reasons in stored.items()}
+        self._reasons_read, self._reasons_fence = True, fence
+
     async def _write_reasons(
         self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
     ) -> None:
+        await self._read_written_reasons(fence)
         changed = []
         for w in waiting:
             written = self._written_reasons.get(w.job_id)

@@ -15,9 +15,12 @@ scheduler admitted the attempt at: the price in force when it started.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import msgspec
 
 from federation.store.jobs import JobRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
@@ -205,3 +208,18 @@ def interval_from_dict(d: dict[str, Any]) -> LedgerInterval:
         ended=None if d.get("ended") is None else IntervalEnd(d["ended"]),
         job_name=str(d.get("job_name", "")),
     )
+
+
+# Typed JSON decoding, as for job records (`federation.store.jobs.job_from_json`): a restart lists
+# every open and recently closed interval in etcd before it serves.
+_INTERVAL_JSON = msgspec.json.Decoder(LedgerInterval)
+
+
+def interval_from_json(raw: bytes | str) -> LedgerInterval:
+    """The same as `interval_from_dict(json.loads(raw))`, typed by the dataclass where it can be
+    (the dataclass's defaults are the old decoder's for keys older records lack); whatever the
+    typed decode refuses goes the old way, which raises as it always did."""
+    try:
+        return _INTERVAL_JSON.decode(raw)
+    except msgspec.DecodeError:
+        return interval_from_dict(json.loads(raw))

@@ -21,7 +21,7 @@ import structlog
 
 from federation.errors import StoreUnavailable
 from federation.store.job_cache_index import JobIndex, ListKey
-from federation.store.job_store import JobEvent, JobEventType, JobStore, Stored
+from federation.store.job_store import JobEvent, JobEventType, JobStore, Stored, paused_gc
 from federation.store.jobs import JobRecord
 from federation.store.kv import WatchCompacted
 from placement.model import JobId, JobPhase, TenantId
@@ -155,13 +155,21 @@ class JobCache:
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
     async def _relist(self) -> None:
-        listed, revision = await self._store.list_jobs()
-        fresh = {s.value.job_id: s for s in listed}
+        # Ended jobs' records are decoded when first read (`KvStore.list_job_entries`): filed by
+        # their heads, they are in every map and listing as the others are.
+        listed, revision = await self._store.list_job_entries()
         first = not self._synced and self._revision == 0
         old = self._jobs
-        self._jobs = fresh
-        self._live = {job_id: s for job_id, s in fresh.items() if not s.value.phase.is_terminal}
-        self._index.rebuild(fresh.values())
+        # The maps and the index of every job are as many objects again as the records: built, like
+        # them, with the cyclic collector held off (`paused_gc`), else it walks the growing heap.
+        with paused_gc():
+            fresh = {head.job_id: stored for head, stored in listed}
+            self._jobs = fresh
+            self._live = {head.job_id: stored for head, stored in listed if not head.phase.is_terminal}
+            self._index.rebuild_filed(
+                (((head.submitted_at_s, head.job_id), head.tenant, head.phase), stored)
+                for head, stored in listed
+            )
         if not first:
             for job_id, stored in fresh.items():
                 was = old.get(job_id)

@@ -29,38 +29,39 @@ def list_key(job: JobRecord) -> ListKey:
     return (job.submitted_at_s, job.job_id)
 
 
+# Where a job is filed: its list key, tenant and phase.
+Filing = tuple[ListKey, TenantId, JobPhase]
+
+
+def _filing_key(entry: tuple[Filing, Stored[JobRecord]]) -> ListKey:
+    return entry[0][0]
+
+
 class _Ordered:
-    """Records sorted by list key: insert and remove by bisection, read forward from a key."""
+    """List keys in order: insert and remove by bisection, read forward or back from a key. The
+    records are looked up by job id in the index's one map (`items`), shared by every view: a map
+    per view was four maps of every job, a quarter of the index's rebuild at a restart."""
 
     __slots__ = ("_items", "_keys")
 
-    def __init__(self) -> None:
-        self._keys: list[ListKey] = []
-        self._items: dict[str, Stored[JobRecord]] = {}
+    def __init__(self, items: dict[JobId, Stored[JobRecord]], keys: list[ListKey] | None = None) -> None:
+        self._keys: list[ListKey] = [] if keys is None else keys
+        self._items = items
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._keys)
 
-    @classmethod
-    def of(cls, entries: list[tuple[ListKey, Stored[JobRecord]]]) -> _Ordered:
-        """Entries of distinct jobs at once: one sort, where inserting them one by one moves half
-        the list each time (a restart files 100,000 jobs: seconds, quadratic)."""
-        ordered = cls()
-        ordered._keys = sorted(key for key, _ in entries)
-        ordered._items = {key[1]: stored for key, stored in entries}
-        return ordered
-
-    def put(self, key: ListKey, stored: Stored[JobRecord]) -> None:
-        if key[1] not in self._items:
-            bisect.insort(self._keys, key)
-        self._items[key[1]] = stored
+    def put(self, key: ListKey) -> None:
+        keys = self._keys
+        i = bisect.bisect_left(keys, key)
+        if i == len(keys) or keys[i] != key:
+            keys.insert(i, key)
 
     def remove(self, key: ListKey) -> None:
-        if self._items.pop(key[1], None) is None:
-            return
-        i = bisect.bisect_left(self._keys, key)
-        if i < len(self._keys) and self._keys[i] == key:
-            del self._keys[i]
+        keys = self._keys
+        i = bisect.bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            del keys[i]
 
     def after(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
         """Entries past `start` (all when None), in order. Read it to the end before the index changes."""
@@ -68,7 +69,7 @@ class _Ordered:
         i = 0 if start is None else bisect.bisect_right(keys, start)
         while i < len(keys):
             key = keys[i]
-            yield key, self._items[key[1]]
+            yield key, self._items[JobId(key[1])]
             i += 1
 
     def before(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
@@ -79,43 +80,57 @@ class _Ordered:
         while i > 0:
             i -= 1
             key = keys[i]
-            yield key, self._items[key[1]]
+            yield key, self._items[JobId(key[1])]
 
 
 class JobIndex:
     """Every job, ordered, under four views: all, by tenant, by phase, by tenant and phase."""
 
     def __init__(self) -> None:
-        self._all = _Ordered()
+        # Every job by id: the one map the views read their records from.
+        self._items: dict[JobId, Stored[JobRecord]] = {}
+        self._all = _Ordered(self._items)
         self._by_tenant: dict[TenantId, _Ordered] = {}
         self._by_phase: dict[JobPhase, _Ordered] = {}
         self._by_tenant_phase: dict[tuple[TenantId, JobPhase], _Ordered] = {}
         # Where each job is filed, to take it out of the right entries when it changes or goes.
-        self._filed: dict[JobId, tuple[ListKey, TenantId, JobPhase]] = {}
+        self._filed: dict[JobId, Filing] = {}
 
     def __len__(self) -> int:
         return len(self._all)
 
     def rebuild(self, jobs: Iterable[Stored[JobRecord]]) -> None:
-        """The index of `jobs` (distinct jobs, as a list gives them), each view sorted once."""
-        every: list[tuple[ListKey, Stored[JobRecord]]] = []
-        by_tenant: dict[TenantId, list[tuple[ListKey, Stored[JobRecord]]]] = defaultdict(list)
-        by_phase: dict[JobPhase, list[tuple[ListKey, Stored[JobRecord]]]] = defaultdict(list)
-        by_both: dict[tuple[TenantId, JobPhase], list[tuple[ListKey, Stored[JobRecord]]]] = defaultdict(list)
-        filed: dict[JobId, tuple[ListKey, TenantId, JobPhase]] = {}
-        for stored in jobs:
-            job = stored.value
-            key = list_key(job)
-            entry = (key, stored)
-            filed[job.job_id] = (key, job.tenant, job.phase)
-            every.append(entry)
-            by_tenant[job.tenant].append(entry)
-            by_phase[job.phase].append(entry)
-            by_both[(job.tenant, job.phase)].append(entry)
-        self._all = _Ordered.of(every)
-        self._by_tenant = {tenant: _Ordered.of(entries) for tenant, entries in by_tenant.items()}
-        self._by_phase = {phase: _Ordered.of(entries) for phase, entries in by_phase.items()}
-        self._by_tenant_phase = {both: _Ordered.of(entries) for both, entries in by_both.items()}
+        """The index of `jobs` (distinct jobs, as a list gives them)."""
+        self.rebuild_filed(((list_key(s.value), s.value.tenant, s.value.phase), s) for s in jobs)
+
+    def rebuild_filed(self, entries: Iterable[tuple[Filing, Stored[JobRecord]]]) -> None:
+        """The index of distinct jobs, each with where it is filed (its list key, tenant and phase,
+        as `list_key` and its record say), so that a job whose record is decoded only when read
+        (`Stored.decoded_on_read`) is filed without being decoded.
+
+        Sorted once, all of them, then dealt out to the views in that order, so each view is born
+        sorted: sorting each view on its own sorted every job four times (a quarter of a restart's
+        listing, at 100,000 jobs)."""
+        every = list(entries)
+        every.sort(key=_filing_key)
+        items: dict[JobId, Stored[JobRecord]] = {}
+        by_tenant: dict[TenantId, list[ListKey]] = defaultdict(list)
+        by_phase: dict[JobPhase, list[ListKey]] = defaultdict(list)
+        by_both: dict[tuple[TenantId, JobPhase], list[ListKey]] = defaultdict(list)
+        filed: dict[JobId, Filing] = {}
+        for filing, stored in every:
+            key, tenant, phase = filing
+            job_id = JobId(key[1])
+            items[job_id] = stored
+            filed[job_id] = filing
+            by_tenant[tenant].append(key)
+            by_phase[phase].append(key)
+            by_both[(tenant, phase)].append(key)
+        self._items = items
+        self._all = _Ordered(items, [filing[0] for filing, _ in every])
+        self._by_tenant = {tenant: _Ordered(items, keys) for tenant, keys in by_tenant.items()}
+        self._by_phase = {phase: _Ordered(items, keys) for phase, keys in by_phase.items()}
+        self._by_tenant_phase = {both: _Ordered(items, keys) for both, keys in by_both.items()}
         self._filed = filed
 
     def put(self, stored: Stored[JobRecord]) -> None:
@@ -123,15 +138,22 @@ class JobIndex:
         key = list_key(job)
         filed = self._filed.get(job.job_id)
         if filed is not None and filed != (key, job.tenant, job.phase):
-            self.remove(job.job_id)
+            self._unfile(job.job_id)
         self._filed[job.job_id] = (key, job.tenant, job.phase)
+        self._items[job.job_id] = stored
         for entry in self._entries(job.tenant, job.phase):
-            entry.put(key, stored)
+            entry.put(key)
 
     def remove(self, job_id: JobId) -> None:
+        if self._unfile(job_id):
+            del self._items[job_id]
+
+    def _unfile(self, job_id: JobId) -> bool:
+        """The job out of every view it is filed in (its record stays in the map); False if it
+        was not filed."""
         filed = self._filed.pop(job_id, None)
         if filed is None:
-            return
+            return False
         key, tenant, phase = filed
         for entry in self._entries(tenant, phase):
             entry.remove(key)
@@ -142,17 +164,18 @@ class JobIndex:
             del self._by_phase[phase]
         if not self._by_tenant_phase[(tenant, phase)]:
             del self._by_tenant_phase[(tenant, phase)]
+        return True
 
     def _entries(self, tenant: TenantId, phase: JobPhase) -> tuple[_Ordered, ...]:
         by_tenant = self._by_tenant.get(tenant)
         if by_tenant is None:
-            by_tenant = self._by_tenant[tenant] = _Ordered()
+            by_tenant = self._by_tenant[tenant] = _Ordered(self._items)
         by_phase = self._by_phase.get(phase)
         if by_phase is None:
-            by_phase = self._by_phase[phase] = _Ordered()
+            by_phase = self._by_phase[phase] = _Ordered(self._items)
         both = self._by_tenant_phase.get((tenant, phase))
         if both is None:
-            both = self._by_tenant_phase[(tenant, phase)] = _Ordered()
+            both = self._by_tenant_phase[(tenant, phase)] = _Ordered(self._items)
         return (self._all, by_tenant, by_phase, both)
 
     def ordered(

@@ -27,14 +27,15 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
 from federation.store.group_commit import GroupCommit
-from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_dict, interval_to_dict
-from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
+from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_json, interval_to_dict
+from federation.store.jobs import JobHead, JobRecord, job_from_json, job_head_from_json, job_to_dict
 from federation.store.kv import (
     MAX_TXN_OPS,
     Compare,
     Delete,
     EventType,
     Get,
+    KeyValue,
     KeyValueStore,
     Put,
     Txn,
@@ -82,11 +83,67 @@ MAX_COMMIT_UPDATES = MAX_TXN_OPS - 1
 _LIST_ATTEMPTS = 5
 
 
-@dataclass(frozen=True, slots=True)
 class Stored(Generic[T]):
-    value: T
-    # Pass this back to `commit` to update only if nobody wrote in between.
-    mod_revision: int
+    """A value as read from the store, and the revision it was read at (pass that back to `commit`
+    to update only if nobody wrote in between). Equal and hashed by both.
+
+    `Stored.decoded_on_read` keeps the value's stored bytes and decodes them on the first read of
+    `value`: a restart lists every ended job in etcd, which no one may read before the archiver
+    moves it to SQL, and decoding them all was most of the time a restart took to serve (issue 19).
+    A read from any thread gets the decoded value; two threads reading at once may both decode,
+    to equal values. Not assigned to after it is made (by convention: it is no longer a frozen
+    dataclass, so that the decoded value can be kept)."""
+
+    __slots__ = ("_mod_revision", "_pending", "_value")
+
+    def __init__(self, value: T, mod_revision: int) -> None:
+        self._value = value
+        self._mod_revision = mod_revision
+        # The bytes and their decoder while `value` is not decoded yet: one attribute, so that a
+        # reader on another thread sees both or neither.
+        self._pending: tuple[bytes, Callable[[bytes], T]] | None = None
+
+    @classmethod
+    def decoded_on_read(cls, raw: bytes, decode: Callable[[bytes], T], mod_revision: int) -> Stored[T]:
+        stored: Stored[T] = cls.__new__(cls)
+        stored._mod_revision = mod_revision
+        stored._pending = (raw, decode)
+        return stored
+
+    @property
+    def value(self) -> T:
+        pending = self._pending
+        if pending is not None:
+            raw, decode = pending
+            # A record the decoder refuses raises here, on every read, as it would have in the list.
+            self._value = decode(raw)
+            # The value first, then the bytes gone: a reader that finds none finds the value.
+            self._pending = None
+        return self._value
+
+    @property
+    def mod_revision(self) -> int:
+        return self._mod_revision
+
+    @property
+    def decoded(self) -> bool:
+        """Whether `value` was built already (tests; nothing decides by it)."""
+        return self._pending is None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stored):
+            return NotImplemented
+        return self._mod_revision == other._mod_revision and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash((self.value, self._mod_revision))
+
+    def __repr__(self) -> str:
+        return f"Stored(value={self.value!r}, mod_revision={self._mod_revision!r})"
+
+
+# A job as the job cache lists it: what its index files it by, and the job.
+JobEntry = tuple[JobHead, Stored[JobRecord]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +199,11 @@ class JobStore(Protocol):
         """Every job, and the revision they were all read at (watch from revision + 1)."""
         ...
 
+    async def list_job_entries(self) -> tuple[list[JobEntry], int]:
+        """`list_jobs` for the job cache: each job with its head (what the cache files it by), an
+        ended job's record decoded only when first read (`Stored.decoded_on_read`)."""
+        ...
+
     async def commit(
         self,
         updates: Sequence[tuple[JobRecord, int]],
@@ -172,6 +234,10 @@ class JobStore(Protocol):
     ) -> None: ...
 
     async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]: ...
+
+    async def list_wait_reasons(self) -> dict[JobId, tuple[WaitReason, ...]]:
+        """Every job's stored wait reasons (jobs with none are absent)."""
+        ...
 
     async def put_tenant(self, t: TenantRecord) -> None: ...
 
@@ -227,7 +293,13 @@ def paused_gc() -> Iterator[None]:
     """The cyclic garbage collector off for the block (if it was on). Decoding 100,000 records makes
     millions of objects, none of them garbage; the collector's passes over the growing heap would
     otherwise cost about as much as the decoding (measured: 1.15 s against 0.63 s for 10,000 jobs).
-    Reference counting still frees what dies; the collector runs again after."""
+    Reference counting still frees what dies; the collector runs again after.
+
+    When the blocks made many objects (`FREEZE_AFTER_OBJECTS`: a cache of every job or interval,
+    not a page), they are frozen (`gc.freeze`) before the collector comes back on: it would walk
+    them all once per generation they are promoted through (half a second each at 100,000 jobs, on
+    the restart's critical path) and find no garbage, as the records hold no cycles. Reference
+    counting still frees them when the cache drops them."""
     global _gc_pauses, _gc_was_on
     if _gc_pauses == 0:
         _gc_was_on = gc.isenabled()
@@ -239,11 +311,15 @@ def paused_gc() -> Iterator[None]:
     finally:
         _gc_pauses -= 1
         if _gc_pauses == 0 and _gc_was_on:
+            if gc.get_count()[0] >= FREEZE_AFTER_OBJECTS:
+                gc.freeze()
             gc.enable()
 
 
 _gc_pauses = 0
 _gc_was_on = True
+# Objects made under `paused_gc` from which they are frozen rather than handed to the collector.
+FREEZE_AFTER_OBJECTS = 200_000
 
 
 def job_key(job_id: str) -> bytes:
@@ -251,7 +327,20 @@ def job_key(job_id: str) -> bytes:
 
 
 def _stored_job(value: bytes, mod_revision: int) -> Stored[JobRecord]:
-    return Stored(job_from_dict(json.loads(value)), mod_revision)
+    return Stored(job_from_json(value), mod_revision)
+
+
+def _job_entry(kv: KeyValue) -> JobEntry:
+    """A listed job for the cache: its head decoded now; the rest of an ended job's record when
+    first read (`Stored.decoded_on_read`), of a live one now (the leader reads it at once)."""
+    head = job_head_from_json(kv.value)
+    if head is None:
+        # The head alone would not decode: decode the lot the usual way (or fail as it would).
+        job = job_from_json(kv.value)
+        return JobHead(job.job_id, job.tenant, job.phase, job.submitted_at_s), Stored(job, kv.mod_revision)
+    if head.phase.is_terminal:
+        return head, Stored.decoded_on_read(kv.value, job_from_json, kv.mod_revision)
+    return head, Stored(job_from_json(kv.value), kv.mod_revision)
 
 
 # The figures of a wait reason beside its code and message; absent keys read as None, so reasons
@@ -344,9 +433,12 @@ class KvStore:
         return None if kv is None else _stored_job(kv.value, kv.mod_revision)
 
     async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
-        return await self._list(JOBS, lambda v, rev: _stored_job(v, rev))
+        return await self._list(JOBS, lambda kv: _stored_job(kv.value, kv.mod_revision))
 
-    async def _list(self, prefix: bytes, decode: Callable[[bytes, int], T]) -> tuple[list[T], int]:
+    async def list_job_entries(self) -> tuple[list[JobEntry], int]:
+        return await self._list(JOBS, _job_entry)
+
+    async def _list(self, prefix: bytes, decode: Callable[[KeyValue], T]) -> tuple[list[T], int]:
         """Every value under prefix, page by page, all read at the revision of the first page.
 
         A restart lists every job and interval in etcd (100,000 of each at a busy federation) before
@@ -362,7 +454,7 @@ class KvStore:
                     raise
         raise AssertionError("unreachable")
 
-    async def _list_once(self, prefix: bytes, decode: Callable[[bytes, int], T]) -> tuple[list[T], int]:
+    async def _list_once(self, prefix: bytes, decode: Callable[[KeyValue], T]) -> tuple[list[T], int]:
         out: list[T] = []
         page = await self._kv.range_prefix(prefix, limit=PAGE_SIZE)
         revision = page.revision
@@ -377,7 +469,7 @@ class KvStore:
             try:
                 # Yields first, so the request for the next page is on its way while we decode.
                 await asyncio.sleep(0)
-                out.extend(decode(kv.value, kv.mod_revision) for kv in page.kvs)
+                out.extend(map(decode, page.kvs))
             except BaseException:
                 if following is not None:
                     following.cancel()
@@ -409,7 +501,7 @@ class KvStore:
         return result.revision if result.succeeded else None
 
     async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
-        return await self._list(LEDGER_PREFIX, lambda value, _rev: interval_from_dict(json.loads(value)))
+        return await self._list(LEDGER_PREFIX, lambda kv: interval_from_json(kv.value))
 
     async def watch_ledger(
         self, *, start_revision: int
@@ -418,7 +510,7 @@ class KvStore:
         async with contextlib.aclosing(events):
             async for ev in events:
                 if ev.type is EventType.PUT:
-                    yield interval_from_dict(json.loads(ev.kv.value))
+                    yield interval_from_json(ev.kv.value)
                 else:
                     yield LedgerRemoved(ev.kv.key)
 
@@ -428,7 +520,7 @@ class KvStore:
             async for ev in events:
                 job_id = JobId(ev.kv.key[len(JOBS) :].decode())
                 if ev.type is EventType.PUT:
-                    job = job_from_dict(json.loads(ev.kv.value))
+                    job = job_from_json(ev.kv.value)
                     yield JobEvent(JobEventType.PUT, job_id, job, ev.kv.mod_revision)
                 else:
                     yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)
@@ -457,6 +549,16 @@ class KvStore:
         kv = await self._kv.get(WAITS + job_id.encode())
         return () if kv is None else tuple(wait_from_dict(d) for d in json.loads(kv.value))
 
+    async def list_wait_reasons(self) -> dict[JobId, tuple[WaitReason, ...]]:
+        pairs, _ = await self._list(
+            WAITS,
+            lambda kv: (
+                JobId(kv.key[len(WAITS) :].decode()),
+                tuple(wait_from_dict(d) for d in json.loads(kv.value)),
+            ),
+        )
+        return dict(pairs)
+
     # ---- configuration
 
     async def _get(self, key: bytes, decode: Callable[[dict[str, Any]], T]) -> T | None:
@@ -464,7 +566,7 @@ class KvStore:
         return None if kv is None else decode(json.loads(kv.value))
 
     async def _list_values(self, prefix: bytes, decode: Callable[[dict[str, Any]], T]) -> list[T]:
-        values, _ = await self._list(prefix, lambda v, _rev: decode(json.loads(v)))
+        values, _ = await self._list(prefix, lambda kv: decode(json.loads(kv.value)))
         return values
 
     async def put_tenant(self, t: TenantRecord) -> None:
