@@ -123,42 +123,72 @@ def an_audit(audit_id: str, at_s: float, action: str = "tenant.put") -> Archived
     return ArchivedAudit(audit_id=audit_id, at_s=at_s, user="root", role="admin", action=action, target="t1")
 
 
+def a_finished_replica(
+    pod: str, task: str, index: int, *, finished_at_s: float, started_at_s: float | None = None
+) -> ReplicaState:
+    """A replica as a pod that ran to completion leaves it (started a minute before it finished)."""
+    return ReplicaState(
+        pod=pod,
+        task=task,
+        index=index,
+        by_rank=False,
+        node="n1",
+        phase="Succeeded",
+        restarts=0,
+        exit_code=0,
+        reason="Completed",
+        message="",
+        started_at_s=finished_at_s - 60.0 if started_at_s is None else started_at_s,
+        finished_at_s=finished_at_s,
+    )
+
+
+def a_kept_attempt(
+    attempt: int,
+    replicas: tuple[KeptReplica, ...],
+    *,
+    started_at_s: float,
+    finished_at_s: float,
+    kept_at_s: float | None = None,
+    outcome: str = "SUCCEEDED",
+    reason: str = "",
+    gpu_type: str = "H100",
+    usd_per_gpu_hour: float = 2.0,
+) -> KeptAttempt:
+    """An attempt's summary as `joblogs` keeps it, on the on-prem cluster (kept when it finished)."""
+    return KeptAttempt(
+        attempt=attempt,
+        cluster="onprem",
+        gpu_type=gpu_type,
+        capacity_kind="on_demand",
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        started_at_s=started_at_s,
+        finished_at_s=finished_at_s,
+        outcome=outcome,
+        reason=reason,
+        kept_at_s=finished_at_s if kept_at_s is None else kept_at_s,
+        note="",
+        replicas=replicas,
+    )
+
+
 def with_kept_tails(
     job: ArchivedJob, tails: dict[tuple[str, int], bytes], *, kept_at_s: float
 ) -> ArchivedJob:
     """`job` with attempt 1 kept as `joblogs` keeps one (its summary naming each replica) and its
     tails moved to the history with it, as the archiver leaves a job."""
     job_id = job.record.job_id
-
-    def state(task: str, replica: int) -> ReplicaState:
-        return ReplicaState(
-            pod=f"{job_id}-{task}-{replica}",
-            task=task,
-            index=replica,
-            by_rank=False,
-            node="n1",
-            phase="Succeeded",
-            restarts=0,
-            exit_code=0,
-            reason="Completed",
-            message="",
-            started_at_s=kept_at_s - 60.0,
-            finished_at_s=kept_at_s,
-        )
-
-    kept = KeptAttempt(
-        attempt=1,
-        cluster="onprem",
-        gpu_type="H100",
-        capacity_kind="on_demand",
-        usd_per_gpu_hour=2.0,
+    kept = a_kept_attempt(
+        1,
+        tuple(
+            KeptReplica(
+                t, i, a_finished_replica(f"{job_id}-{t}-{i}", t, i, finished_at_s=kept_at_s), len(data)
+            )
+            for (t, i), data in sorted(tails.items())
+        ),
         started_at_s=kept_at_s - 60.0,
         finished_at_s=kept_at_s,
         outcome=job.record.phase.value,
-        reason="",
-        kept_at_s=kept_at_s,
-        note="",
-        replicas=tuple(KeptReplica(t, i, state(t, i), len(data)) for (t, i), data in sorted(tails.items())),
     )
     logs = tuple(KeptLog(job_id, 1, t, i, kept_at_s, data) for (t, i), data in sorted(tails.items()))
     return replace(job, attempts=(ArchivedAttempt(1, asdict(kept)),), logs=logs)

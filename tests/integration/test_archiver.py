@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from clusters.api import ReplicaState
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
 from federation.history.engine import DEFAULT_FILE
 from federation.history.sql_store import SqlHistoryStore
 from federation.joblogs.archive import PREFIX as LOGS_PREFIX
-from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, LogsSettings, replica_key
+from federation.joblogs.archive import KeptReplica, LogArchive, LogsSettings, replica_key
 from federation.ledger.cache import LedgerCache
 from federation.runtime.config import FederationConfig
 from federation.runtime.etcd_process import EtcdProcess
@@ -36,7 +35,7 @@ from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, Tenant
 from placement.model_plan import WaitCode, WaitReason
 from tests.conftest import build_job
 from tests.etcdctl import etcdctl
-from tests.history_builders import an_interval, fresh_dsn
+from tests.history_builders import a_finished_replica, a_kept_attempt, an_interval, fresh_dsn
 
 pytestmark = pytest.mark.integration
 
@@ -100,33 +99,12 @@ async def seed_tails(
     """An attempt kept as `joblogs` keeps one (under its lease): a master and workers, a tail each."""
     slots = [("master", 0)] + [("worker", i) for i in range(replicas - 1)]
     logs = {(task, i): tail_bytes(job_id, attempt, task, i) for task, i in slots}
-    state = ReplicaState(
-        pod=f"{job_id}-pod",
-        task="worker",
-        index=0,
-        by_rank=False,
-        node="n1",
-        phase="Succeeded",
-        restarts=0,
-        exit_code=0,
-        reason="Completed",
-        message="",
+    state = a_finished_replica(f"{job_id}-pod", "worker", 0, finished_at_s=kept_at_s)
+    kept = a_kept_attempt(
+        attempt,
+        tuple(KeptReplica(t, i, state, len(data)) for (t, i), data in logs.items()),
         started_at_s=kept_at_s - 60,
         finished_at_s=kept_at_s,
-    )
-    kept = KeptAttempt(
-        attempt=attempt,
-        cluster="onprem",
-        gpu_type="H100",
-        capacity_kind="on_demand",
-        usd_per_gpu_hour=2.0,
-        started_at_s=kept_at_s - 60,
-        finished_at_s=kept_at_s,
-        outcome="SUCCEEDED",
-        reason="",
-        kept_at_s=kept_at_s,
-        note="",
-        replicas=tuple(KeptReplica(t, i, state, len(data)) for (t, i), data in logs.items()),
     )
     await LogArchive(kv, LogsSettings()).keep(job_id, kept, logs)
     return {(attempt, t, i): data for (t, i), data in logs.items()}

@@ -33,11 +33,11 @@ from federation.datasets.registry import DatasetRegistry
 from federation.history.config import HistorySettings
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob
 from federation.history.sql_store import SqlHistoryStore
-from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, LogsSettings
+from federation.joblogs.archive import KeptReplica, LogArchive, LogsSettings
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.server import TenantDirectory
-from federation.scheduling.archiver import Archiver
+from federation.scheduling.archiver import Archiver, PassReport
 from federation.scheduling.leader import LeaderElection
 from federation.scheduling.members import MemberClusters
 from federation.security.auth import Authenticator
@@ -50,7 +50,7 @@ from federation.store.kv_etcd import EtcdKv
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 from tests.conftest import build_job
-from tests.history_builders import BACKENDS, fresh_dsn, open_store
+from tests.history_builders import BACKENDS, a_finished_replica, a_kept_attempt, fresh_dsn, open_store
 
 NOW = 1_767_225_600.0 + 20 * 86400.0  # 2026-01-21 00:00 UTC: the reports' "now"
 T0 = NOW - 15 * 86400.0  # the first job's submission, in this month and the one before's reach
@@ -513,40 +513,22 @@ async def test_describe_and_logs_of_an_archived_job(sqlite_world: World) -> None
     assert "no longer kept" in gone.value.details
     # Kept tails still under their lease in etcd are served for an archived job (each kept line
     # starts with its stamp, which is not shown without --timestamps).
-    kept = KeptAttempt(
-        attempt=1,
-        cluster="onprem",
-        gpu_type="A100",
-        capacity_kind="on_demand",
-        usd_per_gpu_hour=1.25,
+    kept = a_kept_attempt(
+        1,
+        (KeptReplica("worker", 0, _a_replica("j03-worker-0"), 12),),
         started_at_s=NOW - 3600.0,
         finished_at_s=NOW - 60.0,
-        outcome="SUCCEEDED",
-        reason="",
-        kept_at_s=NOW - 60.0,
-        note="",
-        replicas=(KeptReplica("worker", 0, _a_replica(), 12),),
+        gpu_type="A100",
+        usd_per_gpu_hour=1.25,
     )
     await archive.keep("j03", kept, {("worker", 0): b"t1 epoch-1\nt2 epoch-2\n"})
     chunks = await _stream(logs, "carol", "j03")
     assert [line for c in chunks for line in c.lines] == ["epoch-1", "epoch-2"]
 
 
-def _a_replica() -> ReplicaState:
-    return ReplicaState(
-        pod="j03-worker-0",
-        task="worker",
-        index=0,
-        by_rank=False,
-        node="n1",
-        phase="Succeeded",
-        restarts=0,
-        exit_code=0,
-        reason="Completed",
-        message="",
-        started_at_s=NOW - 3600.0,
-        finished_at_s=NOW - 60.0,
-    )
+def _a_replica(pod: str) -> ReplicaState:
+    # What the replica's ReplicaState says matters here only as the pod it names.
+    return a_finished_replica(pod, "worker", 0, started_at_s=NOW - 3600.0, finished_at_s=NOW - 60.0)
 
 
 # ---- through the archiver itself (engineer A's `federation.scheduling.archiver`)
@@ -555,19 +537,13 @@ def _a_replica() -> ReplicaState:
 async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) -> None:
     w = world
     logs = _logs_service(w, LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0)))
-    kept = KeptAttempt(
-        attempt=1,
-        cluster="onprem",
-        gpu_type="H100",
-        capacity_kind="on_demand",
-        usd_per_gpu_hour=2.0,
+    kept = a_kept_attempt(
+        1,
+        (KeptReplica("worker", 0, _a_replica("j00-worker-0"), 9),),
         started_at_s=T0 + 600.0,
         finished_at_s=T0 + 600.0 + 6 * 3600.0,
-        outcome="SUCCEEDED",
-        reason="Completed",
         kept_at_s=NOW - 60.0,
-        note="",
-        replicas=(KeptReplica("worker", 0, replace(_a_replica(), pod="j00-worker-0"), 9),),
+        reason="Completed",
     )
     await LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0)).keep(
         "j00", kept, {("worker", 0): b"t1 done\n"}
@@ -576,19 +552,7 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
     audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
     # The first page is read with everything in etcd; the archiver runs; the rest come from SQL.
     first = await w.list("admin", include_archived=True, page_size=4)
-    election = LeaderElection(w.kv, "history-reads-test", ttl_s=5)
-    fence = await election.acquire()
-    try:
-        archiver = Archiver(
-            kv=w.kv,
-            cache=w.cache,
-            history=w.history,
-            settings=HistorySettings(retain_in_etcd_s=3600.0, archive_rate_per_s=10_000.0),
-            clock=lambda: NOW,
-        )
-        report = await archiver.archive_once(fence)
-    finally:
-        await election.close()
+    report = await _archive_once(w)
     assert (report.jobs_archived, report.audit_archived) == (len(JOBS), 6)
     assert w.history.counts().jobs == len(JOBS)
     await _until(lambda: all(w.cache.get(JobId(j[0])) is None for j in JOBS))
@@ -646,39 +610,19 @@ async def test_logs_of_an_archived_job_are_read_from_the_history_store_cut_and_i
     w = world
     lines = [f"epoch-{k}" for k in range(4)] + ["épocha-4 ✓"]
     for job_id in ("j00", "j02"):
-        kept = KeptAttempt(
-            attempt=1,
-            cluster="onprem",
-            gpu_type="H100",
-            capacity_kind="on_demand",
-            usd_per_gpu_hour=2.0,
+        kept = a_kept_attempt(
+            1,
+            (
+                KeptReplica("master", 0, _a_replica(f"{job_id}-master-0"), 1),
+                KeptReplica("worker", 0, _a_replica(f"{job_id}-worker-0"), 1),
+            ),
             started_at_s=NOW - 7200.0,
             finished_at_s=NOW - 600.0,
-            outcome="SUCCEEDED",
-            reason="",
-            kept_at_s=NOW - 600.0,
-            note="",
-            replicas=(
-                KeptReplica("master", 0, replace(_a_replica(), pod=f"{job_id}-master-0"), 1),
-                KeptReplica("worker", 0, replace(_a_replica(), pod=f"{job_id}-worker-0"), 1),
-            ),
         )
         await LogArchive(w.kv, LogsSettings()).keep(
             job_id, kept, {("master", 0): _stamped(lines), ("worker", 0): _stamped(["w-only"])}
         )
-    election = LeaderElection(w.kv, "history-logs-test", ttl_s=5)
-    fence = await election.acquire()
-    try:
-        archiver = Archiver(
-            kv=w.kv,
-            cache=w.cache,
-            history=w.history,
-            settings=HistorySettings(retain_in_etcd_s=3600.0, archive_rate_per_s=10_000.0),
-            clock=lambda: NOW,
-        )
-        report = await archiver.archive_once(fence)
-    finally:
-        await election.close()
+    report = await _archive_once(w)
     assert report.tails_archived == 4
     await _until(lambda: w.cache.get(JobId("j00")) is None)
     assert (await w.kv.range_prefix(b"/gpufed/logs/")).kvs == ()
@@ -713,3 +657,20 @@ async def test_logs_of_an_archived_job_are_read_from_the_history_store_cut_and_i
     assert "no longer kept" in gone.value.details
     described = await late.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
     assert [(a.outcome, a.logs_kept) for a in described.attempts] == [("SUCCEEDED", False)]
+
+
+async def _archive_once(w: World) -> PassReport:
+    """One archiver pass at NOW, as the leader runs it (under a leader key of its own)."""
+    election = LeaderElection(w.kv, "history-reads-test", ttl_s=5)
+    fence = await election.acquire()
+    try:
+        archiver = Archiver(
+            kv=w.kv,
+            cache=w.cache,
+            history=w.history,
+            settings=HistorySettings(retain_in_etcd_s=3600.0, archive_rate_per_s=10_000.0),
+            clock=lambda: NOW,
+        )
+        return await archiver.archive_once(fence)
+    finally:
+        await election.close()
