@@ -26,7 +26,7 @@ from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnava
 from federation.api import history_reads
 from federation.api.logs_describe import describe, kept_attempts
 from federation.api.redact import Redactor
-from federation.api.service import MAX_JOB_ID_LENGTH, CallHandlers, Ctx, archived_job
+from federation.api.service import CallHandlers, Ctx, visible_job
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard
 from federation.api.v1 import gpufed_pb2 as pb
@@ -37,7 +37,7 @@ from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings, lo
 from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
 from federation.metrics import Metrics
 from federation.scheduling.members import MemberClusters
-from federation.security.auth import Authenticator, Principal, can_read_tenant, job_not_found
+from federation.security.auth import Authenticator, Principal
 from federation.security.ratelimit import ReadRateLimiter
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore
@@ -137,20 +137,8 @@ class LogsService(pb_grpc.LogsServicer):
         self._clock = clock
 
     async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
-        """As `GetJob` decides: one etcd read and one answer for "not yours" and "not there"."""
-        if not job_id:
-            raise InvalidArgument("job_id: required")
-        if len(job_id) > MAX_JOB_ID_LENGTH:
-            raise InvalidArgument(f"job_id: at most {MAX_JOB_ID_LENGTH} characters, got {len(job_id)}")
-        cached = self._cache.get(JobId(job_id))
-        if cached is not None and can_read_tenant(who, cached.value.tenant):
-            return cached.value
-        self._read_limiter.admit(who.user)
-        stored = await self._store.get_job(JobId(job_id))
-        if stored is None:
-            stored = await archived_job(self._history, JobId(job_id))
-        if stored is None or not can_read_tenant(who, stored.value.tenant):
-            raise NotFound(job_not_found(job_id))
+        """As `GetJob` decides: one answer, at one cost, for "not yours" and "not there"."""
+        stored = await visible_job(who, job_id, self._cache, self._store, self._history, self._read_limiter)
         return stored.value
 
     def _archived(self, job: JobRecord) -> bool:
