@@ -44,6 +44,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import structlog
 
@@ -70,6 +71,8 @@ from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStor
 from placement.model import JobId
 
 log = structlog.get_logger("gpufed.archiver")
+
+T = TypeVar("T")
 
 # How long the archiver waits between passes once it has caught up: at most this, and a quarter of
 # the retention when that is shorter (at least a second), so a short retention is kept to.
@@ -137,20 +140,29 @@ def named_tails(job_id: str, summaries: dict[int, bytes]) -> list[_Tail]:
     return out
 
 
-def tail_reads(tails: Sequence[_Tail]) -> list[list[_Tail]]:
-    """The tails cut into etcd reads: at most MAX_TXN_OPS keys and about TAIL_READ_BYTES each."""
-    out: list[list[_Tail]] = []
-    current: list[_Tail] = []
+def cut_by_size(
+    items: Sequence[T], size_of: Callable[[T], int], max_bytes: int, max_count: int | None = None
+) -> list[list[T]]:
+    """`items` in order, cut into runs of about `max_bytes` (and at most `max_count` items) each;
+    an item larger than `max_bytes` makes a run of its own."""
+    out: list[list[T]] = []
+    current: list[T] = []
     size = 0
-    for t in tails:
-        if current and (len(current) == MAX_TXN_OPS or size + t.size_bytes > TAIL_READ_BYTES):
+    for item in items:
+        item_size = size_of(item)
+        if current and (len(current) == max_count or size + item_size > max_bytes):
             out.append(current)
             current, size = [], 0
-        current.append(t)
-        size += t.size_bytes
+        current.append(item)
+        size += item_size
     if current:
         out.append(current)
     return out
+
+
+def tail_reads(tails: Sequence[_Tail]) -> list[list[_Tail]]:
+    """The tails cut into etcd reads: at most MAX_TXN_OPS keys and about TAIL_READ_BYTES each."""
+    return cut_by_size(tails, lambda t: t.size_bytes, TAIL_READ_BYTES, MAX_TXN_OPS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +200,6 @@ class Archiver:
         # `logs.retainHours`: tails kept longer ago are pruned from SQL. None: no prune (tests of
         # the move alone).
         self._logs_retain_s = logs_retain_s
-        self._tails_moved = 0
         self._idle_s = (
             idle_s if idle_s is not None else min(IDLE_S, max(settings.retain_in_etcd_s / 4, MIN_IDLE_S))
         )
@@ -221,8 +232,7 @@ class Archiver:
             due = await asyncio.to_thread(due_jobs, self._cache.jobs(), now_s=now, retain_s=retain)
         if self._metrics is not None:
             self._metrics.archive_backlog.set(len(due))
-        archived = left = 0
-        self._tails_moved = 0
+        archived = left = tails_moved = 0
         if due:
             idem = await idempotency_keys(
                 self._kv, [s.value.tenant for s in due], {s.value.job_id for s in due}
@@ -233,8 +243,9 @@ class Archiver:
                     break
                 began = time.monotonic()
                 batch = due[start : start + size]
-                moved = await self._archive_jobs(batch, idem, fence)
+                moved, tails = await self._archive_jobs(batch, idem, fence)
                 archived += moved
+                tails_moved += tails
                 left += len(batch) - moved
                 if self._metrics is not None:
                     self._metrics.archive_backlog.set(len(due) - start - len(batch))
@@ -244,7 +255,7 @@ class Archiver:
         took = time.monotonic() - started
         if self._metrics is not None:
             self._metrics.archive_pass_seconds.set(took)
-        report = PassReport(len(due), archived, audit, left, took, self._tails_moved, pruned)
+        report = PassReport(len(due), archived, audit, left, took, tails_moved, pruned)
         if archived or audit or left or pruned:
             log.info(
                 "archive_pass_done",
@@ -252,7 +263,7 @@ class Archiver:
                 jobs_archived=archived,
                 jobs_left=left,
                 audit_archived=audit,
-                tails_archived=self._tails_moved,
+                tails_archived=tails_moved,
                 tails_pruned=pruned,
                 took_s=round(took, 3),
             )
@@ -286,7 +297,8 @@ class Archiver:
 
     async def _archive_jobs(
         self, batch: Sequence[Stored[JobRecord]], idem: dict[JobId, KeyValue], fence: Fence
-    ) -> int:
+    ) -> tuple[int, int]:
+        """The batch moved to SQL and out of etcd: how many jobs and tails."""
         wanted: list[Stored[JobRecord]] = []
         for s in batch:
             if s.value.attempt > MAX_ARCHIVED_ATTEMPTS:
@@ -328,22 +340,16 @@ class Archiver:
                 )
                 tails = []
             ready.append((keys, tails))
-        moved = 0
-        group: list[tuple[JobKeys, list[_Tail]]] = []
-        size = 0
-        for item in ready:
-            item_size = sum(t.size_bytes for t in item[1])
-            if group and size + item_size > TAIL_BATCH_BYTES:
-                moved += await self._move(group, fence)
-                group, size = [], 0
-            group.append(item)
-            size += item_size
-        if group:
-            moved += await self._move(group, fence)
-        return moved
+        jobs_moved = tails_moved = 0
+        for group in cut_by_size(ready, lambda item: sum(t.size_bytes for t in item[1]), TAIL_BATCH_BYTES):
+            jobs, tails_count = await self._move(group, fence)
+            jobs_moved += jobs
+            tails_moved += tails_count
+        return jobs_moved, tails_moved
 
-    async def _move(self, group: Sequence[tuple[JobKeys, list[_Tail]]], fence: Fence) -> int:
-        """Read the group's tails, write the jobs with them to SQL, then remove them from etcd."""
+    async def _move(self, group: Sequence[tuple[JobKeys, list[_Tail]]], fence: Fence) -> tuple[int, int]:
+        """Read the group's tails, write the jobs with them to SQL, then remove them from etcd; how
+        many jobs and tails left etcd."""
         found: dict[bytes, KeyValue] = {}
         for part in tail_reads([t for _, tails in group for t in tails]):
             result = await self._kv.txn([], [Get(t.key) for t in part])
@@ -366,7 +372,7 @@ class Archiver:
                 continue
             keys.append(replace(read, logs=read.logs + tuple(found[t.key] for t in here)))
         if not jobs:
-            return 0
+            return 0, 0
         new = await asyncio.to_thread(self._write_jobs, jobs)
         differ: set[JobId] = set()
         if new < len(jobs):
@@ -386,11 +392,10 @@ class Archiver:
         moved_tails = sum(
             len(by_id[k.job.value.job_id].logs) for k, ok in zip(removals, done, strict=True) if ok
         )
-        self._tails_moved += moved_tails
         if self._metrics is not None:
             self._metrics.archived.labels(kind="jobs").inc(moved)
             self._metrics.archived.labels(kind="tails").inc(moved_tails)
-        return moved
+        return moved, moved_tails
 
     def _write_jobs(self, jobs: list[ArchivedJob]) -> int:
         """One transaction for the batch; if the database refuses it as a whole, job by job, so that
