@@ -13,8 +13,8 @@ from typing import Any
 
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
 from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
-from federation.store.job_store import wait_from_dict, wait_to_dict
-from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
+from federation.store.job_store import wait_to_dict, waits_from_json
+from federation.store.jobs import JobRecord, job_from_json, job_to_dict
 
 DAY_S = 86_400.0
 
@@ -61,7 +61,7 @@ def job_row(job: ArchivedJob) -> dict[str, Any]:
 
 
 def record_from_row(record_json: str) -> JobRecord:
-    return job_from_dict(json.loads(record_json))
+    return job_from_json(record_json)
 
 
 def attempt_row(job_id: str, a: ArchivedAttempt) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def wait_row(job_id: str, seq: int, w: WaitSnapshot) -> dict[str, Any]:
 
 
 def wait_from_row(row: Mapping[Any, Any]) -> WaitSnapshot:
-    reasons = tuple(wait_from_dict(d) for d in json.loads(row["reasons_json"]))
+    reasons = waits_from_json(row["reasons_json"])
     return WaitSnapshot(at_s=float(row["at_s"]), reasons=reasons)
 
 

@@ -22,9 +22,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from federation.store.intervals import LedgerInterval, interval_from_dict, ledger_key
-from federation.store.job_store import IDEM, PAGE_SIZE, WAITS, Fence, Stored, job_key, wait_from_dict
-from federation.store.jobs import JobRecord, job_from_dict
+from federation.store.intervals import LedgerInterval, interval_from_json, ledger_key
+from federation.store.job_store import IDEM, PAGE_SIZE, WAITS, Fence, Stored, job_key, waits_from_json
+from federation.store.jobs import JobRecord, job_from_json
 from federation.store.kv import MAX_TXN_OPS, Compare, Delete, Get, KeyValue, KeyValueStore, Txn
 from placement.model import JobId, TenantId, WaitReason
 
@@ -123,16 +123,14 @@ async def read_jobs(
         for a in range(1, attempts + 1):
             iv = got[ledger_key(job_id, a)]
             if iv is not None:
-                intervals.append(interval_from_dict(json.loads(iv.value)))
+                intervals.append(interval_from_json(iv.value))
         waits_kv = got[WAITS + job_id.encode()]
         extra_keys = list(extra[i]) if i < len(extra) else []
         out.append(
             JobKeys(
-                job=Stored(job_from_dict(json.loads(job_kv.value)), job_kv.mod_revision),
+                job=Stored(job_from_json(job_kv.value), job_kv.mod_revision),
                 intervals=tuple(intervals),
-                waits=()
-                if waits_kv is None
-                else tuple(wait_from_dict(d) for d in json.loads(waits_kv.value)),
+                waits=() if waits_kv is None else waits_from_json(waits_kv.value),
                 waits_revision=0 if waits_kv is None else waits_kv.mod_revision,
                 extra={k: got[k] for k in extra_keys},
             )

@@ -383,6 +383,11 @@ def wait_from_dict(d: dict[str, Any]) -> WaitReason:
     )
 
 
+def waits_from_json(raw: bytes | str) -> tuple[WaitReason, ...]:
+    """A job's stored wait reasons (a JSON list of `wait_to_dict`s), as etcd and SQL keep them."""
+    return tuple(wait_from_dict(d) for d in json.loads(raw))
+
+
 class KvStore:
     """JobStore over any KeyValueStore."""
 
@@ -547,15 +552,12 @@ class KvStore:
 
     async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]:
         kv = await self._kv.get(WAITS + job_id.encode())
-        return () if kv is None else tuple(wait_from_dict(d) for d in json.loads(kv.value))
+        return () if kv is None else waits_from_json(kv.value)
 
     async def list_wait_reasons(self) -> dict[JobId, tuple[WaitReason, ...]]:
         pairs, _ = await self._list(
             WAITS,
-            lambda kv: (
-                JobId(kv.key[len(WAITS) :].decode()),
-                tuple(wait_from_dict(d) for d in json.loads(kv.value)),
-            ),
+            lambda kv: (JobId(kv.key[len(WAITS) :].decode()), waits_from_json(kv.value)),
         )
         return dict(pairs)
 
