@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from typing import Final
 
 from placement.model_ids import ClusterName, GpuType, TenantId
+from placement.model_plan import Move, WaitReason
 from placement.model_plan import WaitCode as Code
-from placement.model_plan import WaitReason
 
 CODE_RANK: Final = {
     code: rank
@@ -131,4 +131,17 @@ def capacity(
         needed_gpus=need,
         free_gpus=free,
         largest_free_node_gpus=largest,
+    )
+
+
+def moved(move: Move, at_s: float) -> str:
+    """Why and when a running gang was moved from the cloud to private GPUs, and what it saved."""
+    return (
+        f"moved to private at {at_s:g}: from cluster {move.from_cluster} ({move.from_gpu_type}, "
+        f"{move.from_usd_per_gpu_hour:g} USD/GPU-h) to cluster {move.to_cluster} ({move.to_gpu_type}, "
+        f"{move.to_usd_per_gpu_hour:g} USD/GPU-h), where {move.gpu_count} GPUs were idle and no queued "
+        f"job could use them; about {move.remaining_cloud_s / 3600:.1f} h left in the cloud would cost "
+        f"{move.cloud_cost_left_usd:.2f} USD, the rest on private GPUs {move.private_cost_usd:.2f} USD "
+        f"({move.private_run_s / 3600:.1f} h with the move's {move.overhead_s:g} s of checkpoint and "
+        f"restart) and the move {move.move_cost_usd:.2f} USD: it saves {move.saving_usd:.2f} USD"
     )

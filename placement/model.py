@@ -27,6 +27,7 @@ from placement.model_ids import (
 from placement.model_plan import (
     Admission,
     CapacityRequest,
+    Move,
     Plan,
     Preemption,
     PreemptionReason,
@@ -50,6 +51,7 @@ __all__ = [
     "GpuTypePolicy",
     "JobId",
     "JobPhase",
+    "Move",
     "NodePool",
     "NodeShare",
     "Plan",
@@ -231,6 +233,18 @@ class RunningGang:
     # The queued gang an outstanding preemption order evicts it for (None: no order). Until it is
     # gone its GPUs count as freed for that gang: no new victims for it, none of them for others.
     evicted_for: JobId | None = None
+    # What a move back to private GPUs (`placement.repatriate`, `PolicyConfig.repatriate`) needs to know;
+    # the defaults mean "not movable". The capacity kind and price it runs at now; its replicas (the
+    # shape to fit elsewhere) and the GPU types it accepts (empty: only the one it runs on); when it
+    # started running (None: not yet, e.g. in the cloud's lead time); its work at speed 1.0 if known
+    # (0: the run-time limit stands for it); and whether it can stop at a checkpoint and resume.
+    kind: CapacityKind | None = None
+    usd_per_gpu_hour: float = 0.0
+    replica_gpus: tuple[int, ...] = ()
+    gpu_types: tuple[GpuType, ...] = ()
+    started_at_s: float | None = None
+    expected_runtime_s: float = 0.0
+    movable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,6 +201,39 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
+class Move:
+    """Stop a running cloud gang at a checkpoint and restart it at once on idle private GPUs.
+
+    Decided only into room no queued gang takes this cycle and no reservation needs, never by
+    evicting anyone (`placement.repatriate`). The figures are the placer's estimate: what the gang
+    would still pay in the cloud, what the rest costs on private GPUs, and what the move itself costs
+    (its overhead, priced at the cloud rate).
+    """
+
+    job_id: JobId
+    tenant: TenantId
+    gpu_count: int
+    from_cluster: ClusterName
+    from_gpu_type: GpuType
+    from_usd_per_gpu_hour: float
+    to_cluster: ClusterName
+    to_gpu_type: GpuType
+    to_kind: CapacityKind
+    to_usd_per_gpu_hour: float
+    # Expected cloud run time left (s), and the run time on the private GPUs with the overhead (s).
+    remaining_cloud_s: float
+    private_run_s: float
+    overhead_s: float
+    cloud_cost_left_usd: float
+    private_cost_usd: float
+    move_cost_usd: float
+    # cloud_cost_left - private_cost - move_cost.
+    saving_usd: float
+    # The run-time limit left, which the placer (and the replay) keeps counting on for backfill.
+    max_runtime_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The placer's output: what to admit, whom to evict, what to buy, and for every job left waiting, why."""
 
@@ -209,3 +242,5 @@ class Plan:
     preemptions: tuple[Preemption, ...] = ()
     capacity_requests: tuple[CapacityRequest, ...] = ()
     reservations: tuple[Reservation, ...] = ()
+    # Running cloud gangs to move back to private GPUs (`PolicyConfig.repatriate`).
+    moves: tuple[Move, ...] = ()

@@ -127,6 +127,14 @@ class PolicyConfig:
     # nodes the limits seldom promise, may still wait for them.
     private_wait_min_gpus: int = 1
     private_wait_needs_start_max_gpus: int | None = None
+    # Repatriation: after every queued gang is decided, move a running cloud gang that can stop at a
+    # checkpoint (`RunningGang.movable`) to private GPUs left idle, if the cloud cost it would still pay
+    # exceeds the cost of the rest on private GPUs plus the move's own cost (its overhead priced at the
+    # cloud rate) by at least `repatriate_min_saving_usd`. `move_overhead_s`: checkpoint write, restart
+    # and restore, counted as lost progress (the job runs that much longer after the move).
+    repatriate: bool = False
+    repatriate_min_saving_usd: float = 0.0
+    move_overhead_s: float = 900.0
     # Fair share: count the tenants' decayed usage history besides what they hold now.
     fair_share_history: bool = False
     # History GPU-hours are spread over this horizon to be comparable with GPUs held now.

@@ -22,6 +22,9 @@
    the gang; else ask a scalable pool for nodes (`capacity`); else, for the first such gang, reserve
    the earliest start that running gangs' ends allow (`backfill`).
 7. Explain: a gang left waiting gets every reason, most fundamental first (`explain`).
+8. Repatriate (off by default): after every queued gang, move running cloud gangs that can resume
+   from a checkpoint onto private GPUs still idle, if that saves more than the move costs
+   (`repatriate`).
 
 A gang that fails does not hold up later ones beyond its reservation (greedy with backfill). Every
 input is read through a sort on total keys or folded into order-free counts, so equal snapshots give
@@ -54,6 +57,7 @@ from placement.model import (
 from placement.model import WaitCode as Code
 from placement.quota import QuotaBook
 from placement.reasons import GangExplanation, Tables
+from placement.repatriate import choose_moves
 from placement.room import Room
 
 
@@ -62,12 +66,15 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
     cycle = _Cycle(snapshot, now)
     for gang in fair_order(snapshot.queued, cycle.fair, cycle.within_guarantee):
         cycle.decide(gang)
+    # Last, so that a move only takes private room no queued gang took or could take this cycle.
+    moves = choose_moves(snapshot.running, cycle.inventory, cycle.book, cycle.costs, cycle.room.holds_on, now)
     return Plan(
         admissions=tuple(cycle.admissions),
         waiting=tuple(cycle.waiting),
         preemptions=tuple(cycle.room.preemptions),
         capacity_requests=tuple(cycle.room.capacity_requests),
         reservations=tuple(cycle.room.reservations),
+        moves=tuple(moves),
     )
 
 

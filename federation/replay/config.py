@@ -65,6 +65,10 @@ class GpufedSettings:
     # The job's size: fewer GPUs never wait; more than `..._max_gpus` wait without the room test.
     private_wait_min_gpus: int = 1
     private_wait_needs_start_max_gpus: int | None = None
+    # Repatriation: move running cloud gangs back to idle private GPUs when that saves money.
+    repatriate: bool = False
+    repatriate_min_saving_usd: float = 0.0
+    move_overhead_s: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,9 @@ class ReplayConfig:
     gpufed: GpufedSettings
     # Extra gpufed settings to sweep (its own cost/JCT curve); may be empty.
     gpufed_sweep: tuple[GpufedSettings, ...] = ()
+    # Jobs whose run-time limit is at least this many hours checkpoint on a signal and may be moved
+    # (Philly says nothing about it; 0: every job).
+    movable_min_runtime_h: float = 0.0
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
@@ -134,6 +141,9 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
             if doc.get("private_wait_needs_start_max_gpus") is None
             else int(doc["private_wait_needs_start_max_gpus"])
         ),
+        repatriate=bool(doc.get("repatriate", False)),
+        repatriate_min_saving_usd=float(doc.get("repatriate_min_saving_usd", 0.0)),
+        move_overhead_s=float(doc.get("move_overhead_s", 900.0)),
     )
 
 
@@ -212,6 +222,7 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         fixed_waits_s=tuple(float(w) for w in policies.get("fixed_waits_s", [])),
         gpufed=_gpufed(_need(policies, "gpufed", "policies"), "policies.gpufed"),
         gpufed_sweep=tuple(_gpufed(g, "policies.gpufed_sweep[]") for g in policies.get("gpufed_sweep", [])),
+        movable_min_runtime_h=float(jobs.get("movable_min_runtime_h", 0.0)),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),
         source=source,

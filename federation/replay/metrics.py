@@ -47,6 +47,8 @@ class Metrics:
     # CPU seconds of the replay: on a machine shared with other work, wall time says more about the
     # others than about the replay.
     replay_cpu_s: float = 0.0
+    # Running cloud gangs moved back to private GPUs (repatriation; 0 for policies without it).
+    moves: int = 0
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -129,4 +131,5 @@ def summarise(
         replay_s=replay_s,
         week=week,
         replay_cpu_s=replay_cpu_s,
+        moves=result.moves,
     )

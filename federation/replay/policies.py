@@ -69,6 +69,9 @@ class PolicySpec:
                 private_wait_reservations=self.gpufed.private_wait_reservations,
                 private_wait_min_gpus=self.gpufed.private_wait_min_gpus,
                 private_wait_needs_start_max_gpus=self.gpufed.private_wait_needs_start_max_gpus,
+                repatriate=self.gpufed.repatriate,
+                repatriate_min_saving_usd=self.gpufed.repatriate_min_saving_usd,
+                move_overhead_s=self.gpufed.move_overhead_s,
             )
         return base
 
@@ -92,6 +95,10 @@ def gpufed_name(settings: GpufedSettings) -> str:
         name += "_reserve"
         if settings.private_wait_reservations > 1:
             name += f"_{settings.private_wait_reservations}"
+    if settings.repatriate:
+        name += f"_repatriate_{settings.move_overhead_s / 60:g}m"
+        if settings.repatriate_min_saving_usd > 0:
+            name += f"_min_{settings.repatriate_min_saving_usd:g}usd"
     return name
 
 

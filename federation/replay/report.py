@@ -155,6 +155,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("jain_fairness", "Jain"),
         ("max_share_gap_pp", "max gap pp"),
         ("preemptions", "preemptions"),
+        ("moves", "moves"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
         ("replay_cpu_s", "replay CPU s"),

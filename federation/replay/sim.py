@@ -14,7 +14,9 @@ clusters with each node's free GPUs, the teams) and carries out the `Plan` exact
   are held from the admission;
 - a preemption marks the victim as leaving; after its grace period its GPUs are free and it is
   requeued at its original queue time, to restart from scratch (the work done is lost);
-- waiting reasons with an end time (the wait for private GPUs) schedule a wake-up then.
+- waiting reasons with an end time (the wait for private GPUs) schedule a wake-up then;
+- a move (`PolicyConfig.repatriate`) stops the cloud gang at once (billed until then) and restarts
+  it on the private nodes the plan chose, best fit, with its progress minus `move_overhead_s`.
 
 Public capacity is elastic: every offer has up to the configured GPUs as empty nodes, and a gang there
 is billed per GPU for the time it runs (not while it waits for the lead time).
@@ -39,6 +41,7 @@ from placement.model import (
     ClusterState,
     GangRequest,
     JobId,
+    Move,
     NodePool,
     NodeShare,
     Plan,
@@ -116,6 +119,10 @@ class Result:
     cycles: int = 0
     plan_s: float = 0.0
     placement_mismatches: int = 0
+    # Running cloud gangs moved back to private GPUs (`PolicyConfig.repatriate`), and the placer's
+    # estimate of what they saved, summed.
+    moves: int = 0
+    move_saving_usd: float = 0.0
     admissions_by_cycle: list[tuple[float, tuple[JobId, ...]]] = field(default_factory=list)
 
 
@@ -291,6 +298,9 @@ class Simulator:
             admitted.append(admission.job_id)
         if self.record and admitted:
             self.result.admissions_by_cycle.append((now, tuple(admitted)))
+        for move in decided.moves:
+            if not self._move(move, now):
+                self.result.placement_mismatches += 1
         for waiting in decided.waiting:
             for reason in waiting.reasons:
                 if reason.code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY and reason.at_s is not None:
@@ -298,6 +308,44 @@ class Simulator:
                     if key not in self.woken:
                         self.woken.add(key)
                         self._push(reason.at_s, Ev.WAKE, waiting.job_id)
+
+    def _move(self, move: Move, now: float) -> bool:
+        """Stop a cloud gang now (billed until now) and restart the rest of its work on private GPUs.
+
+        The job keeps its progress minus the move's overhead (`move_overhead_s`: checkpoint write,
+        restart and restore, as work done again on the new GPUs). Its run-time limit is what the
+        placer counted on: the limit left plus the overhead.
+        """
+        run = self.running.get(move.job_id)
+        pool = self._pool_for(move.to_cluster, move.to_gpu_type, move.to_kind, move.to_usd_per_gpu_hour)
+        if run is None or run.leaving or run.pool.is_private or run.start_s > now or pool is None:
+            return False
+        if not pool.is_private:
+            return False
+        job = self.jobs[move.job_id]
+        done = (now - run.start_s) * self.config.speed(run.pool.gpu_type)
+        overhead_work = self.policy_config.move_overhead_s * self.config.speed(pool.gpu_type)
+        rest = replace(job, duration_s=max(0.0, job.duration_s - done) + overhead_work)
+        self._end(move.job_id, run, now, completed=False)
+        self.jobs[move.job_id] = rest
+        request = gang_request(rest, self.config, fifo=self.fifo, queued_at_s=run.gang.queued_at_s)
+        if move.max_runtime_s > 0:
+            request = replace(request, max_runtime_s=math.ceil(move.max_runtime_s))
+        self.queue[move.job_id] = request
+        if not self._start(request, pool, now):
+            # The placer's room was not there: the job waits in the queue with its progress kept.
+            return False
+        self.result.moves += 1
+        self.result.move_saving_usd += move.saving_usd
+        return True
+
+    def _movable(self, job_id: JobId) -> bool:
+        """Whether the job may be moved: it checkpoints on a signal (the config's assumption)."""
+        if not self.policy_config.repatriate:
+            return False
+        original = self.result.outcomes[job_id].job
+        limit_h = original.duration_s * self.config.runtime_limit_factor / 3600.0
+        return limit_h >= self.config.movable_min_runtime_h
 
     def _pool_for(self, cluster: str, gpu_type: str, kind: object, price: float) -> PoolDef | None:
         for pool in self.pools:
@@ -345,6 +393,13 @@ class Simulator:
             queued_at_s=request.queued_at_s,
             ends_at_s=start + request.max_runtime_s,
             nodes=tuple(NodeShare(pool.name, n, g) for n, g in shares) if pool.is_private else (),
+            kind=pool.kind,
+            usd_per_gpu_hour=pool.usd_per_gpu_hour,
+            replica_gpus=request.replica_gpus,
+            gpu_types=request.gpu_types,
+            started_at_s=start,
+            expected_runtime_s=request.expected_runtime_s,
+            movable=not pool.is_private and self._movable(job_id),
         )
         del self.queue[job_id]
         self.running[job_id] = _Run(pool, shares, now, start, finish, outcome.attempts, gang)
