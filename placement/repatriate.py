@@ -135,7 +135,8 @@ def choose_moves(
     overhead = max(0.0, policy.move_overhead_s)
     ranked: list[tuple[float, str, RunningGang, Remaining]] = []
     for gang in running:
-        if not is_candidate(gang, now):
+        # A gang of a tenant the federation does not know is placed nowhere, so it moves nowhere.
+        if not is_candidate(gang, now) or not book.known(gang.tenant):
             continue
         left = remaining(gang, costs, policy, now)
         if left is None or left.run_s <= overhead:

@@ -178,7 +178,9 @@ class Simulator:
             while self.events and self.events[0][0] <= now:
                 at, kind, _, job_id, attempt = heapq.heappop(self.events)
                 changed = self._apply(Ev(kind), job_id, attempt, at) or changed
-            if not changed or not self.queue:
+            # With repatriation on, a cycle also runs on an empty queue: freed private GPUs may take a
+            # cloud gang.
+            if not changed or not (self.queue or self._may_move()):
                 continue
             started = time.perf_counter()
             decided = plan(self._snapshot(), now=now)
@@ -338,6 +340,9 @@ class Simulator:
         self.result.moves += 1
         self.result.move_saving_usd += move.saving_usd
         return True
+
+    def _may_move(self) -> bool:
+        return self.policy_config.repatriate and any(run.gang.movable for run in self.running.values())
 
     def _movable(self, job_id: JobId) -> bool:
         """Whether the job may be moved: it checkpoints on a signal (the config's assumption)."""
