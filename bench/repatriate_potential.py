@@ -11,12 +11,18 @@ are idle, skipping room a queued job of that type could take now. It integrates 
 - `first_fit_remaining_usd`: for each cloud gang that ever fits, its cloud cost from the first moment
   it fits to its end (what a move at that moment would avoid, before overhead; room conflicts
   between gangs ignored, so an upper bound of the moves' saving).
+
+`--move` turns the probe into an oracle that moves every fitting gang at once (at any event, not
+only at cycles, with `--overhead-s` of lost progress): what repatriation could do at best.
+`--rate` replaces gpufed's seconds of wait per GPU-hour. A measuring tool, not a benchmark with
+headline figures: docs/results/README.md (third round) quotes its output.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import math
 import sys
 from pathlib import Path
@@ -118,7 +124,7 @@ class Probe(Simulator):
             now = max(now, last + cycle_s) if cycle_s > 0 else max(now, last)
             changed = False
             while self.events and self.events[0][0] <= now:
-                at, kind, _, job_id, attempt = __import__("heapq").heappop(self.events)
+                at, kind, _, job_id, attempt = heapq.heappop(self.events)
                 changed = self._apply(Ev(kind), job_id, attempt, at) or changed
             if changed and self.queue:
                 decided = plan(self._snapshot(), now=now)
