@@ -52,6 +52,7 @@ from federation.runtime.history_wiring import open_history
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
+from federation.scheduling.collector import finished_gang_retention_s
 from federation.scheduling.compactor import DEFAULT_RETENTION_S as COMPACTION_RETENTION_S
 from federation.scheduling.compactor import Compactor
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
@@ -329,6 +330,9 @@ class FederationServer:
             metrics=self.metrics,
             staging=self._stager,
             keeper=AttemptKeeper(archive, members),
+            finished_gang_retention_s=finished_gang_retention_s(
+                cfg.history.retain_in_etcd_s if cfg.history.archive else None
+            ),
         )
         if cfg.history.archive:
             self._archiver = Archiver(
