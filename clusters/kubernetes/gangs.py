@@ -98,9 +98,15 @@ class GangWriter:
         if volcano:
             await self._queue(gang)
             body = manifests.volcano_job(gang, name, namespace, selection, master_port=settings.master_port)
-            await self._call(
+            made = await self._call(
                 doing, self._api.create_volcano_job, namespace, body, ok=CONFLICT, dispatching=True
             )
+            # Into the watch cache at once, as an Indexed Job is: until the watch event came, a
+            # status read right after this dispatch missed the gang, and the reconciler took that
+            # for a gang that disappeared and restarted the job (seen as soon as ticks ran back to
+            # back; real watches lag as well).
+            if made is not None:
+                self._created(GangKind.VOLCANO_JOB, made)
             return
         if manifests.uniform_replica(gang) is None:
             raise GangRejected(

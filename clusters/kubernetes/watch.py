@@ -89,6 +89,9 @@ class Informer(Generic[T]):
         self._backoff = (backoff_min_s, backoff_max_s)
         self._lock = threading.Lock()
         self._items: dict[str, T] = {}
+        # Objects put in by `remember` that no list or watch event has shown yet, with their
+        # resourceVersion: a list taken before their create must not drop them (see `_relist`).
+        self._remembered: dict[str, int] = {}
         self._version = 0
         self._resource_version: str | None = None
         self._stop = threading.Event()
@@ -129,6 +132,9 @@ class Informer(Generic[T]):
             if _key(obj) not in self._items:
                 self._items[_key(obj)] = parsed
                 self._version += 1
+                rv = _numeric_rv(obj)
+                if rv is not None:
+                    self._remembered[_key(obj)] = rv
 
     # ---- life ------------------------------------------------------------------------------------
 
@@ -204,7 +210,20 @@ class Informer(Generic[T]):
             if token is None:
                 resource_version = str(meta.get("resourceVersion") or "")
                 break
+        listed_rv = _numeric_rv({"metadata": {"resourceVersion": resource_version}})
         with self._lock:
+            # An object created after this list's snapshot (its resourceVersion is newer) but
+            # remembered before the list came back is not in it: keep it, as the watch that follows
+            # from the list's version will bring its ADDED (or DELETED) event. Without this, the
+            # first gangs dispatched while a new watch made its first list vanished for the moment
+            # the watch took, and federation read that as gangs lost and restarted them.
+            # resourceVersions are compared only when both are numbers (they are etcd revisions on
+            # every API server; one that is not is dropped as before).
+            for key, rv in list(self._remembered.items()):
+                if listed_rv is None or rv <= listed_rv:
+                    del self._remembered[key]
+                elif key not in items and key in self._items:
+                    items[key] = self._items[key]
             self._items = items
             self._version += 1
         self._resource_version = resource_version
@@ -267,6 +286,7 @@ class Informer(Generic[T]):
         key = _key(obj)
         parsed = None if kind == "DELETED" else self._parse(obj)
         with self._lock:
+            self._remembered.pop(key, None)  # the watch shows it now, or its end
             if parsed is None:
                 changed = self._items.pop(key, None) is not None
             else:
@@ -290,3 +310,8 @@ class WatchError(Exception):
 def _key(obj: Json) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _numeric_rv(obj: Json) -> int | None:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None

@@ -33,13 +33,16 @@ from clusters.kubernetes.names import object_name, task_name
 from federation.errors import InvalidSpec
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.validate import int_field, number_field
-from federation.store.kv import KeyValueStore, LeaseNotFound
+from federation.store.kv import MAX_TXN_OPS, KeyValueStore, LeaseNotFound, Put, cut_by_size
 from placement.model import JobId
 
 PREFIX = b"/gpufed/logs/"
 SUMMARY = "_attempt"
 SETTINGS_KEY = b"/gpufed/config/logs"
 LEASE_REUSE_S = 3600.0
+# Bytes of kept logs per transaction: under etcd's 1.5 MiB request limit with room for the keys and
+# framing; one tail (at most `_MAX_KEEP_KIB`) always fits alone.
+KEEP_TXN_BYTES = 1024 * 1024
 
 # Reasons a container waits that no waiting will fix: `list` shows them while the job is DISPATCHED.
 WAITING_REASONS = frozenset(
@@ -221,8 +224,10 @@ class LogArchive:
         return self._lease[0]
 
     async def keep(self, job_id: str, kept: KeptAttempt, logs: dict[tuple[str, int], bytes]) -> None:
-        """Write one attempt: its logs first (one put per replica, each far below etcd's request
-        limit, sent together), then the summary that says they are there."""
+        """Write one attempt: its logs and the summary that says they are there, in one transaction
+        when they fit in one request (the usual case: one round trip and one revision per ended
+        attempt, where a put per replica and one for the summary cost two round trips and a
+        revision each). A gang whose tails do not fit is written in several, the summary last."""
         try:
             lease = await self._lease_id()
             await self._put_all(job_id, kept, logs, lease)
@@ -233,13 +238,16 @@ class LogArchive:
     async def _put_all(
         self, job_id: str, kept: KeptAttempt, logs: dict[tuple[str, int], bytes], lease: int
     ) -> None:
-        await asyncio.gather(
-            *(
-                self._kv.put(replica_key(job_id, kept.attempt, task, replica), data, lease=lease)
-                for (task, replica), data in sorted(logs.items())
-            )
+        puts = [
+            Put(replica_key(job_id, kept.attempt, task, replica), data, lease)
+            for (task, replica), data in sorted(logs.items())
+        ]
+        puts.append(Put(_key(job_id, kept.attempt, SUMMARY), _summary_json(kept), lease))
+        *logs_first, last = cut_by_size(
+            puts, lambda p: len(p.key) + len(p.value), KEEP_TXN_BYTES, MAX_TXN_OPS
         )
-        await self._kv.put(_key(job_id, kept.attempt, SUMMARY), _summary_json(kept), lease=lease)
+        await asyncio.gather(*(self._kv.txn((), run) for run in logs_first))
+        await self._kv.txn((), last)
 
     def fresh(self, kept: KeptAttempt, now_s: float) -> bool:
         """Whether an attempt's kept logs are still served: within the retention of when they were

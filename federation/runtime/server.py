@@ -52,6 +52,7 @@ from federation.runtime.history_wiring import open_history
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
+from federation.scheduling.collector import finished_gang_retention_s
 from federation.scheduling.compactor import DEFAULT_RETENTION_S as COMPACTION_RETENTION_S
 from federation.scheduling.compactor import Compactor
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
@@ -329,6 +330,9 @@ class FederationServer:
             metrics=self.metrics,
             staging=self._stager,
             keeper=AttemptKeeper(archive, members),
+            finished_gang_retention_s=finished_gang_retention_s(
+                cfg.history.retain_in_etcd_s if cfg.history.archive else None
+            ),
         )
         if cfg.history.archive:
             self._archiver = Archiver(
@@ -490,9 +494,10 @@ class FederationServer:
         try:
             while not lost.is_set():
                 started = time.monotonic()
+                cycle_s = 0.0
                 try:
                     await reconciler.tick(fence)
-                    await scheduler.run_cycle(fence)
+                    cycle_s = (await scheduler.run_cycle(fence)).seconds
                     if self._capacity is not None:
                         await self._capacity.tick(fence)
                     if not self.first_pass_done:
@@ -508,12 +513,18 @@ class FederationServer:
                         # stop() cancelled us mid-call and a client library turned that into its own
                         # error: retrying here would make the shutdown wait forever.
                         raise
-                    # etcd or a cluster hiccup: nothing was half-written; try again next round.
+                    # etcd or a cluster hiccup: nothing was half-written; try again next round,
+                    # after a gap of three times the failed round (a backoff while etcd is away).
                     log.warning("cycle_failed", error=str(error), retryable=error.retryable)
+                    cycle_s = time.monotonic() - started
                 elapsed = time.monotonic() - started
                 # Leave the API at least three quarters of the loop: with a long queue a cycle gets
-                # expensive, and submissions must not wait behind back-to-back cycles.
-                await asyncio.sleep(max(self.config.min_cycle_gap_s, 3 * elapsed) - elapsed)
+                # expensive (its plan holds the GIL), and submissions must not wait behind
+                # back-to-back cycles. The gap counts the cycle's cost only, not the reconciler's
+                # tick: a tick's time is mostly waits on clusters and etcd, in which the API runs,
+                # and it grows with the jobs in flight. Counted in, a tick that moved a thousand
+                # jobs made the leader sit idle twice as long with every GPU it had just freed.
+                await asyncio.sleep(max(0.0, max(self.config.min_cycle_gap_s, 3 * cycle_s) - elapsed))
                 # Sleep until a job changes or the interval passes, whichever is first.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changes.get(), timeout=self.config.cycle_interval_s)

@@ -44,7 +44,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 import structlog
 
@@ -67,12 +66,11 @@ from federation.store.archive_txn import (
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, Stored, paused_gc
 from federation.store.jobs import JobRecord, job_to_dict
-from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore
+from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore, cut_by_size
 from placement.model import JobId
 
 log = structlog.get_logger("gpufed.archiver")
 
-T = TypeVar("T")
 
 # How long the archiver waits between passes once it has caught up: at most this, and a quarter of
 # the retention when that is shorter (at least a second), so a short retention is kept to.
@@ -137,26 +135,6 @@ def named_tails(job_id: str, summaries: dict[int, bytes]) -> list[_Tail]:
         for task, replica, size in replicas:
             key = replica_key(job_id, attempt, task, replica)
             out.append(_Tail(key, attempt, task, replica, kept_at, size))
-    return out
-
-
-def cut_by_size(
-    items: Sequence[T], size_of: Callable[[T], int], max_bytes: int, max_count: int | None = None
-) -> list[list[T]]:
-    """`items` in order, cut into runs of about `max_bytes` (and at most `max_count` items) each;
-    an item larger than `max_bytes` makes a run of its own."""
-    out: list[list[T]] = []
-    current: list[T] = []
-    size = 0
-    for item in items:
-        item_size = size_of(item)
-        if current and (len(current) == max_count or size + item_size > max_bytes):
-            out.append(current)
-            current, size = [], 0
-        current.append(item)
-        size += item_size
-    if current:
-        out.append(current)
     return out
 
 

@@ -23,6 +23,21 @@ from placement.model import ClusterName, JobId, JobPhase
 FINISHED_GANG_RETENTION_S = 3600.0
 
 
+def finished_gang_retention_s(retain_in_etcd_s: float | None) -> float:
+    """How long a finished gang is kept: the hour, or less when the archiver (which archives a job
+    `retain_in_etcd_s` after it ended; None: it does not run) would take the job first.
+
+    Once its job is archived a gang belongs to no job the cache knows, and gangs of unknown jobs are
+    left alone (another federation may share the cluster): it would stay for good, and every status
+    read of both servers, and the cluster itself, would carry it. Half the retention leaves the
+    collector that long to remove it before its job leaves etcd. The pods' logs are kept by then
+    (`federation.scheduling.logs_keep`), so readers lose nothing.
+    """
+    if retain_in_etcd_s is None:
+        return FINISHED_GANG_RETENTION_S
+    return min(FINISHED_GANG_RETENTION_S, retain_in_etcd_s / 2)
+
+
 class StaleWhy(StrEnum):
     SUPERSEDED = "superseded"  # the job runs a newer attempt
     ELSEWHERE = "elsewhere"  # the job's current attempt was placed on another cluster

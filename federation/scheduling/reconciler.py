@@ -51,7 +51,7 @@ from clusters.api import (
 )
 from federation.datasets.staging import GateKind, Stager, gate_transition
 from federation.metrics import Metrics
-from federation.scheduling.collector import stale_gangs
+from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, stale_gangs
 from federation.scheduling.dispatch_backoff import (
     ClusterRefusing,
     cleared,
@@ -87,8 +87,10 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         staging: Stager | None = None,
         keeper: AttemptKeeper | None = None,
+        finished_gang_retention_s: float = FINISHED_GANG_RETENTION_S,
     ) -> None:
         self._store = store
+        self._finished_gang_retention_s = finished_gang_retention_s
         # Keeps an ended attempt's logs and names its failure (federation.scheduling.logs_keep).
         self._keeper = keeper
         self._staging = staging
@@ -159,7 +161,9 @@ class Reconciler:
             stored = self._cache.get(job_id)
             return None if stored is None else stored.value
 
-        for stale in stale_gangs(statuses, job_of, now_s=self._clock()):
+        for stale in stale_gangs(
+            statuses, job_of, now_s=self._clock(), retention_s=self._finished_gang_retention_s
+        ):
             backend = self._members.get(stale.cluster)
             if backend is None:
                 continue

@@ -7,7 +7,7 @@ frozen values and errors defined here, and the shape checks that both apply the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, TypeVar
@@ -15,9 +15,30 @@ from typing import Protocol, TypeVar
 from federation.errors import GpufedError
 
 _Operand = TypeVar("_Operand", int, bytes)
+_T = TypeVar("_T")
 
 # etcd's default --max-txn-ops: compares, success ops and failure ops are each capped at this.
 MAX_TXN_OPS = 128
+
+
+def cut_by_size(
+    items: Sequence[_T], size_of: Callable[[_T], int], max_bytes: int, max_count: int | None = None
+) -> list[list[_T]]:
+    """`items` in order, cut into runs of about `max_bytes` (and at most `max_count` items) each;
+    an item larger than `max_bytes` makes a run of its own."""
+    out: list[list[_T]] = []
+    current: list[_T] = []
+    size = 0
+    for item in items:
+        item_size = size_of(item)
+        if current and (len(current) == max_count or size + item_size > max_bytes):
+            out.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += item_size
+    if current:
+        out.append(current)
+    return out
 
 
 class WatchCompacted(GpufedError):

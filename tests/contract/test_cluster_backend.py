@@ -62,6 +62,18 @@ async def test_a_dispatched_gang_runs_to_succeeded(subject: Subject) -> None:
     assert status.finished_at_s >= status.started_at_s
 
 
+async def test_a_gang_is_in_the_statuses_as_soon_as_its_dispatch_returns(subject: Subject) -> None:
+    """No wait for a watch event: a status read right after a dispatch that missed the gang made the
+    reconciler restart a job whose gang had just been created (Volcano gangs, before the fix; the
+    Volcano watch starts at the first dispatch, so the first gang also met its first list)."""
+    gangs = [a_gang(f"seen-{i}", replicas=1, gpus=1, duration_s=30.0) for i in range(3)]
+    for gang in gangs:
+        await subject.backend.dispatch(gang)
+        assert await status_of(subject.backend, gang) is not None, f"{gang.name} missing right after dispatch"
+    for gang in gangs:
+        await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
 async def test_the_same_dispatch_twice_makes_one_gang(subject: Subject) -> None:
     gang = a_gang("twice-1", duration_s=30.0)
     before = free_gpus(await subject.backend.inventory(), H100, ON_DEMAND)

@@ -7,7 +7,12 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus
-from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, StaleWhy, stale_gangs
+from federation.scheduling.collector import (
+    FINISHED_GANG_RETENTION_S,
+    StaleWhy,
+    finished_gang_retention_s,
+    stale_gangs,
+)
 from federation.store.jobs import JobPlacement, JobRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase
 from tests.conftest import build_job
@@ -124,3 +129,29 @@ def test_gangs_of_unknown_jobs_and_silent_clusters_are_left_alone() -> None:
     running = gang(GangPhase.RUNNING)
     statuses = {HERE: {(running.job_id, 1): running}, THERE: None}
     assert stale_gangs(statuses, lambda _: None, now_s=NOW_S) == []
+
+
+@pytest.mark.parametrize(
+    ("retain_in_etcd_s", "kept_s"),
+    [
+        pytest.param(None, FINISHED_GANG_RETENTION_S, id="no-archiver-keeps-the-hour"),
+        pytest.param(3 * 3600.0, FINISHED_GANG_RETENTION_S, id="a-long-retention-keeps-the-hour"),
+        pytest.param(3600.0, 1800.0, id="the-default-hour-leaves-half-of-it"),
+        pytest.param(10.0, 5.0, id="a-compressed-soak-leaves-half-of-it"),
+    ],
+)
+def test_finished_gangs_go_before_the_archiver_takes_their_job(
+    retain_in_etcd_s: float | None, kept_s: float
+) -> None:
+    """Once archived, a job is unknown to the cache and its gang would be left on the cluster for
+    good: the collector must remove it first, so it keeps finished gangs at most half the time a
+    job stays in etcd after it ended."""
+    retention_s = finished_gang_retention_s(retain_in_etcd_s)
+    assert retention_s == kept_s
+    finished = job(JobPhase.SUCCEEDED)
+    for ago_s, expected in ((kept_s - 1, []), (kept_s, [StaleWhy.EXPIRED])):
+        status = gang(GangPhase.SUCCEEDED, finished_ago_s=ago_s)
+        found = stale_gangs(
+            {HERE: {(status.job_id, 1): status}}, lambda _: finished, now_s=NOW_S, retention_s=retention_s
+        )
+        assert [s.why for s in found] == expected

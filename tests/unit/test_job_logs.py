@@ -247,3 +247,48 @@ def test_kept_attempts_round_trip_and_expire_at_the_retention() -> None:
     assert data == b"x y z\n"
     assert stale is None
     assert lease != 0, "kept copies go with a lease, so that etcd forgets them"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "tail_bytes", "revisions"),
+    [
+        pytest.param(4, 1000, 1, id="small-tails-and-summary-in-one-transaction"),
+        pytest.param(3, 700 * 1024, 3, id="tails-over-one-request-split-with-the-summary-last"),
+    ],
+)
+def test_an_attempt_is_kept_in_as_few_transactions_as_fit(
+    replicas: int, tail_bytes: int, revisions: int
+) -> None:
+    """One round trip (one revision) per ended attempt when its tails fit in one etcd request; when
+    they do not, several, and the summary (which says the tails are there) never before a tail."""
+    kv = MemoryKv()
+    archive = LogArchive(kv, LogsSettings(retain_hours=1.0, keep_kib=1024))
+    state = a_replica("Completed", 0)
+    kept = KeptAttempt(
+        attempt=1,
+        cluster="onprem",
+        gpu_type="A100",
+        capacity_kind="private",
+        usd_per_gpu_hour=1.1,
+        started_at_s=100.0,
+        finished_at_s=160.0,
+        outcome="SUCCEEDED",
+        reason="",
+        kept_at_s=1000.0,
+        note="",
+        replicas=tuple(KeptReplica("worker", i, state, tail_bytes) for i in range(replicas)),
+    )
+    logs = {("worker", i): bytes([65 + i]) * tail_bytes for i in range(replicas)}
+
+    async def run() -> dict[bytes, int]:
+        before = (await kv.range_prefix(b"/gpufed/")).revision
+        await archive.keep("job-1", kept, logs)
+        found = await kv.range_prefix(b"/gpufed/logs/job-1/")
+        assert [await archive.log("job-1", 1, "worker", i) for i in range(replicas)] == list(logs.values())
+        return {k.key: k.mod_revision - before for k in found.kvs}
+
+    written = asyncio.run(run())
+    assert len(written) == replicas + 1
+    assert len(set(written.values())) == revisions
+    summary = written.pop(b"/gpufed/logs/job-1/1/_attempt")
+    assert summary >= max(written.values())
