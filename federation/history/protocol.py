@@ -54,6 +54,11 @@ class HistoryStore(Protocol):
 
     def get_job(self, job_id: JobId) -> ArchivedJob | None: ...
 
+    def archived_ids(self, job_ids: Sequence[JobId]) -> set[JobId]:
+        """Which of these jobs are archived (the collector asks it of gangs whose job etcd no longer
+        holds: those are this federation's, and finished)."""
+        ...
+
     def list_jobs(self, query: JobFilter) -> JobPage:
         """Jobs in the live ListJobs order (submitted_at_s, job_id), or its reverse with
         `query.newest_first`, from `query.after`."""

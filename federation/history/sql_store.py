@@ -191,6 +191,14 @@ class SqlHistoryStore:
                 intervals=tuple(rows.interval_from_row(r) for r in intervals.mappings()),
             )
 
+    def archived_ids(self, job_ids: Sequence[JobId]) -> set[JobId]:
+        found: set[JobId] = set()
+        with self._engine.connect() as conn:
+            for chunk in _chunks(sorted(set(job_ids))):
+                result = conn.execute(select(schema.jobs.c.job_id).where(schema.jobs.c.job_id.in_(chunk)))
+                found.update(JobId(row[0]) for row in result)
+        return found
+
     def list_jobs(self, query: JobFilter) -> JobPage:
         j = schema.jobs
         key = (j.c.submitted_at_s, j.c.job_id)

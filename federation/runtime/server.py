@@ -333,6 +333,7 @@ class FederationServer:
             finished_gang_retention_s=finished_gang_retention_s(
                 cfg.history.retain_in_etcd_s if cfg.history.archive else None
             ),
+            archived_ids=history.archived_ids if cfg.history.archive else None,
         )
         if cfg.history.archive:
             self._archiver = Archiver(

@@ -11,7 +11,7 @@ and kept apart from the reconciler that acts on it, so each rule has a test of i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -28,9 +28,10 @@ def finished_gang_retention_s(retain_in_etcd_s: float | None) -> float:
     `retain_in_etcd_s` after it ended; None: it does not run) would take the job first.
 
     Once its job is archived a gang belongs to no job the cache knows, and gangs of unknown jobs are
-    left alone (another federation may share the cluster): it would stay for good, and every status
-    read of both servers, and the cluster itself, would carry it. Half the retention leaves the
-    collector that long to remove it before its job leaves etcd. The pods' logs are kept by then
+    left alone (another federation may share the cluster) unless the history store holds their job
+    (`archived` in `stale_gangs`, one SQL lookup a tick). Half the retention leaves the collector
+    that long to remove it the cheap way, before its job leaves etcd; the history lookup catches
+    the gangs a long reconciler tick under load let through. The pods' logs are kept by then
     (`federation.scheduling.logs_keep`), so readers lose nothing.
     """
     if retain_in_etcd_s is None:
@@ -44,6 +45,7 @@ class StaleWhy(StrEnum):
     NOT_PLACED = "not_placed"  # the job went back to the queue without this gang
     JOB_FINISHED = "job_finished"  # the job ended while this gang still runs
     EXPIRED = "expired"  # both ended longer ago than the retention period
+    ARCHIVED = "archived"  # the job left etcd for the history store, so it ended long ago
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,13 @@ def stale_gangs(
     *,
     now_s: float,
     retention_s: float = FINISHED_GANG_RETENTION_S,
+    archived: Collection[JobId] = (),
 ) -> list[StaleGang]:
-    """Every gang on a reachable cluster that no live attempt needs, in a stable order."""
+    """Every gang on a reachable cluster that no live attempt needs, in a stable order.
+
+    `archived`: jobs etcd no longer holds that the history store does (`unknown_jobs` says which to
+    ask about). Their gangs are this federation's and their jobs ended `history.retainInEtcd` ago.
+    """
     stale: list[StaleGang] = []
     for cluster in sorted(statuses):
         gangs = statuses[cluster]
@@ -69,13 +76,36 @@ def stale_gangs(
             continue
         for (job_id, attempt), gang in sorted(gangs.items()):
             job = job_of(job_id)
-            # A gang of a job we do not know may belong to another federation sharing the cluster.
             if job is None:
+                # A gang of a job we do not know may belong to another federation sharing the
+                # cluster; one whose job we archived is ours, left behind when the archiver took
+                # its job before the retention below removed it (a long reconciler tick under load).
+                if job_id in archived:
+                    stale.append(
+                        StaleGang(cluster=cluster, job_id=job_id, attempt=attempt, why=StaleWhy.ARCHIVED)
+                    )
                 continue
             why = _why_stale(cluster, attempt, gang, job, now_s, retention_s)
             if why is not None:
                 stale.append(StaleGang(cluster=cluster, job_id=job_id, attempt=attempt, why=why))
     return stale
+
+
+def unknown_jobs(
+    statuses: Mapping[ClusterName, Mapping[tuple[JobId, int], GangStatus] | None],
+    job_of: Callable[[JobId], JobRecord | None],
+) -> list[JobId]:
+    """The jobs of gangs on reachable clusters that the job cache does not hold, sorted: the ones
+    to ask the history store about."""
+    return sorted(
+        {
+            job_id
+            for gangs in statuses.values()
+            if gangs is not None
+            for job_id, _attempt in gangs
+            if job_of(job_id) is None
+        }
+    )
 
 
 def _why_stale(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import structlog
@@ -50,8 +50,9 @@ from clusters.api import (
     GangStatus,
 )
 from federation.datasets.staging import GateKind, Stager, gate_transition
+from federation.errors import StoreUnavailable
 from federation.metrics import Metrics
-from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, stale_gangs
+from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, stale_gangs, unknown_jobs
 from federation.scheduling.dispatch_backoff import (
     ClusterRefusing,
     cleared,
@@ -74,6 +75,9 @@ log = structlog.get_logger("gpufed.reconciler")
 
 CANCEL_GRACE_PERIOD_S = 30.0
 RECONCILE_CONCURRENCY = 64
+# Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
+# another federation carries many gangs of its; the rest are asked about on later ticks.
+MAX_ARCHIVED_LOOKUPS = 2000
 
 
 class Reconciler:
@@ -88,9 +92,13 @@ class Reconciler:
         staging: Stager | None = None,
         keeper: AttemptKeeper | None = None,
         finished_gang_retention_s: float = FINISHED_GANG_RETENTION_S,
+        archived_ids: Callable[[Sequence[JobId]], set[JobId]] | None = None,
     ) -> None:
         self._store = store
         self._finished_gang_retention_s = finished_gang_retention_s
+        # Which jobs the history store holds (`HistoryStore.archived_ids`; None: no archiver), so
+        # that gangs of archived jobs are collected too (federation.scheduling.collector).
+        self._archived_ids = archived_ids
         # Keeps an ended attempt's logs and names its failure (federation.scheduling.logs_keep).
         self._keeper = keeper
         self._staging = staging
@@ -161,8 +169,13 @@ class Reconciler:
             stored = self._cache.get(job_id)
             return None if stored is None else stored.value
 
+        archived = await self._archived_of(unknown_jobs(statuses, job_of))
         for stale in stale_gangs(
-            statuses, job_of, now_s=self._clock(), retention_s=self._finished_gang_retention_s
+            statuses,
+            job_of,
+            now_s=self._clock(),
+            retention_s=self._finished_gang_retention_s,
+            archived=archived,
         ):
             backend = self._members.get(stale.cluster)
             if backend is None:
@@ -186,6 +199,17 @@ class Reconciler:
                 attempt=stale.attempt,
                 why=stale.why.value,
             )
+
+    async def _archived_of(self, job_ids: list[JobId]) -> set[JobId]:
+        """Which of these jobs (of gangs the cache does not know) the history store holds; none
+        when there is no history or it does not answer (their gangs then wait for the next tick)."""
+        if self._archived_ids is None or not job_ids:
+            return set()
+        try:
+            return await asyncio.to_thread(self._archived_ids, job_ids[:MAX_ARCHIVED_LOOKUPS])
+        except StoreUnavailable as error:
+            log.warning("archived_gang_lookup_failed", jobs=len(job_ids), error=str(error))
+            return set()
 
     async def _reconcile(
         self,

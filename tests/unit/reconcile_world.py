@@ -5,7 +5,7 @@ Tests drive `step()` by hand, so every transition is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
@@ -85,6 +85,7 @@ async def build_world(
     unreachable_grace_s: float = 120.0,
     tenants: tuple[TenantRecord, ...] = (TenantRecord(name=TenantId("vision")),),
     settings: SchedulingSettings | None = None,
+    archived_ids: Callable[[Sequence[JobId]], set[JobId]] | None = None,
 ) -> AsyncIterator[World]:
     clock = Clock()
     store = InMemoryJobStore()
@@ -116,7 +117,9 @@ async def build_world(
     scheduler = Scheduler(
         store=store, cache=cache, ledger=ledger, members=members, metrics=metrics, clock=clock
     )
-    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
+    reconciler = Reconciler(
+        store=store, cache=cache, members=members, metrics=metrics, clock=clock, archived_ids=archived_ids
+    )
     try:
         yield World(store, cache, clusters, scheduler, reconciler, clock, ledger, members)
     finally:

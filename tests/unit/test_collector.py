@@ -12,6 +12,7 @@ from federation.scheduling.collector import (
     StaleWhy,
     finished_gang_retention_s,
     stale_gangs,
+    unknown_jobs,
 )
 from federation.store.jobs import JobPlacement, JobRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase
@@ -155,3 +156,26 @@ def test_finished_gangs_go_before_the_archiver_takes_their_job(
             {HERE: {(status.job_id, 1): status}}, lambda _: finished, now_s=NOW_S, retention_s=retention_s
         )
         assert [s.why for s in found] == expected
+
+
+def test_gangs_of_archived_jobs_go_and_other_federations_gangs_stay() -> None:
+    """A gang whose job the archiver already took (a long tick under load let it go first) is ours:
+    the history store holds its job. A gang of a job neither etcd nor the history knows may be
+    another federation's on a shared cluster, and stays."""
+    ours = GangStatus(job_id=JobId("archived"), attempt=2, phase=GangPhase.SUCCEEDED, finished_at_s=NOW_S)
+    theirs = GangStatus(job_id=JobId("theirs"), attempt=1, phase=GangPhase.RUNNING)
+    statuses = {
+        HERE: {(ours.job_id, 2): ours, (theirs.job_id, 1): theirs},
+        THERE: None,
+    }
+    assert unknown_jobs(statuses, lambda _: None) == [JobId("archived"), JobId("theirs")]
+    found = stale_gangs(statuses, lambda _: None, now_s=NOW_S, archived={JobId("archived")})
+    assert [(s.cluster, s.job_id, s.attempt, s.why) for s in found] == [
+        (HERE, JobId("archived"), 2, StaleWhy.ARCHIVED)
+    ]
+
+
+def test_only_gangs_of_jobs_the_cache_lacks_are_asked_about() -> None:
+    live = gang(GangPhase.RUNNING)
+    statuses = {HERE: {(live.job_id, 1): live}}
+    assert unknown_jobs(statuses, lambda _: job(JobPhase.RUNNING)) == []

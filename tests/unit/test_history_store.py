@@ -36,6 +36,14 @@ def test_a_job_reads_back_whole(store: SqlHistoryStore) -> None:
     assert store.get_job(JobId("missing")) is None
 
 
+def test_archived_ids_names_only_archived_jobs_across_chunks(store: SqlHistoryStore) -> None:
+    # More ids than one IN (...) chunk holds, so the chunking is exercised on both backends.
+    store.write_jobs([an_archived_job(f"a{i:04d}") for i in range(0, 1200, 3)])
+    asked = [JobId(f"a{i:04d}") for i in range(1200)] + [JobId("a0000")]
+    assert store.archived_ids(asked) == {JobId(f"a{i:04d}") for i in range(0, 1200, 3)}
+    assert store.archived_ids([]) == set()
+
+
 def test_writing_a_job_twice_leaves_one_copy(store: SqlHistoryStore) -> None:
     # What a crash between the SQL commit and the etcd delete looks like: the batch comes again.
     first = [an_archived_job("j1"), an_archived_job("j2")]

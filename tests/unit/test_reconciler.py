@@ -16,6 +16,7 @@ from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S
 from federation.scheduling.workload import sim_duration_s
 from federation.spec.jobspec import RestartAction, RestartPolicy
 from federation.store.intervals import IntervalEnd
+from federation.store.job_store import job_key
 from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
@@ -284,3 +285,34 @@ async def test_an_attempt_killed_before_it_was_seen_running_is_charged_from_its_
     listed, _ = await world.store.list_ledger()
     first = next(iv for iv in listed if iv.attempt == 1)
     assert (first.start_s, first.end_s) == (started_at_s, gone_at_s)
+
+
+async def test_the_gang_of_a_job_the_archiver_took_first_is_removed() -> None:
+    """Under load the archiver can take a job out of etcd before the collector's retention removed
+    its finished gang; the cache then no longer knows the job. The history store does, so the gang
+    is ours and goes. A gang of a job the history does not know either stays: it may be another
+    federation's on the same cluster."""
+    archived: set[JobId] = set()
+    asked: list[list[JobId]] = []
+
+    def archived_ids(job_ids: Sequence[JobId]) -> set[JobId]:
+        asked.append(list(job_ids))
+        return archived & set(job_ids)
+
+    async with build_world(archived_ids=archived_ids) as world:
+        first = await submit(world, a_job("first"))
+        second = await submit(world, a_job("second"))
+        await world.step()
+        await world.step(10.0)
+        assert (await world.job(first)).phase is JobPhase.SUCCEEDED
+        assert (await world.job(second)).phase is JobPhase.SUCCEEDED
+        # Both jobs leave etcd (what the archiver's fenced removal does); only the first is archived.
+        for job_id in (first, second):
+            assert await world.store.kv.delete(job_key(job_id))
+        archived.add(first)
+        await world.step()
+        remaining = {(s.job_id, s.attempt) for s in await world.cluster.statuses()}
+        assert (first, 1) not in remaining
+        assert (second, 1) in remaining
+        assert asked
+        assert all(sorted(ids) == ids for ids in asked)
