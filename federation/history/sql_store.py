@@ -23,7 +23,7 @@ from sqlalchemy.sql.dml import Insert
 
 from federation.errors import InvalidArgument
 from federation.history import report_sql, rows, schema, usage_sql
-from federation.history.engine import migrate, open_engine
+from federation.history.engine import migrate_if_behind, open_engine
 from federation.history.errors import HistoryUnavailable
 from federation.history.model import (
     MAX_AUDIT_LIMIT,
@@ -61,7 +61,7 @@ class SqlHistoryStore:
         """Open the database and bring its schema to the newest revision."""
         engine = open_engine(dsn)
         try:
-            migrate(engine)
+            migrate_if_behind(engine)
         except OperationalError as error:
             engine.dispose()
             raise HistoryUnavailable(f"history database at {engine.url!r}: {error.orig}") from error

@@ -8,19 +8,23 @@ an exception that would stop a scheduling cycle.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from clusters.api import ClusterBackend, ClusterError, GangStatus
-from clusters.kubernetes.backend import KubernetesBackend
 from clusters.kubernetes.config import GpuPrice, KubernetesClusterConfig, KubernetesSettings
 from clusters.memory import InMemoryCluster
 from federation.store.intervals import ClusterSite
 from federation.store.records import ClusterRecord
 from placement.model import ClusterName, ClusterState, JobId
+
+if TYPE_CHECKING:
+    from clusters.kubernetes.backend import KubernetesBackend
 
 log = structlog.get_logger("gpufed.members")
 
@@ -43,6 +47,16 @@ def _unreachable_state(record: ClusterRecord) -> ClusterState:
 # short grace shortens this too: detection takes at most a quarter of the grace on top of it.
 MAX_SILENCE_BEFORE_UNREACHABLE_S = 30.0
 MIN_SILENCE_BEFORE_UNREACHABLE_S = 1.0
+
+
+def _kubernetes_backends(backends: Iterable[ClusterBackend]) -> list[KubernetesBackend]:
+    """The Kubernetes backends among `backends`. The backend's module (and with it the Kubernetes
+    client, half a second of a restart's CPU) is imported only by `build` for a Kubernetes member:
+    while it is not loaded, no backend can be one."""
+    module = sys.modules.get("clusters.kubernetes.backend")
+    if module is None:
+        return []
+    return [b for b in backends if isinstance(b, module.KubernetesBackend)]
 
 
 def kubernetes_config(record: ClusterRecord) -> KubernetesClusterConfig:
@@ -87,6 +101,8 @@ class MemberClusters:
         backends: dict[ClusterName, ClusterBackend] = {}
         for record in records:
             if record.backend == "kubernetes":
+                from clusters.kubernetes.backend import KubernetesBackend  # see _kubernetes_backends
+
                 backends[record.name] = KubernetesBackend(kubernetes_config(record))
                 continue
             if record.backend != "memory":
@@ -117,7 +133,7 @@ class MemberClusters:
         A cluster that does not answer in time is not an error: the first cycles see it
         unreachable, and it joins when its API answers.
         """
-        kube = [b for b in self._backends.values() if isinstance(b, KubernetesBackend)]
+        kube = _kubernetes_backends(self._backends.values())
         await asyncio.gather(*(b.start() for b in kube))
         synced = await asyncio.gather(*(b.wait_synced(sync_timeout_s) for b in kube))
         for backend, ok in zip(kube, synced, strict=True):
@@ -126,11 +142,7 @@ class MemberClusters:
 
     async def close(self, timeout_s: float = 15.0) -> None:
         """Stop every backend's watches; bounded, because a shutdown must not hang on one cluster."""
-        kube = {
-            asyncio.create_task(b.close()): b.name
-            for b in self._backends.values()
-            if isinstance(b, KubernetesBackend)
-        }
+        kube = {asyncio.create_task(b.close()): b.name for b in _kubernetes_backends(self._backends.values())}
         if not kube:
             return
         _, pending = await asyncio.wait(kube, timeout=timeout_s)

@@ -33,8 +33,12 @@ def list_key(job: JobRecord) -> ListKey:
 Filing = tuple[ListKey, TenantId, JobPhase]
 
 
-def _filing_key(entry: tuple[Filing, Stored[JobRecord]]) -> ListKey:
-    return entry[0][0]
+def _filed_job_id(entry: tuple[Filing, Stored[JobRecord]]) -> str:
+    return entry[0][0][1]
+
+
+def _filed_submitted_at(entry: tuple[Filing, Stored[JobRecord]]) -> float:
+    return entry[0][0][0]
 
 
 class _Ordered:
@@ -110,9 +114,15 @@ class JobIndex:
 
         Sorted once, all of them, then dealt out to the views in that order, so each view is born
         sorted: sorting each view on its own sorted every job four times (a quarter of a restart's
-        listing, at 100,000 jobs)."""
+        listing, at 100,000 jobs).
+
+        The sort is by the list key, (submission time, job id), done as two stable sorts: by job id,
+        then by submission time alone, a float, which `list.sort` compares several times faster than
+        a tuple (a fifth of the rebuild at 100,000 jobs). A list from etcd comes in key order, which
+        is job id order, so the first sort finds it sorted at one comparison per job."""
         every = list(entries)
-        every.sort(key=_filing_key)
+        every.sort(key=_filed_job_id)
+        every.sort(key=_filed_submitted_at)
         items: dict[JobId, Stored[JobRecord]] = {}
         by_tenant: dict[TenantId, list[ListKey]] = defaultdict(list)
         by_phase: dict[JobPhase, list[ListKey]] = defaultdict(list)

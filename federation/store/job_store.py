@@ -222,6 +222,11 @@ class JobStore(Protocol):
         """Every ledger interval, and the revision they were read at."""
         ...
 
+    async def list_ledger_by_key(self) -> tuple[dict[bytes, LedgerInterval], int]:
+        """Every ledger interval by its key (`LedgerInterval.key`, which it is stored under), and the
+        revision they were read at: the ledger cache's map, without working out 100,000 keys again."""
+        ...
+
     def watch_ledger(self, *, start_revision: int) -> AsyncGenerator[LedgerInterval | LedgerRemoved, None]:
         """Ledger intervals as they are written, and their removal once archived (only closed
         intervals of ended jobs are ever removed, after the history store has them)."""
@@ -507,6 +512,10 @@ class KvStore:
 
     async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
         return await self._list(LEDGER_PREFIX, lambda kv: interval_from_json(kv.value))
+
+    async def list_ledger_by_key(self) -> tuple[dict[bytes, LedgerInterval], int]:
+        pairs, revision = await self._list(LEDGER_PREFIX, lambda kv: (kv.key, interval_from_json(kv.value)))
+        return dict(pairs), revision
 
     async def watch_ledger(
         self, *, start_revision: int

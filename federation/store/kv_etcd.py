@@ -106,14 +106,8 @@ _CHANNEL_OPTIONS: dict[str, int] = {
 
 
 def _kv_from_pb(kv: Any) -> KeyValue:
-    return KeyValue(
-        key=kv.key,
-        value=kv.value,
-        create_revision=kv.create_revision,
-        mod_revision=kv.mod_revision,
-        version=kv.version,
-        lease=kv.lease,
-    )
+    # Positional: called once per key of every listed page (see KeyValue).
+    return KeyValue(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
 
 
 def range_request(prefix: bytes, *, limit: int, start: bytes | None, revision: int) -> Any:
@@ -273,7 +267,7 @@ class EtcdKv:
         req = range_request(prefix, limit=limit, start=start, revision=revision)
         resp = await self._unary("range", lambda c: c.kvstub.Range, req, idempotent=True)
         return RangeResult(
-            kvs=tuple(_kv_from_pb(kv) for kv in resp.kvs), revision=resp.header.revision, more=resp.more
+            kvs=tuple(map(_kv_from_pb, resp.kvs)), revision=resp.header.revision, more=resp.more
         )
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:

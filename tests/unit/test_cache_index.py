@@ -193,11 +193,15 @@ def test_a_rebuilt_index_equals_one_filed_job_by_job_and_stays_so_through_change
         )
         for i in range(300)
     ]
-    rebuilt, filed = JobIndex(), JobIndex()
+    rebuilt, filed, shuffled = JobIndex(), JobIndex(), JobIndex()
     rebuilt.rebuild(jobs)
     for stored in jobs:
         filed.put(stored)
     assert _listing(rebuilt) == _listing(filed)
+    # The rebuild sorts by job id, then by submission time (many ties here): from a list in any
+    # order, not only etcd's key order, ties still go by job id.
+    shuffled.rebuild(rng.sample(jobs, len(jobs)))
+    assert _listing(shuffled) == _listing(filed)
     assert len(rebuilt) == len(filed) == 300
     # Then the same changes through each: phase moves, and jobs leaving (archived).
     for n, stored in enumerate(rng.sample(jobs, 100)):

@@ -4,6 +4,8 @@ with the metadata the queries are written against."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -11,11 +13,20 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, func, inspect, select
 
 from federation.errors import InvalidArgument
 from federation.history import rows, schema
-from federation.history.engine import current_revision, migrate, open_engine, parse_dsn
+from federation.history.engine import (
+    NEWEST_REVISION,
+    _alembic_config,
+    at_newest_revision,
+    current_revision,
+    migrate,
+    open_engine,
+    parse_dsn,
+)
 from federation.history.model import ArchivedJob, GroupBy, KeptLog, UsageQuery
 from federation.history.sql_store import SqlHistoryStore
 from federation.history.sums import ReportRead, SumsQuery
@@ -51,6 +62,43 @@ def test_an_empty_database_upgrades_to_the_newest_revision(dsn: str) -> None:
         assert current_revision(engine) == NEWEST
     finally:
         engine.dispose()
+
+
+def test_the_newest_revision_constant_is_alembics_head(tmp_path: Path) -> None:
+    # A migration added without moving NEWEST_REVISION would leave every database that a server
+    # opens at the revision before it: the open skips Alembic for a database "at the newest".
+    engine = open_engine(f"sqlite:///{tmp_path / 'h.sqlite3'}")
+    try:
+        assert ScriptDirectory.from_config(_alembic_config(engine)).get_heads() == [NEWEST_REVISION]
+    finally:
+        engine.dispose()
+
+
+def test_opening_a_database_behind_migrates_it_and_one_at_the_newest_is_left_alone(dsn: str) -> None:
+    engine = open_engine(dsn)
+    try:
+        assert not at_newest_revision(engine)  # no version table yet
+        migrate(engine, "0003")
+        assert not at_newest_revision(engine)
+        SqlHistoryStore.open(dsn).close()
+        assert current_revision(engine) == NEWEST
+        assert at_newest_revision(engine)
+    finally:
+        engine.dispose()
+
+
+def test_opening_a_database_at_the_newest_revision_does_not_import_alembic(tmp_path: Path) -> None:
+    dsn = f"sqlite:///{tmp_path / 'h.sqlite3'}"
+    SqlHistoryStore.open(dsn).close()
+    # A process of its own: this one has imported Alembic already.
+    code = (
+        "import sys\n"
+        "from federation.history.sql_store import SqlHistoryStore\n"
+        f"SqlHistoryStore.open({dsn!r}).close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_newest_revision_is_the_schema_the_queries_use(dsn: str) -> None:

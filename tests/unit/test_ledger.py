@@ -79,6 +79,13 @@ async def test_an_evicted_and_restarted_job_has_one_interval_per_started_attempt
     assert first.end_s == pytest.approx(first.start_s + 3.0)
     assert (second.attempt, second.ended) == (2, IntervalEnd.FINISHED)
     assert (await world.job(job_id)).phase is JobPhase.SUCCEEDED
+    # The ledger cache's list (by the keys etcd holds) has each interval under its own key, and the
+    # same intervals as the plain list.
+    by_key, _ = await world.store.list_ledger_by_key()
+    listed, _ = await world.store.list_ledger()
+    assert {iv.key: iv for iv in listed} == by_key
+    assert by_key[ledger_key(job_id, 1)] == first
+    assert by_key[ledger_key(job_id, 2)] == second
 
 
 async def test_a_job_cancelled_before_it_started_costs_nothing(world: World) -> None:

@@ -15,14 +15,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING
 
 from federation.store.intervals import LedgerInterval
 
-F64 = NDArray[np.float64]
-I64 = NDArray[np.int64]
+# numpy is imported by the functions that compute, not by the module: the report modules are
+# imported by every server (the API and the console serve reports) and numpy's import was a tenth
+# of a restart's CPU before its listing began, for reports that run on demand (issue 19).
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    F64 = NDArray[np.float64]
+    I64 = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -36,6 +41,8 @@ class Coded:
 def encode(values: Sequence[object]) -> Coded:
     # dict.fromkeys and map over a bound method run in C: a generator with setdefault took 45 ms
     # per 100,000 values here, this takes a few.
+    import numpy as np  # see the module's imports
+
     distinct = sorted(dict.fromkeys(values), key=str)
     index = {v: i for i, v in enumerate(distinct)}
     codes = np.array(list(map(index.__getitem__, values)), dtype=np.int64)
@@ -50,6 +57,8 @@ class Columns:
     """
 
     def __init__(self, intervals: Sequence[LedgerInterval], *, now_s: float) -> None:
+        import numpy as np  # see the module's imports
+
         self.intervals = intervals
         self.count = len(intervals)
         self.start_s: F64 = np.array([iv.start_s for iv in intervals], dtype=np.float64)
@@ -83,6 +92,8 @@ class Pieces:
 
 def clip(cols: Columns, since_s: float, until_s: float) -> tuple[I64, F64, F64]:
     """Indices of the intervals that overlap [since, until), and their clipped starts and ends."""
+    import numpy as np  # see the module's imports
+
     start = np.maximum(cols.start_s, since_s)
     end = np.minimum(cols.end_s, until_s)
     keep = np.flatnonzero(end > start)
@@ -91,6 +102,8 @@ def clip(cols: Columns, since_s: float, until_s: float) -> tuple[I64, F64, F64]:
 
 def split(cols: Columns, edges: F64, since_s: float, until_s: float) -> Pieces:
     """Clip every interval to [since, until) and split it at `edges` (sorted, covering the range)."""
+    import numpy as np  # see the module's imports
+
     keep, start, end = clip(cols, since_s, until_s)
     first = np.searchsorted(edges, start, side="right") - 1
     last = np.searchsorted(edges, end, side="left") - 1

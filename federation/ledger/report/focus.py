@@ -14,8 +14,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from federation.ledger.report.columns import Columns, split
 from federation.ledger.report.query import Bucket, ReportQuery, bucket_edges, iso_utc
 from federation.store.intervals import LedgerInterval
@@ -51,6 +49,8 @@ def focus_rows(intervals: Iterable[LedgerInterval], query: ReportQuery) -> list[
     Rows come in the order of the intervals' starts (then job and attempt), each interval's days
     in order.
     """
+    import numpy as np  # see columns.py's imports
+
     listed = [iv for iv in intervals if query.tenants is None or iv.tenant in query.tenants]
     listed.sort(key=lambda i: (i.start_s, i.job_id, i.attempt))
     cols = Columns(listed, now_s=query.now_s)

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from federation.ledger.report.columns import Columns, Pieces, clip, split
 from federation.ledger.report.idle import UsedEdges, used_edges
 from federation.ledger.report.query import Bucket, ReportQuery, bucket_edges, month_start_s, next_month_s
 from federation.store.intervals import LedgerInterval
+
+if TYPE_CHECKING:  # imported where used, as in columns.py
+    import numpy as np
 
 WEEK_S = 7 * 86400.0
 
@@ -74,6 +75,8 @@ def _add_list(into: dict[Any, list[float]], key: Any, values: list[float]) -> No
 def _per_tenant(
     labels: Sequence[str], codes: np.ndarray, seconds: np.ndarray, cost: np.ndarray
 ) -> TenantSums:
+    import numpy as np  # see columns.py's imports
+
     if codes.size == 0:
         return {}
     size = len(labels)
@@ -84,6 +87,8 @@ def _per_tenant(
 
 
 def _row_sums(cols: Columns, query: ReportQuery, edges: list[float], got: Pieces) -> RowSums:
+    import numpy as np  # see columns.py's imports
+
     if got.row.size == 0:
         return {}
     # One integer per (bucket, key...); compacted whenever the mixed radix would grow too large for
@@ -125,6 +130,8 @@ def interval_sums(
     """The report's sums over these intervals: clipped to the period (an open one runs to now),
     split at bucket edges, and only the tenants the query may see. `idle_sites`: also the GPUs in
     use on those sites, over every tenant's intervals (idle cost is an every-tenant figure)."""
+    import numpy as np  # see columns.py's imports
+
     listed = list(intervals)
     out = ReportSums()
     q_start, q_end = query.start_s, query.until_s
