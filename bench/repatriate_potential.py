@@ -32,26 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 from federation.replay.config import load_config  # noqa: E402
 from federation.replay.policies import policies  # noqa: E402
-from federation.replay.sim import Ev, Simulator  # noqa: E402
+from federation.replay.sim import Ev, Simulator, best_fit  # noqa: E402
 from federation.replay.sweep import load_inputs, world_for  # noqa: E402
 from federation.replay.world import gang_request  # noqa: E402
 from placement.plan import plan  # noqa: E402
 
 
 def _fit(nodes: list[int], replicas: tuple[int, ...]) -> bool:
-    taken: list[tuple[int, int]] = []
-    for gpus in sorted(replicas, reverse=True):
-        best = -1
-        for index, free in enumerate(nodes):
-            if free >= gpus and (best < 0 or free < nodes[best]):
-                best = index
-        if best < 0:
-            for node, g in taken:
-                nodes[node] += g
-            return False
-        nodes[best] -= gpus
-        taken.append((best, gpus))
-    return True
+    return best_fit(nodes, replicas) is not None
 
 
 class Probe(Simulator):

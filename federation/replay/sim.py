@@ -126,6 +126,25 @@ class Result:
     admissions_by_cycle: list[tuple[float, tuple[JobId, ...]]] = field(default_factory=list)
 
 
+def best_fit(nodes: list[int], replica_gpus: Sequence[int]) -> list[tuple[int, int]] | None:
+    """Take GPUs for every replica from `nodes` (free GPUs per node, changed in place), largest
+    replica first, each on the node it fills best; the (node, GPUs) taken, or None, with `nodes` as
+    it was, when one replica fits nowhere."""
+    shares: list[tuple[int, int]] = []
+    for gpus in sorted(replica_gpus, reverse=True):
+        best = -1
+        for index, free in enumerate(nodes):
+            if free >= gpus and (best < 0 or free < nodes[best]):
+                best = index
+        if best < 0:
+            for node, taken in shares:
+                nodes[node] += taken
+            return None
+        nodes[best] -= gpus
+        shares.append((best, gpus))
+    return shares
+
+
 class Simulator:
     def __init__(
         self,
@@ -360,27 +379,18 @@ class Simulator:
 
     def _start(self, request: GangRequest, pool: PoolDef, now: float) -> bool:
         key = (pool.cluster, pool.name)
-        replicas = sorted(request.replica_gpus, reverse=True)
         shares: list[tuple[int, int]] = []
         if pool.is_private:
-            nodes = self.free[key]
-            for gpus in replicas:
-                best = -1
-                for index, free in enumerate(nodes):
-                    if free >= gpus and (best < 0 or free < nodes[best]):
-                        best = index
-                if best < 0:
-                    for node, taken in shares:
-                        nodes[node] += taken
-                    return False
-                nodes[best] -= gpus
-                shares.append((best, gpus))
+            fitted = best_fit(self.free[key], request.replica_gpus)
+            if fitted is None:
+                return False
+            shares = fitted
             start = now
         else:
             if self.cloud_used[key] + request.gpu_count > pool.nodes * pool.gpus_per_node:
                 return False
             self.cloud_used[key] += request.gpu_count
-            shares = [(-1, gpus) for gpus in replicas]
+            shares = [(-1, gpus) for gpus in sorted(request.replica_gpus, reverse=True)]
             start = now + self.config.lead_time_s
         job_id = request.job_id
         job = self.jobs[job_id]
