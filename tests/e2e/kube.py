@@ -59,6 +59,14 @@ def gang_pods(sims: SimProcess, cluster: str, job_id: str) -> list[Any]:
     return list(pods.items)
 
 
+def gpufed_pod_jobs(sims: SimProcess, cluster: str) -> list[str]:
+    """The job id of every gpufed pod still on a cluster (one entry a pod), as the official client
+    lists them: what the soak checks the collector left behind."""
+    with _api(sims, cluster) as api:
+        pods = k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector="gpufed.io/job-id")
+    return [p.metadata.labels["gpufed.io/job-id"] for p in pods.items]
+
+
 def gangs(sims: SimProcess, cluster: str, job_id: str) -> list[dict[str, Any]]:
     """The Volcano Jobs of a job on a cluster (every attempt)."""
     with _api(sims, cluster) as api:

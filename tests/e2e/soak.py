@@ -31,7 +31,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import PodRecorder, write_config
+from tests.e2e.kube import PodRecorder, gpufed_pod_jobs, write_config
 from tests.etcdctl import count_keys, endpoint_status, etcdctl, keys
 
 DSN_ENV = "GPUFED_SOAK_HISTORY_DSN"
@@ -147,6 +147,9 @@ class SoakResult:
     sql_tails: int = 0  # kept tails in history_kept_logs
     ran: set[tuple[str, int]] | None = None  # (job, attempt) with a pod that started, if recorded
     pod_errors: list[str] = field(default_factory=list)
+    # Pods of the soak's jobs still on the clusters once every job is archived (by job id), as the
+    # official client lists them: the collector must have removed every gang.
+    left_pods: dict[str, int] = field(default_factory=dict)
     mean_job_value_bytes: float = 0.0
     submit_errors: int = 0
 
@@ -222,6 +225,12 @@ class SoakResult:
             out.append(f"ledger and pods disagree on {len(diff)} attempts, e.g. {sorted(diff)[:3]}")
         if self.pod_errors:
             out.append(f"pod watch failed: {self.pod_errors[:2]}")
+        # Only archived jobs' pods count: a job the drain did not archive is reported above.
+        if left := {job: n for job, n in self.left_pods.items() if job in self.sql_jobs}:
+            out.append(
+                f"{sum(left.values())} pods of {len(left)} archived jobs left on the clusters, "
+                f"e.g. {sorted(left)[:3]}"
+            )
         if len(self.kills) != plan.kills:
             out.append(f"{len(self.kills)} of {plan.kills} leader kills done")
         if idle := [k for k in self.kills if k.sql_jobs == 0 or k.etcd_jobs == 0]:
@@ -404,6 +413,12 @@ class Soak:
             self.result.drain_took_s = time.monotonic() - drain_from
             log(f"drained in {self.result.drain_took_s:.0f} s")
             self.result.mean_job_value_bytes = self._mean_job_value_bytes()
+            # Every job is archived by now; the collector removes their gangs within a tick or two
+            # (half of retainInEtcd, or the history store's word for the ones archived first).
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: not self._left_pods(), timeout_s=60, interval_s=1.0)
+            self.result.left_pods = self._left_pods()
+            log(f"pods left on the clusters: {sum(self.result.left_pods.values())}")
             self._stop.set()
             threads[0].join(timeout=30)
             self._sample_once()
@@ -425,6 +440,15 @@ class Soak:
             log(f"servers stopped in {time.monotonic() - stopping:.0f} s")
         # Counted with both servers stopped, so nothing moves while the stores are read.
         self._count()
+
+    def _left_pods(self) -> dict[str, int]:
+        ours = self.result.job_ids
+        left: dict[str, int] = {}
+        for c in clusters(self.plan):
+            for job_id in gpufed_pod_jobs(self.sims, c["name"]):
+                if job_id in ours:
+                    left[job_id] = left.get(job_id, 0) + 1
+        return left
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
