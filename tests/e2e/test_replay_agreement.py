@@ -4,9 +4,12 @@ The first 120 jobs of the week (up to 8 GPUs each, GPU types drawn as bench/repl
 through the gRPC API to a real server on real etcd and simulated Kubernetes clusters, and through
 the replay with the same clusters, prices and speeds, under burst-now (a job that does not fit in
 private capacity goes to the cheapest cloud at once). Time is compressed into waves of 30 jobs:
-jobs shorter than the trace's median run 1 s (they finish before the next wave), the others run
-for the whole test. Each wave is submitted, every job of it is waited for until it runs (or has
-run), and the short ones must finish before the next wave.
+jobs shorter than the trace's median run SHORT_S (they finish before the next wave), the others
+run for the whole test. Each wave is submitted, every job of it is waited for until it runs, and the
+short ones must finish before the next wave. SHORT_S is long against a wave's placement: the replay
+places a whole wave at one instant, while the server's cycles may split a wave's submissions, and a
+short job of the wave's first cycle that ended before its last cycle would free private GPUs the
+replay never offers (at 1 s that happened once the leader's gap stopped counting the reconciler).
 
 The check: every job runs on the same cluster and GPU type in both. It is deterministic because one
 tenant makes the queue first come first served and burst-now never reserves or waits: each job's
@@ -43,6 +46,7 @@ BENCH_CONFIG = ROOT / "bench" / "replay.yaml"
 JOBS, WAVE = 120, 30
 WAVE_GAP_S = 100_000.0
 LONG_S = 600
+SHORT_S = 15
 STARTED = (pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_SUCCEEDED)
 
 # Private nodes and elastic-enough clouds at list prices (USD per GPU-hour) from the shared snapshot.
@@ -105,7 +109,7 @@ def _manifest(job: TraceJob, short: bool) -> str:
     policy = "  gpuTypePolicy: Any\n" if job.gpu_type_policy is GpuTypePolicy.ANY else ""
     return (
         "apiVersion: gpufed.io/v1\nkind: TrainingJob\n"
-        f'metadata:\n  name: {job.job_id}\n  annotations:\n    sim.gpufed.io/duration: "{1 if short else LONG_S}s"\n'
+        f'metadata:\n  name: {job.job_id}\n  annotations:\n    sim.gpufed.io/duration: "{SHORT_S if short else LONG_S}s"\n'
         f"spec:\n  gpuTypes: [{', '.join(job.gpu_types)}]\n{policy}  maxRuntime: 2h\n"
         f'  tasks:\n    - {{name: master, replicas: 1, image: "pytorch/pytorch:2.3", gpus: {job.num_gpus}}}\n'
     )
@@ -135,7 +139,7 @@ def _replay(jobs: list[TraceJob], median_s: float) -> dict[str, tuple[str, str]]
         TraceJob(
             j.job_id,
             (i // WAVE) * WAVE_GAP_S + (i % WAVE) * 0.01,
-            1.0 if _short(j, median_s) else 10 * WAVE_GAP_S * math.ceil(len(jobs) / WAVE),
+            float(SHORT_S) if _short(j, median_s) else 10 * WAVE_GAP_S * math.ceil(len(jobs) / WAVE),
             j.num_gpus,
             TenantId("replay"),
             j.gpu_types,
