@@ -13,7 +13,7 @@ from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.server import FederationServer, ServerConfig
-from federation.scheduling.scheduler import Scheduler
+from federation.scheduling.scheduler import CycleResult, Scheduler
 from federation.store.job_store import Fence, KvStore
 from federation.store.kv_etcd import EtcdKv
 
@@ -123,10 +123,10 @@ async def test_a_leader_whose_loop_hits_a_bug_hands_over_rather_than_holding_the
     broken: list[object] = []
     real_run_cycle = Scheduler.run_cycle
 
-    async def run_cycle(self: Scheduler, fence: Fence) -> None:
+    async def run_cycle(self: Scheduler, fence: Fence) -> CycleResult:
         if fence in broken:
             raise RuntimeError("a bug in the scheduling cycle")
-        await real_run_cycle(self, fence)
+        return await real_run_cycle(self, fence)
 
     monkeypatch.setattr(Scheduler, "run_cycle", run_cycle)
     first = await _server(etcd_process, state / "a", "crash-a")
