@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import heapq
-import math
 import sys
 from pathlib import Path
 
@@ -32,10 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from federation.replay.config import load_config  # noqa: E402
 from federation.replay.policies import policies  # noqa: E402
-from federation.replay.sim import Ev, Simulator, best_fit  # noqa: E402
+from federation.replay.sim import Simulator, best_fit  # noqa: E402
 from federation.replay.sweep import load_inputs, world_for  # noqa: E402
 from federation.replay.world import gang_request  # noqa: E402
-from placement.plan import plan  # noqa: E402
 
 
 def _fit(nodes: list[int], replicas: tuple[int, ...]) -> bool:
@@ -54,7 +51,7 @@ class Probe(Simulator):
         self.moves = 0
         self.overhead_s = 0.0
 
-    def _measure(self, now: float) -> None:
+    def _after_step(self, now: float) -> None:
         if self.last_t is not None and now > self.last_t:
             dt_h = (now - self.last_t) / 3600.0
             for gpu_type, gpus, usd in self.rates:
@@ -102,25 +99,6 @@ class Probe(Simulator):
         pool = next(p for p in self.pools if p.is_private and p.gpu_type == gpu_type)
         assert self._start(request, pool, now)
         self.moves += 1
-
-    def run(self):  # type: ignore[no-untyped-def]
-        cycle_s = self.config.cycle_s
-        last = -math.inf
-        while self.events:
-            first = self.events[0][0]
-            now = math.ceil(first / cycle_s) * cycle_s if cycle_s > 0 else first
-            now = max(now, last + cycle_s) if cycle_s > 0 else max(now, last)
-            changed = False
-            while self.events and self.events[0][0] <= now:
-                at, kind, _, job_id, attempt = heapq.heappop(self.events)
-                changed = self._apply(Ev(kind), job_id, attempt, at) or changed
-            if changed and self.queue:
-                decided = plan(self._snapshot(), now=now)
-                self.result.cycles += 1
-                last = now
-                self._carry_out(decided, now)
-            self._measure(now)
-        return self.result
 
 
 def main() -> None:

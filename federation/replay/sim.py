@@ -199,15 +199,19 @@ class Simulator:
                 changed = self._apply(Ev(kind), job_id, attempt, at) or changed
             # With repatriation on, a cycle also runs on an empty queue: freed private GPUs may take a
             # cloud gang.
-            if not changed or not (self.queue or self._may_move()):
-                continue
-            started = time.perf_counter()
-            decided = plan(self._snapshot(), now=now)
-            self.result.plan_s += time.perf_counter() - started
-            self.result.cycles += 1
-            last = now
-            self._carry_out(decided, now)
+            if changed and (self.queue or self._may_move()):
+                started = time.perf_counter()
+                decided = plan(self._snapshot(), now=now)
+                self.result.plan_s += time.perf_counter() - started
+                self.result.cycles += 1
+                last = now
+                self._carry_out(decided, now)
+            self._after_step(now)
         return self.result
+
+    def _after_step(self, now: float) -> None:
+        """Called once the events up to `now` are applied and its cycle (if any) carried out: a
+        hook for measurements over the replay (bench/repatriate_potential.py); nothing here."""
 
     def _apply(self, kind: Ev, job_id: JobId, attempt: int, at: float) -> bool:
         if kind is Ev.ARRIVAL:
