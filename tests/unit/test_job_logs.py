@@ -29,6 +29,7 @@ from federation.joblogs.stream import Chunk, Target, read_replica, select_kept
 from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
 from federation.store.kv_memory import MemoryKv
 from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
+from tests.history_builders import a_kept_attempt
 
 
 def a_replica(
@@ -264,19 +265,12 @@ def test_an_attempt_is_kept_in_as_few_transactions_as_fit(
     kv = MemoryKv()
     archive = LogArchive(kv, LogsSettings(retain_hours=1.0, keep_kib=1024))
     state = a_replica("Completed", 0)
-    kept = KeptAttempt(
-        attempt=1,
-        cluster="onprem",
-        gpu_type="A100",
-        capacity_kind="private",
-        usd_per_gpu_hour=1.1,
+    kept = a_kept_attempt(
+        1,
+        tuple(KeptReplica("worker", i, state, tail_bytes) for i in range(replicas)),
         started_at_s=100.0,
         finished_at_s=160.0,
-        outcome="SUCCEEDED",
-        reason="",
         kept_at_s=1000.0,
-        note="",
-        replicas=tuple(KeptReplica("worker", i, state, tail_bytes) for i in range(replicas)),
     )
     logs = {("worker", i): bytes([65 + i]) * tail_bytes for i in range(replicas)}
 
