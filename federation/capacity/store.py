@@ -8,6 +8,7 @@ leader cannot record an operation it no longer owns. Layout: `federation.capacit
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ from federation.errors import NotLeader
 from federation.ledger.report.idle import ProvisionedInterval
 from federation.store.job_store import Fence, Stored
 from federation.store.kv import Compare, Delete, KeyValueStore, Op, Put
+from federation.store.kv_pages import pages
 
 T = TypeVar("T")
 
@@ -52,13 +54,10 @@ class CapacityStore:
 
     async def _list(self, prefix: bytes, decode: Callable[[dict[str, Any]], T]) -> list[tuple[T, int]]:
         out: list[tuple[T, int]] = []
-        start: bytes | None = None
-        while True:
-            page = await self._kv.range_prefix(prefix, limit=1000, start=start)
-            out.extend((decode(json.loads(kv.value)), kv.mod_revision) for kv in page.kvs)
-            if not page.more or not page.kvs:
-                return out
-            start = page.kvs[-1].key + b"\0"
+        async with contextlib.aclosing(pages(self._kv, prefix)) as listing:
+            async for page, _ in listing:
+                out.extend((decode(json.loads(kv.value)), kv.mod_revision) for kv in page)
+        return out
 
     async def _write(self, ops: tuple[Op, ...], fence: Fence | None) -> None:
         compares = () if fence is None else (fence.compare(),)
@@ -121,13 +120,10 @@ class CapacityStore:
 
     async def keyed_intervals(self) -> dict[bytes, ProvisionedInterval]:
         out: dict[bytes, ProvisionedInterval] = {}
-        start: bytes | None = None
-        while True:
-            page = await self._kv.range_prefix(PROVISIONED, limit=1000, start=start)
-            out.update((kv.key, interval_from_dict(json.loads(kv.value))) for kv in page.kvs)
-            if not page.more or not page.kvs:
-                return out
-            start = page.kvs[-1].key + b"\0"
+        async with contextlib.aclosing(pages(self._kv, PROVISIONED)) as listing:
+            async for page, _ in listing:
+                out.update((kv.key, interval_from_dict(json.loads(kv.value))) for kv in page)
+        return out
 
     async def put_intervals(
         self, intervals: dict[bytes, ProvisionedInterval], *, fence: Fence | None

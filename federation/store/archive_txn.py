@@ -18,14 +18,16 @@ idempotency), and the rules that make removal safe belong next to the writes the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from federation.store.intervals import LedgerInterval, interval_from_json, ledger_key
-from federation.store.job_store import IDEM, PAGE_SIZE, WAITS, Fence, Stored, job_key, waits_from_json
+from federation.store.job_store import IDEM, WAITS, Fence, Stored, job_key, waits_from_json
 from federation.store.jobs import JobRecord, job_from_json
 from federation.store.kv import MAX_TXN_OPS, Compare, Delete, Get, KeyValue, KeyValueStore, Txn
+from federation.store.kv_pages import pages
 from placement.model import JobId, TenantId, WaitReason
 
 
@@ -146,17 +148,11 @@ async def idempotency_keys(
     found: dict[JobId, KeyValue] = {}
     for tenant in sorted(set(tenants)):
         prefix = IDEM + tenant.encode() + b"/"
-        page = await kv.range_prefix(prefix, limit=PAGE_SIZE)
-        revision = page.revision
-        while True:
-            # Decoded on a worker thread: a tenant may hold a key per live job, and a pass must not
-            # hold the event loop for all of them.
-            found.update(await asyncio.to_thread(_naming, page.kvs, job_ids))
-            if not page.more or not page.kvs:
-                break
-            page = await kv.range_prefix(
-                prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
-            )
+        async with contextlib.aclosing(pages(kv, prefix)) as listing:
+            async for page, _ in listing:
+                # Decoded on a worker thread: a tenant may hold a key per live job, and a pass must
+                # not hold the event loop for all of them.
+                found.update(await asyncio.to_thread(_naming, page, job_ids))
     return found
 
 

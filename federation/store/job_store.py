@@ -14,7 +14,6 @@ JSON through the explicit codecs in federation.store.jobs and federation.store.r
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import hashlib
@@ -42,6 +41,7 @@ from federation.store.kv import (
     WatchCompacted,
 )
 from federation.store.kv_memory import MemoryKv
+from federation.store.kv_pages import pages
 from federation.store.records import (
     ApprovalRecord,
     ClusterRecord,
@@ -75,8 +75,6 @@ SETTINGS_KEY = PREFIX + b"settings"
 WAITS = PREFIX + b"waits/"
 LEADER_KEY = PREFIX + b"leader"
 
-# Keys read per round trip when listing; 1000 jobs of about 1 KiB stay well under etcd's 1.5 MiB replies.
-PAGE_SIZE = 1000
 # One compare per job, plus the fence, must fit etcd's per-txn cap.
 MAX_COMMIT_UPDATES = MAX_TXN_OPS - 1
 # A compaction racing a paginated list makes it start over; more than this in a row is not a race.
@@ -452,9 +450,9 @@ class KvStore:
         """Every value under prefix, page by page, all read at the revision of the first page.
 
         A restart lists every job and interval in etcd (100,000 of each at a busy federation) before
-        it serves, so this is on the restart's critical path: the next page is asked for before this
-        one is decoded (etcd reads while we decode), and the cyclic garbage collector is held off
-        while the records are built (`paused_gc`)."""
+        it serves, so this is on the restart's critical path: pages grow by size and the next is
+        asked for before this one is decoded (`federation.store.kv_pages`), and the cyclic garbage
+        collector is held off while the records are built (`paused_gc`)."""
         for attempt in range(_LIST_ATTEMPTS):
             try:
                 with paused_gc():
@@ -466,29 +464,12 @@ class KvStore:
 
     async def _list_once(self, prefix: bytes, decode: Callable[[KeyValue], T]) -> tuple[list[T], int]:
         out: list[T] = []
-        page = await self._kv.range_prefix(prefix, limit=PAGE_SIZE)
-        revision = page.revision
-        while True:
-            following = None
-            if page.more and page.kvs:
-                following = asyncio.ensure_future(
-                    self._kv.range_prefix(
-                        prefix, limit=PAGE_SIZE, start=page.kvs[-1].key + b"\0", revision=revision
-                    )
-                )
-            try:
-                # Yields first, so the request for the next page is on its way while we decode.
-                await asyncio.sleep(0)
-                out.extend(map(decode, page.kvs))
-            except BaseException:
-                if following is not None:
-                    following.cancel()
-                    with contextlib.suppress(BaseException):
-                        await following
-                raise
-            if following is None:
-                return out, revision
-            page = await following
+        revision = 0
+        async with contextlib.aclosing(pages(self._kv, prefix)) as listing:
+            async for page, read_at in listing:
+                out.extend(map(decode, page))
+                revision = read_at
+        return out, revision
 
     async def commit(
         self,

@@ -51,6 +51,10 @@ class KvError(GpufedError):
     """etcd answered with an error this layer does not expect (for example too many ops in one txn)."""
 
 
+class ReplyTooLarge(KvError):
+    """etcd's reply to a read was larger than the client accepts: ask for fewer keys."""
+
+
 class LeaseNotFound(KvError):
     """The lease expired or was revoked before a write that used it."""
 

@@ -35,6 +35,7 @@ from federation.store.kv import (
     Op,
     Put,
     RangeResult,
+    ReplyTooLarge,
     Txn,
     TxnResult,
     WatchCompacted,
@@ -44,6 +45,7 @@ from federation.store.kv import (
     prefix_end,
 )
 from federation.store.kv_etcd_channel import EndpointClient, EtcdTls, parse_endpoints
+from federation.store.kv_pages import PAGE_TARGET_BYTES
 
 _UNAVAILABLE_CODES = frozenset(
     {
@@ -103,6 +105,9 @@ _CHANNEL_OPTIONS: dict[str, int] = {
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
 }
+# The largest reply a read accepts. Listings page by size (federation.store.kv_pages, about 8 MiB a
+# page); gRPC's default of 4 MiB would refuse such a page.
+MAX_REPLY_BYTES = 8 * PAGE_TARGET_BYTES
 
 
 def _kv_from_pb(kv: Any) -> KeyValue:
@@ -135,7 +140,12 @@ class EtcdKv:
 
     @classmethod
     async def connect(
-        cls, endpoints: str | Sequence[str], *, timeout_s: float = 5.0, tls: EtcdTls | None = None
+        cls,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float = 5.0,
+        tls: EtcdTls | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> EtcdKv:
         """A client of "host:port[,host:port...]" (the members of one cluster).
 
@@ -146,9 +156,8 @@ class EtcdKv:
         tls = tls if tls is not None else EtcdTls.from_env()
         if https and tls is None:
             raise InvalidSpec("etcd endpoints", "https:// endpoints need a CA (GPUFED_ETCD_CACERT)")
-        clients = [
-            EndpointClient(name, tls=tls, timeout_s=timeout_s, options=_CHANNEL_OPTIONS) for name in names
-        ]
+        options = {**_CHANNEL_OPTIONS, "grpc.max_receive_message_length": max_reply_bytes}
+        clients = [EndpointClient(name, tls=tls, timeout_s=timeout_s, options=options) for name in names]
         kv = cls(clients, timeout_s)
         try:
             await kv.get(b"/")
@@ -199,6 +208,10 @@ class EtcdKv:
         cause = e if isinstance(e, rpc.AioRpcError) else e.__cause__
         if isinstance(cause, rpc.AioRpcError):
             code, details = cause.code(), cause.details() or ""
+            if code is rpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+                # Our own cap on a reply (gRPC's words), not an overloaded member: another member
+                # would send the same reply.
+                return ReplyTooLarge(f"{what}: etcd at {endpoint}: {details}")
             if code in _UNAVAILABLE_CODES or _unavailable_in_other_words(code, details):
                 return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
             if "compacted" in details:

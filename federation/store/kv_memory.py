@@ -25,6 +25,7 @@ from federation.store.kv import (
     Op,
     Put,
     RangeResult,
+    ReplyTooLarge,
     Txn,
     TxnResult,
     WatchCompacted,
@@ -63,8 +64,17 @@ class MemoryKv:
     as etcd's compaction would; `compact` cuts it explicitly.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, history_limit: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        history_limit: int = 100_000,
+        max_reply_bytes: int | None = None,
+    ) -> None:
         self._clock = clock
+        # As etcd's client caps a reply (`EtcdKv.connect`): a range whose keys and values pass it
+        # raises ReplyTooLarge. None: no cap.
+        self._max_reply_bytes = max_reply_bytes
         self._history_limit = history_limit
         self._revision = 1  # etcd starts at 1 with an empty store
         self._compacted = 0
@@ -155,10 +165,8 @@ class MemoryKv:
         if revision in (0, self._revision):
             i, j = bisect.bisect_left(self._keys, lo), bisect.bisect_left(self._keys, hi)
             if limit and j - i > limit:
-                return RangeResult(
-                    tuple(self._data[k] for k in self._keys[i : i + limit]), self._revision, True
-                )
-            return RangeResult(tuple(self._data[k] for k in self._keys[i:j]), self._revision)
+                return self._reply(tuple(self._data[k] for k in self._keys[i : i + limit]), True)
+            return self._reply(tuple(self._data[k] for k in self._keys[i:j]), False)
         # An older revision: undo, newest first, the changes made after it.
         past = {k: self._data[k] for k in self._keys[bisect.bisect_left(self._keys, lo) :] if k < hi}
         after = bisect.bisect_right(self._history, revision, key=_revision_of)
@@ -172,7 +180,16 @@ class MemoryKv:
         kvs = [past[k] for k in sorted(past)]
         more = bool(limit) and len(kvs) > limit
         # Like etcd, report the store's current revision, not the one read at.
-        return RangeResult(tuple(kvs[:limit] if more else kvs), self._revision, more)
+        return self._reply(tuple(kvs[:limit] if more else kvs), more)
+
+    def _reply(self, kvs: tuple[KeyValue, ...], more: bool) -> RangeResult:
+        if self._max_reply_bytes is not None:
+            size = sum(len(kv.key) + len(kv.value) for kv in kvs)
+            if size > self._max_reply_bytes:
+                raise ReplyTooLarge(
+                    f"range: a reply of {size} bytes, larger than max {self._max_reply_bytes}"
+                )
+        return RangeResult(kvs, self._revision, more)
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
         self._check_open()

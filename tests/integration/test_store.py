@@ -17,9 +17,11 @@ import pytest
 from federation.errors import IdempotencyConflict, StoreUnavailable
 from federation.runtime.etcd_process import EtcdProcess
 from federation.store.job_cache import JobCache
-from federation.store.job_store import PAGE_SIZE, PREFIX, KvStore, job_key
+from federation.store.job_store import PREFIX, KvStore, job_key
 from federation.store.jobs import JobRecord, job_from_dict, job_to_dict
+from federation.store.kv import ReplyTooLarge
 from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_pages import FIRST_PAGE_KEYS, pages
 from federation.store.records import Role, UserRecord
 from placement.model import JobId, JobPhase, TenantId
 
@@ -79,7 +81,7 @@ async def test_commit_is_compare_and_swap(etcd_store: KvStore, make_job: MakeJob
 async def test_list_jobs_pages_through_more_than_a_thousand_jobs(
     etcd_store: KvStore, make_job: MakeJob
 ) -> None:
-    total = PAGE_SIZE + 200
+    total = FIRST_PAGE_KEYS + 200
     sem = asyncio.Semaphore(64)
 
     async def create(i: int) -> None:
@@ -90,6 +92,26 @@ async def test_list_jobs_pages_through_more_than_a_thousand_jobs(
     jobs, revision = await etcd_store.list_jobs()
     assert [s.value.job_id for s in jobs] == [f"j{i:05d}" for i in range(total)]
     assert revision >= max(s.mod_revision for s in jobs)
+
+
+async def test_a_reply_past_the_clients_cap_is_reply_too_large_and_paging_reads_it_in_halves(
+    etcd_process: EtcdProcess, etcd_kv: EtcdKv
+) -> None:
+    # gRPC refuses a reply larger than the channel's cap with RESOURCE_EXHAUSTED, which also means
+    # an overloaded member; this one is ours, the same on every member, so it must not fail over.
+    prefix = PREFIX + b"pages/"
+    for i in range(0, 120, 40):
+        await asyncio.gather(*(etcd_kv.put(prefix + b"%04d" % n, b"x" * 2_000) for n in range(i, i + 40)))
+    small = await EtcdKv.connect(etcd_process.endpoint, max_reply_bytes=64 * 1024)
+    try:
+        with pytest.raises(ReplyTooLarge):
+            await small.range_prefix(prefix)
+        got = []
+        async for page, _ in pages(small, prefix):
+            got.extend(kv.key for kv in page)
+        assert got == [prefix + b"%04d" % n for n in range(120)]
+    finally:
+        await small.close()
 
 
 async def test_tokens_are_never_stored_in_plaintext(etcd_store: KvStore, etcd_kv: EtcdKv) -> None:
@@ -238,7 +260,7 @@ async def test_the_cache_over_etcd_holds_what_decoding_every_record_eagerly_give
     of an older shape by the dict codec: read back, each is what `job_from_dict` makes of etcd's
     bytes, over more than a page."""
     raws: dict[str, bytes] = {}
-    for n in range(PAGE_SIZE + 50):
+    for n in range(FIRST_PAGE_KEYS + 50):
         job = dataclasses.replace(
             make_job(f"r{n:05d}"),
             phase=(JobPhase.SUCCEEDED, JobPhase.QUEUED, JobPhase.FAILED)[n % 3],

@@ -9,7 +9,8 @@ import gc
 
 import pytest
 
-from federation.store.job_store import JOBS, PAGE_SIZE, InMemoryJobStore, paused_gc
+from federation.store.job_store import JOBS, InMemoryJobStore, paused_gc
+from federation.store.kv_pages import FIRST_PAGE_KEYS
 from tests.conftest import build_job
 
 
@@ -34,7 +35,7 @@ def test_paused_gc_nests_and_restores_what_it_found() -> None:
 
 async def test_a_corrupt_record_fails_the_list_and_cancels_the_next_page() -> None:
     store = InMemoryJobStore()
-    for i in range(PAGE_SIZE + 5):
+    for i in range(FIRST_PAGE_KEYS + 5):
         await store.create_job(build_job(f"j{i:05d}"), idempotency_key=f"k{i}", manifest_digest="d")
     await store.kv.put(JOBS + b"j00003", b"{not json")
     before = set(asyncio.all_tasks())
@@ -50,6 +51,6 @@ def test_a_page_of_etcd_asks_for_no_sort_order() -> None:
     # order is given: paging a restart's 100,000 jobs then read five billion keys' worth.
     from federation.store.kv_etcd import range_request, rpc
 
-    request = range_request(JOBS, limit=PAGE_SIZE, start=JOBS + b"j1\0", revision=42)
+    request = range_request(JOBS, limit=FIRST_PAGE_KEYS, start=JOBS + b"j1\0", revision=42)
     assert request.sort_order == rpc.RangeRequest.NONE
-    assert (request.key, request.limit, request.revision) == (JOBS + b"j1\0", PAGE_SIZE, 42)
+    assert (request.key, request.limit, request.revision) == (JOBS + b"j1\0", FIRST_PAGE_KEYS, 42)

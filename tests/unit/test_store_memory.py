@@ -17,7 +17,6 @@ from federation.errors import Conflict, IdempotencyConflict, NotLeader
 from federation.scheduling.leader import LeaderElection
 from federation.store.job_cache import JobCache
 from federation.store.job_store import (
-    PAGE_SIZE,
     PREFIX,
     Fence,
     InMemoryJobStore,
@@ -29,6 +28,7 @@ from federation.store.job_store import (
 )
 from federation.store.jobs import JobRecord, job_to_dict
 from federation.store.kv_memory import MemoryKv
+from federation.store.kv_pages import FIRST_PAGE_KEYS
 from federation.store.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from placement.model import (
     CapacityKind,
@@ -174,18 +174,18 @@ async def test_a_fenced_commit_fails_once_the_fence_key_is_gone(
 
 
 async def test_list_jobs_pages_through_more_than_one_page(store: KvStore, make_job: MakeJob) -> None:
-    for i in range(PAGE_SIZE + 50):
+    for i in range(FIRST_PAGE_KEYS + 50):
         await store.create_job(make_job(f"j{i:05d}"), idempotency_key=f"k{i}", manifest_digest="d")
     jobs, revision = await store.list_jobs()
-    assert len(jobs) == PAGE_SIZE + 50
-    assert len({s.value.job_id for s in jobs}) == PAGE_SIZE + 50
+    assert len(jobs) == FIRST_PAGE_KEYS + 50
+    assert len({s.value.job_id for s in jobs}) == FIRST_PAGE_KEYS + 50
     assert revision == max(s.mod_revision for s in jobs)
 
 
 async def test_list_jobs_reads_every_page_at_the_first_pages_revision(
     store: KvStore, kv: MemoryKv, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for i in range(PAGE_SIZE + 10):
+    for i in range(FIRST_PAGE_KEYS + 10):
         await store.create_job(make_job(f"j{i:05d}"), idempotency_key=f"k{i}", manifest_digest="d")
     real_range = kv.range_prefix
     pages = 0
@@ -199,7 +199,7 @@ async def test_list_jobs_reads_every_page_at_the_first_pages_revision(
 
     monkeypatch.setattr(kv, "range_prefix", range_with_a_write_between_pages)
     jobs, revision = await store.list_jobs()
-    assert len(jobs) == PAGE_SIZE + 10, "a job created after the first page must wait for the watch"
+    assert len(jobs) == FIRST_PAGE_KEYS + 10, "a job created after the first page must wait for the watch"
     assert revision < kv.revision
 
 
