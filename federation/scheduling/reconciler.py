@@ -78,6 +78,11 @@ RECONCILE_CONCURRENCY = 64
 # Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
 # another federation carries many gangs of its; the rest are asked about on later ticks.
 MAX_ARCHIVED_LOOKUPS = 2000
+# How long a job the history store did not hold is not asked about again. A gang of another
+# federation on a shared cluster stays there for good and would cost a lookup every tick. Ours are
+# archived before the cache forgets them (SQL is written before etcd's delete), so an answer of
+# "not archived" stays true for them too; this only bounds how long a wrong answer would last.
+NOT_ARCHIVED_RECHECK_S = 600.0
 
 
 class Reconciler:
@@ -99,6 +104,8 @@ class Reconciler:
         # Which jobs the history store holds (`HistoryStore.archived_ids`; None: no archiver), so
         # that gangs of archived jobs are collected too (federation.scheduling.collector).
         self._archived_ids = archived_ids
+        # Jobs the history store said it did not hold, and when it said so (NOT_ARCHIVED_RECHECK_S).
+        self._not_archived: dict[JobId, float] = {}
         # Keeps an ended attempt's logs and names its failure (federation.scheduling.logs_keep).
         self._keeper = keeper
         self._staging = staging
@@ -205,11 +212,21 @@ class Reconciler:
         when there is no history or it does not answer (their gangs then wait for the next tick)."""
         if self._archived_ids is None or not job_ids:
             return set()
-        try:
-            return await asyncio.to_thread(self._archived_ids, job_ids[:MAX_ARCHIVED_LOOKUPS])
-        except StoreUnavailable as error:
-            log.warning("archived_gang_lookup_failed", jobs=len(job_ids), error=str(error))
+        now = self._clock()
+        asked_before = self._not_archived
+        for job_id, at in list(asked_before.items()):
+            if now - at >= NOT_ARCHIVED_RECHECK_S:
+                del asked_before[job_id]
+        asking = [job_id for job_id in job_ids if job_id not in asked_before][:MAX_ARCHIVED_LOOKUPS]
+        if not asking:
             return set()
+        try:
+            found = await asyncio.to_thread(self._archived_ids, asking)
+        except StoreUnavailable as error:
+            log.warning("archived_gang_lookup_failed", jobs=len(asking), error=str(error))
+            return set()
+        asked_before.update((job_id, now) for job_id in asking if job_id not in found)
+        return found
 
     async def _reconcile(
         self,

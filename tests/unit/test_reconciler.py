@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus
-from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S
+from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S
 from federation.scheduling.workload import sim_duration_s
 from federation.spec.jobspec import RestartAction, RestartPolicy
 from federation.store.intervals import IntervalEnd
@@ -316,3 +316,25 @@ async def test_the_gang_of_a_job_the_archiver_took_first_is_removed() -> None:
         assert (second, 1) in remaining
         assert asked
         assert all(sorted(ids) == ids for ids in asked)
+
+
+async def test_a_gang_the_history_does_not_know_is_asked_about_once_per_recheck_period() -> None:
+    """A gang of another federation on a shared cluster stays for good; asking the history store
+    about it every tick would be one SQL lookup a tick forever."""
+    asked: list[list[JobId]] = []
+
+    def archived_ids(job_ids: Sequence[JobId]) -> set[JobId]:
+        asked.append(list(job_ids))
+        return set()
+
+    async with build_world(archived_ids=archived_ids) as world:
+        foreign = await submit(world, a_job("foreign"))
+        await world.step()
+        await world.step(10.0)
+        assert await world.store.kv.delete(job_key(foreign))  # unknown to us from now on
+        for _ in range(5):
+            await world.step(30.0)
+        assert sum(foreign in ids for ids in asked) == 1
+        await world.step(NOT_ARCHIVED_RECHECK_S)
+        assert sum(foreign in ids for ids in asked) == 2
+        assert (foreign, 1) in {(s.job_id, s.attempt) for s in await world.cluster.statuses()}
