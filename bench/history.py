@@ -23,7 +23,9 @@ tick and scheduling cycle done, archived usage read from SQL) and a GetJob answe
 (it writes what a running federation has, and the modules' bytecode; in --quick only the bytecode
 is written, by compileall), then against each history:
 none, a tenth and all of the 1,000,000 intervals on SQLite, and all of them on PostgreSQL; aim
-under 5 s whatever the history's size.
+under 5 s whatever the history's size. Beside the intervals each full history also holds their
+1,000,000 archived jobs (`history_jobs` rows with whole records, `--archived-jobs`; none in
+--quick, whose minute they would not fit), so that it is the issue's size in jobs too.
 
     python bench/history.py            # after `make test`; 1,000,000 intervals, 5 runs, 20,000 jobs
                                        # archived; restart with 100,000 live jobs
@@ -73,7 +75,7 @@ from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.history import schema  # noqa: E402
 from federation.history.engine import open_engine  # noqa: E402
 from federation.history.model import GroupBy, Period, UsageQuery  # noqa: E402
-from federation.history.rows import DAY_S, day_of  # noqa: E402
+from federation.history.rows import DAY_S, day_of, job_row  # noqa: E402
 from federation.history.sql_store import SqlHistoryStore  # noqa: E402
 from federation.history.usage_sql import rebuild_rollups  # noqa: E402
 from federation.runtime.bootstrap import bootstrap  # noqa: E402
@@ -111,6 +113,9 @@ GANG_GPUS = (1, 1, 2, 4, 8, 8, 16, 32, 64)
 INTERVAL_COLUMNS = (
     "interval_id", "job_id", "attempt", "tenant", "user_name", "cluster", "provider", "region",
     "gpu_type", "gpu_count", "kind", "start_s", "end_s", "usd_per_gpu_hour", "ended", "job_name",
+)  # fmt: skip
+JOB_COLUMNS = (
+    "job_id", "tenant", "user_name", "name", "phase", "submitted_at_s", "ended_at_s", "record_json",
 )  # fmt: skip
 DAY_COLUMNS = (
     "interval_id", "day", "start_s", "end_s", "tenant", "user_name", "cluster", "provider",
@@ -185,6 +190,25 @@ def year_of_intervals(count: int, seed: int = 19) -> tuple[list[tuple[Any, ...]]
     return interval_rows, day_rows
 
 
+def archived_job_rows(interval_rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The archived job of each interval (the generator's jobs ran once), as `history_jobs` rows in
+    JOB_COLUMNS' order: what a year of archiving leaves beside its intervals, each with a whole
+    record in the store's codec (about 1.2 KB). The records are one template's with the job's id and
+    tenant put in; their events keep the template's times (the row's columns have the interval's).
+    Nothing in a restart reads them; they are there so that the history is the issue's size in
+    jobs as well as in intervals."""
+    template = job_row(an_archived_job("JOB-ID-MARK", tenant="TENANT-MARK"))["record_json"]
+    # COPY's text format and the plain replace below need no escaping in it.
+    if any(c in template for c in "\\\t\n"):
+        raise SystemExit(f"the archived job template needs escaping for COPY: {template}")
+    rows: list[tuple[Any, ...]] = []
+    for row in interval_rows:
+        job_id, tenant, user, start, end = row[1], row[3], row[4], row[11], row[12]
+        record = template.replace("JOB-ID-MARK", job_id).replace("TENANT-MARK", tenant)
+        rows.append((job_id, tenant, user, job_id, "SUCCEEDED", start - 60.0, end, record))
+    return rows
+
+
 def _marks(columns: Sequence[str]) -> str:
     return ", ".join("?" for _ in columns)
 
@@ -200,20 +224,23 @@ def phase(name: str) -> Iterator[None]:
 def _drop_secondary_indexes(store: SqlHistoryStore) -> None:
     # As any bulk load does: building an index once at the end beats updating it row by row.
     with store.engine.begin() as conn:
-        for table in (schema.intervals, schema.usage_days):
+        for table in (schema.intervals, schema.usage_days, schema.jobs):
             for index in table.indexes:
                 index.drop(conn)
 
 
 def _create_secondary_indexes(store: SqlHistoryStore) -> None:
     with store.engine.begin() as conn:
-        for table in (schema.intervals, schema.usage_days):
+        for table in (schema.intervals, schema.usage_days, schema.jobs):
             for index in table.indexes:
                 index.create(conn)
 
 
 def load_sqlite(
-    store: SqlHistoryStore, interval_rows: Sequence[tuple[Any, ...]], day_rows: Sequence[tuple[Any, ...]]
+    store: SqlHistoryStore,
+    interval_rows: Sequence[tuple[Any, ...]],
+    day_rows: Sequence[tuple[Any, ...]],
+    job_rows: Sequence[tuple[Any, ...]] = (),
 ) -> None:
     _drop_secondary_indexes(store)
     raw = store.engine.raw_connection()
@@ -222,6 +249,7 @@ def load_sqlite(
         for table, columns, data in (
             (schema.intervals.name, INTERVAL_COLUMNS, interval_rows),
             (schema.usage_days.name, DAY_COLUMNS, day_rows),
+            (schema.jobs.name, JOB_COLUMNS, job_rows),
         ):
             with phase(f"sqlite insert {table}"):
                 cursor.executemany(
@@ -247,7 +275,10 @@ def _copy_text(rows: Sequence[tuple[Any, ...]]) -> bytes:
 
 
 def load_postgres(
-    store: SqlHistoryStore, interval_rows: Sequence[tuple[Any, ...]], day_rows: Sequence[tuple[Any, ...]]
+    store: SqlHistoryStore,
+    interval_rows: Sequence[tuple[Any, ...]],
+    day_rows: Sequence[tuple[Any, ...]],
+    job_rows: Sequence[tuple[Any, ...]] = (),
 ) -> None:
     _drop_secondary_indexes(store)
     raw = store.engine.raw_connection()
@@ -256,6 +287,7 @@ def load_postgres(
         for table, columns, data in (
             (schema.intervals.name, INTERVAL_COLUMNS, interval_rows),
             (schema.usage_days.name, DAY_COLUMNS, day_rows),
+            (schema.jobs.name, JOB_COLUMNS, job_rows),
         ):
             with (
                 phase(f"postgres COPY {table}"),
@@ -284,11 +316,14 @@ def load_postgres(
 
 
 def _load_postgres_in_child(
-    dsn: str, interval_rows: Sequence[tuple[Any, ...]], day_rows: Sequence[tuple[Any, ...]]
+    dsn: str,
+    interval_rows: Sequence[tuple[Any, ...]],
+    day_rows: Sequence[tuple[Any, ...]],
+    job_rows: Sequence[tuple[Any, ...]] = (),
 ) -> None:
     store = SqlHistoryStore(open_engine(dsn))
     try:
-        load_postgres(store, interval_rows, day_rows)
+        load_postgres(store, interval_rows, day_rows, job_rows)
     finally:
         store.close()
 
@@ -676,6 +711,12 @@ def main() -> int:
     )
     parser.add_argument("--intervals", type=int, default=1_000_000)
     parser.add_argument(
+        "--archived-jobs",
+        type=int,
+        default=None,
+        help="archived job rows beside the intervals, one per interval (as many as --intervals; quick 0)",
+    )
+    parser.add_argument(
         "--live", type=int, default=None, help="jobs in etcd for the restart (100,000; quick 10,000)"
     )
     args = parser.parse_args()
@@ -692,6 +733,11 @@ def main() -> int:
         f"generated {len(interval_rows)} intervals ({len(day_rows)} interval-days) in {time.perf_counter() - began:.1f} s"
     )
     expected = expected_month_gpu_hours(day_rows)
+    if args.archived_jobs is None:
+        args.archived_jobs = 0 if args.quick else len(interval_rows)
+    began = time.perf_counter()
+    job_rows = archived_job_rows(interval_rows[: args.archived_jobs])
+    print(f"generated {len(job_rows)} archived job rows in {time.perf_counter() - began:.1f} s")
 
     # fsync on (durable), with room for the load's WAL between checkpoints, as a production server has.
     with (
@@ -706,14 +752,14 @@ def main() -> int:
         # The two loads run side by side (a forked process fills PostgreSQL), and only the loads:
         # every timed query runs alone.
         loader = multiprocessing.get_context("fork").Process(
-            target=_load_postgres_in_child, args=(postgres_dsn, interval_rows, day_rows)
+            target=_load_postgres_in_child, args=(postgres_dsn, interval_rows, day_rows, job_rows)
         )
         began = time.perf_counter()
         loader.start()
         sqlite_dsn = f"sqlite:///{tmp / 'history.sqlite3'}"
         sqlite_store = SqlHistoryStore.open(sqlite_dsn)
         try:
-            load_sqlite(sqlite_store, interval_rows, day_rows)
+            load_sqlite(sqlite_store, interval_rows, day_rows, job_rows)
             figures["load_s_sqlite"] = (time.perf_counter() - began, "s")
             loader.join()
             if loader.exitcode != 0:
@@ -759,6 +805,7 @@ def main() -> int:
     print(
         f"intervals: {args.intervals} over 2026; month June 2026; runs: median of {runs}; archived {jobs} jobs per backend"
     )
+    print(f"history: {args.intervals} intervals and {args.archived_jobs} archived job rows on each backend")
     print(
         f"restart: {args.live} jobs in etcd, `gpufed serve` launched to GetJob answered and /readyz 200 "
         "(leader's first pass done); restart_to_serving_s is the slowest history's"
