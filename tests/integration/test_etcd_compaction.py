@@ -58,8 +58,13 @@ async def test_churn_leaves_etcd_small_only_with_compaction(tmp_path: Path, comp
         process.stop()
     if compaction is not None:
         assert max(sizes) < BOUND_BYTES, sizes
-        # Flat: the later rounds reuse the pages compaction freed instead of growing the file.
-        assert sizes[-1] <= sizes[ROUNDS // 2] + ROUND_BYTES, sizes
+        # Flat: the later rounds reuse the pages compaction freed instead of growing the file. bbolt
+        # reuses a freed page only once no read transaction that could see it is open, so on a
+        # loaded machine one round may find the last one's pages still pending and grow the file
+        # by about a round (seen once in seven runs beside a soak: 1.6 -> 3.1 MB). Two rounds of
+        # slack over the last six still tells flat from growing: without compaction those six
+        # rounds add six.
+        assert sizes[-1] <= sizes[ROUNDS // 2] + 2 * ROUND_BYTES, sizes
         assert final.db_size_in_use_bytes <= final.db_size_bytes
         assert early_history_gone
     else:
