@@ -7,7 +7,7 @@ frozen values and errors defined here, and the shape checks that both apply the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple, Protocol, TypeVar
@@ -53,6 +53,12 @@ class KvError(GpufedError):
 
 class ReplyTooLarge(KvError):
     """etcd's reply to a read was larger than the client accepts: ask for fewer keys."""
+
+
+def reply_bytes(kvs: Iterable[KeyValue]) -> int:
+    """The keys' and values' bytes of a range's answer: what a reply cap (`ReplyTooLarge`) and the
+    size of the next page (`federation.store.kv_pages`) count."""
+    return sum(len(kv.key) + len(kv.value) for kv in kvs)
 
 
 class LeaseNotFound(KvError):

@@ -34,6 +34,7 @@ from federation.store.kv import (
     check_txn_shape,
     compare_holds,
     prefix_end,
+    reply_bytes,
 )
 
 
@@ -184,7 +185,7 @@ class MemoryKv:
 
     def _reply(self, kvs: tuple[KeyValue, ...], more: bool) -> RangeResult:
         if self._max_reply_bytes is not None:
-            size = sum(len(kv.key) + len(kv.value) for kv in kvs)
+            size = reply_bytes(kvs)
             if size > self._max_reply_bytes:
                 raise ReplyTooLarge(
                     f"range: a reply of {size} bytes, larger than max {self._max_reply_bytes}"

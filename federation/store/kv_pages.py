@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
 
-from federation.store.kv import KeyValue, KeyValueStore, RangeResult, ReplyTooLarge
+from federation.store.kv import KeyValue, KeyValueStore, RangeResult, ReplyTooLarge, reply_bytes
 
 FIRST_PAGE_KEYS = 1000
 MAX_PAGE_KEYS = 50_000
@@ -31,8 +31,7 @@ def next_page_keys(page: Sequence[KeyValue], target_bytes: int = PAGE_TARGET_BYT
     """How many keys the page after `page` asks for: about `target_bytes` at `page`'s mean size."""
     if not page:
         return FIRST_PAGE_KEYS
-    size = sum(len(kv.key) + len(kv.value) for kv in page)
-    mean = max(1, size // len(page))
+    mean = max(1, reply_bytes(page) // len(page))
     return max(FIRST_PAGE_KEYS, min(MAX_PAGE_KEYS, target_bytes // mean))
 
 
