@@ -214,9 +214,16 @@ class Reconciler:
             return set()
         now = self._clock()
         asked_before = self._not_archived
-        for job_id, at in list(asked_before.items()):
-            if now - at >= NOT_ARCHIVED_RECHECK_S:
-                del asked_before[job_id]
+        # Filled in the order asked (an id is only added once forgotten), so the expired ones are
+        # first: forget them and stop at the first that is not, rather than walk every remembered
+        # id each tick (a shared cluster can carry thousands of another federation's gangs).
+        expired = []
+        for job_id, at in asked_before.items():
+            if now - at < NOT_ARCHIVED_RECHECK_S:
+                break
+            expired.append(job_id)
+        for job_id in expired:
+            del asked_before[job_id]
         asking = [job_id for job_id in job_ids if job_id not in asked_before][:MAX_ARCHIVED_LOOKUPS]
         if not asking:
             return set()
