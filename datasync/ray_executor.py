@@ -25,7 +25,7 @@ from datasync.plan import SyncPlan
 from datasync.progress import ProgressTracker
 from datasync.store import ObjectStore
 from datasync.store_config import StoreConfig, open_store
-from datasync.transfer import Copier, SyncOptions, TransferStats
+from datasync.transfer import Copier, SyncOptions, TransferStats, is_folder_marker
 
 
 def split_into_shards(entries: Sequence[ManifestEntry], shard_count: int) -> list[list[ManifestEntry]]:
@@ -123,7 +123,25 @@ class RayExecutor:
         import ray
 
         remote: Any = ray.remote(num_cpus=self._num_cpus, max_retries=0)(run_shard)
-        shards = split_into_shards(plan.to_copy, self._shard_count)
+        # Folder markers are written here, before any shard starts: a shard writing `folder/inside.txt`
+        # beside another writing `folder/` can leave the marker out of the store's listings
+        # (folder_marker_phases says why). They are zero bytes, so no worker is needed for them.
+        markers = [e for e in plan.to_copy if is_folder_marker(e.path)]
+        total = TransferStats()
+        if markers:
+            copier = Copier(
+                source,
+                plan.source_prefix,
+                target,
+                plan.target_prefix,
+                options=options,
+                journal=journal,
+                resume=plan.resume,
+                tracker=tracker,
+            )
+            total.merge(await copier.run(markers))
+        rest = [e for e in plan.to_copy if not is_folder_marker(e.path)]
+        shards = split_into_shards(rest, self._shard_count)
         jobs = [
             ShardJob(
                 self._source_name,
@@ -142,7 +160,6 @@ class RayExecutor:
             for i, shard in enumerate(shards)
         ]
         pending = {remote.remote(job): job for job in jobs}
-        total = TransferStats()
         while pending:
             done, _ = await asyncio.to_thread(ray.wait, list(pending), num_returns=1)
             ref = done[0]

@@ -19,8 +19,9 @@ import contextlib
 import functools
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -40,6 +41,47 @@ _MULTIPART = re.compile(r"^[0-9a-f]{32}-\d+$")
 _MIB = 1024 * 1024
 # Parts of one object fetched at once: the one being hashed and the next two.
 _LOOKAHEAD_PARTS = 3
+
+_Item = TypeVar("_Item")
+
+
+def is_folder_marker(path: str) -> bool:
+    """A key ending in "/": the zero-byte object the S3 console and many tools create for a folder."""
+    return path.endswith("/")
+
+
+def folder_marker_phases(items: Iterable[_Item], path: Callable[[_Item], str]) -> list[list[_Item]]:
+    """The order to write `items` in so that every folder marker (a key ending in "/") is written before
+    anything under it: the markers by depth, shallowest first, then everything else, each phase
+    finished before the next starts.
+
+    Why: a store that keeps folders as real directories (SeaweedFS's filer) makes the parent directory
+    of `folder/inside.txt` implicitly. A PUT of `folder/` in flight at the same time can lose to that
+    implicit directory: the marker still answers a GET but is left out of every listing, so the copy
+    would not list what the source lists (2 of 200 concurrent pairs on SeaweedFS here). Written first,
+    the marker's directory exists before any child needs it. Markers are zero bytes, so the extra
+    phases cost a few round trips, not throughput."""
+    markers: dict[int, list[_Item]] = {}
+    rest: list[_Item] = []
+    for item in items:
+        key = path(item)
+        if is_folder_marker(key):
+            markers.setdefault(key.count("/"), []).append(item)
+        else:
+            rest.append(item)
+    return [*(markers[depth] for depth in sorted(markers)), *([rest] if rest else [])]
+
+
+async def _pool(phases: list[list[_Item]], width: int, handle: Callable[[_Item], Awaitable[None]]) -> None:
+    """`handle` over each phase by `width` workers, one phase after the other."""
+
+    async def worker(work: Iterator[_Item]) -> None:
+        for item in work:
+            await handle(item)
+
+    for phase in phases:
+        work = iter(phase)  # shared by the phase's workers: each takes the next item
+        await asyncio.gather(*(worker(work) for _ in range(min(width, len(phase)))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,49 +211,44 @@ class Copier:
         self._server_side = target.can_copy_from(source)
 
     async def run(self, entries: Iterable[ManifestEntry]) -> TransferStats:
-        work = iter(entries)
+        async def one(entry: ManifestEntry) -> None:
+            try:
+                obj = await self.copy(entry)
+            except DatasyncError as e:
+                _log.warning("object_sync_failed", path=entry.path, error=str(e), retryable=e.retryable)
+                self.stats.failures.append((entry.path, e))
+                self.tracker.object_failed()
+                return
+            self.stats.verified[entry.path] = obj
+            self.stats.objects_copied += 1
+            self.tracker.object_done()
+            self.journal.object_finished(entry.path, obj)
 
-        async def worker() -> None:
-            for entry in work:
-                try:
-                    obj = await self.copy(entry)
-                except DatasyncError as e:
-                    _log.warning("object_sync_failed", path=entry.path, error=str(e), retryable=e.retryable)
-                    self.stats.failures.append((entry.path, e))
-                    self.tracker.object_failed()
-                    continue
-                self.stats.verified[entry.path] = obj
-                self.stats.objects_copied += 1
-                self.tracker.object_done()
-                self.journal.object_finished(entry.path, obj)
-
-        await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
+        await _pool(folder_marker_phases(entries, lambda e: e.path), self.options.concurrency, one)
         self.stats.retries = self._retry.retries
         return self.stats
 
     async def reuse(self, items: Iterable[ReuseItem]) -> list[ManifestEntry]:
         """Server-side copies from existing copies in the target store; returns the entries that could
         not be reused (the caller copies those from the source instead)."""
-        work = iter(items)
         fallback: list[ManifestEntry] = []
 
-        async def worker() -> None:
-            for item in work:
-                dst = self.target_prefix + item.entry.path
-                try:
-                    obj = await self._reuse_one(item, dst)
-                except DatasyncError as e:
-                    _log.info("reuse_fell_back", path=item.entry.path, error=str(e))
-                    fallback.append(item.entry)
-                    continue
-                self.stats.verified[item.entry.path] = obj
-                self.stats.objects_reused += 1
-                self.stats.bytes_reused += item.entry.size_bytes
-                self.tracker.add_reused(item.entry.size_bytes)
-                self.tracker.object_done(reused=True)
-                self.journal.object_finished(item.entry.path, obj)
+        async def one(item: ReuseItem) -> None:
+            dst = self.target_prefix + item.entry.path
+            try:
+                obj = await self._reuse_one(item, dst)
+            except DatasyncError as e:
+                _log.info("reuse_fell_back", path=item.entry.path, error=str(e))
+                fallback.append(item.entry)
+                return
+            self.stats.verified[item.entry.path] = obj
+            self.stats.objects_reused += 1
+            self.stats.bytes_reused += item.entry.size_bytes
+            self.tracker.add_reused(item.entry.size_bytes)
+            self.tracker.object_done(reused=True)
+            self.journal.object_finished(item.entry.path, obj)
 
-        await asyncio.gather(*(worker() for _ in range(self.options.concurrency)))
+        await _pool(folder_marker_phases(items, lambda i: i.entry.path), self.options.concurrency, one)
         self.stats.retries = self._retry.retries
         return fallback
 

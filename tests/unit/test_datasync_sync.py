@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from datasync.store_local import LocalStore
 from datasync.store_memory import MemoryStore
 from datasync.sync import run_sync, sync_version
 from datasync.throttle import ByteBudget, RetryPolicy, TokenBucket
-from datasync.transfer import SyncOptions
+from datasync.transfer import SyncOptions, folder_marker_phases
 from datasync.verify import verify
 
 KIB = 1024
@@ -370,3 +371,44 @@ async def test_byte_budget_serves_in_order_lets_an_oversized_request_run_alone_a
         await waiting
     assert await budget.acquire(90) == 90  # the cancelled waiter left nothing held or queued
     assert budget.held_bytes == 100
+
+
+def test_folder_markers_come_first_by_depth_then_everything_else() -> None:
+    paths = ["a/b/c.txt", "a/b/", "z.bin", "a/", "b/", "a/b/d/", "a/x.txt"]
+    phases = folder_marker_phases(paths, lambda p: p)
+    assert phases == [["a/", "b/"], ["a/b/"], ["a/b/d/"], ["a/b/c.txt", "z.bin", "a/x.txt"]]
+    assert folder_marker_phases(["x", "y"], lambda p: p) == [["x", "y"]]
+    assert folder_marker_phases([], lambda p: p) == []
+
+
+async def test_no_object_is_written_before_or_beside_the_folder_markers_above_it() -> None:
+    # SeaweedFS can drop a folder marker from its listings when a child under it is written at the same
+    # time (folder_marker_phases). Every object here is empty, so the plan puts each marker next to its
+    # children and eight workers would write them together; the copier must finish the markers first.
+    source, target = MemoryStore("src"), MemoryStore("dst", endpoint="other")
+    files: dict[str, bytes] = {}
+    for i in range(6):
+        files |= {f"d{i}/": b"", f"d{i}/sub/": b"", f"d{i}/sub/f": b"", f"d{i}/g": b""}
+    fill(source, "v1/", files)
+    manifest = await build_manifest(source, "v1/")
+    finished: set[str] = set()
+    early: list[tuple[str, str]] = []
+    original_put = target.put
+
+    async def watched_put(path: str, data: bytes) -> str | None:
+        key = path.removeprefix("cache/")
+        early.extend(
+            (key, m)
+            for m in files
+            if m.endswith("/") and key.startswith(m) and key != m and m not in finished
+        )
+        await asyncio.sleep(0.002)  # long enough for the other workers to start theirs
+        etag = await original_put(path, data)
+        finished.add(key)
+        return etag
+
+    target.put = watched_put  # type: ignore[method-assign]
+    report = await synced(source, target, manifest, options=replace(SMALL_PARTS, concurrency=8))
+    assert report.objects_copied == len(files)  # type: ignore[attr-defined]
+    assert early == []
+    assert await contents(target, "cache/") == await contents(source, "v1/")
