@@ -178,11 +178,13 @@ class FederationServer:
         # list's decoding overlaps the other's requests and the database's open.
         listing_began, listing_cpu_began = time.monotonic(), time.process_time()
         opening = asyncio.ensure_future(asyncio.to_thread(open_history, cfg.history, cfg.state_dir))
+        usage_read = asyncio.ensure_future(self._read_archived_usage(store, opening))
         try:
             await asyncio.gather(self._cache.start(), self._ledger.start())
         finally:
             # Kept even when a list failed, so that stop() closes it.
             self.history = history = await opening
+            self._archived_usage = await usage_read
         listed_s = time.monotonic() - listing_began
         listed_cpu_s = time.process_time() - listing_cpu_began
         tenants = TenantDirectory(store)
@@ -297,7 +299,6 @@ class FederationServer:
         if cfg.metrics_port is not None:
             await self._serve_http(cfg.metrics_port)
 
-        self._archived_usage = ArchivedUsage(history)
         scheduler = Scheduler(
             archived_usage=self._archived_usage,
             store=store,
@@ -416,6 +417,23 @@ class FederationServer:
             first_pass_done=leading and self.first_pass_done,
             leader_elsewhere=leader_elsewhere,
         )
+
+    async def _read_archived_usage(
+        self, store: KvStore, opening: asyncio.Future[SqlHistoryStore]
+    ) -> ArchivedUsage:
+        """The archived usage, its first read started as soon as the history store is open: it runs
+        on a worker thread (SQL) while the caches list etcd, so the leader's first cycle, which
+        needs it, does not wait for the query after the listing. Never fails: without the settings
+        the first cycle reads it itself."""
+        history = await opening
+        usage = ArchivedUsage(history)
+        try:
+            settings = await store.get_settings()
+        except Exception:
+            log.warning("archived_usage_not_prefetched", exc_info=True)
+            return usage
+        usage.prefetch(time.time(), settings.usage_half_life_h)
+        return usage
 
     async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:
         assert self._election is not None

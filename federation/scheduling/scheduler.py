@@ -166,6 +166,7 @@ class Scheduler:
         self._capacity = capacity
         # What the archiver moved to SQL still counts against budgets and in fair share.
         self._archived_usage = archived_usage
+        self._archived_read = False
         self._store = store
         self._cache = cache
         self._ledger = ledger
@@ -222,9 +223,11 @@ class Scheduler:
         if self._capacity is not None:
             inventories = self._capacity.with_scalable_pools(inventories)
         now = self._clock()
-        if self._archived_usage is not None and self._archived_usage.never_read:
-            # A new leader's first cycle must not forget what the archive holds: read it once first.
-            await self._archived_usage.refresh(now, inputs.settings.usage_half_life_h)
+        if self._archived_usage is not None and not self._archived_read:
+            # A new leader's first cycle must not forget what the archive holds: read it once first
+            # (or wait for the read the server started while it listed etcd).
+            await self._archived_usage.read_once(now, inputs.settings.usage_half_life_h)
+            self._archived_read = True
             self._usage_at = float("-inf")
         usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from federation.errors import InvalidSpec
 from federation.history.config import HistorySettings, parse_history
+from federation.history.model import UsageQuery, UsageRow
 from federation.history.sql_store import SqlHistoryStore
 from federation.ledger.usage import TenantUsage
 from federation.scheduling.archived_usage import ArchivedUsage
@@ -185,3 +187,40 @@ def test_tails_are_named_by_their_summaries_and_read_in_bounded_parts() -> None:
         (b"/gpufed/logs/j1/1/worker-4", 5.0),
     ]
     assert [[t.replica for t in part] for part in tail_reads(tails)] == [[0, 3], [4]]
+
+
+def test_the_first_read_started_while_listing_is_the_one_the_first_cycle_uses(tmp_path: Path) -> None:
+    """A restarting server starts the archived usage's first read while it lists etcd
+    (`ArchivedUsage.prefetch`); the leader's first cycle waits for that read instead of querying
+    again, and reads anew only if the half-life it plans with is not the one read for."""
+    now = datetime(2026, 11, 20, 12, tzinfo=UTC).timestamp()
+    store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
+    queries: list[float] = []
+    original = store.usage
+
+    def counted(query: UsageQuery) -> list[UsageRow]:
+        queries.append(query.since_s)
+        time.sleep(0.05)  # still in flight when the first cycle asks
+        return original(query)
+
+    store.usage = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        usage = ArchivedUsage(store)
+        usage.prefetch(now, 24.0)
+        usage.prefetch(now, 24.0)  # one read in flight at a time
+        await usage.read_once(now + 1.0, 24.0)
+        assert len(queries) == 1
+        assert not usage.never_read
+        await usage.read_once(now + 2.0, 24.0)
+        assert len(queries) == 1
+        await usage.read_once(now + 3.0, 72.0)  # settings changed between the prefetch and the cycle
+        assert len(queries) == 2
+        assert queries[1] < queries[0]  # eight 3-day half-lives reach back before the month
+        await usage.close()
+
+    try:
+        store.write_jobs([an_archived_job("a", tenant="team", submitted_at_s=now - 86_400.0)])
+        asyncio.run(scenario())
+    finally:
+        store.close()
