@@ -35,7 +35,9 @@ under 5 s whatever the history's size. Beside the intervals each full history al
                                              # jobs and an empty SQLite history (to iterate on it)
 
 Ends with one `figure_name: value unit` line per figure, among them `month_report_s: X s` (the
-slower backend's month) and `restart_to_serving_s: X s` (the slowest restart of the run).
+slower backend's month) and `restart_to_serving_s: X s` (the slowest restart of the run), and
+`reference_loop_s: X s`, the slower of a fixed pure-Python loop timed before and after the restarts,
+to read the restart's figure against the speed of its hour (docs/architecture.md gives its usual value).
 """
 
 from __future__ import annotations
@@ -635,6 +637,21 @@ def sample_of_history(
     return list(kept), [row for row in day_rows if row[0] in ids]
 
 
+REFERENCE_LOOP_STEPS = 20_000_000
+
+
+def reference_loop_s() -> float:
+    """Seconds for a fixed pure-Python loop, timed beside the restarts: this machine's speed swings
+    from hour to hour (one evening a fixed loop took 2.0 to 3.5 s where it usually takes about 2), and
+    a restart's figure can only be judged against the speed of the hour it ran in."""
+    began = time.perf_counter()
+    total = 0
+    for step in range(REFERENCE_LOOP_STEPS):
+        total += step
+    assert total == REFERENCE_LOOP_STEPS * (REFERENCE_LOOP_STEPS - 1) // 2
+    return time.perf_counter() - began
+
+
 def measure_restarts(
     tmp: Path,
     args: argparse.Namespace,
@@ -646,6 +663,7 @@ def measure_restarts(
     against each history database in `histories` ((label, DSN)), timing each restart."""
     state_dir = tmp / "restart-state"
     ended, queued, running = live_mix(args.live)
+    loops = [reference_loop_s()]
     with EtcdProcess(tmp / "etcd") as etcd:
         with phase(
             f"etcd seeded with {args.live} live jobs ({ended} ended, {queued} queued, {running} running)"
@@ -676,6 +694,12 @@ def measure_restarts(
                 "first pass's end; the rest is the interpreter, imports, bootstrap and the members)"
             )
             figures[f"restart_to_serving_s_{label}"] = (serving, "s")
+    loops.append(reference_loop_s())
+    # The slower of the loop before and after the restarts: the machine's speed during them.
+    figures["reference_loop_s"] = (max(loops), "s")
+    print(
+        f"  reference loop ({REFERENCE_LOOP_STEPS:,} additions): {loops[0]:.2f} s before, {loops[1]:.2f} s after"
+    )
 
 
 def _print_figures(figures: dict[str, tuple[float, str]]) -> None:
