@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from datasync.plan import SyncPlan
 from datasync.progress import ProgressTracker
 from datasync.store import ObjectStore
 from datasync.store_config import StoreConfig, open_store
+from datasync.sync import LocalExecutor
 from datasync.transfer import Copier, SyncOptions, TransferStats, is_folder_marker
 
 
@@ -129,17 +130,8 @@ class RayExecutor:
         markers = [e for e in plan.to_copy if is_folder_marker(e.path)]
         total = TransferStats()
         if markers:
-            copier = Copier(
-                source,
-                plan.source_prefix,
-                target,
-                plan.target_prefix,
-                options=options,
-                journal=journal,
-                resume=plan.resume,
-                tracker=tracker,
-            )
-            total.merge(await copier.run(markers))
+            only_markers = replace(plan, to_copy=tuple(markers))
+            total.merge(await LocalExecutor().copy(only_markers, source, target, options, journal, tracker))
         rest = [e for e in plan.to_copy if not is_folder_marker(e.path)]
         shards = split_into_shards(rest, self._shard_count)
         jobs = [
