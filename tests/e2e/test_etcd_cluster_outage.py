@@ -142,7 +142,13 @@ def test_one_member_down_costs_latency_two_fail_fast_and_their_return_loses_noth
         assert len(failed) <= 1, failed
         assert all(c.op == "submit" and c.code == "UNAVAILABLE" for c in failed), failed
         assert len(one_down) > 10, "the load kept going"
-        assert max(c.took_s for c in one_down) < 5.0
+        # Latency only: every call under the client's per-member deadline (5 s), except the one
+        # caught by the kill, which may meet that deadline at the dying member (or at a member
+        # electing a new leader) and then be answered by another: one deadline plus the retry, as
+        # in the two-down phase below. Seen at 5.02 s on a loaded machine.
+        slow = [c for c in one_down if c.took_s >= 5.0]
+        assert len(slow) <= 1, slow
+        assert max(c.took_s for c in one_down) < 9.0
 
         # Two down: no quorum, so every submission that started after the kill and ended before the
         # members came back fails with UNAVAILABLE, each within its deadline (the client's own is
