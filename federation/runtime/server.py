@@ -432,7 +432,8 @@ class FederationServer:
         except Exception:
             log.warning("archived_usage_not_prefetched", exc_info=True)
             return usage
-        usage.prefetch(time.time(), settings.usage_half_life_h)
+        # Never read yet, so this starts the first read now, in the background.
+        usage.refresh_if_due(time.time(), settings.usage_half_life_h)
         return usage
 
     async def _lead(self, scheduler: Scheduler, reconciler: Reconciler) -> None:

@@ -58,16 +58,10 @@ class ArchivedUsage:
             return
         self._task = asyncio.create_task(self.refresh(now_s, half_life_h), name="archived-usage")
 
-    def prefetch(self, now_s: float, half_life_h: float) -> None:
-        """Start the first read in the background, before anyone needs it: a restarting server asks
-        while it lists etcd, so that the leader's first cycle finds the rows read (on a history of
-        1,000,000 intervals the query is a few tenths of a second of the restart)."""
-        if self.never_read and self._task is None:
-            self._task = asyncio.create_task(self.refresh(now_s, half_life_h), name="archived-usage")
-
     async def read_once(self, now_s: float, half_life_h: float) -> None:
         """Have the rows read, as a new leader's first cycle needs them: wait for a read in flight
-        (the prefetch), then read now if none has been done or it was for another half-life."""
+        (the one the server starts with `refresh_if_due` while it lists etcd), then read now if none
+        has been done or it was for another half-life."""
         task = self._task
         if task is not None and not task.done():
             with contextlib.suppress(asyncio.CancelledError):

@@ -191,7 +191,7 @@ def test_tails_are_named_by_their_summaries_and_read_in_bounded_parts() -> None:
 
 def test_the_first_read_started_while_listing_is_the_one_the_first_cycle_uses(tmp_path: Path) -> None:
     """A restarting server starts the archived usage's first read while it lists etcd
-    (`ArchivedUsage.prefetch`); the leader's first cycle waits for that read instead of querying
+    (`ArchivedUsage.refresh_if_due` on a usage never read); the leader's first cycle waits for that read instead of querying
     again, and reads anew only if the half-life it plans with is not the one read for."""
     now = datetime(2026, 11, 20, 12, tzinfo=UTC).timestamp()
     store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
@@ -207,8 +207,8 @@ def test_the_first_read_started_while_listing_is_the_one_the_first_cycle_uses(tm
 
     async def scenario() -> None:
         usage = ArchivedUsage(store)
-        usage.prefetch(now, 24.0)
-        usage.prefetch(now, 24.0)  # one read in flight at a time
+        usage.refresh_if_due(now, 24.0)
+        usage.refresh_if_due(now, 24.0)  # one read in flight at a time
         await usage.read_once(now + 1.0, 24.0)
         assert len(queries) == 1
         assert not usage.never_read
