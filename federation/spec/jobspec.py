@@ -69,6 +69,10 @@ class TrainingJobSpec:
     max_runtime_s: int
     restart_policy: RestartPolicy
     allow_spot: bool = False
+    # The job writes a checkpoint when its pods get SIGTERM and resumes from it when started again,
+    # so gpufed may stop it and start it elsewhere without losing more than the time since: a cloud
+    # gang that says so may be moved back to idle private GPUs (`placement.repatriate`).
+    resumable: bool = False
     dataset: DatasetRef | None = None
     # Seconds since the epoch (UTC) by which the job should finish, if the user has a deadline.
     deadline_s: float | None = None

@@ -85,6 +85,7 @@ _SPEC_KEYS = (
     "minAvailable",
     "maxRuntime",
     "allowSpot",
+    "resumable",
     "deadline",
     "dataset",
     "restartPolicy",
@@ -458,7 +459,7 @@ def _restart_policy(value: object, path: str) -> RestartPolicy:
     )
 
 
-def _allow_spot(value: object, path: str) -> bool:
+def _boolean(value: object, path: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
@@ -507,7 +508,8 @@ def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> T
         else _integer(min_available, "spec.minAvailable", 1, replicas, " (the job's total replicas)"),
         max_runtime_s=_duration_s(spec.get("maxRuntime"), "spec.maxRuntime"),
         restart_policy=_restart_policy(spec.get("restartPolicy"), "spec.restartPolicy"),
-        allow_spot=_allow_spot(spec.get("allowSpot"), "spec.allowSpot"),
+        allow_spot=_boolean(spec.get("allowSpot"), "spec.allowSpot"),
+        resumable=_boolean(spec.get("resumable"), "spec.resumable"),
         dataset=_dataset(spec.get("dataset"), "spec.dataset"),
         deadline_s=_deadline_s(spec.get("deadline"), "spec.deadline"),
         labels=labels,
@@ -530,6 +532,7 @@ def _canonical(spec: TrainingJobSpec) -> dict[str, Any]:
         "minAvailable": spec.min_available,
         "maxRuntime": _format_duration(spec.max_runtime_s),
         "allowSpot": spec.allow_spot,
+        "resumable": spec.resumable,
     }
     if spec.deadline_s is not None:
         body["deadline"] = _format_deadline(spec.deadline_s)

@@ -98,7 +98,8 @@ class JobPlacement:
 
 @dataclass(frozen=True, slots=True)
 class PreemptionOrder:
-    """The scheduler's decision to evict this job's running gang so that another job fits.
+    """The scheduler's decision to evict this job's running gang so that another job fits, or, for
+    a move (`move_to`), so that the job resumes from its checkpoint on idle private GPUs.
 
     Written by the scheduler on the running job's record (a compare-and-swap like any decision);
     the reconciler then evicts the gang with the grace period and, once the cluster reports it
@@ -110,6 +111,9 @@ class PreemptionOrder:
     grace_period_s: float
     requested_at_s: float
     requeue_queued_at_s: float
+    # Set when the order is a move, not a preemption (`placement.repatriate`): the job itself is
+    # `for_job`, and it stops at a checkpoint to resume on this private cluster's idle GPUs.
+    move_to: ClusterName | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +233,7 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
             "max_retries": spec.restart_policy.max_retries,
         },
         "allow_spot": spec.allow_spot,
+        "resumable": spec.resumable,
         "dataset": None
         if spec.dataset is None
         else {"name": spec.dataset.name, "version": spec.dataset.version},
@@ -270,6 +275,8 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
             max_retries=int(rp["max_retries"]),
         ),
         allow_spot=bool(d["allow_spot"]),
+        # Records written before the field existed: not resumable, as their manifests said nothing.
+        resumable=bool(d.get("resumable", False)),
         dataset=None if ds is None else DatasetRef(name=ds["name"], version=ds["version"]),
         deadline_s=d["deadline_s"],
         labels=_pairs(d["labels"]),
@@ -307,6 +314,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             "grace_period_s": job.preemption.grace_period_s,
             "requested_at_s": job.preemption.requested_at_s,
             "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
+            "move_to": job.preemption.move_to,
         },
         "message": job.message,
         "reason": job.reason,
@@ -440,4 +448,5 @@ def _preemption_from_dict(d: dict[str, Any] | None) -> PreemptionOrder | None:
         grace_period_s=float(d["grace_period_s"]),
         requested_at_s=float(d["requested_at_s"]),
         requeue_queued_at_s=float(d["requeue_queued_at_s"]),
+        move_to=None if d.get("move_to") is None else ClusterName(d["move_to"]),
     )

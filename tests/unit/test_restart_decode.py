@@ -86,6 +86,13 @@ def _varied_jobs() -> list[JobRecord]:
         submitted_at_s=5.0,
         queued_at_s=5.0,
     )
+    # A move back to private GPUs of a job that says it resumes from a checkpoint.
+    moving = replace(
+        running,
+        job_id=JobId("moving"),
+        spec=replace(running.spec, resumable=True),
+        preemption=PreemptionOrder(JobId("moving"), "saves 500 USD", 30.0, 14.0, 9.0, ClusterName("onprem")),
+    )
     ended = replace(
         running,
         job_id=JobId("ended"),
@@ -93,7 +100,7 @@ def _varied_jobs() -> list[JobRecord]:
         preemption=None,
         events=(*running.events, PhaseEvent(JobPhase.SUCCEEDED, 20.0, 3, "done")),
     )
-    return [base, running, with_dataset, ended]
+    return [base, running, with_dataset, ended, moving]
 
 
 @pytest.mark.parametrize("job", _varied_jobs(), ids=lambda j: j.job_id)
@@ -112,6 +119,18 @@ def test_a_record_older_than_retries_used_counts_its_earlier_attempts_as_retries
     decoded = job_from_json(_dumps(d))
     assert decoded == job_from_dict(d)
     assert decoded.retries_used == 2
+
+
+def test_a_record_older_than_moves_is_not_resumable_and_its_preemption_no_move() -> None:
+    job = _varied_jobs()[1]
+    d = job_to_dict(job)
+    del d["spec"]["resumable"]
+    del d["preemption"]["move_to"]
+    for decoded in (job_from_json(_dumps(d)), job_from_dict(d)):
+        assert decoded == job
+        assert decoded.spec.resumable is False
+        assert decoded.preemption is not None
+        assert decoded.preemption.move_to is None
 
 
 def test_a_record_of_other_json_types_loads_the_old_way() -> None:
