@@ -42,6 +42,12 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.moves = Counter(
+            "gpufed_moves_total",
+            "Running cloud gangs ordered to stop at a checkpoint and resume on idle private GPUs",
+            ["tenant"],
+            registry=r,
+        )
         self.cycle_seconds = Histogram(
             "gpufed_scheduling_cycle_seconds",
             "Time of one scheduling cycle",

@@ -136,8 +136,13 @@ def capacity(
 
 def moved(move: Move, at_s: float) -> str:
     """Why and when a running gang was moved from the cloud to private GPUs, and what it saved."""
+    return f"moved to private at {at_s:g}: {move_reason(move)}"
+
+
+def move_reason(move: Move) -> str:
+    """Why a running gang is moved from the cloud to private GPUs, and what the placer expects it to save."""
     return (
-        f"moved to private at {at_s:g}: from cluster {move.from_cluster} ({move.from_gpu_type}, "
+        f"from cluster {move.from_cluster} ({move.from_gpu_type}, "
         f"{move.from_usd_per_gpu_hour:g} USD/GPU-h) to cluster {move.to_cluster} ({move.to_gpu_type}, "
         f"{move.to_usd_per_gpu_hour:g} USD/GPU-h), where {move.gpu_count} GPUs were idle and no queued "
         f"job could use them; about {move.remaining_cloud_s / 3600:.1f} h left in the cloud would cost "

@@ -231,6 +231,8 @@ class Move:
     saving_usd: float
     # The run-time limit left, which the placer (and the replay) keeps counting on for backfill.
     max_runtime_s: float
+    # Between the stop signal and the kill: the time the gang has to write its checkpoint.
+    grace_period_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,6 +178,9 @@ def choose_moves(
                 move_cost_usd=figures.move_cost_usd,
                 saving_usd=figures.saving_usd,
                 max_runtime_s=max_runtime_s,
+                grace_period_s=policy.default_grace_period_s
+                if gang.grace_period_s is None
+                else gang.grace_period_s,
             )
         )
     return moves

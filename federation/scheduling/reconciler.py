@@ -475,19 +475,20 @@ class Reconciler:
         backend = self._members.get(job.placement.cluster)
         if backend is None:
             return None
+        why = (
+            f"preempted for {order.for_job}: {order.reason}"
+            if order.move_to is None
+            else f"stopped at a checkpoint to resume on cluster {order.move_to}: {order.reason}"
+        )
         try:
-            await backend.evict(
-                job.job_id,
-                job.attempt,
-                order.grace_period_s,
-                f"preempted for {order.for_job}: {order.reason}",
-            )
+            await backend.evict(job.job_id, job.attempt, order.grace_period_s, why)
         except ClusterError as error:
             log.warning("evict_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error))
             return None
         # Remembered per process only: a new leader evicts again, which a backend treats as a no-op.
         self._evictions_sent.add(key)
-        self._metrics.preemptions.labels(tenant=job.tenant).inc()
+        if order.move_to is None:
+            self._metrics.preemptions.labels(tenant=job.tenant).inc()
         log.info(
             "gang_evicted",
             job_id=job.job_id,
@@ -503,12 +504,18 @@ class Reconciler:
         order = job.preemption
         assert order is not None
         self._evictions_sent.discard((job.job_id, job.attempt))
+        reason = (
+            f"attempt {job.attempt} preempted for {order.for_job} ({order.reason}); "
+            "requeued at its original position"
+            if order.move_to is None
+            else f"attempt {job.attempt} stopped at a checkpoint to move to cluster {order.move_to} "
+            f"({order.reason}); requeued at its original position to resume from the checkpoint"
+        )
         return job.transition(
             JobPhase.QUEUED,
             by=by,
             at_s=self._clock(),
-            reason=f"attempt {job.attempt} preempted for {order.for_job} ({order.reason}); "
-            "requeued at its original position",
+            reason=reason,
             attempt=job.attempt + 1,
             placement=None,
             queued_at_s=order.requeue_queued_at_s,

@@ -34,6 +34,7 @@ from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_sna
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, JobStore, Stored
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from placement.explain import move_reason
 from placement.model import (
     Admission,
     CapacityRequest,
@@ -41,6 +42,7 @@ from placement.model import (
     ClusterState,
     JobId,
     JobPhase,
+    Move,
     Plan,
     Preemption,
     Snapshot,
@@ -262,6 +264,13 @@ class Scheduler:
         )
         admitted = sum(outcomes)
         conflicts = len(outcomes) - admitted
+        moved = await asyncio.gather(
+            *(
+                self._order_move(stored_jobs[m.job_id], m, now, fence, semaphore)
+                for m in result.moves
+                if m.job_id in stored_jobs
+            )
+        )
 
         waiting: Sequence[Waiting] = result.waiting
         if self._capacity is not None:
@@ -275,17 +284,18 @@ class Scheduler:
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
         self._last_waiting = len(result.waiting)
-        if admitted or conflicts or result.preemptions:
+        if admitted or conflicts or result.preemptions or result.moves:
             # What it wrote changes the jobs; a conflict or an order not written must be tried again.
             self._idle.forget()
         else:
             self._idle.planned(read, now, seconds)
-        if admitted or conflicts or any(evictions):
+        if admitted or conflicts or any(evictions) or any(moved):
             log.info(
                 "cycle_completed",
                 admitted=admitted,
                 conflicts=conflicts,
                 preemptions=sum(evictions),
+                moves=sum(moved),
                 waiting=len(result.waiting),
             )
         for request in result.capacity_requests if self._capacity is None else ():
@@ -337,6 +347,52 @@ class Scheduler:
             gpus=preemption.gpu_count,
             for_job=preemption.for_job,
             reason=preemption.reason.value,
+        )
+        return True
+
+    async def _order_move(
+        self,
+        stored: Stored[JobRecord],
+        move: Move,
+        now: float,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> bool:
+        """Stop a cloud gang at a checkpoint so that it resumes on idle private GPUs (`placement.repatriate`).
+
+        The order is a preemption order of the job for itself, with `move_to`: the reconciler evicts
+        the gang with the grace period (the time to write the checkpoint), and once the cluster says
+        it is gone requeues the job at its original queue position, charging no retry. The next
+        cycle places it as any queued job: on the private room if it is still free, which it is
+        unless a queued job that arrived meanwhile needs it more. It does not count against the
+        preemption limit: it evicts no one but the job itself, which said it may be moved.
+        """
+        job = stored.value
+        if job.preemption is not None or job.cancel_requested or job.phase is not JobPhase.RUNNING:
+            return False
+        order = PreemptionOrder(
+            for_job=job.job_id,
+            reason=move_reason(move),
+            grace_period_s=move.grace_period_s,
+            requested_at_s=now,
+            requeue_queued_at_s=job.queued_at_s,
+            move_to=move.to_cluster,
+        )
+        async with semaphore:
+            revision = await self._store.commit(
+                [(replace(job, preemption=order), stored.mod_revision)], fence=fence
+            )
+        if revision is None:
+            return False
+        self._metrics.moves.labels(tenant=job.tenant).inc()
+        log.info(
+            "move_ordered",
+            job_id=job.job_id,
+            tenant=job.tenant,
+            from_cluster=move.from_cluster,
+            to_cluster=move.to_cluster,
+            gpus=move.gpu_count,
+            saving_usd=round(move.saving_usd, 2),
         )
         return True
 

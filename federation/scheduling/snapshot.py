@@ -96,6 +96,14 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
         # An order counts until its victim is gone (requeued) or the order is withdrawn: the victim's
         # GPUs are the beneficiary's, so the next cycle neither evicts more for it nor gives them away.
         evicted_for=None if job.preemption is None else job.preemption.for_job,
+        # What a move back to private GPUs reads (`placement.repatriate`). Only a job whose manifest
+        # says it resumes from a checkpoint may be moved; the run-time limit stands for its work.
+        kind=job.placement.kind if job.placement is not None else None,
+        usd_per_gpu_hour=job.placement.usd_per_gpu_hour if job.placement is not None else 0.0,
+        replica_gpus=job.spec.replica_gpus,
+        gpu_types=job.spec.gpu_types,
+        started_at_s=started,
+        movable=job.spec.resumable and job.phase is JobPhase.RUNNING,
     )
 
 

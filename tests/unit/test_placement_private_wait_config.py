@@ -47,3 +47,21 @@ def test_the_config_sets_how_many_waiting_jobs_are_reserved() -> None:
 def test_the_number_of_reservations_is_a_positive_whole_number(value: object) -> None:
     with pytest.raises(InvalidSpec, match=r"policy\.privateWaitReservations"):
         parse_settings({"policy": {"privateWaitReservations": value}})
+
+
+def test_the_config_turns_moves_back_to_private_gpus_on_and_they_survive_etcd() -> None:
+    settings = parse_settings(
+        {"policy": {"repatriate": True, "repatriateMinSavingUsd": 100, "moveOverheadSeconds": 600}}
+    )
+    policy = settings.policy
+    assert (policy.repatriate, policy.repatriate_min_saving_usd, policy.move_overhead_s) == (True, 100, 600)
+    assert settings_from_dict(settings_to_dict(settings)).policy == policy
+    assert parse_settings({"policy": {}}).policy.repatriate is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("repatriate", "yes"), ("repatriateMinSavingUsd", -1), ("moveOverheadSeconds", "15m")]
+)
+def test_a_bad_move_setting_is_refused_naming_it(key: str, value: object) -> None:
+    with pytest.raises(InvalidSpec, match=rf"policy\.{key}"):
+        parse_settings({"policy": {key: value}})

@@ -201,6 +201,33 @@ def test_the_snapshot_has_quotas_with_usage_classes_policy_and_running_gangs_wit
     assert snapshot.policy.preempted_gpus_this_interval == 16
 
 
+def test_a_running_gang_is_movable_only_if_its_manifest_says_it_resumes_and_it_runs() -> None:
+    cloud = JobPlacement(ClusterName("aws"), A100, CapacityKind.ON_DEMAND, 4.1)
+
+    def on_cloud(job_id: str, *, resumable: bool, phase: JobPhase = JobPhase.RUNNING) -> JobRecord:
+        job = _job(job_id, gpus=8)
+        return replace(job, spec=replace(job.spec, resumable=resumable), phase=phase, placement=cloud)
+
+    jobs = [
+        on_cloud("says", resumable=True),
+        on_cloud("silent", resumable=False),
+        on_cloud("starting", resumable=True, phase=JobPhase.DISPATCHED),
+    ]
+    statuses = {
+        (JobId(j.job_id), 1): GangStatus(JobId(j.job_id), 1, GangPhase.RUNNING, started_at_s=NOW - 60)
+        for j in jobs
+    }
+    snapshot = build_snapshot(jobs, _inputs(), [], statuses={ClusterName("aws"): statuses})
+    gangs = {g.job_id: g for g in snapshot.running}
+    says = gangs[JobId("says")]
+    assert says.movable
+    # What the move rule reads: where and at what price it runs, its shape and when it started.
+    assert (says.kind, says.usd_per_gpu_hour) == (CapacityKind.ON_DEMAND, 4.1)
+    assert (says.replica_gpus, says.gpu_types, says.started_at_s) == ((8,), (A100,), NOW - 60)
+    assert not gangs[JobId("silent")].movable
+    assert not gangs[JobId("starting")].movable
+
+
 def test_an_organisations_month_includes_its_teams_for_its_budget() -> None:
     ledger = _ledger(_ran(_job("team-job"), NOW - 3600, NOW))
     usage = tenant_usage(
