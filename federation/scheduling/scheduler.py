@@ -377,6 +377,7 @@ class Scheduler:
             requested_at_s=now,
             requeue_queued_at_s=job.queued_at_s,
             move_to=move.to_cluster,
+            move_gpu_type=move.to_gpu_type,
         )
         async with semaphore:
             revision = await self._store.commit(

@@ -16,6 +16,7 @@ from federation.ledger.usage import TenantUsage
 from federation.store.jobs import JobRecord
 from federation.store.records import ApprovalRecord, SchedulingSettings, TenantRecord, UserRecord
 from placement.model import (
+    CapacityKind,
     ClusterName,
     ClusterState,
     GangRequest,
@@ -161,6 +162,32 @@ class GangRequests:
             del self._built[job_id]
 
 
+def moving_gangs(jobs: Sequence[JobRecord]) -> list[PendingGang]:
+    """The private room each ordered move is for, held until the moved job is requeued.
+
+    Between the order and the requeue the gang writes its checkpoint (the grace period) and its pods
+    leave, while the private GPUs it goes to look idle. Without the hold, the next cycle would move
+    a second gang into the same room, or admit a later job there, and the moved job would find it
+    taken: stopped for nothing. The requeued job then comes first for the room by its old position.
+    """
+    held = []
+    for job in jobs:
+        order = job.preemption
+        if order is None or order.move_to is None or order.move_gpu_type is None:
+            continue
+        if not job.phase.holds_capacity:
+            continue
+        held.append(
+            PendingGang(
+                cluster=order.move_to,
+                gpu_type=order.move_gpu_type,
+                kind=CapacityKind.PRIVATE,
+                replica_gpus=job.spec.replica_gpus,
+            )
+        )
+    return held
+
+
 def build_snapshot(
     jobs: Sequence[JobRecord],
     inputs: PlacerInputs,
@@ -201,6 +228,7 @@ def build_snapshot(
                     replica_gpus=unbound,
                 )
             )
+    pending += moving_gangs(jobs)
     clusters = tuple(reserve_pending(c, pending) if pending else c for c in inventories)
     settings = inputs.settings
     values = settings.class_values()

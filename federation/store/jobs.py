@@ -112,8 +112,10 @@ class PreemptionOrder:
     requested_at_s: float
     requeue_queued_at_s: float
     # Set when the order is a move, not a preemption (`placement.repatriate`): the job itself is
-    # `for_job`, and it stops at a checkpoint to resume on this private cluster's idle GPUs.
+    # `for_job`, and it stops at a checkpoint to resume on this private cluster's idle GPUs of this
+    # type, which the snapshot holds for it until it is requeued.
     move_to: ClusterName | None = None
+    move_gpu_type: GpuType | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +317,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             "requested_at_s": job.preemption.requested_at_s,
             "requeue_queued_at_s": job.preemption.requeue_queued_at_s,
             "move_to": job.preemption.move_to,
+            "move_gpu_type": job.preemption.move_gpu_type,
         },
         "message": job.message,
         "reason": job.reason,
@@ -449,4 +452,5 @@ def _preemption_from_dict(d: dict[str, Any] | None) -> PreemptionOrder | None:
         requested_at_s=float(d["requested_at_s"]),
         requeue_queued_at_s=float(d["requeue_queued_at_s"]),
         move_to=None if d.get("move_to") is None else ClusterName(d["move_to"]),
+        move_gpu_type=None if d.get("move_gpu_type") is None else GpuType(d["move_gpu_type"]),
     )

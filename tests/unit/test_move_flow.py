@@ -91,3 +91,34 @@ async def test_a_cloud_gang_that_does_not_say_it_resumes_stays_in_the_cloud(worl
     assert (job.attempt, job.preemption, job.phase) == (1, None, JobPhase.RUNNING)
     assert job.placement is not None
     assert job.placement.cluster == "cloud"
+
+
+async def test_the_room_a_move_is_for_is_held_until_the_moved_job_is_requeued(world: World) -> None:
+    # Two resumable 8-GPU gangs in the cloud; once the short blocker ends, the private cluster has
+    # room for one of them (the other 8 private GPUs run a long job).
+    await submit(world, a_job("blocker", gpus=4, duration="60s", queued_at_s=100.0))
+    await submit(world, a_job("resident", gpus=4, duration="10h", queued_at_s=101.0))
+    await world.step()
+    first = await submit(world, _day_long("first", resumable=True, queued_at_s=900.0))
+    second = await submit(world, _day_long("second", resumable=True, queued_at_s=901.0))
+    await world.step()
+    assert {(await world.job(j)).placement.cluster for j in (first, second)} == {"cloud"}  # type: ignore[union-attr]
+
+    # Cycles run through the grace period while the 8 private GPUs the move is for look idle: one
+    # move is ordered, not one per cycle, and no second gang is stopped for the same room.
+    await world.step(61)
+    for _ in range(4):
+        await world.step(GRACE_S / 5)
+    jobs = [await world.job(j) for j in (first, second)]
+    assert sum(1 for j in jobs if j.preemption is not None or j.attempt > 1) == 1, jobs
+
+    # The moved one is requeued and starts on the private GPUs; the other keeps running in the cloud.
+    await world.step(GRACE_S)
+    both = [await world.job(j) for j in (first, second)]
+    moved, stayed = sorted(both, key=lambda j: -j.attempt)
+    assert moved.attempt == 2
+    assert moved.placement is not None
+    assert moved.placement.cluster == "onprem"
+    assert (stayed.attempt, stayed.preemption) == (1, None)
+    assert stayed.placement is not None
+    assert stayed.placement.cluster == "cloud"

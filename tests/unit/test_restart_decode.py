@@ -91,7 +91,9 @@ def _varied_jobs() -> list[JobRecord]:
         running,
         job_id=JobId("moving"),
         spec=replace(running.spec, resumable=True),
-        preemption=PreemptionOrder(JobId("moving"), "saves 500 USD", 30.0, 14.0, 9.0, ClusterName("onprem")),
+        preemption=PreemptionOrder(
+            JobId("moving"), "saves 500 USD", 30.0, 14.0, 9.0, ClusterName("onprem"), GpuType("A100")
+        ),
     )
     ended = replace(
         running,
@@ -126,6 +128,7 @@ def test_a_record_older_than_moves_is_not_resumable_and_its_preemption_no_move()
     d = job_to_dict(job)
     del d["spec"]["resumable"]
     del d["preemption"]["move_to"]
+    del d["preemption"]["move_gpu_type"]
     for decoded in (job_from_json(_dumps(d)), job_from_dict(d)):
         assert decoded == job
         assert decoded.spec.resumable is False
