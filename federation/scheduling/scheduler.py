@@ -323,8 +323,6 @@ class Scheduler:
     ) -> bool:
         """Mark the victim for eviction; the reconciler evicts it and requeues it when it is gone."""
         victim = stored.value
-        if victim.preemption is not None:
-            return False
         order = PreemptionOrder(
             for_job=preemption.for_job,
             reason=preemption.reason.value,
@@ -332,11 +330,7 @@ class Scheduler:
             requested_at_s=now,
             requeue_queued_at_s=preemption.requeue_queued_at_s,
         )
-        async with semaphore:
-            revision = await self._store.commit(
-                [(replace(victim, preemption=order), stored.mod_revision)], fence=fence
-            )
-        if revision is None:
+        if not await self._write_order(stored, order, fence, semaphore):
             return False
         self._preempted.append((now, preemption.gpu_count))
         log.info(
@@ -349,6 +343,23 @@ class Scheduler:
             reason=preemption.reason.value,
         )
         return True
+
+    async def _write_order(
+        self,
+        stored: Stored[JobRecord],
+        order: PreemptionOrder,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> bool:
+        """Put an order on a running job's record (a compare-and-swap on its revision, fenced). False
+        when the job carries an order already or the write lost a race: nothing was written."""
+        if stored.value.preemption is not None:
+            return False
+        async with semaphore:
+            revision = await self._store.commit(
+                [(replace(stored.value, preemption=order), stored.mod_revision)], fence=fence
+            )
+        return revision is not None
 
     async def _order_move(
         self,
@@ -363,12 +374,12 @@ class Scheduler:
         The order is a preemption order of the job for itself, with `move_to`: the reconciler evicts
         the gang with the grace period (the time to write the checkpoint), and once the cluster says
         it is gone requeues the job at its original queue position, charging no retry. The next
-        cycle places it as any queued job: on the private room if it is still free, which it is
-        unless a queued job that arrived meanwhile needs it more. It does not count against the
-        preemption limit: it evicts no one but the job itself, which said it may be moved.
+        cycle places it as any queued job, on the private room, which the snapshot holds for it until
+        then (`snapshot.moving_gangs`). It does not count against the preemption limit: it evicts no
+        one but the job itself, which said it may be moved.
         """
         job = stored.value
-        if job.preemption is not None or job.cancel_requested or job.phase is not JobPhase.RUNNING:
+        if job.cancel_requested or job.phase is not JobPhase.RUNNING:
             return False
         order = PreemptionOrder(
             for_job=job.job_id,
@@ -379,11 +390,7 @@ class Scheduler:
             move_to=move.to_cluster,
             move_gpu_type=move.to_gpu_type,
         )
-        async with semaphore:
-            revision = await self._store.commit(
-                [(replace(job, preemption=order), stored.mod_revision)], fence=fence
-            )
-        if revision is None:
+        if not await self._write_order(stored, order, fence, semaphore):
             return False
         self._metrics.moves.labels(tenant=job.tenant).inc()
         log.info(
