@@ -8,11 +8,9 @@ admin's token so that requests get past authorization and reach the field checks
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -88,8 +86,11 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     loop = asyncio.new_event_loop()
+    # Under pytest's own temporary directory, so that it goes when the run does (a mkdtemp was left
+    # behind by every run).
+    lab = tmp_path_factory.mktemp("fuzz-lab")
     store = InMemoryJobStore()
 
     async def build() -> World:
@@ -123,7 +124,6 @@ def world() -> Iterator[World]:
         fed = FederationService(auth=auth, metrics=metrics, clusters=no_clusters)
         # A real (local-directory) store holding one registered dataset, so fuzzed requests that name
         # them get past the lookups to the store and registry code.
-        lab = Path(tempfile.mkdtemp(prefix="fuzz-lab-"))
         (lab / "data").mkdir()
         (lab / "data" / "part-0.bin").write_bytes(b"0123456789" * 10)
         stores = StoreDirectory(store.kv)
