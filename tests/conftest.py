@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -14,6 +16,26 @@ from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv_etcd import EtcdKv
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
+
+# What a full run writes under the temporary directory at its peak (etcd, SeaweedFS, PostgreSQL and
+# history data), measured by sampling the disk through a fresh-clone `make test` on 2026-11-28: about
+# 2.1 GiB, all of it gone at the end of a run that passes (`tmp_path_retention_policy`).
+FULL_RUN_PEAK_GIB = 2.1
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The free space where the tests write, first thing in the output (`-q` too, which hides the
+    header): a full disk fails every fixture at once (stop 26's CI), and this line names the cause
+    before the errors do."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    where = tempfile.gettempdir()
+    free_gib = shutil.disk_usage(where).free / 2**30
+    low = "; LOW: tests that write will fail" if free_gib < FULL_RUN_PEAK_GIB else ""
+    reporter.write_line(
+        f"free disk under {where}: {free_gib:.1f} GiB (a full run peaks at about {FULL_RUN_PEAK_GIB} GiB){low}"
+    )
 
 
 @pytest.fixture(scope="session")
