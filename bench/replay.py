@@ -5,7 +5,7 @@
     .venv/bin/python bench/replay.py --quick         # every 20th job (under a minute)
     .venv/bin/python bench/replay.py --weeks all --every 5 --policies burst_now,gpufed  # tuning
     .venv/bin/python bench/replay.py --ray           # the sweep in parallel with Ray
-    .venv/bin/python bench/replay.py --workers 2     # ... or in a local process pool
+    .venv/bin/python bench/replay.py --workers 1     # serially (default: a process per core)
 
 Writes the table (Markdown, CSV) and one cost-versus-JCT plot per size to --out (default
 docs/results/ for the full week, a temporary directory for --quick), and ends with the headline
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -50,7 +51,14 @@ def main() -> None:
         "--policies", default="", help="comma-separated policy names to run (default: all), for tuning"
     )
     parser.add_argument("--ray", action="store_true", help="run the sweep with Ray")
-    parser.add_argument("--workers", type=int, default=1, help="local processes (1: serial)")
+    # Every core by default: the replays are independent and give the same rows in any number of
+    # processes, and serial `--quick` took 73 s here against 37 s on both cores.
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="local processes (1: serial; default: every core this process may use)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     config = load_config(args.config)
