@@ -375,12 +375,11 @@ class Scheduler:
         the gang with the grace period (the time to write the checkpoint), and once the cluster says
         it is gone requeues the job at its original queue position, charging no retry. The next
         cycle places it as any queued job, on the private room, which the snapshot holds for it until
-        then (`snapshot.moving_gangs`). It does not count against the preemption limit: it evicts no
-        one but the job itself, which said it may be moved.
+        then (`snapshot.move_hold`). It does not count against the preemption limit: it evicts no
+        one but the job itself, which said it may be moved. The placer moves only running gangs that
+        are not leaving (`repatriate.is_candidate`), read from these same records.
         """
         job = stored.value
-        if job.cancel_requested or job.phase is not JobPhase.RUNNING:
-            return False
         order = PreemptionOrder(
             for_job=job.job_id,
             reason=move_reason(move),

@@ -83,6 +83,8 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
     base = job.running_gang()
     if base is None:
         return None
+    placement = job.placement
+    assert placement is not None  # a job without one has no running gang
     klass = inputs.settings.priority_class(job.spec.priority_class)
     started = status.started_at_s if status is not None else None
     nodes: tuple[NodeShare, ...] = status.nodes if status is not None else ()
@@ -99,8 +101,8 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
         evicted_for=None if job.preemption is None else job.preemption.for_job,
         # What a move back to private GPUs reads (`placement.repatriate`). Only a job whose manifest
         # says it resumes from a checkpoint may be moved; the run-time limit stands for its work.
-        kind=job.placement.kind if job.placement is not None else None,
-        usd_per_gpu_hour=job.placement.usd_per_gpu_hour if job.placement is not None else 0.0,
+        kind=placement.kind,
+        usd_per_gpu_hour=placement.usd_per_gpu_hour,
         replica_gpus=job.spec.replica_gpus,
         gpu_types=job.spec.gpu_types,
         started_at_s=started,
@@ -162,30 +164,26 @@ class GangRequests:
             del self._built[job_id]
 
 
-def moving_gangs(jobs: Sequence[JobRecord]) -> list[PendingGang]:
-    """The private room each ordered move is for, held until the moved job is requeued.
+def move_hold(job: JobRecord) -> PendingGang | None:
+    """The private room an ordered move is for, held until the moved job is requeued (None: the
+    job has no move under way).
 
     Between the order and the requeue the gang writes its checkpoint (the grace period) and its pods
     leave, while the private GPUs it goes to look idle. Without the hold, the next cycle would move
     a second gang into the same room, or admit a later job there, and the moved job would find it
     taken: stopped for nothing. The requeued job then comes first for the room by its old position.
     """
-    held = []
-    for job in jobs:
-        order = job.preemption
-        if order is None or order.move_to is None or order.move_gpu_type is None:
-            continue
-        if not job.phase.holds_capacity:
-            continue
-        held.append(
-            PendingGang(
-                cluster=order.move_to,
-                gpu_type=order.move_gpu_type,
-                kind=CapacityKind.PRIVATE,
-                replica_gpus=job.spec.replica_gpus,
-            )
-        )
-    return held
+    order = job.preemption
+    if order is None or order.move_to is None or order.move_gpu_type is None:
+        return None
+    if not job.phase.holds_capacity:
+        return None
+    return PendingGang(
+        cluster=order.move_to,
+        gpu_type=order.move_gpu_type,
+        kind=CapacityKind.PRIVATE,
+        replica_gpus=job.spec.replica_gpus,
+    )
 
 
 def build_snapshot(
@@ -228,7 +226,9 @@ def build_snapshot(
                     replica_gpus=unbound,
                 )
             )
-    pending += moving_gangs(jobs)
+        held = move_hold(job)
+        if held is not None:
+            pending.append(held)
     clusters = tuple(reserve_pending(c, pending) if pending else c for c in inventories)
     settings = inputs.settings
     values = settings.class_values()
