@@ -20,6 +20,7 @@ maximum, and by the deadline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from placement.model import EgressRate, GangRequest, GpuType, PolicyConfig
@@ -44,6 +45,9 @@ class CostModel:
             key = (rate.source_store, rate.destination_store)
             self._egress[key] = max(rate.usd_per_gb, self._egress.get(key, rate.usd_per_gb))
         self.policy = policy
+        bound = policy.spot_max_restart_slowdown
+        # The reclaim exposure (reclaims expected over the run) at which restarts slow it by `bound`.
+        self.spot_max_exposure = None if bound is None else restart_exposure_for(bound)
 
     def work_s(self, gang: GangRequest) -> float:
         """Seconds of work on a GPU of speed 1.0."""
@@ -123,6 +127,30 @@ class CostModel:
         return until
 
 
+def restart_slowdown(exposure: float) -> float:
+    """Expected slowdown of a run that restarts from scratch at each reclaim, for `exposure` reclaims
+    expected over its length: the expected time to finish is (e^x - 1) / x times the run's."""
+    if exposure < 1e-9:
+        return exposure / 2.0
+    return math.expm1(exposure) / exposure - 1.0
+
+
+def restart_exposure_for(slowdown: float) -> float:
+    """The exposure at which `restart_slowdown` reaches `slowdown` (it grows with the exposure)."""
+    if slowdown <= 0:
+        return 0.0
+    low, high = 0.0, 1.0
+    while restart_slowdown(high) < slowdown and high < 700.0:
+        high *= 2.0
+    for _ in range(60):
+        middle = (low + high) / 2.0
+        if restart_slowdown(middle) <= slowdown:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 class GangCost:
     """One gang's side of the cost model, with the per-type and per-store parts computed once."""
 
@@ -160,6 +188,17 @@ class GangCost:
 
     def cost(self, gpu_type: GpuType, price_factor: float, store: str | None) -> float:
         return price_factor * self.gpu_hours / self.speed(gpu_type) + self._moving_cost(store)
+
+    def spot_exposure(self, gpu_type: GpuType, risk_per_hour: float) -> float:
+        """Reclaims expected over the gang's run on spot of this type: one node per replica, each
+        reclaimed on its own at `risk_per_hour`."""
+        return risk_per_hour * len(self.gang.replica_gpus) * self.work_s / self.speed(gpu_type) / _HOUR_S
+
+    def spot_allowed(self, gpu_type: GpuType, risk_per_hour: float) -> bool:
+        """Whether reclaims at this rate, each a restart from scratch, would slow the gang's run by at
+        most the policy's bound."""
+        limit = self.model.spot_max_exposure
+        return limit is None or self.spot_exposure(gpu_type, risk_per_hour) <= limit
 
     def duration_s(self, gpu_type: GpuType, store: str | None) -> float:
         """From start to finish: moving the dataset, then the work at this type's speed."""

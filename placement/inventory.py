@@ -43,6 +43,11 @@ def price_factor(
     return usd_per_gpu_hour
 
 
+def private_tier(offer: Offer, policy: PolicyConfig) -> int:
+    """0 for offers taken before others (private ones, with `prefer_private`), else 1."""
+    return 0 if policy.prefer_private and offer.kind is CapacityKind.PRIVATE else 1
+
+
 class Offer:
     """The pools of one cluster that one gang may span, and their free GPUs during the cycle."""
 
@@ -58,6 +63,7 @@ class Offer:
         "node_sizes",
         "pool_offsets",
         "price_factor",
+        "risk_per_hour",
         "search_key",
         "usd_per_gpu_hour",
         "version",
@@ -78,6 +84,7 @@ class Offer:
         self.kind_rank = KIND_RANK[kind]
         self.usd_per_gpu_hour = usd_per_gpu_hour
         self.price_factor = price_factor(kind, usd_per_gpu_hour, risk_per_hour, policy)
+        self.risk_per_hour = risk_per_hour
         self.pool_offsets: dict[str, int] = {}
         nodes: list[int] = []
         sizes: list[int] = []
@@ -351,7 +358,8 @@ class Inventory:
         return found
 
     def by_work_price(self, gpu_types: Iterable[GpuType], allow_spot: bool, costs: CostModel) -> list[Offer]:
-        """`search_order`'s offers by price per unit of work (price / speed), then price, kind and key."""
+        """`search_order`'s offers by price per unit of work (price / speed), then price, kind and key;
+        private offers first with `prefer_private`."""
         if isinstance(gpu_types, tuple):
             found = self._by_work_price.get((gpu_types, allow_spot))
             if found is not None:
@@ -363,6 +371,7 @@ class Inventory:
             found = sorted(
                 self.search_order(types, allow_spot),
                 key=lambda o: (
+                    private_tier(o, costs.policy),
                     o.price_factor / costs.snapshot_speed(o.view.gpu_type),
                     o.price_factor,
                     o.kind_rank,

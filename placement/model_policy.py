@@ -146,6 +146,15 @@ class PolicyConfig:
     default_runtime_s: float = 3600.0
     # Work lost, in hours, each time a spot node is reclaimed (since the last checkpoint).
     spot_lost_work_h: float = 0.5
+    # Which gangs may take spot capacity at all: those whose run would be slowed by at most this
+    # fraction, in expectation, by reclaims that restart it from scratch (what a job that does not
+    # checkpoint suffers: x = reclaims per node-hour x nodes x hours of run, expected run time
+    # (e^x - 1) / x of the run's). None: every gang that allows spot (its price pays for the loss).
+    spot_max_restart_slowdown: float | None = None
+    # Idle private GPUs a gang accepts are taken before any cloud offer, whatever the internal rate:
+    # that rate is paid whether the GPUs run or not, a cloud price only while they do. Off: offers are
+    # ranked by price alone, so spot priced under the internal rate is taken before idle private GPUs.
+    prefer_private: bool = False
     # Egress rate between two different stores missing from the snapshot's table.
     default_egress_usd_per_gb: float = 0.09
     # How fast a dataset moves between stores: a moved dataset delays the start by size / rate.

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from placement.backfill import Hold
-from placement.cost import CostModel, GangCost
+from placement.cost import CostModel, GangCost, restart_slowdown
 from placement.fairshare import FairShare, fair_order
 from placement.fit import HistogramFit, gang_shape
-from placement.inventory import Inventory, Offer
+from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
+    CapacityKind,
     ClusterName,
     GangRequest,
     GpuType,
@@ -200,38 +201,70 @@ class _Cycle:
 
     def _place(self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]) -> _Fit | _Miss:
         gang = ctx.gang
+        # With a bound on spot restarts, which spot offers a gang may take depends on its run, not only
+        # its shape: such gangs neither read nor fill the shape's infeasibility cache.
+        spot_bounded = gang.allow_spot and self.costs.spot_max_exposure is not None
         key = (shape, group, gang.allow_spot)
-        if key in self.infeasible:
+        if not spot_bounded and key in self.infeasible:
             return _NO_FIT
         need, largest = gang.gpu_count, shape[0] if shape else 0
-        candidates: Iterable[tuple[float, float, int, Offer]]
+        policy = self.policy
+
+        # Spot offers with room that the bound on restarts kept from this gang: named if it waits.
+        refused: list[Offer] = []
+
+        def room_now(o: Offer) -> bool:
+            if o.free.total_free < need or o.free.max_free < largest:
+                return False
+            if (
+                spot_bounded
+                and o.kind is CapacityKind.SPOT
+                and not ctx.spot_allowed(o.view.gpu_type, o.risk_per_hour)
+            ):
+                refused.append(o)
+                return False
+            return True
+
+        candidates: Iterable[tuple[int, float, float, int, Offer]]
         if ctx.static_order:
             # Cost is the gang's GPU-hours times price per unit of work, so the offers' fixed order by price
             # per unit of work is the order of cost: no sort, and the scan below stops at the first rank
             # past the best fit.
             candidates = (
-                (ctx.cost(o.view.gpu_type, o.price_factor, o.view.store), o.price_factor, o.kind_rank, o)
+                (
+                    private_tier(o, policy),
+                    ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+                    o.price_factor,
+                    o.kind_rank,
+                    o,
+                )
                 for o in self.inventory.by_work_price(group, gang.allow_spot, self.costs)
-                if o.free.total_free >= need and o.free.max_free >= largest
+                if room_now(o)
             )
         else:
             # Price breaks ties of cost, which a gang of no GPUs has zero everywhere.
             candidates = sorted(
                 (
-                    (ctx.cost(o.view.gpu_type, o.price_factor, o.view.store), o.price_factor, o.kind_rank, o)
+                    (
+                        private_tier(o, policy),
+                        ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+                        o.price_factor,
+                        o.kind_rank,
+                        o,
+                    )
                     for o in self.inventory.search_order(group, gang.allow_spot)
-                    if o.free.total_free >= need and o.free.max_free >= largest
+                    if room_now(o)
                 ),
-                key=lambda c: (c[0], c[1], c[2], c[3].search_key),
+                key=lambda c: (c[0], c[1], c[2], c[3], c[4].search_key),
             )
         best: _Fit | None = None
-        rank = (0.0, 0.0, 0)
+        rank = (0, 0.0, 0.0, 0)
         fitted = False
         late: tuple[float, Offer] | None = None
         blocked: tuple[Offer, Hold] | None = None
         holds_on, deadline = self.room.holds_on, gang.deadline_at_s
-        for cost, factor, kind_rank, offer in candidates:
-            if best is not None and (cost, factor, kind_rank) != rank:
+        for tier, cost, factor, kind_rank, offer in candidates:
+            if best is not None and (tier, cost, factor, kind_rank) != rank:
                 break
             placed = offer.fit(shape)
             if placed is None:
@@ -251,17 +284,37 @@ class _Cycle:
                     blocked = (offer, delayed)
                     continue
             if best is None or placed.packing_key < best.placed.packing_key:
-                best, rank = _Fit(offer, placed, cost), (cost, factor, kind_rank)
+                best, rank = _Fit(offer, placed, cost), (tier, cost, factor, kind_rank)
         if best is None:
+            spot_notes = self._spot_notes(ctx, refused)
             if not fitted:
-                self.infeasible.add(key)
-                return _NO_FIT
-            return _Miss(False, self._placement_notes(gang, late, blocked))
+                if not spot_bounded:
+                    self.infeasible.add(key)
+                return _Miss(True, spot_notes) if spot_notes else _NO_FIT
+            return _Miss(False, [*self._placement_notes(gang, late, blocked), *spot_notes])
         if self.policy.private_wait_s_per_gpu_hour > 0 and not best.offer.is_private:
             wait = self.room.private_wait(ctx, shape, group, best.cost_usd)
             if wait is not None:
                 return _Miss(False, [wait], stop=True)
         return best
+
+    def _spot_notes(self, ctx: GangCost, refused: Sequence[Offer]) -> list[WaitReason]:
+        """Why spot capacity with room is not offered to this gang: reclaims would slow it too much."""
+        bound = self.policy.spot_max_restart_slowdown
+        notes, seen = [], set()
+        for offer in refused:
+            view = offer.view
+            if (view.cluster, view.gpu_type) in seen or bound is None:
+                continue
+            seen.add((view.cluster, view.gpu_type))
+            slowdown = restart_slowdown(ctx.spot_exposure(view.gpu_type, offer.risk_per_hour))
+            message = (
+                f"spot capacity on cluster {view.cluster} ({view.gpu_type}) is not offered to this job: "
+                f"at {offer.risk_per_hour:g} reclaims per node-hour, each restarting it from scratch, its "
+                f"run would take about {slowdown:.0%} longer (the policy allows {bound:.0%})"
+            )
+            notes.append(WaitReason(Code.SPOT_NOT_ALLOWED, message, view.cluster, view.gpu_type))
+        return notes
 
     def _placement_notes(
         self, gang: GangRequest, late: tuple[float, Offer] | None, blocked: tuple[Offer, Hold] | None

@@ -180,6 +180,7 @@ class ClusterBuilder:
         price: float = 3.0,
         requested: int = 0,
         name: str | None = None,
+        risk: float = 0.0,
     ) -> ClusterBuilder:
         """A pool that may grow from `nodes` to `max_nodes` nodes (`requested` already asked for)."""
         self._scalable.append(
@@ -192,6 +193,7 @@ class ClusterBuilder:
                 node_count=nodes,
                 max_nodes=max_nodes,
                 requested_nodes=requested,
+                restart_risk_per_hour=risk,
             )
         )
         return self
