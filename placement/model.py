@@ -152,6 +152,9 @@ class PoolSpec:
     usd_per_gpu_hour: float
     gpus_per_node: int
     node_count: int
+    # Spot pools: how often the cloud takes a node back, per node-hour (the operator's estimate from
+    # the cloud's interruption figures). It prices spot and bounds which gangs may use it.
+    reclaims_per_node_hour: float = 0.0
 
     def with_free(self, free_gpus_per_node: tuple[int, ...]) -> NodePool:
         """The pool as the placer sees it, given each schedulable node's free GPUs."""
@@ -162,6 +165,7 @@ class PoolSpec:
             usd_per_gpu_hour=self.usd_per_gpu_hour,
             gpus_per_node=self.gpus_per_node,
             free_gpus_per_node=free_gpus_per_node,
+            restart_risk_per_hour=self.reclaims_per_node_hour,
         )
 
 

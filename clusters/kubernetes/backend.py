@@ -76,6 +76,7 @@ class KubernetesBackend:
         settings = config.settings
         self._config = config
         self._prices = config.price_table()
+        self._reclaims = config.reclaim_table()
         self._log = log.bind(cluster=config.name)
         timeouts = Timeouts(settings.connect_timeout_s, settings.request_timeout_s)
         self._client = client or api_client(
@@ -231,6 +232,7 @@ class KubernetesBackend:
             nodes=nodes,
             pods=pods,
             reachable=reachable,
+            reclaims=self._reclaims,
         )
         self._inventory_memo = (key, state)
         return state

@@ -21,6 +21,8 @@ class GpuPrice:
     gpu_type: GpuType
     kind: CapacityKind
     usd_per_gpu_hour: float
+    # Spot: how often the cloud takes a node of this type back, per node-hour (the placer's risk).
+    reclaims_per_node_hour: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,11 @@ class KubernetesClusterConfig:
 
     def price_table(self) -> Mapping[tuple[GpuType, CapacityKind], float]:
         return {(p.gpu_type, p.kind): p.usd_per_gpu_hour for p in self.prices}
+
+    def reclaim_table(self) -> Mapping[tuple[GpuType, CapacityKind], float]:
+        return {
+            (p.gpu_type, p.kind): p.reclaims_per_node_hour for p in self.prices if p.reclaims_per_node_hour
+        }
 
     def price(self, gpu_type: GpuType, kind: CapacityKind) -> float | None:
         for p in self.prices:

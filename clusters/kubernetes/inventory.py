@@ -286,8 +286,11 @@ def cluster_state(
     nodes: Iterable[NodeInfo],
     pods: Iterable[PodInfo],
     reachable: bool,
+    reclaims: Mapping[tuple[GpuType, CapacityKind], float] | None = None,
 ) -> ClusterState:
-    """Pools grouped by pool label, each schedulable node with its free GPUs; unpriced pools left out."""
+    """Pools grouped by pool label, each schedulable node with its free GPUs; unpriced pools left out.
+    `reclaims`: spot pools' reclaims per node-hour, by type and kind (none listed: 0)."""
+    risks = reclaims or {}
     used: dict[str, int] = defaultdict(int)
     for pod in pods:
         if pod.holds_gpus and pod.gpus and pod.node_name is not None:
@@ -300,6 +303,7 @@ def cluster_state(
             usd_per_gpu_hour=pool.usd_per_gpu_hour,
             gpus_per_node=pool.gpus_per_node,
             free_gpus_per_node=tuple(max(0, n.allocatable_gpus - used.get(n.name, 0)) for n in pool.nodes),
+            restart_risk_per_hour=risks.get((pool.gpu_type, pool.kind), 0.0),
         )
         for pool in pool_layout(nodes, prices)
     ]

@@ -138,6 +138,7 @@ class CapacityReconciler:
                         node_count=nodes,
                         max_nodes=entry.max_nodes,
                         requested_nodes=asked,
+                        restart_risk_per_hour=pool.reclaims_per_node_hour,
                     )
                 )
             out.append(replace(state, scalable_pools=state.scalable_pools + tuple(extra)) if extra else state)

@@ -140,6 +140,11 @@ def parse_config(text: str) -> FederationConfig:
                 raise InvalidSpec(
                     f"{pat}.kind", f"must be one of {[k.value for k in CapacityKind]}"
                 ) from error
+            reclaims = number_field(p.get("reclaimsPerNodeHour", 0), f"{pat}.reclaimsPerNodeHour", minimum=0)
+            if reclaims > 0 and kind is not CapacityKind.SPOT:
+                raise InvalidSpec(
+                    f"{pat}.reclaimsPerNodeHour", f"applies to spot pools only; this pool is {kind.value}"
+                )
             pools.append(
                 PoolConfig(
                     name=name_field(p.get("name"), f"{pat}.name"),
@@ -148,6 +153,7 @@ def parse_config(text: str) -> FederationConfig:
                     usd_per_gpu_hour=number_field(p.get("usdPerGpuHour"), f"{pat}.usdPerGpuHour", minimum=0),
                     gpus_per_node=int_field(p.get("gpusPerNode"), f"{pat}.gpusPerNode", minimum=1),
                     node_count=int_field(p.get("nodes"), f"{pat}.nodes", minimum=0),
+                    reclaims_per_node_hour=reclaims,
                 )
             )
         backend = c.get("backend", "memory")

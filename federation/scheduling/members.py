@@ -71,7 +71,9 @@ def kubernetes_config(record: ClusterRecord) -> KubernetesClusterConfig:
         name=record.name,
         provider=record.provider,
         region=record.region,
-        prices=tuple(GpuPrice(p.gpu_type, p.kind, p.usd_per_gpu_hour) for p in record.pools),
+        prices=tuple(
+            GpuPrice(p.gpu_type, p.kind, p.usd_per_gpu_hour, p.reclaims_per_node_hour) for p in record.pools
+        ),
         kubeconfig=Path(record.kubeconfig),
         context=record.context,
         object_store=record.object_store,

@@ -37,6 +37,8 @@ _POLICY_KEYS: dict[str, str] = {
     "backfill": "backfill",
     "defaultRuntimeSeconds": "default_runtime_s",
     "spotLostWorkHours": "spot_lost_work_h",
+    "spotMaxRestartSlowdown": "spot_max_restart_slowdown",
+    "preferPrivate": "prefer_private",
     "defaultEgressUsdPerGb": "default_egress_usd_per_gb",
     "transferBytesPerSecond": "transfer_bytes_per_s",
 }

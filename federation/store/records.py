@@ -338,6 +338,7 @@ def cluster_to_dict(c: ClusterRecord) -> dict[str, Any]:
                 "usd_per_gpu_hour": p.usd_per_gpu_hour,
                 "gpus_per_node": p.gpus_per_node,
                 "node_count": p.node_count,
+                "reclaims_per_node_hour": p.reclaims_per_node_hour,
             }
             for p in c.pools
         ],
@@ -364,6 +365,8 @@ def cluster_from_dict(d: dict[str, Any]) -> ClusterRecord:
                 usd_per_gpu_hour=float(p["usd_per_gpu_hour"]),
                 gpus_per_node=int(p["gpus_per_node"]),
                 node_count=int(p["node_count"]),
+                # Clusters stored before spot pools carried a reclaim rate: none.
+                reclaims_per_node_hour=float(p.get("reclaims_per_node_hour", 0.0)),
             )
             for p in d["pools"]
         ),
