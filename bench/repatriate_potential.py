@@ -32,7 +32,6 @@ from federation.replay.config import load_config  # noqa: E402
 from federation.replay.policies import policies  # noqa: E402
 from federation.replay.sim import Simulator, best_fit  # noqa: E402
 from federation.replay.sweep import load_inputs, world_for  # noqa: E402
-from federation.replay.world import gang_request  # noqa: E402
 
 
 def _fit(nodes: list[int], replicas: tuple[int, ...]) -> bool:
@@ -94,7 +93,7 @@ class Probe(Simulator):
         self._end(job_id, run, now, completed=False)
         moved = dataclasses.replace(job, duration_s=remaining, gpu_types=(gpu_type,))
         self.jobs[job_id] = moved
-        request = gang_request(moved, self.config, fifo=self.fifo, queued_at_s=run.gang.queued_at_s)
+        request = self._request(moved, run.gang.queued_at_s)
         self.queue[job_id] = request
         pool = next(p for p in self.pools if p.is_private and p.gpu_type == gpu_type)
         assert self._start(request, pool, now)

@@ -69,6 +69,12 @@ class GpufedSettings:
     repatriate: bool = False
     repatriate_min_saving_usd: float = 0.0
     move_overhead_s: float = 900.0
+    # Spot: jobs may run on spot capacity (a reclaim restarts them from scratch), those whose expected
+    # slowdown by such restarts is at most `spot_max_restart_slowdown` (None: any job).
+    spot: bool = False
+    spot_max_restart_slowdown: float | None = None
+    # Idle private GPUs before any cloud offer, spot included, whatever the internal rate.
+    prefer_private: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,9 @@ class ReplayConfig:
     gpufed: GpufedSettings
     # Extra gpufed settings to sweep (its own cost/JCT curve); may be empty.
     gpufed_sweep: tuple[GpufedSettings, ...] = ()
+    # A second yardstick: burst-now and the fixed waits again, with gpufed's spot rule (its bound on
+    # restarts and idle private GPUs first), so that what spot alone buys is not read as the wait's.
+    spot_curve: bool = False
     # Jobs whose run-time limit is at least this many hours checkpoint on a signal and may be moved
     # (Philly says nothing about it; 0: every job).
     movable_min_runtime_h: float = 0.0
@@ -144,6 +153,11 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
         repatriate=bool(doc.get("repatriate", False)),
         repatriate_min_saving_usd=float(doc.get("repatriate_min_saving_usd", 0.0)),
         move_overhead_s=float(doc.get("move_overhead_s", 900.0)),
+        spot=bool(doc.get("spot", False)),
+        spot_max_restart_slowdown=(
+            None if doc.get("spot_max_restart_slowdown") is None else float(doc["spot_max_restart_slowdown"])
+        ),
+        prefer_private=bool(doc.get("prefer_private", False)),
     )
 
 
@@ -197,6 +211,9 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
     expected = str(jobs.get("expected_runtime", "limit"))
     if expected not in ("limit", "exact"):
         raise ReplayError("jobs.expected_runtime: must be 'limit' or 'exact'")
+    gpufed = _gpufed(_need(policies, "gpufed", "policies"), "policies.gpufed")
+    if policies.get("spot_curve") and not gpufed.spot:
+        raise ReplayError("policies.spot_curve: needs gpufed's spot rule (policies.gpufed.spot: true)")
     return ReplayConfig(
         trace_path=_path(str(_need(doc, "trace", "config")), base),
         prices_path=_path(str(_need(doc, "prices", "config")), base),
@@ -220,8 +237,9 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         cycle_s=float(placer.get("cycle_s", 30.0)),
         period_s=float(doc.get("period_s", 7 * 24 * _HOUR_S)),
         fixed_waits_s=tuple(float(w) for w in policies.get("fixed_waits_s", [])),
-        gpufed=_gpufed(_need(policies, "gpufed", "policies"), "policies.gpufed"),
+        gpufed=gpufed,
         gpufed_sweep=tuple(_gpufed(g, "policies.gpufed_sweep[]") for g in policies.get("gpufed_sweep", [])),
+        spot_curve=bool(policies.get("spot_curve", False)),
         movable_min_runtime_h=float(jobs.get("movable_min_runtime_h", 0.0)),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),

@@ -49,6 +49,8 @@ class Metrics:
     replay_cpu_s: float = 0.0
     # Running cloud gangs moved back to private GPUs (repatriation; 0 for policies without it).
     moves: int = 0
+    # Spot runs taken back by their cloud (each a restart from scratch; the lost run is in the bill).
+    reclaims: int = 0
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -132,4 +134,5 @@ def summarise(
         week=week,
         replay_cpu_s=replay_cpu_s,
         moves=result.moves,
+        reclaims=result.reclaims,
     )

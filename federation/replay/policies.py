@@ -11,7 +11,9 @@ snapshot holds and in its `PolicyConfig`:
   `min(huge x GPU-hours, private_wait_max_s = W) = W`, so every job waits exactly W after its queue
   time for private GPUs, then goes to the cloud.
 - `gpufed`: the compute-weighted wait (`private_wait_s_per_gpu_hour`, `private_wait_max_s`,
-  `wait_value_usd_per_hour` from the config).
+  `wait_value_usd_per_hour` from the config), and its spot rule.
+- `burst_now_spot`, `fixed_wait_<W>_spot` (with `policies.spot_curve`): the same with gpufed's spot
+  rule, the yardstick that says what the wait adds to what spot alone buys.
 
 All but `private_only` use the teams as tenants with their guarantees, so the cloud policies differ
 only in when a job gives up on private GPUs.
@@ -42,6 +44,8 @@ class PolicySpec:
     kind: PolicyKind
     fixed_wait_s: float = 0.0
     gpufed: GpufedSettings | None = None
+    # Burst-now or a fixed wait with gpufed's spot rule (the spot-aware yardstick, `_spot` names).
+    with_spot_rule: bool = False
 
     @property
     def uses_cloud(self) -> bool:
@@ -51,8 +55,20 @@ class PolicySpec:
     def fifo(self) -> bool:
         return self.kind is PolicyKind.PRIVATE_ONLY
 
+    def allows_spot(self, config: ReplayConfig) -> bool:
+        """Whether jobs may use spot: every cloud policy with `public.spot`, gpufed with its `spot`."""
+        if not self.uses_cloud:
+            return False
+        return config.allow_spot or self.with_spot_rule or (self.gpufed is not None and self.gpufed.spot)
+
     def policy_config(self, config: ReplayConfig) -> PolicyConfig:
         base = PolicyConfig(preemption=config.preemption, default_grace_period_s=config.grace_period_s)
+        if self.with_spot_rule:
+            base = replace(
+                base,
+                spot_max_restart_slowdown=config.gpufed.spot_max_restart_slowdown,
+                prefer_private=config.gpufed.prefer_private,
+            )
         if self.kind is PolicyKind.FIXED_WAIT:
             return replace(
                 base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
@@ -72,6 +88,8 @@ class PolicySpec:
                 repatriate=self.gpufed.repatriate,
                 repatriate_min_saving_usd=self.gpufed.repatriate_min_saving_usd,
                 move_overhead_s=self.gpufed.move_overhead_s,
+                spot_max_restart_slowdown=self.gpufed.spot_max_restart_slowdown,
+                prefer_private=self.gpufed.prefer_private,
             )
         return base
 
@@ -99,6 +117,12 @@ def gpufed_name(settings: GpufedSettings) -> str:
         name += f"_repatriate_{settings.move_overhead_s / 60:g}m"
         if settings.repatriate_min_saving_usd > 0:
             name += f"_min_{settings.repatriate_min_saving_usd:g}usd"
+    if settings.spot:
+        name += "_spot"
+        if settings.spot_max_restart_slowdown is not None:
+            name += f"_slowdown_{settings.spot_max_restart_slowdown * 100:g}pct"
+    if settings.prefer_private:
+        name += "_private_first"
     return name
 
 
@@ -112,6 +136,14 @@ def policies(config: ReplayConfig) -> list[PolicySpec]:
         PolicySpec(f"fixed_wait_{_wait_name(w)}", PolicyKind.FIXED_WAIT, fixed_wait_s=w)
         for w in config.fixed_waits_s
     ]
+    if config.spot_curve:
+        specs.append(PolicySpec("burst_now_spot", PolicyKind.BURST_NOW, with_spot_rule=True))
+        specs += [
+            PolicySpec(
+                f"fixed_wait_{_wait_name(w)}_spot", PolicyKind.FIXED_WAIT, fixed_wait_s=w, with_spot_rule=True
+            )
+            for w in config.fixed_waits_s
+        ]
     specs.append(PolicySpec("gpufed", PolicyKind.GPUFED, gpufed=config.gpufed))
     specs += [PolicySpec(gpufed_name(s), PolicyKind.GPUFED, gpufed=s) for s in config.gpufed_sweep]
     if config.only_policies:

@@ -33,18 +33,30 @@ class Headline:
     burst_now_cost_usd: float
     burst_now_avg_jct_h: float = 0.0
     week: str = ""
+    # The spot-aware yardstick (`policies.spot_curve`): the curve and burst-now with gpufed's spot rule.
+    spot_curve_cost_usd: float | None = None
+    spot_clamped: bool = False
+    spot_burst_now_cost_usd: float | None = None
 
     @property
     def cost_ratio_vs_fixed_wait_curve(self) -> float:
-        if self.curve_cost_usd <= 0:
-            return math.inf if self.gpufed_cost_usd > 0 else 1.0
-        return self.gpufed_cost_usd / self.curve_cost_usd
+        return _ratio(self.gpufed_cost_usd, self.curve_cost_usd)
 
     @property
     def cloud_cost_cut_vs_burst_now(self) -> float:
-        if self.burst_now_cost_usd <= 0:
-            return 0.0
-        return 1.0 - self.gpufed_cost_usd / self.burst_now_cost_usd
+        return _cut(self.gpufed_cost_usd, self.burst_now_cost_usd)
+
+    @property
+    def cost_ratio_vs_spot_fixed_wait_curve(self) -> float | None:
+        if self.spot_curve_cost_usd is None:
+            return None
+        return _ratio(self.gpufed_cost_usd, self.spot_curve_cost_usd)
+
+    @property
+    def cloud_cost_cut_vs_spot_burst_now(self) -> float | None:
+        if self.spot_burst_now_cost_usd is None:
+            return None
+        return _cut(self.gpufed_cost_usd, self.spot_burst_now_cost_usd)
 
     @property
     def avg_jct_vs_burst_now(self) -> float:
@@ -54,19 +66,33 @@ class Headline:
         return self.gpufed_avg_jct_h / self.burst_now_avg_jct_h - 1.0
 
 
+def _ratio(cost_usd: float, yardstick_usd: float) -> float:
+    if yardstick_usd <= 0:
+        return math.inf if cost_usd > 0 else 1.0
+    return cost_usd / yardstick_usd
+
+
+def _cut(cost_usd: float, baseline_usd: float) -> float:
+    return 0.0 if baseline_usd <= 0 else 1.0 - cost_usd / baseline_usd
+
+
 def weeks(rows: Sequence[Metrics]) -> list[str]:
     return sorted({r.week for r in rows})
 
 
-def curve(rows: Sequence[Metrics], size: float) -> list[Metrics]:
-    """The fixed-wait curve at one size (burst-now as the wait of 0), sorted by average JCT.
+def on_curve(policy: str, *, spot: bool) -> bool:
+    """Whether a policy is a point of the fixed-wait curve (on demand), or of its spot-aware twin."""
+    if policy.endswith("_spot") != spot:
+        return False
+    return policy.removesuffix("_spot") == "burst_now" or policy.startswith("fixed_wait_")
+
+
+def curve(rows: Sequence[Metrics], size: float, *, spot: bool = False) -> list[Metrics]:
+    """The fixed-wait curve at one size (burst-now as the wait of 0), sorted by average JCT; with
+    `spot`, the same policies under gpufed's spot rule.
 
     `rows` must be of one week: a curve mixing weeks means nothing."""
-    points = [
-        r
-        for r in rows
-        if r.size_factor == size and (r.policy == "burst_now" or r.policy.startswith("fixed_wait_"))
-    ]
+    points = [r for r in rows if r.size_factor == size and on_curve(r.policy, spot=spot)]
     return sorted(points, key=lambda r: (r.avg_jct_h, -r.cloud_cost_usd))
 
 
@@ -89,6 +115,13 @@ def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]
             if gpufed is None or burst is None or not points:
                 continue
             cost, clamped = curve_cost_at(points, gpufed.avg_jct_h)
+            spot_points = curve(of_week, size, spot=True)
+            spot_burst = next(
+                (r for r in of_week if r.size_factor == size and r.policy == "burst_now_spot"), None
+            )
+            spot_cost, spot_clamped = (
+                curve_cost_at(spot_points, gpufed.avg_jct_h) if spot_points else (None, False)
+            )
             out.append(
                 Headline(
                     size,
@@ -99,6 +132,9 @@ def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]
                     burst.cloud_cost_usd,
                     burst.avg_jct_h,
                     week,
+                    spot_cost,
+                    spot_clamped,
+                    None if spot_burst is None else spot_burst.cloud_cost_usd,
                 )
             )
     return out
@@ -115,13 +151,25 @@ def figure_lines(heads: Sequence[Headline]) -> list[str]:
         lines.append(f"cost_ratio_vs_fixed_wait_curve_{tag}: {h.cost_ratio_vs_fixed_wait_curve:.3f} ratio")
         lines.append(f"cloud_cost_cut_vs_burst_now_{tag}: {h.cloud_cost_cut_vs_burst_now * 100:.1f} %")
         lines.append(f"avg_jct_vs_burst_now_{tag}: {h.avg_jct_vs_burst_now * 100:+.1f} %")
+        lines += _spot_lines(h, tag)
     if several:
         lines += worst_lines(heads)
     return lines
 
 
+def _spot_lines(h: Headline, tag: str, prefix: str = "") -> list[str]:
+    ratio, cut = h.cost_ratio_vs_spot_fixed_wait_curve, h.cloud_cost_cut_vs_spot_burst_now
+    lines = []
+    if ratio is not None:
+        lines.append(f"{prefix}cost_ratio_vs_spot_fixed_wait_curve_{tag}: {ratio:.3f} ratio")
+    if cut is not None:
+        lines.append(f"{prefix}cloud_cost_cut_vs_spot_burst_now_{tag}: {cut * 100:.1f} %")
+    return lines
+
+
 def worst_lines(heads: Sequence[Headline]) -> list[str]:
-    """The worst week of each size: highest cost ratio, smallest cut, longest JCT against burst-now."""
+    """The worst week of each size: highest cost ratio, smallest cut, longest JCT against burst-now
+    (and, with the spot-aware yardstick, the worst against it)."""
     lines = []
     for size in sorted({h.size_factor for h in heads}):
         of_size = [h for h in heads if h.size_factor == size]
@@ -132,6 +180,12 @@ def worst_lines(heads: Sequence[Headline]) -> list[str]:
         lines.append(f"worst_cost_ratio_vs_fixed_wait_curve_{tag}: {ratio:.3f} ratio")
         lines.append(f"worst_cloud_cost_cut_vs_burst_now_{tag}: {cut * 100:.1f} %")
         lines.append(f"worst_avg_jct_vs_burst_now_{tag}: {jct * 100:+.1f} %")
+        spot_ratios = [r for h in of_size if (r := h.cost_ratio_vs_spot_fixed_wait_curve) is not None]
+        spot_cuts = [c for h in of_size if (c := h.cloud_cost_cut_vs_spot_burst_now) is not None]
+        if spot_ratios:
+            lines.append(f"worst_cost_ratio_vs_spot_fixed_wait_curve_{tag}: {max(spot_ratios):.3f} ratio")
+        if spot_cuts:
+            lines.append(f"worst_cloud_cost_cut_vs_spot_burst_now_{tag}: {min(spot_cuts) * 100:.1f} %")
     return lines
 
 
@@ -156,6 +210,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("max_share_gap_pp", "max gap pp"),
         ("preemptions", "preemptions"),
         ("moves", "moves"),
+        ("reclaims", "spot reclaims"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
         ("replay_cpu_s", "replay CPU s"),
@@ -175,18 +230,31 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
 
 def headline_table(heads: Sequence[Headline]) -> str:
     out = ["### Headline figures\n"]
-    out.append(
+    spot = any(h.spot_curve_cost_usd is not None for h in heads)
+    title = (
         "| week | size | gpufed USD | gpufed avg JCT h | fixed-wait curve USD at that JCT | ratio "
         "| cut vs burst-now | avg JCT vs burst-now |"
     )
-    out.append("|---|---|---|---|---|---|---|---|")
+    if spot:
+        title += " spot-aware curve USD at that JCT | ratio vs it | cut vs burst-now with spot |"
+    out.append(title)
+    out.append("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if spot else ""))
     for h in heads:
         clamp = " (clamped to the curve's end)" if h.clamped else ""
-        out.append(
+        line = (
             f"| {h.week} | {h.size_factor:g}x | {h.gpufed_cost_usd:,.0f} | {h.gpufed_avg_jct_h:.3f} | "
             f"{h.curve_cost_usd:,.0f}{clamp} | {h.cost_ratio_vs_fixed_wait_curve:.3f} | "
             f"{h.cloud_cost_cut_vs_burst_now * 100:.1f} % | {h.avg_jct_vs_burst_now * 100:+.1f} % |"
         )
+        if spot:
+            ratio, cut = h.cost_ratio_vs_spot_fixed_wait_curve, h.cloud_cost_cut_vs_spot_burst_now
+            spot_clamp = " (clamped)" if h.spot_clamped else ""
+            line += (
+                f" {'-' if h.spot_curve_cost_usd is None else f'{h.spot_curve_cost_usd:,.0f}'}{spot_clamp} |"
+                f" {'-' if ratio is None else f'{ratio:.3f}'} |"
+                f" {'-' if cut is None else f'{cut * 100:.1f} %'} |"
+            )
+        out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -218,6 +286,16 @@ def plot(rows: Sequence[Metrics], size: float, path: Path) -> None:
         label = p.policy.removeprefix("fixed_wait_") if p.policy != "burst_now" else "0"
         ax.annotate(
             label, (p.avg_jct_h, p.cloud_cost_usd), textcoords="offset points", xytext=(4, 4), fontsize=8
+        )
+    spot_points = curve(rows, size, spot=True)
+    if spot_points:
+        ax.plot(
+            [p.avg_jct_h for p in spot_points],
+            [p.cloud_cost_usd for p in spot_points],
+            "s--",
+            color="tab:orange",
+            markersize=4,
+            label="fixed wait with gpufed's spot rule",
         )
     for row in rows:
         if row.size_factor != size:

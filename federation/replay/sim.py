@@ -37,6 +37,7 @@ from federation.replay.policies import PolicySpec
 from federation.replay.trace import TraceJob
 from federation.replay.world import FIFO_TENANT, PoolDef, World, gang_request
 from placement.model import (
+    CapacityKind,
     ClusterName,
     ClusterState,
     GangRequest,
@@ -123,6 +124,8 @@ class Result:
     # estimate of what they saved, summed.
     moves: int = 0
     move_saving_usd: float = 0.0
+    # Spot runs reclaimed (each requeued from scratch; its run so far is billed and lost).
+    reclaims: int = 0
     admissions_by_cycle: list[tuple[float, tuple[JobId, ...]]] = field(default_factory=list)
 
 
@@ -159,7 +162,12 @@ class Simulator:
         self.policy = policy
         self.fifo = policy.fifo
         self.policy_config: PolicyConfig = policy.policy_config(config)
-        self.pools = [p for p in world.pools if p.is_private or policy.uses_cloud]
+        self.allow_spot = policy.allows_spot(config)
+        self.pools = [
+            p
+            for p in world.pools
+            if p.is_private or (policy.uses_cloud and (self.allow_spot or p.kind is not CapacityKind.SPOT))
+        ]
         self.by_offer = {(p.cluster, p.name): p for p in self.pools}
         self.free: dict[tuple[str, str], list[int]] = {
             (p.cluster, p.name): [p.gpus_per_node] * p.nodes for p in self.pools if p.is_private
@@ -179,6 +187,11 @@ class Simulator:
         self.speeds = tuple(sorted(config.gpu_speeds))
         for job in jobs:
             self._push(job.submit_time_s, Ev.ARRIVAL, job.job_id)
+
+    def _request(self, job: TraceJob, queued_at_s: float) -> GangRequest:
+        return gang_request(
+            job, self.config, fifo=self.fifo, queued_at_s=queued_at_s, allow_spot=self.allow_spot
+        )
 
     def _push(self, at_s: float, kind: Ev, job_id: JobId, attempt: int = 0) -> None:
         self.seq += 1
@@ -216,7 +229,7 @@ class Simulator:
     def _apply(self, kind: Ev, job_id: JobId, attempt: int, at: float) -> bool:
         if kind is Ev.ARRIVAL:
             job = self.jobs[job_id]
-            self.queue[job_id] = gang_request(job, self.config, fifo=self.fifo, queued_at_s=job.submit_time_s)
+            self.queue[job_id] = self._request(job, job.submit_time_s)
             return True
         if kind is Ev.WAKE:
             return job_id in self.queue
@@ -230,8 +243,10 @@ class Simulator:
         if kind is Ev.RECLAIM and run.start_s > at:
             return False
         self._end(job_id, run, at, completed=False)
+        if kind is Ev.RECLAIM:
+            self.result.reclaims += 1
         job = self.jobs[job_id]
-        self.queue[job_id] = gang_request(job, self.config, fifo=self.fifo, queued_at_s=run.gang.queued_at_s)
+        self.queue[job_id] = self._request(job, run.gang.queued_at_s)
         return True
 
     def _end(self, job_id: JobId, run: _Run, at: float, *, completed: bool) -> None:
@@ -353,7 +368,7 @@ class Simulator:
         rest = replace(job, duration_s=max(0.0, job.duration_s - done) + overhead_work)
         self._end(move.job_id, run, now, completed=False)
         self.jobs[move.job_id] = rest
-        request = gang_request(rest, self.config, fifo=self.fifo, queued_at_s=run.gang.queued_at_s)
+        request = self._request(rest, run.gang.queued_at_s)
         if move.max_runtime_s > 0:
             request = replace(request, max_runtime_s=math.ceil(move.max_runtime_s))
         self.queue[move.job_id] = request

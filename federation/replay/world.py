@@ -102,7 +102,9 @@ def private_pools(config: ReplayConfig, private_gpus_target: float) -> list[Pool
 def cloud_pools(config: ReplayConfig, prices: PriceTable) -> list[PoolDef]:
     gpn = config.gpus_per_node
     nodes = max(1, config.cloud_max_gpus_per_type // gpn)
-    kinds = [(CapacityKind.ON_DEMAND, False)] + ([(CapacityKind.SPOT, True)] if config.allow_spot else [])
+    # Spot pools are always built (where the table prices spot); the simulator keeps them only for a
+    # policy that lets jobs use spot (`public.spot`, or gpufed's `spot` setting).
+    kinds = [(CapacityKind.ON_DEMAND, False), (CapacityKind.SPOT, True)]
     pools = []
     for cluster in config.public_clusters:
         for gpu_type, accelerator in cluster.accelerators:
@@ -171,8 +173,11 @@ def build_world(
     return World(total, pools, team_quotas(jobs, private, config.guarantee_fraction))
 
 
-def gang_request(job: TraceJob, config: ReplayConfig, *, fifo: bool, queued_at_s: float) -> GangRequest:
-    """The job as the placer sees it: its run-time limit is its duration times the configured factor."""
+def gang_request(
+    job: TraceJob, config: ReplayConfig, *, fifo: bool, queued_at_s: float, allow_spot: bool
+) -> GangRequest:
+    """The job as the placer sees it: its run-time limit is its duration times the configured factor.
+    `allow_spot`: the policy lets every job use spot (the placer may still bound which do)."""
     limit_s = math.ceil(job.duration_s * config.runtime_limit_factor)
     return GangRequest(
         job_id=job.job_id,
@@ -182,7 +187,7 @@ def gang_request(job: TraceJob, config: ReplayConfig, *, fifo: bool, queued_at_s
         replica_gpus=job.replica_gpus(config.gpus_per_node),
         gpu_types=job.gpu_types,
         gpu_type_policy=job.gpu_type_policy,
-        allow_spot=config.allow_spot,
+        allow_spot=allow_spot,
         max_runtime_s=limit_s,
         expected_runtime_s=job.duration_s if config.expected_runtime == "exact" else 0.0,
     )

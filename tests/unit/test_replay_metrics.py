@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from federation.replay.metrics import Metrics, fairness, jain, summarise
-from federation.replay.report import headlines, write_all
+from federation.replay.report import headlines, worst_lines, write_all
 from federation.replay.sim import Interval, JobOutcome, Result
 from placement.model import JobId
 from tests.unit.replay_builders import a_job
@@ -134,3 +134,45 @@ def test_headline_beyond_the_curve_is_clamped_and_says_so() -> None:
     )
     assert head.clamped
     assert head.curve_cost_usd == 600
+
+
+def test_the_spot_aware_curve_is_a_second_yardstick_not_mixed_into_the_first(tmp_path: Path) -> None:
+    # On demand: burst-now 1,000 USD at 2 h, a 1 h wait 600 USD at 3 h. With gpufed's spot rule:
+    # 500 USD at 2 h, 400 at 3 h. gpufed: 300 USD at 2.5 h, where the curves cost 800 and 450.
+    rows = [
+        row("burst_now", 2.0, 1000),
+        row("fixed_wait_1h", 3.0, 600),
+        row("burst_now_spot", 2.0, 500),
+        row("fixed_wait_1h_spot", 3.0, 400),
+        row("gpufed", 2.5, 300),
+    ]
+    (head,) = headlines(rows)
+    assert head.curve_cost_usd == pytest.approx(800)
+    assert head.cost_ratio_vs_fixed_wait_curve == pytest.approx(0.375)
+    assert head.spot_curve_cost_usd == pytest.approx(450)
+    assert head.cost_ratio_vs_spot_fixed_wait_curve == pytest.approx(300 / 450)
+    assert head.cloud_cost_cut_vs_spot_burst_now == pytest.approx(0.4)
+    lines = write_all(rows, tmp_path, "test")
+    assert lines == [
+        "cost_ratio_vs_fixed_wait_curve_1x: 0.375 ratio",
+        "cloud_cost_cut_vs_burst_now_1x: 70.0 %",
+        "avg_jct_vs_burst_now_1x: +25.0 %",
+        "cost_ratio_vs_spot_fixed_wait_curve_1x: 0.667 ratio",
+        "cloud_cost_cut_vs_spot_burst_now_1x: 40.0 %",
+    ]
+    assert "| 450 | 0.667 | 40.0 % |" in (tmp_path / "replay.md").read_text()
+
+
+def test_the_worst_week_against_the_spot_aware_curve() -> None:
+    def week(name: str, gpufed_cost: float) -> list[Metrics]:
+        return [
+            row("burst_now", 2.0, 1000, week=name),
+            row("fixed_wait_1h", 3.0, 600, week=name),
+            row("burst_now_spot", 2.0, 500, week=name),
+            row("fixed_wait_1h_spot", 3.0, 400, week=name),
+            row("gpufed", 2.5, gpufed_cost, week=name),
+        ]
+
+    lines = worst_lines(headlines(week("a", 300) + week("b", 360)))
+    assert "worst_cost_ratio_vs_spot_fixed_wait_curve_1x: 0.800 ratio" in lines
+    assert "worst_cloud_cost_cut_vs_spot_burst_now_1x: 28.0 %" in lines
