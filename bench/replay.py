@@ -11,9 +11,12 @@ Writes the table (Markdown, CSV) and one cost-versus-JCT plot per size to --out 
 docs/results/ for the full week, a temporary directory for --quick), and ends with the headline
 figures, one per line: `cost_ratio_vs_fixed_wait_curve_<size>` (gpufed's cloud cost over the
 fixed-wait curve's at gpufed's average JCT), `cloud_cost_cut_vs_burst_now_<size>` and
-`avg_jct_vs_burst_now_<size>`. With `--weeks all` each name carries the week too
-(`..._<week>_<size>x`), a directory per week holds its table and plots, and the last lines are the
-worst week of each size (`worst_cost_ratio_vs_fixed_wait_curve_<size>x` and the like).
+`avg_jct_vs_burst_now_<size>`; with the config's `spot_curve`, also against the same curve and
+burst-now run with gpufed's spot rule (`cost_ratio_vs_spot_fixed_wait_curve_<size>`,
+`cloud_cost_cut_vs_spot_burst_now_<size>`): how much of the saving is the wait's rather than spot's.
+With `--weeks all` each name carries the week too (`..._<week>_<size>x`), a directory per week holds
+its table and plots, and the last lines are the worst week of each size
+(`worst_cost_ratio_vs_fixed_wait_curve_<size>x` and the like).
 """
 
 from __future__ import annotations
