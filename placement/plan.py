@@ -301,10 +301,12 @@ class _Cycle:
     def _spot_notes(self, ctx: GangCost, refused: Sequence[Offer]) -> list[WaitReason]:
         """Why spot capacity with room is not offered to this gang: reclaims would slow it too much."""
         bound = self.policy.spot_max_restart_slowdown
+        if bound is None:  # without a bound no spot offer is refused
+            return []
         notes, seen = [], set()
         for offer in refused:
             view = offer.view
-            if (view.cluster, view.gpu_type) in seen or bound is None:
+            if (view.cluster, view.gpu_type) in seen:
                 continue
             seen.add((view.cluster, view.gpu_type))
             slowdown = restart_slowdown(ctx.spot_exposure(view.gpu_type, offer.risk_per_hour))

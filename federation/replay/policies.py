@@ -64,11 +64,7 @@ class PolicySpec:
     def policy_config(self, config: ReplayConfig) -> PolicyConfig:
         base = PolicyConfig(preemption=config.preemption, default_grace_period_s=config.grace_period_s)
         if self.with_spot_rule:
-            base = replace(
-                base,
-                spot_max_restart_slowdown=config.gpufed.spot_max_restart_slowdown,
-                prefer_private=config.gpufed.prefer_private,
-            )
+            base = _spot_rule(base, config.gpufed)
         if self.kind is PolicyKind.FIXED_WAIT:
             return replace(
                 base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
@@ -76,7 +72,7 @@ class PolicySpec:
         if self.kind is PolicyKind.GPUFED:
             assert self.gpufed is not None
             return replace(
-                base,
+                _spot_rule(base, self.gpufed),
                 private_wait_s_per_gpu_hour=self.gpufed.private_wait_s_per_gpu_hour,
                 private_wait_max_s=self.gpufed.private_wait_max_s,
                 wait_value_usd_per_hour=self.gpufed.wait_value_usd_per_hour,
@@ -88,10 +84,17 @@ class PolicySpec:
                 repatriate=self.gpufed.repatriate,
                 repatriate_min_saving_usd=self.gpufed.repatriate_min_saving_usd,
                 move_overhead_s=self.gpufed.move_overhead_s,
-                spot_max_restart_slowdown=self.gpufed.spot_max_restart_slowdown,
-                prefer_private=self.gpufed.prefer_private,
             )
         return base
+
+
+def _spot_rule(base: PolicyConfig, settings: GpufedSettings) -> PolicyConfig:
+    """gpufed's spot rule (its bound on restarts, idle private GPUs first) on top of `base`."""
+    return replace(
+        base,
+        spot_max_restart_slowdown=settings.spot_max_restart_slowdown,
+        prefer_private=settings.prefer_private,
+    )
 
 
 def _wait_name(wait_s: float) -> str:

@@ -157,13 +157,13 @@ def figure_lines(heads: Sequence[Headline]) -> list[str]:
     return lines
 
 
-def _spot_lines(h: Headline, tag: str, prefix: str = "") -> list[str]:
+def _spot_lines(h: Headline, tag: str) -> list[str]:
     ratio, cut = h.cost_ratio_vs_spot_fixed_wait_curve, h.cloud_cost_cut_vs_spot_burst_now
     lines = []
     if ratio is not None:
-        lines.append(f"{prefix}cost_ratio_vs_spot_fixed_wait_curve_{tag}: {ratio:.3f} ratio")
+        lines.append(f"cost_ratio_vs_spot_fixed_wait_curve_{tag}: {ratio:.3f} ratio")
     if cut is not None:
-        lines.append(f"{prefix}cloud_cost_cut_vs_spot_burst_now_{tag}: {cut * 100:.1f} %")
+        lines.append(f"cloud_cost_cut_vs_spot_burst_now_{tag}: {cut * 100:.1f} %")
     return lines
 
 

@@ -136,16 +136,20 @@ def test_headline_beyond_the_curve_is_clamped_and_says_so() -> None:
     assert head.curve_cost_usd == 600
 
 
-def test_the_spot_aware_curve_is_a_second_yardstick_not_mixed_into_the_first(tmp_path: Path) -> None:
-    # On demand: burst-now 1,000 USD at 2 h, a 1 h wait 600 USD at 3 h. With gpufed's spot rule:
-    # 500 USD at 2 h, 400 at 3 h. gpufed: 300 USD at 2.5 h, where the curves cost 800 and 450.
-    rows = [
-        row("burst_now", 2.0, 1000),
-        row("fixed_wait_1h", 3.0, 600),
-        row("burst_now_spot", 2.0, 500),
-        row("fixed_wait_1h_spot", 3.0, 400),
-        row("gpufed", 2.5, 300),
+def spot_rows(gpufed_cost: float, week: str = "") -> list[Metrics]:
+    """On demand: burst-now 1,000 USD at 2 h, a 1 h wait 600 USD at 3 h. With gpufed's spot rule:
+    500 USD at 2 h, 400 at 3 h. gpufed at 2.5 h, where the curves cost 800 and 450."""
+    return [
+        row("burst_now", 2.0, 1000, week=week),
+        row("fixed_wait_1h", 3.0, 600, week=week),
+        row("burst_now_spot", 2.0, 500, week=week),
+        row("fixed_wait_1h_spot", 3.0, 400, week=week),
+        row("gpufed", 2.5, gpufed_cost, week=week),
     ]
+
+
+def test_the_spot_aware_curve_is_a_second_yardstick_not_mixed_into_the_first(tmp_path: Path) -> None:
+    rows = spot_rows(300)
     (head,) = headlines(rows)
     assert head.curve_cost_usd == pytest.approx(800)
     assert head.cost_ratio_vs_fixed_wait_curve == pytest.approx(0.375)
@@ -164,15 +168,6 @@ def test_the_spot_aware_curve_is_a_second_yardstick_not_mixed_into_the_first(tmp
 
 
 def test_the_worst_week_against_the_spot_aware_curve() -> None:
-    def week(name: str, gpufed_cost: float) -> list[Metrics]:
-        return [
-            row("burst_now", 2.0, 1000, week=name),
-            row("fixed_wait_1h", 3.0, 600, week=name),
-            row("burst_now_spot", 2.0, 500, week=name),
-            row("fixed_wait_1h_spot", 3.0, 400, week=name),
-            row("gpufed", 2.5, gpufed_cost, week=name),
-        ]
-
-    lines = worst_lines(headlines(week("a", 300) + week("b", 360)))
+    lines = worst_lines(headlines(spot_rows(300, "a") + spot_rows(360, "b")))
     assert "worst_cost_ratio_vs_spot_fixed_wait_curve_1x: 0.800 ratio" in lines
     assert "worst_cloud_cost_cut_vs_spot_burst_now_1x: 28.0 %" in lines

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from clusters.kubernetes.inventory import NodeInfo, cluster_state
 from federation.errors import InvalidSpec
 from federation.runtime.config import parse_config
 from federation.runtime.embedded import default_config_path
 from federation.store.config_policy import parse_settings
 from federation.store.records import cluster_from_dict, cluster_to_dict, settings_from_dict, settings_to_dict
-from placement.model import CapacityKind
+from placement.model import CapacityKind, ClusterName, GpuType, Provider
 
 SPOT_CLUSTER = """
 clusters:
@@ -82,9 +83,6 @@ def test_the_shipped_config_prices_spot_reclaims_and_takes_idle_private_gpus_fir
 
 def test_the_kubernetes_backend_gives_spot_pools_their_reclaim_rate() -> None:
     # What a member cluster reports reaches the placer with the config's rate for its spot pools.
-    from clusters.kubernetes.inventory import NodeInfo, cluster_state
-    from placement.model import ClusterName, GpuType, Provider
-
     def node(name: str, kind: CapacityKind) -> NodeInfo:
         return NodeInfo(name, f"a100-{kind.value}", None, "NVIDIA-A100", GpuType("A100"), kind, 8, None, True)
 
