@@ -40,12 +40,13 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.capacity_client import CapacityClient, plan_request  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.spec.manifest_text import wire_manifest  # noqa: E402
-from tests.e2e.harness import ServerProcess, free_port  # noqa: E402
+from tests.e2e.harness import ServerProcess  # noqa: E402
 
 # The embedded default's federation (federation/defaults/federation.yaml) without the simulator
 # process and the object stores: the same teams, users, quotas, clusters and prices.

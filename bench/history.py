@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clusters.memory import InMemoryCluster  # noqa: E402
+from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.history import schema  # noqa: E402
@@ -92,7 +93,6 @@ from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, Provider, TenantId  # noqa: E402
 from tests.conftest import build_job  # noqa: E402
-from tests.e2e.harness import free_port  # noqa: E402
 from tests.history_builders import an_archived_job, an_interval  # noqa: E402
 
 YEAR_START = datetime(2026, 1, 1, tzinfo=UTC).timestamp()

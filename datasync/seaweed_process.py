@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ import structlog
 from datasync.child_guard import clear_leftover, die_with_parent, write_pid_file
 from datasync.credentials import AwsCredentials, Secret
 from datasync.errors import DatasyncError
+from datasync.loopback_ports import HIGHEST, LOWEST, ephemeral_range, free_port, port_free
 from datasync.s3_requests import sign_v4
 
 _log = structlog.get_logger(__name__)
@@ -72,29 +72,24 @@ def weed_binary() -> Path:
 def _port_pair_free(port: int, host: str, *, reuse_addr: bool = False) -> bool:
     # weed (Go) listens with SO_REUSEADDR, so a port whose last run left connections in TIME_WAIT is
     # free to it; `reuse_addr` asks the same question when reusing a remembered port.
-    for p in (port, port + _GRPC_OFFSET):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if reuse_addr:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, p))
-            except OSError:
-                return False
-    return True
+    return all(port_free(p, host, reuse_addr=reuse_addr) for p in (port, port + _GRPC_OFFSET))
 
 
 def free_port_pairs(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports p below 55536 such that p and p + 10000 are both free right now."""
+    """`count` distinct ports p such that p and p + 10000 are both free right now, and both below the
+    ephemeral range where it leaves room (see `datasync.loopback_ports`)."""
+    ephemeral_low, _ = ephemeral_range()
+    below_ephemeral = ephemeral_low - 1 - _GRPC_OFFSET
+    highest = below_ephemeral if below_ephemeral - LOWEST >= 1000 else HIGHEST - _GRPC_OFFSET
     found: list[int] = []
+
+    def usable(port: int) -> bool:
+        taken = {q for f in found for q in (f, f + _GRPC_OFFSET)}
+        grpc = port + _GRPC_OFFSET
+        return port not in taken and grpc not in taken and port_free(grpc, host)
+
     while len(found) < count:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port: int = s.getsockname()[1]
-        if port + _GRPC_OFFSET > 65535 or port in found or port - _GRPC_OFFSET in found:
-            continue
-        if port + _GRPC_OFFSET in found or not _port_pair_free(port, host):
-            continue
-        found.append(port)
+        found.append(free_port(host, highest=highest, also=usable))
     return found
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from federation.runtime.etcd_process import EtcdProcess, EtcdServerTls, free_port
+from datasync.loopback_ports import free_port
+from federation.runtime.etcd_process import EtcdProcess, EtcdServerTls
 from federation.store.kv_etcd_channel import EtcdTls
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import shutil
-import socket
 import ssl
 import time
 import urllib.error
@@ -38,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from datasync.loopback_ports import free_port, port_free
 from federation.errors import GpufedError
 from federation.runtime.child_process import ChildProcess
 
-# A port picked by binding to 0 can be taken by someone else before etcd binds it; try a few times.
+# A picked port can still be taken by another listener before etcd binds it; try a few times.
 _PORT_ATTEMPTS = 3
 
 # History etcd keeps before its periodic compaction drops it: a watcher cut off for less than this
@@ -87,25 +87,6 @@ class EtcdServerTls:
     ca: Path
     cert: Path
     key: Path
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether etcd could listen on `port` now. etcd (Go) sets SO_REUSEADDR, so connections a killed
-    run left in TIME_WAIT do not hold the port; the probe sets it too."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class EtcdProcess:
@@ -192,7 +173,7 @@ class EtcdProcess:
             ports = int(data["client"]), int(data["peer"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return ports if all(port_free(p, self._host) for p in ports) else None
+        return ports if all(port_free(p, self._host, reuse_addr=True) for p in ports) else None
 
     @property
     def pid(self) -> int | None:

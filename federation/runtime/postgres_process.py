@@ -26,8 +26,8 @@ from types import TracebackType
 
 import psycopg
 
+from datasync.loopback_ports import free_port
 from federation.errors import GpufedError
-from federation.runtime.etcd_process import free_port
 
 SUPERUSER = "gpufed"
 _SYSTEM_USER = "postgres"

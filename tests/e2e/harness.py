@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import BinaryIO
 
+from datasync.loopback_ports import free_port
 from federation.api.client import GpufedClient, TlsClient, wait_until_serving
 
 CONFIG = Path(__file__).with_name("federation.yaml")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def manifest(
