@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clusters.memory import InMemoryCluster  # noqa: E402
-from datasync.loopback_ports import free_port  # noqa: E402
+from datasync.loopback_ports import free_ports  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.history import schema  # noqa: E402
@@ -567,7 +567,7 @@ def time_restart(
 
     `/readyz` is polled first because a gRPC channel that found no server backs off (a second,
     then more) before it tries again, which would add its backoff to the figure."""
-    port, http_port = free_port(), free_port()
+    port, http_port = free_ports(2)
     token = (state_dir / "tokens" / "admin.token").read_text().strip()
     log = (state_dir / f"serve-{label}.log").open("wb")
     began = time.perf_counter()

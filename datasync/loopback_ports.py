@@ -78,3 +78,12 @@ def free_port(
         if port <= highest and also(port):
             return port
     raise OSError(f"no free port at most {highest} on {host}")
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports, for servers started together (a cluster's members, a server's
+    gRPC and HTTP ports): separate draws from the same band could repeat one."""
+    found: list[int] = []
+    while len(found) < count:
+        found.append(free_port(host, also=lambda p: p not in found))
+    return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from datasync.loopback_ports import free_port
+from datasync.loopback_ports import free_ports
 from federation.runtime.etcd_process import EtcdProcess, EtcdServerTls
 from federation.store.kv_etcd_channel import EtcdTls
 
@@ -80,7 +80,8 @@ class EtcdCluster:
     as `gpufed serve --etcd` and `EtcdKv.connect` take them."""
 
     def __init__(self, base_dir: Path, *, size: int = 3, tls: EtcdServerTls | None = None) -> None:
-        ports = [(free_port(), free_port()) for _ in range(size)]
+        drawn = free_ports(2 * size)
+        ports = list(zip(drawn[0::2], drawn[1::2], strict=True))
         initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
         self.members = [
             EtcdProcess(

@@ -161,9 +161,11 @@ class EtcdProcess:
             self._client_port, self._peer_port = remembered
             return
         if self._client_port is None:
-            self._client_port = free_port(self._host)
+            peer = self._peer_port
+            self._client_port = free_port(self._host, also=lambda p: p != peer)
         if self._peer_port is None:
-            self._peer_port = free_port(self._host)
+            client = self._client_port
+            self._peer_port = free_port(self._host, also=lambda p: p != client)
 
     def _remembered_ports(self) -> tuple[int, int] | None:
         if self._fixed_ports:

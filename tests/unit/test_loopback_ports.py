@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from datasync import loopback_ports
-from datasync.loopback_ports import HIGHEST, LOWEST, ephemeral_range, free_port, port_free
+from datasync.loopback_ports import HIGHEST, LOWEST, ephemeral_range, free_port, free_ports, port_free
 from datasync.seaweed_process import _GRPC_OFFSET, free_port_pairs
 
 
@@ -75,3 +75,12 @@ def test_seaweed_port_pairs_are_distinct_free_and_below_the_ephemeral_range() ->
     assert len(set(ports)) == 8
     assert all(LOWEST <= q < low for q in ports)
     assert all(port_free(q) for q in ports)
+
+
+def test_ports_drawn_together_are_distinct_even_when_the_draws_repeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A cluster's six ports are drawn at once; two equal draws must not give two members one port.
+    draws = iter([5, 5, 5, 7, 5, 7, 9])
+    monkeypatch.setattr(loopback_ports.random, "randrange", lambda _n: next(draws))
+    assert free_ports(3) == [LOWEST + 5, LOWEST + 7, LOWEST + 9]
