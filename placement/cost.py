@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from placement.model import EgressRate, GangRequest, GpuType, PolicyConfig
+from placement.model import CapacityKind, EgressRate, GangRequest, GpuType, PolicyConfig
 
 _GB = 1e9
 _HOUR_S = 3600.0
@@ -194,11 +194,15 @@ class GangCost:
         reclaimed on its own at `risk_per_hour`."""
         return risk_per_hour * len(self.gang.replica_gpus) * self.work_s / self.speed(gpu_type) / _HOUR_S
 
-    def spot_allowed(self, gpu_type: GpuType, risk_per_hour: float) -> bool:
-        """Whether reclaims at this rate, each a restart from scratch, would slow the gang's run by at
-        most the policy's bound."""
+    def kept_off(self, kind: CapacityKind, gpu_type: GpuType, risk_per_hour: float) -> bool:
+        """Whether the policy's bound keeps the gang off this capacity: spot whose reclaims at this rate,
+        each a restart from scratch, would slow its run by more than the bound."""
         limit = self.model.spot_max_exposure
-        return limit is None or self.spot_exposure(gpu_type, risk_per_hour) <= limit
+        return (
+            kind is CapacityKind.SPOT
+            and limit is not None
+            and self.spot_exposure(gpu_type, risk_per_hour) > limit
+        )
 
     def duration_s(self, gpu_type: GpuType, store: str | None) -> float:
         """From start to finish: moving the dataset, then the work at this type's speed."""

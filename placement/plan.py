@@ -44,7 +44,6 @@ from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
-    CapacityKind,
     ClusterName,
     GangRequest,
     GpuType,
@@ -216,47 +215,33 @@ class _Cycle:
         def room_now(o: Offer) -> bool:
             if o.free.total_free < need or o.free.max_free < largest:
                 return False
-            if (
-                spot_bounded
-                and o.kind is CapacityKind.SPOT
-                and not ctx.spot_allowed(o.view.gpu_type, o.risk_per_hour)
-            ):
+            if spot_bounded and ctx.kept_off(o.kind, o.view.gpu_type, o.risk_per_hour):
                 refused.append(o)
                 return False
             return True
 
-        candidates: Iterable[tuple[int, float, float, int, Offer]]
-        if ctx.static_order:
-            # Cost is the gang's GPU-hours times price per unit of work, so the offers' fixed order by price
-            # per unit of work is the order of cost: no sort, and the scan below stops at the first rank
-            # past the best fit.
-            candidates = (
-                (
-                    private_tier(o, policy),
-                    ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
-                    o.price_factor,
-                    o.kind_rank,
-                    o,
-                )
-                for o in self.inventory.by_work_price(group, gang.allow_spot, self.costs)
-                if room_now(o)
+        # Cost is the gang's GPU-hours times price per unit of work, so with a static order the offers'
+        # fixed order by price per unit of work is the order of cost: no sort, and the scan below stops
+        # at the first rank past the best fit. Otherwise they are sorted, price breaking ties of cost
+        # (which a gang of no GPUs has zero everywhere).
+        offers = (
+            self.inventory.by_work_price(group, gang.allow_spot, self.costs)
+            if ctx.static_order
+            else self.inventory.search_order(group, gang.allow_spot)
+        )
+        candidates: Iterable[tuple[int, float, float, int, Offer]] = (
+            (
+                private_tier(o, policy),
+                ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+                o.price_factor,
+                o.kind_rank,
+                o,
             )
-        else:
-            # Price breaks ties of cost, which a gang of no GPUs has zero everywhere.
-            candidates = sorted(
-                (
-                    (
-                        private_tier(o, policy),
-                        ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
-                        o.price_factor,
-                        o.kind_rank,
-                        o,
-                    )
-                    for o in self.inventory.search_order(group, gang.allow_spot)
-                    if room_now(o)
-                ),
-                key=lambda c: (c[0], c[1], c[2], c[3], c[4].search_key),
-            )
+            for o in offers
+            if room_now(o)
+        )
+        if not ctx.static_order:
+            candidates = sorted(candidates, key=lambda c: (c[0], c[1], c[2], c[3], c[4].search_key))
         best: _Fit | None = None
         rank = (0, 0.0, 0.0, 0)
         fitted = False

@@ -28,7 +28,6 @@ from placement.cost import CostModel, GangCost
 from placement.fairshare import FairShare
 from placement.inventory import Inventory, Offer, price_factor
 from placement.model import (
-    CapacityKind,
     CapacityRequest,
     ClusterName,
     GangRequest,
@@ -413,7 +412,7 @@ class Room:
             and self.now + ctx.duration_s(pool.gpu_type, store) > ctx.gang.deadline_at_s
         ):
             return None
-        if pool.kind is CapacityKind.SPOT and not ctx.spot_allowed(pool.gpu_type, pool.restart_risk_per_hour):
+        if ctx.kept_off(pool.kind, pool.gpu_type, pool.restart_risk_per_hour):
             # Growing spot for a gang the bound keeps off spot would buy nodes it may not use.
             return None
         factor = price_factor(pool.kind, pool.usd_per_gpu_hour, pool.restart_risk_per_hour, self.policy)
