@@ -109,16 +109,15 @@ def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]
     for week in weeks(rows):
         of_week = [r for r in rows if r.week == week]
         for size in sorted({r.size_factor for r in of_week}):
-            gpufed = next((r for r in of_week if r.size_factor == size and r.policy == policy), None)
-            burst = next((r for r in of_week if r.size_factor == size and r.policy == "burst_now"), None)
+            # Each policy's row at this size (the first, should a policy repeat).
+            by_policy = {r.policy: r for r in reversed(of_week) if r.size_factor == size}
+            gpufed, burst = by_policy.get(policy), by_policy.get("burst_now")
             points = curve(of_week, size)
             if gpufed is None or burst is None or not points:
                 continue
             cost, clamped = curve_cost_at(points, gpufed.avg_jct_h)
             spot_points = curve(of_week, size, spot=True)
-            spot_burst = next(
-                (r for r in of_week if r.size_factor == size and r.policy == "burst_now_spot"), None
-            )
+            spot_burst = by_policy.get("burst_now_spot")
             spot_cost, spot_clamped = (
                 curve_cost_at(spot_points, gpufed.avg_jct_h) if spot_points else (None, False)
             )
