@@ -11,6 +11,8 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess
 
@@ -44,6 +47,21 @@ def write_config(
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+@contextmanager
+def serve_clusters(
+    etcd: EtcdProcess, tmp_path: Path, sims: SimProcess, clusters: list[dict[str, Any]], **config: Any
+) -> Iterator[ServerProcess]:
+    """`gpufed serve` on `etcd`, its config (`write_config`: the simulator's `clusters` and `config`'s
+    other sections) and state under `tmp_path`; stopped on leaving."""
+    path = write_config(tmp_path / "federation.yaml", sims, clusters, **config)
+    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=path)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def _api(sims: SimProcess, cluster: str) -> Any:

@@ -28,7 +28,7 @@ from federation.runtime.embedded import ENDPOINT_FILE, default_config_path, read
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import write_config
+from tests.e2e.kube import serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -59,8 +59,9 @@ CLUSTERS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=30,
@@ -80,11 +81,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             "cloudGpuLimits": {"aws": 64},
             "maxNodesPerPool": 8,
         },
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def sim_nodes(sims: SimProcess | Path, pool: str = "h100-od") -> list[str]:

@@ -23,7 +23,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, job_of, write_config
+from tests.e2e.kube import PodRecorder, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -82,13 +82,10 @@ POLICY = {
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml", sims, CLUSTERS, grace_s=4, policy=POLICY, tenants=TENANTS, users=USERS
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    with serve_clusters(
+        etcd, tmp_path, sims, CLUSTERS, grace_s=4, policy=POLICY, tenants=TENANTS, users=USERS
+    ) as process:
+        yield process
 
 
 def _phase(fed: ServerProcess, user: str, job_id: str, phase: int, timeout_s: float = 60) -> pb.Job:

@@ -24,7 +24,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import _api, gang_pods, gangs, job_of, sim_admin, write_config
+from tests.e2e.kube import _api, gang_pods, gangs, job_of, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
 
@@ -56,8 +56,9 @@ CLUSTERS: list[dict[str, Any]] = [
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
     clusters = [{k: v for k, v in c.items() if k not in SIM_ONLY} for c in CLUSTERS]
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         clusters,
         grace_s=4,
@@ -67,11 +68,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             {"name": "alice", "tenant": "vision"},
             {"name": "bob", "tenant": "audio"},
         ],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def _annotated(name: str, annotations: dict[str, str], *, duration: str = "3s", extra: str = "") -> str:
@@ -296,19 +294,17 @@ LIMITS = {"maxStreamsPerTenant": 2, "maxStreamsPerServer": 3, "maxBytesPerCall":
 def limited(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
     """A server with small log limits (the config's `logs:`) and a long grace for a lost cluster."""
     clusters = [{k: v for k, v in c.items() if k not in SIM_ONLY} for c in CLUSTERS]
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         clusters,
         grace_s=60,
         tenants=[{"name": "vision"}, {"name": "audio"}],
         users=[{"name": "alice", "tenant": "vision"}, {"name": "bob", "tenant": "audio"}],
         logs=LIMITS,
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def _running(fed: ServerProcess, user: str, name: str) -> str:

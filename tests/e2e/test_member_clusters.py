@@ -18,7 +18,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, gang_pods, gangs, job_of, sim_admin, write_config
+from tests.e2e.kube import PodRecorder, gang_pods, gangs, job_of, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
 
@@ -64,8 +64,9 @@ RESTART_ON_EVICTION = "  restartPolicy: {onFailure: AbortJob, onEviction: Restar
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=GRACE_S,
@@ -74,11 +75,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             {"name": "admin", "tenant": "platform", "role": "admin"},
             {"name": "alice", "tenant": "vision"},
         ],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def _job(fed: ServerProcess, job_id: str) -> pb.Job:

@@ -20,7 +20,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, job_of, write_config
+from tests.e2e.kube import gang_pods, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -121,8 +121,9 @@ USERS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=GRACE_S,
@@ -131,11 +132,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         egress=[{"from": "s3-us-east-1", "to": "gcs-us-east4", "usdPerGb": 0.09}],
         tenants=TENANTS,
         users=USERS,
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def _running(fed: ServerProcess, user: str, job_id: str, timeout_s: float = 30) -> pb.Job:

@@ -22,7 +22,7 @@ from federation.cli.render import clusters_table
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import job_of, write_config
+from tests.e2e.kube import job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -62,8 +62,9 @@ spec:
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=8,
@@ -72,11 +73,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             {"name": "admin", "tenant": "platform", "role": "admin"},
             {"name": "alice", "tenant": "vision"},
         ],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def test_a_cluster_that_keeps_refusing_is_backed_off_from_and_shown_refusing(fed: ServerProcess) -> None:

@@ -37,7 +37,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from placement.model import CapacityKind, ClusterName, GpuType, GpuTypePolicy, Provider, TenantId, TenantQuota
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import gang_pods, sim_admin, write_config
+from tests.e2e.kube import gang_pods, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
 
@@ -117,8 +117,9 @@ def _manifest(job: TraceJob, short: bool) -> str:
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=30,
@@ -126,11 +127,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         gpuSpeeds={"V100": 1.0, "A100": 1.6},
         tenants=[{"name": "platform"}, {"name": "replay"}],
         users=[{"name": "admin", "tenant": "platform", "role": "admin"}, {"name": "ann", "tenant": "replay"}],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def _replay(jobs: list[TraceJob], median_s: float) -> dict[str, tuple[str, str]]:

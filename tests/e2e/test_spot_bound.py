@@ -30,7 +30,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, job_of, write_config
+from tests.e2e.kube import gang_pods, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -84,19 +84,17 @@ def capacity_types(sims: SimProcess, cluster: str, job_id: str) -> set[str]:
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=4,
         policy={"privateWaitSecondsPerGpuHour": 0, "spotMaxRestartSlowdown": 0.3, "preferPrivate": True},
         tenants=TENANTS,
         users=USERS,
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def running(fed: ServerProcess, job_id: str) -> pb.Job:

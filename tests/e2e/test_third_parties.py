@@ -27,7 +27,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, gang_pods, job_of, write_config
+from tests.e2e.kube import PodRecorder, gang_pods, job_of, serve_clusters
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -60,8 +60,9 @@ CLUSTERS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=8,
@@ -71,11 +72,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             {"name": "fin", "tenant": "platform", "role": "finance"},
             {"name": "alice", "tenant": "vision"},
         ],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, write_config
+from tests.e2e.kube import gang_pods, serve_clusters
 from tests.e2e.test_third_parties import (
     KUBECTL,
     NAMESPACE,
@@ -55,8 +55,9 @@ CLUSTERS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = write_config(
-        tmp_path / "federation.yaml",
+    with serve_clusters(
+        etcd,
+        tmp_path,
         sims,
         CLUSTERS,
         grace_s=8,
@@ -65,11 +66,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
             {"name": "fin", "tenant": "platform", "role": "finance"},
             {"name": "alice", "tenant": "vision"},
         ],
-    )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
-    process.start()
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 @pytest.fixture
