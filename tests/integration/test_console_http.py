@@ -7,28 +7,33 @@ servicers, in process); the browser is aiohttp's client with a cookie jar.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import ssl
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from yarl import URL
 
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.console import sse
 from federation.console.calls import CallRefused, ConsoleCalls
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.server import FederationServer, ServerConfig
+from federation.security.auth import TOKEN_CACHE_TTL_S, Authenticator
 from federation.store.job_store import KvStore
 from federation.store.kv_etcd import EtcdKv
+from tests.contract.helpers import eventually
 from tests.e2e.harness import manifest
 
 pytestmark = pytest.mark.integration
@@ -108,6 +113,34 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 async def console(etcd: EtcdProcess, tmp_path: Path) -> AsyncIterator[Console]:
     started = await _start(etcd, tmp_path / "state")
     yield started
+    await started.server.stop()
+
+
+@dataclass
+class SkippingClock:
+    """The monotonic clock plus whatever the test skipped: a TTL runs out without the test waiting."""
+
+    skipped_s: float = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped_s
+
+    def skip(self, seconds: float) -> None:
+        self.skipped_s += seconds
+
+
+@pytest.fixture
+async def console_and_clock(
+    etcd: EtcdProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Console, SkippingClock]]:
+    """A console whose server resolves tokens through an `Authenticator` (its token cache) reading
+    the returned clock; the rest of the server keeps real time."""
+    clock = SkippingClock()
+    monkeypatch.setattr(
+        "federation.runtime.server.Authenticator", functools.partial(Authenticator, clock=clock)
+    )
+    started = await _start(etcd, tmp_path / "state")
+    yield started, clock
     await started.server.stop()
 
 
@@ -371,7 +404,8 @@ async def test_admins_grant_and_revoke_approvals_members_cannot(console: Console
 # ---- sessions end with their token
 
 
-async def test_a_revoked_token_ends_the_session(console: Console) -> None:
+async def test_a_revoked_token_ends_the_session(console_and_clock: tuple[Console, SkippingClock]) -> None:
+    console, clock = console_and_clock
     issued = await console.api("admin", "IssueToken", pb.IssueTokenRequest(user="alice"))
     assert isinstance(issued, pb.IssuedToken)
     console.tokens["alice2"] = issued.token
@@ -379,14 +413,17 @@ async def test_a_revoked_token_ends_the_session(console: Console) -> None:
         async with alice.get("/jobs", allow_redirects=False) as r:
             assert r.status == 200
         await console.api("admin", "RevokeToken", pb.RevokeTokenRequest(token_id=issued.info.token_id))
-        # Revocation reaches every server within the token cache's TTL (5 s), as for the gRPC API.
-        deadline = time.monotonic() + 8
+        # Revocation reaches every server within the token cache's TTL (5 s), as for the gRPC API:
+        # the cache's clock skips the TTL rather than the test sleeping through it, and the session
+        # must end within the same 3 s past it as on real time.
+        deadline = clock() + TOKEN_CACHE_TTL_S + 3
+        clock.skip(TOKEN_CACHE_TTL_S)
         while True:
             async with alice.get("/jobs", allow_redirects=False) as r:
                 if r.status == 303:
                     assert r.headers["Location"] == "/login"
                     break
-            assert time.monotonic() < deadline, "the session outlived its token"
+            assert clock() < deadline, "the session outlived its token"
             await asyncio.sleep(0.25)
         with pytest.raises(CallRefused):
             await console.api("alice2", "WhoAmI", pb.WhoAmIRequest())
@@ -541,24 +578,54 @@ async def test_the_server_stops_promptly_with_event_streams_open(etcd: EtcdProce
             await console.server.stop()
 
 
-async def test_an_event_stream_stops_polling_when_the_browser_leaves(console: Console) -> None:
+# The live table's poll interval in the test below: a tenth of the console's, so that a few polls
+# take a fraction of a second; the loop under test is the console's own (`sse.poll`).
+QUICK_POLL_S = sse.POLL_INTERVAL_S / 10
+
+
+async def test_an_event_stream_stops_polling_when_the_browser_leaves(
+    console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def list_calls() -> float:
         value = console.server.metrics.registry.get_sample_value(
             "gpufed_api_request_seconds_count", {"method": "ListJobs", "code": "OK"}
         )
         return value or 0.0
 
+    console_poll = sse.poll
+    poll_returned = asyncio.Event()
+
+    async def quick_poll(
+        request: web.Request,
+        fetch: Callable[[], Awaitable[tuple[Iterable[sse.Event], bool]]],
+        *,
+        interval_s: float = sse.POLL_INTERVAL_S,
+    ) -> web.StreamResponse:
+        try:
+            return await console_poll(request, fetch, interval_s=QUICK_POLL_S)
+        finally:
+            poll_returned.set()
+
+    # The jobs page's handler looks `sse.poll` up at each request.
+    monkeypatch.setattr(sse, "poll", quick_poll)
+
+    async def read_three_times() -> bool:
+        return list_calls() >= 3
+
     await console.submit("alice", "polled", duration="300s")
     async with await console.signed_in("alice") as alice:
         stream = await alice.get("/jobs/events")
         assert stream.status == 200
         await asyncio.wait_for(stream.content.readuntil(b"event: job"), 10)
-        await asyncio.sleep(2.5)
-        assert list_calls() >= 3  # about one read a second while the page is open
+        await eventually(read_three_times, timeout_s=10, what="three ListJobs reads by the open stream")
+        assert list_calls() >= 3  # one read an interval while the page is open
         stream.close()  # the browser navigates away
-        await asyncio.sleep(2.5)
+        # The server notices: its poll loop for the stream returns ...
+        await asyncio.wait_for(poll_returned.wait(), 10)
         after = list_calls()
-        await asyncio.sleep(2.5)
+        # ... and nothing goes on reading for the browser that left. No event marks a read that
+        # does not happen, so this part is a bounded wait: five intervals of the loop that ended.
+        await asyncio.sleep(5 * QUICK_POLL_S)
         assert list_calls() == after, "the stream kept polling for a browser that left"
 
 

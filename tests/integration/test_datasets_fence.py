@@ -101,6 +101,13 @@ class Leader:
     stores: CountingStores
     runner: SyncRunner
 
+    async def runs_ended(self, timeout_s: float = 30.0) -> None:
+        """Until every sync this leader's runner started has returned: copied, failed, or deferred
+        because another holds the copy's fence (the runner keeps its tasks in `_tasks`)."""
+        started = list(self.runner._tasks.values())
+        assert started, "the runner started no sync"
+        await asyncio.wait_for(asyncio.gather(*started), timeout_s)
+
 
 @dataclass
 class World:
@@ -226,7 +233,7 @@ async def test_a_sync_waits_out_an_eviction_holding_the_copy_then_copies_it_whol
     async with fenced(world.kv, KEY, "evict"):
         await world.request()
         await leader.runner.start_missing()
-        await asyncio.sleep(0.5)
+        await leader.runs_ended()  # the sync tried, and gave way to the eviction
         # Deferred, not failed: the record is still asked for and nothing was written.
         assert await world.state() is SyncState.REQUESTED
         assert leader.stores.wrapped.get("cloud") is None or leader.stores.wrapped["cloud"].puts == 0
@@ -270,8 +277,11 @@ async def test_a_sync_that_lost_its_fence_does_not_record_the_copy(world: World)
         assert record is not None
         assert "lost the fence" in record[0].error
         assert await world.registry.get_copy(KEY) is None
-        await leader.runner.start_missing()  # deferred while the eviction holds the fence
-        await asyncio.sleep(0.3)
+        # The sync that lost its fence has ended (not just written its record), so that this start
+        # is a new attempt, deferred while the eviction holds the fence.
+        await leader.runs_ended()
+        await leader.runner.start_missing()
+        await leader.runs_ended()
         assert await world.state() is SyncState.REQUESTED
     await leader.runner.start_missing()
     await world.until(SyncState.DONE)

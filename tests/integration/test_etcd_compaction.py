@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,9 @@ import pytest
 from federation.runtime.etcd_process import EtcdProcess
 from federation.scheduling.compactor import Compactor
 from federation.scheduling.leader import LeaderElection
-from federation.store.kv import Delete, Put
+from federation.store.kv import Delete, Put, WatchEvent
 from federation.store.kv_etcd import EtcdKv
+from tests.contract.helpers import eventually
 from tests.e2e.harness import wait_for
 from tests.etcdctl import compacted_past, endpoint_status, etcdctl
 
@@ -37,7 +40,13 @@ async def _churn_round(kv: EtcdKv, round_no: int) -> int:
     return result.revision
 
 
-@pytest.mark.parametrize("compaction", ["1s", None], ids=["auto-compaction", "no-compaction"])
+# etcd's periodic compaction with a short retention, so that each round waits a fraction of a second
+# for it: the sizes it leaves are the same as with 1 s (3.0 MB a round on, measured), in a quarter
+# of the time. etcd takes any Go duration here.
+COMPACTION_RETENTION = "250ms"
+
+
+@pytest.mark.parametrize("compaction", [COMPACTION_RETENTION, None], ids=["auto-compaction", "no-compaction"])
 async def test_churn_leaves_etcd_small_only_with_compaction(tmp_path: Path, compaction: str | None) -> None:
     process = EtcdProcess(tmp_path / "etcd", compaction_retention=compaction)
     process.start()
@@ -73,7 +82,7 @@ async def test_churn_leaves_etcd_small_only_with_compaction(tmp_path: Path, comp
 
 
 def test_a_compacted_revision_is_refused_to_etcdctl(tmp_path: Path) -> None:
-    with EtcdProcess(tmp_path / "etcd", compaction_retention="1s") as process:
+    with EtcdProcess(tmp_path / "etcd", compaction_retention=COMPACTION_RETENTION) as process:
         put = json.loads(etcdctl(process.endpoint, "put", "/k", "v1", "-w", "json").stdout)
         first = int(put["header"]["revision"])
         etcdctl(process.endpoint, "put", "/k", "v2")
@@ -90,12 +99,18 @@ async def test_the_leader_compacts_an_etcd_that_does_not_compact_itself(tmp_path
     election = LeaderElection(kv, "leader", ttl_s=5)
     try:
         fence = await election.acquire()
-        compactor = Compactor(kv, retention_s=1.0)
+        compactor = Compactor(kv, retention_s=0.5)
         running = asyncio.create_task(compactor.run(fence, election.lost()))
         first = await kv.put(b"/churn/k", b"v0")
-        for i in range(30):
-            await kv.put(b"/churn/k", f"v{i}".encode())
-            await asyncio.sleep(0.1)
+        # Writes go on until the compactor has cut past the first: it keeps a retention of history,
+        # so it needs a revision after `first` sampled at least that long ago.
+        deadline = time.monotonic() + 30
+        writes = 0
+        while compactor.compacted_to <= first:
+            assert time.monotonic() < deadline, f"compacted to {compactor.compacted_to}, not past {first}"
+            writes += 1
+            await kv.put(b"/churn/k", f"v{writes}".encode())
+            await asyncio.sleep(0.05)
         await asyncio.to_thread(wait_for, lambda: compacted_past(process.endpoint, first), 30)
         assert compactor.compacted_to > first
         await election.resign()
@@ -105,23 +120,45 @@ async def test_the_leader_compacts_an_etcd_that_does_not_compact_itself(tmp_path
         process.stop()
 
 
-async def test_a_standby_takes_over_after_the_leader_key_revision_was_compacted(tmp_path: Path) -> None:
+async def test_a_standby_takes_over_after_the_leader_key_revision_was_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The leader key is written once, when the lead is taken, so its revision is soon compacted. A
     standby that watched for a vacancy from that revision was refused by etcd (the watch raised
     `WatchCompacted`) and its election ended: it never took over (found by the soak)."""
     process = EtcdProcess(tmp_path / "etcd", compaction_retention=None)
     process.start()
     kv = await EtcdKv.connect(process.endpoint)
+    # The watches the standby starts, counted (only it watches here): it watches for a vacancy after
+    # each refused attempt, for a third of its TTL at a time.
+    watches: list[int] = []
+    etcd_watch = kv.watch_prefix
+
+    def counted_watch(prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        watches.append(start_revision)
+        return etcd_watch(prefix, start_revision=start_revision)
+
+    monkeypatch.setattr(kv, "watch_prefix", counted_watch)
+
+    async def watched(count: int) -> bool:
+        return len(watches) >= count
+
     leader = LeaderElection(kv, "leader", ttl_s=2)
     standby = LeaderElection(kv, "standby", ttl_s=2)
     try:
         await leader.acquire()
         waiting = asyncio.create_task(standby.acquire())
-        await asyncio.sleep(0.5)
+        # Refused the lead, the standby has read the leader key and watches for a vacancy.
+        await eventually(lambda: watched(1), timeout_s=10, what="the standby to watch the leader key")
         for i in range(5):
             revision = await kv.put(b"/churn/k", f"v{i}".encode())
         await kv.compact(revision)  # past the leader key's revision, as etcd's compactor would
-        await asyncio.sleep(1.0)  # the standby watches again in the meantime
+        # The standby watches again after the compaction, and once more after that watch: the one
+        # that started after the compaction did not end its election.
+        compacted_at = len(watches)
+        await eventually(
+            lambda: watched(compacted_at + 2), timeout_s=10, what="the standby to watch twice more"
+        )
         assert not waiting.done()
         await leader.resign()
         fence = await asyncio.wait_for(waiting, 10)

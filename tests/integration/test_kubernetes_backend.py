@@ -102,8 +102,20 @@ async def any_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield w
 
 
+def nodes_free(state: Any, pool: str) -> tuple[int, ...]:
+    return next(p for p in state.pools if p.name == pool).free_gpus_per_node
+
+
 def h100_nodes_free(state: Any) -> tuple[int, ...]:
-    return next(p for p in state.pools if p.name == "h100").free_gpus_per_node
+    return nodes_free(state, "h100")
+
+
+def refused_by_the_scheduler(pod: Any) -> bool:
+    """The scheduler tried the pod and found no room: PodScheduled is False, Unschedulable."""
+    return any(
+        (c.type, c.status, c.reason) == ("PodScheduled", "False", "Unschedulable")
+        for c in pod.status.conditions or ()
+    )
 
 
 # ---- inventory -----------------------------------------------------------------------------------
@@ -123,7 +135,15 @@ async def test_cordoned_tainted_and_not_ready_nodes_leave_the_inventory(world: W
     # A taint gpufed's pods tolerate keeps the node; another NoSchedule taint removes it.
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     await world.call(world.core.patch_node, second, {"spec": {"taints": [taint]}})
-    await asyncio.sleep(0.3)
+    # A later change on the same node watch, one the inventory shows (a node in another pool):
+    # once it is there, the taint's event before it has been applied too.
+    l4_nodes = len(nodes_free(await world.backend.inventory(), "l4"))
+    world.sim.faults.add_nodes("l4", 1)
+
+    async def l4_node_added() -> bool:
+        return len(nodes_free(await world.backend.inventory(), "l4")) == l4_nodes + 1
+
+    await eventually(l4_node_added, what="the node added after the taint")
     assert len(h100_nodes_free(await world.backend.inventory())) == 2
     other = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
     await world.call(world.core.patch_node, second, {"spec": {"taints": [taint, other]}})
@@ -200,10 +220,15 @@ async def test_a_watch_too_old_for_the_server_lists_again(tmp_path: Path) -> Non
 
 
 async def relist_after_gone(w: World) -> None:
-    lists_before = w.backend.watch_counts()["nodes"][0]
+    lists_before, watches_before, _ = w.backend.watch_counts()["nodes"]
     # While the watches are cut off, more changes happen than the server keeps history for.
     w.sim.faults.set_unreachable("close")
-    await asyncio.sleep(0.3)
+
+    async def cut_off() -> bool:
+        # The node watch ended and the backend asks for it again (refused while unreachable).
+        return w.backend.watch_counts()["nodes"][1] > watches_before
+
+    await eventually(cut_off, what="the backend to ask for its cut node watch again")
     w.sim.faults.add_nodes("l4", 30)
     w.sim.faults.set_reachable()
 
@@ -299,7 +324,13 @@ async def test_a_gang_that_fits_only_later_waits_whole(any_world: World) -> None
     await wait_phase(any_world.backend, big, GangPhase.RUNNING)
     later = a_gang("later-1", replicas=2, gpus=4, duration_s=60.0)
     await any_world.backend.dispatch(later)
-    await asyncio.sleep(0.5)
+
+    async def both_pods_refused() -> bool:
+        pods = await any_world.pods_of(object_name(later.job_id, later.attempt))
+        return len(pods) == 2 and all(refused_by_the_scheduler(p) for p in pods)
+
+    # Not a moment's grace: the scheduler has tried each of the gang's pods and found no room.
+    await eventually(both_pods_refused, what="the scheduler to refuse both pods of the later gang")
     assert (await status_of(any_world.backend, later)).phase is GangPhase.PENDING  # type: ignore[union-attr]
     pods = await any_world.pods_of(object_name(later.job_id, later.attempt))
     assert not [p for p in pods if p.status.phase == "Running"], "part of the gang started"

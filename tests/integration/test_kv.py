@@ -276,10 +276,12 @@ async def test_watch_replays_history_from_a_revision_then_follows_live_writes(kv
     start = await s.put(P + b"w/a", b"1")
     await s.put(P + b"elsewhere", b"not watched")
     await s.delete(P + b"w/a")
-    watcher = asyncio.create_task(take(s.watch_prefix(P + b"w/", start_revision=start), 4))
-    await asyncio.sleep(0.2)  # let the watch be created before the live writes
-    txn = await s.txn([], [Put(P + b"w/b", b"2"), Put(P + b"w/c", b"3")])
-    events = await watcher
+    watch = s.watch_prefix(P + b"w/", start_revision=start)
+    async with asyncio.timeout(5), contextlib.aclosing(watch):
+        # The history first: once it has arrived the watch exists, so the writes after are live.
+        events = [await anext(watch), await anext(watch)]
+        txn = await s.txn([], [Put(P + b"w/b", b"2"), Put(P + b"w/c", b"3")])
+        events += [await anext(watch), await anext(watch)]
     assert [(e.type, e.kv.key) for e in events] == [
         (EventType.PUT, P + b"w/a"),
         (EventType.DELETE, P + b"w/a"),

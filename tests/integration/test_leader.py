@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import pytest
@@ -14,14 +14,46 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.scheduling.leader import LeaderElection
 from federation.store.job_store import LEADER_KEY, KvStore
 from federation.store.jobs import JobRecord
+from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
+from tests.contract.helpers import eventually
 
 pytestmark = pytest.mark.integration
 
 MakeJob = Callable[..., JobRecord]
 
 
-async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(etcd_kv: EtcdKv) -> None:
+class Watches:
+    """The watches started through `etcd_kv`. In these tests only a standby watches: it watches the
+    leader key for a vacancy once etcd has refused it the lead, so its first watch is the signal
+    that it tried and lost, and now waits."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[bytes] = []
+
+    async def until(self, count: int, timeout_s: float = 10.0) -> None:
+        async def started() -> bool:
+            return len(self.prefixes) >= count
+
+        await eventually(started, timeout_s=timeout_s, what=f"{count} watches through etcd_kv")
+
+
+@pytest.fixture
+def watches(etcd_kv: EtcdKv, monkeypatch: pytest.MonkeyPatch) -> Watches:
+    counted = Watches()
+    etcd_watch = etcd_kv.watch_prefix
+
+    def counted_watch(prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        counted.prefixes.append(prefix)
+        return etcd_watch(prefix, start_revision=start_revision)
+
+    monkeypatch.setattr(etcd_kv, "watch_prefix", counted_watch)
+    return counted
+
+
+async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(
+    etcd_kv: EtcdKv, watches: Watches
+) -> None:
     first = LeaderElection(etcd_kv, "first", ttl_s=5)
     second = LeaderElection(etcd_kv, "second", ttl_s=5)
     try:
@@ -32,7 +64,8 @@ async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(etcd_k
         assert first.is_leader
         assert first.fence == fence
         standby = asyncio.create_task(second.acquire())
-        await asyncio.sleep(0.3)
+        await watches.until(1)  # the second has asked for the lead and been refused
+        assert watches.prefixes == [LEADER_KEY]
         assert not standby.done()
         assert not second.is_leader
         standby.cancel()
@@ -44,7 +77,7 @@ async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(etcd_k
 
 
 async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence_is_refused(
-    etcd_kv: EtcdKv, make_job: MakeJob
+    etcd_kv: EtcdKv, make_job: MakeJob, watches: Watches
 ) -> None:
     store = KvStore(etcd_kv)
     first = LeaderElection(etcd_kv, "first", ttl_s=2)
@@ -52,7 +85,7 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
     try:
         old_fence = await first.acquire()
         standby = asyncio.create_task(second.acquire())
-        await asyncio.sleep(0.2)
+        await watches.until(1)  # the standby waits for a vacancy
         # What SIGKILL looks like to etcd: the keepalives stop and nobody revokes the lease.
         assert first._keepalive_task is not None
         first._keepalive_task.cancel()
@@ -71,13 +104,13 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
         await first.close()
 
 
-async def test_resign_hands_over_at_once(etcd_kv: EtcdKv) -> None:
+async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> None:
     first = LeaderElection(etcd_kv, "first", ttl_s=10)
     second = LeaderElection(etcd_kv, "second", ttl_s=10)
     try:
         await first.acquire()
         standby = asyncio.create_task(second.acquire())
-        await asyncio.sleep(0.2)
+        await watches.until(1)  # the standby waits for a vacancy: the resignation must wake it
         started = time.monotonic()
         await first.resign()
         await asyncio.wait_for(standby, timeout=5)
