@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+from clusters.sim.clock import Clock
 from clusters.sim.cluster import SimCluster
 from clusters.sim.config import SimClusterConfig
 
@@ -22,8 +23,10 @@ T = TypeVar("T")
 
 
 class ThreadedSim:
-    def __init__(self, config: SimClusterConfig) -> None:
+    def __init__(self, config: SimClusterConfig, *, clock: Clock | None = None) -> None:
+        """`clock` as `SimCluster` takes it: a test's `ManualClock`; real time (scaled) without one."""
         self.config = config
+        self._clock = clock
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"sim-{config.name}", daemon=True)
         self._cluster: SimCluster | None = None
@@ -42,7 +45,7 @@ class ThreadedSim:
         self._thread.start()
 
         async def start() -> SimCluster:
-            cluster = SimCluster(self.config)
+            cluster = SimCluster(self.config, clock=self._clock)
             await cluster.start()
             return cluster
 

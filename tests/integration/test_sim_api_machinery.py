@@ -22,12 +22,14 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from clusters.sim import SimPoolConfig, ThreadedSim, cluster, reads
+from clusters.sim import ManualClock, SimPoolConfig, ThreadedSim, cluster, reads
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 )
 GPU = "nvidia.com/gpu"
+# kube-apiserver asks etcd to compact every five minutes (`--etcd-compaction-interval`'s default).
+ETCD_COMPACTION_INTERVAL_S = 300.0
 
 
 @pytest.fixture
@@ -272,7 +274,9 @@ def test_a_resource_version_from_the_future_is_waited_for_then_504(
     )
     events = [json.loads(line) for line in response.read().decode().splitlines() if line]
     assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 504)]
-    # A revision reached while waiting is served.
+    # A revision reached while waiting is served. The wait is made generous so that a slow create on a
+    # loaded machine still lands inside it; the list answers as soon as the revision exists.
+    monkeypatch.setattr(reads, "FRESHNESS_WAIT_S", 30.0)
     threading.Timer(0.1, lambda: core.create_namespaced_pod("default", a_pod("soon"))).start()
     listed = core.list_namespaced_pod(
         "default", resource_version=str(now + 1), resource_version_match="NotOlderThan"
@@ -305,15 +309,18 @@ def test_creation_timestamp_null_is_stamped_by_the_server(sim: ThreadedSim, core
 
 
 def test_watch_from_before_the_last_compaction_is_410_gone() -> None:
-    # etcd is compacted every five minutes of cluster time; at 1000x that is 0.3 s.
-    config = cluster("compact", [SimPoolConfig.of("a100", "A100")], time_scale=1000)
-    with ThreadedSim(config) as sim:
+    # etcd is compacted every five minutes of cluster time; a manual clock moves the cluster past
+    # each compaction at once instead of waiting for it.
+    clock = ManualClock()
+    config = cluster("compact", [SimPoolConfig.of("a100", "A100")])
+    with ThreadedSim(config, clock=clock) as sim:
         configuration = client.Configuration()
         configuration.host = sim.url
         core = client.CoreV1Api(client.ApiClient(configuration))
         old = core.list_namespaced_pod("default").metadata.resource_version
         for i in range(3):
-            time.sleep(0.4)
+            # On the simulator's thread, so that no request sees the clock half moved.
+            sim.call(clock.advance, ETCD_COMPACTION_INTERVAL_S + 1)
             core.create_namespaced_config_map("default", {"metadata": {"name": f"tick-{i}"}})
         with pytest.raises(ApiException) as info:
             for _ in watch.Watch().stream(
@@ -347,17 +354,19 @@ def test_watch_from_before_the_watch_cache_window_is_410_gone(core: client.CoreV
 
 
 def test_the_watch_cache_keeps_only_the_last_100_stale_events_of_a_kind() -> None:
-    # At 100x, 75 s of freshness is 0.75 s: the first creates below are stale by the time the
-    # window fills, and etcd's compaction (300 s, 3 s here) has not yet reached them (6 s).
-    config = cluster("window", [SimPoolConfig.of("a100", "A100")], time_scale=100)
-    with ThreadedSim(config) as sim:
+    # One second of cluster time passes after each create, on a manual clock: when the 101st event
+    # overflows the window of 100 the first is 100 s old, past the cache's 75 s of freshness, so the
+    # window does not grow; etcd's compaction (every 300 s) has not yet reached any of them.
+    clock = ManualClock()
+    config = cluster("window", [SimPoolConfig.of("a100", "A100")])
+    with ThreadedSim(config, clock=clock) as sim:
         configuration = client.Configuration()
         configuration.host = sim.url
         core = client.CoreV1Api(client.ApiClient(configuration))
         old = core.list_namespaced_config_map("default").metadata.resource_version
         for i in range(110):
             core.create_namespaced_config_map("default", {"metadata": {"name": f"c-{i}"}})
-            time.sleep(0.01)
+            sim.call(clock.advance, 1.0)
         with pytest.raises(ApiException) as info:
             for _ in watch.Watch().stream(
                 core.list_namespaced_config_map, "default", resource_version=old, timeout_seconds=2

@@ -10,9 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 from kubernetes import client
@@ -52,6 +54,29 @@ def kubectl(kubeconfig: Path, *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def collect_lines(stream: IO[str]) -> list[str]:
+    """Every line `stream` yields, appended by a daemon thread as it arrives, so a test can poll."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    threading.Thread(target=read, name="collect-lines", daemon=True).start()
+    return lines
+
+
+def wait_for_line(lines: list[str], needle: str, timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = next((line for line in lines if needle in line), None)
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no line with {needle!r} after {timeout_s} s: {lines}")
+        time.sleep(0.02)
 
 
 def rows(output: str) -> list[list[str]]:
@@ -173,13 +198,18 @@ def test_get_pods_watch_streams_changes(sim: tuple[ThreadedSim, Path]) -> None:
             "-A",
             "-w",
             "--request-timeout=20s",
+            # -v=6 logs each request once its response headers arrive, the watch's among them.
+            "-v=6",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        time.sleep(1.0)  # let kubectl list and open its watch
+        # kubectl lists, then watches from the list's resourceVersion: once the watch request is
+        # answered, every change from here on reaches it.
+        assert watcher.stderr is not None
+        wait_for_line(collect_lines(watcher.stderr), "watch=true")
         core = client.CoreV1Api(api_for(running))
         core.create_namespaced_pod(
             "default",

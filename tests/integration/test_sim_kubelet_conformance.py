@@ -89,6 +89,21 @@ def wait_for(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
         time.sleep(0.05)
 
 
+def settle(sim: ThreadedSim) -> None:
+    """Run the simulator's control loop, on its own thread, until no controller has work left.
+
+    The positive signal behind every "X did not happen" below: once this returns, every change made
+    so far has been seen by every controller and every timer due by now has fired, so anything the
+    cluster was going to do in answer has been done. It replaces sleeping a while and hoping.
+    """
+    sim.call(sim.cluster.engine.reconcile)
+
+
+def sim_wall_s(sim: ThreadedSim) -> float:
+    """The simulator's clock: what the API server compares `sinceSeconds` with."""
+    return sim.call(sim.cluster.engine.clock.wall_s)
+
+
 def a_pod(
     name: str,
     *,
@@ -238,9 +253,10 @@ def test_pods_of_a_deleted_node_are_garbage_collected(
 def test_suspended_job_creates_nothing_and_suspend_resume_cycle(
     sim: tuple[ThreadedSim, Path], core: client.CoreV1Api, batch: client.BatchV1Api
 ) -> None:
-    _, kubeconfig = sim
+    running, kubeconfig = sim
     batch.create_namespaced_job("default", a_job("held", pods=2, gpus=1, suspend=True))
-    time.sleep(0.5)
+    # The Job controller has handled the Job (and the scheduler and kubelet anything it made).
+    settle(running)
     assert not job_pods(core, "held")
     job = batch.read_namespaced_job("held", "default")
     suspended = next(c for c in job.status.conditions if c.type == "Suspended")
@@ -306,7 +322,7 @@ def test_a_pinned_pod_beyond_the_free_gpus_is_refused_by_the_kubelet(
 def test_kubectl_logs_plain_tail_timestamps_limit_and_since(
     sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
 ) -> None:
-    _, kubeconfig = sim
+    running, kubeconfig = sim
     core.create_namespaced_pod("default", a_pod("talker", annotations={"sim.gpufed.io/duration": "1.5"}))
     wait_for(lambda: phase_of(core, "talker") == "Succeeded")
     lines = kubectl(kubeconfig, "logs", "talker").stdout.splitlines()
@@ -325,7 +341,10 @@ def test_kubectl_logs_plain_tail_timestamps_limit_and_since(
     since = kubectl(kubeconfig, "logs", "talker", f"--since-time={since_time}").stdout
     assert since.splitlines() == [line for line, s in zip(lines, seconds, strict=True) if s >= cut]
     assert kubectl(kubeconfig, "logs", "talker", "--limit-bytes=12").stdout == lines[0][:12]
-    time.sleep(1.2)
+    # The container has ended, so its last line is its newest. Once the server's clock is more than
+    # a second past it, every line is older than `--since=1s` asks for.
+    last_line_s = datetime.fromisoformat(stamped[-1].split(" ", 1)[0]).timestamp()
+    wait_for(lambda: sim_wall_s(running) > last_line_s + 1.0)
     assert kubectl(kubeconfig, "logs", "talker", "--since=1s").stdout == ""
     assert kubectl(kubeconfig, "logs", "talker", "--since=1h").stdout.splitlines() == lines
 
@@ -512,7 +531,8 @@ def test_node_pressure_eviction_fault_leaves_an_evicted_pod(
     assert {"Evicted", "Killing"} <= reasons
     # Its GPU is free again for others, and the pod is still there to be read.
     assert wait_for(lambda: sum(admin_state(running)["free_gpus"].values()) == 16)
-    time.sleep(0.3)
+    # Every controller has seen the eviction, and none deleted the pod.
+    settle(running)
     assert phase_of(core, "pressed") == "Failed"
 
 
@@ -532,7 +552,7 @@ def test_a_pod_force_deleted_by_a_third_party_is_still_counted_by_its_job(
 def test_a_deleted_pod_waits_for_its_finalizers(
     sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
 ) -> None:
-    _, kubeconfig = sim
+    running, kubeconfig = sim
     body = a_pod("held")
     body["metadata"]["finalizers"] = ["example.com/hold"]
     core.create_namespaced_pod("default", body)
@@ -542,7 +562,8 @@ def test_a_deleted_pod_waits_for_its_finalizers(
         lambda: (p := core.read_namespaced_pod("held", "default")).status.phase == "Failed" and p
     )
     assert stopped.metadata.deletion_timestamp is not None
-    time.sleep(0.3)
+    # The kubelet has reported the stop and every controller has seen it; the finalizer holds the pod.
+    settle(running)
     assert phase_of(core, "held") == "Failed"
     kubectl(kubeconfig, "patch", "pod", "held", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     wait_for(lambda: gone(core, "held"))

@@ -21,7 +21,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
-from tests.integration.test_sim_kubelet_conformance import KUBECTL, a_pod, kubectl, wait_for
+from tests.integration.test_sim_kubelet_conformance import KUBECTL, a_pod, kubectl, settle, wait_for
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 IGNORE_SIGTERM = {"sim.gpufed.io/ignore-sigterm": "true"}
@@ -139,7 +139,8 @@ def test_a_namespace_held_by_a_pod_finalizer_waits_for_it(
     wait_for(lambda: running(core, "held", "p"))
     core.delete_namespace("held")
     wait_for(lambda: core.read_namespaced_pod("p", "held").status.phase == "Failed")
-    time.sleep(0.5)
+    # The namespace controller has seen the pod stop and written its conditions; the finalizer holds.
+    settle(sim[0])
     assert core.read_namespace("held").status.phase == "Terminating"
     held = conditions(core, "held")["NamespaceFinalizersRemaining"]
     assert (held.status, held.reason) == ("True", "SomeFinalizersRemain")
@@ -164,14 +165,17 @@ def test_a_pod_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period(
     core.create_namespaced_pod("default", a_pod("polite", terminationGracePeriodSeconds=30))
     wait_for(lambda: running(core, "default", "stubborn") and running(core, "default", "polite"))
 
-    # The default: containers exit promptly on SIGTERM, whatever the grace period.
-    started = time.monotonic()
-    kubectl(kubeconfig, "delete", "pod", "polite")
-    assert time.monotonic() - started < 2.0
-
     started = time.monotonic()
     kubectl(kubeconfig, "delete", "pod", "stubborn", "--wait=false")
-    time.sleep(1.0)
+
+    # The default: containers exit promptly on SIGTERM, whatever the grace period.
+    polite_started = time.monotonic()
+    kubectl(kubeconfig, "delete", "pod", "polite")
+    assert time.monotonic() - polite_started < 2.0
+
+    # The polite pod, told to stop after the stubborn one by the same kubelet, has stopped and gone:
+    # had the stubborn pod's container obeyed SIGTERM, it would have stopped by now too.
+    settle(sim[0])
     pod = core.read_namespaced_pod("stubborn", "default")
     assert pod.metadata.deletion_timestamp is not None
     assert pod.metadata.deletion_grace_period_seconds == 2

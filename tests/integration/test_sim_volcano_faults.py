@@ -19,6 +19,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from tests.integration.test_sim_kubelet_conformance import settle
 
 GROUP, VERSION = "batch.volcano.sh", "v1alpha1"
 
@@ -162,11 +163,14 @@ def test_vcjob_creates_podgroup_service_and_pods(
     assert (job["status"]["running"], job["status"]["minAvailable"]) == (2, 2)
 
 
-def test_podgroup_gang_waits_for_min_member(core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
+def test_podgroup_gang_waits_for_min_member(
+    sim: ThreadedSim, core: client.CoreV1Api, custom: client.CustomObjectsApi
+) -> None:
     # 3 x 8 GPUs on two 8-GPU nodes: no pod may start, not even the two that would fit.
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", a_vcjob("big", workers=3))
     wait_for(lambda: all(p.status.conditions for p in core.list_namespaced_pod("default").items) and True)
-    time.sleep(0.2)
+    # The scheduler has tried every pod and nothing is left to do: none was bound.
+    settle(sim)
     assert all(p.spec.node_name is None for p in core.list_namespaced_pod("default").items)
     assert vcjob_state(custom, "big")["phase"] == "Pending"
 
@@ -442,7 +446,7 @@ def test_without_a_policy_a_deleted_pod_is_recreated(
 
 
 def test_another_teams_plain_job_never_splits_a_gang(
-    core: client.CoreV1Api, custom: client.CustomObjectsApi
+    sim: ThreadedSim, core: client.CoreV1Api, custom: client.CustomObjectsApi
 ) -> None:
     # A third party's Job without PodGroup takes one node; gpufed's 2 x 8 gang must not half-start.
     other = {
@@ -470,7 +474,8 @@ def test_another_teams_plain_job_never_splits_a_gang(
             and core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=gang").items
         )
     )
-    time.sleep(0.3)
+    # The scheduler has tried every pod of the gang and nothing is left to do: none was bound.
+    settle(sim)
     gang = core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=gang").items
     assert len(gang) == 2
     assert all(p.spec.node_name is None for p in gang)

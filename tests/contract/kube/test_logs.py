@@ -23,6 +23,13 @@ from tests.contract.kube.waits import until
 RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)) ")
 
 
+def _stamp_s(line: str) -> float:
+    """The time a `--timestamps` log line was written, in seconds since the epoch."""
+    match = RFC3339.match(line)
+    assert match, line
+    return datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
+
+
 def _started(kubectl: Kubectl, ns: str, name: str) -> None:
     until(
         lambda: (
@@ -59,8 +66,13 @@ def test_logs_tail_timestamps_and_limit(kubectl: Kubectl, official: OfficialClie
 def test_logs_since(kubectl: Kubectl, ns: str) -> None:
     kubectl("apply", "-n", ns, "-f", "-", stdin=dump(pod("old-lines", seconds=600)))
     _started(kubectl, ns, "old-lines")
-    until(lambda: kubectl("logs", "old-lines", "-n", ns).strip(), what="a first log line")
-    time.sleep(3)
+    first = until(
+        lambda: kubectl("logs", "old-lines", "-n", ns, "--timestamps").splitlines()[:1],
+        what="a first log line",
+    )[0]
+    # `--since=1s` can leave something out only once a line is older than that: wait until the
+    # first is two seconds old (a second of slack for the request and for the clocks' difference).
+    until(lambda: time.time() - _stamp_s(first) > 2.0, timeout_s=30, what="the first log line to age")
     recent = kubectl("logs", "old-lines", "-n", ns, "--since=1s", "--timestamps").splitlines()
     everything = kubectl("logs", "old-lines", "-n", ns, "--timestamps").splitlines()
     assert len(recent) < len(everything)

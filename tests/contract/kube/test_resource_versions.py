@@ -11,12 +11,27 @@
 from __future__ import annotations
 
 import json
+import threading
+from typing import IO
 
 import pytest
 
 from tests.contract.kube.kubectl import Kubectl
 from tests.contract.kube.manifests import configmap
 from tests.contract.kube.official_client import ClientError, OfficialClient
+from tests.contract.kube.waits import until
+
+
+def collect_lines(stream: IO[str]) -> list[str]:
+    """Every line `stream` yields, appended by a daemon thread as it arrives, so a test can poll."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    threading.Thread(target=read, name="collect-lines", daemon=True).start()
+    return lines
 
 
 def test_exact_match_lists_at_that_version(official: OfficialClient, ns: str) -> None:
@@ -88,13 +103,20 @@ def test_watch_from_a_recent_version_sees_only_later_changes(official: OfficialC
 
 
 def test_kubectl_get_watch_streams_changes(kubectl: Kubectl, ns: str) -> None:
+    # -v=6 logs each request once its response headers arrive, the watch's among them.
     watcher = kubectl.popen(
-        "get", "configmaps", "-n", ns, "--watch-only", "-o", "name", "--request-timeout=15s"
+        "get", "configmaps", "-n", ns, "--watch-only", "-o", "name", "--request-timeout=15s", "-v=6"
     )
     try:
-        import time
-
-        time.sleep(1.5)
+        # kubectl lists, then watches from the list's resourceVersion: once the watch request is
+        # answered, every change from here on reaches it.
+        assert watcher.stderr is not None
+        requests = collect_lines(watcher.stderr)
+        until(
+            lambda: any("watch=true" in line for line in requests),
+            timeout_s=30,
+            what="kubectl to open its watch",
+        )
         kubectl("create", "configmap", "seen", "-n", ns, "--from-literal=a=b")
         assert watcher.stdout is not None
         line = watcher.stdout.readline().strip()
