@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
+import threading
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -197,10 +197,16 @@ def test_the_first_read_started_while_listing_is_the_one_the_first_cycle_uses(tm
     store = SqlHistoryStore.open(f"sqlite:///{tmp_path / 'history.sqlite3'}")
     queries: list[float] = []
     original = store.usage
+    # The first read is held on its worker thread until the first cycle is waiting for it.
+    first_read_started = threading.Event()
+    first_cycle_waits = threading.Event()
 
     def counted(query: UsageQuery) -> list[UsageRow]:
         queries.append(query.since_s)
-        time.sleep(0.05)  # still in flight when the first cycle asks
+        if len(queries) == 1:
+            first_read_started.set()
+            # Bounded, so that a cycle that never waits fails the asserts below instead of hanging.
+            first_cycle_waits.wait(timeout=10)
         return original(query)
 
     store.usage = counted  # type: ignore[method-assign]
@@ -209,7 +215,11 @@ def test_the_first_read_started_while_listing_is_the_one_the_first_cycle_uses(tm
         usage = ArchivedUsage(store)
         usage.refresh_if_due(now, 24.0)
         usage.refresh_if_due(now, 24.0)  # one read in flight at a time
-        await usage.read_once(now + 1.0, 24.0)
+        first_cycle = asyncio.create_task(usage.read_once(now + 1.0, 24.0))
+        assert await asyncio.to_thread(first_read_started.wait, 10), "the prefetch never read"
+        assert not first_cycle.done(), "the first cycle went on without the read in flight"
+        first_cycle_waits.set()
+        await first_cycle
         assert len(queries) == 1
         assert not usage.never_read
         await usage.read_once(now + 2.0, 24.0)

@@ -15,6 +15,10 @@ from datasync.child_guard import clear_leftover, die_with_parent, write_pid_file
 from federation.errors import InvalidSpec
 from federation.store.kv_etcd_channel import EtcdTls, parse_endpoints
 
+# How long a poll below waits for a process to exec or die before failing: generous, since a
+# passing test waits only as long as the process takes (milliseconds on an idle machine).
+PROCESS_WAIT_S = 30.0
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -29,14 +33,14 @@ def test_a_survivor_running_the_recorded_command_is_stopped_and_named(tmp_path: 
     pid_file = tmp_path / "x.pid"
     write_pid_file(pid_file, survivor.pid, command)
     # Give exec a moment: until then /proc shows the forking interpreter's command line.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PROCESS_WAIT_S
     while Path(f"/proc/{survivor.pid}/cmdline").read_bytes().split(b"\0")[0] != b"/bin/sleep":
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, f"the survivor did not exec /bin/sleep in {PROCESS_WAIT_S} s"
         time.sleep(0.01)
     cleared = clear_leftover(pid_file)
     assert cleared is not None
     assert (cleared.pid, list(cleared.command)) == (survivor.pid, command)
-    assert survivor.wait(timeout=5) == -15  # SIGTERM was enough
+    assert survivor.wait(timeout=PROCESS_WAIT_S) == -15  # SIGTERM was enough
     assert not pid_file.exists()
 
 
@@ -76,13 +80,13 @@ def test_a_child_started_through_the_shim_dies_with_its_parent(tmp_path: Path) -
     middle = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert middle.stdout is not None
     grandchild = int(middle.stdout.readline())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PROCESS_WAIT_S
     while Path(f"/proc/{grandchild}/cmdline").read_bytes().split(b"\0")[0] != b"/bin/sleep":
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, f"the shim did not exec /bin/sleep in {PROCESS_WAIT_S} s"
         time.sleep(0.01)
     middle.kill()
     middle.wait()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PROCESS_WAIT_S
     while _alive(grandchild):
         assert time.monotonic() < deadline, "the grandchild outlived its parent"
         time.sleep(0.01)

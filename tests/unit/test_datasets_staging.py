@@ -21,6 +21,7 @@ from datasync import (
     VersionId,
     build_manifest,
 )
+from datasync.store import Blob
 from datasync.store_config import LocalStoreConfig, MemoryStoreConfig
 from federation.datasets.executor import Executors
 from federation.datasets.registry import (
@@ -190,7 +191,7 @@ async def test_no_room_beside_pinned_copies_fails_as_retryable_and_the_policy_re
             break
         await asyncio.sleep(0.02)
         gate = await world.stager.poll(waiting)
-    assert gate.kind is GateKind.FAIL
+    assert gate.kind is GateKind.FAIL, f"the gate still says {gate.kind} after polling 200 times"
     assert gate.retryable
     assert "pinned" in gate.reason
     staging = replace(waiting, phase=JobPhase.STAGING)
@@ -232,18 +233,36 @@ async def test_another_tenants_unshared_dataset_cannot_be_staged(world: World) -
 
 async def test_a_sync_a_dead_leader_left_running_resumes_without_resending(tmp_path: Path) -> None:
     kv = MemoryKv()
-    slow = SyncOptions(bandwidth_bytes_per_s=64 * KIB, concurrency=1)
-    first = _world(tmp_path, kv, options=slow)
+    one_at_a_time = SyncOptions(concurrency=1)
+    first = _world(tmp_path, kv, options=one_at_a_time)
     # An in-memory source, so the copy goes through this process (two local directories would copy
-    # server-side, all at once) and the bandwidth cap makes it slow enough to interrupt.
+    # server-side, all at once), object by object.
     await first.stores.put(StoreRecord("home", MemoryStoreConfig("home-dc")))
     await first.stores.put(StoreRecord("cloud", LocalStoreConfig(str(tmp_path / "cloud"))))
     await first.register("slow", {f"part-{i}.bin": bytes([i]) * 32 * KIB for i in range(6)})
+    # The first leader copies two objects whole; its third read is held until the leader is gone, so
+    # that it dies mid-sync however fast or slow the machine is.
+    home = await first.stores.client("home")
+    real_get = home.get
+    reads = 0
+    first_leader_gone = asyncio.Event()
+
+    async def two_then_held(path: str, **kw: int | None) -> Blob:
+        nonlocal reads
+        reads += 1
+        if reads > 2:
+            await first_leader_gone.wait()
+        return await real_get(path, **kw)
+
+    home.get = two_then_held  # type: ignore[method-assign]
     job = staged_job("j", "slow")
     await first.stager.prepare(job)
     copied = tmp_path / "cloud" / "gpufed-cache/vision/slow/v1"
-    await _until(lambda: copied.exists() and len(list(copied.glob("part-*.bin"))) >= 2)
+    # One object at a time: the third read starts once the second object is written and journaled.
+    await _until(lambda: reads > 2)
+    assert len(list(copied.glob("part-*.bin"))) == 2
     await first.stager.stop()  # the leader dies mid-sync: its record still says running
+    first_leader_gone.set()
     held = await first.syncs.get("cloud", "vision/slow", "v1")
     assert held is not None
     assert held[0].state is SyncState.RUNNING

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,39 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[ScriptedServer]
         server.close()
 
 
+class LoopClock:
+    """The running event loop's clock, moved forward by the test: the loop's timers (the pool's
+    request deadline is a `call_at`) then fire as if that much time had passed, at once.
+
+    Only ever forward, and never put back: moving the loop's time backwards would hold every timer
+    already scheduled for that much longer. The loop is the test's own (function scope)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._real_time = loop.time
+        self.skew_s = 0.0
+        loop.time = self.time  # type: ignore[method-assign]
+
+    def time(self) -> float:
+        return self._real_time() + self.skew_s
+
+    def advance(self, seconds: float) -> None:
+        self.skew_s += seconds
+
+
+@pytest.fixture
+async def loop_clock() -> LoopClock:
+    return LoopClock(asyncio.get_running_loop())
+
+
+async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
+    a passing test waits only as long as the condition takes)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
+        await asyncio.sleep(0.001)
+
+
 def reply(status: int, body: bytes = b"", extra: str = "") -> bytes:
     return f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
 
@@ -114,14 +148,31 @@ async def test_keep_alive_reuses_one_connection(
 async def test_concurrent_requests_open_up_to_the_limit(
     serve: Callable[[Handler], Awaitable[ScriptedServer]],
 ) -> None:
-    async def slow_echo(request: Request, writer: asyncio.StreamWriter, n: int) -> bool:
-        await asyncio.sleep(0.05)
+    in_flight = 0
+    most_in_flight = 0
+    four_at_once = asyncio.Event()
+
+    async def held_echo(request: Request, writer: asyncio.StreamWriter, n: int) -> bool:
+        # Answers are held until four requests are at the server together, which the pool can only
+        # do over four connections. Bounded: a pool that opens fewer stops the holding after the
+        # wait, once for all, and fails the asserts below instead of hanging.
+        nonlocal in_flight, most_in_flight
+        in_flight += 1
+        most_in_flight = max(most_in_flight, in_flight)
+        if in_flight == 4:
+            four_at_once.set()
+        try:
+            await asyncio.wait_for(four_at_once.wait(), timeout=10)
+        except TimeoutError:
+            four_at_once.set()
+        in_flight -= 1
         return await echo(request, writer, n)
 
-    server = await serve(slow_echo)
+    server = await serve(held_echo)
     pool = HttpPool("127.0.0.1", server.port, max_connections=4)
     replies = await asyncio.gather(*(pool.request("GET", f"/k{i}") for i in range(12)))
     assert [r.body for r in replies] == [f"GET /k{i} ".encode() for i in range(12)]
+    assert most_in_flight == 4, f"{most_in_flight} requests in flight at most; the limit is 4"
     assert server.connections == 4
     await pool.close()
 
@@ -134,9 +185,11 @@ async def test_server_closing_an_idle_kept_alive_connection(
         return False  # closes without saying Connection: close, as an idle timeout does
 
     server = await serve(answer_then_close)
-    pool = HttpPool("127.0.0.1", server.port)
+    pool = HttpPool("127.0.0.1", server.port, timeout_s=10.0)  # a pool that reused it fails, not hangs
     assert (await pool.request("GET", "/a")).body == b"GET /a "
-    await asyncio.sleep(0.05)  # the close reaches the client while the connection is idle
+    # The close reaches the client while the connection is idle, before the next request: the pool
+    # must drop it unused (were it still open, the request would take the keep-alive race's retry).
+    await until(lambda: all(conn.closed for conn in pool._idle), "the client saw the idle connection close")
     assert (await pool.request("GET", "/b")).body == b"GET /b "
     assert server.connections == 2
     assert [r.target for r in server.requests] == ["/a", "/b"]
@@ -177,17 +230,24 @@ async def test_a_new_connection_closed_before_a_response_is_an_error_not_a_retry
 async def test_connection_close_header_is_honoured(
     serve: Callable[[Handler], Awaitable[ScriptedServer]],
 ) -> None:
+    test_done = asyncio.Event()
+
     async def close_each(request: Request, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(reply(200, b"x", "Connection: close\r\n"))
         await writer.drain()
-        await asyncio.sleep(0.2)  # keeps the socket open: the client must not wait for, or reuse, it
+        # Keeps the socket open until the test ends: the client must neither wait for the close (it
+        # would time out below) nor reuse the connection.
+        await test_done.wait()
         return False
 
     server = await serve(close_each)
-    pool = HttpPool("127.0.0.1", server.port)
-    assert (await pool.request("GET", "/a")).body == b"x"
-    assert (await pool.request("GET", "/b")).body == b"x"
-    assert server.connections == 2
+    pool = HttpPool("127.0.0.1", server.port, timeout_s=10.0)
+    try:
+        assert (await pool.request("GET", "/a")).body == b"x"
+        assert (await pool.request("GET", "/b")).body == b"x"
+        assert server.connections == 2
+    finally:
+        test_done.set()
     await pool.close()
 
 
@@ -199,7 +259,9 @@ async def test_chunked_body_with_extensions_and_trailer(
         for piece in (b"5;ext=1\r\nhello\r\n", b"6\r\n world\r\n", b"0\r\nX-Trailer: t\r\n\r\n"):
             writer.write(piece)
             await writer.drain()
-            await asyncio.sleep(0.01)  # arrives in separate reads
+            # Spreads the pieces over separate reads of the client. Its length is no condition of
+            # the test: pieces that arrived together would parse the same, only less of the parser.
+            await asyncio.sleep(0.01)
         return True
 
     server = await serve(chunked)
@@ -245,22 +307,37 @@ async def test_body_cut_short_is_an_error(serve: Callable[[Handler], Awaitable[S
 
 
 async def test_slow_server_times_out_and_the_connection_is_not_reused(
-    serve: Callable[[Handler], Awaitable[ScriptedServer]],
+    serve: Callable[[Handler], Awaitable[ScriptedServer]], loop_clock: LoopClock
 ) -> None:
+    started_answering = asyncio.Event()
+    test_done = asyncio.Event()
+
     async def slow_first(request: Request, writer: asyncio.StreamWriter, n: int) -> bool:
         if n == 1:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")  # then nothing more
             await writer.drain()
-            await asyncio.sleep(2)
+            started_answering.set()
+            await test_done.wait()
             return False
         return await echo(request, writer, n)
 
     server = await serve(slow_first)
-    pool = HttpPool("127.0.0.1", server.port, timeout_s=0.3)
-    with pytest.raises(HttpTimeout):
-        await pool.request("GET", "/slow")
-    assert (await pool.request("GET", "/next")).body == b"GET /next "
-    assert server.connections == 2
+    # The deadline is on the loop's clock, which the test moves past it; on the wall's, every
+    # request has plenty of time (a busy machine does not make `/next` time out as well).
+    timeout_s = 30.0
+    pool = HttpPool("127.0.0.1", server.port, timeout_s=timeout_s)
+    try:
+        slow = asyncio.create_task(pool.request("GET", "/slow"))
+        await asyncio.wait_for(started_answering.wait(), timeout=10)
+        assert not slow.done(), "a response cut short is not a response"
+        loop_clock.advance(timeout_s + 1.0)
+        with pytest.raises(HttpTimeout):
+            # Bounded on the wall as well: a pool that missed its deadline fails here, not hangs.
+            await asyncio.wait_for(slow, timeout=10)
+        assert (await pool.request("GET", "/next")).body == b"GET /next "
+        assert server.connections == 2
+    finally:
+        test_done.set()
     await pool.close()
 
 
@@ -313,9 +390,16 @@ async def test_5xx_is_retryable_and_the_copier_retry_gets_the_object(
     with pytest.raises(StoreUnavailable, match="503 SlowDown") as first:
         await s3.get_object("k")
     assert first.value.retryable
-    retrier = Retrier(RetryPolicy(initial_backoff_s=0.01), seed=1)
+    backoffs_s: list[float] = []
+
+    async def backoff(seconds: float) -> None:  # the copier's wait, taken on no clock at all
+        backoffs_s.append(seconds)
+
+    retrier = Retrier(RetryPolicy(initial_backoff_s=0.01), sleep=backoff, seed=1)
     assert await retrier("get k", lambda: s3.get_object("k")) == b"payload"
     assert retrier.retries == 1
+    assert len(backoffs_s) == 1
+    assert 0.005 <= backoffs_s[0] <= 0.01, "the first backoff: initial_backoff_s with jitter"
     with pytest.raises(ObjectNotFound):
         await s3.get_object("missing")
     assert await s3.put_object("k", b"data") == '"abc"'

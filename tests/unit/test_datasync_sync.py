@@ -4,6 +4,7 @@ retries, resumed multipart uploads, server-side copies, progress, egress estimat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from dataclasses import replace
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from datasync import transfer
 from datasync.errors import AccessDenied, SyncFailed
 from datasync.journal import MemoryJournal
 from datasync.manifest import build_manifest
@@ -242,9 +244,32 @@ async def test_progress_reaches_the_totals_and_counts_up_to_date_objects_as_done
     assert last.eta_s == 0.0
 
 
+class WaitClock:
+    """A clock that moves only when the code under test waits on it: `sleep(s)` moves it `s`
+    forward and returns at once. What a token bucket then asks for depends on the bytes alone, not
+    on how fast the machine copies between two asks."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+        await asyncio.sleep(0)  # still a point where the other workers run, as a real wait is
+
+
 async def test_bandwidth_cap_paces_every_byte_through_the_token_bucket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The copier's bucket, real in all but its clock (the copier takes none to pass on).
+    clock = WaitClock()
+
+    def bucket_on_the_wait_clock(rate_bytes_per_s: float, burst_bytes: float | None = None) -> TokenBucket:
+        return TokenBucket(rate_bytes_per_s, burst_bytes, clock=clock, sleep=clock.sleep)
+
+    monkeypatch.setattr(transfer, "TokenBucket", bucket_on_the_wait_clock)
     waits: list[tuple[int, float]] = []
     reserve = TokenBucket.reserve
 
@@ -260,8 +285,11 @@ async def test_bandwidth_cap_paces_every_byte_through_the_token_bucket(
     plan = await plan_sync(source, "v1/", target, "cache/", manifest)
     await run_sync(plan, source, target, options=SyncOptions(bandwidth_bytes_per_s=1_000_000))
     assert sum(n for n, _ in waits) == 400_000
-    # A 250 kB burst, then the rest at 1 MB/s: the bucket asked for about 0.15 s of waiting in all.
+    # A 250 kB burst, then the rest at 1 MB/s: the bucket asked for 0.15 s of waiting in all...
     assert sum(w for _, w in waits) == pytest.approx(0.15, abs=0.05)
+    assert sum(w for _, w in waits) == pytest.approx(0.15)
+    # ...and the copy took that long on its clock: no byte went out early, none waited longer.
+    assert clock.now_s == pytest.approx(0.15)
 
 
 async def test_verify_finds_corruption_and_the_next_sync_repairs_it() -> None:
@@ -316,17 +344,24 @@ async def test_whole_objects_in_flight_are_held_to_max_buffered_bytes() -> None:
     manifest = await build_manifest(source, "v1/")
     held, peak = 0, 0
     original_get, original_put = source.get, target.put
+    two_held = asyncio.Event()
 
     async def counting_get(path: str, **kw: int | None) -> bytes:
         nonlocal held, peak
         data = await original_get(path, **kw)
         held += len(data)
         peak = max(peak, held)
+        if held >= 2 * 48 * KIB:
+            two_held.set()
         return data
 
     async def slow_put(path: str, data: bytes) -> str | None:
         nonlocal held
-        await asyncio.sleep(0.005)  # long enough for every worker to be holding its object
+        # No object is let go before two are held at once (all the budget allows): the copier must
+        # fill it. Bounded, so that a copier that holds only one fails the peak assert below.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(two_held.wait(), timeout=10)
+        await asyncio.sleep(0)  # and the other workers run meanwhile, to ask for a third
         etag = await original_put(path, data)
         if not path.endswith(MARKER_NAME):
             held -= len(data)
@@ -402,7 +437,10 @@ async def test_no_object_is_written_before_or_beside_the_folder_markers_above_it
             for m in files
             if m.endswith("/") and key.startswith(m) and key != m and m not in finished
         )
-        await asyncio.sleep(0.002)  # long enough for the other workers to start theirs
+        # Long enough for the other workers to start theirs. What must not happen (a child written
+        # beside its marker) has no signal to wait for, so this stays a short bounded wait; it
+        # only gives a broken copier the chance to show itself, a correct one passes at any length.
+        await asyncio.sleep(0.002)
         etag = await original_put(path, data)
         finished.add(key)
         return etag

@@ -5,6 +5,8 @@ resizer against a real simulated cluster over loopback, where a node running a p
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -40,13 +42,29 @@ class Clock:
     def __call__(self) -> float:
         return self.now_s
 
+    async def sleep(self, seconds: float) -> None:
+        """A wait on this clock: it moves the clock on and returns at once."""
+        self.now_s += seconds
+        await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
+    a passing test waits only as long as the condition takes)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
+        await asyncio.sleep(0.001)
+
 
 async def test_a_scale_up_is_pending_until_the_lead_time_then_lands() -> None:
     resizer = InMemoryPoolResizer({KEY: 1})
     clock = Clock()
     gate = asyncio.Event()
+    slept_s: list[float] = []
 
-    async def sleep(_: float) -> None:
+    async def sleep(seconds: float) -> None:
+        slept_s.append(seconds)
         await gate.wait()
 
     provisioner = SimulatedProvisioner(resizer, lead_time_s=300, clock=clock, sleep=sleep)
@@ -60,9 +78,10 @@ async def test_a_scale_up_is_pending_until_the_lead_time_then_lands() -> None:
         (Operation.SCALE_UP, 1, 4, 1300.0)
     ]
     assert len(resizer.pools[KEY]) == 1, "nodes appeared before the lead time"
+    await until(lambda: bool(slept_s), "the scale-up started its wait")
+    assert slept_s == [300.0], "the scale-up waits out the lead time"
     gate.set()
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await until(lambda: len(resizer.pools[KEY]) == 4, "the scale-up landed")
     assert len(resizer.pools[KEY]) == 4
     status = await provisioner.status(SPEC)
     assert (status.nodes, status.ready_nodes, status.pending) == (4, 4, ())
@@ -150,13 +169,18 @@ async def test_the_http_resizer_grows_a_simulated_cluster_and_never_removes_a_bu
     )
     async with SimCluster(config) as sim:
         resizer = HttpPoolResizer({"burst": SimEndpoint(sim.url)})
-        provisioner = SimulatedProvisioner(resizer, lead_time_s=0.05)
+        # The lead time passes on the test's clock, at once; the nodes are added over real HTTP.
+        clock = Clock()
+        provisioner = SimulatedProvisioner(resizer, lead_time_s=300, clock=clock, sleep=clock.sleep)
         await provisioner.refresh(SPEC)
         await provisioner.apply(SPEC, 4)
-        for _ in range(100):
-            if (await provisioner.status(SPEC)).ready_nodes == 4:
-                break
-            await asyncio.sleep(0.02)
+        ready_nodes = 0
+        deadline = time.monotonic() + 10
+        while ready_nodes != 4 and time.monotonic() < deadline:
+            ready_nodes = (await provisioner.status(SPEC)).ready_nodes
+            await asyncio.sleep(0.005)
+        assert ready_nodes == 4, f"{ready_nodes} of 4 nodes ready after 10 s"
+        assert clock.now_s == 1300.0, "the nodes came after the lead time"
         nodes = await resizer.pool_nodes("burst", "h100")
         assert len(nodes.names) == 4
         assert sum(sim.engine.scheduler.free_gpus().values()) == 32, "the cluster's inventory grew"

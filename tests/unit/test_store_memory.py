@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import pytest
 
@@ -17,6 +18,7 @@ from federation.errors import Conflict, IdempotencyConflict, NotLeader
 from federation.scheduling.leader import LeaderElection
 from federation.store.job_cache import JobCache
 from federation.store.job_store import (
+    LEADER_KEY,
     PREFIX,
     Fence,
     InMemoryJobStore,
@@ -27,6 +29,7 @@ from federation.store.job_store import (
     job_key,
 )
 from federation.store.jobs import JobRecord, job_to_dict
+from federation.store.kv import WatchEvent
 from federation.store.kv_memory import MemoryKv
 from federation.store.kv_pages import FIRST_PAGE_KEYS
 from federation.store.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
@@ -56,6 +59,57 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+class LoopClock:
+    """The running event loop's clock, moved forward by the test: the loop's timers (`asyncio.sleep`,
+    `asyncio.timeout`, `call_at`) then fire as if that much time had passed, at once. For the waits
+    that the code under test measures on the loop (a keepalive interval, a watch's patience, the
+    cache's backoff), as `FakeClock` is for the kv's leases.
+
+    Only ever forward, and never put back: moving the loop's time backwards would hold every timer
+    already scheduled for that much longer. The loop is the test's own (function scope)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._real_time = loop.time
+        self.skew_s = 0.0
+        loop.time = self.time  # type: ignore[method-assign]
+
+    def time(self) -> float:
+        return self._real_time() + self.skew_s
+
+    def advance(self, seconds: float) -> None:
+        self.skew_s += seconds
+
+
+@pytest.fixture
+async def loop_clock() -> LoopClock:
+    return LoopClock(asyncio.get_running_loop())
+
+
+@pytest.fixture
+def leader_watches(kv: MemoryKv, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set when an election starts watching the leader key: a standby that found the key held is
+    then waiting for it to change, which is what a test must know before the leader goes."""
+    watching = asyncio.Event()
+    real_watch = kv.watch_prefix
+
+    def watch_and_tell(prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        if prefix == LEADER_KEY:
+            watching.set()
+        return real_watch(prefix, start_revision=start_revision)
+
+    monkeypatch.setattr(kv, "watch_prefix", watch_and_tell)
+    return watching
+
+
+async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
+    a passing test waits only as long as the condition takes)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture
@@ -298,7 +352,7 @@ async def test_cache_start_sees_jobs_that_existed_before(store: KvStore, make_jo
 
 
 async def test_cache_recovers_from_a_compacted_watch_by_relisting(
-    store: KvStore, kv: MemoryKv, cache: JobCache, make_job: MakeJob
+    store: KvStore, kv: MemoryKv, cache: JobCache, make_job: MakeJob, loop_clock: LoopClock
 ) -> None:
     first, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
     assert await cache.wait_for_revision(first.mod_revision, timeout_s=3)
@@ -311,8 +365,10 @@ async def test_cache_recovers_from_a_compacted_watch_by_relisting(
     await kv.put(PREFIX + b"tenants/other", b"{}")
     await kv.compact(kv.revision)
     assert stored.mod_revision < kv.revision
-    await asyncio.sleep(0.05)
+    await until(lambda: not cache.synced, "the cache's watch broke on the compacted history")
     assert not cache.synced, "backing off before the relist"
+    # The backoff before the relist (0.2 s at first) passes on the loop's clock, not the wall's.
+    loop_clock.advance(1.0)
     assert await cache.wait_for_revision(stored.mod_revision, timeout_s=3)
     assert cache.synced
     assert cache.get(JobId("j1")) == stored
@@ -350,19 +406,27 @@ async def test_wait_for_revision_times_out_for_a_revision_not_yet_written(cache:
 
 
 async def test_a_standby_takes_over_when_the_leaders_lease_runs_out(
-    kv: MemoryKv, clock: FakeClock, store: KvStore, make_job: MakeJob
+    kv: MemoryKv,
+    clock: FakeClock,
+    loop_clock: LoopClock,
+    leader_watches: asyncio.Event,
+    store: KvStore,
+    make_job: MakeJob,
 ) -> None:
     first = LeaderElection(kv, "first", ttl_s=2)
     second = LeaderElection(kv, "second", ttl_s=2)
     old_fence = await first.acquire()
     assert first.is_leader
     standby = asyncio.create_task(second.acquire())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(leader_watches.wait(), timeout=10)  # refused: it waits for the key to change
     assert not standby.done()
     # The first leader's process dies: no more keepalives, no revoke.
     assert first._keepalive_task is not None
     first._keepalive_task.cancel()
     clock.now_s += 3
+    # The in-memory kv drops an expired lease only when called: the standby calls again once its
+    # watch has waited a third of the TTL, on the loop's clock. A whole TTL, at once:
+    loop_clock.advance(2.0)
     new_fence = await asyncio.wait_for(standby, timeout=3)
     assert new_fence.create_revision > old_fence.create_revision
     stored, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
@@ -373,12 +437,14 @@ async def test_a_standby_takes_over_when_the_leaders_lease_runs_out(
     await first.close()
 
 
-async def test_resign_frees_the_key_for_a_standby_at_once(kv: MemoryKv) -> None:
+async def test_resign_frees_the_key_for_a_standby_at_once(
+    kv: MemoryKv, leader_watches: asyncio.Event
+) -> None:
     first = LeaderElection(kv, "first", ttl_s=30)
     second = LeaderElection(kv, "second", ttl_s=30)
     await first.acquire()
     standby = asyncio.create_task(second.acquire())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(leader_watches.wait(), timeout=10)  # the standby waits for the key to change
     await first.resign()
     assert first.lost().is_set()
     assert not first.is_leader
@@ -387,10 +453,15 @@ async def test_resign_frees_the_key_for_a_standby_at_once(kv: MemoryKv) -> None:
     await second.close()
 
 
-async def test_a_leader_whose_key_is_taken_sets_lost(kv: MemoryKv) -> None:
+async def test_a_leader_whose_key_is_taken_sets_lost(kv: MemoryKv, loop_clock: LoopClock) -> None:
     election = LeaderElection(kv, "me", ttl_s=1)
     fence = await election.acquire()
     await kv.delete(fence.key)
+    # Its next keepalive (every third of the TTL, on the loop's clock) finds the key gone: that time
+    # passes at once. The yield lets the keepalive task that `acquire` created start that wait
+    # first; were it to start later, the test would only take the third of a second again.
+    await asyncio.sleep(0)
+    loop_clock.advance(1.0)
     await asyncio.wait_for(election.lost().wait(), timeout=2)
     assert not election.is_leader
     assert election.fence is None
