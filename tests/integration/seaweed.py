@@ -12,6 +12,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+import pytest
+
 from datasync.journal import LocalJournal
 from datasync.manifest import build_manifest
 from datasync.plan import plan_sync
@@ -32,6 +34,13 @@ class SeaweedStore:
 
     def open(self) -> ObjectStore:
         return open_store(self.name, self.config, env=self.env)
+
+
+def own_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix of the test's own on the worker's shared stores: its module's name and its own."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    name = request.node.name.replace("[", "-").rstrip("]")
+    return f"{module}/{name}/"
 
 
 def store_of(process: SeaweedProcess, name: str, bucket: str) -> SeaweedStore:

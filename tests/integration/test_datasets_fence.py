@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,20 +52,11 @@ SLOW = SyncOptions(concurrency=2, bandwidth_bytes_per_s=2 * 1024 * 1024)
 KEY = CopyKey(StoreName("cloud"), DatasetName("vision/race"), VersionId("v1"))
 
 
-@pytest.fixture(scope="module")
-def seaweeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedProcess, SeaweedProcess]]:
-    root = tmp_path_factory.mktemp("seaweed-fence")
-    home, cloud = (
-        SeaweedProcess(root / "home", buckets=["home"]),
-        SeaweedProcess(root / "cloud", buckets=["cache"]),
-    )
-    home.start()
-    cloud.start()
-    try:
-        yield home, cloud
-    finally:
-        home.stop()
-        cloud.stop()
+@pytest.fixture
+def seaweeds(seaweed_pair: tuple[SeaweedProcess, SeaweedProcess]) -> tuple[SeaweedProcess, SeaweedProcess]:
+    """The worker's two stores (tests/integration/conftest.py): `home` on one, `fence-cache` on the other,
+    buckets no other module writes, since each case here starts from an empty cache."""
+    return seaweed_pair
 
 
 class Counting:
@@ -161,7 +152,7 @@ class World:
 async def world(
     etcd_kv: EtcdKv, seaweeds: tuple[SeaweedProcess, SeaweedProcess], tmp_path: Path
 ) -> AsyncIterator[World]:
-    home, cloud = store_of(seaweeds[0], "home", "home"), store_of(seaweeds[1], "cloud", "cache")
+    home, cloud = store_of(seaweeds[0], "home", "home"), store_of(seaweeds[1], "cloud", "fence-cache")
     env = {**home.env, **cloud.env}
     directory = StoreDirectory(etcd_kv, env)
     await directory.put(StoreRecord("home", home.config))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,14 +18,10 @@ from datasync.seaweed_process import SeaweedProcess
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedProcess]:
-    process = SeaweedProcess(tmp_path_factory.mktemp("seaweed-http11") / "s", buckets=["lean"])
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
+@pytest.fixture
+def seaweed(seaweed_pair: tuple[SeaweedProcess, SeaweedProcess]) -> SeaweedProcess:
+    """The worker's on-prem store (tests/integration/conftest.py); this module alone uses its `lean` bucket."""
+    return seaweed_pair[0]
 
 
 def client(process: SeaweedProcess, secret: str | None = None) -> S3Requests:

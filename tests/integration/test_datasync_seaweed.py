@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from datasync.store_obstore import ObstoreStore
 from datasync.sync import SyncReport, run_sync
 from datasync.transfer import SyncOptions
 from datasync.verify import verify
-from tests.integration.seaweed import SeaweedStore, store_of
+from tests.integration.seaweed import SeaweedStore, own_prefix, store_of
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +35,11 @@ REPO = Path(__file__).resolve().parents[2]
 OPTIONS = SyncOptions(multipart_threshold_bytes=8 * MIB, part_size_bytes=5 * MIB, concurrency=16)
 
 
-@pytest.fixture(scope="module")
-def seaweeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedStore, SeaweedStore]]:
-    root = tmp_path_factory.mktemp("seaweed")
-    onprem = SeaweedProcess(root / "onprem", buckets=["datasets"])
-    cloud = SeaweedProcess(root / "cloud", buckets=["cache"])
-    onprem.start()
-    cloud.start()
-    try:
-        yield store_of(onprem, "onprem", "datasets"), store_of(cloud, "cloud", "cache")
-    finally:
-        onprem.stop()
-        cloud.stop()
+@pytest.fixture
+def seaweeds(seaweed_pair: tuple[SeaweedProcess, SeaweedProcess]) -> tuple[SeaweedStore, SeaweedStore]:
+    """The worker's two stores (tests/integration/conftest.py), as this module's clients see them."""
+    onprem, cloud = seaweed_pair
+    return store_of(onprem, "onprem", "datasets"), store_of(cloud, "cloud", "cache")
 
 
 @pytest.fixture
@@ -55,7 +48,7 @@ async def stores(
 ) -> AsyncIterator[tuple[ObjectStore, ObjectStore, str]]:
     source, target = seaweeds[0].open(), seaweeds[1].open()
     # Each test gets its own prefixes on the shared servers.
-    prefix = f"{request.node.name.replace('[', '-').rstrip(']')}/"
+    prefix = own_prefix(request)
     try:
         yield source, target, prefix
     finally:

@@ -14,7 +14,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from datasync.store import ObjectStore, list_all
 from datasync.sync import SyncReport, run_sync
 from datasync.transfer import SyncOptions, folder_marker_phases
 from datasync.verify import check_copy, repair_copy, verify_copy
-from tests.integration.seaweed import SeaweedStore, store_of
+from tests.integration.seaweed import SeaweedStore, own_prefix, store_of
 
 pytestmark = pytest.mark.integration
 
@@ -49,18 +49,10 @@ def sizes_around(part: int, threshold: int) -> list[int]:
     return sorted(out)
 
 
-@pytest.fixture(scope="module")
-def seaweeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedProcess, SeaweedProcess]]:
-    root = tmp_path_factory.mktemp("seaweed-sizes")
-    onprem = SeaweedProcess(root / "onprem", buckets=["datasets"])
-    cloud = SeaweedProcess(root / "cloud", buckets=["cache"])
-    onprem.start()
-    cloud.start()
-    try:
-        yield onprem, cloud
-    finally:
-        onprem.stop()
-        cloud.stop()
+@pytest.fixture
+def seaweeds(seaweed_pair: tuple[SeaweedProcess, SeaweedProcess]) -> tuple[SeaweedProcess, SeaweedProcess]:
+    """The worker's two stores (tests/integration/conftest.py): datasets on one, cache on the other."""
+    return seaweed_pair
 
 
 @pytest.fixture
@@ -72,7 +64,7 @@ async def stores(
         store_of(seaweeds[1], "cloud", "cache"),
     )
     source, target = handles[0].open(), handles[1].open()
-    prefix = f"{request.node.name.replace('[', '-').rstrip(']')}/"
+    prefix = own_prefix(request)
     try:
         yield source, target, prefix
     finally:
