@@ -22,6 +22,12 @@ from tests.e2e.harness import ServerProcess, manifest, wait_for
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture
+def etcd(own_etcd: EtcdProcess) -> EtcdProcess:
+    """This module kills and pauses etcd: an etcd of its own, not the worker's shared one."""
+    return own_etcd
+
+
 def _refused(fn: object) -> tuple[grpc.StatusCode, float]:
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as error:
