@@ -38,6 +38,50 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     )
 
 
+# The order in which the workers are handed the suite (pytest-xdist gives each worker the next test
+# in collection order as it frees up). The slow tiers go first, so that the thousands of
+# sub-second unit tests fill the gaps at the end instead of one long end-to-end test running alone
+# after everything else has finished. A stable sort keeps each module's tests together and in order.
+TIER_ORDER = ("e2e", "integration", "contract", "unit")
+
+
+def _tier(item: pytest.Item) -> int:
+    parts = item.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+
+
+# Fixtures that cost seconds and memory to start and that any test of a worker can share: every
+# test that takes one runs on the same worker (pytest-xdist's `xdist_group`), so only one worker
+# starts it. Ray is the costly one: about 5 s and 0.7 GiB a start.
+SHARED_ON_ONE_WORKER = {"ray_session": "ray"}
+# A module-scoped fixture (a server for the whole module, say) is set up once per worker that runs
+# any of the module's tests: such a module runs whole on one worker.
+MODULE_SCOPES = frozenset({"module", "class", "package"})
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    if fixture_info is None:
+        return None
+    for name, group in SHARED_ON_ONE_WORKER.items():
+        if name in fixture_info.name2fixturedefs:
+            return group
+    for definitions in fixture_info.name2fixturedefs.values():
+        if definitions and definitions[-1].scope in MODULE_SCOPES:
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_tier)
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def etcd_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
     """One etcd for the whole session (about 0.2 s to start); tests isolate by wiping /gpufed/."""
