@@ -8,6 +8,14 @@ from typing import Any
 # Runs about `seconds` on a real cluster (busybox prints a line a second) and on the simulator
 # (which reads the duration annotation and ignores the command).
 SLEEPER_IMAGE = "busybox:1.36"
+# The simulator's run time for a pod, in seconds as a bare number ("4", never "4s"): it ignores a
+# value it cannot read as a number and runs the pod for the cluster's default instead, which made
+# every pod here run for `defaultDurationS` whatever `seconds` said.
+SIM_DURATION_ANNOTATION = "sim.gpufed.io/duration"
+
+
+def sim_duration(seconds: float) -> dict[str, str]:
+    return {SIM_DURATION_ANNOTATION: f"{seconds:g}"}
 
 
 def pod(
@@ -44,7 +52,7 @@ def pod(
         "metadata": {
             "name": name,
             "labels": labels or {"app": name},
-            "annotations": {"sim.gpufed.io/duration": f"{seconds}s"},
+            "annotations": sim_duration(seconds),
         },
         "spec": spec,
     }

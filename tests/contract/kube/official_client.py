@@ -46,6 +46,49 @@ class ClientError(Exception):
     body: Any
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of the official client, made on its own or with others in one process (`batch`).
+
+    Each process pays for importing the client (a second or more of CPU, several on a busy
+    machine), so a test that makes several requests whose arguments it knows up front batches them.
+    """
+
+    operation: str
+    args: dict[str, Any]
+    # How long the request may take, the client's start included.
+    timeout_s: float
+
+    @classmethod
+    def call(cls, api: str, method: str, *args: Any, timeout_s: float = 60, **kwargs: Any) -> Request:
+        return cls("call", {"api": api, "method": method, "args": list(args), "kwargs": kwargs}, timeout_s)
+
+    @classmethod
+    def watch(
+        cls, api: str, method: str, *, timeout_s: float = 5, max_events: int = 1000, **kwargs: Any
+    ) -> Request:
+        """The events of a watch, until `max_events` have come or `timeout_s` has passed."""
+        args = {
+            "api": api,
+            "method": method,
+            "kwargs": kwargs,
+            "timeout_s": timeout_s,
+            "max_events": max_events,
+        }
+        return cls("watch", args, timeout_s + 60)
+
+    @classmethod
+    def log(cls, name: str, namespace: str, *, timeout_s: float = 60, **kwargs: Any) -> Request:
+        return cls("log", {"name": name, "namespace": namespace, "kwargs": kwargs}, timeout_s)
+
+
+def _result(answer: dict[str, Any]) -> Any:
+    if "error" in answer:
+        error = answer["error"]
+        return ClientError(error["status"], error["reason"], error["body"])
+    return answer["ok"]
+
+
 class OfficialClient:
     def __init__(self, python: Path, target: KubeTarget) -> None:
         self._python = python
@@ -69,33 +112,48 @@ class OfficialClient:
         )
         if result.returncode != 0:
             raise AssertionError(f"the official client failed ({operation} {args}):\n{result.stderr[-4000:]}")
-        answer = json.loads(result.stdout)
-        if "error" in answer:
-            error = answer["error"]
-            raise ClientError(error["status"], error["reason"], error["body"])
-        return answer["ok"]
+        answer = _result(json.loads(result.stdout))
+        if isinstance(answer, ClientError):
+            raise answer
+        return answer
+
+    def request(self, request: Request) -> Any:
+        return self._run(request.operation, request.args, request.timeout_s)
 
     def call(self, api: str, method: str, *args: Any, timeout_s: float = 60, **kwargs: Any) -> Any:
-        return self._run(
-            "call", {"api": api, "method": method, "args": list(args), "kwargs": kwargs}, timeout_s
-        )
+        return self.request(Request.call(api, method, *args, timeout_s=timeout_s, **kwargs))
 
     def watch(
         self, api: str, method: str, *, timeout_s: float = 5, max_events: int = 1000, **kwargs: Any
     ) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = self._run(
-            "watch",
-            {
-                "api": api,
-                "method": method,
-                "kwargs": kwargs,
-                "timeout_s": timeout_s,
-                "max_events": max_events,
-            },
-            timeout_s + 60,
+        events: list[dict[str, Any]] = self.request(
+            Request.watch(api, method, timeout_s=timeout_s, max_events=max_events, **kwargs)
         )
         return events
 
     def log(self, name: str, namespace: str, *, timeout_s: float = 60, **kwargs: Any) -> str:
-        text: str = self._run("log", {"name": name, "namespace": namespace, "kwargs": kwargs}, timeout_s)
+        text: str = self.request(Request.log(name, namespace, timeout_s=timeout_s, **kwargs))
         return text
+
+    def _batch(self, requests: tuple[Request, ...], *, stop_at_error: bool) -> list[Any]:
+        steps = [{"operation": r.operation, "args": r.args} for r in requests]
+        answers: list[dict[str, Any]] = self._run(
+            "batch",
+            {"operations": steps, "stop_at_error": stop_at_error},
+            sum(r.timeout_s for r in requests),
+        )
+        return [_result(answer) for answer in answers]
+
+    def batch(self, *requests: Request) -> list[Any]:
+        """The results of `requests`, made in order in one process; the first refusal is raised
+        (as a ClientError) and the requests after it are not made, as when each is its own call."""
+        results = self._batch(requests, stop_at_error=True)
+        for result in results:
+            if isinstance(result, ClientError):
+                raise result
+        return results
+
+    def outcomes(self, *requests: Request) -> list[Any]:
+        """Each request's result, or the ClientError it was refused with: for a test that expects
+        some of them to be refused. Every request is made, in order, in one process."""
+        return self._batch(requests, stop_at_error=False)

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from tests.contract.kube.facts import gpu_nodes
+from tests.contract.kube import facts
 from tests.contract.kube.kubectl import Kubectl
 from tests.contract.kube.manifests import dump, pod
-from tests.contract.kube.official_client import OfficialClient
+from tests.contract.kube.official_client import OfficialClient, Request
 
 
 @pytest.mark.parametrize(
@@ -39,22 +39,28 @@ def test_quantities_are_canonical_strings(kubectl: Kubectl, ns: str, sent: objec
 def test_official_client_lists_and_watches_with_numeric_gpu_pods_present(
     kubectl: Kubectl, official: OfficialClient, ns: str
 ) -> None:
-    gpu_nodes(kubectl, 2)
+    facts.gpu_nodes(kubectl, 2)
     # A foreign team's pods, written with a bare number for their GPUs, as many users write them.
     for i in range(2):
         kubectl("apply", "-n", ns, "-f", "-", stdin=dump(pod(f"foreign-{i}", gpus=2, seconds=600)))
-    pods = official.call("CoreV1Api", "list_pod_for_all_namespaces")
+    node_count = len(facts.nodes(kubectl))
+    # One process of the client for all four requests (each process spends seconds importing it on
+    # a busy machine). A watch without a resourceVersion starts with an ADDED event for every object
+    # there is, so each watch ends once those have come: the two pods, every node.
+    pods, nodes, events, node_events = official.batch(
+        Request.call("CoreV1Api", "list_pod_for_all_namespaces"),
+        Request.call("CoreV1Api", "list_node"),
+        Request.watch("CoreV1Api", "list_namespaced_pod", namespace=ns, max_events=2, timeout_s=30),
+        Request.watch("CoreV1Api", "list_node", max_events=node_count, timeout_s=30),
+    )
     ours = [p for p in pods["items"] if p["metadata"]["namespace"] == ns]
     assert len(ours) == 2
     for p in ours:
         assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    nodes = official.call("CoreV1Api", "list_node")
     assert nodes["items"], "the cluster has nodes"
     for node in nodes["items"]:
         for value in node["status"]["allocatable"].values():
             assert isinstance(value, str)
-    events = official.watch("CoreV1Api", "list_namespaced_pod", namespace=ns, timeout_s=3)
     assert {e["name"] for e in events if e["type"] == "ADDED"} == {"foreign-0", "foreign-1"}
-    node_events = official.watch("CoreV1Api", "list_node", timeout_s=2)
     assert node_events
     assert all(e["type"] == "ADDED" for e in node_events)

@@ -16,6 +16,7 @@ import pytest
 
 from tests.contract.kube import facts
 from tests.contract.kube.kubectl import Kubectl
+from tests.contract.kube.manifests import sim_duration
 from tests.contract.kube.waits import until
 
 
@@ -27,7 +28,7 @@ def vcjob(name: str, action: str, *, gpus: int = 1) -> dict[str, Any]:
         "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
     }
     template = {
-        "metadata": {"annotations": {"sim.gpufed.io/duration": "600s"}},
+        "metadata": {"annotations": sim_duration(600)},
         "spec": {"restartPolicy": "Never", "containers": [container]},
     }
     return {
