@@ -40,6 +40,7 @@ async def run_server(
     tls: TlsFiles | None = None,
     read_rate_per_s: float | None = None,
     etcd_tls: EtcdTls | None = None,
+    lease_ttl_s: int | None = None,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if etcd_tls is not None:
@@ -81,6 +82,8 @@ async def run_server(
         config = replace(config, identity=identity)
     if read_rate_per_s is not None:
         config = replace(config, read_rate_per_s=read_rate_per_s)
+    if lease_ttl_s is not None:
+        config = replace(config, lease_ttl_s=lease_ttl_s)
     if tls is not None:
         config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
     server = FederationServer(config)

@@ -544,7 +544,15 @@ class FederationServer:
                 # tick: a tick's time is mostly waits on clusters and etcd, in which the API runs,
                 # and it grows with the jobs in flight. Counted in, a tick that moved a thousand
                 # jobs made the leader sit idle twice as long with every GPU it had just freed.
-                await asyncio.sleep(max(0.0, max(self.config.min_cycle_gap_s, 3 * cycle_s) - elapsed))
+                # A leader that lost its lease stops at once, not after the gap: after a failed
+                # round of 10 s (etcd without a quorum) the gap is 20 s, and a server that had lost
+                # its lease in the outage went on sleeping that long after etcd was back, scheduling
+                # nothing, before it stood for leader again (tests/e2e/test_etcd_cluster_outage.py).
+                with contextlib.suppress(TimeoutError):
+                    gap_s = max(0.0, max(self.config.min_cycle_gap_s, 3 * cycle_s) - elapsed)
+                    await asyncio.wait_for(lost.wait(), timeout=gap_s)
+                if lost.is_set():
+                    break
                 # Sleep until a job changes or the interval passes, whichever is first.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changes.get(), timeout=self.config.cycle_interval_s)
