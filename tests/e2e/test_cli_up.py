@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -111,37 +112,49 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 def test_cli_submit_get_list_explain_cancel_and_metrics(up: Up) -> None:
     sd = up.state_dir
-    out = _gpufed(sd, "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"), "--idempotency-key", "cli-1")
-    assert out.returncode == 0, out.stderr
-    job_id = out.stdout.split()[0]
+    # Each `gpufed` call is a process of its own (about a second of imports), and none of them waits for
+    # another but for the job id: side by side, the calls take the time of the longest, `watch`, which
+    # waits for the job to finish, rather than the sum of them all.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        bad_f = pool.submit(_gpufed, sd, "submit", "-f", str(EXAMPLES / "invalid-replicas.yaml"))
+        whoami_f = pool.submit(_gpufed, sd, "whoami", user="admin")
+        clusters_f = pool.submit(_gpufed, sd, "clusters", user="admin")
+        out = _gpufed(sd, "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"), "--idempotency-key", "cli-1")
+        assert out.returncode == 0, out.stderr
+        job_id = out.stdout.split()[0]
+        watched_f = pool.submit(_gpufed, sd, "watch", job_id)
+        got_f = pool.submit(_gpufed, sd, "-o", "json", "get", job_id)
+        listed_f = pool.submit(_gpufed, sd, "-o", "yaml", "list")
+        table_f = pool.submit(_gpufed, sd, "list")
+        other_f = pool.submit(_gpufed, sd, "get", job_id, user="bob")
 
-    got = _gpufed(sd, "-o", "json", "get", job_id)
-    assert got.returncode == 0, got.stderr
-    assert json.loads(got.stdout)["tenant"] == "vision"
+        got = got_f.result()
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["tenant"] == "vision"
 
-    listed = _gpufed(sd, "-o", "yaml", "list")
-    assert job_id in {j["job_id"] for j in yaml.safe_load(listed.stdout)["jobs"]}
+        listed = listed_f.result()
+        assert job_id in {j["job_id"] for j in yaml.safe_load(listed.stdout)["jobs"]}
 
-    table = _gpufed(sd, "list")
-    assert table.stdout.splitlines()[0].split()[:3] == ["JOB", "TENANT", "PHASE"]
+        table = table_f.result()
+        assert table.stdout.splitlines()[0].split()[:3] == ["JOB", "TENANT", "PHASE"]
 
-    watched = _gpufed(sd, "watch", job_id)
-    assert watched.returncode == 0
-    assert "SUCCEEDED" in watched.stdout.splitlines()[-1]
+        watched = watched_f.result()
+        assert watched.returncode == 0
+        assert "SUCCEEDED" in watched.stdout.splitlines()[-1]
 
-    bad = _gpufed(sd, "submit", "-f", str(EXAMPLES / "invalid-replicas.yaml"))
-    assert bad.returncode == 1
-    assert "INVALID_ARGUMENT" in bad.stderr
-    assert "replicas" in bad.stderr
+        bad = bad_f.result()
+        assert bad.returncode == 1
+        assert "INVALID_ARGUMENT" in bad.stderr
+        assert "replicas" in bad.stderr
 
-    other = _gpufed(sd, "get", job_id, user="bob")
-    assert other.returncode == 1
-    assert "NOT_FOUND" in other.stderr
+        other = other_f.result()
+        assert other.returncode == 1
+        assert "NOT_FOUND" in other.stderr
 
-    whoami = _gpufed(sd, "whoami", user="admin")
-    assert "role admin" in whoami.stdout
-    clusters = _gpufed(sd, "clusters", user="admin")
-    assert "onprem-a100" in clusters.stdout
+        whoami = whoami_f.result()
+        assert "role admin" in whoami.stdout
+        clusters = clusters_f.result()
+        assert "onprem-a100" in clusters.stdout
 
     metrics_url = read_endpoint(sd)["metrics"]
     with urllib.request.urlopen(metrics_url, timeout=5) as response:  # loopback only

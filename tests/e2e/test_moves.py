@@ -1,10 +1,11 @@
 """End to end, a cloud gang that says it resumes from a checkpoint is moved back to private GPUs.
 
 One private cluster of 8 A100s at an internal rate and one cloud cluster of A100s at list price.
-A short job holds the private GPUs while two day-long gangs burst to the cloud: `stuck`, which says
-nothing about checkpoints, and `resumable`, which states `resumable: true`. When the short job ends,
-the private GPUs are idle with nothing queued, and the placer's estimate of what the rest of a
-day-long cloud run costs is hundreds of dollars over the same work at the internal rate. gpufed
+A blocker job holds the private GPUs while two day-long gangs burst to the cloud: `stuck`, which says
+nothing about checkpoints, and `resumable`, which states `resumable: true`. When the blocker ends (its
+owner cancels it once both gangs run in the cloud), the private GPUs are idle with nothing queued, and
+the placer's estimate of what the rest of a day-long cloud run costs is hundreds of dollars over the
+same work at the internal rate. gpufed
 must stop `resumable` (with the grace period to write its checkpoint), requeue it without charging
 a retry, and start it on the private cluster; `stuck` stays where it is, although its longer limit
 would save more, because nothing says it can resume.
@@ -114,7 +115,10 @@ def test_a_resumable_cloud_gang_moves_to_idle_private_gpus_and_one_that_is_not_s
     fed: ServerProcess, sims: SimProcess
 ) -> None:
     with fed.client("vic") as vic:
-        blocker = vic.submit(manifest("blocker", gpus=4, duration="20s")).job_id
+        # Runs until cancelled below. It must hold the private GPUs until both gangs are seen running in
+        # the cloud (else one lands on them, or moves before the test sees it in the cloud), and a run of
+        # fixed length (it was 20 s) is either a race on a busy machine or a wait on a quiet one.
+        blocker = vic.submit(manifest("blocker", gpus=4, duration="1h")).job_id
         wait_for(lambda: job_of(fed, "vic", blocker).phase == pb.JOB_PHASE_RUNNING, timeout_s=60)
         # Two days' limit: by the placer's estimate the dearer one to leave in the cloud.
         stuck = vic.submit(manifest("stuck", gpus=4, duration="1h", extra_spec="  maxRuntime: 2d\n")).job_id
@@ -129,7 +133,9 @@ def test_a_resumable_cloud_gang_moves_to_idle_private_gpus_and_one_that_is_not_s
         assert running.cluster == "aws", running
 
     # The blocker ends; the private node is idle and nothing is queued.
-    wait_for(lambda: job_of(fed, "vic", blocker).phase == pb.JOB_PHASE_SUCCEEDED, timeout_s=60)
+    with fed.client("vic") as vic:
+        vic.cancel(blocker)
+    wait_for(lambda: job_of(fed, "vic", blocker).phase == pb.JOB_PHASE_CANCELLED, timeout_s=60)
     moved = wait_for(
         lambda: (
             (job := job_of(fed, "vic", resumable)).phase == pb.JOB_PHASE_RUNNING and job.attempt == 2 and job

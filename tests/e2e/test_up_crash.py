@@ -19,13 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from datasync import open_store
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store_config import S3StoreConfig
 from federation.api.client import GpufedClient, wait_until_serving
 from federation.api.datasets_client import DatasetsClient
-from federation.runtime.embedded import read_endpoint
+from federation.runtime.embedded import default_config_path, read_endpoint
 from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +36,12 @@ HOME, CACHE = "onprem-s3", "s3-us-east-1"
 # Enough that a loopback sync takes seconds on a busy 2-core machine, in objects below the multipart
 # threshold, so that every object has an MD5 ETag and `rclone check --checksum` compares them all.
 OBJECTS, OBJECT_BYTES = 48, 4 * MIB
+# The lease of a copy's fence (`datasync.fenceTtlSeconds`, 30 s by default). The crashed run's sync
+# holds its copy's fence until the lease expires (etcd, restarted with the next start, counts the whole
+# TTL again), so the next start's sync waits that long: with the default, 30 s of this test's minute.
+# Long enough that the keepalives (every TTL / 6) survive a busy machine; a lost fence only defers a
+# sync. Shorter would gain nothing: the crashed leader's own 5 s lease holds the next start as long.
+SHORT_FENCE_TTL_S = 6
 
 
 def processes_mentioning(text: str) -> dict[int, str]:
@@ -54,10 +61,12 @@ def processes_mentioning(text: str) -> dict[int, str]:
 
 
 class Up:
-    """`gpufed up` on `state_dir`, started again and again; stderr of each start kept apart."""
+    """`gpufed up` on `state_dir`, started again and again; stderr of each start kept apart. With
+    `config`, that federation config instead of the embedded default."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, config: Path | None = None) -> None:
         self.state_dir = state_dir
+        self.config = config
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -71,22 +80,48 @@ class Up:
 
     def spawn(self) -> subprocess.Popen[bytes]:
         self.starts += 1
+        config = ["--config", str(self.config)] if self.config is not None else []
         with self.stderr_path.open("w") as stderr, self.stdout_path.open("w") as stdout:
             return subprocess.Popen(
                 [sys.executable, "-m", "federation", "--state-dir", str(self.state_dir), "up",
-                 "--port", "0", "--metrics-port", "0"],
+                 *config, "--port", "0", "--metrics-port", "0"],
                 stdout=stdout, stderr=stderr, start_new_session=True,
             )  # fmt: skip
 
     def start(self) -> None:
+        self.begin()
+        self.wait_up()
+
+    def begin(self) -> None:
+        """Spawn `gpufed up` and return at once; `wait_up` waits until it serves."""
         self.proc = self.spawn()
+
+    def wait_up(self) -> None:
         proc = self.proc
+        assert proc is not None
         # Not the endpoint file: a SIGKILLed run leaves its own behind until the next one starts.
         wait_for(
             lambda: "gpufed is up" in self.stdout_path.read_text() or proc.poll() is not None, timeout_s=90
         )
         assert proc.poll() is None, self.stderr_path.read_text()[-3000:]
         wait_until_serving(read_endpoint(self.state_dir)["grpc"])
+
+    def wait_stores(self) -> None:
+        """Wait until the object stores serve, while the rest of `gpufed up` may still be starting: it
+        writes `stores.json` once every store answers. Only for a first start (a SIGKILLed run leaves
+        its `stores.json` behind)."""
+        proc = self.proc
+        assert proc is not None
+
+        def written() -> bool:
+            try:
+                self.stores()
+            except (OSError, ValueError):  # not there yet, or not all written yet
+                return False
+            return True
+
+        wait_for(lambda: written() or proc.poll() is not None, timeout_s=90)
+        assert proc.poll() is None, self.stderr_path.read_text()[-3000:]
 
     def sigkill(self) -> None:
         """SIGKILL gpufed up alone (not its process group): its children must go by themselves."""
@@ -118,15 +153,35 @@ class Up:
         return {"etcd": read_endpoint(self.state_dir)["etcd"], **stores}
 
 
-@pytest.fixture
-def up(tmp_path: Path) -> Iterator[Up]:
-    instance = Up(tmp_path / "state")
-    instance.start()
-    yield instance
+def _stopped(instance: Up) -> None:
     instance.stop()
     # Whatever a test left running on purpose (a survivor, a stand-in) goes too.
     for pid in processes_mentioning(str(instance.state_dir)):
         os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """`gpufed up` with the embedded default, as a user starts it, serving."""
+    instance = Up(tmp_path / "state")
+    instance.start()
+    yield instance
+    _stopped(instance)
+
+
+@pytest.fixture
+def starting_up_with_short_fences(tmp_path: Path) -> Iterator[Up]:
+    """`gpufed up` with the embedded default's federation, its copy fences' lease shortened to
+    `SHORT_FENCE_TTL_S` (the one setting changed, through the config as an operator would); spawned
+    but not yet serving (`Up.wait_stores`, `Up.wait_up`)."""
+    federation = yaml.safe_load(default_config_path().read_text())
+    federation["datasync"] = {**federation.get("datasync", {}), "fenceTtlSeconds": SHORT_FENCE_TTL_S}
+    config = tmp_path / "federation.yaml"
+    config.write_text(yaml.safe_dump(federation, sort_keys=False))
+    instance = Up(tmp_path / "state", config)
+    instance.begin()
+    yield instance
+    _stopped(instance)
 
 
 def _put_dataset(up: Up, prefix: str) -> None:
@@ -177,9 +232,16 @@ def _cache_prefix(up: Up) -> str:
     return f"{bucket}/{path.removesuffix('part-000.bin')}"
 
 
-def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the_sync(up: Up) -> None:
+def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the_sync(
+    starting_up_with_short_fences: Up,
+) -> None:
+    up = starting_up_with_short_fences
     home_prefix = "vision/crashy/v1/"
+    # The dataset goes into the private store as soon as it serves, while etcd, the simulator and the
+    # server are still starting: the upload (seconds of it) needs none of them.
+    up.wait_stores()
     _put_dataset(up, home_prefix)
+    up.wait_up()
     total = OBJECTS * OBJECT_BYTES
     with up.client("alice") as alice:
         datasets = DatasetsClient(alice)
@@ -273,6 +335,8 @@ def test_a_second_up_on_a_live_state_dir_is_refused_and_touches_nothing(up: Up) 
     assert up.proc is not None
     assert f"another gpufed up (pid {up.proc.pid}) is running" in stderr
     assert "Traceback" not in stderr
+    # A negative check, so no condition to poll for: the refused start has exited, and a process it had
+    # signalled would be gone within this (a SIGTERMed child needs a moment to exit).
     time.sleep(0.5)
     assert set(processes_mentioning(str(up.state_dir))) >= set(running)
     wait_until_serving(read_endpoint(up.state_dir)["grpc"])
