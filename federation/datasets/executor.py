@@ -12,6 +12,8 @@ datasync:
   cpusPerShard: 1           # ray only: the CPUs each shard's task reserves
   scrubIntervalSeconds: 600 # the leader re-reads and re-hashes one cached copy this often (the one
                             # verified longest ago) and repairs what it finds bad; 0: no scrub
+  fenceTtlSeconds: 30       # the lease of a copy's fence (federation.datasets.fence): a holder that
+                            # died (a crashed leader's sync) keeps the copy busy for up to this long
 ```
 
 Ray is imported, and started or joined, only when a sync actually copies through it: a federation on
@@ -21,7 +23,7 @@ workers build their own store clients from the store configs, so the credentials
 be in the workers' environment (a Ray started here inherits the server's).
 
 Key: /gpufed/datasync -> {"executor", "ray_address", "shard_bytes", "max_shards", "cpus_per_shard",
-                          "scrub_interval_s"}
+                          "scrub_interval_s", "fence_ttl_s"}
 """
 
 from __future__ import annotations
@@ -48,7 +50,15 @@ from federation.store.kv import KeyValueStore
 log = structlog.get_logger("gpufed.staging")
 
 SETTINGS_KEY = b"/gpufed/datasync"
-KEYS = ("executor", "rayAddress", "shardBytes", "maxShards", "cpusPerShard", "scrubIntervalSeconds")
+KEYS = (
+    "executor",
+    "rayAddress",
+    "shardBytes",
+    "maxShards",
+    "cpusPerShard",
+    "scrubIntervalSeconds",
+    "fenceTtlSeconds",
+)
 GIB = 2**30
 
 
@@ -67,6 +77,10 @@ class DatasyncSettings:
     cpus_per_shard: float = 1.0
     # One cached copy re-hashed (and repaired) this often; 0 turns the scrub off.
     scrub_interval_s: float = 600.0
+    # The lease of a copy's fence (federation.datasets.fence), kept alive while its holder works: long
+    # enough that a busy event loop does not lose it between keepalives, and how long a holder that
+    # died (a crashed leader's sync) keeps the copy busy before the next one may start.
+    fence_ttl_s: int = 30
 
 
 def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
@@ -104,6 +118,10 @@ def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
             "datasync.scrubIntervalSeconds",
             minimum=0,
         ),
+        # etcd grants no lease shorter than about 2 s (its election timeout's worth of heartbeats).
+        fence_ttl_s=int_field(
+            section.get("fenceTtlSeconds", defaults.fence_ttl_s), "datasync.fenceTtlSeconds", minimum=2
+        ),
     )
 
 
@@ -116,6 +134,7 @@ def settings_to_json(s: DatasyncSettings) -> bytes:
             "max_shards": s.max_shards,
             "cpus_per_shard": s.cpus_per_shard,
             "scrub_interval_s": s.scrub_interval_s,
+            "fence_ttl_s": s.fence_ttl_s,
         },
         sort_keys=True,
     ).encode()
@@ -130,6 +149,7 @@ def settings_from_json(value: bytes) -> DatasyncSettings:
         max_shards=int(d["max_shards"]),
         cpus_per_shard=float(d["cpus_per_shard"]),
         scrub_interval_s=float(d.get("scrub_interval_s", DatasyncSettings().scrub_interval_s)),
+        fence_ttl_s=int(d.get("fence_ttl_s", DatasyncSettings().fence_ttl_s)),
     )
 
 

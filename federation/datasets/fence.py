@@ -6,9 +6,10 @@ them, and the sync would then record the copy complete and verified with half it
 leaders (an old one that has not noticed it lost its lease) could both write one copy.
 
 The fence is a key created only when absent, under a lease kept alive while its holder works, so a holder
-that dies frees it within `FENCE_TTL_S`. Its value names the holder uniquely; every write that
-concludes the work (recording the copy, deleting its record) is a transaction that compares that value,
-so a holder that lost its fence (its lease expired while it was paused) cannot record anything.
+that dies frees it within the lease's TTL (the config's `datasync.fenceTtlSeconds`, 30 s by default). Its
+value names the holder uniquely; every write that concludes the work (recording the copy, deleting its
+record) is a transaction that compares that value, so a holder that lost its fence (its lease expired
+while it was paused) cannot record anything.
 
 Key: /gpufed/copy-fences/<store>/<name>/<version> -> {"holder": "<kind>:<uuid>", "kind", "since_s"}
 """
@@ -26,16 +27,15 @@ from dataclasses import dataclass
 import structlog
 
 from datasync import CopyKey
+from federation.datasets.executor import get_settings
 from federation.errors import FailedPrecondition
 from federation.store.kv import Compare, KeyValueStore, LeaseNotFound, Put
 
 log = structlog.get_logger("gpufed.staging")
 
 FENCES = b"/gpufed/copy-fences/"
-# Long enough that a busy event loop does not lose a fence between keepalives; a dead holder's fence
-# frees itself within this.
-FENCE_TTL_S = 30
-KEEPALIVE_S = 5.0
+# Keepalives per TTL (every 5 s with the default 30 s TTL): a few may be missed before the fence is lost.
+KEEPALIVES_PER_TTL = 6
 
 
 def fence_key(key: CopyKey) -> bytes:
@@ -64,9 +64,9 @@ async def holder_of(kv: KeyValueStore, key: CopyKey) -> str | None:
     return None if held is None else str(json.loads(held.value).get("kind", "?"))
 
 
-async def _keep_alive(kv: KeyValueStore, lease: int) -> None:
+async def _keep_alive(kv: KeyValueStore, lease: int, every_s: float) -> None:
     while True:
-        await asyncio.sleep(KEEPALIVE_S)
+        await asyncio.sleep(every_s)
         try:
             await kv.keepalive(lease)
         except LeaseNotFound:
@@ -84,7 +84,9 @@ async def fenced(kv: KeyValueStore, key: CopyKey, kind: str) -> AsyncIterator[Fe
         {"holder": f"{kind}:{uuid.uuid4().hex}", "kind": kind, "since_s": time.time()}, sort_keys=True
     ).encode()
     fkey = fence_key(key)
-    lease = await kv.grant_lease(FENCE_TTL_S)
+    # Read at each fence (a rare, long operation): the TTL bootstrap stored from the config.
+    ttl_s = (await get_settings(kv)).fence_ttl_s
+    lease = await kv.grant_lease(ttl_s)
     result = await kv.txn([Compare.absent(fkey)], [Put(fkey, value, lease=lease)])
     if not result.succeeded:
         with contextlib.suppress(Exception):
@@ -94,7 +96,9 @@ async def fenced(kv: KeyValueStore, key: CopyKey, kind: str) -> AsyncIterator[Fe
             f"the copy of {key.dataset}@{key.version} in {key.store} is busy: "
             f"{'a ' + other if other else 'another operation'} of it runs; try again when it ends"
         )
-    keeper = asyncio.create_task(_keep_alive(kv, lease), name=f"fence-{key.store}/{key.dataset}")
+    keeper = asyncio.create_task(
+        _keep_alive(kv, lease, ttl_s / KEEPALIVES_PER_TTL), name=f"fence-{key.store}/{key.dataset}"
+    )
     try:
         yield Fence(fkey, value, kind)
     finally:

@@ -136,6 +136,39 @@ def _phases(job: pb.Job) -> list[str]:
     return [pb.JobPhase.Name(e.phase).removeprefix("JOB_PHASE_") for e in job.events]
 
 
+# The module's `gpufed up` starts with its first test and counts in that test's time (about 10 s, more
+# on a busy machine): a test of a few calls goes first, so that no test adds that start to a long run
+# of its own. The tests use datasets of their own names and do not depend on their order.
+def test_datasets_stay_within_their_tenant_unless_shared(up: Embedded) -> None:
+    _put(up, "onprem-s3", {"vision/secret/v1/a.bin": b"x" * 1000, "vision/open/v1/a.bin": b"y" * 1000})
+    with up.client("alice") as alice, up.client("bob") as bob, up.client("admin") as admin:
+        mine, theirs = DatasetsClient(alice), DatasetsClient(bob)
+        mine.register("secret", "v1", store="onprem-s3", prefix="vision/secret/v1/")
+        mine.register("open", "v1", store="onprem-s3", prefix="vision/open/v1/", shared_with=["nlp"])
+        # Another tenant's dataset is named `tenant/name`; a bare name is always the caller's own.
+        for ref in ("vision/secret", "secret"):
+            for call in (
+                lambda ref=ref: theirs.get(ref),
+                lambda ref=ref: theirs.status(ref),
+                lambda ref=ref: theirs.sync(ref, store="s3-us-east-1", dry_run=True),
+                lambda ref=ref: theirs.evict(ref, store="s3-us-east-1"),
+            ):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call()
+                assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        names = {d.name for d in theirs.list().datasets}
+        assert "vision/open" in names
+        assert "vision/secret" not in names
+        assert theirs.get("vision/open").tenant == "vision"
+        with pytest.raises(grpc.RpcError) as caught:
+            theirs.evict("vision/open", store="s3-us-east-1")  # shared to use, not to manage
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as caught:
+            theirs.list(tenant="vision")
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert {"vision/open", "vision/secret"} <= {d.name for d in DatasetsClient(admin).list().datasets}
+
+
 def test_a_job_stages_its_dataset_to_the_cloud_and_the_next_one_reuses_the_copy(up: Embedded) -> None:
     objects = {
         f"vision/mini/v1/{name}": os.urandom(size)
@@ -195,36 +228,6 @@ def test_a_job_stages_its_dataset_to_the_cloud_and_the_next_one_reuses_the_copy(
     # Issue 15: an evicted copy no longer shows done and verified.
     assert "onprem-s3 -> s3-us-east-1: evicted" in status.stdout
     assert "verified: yes" not in status.stdout
-
-
-def test_datasets_stay_within_their_tenant_unless_shared(up: Embedded) -> None:
-    _put(up, "onprem-s3", {"vision/secret/v1/a.bin": b"x" * 1000, "vision/open/v1/a.bin": b"y" * 1000})
-    with up.client("alice") as alice, up.client("bob") as bob, up.client("admin") as admin:
-        mine, theirs = DatasetsClient(alice), DatasetsClient(bob)
-        mine.register("secret", "v1", store="onprem-s3", prefix="vision/secret/v1/")
-        mine.register("open", "v1", store="onprem-s3", prefix="vision/open/v1/", shared_with=["nlp"])
-        # Another tenant's dataset is named `tenant/name`; a bare name is always the caller's own.
-        for ref in ("vision/secret", "secret"):
-            for call in (
-                lambda ref=ref: theirs.get(ref),
-                lambda ref=ref: theirs.status(ref),
-                lambda ref=ref: theirs.sync(ref, store="s3-us-east-1", dry_run=True),
-                lambda ref=ref: theirs.evict(ref, store="s3-us-east-1"),
-            ):
-                with pytest.raises(grpc.RpcError) as caught:
-                    call()
-                assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        names = {d.name for d in theirs.list().datasets}
-        assert "vision/open" in names
-        assert "vision/secret" not in names
-        assert theirs.get("vision/open").tenant == "vision"
-        with pytest.raises(grpc.RpcError) as caught:
-            theirs.evict("vision/open", store="s3-us-east-1")  # shared to use, not to manage
-        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        with pytest.raises(grpc.RpcError) as caught:
-            theirs.list(tenant="vision")
-        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert {"vision/open", "vision/secret"} <= {d.name for d in DatasetsClient(admin).list().datasets}
 
 
 def test_a_job_naming_a_dataset_its_tenant_cannot_use_is_refused_at_submission(up: Embedded) -> None:

@@ -10,7 +10,8 @@ counted in the snapshot, two cycles 94 ms apart each ordered two 8-GPU evictions
 from __future__ import annotations
 
 import json
-import time
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,21 @@ def _ordered(fed: ServerProcess) -> list[dict[str, Any]]:
     return events
 
 
+# Planned cycles to wait for once everyone has settled, to see that none of them orders more: about
+# three seconds of an idle server's cycles (one each half second).
+SETTLED_CYCLES = 6
+
+
+def _planned_cycles(metrics_url: str) -> int:
+    """Scheduling cycles the server has planned (not those skipped as idle): its /metrics count."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
+    with opener.open(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(r"^gpufed_scheduling_cycle_seconds_count (\S+)$", text, re.MULTILINE)
+    assert found is not None, "no cycle count in /metrics"
+    return int(float(found.group(1)))
+
+
 def _fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path, grace_s: float) -> ServerProcess:
     config = write_config(
         tmp_path / "federation.yaml",
@@ -81,9 +97,19 @@ def _fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path, grace_s: float) ->
         tenants=TENANTS,
         users=USERS,
     )
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    # A metrics port (the kernel's pick, which the server logs), for the cycle count.
+    process = ServerProcess(
+        etcd.endpoint, tmp_path / "state", config=config, extra_args=("--metrics-port", "0")
+    )
     process.start()
     return process
+
+
+def _metrics_url(fed: ServerProcess) -> str:
+    for line in fed.log_text().splitlines():
+        if '"server_started"' in line:
+            return f"http://127.0.0.1:{json.loads(line)['metrics_port']}/metrics"
+    raise AssertionError("the server logged no server_started event")
 
 
 @pytest.fixture(params=[2.0, 30.0], ids=["grace-2s", "grace-30s"])
@@ -113,8 +139,11 @@ def test_a_gang_within_its_guarantee_evicts_exactly_the_gpus_it_needs(
         lambda: (j := job_of(fed, "nora", wanted)).phase == pb.JOB_PHASE_RUNNING and j, timeout_s=60
     )
     assert running.cluster == "dc"
-    # A few more cycles with everyone settled: nothing else is ordered.
-    time.sleep(3)
+    # A few more cycles with everyone settled: nothing else is ordered. Counted rather than slept
+    # for, so that a busy machine (slower cycles) runs as many of them.
+    metrics = _metrics_url(fed)
+    settled = _planned_cycles(metrics)
+    wait_for(lambda: _planned_cycles(metrics) >= settled + SETTLED_CYCLES, timeout_s=60, interval_s=0.2)
     ordered = _ordered(fed)
     assert sum(int(o["gpus"]) for o in ordered) == 16, ordered
     assert {o["for_job"] for o in ordered} == {wanted}

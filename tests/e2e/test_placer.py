@@ -147,7 +147,8 @@ def test_an_h100_gang_bursts_to_the_cheapest_public_h100_cluster(
     fed: ServerProcess, sims: SimProcess
 ) -> None:
     with fed.client("sara") as sara:
-        job_id = sara.submit(manifest("h100", gpu="H100", workers=1, gpus=4, duration="2s")).job_id
+        # Running past the test's end: seen running, however long the checks take on a busy machine.
+        job_id = sara.submit(manifest("h100", gpu="H100", workers=1, gpus=4, duration="1h")).job_id
     job = _running(fed, "sara", job_id)
     # No private H100 exists; gcp lists them at 5.00 $/GPU-hour, aws at 6.88.
     assert job.cluster == "gcp"
@@ -157,9 +158,10 @@ def test_an_h100_gang_bursts_to_the_cheapest_public_h100_cluster(
 
 def test_a_job_runs_near_its_dataset_when_prices_are_close(fed: ServerProcess) -> None:
     spec = "  maxRuntime: 1h\n"
+    # Both run past the test's end: each is seen running, however long the other's check took.
     with fed.client("sara") as sara:
         plain = sara.submit(
-            manifest("plain", gpu="L4", workers=1, gpus=1, duration="2s", extra_spec=spec)
+            manifest("plain", gpu="L4", workers=1, gpus=1, duration="1h", extra_spec=spec)
         ).job_id
         near = sara.submit(
             manifest(
@@ -167,7 +169,7 @@ def test_a_job_runs_near_its_dataset_when_prices_are_close(fed: ServerProcess) -
                 gpu="L4",
                 workers=1,
                 gpus=1,
-                duration="2s",
+                duration="1h",
                 extra_spec=spec + "  dataset: c4-en@2024-06\n",
             )
         ).job_id
@@ -180,16 +182,19 @@ def test_a_job_runs_near_its_dataset_when_prices_are_close(fed: ServerProcess) -
 def test_a_seniors_approved_urgent_job_preempts_an_interns_borrowed_gpus_and_the_intern_runs_later(
     fed: ServerProcess, sims: SimProcess
 ) -> None:
-    # The intern's job borrows all 16 on-prem A100s (interns are guaranteed none).
+    # The intern's job borrows all 16 on-prem A100s (interns are guaranteed none). It must still run
+    # when the approval comes, a few calls later (seconds on a busy machine), and it runs whole again
+    # afterwards: long enough for the first, no longer, since the test waits for the second.
     with fed.client("ivan") as ivan:
-        intern = ivan.submit(manifest("intern", workers=1, gpus=8, duration="6s")).job_id
+        intern = ivan.submit(manifest("intern", workers=1, gpus=8, duration="5s")).job_id
     first = _running(fed, "ivan", intern)
     assert (first.cluster, first.attempt) == ("onprem", 1)
 
     # The senior's urgent job is accepted, but waits until an admin approves the class.
     with fed.client("sara") as sara:
         urgent = sara.submit(
-            manifest("paper", workers=1, gpus=8, duration="3s", extra_spec="  priorityClassName: urgent\n")
+            # Running for long enough that the test sees it running, even on a busy machine.
+            manifest("paper", workers=1, gpus=8, duration="2s", extra_spec="  priorityClassName: urgent\n")
         ).job_id
         reasons = wait_for(lambda: list(sara.explain(urgent).reasons), timeout_s=15)
     assert any(r.code == "approval_required" for r in reasons), reasons

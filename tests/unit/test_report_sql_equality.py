@@ -19,11 +19,10 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Row, select
+from sqlalchemy import Connection, Row, select
 
 from federation.history import schema
 from federation.history.sql_store import SqlHistoryStore
@@ -131,12 +130,16 @@ def _stored(
         yield store, closed + opened, live
 
 
-@pytest.fixture(params=BACKENDS)
+# The stores below are read, never written (but for a rolled-back transaction), so one store per
+# backend serves every case: built once per worker, where the module's cases are spread over the
+# workers (session-scoped for that: a module-scoped fixture would hold the module to one worker).
+@pytest.fixture(scope="session", params=BACKENDS)
 def archived(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]]:
     closed, opened = _ledger()
-    yield from _stored(closed, opened, fresh_dsn(str(request.param), tmp_path, request))
+    dsn = fresh_dsn(str(request.param), tmp_path_factory.mktemp("ledger"), request)
+    yield from _stored(closed, opened, dsn)
 
 
 GROUPINGS: list[tuple[Dim, ...]] = [
@@ -169,14 +172,23 @@ def _both_ways(
     return expected, finish_report(sums, TENANTS, query, provisioned=pools)
 
 
+def _grouping_id(group_by: tuple[Dim, ...]) -> str:
+    return "+".join(d.value for d in group_by)
+
+
+def _bucket_id(bucket: Bucket | None) -> str:
+    return "no-bucket" if bucket is None else f"by-{bucket.value}"
+
+
+# One case a grouping, each every bucket, period and filter: the cases run side by side on the workers.
+@pytest.mark.parametrize("group_by", GROUPINGS, ids=_grouping_id)
 def test_every_grouping_bucket_period_and_filter_reads_the_same(
-    archived: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
+    archived: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]], group_by: tuple[Dim, ...]
 ) -> None:
     store, everything, live = archived
     assert len(live) < len(everything) / 3, "most of the ledger must be summed in SQL"
     compared = 0
-    for group_by, bucket, (_, start, end), tenants in itertools.product(
-        GROUPINGS,
+    for bucket, (_, start, end), tenants in itertools.product(
         [None, Bucket.DAY, Bucket.WEEK, Bucket.MONTH],
         PERIODS,
         [None, frozenset({TenantId("nlp")}), frozenset({TenantId("vision"), TenantId("speech")})],
@@ -188,7 +200,7 @@ def test_every_grouping_bucket_period_and_filter_reads_the_same(
         assert got == expected, (group_by, bucket, start, tenants)
         assert expected.rows, "every query here has usage to compare"
         compared += 1
-    assert compared == 8 * 4 * 3 * 3
+    assert compared == 4 * 3 * 3
 
 
 def test_the_tenant_by_gpu_type_month_report_renders_the_same(
@@ -277,12 +289,14 @@ def _year_ledger(seed: int = 26) -> tuple[list[LedgerInterval], list[LedgerInter
     return closed, opened
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(scope="session", params=BACKENDS)
 def archived_year(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]]:
+    """Like `archived`, a year's: read only, one store per backend and worker."""
     closed, opened = _year_ledger()
-    yield from _stored(closed, opened, fresh_dsn(str(request.param), tmp_path, request))
+    dsn = fresh_dsn(str(request.param), tmp_path_factory.mktemp("year"), request)
+    yield from _stored(closed, opened, dsn)
 
 
 YEAR_PERIODS = [
@@ -305,17 +319,17 @@ YEAR_GROUPINGS: list[tuple[Dim, ...]] = [
 ]
 
 
+# One case a grouping and bucket (PostgreSQL takes seconds for a case's 14 queries on a busy machine).
+@pytest.mark.parametrize("bucket", [None, Bucket.MONTH, Bucket.WEEK, Bucket.DAY], ids=_bucket_id)
+@pytest.mark.parametrize("group_by", YEAR_GROUPINGS, ids=_grouping_id)
 def test_reports_over_whole_months_read_the_same(
     archived_year: tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]],
+    group_by: tuple[Dim, ...],
+    bucket: Bucket | None,
 ) -> None:
     store, everything, live = archived_year
     compared = 0
-    for group_by, bucket, (name, start, end), tenants in itertools.product(
-        YEAR_GROUPINGS,
-        [None, Bucket.MONTH, Bucket.WEEK, Bucket.DAY],
-        YEAR_PERIODS,
-        [None, frozenset({TenantId("nlp")})],
-    ):
+    for (name, start, end), tenants in itertools.product(YEAR_PERIODS, [None, frozenset({TenantId("nlp")})]):
         query = ReportQuery(
             start_s=start, end_s=end, now_s=YEAR_NOW, group_by=group_by, bucket=bucket, tenants=tenants
         )
@@ -323,7 +337,7 @@ def test_reports_over_whole_months_read_the_same(
         assert got == expected, (name, group_by, bucket, tenants)
         assert expected.rows, "every query here has usage to compare"
         compared += 1
-    assert compared == 5 * 4 * 7 * 2
+    assert compared == 7 * 2
 
 
 def test_a_year_counts_an_interval_once_however_many_months_it_spans(
@@ -366,10 +380,18 @@ def test_the_rollups_written_row_by_row_are_the_rollups_rebuilt_from_the_days(
         return [tuple(v for k, v in r._mapping.items() if k != "cost_usd") for r in found]
 
     tables = (schema.usage_months, schema.usage_tenant_days)
-    with store.engine.begin() as conn:
-        written = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+
+    def read(conn: Connection) -> list[Sequence[Row[Any]]]:
+        return [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+
+    with store.engine.connect() as conn, conn.begin() as transaction:
+        written = read(conn)
         rebuild_rollups(conn)
-        rebuilt = [conn.execute(select(t).order_by(*t.primary_key.columns)).all() for t in tables]
+        rebuilt = read(conn)
+        # Rolled back: the other cases read this store as the archive wrote it.
+        transaction.rollback()
+    with store.engine.connect() as conn:
+        assert read(conn) == written
     assert len(written[0]) > 12
     assert len(written[1]) > 300
     for before, after in zip(written, rebuilt, strict=True):
