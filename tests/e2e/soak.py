@@ -19,6 +19,7 @@ import re
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ from tests.e2e.kube import PodRecorder, gpufed_pod_jobs, write_config
 from tests.etcdctl import count_keys, endpoint_status, etcdctl, keys
 
 DSN_ENV = "GPUFED_SOAK_HISTORY_DSN"
+# What a server logs once its bootstrap has written the config into etcd (federation.runtime.bootstrap).
+BOOTSTRAP_FINISHED = '"event": "bootstrap_finished"'
+GPUFED_PREFIX = "/gpufed/"
 JOBS_PREFIX = "/gpufed/jobs/"
 LEDGER_PREFIX = "/gpufed/ledger/"
 LEADER_KEY = "/gpufed/leader"
@@ -61,8 +65,11 @@ REVISION_BYTES = 4 * KiB
 BASE_BYTES = 16 * MiB
 # bbolt leaves B+tree pages part-full after deletes and holds freed pages until no reader needs them.
 BBOLT_SLACK = 2.0
-# What one takeover costs: the dead leader's lease running out (the servers' TTL) plus election.
-TAKEOVER_S = 7.0
+# The leader lease of `gpufed serve` unless told otherwise (`--lease-ttl-s`).
+DEFAULT_LEASE_TTL_S = 5
+# What one takeover costs besides the dead leader's lease running out: election and the new
+# leader's first pass.
+ELECTION_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,23 +87,36 @@ class SoakPlan:
     drain_timeout_s: float = 300.0
     record_pods: bool = False
     sample_s: float = 2.0
+    # The servers' leader lease (`gpufed serve --lease-ttl-s`), which a takeover after a kill waits
+    # out; None: the servers' default.
+    lease_ttl_s: int | None = None
+    # Least seconds between leader kills. None spreads the kills over the submissions (the bench's
+    # long runs); 0 kills as soon as the last kill's successor has archived (the test, which then
+    # waits on conditions rather than a schedule). Each kill waits for a live leader whose archiver
+    # has moved jobs to SQL since the last kill, either way.
+    kill_gap_s: float | None = None
 
     @property
     def submit_s(self) -> float:
         return self.jobs / self.rate_per_s
 
     @property
+    def takeover_s(self) -> float:
+        """What one takeover costs: the dead leader's lease running out plus election."""
+        return (self.lease_ttl_s or DEFAULT_LEASE_TTL_S) + ELECTION_S
+
+    @property
     def warmup_s(self) -> float:
         """Until etcd holds its steady state: a job's life plus retention, a compaction cycle (etcd
         compacts every retention, keeping one retention of history), and a takeover's backlog."""
-        return self.job_s + 10.0 + self.retain_s * 1.25 + 2 * self.compaction_s + TAKEOVER_S
+        return self.job_s + 10.0 + self.retain_s * 1.25 + 2 * self.compaction_s + self.takeover_s
 
     @property
     def live_window_s(self) -> float:
         """How long a job stays in etcd at most: queued and dispatched (slack 10 s), running,
         retained, waiting for the archiver's next pass (a quarter of the retention, at least 1 s),
         and a takeover in which nothing is scheduled or archived while submissions go on."""
-        return 10.0 + self.job_s + self.retain_s + max(self.retain_s / 4, 1.0) + TAKEOVER_S
+        return 10.0 + self.job_s + self.retain_s + max(self.retain_s / 4, 1.0) + self.takeover_s
 
     @property
     def bound_bytes(self) -> int:
@@ -338,6 +358,7 @@ class Soak:
         self.servers: list[ServerProcess] = []
         self.t0 = 0.0
         self._stop = threading.Event()
+        self._restarts: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._tokens: dict[str, str] = {}
 
@@ -345,6 +366,8 @@ class Soak:
 
     def run(self, log: Any = print) -> SoakResult:
         os.environ[DSN_ENV] = self.dsn  # the servers inherit it; the config names the variable only
+        # Both from this thread, one after the other: each dies with the thread that started it
+        # (`die_with_parent`), so a helper thread that ends would take it along.
         self.etcd.start()
         try:
             self.sims.start()
@@ -374,14 +397,33 @@ class Soak:
                     "archiveRatePerS": plan.archive_rate_per_s,
                 },
             )
+            lease = () if plan.lease_ttl_s is None else ("--lease-ttl-s", str(plan.lease_ttl_s))
             self.servers = [
-                ServerProcess(self.etcd.endpoint, self.work_dir / f"state-{n}", config=config, identity=n)
+                ServerProcess(
+                    self.etcd.endpoint,
+                    self.work_dir / f"state-{n}",
+                    config=config,
+                    identity=n,
+                    extra_args=lease,
+                )
                 for n in "ab"
             ]
-            # One after the other: both bootstrap the same config into etcd, and on a loaded machine
-            # two at once took longer than the harness's 30 s to serve.
-            for server in self.servers:
-                _start(server)
+            # The second bootstraps only once the first has: both write the same config into etcd,
+            # and on a loaded machine two at once took longer than the harness's 30 s to serve. It
+            # need not wait for the first to serve, though: its start (imports, mostly) overlaps the
+            # first's connecting to the clusters.
+            first, second = self.servers
+            with ThreadPoolExecutor(1) as pool:
+                starting = pool.submit(_start, first)
+                wait_for(
+                    lambda: starting.done() or BOOTSTRAP_FINISHED in first.log_text(),
+                    timeout_s=120,
+                    interval_s=0.1,
+                )
+                if starting.done():
+                    starting.result()  # the first never bootstrapped: its error, now
+                _start(second)
+                starting.result()
             self._tokens = {
                 u["name"]: (self.servers[0].state_dir / "tokens" / f"{u['name']}.token").read_text().strip()
                 for u in USERS
@@ -409,18 +451,19 @@ class Soak:
             threads[1].join()  # the kills happen during the run, never after the drain
             drain_from = time.monotonic()
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: self._etcd_jobs() == 0, timeout_s=plan.drain_timeout_s, interval_s=1.0)
+                wait_for(lambda: self._etcd_jobs() == 0, timeout_s=plan.drain_timeout_s, interval_s=0.5)
             self.result.drain_took_s = time.monotonic() - drain_from
             log(f"drained in {self.result.drain_took_s:.0f} s")
             self.result.mean_job_value_bytes = self._mean_job_value_bytes()
             # Every job is archived by now; the collector removes their gangs within a tick or two
             # (half of retainInEtcd, or the history store's word for the ones archived first).
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: not self._left_pods(), timeout_s=60, interval_s=1.0)
+                wait_for(lambda: not self._left_pods(), timeout_s=60, interval_s=0.5)
             self.result.left_pods = self._left_pods()
             log(f"pods left on the clusters: {sum(self.result.left_pods.values())}")
             self._stop.set()
             threads[0].join(timeout=30)
+            self._join_restarts()
             self._sample_once()
             if recorder is not None:
                 wait_for(
@@ -435,6 +478,7 @@ class Soak:
             self._stop.set()
             if recorder is not None:
                 recorder.stop()
+            self._join_restarts()  # a server still starting would outlive the stop below
             stopping = time.monotonic()
             _each(self.servers, ServerProcess.stop)
             log(f"servers stopped in {time.monotonic() - stopping:.0f} s")
@@ -503,23 +547,40 @@ class Soak:
         return None
 
     def _kill_leaders(self) -> None:
-        """SIGKILL whoever leads, `kills` times, spread over the submissions from when the first jobs
-        are due for archiving, and only once the archiver has moved jobs to SQL (so each kill lands
-        while it is at work; `Kill.sql_jobs` rising from kill to kill shows it)."""
+        """SIGKILL whoever leads, `kills` times, from when the first jobs are due for archiving, and
+        each only once the archiver has moved jobs to SQL since the last kill (so each kill lands
+        while it is at work, and the successor of the last went on archiving; `Kill.sql_jobs`
+        rising from kill to kill shows it). `kill_gap_s` spaces them.
+
+        Each victim but the last is started again, as an operator's supervisor would, on a thread
+        of its own: the next kill waits for the archiver, not for that start (seconds of CPU, which
+        a loaded machine has least of), and the successor takes over once the lease runs out. The
+        last victim stays down: the other server drains, and the restarts before it have shown a
+        server rejoining during archiving."""
         plan = self.plan
-        # From when the first jobs are due for archiving to the end of the submissions.
-        start = plan.job_s + plan.retain_s + 5.0
-        end = max(plan.submit_s, start + plan.kills * (TAKEOVER_S + 3))
-        step = (end - start) / max(plan.kills, 1)
+        # From when the first jobs are due for archiving: spread to the end of the submissions, or
+        # `kill_gap_s` apart at least.
+        if plan.kill_gap_s is None:
+            start = plan.job_s + plan.retain_s + 5.0
+            end = max(plan.submit_s, start + plan.kills * (plan.takeover_s + 3))
+            step = (end - start) / max(plan.kills, 1)
+        else:
+            start, step = plan.job_s + plan.retain_s, plan.kill_gap_s
+        archived_at_last_kill = 0
         for k in range(plan.kills):
             at = start + k * step
             while self._now() < at and not self._stop.is_set():
                 time.sleep(0.2)
             # A leader that is alive (the last one's lease may not have run out yet), and archiving.
+            # (Each poll is an etcdctl or a PostgreSQL connection: every half second is plenty.)
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: self._server_of(self._leader()) is not None, timeout_s=60, interval_s=0.2)
+                wait_for(lambda: self._server_of(self._leader()) is not None, timeout_s=60, interval_s=0.5)
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: self._sql_job_count() > 0, timeout_s=60, interval_s=0.5)
+                wait_for(
+                    lambda since=archived_at_last_kill: self._sql_job_count() > since,
+                    timeout_s=60,
+                    interval_s=0.5,
+                )
             victim = self._server_of(self._leader())
             if victim is None:
                 continue
@@ -527,8 +588,21 @@ class Soak:
             sql_jobs, etcd_jobs = self._sql_job_count(), self._etcd_jobs()
             victim.kill()
             self.result.kills.append(Kill(self._now(), identity, sql_jobs, etcd_jobs))
-            time.sleep(0.5)
-            _start(victim)
+            archived_at_last_kill = sql_jobs
+            if k < plan.kills - 1:
+                restart = threading.Thread(
+                    target=self._restart, args=(victim,), daemon=True, name=f"soak-restart-{identity}"
+                )
+                restart.start()
+                self._restarts.append(restart)
+
+    def _restart(self, victim: ServerProcess) -> None:
+        time.sleep(0.5)
+        _start(victim)
+
+    def _join_restarts(self) -> None:
+        for restart in self._restarts:
+            restart.join()
 
     def _sample(self) -> None:
         while not self._stop.wait(self.plan.sample_s):
@@ -537,10 +611,12 @@ class Soak:
 
     def _sample_once(self) -> None:
         status = endpoint_status(self.etcd.endpoint)
-        # Jobs first, then kept logs: a job archived between the two reads has lost its logs by the
-        # second, so a log key whose job is missing from the first belongs to a job archived before.
-        live = {k.removeprefix(JOBS_PREFIX) for k in keys(self.etcd.endpoint, JOBS_PREFIX)}
-        logs = keys(self.etcd.endpoint, LOGS_PREFIX)
+        # Jobs and kept logs in one read, so one revision of etcd: the archiver deletes a job's
+        # keys in one transaction, so a log key whose job is missing belongs to a job archived
+        # before. (One etcdctl a sample rather than two: the soak's CPU is what stretches it.)
+        found = keys(self.etcd.endpoint, GPUFED_PREFIX)
+        live = {k.removeprefix(JOBS_PREFIX) for k in found if k.startswith(JOBS_PREFIX)}
+        logs = [k for k in found if k.startswith(LOGS_PREFIX)]
         archived = sum(1 for k in logs if k.removeprefix(LOGS_PREFIX).rsplit("/", 2)[0] not in live)
         sample = Sample(
             self._now(),

@@ -12,7 +12,10 @@ and from the clusters' own nodes:
 - ledger intervals match the pods' lifetimes within a second;
 - the free GPUs gpufed reports match the nodes' own view.
 
-The seed is printed; `GPUFED_CHAOS_SEED=N` replays a run.
+The chaos runs in four rounds of 7.5 s, each a test case of its own with its own seed and its own
+federation: thirty seconds of chaos in all, as when it ran as one round, with the jobs' run times
+scaled to a round's length. The seed is printed; `GPUFED_CHAOS_SEED=N` replays the round of seed N
+alone.
 """
 
 from __future__ import annotations
@@ -91,7 +94,17 @@ RESTART = f"  restartPolicy: {{onFailure: AbortJob, onEviction: RestartJob, maxR
 FEDERATION_RETRY_BOUND = 6
 # Two waves of jobs that run through the chaos, not before it.
 JOBS_PER_WAVE = 6
-CHAOS_S = 30.0
+# A round of chaos, and how long each job's pods run when nothing hits them (whole seconds, least
+# and most): a quarter to a half of a round, as 8-16 s jobs were to the 30 s of chaos when it ran as one
+# round, so that jobs of both waves are running, and being hit, all through the round.
+CHAOS_S = 7.5
+JOB_S = (2, 4)
+# One round per seed; thirty seconds of chaos in all. `GPUFED_CHAOS_SEED=N` runs the round of seed N.
+SEEDS = (
+    [int(os.environ["GPUFED_CHAOS_SEED"])]
+    if os.environ.get("GPUFED_CHAOS_SEED")
+    else [20261125, 20261126, 20261127, 20261128]
+)
 # A pod's end is taken when its deletion is seen, so overlaps shorter than a watch delivery are noise.
 OVERLAP_TOLERANCE_S = 0.25
 LEDGER_TOLERANCE_S = 1.0
@@ -123,6 +136,9 @@ class ThirdParty:
         ]
         self.log: list[str] = []
         self.deleted_nodes: set[str] = set()
+        # Nodes this party cordoned (a drain does) or tainted: the ones its operators heal after.
+        self.cordoned: set[str] = set()
+        self.tainted: set[str] = set()
         self.foreign = 0
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -187,17 +203,22 @@ class ThirdParty:
     def drain(self) -> None:
         if nodes := self.nodes():
             node = self.rng.choice(nodes)
+            self.cordoned.add(node)  # cordoned first, even when the eviction then times out
             self.kubectl(
                 "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=20s"
             )
 
     def uncordon(self) -> None:
         if nodes := self.nodes():
-            self.kubectl("uncordon", self.rng.choice(nodes))
+            node = self.rng.choice(nodes)
+            if self.kubectl("uncordon", node).returncode == 0:
+                self.cordoned.discard(node)
 
     def taint(self) -> None:
         if nodes := self.nodes():
-            self.kubectl("taint", "nodes", self.rng.choice(nodes), "chaos=1:NoSchedule", "--overwrite")
+            node = self.rng.choice(nodes)
+            self.tainted.add(node)
+            self.kubectl("taint", "nodes", node, "chaos=1:NoSchedule", "--overwrite")
 
     def label(self) -> None:
         if nodes := self.nodes():
@@ -290,9 +311,12 @@ class ThirdParty:
         ]
 
     def heal(self) -> None:
-        """The operators put their nodes back: uncordoned, untainted (deleted nodes stay deleted)."""
-        for node in self.nodes():
+        """The operators put their nodes back: uncordoned, untainted (deleted nodes stay deleted).
+        Only the nodes this party cordoned or tainted: a kubectl call takes a few tenths of a
+        second, and two for every node took about 2 s of each run."""
+        for node in sorted(self.cordoned - self.deleted_nodes):
             self.kubectl("uncordon", node)
+        for node in sorted(self.tainted - self.deleted_nodes):
             self.kubectl("taint", "nodes", node, "chaos-")
 
 
@@ -312,7 +336,7 @@ def _wait_terminal(fed: ServerProcess, owners: dict[str, str], timeout_s: float)
                 for job_id, j in stuck.items()
             ]
             raise AssertionError(f"{len(stuck)} jobs never ended:\n" + "\n".join(lines))
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def _overlaps(lives: dict[tuple[str, int], list[PodLife]]) -> list[str]:
@@ -384,8 +408,12 @@ def _gpufed_free(fed: ServerProcess, cluster: str) -> int:
 
 @pytest.mark.timeout(480)
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
-def test_chaos_by_third_parties(fed: ServerProcess, sims: SimProcess, tmp_path: Path) -> None:
-    seed = int(os.environ.get("GPUFED_CHAOS_SEED", "20261125"))
+@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed-{s}" for s in SEEDS])
+# The rounds run one after another on one worker, not side by side: four rounds at once (four
+# servers, simulators and kubectl storms) loaded the machine enough that the server saw a gang's
+# pods gone 2 s after they ended, past the ledger check's second (seen twice in five runs).
+@pytest.mark.xdist_group("chaos_member_clusters")
+def test_chaos_by_third_parties(fed: ServerProcess, sims: SimProcess, tmp_path: Path, seed: int) -> None:
     print(f"chaos seed: {seed}")
     rng = random.Random(seed)
     recorder = PodRecorder()
@@ -403,7 +431,7 @@ def test_chaos_by_third_parties(fed: ServerProcess, sims: SimProcess, tmp_path: 
                     f"job-{wave}-{i}",
                     workers=rng.randint(1, 2),
                     gpus=rng.choice([1, 2, 4]),
-                    duration=f"{rng.randint(8, 16)}s",
+                    duration=f"{rng.randint(*JOB_S)}s",
                     extra_spec=RESTART,
                 )
                 with fed.client(user) as client:
