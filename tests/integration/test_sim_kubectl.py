@@ -10,16 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 from kubernetes import client
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from tests.waits import collect_lines
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -54,18 +53,6 @@ def kubectl(kubeconfig: Path, *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def collect_lines(stream: IO[str]) -> list[str]:
-    """Every line `stream` yields, appended by a daemon thread as it arrives, so a test can poll."""
-    lines: list[str] = []
-
-    def read() -> None:
-        for line in stream:
-            lines.append(line)
-
-    threading.Thread(target=read, name="collect-lines", daemon=True).start()
-    return lines
 
 
 def wait_for_line(lines: list[str], needle: str, timeout_s: float = 20.0) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 
 import pytest
+
+from tests.waits import LoopClock
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +26,9 @@ def ray_session() -> Iterator[None]:
     finally:
         if started_here:
             ray.shutdown()
+
+
+@pytest.fixture
+async def loop_clock() -> LoopClock:
+    """The test's event loop with a clock the test moves forward (tests/waits.py)."""
+    return LoopClock(asyncio.get_running_loop())

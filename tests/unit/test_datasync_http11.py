@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
-import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from datasync.errors import ObjectNotFound, StoreUnavailable
 from datasync.http11 import HttpClientError, HttpPool, HttpTimeout, IncompleteResponse
 from datasync.s3_requests import S3Requests, sign_v4
 from datasync.throttle import Retrier, RetryPolicy
+from tests.waits import LoopClock, until
 
 
 @dataclass
@@ -81,39 +81,6 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[ScriptedServer]
     yield start
     for server in servers:
         server.close()
-
-
-class LoopClock:
-    """The running event loop's clock, moved forward by the test: the loop's timers (the pool's
-    request deadline is a `call_at`) then fire as if that much time had passed, at once.
-
-    Only ever forward, and never put back: moving the loop's time backwards would hold every timer
-    already scheduled for that much longer. The loop is the test's own (function scope)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._real_time = loop.time
-        self.skew_s = 0.0
-        loop.time = self.time  # type: ignore[method-assign]
-
-    def time(self) -> float:
-        return self._real_time() + self.skew_s
-
-    def advance(self, seconds: float) -> None:
-        self.skew_s += seconds
-
-
-@pytest.fixture
-async def loop_clock() -> LoopClock:
-    return LoopClock(asyncio.get_running_loop())
-
-
-async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
-    a passing test waits only as long as the condition takes)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 def reply(status: int, body: bytes = b"", extra: str = "") -> bytes:

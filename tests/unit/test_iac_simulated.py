@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -20,6 +19,7 @@ from iac.pools import Cloud, PoolSpec
 from iac.sim_http import HttpPoolResizer, SimEndpoint
 from iac.simulated import SimulatedProvisioner
 from placement.model import ClusterName, GpuType
+from tests.waits import until
 
 SPEC = PoolSpec(
     cloud=Cloud.AWS,
@@ -46,15 +46,6 @@ class Clock:
         """A wait on this clock: it moves the clock on and returns at once."""
         self.now_s += seconds
         await asyncio.sleep(0)
-
-
-async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
-    a passing test waits only as long as the condition takes)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 async def test_a_scale_up_is_pending_until_the_lead_time_then_lands() -> None:

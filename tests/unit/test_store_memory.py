@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import pytest
@@ -44,6 +43,7 @@ from placement.model import (
     WaitCode,
     WaitReason,
 )
+from tests.waits import LoopClock, until
 
 MakeJob = Callable[..., JobRecord]
 
@@ -61,32 +61,6 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-class LoopClock:
-    """The running event loop's clock, moved forward by the test: the loop's timers (`asyncio.sleep`,
-    `asyncio.timeout`, `call_at`) then fire as if that much time had passed, at once. For the waits
-    that the code under test measures on the loop (a keepalive interval, a watch's patience, the
-    cache's backoff), as `FakeClock` is for the kv's leases.
-
-    Only ever forward, and never put back: moving the loop's time backwards would hold every timer
-    already scheduled for that much longer. The loop is the test's own (function scope)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._real_time = loop.time
-        self.skew_s = 0.0
-        loop.time = self.time  # type: ignore[method-assign]
-
-    def time(self) -> float:
-        return self._real_time() + self.skew_s
-
-    def advance(self, seconds: float) -> None:
-        self.skew_s += seconds
-
-
-@pytest.fixture
-async def loop_clock() -> LoopClock:
-    return LoopClock(asyncio.get_running_loop())
-
-
 @pytest.fixture
 def leader_watches(kv: MemoryKv, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     """Set when an election starts watching the leader key: a standby that found the key held is
@@ -101,15 +75,6 @@ def leader_watches(kv: MemoryKv, monkeypatch: pytest.MonkeyPatch) -> asyncio.Eve
 
     monkeypatch.setattr(kv, "watch_prefix", watch_and_tell)
     return watching
-
-
-async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 10.0) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `timeout_s` of wall time (generous:
-    a passing test waits only as long as the condition takes)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from typing import IO
 
 import pytest
 
@@ -20,18 +18,7 @@ from tests.contract.kube.kubectl import Kubectl
 from tests.contract.kube.manifests import configmap
 from tests.contract.kube.official_client import ClientError, OfficialClient, Request
 from tests.contract.kube.waits import until
-
-
-def collect_lines(stream: IO[str]) -> list[str]:
-    """Every line `stream` yields, appended by a daemon thread as it arrives, so a test can poll."""
-    lines: list[str] = []
-
-    def read() -> None:
-        for line in stream:
-            lines.append(line)
-
-    threading.Thread(target=read, name="collect-lines", daemon=True).start()
-    return lines
+from tests.waits import collect_lines
 
 
 def test_exact_match_lists_at_that_version(official: OfficialClient, ns: str) -> None:
