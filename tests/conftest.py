@@ -73,13 +73,16 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Marked as each test is collected: pytest-xdist's worker reads the groups in its own
+    # pytest_collection_modifyitems, which ran before this conftest's even when asked to run first.
+    group = _xdist_group(item)
+    if group is not None and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_tier)
-    for item in items:
-        group = _xdist_group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
