@@ -102,7 +102,7 @@ class ServerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            wait_until_serving(self.target, timeout_s=30, tls=self.tls)
+            wait_until_serving(self.target, timeout_s=90, tls=self.tls)
         except Exception:
             self.stop()
             raise

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,8 @@ DEFAULT_LEASE_TTL_S = 5
 # What one takeover costs besides the dead leader's lease running out: election and the new
 # leader's first pass.
 ELECTION_S = 2.0
+# How often a held-back submission goes while kills are still to come (`SoakPlan.held_back`).
+HELD_BACK_EVERY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,10 @@ class SoakPlan:
     # waits on conditions rather than a schedule). Each kill waits for a live leader whose archiver
     # has moved jobs to SQL since the last kill, either way.
     kill_gap_s: float | None = None
+    # The last `held_back` submissions wait for the kills: while a kill is still to come they go one
+    # every HELD_BACK_EVERY_S, then at the plan's pace. Jobs keep coming in, and being archived,
+    # whenever a kill lands, however long a loaded machine makes the kills take. 0: none.
+    held_back: int = 0
 
     @property
     def submit_s(self) -> float:
@@ -358,7 +364,13 @@ class Soak:
         self.servers: list[ServerProcess] = []
         self.t0 = 0.0
         self._stop = threading.Event()
-        self._restarts: list[threading.Thread] = []
+        self._restarts: list[Future[None]] = []
+        self._kills_done = threading.Event()
+        self._held_back_lock = threading.Lock()
+        self._next_held_back_s = 0.0
+        # Server starts, off the main thread: the standby's goes on while the run begins.
+        self._starter = ThreadPoolExecutor(2, thread_name_prefix="soak-start")
+        self._standby: Future[None] | None = None
         self._lock = threading.Lock()
         self._tokens: dict[str, str] = {}
 
@@ -408,22 +420,21 @@ class Soak:
                 )
                 for n in "ab"
             ]
-            # The second bootstraps only once the first has: both write the same config into etcd,
-            # and on a loaded machine two at once took longer than the harness's 30 s to serve. It
-            # need not wait for the first to serve, though: its start (imports, mostly) overlaps the
-            # first's connecting to the clusters.
+            # The second (the standby) bootstraps only once the first has: both write the same config
+            # into etcd, and on a loaded machine two at once took longer than the harness's 30 s to
+            # serve. The run begins once the first serves: nothing needs the standby before the
+            # first kill, which waits for it, so its start overlaps the first's and the submissions.
             first, second = self.servers
-            with ThreadPoolExecutor(1) as pool:
-                starting = pool.submit(_start, first)
-                wait_for(
-                    lambda: starting.done() or BOOTSTRAP_FINISHED in first.log_text(),
-                    timeout_s=120,
-                    interval_s=0.1,
-                )
-                if starting.done():
-                    starting.result()  # the first never bootstrapped: its error, now
-                _start(second)
-                starting.result()
+            starting = self._starter.submit(_start, first)
+            wait_for(
+                lambda: starting.done() or BOOTSTRAP_FINISHED in first.log_text(),
+                timeout_s=120,
+                interval_s=0.1,
+            )
+            if starting.done():
+                starting.result()  # the first never bootstrapped: its error, now
+            self._standby = self._starter.submit(_start, second)
+            starting.result()
             self._tokens = {
                 u["name"]: (self.servers[0].state_dir / "tokens" / f"{u['name']}.token").read_text().strip()
                 for u in USERS
@@ -431,7 +442,7 @@ class Soak:
             if recorder is not None:
                 for c in clusters(plan):
                     recorder.follow(self.sims, c["name"])
-            log(f"servers serving in {time.monotonic() - began:.0f} s")
+            log(f"first server serving in {time.monotonic() - began:.0f} s")
             self.t0 = time.monotonic()
             threads = [
                 threading.Thread(target=self._sample, daemon=True, name="soak-sampler"),
@@ -463,7 +474,8 @@ class Soak:
             log(f"pods left on the clusters: {sum(self.result.left_pods.values())}")
             self._stop.set()
             threads[0].join(timeout=30)
-            self._join_restarts()
+            for restart in self._restarts:
+                restart.result()  # the victims serve again (or their error, now)
             self._sample_once()
             if recorder is not None:
                 wait_for(
@@ -478,7 +490,7 @@ class Soak:
             self._stop.set()
             if recorder is not None:
                 recorder.stop()
-            self._join_restarts()  # a server still starting would outlive the stop below
+            self._starter.shutdown(wait=True)  # a server still starting would outlive the stop below
             stopping = time.monotonic()
             _each(self.servers, ServerProcess.stop)
             log(f"servers stopped in {time.monotonic() - stopping:.0f} s")
@@ -507,12 +519,17 @@ class Soak:
                 delay = i / plan.rate_per_s - self._now()
                 if delay > 0:
                     time.sleep(delay)
+                if i >= plan.jobs - plan.held_back:
+                    self._wait_for_kills_or_turn()
                 key, user = f"soak-{i}", users[i % len(users)]
                 text = soak_manifest(i, plan.job_s)
                 for turn in itertools.count(i):
                     # A server that is down (or died mid-call) gets the same key again on the other:
                     # if the first had accepted it, the retry finds that job instead of making another.
-                    server = self.servers[turn % len(self.servers)]
+                    # The standby only once it serves.
+                    standby_up = self._standby is not None and self._standby.done()
+                    servers = self.servers if standby_up else self.servers[:1]
+                    server = servers[turn % len(servers)]
                     client = clients.get((server.target, user))
                     if client is None:
                         client = clients[(server.target, user)] = GpufedClient(
@@ -533,6 +550,16 @@ class Soak:
             for client in clients.values():
                 client.close()
 
+    def _wait_for_kills_or_turn(self) -> None:
+        """A held-back submission goes once the kills are done, or before, at its turn of one every
+        HELD_BACK_EVERY_S (across the submitters)."""
+        with self._held_back_lock:
+            while not self._kills_done.is_set():
+                if self._now() >= self._next_held_back_s:
+                    self._next_held_back_s = self._now() + HELD_BACK_EVERY_S
+                    return
+                self._kills_done.wait(self._next_held_back_s - self._now())
+
     def _leader(self) -> str:
         return etcdctl(self.etcd.endpoint, "get", LEADER_KEY, "--print-value-only").stdout.strip()
 
@@ -547,17 +574,26 @@ class Soak:
         return None
 
     def _kill_leaders(self) -> None:
+        """The kills, once the standby serves (to take over); then the held-back submissions go on
+        at the plan's pace."""
+        try:
+            if self._standby is not None:
+                self._standby.result()
+            self._kill(self.plan)
+        finally:
+            self._kills_done.set()
+
+    def _kill(self, plan: SoakPlan) -> None:
         """SIGKILL whoever leads, `kills` times, from when the first jobs are due for archiving, and
         each only once the archiver has moved jobs to SQL since the last kill (so each kill lands
         while it is at work, and the successor of the last went on archiving; `Kill.sql_jobs`
         rising from kill to kill shows it). `kill_gap_s` spaces them.
 
-        Each victim but the last is started again, as an operator's supervisor would, on a thread
-        of its own: the next kill waits for the archiver, not for that start (seconds of CPU, which
-        a loaded machine has least of), and the successor takes over once the lease runs out. The
+        Each victim but the last is started again, as an operator's supervisor would, beside the
+        kills: the next one waits for the archiver, not for that start (seconds of CPU, which a
+        loaded machine has least of), and the successor takes over once the lease runs out. The
         last victim stays down: the other server drains, and the restarts before it have shown a
         server rejoining during archiving."""
-        plan = self.plan
         # From when the first jobs are due for archiving: spread to the end of the submissions, or
         # `kill_gap_s` apart at least.
         if plan.kill_gap_s is None:
@@ -590,19 +626,11 @@ class Soak:
             self.result.kills.append(Kill(self._now(), identity, sql_jobs, etcd_jobs))
             archived_at_last_kill = sql_jobs
             if k < plan.kills - 1:
-                restart = threading.Thread(
-                    target=self._restart, args=(victim,), daemon=True, name=f"soak-restart-{identity}"
-                )
-                restart.start()
-                self._restarts.append(restart)
+                self._restarts.append(self._starter.submit(self._restart, victim))
 
     def _restart(self, victim: ServerProcess) -> None:
         time.sleep(0.5)
         _start(victim)
-
-    def _join_restarts(self) -> None:
-        for restart in self._restarts:
-            restart.join()
 
     def _sample(self) -> None:
         while not self._stop.wait(self.plan.sample_s):

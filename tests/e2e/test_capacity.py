@@ -220,10 +220,11 @@ def test_a_gang_that_fits_nowhere_grows_a_pool_runs_and_the_pool_shrinks_after_t
 def test_a_plan_is_provisioned_before_its_start_and_released_after_its_end(
     fed: ServerProcess, sims: SimProcess
 ) -> None:
-    # Time for the calls below before the plan's provisioning starts (it is "scheduled" until then),
-    # and a plan long enough that its nodes sit idle past the idle TTL before it ends.
+    # Time for the calls below before the plan's provisioning starts (it is "scheduled" until then).
+    # Its nodes are ready about LEAD_S - BOOT_S before it starts and held idle until it ends: longer
+    # than the idle TTL, which must not release them.
     start = time.time() + LEAD_S + 4
-    end = start + 4
+    end = start + 2
     request = plan_request(
         kind="fixed",
         cluster="aws-us-east-1",

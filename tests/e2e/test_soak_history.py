@@ -19,9 +19,9 @@ from tests.e2e.soak import MiB, Soak, SoakPlan
 pytestmark = pytest.mark.e2e
 
 PLAN = SoakPlan(
-    jobs=300,  # 10 s of submissions: both kills land while jobs are still being submitted and archived
+    jobs=300,  # 7.5 s of submissions at the plan's pace; the kills land during them (see held_back)
     kills=2,
-    rate_per_s=30.0,
+    rate_per_s=40.0,
     retain_s=1.0,
     compaction_s=2,
     clusters=2,
@@ -35,6 +35,9 @@ PLAN = SoakPlan(
     # Each kill as soon as the last one's successor has archived, rather than on a schedule that
     # must allow for a loaded machine: the run waits on conditions, not on a clock.
     kill_gap_s=0.0,
+    # And the last 40 jobs wait for the kills, trickling in meanwhile: on a machine so loaded that
+    # the kills come late, jobs are still being submitted and archived when they do.
+    held_back=40,
 )
 
 
