@@ -125,13 +125,17 @@ async def test_the_scrub_rehashes_and_repairs_a_copy_on_the_leaders_tick(tmp_pat
         target.write_bytes(b"z" * 3000)  # same size: only re-reading finds it
         before = await w.registry.copy_etags(KEY)
         assert before is not None
+        # The repair rewrites the object first and records the new verification after it: wait for
+        # both, or a busy machine can look between the two (seen once with four workers under load).
+        after = before
         for _ in range(200):
             await asyncio.sleep(0.02)
             await w.stager.tick([])
-            if target.read_bytes() == FILES["a.bin"]:
+            after = await w.registry.copy_etags(KEY)
+            assert after is not None
+            if target.read_bytes() == FILES["a.bin"] and after.verified_at_s > before.verified_at_s:
                 break
         assert target.read_bytes() == FILES["a.bin"]
-        after = await w.registry.copy_etags(KEY)
         assert after is not None
         assert after.verified_at_s > before.verified_at_s
         assert await check_cached(w.registry, w.stores, KEY) == ()
