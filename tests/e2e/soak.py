@@ -589,11 +589,11 @@ class Soak:
         while it is at work, and the successor of the last went on archiving; `Kill.sql_jobs`
         rising from kill to kill shows it). `kill_gap_s` spaces them.
 
-        Each victim but the last is started again, as an operator's supervisor would, beside the
-        kills: the next one waits for the archiver, not for that start (seconds of CPU, which a
-        loaded machine has least of), and the successor takes over once the lease runs out. The
-        last victim stays down: the other server drains, and the restarts before it have shown a
-        server rejoining during archiving."""
+        Each victim but the last is started again, as an operator's supervisor would, while its
+        successor takes over and archives (the start is seconds of CPU, which a loaded machine has
+        least of); the next kill waits for it to serve, so that a standby is there to take over
+        each time. The last victim stays down: the other server drains, and the restarts before it
+        have shown a server rejoining during archiving."""
         # From when the first jobs are due for archiving: spread to the end of the submissions, or
         # `kill_gap_s` apart at least.
         if plan.kill_gap_s is None:
@@ -607,6 +607,8 @@ class Soak:
             at = start + k * step
             while self._now() < at and not self._stop.is_set():
                 time.sleep(0.2)
+            for restart in self._restarts:
+                restart.result()  # the last victim serves again: the standby of this kill
             # A leader that is alive (the last one's lease may not have run out yet), and archiving.
             # (Each poll is an etcdctl or a PostgreSQL connection: every half second is plenty.)
             with contextlib.suppress(AssertionError):

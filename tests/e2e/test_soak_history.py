@@ -35,9 +35,10 @@ PLAN = SoakPlan(
     # Each kill as soon as the last one's successor has archived, rather than on a schedule that
     # must allow for a loaded machine: the run waits on conditions, not on a clock.
     kill_gap_s=0.0,
-    # And the last 40 jobs wait for the kills, trickling in meanwhile: on a machine so loaded that
-    # the kills come late, jobs are still being submitted and archived when they do.
-    held_back=40,
+    # And the last 60 jobs wait for the kills, trickling in meanwhile (30 s of them): on a machine so
+    # loaded that the kills come late, jobs are still being submitted and archived when they do (at
+    # a load average of 16 a server took 30 s to start, and the second kill came 30 s in).
+    held_back=60,
 )
 
 
