@@ -7,10 +7,17 @@ local port from: a killed etcd member's port was taken by one of its peers' reco
 restart failed with "address already in use" (stop 27's CI). So ports are drawn at random from
 outside that range, where only another explicit listener can land, and probed by binding them.
 Where the range leaves no room outside it, the kernel's own pick (port 0) is the fallback.
+
+Several gpufed instances drawing at once on one machine (the test suite's pytest-xdist workers) can
+still draw the same port and race to bind it: the loser's server then fails to start, or worse, a
+client of the loser talks to the winner. `GPUFED_PORT_SLOT=i/n` keeps them apart: every port drawn is
+congruent to i modulo n, so instances given different slots never draw the same port. n must divide
+10000, so that SeaweedFS's gRPC port (its HTTP port + 10000) stays in the same slot.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Callable
@@ -23,6 +30,28 @@ _DEFAULT_EPHEMERAL = (32768, 60999)
 LOWEST = 10000
 HIGHEST = 65535
 _TRIES = 200
+SLOT_ENV = "GPUFED_PORT_SLOT"
+# SeaweedFS's gRPC ports are their HTTP ports + this (datasync.seaweed_process): a slot's modulus
+# must divide it, so a pair's two ports share the slot.
+_SLOT_STEP = 10000
+
+
+def port_slot() -> tuple[int, int]:
+    """(i, n) from GPUFED_PORT_SLOT="i/n": ports drawn here are all congruent to i mod n. (0, 1), every
+    port, when it is unset."""
+    raw = os.environ.get(SLOT_ENV, "").strip()
+    if not raw:
+        return 0, 1
+    try:
+        index_text, count_text = raw.split("/")
+        index, count = int(index_text), int(count_text)
+    except ValueError:
+        raise ValueError(f"{SLOT_ENV}={raw!r}: expected i/n, such as 1/4") from None
+    if count < 1 or _SLOT_STEP % count != 0:
+        raise ValueError(f"{SLOT_ENV}={raw!r}: n must divide {_SLOT_STEP} (1, 2, 4, 5, 8, 10, 16, ...)")
+    if not 0 <= index < count:
+        raise ValueError(f"{SLOT_ENV}={raw!r}: i must be at least 0 and less than n")
+    return index, count
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -60,7 +89,9 @@ def free_port(
     highest: int = HIGHEST,
     also: Callable[[int], bool] = lambda _port: True,
 ) -> int:
-    """A port at most `highest`, outside the ephemeral range, free now and passing `also`."""
+    """A port at most `highest`, outside the ephemeral range, in this process's slot (`port_slot`),
+    free now and passing `also`."""
+    slot, slots = port_slot()
     low, high = ephemeral_range()
     outside = [r for r in (range(LOWEST, min(low, highest + 1)), range(high + 1, highest + 1)) if r]
     total = sum(len(r) for r in outside)
@@ -70,7 +101,8 @@ def free_port(
         if index >= len(band):
             index, band = index - len(band), outside[1]
         port = band[index]
-        if port_free(port, host) and also(port):
+        port += (slot - port) % slots  # the next port of this slot, at or above the draw
+        if port in band and port_free(port, host) and also(port):
             return port
     # No room outside the ephemeral range (or none of it free): take the kernel's pick.
     for _ in range(_TRIES):

@@ -49,6 +49,11 @@ _log = structlog.get_logger(__name__)
 _GRPC_OFFSET = 10000
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 _PORT_ATTEMPTS = 3
+# How weed says a port it was given was taken between our pick and its bind: the plain bind error, and
+# `weed mini`'s own check before it binds ("Port allocation failed: port N ... is not available").
+# Another process (a neighbouring test worker's server, say) drawing the same free port is a race
+# the next draw wins, not a failure to report.
+_LOST_PORT_RACE = ("address already in use", "Port allocation failed")
 _LOG_TAIL_BYTES = 4000
 
 
@@ -219,7 +224,8 @@ class SeaweedProcess:
                 _log.info("seaweed_started", endpoint=self.endpoint, pid=self.pid)
                 return
             except SeaweedStartFailed as e:
-                if "address already in use" not in str(e) or attempt == _PORT_ATTEMPTS - 1:
+                lost_race = any(sign in str(e) for sign in _LOST_PORT_RACE)
+                if not lost_race or attempt == _PORT_ATTEMPTS - 1:
                     raise
                 self._ports = {}
 

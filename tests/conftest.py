@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from datasync.loopback_ports import SLOT_ENV
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess, PostgresUnavailable
 from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
@@ -16,6 +17,24 @@ from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv_etcd import EtcdKv
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
+
+
+def _port_slot_of_this_worker() -> str | None:
+    """GPUFED_PORT_SLOT for this pytest-xdist worker (datasync.loopback_ports): the workers start
+    servers at the same time, and two drawing the same free port race to bind it (stop 37's CI lost a
+    worker's SeaweedFS pair, and with it 12 tests, to one such race). The modulus is the smallest
+    allowed one that gives every worker its own slot."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return None
+    modulus = next(n for n in range(count, 10001) if 10000 % n == 0)
+    return f"{int(worker[2:]) % modulus}/{modulus}"
+
+
+# Set at import, before any fixture starts a server; the servers' own processes inherit it.
+if (_slot := _port_slot_of_this_worker()) is not None:
+    os.environ[SLOT_ENV] = _slot
 
 # What a full run writes under the temporary directory at its peak (etcd, SeaweedFS, PostgreSQL and
 # history data), measured by sampling the disk through a fresh-clone `make test` on 2026-11-28: about

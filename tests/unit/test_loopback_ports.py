@@ -8,13 +8,29 @@ peer's outgoing connection had taken it as its local port.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from datasync import loopback_ports
-from datasync.loopback_ports import HIGHEST, LOWEST, ephemeral_range, free_port, free_ports, port_free
+from datasync.loopback_ports import (
+    HIGHEST,
+    LOWEST,
+    SLOT_ENV,
+    ephemeral_range,
+    free_port,
+    free_ports,
+    port_free,
+    port_slot,
+)
 from datasync.seaweed_process import _GRPC_OFFSET, free_port_pairs
+
+
+@pytest.fixture(autouse=True)
+def no_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's workers each run in a port slot (tests/conftest.py); these tests choose their own."""
+    monkeypatch.delenv(SLOT_ENV, raising=False)
 
 
 def test_an_outgoing_connections_local_port_is_ephemeral_and_blocks_a_listener_there() -> None:
@@ -84,3 +100,64 @@ def test_ports_drawn_together_are_distinct_even_when_the_draws_repeat(
     draws = iter([5, 5, 5, 7, 5, 7, 9])
     monkeypatch.setattr(loopback_ports.random, "randrange", lambda _n: next(draws))
     assert free_ports(3) == [LOWEST + 5, LOWEST + 7, LOWEST + 9]
+
+
+def test_ports_drawn_in_a_slot_all_lie_in_it_and_pairs_keep_their_grpc_port_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SLOT_ENV, "3/8")
+    assert port_slot() == (3, 8)
+    picks = [free_port() for _ in range(200)] + free_ports(6)
+    assert all(p % 8 == 3 for p in picks)
+    pairs = free_port_pairs(5)
+    assert all(p % 8 == 3 and (p + _GRPC_OFFSET) % 8 == 3 for p in pairs)
+
+
+def test_two_slots_never_draw_the_same_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same random draws in two slots: what one instance draws, the other never does.
+    drawn: dict[str, set[int]] = {}
+    for slot in ("0/4", "1/4"):
+        monkeypatch.setenv(SLOT_ENV, slot)
+        monkeypatch.setattr(loopback_ports.random, "randrange", _counting())
+        drawn[slot] = {free_port() for _ in range(100)}
+    assert drawn["0/4"].isdisjoint(drawn["1/4"])
+    assert {p % 4 for p in drawn["0/4"]} == {0}
+    assert {p % 4 for p in drawn["1/4"]} == {1}
+
+
+def _counting() -> Callable[[int], int]:
+    """Draws 0, 3, 6, ...: the same sequence for each slot."""
+    counter = iter(range(0, 10**6, 3))
+    return lambda _n: next(counter)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("2", "expected i/n"),
+        ("a/4", "expected i/n"),
+        ("1/3", "must divide 10000"),
+        ("4/4", "less than n"),
+        ("-1/4", "at least 0"),
+        ("0/0", "must divide"),
+    ],
+)
+def test_a_bad_slot_is_refused_with_what_is_wrong(
+    monkeypatch: pytest.MonkeyPatch, value: str, named: str
+) -> None:
+    monkeypatch.setenv(SLOT_ENV, value)
+    with pytest.raises(ValueError, match=SLOT_ENV) as refused:
+        free_port()
+    assert named in str(refused.value)
+
+
+def test_each_test_worker_has_its_own_slot() -> None:
+    from tests.conftest import _port_slot_of_this_worker
+
+    slots = []
+    for worker in range(6):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PYTEST_XDIST_WORKER", f"gw{worker}")
+            patch.setenv("PYTEST_XDIST_WORKER_COUNT", "6")
+            slots.append(_port_slot_of_this_worker())
+    assert slots == ["0/8", "1/8", "2/8", "3/8", "4/8", "5/8"]
