@@ -6,15 +6,14 @@ from PyPI at the version pinned below, and reused while the pin stays the same.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.contract.kube.target import REPO, KubeTarget
+from tests.side_venv import ensure_side_venv
 
 CLIENT_REQUIREMENT = "kubernetes==37.0.2"
 VENV = REPO / ".venv-kubeclient"
@@ -22,21 +21,8 @@ RUNNER = Path(__file__).with_name("official_client_runner.py")
 
 
 def ensure_client_venv() -> Path:
-    """The venv's python, built on first use; a lock keeps two test sessions from building it at once."""
-    python = VENV / "bin" / "python"
-    stamp = VENV / f".installed-{CLIENT_REQUIREMENT}"
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    with (REPO / ".venv-kubeclient.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=120)
-            subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", CLIENT_REQUIREMENT],
-                check=True,
-                timeout=600,
-            )
-            stamp.touch()
-    return python
+    """The venv's python, built on first use (tests/side_venv.py)."""
+    return ensure_side_venv(VENV.name, CLIENT_REQUIREMENT)
 
 
 @dataclass(frozen=True, slots=True)

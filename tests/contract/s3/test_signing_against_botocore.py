@@ -10,16 +10,15 @@ project's virtualenv (it needs python-dateutil < 3, the kubernetes client >= 3),
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from datasync.credentials import AwsCredentials, Secret
 from datasync.s3_requests import S3Requests, sign_v4, url_with_query
+from tests.side_venv import ensure_side_venv
 
 REPO = Path(__file__).resolve().parents[3]
 REQUIREMENT = "botocore==1.44.8"
@@ -44,17 +43,7 @@ KEYS = [
 
 @pytest.fixture(scope="module")
 def botocore_python() -> Path:
-    python = VENV / "bin" / "python"
-    stamp = VENV / f".installed-{REQUIREMENT}"
-    with (REPO / ".venv-botocore.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=120)
-            subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", REQUIREMENT], check=True, timeout=600
-            )
-            stamp.touch()
-    return python
+    return ensure_side_venv(VENV.name, REQUIREMENT)
 
 
 def _botocore(python: Path, cases: list[dict[str, object]]) -> list[dict[str, str]]:
