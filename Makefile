@@ -85,8 +85,9 @@ test:
 	@$(MAKE) --no-print-directory -j2 setup system-tools
 	@$(MAKE) --no-print-directory -j4 static test-all
 
+# The 15 slowest tests close the output, so a CI log shows where the time went without a rerun.
 test-all: setup system-tools
-	$(PYTEST)
+	$(PYTEST) --durations=15
 
 # Where the suite's time goes: every test's duration, slowest first (docs/testing.md).
 profile-tests: setup system-tools
