@@ -5,6 +5,10 @@ time a test asks, and stops them at the end of its session (about 1.5 s to start
 stop each, which the four datasync modules used to pay once per module). Tests stay apart by
 bucket (one per module where a module lists or empties a whole bucket) and by key prefix
 (`seaweed.own_prefix`: the module's and the test's name), never by sharing keys.
+
+A worker runs one test at a time, so after each test that used the stores, a bucket that has grown
+past `_BUCKET_KEEP_BYTES` is emptied (deleted and created again): the data of the size tests would
+otherwise stay on disk for the whole session.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from datasync.seaweed_process import SeaweedProcess
+from tests.integration.seaweed import empty_big_buckets
 
 # Buckets of the on-prem store and of the cloud store. The fence tests empty their cache between
 # cases, so they have a bucket of their own on the cloud side.
 ONPREM_BUCKETS = ("datasets", "home", "lean")
 CLOUD_BUCKETS = ("cache", "fence-cache")
+# A bucket holding less stays as it is: emptying costs a few requests, and small leftovers under
+# other tests' prefixes harm no one.
+_BUCKET_KEEP_BYTES = 32 * 2**20
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +43,14 @@ def seaweed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sea
         # Both stop at once: weed's graceful stop takes seconds.
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(SeaweedProcess.stop, (onprem, cloud)))
+
+
+@pytest.fixture(autouse=True)
+def _empty_big_buckets_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "seaweed_pair" not in request.fixturenames:
+        return
+    pair: tuple[SeaweedProcess, SeaweedProcess] = request.getfixturevalue("seaweed_pair")
+    for process in pair:
+        if process.running:
+            empty_big_buckets(process, _BUCKET_KEEP_BYTES)
