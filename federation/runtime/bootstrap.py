@@ -17,11 +17,13 @@ Every write is appended to the audit trail as done by user `bootstrap`, role `sy
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from federation.joblogs.archive import get_logs_settings, put_logs_settings
 from federation.runtime.config import FederationConfig
 from federation.security.tokens import TOKEN_ID_DIGITS, AuditEvent, SecurityStore, TokenRecord, token_hash
 from federation.store.job_store import PREFIX, KvStore
+from federation.store.kv import Compare, KeyValueStore, Put
 from federation.store.records import TenantRecord, UserRecord
 
 log = structlog.get_logger("gpufed.bootstrap")
@@ -44,6 +47,12 @@ log = structlog.get_logger("gpufed.bootstrap")
 SEEDED_KEY = PREFIX + b"bootstrap"
 BOOTSTRAP_USER = "bootstrap"
 BOOTSTRAP_ROLE = "system"
+# Held while one server bootstraps (`_one_at_a_time`). A bootstrap takes well under a second; the
+# lease only matters when its holder died, and then the next start waits that long once.
+BOOTSTRAP_LOCK_KEY = PREFIX + b"locks/bootstrap"
+_LOCK_TTL_S = 15
+_LOCK_FIRST_WAIT_S = 0.05
+_LOCK_MAX_WAIT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -159,12 +168,43 @@ async def _user(
     return True
 
 
+@contextlib.asynccontextmanager
+async def _one_at_a_time(kv: KeyValueStore) -> AsyncIterator[None]:
+    """Hold the bootstrap lock: a key under a lease, created only where absent.
+
+    Servers that start together (the replicas of one Deployment, a test's pair of servers) each read
+    what the store holds and create what is missing: without the lock both found a user missing,
+    both created it and both wrote a token file with a different token, each hashed into etcd. The
+    lease frees the lock of a server that died holding it after `_LOCK_TTL_S`.
+    """
+    lease = await kv.grant_lease(_LOCK_TTL_S)
+    try:
+        wait_s = _LOCK_FIRST_WAIT_S
+        while not (
+            await kv.txn(
+                [Compare.absent(BOOTSTRAP_LOCK_KEY)], [Put(BOOTSTRAP_LOCK_KEY, b"held", lease=lease)]
+            )
+        ).succeeded:
+            await asyncio.sleep(wait_s)
+            wait_s = min(_LOCK_MAX_WAIT_S, wait_s * 2)
+        yield
+    finally:
+        # Revoking the lease deletes the key: the next server in line takes it.
+        await kv.revoke_lease(lease)
+
+
 async def bootstrap(store: KvStore, config: FederationConfig, token_dir: Path) -> dict[str, Path]:
     """Apply the config as described above; the token files of the users whose token works now.
 
     Tokens are kept in `token_dir` (mode 0600); etcd holds only their hashes. A restart reuses the
     files, so users keep working across restarts of the embedded default, unless an admin revoked one.
+    Servers bootstrapping at once take turns (`_one_at_a_time`).
     """
+    async with _one_at_a_time(store.kv):
+        return await _bootstrap(store, config, token_dir)
+
+
+async def _bootstrap(store: KvStore, config: FederationConfig, token_dir: Path) -> dict[str, Path]:
     security = SecurityStore(store.kv)
     audit = _Audit(security)
     seeded = await _seeded(store)

@@ -127,6 +127,11 @@ class ServerProcess:
         token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
         return GpufedClient(self.target, token, tls=self.tls)
 
+    def current_log(self) -> str:
+        """The log of the process started last."""
+        path = self.state_dir / f"server-{self.identity}-{self.starts}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def log_text(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.state_dir.glob("server-*.log")))
 

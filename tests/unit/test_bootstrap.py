@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from federation.runtime.bootstrap import bootstrap
+from federation.runtime.bootstrap import BOOTSTRAP_LOCK_KEY, bootstrap
 from federation.runtime.config import parse_config
 from federation.runtime.embedded import default_config_path
 from federation.security.tokens import SecurityStore
@@ -30,8 +30,10 @@ def test_a_restart_with_the_shipped_config_writes_and_audits_nothing(tmp_path: P
     again = asyncio.run(bootstrap(store, config, tmp_path / "tokens"))
     assert again == first
     assert _trail(store) == seeded
-    # Only the record of what was seeded is written again (same value): nothing else changed.
-    assert asyncio.run(store.kv.range_prefix(b"/")).revision <= revision + 1
+    # Only the bootstrap lock (taken, then released with its lease) and the record of what was
+    # seeded (same value) are written again: nothing else changed.
+    assert asyncio.run(store.kv.range_prefix(b"/")).revision <= revision + 3
+    assert asyncio.run(store.kv.get(BOOTSTRAP_LOCK_KEY)) is None
 
 
 def test_a_wiped_store_is_seeded_again_and_the_token_files_keep_working(tmp_path: Path) -> None:
