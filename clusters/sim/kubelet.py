@@ -9,6 +9,7 @@ benchmarks decide what each pod does (all its containers behave alike):
 | `sim.gpufed.io/duration.TASK` | the same for the pods of task TASK only (before the one above) |
 | `sim.gpufed.io/exit-code` | the exit code of each run; non-zero ends it with reason `Error` |
 | `sim.gpufed.io/oom-kill-after-s` | the run is OOM-killed after that many seconds (`OOMKilled`, 137) |
+| `sim.gpufed.io/oom-kill-after-s.TASK` | the same for the pods of task TASK only (before the one above) |
 | `sim.gpufed.io/fail-image-pull` | the image never pulls: `ErrImagePull`, then `ImagePullBackOff` |
 
 Like a real kubelet it refuses a pod whose requests do not fit what the node has left for the pods
@@ -52,13 +53,16 @@ def _annotation(pod: Obj, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def duration_s(pod: Obj, default_s: float) -> float:
-    # A task's own duration (`sim.gpufed.io/duration.master`) before the pod's: the annotations are
-    # set gang-wide, and a gang whose master outlives its workers needs the two told apart.
+def _task_annotation(pod: Obj, key: str) -> str | None:
+    # A task's own value (`sim.gpufed.io/duration.master`) before the pod's: the annotations are set
+    # gang-wide, and a gang whose master outlives its workers, or whose master alone runs out of
+    # memory, needs its tasks told apart.
     task = _annotation(pod, VOLCANO_TASK) or (pod["metadata"].get("labels") or {}).get(GPUFED_TASK)
-    text = (_annotation(pod, f"{DURATION_ANNOTATION}.{task}") if task else None) or _annotation(
-        pod, DURATION_ANNOTATION
-    )
+    return (_annotation(pod, f"{key}.{task}") if task else None) or _annotation(pod, key)
+
+
+def duration_s(pod: Obj, default_s: float) -> float:
+    text = _task_annotation(pod, DURATION_ANNOTATION)
     try:
         return max(0.0, float(text)) if text is not None else default_s
     except ValueError:
@@ -74,7 +78,7 @@ def exit_code(pod: Obj) -> int:
 
 
 def oom_after_s(pod: Obj) -> float | None:
-    text = _annotation(pod, OOM_ANNOTATION)
+    text = _task_annotation(pod, OOM_ANNOTATION)
     try:
         return max(0.0, float(text)) if text is not None else None
     except ValueError:

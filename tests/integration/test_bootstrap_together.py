@@ -23,6 +23,15 @@ pytestmark = pytest.mark.integration
 SERVERS = 3
 
 
+def _token_files(root: Path) -> dict[str, str]:
+    """Every token file the servers wrote, by file name (a name twice would be one user twice)."""
+    found: dict[str, str] = {}
+    for path in root.glob("server-*/*.token"):
+        assert path.name not in found, f"two servers wrote {path.name}"
+        found[path.name] = path.read_text().strip()
+    return found
+
+
 async def test_servers_bootstrapping_at_once_create_each_user_once_with_one_token(
     etcd_kv: EtcdKv, etcd_process: EtcdProcess, tmp_path: Path
 ) -> None:
@@ -35,13 +44,13 @@ async def test_servers_bootstrapping_at_once_create_each_user_once_with_one_toke
     finally:
         for kv in kvs:
             await kv.close()
-    files = sorted(tmp_path.glob("server-*/*.token"))
-    assert sorted(f.name for f in files) == sorted(f"{u.name}.token" for u in config.users), files
+    files = _token_files(tmp_path)
+    assert sorted(files) == sorted(f"{u.name}.token" for u in config.users), files
     store = KvStore(etcd_kv)
-    for path in files:
-        user = await store.resolve_token(path.read_text().strip())
+    for name, token in files.items():
+        user = await store.resolve_token(token)
         assert user is not None
-        assert f"{user.name}.token" == path.name
+        assert f"{user.name}.token" == name
     trail = await SecurityStore(etcd_kv).list_audit()
     created = [e.target for e in trail if e.action == "user_created"]
     issued = [e.target for e in trail if e.action == "token_issued"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from clusters.sim import SimConfigError, config
+from clusters.sim import SimConfigError, config, kubelet
 from clusters.sim.errors import ApiError
 from clusters.sim.patch import JSON_PATCH, MERGE, STRATEGIC, apply
 from clusters.sim.resources import PODS
@@ -381,3 +381,21 @@ def test_watch_window_keeps_100_events_and_grows_while_they_are_fresh() -> None:
         windows.record(CONFIG_MAPS, rv)
     assert windows.floor(CONFIG_MAPS) > 10
     assert windows.floor(NODES) == 10  # per kind
+
+
+@pytest.mark.parametrize(
+    ("task", "expected_oom_s", "expected_duration_s"),
+    [("master", 1.5, 9.0), ("worker", None, 4.0)],
+)
+def test_a_tasks_own_annotation_comes_before_the_gangs(
+    task: str, expected_oom_s: float | None, expected_duration_s: float
+) -> None:
+    annotations = {
+        "volcano.sh/task-spec": task,
+        "sim.gpufed.io/oom-kill-after-s.master": "1.5",
+        "sim.gpufed.io/duration": "4",
+        "sim.gpufed.io/duration.master": "9",
+    }
+    pod = {"metadata": {"name": f"{task}-0", "annotations": annotations}}
+    assert kubelet.oom_after_s(pod) == expected_oom_s
+    assert kubelet.duration_s(pod, default_s=20.0) == expected_duration_s
