@@ -32,9 +32,18 @@ class IdleGate:
     def __init__(self) -> None:
         self._last: _Planned | None = None
 
+    @property
+    def replan_interval_s(self) -> float:
+        """How long after the last full cycle the next one runs though nothing changed: it grows with
+        that cycle's length, measured in real time."""
+        last = self._last
+        return (
+            IDLE_REPLAN_MIN_S if last is None else max(IDLE_REPLAN_MIN_S, IDLE_REPLAN_CYCLES * last.seconds)
+        )
+
     def may_skip(self, inputs: tuple[object, ...], now_s: float) -> bool:
         last = self._last
-        if last is None or now_s - last.at_s >= max(IDLE_REPLAN_MIN_S, IDLE_REPLAN_CYCLES * last.seconds):
+        if last is None or now_s - last.at_s >= self.replan_interval_s:
             return False
         return _same(last.inputs, inputs)
 

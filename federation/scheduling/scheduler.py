@@ -190,6 +190,11 @@ class Scheduler:
         self._idle = IdleGate()
         self._last_waiting = 0
 
+    @property
+    def idle_gate(self) -> IdleGate:
+        """When the scheduler may skip a cycle in which nothing changed (`federation.scheduling.idle`)."""
+        return self._idle
+
     def _tenant_usage(self, now: float, inputs: PlacerInputs) -> dict[TenantId, TenantUsage]:
         if now - self._usage_at >= USAGE_REFRESH_S:
             parents = {t.name: t.parent for t in inputs.tenants}
