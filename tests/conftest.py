@@ -79,7 +79,17 @@ SHARED_ON_ONE_WORKER = {"ray_session": "ray"}
 MODULE_SCOPES = frozenset({"module", "class", "package"})
 
 
+# Tests that run a three-member etcd cluster of their own (the end-to-end `any_etcd` fixture's
+# "etcd3", the outage test) run one at a time on one worker: each cluster holds about 370 MiB of
+# preallocated WAL on disk, and four at once (with everything else) took a full run's peak past
+# 2.4 GiB; they are also the most CPU-hungry tests, and slowed each other most.
+ETCD_CLUSTER_GROUP = "etcd-cluster"
+
+
 def _xdist_group(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("any_etcd") == "etcd3":
+        return ETCD_CLUSTER_GROUP
     fixture_info = getattr(item, "_fixtureinfo", None)
     if fixture_info is None:
         return None

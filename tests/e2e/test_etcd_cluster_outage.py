@@ -31,7 +31,8 @@ from federation.api.v1 import gpufed_pb2 as pb
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.etcd_cluster import EtcdCluster, make_certs
 
-pytestmark = pytest.mark.e2e
+# With the other three-member-cluster tests, one at a time (tests/conftest.py, ETCD_CLUSTER_GROUP).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("etcd-cluster")]
 
 # Each phase lasts until the load has made this many answered submissions in it, rather than a fixed
 # time: on a busy machine the calls are slower, and a fixed phase held fewer of them. One down, the
