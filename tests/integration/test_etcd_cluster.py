@@ -19,6 +19,10 @@ from federation.store.kv_etcd import EtcdKv
 from federation.store.kv_etcd_channel import EtcdTls
 from tests.etcd_cluster import Certs, EtcdCluster, make_certs
 
+# With the other three-member-cluster tests, one at a time (tests/conftest.py, ETCD_CLUSTER_GROUP):
+# two of this module's clusters ran at once on two workers, 610 MiB of WAL between them.
+pytestmark = pytest.mark.xdist_group("etcd-cluster")
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
