@@ -7,8 +7,9 @@ Over the in-memory store (the same transactions and watch as on etcd) with the r
 from __future__ import annotations
 
 import random
-import time
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
@@ -124,7 +125,11 @@ class _Context:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_alices_list_costs_the_same_beside_twenty_thousand_of_bobs_jobs() -> None:
-    """Before the index, each of alice's lists sorted all 20,083 jobs: about 40 times slower."""
+    """Before the index, each of alice's lists sorted all 20,083 jobs: about 40 times slower.
+
+    The cost is counted, not timed: the jobs a list reads from the cache are the same 83 however many
+    of bob's jobs sit beside them (a timed version of this test failed on a busy machine, 2.3 ms
+    against 1.0; the time itself is a benchmark's to measure)."""
     store = InMemoryJobStore()
     for name in ("vision", "nlp"):
         await store.put_tenant(TenantRecord(TenantId(name)))
@@ -132,6 +137,21 @@ async def test_alices_list_costs_the_same_beside_twenty_thousand_of_bobs_jobs() 
     await store.put_token("alice-token", "alice")
     cache = JobCache(store)
     await cache.start()
+    read: list[int] = []
+    ordered, whole = cache.ordered, cache.jobs
+
+    def counted_ordered(*args: Any, **kwargs: Any) -> Iterator[Stored[JobRecord]]:
+        for stored in ordered(*args, **kwargs):
+            read[-1] += 1
+            yield stored
+
+    def counted_jobs() -> list[Stored[JobRecord]]:
+        found = whole()
+        read[-1] += len(found)
+        return found
+
+    cache.ordered = counted_ordered  # type: ignore[method-assign]
+    cache.jobs = counted_jobs  # type: ignore[method-assign]
     service = JobService(
         store=store,
         cache=cache,
@@ -150,25 +170,23 @@ async def test_alices_list_costs_the_same_beside_twenty_thousand_of_bobs_jobs() 
     request = pb.ListJobsRequest(page_size=100)
     context = _Context("alice-token")
 
-    async def fastest_s() -> float:
-        best = float("inf")
-        for _ in range(40):
-            started = time.perf_counter()
-            answer = await service.ListJobs(request, context)  # type: ignore[arg-type]
-            best = min(best, time.perf_counter() - started)
-            assert len(answer.jobs) == 83
-        return best
+    async def jobs_read() -> int:
+        read.append(0)
+        answer = await service.ListJobs(request, context)  # type: ignore[arg-type]
+        assert len(answer.jobs) == 83
+        return read[-1]
 
-    alone = await fastest_s()
+    alone = await jobs_read()
     for i in range(20_000):
         stored, _ = await store.create_job(
             build_job(f"b{i}", tenant="nlp"), idempotency_key=f"b{i}", manifest_digest="d"
         )
         last = stored.mod_revision
     assert await cache.wait_for_revision(last, timeout_s=60)
-    beside = await fastest_s()
+    beside = await jobs_read()
     await cache.stop()
-    assert beside < 2 * alone, f"{beside * 1e3:.2f} ms beside bob's jobs, {alone * 1e3:.2f} ms alone"
+    assert alone <= 84, f"alice's list read {alone} jobs for her 83"
+    assert beside == alone, f"{beside} jobs read beside bob's 20,000, {alone} alone"
 
 
 def _listing(index: JobIndex) -> list[tuple[TenantId | None, tuple[JobPhase, ...], list[int]]]:
