@@ -54,6 +54,13 @@ def port_slot() -> tuple[int, int]:
     return index, count
 
 
+def slot_for(index: int, count: int) -> str:
+    """The GPUFED_PORT_SLOT value giving instance `index` of `count` a slot of its own: the smallest
+    allowed modulus that is at least `count`."""
+    modulus = next(n for n in range(count, _SLOT_STEP + 1) if _SLOT_STEP % n == 0)
+    return f"{index % modulus}/{modulus}"
+
+
 def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for the local ports of outgoing connections, inclusive."""
     try:

@@ -275,25 +275,36 @@ class SeaweedProcess:
         # must also exist, which only a signed HEAD can tell: the gateway refuses an anonymous one with
         # 403 before it looks the bucket up, and `weed mini` creates its buckets a moment after the
         # gateway starts answering (tests that listed a bucket at once got 404 NoSuchBucket).
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key))
-        for path in ["", *self.buckets]:
-            url = f"{self.endpoint}/{path}"
-            headers = (
-                sign_v4("HEAD", url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
-                if path
-                else {}
-            )
-            request = urllib.request.Request(url, method="HEAD", headers=headers)
-            try:
-                with opener.open(request, timeout=1.0):
-                    pass
-            except urllib.error.HTTPError as e:
-                if e.code == 404 or e.code >= 500 or (path and e.code == 403):
-                    return False
-            except OSError:
+        try:
+            gateway = self._status("HEAD", "", signed=False, timeout_s=1.0)
+            if gateway == 404 or gateway >= 500:
                 return False
+            for bucket in self.buckets:
+                status = self._status("HEAD", bucket, timeout_s=1.0)
+                if status in (403, 404) or status >= 500:
+                    return False
+        except OSError:
+            return False
         return True
+
+    def bucket_request(self, method: str, bucket: str, *, timeout_s: float = 30.0) -> int:
+        """A signed request on `bucket` itself (HEAD, PUT to create, DELETE to drop it with its
+        objects): the HTTP status. Raises OSError when weed does not answer."""
+        return self._status(method, bucket, timeout_s=timeout_s)
+
+    def _status(self, method: str, path: str, *, timeout_s: float, signed: bool = True) -> int:
+        url = f"{self.endpoint}/{path}"
+        headers: dict[str, str] = {}
+        if signed:
+            credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key))
+            headers = sign_v4(method, url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
+        request = urllib.request.Request(url, method=method, headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=timeout_s) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
 
     def tail(self) -> str:
         try:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from datasync.loopback_ports import SLOT_ENV
+from datasync.loopback_ports import SLOT_ENV, slot_for
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess, PostgresUnavailable
 from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
@@ -23,13 +23,12 @@ def _port_slot_of_this_worker() -> str | None:
     """GPUFED_PORT_SLOT for this pytest-xdist worker (datasync.loopback_ports): the workers start
     servers at the same time, and two drawing the same free port race to bind it (stop 37's CI lost a
     worker's SeaweedFS pair, and with it 12 tests, to one such race). The modulus is the smallest
-    allowed one that gives every worker its own slot."""
+    allowed one that gives every worker its own slot (`slot_for`)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker.startswith("gw") or count < 2:
         return None
-    modulus = next(n for n in range(count, 10001) if 10000 % n == 0)
-    return f"{int(worker[2:]) % modulus}/{modulus}"
+    return slot_for(int(worker[2:]), count)
 
 
 # Set at import, before any fixture starts a server; the servers' own processes inherit it.

@@ -14,7 +14,7 @@ import asyncio
 import faulthandler
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -163,15 +163,12 @@ async def _start_children(
     async def start_stores() -> tuple[StoreRecord, ...] | None:
         return await stores.start() if stores.needed else None
 
-    sims_started, records, etcd_started = await asyncio.gather(
+    outcomes = await asyncio.gather(
         start_sims(), start_stores(), asyncio.to_thread(etcd.start), return_exceptions=True
     )
-    if isinstance(sims_started, BaseException):
-        raise sims_started
-    if isinstance(records, BaseException):
-        raise records
-    if isinstance(etcd_started, BaseException):
-        raise etcd_started
+    _raise_first_failure(outcomes)
+    records = outcomes[1]
+    assert not isinstance(records, BaseException)
     return records
 
 
@@ -185,6 +182,11 @@ async def _stop_children(sims: SimProcess | None, stores: EmbeddedStores, etcd: 
         *([asyncio.to_thread(sims.stop)] if sims is not None else []),
         return_exceptions=True,
     )
+    _raise_first_failure(outcomes)
+
+
+def _raise_first_failure(outcomes: Sequence[object]) -> None:
+    """Raise the first exception among `asyncio.gather(..., return_exceptions=True)`'s outcomes."""
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome

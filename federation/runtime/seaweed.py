@@ -117,6 +117,14 @@ class EmbeddedStores:
             stops = {server: pool.submit(process.stop) for server, process in self._servers.items()}
         self._servers.clear()
         (self._state_dir / STORES_FILE).unlink(missing_ok=True)
+        # Every server's outcome is logged before the first failure is raised.
+        first_failure: BaseException | None = None
         for server, stop in stops.items():
-            stop.result()
-            log.info("object_store_stopped", server=server)
+            error = stop.exception()
+            if error is None:
+                log.info("object_store_stopped", server=server)
+            else:
+                log.error("object_store_stop_failed", server=server, error=str(error))
+                first_failure = first_failure or error
+        if first_failure is not None:
+            raise first_failure

@@ -7,22 +7,16 @@ SIGKILL it mid-transfer and resume it in the parent, as a crashed staging worker
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import hashlib
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
 
-from datasync.credentials import AwsCredentials, Secret
 from datasync.journal import LocalJournal
 from datasync.manifest import build_manifest
 from datasync.plan import plan_sync
-from datasync.s3_requests import sign_v4
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store import ObjectStore
 from datasync.store_config import S3StoreConfig, open_store
@@ -56,27 +50,6 @@ def bucket_bytes(process: SeaweedProcess, bucket: str) -> int:
     return sum(f.stat().st_size for f in data.glob(f"{bucket}_*.dat"))
 
 
-def _signed(process: SeaweedProcess, method: str, path: str) -> int:
-    url = f"{process.endpoint}/{path}"
-    credentials = AwsCredentials(process.access_key_id, Secret(process.secret_access_key))
-    headers = sign_v4(
-        method,
-        url,
-        {},
-        {"x-amz-content-sha256": hashlib.sha256(b"").hexdigest()},
-        credentials,
-        "us-east-1",
-        dt.datetime.now(dt.UTC),
-    )
-    request = urllib.request.Request(url, method=method, headers=headers)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=30) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-
-
 def empty_big_buckets(process: SeaweedProcess, above_bytes: int) -> list[str]:
     """Delete and create again each of the store's buckets whose volumes hold more than `above_bytes`,
     and return their names. Deleting a bucket drops its collection's volume files at once, where
@@ -86,8 +59,8 @@ def empty_big_buckets(process: SeaweedProcess, above_bytes: int) -> list[str]:
     for bucket in process.buckets:
         if bucket_bytes(process, bucket) <= above_bytes:
             continue
-        deleted = _signed(process, "DELETE", bucket)
-        created = _signed(process, "PUT", bucket)
+        deleted = process.bucket_request("DELETE", bucket)
+        created = process.bucket_request("PUT", bucket)
         assert deleted == 204, f"DELETE bucket {bucket}: HTTP {deleted}"
         assert created == 200, f"PUT bucket {bucket}: HTTP {created}"
         emptied.append(bucket)
