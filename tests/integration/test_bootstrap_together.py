@@ -17,6 +17,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.security.tokens import SecurityStore
 from federation.store.job_store import KvStore
 from federation.store.kv_etcd import EtcdKv
+from tests.etcdctl import count_keys, keys
 
 pytestmark = pytest.mark.integration
 
@@ -56,5 +57,7 @@ async def test_servers_bootstrapping_at_once_create_each_user_once_with_one_toke
     issued = [e.target for e in trail if e.action == "token_issued"]
     assert sorted(created) == sorted(u.name for u in config.users)
     assert sorted(issued) == sorted(created)
-    # The lock is gone with its holder's lease.
-    assert await etcd_kv.get(b"/gpufed/locks/bootstrap") is None
+    # The lock is gone with its holder's lease, as etcdctl (an independent client) sees it, and
+    # etcd holds one token hash per user.
+    assert await asyncio.to_thread(keys, etcd_process.endpoint, "/gpufed/locks/") == []
+    assert await asyncio.to_thread(count_keys, etcd_process.endpoint, "/gpufed/tokens/") == len(config.users)
