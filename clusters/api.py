@@ -101,6 +101,10 @@ class GangStatus:
     # is over on the cluster only once this is 0, however its gang object says it ended. Backends
     # that model no pods (the in-memory cluster) report 0.
     live_pods: int = 0
+    # When the gang's pods ended, by their containers' own finishedAt: set once every replica's pod
+    # is there and finished, None while one runs or is gone without a trace (then only the time it
+    # was noticed gone is known). An attempt held back for its pods is charged to this.
+    pods_ended_at_s: float | None = None
     # The gang's own object is gone (a third party deleted it, perhaps with `--cascade=orphan`)
     # while pods or other objects of the attempt are left; `cancel` removes what is left.
     orphaned: bool = False

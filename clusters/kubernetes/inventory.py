@@ -113,6 +113,9 @@ class PodInfo:
     # with `--cascade=orphan`, say) can still be told apart and removed.
     job_id: str | None = None
     attempt: int | None = None
+    # When its last container ended (finishedAt), for a finished pod: the moment its GPUs were
+    # free, which the federation charges to rather than to when it noticed.
+    finished_at_s: float | None = None
 
     @property
     def holds_gpus(self) -> bool:
@@ -199,6 +202,15 @@ def _failure(status: Json) -> str:
     return ""
 
 
+def _finished_at_s(status: Json) -> float | None:
+    """The latest finishedAt among the pod's terminated containers (None if none ended)."""
+    ends = (
+        parse_time_s(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for c in status.get("containerStatuses") or ()
+    )
+    return max((e for e in ends if e is not None), default=None)
+
+
 def pod_info(pod: Json) -> PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -215,6 +227,7 @@ def pod_info(pod: Json) -> PodInfo:
         failure=_failure(status) if phase == "Failed" else "",
         job_id=_id_of(meta, JOB_ID_KEY),
         attempt=int(attempt) if (attempt := _id_of(meta, ATTEMPT_KEY)) and attempt.isdigit() else None,
+        finished_at_s=_finished_at_s(status) if phase in FINISHED_PHASES else None,
     )
 
 

@@ -86,6 +86,11 @@ class PodSummary:
     live: int = 0
     # The job and attempt the pods say they ran for (None for pods made before pods said so).
     key: tuple[JobId, int] | None = None
+    # Pods finished (Succeeded or Failed) with their containers' finishedAt, when the last of them
+    # ended, and whether a finished pod did not say when (evicted before its container ran, say).
+    finished: int = 0
+    ended_at_s: float | None = None
+    end_unknown: bool = False
 
 
 def _batch_outcome(status: Json) -> Outcome | None:
@@ -179,6 +184,11 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
             summary.placed_gpus += pod.gpus
         if pod.live:
             summary.live += 1
+        if not pod.live and pod.finished_at_s is None:
+            summary.end_unknown = True
+        elif not pod.live and pod.finished_at_s is not None:
+            summary.finished += 1
+            summary.ended_at_s = max(summary.ended_at_s or 0.0, pod.finished_at_s)
         if summary.key is None and pod.job_id is not None and pod.attempt is not None:
             summary.key = (JobId(pod.job_id), pod.attempt)
         if pod.phase == "Running":
@@ -231,6 +241,7 @@ def gang_status(
             started_at_s=started_at_s,
             finished_at_s=outcome.at_s if outcome.at_s is not None else now_s,
             live_pods=pods.live,
+            pods_ended_at_s=pods_ended_at_s(pods, gang.replicas),
         )
     running = gang.running_since_s is not None or (gang.replicas > 0 and pods.running >= gang.replicas)
     if running:
@@ -255,6 +266,14 @@ def gang_status(
         bound_gpus=pods.placed_gpus,
         live_pods=pods.live,
     )
+
+
+def pods_ended_at_s(pods: PodSummary, replicas: int) -> float | None:
+    """When the gang's pods ended, if every replica's pod is there, finished, with its end time.
+    A pod deleted outright leaves no pod behind: then the count falls short and the end is unknown."""
+    if pods.live or pods.end_unknown or replicas <= 0 or pods.finished < replicas:
+        return None
+    return pods.ended_at_s
 
 
 def gang_statuses(

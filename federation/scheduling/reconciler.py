@@ -281,13 +281,11 @@ class Reconciler:
                 nxt,
                 site=self._members.site(job.placement.cluster),
                 started_at_s=self._started_at.get((job.job_id, job.attempt)),
-                # A cancel is recorded once the pods are gone, and so is an attempt whose pods the
-                # reconciler waited for: the GPUs count until then, as the cloud bills them.
-                finished_at_s=None
-                if gang is None
-                or nxt.phase is JobPhase.CANCELLED
-                or self._leftovers.waited((job.job_id, job.attempt))
-                else gang.finished_at_s,
+                finished_at_s=_charged_until(
+                    gang,
+                    cancelled=nxt.phase is JobPhase.CANCELLED,
+                    waited=self._leftovers.waited((job.job_id, job.attempt)),
+                ),
                 now_s=self._clock(),
             )
         revision = await self._store.commit(
@@ -551,3 +549,19 @@ class Reconciler:
         return job.transition(
             JobPhase.FAILED, by=Owner.STATUS, at_s=now, reason=f"attempt {job.attempt} {what}"
         )
+
+
+def _charged_until(gang: GangStatus | None, *, cancelled: bool, waited: bool) -> float | None:
+    """Where an attempt's ledger interval ends, by its cluster; None for "now".
+
+    A cancel is recorded once the pods are gone, and so is an attempt whose pods the reconciler
+    waited for: the GPUs count until then, as the cloud bills them. Then the pods' own end (their
+    containers' finishedAt) is that moment where the cluster still shows every pod finished; the
+    moment the reconciler noticed can be seconds later on a busy control plane. Otherwise the
+    gang's own end (its object's condition) counts.
+    """
+    if gang is None:
+        return None
+    if cancelled or waited:
+        return gang.pods_ended_at_s if gang.live_pods == 0 else None
+    return gang.finished_at_s
