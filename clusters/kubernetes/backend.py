@@ -43,7 +43,7 @@ from clusters.kubernetes.inventory import (
     pool_layout,
     unpriced,
 )
-from clusters.kubernetes.kube import KubeApi, Timeouts, api_client
+from clusters.kubernetes.kube import KubeApi, ListPath, Timeouts, api_client
 from clusters.kubernetes.logs import LOG_THREADS, GangInspection
 from clusters.kubernetes.names import namespace_for, object_name
 from clusters.kubernetes.status import (
@@ -118,7 +118,7 @@ class KubernetesBackend:
     def _informer(
         self,
         name: str,
-        call: Any,
+        path: ListPath,
         parse: Callable[[dict[str, Any]], Any],
         selector: str | None = None,
         observer: Callable[[str, dict[str, Any]], None] | None = None,
@@ -127,7 +127,7 @@ class KubernetesBackend:
         return Informer(
             name,
             self._api,
-            call,
+            path,
             parse,
             health=self._health,
             label_selector=selector,

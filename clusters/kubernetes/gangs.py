@@ -195,10 +195,10 @@ class GangWriter:
         calls = [(self._api.list_jobs, GangKind.INDEXED_JOB)]
         if volcano:
             calls.append((self._api.list_volcano_jobs, GangKind.VOLCANO_JOB))
-        for call, kind in calls:
+        for path, kind in calls:
             page = await self._call(
                 f"find gang {job_id}/{attempt}",
-                lambda c=call: self._api.list_page(c, label_selector=selector, limit=10, token=None),
+                lambda p=path: self._api.list_page(p, label_selector=selector, limit=10, token=None),
             )
             for obj in (page or {}).get("items") or ():
                 gang = gang_object(obj, kind)

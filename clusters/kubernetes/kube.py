@@ -1,37 +1,41 @@
 """The one typed wrapper around the official `kubernetes` client: raw JSON in, raw JSON out.
 
-The client is synchronous and untyped, and its model classes are slow to build and to deserialise.
-Every call here asks for the undecoded response (`_preload_content=False`) and parses the JSON itself,
-so the rest of the backend handles plain dicts; callers run these methods on worker threads. One
-`ApiClient` (one connection pool) serves every call and watch of a cluster.
+The client loads the kubeconfig (credentials, TLS, exec plugins) and owns the connection pool; calls
+go through its `ApiClient` directly (`param_serialize` and `call_api`, what its generated methods
+call), by the API's own paths. The generated `CoreV1Api`, `BatchV1Api` and the rest are not used: they
+import and build a pydantic model for every kind their methods name (V1Pod and everything under it),
+1.4 s of CPU at every server start, only to check arguments this module passes as plain dicts. The
+answers are parsed here as JSON, so the rest of the backend handles plain dicts; callers run these
+methods on worker threads. One `ApiClient` (one connection pool) serves every call and watch of a
+cluster.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NewType
 
 import urllib3
 from kubernetes import client as _client
 from kubernetes import config as _config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as _watch
 
 from clusters.kubernetes.manifests import VOLCANO_GROUP, VOLCANO_SCHEDULING_GROUP, VOLCANO_VERSION
 
-# The client is typed only in part (its generated APIs want model classes where it happily takes
-# dicts); it is used through these untyped names, and what it returns is typed below.
+# The client is untyped; it is used through these names, and what it returns is typed below.
 k8s: Any = _client
 k8s_config: Any = _config
 iter_resp_lines: Any = _watch.iter_resp_lines
 
 Json = dict[str, Any]
 JSON = "application/json"
-# A list-or-watch function of the generated client, with its resource fixed (group, plural, ...).
-ListCall = Callable[..., Any]
+# A collection the informers list and watch, by its API path ("/api/v1/pods").
+ListPath = NewType("ListPath", str)
+Query = Sequence[tuple[str, str | int | bool | None]]
 
 FOREGROUND = "Foreground"
 MERGE_PATCH = "application/merge-patch+json"
@@ -62,7 +66,44 @@ def api_client(kubeconfig: Path | None, context: str | None, *, pool_size: int) 
     return k8s.ApiClient(configuration=configuration)
 
 
-def _json(response: Any) -> Json:
+def call(
+    client: Any,
+    method: str,
+    path: str,
+    *,
+    timeout: tuple[float, float],
+    path_params: dict[str, str] | None = None,
+    query: Query = (),
+    body: Json | None = None,
+    content_type: str = JSON,
+) -> urllib3.BaseHTTPResponse:
+    """One request, as the generated methods make it (bearer token or client certificate from the
+    kubeconfig, JSON accepted; path parameters quoted), answering the open response, unread: the
+    caller reads it (`json_of`, or line by line for a watch or a log) and releases it. An answer other
+    than 2xx raises `ApiException`, with the API's `Status` as its body, as the generated methods do.
+    """
+    headers = {"Accept": JSON}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    request = client.param_serialize(
+        method=method,
+        resource_path=path,
+        path_params=path_params or {},
+        query_params=[(k, v) for k, v in query if v is not None],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = client.call_api(*request, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    opened: urllib3.BaseHTTPResponse = response.response
+    return opened
+
+
+def json_of(response: urllib3.BaseHTTPResponse) -> Json:
+    """The whole answer as a JSON object; the connection goes back to the pool."""
     try:
         data: Any = json.loads(response.data)
     finally:
@@ -75,65 +116,66 @@ def _json(response: Any) -> Json:
 class KubeApi:
     """Blocking calls against one cluster. Each raises `ApiException` or a urllib3/socket error."""
 
+    list_nodes = ListPath("/api/v1/nodes")
+    list_pods = ListPath("/api/v1/pods")
+    list_jobs = ListPath("/apis/batch/v1/jobs")
+    list_volcano_jobs = ListPath(f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/jobs")
+
     def __init__(self, client: Any, timeouts: Timeouts) -> None:
         self._client = client
-        self._core = k8s.CoreV1Api(client)
-        self._batch = k8s.BatchV1Api(client)
-        self._custom = k8s.CustomObjectsApi(client)
-        self._apis = k8s.ApisApi(client)
         self._timeouts = timeouts
 
     def close(self) -> None:
         self._client.close()
 
-    # ---- list and watch --------------------------------------------------------------------------
-
-    @property
-    def list_nodes(self) -> ListCall:
-        call: ListCall = self._core.list_node
-        return call
-
-    @property
-    def list_pods(self) -> ListCall:
-        call: ListCall = self._core.list_pod_for_all_namespaces
-        return call
-
-    @property
-    def list_jobs(self) -> ListCall:
-        call: ListCall = self._batch.list_job_for_all_namespaces
-        return call
-
-    @property
-    def list_volcano_jobs(self) -> ListCall:
-        return functools.partial(
-            self._custom.list_cluster_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, "jobs"
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        path_params: dict[str, str] | None = None,
+        query: Query = (),
+        body: Json | None = None,
+        content_type: str = JSON,
+    ) -> Json:
+        return json_of(
+            call(
+                self._client,
+                method,
+                path,
+                timeout=self._timeouts.pair(),
+                path_params=path_params,
+                query=query,
+                body=body,
+                content_type=content_type,
+            )
         )
 
-    def list_page(self, call: ListCall, *, label_selector: str | None, limit: int, token: str | None) -> Json:
-        kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        if token:
-            kwargs["_continue"] = token
-        return _json(call(**kwargs, _request_timeout=self._timeouts.pair()))
+    # ---- list and watch --------------------------------------------------------------------------
+
+    def list_page(self, path: ListPath, *, label_selector: str | None, limit: int, token: str | None) -> Json:
+        query = [("labelSelector", label_selector or None), ("limit", limit), ("continue", token or None)]
+        return self._json("GET", path, query=query)
 
     def watch(
-        self, call: ListCall, *, resource_version: str, label_selector: str | None, timeout_s: int
+        self, path: ListPath, *, resource_version: str, label_selector: str | None, timeout_s: int
     ) -> urllib3.BaseHTTPResponse:
         """The open stream of a watch; the caller reads it with `lines` and must release it."""
-        kwargs: dict[str, Any] = {
-            "watch": True,
-            "resource_version": resource_version,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": timeout_s,
-            "_preload_content": False,
-            # Beyond the server's own timeout: a silent connection is then a dead one.
-            "_request_timeout": self._timeouts.pair(timeout_s + self._timeouts.read_s),
-        }
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        response: urllib3.BaseHTTPResponse = call(**kwargs)
-        return response
+        query = [
+            ("labelSelector", label_selector or None),
+            ("watch", True),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", True),
+            ("timeoutSeconds", timeout_s),
+        ]
+        # Beyond the server's own timeout: a silent connection is then a dead one.
+        return call(
+            self._client,
+            "GET",
+            path,
+            timeout=self._timeouts.pair(timeout_s + self._timeouts.read_s),
+            query=query,
+        )
 
     @staticmethod
     def lines(response: urllib3.BaseHTTPResponse) -> Iterator[str]:
@@ -145,107 +187,59 @@ class KubeApi:
 
     def api_groups(self) -> set[str]:
         """The API groups the server serves (GET /apis)."""
-        data = _json(
-            self._apis.get_api_versions(_preload_content=False, _request_timeout=self._timeouts.pair())
-        )
+        data = self._json("GET", "/apis")
         return {str(g.get("name")) for g in data.get("groups") or ()}
 
     # ---- writes ----------------------------------------------------------------------------------
 
     def create_namespace(self, body: Json) -> Json:
-        return _json(
-            self._core.create_namespace(
-                body, _content_type=JSON, _preload_content=False, _request_timeout=self._timeouts.pair()
-            )
-        )
+        return self._json("POST", "/api/v1/namespaces", body=body)
 
     def create_queue(self, body: Json) -> Json:
-        return _json(
-            self._custom.create_cluster_custom_object(
-                VOLCANO_SCHEDULING_GROUP,
-                "v1beta1",
-                "queues",
-                body,
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
-        )
+        return self._json("POST", f"/apis/{VOLCANO_SCHEDULING_GROUP}/v1beta1/queues", body=body)
 
     def create_job(self, namespace: str, body: Json) -> Json:
-        return _json(
-            self._batch.create_namespaced_job(
-                namespace,
-                body,
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        return self._json(
+            "POST",
+            "/apis/batch/v1/namespaces/{namespace}/jobs",
+            path_params={"namespace": namespace},
+            body=body,
         )
 
     def create_volcano_job(self, namespace: str, body: Json) -> Json:
-        return _json(
-            self._custom.create_namespaced_custom_object(
-                VOLCANO_GROUP,
-                VOLCANO_VERSION,
-                namespace,
-                "jobs",
-                body,
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        return self._json(
+            "POST",
+            f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/namespaces/{{namespace}}/jobs",
+            path_params={"namespace": namespace},
+            body=body,
         )
 
     def create_service(self, namespace: str, body: Json) -> Json:
-        return _json(
-            self._core.create_namespaced_service(
-                namespace,
-                body,
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        return self._json(
+            "POST", "/api/v1/namespaces/{namespace}/services", path_params={"namespace": namespace}, body=body
         )
 
     def create_event(self, namespace: str, body: Json) -> Json:
-        return _json(
-            self._core.create_namespaced_event(
-                namespace,
-                body,
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        return self._json(
+            "POST", "/api/v1/namespaces/{namespace}/events", path_params={"namespace": namespace}, body=body
         )
 
     def annotate_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        _json(
-            self._batch.patch_namespaced_job(
-                name,
-                namespace,
-                body,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "PATCH",
+            "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+            path_params={"namespace": namespace, "name": name},
+            body={"metadata": {"annotations": annotations}},
+            content_type=MERGE_PATCH,
         )
 
     def annotate_volcano_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        _json(
-            self._custom.patch_namespaced_custom_object(
-                VOLCANO_GROUP,
-                VOLCANO_VERSION,
-                namespace,
-                "jobs",
-                name,
-                body,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "PATCH",
+            f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/namespaces/{{namespace}}/jobs/{{name}}",
+            path_params={"namespace": namespace, "name": name},
+            body={"metadata": {"annotations": annotations}},
+            content_type=MERGE_PATCH,
         )
 
     def _delete_options(self, grace_period_s: float) -> Json:
@@ -257,72 +251,47 @@ class KubeApi:
         }
 
     def delete_job(self, namespace: str, name: str, grace_period_s: float) -> None:
-        _json(
-            self._batch.delete_namespaced_job(
-                name,
-                namespace,
-                body=self._delete_options(grace_period_s),
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "DELETE",
+            "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+            path_params={"namespace": namespace, "name": name},
+            body=self._delete_options(grace_period_s),
         )
 
     def delete_volcano_job(self, namespace: str, name: str, grace_period_s: float) -> None:
-        _json(
-            self._custom.delete_namespaced_custom_object(
-                VOLCANO_GROUP,
-                VOLCANO_VERSION,
-                namespace,
-                "jobs",
-                name,
-                body=self._delete_options(grace_period_s),
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "DELETE",
+            f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/namespaces/{{namespace}}/jobs/{{name}}",
+            path_params={"namespace": namespace, "name": name},
+            body=self._delete_options(grace_period_s),
         )
 
     def delete_service(self, namespace: str, name: str) -> None:
-        _json(
-            self._core.delete_namespaced_service(
-                name, namespace, _preload_content=False, _request_timeout=self._timeouts.pair()
-            )
+        self._json(
+            "DELETE",
+            "/api/v1/namespaces/{namespace}/services/{name}",
+            path_params={"namespace": namespace, "name": name},
         )
 
     def delete_pod(self, namespace: str, name: str, grace_period_s: float) -> None:
-        _json(
-            self._core.delete_namespaced_pod(
-                name,
-                namespace,
-                body={
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "gracePeriodSeconds": max(0, round(grace_period_s)),
-                },
-                _content_type=JSON,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "DELETE",
+            "/api/v1/namespaces/{namespace}/pods/{name}",
+            path_params={"namespace": namespace, "name": name},
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "gracePeriodSeconds": max(0, round(grace_period_s)),
+            },
         )
 
     def delete_pod_group(self, namespace: str, name: str) -> None:
-        _json(
-            self._custom.delete_namespaced_custom_object(
-                VOLCANO_SCHEDULING_GROUP,
-                "v1beta1",
-                namespace,
-                "podgroups",
-                name,
-                _preload_content=False,
-                _request_timeout=self._timeouts.pair(),
-            )
+        self._json(
+            "DELETE",
+            f"/apis/{VOLCANO_SCHEDULING_GROUP}/v1beta1/namespaces/{{namespace}}/podgroups/{{name}}",
+            path_params={"namespace": namespace, "name": name},
         )
 
     def list_services(self, label_selector: str) -> list[Json]:
-        data = _json(
-            self._core.list_service_for_all_namespaces(
-                label_selector=label_selector, _preload_content=False, _request_timeout=self._timeouts.pair()
-            )
-        )
+        data = self._json("GET", "/api/v1/services", query=[("labelSelector", label_selector)])
         return list(data.get("items") or ())

@@ -30,7 +30,7 @@ from clusters.api import (
 )
 from clusters.kubernetes.errors import is_no_answer, reason_of, status_of
 from clusters.kubernetes.inventory import GANG_LABEL, parse_time_s
-from clusters.kubernetes.kube import Timeouts, k8s
+from clusters.kubernetes.kube import Timeouts, call
 from clusters.kubernetes.last_words import LastWords
 from clusters.kubernetes.names import namespace_for, object_name
 from placement.model import JobId, TenantId
@@ -139,41 +139,48 @@ class PodReader:
     """Blocking reads of one cluster for describe and logs; run them on worker threads."""
 
     def __init__(self, client: Any, timeouts: Timeouts) -> None:
-        self._core = k8s.CoreV1Api(client)
+        self._client = client
         self._timeouts = timeouts
 
     def gang_pods(self, gang: str) -> list[Json]:
-        response = self._core.list_pod_for_all_namespaces(
-            label_selector=f"{GANG_LABEL}={gang}",
-            _preload_content=False,
-            _request_timeout=self._timeouts.pair(),
+        response = call(
+            self._client,
+            "GET",
+            "/api/v1/pods",
+            timeout=self._timeouts.pair(),
+            query=[("labelSelector", f"{GANG_LABEL}={gang}")],
         )
         return _items(response)
 
     def events(self, namespace: str) -> list[Json]:
-        response = self._core.list_namespaced_event(
-            namespace, _preload_content=False, _request_timeout=self._timeouts.pair()
+        response = call(
+            self._client,
+            "GET",
+            "/api/v1/namespaces/{namespace}/events",
+            timeout=self._timeouts.pair(),
+            path_params={"namespace": namespace},
         )
         return _items(response)
 
     def open_log(self, namespace: str, pod: str, container: str, options: LogOptions) -> Any:
-        kwargs: dict[str, Any] = {
-            "follow": options.follow,
-            "timestamps": options.timestamps,
-            "previous": options.previous,
-            "_preload_content": False,
+        query = [
+            ("container", container or None),
+            ("follow", options.follow),
+            ("limitBytes", options.limit_bytes),
+            ("previous", options.previous),
+            ("sinceSeconds", options.since_s),
+            ("tailLines", options.tail_lines),
+            ("timestamps", options.timestamps),
+        ]
+        return call(
+            self._client,
+            "GET",
+            "/api/v1/namespaces/{namespace}/pods/{name}/log",
             # A follow may be silent for long; one silent past this is read again from where it was.
-            "_request_timeout": self._timeouts.pair(FOLLOW_READ_TIMEOUT_S if options.follow else None),
-        }
-        if container:
-            kwargs["container"] = container
-        if options.tail_lines is not None:
-            kwargs["tail_lines"] = options.tail_lines
-        if options.since_s is not None:
-            kwargs["since_seconds"] = options.since_s
-        if options.limit_bytes is not None:
-            kwargs["limit_bytes"] = options.limit_bytes
-        return self._core.read_namespaced_pod_log(pod, namespace, **kwargs)
+            timeout=self._timeouts.pair(FOLLOW_READ_TIMEOUT_S if options.follow else None),
+            path_params={"namespace": namespace, "name": pod},
+            query=query,
+        )
 
     def read_log(self, namespace: str, pod: str, container: str, options: LogOptions) -> bytes:
         """The whole log for `options` at once (not a follow), on the calling thread."""

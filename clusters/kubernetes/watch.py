@@ -21,7 +21,7 @@ import structlog
 import urllib3
 
 from clusters.kubernetes.errors import is_no_answer, status_of
-from clusters.kubernetes.kube import KubeApi, ListCall
+from clusters.kubernetes.kube import KubeApi, ListPath
 
 log = structlog.get_logger("gpufed.clusters.kubernetes")
 
@@ -66,7 +66,7 @@ class Informer(Generic[T]):
         self,
         name: str,
         api: KubeApi,
-        call: ListCall,
+        path: ListPath,
         parse: Callable[[Json], T | None],
         *,
         health: Health,
@@ -81,7 +81,7 @@ class Informer(Generic[T]):
         # Told of every watch event as it is applied, on this thread; it must not block.
         self._observer = observer
         self._api = api
-        self._call = call
+        self._path = path
         self._parse = parse
         self._health = health
         self._selector = label_selector
@@ -191,7 +191,7 @@ class Informer(Generic[T]):
             self.lists += 1
             try:
                 page = self._api.list_page(
-                    self._call, label_selector=self._selector, limit=PAGE_SIZE, token=token
+                    self._path, label_selector=self._selector, limit=PAGE_SIZE, token=token
                 )
             except Exception as error:
                 if status_of(error) == 410 and token is not None:
@@ -236,7 +236,7 @@ class Informer(Generic[T]):
         self.watches += 1
         try:
             response = self._api.watch(
-                self._call,
+                self._path,
                 resource_version=self._resource_version,
                 label_selector=self._selector,
                 timeout_s=self._watch_timeout_s,
