@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from clusters.kubernetes.kube import ListPath
 from clusters.kubernetes.watch import Health, Informer
 
 Json = dict[str, Any]
@@ -26,7 +27,7 @@ class ListDuringCreate:
         self.listed_rv = listed_rv
         self.during = during
 
-    def list_page(self, call: Any, **_: Any) -> Json:
+    def list_page(self, path: ListPath, **_: Any) -> Json:
         self.during()
         return {"items": self.items, "metadata": {"resourceVersion": self.listed_rv}}
 
@@ -35,7 +36,7 @@ def informer(api: Any) -> Informer[str]:
     return Informer(
         "vcjobs",
         api,
-        call=lambda **_: None,
+        path=ListPath("/apis/batch.volcano.sh/v1alpha1/jobs"),
         parse=lambda o: str(o["metadata"]["name"]),
         health=Health(),
         watch_timeout_s=1,
