@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -471,3 +472,33 @@ async def test_garbage_collection_removes_attempts_that_are_not_live(any_world: 
     services = await any_world.call(any_world.core.list_namespaced_service, NS)
     assert [s.metadata.name for s in services.items] == [object_name(new.job_id, new.attempt)]
     assert (await status_of(any_world.backend, new)).phase is GangPhase.RUNNING  # type: ignore[union-attr]
+
+
+async def test_the_direct_calls_raise_the_apis_status_and_page_lists(world: World) -> None:
+    """`clusters.kubernetes.kube` calls the client's `ApiClient` by path, not through the generated
+    methods: an answer other than 2xx still raises `ApiException` with the API's `Status` as its
+    body (https://kubernetes.io/docs/reference/using-api/api-concepts/#responses), and a list's
+    `limit` gives one page with a `continue` token, as the API's chunked lists do."""
+    from kubernetes.client.exceptions import ApiException
+
+    from clusters.kubernetes.kube import KubeApi, Timeouts
+
+    kube = KubeApi(world.api, Timeouts(connect_s=5, read_s=10))
+    await world.call(
+        kube.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "twice"}}
+    )
+    with pytest.raises(ApiException) as again:
+        await world.call(
+            kube.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "twice"}}
+        )
+    assert again.value.status == 409
+    status = json.loads(again.value.body or "{}")
+    assert (status["kind"], status["status"], status["reason"]) == ("Status", "Failure", "AlreadyExists")
+    with pytest.raises(ApiException) as missing:
+        await world.call(kube.delete_pod, "twice", "no-such-pod", 0)
+    assert missing.value.status == 404, missing.value.body
+    assert json.loads(missing.value.body or "{}")["reason"] == "NotFound"
+    page = await world.call(kube.list_page, KubeApi.list_nodes, label_selector=None, limit=1, token=None)
+    assert page["kind"] == "NodeList"
+    assert len(page["items"]) == 1
+    assert page["metadata"].get("continue"), "one node of several, and a token for the rest"
