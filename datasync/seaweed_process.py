@@ -293,18 +293,8 @@ class SeaweedProcess:
         return self._status(method, bucket, timeout_s=timeout_s)
 
     def _status(self, method: str, path: str, *, timeout_s: float, signed: bool = True) -> int:
-        url = f"{self.endpoint}/{path}"
-        headers: dict[str, str] = {}
-        if signed:
-            credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key))
-            headers = sign_v4(method, url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
-        request = urllib.request.Request(url, method=method, headers=headers)
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(request, timeout=timeout_s) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as error:
-            return int(error.code)
+        credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key)) if signed else None
+        return request_status(method, f"{self.endpoint}/{path}", credentials, timeout_s=timeout_s)
 
     def tail(self) -> str:
         try:
@@ -351,3 +341,18 @@ class SeaweedProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def request_status(method: str, url: str, credentials: AwsCredentials | None, *, timeout_s: float) -> int:
+    """The HTTP status of one bodiless request, signed (SigV4, us-east-1) when given credentials.
+    Raises OSError when nothing answers."""
+    headers: dict[str, str] = {}
+    if credentials is not None:
+        headers = sign_v4(method, url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
+    request = urllib.request.Request(url, method=method, headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
