@@ -6,8 +6,12 @@ from PyPI at the version pinned below, and reused while the pin stays the same.
 
 from __future__ import annotations
 
+import atexit
 import json
+import queue
 import subprocess
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,30 +79,88 @@ def _result(answer: dict[str, Any]) -> Any:
     return answer["ok"]
 
 
+class _Runner:
+    """One long-lived official_client_runner.py in the client's venv, answering JSON lines."""
+
+    def __init__(self, python: Path) -> None:
+        # Kept after the runner ends, for the failure message.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [str(python), str(RUNNER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd="/",
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="official-client-runner").start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the runner is gone
+
+    def stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-4000:]
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The answer, or None if the runner died or did not answer in time (it is then killed)."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            line = self._lines.get(timeout=timeout_s)
+        except (BrokenPipeError, queue.Empty):
+            line = ""
+        if not line:
+            self.close()
+            return None
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
+
+_RUNNERS: dict[Path, _Runner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_runners() -> None:
+    for runner in _RUNNERS.values():
+        runner.close()
+
+
 class OfficialClient:
     def __init__(self, python: Path, target: KubeTarget) -> None:
         self._python = python
         self._target = target
 
     def _run(self, operation: str, args: dict[str, Any], timeout_s: float) -> Any:
-        result = subprocess.run(
-            [
-                str(self._python),
-                str(RUNNER),
-                str(self._target.kubeconfig),
-                self._target.context or "",
-                operation,
-                json.dumps(args),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            cwd="/",
-        )
-        if result.returncode != 0:
-            raise AssertionError(f"the official client failed ({operation} {args}):\n{result.stderr[-4000:]}")
-        answer = _result(json.loads(result.stdout))
+        request = {
+            "kubeconfig": str(self._target.kubeconfig),
+            "context": self._target.context or "",
+            "operation": operation,
+            "args": args,
+        }
+        with _RUNNERS_LOCK:
+            runner = _RUNNERS.get(self._python)
+            if runner is None:
+                runner = _RUNNERS[self._python] = _Runner(self._python)
+            answered = runner.ask(request, timeout_s)
+            if answered is None:
+                del _RUNNERS[self._python]
+                raise AssertionError(
+                    f"the official client did not answer ({operation} {args}) within {timeout_s} s:\n"
+                    + runner.stderr_tail()
+                )
+        answer = _result(answered)
         if isinstance(answer, ClientError):
             raise answer
         return answer

@@ -1,8 +1,12 @@
 """Run by the official client's own virtualenv, never by the project's: imports only `kubernetes`.
 
-    python official_client_runner.py KUBECONFIG CONTEXT OPERATION JSON_ARGS
+    python official_client_runner.py
 
-prints one JSON document: {"ok": result} or {"error": {"status": code, "reason": ..., "body": ...}}.
+reads requests, one JSON document a line, from stdin: {"kubeconfig": PATH, "context": NAME or "",
+"operation": OPERATION, "args": {...}}; and answers each with one line on stdout: {"ok": result} or
+{"error": {"status": code, "reason": ..., "body": ...}}. It runs until stdin closes: importing the
+client costs two seconds of CPU (its generated APIs build a model class per Kubernetes kind), so a
+test process keeps one runner for all its requests instead of paying that per request.
 Operations:
 - call: {"api": "CoreV1Api", "method": "list_node", "kwargs": {...}} -> the result, serialized by
   the client itself (so a model that cannot read the server's answer fails here, as it would for a
@@ -12,10 +16,9 @@ Operations:
   have passed, whichever comes first;
 - log: {"name": ..., "namespace": ..., "kwargs": {...}} -> the log text (read_namespaced_pod_log);
 - batch: {"operations": [{"operation": "call", "args": {...}}, ...], "stop_at_error": bool} -> one
-  answer ({"ok": ...} or {"error": ...}) per operation, made one after the other in this process.
-  Importing the client costs a second or more of CPU per process (it builds a model class per
-  Kubernetes kind), so a test that makes several requests makes them in one batch. With
+  answer ({"ok": ...} or {"error": ...}) per operation, made one after the other. With
   `stop_at_error` the operations after a refused one are not made, as when each is its own call.
+Each request gets an `ApiClient` of its own, loaded from the kubeconfig it names.
 """
 
 import contextlib
@@ -75,20 +78,25 @@ def _answer(operation: str, args: dict[str, Any], api_client: client.ApiClient) 
         return {"error": {"status": exc.status, "reason": exc.reason, "body": body}}
 
 
-def main() -> int:
-    kubeconfig, context, operation, raw = sys.argv[1:5]
-    args = json.loads(raw)
-    api_client = config.new_client_from_config(config_file=kubeconfig, context=context or None)
-    if operation == "batch":
+def _handle(request: dict[str, Any]) -> dict[str, Any]:
+    operation, args = request["operation"], request["args"]
+    api_client = config.new_client_from_config(
+        config_file=request["kubeconfig"], context=request["context"] or None
+    )
+    with api_client:
+        if operation != "batch":
+            return _answer(operation, args, api_client)
         answers = []
         for step in args["operations"]:
             answers.append(_answer(step["operation"], step["args"], api_client))
             if "error" in answers[-1] and args.get("stop_at_error", True):
                 break
-        out: dict[str, Any] = {"ok": answers}
-    else:
-        out = _answer(operation, args, api_client)
-    print(json.dumps(out, default=str))
+        return {"ok": answers}
+
+
+def main() -> int:
+    for line in sys.stdin:
+        print(json.dumps(_handle(json.loads(line)), default=str), flush=True)
     return 0
 
 
