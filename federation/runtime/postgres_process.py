@@ -33,19 +33,36 @@ SUPERUSER = "gpufed"
 _SYSTEM_USER = "postgres"
 
 
-def _dies_with_us(command: list[str]) -> list[str]:
-    """`command` wrapped so that the kernel sends the server SIGQUIT when the process starting it dies.
+def _as_server_user(command: list[str], user: tuple[int, int] | None, *, dies_with_us: bool) -> list[str]:
+    """`command` wrapped to run as `user` (uid, gid; None: as we are) and, with `dies_with_us`, to be
+    sent SIGQUIT by the kernel when the process starting it dies.
 
-    A test run that is SIGKILLed runs no atexit hook: without this its server (with its port and
-    shared memory) outlives it. SIGQUIT is PostgreSQL's immediate shutdown: the postmaster takes its
-    backends down and releases its shared memory. Not datasync's Python shim: the server runs as the
-    `postgres` user, who may not read our interpreter (a pyenv under /root), and the kernel clears
-    the setting on a change of user, so it must be set after the switch, by a program that user can
-    run: util-linux's `setpriv`, which Debian always has. Without it the server is only stopped by
-    `stop()` and atexit, as before.
+    Both through util-linux's `setpriv`, which Debian always has, rather than Popen's `user`/`group`:
+    those make subprocess fork() instead of vfork() (a setuid in a vfork child is unsafe), and a
+    fork() runs gRPC's fork handlers in the child; with gRPC's threads running in the process that
+    starts the server (a test worker), the child crashed before it could exec (exit -11, "epoll_wait
+    error: Bad file descriptor", seen in a fresh-clone run). The death signal is set after the switch
+    (the kernel clears it on a change of user): a test run that is SIGKILLed runs no atexit hook, and
+    SIGQUIT is PostgreSQL's immediate shutdown, which takes the backends down and releases the shared
+    memory. Not datasync's Python shim: the `postgres` user may not read our interpreter (a pyenv
+    under /root). Without setpriv, Popen switches the user (`_popen_user`) and the server is only
+    stopped by `stop()` and atexit.
     """
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "QUIT", "--", *command] if setpriv else command
+    if setpriv is None:
+        return command
+    switch = [] if user is None else [f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"]
+    death = ["--pdeathsig", "QUIT"] if dies_with_us else []
+    if not switch and not death:
+        return command
+    return [setpriv, *switch, *death, "--", *command]
+
+
+def _popen_user(user: tuple[int, int] | None) -> dict[str, object]:
+    """Popen's own user switch, only where there is no setpriv to make it (see `_as_server_user`)."""
+    if user is None or shutil.which("setpriv") is not None:
+        return {}
+    return {"user": user[0], "group": user[1], "extra_groups": []}
 
 
 class PostgresUnavailable(GpufedError):
@@ -85,9 +102,10 @@ class PostgresProcess:
     def dsn_for(self, database: str) -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
-    def _as_server_user(self) -> dict[str, object]:
+    def _server_user(self) -> tuple[int, int] | None:
+        """The (uid, gid) to run PostgreSQL as, which owns its directory; None when not root."""
         if os.geteuid() != 0:
-            return {}
+            return None
         try:
             entry = pwd.getpwnam(_SYSTEM_USER)
         except KeyError as error:
@@ -97,29 +115,33 @@ class PostgresProcess:
         assert self._dir is not None
         for path in (self._dir, *self._dir.rglob("*")):
             os.chown(path, entry.pw_uid, entry.pw_gid)
-        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        return (entry.pw_uid, entry.pw_gid)
 
     def start(self, timeout_s: float = 30.0) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="gpufed-pg-"))
         data = self._dir / "data"
         log = self._dir / "postgres.log"
         log.touch()
-        run_as = self._as_server_user()
+        user = self._server_user()
         initdb = subprocess.run(
-            [
-                str(self._bin / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ],
+            _as_server_user(
+                [
+                    str(self._bin / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    SUPERUSER,
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ],
+                user,
+                dies_with_us=False,
+            ),
             capture_output=True,
             cwd=self._dir,
-            **run_as,  # type: ignore[call-overload]
+            **_popen_user(user),  # type: ignore[call-overload]
         )
         if initdb.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {initdb.stderr.decode(errors='replace')[-2000:]}")
@@ -136,12 +158,12 @@ class PostgresProcess:
         ]  # fmt: skip
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
-                _dies_with_us(command),
+                _as_server_user(command, user, dies_with_us=True),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self._dir,
                 start_new_session=True,
-                **run_as,  # type: ignore[call-overload]
+                **_popen_user(user),  # type: ignore[call-overload]
             )
         atexit.register(self.stop)
         self._wait_ready(timeout_s, log)

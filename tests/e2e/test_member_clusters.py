@@ -149,7 +149,11 @@ def test_a_cluster_silent_past_its_grace_loses_its_jobs_and_the_stale_copy_goes_
     fed: ServerProcess, sims: SimProcess
 ) -> None:
     with fed.client("alice") as alice:
-        job_id = alice.submit(manifest("long", workers=2, gpus=4, duration="12s")).job_id
+        # Long enough that attempt 1 still runs on the silent cluster when it answers again, after
+        # the grace, the move and attempt 2's start: a superseded gang that ended by itself is kept
+        # for its logs (the collector's retention), not deleted. At 12 s a loaded run's move outlasted
+        # it once, and the deletion this test checks had nothing to delete.
+        job_id = alice.submit(manifest("long", workers=2, gpus=4, duration="20s")).job_id
     running = wait_for(lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_RUNNING and j, timeout_s=30)
     assert (running.cluster, running.attempt) == ("onprem", 1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -81,3 +82,43 @@ def _running(pid: int) -> bool:
         return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
     except OSError:
         return False
+
+
+def test_the_server_is_spawned_without_fork_and_runs_as_its_own_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Popen's `user`, `group`, `extra_groups` and `preexec_fn` make subprocess fork() rather than
+    vfork(); a fork() runs gRPC's fork handlers in the child, which crashed it (exit -11) in a test
+    worker with gRPC's threads running. The user switch is setpriv's, in the child's own command."""
+    try:
+        process = PostgresProcess()
+    except PostgresUnavailable as error:
+        pytest.skip(str(error))
+    spawned: list[dict[str, object]] = []
+    real_popen = subprocess.Popen
+
+    class Spy(real_popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            spawned.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Spy)
+    process.start()
+    try:
+        assert len(spawned) == 2, "initdb and the server"
+        for kwargs in spawned:
+            forcing = {
+                k for k in ("user", "group", "extra_groups", "preexec_fn") if kwargs.get(k) is not None
+            }
+            assert not forcing, f"{forcing} would make subprocess fork()"
+        if os.geteuid() == 0:
+            postmaster = process._proc
+            assert postmaster is not None
+            uid_line = next(
+                line
+                for line in Path(f"/proc/{postmaster.pid}/status").read_text().splitlines()
+                if line.startswith("Uid:")
+            )
+            assert uid_line.split()[1] == str(pwd.getpwnam("postgres").pw_uid), (
+                "PostgreSQL refuses to run as root"
+            )
+    finally:
+        process.stop()
