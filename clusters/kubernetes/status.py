@@ -184,11 +184,12 @@ def summarize_pods(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodSummary]
             summary.placed_gpus += pod.gpus
         if pod.live:
             summary.live += 1
-        if not pod.live and pod.finished_at_s is None:
-            summary.end_unknown = True
-        elif not pod.live and pod.finished_at_s is not None:
-            summary.finished += 1
-            summary.ended_at_s = max(summary.ended_at_s or 0.0, pod.finished_at_s)
+        if not pod.live:
+            if pod.finished_at_s is None:
+                summary.end_unknown = True
+            else:
+                summary.finished += 1
+                summary.ended_at_s = max(summary.ended_at_s or 0.0, pod.finished_at_s)
         if summary.key is None and pod.job_id is not None and pod.attempt is not None:
             summary.key = (JobId(pod.job_id), pod.attempt)
         if pod.phase == "Running":

@@ -33,9 +33,11 @@ SUPERUSER = "gpufed"
 _SYSTEM_USER = "postgres"
 
 
-def _as_server_user(command: list[str], user: tuple[int, int] | None, *, dies_with_us: bool) -> list[str]:
-    """`command` wrapped to run as `user` (uid, gid; None: as we are) and, with `dies_with_us`, to be
-    sent SIGQUIT by the kernel when the process starting it dies.
+def _spawn_as(
+    command: list[str], user: tuple[int, int] | None, *, dies_with_us: bool
+) -> tuple[list[str], dict[str, object]]:
+    """The argv and Popen's extra arguments that run `command` as `user` (uid, gid; None: as we are)
+    and, with `dies_with_us`, have the kernel send it SIGQUIT when the process starting it dies.
 
     Both through util-linux's `setpriv`, which Debian always has, rather than Popen's `user`/`group`:
     those make subprocess fork() instead of vfork() (a setuid in a vfork child is unsafe), and a
@@ -45,24 +47,18 @@ def _as_server_user(command: list[str], user: tuple[int, int] | None, *, dies_wi
     (the kernel clears it on a change of user): a test run that is SIGKILLed runs no atexit hook, and
     SIGQUIT is PostgreSQL's immediate shutdown, which takes the backends down and releases the shared
     memory. Not datasync's Python shim: the `postgres` user may not read our interpreter (a pyenv
-    under /root). Without setpriv, Popen switches the user (`_popen_user`) and the server is only
+    under /root). Without setpriv, Popen switches the user and the server is only
     stopped by `stop()` and atexit.
     """
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        return command
+        popen_user = {} if user is None else {"user": user[0], "group": user[1], "extra_groups": []}
+        return command, popen_user
     switch = [] if user is None else [f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"]
     death = ["--pdeathsig", "QUIT"] if dies_with_us else []
     if not switch and not death:
-        return command
-    return [setpriv, *switch, *death, "--", *command]
-
-
-def _popen_user(user: tuple[int, int] | None) -> dict[str, object]:
-    """Popen's own user switch, only where there is no setpriv to make it (see `_as_server_user`)."""
-    if user is None or shutil.which("setpriv") is not None:
-        return {}
-    return {"user": user[0], "group": user[1], "extra_groups": []}
+        return command, {}
+    return [setpriv, *switch, *death, "--", *command], {}
 
 
 class PostgresUnavailable(GpufedError):
@@ -123,25 +119,26 @@ class PostgresProcess:
         log = self._dir / "postgres.log"
         log.touch()
         user = self._server_user()
+        initdb_argv, as_user = _spawn_as(
+            [
+                str(self._bin / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            user,
+            dies_with_us=False,
+        )
         initdb = subprocess.run(
-            _as_server_user(
-                [
-                    str(self._bin / "initdb"),
-                    "-D",
-                    str(data),
-                    "-U",
-                    SUPERUSER,
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                ],
-                user,
-                dies_with_us=False,
-            ),
+            initdb_argv,
             capture_output=True,
             cwd=self._dir,
-            **_popen_user(user),  # type: ignore[call-overload]
+            **as_user,  # type: ignore[call-overload]
         )
         if initdb.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {initdb.stderr.decode(errors='replace')[-2000:]}")
@@ -156,14 +153,15 @@ class PostgresProcess:
             *([] if self._durable else settings),
             *(arg for name, value in self._settings.items() for arg in ("-c", f"{name}={value}")),
         ]  # fmt: skip
+        server_argv, as_user = _spawn_as(command, user, dies_with_us=True)
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
-                _as_server_user(command, user, dies_with_us=True),
+                server_argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self._dir,
                 start_new_session=True,
-                **_popen_user(user),  # type: ignore[call-overload]
+                **as_user,  # type: ignore[call-overload]
             )
         atexit.register(self.stop)
         self._wait_ready(timeout_s, log)
