@@ -6,6 +6,7 @@ through the gRPC client, as users do.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -28,6 +29,7 @@ CONFIG = Path(__file__).with_name("federation.yaml")
 def _migrated_history() -> Path:
     """A SQLite history database at the newest revision, made once per test process."""
     directory = Path(tempfile.mkdtemp(prefix="gpufed-history-template-"))
+    atexit.register(shutil.rmtree, directory, True)
     engine = open_engine(default_dsn(directory))
     migrate(engine)
     engine.dispose()
@@ -36,7 +38,7 @@ def _migrated_history() -> Path:
 
 def seed_history(state_dir: Path) -> None:
     """Give a fresh state dir the history database a first start would create. Migrating a new
-    database (Alembic's import and four revisions) is 0.35 s of a server start's CPU, and the suite
+    database (Alembic's import and four revisions) is 0.45 s of a server start's CPU, and the suite
     starts a few hundred servers on fresh state dirs; migration itself is tested in
     tests/unit/test_history_migrations.py, and `gpufed up` in the e2e tests still starts on an empty
     one. A server given a database that names PostgreSQL never opens this file."""
