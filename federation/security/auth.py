@@ -75,7 +75,13 @@ class Authenticator:
         if hit is not None and now - hit[0] < min(max_age_s, TOKEN_CACHE_TTL_S):
             user = hit[1]
         else:
-            self.limits.before_lookup(token, peer)
+            # A token this server resolved before (its entry only aged out) is re-checked without
+            # the peer's failed-authentication gate: strangers flooding from the same address (one
+            # NAT, one notebook host) must not lock out a user they cannot impersonate. That costs
+            # at most one read per known token per TTL; if it was revoked meanwhile, its entry goes
+            # and the next try is gated like any other token.
+            if hit is None:
+                self.limits.before_lookup(token, peer)
             resolved = await self._store.resolve_token(token)
             if resolved is None:
                 self._cache.pop(token, None)

@@ -6,7 +6,8 @@ client sending random tokens made 772 reads a second. Two guards, both in front 
 - A token bucket of failed authentications per peer address (the client's IP, not its port, which
   changes with each connection). A peer that has used its burst of failures is answered
   RESOURCE_EXHAUSTED, with the time to retry, before its token is looked up; tokens already
-  resolved (the authenticator's cache) still work from that address.
+  resolved (the authenticator's cache) still work from that address, and so do their re-checks
+  once a cache entry has aged out: a flood that outlasts the cache's TTL does not lock them out.
 - A negative cache of token hashes etcd did not know: the same wrong token again (a client with a
   revoked token in its config, retrying) is refused without a read. Issuing a token removes its
   hash at once (`forget`), so a new token works on its first call; entries expire after

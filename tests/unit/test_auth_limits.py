@@ -109,6 +109,38 @@ async def test_a_flood_of_random_tokens_reaches_the_store_only_within_the_peers_
     assert store.lookups == before + 1
 
 
+async def test_a_flood_that_outlasts_the_token_cache_does_not_lock_out_a_known_user(
+    world: tuple[Authenticator, CountingStore, Clock],
+) -> None:
+    """Found beside stress-ng: a flood from alice's address outlasted her cache entry, and the
+    re-check of her token waited behind the strangers' failed-authentication limit."""
+    auth, store, clock = world
+    await store.store.put_user(UserRecord("bob", TenantId("nlp"), Role.MEMBER))
+    await store.put_token("bob-token", "bob")
+    await auth.authenticate(bearer("alice-token"), peer=PEER)
+    await auth.authenticate(bearer("bob-token"), peer=PEER)
+    clock.now += 6  # past the positive cache (5 s)
+    for i in range(2 * FAILED_AUTH_BURST):
+        with pytest.raises((Unauthenticated, RateLimited)):
+            await auth.authenticate(bearer(f"random-{i}"), peer=PEER)
+    with pytest.raises(RateLimited):
+        await auth.authenticate(bearer("random-last"), peer=PEER)
+    # Her token is looked up again (one read), past the strangers' gate, and works.
+    before = store.lookups
+    assert (await auth.authenticate(bearer("alice-token"), peer=PEER)).user == "alice"
+    assert store.lookups == before + 1
+    # A token revoked meanwhile gets that one lookup too, which refuses it; from then on it is an
+    # unknown token like any other, refused without a read.
+    assert await store.store.revoke_token("bob-token")
+    with pytest.raises(Unauthenticated):
+        await auth.authenticate(bearer("bob-token"), peer=PEER)
+    before = store.lookups
+    for _ in range(5):
+        with pytest.raises(Unauthenticated):
+            await auth.authenticate(bearer("bob-token"), peer=PEER)
+    assert store.lookups == before
+
+
 async def test_an_issued_token_works_at_once_even_if_it_was_tried_before(
     world: tuple[Authenticator, CountingStore, Clock],
 ) -> None:
