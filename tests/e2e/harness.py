@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -21,12 +22,23 @@ from typing import BinaryIO
 from datasync.loopback_ports import free_port
 from federation.api.client import GpufedClient, TlsClient, wait_until_serving
 from federation.history.engine import DEFAULT_FILE, default_dsn, migrate, open_engine
+from tests.e2e import zygote
 
 CONFIG = Path(__file__).with_name("federation.yaml")
 
 
-@functools.cache
+# Servers started side by side (tests/e2e/test_crash_ha.py) seed from threads: Alembic's context is
+# one per process, and two first migrations at once failed ("table history_jobs already exists").
+_TEMPLATE_LOCK = threading.Lock()
+
+
 def _migrated_history() -> Path:
+    with _TEMPLATE_LOCK:
+        return _make_migrated_history()
+
+
+@functools.cache
+def _make_migrated_history() -> Path:
     """A SQLite history database at the newest revision, made once per test process."""
     directory = Path(tempfile.mkdtemp(prefix="gpufed-history-template-"))
     atexit.register(shutil.rmtree, directory, True)
@@ -69,7 +81,9 @@ def manifest(
 
 
 class ServerProcess:
-    """`python -m federation serve` on a given etcd and state dir; restartable on the same state."""
+    """`python -m federation serve` on a given etcd and state dir; restartable on the same state.
+    Forked from the test process's zygote (tests/e2e/zygote.py), which has imported gpufed already;
+    GPUFED_TEST_ZYGOTE=0 starts a fresh interpreter instead."""
 
     def __init__(
         self,
@@ -88,7 +102,7 @@ class ServerProcess:
         self.config = config
         self.identity = identity
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | zygote.ZygoteChild | None = None
         self.starts = 0
         self._log: BinaryIO | None = None
 
@@ -107,28 +121,28 @@ class ServerProcess:
         seed_history(self.state_dir)
         self._close_log()
         self._log = log = (self.state_dir / f"server-{self.identity}-{self.starts}.log").open("wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "federation",
-                "--state-dir",
-                str(self.state_dir),
-                "serve",
-                "--etcd",
-                self.etcd_endpoint,
-                "--port",
-                str(self.port),
-                "--bootstrap",
-                str(self.config),
-                "--identity",
-                f"{self.identity}-{self.starts}",
-                *self.extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        argv = [
+            sys.executable,
+            "-m",
+            "federation",
+            "--state-dir",
+            str(self.state_dir),
+            "serve",
+            "--etcd",
+            self.etcd_endpoint,
+            "--port",
+            str(self.port),
+            "--bootstrap",
+            str(self.config),
+            "--identity",
+            f"{self.identity}-{self.starts}",
+            *self.extra_args,
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if zygote.enabled():
+            self.proc = zygote.Zygote.shared().spawn(argv, env, Path(log.name))
+        else:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_until_serving(self.target, timeout_s=90, tls=self.tls)
         except Exception:
