@@ -31,6 +31,9 @@ DEFAULT_FILE = "history.sqlite3"
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # How long a SQLite writer waits for another's lock before failing, rather than failing at once.
 _SQLITE_BUSY_TIMEOUT_MS = 10_000
+# PostgreSQL advisory lock taken while migrating (any 64-bit number no other user of the database
+# takes: "gpufed" in ASCII).
+_MIGRATION_LOCK_KEY = 0x677066656400
 
 
 def default_dsn(state_dir: Path) -> str:
@@ -94,6 +97,12 @@ def migrate(engine: Engine, revision: str = HEAD) -> None:
 
     config = _alembic_config(engine)
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Servers sharing one PostgreSQL (replicas of a Deployment, started together) migrate
+            # one at a time: two at once both created the version table, and the second died on a
+            # unique violation. The lock is the transaction's, so it goes with a server that dies;
+            # the next finds the schema where the first left it and has nothing to do.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 

@@ -144,10 +144,28 @@ class ServerProcess:
         else:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_until_serving(self.target, timeout_s=90, tls=self.tls)
+            self._wait_serving(timeout_s=90)
         except Exception:
             self.stop()
             raise
+
+    def _wait_serving(self, timeout_s: float) -> None:
+        """Until the server serves; at once, with its log's tail, if it exits first (a server that
+        died on start was waited for the whole timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                wait_until_serving(self.target, timeout_s=1.0, tls=self.tls)
+                return
+            except Exception:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    tail = self.current_log()[-3000:]
+                    raise RuntimeError(
+                        f"server exited ({self.proc.returncode}) before serving:\n{tail}"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise
 
     def kill(self) -> None:
         assert self.proc is not None
