@@ -1,4 +1,5 @@
-"""Fixtures of the integration tier: the worker's one pair of SeaweedFS stores.
+"""Fixtures of the integration tier: the worker's one pair of SeaweedFS stores, and the session's
+one Ray.
 
 Each test worker starts one `weed mini` for the on-prem store and one for the cloud store the first
 time a test asks, and stops them at the end of its session (about 1.5 s to start and 2 to 10 s to
@@ -13,6 +14,7 @@ otherwise stay on disk for the whole session.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,3 +56,21 @@ def _empty_big_buckets_after(request: pytest.FixtureRequest) -> Iterator[None]:
     for process in pair:
         if process.running:
             empty_big_buckets(process, _BUCKET_KEEP_BYTES)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """Ray started once for the whole session (about 5 s and 0.7 GiB), on loopback only; its tests
+    share one worker (`SHARED_ON_ONE_WORKER` in tests/conftest.py)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    # Another suite may have started Ray in this session already: reuse it, and stop only our own.
+    started_here = not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, _node_ip_address="127.0.0.1")
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()

@@ -1,6 +1,6 @@
 """Where staging's copies run: the `datasync:` config section (each bad key refused naming it), shards by
-bytes, the local executor by default without importing ray, and one staging sync through Ray (the
-session's one Ray, `ray_session` in conftest.py) that is verified and whose progress reaches the end."""
+bytes, the local executor by default without importing ray. A staging sync through Ray is in
+tests/integration/test_syncs_on_ray.py (it starts Ray)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ from typing import Any
 
 import pytest
 
-from datasync import build_manifest, open_store, plan_sync, verify
-from datasync.plan import SyncPlan
-from datasync.ray_executor import RayExecutor
+from datasync import build_manifest, open_store, plan_sync
 from datasync.store_config import LocalStoreConfig
-from datasync.sync import Executor
 from federation.datasets.executor import (
     DatasyncSettings,
     ExecutorKind,
@@ -25,13 +22,9 @@ from federation.datasets.executor import (
     settings_to_json,
     shard_count,
 )
-from federation.datasets.staging import GateKind
 from federation.datasets.stores import StoreRecord
-from federation.datasets.syncs import SyncState
 from federation.errors import InvalidSpec
 from federation.runtime.config import parse_config
-from federation.store.kv_memory import MemoryKv
-from tests.unit.test_datasets_staging import KIB, _world, staged_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,44 +96,3 @@ async def test_the_local_executor_is_datasyncs_own(tmp_path: Path) -> None:
     assert plan.to_copy
     executors = Executors(DatasyncSettings(), journal_dir=tmp_path)
     assert await executors.for_sync(plan, home, cloud) is None  # run_sync's LocalExecutor
-
-
-class Spy(Executors):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.chosen: list[Executor | None] = []
-
-    async def for_sync(self, plan: SyncPlan, source: StoreRecord, target: StoreRecord) -> Executor | None:
-        executor = await super().for_sync(plan, source, target)
-        self.chosen.append(executor)
-        return executor
-
-
-async def test_a_staging_sync_runs_through_ray_verified_to_the_end(ray_session: None, tmp_path: Path) -> None:
-    spy = Spy(DatasyncSettings(ExecutorKind.RAY, shard_bytes=4 * KIB), journal_dir=tmp_path / "journal")
-    world = _world(tmp_path, MemoryKv(), executors=spy)
-    await world.stores.put(StoreRecord("home", LocalStoreConfig(str(tmp_path / "home"))))
-    await world.stores.put(StoreRecord("cloud", LocalStoreConfig(str(tmp_path / "cloud"))))
-    try:
-        files = {f"part-{i}.bin": bytes([i]) * (2 * KIB + i) for i in range(6)}
-        await world.register("sharded", files)
-        job = staged_job("j", "sharded")
-        assert (await world.stager.prepare(job)).kind is GateKind.STAGE
-        assert await world.settle(job, timeout_s=60) is GateKind.READY
-        (executor,) = spy.chosen
-        assert isinstance(executor, RayExecutor)
-        held = await world.syncs.get("cloud", "vision/sharded", "v1")
-        assert held is not None
-        record = held[0]
-        total = sum(len(d) for d in files.values())
-        assert (record.state, record.verified, record.bytes_copied) == (SyncState.DONE, True, total)
-        assert (record.bytes_done, record.objects_done) == (record.bytes_total, record.objects_total)
-        assert (record.bytes_total, record.objects_total) == (total, len(files))
-        manifest = await world.registry.manifest("vision/sharded", "v1")
-        assert manifest is not None
-        cloud = await world.stores.client("cloud")
-        assert (await verify(cloud, "gpufed-cache/vision/sharded/v1/", manifest)).ok
-    finally:
-        await world.stager.stop()
-        await world.stores.close()
-        await spy.close()  # the session's Ray was not started here: it stays up
