@@ -19,7 +19,7 @@ from tests.e2e.soak import MiB, Soak, SoakPlan
 pytestmark = pytest.mark.e2e
 
 PLAN = SoakPlan(
-    jobs=300,  # 7.5 s of submissions at the plan's pace; the kills land during them (see held_back)
+    jobs=200,  # 5 s of submissions at the plan's pace; the kills land during them (see held_back)
     kills=2,
     rate_per_s=40.0,
     retain_s=1.0,
@@ -35,10 +35,10 @@ PLAN = SoakPlan(
     # Each kill as soon as the last one's successor has archived, rather than on a schedule that
     # must allow for a loaded machine: the run waits on conditions, not on a clock.
     kill_gap_s=0.0,
-    # And the last 60 jobs wait for the kills, trickling in meanwhile (30 s of them): on a machine so
+    # And the last 40 jobs wait for the kills, trickling in meanwhile (20 s of them): on a machine so
     # loaded that the kills come late, jobs are still being submitted and archived when they do (at
     # a load average of 16 a server took 30 s to start, and the second kill came 30 s in).
-    held_back=60,
+    held_back=40,
 )
 
 
