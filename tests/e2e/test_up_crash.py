@@ -35,7 +35,9 @@ MIB = 1024 * 1024
 HOME, CACHE = "onprem-s3", "s3-us-east-1"
 # Enough that a loopback sync takes seconds on a busy 2-core machine, in objects below the multipart
 # threshold, so that every object has an MD5 ETag and `rclone check --checksum` compares them all.
-OBJECTS, OBJECT_BYTES = 48, 4 * MIB
+# 96 MiB: a sync long enough to be caught running (half a second at least, under half done), and no
+# longer (at 4 MiB an object the data was this test's largest cost after the two starts).
+OBJECTS, OBJECT_BYTES = 48, 2 * MIB
 # The lease of a copy's fence (`datasync.fenceTtlSeconds`, 30 s by default). The crashed run's sync
 # holds its copy's fence until the lease expires (etcd, restarted with the next start, counts the whole
 # TTL again), so the next start's sync waits that long: with the default, 30 s of this test's minute.
