@@ -75,6 +75,8 @@ MAX_JOB_ID_LENGTH = 128
 MAX_IDEMPOTENCY_KEY_LENGTH = 128
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
+# How long a submission waits for the job cache to have the job before it answers.
+READ_YOUR_WRITES_WAIT_S = 5.0
 
 
 class SubmitPolicy(Protocol):
@@ -248,6 +250,11 @@ class JobService(pb_grpc.JobServiceServicer):
             log.info("job_submitted", job_id=stored.value.job_id, tenant=tenant, user=who.user)
         else:
             self._rate_limiter.refund(tenant)
+        # Read-your-writes: lists and watches are served from the cache, which learns of the job from
+        # etcd's watch a moment later (longer on a busy server). A submitter who lists at once (the
+        # console's redirect to the jobs page, a script) must find the job; if the cache is slower
+        # than this, the job is accepted all the same and shows up as soon as the cache has it.
+        await self._cache.wait_for_revision(stored.mod_revision, timeout_s=READ_YOUR_WRITES_WAIT_S)
         return pb.SubmitJobResponse(
             job_id=stored.value.job_id, created=created, job=self._shown(who, stored.value)
         )
