@@ -3,6 +3,7 @@ in use, asked over loopback, so what the tests and the soak read is etcd's own a
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -62,3 +63,19 @@ def count_keys(endpoint: str, prefix: str) -> int:
 def keys(endpoint: str, prefix: str) -> list[str]:
     out = etcdctl(endpoint, "get", prefix, "--prefix", "--keys-only").stdout
     return [line for line in out.splitlines() if line]
+
+
+def leases_of(endpoint: str, prefix: str) -> dict[str, int]:
+    """The lease of each key under `prefix` that has one, by key (etcd's own answer, as JSON)."""
+    found = json.loads(etcdctl(endpoint, "get", prefix, "--prefix", "--keys-only", "-w", "json").stdout)
+    return {
+        base64.b64decode(kv["key"]).decode(): int(kv["lease"])
+        for kv in found.get("kvs", [])
+        if kv.get("lease")
+    }
+
+
+def lease_alive(endpoint: str, lease: int) -> bool:
+    """Whether etcd still holds the lease (`lease timetolive` says -1 for one revoked or expired)."""
+    answer = json.loads(etcdctl(endpoint, "lease", "timetolive", format(lease, "x"), "-w", "json").stdout)
+    return int(answer.get("ttl", -1)) > 0

@@ -11,6 +11,7 @@ stopping and starting again finds every accepted job where it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import json
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import structlog
 
+from federation.datasets.fence import FENCES
 from federation.datasets.stores import StoreRecord
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
@@ -29,7 +31,8 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.seaweed import EmbeddedStores
 from federation.runtime.server import FederationServer, ServerConfig
 from federation.runtime.sim_process import SimProcess
-from federation.store.job_store import KvStore
+from federation.store.job_store import LEADER_KEY, KvStore
+from federation.store.kv import KeyValueStore, LeaseNotFound
 from federation.store.kv_etcd import EtcdKv
 
 log = structlog.get_logger("gpufed.embedded")
@@ -39,6 +42,8 @@ log = structlog.get_logger("gpufed.embedded")
 __all__ = ["ENDPOINT_FILE", "EmbeddedInfo", "default_config_path", "read_endpoint", "run_up"]
 
 STOP_STACKS_AFTER_S = 20.0
+# The embedded server's identity: the leader key names it while it leads.
+EMBEDDED_IDENTITY = "embedded"
 
 
 def default_config_path() -> Path:
@@ -88,6 +93,7 @@ async def run_up(
     try:
         kv = await EtcdKv.connect(etcd.endpoint)
         try:
+            await release_leases_of_a_dead_run(kv)
             tokens = await bootstrap(KvStore(kv), config, state_dir / "tokens")
         finally:
             await kv.close()
@@ -97,7 +103,7 @@ async def run_up(
                 state_dir=state_dir,
                 grpc_port=grpc_port,
                 metrics_port=metrics_port,
-                identity="embedded",
+                identity=EMBEDDED_IDENTITY,
                 # SQLite under the state dir unless the config names a database.
                 history=config.history,
             )
@@ -143,6 +149,30 @@ async def run_up(
         endpoint_file.unlink(missing_ok=True)
         await _stop_children(sims, stores, etcd)
         faulthandler.cancel_dump_traceback_later()
+
+
+async def release_leases_of_a_dead_run(kv: KeyValueStore) -> list[int]:
+    """Revoke the leases a crashed run of this state dir left in its etcd: its leadership (held under
+    the embedded server's identity) and its copy fences. Returns the leases revoked.
+
+    `gpufed up` holds the state dir's lock (`state_lock.hold_state_dir`), so the run that took them
+    is dead, and waiting out their TTLs only delays this one: 5 s before it may lead, and a copy
+    its sync was writing stays fenced for `datasync.fenceTtlSeconds` (30 s by default) before the
+    sync resumes. A fence revoked under a holder that is somehow alive (a server someone attached to
+    this etcd by hand) costs it nothing but work: every write that concludes a copy compares the
+    fence's value, so a holder that lost its fence records nothing."""
+    revoked: list[int] = []
+    leader = await kv.get(LEADER_KEY)
+    held = [leader] if leader is not None and leader.value == EMBEDDED_IDENTITY.encode() else []
+    held += (await kv.range_prefix(FENCES)).kvs
+    for entry in held:
+        if entry.lease and entry.lease not in revoked:
+            with contextlib.suppress(LeaseNotFound):  # it ran out meanwhile
+                await kv.revoke_lease(entry.lease)
+            revoked.append(entry.lease)
+    if revoked:
+        log.info("dead_run_leases_revoked", leases=len(revoked))
+    return revoked
 
 
 async def _start_children(

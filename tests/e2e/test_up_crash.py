@@ -28,6 +28,7 @@ from federation.api.client import GpufedClient, wait_until_serving
 from federation.api.datasets_client import DatasetsClient
 from federation.runtime.embedded import default_config_path, read_endpoint
 from tests.e2e.harness import wait_for
+from tests.etcdctl import lease_alive, leases_of
 
 pytestmark = pytest.mark.e2e
 
@@ -39,10 +40,11 @@ HOME, CACHE = "onprem-s3", "s3-us-east-1"
 # longer (at 4 MiB an object the data was this test's largest cost after the two starts).
 OBJECTS, OBJECT_BYTES = 48, 2 * MIB
 # The lease of a copy's fence (`datasync.fenceTtlSeconds`, 30 s by default). The crashed run's sync
-# holds its copy's fence until the lease expires (etcd, restarted with the next start, counts the whole
-# TTL again), so the next start's sync waits that long: with the default, 30 s of this test's minute.
-# Long enough that the keepalives (every TTL / 6) survive a busy machine; a lost fence only defers a
-# sync. Shorter would gain nothing: the crashed leader's own 5 s lease holds the next start as long.
+# held its copy's fence until the lease expired (etcd, restarted with the next start, counts the whole
+# TTL again), so the next start's sync waited that long; the next start now revokes the dead run's
+# leases (`embedded.release_leases_of_a_dead_run`), which the test checks. Should that fail, a short
+# TTL keeps the wait short rather than the test slow. Long enough that the keepalives (every TTL / 6)
+# survive a busy machine; a lost fence only defers a sync.
 SHORT_FENCE_TTL_S = 6
 
 
@@ -265,6 +267,11 @@ def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the
 
         wait_for(mid_way, timeout_s=60, interval_s=0.05)
     before = up.endpoints()
+    # The crashed run's leadership and its sync's copy fence, as etcd holds them.
+    crashed_leases = leases_of(before["etcd"], "/gpufed/leader") | leases_of(
+        before["etcd"], "/gpufed/copy-fences/"
+    )
+    assert len(crashed_leases) == 2, crashed_leases
     children = set(processes_mentioning(str(up.state_dir))) - {up.proc.pid if up.proc else 0}
     assert len(children) >= 4, "expected etcd, two weed and the simulator"
     up.sigkill()
@@ -274,6 +281,9 @@ def test_sigkill_mid_sync_leaves_nothing_running_and_the_next_start_finishes_the
 
     up.start()
     assert up.endpoints() == before
+    # The next start revoked them (the state dir's lock says their run is dead) instead of waiting
+    # out their TTLs: 5 s before it could lead, and the fence's whole TTL before the sync resumed.
+    assert [key for key, lease in crashed_leases.items() if lease_alive(before["etcd"], lease)] == []
     with up.client("alice") as alice:
         datasets = DatasetsClient(alice)
 
