@@ -14,13 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.datasets.check import DatasetCheck
-from federation.datasets.registry import DatasetRegistry
-from federation.metrics import Metrics
-from federation.runtime.server import TenantDirectory
-from federation.security.auth import Authenticator
 from federation.store.job_cache import JobCache
 from federation.store.job_cache_index import JobIndex, list_key
 from federation.store.job_store import InMemoryJobStore, Stored
@@ -28,6 +22,7 @@ from federation.store.jobs import JobRecord
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import JobId, JobPhase, TenantId
 from tests.conftest import build_job
+from tests.unit.job_service import job_service
 
 TENANTS = [TenantId("vision"), TenantId("nlp"), TenantId("audio")]
 PHASES = [JobPhase.QUEUED, JobPhase.RUNNING, JobPhase.SUCCEEDED, JobPhase.CANCELLED]
@@ -157,14 +152,7 @@ async def test_alices_list_costs_the_same_beside_thousands_of_bobs_jobs() -> Non
 
     cache.ordered = counted_ordered  # type: ignore[method-assign]
     cache.jobs = counted_jobs  # type: ignore[method-assign]
-    service = JobService(
-        store=store,
-        cache=cache,
-        auth=Authenticator(store),
-        metrics=Metrics(),
-        tenants=TenantDirectory(store),
-        datasets=DatasetCheck(DatasetRegistry(store.kv)),
-    )
+    service = job_service(store, cache)
     last = 0
     for i in range(83):
         stored, _ = await store.create_job(

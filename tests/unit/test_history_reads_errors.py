@@ -9,21 +9,16 @@ import grpc
 import pytest
 from sqlalchemy import text
 
-from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
-from federation.datasets.check import DatasetCheck
-from federation.datasets.registry import DatasetRegistry
 from federation.history.sql_store import SqlHistoryStore
-from federation.metrics import Metrics
-from federation.runtime.server import TenantDirectory
-from federation.security.auth import Authenticator
 from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import TenantId
 from tests.conftest import build_job
+from tests.unit.job_service import job_service
 
 PEER = "ipv4:127.0.0.1:50000"
 
@@ -40,15 +35,7 @@ async def test_a_broken_history_is_unavailable_and_the_live_path_still_answers(t
     cache = JobCache(store)
     await cache.start()
     assert await cache.wait_for_revision(stored.mod_revision)
-    service = JobService(
-        store=store,
-        cache=cache,
-        auth=Authenticator(store),
-        metrics=Metrics(),
-        tenants=TenantDirectory(store),
-        datasets=DatasetCheck(DatasetRegistry(store.kv)),
-        history=history,
-    )
+    service = job_service(store, cache, history=history)
     try:
         with history.engine.begin() as conn:
             conn.execute(text("DROP TABLE history_jobs"))

@@ -18,12 +18,7 @@ from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
-from federation.datasets.check import DatasetCheck
-from federation.datasets.registry import DatasetRegistry
 from federation.errors import InvalidArgument
-from federation.metrics import Metrics
-from federation.runtime.server import TenantDirectory
-from federation.security.auth import Authenticator
 from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore
 from federation.store.jobs import JobPlacement
@@ -31,6 +26,7 @@ from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import ClusterName, GpuType, JobPhase, TenantId
 from placement.model_ids import CapacityKind
 from tests.conftest import build_job
+from tests.unit.job_service import job_service
 
 Q, A, S, R, OK_, C = (
     JobPhase.QUEUED,
@@ -119,14 +115,7 @@ async def world() -> Any:
         stored, _ = await store.create_job(job, idempotency_key=job_id, manifest_digest="d")
         last = stored.mod_revision
     assert await cache.wait_for_revision(last)
-    service = JobService(
-        store=store,
-        cache=cache,
-        auth=Authenticator(store),
-        metrics=Metrics(),
-        tenants=TenantDirectory(store),
-        datasets=DatasetCheck(DatasetRegistry(store.kv)),
-    )
+    service = job_service(store, cache)
     yield World(service, cache)
     await cache.stop()
 

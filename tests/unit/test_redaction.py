@@ -20,11 +20,7 @@ import pytest
 from federation.api.redact import OTHER_JOB, OTHER_TENANT, Redactor
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.datasets.check import DatasetCheck
-from federation.datasets.registry import DatasetRegistry
-from federation.metrics import Metrics
-from federation.runtime.server import TenantDirectory
-from federation.security.auth import Authenticator, Principal
+from federation.security.auth import Principal
 from federation.spec.training_job import parse_manifest
 from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore
@@ -33,6 +29,7 @@ from federation.store.records import Role, TenantRecord, UserRecord
 from placement import explain
 from placement.model import GpuType, JobId, JobPhase, TenantId
 from tests.e2e.harness import manifest
+from tests.unit.job_service import job_service
 
 PREEMPTOR = JobId("bobs-secret-run-0badc0de")
 SIBLING = JobId("alices-other-run-00c0ffee")
@@ -118,14 +115,7 @@ def world() -> Iterator[World]:
         )
         cache = JobCache(store)
         await cache.start()
-        jobs = JobService(
-            store=store,
-            cache=cache,
-            auth=Authenticator(store),
-            metrics=Metrics(),
-            tenants=TenantDirectory(store),
-            datasets=DatasetCheck(DatasetRegistry(store.kv)),
-        )
+        jobs = job_service(store, cache)
         return World(loop, jobs, cache)
 
     w = loop.run_until_complete(build())

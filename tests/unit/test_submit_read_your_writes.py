@@ -16,17 +16,13 @@ import federation.api.service as service_module
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
-from federation.datasets.check import DatasetCheck
-from federation.datasets.registry import DatasetRegistry
-from federation.metrics import Metrics
-from federation.runtime.server import TenantDirectory
-from federation.security.auth import Authenticator
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobEvent, KvStore
 from federation.store.kv_memory import MemoryKv
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import TenantId
 from tests.e2e.harness import manifest
+from tests.unit.job_service import job_service
 
 PEER = "ipv4:127.0.0.1:40000"
 
@@ -69,14 +65,7 @@ async def world() -> AsyncIterator[World]:
     await store.put_token("alice", "alice")
     cache = JobCache(store)
     await cache.start()
-    service = JobService(
-        store=store,
-        cache=cache,
-        auth=Authenticator(store),
-        metrics=Metrics(),
-        tenants=TenantDirectory(store),
-        datasets=DatasetCheck(DatasetRegistry(store.kv)),
-    )
+    service = job_service(store, cache)
     yield World(store, cache, service)
     await cache.stop()
 
