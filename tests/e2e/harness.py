@@ -120,7 +120,7 @@ class ServerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         seed_history(self.state_dir)
         self._close_log()
-        self._log = log = (self.state_dir / f"server-{self.identity}-{self.starts}.log").open("wb")
+        log_path = self._log_path()
         argv = [
             sys.executable,
             "-m",
@@ -140,8 +140,9 @@ class ServerProcess:
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if zygote.enabled():
-            self.proc = zygote.Zygote.shared().spawn(argv, env, Path(log.name))
+            self.proc = zygote.Zygote.shared().spawn(argv, env, log_path)
         else:
+            self._log = log = log_path.open("wb")
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_serving(timeout_s=90)
@@ -187,9 +188,13 @@ class ServerProcess:
         token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
         return GpufedClient(self.target, token, tls=self.tls)
 
+    def _log_path(self) -> Path:
+        """The log of the process started last."""
+        return self.state_dir / f"server-{self.identity}-{self.starts}.log"
+
     def current_log(self) -> str:
         """The log of the process started last."""
-        path = self.state_dir / f"server-{self.identity}-{self.starts}.log"
+        path = self._log_path()
         return path.read_text(errors="replace") if path.exists() else ""
 
     def log_text(self) -> str:

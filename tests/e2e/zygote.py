@@ -154,7 +154,7 @@ def _child(args: list[str], env: dict[str, str], log: str) -> None:
         # Die with the helper (which dies with the test process), as --exit-with-parent children do.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # a new log, as Popen's "wb"
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
