@@ -261,6 +261,13 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     help="seconds the leader's etcd lease outlives its last refresh: how long a standby waits to "
     "take over from a leader that died (default 5)",
 )
+@click.option(
+    "--etcd-timeout-s",
+    type=click.FloatRange(min=0.5, max=60),
+    default=None,
+    help="seconds each etcd member has to answer a call before the server tries the next: with a "
+    "member gone, a call costs at most this much more (default 5)",
+)
 @click.pass_obj
 def serve(
     opts: _Opts,
@@ -277,6 +284,7 @@ def serve(
     tls_client_ca: str | None,
     read_rate_per_s: float | None,
     lease_ttl_s: int | None,
+    etcd_timeout_s: float | None,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
     from federation.runtime.serve import TlsFiles, run_server
@@ -320,6 +328,7 @@ def serve(
             read_rate_per_s=read_rate_per_s,
             etcd_tls=etcd_tls,
             lease_ttl_s=lease_ttl_s,
+            etcd_timeout_s=etcd_timeout_s,
         )
     )
 

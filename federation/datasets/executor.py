@@ -14,6 +14,8 @@ datasync:
                             # verified longest ago) and repairs what it finds bad; 0: no scrub
   fenceTtlSeconds: 30       # the lease of a copy's fence (federation.datasets.fence): a holder that
                             # died (a crashed leader's sync) keeps the copy busy for up to this long
+  maxBytesPerSecond: 0      # local executor: each sync's copying is capped at this rate (a token
+                            # bucket), so that staging leaves a shared link to the jobs; 0: no cap
 ```
 
 Ray is imported, and started or joined, only when a sync actually copies through it: a federation on
@@ -23,7 +25,7 @@ workers build their own store clients from the store configs, so the credentials
 be in the workers' environment (a Ray started here inherits the server's).
 
 Key: /gpufed/datasync -> {"executor", "ray_address", "shard_bytes", "max_shards", "cpus_per_shard",
-                          "scrub_interval_s", "fence_ttl_s"}
+                          "scrub_interval_s", "fence_ttl_s", "max_bytes_per_s"}
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import structlog
 from datasync.plan import SyncPlan
 from datasync.ray_executor import RayExecutor
 from datasync.sync import Executor
+from datasync.transfer import SyncOptions
 from federation.datasets.stores import StoreRecord
 from federation.errors import InvalidSpec
 from federation.spec.validate import int_field, number_field, shown
@@ -58,6 +61,7 @@ KEYS = (
     "cpusPerShard",
     "scrubIntervalSeconds",
     "fenceTtlSeconds",
+    "maxBytesPerSecond",
 )
 GIB = 2**30
 
@@ -81,6 +85,13 @@ class DatasyncSettings:
     # enough that a busy event loop does not lose it between keepalives, and how long a holder that
     # died (a crashed leader's sync) keeps the copy busy before the next one may start.
     fence_ttl_s: int = 30
+    # A cap on each local sync's copying rate; 0: none. Ray's shards are not capped (they run where
+    # one machine's bandwidth is not enough).
+    max_bytes_per_s: float = 0.0
+
+    def sync_options(self) -> SyncOptions | None:
+        """The local sync's options these settings imply (None: datasync's defaults)."""
+        return SyncOptions(bandwidth_bytes_per_s=self.max_bytes_per_s) if self.max_bytes_per_s > 0 else None
 
 
 def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
@@ -122,6 +133,11 @@ def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
         fence_ttl_s=int_field(
             section.get("fenceTtlSeconds", defaults.fence_ttl_s), "datasync.fenceTtlSeconds", minimum=2
         ),
+        max_bytes_per_s=number_field(
+            section.get("maxBytesPerSecond", defaults.max_bytes_per_s),
+            "datasync.maxBytesPerSecond",
+            minimum=0,
+        ),
     )
 
 
@@ -135,6 +151,7 @@ def settings_to_json(s: DatasyncSettings) -> bytes:
             "cpus_per_shard": s.cpus_per_shard,
             "scrub_interval_s": s.scrub_interval_s,
             "fence_ttl_s": s.fence_ttl_s,
+            "max_bytes_per_s": s.max_bytes_per_s,
         },
         sort_keys=True,
     ).encode()
@@ -150,6 +167,7 @@ def settings_from_json(value: bytes) -> DatasyncSettings:
         cpus_per_shard=float(d["cpus_per_shard"]),
         scrub_interval_s=float(d.get("scrub_interval_s", DatasyncSettings().scrub_interval_s)),
         fence_ttl_s=int(d.get("fence_ttl_s", DatasyncSettings().fence_ttl_s)),
+        max_bytes_per_s=float(d.get("max_bytes_per_s", 0.0)),
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from federation.errors import InvalidSpec
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
-from federation.runtime.server import FederationServer, ServerConfig
+from federation.runtime.server import DEFAULT_ETCD_TIMEOUT_S, FederationServer, ServerConfig
 from federation.store.job_store import KvStore
 from federation.store.kv_etcd import EtcdKv
 from federation.store.kv_etcd_channel import CACERT_ENV, CERT_ENV, KEY_ENV, EtcdTls
@@ -41,6 +41,7 @@ async def run_server(
     read_rate_per_s: float | None = None,
     etcd_tls: EtcdTls | None = None,
     lease_ttl_s: int | None = None,
+    etcd_timeout_s: float | None = None,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if etcd_tls is not None:
@@ -67,7 +68,7 @@ async def run_server(
                 "objectStores.seaweed",
                 f"stores {', '.join(embedded_stores)} are served by `gpufed up` only; give them an endpoint",
             )
-        kv = await EtcdKv.connect(etcd_endpoint)
+        kv = await EtcdKv.connect(etcd_endpoint, timeout_s=etcd_timeout_s or DEFAULT_ETCD_TIMEOUT_S)
         try:
             await bootstrap(KvStore(kv), federation_config, state_dir / "tokens")
         finally:
@@ -84,6 +85,8 @@ async def run_server(
         config = replace(config, read_rate_per_s=read_rate_per_s)
     if lease_ttl_s is not None:
         config = replace(config, lease_ttl_s=lease_ttl_s)
+    if etcd_timeout_s is not None:
+        config = replace(config, etcd_timeout_s=etcd_timeout_s)
     if tls is not None:
         config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
     server = FederationServer(config)

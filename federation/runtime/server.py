@@ -82,6 +82,10 @@ LEADER_CRASH_WAIT_MAX_S = 60.0
 ARCHIVE_WAITS_FOR_FIRST_PASS_S = 30.0
 
 
+# The server's per-member etcd deadline unless `gpufed serve --etcd-timeout-s` says otherwise.
+DEFAULT_ETCD_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     etcd_endpoint: str
@@ -94,6 +98,8 @@ class ServerConfig:
     # Cycles never run closer together than this, however often jobs change.
     min_cycle_gap_s: float = 0.05
     lease_ttl_s: int = 5
+    # What each etcd member has to answer a call before the client tries the next (`EtcdKv`).
+    etcd_timeout_s: float = DEFAULT_ETCD_TIMEOUT_S
     # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, clients must present
     # a certificate it signed (mutual TLS) as well as their bearer token.
     tls_cert: Path | None = None
@@ -169,7 +175,7 @@ class FederationServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self._kv = await EtcdKv.connect(cfg.etcd_endpoint)
+        self._kv = await EtcdKv.connect(cfg.etcd_endpoint, timeout_s=cfg.etcd_timeout_s)
         store = KvStore(self._kv)
         self._cache = JobCache(store)
         self._ledger = LedgerCache(store)
@@ -320,6 +326,7 @@ class FederationServer:
                 stores=stores,
                 settings=tenants.settings,
                 journal_dir=cfg.state_dir / "datasync",
+                options=self._executors.settings.sync_options(),
                 executors=self._executors,
             ),
             cluster_store=cluster_stores.get,

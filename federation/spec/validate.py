@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from typing import Any
@@ -51,7 +52,13 @@ def name_field(value: Any, field: str) -> str:
 
 
 def number_field(value: Any, field: str, *, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+    # NaN compares false with everything, so `value < minimum` alone would let it (and infinity) in.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < minimum
+    ):
         raise InvalidSpec(field, f"must be a number >= {minimum}, got {shown(value)}")
     return float(value)
 

@@ -33,12 +33,15 @@ from tests.etcdctl import lease_alive, leases_of
 pytestmark = pytest.mark.e2e
 
 MIB = 1024 * 1024
+KIB = 1024
 HOME, CACHE = "onprem-s3", "s3-us-east-1"
-# Enough that a loopback sync takes seconds on a busy 2-core machine, in objects below the multipart
-# threshold, so that every object has an MD5 ETag and `rclone check --checksum` compares them all.
-# 96 MiB: a sync long enough to be caught running (half a second at least, under half done), and no
-# longer (at 4 MiB an object the data was this test's largest cost after the two starts).
-OBJECTS, OBJECT_BYTES = 48, 2 * MIB
+# Objects below the multipart threshold, so that every one has an MD5 ETag and `rclone check
+# --checksum` compares them all. The sync is paced by `datasync.maxBytesPerSecond` (set through the
+# config, as an operator would) rather than by the data's size: 12 MiB at 4 MiB/s is about 3 s of
+# copying on any machine, long enough to be caught running (half a second at least, under half done).
+# A 96 MiB dataset paced by the machine alone made this the suite's slowest test (21 to 30 s).
+OBJECTS, OBJECT_BYTES = 48, 256 * KIB
+SYNC_BYTES_PER_S = 4 * MIB
 # The lease of a copy's fence (`datasync.fenceTtlSeconds`, 30 s by default). The crashed run's sync
 # held its copy's fence until the lease expired (etcd, restarted with the next start, counts the whole
 # TTL again), so the next start's sync waited that long; the next start now revokes the dead run's
@@ -176,10 +179,14 @@ def up(tmp_path: Path) -> Iterator[Up]:
 @pytest.fixture
 def starting_up_with_short_fences(tmp_path: Path) -> Iterator[Up]:
     """`gpufed up` with the embedded default's federation, its copy fences' lease shortened to
-    `SHORT_FENCE_TTL_S` (the one setting changed, through the config as an operator would); spawned
-    but not yet serving (`Up.wait_stores`, `Up.wait_up`)."""
+    `SHORT_FENCE_TTL_S` and its syncs paced at `SYNC_BYTES_PER_S` (the settings changed, through the
+    config as an operator would); spawned but not yet serving (`Up.wait_stores`, `Up.wait_up`)."""
     federation = yaml.safe_load(default_config_path().read_text())
-    federation["datasync"] = {**federation.get("datasync", {}), "fenceTtlSeconds": SHORT_FENCE_TTL_S}
+    federation["datasync"] = {
+        **federation.get("datasync", {}),
+        "fenceTtlSeconds": SHORT_FENCE_TTL_S,
+        "maxBytesPerSecond": SYNC_BYTES_PER_S,
+    }
     config = tmp_path / "federation.yaml"
     config.write_text(yaml.safe_dump(federation, sort_keys=False))
     instance = Up(tmp_path / "state", config)

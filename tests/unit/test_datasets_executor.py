@@ -56,6 +56,10 @@ def test_local_is_the_default_and_every_key_is_read() -> None:
         pytest.param({"shardBytes": 0}, "datasync.shardBytes", id="shard-bytes"),
         pytest.param({"maxShards": 1.5}, "datasync.maxShards", id="max-shards"),
         pytest.param({"cpusPerShard": -1}, "datasync.cpusPerShard", id="cpus"),
+        pytest.param({"maxBytesPerSecond": -1}, "datasync.maxBytesPerSecond", id="rate-negative"),
+        pytest.param({"maxBytesPerSecond": float("nan")}, "datasync.maxBytesPerSecond", id="rate-nan"),
+        pytest.param({"maxBytesPerSecond": float("inf")}, "datasync.maxBytesPerSecond", id="rate-inf"),
+        pytest.param({"maxBytesPerSecond": "4MiB"}, "datasync.maxBytesPerSecond", id="rate-text"),
         pytest.param({"shards": 4}, "datasync.shards", id="unknown-key"),
     ],
 )
@@ -63,6 +67,19 @@ def test_bad_datasync_settings_name_the_key(section: Any, field: str) -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse_datasync({"datasync": section})
     assert caught.value.field == field
+
+
+def test_a_rate_cap_paces_local_syncs_and_none_leaves_datasyncs_defaults() -> None:
+    assert DatasyncSettings().sync_options() is None
+    capped = parse_datasync({"datasync": {"maxBytesPerSecond": 4 * 2**20}})
+    assert settings_from_json(settings_to_json(capped)) == capped
+    options = capped.sync_options()
+    assert options is not None
+    assert options.bandwidth_bytes_per_s == 4 * 2**20
+    # A section stored before the setting existed reads as uncapped.
+    assert settings_from_json(
+        b'{"executor": "local", "shard_bytes": 1, "max_shards": 1, "cpus_per_shard": 1}'
+    ) == (DatasyncSettings(shard_bytes=1, max_shards=1))
 
 
 def test_the_config_file_carries_the_section() -> None:
