@@ -26,7 +26,7 @@ from federation.datasets.fence import FENCES
 from federation.datasets.stores import StoreRecord
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
-from federation.runtime.endpoint import ENDPOINT_FILE, read_endpoint
+from federation.runtime.endpoint import ENDPOINT_FILE, read_endpoint, write_atomically
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.seaweed import EmbeddedStores
 from federation.runtime.server import FederationServer, ServerConfig
@@ -121,7 +121,8 @@ async def run_up(
                 console_url=server.console_url,
                 token_files=tokens,
             )
-            endpoint_file.write_text(
+            write_atomically(
+                endpoint_file,
                 json.dumps(
                     {
                         "grpc": info.grpc_target,
@@ -130,7 +131,7 @@ async def run_up(
                         "console": info.console_url or "",
                     },
                     indent=2,
-                )
+                ),
             )
             if on_ready is not None:
                 on_ready(info)

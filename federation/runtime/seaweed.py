@@ -24,6 +24,7 @@ import structlog
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store_config import S3StoreConfig
 from federation.datasets.stores import StoreRecord
+from federation.runtime.endpoint import write_atomically
 
 log = structlog.get_logger("gpufed.embedded")
 
@@ -108,7 +109,7 @@ class EmbeddedStores:
             for r in records
             if r.seaweed is not None and isinstance(r.config, S3StoreConfig)
         }
-        (self._state_dir / STORES_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+        write_atomically(self._state_dir / STORES_FILE, json.dumps(index, indent=2, sort_keys=True))
 
     def stop(self) -> None:
         # Side by side: SeaweedFS takes about 2 s to shut down (its filer and volume server flush). Any
