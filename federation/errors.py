@@ -11,6 +11,10 @@ class GpufedError(Exception):
     """Root of federation's errors."""
 
     retryable: bool = False
+    # What a caller who is not an admin reads instead of the message, for errors whose message names
+    # infrastructure (hosts, ports, endpoints, DSNs, a database driver's words). None: the message is
+    # the caller's to read (`federation.api.redact.error_text`).
+    public_message: str | None = None
 
 
 class InvalidSpec(GpufedError):
@@ -54,6 +58,7 @@ class StoreUnavailable(GpufedError):
     """etcd did not answer. Nothing was half-written: every write is one transaction."""
 
     retryable = True
+    public_message = "the federation's store is unavailable; retry shortly (the server's log says why)"
 
 
 class Conflict(GpufedError):

@@ -118,7 +118,7 @@ class AccessAdmin:
                 expires_at_s=now + req.ttl_seconds if req.ttl_seconds else None,
             )
             await self._security.put_token(token, record)
-            self._h.token_issued(token)
+            self._h.token_issued(token, user)
             await self.audit(who, "token_issued", user.name, f"token_id={record.token_id}")
             return pb.IssuedToken(token=token, info=token_to_pb(record))
 

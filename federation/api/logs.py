@@ -25,7 +25,7 @@ import structlog
 from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable
 from federation.api import history_reads
 from federation.api.logs_describe import describe, kept_attempts
-from federation.api.redact import Redactor
+from federation.api.redact import Redactor, error_text
 from federation.api.service import CallHandlers, Ctx, visible_job
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard
@@ -150,15 +150,16 @@ class LogsService(pb_grpc.LogsServicer):
     async def StreamLogs(self, request: pb.StreamLogsRequest, context: Ctx) -> AsyncIterator[pb.LogChunk]:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+        caller: Principal | None = None  # known once authenticated: whom an error's detail is for
         try:
-            who = await self._h.principal(context)
+            who = caller = await self._h.principal(context)
             job = await self._visible_job(who, request.job_id)
             options = _options(request)
             attempt = request.attempt or job.attempt
             if attempt < 0 or attempt > job.attempt:
                 raise InvalidArgument(f"attempt: job {job.job_id} has attempts 1 to {job.attempt}")
         except GpufedError as error:
-            await context.abort(status_code_for(error), str(error))
+            await context.abort(status_code_for(error), error_text(error, caller))
             return
         guard = StreamGuard(self._auth, context.invocation_metadata(), who)
         sent_bytes = 0
@@ -178,7 +179,7 @@ class LogsService(pb_grpc.LogsServicer):
         except GpufedError as error:
             code = status_code_for(error)
             log.info("logs_refused", job_id=job.job_id, tenant=job.tenant, code=code.name, error=str(error))
-            await context.abort(code, str(error))
+            await context.abort(code, error_text(error, who))
         finally:
             self._metrics.observe_call("StreamLogs", code.name, time.perf_counter() - started)
 

@@ -7,6 +7,11 @@ tenant preempted its job, or that an ancestor tenant's cap holds it back, but no
 that tenant's name or usage, from which it could work out a sibling tenant's usage. The reason
 itself (the code, the GPU type, what the job needs) always stays, so the caller still knows why.
 Admins and infra read every tenant and get every reason as written.
+
+Errors are cut the same way (`error_text`): a store that did not answer names its host and port, a
+database driver its DSN's host and its own words. Only an admin reads those; anyone else (including
+a caller whose token could not be checked, because the store is the one down) reads what failed and
+that a retry may help. The server's log keeps the whole message for the admins.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from federation.errors import GpufedError
 from federation.security.auth import Principal, can_read_tenant
 from federation.store.jobs import JobRecord
 from placement.model import JobId, TenantId
@@ -25,6 +31,21 @@ from placement.model_plan import WaitCode, WaitReason
 _PREEMPTED_FOR = re.compile(r"preempted for ([a-z0-9][-a-z0-9]*)")
 OTHER_JOB = "a job of another tenant"
 OTHER_TENANT = "a parent tenant you cannot read"
+
+
+INTERNAL_ERROR = "internal error; the server's log says what failed"
+
+
+def error_text(error: BaseException, who: Principal | None) -> str:
+    """What the caller (None: not yet known) reads of an error: infrastructure detail for admins only."""
+    admin = who is not None and who.is_admin
+    if isinstance(error, GpufedError):
+        if error.public_message is None or admin:
+            return str(error)
+        return error.public_message
+    # Not one of federation's errors: a bug, or a library's exception nothing translated (a driver's
+    # text, with hosts and paths). gRPC would send its repr as UNKNOWN; it is INTERNAL, said plainly.
+    return f"{INTERNAL_ERROR}: {type(error).__name__}: {error}" if admin else INTERNAL_ERROR
 
 
 class Redactor:

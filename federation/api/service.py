@@ -26,7 +26,7 @@ from federation.api.job_queries import (
     one_page,
     summarize,
 )
-from federation.api.redact import Redactor
+from federation.api.redact import Redactor, error_text
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
 from federation.api.v1 import gpufed_pb2 as pb
@@ -61,7 +61,7 @@ from federation.store.idempotent_retry import accepted_before
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore, Stored
 from federation.store.jobs import JobRecord
-from federation.store.records import SchedulingSettings, TenantRecord
+from federation.store.records import SchedulingSettings, TenantRecord, UserRecord
 from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId, WaitReason
 
 log = structlog.get_logger("gpufed.api")
@@ -124,8 +124,13 @@ def _new_job_id(name: str) -> JobId:
     return JobId(f"{name[:40].rstrip('-')}-{secrets.token_hex(4)}")
 
 
-async def _abort(context: Ctx, error: GpufedError) -> None:
-    await context.abort(status_code_for(error), str(error))
+async def _abort(context: Ctx, error: GpufedError, who: Principal | None) -> None:
+    # Infrastructure detail (a store's host and port, a driver's words) for admins only.
+    await context.abort(status_code_for(error), error_text(error, who))
+
+
+def _user(who: Principal | None) -> str:
+    return "" if who is None else who.user
 
 
 class CallHandlers:
@@ -141,9 +146,9 @@ class CallHandlers:
         peer = context.peer() if hasattr(context, "peer") else ""
         return await self._auth.authenticate(context.invocation_metadata(), peer=peer)
 
-    def token_issued(self, token: str) -> None:
+    def token_issued(self, token: str, user: UserRecord) -> None:
         """A token was just stored: it must work on its first call, whatever was tried before."""
-        self._auth.limits.forget(token)
+        self._auth.issued(token, user)
 
     async def unary(
         self,
@@ -154,13 +159,23 @@ class CallHandlers:
     ) -> Resp:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+        who: Principal | None = None
         try:
             who = await self.principal(context)
             return await body(who, request)
         except GpufedError as error:
             code = status_code_for(error)
-            log.info("call_refused", method=method, code=code.name, error=str(error))
-            await _abort(context, error)
+            log.info("call_refused", method=method, code=code.name, error=str(error), user=_user(who))
+            await _abort(context, error, who)
+            raise  # unreachable: abort raises
+        except grpc.aio.AbortError:
+            raise  # a handler's own abort: its status is already chosen
+        except Exception as error:
+            # Nothing translated it into one of federation's errors: gRPC would send its text to
+            # anyone as UNKNOWN. Logged whole; the caller reads it only if an admin.
+            code = grpc.StatusCode.INTERNAL
+            log.exception("call_failed", method=method, user=_user(who))
+            await context.abort(code, error_text(error, who))
             raise  # unreachable: abort raises
         finally:
             self._metrics.observe_call(method, code.name, time.perf_counter() - started)
@@ -307,7 +322,14 @@ class JobService(pb_grpc.JobServiceServicer):
         else:
             page, more = await self._both_stores(req, tenant, phases, wanted, since_s, start, walked, size)
         token = encode_page_token(list_order(page[-1]), newest_first=req.newest_first) if more else ""
-        return pb.ListJobsResponse(jobs=[self._shown(who, j) for j in page], next_page_token=token)
+        total = 0
+        if req.with_total:
+            # The console's "N in total": the same index walk from the start, no conversion.
+            every = self._cache.ordered(tenant, phases, None, newest_first=req.newest_first)
+            total = sum(1 for j in since_filtered(every, since_s, req.newest_first) if wanted.wants(j))
+        return pb.ListJobsResponse(
+            jobs=[self._shown(who, j) for j in page], next_page_token=token, total_count=total
+        )
 
     async def _both_stores(
         self,
@@ -357,8 +379,9 @@ class JobService(pb_grpc.JobServiceServicer):
         return await self._h.unary("SummarizeJobs", request, context, body)
 
     async def WatchJobs(self, request: pb.WatchJobsRequest, context: Ctx) -> AsyncIterator[pb.JobEvent]:
+        caller: Principal | None = None  # known once authenticated: whom an error's detail is for
         try:
-            who = await self._h.principal(context)
+            who = caller = await self._h.principal(context)
             self._read_limiter.admit(who.user)
             if request.job_id:
                 first = await self._visible_job(who, request.job_id)
@@ -366,7 +389,7 @@ class JobService(pb_grpc.JobServiceServicer):
             else:
                 tenant = listable_tenant(who, request.tenant)
         except GpufedError as error:
-            await _abort(context, error)
+            await _abort(context, error, caller)
             return
         guard = StreamGuard(self._auth, context.invocation_metadata(), who)
         queue = self._cache.subscribe()
@@ -407,7 +430,7 @@ class JobService(pb_grpc.JobServiceServicer):
                     event = await next_event(queue, guard)
                 except GpufedError as error:
                     # Revoked, or moved to another tenant or role: the stream's scope is no longer theirs.
-                    await _abort(context, error)
+                    await _abort(context, error, who)
                     return
                 if event is None:
                     # The cache dropped this subscriber (it fell too far behind): end the stream so

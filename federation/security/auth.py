@@ -11,8 +11,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from federation.errors import NotFound, PermissionDenied, Unauthenticated
+import structlog
+
+from federation.errors import NotFound, PermissionDenied, RateLimited, StoreUnavailable, Unauthenticated
 from federation.security.auth_limits import AuthLimits
+from federation.security.tokens import TOKEN_ID_DIGITS, token_hash
 from federation.spec.validate import shown
 from federation.store.job_store import JobStore
 from federation.store.records import Role, UserRecord
@@ -21,6 +24,8 @@ from placement.model import TenantId
 # A resolved token is trusted this long before etcd is asked again: revocation takes effect within it.
 TOKEN_CACHE_TTL_S = 5.0
 MAX_TOKEN_LENGTH = 512
+
+log = structlog.get_logger("gpufed.auth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +62,13 @@ class Authenticator:
         self._store = store
         self._clock = clock
         self._cache: dict[str, tuple[float, UserRecord]] = {}
-        # Failed authentications per peer and unknown tokens, checked before a lookup reaches etcd.
+        # Failed authentications per peer, checked before a lookup of a token new to this server.
         self.limits = AuthLimits(clock=clock)
+
+    def issued(self, token: str, user: UserRecord) -> None:
+        """A token this server just stored: it works on its first call, resolved as a known token
+        is (so not behind its address's failed-authentication gate either)."""
+        self._cache[token] = (self._clock(), user)
 
     async def authenticate(
         self,
@@ -68,32 +78,67 @@ class Authenticator:
         peer: str = "",
     ) -> Principal:
         """The caller, from a resolution at most `max_age_s` old (an open stream asks with less, so
-        that its re-checks plus their spacing stay within the cache's TTL)."""
-        token = bearer_token(metadata)
+        that its re-checks plus their spacing stay within the cache's TTL).
+
+        Every refusal is logged (`token_refused`, with the reason and the token's id, never the
+        token), so an admin can tell a revoked token from a peer out of failures from a store that
+        did not answer."""
+        try:
+            token = bearer_token(metadata)
+        except Unauthenticated as error:
+            log.info("token_refused", reason="malformed", detail=str(error), peer=peer)
+            raise
         now = self._clock()
         hit = self._cache.get(token)
         if hit is not None and now - hit[0] < min(max_age_s, TOKEN_CACHE_TTL_S):
             user = hit[1]
         else:
-            # A token this server resolved before (its entry only aged out) is re-checked without
-            # the peer's failed-authentication gate: strangers flooding from the same address (one
-            # NAT, one notebook host) must not lock out a user they cannot impersonate. That costs
-            # at most one read per known token per TTL; if it was revoked meanwhile, its entry goes
-            # and the next try is gated like any other token.
-            if hit is None:
-                self.limits.before_lookup(token, peer)
-            resolved = await self._store.resolve_token(token)
-            if resolved is None:
-                self._cache.pop(token, None)
-                self.limits.unknown(token, peer)
-                raise Unauthenticated("unknown or revoked token")
-            user = resolved
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[token] = (now, user)
+            user = await self._resolve(token, now, known=hit is not None, peer=peer)
         return Principal(
             user=user.name, tenant=user.tenant, role=user.role, max_priority_class=user.max_priority_class
         )
+
+    async def _resolve(self, token: str, now: float, *, known: bool, peer: str) -> UserRecord:
+        token_id = token_hash(token)[:TOKEN_ID_DIGITS]
+        # A token this server resolved before (its entry only aged out) is re-checked without the
+        # peer's failed-authentication gate: strangers flooding from the same address (one NAT, one
+        # notebook host) must not lock out a user they cannot impersonate. That costs at most one
+        # read per known token per TTL; if it was revoked meanwhile, its entry goes and the next
+        # try is gated like any other token.
+        if not known:
+            try:
+                self.limits.before_lookup(peer)
+            except RateLimited as error:
+                log.info(
+                    "token_refused",
+                    reason="peer_out_of_failures",
+                    token_id=token_id,
+                    peer=peer,
+                    detail=str(error),
+                )
+                raise
+        try:
+            resolved = await self._store.resolve_token(token)
+        except StoreUnavailable as error:
+            # Not the caller's failure, and not an answer about the token: nothing is cached or
+            # charged, and the call is UNAVAILABLE (retry), never UNAUTHENTICATED.
+            log.warning(
+                "token_lookup_failed",
+                reason="store_unavailable",
+                token_id=token_id,
+                peer=peer,
+                error=str(error),
+            )
+            raise
+        if resolved is None:
+            self._cache.pop(token, None)
+            self.limits.unknown(peer)
+            log.info("token_refused", reason="unknown_revoked_or_expired", token_id=token_id, peer=peer)
+            raise Unauthenticated("unknown or revoked token")
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[token] = (now, resolved)
+        return resolved
 
 
 # ---- job authorization: members act within their tenant; admins anywhere; infra reads everything.
