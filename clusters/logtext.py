@@ -33,6 +33,24 @@ def stamp_s(stamp: str) -> float | None:
         return None
 
 
+def stamp_ns(stamp: str) -> int | None:
+    """Nanoseconds since the epoch of an RFC 3339 stamp, exactly: the instant to compare lines by.
+
+    Never compare the stamps as strings: Go's RFC3339Nano (what the kubelet writes with
+    `timestamps=true`) trims trailing zeros of the fraction, so `...03.1Z` is later than `...03.12Z`
+    as text and earlier as a time. A float of seconds would round two lines a few nanoseconds apart
+    into one instant."""
+    text = stamp[:-1] if stamp.endswith("Z") else stamp
+    head, dot, frac = text.partition(".")
+    if dot and not (frac.isdigit() and len(frac) <= 9):
+        return None
+    try:
+        seconds = int(datetime.fromisoformat(head + "+00:00").timestamp())
+    except ValueError:
+        return None
+    return seconds * 1_000_000_000 + (int(frac.ljust(9, "0")) if dot else 0)
+
+
 def split_stamp(line: str) -> tuple[str, str]:
     stamp, _, text = line.partition(" ")
     return stamp, text

@@ -11,6 +11,11 @@ The book follows pod status changes (a container state that turned `running`, `t
 `waiting` after a crash), so every path that ends a container (its duration, an OOM kill, deletion,
 a lost node) writes the exit line without knowing about logs. Followers wait on an asyncio event
 that is set when a run ends; runs of a deleted pod are dropped, as the kubelet drops its logs.
+
+A pod annotated `sim.gpufed.io/log-burst: "0.1,0.12,0.12,0.2"` also prints one line at each of
+those offsets (seconds) from the first whole second after its container started: lines that share
+a stamp, and stamps whose fraction the kubelet's RFC3339Nano trims (`...05.1Z`, `...05.12Z`), as a
+real trainer's bursts give them. Readers that compare stamps as text lose or reorder such lines.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ Obj = dict[str, Any]
 # The runs a kubelet can show per container: the current one and the one before the last restart.
 _KEPT_RUNS = 2
 Line = tuple[float, str]
+BURST_ANNOTATION = "sim.gpufed.io/log-burst"
+# A burst is a test's tool, not a log generator: a few lines, within the hour after the start.
+_MAX_BURST_LINES = 1000
+_MAX_BURST_OFFSET_S = 3600.0
 
 
 @dataclass(slots=True)
@@ -46,6 +55,8 @@ class Run:
     exit_code: int | None = None
     reason: str | None = None
     ended: asyncio.Event | None = field(default=None, repr=False)
+    # When each burst line is printed (wall seconds, ascending): `sim.gpufed.io/log-burst`.
+    burst: tuple[float, ...] = ()
 
     def _fixed(self) -> list[Line]:
         attempt = f", restart {self.index}" if self.index else ""
@@ -69,20 +80,35 @@ class Run:
             text = f"[sim] exited with code {self.exit_code} ({self.reason})"
         return self.ended_wall_s, text
 
+    def _bursts(self, end_wall_s: float) -> list[Line]:
+        """The burst lines printed by `end_wall_s` (none at or after the exit, as for progress)."""
+        n = len(self.burst)
+        return [
+            (at, f"[sim] burst: line {i} of {n}")
+            for i, at in enumerate(self.burst, 1)
+            if at <= end_wall_s and (self.ended_wall_s is None or at < self.ended_wall_s)
+        ]
+
     def lines(self, until_wall_s: float, cap_bytes: int) -> list[Line]:
         """What the run has printed by `until_wall_s`, at most its last `cap_bytes`."""
         end = until_wall_s if self.ended_wall_s is None else min(until_wall_s, self.ended_wall_s)
         if end < self.started_wall_s:
             return []
         steps = self._steps(end)
+        bursts = self._bursts(end)
         tail: list[Line] = []
         size = 0
         if self.ended_wall_s is not None and until_wall_s >= self.ended_wall_s:
             tail.append(self._exit())
             size += len(tail[-1][1]) + 1
-        # Newest first, so that a long run costs only the lines that fit under the cap.
-        for k in range(steps, 0, -1):
-            line = self._progress(k)
+        # Newest first, so that a long run costs only the lines that fit under the cap; a burst line
+        # printed at the instant of a progress line comes after it.
+        k, b = steps, len(bursts) - 1
+        while k > 0 or b >= 0:
+            if b >= 0 and (k == 0 or bursts[b][0] >= self._progress(k)[0]):
+                line, b = bursts[b], b - 1
+            else:
+                line, k = self._progress(k), k - 1
             size += len(line[1]) + 1
             if size > cap_bytes:
                 return tail[::-1]
@@ -100,7 +126,7 @@ class Run:
         if end < self.started_wall_s:
             return 0
         exited = self.ended_wall_s is not None and until_wall_s >= self.ended_wall_s
-        return len(self._fixed()) + self._steps(end) + (1 if exited else 0)
+        return len(self._fixed()) + self._steps(end) + len(self._bursts(end)) + (1 if exited else 0)
 
     def _steps(self, end_wall_s: float) -> int:
         if self.interval_s <= 0:
@@ -113,10 +139,14 @@ class Run:
         return max(0, steps)
 
     def next_line_wall_s(self, now_wall_s: float) -> float | None:
-        """When the next progress line is due, if the run is still going."""
-        if self.ended_wall_s is not None or self.interval_s <= 0:
+        """When the next line is due, if the run is still going."""
+        if self.ended_wall_s is not None:
             return None
-        return self._progress(self._steps(max(now_wall_s, self.started_wall_s)) + 1)[0]
+        burst = next((at for at in self.burst if at > now_wall_s), None)
+        if self.interval_s <= 0:
+            return burst
+        progress = self._progress(self._steps(max(now_wall_s, self.started_wall_s)) + 1)[0]
+        return progress if burst is None else min(progress, burst)
 
     def wait_end(self) -> asyncio.Event:
         if self.ended is None:
@@ -129,6 +159,18 @@ class Run:
 def _command(container: Obj) -> str:
     words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
     return " ".join(words) if words else "(the image's entrypoint)"
+
+
+def burst_offsets_s(pod: Obj) -> tuple[float, ...]:
+    """The pod's `sim.gpufed.io/log-burst` offsets, ascending; none when absent or malformed."""
+    text = str((pod["metadata"].get("annotations") or {}).get(BURST_ANNOTATION) or "")
+    try:
+        offsets = sorted(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        return ()
+    if len(offsets) > _MAX_BURST_LINES or any(not 0 <= o <= _MAX_BURST_OFFSET_S for o in offsets):
+        return ()
+    return tuple(offsets)
 
 
 def stamp(wall_s: float) -> str:
@@ -160,19 +202,24 @@ class LogBook:
                     self._end(run, 137, "Error")
             return
         specs = {c.get("name"): c for c in podstatus.containers(pod)}
+        burst = burst_offsets_s(pod)
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            self._follow(uid, cs, specs.get(cs.get("name")) or {})
+            self._follow(uid, cs, specs.get(cs.get("name")) or {}, burst)
 
-    def _follow(self, uid: str, cs: Obj, spec: Obj) -> None:
+    def _follow(self, uid: str, cs: Obj, spec: Obj, burst: tuple[float, ...] = ()) -> None:
         name = str(cs.get("name", ""))
         index = int(cs.get("restartCount") or 0)
         state = cs.get("state") or {}
         runs = self._runs.get((uid, name))
         current = runs[-1] if runs and runs[-1].index == index else None
         if "running" in state and current is None:
+            started_wall_s = self._clock.wall_s()
+            # Offsets count from a whole second, so that stamps come out with short fractions.
+            base_s = float(math.floor(started_wall_s) + 1)
             run = Run(
                 index=index,
-                started_wall_s=self._clock.wall_s(),
+                started_wall_s=started_wall_s,
+                burst=tuple(base_s + o for o in burst),
                 container=name,
                 image=str(cs.get("image") or spec.get("image") or ""),
                 command=_command(spec),
