@@ -33,6 +33,9 @@ class PreemptionReason(StrEnum):
     RECLAIM_GUARANTEE = "reclaim_guarantee"
     # The victim has a lower priority than the preemptor, in the same tenant.
     LOWER_PRIORITY = "lower_priority"
+    # The victim has a lower priority than the preemptor, in the same tenant, which is at its cap (or
+    # borrowing limit): an approved priority class makes room for itself under the cap.
+    TENANT_CAP = "tenant_cap"
 
 
 @dataclass(frozen=True, slots=True)

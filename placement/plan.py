@@ -49,6 +49,7 @@ from placement.model import (
     GpuType,
     GpuTypePolicy,
     Plan,
+    RunningGang,
     Snapshot,
     TenantId,
     Waiting,
@@ -93,6 +94,9 @@ class _Miss:
     # The gang chose to wait (for private capacity): try no other type and make no room.
     stop: bool = False
 
+
+# Reasons that say room is being made for the gang already: no eviction under its cap on top.
+_MAKING_ROOM: Final = frozenset({Code.PREEMPTING, Code.CAPACITY_REQUESTED})
 
 # Most misses of a long queue are this one; it carries no notes, so one value serves them all.
 _NO_FIT: Final = _Miss(True)
@@ -140,16 +144,27 @@ class _Cycle:
         types = tuple(dict.fromkeys(gang.gpu_types))
         quota: dict[GpuType, WaitReason] = {}
         allowed: list[GpuType] = []
+        limited: list[GpuType] = []
         for gpu_type in types:
-            reason = self.book.limit_reason(
-                gang.tenant, gpu_type, gang.gpu_count
-            ) or self.book.lending_reason(
+            limit = self.book.limit_reason(gang.tenant, gpu_type, gang.gpu_count)
+            reason = limit or self.book.lending_reason(
                 gang.tenant, gpu_type, gang.gpu_count, self.inventory.free_by_type.get(gpu_type, 0)
             )
             if reason is None:
                 allowed.append(gpu_type)
             else:
                 quota[gpu_type] = reason
+                if limit is not None:
+                    limited.append(gpu_type)
+        approved = self._approved_class(gang) if self.policy.preemption else None
+        if approved is not None and limited:
+            leaving = self.room.ordered.leaving.get(gang.job_id)
+            if leaving and self._under_cap_once_gone(gang, leaving, limited):
+                # Its own lower-priority gangs are leaving to make room under the cap for it: it waits for
+                # them (and holds what it needs beyond theirs), it does not pass the cap meanwhile.
+                waits = self.room.make_room(ctx, shape, [()])
+                self.waiting.append(Waiting(gang.job_id, (quota[limited[0]], *waits)))
+                return
         if gang.gpu_type_policy is GpuTypePolicy.ORDERED:
             groups: list[tuple[GpuType, ...]] = [(gpu_type,) for gpu_type in allowed]
         else:
@@ -168,7 +183,30 @@ class _Cycle:
         else:
             if groups and capacity_only:
                 notes.extend(self.room.make_room(ctx, shape, groups))
+        if approved is not None and limited and not any(n.code in _MAKING_ROOM for n in notes):
+            for gpu_type in limited:
+                evicting = self.room.preempt_under_cap(ctx, shape, gpu_type, approved)
+                if evicting is not None:
+                    self.waiting.append(Waiting(gang.job_id, (quota[gpu_type], evicting)))
+                    return
         self.waiting.append(self._explain(ctx, shape, types, quota, notes, capacity_only))
+
+    def _approved_class(self, gang: GangRequest) -> str | None:
+        """The gang's priority class if it needs an admin's approval (the gates passed, so it has one)."""
+        priority_class = self.room.classes.get(gang.priority_class)
+        if priority_class is None or not priority_class.needs_approval:
+            return None
+        return priority_class.name
+
+    def _under_cap_once_gone(
+        self, gang: GangRequest, leaving: Sequence[RunningGang], limited: Sequence[GpuType]
+    ) -> bool:
+        """Whether the gang's own leaving victims free what it needs under its limits on some type."""
+        for gpu_type in limited:
+            freed = sum(g.gpu_count for g in leaving if g.tenant == gang.tenant and g.gpu_type == gpu_type)
+            if freed and self.book.excess(gang.tenant, gpu_type, gang.gpu_count) <= freed:
+                return True
+        return False
 
     def _gates(self, gang: GangRequest) -> list[WaitReason]:
         if not self.book.known(gang.tenant):

@@ -15,8 +15,9 @@ on this cycle.
 Per offer (cluster, GPU type, kind, price) the search works on the offer's node list: the GPUs free
 now plus those of gangs already leaving (evicted earlier and inside their grace period, which cost
 nothing to count on). If the gang fits with those, no one new is evicted. Otherwise a single victim
-is preferred when one suffices; failing that, victims are added in preference order (lowest priority,
-fewest GPUs, most recently queued, job id) until the gang fits, and then every victim whose removal
+is preferred when one suffices; failing that, victims are added in preference order (borrowers
+first, from the tenant furthest above its weighted fair share; then lowest priority, fewest GPUs, most
+recently queued, job id) until the gang fits, and then every victim whose removal
 still leaves a fit is dropped again, so each evicted gang is needed. Among offers, the fewest victims
 win, then the fewest GPUs evicted, then the offer's expected cost. A gang that would not fit even
 with every candidate evicted evicts no one.
@@ -48,9 +49,31 @@ class VictimChoice:
         return sum(gang.gpu_count for gang, _ in self.victims)
 
 
-def _preference(candidate: Candidate) -> tuple[int, int, float, str]:
+Preference = tuple[float, int, int, float, str]
+
+
+def _preference(candidate: Candidate) -> Preference:
     gang, _ = candidate
-    return (gang.priority, gang.gpu_count, -gang.queued_at_s, gang.job_id)
+    return (0.0, gang.priority, gang.gpu_count, -gang.queued_at_s, gang.job_id)
+
+
+def preference_of(gang: RunningGang) -> Preference:
+    """A tenant's own gang's place in the victim order (`_preference`)."""
+    return _preference((gang, PreemptionReason.LOWER_PRIORITY))
+
+
+def by_share(share: Callable[[TenantId], float]) -> Callable[[Candidate], Preference]:
+    """Victim order: borrowers first, from the tenant furthest above its weighted fair share (its
+    weighted dominant share, `fairshare`), so a tenant with three times the weight keeps three times
+    the GPUs; then the tenant's own lower priorities; within each, lowest priority, fewest GPUs, most
+    recently queued, job id."""
+
+    def preference(candidate: Candidate) -> Preference:
+        gang, reason = candidate
+        above = -share(gang.tenant) if reason is PreemptionReason.RECLAIM_GUARANTEE else 1.0
+        return (above, gang.priority, gang.gpu_count, -gang.queued_at_s, gang.job_id)
+
+    return preference
 
 
 Located = tuple[RunningGang, tuple[tuple[int, int], ...]]
@@ -136,6 +159,7 @@ def choose_victims(
     rule: Callable[[Offer, TenantId], TenantRule | None],
     offer_cost: Callable[[Offer], float],
     valid: Callable[[Sequence[Candidate]], bool],
+    preference: Callable[[Candidate], Preference] = _preference,
 ) -> VictimChoice | None:
     """The best victim set over `offers`, or None when no set lets the gang fit on any of them.
 
@@ -171,7 +195,7 @@ def choose_victims(
         everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))
         if fit_replicas(shape, everything) is None:
             continue  # even evicting every candidate would not do
-        chosen = _smallest_set(shape, nodes, freed, eligible)
+        chosen = _smallest_set(shape, nodes, freed, eligible, preference)
         if chosen is None:
             continue
         victims, victim_freed = chosen
@@ -196,11 +220,12 @@ def _smallest_set(
     nodes: list[int],
     freed: list[int],
     eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]],
+    preference: Callable[[Candidate], Preference],
 ) -> tuple[list[Candidate], list[int]] | None:
     base = [n + f for n, f in zip(nodes, freed, strict=True)]
     if fit_replicas(shape, base) is not None:
         return [], [0] * len(nodes)
-    ordered = sorted(eligible, key=lambda item: _preference(item[0]))
+    ordered = sorted(eligible, key=lambda item: preference(item[0]))
     for candidate, shares in ordered:
         if fit_replicas(shape, _with(base, shares)) is not None:
             return [candidate], _with([0] * len(nodes), shares)
@@ -219,7 +244,7 @@ def _smallest_set(
         if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
             chosen = rest
     victim_freed = _with([0] * len(nodes), (s for _, shares in chosen for s in shares))
-    return [candidate for candidate, _ in sorted(chosen, key=lambda item: _preference(item[0]))], victim_freed
+    return [candidate for candidate, _ in sorted(chosen, key=lambda item: preference(item[0]))], victim_freed
 
 
 def _needed_draining(

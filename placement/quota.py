@@ -135,6 +135,17 @@ class QuotaBook:
             self._held_back_by[key] = held_back
             self.held_back[gpu_type] = self.held_back.get(gpu_type, 0) + held_back - before
 
+    def excess(self, tenant: TenantId, gpu_type: GpuType, need: int) -> int:
+        """How many GPUs of the type the tenant must give back so that `need` more pass every cap and
+        borrowing limit from it up the tree (0: they pass now)."""
+        usage, limits = self.usage, self._limits
+        over = 0
+        for node in self.path[tenant]:
+            limit = limits.get((node, gpu_type))
+            if limit is not None:
+                over = max(over, usage.get((node, gpu_type), 0) + need - limit)
+        return over
+
     def limit_reason(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
         """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break."""
         usage, limits = self.usage, self._limits

@@ -43,7 +43,7 @@ from placement.model import (
 )
 from placement.model import WaitCode as Code
 from placement.ordered import OrderedEvictions
-from placement.preempt import Candidate, RunningIndex, choose_victims
+from placement.preempt import Candidate, RunningIndex, VictimChoice, by_share, choose_victims, preference_of
 from placement.quota import QuotaBook
 
 
@@ -346,7 +346,7 @@ class Room:
             return self._limit_used
         offers = self.inventory.search_order(group, gang.allow_spot)
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
-        choice = choose_victims(shape, offers, self.running, rule, cost, valid)
+        choice = choose_victims(shape, offers, self.running, rule, cost, valid, by_share(self.fair.share))
         if choice is None:
             self.no_victims.add(key)
             return None
@@ -404,6 +404,120 @@ class Room:
             f"their capacity is held for this job"
         )
         return WaitReason(Code.PREEMPTING, message, cluster, gpu_type, at_s=self.now + grace_s)
+
+    def preempt_under_cap(
+        self, ctx: GangCost, shape: tuple[int, ...], gpu_type: GpuType, class_name: str
+    ) -> WaitReason | None:
+        """Make room under its tenant's cap (or borrowing limit) for a gang of an approved priority
+        class, by evicting the tenant's own lower-priority gangs of the type; None when that cannot
+        make it fit (the caller leaves the quota reason).
+
+        Victims are chosen per offer of the type: first the fewest the gang needs to fit there (as
+        `_preempt`), then, while the tenant would still pass a limit, more of its lower-priority gangs
+        of the type wherever they run, in preference order; each one that is not needed is dropped
+        again. The fewest victims win across offers, then the fewest GPUs, then the cost. Only the
+        tenant's own gangs are touched, and only below the gang's priority: other tenants never pay
+        for one tenant's cap.
+        """
+        gang, book = ctx.gang, self.book
+        over = book.excess(gang.tenant, gpu_type, gang.gpu_count)
+        if over <= 0 or gang.gpu_count <= 0:
+            return None
+        claimed = self.running.claimed
+        own: list[RunningGang] = sorted(
+            (
+                g
+                for entry in self.running.entries()
+                for g, _ in entry.by_tenant.get(gang.tenant, ())
+                if g.gpu_type == gpu_type and g.priority < gang.priority and g.job_id not in claimed
+            ),
+            key=preference_of,
+        )
+        if sum(g.gpu_count for g in own) < over:
+            return None
+
+        def rule(_offer: Offer, tenant: TenantId) -> tuple[PreemptionReason, int | None] | None:
+            return (PreemptionReason.TENANT_CAP, gang.priority) if tenant == gang.tenant else None
+
+        def cost(offer: Offer) -> float:
+            return ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
+
+        best: tuple[tuple[int, int, float, tuple[object, ...]], VictimChoice, list[RunningGang]] | None = None
+        for offer in self.inventory.search_order((gpu_type,), gang.allow_spot):
+            choice = choose_victims(shape, [offer], self.running, rule, cost, lambda _v: True)
+            if choice is None:
+                continue
+            victims = [g for g, _ in choice.victims]
+            freed = sum(g.gpu_count for g in victims)
+            for g in own:
+                if freed >= over:
+                    break
+                if g not in victims:
+                    victims.append(g)
+                    freed += g.gpu_count
+            if freed < over:
+                continue
+            needed = {g.job_id for g, _ in choice.victims}
+            for g in reversed(list(victims)):
+                if g.job_id not in needed and freed - g.gpu_count >= over:
+                    victims.remove(g)
+                    freed -= g.gpu_count
+            key = (len(victims), freed, cost(offer), offer.search_key)
+            if best is None or key < best[0]:
+                best = (key, choice, victims)
+        if best is None:
+            return None
+        _, choice, victims = best
+        victim_gpus = sum(g.gpu_count for g in victims)
+        limit = self.policy.preemption_limit_gpus
+        if limit is not None and self.preempted_gpus + victim_gpus > limit:
+            return None
+        offer = choice.offer
+        cluster = offer.view.cluster
+        self.inventory.set_nodes(offer, list(choice.nodes_after))
+        book.add(gang.tenant, gpu_type, gang.gpu_count)
+        self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
+        grace_s = 0.0
+        for victim in victims:
+            self.running.claimed.add(victim.job_id)
+            grace = (
+                self.policy.default_grace_period_s if victim.grace_period_s is None else victim.grace_period_s
+            )
+            grace_s = max(grace_s, grace)
+            self.victim_ends[victim.job_id] = self.now + grace
+            k = (victim.tenant, victim.gpu_type)
+            self.evicted[k] = self.evicted.get(k, 0) + victim.gpu_count
+            self.preempted_gpus += victim.gpu_count
+            self.preemptions.append(
+                Preemption(
+                    victim.job_id,
+                    victim.tenant,
+                    victim.cluster,
+                    gpu_type,
+                    victim.gpu_count,
+                    PreemptionReason.TENANT_CAP,
+                    grace,
+                    gang.job_id,
+                    victim.queued_at_s,
+                )
+            )
+        for leaving in choice.draining:
+            self.running.claimed.add(leaving.job_id)
+        message = (
+            f"priority class {class_name} is approved: evicting {len(victims)} of tenant {gang.tenant}'s "
+            f"lower-priority gangs ({victim_gpus} {gpu_type} GPUs) to make room under its limit; "
+            f"this job then runs on cluster {cluster} ({gpu_type}), whose capacity is held for it"
+        )
+        return WaitReason(
+            Code.PREEMPTING,
+            message,
+            cluster,
+            gpu_type,
+            tenant=gang.tenant,
+            needed_gpus=over,
+            held_gpus=victim_gpus,
+            at_s=self.now + grace_s,
+        )
 
     def _pool_cost(self, ctx: GangCost, cluster: ClusterName, pool: ScalablePool) -> float | None:
         store = self.inventory.stores.get(cluster)

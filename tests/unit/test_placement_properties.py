@@ -4,7 +4,8 @@ classes, running gangs on known nodes (so preemption and backfill have work), sc
 - every queued job is admitted once or waits with reasons;
 - no cap or borrowing limit is passed by what the plan adds, and no gate is bypassed;
 - a gang is admitted whole, on one cluster and GPU type it accepts, where it fits;
-- only lower priorities (same tenant) or borrowers (for a tenant within its guarantee) are preempted;
+- only lower priorities (same tenant) or borrowers (for a tenant within its guarantee) are preempted,
+  and a tenant's own gangs give way to its cap only for its approved higher priority;
 - every evicted gang is needed, and eviction stays within the per-interval limit;
 - the same snapshot, in any order, gives the same plan.
 """
@@ -228,6 +229,10 @@ def test_each_job_once_and_waiting_jobs_have_reasons(snapshot: Snapshot) -> None
 @SETTINGS
 @given(snapshots())
 def test_no_cap_or_borrowing_limit_is_passed_and_no_gate_bypassed(snapshot: Snapshot) -> None:
+    check_caps_and_gates(snapshot)
+
+
+def check_caps_and_gates(snapshot: Snapshot) -> None:
     result = plan(snapshot, now=NOW)
     held: Counter[tuple[str, str]] = Counter()
     for gang in snapshot.running:
@@ -249,6 +254,12 @@ def test_no_cap_or_borrowing_limit_is_passed_and_no_gate_bypassed(snapshot: Snap
         if gang.priority_class == "urgent":
             assert gang.approval_expires_at_s is not None
             assert gang.approval_expires_at_s > NOW
+    # An approved class makes room under its tenant's cap by evicting the tenant's own gangs: what it
+    # adds is judged once they are gone.
+    for p in result.preemptions:
+        if p.reason is PreemptionReason.TENANT_CAP:
+            for node in path(snapshot, p.tenant):
+                held[(node, p.gpu_type)] -= p.gpu_count
     for key, limit in limits(snapshot).items():
         assert new[key] == 0 or held[key] + new[key] <= limit, f"{key}: {held[key]} + {new[key]} > {limit}"
 
@@ -292,6 +303,10 @@ def test_gangs_are_admitted_whole_on_one_cluster_where_they_fit(snapshot: Snapsh
 @SETTINGS
 @given(snapshots())
 def test_only_lower_priorities_or_borrowers_are_preempted_within_the_limit(snapshot: Snapshot) -> None:
+    check_preemptions(snapshot)
+
+
+def check_preemptions(snapshot: Snapshot) -> None:
     result = plan(snapshot, now=NOW)
     running = {r.job_id: r for r in snapshot.running}
     gangs = {g.job_id: g for g in snapshot.queued}
@@ -320,6 +335,13 @@ def test_only_lower_priorities_or_borrowers_are_preempted_within_the_limit(snaps
         if p.reason is PreemptionReason.LOWER_PRIORITY:
             assert victim.tenant == preemptor.tenant
             assert victim.priority < preemptor.priority
+        elif p.reason is PreemptionReason.TENANT_CAP:
+            # A tenant's own gangs give way to its cap only for its approved higher priority.
+            assert victim.tenant == preemptor.tenant
+            assert victim.priority < preemptor.priority
+            assert preemptor.priority_class == "urgent"
+            assert preemptor.approval_expires_at_s is not None
+            assert preemptor.approval_expires_at_s > NOW
         else:
             assert victim.tenant != preemptor.tenant
             key = (victim.tenant, victim.gpu_type)
@@ -341,8 +363,8 @@ def test_only_lower_priorities_or_borrowers_are_preempted_within_the_limit(snaps
 def test_every_evicted_gang_is_needed(snapshot: Snapshot) -> None:
     """With one queued gang the state at its turn is the snapshot, so need can be checked exactly."""
     result = plan(snapshot, now=NOW)
-    if not result.preemptions:
-        return
+    if not result.preemptions or any(p.reason is PreemptionReason.TENANT_CAP for p in result.preemptions):
+        return  # victims under a cap are needed for the quota, not the fit (tests/unit/test_placement_cap_preempt.py)
     (gang,) = snapshot.queued
     running = {r.job_id: r for r in snapshot.running}
     first = result.preemptions[0]
@@ -394,3 +416,72 @@ def test_the_same_snapshot_in_any_order_gives_the_same_plan(snapshot: Snapshot, 
     expected = plan(snapshot, now=NOW)
     assert plan(snapshot, now=NOW) == expected
     assert plan(shuffled(snapshot, rng), now=NOW) == expected
+
+
+@st.composite
+def capped_tenant(draw: st.DrawFn) -> Snapshot:
+    """One tenant near its cap of A100, its own gangs of mixed priorities on known nodes, another
+    tenant's gangs beside them, and a queue where some gangs are of the approved urgent class."""
+    a100 = GpuType("A100")
+    nodes = draw(st.integers(2, 5))
+    free, running = [], []
+    for node in range(nodes):
+        left = 8
+        for _ in range(draw(st.integers(0, 2))):
+            gpus = min(left, draw(st.sampled_from([4, 8])))
+            if gpus == 0:
+                break
+            left -= gpus
+            running.append(
+                RunningGang(
+                    job_id=JobId(f"r{len(running)}"),
+                    tenant=draw(st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])),
+                    priority=draw(st.integers(0, 3)),
+                    cluster=ClusterName("c0"),
+                    gpu_type=a100,
+                    gpu_count=gpus,
+                    preemptible=draw(st.sampled_from([True, True, False])),
+                    queued_at_s=float(draw(st.integers(0, 9))),
+                    nodes=(NodeShare("p0", node, gpus),),
+                )
+            )
+        free.append(left)
+    pool = NodePool("p0", a100, CapacityKind.PRIVATE, 1.0, 8, tuple(free))
+    cluster = ClusterState(ClusterName("c0"), Provider.PRIVATE, "r", (pool,))
+    cap = draw(st.sampled_from([8, 16, 24]))
+    tenants = (
+        TenantQuota(
+            TEAMS[0], quotas=(GpuQuota(a100, guaranteed_gpus=draw(st.sampled_from([0, 8])), cap_gpus=cap),)
+        ),
+        TenantQuota(TEAMS[1]),
+    )
+    queue = []
+    for i in range(draw(st.integers(1, 4))):
+        urgent = draw(st.booleans())
+        queue.append(
+            GangRequest(
+                job_id=JobId(f"j{i}"),
+                tenant=draw(st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])),
+                priority=3 if urgent else draw(st.integers(0, 3)),
+                queued_at_s=float(i),
+                replica_gpus=draw(st.sampled_from([(4,), (8,), (8, 8)])),
+                gpu_types=(a100,),
+                priority_class="urgent" if urgent else "",
+                approval_expires_at_s=draw(st.sampled_from([None, NOW - 1, NOW + 1, NOW + 1])),
+            )
+        )
+    policy = PolicyConfig(preemption_limit_gpus=draw(st.sampled_from([None, None, 8])))
+    return Snapshot(
+        tuple(queue), tuple(running), tenants, (cluster,), priority_classes=CLASSES, policy=policy
+    )
+
+
+@SETTINGS
+@given(capped_tenant())
+def test_an_approved_class_evicts_only_its_own_lower_priorities_and_stays_under_the_cap(
+    snapshot: Snapshot,
+) -> None:
+    """Issue 30 item 4: the cap is never passed once the victims are gone, only the tenant's own
+    lower-priority gangs are evicted for it, and only for an approved class."""
+    check_caps_and_gates(snapshot)
+    check_preemptions(snapshot)
