@@ -140,9 +140,10 @@ def plan_gpus(
 def required_capacity(
     plans: Sequence[CapacityPlan], pools: Sequence[PoolState], *, now_s: float, lead_time_s: float
 ) -> RequiredCapacity:
+    # In the caller's order, first come first held: a plan made later never takes an earlier one's nodes.
     floors: dict[PoolKey, int] = {}
     needs: list[PlanNeed] = []
-    for plan in sorted(plans, key=lambda p: p.plan_id):
+    for plan in plans:
         candidates = sorted(
             (
                 p

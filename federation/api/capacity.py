@@ -4,7 +4,11 @@ Who may do what (kept here with the calls, as the capacity rules concern no tena
 admins create and cancel plans; admin, infra and finance read plans and pools (finance for their
 cost); members are refused, since plans and pools span every tenant (a member's `explain` says what
 capacity is doing for its job). Every request is checked field by field before anything is stored,
-and a refusal names the field.
+and a refusal names the field. A plan is then checked against what the pools can hold (their
+maximums, the clouds' GPU limits, the spend ceiling: `federation.capacity.admit`): refused with the
+shortfall, or, when the caller allows it, kept as a partial plan for what fits. A deadline plan names
+waiting jobs of one tenant that may run on its GPU type. A plan's HELD is what the pools' ready nodes
+hold for it, and its delivered GPU-hours and cost outlive it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from federation.api import convert
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.capacity.admit import Admission, PlanHeld, admit, held_by_plan
 from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
-from federation.capacity.preview import held_now, need_usd_per_hour, plan_state, pool_states, preview
-from federation.capacity.records import CapacitySettings, PendingOp, PlanKind, PlanRecord
+from federation.capacity.preview import held_now, plan_state, pool_states, preview
+from federation.capacity.records import CapacitySettings, PendingOp, PlanHeldRecord, PlanKind, PlanRecord
 from federation.capacity.store import CapacityStore
 from federation.capacity.track import plan_values, pool_usage
 from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
@@ -41,8 +46,9 @@ from federation.security.tokens import AuditEvent, SecurityStore
 from federation.spec.validate import shown
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
+from iac.decide import Limits
 from iac.pool_state import PoolState
-from placement.model import ClusterName, ClusterState, GpuType, JobId
+from placement.model import ClusterName, ClusterState, GpuType, JobId, JobPhase
 
 log = structlog.get_logger("gpufed.api")
 
@@ -52,6 +58,8 @@ MAX_REASON_LENGTH = 500
 MAX_ID_LENGTH = 128
 # Plans are for the weeks ahead, not for years: a typo in a year should not hold GPUs for one.
 MAX_AHEAD_S = 400 * 86_400.0
+# Ended and cancelled plans stay in `plan list` this long after they stopped (all of them with --all).
+ENDED_SHOWN_S = 30 * 86_400.0
 
 
 def _seconds(ts: Timestamp, field: str, now_s: float) -> float:
@@ -150,14 +158,37 @@ class CapacityService(pb_grpc.CapacityServicer):
         self._job = job
         self._clock = clock
 
-    async def _check_named_jobs(self, who: Principal, plan: PlanRecord) -> None:
+    async def _check_named_jobs(self, who: Principal, plan: PlanRecord) -> PlanRecord:
         """Each job a deadline plan names exists and the caller may read it. One etcd read per job
         whatever the answer, and one message for "missing" and "not yours" (finance reads plans,
-        not jobs), so a preview is no oracle for other tenants' job ids."""
+        not jobs), so a preview is no oracle for other tenants' job ids. Then each is still waiting
+        (a job placed or ended needs no capacity bought for it), may run on the plan's GPU type,
+        and is of the same tenant as the first: a deadline plan is one team's deadline, and its
+        cost is that team's. Returns the plan with its tenant."""
+        tenant = ""
         for i, job_id in enumerate(plan.job_ids):
             stored = await self._store.get_job(job_id)
             if stored is None or not can_read_tenant(who, stored.value.tenant):
                 raise InvalidArgument(f"job_ids[{i}]: no job {shown(job_id)}")
+            job = stored.value
+            if job.phase is not JobPhase.QUEUED:
+                what = "has ended" if job.phase.is_terminal else "is placed already"
+                raise InvalidArgument(
+                    f"job_ids[{i}]: job {job_id} {what} ({job.phase.value}); a deadline plan buys "
+                    "capacity for jobs still waiting"
+                )
+            if plan.gpu_type not in job.spec.gpu_types:
+                raise InvalidArgument(
+                    f"job_ids[{i}]: job {job_id} runs on {', '.join(job.spec.gpu_types)}, "
+                    f"not on the plan's {plan.gpu_type}"
+                )
+            if tenant and job.tenant != tenant:
+                raise InvalidArgument(
+                    f"job_ids[{i}]: job {job_id} is tenant {job.tenant}'s, job_ids[0] is {tenant}'s; "
+                    "a deadline plan is for one tenant's jobs (make one plan per tenant)"
+                )
+            tenant = job.tenant
+        return replace(plan, tenant=tenant)
 
     async def _audit(self, who: Principal, action: str, target: str, detail: str) -> None:
         # Plans buy GPUs: who asked for what stays on record, with the admins' own actions.
@@ -170,19 +201,30 @@ class CapacityService(pb_grpc.CapacityServicer):
         settings = await self._capacity.get_settings()
         return settings, scalable_pools(await self._store.list_clusters(), settings)
 
-    async def _pool_states(self, pools: dict[PoolKey, ScalablePoolEntry]) -> list[PoolState]:
+    async def _pool_view(
+        self, pools: dict[PoolKey, ScalablePoolEntry]
+    ) -> tuple[list[PoolState], dict[PoolKey, int]]:
+        """The pools as the reconciler sees them (nodes on the way included), and each pool's ready
+        nodes as its cluster lists them (what plans hold)."""
         states = {s.name: s for s in await self._inventories()}
         recorded = {(r.cluster, r.pool): r.nodes for r in await self._capacity.list_pools()}
-        nodes, busy = {}, {}
+        nodes, busy, ready = {}, {}, {}
         for key, entry in pools.items():
-            ready, used, _ = pool_usage(states.get(entry.cluster), entry.config.name)
-            nodes[key] = recorded.get(key, ready) or ready
+            there, used, _ = pool_usage(states.get(entry.cluster), entry.config.name)
+            nodes[key] = recorded.get(key, there) or there
             busy[key] = used
-        return pool_states(pools, nodes, busy)
+            ready[key] = there
+        return pool_states(pools, nodes, busy), ready
 
     def _plan_pb(
-        self, p: PlanRecord, now: float, settings: CapacitySettings, held: int, usd: float
+        self,
+        p: PlanRecord,
+        now: float,
+        settings: CapacitySettings,
+        held: PlanHeld | None = None,
+        delivered: PlanHeldRecord | None = None,
     ) -> pb.CapacityPlan:
+        gpu_s, usd = delivered.delivered(min(now, p.stop_s)) if delivered is not None else (0.0, 0.0)
         out = pb.CapacityPlan(
             plan_id=p.plan_id,
             kind=p.kind.value,
@@ -197,15 +239,44 @@ class CapacityService(pb_grpc.CapacityServicer):
             created_by=p.created_by,
             created_at=_ts(p.created_at_s),
             state=plan_state(p, now, settings.lead_time_s),
-            gpus_now=held,
-            usd_per_hour=usd,
+            gpus_now=held.gpus if held is not None else 0,
+            usd_per_hour=held.usd_per_hour if held is not None else 0.0,
             cancelled_by=p.cancelled_by,
+            requested_gpus=p.requested_gpus or p.gpus,
+            shortfall_gpus=max(0, p.requested_gpus - p.gpus),
+            held_back_by=p.held_back_by,
+            gpu_hours=gpu_s / 3600.0,
+            total_usd=usd,
+            tenant=p.tenant,
         )
         if settings.provisioner.value == "none":
             out.note = (
                 "no provisioner is configured (capacity.provisioner): plans are kept but not provisioned"
             )
         return out
+
+    @staticmethod
+    def _limits(settings: CapacitySettings) -> Limits:
+        return Limits(
+            max_gpus_by_provider=dict(settings.cloud_gpu_limits),
+            max_usd_per_hour=settings.spend_ceiling_usd_per_hour,
+            lead_time_s=settings.lead_time_s,
+            idle_ttl_s=settings.idle_ttl_s,
+        )
+
+    async def _admission(
+        self,
+        plan: PlanRecord,
+        earlier: list[PlanRecord],
+        settings: CapacitySettings,
+        pools: dict[PoolKey, ScalablePoolEntry],
+        now: float,
+    ) -> tuple[Admission, list[PoolState]]:
+        """Whether the pools can hold `plan` after the `earlier` plans."""
+        states, _ = await self._pool_view(pools)
+        others = plan_values(earlier, self._job, now)
+        mine = plan_values([replace(plan, cancelled_at_s=None)], self._job, now)[0]
+        return admit(mine, others, states, self._limits(settings), now_s=now), states
 
     async def CreateCapacityPlan(self, request: pb.CapacityPlanRequest, context: Ctx) -> pb.CapacityPlan:
         async def body(who: Principal, req: pb.CapacityPlanRequest) -> pb.CapacityPlan:
@@ -215,12 +286,21 @@ class CapacityService(pb_grpc.CapacityServicer):
             now = self._clock()
             settings, pools = await self._pools()
             plan = plan_from_request(req, who, now_s=now, pools=pools)
-            await self._check_named_jobs(who, plan)
+            if req.allow_partial and plan.kind is PlanKind.DEADLINE:
+                raise InvalidArgument(
+                    "allow_partial: a deadline plan is all or nothing (fewer GPUs miss its deadline)"
+                )
+            plan = await self._check_named_jobs(who, plan)
+            earlier = await self._capacity.list_plans()
+            got, _ = await self._admission(plan, earlier, settings, pools, now)
+            plan = _admitted(plan, got, allow_partial=req.allow_partial)
             if not await self._capacity.create_plan(plan):
                 raise Conflict(f"plan id {plan.plan_id} was taken; try again")
             what = f"{plan.kind.value} {plan.gpus or len(plan.job_ids)} {plan.gpu_type} in {plan.cluster}"
+            if plan.requested_gpus:
+                what += f" (partial: {plan.requested_gpus} asked)"
             await self._audit(who, "capacity_plan_created", plan.plan_id, f"{what}: {plan.reason}"[:500])
-            return self._plan_pb(plan, now, settings, 0, 0.0)
+            return self._plan_pb(plan, now, settings)
 
         return await self._h.unary("CreateCapacityPlan", request, context, body)
 
@@ -232,21 +312,19 @@ class CapacityService(pb_grpc.CapacityServicer):
             now = self._clock()
             settings, pools = await self._pools()
             records = sorted(await self._capacity.list_plans(), key=lambda p: (p.start_s, p.plan_id))
-            states = await self._pool_states(pools)
+            states, ready = await self._pool_view(pools)
             needs = held_now(
                 plan_values(records, self._job, now), states, now_s=now, lead_time_s=settings.lead_time_s
             )
+            held = held_by_plan(list(needs.values()), states, ready)
+            delivered = {h.plan_id: h for h in await self._capacity.list_held()}
             out = []
             for p in records:
-                if not req.include_ended and plan_state(p, now, settings.lead_time_s) in (
-                    "ended",
-                    "cancelled",
-                ):
+                stopped = plan_state(p, now, settings.lead_time_s) in ("ended", "cancelled")
+                if stopped and not req.include_ended and now - p.stop_s > ENDED_SHOWN_S:
                     continue
-                need = needs.get(p.plan_id)
-                held = need.gpus if need is not None else 0
-                usd = need_usd_per_hour(need, states) if need is not None else 0.0
-                out.append(self._plan_pb(p, now, settings, held, usd))
+                here = None if stopped else held.get(p.plan_id)
+                out.append(self._plan_pb(p, now, settings, here, delivered.get(p.plan_id)))
             return pb.ListCapacityPlansResponse(plans=out)
 
         return await self._h.unary("ListCapacityPlans", request, context, body)
@@ -262,17 +340,24 @@ class CapacityService(pb_grpc.CapacityServicer):
                 if stored is None:
                     raise NotFound(f"no capacity plan {shown(req.plan_id[:MAX_ID_LENGTH])}")
                 plan = stored
+                order = (plan.created_at_s, plan.plan_id)
+                earlier = [p for p in records if (p.created_at_s, p.plan_id) < order]
             else:
                 plan = plan_from_request(req, who, now_s=now, pools=pools)
                 if plan.job_ids:
                     check_name_jobs_in_plan(who)
-                await self._check_named_jobs(who, plan)
-            others = plan_values([p for p in records if p.plan_id != plan.plan_id], self._job, now)
+                plan = await self._check_named_jobs(who, plan)
+                earlier = records
+            got, states = await self._admission(plan, earlier, settings, pools, now)
+            if plan.kind is PlanKind.FIXED and got.granted_gpus and got.shortfall_gpus:
+                # What it would hold if accepted as partial: the cost shown is what would be spent.
+                plan = replace(plan, gpus=got.granted_gpus, requested_gpus=got.requested_gpus)
+            others = plan_values(earlier, self._job, now)
             mine = plan_values([replace(plan, cancelled_at_s=None)], self._job, now)[0]
-            states = await self._pool_states(pools)
-            got = preview(mine, plan, others, states, now_s=now, lead_time_s=settings.lead_time_s)
+            shown_plan = preview(mine, plan, others, states, now_s=now, lead_time_s=settings.lead_time_s)
+            held_back = "; ".join(got.held_back_by)
             return pb.CapacityPreview(
-                plan=self._plan_pb(plan, now, settings, got.gpus, got.usd_per_hour),
+                plan=self._plan_pb(replace(plan, held_back_by=held_back), now, settings),
                 changes=[
                     pb.PoolChangePreview(
                         cluster=c.key[0],
@@ -282,15 +367,17 @@ class CapacityService(pb_grpc.CapacityServicer):
                         usd_per_hour_before=c.usd_per_hour_before,
                         usd_per_hour_after=c.usd_per_hour_after,
                     )
-                    for c in got.changes
+                    for c in shown_plan.changes
                 ],
-                gpus=got.gpus,
-                usd_per_hour=got.usd_per_hour,
-                total_usd=got.total_usd,
-                shortfall_gpus=got.shortfall_gpus,
+                gpus=shown_plan.gpus if not got.held_back_by or got.granted_gpus else 0,
+                usd_per_hour=shown_plan.usd_per_hour if not got.held_back_by or got.granted_gpus else 0.0,
+                total_usd=shown_plan.total_usd if not got.held_back_by or got.granted_gpus else 0.0,
+                shortfall_gpus=got.shortfall_gpus if got.held_back_by else 0,
                 meetable=got.meetable,
-                note=got.note,
-                provision_at=_ts(got.provision_at_s),
+                note="; ".join(
+                    x for x in (f"held back by {held_back}" if held_back else "", shown_plan.note) if x
+                ),
+                provision_at=_ts(shown_plan.provision_at_s),
             )
 
         return await self._h.unary("PreviewCapacityPlan", request, context, body)
@@ -315,7 +402,7 @@ class CapacityService(pb_grpc.CapacityServicer):
             if not await self._capacity.update_plan(cancelled, stored.mod_revision):
                 raise Conflict(f"plan {plan.plan_id} changed meanwhile; try again")
             await self._audit(who, "capacity_plan_cancelled", plan.plan_id, "")
-            return self._plan_pb(cancelled, now, settings, 0, 0.0)
+            return self._plan_pb(cancelled, now, settings)
 
         return await self._h.unary("CancelCapacityPlan", request, context, body)
 
@@ -361,6 +448,32 @@ class CapacityService(pb_grpc.CapacityServicer):
             )
 
         return await self._h.unary("ListCapacityPools", request, context, body)
+
+
+def _admitted(plan: PlanRecord, got: Admission, *, allow_partial: bool) -> PlanRecord:
+    """The plan to store, or FailedPrecondition saying what the pools cannot hold and why."""
+    if not got.meetable:
+        raise FailedPrecondition(
+            "job_ids: the deadline cannot be met: a job alone runs past it, even on new nodes "
+            "(which are ready only after the lead time)"
+        )
+    if got.whole:
+        return plan
+    why = "; ".join(got.held_back_by)
+    asked = f"{got.requested_gpus} {plan.gpu_type} GPU(s) in {plan.cluster}"
+    if plan.kind is PlanKind.DEADLINE:
+        raise FailedPrecondition(f"job_ids: the jobs need {asked}, more than the pools can hold: {why}")
+    if not allow_partial or not got.granted_gpus:
+        hint = (
+            f"; allow a partial plan (--allow-partial) to hold the {got.granted_gpus} that fit"
+            if got.granted_gpus
+            else ""
+        )
+        raise FailedPrecondition(
+            f"gpus: the pools can hold {got.granted_gpus} of the {asked} asked "
+            f"(shortfall: {got.shortfall_gpus}), held back by {why}{hint}"
+        )
+    return replace(plan, gpus=got.granted_gpus, requested_gpus=got.requested_gpus, held_back_by=why)
 
 
 def _pending_pb(op: PendingOp) -> pb.PendingPoolChange:

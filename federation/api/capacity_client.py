@@ -22,6 +22,7 @@ def plan_request(
     pool: str = "",
     reason: str = "",
     plan_id: str = "",
+    allow_partial: bool = False,
 ) -> pb.CapacityPlanRequest:
     request = pb.CapacityPlanRequest(
         kind=kind,
@@ -32,6 +33,7 @@ def plan_request(
         pool=pool,
         reason=reason,
         plan_id=plan_id,
+        allow_partial=allow_partial,
     )
     if start_s is not None:
         request.start.CopyFrom(convert.timestamp(start_s))

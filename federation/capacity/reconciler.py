@@ -16,7 +16,9 @@ Active transitions (decide and act):
    called, so a crash in between leaves an operation to retry, never an unknown one; the node
    count asked for is absolute, so a repeat is harmless;
 5. a failure keeps the operation with its error and a retry time: retryable ones back off
-   exponentially, permanent ones wait the longest interval; waiting jobs say so in `explain`.
+   exponentially, permanent ones wait the longest interval; waiting jobs say so in `explain`;
+6. what each plan holds of the pools' ready nodes (`federation.capacity.admit.held_by_plan`) is
+   recorded whenever it changes, so a plan's delivered GPU-hours and cost outlive it.
 
 No node that runs a job is removed: the busy count goes to the provisioner, which refuses a change
 below it, and the simulated one removes only nodes still idle when it reaches them.
@@ -30,10 +32,12 @@ from dataclasses import replace
 
 import structlog
 
+from federation.capacity.admit import PlanHeld, held_by_plan
 from federation.capacity.pools import PoolKey, ScalablePoolEntry
-from federation.capacity.records import CapacitySettings, PendingOp, PoolRecord
+from federation.capacity.records import CapacitySettings, PendingOp, PlanHeldRecord, PlanRecord, PoolRecord
 from federation.capacity.store import CapacityStore
 from federation.capacity.track import (
+    advance_held,
     annotate,
     backoff_s,
     grown,
@@ -104,6 +108,7 @@ class CapacityReconciler:
         self._records: dict[PoolKey, PoolRecord] = {}
         self._intervals: dict[bytes, ProvisionedInterval] = {}
         self._status: dict[PoolKey, PoolStatus] = {}
+        self._held: dict[str, PlanHeldRecord] = {}
         self.last_decision: Decision | None = None
 
     # ---- what the scheduler hands over and reads back, each cycle
@@ -152,6 +157,7 @@ class CapacityReconciler:
         self._ops = {(o.cluster, o.pool): o for o in await self._store.list_ops()}
         self._records = {(r.cluster, r.pool): r for r in await self._store.list_pools()}
         self._intervals = await self._store.keyed_intervals()
+        self._held = {h.plan_id: h for h in await self._store.list_held()}
         self._status = {}
         for key, entry in self._pools.items():
             assert entry.spec is not None
@@ -169,7 +175,8 @@ class CapacityReconciler:
         await self._load(fence)
         now = self._clock()
         states = {s.name: s for s in await self._inventories()}
-        plans = plan_values(await self._store.list_plans(), self._job, now)
+        records = await self._store.list_plans()
+        plans = plan_values(records, self._job, now)
         pool_states: list[PoolState] = []
         for key, entry in self._pools.items():
             assert entry.spec is not None
@@ -220,7 +227,26 @@ class CapacityReconciler:
                 jobs=list(refusal.request.job_ids),
             )
         self._notes = wait_notes(decision.refused, self._ops.values(), now)
+        ready = {key: pool_usage(states.get(key[0]), key[1])[0] for key in self._pools}
+        await self._record_held(records, held_by_plan(decision.plans, pool_states, ready), now, fence)
         return decision
+
+    async def _record_held(
+        self,
+        records: Sequence[PlanRecord],
+        held: Mapping[str, PlanHeld],
+        now: float,
+        fence: Fence | None,
+    ) -> None:
+        changed = [
+            fresh
+            for p in records
+            if (fresh := advance_held(self._held.get(p.plan_id), p, held.get(p.plan_id), now)) is not None
+        ]
+        await self._store.put_held(changed, fence=fence)
+        for fresh in changed:
+            self._held[fresh.plan_id] = fresh
+            log.info("capacity_plan_held_changed", plan_id=fresh.plan_id, gpus=fresh.gpus)
 
     async def _observe(
         self, entry: ScalablePoolEntry, state: ClusterState | None, now: float, fence: Fence | None

@@ -9,7 +9,10 @@ for (the finance idle-cost report reads them). Keys, all under `/gpufed/capacity
 - `plans/<plan_id>`: a `PlanRecord` (create-only; cancelled by compare-and-swap);
 - `pools/<cluster>/<pool>`: a `PoolRecord` (idle clocks, the last target, the last error);
 - `ops/<cluster>/<pool>`: the pool's `PendingOp`, at most one at a time;
-- `provisioned/<cluster>/<pool>/<start ns>`: a `ProvisionedInterval` of nodes gpufed added.
+- `provisioned/<cluster>/<pool>/<start ns>`: a `ProvisionedInterval` of nodes gpufed added;
+- `plan-held/<plan_id>`: a `PlanHeldRecord`, what a plan's nodes delivered (written by the leader
+  when what the plan holds changes, apart from the plan so that a cancel's compare-and-swap never
+  races the leader).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ PLANS = CAPACITY + b"plans/"
 POOLS = CAPACITY + b"pools/"
 OPS = CAPACITY + b"ops/"
 PROVISIONED = CAPACITY + b"provisioned/"
+PLAN_HELD = CAPACITY + b"plan-held/"
 
 
 class ProvisionerKind(StrEnum):
@@ -82,6 +86,33 @@ class PlanRecord:
     reason: str = ""
     cancelled_at_s: float | None = None
     cancelled_by: str = ""
+    # A partial fixed plan: what was asked (0: `gpus`, the whole of it) and the limit that held it back.
+    requested_gpus: int = 0
+    held_back_by: str = ""
+    # A deadline plan: the one tenant whose jobs it names.
+    tenant: str = ""
+
+    @property
+    def stop_s(self) -> float:
+        """When the plan stops holding: its end, or when it was cancelled."""
+        return self.end_s if self.cancelled_at_s is None else min(self.end_s, self.cancelled_at_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanHeldRecord:
+    """What a plan's nodes have delivered: totals up to `since_s`, and the GPUs held since then."""
+
+    plan_id: str
+    since_s: float
+    gpus: int = 0
+    usd_per_hour: float = 0.0
+    gpu_s: float = 0.0
+    usd: float = 0.0
+
+    def delivered(self, until_s: float) -> tuple[float, float]:
+        """(GPU-seconds, dollars) delivered up to `until_s`."""
+        span_s = max(0.0, until_s - self.since_s)
+        return self.gpu_s + self.gpus * span_s, self.usd + self.usd_per_hour * span_s / 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +199,9 @@ def plan_to_dict(p: PlanRecord) -> dict[str, Any]:
         "reason": p.reason,
         "cancelled_at_s": p.cancelled_at_s,
         "cancelled_by": p.cancelled_by,
+        "requested_gpus": p.requested_gpus,
+        "held_back_by": p.held_back_by,
+        "tenant": p.tenant,
     }
 
 
@@ -187,6 +221,31 @@ def plan_from_dict(d: dict[str, Any]) -> PlanRecord:
         reason=d.get("reason", ""),
         cancelled_at_s=d.get("cancelled_at_s"),
         cancelled_by=d.get("cancelled_by", ""),
+        requested_gpus=int(d.get("requested_gpus", 0)),
+        held_back_by=d.get("held_back_by", ""),
+        tenant=d.get("tenant", ""),
+    )
+
+
+def held_to_dict(h: PlanHeldRecord) -> dict[str, Any]:
+    return {
+        "plan_id": h.plan_id,
+        "since_s": h.since_s,
+        "gpus": h.gpus,
+        "usd_per_hour": h.usd_per_hour,
+        "gpu_s": h.gpu_s,
+        "usd": h.usd,
+    }
+
+
+def held_from_dict(d: dict[str, Any]) -> PlanHeldRecord:
+    return PlanHeldRecord(
+        plan_id=d["plan_id"],
+        since_s=float(d["since_s"]),
+        gpus=int(d.get("gpus", 0)),
+        usd_per_hour=float(d.get("usd_per_hour", 0.0)),
+        gpu_s=float(d.get("gpu_s", 0.0)),
+        usd=float(d.get("usd", 0.0)),
     )
 
 

@@ -15,14 +15,18 @@ from typing import Any, TypeVar
 
 from federation.capacity.records import (
     OPS,
+    PLAN_HELD,
     PLANS,
     POOLS,
     PROVISIONED,
     SETTINGS_KEY,
     CapacitySettings,
     PendingOp,
+    PlanHeldRecord,
     PlanRecord,
     PoolRecord,
+    held_from_dict,
+    held_to_dict,
     interval_from_dict,
     interval_to_dict,
     op_from_dict,
@@ -94,6 +98,16 @@ class CapacityStore:
             (Compare.mod_revision_is(key, mod_revision),), (Put(key, _dumps(plan_to_dict(plan))),)
         )
         return result.succeeded
+
+    # ---- what each plan's nodes delivered (written by the leader's capacity reconciler)
+
+    async def list_held(self) -> list[PlanHeldRecord]:
+        return [h for h, _ in await self._list(PLAN_HELD, held_from_dict)]
+
+    async def put_held(self, records: list[PlanHeldRecord], *, fence: Fence | None) -> None:
+        if records:
+            ops = tuple(Put(PLAN_HELD + h.plan_id.encode(), _dumps(held_to_dict(h))) for h in records)
+            await self._write(ops, fence)
 
     # ---- pending operations and idle clocks (written by the leader's capacity reconciler)
 

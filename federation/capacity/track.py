@@ -3,17 +3,20 @@
 Kept apart from `federation.capacity.reconciler` (which does I/O) so each rule is a function of its arguments:
 a pool's busy and idle nodes from the cluster's inventory, the idle clocks, provisioned intervals
 opened and closed as pools grow and shrink, the backoff of a failed operation, the wait reasons a
-job gets when its capacity is refused or failing, and plan records as `iac.plans` values.
+job gets when its capacity is refused or failing, plan records as `iac.plans` values (oldest first),
+and what each plan's nodes delivered.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from federation.capacity.admit import PlanHeld
 from federation.capacity.pools import ScalablePoolEntry
-from federation.capacity.records import PendingOp, PlanKind, PlanRecord, interval_key
+from federation.capacity.records import PendingOp, PlanHeldRecord, PlanKind, PlanRecord, interval_key
 from federation.ledger.report.idle import ProvisionedInterval
 from federation.store.jobs import JobRecord
 from iac.decide import Refusal
@@ -108,9 +111,10 @@ def shrunk(
 def plan_values(
     plans: Iterable[PlanRecord], job: Callable[[JobId], JobRecord | None], now_s: float
 ) -> list[CapacityPlan]:
-    """The live plans as `iac.plans` values (cancelled ones hold nothing)."""
+    """The live plans as `iac.plans` values, in the order they were made (the first made is the first
+    held), cancelled ones left out (they hold nothing)."""
     out: list[CapacityPlan] = []
-    for p in plans:
+    for p in sorted(plans, key=lambda p: (p.created_at_s, p.plan_id)):
         if p.cancelled_at_s is not None:
             continue
         if p.kind is PlanKind.FIXED:
@@ -127,6 +131,22 @@ def plan_values(
             jobs.append(DeadlineJob(job_id, record.spec.gpu_count, runtime))
         out.append(DeadlinePlan(p.plan_id, p.cluster, p.gpu_type, tuple(jobs), p.end_s, p.pool, p.reason))
     return out
+
+
+def advance_held(
+    previous: PlanHeldRecord | None, plan: PlanRecord, held: PlanHeld | None, now_s: float
+) -> PlanHeldRecord | None:
+    """The plan's delivery record once it holds `held` from now, or None when nothing changed (so
+    the leader writes only when what a plan holds changes). From its end or cancellation on it holds
+    nothing, and the totals stop there."""
+    at = min(now_s, plan.stop_s)
+    gpus, usd = (held.gpus, held.usd_per_hour) if held is not None and now_s < plan.stop_s else (0, 0.0)
+    if previous is None:
+        return PlanHeldRecord(plan.plan_id, at, gpus, usd) if gpus else None
+    if previous.gpus == gpus and math.isclose(previous.usd_per_hour, usd):
+        return None
+    gpu_s, dollars = previous.delivered(at)
+    return PlanHeldRecord(plan.plan_id, at, gpus, usd, gpu_s, dollars)
 
 
 def wait_notes(refused: Sequence[Refusal], ops: Iterable[PendingOp], now_s: float) -> dict[JobId, WaitReason]:

@@ -2,7 +2,7 @@
 
     gpufed capacity pools
     gpufed capacity plan create --cluster aws-us-east-1 --gpu-type H100 --gpus 64 \
-        --from 2026-11-30T08:00 --to 2026-12-04T20:00 --reason "launch week"
+        --from 2026-11-30T08:00 --to 2026-12-04T20:00 --reason "launch week" [--allow-partial]
     gpufed capacity plan create --cluster aws-us-east-1 --gpu-type A100 --deadline 2026-12-04 \
         --job train-a-1f2e3d4c --job train-b-5a6b7c8d
     gpufed capacity plan preview ...same options... | --id PLAN
@@ -73,9 +73,35 @@ def pools_text(reply: pb.ListCapacityPoolsResponse) -> str:
 
 
 def plans_text(plans: Sequence[pb.CapacityPlan]) -> str:
-    rows = [("ID", "KIND", "STATE", "CLUSTER", "GPUS", "FROM", "TO", "HELD", "$/H", "BY", "REASON")]
+    """HELD and $/H: what the pools' ready nodes hold for the plan now; GPU-H and COST: what its
+    held nodes delivered so far (in all, once it ended). A partial plan's shortfall follows the table."""
+    rows = [
+        (
+            "ID",
+            "KIND",
+            "STATE",
+            "CLUSTER",
+            "GPUS",
+            "FROM",
+            "TO",
+            "HELD",
+            "$/H",
+            "GPU-H",
+            "COST",
+            "BY",
+            "REASON",
+        )
+    ]
+    notes = []
     for p in plans:
-        gpus = str(p.gpus) if p.kind == "fixed" else f"{len(p.job_ids)} job(s)"
+        if p.kind == "fixed":
+            gpus = f"{p.gpus} of {p.requested_gpus}" if p.shortfall_gpus else str(p.gpus)
+        else:
+            gpus = f"{len(p.job_ids)} job(s)" + (f" of {p.tenant}" if p.tenant else "")
+        if p.shortfall_gpus:
+            notes.append(
+                f"{p.plan_id}: partial, {p.shortfall_gpus} GPU(s) short: held back by {p.held_back_by}"
+            )
         rows.append(
             (
                 p.plan_id,
@@ -87,21 +113,28 @@ def plans_text(plans: Sequence[pb.CapacityPlan]) -> str:
                 _when(p.end),
                 str(p.gpus_now),
                 f"{p.usd_per_hour:,.2f}",
+                f"{p.gpu_hours:,.1f}",
+                f"{p.total_usd:,.2f}",
                 p.created_by,
                 p.reason,
             )
         )
-    return _table(rows)
+    return "\n".join([_table(rows), *notes])
 
 
 def preview_text(reply: pb.CapacityPreview) -> str:
+    asked = reply.plan.requested_gpus
+    of = f" of {asked}" if reply.shortfall_gpus and asked else ""
     lines = [
-        f"plan: {reply.gpus} x {reply.plan.gpu_type} in {reply.plan.cluster}, provisioned from "
+        f"plan: {reply.gpus}{of} x {reply.plan.gpu_type} in {reply.plan.cluster}, provisioned from "
         f"{_when(reply.provision_at)} to {_when(reply.plan.end)}",
         f"cost: ${reply.usd_per_hour:,.2f}/h, ${reply.total_usd:,.2f} in all",
     ]
     if reply.shortfall_gpus:
-        lines.append(f"shortfall: {reply.shortfall_gpus} GPU(s) beyond the pools' maximum")
+        lines.append(
+            f"shortfall: {reply.shortfall_gpus} GPU(s), held back by {reply.plan.held_back_by}: "
+            + ("create refuses it unless --allow-partial" if reply.gpus else "create refuses it")
+        )
     if not reply.meetable:
         lines.append("the deadline cannot be met even with every job running at once")
     if reply.note:
@@ -134,7 +167,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _request(kw: dict[str, Any], plan_id: str = "") -> pb.CapacityPlanRequest:
+def _request(kw: dict[str, Any], plan_id: str = "", allow_partial: bool = False) -> pb.CapacityPlanRequest:
     if plan_id:
         return plan_request(plan_id=plan_id)
     deadline = kw["deadline"] is not None or bool(kw["jobs"])
@@ -160,6 +193,7 @@ def _request(kw: dict[str, Any], plan_id: str = "") -> pb.CapacityPlanRequest:
         end_s=None if kw["until"] is None else parse_when(kw["until"], "--to"),
         pool=kw["pool"],
         reason=kw["reason"],
+        allow_partial=allow_partial,
     )
 
 
@@ -183,13 +217,29 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
 
     @plan.command(name="create")
     @_plan_options
+    @click.option(
+        "--allow-partial",
+        is_flag=True,
+        help="fixed plan: if the pools cannot hold it whole, hold what fits (else it is refused)",
+    )
     @click.pass_obj
     @rpc
-    def plan_create(opts: Any, /, **kw: Any) -> None:
-        """Create a plan (infra and admins); it is provisioned the lead time before it starts."""
+    def plan_create(opts: Any, /, allow_partial: bool, **kw: Any) -> None:
+        """Create a plan (infra and admins); it is provisioned the lead time before it starts.
+
+        It is refused when the pools' maximums, the clouds' GPU limits or the spend ceiling cannot
+        hold it whole (with --allow-partial, a fixed plan holds what fits, its shortfall stated)."""
+        if allow_partial and (kw["deadline"] is not None or kw["jobs"]):
+            raise click.BadParameter("a deadline plan is all or nothing", param_hint="--allow-partial")
         with opts.client() as client:
-            reply = CapacityClient(client).create_plan(_request(kw))
-        opts.emit(reply, f"plan {reply.plan_id} created ({reply.state})")
+            reply = CapacityClient(client).create_plan(_request(kw, allow_partial=allow_partial))
+        text = f"plan {reply.plan_id} created ({reply.state})"
+        if reply.shortfall_gpus:
+            text += (
+                f": partial, {reply.gpus} of {reply.requested_gpus} {reply.gpu_type} GPU(s), "
+                f"{reply.shortfall_gpus} short, held back by {reply.held_back_by}"
+            )
+        opts.emit(reply, text)
 
     @plan.command(name="preview")
     @_plan_options
@@ -203,11 +253,12 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         opts.emit(reply, preview_text(reply))
 
     @plan.command(name="list")
-    @click.option("--all", "include_ended", is_flag=True, help="include ended and cancelled plans")
+    @click.option("--all", "include_ended", is_flag=True, help="also plans that stopped over 30 days ago")
     @click.pass_obj
     @rpc
     def plan_list(opts: Any, include_ended: bool) -> None:
-        """Plans with their state, the GPUs they hold now and what those cost."""
+        """Plans with their state, the GPUs the pools hold for them now and what those cost, and what
+        each delivered so far. Ended and cancelled plans stay listed for 30 days."""
         with opts.client() as client:
             reply = CapacityClient(client).list_plans(include_ended=include_ended)
         opts.emit(reply, plans_text(reply.plans))
