@@ -48,7 +48,7 @@ from federation.joblogs.archive import LogArchive, LogsSettings, get_logs_settin
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
-from federation.runtime.history_wiring import open_history
+from federation.runtime.history_wiring import history_shown, open_history
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
@@ -370,6 +370,8 @@ class FederationServer:
             metrics_port=self.metrics_port,
             console_url=self.console_url,
             identity=cfg.identity,
+            # Which database the history goes to, without its password (issue 30, item 10).
+            history=history_shown(cfg.history, cfg.state_dir),
         )
 
     @property
