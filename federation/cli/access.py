@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api.v1 import gpufed_pb2 as pb
@@ -107,7 +108,11 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
             fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(reply.token + "\n")
-            click.echo(f"token {reply.info.token_id} for {reply.info.user} written to {Path(out)}")
+            # The token itself stays in the file, in every format.
+            opts.emit(
+                {"info": MessageToDict(reply.info, preserving_proto_field_name=True), "written_to": out},
+                f"token {reply.info.token_id} for {reply.info.user} written to {Path(out)}",
+            )
             return
         opts.emit(
             reply, f"{reply.token}\n(token {reply.info.token_id} for {reply.info.user}; shown only once)"
@@ -131,7 +136,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """Revoke a token by its id (effective within seconds on every server)."""
         with opts.client() as client:
             client.revoke_token(token_id)
-        click.echo(f"token {token_id} revoked")
+        opts.emit({"token_id": token_id, "revoked": True}, f"token {token_id} revoked")
 
     @cli.command()
     @click.option("--limit", default=100, show_default=True)

@@ -39,6 +39,11 @@ def tenant_text(tenant: pb.Tenant) -> str:
     return yaml.safe_dump(json.loads(tenant.document), sort_keys=False).rstrip()
 
 
+def tenant_dict(tenant: pb.Tenant) -> dict[str, Any]:
+    """The API carries the document as a JSON string; a script wants it as the object it is."""
+    return {"name": tenant.name, "document": json.loads(tenant.document) if tenant.document else {}}
+
+
 def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     """Add the admin command groups to `cli`; `rpc` turns gRPC errors into one-line messages."""
 
@@ -56,7 +61,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """Create or replace a tenant from a document with the config file's tenant keys."""
         with opts.client() as client:
             reply = client.set_tenant(path.read())
-        opts.emit(reply, f"tenant {reply.name} set; it applies at the next scheduling cycle")
+        opts.emit(tenant_dict(reply), f"tenant {reply.name} set; it applies at the next scheduling cycle")
 
     @tenant.command(name="get")
     @click.argument("name")
@@ -66,7 +71,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """Show a tenant in the config file's keys (what `tenant set` takes back)."""
         with opts.client() as client:
             reply = client.get_tenant(name)
-        opts.emit(reply, tenant_text(reply))
+        opts.emit(tenant_dict(reply), tenant_text(reply))
 
     @tenant.command(name="list")
     @click.pass_obj
@@ -75,7 +80,10 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """List the tenants you may read."""
         with opts.client() as client:
             reply = client.list_tenants()
-        opts.emit(reply, "\n---\n".join(tenant_text(t) for t in reply.tenants))
+        opts.emit(
+            {"tenants": [tenant_dict(t) for t in reply.tenants]},
+            "\n---\n".join(tenant_text(t) for t in reply.tenants),
+        )
 
     @tenant.command(name="delete")
     @click.argument("name")
@@ -85,7 +93,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """Delete a tenant that has no child tenants, users or unfinished jobs."""
         with opts.client() as client:
             client.delete_tenant(name)
-        click.echo(f"tenant {name} deleted")
+        opts.emit({"tenant": name, "deleted": True}, f"tenant {name} deleted")
 
     @cli.group()
     def user() -> None:
@@ -151,4 +159,4 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """Revoke an approval (jobs it admitted keep running)."""
         with opts.client() as client:
             client.revoke_approval(approval_id)
-        click.echo(f"{approval_id} revoked")
+        opts.emit({"approval_id": approval_id, "revoked": True}, f"{approval_id} revoked")

@@ -8,6 +8,8 @@ the embedded default in `./.gpufed` is used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import sys
 import time
@@ -28,7 +30,9 @@ from federation.cli import dataset as cli_dataset
 from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
 from federation.cli import report as cli_report
+from federation.cli.first_steps import EXAMPLE_JOB, first_steps
 from federation.cli.logs import parse_since
+from federation.cli.output import OutputGroup, OutputHolder, RpcFailed, accept_output_everywhere
 from federation.cli.render import (
     FORMATS,
     as_dict,
@@ -39,7 +43,6 @@ from federation.cli.render import (
     structured,
     summary_table,
 )
-from federation.errors import GpufedError
 from federation.logs import configure_logging
 
 # Not `federation.runtime.embedded`, which only `up` needs (imported there): it imports the whole
@@ -52,7 +55,12 @@ if TYPE_CHECKING:
 DEFAULT_STATE_DIR = Path(".gpufed")
 
 
-class _Opts:
+class _Opts(OutputHolder):
+    """What the top-level options chose, on the click context for every command (`@click.pass_obj`).
+
+    `output` is the format: `gpufed -o F`, replaced by a subcommand's own `-o F` (`federation.cli.output`).
+    """
+
     def __init__(self, **kwargs: Any) -> None:
         self.server: str | None = kwargs["server"]
         self.token: str | None = kwargs["token"]
@@ -105,10 +113,12 @@ class _Opts:
             raise click.ClickException(f"cannot read token file {path}: {error.strerror}") from error
 
     def emit(self, message: Any, table_text: str) -> None:
+        """`table_text` for people, else the reply (a protobuf message or a plain dict) as JSON or YAML."""
         if self.output == "table":
             click.echo(table_text)
         else:
-            click.echo(structured(as_dict(message), self.output))
+            payload = message if isinstance(message, dict) else as_dict(message)
+            click.echo(structured(payload, self.output))
 
 
 def _rpc(fn: Any) -> Any:
@@ -122,12 +132,12 @@ def _rpc(fn: Any) -> Any:
         except grpc.RpcError as error:
             code = error.code().name if hasattr(error, "code") else "ERROR"
             details = error.details() if hasattr(error, "details") else str(error)
-            raise click.ClickException(f"{code}: {details}") from error
+            raise RpcFailed(code, details or "") from error
 
     return wrapper
 
 
-@click.group()
+@click.group(cls=OutputGroup)
 @click.option("--server", help="gRPC address host:port (default: GPUFED_SERVER or the embedded default)")
 @click.option("--token", help="bearer token (prefer --token-file)")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="file holding the bearer token")
@@ -135,7 +145,14 @@ def _rpc(fn: Any) -> Any:
 @click.option(
     "--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True, help="embedded default's state"
 )
-@click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="table, json or yaml; also accepted after any subcommand (errors too come as JSON or YAML)",
+)
 @click.option(
     "--tls-ca", default=None, help="CA that signed the server's certificate: use TLS (GPUFED_TLS_CA)"
 )
@@ -165,7 +182,33 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     """Start the embedded default: local etcd, the server and simulated clusters."""
     configure_logging()
 
+    from datasync.seaweed_process import SeaweedStartFailed
+    from federation.runtime.config import load_config
+    from federation.runtime.embedded import default_config_path, run_up
+    from federation.runtime.etcd_process import EtcdStartFailed
+    from federation.runtime.sim_process import SimStartFailed
+    from federation.runtime.state_lock import StateDirBusy, hold_state_dir
+
     def ready(info: EmbeddedInfo) -> None:
+        # Read again (run_up read it too) only for the users' names: the hint names one that exists.
+        users = load_config(Path(config) if config else default_config_path()).users
+        hints = first_steps(
+            users, info.token_files, config=config or "the default config", example_here=EXAMPLE_JOB.exists()
+        )
+        if opts.output != "table":
+            # One line, so that a script reading the pipe of a running `up` can take it as it comes.
+            payload = {
+                "grpc": info.grpc_target,
+                "etcd": info.etcd_endpoint,
+                "metrics": info.metrics_url,
+                "console": info.console_url,
+                "state": str(info.state_dir),
+                "tokens": {user: str(path) for user, path in sorted(info.token_files.items())},
+                "next": hints,
+            }
+            click.echo(json.dumps(payload) if opts.output == "json" else structured(payload, "yaml"))
+            sys.stdout.flush()
+            return
         click.echo(
             f"gpufed is up: gRPC {info.grpc_target}, etcd {info.etcd_endpoint}, metrics {info.metrics_url}"
         )
@@ -174,14 +217,9 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
         click.echo(f"state: {info.state_dir}")
         for user, path in sorted(info.token_files.items()):
             click.echo(f"token for {user}: {path}")
-        click.echo("try: gpufed --user alice submit -f examples/resnet-vision.yaml")
+        for line in hints:
+            click.echo(line)
         sys.stdout.flush()
-
-    from datasync.seaweed_process import SeaweedStartFailed
-    from federation.runtime.embedded import run_up
-    from federation.runtime.etcd_process import EtcdStartFailed
-    from federation.runtime.sim_process import SimStartFailed
-    from federation.runtime.state_lock import StateDirBusy, hold_state_dir
 
     try:
         # Only one gpufed up per state dir: the start clears what a crashed run left there.
@@ -423,8 +461,11 @@ def watch(opts: _Opts, job_id: str, tenant: str) -> None:
                 where = f" on {j.cluster}" if j.cluster else ""
                 phase = phase_name(j.phase) + (f" ({j.reason})" if j.reason else "")
                 click.echo(f"{j.job_id}  {phase:<10} attempt {j.attempt}{where}  {j.message}".rstrip())
+            elif opts.output == "json":
+                # A stream: one JSON object per line (JSON Lines), each parseable as it arrives.
+                click.echo(json.dumps(as_dict(j)))
             else:
-                click.echo(structured(as_dict(j), opts.output))
+                click.echo("---\n" + structured(as_dict(j), "yaml"))
 
 
 @cli.command()
@@ -476,7 +517,13 @@ def demo(opts: _Opts) -> None:
     """Start the embedded default, run jobs from two tenants through it, and stop."""
     from federation.cli.demo import run_demo
 
-    sys.exit(run_demo())
+    if opts.output == "table":
+        sys.exit(run_demo())
+    # The walkthrough is for people: to stderr, leaving stdout to the one structured verdict.
+    with contextlib.redirect_stdout(sys.stderr):
+        code = run_demo()
+    opts.emit({"passed": code == 0, "exit_code": code}, "")
+    sys.exit(code)
 
 
 cli_admin.register(cli, _rpc)
@@ -486,12 +533,11 @@ cli_capacity.register(cli, _rpc)
 cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
 cli_logs.register(cli, _rpc)
+# Last, so that every command registered above, from any module, takes `-o` after its name too.
+accept_output_everywhere(cli)
 
 
 def main() -> None:
-    try:
-        cli()
-    except GpufedError as error:
-        # A bad config or a component that would not start: say which, without a traceback.
-        click.echo(f"error: {error}", err=True)
-        sys.exit(2)
+    # Errors (a bad config or a component that would not start among them) are reported by
+    # OutputGroup, in the format asked for, without a traceback.
+    cli()

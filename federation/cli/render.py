@@ -45,14 +45,31 @@ def _age(job: pb.Job) -> str:
     return f"{seconds // 3600}h"
 
 
+# A failure's message in the REASON column, cut to stay a column; `get` shows it whole.
+REASON_WIDTH = 60
+
+
+def list_reason(job: pb.Job) -> str:
+    """Why it failed or waits (OOMKilled, Error (exit 3), ImagePullBackOff), not only "failed".
+
+    A pod's reason when there is one; else, for a FAILED job, the failure's message (a staging that
+    failed, a gang lost with no retries left), which `get` shows too.
+    """
+    if job.reason:
+        return job.reason
+    if job.phase == pb.JOB_PHASE_FAILED and job.message:
+        first = job.message.splitlines()[0]
+        return first if len(first) <= REASON_WIDTH else first[: REASON_WIDTH - 1] + "…"
+    return "-"
+
+
 def jobs_table(jobs: Sequence[pb.Job]) -> str:
     rows = [
         [
             j.job_id,
             j.tenant,
             phase_name(j.phase),
-            # Why it failed or waits (OOMKilled, Error (exit 3), ImagePullBackOff), not only "failed".
-            j.reason or "-",
+            list_reason(j),
             f"{j.gpu_count}x{j.gpu_type or '/'.join(j.gpu_types)}",
             j.cluster or "-",
             f"${j.usd_per_gpu_hour:.2f}" if j.cluster else "-",

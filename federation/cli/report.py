@@ -6,6 +6,7 @@ the terminal or a file. Finance reads every tenant; a member reads only its own 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,11 +14,40 @@ from typing import Any
 
 import click
 
-from federation.cli.render import as_dict, structured
+from federation.cli.output import OutputHolder
+from federation.cli.render import FORMATS, as_dict, structured
 
 GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind")
 BUCKETS = ("", "day", "week", "month")
-REPORT_FORMATS = ("table", "csv", "json", "html")
+REPORT_FORMATS = ("table", "csv", "json", "yaml", "html")
+FOCUS_FORMATS = ("csv", "json", "yaml")
+
+
+def _remember(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """`gpufed report -o json ledger`: a format every command knows applies to the subcommand too."""
+    holder = ctx.find_object(OutputHolder)
+    if value in FORMATS and holder is not None:
+        holder.output = value
+    return value
+
+
+def report_format(given: str | None, chosen: str) -> str:
+    """The report's own `-o`, else the one `gpufed -o` (or `-o` after a subcommand) chose."""
+    return given or chosen
+
+
+def focus_format(given: str | None, chosen: str) -> str:
+    """FOCUS rows have no table: csv unless JSON or YAML was asked for, here or before `report`."""
+    return given or (chosen if chosen in FOCUS_FORMATS else "csv")
+
+
+def _fetch_as(fmt: str) -> str:
+    # The server renders json, not YAML: YAML is the same document converted here.
+    return "json" if fmt == "yaml" else fmt
+
+
+def _converted(content: str, fmt: str) -> str:
+    return structured(json.loads(content), "yaml") + "\n" if fmt == "yaml" else content
 
 
 def parse_when(text: str, what: str) -> float:
@@ -92,7 +122,13 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         "--bucket", type=click.Choice(BUCKETS), default="", help="split by day, week (ISO) or month as well"
     )
     @click.option(
-        "-o", "--output", "fmt", type=click.Choice(REPORT_FORMATS), default="table", show_default=True
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(REPORT_FORMATS),
+        default=None,
+        callback=_remember,
+        help="table, csv, json, yaml or html (default: gpufed -o, else table)",
     )
     @click.pass_context
     @rpc
@@ -107,6 +143,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
                 f"unknown grouping {', '.join(unknown)} (known: {', '.join(GROUPS)})", param_hint="--by"
             )
         start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        fmt = report_format(kw["fmt"], ctx.obj.output)
         with ctx.obj.client() as client:
             reply = client.report(
                 start_s=start_s,
@@ -114,23 +151,29 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
                 group_by=groups,
                 bucket=kw["bucket"],
                 tenant=kw["tenant"],
-                fmt=kw["fmt"],
+                fmt=_fetch_as(fmt),
             )
-        _write(reply.content, kw["out"], "report")
+        _write(_converted(reply.content, fmt), kw["out"], "report")
 
     @report.command()
     @_period_options
     @click.option(
-        "-o", "--output", "fmt", type=click.Choice(("csv", "json")), default="csv", show_default=True
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(FOCUS_FORMATS),
+        default=None,
+        help="csv, json or yaml (default: gpufed -o if json or yaml, else csv)",
     )
     @click.pass_obj
     @rpc
     def focus(opts: Any, /, **kw: Any) -> None:
         """Export FOCUS-style rows (one per interval and day) for finance tools."""
         start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        fmt = focus_format(kw["fmt"], opts.output)
         with opts.client() as client:
-            reply = client.export_focus(start_s=start_s, end_s=end_s, tenant=kw["tenant"], fmt=kw["fmt"])
-        _write(reply.content, kw["out"], "FOCUS export")
+            reply = client.export_focus(start_s=start_s, end_s=end_s, tenant=kw["tenant"], fmt=_fetch_as(fmt))
+        _write(_converted(reply.content, fmt), kw["out"], "FOCUS export")
 
     @report.command()
     @_period_options
