@@ -51,21 +51,34 @@ def name_field(value: Any, field: str) -> str:
     return value
 
 
-def number_field(value: Any, field: str, *, minimum: float) -> float:
+def number_field(value: Any, field: str, *, minimum: float, maximum: float | None = None) -> float:
     # NaN compares false with everything, so `value < minimum` alone would let it (and infinity) in.
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
         or value < minimum
+        or (maximum is not None and value > maximum)
     ):
-        raise InvalidSpec(field, f"must be a number >= {minimum}, got {shown(value)}")
+        bound = f">= {minimum}" if maximum is None else f"from {_figure(minimum)} to {_figure(maximum)}"
+        raise InvalidSpec(field, f"must be a number {bound}, got {shown(value)}")
     return float(value)
 
 
-def int_field(value: Any, field: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidSpec(field, f"must be an integer >= {minimum}, got {shown(value)}")
+def _figure(x: float) -> str:
+    """A bound as a reader reads it: 1,000,000 rather than 1e+06."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def int_field(value: Any, field: str, *, minimum: int, maximum: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"from {_figure(minimum)} to {_figure(maximum)}"
+        raise InvalidSpec(field, f"must be an integer {bound}, got {shown(value)}")
     return value
 
 

@@ -56,6 +56,48 @@ _TENANT_KEYS = frozenset(
 )
 _QUOTA_KEYS = frozenset({"guaranteed", "borrowingLimit", "lendingLimit", "cap"})
 
+# Upper bounds on what a tenant document or the config sets (issue 30: a weight of 1e308 was taken,
+# and overflowed the placer's share arithmetic to infinity). A weight is relative: 0.001 to 1000 is
+# a million to one between two tenants, wider than any fair-share setup needs (AWS Batch takes share
+# weights from 0.0001 to 999.9999; Kueue's `fairSharing.weight` is a quantity whose weighted share
+# saturates at the int64 maximum, and Slurm's Fairshare raw shares are 32-bit integers, ~4.3e9).
+MAX_WEIGHT = 1000.0
+MIN_WEIGHT = 0.001
+# GPUs in a cap, a quota or a policy limit: beyond any fleet (a million GPUs).
+MAX_GPUS = 1_000_000
+# GPU-hours a month: a million GPUs for the longest month.
+MAX_BUDGET_GPU_HOURS = MAX_GPUS * 31 * 24.0
+# Submissions per second a tenant may be allowed, and their burst.
+MAX_SUBMIT_RATE_PER_S = 10_000.0
+MAX_SUBMIT_BURST = 1_000_000
+# A priority class's value: Kubernetes' own ceiling for user-defined PriorityClasses (1e9).
+MAX_CLASS_VALUE = 1_000_000_000
+# How much faster one GPU type may be said to be than the reference.
+MAX_GPU_SPEED = 1000.0
+MAX_USD = 1_000_000.0
+MAX_SECONDS = 366 * 24 * 3600.0
+MAX_HOURS = 10 * 366 * 24.0
+MAX_COUNT = 1_000_000
+MAX_DATASET_GIB = 1_000_000_000.0  # an exbibyte
+MAX_BYTES_PER_S = 1e12  # a terabyte a second
+
+
+def _policy_maximum(key: str) -> float:
+    """The bound of a `policy:` knob, by the unit its key spells out."""
+    if key == "spotMaxRestartSlowdown":
+        return 1000.0
+    if key == "transferBytesPerSecond":
+        return MAX_BYTES_PER_S
+    if "Usd" in key:
+        return MAX_USD
+    if key.endswith("Gpus"):
+        return float(MAX_GPUS)
+    if "Seconds" in key:
+        return MAX_SECONDS
+    if key.endswith("Hours"):
+        return MAX_HOURS
+    return float(MAX_COUNT)
+
 
 def _mapping(value: Any, field: str) -> Mapping[str, Any]:
     if value is None:
@@ -72,7 +114,7 @@ def _unknown_keys(doc: Mapping[str, Any], allowed: Iterable[str], at: str) -> No
 
 
 def _optional_count(value: Any, field: str) -> int | None:
-    return None if value is None else int_field(value, field, minimum=0)
+    return None if value is None else int_field(value, field, minimum=0, maximum=MAX_GPUS)
 
 
 def parse_quotas(value: Any, at: str) -> tuple[GpuQuota, ...]:
@@ -84,7 +126,9 @@ def parse_quotas(value: Any, at: str) -> tuple[GpuQuota, ...]:
         _unknown_keys(q, _QUOTA_KEYS, qat)
         quota = GpuQuota(
             gpu_type=GpuType(str(gpu_type)),
-            guaranteed_gpus=int_field(q.get("guaranteed", 0), f"{qat}.guaranteed", minimum=0),
+            guaranteed_gpus=int_field(
+                q.get("guaranteed", 0), f"{qat}.guaranteed", minimum=0, maximum=MAX_GPUS
+            ),
             borrowing_limit_gpus=_optional_count(q.get("borrowingLimit"), f"{qat}.borrowingLimit"),
             lending_limit_gpus=_optional_count(q.get("lendingLimit"), f"{qat}.lendingLimit"),
             cap_gpus=_optional_count(q.get("cap"), f"{qat}.cap"),
@@ -114,14 +158,17 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
     return TenantRecord(
         name=TenantId(name_field(t.get("name"), f"{at}.name")),
         gpu_caps=tuple(
-            sorted((GpuType(str(g)), int_field(n, f"{at}.gpuCaps.{g}", minimum=0)) for g, n in caps.items())
+            sorted(
+                (GpuType(str(g)), int_field(n, f"{at}.gpuCaps.{g}", minimum=0, maximum=MAX_GPUS))
+                for g, n in caps.items()
+            )
         ),
         parent=None if parent is None else TenantId(name_field(parent, f"{at}.parent")),
         quotas=parse_quotas(t.get("quotas"), f"{at}.quotas"),
-        weight=number_field(t.get("weight", 1.0), f"{at}.weight", minimum=0.001),
+        weight=number_field(t.get("weight", 1.0), f"{at}.weight", minimum=MIN_WEIGHT, maximum=MAX_WEIGHT),
         monthly_budget_gpu_hours=None
         if budget is None
-        else number_field(budget, f"{at}.monthlyBudgetGpuHours", minimum=0),
+        else number_field(budget, f"{at}.monthlyBudgetGpuHours", minimum=0, maximum=MAX_BUDGET_GPU_HOURS),
         max_priority_class=max_class,
         submit_rate_per_s=rate_s,
         submit_burst=burst,
@@ -134,9 +181,11 @@ def _submit_rate_limit(doc: Any, at: str) -> tuple[float | None, int | None]:
         return None, None
     d = _mapping(doc, at)
     _unknown_keys(d, frozenset({"perSecond", "burst"}), at)
-    rate = number_field(d.get("perSecond"), f"{at}.perSecond", minimum=0.001)
+    rate = number_field(d.get("perSecond"), f"{at}.perSecond", minimum=0.001, maximum=MAX_SUBMIT_RATE_PER_S)
     burst = d.get("burst")
-    return rate, (max(1, int(rate * 2)) if burst is None else int_field(burst, f"{at}.burst", minimum=1))
+    if burst is None:
+        return rate, max(1, int(rate * 2))
+    return rate, int_field(burst, f"{at}.burst", minimum=1, maximum=MAX_SUBMIT_BURST)
 
 
 def check_tenant_tree(tenants: Iterable[TenantRecord], at: str = "tenants") -> None:
@@ -170,7 +219,7 @@ def parse_priority_classes(value: Any, at: str = "priorityClasses") -> tuple[Pri
         classes.append(
             PriorityClass(
                 name=name_field(c.get("name"), f"{cat}.name"),
-                value=int_field(c.get("value"), f"{cat}.value", minimum=0),
+                value=int_field(c.get("value"), f"{cat}.value", minimum=0, maximum=MAX_CLASS_VALUE),
                 preemptible=c.get("preemptible", True),
                 needs_approval=c.get("needsApproval", False),
             )
@@ -193,7 +242,7 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             EgressRate(
                 source_store=name_field(e.get("from"), f"{eat}.from"),
                 destination_store=name_field(e.get("to"), f"{eat}.to"),
-                usd_per_gb=number_field(e.get("usdPerGb"), f"{eat}.usdPerGb", minimum=0),
+                usd_per_gb=number_field(e.get("usdPerGb"), f"{eat}.usdPerGb", minimum=0, maximum=MAX_USD),
             )
         )
     datasets = []
@@ -208,7 +257,10 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             DatasetLocation(
                 dataset=name,
                 store=name_field(d.get("store"), f"{dat}.store"),
-                size_bytes=int(number_field(d.get("sizeGiB", 0), f"{dat}.sizeGiB", minimum=0) * 2**30),
+                size_bytes=int(
+                    number_field(d.get("sizeGiB", 0), f"{dat}.sizeGiB", minimum=0, maximum=MAX_DATASET_GIB)
+                    * 2**30
+                ),
             )
         )
     policy_doc = _mapping(doc.get("policy"), "policy")
@@ -228,24 +280,31 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
         elif attr == "preemption_limit_gpus":
             changes[attr] = _optional_count(value, f"policy.{key}")
         elif kinds[attr] is int:
-            changes[attr] = int_field(value, f"policy.{key}", minimum=1)
+            changes[attr] = int_field(value, f"policy.{key}", minimum=1, maximum=int(_policy_maximum(key)))
         else:
-            changes[attr] = number_field(value, f"policy.{key}", minimum=0)
+            changes[attr] = number_field(value, f"policy.{key}", minimum=0, maximum=_policy_maximum(key))
     return SchedulingSettings(
         priority_classes=parse_priority_classes(doc.get("priorityClasses")),
         gpu_speeds=tuple(
             sorted(
-                (GpuType(str(g)), number_field(v, f"gpuSpeeds.{g}", minimum=0.001)) for g, v in speeds.items()
+                (GpuType(str(g)), number_field(v, f"gpuSpeeds.{g}", minimum=0.001, maximum=MAX_GPU_SPEED))
+                for g, v in speeds.items()
             )
         ),
         egress_rates=tuple(egress),
         datasets=tuple(datasets),
         policy=replace(defaults, **changes),
         preemption_interval_s=number_field(
-            policy_doc.get("preemptionIntervalSeconds", 600), "policy.preemptionIntervalSeconds", minimum=1
+            policy_doc.get("preemptionIntervalSeconds", 600),
+            "policy.preemptionIntervalSeconds",
+            minimum=1,
+            maximum=MAX_SECONDS,
         ),
         usage_half_life_h=number_field(
-            policy_doc.get("usageHalfLifeHours", 24), "policy.usageHalfLifeHours", minimum=0.01
+            policy_doc.get("usageHalfLifeHours", 24),
+            "policy.usageHalfLifeHours",
+            minimum=0.01,
+            maximum=MAX_HOURS,
         ),
     )
 
