@@ -33,7 +33,14 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import FailedPrecondition, GpufedError, InvalidArgument, NotFound, RateLimited
 from federation.history.protocol import HistoryStore
-from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings, locate
+from federation.joblogs.archive import (
+    WAITING_REASONS,
+    KeptAttempt,
+    KeptReplica,
+    LogArchive,
+    LogsSettings,
+    locate,
+)
 from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
 from federation.metrics import Metrics
 from federation.scheduling.members import MemberClusters
@@ -103,7 +110,26 @@ def _pb(chunk: Chunk, attempt: int) -> pb.LogChunk:
         lines=list(chunk.lines),
         source=chunk.source,
         notice=chunk.notice,
+        container=chunk.container,
     )
+
+
+def _why_none(kept: KeptAttempt, chosen: list[KeptReplica]) -> str:
+    """Why an ended attempt has no kept lines, in the words a user can act on."""
+    if kept.note:
+        return kept.note
+    if not kept.replicas:
+        return (
+            f"its pods were gone from cluster {kept.cluster} before they could be read "
+            f"(it ended {kept.outcome or 'without an outcome'})"
+        )
+    if not chosen:
+        shown = ", ".join(sorted({f"{r.task}-{r.replica}" for r in kept.replicas}))
+        return f"no replica matches --task/--replica (kept: {shown})"
+    if all(r.state.phase == "Pending" or r.state.reason in WAITING_REASONS for r in chosen):
+        reasons = sorted({r.state.reason for r in chosen if r.state.reason})
+        return "its containers never started" + (f" ({', '.join(reasons)})" if reasons else "")
+    return "its containers wrote nothing before the attempt ended"
 
 
 class LogsService(pb_grpc.LogsServicer):
@@ -271,17 +297,37 @@ class LogsService(pb_grpc.LogsServicer):
                 f"job {job.job_id} attempt {attempt}: no logs (its pods are gone and none were kept, or "
                 f"they are older than {self._settings.retain_hours:g} hours)"
             )
-        for r in sorted(kept.replicas, key=lambda k: (k.task, k.replica)):
-            if not wanted(r.task, r.replica):
-                continue
+        chosen = [
+            r for r in sorted(kept.replicas, key=lambda k: (k.task, k.replica)) if wanted(r.task, r.replica)
+        ]
+        if not any(r.size_bytes for r in chosen):
+            # Silence with exit status 0 would read as "the job printed nothing": say why.
+            raise NotFound(f"job {job.job_id} attempt {attempt}: no logs kept: {_why_none(kept, chosen)}")
+        for r in chosen:
             data = in_history.get((r.task, r.replica))
             if data is None:
                 # In etcd: a live job's, or one an older archiver (or a gang too large for one
                 # removal) left there under its lease.
                 data = await self._archive.log(job.job_id, attempt, r.task, r.replica)
+            if r.cut:
+                yield Chunk(
+                    r.task,
+                    r.replica,
+                    r.state.pod,
+                    notice=f"kept copy cut: {r.cut}",
+                    source=KEPT,
+                    container=r.state.container,
+                )
             lines = select_kept(data, options, self._clock())
             for i in range(0, len(lines), 512):
-                yield Chunk(r.task, r.replica, r.state.pod, tuple(lines[i : i + 512]), KEPT)
+                yield Chunk(
+                    r.task,
+                    r.replica,
+                    r.state.pod,
+                    tuple(lines[i : i + 512]),
+                    KEPT,
+                    container=r.state.container,
+                )
         if kept.note:
             yield Chunk("", 0, "", notice=kept.note, source=KEPT)
 

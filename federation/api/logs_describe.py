@@ -17,7 +17,7 @@ from federation.api import convert
 from federation.api.redact import Redactor
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.history.model import ArchivedAttempt
-from federation.joblogs.archive import KeptAttempt, KeptReplica, LogArchive, locate, waiting_reason
+from federation.joblogs.archive import KeptAttempt, LogArchive, kept_replica, locate, waiting_reason
 from federation.scheduling.members import MemberClusters
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
@@ -79,10 +79,7 @@ def kept_attempts(attempts: Sequence[ArchivedAttempt]) -> dict[int, KeptAttempt]
         # A JSON round trip: a copy we may pop from, in the shape `joblogs.archive` wrote it.
         d: dict[str, Any] = json.loads(json.dumps(dict(a.summary)))
         try:
-            replicas = tuple(
-                KeptReplica(r["task"], int(r["replica"]), ReplicaState(**r["state"]), int(r["size_bytes"]))
-                for r in d.pop("replicas", [])
-            )
+            replicas = tuple(kept_replica(r) for r in d.pop("replicas", []))
             out[a.attempt] = KeptAttempt(**d, replicas=replicas)
         except (KeyError, TypeError, ValueError):
             # The history keeps what it was given; a summary of another shape (an older joblogs, a
@@ -91,7 +88,9 @@ def kept_attempts(attempts: Sequence[ArchivedAttempt]) -> dict[int, KeptAttempt]
     return out
 
 
-def _kept_pb(kept: KeptAttempt) -> pb.AttemptDescription:
+def _kept_pb(kept: KeptAttempt, job: JobRecord) -> pb.AttemptDescription:
+    """`job`: its own history gives the start a summary lacks (one kept once the gang object was
+    gone, or by an older keeper), as the ledger has it."""
     out = pb.AttemptDescription(
         attempt=kept.attempt,
         cluster=kept.cluster,
@@ -104,8 +103,9 @@ def _kept_pb(kept: KeptAttempt) -> pb.AttemptDescription:
         note="kept when the attempt ended" + (f"; {kept.note}" if kept.note else ""),
         logs_kept=any(r.size_bytes for r in kept.replicas),
     )
-    if kept.started_at_s is not None:
-        out.started_at.CopyFrom(convert.timestamp(kept.started_at_s))
+    started_at_s = kept.started_at_s if kept.started_at_s is not None else _times(job, kept.attempt)[0]
+    if started_at_s is not None:
+        out.started_at.CopyFrom(convert.timestamp(started_at_s))
     if kept.finished_at_s is not None:
         out.finished_at.CopyFrom(convert.timestamp(kept.finished_at_s))
     return out
@@ -182,7 +182,7 @@ async def describe(
     live: tuple[pb.AttemptDescription, Sequence[ReplicaState]] | None = None
     for attempt in range(1, job.attempt + 1):
         if archived is not None and attempt in archived:
-            described = _kept_pb(archived[attempt])
+            described = _kept_pb(archived[attempt], job)
             # The summary stays in the history for good; its logs only for the retention.
             described.logs_kept = described.logs_kept and archive.fresh(archived[attempt], now_s)
             out.attempts.append(described)
@@ -194,7 +194,7 @@ async def describe(
                 continue
         kept = await archive.summary(job.job_id, attempt, now_s)
         if kept is not None:
-            out.attempts.append(_kept_pb(kept))
+            out.attempts.append(_kept_pb(kept, job))
             continue
         if attempt == job.attempt and job.phase is JobPhase.QUEUED:
             continue

@@ -3,12 +3,17 @@
 `logs` prints the lines of every replica (or those asked for), each prefixed with its task and
 replica as kubetail and stern do, from the server's `StreamLogs`; with `-f` it follows until the
 job's attempt ends. What happens to the stream itself (a cluster that stops answering, a container
-not started yet) goes to stderr, so that stdout holds only log lines. `describe` shows one view
+not started yet, a kept copy that was cut) goes to stderr, so that stdout holds only log lines.
+Under `-o json` each line is one JSON object (JSON Lines: pod, container, timestamp, text, and the
+task, replica, attempt and source), and so is each notice on stderr; `-o yaml` writes the same
+objects as the items of one YAML list, one a line. A failed call is an error in the chosen format
+and a non-zero exit (`federation.cli.output`). `describe` shows one view
 across all of a job's attempts (`DescribeJob`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +25,7 @@ import click
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.render import table
+from federation.joblogs.stream import split_line
 
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -51,6 +57,47 @@ def log_lines(chunks: Sequence[pb.LogChunk] | Any, *, prefix: bool, out: Any, er
         if chunk.lines:
             lead = f"{tag} | " if prefix else ""
             out.write("".join(f"{lead}{line}\n" for line in chunk.lines))
+            out.flush()
+            count += len(chunk.lines)
+    return count
+
+
+def _structured_line(record: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(record, ensure_ascii=False) + "\n"
+    # One flow-style item a line: the lines printed so far always form one valid YAML list.
+    body = json.dumps(record, ensure_ascii=False)
+    return f"- {body}\n"
+
+
+def log_records(
+    chunks: Sequence[pb.LogChunk] | Any, *, fmt: str, timestamps: bool, out: Any, err: Any
+) -> int:
+    """Print chunks as JSON or YAML objects, one a line; returns the number of lines printed.
+    The lines were asked for with their stamps (`timestamps` says whether the user wanted them
+    left on the text too)."""
+    count = 0
+    for chunk in chunks:
+        where = {
+            "task": chunk.task,
+            "replica": chunk.replica,
+            "attempt": chunk.attempt,
+            "pod": chunk.pod,
+            "container": chunk.container,
+        }
+        if chunk.notice:
+            err.write(_structured_line({**where, "source": chunk.source, "notice": chunk.notice}, fmt))
+            err.flush()
+        if chunk.lines:
+            for line in chunk.lines:
+                stamp, text = split_line(line)
+                record = {
+                    **where,
+                    "source": chunk.source,
+                    "timestamp": stamp,
+                    "text": line if timestamps else text,
+                }
+                out.write(_structured_line(record, fmt))
             out.flush()
             count += len(chunk.lines)
     return count
@@ -130,12 +177,14 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     @rpc
     def logs(opts: Any, job_id: str, **kw: Any) -> None:
         """Print a job's logs: every replica's lines, each prefixed with its task and replica."""
+        structured = opts.output in ("json", "yaml")
         request = pb.StreamLogsRequest(
             job_id=job_id,
             task=kw["task"],
             attempt=kw["attempt"],
             follow=kw["follow"],
-            timestamps=kw["timestamps"],
+            # A structured line carries its stamp in a field of its own.
+            timestamps=kw["timestamps"] or structured,
             previous=kw["previous"],
         )
         if kw["replica"] is not None:
@@ -149,7 +198,12 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         with opts.client() as client:
             stream = client.logs(request)
             try:
-                log_lines(stream, prefix=not kw["no_prefix"], out=sys.stdout, err=sys.stderr)
+                if structured:
+                    log_records(
+                        stream, fmt=opts.output, timestamps=kw["timestamps"], out=sys.stdout, err=sys.stderr
+                    )
+                else:
+                    log_lines(stream, prefix=not kw["no_prefix"], out=sys.stdout, err=sys.stderr)
             except KeyboardInterrupt:
                 stream.cancel()
 

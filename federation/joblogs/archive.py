@@ -164,6 +164,17 @@ class KeptReplica:
     replica: int
     state: ReplicaState
     size_bytes: int
+    # How the kept copy falls short of the pod's whole log, for the marker readers are shown; empty
+    # when it is whole ("its first lines were not kept: ...", "copied at ... while the pod was
+    # being stopped: ...").
+    cut: str = ""
+
+
+def kept_replica(d: dict[str, Any]) -> KeptReplica:
+    """A replica of a summary as `keep` wrote it (summaries from before `cut` have none)."""
+    return KeptReplica(
+        d["task"], int(d["replica"]), ReplicaState(**d["state"]), int(d["size_bytes"]), str(d.get("cut", ""))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,10 +210,7 @@ def _summary_json(kept: KeptAttempt) -> bytes:
 
 def _summary_from(raw: bytes) -> KeptAttempt:
     d: dict[str, Any] = json.loads(raw)
-    replicas = tuple(
-        KeptReplica(r["task"], int(r["replica"]), ReplicaState(**r["state"]), int(r["size_bytes"]))
-        for r in d.pop("replicas")
-    )
+    replicas = tuple(kept_replica(r) for r in d.pop("replicas"))
     return KeptAttempt(**d, replicas=replicas)
 
 

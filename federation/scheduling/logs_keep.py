@@ -5,6 +5,15 @@ gang's pods still exist (the collector deletes them only once the job's record h
 reads are bounded by `keep_timeout_s`: a cluster that does not answer costs the job that much delay
 once, and its attempt is kept without logs, with a note that says why.
 
+An attempt that gpufed itself stops (a cancel, a preemption, a move) loses its pods before it can
+end: the gang is deleted, and the transition is committed only once the pods are gone. So while
+such an attempt is being stopped, from the tick before the stop is sent until its pods are gone,
+`stopping` copies its replicas and logs at most every `STOP_PROBE_S`, and `ended` keeps the last copy
+of each replica it can no longer read live. Such a copy may miss the lines written after it was
+taken; it says so (`KeptReplica.cut`), as does a copy whose first lines did not fit `keep_kib`.
+The attempt's start comes from its gang, or else from the job's own history (its RUNNING event,
+where the ledger's interval starts too).
+
 The same pods give the failure reason that `get`, `list` and `watch` show (OOMKilled, Error (exit 3),
 Evicted), and, while a dispatched gang waits, the reason no waiting will cure (ImagePullBackOff),
 looked up at most every `WAIT_PROBE_S` per job.
@@ -15,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 import structlog
 
@@ -37,8 +47,21 @@ from placement.model import JobPhase
 log = structlog.get_logger("gpufed.logs")
 
 WAIT_PROBE_S = 5.0
+# How often an attempt being stopped is copied; and how long one copy may take, so that a cluster
+# that does not answer holds up the stop that little.
+STOP_PROBE_S = 1.0
+STOP_READ_TIMEOUT_S = 2.0
 # The log lines asked for per replica: enough to fill `keep_kib` with short lines, and no more.
 _MIN_TAIL_LINES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    """An attempt's replicas and logs as read while it was being stopped."""
+
+    at_s: float
+    replicas: tuple[ReplicaState, ...]
+    logs: dict[tuple[str, int], bytes]
 
 
 class AttemptKeeper:
@@ -49,6 +72,37 @@ class AttemptKeeper:
         self._members = members
         self._clock = clock
         self._probed_at: dict[str, float] = {}
+        # The last copy of each attempt being stopped, by (job, attempt); taken by `stopping`,
+        # used and dropped by `ended`. Per process: a new leader copies again from its first tick.
+        self._copies: dict[tuple[str, int], _Copy] = {}
+        self._copied_at: dict[tuple[str, int], float] = {}
+
+    async def stopping(self, job: JobRecord, gang: GangStatus | None) -> None:
+        """Copy the logs of an attempt that is being stopped, while its pods are still there."""
+        key = (job.job_id, job.attempt)
+        inspector = self._inspector(job)
+        if inspector is None or gang is None or gang.live_pods == 0:
+            return
+        now = time.monotonic()
+        if now - self._copied_at.get(key, float("-inf")) < STOP_PROBE_S:
+            return
+        self._copied_at[key] = now
+        timeout_s = min(self._archive.settings.keep_timeout_s, STOP_READ_TIMEOUT_S)
+        try:
+            replicas = await asyncio.wait_for(
+                inspector.replicas(job.tenant, job.job_id, job.attempt), timeout_s
+            )
+            logs = await asyncio.wait_for(self._logs(inspector, job, replicas), timeout_s)
+        except (ClusterError, TimeoutError):
+            return
+        before = self._copies.get(key)
+        merged_logs = dict(before.logs) if before is not None else {}
+        merged_logs.update({where: data for where, data in logs.items() if data})
+        states = {
+            locate(r, job.spec, job.job_id, job.attempt): r for r in (before.replicas if before else ())
+        }
+        states.update({locate(r, job.spec, job.job_id, job.attempt): r for r in replicas})
+        self._copies[key] = _Copy(self._clock(), tuple(states.values()), merged_logs)
 
     def _inspector(self, job: JobRecord) -> GangInspector | None:
         if job.placement is None:
@@ -62,6 +116,8 @@ class AttemptKeeper:
         if placement is None:
             return after
         self._probed_at.pop(before.job_id, None)
+        copy = self._copies.pop((before.job_id, before.attempt), None)
+        self._copied_at.pop((before.job_id, before.attempt), None)
         started = time.monotonic()
         inspector = self._inspector(before)
         replicas: Sequence[ReplicaState] = ()
@@ -82,17 +138,16 @@ class AttemptKeeper:
         reason = failure_reason(replicas) if failed and after.phase is not JobPhase.CANCELLED else ""
         if not reason and gang is not None and gang.phase is GangPhase.EVICTED:
             reason = "Evicted"
-        kept_replicas = []
-        for r in replicas:
-            task, index = locate(r, before.spec, before.job_id, before.attempt)
-            kept_replicas.append(KeptReplica(task, index, r, len(logs.get((task, index), b""))))
+        kept_replicas = self._kept_replicas(before, replicas, logs, copy)
+        if copy is not None and note.startswith("logs not kept") and any(r.size_bytes for r in kept_replicas):
+            note = f"{note}; kept the copy taken while the attempt was being stopped"
         kept = KeptAttempt(
             attempt=before.attempt,
             cluster=placement.cluster,
             gpu_type=placement.gpu_type,
             capacity_kind=placement.kind.value,
             usd_per_gpu_hour=placement.usd_per_gpu_hour,
-            started_at_s=None if gang is None else gang.started_at_s,
+            started_at_s=_started_at_s(before, gang, kept_replicas),
             finished_at_s=(gang.finished_at_s if gang is not None else None) or self._clock(),
             outcome=(gang.phase.value if gang is not None else "LOST"),
             reason=reason or ("" if gang is None else gang.message),
@@ -113,18 +168,52 @@ class AttemptKeeper:
                 tenant=before.tenant,
                 cluster=placement.cluster,
                 attempt=before.attempt,
-                replicas=len(logs),
-                size_bytes=sum(len(v) for v in logs.values()),
+                replicas=len(kept_replicas),
+                size_bytes=sum(r.size_bytes for r in kept_replicas),
                 reason=reason,
                 took_s=round(time.monotonic() - started, 3),
             )
         return replace(after, reason=reason)
 
+    def _kept_replicas(
+        self,
+        job: JobRecord,
+        replicas: Sequence[ReplicaState],
+        logs: dict[tuple[str, int], bytes],
+        copy: _Copy | None,
+    ) -> list[KeptReplica]:
+        """Each replica once, the live read first; one that read nothing (its pod gone) from the
+        copy taken while the attempt was stopped, marked as such. `logs` gains the copy's bytes."""
+        keep = self._archive.settings.keep_bytes
+        tail_lines = _tail_lines(keep)
+        states = {locate(r, job.spec, job.job_id, job.attempt): r for r in replicas}
+        cuts: dict[tuple[str, int], list[str]] = {}
+        if copy is not None:
+            at = datetime.fromtimestamp(copy.at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for r in copy.replicas:
+                where = locate(r, job.spec, job.job_id, job.attempt)
+                states.setdefault(where, r)
+                if not logs.get(where) and copy.logs.get(where):
+                    logs[where] = copy.logs[where]
+                    cuts.setdefault(where, []).append(
+                        f"copied at {at} while the attempt was being stopped; "
+                        "lines written after that were not kept"
+                    )
+        out = []
+        for where, r in sorted(states.items()):
+            data = logs.get(where, b"")
+            if data and (data.count(b"\n") >= tail_lines or len(data) >= keep - 1024):
+                cuts.setdefault(where, []).insert(
+                    0, f"its first lines were not kept (the last {keep // 1024} KiB are, logs.keepKiB)"
+                )
+            out.append(KeptReplica(where[0], where[1], r, len(data), "; ".join(cuts.get(where, []))))
+        return out
+
     async def _logs(
         self, inspector: GangInspector, job: JobRecord, replicas: Sequence[ReplicaState]
     ) -> dict[tuple[str, int], bytes]:
         keep = self._archive.settings.keep_bytes
-        options = LogOptions(timestamps=True, tail_lines=max(_MIN_TAIL_LINES, keep // 16))
+        options = LogOptions(timestamps=True, tail_lines=_tail_lines(keep))
 
         async def one(r: ReplicaState) -> tuple[tuple[str, int], bytes]:
             where = locate(r, job.spec, job.job_id, job.attempt)
@@ -157,3 +246,19 @@ class AttemptKeeper:
             return None
         reason = waiting_reason(replicas)
         return None if reason == job.reason else replace(job, reason=reason)
+
+
+def _tail_lines(keep_bytes: int) -> int:
+    return max(_MIN_TAIL_LINES, keep_bytes // 16)
+
+
+def _started_at_s(job: JobRecord, gang: GangStatus | None, kept: Sequence[KeptReplica]) -> float | None:
+    """When the attempt started: by its gang; else by the job's own history (its RUNNING event,
+    where the ledger's interval starts); else by its earliest container."""
+    if gang is not None and gang.started_at_s is not None:
+        return gang.started_at_s
+    running = [e.at_s for e in job.events if e.attempt == job.attempt and e.phase is JobPhase.RUNNING]
+    if running:
+        return running[0]
+    starts = [r.state.started_at_s for r in kept if r.state.started_at_s is not None]
+    return min(starts) if starts else None

@@ -249,6 +249,10 @@ class Reconciler:
             gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
             if gang is not None and gang.started_at_s is not None:
                 self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        if self._keeper is not None and (job.cancel_requested or job.preemption is not None):
+            # Copied while its pods are still there, from the tick that stops it: they are gone by
+            # the time the attempt ends (federation.scheduling.logs_keep).
+            await self._keeper.stopping(job, gang)
         if job.cancel_requested:
             nxt = await self._cancel(job, gang)
         elif job.preemption is not None and job.phase in (JobPhase.ADMITTED, JobPhase.STAGING):
