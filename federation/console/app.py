@@ -24,6 +24,7 @@ from federation.console.layout import (
     SECURITY_HEADERS,
     e,
     error_page,
+    home_of,
     html_response,
     not_found_page,
     render_bare,
@@ -39,6 +40,7 @@ from federation.console.session import (
     set_cookie,
 )
 from federation.console.view import VIEW_KEY, View
+from federation.errors import StoreUnavailable
 
 log = structlog.get_logger("gpufed.console")
 
@@ -82,7 +84,12 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
         return await handler(request)
     secure = request.app[SECURE_KEY]
     sessions = request.app[SESSIONS_KEY]
-    session = sessions.get(request.cookies.get(COOKIE_NAME))
+    try:
+        session = await sessions.get(request.cookies.get(COOKIE_NAME))
+    except StoreUnavailable as exc:
+        # etcd is away: the session may well be alive, so it is kept; the page says so.
+        log.warning("console_session_unreadable", error=str(exc))
+        return web.Response(text="the store is unavailable; try again", status=503, headers=SECURITY_HEADERS)
     if session is None:
         return _to_login(request, secure=secure)
     calls = request.app[CALLS_KEY]
@@ -91,7 +98,7 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
     except CallRefused as refusal:
         if refusal.code is grpc.StatusCode.UNAUTHENTICATED:
             log.info("console_session_ended", user=session.user, why=refusal.details)
-            sessions.end(session.session_id)
+            await sessions.end(session.session_id)
             return _to_login(request, secure=secure)
         # Too many failed sign-ins from this address, or the store is away: say so, keep the session.
         return web.Response(
@@ -119,14 +126,16 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
     try:
         return await handler(request)
     except CallRefused as refusal:
-        return _refusal_page(request, session, view, refusal)
+        return await _refusal_page(request, session, view, refusal)
 
 
-def _refusal_page(request: web.Request, session: Session, view: View, refusal: CallRefused) -> web.Response:
+async def _refusal_page(
+    request: web.Request, session: Session, view: View, refusal: CallRefused
+) -> web.Response:
     if refusal.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
         return not_found_page(view)
     if refusal.code is grpc.StatusCode.UNAUTHENTICATED:
-        request.app[SESSIONS_KEY].end(session.session_id)
+        await request.app[SESSIONS_KEY].end(session.session_id)
         response = see_other("/login")
         clear_cookie(response, secure=request.app[SECURE_KEY])
         return response
@@ -154,9 +163,9 @@ def login_form(error: str = "") -> str:
 
 
 async def login_get(request: web.Request) -> web.StreamResponse:
-    session = request.app[SESSIONS_KEY].get(request.cookies.get(COOKIE_NAME))
+    session = await request.app[SESSIONS_KEY].get(request.cookies.get(COOKIE_NAME))
     if session is not None:
-        return see_other("/jobs")
+        return see_other(home_of(session.role))
     return html_response(render_bare(page="login", title="Sign in", body=login_form()))
 
 
@@ -177,10 +186,10 @@ async def login_post(request: web.Request) -> web.StreamResponse:
         return _login_failed(f"Sign-in refused: {refusal.details}.")
     sessions = request.app[SESSIONS_KEY]
     # A fresh id on every sign-in: an id planted before sign-in is never the signed-in one.
-    sessions.end(request.cookies.get(COOKIE_NAME))
-    session = sessions.create(token=token, user=who.user, tenant=who.tenant, role=who.role)
+    await sessions.end(request.cookies.get(COOKIE_NAME))
+    session = await sessions.create(token=token, user=who.user, tenant=who.tenant, role=who.role)
     log.info("console_signed_in", user=who.user, tenant=who.tenant, role=who.role)
-    response = see_other("/jobs")
+    response = see_other(home_of(who.role))
     set_cookie(response, session, secure=request.app[SECURE_KEY])
     return response
 
@@ -191,7 +200,7 @@ def _login_failed(message: str) -> web.Response:
 
 async def logout(request: web.Request) -> web.StreamResponse:
     session = request[SESSION_KEY]
-    request.app[SESSIONS_KEY].end(session.session_id)
+    await request.app[SESSIONS_KEY].end(session.session_id)
     log.info("console_signed_out", user=session.user)
     response = see_other("/login")
     clear_cookie(response, secure=request.app[SECURE_KEY])
@@ -199,7 +208,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 
 async def root(request: web.Request) -> web.StreamResponse:
-    return see_other("/jobs")
+    return see_other(home_of(request[VIEW_KEY].role))
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

@@ -5,23 +5,27 @@ whether the cluster answers or keeps refusing dispatches, like `gpufed clusters`
 those of jobs placed on a cluster but not yet running there (admitted, staging, dispatched): the
 inventory still counts them free, so the page takes them out of "free" (`placement.reserve` does
 the same before each cycle). They come from ListJobs as the signed-in user: a member counts its own
-tenant's jobs only, and a role that may not list jobs sees no promised column. (A dispatched gang
-whose pods the cluster already shows bound counts as used and promised for a moment; free never
-goes below zero.)
+tenant's jobs only, and a role that may not list jobs sees no promised column.
+
+A dispatched gang is promised only the GPUs of its replicas not yet bound to a node: the bound
+ones the inventory already counts used. A gang stuck half-bound (some pods on nodes, the rest
+pending) was counted twice, as used and as promised, until issue 30; its bound replicas now come
+from DescribeJob, as `placement`'s own reserve (`unbound_replica_gpus`) holds back only the rest.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+import grpc
 from aiohttp import web
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CALLS_KEY
+from federation.console.calls import CALLS_KEY, CallRefused
 from federation.console.charts import Segment, legend, stacked_bar, table, utc_text
 from federation.console.layout import e, html_response, render_page
 from federation.console.queues import list_jobs
@@ -75,12 +79,31 @@ class ClustersView:
     promised_scope: str = ""
 
 
-def promised_by_site(jobs: Sequence[pb.Job]) -> dict[tuple[str, str], int]:
+def promised_by_site(
+    jobs: Sequence[pb.Job], bound_gpus: Mapping[str, int] | None = None
+) -> dict[tuple[str, str], int]:
+    """GPUs promised per (cluster, GPU type): each placed job's GPUs less those already bound to
+    nodes (`bound_gpus` by job id), which the inventory counts used."""
+    bound_gpus = bound_gpus or {}
     out: dict[tuple[str, str], int] = defaultdict(int)
     for job in jobs:
         if job.phase in PROMISED_PHASES and job.cluster:
-            out[(job.cluster, job.gpu_type)] += job.gpu_count
+            out[(job.cluster, job.gpu_type)] += max(0, job.gpu_count - bound_gpus.get(job.job_id, 0))
     return dict(out)
+
+
+def bound_gpus_of(job: pb.Job, description: pb.JobDescription) -> int:
+    """GPUs of `job`'s current attempt whose pods are on a node and not finished. Replicas of one
+    gang are taken as equal (gpu_count / replica_count); an uneven gang counts none bound, which
+    errs towards less free capacity."""
+    if job.replica_count <= 0 or job.gpu_count % job.replica_count:
+        return 0
+    per_replica = job.gpu_count // job.replica_count
+    attempt = next((a for a in description.attempts if a.attempt == job.attempt), None)
+    if attempt is None:
+        return 0
+    bound = sum(1 for r in attempt.replicas if r.node and r.phase not in ("Succeeded", "Failed"))
+    return min(job.gpu_count, bound * per_replica)
 
 
 def build_clusters(
@@ -176,8 +199,13 @@ def _site_row(site: Site, known: bool) -> str:
     css = "unreachable" if not site.reachable else ("refusing" if site.state == "refusing" else "reachable")
     return (
         f'<tr data-cluster="{e(site.cluster)}" data-gpu-type="{e(site.gpu_type)}" class="{css}">'
-        f'<th scope="row"><a href="{e(_jobs_on(site.cluster))}">{e(site.cluster)}</a></th>'
-        f'<td class="reach"><span class="badge {css}">{e(css)}</span></td>'
+        # The jobs there, for a role that may list jobs (finance may not: no link to a 403).
+        + (
+            f'<th scope="row"><a href="{e(_jobs_on(site.cluster))}">{e(site.cluster)}</a></th>'
+            if known
+            else f'<th scope="row">{e(site.cluster)}</th>'
+        )
+        + f'<td class="reach"><span class="badge {css}">{e(css)}</span></td>'
         f'<td class="prices">{_prices(site)}</td>'
         f'<td class="num total">{site.total}</td><td class="num used">{used}</td>'
         f'<td class="num promised">{promised if known else "-"}</td><td class="num free">{free}</td>'
@@ -235,7 +263,17 @@ async def gather(request: web.Request, view: View) -> ClustersView:
     reply = await calls.call(request, "ListClusters", pb.ListClustersRequest())
     jobs: list[pb.Job] = []
     known, _ = await list_jobs(request, PROMISED_PHASES, jobs.extend)
-    promised = promised_by_site(jobs) if known else None
+    bound: dict[str, int] = {}
+    for job in jobs:
+        if job.phase == pb.JOB_PHASE_DISPATCHED and job.cluster:
+            try:
+                described = await calls.call(request, "DescribeJob", pb.DescribeJobRequest(job_id=job.job_id))
+            except CallRefused as refused:
+                if refused.code is not grpc.StatusCode.NOT_FOUND:
+                    raise
+                continue  # ended and gone between the two reads
+            bound[job.job_id] = bound_gpus_of(job, described)
+    promised = promised_by_site(jobs, bound) if known else None
     scope = view.tenant if view.role == "member" else ""
     return build_clusters(reply, promised, scope=scope)
 

@@ -84,6 +84,8 @@ class JobFilters:
 class JobsPage:
     jobs: list[pb.Job]
     next_token: str
+    # Every live job the filters match, on all pages (ListJobs' total_count); None: not asked.
+    total: int | None = None
 
 
 def _phases(phase: str) -> list[pb.JobPhase.ValueType]:
@@ -94,7 +96,7 @@ def _phases(phase: str) -> list[pb.JobPhase.ValueType]:
     return [pb.JobPhase.Value("JOB_PHASE_" + phase)]
 
 
-async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
+async def read_page(request: web.Request, filters: JobFilters, *, with_total: bool = False) -> JobsPage:
     """One console page of jobs: one ListJobs page, filtered and ordered by the servicer. The
     next-page token is ListJobs' own, so a page never repeats or skips a job."""
     reply: pb.ListJobsResponse = await request.app[CALLS_KEY].call(
@@ -109,9 +111,10 @@ async def read_page(request: web.Request, filters: JobFilters) -> JobsPage:
             page_size=PAGE_ROWS,
             page_token=filters.page_token,
             include_archived=filters.archived,
+            with_total=with_total,
         ),
     )
-    return JobsPage(list(reply.jobs), reply.next_page_token)
+    return JobsPage(list(reply.jobs), reply.next_page_token, reply.total_count if with_total else None)
 
 
 def job_state(job: pb.Job) -> dict[str, object]:
@@ -142,6 +145,8 @@ def _row(job: pb.Job) -> str:
         f'<td class="phase">{e(convert.phase_name(job.phase))}</td>'
         f'<td class="tenant">{e(job.tenant)}</td>'
         f'<td class="user">{e(job.user)}</td>'
+        # Why it failed or waits (OOMKilled, Error (exit 3)), as `gpufed list` shows it.
+        f'<td class="reason">{e(job.reason or job.message)}</td>'
         f'<td class="cluster">{e(job.cluster)}</td>'
         f'<td class="gpus">{job.gpu_count}</td>'
         f'<td class="gpu-type">{e(gpu_kind(job))}</td>'
@@ -189,7 +194,7 @@ async def jobs_page(request: web.Request) -> web.StreamResponse:
     filters = JobFilters.of(request)
     status, refused = 200, ""
     try:
-        page = await read_page(request, filters)
+        page = await read_page(request, filters, with_total=True)
     except CallRefused as refusal:
         if refusal.code is grpc.StatusCode.PERMISSION_DENIED:
             # Another tenant typed into the URL by a member, or a role that may not list jobs
@@ -213,7 +218,7 @@ def _body(
     events = "/jobs/events" + query_string(filters.params())
     rows = "".join(_row(j) for j in page.jobs)
     if not page.jobs:
-        rows = '<tr><td colspan="8" class="muted">No jobs match.</td></tr>'
+        rows = '<tr><td colspan="9" class="muted">No jobs match.</td></tr>'
     pager = []
     if filters.page_token:
         pager.append(
@@ -226,13 +231,28 @@ def _body(
     return (
         filters_form(filters, tenants, shown_tenant)
         + error
-        + f'<p class="live">Jobs shown: {len(page.jobs)}, {filters.order} first; phases update live.</p>'
+        + _counts(filters, page)
         + f'<table id="jobs" data-events="{e(events)}" aria-label="Jobs"><thead><tr>'
         '<th scope="col">Name</th><th scope="col">Phase</th><th scope="col">Tenant</th>'
-        '<th scope="col">User</th><th scope="col">Cluster</th><th scope="col" class="num">GPUs</th>'
+        '<th scope="col">User</th><th scope="col">Reason</th><th scope="col">Cluster</th>'
+        '<th scope="col" class="num">GPUs</th>'
         '<th scope="col">GPU type</th>'
         f'<th scope="col">Submitted</th></tr></thead><tbody>{rows}</tbody></table>'
         + f'<nav class="pager" aria-label="Pages">{"".join(pager)}</nav>'
+    )
+
+
+def _counts(filters: JobFilters, page: JobsPage) -> str:
+    total = ""
+    if page.total is not None:
+        scope = " live (archived jobs not counted)" if filters.archived else ""
+        total = (
+            f'<span id="jobs-total" data-total="{page.total}">{page.total:,} jobs{scope} '
+            "match in total</span>; "
+        )
+    return (
+        f'<p class="live">{total}<span id="jobs-shown">{len(page.jobs)} shown</span>, {filters.order} first; '
+        "phases update live.</p>"
     )
 
 

@@ -17,14 +17,33 @@ from aiohttp import web
 
 from federation.console.view import View
 
-NAV: tuple[tuple[str, str, str], ...] = (
-    ("jobs", "/jobs", "Jobs"),
-    ("queues", "/queues", "Queues"),
-    ("clusters", "/clusters", "Clusters"),
-    ("capacity", "/capacity", "Capacity"),
-    ("finance", "/finance", "Finance"),
-    ("approvals", "/approvals", "Approvals"),
+ALL_ROLES = frozenset({"admin", "infra", "member", "finance"})
+# (page, path, label, the roles whose API calls the page makes may succeed): a link is shown only
+# to a role that page answers with content, never one that leads to the 404 page (issue 30).
+NAV: tuple[tuple[str, str, str, frozenset[str]], ...] = (
+    ("jobs", "/jobs", "Jobs", frozenset({"admin", "infra", "member"})),
+    ("queues", "/queues", "Queues", ALL_ROLES),
+    ("clusters", "/clusters", "Clusters", ALL_ROLES),
+    ("capacity", "/capacity", "Capacity", frozenset({"admin", "infra", "finance"})),
+    ("finance", "/finance", "Finance", frozenset({"member", "finance"})),
+    ("approvals", "/approvals", "Approvals", ALL_ROLES),
 )
+
+
+def home_of(role: str) -> str:
+    """Where a role lands after sign-in: finance on its spend (it may not list jobs), the others
+    on the first page of the navigation they may use."""
+    if role == "finance":
+        return "/finance"
+    for _, href, _, roles in NAV:
+        if role in roles:
+            return href
+    return "/queues"
+
+
+def nav_for(role: str) -> tuple[tuple[str, str, str], ...]:
+    return tuple((name, href, label) for name, href, label, roles in NAV if role in roles)
+
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
@@ -66,7 +85,8 @@ def render_page(view: View, *, page: str, title: str, body: str) -> str:
     `body` is HTML already escaped by the page."""
     current = ' aria-current="page"'
     items = "".join(
-        f'<li><a href="{href}"{current if name == page else ""}>{label}</a></li>' for name, href, label in NAV
+        f'<li><a href="{href}"{current if name == page else ""}>{label}</a></li>'
+        for name, href, label in nav_for(view.role)
     )
     return (
         f"{_head(title)}<body>"
@@ -100,7 +120,8 @@ def html_response(text: str, status: int = 200) -> web.Response:
 
 def not_found_page(view: View | None, what: str = "page") -> web.Response:
     """The one answer for an unknown id and for another tenant's: same words, same status."""
-    body = f'<p class="error" role="alert">No such {e(what)}.</p><p><a href="/jobs">Back to jobs</a></p>'
+    home = "/jobs" if view is None else home_of(view.role)
+    body = f'<p class="error" role="alert">No such {e(what)}.</p><p><a href="{e(home)}">Back</a></p>'
     title = "Not found"
     text = (
         render_page(view, page="not-found", title=title, body=body)

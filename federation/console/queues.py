@@ -270,7 +270,8 @@ def _tenant_rows(t: TenantQueue, known: bool) -> str:
     jobs_link = "/jobs?" + urlencode({"tenant": t.name})
     head = (
         f'<th scope="rowgroup" class="tenant depth-{min(t.depth, 4)}" rowspan="{max(1, len(t.rows))}">'
-        f'<a href="{e(jobs_link)}">{e(t.name)}</a>'
+        # The tenant's jobs, for a role that may list them (finance may not: no link to a 403).
+        + (f'<a href="{e(jobs_link)}">{e(t.name)}</a>' if known else e(t.name))
         + (f'<span class="sub">in {e(t.parent)}</span>' if t.parent else "")
         + ('<span class="sub">its teams included</span>' if t.has_children else "")
         + "</th>"

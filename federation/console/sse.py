@@ -23,6 +23,7 @@ from aiohttp import web
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CALLS_KEY, CallRefused
 from federation.console.session import SESSION_KEY, SESSIONS_KEY
+from federation.errors import StoreUnavailable
 
 log = structlog.get_logger("gpufed.console.sse")
 
@@ -71,19 +72,36 @@ class EventStream:
         return transport is None or transport.is_closing()
 
 
-def _session_alive(request: web.Request) -> bool:
+# When this stream last found its session alive in the store (monotonic seconds).
+_ALIVE_AT_KEY = web.RequestKey("gpufed_console_alive_at", float)
+
+
+async def _session_alive(request: web.Request) -> bool:
+    """Whether the session still exists in the store, asked at most once a second per stream: a
+    relayed stream loops once per line, and sessions live in etcd (a sign-out on another server
+    ends this stream within a second)."""
+    now = time.monotonic()
+    if now - request.get(_ALIVE_AT_KEY, -POLL_INTERVAL_S) < POLL_INTERVAL_S:
+        return True
     session = request[SESSION_KEY]
-    return request.app[SESSIONS_KEY].alive(session.session_id)
+    try:
+        alive = await request.app[SESSIONS_KEY].alive(session.session_id)
+    except StoreUnavailable:
+        # etcd is away for a moment: the stream goes on; the next check decides.
+        return True
+    if alive:
+        request[_ALIVE_AT_KEY] = now
+    return alive
 
 
-def _end_session_if_refused(request: web.Request, refusal: CallRefused) -> None:
+async def _end_session_if_refused(request: web.Request, refusal: CallRefused) -> None:
     if refusal.code is grpc.StatusCode.UNAUTHENTICATED:
-        request.app[SESSIONS_KEY].end(request[SESSION_KEY].session_id)
+        await request.app[SESSIONS_KEY].end(request[SESSION_KEY].session_id)
 
 
 async def _ended(request: web.Request, stream: EventStream) -> None:
     """The loop stopped because the session ended: tell a browser still there, so it stops too."""
-    if not stream.browser_gone() and not _session_alive(request):
+    if not stream.browser_gone() and not await _session_alive(request):
         await stream.send("end", {"code": "UNAUTHENTICATED", "message": "signed out"})
 
 
@@ -97,11 +115,11 @@ async def poll(
     stream = EventStream(request)
     await stream.open()
     try:
-        while _session_alive(request) and not stream.browser_gone():
+        while await _session_alive(request) and not stream.browser_gone():
             try:
                 events, done = await fetch()
             except CallRefused as refusal:
-                _end_session_if_refused(request, refusal)
+                await _end_session_if_refused(request, refusal)
                 await stream.send("end", {"code": refusal.code.name, "message": refusal.details})
                 break
             for name, data in events:
@@ -140,7 +158,7 @@ async def relay(
     task = asyncio.create_task(pump(), name="console-sse-relay")
     checked_s = time.monotonic()
     try:
-        while _session_alive(request) and not stream.browser_gone():
+        while await _session_alive(request) and not stream.browser_gone():
             try:
                 kind, value = await asyncio.wait_for(queue.get(), timeout=POLL_INTERVAL_S)
             except TimeoutError:
@@ -154,7 +172,7 @@ async def relay(
                     await stream.send(name, data)
             elif kind == "refused":
                 assert isinstance(value, CallRefused)
-                _end_session_if_refused(request, value)
+                await _end_session_if_refused(request, value)
                 await stream.send("end", {"code": value.code.name, "message": value.details})
                 break
             else:
@@ -163,7 +181,7 @@ async def relay(
         else:
             await _ended(request, stream)
     except CallRefused as refusal:
-        _end_session_if_refused(request, refusal)
+        await _end_session_if_refused(request, refusal)
         with contextlib.suppress(ConnectionResetError):
             await stream.send("end", {"code": refusal.code.name, "message": refusal.details})
     except ConnectionResetError:

@@ -35,6 +35,7 @@ from federation.capacity.store import CapacityStore
 from federation.console.app import build_app
 from federation.console.calls import ConsoleCalls
 from federation.datasets.check import DatasetCheck
+from federation.console.session import SessionStore
 from federation.datasets.executor import Executors, get_settings
 from federation.datasets.registry import DatasetRegistry, locations_reader
 from federation.datasets.staging import Stager
@@ -406,6 +407,8 @@ class FederationServer:
         await site.start()
         self._http = runner
         self.metrics_port = int(runner.addresses[0][1])
+            # In etcd: every server sharing it knows a session, and a restart keeps it (issue 30).
+            sessions=SessionStore(self._kv),
 
     async def readiness_inputs(self) -> ReadinessInputs:
         """What `/readyz` judges by; reads the leader key from etcd only when this server does not lead."""
