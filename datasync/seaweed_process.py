@@ -113,7 +113,10 @@ class SeaweedProcess:
         buckets: Sequence[str] = (),
         access_key_id: str = "gpufed",
         extra_args: Sequence[str] = (),
+        s3_port: int | None = None,
     ) -> None:
+        # s3_port: the S3 endpoint's port as chosen (its gRPC port is 10000 above); None picks one.
+        self.s3_port = s3_port
         self.data_dir = Path(data_dir)
         self.host = host
         self.buckets = tuple(buckets)
@@ -215,9 +218,7 @@ class SeaweedProcess:
             )
         for attempt in range(_PORT_ATTEMPTS):
             if not self._ports:
-                self._ports = self._remembered_ports() or dict(
-                    zip(_COMPONENTS, free_port_pairs(len(_COMPONENTS), self.host), strict=True)
-                )
+                self._ports = self._remembered_ports() or self._picked_ports()
             try:
                 self._spawn_and_wait(identities, timeout_s)
                 self._ports_path.write_text(json.dumps(self._ports))
@@ -229,11 +230,22 @@ class SeaweedProcess:
                     raise
                 self._ports = {}
 
+    def _picked_ports(self) -> dict[str, int]:
+        picked = dict(zip(_COMPONENTS, free_port_pairs(len(_COMPONENTS), self.host), strict=True))
+        if self.s3_port is None:
+            return picked
+        others = {q for name, p in picked.items() if name != "s3" for q in (p, p + _GRPC_OFFSET)}
+        if {self.s3_port, self.s3_port + _GRPC_OFFSET} & others:  # drawn for another component
+            return self._picked_ports()
+        return {**picked, "s3": self.s3_port}
+
     def _remembered_ports(self) -> dict[str, int] | None:
         try:
             data = json.loads(self._ports_path.read_text())
             ports = {name: int(data[name]) for name in _COMPONENTS}
         except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if self.s3_port is not None and ports["s3"] != self.s3_port:
             return None
         if not all(_port_pair_free(p, self.host, reuse_addr=True) for p in ports.values()):
             return None

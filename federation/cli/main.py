@@ -177,8 +177,27 @@ def cli(ctx: click.Context, /, **kwargs: Any) -> None:
     show_default=True,
     help="HTTP port of the web console and Prometheus /metrics (0: any)",
 )
+@click.option("--etcd-port", type=int, default=None, help="etcd's client port (default: a free one)")
+@click.option(
+    "--sim-port", type=int, default=None, help="first simulated cluster's API port, the next ones above"
+)
+@click.option(
+    "--store-port",
+    "store_ports",
+    multiple=True,
+    metavar="SERVER=PORT",
+    help="S3 port of the config's `seaweed: SERVER` object store (repeatable; gRPC takes PORT+10000)",
+)
 @click.pass_obj
-def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
+def up(
+    opts: _Opts,
+    config: str | None,
+    port: int,
+    metrics_port: int,
+    etcd_port: int | None,
+    sim_port: int | None,
+    store_ports: tuple[str, ...],
+) -> None:
     """Start the embedded default: local etcd, the server and simulated clusters."""
     configure_logging()
 
@@ -186,6 +205,7 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
     from federation.runtime.config import load_config
     from federation.runtime.embedded import default_config_path, run_up
     from federation.runtime.etcd_process import EtcdStartFailed
+    from federation.runtime.local_ports import LocalPorts, PortTaken
     from federation.runtime.sim_process import SimStartFailed
     from federation.runtime.state_lock import StateDirBusy, hold_state_dir
 
@@ -231,10 +251,24 @@ def up(opts: _Opts, config: str | None, port: int, metrics_port: int) -> None:
                     grpc_port=port,
                     metrics_port=metrics_port,
                     on_ready=ready,
+                    ports=LocalPorts(etcd_port, sim_port, _store_ports(store_ports)),
                 )
             )
-    except (StateDirBusy, EtcdStartFailed, SimStartFailed, SeaweedStartFailed) as e:
+    except (StateDirBusy, EtcdStartFailed, SimStartFailed, SeaweedStartFailed, PortTaken) as e:
         raise click.ClickException(str(e)) from e
+
+
+def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """`--store-port SERVER=PORT` values, refused by name when not of that form."""
+    out = []
+    for value in given:
+        server, _, port = value.partition("=")
+        if not server or not port.isdigit():
+            raise click.BadParameter(
+                f"{value!r}: expected SERVER=PORT, e.g. onprem=8333", param_hint="--store-port"
+            )
+        out.append((server, int(port)))
+    return tuple(out)
 
 
 @cli.command()

@@ -28,6 +28,7 @@ from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.endpoint import ENDPOINT_FILE, read_endpoint, write_atomically
 from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.local_ports import LocalPorts
 from federation.runtime.seaweed import EmbeddedStores
 from federation.runtime.server import FederationServer, ServerConfig
 from federation.runtime.sim_process import SimProcess
@@ -39,7 +40,7 @@ log = structlog.get_logger("gpufed.embedded")
 
 # The endpoint file's name and reader live in `federation.runtime.endpoint` (light to import, for the
 # CLI); kept importable from here.
-__all__ = ["ENDPOINT_FILE", "EmbeddedInfo", "default_config_path", "read_endpoint", "run_up"]
+__all__ = ["ENDPOINT_FILE", "EmbeddedInfo", "LocalPorts", "default_config_path", "read_endpoint", "run_up"]
 
 STOP_STACKS_AFTER_S = 20.0
 # The embedded server's identity: the leader key names it while it leads.
@@ -69,17 +70,23 @@ async def run_up(
     metrics_port: int | None = 0,
     on_ready: Callable[[EmbeddedInfo], None] | None = None,
     stop: asyncio.Event | None = None,
+    ports: LocalPorts | None = None,
 ) -> None:
-    """Run until SIGINT/SIGTERM (or `stop` is set), then stop the server and etcd cleanly."""
+    """Run until SIGINT/SIGTERM (or `stop` is set), then stop the server and etcd cleanly.
+
+    `ports`: the local services' ports as chosen (`gpufed up --etcd-port/--sim-port/--store-port`);
+    one that is taken is refused, naming it, before anything starts."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     # A SIGKILLed run leaves its addresses behind: no client may take them for this run's.
     (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
     config = load_config(config_path or default_config_path())
-    sims = SimProcess(state_dir / "sim", config.simulated) if config.simulated else None
+    ports = ports or LocalPorts()
+    sims = SimProcess(state_dir / "sim", config.simulated, port=ports.sim_port) if config.simulated else None
     # The config's `seaweed:` object stores: local SeaweedFS servers, so datasets really cross stores.
-    stores = EmbeddedStores(state_dir, config.object_stores)
-    etcd = EtcdProcess(state_dir / "etcd")
+    stores = EmbeddedStores(state_dir, config.object_stores, s3_ports=dict(ports.store_ports))
+    ports.check(simulated=len(config.simulated), seaweed=stores.servers)
+    etcd = EtcdProcess(state_dir / "etcd", client_port=ports.etcd_port)
     try:
         store_records = await _start_children(sims, stores, etcd)
     except BaseException:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -41,14 +41,23 @@ def key_env(server: str) -> tuple[str, str]:
 
 
 class EmbeddedStores:
-    def __init__(self, state_dir: Path, records: Sequence[StoreRecord]) -> None:
+    def __init__(
+        self, state_dir: Path, records: Sequence[StoreRecord], *, s3_ports: Mapping[str, int] | None = None
+    ) -> None:
         self._state_dir = state_dir
         self._records = tuple(records)
+        # The S3 port chosen for a server (`gpufed up --store-port NAME=PORT`); others pick free ones.
+        self._s3_ports = dict(s3_ports or {})
         self._servers: dict[str, SeaweedProcess] = {}
 
     @property
     def needed(self) -> bool:
         return any(r.seaweed for r in self._records)
+
+    @property
+    def servers(self) -> set[str]:
+        """The `seaweed:` servers the records name."""
+        return {r.seaweed for r in self._records if r.seaweed is not None}
 
     async def start(self) -> tuple[StoreRecord, ...]:
         """Start every server the records name; return the records pointing at them.
@@ -64,7 +73,9 @@ class EmbeddedStores:
                 buckets.setdefault(r.seaweed, []).append(r.config.bucket)
         for server, names in sorted(buckets.items()):
             self._servers[server] = SeaweedProcess(
-                seaweed_dir(self._state_dir, server), buckets=sorted(set(names))
+                seaweed_dir(self._state_dir, server),
+                buckets=sorted(set(names)),
+                s3_port=self._s3_ports.get(server),
             )
         outcomes = await asyncio.gather(
             *(asyncio.to_thread(process.start) for process in self._servers.values()),

@@ -42,8 +42,15 @@ class SimProcess:
     """The simulator for `clusters` (federation config entries), under `work_dir`."""
 
     def __init__(
-        self, work_dir: Path, clusters: Sequence[Mapping[str, Any]], *, time_scale: float | None = None
+        self,
+        work_dir: Path,
+        clusters: Sequence[Mapping[str, Any]],
+        *,
+        time_scale: float | None = None,
+        port: int | None = None,
     ) -> None:
+        # port: the first cluster's API port as chosen, the next cluster's one above (None: free ones).
+        self.port = port
         self.work_dir = work_dir
         self.config_path = work_dir / "clusters.yaml"
         self.kubeconfig = work_dir / "kubeconfig"
@@ -76,6 +83,8 @@ class SimProcess:
         ]
         if self._time_scale is not None:
             command += ["--time-scale", repr(self._time_scale)]
+        if self.port is not None:
+            command += ["--port", str(self.port)]
         self._child.spawn(command)
         deadline = time.monotonic() + timeout_s
         while not self.ready_path.exists():
