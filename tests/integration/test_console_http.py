@@ -217,8 +217,10 @@ async def test_sign_in_with_a_good_token_and_refusal_of_a_bad_one(console: Conso
             assert r.headers["Content-Security-Policy"] == "default-src 'self'; frame-ancestors 'none'"
             assert r.headers["X-Content-Type-Options"] == "nosniff"
             assert r.headers["Referrer-Policy"] == "same-origin"
-            for label in ("Jobs", "Queues", "Clusters", "Capacity", "Finance", "Approvals"):
+            for label in ("Jobs", "Queues", "Clusters", "Finance", "Approvals"):
                 assert f">{label}</a>" in page
+            # A member may not read capacity: no link to the 404 page (issue 30).
+            assert ">Capacity</a>" not in page
         # Signing out ends the session on the server, not just in this browser.
         session_id = SimpleCookie(cookie)["gpufed_session"].value
         async with browser.post("/logout", data={"csrf": _csrf(page)}, allow_redirects=False) as r:
