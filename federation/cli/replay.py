@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from federation.cli.output import OutputHolder
+from federation.cli.render import structured
+from federation.logs import configure_logging
 from federation.replay.errors import ReplayError
 
 if TYPE_CHECKING:
@@ -61,6 +64,8 @@ def replay(
     from federation.replay.report import write_all
     from federation.replay.sweep import sweep
 
+    # Progress events to stderr, as every command's: stdout is the table, or the JSON under -o json.
+    configure_logging()
     try:
         config = load_config(config_path)
         if trace is not None:
@@ -71,7 +76,14 @@ def replay(
     except ReplayError as error:
         raise click.ClickException(str(error)) from error
     command = "gpufed " + " ".join(sys.argv[1:])
-    for line in write_all(rows, out, command):
+    lines = write_all(rows, out, command)
+    holder = click.get_current_context().find_object(OutputHolder)
+    fmt = holder.output if holder is not None else "table"
+    if fmt != "table":
+        # The figures themselves are in the CSV under `out`; this says where, with the headlines.
+        click.echo(structured({"results": str(out), "headlines": lines}, fmt))
+        return
+    for line in lines:
         click.echo(line)
     click.echo(f"results in {out}")
 
