@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from placement.model_ids import ClusterName, GpuType, TenantId
-from placement.model_plan import Move, WaitReason
+from placement.model_plan import Admission, Alternative, Move, WaitReason
 from placement.model_plan import WaitCode as Code
 
 CODE_RANK: Final = {
@@ -149,4 +149,43 @@ def move_reason(move: Move) -> str:
         f"{move.cloud_cost_left_usd:.2f} USD, the rest on private GPUs {move.private_cost_usd:.2f} USD "
         f"({move.private_run_s / 3600:.1f} h with the move's {move.overhead_s:g} s of checkpoint and "
         f"restart) and the move {move.move_cost_usd:.2f} USD: it saves {move.saving_usd:.2f} USD"
+    )
+
+
+def admitted(admission: Admission) -> str:
+    """Why an admitted gang runs where it does: its price and type, its data, and what it beat."""
+    where = (
+        f"cluster {admission.cluster} ({admission.gpu_type}, {admission.kind.value}, "
+        f"${admission.usd_per_gpu_hour:.2f}/GPU-hour)"
+    )
+    choice = admission.choice
+    if choice is None:
+        return f"placed on {where}"
+    parts = [
+        f"placed on {where}: expected ${admission.expected_cost_usd:,.2f} for about "
+        f"{choice.run_hours:.2f} h of work at {admission.gpu_type} speed {choice.speed:g}, "
+        "the cheapest placement with room now"
+    ]
+    if choice.dataset_store is not None:
+        name = f"dataset {choice.dataset}" if choice.dataset else "the job's dataset"
+        if choice.transfer_s > 0 or choice.egress_usd > 0:
+            parts.append(
+                f"{name} moves from store {choice.dataset_store} to {choice.cluster_store} "
+                f"(${choice.egress_usd:,.2f} egress, {choice.transfer_s:.0f} s)"
+            )
+        elif choice.cluster_store is not None:
+            parts.append(f"{name} is read in place from store {choice.cluster_store}")
+    if choice.runner_up is not None:
+        parts.append(f"it beat {_alternative(choice.runner_up)}")
+    else:
+        parts.append("no other placement had room")
+    if choice.cheaper_full is not None:
+        parts.append(f"{_alternative(choice.cheaper_full)} would have been cheaper but had no room")
+    return "; ".join(parts)
+
+
+def _alternative(other: Alternative) -> str:
+    return (
+        f"cluster {other.cluster} ({other.gpu_type}, {other.kind.value}, "
+        f"${other.usd_per_gpu_hour:.2f}/GPU-hour, expected ${other.expected_cost_usd:,.2f})"
     )

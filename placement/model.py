@@ -26,7 +26,9 @@ from placement.model_ids import (
 )
 from placement.model_plan import (
     Admission,
+    Alternative,
     CapacityRequest,
+    Choice,
     Move,
     Plan,
     Preemption,
@@ -40,8 +42,10 @@ from placement.model_policy import EgressRate, GpuQuota, PolicyConfig, PriorityC
 
 __all__ = [
     "Admission",
+    "Alternative",
     "CapacityKind",
     "CapacityRequest",
+    "Choice",
     "ClusterName",
     "ClusterState",
     "EgressRate",

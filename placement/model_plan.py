@@ -16,6 +16,38 @@ from placement.model_ids import CapacityKind, ClusterName, GpuType, JobId, Tenan
 
 
 @dataclass(frozen=True, slots=True)
+class Alternative:
+    """An offer the placer weighed against the one it chose."""
+
+    cluster: ClusterName
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    expected_cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Why an admission went where it went: the figures `placement.explain.admitted` words for
+    `explain` of a running job (price, type, data, and what it beat)."""
+
+    # The chosen GPU type's speed for this job (1.0: the reference), and the hours of work there.
+    speed: float
+    run_hours: float
+    # The job's dataset, where it is, and the store the chosen cluster reads from (None: no dataset,
+    # or no store); what moving it costs and how long it takes (0: it does not move).
+    dataset: str | None
+    dataset_store: str | None
+    cluster_store: str | None
+    egress_usd: float
+    transfer_s: float
+    # The next best offer that had room (None: no other), and a cheaper one it had to pass over for
+    # lack of free GPUs (None: none was cheaper).
+    runner_up: Alternative | None
+    cheaper_full: Alternative | None
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """A decision to run a job's whole gang on one cluster, on one GPU type, at one price."""
 
@@ -26,6 +58,8 @@ class Admission:
     usd_per_gpu_hour: float
     # The cost model's estimate for the chosen placement (compute, restart risk, egress, staging delay).
     expected_cost_usd: float = 0.0
+    # Why there (None: not recorded). Not part of the decision's equality: it only explains it.
+    choice: Choice | None = field(default=None, compare=False)
 
 
 class PreemptionReason(StrEnum):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Final
 
 from placement.backfill import Hold
@@ -44,6 +45,8 @@ from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
+    Alternative,
+    Choice,
     ClusterName,
     GangRequest,
     GpuType,
@@ -84,6 +87,9 @@ class _Fit:
     offer: Offer
     placed: HistogramFit
     cost_usd: float
+    # For `explain`: the next best offer with room, and the first offer passed over for lack of room.
+    runner_up: tuple[Offer, float] | None = None
+    full: Offer | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +99,15 @@ class _Miss:
     notes: Sequence[WaitReason] = ()
     # The gang chose to wait (for private capacity): try no other type and make no room.
     stop: bool = False
+
+
+# Offers looked at past the chosen one for the runner-up that `explain` names.
+_RUNNER_UP_SCAN: Final = 16
+
+
+def _alternative(offer: Offer, cost_usd: float) -> Alternative:
+    view = offer.view
+    return Alternative(view.cluster, view.gpu_type, offer.kind, offer.usd_per_gpu_hour, cost_usd)
 
 
 # Reasons that say room is being made for the gang already: no eviction under its cap on top.
@@ -249,9 +264,13 @@ class _Cycle:
 
         # Spot offers with room that the bound on restarts kept from this gang: named if it waits.
         refused: list[Offer] = []
+        # The first offer without room (in a static order, the cheapest): named by `explain` if cheaper.
+        full: list[Offer] = []
 
         def room_now(o: Offer) -> bool:
             if o.free.total_free < need or o.free.max_free < largest:
+                if not full:
+                    full.append(o)
                 return False
             if spot_bounded and ctx.kept_off(o.kind, o.view.gpu_type, o.risk_per_hour):
                 refused.append(o)
@@ -286,8 +305,12 @@ class _Cycle:
         late: tuple[float, Offer] | None = None
         blocked: tuple[Offer, Hold] | None = None
         holds_on, deadline = self.room.holds_on, gang.deadline_at_s
-        for tier, cost, factor, kind_rank, offer in candidates:
+        runner_up: tuple[Offer, float] | None = None
+        remaining = iter(candidates)
+        for tier, cost, factor, kind_rank, offer in remaining:
             if best is not None and (tier, cost, factor, kind_rank) != rank:
+                if runner_up is None:
+                    runner_up = self._runner_up(ctx, shape, (offer, cost), remaining)
                 break
             placed = offer.fit(shape)
             if placed is None:
@@ -307,7 +330,14 @@ class _Cycle:
                     blocked = (offer, delayed)
                     continue
             if best is None or placed.packing_key < best.placed.packing_key:
+                if best is not None:
+                    runner_up = (best.offer, best.cost_usd)
                 best, rank = _Fit(offer, placed, cost), (tier, cost, factor, kind_rank)
+            elif runner_up is None:
+                runner_up = (offer, cost)
+        if best is not None:
+            best.runner_up = runner_up
+            best.full = full[0] if full else None
         if best is None:
             spot_notes = self._spot_notes(ctx, refused)
             if not fitted:
@@ -320,6 +350,29 @@ class _Cycle:
             if wait is not None:
                 return _Miss(False, [wait], stop=True)
         return best
+
+    def _runner_up(
+        self,
+        ctx: GangCost,
+        shape: tuple[int, ...],
+        first: tuple[Offer, float],
+        rest: Iterable[tuple[int, float, float, int, Offer]],
+    ) -> tuple[Offer, float] | None:
+        """The next offer after the chosen rank where the gang would fit now (for `explain`): a few
+        offers past the choice at most, so that explaining costs the cycle little."""
+        deadline = ctx.gang.deadline_at_s
+        for index, (offer, cost) in enumerate(chain([first], ((c[4], c[1]) for c in rest))):
+            if index >= _RUNNER_UP_SCAN:
+                return None
+            if offer.fit(shape) is None:
+                continue
+            if (
+                deadline is not None
+                and self.now + ctx.duration_s(offer.view.gpu_type, offer.view.store) > deadline
+            ):
+                continue
+            return (offer, cost)
+        return None
 
     def _spot_notes(self, ctx: GangCost, refused: Sequence[Offer]) -> list[WaitReason]:
         """Why spot capacity with room is not offered to this gang: reclaims would slow it too much."""
@@ -384,7 +437,37 @@ class _Cycle:
         for hold in self.room.holds_on.get(offer, ()):
             hold.commit(shape, gang.max_runtime_s, self.now)
         self.admissions.append(
-            Admission(gang.job_id, cluster, gpu_type, offer.kind, offer.usd_per_gpu_hour, fit.cost_usd)
+            Admission(
+                gang.job_id,
+                cluster,
+                gpu_type,
+                offer.kind,
+                offer.usd_per_gpu_hour,
+                fit.cost_usd,
+                self._choice(ctx, fit),
+            )
+        )
+
+    def _choice(self, ctx: GangCost, fit: _Fit) -> Choice:
+        """The figures `explain` words for the admitted gang: why this offer."""
+        gang, offer, model = ctx.gang, fit.offer, self.costs
+        store = offer.view.store
+        cheaper_full = None
+        if fit.full is not None and fit.full is not offer:
+            full = fit.full
+            full_cost = ctx.cost(full.view.gpu_type, full.price_factor, full.view.store)
+            if full_cost < fit.cost_usd:
+                cheaper_full = _alternative(full, full_cost)
+        return Choice(
+            speed=ctx.speed(offer.view.gpu_type),
+            run_hours=ctx.work_s / ctx.speed(offer.view.gpu_type) / 3600.0,
+            dataset=gang.dataset,
+            dataset_store=gang.dataset_store,
+            cluster_store=store,
+            egress_usd=model.egress_usd(gang, store),
+            transfer_s=model.transfer_s(gang, store),
+            runner_up=None if fit.runner_up is None else _alternative(*fit.runner_up),
+            cheaper_full=cheaper_full,
         )
 
     # -- step 7: explain

@@ -577,6 +577,9 @@ def explain_summary(job: JobRecord, reason_count: int, *, now: float) -> str:
             f"{job.phase.value.lower()} on {placed.cluster} ({job.spec.gpu_count} x {placed.gpu_type}, "
             f"{placed.kind.value}, ${placed.usd_per_gpu_hour:.2f}/GPU-hour), attempt {job.attempt}"
         )
+        # Why there: the placer's words at admission (price, type, data, what it beat).
+        why = next((e.reason for e in reversed(job.events) if e.phase is JobPhase.ADMITTED), "")
+        text += f"; {why.partition('; ')[2]}" if "; placed on" in why else ""
         return f"{text}; {backoff}" if backoff else text
     return f"{job.phase.value.lower()}: {job.message}" if job.message else job.phase.value.lower()
 

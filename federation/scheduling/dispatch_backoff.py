@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from federation.store.jobs import DispatchRefusal, JobRecord
 from placement.model import ClusterName, JobPhase
@@ -29,6 +30,8 @@ CURRENT_FOR_S = 60.0
 REFUSING_JOBS = 2
 # Or one job refused this many times in a row.
 REFUSING_COUNT = 3
+# How an admitted job's record begins to say that it waits out a backoff (`backoff_reason`).
+BACKOFF_PREFIX = "waiting to dispatch again:"
 # The longest a job that never met the refusal waits for a refusing cluster's next probe: a refusal
 # may be the refused gang's own (it fits no node there), and other jobs must not wait long for it.
 CLUSTER_PROBE_MAX_S = 10.0
@@ -157,4 +160,18 @@ def backoff_text(job: JobRecord, now_s: float, refusing: ClusterRefusing | None 
         f"dispatch to cluster {r.cluster} refused ({r.error}): not retried there for "
         f"{r.retry_at_s - now_s:.0f} s (attempt {r.count} of backoff)"
         for r in pending
+    )
+
+
+def backoff_reason(
+    cluster: ClusterName, until_s: float, error: str | None, refusing: ClusterRefusing | None
+) -> str:
+    """Why an admitted job waits for a cluster that refused dispatches, until when (UTC)."""
+    at = datetime.fromtimestamp(until_s, UTC).strftime("%H:%M:%S")
+    if error is not None:
+        return f"{BACKOFF_PREFIX} cluster {cluster} refused its gang ({error[:200]}); next try at {at} UTC"
+    assert refusing is not None
+    return (
+        f"{BACKOFF_PREFIX} cluster {cluster} keeps refusing dispatches ({refusing.last_error[:200]}); "
+        f"next try at {at} UTC"
     )

@@ -91,6 +91,20 @@ class MemberClusters:
     ) -> None:
         self._records = {r.name: r for r in records}
         self._backends = dict(backends)
+        # Gangs whose cluster refused an eviction order until its deadline, and until when no new
+        # order may name them (`hold_off_orders`). Per leader: a new one may order once more, and
+        # withdraws again at that order's deadline.
+        self._held_off: dict[JobId, float] = {}
+
+    def hold_off_orders(self, job_id: JobId, until_s: float) -> None:
+        """The reconciler withdrew an order its cluster kept refusing: no new one for this job until then."""
+        self._held_off[job_id] = max(until_s, self._held_off.get(job_id, until_s))
+
+    def held_off(self, now_s: float) -> frozenset[JobId]:
+        """Jobs no preemption or move may be ordered for now (their cluster refused the last one)."""
+        for job_id in [j for j, until in self._held_off.items() if until <= now_s]:
+            del self._held_off[job_id]
+        return frozenset(self._held_off)
 
     @classmethod
     def build(

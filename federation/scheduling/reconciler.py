@@ -54,7 +54,9 @@ from federation.errors import StoreUnavailable
 from federation.metrics import Metrics
 from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, stale_gangs, unknown_jobs
 from federation.scheduling.dispatch_backoff import (
+    BACKOFF_PREFIX,
     ClusterRefusing,
+    backoff_reason,
     cleared,
     refused,
     refusing_clusters,
@@ -68,7 +70,7 @@ from federation.spec.jobspec import RestartAction
 from federation.store.intervals import ledger_update
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, JobStore, Stored
-from federation.store.jobs import JobRecord, Owner
+from federation.store.jobs import JobRecord, Owner, PreemptionOrder
 from placement.model import ClusterName, JobId, JobPhase
 
 log = structlog.get_logger("gpufed.reconciler")
@@ -363,10 +365,13 @@ class Reconciler:
             gate = await self._staging.check(job)
             if gate.kind is not GateKind.READY:
                 return gate_transition(job, gate, now)
-        until_s, _ = wait_until_s(job, cluster, self._refusing.get(cluster))
+        refusing = self._refusing.get(cluster)
+        until_s, own = wait_until_s(job, cluster, refusing)
         if until_s > now:
-            # Backing off from a cluster that refused: no call, no write; explain says why.
-            return None
+            # Backing off from a cluster that refused: no call. The record says why it waits (once,
+            # in words that do not change during the backoff), for `get` and `list`.
+            why = backoff_reason(cluster, until_s, own.error if own is not None else None, refusing)
+            return None if job.reason == why else replace(job, reason=why)
         older = [(c, a) for c, a in self._holding.get(job.job_id, ()) if a < job.attempt]
         if older:
             # An earlier attempt still holds pods somewhere (a create that timed out but happened,
@@ -379,13 +384,14 @@ class Reconciler:
             return self._refused(job, cluster, f"{cluster} refused the gang: {error}", now)
         except ClusterError as error:
             return self._refused(job, cluster, f"{cluster} did not take the gang: {error}", now)
-        return job.transition(
+        dispatched = job.transition(
             JobPhase.DISPATCHED,
             by=Owner.DISPATCHER,
             at_s=now,
             reason=f"gang of {job.spec.replica_count} created on {cluster}",
             refusals=cleared(job, cluster),
         )
+        return replace(dispatched, reason="") if job.reason.startswith(BACKOFF_PREFIX) else dispatched
 
     def _refused(self, job: JobRecord, cluster: ClusterName, reason: str, now: float) -> JobRecord:
         """Back to the queue, with the refusal on the record: that cluster backs off for this job."""
@@ -486,6 +492,9 @@ class Reconciler:
             await backend.evict(job.job_id, job.attempt, order.grace_period_s, why)
         except ClusterError as error:
             log.warning("evict_failed", job_id=job.job_id, cluster=job.placement.cluster, error=str(error))
+            now = self._clock()
+            if now >= order_deadline_s(order):
+                return self._withdraw(job, str(error), now)
             return None
         # Remembered per process only: a new leader evicts again, which a backend treats as a no-op.
         self._evictions_sent.add(key)
@@ -500,6 +509,33 @@ class Reconciler:
             grace_period_s=order.grace_period_s,
         )
         return None
+
+    def _withdraw(self, job: JobRecord, error: str, now: float) -> JobRecord:
+        """The cluster kept refusing to evict the gang until the order's deadline: the order is
+        withdrawn, so the room it held for its beneficiary (or, for a move, the private room) is free
+        again, and no new order names the gang for ORDER_HOLD_OFF_S. The gang runs on; its record
+        says why it was not stopped."""
+        order = job.preemption
+        assert order is not None
+        assert job.placement is not None
+        self._evictions_sent.discard((job.job_id, job.attempt))
+        self._members.hold_off_orders(job.job_id, now + ORDER_HOLD_OFF_S)
+        # Not the job it was for: that may be another tenant's, and this field is not redacted.
+        what = "move to cluster " + order.move_to if order.move_to is not None else "preemption"
+        reason = (
+            f"{what} withdrawn: cluster {job.placement.cluster} refused to evict the gang until the "
+            f"order's deadline ({error[:200]})"
+        )
+        log.warning(
+            "order_withdrawn",
+            job_id=job.job_id,
+            cluster=job.placement.cluster,
+            for_job=order.for_job,
+            move_to=order.move_to,
+            requested_at_s=order.requested_at_s,
+            error=error[:200],
+        )
+        return replace(job, preemption=None, reason=reason)
 
     def _requeue_preempted(self, job: JobRecord, by: Owner) -> JobRecord:
         """A new attempt at the job's original queue position; a preemption uses up no retry."""
@@ -553,6 +589,17 @@ class Reconciler:
         return job.transition(
             JobPhase.FAILED, by=Owner.STATUS, at_s=now, reason=f"attempt {job.attempt} {what}"
         )
+
+
+# Past an order's grace period, how long the reconciler keeps asking a cluster that refuses to evict
+# the gang before it withdraws the order; and how long no new order names that gang afterwards.
+ORDER_DEADLINE_S = 120.0
+ORDER_HOLD_OFF_S = 600.0
+
+
+def order_deadline_s(order: PreemptionOrder) -> float:
+    """When an order its cluster still refuses is withdrawn: its grace period, then ORDER_DEADLINE_S."""
+    return order.requested_at_s + order.grace_period_s + ORDER_DEADLINE_S
 
 
 def _charged_until(gang: GangStatus | None, *, cancelled: bool, waited: bool) -> float | None:

@@ -34,7 +34,7 @@ from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_sna
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, JobStore, Stored
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
-from placement.explain import move_reason
+from placement.explain import admitted, move_reason
 from placement.model import (
     Admission,
     CapacityRequest,
@@ -83,6 +83,7 @@ def _snapshot_and_plan(
     preempted_gpus: int,
     now: float,
     requests: GangRequests,
+    held_off: frozenset[JobId] = frozenset(),
 ) -> tuple[Snapshot, Plan]:
     snapshot = build_snapshot(
         jobs,
@@ -92,6 +93,7 @@ def _snapshot_and_plan(
         usage=usage,
         preempted_gpus_this_interval=preempted_gpus,
         requests=requests.get,
+        held_off=held_off,
     )
     requests.keep_only({q.job_id for q in snapshot.queued})
     return snapshot, plan(snapshot, now=now)
@@ -254,6 +256,8 @@ class Scheduler:
             preempted,
             now,
             self._requests,
+            # Gangs whose cluster refused the last order to evict them: none is ordered again yet.
+            self._members.held_off(now),
         )
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
@@ -420,7 +424,9 @@ class Scheduler:
             JobPhase.ADMITTED,
             by=Owner.SCHEDULER,
             at_s=now,
-            reason=f"admitted to {admission.cluster} ({admission.gpu_type}, {admission.kind.value})",
+            # Why there (price, type, data, what it beat): `explain` of the running job reads it back.
+            reason=f"admitted to {admission.cluster} ({admission.gpu_type}, {admission.kind.value}); "
+            f"{admitted(admission)}",
             placement=JobPlacement(
                 cluster=admission.cluster,
                 gpu_type=admission.gpu_type,

@@ -8,7 +8,7 @@ changes; with thousands queued, rebuilding every request each cycle cost as much
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from clusters.api import GangStatus
@@ -79,7 +79,11 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
     )
 
 
-def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None) -> RunningGang | None:
+def running_gang(
+    job: JobRecord, inputs: PlacerInputs, status: GangStatus | None, held_off: bool = False
+) -> RunningGang | None:
+    """`held_off`: its cluster refused the last order to evict or move it until the order's deadline
+    (`Reconciler`): no new one is ordered for a while, so its room is not held for nothing again."""
     base = job.running_gang()
     if base is None:
         return None
@@ -91,7 +95,7 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
     return replace(
         base,
         priority_class=job.spec.priority_class,
-        preemptible=klass is None or klass.preemptible,
+        preemptible=(klass is None or klass.preemptible) and not held_off,
         queued_at_s=job.queued_at_s,
         ends_at_s=None if started is None or not job.spec.max_runtime_s else started + job.spec.max_runtime_s,
         nodes=nodes,
@@ -106,7 +110,7 @@ def running_gang(job: JobRecord, inputs: PlacerInputs, status: GangStatus | None
         replica_gpus=job.spec.replica_gpus,
         gpu_types=job.spec.gpu_types,
         started_at_s=started,
-        movable=job.spec.resumable and job.phase is JobPhase.RUNNING,
+        movable=job.spec.resumable and job.phase is JobPhase.RUNNING and not held_off,
     )
 
 
@@ -195,6 +199,7 @@ def build_snapshot(
     usage: Mapping[TenantId, TenantUsage] | None = None,
     preempted_gpus_this_interval: int = 0,
     requests: Callable[[JobRecord, PlacerInputs], GangRequest] = gang_request,
+    held_off: Collection[JobId] = frozenset(),
 ) -> Snapshot:
     statuses = statuses or {}
     usage = usage or {}
@@ -204,7 +209,7 @@ def build_snapshot(
         cluster = job.placement.cluster if job.placement is not None else None
         on_cluster = statuses.get(cluster) if cluster is not None else None
         status = on_cluster.get((job.job_id, job.attempt)) if on_cluster is not None else None
-        gang = running_gang(job, inputs, status)
+        gang = running_gang(job, inputs, status, job.job_id in held_off)
         if gang is not None:
             running.append(gang)
     pending = []

@@ -424,7 +424,8 @@ def capped_tenant(draw: st.DrawFn) -> Snapshot:
     tenant's gangs beside them, and a queue where some gangs are of the approved urgent class."""
     a100 = GpuType("A100")
     nodes = draw(st.integers(2, 5))
-    free, running = [], []
+    free: list[int] = []
+    running: list[RunningGang] = []
     for node in range(nodes):
         left = 8
         for _ in range(draw(st.integers(0, 2))):
