@@ -204,6 +204,16 @@ class GangInspector(Protocol):
         ...
 
 
+@runtime_checkable
+class KilledPodLogs(Protocol):
+    """A GangInspector that read the logs of pods killed while they ran, as they went (a drain, an
+    eviction): the keeper of an ended attempt asks for them once no pod of the gang is left."""
+
+    async def killed_replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        """The attempt's killed pods whose logs were read (`pod_log` serves them), gone or not."""
+        ...
+
+
 class ClusterBackend(Protocol):
     """One member cluster."""
 

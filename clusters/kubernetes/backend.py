@@ -308,6 +308,10 @@ class KubernetesBackend:
     async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
         return await self._inspection.events(tenant, job_id, attempt)
 
+    async def killed_replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        """clusters.api.KilledPodLogs: the pods killed while they ran, with their logs read."""
+        return await self._inspection.killed_replicas(tenant, job_id, attempt)
+
     def pod_log(self, tenant: TenantId, replica: ReplicaState, options: LogOptions) -> AsyncIterator[bytes]:
         return self._inspection.pod_log(tenant, replica, options)
 

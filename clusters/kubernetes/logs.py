@@ -357,6 +357,13 @@ class GangInspection:
             found += self.last_words.gone_replicas(namespace, gang, [r.pod for r in found])
         return sorted(found, key=lambda r: (not r.by_rank, r.task, r.index, r.pod))
 
+    async def killed_replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        # Whether or not any pod of the gang is left (`replicas` shows these only beside live ones).
+        gang = object_name(job_id, attempt)
+        namespace = namespace_for(self._prefix, tenant)
+        await self.last_words.settled(namespace, gang)
+        return self.last_words.gone_replicas(namespace, gang, [])
+
     async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
         gang = object_name(job_id, attempt)
         namespace = namespace_for(self._prefix, tenant)

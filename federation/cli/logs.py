@@ -6,8 +6,8 @@ job's attempt ends. What happens to the stream itself (a cluster that stops answ
 not started yet, a kept copy that was cut) goes to stderr, so that stdout holds only log lines.
 Under `-o json` each line is one JSON object (JSON Lines: pod, container, timestamp, text, and the
 task, replica, attempt and source), and so is each notice on stderr; `-o yaml` writes the same
-objects as the items of one YAML list, one a line. A failed call is an error in the chosen format
-and a non-zero exit (`federation.cli.output`). `describe` shows one view
+objects as one YAML document each. A failed call is an error in the chosen format and a non-zero
+exit, as for every command. `describe` shows one view
 across all of a job's attempts (`DescribeJob`).
 """
 
@@ -24,7 +24,7 @@ import click
 
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.cli.render import table
+from federation.cli.render import structured, table
 from federation.joblogs.stream import split_line
 
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -65,9 +65,8 @@ def log_lines(chunks: Sequence[pb.LogChunk] | Any, *, prefix: bool, out: Any, er
 def _structured_line(record: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(record, ensure_ascii=False) + "\n"
-    # One flow-style item a line: the lines printed so far always form one valid YAML list.
-    body = json.dumps(record, ensure_ascii=False)
-    return f"- {body}\n"
+    # A YAML document each, as `watch -o yaml` streams: what was printed so far always parses.
+    return "---\n" + structured(record, "yaml").rstrip("\n") + "\n"
 
 
 def log_records(

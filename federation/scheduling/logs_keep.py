@@ -29,7 +29,15 @@ from datetime import UTC, datetime
 
 import structlog
 
-from clusters.api import ClusterError, GangInspector, GangPhase, GangStatus, LogOptions, ReplicaState
+from clusters.api import (
+    ClusterError,
+    GangInspector,
+    GangPhase,
+    GangStatus,
+    KilledPodLogs,
+    LogOptions,
+    ReplicaState,
+)
 from clusters.logtext import last_bytes
 from federation.joblogs.archive import (
     WAITING_REASONS,
@@ -122,6 +130,7 @@ class AttemptKeeper:
         inspector = self._inspector(before)
         replicas: Sequence[ReplicaState] = ()
         logs: dict[tuple[str, int], bytes] = {}
+        killed: set[tuple[str, int]] = set()
         note = ""
         timeout_s = self._archive.settings.keep_timeout_s
         if inspector is None:
@@ -131,6 +140,13 @@ class AttemptKeeper:
                 replicas = await asyncio.wait_for(
                     inspector.replicas(before.tenant, before.job_id, before.attempt), timeout_s
                 )
+                if not replicas and isinstance(inspector, KilledPodLogs):
+                    # The cluster killed them (a drain, an eviction) and they went: the backend
+                    # read their logs as they were killed.
+                    replicas = await asyncio.wait_for(
+                        inspector.killed_replicas(before.tenant, before.job_id, before.attempt), timeout_s
+                    )
+                    killed = {locate(r, before.spec, before.job_id, before.attempt) for r in replicas}
                 logs = await asyncio.wait_for(self._logs(inspector, before, replicas), timeout_s)
             except (ClusterError, TimeoutError) as error:
                 note = f"logs not kept: cluster {placement.cluster}: {error or 'no answer in time'}"
@@ -138,7 +154,7 @@ class AttemptKeeper:
         reason = failure_reason(replicas) if failed and after.phase is not JobPhase.CANCELLED else ""
         if not reason and gang is not None and gang.phase is GangPhase.EVICTED:
             reason = "Evicted"
-        kept_replicas = self._kept_replicas(before, replicas, logs, copy)
+        kept_replicas = self._kept_replicas(before, replicas, logs, copy, killed)
         if copy is not None and note.startswith("logs not kept") and any(r.size_bytes for r in kept_replicas):
             note = f"{note}; kept the copy taken while the attempt was being stopped"
         kept = KeptAttempt(
@@ -181,13 +197,18 @@ class AttemptKeeper:
         replicas: Sequence[ReplicaState],
         logs: dict[tuple[str, int], bytes],
         copy: _Copy | None,
+        killed: set[tuple[str, int]],
     ) -> list[KeptReplica]:
         """Each replica once, the live read first; one that read nothing (its pod gone) from the
         copy taken while the attempt was stopped, marked as such. `logs` gains the copy's bytes."""
         keep = self._archive.settings.keep_bytes
         tail_lines = _tail_lines(keep)
         states = {locate(r, job.spec, job.job_id, job.attempt): r for r in replicas}
-        cuts: dict[tuple[str, int], list[str]] = {}
+        cuts: dict[tuple[str, int], list[str]] = {
+            where: ["read as its pod was killed; lines written after that were not kept"]
+            for where in killed
+            if logs.get(where)
+        }
         if copy is not None:
             at = datetime.fromtimestamp(copy.at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             for r in copy.replicas:
