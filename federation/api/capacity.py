@@ -29,7 +29,14 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.capacity.admit import Admission, PlanHeld, admit, held_by_plan
 from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
 from federation.capacity.preview import held_now, plan_state, pool_states, preview
-from federation.capacity.records import CapacitySettings, PendingOp, PlanHeldRecord, PlanKind, PlanRecord
+from federation.capacity.records import (
+    CapacitySettings,
+    PendingOp,
+    PlanHeldRecord,
+    PlanKind,
+    PlanRecord,
+    ProvisionerKind,
+)
 from federation.capacity.store import CapacityStore
 from federation.capacity.track import plan_values, pool_usage
 from federation.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
@@ -291,9 +298,11 @@ class CapacityService(pb_grpc.CapacityServicer):
                     "allow_partial: a deadline plan is all or nothing (fewer GPUs miss its deadline)"
                 )
             plan = await self._check_named_jobs(who, plan)
-            earlier = await self._capacity.list_plans()
-            got, _ = await self._admission(plan, earlier, settings, pools, now)
-            plan = _admitted(plan, got, allow_partial=req.allow_partial)
+            if settings.provisioner is not ProvisionerKind.NONE:
+                # Without a provisioner no pool changes: a plan is a record (its note says so).
+                earlier = await self._capacity.list_plans()
+                got, _ = await self._admission(plan, earlier, settings, pools, now)
+                plan = _admitted(plan, got, allow_partial=req.allow_partial)
             if not await self._capacity.create_plan(plan):
                 raise Conflict(f"plan id {plan.plan_id} was taken; try again")
             what = f"{plan.kind.value} {plan.gpus or len(plan.job_ids)} {plan.gpu_type} in {plan.cluster}"

@@ -90,6 +90,8 @@ def _breaches(
     before = {p.key: max(base[p.key], without.get(p.key, 0)) for p in pools}
     after = {p.key: max(before[p.key], both.floors.get(p.key, 0)) for p in pools}
     out: list[str] = []
+    if not any(p.cluster == plan.cluster and p.gpu_type == plan.gpu_type for p in pools):
+        return [f"no provisionable {plan.gpu_type} pool in {plan.cluster}"], need
     if need.shortfall_gpus:
         touched = [p for p in pools if p.cluster == plan.cluster and p.gpu_type == plan.gpu_type]
         most = sum(p.max_nodes * p.gpus_per_node for p in touched if plan.pool in ("", p.pool))

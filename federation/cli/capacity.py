@@ -97,7 +97,7 @@ def plans_text(plans: Sequence[pb.CapacityPlan]) -> str:
         if p.kind == "fixed":
             gpus = f"{p.gpus} of {p.requested_gpus}" if p.shortfall_gpus else str(p.gpus)
         else:
-            gpus = f"{len(p.job_ids)} job(s)" + (f" of {p.tenant}" if p.tenant else "")
+            gpus = f"{len(p.job_ids)} job(s)"
         if p.shortfall_gpus:
             notes.append(
                 f"{p.plan_id}: partial, {p.shortfall_gpus} GPU(s) short: held back by {p.held_back_by}"
@@ -108,7 +108,7 @@ def plans_text(plans: Sequence[pb.CapacityPlan]) -> str:
                 p.kind,
                 p.state,
                 p.cluster + (f"/{p.pool}" if p.pool else ""),
-                f"{gpus} {p.gpu_type}",
+                f"{gpus} {p.gpu_type}" + (f" ({p.tenant})" if p.tenant else ""),
                 _when(p.start),
                 _when(p.end),
                 str(p.gpus_now),

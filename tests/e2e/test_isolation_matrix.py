@@ -88,13 +88,13 @@ def _dataset(server: ServerProcess, tenant: str, name: str | None = None) -> str
 
 
 def _plan_request(server: ServerProcess, tenant: str) -> Any:
-    """A deadline plan for a job of `tenant`: enough H100 to finish it within the hour."""
+    """A deadline plan for a waiting H100 job of `tenant` (a deadline plan names only waiting jobs of
+    its GPU type: replicas of 16 GPUs fit no 8-GPU node), two days ahead (a job without maxRuntime
+    counts as 24 h)."""
+    with server.client("admin") as admin:
+        job_id = admin.submit(manifest("matrix-plan", gpus=16, gpu="H100", tenant=tenant)).job_id
     return plan_request(
-        kind="deadline",
-        cluster="cloud",
-        gpu_type="H100",
-        end_s=time.time() + 3600,
-        job_ids=[_job(server, tenant)],
+        kind="deadline", cluster="cloud", gpu_type="H100", end_s=time.time() + 2 * 86_400, job_ids=[job_id]
     )
 
 

@@ -230,7 +230,7 @@ def test_a_deadline_plan_names_only_waiting_jobs_of_its_gpu_type_and_of_one_tena
     wait_for(lambda: _phase(fed, "bob", done) == pb.JOB_PHASE_SUCCEEDED, timeout_s=20)
     assert _phase(fed, "alice", waiting) == pb.JOB_PHASE_QUEUED
     assert _phase(fed, "bob", other_tenant) == pb.JOB_PHASE_QUEUED
-    # Two days: a job without maxRuntime is counted at the default 24 h it may run.
+    # Two days: a job without maxRuntime counts as needing the spec default, 24 h.
     deadline = _until(2 * 86_400)
 
     def create(gpu: str, *jobs: str, user: str = "infra") -> tuple[int, str]:
