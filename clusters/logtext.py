@@ -7,7 +7,7 @@ Each line starts with the RFC 3339 stamp (nanoseconds) the API adds when asked f
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from clusters.api import LogOptions
 
@@ -49,6 +49,13 @@ def stamp_ns(stamp: str) -> int | None:
     except ValueError:
         return None
     return seconds * 1_000_000_000 + (int(frac.ljust(9, "0")) if dot else 0)
+
+
+def format_stamp(at_s: float) -> str:
+    """Go's RFC3339Nano, as the kubelet stamps a line: UTC, trailing zeros of the fraction dropped
+    (and its dot on a whole second). Microseconds at most: a float holds no more here."""
+    text = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
+    return f"{text}Z"
 
 
 def split_stamp(line: str) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """What the in-memory cluster shows of a gang for `gpufed describe` and `gpufed logs`: a fake.
 
 The in-memory cluster models no pods, so each replica is shown as one made-up pod on the node it was
-placed on, and its log is two lines (started, and how it ended) made from the gang's record. That is
+placed on, and its log is two lines (started, and how it ended) made from the gang's record, stamped
+when asked as a kubelet stamps them. That is
 enough for the federation's logs service to be tested without a simulated API server.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from clusters.api import GangPhase, LogOptions, ReplicaState
+from clusters.logtext import format_stamp
 
 _POD_PHASE = {
     GangPhase.PENDING: "Pending",
@@ -52,14 +54,21 @@ def fake_replicas(
 
 
 async def fake_log(replica: ReplicaState, options: LogOptions) -> AsyncIterator[bytes]:
-    lines = [f"[memory] {replica.task}-{replica.index} started on {replica.node}"]
+    started_s = replica.started_at_s or 0.0
+    lines = [(started_s, f"[memory] {replica.task}-{replica.index} started on {replica.node}")]
     if replica.finished_at_s is not None:
         lines.append(
-            f"[memory] {replica.task}-{replica.index} ended: {replica.phase} {replica.message}".rstrip()
+            (
+                replica.finished_at_s,
+                f"[memory] {replica.task}-{replica.index} ended: {replica.phase} {replica.message}".rstrip(),
+            )
         )
     if options.tail_lines is not None:
         lines = lines[-options.tail_lines :] if options.tail_lines else []
-    data = "".join(f"{line}\n" for line in lines).encode()
+    # Stamped as the pod log API stamps lines with `timestamps`: readers resume and cut by them.
+    data = "".join(
+        f"{format_stamp(at_s)} {text}\n" if options.timestamps else f"{text}\n" for at_s, text in lines
+    ).encode()
     if options.limit_bytes is not None:
         data = data[: options.limit_bytes]
     if data:

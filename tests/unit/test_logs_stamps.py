@@ -14,6 +14,7 @@ from pathlib import Path
 
 from clusters.api import ClusterUnreachable, GangEvent, LogOptions, ReplicaState
 from clusters.logtext import split_stamp, stamp_ns
+from clusters.memory_logs import fake_log
 from federation.joblogs.stream import Chunk, Target, read_replica
 from placement.model import JobId, TenantId
 
@@ -111,3 +112,64 @@ def test_a_resumed_follow_skips_only_what_it_read_again_by_position() -> None:
     ]
     assert cluster.asked[-1].since_s is not None
     assert cluster.asked[-1].tail_lines is None
+
+
+class MemoryCluster:
+    """The in-memory cluster's made-up pod log (`clusters.memory_logs`), behind the inspector calls."""
+
+    async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
+        return []
+
+    async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
+        return []
+
+    def pod_log(self, tenant: TenantId, replica: ReplicaState, options: LogOptions) -> AsyncIterator[bytes]:
+        return fake_log(replica, options)
+
+
+def test_the_in_memory_clusters_lines_are_stamped_as_a_kubelet_stamps_them() -> None:
+    """Lines are read with their stamps and the stamps taken off: a log without them lost its first
+    word (`[memory]`) as if it were a stamp."""
+    ended = ReplicaState(
+        "g-master-0",
+        "master",
+        0,
+        False,
+        "n1",
+        "Succeeded",
+        0,
+        0,
+        "",
+        "",
+        1772442846.5,
+        1772442850.0,
+        "master",
+    )
+    got: list[Chunk] = []
+
+    async def put(chunk: Chunk) -> None:
+        got.append(chunk)
+
+    for timestamps in (False, True):
+        got.clear()
+        asyncio.run(
+            read_replica(
+                MemoryCluster(),
+                "mem",
+                TenantId("vision"),
+                Target("master", 0, ended),
+                LogOptions(timestamps=timestamps),
+                put,
+                live=lambda: False,
+                retry_s=0.01,
+                clock=lambda: 1772442851.0,
+            )
+        )
+        texts = [line for c in got for line in c.lines]
+        if timestamps:
+            assert texts == [
+                "2026-03-02T09:14:06.5Z [memory] master-0 started on n1",
+                "2026-03-02T09:14:10Z [memory] master-0 ended: Succeeded",
+            ]
+        else:
+            assert texts == ["[memory] master-0 started on n1", "[memory] master-0 ended: Succeeded"]
