@@ -23,15 +23,20 @@ from typing import Protocol
 import structlog
 
 from datasync.errors import DatasyncError, SyncFailed
-from datasync.journal import Journal, MemoryJournal
+from datasync.journal import Journal, JournalState, MemoryJournal
+from datasync.manifest import is_internal, sha256_of
 from datasync.marker import SyncState, VerifiedObject, normalize_etag, write_marker
-from datasync.model import Manifest
+from datasync.model import Manifest, ManifestEntry
 from datasync.plan import EgressEstimate, ExistingCopy, SyncPlan, plan_sync
 from datasync.progress import ProgressCallback, ProgressTracker, SyncProgress
-from datasync.store import ObjectStore
+from datasync.store import ObjectMeta, ObjectStore, list_all
 from datasync.transfer import Copier, SyncOptions, TransferStats
 
 _log = structlog.get_logger(__name__)
+
+# How many times a sync copies again what its closing listing found missing or changed (a third party
+# deleting or overwriting objects under the copy while it ran) before it fails, retryable.
+CONFIRM_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +161,138 @@ async def _fill_missing_etags(target: ObjectStore, prefix: str, objects: dict[st
                 objects[rel] = VerifiedObject(known.size_bytes, normalize_etag(meta.etag), known.sha256)
 
 
+def _wanted(plan: SyncPlan) -> dict[str, ManifestEntry]:
+    """Every object of the plan's version, by path: copied, reused or already up to date."""
+    wanted = {e.path: e for e in plan.to_copy}
+    wanted.update((r.entry.path, r.entry) for r in plan.to_reuse)
+    for path, known in plan.up_to_date.items():
+        wanted.setdefault(path, ManifestEntry(path, known.size_bytes, known.sha256))
+    return wanted
+
+
+@dataclass(frozen=True, slots=True)
+class ListingCheck:
+    """A listing of the copy against what the sync verified. `unconfirmed`: not listed, or listed with
+    another size (copy again); `etag_changed`: listed with another ETag than the write returned (read
+    back to tell an overwrite from a store that reports ETags its own way); `strays`: listed under the
+    copy's prefix but not of the version (datasync's `.gpufed/` aside)."""
+
+    unconfirmed: tuple[ManifestEntry, ...]
+    etag_changed: tuple[ManifestEntry, ...]
+    strays: tuple[str, ...]
+
+
+def compare_listing(
+    wanted: Mapping[str, ManifestEntry],
+    verified: dict[str, VerifiedObject],
+    listing: Mapping[str, ObjectMeta],
+) -> ListingCheck:
+    """Hold the listing to what the sync verified. An object whose ETag the store did not return on
+    write takes the listed one (fills `verified` in place)."""
+    unconfirmed, changed = [], []
+    for path, entry in sorted(wanted.items()):
+        meta, known = listing.get(path), verified.get(path)
+        if meta is None or known is None or meta.size_bytes != entry.size_bytes:
+            unconfirmed.append(entry)
+            continue
+        listed = normalize_etag(meta.etag)
+        if known.etag is None and listed is not None:
+            verified[path] = VerifiedObject(known.size_bytes, listed, known.sha256)
+        elif known.etag != listed:
+            changed.append(entry)
+    strays = sorted(p for p in listing if p not in wanted and not is_internal(p))
+    return ListingCheck(tuple(unconfirmed), tuple(changed), tuple(strays))
+
+
+async def _read_back(
+    target: ObjectStore,
+    prefix: str,
+    entries: Sequence[ManifestEntry],
+    listing: Mapping[str, ObjectMeta],
+    verified: dict[str, VerifiedObject],
+) -> list[ManifestEntry]:
+    """Re-hash the objects listed with an unexpected ETag: those that still hold the version's bytes
+    count as verified under the listed ETag; the others are returned, to copy again."""
+    bad = []
+    for entry in entries:
+        try:
+            digest = await sha256_of(target, prefix + entry.path, entry.size_bytes)
+        except DatasyncError:  # gone or truncated meanwhile
+            digest = None
+        if digest == entry.sha256:
+            listed = normalize_etag(listing[entry.path].etag)
+            verified[entry.path] = VerifiedObject(entry.size_bytes, listed, entry.sha256)
+        else:
+            bad.append(entry)
+    return bad
+
+
+async def _confirm_by_listing(
+    wanted: Mapping[str, ManifestEntry],
+    verified: dict[str, VerifiedObject],
+    plan: SyncPlan,
+    source: ObjectStore,
+    target: ObjectStore,
+    options: SyncOptions,
+    executor: Executor,
+    journal: Journal,
+    tracker: ProgressTracker,
+    stats: TransferStats,
+    *,
+    delete_strays: bool,
+) -> int:
+    """List the copy after the sync's last write and hold it to what the sync verified: what a third
+    party deleted or overwrote meanwhile is copied again, and with `delete_strays` objects under the
+    prefix that are not of the version are deleted, then the copy is listed again. A copy counts as
+    verified only once such a listing matches; after `CONFIRM_ROUNDS` rounds of changes the sync fails
+    (retryable), with what is still wrong in `stats.failures`. Returns the strays deleted."""
+    deleted = 0
+    found = ListingCheck((), (), ())
+    for round_no in range(CONFIRM_ROUNDS + 1):
+        listing = {m.path[len(plan.target_prefix) :]: m for m in await list_all(target, plan.target_prefix)}
+        found = compare_listing(wanted, verified, listing)
+        again = [
+            *found.unconfirmed,
+            *await _read_back(target, plan.target_prefix, found.etag_changed, listing, verified),
+        ]
+        strays = found.strays if delete_strays else ()
+        if not again and not strays:
+            return deleted
+        _log.warning(
+            "copy_listing_mismatched",
+            target=target.name,
+            target_prefix=plan.target_prefix,
+            unconfirmed=len(again),
+            strays=len(strays),
+            round=round_no,
+        )
+        for entry in again:
+            verified.pop(entry.path, None)
+        if round_no == CONFIRM_ROUNDS:
+            break
+        if strays:
+            await target.delete([plan.target_prefix + p for p in strays])
+            deleted += len(strays)
+        if again:
+            # The journal says these were finished: this round must not trust it.
+            redo = replace(plan, to_copy=tuple(again), to_reuse=(), resume=JournalState())
+            more = await executor.copy(redo, source, target, options, journal, tracker)
+            stats.merge(more)
+            verified.update(more.verified)
+            if more.failures:
+                return deleted
+        await write_marker(target, plan.target_prefix, SyncState(plan.manifest_digest, verified))
+    for entry in again:
+        gone = DatasyncError(f"{entry.path}: not listed as copied after {CONFIRM_ROUNDS} copies again")
+        gone.retryable = True
+        stats.failures.append((entry.path, gone))
+    if strays:
+        stray = DatasyncError(f"objects not of the version stay under the copy: {', '.join(strays[:5])}")
+        stray.retryable = True
+        stats.failures.append((strays[0], stray))
+    return deleted
+
+
 async def run_sync(
     plan: SyncPlan,
     source: ObjectStore,
@@ -166,8 +303,13 @@ async def run_sync(
     journal: Journal | None = None,
     progress: ProgressCallback | None = None,
     reuse_etags_vouched: bool = False,
+    owns_prefix: bool = False,
 ) -> SyncReport:
     """Execute `plan`. Raises `SyncFailed` (with `.report`) when some objects could not be copied.
+
+    The copy is verified by a listing taken after the sync's last write (`_confirm_by_listing`).
+    `owns_prefix`: nothing but this copy belongs under the target prefix (the federation's cache
+    copies), so objects there that are not of the version are deleted; otherwise they are left alone.
 
     `reuse_etags_vouched` is accepted for callers written against an earlier draft and has no effect:
     every reused object is read back and hashed, whatever its ETag says."""
@@ -176,6 +318,8 @@ async def run_sync(
     executor = executor or LocalExecutor()
     journal = journal if journal is not None else MemoryJournal()
     started = time.monotonic()
+    # Before any reuse that fails over to a copy from the source rewrites the plan.
+    wanted = _wanted(plan)
     tracker = ProgressTracker(
         plan.total_bytes,
         plan.total_objects,
@@ -221,6 +365,20 @@ async def run_sync(
         await _fill_missing_etags(target, plan.target_prefix, verified)
         # A resume hint for a planner without the caller's record; never trusted on its own.
         await write_marker(target, plan.target_prefix, SyncState(plan.manifest_digest, verified))
+    if not stats.failures:
+        deleted += await _confirm_by_listing(
+            wanted,
+            verified,
+            plan,
+            source,
+            target,
+            options,
+            executor,
+            journal,
+            tracker,
+            stats,
+            delete_strays=owns_prefix and options.delete_removed,
+        )
     if not stats.failures:
         journal.clear()
     final = tracker.snapshot(finished=True)

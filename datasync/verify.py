@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
 from datasync.errors import ObjectNotFound, SourceChanged
 from datasync.journal import JournalState
-from datasync.manifest import sha256_of
-from datasync.marker import SyncState, normalize_etag, read_marker, write_marker
+from datasync.manifest import is_internal, sha256_of
+from datasync.marker import SyncState, VerifiedObject, normalize_etag, read_marker, write_marker
 from datasync.model import Manifest, ManifestEntry
 from datasync.plan import SyncPlan
 from datasync.store import ObjectStore, list_all
@@ -39,10 +39,14 @@ class VerifyReport:
     missing: tuple[str, ...]
     wrong_size: tuple[str, ...]
     wrong_hash: tuple[str, ...]
+    # Objects under the copy's prefix that are not of the version (datasync's `.gpufed/` aside): a job
+    # reading the directory would read them too. Not in `bad_paths` (nothing to copy again); a sync
+    # deletes them.
+    unexpected: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.wrong_size or self.wrong_hash)
+        return not (self.missing or self.wrong_size or self.wrong_hash or self.unexpected)
 
     @property
     def bad_paths(self) -> tuple[str, ...]:
@@ -118,29 +122,39 @@ async def repair_copy(
     bad_paths: Sequence[str],
     *,
     options: SyncOptions | None = None,
+    owns_prefix: bool = False,
 ) -> SyncReport:
     """Copy `bad_paths` again from the source (whatever the target lists for them), verified as in any
-    sync. The report's `verified_etags` covers only the repaired objects: merge them into the record."""
+    sync; with `owns_prefix` its closing listing also deletes objects under the copy that are not of
+    the version (see `run_sync`). The
+    other objects count as they are listed now (the caller has just re-hashed them); the report's
+    `verified_etags` covers the whole copy as listed at the end."""
     wanted = manifest.by_path()
-    entries = [wanted[p] for p in sorted(set(bad_paths)) if p in wanted]
+    bad = set(bad_paths)
+    entries = [wanted[p] for p in sorted(bad) if p in wanted]
+    target_prefix = _with_slash(target_prefix)
+    listed = {m.path[len(target_prefix) :]: m for m in await list_all(target, target_prefix)}
+    # Every other object of the version, as listed: the plan must cover the whole version, or the
+    # sync's closing listing would take the objects it leaves out for strays.
+    kept = {
+        p: VerifiedObject(e.size_bytes, normalize_etag(listed[p].etag), e.sha256)
+        for p, e in wanted.items()
+        if p not in bad and p in listed and listed[p].size_bytes == e.size_bytes
+    }
+    entries += [e for p, e in wanted.items() if p not in bad and p not in kept]
     plan = SyncPlan(
         source_prefix=_with_slash(source_prefix),
-        target_prefix=_with_slash(target_prefix),
+        target_prefix=target_prefix,
         manifest_digest=manifest.digest,
         to_copy=tuple(sorted(entries, key=lambda e: (-e.size_bytes, e.path))),
-        up_to_date={},
+        up_to_date=kept,
         to_delete=(),
         server_side=target.can_copy_from(source),
-        total_bytes=sum(e.size_bytes for e in entries),
-        total_objects=len(entries),
+        total_bytes=manifest.total_size_bytes,
+        total_objects=manifest.object_count,
         resume=JournalState(),
     )
-    marker = await read_marker(target, _with_slash(target_prefix))
-    if marker is not None:
-        # Keep the marker's other entries: run_sync writes the marker from the plan's up-to-date set.
-        kept = {p: o for p, o in marker.objects.items() if p in wanted and p not in set(bad_paths)}
-        plan = replace(plan, up_to_date=kept)
-    report = await run_sync(plan, source, target, options=options)
+    report = await run_sync(plan, source, target, options=options, owns_prefix=owns_prefix)
     _log.info("copy_repaired", target=target.name, prefix=target_prefix, objects=len(entries))
     return report
 
@@ -186,12 +200,22 @@ async def verify(
             wrong_hash.append(entry.path)
 
     await asyncio.gather(*(check(e) for e in manifest.entries))
+    wanted = manifest.by_path()
+    unexpected = tuple(sorted(p for p in listing if p not in wanted and not is_internal(p)))
     report = VerifyReport(
-        manifest.object_count, tuple(sorted(missing)), tuple(sorted(wrong_size)), tuple(sorted(wrong_hash))
+        manifest.object_count,
+        tuple(sorted(missing)),
+        tuple(sorted(wrong_size)),
+        tuple(sorted(wrong_hash)),
+        unexpected,
     )
     if not report.ok:
         _log.warning(
-            "verification_failed", target=target.name, prefix=target_prefix, bad=len(report.bad_paths)
+            "verification_failed",
+            target=target.name,
+            prefix=target_prefix,
+            bad=len(report.bad_paths),
+            unexpected=len(report.unexpected),
         )
         if update_marker:
             marker = await read_marker(target, target_prefix)

@@ -28,6 +28,7 @@ from federation.api.datasets_trust import store_call as _store_call
 from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+from federation.datasets.fence import CopyBusy
 from federation.datasets.grants import GrantDirectory, allows
 from federation.datasets.registry import (
     DatasetRegistry,
@@ -360,6 +361,14 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
             key = CopyKey(StoreName(store), version.dataset, version.version)
             held = await self._registry.get_copy(key)
             if held is None:
+                # A first sync writes objects before any record of the copy exists: refused as any
+                # eviction while a sync runs is, not answered "0 B freed" while the copy grows.
+                syncing = await self._syncs.get(store, version.dataset, version.version)
+                if syncing is not None and syncing[0].state.active:
+                    raise CopyBusy(
+                        f"the copy of {version.dataset}@{version.version} in {store} is busy: "
+                        f"a sync of it runs ({syncing[0].state.value}); try again when it ends"
+                    )
                 # Nothing cached there: evicting is a no-op, as deleting a missing object is.
                 return pb.EvictDatasetResponse(freed_bytes=0)
             copy, revision = held

@@ -98,6 +98,7 @@ class DatasetTrustCalls:
                 wrong_hash=list(outcome.wrong_hash),
                 repaired=list(outcome.repaired),
                 ok=outcome.ok,
+                unexpected=list(outcome.unexpected),
             )
 
         return await self._h.unary("VerifyDataset", request, context, body)

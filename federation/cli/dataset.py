@@ -250,10 +250,13 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
 def verify_text(r: pb.VerifyDatasetResponse) -> str:
     head = f"{r.dataset}@{r.version} in {r.store}: {r.objects_checked} objects checked; "
     bad = len({*r.missing, *r.wrong_size, *r.wrong_hash})
-    if not bad:
+    if not bad and not r.unexpected:
         return head + "all match the manifest"
     lines = [head + f"{bad} bad, {len(r.repaired)} repaired; {'whole now' if r.ok else 'STILL DAMAGED'}"]
+    if r.unexpected:
+        lines[0] += f"; {len(r.unexpected)} not of the version {'removed' if r.ok else 'left'}"
     lines += [f"  missing: {p}" for p in r.missing]
     lines += [f"  wrong size: {p}" for p in r.wrong_size]
     lines += [f"  wrong sha256: {p}" for p in r.wrong_hash]
+    lines += [f"  unexpected: {p}" for p in r.unexpected]
     return "\n".join(lines)

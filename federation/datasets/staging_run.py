@@ -246,6 +246,8 @@ class SyncRunner:
                     journal=journal,
                     progress=latest.append,
                     reuse_etags_vouched=bool(reuse),
+                    # The cache prefix is the copy's alone: what else is there goes.
+                    owns_prefix=True,
                 )
             except SyncFailed as error:
                 failed = error.report.progress if isinstance(error.report, SyncReport) else None

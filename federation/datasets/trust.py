@@ -42,12 +42,15 @@ class VerifyOutcome:
     wrong_size: tuple[str, ...]
     wrong_hash: tuple[str, ...]
     repaired: tuple[str, ...] = ()
+    # Objects under the copy's prefix that are not of the version, and those of them the repair deleted.
+    unexpected: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether the copy is whole now (found so, or repaired)."""
+        """Whether the copy is whole now (found so, or repaired), with nothing else under its prefix."""
         bad = {*self.missing, *self.wrong_size, *self.wrong_hash}
-        return bad <= set(self.repaired)
+        return bad <= set(self.repaired) and set(self.unexpected) <= set(self.removed)
 
 
 async def check_cached(registry: DatasetRegistry, stores: StoreDirectory, key: CopyKey) -> tuple[str, ...]:
@@ -96,20 +99,31 @@ async def verify_cached(
         target = await stores.client(key.store)
         prefix = cache_prefix(key.dataset, key.version)
         report = await verify_copy(target, prefix, manifest)
-        outcome = VerifyOutcome(report.objects_checked, report.missing, report.wrong_size, report.wrong_hash)
+        outcome = VerifyOutcome(
+            report.objects_checked,
+            report.missing,
+            report.wrong_size,
+            report.wrong_hash,
+            unexpected=report.unexpected,
+        )
         listing = {m.path[len(prefix) :]: normalize_etag(m.etag) for m in await list_all(target, prefix)}
         good = {
             p: e
             for p, e in listing.items()
             if e is not None and p in manifest.by_path() and p not in set(report.bad_paths)
         }
-        if report.bad_paths and repair:
+        if (report.bad_paths or report.unexpected) and repair:
             source = await stores.client(version.home.store)
-            fixed = await repair_copy(source, version.home.prefix, target, prefix, manifest, report.bad_paths)
+            fixed = await repair_copy(
+                source, version.home.prefix, target, prefix, manifest, report.bad_paths, owns_prefix=True
+            )
             good.update(fixed.verified_etags)
-            # Its verified ETags also cover the marker's good objects it kept: repaired are the bad ones.
+            # Its verified ETags cover the whole copy as listed at its end: repaired are the bad ones.
+            # Its closing listing deleted the strays (it fails when it could not).
             outcome = replace(
-                outcome, repaired=tuple(sorted(set(report.bad_paths) & set(fixed.verified_etags)))
+                outcome,
+                repaired=tuple(sorted(set(report.bad_paths) & set(fixed.verified_etags))),
+                removed=report.unexpected,
             )
         # The record keeps only objects found good: one still bad (a repair failed, or none was asked
         # for) has no recorded ETag, so the next dispatch's check fails on it even when bit rot left its
@@ -128,6 +142,7 @@ async def verify_cached(
             version=key.version,
             bad=len(report.bad_paths),
             repaired=len(outcome.repaired),
+            unexpected=len(report.unexpected),
         )
         return outcome
 
