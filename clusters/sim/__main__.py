@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", type=Path, help="write one kubeconfig with a context per cluster")
     parser.add_argument("--time-scale", type=float, help="override every cluster's timeScale")
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep each cluster's state here (a snapshot per cluster) and go on from it when restarted",
+    )
+    parser.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one dies (for a parent killed with SIGKILL)",
@@ -84,7 +89,7 @@ def _kubeconfig(clusters: Sequence[SimCluster]) -> dict[str, Any]:
 
 async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -> None:
     clusters = [
-        SimCluster(config, host=args.host, port=args.port + i if args.port else 0)
+        SimCluster(config, host=args.host, port=args.port + i if args.port else 0, state_dir=args.state_dir)
         for i, config in enumerate(configs)
     ]
     stop = asyncio.Event()
@@ -101,7 +106,10 @@ async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -
             _write_atomically(args.kubeconfig, yaml.safe_dump(_kubeconfig(clusters), sort_keys=False))
         ready = {
             "pid": os.getpid(),
-            "clusters": [{"name": c.name, "url": c.url, "admin_url": f"{c.url}/sim/v1"} for c in clusters],
+            "clusters": [
+                {"name": c.name, "url": c.url, "admin_url": f"{c.url}/sim/v1", "restored": c.restored}
+                for c in clusters
+            ],
         }
         line = json.dumps(ready)
         if args.ready_file:

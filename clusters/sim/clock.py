@@ -31,12 +31,14 @@ class Clock(Protocol):
 class ScaledClock:
     """Real time sped up by `time_scale`: with 10, a 60 s pod finishes after 6 real seconds."""
 
-    def __init__(self, time_scale: float = 1.0) -> None:
+    def __init__(self, time_scale: float = 1.0, wall0_s: float | None = None) -> None:
+        """`wall0_s`: the simulated wall time now (default: the real one), for a cluster restored from
+        a snapshot whose simulated time ran ahead of the real one."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.time_scale = time_scale
         self._mono0 = time.monotonic()
-        self._wall0 = time.time()
+        self._wall0 = time.time() if wall0_s is None else wall0_s
 
     def now_s(self) -> float:
         return (time.monotonic() - self._mono0) * self.time_scale

@@ -20,6 +20,7 @@ import structlog
 import yaml
 from aiohttp import web
 
+from clusters.sim import persist
 from clusters.sim.clock import Clock
 from clusters.sim.config import SimClusterConfig
 from clusters.sim.engine import Engine
@@ -33,10 +34,36 @@ log = structlog.get_logger("gpufed.clusters.sim")
 
 class SimCluster:
     def __init__(
-        self, config: SimClusterConfig, *, clock: Clock | None = None, host: str = "127.0.0.1", port: int = 0
+        self,
+        config: SimClusterConfig,
+        *,
+        clock: Clock | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        state_dir: Path | None = None,
+        snapshot_interval_s: float = persist.SNAPSHOT_INTERVAL_S,
     ) -> None:
+        """With `state_dir`, the cluster goes on from its snapshot there (if any) and keeps it up to
+        date (`clusters.sim.persist`): a restarted simulator finds its pods where they were."""
         self.config = config
-        self.engine = Engine(config, clock)
+        restored = None
+        self._snapshots: persist.SnapshotWriter | None = None
+        if state_dir is not None:
+            path = persist.snapshot_path(state_dir, config.name)
+            try:
+                restored = persist.load(path, config.name)
+            except persist.SnapshotError as e:
+                log.warning("sim_snapshot_unreadable", cluster=config.name, error=str(e))
+        self.restored = restored is not None
+        self.engine = Engine(config, clock, restored)
+        if state_dir is not None:
+            self._snapshots = persist.SnapshotWriter(
+                persist.snapshot_path(state_dir, config.name),
+                config.name,
+                self.engine.store,
+                self.engine.clock.wall_s,
+                snapshot_interval_s,
+            )
         self.faults = Faults(self.engine)
         self._host = host
         self._port = port
@@ -57,6 +84,8 @@ class SimCluster:
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self.engine.run(), name=f"sim-{self.name}")
+        if self._snapshots is not None:
+            self._snapshots.start()
         self._runner = web.AppRunner(self._server.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
@@ -75,6 +104,9 @@ class SimCluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        if self._snapshots is not None:
+            # After the loop: what the cluster did last is in the snapshot the next start reads.
+            await self._snapshots.stop()
         log.info("sim_cluster_stopped", cluster=self.name)
 
     async def __aenter__(self) -> SimCluster:

@@ -26,8 +26,9 @@ from clusters.sim.kubelet import Kubelet
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.logs import LogBook
 from clusters.sim.namespaces import NamespaceController
+from clusters.sim.persist import Snapshot
 from clusters.sim.podgc import PodGC
-from clusters.sim.resources import NAMESPACES, NODES, QUEUES
+from clusters.sim.resources import NAMESPACES, NODES, PODS, QUEUES
 from clusters.sim.scheduler import Scheduler
 from clusters.sim.selectors import LabelSelector, Op, Requirement
 from clusters.sim.store import Change, Store
@@ -55,9 +56,14 @@ class Controller(Protocol):
 
 
 class Engine:
-    def __init__(self, config: SimClusterConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: SimClusterConfig, clock: Clock | None = None, restored: Snapshot | None = None
+    ) -> None:
+        """`restored`: a snapshot of this cluster (`clusters.sim.persist`) to go on from, instead of
+        a new cluster's namespaces and nodes."""
         self.config = config
-        self.clock: Clock = clock or ScaledClock(config.time_scale)
+        wall0_s = None if restored is None else restored.sim_wall_now_s(config.time_scale)
+        self.clock: Clock = clock or ScaledClock(config.time_scale, wall0_s)
         self.store = Store(self.clock.wall_s, config.history_limit)
         self.timers = Timers(self.clock)
         self.recorder = EventRecorder(self.store, self.clock, config.event_limit, host=config.name)
@@ -96,17 +102,37 @@ class Engine:
         )
         self._wake = asyncio.Event()
         self.store.add_listener(self._observe)
+        if restored is not None:
+            self._restore(restored)
+        else:
+            self._create()
+        self.reconcile()
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        self.store.restore(snapshot.objects, snapshot.resource_version)
+        pods = [obj for rt, obj in snapshot.objects if rt is PODS]
+        self.kubelet.resume(pods)
+        self.lifecycle.resume(pods)
+        log.info(
+            "sim_cluster_restored",
+            cluster=self.config.name,
+            objects=len(snapshot.objects),
+            pods=len(pods),
+            resource_version=snapshot.resource_version,
+        )
+
+    def _create(self) -> None:
+        """A new cluster: its namespaces, Volcano's default queue, and its pools' nodes."""
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.store.create(
                 NAMESPACES, self.admission.admit_create(NAMESPACES, {"metadata": {"name": name}}, None)
             )
-        if config.volcano:
+        if self.config.volcano:
             # A Volcano installation comes with its `default` queue.
             queue = {"metadata": {"name": "default"}}
             self.store.create(QUEUES, self.admission.admit_create(QUEUES, queue, None))
-        for pool in config.pools:
+        for pool in self.config.pools:
             self.add_nodes(pool.name, pool.node_count)
-        self.reconcile()
 
     def _observe(self, change: Change) -> None:
         for controller in self._controllers:

@@ -27,7 +27,7 @@ from typing import Any
 
 from clusters.sim import podstatus
 from clusters.sim.capacity import GPU, Demand, NodeInfo
-from clusters.sim.clock import Clock
+from clusters.sim.clock import Clock, parse_rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import NODES, PODS
 from clusters.sim.store import Change, EventType, Key, Store, key_of
@@ -272,6 +272,49 @@ class Kubelet:
             )
 
         self._timers.after(_PULL_RETRY_S, back_off)
+
+    def resume(self, pods: list[Obj]) -> None:
+        """Take up the pods of a cluster restored from a snapshot (`clusters.sim.persist`): admitted
+        pods count against their nodes again, and a running container ends when it would have had
+        the cluster run on (its start time from its status, its duration from its annotations), its
+        deadline too. A container in back-off starts again at once, and a failing pull is retried.
+        Pods bound but not started are taken up by `observe`, as any new one."""
+        self._ips = itertools.count(len(pods) + 2)
+        wall_now = self._clock.wall_s()
+        for pod in pods:
+            if podstatus.is_terminal(pod) or not podstatus.node_name(pod):
+                continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            if not statuses:
+                continue
+            key, uid = key_of(pod), pod["metadata"]["uid"]
+            node = podstatus.node_name(pod) or ""
+            self._admitted.setdefault(node, {})[uid] = Demand.of(pod)
+            self._node_of[uid] = node
+            self._starting.add(uid)
+            status = pod.get("status") or {}
+            deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+            if deadline is not None and status.get("startTime"):
+                ends = parse_rfc3339(status["startTime"]) + float(deadline)
+                self._timers.after(ends - wall_now, functools.partial(self._deadline, key, uid))
+            state = statuses[0].get("state") or {}
+            run = podstatus.restart_count(pod)
+            if "running" in state:
+                stamp = state["running"].get("startedAt") or status.get("startTime")
+                started = parse_rfc3339(str(stamp)) if stamp else wall_now
+                run_s = duration_s(pod, self._default_duration_s)
+                oom_s = oom_after_s(pod)
+                oom = oom_s is not None and oom_s < run_s
+                ends = started + (oom_s if oom and oom_s is not None else run_s)
+                self._timers.after(ends - wall_now, functools.partial(self._finish, key, uid, run, oom))
+            elif podstatus.phase(pod) == "Running":
+                self._timers.after(0.0, functools.partial(self._restart, key, uid, run))
+            else:
+                error = image_pull_failure(pod) or "not found"
+                host_ip, pod_ip = str(status.get("hostIP", "")), str(status.get("podIP", ""))
+                self._timers.after(
+                    _PULL_RETRY_S, functools.partial(self._pull_failed, key, uid, host_ip, pod_ip, error)
+                )
 
     def _started(self, pod: Obj) -> None:
         """Record the run's start and arm its end."""

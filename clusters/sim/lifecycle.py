@@ -10,10 +10,11 @@ policy orphans its pods, as on a real server, which is why gpufed asks for `Fore
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from clusters.sim import errors, podstatus
-from clusters.sim.clock import Clock, rfc3339
+from clusters.sim.clock import Clock, parse_rfc3339, rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.resources import BATCH_JOBS, NAMESPACES, PODS, ResourceType
 from clusters.sim.store import Change, EventType, Store, clone, edit
@@ -129,6 +130,15 @@ class Lifecycle:
                 component="kubelet",
                 field_path=f"spec.containers{{{c.get('name')}}}",
             )
+        # Containers exit promptly on SIGTERM unless marked as ignoring it: those are killed
+        # (SIGKILL, exit 137) only when the grace period ends, as a real kubelet does.
+        stop_after_s = grace_s if ignores_sigterm(pod) else min(grace_s, self._termination_s)
+        self._timers.after(stop_after_s, self._stopper(pod))
+        return marked
+
+    def _stopper(self, pod: Obj) -> Callable[[], None]:
+        """What ends a pod's graceful deletion: its containers killed, then (no finalizer) the pod gone."""
+        m = pod["metadata"]
         uid = m["uid"]
         namespace, name = m.get("namespace", ""), m["name"]
 
@@ -145,11 +155,7 @@ class Lifecycle:
             if not current["metadata"].get("finalizers"):
                 self._store.remove(PODS, namespace, name)
 
-        # Containers exit promptly on SIGTERM unless marked as ignoring it: those are killed
-        # (SIGKILL, exit 137) only when the grace period ends, as a real kubelet does.
-        stop_after_s = grace_s if ignores_sigterm(pod) else min(grace_s, self._termination_s)
-        self._timers.after(stop_after_s, stopped)
-        return marked
+        return stopped
 
     def _delete_namespace(self, ns: Obj) -> Obj:
         """The first delete marks it Terminating (the namespace controller, `namespaces.py`,
@@ -160,6 +166,19 @@ class Lifecycle:
         marked["metadata"]["deletionTimestamp"] = rfc3339(self._clock.wall_s())
         marked["status"] = {"phase": "Terminating"}
         return self._store.update(NAMESPACES, marked)
+
+    def resume(self, pods: list[Obj]) -> None:
+        """Take up the graceful deletions of a cluster restored from a snapshot: a running pod marked
+        for deletion stops when its grace period (the deletionTimestamp) ends, or at once when it is
+        over already; the shortcut of a pod that stops on SIGTERM is not replayed."""
+        wall_now = self._clock.wall_s()
+        for pod in pods:
+            m = pod["metadata"]
+            if not m.get("deletionTimestamp") or podstatus.is_terminal(pod) or not podstatus.node_name(pod):
+                continue
+            left_s = parse_rfc3339(m["deletionTimestamp"]) - wall_now
+            grace_s = float(m.get("deletionGracePeriodSeconds") or 0)
+            self._timers.after(min(max(0.0, left_s), grace_s), self._stopper(pod))
 
     def observe(self, change: Change) -> None:
         if change.rt is PODS and change.type is EventType.MODIFIED:

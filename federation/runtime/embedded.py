@@ -31,7 +31,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.local_ports import LocalPorts
 from federation.runtime.seaweed import EmbeddedStores
 from federation.runtime.server import FederationServer, ServerConfig
-from federation.runtime.sim_process import SimProcess
+from federation.runtime.sim_process import SimExited, SimProcess
 from federation.store.job_store import LEADER_KEY, KvStore
 from federation.store.kv import KeyValueStore, LeaseNotFound
 from federation.store.kv_etcd import EtcdKv
@@ -43,6 +43,8 @@ log = structlog.get_logger("gpufed.embedded")
 __all__ = ["ENDPOINT_FILE", "EmbeddedInfo", "LocalPorts", "default_config_path", "read_endpoint", "run_up"]
 
 STOP_STACKS_AFTER_S = 20.0
+# How often `gpufed up` looks whether the simulator still runs.
+SIM_WATCH_S = 0.5
 # The embedded server's identity: the leader key names it while it leads.
 EMBEDDED_IDENTITY = "embedded"
 
@@ -97,6 +99,7 @@ async def run_up(
     if store_records is not None:
         config = replace(config, object_stores=store_records)
     endpoint_file = state_dir / ENDPOINT_FILE
+    died: SimExited | None = None
     try:
         kv = await EtcdKv.connect(etcd.endpoint)
         try:
@@ -146,7 +149,7 @@ async def run_up(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            died = await _until_stopped_or_sim_died(stop, sims)
             log.info("embedded_stopping")
             # Every stop step is bounded, so a stop that still takes this long is a bug: leave the
             # stacks of every thread on stderr to say where it hangs.
@@ -157,6 +160,22 @@ async def run_up(
         endpoint_file.unlink(missing_ok=True)
         await _stop_children(sims, stores, etcd)
         faulthandler.cancel_dump_traceback_later()
+    if died is not None:
+        raise died
+
+
+async def _until_stopped_or_sim_died(stop: asyncio.Event, sims: SimProcess | None) -> SimExited | None:
+    """Wait for `stop`; when the simulator dies first, say why (None: stopped as asked). Running on
+    with it dead would leave every watch failing and every gang unreachable."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=SIM_WATCH_S)
+        if stop.is_set():
+            return None
+        died = None if sims is None else sims.exited()
+        if died is not None:
+            log.error("simulator_died", error=str(died).splitlines()[0])
+            return died
 
 
 async def release_leases_of_a_dead_run(kv: KeyValueStore) -> list[int]:

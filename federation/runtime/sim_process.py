@@ -6,8 +6,12 @@ kubeconfig the simulator writes, with the official client. A process of its own,
 the server, so that the API traffic is real HTTP between processes, as with a real cluster, and
 the server's event loop does not share a core's GIL with the simulated kubelets.
 
-The simulator keeps its state in memory: when `gpufed up` restarts, its clusters come back empty,
-and the reconciler restarts the gangs that were on them as new attempts (no accepted job is lost).
+The simulator keeps each cluster's state in a snapshot under `<work_dir>/state/` (`clusters.sim.
+persist`), so that a restart of `gpufed up` (SIGTERM, or SIGKILL, which the kernel passes on to the
+simulator) costs no job anything: the next simulator goes on from the snapshot, and the gangs that
+were running are still running, the same pods with the same uids and start times, as on a real
+cluster whose control plane restarted. `gpufed up` stops (exit code 1, saying why) when the
+simulator dies under it (`SimExited`): a restart finds its clusters where the last snapshot left them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from federation.runtime.child_process import ChildProcess
 
 class SimStartFailed(GpufedError):
     """The simulator exited or did not become ready in time. The message carries its log's tail."""
+
+
+class SimExited(SimStartFailed):
+    """The simulator died while `gpufed up` ran (a start failure's kin: `gpufed up` exits, saying so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,8 @@ class SimProcess:
         self.config_path = work_dir / "clusters.yaml"
         self.kubeconfig = work_dir / "kubeconfig"
         self.ready_path = work_dir / "ready.json"
+        # Each cluster's snapshot: what a restarted simulator goes on from.
+        self.state_dir = work_dir / "state"
         self._clusters = [dict(c) for c in clusters]
         self._time_scale = time_scale
         self._child = ChildProcess(work_dir / "sim.log", pid_file=work_dir / "sim.pid")
@@ -80,6 +90,8 @@ class SimProcess:
             "--kubeconfig",
             str(self.kubeconfig),
             "--exit-with-parent",
+            "--state-dir",
+            str(self.state_dir),
         ]
         if self._time_scale is not None:
             command += ["--time-scale", repr(self._time_scale)]
@@ -100,6 +112,16 @@ class SimProcess:
         self.endpoints = {
             c["name"]: SimEndpoint(c["name"], c["url"], c["admin_url"]) for c in ready["clusters"]
         }
+
+    def exited(self) -> SimExited | None:
+        """What to say when the simulator has died (it is then forgotten), else None."""
+        code = self._child.exit_code()
+        if code is None:
+            return None
+        return SimExited(
+            f"the simulated clusters' process exited with code {code}; stopping (start gpufed up "
+            f"again: its clusters go on from their snapshots in {self.state_dir}):\n{self._child.tail()}"
+        )
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._child.stop(timeout_s)
