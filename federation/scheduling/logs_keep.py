@@ -67,9 +67,12 @@ _MIN_TAIL_LINES = 1000
 class _Copy:
     """An attempt's replicas and logs as read while it was being stopped."""
 
-    at_s: float
     replicas: tuple[ReplicaState, ...]
     logs: dict[tuple[str, int], bytes]
+    # When each replica's log was last read (a pod gone between two copies keeps its older one).
+    read_at_s: dict[tuple[str, int], float]
+    # The replicas whose copy lacks its first lines (more than `keep_kib`).
+    head_cut: frozenset[tuple[str, int]]
 
 
 class AttemptKeeper:
@@ -100,17 +103,25 @@ class AttemptKeeper:
             replicas = await asyncio.wait_for(
                 inspector.replicas(job.tenant, job.job_id, job.attempt), timeout_s
             )
-            logs = await asyncio.wait_for(self._logs(inspector, job, replicas), timeout_s)
+            logs, head_cut = await asyncio.wait_for(self._logs(inspector, job, replicas), timeout_s)
         except (ClusterError, TimeoutError):
             return
         before = self._copies.get(key)
+        read_s = self._clock()
         merged_logs = dict(before.logs) if before is not None else {}
-        merged_logs.update({where: data for where, data in logs.items() if data})
+        read_at_s = dict(before.read_at_s) if before is not None else {}
+        cut = set(before.head_cut) if before is not None else set()
+        for where, data in logs.items():
+            if data:
+                merged_logs[where], read_at_s[where] = data, read_s
+                cut.discard(where)
+                if where in head_cut:
+                    cut.add(where)
         states = {
             locate(r, job.spec, job.job_id, job.attempt): r for r in (before.replicas if before else ())
         }
         states.update({locate(r, job.spec, job.job_id, job.attempt): r for r in replicas})
-        self._copies[key] = _Copy(self._clock(), tuple(states.values()), merged_logs)
+        self._copies[key] = _Copy(tuple(states.values()), merged_logs, read_at_s, frozenset(cut))
 
     def _inspector(self, job: JobRecord) -> GangInspector | None:
         if job.placement is None:
@@ -131,6 +142,7 @@ class AttemptKeeper:
         replicas: Sequence[ReplicaState] = ()
         logs: dict[tuple[str, int], bytes] = {}
         killed: set[tuple[str, int]] = set()
+        head_cut: set[tuple[str, int]] = set()
         note = ""
         timeout_s = self._archive.settings.keep_timeout_s
         if inspector is None:
@@ -147,14 +159,14 @@ class AttemptKeeper:
                         inspector.killed_replicas(before.tenant, before.job_id, before.attempt), timeout_s
                     )
                     killed = {locate(r, before.spec, before.job_id, before.attempt) for r in replicas}
-                logs = await asyncio.wait_for(self._logs(inspector, before, replicas), timeout_s)
+                logs, head_cut = await asyncio.wait_for(self._logs(inspector, before, replicas), timeout_s)
             except (ClusterError, TimeoutError) as error:
                 note = f"logs not kept: cluster {placement.cluster}: {error or 'no answer in time'}"
         failed = gang is None or gang.phase in (GangPhase.FAILED, GangPhase.EVICTED)
         reason = failure_reason(replicas) if failed and after.phase is not JobPhase.CANCELLED else ""
         if not reason and gang is not None and gang.phase is GangPhase.EVICTED:
             reason = "Evicted"
-        kept_replicas = self._kept_replicas(before, replicas, logs, copy, killed)
+        kept_replicas = self._kept_replicas(before, replicas, logs, copy, killed, head_cut)
         if copy is not None and note.startswith("logs not kept") and any(r.size_bytes for r in kept_replicas):
             note = f"{note}; kept the copy taken while the attempt was being stopped"
         kept = KeptAttempt(
@@ -198,11 +210,11 @@ class AttemptKeeper:
         logs: dict[tuple[str, int], bytes],
         copy: _Copy | None,
         killed: set[tuple[str, int]],
+        head_cut: set[tuple[str, int]],
     ) -> list[KeptReplica]:
         """Each replica once, the live read first; one that read nothing (its pod gone) from the
         copy taken while the attempt was stopped, marked as such. `logs` gains the copy's bytes."""
         keep = self._archive.settings.keep_bytes
-        tail_lines = _tail_lines(keep)
         states = {locate(r, job.spec, job.job_id, job.attempt): r for r in replicas}
         cuts: dict[tuple[str, int], list[str]] = {
             where: ["read as its pod was killed; lines written after that were not kept"]
@@ -210,12 +222,15 @@ class AttemptKeeper:
             if logs.get(where)
         }
         if copy is not None:
-            at = datetime.fromtimestamp(copy.at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             for r in copy.replicas:
                 where = locate(r, job.spec, job.job_id, job.attempt)
                 states.setdefault(where, r)
                 if not logs.get(where) and copy.logs.get(where):
                     logs[where] = copy.logs[where]
+                    if where in copy.head_cut:
+                        head_cut.add(where)
+                    at_s = copy.read_at_s[where]
+                    at = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                     cuts.setdefault(where, []).append(
                         f"copied at {at} while the attempt was being stopped; "
                         "lines written after that were not kept"
@@ -223,7 +238,7 @@ class AttemptKeeper:
         out = []
         for where, r in sorted(states.items()):
             data = logs.get(where, b"")
-            if data and (data.count(b"\n") >= tail_lines or len(data) >= keep - 1024):
+            if where in head_cut and data:
                 cuts.setdefault(where, []).insert(
                     0, f"its first lines were not kept (the last {keep // 1024} KiB are, logs.keepKiB)"
                 )
@@ -232,9 +247,12 @@ class AttemptKeeper:
 
     async def _logs(
         self, inspector: GangInspector, job: JobRecord, replicas: Sequence[ReplicaState]
-    ) -> dict[tuple[str, int], bytes]:
+    ) -> tuple[dict[tuple[str, int], bytes], set[tuple[str, int]]]:
+        """Each replica's log as kept, and the replicas whose read held more than is kept (their
+        first lines were not kept)."""
         keep = self._archive.settings.keep_bytes
-        options = LogOptions(timestamps=True, tail_lines=_tail_lines(keep))
+        tail_lines = _tail_lines(keep)
+        options = LogOptions(timestamps=True, tail_lines=tail_lines)
 
         async def one(r: ReplicaState) -> tuple[tuple[str, int], bytes]:
             where = locate(r, job.spec, job.job_id, job.attempt)
@@ -242,9 +260,13 @@ class AttemptKeeper:
                 data = b"".join([c async for c in inspector.pod_log(job.tenant, r, options)])
             except ClusterError:
                 data = b""
+            # Cut here to `keep_kib`, or (as far as one can tell) by the API at `tail_lines`.
+            if len(data) > keep or data.count(b"\n") >= tail_lines:
+                head_cut.add(where)
             return where, last_bytes(data, keep)
 
-        return dict(await asyncio.gather(*(one(r) for r in replicas)))
+        head_cut: set[tuple[str, int]] = set()
+        return dict(await asyncio.gather(*(one(r) for r in replicas))), head_cut
 
     async def waiting(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         """The job with the reason its dispatched gang waits, when that changed; else None."""
