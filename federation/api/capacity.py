@@ -358,6 +358,8 @@ class CapacityService(pb_grpc.CapacityServicer):
                 plan = await self._check_named_jobs(who, plan)
                 earlier = records
             got, states = await self._admission(plan, earlier, settings, pools, now)
+            if settings.provisioner is ProvisionerKind.NONE:
+                got = Admission(0, 0)  # nothing is provisioned, so nothing is checked (as on create)
             if plan.kind is PlanKind.FIXED and got.granted_gpus and got.shortfall_gpus:
                 # What it would hold if accepted as partial: the cost shown is what would be spent.
                 plan = replace(plan, gpus=got.granted_gpus, requested_gpus=got.requested_gpus)

@@ -125,6 +125,24 @@ def _until(seconds_from_now: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + seconds_from_now))
 
 
+def test_members_neither_read_nor_make_plans_and_finance_only_reads_them(
+    world: tuple[ServerProcess, SimProcess],
+) -> None:
+    """Plans name other tenants' jobs and, now, a deadline plan's tenant: members read none of it."""
+    fed, _ = world
+    for args in (("plan", "list"), ("plan", "preview", "--cluster", CLUSTER, "--gpu-type", "H100", "--gpus", "8",
+                 "--to", _until(3600))):  # fmt: skip
+        code, out = gpufed(fed, "alice", "capacity", *args)
+        assert code != 0, out
+        assert "PERMISSION_DENIED" in out, out
+    code, out = gpufed(fed, "finance", "capacity", "plan", "list")
+    assert code == 0, out
+    code, out = gpufed(fed, "finance", "capacity", "plan", "create", "--cluster", CLUSTER, "--gpu-type", "H100",
+                       "--gpus", "8", "--to", _until(3600), "--allow-partial")  # fmt: skip
+    assert code != 0, out
+    assert "PERMISSION_DENIED" in out, out
+
+
 def test_plans_are_checked_against_the_limits_and_hold_what_the_pools_hold(
     world: tuple[ServerProcess, SimProcess],
 ) -> None:
