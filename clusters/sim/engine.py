@@ -28,7 +28,7 @@ from clusters.sim.logs import LogBook
 from clusters.sim.namespaces import NamespaceController
 from clusters.sim.persist import Snapshot
 from clusters.sim.podgc import PodGC
-from clusters.sim.resources import NAMESPACES, NODES, PODS, QUEUES
+from clusters.sim.resources import EVENTS, NAMESPACES, NODES, PODS, QUEUES
 from clusters.sim.scheduler import Scheduler
 from clusters.sim.selectors import LabelSelector, Op, Requirement
 from clusters.sim.store import Change, Store
@@ -113,6 +113,9 @@ class Engine:
         pods = [obj for rt, obj in snapshot.objects if rt is PODS]
         self.kubelet.resume(pods)
         self.lifecycle.resume(pods)
+        events = [obj for rt, obj in snapshot.objects if rt is EVENTS]
+        events.sort(key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
+        self.recorder.adopt([(e["metadata"].get("namespace", ""), e["metadata"]["name"]) for e in events])
         log.info(
             "sim_cluster_restored",
             cluster=self.config.name,

@@ -26,6 +26,10 @@ class EventRecorder:
         self._host = host
         self._kept: deque[tuple[str, str]] = deque()
 
+    def adopt(self, events: list[tuple[str, str]]) -> None:
+        """Count a restored snapshot's Events (namespace, name), oldest first, against the limit."""
+        self._kept.extend(events)
+
     def record(
         self,
         rt: ResourceType,
