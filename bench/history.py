@@ -76,6 +76,7 @@ from datasync.loopback_ports import free_ports  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.history import schema  # noqa: E402
+from federation.store.money import piece_micro_usd  # noqa: E402
 from federation.history.engine import open_engine  # noqa: E402
 from federation.history.model import GroupBy, Period, UsageQuery  # noqa: E402
 from federation.history.rows import DAY_S, day_of, job_row  # noqa: E402
@@ -121,7 +122,7 @@ JOB_COLUMNS = (
 )  # fmt: skip
 DAY_COLUMNS = (
     "interval_id", "day", "start_s", "end_s", "tenant", "user_name", "cluster", "provider",
-    "gpu_type", "kind", "gpu_count", "usd_per_gpu_hour",
+    "gpu_type", "kind", "gpu_count", "usd_per_gpu_hour", "cost_micro_usd",
 )  # fmt: skip
 
 
@@ -186,6 +187,7 @@ def year_of_intervals(count: int, seed: int = 19) -> tuple[list[tuple[Any, ...]]
         (
             keys[i], day_names[d - year_first_day], a, b, tenants[i], users[i], clusters[i],
             cluster_providers[i], gpu_types[i], kind_names[i], gpu_counts[i], price_list[i],
+            piece_micro_usd(gpu_counts[i], a, b, price_list[i]),
         )
         for i, d, a, b in zip(owner, day, piece_start[order].tolist(), piece_end[order].tolist(), strict=True)
     ]  # fmt: skip

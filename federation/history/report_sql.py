@@ -32,6 +32,7 @@ from federation.history.model import IntervalKey, IntervalPage, IntervalQuery, P
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
 from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, whole_months
 from federation.store.intervals import IntervalEnd, LedgerInterval
+from federation.store.money import piece_micro_usd
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
 
 _CHUNK = 500
@@ -113,9 +114,9 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
     parts = (whole, before, after)
     for part in parts:
         for r in part:
-            total = merged.setdefault((r.bucket, r.keys), [0.0, 0.0, 0])
+            total = merged.setdefault((r.bucket, r.keys), [0.0, 0, 0])
             total[0] += r.gpu_seconds
-            total[1] += r.cost_gpu_seconds
+            total[1] += r.cost_micro_usd
             total[2] += r.intervals
     if tail and query.count_intervals:
         # Over the whole range an interval counts once: one running across `last` was counted in
@@ -126,7 +127,7 @@ def sums(conn: Connection, query: SumsQuery) -> tuple[SumsRow, ...]:
             if found is not None:
                 found[2] -= carried
     return tuple(
-        SumsRow(keys=keys, bucket=bucket, gpu_seconds=t[0], cost_gpu_seconds=t[1], intervals=int(t[2]))
+        SumsRow(keys=keys, bucket=bucket, gpu_seconds=t[0], cost_micro_usd=int(t[1]), intervals=int(t[2]))
         for (bucket, keys), t in sorted(merged.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
     )
 
@@ -161,7 +162,7 @@ def _tenant_days_sums(
     keys = [t.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     count = func.sum(t.c.intervals) if query.count_intervals else literal(0)
     stmt = select(
-        t.c.day.label("bucket"), *keys, func.sum(t.c.gpu_seconds), func.sum(t.c.cost_gpu_seconds), count
+        t.c.day.label("bucket"), *keys, func.sum(t.c.gpu_seconds), func.sum(t.c.cost_micro_usd), count
     ).where(t.c.day >= rows.day_of(first_s), t.c.day < rows.day_of(last_s))
     if query.tenants is not None:
         stmt = stmt.where(t.c.tenant.in_(sorted(query.tenants)))
@@ -192,7 +193,7 @@ def _months_sums(
         count = func.sum(m.c.intervals_begun)
     else:
         count = func.sum(case((m.c.month == first_month, m.c.intervals), else_=m.c.intervals_begun))
-    stmt = select(*grouped, func.sum(m.c.gpu_seconds), func.sum(m.c.cost_gpu_seconds), count).where(
+    stmt = select(*grouped, func.sum(m.c.gpu_seconds), func.sum(m.c.cost_micro_usd), count).where(
         m.c.month >= first_month, m.c.month < rows.month_of(last_s)
     )
     if query.tenants is not None:
@@ -219,10 +220,16 @@ def _carried_into(conn: Connection, query: SumsQuery, month_s: float) -> list[tu
 
 
 def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: float) -> tuple[SumsRow, ...]:
-    """Sums over [since_s, until_s) from the interval-days, clipped to it; counts are distinct ids."""
+    """Sums over [since_s, until_s) from the interval-days, clipped to it; counts are distinct ids.
+
+    Cost: a day row wholly inside the range adds its stored micro-dollars in SQL; the few rows the
+    range's ends cut (those running at `since_s` or `until_s`) are read and costed here, by the
+    same rule etcd's side uses (`money.piece_micro_usd`), never by SQL's float arithmetic."""
     d = schema.usage_days
     start, end = _clipped(since_s, until_s)
     gpu_seconds = d.c.gpu_count * (end - start)
+    lo, hi = literal(since_s, schema.Seconds), literal(until_s, schema.Seconds)
+    inside = and_(d.c.start_s >= lo, d.c.end_s <= hi)
     keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
     bucket = _bucket(query)
     grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
@@ -230,15 +237,44 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
     stmt = select(
         *grouped,
         func.sum(gpu_seconds),
-        func.sum(gpu_seconds * d.c.usd_per_gpu_hour),
+        func.sum(case((inside, d.c.cost_micro_usd), else_=literal(0))),
         count,
     ).where(and_(*_in_range(since_s, until_s)))
+    cut = select(*grouped, d.c.gpu_count, d.c.start_s, d.c.end_s, d.c.usd_per_gpu_hour).where(
+        and_(*_in_range(since_s, until_s)), or_(d.c.start_s < lo, d.c.end_s > hi)
+    )
     if query.tenants is not None:
         stmt = stmt.where(d.c.tenant.in_(sorted(query.tenants)))
+        cut = cut.where(d.c.tenant.in_(sorted(query.tenants)))
     else:
         # As in `usage_sql`: across tenants SQLite's planner would skip-scan (tenant, day) and look
         # every row up; the days' own key reads them in sequence.
         stmt = stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
+    found = _days_grouped(conn, stmt, bucket, keys, grouped)
+    extra: dict[tuple[str | None, tuple[str, ...]], int] = {}
+    first = 1 if bucket is not None else 0
+    for r in conn.execute(cut):
+        gpus, a, b, price = r[-4:]
+        micro = piece_micro_usd(int(gpus), max(float(a), since_s), min(float(b), until_s), float(price))
+        at = (str(r[0]) if bucket is not None else None, tuple(map(str, r[first : first + len(keys)])))
+        extra[at] = extra.get(at, 0) + micro
+    if not extra:
+        return found
+    return tuple(
+        SumsRow(
+            r.keys, r.bucket, r.gpu_seconds, r.cost_micro_usd + extra.get((r.bucket, r.keys), 0), r.intervals
+        )
+        for r in found
+    )
+
+
+def _days_grouped(
+    conn: Connection,
+    stmt: Any,
+    bucket: ColumnElement[Any] | None,
+    keys: list[Any],
+    grouped: list[Any],
+) -> tuple[SumsRow, ...]:
     if grouped:
         # Grouped by the label, not the expression: PostgreSQL binds the CASE's literals afresh in
         # each clause and would not see the select's and the GROUP BY's as the same expression.
@@ -260,7 +296,7 @@ def _rows(found: Iterable[Any], *, with_bucket: bool, width: int) -> tuple[SumsR
             tuple(map(str, r[first:end])),
             str(r[0]) if with_bucket else None,
             float(r[-3]),
-            float(r[-2]),
+            int(r[-2]),
             int(r[-1]),
         )
         for r in found

@@ -15,6 +15,7 @@ from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob
 from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
 from federation.store.job_store import wait_to_dict, waits_from_json
 from federation.store.jobs import JobRecord, job_from_json, job_to_dict
+from federation.store.money import piece_micro_usd
 
 DAY_S = 86_400.0
 
@@ -120,6 +121,7 @@ def usage_day_rows(iv: LedgerInterval) -> list[dict[str, Any]]:
             "kind": iv.kind.value,
             "gpu_count": iv.gpu_count,
             "usd_per_gpu_hour": iv.usd_per_gpu_hour,
+            "cost_micro_usd": piece_micro_usd(iv.gpu_count, start, end, iv.usd_per_gpu_hour),
         }
         for day, start, end in day_pieces(iv.start_s, iv.end_s)
     ]

@@ -35,6 +35,7 @@ Which index serves which query:
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Float,
     Index,
@@ -128,6 +129,9 @@ usage_days = Table(
     Column("kind", String, nullable=False),
     Column("gpu_count", Integer, nullable=False),
     Column("usd_per_gpu_hour", Money, nullable=False),
+    # Migration 0005: this day's part of the interval in whole micro-dollars, rounded once
+    # (`federation.store.money.piece_micro_usd`): what every cost in a report adds up, exactly.
+    Column("cost_micro_usd", BigInteger, nullable=False),
     # Day first: the key is the index a period's report reads. On SQLite the table is stored in
     # that order (WITHOUT ROWID), so a month's rows are read in sequence, not looked up one by one.
     PrimaryKeyConstraint("day", "interval_id", name="pk_history_usage_days"),
@@ -155,6 +159,8 @@ usage_months = Table(
     Column("cost_gpu_seconds", Money, nullable=False),
     Column("intervals", Integer, nullable=False),
     Column("intervals_begun", Integer, nullable=False),
+    # Migration 0005: the sum of the day rows' `cost_micro_usd` (an exact integer sum).
+    Column("cost_micro_usd", BigInteger, nullable=False),
     # Users are left out on purpose: with them a month has about as many rows as intervals, and the
     # rollup would save nothing. A report by user reads `history_usage_days`.
     PrimaryKeyConstraint(
@@ -178,6 +184,8 @@ usage_tenant_days = Table(
     Column("gpu_seconds", Seconds, nullable=False),
     Column("cost_gpu_seconds", Money, nullable=False),
     Column("intervals", Integer, nullable=False),
+    # Migration 0005: the sum of the day rows' `cost_micro_usd`.
+    Column("cost_micro_usd", BigInteger, nullable=False),
     PrimaryKeyConstraint("day", "tenant", "gpu_type", name="pk_history_usage_tenant_days"),
     sqlite_with_rowid=False,
 )

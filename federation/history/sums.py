@@ -7,9 +7,10 @@ cluster and GPU type from moment to moment. `ReportRead` asks for all of them at
 store answers them from one snapshot together with which of etcd's closed intervals it already
 holds: the caller leaves those out of etcd's side, and an interval the archiver is moving counts once.
 
-Sums are kept in GPU-seconds and GPU-seconds x price (not hours): with whole-second times and prices
-of few binary digits every partial sum is exact, so adding the store's sums to etcd's gives the same
-figures to the last digit whichever store holds an interval.
+Sums are kept in GPU-seconds (not hours: exact on whole-second times) and in whole micro-dollars,
+each interval's part of each UTC day rounded once (`federation.store.money`): integers add exactly
+in any order, so adding the store's sums to etcd's gives the same costs digit by digit whichever
+store holds an interval.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class SumsRow:
     # The bucket: 'YYYY-MM-DD' (a day, or the start day of a `starts` bucket), 'YYYY-MM', or None.
     bucket: str | None
     gpu_seconds: float
-    # GPU-seconds x USD per GPU-hour: divide by 3600 for dollars.
-    cost_gpu_seconds: float
+    # Whole micro-dollars: divide by 1,000,000 for dollars.
+    cost_micro_usd: int
     # Distinct intervals in the group: an interval split across two buckets counts in each.
     intervals: int
 

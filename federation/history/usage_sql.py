@@ -32,7 +32,14 @@ DIMENSION_COLUMNS = {
 SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
 _TENANT_DAY_KEY = ("day", "tenant", "gpu_type")
-_ROLLUP_SUMS = ("gpu_seconds", "cost_usd", "cost_gpu_seconds", "intervals", "intervals_begun")
+_ROLLUP_SUMS = (
+    "gpu_seconds",
+    "cost_usd",
+    "cost_gpu_seconds",
+    "intervals",
+    "intervals_begun",
+    "cost_micro_usd",
+)
 
 # (group keys, period) -> [gpu_hours, cost_usd]
 Sums = dict[tuple[tuple[str, ...], str | None], list[float]]
@@ -152,7 +159,7 @@ def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]
         if seen is None or d["day"] < seen:
             first_day[d["interval_id"]] = d["day"]
     # key -> [GPU-seconds, cost in USD, GPU-seconds x price, intervals, intervals begun]
-    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0, 0])
     # An interval counts once per month however many of its days fall in it.
     counted: set[tuple[str, str]] = set()
     for d in listed:
@@ -163,6 +170,7 @@ def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]
         total[0] += gpu_seconds
         total[1] += gpu_seconds * d["usd_per_gpu_hour"] / 3600.0
         total[2] += gpu_seconds * d["usd_per_gpu_hour"]
+        total[5] += d["cost_micro_usd"]
         if (d["interval_id"], month) not in counted:
             counted.add((d["interval_id"], month))
             total[3] += 1
@@ -176,6 +184,7 @@ def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]
             "cost_gpu_seconds": t[2],
             "intervals": int(t[3]),
             "intervals_begun": int(t[4]),
+            "cost_micro_usd": int(t[5]),
         }
         for key, t in totals.items()
     ]
@@ -184,13 +193,14 @@ def month_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]
 def tenant_day_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The day rollup's increments for newly written interval-days, one row per day, tenant and
     GPU type (a day row is one interval's part of one day, so each adds one interval)."""
-    totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])
     for d in day_rows:
         gpu_seconds = d["gpu_count"] * (d["end_s"] - d["start_s"])
         total = totals[(d["day"], d["tenant"], d["gpu_type"])]
         total[0] += gpu_seconds
         total[1] += gpu_seconds * d["usd_per_gpu_hour"]
         total[2] += 1
+        total[3] += d["cost_micro_usd"]
     return [
         {
             "day": day,
@@ -199,6 +209,7 @@ def tenant_day_rollup_rows(day_rows: Iterable[dict[str, Any]]) -> list[dict[str,
             "gpu_seconds": t[0],
             "cost_gpu_seconds": t[1],
             "intervals": int(t[2]),
+            "cost_micro_usd": int(t[3]),
         }
         for (day, tenant, gpu_type), t in totals.items()
     ]
@@ -237,13 +248,14 @@ def rebuild_rollups(conn: Connection) -> None:
     conn.exec_driver_sql(
         "INSERT INTO history_usage_months"
         " (month, tenant, cluster, provider, gpu_type, kind, gpu_seconds, cost_usd,"
-        " cost_gpu_seconds, intervals, intervals_begun)"
+        " cost_gpu_seconds, intervals, intervals_begun, cost_micro_usd)"
         " SELECT substr(d.day, 1, 7), d.tenant, d.cluster, d.provider, d.gpu_type, d.kind,"
         " SUM(d.gpu_count * (d.end_s - d.start_s)),"
         " SUM(d.gpu_count * (d.end_s - d.start_s) * d.usd_per_gpu_hour) / 3600.0,"
         " SUM(d.gpu_count * (d.end_s - d.start_s) * d.usd_per_gpu_hour),"
         " SUM(CASE WHEN d.start_s = i.start_s OR substr(d.day, 9, 2) = '01' THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN d.start_s = i.start_s THEN 1 ELSE 0 END)"
+        " SUM(CASE WHEN d.start_s = i.start_s THEN 1 ELSE 0 END),"
+        " SUM(d.cost_micro_usd)"
         f" FROM history_usage_days d{in_key_order}"
         " JOIN history_intervals i ON i.interval_id = d.interval_id"
         " GROUP BY substr(d.day, 1, 7), d.tenant, d.cluster, d.provider, d.gpu_type, d.kind"
@@ -251,8 +263,8 @@ def rebuild_rollups(conn: Connection) -> None:
     conn.execute(schema.usage_tenant_days.delete())
     conn.exec_driver_sql(
         "INSERT INTO history_usage_tenant_days"
-        " (day, tenant, gpu_type, gpu_seconds, cost_gpu_seconds, intervals)"
+        " (day, tenant, gpu_type, gpu_seconds, cost_gpu_seconds, intervals, cost_micro_usd)"
         " SELECT day, tenant, gpu_type, SUM(gpu_count * (end_s - start_s)),"
-        " SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour), COUNT(*)"
+        " SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour), COUNT(*), SUM(cost_micro_usd)"
         f" FROM history_usage_days{in_key_order} GROUP BY day, tenant, gpu_type"
     )

@@ -33,7 +33,7 @@ from federation.history.sums import ReportRead, SumsQuery
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
-NEWEST = "0004"
+NEWEST = "0005"
 MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 APRIL = MARCH + 31 * 86_400.0
 
@@ -132,9 +132,7 @@ def test_the_previous_revision_with_rows_upgrades_and_keeps_them(dsn: str) -> No
                     schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
                 )
                 connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
-                connection.execute(
-                    schema.usage_days.insert(), [d for iv in job.intervals for d in rows.usage_day_rows(iv)]
-                )
+                connection.execute(schema.usage_days.insert(), _old_day_rows(job))
         migrate(engine)
         assert current_revision(engine) == NEWEST
         assert "ix_history_usage_days_tenant_day" in {
@@ -259,6 +257,16 @@ def test_revision_0002_with_rows_upgrades_to_rollup_counts(dsn: str) -> None:
         engine.dispose()
 
 
+def _old_day_rows(job: ArchivedJob) -> list[dict[str, object]]:
+    """Day rows as revisions before 0005 kept them: without `cost_micro_usd`."""
+    out = []
+    for iv in job.intervals:
+        for d in rows.usage_day_rows(iv):
+            d.pop("cost_micro_usd")
+            out.append(d)
+    return out
+
+
 def _write_as_0002(engine: Engine, jobs: Sequence[ArchivedJob]) -> None:
     """The jobs as 0002's write path left them: rows, intervals, day rows and its month rollup (without
     the columns 0004 adds); today's store writes tables an older schema lacks."""
@@ -275,9 +283,7 @@ def _write_as_0002(engine: Engine, jobs: Sequence[ArchivedJob]) -> None:
                     schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
                 )
             connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
-            connection.execute(
-                schema.usage_days.insert(), [d for iv in job.intervals for d in rows.usage_day_rows(iv)]
-            )
+            connection.execute(schema.usage_days.insert(), _old_day_rows(job))
         connection.exec_driver_sql(
             "INSERT INTO history_usage_months"
             " (month, tenant, cluster, provider, gpu_type, kind, gpu_seconds, cost_usd)"

@@ -204,8 +204,9 @@ def test_sums_group_by_dimension_and_bucket(store: SqlHistoryStore) -> None:
     week = (MONDAY - 7 * DAY, MONDAY + 7 * DAY)
     by_tenant = _sums(store, SumsQuery(*week, (GroupBy.TENANT,)))
     assert by_tenant == (
-        SumsRow(("t1",), None, 8 * 8 * 3600 + 2 * 3 * 3600, (8 * 8 * 2.0 + 2 * 3 * 3.5) * 3600, 2),
-        SumsRow(("t2",), None, 4 * 3600, 4 * 3600 * 2.0, 1),
+        # Cost in whole micro-dollars (federation.store.money).
+        SumsRow(("t1",), None, 8 * 8 * 3600 + 2 * 3 * 3600, (8 * 8 * 2 + 2 * 3 * 3.5) * 1_000_000, 2),
+        SumsRow(("t2",), None, 4 * 3600, 4 * 2 * 1_000_000, 1),
     )
     by_day = _sums(store, SumsQuery(*week, (GroupBy.USER,), Period.DAY))
     assert [(r.keys, r.bucket, r.gpu_seconds, r.intervals) for r in by_day] == [

@@ -116,7 +116,7 @@ def report_read(
 def _per_tenant(answer: ReportAnswer, index: int | None) -> TenantSums:
     out: TenantSums = {}
     for r in () if index is None else answer.sums[index]:
-        out[r.keys[0]] = [r.gpu_seconds, r.cost_gpu_seconds]
+        out[r.keys[0]] = [r.gpu_seconds, r.cost_micro_usd]
     return out
 
 
@@ -125,15 +125,15 @@ def archived_sums(asked: ArchivedRead, answer: ReportAnswer, query: ReportQuery)
     if asked.rows is not None:
         for r in answer.sums[asked.rows]:
             start = None if query.bucket is None or r.bucket is None else _start_s(r.bucket)
-            out.rows[(start, r.keys)] = [r.gpu_seconds, r.cost_gpu_seconds, float(r.intervals)]
+            out.rows[(start, r.keys)] = [r.gpu_seconds, r.cost_micro_usd, float(r.intervals)]
     if asked.daily is not None:
         for r in answer.sums[asked.daily]:
             (tenant,) = r.keys
             day = _start_s(str(r.bucket))
-            out.daily_cost[(day, tenant)] = out.daily_cost.get((day, tenant), 0.0) + r.cost_gpu_seconds
+            out.daily_cost[(day, tenant)] = out.daily_cost.get((day, tenant), 0.0) + r.cost_micro_usd
             acc = out.period.setdefault(tenant, [0.0, 0.0])
             acc[0] += r.gpu_seconds
-            acc[1] += r.cost_gpu_seconds
+            acc[1] += r.cost_micro_usd
     if asked.by_type is not None:
         for r in answer.sums[asked.by_type]:
             (gpu,) = r.keys

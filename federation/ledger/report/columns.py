@@ -8,6 +8,8 @@ is one integer and sums are `bincount`s.
 
 The split is exact: a piece runs from max(interval start, bucket start) to min(interval end, bucket
 end), so the pieces of an interval add up to its clipped length up to floating-point rounding.
+Cost is whole micro-dollars per piece within one UTC day (`federation.store.money`): a piece of a
+week or month bucket is the sum of its days' (`split_by_days`), as SQL sums the days' rows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from federation.store.intervals import LedgerInterval
+from federation.store.money import MICRO_PER_USD, micro_per_gpu_hour
 
 # numpy is imported by the functions that compute, not by the module: the report modules are
 # imported by every server (the API and the console serve reports) and numpy's import was a tenth
@@ -67,6 +70,10 @@ class Columns:
         self.end_s: F64 = np.minimum(np.where(np.isnan(end), now_s, end), now_s)
         self.gpu_count: F64 = np.array([iv.gpu_count for iv in intervals], dtype=np.float64)
         self.usd_per_gpu_hour: F64 = np.array([iv.usd_per_gpu_hour for iv in intervals], dtype=np.float64)
+        # Whole micro-dollars per GPU-hour, as `money.micro_per_gpu_hour` rounds them.
+        self.micro_per_gpu_hour: F64 = np.array(
+            [micro_per_gpu_hour(iv.usd_per_gpu_hour) for iv in intervals], dtype=np.float64
+        )
         self._coded: dict[str, Coded] = {}
 
     def coded(self, field: str) -> Coded:
@@ -84,10 +91,10 @@ class Pieces:
     bucket: I64
     gpu_hours: F64
     cost_usd: F64
-    # GPUs x seconds, and that x USD per GPU-hour: what reports sum, dividing by 3600 once at the end
-    # (so that sums from SQL and from here agree to the last digit on whole-second times).
+    # GPUs x seconds (divided by 3600 once at the end: exact sums on whole-second times), and the
+    # cost in whole micro-dollars (integers held as float64: exact sums below 2**53).
     gpu_seconds: F64
-    cost_gpu_seconds: F64
+    cost_micro_usd: F64
 
 
 def clip(cols: Columns, since_s: float, until_s: float) -> tuple[I64, F64, F64]:
@@ -119,6 +126,45 @@ def split(cols: Columns, edges: F64, since_s: float, until_s: float) -> Pieces:
         b = np.minimum(end[owner], edges[bucket + 1])
         row = keep[owner]
     seconds = cols.gpu_count[row] * (b - a)
-    hours = seconds / 3600.0
-    price = cols.usd_per_gpu_hour[row]
-    return Pieces(row, bucket.astype(np.int64), hours, hours * price, seconds, seconds * price)
+    # The order of `money.piece_micro_usd`: (gpus x seconds) x micro-price / 3600, half to even.
+    micro = np.rint(seconds * cols.micro_per_gpu_hour[row] / 3600.0)
+    return Pieces(row, bucket.astype(np.int64), seconds / 3600.0, micro / MICRO_PER_USD, seconds, micro)
+
+
+def day_edges(since_s: float, until_s: float) -> list[float]:
+    """UTC midnights from the one at or before `since_s` to the first at or after `until_s`."""
+    first = (since_s // 86400.0) * 86400.0
+    edges = [first]
+    while edges[-1] < until_s:
+        edges.append(edges[-1] + 86400.0)
+    if len(edges) == 1:
+        edges.append(first + 86400.0)
+    return edges
+
+
+def split_by_days(cols: Columns, edges: F64, since_s: float, until_s: float) -> Pieces:
+    """As `split` at bucket `edges` (each a UTC midnight, or `since_s`/`until_s`), with each piece's
+    cost the sum of its parts' within each UTC day: what SQL's sums of day rows give."""
+    import numpy as np  # see the module's imports
+
+    days = np.array(day_edges(since_s, until_s))
+    daily = split(cols, days, since_s, until_s)
+    if daily.row.size == 0:
+        return daily
+    bucket = np.searchsorted(edges, days[daily.bucket], side="right") - 1
+    bucket = np.maximum(bucket, 0)
+    # Day pieces come in (interval, day) order, so each (interval, bucket) is one run of them.
+    new = np.ones(daily.row.size, dtype=bool)
+    new[1:] = (daily.row[1:] != daily.row[:-1]) | (bucket[1:] != bucket[:-1])
+    group = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    seconds: F64 = np.bincount(group, weights=daily.gpu_seconds).astype(np.float64)
+    micro: F64 = np.bincount(group, weights=daily.cost_micro_usd).astype(np.float64)
+    return Pieces(
+        daily.row[first],
+        bucket[first].astype(np.int64),
+        seconds / 3600.0,
+        micro / MICRO_PER_USD,
+        seconds,
+        micro,
+    )

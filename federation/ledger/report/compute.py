@@ -44,6 +44,7 @@ from federation.ledger.report.query import (
 )
 from federation.ledger.report.sums import WEEK_S, ReportSums, interval_sums
 from federation.store.intervals import LedgerInterval
+from federation.store.money import MICRO_PER_USD
 from federation.store.records import TenantRecord
 from placement.model import TenantId
 
@@ -141,7 +142,8 @@ def idle_sites(pools: Sequence[ProvisionedInterval], query: ReportQuery) -> froz
 
 
 def _hours(figures: list[float]) -> list[float]:
-    return [v / 3600.0 for v in figures]
+    # [GPU-seconds, micro-dollars, ...] pairs -> [GPU-hours, dollars, ...].
+    return [v / (3600.0 if i % 2 == 0 else MICRO_PER_USD) for i, v in enumerate(figures)]
 
 
 def finish_report(
@@ -161,7 +163,7 @@ def finish_report(
     # Rows in time order, then by key (labels sort as strings), as `interval_sums` groups them.
     ordered = sorted(sums.rows.items(), key=lambda kv: (kv[0][0] or 0.0, kv[0][1]))
     rows = [
-        Row(key=key, bucket_start_s=start, gpu_hours=s / 3600.0, cost_usd=c / 3600.0, intervals=int(n))
+        Row(key=key, bucket_start_s=start, gpu_hours=s / 3600.0, cost_usd=c / MICRO_PER_USD, intervals=int(n))
         for (start, key), (s, c, n) in ordered
     ]
     by_name = {t.name: t for t in tenants}
@@ -172,9 +174,8 @@ def finish_report(
     totals: dict[TenantId, list[float]] = {}
     zero = [0.0, 0.0]
     for name in sorted(set(sums.period) | set(sums.month) | set(sums.week)):
-        figures = _hours(
-            [*sums.period.get(name, zero), *sums.month.get(name, zero), *sums.week.get(name, zero)]
-        )
+        # Summed up the tree in GPU-seconds and micro-dollars (exact), converted once below.
+        figures = [*sums.period.get(name, zero), *sums.month.get(name, zero), *sums.week.get(name, zero)]
         for who in _ancestors(by_name, TenantId(name)):
             acc = totals.setdefault(who, [0.0] * 6)
             for i, v in enumerate(figures):
@@ -187,7 +188,7 @@ def finish_report(
     summaries = []
     for name in shown:
         record = by_name.get(name)
-        f = totals.get(name, [0.0] * 6)
+        f = _hours(totals.get(name, [0.0] * 6))
         guaranteed = sum(q.guaranteed_gpus for q in record.quotas) if record is not None else 0
         if query.forecast is ForecastBasis.LAST_7_DAYS:
             rate_h, rate_usd = f[4] / WEEK_S, f[5] / WEEK_S
@@ -212,10 +213,13 @@ def finish_report(
         query=query,
         rows=tuple(rows),
         total_gpu_hours=math.fsum(r.gpu_hours for r in rows),
-        total_cost_usd=math.fsum(r.cost_usd for r in rows),
+        # From the integer micro-dollars: exact, whatever the rows' order.
+        total_cost_usd=sum(c for (_, c, _) in sums.rows.values()) / MICRO_PER_USD,
         tenants=tuple(summaries),
         daily_cost_by_tenant=tuple(
-            (day, tenant, c / 3600.0) for (day, tenant), c in sorted(sums.daily_cost.items()) if c > 0.0
+            (day, tenant, c / MICRO_PER_USD)
+            for (day, tenant), c in sorted(sums.daily_cost.items())
+            if c > 0.0
         ),
         gpu_hours_by_type=tuple((gpu, s / 3600.0) for gpu, s in sorted(sums.by_type.items()) if s > 0.0),
         idle=idle,

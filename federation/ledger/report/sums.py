@@ -6,9 +6,10 @@ closed intervals are summed in SQL (`federation.ledger.report.archived`). Each h
 `ReportSums`; `add` merges them and `compute.finish_report` turns the total into the `Report` (rows
 in order, tenant roll-ups, budget and forecast, idle cost).
 
-Sums are kept in GPU-seconds and GPU-seconds x price, divided by 3600 once in `compute.finish_report`: with
-whole-second times every partial sum is exact, so the same ledger gives the same figures to the
-last digit whether an interval was summed here or in SQL.
+Sums are kept in GPU-seconds (divided by 3600 once in `compute.finish_report`: exact on whole-second
+times) and in whole micro-dollars, each interval's part of each UTC day rounded once
+(`federation.store.money`): integer sums are exact in any order, so the same ledger gives the same
+costs digit by digit whether an interval was summed here or in SQL.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from federation.ledger.report.columns import Columns, Pieces, clip, split
+from federation.ledger.report.columns import Columns, Pieces, day_edges, split, split_by_days
 from federation.ledger.report.idle import UsedEdges, used_edges
 from federation.ledger.report.query import Bucket, ReportQuery, bucket_edges, month_start_s, next_month_s
 from federation.store.intervals import LedgerInterval
@@ -27,16 +28,16 @@ if TYPE_CHECKING:  # imported where used, as in columns.py
 
 WEEK_S = 7 * 86400.0
 
-# (bucket start or None, group key) -> [GPU-seconds, GPU-seconds x price, interval pieces]
+# (bucket start or None, group key) -> [GPU-seconds, micro-dollars, interval pieces]
 RowSums = dict[tuple[float | None, tuple[str, ...]], list[float]]
-# tenant -> [GPU-seconds, GPU-seconds x price]
+# tenant -> [GPU-seconds, micro-dollars]
 TenantSums = dict[str, list[float]]
 
 
 @dataclass(slots=True)
 class ReportSums:
     rows: RowSums = field(default_factory=dict)
-    # (day start, tenant) -> GPU-seconds x price, over the report's period.
+    # (day start, tenant) -> micro-dollars, over the report's period.
     daily_cost: dict[tuple[float, str], float] = field(default_factory=dict)
     # GPU type -> GPU-seconds, over the report's period.
     by_type: dict[str, float] = field(default_factory=dict)
@@ -104,7 +105,7 @@ def _row_sums(cols: Columns, query: ReportQuery, edges: list[float], got: Pieces
             radix = int(group.max()) + 1
     keys, inverse = np.unique(group, return_inverse=True)
     seconds = np.bincount(inverse, weights=got.gpu_seconds).tolist()
-    cost = np.bincount(inverse, weights=got.cost_gpu_seconds).tolist()
+    cost = np.bincount(inverse, weights=got.cost_micro_usd).tolist()
     count = np.bincount(inverse).tolist()
     # Decode each group back from any one of its pieces (all of a group's share its key and bucket).
     first = np.zeros(keys.size, dtype=np.int64)
@@ -142,39 +143,38 @@ def interval_sums(
     now = query.now_s
     cols = Columns(listed, now_s=now)
 
-    day_edges = bucket_edges(q_start, q_end, Bucket.DAY)
-    daily = split(cols, np.array(day_edges), q_start, q_end)
+    days = bucket_edges(q_start, q_end, Bucket.DAY)
+    daily = split(cols, np.array(days), q_start, q_end)
     if query.bucket is Bucket.DAY:
-        out.rows = _row_sums(cols, query, day_edges, daily)
+        out.rows = _row_sums(cols, query, days, daily)
     else:
+        # Cost per piece of a day, added up into the bucket, as SQL adds the days' rows.
         edges = bucket_edges(q_start, q_end, query.bucket)
-        out.rows = _row_sums(cols, query, edges, split(cols, np.array(edges), q_start, q_end))
+        out.rows = _row_sums(cols, query, edges, split_by_days(cols, np.array(edges), q_start, q_end))
 
     tenant = cols.coded("tenant")
     n_tenants = max(1, len(tenant.labels))
     if daily.row.size:
         code = daily.bucket * n_tenants + tenant.codes[daily.row]
-        per_day = np.bincount(code, weights=daily.cost_gpu_seconds)
+        per_day = np.bincount(code, weights=daily.cost_micro_usd)
         out.daily_cost = {
-            (day_edges[k // n_tenants], tenant.labels[k % n_tenants]): c
+            (days[k // n_tenants], tenant.labels[k % n_tenants]): c
             for k, c in enumerate(per_day.tolist())
             if c != 0.0
         }
         gpu = cols.coded("gpu_type")
         by_type = np.bincount(gpu.codes[daily.row], weights=daily.gpu_seconds, minlength=len(gpu.labels))
         out.by_type = {label: s for label, s in zip(gpu.labels, by_type.tolist(), strict=True) if s != 0.0}
-    out.period = _per_tenant(
-        tenant.labels, tenant.codes[daily.row], daily.gpu_seconds, daily.cost_gpu_seconds
-    )
+    out.period = _per_tenant(tenant.labels, tenant.codes[daily.row], daily.gpu_seconds, daily.cost_micro_usd)
 
     # This month's figures, for budgets and the forecast, whatever the report's period.
     for window, (since, until) in (
         ("month", (month_start_s(now), min(now, next_month_s(now)))),
         ("week", (now - WEEK_S, now)),
     ):
-        keep, a, b = clip(cols, since, until)
-        seconds = cols.gpu_count[keep] * (b - a)
-        sums = _per_tenant(tenant.labels, tenant.codes[keep], seconds, seconds * cols.usd_per_gpu_hour[keep])
+        # Cut at midnights too, for the cost of each day's piece (see `money`).
+        got = split(cols, np.array(day_edges(since, until)), since, until)
+        sums = _per_tenant(tenant.labels, tenant.codes[got.row], got.gpu_seconds, got.cost_micro_usd)
         if window == "month":
             out.month = sums
         else:
