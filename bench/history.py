@@ -76,7 +76,6 @@ from datasync.loopback_ports import free_ports  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.history import schema  # noqa: E402
-from federation.store.money import piece_micro_usd  # noqa: E402
 from federation.history.engine import open_engine  # noqa: E402
 from federation.history.model import GroupBy, Period, UsageQuery  # noqa: E402
 from federation.history.rows import DAY_S, day_of, job_row  # noqa: E402
@@ -92,6 +91,7 @@ from federation.store.job_store import KvStore, job_key  # noqa: E402
 from federation.store.jobs import JobPlacement, JobRecord, PhaseEvent, job_to_dict  # noqa: E402
 from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
+from federation.store.money import piece_micro_usd  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, Provider, TenantId  # noqa: E402
 from tests.conftest import build_job  # noqa: E402
 from tests.history_builders import an_archived_job, an_interval  # noqa: E402
