@@ -127,6 +127,22 @@ class _Reference:
         q = self.tenants[TenantId(tenant)].quota_for(gpu_type) if tenant in self.tenants else None
         return 0 if q is None else q.guaranteed_gpus
 
+    def _over_limit(self, gang: GangRequest, gpu_type: GpuType) -> int:
+        """GPUs of the type the tenant must give back for the gang to pass every cap and borrowing limit."""
+        over = 0
+        for node in self._path(gang.tenant):
+            q, held = self.tenants[TenantId(node)], self.usage.get((node, gpu_type), 0)
+            share = q.quota_for(gpu_type)
+            for limit in (
+                q.cap_for(gpu_type),
+                None
+                if share is None or share.borrowing_limit_gpus is None
+                else share.guaranteed_gpus + share.borrowing_limit_gpus,
+            ):
+                if limit is not None:
+                    over = max(over, held + gang.gpu_count - limit)
+        return over
+
     def _quota_ok(self, gang: GangRequest, gpu_type: GpuType) -> bool:
         need = gang.gpu_count
         for node in self._path(gang.tenant):
@@ -279,8 +295,15 @@ class _Reference:
             self._use(gang.tenant, o.gpu_type, gang.gpu_count)
             self.admissions.append(Admission(gang.job_id, o.cluster, o.gpu_type, o.kind, o.price, cost))
             return
-        if groups and capacity_only:
-            self._make_room(gang, shape, groups, ctx)
+        if groups and capacity_only and self._make_room(gang, shape, groups, ctx):
+            return
+        # An approved class at its tenant's cap evicts the tenant's own lower priorities to get under it.
+        c = self.classes.get(gang.priority_class)
+        if self.policy.preemption and c is not None and c.needs_approval:
+            for t in dict.fromkeys(gang.gpu_types):
+                over = self._over_limit(gang, t)
+                if over > 0 and self._preempt(gang, shape, (t,), ctx, cap_over=over):
+                    return
 
     def _waits(self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...], cloud: float) -> bool:
         best = None
@@ -325,13 +348,14 @@ class _Reference:
 
     def _make_room(
         self, gang: GangRequest, shape: tuple[int, ...], groups: list[tuple[GpuType, ...]], ctx: GangCost
-    ) -> None:
+    ) -> bool:
+        """Whether room is made (or the gang waits for private GPUs, or holds a reservation)."""
         if self.policy.preemption:
             for group in groups:
                 done = self._preempt(gang, shape, group, ctx)
                 if done is not None:
                     if done:
-                        return
+                        return True
                     break
         for group in groups:
             best = None
@@ -359,21 +383,53 @@ class _Reference:
             if best is None:
                 continue
             if self.policy.private_wait_s_per_gpu_hour > 0 and self._waits(ctx, shape, group, best[0][0]):
-                return
+                return True
             _, c, p, n = best
             self.asked[(c.name, p.name)] = self.asked.get((c.name, p.name), 0) + n
             self._use(gang.tenant, p.gpu_type, gang.gpu_count)
-            return
+            return True
         if self.policy.backfill and self.hold is None:
             self._reserve(gang, shape, groups, ctx)
+            return self.hold is not None
+        return False
 
     def _preempt(
-        self, gang: GangRequest, shape: tuple[int, ...], group: tuple[GpuType, ...], ctx: GangCost
+        self,
+        gang: GangRequest,
+        shape: tuple[int, ...],
+        group: tuple[GpuType, ...],
+        ctx: GangCost,
+        cap_over: int | None = None,
     ) -> bool | None:
-        """True: room made; False: the limit stopped it; None: no victims."""
+        """True: room made; False: the limit stopped it; None: no victims. With `cap_over`, only the
+        tenant's own lower priorities, enough of them (anywhere) to free that many GPUs of its quota."""
         limit = self.policy.preemption_limit_gpus
         need = gang.gpu_count
-        if limit is not None and self.preempted >= limit and not self.draining_types.intersection(group):
+
+        def order(e: tuple[RunningGang, str, object]) -> tuple[float, int, int, float, str]:
+            r, why, _ = e
+            above = -self._share(r.tenant) if why == "reclaim" else 1.0
+            return (above, r.priority, r.gpu_count, -r.queued_at_s, r.job_id)
+
+        own: list[RunningGang] = []
+        if cap_over is not None:
+            own = sorted(
+                (
+                    r
+                    for o in self.offers
+                    if o.gpu_type in group
+                    for r, _ in self._located(o)
+                    if r.tenant == gang.tenant
+                    and r.priority < gang.priority
+                    and not r.terminating
+                    and r.job_id not in self.claimed
+                    and self._preemptible(r)
+                ),
+                key=lambda r: (r.priority, r.gpu_count, -r.queued_at_s, r.job_id),
+            )
+            if sum(r.gpu_count for r in own) < cap_over:
+                return None
+        elif limit is not None and self.preempted >= limit and not self.draining_types.intersection(group):
             located_all = [(o, r) for o in self.offers for r, _ in self._located(o)]
             # Reported only for a gang that has anyone to evict at all, as the placer does.
             hopeful = any(
@@ -410,21 +466,19 @@ class _Reference:
                 if r.tenant == gang.tenant:
                     if r.priority < gang.priority:
                         eligible.append((r, "lower", s))
-                elif self.usage.get((gang.tenant, o.gpu_type), 0) + need <= self._guaranteed(
+                elif cap_over is None and self.usage.get((gang.tenant, o.gpu_type), 0) + need <= self._guaranteed(
                     gang.tenant, o.gpu_type
                 ) and (
                     self.usage.get((r.tenant, o.gpu_type), 0) - self.evicted.get((r.tenant, o.gpu_type), 0)
                     > self._guaranteed(r.tenant, o.gpu_type)
                 ):
                     eligible.append((r, "reclaim", s))
-            if not draining and not eligible:
+            if not draining and not eligible and cap_over is None:
                 continue
             base = _freed(o.nodes, [s for _, s in draining])
             if fit_replicas(shape, _freed(base, [s for _, _, s in eligible])) is None:
                 continue
-            ordered = sorted(
-                eligible, key=lambda e: (e[0].priority, e[0].gpu_count, -e[0].queued_at_s, e[0].job_id)
-            )
+            ordered = sorted(eligible, key=order)
             chosen = None
             if fit_replicas(shape, base) is not None:
                 chosen = []
@@ -443,9 +497,7 @@ class _Reference:
                     rest = [x for x in chosen if x is not e]
                     if fit_replicas(shape, _freed(base, [x[2] for x in rest])) is not None:
                         chosen = rest
-                chosen = sorted(
-                    chosen, key=lambda e: (e[0].priority, e[0].gpu_count, -e[0].queued_at_s, e[0].job_id)
-                )
+                chosen = sorted(chosen, key=order)
             ev = dict(self.evicted)
             valid = True
             for r, why, _ in chosen:
@@ -463,21 +515,39 @@ class _Reference:
                 if fit_replicas(shape, _freed(vbase, [s for _, s in rest])) is not None:
                     used = rest
             total = _freed(victim_freed, [s for _, s in used])
-            gpus = sum(r.gpu_count for r, _, _ in chosen)
-            key = (len(chosen), gpus, ctx.cost(o.gpu_type, o.factor, o.store), o.key())
+            victims = [r for r, _, _ in chosen]
+            if cap_over is not None:
+                # Enough of the tenant's own to get under its limit; then drop, last first, each one
+                # the gang's fit does not need and the quota can do without.
+                freed = sum(r.gpu_count for r in victims)
+                for r in own:
+                    if freed >= cap_over:
+                        break
+                    if r not in victims:
+                        victims.append(r)
+                        freed += r.gpu_count
+                if freed < cap_over:
+                    continue
+                needed = {r.job_id for r, _, _ in chosen}
+                for r in reversed(list(victims)):
+                    if r.job_id not in needed and freed - r.gpu_count >= cap_over:
+                        victims.remove(r)
+                        freed -= r.gpu_count
+            gpus = sum(r.gpu_count for r in victims)
+            key = (len(victims), gpus, ctx.cost(o.gpu_type, o.factor, o.store), o.key())
             if best is None or key < best[0]:
-                best = (key, o, chosen, used, total)
+                best = (key, o, victims, used, total)
         if best is None:
             return None
-        _, o, chosen, used, total = best
-        gpus = sum(r.gpu_count for r, _, _ in chosen)
-        if limit is not None and chosen and self.preempted + gpus > limit:
-            return False
+        _, o, victims, used, total = best
+        gpus = sum(r.gpu_count for r in victims)
+        if limit is not None and victims and self.preempted + gpus > limit:
+            return None if cap_over is not None else False
         taken = fit_replicas(shape, [n + f for n, f in zip(o.nodes, total, strict=True)])
         assert taken is not None
         o.nodes = [n - max(0, t - f) for n, t, f in zip(o.nodes, taken, total, strict=True)]
         self._use(gang.tenant, o.gpu_type, need)
-        for r, _, _ in chosen:
+        for r in victims:
             self.claimed.add(r.job_id)
             grace = self.policy.default_grace_period_s if r.grace_period_s is None else r.grace_period_s
             self.victim_ends[r.job_id] = self.now + grace

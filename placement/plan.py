@@ -110,8 +110,11 @@ def _alternative(offer: Offer, cost_usd: float) -> Alternative:
     return Alternative(view.cluster, view.gpu_type, offer.kind, offer.usd_per_gpu_hour, cost_usd)
 
 
-# Reasons that say room is being made for the gang already: no eviction under its cap on top.
-_MAKING_ROOM: Final = frozenset({Code.PREEMPTING, Code.CAPACITY_REQUESTED})
+# Reasons that say the gang has its way to run already (room being made, a choice to wait for private
+# GPUs, a reserved start): no eviction under its cap on top.
+_MAKING_ROOM: Final = frozenset(
+    {Code.PREEMPTING, Code.CAPACITY_REQUESTED, Code.WAITING_FOR_PRIVATE_CAPACITY, Code.RESERVED}
+)
 
 # Most misses of a long queue are this one; it carries no notes, so one value serves them all.
 _NO_FIT: Final = _Miss(True)

@@ -214,6 +214,7 @@ class FederationServer:
             datasets=DatasetCheck(registry),
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
             security=security,
+            ledger=self._ledger,
         )
         pb_grpc.add_JobServiceServicer_to_server(jobs, server)
         admin = AdminService(
@@ -274,6 +275,7 @@ class FederationServer:
             members=members,
             archive=archive,
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
+            ledger=self._ledger,
         )
         pb_grpc.add_LogsServicer_to_server(logs, server)
         self.servicers = [jobs, admin, reports, federation, capacity.service, datasets, logs]
