@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import grpc
@@ -42,10 +42,13 @@ from federation.joblogs.archive import (
     locate,
 )
 from federation.joblogs.stream import KEPT, Chunk, Target, merged, select_kept
+from federation.ledger.cache import LedgerCache
+from federation.ledger.job_cost import job_cost_text
 from federation.metrics import Metrics
 from federation.scheduling.members import MemberClusters
 from federation.security.auth import Authenticator, Principal
 from federation.security.ratelimit import ReadRateLimiter
+from federation.store.intervals import LedgerInterval
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
@@ -145,10 +148,13 @@ class LogsService(pb_grpc.LogsServicer):
         read_limiter: ReadRateLimiter | None = None,
         clock: Callable[[], float] = time.time,
         history: HistoryStore | None = None,
+        ledger: LedgerCache | None = None,
     ) -> None:
         self._store = store
         # Ended jobs archived to SQL (issue 19): their record and attempt summaries; None: live only.
         self._history = history
+        # etcd's usage ledger, for a live job's cost (None: no cost shown).
+        self._ledger = ledger
         self._cache = cache
         self._auth = auth
         self._h = CallHandlers(auth, metrics)
@@ -341,10 +347,11 @@ class LogsService(pb_grpc.LogsServicer):
         async def body(who: Principal, req: pb.DescribeJobRequest) -> pb.JobDescription:
             job = await self._visible_job(who, req.job_id)
             archived = None
+            found = None
             if self._history is not None and self._archived(job):
                 found = await asyncio.to_thread(history_reads.get_job, self._history, job.job_id)
                 archived = {} if found is None else kept_attempts(found.attempts)
-            return await describe(
+            described = await describe(
                 job,
                 Redactor(who, self._tenant_of),
                 members=self._members,
@@ -353,5 +360,12 @@ class LogsService(pb_grpc.LogsServicer):
                 now_s=self._clock(),
                 archived=archived,
             )
+            # An archived job's intervals came with it from SQL; a live one's are in etcd's ledger.
+            if found is not None:
+                intervals: Sequence[LedgerInterval] = found.intervals
+            else:
+                intervals = () if self._ledger is None else self._ledger.for_job(job.job_id)
+            described.job.cost_usd = job_cost_text(intervals, now_s=self._clock())
+            return described
 
         return await self._h.unary("DescribeJob", request, context, body)

@@ -24,6 +24,7 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import InvalidArgument
 from federation.history.protocol import HistoryStore
 from federation.ledger.cache import LedgerCache
+from federation.ledger.job_cost import interval_micro_usd
 from federation.ledger.report import (
     Bucket,
     Dim,
@@ -47,6 +48,7 @@ from federation.security.auth import Authenticator, Principal, report_scope
 from federation.spec.validate import shown
 from federation.store.intervals import LedgerInterval
 from federation.store.job_store import JobStore
+from federation.store.money import usd
 from placement.model import TenantId
 
 RENDERERS: dict[str, tuple[Callable[[Report], str], str]] = {
@@ -73,7 +75,8 @@ def interval_to_pb(iv: LedgerInterval, now_s: float) -> pb.LedgerInterval:
         usd_per_gpu_hour=iv.usd_per_gpu_hour,
         ended="" if iv.ended is None else iv.ended.value,
         gpu_hours=iv.gpu_hours(until_s=now_s),
-        cost_usd=iv.cost_usd(until_s=now_s),
+        # As every report counts it, in whole micro-dollars (what `gpufed get` shows for the job).
+        cost_usd=usd(interval_micro_usd(iv, now_s=now_s)),
         start_s=iv.start_s,
         end_s=0.0 if iv.end_s is None else iv.end_s,
     )

@@ -41,6 +41,8 @@ from federation.errors import (
     RateLimited,
 )
 from federation.history.protocol import HistoryStore
+from federation.ledger.cache import LedgerCache
+from federation.ledger.job_cost import job_cost_text
 from federation.metrics import Metrics
 from federation.scheduling.dispatch_backoff import ClusterRefusing, backoff_text
 from federation.security.auth import (
@@ -195,10 +197,13 @@ class JobService(pb_grpc.JobServiceServicer):
         read_limiter: ReadRateLimiter | None = None,
         security: SecurityStore | None = None,
         history: HistoryStore | None = None,
+        ledger: LedgerCache | None = None,
     ) -> None:
         self._store = store
         # Ended jobs archived to SQL (issue 19); None: the live store only.
         self._history = history
+        # etcd's usage ledger, for a live job's cost on GetJob (None: no cost shown).
+        self._ledger = ledger
         self._datasets = datasets
         # Where a cancel is recorded in the audit trail (None: not recorded, for tests of the rest).
         self._security = security
@@ -293,7 +298,9 @@ class JobService(pb_grpc.JobServiceServicer):
     async def GetJob(self, request: pb.GetJobRequest, context: Ctx) -> pb.Job:
         async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
             stored = await self._visible_job(who, req.job_id)
-            return self._shown(who, stored.value, with_manifest=True)
+            shown = self._shown(who, stored.value, with_manifest=True)
+            shown.cost_usd = await job_cost(stored, self._ledger, self._history, now_s=self._clock())
+            return shown
 
         return await self._h.unary("GetJob", request, context, body)
 
@@ -535,6 +542,20 @@ async def visible_job(
     if stored is None or not can_read_tenant(who, stored.value.tenant):
         raise NotFound(job_not_found(job_id))
     return stored
+
+
+async def job_cost(
+    stored: Stored[JobRecord], ledger: LedgerCache | None, history: HistoryStore | None, *, now_s: float
+) -> str:
+    """`Job.cost_usd` of a job the caller may read: from etcd's ledger while the job is live, from
+    the history once archived (revision 0, see `archived_job`); '' when it never ran."""
+    job_id = stored.value.job_id
+    if stored.mod_revision == 0 and history is not None:
+        found = await asyncio.to_thread(history_reads.get_job, history, job_id)
+        intervals = () if found is None else found.intervals
+    else:
+        intervals = () if ledger is None else tuple(ledger.for_job(job_id))
+    return job_cost_text(intervals, now_s=now_s)
 
 
 async def archived_job(history: HistoryStore | None, job_id: JobId) -> Stored[JobRecord] | None:

@@ -24,7 +24,7 @@ import click
 
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.cli.render import structured, table
+from federation.cli.render import cost_line, structured, table
 from federation.joblogs.stream import split_line
 
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -127,6 +127,7 @@ def describe_text(d: pb.JobDescription) -> str:
         f"Tenant:    {job.tenant}   User: {job.user}",
         f"Phase:     {phase}   Attempt: {job.attempt}",
         f"Submitted: {_when(job.submitted_at)}",
+        cost_line(job),
     ]
     if job.message:
         lines.append(f"Message:   {job.message}")

@@ -13,6 +13,10 @@ from google.protobuf.message import Message
 
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.store.money import format_usd, micro_usd_of
+
+# A job in these phases runs no more: its cost is final.
+_ENDED = frozenset({pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED})
 
 FORMATS = ("table", "json", "yaml")
 
@@ -81,6 +85,20 @@ def jobs_table(jobs: Sequence[pb.Job]) -> str:
     return table(["JOB", "TENANT", "PHASE", "REASON", "GPUS", "CLUSTER", "$/GPU-H", "ATTEMPT", "AGE"], rows)
 
 
+def cost_line(job: pb.Job) -> str:
+    """What the job has cost, to the cent (half to even, from the API's exact micro-dollars, as
+    `gpufed report ledger` rounds each row), or that it never ran."""
+    return f"Cost:      {cost_text(job)}"
+
+
+def cost_text(job: pb.Job) -> str:
+    if not job.cost_usd:
+        return "none: no attempt has run"
+    cents = format_usd(micro_usd_of(job.cost_usd), places=2)
+    so_far = "" if job.phase in _ENDED else " so far"
+    return f"${cents}{so_far} (USD {job.cost_usd})"
+
+
 def job_detail(job: pb.Job) -> str:
     lines = [
         f"Job:       {job.job_id} ({job.name})",
@@ -94,6 +112,7 @@ def job_detail(job: pb.Job) -> str:
             f"Placed:    {job.cluster}: {job.gpu_type} {job.capacity_kind}"
             f" at ${job.usd_per_gpu_hour:.2f}/GPU-hour"
         )
+    lines.append(cost_line(job))
     if job.reason:
         lines.append(f"Reason:    {job.reason}")
     if job.message:

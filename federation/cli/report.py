@@ -16,6 +16,7 @@ import click
 
 from federation.cli.output import OutputHolder
 from federation.cli.render import FORMATS, as_dict, structured
+from federation.store.money import MICRO_PER_USD, format_usd
 
 GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind")
 BUCKETS = ("", "day", "week", "month")
@@ -218,7 +219,9 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
                     _utc(iv.start_s),
                     _utc(iv.end_s) if iv.end_s else "running",
                     f"{iv.gpu_hours:.3f}",
-                    f"{iv.cost_usd:.2f}",
+                    # The exact micro-dollars back from the double, to the cent half to even: as
+                    # `gpufed get` rounds a job's cost.
+                    format_usd(round(iv.cost_usd * MICRO_PER_USD), places=2),
                     iv.ended or "-",
                 )
             )

@@ -22,6 +22,7 @@ from federation.console.calls import CALLS_KEY, CallRefused
 from federation.console.jobs import TERMINAL, job_state
 from federation.console.layout import e, html_response, render_page, see_other, table, when
 from federation.console.view import VIEW_KEY, View
+from federation.store.money import format_usd, micro_usd_of
 
 LOG_TAIL_LINES = 500
 # The plain-text log download: more, but still bounded.
@@ -37,6 +38,14 @@ def _seconds(ts: object) -> float:
 
 def _kv(pairs: list[tuple[str, str]]) -> str:
     return '<dl class="kv">' + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in pairs) + "</dl>"
+
+
+def _cost(job: pb.Job) -> str:
+    """As `gpufed get` says it: to the cent from the API's exact figure, or that it never ran."""
+    if not job.cost_usd:
+        return "none: no attempt has run"
+    so_far = "" if job.phase in TERMINAL else " so far"
+    return f"${format_usd(micro_usd_of(job.cost_usd), places=2)}{so_far} (USD {job.cost_usd})"
 
 
 def _spec(job: pb.Job, description: pb.JobDescription | None) -> str:
@@ -58,6 +67,7 @@ def _spec(job: pb.Job, description: pb.JobDescription | None) -> str:
                 f"{job.cluster}: {job.gpu_type}, {job.capacity_kind}, ${job.usd_per_gpu_hour:.2f}/GPU-hour",
             )
         )
+    pairs.append(("Cost", _cost(job)))
     summary = ""
     if description is not None and description.spec_summary:
         summary = "<ul>" + "".join(f"<li>{e(line)}</li>" for line in description.spec_summary) + "</ul>"

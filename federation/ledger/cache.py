@@ -16,7 +16,7 @@ import contextlib
 import structlog
 
 from federation.errors import StoreUnavailable
-from federation.store.intervals import LedgerInterval
+from federation.store.intervals import LEDGER_PREFIX, LedgerInterval
 from federation.store.job_store import JobStore, LedgerRemoved
 from federation.store.kv import WatchCompacted
 
@@ -30,6 +30,8 @@ class LedgerCache:
     def __init__(self, store: JobStore) -> None:
         self._store = store
         self._intervals: dict[bytes, LedgerInterval] = {}
+        # Job id -> its intervals' keys: a job's cost on GetJob without walking 100,000 intervals.
+        self._by_job: dict[str, set[bytes]] = {}
         self._revision = 0
         self._synced = False
         self._task: asyncio.Task[None] | None = None
@@ -57,11 +59,30 @@ class LedgerCache:
     def intervals(self) -> list[LedgerInterval]:
         return list(self._intervals.values())
 
+    def for_job(self, job_id: str) -> list[LedgerInterval]:
+        """The job's intervals etcd holds (none once the job is archived), in attempt order."""
+        keys = self._by_job.get(job_id, ())
+        return [self._intervals[k] for k in sorted(keys) if k in self._intervals]
+
+    def _index(self, key: bytes, *, present: bool) -> None:
+        job_id = _job_of(key)
+        if present:
+            self._by_job.setdefault(job_id, set()).add(key)
+            return
+        keys = self._by_job.get(job_id)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_job[job_id]
+
     async def _relist(self) -> None:
         # Keyed as etcd holds them (each interval's `key`, which a removal names): a restart's
         # 100,000 keys are not formatted again from the intervals.
         intervals, revision = await self._store.list_ledger_by_key()
         self._intervals = intervals
+        self._by_job = {}
+        for key in intervals:
+            self._index(key, present=True)
         self._revision = revision
         self._synced = True
         self.version += 1
@@ -78,8 +99,10 @@ class LedgerCache:
                     async for change in events:
                         if isinstance(change, LedgerRemoved):
                             self._intervals.pop(change.key, None)
+                            self._index(change.key, present=False)
                         else:
                             self._intervals[change.key] = change
+                            self._index(change.key, present=True)
                         self.version += 1
                         backoff_s = _BACKOFF_START_S
                 log.warning("ledger_cache_watch_ended", revision=self._revision)
@@ -91,3 +114,8 @@ class LedgerCache:
             self._synced = False
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+
+def _job_of(key: bytes) -> str:
+    # `<prefix><job_id>/<attempt:06d>` (`federation.store.intervals.ledger_key`).
+    return key[len(LEDGER_PREFIX) :].rsplit(b"/", 1)[0].decode()

@@ -72,3 +72,13 @@ def format_usd(micro: int, *, places: int = 6) -> str:
         scale = MICRO_PER_USD
     whole, frac = divmod(micro, scale)
     return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
+
+
+def micro_usd_of(text: str) -> int:
+    """'12.345678' (as `format_usd` writes it, or fewer places) -> 12345678; a clear error otherwise."""
+    whole, _, frac = text.strip().partition(".")
+    sign = -1 if whole.startswith("-") else 1
+    whole = whole.lstrip("-")
+    if not whole.isdigit() or (frac and not frac.isdigit()) or len(frac) > 6:
+        raise ValueError(f"not a dollar amount with at most six decimal places: {text!r}")
+    return sign * (int(whole) * MICRO_PER_USD + int(frac.ljust(6, "0") or "0"))

@@ -1,0 +1,116 @@
+"""Issue 30, item 8: a report's costs are the same digit by digit before and after archiving.
+
+The same ledger is reported two ways: every interval in memory (as etcd's ledger cache holds them
+before the archiver runs), and most of them archived to a real database (SQLite, and PostgreSQL
+through the process fixture) and summed in SQL. Prices here are what clouds charge ($2.49, $1.10,
+$3.33, $0.07, $12.99 per GPU-hour: none a binary fraction), where float sums of GPU-seconds x price
+rounded differently in each order of addition and the figures drifted in the last digit. Costs are
+now whole micro-dollars per interval-day (`federation.store.money`), so the reports must be equal
+with ==, and their JSON byte for byte. Times are whole seconds, as clusters report them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import func, select
+
+from federation.history import schema
+from federation.history.sql_store import SqlHistoryStore
+from federation.ledger.job_cost import interval_micro_usd
+from federation.ledger.report import Bucket, Dim, ReportQuery, render_csv, render_json
+from federation.store.intervals import LedgerInterval
+from federation.store.money import format_usd, micro_usd_of, piece_micro_usd, span_micro_usd
+from placement.model import TenantId
+from tests.history_builders import BACKENDS, fresh_dsn
+from tests.unit.test_report_sql_equality import DAY, NOW, PERIODS, _both_ways, _ledger, _stored
+
+PRICES = [2.49, 1.1, 3.33, 0.07, 12.99]
+Archived = tuple[SqlHistoryStore, list[LedgerInterval], list[LedgerInterval]]
+
+
+def _priced(intervals: list[LedgerInterval], rng: random.Random) -> list[LedgerInterval]:
+    return [replace(iv, usd_per_gpu_hour=rng.choice(PRICES)) for iv in intervals]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def archived(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archived]:
+    closed, opened = _ledger(seed=30)
+    rng = random.Random(8)
+    dsn = fresh_dsn(str(request.param), tmp_path_factory.mktemp("money"), request)
+    yield from _stored(_priced(closed, rng), _priced(opened, rng), dsn)
+
+
+@pytest.mark.parametrize(
+    "group_by", [(Dim.TENANT,), (Dim.USER, Dim.CLUSTER), (Dim.TENANT, Dim.GPU_TYPE)], ids=str
+)
+def test_costs_are_the_same_digit_by_digit_whichever_store_holds_an_interval(
+    archived: Archived, group_by: tuple[Dim, ...]
+) -> None:
+    store, everything, live = archived
+    assert len(live) < len(everything) / 3, "most of the ledger must be summed in SQL"
+    for bucket, (_, start, end), tenants in itertools.product(
+        [None, Bucket.DAY, Bucket.WEEK, Bucket.MONTH], PERIODS, [None, frozenset({TenantId("nlp")})]
+    ):
+        query = ReportQuery(
+            start_s=start, end_s=end, now_s=NOW, group_by=group_by, bucket=bucket, tenants=tenants
+        )
+        expected, got = _both_ways(store, everything, live, query)
+        assert got == expected, (group_by, bucket, start, tenants)
+        assert render_json(got) == render_json(expected)
+        assert render_csv(got) == render_csv(expected)
+
+
+def test_the_database_own_sum_of_the_stored_micro_dollars_is_the_report_total(archived: Archived) -> None:
+    """SQL's own SUM over the stored integers, for a whole month and one tenant, against the report
+    over the same month computed with nothing archived."""
+    store, everything, live = archived
+    query = ReportQuery.last_month(NOW, group_by=(Dim.TENANT,), tenants=frozenset({TenantId("nlp")}))
+    expected, got = _both_ways(store, everything, live, query)
+    d = schema.usage_days
+    archived_ids = {f"{iv.job_id}/{iv.attempt:06d}" for iv in everything if iv not in live}
+    with store.engine.connect() as conn:
+        total = conn.execute(
+            select(func.sum(d.c.cost_micro_usd)).where(
+                d.c.tenant == "nlp",
+                func.substr(d.c.day, 1, 7) == "2026-02",
+                d.c.interval_id.in_(archived_ids),
+            )
+        ).scalar()
+    in_etcd_only = sum(
+        piece_micro_usd(iv.gpu_count, max(a, query.start_s), min(b, query.until_s), iv.usd_per_gpu_hour)
+        for iv in live
+        if iv.tenant == "nlp" and f"{iv.job_id}/{iv.attempt:06d}" not in archived_ids
+        for a, b in _days(iv, NOW)
+    )
+    assert got.total_cost_usd == expected.total_cost_usd == (int(total) + in_etcd_only) / 1_000_000
+
+
+def _days(iv: LedgerInterval, now_s: float) -> list[tuple[float, float]]:
+    from federation.store.money import day_pieces
+
+    end = now_s if iv.end_s is None else min(iv.end_s, now_s)
+    return list(day_pieces(iv.start_s, end))
+
+
+def test_an_interval_costs_its_days_pieces_and_money_formats_exactly() -> None:
+    # 8 GPUs for 36 h at $2.49 from noon: 12 h + 24 h, each rounded once, then added as integers.
+    start = NOW - 3 * DAY
+    assert span_micro_usd(8, start, start + 36 * 3600, 2.49) == 8 * 12 * 2_490_000 + 8 * 24 * 2_490_000
+    assert piece_micro_usd(1, 0.0, 1.0, 2.49) == 692  # 2.49 / 3600 = 0.0006916.. -> 692 micro-dollars
+    assert format_usd(12_345_678) == "12.345678"
+    assert format_usd(12_345_678, places=2) == "12.35"
+    assert format_usd(2_675_000, places=2) == "2.68"  # half to even on integers, not float's 2.67
+    assert format_usd(2_665_000, places=2) == "2.66"
+    assert micro_usd_of("12.345678") == 12_345_678
+    assert micro_usd_of("3") == 3_000_000
+    with pytest.raises(ValueError, match="six decimal places"):
+        micro_usd_of("1.2345678")
+    iv = _ledger(seed=30)[0][0]
+    assert interval_micro_usd(iv, now_s=NOW) == span_micro_usd(
+        iv.gpu_count, iv.start_s, min(iv.end_s or NOW, NOW), iv.usd_per_gpu_hour
+    )
