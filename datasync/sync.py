@@ -274,6 +274,10 @@ async def _confirm_by_listing(
             await target.delete([plan.target_prefix + p for p in strays])
             deleted += len(strays)
         if again:
+            # No longer done: the progress counts them again as they are copied again (never past
+            # the version's totals).
+            tracker.bytes_done -= sum(e.size_bytes for e in again)
+            tracker.objects_done -= len(again)
             # The journal says these were finished: this round must not trust it.
             redo = replace(plan, to_copy=tuple(again), to_reuse=(), resume=JournalState())
             more = await executor.copy(redo, source, target, options, journal, tracker)

@@ -161,6 +161,8 @@ def test_a_copy_damaged_mid_sync_is_verified_only_by_a_listing_after_the_last_wr
         wait_for(ended, timeout_s=30, interval_s=0.2)
         (sync,) = datasets.status("racy", store=CACHE).syncs
         assert sync.verified
+        # The objects copied again are counted once in what is done, not past the version's totals.
+        assert (sync.progress.objects_done, sync.progress.bytes_done) == (OBJECTS, OBJECTS * OBJECT_BYTES)
         _checked(up)
         assert "stray.txt" not in _copy_listing(up)
 
