@@ -201,7 +201,12 @@ class _Cycle:
         else:
             if groups and capacity_only:
                 notes.extend(self.room.make_room(ctx, shape, groups))
-        if approved is not None and limited and not any(n.code in _MAKING_ROOM for n in notes):
+        if (
+            approved is not None
+            and limited
+            and gang.job_id not in self.room.ordered.leaving  # never more victims while some leave
+            and not any(n.code in _MAKING_ROOM for n in notes)
+        ):
             for gpu_type in limited:
                 evicting = self.room.preempt_under_cap(ctx, shape, gpu_type, approved)
                 if evicting is not None:

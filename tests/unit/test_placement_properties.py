@@ -404,6 +404,10 @@ def test_every_evicted_gang_is_needed(snapshot: Snapshot) -> None:
 def test_no_one_more_is_evicted_for_a_gang_whose_ordered_victims_are_still_leaving(
     snapshot: Snapshot,
 ) -> None:
+    check_no_more_victims_while_some_leave(snapshot)
+
+
+def check_no_more_victims_while_some_leave(snapshot: Snapshot) -> None:
     result = plan(snapshot, now=NOW)
     awaited = {r.evicted_for for r in snapshot.running if r.terminating and r.evicted_for is not None}
     for p in result.preemptions:
@@ -433,9 +437,13 @@ def capped_tenant(draw: st.DrawFn) -> Snapshot:
             if gpus == 0:
                 break
             left -= gpus
+            # Some are leaving already, ordered out for a queued gang (its own victims of an earlier cycle).
+            ordered = draw(st.sampled_from([None, None, None, JobId("j0"), JobId("j1")]))
             running.append(
                 RunningGang(
                     job_id=JobId(f"r{len(running)}"),
+                    terminating=ordered is not None,
+                    evicted_for=ordered,
                     tenant=draw(st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])),
                     priority=draw(st.integers(0, 3)),
                     cluster=ClusterName("c0"),
@@ -486,3 +494,4 @@ def test_an_approved_class_evicts_only_its_own_lower_priorities_and_stays_under_
     lower-priority gangs are evicted for it, and only for an approved class."""
     check_caps_and_gates(snapshot)
     check_preemptions(snapshot)
+    check_no_more_victims_while_some_leave(snapshot)
