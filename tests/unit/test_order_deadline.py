@@ -9,6 +9,7 @@ member cluster that refuses every eviction, and checked as the user reads it: th
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -142,3 +143,47 @@ async def test_a_refused_dispatch_says_why_the_job_waits_during_its_backoff(worl
 )
 def test_backoff_reason_words(error: str, expected: str) -> None:
     assert backoff_reason(ClusterName("c1"), 100.0, error, None) == expected
+
+
+async def test_a_move_the_cloud_keeps_refusing_is_withdrawn_and_its_private_room_freed() -> None:
+    settings = SchedulingSettings(
+        policy=PolicyConfig(default_grace_period_s=GRACE_S, repatriate=True, repatriate_min_saving_usd=100.0)
+    )
+    tenants = (
+        TenantRecord(
+            TenantId("vision"), quotas=(GpuQuota(A100, guaranteed_gpus=16, borrowing_limit_gpus=32),)
+        ),
+    )
+    # "onprem" (private, 16 A100) and "cloud" (on demand, 16 A100), which refuses every eviction.
+    async with build_world(cluster_count=2, tenants=tenants, settings=settings) as world:
+        RefusesEvictions(world.clusters["cloud"])
+        blocker = await submit(world, a_job("blocker", gpus=8, duration="60s", queued_at_s=100.0))
+        await world.step()
+        job = a_job("long", gpus=4, duration="10h", queued_at_s=900.0)
+        long = await submit(world, replace(job, spec=replace(job.spec, resumable=True, max_runtime_s=86_400)))
+        await world.step()
+        await world.step(61)
+        assert (await world.job(blocker)).phase is JobPhase.SUCCEEDED
+        order = (await world.job(long)).preemption
+        assert order is not None
+        assert order.move_to == "onprem"
+
+        # A job that needs all of onprem waits: 8 of its 16 GPUs are held for the move.
+        later = await submit(world, a_job("later", gpus=8, duration="10m", queued_at_s=950.0))
+        await world.step()
+        assert (await world.job(later)).phase is JobPhase.QUEUED
+        await world.step(GRACE_S + ORDER_DEADLINE_S - 5)
+        assert (await world.job(later)).phase is JobPhase.QUEUED, "the room stays held until the deadline"
+
+        await world.step(10)
+        mover = await world.job(long)
+        assert mover.preemption is None
+        assert (mover.phase, mover.attempt) == (JobPhase.RUNNING, 1)
+        assert mover.reason.startswith("move to cluster onprem withdrawn: cluster cloud refused"), (
+            mover.reason
+        )
+        placed = await world.job(later)
+        assert placed.placement is not None, "the held room is free again"
+        assert placed.placement.cluster == "onprem"
+        await world.step(60)
+        assert (await world.job(long)).preemption is None, "not moved again during the hold-off"
