@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.capacity.store import CapacityStore
 from federation.console.app import build_app
 from federation.console.calls import ConsoleCalls
-from federation.datasets.check import DatasetCheck
 from federation.console.session import SessionStore
+from federation.datasets.check import DatasetCheck
 from federation.datasets.executor import Executors, get_settings
 from federation.datasets.registry import DatasetRegistry, locations_reader
 from federation.datasets.staging import Stager
@@ -75,6 +76,12 @@ log = structlog.get_logger("gpufed.server")
 
 # Tenants change rarely; re-read them at most this often rather than on every submission.
 TENANT_REFRESH_S = 2.0
+# How long a thread holds the GIL while another waits for it (CPython's default: 5 ms). The placer
+# plans on a worker thread; with a deep queue it computes for hundreds of milliseconds, and every
+# step of every API call on the event loop waited up to a whole interval for the GIL, several times
+# per call (issue 30, item 15: another tenant's ListJobs p99 rose 2 to 4 times). At 0.5 ms the loop
+# gets it back ten times sooner; the plan's switches cost it little (bench/listjobs_queue.py).
+SWITCH_INTERVAL_S = 0.0005
 LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
@@ -176,6 +183,7 @@ class FederationServer:
 
     async def start(self) -> None:
         cfg = self.config
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._kv = await EtcdKv.connect(cfg.etcd_endpoint, timeout_s=cfg.etcd_timeout_s)
         store = KvStore(self._kv)
         self._cache = JobCache(store)
@@ -401,6 +409,8 @@ class FederationServer:
             ConsoleCalls(self.servicers),
             registry=self.metrics.registry,
             secure=self.tls,
+            # In etcd: every server sharing it knows a session, and a restart keeps it (issue 30).
+            sessions=SessionStore(self._kv),
             readyz=readyz_handler(self.readiness_inputs),
         )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -409,8 +419,6 @@ class FederationServer:
         await site.start()
         self._http = runner
         self.metrics_port = int(runner.addresses[0][1])
-            # In etcd: every server sharing it knows a session, and a restart keeps it (issue 30).
-            sessions=SessionStore(self._kv),
 
     async def readiness_inputs(self) -> ReadinessInputs:
         """What `/readyz` judges by; reads the leader key from etcd only when this server does not lead."""

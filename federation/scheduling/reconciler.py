@@ -133,15 +133,13 @@ class Reconciler:
         """One pass over every job that may need action; returns how many transitions were committed."""
         # Queued jobs are the scheduler's: skipping them here keeps a tick's cost proportional to the
         # work in flight, not to the length of the queue.
-        live = [
-            s
-            for s in self._cache.live_jobs()
-            if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED
-        ]
+        # The cache's acting jobs, not every live one: a deep queue would cost each tick a walk.
+        acting = self._cache.acting_jobs()
+        live = [s for s in acting if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED]
         statuses = await self._members.statuses()
         lost = self._lost_clusters(statuses)
         # Over every live job: most jobs a cluster refused are back in the queue.
-        self._refusing = refusing_clusters((s.value for s in self._cache.live_jobs()), self._clock())
+        self._refusing = refusing_clusters((s.value for s in acting), self._clock())
         self._holding = holding_attempts(statuses)
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
@@ -151,7 +149,7 @@ class Reconciler:
 
         committed = sum(await asyncio.gather(*(one(s) for s in live)))
         if self._staging is not None:
-            await self._staging.tick(s.value for s in self._cache.live_jobs())
+            await self._staging.tick(s.value for s in acting)
         await self._collect(statuses)
         return committed
 
