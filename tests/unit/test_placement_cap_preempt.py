@@ -4,11 +4,20 @@ weighted fair share first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from placement.model import Plan, PriorityClass, WaitCode
 from placement.plan import plan
-from tests.unit.placement_builders import SnapshotBuilder, a_cluster, a_gang, a_snapshot, a_tenant
+from tests.unit.placement_builders import (
+    GangBuilder,
+    SnapshotBuilder,
+    a_cluster,
+    a_gang,
+    a_snapshot,
+    a_tenant,
+)
 
 NOW = 1000.0
 POOL = "a100-private-0"
@@ -30,7 +39,7 @@ def evicted(result: Plan) -> list[tuple[str, str, str]]:
     return [(p.victim, p.for_job, p.reason.value) for p in result.preemptions]
 
 
-def urgent(approved: bool = True) -> object:
+def urgent(approved: bool = True) -> GangBuilder:
     return (
         a_gang("paper")
         .tenant("vision")
@@ -136,8 +145,6 @@ def test_while_its_victims_leave_the_approved_job_waits_and_passes_no_cap() -> N
         .queue(urgent())
         .build()
     )
-    from dataclasses import replace
-
     running = tuple(
         replace(r, evicted_for=snapshot.queued[0].job_id) if r.job_id == "low-b" else r
         for r in snapshot.running
