@@ -78,6 +78,13 @@ def test_up_listens_on_the_chosen_ports(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.fixture(autouse=True)
+def _logging_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `up` sets structlog up to print to its stderr, which under click's runner is a buffer closed
+    # after the call: the worker's other tests must keep their own logging.
+    monkeypatch.setattr("federation.cli.main.configure_logging", lambda **_: None)
+
+
 def _refused(state_dir: Path, *flags: str) -> str:
     """`gpufed up` with `flags`, which must refuse to start: its message. In process (click's runner):
     the refusal comes before anything starts, so a fresh interpreter would only add its imports."""
