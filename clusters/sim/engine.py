@@ -116,6 +116,11 @@ class Engine:
         events = [obj for rt, obj in snapshot.objects if rt is EVENTS]
         events.sort(key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
         self.recorder.adopt([(e["metadata"].get("namespace", ""), e["metadata"]["name"]) for e in events])
+        # The snapshot's nodes win (a pool resized while the cluster ran keeps its size); a pool the
+        # config added since gets its nodes.
+        for pool in self.config.pools:
+            if not self.pool_nodes(pool.name):
+                self.add_nodes(pool.name, pool.node_count)
         log.info(
             "sim_cluster_restored",
             cluster=self.config.name,
