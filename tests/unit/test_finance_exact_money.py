@@ -15,18 +15,21 @@ import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
-from federation.history import schema
+from federation.history import rows, schema
+from federation.history.engine import migrate, open_engine
 from federation.history.sql_store import SqlHistoryStore
+from federation.history.usage_sql import month_rollup_rows, tenant_day_rollup_rows
 from federation.ledger.job_cost import interval_micro_usd
 from federation.ledger.report import Bucket, Dim, ReportQuery, render_csv, render_json
 from federation.store.intervals import LedgerInterval
 from federation.store.money import format_usd, micro_usd_of, piece_micro_usd, span_micro_usd
 from placement.model import TenantId
-from tests.history_builders import BACKENDS, fresh_dsn
+from tests.history_builders import BACKENDS, an_archived_job, fresh_dsn, open_store
 from tests.unit.test_report_sql_equality import DAY, NOW, PERIODS, _both_ways, _ledger, _stored
 
 PRICES = [2.49, 1.1, 3.33, 0.07, 12.99]
@@ -114,3 +117,46 @@ def test_an_interval_costs_its_days_pieces_and_money_formats_exactly() -> None:
     assert interval_micro_usd(iv, now_s=NOW) == span_micro_usd(
         iv.gpu_count, iv.start_s, min(iv.end_s or NOW, NOW), iv.usd_per_gpu_hour
     )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_archived_before_migration_0005_read_the_same_after_it(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A history written at revision 0004 (day rows and rollups without micro-dollars) is filled by
+    0005 from each row's own figures: its reports then equal, digit by digit, the same ledger
+    reported from memory and the same ledger archived after the upgrade."""
+    closed, _ = _ledger(seed=31)
+    closed = _priced(closed, random.Random(9))
+    by_job: dict[str, list[LedgerInterval]] = {}
+    for iv in closed:
+        by_job.setdefault(iv.job_id, []).append(iv)
+    jobs = [
+        an_archived_job(j, tenant=ivs[0].tenant, intervals=tuple(ivs)) for j, ivs in sorted(by_job.items())
+    ]
+    old = open_engine(fresh_dsn(backend, tmp_path / "old", request))
+    try:
+        migrate(old, "0004")
+        days = [d for job in jobs for iv in job.intervals for d in rows.usage_day_rows(iv)]
+        months, tenant_days = month_rollup_rows(days), tenant_day_rollup_rows(days)
+        for row in (*days, *months, *tenant_days):
+            row.pop("cost_micro_usd")
+        with old.begin() as conn:
+            conn.execute(schema.jobs.insert(), [rows.job_row(job) for job in jobs])
+            conn.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in closed])
+            conn.execute(schema.usage_days.insert(), days)
+            conn.execute(schema.usage_months.insert(), months)
+            conn.execute(schema.usage_tenant_days.insert(), tenant_days)
+        migrate(old)
+        upgraded = SqlHistoryStore(old)
+        for store in open_store(fresh_dsn(backend, tmp_path / "new", request)):
+            assert store.write_jobs(jobs) == len(jobs)
+            for bucket, (_, start, end) in itertools.product([None, Bucket.DAY, Bucket.MONTH], PERIODS):
+                query = ReportQuery(
+                    start_s=start, end_s=end, now_s=NOW, group_by=(Dim.TENANT, Dim.GPU_TYPE), bucket=bucket
+                )
+                expected, from_old = _both_ways(upgraded, closed, [], query)
+                _, from_new = _both_ways(store, closed, [], query)
+                assert from_old == expected == from_new, (bucket, start)
+    finally:
+        old.dispose()
