@@ -24,11 +24,15 @@ other work (load 10 to 18), `--concurrency 1 --seconds 15`, 20,000 jobs:
 | | alone p50 / p99 | beside the queue p50 / p99 | p50 ratio | p99 ratio |
 |---|---|---|---|---|
 | before | 3.7 / 12.0 ms | 3.5 / 28.3 ms | 0.95 | 2.36 |
+| before, again | 4.1 / 15.0 ms | 4.5 / 22.9 ms | 1.10 | 1.53 |
 | 0.5 ms switch interval | 4.4 / 22.5 ms | 4.7 / 33.3 ms | 1.07 | 1.48 |
 | and the tick's acting jobs | 4.0 / 17.7 ms | 4.1 / 23.0 ms | 1.00 | 1.30 |
+| the same, again | 4.0 / 15.2 ms | 4.1 / 21.5 ms | 1.04 | 1.41 |
 
-The p99 that is left is the plan's CPU itself (1.4 to 1.7 s a cycle here, a quarter of the time):
-planning in a process of its own would remove it.
+Run to run the p99 ratio moves by as much as the change (the machine's other load), so read these
+as a range: 1.5 to 2.4 before, 1.3 to 1.4 after, p50 unchanged beside the queue. What is left is
+the plan's CPU itself (1.4 to 1.7 s a cycle here, a quarter of the time, on the same two cores):
+planning in a process of its own would take it off the API's core.
 
     python bench/listjobs_queue.py            # 20,000 of bob's jobs, 20 s measured per server
     python bench/listjobs_queue.py --quick    # 5,000 of bob's jobs, 4 s per server (about a minute)
