@@ -466,11 +466,15 @@ class _Reference:
                 if r.tenant == gang.tenant:
                     if r.priority < gang.priority:
                         eligible.append((r, "lower", s))
-                elif cap_over is None and self.usage.get((gang.tenant, o.gpu_type), 0) + need <= self._guaranteed(
-                    gang.tenant, o.gpu_type
-                ) and (
-                    self.usage.get((r.tenant, o.gpu_type), 0) - self.evicted.get((r.tenant, o.gpu_type), 0)
-                    > self._guaranteed(r.tenant, o.gpu_type)
+                elif (
+                    cap_over is None
+                    and self.usage.get((gang.tenant, o.gpu_type), 0) + need
+                    <= self._guaranteed(gang.tenant, o.gpu_type)
+                    and (
+                        self.usage.get((r.tenant, o.gpu_type), 0)
+                        - self.evicted.get((r.tenant, o.gpu_type), 0)
+                        > self._guaranteed(r.tenant, o.gpu_type)
+                    )
                 ):
                     eligible.append((r, "reclaim", s))
             if not draining and not eligible and cap_over is None:
