@@ -169,16 +169,17 @@ class Lifecycle:
 
     def resume(self, pods: list[Obj]) -> None:
         """Take up the graceful deletions of a cluster restored from a snapshot: a running pod marked
-        for deletion stops when its grace period (the deletionTimestamp) ends, or at once when it is
-        over already; the shortcut of a pod that stops on SIGTERM is not replayed."""
+        for deletion stops when it would have (see `_delete_pod`), counted from when it was marked
+        (its deletionTimestamp less its grace period), or at once when that time has passed."""
         wall_now = self._clock.wall_s()
         for pod in pods:
             m = pod["metadata"]
             if not m.get("deletionTimestamp") or podstatus.is_terminal(pod) or not podstatus.node_name(pod):
                 continue
-            left_s = parse_rfc3339(m["deletionTimestamp"]) - wall_now
             grace_s = float(m.get("deletionGracePeriodSeconds") or 0)
-            self._timers.after(min(max(0.0, left_s), grace_s), self._stopper(pod))
+            marked_s = parse_rfc3339(m["deletionTimestamp"]) - grace_s
+            stop_after_s = grace_s if ignores_sigterm(pod) else min(grace_s, self._termination_s)
+            self._timers.after(marked_s + stop_after_s - wall_now, self._stopper(pod))
 
     def observe(self, change: Change) -> None:
         if change.rt is PODS and change.type is EventType.MODIFIED:
