@@ -90,6 +90,7 @@ def test_the_database_own_sum_of_the_stored_micro_dollars_is_the_report_total(ar
         if iv.tenant == "nlp" and f"{iv.job_id}/{iv.attempt:06d}" not in archived_ids
         for a, b in _days(iv, NOW)
     )
+    assert total is not None
     assert got.total_cost_usd == expected.total_cost_usd == (int(total) + in_etcd_only) / 1_000_000
 
 
