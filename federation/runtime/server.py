@@ -83,6 +83,9 @@ TENANT_REFRESH_S = 2.0
 # per call (issue 30, item 15: another tenant's ListJobs p99 rose 2 to 4 times). At 0.5 ms the loop
 # gets it back ten times sooner; the plan's switches cost it little (bench/listjobs_queue.py).
 SWITCH_INTERVAL_S = 0.0005
+# Set to 1: the leader plans on a thread of its own process, not in a plan worker
+# (`ServerConfig.plan_worker`).
+PLAN_IN_THREAD_ENV = "GPUFED_PLAN_IN_THREAD"
 LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
@@ -321,7 +324,9 @@ class FederationServer:
         if cfg.metrics_port is not None:
             await self._serve_http(cfg.metrics_port)
 
-        self._planner = PlanWorker() if cfg.plan_worker else None
+        # The environment's word is for benchmarks that compare the two in one session.
+        in_thread = os.environ.get(PLAN_IN_THREAD_ENV) == "1"
+        self._planner = PlanWorker() if cfg.plan_worker and not in_thread else None
         scheduler = Scheduler(
             planner=self._planner,
             archived_usage=self._archived_usage,
