@@ -502,7 +502,9 @@ def test_any_grouping_adds_up_to_the_clipped_gpu_hours_of_every_visible_interval
     assert report.total_cost_usd == pytest.approx(cost, rel=1e-9, abs=rounding_usd)
     assert sum(s.gpu_hours for s in report.tenants) == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert sum(h for _, h in report.gpu_hours_by_type) == pytest.approx(expected, rel=1e-9, abs=1e-9)
-    assert sum(c for _, _, c in report.daily_cost_by_tenant) == pytest.approx(cost, rel=1e-9, abs=rounding_usd)
+    assert sum(c for _, _, c in report.daily_cost_by_tenant) == pytest.approx(
+        cost, rel=1e-9, abs=rounding_usd
+    )
     naive = {k: v for k, v in naive_rows(visible, query).items() if v > 0}
     got = {(r.key, r.bucket_start_s): r.gpu_hours for r in report.rows}
     assert set(got) == set(naive)
