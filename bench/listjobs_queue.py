@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 import tempfile
@@ -62,7 +61,6 @@ sys.path.insert(0, str(ROOT))
 from bench.isolation_load import _cpu_seconds, _measure  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
-from federation.runtime.server import PLAN_IN_THREAD_ENV  # noqa: E402
 from federation.spec.manifest_text import wire_manifest  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
@@ -175,18 +173,11 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="5,000 of bob's jobs, 4 s per server")
-    parser.add_argument(
-        "--plan-in-thread",
-        action="store_true",
-        help="the servers plan on a thread of their own process (as before the plan worker)",
-    )
     parser.add_argument("--seconds", type=float, default=None, help="measured time per server")
     parser.add_argument("--slice", type=float, default=0.5, help="seconds per turn of the A B B A order")
     parser.add_argument("--jobs", type=int, default=None, help="bob's jobs (default 20,000)")
     parser.add_argument("--concurrency", type=int, default=4, help="alice's lists in flight")
     args = parser.parse_args()
-    if args.plan_in_thread:
-        os.environ[PLAN_IN_THREAD_ENV] = "1"  # read by the servers this starts
     seconds = args.seconds or (4.0 if args.quick else 20.0)
     jobs = args.jobs or (5_000 if args.quick else BOB_JOBS)
     began = time.monotonic()

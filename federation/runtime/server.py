@@ -61,7 +61,6 @@ from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clu
 from federation.scheduling.leader import LeaderElection
 from federation.scheduling.logs_keep import AttemptKeeper
 from federation.scheduling.members import MemberClusters
-from federation.scheduling.plan_worker import PlanWorker
 from federation.scheduling.reconciler import Reconciler
 from federation.scheduling.scheduler import Scheduler
 from federation.security.auth import Authenticator
@@ -83,9 +82,6 @@ TENANT_REFRESH_S = 2.0
 # per call (issue 30, item 15: another tenant's ListJobs p99 rose 2 to 4 times). At 0.5 ms the loop
 # gets it back ten times sooner; the plan's switches cost it little (bench/listjobs_queue.py).
 SWITCH_INTERVAL_S = 0.0005
-# Set to 1: the leader plans on a thread of its own process, not in a plan worker
-# (`ServerConfig.plan_worker`).
-PLAN_IN_THREAD_ENV = "GPUFED_PLAN_IN_THREAD"
 LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
@@ -129,9 +125,6 @@ class ServerConfig:
     # The leader compacts etcd's history older than this (federation.scheduling.compactor), for an
     # external etcd run without `--auto-compaction-*`; None: leave compaction to etcd's operator.
     etcd_compaction_retention_s: float | None = COMPACTION_RETENTION_S
-    # The leader plans in a worker process of its own (`federation.scheduling.plan_worker`), off the
-    # API's GIL; False: on a thread of this process (tests that run many servers in one process).
-    plan_worker: bool = True
 
 
 class TenantDirectory:
@@ -169,7 +162,6 @@ class FederationServer:
         self._ledger: LedgerCache | None = None
         self._election: LeaderElection | None = None
         self._leader_task: asyncio.Task[None] | None = None
-        self._planner: PlanWorker | None = None
         self._http: web.AppRunner | None = None
         self.members: MemberClusters | None = None
         self._stores: StoreDirectory | None = None
@@ -324,11 +316,7 @@ class FederationServer:
         if cfg.metrics_port is not None:
             await self._serve_http(cfg.metrics_port)
 
-        # The environment's word is for benchmarks that compare the two in one session.
-        in_thread = os.environ.get(PLAN_IN_THREAD_ENV) == "1"
-        self._planner = PlanWorker() if cfg.plan_worker and not in_thread else None
         scheduler = Scheduler(
-            planner=self._planner,
             archived_usage=self._archived_usage,
             store=store,
             cache=self._cache,
@@ -526,9 +514,6 @@ class FederationServer:
                         await task
             self.metrics.is_leader.set(0)
             self.first_pass_done = False
-            if self._planner is not None:
-                # Started by the term's first cycle; a follower holds no worker.
-                self._planner.stop()
             if self._stager is not None:
                 # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
                 await self._stager.stop()
@@ -609,8 +594,6 @@ class FederationServer:
             else:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._leader_task
-        if self._planner is not None:
-            self._planner.stop()  # the term's end stopped it, unless the leader task was stuck
         if self._http is not None:
             # First: open event streams end, so the rest stops without a browser holding it up.
             await self._http.cleanup()

@@ -30,7 +30,6 @@ from federation.metrics import Metrics
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.idle import IdleGate
 from federation.scheduling.members import GangKey, MemberClusters
-from federation.scheduling.plan_worker import PlanWorker
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, JobStore, Stored
@@ -86,20 +85,6 @@ def _snapshot_and_plan(
     requests: GangRequests,
     held_off: frozenset[JobId] = frozenset(),
 ) -> tuple[Snapshot, Plan]:
-    snapshot = _snapshot(jobs, inputs, inventories, statuses, usage, preempted_gpus, requests, held_off)
-    return snapshot, plan(snapshot, now=now)
-
-
-def _snapshot(
-    jobs: Sequence[JobRecord],
-    inputs: PlacerInputs,
-    inventories: Sequence[ClusterState],
-    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
-    usage: Mapping[TenantId, TenantUsage],
-    preempted_gpus: int,
-    requests: GangRequests,
-    held_off: frozenset[JobId] = frozenset(),
-) -> Snapshot:
     snapshot = build_snapshot(
         jobs,
         inputs,
@@ -111,7 +96,7 @@ def _snapshot(
         held_off=held_off,
     )
     requests.keep_only({q.job_id for q in snapshot.queued})
-    return snapshot
+    return snapshot, plan(snapshot, now=now)
 
 
 class CapacityHook(Protocol):
@@ -181,11 +166,7 @@ class Scheduler:
         dataset_locations: DatasetLocations | None = None,
         capacity: CapacityHook | None = None,
         archived_usage: ArchivedUsage | None = None,
-        planner: PlanWorker | None = None,
     ) -> None:
-        # Where the plan is made: a worker process (the server's default, `plan_worker`), or None,
-        # on a thread of this process (tests that run many schedulers in one process).
-        self._planner = planner
         self._capacity = capacity
         # What the archiver moved to SQL still counts against budgets and in fair share.
         self._archived_usage = archived_usage
@@ -264,35 +245,20 @@ class Scheduler:
             return CycleResult(admitted=0, conflicts=0, waiting=self._last_waiting, seconds=0.0)
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait
-        # milliseconds behind a long cycle instead of its whole length; in the plan worker's process
-        # the plan (most of it) does not compete for this process's GIL at all.
-        if self._planner is not None:
-            snapshot = await asyncio.to_thread(
-                _snapshot,
-                jobs,
-                inputs,
-                inventories,
-                statuses,
-                usage,
-                preempted,
-                self._requests,
-                self._members.held_off(now),
-            )
-            result = await self._planner.plan(snapshot, now)
-        else:
-            snapshot, result = await asyncio.to_thread(
-                _snapshot_and_plan,
-                jobs,
-                inputs,
-                inventories,
-                statuses,
-                usage,
-                preempted,
-                now,
-                self._requests,
-                # Gangs whose cluster refused the last order to evict them: none is ordered again yet.
-                self._members.held_off(now),
-            )
+        # milliseconds behind a long cycle instead of its whole length.
+        snapshot, result = await asyncio.to_thread(
+            _snapshot_and_plan,
+            jobs,
+            inputs,
+            inventories,
+            statuses,
+            usage,
+            preempted,
+            now,
+            self._requests,
+            # Gangs whose cluster refused the last order to evict them: none is ordered again yet.
+            self._members.held_off(now),
+        )
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
         evictions = await asyncio.gather(
