@@ -528,7 +528,7 @@ async def test_the_logs_stream_relays_streamlogs_and_ends(console: Console) -> N
             text = await r.text()
     assert events[-1][0] == "end", events
     lines = "".join(json.loads(data) for name, data in events if name == "log")
-    assert "[master-0] master-0 started" in lines
+    assert "[master-0] [memory] master-0 started" in lines
     assert sorted(lines.splitlines()) == sorted(text.splitlines())
 
 
@@ -637,7 +637,7 @@ async def test_a_follow_opened_before_the_job_starts_waits_for_its_pods(console:
         events = await _sse_events(alice, f"/jobs/{job_id}/logs/events?follow=1", until="\x00", timeout_s=30)
     assert events[-1] == ("end", "{}"), events  # ended because the job did, not refused
     lines = "".join(json.loads(data) for name, data in events if name == "log")
-    assert "[master-0] master-0 started" in lines
+    assert "[master-0] [memory] master-0 started" in lines
     assert (await console.job("alice", job_id)).phase == pb.JOB_PHASE_SUCCEEDED
 
 
