@@ -52,10 +52,18 @@ class Embedded:
             stderr=log,
             start_new_session=True,
         )  # fmt: skip
-        wait_for(lambda: (state_dir / ENDPOINT_FILE).exists() or self.proc.poll() is not None, timeout_s=90)
-        assert self.proc.poll() is None, (state_dir.parent / "up.log").read_text()[-3000:]
-        self.target = read_endpoint(state_dir)["grpc"]
-        wait_until_serving(self.target)
+        # A start that fails here leaves no fixture to stop it: stop it before raising (a failed
+        # start once left `gpufed up` and its children running for the rest of the run).
+        try:
+            wait_for(
+                lambda: (state_dir / ENDPOINT_FILE).exists() or self.proc.poll() is not None, timeout_s=90
+            )
+            assert self.proc.poll() is None, (state_dir.parent / "up.log").read_text()[-3000:]
+            self.target = read_endpoint(state_dir)["grpc"]
+            wait_until_serving(self.target)
+        except BaseException:
+            self.stop()
+            raise
 
     def client(self, user: str) -> GpufedClient:
         token = (self.state_dir / "tokens" / f"{user}.token").read_text().strip()
