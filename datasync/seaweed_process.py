@@ -126,6 +126,9 @@ class SeaweedProcess:
         self.pid_file = self.data_dir / "weed.pid"
         self._ports_path = self.data_dir / "ports.json"
         self._ports: dict[str, int] = {}
+        # The volumes this data dir held when weed was started: ready waits until the master knows
+        # them all (see `_volumes_known`).
+        self._volumes_held = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._log_start = 0
@@ -207,6 +210,7 @@ class SeaweedProcess:
         if self.running:
             return
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        self._volumes_held = sum(1 for _ in (self.data_dir / "data").rglob("*.dat"))
         identities = self._write_identities()
         leftover = clear_leftover(self.pid_file)
         if leftover is not None:
@@ -295,9 +299,31 @@ class SeaweedProcess:
                 status = self._status("HEAD", bucket, timeout_s=1.0)
                 if status in (403, 404) or status >= 500:
                     return False
+            # Restarted on a data dir that holds objects: S3 and the buckets answer before the
+            # volume server's first heartbeat has told the master where its volumes are, and a GET
+            # then fails with 500 "volume 1 not found" (a sync resumed at once after a restart of
+            # `gpufed up` failed on 29 objects that way).
+            if self._volumes_known() < self._volumes_held:
+                return False
         except OSError:
             return False
         return True
+
+    def _volumes_known(self) -> int:
+        """How many volumes the master knows of (its `/dir/status` topology)."""
+        url = f"http://{self.host}:{self._ports['master']}/dir/status"
+        with urllib.request.urlopen(url, timeout=1.0) as reply:
+            body = reply.read()
+        try:
+            topology = json.loads(body)["Topology"]
+        except (ValueError, KeyError, TypeError):
+            return 0  # a master still starting
+        return sum(
+            int(node.get("Volumes", 0))
+            for center in topology.get("DataCenters") or ()
+            for rack in center.get("Racks") or ()
+            for node in rack.get("DataNodes") or ()
+        )
 
     def bucket_request(self, method: str, bucket: str, *, timeout_s: float = 30.0) -> int:
         """A signed request on `bucket` itself (HEAD, PUT to create, DELETE to drop it with its
