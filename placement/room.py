@@ -32,6 +32,7 @@ from placement.model import (
     ClusterName,
     GangRequest,
     GpuType,
+    JobId,
     Preemption,
     PreemptionReason,
     Reservation,
@@ -371,28 +372,7 @@ class Room:
         self.fair.add(gang.tenant, gpu_type, need)
         grace_s = 0.0
         for victim, reason in choice.victims:
-            self.running.claimed.add(victim.job_id)
-            grace = (
-                self.policy.default_grace_period_s if victim.grace_period_s is None else victim.grace_period_s
-            )
-            grace_s = max(grace_s, grace)
-            self.victim_ends[victim.job_id] = self.now + grace
-            k = (victim.tenant, victim.gpu_type)
-            self.evicted[k] = self.evicted.get(k, 0) + victim.gpu_count
-            self.preempted_gpus += victim.gpu_count
-            self.preemptions.append(
-                Preemption(
-                    victim.job_id,
-                    victim.tenant,
-                    cluster,
-                    gpu_type,
-                    victim.gpu_count,
-                    reason,
-                    grace,
-                    gang.job_id,
-                    victim.queued_at_s,
-                )
-            )
+            grace_s = max(grace_s, self._evict(victim, reason, cluster, gpu_type, gang.job_id))
         for leaving in choice.draining:
             self.running.claimed.add(leaving.job_id)
         if choice.draining:
@@ -479,27 +459,9 @@ class Room:
         self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
         grace_s = 0.0
         for victim in victims:
-            self.running.claimed.add(victim.job_id)
-            grace = (
-                self.policy.default_grace_period_s if victim.grace_period_s is None else victim.grace_period_s
-            )
-            grace_s = max(grace_s, grace)
-            self.victim_ends[victim.job_id] = self.now + grace
-            k = (victim.tenant, victim.gpu_type)
-            self.evicted[k] = self.evicted.get(k, 0) + victim.gpu_count
-            self.preempted_gpus += victim.gpu_count
-            self.preemptions.append(
-                Preemption(
-                    victim.job_id,
-                    victim.tenant,
-                    victim.cluster,
-                    gpu_type,
-                    victim.gpu_count,
-                    PreemptionReason.TENANT_CAP,
-                    grace,
-                    gang.job_id,
-                    victim.queued_at_s,
-                )
+            grace_s = max(
+                grace_s,
+                self._evict(victim, PreemptionReason.TENANT_CAP, victim.cluster, gpu_type, gang.job_id),
             )
         for leaving in choice.draining:
             self.running.claimed.add(leaving.job_id)
@@ -518,6 +480,37 @@ class Room:
             held_gpus=victim_gpus,
             at_s=self.now + grace_s,
         )
+
+    def _evict(
+        self,
+        victim: RunningGang,
+        reason: PreemptionReason,
+        cluster: ClusterName,
+        gpu_type: GpuType,
+        preemptor: JobId,
+    ) -> float:
+        """Order `victim` out for `preemptor`: claimed, counted against its tenant and the cycle's
+        preemption limit, and recorded; returns its grace period (when its capacity is free)."""
+        self.running.claimed.add(victim.job_id)
+        grace = self.policy.default_grace_period_s if victim.grace_period_s is None else victim.grace_period_s
+        self.victim_ends[victim.job_id] = self.now + grace
+        k = (victim.tenant, victim.gpu_type)
+        self.evicted[k] = self.evicted.get(k, 0) + victim.gpu_count
+        self.preempted_gpus += victim.gpu_count
+        self.preemptions.append(
+            Preemption(
+                victim.job_id,
+                victim.tenant,
+                cluster,
+                gpu_type,
+                victim.gpu_count,
+                reason,
+                grace,
+                preemptor,
+                victim.queued_at_s,
+            )
+        )
+        return grace
 
     def _pool_cost(self, ctx: GangCost, cluster: ClusterName, pool: ScalablePool) -> float | None:
         store = self.inventory.stores.get(cluster)
