@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 import yaml
 
+from clusters.files import write_atomically
 from clusters.sim.cluster import SimCluster
 from clusters.sim.config import SimClusterConfig, SimConfigError, load
 
@@ -68,12 +69,6 @@ async def _wait_for_orphaning(parent_pid: int, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), timeout=0.5)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _kubeconfig(clusters: Sequence[SimCluster]) -> dict[str, Any]:
     docs = [c.kubeconfig_dict() for c in clusters]
     return {
@@ -103,7 +98,7 @@ async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -
             await cluster.start()
             started.append(cluster)
         if args.kubeconfig:
-            _write_atomically(args.kubeconfig, yaml.safe_dump(_kubeconfig(clusters), sort_keys=False))
+            write_atomically(args.kubeconfig, yaml.safe_dump(_kubeconfig(clusters), sort_keys=False))
         ready = {
             "pid": os.getpid(),
             "clusters": [
@@ -113,7 +108,7 @@ async def serve(configs: Sequence[SimClusterConfig], args: argparse.Namespace) -
         }
         line = json.dumps(ready)
         if args.ready_file:
-            _write_atomically(args.ready_file, line + "\n")
+            write_atomically(args.ready_file, line + "\n")
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         await stop.wait()

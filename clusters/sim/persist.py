@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from clusters.files import write_atomically
 from clusters.sim.resources import ALL, ResourceType
 from clusters.sim.store import Store
 
@@ -112,12 +112,7 @@ def load(path: Path, cluster: str) -> Snapshot | None:
 def write(path: Path, snapshot: Snapshot) -> None:
     """Write whole: a reader (the next simulator) never sees half a snapshot."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        f.write(encode(snapshot))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, encode(snapshot), durable=True)
 
 
 class SnapshotWriter:

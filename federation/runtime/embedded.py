@@ -22,11 +22,12 @@ from pathlib import Path
 
 import structlog
 
+from clusters.files import write_atomically
 from federation.datasets.fence import FENCES
 from federation.datasets.stores import StoreRecord
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
-from federation.runtime.endpoint import ENDPOINT_FILE, read_endpoint, write_atomically
+from federation.runtime.endpoint import ENDPOINT_FILE, read_endpoint
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.local_ports import LocalPorts
 from federation.runtime.seaweed import EmbeddedStores

@@ -8,7 +8,6 @@ embedded default, and importing the server for that cost each command about 0.7 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 ENDPOINT_FILE = "endpoint.json"
@@ -18,14 +17,3 @@ def read_endpoint(state_dir: Path) -> dict[str, str]:
     """The running embedded server's addresses, as `gpufed up` wrote them."""
     data: dict[str, str] = json.loads((state_dir / ENDPOINT_FILE).read_text())
     return data
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never a part.
-
-    Clients poll for these files while `gpufed up` starts; `Path.write_text` truncates first, and a
-    test caught an empty endpoint.json between the truncation and the write.
-    """
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import structlog
 
+from clusters.files import write_atomically
 from datasync.seaweed_process import SeaweedProcess
 from datasync.store_config import S3StoreConfig
 from federation.datasets.stores import StoreRecord
-from federation.runtime.endpoint import write_atomically
 
 log = structlog.get_logger("gpufed.embedded")
 

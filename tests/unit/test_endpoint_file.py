@@ -8,7 +8,7 @@ import json
 import threading
 from pathlib import Path
 
-from federation.runtime.endpoint import write_atomically
+from clusters.files import write_atomically
 
 
 def test_a_reader_sees_the_old_file_or_the_new_one_never_a_part(tmp_path: Path) -> None:
