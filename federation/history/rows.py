@@ -12,12 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
+from federation.store import money
 from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
 from federation.store.job_store import wait_to_dict, waits_from_json
 from federation.store.jobs import JobRecord, job_from_json, job_to_dict
 from federation.store.money import piece_micro_usd
 
-DAY_S = 86_400.0
+DAY_S = money.DAY_S
 
 
 def interval_id(job_id: str, attempt: int) -> str:
@@ -34,13 +35,10 @@ def month_of(at_s: float) -> str:
 
 
 def day_pieces(start_s: float, end_s: float) -> Iterator[tuple[str, float, float]]:
-    """(day, start, end) for each UTC day [start_s, end_s) touches; nothing for an empty interval."""
-    at = start_s
-    while at < end_s:
-        midnight = (at // DAY_S + 1) * DAY_S
-        piece_end = min(end_s, midnight)
+    """(day, start, end) for each UTC day [start_s, end_s) touches; nothing for an empty interval.
+    The cut is money's, so that each day row is the piece `piece_micro_usd` costs."""
+    for at, piece_end in money.day_pieces(start_s, end_s):
         yield day_of(at), at, piece_end
-        at = piece_end
 
 
 def _dumps(value: Any) -> str:
