@@ -56,6 +56,27 @@ class PlanHeld:
     nodes_by_pool: tuple[tuple[PoolKey, int], ...] = ()
 
 
+def nodes_with_and_without(
+    plan: CapacityPlan,
+    others: Sequence[CapacityPlan],
+    pools: Sequence[PoolState],
+    *,
+    at_s: float,
+    now_s: float,
+    lead_time_s: float,
+) -> tuple[dict[PoolKey, int], dict[PoolKey, int], tuple[PlanNeed, ...]]:
+    """Each pool's nodes at `at_s` without `plan` and with it (held after `others`), and every plan's
+    need with it (`plan`'s last). At
+    a moment to come the pools hold their minimum plus what the other plans need then; now, what they
+    hold. The preview shows the difference; `admit` checks it against the limits."""
+    base = {p.key: (p.nodes if at_s <= now_s else p.min_nodes) for p in pools}
+    without = required_capacity(others, pools, now_s=at_s, lead_time_s=lead_time_s).floors
+    both = required_capacity([*others, plan], pools, now_s=at_s, lead_time_s=lead_time_s)
+    before = {p.key: max(base[p.key], without.get(p.key, 0)) for p in pools}
+    after = {p.key: max(before[p.key], both.floors.get(p.key, 0)) for p in pools}
+    return before, after, both.needs
+
+
 def _moments(
     plan: CapacityPlan, others: Sequence[CapacityPlan], now_s: float, lead_time_s: float
 ) -> list[float]:
@@ -83,12 +104,10 @@ def _breaches(
     lead_time_s: float,
 ) -> tuple[list[str], PlanNeed]:
     """The limits the pools would break at `at_s` with `plan` held after `others`, and its need."""
-    base = {p.key: (p.nodes if at_s <= now_s else p.min_nodes) for p in pools}
-    without = required_capacity(others, pools, now_s=at_s, lead_time_s=lead_time_s).floors
-    both = required_capacity([*others, plan], pools, now_s=at_s, lead_time_s=lead_time_s)
-    need = both.needs[-1]
-    before = {p.key: max(base[p.key], without.get(p.key, 0)) for p in pools}
-    after = {p.key: max(before[p.key], both.floors.get(p.key, 0)) for p in pools}
+    before, after, needs = nodes_with_and_without(
+        plan, others, pools, at_s=at_s, now_s=now_s, lead_time_s=lead_time_s
+    )
+    need = needs[-1]
     out: list[str] = []
     if not any(p.cluster == plan.cluster and p.gpu_type == plan.gpu_type for p in pools):
         return [f"no provisionable {plan.gpu_type} pool in {plan.cluster}"], need

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from federation.capacity.admit import nodes_with_and_without
 from federation.capacity.pools import PoolKey, ScalablePoolEntry
 from federation.capacity.records import PlanKind, PlanRecord
 from iac.plans import CapacityPlan, PlanNeed, required_capacity
@@ -94,16 +95,17 @@ def preview(
 ) -> Preview:
     at = now_s if record.kind is PlanKind.DEADLINE else max(now_s, record.start_s - lead_time_s)
     # At a future moment the pools hold their minimum plus what other plans need then; now, what they hold.
-    base = {p.key: (p.nodes if at <= now_s else p.min_nodes) for p in pools}
-    without = required_capacity(others, pools, now_s=at, lead_time_s=lead_time_s).floors
-    both = required_capacity([*others, plan], pools, now_s=at, lead_time_s=lead_time_s)
-    need = next(n for n in both.needs if n.plan_id == record.plan_id)
-    changes = []
-    for p in pools:
-        before = max(base[p.key], without.get(p.key, 0))
-        after = max(before, both.floors.get(p.key, 0))
-        if after != before:
-            changes.append(PoolDelta(p.key, before, after, p.usd_per_hour(before), p.usd_per_hour(after)))
+    before, after, needs = nodes_with_and_without(
+        plan, others, pools, at_s=at, now_s=now_s, lead_time_s=lead_time_s
+    )
+    need = next(n for n in needs if n.plan_id == record.plan_id)
+    changes = [
+        PoolDelta(
+            p.key, before[p.key], after[p.key], p.usd_per_hour(before[p.key]), p.usd_per_hour(after[p.key])
+        )
+        for p in pools
+        if after[p.key] != before[p.key]
+    ]
     usd = need_usd_per_hour(need, pools)
     hours = max(0.0, record.end_s - at) / 3600.0
     note = need.reason
