@@ -10,10 +10,7 @@ pods bound (it was counted twice: as used by the cluster and as promised).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser
 
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.console_harness import (
     ConsoleUp,
     chromium,
@@ -33,9 +31,6 @@ from tests.e2e.console_harness import (
 
 pytestmark = [pytest.mark.e2e, requires_chromium]
 
-KUBECTL = shutil.which(
-    "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-)
 
 # A gang whose image never pulls: its pods are bound to nodes (the cluster counts their GPUs used)
 # and it stays DISPATCHED, with the reason ImagePullBackOff.

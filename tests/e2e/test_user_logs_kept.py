@@ -12,10 +12,7 @@ is the judge; `gpufed logs -o json` gives each line with its pod, container and 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +26,12 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.main import cli
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
-KUBECTL = shutil.which(
-    "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-)
 # Offsets of the burst from the first whole second of each container: equal stamps, and fractions
 # the kubelet's RFC3339Nano trims (0.1 -> ".1Z", 0.12 -> ".12Z").
 BURST = "0.1,0.1,0.12,0.12,0.12,0.2,0.25,0.5"

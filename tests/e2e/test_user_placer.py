@@ -12,10 +12,7 @@ simulator's API with the official client.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +23,12 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.render import explain_text, jobs_table
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.e2e.kube import job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
-KUBECTL = shutil.which(
-    "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-)
 
 CLUSTERS: list[dict[str, Any]] = [
     {

@@ -15,27 +15,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.embedded import default_config_path
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import manifest, wait_for
 from tests.e2e.test_up_crash import Up, processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
-KUBECTL = shutil.which(
-    "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-)
 NO_RETRY = "  restartPolicy: {onFailure: AbortJob, onEviction: AbortJob, maxRetries: 0}\n"
 RETRIES = "  restartPolicy: {onFailure: RestartJob, onEviction: RestartJob, maxRetries: 3}\n"
 

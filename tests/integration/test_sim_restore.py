@@ -7,7 +7,6 @@ pod is created again, and the gangs, a Volcano Job and an Indexed batch Job, com
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +17,9 @@ import pytest
 import yaml
 
 from clusters.sim.clock import parse_rfc3339
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import wait_for
 
-KUBECTL = shutil.which("kubectl", path=f"{Path(sys.executable).parent}")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 CONFIG = """
