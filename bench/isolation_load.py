@@ -68,12 +68,12 @@ ALICE_JOBS = 83
 BOB_JOBS = 20_000
 
 
-def _submit_many(target: str, token: str, name: str, count: int, concurrency: int) -> int:
-    """Submit `count` jobs with `concurrency` in flight; the number accepted."""
+def _submit_many(target: str, token: str, manifest: str, count: int, concurrency: int) -> int:
+    """Submit `count` copies of `manifest` with `concurrency` in flight; the number accepted."""
     from federation.api.v1 import gpufed_pb2 as pb
     from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 
-    wire = wire_manifest(MANIFEST.replace("NAME", name))
+    wire = wire_manifest(manifest)
     accepted = 0
 
     async def run() -> None:
@@ -199,9 +199,12 @@ def _settle(pid: int, quiet_share: float = 0.35, window_s: float = 2.0, limit_s:
     return time.monotonic() - started
 
 
-def _stack(tmp_path: Path, name: str) -> tuple[EtcdProcess, ServerProcess]:
+def _stack(
+    tmp_path: Path, name: str, config_text: str = CONFIG, extra_args: tuple[str, ...] = ()
+) -> tuple[EtcdProcess, ServerProcess]:
+    """An etcd and a `gpufed serve` on it, bootstrapped from `config_text`, with no read limit."""
     config = tmp_path / "federation.yaml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     etcd = EtcdProcess(tmp_path / name / "etcd")
     etcd.start()
     server = ServerProcess(
@@ -209,7 +212,7 @@ def _stack(tmp_path: Path, name: str) -> tuple[EtcdProcess, ServerProcess]:
         tmp_path / name / "state",
         config=config,
         identity=name,
-        extra_args=("--read-rate-per-s", "0"),
+        extra_args=("--read-rate-per-s", "0", *extra_args),
     )
     try:
         server.start()
@@ -251,9 +254,13 @@ def main() -> int:
             assert quiet.proc is not None
             assert noisy.proc is not None
             for server in (quiet, noisy):
-                _submit_many(server.target, _token(server, "alice"), "alice", ALICE_JOBS, 8)
+                _submit_many(
+                    server.target, _token(server, "alice"), MANIFEST.replace("NAME", "alice"), ALICE_JOBS, 8
+                )
             submit_began = time.monotonic()
-            accepted = _submit_many(noisy.target, _token(noisy, "bob"), "bob", jobs, 16)
+            accepted = _submit_many(
+                noisy.target, _token(noisy, "bob"), MANIFEST.replace("NAME", "bob"), jobs, 16
+            )
             submit_s = time.monotonic() - submit_began
             settle_s = _settle(noisy.proc.pid)
             with GpufedClient(noisy.target, _token(noisy, "bob"), timeout_s=60) as bob:

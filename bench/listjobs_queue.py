@@ -44,24 +44,20 @@ Prints `figure_name: value unit` lines at the end.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
-
-import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.isolation_load import _cpu_seconds, _measure  # noqa: E402
+from bench.isolation_load import _cpu_seconds, _measure, _submit_many, _token  # noqa: E402
+from bench.isolation_load import _stack as _shared_stack  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
-from federation.spec.manifest_text import wire_manifest  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
 CONFIG = """\
@@ -102,39 +98,6 @@ ALICE_JOBS = 83
 BOB_JOBS = 20_000
 
 
-def _submit_many(target: str, token: str, manifest: str, count: int, concurrency: int) -> int:
-    """Submit `count` jobs with `concurrency` in flight; the number accepted."""
-    from federation.api.v1 import gpufed_pb2 as pb
-    from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
-
-    wire = wire_manifest(manifest)
-    accepted = 0
-    left = count
-
-    async def run() -> None:
-        metadata = (("authorization", f"Bearer {token}"),)
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = pb_grpc.JobServiceStub(channel)
-
-            async def worker() -> None:
-                nonlocal accepted, left
-                while left > 0:
-                    left -= 1
-                    request = pb.SubmitJobRequest(manifest=wire, idempotency_key=str(uuid.uuid4()))
-                    for _ in range(5):
-                        try:
-                            await stub.SubmitJob(request, metadata=metadata, timeout=30)
-                            accepted += 1
-                            break
-                        except grpc.RpcError:
-                            await asyncio.sleep(0.2)
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-    asyncio.run(run())
-    return accepted
-
-
 def _cycles(metrics_port: int) -> tuple[float, float]:
     """The scheduler's cycles so far: (count, total seconds), from /metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
@@ -143,28 +106,9 @@ def _cycles(metrics_port: int) -> tuple[float, float]:
     return (float(count.group(1)) if count else 0.0, float(total.group(1)) if total else 0.0)
 
 
-def _token(server: ServerProcess, user: str) -> str:
-    return (server.state_dir / "tokens" / f"{user}.token").read_text().strip()
-
-
 def _stack(tmp_path: Path, name: str) -> tuple[EtcdProcess, ServerProcess, int]:
-    config = tmp_path / "federation.yaml"
-    config.write_text(CONFIG)
-    etcd = EtcdProcess(tmp_path / name / "etcd")
-    etcd.start()
     metrics_port = free_port()
-    server = ServerProcess(
-        etcd.endpoint,
-        tmp_path / name / "state",
-        config=config,
-        identity=name,
-        extra_args=("--read-rate-per-s", "0", "--metrics-port", str(metrics_port)),
-    )
-    try:
-        server.start()
-    except Exception:
-        etcd.stop()
-        raise
+    etcd, server = _shared_stack(tmp_path, name, CONFIG, ("--metrics-port", str(metrics_port)))
     return etcd, server, metrics_port
 
 
