@@ -297,6 +297,13 @@ def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     help="private key of --etcd-cert (GPUFED_ETCD_KEY)",
 )
 @click.option("--port", default=50051, show_default=True)
+# A pod's probes and Services reach it on the pod's address, not loopback (deploy/helm/gpufed).
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address the gRPC and HTTP ports listen on (0.0.0.0: every interface, as in a pod)",
+)
 @click.option(
     "--metrics-port",
     default=None,
@@ -348,6 +355,7 @@ def serve(
     etcd_cert: str | None,
     etcd_key: str | None,
     port: int,
+    host: str,
     metrics_port: int | None,
     bootstrap_path: str | None,
     identity: str | None,
@@ -393,6 +401,7 @@ def serve(
             etcd_endpoint,
             state_dir=opts.state_dir,
             port=port,
+            host=host,
             metrics_port=metrics_port,
             bootstrap_path=Path(bootstrap_path) if bootstrap_path else None,
             identity=identity,

@@ -42,6 +42,7 @@ async def run_server(
     etcd_tls: EtcdTls | None = None,
     lease_ttl_s: int | None = None,
     etcd_timeout_s: float | None = None,
+    host: str = "127.0.0.1",
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if etcd_tls is not None:
@@ -74,7 +75,11 @@ async def run_server(
         finally:
             await kv.close()
     config = ServerConfig(
-        etcd_endpoint=etcd_endpoint, state_dir=state_dir, grpc_port=port, metrics_port=metrics_port
+        etcd_endpoint=etcd_endpoint,
+        state_dir=state_dir,
+        grpc_host=host,
+        grpc_port=port,
+        metrics_port=metrics_port,
     )
     if bootstrap_path is not None:
         # The history database and the archiver's knobs come from the config's `history:`.
