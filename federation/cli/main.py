@@ -25,6 +25,7 @@ from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli import access as cli_access
 from federation.cli import admin as cli_admin
+from federation.cli import admin_backup as cli_admin_backup
 from federation.cli import capacity as cli_capacity
 from federation.cli import dataset as cli_dataset
 from federation.cli import logs as cli_logs
@@ -570,6 +571,7 @@ def demo(opts: _Opts) -> None:
 
 
 cli_admin.register(cli, _rpc)
+cli_admin_backup.register(cli)
 cli_access.register(cli, _rpc)
 cli_report.register(cli, _rpc)
 cli_capacity.register(cli, _rpc)

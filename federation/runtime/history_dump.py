@@ -1,0 +1,308 @@
+"""The history database in a backup: dumped from SQLite or PostgreSQL, loaded into either.
+
+Dump. SQLite: the `sqlite3` online backup API, a page-by-page copy of one consistent read of the
+database that the live server keeps writing meanwhile; the copy is itself a SQLite database, which
+the `sqlite3` client opens. PostgreSQL: a portable dump (gzipped JSON lines, every table's rows in
+primary-key order, with the schema's Alembic revision) read in one REPEATABLE READ, READ ONLY
+transaction, so every table is read at the same instant. Not `pg_dump`: its custom format restores
+only into PostgreSQL, and only with a `pg_restore` at least as new as the server it came from, which
+the machine taking the backup may not have; the portable dump needs only the project's own driver,
+and restores into SQLite as well (a PostgreSQL history moved to a laptop, or back).
+
+Load. Into an empty database: the schema is created by the project's migrations up to the dump's
+revision, the rows inserted, then migrated on to the newest revision, so a backup of an older gpufed
+restores into a newer one. PostgreSQL does it all in one transaction (its DDL is transactional), so a
+failure leaves the database as it was; SQLite writes a new file beside the target and renames it over
+the target only when done.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import MetaData, func, select, text
+from sqlalchemy.engine import Connection, Engine, create_engine
+from sqlalchemy.types import LargeBinary
+
+from federation.errors import GpufedError
+from federation.history.engine import open_engine, parse_dsn
+
+DUMP_FORMAT = "gpufed-history-dump"
+DUMP_VERSION = 1
+SQLITE_FILE = "history.sqlite3"
+PORTABLE_FILE = "history.jsonl.gz"
+_VERSION_TABLE = "alembic_version"
+_BATCH_ROWS = 1000
+_MIGRATIONS = Path(__file__).resolve().parents[1] / "history" / "migrations"
+
+
+class HistoryRestoreRefused(GpufedError):
+    """The target database holds history already, or the dump cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryDump:
+    file: str
+    backend: str
+    revision: str
+    # Rows per table, as counted in the dump's own consistent read.
+    rows_by_table: dict[str, int]
+
+
+def _is_history_table(name: str) -> bool:
+    return name.startswith("history_") or name == _VERSION_TABLE
+
+
+def _revision(connection: Connection) -> str:
+    rows = connection.execute(text(f"SELECT version_num FROM {_VERSION_TABLE}")).all()
+    if len(rows) != 1:
+        raise HistoryRestoreRefused(f"the history database has {len(rows)} schema revisions, not one")
+    return str(rows[0][0])
+
+
+def _counts(connection: Connection) -> dict[str, int]:
+    meta = MetaData()
+    meta.reflect(connection, only=lambda name, _m: name.startswith("history_"))
+    return {
+        name: int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+        for name, table in sorted(meta.tables.items())
+    }
+
+
+def dump_history(dsn: str, out_dir: Path) -> HistoryDump:
+    url = parse_dsn(dsn)
+    if url.get_backend_name() == "sqlite":
+        return _dump_sqlite(Path(url.database or ""), out_dir / SQLITE_FILE)
+    return _dump_portable(open_engine(dsn), out_dir / PORTABLE_FILE)
+
+
+def _read_only(path: Path) -> Engine:
+    """An engine that reads a SQLite file without writing to it (a backup is never changed)."""
+    return create_engine("sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True))
+
+
+def _dump_sqlite(source: Path, target: Path) -> HistoryDump:
+    if not source.is_file():
+        raise HistoryRestoreRefused(f"no history database at {source}")
+    # Not read-only: a read-only connection cannot open a WAL database whose -shm file is missing.
+    src = sqlite3.connect(source)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)
+        # The copy keeps the source's WAL mode in its header; a rollback journal makes it one
+        # self-contained file that a reader opens without writing -wal and -shm files beside it.
+        dst.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        dst.close()
+        src.close()
+    engine = _read_only(target)
+    try:
+        with engine.connect() as connection:
+            return HistoryDump(SQLITE_FILE, "sqlite", _revision(connection), _counts(connection))
+    finally:
+        engine.dispose()
+
+
+def _encode(value: Any) -> Any:
+    return base64.b64encode(value).decode() if isinstance(value, bytes | memoryview) else value
+
+
+def _dump_portable(engine: Engine, target: Path) -> HistoryDump:
+    counts: dict[str, int] = {}
+    try:
+        with (
+            engine.connect().execution_options(isolation_level="REPEATABLE READ") as connection,
+            connection.begin(),
+            gzip.open(target, "wt", encoding="utf-8") as out,
+        ):
+            connection.execute(text("SET TRANSACTION READ ONLY"))
+            revision = _revision(connection)
+            out.write(
+                json.dumps({"format": DUMP_FORMAT, "version": DUMP_VERSION, "revision": revision}) + "\n"
+            )
+            meta = MetaData()
+            meta.reflect(connection, only=lambda name, _m: name.startswith("history_"))
+            for name, table in sorted(meta.tables.items()):
+                columns = [c.name for c in table.columns]
+                binary = [c.name for c in table.columns if isinstance(c.type, LargeBinary)]
+                rows = int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+                out.write(
+                    json.dumps({"table": name, "columns": columns, "binary": binary, "rows": rows}) + "\n"
+                )
+                order = list(table.primary_key.columns) or list(table.columns)
+                written = 0
+                for row in connection.execute(select(table).order_by(*order)):
+                    out.write(json.dumps([_encode(v) for v in row]) + "\n")
+                    written += 1
+                if written != rows:
+                    raise HistoryRestoreRefused(f"{name}: counted {rows} rows but read {written}")
+                counts[name] = rows
+    finally:
+        engine.dispose()
+    return HistoryDump(PORTABLE_FILE, "postgresql", revision, counts)
+
+
+# ---- load
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    name: str
+    columns: list[str]
+    binary: set[str]
+    rows: Iterator[list[Any]]
+
+
+def _portable_tables(path: Path) -> tuple[str, Iterator[_Table]]:
+    with gzip.open(path, "rt", encoding="utf-8") as stream:
+        header = json.loads(stream.readline() or "{}")
+    if header.get("format") != DUMP_FORMAT or header.get("version") != DUMP_VERSION:
+        raise HistoryRestoreRefused(f"{path.name} is not a gpufed history dump of version {DUMP_VERSION}")
+
+    def tables() -> Iterator[_Table]:
+        with gzip.open(path, "rt", encoding="utf-8") as stream:
+            stream.readline()
+
+            def rows(count: int) -> Iterator[list[Any]]:
+                for _ in range(count):
+                    yield json.loads(stream.readline())
+
+            for line in stream:
+                head = json.loads(line)
+                yield _Table(head["table"], head["columns"], set(head["binary"]), rows(int(head["rows"])))
+
+    return str(header["revision"]), tables()
+
+
+def _sqlite_tables(path: Path) -> tuple[str, Iterator[_Table]]:
+    engine = _read_only(path)
+    with engine.connect() as connection:
+        revision = _revision(connection)
+
+    def tables() -> Iterator[_Table]:
+        try:
+            with engine.connect() as connection:
+                meta = MetaData()
+                meta.reflect(connection, only=lambda name, _m: name.startswith("history_"))
+                for name, table in sorted(meta.tables.items()):
+                    order = list(table.primary_key.columns) or list(table.columns)
+                    result = connection.execute(select(table).order_by(*order))
+                    yield _Table(name, [c.name for c in table.columns], set(), (list(r) for r in result))
+        finally:
+            engine.dispose()
+
+    return revision, tables()
+
+
+def _upgrade(connection: Connection, revision: str) -> None:
+    from alembic import command  # only when restoring: its import costs half a second
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.set_main_option("path_separator", "os")
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)
+
+
+def held_rows(dsn: str) -> dict[str, int]:
+    """The rows each history table of the target holds (none, for a database without them)."""
+    url = parse_dsn(dsn)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").exists():
+        return {}
+    engine = open_engine(dsn)
+    try:
+        with engine.connect() as connection:
+            return {k: v for k, v in _counts(connection).items() if v}
+    finally:
+        engine.dispose()
+
+
+def _drop_history_tables(connection: Connection) -> None:
+    meta = MetaData()
+    meta.reflect(connection, only=lambda name, _m: _is_history_table(name))
+    meta.drop_all(connection)
+
+
+def _load(
+    connection: Connection, revision: str, tables: Iterator[_Table], expected: dict[str, int]
+) -> dict[str, int]:
+    _drop_history_tables(connection)
+    _upgrade(connection, revision)
+    meta = MetaData()
+    meta.reflect(connection, only=lambda name, _m: name.startswith("history_"))
+    counts: dict[str, int] = {}
+    for source in tables:
+        table = meta.tables.get(source.name)
+        if table is None:
+            raise HistoryRestoreRefused(f"the dump has table {source.name}, which revision {revision} lacks")
+        batch: list[dict[str, Any]] = []
+        count = 0
+        for row in source.rows:
+            record = dict(zip(source.columns, row, strict=True))
+            for column in source.binary:
+                if record[column] is not None:
+                    record[column] = base64.b64decode(record[column])
+            batch.append(record)
+            if len(batch) >= _BATCH_ROWS:
+                connection.execute(table.insert(), batch)
+                count += len(batch)
+                batch = []
+        if batch:
+            connection.execute(table.insert(), batch)
+            count += len(batch)
+        counts[source.name] = count
+    # Counted again in the target, inside the transaction: what commits is what the manifest says.
+    loaded = _counts(connection)
+    if {k: v for k, v in loaded.items() if k in expected} != expected:
+        raise HistoryRestoreRefused(f"loaded rows {loaded} differ from the backup's manifest {expected}")
+    _upgrade(connection, "head")
+    return counts
+
+
+def load_history(
+    dump_file: Path, target_dsn: str, *, expected: dict[str, int], keep_aside: bool = False
+) -> tuple[dict[str, int], Path | None]:
+    """Load a dump (either kind) into the target, replacing its (empty or forced) history tables.
+    Returns the rows loaded per table, and where an old SQLite file went (`keep_aside`). Nothing
+    changes in the target if it fails."""
+    source = _sqlite_tables(dump_file) if dump_file.name == SQLITE_FILE else _portable_tables(dump_file)
+    revision, tables = source
+    url = parse_dsn(target_dsn)
+    if url.get_backend_name() == "sqlite":
+        final = Path(url.database or "")
+        building = final.with_name(final.name + ".restoring")
+        for stale in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
+            stale.unlink(missing_ok=True)
+        engine = open_engine(f"sqlite:///{building}")
+        try:
+            with engine.begin() as connection:
+                counts = _load(connection, revision, tables, expected)
+        except BaseException:
+            engine.dispose()
+            building.unlink(missing_ok=True)
+            raise
+        engine.dispose()
+        kept = None
+        if keep_aside and final.exists():
+            kept = final.with_name(f"{final.name}.replaced-{int(time.time())}")
+            os.replace(final, kept)
+        for old in (Path(f"{final}-wal"), Path(f"{final}-shm")):
+            old.unlink(missing_ok=True)
+        os.replace(building, final)
+        return counts, kept
+    engine = open_engine(target_dsn)
+    try:
+        with engine.begin() as connection:
+            return _load(connection, revision, tables, expected), None
+    finally:
+        engine.dispose()
