@@ -16,13 +16,14 @@ import secrets
 import uuid
 from typing import Any
 
-from clusters.sim import errors
+from clusters.sim import errors, rbac
 from clusters.sim.resources import (
     BATCH_JOBS,
     NAMESPACES,
     POD_GROUPS,
     PODS,
     QUEUES,
+    SECRETS,
     SERVICES,
     VOLCANO_JOBS,
     ResourceType,
@@ -274,6 +275,10 @@ def _default_pod_group(_: Admission, pg: Obj) -> None:
     pg.setdefault("status", {}).setdefault("phase", "Pending")
 
 
+def _fill_token(_: Admission, secret: Obj) -> None:
+    rbac.fill_token(secret)
+
+
 _DEFAULTS = {
     NAMESPACES: _default_namespace,
     PODS: _default_pod,
@@ -282,4 +287,6 @@ _DEFAULTS = {
     VOLCANO_JOBS: _default_volcano_job,
     POD_GROUPS: _default_pod_group,
     QUEUES: _default_queue,
+    # The token controller fills a service-account-token Secret's token (clusters.sim.rbac).
+    SECRETS: _fill_token,
 }

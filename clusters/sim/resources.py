@@ -67,6 +67,33 @@ POD_GROUPS = ResourceType(
 QUEUES = ResourceType(
     "scheduling.volcano.sh", "v1beta1", "queues", "queue", "Queue", False, ("q", "queue-v1beta1")
 )
+# Access control (clusters.sim.rbac): the accounts `gpufed cluster join` makes, their tokens, and the
+# roles that RBAC decides requests by. SelfSubjectAccessReviews are answered, never stored.
+SERVICE_ACCOUNTS = ResourceType(
+    "", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", True, ("sa",), subresources=()
+)
+SECRETS = ResourceType("", "v1", "secrets", "secret", "Secret", True, (), subresources=())
+_RBAC = "rbac.authorization.k8s.io"
+ROLES = ResourceType(_RBAC, "v1", "roles", "role", "Role", True, (), subresources=())
+ROLE_BINDINGS = ResourceType(
+    _RBAC, "v1", "rolebindings", "rolebinding", "RoleBinding", True, (), subresources=()
+)
+CLUSTER_ROLES = ResourceType(
+    _RBAC, "v1", "clusterroles", "clusterrole", "ClusterRole", False, (), subresources=()
+)
+CLUSTER_ROLE_BINDINGS = ResourceType(
+    _RBAC, "v1", "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", False, (), subresources=()
+)
+SELF_SUBJECT_ACCESS_REVIEWS = ResourceType(
+    "authorization.k8s.io",
+    "v1",
+    "selfsubjectaccessreviews",
+    "selfsubjectaccessreview",
+    "SelfSubjectAccessReview",
+    False,
+    (),
+    subresources=(),
+)
 # Served only by clusters configured with Volcano (the default).
 VOLCANO_GROUPS = frozenset({"batch.volcano.sh", "scheduling.volcano.sh"})
 
@@ -83,6 +110,13 @@ ALL: tuple[ResourceType, ...] = (
     VOLCANO_JOBS,
     POD_GROUPS,
     QUEUES,
+    SERVICE_ACCOUNTS,
+    SECRETS,
+    ROLES,
+    ROLE_BINDINGS,
+    CLUSTER_ROLES,
+    CLUSTER_ROLE_BINDINGS,
+    SELF_SUBJECT_ACCESS_REVIEWS,
 )
 
 # (group, version) -> plural -> type, for routing.

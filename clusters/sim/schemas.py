@@ -278,4 +278,21 @@ TYPES: dict[str, tuple[str, dict[str, str]]] = {
     "VolcanoJob": ("A Volcano batch job.", {"spec": "object", "status": "object"}),
     "PodGroup": ("A Volcano pod group: a gang scheduled together.", {"spec": "object", "status": "object"}),
     "Queue": ("A Volcano queue.", {"spec": "object", "status": "object"}),
+    # Access control (clusters.sim.rbac): rules, subjects and reviews left open.
+    "ServiceAccount": (
+        "An identity for processes.",
+        {"secrets": "[]object", "imagePullSecrets": "[]object", "automountServiceAccountToken": "boolean"},
+    ),
+    "Secret": (
+        "Secret data.",
+        {"type": "string", "data": "{}string", "stringData": "{}string", "immutable": "boolean"},
+    ),
+    "Role": ("A namespaced set of RBAC rules.", {"rules": "[]object"}),
+    "ClusterRole": ("A cluster-wide set of RBAC rules.", {"rules": "[]object", "aggregationRule": "object"}),
+    "RoleBinding": ("Grants a role in a namespace.", {"subjects": "[]object", "roleRef": "object"}),
+    "ClusterRoleBinding": (
+        "Grants a cluster role everywhere.",
+        {"subjects": "[]object", "roleRef": "object"},
+    ),
+    "SelfSubjectAccessReview": ("Asks whether the caller may act.", {"spec": "object", "status": "object"}),
 }

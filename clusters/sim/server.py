@@ -4,7 +4,8 @@ Paths are parsed by hand rather than with one route per resource: `/api/v1/...` 
 `/apis/<group>/<version>/...` share one grammar (optionally `namespaces/<ns>/`, then the plural,
 a name and a subresource), so a resource added to `resources.py` is served without touching this
 module. Every failure leaves as a `Status` object. A middleware applies the cluster's faults
-(unreachable, slow) and its bearer token to Kubernetes paths only; `/sim/v1/` stays open.
+(unreachable, slow), its bearer token and RBAC for ServiceAccount tokens (`rbac`) to Kubernetes
+paths only; `/sim/v1/` stays open.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from clusters.sim import (
     patch,
     podlog,
     protobuf,
+    rbac,
     reads,
     table,
     validation,
@@ -35,7 +37,7 @@ from clusters.sim import (
 from clusters.sim.engine import Engine
 from clusters.sim.errors import ApiError
 from clusters.sim.faults import Faults, Unreachable
-from clusters.sim.resources import PODS, VOLCANO_GROUPS, ResourceType, lookup
+from clusters.sim.resources import PODS, SELF_SUBJECT_ACCESS_REVIEWS, VOLCANO_GROUPS, ResourceType, lookup
 from clusters.sim.store import Watcher
 
 Obj = dict[str, Any]
@@ -117,8 +119,13 @@ class ApiServer:
                 raise errors.too_many_requests()
             if self._faults.latency_s > 0:
                 await asyncio.sleep(self._faults.latency_s)
-            if self._token is not None and request.headers.get("Authorization") != f"Bearer {self._token}":
+            store = self._engine.store
+            user = rbac.authenticate(store, self._token, request.headers.get("Authorization"))
+            if user is None:
                 raise errors.unauthorized()
+            if not user.admin:
+                rbac.authorize(store, user, request.method, request.path, request.query)
+            request["sim_user"] = user
             return await handler(request)  # type: ignore[no-any-return]
         except ApiError as exc:
             return _error_response(exc)
@@ -232,6 +239,13 @@ class ApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = parts[1] if len(parts) > 1 else None
         sub = parts[2] if len(parts) > 2 else None
+        if rt is SELF_SUBJECT_ACCESS_REVIEWS:
+            if request.method != "POST" or name is not None:
+                raise errors.not_allowed(f"the server does not allow this method: {request.method}")
+            answer = rbac.review(
+                self._engine.store, request.get("sim_user", rbac.ADMIN), await self._body(request)
+            )
+            return _json_response(answer, 201)
         if rt is PODS and sub == "log" and name is not None and request.method == "GET":
             return await podlog.serve(request, self._engine, namespace or "", name)
         if sub is not None and sub not in rt.subresources:
