@@ -110,6 +110,25 @@ class GangStatus:
     orphaned: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class VanishedAttempt:
+    """When an attempt's pods ran, as the cluster showed them before they were deleted."""
+
+    started_at_s: float
+    ended_at_s: float
+
+
+@runtime_checkable
+class RemembersVanished(Protocol):
+    """A backend that can say when the pods of an attempt that is gone from its cluster ran.
+
+    Asked only for an attempt `statuses()` no longer reports: a gang a third party deleted between
+    two looks of the reconciler, which never saw it running, is still charged for what it held.
+    """
+
+    def vanished(self, job_id: JobId, attempt: int) -> VanishedAttempt | None: ...
+
+
 class ClusterError(Exception):
     """Root of the errors a backend raises. `retryable` says whether trying again may help."""
 

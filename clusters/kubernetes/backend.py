@@ -27,6 +27,7 @@ from clusters.api import (
     GangWorkload,
     LogOptions,
     ReplicaState,
+    VanishedAttempt,
 )
 from clusters.kubernetes import manifests
 from clusters.kubernetes.config import KubernetesClusterConfig
@@ -57,6 +58,7 @@ from clusters.kubernetes.status import (
     summarize_pods,
 )
 from clusters.kubernetes.tombstones import Tombstones
+from clusters.kubernetes.vanished import VanishedPods
 from clusters.kubernetes.watch import Health, Informer
 from placement.model import ClusterName, ClusterState, JobId, TenantId
 
@@ -106,8 +108,9 @@ class KubernetesBackend:
             if client is not None
             else functools.partial(api_client, config.kubeconfig, config.context, pool_size=LOG_THREADS),
         )
+        self._vanished = VanishedPods(settings.tombstone_ttl_s)
         self._pods: Informer[PodInfo] = self._informer(
-            "pods", self._api.list_pods, pod_info, observer=self._inspection.observe_pod
+            "pods", self._api.list_pods, pod_info, observer=self._observe_pod
         )
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
         self._statuses_memo: tuple[tuple[int, int, int, int, int], tuple[GangStatus, ...]] | None = None
@@ -299,6 +302,15 @@ class KubernetesBackend:
         early.
         """
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=reason)
+
+    def vanished(self, job_id: JobId, attempt: int) -> VanishedAttempt | None:
+        """clusters.api.RemembersVanished: when the deleted pods of the attempt ran (see vanished.py)."""
+        return self._vanished.get((job_id, attempt))
+
+    def _observe_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        # On the pod watch's thread, for every event: neither may block.
+        self._inspection.observe_pod(kind, obj)
+        self._vanished.observe_pod(kind, obj)
 
     # ---- clusters.api.GangInspector (describe and logs; clusters.kubernetes.logs) ----------------
 

@@ -48,6 +48,8 @@ from clusters.api import (
     GangPhase,
     GangRejected,
     GangStatus,
+    RemembersVanished,
+    VanishedAttempt,
 )
 from federation.datasets.staging import GateKind, Stager, gate_transition
 from federation.errors import StoreUnavailable
@@ -249,6 +251,9 @@ class Reconciler:
             gang = None if on_cluster is None else on_cluster.get((job.job_id, job.attempt))
             if gang is not None and gang.started_at_s is not None:
                 self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        vanished = self._vanished(job, gang, statuses)
+        if vanished is not None:
+            self._started_at.setdefault((job.job_id, job.attempt), vanished.started_at_s)
         if self._keeper is not None and (job.cancel_requested or job.preemption is not None):
             # Copied while its pods are still there, from the tick that stops it: they are gone by
             # the time the attempt ends (federation.scheduling.logs_keep).
@@ -285,7 +290,9 @@ class Reconciler:
                 nxt,
                 site=self._members.site(job.placement.cluster),
                 started_at_s=self._started_at.get((job.job_id, job.attempt)),
-                finished_at_s=_charged_until(
+                finished_at_s=vanished.ended_at_s
+                if vanished is not None
+                else _charged_until(
                     gang,
                     cancelled=nxt.phase is JobPhase.CANCELLED,
                     waited=self._leftovers.waited((job.job_id, job.attempt)),
@@ -421,6 +428,27 @@ class Reconciler:
             attempt=job.attempt + 1,
             placement=None,
         )
+
+    def _vanished(
+        self,
+        job: JobRecord,
+        gang: GangStatus | None,
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+    ) -> VanishedAttempt | None:
+        """When the pods of a placed attempt that its cluster no longer reports ran, if its backend
+        saw them (clusters.api.RemembersVanished): a gang deleted between two looks is charged."""
+        if (
+            gang is not None
+            or job.placement is None
+            or job.phase not in (JobPhase.DISPATCHED, JobPhase.RUNNING)
+        ):
+            return None
+        if statuses.get(job.placement.cluster) is None:
+            return None  # the cluster is silent, not the gang gone
+        backend = self._members.get(job.placement.cluster)
+        if not isinstance(backend, RemembersVanished):
+            return None
+        return backend.vanished(job.job_id, job.attempt)
 
     async def _mirror(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         now = self._clock()

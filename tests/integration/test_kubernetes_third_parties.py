@@ -6,13 +6,14 @@ cluster, as a person with kubectl would; the end-to-end versions are in tests/e2
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from clusters.api import ClusterUnreachable, GangPhase, GangRejected
+from clusters.api import ClusterUnreachable, GangPhase, GangRejected, VanishedAttempt
 from clusters.kubernetes.errors import NamespaceTerminating, translate
 from clusters.kubernetes.names import object_name
 from tests.contract.conftest import no_leaked_threads
@@ -212,3 +213,45 @@ def test_a_real_api_servers_answers_while_a_namespace_goes(
     translated = translate(error, "sim", "create gang g-a1", dispatching=True)
     assert type(translated) is expected
     assert translated.retryable is retryable
+
+
+async def test_a_gang_deleted_whole_is_remembered_with_when_its_pods_ran(any_world: World) -> None:
+    """A third party deletes the gang object and its pods (foreground, as `kubectl delete job` with
+    `--cascade=foreground`): the backend stops reporting it, but says when its pods ran, by the
+    pods' own startTime as the API served them, so that federation charges what it never saw run."""
+    gang = a_gang("blink-1", replicas=2, gpus=4, duration_s=60.0)
+    await any_world.backend.dispatch(gang)
+    await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
+    name = object_name(gang.job_id, gang.attempt)
+    pods = await any_world.pods_of(name)
+    assert len(pods) == 2
+    started_s = max(p.status.start_time.timestamp() for p in pods)
+    assert any_world.backend.vanished(gang.job_id, gang.attempt) is None, "still there"
+    foreground = {"propagationPolicy": "Foreground"}
+    if any_world.backend.uses_volcano:
+        await any_world.call(
+            any_world.custom.delete_namespaced_custom_object,
+            "batch.volcano.sh",
+            "v1alpha1",
+            NS,
+            "jobs",
+            name,
+            body=foreground,
+        )
+    else:
+        await any_world.call(any_world.batch.delete_namespaced_job, name, NS, body=foreground)
+    asked_s = time.time()
+
+    async def gone() -> bool:
+        return not await any_world.pods_of(name) and await status_of(any_world.backend, gang) is None
+
+    await eventually(gone, what="the gang and its pods to go")
+
+    async def seen() -> VanishedAttempt | None:
+        return any_world.backend.vanished(gang.job_id, gang.attempt)
+
+    remembered = await eventually(seen, what="the backend to have seen the pods' deletion")
+    assert remembered.started_at_s == started_s
+    assert asked_s - 1.0 <= remembered.ended_at_s <= time.time()
+    # Another attempt of the same job, and another job, are not confused with it.
+    assert any_world.backend.vanished(gang.job_id, gang.attempt + 1) is None

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from clusters.api import GangPhase, GangStatus
+from clusters.api import GangPhase, GangStatus, RemembersVanished, VanishedAttempt
 from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S
 from federation.scheduling.workload import sim_duration_s
 from federation.spec.jobspec import RestartAction, RestartPolicy
@@ -285,6 +285,41 @@ async def test_an_attempt_killed_before_it_was_seen_running_is_charged_from_its_
     listed, _ = await world.store.list_ledger()
     first = next(iv for iv in listed if iv.attempt == 1)
     assert (first.start_s, first.end_s) == (started_at_s, gone_at_s)
+
+
+async def test_a_gang_deleted_between_two_looks_is_charged_from_what_its_backend_remembers(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos test's case: a third party deletes a gang moments after its pods start, between two
+    looks, so the reconciler never sees it running (nor a start time). A backend that watched the
+    pods go (clusters.api.RemembersVanished) says when they ran; the ledger charges that, once."""
+    job_id = await submit(world, a_job("blink", duration="600s"))
+    cluster = world.cluster
+    shown = [GangStatus(job_id=job_id, attempt=1, phase=GangPhase.PENDING, live_pods=2)]
+
+    async def statuses() -> Sequence[GangStatus]:
+        return tuple(shown)
+
+    monkeypatch.setattr(cluster, "statuses", statuses)
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED
+    ran = VanishedAttempt(started_at_s=world.clock.now + 0.2, ended_at_s=world.clock.now + 1.7)
+    remembered = {(job_id, 1): ran}
+
+    def vanished(job: JobId, attempt: int) -> VanishedAttempt | None:
+        return remembered.get((job, attempt))
+
+    monkeypatch.setattr(cluster, "vanished", vanished, raising=False)
+    assert isinstance(cluster, RemembersVanished)
+    shown.clear()
+    cluster.forget(job_id, 1)
+    await world.step(2.0)
+    job = await world.job(job_id)
+    assert job.attempt >= 2
+    assert "disappeared" in " ".join(e.reason for e in job.events)
+    listed, _ = await world.store.list_ledger()
+    charged = [iv for iv in listed if iv.attempt == 1]
+    assert [(iv.start_s, iv.end_s) for iv in charged] == [(ran.started_at_s, ran.ended_at_s)]
 
 
 async def test_the_gang_of_a_job_the_archiver_took_first_is_removed() -> None:
