@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,10 +130,15 @@ def get_prefix(access: EtcdAccess, prefix: str, *, revision: int = 0) -> list[tu
 
 def count_prefix(access: EtcdAccess, prefix: str, *, revision: int = 0) -> int:
     """How many keys under `prefix` at `revision`, counted by etcd (no values cross the wire)."""
-    argv = [str(etcdctl_binary()), *access.flags(), "get", prefix, "--prefix", "--count-only", "-w", "json"]
+    argv = [str(etcdctl_binary()), *access.flags(), "get", prefix, "--prefix", "--count-only", "-w", "fields"]
     if revision:
         argv.append(f"--rev={revision}")
-    return int(json.loads(_run(argv, f"etcdctl get {prefix} --count-only")).get("count", 0))
+    out = _run(argv, f"etcdctl get {prefix} --count-only")
+    # `--count-only` prints only as fields (etcdctl refuses it with JSON): `"Count" : 12`.
+    found = re.search(r'^"Count" : (\d+)$', out, re.MULTILINE)
+    if found is None:
+        raise EtcdToolFailed(f"etcdctl printed no count: {out[:200]!r}")
+    return int(found.group(1))
 
 
 def get_one(access: EtcdAccess, key: str) -> bytes | None:
