@@ -80,6 +80,12 @@ def translate(error: BaseException, cluster: str, doing: str, *, dispatching: bo
         # A real API server refuses new objects while a deleted namespace empties; it is made
         # again once gone, so this is "not now", not "not this".
         return NamespaceTerminating(f"{message} (the namespace is being deleted; it is recreated once gone)")
+    if status == 403:
+        # RBAC refused one verb: the message names it; `cluster check` lists every one missing.
+        return ClusterUnreachable(
+            f"{message} (gpufed's account on the cluster lacks this permission: "
+            f"`gpufed cluster check {cluster}` lists what is missing)"
+        )
     if status in _AUTH_STATUS:
         return ClusterUnreachable(f"{message} (credentials refused)")
     if dispatching:

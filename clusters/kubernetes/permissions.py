@@ -124,6 +124,15 @@ def request_of(method: str, path: str, *, watch: bool = False) -> Request:
     )
 
 
+def granted_to_everyone(request: Request) -> bool:
+    """Asking what one may do: Kubernetes' `system:basic-user` role lets every account do it."""
+    return (request.group, request.resource, request.verb) == (
+        "authorization.k8s.io",
+        "selfsubjectaccessreviews",
+        "create",
+    )
+
+
 def covering(request: Request, permissions: Iterable[Permission] = PERMISSIONS) -> Permission | None:
     """The entry that grants `request`, if any."""
     scope = Scope.NAMESPACED if request.namespaced else Scope.CLUSTER

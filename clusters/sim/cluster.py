@@ -11,6 +11,7 @@ end first, so clients see their streams close rather than hang).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,7 @@ import structlog
 import yaml
 from aiohttp import web
 
-from clusters.sim import persist
+from clusters.sim import persist, tls
 from clusters.sim.clock import Clock
 from clusters.sim.config import SimClusterConfig
 from clusters.sim.engine import Engine
@@ -71,6 +72,7 @@ class SimCluster:
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._url: str | None = None
+        self._cert: tls.ServingCert | None = None
 
     @property
     def name(self) -> str:
@@ -88,10 +90,13 @@ class SimCluster:
             self._snapshots.start()
         self._runner = web.AppRunner(self._server.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        if self.config.tls and self._cert is None:
+            self._cert = await asyncio.to_thread(tls.self_signed, self._host)
+        context = self._cert.context() if self._cert is not None else None
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=context)
         await site.start()
         port = self._runner.addresses[0][1]
-        self._url = f"http://{self._host}:{port}"
+        self._url = f"{'https' if context else 'http'}://{self._host}:{port}"
         log.info("sim_cluster_started", cluster=self.name, url=self._url)
 
     async def stop(self) -> None:
@@ -107,6 +112,9 @@ class SimCluster:
         if self._snapshots is not None:
             # After the loop: what the cluster did last is in the snapshot the next start reads.
             await self._snapshots.stop()
+        if self._cert is not None:
+            self._cert.remove()
+            self._cert = None
         log.info("sim_cluster_stopped", cluster=self.name)
 
     async def __aenter__(self) -> SimCluster:
@@ -121,10 +129,13 @@ class SimCluster:
     def kubeconfig_dict(self) -> Obj:
         """A kubeconfig with one cluster, user and context, all named after the cluster."""
         user: Obj = {"token": self.config.token} if self.config.token else {}
+        cluster: Obj = {"server": self.url}
+        if self._cert is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(self._cert.cert_pem).decode()
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": self.name, "cluster": {"server": self.url}}],
+            "clusters": [{"name": self.name, "cluster": cluster}],
             "users": [{"name": self.name, "user": user}],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": self.name}}],
             "current-context": self.name,

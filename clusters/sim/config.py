@@ -112,6 +112,8 @@ class SimClusterConfig:
     kubernetes_version: str = "v1.34.0"
     # False makes a cluster without Volcano: its API groups are neither listed nor served.
     volcano: bool = True
+    # HTTPS with a certificate made on start (clusters.sim.tls): kubectl sends tokens only over TLS.
+    tls: bool = False
 
 
 def load(path: str | Path) -> tuple[SimClusterConfig, ...]:
@@ -185,6 +187,7 @@ def from_mapping(data: Any, at: str = "cluster") -> SimClusterConfig:
         history_limit=_number(_get(data, at, "historyLimit", default=20000), f"{at}.historyLimit", int),
         event_limit=_number(_get(data, at, "eventLimit", default=10000), f"{at}.eventLimit", int),
         volcano=bool(_get(data, at, "volcano", default=True)),
+        tls=bool(_get(data, at, "tls", default=False)),
         restart_backoff_s=_number(
             _get(data, at, "restartBackoffS", default=10.0), f"{at}.restartBackoffS", float
         ),

@@ -186,6 +186,28 @@ _MESSAGES: dict[str, dict[int, tuple[str, str]]] = {
         5: ("dryRun", "*s"),
     },
     "Preconditions": {1: ("uid", "?s"), 2: ("resourceVersion", "?s")},
+    # `kubectl auth can-i` (k8s.io/api/authorization/v1); the answer's status is the server's.
+    "SelfSubjectAccessReview": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("spec", "SelfSubjectAccessReviewSpec"),
+        3: ("status", "-"),
+    },
+    "SelfSubjectAccessReviewSpec": {
+        1: ("resourceAttributes", "ResourceAttributes"),
+        2: ("nonResourceAttributes", "NonResourceAttributes"),
+    },
+    "ResourceAttributes": {
+        1: ("namespace", "s"),
+        2: ("verb", "s"),
+        3: ("group", "s"),
+        4: ("version", "s"),
+        5: ("resource", "s"),
+        6: ("subresource", "s"),
+        7: ("name", "s"),
+        8: ("fieldSelector", "-"),
+        9: ("labelSelector", "-"),
+    },
+    "NonResourceAttributes": {1: ("path", "s"), 2: ("verb", "s")},
 }
 # The message of each kind a protobuf body may carry.
 _KINDS = {
@@ -197,6 +219,7 @@ _KINDS = {
     "Service": "Service",
     "Eviction": "Eviction",
     "DeleteOptions": "DeleteOptions",
+    "SelfSubjectAccessReview": "SelfSubjectAccessReview",
 }
 
 

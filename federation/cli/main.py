@@ -27,6 +27,7 @@ from federation.cli import access as cli_access
 from federation.cli import admin as cli_admin
 from federation.cli import admin_backup as cli_admin_backup
 from federation.cli import capacity as cli_capacity
+from federation.cli import cluster_join as cli_cluster_join
 from federation.cli import dataset as cli_dataset
 from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
@@ -578,6 +579,7 @@ cli_capacity.register(cli, _rpc)
 cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
 cli_logs.register(cli, _rpc)
+cli_cluster_join.register(cli, _rpc)
 # Last, so that every command registered above, from any module, takes `-o` after its name too.
 accept_output_everywhere(cli)
 

@@ -51,6 +51,7 @@ from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
 from federation.runtime.history_wiring import history_shown, open_history
+from federation.runtime.members_service import MembersService
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
@@ -272,6 +273,15 @@ class FederationServer:
             store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
         )
         pb_grpc.add_DatasetsServicer_to_server(datasets, server)
+        # `gpufed cluster join`: clusters registered at run time, driven by this server at once.
+        joins = MembersService(
+            store=store,
+            security=security,
+            auth=auth,
+            metrics=self.metrics,
+            drive=lambda record: members.add(record, cfg.state_dir),
+        )
+        pb_grpc.add_MembersServicer_to_server(joins, server)
         # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
         archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
         logs = LogsService(
@@ -295,6 +305,7 @@ class FederationServer:
             pb.DESCRIPTOR.services_by_name["AdminService"].full_name,
             pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
             pb.DESCRIPTOR.services_by_name["Capacity"].full_name,
+            pb.DESCRIPTOR.services_by_name["Members"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]

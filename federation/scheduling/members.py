@@ -156,6 +156,17 @@ class MemberClusters:
             if not ok:
                 log.warning("cluster_not_synced", cluster=backend.name, waited_s=sync_timeout_s)
 
+    async def add(self, record: ClusterRecord, state_dir: Path | None = None) -> None:
+        """A cluster registered while the server runs (`gpufed cluster join`): driven from now on,
+        replacing the backend of an earlier record of that name (a new kubeconfig or token)."""
+        old = self._backends.get(record.name)
+        fresh = MemberClusters.build([record], state_dir=state_dir)
+        if old is not None:
+            await MemberClusters((), {record.name: old}).close()
+        self._records[record.name] = record
+        self._backends[record.name] = fresh._backends[record.name]
+        await fresh.start()
+
     async def close(self, timeout_s: float = 15.0) -> None:
         """Stop every backend's watches; bounded, because a shutdown must not hang on one cluster."""
         kube = {asyncio.create_task(b.close()): b.name for b in _kubernetes_backends(self._backends.values())}

@@ -17,11 +17,20 @@ import pytest
 
 from clusters.kubernetes import permissions
 from clusters.kubernetes.kube import KubeApi, ListPath
-from clusters.kubernetes.permissions import PERMISSIONS, Request, covering, is_discovery, request_of
+from clusters.kubernetes.permissions import (
+    PERMISSIONS,
+    Request,
+    covering,
+    granted_to_everyone,
+    is_discovery,
+    request_of,
+)
 
 PACKAGE = Path(permissions.__file__).parent
 # Functions that pass a path they were given (the informers' ListPaths) rather than one of their own.
 GENERIC = {("kube", "_json"), ("kube", "watch"), ("kube", "list_page")}
+# `gpufed cluster join` runs with the cluster admin's credentials, to make the account: not the client.
+ADMIN_SIDE = {"join"}
 
 
 def _evaluate(node: ast.expr, namespace: dict[str, Any]) -> str | None:
@@ -36,6 +45,8 @@ def _calls_in_code() -> list[tuple[str, str, str, str]]:
     found: list[tuple[str, str, str, str]] = []
     for source in sorted(PACKAGE.glob("*.py")):
         module = source.stem
+        if module in ADMIN_SIDE:
+            continue
         namespace = vars(importlib.import_module(f"clusters.kubernetes.{module}"))
         tree = ast.parse(source.read_text())
         for func in ast.walk(tree):
@@ -74,7 +85,7 @@ def test_the_walk_finds_the_clients_calls() -> None:
     ("module", "function", "method", "path"), _calls_in_code(), ids=lambda v: str(v).replace("/", "_")
 )
 def test_every_call_is_in_the_list(module: str, function: str, method: str, path: str) -> None:
-    if is_discovery(path):
+    if is_discovery(path) or granted_to_everyone(request_of(method, path)):
         return
     request = request_of(method, path)
     assert covering(request) is not None, (
@@ -104,7 +115,11 @@ def test_no_call_bypasses_kube_call() -> None:
 def test_every_entry_is_used() -> None:
     # The list grants nothing the client does not call: an entry nobody uses is privilege to spare.
     used: set[tuple[str, str, str, str]] = set()
-    requests = [request_of(m, p) for _, _, m, p in _calls_in_code() if not is_discovery(p)]
+    requests = [
+        request_of(m, p)
+        for _, _, m, p in _calls_in_code()
+        if not is_discovery(p) and not granted_to_everyone(request_of(m, p))
+    ]
     for path in (KubeApi.list_nodes, KubeApi.list_pods, KubeApi.list_jobs, KubeApi.list_volcano_jobs):
         requests += [request_of("GET", path), request_of("GET", path, watch=True)]
     for request in requests:
