@@ -120,3 +120,26 @@ bench-quick: setup system-tools
 
 clean:
 	rm -rf $(VENV) $(IMPORTS_VENV) .mypy_cache .ruff_cache .pytest_cache .gpufed .coverage* .test-profile.*
+
+# The OCI image (deploy/image/build.sh; docs/deploy.md, "Image"): buildah builds it without a Docker
+# engine from a Debian base that mmdebstrap makes. Both are Debian packages, installed where missing
+# (apt needs root, as CI has). The smoke test starts the image's server and uses it from outside; it
+# is slow (a cold build takes minutes), so `.ci/run` calls it after `make test`, not the suite.
+.PHONY: image image-smoke image-tools
+IMAGE ?= localhost/gpufed
+
+image-tools:
+	@missing=""; \
+	command -v buildah >/dev/null 2>&1 || missing="$$missing buildah"; \
+	command -v mmdebstrap >/dev/null 2>&1 || missing="$$missing mmdebstrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing; install them (apt-get install$$missing) or run as root" >&2; exit 1; fi; \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+image: setup image-tools
+	IMAGE=$(IMAGE) UV=$(abspath $(BIN))/uv PYTHON=$(abspath $(BIN))/python deploy/image/build.sh
+
+image-smoke: image
+	$(BIN)/python deploy/image/smoke.py $(IMAGE):latest

@@ -49,19 +49,22 @@ cleanup() {
 trap cleanup EXIT
 
 mkdir -p "$BUILD_DIR"
-
-# 1. The base tarball. Written beside its final name and renamed, so an interrupted build never
-# leaves a truncated tarball that a later build would trust.
 base_key=$(printf '%s\n' "$SUITE" "$MIRROR" "${BASE_OPTS[@]}" | key)
-base_tar=$BUILD_DIR/base-$SUITE-$base_key.tar
-if [[ ! -s $base_tar ]]; then
-  log "making the Debian $SUITE base with mmdebstrap (a few minutes)"
-  rm -f "$BUILD_DIR"/base-*.tar "$BUILD_DIR"/base-*.tar.part
-  mmdebstrap --quiet "${BASE_OPTS[@]}" "$SUITE" "$base_tar.part" "$MIRROR"
-  mv "$base_tar.part" "$base_tar"
-else
-  log "base: cached $(basename "$base_tar")"
-fi
+
+# 1. The base tarball, needed only when the deps layer below is built: the buildah store keeps that
+# layer between builds and between clones. Written beside its final name and renamed, so that an
+# interrupted build never leaves a truncated tarball that a later build would trust.
+make_base() {
+  base_tar=$BUILD_DIR/base-$SUITE-$base_key.tar
+  if [[ ! -s $base_tar ]]; then
+    log "making the Debian $SUITE base with mmdebstrap (a few minutes)"
+    rm -f "$BUILD_DIR"/base-*.tar "$BUILD_DIR"/base-*.tar.part
+    mmdebstrap --quiet --format=tar "${BASE_OPTS[@]}" "$SUITE" "$base_tar.part" "$MIRROR"
+    mv "$base_tar.part" "$base_tar"
+  else
+    log "base: cached $(basename "$base_tar")"
+  fi
+}
 
 # 2. The wheel, from the committed tree: what the revision label names is what is installed, whatever
 # is uncommitted in the work tree. The gRPC stubs are generated here as in `make proto`.
@@ -80,7 +83,7 @@ fi
 wheel=$(basename "$(compgen -G "$dist/gpufed-*.whl" | head -1)")
 version=${wheel#gpufed-}
 version=${version%%-*}
-cp "$REPO/constraints.txt" "$dist/constraints.txt"
+git show HEAD:constraints.txt >"$dist/constraints.txt"
 
 uv_mounts=(
   -v "$UV:/usr/local/bin/uv:ro"
@@ -93,9 +96,10 @@ uv_mounts=(
 mkdir -p "$BUILD_DIR/uv-cache"
 
 # 3. The dependencies' layer, reused until what decides it changes.
-deps_key=$( (echo "$base_key"; cat pyproject.toml constraints.txt) | key)
+deps_key=$( (echo "$base_key"; git show HEAD:pyproject.toml HEAD:constraints.txt) | key)
 deps_image=localhost/gpufed-deps:$deps_key
 if ! buildah inspect --type image "$deps_image" >/dev/null 2>&1; then
+  make_base
   log "installing the dependencies into a fresh base"
   ctr=$(buildah from --quiet scratch)
   containers+=("$ctr")
@@ -124,7 +128,9 @@ buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
   uv pip install --quiet --no-deps --python /opt/gpufed/bin/python /dist/$wheel
   # The root filesystem is read-only at run time, so Python could not cache bytecode then: compile
   # gpufed, and every module a server or the CLI imports, now.
-  /opt/gpufed/bin/python -m compileall -q -j0 /opt/gpufed/lib/python3*/site-packages/{federation,clusters,placement,datasync,iac}
+  cd /opt/gpufed/lib/python3*/site-packages
+  /opt/gpufed/bin/python -m compileall -q -j0 federation clusters placement datasync iac
+  cd /
   /opt/gpufed/bin/python -c 'import federation.cli.main, federation.runtime.serve, federation.runtime.server'
   echo 'gpufed:x:$GPUFED_UID:$GPUFED_UID:gpufed:/var/lib/gpufed:/usr/sbin/nologin' >> /etc/passwd
   echo 'gpufed:x:$GPUFED_UID:' >> /etc/group
