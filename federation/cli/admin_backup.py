@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from federation.history.config import HistorySettings, resolve_dsn
 from federation.runtime.endpoint import read_endpoint
 
 
@@ -22,6 +21,9 @@ def _dsn(opts: Any, history_dsn: str | None, config_path: str | None) -> str:
     """`--history-dsn`, else the config's `history:` section, else SQLite under the state dir."""
     if history_dsn:
         return history_dsn
+    # Here, not at the top: it imports SQLAlchemy, a third of a second of every other command's start.
+    from federation.history.config import HistorySettings, resolve_dsn
+
     settings = HistorySettings()
     if config_path is not None:
         from federation.runtime.config import load_config  # the whole config: only when given
