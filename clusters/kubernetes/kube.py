@@ -24,6 +24,7 @@ from kubernetes import config as _config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as _watch
 
+from clusters.kubernetes import incluster
 from clusters.kubernetes.manifests import VOLCANO_GROUP, VOLCANO_SCHEDULING_GROUP, VOLCANO_VERSION
 
 # The client is untyped; it is used through these names, and what it returns is typed below.
@@ -57,6 +58,10 @@ def api_client(kubeconfig: Path | None, context: str | None, *, pool_size: int) 
     configuration.connection_pool_maxsize = pool_size
     # One quick retry of a refused connection; longer outages are the backend's to ride out.
     configuration.retries = 1
+    if kubeconfig is None and incluster.available():
+        # A pod with no kubeconfig given: the cluster it runs in, as its own ServiceAccount.
+        incluster.load(configuration)
+        return k8s.ApiClient(configuration=configuration)
     k8s_config.load_kube_config(
         config_file=str(kubeconfig) if kubeconfig is not None else None,
         context=context,

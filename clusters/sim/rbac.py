@@ -74,7 +74,9 @@ class Attributes:
 
 def authenticate(store: Store, admin_token: str | None, authorization: str | None) -> User | None:
     """The caller, or None when the credentials are refused (401)."""
-    presented = authorization[7:] if authorization and authorization.startswith("Bearer ") else None
+    # The scheme is case-insensitive (the client's in-cluster loader writes "bearer").
+    scheme, _, credentials = (authorization or "").partition(" ")
+    presented = credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
     if presented is not None and presented == admin_token:
         return ADMIN
     if presented is None:

@@ -43,6 +43,8 @@ from clusters.sim.store import Watcher
 Obj = dict[str, Any]
 log = structlog.get_logger("gpufed.clusters.sim")
 _OPEN_PATHS = ("/sim/", "/healthz", "/livez", "/readyz")
+# Who made the request (clusters.sim.rbac), for the SelfSubjectAccessReviews answered about them.
+_USER = web.RequestKey("sim_user", rbac.User)
 
 
 def _json_response(body: Obj, status: int = 200) -> web.Response:
@@ -125,7 +127,7 @@ class ApiServer:
                 raise errors.unauthorized()
             if not user.admin:
                 rbac.authorize(store, user, request.method, request.path, request.query)
-            request["sim_user"] = user
+            request[_USER] = user
             return await handler(request)  # type: ignore[no-any-return]
         except ApiError as exc:
             return _error_response(exc)
@@ -243,7 +245,7 @@ class ApiServer:
             if request.method != "POST" or name is not None:
                 raise errors.not_allowed(f"the server does not allow this method: {request.method}")
             answer = rbac.review(
-                self._engine.store, request.get("sim_user", rbac.ADMIN), await self._body(request)
+                self._engine.store, request.get(_USER, rbac.ADMIN), await self._body(request)
             )
             return _json_response(answer, 201)
         if rt is PODS and sub == "log" and name is not None and request.method == "GET":
