@@ -305,6 +305,36 @@ def test_a_damaged_backup_or_a_non_empty_target_is_refused_and_nothing_is_writte
     refused = _cli(token, "admin", "restore", "--from", str(backup), "--etcd-data-dir", str(occupied))
     assert f"{occupied} is not empty" in refused.stderr
     assert [p.name for p in occupied.iterdir()] == ["keep.me"]
+    # Told to (--force), it replaces the data dir and keeps the old one aside, whole.
+    forced = _cli(
+        token, "admin", "restore", "--from", str(backup), "--etcd-data-dir", str(occupied), "--force"
+    )
+    assert forced.exit_code == 0, forced.stderr
+    (aside,) = world.root.glob("etcd-occupied.replaced-*")
+    assert [p.name for p in aside.iterdir()] == ["keep.me"]
+    assert (occupied / "member" / "snap" / "db").is_file()
+
+
+def test_a_restore_that_fails_half_way_leaves_nothing_behind(world: World, backup: Path) -> None:
+    """The history's rows are counted against the manifest before they commit: a manifest that
+    disagrees with its dump (edited, or a dump cut short) fails the restore after etcd's data dir was
+    built and the rows were inserted, and neither is left."""
+    lying = world.root / "lying"
+    shutil.copytree(backup, lying)
+    doc = json.loads((lying / "manifest.json").read_text())
+    doc["history_rows"]["history_jobs"] += 1
+    (lying / "manifest.json").write_text(json.dumps(doc))
+    target = world.root / "etcd-half"
+    history = world.root / "half.sqlite3"
+    refused = _cli(
+        world.token("admin"), "admin", "restore", "--from", str(lying), "--etcd-data-dir", str(target),
+        "--history-dsn", f"sqlite:///{history}",
+    )  # fmt: skip
+    assert refused.exit_code != 0
+    assert "differ from the backup's manifest" in refused.stderr
+    assert not target.exists()
+    assert not history.exists()
+    assert sorted(p.name for p in world.root.iterdir() if "half" in p.name) == []
 
 
 def test_a_restored_federation_holds_what_was_backed_up(
@@ -408,6 +438,10 @@ def _check_users_see_their_own(server: ServerProcess, world: World) -> None:
         GpufedClient(target, world.issued_token) as issued,
     ):
         assert issued.whoami().user == "alice"
+        # The backup itself is in the audit trail, by the admin who took it.
+        assert [(e.user, e.target) for e in admin.list_audit().events if e.action == "backup"] == [
+            ("admin", str(world.root / "backup1"))
+        ]
         assert alice.get(world.archived).phase == SUCCEEDED  # from the restored history
         assert alice.get(world.running).phase == RUNNING
         assert bob.get(world.waiting).phase == QUEUED
