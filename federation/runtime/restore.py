@@ -66,7 +66,7 @@ def _stamp(now_s: float) -> str:
     return datetime.fromtimestamp(now_s, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _check_targets(etcd_data_dir: Path | None, history_dsn: str | None, force: bool) -> dict[str, int]:
+def check_targets(etcd_data_dir: Path | None, history_dsn: str | None, force: bool) -> dict[str, int]:
     if etcd_data_dir is not None and etcd_data_dir.exists():
         if not etcd_data_dir.is_dir():
             raise BackupRefused(f"{etcd_data_dir} is a file, not an etcd data dir")
@@ -101,7 +101,7 @@ def restore_backup(
     verify_files(source, manifest)
     authorize_restore(manifest, token, now_s=now_s)
     etcd_data_dir = etcd_data_dir.resolve() if etcd_data_dir is not None else None
-    held = _check_targets(etcd_data_dir, history_dsn, force)
+    held = check_targets(etcd_data_dir, history_dsn, force)
     building = (
         etcd_data_dir.with_name(f".{etcd_data_dir.name}.restoring-{os.getpid()}")
         if etcd_data_dir is not None
