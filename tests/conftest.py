@@ -62,7 +62,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # in collection order as it frees up). The slow tiers go first, so that the thousands of
 # sub-second unit tests fill the gaps at the end instead of one long end-to-end test running alone
 # after everything else has finished. A stable sort keeps each module's tests together and in order.
-TIER_ORDER = ("e2e", "integration", "contract", "unit")
+TIER_ORDER = ("e2e", "deploy", "integration", "contract", "unit")
 
 
 def _tier(item: pytest.Item) -> int:

@@ -1,0 +1,91 @@
+"""The Helm chart's tools and renders, shared by the chart's tests: the real helm binary and
+kubernetes-validate that `make deploy-tools` installs (run here too, so a bare `pytest` finds them;
+it does nothing when they are there), and `helm template` of the chart with an example's values."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "gpufed"
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+HELM = REPO / ".tools" / "helm-3.17.2" / "helm"
+KUBE_VALIDATE_PYTHON = REPO / ".venv-kubevalidate" / "bin" / "python"
+CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+NAMESPACE = "gpufed"
+RELEASE = "gpufed"
+
+
+def ensure_tools(*targets: str) -> None:
+    """`make` the tools (idempotent: stamp files), so that the tests run from a bare `pytest` too."""
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-s", *targets],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"make {' '.join(targets)} failed:\n{result.stdout}\n{result.stderr}"
+
+
+@dataclass(frozen=True, slots=True)
+class Render:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def docs(self) -> list[dict[str, Any]]:
+        assert self.code == 0, self.stderr
+        return [doc for doc in yaml.safe_load_all(self.stdout) if doc]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [
+            d for d in self.docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+        ]
+        assert len(found) == 1, f"{len(found)} {kind} {name or ''} in the render"
+        return found[0]
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return sorted((d["kind"], d["metadata"]["name"]) for d in self.docs)
+
+
+def helm(*args: str, timeout_s: float = 30) -> Render:
+    result = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=timeout_s)
+    return Render(result.returncode, result.stdout, result.stderr)
+
+
+def template(*values_files: Path, sets: tuple[str, ...] = (), kube_version: str | None = None) -> Render:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for path in values_files:
+        args += ["-f", str(path)]
+    for item in sets:
+        args += ["--set", item]
+    if kube_version is not None:
+        args += ["--kube-version", kube_version]
+    return helm(*args)
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(workload name, pod spec) of every Deployment and StatefulSet."""
+    return [
+        (d["metadata"]["name"], d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+    ]
+
+
+def documented_block(name: str) -> Any:
+    """The YAML block under `<!-- chart: NAME -->` in docs/deploy.md: what the docs promise."""
+    text = DEPLOY_DOC.read_text()
+    marker = f"<!-- chart: {name} -->"
+    assert marker in text, f"docs/deploy.md has no {marker}"
+    after = text.split(marker, 1)[1]
+    block = after.split("```yaml\n", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(block)
