@@ -73,6 +73,13 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         help="YAML with the config file's cluster keys: provider, region, pools, objectStore, ...",
     )
     @click.option("--namespace", default="gpufed", show_default=True, help="namespace of gpufed's account")
+    @click.option(
+        "--register/--no-register",
+        default=True,
+        show_default=True,
+        help="register the cluster with the server (--no-register: only the account and kubeconfig, "
+        "for clusters listed in the config file or the Helm values)",
+    )
     @click.pass_obj
     @rpc
     def join_command(
@@ -84,6 +91,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         server_path: str | None,
         spec: str | None,
         namespace: str,
+        register: bool,
     ) -> None:
         """Make gpufed's account on cluster NAME (exactly the rights gpufed uses) and register it."""
         from clusters.kubernetes.join import JoinFailed, JoinNames, join, kubeconfig, write_private

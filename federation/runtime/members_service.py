@@ -5,7 +5,8 @@ account on the member cluster and then registers the cluster here, with the same
 file's `clusters:` entries, parsed by the same code (`federation.runtime.config`), which is why this
 servicer lives in `runtime` rather than `api`. The record goes to etcd (`/gpufed/clusters/<name>`,
 where the config's clusters go too), the answering server drives the cluster at once, and other
-replicas at their next start. Registering a name again replaces its record: a join repeated after a
+replicas at their next start. A kubeconfig the answering server cannot load is refused, and
+nothing is stored. Registering a name again replaces its record: a join repeated after a
 token rotation updates, never duplicates. Admin only; the audit trail says who registered what.
 """
 
@@ -22,7 +23,7 @@ from federation.api.service import CallHandlers, Ctx
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.datasets.stores import StoreDirectory
-from federation.errors import InvalidArgument, InvalidSpec
+from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec
 from federation.metrics import Metrics
 from federation.runtime.config import parse_config
 from federation.security.auth import Authenticator, Principal, check_admin
@@ -67,13 +68,19 @@ class MembersService(pb_grpc.MembersServicer):
                 raise InvalidSpec("document", "must be a mapping with the config file's cluster keys")
             record = await self._parse(dict(doc))
             created = await self._store.get_cluster(record.name) is None
+            try:
+                # First, so that a kubeconfig this server cannot read is refused with nothing stored.
+                await self._drive(record)
+            except Exception as error:  # the client's loader raises ConfigException, OSError, ValueError
+                raise FailedPrecondition(
+                    f"cluster {record.name}: this server cannot use kubeconfig {record.kubeconfig}: {error}"
+                ) from error
             await self._store.put_cluster(record)
             action = "cluster_registered" if created else "cluster_updated"
             log.info(action, cluster=record.name, by=who.user, kubeconfig=record.kubeconfig)
             await self._security.append_audit(
                 AuditEvent(self._clock(), who.user, who.role.value, action, record.name, req.document[:2000])
             )
-            await self._drive(record)
             return pb.RegisterClusterResponse(name=record.name, created=created)
 
         return await self._h.unary("RegisterCluster", request, context, body)

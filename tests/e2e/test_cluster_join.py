@@ -283,3 +283,35 @@ def test_a_permission_taken_away_is_named_by_check_and_by_gpufed(world: World) -
         assert world.join().exit_code == 0
     restored = world.gpufed("admin", "cluster", "check", MEMBER, "--kubeconfig", str(world.joined_kubeconfig))
     assert restored.exit_code == 0, restored.output
+
+
+@pytest.mark.parametrize(
+    ("document", "code", "named"),
+    [
+        (
+            {"name": "ghost", "provider": "private", "kubeconfig": "/nowhere/ghost.kubeconfig"},
+            "FAILED_PRECONDITION",
+            "/nowhere/ghost",
+        ),
+        ({"name": "ghost", "kubeconfig": "/k", "provider": "mars"}, "INVALID_ARGUMENT", "provider"),
+        (
+            {"name": "ghost", "provider": "private", "kubeconfig": "/k", "backend": "sim"},
+            "INVALID_ARGUMENT",
+            "backend",
+        ),
+        ({"name": "Not A Name", "provider": "private", "kubeconfig": "/k"}, "INVALID_ARGUMENT", "name"),
+    ],
+    ids=["unreadable-kubeconfig", "unknown-provider", "sim-backend", "bad-name"],
+)
+def test_a_registration_the_server_cannot_use_is_refused_and_nothing_is_stored(
+    world: World, document: dict[str, str], code: str, named: str
+) -> None:
+    with world.server.client("admin") as admin:
+        stub = pb_grpc.MembersStub(admin.channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RegisterCluster(
+                pb.RegisterClusterRequest(document=json.dumps(document)), metadata=admin.metadata
+            )
+        assert refused.value.code().name == code, refused.value.details()
+        assert named in (refused.value.details() or "")
+        assert "ghost" not in [c.name for c in admin.clusters().clusters]
