@@ -38,6 +38,20 @@ def _spec(path: str | None) -> dict[str, Any]:
     return doc
 
 
+def _names(namespace: str, account: str) -> Any:
+    """Another account than the default gets a binding of its own, so that joins do not undo each other."""
+    from clusters.kubernetes.join import JoinNames
+
+    default = JoinNames()
+    binding = default.binding if (namespace, account) == (default.namespace, default.account) else None
+    return JoinNames(
+        namespace=namespace,
+        account=account,
+        secret=f"{account}-token",
+        binding=binding or f"{default.binding}-{namespace}-{account}",
+    )
+
+
 def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     @cli.group()
     def cluster() -> None:
@@ -74,6 +88,12 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     )
     @click.option("--namespace", default="gpufed", show_default=True, help="namespace of gpufed's account")
     @click.option(
+        "--account",
+        default="gpufed",
+        show_default=True,
+        help="gpufed's ServiceAccount (an existing one is kept: the servers' own, for an in-cluster member)",
+    )
+    @click.option(
         "--register/--no-register",
         default=True,
         show_default=True,
@@ -91,10 +111,11 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         server_path: str | None,
         spec: str | None,
         namespace: str,
+        account: str,
         register: bool,
     ) -> None:
         """Make gpufed's account on cluster NAME (exactly the rights gpufed uses) and register it."""
-        from clusters.kubernetes.join import JoinFailed, JoinNames, join, kubeconfig, write_private
+        from clusters.kubernetes.join import JoinFailed, join, kubeconfig, write_private
 
         doc = _spec(spec)
         with opts.client() as client:
@@ -105,7 +126,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
                     f"role {me.role}); nothing was changed on the cluster"
                 )
             try:
-                joined = join(Path(admin_kubeconfig), context, JoinNames(namespace=namespace))
+                joined = join(Path(admin_kubeconfig), context, _names(namespace, account))
             except JoinFailed as error:
                 raise click.ClickException(f"cluster {name}: {error}") from error
             target = Path(out) if out is not None else default_kubeconfig(name)
