@@ -394,8 +394,21 @@ def test_previous_is_the_run_before_the_restart(
     )
     last = pod.status.container_statuses[0].last_state.terminated
     assert (last.exit_code, last.reason) == (3, "Error")
-    previous = kubectl(kubeconfig, "logs", "crashy", "--previous").stdout.splitlines()
-    assert previous[0] == '[sim] container "main" started (image train:1)'
+
+    def restarts() -> int:
+        return int(core.read_namespaced_pod("crashy", "default").status.container_statuses[0].restart_count)
+
+    # The container keeps failing every second or so; a busy machine can take that long to start
+    # kubectl. Read `--previous` between two equal restart counts, so that the run it must show is
+    # known: the one before the current run.
+    def previous_of_a_steady_run() -> tuple[int, list[str]] | None:
+        before = restarts()
+        lines = kubectl(kubeconfig, "logs", "crashy", "--previous").stdout.splitlines()
+        return (before, lines) if restarts() == before else None
+
+    count, previous = wait_for(previous_of_a_steady_run)
+    run_before = "" if count == 1 else f", restart {count - 1}"
+    assert previous[0] == f'[sim] container "main" started (image train:1{run_before})'
     assert previous[-1] == "[sim] exited with code 3 (Error)"
     current = kubectl(kubeconfig, "logs", "crashy").stdout.splitlines()
     assert current[0].startswith('[sim] container "main" started (image train:1, restart ')
