@@ -4,6 +4,7 @@ it does nothing when they are there), and `helm template` of the chart with an e
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +25,15 @@ RELEASE = "gpufed"
 
 def ensure_tools(*targets: str) -> None:
     """`make` the tools (idempotent: stamp files), so that the tests run from a bare `pytest` too."""
+    # Not the jobserver of a `make test` this runs under: the nested make is a make of its own.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     result = subprocess.run(
         ["make", "--no-print-directory", "-s", *targets],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert result.returncode == 0, f"make {' '.join(targets)} failed:\n{result.stdout}\n{result.stderr}"
 
