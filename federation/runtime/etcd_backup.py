@@ -24,6 +24,10 @@ from federation.runtime.etcd_process import etcd_binary, etcdctl_binary
 # A snapshot of etcd's 2 GiB quota streams in well under this on a local disk.
 _SNAPSHOT_TIMEOUT_S = 600.0
 _CALL_TIMEOUT_S = 60.0
+# A member that is down is known within this; etcdctl's snapshot would otherwise wait out its whole
+# command timeout (which bounds the download too) on one that never answers.
+_DIAL_TIMEOUT_S = 2
+_PROBE_TIMEOUT_S = 2.0
 
 
 class EtcdToolFailed(GpufedError):
@@ -43,9 +47,15 @@ class EtcdAccess:
     def endpoint_list(self) -> list[str]:
         return [e.strip() for e in self.endpoints.split(",") if e.strip()]
 
-    def flags(self, endpoints: Sequence[str] | None = None) -> list[str]:
+    def flags(
+        self, endpoints: Sequence[str] | None = None, *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> list[str]:
         chosen = ",".join(endpoints if endpoints is not None else self.endpoint_list())
-        out = [f"--endpoints={chosen}", f"--command-timeout={int(_CALL_TIMEOUT_S)}s"]
+        out = [
+            f"--endpoints={chosen}",
+            f"--command-timeout={int(timeout_s)}s",
+            f"--dial-timeout={_DIAL_TIMEOUT_S}s",
+        ]
         if self.cacert is not None:
             out.append(f"--cacert={self.cacert}")
         if self.cert is not None and self.key is not None:
@@ -90,9 +100,20 @@ def save_snapshot(access: EtcdAccess, path: Path) -> str:
     for endpoint in access.endpoint_list():
         try:
             _run(
-                [str(etcdctl_binary()), *access.flags([endpoint]), "snapshot", "save", str(path)],
+                [
+                    str(etcdctl_binary()),
+                    *access.flags([endpoint], timeout_s=_PROBE_TIMEOUT_S),
+                    "endpoint",
+                    "status",
+                ],
+                f"etcd member {endpoint}",
+                _PROBE_TIMEOUT_S * 2,
+            )
+            flags = access.flags([endpoint], timeout_s=_SNAPSHOT_TIMEOUT_S)
+            _run(
+                [str(etcdctl_binary()), *flags, "snapshot", "save", str(path)],
                 f"etcdctl snapshot save from {endpoint}",
-                _SNAPSHOT_TIMEOUT_S,
+                _SNAPSHOT_TIMEOUT_S + 30,
             )
             return endpoint
         except EtcdToolFailed as error:
