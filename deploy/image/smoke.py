@@ -116,7 +116,7 @@ def container(image: str) -> Iterator[str]:
 
 def processes_running(identity: str) -> list[int]:
     """The image's server processes, found by the unique identity in their command line; the
-    `buildah run` wrapper's own command line carries it too, and is left out."""
+    `buildah run` wrapper's own command line carries it too, and is left out, as is its helper."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -126,7 +126,11 @@ def processes_running(identity: str) -> list[int]:
         except OSError:
             continue
         if identity.encode() in argv and b"serve" in argv and not argv[0].endswith(b"buildah"):
-            found.append(int(entry.name))
+            with contextlib.suppress(OSError):
+                # buildah's chroot helper (a memfd copy of buildah) carries the same command line
+                # until it executes gpufed.
+                if not (entry / "comm").read_text().startswith("memfd:"):
+                    found.append(int(entry.name))
     return found
 
 
@@ -206,7 +210,10 @@ def smoke(image: str, work: Path) -> None:
             "--bootstrap", "/etc/gpufed/federation.yaml", "--identity", identity,
         ]  # fmt: skip
         with log_path.open("wb") as log:
-            server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # No stdin (CI has none): buildah then allocates no terminal.
+            server = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
 
             def alive() -> None:
