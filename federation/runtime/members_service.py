@@ -29,6 +29,7 @@ from federation.runtime.config import parse_config
 from federation.security.auth import Authenticator, Principal, check_admin
 from federation.security.tokens import AuditEvent, SecurityStore
 from federation.spec.manifest_text import load_manifest_text
+from federation.spec.validate import shown
 from federation.store.job_store import KvStore
 from federation.store.records import ClusterRecord
 
@@ -72,8 +73,9 @@ class MembersService(pb_grpc.MembersServicer):
                 # First, so that a kubeconfig this server cannot read is refused with nothing stored.
                 await self._drive(record)
             except Exception as error:  # the client's loader raises ConfigException, OSError, ValueError
+                path, why = shown(record.kubeconfig, 200), shown(str(error), 200)
                 raise FailedPrecondition(
-                    f"cluster {record.name}: this server cannot use kubeconfig {record.kubeconfig}: {error}"
+                    f"cluster {record.name}: this server cannot use kubeconfig {path}: {why}"
                 ) from error
             await self._store.put_cluster(record)
             action = "cluster_registered" if created else "cluster_updated"
@@ -88,7 +90,7 @@ class MembersService(pb_grpc.MembersServicer):
     async def _parse(self, doc: dict[str, object]) -> ClusterRecord:
         backend = doc.setdefault("backend", "kubernetes")
         if backend not in JOINABLE_BACKENDS:
-            raise InvalidSpec("backend", f"must be one of {list(JOINABLE_BACKENDS)}, got {backend!r}")
+            raise InvalidSpec("backend", f"must be one of {list(JOINABLE_BACKENDS)}, got {shown(backend)}")
         # The object store is checked against the stores this federation knows, not the document's.
         object_store = doc.pop("objectStore", None)
         try:

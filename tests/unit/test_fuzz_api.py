@@ -8,6 +8,7 @@ admin's token so that requests get past authorization and reach the field checks
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from federation.datasets.syncs import SyncRecords
 from federation.joblogs.archive import LogArchive, LogsSettings
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
+from federation.runtime.members_service import MembersService
 from federation.runtime.server import TenantDirectory
 from federation.scheduling.members import MemberClusters
 from federation.security.auth import Authenticator
@@ -76,6 +78,7 @@ class World:
     datasets: DatasetService
     capacity: CapacityService | None = None
     logs: LogsService | None = None
+    members: MembersService | None = None
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -161,6 +164,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             metrics=metrics,
             inventories=no_clusters,
             job=lambda _: None,
+        )
+
+        async def drive(record: ClusterRecord) -> None:
+            # A server that cannot load the kubeconfig refuses the registration (members.add raises).
+            if record.kubeconfig != str(lab / "member.kubeconfig"):
+                raise ValueError(f"Invalid kube-config file: {record.kubeconfig}")
+
+        world.members = MembersService(
+            store=store, security=SecurityStore(store.kv), auth=auth, metrics=metrics, drive=drive
         )
         return world
 
@@ -354,6 +366,29 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             st.builds(pb.CancelCapacityPlanRequest, plan_id=texts),
         ),
         "ListCapacityPools": (lambda w: w.capacity.ListCapacityPools, st.just(pb.ListCapacityPoolsRequest())),
+        "RegisterCluster": (
+            lambda w: w.members.RegisterCluster,
+            st.builds(
+                pb.RegisterClusterRequest,
+                document=st.one_of(
+                    texts,
+                    manifests,
+                    st.fixed_dictionaries(
+                        {
+                            "name": texts,
+                            "provider": st.one_of(texts, st.just("private")),
+                            "kubeconfig": texts,
+                        },
+                        optional={
+                            "backend": st.one_of(texts, st.just("kubernetes")),
+                            "objectStore": st.one_of(texts, store_names),
+                            "pools": st.lists(st.dictionaries(texts, texts, max_size=3), max_size=2),
+                            "unreachableGraceSeconds": numbers,
+                        },
+                    ).map(json.dumps),
+                ),
+            ),
+        ),
     }
 
 
@@ -362,7 +397,7 @@ REQUESTS = _requests()
 WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
           "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
           "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan", "VerifyDataset",
-          "SetDatasetGrant"}  # fmt: skip
+          "SetDatasetGrant", "RegisterCluster"}  # fmt: skip
 
 
 @pytest.mark.parametrize("call", sorted(REQUESTS))
