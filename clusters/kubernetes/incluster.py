@@ -3,8 +3,9 @@
 Inside a pod there is no kubeconfig: the API's address comes from `KUBERNETES_SERVICE_HOST` and
 `KUBERNETES_SERVICE_PORT`, and the pod's ServiceAccount token and the cluster's CA are mounted at
 `/var/run/secrets/kubernetes.io/serviceaccount/`. A cluster record whose kubeconfig is `in-cluster`
-is reached this way (`federation.scheduling.members`), through the official client's loader, which
-also re-reads the token as the kubelet rotates it (projected tokens last about an hour).
+is reached this way (`kube.api_client`), and so is one given no kubeconfig inside a pod, through the
+official client's loader, which re-reads the token as the kubelet rotates it (projected tokens last
+about an hour).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def available(environ: Mapping[str, str] | None = None) -> bool:
 
 def load(configuration: Any, environ: Mapping[str, str] | None = None) -> None:
     """Fill a client `Configuration` (host, CA, bearer token that refreshes) from the pod's mounts."""
-    # Imported here: `members` reads IN_CLUSTER from this module, and a federation without a
-    # Kubernetes member must not pay the client's import.
+    # Imported here, so that reading IN_CLUSTER costs nothing: a federation without a Kubernetes
+    # member must not pay the client's import.
     from kubernetes.config import config_exception, incluster_config
 
     env = dict(os.environ if environ is None else environ)
@@ -45,4 +46,7 @@ def load(configuration: Any, environ: Mapping[str, str] | None = None) -> None:
     try:
         loader.load_and_set(configuration)
     except config_exception.ConfigException as error:
-        raise NotInCluster(f"in-cluster configuration: {error}") from error
+        raise NotInCluster(
+            f"in-cluster configuration needs {HOST_ENV}, {PORT_ENV} and the pod's token and CA "
+            f"under {TOKEN_PATH.parent}: {error}"
+        ) from error

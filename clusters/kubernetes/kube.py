@@ -58,8 +58,10 @@ def api_client(kubeconfig: Path | None, context: str | None, *, pool_size: int) 
     configuration.connection_pool_maxsize = pool_size
     # One quick retry of a refused connection; longer outages are the backend's to ride out.
     configuration.retries = 1
-    if kubeconfig is None and incluster.available():
-        # A pod with no kubeconfig given: the cluster it runs in, as its own ServiceAccount.
+    if (kubeconfig is not None and str(kubeconfig) == incluster.IN_CLUSTER) or (
+        kubeconfig is None and incluster.available()
+    ):
+        # `kubeconfig: in-cluster`, or a pod given none: the cluster it runs in, as its own account.
         incluster.load(configuration)
         return k8s.ApiClient(configuration=configuration)
     k8s_config.load_kube_config(

@@ -18,7 +18,6 @@ import structlog
 
 from clusters.api import ClusterBackend, ClusterError, GangStatus
 from clusters.kubernetes.config import GpuPrice, KubernetesClusterConfig, KubernetesSettings
-from clusters.kubernetes.incluster import IN_CLUSTER
 from clusters.memory import InMemoryCluster
 from federation.store.intervals import ClusterSite
 from federation.store.records import ClusterRecord
@@ -75,8 +74,7 @@ def kubernetes_config(record: ClusterRecord) -> KubernetesClusterConfig:
         prices=tuple(
             GpuPrice(p.gpu_type, p.kind, p.usd_per_gpu_hour, p.reclaims_per_node_hour) for p in record.pools
         ),
-        # `in-cluster`: the pod's own account and the cluster it runs in (clusters.kubernetes.incluster).
-        kubeconfig=None if record.kubeconfig == IN_CLUSTER else Path(record.kubeconfig),
+        kubeconfig=Path(record.kubeconfig),
         context=record.context,
         object_store=record.object_store,
         scalable=record.scalable,

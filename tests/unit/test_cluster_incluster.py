@@ -50,6 +50,14 @@ def test_the_client_takes_the_pods_address_token_and_ca(
         client.close()
 
 
+def test_a_record_that_says_in_cluster_outside_a_pod_is_refused_naming_what_is_missing(
+    mounts: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(incluster.NotInCluster, match="KUBERNETES_SERVICE_HOST"):
+        api_client(Path(incluster.IN_CLUSTER), None, pool_size=2)
+
+
 def test_outside_a_pod_nothing_is_in_cluster(
     mounts: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,7 +113,8 @@ def test_in_cluster_config_reaches_the_cluster_as_the_pods_account(
         address = urlsplit(sim.url)
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(address.hostname))
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(address.port))
-        client = api_client(None, None, pool_size=2)
+        # As a cluster record names it (`kubeconfig: in-cluster`).
+        client = api_client(Path(incluster.IN_CLUSTER), None, pool_size=2)
         api = KubeApi(client, Timeouts(5, 10))
         try:
             nodes = api.list_page(KubeApi.list_nodes, label_selector=None, limit=10, token=None)
