@@ -52,7 +52,7 @@ from federation.runtime.etcd_backup import (
     save_snapshot,
     snapshot_status,
 )
-from federation.runtime.history_dump import dump_history
+from federation.runtime.history_dump import dump_history, probe_history
 from federation.security.tokens import token_from_dict, token_hash
 from federation.store.records import Role, UserRecord, user_from_dict
 
@@ -146,6 +146,8 @@ def take_backup(out: Path, access: EtcdAccess, history_dsn: str, token: str) -> 
     out = out.resolve()
     if not _empty_dir_or_absent(out):
         raise BackupRefused(f"{out} is not empty: a backup goes into a new or empty directory")
+    # Before anything is written (the audit record, the snapshot): the history must be there to dump.
+    probe_history(history_dsn)
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700, parents=True)

@@ -19,6 +19,7 @@ the target only when done.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import os
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import MetaData, func, select, text
+from sqlalchemy import MetaData, func, inspect, select, text
 from sqlalchemy.engine import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.types import LargeBinary
 
 from federation.errors import GpufedError
@@ -45,8 +47,24 @@ _BATCH_ROWS = 1000
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "history" / "migrations"
 
 
-class HistoryRestoreRefused(GpufedError):
-    """The target database holds history already, or the dump cannot be read."""
+class HistoryDumpError(GpufedError):
+    """The history database cannot be read or written, or a dump is not what it should be. The
+    message names the database's problem, never its DSN (which may carry a password)."""
+
+
+@contextlib.contextmanager
+def _database_errors(what: str) -> Iterator[None]:
+    """A database's failure (unreachable, refused, a constraint) as a one-line error, not a traceback.
+    The driver's own message names host and port, never the password."""
+    try:
+        yield
+    except DBAPIError as error:
+        said = str(error.orig).strip().splitlines()[0] if error.orig is not None else type(error).__name__
+        raise HistoryDumpError(f"{what}: {said}") from error
+    except SQLAlchemyError as error:
+        raise HistoryDumpError(f"{what}: {type(error).__name__}") from error
+    except sqlite3.Error as error:  # the online backup's own connections
+        raise HistoryDumpError(f"{what}: {error}") from error
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +81,11 @@ def _is_history_table(name: str) -> bool:
 
 
 def _revision(connection: Connection) -> str:
+    if _VERSION_TABLE not in inspect(connection).get_table_names():
+        raise HistoryDumpError("the history database has no gpufed schema (has a server ever opened it?)")
     rows = connection.execute(text(f"SELECT version_num FROM {_VERSION_TABLE}")).all()
     if len(rows) != 1:
-        raise HistoryRestoreRefused(f"the history database has {len(rows)} schema revisions, not one")
+        raise HistoryDumpError(f"the history database has {len(rows)} schema revisions, not one")
     return str(rows[0][0])
 
 
@@ -78,11 +98,26 @@ def _counts(connection: Connection) -> dict[str, int]:
     }
 
 
+def probe_history(dsn: str) -> str:
+    """The schema revision of the history database, read to know before a backup starts that the
+    database is there and reachable. Raises HistoryDumpError."""
+    url = parse_dsn(dsn)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        raise HistoryDumpError(f"no history database at {url.database}")
+    engine = open_engine(dsn)
+    try:
+        with _database_errors("reading the history database"), engine.connect() as connection:
+            return _revision(connection)
+    finally:
+        engine.dispose()
+
+
 def dump_history(dsn: str, out_dir: Path) -> HistoryDump:
     url = parse_dsn(dsn)
-    if url.get_backend_name() == "sqlite":
-        return _dump_sqlite(Path(url.database or ""), out_dir / SQLITE_FILE)
-    return _dump_portable(open_engine(dsn), out_dir / PORTABLE_FILE)
+    with _database_errors("reading the history database"):
+        if url.get_backend_name() == "sqlite":
+            return _dump_sqlite(Path(url.database or ""), out_dir / SQLITE_FILE)
+        return _dump_portable(open_engine(dsn), out_dir / PORTABLE_FILE)
 
 
 def _read_only(path: Path) -> Engine:
@@ -92,7 +127,7 @@ def _read_only(path: Path) -> Engine:
 
 def _dump_sqlite(source: Path, target: Path) -> HistoryDump:
     if not source.is_file():
-        raise HistoryRestoreRefused(f"no history database at {source}")
+        raise HistoryDumpError(f"no history database at {source}")
     # Not read-only: a read-only connection cannot open a WAL database whose -shm file is missing.
     src = sqlite3.connect(source)
     dst = sqlite3.connect(target)
@@ -144,7 +179,7 @@ def _dump_portable(engine: Engine, target: Path) -> HistoryDump:
                     out.write(json.dumps([_encode(v) for v in row]) + "\n")
                     written += 1
                 if written != rows:
-                    raise HistoryRestoreRefused(f"{name}: counted {rows} rows but read {written}")
+                    raise HistoryDumpError(f"{name}: counted {rows} rows but read {written}")
                 counts[name] = rows
     finally:
         engine.dispose()
@@ -166,7 +201,7 @@ def _portable_tables(path: Path) -> tuple[str, Iterator[_Table]]:
     with gzip.open(path, "rt", encoding="utf-8") as stream:
         header = json.loads(stream.readline() or "{}")
     if header.get("format") != DUMP_FORMAT or header.get("version") != DUMP_VERSION:
-        raise HistoryRestoreRefused(f"{path.name} is not a gpufed history dump of version {DUMP_VERSION}")
+        raise HistoryDumpError(f"{path.name} is not a gpufed history dump of version {DUMP_VERSION}")
 
     def tables() -> Iterator[_Table]:
         with gzip.open(path, "rt", encoding="utf-8") as stream:
@@ -221,7 +256,7 @@ def held_rows(dsn: str) -> dict[str, int]:
         return {}
     engine = open_engine(dsn)
     try:
-        with engine.connect() as connection:
+        with _database_errors("reading the target history database"), engine.connect() as connection:
             return {k: v for k, v in _counts(connection).items() if v}
     finally:
         engine.dispose()
@@ -244,7 +279,7 @@ def _load(
     for source in tables:
         table = meta.tables.get(source.name)
         if table is None:
-            raise HistoryRestoreRefused(f"the dump has table {source.name}, which revision {revision} lacks")
+            raise HistoryDumpError(f"the dump has table {source.name}, which revision {revision} lacks")
         batch: list[dict[str, Any]] = []
         count = 0
         for row in source.rows:
@@ -264,7 +299,7 @@ def _load(
     # Counted again in the target, inside the transaction: what commits is what the manifest says.
     loaded = _counts(connection)
     if {k: v for k, v in loaded.items() if k in expected} != expected:
-        raise HistoryRestoreRefused(f"loaded rows {loaded} differ from the backup's manifest {expected}")
+        raise HistoryDumpError(f"loaded rows {loaded} differ from the backup's manifest {expected}")
     _upgrade(connection, "head")
     return counts
 
@@ -275,6 +310,13 @@ def load_history(
     """Load a dump (either kind) into the target, replacing its (empty or forced) history tables.
     Returns the rows loaded per table, and where an old SQLite file went (`keep_aside`). Nothing
     changes in the target if it fails."""
+    with _database_errors("restoring the history database"):
+        return _load_history(dump_file, target_dsn, expected=expected, keep_aside=keep_aside)
+
+
+def _load_history(
+    dump_file: Path, target_dsn: str, *, expected: dict[str, int], keep_aside: bool
+) -> tuple[dict[str, int], Path | None]:
     source = _sqlite_tables(dump_file) if dump_file.name == SQLITE_FILE else _portable_tables(dump_file)
     revision, tables = source
     url = parse_dsn(target_dsn)

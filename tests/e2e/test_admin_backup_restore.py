@@ -257,6 +257,17 @@ def test_a_non_admin_may_neither_back_up_nor_restore(world: World, backup: Path)
         assert refused.exit_code != 0
         assert "only an admin of the backed-up federation may restore it" in refused.stderr
         assert not target.exists()
+    # An admin whose history database is not there: refused before anything is written, not even
+    # the audit record of the attempt (etcdctl counts the audit trail before and after).
+    audit = len(keys(world.etcd.endpoint, "/gpufed/audit/"))
+    missing = world.root / "missing.sqlite3"
+    refused = _cli(
+        world.token("admin"), "admin", "backup", "--out", str(world.root / "y"), "--etcd", world.etcd.endpoint,
+        "--history-dsn", f"sqlite:///{missing}",
+    )  # fmt: skip
+    assert f"no history database at {missing}" in refused.stderr
+    assert not (world.root / "y").exists()
+    assert len(keys(world.etcd.endpoint, "/gpufed/audit/")) == audit
     # A token nobody issued is refused the same way, and never reaches a snapshot.
     refused = _cli(
         "gpf_not-a-token", "admin", "backup", "--out", str(world.root / "x"), "--etcd", world.etcd.endpoint
