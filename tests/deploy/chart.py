@@ -5,7 +5,11 @@ it does nothing when they are there), and `helm template` of the chart with an e
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,3 +97,92 @@ def documented_block(name: str) -> Any:
     after = text.split(marker, 1)[1]
     block = after.split("```yaml\n", 1)[1].split("```", 1)[0]
     return yaml.safe_load(block)
+
+
+@dataclass
+class Pod:
+    """One server pod of a render, its container run here as the kubelet would run it."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    state_dir: Path
+    log: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_pod(
+    render: Render, *, name: str, etcd: str, work: Path, secrets: dict[tuple[str, str], str] | None = None
+) -> Pod:
+    """Start the Deployment's container: its command and arguments with the pod's mounts mapped onto
+    local paths (the ConfigMap's file, the state volume), the etcd and ports onto local ones, and its
+    environment as the kubelet builds it (`$(POD_NAME)` expanded, `secretKeyRef`s read from
+    `secrets`, keyed by Secret name and key)."""
+    from datasync.loopback_ports import free_port
+
+    container = render.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    config_map = render.one("ConfigMap")
+    root = work / name
+    bootstrap_in_pod = Path(
+        next(a for a in container["args"] if a.startswith("--bootstrap=")).split("=", 1)[1]
+    )
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    # The file the server reads is a key of the ConfigMap mounted where the argument says.
+    assert str(bootstrap_in_pod.parent) == mount["mountPath"]
+    bootstrap = root / "config" / bootstrap_in_pod.name
+    bootstrap.parent.mkdir(parents=True)
+    bootstrap.write_text(config_map["data"][bootstrap_in_pod.name])
+    grpc_port, http_port = free_port(), free_port()
+    assert {p["name"] for p in container["ports"]} == {"grpc", "http"}
+    state_dir = root / "state"
+    local = {
+        "--etcd": etcd,
+        "--state-dir": str(state_dir),
+        "--bootstrap": str(bootstrap),
+        "--port": str(grpc_port),
+        "--metrics-port": str(http_port),
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFED_")}
+    for item in container.get("env", []):
+        source = item.get("valueFrom", {})
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[item["name"]] = name
+        else:
+            ref = source["secretKeyRef"]
+            env[item["name"]] = (secrets or {})[(ref["name"], ref["key"])]
+    argv = []
+    for arg in container["args"]:
+        flag, _, value = arg.partition("=")
+        if value:
+            # The kubelet expands $(VAR) from the container's env.
+            value = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], local.get(flag, value))
+            argv.append(f"{flag}={value}")
+        else:
+            argv.append(arg)
+    # The image's entrypoint, `gpufed`, is the console script beside this interpreter here.
+    command = [str(Path(sys.executable).with_name(container["command"][0]))]
+    log = root / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([*command, *argv], stdout=out, stderr=subprocess.STDOUT, env=env)
+    return Pod(name, process, grpc_port, http_port, state_dir, log)
+
+
+def readyz(host: str, port: int) -> int:
+    """/readyz's status code as the kubelet's probe gets it (0: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=2) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
