@@ -79,6 +79,11 @@ def test_history_comes_back_row_for_row_across_backends(
     assert kept is None
     assert counts == dump.rows_by_table
     assert _rows(postgres) == expected
+    # Again into the same database, now holding history: its tables are replaced in one transaction.
+    with pytest.raises(BackupRefused, match="already holds rows"):
+        check_targets(None, postgres, force=False)
+    load_history(first / dump.file, postgres, expected=dump.rows_by_table)
+    assert _rows(postgres) == expected
 
     second = tmp_path / "b2"
     second.mkdir()
