@@ -41,6 +41,17 @@ BASE_OPTS=(
 started=$(date +%s)
 log() { echo "image: $*"; }
 key() { cksum | cut -d' ' -f1; }
+# The two steps that download (Debian's archive, PyPI) are tried three times: a mirror's hiccup should
+# not fail a CI run. Both start over cleanly.
+retry() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$@" && return 0
+    log "attempt $attempt of 3 failed: $1"
+    sleep $((attempt * 10))
+  done
+  return 1
+}
 
 containers=()
 cleanup() {
@@ -59,7 +70,7 @@ make_base() {
   if [[ ! -s $base_tar ]]; then
     log "making the Debian $SUITE base with mmdebstrap (a few minutes)"
     rm -f "$BUILD_DIR"/base-*.tar "$BUILD_DIR"/base-*.tar.part
-    mmdebstrap --quiet --format=tar "${BASE_OPTS[@]}" "$SUITE" "$base_tar.part" "$MIRROR"
+    retry mmdebstrap --quiet --format=tar "${BASE_OPTS[@]}" "$SUITE" "$base_tar.part" "$MIRROR"
     mv "$base_tar.part" "$base_tar"
   else
     log "base: cached $(basename "$base_tar")"
@@ -105,8 +116,8 @@ if ! buildah inspect --type image "$deps_image" >/dev/null 2>&1; then
   containers+=("$ctr")
   buildah add --quiet "$ctr" "$base_tar" / >/dev/null
   # gpufed is installed to resolve its dependencies, then removed: the next layer brings its own.
-  buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
-    uv venv --quiet --python /usr/bin/python3 /opt/gpufed
+  retry buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
+    uv venv --quiet --allow-existing --python /usr/bin/python3 /opt/gpufed
     uv pip install --quiet --python /opt/gpufed/bin/python -c /dist/constraints.txt /dist/$wheel
     uv pip uninstall --quiet --python /opt/gpufed/bin/python gpufed
     rm -rf /var/cache/* /var/lib/apt/lists/* /var/log/*
