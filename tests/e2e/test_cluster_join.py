@@ -315,3 +315,15 @@ def test_a_registration_the_server_cannot_use_is_refused_and_nothing_is_stored(
         assert refused.value.code().name == code, refused.value.details()
         assert named in (refused.value.details() or "")
         assert "ghost" not in [c.name for c in admin.clusters().clusters]
+
+
+def test_a_joined_cluster_outlives_a_restart_of_the_server(world: World) -> None:
+    assert world.joined_kubeconfig.exists() or world.join().exit_code == 0
+    world.server.stop()
+    world.server.start()
+    with world.server.client("alice") as alice:
+        member = wait_for(
+            lambda: next((c for c in alice.clusters().clusters if c.name == MEMBER and c.reachable), None),
+            timeout_s=15,
+        )
+    assert member.provider == "private"
