@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -142,6 +143,18 @@ def ids_of(pid: int) -> tuple[list[int], list[int]]:
     return [int(x) for x in fields["Uid"].split()], [int(x) for x in fields["Gid"].split()]
 
 
+def check_labels(labels: dict[str, str]) -> None:
+    """The OCI labels name this project's version and a commit of this repository."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    if labels.get("org.opencontainers.image.version") != version:
+        raise SmokeFailed(f"label version {labels.get('org.opencontainers.image.version')!r}, not {version}")
+    revision = labels.get("org.opencontainers.image.revision", "")
+    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{revision}^{{commit}}"], check=False)
+    if len(revision) != 40 or known.returncode != 0:
+        raise SmokeFailed(f"label revision {revision!r} is no commit of this repository")
+    print(f"labels: version {version}, revision {revision}")
+
+
 def stored_keys(endpoint: str) -> list[str]:
     """Every key in etcd, read by etcdctl: the independent judge that the image's server stored its
     state in the etcd this script started, and not in some other."""
@@ -189,6 +202,7 @@ def smoke(image: str, work: Path) -> None:
         print(f"entrypoint: {entrypoint}, user: {config['User']}, workdir: {workdir}")
         if config["User"].split(":")[0] != str(IMAGE_UID):
             raise SmokeFailed(f"the image's user is {config['User']!r}, not {IMAGE_UID}")
+        check_labels(config.get("Labels") or {})
         rootfs = Path(buildah("mount", ctr))
         size_mb = int(subprocess.check_output(["du", "-sm", str(rootfs)], text=True).split()[0])
         print(f"image_size_mb: {size_mb} MB")
