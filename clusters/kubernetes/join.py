@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from clusters.kubernetes.errors import NO_ANSWER, reason_of
 from clusters.kubernetes.kube import MERGE_PATCH, Json, api_client, call, json_of
 from clusters.kubernetes.permissions import cluster_role_rules
 
@@ -90,19 +91,13 @@ def _ensure(
         return
     except ApiException as error:
         if error.status != 409:
-            raise JoinFailed(f"could not create {what}: HTTP {error.status} {_message(error)}") from error
+            raise JoinFailed(f"could not create {what}: HTTP {error.status} {reason_of(error)}") from error
     if update is not None:
         try:
             admin.request("PATCH", f"{collection}/{name}", update, patch=True)
         except ApiException as error:
-            raise JoinFailed(f"could not update {what}: HTTP {error.status} {_message(error)}") from error
+            raise JoinFailed(f"could not update {what}: HTTP {error.status} {reason_of(error)}") from error
         done["updated"].append(what)
-
-
-def _message(error: ApiException) -> str:
-    from clusters.kubernetes.errors import reason_of
-
-    return reason_of(error)
 
 
 def join(
@@ -188,6 +183,10 @@ def join(
             done,
         )
         secret = _token_secret(admin, names, timeout_s)
+    except NO_ANSWER as error:
+        raise JoinFailed(
+            f"the cluster's API at {client.configuration.host} did not answer: {error}"
+        ) from error
     finally:
         client.close()
     configuration = client.configuration
@@ -214,7 +213,7 @@ def _token_secret(admin: _Admin, names: JoinNames, timeout_s: float) -> Json:
             secret = admin.request("GET", path)
         except ApiException as error:
             raise JoinFailed(
-                f"could not read secret {names.secret}: HTTP {error.status} {_message(error)}"
+                f"could not read secret {names.secret}: HTTP {error.status} {reason_of(error)}"
             ) from error
         if secret.get("type") != SA_TOKEN_TYPE:
             raise JoinFailed(
