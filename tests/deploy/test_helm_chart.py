@@ -38,9 +38,14 @@ SUPPORTED_KUBERNETES = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 
 
-@pytest.fixture(scope="module")
-def renders() -> Iterator[dict[str, Render]]:
+@pytest.fixture(scope="module", autouse=True)
+def tools() -> None:
+    """helm and kubernetes-validate, for every test here (`make deploy-tools`, a no-op once made)."""
     ensure_tools("deploy-tools")
+
+
+@pytest.fixture(scope="module")
+def renders(tools: None) -> dict[str, Render]:
     return {path.stem: template(path) for path in EXAMPLES}
 
 
