@@ -179,7 +179,9 @@ def _dump_portable(engine: Engine, target: Path) -> HistoryDump:
                 )
                 order = list(table.primary_key.columns) or list(table.columns)
                 written = 0
-                for row in connection.execute(select(table).order_by(*order)):
+                # A server-side cursor: a table is read in batches, never held whole in memory.
+                streamed = connection.execution_options(stream_results=True, yield_per=_BATCH_ROWS)
+                for row in streamed.execute(select(table).order_by(*order)):
                     out.write(json.dumps([_encode(v) for v in row]) + "\n")
                     written += 1
                 if written != rows:
