@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.types import LargeBinary
 
 from federation.errors import GpufedError
-from federation.history.engine import open_engine, parse_dsn
+from federation.history.engine import NEWEST_REVISION, open_engine, parse_dsn
 
 DUMP_FORMAT = "gpufed-history-dump"
 DUMP_VERSION = 1
@@ -247,12 +247,20 @@ def _sqlite_tables(path: Path) -> tuple[str, Iterator[_Table]]:
 def _upgrade(connection: Connection, revision: str) -> None:
     from alembic import command  # only when restoring: its import costs half a second
     from alembic.config import Config
+    from alembic.util.exc import CommandError
 
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.set_main_option("path_separator", "os")
     config.attributes["connection"] = connection
-    command.upgrade(config, revision)
+    try:
+        command.upgrade(config, revision)
+    except CommandError as error:
+        # A backup from a newer gpufed, whose schema this one does not know.
+        raise HistoryDumpError(
+            f"the backup's history schema is unknown to this gpufed, whose newest revision is "
+            f"{NEWEST_REVISION}: restore with the gpufed that took the backup, or a newer one ({error})"
+        ) from error
 
 
 def held_rows(dsn: str) -> dict[str, int]:
@@ -316,8 +324,12 @@ def load_history(
     """Load a dump (either kind) into the target, replacing its (empty or forced) history tables.
     Returns the rows loaded per table, and where an old SQLite file went (`keep_aside`). Nothing
     changes in the target if it fails."""
-    with _database_errors("restoring the history database"):
-        return _load_history(dump_file, target_dsn, expected=expected, keep_aside=keep_aside)
+    try:
+        with _database_errors("restoring the history database"):
+            return _load_history(dump_file, target_dsn, expected=expected, keep_aside=keep_aside)
+    except (ValueError, EOFError, gzip.BadGzipFile) as error:
+        # Checked against the manifest's checksum first, so this is a dump written wrong, not damaged.
+        raise HistoryDumpError(f"{dump_file.name} cannot be read: {error}") from error
 
 
 def _adopt_copy(connection: Connection, expected: dict[str, int]) -> dict[str, int]:

@@ -16,7 +16,14 @@ from sqlalchemy import MetaData, select
 from federation.history.engine import open_engine
 from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.backup_manifest import BackupRefused
-from federation.runtime.history_dump import PORTABLE_FILE, SQLITE_FILE, dump_history, held_rows, load_history
+from federation.runtime.history_dump import (
+    PORTABLE_FILE,
+    SQLITE_FILE,
+    HistoryDumpError,
+    dump_history,
+    held_rows,
+    load_history,
+)
 from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.restore import check_targets
 from tests.history_builders import an_archived_job, an_audit, with_kept_tails
@@ -110,3 +117,19 @@ def test_a_target_with_history_is_refused_unless_forced_and_kept_aside(tmp_path:
     assert kept is not None
     assert kept.read_bytes() == before
     assert _rows(occupied) == _rows(source)
+
+
+def test_a_history_from_a_newer_gpufed_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    source = _source(tmp_path / "source.sqlite3")
+    engine = open_engine(source)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    engine.dispose()
+    backup = tmp_path / "b"
+    backup.mkdir()
+    dump = dump_history(source, backup)
+    assert dump.revision == "9999"
+    target = tmp_path / "target.sqlite3"
+    with pytest.raises(HistoryDumpError, match="history schema is unknown to this gpufed"):
+        load_history(backup / dump.file, f"sqlite:///{target}", expected=dump.rows_by_table)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("target")) == []
