@@ -22,6 +22,7 @@ and the cluster's `--initial-cluster`; the history only once (omit `--history-ds
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -31,6 +32,8 @@ from pathlib import Path
 
 from federation.runtime.backup import SNAPSHOT_FILE
 from federation.runtime.backup_manifest import (
+    MANIFEST,
+    BackupDamaged,
     BackupManifest,
     BackupRefused,
     read_manifest,
@@ -66,6 +69,20 @@ def _stamp(now_s: float) -> str:
     return datetime.fromtimestamp(now_s, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def _etcd_holds(data_dir: Path) -> bool:
+    """Whether a running etcd has its database open: bbolt holds an exclusive flock on it."""
+    db = data_dir / "member" / "snap" / "db"
+    if not db.is_file():
+        return False
+    with db.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def check_targets(etcd_data_dir: Path | None, history_dsn: str | None, force: bool) -> dict[str, int]:
     if etcd_data_dir is not None and etcd_data_dir.exists():
         if not etcd_data_dir.is_dir():
@@ -75,6 +92,8 @@ def check_targets(etcd_data_dir: Path | None, history_dsn: str | None, force: bo
                 f"{etcd_data_dir} is not empty: restore builds a new etcd data dir "
                 "(stop etcd and give a new path, or --force to keep the old one aside and replace it)"
             )
+        if _etcd_holds(etcd_data_dir):
+            raise BackupRefused(f"an etcd is running on {etcd_data_dir}: stop it first, even with --force")
     held = held_rows(history_dsn) if history_dsn is not None else {}
     if held and not force:
         listed = ", ".join(f"{name} {rows}" for name, rows in sorted(held.items()))
@@ -117,7 +136,9 @@ def restore_backup(
             # etcd wants its data dir private.
             building.chmod(0o700)
         if history_dsn is not None:
-            dump = next(name for name in manifest.files if name.startswith("history."))
+            dump = next((name for name in manifest.files if name.startswith("history.")), None)
+            if dump is None:
+                raise BackupDamaged(f"{source / MANIFEST}: names no history file")
             counts, kept = load_history(
                 source / dump, history_dsn, expected=manifest.history_rows, keep_aside=bool(held)
             )

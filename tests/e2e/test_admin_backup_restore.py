@@ -382,6 +382,12 @@ def test_a_restored_federation_holds_what_was_backed_up(
     restored_etcd.start()
     try:
         assert _dump(restored_etcd.endpoint) == source
+        # Not even --force replaces the data dir of an etcd that runs on it.
+        refused = _cli(
+            admin, "admin", "restore", "--from", str(backup), "--etcd-data-dir", str(data_dir), "--force"
+        )
+        assert f"an etcd is running on {data_dir}" in refused.stderr
+        assert not list(world.root.glob("etcd2.replaced-*"))
         # psql against sqlite3: the same rows in every history table.
         _same_sums(_sums_psql(dsn), source_sums)
 
