@@ -420,18 +420,15 @@ def test_a_restored_federation_holds_what_was_backed_up(
         )  # fmt: skip
         assert done.exit_code != 0  # alice's issued token is a member's
         done = _cli(
-            admin,
-            "admin",
-            "backup",
-            "--out",
-            str(again),
-            "--etcd",
-            restored_etcd.endpoint,
-            "--history-dsn",
-            dsn,
-        )
+            admin, "-o", "json", "admin", "backup", "--out", str(again), "--etcd", restored_etcd.endpoint,
+            "--history-dsn", dsn,
+        )  # fmt: skip
         assert done.exit_code == 0, done.stderr
-        assert json.loads((again / "manifest.json").read_text())["history_backend"] == "postgresql"
+        # -o json: the manifest as the script that runs backups reads it, the same as the file's.
+        printed = json.loads(done.stdout)
+        assert printed["directory"] == str(again)
+        assert printed["manifest"]["history_backend"] == "postgresql"
+        assert printed["manifest"]["files"] == json.loads((again / "manifest.json").read_text())["files"]
     finally:
         restored_etcd.stop()
     sqlite_again = world.root / "again.sqlite3"
