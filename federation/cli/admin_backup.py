@@ -108,7 +108,7 @@ def register(cli: click.Group) -> None:
                 f"  etcd: revision {m.etcd_revision}, {m.gpufed_keys} keys under /gpufed/"
                 f" (from {m.etcd_endpoint})",
                 f"  history ({m.history_backend}, schema {m.history_revision}): "
-                + ", ".join(f"{t} {n}" for t, n in sorted(m.history_rows.items()) if n),
+                + (", ".join(f"{t} {n}" for t, n in sorted(m.history_rows.items()) if n) or "no rows yet"),
                 f"  datasets: {m.datasets}, versions: {m.dataset_versions}",
             ],
         )
