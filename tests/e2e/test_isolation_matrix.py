@@ -10,6 +10,7 @@ what they return: a member's list never holds another tenant's item.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from federation.api.capacity_client import CapacityClient, plan_request
 from federation.api.client import GpufedClient
 from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
+from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.history.config import HistorySettings, resolve_dsn
 from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.etcd_process import EtcdProcess
@@ -240,8 +242,9 @@ def test_the_matrix_covers_every_call_of_the_api() -> None:
 
     rpcs = {m.name for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
     # Calls with no tenant in them: WhoAmI and ListClusters are everyone's; RevokeApproval,
-    # RevokeToken, ListUsers and ListAudit are admin-only (checked below).
+    # RevokeToken, ListUsers, ListAudit and RegisterCluster are admin-only (checked below).
     untargeted = {
+        "RegisterCluster",
         "WhoAmI",
         "ListClusters",
         "ListTenants",
@@ -277,6 +280,12 @@ def test_untargeted_calls(server: ServerProcess, role: str) -> None:
         assert _code(client.list_audit) == admin_only
         assert _code(lambda: client.revoke_approval("ap-missing")) == (NF if role == "admin" else PD)
         assert _code(lambda: client.revoke_token("0123456789ab")) == (NF if role == "admin" else PD)
+        # A member cluster document that is not whole: an admin is refused for what it lacks
+        # (nothing is stored), everyone else before it is read.
+        document = json.dumps({"name": "matrix-x", "kubeconfig": "/no/such/kubeconfig"})
+        register = pb_grpc.MembersStub(client.channel).RegisterCluster
+        request = pb.RegisterClusterRequest(document=document)
+        assert _code(lambda: register(request, metadata=client.metadata)) == (IA if role == "admin" else PD)
 
 
 def test_a_members_lists_hold_only_its_own_tenant(server: ServerProcess) -> None:

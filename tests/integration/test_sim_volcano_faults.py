@@ -317,7 +317,13 @@ def test_a_cluster_without_volcano_neither_lists_nor_serves_it() -> None:
         api = client.ApiClient(configuration)
         groups = {g.name for g in client.ApisApi(api).get_api_versions().groups}
         # The built-in groups only; neither Volcano group.
-        assert groups == {"batch", "coordination.k8s.io", "scheduling.k8s.io"}
+        assert groups == {
+            "authorization.k8s.io",
+            "batch",
+            "coordination.k8s.io",
+            "rbac.authorization.k8s.io",
+            "scheduling.k8s.io",
+        }
         with pytest.raises(ApiException) as info:
             client.CustomObjectsApi(api).create_namespaced_custom_object(
                 GROUP, VERSION, "default", "jobs", a_vcjob("x")
