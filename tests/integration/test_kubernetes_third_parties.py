@@ -116,19 +116,7 @@ async def test_pods_orphaned_by_their_gang_object_are_reported_and_removed_by_ca
     await any_world.backend.dispatch(gang)
     await wait_phase(any_world.backend, gang, GangPhase.RUNNING)
     name = object_name(gang.job_id, gang.attempt)
-    orphan = {"propagationPolicy": "Orphan"}
-    if any_world.backend.uses_volcano:
-        await any_world.call(
-            any_world.custom.delete_namespaced_custom_object,
-            "batch.volcano.sh",
-            "v1alpha1",
-            NS,
-            "jobs",
-            name,
-            body=orphan,
-        )
-    else:
-        await any_world.call(any_world.batch.delete_namespaced_job, name, NS, body=orphan)
+    await _delete_gang_object(any_world, name, "Orphan")
 
     async def orphaned() -> object:
         status = await status_of(any_world.backend, gang)
@@ -227,19 +215,7 @@ async def test_a_gang_deleted_whole_is_remembered_with_when_its_pods_ran(any_wor
     assert len(pods) == 2
     started_s = max(p.status.start_time.timestamp() for p in pods)
     assert any_world.backend.vanished(gang.job_id, gang.attempt) is None, "still there"
-    foreground = {"propagationPolicy": "Foreground"}
-    if any_world.backend.uses_volcano:
-        await any_world.call(
-            any_world.custom.delete_namespaced_custom_object,
-            "batch.volcano.sh",
-            "v1alpha1",
-            NS,
-            "jobs",
-            name,
-            body=foreground,
-        )
-    else:
-        await any_world.call(any_world.batch.delete_namespaced_job, name, NS, body=foreground)
+    await _delete_gang_object(any_world, name, "Foreground")
     asked_s = time.time()
 
     async def gone() -> bool:
@@ -255,3 +231,20 @@ async def test_a_gang_deleted_whole_is_remembered_with_when_its_pods_ran(any_wor
     assert asked_s - 1.0 <= remembered.ended_at_s <= time.time()
     # Another attempt of the same job, and another job, are not confused with it.
     assert any_world.backend.vanished(gang.job_id, gang.attempt + 1) is None
+
+
+async def _delete_gang_object(world: World, name: str, propagation: str) -> None:
+    """Delete a gang's object as a person with kubectl would (`--cascade=orphan` or `foreground`)."""
+    body = {"propagationPolicy": propagation}
+    if world.backend.uses_volcano:
+        await world.call(
+            world.custom.delete_namespaced_custom_object,
+            "batch.volcano.sh",
+            "v1alpha1",
+            NS,
+            "jobs",
+            name,
+            body=body,
+        )
+    else:
+        await world.call(world.batch.delete_namespaced_job, name, NS, body=body)
