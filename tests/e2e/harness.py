@@ -210,3 +210,28 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):  # ty
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         time.sleep(interval_s)
+
+
+def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """`python -m federation ARGS` as a user runs it: a process of its own, with its exit status,
+    stdout and stderr apart, as `subprocess.run(..., capture_output=True, text=True)` gives them.
+
+    Forked from the worker's zygote (tests/e2e/zygote.py), which has imported gpufed: a CLI call was
+    about 0.55 s of CPU, nearly all of it imports, and the e2e tests make a few hundred. The CLI's
+    own start from a fresh interpreter keeps its tests (tests/e2e/test_cli_up.py, the docs' commands);
+    GPUFED_TEST_ZYGOTE=0 runs these from nothing too."""
+    argv = [sys.executable, "-m", "federation", *args]
+    if not zygote.enabled():
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    with tempfile.TemporaryDirectory(prefix="gpufed-cli-") as scratch:
+        out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
+        child = zygote.Zygote.shared().spawn(argv, os.environ, out, stderr_path=err)
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired(argv, timeout_s) from None
+        return subprocess.CompletedProcess(
+            argv, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )

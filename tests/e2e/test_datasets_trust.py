@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from obstore.store import S3Store
 from datasync.seaweed_process import SeaweedProcess
 from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
-from tests.e2e.harness import wait_for
+from tests.e2e.harness import run_cli, wait_for
 from tests.e2e.test_datasets import Embedded, _hashes, _phases, _put, _run_job
 
 pytestmark = pytest.mark.e2e
@@ -65,10 +64,7 @@ def _want(name: str, objects: dict[str, bytes]) -> dict[str, str]:
 
 
 def _cli(up: Embedded, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "federation", "--state-dir", str(up.state_dir), "--user", user, *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return run_cli("--state-dir", str(up.state_dir), "--user", user, *args, timeout_s=120)
 
 
 def test_a_damaged_copy_is_caught_before_the_next_job_runs_and_repaired(up: Embedded) -> None:

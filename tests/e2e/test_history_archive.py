@@ -5,7 +5,6 @@ and still reads back, to its own tenant only."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess
 from placement.model import JobId
-from tests.e2e.harness import CONFIG, ServerProcess, manifest, wait_for
+from tests.e2e.harness import CONFIG, ServerProcess, manifest, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -63,13 +62,7 @@ def _etcd_job_keys(etcd: EtcdProcess, prefix: str = "/gpufed/jobs/") -> list[str
 def _cli(server: ServerProcess, user: str, *args: str) -> str:
     """The CLI, as a user runs it against the server."""
     token = server.state_dir / "tokens" / f"{user}.token"
-    done = subprocess.run(
-        [sys.executable, "-m", "federation", "--server", server.target, "--token-file", str(token), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("--server", server.target, "--token-file", str(token), *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

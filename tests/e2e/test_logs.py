@@ -8,8 +8,6 @@ by pod annotation: an OOM kill, an image that never pulls.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from clusters.logtext import stamp_ns
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
-from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.harness import ServerProcess, manifest, run_cli, wait_for
 from tests.e2e.kube import _api, gang_pods, gangs, job_of, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
@@ -89,13 +87,7 @@ def delete_gang(sims: SimProcess, cluster: str, namespace: str, name: str) -> No
 def gpufed(fed: ServerProcess, user: str, *args: str) -> str:
     """The CLI, as a user runs it against the server."""
     token = fed.state_dir / "tokens" / f"{user}.token"
-    done = subprocess.run(
-        [sys.executable, "-m", "federation", "--server", fed.target, "--token-file", str(token), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("--server", fed.target, "--token-file", str(token), *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

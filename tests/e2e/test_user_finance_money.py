@@ -19,7 +19,6 @@ import http.client
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess
 from federation.store.money import format_usd, micro_usd_of
-from tests.e2e.harness import CONFIG, ServerProcess, manifest, wait_for
+from tests.e2e.harness import CONFIG, ServerProcess, manifest, run_cli, wait_for
 from tests.etcdctl import etcdctl
 
 pytestmark = pytest.mark.e2e
@@ -73,13 +72,7 @@ def _gpufed(
     server: ServerProcess, user: str, *args: str, ok: bool = True
 ) -> subprocess.CompletedProcess[str]:
     token = server.state_dir / "tokens" / f"{user}.token"
-    done = subprocess.run(
-        [sys.executable, "-m", "federation", "--server", server.target, "--token-file", str(token), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run_cli("--server", server.target, "--token-file", str(token), *args, timeout_s=30)
     if ok:
         assert done.returncode == 0, done.stderr
     return done

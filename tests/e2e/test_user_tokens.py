@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 
 from federation.api.client import GpufedClient
 from federation.runtime.etcd_process import EtcdProcess
-from tests.e2e.harness import CONFIG, ServerProcess, manifest, wait_for
+from tests.e2e.harness import CONFIG, ServerProcess, manifest, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -61,13 +59,7 @@ def servers(
 
 def _cli(server: ServerProcess, user: str, *args: str) -> str:
     token = server.state_dir / "tokens" / f"{user}.token"
-    done = subprocess.run(
-        [sys.executable, "-m", "federation", "--server", server.target, "--token-file", str(token), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run_cli("--server", server.target, "--token-file", str(token), *args, timeout_s=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

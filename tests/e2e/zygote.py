@@ -117,13 +117,27 @@ class Zygote:
                 cls._instance = Zygote()
             return cls._instance
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ZygoteChild:
-        """Fork a child that runs `python -m federation argv[3:]` (argv as given to Popen)."""
+    def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        stderr_path: Path | None = None,
+    ) -> ZygoteChild:
+        """Fork a child that runs `python -m federation argv[3:]` (argv as given to Popen): stdout
+        and stderr to `log_path`, or stderr to `stderr_path` apart; stdin empty."""
         if list(argv[1:3]) != ["-m", "federation"]:
             raise ValueError(f"the zygote runs `python -m federation ...` only, not {argv!r}")
-        answer = self._request(
-            {"op": "spawn", "args": list(argv[3:]), "env": dict(env), "log": str(log_path)}
-        )
+        message: dict[str, Any] = {
+            "op": "spawn",
+            "args": list(argv[3:]),
+            "env": dict(env),
+            "log": str(log_path),
+        }
+        if stderr_path is not None:
+            message["err"] = str(stderr_path)
+        answer = self._request(message)
         return ZygoteChild(self, int(answer["pid"]))
 
     def reap(self, pid: int) -> int:
@@ -147,19 +161,20 @@ class Zygote:
 # ---- the helper process
 
 
-def _child(args: list[str], env: dict[str, str], log: str) -> None:
+def _child(args: list[str], env: dict[str, str], log: str, err: str | None = None) -> None:
     """In the forked child: become `python -m federation *args`, then exit with its status."""
     code = 1
     try:
         # Die with the helper (which dies with the test process), as --exit-with-parent children do.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        null = os.open(os.devnull, os.O_RDONLY)
+        source = os.open(os.devnull, os.O_RDONLY)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # a new log, as Popen's "wb"
-        os.dup2(null, 0)
+        apart = out if err is None else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(source, 0)
         os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(null)
-        os.close(out)
+        os.dup2(apart, 2)
+        for fd in {source, out, apart}:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(env)
         import runpy
@@ -213,7 +228,7 @@ def _serve() -> None:
                     raise RuntimeError(f"{threading.active_count()} threads: a fork would copy their locks")
                 pid = os.fork()
                 if pid == 0:
-                    _child(message["args"], message["env"], message["log"])
+                    _child(message["args"], message["env"], message["log"], message.get("err"))
                 answer = {"pid": pid}
             elif message["op"] == "reap":
                 _, status = os.waitpid(int(message["pid"]), 0)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import run_cli
 from tests.e2e.zygote import Zygote
 
 GPUFED = [sys.executable, "-m", "federation"]
@@ -59,3 +60,15 @@ def test_a_child_dies_by_the_signal_sent_to_it_and_its_pid_stays_its_own_until_r
 def test_the_zygote_refuses_anything_but_gpufed(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="python -m federation"):
         Zygote.shared().spawn([sys.executable, "-c", "print(1)"], dict(os.environ), tmp_path / "x.log")
+
+
+@pytest.mark.parametrize(
+    "args", [("--help",), ("serve", "--bogus"), ("--server", "127.0.0.1:9", "whoami")], ids=str
+)
+def test_a_cli_call_forked_gives_what_a_fresh_interpreter_gives(args: tuple[str, ...]) -> None:
+    """The e2e tests' CLI calls (harness.run_cli) fork from the zygote: the same exit status, and
+    stdout and stderr apart and the same, as `python -m federation` started afresh."""
+    fresh = subprocess.run([*GPUFED, *args], capture_output=True, text=True, timeout=60, check=False)
+    forked = run_cli(*args)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert fresh.stdout or fresh.stderr
