@@ -45,10 +45,20 @@ class Federation:
     def running(self) -> Up:
         proc = self.up.proc
         if proc is None or proc.poll() is not None:
-            began = time.monotonic()
-            self.up.start()
-            self.start_s = time.monotonic() - began
+            self.start()
         return self.up
+
+    def start(self) -> None:
+        """Start `gpufed up`, timing it: the next test's jobs must outlast a restart as slow."""
+        began = time.monotonic()
+        self.up.start()
+        self.start_s = max(self.start_s, time.monotonic() - began)
+
+    def job_duration_s(self) -> float:
+        """Long enough to run through a restart (a stop, then as long as the slowest start so far:
+        beside stress-ng a restart outlasted 1.5 times the module's first start, and a gang ended
+        during it), short enough to end within the test."""
+        return max(8.0, 1.5 * self.start_s + 4)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +146,7 @@ def _submit_two(up: Up, duration_s: float, tag: str) -> tuple[str, str]:
 
 def _restart_costs_nothing(fed: Federation, stop: str) -> None:
     up = fed.running()
-    # Long enough to run through a restart (a stop, then as long as a start took), short enough to end.
-    duration_s = max(8.0, 1.5 * fed.start_s + 4)
+    duration_s = fed.job_duration_s()
     ids = _submit_two(up, duration_s, stop)
     with up.client("alice") as alice:
         attempts = {j: alice.get(j).attempt for j in ids}
@@ -152,7 +161,7 @@ def _restart_costs_nothing(fed: Federation, stop: str) -> None:
         wait_for(lambda: _snapshotted_running(up) >= uids, timeout_s=5, interval_s=0.05)
         up.sigkill()
     wait_for(lambda: not processes_mentioning(str(up.state_dir)), timeout_s=20, interval_s=0.05)
-    up.start()
+    fed.start()
 
     # The same pods: the restart reached neither the pods nor their start times.
     after = _pods(up, set(ids))
@@ -188,7 +197,7 @@ def test_the_simulator_killed_alone_stops_gpufed_up_saying_why_and_a_start_finds
     fed: Federation,
 ) -> None:
     up = fed.running()
-    duration_s = max(8.0, 1.5 * fed.start_s + 4)
+    duration_s = fed.job_duration_s()
     ids = _submit_two(up, duration_s, "simkill")
     with up.client("alice") as alice:
         attempts = [alice.get(j).attempt for j in ids]
@@ -204,7 +213,7 @@ def test_the_simulator_killed_alone_stops_gpufed_up_saying_why_and_a_start_finds
     stderr = up.stderr_path.read_text()
     assert "the simulated clusters' process exited with code -9" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    up.start()
+    fed.start()
     assert _identities(_pods(up, set(ids))) == _identities(before)
     with up.client("alice") as alice:
         wait_for(
