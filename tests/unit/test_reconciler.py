@@ -255,23 +255,31 @@ async def test_a_cancelled_job_is_charged_until_its_pods_are_gone(
     )
 
 
+async def _dispatched_showing_pending(
+    world: World, monkeypatch: pytest.MonkeyPatch, name: str
+) -> tuple[JobId, list[GangStatus]]:
+    """A long job dispatched to a cluster whose statuses are the returned list, which the test
+    changes: at first its gang pending, pods not yet started."""
+    job_id = await submit(world, a_job(name, duration="600s"))
+    shown = [GangStatus(job_id=job_id, attempt=1, phase=GangPhase.PENDING, live_pods=2)]
+
+    async def statuses() -> Sequence[GangStatus]:
+        return tuple(shown)
+
+    monkeypatch.setattr(world.cluster, "statuses", statuses)
+    await world.step()
+    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED
+    return job_id, shown
+
+
 async def test_an_attempt_killed_before_it_was_seen_running_is_charged_from_its_pods_start(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A namespace deleted under a gang that just started: the cluster said once when its pods
     started, then the gang and its pods went before the job was ever RUNNING. The GPUs were held
     from that start until the pods were gone, and the ledger says so."""
-    job_id = await submit(world, a_job("brief", duration="600s"))
+    job_id, shown = await _dispatched_showing_pending(world, monkeypatch, "brief")
     cluster = world.cluster
-    # The cluster shows the gang pending, pods not yet started.
-    shown = [GangStatus(job_id=job_id, attempt=1, phase=GangPhase.PENDING, live_pods=2)]
-
-    async def statuses() -> Sequence[GangStatus]:
-        return tuple(shown)
-
-    monkeypatch.setattr(cluster, "statuses", statuses)
-    await world.step()
-    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED
     started_at_s = world.clock.now
     shown[0] = replace(shown[0], started_at_s=started_at_s)
     await world.step(0.5)
@@ -293,16 +301,8 @@ async def test_a_gang_deleted_between_two_looks_is_charged_from_what_its_backend
     """The chaos test's case: a third party deletes a gang moments after its pods start, between two
     looks, so the reconciler never sees it running (nor a start time). A backend that watched the
     pods go (clusters.api.RemembersVanished) says when they ran; the ledger charges that, once."""
-    job_id = await submit(world, a_job("blink", duration="600s"))
+    job_id, shown = await _dispatched_showing_pending(world, monkeypatch, "blink")
     cluster = world.cluster
-    shown = [GangStatus(job_id=job_id, attempt=1, phase=GangPhase.PENDING, live_pods=2)]
-
-    async def statuses() -> Sequence[GangStatus]:
-        return tuple(shown)
-
-    monkeypatch.setattr(cluster, "statuses", statuses)
-    await world.step()
-    assert (await world.job(job_id)).phase is JobPhase.DISPATCHED
     ran = VanishedAttempt(started_at_s=world.clock.now + 0.2, ended_at_s=world.clock.now + 1.7)
     remembered = {(job_id, 1): ran}
 
