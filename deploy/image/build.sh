@@ -160,7 +160,6 @@ buildah config \
   --env PYTHONDONTWRITEBYTECODE=1 \
   --env PYTHONUNBUFFERED=1 \
   --env MPLCONFIGDIR=/tmp/matplotlib \
-  --volume /var/lib/gpufed \
   --port 50051 \
   --label org.opencontainers.image.title=gpufed \
   --label "org.opencontainers.image.description=Federation control plane for GPU training jobs" \

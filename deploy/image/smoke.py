@@ -203,6 +203,10 @@ def smoke(image: str, work: Path) -> None:
         if config["User"].split(":")[0] != str(IMAGE_UID):
             raise SmokeFailed(f"the image's user is {config['User']!r}, not {IMAGE_UID}")
         check_labels(config.get("Labels") or {})
+        if workdir in (config.get("Volumes") or {}):
+            # buildah orders an image volume and a `-v` bind on one path by an unstable sort: the
+            # state would sometimes land in an anonymous volume, not the host directory mounted here.
+            raise SmokeFailed(f"the image declares {workdir} a VOLUME (see docs/deploy.md, 'Image')")
         rootfs = Path(buildah("mount", ctr))
         size_mb = int(subprocess.check_output(["du", "-sm", str(rootfs)], text=True).split()[0])
         print(f"image_size_mb: {size_mb} MB")
