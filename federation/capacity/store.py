@@ -9,7 +9,6 @@ leader cannot record an operation it no longer owns. Layout: `federation.capacit
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,12 +43,13 @@ from federation.ledger.report.idle import ProvisionedInterval
 from federation.store.job_store import Fence, Stored
 from federation.store.kv import Compare, Delete, KeyValueStore, Op, Put
 from federation.store.kv_pages import pages
+from federation.store.schema_version import dumps, loads
 
 T = TypeVar("T")
 
 
 def _dumps(d: Any) -> bytes:
-    return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+    return dumps(d, sort_keys=True)
 
 
 class CapacityStore:
@@ -60,7 +60,7 @@ class CapacityStore:
         out: list[tuple[T, int]] = []
         async with contextlib.aclosing(pages(self._kv, prefix)) as listing:
             async for page, _ in listing:
-                out.extend((decode(json.loads(kv.value)), kv.mod_revision) for kv in page)
+                out.extend((decode(loads(kv.value, kv.key)), kv.mod_revision) for kv in page)
         return out
 
     async def _write(self, ops: tuple[Op, ...], fence: Fence | None) -> None:
@@ -76,7 +76,7 @@ class CapacityStore:
 
     async def get_settings(self) -> CapacitySettings:
         kv = await self._kv.get(SETTINGS_KEY)
-        return CapacitySettings() if kv is None else settings_from_dict(json.loads(kv.value))
+        return CapacitySettings() if kv is None else settings_from_dict(loads(kv.value, kv.key))
 
     # ---- plans (written by the API)
 
@@ -87,7 +87,7 @@ class CapacityStore:
 
     async def get_plan(self, plan_id: str) -> Stored[PlanRecord] | None:
         kv = await self._kv.get(PLANS + plan_id.encode())
-        return None if kv is None else Stored(plan_from_dict(json.loads(kv.value)), kv.mod_revision)
+        return None if kv is None else Stored(plan_from_dict(loads(kv.value, kv.key)), kv.mod_revision)
 
     async def list_plans(self) -> list[PlanRecord]:
         return [p for p, _ in await self._list(PLANS, plan_from_dict)]
@@ -136,7 +136,7 @@ class CapacityStore:
         out: dict[bytes, ProvisionedInterval] = {}
         async with contextlib.aclosing(pages(self._kv, PROVISIONED)) as listing:
             async for page, _ in listing:
-                out.update((kv.key, interval_from_dict(json.loads(kv.value))) for kv in page)
+                out.update((kv.key, interval_from_dict(loads(kv.value, kv.key))) for kv in page)
         return out
 
     async def put_intervals(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from aiohttp import web
 
 from federation.store.kv import KeyValueStore, LeaseNotFound
 from federation.store.kv_memory import MemoryKv
+from federation.store.schema_version import dumps, loads
 
 log = structlog.get_logger("gpufed.console.session")
 
@@ -131,7 +131,7 @@ class SessionStore:
         }
         key = session_key(session_id)
         lease = await self._kv.grant_lease(max(1, int(self._idle_timeout_s)))
-        await self._kv.put(key, json.dumps(record).encode(), lease=lease)
+        await self._kv.put(key, dumps(record), lease=lease)
         self._renewed[key] = time.monotonic()
         log.info("console_session_stored", user=user, role=role)
         return Session(session_id, token, user, tenant, role, csrf_of(session_id), now)
@@ -145,7 +145,7 @@ class SessionStore:
             self._renewed.pop(key, None)
             return None
         try:
-            d = json.loads(kv.value)
+            d = loads(kv.value, kv.key)
             token = open_token(session_id, d["token_sealed"], d["token_tag"])
             created_s = float(d["created_s"])
             session = Session(

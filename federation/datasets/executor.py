@@ -49,6 +49,7 @@ from federation.datasets.stores import StoreRecord
 from federation.errors import InvalidSpec
 from federation.spec.validate import int_field, number_field, shown
 from federation.store.kv import KeyValueStore
+from federation.store.schema_version import checked, dumps
 
 log = structlog.get_logger("gpufed.staging")
 
@@ -142,7 +143,7 @@ def parse_datasync(doc: dict[str, Any]) -> DatasyncSettings:
 
 
 def settings_to_json(s: DatasyncSettings) -> bytes:
-    return json.dumps(
+    return dumps(
         {
             "executor": s.executor.value,
             "ray_address": s.ray_address,
@@ -154,7 +155,7 @@ def settings_to_json(s: DatasyncSettings) -> bytes:
             "max_bytes_per_s": s.max_bytes_per_s,
         },
         sort_keys=True,
-    ).encode()
+    )
 
 
 def settings_from_json(value: bytes) -> DatasyncSettings:
@@ -178,7 +179,7 @@ async def put_settings(kv: KeyValueStore, settings: DatasyncSettings) -> None:
 async def get_settings(kv: KeyValueStore) -> DatasyncSettings:
     """The stored section; the defaults (local) for a federation bootstrapped before it existed."""
     held = await kv.get(SETTINGS_KEY)
-    return DatasyncSettings() if held is None else settings_from_json(held.value)
+    return DatasyncSettings() if held is None else settings_from_json(checked(held.value, held.key))
 
 
 def shard_count(settings: DatasyncSettings, copy_bytes: int) -> int:

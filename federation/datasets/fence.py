@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ from datasync import CopyKey
 from federation.datasets.executor import get_settings
 from federation.errors import FailedPrecondition
 from federation.store.kv import Compare, KeyValueStore, LeaseNotFound, Put
+from federation.store.schema_version import dumps, loads
 
 log = structlog.get_logger("gpufed.staging")
 
@@ -61,7 +61,7 @@ class CopyBusy(FailedPrecondition):
 async def holder_of(kv: KeyValueStore, key: CopyKey) -> str | None:
     """The kind of work holding the copy's fence ('sync', 'evict', 'repair'), or None when it is free."""
     held = await kv.get(fence_key(key))
-    return None if held is None else str(json.loads(held.value).get("kind", "?"))
+    return None if held is None else str(loads(held.value, held.key).get("kind", "?"))
 
 
 async def _keep_alive(kv: KeyValueStore, lease: int, every_s: float) -> None:
@@ -80,9 +80,9 @@ async def _keep_alive(kv: KeyValueStore, lease: int, every_s: float) -> None:
 @contextlib.asynccontextmanager
 async def fenced(kv: KeyValueStore, key: CopyKey, kind: str) -> AsyncIterator[Fence]:
     """Hold the copy's fence for the block; raise `CopyBusy` (nothing done) when another holds it."""
-    value = json.dumps(
+    value = dumps(
         {"holder": f"{kind}:{uuid.uuid4().hex}", "kind": kind, "since_s": time.time()}, sort_keys=True
-    ).encode()
+    )
     fkey = fence_key(key)
     # Read at each fence (a rare, long operation): the TTL bootstrap stored from the config.
     ttl_s = (await get_settings(kv)).fence_ttl_s

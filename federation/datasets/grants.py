@@ -16,7 +16,6 @@ Key: /gpufed/dataset-grants/<store>/<tenant> -> {"prefixes": [...], "by": user, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from federation.datasets.registry import prefix_field
 from federation.errors import InvalidSpec
 from federation.spec.validate import name_field, shown
 from federation.store.kv import KeyValueStore
+from federation.store.schema_version import dumps, loads
 
 GRANTS = b"/gpufed/dataset-grants/"
 ANY_TENANT = "*"
@@ -94,7 +94,7 @@ class GrantDirectory:
         out = {}
         for kv in page.kvs:
             s, t = kv.key[len(GRANTS) :].decode().split("/", 1)
-            out[(s, t)] = tuple(str(p) for p in json.loads(kv.value)["prefixes"])
+            out[(s, t)] = tuple(str(p) for p in loads(kv.value, kv.key)["prefixes"])
         return out
 
     async def effective(
@@ -102,7 +102,7 @@ class GrantDirectory:
     ) -> Grant:
         held = await self._kv.get(_key(store, tenant))
         if held is not None:
-            prefixes = tuple(str(p) for p in json.loads(held.value)["prefixes"])
+            prefixes = tuple(str(p) for p in loads(held.value, held.key)["prefixes"])
             return Grant(store, tenant, prefixes, "admin")
         return config_grant(store, tenant, configured)
 
@@ -112,7 +112,7 @@ class GrantDirectory:
             await self._kv.delete(_key(store, tenant))
             return
         body = {"prefixes": list(prefixes), "by": by, "at_s": at_s}
-        await self._kv.put(_key(store, tenant), json.dumps(body, sort_keys=True).encode())
+        await self._kv.put(_key(store, tenant), dumps(body, sort_keys=True))
 
 
 def grant_rows(

@@ -27,7 +27,6 @@ and their copies: `lookup` reads that key as the fallback of `<tenant>/<name>` w
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -53,6 +52,7 @@ from federation.errors import Conflict, FailedPrecondition, InvalidSpec
 from federation.spec.validate import shown
 from federation.store.kv import Compare, Delete, KeyValueStore, Op, Put
 from federation.store.records import DatasetLocation, SchedulingSettings
+from federation.store.schema_version import checked, dumps, loads, stamp_json
 from placement.model import TenantId
 
 DATASETS = b"/gpufed/datasets/"
@@ -180,10 +180,10 @@ def _etags_key(key: CopyKey) -> bytes:
 
 
 def _copy_to_json(c: CachedCopy) -> bytes:
-    return json.dumps(
+    return dumps(
         {"size_bytes": c.size_bytes, "last_used_s": c.last_used_s, "pinned_by": sorted(c.pinned_by)},
         sort_keys=True,
-    ).encode()
+    )
 
 
 def _copy_from_json(key: bytes, value: bytes) -> CachedCopy:
@@ -191,7 +191,7 @@ def _copy_from_json(key: bytes, value: bytes) -> CachedCopy:
     # is `tenant/name` (or a bare name registered before names were per tenant).
     store, rest = key[len(CACHES) :].decode().split("/", 1)
     dataset, version = rest.rsplit("/", 1)
-    d = json.loads(value)
+    d = loads(value, key)
     return CachedCopy(
         CopyKey(StoreName(store), DatasetName(dataset), VersionId(version)),
         int(d["size_bytes"]),
@@ -214,7 +214,11 @@ class DatasetRegistry:
     async def get(self, name: str) -> StoredDataset | None:
         """The dataset of this registry name (`tenant/name`, or a bare legacy name), exactly."""
         kv = await self._kv.get(_dataset_key(name))
-        return None if kv is None else StoredDataset(dataset_from_json(kv.value), kv.mod_revision)
+        return (
+            None
+            if kv is None
+            else StoredDataset(dataset_from_json(checked(kv.value, kv.key)), kv.mod_revision)
+        )
 
     async def lookup(self, tenant: str, ref: str) -> StoredDataset | None:
         """The dataset `ref` means to `tenant` (whether the tenant may see it is the caller's check).
@@ -231,11 +235,11 @@ class DatasetRegistry:
 
     async def list(self) -> list[Dataset]:
         page = await self._kv.range_prefix(DATASETS)
-        return [dataset_from_json(kv.value) for kv in page.kvs]
+        return [dataset_from_json(checked(kv.value, kv.key)) for kv in page.kvs]
 
     async def manifest(self, name: str, version: str) -> Manifest | None:
         kv = await self._kv.get(_manifest_key(name, version))
-        return None if kv is None else manifest_from_json(kv.value)
+        return None if kv is None else manifest_from_json(checked(kv.value, kv.key))
 
     async def add_version(
         self,
@@ -287,8 +291,8 @@ class DatasetRegistry:
         result = await self._kv.txn(
             [compare],
             [
-                Put(_dataset_key(dataset.name), dataset_to_json(dataset)),
-                Put(_manifest_key(dataset.name, version.version), body),
+                Put(_dataset_key(dataset.name), stamp_json(dataset_to_json(dataset))),
+                Put(_manifest_key(dataset.name, version.version), stamp_json(body)),
             ],
         )
         if not result.succeeded:
@@ -323,7 +327,7 @@ class DatasetRegistry:
         ops = [Put(key, _copy_to_json(copy))]
         if etags is not None:
             body = {"etags": etags.etags, "verified_at_s": etags.verified_at_s}
-            ops.append(Put(_etags_key(copy.key), json.dumps(body, sort_keys=True).encode()))
+            ops.append(Put(_etags_key(copy.key), dumps(body, sort_keys=True)))
         result = await self._kv.txn([compare, *also], ops)
         return result.succeeded
 
@@ -331,7 +335,7 @@ class DatasetRegistry:
         kv = await self._kv.get(_etags_key(key))
         if kv is None:
             return None
-        d = json.loads(kv.value)
+        d = loads(kv.value, kv.key)
         return CopyEtags({str(p): str(e) for p, e in d["etags"].items()}, float(d["verified_at_s"]))
 
     async def reusable(self, store: str, dataset: str, version: str) -> tuple[ExistingCopy, ...]:

@@ -27,6 +27,7 @@ from federation.datasets.grants import DEFAULT_PREFIXES, parse_dataset_prefixes
 from federation.errors import InvalidSpec, NotFound
 from federation.spec.validate import name_field, number_field, shown
 from federation.store.kv import KeyValueStore
+from federation.store.schema_version import checked, dumps
 
 log = structlog.get_logger("gpufed.stores")
 
@@ -114,7 +115,7 @@ def store_to_json(s: StoreRecord) -> bytes:
     doc: dict[str, Any] = {"config": config_doc(s.config), "capacity_bytes": s.capacity_bytes}
     if s.dataset_prefixes != DEFAULT_PREFIXES:
         doc["dataset_prefixes"] = {t: list(p) for t, p in s.dataset_prefixes}
-    return json.dumps(doc, sort_keys=True).encode()
+    return dumps(doc, sort_keys=True)
 
 
 def store_from_json(name: str, value: bytes) -> StoreRecord:
@@ -147,11 +148,11 @@ class StoreDirectory:
 
     async def get(self, name: str) -> StoreRecord | None:
         kv = await self._kv.get(STORES + name.encode())
-        return None if kv is None else store_from_json(name, kv.value)
+        return None if kv is None else store_from_json(name, checked(kv.value, kv.key))
 
     async def list(self) -> list[StoreRecord]:
         page = await self._kv.range_prefix(STORES)
-        return [store_from_json(kv.key[len(STORES) :].decode(), kv.value) for kv in page.kvs]
+        return [store_from_json(kv.key[len(STORES) :].decode(), checked(kv.value, kv.key)) for kv in page.kvs]
 
     async def require(self, name: str, field: str = "store") -> StoreRecord:
         record = await self.get(name)

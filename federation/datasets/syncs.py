@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from datasync import DatasetVersion
 from federation.store.kv import Compare, KeyValueStore, Put
+from federation.store.schema_version import loads, unversioned
 
 SYNCS = b"/gpufed/syncs/"
 
@@ -103,11 +104,13 @@ def _to_json(r: SyncRecord) -> bytes:
     d = asdict(r)
     d["state"] = r.state.value
     d["job_ids"] = list(r.job_ids)
+    # Unversioned (version 0): the build before schema versions decodes sync records with
+    # `SyncRecord(**doc)`, which refuses a key it does not know (federation.store.schema_version).
     return json.dumps(d, sort_keys=True).encode()
 
 
-def _from_json(value: bytes) -> SyncRecord:
-    d = json.loads(value)
+def _from_json(value: bytes, key: bytes | None = None) -> SyncRecord:
+    d = unversioned(loads(value, key))
     d["state"] = SyncState(d["state"])
     d["job_ids"] = tuple(d["job_ids"])
     return SyncRecord(**d)
@@ -119,12 +122,12 @@ class SyncRecords:
 
     async def get(self, store: str, dataset: str, version: str) -> tuple[SyncRecord, int] | None:
         kv = await self._kv.get(sync_key(store, dataset, version))
-        return None if kv is None else (_from_json(kv.value), kv.mod_revision)
+        return None if kv is None else (_from_json(kv.value, kv.key), kv.mod_revision)
 
     async def list(self, store: str | None = None, dataset: str | None = None) -> list[SyncRecord]:
         prefix = SYNCS if store is None else SYNCS + f"{store}/".encode()
         page = await self._kv.range_prefix(prefix)
-        records = [_from_json(kv.value) for kv in page.kvs]
+        records = [_from_json(kv.value, kv.key) for kv in page.kvs]
         return [r for r in records if dataset is None or r.dataset == dataset]
 
     async def put(self, record: SyncRecord, *, expect_revision: int | None = -1) -> bool:

@@ -34,6 +34,7 @@ from federation.errors import InvalidSpec
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.validate import int_field, number_field
 from federation.store.kv import MAX_TXN_OPS, KeyValueStore, LeaseNotFound, Put, cut_by_size
+from federation.store.schema_version import loads, unversioned
 from placement.model import JobId
 
 PREFIX = b"/gpufed/logs/"
@@ -115,10 +116,12 @@ def parse_logs(doc: dict[str, Any]) -> LogsSettings:
 
 async def get_logs_settings(kv: KeyValueStore) -> LogsSettings | None:
     found = await kv.get(SETTINGS_KEY)
-    return None if found is None else LogsSettings(**json.loads(found.value))
+    return None if found is None else LogsSettings(**unversioned(loads(found.value, found.key)))
 
 
 async def put_logs_settings(kv: KeyValueStore, settings: LogsSettings) -> None:
+    # Unversioned (version 0), as the attempt summaries: the build before schema versions decodes
+    # both with `Record(**doc)`, which refuses a key it does not know (federation.store.schema_version).
     await kv.put(SETTINGS_KEY, json.dumps(asdict(settings), sort_keys=True).encode())
 
 
@@ -208,8 +211,8 @@ def _summary_json(kept: KeptAttempt) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def _summary_from(raw: bytes) -> KeptAttempt:
-    d: dict[str, Any] = json.loads(raw)
+def _summary_from(raw: bytes, key: bytes | None = None) -> KeptAttempt:
+    d: dict[str, Any] = unversioned(loads(raw, key))
     replicas = tuple(kept_replica(r) for r in d.pop("replicas"))
     return KeptAttempt(**d, replicas=replicas)
 
@@ -266,7 +269,7 @@ class LogArchive:
         found = await self._kv.get(_key(job_id, attempt, SUMMARY))
         if found is None:
             return None
-        kept = _summary_from(found.value)
+        kept = _summary_from(found.value, found.key)
         return kept if self.fresh(kept, now_s) else None
 
     async def log(self, job_id: str, attempt: int, task: str, replica: int) -> bytes:

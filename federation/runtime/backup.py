@@ -55,6 +55,7 @@ from federation.runtime.etcd_backup import (
 from federation.runtime.history_dump import dump_history, probe_history
 from federation.security.tokens import token_from_dict, token_hash
 from federation.store.records import Role, UserRecord, user_from_dict
+from federation.store.schema_version import loads
 
 SNAPSHOT_FILE = "etcd.snapshot.db"
 DATASETS_FILE = "datasets.json"
@@ -79,14 +80,14 @@ def gpufed_version() -> str:
 def authorize(access: EtcdAccess, token: str, *, now_s: float) -> UserRecord:
     """The token's user if it is an admin's, as the server would resolve it now; else BackupRefused."""
     raw = get_one(access, _TOKENS + token_hash(token))
-    record = None if raw is None else json.loads(raw)
+    record = None if raw is None else loads(raw, _TOKENS + token_hash(token))
     expires = None if record is None else record.get("expires_at_s")
     if record is None or (expires is not None and float(expires) <= now_s):
         raise BackupRefused("unknown, revoked or expired token: a backup needs an admin's token")
     user_raw = get_one(access, _USERS + str(record["user"]))
     if user_raw is None:
         raise BackupRefused(f"the token's user {record['user']} no longer exists")
-    user = user_from_dict(json.loads(user_raw))
+    user = user_from_dict(loads(user_raw, _USERS + str(record["user"])))
     if user.role is not Role.ADMIN:
         raise BackupRefused(
             f"only an admin may back up the federation (you are {user.name}, role {user.role})"
@@ -107,13 +108,13 @@ def _decode(value: bytes) -> Any:
 
 def _admin_tokens(access: EtcdAccess, revision: int) -> tuple[AdminToken, ...]:
     users = {
-        k[len(_USERS) :]: user_from_dict(json.loads(v))
+        k[len(_USERS) :]: user_from_dict(loads(v, _USERS + k[len(_USERS) :]))
         for k, v in get_prefix(access, _USERS, revision=revision)
     }
     out = []
     for key, value in get_prefix(access, _TOKENS, revision=revision):
         hash_hex = key[len(_TOKENS) :]
-        record = token_from_dict(hash_hex, json.loads(value))
+        record = token_from_dict(hash_hex, loads(value, key))
         user = users.get(record.user)
         if user is not None and user.role is Role.ADMIN:
             out.append(AdminToken(sha256=hash_hex, user=user.name, expires_at_s=record.expires_at_s))

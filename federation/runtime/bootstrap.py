@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import time
@@ -39,6 +38,7 @@ from federation.security.tokens import TOKEN_ID_DIGITS, AuditEvent, SecurityStor
 from federation.store.job_store import PREFIX, KvStore
 from federation.store.kv import Compare, KeyValueStore, Put
 from federation.store.records import TenantRecord, UserRecord
+from federation.store.schema_version import dumps, loads
 
 log = structlog.get_logger("gpufed.bootstrap")
 
@@ -61,11 +61,11 @@ class _Seeded:
     users: set[str] = field(default_factory=set)
 
     def to_json(self) -> bytes:
-        return json.dumps({"tenants": sorted(self.tenants), "users": sorted(self.users)}).encode()
+        return dumps({"tenants": sorted(self.tenants), "users": sorted(self.users)})
 
     @staticmethod
     def from_json(value: bytes) -> _Seeded:
-        d = json.loads(value)
+        d = loads(value, SEEDED_KEY)
         return _Seeded(set(d.get("tenants", ())), set(d.get("users", ())))
 
 

@@ -67,6 +67,7 @@ from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, Stored, paused_gc
 from federation.store.jobs import JobRecord, job_to_dict
 from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore, cut_by_size
+from federation.store.schema_version import loads, unversioned
 from placement.model import JobId
 
 log = structlog.get_logger("gpufed.archiver")
@@ -446,7 +447,7 @@ def _attempt_of(key: bytes) -> int:
 def _archived(read: JobKeys, logs: tuple[KeptLog, ...] = ()) -> ArchivedJob:
     job = read.job.value
     attempts = tuple(
-        ArchivedAttempt(a, json.loads(kv.value))
+        ArchivedAttempt(a, unversioned(loads(kv.value, kv.key)))
         for a in range(1, job.attempt + 1)
         if (kv := read.extra.get(summary_key(job.job_id, a))) is not None
     )
@@ -470,7 +471,7 @@ def _audit_ns(key: bytes) -> int:
 
 
 def _audit(key: bytes, value: bytes) -> ArchivedAudit:
-    d = json.loads(value)
+    d = loads(value, key)
     return ArchivedAudit(
         audit_id=key[len(AUDIT) :].decode(),
         at_s=float(d["at_s"]),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from federation.store.kv import KeyValueStore
+from federation.store.schema_version import dumps, loads, unversioned
 
 TOKENS = b"/gpufed/tokens/"
 AUDIT = b"/gpufed/audit/"
@@ -76,19 +77,19 @@ class SecurityStore:
         self._kv = kv
 
     async def put_token(self, token: str, record: TokenRecord) -> None:
-        await self._kv.put(TOKENS + token_hash(token).encode(), json.dumps(token_to_dict(record)).encode())
+        await self._kv.put(TOKENS + token_hash(token).encode(), dumps(token_to_dict(record)))
 
     async def get_token(self, token: str) -> TokenRecord | None:
         hash_hex = token_hash(token)
         kv = await self._kv.get(TOKENS + hash_hex.encode())
-        return None if kv is None else token_from_dict(hash_hex, json.loads(kv.value))
+        return None if kv is None else token_from_dict(hash_hex, loads(kv.value, kv.key))
 
     async def list_tokens(self) -> list[TokenRecord]:
         page = await self._kv.range_prefix(TOKENS)
         out = []
         for kv in page.kvs:
             hash_hex = kv.key[len(TOKENS) :].decode()
-            out.append(token_from_dict(hash_hex, json.loads(kv.value)))
+            out.append(token_from_dict(hash_hex, loads(kv.value, kv.key)))
         return out
 
     async def revoke_token_id(self, token_id: str) -> TokenRecord | None:
@@ -97,7 +98,7 @@ class SecurityStore:
         if len(page.kvs) != 1:
             return None
         kv = page.kvs[0]
-        record = token_from_dict(kv.key[len(TOKENS) :].decode(), json.loads(kv.value))
+        record = token_from_dict(kv.key[len(TOKENS) :].decode(), loads(kv.value, kv.key))
         await self._kv.delete(kv.key)
         return record
 
@@ -111,9 +112,11 @@ class SecurityStore:
             "target": event.target,
             "detail": event.detail,
         }
+        # Unversioned (version 0): the build before schema versions reads audit records with
+        # `AuditEvent(**doc)`, which refuses a key it does not know (federation.store.schema_version).
         await self._kv.put(key, json.dumps(value).encode())
 
     async def list_audit(self, *, limit: int = 1000) -> list[AuditEvent]:
         page = await self._kv.range_prefix(AUDIT)
-        events = [AuditEvent(**json.loads(kv.value)) for kv in page.kvs]
+        events = [AuditEvent(**unversioned(loads(kv.value, kv.key))) for kv in page.kvs]
         return events[-limit:]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from federation.store.job_store import IDEM, WAITS, Fence, Stored, job_key, wait
 from federation.store.jobs import JobRecord, job_from_json
 from federation.store.kv import MAX_TXN_OPS, Compare, Delete, Get, KeyValue, KeyValueStore, Txn
 from federation.store.kv_pages import pages
+from federation.store.schema_version import loads
 from placement.model import JobId, TenantId, WaitReason
 
 
@@ -125,12 +125,12 @@ async def read_jobs(
         for a in range(1, attempts + 1):
             iv = got[ledger_key(job_id, a)]
             if iv is not None:
-                intervals.append(interval_from_json(iv.value))
+                intervals.append(interval_from_json(iv.value, iv.key))
         waits_kv = got[WAITS + job_id.encode()]
         extra_keys = list(extra[i]) if i < len(extra) else []
         out.append(
             JobKeys(
-                job=Stored(job_from_json(job_kv.value), job_kv.mod_revision),
+                job=Stored(job_from_json(job_kv.value, job_kv.key), job_kv.mod_revision),
                 intervals=tuple(intervals),
                 waits=() if waits_kv is None else waits_from_json(waits_kv.value),
                 waits_revision=0 if waits_kv is None else waits_kv.mod_revision,
@@ -159,7 +159,7 @@ async def idempotency_keys(
 def _naming(items: Sequence[KeyValue], job_ids: set[JobId]) -> dict[JobId, KeyValue]:
     out: dict[JobId, KeyValue] = {}
     for item in items:
-        job_id = JobId(json.loads(item.value)["job_id"])
+        job_id = JobId(loads(item.value, item.key)["job_id"])
         if job_id in job_ids:
             out[job_id] = item
     return out

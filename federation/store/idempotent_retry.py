@@ -9,10 +9,10 @@ only when it would refuse, so an accepted key costs one etcd read at most.
 from __future__ import annotations
 
 import hashlib
-import json
 
 from federation.store.job_store import IDEM, JobStore, KvStore, Stored
 from federation.store.jobs import JobRecord
+from federation.store.schema_version import loads
 from placement.model import JobId, TenantId
 
 
@@ -28,7 +28,7 @@ async def accepted_before(
     found = await store.kv.get(digest_key)
     if found is None:
         return None
-    first = json.loads(found.value)
+    first = loads(found.value, found.key)
     if first.get("digest") != manifest_digest:
         return None
     return await store.get_job(JobId(str(first["job_id"])))

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from federation.store.jobs import JobRecord
+from federation.store.schema_version import check_json
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 
 LEDGER_PREFIX = b"/gpufed/ledger/"
@@ -215,10 +216,12 @@ def interval_from_dict(d: dict[str, Any]) -> LedgerInterval:
 _INTERVAL_JSON = msgspec.json.Decoder(LedgerInterval)
 
 
-def interval_from_json(raw: bytes | str) -> LedgerInterval:
+def interval_from_json(raw: bytes | str, key: bytes | str | None = None) -> LedgerInterval:
     """The same as `interval_from_dict(json.loads(raw))`, typed by the dataclass where it can be
     (the dataclass's defaults are the old decoder's for keys older records lack); whatever the
-    typed decode refuses goes the old way, which raises as it always did."""
+    typed decode refuses goes the old way, which raises as it always did. A newer schema version
+    than this build's raises `SchemaTooNew` naming `key`."""
+    check_json(raw, key)
     try:
         return _INTERVAL_JSON.decode(raw)
     except msgspec.DecodeError:

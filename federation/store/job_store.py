@@ -9,7 +9,8 @@ fenced by the leader's lease key so that a deposed leader cannot write.
 Layout, all under PREFIX: jobs/<job_id>, idem/<tenant>/<sha256 of the client's key>, tenants/<name>,
 clusters/<name>, users/<name>, tokens/<sha256 of the token>, waits/<job_id>, approvals/<id>, settings,
 leader, ledger/<job_id>/<attempt>. Values are compact
-JSON through the explicit codecs in federation.store.jobs and federation.store.records.
+JSON through the explicit codecs in federation.store.jobs and federation.store.records, each
+document stamped with its schema version and checked on read (federation.store.schema_version).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from federation.store.records import (
     user_from_dict,
     user_to_dict,
 )
+from federation.store.schema_version import check_json, dumps, loads
 from placement.model import ClusterName, GpuType, JobId, TenantId, WaitCode, WaitReason
 
 T = TypeVar("T")
@@ -284,6 +286,9 @@ class JobStore(Protocol):
 
 
 def _dumps(d: Any) -> bytes:
+    """A document stamped with its schema version; a list (wait reasons) as it is."""
+    if isinstance(d, dict):
+        return dumps(d)
     return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -329,21 +334,23 @@ def job_key(job_id: str) -> bytes:
     return JOBS + job_id.encode()
 
 
-def _stored_job(value: bytes, mod_revision: int) -> Stored[JobRecord]:
-    return Stored(job_from_json(value), mod_revision)
+def _stored_job(value: bytes, mod_revision: int, key: bytes | None = None) -> Stored[JobRecord]:
+    return Stored(job_from_json(value, key), mod_revision)
 
 
 def _job_entry(kv: KeyValue) -> JobEntry:
     """A listed job for the cache: its head decoded now; the rest of an ended job's record when
     first read (`Stored.decoded_on_read`), of a live one now (the leader reads it at once)."""
+    # A record newer than this build raises here, in the list, not later in whoever reads it.
+    check_json(kv.value, kv.key)
     head = job_head_from_json(kv.value)
     if head is None:
         # The head alone would not decode: decode the lot the usual way (or fail as it would).
-        job = job_from_json(kv.value)
+        job = job_from_json(kv.value, kv.key)
         return JobHead(job.job_id, job.tenant, job.phase, job.submitted_at_s), Stored(job, kv.mod_revision)
     if head.phase.is_terminal:
         return head, Stored.decoded_on_read(kv.value, job_from_json, kv.mod_revision)
-    return head, Stored(job_from_json(kv.value), kv.mod_revision)
+    return head, Stored(job_from_json(kv.value, kv.key), kv.mod_revision)
 
 
 # The figures of a wait reason beside its code and message; absent keys read as None, so reasons
@@ -388,7 +395,7 @@ def wait_from_dict(d: dict[str, Any]) -> WaitReason:
 
 def waits_from_json(raw: bytes | str) -> tuple[WaitReason, ...]:
     """A job's stored wait reasons (a JSON list of `wait_to_dict`s), as etcd and SQL keep them."""
-    return tuple(wait_from_dict(d) for d in json.loads(raw))
+    return tuple(wait_from_dict(d) for d in json.loads(raw))  # a list: unversioned
 
 
 class KvStore:
@@ -424,7 +431,7 @@ class KvStore:
         idem_kv, job_kv = result.gets
         if idem_kv is None:
             raise Conflict(f"job {job.job_id} already exists under another idempotency key")
-        first = json.loads(idem_kv.value)
+        first = loads(idem_kv.value, idem_kv.key)
         if first["digest"] != manifest_digest:
             raise IdempotencyConflict(
                 f"idempotency key {idempotency_key!r} was used before with a different manifest "
@@ -434,14 +441,14 @@ class KvStore:
             job_kv = await self._kv.get(job_key(first["job_id"]))
         if job_kv is None:
             raise NotFound(f"job {first['job_id']} of idempotency key {idempotency_key!r} no longer exists")
-        return _stored_job(job_kv.value, job_kv.mod_revision), False
+        return _stored_job(job_kv.value, job_kv.mod_revision, job_kv.key), False
 
     async def get_job(self, job_id: JobId) -> Stored[JobRecord] | None:
         kv = await self._kv.get(job_key(job_id))
-        return None if kv is None else _stored_job(kv.value, kv.mod_revision)
+        return None if kv is None else _stored_job(kv.value, kv.mod_revision, kv.key)
 
     async def list_jobs(self) -> tuple[list[Stored[JobRecord]], int]:
-        return await self._list(JOBS, lambda kv: _stored_job(kv.value, kv.mod_revision))
+        return await self._list(JOBS, lambda kv: _stored_job(kv.value, kv.mod_revision, kv.key))
 
     async def list_job_entries(self) -> tuple[list[JobEntry], int]:
         return await self._list(JOBS, _job_entry)
@@ -492,10 +499,12 @@ class KvStore:
         return result.revision if result.succeeded else None
 
     async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
-        return await self._list(LEDGER_PREFIX, lambda kv: interval_from_json(kv.value))
+        return await self._list(LEDGER_PREFIX, lambda kv: interval_from_json(kv.value, kv.key))
 
     async def list_ledger_by_key(self) -> tuple[dict[bytes, LedgerInterval], int]:
-        pairs, revision = await self._list(LEDGER_PREFIX, lambda kv: (kv.key, interval_from_json(kv.value)))
+        pairs, revision = await self._list(
+            LEDGER_PREFIX, lambda kv: (kv.key, interval_from_json(kv.value, kv.key))
+        )
         return dict(pairs), revision
 
     async def watch_ledger(
@@ -505,7 +514,7 @@ class KvStore:
         async with contextlib.aclosing(events):
             async for ev in events:
                 if ev.type is EventType.PUT:
-                    yield interval_from_json(ev.kv.value)
+                    yield interval_from_json(ev.kv.value, ev.kv.key)
                 else:
                     yield LedgerRemoved(ev.kv.key)
 
@@ -515,7 +524,7 @@ class KvStore:
             async for ev in events:
                 job_id = JobId(ev.kv.key[len(JOBS) :].decode())
                 if ev.type is EventType.PUT:
-                    job = job_from_json(ev.kv.value)
+                    job = job_from_json(ev.kv.value, ev.kv.key)
                     yield JobEvent(JobEventType.PUT, job_id, job, ev.kv.mod_revision)
                 else:
                     yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)
@@ -555,10 +564,10 @@ class KvStore:
 
     async def _get(self, key: bytes, decode: Callable[[dict[str, Any]], T]) -> T | None:
         kv = await self._kv.get(key)
-        return None if kv is None else decode(json.loads(kv.value))
+        return None if kv is None else decode(loads(kv.value, kv.key))
 
     async def _list_values(self, prefix: bytes, decode: Callable[[dict[str, Any]], T]) -> list[T]:
-        values, _ = await self._list(prefix, lambda kv: decode(json.loads(kv.value)))
+        values, _ = await self._list(prefix, lambda kv: decode(loads(kv.value, kv.key)))
         return values
 
     async def put_tenant(self, t: TenantRecord) -> None:
@@ -617,7 +626,7 @@ class KvStore:
         kv = await self._kv.get(TOKENS + _sha256(token))
         if kv is None:
             return None
-        record = json.loads(kv.value)
+        record = loads(kv.value, kv.key)
         expires = record.get("expires_at_s")
         if expires is not None and float(expires) <= time.time():
             return None

@@ -22,6 +22,7 @@ from federation.spec.jobspec import (
     TaskSpec,
     TrainingJobSpec,
 )
+from federation.store.schema_version import check_json
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -403,14 +404,16 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
 _JOB_JSON = msgspec.json.Decoder(JobRecord)
 
 
-def job_from_json(raw: bytes | str) -> JobRecord:
+def job_from_json(raw: bytes | str, key: bytes | str | None = None) -> JobRecord:
     """A stored job record's JSON as a `JobRecord`, the same as `job_from_dict(json.loads(raw))`.
 
     The typed decode is tried first. Anything it refuses (a value of another JSON type than the
     field's, which `job_from_dict` would coerce, or a record that is not one) goes the old way,
     which raises as it always did. One default differs between the two: a record written before
     `retries_used` existed counts `attempt - 1` retries where the dataclass says 0, so a decoded
-    record that might be such a one (retries 0 on a later attempt) is decoded the old way too."""
+    record that might be such a one (retries 0 on a later attempt) is decoded the old way too.
+    A record of a newer schema version than this build's raises `SchemaTooNew` naming `key`."""
+    check_json(raw, key)
     try:
         job = _JOB_JSON.decode(raw)
     except msgspec.DecodeError:  # ValidationError too
