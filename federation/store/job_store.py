@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
+import structlog
+
 from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
 from federation.store.group_commit import GroupCommit
 from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_json, interval_to_dict
@@ -60,10 +62,11 @@ from federation.store.records import (
     user_from_dict,
     user_to_dict,
 )
-from federation.store.schema_version import check_json, dumps, loads
+from federation.store.schema_version import SchemaTooNew, check_json, dumps, loads
 from placement.model import ClusterName, GpuType, JobId, TenantId, WaitCode, WaitReason
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 PREFIX = b"/gpufed/"
 JOBS = PREFIX + b"jobs/"
@@ -201,7 +204,8 @@ class JobStore(Protocol):
 
     async def list_job_entries(self) -> tuple[list[JobEntry], int]:
         """`list_jobs` for the job cache: each job with its head (what the cache files it by), an
-        ended job's record decoded only when first read (`Stored.decoded_on_read`)."""
+        ended job's record decoded only when first read (`Stored.decoded_on_read`). A record of a
+        newer schema version than this build's is left out, with an error logged (`_job_entry`)."""
         ...
 
     async def commit(
@@ -338,11 +342,22 @@ def _stored_job(value: bytes, mod_revision: int, key: bytes | None = None) -> St
     return Stored(job_from_json(value, key), mod_revision)
 
 
-def _job_entry(kv: KeyValue) -> JobEntry:
+def _refused(error: SchemaTooNew) -> None:
+    # Once per list or event: the server keeps serving every other job while an operator upgrades.
+    log.error("stored_record_refused", key=error.key, schema=error.version, error=str(error))
+
+
+def _job_entry(kv: KeyValue) -> JobEntry | None:
     """A listed job for the cache: its head decoded now; the rest of an ended job's record when
-    first read (`Stored.decoded_on_read`), of a live one now (the leader reads it at once)."""
-    # A record newer than this build raises here, in the list, not later in whoever reads it.
-    check_json(kv.value, kv.key)
+    first read (`Stored.decoded_on_read`), of a live one now (the leader reads it at once).
+
+    None for a record newer than this build: left out of the cache, so that nothing here acts on
+    (or rewrites) what it cannot read; a read of that job asks etcd, and says to upgrade."""
+    try:
+        check_json(kv.value, kv.key)
+    except SchemaTooNew as e:
+        _refused(e)
+        return None
     head = job_head_from_json(kv.value)
     if head is None:
         # The head alone would not decode: decode the lot the usual way (or fail as it would).
@@ -451,7 +466,8 @@ class KvStore:
         return await self._list(JOBS, lambda kv: _stored_job(kv.value, kv.mod_revision, kv.key))
 
     async def list_job_entries(self) -> tuple[list[JobEntry], int]:
-        return await self._list(JOBS, _job_entry)
+        entries, revision = await self._list(JOBS, _job_entry)
+        return [e for e in entries if e is not None], revision
 
     async def _list(self, prefix: bytes, decode: Callable[[KeyValue], T]) -> tuple[list[T], int]:
         """Every value under prefix, page by page, all read at the revision of the first page.
@@ -524,7 +540,13 @@ class KvStore:
             async for ev in events:
                 job_id = JobId(ev.kv.key[len(JOBS) :].decode())
                 if ev.type is EventType.PUT:
-                    job = job_from_json(ev.kv.value, ev.kv.key)
+                    try:
+                        job = job_from_json(ev.kv.value, ev.kv.key)
+                    except SchemaTooNew as e:
+                        # As the list leaves it out (`_job_entry`): gone from the cache's view.
+                        _refused(e)
+                        yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)
+                        continue
                     yield JobEvent(JobEventType.PUT, job_id, job, ev.kv.mod_revision)
                 else:
                     yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)

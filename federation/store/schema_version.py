@@ -36,7 +36,14 @@ UNVERSIONED = 0
 
 
 class SchemaTooNew(FailedPrecondition):
-    """A stored document was written by a newer gpufed than this one. Permanent until upgraded."""
+    """A stored document was written by a newer gpufed than this one. Permanent until upgraded.
+    Only an admin reads the key (a key names a tenant's job or dataset); others read that an
+    admin must upgrade."""
+
+    public_message = (
+        "a stored object has a newer schema version than this gpufed build reads: "
+        "an admin must upgrade gpufed"
+    )
 
     def __init__(self, key: str, version: object) -> None:
         super().__init__(

@@ -1,0 +1,456 @@
+"""A rolling upgrade from the previous build to this one, with jobs running (issue 31, "Upgrades").
+
+The previous build is git history: commit PREVIOUS_BUILD's tree, taken with `git archive` into a
+temporary dir, its gRPC stubs made there, run by this venv's interpreter with `PYTHONPATH` set to
+it (checked: its `federation` is that tree's, and it has no schema versions). Two of its servers
+share one etcd and one simulated cluster process, as two replicas of a Deployment do. They write
+what a federation holds: jobs running, ended and waiting, ledger intervals, a token an admin
+issued, an approval, a dataset with its manifest and a registration grant.
+
+Then the roll, as `helm upgrade` does it, while clients keep submitting: the standby is stopped and
+this build's server started in its place; a job submitted through the new server (a version 1
+record) is run and rewritten by the old leader, which ignores the field it does not know and drops
+it (the previous build reads a newer record, and rewrites it in the previous form, which this build
+reads); the old leader is stopped, the new server takes over, and a second new server starts.
+
+Afterwards, judged by etcdctl and the simulator's pods, not only by gpufed's reads: every accepted
+job exists once, none ran twice (one attempt of pods per ledger interval), the running job kept its
+one attempt through the roll, the ledger is whole, and what the old build wrote is served by the new
+one to its users (and only to them). A record newer than this build is refused with an error that
+names its key and says to upgrade, and is left as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from federation.api.client import GpufedClient
+from federation.api.datasets_client import DatasetsClient
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.sim_process import SimProcess
+from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
+from tests.e2e.harness import ServerProcess, manifest, seed_history, wait_for
+from tests.e2e.kube import PodRecorder, write_config
+from tests.etcdctl import etcdctl
+
+pytestmark = pytest.mark.e2e
+
+# The build before schema versions (issue 31's starting point).
+PREVIOUS_BUILD = "6790ee4"
+REPO = Path(__file__).resolve().parents[2]
+LEASE_TTL_S = 2
+RUNNING, SUCCEEDED, QUEUED = (
+    pb.JobPhase.JOB_PHASE_RUNNING,
+    pb.JobPhase.JOB_PHASE_SUCCEEDED,
+    pb.JobPhase.JOB_PHASE_QUEUED,
+)
+CLUSTERS: list[dict[str, Any]] = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 4,
+            }
+        ],
+    }
+]
+USERS = [
+    {"name": "admin", "tenant": "platform", "role": "admin"},
+    {"name": "fin", "tenant": "platform", "role": "finance"},
+    {"name": "alice", "tenant": "vision"},
+    {"name": "bob", "tenant": "nlp"},
+]
+
+
+def previous_tree(into: Path) -> Path:
+    """The previous build's source, with the gRPC stubs `make proto` would make, compiled once."""
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", PREVIOUS_BUILD, "federation", "clusters", "datasync", "iac",
+             "placement"],
+            capture_output=True, check=True, timeout=60,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as e:
+        pytest.fail(
+            f"the previous build {PREVIOUS_BUILD} is not in this clone's history "
+            f"(clone without --depth): {e.stderr.decode(errors='replace').strip()}"
+        )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--grpc_python_out=.",
+         "federation/api/v1/gpufed.proto"],
+        cwd=into, check=True, timeout=60,
+    )  # fmt: skip
+    # Compiled here once, not by both old servers at once as they start.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "-j", "2", "federation", "clusters", "datasync", "iac",
+         "placement"],
+        cwd=into, check=True, timeout=120, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return into
+
+
+def _old_env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+
+
+class OldServer(ServerProcess):
+    """`python -m federation serve` of the previous build: a fresh interpreter (the test zygote has
+    this build imported) in the old tree, which `-m` puts first on the path."""
+
+    def __init__(self, tree: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tree = tree
+
+    def start(self) -> None:
+        self.starts += 1
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        seed_history(self.state_dir)
+        self._close_log()
+        argv = [
+            sys.executable, "-m", "federation", "--state-dir", str(self.state_dir), "serve",
+            "--etcd", self.etcd_endpoint, "--port", str(self.port), "--bootstrap", str(self.config),
+            "--identity", f"{self.identity}-{self.starts}", *self.extra_args,
+        ]  # fmt: skip
+        self._log = log = self._log_path().open("wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=_old_env(self.tree), cwd=self.tree
+        )
+        try:
+            self._wait_serving(timeout_s=90)
+        except Exception:
+            self.stop()
+            raise
+
+
+def _docs(endpoint: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """Every JSON object under `prefix`, by key, as etcdctl reads it (the leader's identity, kept
+    log tails and the like are not JSON objects, and are left out)."""
+    out = json.loads(etcdctl(endpoint, "get", prefix, "--prefix", "-w", "json").stdout)
+    docs = {}
+    for kv in out.get("kvs", []):
+        try:
+            doc = json.loads(base64.b64decode(kv["value"]))
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            docs[base64.b64decode(kv["key"]).decode()] = doc
+    return docs
+
+
+def _token(servers: list[ServerProcess], user: str) -> str:
+    """From the state dir of whichever server bootstrapped the config (it wrote the token files)."""
+    for server in servers:
+        path = server.state_dir / "tokens" / f"{user}.token"
+        if path.exists():
+            return path.read_text().strip()
+    raise AssertionError(f"no token file for {user}")
+
+
+def _leader(servers: list[ServerProcess]) -> ServerProcess:
+    """The server whose latest process won the election (its log says so)."""
+    return wait_for(
+        lambda: next((s for s in servers if s.proc is not None and s.proc.poll() is None
+                      and "leader_elected" in s.current_log()), None),
+        30,
+    )  # fmt: skip
+
+
+class Submitter:
+    """A client submitting all along to whichever server answers, retrying a failed call with the
+    same idempotency key on the next server (as tests/e2e/test_crash_ha.py's)."""
+
+    def __init__(self, targets: list[str], token: str) -> None:
+        self.targets = targets
+        self.token = token
+        self.accepted: dict[str, str] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="submitter")
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            key = f"roll-{i}"
+            text = manifest(f"r{i}", workers=1, gpus=2, duration="250ms")
+            turn = i
+            while not self.stop.is_set():
+                target = self.targets[turn % len(self.targets)]
+                try:
+                    with GpufedClient(target, self.token, timeout_s=3) as client:
+                        self.accepted[key] = client.submit(text, idempotency_key=key).job_id
+                    break
+                except grpc.RpcError:
+                    turn += 1
+                    time.sleep(0.1)
+            i += 1
+            time.sleep(0.1)
+
+
+@dataclass
+class Rolled:
+    etcd: EtcdProcess
+    new: list[ServerProcess]
+    old_docs: dict[str, dict[str, Any]]
+    long_job: str
+    short_job: str
+    waiting_job: str
+    mixed_job: str
+    issued_token: str
+    approval_id: str
+    dataset_digest: str
+    accepted: dict[str, str]
+    lives: dict[tuple[str, int], list[Any]]
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
+    root = tmp_path_factory.mktemp("upgrade")
+    tree = previous_tree(Path(tempfile.mkdtemp(prefix="gpufed-previous-", dir=root)))
+    # The old servers really run the old code: its package, without schema versions.
+    where = subprocess.run(
+        [sys.executable, "-c", "import federation, importlib.util as u; "
+         "print(federation.__file__, u.find_spec('federation.store.schema_version'))"],
+        env=_old_env(tree), cwd=tree, capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.split()  # fmt: skip
+    assert where == [str(tree / "federation" / "__init__.py"), "None"], where
+
+    (root / "lab" / "data" / "vision").mkdir(parents=True)
+    (root / "lab" / "data" / "vision" / "part-0.bin").write_bytes(b"pixels" * 1000)
+    etcd = EtcdProcess(root / "etcd")
+    etcd.start()
+    sims = SimProcess(root / "sim", CLUSTERS)
+    sims.start()
+    config = write_config(
+        root / "federation.yaml",
+        sims,
+        CLUSTERS,
+        grace_s=30,
+        tenants=[{"name": "platform"}, {"name": "vision"}, {"name": "nlp"}],
+        users=USERS,
+        objectStores={"lab": {"kind": "local", "root": str(root / "lab"),
+                              "datasetPrefixes": {"*": ["data/{tenant}/"]}}},
+    )  # fmt: skip
+    lease = ("--lease-ttl-s", str(LEASE_TTL_S))
+    old = [
+        OldServer(
+            tree, etcd.endpoint, root / f"old-{n}", config=config, identity=f"old-{n}", extra_args=lease
+        )
+        for n in "ab"
+    ]
+    new = [
+        ServerProcess(etcd.endpoint, root / f"new-{n}", config=config, identity=f"new-{n}", extra_args=lease)
+        for n in "ab"
+    ]
+    recorder = PodRecorder()
+    recorder.follow(sims, "onprem")
+    submitter: Submitter | None = None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(OldServer.start, old))
+        tokens = {u["name"]: _token(old, u["name"]) for u in USERS}
+        # The new servers' state dirs get the bootstrap's token files, as a Deployment's pods share
+        # one Secret: the config's users exist already, so no new server writes them again.
+        for server in new:
+            (server.state_dir / "tokens").mkdir(parents=True)
+            for user, token in tokens.items():
+                (server.state_dir / "tokens" / f"{user}.token").write_text(token + "\n")
+        leader = _leader(old)
+        standby = next(s for s in old if s is not leader)
+
+        # What the previous build writes: jobs running, ended and waiting, a token, an approval,
+        # a dataset, a grant, ledger intervals.
+        with (
+            GpufedClient(leader.target, tokens["alice"]) as alice,
+            GpufedClient(leader.target, tokens["bob"]) as bob,
+            GpufedClient(standby.target, tokens["admin"]) as admin,
+        ):
+            long_job = alice.submit(manifest("long", duration="1h")).job_id
+            short_job = bob.submit(manifest("short", duration="500ms")).job_id
+            waiting_job = bob.submit(manifest("waits", gpu="B200")).job_id
+            issued = admin.issue_token("alice").token
+            approval = admin.grant_approval(
+                tenant="vision", priority_class="urgent", duration_s=86_400, reason="the paper"
+            ).approval_id
+            datasets = DatasetsClient(admin)
+            digest = datasets.register(
+                "imagenet", "v1", store="lab", prefix="data/vision/", tenant="vision"
+            ).manifest_digest
+            datasets.set_grant(store="lab", tenant="nlp", prefixes=["data/nlp/"])
+            wait_for(lambda: alice.get(long_job).phase == RUNNING, timeout_s=20)
+            wait_for(lambda: bob.get(short_job).phase == SUCCEEDED, timeout_s=20)
+        old_docs = _docs(etcd.endpoint, "/gpufed/")
+        assert not [k for k, d in old_docs.items() if isinstance(d, dict) and SCHEMA_FIELD in d]
+
+        submitter = Submitter([s.target for s in (*old, *new)], tokens["alice"])
+        submitter.thread.start()
+        # 1. The standby goes; this build starts in its place, beside the old leader.
+        standby.stop()
+        new[0].start()
+        # A record this build writes, run and rewritten by the old leader.
+        with GpufedClient(new[0].target, tokens["bob"]) as bob:
+            mixed = bob.submit(manifest("mixed", duration="250ms")).job_id
+            wait_for(lambda: bob.get(mixed).phase == SUCCEEDED, timeout_s=20)
+        assert "leader_elected" not in new[0].current_log(), "the old leader ran the mixed job"
+        # 2. The old leader goes; the new server takes over. 3. The second new server starts.
+        leader.stop()
+        wait_for(lambda: "leader_elected" in new[0].current_log(), timeout_s=20)
+        new[1].start()
+        wait_for(lambda: len(submitter.accepted) >= 25, timeout_s=20)
+        submitter.stop.set()
+        submitter.thread.join(timeout=30)
+        accepted = dict(submitter.accepted)
+
+        with GpufedClient(new[1].target, tokens["admin"]) as admin:
+            wait_for(
+                lambda: all(j.phase == SUCCEEDED for j in admin.list_all() if j.job_id in accepted.values()),
+                timeout_s=30,
+            )
+        wait_for(
+            lambda: all(
+                p.end_s is not None for p in recorder.pods.values() if p.start_s and p.job_id != long_job
+            ),
+            timeout_s=15,
+        )
+        yield Rolled(
+            etcd, new, old_docs, long_job, short_job, waiting_job, mixed, issued, approval, digest,
+            accepted, recorder.lives_by_job(), tokens,
+        )  # fmt: skip
+    finally:
+        if submitter is not None:
+            submitter.stop.set()
+        recorder.stop()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(ServerProcess.stop, [*old, *new]))
+        sims.stop()
+        etcd.stop()
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def test_every_job_exists_once_none_ran_twice_and_the_running_one_kept_its_attempt(rolled: Rolled) -> None:
+    jobs = _docs(rolled.etcd.endpoint, "/gpufed/jobs/")
+    by_id = {d["job_id"]: d for d in jobs.values()}
+    fixed = {rolled.long_job, rolled.short_job, rolled.waiting_job, rolled.mixed_job}
+    assert set(rolled.accepted.values()) | fixed == set(by_id), "a job was lost or made twice"
+    assert len(jobs) == len(set(rolled.accepted.values())) + len(fixed)
+    assert by_id[rolled.long_job]["phase"] == "RUNNING"
+    assert by_id[rolled.long_job]["attempt"] == 1
+    assert by_id[rolled.waiting_job]["phase"] == "QUEUED"
+    # The simulator's pods: the running job's gang was never made again, and no job ran two attempts.
+    assert {a for (j, a) in rolled.lives if j == rolled.long_job} == {1}
+    ran = {key for key, pods in rolled.lives.items() if any(p.start_s for p in pods)}
+    assert all(attempt == 1 for _, attempt in ran), sorted(ran)
+    with GpufedClient(rolled.new[0].target, rolled.tokens["alice"]) as alice:
+        assert alice.get(rolled.long_job).phase == RUNNING
+
+
+def test_the_ledger_is_whole_one_interval_per_attempt_that_ran(rolled: Rolled) -> None:
+    ledger = _docs(rolled.etcd.endpoint, "/gpufed/ledger/")
+    by_attempt = {(d["job_id"], d["attempt"]): d for d in ledger.values()}
+    assert len(by_attempt) == len(ledger)
+    ran = {key for key, pods in rolled.lives.items() if any(p.start_s for p in pods)}
+    assert set(by_attempt) == ran, set(by_attempt) ^ ran
+    for key, d in by_attempt.items():
+        assert (d["end_s"] is None) == (key[0] == rolled.long_job), key
+    # The interval the old build closed is unchanged, and the same ledger is served to finance.
+    short = next(k for k in ledger if f"/{rolled.short_job}/" in k)
+    assert ledger[short] == rolled.old_docs[short]
+    with GpufedClient(rolled.new[1].target, rolled.tokens["fin"]) as fin:
+        served = {(r.job_id, r.attempt) for r in fin.ledger(start_s=0).intervals}
+    assert served == set(by_attempt)
+
+
+def test_what_the_old_build_wrote_is_served_by_the_new_one_to_its_users_only(rolled: Rolled) -> None:
+    target = rolled.new[1].target
+    # The token the old build issued authenticates; the approval and the dataset are there.
+    with GpufedClient(target, rolled.issued_token) as alice:
+        assert alice.get(rolled.long_job).phase == RUNNING
+    with GpufedClient(target, rolled.tokens["admin"]) as admin:
+        approvals = {a.approval_id for a in admin.list_approvals(tenant="vision").approvals}
+        assert rolled.approval_id in approvals
+    with GpufedClient(target, rolled.tokens["alice"]) as alice:
+        version = DatasetsClient(alice).get("imagenet")
+        assert [v.manifest_digest for v in version.versions] == [rolled.dataset_digest]
+    # Another tenant sees neither the job nor the dataset.
+    with GpufedClient(target, rolled.tokens["bob"]) as bob:
+        for call in (lambda: bob.get(rolled.long_job), lambda: DatasetsClient(bob).get("vision/imagenet")):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED)
+        assert rolled.long_job not in {j.job_id for j in bob.list_all()}
+
+
+def test_versions_in_etcd_old_records_stay_version_0_new_writes_carry_the_version(rolled: Rolled) -> None:
+    docs = _docs(rolled.etcd.endpoint, "/gpufed/")
+    # Untouched since the old build wrote them: no field, read as version 0.
+    for prefix in ("/gpufed/approvals/", "/gpufed/datasets/", "/gpufed/manifests/"):
+        found = [k for k in docs if k.startswith(prefix)]
+        assert found, prefix
+        assert all(SCHEMA_FIELD not in docs[k] for k in found), prefix
+    # Written by this build after the roll: the jobs submitted last and their intervals.
+    stamped = [k for k, d in docs.items() if d.get(SCHEMA_FIELD) == SCHEMA_VERSION]
+    assert any(k.startswith("/gpufed/jobs/") for k in stamped)
+    assert any(k.startswith("/gpufed/ledger/") for k in stamped)
+    # The job this build wrote and the old leader ran: the old build kept what it knew and dropped
+    # the field, so it reads as version 0, the same form.
+    mixed = docs[f"/gpufed/jobs/{rolled.mixed_job}"]
+    assert mixed["phase"] == "SUCCEEDED"
+    assert SCHEMA_FIELD not in mixed
+
+
+def test_a_record_newer_than_this_build_is_refused_naming_its_key_and_left_alone(rolled: Rolled) -> None:
+    key = f"/gpufed/jobs/{rolled.waiting_job}"
+    newer = {**_docs(rolled.etcd.endpoint, key)[key], SCHEMA_FIELD: SCHEMA_VERSION + 1, "later": {"x": 1}}
+    raw = json.dumps(newer)
+    etcdctl(rolled.etcd.endpoint, "put", key, raw)
+    target = rolled.new[1].target
+
+    def refused(token: str) -> str:
+        with GpufedClient(target, token) as client:
+            try:
+                client.get(rolled.waiting_job)
+            except grpc.RpcError as e:
+                return e.details() if e.code() == grpc.StatusCode.FAILED_PRECONDITION else ""
+        return ""
+
+    # The admin reads the key and the version; the job's owner, that an admin must upgrade.
+    details = wait_for(lambda: refused(rolled.tokens["admin"]), timeout_s=10)
+    assert f"{key} has schema version {SCHEMA_VERSION + 1}" in details
+    assert "upgrade gpufed" in details
+    owners = refused(rolled.tokens["bob"])
+    assert "an admin must upgrade gpufed" in owners
+    assert key not in owners
+    # Neither server rewrote it, both still serve, and the job left their listings.
+    assert etcdctl(rolled.etcd.endpoint, "get", key, "--print-value-only").stdout.strip() == raw
+    for server in rolled.new:
+        assert server.proc is not None
+        assert server.proc.poll() is None
+        with GpufedClient(server.target, rolled.tokens["alice"]) as alice:
+            assert alice.get(rolled.long_job).phase == RUNNING
+        with GpufedClient(server.target, rolled.tokens["bob"]) as bob:
+            assert rolled.waiting_job not in {j.job_id for j in bob.list_all()}
+        assert "stored_record_refused" in server.current_log()
