@@ -87,7 +87,7 @@ async def test_every_write_of_the_job_store_carries_the_version(make_job: MakeJo
     kv = MemoryKv()
     store = KvStore(kv)
     await store.create_job(make_job("j1"), idempotency_key="k1", manifest_digest="d")
-    await store.put_tenant(TenantRecord(name="t1"))
+    await store.put_tenant(TenantRecord(name=TenantId("t1")))
     await store.put_token("secret", "alice")
     await SecurityStore(kv).put_token(
         "other",
