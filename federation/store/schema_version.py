@@ -106,9 +106,31 @@ class _Version(msgspec.Struct):
 _VERSION_JSON = msgspec.json.Decoder(_Version)
 
 
+_HEAD = b'{"' + SCHEMA_FIELD.encode() + b'":'
+_NAME = b'"' + SCHEMA_FIELD.encode() + b'"'
+
+
 def check_json(raw: bytes | str, key: bytes | str | None) -> int:
     """`check` on a document's JSON without decoding the rest, for the typed (msgspec) decoders.
-    JSON that is not an object, or not JSON, is left to the decoder to refuse as it always did."""
+    JSON that is not an object, or not JSON, is left to the decoder to refuse as it always did.
+
+    A job record decodes in about 9 µs; a msgspec pass for the one field took 3.4 µs more on every
+    read. So: no `"schema"` anywhere is version 0 (a substring search), and `dumps`'s own form (the
+    field first, a plain integer) is read off the front; anything else takes the full pass."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if _NAME not in data:
+        return UNVERSIONED
+    if data.startswith(_HEAD):
+        end = data.find(b",", len(_HEAD))
+        digits = data[len(_HEAD) : end if end >= 0 else data.find(b"}", len(_HEAD))]
+        if digits.isdigit() and len(digits) < 10:
+            version = int(digits)
+            if version <= SCHEMA_VERSION:
+                return version
+    return _check_json_fully(data, key)
+
+
+def _check_json_fully(raw: bytes, key: bytes | str | None) -> int:
     try:
         version = _VERSION_JSON.decode(raw).schema
     except msgspec.DecodeError:

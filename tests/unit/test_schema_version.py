@@ -63,6 +63,35 @@ def test_a_version_this_build_does_not_know_is_refused_naming_key_and_version(va
         assert "upgrade gpufed" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("raw", "version"),
+    [
+        pytest.param(b'{"schema":1,"a":1}', 1, id="written-by-dumps"),
+        pytest.param(b'{"schema":1}', 1, id="alone"),
+        pytest.param(b'{"a":{"schema":7},"b":"schema"}', 0, id="only-nested-or-a-value"),
+        pytest.param(b'{"a":1,"schema":1}', 1, id="not-first"),
+        pytest.param(b"[1,2]", 0, id="a-list-carries-none"),
+    ],
+)
+def test_the_quick_read_of_the_version_agrees_with_the_decoded_one(raw: bytes, version: int) -> None:
+    assert check_json(raw, b"k") == version
+    assert check_json(raw.decode(), b"k") == version
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b'{"schema":2,"a":1}', id="first"),
+        pytest.param(b'{"a":1,"schema":2}', id="last"),
+        pytest.param(b'{"schema":99999999999999,"a":1}', id="huge"),
+        pytest.param(b'{"schema":1.5}', id="a-float"),
+    ],
+)
+def test_the_quick_read_refuses_what_the_decoded_one_refuses(raw: bytes) -> None:
+    with pytest.raises(SchemaTooNew, match="upgrade gpufed"):
+        check_json(raw, b"/gpufed/x")
+
+
 def test_too_new_maps_to_failed_precondition_not_internal() -> None:
     assert status_code_for(SchemaTooNew("/gpufed/jobs/j1", 9)).name == "FAILED_PRECONDITION"
 
