@@ -20,15 +20,30 @@ rollups.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select, tuple_, union_all
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    String,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    union_all,
+)
 from sqlalchemy.engine import Connection
 
 from federation.history import rows, schema
-from federation.history.model import IntervalKey, IntervalPage, IntervalQuery, Period
+from federation.history.model import GroupBy, IntervalKey, IntervalPage, IntervalQuery, Period
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
 from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, whole_months
 from federation.store.intervals import IntervalEnd, LedgerInterval
@@ -59,34 +74,44 @@ _INTERVAL_COLUMNS = (
 )
 
 
-def _clipped(since_s: float, until_s: float) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+def _clipped(lo: ColumnElement[Any], hi: ColumnElement[Any]) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     d = schema.usage_days
-    lo, hi = literal(since_s, schema.Seconds), literal(until_s, schema.Seconds)
     return case((d.c.start_s < lo, lo), else_=d.c.start_s), case((d.c.end_s > hi, hi), else_=d.c.end_s)
 
 
-def _in_range(since_s: float, until_s: float) -> list[ColumnElement[bool]]:
+def _in_range(
+    lo: ColumnElement[Any], hi: ColumnElement[Any], first_day: Any, last_day: Any
+) -> list[ColumnElement[bool]]:
     d = schema.usage_days
-    return [
-        d.c.day >= rows.day_of(since_s),
-        d.c.day <= rows.day_of(until_s),
-        d.c.end_s > literal(since_s, schema.Seconds),
-        d.c.start_s < literal(until_s, schema.Seconds),
-    ]
+    return [d.c.day >= first_day, d.c.day <= last_day, d.c.end_s > lo, d.c.start_s < hi]
 
 
-def _bucket(query: SumsQuery) -> ColumnElement[Any] | None:
+# The bound values of a days statement (`_days_statements`), by name: the statement is built once per
+# shape and cached, and each read binds its range, tenants and bucket starts. Building it anew took
+# most of a report's time (SQLAlchemy's construction, several ms a read; the database's part is less).
+_SINCE, _UNTIL = bindparam("since_s", type_=schema.Seconds), bindparam("until_s", type_=schema.Seconds)
+_FIRST_DAY, _LAST_DAY = bindparam("first_day", type_=String), bindparam("last_day", type_=String)
+_TENANTS = bindparam("tenants", expanding=True, type_=String)
+
+
+def _start(n: int) -> BindParameter[str]:
+    return bindparam(f"start_{n}", type_=String)
+
+
+def _bucket(period: Period | None, starts: int) -> ColumnElement[Any] | None:
+    """The bucket column: a day, a month, or the last of `starts` bucket starts (bound as
+    `start_0`...) on or before the row's day; None for one bucket over the range."""
     d = schema.usage_days
-    if query.period is Period.DAY:
+    if period is Period.DAY:
         return d.c.day
-    if query.period is Period.MONTH:
+    if period is Period.MONTH:
         return func.substr(d.c.day, 1, 7)
-    if query.starts:
+    if starts:
         # A day belongs to the last start on or before it. String comparison is date order here.
         # Days before the first start cannot occur: callers start the first bucket at or before
         # `since_s`'s day (and a day outside every bucket would fall in the first one regardless).
-        whens = [(d.c.day >= start, literal(start)) for start in reversed(query.starts[1:])]
-        return case(*whens, else_=literal(query.starts[0])) if whens else literal(query.starts[0])
+        whens = [(d.c.day >= _start(n), _start(n)) for n in reversed(range(1, starts))]
+        return case(*whens, else_=_start(0)) if whens else _start(0)
     return None
 
 
@@ -225,38 +250,27 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
     Cost: a day row wholly inside the range adds its stored micro-dollars in SQL; the few rows the
     range's ends cut (those running at `since_s` or `until_s`) are read and costed here, by the
     same rule etcd's side uses (`money.piece_micro_usd`), never by SQL's float arithmetic."""
-    d = schema.usage_days
-    start, end = _clipped(since_s, until_s)
-    gpu_seconds = d.c.gpu_count * (end - start)
-    lo, hi = literal(since_s, schema.Seconds), literal(until_s, schema.Seconds)
-    inside = and_(d.c.start_s >= lo, d.c.end_s <= hi)
-    keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
-    bucket = _bucket(query)
-    grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
-    count = func.count(func.distinct(d.c.interval_id)) if query.count_intervals else literal(0)
-    stmt = select(
-        *grouped,
-        func.sum(gpu_seconds),
-        func.sum(case((inside, d.c.cost_micro_usd), else_=literal(0))),
-        count,
-    ).where(and_(*_in_range(since_s, until_s)))
-    cut = select(*grouped, d.c.gpu_count, d.c.start_s, d.c.end_s, d.c.usd_per_gpu_hour).where(
-        and_(*_in_range(since_s, until_s)), or_(d.c.start_s < lo, d.c.end_s > hi)
+    stmt, cut = _days_statements(
+        query.group_by, query.period, len(query.starts), query.count_intervals, query.tenants is not None
     )
+    bound: dict[str, Any] = {
+        "since_s": since_s,
+        "until_s": until_s,
+        "first_day": rows.day_of(since_s),
+        "last_day": rows.day_of(until_s),
+        **{f"start_{n}": start for n, start in enumerate(query.starts)},
+    }
     if query.tenants is not None:
-        stmt = stmt.where(d.c.tenant.in_(sorted(query.tenants)))
-        cut = cut.where(d.c.tenant.in_(sorted(query.tenants)))
-    else:
-        # As in `usage_sql`: across tenants SQLite's planner would skip-scan (tenant, day) and look
-        # every row up; the days' own key reads them in sequence.
-        stmt = stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
-    found = _days_grouped(conn, stmt, bucket, keys, grouped)
+        bound["tenants"] = sorted(query.tenants)
+    with_bucket = query.period is not None or bool(query.starts)
+    width = len(query.group_by)
+    found = _rows(conn.execute(stmt, bound).all(), with_bucket=with_bucket, width=width)
     extra: dict[tuple[str | None, tuple[str, ...]], int] = {}
-    first = 1 if bucket is not None else 0
-    for r in conn.execute(cut):
+    first = 1 if with_bucket else 0
+    for r in conn.execute(cut, bound):
         gpus, a, b, price = r[-4:]
         micro = piece_micro_usd(int(gpus), max(float(a), since_s), min(float(b), until_s), float(price))
-        at = (str(r[0]) if bucket is not None else None, tuple(map(str, r[first : first + len(keys)])))
+        at = (str(r[0]) if with_bucket else None, tuple(map(str, r[first : first + width])))
         extra[at] = extra.get(at, 0) + micro
     if not extra:
         return found
@@ -268,13 +282,37 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
     )
 
 
-def _days_grouped(
-    conn: Connection,
-    stmt: Any,
-    bucket: ColumnElement[Any] | None,
-    keys: list[Any],
-    grouped: list[Any],
-) -> tuple[SumsRow, ...]:
+@functools.lru_cache(maxsize=512)
+def _days_statements(
+    group_by: tuple[GroupBy, ...], period: Period | None, starts: int, count_intervals: bool, by_tenant: bool
+) -> tuple[Select[Any], Select[Any]]:
+    """(sums, cut) for `_days_sums`, by the query's shape; its values are bound at each read. The
+    SQL is what building it per read gave: only SQLAlchemy's construction is saved."""
+    d = schema.usage_days
+    start, end = _clipped(_SINCE, _UNTIL)
+    gpu_seconds = d.c.gpu_count * (end - start)
+    inside = and_(d.c.start_s >= _SINCE, d.c.end_s <= _UNTIL)
+    keys = [d.c[DIMENSION_COLUMNS[g]] for g in group_by]
+    bucket = _bucket(period, starts)
+    grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
+    count = func.count(func.distinct(d.c.interval_id)) if count_intervals else literal(0)
+    in_range = and_(*_in_range(_SINCE, _UNTIL, _FIRST_DAY, _LAST_DAY))
+    stmt = select(
+        *grouped,
+        func.sum(gpu_seconds),
+        func.sum(case((inside, d.c.cost_micro_usd), else_=literal(0))),
+        count,
+    ).where(in_range)
+    cut = select(*grouped, d.c.gpu_count, d.c.start_s, d.c.end_s, d.c.usd_per_gpu_hour).where(
+        in_range, or_(d.c.start_s < _SINCE, d.c.end_s > _UNTIL)
+    )
+    if by_tenant:
+        stmt = stmt.where(d.c.tenant.in_(_TENANTS))
+        cut = cut.where(d.c.tenant.in_(_TENANTS))
+    else:
+        # As in `usage_sql`: across tenants SQLite's planner would skip-scan (tenant, day) and look
+        # every row up; the days' own key reads them in sequence.
+        stmt = stmt.with_hint(d, f"INDEXED BY {SQLITE_DAYS_KEY}", "sqlite")
     if grouped:
         # Grouped by the label, not the expression: PostgreSQL binds the CASE's literals afresh in
         # each clause and would not see the select's and the GROUP BY's as the same expression.
@@ -283,7 +321,7 @@ def _days_grouped(
         by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
         # In a fixed order: the caller's float sums then add in the same order every time.
         stmt = stmt.group_by(*by).order_by(*by)
-    return _rows(conn.execute(stmt).all(), with_bucket=bucket is not None, width=len(keys))
+    return stmt, cut
 
 
 def _rows(found: Iterable[Any], *, with_bucket: bool, width: int) -> tuple[SumsRow, ...]:
@@ -309,9 +347,10 @@ def edges(conn: Connection, query: EdgesQuery) -> tuple[UsageEdge, ...]:
     if not query.sites:
         return ()
     d = schema.usage_days
-    start, end = _clipped(query.since_s, query.until_s)
+    lo, hi = literal(query.since_s, schema.Seconds), literal(query.until_s, schema.Seconds)
+    start, end = _clipped(lo, hi)
     where = and_(
-        *_in_range(query.since_s, query.until_s),
+        *_in_range(lo, hi, rows.day_of(query.since_s), rows.day_of(query.until_s)),
         tuple_(d.c.cluster, d.c.gpu_type).in_(sorted(query.sites)),
     )
     starts = select(d.c.cluster, d.c.gpu_type, start.label("at_s"), d.c.gpu_count.label("delta"))
