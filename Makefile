@@ -81,12 +81,13 @@ system-tools:
 
 static: lint typecheck imports
 
-# The inner loop (about 2 minutes, README): static checks beside the unit and contract tests.
+# The inner loop (about 2 minutes, README): static checks beside the unit and contract tests. Its
+# property tests draw a quarter of their examples (tests/properties.py); `make test` draws them all.
 check: setup
 	@$(MAKE) --no-print-directory -j4 static test-unit
 
 test-unit: setup
-	$(PYTEST) tests/unit tests/contract
+	GPUFED_TEST_TIER=check $(PYTEST) tests/unit tests/contract
 
 # Everything. Installing from PyPI and from Debian go side by side, and so do the static checks and
 # the tests: none of them waits on another, and mypy's minute of CPU fits in the tests' waits.

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from placement.fit import FreeHistogram, combine_node_lists, fit_replicas, gang_shape
 from placement.model import CapacityKind, GpuType, NodePool
+from tests.properties import examples
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_histogram_take_rejects_a_fit_from_another_histogram() -> None:
         FreeHistogram((1,)).take(placed)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     replicas=st.lists(st.integers(0, 8), max_size=6),
     free=st.lists(st.integers(0, 8), max_size=6),

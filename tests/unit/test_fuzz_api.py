@@ -45,6 +45,7 @@ from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore, KvStore
 from federation.store.records import ClusterRecord, PoolConfig, Role, TenantRecord, UserRecord
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
+from tests.properties import examples
 
 ADMIN_TOKEN = "admin-token"
 
@@ -404,7 +405,7 @@ WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriorit
 def test_no_field_value_crashes_a_call_or_half_writes(world: World, call: str) -> None:
     method_of, requests = REQUESTS[call]
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(request=requests)
     def check(request: Any) -> None:
         before = world.contents()

@@ -14,6 +14,7 @@ from federation.errors import InvalidSpec
 from federation.spec.manifest_text import wire_manifest
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.spec.training_job import parse_manifest
+from tests.properties import examples
 
 EXAMPLES = sorted(
     p
@@ -75,7 +76,7 @@ def test_field_errors_name_the_field_in_json_too() -> None:
     assert caught.value.field == "spec.tasks[0].replicas"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=300).map(lambda t: "{" + t))
 def test_any_json_looking_text_raises_only_invalid_spec(text: str) -> None:
     with contextlib.suppress(InvalidSpec):

@@ -23,6 +23,7 @@ from clusters.api import (
 )
 from clusters.memory import InMemoryCluster, JournalError, MemoryPool, listed_nodes
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, NodeShare, Provider, TenantId
+from tests.properties import examples
 
 H100 = GpuType("H100")
 A100 = GpuType("A100")
@@ -814,7 +815,7 @@ async def run_ops(ops: list[Op], journal: Path) -> None:
     assert await snapshot(a_cluster(clock, *POOLS, journal=journal)) == await snapshot(cluster)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(OPS)
 def test_free_gpus_stay_within_every_node(ops: list[Op]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

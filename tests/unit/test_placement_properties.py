@@ -43,9 +43,10 @@ from placement.model import (
     WaitCode,
 )
 from placement.plan import plan
+from tests.properties import examples
 from tests.unit.placement_builders import shuffled
 
-SETTINGS = settings(max_examples=120, deadline=None)
+SETTINGS = settings(max_examples=examples(120), deadline=None)
 TYPES = [GpuType("A100"), GpuType("H100")]
 TEAMS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
 ORG = TenantId("org")

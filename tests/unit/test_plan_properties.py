@@ -35,12 +35,13 @@ from placement.model import (
 )
 from placement.plan import plan
 from placement.quota import QuotaBook
+from tests.properties import examples
 from tests.unit.placement_builders import shuffled
 
 GPU_TYPES = [GpuType("A100"), GpuType("H100"), GpuType("L4")]
 KIND_RANK = {CapacityKind.PRIVATE: 0, CapacityKind.ON_DEMAND: 1, CapacityKind.SPOT: 2}
 TENANTS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
-PROPERTY_SETTINGS = settings(max_examples=120, deadline=None)
+PROPERTY_SETTINGS = settings(max_examples=examples(120), deadline=None)
 
 
 # Strategies are built once: building them inside a composite costs more than the draws themselves.

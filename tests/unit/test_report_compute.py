@@ -16,6 +16,7 @@ from federation.ledger.report.compute import Report, TenantSummary
 from federation.store.intervals import LedgerInterval
 from federation.store.records import TenantRecord
 from placement.model import CapacityKind, TenantId
+from tests.properties import examples
 from tests.unit.test_report_query import NOVEMBER, H, a_query, a_tenant, an_interval, t
 
 
@@ -454,7 +455,7 @@ random_ledgers = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     random_ledgers,
     st.sampled_from([None, Bucket.DAY, Bucket.WEEK, Bucket.MONTH]),

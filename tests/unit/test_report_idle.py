@@ -17,6 +17,7 @@ from federation.ledger.report import (
 )
 from federation.store.intervals import LedgerInterval
 from placement.model import CapacityKind, TenantId
+from tests.properties import examples
 from tests.unit.test_report_query import NOVEMBER, a_query, an_interval, t
 
 
@@ -164,7 +165,7 @@ def test_the_report_shows_idle_cost_to_finance_and_none_to_a_member() -> None:
         assert "burst-pool-7" not in text
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(
         st.tuples(st.integers(0, 48), st.integers(1, 24), st.integers(1, 16), st.sampled_from("ab")),

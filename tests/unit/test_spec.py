@@ -30,12 +30,13 @@ from federation.spec.training_job import (
     render_manifest,
 )
 from placement.model import GpuType, GpuTypePolicy, TenantId
+from tests.properties import examples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLASSES = DEFAULT_PRIORITY_CLASSES.keys()
 DELETE = object()
 BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---- builders
