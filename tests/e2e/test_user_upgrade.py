@@ -400,6 +400,11 @@ def test_what_the_old_build_wrote_is_served_by_the_new_one_to_its_users_only(rol
     with GpufedClient(target, rolled.tokens["alice"]) as alice:
         version = DatasetsClient(alice).get("imagenet")
         assert [v.manifest_digest for v in version.versions] == [rolled.dataset_digest]
+    # The job the old build ran to its end, with the cost of the interval it closed.
+    with GpufedClient(target, rolled.tokens["bob"]) as bob:
+        short = bob.get(rolled.short_job)
+        assert short.phase == SUCCEEDED
+        assert short.cost_usd not in ("", "0")
     # Another tenant sees neither the job nor the dataset.
     with GpufedClient(target, rolled.tokens["bob"]) as bob:
         for call in (lambda: bob.get(rolled.long_job), lambda: DatasetsClient(bob).get("vision/imagenet")):
