@@ -471,6 +471,35 @@ def test_a_record_newer_than_this_build_is_refused_naming_its_key_and_left_alone
         wait_for(lambda: rolled.waiting_job in {j.job_id for j in bob.list_all()}, timeout_s=10)
 
 
+def test_a_newer_configuration_record_refuses_calls_and_a_start_and_is_left_alone(
+    rolled: Rolled, tmp_path: Path
+) -> None:
+    """A tenant record (configuration every cycle and submission reads) newer than this build: the
+    running servers refuse what needs it and keep running; a server starting on it exits with the
+    error instead of serving half a federation."""
+    key = "/gpufed/tenants/nlp"
+    held = etcdctl(rolled.etcd.endpoint, "get", key, "--print-value-only").stdout.strip()
+    raw = json.dumps({**json.loads(held), SCHEMA_FIELD: SCHEMA_VERSION + 1})
+    etcdctl(rolled.etcd.endpoint, "put", key, raw)
+    try:
+        with GpufedClient(rolled.new[0].target, rolled.tokens["bob"]) as bob:
+            with pytest.raises(grpc.RpcError) as refused:
+                bob.submit(manifest("refused"))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "an admin must upgrade gpufed" in (refused.value.details() or "")
+        third = ServerProcess(
+            rolled.etcd.endpoint, tmp_path / "third", config=rolled.new[0].config, identity="third"
+        )
+        with pytest.raises(
+            RuntimeError, match=rf"{key} has schema version {SCHEMA_VERSION + 1}.*upgrade gpufed"
+        ):
+            third.start()
+        assert all(s.proc is not None and s.proc.poll() is None for s in rolled.new)
+        assert etcdctl(rolled.etcd.endpoint, "get", key, "--print-value-only").stdout.strip() == raw
+    finally:
+        etcdctl(rolled.etcd.endpoint, "put", key, held)
+
+
 def test_rolling_back_to_the_previous_build_serves_what_this_build_wrote(rolled: Rolled) -> None:
     """`helm rollback` after this build has written: the previous build reads version 1 documents
     (it ignores the field), so it serves them; nothing runs twice."""
