@@ -52,7 +52,8 @@ from tests.etcdctl import etcdctl
 
 pytestmark = pytest.mark.e2e
 
-# The build before schema versions (issue 31's starting point).
+# The build before schema versions (issue 31's starting point). At each release this moves to the
+# release before it: the upgrade that users make is from the one to the other.
 PREVIOUS_BUILD = "6790ee4"
 REPO = Path(__file__).resolve().parents[2]
 # A stopped server gives its lease back, so the next takes over at once; a lease that ran out under
