@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,12 @@ from federation.api.client import GpufedClient
 from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
+from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
 from tests.e2e.harness import ServerProcess, manifest, seed_history, wait_for
 from tests.e2e.kube import PodRecorder, write_config
-from tests.etcdctl import etcdctl
+from tests.etcdctl import etcdctl, keys
 
 pytestmark = pytest.mark.e2e
 
@@ -56,6 +58,9 @@ pytestmark = pytest.mark.e2e
 # release before it: the upgrade that users make is from the one to the other.
 PREVIOUS_BUILD = "6790ee4"
 REPO = Path(__file__).resolve().parents[2]
+# The history database every server shares (PostgreSQL, as a Deployment of more than one server
+# needs), named to the servers by this variable, never by the DSN itself.
+DSN_ENV = "GPUFED_E2E_UPGRADE_DSN"
 # A stopped server gives its lease back, so the next takes over at once; a lease that ran out under
 # load (the default 5 s) would hand the mixed job below to the new server before the old leader ran it.
 LEASE_TTL_S = 5
@@ -165,6 +170,15 @@ def _docs(endpoint: str, prefix: str) -> dict[str, dict[str, Any]]:
     return docs
 
 
+def _psql(dsn: str, query: str) -> list[str]:
+    """psql's answer, one row a line: the history counted by PostgreSQL's own client."""
+    done = subprocess.run(
+        ["psql", "-v", "ON_ERROR_STOP=1", "-At", dsn, "-c", query],
+        capture_output=True, text=True, check=True, timeout=20,
+    )  # fmt: skip
+    return [line for line in done.stdout.splitlines() if line]
+
+
 def _token(servers: Sequence[ServerProcess], user: str) -> str:
     """From the state dir of whichever server bootstrapped the config (it wrote the token files)."""
     for server in servers:
@@ -217,6 +231,7 @@ class Submitter:
 @dataclass
 class Rolled:
     etcd: EtcdProcess
+    dsn: str
     old: list[OldServer]
     new: list[ServerProcess]
     recorder: PodRecorder
@@ -225,6 +240,9 @@ class Rolled:
     short_job: str
     waiting_job: str
     mixed_job: str
+    # The mixed job's record as the old leader left it, running.
+    mixed_doc: dict[str, Any]
+    after_job: str
     issued_token: str
     approval_id: str
     dataset_digest: str
@@ -234,8 +252,10 @@ class Rolled:
 
 
 @pytest.fixture(scope="module")
-def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
+def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresProcess) -> Iterator[Rolled]:
     root = tmp_path_factory.mktemp("upgrade")
+    dsn = postgres_process.create_database(f"upgrade_{os.getpid()}")
+    os.environ[DSN_ENV] = dsn
     tree = previous_tree(Path(tempfile.mkdtemp(prefix="gpufed-previous-", dir=root)))
     # The old servers really run the old code: its package, without schema versions.
     where = subprocess.run(
@@ -260,6 +280,8 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
         users=USERS,
         objectStores={"lab": {"kind": "local", "root": str(root / "lab"),
                               "datasetPrefixes": {"*": ["data/{tenant}/"]}}},
+        # Ended jobs move to PostgreSQL at the archiver's next pass: both builds archive.
+        history={"dsnEnv": DSN_ENV, "retainInEtcd": "0s"},
     )  # fmt: skip
     lease = ("--lease-ttl-s", str(LEASE_TTL_S))
     old = [
@@ -296,7 +318,8 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
             GpufedClient(standby.target, tokens["admin"]) as admin,
         ):
             long_job = alice.submit(manifest("long", duration="1h")).job_id
-            short_job = bob.submit(manifest("short", duration="500ms")).job_id
+            # Over a second: its interval has a length at the pods' whole seconds, and a cost.
+            short_job = bob.submit(manifest("short", duration="1500ms")).job_id
             waiting_job = bob.submit(manifest("waits", gpu="B200")).job_id
             issued = admin.issue_token("alice").token
             approval = admin.grant_approval(
@@ -317,11 +340,12 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
         # 1. The standby goes; this build starts in its place, beside the old leader.
         standby.stop()
         new[0].start()
-        # A record this build writes, run and rewritten by the old leader.
+        # A record this build writes, dispatched and rewritten by the old leader; it runs on.
         with GpufedClient(new[0].target, tokens["bob"]) as bob:
-            mixed = bob.submit(manifest("mixed", duration="250ms")).job_id
-            wait_for(lambda: bob.get(mixed).phase == SUCCEEDED, timeout_s=20)
+            mixed = bob.submit(manifest("mixed", duration="1h")).job_id
+            wait_for(lambda: bob.get(mixed).phase == RUNNING, timeout_s=20)
         assert "leader_elected" not in new[0].current_log(), "the old leader ran the mixed job"
+        mixed_doc = _docs(etcd.endpoint, f"/gpufed/jobs/{mixed}")[f"/gpufed/jobs/{mixed}"]
         # 2. The old leader goes; the new server takes over. 3. The second new server starts.
         leader.stop()
         wait_for(lambda: "leader_elected" in new[0].current_log(), timeout_s=20)
@@ -331,20 +355,24 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
         submitter.thread.join(timeout=30)
         accepted = dict(submitter.accepted)
 
-        with GpufedClient(new[1].target, tokens["admin"]) as admin:
-            wait_for(
-                lambda: all(j.phase == SUCCEEDED for j in admin.list_all() if j.job_id in accepted.values()),
-                timeout_s=30,
-            )
+        # A job only this build has written, running.
+        with GpufedClient(new[1].target, tokens["alice"]) as alice:
+            after = alice.submit(manifest("after", duration="1h")).job_id
+            wait_for(lambda: alice.get(after).phase == RUNNING, timeout_s=20)
+        # Every ended job archived: etcd holds the live ones only.
+        live = {f"/gpufed/jobs/{j}" for j in (long_job, waiting_job, mixed, after)}
+        wait_for(lambda: set(keys(etcd.endpoint, "/gpufed/jobs/")) == live, timeout_s=30)
         wait_for(
             lambda: all(
-                p.end_s is not None for p in recorder.pods.values() if p.start_s and p.job_id != long_job
+                p.end_s is not None
+                for p in recorder.pods.values()
+                if p.start_s and p.job_id not in (long_job, mixed, after)
             ),
             timeout_s=15,
         )
         yield Rolled(
-            etcd, old, new, recorder, old_docs, long_job, short_job, waiting_job, mixed, issued, approval, digest,
-            accepted, recorder.lives_by_job(), tokens,
+            etcd, dsn, old, new, recorder, old_docs, long_job, short_job, waiting_job, mixed, mixed_doc, after,
+            issued, approval, digest, accepted, recorder.lives_by_job(), tokens,
         )  # fmt: skip
     finally:
         if submitter is not None:
@@ -354,40 +382,55 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rolled]:
             list(pool.map(ServerProcess.stop, [*old, *new]))
         sims.stop()
         etcd.stop()
+        os.environ.pop(DSN_ENV, None)
         shutil.rmtree(tree, ignore_errors=True)
 
 
-def test_every_job_exists_once_none_ran_twice_and_the_running_one_kept_its_attempt(rolled: Rolled) -> None:
-    jobs = _docs(rolled.etcd.endpoint, "/gpufed/jobs/")
-    by_id = {d["job_id"]: d for d in jobs.values()}
-    fixed = {rolled.long_job, rolled.short_job, rolled.waiting_job, rolled.mixed_job}
-    assert set(rolled.accepted.values()) | fixed == set(by_id), "a job was lost or made twice"
-    assert len(jobs) == len(set(rolled.accepted.values())) + len(fixed)
-    assert by_id[rolled.long_job]["phase"] == "RUNNING"
-    assert by_id[rolled.long_job]["attempt"] == 1
-    assert by_id[rolled.waiting_job]["phase"] == "QUEUED"
-    # The simulator's pods: the running job's gang was never made again, and no job ran two attempts.
-    assert {a for (j, a) in rolled.lives if j == rolled.long_job} == {1}
+def test_every_job_exists_once_none_ran_twice_and_the_running_ones_kept_their_attempt(rolled: Rolled) -> None:
+    # Live in etcd (etcdctl) or archived in the history (psql), never both, never twice.
+    live = {d["job_id"]: d for d in _docs(rolled.etcd.endpoint, "/gpufed/jobs/").values()}
+    archived = _psql(rolled.dsn, "SELECT job_id FROM history_jobs")
+    assert len(archived) == len(set(archived))
+    assert not set(live) & set(archived)
+    running = {rolled.long_job, rolled.mixed_job, rolled.after_job}
+    fixed = {*running, rolled.short_job, rolled.waiting_job}
+    assert set(rolled.accepted.values()) | fixed == set(live) | set(archived), "a job was lost or made"
+    assert set(live) == {*running, rolled.waiting_job}
+    for job_id in running:
+        assert (live[job_id]["phase"], live[job_id]["attempt"]) == ("RUNNING", 1), job_id
+    assert live[rolled.waiting_job]["phase"] == "QUEUED"
+    # The simulator's pods: no job's gang was made twice, and no job ran two attempts.
     ran = {key for key, pods in rolled.lives.items() if any(p.start_s for p in pods)}
     assert all(attempt == 1 for _, attempt in ran), sorted(ran)
+    assert {j for j, _ in ran} == fixed - {rolled.waiting_job} | set(rolled.accepted.values())
     with GpufedClient(rolled.new[0].target, rolled.tokens["alice"]) as alice:
         assert alice.get(rolled.long_job).phase == RUNNING
 
 
 def test_the_ledger_is_whole_one_interval_per_attempt_that_ran(rolled: Rolled) -> None:
-    ledger = _docs(rolled.etcd.endpoint, "/gpufed/ledger/")
-    by_attempt = {(d["job_id"], d["attempt"]): d for d in ledger.values()}
-    assert len(by_attempt) == len(ledger)
+    # Open intervals in etcd, closed ones archived with their jobs: each attempt in one place, once.
+    live = {(d["job_id"], d["attempt"]): d for d in _docs(rolled.etcd.endpoint, "/gpufed/ledger/").values()}
+    rows = _psql(
+        rolled.dsn, "SELECT job_id || ' ' || attempt || ' ' || (end_s > start_s) FROM history_intervals"
+    )
+    archived = {(job_id, int(attempt)) for job_id, attempt, _ in (row.split() for row in rows)}
+    # Pods' times have whole seconds, so a short attempt may start and end in one second.
+    instant = {
+        (job_id, int(attempt)) for job_id, attempt, longer in (row.split() for row in rows) if longer == "false"
+    }
+    assert len(rows) == len(archived)
+    assert not set(live) & archived
     ran = {key for key, pods in rolled.lives.items() if any(p.start_s for p in pods)}
-    assert set(by_attempt) == ran, set(by_attempt) ^ ran
-    for key, d in by_attempt.items():
-        assert (d["end_s"] is None) == (key[0] == rolled.long_job), key
-    # The interval the old build closed is unchanged, and the same ledger is served to finance.
-    short = next(k for k in ledger if f"/{rolled.short_job}/" in k)
-    assert ledger[short] == rolled.old_docs[short]
+    assert set(live) | archived == ran, (set(live) | archived) ^ ran
+    assert set(live) == {(j, 1) for j in (rolled.long_job, rolled.mixed_job, rolled.after_job)}
+    assert all(d["end_s"] is None for d in live.values())
+    assert (rolled.short_job, 1) in archived
+    # Finance reads the same ledger, but for the archived intervals of no length: the history's
+    # listing finds intervals through their rows per UTC day, and those have none (a gap of the
+    # history store, in both builds; not an upgrade's doing).
     with GpufedClient(rolled.new[1].target, rolled.tokens["fin"]) as fin:
         served = {(r.job_id, r.attempt) for r in fin.ledger(start_s=0).intervals}
-    assert served == set(by_attempt)
+    assert served == ran - instant
 
 
 def test_what_the_old_build_wrote_is_served_by_the_new_one_to_its_users_only(rolled: Rolled) -> None:
@@ -405,7 +448,7 @@ def test_what_the_old_build_wrote_is_served_by_the_new_one_to_its_users_only(rol
     with GpufedClient(target, rolled.tokens["bob"]) as bob:
         short = bob.get(rolled.short_job)
         assert short.phase == SUCCEEDED
-        assert short.cost_usd not in ("", "0")
+        assert Decimal(short.cost_usd) > 0
     # Another tenant sees neither the job nor the dataset.
     with GpufedClient(target, rolled.tokens["bob"]) as bob:
         for call in (lambda: bob.get(rolled.long_job), lambda: DatasetsClient(bob).get("vision/imagenet")):
@@ -422,15 +465,13 @@ def test_versions_in_etcd_old_records_stay_version_0_new_writes_carry_the_versio
         found = [k for k in docs if k.startswith(prefix)]
         assert found, prefix
         assert all(SCHEMA_FIELD not in docs[k] for k in found), prefix
-    # Written by this build after the roll: the jobs submitted last and their intervals.
-    stamped = [k for k, d in docs.items() if d.get(SCHEMA_FIELD) == SCHEMA_VERSION]
-    assert any(k.startswith("/gpufed/jobs/") for k in stamped)
-    assert any(k.startswith("/gpufed/ledger/") for k in stamped)
-    # The job this build wrote and the old leader ran: the old build kept what it knew and dropped
-    # the field, so it reads as version 0, the same form.
-    mixed = docs[f"/gpufed/jobs/{rolled.mixed_job}"]
-    assert mixed["phase"] == "SUCCEEDED"
-    assert SCHEMA_FIELD not in mixed
+    # Written by this build after the roll: the job submitted last, and its interval.
+    assert docs[f"/gpufed/jobs/{rolled.after_job}"][SCHEMA_FIELD] == SCHEMA_VERSION
+    assert docs[f"/gpufed/ledger/{rolled.after_job}/000001"][SCHEMA_FIELD] == SCHEMA_VERSION
+    # The job this build wrote and the old leader dispatched: the old build kept what it knew and
+    # dropped the field, so it reads as version 0, the same form.
+    assert rolled.mixed_doc["phase"] == "RUNNING"
+    assert SCHEMA_FIELD not in rolled.mixed_doc
 
 
 def test_a_record_newer_than_this_build_is_refused_naming_its_key_and_left_alone(rolled: Rolled) -> None:
@@ -523,6 +564,7 @@ def test_rolling_back_to_the_previous_build_serves_what_this_build_wrote(rolled:
     back.start()
     with GpufedClient(back.target, issued) as bob:
         assert bob.get(rolled.waiting_job).phase == QUEUED
+        assert bob.get(rolled.short_job).phase == SUCCEEDED  # from the history
     with GpufedClient(back.target, rolled.tokens["admin"]) as admin:
         assert {approval, rolled.approval_id} <= {a.approval_id for a in admin.list_approvals().approvals}
         assert {j.job_id for j in admin.list_all()} == jobs
@@ -531,5 +573,7 @@ def test_rolling_back_to_the_previous_build_serves_what_this_build_wrote(rolled:
         wait_for(lambda: "leader_elected" in back.current_log(), timeout_s=15)
         long_job = alice.get(rolled.long_job)
         assert long_job.phase == RUNNING
-    # The old leader took the running job over as it was: no second gang on the cluster.
-    assert {a for (j, a) in rolled.recorder.lives_by_job() if j == rolled.long_job} == {1}
+    # The old leader took the running jobs over as they were: no second gang on the cluster.
+    lives = rolled.recorder.lives_by_job()
+    for job_id in (rolled.long_job, rolled.mixed_job, rolled.after_job):
+        assert {a for (j, a) in lives if j == job_id} == {1}, job_id
