@@ -3,21 +3,25 @@
 The previous build is git history: commit PREVIOUS_BUILD's tree, taken with `git archive` into a
 temporary dir, its gRPC stubs made there, run by this venv's interpreter with `PYTHONPATH` set to
 it (checked: its `federation` is that tree's, and it has no schema versions). Two of its servers
-share one etcd and one simulated cluster process, as two replicas of a Deployment do. They write
-what a federation holds: jobs running, ended and waiting, ledger intervals, a token an admin
-issued, an approval, a dataset with its manifest and a registration grant.
+share one etcd, one PostgreSQL history and one simulated cluster process, as the replicas of a
+Deployment do; ended jobs move to the history at once (`retainInEtcd: 0s`), so both builds archive.
+They write what a federation holds: jobs running, ended and waiting, ledger intervals, a token an
+admin issued, an approval, a dataset with its manifest and a registration grant.
 
-Then the roll, as `helm upgrade` does it, while clients keep submitting: the standby is stopped and
-this build's server started in its place; a job submitted through the new server (a version 1
-record) is run and rewritten by the old leader, which ignores the field it does not know and drops
-it (the previous build reads a newer record, and rewrites it in the previous form, which this build
-reads); the old leader is stopped, the new server takes over, and a second new server starts.
+Then the roll, as `helm upgrade` does it, while a client keeps submitting: the standby is stopped
+and this build's server started in its place; a job submitted through the new server (a version 1
+record) is dispatched by the old leader, which ignores the field it does not know and drops it on
+rewrite (the previous build reads a newer record, and writes it back in the previous form, which
+this build reads); the old leader is stopped, the new server takes over, and a second new server
+starts. A last job is written by this build alone.
 
-Afterwards, judged by etcdctl and the simulator's pods, not only by gpufed's reads: every accepted
-job exists once, none ran twice (one attempt of pods per ledger interval), the running job kept its
-one attempt through the roll, the ledger is whole, and what the old build wrote is served by the new
-one to its users (and only to them). A record newer than this build is refused with an error that
-names its key and says to upgrade, and is left as it is.
+Afterwards, judged by etcdctl, psql and the simulator's pods, not only by gpufed's reads: every
+accepted job exists once (live in etcd or archived in SQL, never both), none ran twice, the jobs
+running through the roll kept their one attempt, the ledger is whole (one interval per attempt that
+ran, open in etcd or closed in SQL), and what the old build wrote is served by the new one to its
+users (and only to them). A job record, then a tenant record, newer than this build is refused
+with an error that names its key and says to upgrade, and is left as it is. Last, a rollback: the
+previous build serves what this one wrote and takes its running jobs over without a second gang.
 """
 
 from __future__ import annotations
@@ -416,7 +420,9 @@ def test_the_ledger_is_whole_one_interval_per_attempt_that_ran(rolled: Rolled) -
     archived = {(job_id, int(attempt)) for job_id, attempt, _ in (row.split() for row in rows)}
     # Pods' times have whole seconds, so a short attempt may start and end in one second.
     instant = {
-        (job_id, int(attempt)) for job_id, attempt, longer in (row.split() for row in rows) if longer == "false"
+        (job_id, int(attempt))
+        for job_id, attempt, longer in (row.split() for row in rows)
+        if longer == "false"
     }
     assert len(rows) == len(archived)
     assert not set(live) & archived
