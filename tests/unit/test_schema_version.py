@@ -52,10 +52,11 @@ def test_versions_this_build_reads(doc: dict[str, object], version: int) -> None
 )
 def test_a_version_this_build_does_not_know_is_refused_naming_key_and_version(value: object) -> None:
     raw = json.dumps({"job_id": "j1", SCHEMA_FIELD: value}).encode()
-    for call in (
+    calls: list[Callable[[], int]] = [
         lambda: check(json.loads(raw), b"/gpufed/jobs/j1"),
         lambda: check_json(raw, b"/gpufed/jobs/j1"),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(SchemaTooNew) as e:
             call()
         assert "/gpufed/jobs/j1" in str(e.value)
