@@ -64,6 +64,7 @@ from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore, Stored
 from federation.store.jobs import JobRecord
 from federation.store.records import SchedulingSettings, TenantRecord, UserRecord
+from federation.store.schema_version import SchemaTooNew
 from placement.model import ClusterName, ClusterState, JobId, JobPhase, TenantId, WaitReason
 
 log = structlog.get_logger("gpufed.api")
@@ -535,7 +536,13 @@ async def visible_job(
     if cached is not None and can_read_tenant(who, cached.value.tenant):
         return cached
     read_limiter.admit(who.user)
-    stored = await store.get_job(JobId(job_id))
+    try:
+        stored = await store.get_job(JobId(job_id))
+    except SchemaTooNew as e:
+        # A record newer than this build: its tenant and admins read why, anyone else "not found".
+        if who.is_admin or (e.tenant is not None and can_read_tenant(who, TenantId(e.tenant))):
+            raise
+        raise NotFound(job_not_found(job_id)) from None
     if stored is None or not can_read_tenant(who, stored.value.tenant):
         archived = await archived_job(history, JobId(job_id))
         stored = archived if stored is None else stored

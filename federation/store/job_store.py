@@ -339,7 +339,15 @@ def job_key(job_id: str) -> bytes:
 
 
 def _stored_job(value: bytes, mod_revision: int, key: bytes | None = None) -> Stored[JobRecord]:
-    return Stored(job_from_json(value, key), mod_revision)
+    try:
+        return Stored(job_from_json(value, key), mod_revision)
+    except SchemaTooNew as e:
+        # The newer record's own word for its tenant, if it still says it the old way: the API
+        # tells only that tenant (and admins) why; unknown reads as another tenant's.
+        doc = json.loads(value)
+        tenant = doc.get("tenant") if isinstance(doc, dict) else None
+        e.tenant = tenant if isinstance(tenant, str) else None
+        raise
 
 
 def _refused(error: SchemaTooNew) -> None:

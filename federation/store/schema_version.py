@@ -53,6 +53,9 @@ class SchemaTooNew(FailedPrecondition):
         )
         self.key = key
         self.version = version
+        # Whose the object is, when its reader could tell (a job's `tenant`), so that the API can
+        # answer another tenant as it answers for an object that is not there.
+        self.tenant: str | None = None
 
 
 def _key_text(key: bytes | str | None) -> str:

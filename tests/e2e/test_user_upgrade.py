@@ -502,6 +502,15 @@ def test_a_record_newer_than_this_build_is_refused_naming_its_key_and_left_alone
     owners = refused(rolled.tokens["bob"])
     assert "an admin must upgrade gpufed" in owners
     assert key not in owners
+    # Another tenant is answered as for a job that is not there.
+    answers = []
+    with GpufedClient(target, rolled.tokens["alice"]) as alice:
+        for job_id in (rolled.waiting_job, "made-up-job"):
+            with pytest.raises(grpc.RpcError) as e:
+                alice.get(job_id)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            answers.append((e.value.details() or "").replace(job_id, "<id>"))
+    assert answers[0] == answers[1]
     # Neither server rewrote it, both still serve, and the job left their listings.
     assert etcdctl(rolled.etcd.endpoint, "get", key, "--print-value-only").stdout.strip() == raw
     for server in rolled.new:
