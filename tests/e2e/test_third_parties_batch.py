@@ -21,10 +21,12 @@ from tests.e2e.test_third_parties import (
     KUBECTL,
     NAMESPACE,
     RunWatch,
+    _ends_with_its_pods,
     _gpufed_objects,
     _no_two_attempts_at_once,
     _retries,
     _running,
+    _seen_stopped,
     kubectl,
 )
 
@@ -92,11 +94,10 @@ def test_a_batch_job_deleted_with_cascade_orphan_has_its_pods_removed_before_the
     restarted = _running(fed, job_id, 2, timeout_s=40)
     assert _retries(restarted) == ["retry 1 of 3"]
     wait_for(lambda: _gpufed_objects(sims, job_id, 1, "pods,services,jobs.batch") == "", timeout_s=20)
+    _seen_stopped(pods, job_id, 1)
     _no_two_attempts_at_once(pods, job_id)
 
     with fed.client("fin") as fin:
         first = next(iv for iv in fin.ledger().intervals if iv.job_id == job_id and iv.attempt == 1)
-    # When the pod watch saw attempt 1's last pod stop (pods' own times have whole seconds only).
-    pods_end = max(end for _, end in pods.spans(job_id)[1] if end is not None)
     assert first.end_s > 0
-    assert abs(first.end_s - pods_end) <= 1.0, (first.end_s, pods_end)
+    _ends_with_its_pods(first.end_s, pods, job_id, 1)
