@@ -28,6 +28,26 @@ from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess
 
 
+def onprem_a100(nodes: int) -> dict[str, Any]:
+    """The simulated private cluster most e2e modules run on: `onprem`, one pool of 8-GPU A100 nodes
+    at the internal rate of $1.10 a GPU-hour."""
+    return {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": nodes,
+            }
+        ],
+    }
+
+
 def write_config(
     path: Path, sims: SimProcess, clusters: list[dict[str, Any]], *, grace_s: float, **rest: Any
 ) -> Path:

@@ -40,7 +40,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodLife, PodRecorder, job_of, serve_clusters
+from tests.e2e.kube import PodLife, PodRecorder, job_of, onprem_a100, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -49,21 +49,7 @@ KUBECTL = shutil.which(
 )
 
 CLUSTERS: list[dict[str, Any]] = [
-    {
-        "name": "onprem",
-        "provider": "private",
-        "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 4,
-            }
-        ],
-    },
+    onprem_a100(nodes=4),
     {
         "name": "cloud",
         "provider": "aws",

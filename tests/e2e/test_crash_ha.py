@@ -37,7 +37,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, write_config
+from tests.e2e.kube import PodRecorder, onprem_a100, write_config
 from tests.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.e2e
@@ -62,23 +62,7 @@ CASES = [range(first, first + KILLS_PER_CASE) for first in range(0, KILLS, KILLS
 # of 4 GPUs a second: at 1 s each on two nodes' 16 GPUs they queued faster than they ran, and the
 # test waited a minute at the end for the queue to drain.
 JOB_DURATION = "250ms"
-CLUSTERS: list[dict[str, Any]] = [
-    {
-        "name": "onprem",
-        "provider": "private",
-        "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 4,
-            }
-        ],
-    }
-]
+CLUSTERS: list[dict[str, Any]] = [onprem_a100(nodes=4)]
 USERS = [
     {"name": "admin", "tenant": "platform", "role": "admin"},
     {"name": "fin", "tenant": "platform", "role": "finance"},

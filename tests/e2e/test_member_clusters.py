@@ -18,7 +18,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, gang_pods, gangs, job_of, serve_clusters, sim_admin
+from tests.e2e.kube import PodRecorder, gang_pods, gangs, job_of, onprem_a100, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
 
@@ -27,21 +27,7 @@ pytestmark = pytest.mark.e2e
 GRACE_S = 4
 
 CLUSTERS: list[dict[str, Any]] = [
-    {
-        "name": "onprem",
-        "provider": "private",
-        "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 3,
-            }
-        ],
-    },
+    onprem_a100(nodes=3),
     {
         "name": "cloud",
         "provider": "aws",

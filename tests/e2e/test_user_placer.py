@@ -25,27 +25,13 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import job_of, serve_clusters
+from tests.e2e.kube import job_of, onprem_a100, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
 
 CLUSTERS: list[dict[str, Any]] = [
-    {
-        "name": "onprem",
-        "provider": "private",
-        "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 2,
-            }
-        ],
-    },
+    onprem_a100(nodes=2),
     {
         "name": "cloud",
         "provider": "aws",

@@ -53,7 +53,7 @@ from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
 from tests.e2e.harness import ServerProcess, manifest, seed_history, wait_for
-from tests.e2e.kube import PodRecorder, write_config
+from tests.e2e.kube import PodRecorder, onprem_a100, write_config
 from tests.etcdctl import etcdctl, keys
 
 pytestmark = pytest.mark.e2e
@@ -73,23 +73,7 @@ RUNNING, SUCCEEDED, QUEUED = (
     pb.JobPhase.JOB_PHASE_SUCCEEDED,
     pb.JobPhase.JOB_PHASE_QUEUED,
 )
-CLUSTERS: list[dict[str, Any]] = [
-    {
-        "name": "onprem",
-        "provider": "private",
-        "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 4,
-            }
-        ],
-    }
-]
+CLUSTERS: list[dict[str, Any]] = [onprem_a100(nodes=4)]
 USERS = [
     {"name": "admin", "tenant": "platform", "role": "admin"},
     {"name": "fin", "tenant": "platform", "role": "finance"},
