@@ -22,21 +22,20 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from federation.api.client import GpufedClient
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
-from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.failover import FailoverSubmitter
+from tests.e2e.harness import ServerProcess, wait_for
 from tests.e2e.kube import PodRecorder, onprem_a100, write_config
 from tests.etcd_cluster import EtcdCluster
 
@@ -68,40 +67,6 @@ USERS = [
     {"name": "fin", "tenant": "platform", "role": "finance"},
 ]
 USERS += [{"name": "alice", "tenant": "vision"}, {"name": "bob", "tenant": "nlp"}]
-
-
-class Submitter:
-    """Clients submitting all along, to whichever server answers, retrying with the same key."""
-
-    def __init__(self, servers: list[ServerProcess]) -> None:
-        self.servers = servers
-        self.accepted: dict[str, str] = {}  # idempotency key -> job id
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="submitter")
-
-    def _run(self) -> None:
-        tokens = {user: token_of(self.servers, user) for user in ("alice", "bob")}
-        i = 0
-        while not self.stop.is_set():
-            key = f"k{i}"
-            user = "alice" if i % 2 == 0 else "bob"
-            text = manifest(f"j{i}", workers=1, gpus=2, duration=JOB_DURATION)
-            turn = i
-            while not self.stop.is_set():
-                # A server that is down (or died mid-call) gets the same key again on the other one:
-                # if the first had accepted it, the retry finds that job instead of making another.
-                server = self.servers[turn % len(self.servers)]
-                try:
-                    with GpufedClient(server.target, tokens[user], timeout_s=3) as client:
-                        self.accepted[key] = client.submit(text, idempotency_key=key).job_id
-                    break
-                except grpc.RpcError:
-                    turn += 1
-                    time.sleep(0.1)
-            i += 1
-            # Servers forked from the test zygote restart in about a second instead of three, so a
-            # case lasts a few seconds: a submission every 0.05 s keeps 40 or so accepted per case.
-            time.sleep(0.05)
 
 
 def token_of(servers: list[ServerProcess], user: str) -> str:
@@ -143,7 +108,15 @@ def test_servers_killed_in_turn_lose_no_job_run_none_twice_and_keep_the_ledger_w
     ]
     recorder = PodRecorder()
     recorder.follow(sims, "onprem")
-    submitter = Submitter(servers)
+    # Servers forked from the test zygote restart in about a second instead of three, so a case
+    # lasts a few seconds: a submission every 0.05 s keeps 40 or so accepted per case.
+    submitter = FailoverSubmitter(
+        lambda: [s.target for s in servers],
+        lambda: [token_of(servers, user) for user in ("alice", "bob")],
+        prefix="k",
+        duration=JOB_DURATION,
+        pace_s=0.05,
+    )
     try:
         leader = _start_together(servers)
         submitter.thread.start()

@@ -33,8 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +50,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
+from tests.e2e.failover import FailoverSubmitter
 from tests.e2e.harness import ServerProcess, manifest, seed_history, wait_for
 from tests.e2e.kube import PodRecorder, onprem_a100, write_config
 from tests.etcdctl import etcdctl, keys
@@ -186,36 +185,6 @@ def _leader(servers: Sequence[ServerProcess]) -> ServerProcess:
     return found
 
 
-class Submitter:
-    """A client submitting all along to whichever server answers, retrying a failed call with the
-    same idempotency key on the next server (as tests/e2e/test_crash_ha.py's)."""
-
-    def __init__(self, targets: list[str], token: str) -> None:
-        self.targets = targets
-        self.token = token
-        self.accepted: dict[str, str] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="submitter")
-
-    def _run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            key = f"roll-{i}"
-            text = manifest(f"r{i}", workers=1, gpus=2, duration="250ms")
-            turn = i
-            while not self.stop.is_set():
-                target = self.targets[turn % len(self.targets)]
-                try:
-                    with GpufedClient(target, self.token, timeout_s=3) as client:
-                        self.accepted[key] = client.submit(text, idempotency_key=key).job_id
-                    break
-                except grpc.RpcError:
-                    turn += 1
-                    time.sleep(0.1)
-            i += 1
-            time.sleep(0.1)
-
-
 @dataclass
 class Rolled:
     etcd: EtcdProcess
@@ -284,7 +253,7 @@ def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresP
     ]
     recorder = PodRecorder()
     recorder.follow(sims, "onprem")
-    submitter: Submitter | None = None
+    submitter: FailoverSubmitter | None = None
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(OldServer.start, old))
@@ -323,7 +292,13 @@ def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresP
         old_docs = _docs(etcd.endpoint, "/gpufed/")
         assert not [k for k, d in old_docs.items() if isinstance(d, dict) and SCHEMA_FIELD in d]
 
-        submitter = Submitter([s.target for s in (*old, *new)], tokens["alice"])
+        submitter = FailoverSubmitter(
+            lambda: [s.target for s in (*old, *new)],
+            lambda: [tokens["alice"]],
+            prefix="roll-",
+            duration="250ms",
+            pace_s=0.1,
+        )
         submitter.thread.start()
         # 1. The standby goes; this build starts in its place, beside the old leader.
         standby.stop()
