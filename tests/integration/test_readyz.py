@@ -22,14 +22,14 @@ pytestmark = pytest.mark.integration
 CONFIG = Path(__file__).parents[1] / "e2e" / "federation.yaml"
 
 
-async def _server(etcd: EtcdProcess, state: Path, identity: str) -> FederationServer:
+async def _server(etcd: EtcdProcess, state: Path, identity: str, lease_ttl_s: float = 2) -> FederationServer:
     config = ServerConfig(
         etcd_endpoint=etcd.endpoint,
         state_dir=state,
         metrics_port=0,
         identity=identity,
         cycle_interval_s=0.2,
-        lease_ttl_s=2,
+        lease_ttl_s=lease_ttl_s,
     )
     server = FederationServer(config)
     await server.start()
@@ -129,7 +129,11 @@ async def test_a_leader_whose_loop_hits_a_bug_hands_over_rather_than_holding_the
         return await real_run_cycle(self, fence)
 
     monkeypatch.setattr(Scheduler, "run_cycle", run_cycle)
-    first = await _server(etcd_process, state / "a", "crash-a")
+    # Both servers share this process's event loop, and the second one's start holds it for seconds
+    # on a busy machine: with a 2 s lease the first lost its key to that, not to the bug, and never
+    # crashed (a stress run). 10 s outlasts the start; a server that kept the key despite the bug
+    # would still hold it past the 8 s wait below, so the handover shows the fix, not the lease.
+    first = await _server(etcd_process, state / "a", "crash-a", lease_ttl_s=10)
     try:
         await _until_ready(first)
         assert first._election is not None
@@ -139,7 +143,8 @@ async def test_a_leader_whose_loop_hits_a_bug_hands_over_rather_than_holding_the
         try:
             assert await _until_ready(second) == "ready: standby, leader crash-a\n"
             broken.append(crashed_fence)
-            async with asyncio.timeout(20):
+            # Sooner than the first one's lease could expire: it gave the key back.
+            async with asyncio.timeout(8):
                 while True:
                     if (await _readyz(second))[1] == "ready: leader, first pass done\n":
                         break
