@@ -208,8 +208,42 @@ class Rolled:
     tokens: dict[str, str]
 
 
+@dataclass
+class Previous:
+    """Two servers of the previous build on their own etcd, simulator and PostgreSQL history."""
+
+    etcd: EtcdProcess
+    dsn: str
+    where: list[str]
+    tree: Path
+    old: list[OldServer]
+    new: list[ServerProcess]
+    recorder: PodRecorder
+    tokens: dict[str, str]
+    leader: OldServer
+    standby: OldServer
+
+
+@dataclass
+class Written:
+    """What the previous build wrote, by id, and every JSON document in etcd after it did."""
+
+    long_job: str
+    short_job: str
+    waiting_job: str
+    issued_token: str
+    approval_id: str
+    dataset_digest: str
+    old_docs: dict[str, dict[str, Any]]
+
+
+# The scenario is three fixtures, each set up by the first test that needs it (in file order: the
+# first three tests): the previous build started, what it writes, and the roll. One fixture took
+# 50 s of a loaded full run's setup, over the 30 s a test may take; each of these about a third.
 @pytest.fixture(scope="module")
-def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresProcess) -> Iterator[Rolled]:
+def previous(
+    tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresProcess
+) -> Iterator[Previous]:
     root = tmp_path_factory.mktemp("upgrade")
     dsn = postgres_process.create_database(f"upgrade_{os.getpid()}")
     os.environ[DSN_ENV] = dsn
@@ -253,7 +287,6 @@ def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresP
     ]
     recorder = PodRecorder()
     recorder.follow(sims, "onprem")
-    submitter: FailoverSubmitter | None = None
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(OldServer.start, old))
@@ -266,32 +299,57 @@ def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresP
                 (server.state_dir / "tokens" / f"{user}.token").write_text(token + "\n")
         leader = _leader(old)
         standby = next(s for s in old if s is not leader)
+        yield Previous(etcd, dsn, where, tree, old, new, recorder, tokens, leader, standby)
+    finally:
+        recorder.stop()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(ServerProcess.stop, [*old, *new]))
+        sims.stop()
+        etcd.stop()
+        os.environ.pop(DSN_ENV, None)
+        shutil.rmtree(tree, ignore_errors=True)
 
-        # What the previous build writes: jobs running, ended and waiting, a token, an approval,
-        # a dataset, a grant, ledger intervals.
-        with (
-            GpufedClient(leader.target, tokens["alice"]) as alice,
-            GpufedClient(leader.target, tokens["bob"]) as bob,
-            GpufedClient(standby.target, tokens["admin"]) as admin,
-        ):
-            long_job = alice.submit(manifest("long", duration="1h")).job_id
-            # Over a second: its interval has a length at the pods' whole seconds, and a cost.
-            short_job = bob.submit(manifest("short", duration="1500ms")).job_id
-            waiting_job = bob.submit(manifest("waits", gpu="B200")).job_id
-            issued = admin.issue_token("alice").token
-            approval = admin.grant_approval(
-                tenant="vision", priority_class="urgent", duration_s=86_400, reason="the paper"
-            ).approval_id
-            datasets = DatasetsClient(admin)
-            digest = datasets.register(
-                "imagenet", "v1", store="lab", prefix="data/vision/", tenant="vision"
-            ).manifest_digest
-            datasets.set_grant(store="lab", tenant="nlp", prefixes=["data/nlp/"])
-            wait_for(lambda: alice.get(long_job).phase == RUNNING, timeout_s=20)
-            wait_for(lambda: bob.get(short_job).phase == SUCCEEDED, timeout_s=20)
-        old_docs = _docs(etcd.endpoint, "/gpufed/")
-        assert not [k for k, d in old_docs.items() if isinstance(d, dict) and SCHEMA_FIELD in d]
 
+@pytest.fixture(scope="module")
+def written(previous: Previous) -> Written:
+    etcd, leader, standby, tokens = previous.etcd, previous.leader, previous.standby, previous.tokens
+
+    # What the previous build writes: jobs running, ended and waiting, a token, an approval,
+    # a dataset, a grant, ledger intervals.
+    with (
+        GpufedClient(leader.target, tokens["alice"]) as alice,
+        GpufedClient(leader.target, tokens["bob"]) as bob,
+        GpufedClient(standby.target, tokens["admin"]) as admin,
+    ):
+        long_job = alice.submit(manifest("long", duration="1h")).job_id
+        # Over a second: its interval has a length at the pods' whole seconds, and a cost.
+        short_job = bob.submit(manifest("short", duration="1500ms")).job_id
+        waiting_job = bob.submit(manifest("waits", gpu="B200")).job_id
+        issued = admin.issue_token("alice").token
+        approval = admin.grant_approval(
+            tenant="vision", priority_class="urgent", duration_s=86_400, reason="the paper"
+        ).approval_id
+        datasets = DatasetsClient(admin)
+        digest = datasets.register(
+            "imagenet", "v1", store="lab", prefix="data/vision/", tenant="vision"
+        ).manifest_digest
+        datasets.set_grant(store="lab", tenant="nlp", prefixes=["data/nlp/"])
+        wait_for(lambda: alice.get(long_job).phase == RUNNING, timeout_s=20)
+        wait_for(lambda: bob.get(short_job).phase == SUCCEEDED, timeout_s=20)
+    old_docs = _docs(etcd.endpoint, "/gpufed/")
+
+    return Written(long_job, short_job, waiting_job, issued, approval, digest, old_docs)
+
+
+@pytest.fixture(scope="module")
+def rolled(previous: Previous, written: Written) -> Iterator[Rolled]:
+    etcd, dsn, old, new, recorder, tokens = (
+        previous.etcd, previous.dsn, previous.old, previous.new, previous.recorder, previous.tokens
+    )  # fmt: skip
+    leader, standby = previous.leader, previous.standby
+    long_job, short_job, waiting_job = written.long_job, written.short_job, written.waiting_job
+    submitter: FailoverSubmitter | None = None
+    try:
         submitter = FailoverSubmitter(
             lambda: [s.target for s in (*old, *new)],
             lambda: [tokens["alice"]],
@@ -334,19 +392,28 @@ def rolled(tmp_path_factory: pytest.TempPathFactory, postgres_process: PostgresP
             timeout_s=15,
         )
         yield Rolled(
-            etcd, dsn, old, new, recorder, old_docs, long_job, short_job, waiting_job, mixed, mixed_doc, after,
-            issued, approval, digest, accepted, recorder.lives_by_job(), tokens,
+            etcd, dsn, old, new, recorder, written.old_docs, long_job, short_job, waiting_job, mixed, mixed_doc,
+            after, written.issued_token, written.approval_id, written.dataset_digest, accepted,
+            recorder.lives_by_job(), tokens,
         )  # fmt: skip
     finally:
         if submitter is not None:
             submitter.stop.set()
-        recorder.stop()
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(ServerProcess.stop, [*old, *new]))
-        sims.stop()
-        etcd.stop()
-        os.environ.pop(DSN_ENV, None)
-        shutil.rmtree(tree, ignore_errors=True)
+
+
+def test_two_servers_of_the_previous_build_run_its_own_code_and_one_leads(previous: Previous) -> None:
+    # Its package, from its own tree, without schema versions.
+    assert previous.where == [str(previous.tree / "federation" / "__init__.py"), "None"], previous.where
+    assert "leader_elected" in previous.leader.current_log()
+    assert "leader_elected" not in previous.standby.current_log()
+    assert all(s.proc is not None and s.proc.poll() is None for s in previous.old)
+
+
+def test_the_previous_build_writes_its_documents_without_a_schema_version(written: Written) -> None:
+    docs = written.old_docs
+    for prefix in ("/gpufed/jobs/", "/gpufed/ledger/", "/gpufed/approvals/", "/gpufed/datasets/"):
+        assert any(k.startswith(prefix) for k in docs), prefix
+    assert not [k for k, d in docs.items() if SCHEMA_FIELD in d]
 
 
 def test_every_job_exists_once_none_ran_twice_and_the_running_ones_kept_their_attempt(rolled: Rolled) -> None:
