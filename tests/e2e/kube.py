@@ -35,16 +35,19 @@ def onprem_a100(nodes: int) -> dict[str, Any]:
         "name": "onprem",
         "provider": "private",
         "region": "dc1",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": nodes,
-            }
-        ],
+        "pools": [a100_pool(nodes)],
+    }
+
+
+def a100_pool(nodes: int) -> dict[str, Any]:
+    """A pool of 8-GPU A100 nodes at the internal rate of $1.10 a GPU-hour."""
+    return {
+        "name": "a100",
+        "gpuType": "A100",
+        "kind": "private",
+        "usdPerGpuHour": 1.1,
+        "gpusPerNode": 8,
+        "nodes": nodes,
     }
 
 

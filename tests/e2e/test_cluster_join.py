@@ -30,6 +30,7 @@ from federation.runtime.sim_process import SimProcess
 from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.conftest import _empty_gpufed_keys
 from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.e2e.kube import a100_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -43,32 +44,14 @@ CLUSTERS: list[dict[str, Any]] = [
         "token": "cluster-admin-secret",
         # kubectl sends tokens only over TLS.
         "tls": True,
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 2,
-            }
-        ],
+        "pools": [a100_pool(nodes=2)],
     }
 ]
 SPEC = {
     "provider": "private",
     "region": "dc1",
     "unreachableGraceSeconds": 8,
-    "pools": [
-        {
-            "name": "a100",
-            "gpuType": "A100",
-            "kind": "private",
-            "usdPerGpuHour": 1.1,
-            "gpusPerNode": 8,
-            "nodes": 2,
-        }
-    ],
+    "pools": [a100_pool(nodes=2)],
 }
 
 

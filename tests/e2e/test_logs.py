@@ -23,7 +23,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, run_cli, wait_for
-from tests.e2e.kube import _api, gang_pods, gangs, job_of, serve_clusters, sim_admin
+from tests.e2e.kube import _api, a100_pool, gang_pods, gangs, job_of, serve_clusters, sim_admin
 
 pytestmark = pytest.mark.e2e
 
@@ -38,16 +38,7 @@ CLUSTERS: list[dict[str, Any]] = [
         # A real kubelet notices a stopped container on its next relist, once a second: a killed
         # pod stays that long (the simulator's default is 0.2 s).
         "terminationS": 1.0,
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 2,
-            }
-        ],
+        "pools": [a100_pool(nodes=2)],
     }
 ]
 

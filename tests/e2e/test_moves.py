@@ -28,7 +28,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, job_of, serve_clusters
+from tests.e2e.kube import a100_pool, gang_pods, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -38,16 +38,7 @@ CLUSTERS: list[dict[str, Any]] = [
         "provider": "private",
         "region": "dc1",
         "objectStore": "dc-s3",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 1,
-            }
-        ],
+        "pools": [a100_pool(nodes=1)],
     },
     {
         "name": "aws",

@@ -22,7 +22,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import job_of, write_config
+from tests.e2e.kube import a100_pool, job_of, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -32,16 +32,7 @@ CLUSTERS: list[dict[str, Any]] = [
         "provider": "private",
         "region": "dc1",
         "objectStore": "dc-s3",
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 4,
-            }
-        ],
+        "pools": [a100_pool(nodes=4)],
     }
 ]
 

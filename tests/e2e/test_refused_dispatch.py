@@ -22,7 +22,7 @@ from federation.cli.render import clusters_table
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import job_of, serve_clusters
+from tests.e2e.kube import a100_pool, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -32,16 +32,7 @@ CLUSTERS: list[dict[str, Any]] = [
         "provider": "private",
         "region": "dc1",
         "volcano": False,
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 2,
-            }
-        ],
+        "pools": [a100_pool(nodes=2)],
     },
 ]
 

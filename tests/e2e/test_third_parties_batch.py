@@ -16,7 +16,7 @@ import pytest
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, serve_clusters
+from tests.e2e.kube import a100_pool, gang_pods, serve_clusters
 from tests.e2e.test_third_parties import (
     KUBECTL,
     NAMESPACE,
@@ -41,16 +41,7 @@ CLUSTERS: list[dict[str, Any]] = [
         "provider": "private",
         "region": "dc1",
         "volcano": False,
-        "pools": [
-            {
-                "name": "a100",
-                "gpuType": "A100",
-                "kind": "private",
-                "usdPerGpuHour": 1.1,
-                "gpusPerNode": 8,
-                "nodes": 2,
-            }
-        ],
+        "pools": [a100_pool(nodes=2)],
     },
 ]
 
