@@ -379,12 +379,17 @@ def test_previous_is_the_run_before_the_restart(
     sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
 ) -> None:
     _, kubeconfig = sim
+    # A container that has not restarted has no previous run. Asked of a pod that runs on (the crash
+    # loop below restarts every 0.5 s: on a busy machine it had restarted before kubectl asked).
+    core.create_namespaced_pod(
+        "default", a_pod("steady", restart="Never", annotations={"sim.gpufed.io/duration": "60"})
+    )
+    wait_for(lambda: phase_of(core, "steady") == "Running")
+    refused = kubectl(kubeconfig, "logs", "steady", "--previous", ok=False)
+    assert refused.returncode != 0
+    assert 'previous terminated container "main" in pod "steady" not found' in refused.stderr
     annotations = {"sim.gpufed.io/duration": "0.5", "sim.gpufed.io/exit-code": "3"}
     core.create_namespaced_pod("default", a_pod("crashy", restart="OnFailure", annotations=annotations))
-    wait_for(lambda: phase_of(core, "crashy") == "Running")
-    refused = kubectl(kubeconfig, "logs", "crashy", "--previous", ok=False)
-    assert refused.returncode != 0
-    assert 'previous terminated container "main" in pod "crashy" not found' in refused.stderr
     pod = wait_for(
         lambda: (
             (p := core.read_namespaced_pod("crashy", "default")).status.container_statuses[0].restart_count
