@@ -12,9 +12,10 @@ version N+1 of a document reads it but keeps writing N; only the next release wr
 servers one release apart, running side by side during an upgrade, never meet a document newer
 than they know.
 
-Three kinds are written without the field, as version 0, because the build before versions
+Four kinds are written without the field, as version 0, because the build before versions
 decoded them with `Record(**doc)`, which refuses a key it does not know: sync records
-(`/gpufed/syncs/`), audit records (`/gpufed/audit/`) and the `logs:` settings. This build reads
+(`/gpufed/syncs/`), audit records (`/gpufed/audit/`), kept-log attempt summaries and the `logs:`
+settings (`federation.joblogs.archive`). This build reads
 them tolerantly and checks the field, so the next release may write it. Wait reasons
 (`/gpufed/waits/`) are a JSON list, not an object, and are rewritten by every cycle: unversioned.
 """
