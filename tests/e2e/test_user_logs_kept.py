@@ -82,8 +82,23 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         yield process
 
 
-def _job(name: str, duration: str, *, workers: int = 1, annotations: dict[str, str] | None = None) -> str:
+def _job(
+    name: str,
+    duration: str,
+    *,
+    workers: int = 1,
+    annotations: dict[str, str] | None = None,
+    one_task: bool = False,
+) -> str:
+    """A master and `workers` workers; `one_task`: one task (master) of two replicas instead. Volcano ends a
+    gang when its first task completes (`TaskCompleted: CompleteJob`) and stops the others' pods,
+    and gpufed removes at once a gang whose job ended with pods still live (`collector`): a worker
+    that ends a moment after its master is gone before kubectl reads it. One task completes only
+    when both replicas have succeeded, so its pods stay (the collector's retention) to be read."""
     text = manifest(name, workers=workers, gpus=1, duration=duration)
+    if one_task:
+        master = text.index("    - {name: master")
+        text = text[:master] + '    - {name: master, replicas: 2, image: "pytorch/pytorch:2.3", gpus: 1}\n'
     extra = {"sim.gpufed.io/log-burst": BURST, **(annotations or {})}
     lines = "".join(f'    {k}: "{v}"\n' for k, v in extra.items())
     return text.replace("  annotations:\n", "  annotations:\n" + lines, 1)
@@ -161,7 +176,7 @@ def test_logs_match_kubectl_live_and_kept_for_succeeded_preempted_and_cancelled(
     fed: ServerProcess, sims: SimProcess
 ) -> None:
     with fed.client("alice") as alice:
-        done_id = alice.submit(_job("done", "4s")).job_id
+        done_id = alice.submit(_job("done", "4s", one_task=True)).job_id
         first_id = alice.submit(_job("first", "300s")).job_id
         second_id = alice.submit(_job("second", "300s")).job_id
     everyone = (done_id, first_id, second_id)
@@ -191,6 +206,7 @@ def test_logs_match_kubectl_live_and_kept_for_succeeded_preempted_and_cancelled(
     # Succeeded: its pods stay until collected; then an operator deletes the gang.
     wait_for(lambda: job_of(fed, "alice", done_id).phase == pb.JOB_PHASE_SUCCEEDED, timeout_s=20)
     seen[done_id] = kubectl_logs(sims, done_id, 1)
+    assert len(seen[done_id]) == 2, seen[done_id]
     assert all(any("exited with code 0" in line for line in lines) for lines in seen[done_id].values())
     live, _ = gpufed_logs(fed, "alice", done_id)
     assert live == seen[done_id]
