@@ -2,8 +2,9 @@
 
 The scheduler snapshots from here and the API serves `get`/`watch` from here. The cache lists all jobs,
 then watches from the revision after the list; when the watch breaks (etcd unavailable, or the revision
-was compacted while it was away) it backs off, lists again and resumes, and meanwhile reports itself not
-synced. Changes found by a relist are announced to subscribers as if they had been watched, so that a
+was compacted while it was away) it backs off, lists again and resumes from that list's revision, even
+one below what it had reached (etcd came back without its last writes), and meanwhile reports itself
+not synced. Changes found by a relist are announced to subscribers as if they had been watched, so that a
 subscriber sees every job's latest state even across a gap.
 
 Subscribers get bounded queues. One that falls more than `queue_size` events behind is dropped: its
@@ -189,6 +190,14 @@ class JobCache:
             for job_id in old.keys() - fresh.keys():
                 self._publish(JobEvent(JobEventType.DELETE, job_id, None, revision))
         self._synced = True
+        if revision < self._revision:
+            # etcd's history went back: it lost writes it had acknowledged (a single-member etcd
+            # before 3.5.5 may, when killed: etcd-io/etcd#14370) or was put back to an earlier copy.
+            # The list is the truth now. Resuming from the revision this cache had reached would
+            # skip every write the new history makes at the revisions it had already passed: a job
+            # written there would stay stale here, and each commit from it would fail its compare.
+            log.warning("etcd_revision_went_back", was=self._revision, now=revision)
+            self._revision = revision
         self._advance(revision)
 
     def _apply(self, ev: JobEvent) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -217,6 +218,79 @@ async def test_a_dead_etcd_fails_fast_and_its_data_survives_a_restart(
             assert await _once_etcd_answers(lambda: KvStore(kv).get_job(JobId("survivor"))) == stored
         finally:
             await kv.close()
+
+
+async def test_the_cache_follows_an_etcd_that_came_back_without_its_last_writes(
+    tmp_path: Path, make_job: MakeJob
+) -> None:
+    """A single-member etcd before 3.5.5 may lose writes it had acknowledged when it is killed
+    (etcd-io/etcd#14370; the embedded default's 3.5.1 did so under test_etcd_outage), and an etcd
+    put back to an earlier copy does the same: its revisions count again from an earlier one. The
+    cache must follow the new history. Here etcd comes back on a copy of its data dir taken before
+    two writes, which is what such a crash leaves."""
+    etcd = EtcdProcess(tmp_path / "etcd")
+    etcd.start()
+    kv = await EtcdKv.connect(etcd.endpoint, timeout_s=2.0)
+    cache: JobCache | None = None
+    try:
+        store = KvStore(kv)
+        kept, _ = await store.create_job(make_job("kept"), idempotency_key="k1", manifest_digest="d")
+        etcd.stop()
+        shutil.copytree(etcd.data_dir / "member", tmp_path / "earlier")
+        etcd.start()
+        cache = JobCache(store)
+        await cache.start()
+        # Two writes the crash will lose, seen by the cache.
+        admitted = dataclasses.replace(kept.value, phase=JobPhase.ADMITTED)
+        lost_revision = await _once_etcd_answers(lambda: store.commit([(admitted, kept.mod_revision)]))
+        assert lost_revision is not None
+        lost, _ = await store.create_job(make_job("lost"), idempotency_key="k2", manifest_digest="d")
+        assert await cache.wait_for_revision(lost.mod_revision)
+
+        etcd.kill()
+        shutil.rmtree(etcd.data_dir / "member")
+        shutil.copytree(tmp_path / "earlier", etcd.data_dir / "member")
+        etcd.start()  # same ports, the earlier data
+        again = await _once_etcd_answers(lambda: store.get_job(JobId("kept")))
+        assert again == kept
+        # Once the cache has listed the earlier data again, the new history writes at revisions the
+        # cache had already passed.
+        deadline = time.monotonic() + 20
+        while not (cache.synced and cache.get(JobId("lost")) is None):
+            assert time.monotonic() < deadline, "the cache never listed etcd's data again"
+            await asyncio.sleep(0.05)
+        assert cache.get(JobId("kept")) == kept
+        running = dataclasses.replace(kept.value, phase=JobPhase.RUNNING)
+        revision = await store.commit([(running, kept.mod_revision)])
+        assert revision is not None
+        assert revision <= lost.mod_revision
+
+        def follows() -> bool:
+            assert cache is not None
+            now = cache.get(JobId("kept"))
+            return (
+                cache.synced
+                and now is not None
+                and (now.value.phase, now.mod_revision) == (JobPhase.RUNNING, revision)
+                and cache.get(JobId("lost")) is None
+            )
+
+        deadline = time.monotonic() + 20
+        while not follows():
+            assert time.monotonic() < deadline, (cache.get(JobId("kept")), cache.revision)
+            await asyncio.sleep(0.05)
+        assert cache.revision == revision
+        # And the cache's view is one a commit can start from.
+        later = cache.get(JobId("kept"))
+        assert later is not None
+        assert await store.commit(
+            [(dataclasses.replace(later.value, phase=JobPhase.SUCCEEDED), later.mod_revision)]
+        )
+    finally:
+        if cache is not None:
+            await cache.stop()
+        await kv.close()
+        etcd.stop()
 
 
 async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_path: Path) -> None:
