@@ -46,8 +46,11 @@ class PodGC:
             return
         if podstatus.is_terminal(pod):
             self._ended.setdefault(uid, key_of(pod))
+        # Created bound, or bound later (the scheduler's node list is a cache: it may bind to a node
+        # deleted in the same moment, after the node's own pods were looked at): a pod whose node is
+        # gone is the collector's whenever it got there, as the real one finds it on every pass.
         node = podstatus.node_name(pod)
-        if node and change.type is EventType.ADDED and self._store.get(NODES, "", node) is None:
+        if node and self._store.get(NODES, "", node) is None:
             self._orphans[key_of(pod)] = uid
 
     def sync(self) -> bool:

@@ -356,3 +356,24 @@ def test_deleting_a_terminating_namespace_again_is_a_conflict() -> None:
     with pytest.raises(ApiError) as again:
         engine.lifecycle.delete(NAMESPACES, "", "t")
     assert again.value.code == 409
+
+
+def test_a_pod_bound_to_a_node_deleted_before_the_binding_is_collected() -> None:
+    """Kubernetes' "Garbage collection": PodGC deletes pods bound to a node that no longer exists,
+    whenever they were bound. The scheduler may bind a pod to a node deleted in the same moment
+    (its node list is a cache); the collector must not have looked only at the nodes' pods when the
+    node went, nor only at pods created already bound."""
+    engine = an_engine(SimPoolConfig.of("a100", "A100", node_count=1))
+    node = engine.pool_nodes("a100")[0]["metadata"]["name"]
+    # Pending: its selector matches no node, so the scheduler leaves it be.
+    waiting = create(engine, PODS, a_pod("late", gpus=1, duration_s=5, nodeSelector={"no": "such"}))
+    assert waiting["status"]["phase"] == "Pending"
+    engine.lifecycle.delete(NODES, "", node, grace_s=0)
+    engine.reconcile()
+    assert engine.store.get(NODES, "", node) is None
+    # Bound now, as the scheduler's `_bind` does, to the node that is gone.
+    bound = dict(pod(engine, "late"))
+    bound["spec"] = {**bound["spec"], "nodeName": node}
+    engine.store.update(PODS, bound)
+    engine.reconcile()
+    assert engine.store.get(PODS, "default", "late") is None
