@@ -55,6 +55,42 @@ CLASSES = (PriorityClass("urgent", 3, preemptible=False, needs_approval=True), P
 KINDS = [CapacityKind.PRIVATE, CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT]
 SHAPES = st.sampled_from([(8,), (4,), (4, 4), (8, 8), (2, 2, 2), (8, 8, 8), (1, 8)])
 OPTIONAL_LIMIT = st.sampled_from([None, None, 0, 8, 16, 32])
+# Strategies are built once, at import: a new `sampled_from` or `lists` per draw, validated and
+# labelled anew each time, cost more than the draws themselves.
+A_GUARANTEE = st.sampled_from([0, 8, 16, 24])
+A_QUOTA_CAP = st.sampled_from([None, None, 16, 32])
+A_WEIGHT = st.sampled_from([1.0, 2.0])
+A_BUDGET = st.sampled_from([None, None, None, 10.0])
+SPENT = st.sampled_from([0.0, 20.0])
+A_MAX_PRIORITY = st.sampled_from([None, None, None, 2])
+A_TYPE = st.sampled_from(TYPES)
+QUOTA_TYPES = st.lists(A_TYPE, unique=True, max_size=2)
+ACCEPTED_TYPES = st.lists(A_TYPE, min_size=1, max_size=2, unique=True)
+A_TEAM = st.sampled_from(TEAMS)
+A_PRIORITY = st.integers(0, 3)
+A_QUEUE_TIME = st.integers(0, 9)
+MOSTLY_FALSE = st.sampled_from([False, False, False, True])
+MOSTLY_TRUE = st.sampled_from([True, True, True, False])
+# An outstanding order names the queued gang it evicts for (j0, j1 or one gone).
+AN_ORDER = st.sampled_from([None, JobId("j0"), JobId("j1"), JobId("gone")])
+AN_END = st.sampled_from([None, NOW + 50, NOW + 500])
+A_RUNNING_GPUS = st.sampled_from([2, 4, 8])
+A_NODE_SIZE = st.sampled_from([4, 8, 8])
+A_KIND = st.sampled_from(KINDS)
+A_PRICE = st.sampled_from([1.0, 2.0])
+CLUSTER_COUNT = st.integers(1, 3)
+POOL_COUNT = st.integers(1, 2)
+NODE_COUNT = st.integers(1, 4)
+GANGS_ON_A_NODE = st.integers(0, 2)
+SCALABLE_COUNT = st.integers(0, 1)
+SCALABLE_NODES = st.integers(1, 3)
+A_TYPE_POLICY = st.sampled_from(list(GpuTypePolicy))
+A_RUNTIME = st.sampled_from([0, 100, 3600])
+AN_APPROVAL = st.sampled_from([None, NOW - 1, NOW + 1])
+A_DEADLINE = st.sampled_from([None, None, None, NOW + 1800, NOW + 7200])
+A_PREEMPTION_LIMIT = st.sampled_from([None, None, 8, 16])
+PREEMPTED_BEFORE = st.sampled_from([0, 0, 4])
+A_PRIVATE_WAIT = st.sampled_from([0.0, 0.0, 600.0])
 
 
 @st.composite
@@ -65,123 +101,139 @@ def quotas(draw: st.DrawFn, tenant: TenantId, parent: TenantId | None) -> Tenant
         quotas=tuple(
             GpuQuota(
                 gpu_type,
-                guaranteed_gpus=draw(st.sampled_from([0, 8, 16, 24])),
+                guaranteed_gpus=draw(A_GUARANTEE),
                 borrowing_limit_gpus=draw(OPTIONAL_LIMIT),
                 lending_limit_gpus=draw(OPTIONAL_LIMIT),
-                cap_gpus=draw(st.sampled_from([None, None, 16, 32])),
+                cap_gpus=draw(A_QUOTA_CAP),
             )
-            for gpu_type in draw(st.lists(st.sampled_from(TYPES), unique=True, max_size=2))
+            for gpu_type in draw(QUOTA_TYPES)
         ),
-        weight=draw(st.sampled_from([1.0, 2.0])),
-        monthly_budget_gpu_hours=draw(st.sampled_from([None, None, None, 10.0])),
-        spent_gpu_hours=draw(st.sampled_from([0.0, 20.0])),
-        max_priority=draw(st.sampled_from([None, None, None, 2])),
+        weight=draw(A_WEIGHT),
+        monthly_budget_gpu_hours=draw(A_BUDGET),
+        spent_gpu_hours=draw(SPENT),
+        max_priority=draw(A_MAX_PRIORITY),
     )
+
+
+# Drawn once for all snapshots: one `composite` call per tenant, not a new strategy per draw.
+TENANT_QUOTAS = st.tuples(quotas(ORG, None), *(quotas(t, ORG if t != "t3" else None) for t in TEAMS))
 
 
 @st.composite
 def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
-    clusters, running = [], []
-    for c in range(draw(st.integers(1, 3))):
+    """Gangs sit on known nodes of each pool; each is built once, when its pool's GPU type is drawn."""
+    clusters: list[ClusterState] = []
+    running: list[RunningGang] = []
+    for c in range(draw(CLUSTER_COUNT)):
         name = ClusterName(f"c{c}")
         pools = []
-        for p in range(draw(st.integers(1, 2))):
+        for p in range(draw(POOL_COUNT)):
             pool_name = f"p{p}"
-            size = draw(st.sampled_from([4, 8, 8]))
+            size = draw(A_NODE_SIZE)
             free = []
-            for node in range(draw(st.integers(1, 4))):
+            # The pool's gangs as (node, gpus, terminating, evicted_for, tenant, priority, preemptible,
+            # queued_at_s, ends_at_s), in the order they are drawn.
+            drawn = []
+            for node in range(draw(NODE_COUNT)):
                 left = size
-                for _ in range(draw(st.integers(0, 2))):
-                    gpus = min(left, draw(st.sampled_from([2, 4, 8])))
+                for _ in range(draw(GANGS_ON_A_NODE)):
+                    gpus = min(left, draw(A_RUNNING_GPUS))
                     if gpus == 0:
                         break
                     left -= gpus
-                    terminating = draw(st.sampled_from([False, False, False, True]))
-                    # An outstanding order names the queued gang it evicts for (j0, j1 or one gone).
-                    ordered = draw(st.sampled_from([None, JobId("j0"), JobId("j1"), JobId("gone")]))
-                    running.append(
-                        RunningGang(
-                            job_id=JobId("r"),
-                            tenant=draw(st.sampled_from(TEAMS)),
-                            priority=draw(st.integers(0, 3)),
-                            cluster=name,
-                            gpu_type=GpuType("?"),  # set below, once the pool's type is drawn
-                            gpu_count=gpus,
-                            preemptible=draw(st.sampled_from([True, True, True, False])),
-                            queued_at_s=float(draw(st.integers(0, 9))),
-                            ends_at_s=draw(st.sampled_from([None, NOW + 50, NOW + 500])),
-                            nodes=(NodeShare(pool_name, node, gpus),),
-                            terminating=terminating,
-                            evicted_for=ordered if terminating else None,
+                    terminating = draw(MOSTLY_FALSE)
+                    ordered = draw(AN_ORDER)
+                    drawn.append(
+                        (
+                            node,
+                            gpus,
+                            terminating,
+                            ordered if terminating else None,
+                            draw(A_TEAM),
+                            draw(A_PRIORITY),
+                            draw(MOSTLY_TRUE),
+                            float(draw(A_QUEUE_TIME)),
+                            draw(AN_END),
                         )
                     )
                 free.append(left)
-            kind = draw(st.sampled_from(KINDS))
-            gpu_type = draw(st.sampled_from(TYPES))
-            running = [
-                r
-                if r.cluster != name or r.nodes[0].pool != pool_name or r.gpu_type != "?"
-                else RunningGang(
-                    **{**{f: getattr(r, f) for f in r.__dataclass_fields__}, "gpu_type": gpu_type}
+            kind = draw(A_KIND)
+            gpu_type = draw(A_TYPE)
+            first = len(running)  # ids by position in the whole layout, so unique
+            running.extend(
+                RunningGang(
+                    job_id=JobId(f"r{first + i}"),
+                    tenant=tenant,
+                    priority=priority,
+                    cluster=name,
+                    gpu_type=gpu_type,
+                    gpu_count=gpus,
+                    preemptible=preemptible,
+                    queued_at_s=queued_at_s,
+                    ends_at_s=ends_at_s,
+                    nodes=(NodeShare(pool_name, node, gpus),),
+                    terminating=terminating,
+                    evicted_for=evicted_for,
                 )
-                for r in running
-            ]
-            pools.append(
-                NodePool(pool_name, gpu_type, kind, draw(st.sampled_from([1.0, 2.0])), size, tuple(free))
+                for i, (
+                    node,
+                    gpus,
+                    terminating,
+                    evicted_for,
+                    tenant,
+                    priority,
+                    preemptible,
+                    queued_at_s,
+                    ends_at_s,
+                ) in enumerate(drawn)
             )
+            pools.append(NodePool(pool_name, gpu_type, kind, draw(A_PRICE), size, tuple(free)))
         scalable = tuple(
-            ScalablePool(
-                "grow",
-                draw(st.sampled_from(TYPES)),
-                CapacityKind.ON_DEMAND,
-                3.0,
-                8,
-                0,
-                draw(st.integers(1, 3)),
-            )
-            for _ in range(draw(st.integers(0, 1)))
+            ScalablePool("grow", draw(A_TYPE), CapacityKind.ON_DEMAND, 3.0, 8, 0, draw(SCALABLE_NODES))
+            for _ in range(draw(SCALABLE_COUNT))
         )
         clusters.append(ClusterState(name, Provider.PRIVATE, "r", tuple(pools), scalable_pools=scalable))
-    running = [
-        RunningGang(**{**{f: getattr(r, f) for f in r.__dataclass_fields__}, "job_id": JobId(f"r{i}")})
-        for i, r in enumerate(running)
-    ]
     return clusters, running
 
 
 @st.composite
 def gangs(draw: st.DrawFn, index: int) -> GangRequest:
-    urgent = draw(st.sampled_from([False, False, False, True]))
+    urgent = draw(MOSTLY_FALSE)
     return GangRequest(
         job_id=JobId(f"j{index}"),
-        tenant=draw(st.sampled_from(TEAMS)),
-        priority=3 if urgent else draw(st.integers(0, 3)),
-        queued_at_s=float(draw(st.integers(0, 9))),
+        tenant=draw(A_TEAM),
+        priority=3 if urgent else draw(A_PRIORITY),
+        queued_at_s=float(draw(A_QUEUE_TIME)),
         replica_gpus=draw(SHAPES),
-        gpu_types=tuple(draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=2, unique=True))),
-        gpu_type_policy=draw(st.sampled_from(list(GpuTypePolicy))),
+        gpu_types=tuple(draw(ACCEPTED_TYPES)),
+        gpu_type_policy=draw(A_TYPE_POLICY),
         allow_spot=draw(st.booleans()),
-        max_runtime_s=draw(st.sampled_from([0, 100, 3600])),
+        max_runtime_s=draw(A_RUNTIME),
         priority_class="urgent" if urgent else "",
-        approval_expires_at_s=draw(st.sampled_from([None, NOW - 1, NOW + 1])),
-        deadline_at_s=draw(st.sampled_from([None, None, None, NOW + 1800, NOW + 7200])),
-        user_max_priority=draw(st.sampled_from([None, None, None, 2])),
+        approval_expires_at_s=draw(AN_APPROVAL),
+        deadline_at_s=draw(A_DEADLINE),
+        user_max_priority=draw(A_MAX_PRIORITY),
     )
+
+
+LAYOUT = layout()
+# One strategy per queue position, built once: job ids are given by position.
+QUEUED = [gangs(i) for i in range(6)]
 
 
 @st.composite
 def snapshots(draw: st.DrawFn, max_queue: int = 6) -> Snapshot:
-    clusters, running = draw(layout())
-    tenants = [draw(quotas(ORG, None))] + [draw(quotas(t, ORG if t != "t3" else None)) for t in TEAMS]
-    queue = [draw(gangs(i)) for i in range(draw(st.integers(1, max_queue)))]
+    clusters, running = draw(LAYOUT)
+    tenants = draw(TENANT_QUOTAS)
+    queue = [draw(QUEUED[i]) for i in range(draw(st.integers(1, max_queue)))]
     policy = PolicyConfig(
-        preemption_limit_gpus=draw(st.sampled_from([None, None, 8, 16])),
-        preempted_gpus_this_interval=draw(st.sampled_from([0, 0, 4])),
+        preemption_limit_gpus=draw(A_PREEMPTION_LIMIT),
+        preempted_gpus_this_interval=draw(PREEMPTED_BEFORE),
         backfill=draw(st.booleans()),
-        private_wait_s_per_gpu_hour=draw(st.sampled_from([0.0, 0.0, 600.0])),
+        private_wait_s_per_gpu_hour=draw(A_PRIVATE_WAIT),
     )
     return Snapshot(
-        tuple(queue), tuple(running), tuple(tenants), tuple(clusters), priority_classes=CLASSES, policy=policy
+        tuple(queue), tuple(running), tenants, tuple(clusters), priority_classes=CLASSES, policy=policy
     )
 
 
@@ -423,64 +475,77 @@ def test_the_same_snapshot_in_any_order_gives_the_same_plan(snapshot: Snapshot, 
     assert plan(shuffled(snapshot, rng), now=NOW) == expected
 
 
+CAPPED_NODE_COUNT = st.integers(2, 5)
+A_CAPPED_GANG_GPUS = st.sampled_from([4, 8])
+# Some are leaving already, ordered out for a queued gang (its own victims of an earlier cycle).
+A_CAPPED_ORDER = st.sampled_from([None, None, None, JobId("j0"), JobId("j1")])
+MOSTLY_THE_CAPPED_TEAM = st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])
+MOSTLY_PREEMPTIBLE = st.sampled_from([True, True, False])
+A_CAP = st.sampled_from([8, 16, 24])
+A_CAPPED_GUARANTEE = st.sampled_from([0, 8])
+CAPPED_QUEUE_LENGTH = st.integers(1, 4)
+A_CAPPED_SHAPE = st.sampled_from([(4,), (8,), (8, 8)])
+A_CAPPED_APPROVAL = st.sampled_from([None, NOW - 1, NOW + 1, NOW + 1])
+A_CAPPED_LIMIT = st.sampled_from([None, None, 8])
+
+
 @st.composite
 def capped_tenant(draw: st.DrawFn) -> Snapshot:
     """One tenant near its cap of A100, its own gangs of mixed priorities on known nodes, another
     tenant's gangs beside them, and a queue where some gangs are of the approved urgent class."""
     a100 = GpuType("A100")
-    nodes = draw(st.integers(2, 5))
+    nodes = draw(CAPPED_NODE_COUNT)
     free: list[int] = []
     running: list[RunningGang] = []
     for node in range(nodes):
         left = 8
-        for _ in range(draw(st.integers(0, 2))):
-            gpus = min(left, draw(st.sampled_from([4, 8])))
+        for _ in range(draw(GANGS_ON_A_NODE)):
+            gpus = min(left, draw(A_CAPPED_GANG_GPUS))
             if gpus == 0:
                 break
             left -= gpus
-            # Some are leaving already, ordered out for a queued gang (its own victims of an earlier cycle).
-            ordered = draw(st.sampled_from([None, None, None, JobId("j0"), JobId("j1")]))
+            ordered = draw(A_CAPPED_ORDER)
             running.append(
                 RunningGang(
                     job_id=JobId(f"r{len(running)}"),
                     terminating=ordered is not None,
                     evicted_for=ordered,
-                    tenant=draw(st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])),
-                    priority=draw(st.integers(0, 3)),
+                    tenant=draw(MOSTLY_THE_CAPPED_TEAM),
+                    priority=draw(A_PRIORITY),
                     cluster=ClusterName("c0"),
                     gpu_type=a100,
                     gpu_count=gpus,
-                    preemptible=draw(st.sampled_from([True, True, False])),
-                    queued_at_s=float(draw(st.integers(0, 9))),
+                    preemptible=draw(MOSTLY_PREEMPTIBLE),
+                    queued_at_s=float(draw(A_QUEUE_TIME)),
                     nodes=(NodeShare("p0", node, gpus),),
                 )
             )
         free.append(left)
     pool = NodePool("p0", a100, CapacityKind.PRIVATE, 1.0, 8, tuple(free))
     cluster = ClusterState(ClusterName("c0"), Provider.PRIVATE, "r", (pool,))
-    cap = draw(st.sampled_from([8, 16, 24]))
+    cap = draw(A_CAP)
     tenants = (
         TenantQuota(
-            TEAMS[0], quotas=(GpuQuota(a100, guaranteed_gpus=draw(st.sampled_from([0, 8])), cap_gpus=cap),)
+            TEAMS[0], quotas=(GpuQuota(a100, guaranteed_gpus=draw(A_CAPPED_GUARANTEE), cap_gpus=cap),)
         ),
         TenantQuota(TEAMS[1]),
     )
     queue = []
-    for i in range(draw(st.integers(1, 4))):
+    for i in range(draw(CAPPED_QUEUE_LENGTH)):
         urgent = draw(st.booleans())
         queue.append(
             GangRequest(
                 job_id=JobId(f"j{i}"),
-                tenant=draw(st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])),
-                priority=3 if urgent else draw(st.integers(0, 3)),
+                tenant=draw(MOSTLY_THE_CAPPED_TEAM),
+                priority=3 if urgent else draw(A_PRIORITY),
                 queued_at_s=float(i),
-                replica_gpus=draw(st.sampled_from([(4,), (8,), (8, 8)])),
+                replica_gpus=draw(A_CAPPED_SHAPE),
                 gpu_types=(a100,),
                 priority_class="urgent" if urgent else "",
-                approval_expires_at_s=draw(st.sampled_from([None, NOW - 1, NOW + 1, NOW + 1])),
+                approval_expires_at_s=draw(A_CAPPED_APPROVAL),
             )
         )
-    policy = PolicyConfig(preemption_limit_gpus=draw(st.sampled_from([None, None, 8])))
+    policy = PolicyConfig(preemption_limit_gpus=draw(A_CAPPED_LIMIT))
     return Snapshot(
         tuple(queue), tuple(running), tenants, (cluster,), priority_classes=CLASSES, policy=policy
     )
