@@ -12,8 +12,11 @@ classes, running gangs on known nodes (so preemption and backfill have work), sc
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +47,7 @@ from placement.model import (
 )
 from placement.plan import plan
 from tests.properties import examples
-from tests.unit.placement_builders import shuffled
+from tests.unit.placement_builders import SkipsOneItemSamples, shuffled
 
 SETTINGS = settings(max_examples=examples(120), deadline=None)
 TYPES = [GpuType("A100"), GpuType("H100")]
@@ -53,69 +56,96 @@ ORG = TenantId("org")
 NOW = 1000.0
 CLASSES = (PriorityClass("urgent", 3, preemptible=False, needs_approval=True), PriorityClass("batch", 0))
 KINDS = [CapacityKind.PRIVATE, CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT]
-SHAPES = st.sampled_from([(8,), (4,), (4, 4), (8, 8), (2, 2, 2), (8, 8, 8), (1, 8)])
-OPTIONAL_LIMIT = st.sampled_from([None, None, 0, 8, 16, 32])
-# Strategies are built once, at import: a new `sampled_from` or `lists` per draw, validated and
-# labelled anew each time, cost more than the draws themselves.
-A_GUARANTEE = st.sampled_from([0, 8, 16, 24])
-A_QUOTA_CAP = st.sampled_from([None, None, 16, 32])
-A_WEIGHT = st.sampled_from([1.0, 2.0])
-A_BUDGET = st.sampled_from([None, None, None, 10.0])
-SPENT = st.sampled_from([0.0, 20.0])
-A_MAX_PRIORITY = st.sampled_from([None, None, None, 2])
-A_TYPE = st.sampled_from(TYPES)
-QUOTA_TYPES = st.lists(A_TYPE, unique=True, max_size=2)
-ACCEPTED_TYPES = st.lists(A_TYPE, min_size=1, max_size=2, unique=True)
-A_TEAM = st.sampled_from(TEAMS)
-A_PRIORITY = st.integers(0, 3)
-A_QUEUE_TIME = st.integers(0, 9)
-MOSTLY_FALSE = st.sampled_from([False, False, False, True])
-MOSTLY_TRUE = st.sampled_from([True, True, True, False])
-# An outstanding order names the queued gang it evicts for (j0, j1 or one gone).
-AN_ORDER = st.sampled_from([None, JobId("j0"), JobId("j1"), JobId("gone")])
-AN_END = st.sampled_from([None, NOW + 50, NOW + 500])
-A_RUNNING_GPUS = st.sampled_from([2, 4, 8])
-A_NODE_SIZE = st.sampled_from([4, 8, 8])
-A_KIND = st.sampled_from(KINDS)
-A_PRICE = st.sampled_from([1.0, 2.0])
+SHAPES = [(8,), (4,), (4, 4), (8, 8), (2, 2, 2), (8, 8, 8), (1, 8)]
+OPTIONAL_LIMITS = [None, None, 0, 8, 16, 32]
+MOSTLY_FALSE = [False, False, False, True]
+MOSTLY_TRUE = [True, True, True, False]
+MAX_PRIORITIES = [None, None, None, 2]
+PRIORITIES = [0, 1, 2, 3]
+QUEUE_TIMES = [float(t) for t in range(10)]
+# Both orders of both types: the order of a gang's types matters to the ordered policy.
+TYPE_LISTS = [(TYPES[0],), (TYPES[1],), tuple(TYPES), tuple(reversed(TYPES))]
+
+
+def one_of_each(*fields: Sequence[object]) -> st.SearchStrategy[tuple[Any, ...]]:
+    """A value for each field in one draw, from every combination built once at import.
+
+    Hypothesis's cost is per draw, not per value: one draw of an index into the product replaces one
+    draw per field. Each field keeps its weights (its list repeats the values it favours), and shrinking
+    the index moves the first field first, as shrinking separate draws in order would.
+    """
+    return st.sampled_from(list(itertools.product(*fields)))
+
+
+# Every strategy is built once, here: a new `sampled_from` or `lists` per draw, validated and labelled
+# anew each time, cost more than the draws themselves.
+QUOTA_TYPES = st.sampled_from([(), *TYPE_LISTS])
+QUOTA_OF = {
+    gpu_type: st.sampled_from(
+        [
+            GpuQuota(gpu_type, guaranteed, borrowing_limit_gpus=borrow, lending_limit_gpus=lend, cap_gpus=cap)
+            for guaranteed, borrow, lend, cap in itertools.product(
+                [0, 8, 16, 24], OPTIONAL_LIMITS, OPTIONAL_LIMITS, [None, None, 16, 32]
+            )
+        ]
+    )
+    for gpu_type in TYPES
+}
+# weight, monthly budget, spent GPU hours, max priority
+TENANT_TERMS = one_of_each([1.0, 2.0], [None, None, None, 10.0], [0.0, 20.0], MAX_PRIORITIES)
 CLUSTER_COUNT = st.integers(1, 3)
 POOL_COUNT = st.integers(1, 2)
+A_NODE_SIZE = st.sampled_from([4, 8, 8])
 NODE_COUNT = st.integers(1, 4)
 GANGS_ON_A_NODE = st.integers(0, 2)
+# A running gang's GPUs, whether it is terminating, and the queued gang an outstanding order evicts it
+# for (j0, j1 or one gone; read only when it is terminating).
+RUNNING_START = one_of_each([2, 4, 8], MOSTLY_FALSE, [None, JobId("j0"), JobId("j1"), JobId("gone")])
+# tenant, priority, preemptible, queued_at_s, ends_at_s
+RUNNING_TERMS = one_of_each(TEAMS, PRIORITIES, MOSTLY_TRUE, QUEUE_TIMES, [None, NOW + 50, NOW + 500])
+# kind, GPU type, price
+POOL_TERMS = one_of_each(KINDS, TYPES, [1.0, 2.0])
 SCALABLE_COUNT = st.integers(0, 1)
+A_TYPE = st.sampled_from(TYPES)
 SCALABLE_NODES = st.integers(1, 3)
-A_TYPE_POLICY = st.sampled_from(list(GpuTypePolicy))
-A_RUNTIME = st.sampled_from([0, 100, 3600])
-AN_APPROVAL = st.sampled_from([None, NOW - 1, NOW + 1])
-A_DEADLINE = st.sampled_from([None, None, None, NOW + 1800, NOW + 7200])
-A_PREEMPTION_LIMIT = st.sampled_from([None, None, 8, 16])
-PREEMPTED_BEFORE = st.sampled_from([0, 0, 4])
-A_PRIVATE_WAIT = st.sampled_from([0.0, 0.0, 600.0])
+# urgent, tenant, priority (read unless urgent), queued_at_s
+GANG_WHO = one_of_each(MOSTLY_FALSE, TEAMS, PRIORITIES, QUEUE_TIMES)
+# replica GPUs, GPU types, type policy, allow spot
+GANG_WHAT = one_of_each(SHAPES, TYPE_LISTS, list(GpuTypePolicy), [False, True])
+# max runtime, approval expiry, deadline, user's max priority
+GANG_LIMITS = one_of_each(
+    [0, 100, 3600], [None, NOW - 1, NOW + 1], [None, None, None, NOW + 1800, NOW + 7200], MAX_PRIORITIES
+)
+POLICIES = st.sampled_from(
+    [
+        PolicyConfig(
+            preemption_limit_gpus=limit,
+            preempted_gpus_this_interval=preempted,
+            backfill=backfill,
+            private_wait_s_per_gpu_hour=wait,
+        )
+        for limit, preempted, backfill, wait in itertools.product(
+            [None, None, 8, 16], [0, 0, 4], [False, True], [0.0, 0.0, 600.0]
+        )
+    ]
+)
 
 
 @st.composite
 def quotas(draw: st.DrawFn, tenant: TenantId, parent: TenantId | None) -> TenantQuota:
+    gpu_quotas = tuple(draw(QUOTA_OF[gpu_type]) for gpu_type in draw(QUOTA_TYPES))
+    weight, budget, spent, max_priority = draw(TENANT_TERMS)
     return TenantQuota(
         tenant=tenant,
         parent=parent,
-        quotas=tuple(
-            GpuQuota(
-                gpu_type,
-                guaranteed_gpus=draw(A_GUARANTEE),
-                borrowing_limit_gpus=draw(OPTIONAL_LIMIT),
-                lending_limit_gpus=draw(OPTIONAL_LIMIT),
-                cap_gpus=draw(A_QUOTA_CAP),
-            )
-            for gpu_type in draw(QUOTA_TYPES)
-        ),
-        weight=draw(A_WEIGHT),
-        monthly_budget_gpu_hours=draw(A_BUDGET),
-        spent_gpu_hours=draw(SPENT),
-        max_priority=draw(A_MAX_PRIORITY),
+        quotas=gpu_quotas,
+        weight=weight,
+        monthly_budget_gpu_hours=budget,
+        spent_gpu_hours=spent,
+        max_priority=max_priority,
     )
 
 
-# Drawn once for all snapshots: one `composite` call per tenant, not a new strategy per draw.
 TENANT_QUOTAS = st.tuples(quotas(ORG, None), *(quotas(t, ORG if t != "t3" else None) for t in TEAMS))
 
 
@@ -131,34 +161,20 @@ def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
             pool_name = f"p{p}"
             size = draw(A_NODE_SIZE)
             free = []
-            # The pool's gangs as (node, gpus, terminating, evicted_for, tenant, priority, preemptible,
-            # queued_at_s, ends_at_s), in the order they are drawn.
-            drawn = []
+            drawn = []  # (node, gpus, terminating, evicted_for, the gang's other terms), in order
             for node in range(draw(NODE_COUNT)):
                 left = size
                 for _ in range(draw(GANGS_ON_A_NODE)):
-                    gpus = min(left, draw(A_RUNNING_GPUS))
+                    wanted, terminating, ordered = draw(RUNNING_START)
+                    gpus = min(left, wanted)
                     if gpus == 0:
                         break
                     left -= gpus
-                    terminating = draw(MOSTLY_FALSE)
-                    ordered = draw(AN_ORDER)
                     drawn.append(
-                        (
-                            node,
-                            gpus,
-                            terminating,
-                            ordered if terminating else None,
-                            draw(A_TEAM),
-                            draw(A_PRIORITY),
-                            draw(MOSTLY_TRUE),
-                            float(draw(A_QUEUE_TIME)),
-                            draw(AN_END),
-                        )
+                        (node, gpus, terminating, ordered if terminating else None, draw(RUNNING_TERMS))
                     )
                 free.append(left)
-            kind = draw(A_KIND)
-            gpu_type = draw(A_TYPE)
+            kind, gpu_type, price = draw(POOL_TERMS)
             first = len(running)  # ids by position in the whole layout, so unique
             running.extend(
                 RunningGang(
@@ -180,14 +196,10 @@ def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
                     gpus,
                     terminating,
                     evicted_for,
-                    tenant,
-                    priority,
-                    preemptible,
-                    queued_at_s,
-                    ends_at_s,
+                    (tenant, priority, preemptible, queued_at_s, ends_at_s),
                 ) in enumerate(drawn)
             )
-            pools.append(NodePool(pool_name, gpu_type, kind, draw(A_PRICE), size, tuple(free)))
+            pools.append(NodePool(pool_name, gpu_type, kind, price, size, tuple(free)))
         scalable = tuple(
             ScalablePool("grow", draw(A_TYPE), CapacityKind.ON_DEMAND, 3.0, 8, 0, draw(SCALABLE_NODES))
             for _ in range(draw(SCALABLE_COUNT))
@@ -198,21 +210,23 @@ def layout(draw: st.DrawFn) -> tuple[list[ClusterState], list[RunningGang]]:
 
 @st.composite
 def gangs(draw: st.DrawFn, index: int) -> GangRequest:
-    urgent = draw(MOSTLY_FALSE)
+    urgent, tenant, priority, queued_at_s = draw(GANG_WHO)
+    replica_gpus, gpu_types, gpu_type_policy, allow_spot = draw(GANG_WHAT)
+    max_runtime_s, approval_expires_at_s, deadline_at_s, user_max_priority = draw(GANG_LIMITS)
     return GangRequest(
         job_id=JobId(f"j{index}"),
-        tenant=draw(A_TEAM),
-        priority=3 if urgent else draw(A_PRIORITY),
-        queued_at_s=float(draw(A_QUEUE_TIME)),
-        replica_gpus=draw(SHAPES),
-        gpu_types=tuple(draw(ACCEPTED_TYPES)),
-        gpu_type_policy=draw(A_TYPE_POLICY),
-        allow_spot=draw(st.booleans()),
-        max_runtime_s=draw(A_RUNTIME),
+        tenant=tenant,
+        priority=3 if urgent else priority,
+        queued_at_s=queued_at_s,
+        replica_gpus=replica_gpus,
+        gpu_types=gpu_types,
+        gpu_type_policy=gpu_type_policy,
+        allow_spot=allow_spot,
+        max_runtime_s=max_runtime_s,
         priority_class="urgent" if urgent else "",
-        approval_expires_at_s=draw(AN_APPROVAL),
-        deadline_at_s=draw(A_DEADLINE),
-        user_max_priority=draw(A_MAX_PRIORITY),
+        approval_expires_at_s=approval_expires_at_s,
+        deadline_at_s=deadline_at_s,
+        user_max_priority=user_max_priority,
     )
 
 
@@ -226,14 +240,13 @@ def snapshots(draw: st.DrawFn, max_queue: int = 6) -> Snapshot:
     clusters, running = draw(LAYOUT)
     tenants = draw(TENANT_QUOTAS)
     queue = [draw(QUEUED[i]) for i in range(draw(st.integers(1, max_queue)))]
-    policy = PolicyConfig(
-        preemption_limit_gpus=draw(A_PREEMPTION_LIMIT),
-        preempted_gpus_this_interval=draw(PREEMPTED_BEFORE),
-        backfill=draw(st.booleans()),
-        private_wait_s_per_gpu_hour=draw(A_PRIVATE_WAIT),
-    )
     return Snapshot(
-        tuple(queue), tuple(running), tenants, tuple(clusters), priority_classes=CLASSES, policy=policy
+        tuple(queue),
+        tuple(running),
+        tenants,
+        tuple(clusters),
+        priority_classes=CLASSES,
+        policy=draw(POLICIES),
     )
 
 
@@ -472,82 +485,92 @@ def check_no_more_victims_while_some_leave(snapshot: Snapshot) -> None:
 def test_the_same_snapshot_in_any_order_gives_the_same_plan(snapshot: Snapshot, rng: random.Random) -> None:
     expected = plan(snapshot, now=NOW)
     assert plan(snapshot, now=NOW) == expected
-    assert plan(shuffled(snapshot, rng), now=NOW) == expected
+    assert plan(shuffled(snapshot, SkipsOneItemSamples(rng)), now=NOW) == expected
 
 
+A100 = GpuType("A100")
 CAPPED_NODE_COUNT = st.integers(2, 5)
-A_CAPPED_GANG_GPUS = st.sampled_from([4, 8])
-# Some are leaving already, ordered out for a queued gang (its own victims of an earlier cycle).
-A_CAPPED_ORDER = st.sampled_from([None, None, None, JobId("j0"), JobId("j1")])
-MOSTLY_THE_CAPPED_TEAM = st.sampled_from([TEAMS[0], TEAMS[0], TEAMS[1]])
-MOSTLY_PREEMPTIBLE = st.sampled_from([True, True, False])
-A_CAP = st.sampled_from([8, 16, 24])
-A_CAPPED_GUARANTEE = st.sampled_from([0, 8])
+MOSTLY_THE_CAPPED_TEAM = [TEAMS[0], TEAMS[0], TEAMS[1]]
+# A gang's GPUs, and the queued gang it is ordered out for: some are leaving already (their tenant's own
+# victims of an earlier cycle).
+CAPPED_RUNNING_START = one_of_each([4, 8], [None, None, None, JobId("j0"), JobId("j1")])
+# tenant, priority, preemptible, queued_at_s
+CAPPED_RUNNING_TERMS = one_of_each(MOSTLY_THE_CAPPED_TEAM, PRIORITIES, [True, True, False], QUEUE_TIMES)
+# The capped tenant (its guarantee and cap of A100) and one without quotas.
+CAPPED_TENANTS = st.sampled_from(
+    [
+        (
+            TenantQuota(TEAMS[0], quotas=(GpuQuota(A100, guaranteed_gpus=guaranteed, cap_gpus=cap),)),
+            TenantQuota(TEAMS[1]),
+        )
+        for cap, guaranteed in itertools.product([8, 16, 24], [0, 8])
+    ]
+)
 CAPPED_QUEUE_LENGTH = st.integers(1, 4)
-A_CAPPED_SHAPE = st.sampled_from([(4,), (8,), (8, 8)])
-A_CAPPED_APPROVAL = st.sampled_from([None, NOW - 1, NOW + 1, NOW + 1])
-A_CAPPED_LIMIT = st.sampled_from([None, None, 8])
+# urgent, tenant, priority (read unless urgent), replica GPUs, approval expiry
+CAPPED_GANG = one_of_each(
+    [False, True], MOSTLY_THE_CAPPED_TEAM, PRIORITIES, [(4,), (8,), (8, 8)], [None, NOW - 1, NOW + 1, NOW + 1]
+)
+CAPPED_POLICIES = st.sampled_from([PolicyConfig(preemption_limit_gpus=limit) for limit in [None, None, 8]])
 
 
 @st.composite
 def capped_tenant(draw: st.DrawFn) -> Snapshot:
     """One tenant near its cap of A100, its own gangs of mixed priorities on known nodes, another
     tenant's gangs beside them, and a queue where some gangs are of the approved urgent class."""
-    a100 = GpuType("A100")
     nodes = draw(CAPPED_NODE_COUNT)
     free: list[int] = []
     running: list[RunningGang] = []
     for node in range(nodes):
         left = 8
         for _ in range(draw(GANGS_ON_A_NODE)):
-            gpus = min(left, draw(A_CAPPED_GANG_GPUS))
+            wanted, ordered = draw(CAPPED_RUNNING_START)
+            gpus = min(left, wanted)
             if gpus == 0:
                 break
             left -= gpus
-            ordered = draw(A_CAPPED_ORDER)
+            tenant, priority, preemptible, queued_at_s = draw(CAPPED_RUNNING_TERMS)
             running.append(
                 RunningGang(
                     job_id=JobId(f"r{len(running)}"),
                     terminating=ordered is not None,
                     evicted_for=ordered,
-                    tenant=draw(MOSTLY_THE_CAPPED_TEAM),
-                    priority=draw(A_PRIORITY),
+                    tenant=tenant,
+                    priority=priority,
                     cluster=ClusterName("c0"),
-                    gpu_type=a100,
+                    gpu_type=A100,
                     gpu_count=gpus,
-                    preemptible=draw(MOSTLY_PREEMPTIBLE),
-                    queued_at_s=float(draw(A_QUEUE_TIME)),
+                    preemptible=preemptible,
+                    queued_at_s=queued_at_s,
                     nodes=(NodeShare("p0", node, gpus),),
                 )
             )
         free.append(left)
-    pool = NodePool("p0", a100, CapacityKind.PRIVATE, 1.0, 8, tuple(free))
+    pool = NodePool("p0", A100, CapacityKind.PRIVATE, 1.0, 8, tuple(free))
     cluster = ClusterState(ClusterName("c0"), Provider.PRIVATE, "r", (pool,))
-    cap = draw(A_CAP)
-    tenants = (
-        TenantQuota(
-            TEAMS[0], quotas=(GpuQuota(a100, guaranteed_gpus=draw(A_CAPPED_GUARANTEE), cap_gpus=cap),)
-        ),
-        TenantQuota(TEAMS[1]),
-    )
+    tenants = draw(CAPPED_TENANTS)
     queue = []
     for i in range(draw(CAPPED_QUEUE_LENGTH)):
-        urgent = draw(st.booleans())
+        urgent, tenant, priority, replica_gpus, approval_expires_at_s = draw(CAPPED_GANG)
         queue.append(
             GangRequest(
                 job_id=JobId(f"j{i}"),
-                tenant=draw(MOSTLY_THE_CAPPED_TEAM),
-                priority=3 if urgent else draw(A_PRIORITY),
+                tenant=tenant,
+                priority=3 if urgent else priority,
                 queued_at_s=float(i),
-                replica_gpus=draw(A_CAPPED_SHAPE),
-                gpu_types=(a100,),
+                replica_gpus=replica_gpus,
+                gpu_types=(A100,),
                 priority_class="urgent" if urgent else "",
-                approval_expires_at_s=draw(A_CAPPED_APPROVAL),
+                approval_expires_at_s=approval_expires_at_s,
             )
         )
-    policy = PolicyConfig(preemption_limit_gpus=draw(A_CAPPED_LIMIT))
     return Snapshot(
-        tuple(queue), tuple(running), tenants, (cluster,), priority_classes=CLASSES, policy=policy
+        tuple(queue),
+        tuple(running),
+        tenants,
+        (cluster,),
+        priority_classes=CLASSES,
+        policy=draw(CAPPED_POLICIES),
     )
 
 
