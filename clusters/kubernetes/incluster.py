@@ -40,7 +40,7 @@ def load(configuration: Any, environ: Mapping[str, str] | None = None) -> None:
     from kubernetes.config import config_exception, incluster_config
 
     env = dict(os.environ if environ is None else environ)
-    loader: Any = incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
+    loader: Any = incluster_config.InClusterConfigLoader(
         token_filename=str(TOKEN_PATH), cert_filename=str(CA_PATH), try_refresh_token=True, environ=env
     )
     try:

@@ -54,7 +54,7 @@ def run(pods: int, threads: int, duration_s: float) -> None:
         def follow() -> None:
             # Watch from before the first create: with thousands of pods the changes made while
             # they are created (binds, status, events) would otherwise outrun the history window.
-            watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+            watcher: Any = watch.Watch()
             for event in watcher.stream(
                 core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=600
             ):
