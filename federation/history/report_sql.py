@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -40,7 +40,7 @@ from sqlalchemy import (
     tuple_,
     union_all,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 
 from federation.history import rows, schema
 from federation.history.model import GroupBy, IntervalKey, IntervalPage, IntervalQuery, Period
@@ -91,11 +91,56 @@ def _in_range(
 # most of a report's time (SQLAlchemy's construction, several ms a read; the database's part is less).
 _SINCE, _UNTIL = bindparam("since_s", type_=schema.Seconds), bindparam("until_s", type_=schema.Seconds)
 _FIRST_DAY, _LAST_DAY = bindparam("first_day", type_=String), bindparam("last_day", type_=String)
-_TENANTS = bindparam("tenants", expanding=True, type_=String)
 
 
 def _start(n: int) -> BindParameter[str]:
     return bindparam(f"start_{n}", type_=String)
+
+
+def _tenants(count: int) -> list[BindParameter[str]]:
+    """The tenant filter's values, bound one by one (`tenant_0`...): a statement's shape includes
+    how many, so its SQL text is fixed and compiled once (an expanding IN is rendered per execution)."""
+    return [bindparam(f"tenant_{n}", type_=String) for n in range(count)]
+
+
+def _tenant_values(tenants: frozenset[str]) -> dict[str, str]:
+    return {f"tenant_{n}": tenant for n, tenant in enumerate(sorted(tenants))}
+
+
+@functools.lru_cache(maxsize=1024)
+def _driver_form(
+    stmt: Select[Any], dialect: Dialect
+) -> tuple[str, tuple[str, ...] | None, dict[str, Any], dict[str, Callable[[Any], Any]]]:
+    """A cached statement's SQL for the dialect's driver: (text, parameter names in order for a
+    positional paramstyle or None for a named one, the values the statement binds itself, the
+    conversions the dialect applies to bound values by name: SQLite's float() of a Float's)."""
+    compiled = stmt.compile(dialect=dialect)
+    defaults = dict(compiled.construct_params(_check=False))
+    order = tuple(compiled.positiontup or ()) if compiled.positional else None
+    convert: dict[str, Callable[[Any], Any]] = {}
+    for name, f in compiled._bind_processors.items():
+        if isinstance(f, Sequence):  # a tuple's, per element: none of these statements binds one
+            raise TypeError(f"{name}: `_fetch` binds no tuples")
+        if f is not None:
+            convert[name] = f
+    return compiled.string, order, defaults, convert
+
+
+def _fetch(conn: Connection, stmt: Select[Any], values: Mapping[str, Any]) -> list[Any]:
+    """The rows of a statement built once per shape, its `values` bound: run on the connection's
+    DBAPI cursor (in its transaction) with the SQL compiled once. SQLAlchemy's per-execution work
+    (cache key, compiled-cache lookup, parameter processing, result wrapping) was most of a
+    report's time; its values come back as the driver's, and every caller converts them itself."""
+    sql, order, defaults, convert = _driver_form(stmt, conn.dialect)
+    bound = {**defaults, **values}
+    for name, f in convert.items():
+        bound[name] = f(bound[name])
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql, tuple(bound[name] for name in order) if order is not None else bound)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
 
 
 def _bucket(period: Period | None, starts: int) -> ColumnElement[Any] | None:
@@ -179,21 +224,37 @@ def _rollup_days(query: SumsQuery) -> tuple[float, float] | None:
     return (first, last) if last > first else None
 
 
+_FIRST, _LAST = bindparam("first", type_=String), bindparam("last", type_=String)
+
+
 def _tenant_days_sums(
     conn: Connection, query: SumsQuery, first_s: float, last_s: float
 ) -> tuple[SumsRow, ...]:
     """Sums by day over the whole days [first_s, last_s) from the day rollup."""
+    stmt = _tenant_days_statement(
+        query.group_by, query.count_intervals, None if query.tenants is None else len(query.tenants)
+    )
+    bound = {"first": rows.day_of(first_s), "last": rows.day_of(last_s)}
+    if query.tenants is not None:
+        bound.update(_tenant_values(query.tenants))
+    return _rows(_fetch(conn, stmt, bound), with_bucket=True, width=len(query.group_by))
+
+
+@functools.lru_cache(maxsize=256)
+def _tenant_days_statement(
+    group_by: tuple[GroupBy, ...], count_intervals: bool, tenants: int | None
+) -> Select[Any]:
+    """`_tenant_days_sums`'s statement by the query's shape, days bound as `first` and `last`."""
     t = schema.usage_tenant_days
-    keys = [t.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
-    count = func.sum(t.c.intervals) if query.count_intervals else literal(0)
+    keys = [t.c[DIMENSION_COLUMNS[g]] for g in group_by]
+    count = func.sum(t.c.intervals) if count_intervals else literal(0)
     stmt = select(
         t.c.day.label("bucket"), *keys, func.sum(t.c.gpu_seconds), func.sum(t.c.cost_micro_usd), count
-    ).where(t.c.day >= rows.day_of(first_s), t.c.day < rows.day_of(last_s))
-    if query.tenants is not None:
-        stmt = stmt.where(t.c.tenant.in_(sorted(query.tenants)))
+    ).where(t.c.day >= _FIRST, t.c.day < _LAST)
+    if tenants is not None:
+        stmt = stmt.where(t.c.tenant.in_(_tenants(tenants)))
     by: list[ColumnElement[Any] | str] = ["bucket", *keys]
-    stmt = stmt.group_by(*by).order_by(*by)
-    return _rows(conn.execute(stmt).all(), with_bucket=True, width=len(keys))
+    return stmt.group_by(*by).order_by(*by)
 
 
 def _months_sums(
@@ -204,44 +265,72 @@ def _months_sums(
     only: the first month's intervals (none of them if a head before it counted them already,
     since an interval running into the first month has a piece in the head too) plus the intervals
     begun in each later month."""
+    by_month = query.period is Period.MONTH
+    stmt = _months_statement(
+        query.group_by,
+        by_month,
+        query.count_intervals,
+        head,
+        None if query.tenants is None else len(query.tenants),
+    )
+    bound = {"first": rows.month_of(first_s), "last": rows.month_of(last_s)}
+    if query.tenants is not None:
+        bound.update(_tenant_values(query.tenants))
+    return _rows(_fetch(conn, stmt, bound), with_bucket=by_month, width=len(query.group_by))
+
+
+@functools.lru_cache(maxsize=256)
+def _months_statement(
+    group_by: tuple[GroupBy, ...], by_month: bool, count_intervals: bool, head: bool, tenants: int | None
+) -> Select[Any]:
+    """`_months_sums`'s statement by the query's shape, months bound as `first` and `last`."""
     m = schema.usage_months
-    first_month = rows.month_of(first_s)
-    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
-    bucket = m.c.month if query.period is Period.MONTH else None
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in group_by]
+    bucket = m.c.month if by_month else None
     grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
     count: ColumnElement[Any]
-    if not query.count_intervals:
+    if not count_intervals:
         count = literal(0)
     elif bucket is not None:
         count = func.sum(m.c.intervals)
     elif head:
         count = func.sum(m.c.intervals_begun)
     else:
-        count = func.sum(case((m.c.month == first_month, m.c.intervals), else_=m.c.intervals_begun))
+        count = func.sum(case((m.c.month == _FIRST, m.c.intervals), else_=m.c.intervals_begun))
     stmt = select(*grouped, func.sum(m.c.gpu_seconds), func.sum(m.c.cost_micro_usd), count).where(
-        m.c.month >= first_month, m.c.month < rows.month_of(last_s)
+        m.c.month >= _FIRST, m.c.month < _LAST
     )
-    if query.tenants is not None:
-        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+    if tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(_tenants(tenants)))
     if grouped:
         by: list[ColumnElement[Any] | str] = [*(["bucket"] if bucket is not None else []), *keys]
         stmt = stmt.group_by(*by).order_by(*by)
-    return _rows(conn.execute(stmt).all(), with_bucket=bucket is not None, width=len(keys))
+    return stmt
 
 
 def _carried_into(conn: Connection, query: SumsQuery, month_s: float) -> list[tuple[tuple[str, ...], int]]:
     """Per group, the intervals running across `month_s` (a month's first instant): those with a
     day row in that month that began before it."""
-    m = schema.usage_months
-    keys = [m.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
-    stmt = select(*keys, func.sum(m.c.intervals - m.c.intervals_begun)).where(
-        m.c.month == rows.month_of(month_s)
-    )
+    stmt = _carried_statement(query.group_by, None if query.tenants is None else len(query.tenants))
+    bound = {"first": rows.month_of(month_s)}
     if query.tenants is not None:
-        stmt = stmt.where(m.c.tenant.in_(sorted(query.tenants)))
+        bound.update(_tenant_values(query.tenants))
+    return [
+        (tuple(str(v) for v in r[:-1]), int(r[-1])) for r in _fetch(conn, stmt, bound) if r[-1] is not None
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _carried_statement(group_by: tuple[GroupBy, ...], tenants: int | None) -> Select[Any]:
+    """`_carried_into`'s statement by the query's shape, the month bound as `first`."""
+    m = schema.usage_months
+    keys = [m.c[DIMENSION_COLUMNS[g]] for g in group_by]
+    stmt = select(*keys, func.sum(m.c.intervals - m.c.intervals_begun)).where(m.c.month == _FIRST)
+    if tenants is not None:
+        stmt = stmt.where(m.c.tenant.in_(_tenants(tenants)))
     if keys:
         stmt = stmt.group_by(*keys)
-    return [(tuple(str(v) for v in r[:-1]), int(r[-1])) for r in conn.execute(stmt) if r[-1] is not None]
+    return stmt
 
 
 def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: float) -> tuple[SumsRow, ...]:
@@ -251,7 +340,11 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
     range's ends cut (those running at `since_s` or `until_s`) are read and costed here, by the
     same rule etcd's side uses (`money.piece_micro_usd`), never by SQL's float arithmetic."""
     stmt, cut = _days_statements(
-        query.group_by, query.period, len(query.starts), query.count_intervals, query.tenants is not None
+        query.group_by,
+        query.period,
+        len(query.starts),
+        query.count_intervals,
+        None if query.tenants is None else len(query.tenants),
     )
     bound: dict[str, Any] = {
         "since_s": since_s,
@@ -261,13 +354,13 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
         **{f"start_{n}": start for n, start in enumerate(query.starts)},
     }
     if query.tenants is not None:
-        bound["tenants"] = sorted(query.tenants)
+        bound.update(_tenant_values(query.tenants))
     with_bucket = query.period is not None or bool(query.starts)
     width = len(query.group_by)
-    found = _rows(conn.execute(stmt, bound).all(), with_bucket=with_bucket, width=width)
+    found = _rows(_fetch(conn, stmt, bound), with_bucket=with_bucket, width=width)
     extra: dict[tuple[str | None, tuple[str, ...]], int] = {}
     first = 1 if with_bucket else 0
-    for r in conn.execute(cut, bound):
+    for r in _fetch(conn, cut, bound):
         gpus, a, b, price = r[-4:]
         micro = piece_micro_usd(int(gpus), max(float(a), since_s), min(float(b), until_s), float(price))
         at = (str(r[0]) if with_bucket else None, tuple(map(str, r[first : first + width])))
@@ -284,7 +377,11 @@ def _days_sums(conn: Connection, query: SumsQuery, since_s: float, until_s: floa
 
 @functools.lru_cache(maxsize=512)
 def _days_statements(
-    group_by: tuple[GroupBy, ...], period: Period | None, starts: int, count_intervals: bool, by_tenant: bool
+    group_by: tuple[GroupBy, ...],
+    period: Period | None,
+    starts: int,
+    count_intervals: bool,
+    tenants: int | None,
 ) -> tuple[Select[Any], Select[Any]]:
     """(sums, cut) for `_days_sums`, by the query's shape; its values are bound at each read. The
     SQL is what building it per read gave: only SQLAlchemy's construction is saved."""
@@ -306,9 +403,9 @@ def _days_statements(
     cut = select(*grouped, d.c.gpu_count, d.c.start_s, d.c.end_s, d.c.usd_per_gpu_hour).where(
         in_range, or_(d.c.start_s < _SINCE, d.c.end_s > _UNTIL)
     )
-    if by_tenant:
-        stmt = stmt.where(d.c.tenant.in_(_TENANTS))
-        cut = cut.where(d.c.tenant.in_(_TENANTS))
+    if tenants is not None:
+        stmt = stmt.where(d.c.tenant.in_(_tenants(tenants)))
+        cut = cut.where(d.c.tenant.in_(_tenants(tenants)))
     else:
         # As in `usage_sql`: across tenants SQLite's planner would skip-scan (tenant, day) and look
         # every row up; the days' own key reads them in sequence.

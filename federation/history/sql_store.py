@@ -286,6 +286,9 @@ class SqlHistoryStore:
         with self._engine.connect() as conn:
             if self._dialect == "postgresql":
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                # Begun here, not on the first statement SQLAlchemy runs: the reads may all run on
+                # the DBAPI cursor (`report_sql._fetch`), and the rollback below must end them.
+                conn.begin()
             else:
                 conn.exec_driver_sql("BEGIN")
             try:
