@@ -14,6 +14,7 @@ does a piece clipped or bucketed differently). The rendered JSON, CSV and HTML a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Iterator, Sequence
@@ -61,6 +62,9 @@ TENANTS = [
 SITES = [("onprem", "onprem", "H100"), ("gcp", "gcp", "A100"), ("onprem", "onprem", "A100")]
 
 
+# The ledgers are built once per process and shared by both backends' stores (they are only read):
+# so a report's expected value, computed in memory from the same intervals, is computed once too.
+@functools.cache
 def _ledger(seed: int = 19) -> tuple[list[LedgerInterval], list[LedgerInterval]]:
     """(closed, open) intervals over the 70 days before NOW, whole seconds, some crossing midnights,
     weeks and the month boundary, some jobs with two attempts."""
@@ -164,12 +168,27 @@ def _both_ways(
     store: SqlHistoryStore, everything: list[LedgerInterval], live: list[LedgerInterval], query: ReportQuery
 ) -> tuple[Report, Report]:
     pools = POOLS if query.tenants is None else []
-    expected = compute_report(everything, TENANTS, query, provisioned=pools)
+    expected = _expected(everything, query)
     sites = idle_sites(pools, query)
     check = tuple((iv.job_id, iv.attempt) for iv in live if iv.end_s is not None)
     asked = report_read(query, check=check, idle_sites=sites)
     sums = both_stores(live, query, asked, store.read_report(asked.read), idle_sites=sites)
     return expected, finish_report(sums, TENANTS, query, provisioned=pools)
+
+
+# In-memory reports by (ledger, query): each query is compared on SQLite and on PostgreSQL against
+# the one value, computed once. A ledger is named by its first interval's identity and its length:
+# `_ledger` and `_year_ledger` are cached, so both backends' `everything` hold the very same objects.
+_EXPECTED: dict[tuple[int, int, ReportQuery], Report] = {}
+
+
+def _expected(everything: list[LedgerInterval], query: ReportQuery) -> Report:
+    key = (id(everything[0]), len(everything), query)
+    found = _EXPECTED.get(key)
+    if found is None:
+        pools = POOLS if query.tenants is None else []
+        found = _EXPECTED[key] = compute_report(everything, TENANTS, query, provisioned=pools)
+    return found
 
 
 def _grouping_id(group_by: tuple[Dim, ...]) -> str:
@@ -243,6 +262,7 @@ def _month(n: int) -> float:
     return datetime(2026 + (n - 1) // 12, (n - 1) % 12 + 1, 1, tzinfo=UTC).timestamp()
 
 
+@functools.cache
 def _year_ledger(seed: int = 26) -> tuple[list[LedgerInterval], list[LedgerInterval]]:
     """(closed, open) intervals over 2026, whole seconds: short ones, ones crossing months, ones
     spanning several months, and ones starting or ending exactly at a month's midnight."""
