@@ -6,6 +6,7 @@ histograms the placer works on, so they also catch the two disagreeing.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -45,20 +46,36 @@ PROPERTY_SETTINGS = settings(max_examples=examples(120), deadline=None)
 
 
 # Strategies are built once: building them inside a composite costs more than the draws themselves.
-GPUS_PER_NODE = st.sampled_from([2, 4, 8, 8])
+# Hypothesis's cost is per draw, not per value: independent terms of a pool, gang or running gang are
+# one draw from their product, built once here. Each term keeps its weights (its list repeats what it
+# favours), and shrinking the index moves the first term first, as shrinking separate draws would.
+# gpus per node, GPU type, capacity kind (skewed towards ties on price and kind, so that packing and
+# cluster names decide often), price.
+POOL_TERMS = st.sampled_from(
+    list(
+        itertools.product(
+            [2, 4, 8, 8],
+            GPU_TYPES,
+            [CapacityKind.PRIVATE, CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT],
+            [1.0, 1.0, 2.0],
+        )
+    )
+)
 # Mostly whole or half-free nodes, clamped to the node size: enough room to admit, enough to contend for.
 FREE_PER_NODE = st.lists(st.sampled_from([0, 2, 4, 8, 8, 8]), max_size=6)
-A_GPU_TYPE = st.sampled_from(GPU_TYPES)
-# Skewed towards ties on price and kind, so that packing and cluster names decide often.
-A_KIND = st.sampled_from(
-    [CapacityKind.PRIVATE, CapacityKind.PRIVATE, CapacityKind.ON_DEMAND, CapacityKind.SPOT]
-)
-A_PRICE = st.sampled_from([1.0, 1.0, 2.0])
 MOSTLY_REACHABLE = st.sampled_from([True, True, True, False])
-A_TENANT = st.sampled_from(TENANTS)
-A_QUEUED_TENANT = st.sampled_from([*TENANTS, *TENANTS, TenantId("ghost")])
-A_PRIORITY = st.integers(0, 3)
-A_QUEUE_TIME = st.integers(0, 5).map(float)
+# tenant (one in seven unknown), priority, queue time, GPU type policy, allow spot
+GANG_TERMS = st.sampled_from(
+    list(
+        itertools.product(
+            [*TENANTS, *TENANTS, TenantId("ghost")],
+            [0, 1, 2, 3],
+            [float(t) for t in range(6)],
+            list(GpuTypePolicy),
+            [False, True],
+        )
+    )
+)
 # Mostly shapes that repeat across the queue, as in real queues (and as the placer's caches assume).
 REPLICAS = st.sampled_from([(8,), (4,), (2,), (4, 4), (8, 8), (2, 2, 2)]) | st.lists(
     st.integers(0, 8), min_size=1, max_size=4
@@ -66,20 +83,25 @@ REPLICAS = st.sampled_from([(8,), (4,), (2,), (4, 4), (8, 8), (2, 2, 2)]) | st.l
 ACCEPTED_TYPES = st.lists(
     st.sampled_from([*GPU_TYPES, *GPU_TYPES, GpuType("B200")]), min_size=1, max_size=3
 ).map(tuple)
-A_POLICY = st.sampled_from(list(GpuTypePolicy))
-CAPPED_TYPES = st.lists(A_GPU_TYPE, unique=True, max_size=1)
+CAPPED_TYPES = st.lists(st.sampled_from(GPU_TYPES), unique=True, max_size=1)
 A_CAP = st.integers(0, 48)
-A_RUNNING_COUNT = st.integers(1, 16)
+# Every running gang there can be (ids are given by position): tenant, GPU type, GPUs held.
+A_RUNNING_GANG = st.sampled_from(
+    [
+        RunningGang(JobId("running"), tenant, 0, ClusterName("c0"), gpu_type, gpu_count)
+        for tenant, gpu_type, gpu_count in itertools.product(TENANTS, GPU_TYPES, range(1, 17))
+    ]
+)
 
 
 @st.composite
 def pools(draw: st.DrawFn) -> NodePool:
-    gpus_per_node = draw(GPUS_PER_NODE)
+    gpus_per_node, gpu_type, kind, price = draw(POOL_TERMS)
     return NodePool(
         name="pool",
-        gpu_type=draw(A_GPU_TYPE),
-        kind=draw(A_KIND),
-        usd_per_gpu_hour=draw(A_PRICE),
+        gpu_type=gpu_type,
+        kind=kind,
+        usd_per_gpu_hour=price,
         gpus_per_node=gpus_per_node,
         free_gpus_per_node=tuple(min(free, gpus_per_node) for free in draw(FREE_PER_NODE)),
     )
@@ -101,33 +123,22 @@ def clusters(draw: st.DrawFn) -> ClusterState:
 
 @st.composite
 def gangs(draw: st.DrawFn) -> GangRequest:
+    tenant, priority, queued_at_s, gpu_type_policy, allow_spot = draw(GANG_TERMS)
     return GangRequest(
         job_id=JobId("job"),
-        tenant=draw(A_QUEUED_TENANT),
-        priority=draw(A_PRIORITY),
-        queued_at_s=draw(A_QUEUE_TIME),
+        tenant=tenant,
+        priority=priority,
+        queued_at_s=queued_at_s,
         replica_gpus=draw(REPLICAS),
         gpu_types=draw(ACCEPTED_TYPES),
-        gpu_type_policy=draw(A_POLICY),
-        allow_spot=draw(st.booleans()),
-    )
-
-
-@st.composite
-def running_gangs(draw: st.DrawFn) -> RunningGang:
-    return RunningGang(
-        job_id=JobId("running"),
-        tenant=draw(A_TENANT),
-        priority=0,
-        cluster=ClusterName("c0"),
-        gpu_type=draw(A_GPU_TYPE),
-        gpu_count=draw(A_RUNNING_COUNT),
+        gpu_type_policy=gpu_type_policy,
+        allow_spot=allow_spot,
     )
 
 
 CLUSTERS = st.lists(clusters(), min_size=1, max_size=3)
 QUEUE = st.lists(gangs(), max_size=12)
-RUNNING = st.lists(running_gangs(), max_size=3)
+RUNNING = st.lists(A_RUNNING_GANG, max_size=3)
 
 
 @st.composite
