@@ -38,8 +38,10 @@ $(DEPS_STAMP): pyproject.toml constraints.txt | $(BIN)/uv
 	rm -f $(VENV)/.deps-*
 	touch $@
 
-# Stubs come from the installed grpc_tools.protoc, never committed: see docs/architecture.md.
-$(STUBS): $(PROTO) $(DEPS_STAMP)
+# Stubs come from the installed grpc_tools.protoc, never committed: see docs/architecture.md. One
+# recipe makes both files (a grouped target, `&:`): as two plain targets, `make -j` ran protoc twice
+# at once, each writing both files.
+$(STUBS) &: $(PROTO) $(DEPS_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO)
 	touch $(STUBS)
