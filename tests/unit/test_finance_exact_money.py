@@ -11,6 +11,7 @@ with ==, and their JSON byte for byte. Times are whole seconds, as clusters repo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Iterator
@@ -40,12 +41,21 @@ def _priced(intervals: list[LedgerInterval], rng: random.Random) -> list[LedgerI
     return [replace(iv, usd_per_gpu_hour=rng.choice(PRICES)) for iv in intervals]
 
 
+# Built once per process, so that both backends' cases hold the very same intervals (they are only
+# read): `_both_ways` then computes each query's in-memory report once for SQLite and PostgreSQL.
+@functools.cache
+def _priced_ledger(seed: int, price_seed: int) -> tuple[list[LedgerInterval], list[LedgerInterval]]:
+    """(closed, open) intervals of `_ledger(seed)`, priced from a Random(price_seed)."""
+    closed, opened = _ledger(seed=seed)
+    rng = random.Random(price_seed)
+    return _priced(closed, rng), _priced(opened, rng)
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def archived(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archived]:
-    closed, opened = _ledger(seed=30)
-    rng = random.Random(8)
+    closed, opened = _priced_ledger(30, 8)
     dsn = fresh_dsn(str(request.param), tmp_path_factory.mktemp("money"), request)
-    yield from _stored(_priced(closed, rng), _priced(opened, rng), dsn)
+    yield from _stored(closed, opened, dsn)
 
 
 @pytest.mark.parametrize(
@@ -127,8 +137,7 @@ def test_rows_archived_before_migration_0005_read_the_same_after_it(
     """A history written at revision 0004 (day rows and rollups without micro-dollars) is filled by
     0005 from each row's own figures: its reports then equal, digit by digit, the same ledger
     reported from memory and the same ledger archived after the upgrade."""
-    closed, _ = _ledger(seed=31)
-    closed = _priced(closed, random.Random(9))
+    closed, _ = _priced_ledger(31, 9)
     by_job: dict[str, list[LedgerInterval]] = {}
     for iv in closed:
         by_job.setdefault(iv.job_id, []).append(iv)
