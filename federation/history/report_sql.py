@@ -41,6 +41,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from federation.history import rows, schema
 from federation.history.model import GroupBy, IntervalKey, IntervalPage, IntervalQuery, Period
@@ -124,6 +125,34 @@ def _driver_form(
         if f is not None:
             convert[name] = f
     return compiled.string, order, defaults, convert
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(stmt: Select[Any], dialect: Dialect) -> SQLCompiler:
+    compiled = stmt.compile(dialect=dialect)
+    assert isinstance(compiled, SQLCompiler)
+    return compiled
+
+
+def _fetch_expanded(conn: Connection, stmt: Select[Any], values: Mapping[str, Any]) -> list[Any]:
+    """Like `_fetch`, for a statement with an expanding IN (a list of any length): SQLAlchemy's
+    compiled form, cached, expands it per execution as its own execution would."""
+    compiled = _compiled(stmt, conn.dialect)
+    state = compiled.construct_expanded_state(values)
+    bound = dict(state.parameters)
+    # The statement's own conversions (SQLite's float() of a Float's), then the expanded values'.
+    for name, f in {**compiled._bind_processors, **state.processors}.items():
+        if isinstance(f, Sequence):  # a tuple's, per element: its expanded names have their own
+            continue
+        if f is not None and name in bound:
+            bound[name] = f(bound[name])
+    order = state.positiontup
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(state.statement, tuple(bound[name] for name in order) if order is not None else bound)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
 
 
 def _fetch(conn: Connection, stmt: Select[Any], values: Mapping[str, Any]) -> list[Any]:
@@ -443,25 +472,37 @@ def _rows(found: Iterable[Any], *, with_bucket: bool, width: int) -> tuple[SumsR
 def edges(conn: Connection, query: EdgesQuery) -> tuple[UsageEdge, ...]:
     if not query.sites:
         return ()
+    bound = {
+        "since_s": query.since_s,
+        "until_s": query.until_s,
+        "first_day": rows.day_of(query.since_s),
+        "last_day": rows.day_of(query.until_s),
+        "sites": sorted(query.sites),
+    }
+    return tuple(
+        UsageEdge(str(cluster), str(gpu_type), float(at_s), int(delta))
+        for cluster, gpu_type, at_s, delta in _fetch_expanded(conn, _edges_statement(), bound)
+        if int(delta) != 0
+    )
+
+
+@functools.cache
+def _edges_statement() -> Select[Any]:
+    """`edges`' statement, built once: its range and days bound, its sites an expanding IN."""
     d = schema.usage_days
-    lo, hi = literal(query.since_s, schema.Seconds), literal(query.until_s, schema.Seconds)
-    start, end = _clipped(lo, hi)
+    start, end = _clipped(_SINCE, _UNTIL)
+    site = tuple_(d.c.cluster, d.c.gpu_type)
     where = and_(
-        *_in_range(lo, hi, rows.day_of(query.since_s), rows.day_of(query.until_s)),
-        tuple_(d.c.cluster, d.c.gpu_type).in_(sorted(query.sites)),
+        *_in_range(_SINCE, _UNTIL, _FIRST_DAY, _LAST_DAY),
+        site.in_(bindparam("sites", expanding=True, type_=site.type)),
     )
     starts = select(d.c.cluster, d.c.gpu_type, start.label("at_s"), d.c.gpu_count.label("delta"))
     ends = select(d.c.cluster, d.c.gpu_type, end.label("at_s"), (-d.c.gpu_count).label("delta"))
     moves = union_all(starts.where(where), ends.where(where)).subquery()
-    stmt = (
+    return (
         select(moves.c.cluster, moves.c.gpu_type, moves.c.at_s, func.sum(moves.c.delta))
         .group_by(moves.c.cluster, moves.c.gpu_type, moves.c.at_s)
         .order_by(moves.c.cluster, moves.c.gpu_type, moves.c.at_s)
-    )
-    return tuple(
-        UsageEdge(str(cluster), str(gpu_type), float(at_s), int(delta))
-        for cluster, gpu_type, at_s, delta in conn.execute(stmt)
-        if int(delta) != 0
     )
 
 
@@ -469,14 +510,16 @@ def held(conn: Connection, keys: Sequence[IntervalKey]) -> frozenset[IntervalKey
     by_id = {rows.interval_id(job_id, attempt): (job_id, attempt) for job_id, attempt in keys}
     ids = sorted(by_id)
     found: set[IntervalKey] = set()
-    i = schema.intervals
     for at in range(0, len(ids), _CHUNK):
         chunk = ids[at : at + _CHUNK]
-        found.update(
-            by_id[str(v)]
-            for v in conn.execute(select(i.c.interval_id).where(i.c.interval_id.in_(chunk))).scalars()
-        )
+        found.update(by_id[str(r[0])] for r in _fetch_expanded(conn, _held_statement(), {"ids": chunk}))
     return frozenset(found)
+
+
+@functools.cache
+def _held_statement() -> Select[Any]:
+    i = schema.intervals
+    return select(i.c.interval_id).where(i.c.interval_id.in_(bindparam("ids", expanding=True)))
 
 
 def intervals_page(conn: Connection, query: IntervalQuery) -> IntervalPage:
