@@ -439,7 +439,9 @@ def test_no_field_value_crashes_a_call_or_half_writes(world: World, call: str) -
     @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(request=requests)
     def check(request: Any) -> None:
-        before = world.contents()
+        # Only a writing call's refusal is compared with the store before it (a read-only call's
+        # snapshot went unused: 20 of the 38 calls, 60 examples each).
+        before = world.contents() if call in WRITES else None
         refused: Aborted | None = None
         try:
             world.run(method_of(world)(request, Context()))
