@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from federation.errors import GpufedError
-from federation.runtime.child_process import ChildProcess
+from federation.runtime.child_process import ChildProcess, Launcher
 
 
 class SimStartFailed(GpufedError):
@@ -56,6 +56,7 @@ class SimProcess:
         *,
         time_scale: float | None = None,
         port: int | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         # port: the first cluster's API port as chosen, the next cluster's one above (None: free ones).
         self.port = port
@@ -67,7 +68,8 @@ class SimProcess:
         self.state_dir = work_dir / "state"
         self._clusters = [dict(c) for c in clusters]
         self._time_scale = time_scale
-        self._child = ChildProcess(work_dir / "sim.log", pid_file=work_dir / "sim.pid")
+        # launcher: how to start the process (None: a new interpreter; see `ChildProcess`).
+        self._child = ChildProcess(work_dir / "sim.log", pid_file=work_dir / "sim.pid", launcher=launcher)
         self.endpoints: dict[str, SimEndpoint] = {}
 
     @property

@@ -11,6 +11,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.job_store import PREFIX
 from federation.store.kv_etcd import EtcdKv
+from tests.e2e import zygote
 from tests.e2e.harness import ServerProcess
 from tests.etcd_cluster import EtcdCluster
 
@@ -71,7 +72,9 @@ def server(etcd: EtcdProcess, tmp_path: Path) -> Iterator[ServerProcess]:
 @pytest.fixture
 def sims(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SimProcess]:
     """The test module's simulated clusters (its `CLUSTERS`), as one simulator process."""
-    process = SimProcess(tmp_path / "sim", request.module.CLUSTERS)
+    process = SimProcess(
+        tmp_path / "sim", request.module.CLUSTERS, launcher=zygote.launch_sim if zygote.enabled() else None
+    )
     process.start()
     yield process
     process.stop()

@@ -1,4 +1,4 @@
-"""`gpufed serve` processes forked from one that has already imported gpufed, for the e2e tests.
+"""`gpufed serve` processes (and simulators) forked from one that has imported them, for the e2e tests.
 
 A server's start was about 2.3 s of CPU, of which 2.0 s importing (the official Kubernetes client,
 SQLAlchemy, aiohttp, gRPC and gpufed itself), and the suite starts a few hundred: on two cores that
@@ -11,7 +11,8 @@ Each child is an OS process of its own, with the arguments, environment, log and
 as before. What a fork cannot give is a fresh interpreter, so the helper only imports: it starts no
 thread and no event loop, opens no socket, and refuses to fork if a thread appeared. `gpufed up`,
 the CLI tests and the demo still start `python -m federation` from nothing, and
-GPUFED_TEST_ZYGOTE=0 makes every ServerProcess do so too.
+GPUFED_TEST_ZYGOTE=0 makes every ServerProcess do so too. The tests' simulators
+(`python -m clusters.sim`, `launch_sim`) are forked the same way.
 
 The helper reaps its children only when asked, so a child's PID stays its own (a zombie) until the
 test has read its exit status. The test waits on a pidfd, which Linux makes readable when the
@@ -39,7 +40,14 @@ PRELOAD = (
     "federation.cli.main",
     "federation.runtime.serve",
     "clusters.kubernetes.backend",
+    # What `python -m clusters.sim` imports (not its `__main__` itself, which runpy would then find
+    # imported already and warn about): 0.7 s of CPU a simulator start from nothing.
+    "clusters.sim.cluster",
+    "clusters.sim.config",
+    "clusters.files",
 )
+# The modules a child may run, as `python -m <module> ...`.
+MODULES = frozenset({"federation", "clusters.sim"})
 PR_SET_PDEATHSIG = 1
 
 
@@ -124,16 +132,22 @@ class Zygote:
         log_path: Path,
         *,
         stderr_path: Path | None = None,
+        append: bool = False,
     ) -> ZygoteChild:
-        """Fork a child that runs `python -m federation argv[3:]` (argv as given to Popen): stdout
-        and stderr to `log_path`, or stderr to `stderr_path` apart; stdin empty."""
-        if list(argv[1:3]) != ["-m", "federation"]:
-            raise ValueError(f"the zygote runs `python -m federation ...` only, not {argv!r}")
+        """Fork a child that runs `python -m <module> argv[3:]` (argv as given to Popen; the module
+        one of MODULES): stdout and stderr to `log_path` (appended to with `append`, else a new
+        log), or stderr to `stderr_path` apart; stdin empty."""
+        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in MODULES:
+            raise ValueError(
+                f"the zygote runs `python -m <{' or '.join(sorted(MODULES))}> ...` only, not {argv!r}"
+            )
         message: dict[str, Any] = {
             "op": "spawn",
+            "module": argv[2],
             "args": list(argv[3:]),
             "env": dict(env),
             "log": str(log_path),
+            "append": append,
         }
         if stderr_path is not None:
             message["err"] = str(stderr_path)
@@ -161,14 +175,17 @@ class Zygote:
 # ---- the helper process
 
 
-def _child(args: list[str], env: dict[str, str], log: str, err: str | None = None) -> None:
-    """In the forked child: become `python -m federation *args`, then exit with its status."""
+def _child(
+    module: str, args: list[str], env: dict[str, str], log: str, err: str | None = None, append: bool = False
+) -> None:
+    """In the forked child: become `python -m <module> *args`, then exit with its status."""
     code = 1
     try:
         # Die with the helper (which dies with the test process), as --exit-with-parent children do.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         source = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # a new log, as Popen's "wb"
+        # A new log, as Popen's "wb", or one appended to, as `ChildProcess` keeps across restarts.
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
         apart = out if err is None else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(source, 0)
         os.dup2(out, 1)
@@ -179,9 +196,9 @@ def _child(args: list[str], env: dict[str, str], log: str, err: str | None = Non
         os.environ.update(env)
         import runpy
 
-        sys.argv = ["federation", *args]
+        sys.argv = [module, *args]
         try:
-            runpy.run_module("federation", run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as done:
             if isinstance(done.code, int) or done.code is None:
@@ -228,7 +245,14 @@ def _serve() -> None:
                     raise RuntimeError(f"{threading.active_count()} threads: a fork would copy their locks")
                 pid = os.fork()
                 if pid == 0:
-                    _child(message["args"], message["env"], message["log"], message.get("err"))
+                    _child(
+                        message.get("module", "federation"),
+                        message["args"],
+                        message["env"],
+                        message["log"],
+                        message.get("err"),
+                        bool(message.get("append")),
+                    )
                 answer = {"pid": pid}
             elif message["op"] == "reap":
                 _, status = os.waitpid(int(message["pid"]), 0)
@@ -242,3 +266,9 @@ def _serve() -> None:
 
 if __name__ == "__main__":
     _serve()
+
+
+def launch_sim(command: Sequence[str], log_path: Path) -> ZygoteChild:
+    """A `federation.runtime.child_process.Launcher` for the tests' SimProcess: `command` is its
+    `python -m clusters.sim ...`, forked from this test process's zygote; the log appended to."""
+    return Zygote.shared().spawn(command, os.environ, log_path, append=True)
