@@ -133,8 +133,7 @@ def sim_admin(
 
 
 def job_of(fed: ServerProcess, user: str, job_id: str) -> pb.Job:
-    with fed.client(user) as client:
-        return client.get(job_id)
+    return fed.reader(user).get(job_id)
 
 
 @dataclass
