@@ -429,8 +429,10 @@ def _days_statements(
         func.sum(case((inside, d.c.cost_micro_usd), else_=literal(0))),
         count,
     ).where(in_range)
+    # A cut row runs at `since_s` or `until_s`, so it lies on the first or the last day (a day row
+    # never crosses a midnight): said outright, the key reads those two days, not the whole range.
     cut = select(*grouped, d.c.gpu_count, d.c.start_s, d.c.end_s, d.c.usd_per_gpu_hour).where(
-        in_range, or_(d.c.start_s < _SINCE, d.c.end_s > _UNTIL)
+        in_range, or_(d.c.start_s < _SINCE, d.c.end_s > _UNTIL), d.c.day.in_([_FIRST_DAY, _LAST_DAY])
     )
     if tenants is not None:
         stmt = stmt.where(d.c.tenant.in_(_tenants(tenants)))
