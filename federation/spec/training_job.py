@@ -575,8 +575,9 @@ _Dumper.add_representer(str, _represent_str)
 
 
 # Rendered manifests by the spec object they were rendered from (frozen, so its text never changes);
-# the object is kept beside its text, so its id cannot pass to another object while it is cached. PyYAML's emitter is pure Python: every GetJob rendered its job's manifest anew, 2.4 of the 3.8
-# ms of CPU the server spent on a GetJob (py-spy), and a job's spec object lives as long as its job
+# the object is kept beside its text, so its id cannot pass to another object while it is cached.
+# PyYAML's emitter is pure Python: every GetJob rendered its job's manifest anew, 2.4 of the 3.8 ms
+# of CPU the server spent on a GetJob (py-spy), and a job's spec object lives as long as its job
 # does in the cache, across its transitions.
 _RENDERED_MAX = 4096
 _rendered: OrderedDict[int, tuple[TrainingJobSpec, str]] = OrderedDict()
