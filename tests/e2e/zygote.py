@@ -118,6 +118,11 @@ class Zygote:
         )
         self._request({"op": "ready"})
 
+    @property
+    def pid(self) -> int:
+        """The helper's own PID: every child's parent."""
+        return self._proc.pid
+
     @classmethod
     def shared(cls) -> Zygote:
         with cls._instance_lock:

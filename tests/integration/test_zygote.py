@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from federation.runtime.sim_process import SimProcess
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import run_cli
-from tests.e2e.zygote import Zygote
+from tests.e2e.kube import onprem_a100
+from tests.e2e.zygote import Zygote, launch_sim
 
 GPUFED = [sys.executable, "-m", "federation"]
 
@@ -57,9 +60,58 @@ def test_a_child_dies_by_the_signal_sent_to_it_and_its_pid_stays_its_own_until_r
     child.kill()  # after the reap: a no-op, never a signal to a PID reused by someone else
 
 
-def test_the_zygote_refuses_anything_but_gpufed(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="python -m federation"):
-        Zygote.shared().spawn([sys.executable, "-c", "print(1)"], dict(os.environ), tmp_path / "x.log")
+@pytest.mark.parametrize(
+    "argv",
+    [[sys.executable, "-c", "print(1)"], [sys.executable, "-m", "http.server"], [sys.executable, "-m"]],
+    ids=["-c", "another-module", "no-module"],
+)
+def test_the_zygote_refuses_anything_but_gpufed_and_its_simulator(argv: list[str], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"python -m <clusters\.sim or federation>"):
+        Zygote.shared().spawn(argv, dict(os.environ), tmp_path / "x.log")
+    assert not (tmp_path / "x.log").exists()
+
+
+def test_a_simulator_forked_serves_its_clusters_and_appends_to_its_log_across_restarts(
+    tmp_path: Path,
+) -> None:
+    """The e2e tests' simulators (`zygote.launch_sim` as SimProcess's launcher): kubectl-reachable
+    clusters as from `python -m clusters.sim`, SIGTERM stops them cleanly (exit 0), and a restart
+    appends to the log, as a new interpreter under ChildProcess does, its state restored."""
+    sims = SimProcess(tmp_path / "sim", [onprem_a100(nodes=2)], launcher=launch_sim)
+    sims.start()
+    try:
+        assert sims.pid is not None
+        assert _parent_of(sims.pid) == Zygote.shared().pid
+        nodes = _nodes_via_kubectl(sims)
+        assert len(nodes) == 2
+    finally:
+        sims.stop()
+    first = (tmp_path / "sim" / "sim.log").read_text()
+    assert "sim_cluster_started" in first
+    sims.start()
+    try:
+        assert _nodes_via_kubectl(sims) == nodes
+    finally:
+        sims.stop()
+    log = (tmp_path / "sim" / "sim.log").read_text()
+    assert log.startswith(first)
+    assert "sim_cluster_restored" in log[len(first) :]
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _nodes_via_kubectl(sims: SimProcess) -> list[str]:
+    assert KUBECTL is not None, "kubectl is not installed (make setup puts it in .venv/bin)"
+    done = subprocess.run(
+        [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "get", "nodes", "-o", "name"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return sorted(done.stdout.split())
 
 
 @pytest.mark.parametrize(
