@@ -108,6 +108,15 @@ def _tenant_values(tenants: frozenset[str]) -> dict[str, str]:
     return {f"tenant_{n}": tenant for n, tenant in enumerate(sorted(tenants))}
 
 
+def _first_last(first: str, last: str, tenants: frozenset[str] | None) -> dict[str, str]:
+    """The values of a rollup statement: its range's first and last day or month (`first`,
+    `last`) and the tenant filter's (`_tenants`)."""
+    bound = {"first": first, "last": last}
+    if tenants is not None:
+        bound.update(_tenant_values(tenants))
+    return bound
+
+
 @functools.lru_cache(maxsize=1024)
 def _driver_form(
     stmt: Select[Any], dialect: Dialect
@@ -263,9 +272,7 @@ def _tenant_days_sums(
     stmt = _tenant_days_statement(
         query.group_by, query.count_intervals, None if query.tenants is None else len(query.tenants)
     )
-    bound = {"first": rows.day_of(first_s), "last": rows.day_of(last_s)}
-    if query.tenants is not None:
-        bound.update(_tenant_values(query.tenants))
+    bound = _first_last(rows.day_of(first_s), rows.day_of(last_s), query.tenants)
     return _rows(_fetch(conn, stmt, bound), with_bucket=True, width=len(query.group_by))
 
 
@@ -302,9 +309,7 @@ def _months_sums(
         head,
         None if query.tenants is None else len(query.tenants),
     )
-    bound = {"first": rows.month_of(first_s), "last": rows.month_of(last_s)}
-    if query.tenants is not None:
-        bound.update(_tenant_values(query.tenants))
+    bound = _first_last(rows.month_of(first_s), rows.month_of(last_s), query.tenants)
     return _rows(_fetch(conn, stmt, bound), with_bucket=by_month, width=len(query.group_by))
 
 
