@@ -124,7 +124,7 @@ def _driver_form(
     """A cached statement's SQL for the dialect's driver: (text, parameter names in order for a
     positional paramstyle or None for a named one, the values the statement binds itself, the
     conversions the dialect applies to bound values by name: SQLite's float() of a Float's)."""
-    compiled = stmt.compile(dialect=dialect)
+    compiled = _compiled(stmt, dialect)
     defaults = dict(compiled.construct_params(_check=False))
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
     convert: dict[str, Callable[[Any], Any]] = {}
@@ -136,7 +136,7 @@ def _driver_form(
     return compiled.string, order, defaults, convert
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def _compiled(stmt: Select[Any], dialect: Dialect) -> SQLCompiler:
     compiled = stmt.compile(dialect=dialect)
     assert isinstance(compiled, SQLCompiler)
@@ -155,13 +155,7 @@ def _fetch_expanded(conn: Connection, stmt: Select[Any], values: Mapping[str, An
             continue
         if f is not None and name in bound:
             bound[name] = f(bound[name])
-    order = state.positiontup
-    cursor = conn.connection.cursor()
-    try:
-        cursor.execute(state.statement, tuple(bound[name] for name in order) if order is not None else bound)
-        return list(cursor.fetchall())
-    finally:
-        cursor.close()
+    return _run(conn, state.statement, state.positiontup, bound)
 
 
 def _fetch(conn: Connection, stmt: Select[Any], values: Mapping[str, Any]) -> list[Any]:
@@ -173,6 +167,12 @@ def _fetch(conn: Connection, stmt: Select[Any], values: Mapping[str, Any]) -> li
     bound = {**defaults, **values}
     for name, f in convert.items():
         bound[name] = f(bound[name])
+    return _run(conn, sql, order, bound)
+
+
+def _run(conn: Connection, sql: str, order: Sequence[str] | None, bound: Mapping[str, Any]) -> list[Any]:
+    """`sql` on the connection's DBAPI cursor, in its transaction: its values in `order` for a
+    positional paramstyle, by name for a named one (None)."""
     cursor = conn.connection.cursor()
     try:
         cursor.execute(sql, tuple(bound[name] for name in order) if order is not None else bound)
