@@ -29,6 +29,7 @@ from federation.api.job_queries import (
 from federation.api.redact import Redactor, error_text
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
+from federation.api.submit_checks import check_submission
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.errors import (
@@ -234,7 +235,7 @@ class JobService(pb_grpc.JobServiceServicer):
         if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
         priority = check_priority_class(who, record, settings, spec.priority_class)
-        spec = replace(spec, tenant=tenant)
+        spec = check_submission(replace(spec, tenant=tenant), record, settings)
         digest = manifest_digest(spec)
         # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
         try:
