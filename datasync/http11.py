@@ -24,14 +24,21 @@ request whose whole exchange is one write and one read. This client does only wh
   `IncompleteResponse`, never a short body.
 
 Every failure is an `HttpClientError` (a `ConnectionError`); callers decide on retries (S3Requests maps
-them to `StoreUnavailable`, which the copier retries with backoff). Plain TCP only: TLS endpoints stay
-with aiohttp (S3Requests checks the scheme).
+them to `StoreUnavailable`, which the copier retries with backoff).
+
+TLS (https endpoints): the same protocol object over the standard library's `ssl` through asyncio
+(`loop.create_connection(ssl=context, server_hostname=host)`), so framing, reuse, deadlines and every
+check above are the same for HTTP and HTTPS. The context is the caller's (`ssl.create_default_context`:
+certificate and host name verified); there is no switch to turn verification off. A handshake that
+fails (a certificate no trusted CA signed, an expired one, another host's) is `TlsError`, which is not
+retryable: the next attempt would meet the same certificate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -56,6 +63,11 @@ class IncompleteResponse(HttpClientError):
 
 class ProtocolViolation(HttpClientError):
     """The server's bytes are not HTTP/1.1 we can read."""
+
+
+class TlsError(HttpClientError):
+    """The TLS handshake failed: the server's certificate did not verify against the trusted CAs (or
+    is expired, or names another host), or the server does not speak TLS."""
 
 
 class _StaleConnection(HttpClientError):
@@ -307,10 +319,17 @@ class HttpPool:
         host_header: str | None = None,
         max_connections: int = 64,
         timeout_s: float = 300.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = host, port
         # What a signed request signed as its host (the endpoint URL's netloc) must be what is sent.
-        self._host_header = host_header or (host if port == 80 else f"{host}:{port}")
+        default_port = 443 if tls is not None else 80
+        self._host_header = host_header or (host if port == default_port else f"{host}:{port}")
+        if tls is not None and (tls.verify_mode != ssl.CERT_REQUIRED or not tls.check_hostname):
+            # Never a silent `verify=False`: a context that does not check the certificate and the
+            # host name is refused here, where it is configured.
+            raise ValueError("the TLS context must verify the server's certificate and host name")
+        self._tls = tls
         self._timeout_s = timeout_s
         self._idle: collections.deque[_Connection] = collections.deque()
         self._slots = asyncio.Semaphore(max_connections)
@@ -376,7 +395,15 @@ class HttpPool:
             self._discard(conn)
         try:
             async with asyncio.timeout_at(deadline):
-                _, conn = await loop.create_connection(lambda: _Connection(loop), self.host, self.port)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    self.host,
+                    self.port,
+                    ssl=self._tls,
+                    server_hostname=self.host if self._tls is not None else None,
+                )
+        except ssl.SSLError as e:
+            raise TlsError(f"TLS with {self.host}:{self.port}: {e.reason or e}") from e
         except TimeoutError:
             raise HttpTimeout(
                 f"connect to {self.host}:{self.port}: no connection within {self._timeout_s:g} s"

@@ -2,9 +2,10 @@
 
 obstore (Rust `object_store`) is the fast path for listing, GET, PUT and DELETE, but it hides multipart
 uploads inside `put`, so a killed process cannot continue an upload, and it copies only within one
-bucket. These few calls are signed here with AWS Signature V4 and sent with aiohttp; whole-object and
-ranged GETs and single PUTs (a small-object copy's two requests an object) go through our lean HTTP/1.1
-client (`datasync.http11`) on plain-http endpoints, aiohttp on https ones. The signature
+bucket. These calls, and whole-object and ranged GETs and single PUTs (a small-object copy's two
+requests an object) and listings, are signed here with AWS Signature V4 and sent by our lean HTTP/1.1
+client (`datasync.http11`), over TCP or TLS: one client path for http and https endpoints (aiohttp was
+the https path until issue 36; docs/datasync.md has the figures that kept the lean client). The signature
 covers an `UNSIGNED-PAYLOAD` body hash (what the AWS SDKs do over TLS); the engine verifies content
 against the manifest's sha256 and each part's MD5 ETag instead.
 """
@@ -19,43 +20,18 @@ import hashlib
 import hmac
 import html
 import re
+import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import aiohttp
-import aiohttp.payload
-import yarl
-from aiohttp.abc import AbstractStreamWriter
-
 from datasync.credentials import AwsCredentials
 from datasync.errors import AccessDenied, DatasyncError, ObjectNotFound, StoreUnavailable
-from datasync.http11 import HttpClientError, HttpPool
+from datasync.http11 import HttpClientError, HttpPool, TlsError
 from datasync.store import ObjectMeta, PartInfo
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
-_WRITE_SLICE_BYTES = 1024 * 1024
-
-
-class _ViewPayload(aiohttp.payload.BytesPayload):
-    """A request body sent from a memoryview in 1 MiB slices: no copy of a 16 MiB part (BytesIO copies
-    it, and so does `bytes()` of obstore's buffer), and the loop is not held by one giant write."""
-
-    def __init__(self, value: bytes | memoryview) -> None:
-        view = memoryview(value).cast("B")
-        aiohttp.payload.Payload.__init__(self, b"", content_type="application/octet-stream")
-        self._view = view
-        self._size = view.nbytes
-
-    async def write(self, writer: AbstractStreamWriter) -> None:
-        await self.write_with_length(writer, None)
-
-    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
-        view = self._view
-        end = view.nbytes if content_length is None else min(content_length, view.nbytes)
-        for start in range(0, end, _WRITE_SLICE_BYTES):
-            await writer.write(view[start : min(start + _WRITE_SLICE_BYTES, end)])
 
 
 def _quote(s: str, safe: str = "-_.~") -> str:
@@ -206,27 +182,31 @@ def _error_for(status: int, body: str, what: str) -> DatasyncError:
 
 
 class S3Requests:
-    """Signed requests against one bucket. One aiohttp session, and one lean connection pool, per event
-    loop."""
+    """Signed requests against one bucket, all sent by one lean HTTP/1.1 connection pool per event loop
+    (`datasync.http11`), over TCP for an http endpoint and TLS for an https one."""
 
-    def __init__(self, endpoint: str, bucket: str, region: str, credentials: AwsCredentials) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        bucket: str,
+        region: str,
+        credentials: AwsCredentials,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._endpoint = endpoint.rstrip("/")
         self._bucket = bucket
         self._region = region
         self._credentials = credentials
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # Whole-object and ranged GETs and single PUTs go through our lean HTTP/1.1 client on a plain
-        # http endpoint (see `datasync.http11`: aiohttp's machinery was most of a small copy's CPU).
         endpoint_parts = urllib.parse.urlsplit(self._endpoint)
-        self._origin = f"{endpoint_parts.scheme}://{endpoint_parts.netloc}"
+        if endpoint_parts.scheme not in ("http", "https") or not endpoint_parts.hostname:
+            raise ValueError(f"an S3 endpoint is an http:// or https:// URL with a host, not {endpoint!r}")
+        https = endpoint_parts.scheme == "https"
+        # https: the caller's context (a private CA), else the system's CAs; always verified.
+        self._tls = (tls or ssl.create_default_context()) if https else None
         self._netloc = endpoint_parts.netloc
         self._bucket_path = f"{endpoint_parts.path}/{_quote(self._bucket)}/"
-        self._lean_address = (
-            (endpoint_parts.hostname or "", endpoint_parts.port or 80, endpoint_parts.netloc)
-            if endpoint_parts.scheme == "http" and endpoint_parts.hostname
-            else None
-        )
+        self._address = (endpoint_parts.hostname, endpoint_parts.port or (443 if https else 80))
         self._pool: HttpPool | None = None
         self._pool_loop: asyncio.AbstractEventLoop | None = None
 
@@ -254,79 +234,49 @@ class S3Requests:
             raise _error_for(500, body, what)
         return body, reply_headers
 
-    async def _request_bytes(self, method: str, key: str, *, headers: Mapping[str, str], what: str) -> bytes:
-        raw, _ = await self._send_lean(method, key, headers=headers, data=None, what=what)
-        return raw
-
-    def _lean_pool(self) -> HttpPool | None:
-        if self._lean_address is None:
-            return None
+    def _lean_pool(self) -> HttpPool:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._pool_loop is not loop:
-            host, port, netloc = self._lean_address
-            self._pool = HttpPool(host, port, host_header=netloc, max_connections=64, timeout_s=300.0)
+            host, port = self._address
+            self._pool = HttpPool(
+                host, port, host_header=self._netloc, max_connections=64, timeout_s=300.0, tls=self._tls
+            )
             self._pool_loop = loop
         return self._pool
-
-    async def _send_lean(
-        self,
-        method: str,
-        key: str,
-        *,
-        headers: Mapping[str, str],
-        data: bytes | memoryview | None,
-        what: str,
-    ) -> tuple[bytes, Mapping[str, str]]:
-        """One GET or PUT without a query through the lean client (aiohttp where there is none: https).
-        Reply headers have lower-case names (aiohttp's are case-insensitive: read them lower-case)."""
-        pool = self._lean_pool()
-        if pool is None:
-            return await self._send(method, key, query=None, headers=headers, data=data, what=what)
-        # The path as `object_url` has it, without building and parsing the URL back.
-        path = self._bucket_path + _quote(key, safe="-_.~/")
-        signed = _sign(
-            method, self._netloc, path, "", headers, self._credentials, self._region, _amz_date_now()
-        )
-        try:
-            response = await pool.request(method, path, signed.items(), data)
-        except HttpClientError as e:
-            raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
-        if response.status >= 300:
-            raise _error_for(response.status, response.body.decode("utf-8", errors="replace"), what)
-        return response.body, response.headers
 
     async def _send(
         self,
         method: str,
         key: str,
         *,
-        query: Mapping[str, str] | None,
+        query: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None,
         data: bytes | memoryview | None,
         what: str,
     ) -> tuple[bytes, Mapping[str, str]]:
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64), timeout=aiohttp.ClientTimeout(total=300)
-            )
-            self._loop = loop
-        url = self.object_url(key)
-        query = dict(query or {})
-        signed = sign_v4(
-            method, url, query, headers or {}, self._credentials, self._region, dt.datetime.now(dt.UTC)
-        )
+        """One signed request; the reply's body and headers (lower-case names)."""
+        pool = self._lean_pool()
+        # The path as `object_url` has it, without building and parsing the URL back; the query in
+        # SigV4's canonical form, sent exactly as signed.
+        path = self._bucket_path + _quote(key, safe="-_.~/")
+        query_string = canonical_query(query) if query else ""
+        signed = _sign(
+            method, self._netloc, path, query_string, headers or {}, self._credentials, self._region,
+            _amz_date_now(),
+        )  # fmt: skip
+        target = f"{path}?{query_string}" if query_string else path
         try:
-            body_in = _ViewPayload(data) if data is not None else None
-            # The exact bytes that were signed: yarl must not re-quote the path or the query.
-            target = yarl.URL(url_with_query(url, query), encoded=True)
-            async with self._session.request(method, target, headers=signed, data=body_in) as resp:
-                raw = await resp.read()
-                if resp.status >= 300:
-                    raise _error_for(resp.status, raw.decode("utf-8", errors="replace"), what)
-                return raw, resp.headers
-        except (aiohttp.ClientError, TimeoutError) as e:
+            response = await pool.request(method, target, signed.items(), data)
+        except TlsError as e:
+            # The same certificate would be met again: not retryable, and it names the endpoint.
+            err = DatasyncError(f"{what}: {e}")
+            err.retryable = False
+            raise err from e
+        except HttpClientError as e:
             raise StoreUnavailable(f"{what}: {type(e).__name__}") from e
+        if response.status >= 300:
+            raise _error_for(response.status, response.body.decode("utf-8", errors="replace"), what)
+        return response.body, response.headers
 
     async def create_multipart(self, key: str) -> str:
         body, _ = await self._request("POST", key, query={"uploads": ""}, what=f"create upload {key}")
@@ -342,7 +292,7 @@ class S3Requests:
         _, headers = await self._request(
             "PUT", key, query=query, data=data, what=f"put part {part_number} of {key}"
         )
-        return PartInfo(part_number, headers.get("ETag", ""), len(data))
+        return PartInfo(part_number, headers.get("etag", ""), len(data))
 
     async def list_parts(self, key: str, upload_id: str) -> list[PartInfo]:
         parts: list[PartInfo] = []
@@ -405,10 +355,11 @@ class S3Requests:
         headers = {}
         if start is not None or end is not None:
             headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
-        return await self._request_bytes("GET", key, headers=headers, what=f"get {key!r}")
+        raw, _ = await self._send("GET", key, headers=headers, data=None, what=f"get {key!r}")
+        return raw
 
     async def put_object(self, key: str, data: bytes | memoryview) -> str | None:
-        _, headers = await self._send_lean("PUT", key, headers={}, data=data, what=f"put {key!r}")
+        _, headers = await self._send("PUT", key, headers=None, data=data, what=f"put {key!r}")
         return headers.get("etag")
 
     async def delete_object(self, key: str) -> None:
@@ -416,9 +367,6 @@ class S3Requests:
             await self._request("DELETE", key, what=f"delete {key!r}")
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
         if self._pool is not None:
             await self._pool.close()
         self._pool = None

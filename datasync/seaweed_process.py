@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ import structlog
 from datasync.child_guard import clear_leftover, die_with_parent, write_pid_file
 from datasync.credentials import AwsCredentials, Secret
 from datasync.errors import DatasyncError
+from datasync.local_tls import ServerCertificate
 from datasync.loopback_ports import HIGHEST, LOWEST, ephemeral_range, free_port, port_free
 from datasync.s3_requests import sign_v4
 
@@ -114,9 +116,13 @@ class SeaweedProcess:
         access_key_id: str = "gpufed",
         extra_args: Sequence[str] = (),
         s3_port: int | None = None,
+        tls: ServerCertificate | None = None,
     ) -> None:
         # s3_port: the S3 endpoint's port as chosen (its gRPC port is 10000 above); None picks one.
         self.s3_port = s3_port
+        # tls: the S3 endpoint serves HTTPS with this certificate (and only HTTPS); `tls.ca` is what
+        # clients must trust. None (the default): plain HTTP.
+        self.tls = tls
         self.data_dir = Path(data_dir)
         self.host = host
         self.buckets = tuple(buckets)
@@ -138,11 +144,12 @@ class SeaweedProcess:
         return f"SeaweedProcess(data_dir={str(self.data_dir)!r}, endpoint={self._endpoint_or_none()!r})"
 
     def _endpoint_or_none(self) -> str | None:
-        return f"http://{self.host}:{self._ports['s3']}" if "s3" in self._ports else None
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self._ports['s3']}" if "s3" in self._ports else None
 
     @property
     def endpoint(self) -> str:
-        """The S3 endpoint URL, e.g. http://127.0.0.1:40123."""
+        """The S3 endpoint URL, e.g. http://127.0.0.1:40123 (https://... with `tls`)."""
         url = self._endpoint_or_none()
         if url is None:
             raise RuntimeError("SeaweedFS has not been started, so it has no endpoint yet")
@@ -203,6 +210,9 @@ class SeaweedProcess:
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
         if self.buckets:
             args.append(f"-bucket={','.join(self.buckets)}")
+        if self.tls is not None:
+            # With a certificate, weed's S3 port serves HTTPS only (a plain request gets 400).
+            args += [f"-s3.cert.file={self.tls.cert}", f"-s3.key.file={self.tls.key}"]
         return [*args, *self._extra_args]
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -332,7 +342,13 @@ class SeaweedProcess:
 
     def _status(self, method: str, path: str, *, timeout_s: float, signed: bool = True) -> int:
         credentials = AwsCredentials(self.access_key_id, Secret(self.secret_access_key)) if signed else None
-        return request_status(method, f"{self.endpoint}/{path}", credentials, timeout_s=timeout_s)
+        return request_status(
+            method,
+            f"{self.endpoint}/{path}",
+            credentials,
+            timeout_s=timeout_s,
+            ca_bundle=self.tls.ca if self.tls is not None else None,
+        )
 
     def tail(self) -> str:
         try:
@@ -387,14 +403,26 @@ class SeaweedProcess:
         self.stop()
 
 
-def request_status(method: str, url: str, credentials: AwsCredentials | None, *, timeout_s: float) -> int:
+def request_status(
+    method: str,
+    url: str,
+    credentials: AwsCredentials | None,
+    *,
+    timeout_s: float,
+    ca_bundle: Path | None = None,
+) -> int:
     """The HTTP status of one bodiless request, signed (SigV4, us-east-1) when given credentials.
-    Raises OSError when nothing answers."""
+    An https URL is verified against `ca_bundle` (else the system's CAs). Raises OSError when nothing
+    answers (a certificate that does not verify included: `ssl.SSLError` is an OSError)."""
     headers: dict[str, str] = {}
     if credentials is not None:
         headers = sign_v4(method, url, {}, {}, credentials, "us-east-1", dt.datetime.now(dt.UTC))
     request = urllib.request.Request(url, method=method, headers=headers)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle is not None else None)
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(request, timeout=timeout_s) as response:
             return int(response.status)

@@ -5,7 +5,8 @@ profile, a GCS service-account file, an Azure account-key variable); `open_store
 builds the client. Configuration keys, by `kind`:
 
 - `s3`: bucket, endpoint (omit for AWS), region, profile, access_key_id_env, secret_access_key_env,
-  session_token_env, virtual_hosted (bool, default False for a custom endpoint)
+  session_token_env, virtual_hosted (bool, default False for a custom endpoint), ca_bundle (a PEM file
+  of CA certificates to trust for an https endpoint, beside the system's: a private CA)
 - `gcs`: bucket, service_account_path (else GOOGLE_APPLICATION_CREDENTIALS / the SDK's defaults)
 - `azure`: container, account, account_key_env (else AZURE_STORAGE_ACCOUNT_KEY / the SDK's defaults),
   endpoint (for Azurite or sovereign clouds)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,10 @@ class S3StoreConfig:
     secret_access_key_env: str | None = None
     session_token_env: str | None = None
     virtual_hosted: bool | None = None
+    # A PEM file of CA certificates to trust for an https endpoint (on-prem MinIO, Ceph or SeaweedFS
+    # behind a private CA), in addition to the system's CAs. None: the system's CAs only. Certificates
+    # are always verified; there is no key to turn that off.
+    ca_bundle: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +162,7 @@ def _open_s3(name: str, config: S3StoreConfig, env: Mapping[str, str]) -> Obstor
             f"store {name}: {config.access_key_id_env} / {config.secret_access_key_env} are not both set"
         )
     region = config.region or resolve_aws_region(profile=config.profile, env=env) or "us-east-1"
+    tls, root_pem = _tls_of(name, config)
     # Unsigned payloads (as S3Requests sends, and the AWS SDKs over TLS): obstore would otherwise hash
     # every PUT body with sha256 just to sign it; content is verified against the manifest and ETags.
     kwargs: dict[str, Any] = {"region": region, "retry_config": _RETRY, "unsigned_payload": True}
@@ -166,6 +173,8 @@ def _open_s3(name: str, config: S3StoreConfig, env: Mapping[str, str]) -> Obstor
             "allow_http": config.endpoint.startswith("http://"),
             "pool_max_idle_per_host": "64",
         }
+        if root_pem is not None:
+            kwargs["client_options"]["root_certificate"] = root_pem
     if creds is not None:
         kwargs["access_key_id"] = creds.access_key_id
         kwargs["secret_access_key"] = creds.secret_access_key.reveal()
@@ -179,5 +188,29 @@ def _open_s3(name: str, config: S3StoreConfig, env: Mapping[str, str]) -> Obstor
     signed = None
     if creds is not None:
         signed_endpoint = config.endpoint or endpoint
-        signed = S3Requests(signed_endpoint, config.bucket, region, creds)
+        signed = S3Requests(signed_endpoint, config.bucket, region, creds, tls=tls)
     return ObstoreStore(name, raw, endpoint_key=f"s3:{endpoint}", bucket=config.bucket, s3=signed)
+
+
+def _tls_of(name: str, config: S3StoreConfig) -> tuple[ssl.SSLContext | None, str | None]:
+    """The TLS context of the signed client and the PEM text for obstore, from `ca_bundle`. Both trust
+    the bundle beside the system's CAs (obstore adds a root, it cannot replace them), and both verify
+    the certificate and the host name."""
+    if config.ca_bundle is None:
+        return None, None
+    if not (config.endpoint or "").startswith("https://"):
+        raise StoreConfigError(
+            f"store {name}: ca_bundle is set but the endpoint {config.endpoint!r} is not https://"
+        )
+    try:
+        pem = Path(config.ca_bundle).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoreConfigError(f"store {name}: ca_bundle {config.ca_bundle}: {e}") from None
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cadata=pem)
+    except (ssl.SSLError, ValueError) as e:
+        raise StoreConfigError(
+            f"store {name}: ca_bundle {config.ca_bundle} holds no PEM certificate ({e})"
+        ) from None
+    return context, pem
