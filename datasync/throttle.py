@@ -66,16 +66,31 @@ class ByteBudget:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = max(1, capacity_bytes)
         self.held_bytes = 0
+        # The most ever held at once: what tests and the benchmark hold against the capacity.
+        self.peak_bytes = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     def cost_of(self, size_bytes: int) -> int:
         return min(max(size_bytes, 0), self.capacity_bytes)
 
+    def try_acquire(self, size_bytes: int) -> int | None:
+        """Take `size_bytes` (cut to the capacity) only if they fit now and nobody is waiting; the
+        cost to release, or None. For reading ahead, which must never wait while holding bytes."""
+        cost = self.cost_of(size_bytes)
+        if self._waiters or self.held_bytes + cost > self.capacity_bytes:
+            return None
+        self._hold(cost)
+        return cost
+
+    def _hold(self, cost: int) -> None:
+        self.held_bytes += cost
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
     async def acquire(self, size_bytes: int) -> int:
         """Wait until `size_bytes` (cut to the capacity) fit; returns the cost to hand to `release`."""
         cost = self.cost_of(size_bytes)
         if not self._waiters and self.held_bytes + cost <= self.capacity_bytes:
-            self.held_bytes += cost
+            self._hold(cost)
             return cost
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((cost, granted))
@@ -103,7 +118,7 @@ class ByteBudget:
             if self.held_bytes + cost > self.capacity_bytes:
                 return
             self._waiters.popleft()
-            self.held_bytes += cost
+            self._hold(cost)
             granted.set_result(None)
 
 

@@ -8,8 +8,11 @@ an ETag that proves nothing (none, an opaque token, or a multipart ETag of parts
 means the object is read back from the target and hashed. Verification is never skipped. A
 server-side copy (from the source's endpoint, or from another version's copy in the target store) moves
 no bytes through us, so it is read back from the target and hashed. `readback=True` reads back every
-copy. Memory is bounded: multipart parts in flight share `max_buffered_bytes`, and whole objects in
-flight (a single GET and PUT) share another `max_buffered_bytes`, so at most twice that is held.
+copy. Memory is bounded by one budget of `max_buffered_bytes`: a whole object between its GET and its
+PUT holds its size, a multipart part holds its length from before its GET until its upload is done
+(parts read ahead only from what is free), so bodies in flight never exceed it together (one object
+larger than the budget holds all of it and runs alone). Issue 36: there were two budgets of that size,
+one for parts and one for whole objects, which let twice the bound be held.
 """
 
 from __future__ import annotations
@@ -204,10 +207,8 @@ class Copier:
             if options.bandwidth_bytes_per_s
             else None
         )
-        self._part_slots = asyncio.Semaphore(max(1, options.max_buffered_bytes // options.part_size_bytes))
-        # Each object copied by one GET and PUT is held whole between the two (up to the multipart
-        # threshold, or any size on a store without resumable multipart): those share a budget too.
-        self._object_bytes = ByteBudget(options.max_buffered_bytes)
+        # The one bound on bodies in flight: whole objects (one GET and PUT) and multipart parts alike.
+        self.budget = ByteBudget(options.max_buffered_bytes)
         self._server_side = target.can_copy_from(source)
 
     async def run(self, entries: Iterable[ManifestEntry]) -> TransferStats:
@@ -297,11 +298,11 @@ class Copier:
         return obj
 
     async def _single(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
-        cost = await self._object_bytes.acquire(entry.size_bytes)
+        cost = await self.budget.acquire(entry.size_bytes)
         try:
             return await self._single_held(entry, src, dst)
         finally:
-            self._object_bytes.release(cost)
+            self.budget.release(cost)
 
     async def _single_held(self, entry: ManifestEntry, src: str, dst: str) -> VerifiedObject:
         data = await self.source.get(src)
@@ -365,18 +366,22 @@ class Copier:
             for index, start in enumerate(range(0, entry.size_bytes, part_size))
         ]
         # The next parts' GETs run while this one is hashed and sent (the sha256 must go in order).
-        # Each fetched part holds one of the `max_buffered_bytes` slots until its upload is done.
+        # Each fetched part holds its length of the budget until its upload is done.
         fetches: dict[int, asyncio.Task[Blob]] = {}
-        holding: set[int] = set()
+        holding: dict[int, int] = {}  # part number -> the budget it holds, until `_send_part` takes it
         next_fetch = 0
         try:
             for number, _, _ in ranges:
                 while next_fetch < len(ranges) and next_fetch < number + _LOOKAHEAD_PARTS:
                     ahead, start, end = ranges[next_fetch]
-                    if ahead > number and self._part_slots.locked():
-                        break  # read ahead only with spare memory: waiting here could deadlock
-                    await self._part_slots.acquire()
-                    holding.add(ahead)
+                    if ahead > number:
+                        # Read ahead only from what is free now: waiting while holding could deadlock.
+                        cost = self.budget.try_acquire(end - start)
+                        if cost is None:
+                            break
+                    else:
+                        cost = await self.budget.acquire(end - start)
+                    holding[ahead] = cost
                     fetches[ahead] = asyncio.create_task(self._fetch_part(src, ahead, start, end))
                     next_fetch += 1
                 data = await fetches.pop(number)
@@ -385,27 +390,31 @@ class Copier:
                 md5s.append(md5)
                 reused = done.get(number)
                 tag = normalize_etag(reused.etag) if reused is not None else None
-                holding.discard(number)
+                cost = holding.pop(number)
                 if (
                     reused is not None
                     and reused.size_bytes == len(data)
                     and (not _MD5.match(tag or "") or tag == md5.hex())
                 ):
-                    self._part_slots.release()
+                    self.budget.release(cost)
                     parts[number] = reused
                     self.stats.parts_reused += 1
                     self.stats.bytes_resumed += len(data)
                     self.tracker.add_resumed(len(data))
                     continue
-                sent.append(asyncio.create_task(self._send_part(entry, dst, upload_id, number, data, md5)))
+                upload = asyncio.create_task(self._send_part(entry, dst, upload_id, number, data, md5))
+                # Released when the upload ends, however it ends: a done callback runs even for a task
+                # cancelled before it started (a `finally` inside it would not, and leak the bytes).
+                upload.add_done_callback(functools.partial(self._release_part, cost))
+                sent.append(upload)
             for part in await asyncio.gather(*sent):
                 parts[part.part_number] = part
         except BaseException:
             for task in (*sent, *fetches.values()):
                 task.cancel()
             await asyncio.gather(*sent, *fetches.values(), return_exceptions=True)
-            for _ in holding:
-                self._part_slots.release()
+            for cost in holding.values():
+                self.budget.release(cost)
             raise
         if sha.hexdigest() != entry.sha256:
             await self.target.abort_multipart(dst, upload_id)
@@ -427,22 +436,22 @@ class Copier:
             raise SourceChanged(f"{src}: part {number} has {len(data)} bytes, expected {end - start}")
         return data
 
+    def _release_part(self, cost: int, _task: asyncio.Task[PartInfo]) -> None:
+        self.budget.release(cost)
+
     async def _send_part(
         self, entry: ManifestEntry, dst: str, upload_id: str, number: int, data: Blob, md5: bytes
     ) -> PartInfo:
-        try:
-            await self._throttle(len(data))
+        await self._throttle(len(data))
 
-            async def put() -> PartInfo:
-                part = await self.target.put_part(dst, upload_id, number, data)
-                _check_etag(part.etag, md5.hex(), f"{dst} part {number}")
-                return part
-
-            part = await self._retry(f"put part {number} of {entry.path}", put)
-            self.stats.parts_uploaded += 1
-            self.stats.bytes_uploaded += len(data)
-            self.journal.part_finished(entry.path, upload_id, part)
-            self.tracker.add_bytes(len(data))
+        async def put() -> PartInfo:
+            part = await self.target.put_part(dst, upload_id, number, data)
+            _check_etag(part.etag, md5.hex(), f"{dst} part {number}")
             return part
-        finally:
-            self._part_slots.release()
+
+        part = await self._retry(f"put part {number} of {entry.path}", put)
+        self.stats.parts_uploaded += 1
+        self.stats.bytes_uploaded += len(data)
+        self.journal.part_finished(entry.path, upload_id, part)
+        self.tracker.add_bytes(len(data))
+        return part
