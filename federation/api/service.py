@@ -26,6 +26,7 @@ from federation.api.job_queries import (
     one_page,
     summarize,
 )
+from federation.api.jobsets import Checked, JobSetCalls, SetListFilter
 from federation.api.redact import Redactor, error_text
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
@@ -42,6 +43,7 @@ from federation.errors import (
     RateLimited,
 )
 from federation.history.protocol import HistoryStore
+from federation.jobsets.store import JobSetStore
 from federation.ledger.cache import LedgerCache
 from federation.ledger.job_cost import job_cost_text
 from federation.metrics import Metrics
@@ -57,9 +59,9 @@ from federation.security.auth import (
 )
 from federation.security.ratelimit import ReadRateLimiter, SubmitRateLimiter
 from federation.security.tokens import AuditEvent, SecurityStore
-from federation.spec.jobspec import DatasetRef
+from federation.spec.jobspec import DatasetRef, TrainingJobSpec
 from federation.spec.training_job import manifest_digest, parse_manifest
-from federation.spec.validate import free_text
+from federation.spec.validate import free_text, name_field
 from federation.store.idempotent_retry import accepted_before
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore, Stored
@@ -218,6 +220,20 @@ class JobService(pb_grpc.JobServiceServicer):
         self._tenants = tenants
         self._clock = clock
         self._rate_limiter = SubmitRateLimiter()
+        # Job sets (issue 34) keep their records beside the jobs, in the same etcd.
+        kv = getattr(store, "kv", None)
+        self._sets = (
+            None
+            if kv is None
+            else JobSetCalls(
+                sets=JobSetStore(kv), store=store, cache=cache, ledger=ledger, history=history, clock=clock
+            )
+        )
+
+    @property
+    def job_sets(self) -> JobSetCalls | None:
+        """The set calls, whose controller the server runs (federation.runtime.serve)."""
+        return self._sets
 
     # ---- submit
 
@@ -229,14 +245,14 @@ class JobService(pb_grpc.JobServiceServicer):
         if len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
             raise InvalidArgument(f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
         settings = await self._tenants.settings()
-        spec = parse_manifest(request.manifest, priority_classes=settings.class_values().keys())
-        tenant = acting_tenant(who, spec.tenant, action="submit jobs", field="spec.tenant")
-        record = await self._tenants.get(tenant)
-        if record is None:
-            raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
-        priority = check_priority_class(who, record, settings, spec.priority_class)
-        spec = check_submission(replace(spec, tenant=tenant), record, settings)
-        digest = manifest_digest(spec)
+        checked = await self.checked(who, request.manifest, settings)
+        spec, tenant, record, priority, digest = (
+            checked.spec,
+            checked.tenant,
+            checked.record,
+            checked.priority,
+            checked.digest,
+        )
         # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
         try:
             self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
@@ -281,6 +297,101 @@ class JobService(pb_grpc.JobServiceServicer):
             job_id=stored.value.job_id, created=created, job=self._shown(who, stored.value)
         )
 
+    async def checked(self, who: Principal, manifest: str, settings: SchedulingSettings) -> Checked:
+        """A manifest through every check of a submission that needs no store write: parsed, for a
+        tenant the caller may submit to, at a priority class they may use. A job set's members pass
+        the same (federation.api.jobsets)."""
+        spec = parse_manifest(manifest, priority_classes=settings.class_values().keys())
+        tenant = acting_tenant(who, spec.tenant, action="submit jobs", field="spec.tenant")
+        record = await self._tenants.get(tenant)
+        if record is None:
+            raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
+        priority = check_priority_class(who, record, settings, spec.priority_class)
+        spec = check_submission(replace(spec, tenant=tenant), record, settings)
+        return Checked(
+            spec=spec, tenant=tenant, record=record, priority=priority, digest=manifest_digest(spec)
+        )
+
+    # ---- job sets (federation.api.jobsets)
+
+    def _job_sets(self) -> JobSetCalls:
+        if self._sets is None:
+            raise FailedPrecondition("job sets need the etcd-backed store")
+        return self._sets
+
+    async def SubmitJobSet(self, request: pb.SubmitJobSetRequest, context: Ctx) -> pb.SubmitJobSetResponse:
+        async def body(who: Principal, req: pb.SubmitJobSetRequest) -> pb.SubmitJobSetResponse:
+            settings = await self._tenants.settings()
+
+            def admit(tenant: TenantId, record: TenantRecord) -> None:
+                # A set is one submission to the tenant's rate, whatever its size (bounded there).
+                self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
+
+            async def check_dataset(tenant: TenantId, spec: TrainingJobSpec) -> None:
+                assert spec.dataset is not None
+                await self._datasets.check(tenant, spec.dataset, settings)
+
+            reply = await self._job_sets().submit(
+                who, req, settings=settings, check=self.checked, admit=admit, check_dataset=check_dataset
+            )
+            if reply.created:
+                log.info("job_set_submitted", job_set=req.name, tenant=reply.job_set.tenant, user=who.user)
+            return reply
+
+        return await self._h.unary("SubmitJobSet", request, context, body)
+
+    async def GetJobSet(self, request: pb.GetJobSetRequest, context: Ctx) -> pb.JobSet:
+        async def body(who: Principal, req: pb.GetJobSetRequest) -> pb.JobSet:
+            self._read_limiter.admit(who.user)
+            return await self._job_sets().get(who, req)
+
+        return await self._h.unary("GetJobSet", request, context, body)
+
+    async def ListJobSets(self, request: pb.ListJobSetsRequest, context: Ctx) -> pb.ListJobSetsResponse:
+        async def body(who: Principal, req: pb.ListJobSetsRequest) -> pb.ListJobSetsResponse:
+            self._read_limiter.admit(who.user)
+            return await self._job_sets().list_sets(who, req)
+
+        return await self._h.unary("ListJobSets", request, context, body)
+
+    async def CancelJobSet(self, request: pb.CancelJobSetRequest, context: Ctx) -> pb.JobSet:
+        async def body(who: Principal, req: pb.CancelJobSetRequest) -> pb.JobSet:
+            shown = await self._job_sets().cancel(who, req)
+            if self._security is not None:
+                # As a job's cancel: who stopped someone's GPUs is on record.
+                event = AuditEvent(
+                    self._clock(),
+                    who.user,
+                    who.role.value,
+                    "job_set_cancel_requested",
+                    shown.name,
+                    f"tenant={shown.tenant} reason={shown.cancel_reason}",
+                )
+                await self._security.append_audit(event)
+            return shown
+
+        return await self._h.unary("CancelJobSet", request, context, body)
+
+    async def ResubmitJobSet(self, request: pb.ResubmitJobSetRequest, context: Ctx) -> pb.JobSet:
+        async def body(who: Principal, req: pb.ResubmitJobSetRequest) -> pb.JobSet:
+            return await self._job_sets().resubmit(who, req)
+
+        return await self._h.unary("ResubmitJobSet", request, context, body)
+
+    async def WatchJobSet(self, request: pb.GetJobSetRequest, context: Ctx) -> AsyncIterator[pb.JobSet]:
+        caller: Principal | None = None
+        try:
+            who = caller = await self._h.principal(context)
+            self._read_limiter.admit(who.user)
+            stream = self._job_sets().watch(who, request)
+            guard = StreamGuard(self._auth, context.invocation_metadata(), who)
+            async for shown in stream:
+                # A revoked token, or a caller moved to another tenant, ends the stream.
+                await guard.check()
+                yield shown
+        except GpufedError as error:
+            await _abort(context, error, caller)
+
     # ---- reads
 
     async def _visible_job(self, who: Principal, job_id: str) -> Stored[JobRecord]:
@@ -288,7 +399,12 @@ class JobService(pb_grpc.JobServiceServicer):
 
     def _shown(self, who: Principal, job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
         """The job as this caller may read it (see `federation.api.redact`)."""
-        return convert.job_to_pb(self.redactor(who).job(job), with_manifest=with_manifest)
+        shown = convert.job_to_pb(self.redactor(who).job(job), with_manifest=with_manifest)
+        if job.job_set:
+            shown.job_set = job.job_set
+            if job.array_index is not None:
+                shown.array_index = job.array_index
+        return shown
 
     def redactor(self, who: Principal) -> Redactor:
         def tenant_of(job_id: JobId) -> TenantId | None:
@@ -317,6 +433,8 @@ class JobService(pb_grpc.JobServiceServicer):
         size = min(req.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         phases = {p for p in (convert.phase_from_pb(v) for v in req.phases) if p is not None}
         wanted = ListFilter.of(req)
+        if req.job_set:
+            wanted = SetListFilter.of_set(wanted, name_field(req.job_set, "job_set"))
         after = decode_page_token(req.page_token, newest_first=req.newest_first)
         # The cache's index walks only the caller's tenant (and phases), in order from the page's
         # start: one tenant's thousands of jobs do not slow another's list. User and cluster are

@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from clusters.files import write_atomically
+from federation.api.jobsets import set_controller_running
 from federation.datasets.fence import FENCES
 from federation.datasets.stores import StoreRecord
 from federation.runtime.bootstrap import bootstrap
@@ -150,7 +151,8 @@ async def run_up(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            died = await _until_stopped_or_sim_died(stop, sims)
+            async with set_controller_running(server.servicers):  # job sets (issue 34)
+                died = await _until_stopped_or_sim_died(stop, sims)
             log.info("embedded_stopping")
             # Every stop step is bounded, so a stop that still takes this long is a bug: leave the
             # stacks of every thread on stderr to say where it hangs.

@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from federation.api.jobsets import set_controller_running
 from federation.errors import InvalidSpec
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
@@ -101,6 +102,8 @@ async def run_server(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        # Job sets' releases (issue 34), beside the server's own loops.
+        async with set_controller_running(server.servicers):
+            await stop.wait()
     finally:
         await server.stop()

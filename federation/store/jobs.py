@@ -17,6 +17,7 @@ import msgspec
 from federation.errors import InvalidTransition
 from federation.spec.jobspec import (
     DatasetRef,
+    PodSecurityLevel,
     RestartAction,
     RestartPolicy,
     TaskSpec,
@@ -161,6 +162,10 @@ class JobRecord:
     # Why the job failed or its attempt waits (OOMKilled, Error (exit 3), ImagePullBackOff),
     # from its pods; written by the reconciler (federation.joblogs.archive), shown by get/list.
     reason: str = ""
+    # The job set it belongs to (issue 34, federation.jobsets), "" for a job submitted alone; and
+    # its index when the set is an array. Records written before the fields existed have neither.
+    job_set: str = ""
+    array_index: int | None = None
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -223,6 +228,9 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
                 "command": list(t.command),
                 "env": [list(kv) for kv in t.env],
                 "gpus_per_replica": t.gpus_per_replica,
+                # Only tasks with a pod template or shared memory carry these (issue 32).
+                **({"template": t.template} if t.template else {}),
+                **({"shm_size": t.shm_size} if t.shm_size else {}),
             }
             for t in spec.tasks
         ],
@@ -243,6 +251,8 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
         "deadline_s": spec.deadline_s,
         "labels": [list(kv) for kv in spec.labels],
         "annotations": [list(kv) for kv in spec.annotations],
+        # Only a tenant's level other than the default is written (issue 32).
+        **({} if spec.pod_security is PodSecurityLevel.BASELINE else {"pod_security": spec.pod_security}),
     }
 
 
@@ -265,6 +275,8 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
                 command=tuple(t["command"]),
                 env=_pairs(t["env"]),
                 gpus_per_replica=int(t["gpus_per_replica"]),
+                template=str(t.get("template", "")),
+                shm_size=str(t.get("shm_size", "")),
             )
             for t in d["tasks"]
         ),
@@ -284,6 +296,7 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
         deadline_s=d["deadline_s"],
         labels=_pairs(d["labels"]),
         annotations=_pairs(d["annotations"]),
+        pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
     )
 
 
@@ -337,6 +350,8 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
             {"phase": e.phase.value, "at_s": e.at_s, "attempt": e.attempt, "reason": e.reason}
             for e in job.events
         ],
+        # Only a set's jobs carry these: every other record stays as it was written before them.
+        **({"job_set": job.job_set, "array_index": job.array_index} if job.job_set else {}),
     }
 
 
@@ -382,6 +397,8 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         ),
         message=d["message"],
         reason=str(d.get("reason", "")),
+        job_set=str(d.get("job_set", "")),
+        array_index=None if d.get("array_index") is None else int(d["array_index"]),
         events=tuple(
             [
                 PhaseEvent(

@@ -1,0 +1,448 @@
+"""The job set calls of `JobService` (issue 34): submit, get, list, watch, cancel and resubmit a set.
+
+The servicer authenticates and maps errors (`CallHandlers.unary`); this module checks and stores.
+Every member's manifest passes the very checks a single submission does (`JobService.checked`),
+before anything is stored; the set record then holds them all, and the first members within the
+limit are released at once (`SetController.step`), the rest by the controller as others end.
+
+Isolation is the jobs' rule: a set is its tenant's, read by its members, admins and infra
+(`can_read_tenant`), changed by its members and admins (`check_write_job`); any other caller is
+told it does not exist, in the same words as a set that does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from federation.api import convert, history_reads
+from federation.api.job_queries import ListFilter
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound, RateLimited
+from federation.history.protocol import HistoryStore
+from federation.jobsets.arrays import parse_array
+from federation.jobsets.controller import SetController
+from federation.jobsets.decide import held_reason, live_members
+from federation.jobsets.records import (
+    JobSetRecord,
+    MemberState,
+    SetMember,
+    SetTemplate,
+    member_job_id,
+    set_digest,
+)
+from federation.jobsets.store import JobSetStore
+from federation.ledger.cache import LedgerCache
+from federation.ledger.job_cost import job_micro_usd
+from federation.security.auth import (
+    Principal,
+    acting_tenant,
+    can_read_tenant,
+    check_write_job,
+    listable_tenant,
+)
+from federation.spec.jobspec import TrainingJobSpec
+from federation.spec.validate import free_text, name_field, shown
+from federation.store.intervals import LedgerInterval
+from federation.store.job_cache import JobCache
+from federation.store.job_store import JobStore, Stored
+from federation.store.jobs import JobRecord
+from federation.store.money import format_usd
+from federation.store.records import SchedulingSettings, TenantRecord
+from placement.model import JobId, JobPhase, TenantId
+
+# The most named jobs one set may hold (an array may have up to `MAX_ARRAY_COPIES`).
+MAX_SET_JOBS = 500
+MAX_PARALLEL = 100_000
+HELD = "HELD"
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """One manifest after a single submission's checks: for whom, at what priority, its digest."""
+
+    spec: TrainingJobSpec
+    tenant: TenantId
+    record: TenantRecord
+    priority: int
+    digest: str
+
+
+Check = Callable[[Principal, str, SchedulingSettings], Awaitable[Checked]]
+
+
+@dataclass(frozen=True, slots=True)
+class SetListFilter(ListFilter):
+    """ListJobs' filters and one more: only the jobs of one set (`gpufed list --set NAME`)."""
+
+    job_set: str = ""
+
+    @classmethod
+    def of_set(cls, base: ListFilter, job_set: str) -> SetListFilter:
+        return cls(name_prefix=base.name_prefix, user=base.user, cluster=base.cluster, job_set=job_set)
+
+    def wants(self, job: JobRecord) -> bool:
+        return job.job_set == self.job_set and ListFilter.wants(self, job)
+
+
+def set_not_found(name: str) -> str:
+    """The one answer for a set that does not exist and one the caller may not read."""
+    return f"job set {shown(name)} not found"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    member: SetMember
+    job: JobRecord | None
+    intervals: tuple[LedgerInterval, ...]
+
+
+class JobSetCalls:
+    def __init__(
+        self,
+        *,
+        sets: JobSetStore,
+        store: JobStore,
+        cache: JobCache,
+        ledger: LedgerCache | None,
+        history: HistoryStore | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.sets = sets
+        self._store = store
+        self._cache = cache
+        self._ledger = ledger
+        self._history = history
+        self._clock = clock
+        self.controller = SetController(sets=sets, store=store, cache=cache, clock=clock)
+
+    # ---- submit
+
+    async def submit(
+        self,
+        who: Principal,
+        req: pb.SubmitJobSetRequest,
+        *,
+        settings: SchedulingSettings,
+        check: Check,
+        admit: Callable[[TenantId, TenantRecord], None],
+        check_dataset: Callable[[TenantId, TrainingJobSpec], Awaitable[None]],
+    ) -> pb.SubmitJobSetResponse:
+        name = name_field(req.name, "name")
+        if not req.manifests:
+            raise InvalidArgument("manifests: a job set needs at least one TrainingJob manifest")
+        array = parse_array(req.array) if req.array else None
+        if array is not None and len(req.manifests) != 1:
+            raise InvalidArgument(
+                f"manifests: an array runs one manifest once per index; got {len(req.manifests)}"
+            )
+        if array is None and len(req.manifests) > MAX_SET_JOBS:
+            raise InvalidArgument(
+                f"manifests: at most {MAX_SET_JOBS} jobs in one set, got {len(req.manifests)}"
+            )
+        if not 0 <= req.max_parallel <= MAX_PARALLEL:
+            raise InvalidArgument(f"max_parallel: must be between 0 (no limit) and {MAX_PARALLEL}")
+        max_parallel = req.max_parallel
+        if array is not None and array.max_parallel:
+            if max_parallel and max_parallel != array.max_parallel:
+                raise InvalidArgument(
+                    f"max_parallel: {max_parallel} disagrees with the array's %{array.max_parallel}; give one"
+                )
+            max_parallel = array.max_parallel
+        checked: list[Checked] = []
+        for i, text in enumerate(req.manifests):
+            try:
+                checked.append(await check(who, text, settings))
+            except InvalidSpec as error:
+                # Which manifest of the set, then the field as a single submission names it.
+                raise InvalidSpec(f"manifests[{i}].{error.field}", error.rule) from None
+        tenants = {c.tenant for c in checked}
+        if len(tenants) != 1:
+            raise InvalidArgument(
+                f"manifests: every job of a set is for one tenant, these name {', '.join(sorted(tenants))}"
+            )
+        tenant = checked[0].tenant
+        # The set itself is the tenant's write: the same rule as a job's submission.
+        acting_tenant(who, tenant, action="submit job sets", field="spec.tenant")
+        templates: list[SetTemplate] = []
+        template_of: dict[str, int] = {}
+        pairs: list[tuple[str, int, int | None]] = []  # key, template, array index
+        for c in checked:
+            if c.digest not in template_of:
+                template_of[c.digest] = len(templates)
+                templates.append(SetTemplate(spec=c.spec, priority=c.priority, digest=c.digest))
+            if array is None:
+                pairs.append((c.spec.name, template_of[c.digest], None))
+        if array is None:
+            names = Counter(key for key, _, _ in pairs)
+            twice = sorted(n for n, count in names.items() if count > 1)
+            if twice:
+                raise InvalidArgument(
+                    f"manifests: job names must differ within a set (they name its members); "
+                    f"{', '.join(twice)} appear more than once"
+                )
+        else:
+            pairs = [(str(index), 0, index) for index in array.indices]
+        array_text = "" if array is None else array.text()
+        digest = set_digest([(key, templates[t].digest) for key, t, _ in pairs], max_parallel, array_text)
+        try:
+            admit(tenant, checked[0].record)
+        except RateLimited:
+            earlier = await self.sets.get(tenant, name)
+            if earlier is None or earlier.value.digest != digest:
+                raise
+            return pb.SubmitJobSetResponse(created=False, job_set=await self.shown(earlier))
+        for template in templates:
+            if template.spec.dataset is not None:
+                await check_dataset(tenant, template.spec)
+        members = tuple(
+            SetMember(
+                key=key,
+                template=t,
+                array_index=index,
+                job_id=member_job_id(tenant, name, key, _job_name(templates[t].spec, index), 0),
+                state=MemberState.HELD,
+            )
+            for key, t, index in pairs
+        )
+        record = JobSetRecord(
+            tenant=tenant,
+            name=name,
+            user=who.user,
+            created_at_s=self._clock(),
+            digest=digest,
+            max_parallel=max_parallel,
+            array=array_text,
+            templates=tuple(templates),
+            members=members,
+        )
+        stored, created = await self.sets.create(record)
+        if created:
+            # The first members within the limit, now; the controller releases the rest.
+            stored = await self.controller.step(stored)
+            await self._cache.wait_for_revision(stored.mod_revision, timeout_s=5.0)
+        return pb.SubmitJobSetResponse(created=created, job_set=await self.shown(stored))
+
+    # ---- reads
+
+    async def visible(self, who: Principal, name: str, tenant: str) -> Stored[JobSetRecord]:
+        if not name:
+            raise InvalidArgument("name: required")
+        if len(name) > 63:
+            raise NotFound(set_not_found(name))
+        owner = TenantId(tenant) if tenant and (who.is_admin or who.role.value == "infra") else who.tenant
+        stored = None if not can_read_tenant(who, owner) else await self.sets.get(owner, name)
+        if stored is None:
+            raise NotFound(set_not_found(name))
+        return stored
+
+    async def get(self, who: Principal, req: pb.GetJobSetRequest) -> pb.JobSet:
+        return await self.shown(await self.visible(who, req.name, req.tenant))
+
+    async def list_sets(self, who: Principal, req: pb.ListJobSetsRequest) -> pb.ListJobSetsResponse:
+        tenant = listable_tenant(who, req.tenant, "job sets")
+        found = await self.sets.list_sets(tenant)
+        return pb.ListJobSetsResponse(job_sets=[await self.shown(s, with_members=False) for s in found])
+
+    async def watch(self, who: Principal, req: pb.GetJobSetRequest) -> AsyncIterator[pb.JobSet]:
+        """The status now, then after each change of one of its jobs (or of the set), until done."""
+        stored = await self.visible(who, req.name, req.tenant)
+        queue = self._cache.subscribe()
+        try:
+            last: pb.JobSet | None = None
+            while True:
+                shown_now = await self.shown(stored)
+                if shown_now != last:
+                    yield shown_now
+                    last = shown_now
+                if shown_now.done:
+                    return
+                try:
+                    while True:
+                        event = await asyncio.wait_for(queue.get(), timeout=2.0)
+                        if event is None:
+                            queue = self._cache.subscribe()
+                            break
+                        if event.job is not None and event.job.job_set == stored.value.name:
+                            break
+                except TimeoutError:
+                    pass  # the set record may have changed (held members released): look again
+                fresh = await self.sets.get(stored.value.tenant, stored.value.name)
+                stored = stored if fresh is None else fresh
+        finally:
+            self._cache.unsubscribe(queue)
+
+    # ---- changes
+
+    async def cancel(self, who: Principal, req: pb.CancelJobSetRequest) -> pb.JobSet:
+        reason = free_text(req.reason[:256], "reason") or f"cancelled by {who.user} with its job set"
+        for _ in range(5):
+            stored = await self.visible(who, req.name, req.tenant)
+            record = stored.value
+            check_write_job(who, record.tenant, record.name)
+            members = tuple(
+                replace(m, state=MemberState.CANCELLED) if m.state is MemberState.HELD else m
+                for m in record.members
+            )
+            cancelled = record.with_members(members, cancel_requested=True, cancel_reason=reason)
+            if record.cancel_requested:
+                cancelled = record
+            elif (revision := await self.sets.update(stored, cancelled)) is None:
+                continue
+            else:
+                stored = Stored(cancelled, revision)
+            # Asked here, and again by every controller's pass until each job was asked.
+            await self.controller.cancel_jobs(cancelled, reason, who.user)
+            return await self.shown(stored)
+        raise FailedPrecondition(f"job set {req.name} is changing too fast to cancel; try again")
+
+    async def resubmit(self, who: Principal, req: pb.ResubmitJobSetRequest) -> pb.JobSet:
+        for _ in range(5):
+            stored = await self.visible(who, req.name, req.tenant)
+            record = stored.value
+            check_write_job(who, record.tenant, record.name)
+            if record.cancel_requested:
+                raise FailedPrecondition(
+                    f"job set {record.name} was cancelled; submit a new set to run its jobs again"
+                )
+            failed = await self._failed(record)
+            if not failed:
+                raise FailedPrecondition(f"job set {record.name} has no failed job to resubmit")
+            members = tuple(_rerun(record, m) if m.job_id in failed else m for m in record.members)
+            again = record.with_members(members, resubmitted_at_s=self._clock())
+            revision = await self.sets.update(stored, again)
+            if revision is None:
+                continue
+            stepped = await self.controller.step(Stored(again, revision))
+            return await self.shown(stepped)
+        raise FailedPrecondition(f"job set {req.name} is changing too fast to resubmit; try again")
+
+    async def _failed(self, record: JobSetRecord) -> set[JobId]:
+        views = await self._views(record)
+        return {
+            v.member.job_id
+            for v in views
+            if v.member.state is MemberState.RELEASED and v.job is not None and v.job.phase is JobPhase.FAILED
+        }
+
+    # ---- status
+
+    async def _job(self, job_id: JobId) -> tuple[JobRecord | None, tuple[LedgerInterval, ...]]:
+        """A job of the set, live or archived, with its ledger intervals."""
+        cached = self._cache.get(job_id)
+        stored = cached if cached is not None else await self._store.get_job(job_id)
+        if stored is not None:
+            intervals = () if self._ledger is None else tuple(self._ledger.for_job(job_id))
+            return stored.value, intervals
+        if self._history is None:
+            return None, ()
+        found = await asyncio.to_thread(history_reads.get_job, self._history, job_id)
+        return (None, ()) if found is None else (found.record, found.intervals)
+
+    async def _views(self, record: JobSetRecord) -> list[MemberView]:
+        views: list[MemberView] = []
+        for member in record.members:
+            intervals: list[LedgerInterval] = []
+            for earlier in member.earlier:
+                intervals.extend((await self._job(earlier))[1])
+            job: JobRecord | None = None
+            if member.state is MemberState.RELEASED:
+                job, own = await self._job(member.job_id)
+                intervals.extend(own)
+            views.append(MemberView(member, job, tuple(intervals)))
+        return views
+
+    async def shown(self, stored: Stored[JobSetRecord], *, with_members: bool = True) -> pb.JobSet:
+        record = stored.value
+        now = self._clock()
+        views = await self._views(record)
+        ended = {v.member.job_id for v in views if v.job is None or v.job.phase.is_terminal}
+        live = live_members(record, ended.__contains__)
+        counts: Counter[str] = Counter()
+        members: list[pb.JobSetMember] = []
+        seconds_x_gpus = 0.0
+        intervals: list[LedgerInterval] = []
+        for view in views:
+            m = view.member
+            intervals.extend(view.intervals)
+            seconds_x_gpus += sum(iv.gpu_count * iv.seconds(until_s=now) for iv in view.intervals)
+            shown_member = pb.JobSetMember(
+                key=m.key, job_id=m.job_id, earlier_job_ids=list(m.earlier), held=m.state is MemberState.HELD
+            )
+            if m.array_index is not None:
+                shown_member.array_index = m.array_index
+            if m.state is MemberState.HELD:
+                counts[HELD] += 1
+                shown_member.reason = held_reason(record, live)
+            elif m.state is MemberState.CANCELLED:
+                counts[JobPhase.CANCELLED.value] += 1
+                shown_member.phase = pb.JOB_PHASE_CANCELLED
+                shown_member.reason = held_reason(record, live)
+            elif view.job is None:
+                counts["UNKNOWN"] += 1
+                shown_member.reason = "archived; no history store to read it from"
+            else:
+                job = view.job
+                counts[job.phase.value] += 1
+                shown_member.phase = convert.phase_to_pb(job.phase)
+                shown_member.reason = job.reason or (job.message if job.phase is JobPhase.FAILED else "")
+                shown_member.cluster = "" if job.placement is None else job.placement.cluster
+            members.append(shown_member)
+        micro = job_micro_usd(intervals, now_s=now)
+        out = pb.JobSet(
+            name=record.name,
+            tenant=record.tenant,
+            user=record.user,
+            max_parallel=record.max_parallel,
+            array=record.array,
+            job_count=len(record.members),
+            counts=[pb.JobSetPhaseCount(phase=p, jobs=n) for p, n in sorted(counts.items())],
+            gpu_hours=round(seconds_x_gpus / 3600.0, 6),
+            cost_usd="" if micro is None else format_usd(micro),
+            cancel_requested=record.cancel_requested,
+            cancel_reason=record.cancel_reason,
+            members=members if with_members else [],
+            done=all(
+                v.member.state is MemberState.CANCELLED
+                or (v.member.state is MemberState.RELEASED and v.member.job_id in ended)
+                for v in views
+            ),
+        )
+        out.created_at.FromNanoseconds(int(record.created_at_s * 1e9))
+        return out
+
+
+def _job_name(spec: TrainingJobSpec, index: int | None) -> str:
+    return spec.name if index is None else f"{spec.name[:30].rstrip('-')}-{index}"
+
+
+def _rerun(record: JobSetRecord, member: SetMember) -> SetMember:
+    """The member held again for a new run, with a new job id; the failed job kept as an earlier one."""
+    generation = len(member.earlier) + 1
+    spec = record.templates[member.template].spec
+    job_id = member_job_id(
+        record.tenant, record.name, member.key, _job_name(spec, member.array_index), generation
+    )
+    return replace(member, job_id=job_id, state=MemberState.HELD, earlier=(*member.earlier, member.job_id))
+
+
+@contextlib.asynccontextmanager
+async def set_controller_running(servicers: Sequence[object]) -> AsyncIterator[SetController | None]:
+    """The set controller of a server's JobService running while the block runs, stopped after it.
+    Every server runs one (the releases are compare-and-swap, so two never over-release)."""
+    calls = next((getattr(s, "job_sets", None) for s in servicers if getattr(s, "job_sets", None)), None)
+    if not isinstance(calls, JobSetCalls):
+        yield None
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(calls.controller.run(stop), name="gpufed-job-sets")
+    try:
+        yield calls.controller
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
