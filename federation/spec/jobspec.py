@@ -20,6 +20,14 @@ SIM_DURATION_ANNOTATION = "sim.gpufed.io/duration"
 SIM_EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
 
 
+class PodSecurityLevel(StrEnum):
+    """Kubernetes' Pod Security Standards levels, as a tenant's policy (`federation.spec.pod_security`)."""
+
+    PRIVILEGED = "privileged"
+    BASELINE = "baseline"
+    RESTRICTED = "restricted"
+
+
 class RestartAction(StrEnum):
     """What happens to the whole gang when a pod fails or is evicted (Volcano's action names)."""
 
@@ -37,6 +45,11 @@ class TaskSpec:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     gpus_per_replica: int
+    # The rest of the pod (`federation.spec.pod_template`): a PodTemplateSpec as compact JSON with
+    # sorted keys, its main container without the image and command above; "" when the task has none.
+    template: str = ""
+    # An in-memory emptyDir at /dev/shm of this size (a Kubernetes quantity), or "" for the runtime's.
+    shm_size: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +91,9 @@ class TrainingJobSpec:
     deadline_s: float | None = None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    # The tenant's pod security level when the job was submitted (set by the server, not written in
+    # the manifest): its pods were checked against it, and its namespace is labelled with it.
+    pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE
 
     @property
     def replica_count(self) -> int:

@@ -30,7 +30,10 @@ MAX_VALUES = 50_000
 _MAX_NUMBER_CHARS = 64
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Maps whose keys are user data: their entries are shown as `metadata.labels["app"]`.
-_FREE_FORM = re.compile(r"metadata\.(labels|annotations)|spec\.tasks\[\d+\]\.env")
+_FREE_FORM = re.compile(
+    r"metadata\.(labels|annotations)|spec\.tasks\[\d+\]\.env"
+    r"|spec\.tasks\[\d+\]\.template\.(metadata\.(labels|annotations)|spec\.nodeSelector)"
+)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _STR_TAG = "tag:yaml.org,2002:str"
 _MAP_TAG = "tag:yaml.org,2002:map"

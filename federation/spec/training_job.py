@@ -39,7 +39,10 @@ from federation.spec.manifest_text import (
     load_manifest_text,
     shorten,
 )
+from federation.spec.pod_template import owned_env_name, parse_template, template_text
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASS
+from federation.spec.quantity import RULE as QUANTITY_RULE
+from federation.spec.quantity import parse_quantity
 from federation.spec.validate import free_text
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
@@ -93,7 +96,7 @@ _SPEC_KEYS = (
     "restartPolicy",
     "tasks",
 )
-_TASK_KEYS = ("name", "replicas", "image", "command", "env", "gpus")
+_TASK_KEYS = ("name", "replicas", "image", "command", "env", "gpus", "shmSize", "template")
 _POLICIES = {"Ordered": GpuTypePolicy.ORDERED, "Any": GpuTypePolicy.ANY}
 _POLICY_NAMES = {policy: name for name, policy in _POLICIES.items()}
 _ACTIONS = {action.value: action for action in RestartAction}
@@ -297,26 +300,71 @@ def _image(value: object, path: str) -> str:
     return text
 
 
+def _shm_size(value: object, path: str) -> str | None:
+    if value is None:
+        return None
+    amount = parse_quantity(value)
+    if amount is None or isinstance(value, float):
+        raise InvalidSpec(path, f"must be {QUANTITY_RULE}, got {_found(value)}")
+    if amount <= 0:
+        raise InvalidSpec(path, f"must be more than 0, got {_found(value)}")
+    return str(value)
+
+
+def _task(raw: object, at: str) -> TaskSpec:
+    """One task: its short fields, and its pod template where it has one (the two agree or it is refused)."""
+    task = _mapping(raw, at, _TASK_KEYS, required=("name", "replicas", "gpus"))
+    name = _dns_label(task["name"], f"{at}.name")
+    env = _env(task.get("env"), f"{at}.env")
+    for i, (variable, _) in enumerate(env):
+        if owned_env_name(variable):
+            where = (
+                key_path(f"{at}.env", variable) if isinstance(task["env"], dict) else f"{at}.env[{i}].name"
+            )
+            raise InvalidSpec(where, f"{variable} is set by gpufed, which owns the rendezvous environment")
+    shm_size = _shm_size(task.get("shmSize"), f"{at}.shmSize")
+    template: dict[str, Any] | None = None
+    image: object = task.get("image")
+    command: object = task.get("command")
+    if task.get("template") is not None:
+        template, template_image, template_command = parse_template(
+            task["template"], f"{at}.template", task=name, shm_size=shm_size, short_env=env
+        )
+        main = f"{at}.template.spec.containers[0]"
+        if template_image is not None:
+            if image is not None:
+                raise InvalidSpec(f"{main}.image", f"set the image once: {at}.image gives it already")
+            image = template_image
+        if template_command is not None:
+            if command is not None:
+                raise InvalidSpec(f"{main}.command", f"set the command once: {at}.command gives it already")
+            command = list(template_command)
+    if image is None:
+        raise InvalidSpec(f"{at}.image", "is required (here, or in template.spec.containers[0].image)")
+    return TaskSpec(
+        name=name,
+        replicas=_integer(task["replicas"], f"{at}.replicas", 1, MAX_REPLICAS),
+        image=_image(image, f"{at}.image"),
+        command=_command(command, f"{at}.command"),
+        env=env,
+        gpus_per_replica=_integer(task["gpus"], f"{at}.gpus", 0, MAX_GPUS_PER_REPLICA),
+        template="" if template is None else template_text(template),
+        shm_size=shm_size or "",
+    )
+
+
 def _tasks(value: object, path: str) -> tuple[TaskSpec, ...]:
     tasks: list[TaskSpec] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(_list(value, path, 1, MAX_TASKS)):
         at = f"{path}[{i}]"
-        task = _mapping(raw, at, _TASK_KEYS, required=("name", "replicas", "image", "gpus"))
-        name = _dns_label(task["name"], f"{at}.name")
-        if name in seen:
-            raise InvalidSpec(f"{at}.name", f"duplicate task name {name!r} (also {path}[{seen[name]}])")
-        seen[name] = i
-        tasks.append(
-            TaskSpec(
-                name=name,
-                replicas=_integer(task["replicas"], f"{at}.replicas", 1, MAX_REPLICAS),
-                image=_image(task["image"], f"{at}.image"),
-                command=_command(task.get("command"), f"{at}.command"),
-                env=_env(task.get("env"), f"{at}.env"),
-                gpus_per_replica=_integer(task["gpus"], f"{at}.gpus", 0, MAX_GPUS_PER_REPLICA),
+        task = _task(raw, at)
+        if task.name in seen:
+            raise InvalidSpec(
+                f"{at}.name", f"duplicate task name {task.name!r} (also {path}[{seen[task.name]}])"
             )
-        )
+        seen[task.name] = i
+        tasks.append(task)
     replicas = sum(t.replicas for t in tasks)
     if replicas > MAX_REPLICAS:
         raise InvalidSpec(path, f"total replicas across tasks must be at most {MAX_REPLICAS}, got {replicas}")
@@ -553,6 +601,10 @@ def _canonical(spec: TrainingJobSpec) -> dict[str, Any]:
         if task.env:
             entry["env"] = dict(task.env)
         entry["gpus"] = task.gpus_per_replica
+        if task.shm_size:
+            entry["shmSize"] = task.shm_size
+        if task.template:
+            entry["template"] = json.loads(task.template)
         body["tasks"].append(entry)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": body}
 
