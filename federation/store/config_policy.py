@@ -13,6 +13,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from federation.errors import InvalidSpec
+from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.validate import int_field, name_field, number_field
 from federation.store.records import DatasetLocation, SchedulingSettings, TenantRecord
 from placement.model import EgressRate, GpuQuota, GpuType, PolicyConfig, PriorityClass, TenantId
@@ -52,6 +53,7 @@ _TENANT_KEYS = frozenset(
         "monthlyBudgetGpuHours",
         "maxPriorityClass",
         "submitRateLimit",
+        "podSecurity",
     }
 )
 _QUOTA_KEYS = frozenset({"guaranteed", "borrowingLimit", "lendingLimit", "cap"})
@@ -172,7 +174,18 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
         max_priority_class=max_class,
         submit_rate_per_s=rate_s,
         submit_burst=burst,
+        pod_security=_pod_security(t.get("podSecurity"), f"{at}.podSecurity"),
     )
+
+
+def _pod_security(value: Any, at: str) -> PodSecurityLevel:
+    """A Pod Security Standards level: what the tenant's pods may do (baseline when not given)."""
+    if value is None:
+        return PodSecurityLevel.BASELINE
+    levels = [level.value for level in PodSecurityLevel]
+    if value not in levels:
+        raise InvalidSpec(at, f"must be one of {', '.join(levels)}, got {value!r}")
+    return PodSecurityLevel(value)
 
 
 def _submit_rate_limit(doc: Any, at: str) -> tuple[float | None, int | None]:
@@ -336,4 +349,6 @@ def tenant_document(t: TenantRecord) -> dict[str, Any]:
         doc["maxPriorityClass"] = t.max_priority_class
     if t.submit_rate_per_s is not None:
         doc["submitRateLimit"] = {"perSecond": t.submit_rate_per_s, "burst": t.submit_burst}
+    if t.pod_security is not PodSecurityLevel.BASELINE:
+        doc["podSecurity"] = t.pod_security.value
     return doc

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASS_TABLE
 from placement.model import (
     CapacityKind,
@@ -50,6 +51,8 @@ class TenantRecord:
     # crowd out everyone else's submissions or etcd.
     submit_rate_per_s: float | None = None
     submit_burst: int | None = None
+    # The Pod Security Standards level the tenant's pods are held to (federation.spec.pod_security).
+    pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE
 
     def quota(
         self,
@@ -217,6 +220,7 @@ def tenant_to_dict(t: TenantRecord) -> dict[str, Any]:
         "max_priority_class": t.max_priority_class,
         "submit_rate_per_s": t.submit_rate_per_s,
         "submit_burst": t.submit_burst,
+        "pod_security": t.pod_security.value,
     }
 
 
@@ -234,6 +238,8 @@ def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:
         max_priority_class=d.get("max_priority_class"),
         submit_rate_per_s=None if d.get("submit_rate_per_s") is None else float(d["submit_rate_per_s"]),
         submit_burst=None if d.get("submit_burst") is None else int(d["submit_burst"]),
+        # Records written before the field existed: baseline, the default level.
+        pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
     )
 
 
