@@ -42,6 +42,10 @@ class ReplicaSpec:
     image: str
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    # The rest of the pod, as the user's task template says (a PodTemplateSpec as JSON, "" for
+    # none): volumes, resources, tolerations, ... The backend adds what gpufed owns (the GPUs, the
+    # scheduler, node selection, labels, the rendezvous env); the federation checked it at submission.
+    pod_template: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,9 @@ class GangWorkload:
     # Other `sim.gpufed.io/*` annotations of the job (an OOM kill, an image that never pulls), put
     # on its pods for a simulated kubelet; a real kubelet ignores them.
     sim_annotations: tuple[tuple[str, str], ...] = ()
+    # The Pod Security Standards level the gang's pods were checked against: the tenant's namespace
+    # on the member cluster is labelled `pod-security.kubernetes.io/enforce` with it.
+    pod_security: str = "baseline"
 
     @property
     def name(self) -> str:

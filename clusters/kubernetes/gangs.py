@@ -65,7 +65,8 @@ class GangWriter:
         self._api = api
         self._config = config
         self._call = call
-        self._namespaces: set[str] = set()
+        # The tenant namespaces this writer made or saw, with the pod security level it labelled them.
+        self._namespaces: dict[str, str] = {}
         self._queues: set[str] = set()
         self._log = log.bind(cluster=config.name)
 
@@ -82,7 +83,7 @@ class GangWriter:
         except ClusterError as error:
             # Whatever went wrong, ask for the namespace (and the tenant's Volcano queue, which a
             # person may have deleted too) again next time: it costs one 409 each.
-            self._namespaces.discard(namespace)
+            self._namespaces.pop(namespace, None)
             self._queues.discard(queue_for(gang.tenant))
             if not _namespace_missing(error):
                 raise
@@ -236,10 +237,25 @@ class GangWriter:
     async def _namespace(self, gang: GangWorkload) -> str:
         prefix = self._config.settings.namespace_prefix
         namespace = namespace_for(prefix, gang.tenant)
-        if namespace not in self._namespaces:
-            body = manifests.namespace_manifest(prefix, gang.tenant)
-            await self._call(f"create namespace {namespace}", self._api.create_namespace, body, ok=CONFLICT)
-            self._namespaces.add(namespace)
+        level = gang.pod_security
+        known = self._namespaces.get(namespace)
+        if known is None:
+            body = manifests.namespace_manifest(prefix, gang.tenant, level)
+            made = await self._call(
+                f"create namespace {namespace}", self._api.create_namespace, body, ok=CONFLICT
+            )
+            # Already there (409): made by an earlier server, perhaps with another level.
+            known = level if made is not None else None
+        if known != level:
+            # The tenant's level changed since (an admin's), or the namespace predates it: Pod
+            # Security Admission must enforce the level this gang's pods were checked against.
+            await self._call(
+                f"label namespace {namespace} pod security {level}",
+                self._api.label_namespace,
+                namespace,
+                manifests.pod_security_labels(level),
+            )
+        self._namespaces[namespace] = level
         return namespace
 
     async def _queue(self, gang: GangWorkload) -> None:

@@ -202,6 +202,15 @@ class KubeApi:
     def create_namespace(self, body: Json) -> Json:
         return self._json("POST", "/api/v1/namespaces", body=body)
 
+    def label_namespace(self, name: str, labels: dict[str, str]) -> None:
+        self._json(
+            "PATCH",
+            "/api/v1/namespaces/{name}",
+            path_params={"name": name},
+            body={"metadata": {"labels": labels}},
+            content_type=MERGE_PATCH,
+        )
+
     def create_queue(self, body: Json) -> Json:
         return self._json("POST", f"/apis/{VOLCANO_SCHEDULING_GROUP}/v1beta1/queues", body=body)
 

@@ -8,6 +8,7 @@ back into JSON would cost time on every dispatch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ SIM_DURATION_ANNOTATION = "sim.gpufed.io/duration"
 SIM_EXIT_CODE_ANNOTATION = "sim.gpufed.io/exit-code"
 TASK_LABEL = "gpufed.io/task"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +119,26 @@ def _metadata(gang: GangWorkload, name: str, namespace: str) -> Json:
     }
 
 
-def namespace_manifest(prefix: str, tenant: TenantId) -> Json:
+def namespace_manifest(prefix: str, tenant: TenantId, pod_security: str = "baseline") -> Json:
+    """The tenant's namespace, labelled for Pod Security Admission with the level its pods were checked
+    against at submission: the member cluster refuses what the level forbids, as gpufed did."""
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
         "metadata": {
             "name": namespace_for(prefix, tenant),
-            "labels": {TENANT_KEY: label_value(tenant), MANAGED_BY_KEY: MANAGED_BY},
+            "labels": {
+                TENANT_KEY: label_value(tenant),
+                MANAGED_BY_KEY: MANAGED_BY,
+                **pod_security_labels(pod_security),
+            },
         },
     }
+
+
+def pod_security_labels(level: str) -> dict[str, str]:
+    """Pod Security Admission's labels for `level`: enforce it, and warn and audit at the same level."""
+    return {f"{POD_SECURITY_PREFIX}{mode}": level for mode in ("enforce", "warn", "audit")}
 
 
 def queue_manifest(tenant: TenantId) -> Json:
@@ -152,6 +165,31 @@ def _pod_annotations(gang: GangWorkload) -> dict[str, str]:
     return annotations
 
 
+def _template(replica: ReplicaSpec) -> Json:
+    """The user's pod template for this replica (a fresh copy: the builders below write into it)."""
+    template: Json = json.loads(replica.pod_template) if replica.pod_template else {}
+    template.setdefault("spec", {})
+    if not template["spec"].get("containers"):
+        template["spec"]["containers"] = [{}]
+    return template
+
+
+def _node_affinity(spec: Json, expressions: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
+    """Add gpufed's node expressions to every required term of the template's own node affinity.
+
+    Terms are ORed and a term's expressions ANDed, so gpufed's must join each term: a pod may then
+    run only where the user's terms and the chosen GPU type both hold."""
+    if not expressions:
+        return
+    ours = [{"key": k, "operator": op, "values": list(v)} for k, op, v in expressions]
+    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *ours]
+    required["nodeSelectorTerms"] = terms
+
+
 def _pod_spec(
     gang: GangWorkload,
     replica: ReplicaSpec,
@@ -159,46 +197,43 @@ def _pod_spec(
     env: Sequence[Json],
     *,
     scheduler: str | None,
+    template: Json,
 ) -> Json:
-    spec: Json = {
-        "restartPolicy": "Never",
-        "priorityClassName": gang.priority_class,
-        "nodeSelector": dict(selection.node_selector),
-        "tolerations": [{"key": key, "operator": "Exists"} for key in sorted(TOLERATED_TAINTS)],
-        "containers": [
-            {
-                "name": dns_label(replica.task),
-                "image": replica.image,
-                "command": list(replica.command),
-                "env": [{"name": k, "value": v} for k, v in replica.env] + list(env),
-                "resources": {
-                    "limits": {GPU_RESOURCE: str(replica.gpu_count)},
-                    "requests": {GPU_RESOURCE: str(replica.gpu_count)},
-                },
-            }
-        ],
-    }
+    """The template's pod spec with what gpufed owns written over it (the federation refused any
+    template that set those): the main container's image, command, env and GPUs, the scheduler,
+    the node selection, the tolerations of GPU taints, the restart policy and the deadline."""
+    spec: Json = template["spec"]
+    main: Json = spec["containers"][0]
+    main.setdefault("name", dns_label(replica.task))
+    main["image"] = replica.image
+    main["command"] = list(replica.command)
+    main["env"] = [*(main.get("env") or []), *({"name": k, "value": v} for k, v in replica.env), *env]
+    resources = main.setdefault("resources", {})
+    resources["limits"] = {**(resources.get("limits") or {}), GPU_RESOURCE: str(replica.gpu_count)}
+    resources["requests"] = {**(resources.get("requests") or {}), GPU_RESOURCE: str(replica.gpu_count)}
+    spec["restartPolicy"] = "Never"
+    spec["priorityClassName"] = gang.priority_class
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **dict(selection.node_selector)}
+    spec["tolerations"] = [
+        *(spec.get("tolerations") or []),
+        *({"key": key, "operator": "Exists"} for key in sorted(TOLERATED_TAINTS)),
+    ]
     if scheduler is not None:
         spec["schedulerName"] = scheduler
     if gang.max_runtime_s > 0:
         # On the pod, not the Job: the limit is on running, not on waiting for a place to run.
         spec["activeDeadlineSeconds"] = gang.max_runtime_s
-    if selection.expressions:
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": k, "operator": op, "values": list(v)}
-                                for k, op, v in selection.expressions
-                            ]
-                        }
-                    ]
-                }
-            }
-        }
+    _node_affinity(spec, selection.expressions)
     return spec
+
+
+def _template_metadata(gang: GangWorkload, name: str, task: str, template: Json) -> Json:
+    """The template's own labels and annotations, under gpufed's (which identify the pods)."""
+    own = template.get("metadata") or {}
+    return {
+        "labels": {**(own.get("labels") or {}), **labels(gang, name), TASK_LABEL: label_value(task)},
+        "annotations": {**(own.get("annotations") or {}), **_pod_annotations(gang)},
+    }
 
 
 def _tasks(gang: GangWorkload) -> list[tuple[str, list[ReplicaSpec]]]:
@@ -225,13 +260,13 @@ def volcano_job(
         short = task_name(name, task, len(replicas))
         env = [*rendezvous, {"name": "GPUFED_RANK_OFFSET", "value": str(offset)}]
         offset += len(replicas)
-        template_labels = {**labels(gang, name), TASK_LABEL: label_value(task)}
+        template = _template(replicas[0])
         vc_task: Json = {
             "name": short,
             "replicas": len(replicas),
             "template": {
-                "metadata": {"labels": template_labels, "annotations": _pod_annotations(gang)},
-                "spec": _pod_spec(gang, replicas[0], selection, env, scheduler="volcano"),
+                "metadata": _template_metadata(gang, name, task, template),
+                "spec": _pod_spec(gang, replicas[0], selection, env, scheduler="volcano", template=template),
             },
         }
         if position == 0:
@@ -263,11 +298,12 @@ def uniform_replica(gang: GangWorkload) -> ReplicaSpec | None:
     """The one pod template an Indexed Job can have; None when replicas differ in what they run."""
     first = gang.replicas[0]
     for r in gang.replicas[1:]:
-        if (r.gpu_count, r.image, r.command, r.env) != (
+        if (r.gpu_count, r.image, r.command, r.env, r.pod_template) != (
             first.gpu_count,
             first.image,
             first.command,
             first.env,
+            first.pod_template,
         ):
             return None
     return first
@@ -291,7 +327,8 @@ def indexed_job(
             },
         },
     ]
-    pod_spec = _pod_spec(gang, replica, selection, env, scheduler=None)
+    template = _template(replica)
+    pod_spec = _pod_spec(gang, replica, selection, env, scheduler=None, template=template)
     pod_spec["subdomain"] = name
     return {
         "apiVersion": "batch/v1",
@@ -311,10 +348,7 @@ def indexed_job(
                 ]
             },
             "template": {
-                "metadata": {
-                    "labels": {**labels(gang, name), TASK_LABEL: label_value(replica.task)},
-                    "annotations": _pod_annotations(gang),
-                },
+                "metadata": _template_metadata(gang, name, replica.task, template),
                 "spec": pod_spec,
             },
         },

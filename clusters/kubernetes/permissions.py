@@ -58,7 +58,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(_CORE, "pods", ("list", "watch"), _C, "inventory (GPUs in use) and gang status"),
     Permission(_CORE, "pods", ("delete",), _N, "removing a failed attempt's leftover pods"),
     Permission(_CORE, "pods", ("get",), _N, "job logs", subresource="log"),
-    Permission(_CORE, "namespaces", ("create",), _C, "one namespace per tenant, made on first use"),
+    Permission(
+        _CORE, "namespaces", ("create", "patch"), _C, "one namespace per tenant, its pod security labels"
+    ),
     Permission(_CORE, "services", ("list",), _C, "garbage collection of rendezvous services"),
     Permission(_CORE, "services", ("create", "delete"), _N, "the gang's headless rendezvous service"),
     Permission(_CORE, "events", ("list", "create"), _N, "describe (events) and recording an eviction"),

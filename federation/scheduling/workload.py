@@ -10,6 +10,7 @@ import re
 
 from clusters.api import GangWorkload, ReplicaSpec
 from federation.spec.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION
+from federation.spec.pod_template import expanded_template
 from federation.store.jobs import JobRecord
 
 # The simulated kubelet's annotations (docs/kubernetes.md); the job's are passed to its pods.
@@ -38,6 +39,7 @@ def workload_for(job: JobRecord) -> GangWorkload:
             image=task.image,
             command=task.command,
             env=task.env,
+            pod_template=expanded_template(task.template, task.shm_size or None),
         )
         for task in job.spec.tasks
         for index in range(task.replicas)
@@ -60,4 +62,5 @@ def workload_for(job: JobRecord) -> GangWorkload:
             for k, v in job.spec.annotations
             if k.startswith(SIM_PREFIX) and k not in (SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION)
         ),
+        pod_security=job.spec.pod_security.value,
     )
