@@ -120,8 +120,10 @@ class GpufedClient:
         newest_first: bool = False,
         include_archived: bool = False,
         since_s: float | None = None,
+        job_set: str = "",
     ) -> pb.ListJobsResponse:
         request = pb.ListJobsRequest(
+            job_set=job_set,
             tenant=tenant,
             phases=phases,
             page_size=page_size,
@@ -146,6 +148,7 @@ class GpufedClient:
         newest_first: bool = False,
         include_archived: bool = False,
         since_s: float | None = None,
+        job_set: str = "",
     ) -> list[pb.Job]:
         jobs: list[pb.Job] = []
         token = ""
@@ -160,6 +163,7 @@ class GpufedClient:
                 newest_first=newest_first,
                 include_archived=include_archived,
                 since_s=since_s,
+                job_set=job_set,
             )
             jobs.extend(page.jobs)
             token = page.next_page_token
@@ -193,6 +197,54 @@ class GpufedClient:
             metadata=self._metadata,
             timeout=self._timeout_s,
         )
+
+    # ---- job sets and arrays (docs/jobsets.md)
+
+    def submit_set(
+        self, name: str, manifests: Sequence[str], *, array: str = "", max_parallel: int = 0
+    ) -> pb.SubmitJobSetResponse:
+        for manifest in manifests:
+            check_manifest_size(manifest)
+        request = pb.SubmitJobSetRequest(
+            name=name, manifests=[wire_manifest(m) for m in manifests], array=array, max_parallel=max_parallel
+        )
+        # Every member's manifest is checked before the reply: more than one job's time.
+        reply: pb.SubmitJobSetResponse = self._jobs.SubmitJobSet(
+            request, metadata=self._metadata, timeout=max(self._timeout_s, 60.0)
+        )
+        return reply
+
+    def get_set(self, name: str, *, tenant: str = "") -> pb.JobSet:
+        reply: pb.JobSet = self._call(self._jobs.GetJobSet, pb.GetJobSetRequest(name=name, tenant=tenant))
+        return reply
+
+    def list_sets(self, *, tenant: str = "") -> pb.ListJobSetsResponse:
+        reply: pb.ListJobSetsResponse = self._call(
+            self._jobs.ListJobSets, pb.ListJobSetsRequest(tenant=tenant)
+        )
+        return reply
+
+    def watch_set(
+        self, name: str, *, tenant: str = "", timeout_s: float | None = None
+    ) -> Iterator[pb.JobSet]:
+        stream: Iterator[pb.JobSet] = self._jobs.WatchJobSet(
+            pb.GetJobSetRequest(name=name, tenant=tenant), metadata=self._metadata, timeout=timeout_s
+        )
+        return stream
+
+    def cancel_set(self, name: str, *, tenant: str = "", reason: str = "") -> pb.JobSet:
+        reply: pb.JobSet = self._jobs.CancelJobSet(
+            pb.CancelJobSetRequest(name=name, tenant=tenant, reason=reason),
+            metadata=self._metadata,
+            timeout=max(self._timeout_s, 60.0),
+        )
+        return reply
+
+    def resubmit_set(self, name: str, *, tenant: str = "") -> pb.JobSet:
+        reply: pb.JobSet = self._call(
+            self._jobs.ResubmitJobSet, pb.ResubmitJobSetRequest(name=name, tenant=tenant)
+        )
+        return reply
 
     def explain(self, job_id: str) -> pb.ExplainJobResponse:
         return self._jobs.ExplainJob(
