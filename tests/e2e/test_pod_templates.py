@@ -200,7 +200,7 @@ def test_templated_job_runs_as_its_template_says(fed: ServerProcess, sims: SimPr
         with pytest.raises(grpc.RpcError) as refused:
             call(job_id)
         assert refused.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED)
-        seen.append(refused.value.details())
+        seen.append(str(refused.value.details()))
     assert not [text for text in seen if MARKER in text]  # (the refusals echo only the id asked for)
     # Its owner sees the template back in the job's manifest.
     assert MARKER in fed.client("alice").get(job_id).manifest
@@ -220,9 +220,9 @@ def test_baseline_tenant_is_refused_what_baseline_forbids(
     with pytest.raises(grpc.RpcError) as refused:
         fed.client("alice").submit(manifest)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details().startswith(f"{field}: ")
-    assert words in refused.value.details()
-    assert "'baseline'" in refused.value.details()
+    assert str(refused.value.details()).startswith(f"{field}: ")
+    assert words in str(refused.value.details())
+    assert "'baseline'" in str(refused.value.details())
     assert fed.client("alice").list_all() == []  # nothing stored
 
     # A tenant an admin set to privileged may, and its namespace is labelled so on the cluster.
@@ -237,6 +237,6 @@ def test_schema_errors_name_the_field(fed: ServerProcess) -> None:
     with pytest.raises(grpc.RpcError) as refused:
         fed.client("alice").submit(broken)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details().startswith(
+    assert str(refused.value.details()).startswith(
         "spec.tasks[0].template.spec.containers[0].resources.limits.memory: must be a Kubernetes quantity"
     )
