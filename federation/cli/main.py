@@ -29,6 +29,7 @@ from federation.cli import admin_backup as cli_admin_backup
 from federation.cli import capacity as cli_capacity
 from federation.cli import cluster_join as cli_cluster_join
 from federation.cli import dataset as cli_dataset
+from federation.cli import jobsets as cli_jobsets
 from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
 from federation.cli import report as cli_report
@@ -417,16 +418,52 @@ def serve(
 
 
 @cli.command()
+@click.argument("file_arg", metavar="[FILE]", required=False, type=click.File("r"))
 @click.option(
-    "-f", "--file", "path", required=True, type=click.File("r"), help="TrainingJob manifest ('-': stdin)"
+    "-f", "--file", "path", type=click.File("r"), help="TrainingJob or JobSet manifest ('-': stdin)"
 )
 @click.option("--idempotency-key", default=None, help="retry-safe key (default: a fresh UUID)")
+@click.option(
+    "--array",
+    default="",
+    help="run the job once per index (Slurm's --array): 0-199%20 is 200 copies, at most 20 at once",
+)
+@click.option(
+    "--set", "set_name", default="", help="the job set's name (default: the manifest's metadata.name)"
+)
+@click.option("--max-parallel", type=int, default=0, help="a job set's most jobs at once (0: no limit)")
 @click.pass_obj
 @_rpc
-def submit(opts: _Opts, path: Any, idempotency_key: str | None) -> None:
-    """Submit a TrainingJob manifest."""
+def submit(
+    opts: _Opts,
+    file_arg: Any,
+    path: Any,
+    idempotency_key: str | None,
+    array: str,
+    set_name: str,
+    max_parallel: int,
+) -> None:
+    """Submit a TrainingJob manifest, a JobSet, or an array of one job (FILE or -f FILE)."""
+    source = path or file_arg
+    if source is None:
+        raise click.UsageError("give the manifest: gpufed submit FILE (or -f FILE; '-' reads stdin)")
+    text = source.read()
+    document = cli_jobsets.load_document(text) if (array or set_name or "JobSet" in text) else None
+    if array or set_name or cli_jobsets.is_job_set(document):
+        if cli_jobsets.is_job_set(document):
+            request = cli_jobsets.set_request(document, name=set_name, array=array, max_parallel=max_parallel)
+        else:
+            request = cli_jobsets.array_request(
+                text, document, name=set_name, array=array, max_parallel=max_parallel
+            )
+        with opts.client() as client:
+            set_reply = client.submit_set(
+                request.name, request.manifests, array=request.array, max_parallel=request.max_parallel
+            )
+        opts.emit(set_reply, cli_jobsets.submitted_text(set_reply))
+        return
     with opts.client() as client:
-        reply = client.submit(path.read(), idempotency_key=idempotency_key or str(uuid.uuid4()))
+        reply = client.submit(text, idempotency_key=idempotency_key or str(uuid.uuid4()))
     suffix = "" if reply.created else " (already submitted with this idempotency key)"
     opts.emit(reply, f"{reply.job_id} submitted{suffix}")
 
@@ -450,6 +487,9 @@ def get(opts: _Opts, job_id: str) -> None:
 @click.option("--newest-first", is_flag=True, help="latest submission first (default: oldest first)")
 @click.option("--all", "include_archived", is_flag=True, help="also ended jobs archived to SQL")
 @click.option("--since", default="", help="only jobs submitted within this long: '30d', '12h', '1h30m'")
+@click.option(
+    "--set", "job_set", default="", help="only the jobs of this job set (its held ones are counted)"
+)
 @click.pass_obj
 @_rpc
 def list_jobs(
@@ -461,6 +501,7 @@ def list_jobs(
     newest_first: bool,
     include_archived: bool,
     since: str,
+    job_set: str,
 ) -> None:
     """List jobs you may see (filtered and ordered by the server); --all adds archived ones."""
     try:
@@ -477,8 +518,14 @@ def list_jobs(
             newest_first=newest_first,
             include_archived=include_archived,
             since_s=since_s,
+            job_set=job_set,
         )
-    opts.emit(pb.ListJobsResponse(jobs=jobs), jobs_table(jobs))
+        shown = jobs_table(jobs)
+        if job_set:
+            # Held members are no jobs yet: say how many wait behind the set's limit.
+            held = sum(1 for m in client.get_set(job_set, tenant=tenant).members if m.held)
+            shown += f"\n{held} more held by the set's limit (gpufed describe set {job_set})" if held else ""
+    opts.emit(pb.ListJobsResponse(jobs=jobs), shown)
 
 
 @cli.command()
@@ -580,6 +627,8 @@ cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
 cli_logs.register(cli, _rpc)
 cli_cluster_join.register(cli, _rpc)
+# After `logs`, whose `describe JOB_ID` it extends with `describe set NAME`.
+cli_jobsets.register(cli, _rpc)
 # Last, so that every command registered above, from any module, takes `-o` after its name too.
 accept_output_everywhere(cli)
 
