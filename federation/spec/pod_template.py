@@ -346,6 +346,9 @@ def _check_spec(spec: dict[str, Any], path: str, shm: bool, short_env: dict[str,
     for field, why in OWNED_POD_FIELDS.items():
         if field in spec:
             raise InvalidSpec(f"{path}.{field}", f"gpufed owns this field: {why}")
+    if "ephemeralContainers" in spec:
+        # As the API server says: they are added to a running pod for debugging, never created with it.
+        raise InvalidSpec(f"{path}.ephemeralContainers", "may not be set when a pod is created")
     containers = spec["containers"]
     init = spec.get("initContainers") or []
     if not containers:

@@ -243,6 +243,12 @@ CASES = [
         f"{C}.args[0]",
         "control or bidirectional",
     ),
+    (
+        "ephemeral containers",
+        edited("spec.ephemeralContainers", [{"name": "debug", "image": "busybox"}]),
+        f"{T}.spec.ephemeralContainers",
+        "may not be set when a pod is created",
+    ),
     # What gpufed owns.
     (
         "gpu limit",
