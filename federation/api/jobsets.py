@@ -233,7 +233,8 @@ class JobSetCalls:
             raise InvalidArgument("name: required")
         if len(name) > 63:
             raise NotFound(set_not_found(name))
-        owner = TenantId(tenant) if tenant and (who.is_admin or who.role.value == "infra") else who.tenant
+        # Another tenant's name, or one the caller may not read, is answered as a missing set.
+        owner = TenantId(tenant) if tenant else who.tenant
         stored = None if not can_read_tenant(who, owner) else await self.sets.get(owner, name)
         if stored is None:
             raise NotFound(set_not_found(name))

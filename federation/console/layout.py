@@ -22,6 +22,7 @@ ALL_ROLES = frozenset({"admin", "infra", "member", "finance"})
 # to a role that page answers with content, never one that leads to the 404 page (issue 30).
 NAV: tuple[tuple[str, str, str, frozenset[str]], ...] = (
     ("jobs", "/jobs", "Jobs", frozenset({"admin", "infra", "member"})),
+    ("sets", "/sets", "Job sets", frozenset({"admin", "infra", "member"})),
     ("queues", "/queues", "Queues", ALL_ROLES),
     ("clusters", "/clusters", "Clusters", ALL_ROLES),
     ("capacity", "/capacity", "Capacity", frozenset({"admin", "infra", "finance"})),

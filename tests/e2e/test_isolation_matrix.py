@@ -80,6 +80,15 @@ def _job(server: ServerProcess, tenant: str) -> str:
         return admin.submit(manifest("matrix", gpu="B200", tenant=tenant)).job_id
 
 
+def _set(server: ServerProcess, tenant: str) -> str:
+    """A job set of `tenant` whose one job waits forever (no such GPU type), submitted by the admin
+    (again: nothing new). Set names are per tenant; each tenant's is named for it."""
+    name = f"m-{tenant}"
+    with server.client("admin") as admin:
+        admin.submit_set(name, [manifest("matrix", gpu="B200", tenant=tenant)])
+    return name
+
+
 def _dataset(server: ServerProcess, tenant: str, name: str | None = None) -> str:
     """A dataset of `tenant`, registered by the admin (again: a no-op). Names are per tenant: the
     reference `tenant/name` is the one every caller may use."""
@@ -157,6 +166,13 @@ CALLS: dict[str, Call] = {
     "PreviewCapacityPlan": lambda c, s, t: CapacityClient(c).preview_plan(_plan_request(s, t)),
     "CancelCapacityPlan": lambda c, s, t: CapacityClient(c).cancel_plan(_plan(s, t)),
     "ListCapacityPools": lambda c, s, t: CapacityClient(c).pools(),
+    # Job sets (issue 34): named per tenant, reached by (tenant, name).
+    "SubmitJobSet": lambda c, s, t: c.submit_set(f"s-{t}", [manifest("mine", gpu="B200", tenant=t)]),
+    "GetJobSet": lambda c, s, t: c.get_set(_set(s, t), tenant=t),
+    "ListJobSets": lambda c, s, t: c.list_sets(tenant=t),
+    "WatchJobSet": lambda c, s, t: next(iter(c.watch_set(_set(s, t), tenant=t, timeout_s=5))),
+    "CancelJobSet": lambda c, s, t: c.cancel_set(_set(s, t), tenant=t),
+    "ResubmitJobSet": lambda c, s, t: c.resubmit_set(_set(s, t), tenant=t),
 }
 
 # call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
@@ -218,6 +234,13 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "PreviewCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
     "CancelCapacityPlan": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (PD, PD)},
     "ListCapacityPools": {"admin": (OK, OK), "infra": (OK, OK), "finance": (OK, OK), "member": (PD, PD)},
+    # Job sets: as jobs. Resubmitting a set with no failed job is refused for what it lacks.
+    "SubmitJobSet": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
+    "GetJobSet": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "ListJobSets": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (OK, PD)},
+    "WatchJobSet": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "CancelJobSet": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
+    "ResubmitJobSet": {"admin": (FP, FP), "infra": (PD, PD), "finance": (NF, NF), "member": (FP, NF)},
 }
 
 CASES = [

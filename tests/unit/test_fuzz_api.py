@@ -282,6 +282,26 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             ),
         ),
         "SummarizeJobs": (lambda w: w.jobs.SummarizeJobs, st.builds(pb.SummarizeJobsRequest, tenant=texts)),
+        "SubmitJobSet": (
+            lambda w: w.jobs.SubmitJobSet,
+            st.builds(
+                pb.SubmitJobSetRequest,
+                name=st.one_of(texts, st.just("fuzz-set")),
+                manifests=st.lists(manifests, max_size=3),
+                array=st.one_of(texts, st.just("0-3%2"), st.just("5-1")),
+                max_parallel=ints,
+            ),
+        ),
+        "GetJobSet": (lambda w: w.jobs.GetJobSet, st.builds(pb.GetJobSetRequest, name=texts, tenant=texts)),
+        "ListJobSets": (lambda w: w.jobs.ListJobSets, st.builds(pb.ListJobSetsRequest, tenant=texts)),
+        "CancelJobSet": (
+            lambda w: w.jobs.CancelJobSet,
+            st.builds(pb.CancelJobSetRequest, name=texts, tenant=texts, reason=texts),
+        ),
+        "ResubmitJobSet": (
+            lambda w: w.jobs.ResubmitJobSet,
+            st.builds(pb.ResubmitJobSetRequest, name=texts, tenant=texts),
+        ),
         "CancelJob": (lambda w: w.jobs.CancelJob, st.builds(pb.CancelJobRequest, job_id=texts, reason=texts)),
         "ExplainJob": (lambda w: w.jobs.ExplainJob, st.builds(pb.ExplainJobRequest, job_id=texts)),
         "DescribeJob": (lambda w: w.logs.DescribeJob, st.builds(pb.DescribeJobRequest, job_id=texts)),
@@ -426,7 +446,7 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
 
 REQUESTS = _requests()
 # Calls that write on success; the fuzzer checks that a refused one wrote nothing.
-WRITES = {"SubmitJob", "CancelJob", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
+WRITES = {"SubmitJob", "CancelJob", "SubmitJobSet", "CancelJobSet", "ResubmitJobSet", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
           "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
           "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan", "VerifyDataset",
           "SetDatasetGrant", "RegisterCluster"}  # fmt: skip
@@ -461,5 +481,5 @@ def test_no_field_value_crashes_a_call_or_half_writes(world: World, call: str) -
 def test_every_unary_call_is_fuzzed() -> None:
     rpcs = {m.name for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
     # Streams, and calls with no fields worth fuzzing beyond what others cover.
-    others = {"WatchJobs", "StreamLogs", "ListClusters", "ListTenants", "ListUsers"}
+    others = {"WatchJobs", "WatchJobSet", "StreamLogs", "ListClusters", "ListTenants", "ListUsers"}
     assert rpcs - others == set(REQUESTS)
