@@ -16,7 +16,7 @@ import secrets
 import uuid
 from typing import Any
 
-from clusters.sim import errors, rbac
+from clusters.sim import errors, pod_security, rbac
 from clusters.sim.resources import (
     BATCH_JOBS,
     NAMESPACES,
@@ -92,6 +92,9 @@ class Admission:
         default = _DEFAULTS.get(rt)
         if default is not None:
             default(self, obj)
+        if rt is PODS:
+            # The PodSecurity admission plugin, after defaulting, for requests and controllers alike.
+            pod_security.enforce(self._store.get(NAMESPACES, "", m["namespace"]), obj)
         return obj
 
     def _service_ip(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from clusters.sim import podstatus
 from clusters.sim.admission import CONTROLLER_UID, Admission, random_suffix
 from clusters.sim.clock import Clock, parse_rfc3339, rfc3339
+from clusters.sim.errors import ApiError
 from clusters.sim.events import EventRecorder
 from clusters.sim.job_failure_policy import rule_matches, rule_subject
 from clusters.sim.lifecycle import Lifecycle
@@ -318,7 +319,21 @@ class BatchJobController:
             wanted = [None] * max(0, completions - tally.succeeded - len(active))
         created: list[Obj] = []
         for index in wanted[: max(0, room)]:
-            pod = self._admission.admit_create(PODS, self._pod_for(job, index), job["metadata"]["namespace"])
+            try:
+                pod = self._admission.admit_create(
+                    PODS, self._pod_for(job, index), job["metadata"]["namespace"]
+                )
+            except ApiError as error:
+                # Refused at admission (Pod Security): the Job controller reports it and retries later.
+                self._recorder.record(
+                    BATCH_JOBS,
+                    job,
+                    "FailedCreate",
+                    f"Error creating: {error.message}",
+                    warning=True,
+                    component=COMPONENT,
+                )
+                break
             created.append(self._store.create(PODS, pod))
             self._recorder.record(
                 BATCH_JOBS,

@@ -23,6 +23,7 @@ from typing import Any
 from clusters.sim import podstatus
 from clusters.sim.admission import Admission
 from clusters.sim.clock import Clock, rfc3339
+from clusters.sim.errors import ApiError
 from clusters.sim.events import EventRecorder
 from clusters.sim.lifecycle import Lifecycle
 from clusters.sim.resources import POD_GROUPS, PODS, SERVICES, VOLCANO_JOBS
@@ -338,9 +339,21 @@ class VolcanoJobController:
             for index in range(int(task.get("replicas", 1))):
                 name = f"{job['metadata']['name']}-{task['name']}-{index}"
                 if name not in existing:
-                    pod = self._admission.admit_create(
-                        PODS, pod_for(job, task, index, name), job["metadata"]["namespace"]
-                    )
+                    try:
+                        pod = self._admission.admit_create(
+                            PODS, pod_for(job, task, index, name), job["metadata"]["namespace"]
+                        )
+                    except ApiError as error:
+                        # Refused at admission (Pod Security): reported on the job, as Volcano does.
+                        self._recorder.record(
+                            VOLCANO_JOBS,
+                            job,
+                            "FailedCreate",
+                            f"Error creating: {error.message}",
+                            warning=True,
+                            component=COMPONENT,
+                        )
+                        return created
                     created.append(self._store.create(PODS, pod))
         return created
 

@@ -129,9 +129,9 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         yield process
 
 
-def kubectl_json(sims: SimProcess, *args: str) -> Any:
+def kubectl(sims: SimProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    result = subprocess.run(
+    return subprocess.run(
         [
             KUBECTL,
             "--kubeconfig",
@@ -142,16 +142,32 @@ def kubectl_json(sims: SimProcess, *args: str) -> Any:
             str(sims.kubeconfig.parent / "kubectl-cache"),
             "--request-timeout=10s",
             *args,
-            "-o",
-            "json",
         ],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def kubectl_json(sims: SimProcess, *args: str) -> Any:
+    result = kubectl(sims, *args, "-o", "json")
     assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
     return json.loads(result.stdout)
+
+
+def privileged_pod(namespace: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "escape", "namespace": namespace},
+            "spec": {
+                "containers": [{"name": "main", "image": "busybox", "securityContext": {"privileged": True}}]
+            },
+        }
+    )
 
 
 def test_templated_job_runs_as_its_template_says(fed: ServerProcess, sims: SimProcess) -> None:
@@ -192,6 +208,10 @@ def test_templated_job_runs_as_its_template_says(fed: ServerProcess, sims: SimPr
 
     namespace = kubectl_json(sims, "get", "namespace", "gpufed-vision")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    # The cluster enforces the label too: a privileged pod made there by hand, past gpufed, is refused.
+    created = kubectl(sims, "apply", "-f", "-", stdin=privileged_pod("gpufed-vision"))
+    assert created.returncode != 0
+    assert 'violates PodSecurity "baseline:latest": privileged' in created.stderr
 
     # Another tenant learns nothing of the template: not by listing, getting, describing or summing.
     bob = fed.client("bob")
@@ -230,6 +250,8 @@ def test_baseline_tenant_is_refused_what_baseline_forbids(
     wait_for(lambda: len(gang_pods(sims, "onprem", job_id)) == 1, timeout_s=60)
     namespace = kubectl_json(sims, "get", "namespace", "gpufed-ops")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    created = kubectl(sims, "apply", "-f", "-", stdin=privileged_pod("gpufed-ops"))
+    assert created.returncode == 0, created.stderr
 
 
 def test_schema_errors_name_the_field(fed: ServerProcess) -> None:
