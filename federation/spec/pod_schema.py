@@ -21,15 +21,23 @@ import types
 import typing
 from datetime import date
 from functools import cache
-from typing import Any
-
-from kubernetes.client import models
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from federation.errors import InvalidSpec
 from federation.spec.manifest_text import key_path, shorten
 
-_ROOT: type[BaseModel] = models.V1PodTemplateSpec
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+
+@cache
+def _root() -> type[BaseModel]:
+    """PodTemplateSpec's model, imported on first use (pydantic too): the client's models take about
+    0.7 s to import, and the CLI imports this package for its duration parser, never a template."""
+    from kubernetes.client import models
+
+    root: type[BaseModel] = models.V1PodTemplateSpec
+    return root
 
 
 @cache
@@ -55,7 +63,7 @@ def _unwrap(annotation: Any) -> tuple[str, Any]:
             return "list", typing.get_args(annotation)[0]
         elif origin is dict:
             return "map", typing.get_args(annotation)[1]
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        elif isinstance(annotation, type) and hasattr(annotation, "model_fields"):  # a pydantic model
             return "model", annotation
         else:
             return "scalar", None
@@ -147,11 +155,13 @@ def _json_default(value: object) -> str:
 
 def check_schema(template: dict[str, Any], path: str) -> None:
     """InvalidSpec naming the first field of `template` that a Kubernetes API server would not decode."""
-    found = _unknown_key(template, _ROOT, path)
+    from pydantic import ValidationError
+
+    found = _unknown_key(template, _root(), path)
     if found is not None:
         raise found
     try:
-        _ROOT.model_validate_json(json.dumps(template, default=_json_default), strict=True)
+        _root().model_validate_json(json.dumps(template, default=_json_default), strict=True)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         # An int-or-string field reports once per member of its union, the member's type last.
