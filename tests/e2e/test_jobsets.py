@@ -293,3 +293,36 @@ def test_cancelling_a_set_leaves_nothing_running_on_any_cluster_and_resubmitting
     with fed.client("alice") as alice:
         # The held members were never released: no job of theirs exists.
         assert len(alice.list_all(job_set="nightly")) == 3
+
+
+def test_a_server_killed_mid_array_loses_no_copy_and_its_successor_keeps_the_limit(
+    fed: ServerProcess, sims: SimProcess, tmp_path: Path
+) -> None:
+    """SIGKILL while copies run and others are held; the restarted server's controller releases the
+    rest from the set record: every copy runs once, and never more than the limit at once."""
+    job = tmp_path / "crash.yaml"
+    job.write_text(_one_replica("crash", duration="3s"))
+    watch = PodWatch.start(sims, "onprem", "gpufed.io/tenant=vision")
+    try:
+        done = cli(fed, "alice", "submit", str(job), "--array", "0-7%2")
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: len(watch.jobs_seen) >= 3, timeout_s=60, interval_s=0.2)
+        fed.kill()
+        fed.start()
+
+        def finished() -> pb.JobSet | None:
+            with fed.client("alice") as alice:
+                shown = alice.get_set("crash")
+            return shown if shown.done else None
+
+        shown = wait_for(finished, timeout_s=120, interval_s=0.5)
+        wait_for(lambda: len(watch.jobs_seen) == 8, timeout_s=10)
+    finally:
+        watch.stop()
+    assert {c.phase: c.jobs for c in shown.counts} == {"SUCCEEDED": 8}
+    assert watch.most_jobs_running <= 2, watch.most_jobs_running
+    with fed.client("alice") as alice:
+        jobs = alice.list_all(job_set="crash")
+    assert sorted(j.array_index for j in jobs) == list(range(8))
+    # One job per copy, as the clusters saw them too: none made twice across the crash.
+    assert len(watch.jobs_seen) == 8
