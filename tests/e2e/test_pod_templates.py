@@ -262,3 +262,28 @@ def test_schema_errors_name_the_field(fed: ServerProcess) -> None:
     assert str(refused.value.details()).startswith(
         "spec.tasks[0].template.spec.containers[0].resources.limits.memory: must be a Kubernetes quantity"
     )
+
+
+def test_an_admins_level_change_relabels_the_tenants_namespace(fed: ServerProcess, sims: SimProcess) -> None:
+    alice = fed.client("alice")
+    first = alice.submit(TEMPLATED).job_id
+    wait_for(lambda: len(gang_pods(sims, "onprem", first)) == 2, timeout_s=60)
+    labels = kubectl_json(sims, "get", "namespace", "gpufed-vision")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+    fed.client("admin").set_tenant('{"name": "vision", "podSecurity": "privileged"}')
+
+    def submitted() -> str | None:
+        # The server's tenant view follows etcd's watch: until it has the change, baseline refuses.
+        try:
+            return alice.submit(PRIVILEGED).job_id
+        except grpc.RpcError as error:
+            if "'baseline'" not in str(error.details()):
+                raise
+            return None
+
+    second = wait_for(submitted, timeout_s=30)
+    wait_for(lambda: len(gang_pods(sims, "onprem", second)) == 1, timeout_s=60)
+    labels = kubectl_json(sims, "get", "namespace", "gpufed-vision")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "privileged"
