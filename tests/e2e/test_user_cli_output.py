@@ -44,7 +44,7 @@ pytestmark = pytest.mark.e2e
 Path_ = tuple[str, ...]
 TERMINAL = {pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED}
 # Commands whose output is a stream of records: JSON Lines, YAML documents.
-STREAMS: set[Path_] = {("watch",), ("logs",)}
+STREAMS: set[Path_] = {("watch",), ("logs",), ("set", "watch")}
 
 
 def command_paths(group: click.Group, at: Path_ = ()) -> Iterator[Path_]:
@@ -142,6 +142,22 @@ def _cancellable(world: World) -> str:
         return alice.submit(world.long_file.read_text(), idempotency_key=f"walk-{world.fresh()}").job_id
 
 
+def _ended_set(world: World) -> str:
+    """A job set (an array of two walk jobs) whose jobs have ended: `set watch` on it ends at once."""
+    with world.client("alice") as alice:
+        alice.submit_set("walk-set", [world.job_file.read_text()], array="0-1")
+        wait_for(lambda: alice.get_set("walk-set").done, timeout_s=30)
+    return "walk-set"
+
+
+def _running_set(world: World) -> str:
+    """A fresh job set of a long job, to cancel."""
+    name = f"long-set-{world.fresh()}"
+    with world.client("alice") as alice:
+        alice.submit_set(name, [world.long_file.read_text()])
+    return name
+
+
 def _approval(world: World) -> str:
     with world.client("admin") as admin:
         reply = admin.grant_approval(
@@ -202,6 +218,10 @@ RECIPES: dict[Path_, Recipe] = {
     ("dataset", "sync"): lambda w: ("alice", ["walk@v1", "--store", "gcs-us-east4", "--wait"]),
     ("dataset", "verify"): lambda w: ("alice", ["walk@v1", "--store", "onprem-s3", "--no-repair"]),
     ("describe",): lambda w: ("alice", [w.job_id]),
+    ("set", "cancel"): lambda w: ("alice", [_running_set(w)]),
+    ("set", "describe"): lambda w: ("alice", [_ended_set(w)]),
+    ("set", "list"): lambda w: ("alice", []),
+    ("set", "watch"): lambda w: ("alice", [_ended_set(w)]),
     ("explain",): lambda w: ("alice", [w.job_id]),
     ("get",): lambda w: ("alice", [w.job_id]),
     ("list",): lambda w: ("alice", []),
