@@ -45,8 +45,8 @@ pytestmark = [pytest.mark.e2e, requires_chromium]
 SCREENSHOTS = os.environ.get("GPUFED_CONSOLE_SCREENSHOTS")
 FOCUS_CLIP: FloatRect = {"x": 0, "y": 0, "width": 1280, "height": 160}
 # The links each role's navigation shows: only pages its API calls answer (issue 30).
-NAV_HREFS = {"/jobs", "/queues", "/clusters", "/capacity", "/approvals"}  # an admin's
-MEMBER_NAV_HREFS = {"/jobs", "/queues", "/clusters", "/finance", "/approvals"}
+NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/capacity", "/approvals"}  # an admin's
+MEMBER_NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/finance", "/approvals"}
 
 
 @pytest.fixture(scope="module")
