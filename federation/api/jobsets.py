@@ -25,18 +25,19 @@ from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, 
 from federation.history.protocol import HistoryStore
 from federation.jobsets.arrays import parse_array
 from federation.jobsets.controller import SetController
-from federation.jobsets.decide import held_reason, live_members
+from federation.jobsets.decide import rerun
 from federation.jobsets.records import (
     JobSetRecord,
     MemberState,
     SetMember,
     SetTemplate,
     member_job_id,
+    member_job_name,
     set_digest,
 )
+from federation.jobsets.status import MemberView, set_status
 from federation.jobsets.store import JobSetStore
 from federation.ledger.cache import LedgerCache
-from federation.ledger.job_cost import job_micro_usd
 from federation.security.auth import (
     Principal,
     acting_tenant,
@@ -57,7 +58,6 @@ from placement.model import JobId, JobPhase, TenantId
 # The most named jobs one set may hold (an array may have up to `MAX_ARRAY_COPIES`).
 MAX_SET_JOBS = 500
 MAX_PARALLEL = 100_000
-HELD = "HELD"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +91,6 @@ class SetListFilter(ListFilter):
 def set_not_found(name: str) -> str:
     """The one answer for a set that does not exist and one the caller may not read."""
     return f"job set {shown(name)} not found"
-
-
-@dataclass(frozen=True, slots=True)
-class MemberView:
-    member: SetMember
-    job: JobRecord | None
-    intervals: tuple[LedgerInterval, ...]
 
 
 class JobSetCalls:
@@ -203,7 +196,7 @@ class JobSetCalls:
                 key=key,
                 template=t,
                 array_index=index,
-                job_id=member_job_id(tenant, name, key, _job_name(templates[t].spec, index), 0),
+                job_id=member_job_id(tenant, name, key, member_job_name(templates[t].spec, index), 0),
                 state=MemberState.HELD,
             )
             for key, t, index in pairs
@@ -312,7 +305,7 @@ class JobSetCalls:
             failed = await self._failed(record)
             if not failed:
                 raise FailedPrecondition(f"job set {record.name} has no failed job to resubmit")
-            members = tuple(_rerun(record, m) if m.job_id in failed else m for m in record.members)
+            members = tuple(rerun(record, m) if m.job_id in failed else m for m in record.members)
             again = record.with_members(members, resubmitted_at_s=self._clock())
             revision = await self.sets.update(stored, again)
             if revision is None:
@@ -358,41 +351,25 @@ class JobSetCalls:
 
     async def shown(self, stored: Stored[JobSetRecord], *, with_members: bool = True) -> pb.JobSet:
         record = stored.value
-        now = self._clock()
-        views = await self._views(record)
-        ended = {v.member.job_id for v in views if v.job is None or v.job.phase.is_terminal}
-        live = live_members(record, ended.__contains__)
-        counts: Counter[str] = Counter()
+        status = set_status(record, await self._views(record), now_s=self._clock())
         members: list[pb.JobSetMember] = []
-        seconds_x_gpus = 0.0
-        intervals: list[LedgerInterval] = []
-        for view in views:
-            m = view.member
-            intervals.extend(view.intervals)
-            seconds_x_gpus += sum(iv.gpu_count * iv.seconds(until_s=now) for iv in view.intervals)
-            shown_member = pb.JobSetMember(
-                key=m.key, job_id=m.job_id, earlier_job_ids=list(m.earlier), held=m.state is MemberState.HELD
+        for s in status.members if with_members else ():
+            m, job = s.view.member, s.view.job
+            shown = pb.JobSetMember(
+                key=m.key,
+                job_id=m.job_id,
+                earlier_job_ids=list(m.earlier),
+                held=m.state is MemberState.HELD,
+                reason=s.reason,
             )
             if m.array_index is not None:
-                shown_member.array_index = m.array_index
-            if m.state is MemberState.HELD:
-                counts[HELD] += 1
-                shown_member.reason = held_reason(record, live)
-            elif m.state is MemberState.CANCELLED:
-                counts[JobPhase.CANCELLED.value] += 1
-                shown_member.phase = pb.JOB_PHASE_CANCELLED
-                shown_member.reason = held_reason(record, live)
-            elif view.job is None:
-                counts["UNKNOWN"] += 1
-                shown_member.reason = "archived; no history store to read it from"
-            else:
-                job = view.job
-                counts[job.phase.value] += 1
-                shown_member.phase = convert.phase_to_pb(job.phase)
-                shown_member.reason = job.reason or (job.message if job.phase is JobPhase.FAILED else "")
-                shown_member.cluster = "" if job.placement is None else job.placement.cluster
-            members.append(shown_member)
-        micro = job_micro_usd(intervals, now_s=now)
+                shown.array_index = m.array_index
+            if m.state is MemberState.CANCELLED:
+                shown.phase = pb.JOB_PHASE_CANCELLED
+            elif job is not None and m.state is MemberState.RELEASED:
+                shown.phase = convert.phase_to_pb(job.phase)
+                shown.cluster = "" if job.placement is None else job.placement.cluster
+            members.append(shown)
         out = pb.JobSet(
             name=record.name,
             tenant=record.tenant,
@@ -400,34 +377,16 @@ class JobSetCalls:
             max_parallel=record.max_parallel,
             array=record.array,
             job_count=len(record.members),
-            counts=[pb.JobSetPhaseCount(phase=p, jobs=n) for p, n in sorted(counts.items())],
-            gpu_hours=round(seconds_x_gpus / 3600.0, 6),
-            cost_usd="" if micro is None else format_usd(micro),
+            counts=[pb.JobSetPhaseCount(phase=p, jobs=n) for p, n in status.counts.items()],
+            gpu_hours=status.gpu_hours,
+            cost_usd="" if status.micro_usd is None else format_usd(status.micro_usd),
             cancel_requested=record.cancel_requested,
             cancel_reason=record.cancel_reason,
-            members=members if with_members else [],
-            done=all(
-                v.member.state is MemberState.CANCELLED
-                or (v.member.state is MemberState.RELEASED and v.member.job_id in ended)
-                for v in views
-            ),
+            members=members,
+            done=status.done,
         )
         out.created_at.FromNanoseconds(int(record.created_at_s * 1e9))
         return out
-
-
-def _job_name(spec: TrainingJobSpec, index: int | None) -> str:
-    return spec.name if index is None else f"{spec.name[:30].rstrip('-')}-{index}"
-
-
-def _rerun(record: JobSetRecord, member: SetMember) -> SetMember:
-    """The member held again for a new run, with a new job id; the failed job kept as an earlier one."""
-    generation = len(member.earlier) + 1
-    spec = record.templates[member.template].spec
-    job_id = member_job_id(
-        record.tenant, record.name, member.key, _job_name(spec, member.array_index), generation
-    )
-    return replace(member, job_id=job_id, state=MemberState.HELD, earlier=(*member.earlier, member.job_id))
 
 
 @contextlib.asynccontextmanager

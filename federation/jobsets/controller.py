@@ -107,6 +107,9 @@ class SetController:
         for member in record.members:
             if member.state is not MemberState.RELEASED:
                 continue
+            cached = self._cache.get(member.job_id)
+            if cached is not None and (cached.value.phase.is_terminal or cached.value.cancel_requested):
+                continue  # ended or asked already: no etcd read (a restart repeats this for every set)
             for _ in range(_ATTEMPTS):
                 stored = await self._store.get_job(member.job_id)
                 if stored is None or stored.value.phase.is_terminal or stored.value.cancel_requested:

@@ -10,9 +10,9 @@ as live, which can only hold others back, never let too many go.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from federation.jobsets.records import JobSetRecord, MemberState, SetMember
+from federation.jobsets.records import JobSetRecord, MemberState, SetMember, member_job_id, member_job_name
 from placement.model import JobId
 
 # The most members one transaction releases: each is a compare and a put of about 1.5 KB beside the
@@ -58,6 +58,14 @@ def held_reason(record: JobSetRecord, live: int) -> str:
         f"held: the set allows at most {record.max_parallel} jobs at once and {live} are queued or "
         "running; released as they finish"
     )
+
+
+def rerun(record: JobSetRecord, member: SetMember) -> SetMember:
+    """The member held again for a new run with a new job id; the failed job kept as an earlier one."""
+    generation = len(member.earlier) + 1
+    name = member_job_name(record.templates[member.template].spec, member.array_index)
+    job_id = member_job_id(record.tenant, record.name, member.key, name, generation)
+    return replace(member, job_id=job_id, state=MemberState.HELD, earlier=(*member.earlier, member.job_id))
 
 
 def _with_state(member: SetMember, state: MemberState) -> SetMember:

@@ -93,6 +93,11 @@ def member_job_id(tenant: str, set_name: str, key: str, job_name: str, generatio
     return JobId(f"{stem}-{tag}")
 
 
+def member_job_name(spec: TrainingJobSpec, index: int | None) -> str:
+    """The name a member's job id starts with: the job's name, and an array copy's index."""
+    return spec.name if index is None else f"{spec.name[:30].rstrip('-')}-{index}"
+
+
 def set_digest(members: list[tuple[str, str]], max_parallel: int, array: str) -> str:
     """sha256 over (member key, manifest digest) pairs in order, the limit and the array range."""
     h = hashlib.sha256()

@@ -6,6 +6,7 @@ learn or touch through a set."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,13 +18,23 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
 from federation.jobsets.controller import SetController
-from federation.jobsets.records import JobSetRecord, MemberState, decode_set, encode_set, set_key
+from federation.jobsets.records import (
+    JobSetRecord,
+    MemberState,
+    SetMember,
+    SetTemplate,
+    decode_set,
+    encode_set,
+    set_key,
+)
+from federation.jobsets.status import MemberView, set_status
 from federation.jobsets.store import ARRAY_INDEX_ENV, JOB_SET_ENV, JobSetStore
+from federation.store.intervals import LedgerInterval
 from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore, KvStore
 from federation.store.jobs import JobRecord, job_from_dict, job_from_json, job_to_dict
 from federation.store.records import Role, TenantRecord, UserRecord
-from placement.model import JobId, JobPhase, TenantId
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 from tests.conftest import build_job
 from tests.unit.job_service import job_service
 
@@ -346,8 +357,6 @@ def test_a_job_record_stored_before_sets_still_loads() -> None:
     assert "array_index" not in stored
     assert job_from_dict(stored) == job
     with_set = replace(job, job_set="evals", array_index=4)
-    import json
-
     raw = json.dumps(job_to_dict(with_set)).encode()
     assert job_from_json(raw) == with_set
     assert job_from_dict(json.loads(raw)) == with_set
@@ -360,3 +369,67 @@ async def test_a_set_record_reads_back_as_written(world: World) -> None:
     record: JobSetRecord = decode_set(raw.value)
     assert decode_set(encode_set(record)) == record
     assert [m.state for m in record.members] == [MemberState.RELEASED, MemberState.HELD, MemberState.HELD]
+
+
+def _interval(
+    job_id: str, attempt: int, gpus: int, start_s: float, end_s: float | None, rate: float
+) -> LedgerInterval:
+    return LedgerInterval(
+        job_id=JobId(job_id),
+        attempt=attempt,
+        tenant=TenantId("vision"),
+        user="alice",
+        cluster=ClusterName("onprem"),
+        provider="private",
+        region="dc1",
+        gpu_type=GpuType("A100"),
+        gpu_count=gpus,
+        kind=CapacityKind.PRIVATE,
+        start_s=start_s,
+        end_s=end_s,
+        usd_per_gpu_hour=rate,
+    )
+
+
+def test_a_sets_gpu_hours_and_cost_sum_every_run_of_every_member_up_to_now() -> None:
+    """Counts by phase, GPU-hours and cost so far: an ended member's earlier (failed) run and its
+    rerun, and a running member's open interval counted up to now."""
+    job = build_job("x", tenant="vision")
+    record = JobSetRecord(
+        tenant=TenantId("vision"),
+        name="evals",
+        user="alice",
+        created_at_s=0.0,
+        digest="d",
+        max_parallel=2,
+        array="0-2%2",
+        templates=(SetTemplate(job.spec, 0, "d"),),
+        members=(
+            SetMember("0", 0, 0, JobId("a2"), MemberState.RELEASED, earlier=(JobId("a1"),)),
+            SetMember("1", 0, 1, JobId("b"), MemberState.RELEASED),
+            SetMember("2", 0, 2, JobId("c"), MemberState.HELD),
+        ),
+    )
+    now = 10_000.0
+    views = [
+        MemberView(
+            record.members[0],
+            replace(job, job_id=JobId("a2"), phase=JobPhase.SUCCEEDED),
+            # The failed first run: 2 GPUs for half an hour at $2; the rerun: 1 GPU for an hour at $1.
+            (_interval("a1", 1, 2, 0.0, 1800.0, 2.0), _interval("a2", 1, 1, 2000.0, 5600.0, 1.0)),
+        ),
+        # Running: 4 GPUs since an hour ago at $0.5, open.
+        MemberView(
+            record.members[1],
+            replace(job, job_id=JobId("b"), phase=JobPhase.RUNNING),
+            (_interval("b", 1, 4, now - 3600.0, None, 0.5),),
+        ),
+        MemberView(record.members[2], None, ()),
+    ]
+    status = set_status(record, views, now_s=now)
+    assert status.counts == {"HELD": 1, "RUNNING": 1, "SUCCEEDED": 1}
+    assert status.gpu_hours == pytest.approx(1.0 + 1.0 + 4.0)
+    assert status.micro_usd == 2_000_000 + 1_000_000 + 2_000_000
+    assert not status.done
+    held = status.members[2]
+    assert held.reason.startswith("held: the set allows at most 2 jobs at once and 1 are queued or running")
