@@ -10,6 +10,13 @@ medians over several runs, and the admissions of the two must agree.
 
 Aim: one full cycle under 200 ms on a 2-core machine (recorded beside the measured value).
 
+A wait decided for one gang is reused for an equal gang decided on the same working state (every
+field but id and queue time equal; `placement.plan._Cycle.decide`). The scenario's gangs are all
+different (each has its own expected run time), so there it costs only its bookkeeping; the second
+scenario repeats each of a quarter as many gangs four times, as sweeps, arrays and a team's queue of
+equal jobs do, and compares the plan with reuse to the plan that decides every gang afresh, in turns
+in the same process (`repeated_*` figures; the two plans must be equal, reasons and all).
+
 Wait reasons are worded when read (`placement/reasons.py`); the scheduler reads only those of jobs
 whose reasons changed. `explain_all_ms` is the worst case: wording every waiting job's reasons after
 the cycle, once.
@@ -22,6 +29,7 @@ import gc
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.placer_reference import plan_reference  # noqa: E402
 from bench.placer_scenario import NOW, build  # noqa: E402
-from placement.plan import plan  # noqa: E402
+from placement.model import JobId, Snapshot  # noqa: E402
+from placement.plan import _plan, plan  # noqa: E402
 
 AIM_MS = 200.0
 
@@ -42,6 +51,37 @@ def timed(function: object, runs: int) -> tuple[list[float], object]:
         result = function()  # type: ignore[operator]
         times.append((time.perf_counter() - started) * 1000)
     return times, result
+
+
+def repeated(snapshot: Snapshot, copies: int) -> Snapshot:
+    """Each queued gang `copies` times, with other ids and later queue times."""
+    queued = tuple(
+        replace(g, job_id=JobId(f"{g.job_id}-{k}"), queued_at_s=g.queued_at_s + 0.25 * k)
+        for g in snapshot.queued
+        for k in range(copies)
+    )
+    return replace(snapshot, queued=queued)
+
+
+def reuse_figures(snapshot: Snapshot, runs: int) -> tuple[float, float, bool]:
+    """Median ms with reuse and without, measured in turns; whether the two plans are equal."""
+    reused_ms: list[float] = []
+    fresh_ms: list[float] = []
+    for _ in range(runs):
+        for reuse, times in ((True, reused_ms), (False, fresh_ms)):
+            gc.collect()
+            started = time.perf_counter()
+            _plan(snapshot, NOW, reuse=reuse)
+            times.append((time.perf_counter() - started) * 1000)
+    a, b = _plan(snapshot, NOW, reuse=True), _plan(snapshot, NOW, reuse=False)
+    equal = (a.admissions, a.preemptions, a.capacity_requests, a.reservations, a.moves) == (
+        b.admissions,
+        b.preemptions,
+        b.capacity_requests,
+        b.reservations,
+        b.moves,
+    ) and [(w.job_id, w.reasons) for w in a.waiting] == [(w.job_id, w.reasons) for w in b.waiting]
+    return statistics.median(reused_ms), statistics.median(fresh_ms), equal
 
 
 def main() -> None:
@@ -100,6 +140,19 @@ def main() -> None:
     print(f"per_admitted_job_us: {median * 1000 / max(admitted, 1):.1f} us")
     print(f"per_waiting_gang_us: {median * 1000 / max(len(snapshot.queued), 1):.1f} us")
     print(f"admissions_agree: {int(agree)} bool")
+
+    distinct_reused, distinct_fresh, distinct_equal = reuse_figures(snapshot, runs)
+    deep = repeated(build(gangs=args.gangs // 4), 4)
+    deep_reused, deep_fresh, deep_equal = reuse_figures(deep, runs)
+    print(
+        f"reuse: all different {distinct_reused:.1f} ms with, {distinct_fresh:.1f} ms without; "
+        f"{len(deep.queued)} gangs of {len(deep.queued) // 4} kinds {deep_reused:.1f} ms with, "
+        f"{deep_fresh:.1f} ms without"
+    )
+    print(f"distinct_reuse_cost_ratio: {distinct_reused / distinct_fresh:.3f} ratio")
+    print(f"repeated_cycle_median_ms: {deep_reused:.1f} ms")
+    print(f"repeated_speedup_from_reuse: {deep_fresh / deep_reused:.2f} x")
+    print(f"reuse_plans_equal: {int(distinct_equal and deep_equal)} bool")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def _running(
     teams: list[TenantId],
 ) -> list[RunningGang]:
     """Fill private pools to about 70%, cloud pools to about 40%, with gangs on known nodes."""
-    running = []
+    running: list[RunningGang] = []
     for cluster in clusters:
         for pool in cluster.pools:
             free = nodes[(cluster.name, pool.name)]
@@ -174,6 +174,7 @@ def _gangs(rng: random.Random, count: int, teams: list[TenantId]) -> list[GangRe
     for i in range(count):
         shape = rng.choices(SHAPES, SHAPE_WEIGHTS)[0]
         roll = rng.random()
+        types: tuple[GpuType, ...]
         if roll < 0.5:
             types, policy = (rng.choice(TYPES),), GpuTypePolicy.ORDERED
         elif roll < 0.8:

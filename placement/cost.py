@@ -48,6 +48,9 @@ class CostModel:
         bound = policy.spot_max_restart_slowdown
         # The reclaim exposure (reclaims expected over the run) at which restarts slow it by `bound`.
         self.spot_max_exposure = None if bound is None else restart_exposure_for(bound)
+        # How often a decision read a gang's queue time (the private wait counts from it): a decision
+        # that did is not reused for another gang (`plan._Cycle.decide`).
+        self.queue_time_reads = 0
 
     def work_s(self, gang: GangRequest) -> float:
         """Seconds of work on a GPU of speed 1.0."""
@@ -110,6 +113,7 @@ class CostModel:
         `private_finish_delay_s`: time from a private start to the finish (transfer and run).
         """
         policy = self.policy
+        self.queue_time_reads += 1
         saving = cloud_cost_usd - private_cost_usd
         if (
             policy.private_wait_s_per_gpu_hour <= 0

@@ -305,6 +305,8 @@ class Inventory:
         self._type_version = dict.fromkeys(self.by_type, 0)
         # The view each change of a type touched, in order: entry i took the type to version i + 1.
         self._changes: dict[GpuType, list[View]] = {gpu_type: [] for gpu_type in self.by_type}
+        # Every change to any offer's free GPUs in the cycle (`plan._Cycle._state`).
+        self.changes = 0
 
     def take(self, offer: Offer, placed: HistogramFit, shape: tuple[int, ...]) -> None:
         offer.free.take(placed)
@@ -319,6 +321,7 @@ class Inventory:
         self._changed(offer, offer.free.total_free - before)
 
     def _changed(self, offer: Offer, delta_free: int) -> None:
+        self.changes += 1
         offer.version += 1
         offer.view.version += 1
         gpu_type = offer.view.gpu_type

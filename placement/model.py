@@ -12,7 +12,8 @@ built by older callers keep their meaning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from placement.model_ids import (
     CapacityKind,
@@ -118,9 +119,21 @@ class GangRequest:
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
     # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.
     gpu_count: int = field(init=False, repr=False, compare=False)
+    # Every field a placement decision reads but the gang's identity and queue time: two gangs with
+    # equal keys, decided on the same working state, wait for the same reasons (`plan._Cycle.decide`).
+    # Made once per request, which the scheduler keeps across cycles, not once per decision.
+    decision_key: tuple[object, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(self.replica_gpus))
+        object.__setattr__(self, "decision_key", _deciding_fields(self))
+
+
+# Taken from the dataclass, so that a field added to GangRequest is part of the key without a change
+# here. The queue time is left out: only the private wait reads it, and a decision that did is not
+# reused (`CostModel.queue_time_reads`).
+_NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "decision_key"})
+_deciding_fields = attrgetter(*(f.name for f in fields(GangRequest) if f.name not in _NOT_DECIDING))
 
 
 @dataclass(frozen=True, slots=True)

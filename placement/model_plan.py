@@ -201,6 +201,13 @@ class Waiting:
         object.__setattr__(waiting, "_explanation", explanation)
         return waiting
 
+    def for_job(self, job_id: JobId) -> Waiting:
+        """The same wait for another job (a gang that waits for the same reasons)."""
+        if self._explanation is not None:
+            return Waiting.explained(job_id, self._explanation)
+        assert self._reasons is not None
+        return Waiting(job_id, self._reasons)
+
     @property
     def reasons(self) -> tuple[WaitReason, ...]:
         reasons = self._reasons

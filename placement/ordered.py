@@ -61,6 +61,10 @@ class OrderedEvictions:
         offers = self._inventory.search_order((first.gpu_type,), gang.allow_spot)
         return next((o for o in offers if o.view.cluster == first.cluster), None)
 
+    def carried(self) -> frozenset[JobId]:
+        """The jobs the cycle holds GPUs or leaving victims for, as it starts."""
+        return frozenset(self.leaving) | frozenset(self._held)
+
     def release(self, job_id: JobId) -> None:
         """The gang's turn: give back what was held for it since the start of the cycle."""
         held = self._held.pop(job_id, None)

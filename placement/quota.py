@@ -72,6 +72,8 @@ class QuotaBook:
                     self._guaranteed[(quota.tenant, gpu_type)] = share.guaranteed_gpus
         self._limit_reasons: dict[tuple[TenantId, GpuType, int, int], WaitReason] = {}
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
+        # How many times usage was added to in the cycle (`plan._Cycle._state`).
+        self.changes = 0
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
         self._held_back_by: dict[tuple[TenantId, GpuType], int] = {}
@@ -116,6 +118,7 @@ class QuotaBook:
         return self.held(tenant, gpu_type) - minus > self.guaranteed(tenant, gpu_type)
 
     def add(self, tenant: TenantId, gpu_type: GpuType, gpus: int) -> None:
+        self.changes += 1
         for node in self.path.get(tenant, (tenant,)):
             key = (node, gpu_type)
             self.usage[key] = self.usage.get(key, 0) + gpus
