@@ -40,16 +40,23 @@ def _root() -> type[BaseModel]:
     return root
 
 
+Loc = tuple[int | str, ...]
+# What a field holds, unwrapped from Optional and Annotated: a model, a list or map of something, or
+# a scalar (which the models' validation checks).
+Shape = tuple[str, Any]
+
+
 @cache
-def _fields(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's fields by their JSON name (`workingDir`), each with its type annotation."""
+def _fields(model: type[BaseModel]) -> dict[str, Shape]:
+    """The model's fields by their JSON name (`workingDir`), each with the shape of its type."""
     return {
-        (field.serialization_alias or name): field.annotation for name, field in model.model_fields.items()
+        (field.serialization_alias or name): _unwrap(field.annotation)
+        for name, field in model.model_fields.items()
     }
 
 
-def _unwrap(annotation: Any) -> tuple[str, Any]:
-    """('model', cls), ('list', item), ('map', value) or ('scalar', None) for a field's annotation."""
+def _unwrap(annotation: Any) -> Shape:
+    """('model', cls), ('list', shape), ('map', shape) or ('scalar', None) for a field's annotation."""
     while True:
         origin = typing.get_origin(annotation)
         if origin is typing.Annotated:
@@ -60,20 +67,21 @@ def _unwrap(annotation: Any) -> tuple[str, Any]:
                 return "scalar", None  # int-or-string: checked by the models
             annotation = options[0]
         elif origin is list:
-            return "list", typing.get_args(annotation)[0]
+            return "list", _unwrap(typing.get_args(annotation)[0])
         elif origin is dict:
-            return "map", typing.get_args(annotation)[1]
+            return "map", _unwrap(typing.get_args(annotation)[1])
         elif isinstance(annotation, type) and hasattr(annotation, "model_fields"):  # a pydantic model
             return "model", annotation
         else:
             return "scalar", None
 
 
-def _unknown_key(value: Any, model: type[BaseModel], path: str) -> InvalidSpec | None:
+def _unknown_key(value: dict[Any, Any], model: type[BaseModel], loc: Loc) -> tuple[Loc, str] | None:
+    """The location of the first key in `value` (and below) that its model does not declare, and why."""
     fields = _fields(model)
     for key, item in value.items():
-        at = key_path(path, str(key))
-        if key not in fields:
+        shape = fields.get(key)
+        if shape is None:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             camel = "".join(w.capitalize() if i else w for i, w in enumerate(str(key).split("_")))
             hint = (
@@ -81,25 +89,26 @@ def _unknown_key(value: Any, model: type[BaseModel], path: str) -> InvalidSpec |
                 if camel in fields
                 else (f"; did you mean {close[0]!r}?" if close else "")
             )
-            return InvalidSpec(at, f"unknown field {shorten(str(key))} of a Kubernetes {_kind(model)}{hint}")
-        found = _walk(item, fields[key], at)
-        if found is not None:
-            return found
+            return (*loc, str(key)), f"unknown field {shorten(str(key))} of a Kubernetes {_kind(model)}{hint}"
+        if shape[0] != "scalar":
+            found = _walk(item, shape, (*loc, key))
+            if found is not None:
+                return found
     return None
 
 
-def _walk(value: Any, annotation: Any, path: str) -> InvalidSpec | None:
-    shape, inner = _unwrap(annotation)
-    if shape == "model" and isinstance(value, dict):
-        return _unknown_key(value, inner, path)
-    if shape == "list" and isinstance(value, list):
+def _walk(value: Any, shape: Shape, loc: Loc) -> tuple[Loc, str] | None:
+    kind, inner = shape
+    if kind == "model" and isinstance(value, dict):
+        return _unknown_key(value, inner, loc)
+    if kind == "list" and isinstance(value, list) and inner[0] != "scalar":
         for i, item in enumerate(value):
-            found = _walk(item, inner, f"{path}[{i}]")
+            found = _walk(item, inner, (*loc, i))
             if found is not None:
                 return found
-    if shape == "map" and isinstance(value, dict):
+    if kind == "map" and isinstance(value, dict) and inner[0] != "scalar":
         for key, item in value.items():
-            found = _walk(item, inner, key_path(path, str(key)))
+            found = _walk(item, inner, (*loc, str(key)))
             if found is not None:
                 return found
     return None
@@ -157,9 +166,9 @@ def check_schema(template: dict[str, Any], path: str) -> None:
     """InvalidSpec naming the first field of `template` that a Kubernetes API server would not decode."""
     from pydantic import ValidationError
 
-    found = _unknown_key(template, _root(), path)
+    found = _unknown_key(template, _root(), ())
     if found is not None:
-        raise found
+        raise InvalidSpec(_loc_path(path, found[0]), found[1])
     try:
         _root().model_validate_json(json.dumps(template, default=_json_default), strict=True)
     except ValidationError as error:

@@ -162,21 +162,32 @@ def _normalised(raw: dict[str, Any], task: str) -> dict[str, Any]:
 # ---- after the schema: the API server's rules, then gpufed's
 
 
-def _text_everywhere(value: Any, path: str) -> None:
-    """No control or bidirectional characters anywhere: they hide text in a terminal, log or pod."""
+def _first_unsafe(value: Any) -> tuple[tuple[int | str, ...], str] | None:
+    """Where the first control or bidirectional character is (a key's location ends in its key),
+    and the character; None when there is none. Paths are built only for the one found."""
     if isinstance(value, str):
         found = unsafe_character(value)
-        if found is not None:
-            raise InvalidSpec(path, f"must not contain control or bidirectional characters: {found[1]}")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            at = key_path(path, key)
-            if unsafe_character(key) is not None:
-                raise InvalidSpec(at, "key must not contain control or bidirectional characters")
-            _text_everywhere(item, at)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _text_everywhere(item, f"{path}[{i}]")
+        return None if found is None else ((), found[1])
+    items: Any = (
+        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    )
+    for key, item in items:
+        if isinstance(key, str) and (bad := unsafe_character(key)) is not None:
+            return (key,), bad[1]
+        inner = _first_unsafe(item)
+        if inner is not None:
+            return (key, *inner[0]), inner[1]
+    return None
+
+
+def _text_everywhere(value: Any, path: str) -> None:
+    """No control or bidirectional characters anywhere: they hide text in a terminal, log or pod."""
+    found = _first_unsafe(value)
+    if found is not None:
+        at = path
+        for part in found[0]:
+            at = f"{at}[{part}]" if isinstance(part, int) else key_path(at, part)
+        raise InvalidSpec(at, f"must not contain control or bidirectional characters: {found[1]}")
 
 
 def _label_key(key: str, path: str) -> None:
