@@ -190,6 +190,8 @@ def wait_notes(refused: Sequence[Refusal], ops: Iterable[PendingOp], now_s: floa
 
 def annotate(waiting: Sequence[Waiting], notes: Mapping[JobId, WaitReason]) -> list[Waiting]:
     """The placer's reasons, with the capacity reconciler's word replacing its capacity request."""
+    if not notes:
+        return list(waiting)  # the usual case: no walk of a deep queue on the event loop
     out = []
     for w in waiting:
         note = notes.get(w.job_id)

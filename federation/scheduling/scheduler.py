@@ -45,7 +45,6 @@ from placement.model import (
     Move,
     Plan,
     Preemption,
-    Snapshot,
     TenantId,
     Waiting,
     WaitReason,
@@ -74,8 +73,19 @@ class CycleResult:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """One cycle's plan, with what the event loop needs of it worked out beside it on the thread."""
+
+    plan: Plan
+    # The jobs the plan names, by id, with the revisions the snapshot was built from.
+    stored: Mapping[JobId, Stored[JobRecord]]
+    # Queued jobs by tenant, for the queue-depth gauge.
+    queue_depth: Mapping[str, int]
+
+
 def _snapshot_and_plan(
-    jobs: Sequence[JobRecord],
+    live: Sequence[Stored[JobRecord]],
     inputs: PlacerInputs,
     inventories: Sequence[ClusterState],
     statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
@@ -84,9 +94,12 @@ def _snapshot_and_plan(
     now: float,
     requests: GangRequests,
     held_off: frozenset[JobId] = frozenset(),
-) -> tuple[Snapshot, Plan]:
+) -> _Planned:
+    # Everything here walks every live job: on the worker thread, not the event loop, where 20,000
+    # queued jobs made each walk a pause of every API call in flight (issue 30, item 15).
+    stored = {s.value.job_id: s for s in live}
     snapshot = build_snapshot(
-        jobs,
+        [s.value for s in live],
         inputs,
         inventories,
         statuses=statuses,
@@ -96,7 +109,8 @@ def _snapshot_and_plan(
         held_off=held_off,
     )
     requests.keep_only({q.job_id for q in snapshot.queued})
-    return snapshot, plan(snapshot, now=now)
+    depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
+    return _Planned(plan(snapshot, now=now), stored, depth)
 
 
 class CapacityHook(Protocol):
@@ -220,8 +234,7 @@ class Scheduler:
 
     async def run_cycle(self, fence: Fence | None) -> CycleResult:
         started = time.perf_counter()
-        stored_jobs = {s.value.job_id: s for s in self._cache.live_jobs()}
-        jobs = [s.value for s in stored_jobs.values()]
+        live = self._cache.live_jobs()
         inputs = await self._inputs.read()
         # Statuses read with the inventory, not the reconciler's from up to a tick ago: the snapshot
         # holds back the GPUs of dispatched gangs whose pods the inventory does not show yet, and a
@@ -246,9 +259,9 @@ class Scheduler:
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
         # worker thread the event loop still gets the GIL every switch interval, so API calls wait
         # milliseconds behind a long cycle instead of its whole length.
-        snapshot, result = await asyncio.to_thread(
+        planned = await asyncio.to_thread(
             _snapshot_and_plan,
-            jobs,
+            live,
             inputs,
             inventories,
             statuses,
@@ -259,6 +272,7 @@ class Scheduler:
             # Gangs whose cluster refused the last order to evict them: none is ordered again yet.
             self._members.held_off(now),
         )
+        result, stored_jobs = planned.plan, planned.stored
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
         evictions = await asyncio.gather(
@@ -289,7 +303,7 @@ class Scheduler:
             self._capacity.offer(result.capacity_requests, starts)
             waiting = self._capacity.annotate(result.waiting)
         await self._write_reasons(waiting, fence, semaphore)
-        self._metrics.set_queue_depth(Counter(q.tenant for q in snapshot.queued))
+        self._metrics.set_queue_depth(planned.queue_depth)
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
         self._last_waiting = len(result.waiting)
@@ -466,10 +480,8 @@ class Scheduler:
         self._written_reasons = {job_id: (_READ_FROM_STORE, reasons) for job_id, reasons in stored.items()}
         self._reasons_read, self._reasons_fence = True, fence
 
-    async def _write_reasons(
-        self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
-    ) -> None:
-        await self._read_written_reasons(fence)
+    def _reasons_to_write(self, waiting: Sequence[Waiting]) -> tuple[list[Waiting], list[JobId]]:
+        """The waits whose reasons differ from those written, and the jobs no longer waiting."""
         changed = []
         for w in waiting:
             written = self._written_reasons.get(w.job_id)
@@ -483,16 +495,24 @@ class Scheduler:
                 self._written_reasons[w.job_id] = (key, written[1])
                 continue
             changed.append(w)
+        still_waiting = {w.job_id for w in waiting}
+        # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so
+        # that etcd does not keep one stale key per job ever queued.
+        left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
+        return changed, left
+
+    async def _write_reasons(
+        self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
+    ) -> None:
+        await self._read_written_reasons(fence)
+        # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
+        # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
+        changed, left = await asyncio.to_thread(self._reasons_to_write, waiting)
 
         async def write(w: Waiting) -> None:
             async with semaphore:
                 await self._store.put_wait_reasons(w.job_id, w.reasons, fence=fence)
             self._written_reasons[w.job_id] = (w.key, w.reasons)
-
-        still_waiting = {w.job_id for w in waiting}
-        # A job that stopped waiting (admitted or cancelled) has no reasons any more: delete them so
-        # etcd does not keep one stale key per job ever queued.
-        left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
 
         async def clear(job_id: JobId) -> None:
             async with semaphore:
