@@ -45,6 +45,14 @@ from dataclasses import dataclass
 # Bodies up to this size go out in the same write as the head (one syscall); larger ones are written
 # after it without being copied into a joined buffer.
 _JOIN_BODY_MAX_BYTES = 64 * 1024
+# Larger bodies are written in slices of this size, each once the transport has drained below its
+# high-water mark: what the kernel does not take at once is copied into the transport's buffer (and,
+# over TLS, encrypted into another), so one whole 16 MiB part written at once was another 16 MiB (32
+# over TLS) held per connection beside the part itself. Sliced, that is at most a slice.
+_WRITE_SLICE_BYTES = 256 * 1024
+# A response body of a known length above this is read into one buffer of that length as it arrives,
+# and handed over without a copy (a 16 MiB GET was a growing buffer, then a copy of it).
+_PREALLOCATE_MIN_BYTES = 64 * 1024
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _MAX_HEAD_BYTES = 64 * 1024
 
@@ -79,7 +87,8 @@ class HttpResponse:
     status: int
     # Lower-case names. A repeated header keeps its last value (S3 repeats none we read).
     headers: dict[str, str]
-    body: bytes
+    # A bytearray for a large body of known length (read in place, never copied), else bytes.
+    body: bytes | bytearray
 
 
 class _Connection(asyncio.Protocol):
@@ -104,6 +113,9 @@ class _Connection(asyncio.Protocol):
         self._length = 0
         self._chunks: list[bytes] = []
         self._got_bytes = False
+        # A large Content-Length body, filled in place (see _PREALLOCATE_MIN_BYTES), and how far.
+        self._body: bytearray | None = None
+        self._filled = 0
 
     # asyncio.Protocol
 
@@ -116,6 +128,9 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None or self._waiter.done():
             # Bytes nobody asked for (after a response, or while idle): the connection cannot be reused.
             self._abort()
+            return
+        if self._body is not None:
+            self._fill(data)
             return
         self._buf += data
         try:
@@ -136,6 +151,7 @@ class _Connection(asyncio.Protocol):
             self._keep_alive = False
             self._finish(bytes(self._buf))
             return
+        self._body = None
         if not self._got_bytes and self.used:
             waiter.set_exception(_StaleConnection("the server closed the reused connection"))
         elif not self._got_bytes:
@@ -162,17 +178,31 @@ class _Connection(asyncio.Protocol):
         self._waiter = waiter
         self._head_request = head_request
         self._status, self._mode, self._length, self._keep_alive, self._got_bytes = 0, 0, 0, True, False
-        self._chunks = []
+        self._chunks, self._body, self._filled = [], None, 0
         if body is not None and 0 < len(body) <= _JOIN_BODY_MAX_BYTES:
             self.transport.write(head + body)
         else:
             self.transport.write(head)
             if body is not None and len(body):
-                self.transport.write(body)
+                view = memoryview(body).cast("B")
+                for start in range(0, len(view), _WRITE_SLICE_BYTES):
+                    await self._drained()
+                    if self.closed or waiter.done():
+                        break  # lost, timed out, or answered early (an error): the rest is not wanted
+                    self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
+        await self._drained()
+        try:
+            return await waiter
+        finally:
+            # An idle connection must not keep its last response (the future holds the body: with 64
+            # pooled connections that was up to 64 part-sized bodies held after their parts were sent).
+            self._waiter, self._chunks = None, []
+
+    async def _drained(self) -> None:
+        """Wait until the transport is below its high-water mark (or the connection is gone)."""
         if self._paused and not self.closed:
             self._drain = self._loop.create_future()
             await self._drain
-        return await waiter
 
     @property
     def reusable(self) -> bool:
@@ -201,7 +231,7 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(e)
 
-    def _finish(self, body: bytes) -> None:
+    def _finish(self, body: bytes | bytearray) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(HttpResponse(self._status, self._headers, body))
@@ -219,6 +249,12 @@ class _Connection(asyncio.Protocol):
                 if not self._read_head(head):
                     continue  # a 1xx interim response: the real one follows
             if self._mode == 1:
+                if self._length >= _PREALLOCATE_MIN_BYTES and len(self._buf) < self._length:
+                    self._body, self._filled = bytearray(self._length), 0
+                    rest = bytes(self._buf)
+                    self._buf.clear()
+                    self._fill(rest)
+                    return
                 if len(self._buf) < self._length:
                     return
                 if len(self._buf) > self._length:
@@ -237,6 +273,22 @@ class _Connection(asyncio.Protocol):
                 self._finish(b"".join(self._chunks))
                 return
             return  # mode 3: the body ends with the connection
+
+    def _fill(self, data: bytes) -> None:
+        """Copy `data` into the preallocated body; finish the response once it is whole."""
+        body = self._body
+        assert body is not None
+        take = min(len(data), self._length - self._filled)
+        body[self._filled : self._filled + take] = data[:take] if take < len(data) else data
+        self._filled += take
+        if self._filled < self._length:
+            return
+        self._body = None
+        if take < len(data):
+            # Bytes after the body: the response is whole, but the connection is not reusable.
+            self._keep_alive = False
+            self._buf += data[take:]
+        self._finish(body)
 
     def _read_head(self, head: str) -> bool:
         """Parse the status line and headers; set the body's framing. False for a 1xx response."""

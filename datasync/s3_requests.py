@@ -253,7 +253,7 @@ class S3Requests:
         headers: Mapping[str, str] | None,
         data: bytes | memoryview | None,
         what: str,
-    ) -> tuple[bytes, Mapping[str, str]]:
+    ) -> tuple[bytes | bytearray, Mapping[str, str]]:
         """One signed request; the reply's body and headers (lower-case names)."""
         pool = self._lean_pool()
         # The path as `object_url` has it, without building and parsing the URL back; the query in
@@ -351,12 +351,15 @@ class S3Requests:
                 return
             token = _unescape(tokens[0])
 
-    async def get_object(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+    async def get_object(
+        self, key: str, start: int | None = None, end: int | None = None
+    ) -> bytes | memoryview:
+        """The object's bytes (a large body is the client's own buffer, as a view: never copied)."""
         headers = {}
         if start is not None or end is not None:
             headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
         raw, _ = await self._send("GET", key, headers=headers, data=None, what=f"get {key!r}")
-        return raw
+        return raw if isinstance(raw, bytes) else memoryview(raw)
 
     async def put_object(self, key: str, data: bytes | memoryview) -> str | None:
         _, headers = await self._send("PUT", key, headers=None, data=data, what=f"put {key!r}")

@@ -2,12 +2,13 @@
 
 obstore was picked for speed: against a local SeaweedFS it did about 1,500 PUTs and 2,200 GETs of 4 KiB
 objects per second from one Python process on 2 cores, where a boto3 thread pool managed about 210, and
-a listing of 20,000 objects takes about half a second. Ranged GETs, large PUTs, same-bucket copies and
-deletes go through it. For S3 with static credentials, listings, explicit multipart parts, cross-bucket
-copies, whole-object GETs and PUTs of small bodies go through `S3Requests` (signed requests on our
-lean HTTP/1.1 client, aiohttp for https): per small
-object it costs a third less CPU than obstore (see `_SIGNED_BODY_MAX_BYTES`). GCS and Azure upload large
-objects with obstore's own multipart `put`, which is not resumable part by part
+a listing of 20,000 objects takes about half a second. GCS, Azure and S3 without credentials (anonymous
+reads) go through it entirely. For S3 with credentials, every GET (whole or ranged), PUT, copy, listing
+and multipart call goes through `S3Requests` (signed requests on our lean HTTP/1.1 client, over TCP or
+TLS: one client path for http and https endpoints, issue 36); only bulk deletes stay with obstore. On
+4 KiB objects the lean client did 1,860 PUTs and 2,930 GETs a second over HTTPS where obstore did 1,440
+and 1,930, at 40 % of its CPU per request (docs/datasync.md, "HTTP client"). GCS and Azure upload
+large objects with obstore's own multipart `put`, which is not resumable part by part
 (`supports_resumable_multipart` is False there).
 """
 
@@ -30,11 +31,6 @@ _MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
 # of the bytes: obstore's own multipart `put` (which gave `md5-of-parts-2` for a 16-32 MiB object and made
 # every such object fail its ETag check) is used only where the protocol needs it.
 _S3_SINGLE_PUT_MAX_BYTES = 5 * 1024**3
-# Whole-object GETs, and PUTs of bodies up to this size, go through `S3Requests` where the store has one.
-# Copying 5,000 objects of 4 KiB between two local SeaweedFS servers, it took 2.05 CPU-s against obstore's
-# 3.0 and 14% less wall time (each obstore call is two hops between the event loop and obstore's runtime,
-# a cross-thread wakeup each); at 4 MiB the two were level, so larger bodies stay with obstore.
-_SIGNED_BODY_MAX_BYTES = 8 * 1024 * 1024
 # obstore raises the builtin FileNotFoundError / PermissionError for some statuses, its own errors for others.
 _ERRORS = (obx.BaseError, FileNotFoundError, PermissionError)
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -131,9 +127,7 @@ class ObstoreStore:
             raise map_error(e, f"{self._name}: list {prefix!r}") from None
 
     async def get(self, path: str, *, start: int | None = None, end: int | None = None) -> Blob:
-        raw = self._raw(path)
-        if raw is None and start is None and end is None:
-            raw = self._s3
+        raw = self._raw(path) or self._s3
         if raw is not None:
             return await self._named(raw.get_object(path, start, end))
         try:
@@ -148,10 +142,9 @@ class ObstoreStore:
             raise map_error(e, f"{self._name}: get {path}") from None
 
     async def put(self, path: str, data: Blob) -> str | None:
-        raw = self._raw(path)
-        if raw is None and len(data) <= _SIGNED_BODY_MAX_BYTES:
-            raw = self._s3
-        if raw is not None:
+        named = self._raw(path)
+        raw = named or self._s3
+        if raw is not None and (named is not None or len(data) <= _S3_SINGLE_PUT_MAX_BYTES):
             return await self._named(raw.put_object(path, data))
         limit = _S3_SINGLE_PUT_MAX_BYTES if self._s3 is not None else _MULTIPART_CHUNK_BYTES
         try:
@@ -205,9 +198,7 @@ class ObstoreStore:
     async def copy_from(self, source: ObjectStore, src_path: str, dst_path: str) -> str | None:
         if not isinstance(source, ObstoreStore) or not self.can_copy_from(source):
             raise StoreUnavailable(f"{self._name}: cannot copy server-side from {source.name}")
-        if self._s3 is not None and (
-            source.bucket != self.bucket or not (obstore_can_name(src_path) and obstore_can_name(dst_path))
-        ):
+        if self._s3 is not None:
             return await self._s3.copy_object(source.bucket, src_path, dst_path)
         try:
             await obstore.copy_async(self.raw, src_path, dst_path)
