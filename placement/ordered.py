@@ -38,10 +38,12 @@ def _take(nodes: list[int], gpus: int) -> list[int]:
 class OrderedEvictions:
     def __init__(self, snapshot: Snapshot, inventory: Inventory, running: RunningIndex) -> None:
         self._inventory = inventory
-        queued = {g.job_id: g for g in snapshot.queued}
         self.leaving: dict[JobId, list[RunningGang]] = {}
-        for gang in sorted(snapshot.running, key=lambda g: g.job_id):
-            if gang.terminating and gang.evicted_for is not None and gang.evicted_for in queued:
+        ordered = [g for g in snapshot.running if g.terminating and g.evicted_for is not None]
+        # Only when orders are out: the queue can be tens of thousands deep and this runs every cycle.
+        queued = {g.job_id: g for g in snapshot.queued} if ordered else {}
+        for gang in sorted(ordered, key=lambda g: g.job_id):
+            if gang.evicted_for in queued:
                 self.leaving.setdefault(gang.evicted_for, []).append(gang)
                 running.claimed.add(gang.job_id)
         self._held: dict[JobId, tuple[Offer, list[int]]] = {}

@@ -164,6 +164,9 @@ class GangRequests:
         return request
 
     def keep_only(self, job_ids: set[JobId]) -> None:
+        """Forget the jobs not in `job_ids`, which holds every job asked for since the last call."""
+        if len(self._built) == len(job_ids):
+            return  # all asked for this cycle, so nothing else is kept: no walk of the whole queue
         for job_id in [j for j in self._built if j not in job_ids]:
             del self._built[job_id]
 
@@ -203,9 +206,19 @@ def build_snapshot(
 ) -> Snapshot:
     statuses = statuses or {}
     usage = usage or {}
-    queued = tuple(requests(j, inputs) for j in jobs if j.phase is JobPhase.QUEUED and not j.cancel_requested)
-    running = []
+    # One pass splits the queue from the rest: a queued job holds no capacity and has nothing pending
+    # on a cluster, so the loops below need only the others (a deep queue is most of the jobs).
+    queued_jobs: list[JobRecord] = []
+    placed: list[JobRecord] = []
     for job in jobs:
+        if job.phase is JobPhase.QUEUED:
+            if not job.cancel_requested:
+                queued_jobs.append(job)
+        else:
+            placed.append(job)
+    queued = tuple(requests(j, inputs) for j in queued_jobs)
+    running = []
+    for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None
         on_cluster = statuses.get(cluster) if cluster is not None else None
         status = on_cluster.get((job.job_id, job.attempt)) if on_cluster is not None else None
@@ -213,7 +226,7 @@ def build_snapshot(
         if gang is not None:
             running.append(gang)
     pending = []
-    for job in jobs:
+    for job in placed:
         if job.placement is None:
             continue
         on_cluster = statuses.get(job.placement.cluster)
