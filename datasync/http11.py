@@ -454,6 +454,12 @@ class HttpPool:
                     ssl=self._tls,
                     server_hostname=self.host if self._tls is not None else None,
                 )
+        except ssl.SSLCertVerificationError as e:
+            # verify_message says why: "unable to get local issuer certificate", "certificate has
+            # expired", "IP address mismatch, certificate is not valid for '127.0.0.1'".
+            raise TlsError(
+                f"TLS with {self.host}:{self.port}: certificate verify failed: {e.verify_message}"
+            ) from e
         except ssl.SSLError as e:
             raise TlsError(f"TLS with {self.host}:{self.port}: {e.reason or e}") from e
         except TimeoutError:
