@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -70,19 +71,21 @@ def empty_big_buckets(process: SeaweedProcess, above_bytes: int) -> list[str]:
 def store_of(process: SeaweedProcess, name: str, bucket: str) -> SeaweedStore:
     key_var, secret_var = f"{name.upper()}_KEY_ID", f"{name.upper()}_SECRET"
     config = S3StoreConfig(
-        bucket, endpoint=process.endpoint, access_key_id_env=key_var, secret_access_key_env=secret_var
+        bucket,
+        endpoint=process.endpoint,
+        access_key_id_env=key_var,
+        secret_access_key_env=secret_var,
+        ca_bundle=str(process.tls.ca) if process.tls is not None else None,  # HTTPS: trust the run's CA
     )
     return SeaweedStore(name, config, {key_var: process.access_key_id, secret_var: process.secret_access_key})
 
 
 def _child_sync(args: dict[str, object]) -> None:
     async def run() -> None:
-        source = SeaweedStore(
-            str(args["source_name"]), S3StoreConfig(**args["source"]), dict(os.environ)
-        ).open()  # type: ignore[arg-type]
-        target = SeaweedStore(
-            str(args["target_name"]), S3StoreConfig(**args["target"]), dict(os.environ)
-        ).open()  # type: ignore[arg-type]
+        source_keys: dict[str, Any] = args["source"]  # type: ignore[assignment]
+        target_keys: dict[str, Any] = args["target"]  # type: ignore[assignment]
+        source = SeaweedStore(str(args["source_name"]), S3StoreConfig(**source_keys), dict(os.environ)).open()
+        target = SeaweedStore(str(args["target_name"]), S3StoreConfig(**target_keys), dict(os.environ)).open()
         manifest = await build_manifest(source, str(args["source_prefix"]))
         journal = LocalJournal(args["journal"])  # type: ignore[arg-type]
         plan = await plan_sync(
