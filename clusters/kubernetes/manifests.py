@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusters.api import GangWorkload, ReplicaSpec
+from clusters.kubernetes import rendezvous
 from clusters.kubernetes.inventory import GANG_LABEL, GPU_RESOURCE, PRODUCT_LABEL, TOLERATED_TAINTS, NodeInfo
 from clusters.kubernetes.names import dns_label, label_value, namespace_for, queue_for, task_name
 from clusters.kubernetes.status import (
@@ -248,28 +249,32 @@ def volcano_job(
     gang: GangWorkload, name: str, namespace: str, selection: NodeSelection, *, master_port: int
 ) -> Json:
     tasks = _tasks(gang)
-    first_task = task_name(name, tasks[0][0], len(tasks[0][1]))
-    rendezvous = [
-        {"name": "MASTER_ADDR", "value": f"{name}-{first_task}-0.{name}"},
-        {"name": "MASTER_PORT", "value": str(master_port)},
-        {"name": "WORLD_SIZE", "value": str(len(gang.replicas))},
-    ]
+    shorts = [task_name(name, task, len(replicas)) for task, replicas in tasks]
+    # Volcano's svc plugin names each pod `<job>-<task>-<index>` with the job as its subdomain.
+    lay = rendezvous.layout(
+        [
+            (
+                [f"{name}-{short}-{i}.{name}" for i in range(len(replicas))],
+                rendezvous.nproc_per_node(replicas[0].gpu_count),
+                rendezvous.VOLCANO_TASK_INDEX,
+            )
+            for short, (_, replicas) in zip(shorts, tasks, strict=True)
+        ]
+    )
     vc_tasks: list[Json] = []
-    offset = 0
-    for position, (task, replicas) in enumerate(tasks):
-        short = task_name(name, task, len(replicas))
-        env = [*rendezvous, {"name": "GPUFED_RANK_OFFSET", "value": str(offset)}]
-        offset += len(replicas)
+    for position, ((task, replicas), short, group) in enumerate(zip(tasks, shorts, lay.groups, strict=True)):
+        launcher = position == 0
+        env = rendezvous.environment(lay, group, master_port, launcher=launcher)
         template = _template(replicas[0])
+        spec = _pod_spec(gang, replicas[0], selection, env, scheduler="volcano", template=template)
+        metadata = _template_metadata(gang, name, task, template)
+        _rendezvous_files(spec, metadata, lay, group, launcher=launcher)
         vc_task: Json = {
             "name": short,
             "replicas": len(replicas),
-            "template": {
-                "metadata": _template_metadata(gang, name, task, template),
-                "spec": _pod_spec(gang, replicas[0], selection, env, scheduler="volcano", template=template),
-            },
+            "template": {"metadata": metadata, "spec": spec},
         }
-        if position == 0:
+        if launcher:
             # The master's end is the gang's end: its workers are then stopped, not waited for.
             vc_task["policies"] = [{"event": "TaskCompleted", "action": "CompleteJob"}]
         vc_tasks.append(vc_task)
@@ -294,6 +299,18 @@ def volcano_job(
     }
 
 
+def _rendezvous_files(
+    spec: Json, metadata: Json, lay: rendezvous.Layout, group: rendezvous.PodGroup, *, launcher: bool
+) -> None:
+    """The rank prelude where Kubernetes cannot write a pod's ranks, and the launcher's hostfile."""
+    main: Json = spec["containers"][0]
+    if rendezvous.needs_prelude(group):
+        main["command"] = rendezvous.wrap_command(main.get("command") or [])
+    if launcher:
+        metadata["annotations"][rendezvous.HOSTFILE_ANNOTATION] = rendezvous.hostfile(lay)
+        rendezvous.mount_hostfile(spec, main)
+
+
 def uniform_replica(gang: GangWorkload) -> ReplicaSpec | None:
     """The one pod template an Indexed Job can have; None when replicas differ in what they run."""
     first = gang.replicas[0]
@@ -316,19 +333,23 @@ def indexed_job(
     if replica is None:
         raise ValueError(f"gang {gang.name}: an Indexed Job needs replicas that all run the same pod")
     count = len(gang.replicas)
-    env: list[Json] = [
-        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
-        {"name": "MASTER_PORT", "value": str(master_port)},
-        {"name": "WORLD_SIZE", "value": str(count)},
-        {
-            "name": "RANK",
-            "valueFrom": {
-                "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}
-            },
-        },
-    ]
+    # The Job controller names each pod's host `<job>-<index>`; the subdomain is the Service.
+    lay = rendezvous.layout(
+        [
+            (
+                [f"{name}-{i}.{name}" for i in range(count)],
+                rendezvous.nproc_per_node(replica.gpu_count),
+                rendezvous.COMPLETION_INDEX,
+            )
+        ]
+    )
+    (group,) = lay.groups
+    env = rendezvous.environment(lay, group, master_port, launcher=True)
     template = _template(replica)
     pod_spec = _pod_spec(gang, replica, selection, env, scheduler=None, template=template)
+    metadata = _template_metadata(gang, name, replica.task, template)
+    # One template for every pod: each gets the hostfile; index 0 (rank 0) is the launcher.
+    _rendezvous_files(pod_spec, metadata, lay, group, launcher=True)
     pod_spec["subdomain"] = name
     return {
         "apiVersion": "batch/v1",
@@ -347,10 +368,7 @@ def indexed_job(
                     }
                 ]
             },
-            "template": {
-                "metadata": _template_metadata(gang, name, replica.task, template),
-                "spec": pod_spec,
-            },
+            "template": {"metadata": metadata, "spec": pod_spec},
         },
     }
 

@@ -398,8 +398,9 @@ async def test_indexed_job_shape(world: World) -> None:
     assert pod["priorityClassName"] == "default"
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"
-    assert env["WORLD_SIZE"]["value"] == "2"
-    assert "batch.kubernetes.io/job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env["WORLD_SIZE"]["value"] == "8"  # processes: 2 pods of 4 GPUs
+    index = env["GPUFED_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert "batch.kubernetes.io/job-completion-index" in index
     service = await world.call(world.core.read_namespaced_service, name, NS)
     assert service.spec.cluster_ip == "None"
     assert service.spec.selector == {"gpufed.io/gang": name}
@@ -441,7 +442,7 @@ async def test_volcano_job_shape(vc_world: World) -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MASTER_ADDR"] == f"{name}-master-0.{name}"
-    assert env["WORLD_SIZE"] == "4"
+    assert env["WORLD_SIZE"] == "16"  # processes: 4 pods of 4 GPUs
     group = await vc_world.call(
         vc_world.custom.get_namespaced_custom_object,
         "scheduling.volcano.sh",

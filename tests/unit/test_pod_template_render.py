@@ -150,7 +150,7 @@ def test_indexed_job_carries_the_template_and_its_own_subdomain() -> None:
     assert pod["containers"][0]["name"] == "trainer"
     assert pod["subdomain"] == "llm-1-a1"
     assert "schedulerName" not in pod
-    assert {v["name"] for v in pod["volumes"]} == {"scratch"}
+    assert {v["name"] for v in pod["volumes"]} == {"scratch", "gpufed-hostfile"}
 
 
 def test_replicas_of_different_templates_are_not_uniform() -> None:
