@@ -26,6 +26,7 @@ CODE_RANK: Final = {
             Code.APPROVAL_EXPIRED,
             Code.BUDGET_SPENT,
             Code.NO_CLUSTER_HAS_GPU_TYPE,
+            Code.PLACEMENT_RULES,
             Code.SPOT_NOT_ALLOWED,
             Code.CLUSTER_UNREACHABLE,
             Code.TENANT_CAP_REACHED,

@@ -23,8 +23,10 @@ from placement.model import (
     CapacityKind,
     ClusterName,
     ClusterState,
+    GangRequest,
     GpuType,
     NodePool,
+    Pinning,
     PolicyConfig,
     ScalablePool,
     WaitReason,
@@ -250,7 +252,11 @@ class Inventory:
         reachable: dict[ClusterName, bool] = {}
         stores: dict[ClusterName, str | None] = {}
         scalable: list[tuple[ClusterName, ScalablePool]] = []
+        # What a gang's placement rules and shape ask of a cluster (`eligible`).
+        self.sites: dict[ClusterName, tuple[str, str, bool]] = {}
         for cluster in clusters:
+            mixed = cluster.runs_mixed_gangs and self.sites.get(cluster.name, ("", "", True))[2]
+            self.sites[cluster.name] = (cluster.region, cluster.provider.value, mixed)
             reachable[cluster.name] = reachable.get(cluster.name, True) and cluster.reachable
             stores[cluster.name] = min(
                 (s for s in (stores.get(cluster.name), cluster.object_store) if s is not None), default=None
@@ -302,11 +308,42 @@ class Inventory:
         self.stores = stores
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._by_work_price: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
+        self._eligible: dict[tuple[Pinning, bool], frozenset[ClusterName] | None] = {}
+        self._within: dict[tuple[int, tuple[GpuType, ...], bool, frozenset[ClusterName]], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
         # The view each change of a type touched, in order: entry i took the type to version i + 1.
         self._changes: dict[GpuType, list[View]] = {gpu_type: [] for gpu_type in self.by_type}
         # Every change to any offer's free GPUs in the cycle (`plan._Cycle._state`).
         self.changes = 0
+
+    def eligible(self, gang: GangRequest) -> frozenset[ClusterName] | None:
+        """The clusters the gang's placement rules and shape allow; None when it may use every one
+        (the common case, which then takes the unfiltered paths at no cost)."""
+        if gang.uniform and not gang.pinning:
+            return None
+        key = (gang.pinning, gang.uniform)
+        if key not in self._eligible:
+            allowed = frozenset(
+                name
+                for name, (region, cloud, mixed) in self.sites.items()
+                if (gang.uniform or mixed) and gang.pinning.allows(name, region, cloud)
+            )
+            self._eligible[key] = None if len(allowed) == len(self.sites) else allowed
+        return self._eligible[key]
+
+    def _within_clusters(
+        self,
+        kind: int,
+        offers: list[Offer],
+        types: tuple[GpuType, ...],
+        spot: bool,
+        clusters: frozenset[ClusterName],
+    ) -> list[Offer]:
+        key = (kind, types, spot, clusters)
+        found = self._within.get(key)
+        if found is None:
+            found = self._within[key] = [o for o in offers if o.view.cluster in clusters]
+        return found
 
     def take(self, offer: Offer, placed: HistogramFit, shape: tuple[int, ...]) -> None:
         offer.free.take(placed)
@@ -338,8 +375,14 @@ class Inventory:
         """The views of this type changed since the type had `since_version` (with repeats)."""
         return self._changes[gpu_type][since_version:]
 
-    def search_order(self, gpu_types: Iterable[GpuType], allow_spot: bool) -> list[Offer]:
-        """Reachable offers of these types that the gang may use, in a fixed order (cached)."""
+    def search_order(
+        self, gpu_types: Iterable[GpuType], allow_spot: bool, clusters: frozenset[ClusterName] | None = None
+    ) -> list[Offer]:
+        """Reachable offers of these types that the gang may use, in a fixed order (cached); only
+        those on `clusters` when given (`eligible`)."""
+        if clusters is not None:
+            types = tuple(gpu_types)
+            return self._within_clusters(0, self.search_order(types, allow_spot), types, allow_spot, clusters)
         # A gang's own tuple of types is the usual question: look it up as given before normalising it.
         if isinstance(gpu_types, tuple):
             found = self._search.get((gpu_types, allow_spot))
@@ -360,9 +403,19 @@ class Inventory:
         self._search[(given, allow_spot)] = found
         return found
 
-    def by_work_price(self, gpu_types: Iterable[GpuType], allow_spot: bool, costs: CostModel) -> list[Offer]:
+    def by_work_price(
+        self,
+        gpu_types: Iterable[GpuType],
+        allow_spot: bool,
+        costs: CostModel,
+        clusters: frozenset[ClusterName] | None = None,
+    ) -> list[Offer]:
         """`search_order`'s offers by price per unit of work (price / speed), then price, kind and key;
         private offers first with `prefer_private`."""
+        if clusters is not None:
+            types = tuple(gpu_types)
+            ordered = self.by_work_price(types, allow_spot, costs)
+            return self._within_clusters(1, ordered, types, allow_spot, clusters)
         if isinstance(gpu_types, tuple):
             found = self._by_work_price.get((gpu_types, allow_spot))
             if found is not None:

@@ -22,6 +22,7 @@ from placement.model_ids import (
     GpuTypePolicy,
     JobId,
     JobPhase,
+    Pinning,
     Provider,
     TenantId,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Move",
     "NodePool",
     "NodeShare",
+    "Pinning",
     "Plan",
     "PolicyConfig",
     "PoolSpec",
@@ -117,6 +119,11 @@ class GangRequest:
     dataset_cached_in: tuple[str, ...] = ()
     # Relative speeds for this job, overriding the snapshot's (e.g. (("H100", 2.0), ("A100", 1.0))).
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
+    # Clusters, regions and clouds the job must or must not run in (its manifest's `spec.placement`).
+    pinning: Pinning = field(default_factory=Pinning)
+    # False when its replicas differ in what they run (a master of 0 GPUs and workers of 8, say): only
+    # a cluster that runs such a gang as one object (Volcano) can take it (`ClusterState.runs_mixed_gangs`).
+    uniform: bool = True
     # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.
     gpu_count: int = field(init=False, repr=False, compare=False)
     # Every field a placement decision reads but the gang's identity and queue time: two gangs with
@@ -218,6 +225,9 @@ class ClusterState:
     # Object store that serves datasets to this cluster, if any.
     object_store: str | None = None
     scalable_pools: tuple[ScalablePool, ...] = ()
+    # Whether the cluster runs a gang whose replicas differ (Volcano does; an Indexed Job has one pod
+    # template). Unknown (not yet discovered) counts as no: such a gang then waits, it is not refused.
+    runs_mixed_gangs: bool = True
 
 
 @dataclass(frozen=True, slots=True)

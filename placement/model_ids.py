@@ -7,6 +7,7 @@ import them from there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import NewType
 
@@ -67,3 +68,36 @@ class GpuTypePolicy(StrEnum):
     ORDERED = "ordered"
     # Any type in the set is acceptable; the cheapest expected cost wins (speeds count).
     ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class Pinning:
+    """Where a job may run, as its manifest's `spec.placement` says (data residency, say).
+
+    Each "only" list, when not empty, must name the cluster's value; each "not" list must not.
+    Clouds are `Provider` values ("private", "aws", ...). The empty default allows every cluster.
+    """
+
+    clusters: tuple[str, ...] = ()
+    exclude_clusters: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    exclude_regions: tuple[str, ...] = ()
+    clouds: tuple[str, ...] = ()
+    exclude_clouds: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, name) for name in self.__slots__)
+
+    def allows(self, cluster: str, region: str, cloud: str) -> bool:
+        for only, value in ((self.clusters, cluster), (self.regions, region), (self.clouds, cloud)):
+            if only and value not in only:
+                return False
+        excluded = (
+            (self.exclude_clusters, cluster),
+            (self.exclude_regions, region),
+            (self.exclude_clouds, cloud),
+        )
+        return not any(value in never for never, value in excluded)
+
+
+NO_PINNING = Pinning()

@@ -119,6 +119,8 @@ class WaitCode(StrEnum):
     APPROVAL_EXPIRED = "approval_expired"
     BUDGET_SPENT = "budget_spent"
     NO_CLUSTER_HAS_GPU_TYPE = "no_cluster_has_gpu_type"
+    # The job's own placement rules (spec.placement), or its differing tasks, rule clusters out.
+    PLACEMENT_RULES = "placement_rules"
     SPOT_NOT_ALLOWED = "spot_not_allowed"
     CLUSTER_UNREACHABLE = "cluster_unreachable"
     TENANT_CAP_REACHED = "tenant_cap_reached"

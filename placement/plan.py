@@ -33,7 +33,7 @@ equal plans whatever the order of their tuples.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Final
@@ -66,15 +66,25 @@ from placement.repatriate import choose_moves
 from placement.room import Room
 
 
-def plan(snapshot: Snapshot, *, now: float) -> Plan:
-    """Decide which queued gangs to admit where, whom to evict, what to buy, and why the others wait."""
-    return _plan(snapshot, now, reuse=True)
+def plan(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None = None) -> Plan:
+    """Decide which queued gangs to admit where, whom to evict, what to buy, and why the others wait.
+
+    `between` is called after every few decisions: the caller's chance to step aside for other work
+    (`federation.scheduling.yielding`); it must not touch the snapshot.
+    """
+    return _plan(snapshot, now, reuse=True, between=between)
 
 
-def _plan(snapshot: Snapshot, now: float, *, reuse: bool) -> Plan:
+# Decisions between two calls of `plan`'s `between`: tens of microseconds of work each.
+_BETWEEN_EVERY: Final = 16
+
+
+def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
     """`plan`; with `reuse` off every gang is decided afresh (the tests' check that reuse changes nothing)."""
     cycle = _Cycle(snapshot, now, reuse=reuse)
-    for gang in fair_order(snapshot.queued, cycle.fair, cycle.within_guarantee):
+    for index, gang in enumerate(fair_order(snapshot.queued, cycle.fair, cycle.within_guarantee)):
+        if between is not None and index % _BETWEEN_EVERY == 0:
+            between()
         cycle.decide(gang)
     # Last, so that a move only takes private room no queued gang took or could take this cycle.
     moves = choose_moves(snapshot.running, cycle.inventory, cycle.book, cycle.costs, cycle.room.holds_on, now)
@@ -142,7 +152,9 @@ class _Cycle:
         self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
         self.tables = Tables(self.inventory)
         # Capacity only shrinks during a cycle, so a (shape, types, spot) that fits nowhere stays so.
-        self.infeasible: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        self.infeasible: set[
+            tuple[tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
+        ] = set()
         # Replica lists repeat across a long queue: each is sorted into a shape once.
         self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.admissions: list[Admission] = []
@@ -316,7 +328,8 @@ class _Cycle:
         # With a bound on spot restarts, which spot offers a gang may take depends on its run, not only
         # its shape: such gangs neither read nor fill the shape's infeasibility cache.
         spot_bounded = gang.allow_spot and self.costs.spot_max_exposure is not None
-        key = (shape, group, gang.allow_spot)
+        within = self.inventory.eligible(gang)
+        key = (shape, group, gang.allow_spot, within)
         if not spot_bounded and key in self.infeasible:
             return _NO_FIT
         need, largest = gang.gpu_count, shape[0] if shape else 0
@@ -342,9 +355,9 @@ class _Cycle:
         # at the first rank past the best fit. Otherwise they are sorted, price breaking ties of cost
         # (which a gang of no GPUs has zero everywhere).
         offers = (
-            self.inventory.by_work_price(group, gang.allow_spot, self.costs)
+            self.inventory.by_work_price(group, gang.allow_spot, self.costs, within)
             if ctx.static_order
-            else self.inventory.search_order(group, gang.allow_spot)
+            else self.inventory.search_order(group, gang.allow_spot, within)
         )
         candidates: Iterable[tuple[int, float, float, int, Offer]] = (
             (
@@ -550,17 +563,41 @@ class _Cycle:
             only = missing[0] if len(missing) == 1 else None
             message = f"no cluster has GPUs of type {names}"
             head = (WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only),)
+        within = self.inventory.eligible(gang)
+        ruled_out: frozenset[ClusterName] = frozenset()
+        if within is not None:
+            # Only clusters that have the types are named: those an unpinned job is told about too,
+            # so the rules teach a tenant nothing about the federation it could not learn anyway.
+            ruled_out = frozenset(
+                v.cluster for t in types for v in self.inventory.by_type.get(t, ()) if v.cluster not in within
+            )
+            if ruled_out:
+                head = (*head, _ruled_out(gang, sorted(ruled_out)))
         fits_now: frozenset[tuple[ClusterName, GpuType]] = frozenset()
         if not capacity_only:
             fits_now = frozenset(
                 (o.view.cluster, o.view.gpu_type)
-                for o in self.inventory.search_order(types, gang.allow_spot)
+                for o in self.inventory.search_order(types, gang.allow_spot, within)
                 if o.fit(shape) is not None
             )
         parts = tuple((quota.get(t), self.tables.table(t, shape, gang.allow_spot, t in quota)) for t in types)
-        single = len(types) == 1 and not quota and not missing
+        single = len(types) == 1 and not quota and not missing and not ruled_out
         if single and not notes and not fits_now:
             # The common case of a long queue: the type's table is the whole explanation.
             return Waiting.explained(gang.job_id, parts[0][1])
-        explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single)
+        explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single, ruled_out)
         return Waiting.explained(gang.job_id, explanation)
+
+
+def _ruled_out(gang: GangRequest, clusters: Sequence[ClusterName]) -> WaitReason:
+    """Why the named clusters, which have GPUs the gang accepts, are not considered for it."""
+    named = f"{'clusters' if len(clusters) > 1 else 'cluster'} {', '.join(clusters)}"
+    rules = "the job's placement rules (spec.placement)"
+    volcano = "its tasks differ (in GPUs, image, command, env or template), which needs Volcano"
+    if gang.pinning and not gang.uniform:
+        message = f"{named} ruled out by {rules}, or without Volcano while {volcano}"
+    elif gang.pinning:
+        message = f"{named} ruled out by {rules}"
+    else:
+        message = f"{named} cannot run this job: {volcano}, and no Volcano is found there"
+    return WaitReason(Code.PLACEMENT_RULES, message)

@@ -134,7 +134,7 @@ class GangExplanation:
     reservation gets no capacity reason for the clusters where it fits (`fits_now`).
     """
 
-    __slots__ = ("fits_now", "head", "notes", "parts", "shape", "single")
+    __slots__ = ("fits_now", "head", "notes", "parts", "ruled_out", "shape", "single")
 
     def __init__(
         self,
@@ -144,8 +144,11 @@ class GangExplanation:
         notes: tuple[WaitReason, ...],
         shape: tuple[int, ...],
         single: bool,
+        ruled_out: frozenset[ClusterName] = frozenset(),
     ) -> None:
         self.head = head
+        # Clusters the gang's placement rules or shape rule out: their capacity is not its reason.
+        self.ruled_out = ruled_out
         self.parts = parts
         self.fits_now = fits_now
         self.notes = notes
@@ -156,7 +159,15 @@ class GangExplanation:
     @property
     def key(self) -> Hashable:
         parts = tuple((quota, table.key) for quota, table in self.parts)
-        return (self.head, parts, tuple(sorted(self.fits_now)), self.notes, self.shape, self.single)
+        return (
+            self.head,
+            parts,
+            tuple(sorted(self.fits_now)),
+            self.notes,
+            self.shape,
+            self.single,
+            tuple(sorted(self.ruled_out)),
+        )
 
     def build(self) -> tuple[WaitReason, ...]:
         reasons = list(self.head)
@@ -172,6 +183,8 @@ class GangExplanation:
                     for r in table
                     if not (r.code in _CAPACITY_CODES and (r.cluster, r.gpu_type) in fits_now)
                 )
+            if self.ruled_out:
+                table = tuple(r for r in table if r.cluster not in self.ruled_out)
             reasons.extend(table)
         notes = self.notes
         if self.single:

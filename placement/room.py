@@ -86,11 +86,15 @@ class Room:
         self.holds: list[Hold] = []
         self.holds_on: dict[Offer, list[Hold]] = {}
         self._waiter_holds = 0
-        self._private_fits: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], list[Offer]] = {}
+        self._private_fits: dict[
+            tuple[tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None], list[Offer]
+        ] = {}
         # Earliest private room by running gangs' limits, per (shape, types, spot): see `private_wait`.
         self._room_at: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], float | None] = {}
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
-        self.no_victims: set[tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        self.no_victims: set[
+            tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
+        ] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
         self._limit_used: WaitReason | None = None
         self.evicted: dict[tuple[TenantId, GpuType], int] = {}
@@ -104,7 +108,7 @@ class Room:
     ) -> WaitReason | None:
         """Why to wait for private GPUs rather than pay `cloud_cost` now, if the Starburst rule says so."""
         best: tuple[float, tuple[object, ...], Offer] | None = None
-        private = self._private_offers(shape, group, ctx.gang.allow_spot)
+        private = self._private_offers(shape, group, ctx.gang.allow_spot, self.inventory.eligible(ctx.gang))
         for offer in private:
             cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
             if best is None or (cost, offer.search_key) < best[:2]:
@@ -150,14 +154,20 @@ class Room:
             Code.WAITING_FOR_PRIVATE_CAPACITY, message, offer.view.cluster, offer.view.gpu_type, at_s=until
         )
 
-    def _private_offers(self, shape: tuple[int, ...], group: Sequence[GpuType], spot: bool) -> list[Offer]:
-        key = (shape, tuple(group), spot)
+    def _private_offers(
+        self,
+        shape: tuple[int, ...],
+        group: Sequence[GpuType],
+        spot: bool,
+        clusters: frozenset[ClusterName] | None = None,
+    ) -> list[Offer]:
+        key = (shape, tuple(group), spot, clusters)
         private = self._private_fits.get(key)
         if private is None:
             # Whether a private offer could ever hold the shape does not change during a cycle.
             private = self._private_fits[key] = [
                 offer
-                for offer in self.inventory.search_order(group, spot)
+                for offer in self.inventory.search_order(group, spot, clusters)
                 if offer.is_private and offer.fits_when_empty(shape)
             ]
         return private
@@ -243,7 +253,10 @@ class Room:
                     return [*notes, wait]
             return [*notes, self._request_capacity(ctx, chosen)]
         if self.policy.backfill and not self.holds:
-            offers = [o for group in groups for o in self.inventory.search_order(group, ctx.gang.allow_spot)]
+            within = self.inventory.eligible(ctx.gang)
+            offers = [
+                o for group in groups for o in self.inventory.search_order(group, ctx.gang.allow_spot, within)
+            ]
             hold = reserve(
                 ctx.gang.job_id,
                 shape,
@@ -296,7 +309,8 @@ class Room:
         self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
     ) -> WaitReason | None:
         gang, book = ctx.gang, self.book
-        key = (gang.tenant, gang.priority, shape, group, gang.allow_spot)
+        within = self.inventory.eligible(gang)
+        key = (gang.tenant, gang.priority, shape, group, gang.allow_spot, within)
         if key in self.no_victims:
             return None
         need = gang.gpu_count
@@ -345,7 +359,7 @@ class Room:
                     Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
                 )
             return self._limit_used
-        offers = self.inventory.search_order(group, gang.allow_spot)
+        offers = self.inventory.search_order(group, gang.allow_spot, within)
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
         choice = choose_victims(shape, offers, self.running, rule, cost, valid, by_share(self.fair.share))
         if choice is None:
@@ -423,7 +437,7 @@ class Room:
             return ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
 
         best: tuple[tuple[int, int, float, tuple[object, ...]], VictimChoice, list[RunningGang]] | None = None
-        for offer in self.inventory.search_order((gpu_type,), gang.allow_spot):
+        for offer in self.inventory.search_order((gpu_type,), gang.allow_spot, self.inventory.eligible(gang)):
             choice = choose_victims(shape, [offer], self.running, rule, cost, lambda _v: True)
             if choice is None:
                 continue
@@ -535,9 +549,15 @@ class Room:
         static = None
         if ctx.static_order and ctx.gang.deadline_at_s is None:
             static = self._pool_work_price
-        chosen = self.growth.choose(
-            shape, group, ctx.gang.allow_spot, lambda c, p: self._pool_cost(ctx, c, p), static
-        )
+        within = self.inventory.eligible(ctx.gang)
+
+        def pool_cost(cluster: ClusterName, pool: ScalablePool) -> float | None:
+            # A cluster the gang may not use is no cheaper for growing: it is unusable, as a missed deadline.
+            return (
+                None if within is not None and cluster not in within else self._pool_cost(ctx, cluster, pool)
+            )
+
+        chosen = self.growth.choose(shape, group, ctx.gang.allow_spot, pool_cost, static)
         if chosen is None:
             return None
         cluster, pool, nodes = chosen

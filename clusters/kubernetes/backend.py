@@ -90,7 +90,7 @@ class KubernetesBackend:
             max_workers=settings.api_threads, thread_name_prefix=f"gpufed-k8s-{config.name}"
         )
         self._nodes: Informer[NodeInfo] = self._informer(
-            "nodes", self._api.list_nodes, lambda o: node_info(o, config.provider)
+            "nodes", self._api.list_nodes, lambda o: node_info(o, config.provider, self._prices)
         )
         self._jobs: Informer[GangObject] = self._informer(
             "jobs", self._api.list_jobs, lambda o: gang_object(o, GangKind.INDEXED_JOB), GANG_SELECTOR

@@ -15,12 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from placement.gpu_types import GpuRegistry, node_type
 from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, NodePool, Provider
 
 Json = dict[str, Any]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+# Where else clusters name their GPUs, read when GPU feature discovery's label is missing: GKE's
+# accelerator label (`nvidia-tesla-a100`, `nvidia-h100-80gb`) and Karpenter's on EKS (`a100`).
+PRODUCT_LABELS = (PRODUCT_LABEL, "cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name")
+# Memory per GPU in MiB, which tells variants apart where the name does not (Karpenter's `a100`).
+MEMORY_LABELS = ("nvidia.com/gpu.memory", "karpenter.k8s.aws/instance-gpu-memory")
+REGISTRY = GpuRegistry()
 GANG_LABEL = "gpufed.io/gang"
 # The exact ids are annotations; labels carry them too, shortened where they had to be.
 JOB_ID_KEY = "gpufed.io/job-id"
@@ -52,8 +59,12 @@ KNOWN_GPUS = (
 _TOKEN = re.compile(r"[-_ ]+")
 
 
-def gpu_type_of(product: str) -> GpuType:
-    """The placer's GPU type named inside a GPU operator's product label (`NVIDIA-H100-80GB-HBM3`)."""
+def gpu_type_of(product: str, memory_mib: int | None = None) -> GpuType:
+    """The registry's type (`placement.gpu_types`) a product label names (`NVIDIA-A100-SXM4-80GB` is
+    `A100-80GB`); a product the registry does not know, by the model word in it."""
+    identified = REGISTRY.identify(product, memory_mib)
+    if identified is not None:
+        return identified
     tokens = [t.upper() for t in _TOKEN.split(product) if t]
     for token in tokens:
         if token in KNOWN_GPUS:
@@ -95,6 +106,8 @@ class NodeInfo:
     spot_label: tuple[str, str] | None
     # Ready, not cordoned, and no NoSchedule/NoExecute taint that gpufed's pods do not tolerate.
     schedulable: bool
+    # The label `product` is the value of (`PRODUCT_LABELS`): what a pod's node selector must name.
+    product_label: str = PRODUCT_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +151,26 @@ def _schedulable(node: Json) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def node_info(node: Json, provider: Provider) -> NodeInfo | None:
-    """The node as inventory sees it; None for a node without GPUs."""
+def node_info(
+    node: Json, provider: Provider, priced: Mapping[tuple[GpuType, CapacityKind], object] | None = None
+) -> NodeInfo | None:
+    """The node as inventory sees it; None for a node without GPUs.
+
+    Its GPU type is the registry's variant where the cluster's config prices that variant, else the
+    family (a pool configured as `gpuType: A100` takes every A100 node, whichever its memory); with
+    no price list, the family, as before variants existed.
+    """
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
-    product = labels.get(PRODUCT_LABEL)
-    if allocatable <= 0 or not product:
+    product_label = next((key for key in PRODUCT_LABELS if labels.get(key)), None)
+    if allocatable <= 0 or product_label is None:
         return None
-    gpu_type = gpu_type_of(product)
+    product = labels[product_label]
+    memory = next((_quantity(labels[key]) for key in MEMORY_LABELS if labels.get(key)), None)
+    identified = gpu_type_of(product, memory or None)
+    types = None if priced is None else {gpu_type for gpu_type, _ in priced}
+    gpu_type = node_type(identified, REGISTRY, None if types is None else dict.fromkeys(types))
     spot_label = next(
         (
             (key, labels[key])
@@ -173,6 +197,7 @@ def node_info(node: Json, provider: Provider) -> NodeInfo | None:
         allocatable_gpus=allocatable,
         spot_label=spot_label,
         schedulable=_schedulable(node),
+        product_label=product_label,
     )
 
 

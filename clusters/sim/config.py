@@ -17,10 +17,18 @@ import yaml
 
 from placement.model import CapacityKind, ClusterName, GpuType, PoolSpec
 
-# What a GPU operator writes in `nvidia.com/gpu.product` and `nvidia.com/gpu.memory` per model.
+# What a GPU operator writes in `nvidia.com/gpu.product` and `nvidia.com/gpu.memory` per model:
+# families (a pool configured as `A100`) and the variants of `placement.gpu_types`.
 GPU_PRODUCTS: dict[str, tuple[str, int]] = {
     "A100": ("NVIDIA-A100-SXM4-80GB", 81920),
+    "A100-40GB": ("NVIDIA-A100-SXM4-40GB", 40960),
+    "A100-80GB": ("NVIDIA-A100-SXM4-80GB", 81920),
     "H100": ("NVIDIA-H100-80GB-HBM3", 81559),
+    "H100-SXM": ("NVIDIA-H100-80GB-HBM3", 81559),
+    "H100-PCIE": ("NVIDIA-H100-PCIe", 81559),
+    "H100-NVL": ("NVIDIA-H100-NVL", 95830),
+    "V100-16GB": ("Tesla-V100-SXM2-16GB", 16384),
+    "V100-32GB": ("Tesla-V100-SXM2-32GB", 32768),
     "H200": ("NVIDIA-H200", 143771),
     "L4": ("NVIDIA-L4", 23034),
     "L40S": ("NVIDIA-L40S", 46068),

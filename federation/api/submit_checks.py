@@ -16,6 +16,7 @@ import json
 from dataclasses import replace
 
 from federation.errors import InvalidSpec
+from federation.spec.gpu_request import check_gpu_request
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.pod_security import Violation, check_pod
 from federation.spec.pod_template import expanded_template
@@ -28,7 +29,8 @@ def check_submission(
     spec: TrainingJobSpec, tenant: TenantRecord, settings: SchedulingSettings
 ) -> TrainingJobSpec:
     """The spec to store for `tenant`, or InvalidSpec naming the field that the tenant may not use."""
-    del settings  # no settings-wide policy yet
+    # GPU type names against the federation's types, which the admin may extend (issue 32).
+    check_gpu_request(spec, settings.gpu_registry())
     level = tenant.pod_security
     for i, task in enumerate(spec.tasks):
         # The short form alone makes a pod with one container and no security context, which the

@@ -11,6 +11,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -199,11 +200,23 @@ class MemberClusters:
         states = []
         for name in self.names:
             try:
-                states.append(await self._backends[name].inventory())
+                states.append(self._capable(self._backends[name], await self._backends[name].inventory()))
             except ClusterError as error:
                 log.warning("cluster_inventory_failed", cluster=name, error=str(error))
                 states.append(_unreachable_state(self._records[name]))
         return states
+
+    @staticmethod
+    def _capable(backend: ClusterBackend, state: ClusterState) -> ClusterState:
+        """The state with what the cluster can run: a gang whose replicas differ needs Volcano, which
+        a Kubernetes member has only once discovery found it served (and the config did not turn it
+        off); until then such gangs wait rather than go there to be refused (issue 32). The in-memory
+        backend runs any gang."""
+        for kube in _kubernetes_backends((backend,)):
+            mixed = kube.uses_volcano is True
+            if state.runs_mixed_gangs != mixed:
+                return replace(state, runs_mixed_gangs=mixed)
+        return state
 
     async def statuses(self) -> dict[ClusterName, dict[GangKey, GangStatus] | None]:
         """Each cluster's gangs by (job, attempt); None for a cluster that did not answer."""

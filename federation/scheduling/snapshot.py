@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from clusters.api import GangStatus
 from federation.ledger.usage import TenantUsage
+from federation.spec.jobspec import TrainingJobSpec
 from federation.store.jobs import JobRecord
 from federation.store.records import ApprovalRecord, SchedulingSettings, TenantRecord, UserRecord
 from placement.model import (
@@ -20,6 +21,8 @@ from placement.model import (
     ClusterName,
     ClusterState,
     GangRequest,
+    GpuType,
+    GpuTypePolicy,
     JobId,
     JobPhase,
     NodeShare,
@@ -51,6 +54,43 @@ def approval_expiry(job: JobRecord, approvals: Sequence[ApprovalRecord]) -> floa
     return max(ends) if ends else None
 
 
+def accepted_types(spec: TrainingJobSpec, settings: SchedulingSettings) -> tuple[GpuType, ...]:
+    """The GPU types the placer may give the job: each family it names stands for its bare name (a
+    pool configured as the family) and its variants, every type with the memory it asks for."""
+    return settings.gpu_registry().expand(spec.gpu_types, spec.min_gpu_memory_gib)
+
+
+def uniform(spec: TrainingJobSpec) -> bool:
+    """Whether every replica runs the same pod, as an Indexed Job needs (`manifests.uniform_replica`)."""
+    first = spec.tasks[0]
+    key = (first.gpus_per_replica, first.image, first.command, first.env, first.template, first.shm_size)
+    return all(
+        (t.gpus_per_replica, t.image, t.command, t.env, t.template, t.shm_size) == key for t in spec.tasks
+    )
+
+
+_speeds_for: dict[tuple[object, ...], tuple[tuple[GpuType, float], ...]] = {}
+
+
+def gpu_speeds(settings: SchedulingSettings) -> tuple[tuple[GpuType, float], ...]:
+    """Speeds by type: the config's `gpuSpeeds` first, a family's covering its variants, then the
+    registry's for every type the config does not name."""
+    key = (settings.gpu_speeds, settings.gpu_types)
+    found = _speeds_for.get(key)
+    if found is None:
+        registry = settings.gpu_registry()
+        speeds = dict(settings.gpu_speeds)
+        for name in registry.names():
+            if name not in speeds:
+                family = speeds.get(registry.family_of(name))
+                speeds[name] = family if family is not None else registry.speed(name) or 1.0
+        found = tuple(sorted(speeds.items()))
+        if len(_speeds_for) > 8:
+            _speeds_for.clear()
+        _speeds_for[key] = found
+    return found
+
+
 def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
     settings = inputs.settings
     values = settings.class_values()
@@ -75,7 +115,12 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         dataset_size_bytes=0 if dataset is None else dataset.size_bytes,
         dataset_store=None if dataset is None else dataset.store,
         dataset_cached_in=() if dataset is None else dataset.cached_in,
-        gpu_speeds=settings.gpu_speeds,
+        gpu_speeds=gpu_speeds(settings),
+        gpu_types=accepted_types(job.spec, settings),
+        # A job that names no type takes any with the memory it asks for, the cheapest work first.
+        gpu_type_policy=job.spec.gpu_type_policy if job.spec.gpu_types else GpuTypePolicy.ANY,
+        pinning=job.spec.pinning,
+        uniform=uniform(job.spec),
     )
 
 
@@ -108,9 +153,14 @@ def running_gang(
         kind=placement.kind,
         usd_per_gpu_hour=placement.usd_per_gpu_hour,
         replica_gpus=job.spec.replica_gpus,
-        gpu_types=job.spec.gpu_types,
+        gpu_types=accepted_types(job.spec, inputs.settings),
         started_at_s=started,
-        movable=job.spec.resumable and job.phase is JobPhase.RUNNING and not held_off,
+        # A move is not checked against placement rules or Volcano support: jobs with either stay put.
+        movable=job.spec.resumable
+        and job.phase is JobPhase.RUNNING
+        and not held_off
+        and not job.spec.pinning
+        and uniform(job.spec),
     )
 
 
@@ -266,7 +316,7 @@ def build_snapshot(
         tenants=tuple(tenants),
         clusters=clusters,
         priority_classes=settings.priority_classes,
-        gpu_speeds=settings.gpu_speeds,
+        gpu_speeds=gpu_speeds(settings),
         egress_rates=settings.egress_rates,
         policy=replace(settings.policy, preempted_gpus_this_interval=preempted_gpus_this_interval),
     )

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from placement.model import GpuType, GpuTypePolicy, TenantId
+from placement.model import GpuType, GpuTypePolicy, Pinning, TenantId
+from placement.model_ids import NO_PINNING
 
 API_VERSION = "gpufed.io/v1"
 KIND = "TrainingJob"
@@ -91,6 +92,10 @@ class TrainingJobSpec:
     deadline_s: float | None = None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    # The least memory each GPU must have (GiB), 0 for no bound; with no `gpu_types`, any type with it.
+    min_gpu_memory_gib: int = 0
+    # Clusters, regions and clouds the job must or must not run in (`spec.placement`).
+    pinning: Pinning = NO_PINNING
     # The tenant's pod security level when the job was submitted (set by the server, not written in
     # the manifest): its pods were checked against it, and its namespace is labelled with it.
     pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE

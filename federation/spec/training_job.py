@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 from federation.errors import InvalidSpec
+from federation.spec.gpu_request import min_gpu_memory_gib, pinning, placement_document
 from federation.spec.jobspec import (
     API_VERSION,
     KIND,
@@ -87,6 +88,8 @@ _SPEC_KEYS = (
     "priorityClassName",
     "gpuTypes",
     "gpuTypePolicy",
+    "minGpuMemoryGiB",
+    "placement",
     "minAvailable",
     "maxRuntime",
     "allowSpot",
@@ -376,9 +379,9 @@ def _tasks(value: object, path: str) -> tuple[TaskSpec, ...]:
     return tuple(tasks)
 
 
-def _gpu_types(value: object, path: str) -> tuple[GpuType, ...]:
+def _gpu_types(value: object, path: str, at_least: int = 1) -> tuple[GpuType, ...]:
     seen: dict[str, int] = {}
-    for i, item in enumerate(_list(value, path, 1, MAX_GPU_TYPES)):
+    for i, item in enumerate(_list(value, path, at_least, MAX_GPU_TYPES)):
         name = _matching(
             item, f"{path}[{i}]", _GPU_TYPE, 32, "a GPU type name like 'H100' or 'A100-80GB' ([A-Za-z0-9._-])"
         )
@@ -536,12 +539,17 @@ def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> T
     labels = _labels(metadata.get("labels"), "metadata.labels")
     annotations = _annotations(metadata.get("annotations"), "metadata.annotations")
 
-    spec = _mapping(root["spec"], "spec", _SPEC_KEYS, required=("gpuTypes", "tasks"))
+    spec = _mapping(root["spec"], "spec", _SPEC_KEYS, required=("tasks",))
+    memory = min_gpu_memory_gib(spec.get("minGpuMemoryGiB"), "spec.minGpuMemoryGiB")
+    if "gpuTypes" not in spec and not memory:
+        raise InvalidSpec(
+            "spec.gpuTypes", "is required (or spec.minGpuMemoryGiB, for any type with that memory)"
+        )
     tenant = spec.get("tenant")
     priority_class = _priority_class(
         spec.get("priorityClassName"), "spec.priorityClassName", priority_classes
     )
-    gpu_types = _gpu_types(spec["gpuTypes"], "spec.gpuTypes")
+    gpu_types = _gpu_types(spec.get("gpuTypes", []), "spec.gpuTypes", 0 if memory else 1)
     policy = _choice(spec.get("gpuTypePolicy"), "spec.gpuTypePolicy", _POLICIES, GpuTypePolicy.ORDERED)
     tasks = _tasks(spec["tasks"], "spec.tasks")
     replicas = sum(t.replicas for t in tasks)
@@ -564,6 +572,8 @@ def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> T
         deadline_s=_deadline_s(spec.get("deadline"), "spec.deadline"),
         labels=labels,
         annotations=annotations,
+        min_gpu_memory_gib=memory,
+        pinning=pinning(spec.get("placement"), "spec.placement"),
     )
 
 
@@ -575,9 +585,16 @@ def _canonical(spec: TrainingJobSpec) -> dict[str, Any]:
     if spec.annotations:
         metadata["annotations"] = dict(spec.annotations)
     body: dict[str, Any] = {} if spec.tenant is None else {"tenant": str(spec.tenant)}
+    body["priorityClassName"] = spec.priority_class
+    # Only a job that asks for memory alone names no type; the fields added for GPU types (issue 32)
+    # are written only when set, so that older jobs keep their canonical form and digest.
+    if spec.gpu_types or not spec.min_gpu_memory_gib:
+        body["gpuTypes"] = [str(gpu_type) for gpu_type in spec.gpu_types]
+    if spec.min_gpu_memory_gib:
+        body["minGpuMemoryGiB"] = spec.min_gpu_memory_gib
+    if spec.pinning:
+        body["placement"] = placement_document(spec.pinning)
     body |= {
-        "priorityClassName": spec.priority_class,
-        "gpuTypes": [str(gpu_type) for gpu_type in spec.gpu_types],
         "gpuTypePolicy": _POLICY_NAMES[spec.gpu_type_policy],
         "minAvailable": spec.min_available,
         "maxRuntime": _format_duration(spec.max_runtime_s),

@@ -16,6 +16,7 @@ from federation.errors import InvalidSpec
 from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.validate import int_field, name_field, number_field
 from federation.store.records import DatasetLocation, SchedulingSettings, TenantRecord
+from placement.gpu_types import BUILTIN_TYPES, GpuModel
 from placement.model import EgressRate, GpuQuota, GpuType, PolicyConfig, PriorityClass, TenantId
 
 # Config key -> PolicyConfig field, for the knobs an operator sets. Seconds and hours are spelled
@@ -243,6 +244,69 @@ def parse_priority_classes(value: Any, at: str = "priorityClasses") -> tuple[Pri
     return tuple(classes)
 
 
+_GPU_TYPE_KEYS = ("name", "family", "memoryGiB", "speed", "form")
+_FORMS = ("", "SXM", "PCIE", "NVL")
+MAX_GPU_TYPES = 64
+
+
+def parse_gpu_types(value: Any, at: str = "gpuTypes") -> tuple[GpuModel, ...]:
+    """The admin's GPU types: `[{name, family, memoryGiB, speed, form}]`, added to the built-in ones
+    (a built-in name redefines that type). `family` defaults to the name (a type of one variant)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidSpec(at, "must be a list of {name, family, memoryGiB, speed}")
+    if len(value) > MAX_GPU_TYPES:
+        raise InvalidSpec(at, f"must have at most {MAX_GPU_TYPES} entries, got {len(value)}")
+    models: list[GpuModel] = []
+    seen: set[str] = set()
+    builtin_families = {m.family for m in BUILTIN_TYPES} - {m.name for m in BUILTIN_TYPES}
+    for i, raw in enumerate(value):
+        tat = f"{at}[{i}]"
+        entry = _mapping(raw, tat)
+        _unknown_keys(entry, _GPU_TYPE_KEYS, tat)
+        name = _gpu_name(entry.get("name"), f"{tat}.name")
+        if name in seen:
+            raise InvalidSpec(f"{tat}.name", f"duplicate GPU type {name!r}")
+        if name in builtin_families:
+            raise InvalidSpec(f"{tat}.name", f"{name!r} is a family of built-in variants; name a variant")
+        seen.add(name)
+        family = _gpu_name(entry.get("family", name), f"{tat}.family")
+        form = entry.get("form", "")
+        if form not in _FORMS:
+            raise InvalidSpec(f"{tat}.form", f"must be one of SXM, PCIE, NVL or empty, got {form!r}")
+        models.append(
+            GpuModel(
+                name=GpuType(name),
+                family=GpuType(family),
+                memory_gib=int_field(entry.get("memoryGiB"), f"{tat}.memoryGiB", minimum=1, maximum=4096),
+                speed=number_field(
+                    entry.get("speed", 1.0), f"{tat}.speed", minimum=0.001, maximum=MAX_GPU_SPEED
+                ),
+                form=str(form),
+            )
+        )
+    names = {m.name for m in models} | {m.name for m in BUILTIN_TYPES}
+    for i, model in enumerate(models):
+        if model.family != model.name and model.family in names:
+            raise InvalidSpec(f"{at}[{i}].family", f"{model.family!r} is a GPU type, not a family")
+    return tuple(models)
+
+
+def _gpu_name(value: Any, at: str) -> str:
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > 32
+        or not value.replace("-", "").replace(".", "").replace("_", "").isalnum()
+        or not value.isascii()
+    ):
+        raise InvalidSpec(
+            at, f"must be a GPU type name like 'H100-SXM' (letters, digits, '-', '.', '_'), got {value!r}"
+        )
+    return value
+
+
 def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
     """The settings parts of a federation config: every key is optional."""
     speeds = _mapping(doc.get("gpuSpeeds"), "gpuSpeeds")
@@ -319,6 +383,7 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             minimum=0.01,
             maximum=MAX_HOURS,
         ),
+        gpu_types=parse_gpu_types(doc.get("gpuTypes")),
     )
 
 

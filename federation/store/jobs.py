@@ -32,9 +32,12 @@ from placement.model import (
     GpuTypePolicy,
     JobId,
     JobPhase,
+    Pinning,
     RunningGang,
     TenantId,
 )
+
+PINNING_FIELDS = Pinning.__slots__
 
 
 class Owner(StrEnum):
@@ -253,6 +256,9 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
         "annotations": [list(kv) for kv in spec.annotations],
         # Only a tenant's level other than the default is written (issue 32).
         **({} if spec.pod_security is PodSecurityLevel.BASELINE else {"pod_security": spec.pod_security}),
+        # GPU memory and placement rules, only where the job sets them (issue 32).
+        **({"min_gpu_memory_gib": spec.min_gpu_memory_gib} if spec.min_gpu_memory_gib else {}),
+        **({"pinning": {f: list(getattr(spec.pinning, f)) for f in PINNING_FIELDS}} if spec.pinning else {}),
     }
 
 
@@ -297,6 +303,10 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
         labels=_pairs(d["labels"]),
         annotations=_pairs(d["annotations"]),
         pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
+        min_gpu_memory_gib=int(d.get("min_gpu_memory_gib", 0)),
+        pinning=Pinning(
+            **{f: tuple(str(v) for v in (d.get("pinning") or {}).get(f, ())) for f in PINNING_FIELDS}
+        ),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASS_TABLE
+from placement.gpu_types import BUILTIN_TYPES, GpuModel, GpuRegistry
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -22,6 +23,21 @@ from placement.model import (
     TenantId,
     TenantQuota,
 )
+
+_BUILTIN_REGISTRY = GpuRegistry(BUILTIN_TYPES)
+_registries: dict[tuple[GpuModel, ...], GpuRegistry] = {}
+
+
+def _registry(added: tuple[GpuModel, ...]) -> GpuRegistry:
+    """One registry per set of admin types (settings are read every submission and cycle)."""
+    if not added:
+        return _BUILTIN_REGISTRY
+    found = _registries.get(added)
+    if found is None:
+        if len(_registries) > 16:
+            _registries.clear()
+        found = _registries[added] = GpuRegistry((*BUILTIN_TYPES, *added))
+    return found
 
 
 class Role(StrEnum):
@@ -166,6 +182,12 @@ class SchedulingSettings:
     preemption_interval_s: float = 600.0
     # Past usage counts half as much per half-life in fair share (with `policy.fair_share_history`).
     usage_half_life_h: float = 24.0
+    # GPU types the admin adds to (or redefines in) the built-in registry (`gpuTypes:` in the config).
+    gpu_types: tuple[GpuModel, ...] = ()
+
+    def gpu_registry(self) -> GpuRegistry:
+        """The known GPU types: built-in ones, then the admin's."""
+        return _registry(self.gpu_types)
 
     def class_values(self) -> dict[str, int]:
         return {c.name: c.value for c in self.priority_classes}
@@ -292,6 +314,10 @@ def settings_to_dict(s: SchedulingSettings) -> dict[str, Any]:
         "policy": {f.name: getattr(s.policy, f.name) for f in fields(PolicyConfig)},
         "preemption_interval_s": s.preemption_interval_s,
         "usage_half_life_h": s.usage_half_life_h,
+        "gpu_types": [
+            {"name": m.name, "family": m.family, "memory_gib": m.memory_gib, "speed": m.speed, "form": m.form}
+            for m in s.gpu_types
+        ],
     }
 
 
@@ -321,6 +347,16 @@ def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
         policy=policy,
         preemption_interval_s=float(d.get("preemption_interval_s", 600.0)),
         usage_half_life_h=float(d.get("usage_half_life_h", 24.0)),
+        gpu_types=tuple(
+            GpuModel(
+                GpuType(m["name"]),
+                GpuType(m["family"]),
+                int(m["memory_gib"]),
+                float(m["speed"]),
+                str(m.get("form", "")),
+            )
+            for m in d.get("gpu_types") or ()
+        ),
     )
 
 

@@ -146,7 +146,9 @@ def test_a_request_carries_the_users_limit_the_approval_the_dataset_and_the_spee
     assert request.user_max_priority == 1000  # alice: at most "normal"
     assert request.approval_expires_at_s == NOW + 7200  # the latest that covers alice's job
     assert (request.dataset_store, request.dataset_size_bytes) == ("onprem-s3", 150 * 2**30)
-    assert request.gpu_speeds == ((GpuType("H100"), 2.0),)
+    # The config's speed, which covers the family's variants; types it does not name take the registry's.
+    speeds = dict(request.gpu_speeds)
+    assert (speeds[GpuType("H100")], speeds[GpuType("H100-PCIE")], speeds[GpuType("L4")]) == (2.0, 2.0, 0.35)
     assert gang_request(job, _inputs()).approval_expires_at_s is None
 
 
@@ -223,7 +225,9 @@ def test_a_running_gang_is_movable_only_if_its_manifest_says_it_resumes_and_it_r
     assert says.movable
     # What the move rule reads: where and at what price it runs, its shape and when it started.
     assert (says.kind, says.usd_per_gpu_hour) == (CapacityKind.ON_DEMAND, 4.1)
-    assert (says.replica_gpus, says.gpu_types, says.started_at_s) == ((8,), (A100,), NOW - 60)
+    # A family accepts a pool of its bare name and each of its variants.
+    variants = (A100, GpuType("A100-40GB"), GpuType("A100-80GB"))
+    assert (says.replica_gpus, says.gpu_types, says.started_at_s) == ((8,), variants, NOW - 60)
     assert not gangs[JobId("silent")].movable
     assert not gangs[JobId("starting")].movable
 
