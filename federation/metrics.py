@@ -81,6 +81,11 @@ class Metrics:
             "gpufed_archive_last_pass_seconds", "Duration of the archiver's last pass", registry=r
         )
         self._known_tenants: set[str] = set()
+        # gRPC calls being served now (on the event loop). Background work on other threads reads it
+        # to step aside while a call waits (`federation.scheduling.yielding`).
+        self.calls_in_flight = 0
+        in_flight = Gauge("gpufed_api_calls_in_flight", "gRPC calls being served", registry=r)
+        in_flight.set_function(lambda: self.calls_in_flight)
 
     def observe_call(self, method: str, code: str, seconds: float) -> None:
         self.api_latency.labels(method=method, code=code).observe(seconds)

@@ -166,6 +166,7 @@ class CallHandlers:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         who: Principal | None = None
+        self._metrics.calls_in_flight += 1
         try:
             who = await self.principal(context)
             return await body(who, request)
@@ -184,6 +185,7 @@ class CallHandlers:
             await context.abort(code, error_text(error, who))
             raise  # unreachable: abort raises
         finally:
+            self._metrics.calls_in_flight -= 1
             self._metrics.observe_call(method, code.name, time.perf_counter() - started)
 
 

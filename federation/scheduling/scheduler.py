@@ -31,6 +31,7 @@ from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.idle import IdleGate
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
+from federation.scheduling.yielding import StepAside
 from federation.store.job_cache import JobCache
 from federation.store.job_store import Fence, JobStore, Stored
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
@@ -94,6 +95,7 @@ def _snapshot_and_plan(
     now: float,
     requests: GangRequests,
     held_off: frozenset[JobId] = frozenset(),
+    between: Callable[[], None] | None = None,
 ) -> _Planned:
     # Everything here walks every live job: on the worker thread, not the event loop, where 20,000
     # queued jobs made each walk a pause of every API call in flight (issue 30, item 15).
@@ -107,10 +109,11 @@ def _snapshot_and_plan(
         preempted_gpus_this_interval=preempted_gpus,
         requests=requests.get,
         held_off=held_off,
+        between=between,
     )
     requests.keep_only({q.job_id for q in snapshot.queued})
     depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
-    return _Planned(plan(snapshot, now=now), stored, depth)
+    return _Planned(plan(snapshot, now=now, between=between), stored, depth)
 
 
 class CapacityHook(Protocol):
@@ -271,6 +274,7 @@ class Scheduler:
             self._requests,
             # Gangs whose cluster refused the last order to evict them: none is ordered again yet.
             self._members.held_off(now),
+            StepAside(self._metrics),
         )
         result, stored_jobs = planned.plan, planned.stored
 
@@ -480,10 +484,14 @@ class Scheduler:
         self._written_reasons = {job_id: (_READ_FROM_STORE, reasons) for job_id, reasons in stored.items()}
         self._reasons_read, self._reasons_fence = True, fence
 
-    def _reasons_to_write(self, waiting: Sequence[Waiting]) -> tuple[list[Waiting], list[JobId]]:
+    def _reasons_to_write(
+        self, waiting: Sequence[Waiting], between: Callable[[], None]
+    ) -> tuple[list[Waiting], list[JobId]]:
         """The waits whose reasons differ from those written, and the jobs no longer waiting."""
         changed = []
-        for w in waiting:
+        for index, w in enumerate(waiting):
+            if index % 512 == 0:
+                between()
             written = self._written_reasons.get(w.job_id)
             if written is None:
                 changed.append(w)
@@ -507,7 +515,7 @@ class Scheduler:
         await self._read_written_reasons(fence)
         # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
         # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
-        changed, left = await asyncio.to_thread(self._reasons_to_write, waiting)
+        changed, left = await asyncio.to_thread(self._reasons_to_write, waiting, StepAside(self._metrics))
 
         async def write(w: Waiting) -> None:
             async with semaphore:

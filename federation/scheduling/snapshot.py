@@ -253,7 +253,9 @@ def build_snapshot(
     preempted_gpus_this_interval: int = 0,
     requests: Callable[[JobRecord, PlacerInputs], GangRequest] = gang_request,
     held_off: Collection[JobId] = frozenset(),
+    between: Callable[[], None] | None = None,
 ) -> Snapshot:
+    """`between`: called every few hundred jobs, as `placement.plan`'s."""
     statuses = statuses or {}
     usage = usage or {}
     # One pass splits the queue from the rest: a queued job holds no capacity and has nothing pending
@@ -266,7 +268,12 @@ def build_snapshot(
                 queued_jobs.append(job)
         else:
             placed.append(job)
-    queued = tuple(requests(j, inputs) for j in queued_jobs)
+    queued_requests = []
+    for index, job in enumerate(queued_jobs):
+        if between is not None and index % 256 == 0:
+            between()
+        queued_requests.append(requests(job, inputs))
+    queued = tuple(queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None

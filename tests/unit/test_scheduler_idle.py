@@ -6,7 +6,7 @@ a third of a core in the API's process, for as long as they waited.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,9 +30,9 @@ def plans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     made: list[float] = []
     real = scheduler_module.plan
 
-    def counting(snapshot: Snapshot, *, now: float) -> Plan:
+    def counting(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None = None) -> Plan:
         made.append(now)
-        return real(snapshot, now=now)
+        return real(snapshot, now=now, between=between)
 
     monkeypatch.setattr(scheduler_module, "plan", counting)
     return made
