@@ -109,6 +109,7 @@ class SimCluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        self.engine.kubelet.close()  # process mode's processes end with their cluster
         if self._snapshots is not None:
             # After the loop: what the cluster did last is in the snapshot the next start reads.
             await self._snapshots.stop()

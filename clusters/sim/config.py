@@ -122,6 +122,9 @@ class SimClusterConfig:
     volcano: bool = True
     # HTTPS with a certificate made on start (clusters.sim.tls): kubectl sends tokens only over TLS.
     tls: bool = False
+    # The kubelet runs each pod's command as a local process (clusters.sim.local_exec), for tests
+    # of a real rendezvous: never for a cluster that untrusted users submit to.
+    local_exec: bool = False
 
 
 def load(path: str | Path) -> tuple[SimClusterConfig, ...]:
@@ -196,6 +199,7 @@ def from_mapping(data: Any, at: str = "cluster") -> SimClusterConfig:
         event_limit=_number(_get(data, at, "eventLimit", default=10000), f"{at}.eventLimit", int),
         volcano=bool(_get(data, at, "volcano", default=True)),
         tls=bool(_get(data, at, "tls", default=False)),
+        local_exec=bool(_get(data, at, "localExec", default=False)),
         restart_backoff_s=_number(
             _get(data, at, "restartBackoffS", default=10.0), f"{at}.restartBackoffS", float
         ),

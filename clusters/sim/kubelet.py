@@ -17,18 +17,24 @@ it already admitted (`OutOfnvidia.com/gpu`, phase Failed): that is what happens 
 with `spec.nodeName` set, which no scheduler checked. It restarts containers by `restartPolicy`
 (Always, or OnFailure after a non-zero exit) after an exponential back-off (CrashLoopBackOff), and
 enforces `activeDeadlineSeconds` from the pod's start time.
+
+In process mode (`local_output` given: a cluster configured with `localExec: true`) each pod's main
+container runs its command as a local process (`clusters.sim.local_exec`) instead of for a duration:
+the run ends when the process exits, with its exit code, and its output is the container's log.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from clusters.sim import podstatus
 from clusters.sim.capacity import GPU, Demand, NodeInfo
 from clusters.sim.clock import Clock, parse_rfc3339
 from clusters.sim.events import EventRecorder
+from clusters.sim.local_exec import LocalExec
 from clusters.sim.resources import NODES, PODS
 from clusters.sim.store import Change, EventType, Key, Store, key_of
 from clusters.sim.timers import Timers
@@ -113,6 +119,7 @@ class Kubelet:
         default_duration_s: float,
         container_start_s: float,
         restart_backoff_s: float = 10.0,
+        local_output: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -128,12 +135,23 @@ class Kubelet:
         self._node_of: dict[str, str] = {}
         self._nodes: dict[str, tuple[str, NodeInfo]] = {}
         self._ips = itertools.count(2)
+        self._local = None if local_output is None else LocalExec(local_output, self._local_exited)
+        # Pods whose process runs: uid -> (key, run), to end the right run when it exits.
+        self._local_runs: dict[str, tuple[Key, int]] = {}
+
+    def close(self) -> None:
+        """Kill the processes of process mode (the cluster is going away)."""
+        if self._local is not None:
+            self._local.stop_all()
 
     def observe(self, change: Change) -> None:
         if change.rt is not PODS:
             return
         pod = change.obj
         uid = pod["metadata"]["uid"]
+        ending = change.type is EventType.DELETED or podstatus.is_terminal(pod) or podstatus.is_deleting(pod)
+        if ending and self._local is not None and self._local_runs.pop(uid, None) is not None:
+            self._local.stop(uid)
         if change.type is EventType.DELETED or podstatus.is_terminal(pod):
             node = self._node_of.pop(uid, None)
             if node is not None:
@@ -324,6 +342,13 @@ class Kubelet:
             )
             # Pulled and Created are left out: a benchmark's event budget goes to what clients read.
             rec("Started", f"Started container {c.get('name')}")
+        if self._local is not None:
+            key, uid = key_of(pod), pod["metadata"]["uid"]
+            self._local_runs[uid] = (key, podstatus.restart_count(pod))
+            namespace = pod["metadata"].get("namespace", "")
+            peers = [p for p in self._store.list(PODS, namespace) if p["metadata"]["uid"] != uid]
+            self._local.start(pod, peers)
+            return
         run_s = duration_s(pod, self._default_duration_s)
         oom_s = oom_after_s(pod)
         oom = oom_s is not None and oom_s < run_s
@@ -333,14 +358,19 @@ class Kubelet:
             oom_s if oom and oom_s is not None else run_s, lambda: self._finish(key, uid, run, oom)
         )
 
-    def _finish(self, key: Key, uid: str, run: int, oom: bool) -> None:
+    def _local_exited(self, uid: str, code: int) -> None:
+        held = self._local_runs.pop(uid, None)
+        if held is not None:
+            self._finish(held[0], uid, held[1], False, code)
+
+    def _finish(self, key: Key, uid: str, run: int, oom: bool, code: int | None = None) -> None:
         pod = self._current(key, uid)
         if pod is None or podstatus.phase(pod) != "Running" or podstatus.restart_count(pod) != run:
             return
         if not (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("running"):
             return
         wall_s = self._clock.wall_s()
-        code = 137 if oom else exit_code(pod)
+        code = 137 if oom else (exit_code(pod) if code is None else code)
         reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
         if oom:
             self._oom_event(pod)

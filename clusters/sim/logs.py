@@ -57,6 +57,9 @@ class Run:
     ended: asyncio.Event | None = field(default=None, repr=False)
     # When each burst line is printed (wall seconds, ascending): `sim.gpufed.io/log-burst`.
     burst: tuple[float, ...] = ()
+    # What a real process printed (the kubelet's process mode, `clusters.sim.local_exec`): its
+    # lines replace the progress lines; None for a simulated run.
+    captured: list[Line] | None = None
 
     def _fixed(self) -> list[Line]:
         attempt = f", restart {self.index}" if self.index else ""
@@ -89,8 +92,23 @@ class Run:
             if at <= end_wall_s and (self.ended_wall_s is None or at < self.ended_wall_s)
         ]
 
+    def _captured_lines(self, until_wall_s: float) -> list[Line]:
+        assert self.captured is not None
+        printed = [line for line in self.captured if line[0] <= until_wall_s]
+        exited = self.ended_wall_s is not None and until_wall_s >= self.ended_wall_s
+        return [*self._fixed(), *printed, *([self._exit()] if exited else [])]
+
     def lines(self, until_wall_s: float, cap_bytes: int) -> list[Line]:
         """What the run has printed by `until_wall_s`, at most its last `cap_bytes`."""
+        if self.captured is not None:
+            kept: list[Line] = []
+            size = 0
+            for line in reversed(self._captured_lines(until_wall_s)):
+                size += len(line[1]) + 1
+                if size > cap_bytes:
+                    break
+                kept.append(line)
+            return kept[::-1]
         end = until_wall_s if self.ended_wall_s is None else min(until_wall_s, self.ended_wall_s)
         if end < self.started_wall_s:
             return []
@@ -122,6 +140,8 @@ class Run:
 
     def count(self, until_wall_s: float) -> int:
         """How many lines the run has printed by `until_wall_s`, whatever the cap keeps."""
+        if self.captured is not None:
+            return len(self._captured_lines(until_wall_s))
         end = until_wall_s if self.ended_wall_s is None else min(until_wall_s, self.ended_wall_s)
         if end < self.started_wall_s:
             return 0
@@ -140,7 +160,7 @@ class Run:
 
     def next_line_wall_s(self, now_wall_s: float) -> float | None:
         """When the next line is due, if the run is still going."""
-        if self.ended_wall_s is not None:
+        if self.ended_wall_s is not None or self.captured is not None:
             return None
         burst = next((at for at in self.burst if at > now_wall_s), None)
         if self.interval_s <= 0:
@@ -187,6 +207,15 @@ class LogBook:
         # (pod uid, container name) -> the runs kept, oldest first.
         self._runs: dict[tuple[str, str], list[Run]] = {}
         self._by_pod: dict[str, set[str]] = {}
+
+    def append(self, pod_uid: str, container: str, text: str) -> None:
+        """A line a real process printed, into its container's current run (process mode)."""
+        runs = self._runs.get((pod_uid, container))
+        if runs and runs[-1].ended_wall_s is None:
+            run = runs[-1]
+            if run.captured is None:
+                run.captured = []
+            run.captured.append((self._clock.wall_s(), text))
 
     def runs(self, pod_uid: str, container: str) -> list[Run]:
         return list(self._runs.get((pod_uid, container), []))
