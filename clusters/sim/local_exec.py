@@ -164,6 +164,8 @@ class LocalExec:
         self._root = root or Path(tempfile.mkdtemp(prefix="gpufed-sim-exec-"))
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Pods stopped before their process was spawned: it is killed as soon as it is.
+        self._stopped: set[str] = set()
 
     def start(self, pod: Obj, peers: list[Obj]) -> None:
         """Start the pod's main container; its end is reported through `on_exit`."""
@@ -200,7 +202,9 @@ class LocalExec:
     def stop(self, uid: str) -> None:
         """Kill the pod's process (its whole process group): the pod was deleted or ended."""
         proc = self._procs.pop(uid, None)
-        if proc is not None and proc.returncode is None:
+        if proc is None:
+            self._stopped.add(uid)
+        elif proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
@@ -227,6 +231,9 @@ class LocalExec:
             self._on_exit(uid, 128)
             return
         self._procs[uid] = proc
+        if uid in self._stopped:
+            self._stopped.discard(uid)
+            self.stop(uid)
         log.info("sim_local_exec_started", uid=uid, pid=proc.pid)
         assert proc.stdout is not None
         while True:
