@@ -291,3 +291,5 @@ class Snapshot:
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
     egress_rates: tuple[EgressRate, ...] = ()
     policy: PolicyConfig = DEFAULT_POLICY
+    # (variant, family) per GPU variant (`placement.gpu_types`): a quota on the family bounds its variants.
+    gpu_families: tuple[tuple[GpuType, GpuType], ...] = ()

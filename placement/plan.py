@@ -143,7 +143,7 @@ class _Cycle:
         self.now = now
         self.policy = policy = snapshot.policy
         self.inventory = Inventory(snapshot.clusters, policy)
-        self.book = QuotaBook(snapshot.tenants, snapshot.running)
+        self.book = QuotaBook(snapshot.tenants, snapshot.running, snapshot.gpu_families)
         held: dict[tuple[TenantId, GpuType], int] = {}
         for gang in snapshot.running:
             held[(gang.tenant, gang.gpu_type)] = held.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count

@@ -17,18 +17,30 @@ using more than theirs (see `preempt`). Guarantees are not checked against physi
 oversubscribed configuration simply cannot honour them all.
 
 The book is the cycle's working state; `add` keeps it current as the cycle admits gangs.
+
+GPU variants count against their family's quota (`Snapshot.gpu_families`): a cap on `A100` bounds
+A100-40GB and A100-80GB together, unless a quota or cap names the variant itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from placement import explain
 from placement.model import GpuType, RunningGang, TenantId, TenantQuota, WaitReason
 
 
 class QuotaBook:
-    def __init__(self, tenants: Iterable[TenantQuota], running: Iterable[RunningGang]) -> None:
+    def __init__(
+        self,
+        tenants: Iterable[TenantQuota],
+        running: Iterable[RunningGang],
+        families: Sequence[tuple[GpuType, GpuType]] = (),
+    ) -> None:
+        tenants = tuple(tenants)
+        named = {t for q in tenants for t, _ in q.gpu_caps} | {s.gpu_type for q in tenants for s in q.quotas}
+        # Variant -> family, for variants no quota names whose family one does.
+        self.account = {t: f for t, f in sorted(families) if t not in named and f in named and t != f}
         merged: dict[TenantId, TenantQuota] = {}
         # A tenant listed twice is a config mistake; merge the entries in a fixed order so that the outcome
         # does not depend on the snapshot's order (the lower cap wins, the first parent in order).
@@ -96,28 +108,33 @@ class QuotaBook:
         return tenant in self.tenants
 
     def held(self, tenant: TenantId, gpu_type: GpuType) -> int:
+        gpu_type = self.account.get(gpu_type, gpu_type)
         return self.usage.get((tenant, gpu_type), 0)
 
     def guaranteed(self, tenant: TenantId, gpu_type: GpuType) -> int:
+        gpu_type = self.account.get(gpu_type, gpu_type)
         return self._guaranteed.get((tenant, gpu_type), 0)
 
     def within_guarantee(self, tenant: TenantId, gpu_type: GpuType, need: int) -> bool:
+        gpu_type = self.account.get(gpu_type, gpu_type)
         return self.held(tenant, gpu_type) + need <= self.guaranteed(tenant, gpu_type)
 
     def within_any_guarantee(self, tenant: TenantId, gpu_types: Iterable[GpuType], need: int) -> bool:
         """Whether `need` more GPUs of one of these types stay within the tenant's guarantee."""
         usage, guaranteed = self.usage, self._guaranteed
         for gpu_type in gpu_types:
-            key = (tenant, gpu_type)
+            key = (tenant, self.account.get(gpu_type, gpu_type))
             if usage.get(key, 0) + need <= guaranteed.get(key, 0):
                 return True
         return False
 
     def borrowing(self, tenant: TenantId, gpu_type: GpuType, minus: int = 0) -> bool:
         """Whether the tenant holds more than its guarantee, after giving back `minus` GPUs."""
+        gpu_type = self.account.get(gpu_type, gpu_type)
         return self.held(tenant, gpu_type) - minus > self.guaranteed(tenant, gpu_type)
 
     def add(self, tenant: TenantId, gpu_type: GpuType, gpus: int) -> None:
+        gpu_type = self.account.get(gpu_type, gpu_type)
         self.changes += 1
         for node in self.path.get(tenant, (tenant,)):
             key = (node, gpu_type)
@@ -141,6 +158,7 @@ class QuotaBook:
     def excess(self, tenant: TenantId, gpu_type: GpuType, need: int) -> int:
         """How many GPUs of the type the tenant must give back so that `need` more pass every cap and
         borrowing limit from it up the tree (0: they pass now)."""
+        gpu_type = self.account.get(gpu_type, gpu_type)
         usage, limits = self.usage, self._limits
         over = 0
         for node in self.path[tenant]:
@@ -151,6 +169,7 @@ class QuotaBook:
 
     def limit_reason(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
         """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break."""
+        gpu_type = self.account.get(gpu_type, gpu_type)
         usage, limits = self.usage, self._limits
         for node in self.path[tenant]:
             limit = limits.get((node, gpu_type))
@@ -178,6 +197,7 @@ class QuotaBook:
 
     def lending_reason(self, tenant: TenantId, gpu_type: GpuType, need: int, free: int) -> WaitReason | None:
         """Why borrowing `need` GPUs would eat into capacity other tenants hold back, if it would."""
+        gpu_type = self.account.get(gpu_type, gpu_type)
         held_back = self.held_back.get(gpu_type, 0)
         if not held_back or self.within_guarantee(tenant, gpu_type, need):
             return None

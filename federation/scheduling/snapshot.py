@@ -324,6 +324,9 @@ def build_snapshot(
         clusters=clusters,
         priority_classes=settings.priority_classes,
         gpu_speeds=gpu_speeds(settings),
+        gpu_families=tuple(
+            (m.name, m.family) for m in settings.gpu_registry().models.values() if m.name != m.family
+        ),
         egress_rates=settings.egress_rates,
         policy=replace(settings.policy, preempted_gpus_this_interval=preempted_gpus_this_interval),
     )
