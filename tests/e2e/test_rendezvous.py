@@ -33,6 +33,8 @@ KUBECTL = shutil.which(
 )
 pytestmark = [
     pytest.mark.e2e,
+    # One worker runs them all: every gang's coordinator listens on the clusters' MASTER_PORT.
+    pytest.mark.xdist_group("rendezvous"),
     pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed"),
     pytest.mark.skipif(local_exec.available() is not None, reason=str(local_exec.available())),
 ]
