@@ -96,14 +96,19 @@ spec:
 
 ALICE_JOBS = 83
 BOB_JOBS = 20_000
+# The third server's queue: deep enough to keep its cluster busy through the run (two of bob's jobs
+# end each second), shallow next to the full one. It runs the same jobs with the same churn, so that
+# the two differ only in the queue's depth.
+SHALLOW_JOBS = 400
 
 
-def _cycles(metrics_port: int) -> tuple[float, float]:
-    """The scheduler's cycles so far: (count, total seconds), from /metrics."""
+def _cycles(metrics_port: int) -> tuple[float, float, float]:
+    """The scheduler's cycles so far: (count, total seconds, CPU seconds of snapshots and plans)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     count = re.search(r"^gpufed_scheduling_cycle_seconds_count(?:\{[^}]*\})? (\S+)$", text, re.M)
     total = re.search(r"^gpufed_scheduling_cycle_seconds_sum(?:\{[^}]*\})? (\S+)$", text, re.M)
-    return (float(count.group(1)) if count else 0.0, float(total.group(1)) if total else 0.0)
+    cpu = re.search(r"^gpufed_scheduling_cycle_cpu_seconds_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return tuple(float(m.group(1)) if m else 0.0 for m in (count, total, cpu))  # type: ignore[return-value]
 
 
 def _stack(tmp_path: Path, name: str) -> tuple[EtcdProcess, ServerProcess, int]:
@@ -131,14 +136,15 @@ def main() -> int:
         try:
             # Two servers alike but for bob's queue, measured in turns of half a second (A B B A ...),
             # so that whatever else loads the machine weighs on both figures alike.
-            stacks = [_stack(tmp_path, "quiet"), _stack(tmp_path, "queue")]
-            (_, quiet, _), (_, noisy, metrics_port) = stacks
+            stacks = [_stack(tmp_path, "quiet"), _stack(tmp_path, "shallow"), _stack(tmp_path, "queue")]
+            (_, quiet, _), (_, shallow, _), (_, noisy, metrics_port) = stacks
             assert noisy.proc is not None
             alice = ALICE_MANIFEST.replace("NAME", "alice")
-            for server in (quiet, noisy):
+            for server in (quiet, shallow, noisy):
                 _submit_many(server.target, _token(server, "alice"), alice, ALICE_JOBS, 8)
-            submit_began = time.monotonic()
             bob = BOB_MANIFEST.replace("NAME", "bob")
+            _submit_many(shallow.target, _token(shallow, "bob"), bob, SHALLOW_JOBS, 16)
+            submit_began = time.monotonic()
             accepted = _submit_many(noisy.target, _token(noisy, "bob"), bob, jobs, 16)
             submit_s = time.monotonic() - submit_began
             # The first cycles over the new queue write every job's first wait reasons: let them pass.
@@ -146,8 +152,8 @@ def main() -> int:
             print(f"bob's {accepted} jobs in; measuring", file=sys.stderr, flush=True)
             cycles_before = _cycles(metrics_port)
             cpu_before = _cpu_seconds(noisy.proc.pid)
-            targets = [(server.target, _token(server, "alice")) for server in (quiet, noisy)]
-            alone, beside = _measure(targets, args.concurrency, seconds, args.slice)
+            targets = [(server.target, _token(server, "alice")) for server in (quiet, shallow, noisy)]
+            alone, churn, beside = _measure(targets, args.concurrency, seconds, args.slice)
             measured_s = 2 * max(1, round(seconds / args.slice)) * args.slice
             cpu_share = (_cpu_seconds(noisy.proc.pid) - cpu_before) / measured_s
             cycles_after = _cycles(metrics_port)
@@ -157,13 +163,14 @@ def main() -> int:
                 etcd.stop()
     cycles = cycles_after[0] - cycles_before[0]
     cycle_s = (cycles_after[1] - cycles_before[1]) / cycles if cycles else 0.0
+    cycle_cpu_s = (cycles_after[2] - cycles_before[2]) / cycles if cycles else 0.0
     print(
         f"alice: {ALICE_JOBS} jobs; one page each, {args.concurrency} in flight, {seconds:.0f} s per server"
     )
     print(f"bob: {accepted} of {jobs} jobs accepted in {submit_s:.1f} s (gangs of 8 A100 running 2 s each)")
     print(f"queue's server while measured: {cycles:.0f} placer cycles of {cycle_s * 1e3:.0f} ms on average, ")
     print(f"  {100 * cpu_share:.0f}% of a core")
-    for name, m in (("alone", alone), ("beside", beside)):
+    for name, m in (("alone", alone), ("beside a shallow queue", churn), ("beside", beside)):
         print(
             f"{name}: {m[0]:.0f} lists/s, p50 {m[1] * 1e3:.1f} ms, p99 {m[2] * 1e3:.1f} ms, "
             f"errors {m[3]}, {m[4]} jobs each"
@@ -176,9 +183,15 @@ def main() -> int:
     print(f"listjobs_p50_ratio: {beside[1] / alone[1]:.2f} ratio")
     print(f"listjobs_p99_ratio: {beside[2] / alone[2]:.2f} ratio")
     print(f"listjobs_per_s_ratio: {beside[0] / alone[0]:.2f} ratio")
+    # The queue's depth alone: the same running jobs and churn, 400 queued against the full queue.
+    print(f"listjobs_p99_ms_beside_shallow_queue: {churn[2] * 1e3:.2f} ms")
+    print(f"listjobs_p50_ratio_deep_to_shallow: {beside[1] / churn[1]:.2f} ratio")
+    print(f"listjobs_p99_ratio_deep_to_shallow: {beside[2] / churn[2]:.2f} ratio")
     print(f"placer_cycle_ms_beside_queue: {cycle_s * 1e3:.0f} ms")
-    print(f"listjobs_errors: {alone[3] + beside[3]} calls")
-    return 0 if alone[4] == beside[4] == ALICE_JOBS and alone[3] + beside[3] == 0 else 1
+    print(f"placer_cycle_cpu_ms_beside_queue: {cycle_cpu_s * 1e3:.0f} ms")
+    print(f"listjobs_errors: {alone[3] + churn[3] + beside[3]} calls")
+    ok = alone[4] == churn[4] == beside[4] == ALICE_JOBS and alone[3] + churn[3] + beside[3] == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

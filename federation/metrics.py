@@ -54,6 +54,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        # The worker thread's CPU for the snapshot and the plan: what a cycle costs the machine, apart
+        # from the time it waits for the GIL, for etcd, or steps aside for calls.
+        self.cycle_cpu_seconds = Counter(
+            "gpufed_scheduling_cycle_cpu_seconds",
+            "CPU time of the scheduling cycles' snapshots and plans",
+            registry=r,
+        )
         self.transitions = Counter(
             "gpufed_job_transitions_total", "Phase changes written", ["to_phase"], registry=r
         )

@@ -83,6 +83,7 @@ class _Planned:
     stored: Mapping[JobId, Stored[JobRecord]]
     # Queued jobs by tenant, for the queue-depth gauge.
     queue_depth: Mapping[str, int]
+    cpu_s: float
 
 
 def _snapshot_and_plan(
@@ -99,6 +100,7 @@ def _snapshot_and_plan(
 ) -> _Planned:
     # Everything here walks every live job: on the worker thread, not the event loop, where 20,000
     # queued jobs made each walk a pause of every API call in flight (issue 30, item 15).
+    cpu_started = time.thread_time()
     stored = {s.value.job_id: s for s in live}
     snapshot = build_snapshot(
         [s.value for s in live],
@@ -113,7 +115,8 @@ def _snapshot_and_plan(
     )
     requests.keep_only({q.job_id for q in snapshot.queued})
     depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
-    return _Planned(plan(snapshot, now=now, between=between), stored, depth)
+    result = plan(snapshot, now=now, between=between)
+    return _Planned(result, stored, depth, time.thread_time() - cpu_started)
 
 
 class CapacityHook(Protocol):
@@ -310,6 +313,7 @@ class Scheduler:
         self._metrics.set_queue_depth(planned.queue_depth)
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
+        self._metrics.cycle_cpu_seconds.inc(planned.cpu_s)
         self._last_waiting = len(result.waiting)
         if admitted or conflicts or result.preemptions or result.moves:
             # What it wrote changes the jobs; a conflict or an order not written must be tried again.
