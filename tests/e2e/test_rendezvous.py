@@ -56,7 +56,19 @@ CLUSTERS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def allreduce_job(name: str, gpu_type: str, python: Path) -> str:
+def allreduce_job(name: str, gpu_type: str, python: Path, *, tasks: tuple[str, ...] = ("trainer",)) -> str:
+    """Two pods of two GPUs (two processes) each: one task of two replicas, or two tasks of one."""
+    replicas = 2 // len(tasks)
+    listed = "".join(
+        f"""\
+    - name: {task}
+      replicas: {replicas}
+      gpus: 2
+      image: ghcr.io/example/jax:cpu
+      command: [{python}, {SCRIPT}]
+"""
+        for task in tasks
+    )
     return f"""\
 apiVersion: gpufed.io/v1
 kind: TrainingJob
@@ -64,12 +76,7 @@ metadata: {{name: {name}}}
 spec:
   gpuTypes: [{gpu_type}]
   tasks:
-    - name: trainer
-      replicas: 2
-      gpus: 2
-      image: ghcr.io/example/jax:cpu
-      command: [{python}, {SCRIPT}]
-"""
+{listed}"""
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +119,24 @@ def finished(fed: ServerProcess, user: str, job_id: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    ("cluster", "gpu_type", "kind"), [("vc", "A100", "Volcano"), ("plain", "H100", "Indexed")]
+    ("cluster", "gpu_type", "tasks"),
+    [
+        pytest.param("vc", "A100", ("trainer",), id="volcano"),
+        # A master and a worker task: the gang that only Volcano runs, each pod its own template.
+        pytest.param("vc", "A100", ("master", "worker"), id="volcano-master-worker"),
+        pytest.param("plain", "H100", ("trainer",), id="indexed-job"),
+    ],
 )
 def test_two_pods_of_two_processes_complete_an_allreduce(
-    fed: ServerProcess, sims: SimProcess, jax_python: Path, cluster: str, gpu_type: str, kind: str
+    fed: ServerProcess,
+    sims: SimProcess,
+    jax_python: Path,
+    cluster: str,
+    gpu_type: str,
+    tasks: tuple[str, ...],
 ) -> None:
-    job_id = fed.client("bob").submit(allreduce_job("allreduce", gpu_type, jax_python)).job_id
+    job = allreduce_job("allreduce", gpu_type, jax_python, tasks=tasks)
+    job_id = fed.client("bob").submit(job).job_id
     wait_for(lambda: len(gang_pods(sims, cluster, job_id)) == 2, timeout_s=60)
     pods = sorted(gang_pods(sims, cluster, job_id), key=lambda p: p.metadata.name)
     assert {p.metadata.namespace for p in pods} == {"gpufed-nlp"}
@@ -142,8 +161,7 @@ def test_two_pods_of_two_processes_complete_an_allreduce(
     assert len(hostfile) == 2, logs
     assert all(line.endswith(" slots=2") for line in hostfile)
     gang = pods[0].spec.subdomain
-    assert all(line.split()[0].endswith(f".{gang}") for line in hostfile)
-    assert kind in ("Volcano", "Indexed")
+    assert [line.split()[0] for line in hostfile] == [f"{p.spec.hostname}.{gang}" for p in pods]
 
 
 def test_another_tenants_pods_cannot_find_the_rendezvous(
