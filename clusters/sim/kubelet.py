@@ -317,7 +317,10 @@ class Kubelet:
                 self._timers.after(ends - wall_now, functools.partial(self._deadline, key, uid))
             state = statuses[0].get("state") or {}
             run = podstatus.restart_count(pod)
-            if "running" in state:
+            if "running" in state and self._local is not None:
+                # Process mode: the process died with the simulator, as containers with their node.
+                self._timers.after(0.0, functools.partial(self._finish, key, uid, run, False, 137))
+            elif "running" in state:
                 stamp = state["running"].get("startedAt") or status.get("startTime")
                 started = parse_rfc3339(str(stamp)) if stamp else wall_now
                 run_s = duration_s(pod, self._default_duration_s)

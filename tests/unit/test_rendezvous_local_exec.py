@@ -7,11 +7,17 @@ tests/e2e/test_rendezvous.py.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
-from clusters.sim import local_exec
+from clusters.sim import ManualClock, SimPoolConfig, cluster, local_exec
+from clusters.sim.engine import Engine
+from clusters.sim.resources import PODS
+from tests.waits import until
+
+Obj = dict[str, Any]
 
 
 def a_pod(name: str, namespace: str = "gpufed-nlp", subdomain: str | None = "job", **notes: str) -> Any:
@@ -112,3 +118,124 @@ def test_downward_api_files_mounted_under_etc_are_written() -> None:
     }
     files = local_exec._mounted_files(pod, container)
     assert files == {"/etc/gpufed/hostfile": "job-0.job slots=2\n"}
+
+
+needs_namespaces = pytest.mark.skipif(local_exec.available() is not None, reason=str(local_exec.available()))
+
+
+def an_engine() -> Engine:
+    config = cluster("u", (SimPoolConfig.of("a100", "A100", node_count=1),), local_exec=True)
+    return Engine(config, ManualClock())
+
+
+def a_process_pod(name: str, script: str, **notes: str) -> Obj:
+    return {
+        "metadata": {"name": name, "annotations": notes},
+        "spec": {
+            "restartPolicy": "Never",
+            "hostname": name,
+            "subdomain": "gang",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "i",
+                    "command": ["/bin/sh", "-c", script],
+                    "env": [
+                        {"name": "PEER", "value": "peer-0.gang"},
+                        {"name": "GREETING", "value": "hello $(PEER)"},
+                    ],
+                    "volumeMounts": [{"name": "rdv", "mountPath": "/etc/gpufed", "readOnly": True}],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "rdv",
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "hostfile",
+                                "fieldRef": {"fieldPath": "metadata.annotations['gpufed.io/hostfile']"},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+
+
+def printed(engine: Engine, pod: Obj) -> list[str]:
+    (run,) = engine.logs.runs(pod["metadata"]["uid"], "main")
+    return [text for _, text in run.lines(engine.clock.wall_s() + 1e9, 1 << 20)]
+
+
+def state(engine: Engine, name: str) -> Obj:
+    current = engine.store.require(PODS, "default", name)
+    statuses = (current.get("status") or {}).get("containerStatuses") or [{}]
+    return dict(statuses[0].get("state") or {})
+
+
+@needs_namespaces
+async def test_process_mode_runs_the_command_with_the_pods_env_files_and_names() -> None:
+    engine = an_engine()
+    engine.store.create(
+        PODS, engine.admission.admit_create(PODS, a_process_pod("peer-0", "sleep 30"), "default")
+    )
+    script = 'echo "$GREETING"; cat /etc/gpufed/hostfile; hostname; getent hosts peer-0.gang; exit 3'
+    body = a_process_pod("me-0", script, **{"gpufed.io/hostfile": "me-0.gang slots=1\npeer-0.gang slots=1\n"})
+    pod = engine.store.create(PODS, engine.admission.admit_create(PODS, body, "default"))
+
+    def ended() -> bool:
+        engine.reconcile()
+        return "terminated" in state(engine, "me-0")
+
+    try:
+        await until(ended, "the process exited", timeout_s=30)
+        assert state(engine, "me-0")["terminated"]["exitCode"] == 3
+        lines = printed(engine, pod)
+        assert "hello peer-0.gang" in lines
+        assert "me-0.gang slots=1" in lines
+        assert "peer-0.gang slots=1" in lines
+        assert "me-0" in lines  # the pod's host name
+        assert any(line.startswith("127.0.0.1") and "peer-0.gang" in line for line in lines)
+        assert lines[-1] == "[sim] exited with code 3 (Error)"
+    finally:
+        engine.kubelet.close()  # and the peer's `sleep` with it
+
+
+@needs_namespaces
+async def test_deleting_a_pod_kills_its_process() -> None:
+    engine = an_engine()
+    body = a_process_pod("me-0", "echo pid $$$$; exec sleep 60")  # `$$` is Kubernetes' `$`
+    pod = engine.store.create(PODS, engine.admission.admit_create(PODS, body, "default"))
+
+    def pid() -> int | None:
+        engine.reconcile()
+        runs = engine.logs.runs(pod["metadata"]["uid"], "main")
+        found = (
+            [t for _, t in runs[0].lines(engine.clock.wall_s() + 1e9, 1 << 20) if t.startswith("pid ")]
+            if runs
+            else []
+        )
+        return int(found[0].split()[1]) if found else None
+
+    await until(lambda: pid() is not None, "the process printed its pid", timeout_s=30)
+    number = pid()
+    assert number is not None
+    assert alive(number)
+    engine.lifecycle.delete(PODS, "default", "me-0")
+    engine.reconcile()
+    await until(lambda: not alive(number), "the process was killed", timeout_s=30)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too: it waits only for its parent (unshare, killed with it) to reap it.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
