@@ -2,19 +2,20 @@
 
 Two workloads, each copied by our sync (manifest built beforehand, as federation does at registration)
 and by rclone, from the same source bucket to fresh prefixes of the same target bucket:
-- large: 8 files of 128 MiB (1 GiB), through multipart uploads;
+- large: 8 files of 128 MiB (1 GiB), through multipart uploads (with --quick, one random block 8 times);
 - small: 20,000 files of 4 KiB;
 then the time of a no-op re-sync of the small set (one listing, checked against the ETags recorded by
 the first sync, as federation keeps them), and a version 2 of a 100-object dataset with 10 objects
 changed, 5 added and 3 deleted, synced beside version 1's copy (bytes moved against bytes changed).
-Each tool runs `--repeats` times (3; 1 with --quick) in alternating order and the median counts.
-`--quick` uses 4 x 64 MiB and 2,000 x 4 KiB (about a minute). Ends with `figure_name: value unit` lines.
+Each tool runs `--repeats` times (3; 1 with --quick) in rotating order and the median counts.
+`--quick` uses 2,000 x 4 KiB (two to three minutes). Ends with `figure_name: value unit` lines.
 
 After every benchmark sync (ours and rclone's) `rclone check --checksum` compares the copy with the
-source; a difference stops the benchmark. Then, in the same run:
-- the store's own limit (`store_limit_*`): the fastest parallel GET, PUT and copy the two servers take
-  from a trivial client (signed requests on many connections, no checksum, no manifest, no
-  verification), and gpufed's and rclone's large-object rates as fractions of it;
+source; a difference stops the benchmark. In the same run:
+- the store's own limit (`store_limit_large_mb_per_s`, `store_limit_small_objects_per_s`): each repeat
+  also copies the workload with a trivial client (signed requests, as many at once as our sync has in
+  flight and twice that, the better; no checksum, no manifest, no verification), in the same window as
+  the two tools; gpufed's and rclone's rates as fractions of it; then each store's GET and PUT alone;
 - the peak RSS of a child process that syncs 1 GiB (8 x 128 MiB) with the default options
   (`datasync_peak_rss_mib`), beside its RSS before the sync and the configured bound.
 
@@ -254,9 +255,9 @@ async def fill_same(store: ObjectStore, prefix: str, count: int, size: int) -> N
 async def store_limit(
     stores: Stores, keys: list[str], size: int, chunk: int, quick: bool
 ) -> dict[str, float]:
-    """The store's own limit on large objects: MB/s of parallel ranged GETs from the source, PUTs to
-    the target, and a copy (each GET's bytes PUT as an object at once), by the trivial client, at the
-    concurrency (of 8, 16 and 32; 16 with --quick) that does best. No checksum, no manifest."""
+    """Each store on its own: MB/s of parallel 16 MiB ranged GETs from the source and of PUTs to the
+    target by the trivial client, at the concurrency (of 8, 16 and 32; 16 with --quick) that does best.
+    A copy needs both at once: its limit (`trivial_copy`) is below the lesser of the two."""
     source, target = stores.signed("a"), stores.signed("b")
     ranges = [(key, start) for key in keys for start in range(0, size, chunk)]
     block = os.urandom(chunk)
@@ -269,11 +270,8 @@ async def store_limit(
             for i, (key, start) in work:
                 if kind == "get":
                     await source.get_object(key, start, start + chunk)
-                elif kind == "put":
-                    await target.put_object(f"limit/{i:06d}", block)
                 else:
-                    data = await source.get_object(key, start, start + chunk)
-                    await target.put_object(f"limit/{i:06d}", data)
+                    await target.put_object(f"limit/{i:06d}", block)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(width)))
@@ -281,7 +279,7 @@ async def store_limit(
 
     best: dict[str, float] = {}
     try:
-        for kind in ("get", "put", "copy"):
+        for kind in ("get", "put"):
             rates = {width: await run(kind, width) for width in ((16,) if quick else (8, 16, 32))}
             width = max(rates, key=lambda w: rates[w])
             print(
@@ -295,15 +293,30 @@ async def store_limit(
     return best
 
 
-async def small_limit(stores: Stores, count: int, size: int, width: int = 64) -> float:
-    """Objects per second of a trivial small-object copy (GET from the source, PUT to the target, 64
-    connections, no checksum): the small-object counterpart of `store_limit`."""
+async def trivial_copy(stores: Stores, name: str, count: int, size: int, run: int) -> float:
+    """Seconds for the trivial client to copy the workload, at the better of two widths (run one after
+    the other): as many at once as our sync has in flight (16 parts of 16 MiB; 32 small objects) and
+    twice that, since each of its workers waits on a GET before its PUT where our sync overlaps them."""
+    large = size > 16 * MIB
+    widths = (16, 32) if large else (32, 64)
+    return min([await _trivial_copy(stores, name, count, size, f"{run}-{w}", w) for w in widths])
+
+
+async def _trivial_copy(stores: Stores, name: str, count: int, size: int, run: str, width: int) -> float:
+    """Small objects whole, large ones as 16 MiB ranged GETs each PUT at once as an object of its own,
+    `width` at once. No checksum, no manifest, no multipart bookkeeping, no verification."""
     source, target = stores.signed("a"), stores.signed("b")
-    keys = iter(enumerate(f"small/{i:06d}.bin" for i in range(count)))
+    chunk = 16 * MIB
+    work: list[tuple[str, int | None, int | None]]
+    if size > chunk:
+        work = [(f"{name}/{i:06d}.bin", at, at + chunk) for i in range(count) for at in range(0, size, chunk)]
+    else:
+        work = [(f"{name}/{i:06d}.bin", None, None) for i in range(count)]
+    items = iter(enumerate(work))
 
     async def worker() -> None:
-        for i, key in keys:
-            await target.put_object(f"limit-small/{i:06d}", await source.get_object(key))
+        for i, (key, start, end) in items:
+            await target.put_object(f"limit-{name}-{run}/{i:06d}", await source.get_object(key, start, end))
 
     started = time.perf_counter()
     try:
@@ -311,7 +324,7 @@ async def small_limit(stores: Stores, count: int, size: int, width: int = 64) ->
     finally:
         await source.close()
         await target.close()
-    return count / (time.perf_counter() - started)
+    return time.perf_counter() - started
 
 
 def rss_child(stores: Stores, root: Path, manifest: Manifest, prefix: str) -> dict[str, float]:
@@ -534,7 +547,7 @@ async def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
         return
     tag = "tls_" if args.tls else ""
-    large_count, large_size = (4, 64 * MIB) if args.quick else (8, 128 * MIB)
+    large_count, large_size = 8, 128 * MIB
     small_count, small_size = (2_000, 4096) if args.quick else (20_000, 4096)
     print(
         f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores"
@@ -552,27 +565,34 @@ async def main() -> None:
         workloads = [("large", large_count, large_size), ("small", small_count, small_size)]
         workloads = [w for w in workloads if args.only in (None, w[0])]
         if args.only in (None, "large"):
-            await fill(source, "large/", large_count, large_size, concurrency=4)
+            if args.quick:  # one random block written 8 times: the same 1 GiB to copy, cheap to make
+                await fill_same(source, "large/", large_count, large_size)
+            else:
+                await fill(source, "large/", large_count, large_size, concurrency=4)
         if args.only in (None, "small"):
             await fill(source, "small/", small_count, small_size)
         # Warm the target: SeaweedFS grows its first volumes on the first writes; neither tool should pay it.
         await fill(target, "warmup/", 4, 32 * MIB, concurrency=4)
 
-        large_rates: dict[str, float] = {}
         for name, count, size in workloads:
             started = time.perf_counter()
             manifest = await build_manifest(source, f"{name}/", concurrency=args.concurrency)
             manifest_s = time.perf_counter() - started
-            # Alternate who goes first (ours, rclone, rclone, ours...) and take each one's median, so
-            # neither profits from the other having warmed the target's volumes or the page cache.
+            # Rotate who goes first and take each one's median, so that none profits from another
+            # having warmed the target's volumes or the page cache. The trivial client runs in the same
+            # window as the two tools, so that its figure meets the same load (the machine is shared).
             recorded: dict[str, str] = {}
             CPU_S["ours"].clear()
             CPU_S["rclone"].clear()
             ours_runs: list[float] = []
             theirs_runs: list[float] = []
+            limit_runs: list[float] = []
             for run in range(args.repeats):
-                order = ("ours", "rclone") if run % 2 == 0 else ("rclone", "ours")
+                order = ("ours", "rclone", "limit") if run % 2 == 0 else ("limit", "rclone", "ours")
                 for who in order:
+                    if who == "limit":
+                        limit_runs.append(await trivial_copy(stores, name, count, size, run))
+                        continue
                     if who == "ours":
                         took, report = await our_sync(
                             source, target, f"{name}/", f"ours-{name}-{run}/", manifest, options
@@ -591,21 +611,25 @@ async def main() -> None:
                         )
                     await asyncio.to_thread(rclone_check, renv, f"source/{name}", copy)
             ours_s, theirs_s = statistics.median(ours_runs), statistics.median(theirs_runs)
+            limit_s = statistics.median(limit_runs)
             print(
                 f"{name} CPU s: ours {[round(t, 2) for t in CPU_S['ours']]}, "
                 f"rclone {[round(t, 2) for t in CPU_S['rclone']]}"
             )
             print(
-                f"{name} runs: ours {[round(t, 2) for t in ours_runs]} s, rclone {[round(t, 2) for t in theirs_runs]} s"
+                f"{name} runs: ours {[round(t, 2) for t in ours_runs]} s, rclone {[round(t, 2) for t in theirs_runs]} s, "
+                f"trivial client {[round(t, 2) for t in limit_runs]} s"
             )
             total_mb = count * size / 1e6
             print(
                 f"{name}: ours {ours_s:.2f} s ({total_mb / ours_s:.1f} MB/s, {count / ours_s:.0f} objects/s), "
                 f"rclone {theirs_s:.2f} s ({total_mb / theirs_s:.1f} MB/s, {count / theirs_s:.0f} objects/s), "
-                f"manifest {manifest_s:.2f} s"
+                f"trivial client {limit_s:.2f} s, manifest {manifest_s:.2f} s"
             )
-            large_rates = (
-                {"ours": total_mb / ours_s, "rclone": total_mb / theirs_s} if name == "large" else large_rates
+            limit_figure = (
+                ("store_limit_large_mb_per_s", total_mb / limit_s, "MB/s")
+                if name == "large"
+                else ("store_limit_small_objects_per_s", count / limit_s, "objects/s")
             )
             figures += [
                 (f"datasync_{tag}{name}_mb_per_s", total_mb / ours_s, "MB/s"),
@@ -614,6 +638,9 @@ async def main() -> None:
                 (f"rclone_{tag}{name}_objects_per_s", count / theirs_s, "objects/s"),
                 (f"datasync_{tag}{name}_ratio_to_rclone", theirs_s / ours_s, "x"),
                 (f"manifest_{tag}{name}_build_s", manifest_s, "s"),
+                limit_figure,
+                (f"datasync_{name}_fraction_of_store_limit", limit_s / ours_s, "x"),
+                (f"rclone_{name}_fraction_of_store_limit", limit_s / theirs_s, "x"),
             ]
             if name == "small":
                 noop_s, noop = await our_sync(
@@ -624,19 +651,11 @@ async def main() -> None:
                 await asyncio.to_thread(rclone_check, renv, "source/small", "target/ours-small-0")
                 print(f"no-op re-sync of {count} objects: {noop_s:.3f} s")
                 figures.append((f"datasync_{tag}noop_resync_s", noop_s, "s"))
-                objects_per_s = await small_limit(stores, count, size)
-                print(f"store limit, small copy: {objects_per_s:.0f} objects/s")
-                figures += [
-                    ("store_limit_small_objects_per_s", objects_per_s, "objects/s"),
-                    ("datasync_small_fraction_of_store_limit", count / ours_s / objects_per_s, "x"),
-                    ("rclone_small_fraction_of_store_limit", count / theirs_s / objects_per_s, "x"),
-                ]
         if args.only is None:
             figures += await version_two(source, target, options, 100, (256 if args.quick else 1024) * 1024)
 
-        # 1 GiB for the RSS child (the large set is that already without --quick), also read by the
-        # store-limit GETs.
-        if args.quick or args.only == "small":
+        # 1 GiB for the RSS child (the large set), also read by the store-limit GETs.
+        if args.only == "small":
             await fill_same(source, "rss/", 8, 128 * MIB)
             rss_prefix = "rss/"
         else:
@@ -647,14 +666,7 @@ async def main() -> None:
         figures += [
             ("store_limit_large_get_mb_per_s", limit["get"], "MB/s"),
             ("store_limit_large_put_mb_per_s", limit["put"], "MB/s"),
-            ("store_limit_large_copy_mb_per_s", limit["copy"], "MB/s"),
-            ("store_limit_large_mb_per_s", limit["copy"], "MB/s"),
         ]
-        if large_rates:
-            figures += [
-                ("datasync_large_fraction_of_store_limit", large_rates["ours"] / limit["copy"], "x"),
-                ("rclone_large_fraction_of_store_limit", large_rates["rclone"] / limit["copy"], "x"),
-            ]
         rss = rss_child(stores, root, rss_manifest, rss_prefix)
         await asyncio.to_thread(rclone_check, renv, f"source/{rss_prefix.rstrip('/')}", "target/rss-copy")
         print(
