@@ -144,6 +144,9 @@ class _Cycle:
         self.policy = policy = snapshot.policy
         self.inventory = Inventory(snapshot.clusters, policy)
         self.book = QuotaBook(snapshot.tenants, snapshot.running, snapshot.gpu_families)
+        self.families = dict(snapshot.gpu_families)
+        self._placeable = set(self.inventory.by_type) | {p.gpu_type for _, p in self.inventory.scalable}
+        self._offered_types: dict[tuple[GpuType, ...], tuple[GpuType, ...]] = {}
         held: dict[tuple[TenantId, GpuType], int] = {}
         for gang in snapshot.running:
             held[(gang.tenant, gang.gpu_type)] = held.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count
@@ -224,6 +227,8 @@ class _Cycle:
         if shape is None:
             shape = self.shapes[gang.replica_gpus] = gang_shape(gang.replica_gpus)
         types = tuple(dict.fromkeys(gang.gpu_types))
+        if self.families and len(types) > 1:
+            types = self._offered(types)
         quota: dict[GpuType, WaitReason] = {}
         allowed: list[GpuType] = []
         limited: list[GpuType] = []
@@ -277,6 +282,18 @@ class _Cycle:
                     self.waiting.append(Waiting(gang.job_id, (quota[gpu_type], evicting)))
                     return
         self.waiting.append(self._explain(ctx, shape, types, quota, notes, capacity_only))
+
+    def _offered(self, types: tuple[GpuType, ...]) -> tuple[GpuType, ...]:
+        """The types without the variants of a family that no cluster has (nor could grow) while
+        another of the family is offered: a job asking for `A100` is expanded to the family's bare
+        name and every variant, and most federations have a few of them. Cached per cycle."""
+        kept = self._offered_types.get(types)
+        if kept is None:
+            placeable = self._placeable
+            present = {self.families.get(t, t) for t in types if t in placeable}
+            kept = tuple(t for t in types if t in placeable or self.families.get(t, t) not in present)
+            self._offered_types[types] = kept
+        return kept
 
     def _approved_class(self, gang: GangRequest) -> str | None:
         """The gang's priority class if it needs an admin's approval (the gates passed, so it has one)."""
@@ -557,7 +574,13 @@ class _Cycle:
         """The gang's wait, with its reasons recorded as figures and worded when read (`reasons`)."""
         gang = ctx.gang
         head: tuple[WaitReason, ...] = ()
-        missing = [gpu_type for gpu_type in types if gpu_type not in self.inventory.by_type]
+        by_type = self.inventory.by_type
+        missing = [gpu_type for gpu_type in types if gpu_type not in by_type]
+        if missing and self.families:
+            # A family stands for its variants (`placement.gpu_types`): a variant no cluster has is
+            # not news while another of the family's (or its bare name) is there.
+            present = {self.families.get(t, t) for t in types if t in by_type}
+            missing = [t for t in missing if self.families.get(t, t) not in present]
         if missing or not types:
             names = ", ".join(missing) or "(none listed)"
             only = missing[0] if len(missing) == 1 else None

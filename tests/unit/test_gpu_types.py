@@ -17,7 +17,7 @@ from federation.spec.training_job import parse_manifest, render_manifest
 from federation.store.config_policy import parse_settings
 from federation.store.records import SchedulingSettings, settings_from_dict, settings_to_dict
 from placement.gpu_types import BUILTIN_TYPES, GpuRegistry, node_type
-from placement.model import CapacityKind, GpuType, Provider
+from placement.model import CapacityKind, GpuType, Provider, WaitCode
 from placement.plan import plan
 from tests.unit.placement_builders import a_cluster, a_gang, a_snapshot, a_tenant
 
@@ -238,3 +238,14 @@ def test_a_cap_on_the_family_bounds_its_variants_together() -> None:
     assert any("A100" in r.message for r in waiting.reasons)
     # Without the family map (a snapshot of an older caller) the variants were not bounded.
     assert len(plan(snapshot, now=0.0).admissions) == 2
+
+
+def test_a_family_job_is_not_told_of_variants_no_cluster_has() -> None:
+    job = replace(a_gang("fam").gang(1, gpus=8).build(), gpu_types=REGISTRY.expand((GpuType("A100"),)))
+    full = a_cluster("dc").pool("A100", free=[0])
+    snapshot = replace(a_snapshot().queue(job).clusters(full).build(), gpu_families=FAMILIES)
+    (waiting,) = plan(snapshot, now=0.0).waiting
+    assert [r.code for r in waiting.reasons] == [WaitCode.INSUFFICIENT_CAPACITY], waiting.reasons
+    # A family no cluster has at all is still named.
+    (nowhere,) = plan(replace(snapshot, clusters=()), now=0.0).waiting
+    assert nowhere.reasons[0].code is WaitCode.NO_CLUSTER_HAS_GPU_TYPE
