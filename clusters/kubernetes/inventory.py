@@ -22,9 +22,11 @@ Json = dict[str, Any]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-# Where else clusters name their GPUs, read when GPU feature discovery's label is missing: GKE's
-# accelerator label (`nvidia-tesla-a100`, `nvidia-h100-80gb`) and Karpenter's on EKS (`a100`).
-PRODUCT_LABELS = (PRODUCT_LABEL, "cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name")
+# Where else clusters name their GPUs: GKE's accelerator label (`nvidia-tesla-a100`,
+# `nvidia-h100-80gb`) and Karpenter's on EKS (`a100`). They tell a variant apart where GPU feature
+# discovery's product does not. A node without GFD's label is still left out: gpufed's pods select
+# nodes by it (`manifests.select_nodes`), and would wait forever on a node that lacks it.
+CLOUD_PRODUCT_LABELS = ("cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name")
 # Memory per GPU in MiB, which tells variants apart where the name does not (Karpenter's `a100`).
 MEMORY_LABELS = ("nvidia.com/gpu.memory", "karpenter.k8s.aws/instance-gpu-memory")
 REGISTRY = GpuRegistry()
@@ -106,8 +108,6 @@ class NodeInfo:
     spot_label: tuple[str, str] | None
     # Ready, not cordoned, and no NoSchedule/NoExecute taint that gpufed's pods do not tolerate.
     schedulable: bool
-    # The label `product` is the value of (`PRODUCT_LABELS`): what a pod's node selector must name.
-    product_label: str = PRODUCT_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +163,18 @@ def node_info(
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
-    product_label = next((key for key in PRODUCT_LABELS if labels.get(key)), None)
-    if allocatable <= 0 or product_label is None:
+    product = labels.get(PRODUCT_LABEL)
+    if allocatable <= 0 or not product:
         return None
-    product = labels[product_label]
     memory = next((_quantity(labels[key]) for key in MEMORY_LABELS if labels.get(key)), None)
     identified = gpu_type_of(product, memory or None)
+    if identified not in REGISTRY.models:
+        # A bare family (variant not told) or no known type: the cloud's label may say which.
+        for key in CLOUD_PRODUCT_LABELS:
+            told = REGISTRY.identify(labels.get(key, ""), memory or None) if labels.get(key) else None
+            if told is not None and REGISTRY.family_of(told) == REGISTRY.family_of(identified):
+                identified = told
+                break
     types = None if priced is None else {gpu_type for gpu_type, _ in priced}
     gpu_type = node_type(identified, REGISTRY, None if types is None else dict.fromkeys(types))
     spot_label = next(
@@ -197,7 +203,6 @@ def node_info(
         allocatable_gpus=allocatable,
         spot_label=spot_label,
         schedulable=_schedulable(node),
-        product_label=product_label,
     )
 
 

@@ -109,26 +109,37 @@ def _node(labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def test_inventory_reads_gfd_gke_and_karpenter_labels() -> None:
+def test_inventory_reads_variants_from_gfd_and_from_gke_and_karpenter_labels() -> None:
     priced = {
         (GpuType("A100-80GB"), CapacityKind.ON_DEMAND): 1.0,
         (GpuType("A100-40GB"), CapacityKind.ON_DEMAND): 1.0,
+        (GpuType("H100-SXM"), CapacityKind.ON_DEMAND): 1.0,
     }
     gfd = node_info(_node({PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}), Provider.AWS, priced)
-    gke = node_info(_node({"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}), Provider.GCP, priced)
+    # GFD's product alone does not tell the variant; GKE's or Karpenter's label beside it does.
+    gke = node_info(
+        _node({PRODUCT_LABEL: "NVIDIA-A100-SXM4", "cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}),
+        Provider.GCP,
+        priced,
+    )
     eks = node_info(
-        _node(
-            {"karpenter.k8s.aws/instance-gpu-name": "a100", "karpenter.k8s.aws/instance-gpu-memory": "81920"}
-        ),
+        _node({PRODUCT_LABEL: "NVIDIA-H100", "karpenter.k8s.aws/instance-gpu-name": "h100"}),
         Provider.AWS,
+        priced,
+    )
+    gke_h100 = node_info(
+        _node({PRODUCT_LABEL: "NVIDIA-H100", "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}),
+        Provider.GCP,
         priced,
     )
     assert gfd is not None
     assert gke is not None
     assert eks is not None
-    assert (gfd.gpu_type, gke.gpu_type, eks.gpu_type) == ("A100-80GB", "A100-40GB", "A100-80GB")
-    # The label a pod's node selector must name is the one the node carries.
-    assert (gfd.product_label, gke.product_label) == (PRODUCT_LABEL, "cloud.google.com/gke-accelerator")
+    assert gke_h100 is not None
+    assert (gfd.gpu_type, gke.gpu_type, gke_h100.gpu_type) == ("A100-80GB", "A100-40GB", "H100-SXM")
+    assert eks.gpu_type == "H100"  # Karpenter's h100 does not tell SXM from PCIe: the family
+    # Nodes without GFD's product label stay out: gpufed's pods select nodes by it.
+    assert node_info(_node({"cloud.google.com/gke-accelerator": "nvidia-l4"}), Provider.GCP, priced) is None
     # A config whose pools say `gpuType: A100` (as before variants): the node is an A100, as it was.
     old = node_info(
         _node({PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}),
