@@ -1,0 +1,501 @@
+"""The lifecycle benchmark of issue 33: jobs per second from submission to archived, stage by stage.
+
+A real `gpufed serve` on a real etcd drives many simulated member clusters (one `python -m
+clusters.sim` process, as the e2e tests and bench/soak_history.py start it) at saturation: every
+job is submitted at once, by several tenants, with many calls in flight, and each runs
+`--job-s` simulated seconds on one GPU. The archiver is on (SQLite history, `retainInEtcd: 1s`),
+so a job's life ends when its record leaves etcd.
+
+The stage times are etcd's own account, read by an independent observer: `etcdctl watch` on the
+jobs and on the ledger prefix, so each job's QUEUED, ADMITTED, DISPATCHED, RUNNING and SUCCEEDED
+writes, its ledger interval's close and its record's delete (archived) are timed as etcd applied
+them (to the watch's delivery). The cluster's own times (the pod's start and end, from the job's
+events) show how long the reconciler took to notice. Each stage's rate is the jobs that passed it
+over the time between its 10th and 90th percentile: the stage whose rate falls furthest below the
+one before it is the bottleneck, and where the jobs wait longest is printed beside it.
+
+    python bench/scale.py                 # 100 member clusters, 4 tenants, 4,000 jobs
+    python bench/scale.py --quick         # 10 clusters, 600 jobs, within a minute
+    python bench/scale.py --py-spy /tmp/pyspy-venv/bin/py-spy --profile /tmp/scale.txt
+
+`--profile` samples the server with py-spy during the run and prints the functions it spent most
+time in (own and total), from py-spy's raw (collapsed stacks) output.
+
+Figures as `name: value unit` lines at the end; the issue's figures this benchmark does not measure
+yet are listed as such, never given a value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import contextlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from federation.runtime.etcd_process import EtcdProcess, etcdctl_binary  # noqa: E402
+from federation.runtime.sim_process import SimProcess  # noqa: E402
+from tests.e2e.harness import ServerProcess, wait_for  # noqa: E402
+from tests.e2e.kube import write_config  # noqa: E402
+from tests.e2e.soak import JOBS_PREFIX, LEDGER_PREFIX, SoakPlan, clusters, soak_manifest  # noqa: E402
+
+# The stages in the order a job passes them, and what marks each (see `Observer`).
+STAGES = (
+    "submitted",
+    "acked",
+    "queued",
+    "placed",
+    "dispatched",
+    "running",
+    "finished",
+    "ledger_closed",
+    "archived",
+)
+PHASE_STAGE = {
+    "QUEUED": "queued",
+    "ADMITTED": "placed",
+    "DISPATCHED": "dispatched",
+    "RUNNING": "running",
+    "SUCCEEDED": "finished",
+}
+# The issue's figures that this benchmark does not measure (yet): printed as such, with where.
+NOT_MEASURED = {
+    "placer_cycle_ms_10k": "bench/placer.py measures the placer's cycle",
+    "queued_1m_list_p99_ms": "needs a 1,000,000-job queue",
+    "rss_mib_per_100k_live_jobs": "needs 100,000 live jobs",
+    "failover_to_scheduling_s": "bench/history.py measures one server's restart",
+}
+
+
+@dataclass
+class JobTimes:
+    """When one job passed each stage, by this machine's wall clock (None: not seen)."""
+
+    at: dict[str, float] = field(default_factory=dict)
+    pod_started_s: float | None = None  # the cluster's word, from the job's RUNNING event
+    pod_finished_s: float | None = None  # the cluster's word, from the job's SUCCEEDED event
+    phase: str = ""
+
+    def first(self, stage: str, t: float) -> None:
+        self.at.setdefault(stage, t)
+
+
+class Observer:
+    """`etcdctl watch --prefix` on the jobs and on the ledger: each write timed on arrival."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.jobs: dict[str, JobTimes] = collections.defaultdict(JobTimes)
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for prefix, handle in ((JOBS_PREFIX, self._job_event), (LEDGER_PREFIX, self._ledger_event)):
+            proc = subprocess.Popen(
+                [
+                    str(etcdctl_binary()),
+                    f"--endpoints={self.endpoint}",
+                    "watch",
+                    "--prefix",
+                    prefix,
+                    "-w",
+                    "json",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            self._procs.append(proc)
+            thread = threading.Thread(
+                target=self._follow, args=(proc, handle), daemon=True, name=f"watch{prefix}"
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _follow(self, proc: subprocess.Popen[bytes], handle: Any) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.time()
+            try:
+                response = json.loads(line)
+            except ValueError:
+                continue
+            for event in response.get("Events") or ():
+                kv = event.get("kv") or {}
+                key = base64.b64decode(kv.get("key", "")).decode()
+                value = base64.b64decode(kv.get("value", "")) if kv.get("value") else b""
+                try:
+                    handle(key, value, event.get("type") == 1, now)
+                except Exception as error:  # a record this observer cannot read: say so, go on
+                    with self.lock:
+                        self.errors.append(f"{key}: {error!r}")
+
+    def _job_event(self, key: str, value: bytes, deleted: bool, now: float) -> None:
+        job_id = key.removeprefix(JOBS_PREFIX)
+        with self.lock:
+            times = self.jobs[job_id]
+            if deleted:
+                times.first("archived", now)
+                return
+            doc = json.loads(value)
+            phase = doc["phase"]
+            times.phase = phase
+            stage = PHASE_STAGE.get(phase)
+            if stage is not None:
+                times.first(stage, now)
+            for e in doc.get("events") or ():
+                if e.get("phase") == "RUNNING" and times.pod_started_s is None:
+                    times.pod_started_s = float(e["at_s"])
+                if e.get("phase") == "SUCCEEDED":
+                    times.pod_finished_s = float(e["at_s"])
+
+    def _ledger_event(self, key: str, value: bytes, deleted: bool, now: float) -> None:
+        if deleted:
+            return
+        job_id = key.removeprefix(LEDGER_PREFIX).rsplit("/", 1)[0]
+        if json.loads(value).get("end_s") is not None:
+            with self.lock:
+                self.jobs[job_id].first("ledger_closed", now)
+
+
+# -- the submitter: a process of its own, so that its calls do not share this one's GIL --------------
+
+
+def _submit_all(
+    target: str,
+    tokens: list[str],
+    count: int,
+    job_s: float,
+    concurrency: int,
+    out: mp.Queue,  # type: ignore[type-arg]
+) -> None:
+    import grpc
+
+    from federation.api.v1 import gpufed_pb2 as pb
+    from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
+    from federation.spec.manifest_text import wire_manifest
+
+    records: list[tuple[str, float, float]] = []  # (job id, sent, acked), wall clock
+    errors = 0
+    requests = [
+        (
+            pb.SubmitJobRequest(
+                manifest=wire_manifest(soak_manifest(i, job_s)), idempotency_key=f"scale-{i}"
+            ),
+            (("authorization", f"Bearer {tokens[i % len(tokens)]}"),),
+        )
+        for i in range(count)
+    ]
+
+    async def run() -> None:
+        nonlocal errors
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = pb_grpc.JobServiceStub(channel)
+            await channel.channel_ready()
+            queue = collections.deque(requests)
+
+            async def worker() -> None:
+                nonlocal errors
+                while queue:
+                    request, metadata = queue.popleft()
+                    for _ in range(5):
+                        sent = time.time()
+                        try:
+                            reply = await stub.SubmitJob(request, metadata=metadata, timeout=30)
+                        except grpc.RpcError:
+                            errors += 1
+                            await asyncio.sleep(0.2)
+                            continue
+                        records.append((reply.job_id, sent, time.time()))
+                        break
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    asyncio.run(run())
+    out.put((records, errors))
+
+
+# -- the report ---------------------------------------------------------------------------------------
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def stage_rates(jobs: list[JobTimes]) -> dict[str, tuple[int, float]]:
+    """Per stage: the jobs that passed it, and its rate over its 10th to 90th percentile."""
+    rates: dict[str, tuple[int, float]] = {}
+    for stage in STAGES:
+        times = [j.at[stage] for j in jobs if stage in j.at]
+        if len(times) < 10:
+            rates[stage] = (len(times), float("nan"))
+            continue
+        span = _q(times, 0.9) - _q(times, 0.1)
+        rates[stage] = (len(times), 0.8 * len(times) / span if span > 0 else float("inf"))
+    return rates
+
+
+def waits(jobs: list[JobTimes]) -> list[tuple[str, list[float]]]:
+    """How long jobs waited to enter each stage after the one before (the pod's own run apart)."""
+    out: list[tuple[str, list[float]]] = []
+    for before, stage in itertools.pairwise(STAGES):
+        gaps = [j.at[stage] - j.at[before] for j in jobs if stage in j.at and before in j.at]
+        out.append((f"{before} -> {stage}", gaps))
+    started = [j.pod_started_s - j.at["dispatched"] for j in jobs if j.pod_started_s and "dispatched" in j.at]
+    noticed_end = [
+        j.at["finished"] - j.pod_finished_s for j in jobs if j.pod_finished_s and "finished" in j.at
+    ]
+    out.append(("dispatched -> pod started (cluster)", started))
+    out.append(("pod ended (cluster) -> finished recorded", noticed_end))
+    return out
+
+
+def profile_summary(path: Path, top: int = 20) -> list[str]:
+    """Where py-spy found the process, from its collapsed stacks: each sample counted at its deepest
+    frame in the project's own code (federation/, clusters/, placement/), or as waiting in a library
+    (`idle:`) when none is on the stack; and the project's frames by total share."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        samples += count
+        frames = stack.split(";")
+        ours = [f for f in frames if any(p in f for p in ("federation/", "clusters/", "placement/"))]
+        own[ours[-1] if ours else "idle: " + frames[-1]] += count
+        for frame in set(ours):
+            total[frame] += count
+    lines = [f"py-spy: {samples} samples"]
+    lines += [f"  at    {100 * n / samples:5.1f}%  {f}" for f, n in own.most_common(top)]
+    lines += [f"  under {100 * n / samples:5.1f}%  {f}" for f, n in total.most_common(top)]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="10 clusters and 600 jobs, within a minute")
+    parser.add_argument("--clusters", type=int, default=None, help="member clusters (default 100)")
+    parser.add_argument("--nodes", type=int, default=4, help="8-GPU nodes per cluster")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs submitted (default 4,000)")
+    parser.add_argument("--tenants", type=int, default=4)
+    parser.add_argument("--job-s", type=float, default=3.0, help="simulated seconds each job runs")
+    parser.add_argument("--concurrency", type=int, default=64, help="submissions in flight")
+    parser.add_argument("--drain-timeout-s", type=float, default=None)
+    parser.add_argument("--py-spy", default=os.environ.get("PY_SPY"), help="py-spy binary, for --profile")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy's collapsed stacks of the server")
+    args = parser.parse_args()
+    n_clusters = args.clusters or (10 if args.quick else 100)
+    n_jobs = args.jobs or (600 if args.quick else 4000)
+    drain_timeout_s = args.drain_timeout_s or (35.0 if args.quick else 600.0)
+    job_s = 2.0 if args.quick and args.job_s == 3.0 else args.job_s
+    plan = SoakPlan(
+        jobs=n_jobs,
+        kills=0,
+        rate_per_s=1.0,
+        retain_s=1.0,
+        compaction_s=60,
+        clusters=n_clusters,
+        nodes_per_cluster=args.nodes,
+    )
+    cluster_config = clusters(plan)
+    users = [{"name": "admin", "tenant": "platform", "role": "admin"}] + [
+        {"name": f"u{i}", "tenant": f"t{i}"} for i in range(args.tenants)
+    ]
+    began = time.monotonic()
+    print(
+        f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (load 1/5/15 min)"
+    )
+    with tempfile.TemporaryDirectory(prefix="gpufed-scale-") as tmp:
+        work = Path(tmp)
+        etcd = EtcdProcess(work / "etcd")
+        sims = SimProcess(work / "sim", cluster_config)
+        etcd.start()
+        observer = Observer(etcd.endpoint)
+        server: ServerProcess | None = None
+        spies: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            sims.start()
+            config = write_config(
+                work / "federation.yaml",
+                sims,
+                cluster_config,
+                grace_s=60,
+                tenants=[{"name": "platform"}] + [{"name": f"t{i}"} for i in range(args.tenants)],
+                users=users,
+                history={"retainInEtcd": "1s", "archiveRatePerS": 5000, "archiveBatch": 128},
+            )
+            server = ServerProcess(etcd.endpoint, work / "state", config=config, identity="scale")
+            server.start()
+            assert server.proc is not None
+            print(f"serving {n_clusters} clusters after {time.monotonic() - began:.0f} s", flush=True)
+            tokens = [
+                (server.state_dir / "tokens" / f"u{i}.token").read_text().strip() for i in range(args.tenants)
+            ]
+            observer.start()
+            if args.profile is not None:
+                if not args.py_spy:
+                    parser.error("--profile needs --py-spy (or PY_SPY)")
+                for name, pid in (("server", server.proc.pid), ("simulator", sims.pid)):
+                    spies[name] = subprocess.Popen(
+                        [
+                            args.py_spy,
+                            "record",
+                            "-p",
+                            str(pid),
+                            "-r",
+                            "50",
+                            "-f",
+                            "raw",
+                            "-o",
+                            f"{args.profile}.{name}.txt",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+            found = {"server": server.proc.pid, "simulator": sims.pid, "etcd": etcd.pid}
+            pids = {name: pid for name, pid in found.items() if pid is not None}
+            cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            ctx = mp.get_context("spawn")
+            out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            submitter = ctx.Process(
+                target=_submit_all, args=(server.target, tokens, n_jobs, job_s, args.concurrency, out)
+            )
+            submitter.start()
+            records, submit_errors = out.get(timeout=drain_timeout_s + 300)
+            submitter.join()
+            ids = {job_id for job_id, _, _ in records}
+            with observer.lock:
+                for job_id, sent, acked in records:
+                    observer.jobs[job_id].first("submitted", sent)
+                    observer.jobs[job_id].first("acked", acked)
+
+            def archived() -> int:
+                with observer.lock:
+                    return sum(1 for j in ids if "archived" in observer.jobs[j].at)
+
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: archived() == len(ids), timeout_s=drain_timeout_s, interval_s=0.2)
+            cpu_s = {name: _cpu_seconds(pids[name]) - before for name, before in cpu_before.items()}
+        finally:
+            for spy in spies.values():
+                spy.send_signal(2)  # SIGINT: py-spy writes what it sampled
+            for spy in spies.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy.wait(timeout=30)
+            observer.stop()
+            if server is not None:
+                server.stop()
+            sims.stop()
+            etcd.stop()
+
+    with observer.lock:
+        jobs = [observer.jobs[j] for j in ids]
+    report(jobs, records, submit_errors, cpu_s, n_clusters, args.tenants, job_s, observer.errors)
+    for name in spies:
+        path = Path(f"{args.profile}.{name}.txt")
+        if path.exists():
+            print(f"\n{name} ({path}):")
+            print("\n".join(profile_summary(path)))
+    print(f"took: {time.monotonic() - began:.0f} s")
+    return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(
+    jobs: list[JobTimes],
+    records: list[tuple[str, float, float]],
+    submit_errors: int,
+    cpu_s: dict[str, float],
+    n_clusters: int,
+    tenants: int,
+    job_s: float,
+    errors: list[str],
+) -> None:
+    done = [j for j in jobs if "archived" in j.at]
+    first_sent = min(sent for _, sent, _ in records)
+    last_archived = max((j.at["archived"] for j in done), default=float("nan"))
+    rates = stage_rates(jobs)
+    print(
+        f"\n{len(records)} jobs, {tenants} tenants, {n_clusters} clusters, {job_s:g} s each; {len(done)} archived"
+    )
+    print(f"{'stage':<15}{'jobs':>7}{'rate/s':>10}")
+    for stage in STAGES:
+        n, rate = rates[stage]
+        print(f"{stage:<15}{n:>7}{rate:>10.1f}")
+    print(f"\n{'wait':<42}{'p50 s':>8}{'p99 s':>8}{'mean s':>8}")
+    gaps = waits(jobs)
+    for name, values in gaps:
+        mean = sum(values) / len(values) if values else float("nan")
+        print(f"{name:<42}{_q(values, 0.5):>8.2f}{_q(values, 0.99):>8.2f}{mean:>8.2f}")
+    # The bottleneck: where the rate falls furthest below the stage before (the submissions apart:
+    # they are the offered load), and where the jobs wait longest (the pod's own run apart).
+    chain = [s for s in STAGES[2:] if rates[s][1] == rates[s][1]]
+    falls = [(rates[a][1] / rates[b][1], b) for a, b in itertools.pairwise(chain) if rates[b][1] > 0]
+    if falls:
+        ratio, stage = max(falls)
+        print(
+            f"\nbottleneck: {stage} at {rates[stage][1]:.1f} jobs/s ({ratio:.1f}x slower than the stage before)"
+        )
+    waited = [
+        (sum(v) / len(v), name)
+        for name, v in gaps
+        if v and "pod" not in name and "running -> finished" not in name
+    ]
+    if waited:
+        mean, name = max(waited)
+        print(f"longest wait: {name}, {mean:.2f} s on average (the pod's own run of {job_s:g} s apart)")
+    for error in errors[:3]:
+        print(f"observer error: {error}")
+    latencies = [acked - sent for _, sent, acked in records]
+    submit_span = max(a for _, _, a in records) - first_sent
+    print()
+    print(f"lifecycle_jobs_per_s: {len(done) / (last_archived - first_sent):.1f} jobs/s")
+    print(f"lifecycle_steady_jobs_per_s: {rates['archived'][1]:.1f} jobs/s")
+    print(f"submit_jobs_per_s: {len(records) / submit_span:.1f} jobs/s")
+    print(f"submit_p99_ms: {1000 * _q(latencies, 0.99):.1f} ms")
+    print(f"submit_errors: {submit_errors} errors")
+    print(f"jobs_archived: {len(done)} jobs")
+    print(f"jobs_not_archived: {len(records) - len(done)} jobs")
+    # Each process's CPU over the run, per job archived: which of them a faster machine would help.
+    for name, seconds in cpu_s.items():
+        print(f"{name}_cpu_ms_per_job: {1000 * seconds / max(len(done), 1):.2f} ms")
+    for name, why in NOT_MEASURED.items():
+        print(f"{name}: not measured ({why})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
