@@ -80,6 +80,11 @@ class _Reference:
                 o.nodes += list(p.free_gpus_per_node)
                 o.sizes += [max(f, p.gpus_per_node) for f in p.free_gpus_per_node]
         self.offers = sorted(groups.values(), key=Offer.key)
+        # Placement rules and gangs whose tasks differ: where each cluster is, and whether Volcano is.
+        self.sites: dict[str, tuple[str, str, bool]] = {}
+        for c in snapshot.clusters:
+            mixed = c.runs_mixed_gangs and self.sites.get(c.name, ("", "", True))[2]
+            self.sites[c.name] = (c.region, c.provider.value, mixed)
         self.capacity: dict[str, int] = {}
         for o in self.offers:
             if o.reachable:
@@ -107,6 +112,10 @@ class _Reference:
         self.asked: dict[tuple[str, str], int] = {}
         self.hold: tuple[Offer, float, list[int]] | None = None
         self.admissions: list[Admission] = []
+
+    def _may(self, gang: GangRequest, cluster: str) -> bool:
+        region, cloud, mixed = self.sites[cluster]
+        return (gang.uniform or mixed) and gang.pinning.allows(cluster, region, cloud)
 
     # -- accounting
     def _path(self, tenant: str) -> list[str]:
@@ -253,6 +262,7 @@ class _Reference:
                 if o.gpu_type in group
                 and o.reachable
                 and (gang.allow_spot or o.kind is not CapacityKind.SPOT)
+                and self._may(gang, o.cluster)
             ]
             best, fitted = None, False
             for o in usable:
@@ -312,6 +322,7 @@ class _Reference:
                 o.gpu_type in group
                 and o.reachable
                 and o.kind is CapacityKind.PRIVATE
+                and self._may(ctx.gang, o.cluster)
                 and fit_replicas(shape, o.sizes) is not None
             ):
                 c = ctx.cost(o.gpu_type, o.factor, o.store)
@@ -360,7 +371,7 @@ class _Reference:
         for group in groups:
             best = None
             for c in self.s.clusters:
-                if not c.reachable:
+                if not c.reachable or not self._may(gang, c.name):
                     continue
                 for p in c.scalable_pools:
                     if p.gpu_type not in group or (p.kind is CapacityKind.SPOT and not gang.allow_spot):
@@ -453,6 +464,7 @@ class _Reference:
                 o.gpu_type not in group
                 or not o.reachable
                 or (o.kind is CapacityKind.SPOT and not gang.allow_spot)
+                or not self._may(gang, o.cluster)
             ):
                 continue
             if fit_replicas(shape, o.sizes) is None:
@@ -571,6 +583,7 @@ class _Reference:
                     o.gpu_type not in group
                     or not o.reachable
                     or (o.kind is CapacityKind.SPOT and not gang.allow_spot)
+                    or not self._may(gang, o.cluster)
                 ):
                     continue
                 if fit_replicas(shape, o.sizes) is None:

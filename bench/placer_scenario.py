@@ -4,12 +4,16 @@
 6 GPU types with relative speeds, 30 tenants (5 organisations of 5 teams) with guarantees, borrowing
 and lending limits, caps, budgets and usage history, four priority classes (one needing approval),
 datasets in several object stores, deadlines, and running gangs placed on known nodes with run-time
-limits, so that every rule of the policy has work to do.
+limits, so that every rule of the policy has work to do. One cluster in five runs no Volcano (gangs
+whose replicas differ may not go there), and one gang in twelve has placement rules (a region, a
+cloud excluded, or a list of clusters). Those are drawn from a generator of their own, so the rest
+of the scenario is the one earlier runs measured.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from placement.model import (
     CapacityKind,
@@ -23,6 +27,7 @@ from placement.model import (
     JobId,
     NodePool,
     NodeShare,
+    Pinning,
     PolicyConfig,
     PriorityClass,
     Provider,
@@ -32,6 +37,8 @@ from placement.model import (
     TenantId,
     TenantQuota,
 )
+
+REGIONS = ("us-east", "us-west", "eu-west")
 
 NOW = 1_000_000.0
 TYPES = [GpuType(t) for t in ("H100", "A100", "L40S", "A10G", "L4", "V100")]
@@ -233,6 +240,8 @@ def build(seed: int = 7, gangs: int = 10_000) -> Snapshot:
         )
         for c in clusters
     ]
+    queued = _gangs(rng, gangs, teams)
+    clusters, queued = _with_rules(random.Random(seed * 1000 + 32), clusters, queued)
     egress = tuple(
         EgressRate(a, b, 0.02 if a.startswith("dc") and b.startswith("dc") else 0.09)
         for a in STORES
@@ -240,7 +249,7 @@ def build(seed: int = 7, gangs: int = 10_000) -> Snapshot:
         if a != b
     )
     return Snapshot(
-        queued=tuple(_gangs(rng, gangs, teams)),
+        queued=tuple(queued),
         running=tuple(running),
         tenants=tuple(tenants),
         clusters=tuple(clusters),
@@ -254,3 +263,26 @@ def build(seed: int = 7, gangs: int = 10_000) -> Snapshot:
             fair_share_history=True,
         ),
     )
+
+
+def _with_rules(
+    rng: random.Random, clusters: list[ClusterState], gangs: list[GangRequest]
+) -> tuple[list[ClusterState], list[GangRequest]]:
+    """Regions, clusters without Volcano, and gangs with placement rules or differing replicas."""
+    clusters = [
+        replace(c, region=REGIONS[i % len(REGIONS)], runs_mixed_gangs=rng.random() >= 0.2)
+        for i, c in enumerate(clusters)
+    ]
+    names = [c.name for c in clusters]
+    ruled = []
+    for g in gangs:
+        pinning = Pinning()
+        draw = rng.random()
+        if draw < 1 / 36:
+            pinning = Pinning(regions=(rng.choice(REGIONS),))
+        elif draw < 2 / 36:
+            pinning = Pinning(exclude_clouds=(rng.choice(("private", "aws", "gcp", "azure")),))
+        elif draw < 3 / 36:
+            pinning = Pinning(clusters=tuple(sorted(rng.sample(names, 6))))
+        ruled.append(replace(g, pinning=pinning, uniform=len(set(g.replica_gpus)) == 1))
+    return clusters, ruled
