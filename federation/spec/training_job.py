@@ -44,6 +44,7 @@ from federation.spec.pod_template import owned_env_name, parse_template, templat
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASS
 from federation.spec.quantity import RULE as QUANTITY_RULE
 from federation.spec.quantity import parse_quantity
+from federation.spec.secret_refs import with_secret_env
 from federation.spec.validate import free_text
 from placement.model import GpuType, GpuTypePolicy, TenantId
 
@@ -99,7 +100,7 @@ _SPEC_KEYS = (
     "restartPolicy",
     "tasks",
 )
-_TASK_KEYS = ("name", "replicas", "image", "command", "env", "gpus", "shmSize", "template")
+_TASK_KEYS = ("name", "replicas", "image", "command", "env", "gpus", "shmSize", "template", "secretEnv")
 _POLICIES = {"Ordered": GpuTypePolicy.ORDERED, "Any": GpuTypePolicy.ANY}
 _POLICY_NAMES = {policy: name for name, policy in _POLICIES.items()}
 _ACTIONS = {action.value: action for action in RestartAction}
@@ -344,6 +345,8 @@ def _task(raw: object, at: str) -> TaskSpec:
             command = list(template_command)
     if image is None:
         raise InvalidSpec(f"{at}.image", "is required (here, or in template.spec.containers[0].image)")
+    # Secret variables go into the template as secretKeyRefs (federation.spec.secret_refs).
+    template = with_secret_env(template, task.get("secretEnv"), f"{at}.secretEnv", task=name, short_env=env)
     return TaskSpec(
         name=name,
         replicas=_integer(task["replicas"], f"{at}.replicas", 1, MAX_REPLICAS),
