@@ -12,11 +12,28 @@ from typing import Any
 import pytest
 import yaml
 
+from clusters.kubernetes.manifests import uniform_replica
 from federation.errors import InvalidSpec
+from federation.scheduling.snapshot import uniform
+from federation.scheduling.workload import workload_for
+from federation.spec.jobspec import TaskSpec
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.spec.training_job import parse_manifest, render_manifest
-from placement.model import ClusterState, GangRequest, Pinning, Plan, Provider, WaitCode
+from federation.store.jobs import JobPlacement
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GangRequest,
+    GpuType,
+    JobPhase,
+    Pinning,
+    Plan,
+    Provider,
+    WaitCode,
+)
 from placement.plan import plan
+from tests.conftest import build_job
 from tests.unit.placement_builders import a_cluster, a_gang, a_snapshot
 
 
@@ -199,3 +216,35 @@ def test_bad_rules_are_refused_naming_the_field(placement: object, field: str, w
         parse_manifest(_manifest(placement), priority_classes=DEFAULT_PRIORITY_CLASSES)
     assert caught.value.field == field
     assert words in caught.value.rule
+
+
+def _task(name: str, **changes: Any) -> TaskSpec:
+    task = TaskSpec(name, 1, "busybox", ("python", "train.py"), (("EPOCHS", "3"),), 8)
+    return replace(task, **changes)
+
+
+@pytest.mark.parametrize(
+    "tasks",
+    [
+        (_task("worker", replicas=4),),
+        (_task("master"), _task("worker", replicas=3)),  # named apart, run the same pod
+        (_task("master", gpus_per_replica=0), _task("worker", replicas=2)),
+        (_task("master", image="other"), _task("worker")),
+        (_task("master", command=("mpirun",)), _task("worker")),
+        (_task("master", env=(("ROLE", "m"),)), _task("worker")),
+        (_task("master", template='{"spec":{"containers":[{"name":"m"}]}}'), _task("worker")),
+        (_task("master", shm_size="16Gi"), _task("worker")),
+    ],
+    ids=["one-task", "same-pod", "gpus", "image", "command", "env", "template", "shm"],
+)
+def test_the_placer_reads_a_gang_as_differing_exactly_when_the_backend_would_refuse_it(
+    tasks: tuple[TaskSpec, ...],
+) -> None:
+    """`snapshot.uniform` must agree with what the Kubernetes backend can run as an Indexed Job."""
+    job = build_job("j", tasks=tasks)
+    placed = replace(
+        job,
+        phase=JobPhase.ADMITTED,
+        placement=JobPlacement(ClusterName("c"), GpuType("A100"), CapacityKind.PRIVATE, 1.0),
+    )
+    assert uniform(job.spec) == (uniform_replica(workload_for(placed)) is not None)
