@@ -9,7 +9,7 @@ finds the gang it already created instead of starting a second copy.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
@@ -49,6 +49,15 @@ class ReplicaSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class GangSecret:
+    """One of the tenant's secrets that the gang's pods reference, with its values, for the member
+    cluster's Secret (issue 32). The values never show in a repr, so never in a log line."""
+
+    name: str
+    data: tuple[tuple[str, bytes], ...] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class GangWorkload:
     """A whole gang, ready to create on one cluster."""
 
@@ -71,6 +80,9 @@ class GangWorkload:
     # The Pod Security Standards level the gang's pods were checked against: the tenant's namespace
     # on the member cluster is labelled `pod-security.kubernetes.io/enforce` with it.
     pod_security: str = "baseline"
+    # The tenant's secrets the pods reference by name (their templates' secretKeyRef, envFrom,
+    # secret volumes): copied into one Secret of the gang's, in its namespace, for its lifetime.
+    secrets: tuple[GangSecret, ...] = ()
 
     @property
     def name(self) -> str:

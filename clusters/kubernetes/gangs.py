@@ -21,6 +21,7 @@ from clusters.kubernetes.errors import ApiRefused, status_of
 from clusters.kubernetes.inventory import GANG_LABEL
 from clusters.kubernetes.kube import KubeApi
 from clusters.kubernetes.names import namespace_for, object_name, queue_for
+from clusters.kubernetes.secret_objects import bound_gang, secret_manifest, secret_object_name
 from clusters.kubernetes.status import (
     ATTEMPT_KEY,
     EVICTED_KEY,
@@ -93,8 +94,41 @@ class GangWriter:
     async def _create(
         self, gang: GangWorkload, selection: manifests.NodeSelection, namespace: str, *, volcano: bool
     ) -> None:
-        settings = self._config.settings
         name = object_name(gang.job_id, gang.attempt)
+        if gang.secrets:
+            # The Secret first, so that no pod starts before what it reads is there; the pods read it
+            # by the gang's Secret's name (clusters.kubernetes.secret_objects).
+            secret = secret_object_name(name)
+            body = secret_manifest(gang, manifests.object_metadata(gang, secret, namespace))
+            await self._call(
+                f"create secret {secret} in {namespace}",
+                self._api.create_secret,
+                namespace,
+                body,
+                ok=CONFLICT,
+                dispatching=True,
+            )
+            gang = bound_gang(gang, secret)
+            try:
+                await self._create_gang(gang, selection, name, namespace, volcano=volcano)
+            except Exception:
+                # All or nothing: without its gang the Secret must not stay. If this fails too, the
+                # next delete of the attempt (the collector's) removes it by name.
+                await self._delete_secret(namespace, name)
+                raise
+            return
+        await self._create_gang(gang, selection, name, namespace, volcano=volcano)
+
+    async def _create_gang(
+        self,
+        gang: GangWorkload,
+        selection: manifests.NodeSelection,
+        name: str,
+        namespace: str,
+        *,
+        volcano: bool,
+    ) -> None:
+        settings = self._config.settings
         doing = f"create gang {name} in {namespace}"
         if volcano:
             await self._queue(gang)
@@ -133,8 +167,28 @@ class GangWriter:
         if made is not None:
             self._created(GangKind.INDEXED_JOB, made)
 
+    async def _delete_secret(self, namespace: str, name: str) -> None:
+        """Delete the gang's Secret (if it had one: 404 otherwise). A cluster joined before gpufed
+        made Secrets refuses with 403 until `gpufed cluster join` runs again: said, not raised, as
+        such a cluster never got a Secret to delete."""
+        secret = secret_object_name(name)
+        try:
+            await self._call(
+                f"delete secret {secret} in {namespace}",
+                self._api.delete_secret,
+                namespace,
+                secret,
+                ok=NOT_FOUND,
+            )
+        except ClusterError as error:
+            cause = error.__cause__
+            if cause is None or status_of(cause) != 403:
+                raise
+            self._log.warning("secret_delete_forbidden", namespace=namespace, name=secret)
+
     async def delete(self, kind: GangKind, namespace: str, name: str, grace_period_s: float) -> None:
         doing = f"delete gang {name} in {namespace}"
+        await self._delete_secret(namespace, name)
         if kind is GangKind.VOLCANO_JOB:
             await self._call(
                 doing, self._api.delete_volcano_job, namespace, name, grace_period_s, ok=NOT_FOUND
@@ -159,6 +213,7 @@ class GangWriter:
                 ok=NOT_FOUND,
             )
         for namespace in sorted({ns for ns, _ in pods}):
+            await self._delete_secret(namespace, name)
             await self._call(
                 f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND
             )
@@ -224,6 +279,7 @@ class GangWriter:
             key = (JobId(job_id), int(attempt))
             if key in live or meta.get("name") in gang_names:
                 continue
+            await self._delete_secret(meta.get("namespace", ""), meta.get("name", ""))
             await self._call(
                 f"delete service {meta.get('name')}",
                 self._api.delete_service,

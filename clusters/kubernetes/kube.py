@@ -235,6 +235,18 @@ class KubeApi:
             "POST", "/api/v1/namespaces/{namespace}/services", path_params={"namespace": namespace}, body=body
         )
 
+    def create_secret(self, namespace: str, body: Json) -> Json:
+        return self._json(
+            "POST", "/api/v1/namespaces/{namespace}/secrets", path_params={"namespace": namespace}, body=body
+        )
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self._json(
+            "DELETE",
+            "/api/v1/namespaces/{namespace}/secrets/{name}",
+            path_params={"namespace": namespace, "name": name},
+        )
+
     def create_event(self, namespace: str, body: Json) -> Json:
         return self._json(
             "POST", "/api/v1/namespaces/{namespace}/events", path_params={"namespace": namespace}, body=body

@@ -111,6 +111,11 @@ def _annotations(gang: GangWorkload) -> dict[str, str]:
     }
 
 
+def object_metadata(gang: GangWorkload, name: str, namespace: str) -> Json:
+    """Name, namespace, gpufed's labels and the gang's annotations, for one of the gang's objects."""
+    return _metadata(gang, name, namespace)
+
+
 def _metadata(gang: GangWorkload, name: str, namespace: str) -> Json:
     return {
         "name": name,

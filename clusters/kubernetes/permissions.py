@@ -8,7 +8,8 @@ three cannot drift apart.
 Namespaced entries are granted in every namespace (a ClusterRole bound cluster-wide): gpufed makes a
 namespace per tenant (`gpufed-<tenant>`) when a tenant's first gang arrives, and RBAC has no way to
 name "the namespaces whose name starts with gpufed-". What the account can touch is still only the
-kinds below: no Secrets, ConfigMaps, Nodes beyond reading, RBAC objects or anything else.
+kinds below: no ConfigMaps, Nodes beyond reading, RBAC objects or anything else. Secrets it may
+create and delete (a job's copy of its tenant's secrets, by name), never read or list.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission(_CORE, "services", ("list",), _C, "garbage collection of rendezvous services"),
     Permission(_CORE, "services", ("create", "delete"), _N, "the gang's headless rendezvous service"),
+    Permission(
+        _CORE, "secrets", ("create", "delete"), _N, "a job's copy of its tenant's secrets (never read)"
+    ),
     Permission(_CORE, "events", ("list", "create"), _N, "describe (events) and recording an eviction"),
     Permission(_BATCH, "jobs", ("list", "watch"), _C, "status of gangs run as Indexed Jobs"),
     Permission(_BATCH, "jobs", ("create", "patch", "delete"), _N, "dispatch, annotate, cancel Indexed Jobs"),

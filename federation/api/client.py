@@ -271,6 +271,23 @@ class GpufedClient:
             pb.ListClustersRequest(), metadata=self._metadata, timeout=self._timeout_s
         )
 
+    # ---- tenant secrets (values go in, never come back)
+
+    def put_secret(self, name: str, data: dict[str, bytes], *, tenant: str = "") -> pb.SecretInfo:
+        request = pb.PutSecretRequest(tenant=tenant, name=name, data=data)
+        reply: pb.SecretInfo = self._call(pb_grpc.SecretsStub(self._channel).PutSecret, request)
+        return reply
+
+    def list_secrets(self, *, tenant: str = "") -> pb.ListSecretsResponse:
+        request = pb.ListSecretsRequest(tenant=tenant)
+        reply: pb.ListSecretsResponse = self._call(pb_grpc.SecretsStub(self._channel).ListSecrets, request)
+        return reply
+
+    def delete_secret(self, name: str, *, tenant: str = "") -> pb.SecretInfo:
+        request = pb.DeleteSecretRequest(tenant=tenant, name=name)
+        reply: pb.SecretInfo = self._call(pb_grpc.SecretsStub(self._channel).DeleteSecret, request)
+        return reply
+
     # ---- administration
 
     def _call(self, method: Any, request: Any) -> Any:

@@ -93,6 +93,12 @@ class SubmitPolicy(Protocol):
     async def settings(self) -> SchedulingSettings: ...
 
 
+class SecretPolicy(Protocol):
+    """Whether each secret a job names exists in its tenant (`federation.secrets.jobs.SecretCheck`)."""
+
+    async def check(self, tenant: str, spec: TrainingJobSpec) -> None: ...
+
+
 class DatasetPolicy(Protocol):
     """Whether a tenant's job may name a dataset (`federation.datasets.check.DatasetCheck`)."""
 
@@ -204,8 +210,11 @@ class JobService(pb_grpc.JobServiceServicer):
         security: SecurityStore | None = None,
         history: HistoryStore | None = None,
         ledger: LedgerCache | None = None,
+        secrets: SecretPolicy | None = None,
     ) -> None:
         self._store = store
+        # Tenant secrets the templates name must exist at submission (issue 32); None: not checked.
+        self._secrets = secrets
         # Ended jobs archived to SQL (issue 19); None: the live store only.
         self._history = history
         # etcd's usage ledger, for a live job's cost on GetJob (None: no cost shown).
@@ -310,6 +319,8 @@ class JobService(pb_grpc.JobServiceServicer):
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
         priority = check_priority_class(who, record, settings, spec.priority_class)
         spec = check_submission(replace(spec, tenant=tenant), record, settings)
+        if self._secrets is not None:
+            await self._secrets.check(tenant, spec)
         return Checked(
             spec=spec, tenant=tenant, record=record, priority=priority, digest=manifest_digest(spec)
         )

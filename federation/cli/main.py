@@ -33,6 +33,7 @@ from federation.cli import jobsets as cli_jobsets
 from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
 from federation.cli import report as cli_report
+from federation.cli import secrets as cli_secrets
 from federation.cli.first_steps import EXAMPLE_JOB, first_steps
 from federation.cli.logs import parse_since
 from federation.cli.output import OutputGroup, OutputHolder, RpcFailed, accept_output_everywhere
@@ -625,6 +626,7 @@ cli_report.register(cli, _rpc)
 cli_capacity.register(cli, _rpc)
 cli_replay.register(cli)
 cli_dataset.register(cli, _rpc)
+cli_secrets.register(cli, _rpc)
 cli_logs.register(cli, _rpc)
 cli_cluster_join.register(cli, _rpc)
 # After `logs`, whose `describe JOB_ID` it extends with `describe set NAME`.

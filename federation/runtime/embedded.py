@@ -34,6 +34,8 @@ from federation.runtime.local_ports import LocalPorts
 from federation.runtime.seaweed import EmbeddedStores
 from federation.runtime.server import FederationServer, ServerConfig
 from federation.runtime.sim_process import SimExited, SimProcess
+from federation.secrets.keyfile import FILE_NAME as SECRETS_KEY_FILE
+from federation.secrets.keyfile import create_key_file
 from federation.store.job_store import LEADER_KEY, KvStore
 from federation.store.kv import KeyValueStore, LeaseNotFound
 from federation.store.kv_etcd import EtcdKv
@@ -84,6 +86,8 @@ async def run_up(
     state_dir.mkdir(parents=True, exist_ok=True)
     # A SIGKILLed run leaves its addresses behind: no client may take them for this run's.
     (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    # The key that seals tenants' secrets, made once (mode 0600) and kept beside etcd's data, never in it.
+    create_key_file(state_dir / SECRETS_KEY_FILE)
     config = load_config(config_path or default_config_path())
     ports = ports or LocalPorts()
     sims = SimProcess(state_dir / "sim", config.simulated, port=ports.sim_port) if config.simulated else None

@@ -29,6 +29,7 @@ from federation.api.admin import AdminService
 from federation.api.datasets import DatasetService
 from federation.api.logs import LogsService
 from federation.api.reports import ReportService
+from federation.api.secrets import SecretService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
@@ -64,6 +65,12 @@ from federation.scheduling.logs_keep import AttemptKeeper
 from federation.scheduling.members import MemberClusters
 from federation.scheduling.reconciler import Reconciler
 from federation.scheduling.scheduler import Scheduler
+from federation.secrets.crypto import Keyring
+from federation.secrets.jobs import GangSecrets, SecretCheck
+from federation.secrets.keyfile import ENV_VAR as SECRETS_KEY_ENV
+from federation.secrets.keyfile import FILE_NAME as SECRETS_KEY_FILE
+from federation.secrets.keyfile import load_key_file
+from federation.secrets.store import SecretStore
 from federation.security.auth import Authenticator
 from federation.security.ratelimit import READ_RATE_PER_S, ReadRateLimiter
 from federation.security.tokens import SecurityStore
@@ -126,6 +133,25 @@ class ServerConfig:
     # The leader compacts etcd's history older than this (federation.scheduling.compactor), for an
     # external etcd run without `--auto-compaction-*`; None: leave compaction to etcd's operator.
     etcd_compaction_retention_s: float | None = COMPACTION_RETENTION_S
+    # The key that seals tenants' secrets (federation.secrets.keyfile). None: GPUFED_SECRETS_KEY_FILE,
+    # else `secrets.key` in the state dir if there is one (`gpufed up` makes it), else no secrets.
+    secrets_key_file: Path | None = None
+
+
+def _secrets_keyring(cfg: ServerConfig) -> Keyring | None:
+    """The keys that seal tenants' secrets: a bad key file stops the server (its error names the
+    file), a missing one leaves secrets off, which the Secrets calls then say."""
+    path = cfg.secrets_key_file
+    if path is None and os.environ.get(SECRETS_KEY_ENV):
+        path = Path(os.environ[SECRETS_KEY_ENV])
+    if path is None and (cfg.state_dir / SECRETS_KEY_FILE).exists():
+        path = cfg.state_dir / SECRETS_KEY_FILE
+    if path is None:
+        log.info("secrets_disabled", why=f"no {SECRETS_KEY_ENV} and no {SECRETS_KEY_FILE} in the state dir")
+        return None
+    ring = load_key_file(path)
+    log.info("secrets_key_loaded", path=str(path), key_ids=list(ring.key_ids))
+    return ring
 
 
 class TenantDirectory:
@@ -213,6 +239,7 @@ class FederationServer:
 
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
         security = SecurityStore(self._kv)
+        secrets = SecretStore(self._kv, _secrets_keyring(cfg))
         jobs = JobService(
             history=history,
             store=store,
@@ -224,6 +251,7 @@ class FederationServer:
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
             security=security,
             ledger=self._ledger,
+            secrets=SecretCheck(secrets),
         )
         pb_grpc.add_JobServiceServicer_to_server(jobs, server)
         admin = AdminService(
@@ -296,7 +324,15 @@ class FederationServer:
             ledger=self._ledger,
         )
         pb_grpc.add_LogsServicer_to_server(logs, server)
-        self.servicers = [jobs, admin, reports, federation, capacity.service, datasets, logs]
+
+        async def tenant_exists(name: str) -> bool:
+            return await store.get_tenant(TenantId(name)) is not None
+
+        secret_service = SecretService(
+            secrets=secrets, auth=auth, metrics=self.metrics, tenant_exists=tenant_exists
+        )
+        pb_grpc.add_SecretsServicer_to_server(secret_service, server)
+        self.servicers = [jobs, admin, reports, federation, capacity.service, datasets, logs, secret_service]
         services = [
             pb.DESCRIPTOR.services_by_name["Logs"].full_name,
             pb.DESCRIPTOR.services_by_name["Datasets"].full_name,
@@ -306,6 +342,7 @@ class FederationServer:
             pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
             pb.DESCRIPTOR.services_by_name["Capacity"].full_name,
             pb.DESCRIPTOR.services_by_name["Members"].full_name,
+            pb.DESCRIPTOR.services_by_name["Secrets"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
@@ -364,6 +401,7 @@ class FederationServer:
                 cfg.history.retain_in_etcd_s if cfg.history.archive else None
             ),
             archived_ids=history.archived_ids if cfg.history.archive else None,
+            secrets=GangSecrets(secrets),
         )
         if cfg.history.archive:
             self._archiver = Archiver(

@@ -68,6 +68,8 @@ from federation.scheduling.leftovers import Leftovers, holding_attempts, pods_ou
 from federation.scheduling.logs_keep import AttemptKeeper
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.workload import workload_for
+from federation.secrets.crypto import SecretUnreadable
+from federation.secrets.jobs import GangSecrets, SecretMissing
 from federation.spec.jobspec import RestartAction
 from federation.store.intervals import ledger_update
 from federation.store.job_cache import JobCache
@@ -102,8 +104,11 @@ class Reconciler:
         keeper: AttemptKeeper | None = None,
         finished_gang_retention_s: float = FINISHED_GANG_RETENTION_S,
         archived_ids: Callable[[Sequence[JobId]], set[JobId]] | None = None,
+        secrets: GangSecrets | None = None,
     ) -> None:
         self._store = store
+        # Opens the tenant secrets a gang's pods reference, to send them with it (federation.secrets).
+        self._secrets = secrets
         self._finished_gang_retention_s = finished_gang_retention_s
         # Which jobs the history store holds (`HistoryStore.archived_ids`; None: no archiver), so
         # that gangs of archived jobs are collected too (federation.scheduling.collector).
@@ -384,7 +389,14 @@ class Reconciler:
             log.info("dispatch_held_for_older_attempt", job_id=job.job_id, attempt=job.attempt, older=older)
             return None
         try:
-            await backend.dispatch(workload_for(job))
+            workload = workload_for(job)
+            if self._secrets is not None:
+                workload = await self._secrets.attach(workload)
+        except (SecretMissing, SecretUnreadable) as error:
+            log.warning("dispatch_secret_failed", job_id=job.job_id, error=str(error))
+            return job.transition(JobPhase.FAILED, by=Owner.DISPATCHER, at_s=now, reason=str(error))
+        try:
+            await backend.dispatch(workload)
         except GangRejected as error:
             return self._refused(job, cluster, f"{cluster} refused the gang: {error}", now)
         except ClusterError as error:

@@ -101,8 +101,9 @@ def with_secret_env(
     entries = parse_secret_env(raw, path, taken=taken)
     if not entries:
         return template
-    made = template if template is not None else {"spec": {"containers": [{"name": task}]}}
-    made["spec"]["containers"][0].setdefault("env", []).extend(entries)
+    made: dict[str, Any] = template if template is not None else {"spec": {"containers": [{"name": task}]}}
+    main: dict[str, Any] = made["spec"]["containers"][0]
+    main["env"] = list(main.get("env") or []) + entries
     return made
 
 

@@ -67,6 +67,8 @@ TRANSITIONS: dict[tuple[JobPhase, JobPhase], Owner] = {
     (AD, DI): Owner.DISPATCHER,
     (AD, Q): Owner.DISPATCHER,
     (AD, CA): Owner.DISPATCHER,
+    # A secret the job references was deleted before its gang could be created (federation.secrets).
+    (AD, FA): Owner.DISPATCHER,
     (ST, DI): Owner.DISPATCHER,
     (ST, Q): Owner.DISPATCHER,
     (ST, FA): Owner.DISPATCHER,

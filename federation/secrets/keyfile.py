@@ -1,0 +1,69 @@
+"""The secrets key file: where the key that seals tenants' secrets lives, outside etcd.
+
+One key per line, base64 (32 bytes each); `#` starts a comment. The first key seals new and re-put
+secrets; the others still open what they sealed, which is how the key is rotated (docs/security.md,
+"Secrets"). The file must be readable by its owner only (mode 0600): a key readable by anyone on
+the host would make the seal pointless. `gpufed up` makes one in its state dir; `gpufed serve`
+takes `--secrets-key-file` (or `GPUFED_SECRETS_KEY_FILE`), and without one serves no secrets.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import stat
+from pathlib import Path
+
+from federation.errors import FailedPrecondition
+from federation.secrets.crypto import KEY_BYTES, Keyring
+
+ENV_VAR = "GPUFED_SECRETS_KEY_FILE"
+FILE_NAME = "secrets.key"
+
+
+class KeyFileError(FailedPrecondition):
+    """The key file is missing, unreadable, too open, or holds no valid key. Names the file and the
+    line, never a key."""
+
+
+def create_key_file(path: Path) -> None:
+    """A new file with one fresh key, mode 0600, made atomically; an existing file is kept as it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write("# gpufed secrets key: keep it out of backups of etcd; the first line seals.\n")
+        out.write(base64.b64encode(os.urandom(KEY_BYTES)).decode() + "\n")
+
+
+def load_key_file(path: Path) -> Keyring:
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as error:
+        raise KeyFileError(f"secrets key file {path}: {error.strerror or error}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"secrets key file {path} is open to group or others (mode {stat.S_IMODE(mode):04o}): "
+            f"run chmod 600 {path}"
+        )
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            key = base64.b64decode(line, validate=True)
+        except (binascii.Error, ValueError):
+            raise KeyFileError(f"secrets key file {path}, line {number}: not base64") from None
+        if len(key) != KEY_BYTES:
+            raise KeyFileError(
+                f"secrets key file {path}, line {number}: a key is {KEY_BYTES} bytes, got {len(key)}"
+            )
+        keys.append(key)
+    if not keys:
+        raise KeyFileError(f"secrets key file {path} holds no key")
+    return Keyring(keys)
