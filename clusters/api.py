@@ -275,6 +275,12 @@ class ClusterBackend(Protocol):
         of the attempt that outlived its gang object. Cancelling a missing gang is fine."""
         ...
 
+    async def release_secrets(self, tenant: TenantId, job_id: JobId, attempt: int) -> None:
+        """Delete the attempt's copy of its tenant's secrets (`GangWorkload.secrets`) once the attempt
+        has ended: its finished gang is kept a while for its logs, the secrets are not. Releasing an
+        attempt that had none is fine."""
+        ...
+
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
         """Preempt the gang: its pods get `grace_period_s` to stop, and it reports EVICTED with
         `reason` as its message by the time they have (unless it finishes first). Until its pods

@@ -280,6 +280,10 @@ class InMemoryCluster:
         else:
             self._log.info("gang_deleted", job_id=job_id, attempt=attempt)
 
+    async def release_secrets(self, tenant: TenantId, job_id: JobId, attempt: int) -> None:
+        """This fake keeps no secrets (a gang's `secrets` live only in the workload it was sent)."""
+        self._check_reachable()
+
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
         """Preempt a running gang: it keeps its GPUs for the grace period, then ends EVICTED.
 

@@ -294,6 +294,11 @@ class KubernetesBackend:
         """Delete the gang (a running one is then reported CANCELLED); deleting a missing one is fine."""
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=None)
 
+    async def release_secrets(self, tenant: TenantId, job_id: JobId, attempt: int) -> None:
+        """Delete the gang's Secret (clusters.kubernetes.secret_objects) by name; 404 is fine."""
+        namespace = namespace_for(self._config.settings.namespace_prefix, tenant)
+        await self._writer.delete_secret(namespace, object_name(job_id, attempt))
+
     async def evict(self, job_id: JobId, attempt: int, grace_period_s: float, reason: str) -> None:
         """Stop the gang as an eviction (preemption): an Event on it says why, its status is EVICTED.
 

@@ -114,7 +114,7 @@ class GangWriter:
             except Exception:
                 # All or nothing: without its gang the Secret must not stay. If this fails too, the
                 # next delete of the attempt (the collector's) removes it by name.
-                await self._delete_secret(namespace, name)
+                await self.delete_secret(namespace, name)
                 raise
             return
         await self._create_gang(gang, selection, name, namespace, volcano=volcano)
@@ -167,7 +167,7 @@ class GangWriter:
         if made is not None:
             self._created(GangKind.INDEXED_JOB, made)
 
-    async def _delete_secret(self, namespace: str, name: str) -> None:
+    async def delete_secret(self, namespace: str, name: str) -> None:
         """Delete the gang's Secret (if it had one: 404 otherwise). A cluster joined before gpufed
         made Secrets refuses with 403 until `gpufed cluster join` runs again: said, not raised, as
         such a cluster never got a Secret to delete."""
@@ -188,7 +188,7 @@ class GangWriter:
 
     async def delete(self, kind: GangKind, namespace: str, name: str, grace_period_s: float) -> None:
         doing = f"delete gang {name} in {namespace}"
-        await self._delete_secret(namespace, name)
+        await self.delete_secret(namespace, name)
         if kind is GangKind.VOLCANO_JOB:
             await self._call(
                 doing, self._api.delete_volcano_job, namespace, name, grace_period_s, ok=NOT_FOUND
@@ -213,7 +213,7 @@ class GangWriter:
                 ok=NOT_FOUND,
             )
         for namespace in sorted({ns for ns, _ in pods}):
-            await self._delete_secret(namespace, name)
+            await self.delete_secret(namespace, name)
             await self._call(
                 f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND
             )
@@ -279,7 +279,7 @@ class GangWriter:
             key = (JobId(job_id), int(attempt))
             if key in live or meta.get("name") in gang_names:
                 continue
-            await self._delete_secret(meta.get("namespace", ""), meta.get("name", ""))
+            await self.delete_secret(meta.get("namespace", ""), meta.get("name", ""))
             await self._call(
                 f"delete service {meta.get('name')}",
                 self._api.delete_service,

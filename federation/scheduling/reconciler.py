@@ -69,7 +69,7 @@ from federation.scheduling.logs_keep import AttemptKeeper
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.workload import workload_for
 from federation.secrets.crypto import SecretUnreadable
-from federation.secrets.jobs import GangSecrets, SecretMissing
+from federation.secrets.jobs import GangSecrets, SecretMissing, uses_secrets
 from federation.spec.jobspec import RestartAction
 from federation.store.intervals import ledger_update
 from federation.store.job_cache import JobCache
@@ -323,7 +323,23 @@ class Reconciler:
             attempt=nxt.attempt,
             reason=nxt.message,
         )
+        attempt_ended = nxt.phase.is_terminal or nxt.attempt != job.attempt
+        if attempt_ended and job.phase in (JobPhase.DISPATCHED, JobPhase.RUNNING):
+            await self._release_secrets(job)
         return True
+
+    async def _release_secrets(self, job: JobRecord) -> None:
+        """An ended attempt's copy of its tenant's secrets goes now, though its gang is kept a while
+        for its logs. A cluster that does not answer keeps it until the collector deletes the gang."""
+        if job.placement is None or not uses_secrets(job.spec):
+            return
+        backend = self._members.get(job.placement.cluster)
+        if backend is None:
+            return
+        try:
+            await backend.release_secrets(job.tenant, job.job_id, job.attempt)
+        except ClusterError as error:
+            log.warning("secrets_release_failed", job_id=job.job_id, error=str(error))
 
     async def _keep(self, job: JobRecord, nxt: JobRecord | None, gang: GangStatus | None) -> JobRecord | None:
         """The hook where an attempt ends: its logs are kept and its failure named on `nxt`; while a

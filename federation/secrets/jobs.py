@@ -49,6 +49,11 @@ class SecretCheck:
                     )
 
 
+def uses_secrets(spec: TrainingJobSpec) -> bool:
+    """Whether any task's template names a secret (the reconciler releases such attempts' copies)."""
+    return any(task.template and next(template_refs(json.loads(task.template)), None) for task in spec.tasks)
+
+
 def referenced_secrets(gang: GangWorkload) -> list[str]:
     names: set[str] = set()
     for replica in gang.replicas:
