@@ -248,3 +248,36 @@ def test_the_placer_reads_a_gang_as_differing_exactly_when_the_backend_would_ref
         placement=JobPlacement(ClusterName("c"), GpuType("A100"), CapacityKind.PRIVATE, 1.0),
     )
     assert uniform(job.spec) == (uniform_replica(workload_for(placed)) is not None)
+
+
+def test_room_is_made_only_where_the_rules_allow() -> None:
+    """Evictions and capacity requests for a pinned gang happen only on clusters it may use, though
+    the cluster it may not use is cheaper and first by name (without the rule, room is made there)."""
+    here = (
+        a_cluster("a-excluded")
+        .pool("A100", free=[0], name="p", price=0.5)
+        .scalable("A100", max_nodes=4, price=1.0)
+    )
+    there = (
+        a_cluster("b-allowed")
+        .provider(Provider.GCP, "europe-west4")
+        .pool("A100", free=[0], name="p", price=2.0)
+    )
+    there = there.scalable("A100", max_nodes=4, price=3.0)
+
+    def made(pinning: Pinning) -> tuple[list[str], list[str]]:
+        snapshot = (
+            a_snapshot()
+            .queue(replace(_job("hi"), priority=100, pinning=pinning))
+            .clusters(here, there)
+            .running("low-here", cluster="a-excluded", nodes=[("p", 0, 8)])
+            .running("low-there", cluster="b-allowed", nodes=[("p", 0, 8)])
+            .build()
+        )
+        evicting = [str(p.victim) for p in plan(snapshot, now=0.0).preemptions]
+        growing = plan(replace(snapshot, policy=replace(snapshot.policy, preemption=False)), now=0.0)
+        return evicting, [r.cluster for r in growing.capacity_requests]
+
+    assert made(Pinning()) == (["low-here"], ["a-excluded"])
+    assert made(Pinning(clusters=("b-allowed",))) == (["low-there"], ["b-allowed"])
+    assert made(Pinning(regions=("europe-west4",))) == (["low-there"], ["b-allowed"])
