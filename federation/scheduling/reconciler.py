@@ -37,6 +37,7 @@ that lost leadership mid-tick commits nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -54,7 +55,7 @@ from clusters.api import (
 from federation.datasets.staging import GateKind, Stager, gate_transition
 from federation.errors import StoreUnavailable
 from federation.metrics import Metrics
-from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, stale_gangs, unknown_jobs
+from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, StaleGang, stale_gangs, unknown_jobs
 from federation.scheduling.dispatch_backoff import (
     BACKOFF_PREFIX,
     ClusterRefusing,
@@ -80,7 +81,14 @@ from placement.model import ClusterName, JobId, JobPhase
 log = structlog.get_logger("gpufed.reconciler")
 
 CANCEL_GRACE_PERIOD_S = 30.0
-RECONCILE_CONCURRENCY = 64
+# Jobs reconciled at once in a tick (each holds at most one etcd commit in flight): etcd took the
+# most puts a second here with about 64 in flight, and more let a burst's dispatches overlap.
+RECONCILE_CONCURRENCY = 128
+# Calls in flight to one member cluster (dispatches, cancels, evictions, log reads): what a tick
+# asks of a cluster at once, so that a burst on one cluster neither floods its API server nor takes
+# every slot of the tick from the other clusters. As many as the Kubernetes backend's API threads
+# (clusters.kubernetes.config `api_threads`), which would queue any more.
+CLUSTER_CONCURRENCY = 16
 # Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
 # another federation carries many gangs of its; the rest are asked about on later ticks.
 MAX_ARCHIVED_LOOKUPS = 2000
@@ -135,6 +143,16 @@ class Reconciler:
         self._started_at: dict[GangKey, float] = {}
         self._refusing: dict[ClusterName, ClusterRefusing] = {}
         self._holding: dict[JobId, list[tuple[ClusterName, int]]] = {}
+        self._cluster_slots: dict[ClusterName, asyncio.Semaphore] = {}
+
+    def _cluster_slot(self, cluster: ClusterName | None) -> contextlib.AbstractAsyncContextManager[object]:
+        """One of CLUSTER_CONCURRENCY slots of calls to `cluster`; none is needed without one."""
+        if cluster is None:
+            return contextlib.nullcontext()
+        slot = self._cluster_slots.get(cluster)
+        if slot is None:
+            slot = self._cluster_slots[cluster] = asyncio.Semaphore(CLUSTER_CONCURRENCY)
+        return slot
 
     async def tick(self, fence: Fence | None) -> int:
         """One pass over every job that may need action; returns how many transitions were committed."""
@@ -151,7 +169,10 @@ class Reconciler:
         semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
         async def one(stored: Stored[JobRecord]) -> bool:
-            async with semaphore:
+            placement = stored.value.placement
+            # The cluster's slot first, then the tick's: a job waiting for a busy cluster holds no
+            # slot that a job of another cluster could use.
+            async with self._cluster_slot(placement.cluster if placement is not None else None), semaphore:
                 return await self._reconcile(stored, statuses, lost, fence)
 
         committed = sum(await asyncio.gather(*(one(s) for s in live)))
@@ -184,35 +205,44 @@ class Reconciler:
             return None if stored is None else stored.value
 
         archived = await self._archived_of(unknown_jobs(statuses, job_of))
-        for stale in stale_gangs(
+        stale = stale_gangs(
             statuses,
             job_of,
             now_s=self._clock(),
             retention_s=self._finished_gang_retention_s,
             archived=archived,
-        ):
-            backend = self._members.get(stale.cluster)
-            if backend is None:
-                continue
+        )
+        # At once, a cluster's slots at a time: one after the other, a burst's finished gangs took
+        # a tick a cancel call each (a second a hundred gangs), which every job waiting to be
+        # dispatched or recorded as ended waited for (bench/scale.py).
+        await asyncio.gather(*(self._remove_stale(gang, statuses) for gang in stale))
+
+    async def _remove_stale(
+        self, stale: StaleGang, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
+    ) -> None:
+        backend = self._members.get(stale.cluster)
+        if backend is None:
+            return
+        async with self._cluster_slot(stale.cluster):
             gang = (statuses.get(stale.cluster) or {}).get((stale.job_id, stale.attempt))
             if gang is not None and pods_outlive(gang):
                 # Only pods are left, already stopping or orphaned: delete them once, not every tick.
                 await self._leftovers.remove(stale.cluster, gang)
-                continue
+                return
             try:
                 await backend.cancel(stale.job_id, stale.attempt, CANCEL_GRACE_PERIOD_S)
             except ClusterError as error:
                 log.warning(
                     "stale_gang_removal_failed", cluster=stale.cluster, job_id=stale.job_id, error=str(error)
                 )
-                continue
-            log.info(
-                "stale_gang_removed",
-                cluster=stale.cluster,
-                job_id=stale.job_id,
-                attempt=stale.attempt,
-                why=stale.why.value,
-            )
+                return
+        log.info(
+            "stale_gang_removed",
+            cluster=stale.cluster,
+            job_id=stale.job_id,
+            attempt=stale.attempt,
+            why=stale.why.value,
+        )
 
     async def _archived_of(self, job_ids: list[JobId]) -> set[JobId]:
         """Which of these jobs (of gangs the cache does not know) the history store holds; none

@@ -1,0 +1,88 @@
+"""How many calls the reconciler's tick has in flight to each member cluster (issue 33).
+
+bench/scale.py found a burst's finished gangs removed one cancel call after another, a tick a
+hundred calls long that every job waiting to be dispatched or recorded as ended waited for. Now
+the collector's removals go at once, and every call to a cluster (dispatches too) holds one of its
+CLUSTER_CONCURRENCY slots: a burst neither waits on one call at a time nor floods one cluster, and
+a busy cluster does not hold up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from clusters.memory import InMemoryCluster
+from federation.scheduling import reconciler
+from federation.scheduling.collector import FINISHED_GANG_RETENTION_S
+from placement.model import JobPhase
+from tests.unit.reconcile_world import a_job, build_world, submit
+
+
+@dataclass
+class InFlight:
+    """Calls in flight, by cluster, and the most seen at once (each and all together)."""
+
+    now: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    peak_all: int = 0
+    calls: int = 0
+
+    def wrap(self, cluster: InMemoryCluster, name: str, method: str) -> None:
+        original: Callable[..., Awaitable[Any]] = getattr(cluster, method)
+
+        async def counted(*args: Any) -> Any:
+            self.calls += 1
+            self.now[name] = self.now.get(name, 0) + 1
+            self.peak[name] = max(self.peak.get(name, 0), self.now[name])
+            self.peak_all = max(self.peak_all, sum(self.now.values()))
+            try:
+                # A call takes a while, as over the network: the others of the tick start meanwhile.
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                return await original(*args)
+            finally:
+                self.now[name] -= 1
+
+        setattr(cluster, method, counted)
+
+
+async def test_finished_gangs_are_removed_at_once_a_clusters_slots_at_a_time() -> None:
+    async with build_world() as world:
+        jobs = []
+        # Forty finished gangs, eight at a time (the cluster's 16 GPUs), kept for their logs.
+        for round_ in range(5):
+            batch = [await submit(world, a_job(f"j{round_}-{i}", gpus=1)) for i in range(8)]
+            await world.step()
+            await world.step(10.0)
+            jobs += batch
+        assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+        assert len(await world.cluster.statuses()) == 40
+        seen = InFlight()
+        seen.wrap(world.cluster, "onprem", "cancel")
+        await world.step(FINISHED_GANG_RETENTION_S + 1.0)
+        assert await world.cluster.statuses() == ()
+        # One at a time before; all forty at once would flood the cluster's API server.
+        assert seen.peak["onprem"] == reconciler.CLUSTER_CONCURRENCY
+        assert seen.calls == 40
+
+
+async def test_dispatches_are_bounded_per_cluster_and_clusters_go_on_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reconciler, "CLUSTER_CONCURRENCY", 3)
+    async with build_world(cluster_count=2) as world:
+        seen = InFlight()
+        for name, cluster in world.clusters.items():
+            seen.wrap(cluster, name, "dispatch")
+        # Eight two-GPU gangs fill each cluster's 16 GPUs: the cheaper first, then the other.
+        jobs = [await submit(world, a_job(f"j{i}", gpus=1)) for i in range(16)]
+        await world.step()
+        assert {(await world.job(j)).phase for j in jobs} <= {JobPhase.DISPATCHED, JobPhase.RUNNING}
+        assert seen.peak == {"onprem": 3, "cloud": 3}
+        # Neither waited for the other: both clusters had their three calls in flight at once.
+        assert seen.peak_all == 6
