@@ -4,7 +4,8 @@ One key per line, base64 (32 bytes each); `#` starts a comment. The first key se
 secrets; the others still open what they sealed, which is how the key is rotated (docs/security.md,
 "Secrets"). The file must be readable by its owner only (mode 0600): a key readable by anyone on
 the host would make the seal pointless. `gpufed up` makes one in its state dir; `gpufed serve`
-takes `--secrets-key-file` (or `GPUFED_SECRETS_KEY_FILE`), and without one serves no secrets.
+reads `GPUFED_SECRETS_KEY_FILE`, else `secrets.key` in its state dir, and without one serves no
+secrets. Servers that share an etcd must share the key file too.
 """
 
 from __future__ import annotations

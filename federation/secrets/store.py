@@ -135,8 +135,8 @@ class SecretStore:
     def _ring(self) -> Keyring:
         if self._keyring is None:
             raise SecretsDisabled(
-                "this server has no secrets key file: start it with --secrets-key-file (or "
-                "GPUFED_SECRETS_KEY_FILE); `gpufed up` makes one in its state dir"
+                "this server has no secrets key file: start it with GPUFED_SECRETS_KEY_FILE=PATH, or "
+                "with secrets.key in its state dir (`gpufed up` makes one there)"
             )
         return self._keyring
 
