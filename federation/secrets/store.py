@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from federation.errors import Conflict, FailedPrecondition, InvalidSpec, NotFound
-from federation.secrets.crypto import Keyring, Sealed
+from federation.errors import Conflict, InvalidSpec, NotFound
+from federation.secrets.crypto import Keyring, Sealed, SecretUnreadable
 from federation.spec.validate import name_field, shown
 from federation.store.kv import Compare, Delete, KeyValueStore, Put
 from federation.store.schema_version import dumps, loads
@@ -194,8 +194,8 @@ class SecretStore:
         return self._ring().open(tenant, name, stored.sealed)
 
 
-class SecretsDisabled(FailedPrecondition):
-    """The server was started without a secrets key file."""
+class SecretsDisabled(SecretUnreadable):
+    """The server was started without a secrets key file: nothing can be sealed or opened."""
 
 
 def secret_not_found(tenant: str, name: str) -> str:
