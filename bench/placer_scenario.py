@@ -16,6 +16,7 @@ import random
 from dataclasses import replace
 
 from placement.model import (
+    NO_PINNING,
     CapacityKind,
     ClusterName,
     ClusterState,
@@ -276,7 +277,7 @@ def _with_rules(
     names = [c.name for c in clusters]
     ruled = []
     for g in gangs:
-        pinning = Pinning()
+        pinning = NO_PINNING
         draw = rng.random()
         if draw < 1 / 36:
             pinning = Pinning(regions=(rng.choice(REGIONS),))

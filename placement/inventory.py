@@ -319,7 +319,7 @@ class Inventory:
     def eligible(self, gang: GangRequest) -> frozenset[ClusterName] | None:
         """The clusters the gang's placement rules and shape allow; None when it may use every one
         (the common case, which then takes the unfiltered paths at no cost)."""
-        if gang.uniform and not gang.pinning:
+        if gang.anywhere:
             return None
         key = (gang.pinning, gang.uniform)
         if key not in self._eligible:

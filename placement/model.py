@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from placement.model_ids import (
+    NO_PINNING,
     CapacityKind,
     ClusterName,
     GpuType,
@@ -43,6 +44,7 @@ from placement.model_plan import (
 from placement.model_policy import EgressRate, GpuQuota, PolicyConfig, PriorityClass, TenantQuota
 
 __all__ = [
+    "NO_PINNING",
     "Admission",
     "Alternative",
     "CapacityKind",
@@ -120,12 +122,17 @@ class GangRequest:
     # Relative speeds for this job, overriding the snapshot's (e.g. (("H100", 2.0), ("A100", 1.0))).
     gpu_speeds: tuple[tuple[GpuType, float], ...] = ()
     # Clusters, regions and clouds the job must or must not run in (its manifest's `spec.placement`).
-    pinning: Pinning = field(default_factory=Pinning)
+    # Unpinned gangs share one value: one object per gang was tens of thousands more for the garbage
+    # collector to walk in a deep queue's cycle.
+    pinning: Pinning = NO_PINNING
     # False when its replicas differ in what they run (a master of 0 GPUs and workers of 8, say): only
     # a cluster that runs such a gang as one object (Volcano) can take it (`ClusterState.runs_mixed_gangs`).
     uniform: bool = True
     # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.
     gpu_count: int = field(init=False, repr=False, compare=False)
+    # Uniform and pinned nowhere: every cluster may take it (`Inventory.eligible`'s question, asked
+    # several times per gang and cycle, answered once here).
+    anywhere: bool = field(init=False, repr=False, compare=False)
     # Every field a placement decision reads but the gang's identity and queue time: two gangs with
     # equal keys, decided on the same working state, wait for the same reasons (`plan._Cycle.decide`).
     # Made once per request, which the scheduler keeps across cycles, not once per decision.
@@ -133,13 +140,14 @@ class GangRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(self.replica_gpus))
+        object.__setattr__(self, "anywhere", self.uniform and not self.pinning)
         object.__setattr__(self, "decision_key", _deciding_fields(self))
 
 
 # Taken from the dataclass, so that a field added to GangRequest is part of the key without a change
 # here. The queue time is left out: only the private wait reads it, and a decision that did is not
 # reused (`CostModel.queue_time_reads`).
-_NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "decision_key"})
+_NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "anywhere", "decision_key"})
 _deciding_fields = attrgetter(*(f.name for f in fields(GangRequest) if f.name not in _NOT_DECIDING))
 
 

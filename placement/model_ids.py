@@ -86,7 +86,14 @@ class Pinning:
     exclude_clouds: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return any(getattr(self, name) for name in self.__slots__)
+        return bool(
+            self.clusters
+            or self.exclude_clusters
+            or self.regions
+            or self.exclude_regions
+            or self.clouds
+            or self.exclude_clouds
+        )
 
     def allows(self, cluster: str, region: str, cloud: str) -> bool:
         for only, value in ((self.clusters, cluster), (self.regions, region), (self.clouds, cloud)):

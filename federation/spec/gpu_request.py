@@ -20,7 +20,7 @@ from federation.errors import InvalidSpec
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.manifest_text import key_path, shorten
 from placement.gpu_types import GpuRegistry, UnknownGpuType
-from placement.model import Pinning, Provider
+from placement.model import NO_PINNING, Pinning, Provider
 
 # Only what the most memory any GPU type has, with room (a GPU of 1 TiB is a typo).
 MAX_GPU_MEMORY_GIB = 1024
@@ -75,7 +75,7 @@ def _names(value: object, path: str, cloud: bool) -> tuple[str, ...]:
 def pinning(value: object, path: str) -> Pinning:
     """`spec.placement`: {clusters, excludeClusters, regions, excludeRegions, clouds, excludeClouds}."""
     if value is None:
-        return Pinning()
+        return NO_PINNING  # shared: one object per job adds up in a deep queue
     if not isinstance(value, dict):
         raise InvalidSpec(path, f"must be a mapping with any of {', '.join(PLACEMENT_KEYS)}")
     for key in value:
