@@ -2,8 +2,8 @@
 
 Members manage their own tenant's secrets, admins any tenant's (`--tenant`); infra and finance
 neither read nor write them. A secret of another tenant is answered as a missing one (NOT_FOUND,
-same words), so its existence cannot be probed. The server's log records who put or deleted which
-secret, with its version and key names, never its values.
+same words), so its existence cannot be probed. The server's log and the audit trail record who
+put or deleted which secret, with its version and key names, never its values.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from federation.errors import InvalidSpec, NotFound, PermissionDenied
 from federation.metrics import Metrics
 from federation.secrets.store import SecretInfo, SecretStore, secret_not_found
 from federation.security.auth import Authenticator, Principal, acting_tenant
+from federation.security.tokens import AuditEvent, SecurityStore
 from federation.spec.validate import name_field
 from federation.store.records import Role
 
@@ -53,12 +54,24 @@ class SecretService(pb_grpc.SecretsServicer):
         auth: Authenticator,
         metrics: Metrics,
         tenant_exists: Callable[[str], Awaitable[bool]],
+        security: SecurityStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._secrets = secrets
+        # Puts and deletes go to the audit trail (None: not recorded, for tests of the rest).
+        self._security = security
         self._h = CallHandlers(auth, metrics)
         self._tenant_exists = tenant_exists
         self._clock = clock
+
+    async def _audit(self, who: Principal, action: str, info: SecretInfo) -> None:
+        if self._security is None:
+            return
+        detail = f"version={info.version} keys={','.join(info.keys)}"
+        event = AuditEvent(
+            self._clock(), who.user, who.role.value, action, f"{info.tenant}/{info.name}", detail
+        )
+        await self._security.append_audit(event)
 
     async def PutSecret(self, request: pb.PutSecretRequest, context: Ctx) -> pb.SecretInfo:
         async def body(who: Principal, req: pb.PutSecretRequest) -> pb.SecretInfo:
@@ -67,6 +80,7 @@ class SecretService(pb_grpc.SecretsServicer):
             if tenant != who.tenant and not await self._tenant_exists(tenant):
                 raise InvalidSpec("tenant", f"no tenant {tenant!r}")
             info = await self._secrets.put(tenant, name, dict(req.data), by=who.user, at_s=self._clock())
+            await self._audit(who, "secret_put", info)
             log.info(
                 "secret_put",
                 tenant=tenant,
@@ -103,6 +117,7 @@ class SecretService(pb_grpc.SecretsServicer):
             if await self._secrets.info(tenant, name) is None:
                 raise NotFound(secret_not_found(tenant, name))
             info = await self._secrets.delete(tenant, name)
+            await self._audit(who, "secret_deleted", info)
             log.info("secret_deleted", tenant=tenant, secret=name, version=info.version, user=who.user)
             return info_to_pb(info)
 

@@ -329,7 +329,7 @@ class FederationServer:
             return await store.get_tenant(TenantId(name)) is not None
 
         secret_service = SecretService(
-            secrets=secrets, auth=auth, metrics=self.metrics, tenant_exists=tenant_exists
+            secrets=secrets, auth=auth, metrics=self.metrics, tenant_exists=tenant_exists, security=security
         )
         pb_grpc.add_SecretsServicer_to_server(secret_service, server)
         self.servicers = [jobs, admin, reports, federation, capacity.service, datasets, logs, secret_service]

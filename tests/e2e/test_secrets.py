@@ -325,6 +325,12 @@ def test_a_secret_reaches_its_jobs_pods_only_while_they_run_and_is_never_shown(
         *(alice.explain(j) for j in (tuned, short)),
     ]
     assert not leaks("\n".join(str(r) for r in replies))
+    # The audit trail says who put which secret, with its keys, and nothing of the values.
+    audit = fed.client("admin").list_audit()
+    assert [(e.action, e.target, e.user) for e in audit.events if e.target == "vision/hf"] == [
+        ("secret_put", "vision/hf", "alice")
+    ]
+    assert not leaks(str(audit))
     listed = run_cli(
         "--server",
         fed.target,
