@@ -27,6 +27,7 @@ from federation.api.capacity import CapacityService
 from federation.api.datasets import DatasetService
 from federation.api.logs import LogsService
 from federation.api.reports import ReportService
+from federation.api.secrets import SecretService
 from federation.api.service import FederationService, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.capacity.store import CapacityStore
@@ -40,6 +41,8 @@ from federation.metrics import Metrics
 from federation.runtime.members_service import MembersService
 from federation.runtime.server import TenantDirectory
 from federation.scheduling.members import MemberClusters
+from federation.secrets.crypto import Keyring
+from federation.secrets.store import SecretStore
 from federation.security.auth import Authenticator
 from federation.security.tokens import SecurityStore
 from federation.store.job_cache import JobCache
@@ -81,6 +84,7 @@ class World:
     capacity: CapacityService | None = None
     logs: LogsService | None = None
     members: MembersService | None = None
+    secrets: SecretService | None = None
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -175,6 +179,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
         world.members = MembersService(
             store=store, security=SecurityStore(store.kv), auth=auth, metrics=metrics, drive=drive
+        )
+
+        async def tenant_exists(name: str) -> bool:
+            return await store.get_tenant(TenantId(name)) is not None
+
+        world.secrets = SecretService(
+            secrets=SecretStore(store.kv, Keyring([bytes(32)])),
+            auth=auth,
+            metrics=metrics,
+            tenant_exists=tenant_exists,
+            security=SecurityStore(store.kv),
         )
         return world
 
@@ -418,6 +433,20 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
             st.builds(pb.CancelCapacityPlanRequest, plan_id=texts),
         ),
         "ListCapacityPools": (lambda w: w.capacity.ListCapacityPools, st.just(pb.ListCapacityPoolsRequest())),
+        "PutSecret": (
+            lambda w: w.secrets.PutSecret,
+            st.builds(
+                pb.PutSecretRequest,
+                tenant=st.one_of(texts, st.just("vision")),
+                name=st.one_of(texts, st.just("hf")),
+                data=st.dictionaries(st.one_of(texts, st.just("token")), st.binary(max_size=64), max_size=4),
+            ),
+        ),
+        "ListSecrets": (lambda w: w.secrets.ListSecrets, st.builds(pb.ListSecretsRequest, tenant=texts)),
+        "DeleteSecret": (
+            lambda w: w.secrets.DeleteSecret,
+            st.builds(pb.DeleteSecretRequest, tenant=texts, name=st.one_of(texts, st.just("hf"))),
+        ),
         "RegisterCluster": (
             lambda w: w.members.RegisterCluster,
             st.builds(
@@ -449,7 +478,7 @@ REQUESTS = _requests()
 WRITES = {"SubmitJob", "CancelJob", "SubmitJobSet", "CancelJobSet", "ResubmitJobSet", "SetTenant", "DeleteTenant", "SetUserPriority", "GrantApproval",
           "RevokeApproval", "SetUser", "IssueToken", "RevokeToken", "RegisterDataset", "SyncDataset",
           "EvictDataset", "CreateCapacityPlan", "CancelCapacityPlan", "VerifyDataset",
-          "SetDatasetGrant", "RegisterCluster"}  # fmt: skip
+          "SetDatasetGrant", "RegisterCluster", "PutSecret", "DeleteSecret"}  # fmt: skip
 
 
 @pytest.mark.parametrize("call", sorted(REQUESTS))
