@@ -174,6 +174,9 @@ class Explanation(Protocol):
     def build(self) -> tuple[WaitReason, ...]: ...
 
 
+_set = object.__setattr__
+
+
 class Waiting:
     """A job left waiting, and every reason why, most fundamental first.
 
@@ -204,11 +207,13 @@ class Waiting:
         return waiting
 
     def for_job(self, job_id: JobId) -> Waiting:
-        """The same wait for another job (a gang that waits for the same reasons)."""
-        if self._explanation is not None:
-            return Waiting.explained(job_id, self._explanation)
-        assert self._reasons is not None
-        return Waiting(job_id, self._reasons)
+        """The same wait for another job (a gang that waits for the same reasons): a copy of its
+        slots under the new id, without `__init__`'s checks (a deep queue makes thousands a cycle)."""
+        waiting = Waiting.__new__(Waiting)
+        _set(waiting, "job_id", job_id)
+        _set(waiting, "_reasons", self._reasons)
+        _set(waiting, "_explanation", self._explanation)
+        return waiting
 
     @property
     def reasons(self) -> tuple[WaitReason, ...]:

@@ -37,6 +37,7 @@ class Table:
 
     __slots__ = (
         "_built",
+        "_key",
         "_per_view",
         "_positions",
         "allow_spot",
@@ -72,12 +73,16 @@ class Table:
         # worded from it by replacing the reasons of the views whose figures changed.
         self.previous = previous
         self._built: tuple[WaitReason, ...] | None = None
+        self._key: Hashable | None = None
         self._per_view: list[WaitReason | None] = []
         self._positions: list[int] = []
 
     @property
     def key(self) -> Hashable:
-        return (self.gpu_type, self.shape, self.allow_spot, self.capped, self.static, self.figures)
+        # Made once: every gang of a deep queue that waits on this table reads it, each cycle.
+        if self._key is None:
+            self._key = (self.gpu_type, self.shape, self.allow_spot, self.capped, self.static, self.figures)
+        return self._key
 
     def build(self) -> tuple[WaitReason, ...]:
         if self._built is not None:
@@ -134,7 +139,7 @@ class GangExplanation:
     reservation gets no capacity reason for the clusters where it fits (`fits_now`).
     """
 
-    __slots__ = ("fits_now", "head", "notes", "parts", "ruled_out", "shape", "single")
+    __slots__ = ("_key", "fits_now", "head", "notes", "parts", "ruled_out", "shape", "single")
 
     def __init__(
         self,
@@ -155,19 +160,23 @@ class GangExplanation:
         self.shape = shape
         # One type, no quota reason and no missing type: the table is the whole ranked list but notes.
         self.single = single
+        self._key: Hashable | None = None
 
     @property
     def key(self) -> Hashable:
-        parts = tuple((quota, table.key) for quota, table in self.parts)
-        return (
-            self.head,
-            parts,
-            tuple(sorted(self.fits_now)),
-            self.notes,
-            self.shape,
-            self.single,
-            tuple(sorted(self.ruled_out)),
-        )
+        # Made once: equal gangs decided on the same state share this explanation (`plan._Cycle`).
+        if self._key is None:
+            parts = tuple((quota, table.key) for quota, table in self.parts)
+            self._key = (
+                self.head,
+                parts,
+                tuple(sorted(self.fits_now)),
+                self.notes,
+                self.shape,
+                self.single,
+                tuple(sorted(self.ruled_out)),
+            )
+        return self._key
 
     def build(self) -> tuple[WaitReason, ...]:
         reasons = list(self.head)
