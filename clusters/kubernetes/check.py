@@ -18,10 +18,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from clusters.kubernetes.errors import NO_ANSWER, reason_of
-from clusters.kubernetes.inventory import GPU_RESOURCE, PRODUCT_LABEL
+from clusters.kubernetes.inventory import GPU_RESOURCE, PRODUCT_LABEL, node_info
 from clusters.kubernetes.kube import Json, api_client, call, json_of
 from clusters.kubernetes.manifests import VOLCANO_GROUP, VOLCANO_SCHEDULING_GROUP, VOLCANO_VERSION
 from clusters.kubernetes.permissions import Permission, checks
+from placement.model import Provider
 
 _FAILURES: tuple[type[BaseException], ...] = (ApiException, *NO_ANSWER)
 # Indexed Jobs with pod failure policies and per-index backoff are GA from 1.29 on.
@@ -180,7 +181,9 @@ def _gpu_nodes(api: _Api) -> Finding:
             "gpu-nodes", Verdict.MISSING, f"nodes could not be listed: {_failed(error)}", "see permissions"
         )
     gpu = [n for n in nodes if ((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)]
-    labelled = [n for n in gpu if PRODUCT_LABEL in ((n.get("metadata") or {}).get("labels") or {})]
+    # Named by GPU feature discovery, or (without it) by a cloud label the registry reads: how the
+    # inventory counts a node (`inventory.node_info`).
+    labelled = [n for n in gpu if node_info(n, Provider.PRIVATE) is not None]
     if not gpu:
         return Finding(
             "gpu-nodes",
@@ -193,11 +196,12 @@ def _gpu_nodes(api: _Api) -> Finding:
         return Finding(
             "gpu-nodes",
             Verdict.MISSING,
-            f"{len(bare)} of {len(gpu)} GPU nodes lack the {PRODUCT_LABEL} label: {', '.join(bare[:5])}",
+            f"{len(bare)} of {len(gpu)} GPU nodes lack the {PRODUCT_LABEL} label "
+            f"(or a cloud's GPU label gpufed reads): {', '.join(bare[:5])}",
             "install GPU feature discovery (part of the NVIDIA GPU operator), or label them: "
             f"kubectl label node NAME {PRODUCT_LABEL}=NVIDIA-H100-80GB-HBM3",
         )
-    return Finding("gpu-nodes", Verdict.OK, f"{len(gpu)} GPU nodes, all labelled with {PRODUCT_LABEL}")
+    return Finding("gpu-nodes", Verdict.OK, f"{len(gpu)} GPU nodes, each with a GPU product label")
 
 
 def _volcano(api: _Api) -> Finding:

@@ -24,8 +24,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 # Where else clusters name their GPUs: GKE's accelerator label (`nvidia-tesla-a100`,
 # `nvidia-h100-80gb`) and Karpenter's on EKS (`a100`). They tell a variant apart where GPU feature
-# discovery's product does not. A node without GFD's label is still left out: gpufed's pods select
-# nodes by it (`manifests.select_nodes`), and would wait forever on a node that lacks it.
+# discovery's product does not, and name the GPU of a node without GFD (GKE's own driver install
+# runs none): such a node is counted by its cloud label, and gpufed's pods select it by that label
+# (`NodeInfo.product_label`, `manifests.select_nodes`).
 CLOUD_PRODUCT_LABELS = ("cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name")
 # Memory per GPU in MiB, which tells variants apart where the name does not (Karpenter's `a100`).
 MEMORY_LABELS = ("nvidia.com/gpu.memory", "karpenter.k8s.aws/instance-gpu-memory")
@@ -108,6 +109,8 @@ class NodeInfo:
     spot_label: tuple[str, str] | None
     # Ready, not cordoned, and no NoSchedule/NoExecute taint that gpufed's pods do not tolerate.
     schedulable: bool
+    # The label `product` was read from: GFD's, or a cloud's on a node without GFD.
+    product_label: str = PRODUCT_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +166,14 @@ def node_info(
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
+    product_label = PRODUCT_LABEL
     product = labels.get(PRODUCT_LABEL)
+    if not product:
+        # No GPU feature discovery: the cloud's label, if the registry knows what it names.
+        product_label = next((key for key in CLOUD_PRODUCT_LABELS if labels.get(key)), "")
+        product = labels.get(product_label) if product_label else None
+        if product and REGISTRY.identify(product) is None:
+            product = None
     if allocatable <= 0 or not product:
         return None
     memory = next((_quantity(labels[key]) for key in MEMORY_LABELS if labels.get(key)), None)
@@ -198,6 +208,7 @@ def node_info(
         pool=pool,
         pool_label=pool_label,
         product=product,
+        product_label=product_label,
         gpu_type=gpu_type,
         kind=kind,
         allocatable_gpus=allocatable,
@@ -287,8 +298,15 @@ def pool_layout(
     The one ordering both the inventory and the gangs' node shares use, so that a share's node
     index points at the node the inventory lists there.
     """
+    nodes = list(nodes)
+    # Where some nodes of a type and kind carry GPU feature discovery's label, gpufed's pods select by
+    # it (`manifests.select_nodes`): nodes named only by their cloud's label are left out, not
+    # counted as room no pod of that type would reach.
+    by_gfd = {(n.gpu_type, n.kind) for n in nodes if n.product_label == PRODUCT_LABEL}
     groups: dict[tuple[str, GpuType, CapacityKind], list[NodeInfo]] = defaultdict(list)
     for node in nodes:
+        if node.product_label != PRODUCT_LABEL and (node.gpu_type, node.kind) in by_gfd:
+            continue
         groups[(node.pool, node.gpu_type, node.kind)].append(node)
     pool_names: dict[str, int] = defaultdict(int)
     for pool, _, _ in groups:

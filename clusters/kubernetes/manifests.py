@@ -65,7 +65,17 @@ def select_nodes(nodes: Sequence[NodeInfo], gpu_type: GpuType, kind: CapacityKin
         else:
             expressions.append((key, "In", tuple(sorted(values))))
 
-    allow(PRODUCT_LABEL, {n.product for n in matching})
+    by_label: dict[str, set[str]] = {}
+    for n in matching:
+        by_label.setdefault(n.product_label, set()).add(n.product)
+    if len(by_label) == 1:
+        key, products = next(iter(by_label.items()))
+        allow(key, products)
+    else:
+        # Nodes of the type named by different labels (some with GPU feature discovery, some only
+        # with their cloud's): one node selector term cannot say "this label or that", so the pods
+        # go to the nodes that GFD names. A cluster that mixes them should label them alike.
+        allow(PRODUCT_LABEL, by_label.get(PRODUCT_LABEL, set()))
     pool_keys = {n.pool_label for n in matching}
     pools = {n.pool for n in matching}
     pure_pools = False

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from clusters.kubernetes.inventory import PRODUCT_LABEL, node_info
+from clusters.kubernetes.inventory import PRODUCT_LABEL, node_info, pool_layout
+from clusters.kubernetes.manifests import select_nodes
 from federation.errors import InvalidSpec
 from federation.spec.gpu_request import check_gpu_request
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
@@ -99,9 +100,9 @@ def test_a_node_counts_as_the_variant_its_cluster_prices_else_the_family() -> No
     assert node_type(GpuType("A100"), REGISTRY, {GpuType("A100-80GB"): 1}) == "A100"  # never promoted
 
 
-def _node(labels: dict[str, str]) -> dict[str, Any]:
+def _node(labels: dict[str, str], name: str = "n1") -> dict[str, Any]:
     return {
-        "metadata": {"name": "n1", "labels": labels},
+        "metadata": {"name": name, "labels": labels},
         "status": {
             "allocatable": {"nvidia.com/gpu": "8"},
             "conditions": [{"type": "Ready", "status": "True"}],
@@ -138,8 +139,19 @@ def test_inventory_reads_variants_from_gfd_and_from_gke_and_karpenter_labels() -
     assert gke_h100 is not None
     assert (gfd.gpu_type, gke.gpu_type, gke_h100.gpu_type) == ("A100-80GB", "A100-40GB", "H100-SXM")
     assert eks.gpu_type == "H100"  # Karpenter's h100 does not tell SXM from PCIe: the family
-    # Nodes without GFD's product label stay out: gpufed's pods select nodes by it.
-    assert node_info(_node({"cloud.google.com/gke-accelerator": "nvidia-l4"}), Provider.GCP, priced) is None
+    # A node without GFD's product label (GKE's own driver install) is named by its cloud's label,
+    # and gpufed's pods select it by that label.
+    l4 = node_info(_node({"cloud.google.com/gke-accelerator": "nvidia-l4"}), Provider.GCP, priced)
+    assert l4 is not None
+    assert (l4.gpu_type, l4.product_label, l4.product) == (
+        "L4",
+        "cloud.google.com/gke-accelerator",
+        "nvidia-l4",
+    )
+    # A cloud label the registry cannot read names no GPU: the node stays out.
+    assert (
+        node_info(_node({"cloud.google.com/gke-accelerator": "nvidia-mystery"}), Provider.GCP, priced) is None
+    )
     # A config whose pools say `gpuType: A100` (as before variants): the node is an A100, as it was.
     old = node_info(
         _node({PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}),
@@ -260,3 +272,27 @@ def test_a_family_job_is_not_told_of_variants_no_cluster_has() -> None:
     # A family no cluster has at all is still named.
     (nowhere,) = plan(replace(snapshot, clusters=()), now=0.0).waiting
     assert nowhere.reasons[0].code is WaitCode.NO_CLUSTER_HAS_GPU_TYPE
+
+
+def test_pods_select_nodes_by_the_label_their_gpus_are_named_by() -> None:
+    """GKE nodes without GPU feature discovery are selected by GKE's label; where a type's nodes are
+    named both ways, only the GFD-labelled ones are counted and selected, never room no pod reaches."""
+    priced = {(GpuType("L4"), CapacityKind.ON_DEMAND): 0.7}
+    gke = [
+        node_info(
+            _node({"cloud.google.com/gke-accelerator": "nvidia-l4"}, name=f"gke-{i}"), Provider.GCP, priced
+        )
+        for i in range(2)
+    ]
+    nodes = [n for n in gke if n is not None]
+    selection = select_nodes(nodes, GpuType("L4"), CapacityKind.ON_DEMAND)
+    assert selection is not None
+    assert ("cloud.google.com/gke-accelerator", "nvidia-l4") in selection.node_selector
+    assert [len(p.nodes) for p in pool_layout(nodes, priced)] == [2]
+    gfd = node_info(_node({PRODUCT_LABEL: "NVIDIA-L4"}, name="gfd-0"), Provider.GCP, priced)
+    assert gfd is not None
+    mixed = [*nodes, gfd]
+    selection = select_nodes(mixed, GpuType("L4"), CapacityKind.ON_DEMAND)
+    assert selection is not None
+    assert (PRODUCT_LABEL, "NVIDIA-L4") in selection.node_selector
+    assert [n.name for p in pool_layout(mixed, priced) for n in p.nodes] == ["gfd-0"]
