@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -99,13 +100,22 @@ def cost_text(job: pb.Job) -> str:
     return f"${cents}{so_far} (USD {job.cost_usd})"
 
 
+def _gpu_request(job: pb.Job) -> str:
+    """The GPU types the job accepts; a job that asks only for memory names none (its manifest says how
+    much, as `spec.minGpuMemoryGiB`)."""
+    if job.gpu_types:
+        return ", ".join(job.gpu_types)
+    memory = re.search(r"^\s*minGpuMemoryGiB:\s*(\S+)", job.manifest, re.M)
+    return f"any type with {memory.group(1)} GiB or more" if memory else "any type"
+
+
 def job_detail(job: pb.Job) -> str:
     lines = [
         f"Job:       {job.job_id} ({job.name})",
         f"Tenant:    {job.tenant}   User: {job.user}",
         f"Phase:     {phase_name(job.phase)}   Attempt: {job.attempt}",
         f"Priority:  {job.priority_class} ({job.priority})",
-        f"Gang:      {job.replica_count} replicas, {job.gpu_count} GPUs of {', '.join(job.gpu_types)}",
+        f"Gang:      {job.replica_count} replicas, {job.gpu_count} GPUs of {_gpu_request(job)}",
     ]
     if job.cluster:
         lines.append(
