@@ -173,6 +173,9 @@ class CapacityService(pb_grpc.CapacityServicer):
         and is of the same tenant as the first: a deadline plan is one team's deadline, and its
         cost is that team's. Returns the plan with its tenant."""
         tenant = ""
+        # A job names a family (A100) or a memory floor as often as a variant: the plan's type must be
+        # one the placer may give it, as the registry expands what it asked for.
+        registry = (await self._store.get_settings()).gpu_registry()
         for i, job_id in enumerate(plan.job_ids):
             stored = await self._store.get_job(job_id)
             if stored is None or not can_read_tenant(who, stored.value.tenant):
@@ -184,10 +187,11 @@ class CapacityService(pb_grpc.CapacityServicer):
                     f"job_ids[{i}]: job {job_id} {what} ({job.phase.value}); a deadline plan buys "
                     "capacity for jobs still waiting"
                 )
-            if plan.gpu_type not in job.spec.gpu_types:
+            accepted = registry.expand(job.spec.gpu_types, job.spec.min_gpu_memory_gib)
+            if plan.gpu_type not in accepted:
+                asked = ", ".join(job.spec.gpu_types) or f"GPUs of {job.spec.min_gpu_memory_gib} GiB or more"
                 raise InvalidArgument(
-                    f"job_ids[{i}]: job {job_id} runs on {', '.join(job.spec.gpu_types)}, "
-                    f"not on the plan's {plan.gpu_type}"
+                    f"job_ids[{i}]: job {job_id} runs on {asked}, not on the plan's {plan.gpu_type}"
                 )
             if tenant and job.tenant != tenant:
                 raise InvalidArgument(
