@@ -310,6 +310,7 @@ def main() -> int:
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--job-s", type=float, default=3.0, help="simulated seconds each job runs")
     parser.add_argument("--concurrency", type=int, default=64, help="submissions in flight")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep the run's files (logs) here")
     parser.add_argument("--drain-timeout-s", type=float, default=None)
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY"), help="py-spy binary, for --profile")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy's collapsed stacks of the server")
@@ -336,7 +337,7 @@ def main() -> int:
         f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (load 1/5/15 min)"
     )
     with tempfile.TemporaryDirectory(prefix="gpufed-scale-") as tmp:
-        work = Path(tmp)
+        work = args.work_dir or Path(tmp)
         etcd = EtcdProcess(work / "etcd")
         sims = SimProcess(work / "sim", cluster_config)
         etcd.start()

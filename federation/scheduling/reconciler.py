@@ -81,9 +81,10 @@ from placement.model import ClusterName, JobId, JobPhase
 log = structlog.get_logger("gpufed.reconciler")
 
 CANCEL_GRACE_PERIOD_S = 30.0
-# Jobs reconciled at once in a tick (each holds at most one etcd commit in flight): etcd took the
-# most puts a second here with about 64 in flight, and more let a burst's dispatches overlap.
-RECONCILE_CONCURRENCY = 128
+# Jobs reconciled (and stale gangs removed) at once in a tick: etcd took the most puts a second here
+# with about 64 in flight; 128 cost the server more CPU a job in bench/scale.py's 100 clusters (each
+# cluster call is a thread of the Kubernetes client, and they contend for the GIL) for no more jobs.
+RECONCILE_CONCURRENCY = 64
 # Calls in flight to one member cluster (dispatches, cancels, evictions, log reads): what a tick
 # asks of a cluster at once, so that a burst on one cluster neither floods its API server nor takes
 # every slot of the tick from the other clusters. As many as the Kubernetes backend's API threads
@@ -178,7 +179,7 @@ class Reconciler:
         committed = sum(await asyncio.gather(*(one(s) for s in live)))
         if self._staging is not None:
             await self._staging.tick(s.value for s in acting)
-        await self._collect(statuses)
+        await self._collect(statuses, semaphore)
         return committed
 
     def _lost_clusters(
@@ -197,7 +198,9 @@ class Reconciler:
             if now - since >= self._members.unreachable_grace_s(name)
         }
 
-    async def _collect(self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> None:
+    async def _collect(
+        self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None], semaphore: asyncio.Semaphore
+    ) -> None:
         """Cancel gangs that no current attempt needs (see federation.scheduling.collector)."""
 
         def job_of(job_id: JobId) -> JobRecord | None:
@@ -215,15 +218,18 @@ class Reconciler:
         # At once, a cluster's slots at a time: one after the other, a burst's finished gangs took
         # a tick a cancel call each (a second a hundred gangs), which every job waiting to be
         # dispatched or recorded as ended waited for (bench/scale.py).
-        await asyncio.gather(*(self._remove_stale(gang, statuses) for gang in stale))
+        await asyncio.gather(*(self._remove_stale(gang, statuses, semaphore) for gang in stale))
 
     async def _remove_stale(
-        self, stale: StaleGang, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
+        self,
+        stale: StaleGang,
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+        semaphore: asyncio.Semaphore,
     ) -> None:
         backend = self._members.get(stale.cluster)
         if backend is None:
             return
-        async with self._cluster_slot(stale.cluster):
+        async with self._cluster_slot(stale.cluster), semaphore:
             gang = (statuses.get(stale.cluster) or {}).get((stale.job_id, stale.attempt))
             if gang is not None and pods_outlive(gang):
                 # Only pods are left, already stopping or orphaned: delete them once, not every tick.
