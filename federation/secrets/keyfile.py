@@ -40,16 +40,27 @@ def create_key_file(path: Path) -> None:
         out.write(base64.b64encode(os.urandom(KEY_BYTES)).decode() + "\n")
 
 
+def key_file_is_private(mode: int, owner: int) -> bool:
+    """Readable by its owner only; or owned by root and also readable by its group, as PostgreSQL
+    allows its key file. That is how Kubernetes mounts a Secret for a non-root process: owned by root,
+    the pod's fsGroup as group, mode 0440 (deploy/helm/gpufed, `secrets.keySecret`)."""
+    if mode & stat.S_IRWXO:
+        return False
+    group = mode & stat.S_IRWXG
+    return group == 0 or (owner == 0 and group == stat.S_IRGRP)
+
+
 def load_key_file(path: Path) -> Keyring:
     try:
-        mode = path.stat().st_mode
+        info = path.stat()
+        mode, owner = info.st_mode, info.st_uid
         text = path.read_text()
     except OSError as error:
         raise KeyFileError(f"secrets key file {path}: {error.strerror or error}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if not key_file_is_private(mode, owner):
         raise KeyFileError(
             f"secrets key file {path} is open to group or others (mode {stat.S_IMODE(mode):04o}): "
-            f"run chmod 600 {path}"
+            f"run chmod 600 {path} (or, owned by root, 640)"
         )
     keys = []
     for number, line in enumerate(text.splitlines(), start=1):

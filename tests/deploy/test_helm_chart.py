@@ -299,9 +299,13 @@ def test_pods_run_with_the_security_context_the_docs_describe(renders: dict[str,
                 context = {k: v for k, v in container["securityContext"].items() if k in container_context}
                 assert context == container_context, at
                 assert set(container["resources"]) == {"requests", "limits"}, at
-                # Secrets only as read-only files or by reference: never a literal value.
+                # Secrets only as read-only files or by reference: never a literal value (a `*_FILE`
+                # variable's value is the path of a mounted file).
                 for env in container.get("env", []):
-                    assert "value" not in env or not re.search(r"(?i)pass|secret|token|dsn", env["name"]), at
+                    literal = "value" in env and not env["name"].endswith("_FILE")
+                    assert not literal or not re.search(r"(?i)pass|secret|token|dsn", env["name"]), at
+                    if env["name"].endswith("_FILE"):
+                        assert env["value"].startswith("/etc/gpufed/"), at
                 secret_volumes = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
                 for mount in container["volumeMounts"]:
                     if mount["name"] in secret_volumes:
@@ -328,8 +332,13 @@ def test_secrets_are_mounted_where_the_docs_say(renders: dict[str, Render]) -> N
     assert seen == {
         k: v
         for k, v in documented.items()
-        if k in ("/etc/gpufed/tls", "/etc/gpufed/kubeconfigs", "/etc/gpufed/cloud")
+        if k in ("/etc/gpufed/tls", "/etc/gpufed/kubeconfigs", "/etc/gpufed/cloud", "/etc/gpufed/secrets-key")
     }
+    # The key that seals tenants' secrets is named to the server as the file the Secret's key mounts as.
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["GPUFED_SECRETS_KEY_FILE"] == "/etc/gpufed/secrets-key/secrets.key"
+    single = renders["single-sqlite"].one("Deployment")["spec"]["template"]["spec"]
+    assert "GPUFED_SECRETS_KEY_FILE" not in {e["name"] for e in single["containers"][0]["env"]}
     external = renders["external-etcd"].one("Deployment")["spec"]["template"]["spec"]
     assert {v["secret"]["secretName"] for v in external["volumes"] if "secret" in v} >= {
         documented["/etc/gpufed/etcd-tls"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import base64
 import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from federation.secrets.crypto import Keyring, SecretUnreadable
-from federation.secrets.keyfile import KeyFileError, create_key_file, load_key_file
+from federation.secrets.keyfile import KeyFileError, create_key_file, key_file_is_private, load_key_file
 
 VALUE = b"hf_value-that-must-never-show"
 KEY_A, KEY_B = os.urandom(32), os.urandom(32)
@@ -122,3 +123,21 @@ def test_a_bad_key_file_is_refused_naming_the_file(
 def test_a_missing_key_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match=r"secrets key file .*missing"):
         load_key_file(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "private"),
+    [
+        (0o600, 10001, True),
+        (0o400, 10001, True),
+        (0o640, 10001, False),  # a group may read a user's key: refused
+        (0o440, 0, True),  # how Kubernetes mounts a Secret for a non-root pod (root, fsGroup, 0440)
+        (0o640, 0, True),  # PostgreSQL's rule for a root-owned key file
+        (0o660, 0, False),  # the group may write it
+        (0o644, 0, False),  # anyone may read it
+    ],
+)
+def test_a_key_file_is_private_to_its_owner_or_root_owned_and_group_read(
+    mode: int, owner: int, private: bool
+) -> None:
+    assert key_file_is_private(stat.S_IFREG | mode, owner) is private
