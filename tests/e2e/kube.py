@@ -7,6 +7,7 @@ kubeconfig contexts with the official client, and so do these helpers, to see wh
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.request
@@ -25,6 +26,7 @@ from kubernetes import watch as k8s_watch
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
+from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess
 
 
@@ -85,6 +87,27 @@ def serve_clusters(
         yield process
     finally:
         process.stop()
+
+
+def sim_kubectl(
+    sims: SimProcess, cluster: str, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """kubectl on one of the simulator's contexts, as a user would run it: the independent judge of
+    what a member cluster holds. With `check`, a non-zero exit fails the test with kubectl's words."""
+    assert KUBECTL is not None, "kubectl is needed (make setup installs it in .venv/bin)"
+    done = subprocess.run(
+        [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "--context", cluster,
+         "--cache-dir", str(sims.kubeconfig.parent / "kubectl-cache"), "--request-timeout=10s", *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done
+
+
+def sim_kubectl_json(sims: SimProcess, cluster: str, *args: str) -> Any:
+    """`sim_kubectl ... -o json`, parsed."""
+    return json.loads(sim_kubectl(sims, cluster, *args, "-o", "json").stdout)
 
 
 def _api(sims: SimProcess, cluster: str) -> Any:

@@ -8,10 +8,8 @@ replies and CLI output a user gets.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, run_cli, wait_for
-from tests.e2e.kube import gang_pods, gangs, job_of, serve_clusters
+from tests.e2e.kube import gang_pods, gangs, job_of, serve_clusters, sim_kubectl_json
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -94,28 +92,7 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def kubectl_json(sims: SimProcess, cluster: str, *args: str) -> Any:
-    assert KUBECTL is not None
-    done = subprocess.run(
-        [
-            KUBECTL,
-            "--kubeconfig",
-            str(sims.kubeconfig),
-            "--context",
-            cluster,
-            "--cache-dir",
-            str(sims.kubeconfig.parent / "kubectl-cache"),
-            "--request-timeout=10s",
-            *args,
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return json.loads(done.stdout)
+    return sim_kubectl_json(sims, cluster, *args)
 
 
 def running_on(fed: ServerProcess, job_id: str) -> pb.Job:

@@ -31,7 +31,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, run_cli, wait_for
-from tests.e2e.kube import onprem_a100, serve_clusters
+from tests.e2e.kube import onprem_a100, serve_clusters, sim_kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -75,14 +75,7 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def kubectl(sims: SimProcess, cluster: str, *args: str) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None, "kubectl is needed (make setup installs it in .venv/bin)"
-    return subprocess.run(
-        [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "--context", cluster, *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    return sim_kubectl(sims, cluster, *args)
 
 
 def running(pod: dict[str, Any]) -> bool:

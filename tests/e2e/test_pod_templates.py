@@ -23,7 +23,7 @@ import pytest
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import gang_pods, onprem_a100, serve_clusters
+from tests.e2e.kube import gang_pods, onprem_a100, serve_clusters, sim_kubectl, sim_kubectl_json
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -130,31 +130,11 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def kubectl(sims: SimProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [
-            KUBECTL,
-            "--kubeconfig",
-            str(sims.kubeconfig),
-            "--context",
-            "onprem",
-            "--cache-dir",
-            str(sims.kubeconfig.parent / "kubectl-cache"),
-            "--request-timeout=10s",
-            *args,
-        ],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return sim_kubectl(sims, "onprem", *args, stdin=stdin, check=False)
 
 
 def kubectl_json(sims: SimProcess, *args: str) -> Any:
-    result = kubectl(sims, *args, "-o", "json")
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return json.loads(result.stdout)
+    return sim_kubectl_json(sims, "onprem", *args)
 
 
 def privileged_pod(namespace: str) -> str:

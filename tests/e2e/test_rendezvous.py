@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
-from tests.e2e.kube import gang_pods, job_of, serve_clusters
+from tests.e2e.kube import gang_pods, job_of, serve_clusters, sim_kubectl
 from tests.side_venv import REPO, ensure_side_venv
 
 KUBECTL = shutil.which(
@@ -103,14 +102,7 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def kubectl(sims: SimProcess, cluster: str, *args: str) -> str:
-    assert KUBECTL is not None
-    result = subprocess.run(
-        [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "--context", cluster,
-         "--cache-dir", str(sims.kubeconfig.parent / "kubectl-cache"), "--request-timeout=10s", *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
+    return sim_kubectl(sims, cluster, *args).stdout
 
 
 def finished(fed: ServerProcess, user: str, job_id: str) -> str | None:

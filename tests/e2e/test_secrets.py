@@ -33,7 +33,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from federation.secrets.keyfile import create_key_file
 from tests.e2e.harness import ServerProcess, run_cli, wait_for
-from tests.e2e.kube import a100_pool, gang_pods, job_of, onprem_a100, write_config
+from tests.e2e.kube import a100_pool, gang_pods, job_of, onprem_a100, sim_kubectl, write_config
 from tests.etcdctl import etcdctl
 
 KUBECTL = shutil.which(
@@ -149,24 +149,7 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def kubectl(sims: SimProcess, cluster: str, *args: str) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [
-            KUBECTL,
-            "--kubeconfig",
-            str(sims.kubeconfig),
-            "--context",
-            cluster,
-            "--cache-dir",
-            str(sims.kubeconfig.parent / "kubectl-cache"),
-            "--request-timeout=10s",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return sim_kubectl(sims, cluster, *args, check=False)
 
 
 def secret_object(sims: SimProcess, cluster: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -13,7 +13,6 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import PodRecorder, gang_pods, job_of, onprem_a100, serve_clusters
+from tests.e2e.kube import PodRecorder, gang_pods, job_of, onprem_a100, serve_clusters, sim_kubectl
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -108,26 +107,7 @@ def pods(sims: SimProcess) -> Iterator[RunWatch]:
 
 
 def kubectl(sims: SimProcess, *args: str) -> str:
-    assert KUBECTL is not None
-    result = subprocess.run(
-        [
-            KUBECTL,
-            "--kubeconfig",
-            str(sims.kubeconfig),
-            "--context",
-            "onprem",
-            "--cache-dir",
-            str(sims.kubeconfig.parent / "kubectl-cache"),
-            "--request-timeout=10s",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
+    return sim_kubectl(sims, "onprem", *args).stdout
 
 
 def _job(fed: ServerProcess, job_id: str) -> pb.Job:

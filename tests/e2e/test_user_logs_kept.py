@@ -12,7 +12,6 @@ is the judge; `gpufed logs -o json` gives each line with its pod, container and 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +25,8 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.main import cli
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
-from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import job_of, serve_clusters
+from tests.e2e.kube import job_of, serve_clusters, sim_kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -105,16 +103,7 @@ def _job(
 
 
 def kubectl(sims: SimProcess, *args: str) -> str:
-    assert KUBECTL is not None, "kubectl is not installed (make setup puts it in .venv/bin)"
-    done = subprocess.run(
-        [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "--context", "onprem", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return sim_kubectl(sims, "onprem", *args).stdout
 
 
 def kubectl_logs(sims: SimProcess, job_id: str, attempt: int) -> dict[str, list[str]]:
