@@ -201,12 +201,16 @@ class GpufedClient:
     # ---- job sets and arrays (docs/jobsets.md)
 
     def submit_set(
-        self, name: str, manifests: Sequence[str], *, array: str = "", max_parallel: int = 0
+        self, name: str, manifests: Sequence[str], *, array: str = "", max_parallel: int = 0, sweep: str = ""
     ) -> pb.SubmitJobSetResponse:
         for manifest in manifests:
             check_manifest_size(manifest)
         request = pb.SubmitJobSetRequest(
-            name=name, manifests=[wire_manifest(m) for m in manifests], array=array, max_parallel=max_parallel
+            name=name,
+            manifests=[wire_manifest(m) for m in manifests],
+            array=array,
+            max_parallel=max_parallel,
+            sweep=sweep,
         )
         # Every member's manifest is checked before the reply: more than one job's time.
         reply: pb.SubmitJobSetResponse = self._jobs.SubmitJobSet(
@@ -216,6 +220,13 @@ class GpufedClient:
 
     def get_set(self, name: str, *, tenant: str = "") -> pb.JobSet:
         reply: pb.JobSet = self._call(self._jobs.GetJobSet, pb.GetJobSetRequest(name=name, tenant=tenant))
+        return reply
+
+    def sweep_results(self, name: str, *, tenant: str = "") -> pb.SweepResults:
+        """A sweep's trials ranked by its metric, best first (docs/jobsets.md, "Sweeps")."""
+        reply: pb.SweepResults = self._call(
+            self._jobs.GetSweepResults, pb.GetJobSetRequest(name=name, tenant=tenant)
+        )
         return reply
 
     def list_sets(self, *, tenant: str = "") -> pb.ListJobSetsResponse:

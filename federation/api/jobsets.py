@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +25,8 @@ from federation.api.job_queries import ListFilter
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound, RateLimited
 from federation.history.protocol import HistoryStore
+from federation.joblogs.archive import LogArchive, LogsSettings
+from federation.joblogs.stream import split_line
 from federation.jobsets.arrays import parse_array
 from federation.jobsets.controller import SetController
 from federation.jobsets.decide import rerun
@@ -36,8 +40,20 @@ from federation.jobsets.records import (
     set_digest,
 )
 from federation.jobsets.status import MemberView, set_status
-from federation.jobsets.store import JobSetStore
+from federation.jobsets.store import JobSetStore, trial_key, trial_number
+from federation.jobsets.sweeps import (
+    Goal,
+    SweepSpec,
+    Trial,
+    expand,
+    params_json,
+    parse_metric,
+    parse_sweep,
+    ranked,
+    value_text,
+)
 from federation.ledger.cache import LedgerCache
+from federation.ledger.job_cost import job_micro_usd
 from federation.security.auth import (
     Principal,
     acting_tenant,
@@ -58,6 +74,7 @@ from placement.model import JobId, JobPhase, TenantId
 # The most named jobs one set may hold (an array may have up to `MAX_ARRAY_COPIES`).
 MAX_SET_JOBS = 500
 MAX_PARALLEL = 100_000
+MAX_SWEEP_TEXT = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +103,20 @@ class SetListFilter(ListFilter):
 
     def wants(self, job: JobRecord) -> bool:
         return job.job_set == self.job_set and ListFilter.wants(self, job)
+
+
+def _sweep(req: pb.SubmitJobSetRequest) -> SweepSpec | None:
+    if not req.sweep:
+        return None
+    if len(req.sweep) > MAX_SWEEP_TEXT:
+        raise InvalidArgument(f"sweep: at most {MAX_SWEEP_TEXT} characters, got {len(req.sweep)}")
+    try:
+        raw = json.loads(req.sweep)
+    except ValueError as error:
+        raise InvalidArgument(f"sweep: not JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgument("sweep: must be an object (parameters, search, trials, seed, metric)")
+    return parse_sweep(raw)
 
 
 def set_not_found(name: str) -> str:
@@ -127,7 +158,10 @@ class JobSetCalls:
         name = name_field(req.name, "name")
         if not req.manifests:
             raise InvalidArgument("manifests: a job set needs at least one TrainingJob manifest")
+        sweep = _sweep(req)
         array = parse_array(req.array) if req.array else None
+        if sweep is not None and (array is not None or len(req.manifests) != 1):
+            raise InvalidArgument("sweep: give exactly one manifest (the trials' template) and no array")
         if array is not None and len(req.manifests) != 1:
             raise InvalidArgument(
                 f"manifests: an array runs one manifest once per index; got {len(req.manifests)}"
@@ -179,8 +213,17 @@ class JobSetCalls:
                 )
         else:
             pairs = [(str(index), 0, index) for index in array.indices]
+        trials = [] if sweep is None else expand(sweep)
+        params = {trial_key(n): params_json(values) for n, values in enumerate(trials)}
+        if sweep is not None:
+            pairs = [(key, 0, None) for key in params]
         array_text = "" if array is None else array.text()
-        digest = set_digest([(key, templates[t].digest) for key, t, _ in pairs], max_parallel, array_text)
+        digest_pairs = [(key, templates[t].digest + params.get(key, "")) for key, t, _ in pairs]
+        digest = set_digest(digest_pairs, max_parallel, array_text)
+        if sweep is not None:
+            digest = hashlib.sha256(
+                f"{digest}\n{json.dumps(sweep.to_dict(), sort_keys=True)}".encode()
+            ).hexdigest()
         try:
             admit(tenant, checked[0].record)
         except RateLimited:
@@ -198,6 +241,7 @@ class JobSetCalls:
                 array_index=index,
                 job_id=member_job_id(tenant, name, key, member_job_name(templates[t].spec, index), 0),
                 state=MemberState.HELD,
+                params=params.get(key, ""),
             )
             for key, t, index in pairs
         )
@@ -211,6 +255,7 @@ class JobSetCalls:
             array=array_text,
             templates=tuple(templates),
             members=members,
+            sweep=None if sweep is None else sweep.to_dict(),
         )
         stored, created = await self.sets.create(record)
         if created:
@@ -268,6 +313,72 @@ class JobSetCalls:
                 stored = stored if fresh is None else fresh
         finally:
             self._cache.unsubscribe(queue)
+
+    async def sweep_results(self, who: Principal, req: pb.GetJobSetRequest) -> pb.SweepResults:
+        """A sweep's trials ranked by its metric, read from each trial's kept logs."""
+        stored = await self.visible(who, req.name, req.tenant)
+        record = stored.value
+        if record.sweep is None:
+            raise FailedPrecondition(f"job set {record.name} is not a sweep: it has no metric to rank")
+        metric = str(record.sweep["metric"]["name"])
+        goal = Goal(record.sweep["metric"]["goal"])
+        views = await self._views(record)
+        status = set_status(record, views, now_s=self._clock())
+        trials: list[Trial] = []
+        shown: dict[str, pb.SweepTrial] = {}
+        for s in status.members:
+            m, job = s.view.member, s.view.job
+            values = json.loads(m.params or "{}")
+            value = None
+            if job is not None and m.state is MemberState.RELEASED and job.phase.is_terminal:
+                value = await self._metric(job, metric)
+            number = trial_number(m.key)
+            trials.append(Trial(m.key, number, values, value))
+            out = pb.SweepTrial(
+                key=m.key,
+                number=number,
+                job_id=m.job_id,
+                parameters=[pb.SweepParameter(name=k, value=value_text(v)) for k, v in values.items()],
+                held=m.state is MemberState.HELD,
+                reason=s.reason,
+            )
+            if m.state is MemberState.CANCELLED:
+                out.phase = pb.JOB_PHASE_CANCELLED
+            elif job is not None and m.state is MemberState.RELEASED:
+                out.phase = convert.phase_to_pb(job.phase)
+            micro = job_micro_usd(list(s.view.intervals), now_s=self._clock())
+            out.cost_usd = "" if micro is None else format_usd(micro)
+            if value is not None:
+                out.metric = value
+            shown[m.key] = out
+        results: list[pb.SweepTrial] = []
+        for rank, trial in enumerate(ranked(trials, goal), start=1):
+            out = shown[trial.key]
+            out.rank = rank if trial.metric is not None else 0
+            results.append(out)
+        return pb.SweepResults(
+            job_set=await self.shown(stored, with_members=False),
+            metric=metric,
+            goal=goal.value,
+            search=str(record.sweep["search"]),
+            seed=int(record.sweep.get("seed", 0)),
+            trials=results,
+        )
+
+    async def _metric(self, job: JobRecord, name: str) -> float | None:
+        """The metric from the kept log tails of the job's last attempt: the first replica (in task
+        order) that printed it; None when none did or the tails are no longer kept."""
+        archive = LogArchive(self.sets.kv, LogsSettings())
+        for task in job.spec.tasks:
+            for replica in range(task.replicas):
+                data = await archive.log(job.job_id, job.attempt, task.name, replica)
+                if not data:
+                    continue
+                lines = (split_line(line)[1] for line in data.decode("utf-8", "replace").splitlines())
+                value = parse_metric(lines, name)
+                if value is not None:
+                    return value
+        return None
 
     # ---- changes
 

@@ -360,6 +360,13 @@ class JobService(pb_grpc.JobServiceServicer):
 
         return await self._h.unary("GetJobSet", request, context, body)
 
+    async def GetSweepResults(self, request: pb.GetJobSetRequest, context: Ctx) -> pb.SweepResults:
+        async def body(who: Principal, req: pb.GetJobSetRequest) -> pb.SweepResults:
+            self._read_limiter.admit(who.user)
+            return await self._job_sets().sweep_results(who, req)
+
+        return await self._h.unary("GetSweepResults", request, context, body)
+
     async def ListJobSets(self, request: pb.ListJobSetsRequest, context: Ctx) -> pb.ListJobSetsResponse:
         async def body(who: Principal, req: pb.ListJobSetsRequest) -> pb.ListJobSetsResponse:
             self._read_limiter.admit(who.user)

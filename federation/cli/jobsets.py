@@ -20,6 +20,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.render import as_dict, cost_text, structured, table
 
 JOBSET_KIND = "JobSet"
+SWEEP_KIND = "Sweep"
 TRAINING_JOB_KIND = "TrainingJob"
 API_VERSION = "gpufed.io/v1"
 _TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
@@ -34,6 +35,8 @@ class SetRequest:
     manifests: tuple[str, ...]
     array: str = ""
     max_parallel: int = 0
+    # A Sweep's spec without its template, as JSON (federation.cli.sweeps); "" for other sets.
+    sweep: str = ""
 
 
 def _job_text(job: Any, where: str) -> str:
@@ -52,13 +55,18 @@ def load_document(text: str) -> Any:
 
 
 def is_job_set(document: Any) -> TypeGuard[dict[str, Any]]:
-    return isinstance(document, dict) and document.get("kind") == JOBSET_KIND
+    """A JobSet, or a Sweep (a job set whose members are trials)."""
+    return isinstance(document, dict) and document.get("kind") in (JOBSET_KIND, SWEEP_KIND)
 
 
 def set_request(
     document: dict[str, Any], *, name: str = "", array: str = "", max_parallel: int = 0
 ) -> SetRequest:
     """A JobSet document's jobs, array and limit; options given on the command line win."""
+    if document.get("kind") == SWEEP_KIND:
+        from federation.cli.sweeps import sweep_request
+
+        return sweep_request(document, name=name, array=array, max_parallel=max_parallel)
     unknown = sorted(set(document) - set(_TOP_KEYS))
     if unknown:
         raise click.BadParameter(f"JobSet: unknown key {unknown[0]!r} (known: {', '.join(_TOP_KEYS)})")

@@ -34,6 +34,7 @@ from federation.cli import logs as cli_logs
 from federation.cli import replay as cli_replay
 from federation.cli import report as cli_report
 from federation.cli import secrets as cli_secrets
+from federation.cli import sweeps as cli_sweeps
 from federation.cli.first_steps import EXAMPLE_JOB, first_steps
 from federation.cli.logs import parse_since
 from federation.cli.output import OutputGroup, OutputHolder, RpcFailed, accept_output_everywhere
@@ -449,7 +450,11 @@ def submit(
     if source is None:
         raise click.UsageError("give the manifest: gpufed submit FILE (or -f FILE; '-' reads stdin)")
     text = source.read()
-    document = cli_jobsets.load_document(text) if (array or set_name or "JobSet" in text) else None
+    document = (
+        cli_jobsets.load_document(text)
+        if (array or set_name or "JobSet" in text or "Sweep" in text)
+        else None
+    )
     if array or set_name or cli_jobsets.is_job_set(document):
         if cli_jobsets.is_job_set(document):
             request = cli_jobsets.set_request(document, name=set_name, array=array, max_parallel=max_parallel)
@@ -459,7 +464,11 @@ def submit(
             )
         with opts.client() as client:
             set_reply = client.submit_set(
-                request.name, request.manifests, array=request.array, max_parallel=request.max_parallel
+                request.name,
+                request.manifests,
+                array=request.array,
+                max_parallel=request.max_parallel,
+                sweep=request.sweep,
             )
         opts.emit(set_reply, cli_jobsets.submitted_text(set_reply))
         return
@@ -631,6 +640,7 @@ cli_logs.register(cli, _rpc)
 cli_cluster_join.register(cli, _rpc)
 # After `logs`, whose `describe JOB_ID` it extends with `describe set NAME`.
 cli_jobsets.register(cli, _rpc)
+cli_sweeps.register(cli, _rpc)
 # Last, so that every command registered above, from any module, takes `-o` after its name too.
 accept_output_everywhere(cli)
 

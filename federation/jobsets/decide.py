@@ -69,11 +69,4 @@ def rerun(record: JobSetRecord, member: SetMember) -> SetMember:
 
 
 def _with_state(member: SetMember, state: MemberState) -> SetMember:
-    return SetMember(
-        key=member.key,
-        template=member.template,
-        array_index=member.array_index,
-        job_id=member.job_id,
-        state=state,
-        earlier=member.earlier,
-    )
+    return replace(member, state=state)

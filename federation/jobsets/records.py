@@ -60,6 +60,8 @@ class SetMember:
     state: MemberState
     # The member's earlier jobs, oldest first: failed runs that `resubmit` replaced.
     earlier: tuple[JobId, ...] = ()
+    # A sweep's trial: its parameter values as JSON (`sweeps.params_json`); "" for other sets.
+    params: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,8 @@ class JobSetRecord:
     cancel_requested: bool = False
     cancel_reason: str = ""
     resubmitted_at_s: float | None = None
+    # A sweep's search, parameters and metric (`SweepSpec.to_dict`); None for other sets.
+    sweep: dict[str, Any] | None = None
 
     def with_members(self, members: tuple[SetMember, ...], **changes: Any) -> JobSetRecord:
         return replace(self, members=members, **changes)
@@ -131,12 +135,14 @@ def set_to_dict(record: JobSetRecord) -> dict[str, Any]:
                 "job_id": m.job_id,
                 "state": m.state.value,
                 "earlier": list(m.earlier),
+                **({"params": m.params} if m.params else {}),
             }
             for m in record.members
         ],
         "cancel_requested": record.cancel_requested,
         "cancel_reason": record.cancel_reason,
         "resubmitted_at_s": record.resubmitted_at_s,
+        **({"sweep": record.sweep} if record.sweep is not None else {}),
     }
 
 
@@ -161,12 +167,14 @@ def set_from_dict(d: dict[str, Any]) -> JobSetRecord:
                 job_id=JobId(m["job_id"]),
                 state=MemberState(m["state"]),
                 earlier=tuple(JobId(j) for j in m.get("earlier") or ()),
+                params=str(m.get("params", "")),
             )
             for m in d["members"]
         ),
         cancel_requested=bool(d.get("cancel_requested", False)),
         cancel_reason=str(d.get("cancel_reason", "")),
         resubmitted_at_s=None if d.get("resubmitted_at_s") is None else float(d["resubmitted_at_s"]),
+        sweep=None if d.get("sweep") is None else dict(d["sweep"]),
     )
 
 

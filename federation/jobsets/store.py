@@ -8,8 +8,10 @@ accepted member is lost and none is made twice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from federation.errors import IdempotencyConflict, InvalidArgument
 from federation.jobsets.records import (
@@ -21,7 +23,9 @@ from federation.jobsets.records import (
     set_key,
     tenant_prefix,
 )
+from federation.jobsets.sweeps import params_json, trial_env
 from federation.spec.jobspec import TrainingJobSpec
+from federation.spec.pod_template import template_text
 from federation.store.job_store import Stored, job_key
 from federation.store.jobs import JobRecord, job_to_dict
 from federation.store.kv import Compare, Get, KeyValueStore, Put
@@ -37,11 +41,22 @@ ARRAY_COUNT_ENV = "GPUFED_ARRAY_COUNT"
 ARRAY_MIN_ENV = "GPUFED_ARRAY_MIN"
 ARRAY_MAX_ENV = "GPUFED_ARRAY_MAX"
 JOB_SET_ENV = "GPUFED_JOB_SET"
+# Where a sweep trial's values are in its pods (docs/jobsets.md, "Sweeps").
+PARAMS_ANNOTATION = "gpufed.io/sweep-params"
+PARAMS_VOLUME = "gpufed-sweep-params"
+PARAMS_DIR = "/etc/gpufed-sweep"
+PARAMS_FILE = "params.json"
+PARAMS_PATH = f"{PARAMS_DIR}/{PARAMS_FILE}"
 
 
 class JobSetStore:
     def __init__(self, kv: KeyValueStore) -> None:
         self._kv = kv
+
+    @property
+    def kv(self) -> KeyValueStore:
+        """The etcd the sets are in (and the jobs, and their kept logs)."""
+        return self._kv
 
     async def create(self, record: JobSetRecord) -> tuple[Stored[JobSetRecord], bool]:
         """Create the set unless the tenant has one of that name. The same set again (same digest)
@@ -131,6 +146,10 @@ def member_job(record: JobSetRecord, member: SetMember, *, now_s: float) -> JobR
             ARRAY_MIN_ENV: str(min(indices)),
             ARRAY_MAX_ENV: str(max(indices)),
         }
+    if record.sweep is not None:
+        values = json.loads(member.params or "{}")
+        env |= trial_env(record.name, trial_number(member.key), values)
+        spec = with_params_file(spec, params_json(values))
     return JobRecord(
         job_id=member.job_id,
         tenant=record.tenant,
@@ -143,6 +162,54 @@ def member_job(record: JobSetRecord, member: SetMember, *, now_s: float) -> JobR
         job_set=record.name,
         array_index=member.array_index,
     )
+
+
+def trial_key(number: int) -> str:
+    """A sweep member's key: `trial-7`."""
+    return f"trial-{number}"
+
+
+def trial_number(key: str) -> int:
+    return int(key.rpartition("-")[2])
+
+
+def with_params_file(spec: TrainingJobSpec, text: str) -> TrainingJobSpec:
+    """`spec` whose every pod carries the trial's values as an annotation, projected into each of its
+    containers as the file PARAMS_PATH by a downward API volume (as the rendezvous hostfile is): no
+    ConfigMap to create or clean up, and readable only where the pod is. A user's template may not
+    set a gpufed.io annotation, so a trial cannot be handed another's values."""
+    tasks = []
+    for task in spec.tasks:
+        template: dict[str, Any] = (
+            json.loads(task.template) if task.template else {"spec": {"containers": [{}]}}
+        )
+        metadata = template.setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), PARAMS_ANNOTATION: text}
+        pod = template.setdefault("spec", {})
+        if not pod.get("containers"):
+            pod["containers"] = [{}]
+        pod["volumes"] = [
+            *(v for v in pod.get("volumes") or [] if v.get("name") != PARAMS_VOLUME),
+            {
+                "name": PARAMS_VOLUME,
+                "downwardAPI": {
+                    "items": [
+                        {
+                            "path": PARAMS_FILE,
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{PARAMS_ANNOTATION}']"},
+                        }
+                    ]
+                },
+            },
+        ]
+        for container in pod["containers"]:
+            mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != PARAMS_VOLUME]
+            container["volumeMounts"] = [
+                *mounts,
+                {"name": PARAMS_VOLUME, "mountPath": PARAMS_DIR, "readOnly": True},
+            ]
+        tasks.append(replace(task, template=template_text(template)))
+    return replace(spec, tasks=tuple(tasks))
 
 
 def with_env(spec: TrainingJobSpec, env: dict[str, str]) -> TrainingJobSpec:
