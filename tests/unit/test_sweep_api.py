@@ -1,0 +1,147 @@
+"""Sweeps through the real servicer over the in-memory store (as tests/unit/test_jobsets.py does for
+sets): a Sweep becomes a set of trials held within its limit, each trial's job carries its values
+in its environment and in its pods' params file, the results rank trials by the metric read from
+their kept logs, and another tenant learns nothing of a sweep through any call."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+import pytest
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.calls import CallRefused as Refused
+from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings
+from federation.jobsets.records import set_key
+from federation.jobsets.store import PARAMS_ANNOTATION, PARAMS_DIR, PARAMS_VOLUME
+from federation.store.jobs import JobRecord
+from placement.model import JobPhase
+from tests.unit.test_jobsets import World, counts, manifest, world  # noqa: F401  (the fixture)
+
+GRID = {
+    "parameters": {"lr": [0.1, 0.01], "batch": [32, 64]},
+    "metric": {"name": "loss", "goal": "minimize"},
+}
+
+
+async def submit_sweep(w: World, who: str, name: str, sweep: dict[str, Any], **fields: Any) -> Any:
+    return await w.submit(who, name, [manifest("trainer")], sweep=json.dumps(sweep), **fields)
+
+
+async def results(w: World, who: str, name: str, tenant: str = "") -> pb.SweepResults:
+    req = pb.GetJobSetRequest(name=name, tenant=tenant)
+    return await w.service.GetSweepResults(req, w.ctx(who))
+
+
+async def end_printing(w: World, job: JobRecord, phase: JobPhase, *lines: str) -> None:
+    """The attempt ends with `lines` in its kept log tail, as the reconciler keeps it."""
+    archive = LogArchive(w.store.kv, LogsSettings())
+    data = "".join(f"2026-11-30T05:00:0{i}.000000000Z {line}\n" for i, line in enumerate(lines))
+    kept = KeptAttempt(1, "onprem", "A100", "private", 1.0, 0.0, 1.0, phase.value, "", 1.0, "", ())
+    await archive.keep(job.job_id, kept, {("worker", 0): data.encode()})
+    await w.end(job.job_id, phase)
+
+
+async def test_a_grid_sweep_holds_its_trials_within_the_limit_and_each_sees_its_values(world: World) -> None:
+    reply = await submit_sweep(world, "alice", "lr-grid", GRID, max_parallel=2)
+    assert reply.created
+    assert reply.job_set.job_count == 4
+    assert counts(reply.job_set) == {"HELD": 2, "QUEUED": 2}
+    live = sorted(world.live("lr-grid"), key=lambda j: j.job_id)
+    seen = []
+    for job in live:
+        env = dict(job.spec.tasks[0].env)
+        assert env["SEED"] == "1"  # the template's own variables stay
+        values = {"lr": float(env["GPUFED_PARAM_LR"]), "batch": int(env["GPUFED_PARAM_BATCH"])}
+        template = json.loads(job.spec.tasks[0].template)
+        # The same values in the file every container mounts (a downward API volume of the annotation).
+        assert json.loads(template["metadata"]["annotations"][PARAMS_ANNOTATION]) == values
+        (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == PARAMS_VOLUME]
+        assert volume["downwardAPI"]["items"][0]["path"] == "params.json"
+        mounts = template["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": PARAMS_VOLUME, "mountPath": PARAMS_DIR, "readOnly": True} in mounts
+        seen.append((env["GPUFED_TRIAL"], values))
+    assert sorted(seen) == [("0", {"lr": 0.1, "batch": 32}), ("1", {"lr": 0.1, "batch": 64})]
+
+
+async def test_the_same_sweep_again_creates_nothing_and_another_under_its_name_is_refused(
+    world: World,
+) -> None:
+    await submit_sweep(world, "alice", "lr-grid", GRID)
+    again = await submit_sweep(world, "alice", "lr-grid", GRID)
+    assert not again.created
+    other = {**GRID, "parameters": {"lr": [0.1, 0.001], "batch": [32, 64]}}
+    with pytest.raises(Refused) as refused:
+        await submit_sweep(world, "alice", "lr-grid", other)
+    assert refused.value.code is grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_bad_sweeps_are_refused_naming_the_problem_and_store_nothing(world: World) -> None:
+    cases = [
+        ({**GRID, "parameters": {"lr": []}}, "sweep parameters.lr: values: give at least one value"),
+        ({**GRID, "search": "hyperband"}, "sweep search: must be grid or random"),
+        (
+            {**GRID, "search": "random", "trials": 5, "parameters": {"lr": {"min": 1, "max": 0}}},
+            "min 1 is greater than max 0",
+        ),
+    ]
+    for sweep, words in cases:
+        with pytest.raises(Refused) as refused:
+            await submit_sweep(world, "alice", "bad", sweep)
+        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert words in refused.value.details
+    with pytest.raises(Refused) as refused:
+        await world.submit("alice", "bad", [manifest("trainer")], sweep="{not json")
+    assert "sweep: not JSON" in refused.value.details
+    with pytest.raises(Refused) as refused:
+        await submit_sweep(world, "alice", "bad", GRID, array="0-3")
+    assert "sweep: give exactly one manifest" in refused.value.details
+    assert await world.store.kv.get(set_key("vision", "bad")) is None
+
+
+async def test_results_rank_trials_by_the_metric_they_printed_and_list_the_rest_last(world: World) -> None:
+    sweep = {**GRID, "metric": {"name": "accuracy", "goal": "maximize"}}
+    await submit_sweep(world, "alice", "acc", sweep, max_parallel=3)
+    first = {dict(j.spec.tasks[0].env)["GPUFED_TRIAL"]: j for j in world.live("acc")}
+    await end_printing(world, first["0"], JobPhase.SUCCEEDED, "gpufed-metric: accuracy=0.7", "done")
+    await end_printing(
+        world, first["1"], JobPhase.SUCCEEDED, "gpufed-metric: accuracy=0.2", "gpufed-metric: accuracy=0.9"
+    )
+    await end_printing(world, first["2"], JobPhase.FAILED, "Traceback: CUDA out of memory")
+    shown = await results(world, "alice", "acc")
+    assert (shown.metric, shown.goal, shown.search) == ("accuracy", "maximize", "grid")
+    order = [(t.rank, t.key, t.metric if t.HasField("metric") else None) for t in shown.trials]
+    assert order == [(1, "trial-1", 0.9), (2, "trial-0", 0.7), (0, "trial-2", None), (0, "trial-3", None)]
+    by_key = {t.key: t for t in shown.trials}
+    assert [(p.name, p.value) for p in by_key["trial-1"].parameters] == [("lr", "0.1"), ("batch", "64")]
+    assert by_key["trial-1"].phase == pb.JOB_PHASE_SUCCEEDED
+    assert by_key["trial-2"].phase == pb.JOB_PHASE_FAILED
+    assert by_key["trial-3"].held  # still held: released by the controller's next pass
+    assert not shown.job_set.members  # the status without the member list
+    assert shown.job_set.job_count == 4
+
+
+async def test_another_tenant_learns_nothing_of_a_sweep_and_a_plain_set_has_no_results(world: World) -> None:
+    await submit_sweep(world, "alice", "lr-grid", GRID)
+    for tenant in ("", "vision"):
+        with pytest.raises(Refused) as refused:
+            await results(world, "bob", "lr-grid", tenant)
+        assert refused.value.code is grpc.StatusCode.NOT_FOUND
+        assert refused.value.details == "job set 'lr-grid' not found"
+    with pytest.raises(Refused) as refused:
+        await results(world, "fin", "lr-grid")
+    assert refused.value.code is grpc.StatusCode.NOT_FOUND
+    assert len((await results(world, "admin", "lr-grid", "vision")).trials) == 4
+    assert len((await results(world, "ops", "lr-grid", "vision")).trials) == 4
+    # bob's own sweep of the same name is his: his trials, none of alice's values or jobs.
+    mine = await submit_sweep(world, "bob", "lr-grid", {**GRID, "parameters": {"lr": [5]}})
+    assert mine.job_set.tenant == "nlp"
+    assert [
+        (t.key, [p.value for p in t.parameters]) for t in (await results(world, "bob", "lr-grid")).trials
+    ] == [("trial-0", ["5"])]
+    await world.submit("alice", "plain", [manifest()], array="0-1")
+    with pytest.raises(Refused) as refused:
+        await results(world, "alice", "plain")
+    assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
