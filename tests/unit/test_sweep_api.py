@@ -18,7 +18,11 @@ from federation.jobsets.records import set_key
 from federation.jobsets.store import PARAMS_ANNOTATION, PARAMS_DIR, PARAMS_VOLUME
 from federation.store.jobs import JobRecord
 from placement.model import JobPhase
-from tests.unit.test_jobsets import World, counts, manifest, world  # noqa: F401  (the fixture)
+from tests.unit import test_jobsets
+from tests.unit.test_jobsets import World, counts, manifest
+
+# The servicer over the in-memory store, with alice (vision), bob (nlp), an admin, infra and finance.
+world = test_jobsets.world
 
 GRID = {
     "parameters": {"lr": [0.1, 0.01], "batch": [32, 64]},
