@@ -89,6 +89,15 @@ def _set(server: ServerProcess, tenant: str) -> str:
     return name
 
 
+def _sweep(server: ServerProcess, tenant: str) -> str:
+    """A sweep of `tenant` (two trials that wait forever, like `_set`'s job), submitted by the admin."""
+    name = f"w-{tenant}"
+    sweep = '{"parameters": {"lr": [0.1, 0.01]}, "metric": {"name": "loss"}}'
+    with server.client("admin") as admin:
+        admin.submit_set(name, [manifest("matrix", gpu="B200", tenant=tenant)], sweep=sweep)
+    return name
+
+
 def _dataset(server: ServerProcess, tenant: str, name: str | None = None) -> str:
     """A dataset of `tenant`, registered by the admin (again: a no-op). Names are per tenant: the
     reference `tenant/name` is the one every caller may use."""
@@ -173,6 +182,7 @@ CALLS: dict[str, Call] = {
     "WatchJobSet": lambda c, s, t: next(iter(c.watch_set(_set(s, t), tenant=t, timeout_s=5))),
     "CancelJobSet": lambda c, s, t: c.cancel_set(_set(s, t), tenant=t),
     "ResubmitJobSet": lambda c, s, t: c.resubmit_set(_set(s, t), tenant=t),
+    "GetSweepResults": lambda c, s, t: c.sweep_results(_sweep(s, t), tenant=t),
 }
 
 # call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
@@ -241,6 +251,7 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "WatchJobSet": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "CancelJobSet": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "ResubmitJobSet": {"admin": (FP, FP), "infra": (PD, PD), "finance": (NF, NF), "member": (FP, NF)},
+    "GetSweepResults": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
 }
 
 CASES = [

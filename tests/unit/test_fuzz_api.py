@@ -305,9 +305,19 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
                 manifests=st.lists(manifests, max_size=3),
                 array=st.one_of(texts, st.just("0-3%2"), st.just("5-1")),
                 max_parallel=ints,
+                sweep=st.one_of(
+                    st.just(""),
+                    texts,
+                    st.just('{"parameters": {"lr": [0.1, 0.01]}, "metric": {"name": "loss"}}'),
+                    st.just('{"parameters": {"lr": {"min": 1, "max": 0}}, "search": "random", "trials": 3}'),
+                ),
             ),
         ),
         "GetJobSet": (lambda w: w.jobs.GetJobSet, st.builds(pb.GetJobSetRequest, name=texts, tenant=texts)),
+        "GetSweepResults": (
+            lambda w: w.jobs.GetSweepResults,
+            st.builds(pb.GetJobSetRequest, name=st.one_of(texts, st.just("fuzz-set")), tenant=texts),
+        ),
         "ListJobSets": (lambda w: w.jobs.ListJobSets, st.builds(pb.ListJobSetsRequest, tenant=texts)),
         "CancelJobSet": (
             lambda w: w.jobs.CancelJobSet,
