@@ -464,7 +464,17 @@ def main() -> int:
 
     with observer.lock:
         jobs = [observer.jobs[j] for j in ids]
-    report(jobs, records, submit_errors, cpu_s, n_clusters, args.tenants, job_s, observer.errors)
+    report(
+        jobs,
+        records,
+        submit_errors,
+        cpu_s,
+        n_clusters,
+        n_clusters * args.nodes * 8,
+        args.tenants,
+        job_s,
+        observer.errors,
+    )
     for name in spies:
         path = Path(f"{args.profile}.{name}.txt")
         if path.exists():
@@ -485,6 +495,7 @@ def report(
     submit_errors: int,
     cpu_s: dict[str, float],
     n_clusters: int,
+    gpus: int,
     tenants: int,
     job_s: float,
     errors: list[str],
@@ -507,7 +518,9 @@ def report(
         print(f"{name:<42}{_q(values, 0.5):>8.2f}{_q(values, 0.99):>8.2f}{mean:>8.2f}")
     # The bottleneck: where the rate falls furthest below the stage before (the submissions apart:
     # they are the offered load), and where the jobs wait longest (the pod's own run apart).
-    chain = [s for s in STAGES[2:] if rates[s][1] == rates[s][1]]
+    # Only stages most jobs were seen at: RUNNING is written only when a tick finds the pod running,
+    # and a job whose pod ended between two ticks goes from DISPATCHED to SUCCEEDED.
+    chain = [s for s in STAGES[2:] if rates[s][1] == rates[s][1] and 2 * rates[s][0] >= len(jobs)]
     falls = [(rates[a][1] / rates[b][1], b) for a, b in itertools.pairwise(chain) if rates[b][1] > 0]
     if falls:
         ratio, stage = max(falls)
@@ -522,6 +535,15 @@ def report(
     if waited:
         mean, name = max(waited)
         print(f"longest wait: {name}, {mean:.2f} s on average (the pod's own run of {job_s:g} s apart)")
+    held = [j.at["finished"] - j.at["placed"] for j in jobs if "finished" in j.at and "placed" in j.at]
+    if held:
+        mean_held = sum(held) / len(held)
+        # Placement can go no faster than GPUs free up: where this is near the placed rate, the
+        # GPUs are the bound, held for the job's run plus the control plane's latency around it.
+        print(
+            f"GPUs: {gpus}; a job held its GPU {mean_held:.2f} s on average (its run {job_s:g} s): "
+            f"once they are all taken, at most {gpus / mean_held:.1f} jobs/s placed"
+        )
     for error in errors[:3]:
         print(f"observer error: {error}")
     latencies = [acked - sent for _, sent, acked in records]
