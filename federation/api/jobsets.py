@@ -20,12 +20,13 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
+from clusters.api import ClusterUnreachable, GangInspector, LogOptions, LogUnavailable
 from federation.api import convert, history_reads
 from federation.api.job_queries import ListFilter
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import FailedPrecondition, InvalidArgument, InvalidSpec, NotFound, RateLimited
 from federation.history.protocol import HistoryStore
-from federation.joblogs.archive import LogArchive, LogsSettings
+from federation.joblogs.archive import LogArchive, LogsSettings, locate
 from federation.joblogs.stream import split_line
 from federation.jobsets.arrays import parse_array
 from federation.jobsets.controller import SetController
@@ -40,6 +41,7 @@ from federation.jobsets.records import (
     set_digest,
 )
 from federation.jobsets.status import MemberView, set_status
+from federation.jobsets.stopping import LiveLines, MedianStopper
 from federation.jobsets.store import JobSetStore, trial_key, trial_number
 from federation.jobsets.sweeps import (
     Goal,
@@ -54,6 +56,7 @@ from federation.jobsets.sweeps import (
 )
 from federation.ledger.cache import LedgerCache
 from federation.ledger.job_cost import job_micro_usd
+from federation.scheduling.members import MemberClusters
 from federation.security.auth import (
     Principal,
     acting_tenant,
@@ -136,6 +139,8 @@ class JobSetCalls:
         clock: Callable[[], float],
     ) -> None:
         self.sets = sets
+        self.store = store
+        self.cache = cache
         self._store = store
         self._cache = cache
         self._ledger = ledger
@@ -340,7 +345,10 @@ class JobSetCalls:
                 job_id=m.job_id,
                 parameters=[pb.SweepParameter(name=k, value=value_text(v)) for k, v in values.items()],
                 held=m.state is MemberState.HELD,
-                reason=s.reason,
+                # A trial stopped early says why (the median rule's words are its cancel message).
+                reason=job.message
+                if job is not None and job.phase is JobPhase.CANCELLED and job.message
+                else s.reason,
             )
             if m.state is MemberState.CANCELLED:
                 out.phase = pb.JOB_PHASE_CANCELLED
@@ -500,20 +508,70 @@ class JobSetCalls:
         return out
 
 
+# A running trial's log as early stopping reads it: the last lines of its first replica's pod.
+_LIVE_TAIL_LINES = 5000
+_LIVE_LIMIT_BYTES = 1024 * 1024
+
+
+def live_lines_reader(members: MemberClusters) -> LiveLines:
+    """How early stopping reads a running trial's log: its first task's first replica's pod, through
+    its member cluster, as `gpufed logs` does (not followed: the last lines, now). None when the
+    cluster or the pod cannot answer now (the trial is looked at again next pass)."""
+
+    async def read(job: JobRecord) -> Sequence[str] | None:
+        if job.placement is None:
+            return None
+        backend = members.get(job.placement.cluster)
+        if not isinstance(backend, GangInspector):
+            return None
+        first = (job.spec.tasks[0].name, 0)
+        try:
+            replicas = await backend.replicas(job.tenant, job.job_id, job.attempt)
+            chosen = [r for r in replicas if locate(r, job.spec, job.job_id, job.attempt) == first]
+            if not chosen:
+                return None
+            options = LogOptions(tail_lines=_LIVE_TAIL_LINES, limit_bytes=_LIVE_LIMIT_BYTES)
+            stream = backend.pod_log(job.tenant, chosen[0], options)
+            data = b""
+            try:
+                async for part in stream:
+                    data += part
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except (ClusterUnreachable, LogUnavailable):
+            return None
+        return data.decode("utf-8", "replace").splitlines()
+
+    return read
+
+
 @contextlib.asynccontextmanager
 async def set_controller_running(servicers: Sequence[object]) -> AsyncIterator[SetController | None]:
-    """The set controller of a server's JobService running while the block runs, stopped after it.
-    Every server runs one (the releases are compare-and-swap, so two never over-release)."""
+    """The set controller of a server's JobService running while the block runs, stopped after it,
+    and beside it the early stopping of sweeps when the server reads member clusters' logs. Every
+    server runs both (releases and cancels are compare-and-swap, so two never do one twice)."""
     calls = next((getattr(s, "job_sets", None) for s in servicers if getattr(s, "job_sets", None)), None)
     if not isinstance(calls, JobSetCalls):
         yield None
         return
     stop = asyncio.Event()
-    task = asyncio.create_task(calls.controller.run(stop), name="gpufed-job-sets")
+    tasks = [asyncio.create_task(calls.controller.run(stop), name="gpufed-job-sets")]
+    # The logs service's member clusters (`LogsService.members`; not imported here: it imports us).
+    found = (getattr(s, "members", None) for s in servicers)
+    members = next((m for m in found if isinstance(m, MemberClusters)), None)
+    if members is not None:
+        stopper = MedianStopper(
+            sets=calls.sets, store=calls.store, cache=calls.cache, live_lines=live_lines_reader(members)
+        )
+        tasks.append(asyncio.create_task(stopper.run(stop), name="gpufed-sweep-stopping"))
     try:
         yield calls.controller
     finally:
         stop.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -168,6 +168,12 @@ class LogsService(pb_grpc.LogsServicer):
         self._read_limiter = read_limiter or ReadRateLimiter()
         self._clock = clock
 
+    @property
+    def members(self) -> MemberClusters:
+        """The member clusters whose pods' logs this service reads (a sweep's early stopping reads
+        its running trials' logs through them too)."""
+        return self._members
+
     async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
         """As `GetJob` decides: one answer, at one cost, for "not yours" and "not there"."""
         stored = await visible_job(who, job_id, self._cache, self._store, self._history, self._read_limiter)

@@ -111,6 +111,19 @@ class JobSetStore:
                 return out
             start = page.kvs[-1].key + b"\0"
 
+    async def list_stopping(self) -> list[Stored[JobSetRecord]]:
+        """The sweeps with early stopping that are not cancelled; other sets are not decoded."""
+        out: list[Stored[JobSetRecord]] = []
+        start: bytes | None = None
+        while True:
+            page = await self._kv.range_prefix(JOBSETS, limit=200, start=start)
+            for kv in page.kvs:
+                if b'"earlyStopping"' in kv.value and b'"cancel_requested":true' not in kv.value:
+                    out.append(Stored(decode_set(kv.value, kv.key), kv.mod_revision))
+            if not page.more or not page.kvs:
+                return out
+            start = page.kvs[-1].key + b"\0"
+
     async def update(self, stored: Stored[JobSetRecord], record: JobSetRecord) -> int | None:
         """Write `record` if the set is still at the revision read; the new revision, or None."""
         key = set_key(record.tenant, record.name)

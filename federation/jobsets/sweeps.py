@@ -18,6 +18,7 @@ import json
 import math
 import random
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,7 +39,9 @@ METRIC_PREFIX = "gpufed-metric:"
 
 _PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,62}")
-_METRIC_LINE = re.compile(r"gpufed-metric:\s*([A-Za-z][A-Za-z0-9_./-]{0,62})\s*=\s*(\S+)\s*$")
+_METRIC_LINE = re.compile(
+    r"gpufed-metric:\s*([A-Za-z][A-Za-z0-9_./-]{0,62})\s*=\s*(\S+)(?:\s+step\s*=\s*(\d{1,12}))?\s*$"
+)
 
 Value = str | int | float | bool
 
@@ -73,6 +76,16 @@ Parameter = Choice | Range
 
 
 @dataclass(frozen=True, slots=True)
+class MedianStopping:
+    """Median stopping (Vizier's, as Katib and Ray Tune run it): a running trial whose latest
+    intermediate value is worse than the median of the other trials' values at that step is
+    stopped, once at least `min_trials` others reached the step and from step `min_step` on."""
+
+    min_trials: int = 3
+    min_step: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class SweepSpec:
     """What a Sweep file says beside its template, checked."""
 
@@ -82,6 +95,7 @@ class SweepSpec:
     seed: int
     metric: str
     goal: Goal
+    early_stopping: MedianStopping | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The sweep as the API carries and etcd keeps it (the Sweep file's own keys)."""
@@ -97,6 +111,17 @@ class SweepSpec:
             "trials": self.trials,
             "seed": self.seed,
             "metric": {"name": self.metric, "goal": self.goal.value},
+            **(
+                {}
+                if self.early_stopping is None
+                else {
+                    "earlyStopping": {
+                        "type": "median",
+                        "minTrials": self.early_stopping.min_trials,
+                        "minStep": self.early_stopping.min_step,
+                    }
+                }
+            ),
         }
 
 
@@ -164,7 +189,7 @@ def _whole(value: Any, field: str, low: int, high: int) -> int:
 
 def parse_sweep(raw: Mapping[str, Any]) -> SweepSpec:
     """A Sweep's spec without its template: parameters, search, trials, seed and metric."""
-    known = {"parameters", "search", "trials", "seed", "metric"}
+    known = {"parameters", "search", "trials", "seed", "metric", "earlyStopping"}
     extra = sorted(set(raw) - known)
     if extra:
         raise _fail(extra[0], f"unknown key (known: {', '.join(sorted(known))})")
@@ -220,7 +245,24 @@ def parse_sweep(raw: Mapping[str, Any]) -> SweepSpec:
                 f"the grid has {trials} combinations, more than {MAX_TRIALS} (the most one sweep may "
                 "have); use fewer values or search: random",
             )
-    return SweepSpec(tuple(parameters), search, trials, seed, metric["name"], goal)
+    stopping = _early_stopping(raw.get("earlyStopping"))
+    return SweepSpec(tuple(parameters), search, trials, seed, metric["name"], goal, stopping)
+
+
+def _early_stopping(raw: Any) -> MedianStopping | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail("earlyStopping", "give {type: median, minTrials: N, minStep: S}")
+    extra = sorted(set(raw) - {"type", "minTrials", "minStep"})
+    if extra:
+        raise _fail(f"earlyStopping.{extra[0]}", "unknown key (known: type, minTrials, minStep)")
+    if raw.get("type", "median") != "median":
+        raise _fail("earlyStopping.type", f"only median is supported, got {raw.get('type')!r}"[:200])
+    return MedianStopping(
+        min_trials=_whole(raw.get("minTrials", 3), "earlyStopping.minTrials", 1, MAX_TRIALS),
+        min_step=_whole(raw.get("minStep", 1), "earlyStopping.minStep", 0, 10**12),
+    )
 
 
 def _draw(p: Parameter, rng: random.Random) -> Value:
@@ -264,10 +306,9 @@ def params_json(values: Mapping[str, Value]) -> str:
 # ---- the metric a trial prints, and the ranking
 
 
-def parse_metric(lines: Iterable[str], name: str) -> float | None:
-    """The value of the last `gpufed-metric: NAME=VALUE` line for `name`; None when there is none.
-    A line whose value is not a finite number is ignored (a trial's `nan` loss ranks nowhere)."""
-    found: float | None = None
+def metric_lines(lines: Iterable[str], name: str) -> Iterable[tuple[float, int | None]]:
+    """Each `gpufed-metric: NAME=VALUE [step=N]` line for `name`, as (value, step or None). A line
+    whose value is not a finite number is skipped (a trial's `nan` loss ranks nowhere)."""
     for line in lines:
         at = line.find(METRIC_PREFIX)
         if at < 0:
@@ -280,8 +321,53 @@ def parse_metric(lines: Iterable[str], name: str) -> float | None:
         except ValueError:
             continue
         if math.isfinite(value):
-            found = value
+            yield value, None if match.group(3) is None else int(match.group(3))
+
+
+def parse_metric(lines: Iterable[str], name: str) -> float | None:
+    """The value of the last `gpufed-metric: NAME=VALUE` line for `name` (with a step or without);
+    None when there is none."""
+    found: float | None = None
+    for value, _ in metric_lines(lines, name):
+        found = value
     return found
+
+
+def history(lines: Iterable[str], name: str) -> dict[int, float]:
+    """The intermediate values a trial printed with a step (`... step=N`), the last one per step."""
+    return {step: value for value, step in metric_lines(lines, name) if step is not None}
+
+
+def _at_step(values: Mapping[int, float], step: int) -> float | None:
+    """A trial's value at `step`: its report at the last step at or before it, if it reached it."""
+    if not values or max(values) < step:
+        return None
+    before = [s for s in values if s <= step]
+    return values[max(before)] if before else None
+
+
+def median_stop(
+    trial: Mapping[int, float], others: Sequence[Mapping[int, float]], goal: Goal, rule: MedianStopping
+) -> str | None:
+    """Why a running trial should stop by the median rule, or None to let it run: its latest value
+    is worse than the median of the others' values at the same step."""
+    if not trial:
+        return None
+    step = max(trial)
+    if step < rule.min_step:
+        return None
+    value = trial[step]
+    peers = [v for o in others if (v := _at_step(o, step)) is not None]
+    if len(peers) < rule.min_trials:
+        return None
+    median = statistics.median(peers)
+    worse = value > median if goal is Goal.MINIMIZE else value < median
+    if not worse:
+        return None
+    return (
+        f"early stopping (median rule): {value:.6g} at step {step} is worse than the median "
+        f"{median:.6g} of {len(peers)} other trials at that step"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,12 @@ from federation.errors import InvalidArgument
 from federation.jobsets.sweeps import (
     MAX_TRIALS,
     Goal,
+    MedianStopping,
     Trial,
     Value,
     expand,
+    history,
+    median_stop,
     params_json,
     parse_metric,
     parse_sweep,
@@ -160,3 +163,51 @@ def test_trials_rank_best_first_and_those_without_a_metric_last() -> None:
     ]
     assert [t.number for t in ranked(trials, Goal.MINIMIZE)] == [2, 4, 0, 3, 1, 5]
     assert [t.number for t in ranked(trials, Goal.MAXIMIZE)] == [3, 0, 2, 4, 1, 5]
+
+
+def test_intermediate_values_carry_their_step_and_the_last_line_still_counts() -> None:
+    lines = [
+        "gpufed-metric: loss=0.9 step=1",
+        "gpufed-metric: loss=0.7 step=2",
+        "gpufed-metric: loss=0.8 step=2",
+    ]
+    assert history(lines, "loss") == {1: 0.9, 2: 0.8}
+    assert parse_metric([*lines, "gpufed-metric: loss=0.5"], "loss") == 0.5
+    assert parse_metric(lines, "loss") == 0.8
+
+
+RULE = MedianStopping(min_trials=2, min_step=2)
+
+
+def test_median_stopping_stops_a_trial_worse_than_the_median_of_others_at_its_step() -> None:
+    others = [{1: 0.5, 2: 0.4, 3: 0.3}, {1: 0.6, 2: 0.5, 3: 0.45}, {1: 0.7, 4: 0.2}]
+    # At step 2 the others stood at 0.4, 0.5 and 0.7 (the third's value at step 1, its last by then).
+    reason = median_stop({1: 0.9, 2: 0.8}, others, Goal.MINIMIZE, RULE)
+    assert reason == (
+        "early stopping (median rule): 0.8 at step 2 is worse than the median 0.5 of 3 other trials at that step"
+    )
+    assert median_stop({1: 0.9, 2: 0.45}, others, Goal.MINIMIZE, RULE) is None  # better than the median
+    assert median_stop({1: 0.9, 2: 0.5}, others, Goal.MINIMIZE, RULE) is None  # equal: not worse
+    assert median_stop({1: 0.1, 2: 0.45}, others, Goal.MAXIMIZE, RULE) is not None
+    # Too early (before minStep), too few others at that step, or nothing printed yet: it runs on.
+    assert median_stop({1: 5.0}, others, Goal.MINIMIZE, RULE) is None
+    assert median_stop({4: 5.0}, others, Goal.MINIMIZE, RULE) is None  # only one other reached step 4
+    assert median_stop({}, others, Goal.MINIMIZE, RULE) is None
+    assert median_stop({2: 5.0}, [{}, {}], Goal.MINIMIZE, RULE) is None
+
+
+@pytest.mark.parametrize(
+    ("stopping", "words"),
+    [
+        ({"type": "hyperband"}, "sweep earlyStopping.type: only median is supported"),
+        ({"minTrials": 0}, "sweep earlyStopping.minTrials: must be a whole number from 1"),
+        ({"grace": 3}, "sweep earlyStopping.grace: unknown key"),
+        ("median", "sweep earlyStopping: give {type: median"),
+    ],
+)
+def test_bad_early_stopping_is_named(stopping: Any, words: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        parse_sweep(sweep(parameters={"lr": [1]}, earlyStopping=stopping))
+    assert words in str(refused.value)
+    spec = parse_sweep(sweep(parameters={"lr": [1]}, earlyStopping={"minTrials": 4}))
+    assert spec.early_stopping == MedianStopping(min_trials=4, min_step=1)

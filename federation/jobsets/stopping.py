@@ -1,0 +1,151 @@
+"""Early stopping of a sweep's losing trials (median stopping), run beside the set controller.
+
+Each pass reads, for every sweep with `earlyStopping` that is not cancelled, the intermediate
+values its trials printed (`gpufed-metric: NAME=VALUE step=N`): a running trial's from its live
+log (its first replica's pod, read through the member cluster as `gpufed logs` reads it), an ended
+trial's from its kept log tail (read once: it never changes). A running trial that the median rule
+condemns (`sweeps.median_stop`) is cancelled as `gpufed cancel` does it, the rule's reason as its
+message, so `gpufed sweep results` and `gpufed get` say why it ended. The decision is pure; this
+module only reads and writes.
+
+A trial whose cluster cannot be reached is left running this pass; one stopped by two servers at
+once is cancelled once (the cancel is a compare-and-swap on the job's revision).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+
+import structlog
+
+from federation.joblogs.archive import LogArchive, LogsSettings
+from federation.jobsets.records import JobSetRecord, MemberState
+from federation.jobsets.store import JobSetStore
+from federation.jobsets.sweeps import Goal, MedianStopping, history
+from federation.jobsets.sweeps import median_stop as decide
+from federation.store.job_cache import JobCache
+from federation.store.job_store import JobStore
+from federation.store.jobs import JobRecord
+from placement.model import JobId
+
+log = structlog.get_logger("gpufed.jobsets.stopping")
+
+# A running trial's log, as lines (None when it cannot be read now).
+LiveLines = Callable[[JobRecord], Awaitable[Sequence[str] | None]]
+
+DEFAULT_INTERVAL_S = 2.0
+
+
+def rule_of(record: JobSetRecord) -> MedianStopping | None:
+    raw = (record.sweep or {}).get("earlyStopping")
+    if not isinstance(raw, dict):
+        return None
+    return MedianStopping(min_trials=int(raw["minTrials"]), min_step=int(raw["minStep"]))
+
+
+class MedianStopper:
+    def __init__(
+        self,
+        *,
+        sets: JobSetStore,
+        store: JobStore,
+        cache: JobCache,
+        live_lines: LiveLines,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self._sets = sets
+        self._store = store
+        self._cache = cache
+        self._live_lines = live_lines
+        self._archive = LogArchive(sets.kv, LogsSettings())
+        self._interval_s = interval_s
+        # Ended trials' histories, by job: their kept logs never change.
+        self._ended: dict[JobId, dict[int, float]] = {}
+        self.stopped = 0
+
+    async def _kept(self, job: JobRecord, metric: str) -> dict[int, float]:
+        if job.job_id in self._ended:
+            return self._ended[job.job_id]
+        task = job.spec.tasks[0].name
+        data = await self._archive.log(job.job_id, job.attempt, task, 0)
+        # A kept line starts with its stamp; the metric is found wherever it is on the line.
+        values = history(data.decode("utf-8", "replace").splitlines(), metric)
+        if data:
+            self._ended[job.job_id] = values
+        return values
+
+    async def sweep_pass(self, record: JobSetRecord, rule: MedianStopping) -> int:
+        """Stop what the rule condemns in one sweep now; how many trials were stopped."""
+        metric = str(record.sweep["metric"]["name"]) if record.sweep else ""
+        goal = Goal(record.sweep["metric"]["goal"]) if record.sweep else Goal.MINIMIZE
+        running: list[tuple[JobRecord, dict[int, float]]] = []
+        histories: dict[JobId, dict[int, float]] = {}
+        for member in record.members:
+            if member.state is not MemberState.RELEASED:
+                continue
+            cached = self._cache.get(member.job_id)
+            if cached is None:
+                continue  # archived: ended long ago; its kept copy went with it
+            job = cached.value
+            if job.phase.is_terminal:
+                histories[job.job_id] = await self._kept(job, metric)
+                continue
+            if job.cancel_requested:
+                continue
+            lines = await self._live_lines(job)
+            if lines is None:
+                continue
+            values = history(lines, metric)
+            histories[job.job_id] = values
+            running.append((job, values))
+        stopped = 0
+        for job, values in running:
+            others = [h for j, h in histories.items() if j != job.job_id]
+            reason = decide(values, others, goal, rule)
+            if reason is not None and await self._cancel(job.job_id, reason):
+                stopped += 1
+                log.info(
+                    "sweep_trial_stopped",
+                    tenant=record.tenant,
+                    sweep=record.name,
+                    job_id=job.job_id,
+                    why=reason,
+                )
+        return stopped
+
+    async def _cancel(self, job_id: JobId, reason: str) -> bool:
+        for _ in range(5):
+            stored = await self._store.get_job(job_id)
+            if stored is None or stored.value.phase.is_terminal or stored.value.cancel_requested:
+                return False
+            updated = replace(stored.value, cancel_requested=True, message=reason)
+            if await self._store.commit([(updated, stored.mod_revision)]) is not None:
+                return True
+        return False
+
+    async def pass_once(self) -> int:
+        stopped = 0
+        for stored in await self._sets.list_stopping():
+            record = stored.value
+            rule = rule_of(record)
+            if rule is None or record.cancel_requested:
+                continue
+            try:
+                stopped += await self.sweep_pass(record, rule)
+            except Exception:
+                # One sweep's trouble must not stop the others' (the next pass tries it again).
+                log.exception("sweep_stopping_pass_failed", tenant=record.tenant, sweep=record.name)
+        self.stopped += stopped
+        return stopped
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.pass_once()
+            except Exception:
+                log.exception("sweep_stopping_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
