@@ -15,6 +15,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallRefused as Refused
 from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings
 from federation.jobsets.records import set_key
+from federation.jobsets.stopping import MedianStopper
 from federation.jobsets.store import PARAMS_ANNOTATION, PARAMS_DIR, PARAMS_VOLUME
 from federation.store.jobs import JobRecord
 from placement.model import JobPhase
@@ -149,3 +150,51 @@ async def test_another_tenant_learns_nothing_of_a_sweep_and_a_plain_set_has_no_r
     with pytest.raises(Refused) as refused:
         await results(world, "alice", "plain")
     assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_median_stopping_cancels_the_running_trial_that_loses_and_says_why(world: World) -> None:
+    sweep = {
+        "parameters": {"lr": [1, 2, 3, 4, 5]},
+        "metric": {"name": "loss", "goal": "minimize"},
+        "earlyStopping": {"type": "median", "minTrials": 2, "minStep": 1},
+    }
+    await submit_sweep(world, "alice", "stop-me", sweep)
+    await submit_sweep(world, "alice", "no-stopping", GRID)  # no earlyStopping: never looked at
+    trials = {dict(j.spec.tasks[0].env)["GPUFED_TRIAL"]: j for j in world.live("stop-me")}
+    steps = [f"gpufed-metric: loss={v} step={s}" for s, v in [(1, 0.5), (2, 0.4), (3, 0.3)]]
+    await end_printing(world, trials["0"], JobPhase.SUCCEEDED, *steps, "gpufed-metric: loss=0.3")
+    await end_printing(world, trials["1"], JobPhase.SUCCEEDED, *[line.replace("0.", "0.1") for line in steps])
+    # The running trials' live logs (the cluster's side is not under test here).
+    live = {
+        trials["2"].job_id: ["gpufed-metric: loss=0.9 step=1", "gpufed-metric: loss=0.8 step=2"],  # loses
+        trials["3"].job_id: ["gpufed-metric: loss=0.2 step=2"],  # wins
+        trials["4"].job_id: ["warming up"],  # nothing yet
+    }
+    read: list[str] = []
+
+    async def live_lines(job: JobRecord) -> list[str] | None:
+        read.append(job.job_id)
+        return live.get(job.job_id)
+
+    calls = world.service.job_sets
+    assert calls is not None
+    stopper = MedianStopper(sets=calls.sets, store=world.store, cache=world.cache, live_lines=live_lines)
+    assert await stopper.pass_once() == 1
+    assert sorted(read) == sorted(live)  # only the sweep with earlyStopping, only its running trials
+    # At step 2 the others stood at 0.4 (ended), 0.14 (ended) and 0.2 (running): median 0.2.
+    stopped = await world.store.get_job(trials["2"].job_id)
+    assert stopped is not None
+    assert stopped.value.cancel_requested
+    assert stopped.value.message == (
+        "early stopping (median rule): 0.8 at step 2 is worse than the median 0.2 of 3 other trials at that step"
+    )
+    for key in ("3", "4"):
+        left = await world.store.get_job(trials[key].job_id)
+        assert left is not None
+        assert not left.value.cancel_requested
+    # Asked once: the next pass does not cancel it again.
+    assert await stopper.pass_once() == 0
+    await world.end(trials["2"].job_id, JobPhase.CANCELLED)
+    shown = {t.key: t for t in (await results(world, "alice", "stop-me")).trials}
+    assert shown["trial-2"].phase == pb.JOB_PHASE_CANCELLED
+    assert shown["trial-2"].reason.startswith("early stopping (median rule)")
