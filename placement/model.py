@@ -141,14 +141,21 @@ class GangRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(self.replica_gpus))
         object.__setattr__(self, "anywhere", self.uniform and not self.pinning)
-        object.__setattr__(self, "decision_key", _deciding_fields(self))
+        key = _deciding_fields(self)
+        # The placement rules as plain tuples: a Pinning in the key was a Python-level hash on every
+        # lookup of the key (three a gang and cycle).
+        pinning = self.pinning
+        flat = () if not pinning else tuple(getattr(pinning, name) for name in pinning.__slots__)
+        object.__setattr__(self, "decision_key", (*key[:_PINNING_AT], flat, *key[_PINNING_AT + 1 :]))
 
 
 # Taken from the dataclass, so that a field added to GangRequest is part of the key without a change
 # here. The queue time is left out: only the private wait reads it, and a decision that did is not
 # reused (`CostModel.queue_time_reads`).
 _NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "anywhere", "decision_key"})
-_deciding_fields = attrgetter(*(f.name for f in fields(GangRequest) if f.name not in _NOT_DECIDING))
+_DECIDING = tuple(f.name for f in fields(GangRequest) if f.name not in _NOT_DECIDING)
+_deciding_fields = attrgetter(*_DECIDING)
+_PINNING_AT = _DECIDING.index("pinning")
 
 
 @dataclass(frozen=True, slots=True)

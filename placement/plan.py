@@ -165,20 +165,23 @@ class _Cycle:
         # The last wait decided for each kind of gang (`GangRequest.decision_key`), and the working
         # state it was decided on (`_state`): another gang of that kind decided on the same state waits
         # for the same reasons, so it takes them without the work. A deep queue is mostly such gangs.
-        # Two maps rather than one of pairs: a pair per decision made the garbage collector run more
-        # often, which cost a queue of all different gangs more than the reuse itself.
-        self._decided_on: dict[tuple[object, ...], int] = {}
-        self._decided: dict[tuple[object, ...], Waiting] = {}
-        # The gangs whose kind is queued more than once: the others skip the bookkeeping (a queue of
-        # all different gangs paid 5 to 9% for it). Gangs whose own held GPUs or leaving victims the
-        # cycle carries (`OrderedEvictions`) are left out: their decisions are their own.
-        first: dict[tuple[object, ...], JobId] = {}
-        repeated: set[JobId] = set()
+        # Kinds are numbered once per cycle (`_kind_of`, by job id, whose hash a string keeps), so a
+        # decision looks its kind up without hashing the key again; only gangs whose kind is queued
+        # more than once are numbered (a queue of all different gangs paid 5 to 9% for the
+        # bookkeeping), and not gangs whose own held GPUs or leaving victims the cycle carries
+        # (`OrderedEvictions`): their decisions are their own. Two lists rather than one of pairs: a
+        # pair per decision made the garbage collector run more often.
+        first: dict[tuple[object, ...], tuple[JobId, int]] = {}
+        kind_of: dict[JobId, int] = {}
         for g in snapshot.queued if reuse else ():
-            earlier = first.setdefault(g.decision_key, g.job_id)
-            if earlier != g.job_id:
-                repeated.update((earlier, g.job_id))
-        self._repeated = repeated - self.room.ordered.carried()
+            earlier = first.setdefault(g.decision_key, (g.job_id, len(first)))
+            if earlier[0] != g.job_id:
+                kind_of[earlier[0]] = kind_of[g.job_id] = earlier[1]
+        for job_id in self.room.ordered.carried():
+            kind_of.pop(job_id, None)
+        self._kind_of = kind_of
+        self._decided_on: list[int] = [-1] * len(first)
+        self._decided: list[Waiting | None] = [None] * len(first)
 
     def _state(self) -> int:
         """Grows whenever the cycle's working state changes in a way a decision could read.
@@ -201,12 +204,15 @@ class _Cycle:
 
     def decide(self, gang: GangRequest) -> None:
         """Admit the gang, or leave it waiting with its reasons; a wait may reuse an equal gang's."""
-        if gang.job_id not in self._repeated:
+        kind = self._kind_of.get(gang.job_id)
+        if kind is None:
             self._decide(gang)
             return
-        kind, state = gang.decision_key, self._state()
-        if self._decided_on.get(kind) == state:
-            self.waiting.append(self._decided[kind].for_job(gang.job_id))
+        state = self._state()
+        if self._decided_on[kind] == state:
+            earlier = self._decided[kind]
+            assert earlier is not None
+            self.waiting.append(earlier.for_job(gang.job_id))
             return
         reads, waiting = self.costs.queue_time_reads, len(self.waiting)
         self._decide(gang)
