@@ -20,7 +20,7 @@ from federation.cli.jobsets import API_VERSION, SetRequest, _job_text, counts_te
 from federation.cli.render import table
 
 _TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
-_SWEEP_KEYS = ("parameters", "search", "trials", "seed", "metric")
+_SWEEP_KEYS = ("parameters", "search", "trials", "seed", "metric", "earlyStopping")
 _SPEC_KEYS = ("template", "maxParallel", *_SWEEP_KEYS)
 
 

@@ -8,6 +8,12 @@ exits 3 if they disagree, and prints its loss, a known function of its values, a
 `gpufed-metric: loss=...` lines (the last counts). `gpufed sweep results -o json` must rank the
 trials by that function, best first; kubectl shows the pods carried the values. Another tenant gets
 NOT_FOUND for the sweep, as for one that does not exist.
+
+A random sweep of 50 trials with median stopping, 8 at once: each trial prints its loss at every
+step (`gpufed-metric: loss=V step=N`, falling as 1/N towards a floor set by its learning rate). The
+losers (floor 1 or more) step slowly, the others quickly; every loser must be stopped by the rule
+(CANCELLED, the rule's words as its reason, long before its 60 s would end) and the best trial must
+succeed and rank first.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ CLUSTERS: list[dict[str, Any]] = [
                 "kind": "private",
                 "usdPerGpuHour": 1.0,
                 "gpusPerNode": 4,
-                "nodes": 1,
+                "nodes": 2,
             }
         ],
     }
@@ -189,3 +195,73 @@ def test_a_grid_sweep_runs_its_trials_and_ranks_them_by_the_metric_they_print(
     assert "job set 'lr-grid' not found" in refused.stderr, refused.stderr
     missing = cli(fed, "bob", "sweep", "results", "no-such-sweep")
     assert refused.stderr.replace("lr-grid", "X") == missing.stderr.replace("no-such-sweep", "X")
+
+
+# A trial of the stopping sweep: floor (log10(lr) + 3)^2, so lr near 1e-3 wins; a loser (floor >= 1)
+# takes 0.5 s a step for 120 steps (a minute), a winner 0.02 s for 20.
+STEPPING = """
+import math, os, time
+lr = float(os.environ["GPUFED_PARAM_LR"])
+floor = (math.log10(lr) + 3) ** 2
+loser = floor >= 1
+for step in range(1, 121 if loser else 21):
+    print(f"gpufed-metric: loss={floor + 1 / step!r} step={step}", flush=True)
+    time.sleep(0.5 if loser else 0.02)
+print(f"gpufed-metric: loss={floor!r}", flush=True)
+"""
+
+
+def floor_of(lr: float) -> float:
+    import math
+
+    return (math.log10(lr) + 3) ** 2
+
+
+def test_median_stopping_ends_the_losing_trials_and_ranks_the_rest(
+    fed: ServerProcess, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(sweep_file())
+    doc["metadata"]["name"] = "lr-stop"
+    doc["spec"] = {
+        "maxParallel": 8,
+        "search": "random",
+        "trials": 50,
+        "seed": 11,
+        "parameters": {"lr": {"min": 1e-5, "max": 1e-1, "log": True}},
+        "metric": {"name": "loss", "goal": "minimize"},
+        "earlyStopping": {"type": "median", "minTrials": 3, "minStep": 2},
+        "template": doc["spec"]["template"],
+    }
+    doc["spec"]["template"]["spec"]["tasks"][0]["command"] = [sys.executable, "-c", STEPPING]
+    path = tmp_path / "stop.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = cli(fed, "alice", "submit", str(path))
+    assert done.returncode == 0, done.stderr
+
+    def finished() -> pb.JobSet | None:
+        with fed.client("alice") as alice:
+            shown = alice.get_set("lr-stop")
+        return shown if shown.done else None
+
+    wait_for(finished, timeout_s=400, interval_s=1.0)
+    out = cli(fed, "alice", "sweep", "results", "lr-stop", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    trials = json.loads(out.stdout)["trials"]
+    assert len(trials) == 50
+    lrs = {t["key"]: float(t["parameters"][0]["value"]) for t in trials}
+    losers = [t for t in trials if floor_of(lrs[t["key"]]) >= 1]
+    assert losers, "the seed gives losers (lr far from 1e-3)"
+    for t in losers:
+        assert t["phase"] == "JOB_PHASE_CANCELLED", t
+        assert t["reason"].startswith("early stopping (median rule): "), t
+    # The best trial ran to its end and ranks first, with its floor as its metric.
+    best = min(trials, key=lambda t: floor_of(lrs[t["key"]]))
+    assert trials[0]["key"] == best["key"], (trials[0], best)
+    assert best["phase"] == "JOB_PHASE_SUCCEEDED"
+    assert best["metric"] == pytest.approx(floor_of(lrs[best["key"]]))
+    # Ranked best first by the metric each printed last; every succeeded trial's is its floor.
+    metrics = [t["metric"] for t in trials if "metric" in t]
+    assert metrics == sorted(metrics)
+    for t in trials:
+        if t["phase"] == "JOB_PHASE_SUCCEEDED":
+            assert t["metric"] == pytest.approx(floor_of(lrs[t["key"]])), t
