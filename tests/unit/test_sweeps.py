@@ -211,3 +211,41 @@ def test_bad_early_stopping_is_named(stopping: Any, words: str) -> None:
     assert words in str(refused.value)
     spec = parse_sweep(sweep(parameters={"lr": [1]}, earlyStopping={"minTrials": 4}))
     assert spec.early_stopping == MedianStopping(min_trials=4, min_step=1)
+
+
+def test_the_sweep_in_the_user_guide_is_one_gpufed_accepts() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from federation.cli.sweeps import sweep_request
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "jobsets.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```yaml\n")[1:]]
+    (text,) = [b for b in blocks if "kind: Sweep" in b]
+    request = sweep_request(yaml.safe_load(text))
+    spec = parse_sweep(json.loads(request.sweep))
+    assert (request.name, request.max_parallel, spec.trials, spec.seed) == ("lr-sweep", 8, 40, 7)
+    assert spec.early_stopping == MedianStopping(min_trials=3, min_step=2)
+    assert len(expand(spec)) == 40
+    # The errors the guide quotes are the ones given.
+    for line in page.splitlines():
+        if line.startswith("INVALID_ARGUMENT: sweep "):
+            assert line.removeprefix("INVALID_ARGUMENT: ") in _quoted_errors(), line
+
+
+def _quoted_errors() -> set[str]:
+    cases = [
+        sweep(parameters={"lr": []}),
+        sweep(search="random", trials=3, parameters={"lr": {"min": 0.5, "max": 0.1}}),
+        sweep(search="bayes", parameters={"lr": [1]}),
+        sweep(search="random", trials=MAX_TRIALS + 1, parameters={"lr": [1]}),
+        sweep(parameters={"a": list(range(30)), "b": list(range(30))}),
+        sweep(parameters={"lr": {"min": 0.1, "max": 1}}),
+    ]
+    out = set()
+    for raw in cases:
+        with pytest.raises(InvalidArgument) as refused:
+            parse_sweep(raw)
+        out.add(str(refused.value))
+    return out
