@@ -64,6 +64,7 @@ class MedianStopper:
         self._interval_s = interval_s
         # Ended trials' histories, by job: their kept logs never change.
         self._ended: dict[JobId, dict[int, float]] = {}
+        self._seen: set[JobId] = set()
         self.stopped = 0
 
     async def _kept(self, job: JobRecord, metric: str) -> dict[int, float]:
@@ -81,15 +82,17 @@ class MedianStopper:
         """Stop what the rule condemns in one sweep now; how many trials were stopped."""
         metric = str(record.sweep["metric"]["name"]) if record.sweep else ""
         goal = Goal(record.sweep["metric"]["goal"]) if record.sweep else Goal.MINIMIZE
+        jobs = [
+            cached.value
+            for m in record.members
+            if m.state is MemberState.RELEASED and (cached := self._cache.get(m.job_id)) is not None
+        ]  # a job not in the cache was archived: ended long ago, its kept copy gone with it
+        if not any(not j.phase.is_terminal and not j.cancel_requested for j in jobs):
+            return 0  # nothing to stop: no log is read (a finished sweep costs a cache look a pass)
         running: list[tuple[JobRecord, dict[int, float]]] = []
         histories: dict[JobId, dict[int, float]] = {}
-        for member in record.members:
-            if member.state is not MemberState.RELEASED:
-                continue
-            cached = self._cache.get(member.job_id)
-            if cached is None:
-                continue  # archived: ended long ago; its kept copy went with it
-            job = cached.value
+        for job in jobs:
+            self._seen.add(job.job_id)
             if job.phase.is_terminal:
                 histories[job.job_id] = await self._kept(job, metric)
                 continue
@@ -128,6 +131,7 @@ class MedianStopper:
 
     async def pass_once(self) -> int:
         stopped = 0
+        self._seen = set()
         for stored in await self._sets.list_stopping():
             record = stored.value
             rule = rule_of(record)
@@ -138,6 +142,8 @@ class MedianStopper:
             except Exception:
                 # One sweep's trouble must not stop the others' (the next pass tries it again).
                 log.exception("sweep_stopping_pass_failed", tenant=record.tenant, sweep=record.name)
+        # Only the histories of sweeps still running are kept from one pass to the next.
+        self._ended = {j: h for j, h in self._ended.items() if j in self._seen}
         self.stopped += stopped
         return stopped
 
