@@ -42,7 +42,8 @@ def sweep_request(
     unknown = sorted(set(spec) - set(_SPEC_KEYS))
     if unknown:
         raise click.BadParameter(f"Sweep spec: unknown key {unknown[0]!r} (known: {', '.join(_SPEC_KEYS)})")
-    set_name = name or str(metadata.get("name") or "") if isinstance(metadata, dict) else name
+    written = str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
+    set_name = name or written
     if not set_name:
         raise click.BadParameter("Sweep metadata.name: required (or give --set NAME)")
     limit = max_parallel or spec.get("maxParallel") or 0
