@@ -27,6 +27,7 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.history.config import HistorySettings, resolve_dsn
 from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.etcd_process import EtcdProcess
+from federation.secrets.keyfile import create_key_file
 from tests.e2e.harness import ServerProcess, manifest
 from tests.history_builders import an_archived_job, with_kept_tails
 
@@ -65,6 +66,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
                 f"  lab-cache: {{kind: local, root: {root / 'lab-cache'}}}\n")  # fmt: skip
     etcd = EtcdProcess(root / "etcd")
     etcd.start()
+    # The key that seals tenants' secrets, beside the state as `gpufed up` makes it.
+    create_key_file(root / "state" / "secrets.key")
     process = ServerProcess(etcd.endpoint, root / "state", config=config)
     try:
         process.start()
@@ -78,6 +81,14 @@ def _job(server: ServerProcess, tenant: str) -> str:
     """A job of `tenant` that waits forever (no such GPU type), created by the admin."""
     with server.client("admin") as admin:
         return admin.submit(manifest("matrix", gpu="B200", tenant=tenant)).job_id
+
+
+def _secret(server: ServerProcess, tenant: str) -> str:
+    """A secret of `tenant`, put by the admin (again: a new version). Names are per tenant."""
+    name = f"m-{tenant}"
+    with server.client("admin") as admin:
+        admin.put_secret(name, {"token": b"s3cr3t"}, tenant=tenant)
+    return name
 
 
 def _set(server: ServerProcess, tenant: str) -> str:
@@ -183,6 +194,11 @@ CALLS: dict[str, Call] = {
     "CancelJobSet": lambda c, s, t: c.cancel_set(_set(s, t), tenant=t),
     "ResubmitJobSet": lambda c, s, t: c.resubmit_set(_set(s, t), tenant=t),
     "GetSweepResults": lambda c, s, t: c.sweep_results(_sweep(s, t), tenant=t),
+    # Tenant secrets (issue 32): members manage their own tenant's, admins any tenant's; nobody
+    # else touches them, and no call returns a value.
+    "PutSecret": lambda c, s, t: c.put_secret(f"p-{t}", {"k": b"v"}, tenant=t),
+    "ListSecrets": lambda c, s, t: c.list_secrets(tenant=t),
+    "DeleteSecret": lambda c, s, t: c.delete_secret(_secret(s, t), tenant=t),
 }
 
 # call -> role -> (result on the member's own tenant's objects, on another tenant's). For the
@@ -252,6 +268,9 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "CancelJobSet": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "ResubmitJobSet": {"admin": (FP, FP), "infra": (PD, PD), "finance": (NF, NF), "member": (FP, NF)},
     "GetSweepResults": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "PutSecret": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
+    "ListSecrets": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
+    "DeleteSecret": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
 }
 
 CASES = [
@@ -335,6 +354,9 @@ def test_a_members_lists_hold_only_its_own_tenant(server: ServerProcess) -> None
         _dataset(server, OWN)
         _dataset(server, OTHER)
         assert {d.tenant for d in DatasetsClient(alice).list().datasets} == {OWN}
+        _secret(server, OWN)
+        _secret(server, OTHER)
+        assert {x.tenant for x in alice.list_secrets().secrets} == {OWN}
         seen: set[str] = set()
         # The stream runs until its deadline; everything it sent before then is alice's tenant's.
         with pytest.raises(grpc.RpcError) as ended:
