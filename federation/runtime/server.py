@@ -51,6 +51,7 @@ from federation.joblogs.archive import LogArchive, LogsSettings, get_logs_settin
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
+from federation.runtime.heap import HeapFreezer
 from federation.runtime.history_wiring import history_shown, open_history
 from federation.runtime.members_service import MembersService
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
@@ -90,6 +91,8 @@ TENANT_REFRESH_S = 2.0
 # per call (issue 30, item 15: another tenant's ListJobs p99 rose 2 to 4 times). At 0.5 ms the loop
 # gets it back ten times sooner; the plan's switches cost it little (bench/listjobs_queue.py).
 SWITCH_INTERVAL_S = 0.0005
+# How often the server looks whether its heap should be frozen again (`federation.runtime.heap`).
+HEAP_CHECK_S = 5.0
 LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
@@ -189,6 +192,7 @@ class FederationServer:
         self._ledger: LedgerCache | None = None
         self._election: LeaderElection | None = None
         self._leader_task: asyncio.Task[None] | None = None
+        self._heap_task: asyncio.Task[None] | None = None
         self._http: web.AppRunner | None = None
         self.members: MemberClusters | None = None
         self._stores: StoreDirectory | None = None
@@ -417,6 +421,7 @@ class FederationServer:
             self._compactor = Compactor(self._kv, retention_s=cfg.etcd_compaction_retention_s)
         self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
         self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
+        self._heap_task = asyncio.create_task(self._keep_heap(), name="gpufed-heap")
         log.info(
             "server_started",
             # What a restart spends before it serves (issue 19): listing etcd's jobs and intervals.
@@ -632,7 +637,19 @@ class FederationServer:
         finally:
             self._cache.unsubscribe(changes)
 
+    async def _keep_heap(self) -> None:
+        """Freezes the long-lived heap as the job cache grows (`federation.runtime.heap`)."""
+        freezer = HeapFreezer()
+        while True:
+            await asyncio.sleep(HEAP_CHECK_S)
+            if self._cache is not None:
+                freezer.tick(self._cache.count())
+
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self._heap_task is not None:
+            self._heap_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heap_task
         if self._leader_task is not None:
             self._leader_task.cancel()
             # Bounded: a stop that hangs is worse than one that leaves a stuck task behind (the

@@ -86,6 +86,10 @@ class JobCache:
     def jobs(self) -> list[Stored[JobRecord]]:
         return list(self._jobs.values())
 
+    def count(self) -> int:
+        """How many jobs the cache holds (etcd's), without copying them."""
+        return len(self._jobs)
+
     def ordered(
         self,
         tenant: TenantId | None = None,
