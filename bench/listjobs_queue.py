@@ -34,6 +34,25 @@ as a range: 1.5 to 2.4 before, 1.3 to 1.4 after, p50 unchanged beside the queue.
 the plan's CPU itself (1.4 to 1.7 s a cycle here, a quarter of the time, on the same two cores):
 planning in a process of its own would take it off the API's core.
 
+2026-11-30: a third server with the same running jobs and churn but 400 queued tells the queue's
+depth apart from bob's running work (`*_deep_to_shallow`). The cycle's walks of the queue moved off
+the event loop, it steps aside while calls are in flight (`federation.scheduling.yielding`), equal
+gangs share one decision (`placement.plan`), and the heap is frozen as the cache grows
+(`federation.runtime.heap`). A cycle over the 20,000 went from 1.4 to 1.7 s of wall to about 0.2 s,
+and its CPU (`placer_cycle_cpu_ms_beside_queue`) is 100 to 160 ms here (47 ms offline for the same
+queue). Quiet machine (load 2 to 3), `--concurrency 1 --seconds 15`, six runs:
+
+| | alone p99 | beside 400 p99 | beside 20,000 p99 | p99 ratio | deep to shallow | p50 ratio | lists/s ratio |
+|---|---|---|---|---|---|---|---|
+| before the heap freeze (3 runs) | 4.1 to 5.3 ms | 4.2 to 5.4 ms | 5.5 to 7.5 ms | 1.03 to 1.81 | 1.02 to 1.67 | 0.99 to 1.03 | 0.85 to 1.02 |
+| with it (3 runs) | 3.8 to 4.4 ms | 4.4 to 5.0 ms | 7.7 to 8.0 ms | 1.81 to 2.02 | 1.61 to 1.76 | 1.01 to 1.04 | 0.83 to 0.87 |
+
+The p99 beside the deep queue is 6 to 8 ms, against 21 to 23 ms at the start of the day and 19 ms
+in the issue; p50 does not move. But the p99 ratio is still 1.0 to 2.0: what remains is the
+cycle's own CPU on the same two cores and the GIL, about 10% of it at one cycle a second. The heap
+freeze removes the garbage collector's 40 ms pauses (a probe thread's worst wake-up beside a cycle,
+44 ms to 3 ms), which touch the slowest calls, not the p99.
+
     python bench/listjobs_queue.py            # 20,000 of bob's jobs, 20 s measured per server
     python bench/listjobs_queue.py --quick    # 5,000 of bob's jobs, 4 s per server (about a minute)
     python bench/listjobs_queue.py --concurrency 1 --seconds 15   # the figures above
