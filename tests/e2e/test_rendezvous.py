@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +106,15 @@ def kubectl(sims: SimProcess, cluster: str, *args: str) -> str:
     return sim_kubectl(sims, cluster, *args).stdout
 
 
+def follow_log(sims: SimProcess, cluster: str, namespace: str, pod: str) -> subprocess.Popen[str]:
+    """`kubectl logs -f` of a pod, started as soon as it exists (retrying until it has a container
+    to follow): its output is the pod's whole log even if the pod is deleted before the end."""
+    assert KUBECTL is not None
+    command = [KUBECTL, "--kubeconfig", str(sims.kubeconfig), "--context", cluster, "logs", "-f",
+               "-n", namespace, pod, "--pod-running-timeout=60s"]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
 def finished(fed: ServerProcess, user: str, job_id: str) -> str | None:
     name = str(pb.JobPhase.Name(job_of(fed, user, job_id).phase)).removeprefix("JOB_PHASE_")
     return name if name in ("SUCCEEDED", "FAILED", "CANCELLED") else None
@@ -132,10 +142,12 @@ def test_two_pods_of_two_processes_complete_an_allreduce(
     wait_for(lambda: len(gang_pods(sims, cluster, job_id)) == 2, timeout_s=60)
     pods = sorted(gang_pods(sims, cluster, job_id), key=lambda p: p.metadata.name)
     assert {p.metadata.namespace for p in pods} == {"gpufed-nlp"}
+    # Followed from the start with `kubectl logs -f`: when the master task ends, Volcano ends the
+    # job and its other pods go, and a log asked for afterwards is NotFound (a busy machine's run
+    # once finished the master before the worker's log was read).
+    followers = {p.metadata.name: follow_log(sims, cluster, "gpufed-nlp", p.metadata.name) for p in pods}
     wait_for(lambda: finished(fed, "bob", job_id) is not None, timeout_s=240)
-    logs = {
-        p.metadata.name: kubectl(sims, cluster, "logs", "-n", "gpufed-nlp", p.metadata.name) for p in pods
-    }
+    logs = {name: follower.communicate(timeout=60)[0] for name, follower in followers.items()}
     assert finished(fed, "bob", job_id) == "SUCCEEDED", logs
     ranks: dict[int, str] = {}
     for text in logs.values():

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.cli.render import explain_text, jobs_table
+from federation.cli.render import explain_text
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.contract.kube.kubectl import KUBECTL
@@ -48,8 +48,9 @@ CLUSTERS: list[dict[str, Any]] = [
         ],
     },
     {
-        # No Volcano: a gang whose replicas differ cannot be made into one Indexed Job, so this
-        # cluster refuses it on every try, as one with a rejecting admission webhook would.
+        # No Volcano: a gang whose replicas differ cannot be made into one Indexed Job, and the
+        # placer never sends it here (tests/e2e/test_refused_dispatch.py); a cheap L4 cluster
+        # beside the A100 one.
         "name": "refuser",
         "provider": "gcp",
         "region": "us-east4",
@@ -66,19 +67,6 @@ CLUSTERS: list[dict[str, Any]] = [
         ],
     },
 ]
-
-UNEVEN = """apiVersion: gpufed.io/v1
-kind: TrainingJob
-metadata:
-  name: uneven
-  annotations:
-    sim.gpufed.io/duration: "60s"
-spec:
-  gpuTypes: [L4]
-  tasks:
-    - {name: master, replicas: 1, image: "pytorch/pytorch:2.3", gpus: 1}
-    - {name: worker, replicas: 1, image: "pytorch/pytorch:2.3", gpus: 2}
-"""
 
 
 @pytest.fixture
@@ -175,20 +163,3 @@ def test_an_approved_urgent_job_makes_room_under_its_tenants_cap_and_explain_say
     # Another tenant sees none of it.
     with fed.client("bob") as bob:
         assert paper not in {j.job_id for j in bob.list_all()}
-
-
-def test_a_refused_job_says_why_it_waits_in_get_and_list(fed: ServerProcess) -> None:
-    with fed.client("alice") as alice:
-        job_id = alice.submit(UNEVEN).job_id
-
-    def waiting_says_why() -> pb.Job | None:
-        job = job_of(fed, "alice", job_id)
-        return job if job.phase == pb.JOB_PHASE_ADMITTED and job.reason else None
-
-    job = wait_for(waiting_says_why, timeout_s=20)
-    assert job.reason.startswith("waiting to dispatch again: cluster refuser refused its gang"), job.reason
-    assert "next try at" in job.reason
-    with fed.client("alice") as alice:
-        table = jobs_table(list(alice.list_all()))
-    (row,) = [line for line in table.splitlines() if line.startswith(job_id)]
-    assert "waiting to dispatch again" in row, table
