@@ -59,6 +59,25 @@ def is_job_set(document: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(document, dict) and document.get("kind") in (JOBSET_KIND, SWEEP_KIND)
 
 
+def document_parts(
+    document: dict[str, Any], kind: str, spec_keys: tuple[str, ...], spec_needs: str
+) -> tuple[Any, dict[str, Any]]:
+    """A JobSet's or Sweep's metadata and spec, after the checks both share: known top-level and spec
+    keys, the API version, a spec that is a mapping. Errors name the kind and the key."""
+    unknown = sorted(set(document) - set(_TOP_KEYS))
+    if unknown:
+        raise click.BadParameter(f"{kind}: unknown key {unknown[0]!r} (known: {', '.join(_TOP_KEYS)})")
+    if document.get("apiVersion") != API_VERSION:
+        raise click.BadParameter(f"{kind} apiVersion: must be {API_VERSION!r}")
+    spec = document.get("spec")
+    if not isinstance(spec, dict):
+        raise click.BadParameter(f"{kind} spec: required, with {spec_needs}")
+    unknown = sorted(set(spec) - set(spec_keys))
+    if unknown:
+        raise click.BadParameter(f"{kind} spec: unknown key {unknown[0]!r} (known: {', '.join(spec_keys)})")
+    return document.get("metadata") or {}, spec
+
+
 def set_request(
     document: dict[str, Any], *, name: str = "", array: str = "", max_parallel: int = 0
 ) -> SetRequest:
@@ -67,18 +86,7 @@ def set_request(
         from federation.cli.sweeps import sweep_request
 
         return sweep_request(document, name=name, array=array, max_parallel=max_parallel)
-    unknown = sorted(set(document) - set(_TOP_KEYS))
-    if unknown:
-        raise click.BadParameter(f"JobSet: unknown key {unknown[0]!r} (known: {', '.join(_TOP_KEYS)})")
-    if document.get("apiVersion") != API_VERSION:
-        raise click.BadParameter(f"JobSet apiVersion: must be {API_VERSION!r}")
-    metadata = document.get("metadata") or {}
-    spec = document.get("spec")
-    if not isinstance(spec, dict):
-        raise click.BadParameter("JobSet spec: required, with jobs (a list) or array and template")
-    unknown = sorted(set(spec) - set(_SPEC_KEYS))
-    if unknown:
-        raise click.BadParameter(f"JobSet spec: unknown key {unknown[0]!r} (known: {', '.join(_SPEC_KEYS)})")
+    metadata, spec = document_parts(document, JOBSET_KIND, _SPEC_KEYS, "jobs (a list) or array and template")
     set_name = name or str(metadata.get("name") or "")
     if not set_name:
         raise click.BadParameter("JobSet metadata.name: required (or give --set NAME)")

@@ -16,10 +16,9 @@ import click
 
 from federation.api.convert import phase_name
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.cli.jobsets import API_VERSION, SetRequest, _job_text, counts_text
+from federation.cli.jobsets import SetRequest, _job_text, counts_text, document_parts
 from federation.cli.render import table
 
-_TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _SWEEP_KEYS = ("parameters", "search", "trials", "seed", "metric", "earlyStopping")
 _SPEC_KEYS = ("template", "maxParallel", *_SWEEP_KEYS)
 
@@ -30,18 +29,7 @@ def sweep_request(
     """A Sweep document as SubmitJobSet takes it; `--set` and `--max-parallel` win over the file."""
     if array:
         raise click.BadParameter("--array: a Sweep's trials come from its parameters, not from an array")
-    unknown = sorted(set(document) - set(_TOP_KEYS))
-    if unknown:
-        raise click.BadParameter(f"Sweep: unknown key {unknown[0]!r} (known: {', '.join(_TOP_KEYS)})")
-    if document.get("apiVersion") != API_VERSION:
-        raise click.BadParameter(f"Sweep apiVersion: must be {API_VERSION!r}")
-    metadata = document.get("metadata") or {}
-    spec = document.get("spec")
-    if not isinstance(spec, dict):
-        raise click.BadParameter("Sweep spec: required, with template, parameters and metric")
-    unknown = sorted(set(spec) - set(_SPEC_KEYS))
-    if unknown:
-        raise click.BadParameter(f"Sweep spec: unknown key {unknown[0]!r} (known: {', '.join(_SPEC_KEYS)})")
+    metadata, spec = document_parts(document, "Sweep", _SPEC_KEYS, "template, parameters and metric")
     written = str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
     set_name = name or written
     if not set_name:
