@@ -91,8 +91,17 @@ class OrderedEvictions:
         grace_s = max(
             policy.default_grace_period_s if g.grace_period_s is None else g.grace_period_s for g in leaving
         )
-        message = (
-            f"waiting for {len(leaving)} gangs ordered evicted for this job to leave cluster {cluster} "
-            f"({gpu_type}); their capacity is held for this job"
-        )
+        if all(g.tenant == gang.tenant for g in leaving):
+            # Its own tenant's gangs make room for it (an approved class under its cap, or its own
+            # lower priorities): said for as long as they leave, not only in the cycle that chose them.
+            whose = f"of tenant {gang.tenant}'s own lower-priority gangs, ordered evicted for this job,"
+            message = (
+                f"waiting for {len(leaving)} {whose} to leave cluster {cluster} ({gpu_type}); "
+                "their capacity is held for this job"
+            )
+        else:
+            message = (
+                f"waiting for {len(leaving)} gangs ordered evicted for this job to leave cluster {cluster} "
+                f"({gpu_type}); their capacity is held for this job"
+            )
         return WaitReason(Code.PREEMPTING, message, cluster, gpu_type, at_s=now + grace_s), gpu_type
