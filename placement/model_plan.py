@@ -174,9 +174,6 @@ class Explanation(Protocol):
     def build(self) -> tuple[WaitReason, ...]: ...
 
 
-_set = object.__setattr__
-
-
 class Waiting:
     """A job left waiting, and every reason why, most fundamental first.
 
@@ -198,22 +195,24 @@ class Waiting:
         object.__setattr__(self, "_explanation", None)
 
     @classmethod
-    def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
-        """A wait whose reasons are worded from `explanation` when first read."""
+    def _of(
+        cls, job_id: JobId, reasons: tuple[WaitReason, ...] | None, explanation: Explanation | None
+    ) -> Waiting:
+        """A wait from its slots as they are, without `__init__`'s copy (thousands a cycle)."""
         waiting = cls.__new__(cls)
         object.__setattr__(waiting, "job_id", job_id)
-        object.__setattr__(waiting, "_reasons", None)
+        object.__setattr__(waiting, "_reasons", reasons)
         object.__setattr__(waiting, "_explanation", explanation)
         return waiting
 
+    @classmethod
+    def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
+        """A wait whose reasons are worded from `explanation` when first read."""
+        return cls._of(job_id, None, explanation)
+
     def for_job(self, job_id: JobId) -> Waiting:
-        """The same wait for another job (a gang that waits for the same reasons): a copy of its
-        slots under the new id, without `__init__`'s checks (a deep queue makes thousands a cycle)."""
-        waiting = Waiting.__new__(Waiting)
-        _set(waiting, "job_id", job_id)
-        _set(waiting, "_reasons", self._reasons)
-        _set(waiting, "_explanation", self._explanation)
-        return waiting
+        """The same wait for another job (a gang that waits for the same reasons)."""
+        return Waiting._of(job_id, self._reasons, self._explanation)
 
     @property
     def reasons(self) -> tuple[WaitReason, ...]:

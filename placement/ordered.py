@@ -64,8 +64,9 @@ class OrderedEvictions:
         return next((o for o in offers if o.view.cluster == first.cluster), None)
 
     def carried(self) -> frozenset[JobId]:
-        """The jobs the cycle holds GPUs or leaving victims for, as it starts."""
-        return frozenset(self.leaving) | frozenset(self._held)
+        """The jobs the cycle holds leaving victims (and maybe GPUs: `_held` is keyed by some of
+        them) for, as it starts."""
+        return frozenset(self.leaving)
 
     def release(self, job_id: JobId) -> None:
         """The gang's turn: give back what was held for it since the start of the cycle."""
@@ -91,17 +92,14 @@ class OrderedEvictions:
         grace_s = max(
             policy.default_grace_period_s if g.grace_period_s is None else g.grace_period_s for g in leaving
         )
+        # Its own tenant's gangs making room for it (an approved class under its cap, or its own lower
+        # priorities) are named so for as long as they leave, not only in the cycle that chose them.
         if all(g.tenant == gang.tenant for g in leaving):
-            # Its own tenant's gangs make room for it (an approved class under its cap, or its own
-            # lower priorities): said for as long as they leave, not only in the cycle that chose them.
             whose = f"of tenant {gang.tenant}'s own lower-priority gangs, ordered evicted for this job,"
-            message = (
-                f"waiting for {len(leaving)} {whose} to leave cluster {cluster} ({gpu_type}); "
-                "their capacity is held for this job"
-            )
         else:
-            message = (
-                f"waiting for {len(leaving)} gangs ordered evicted for this job to leave cluster {cluster} "
-                f"({gpu_type}); their capacity is held for this job"
-            )
+            whose = "gangs ordered evicted for this job"
+        message = (
+            f"waiting for {len(leaving)} {whose} to leave cluster {cluster} ({gpu_type}); "
+            "their capacity is held for this job"
+        )
         return WaitReason(Code.PREEMPTING, message, cluster, gpu_type, at_s=now + grace_s), gpu_type
