@@ -104,6 +104,23 @@ class JobPlacement:
 
 
 @dataclass(frozen=True, slots=True)
+class BurstOffer:
+    """What bursting at once would have cost an attempt (issue 35): the cheapest public offer the
+    placer saw for the gang in the first cycle that considered this attempt, while it chose to wait
+    for private GPUs or placed it. The savings report prices the attempt's run at this offer for the
+    counterfactual ("burst at once") against what the ledger says it paid, and the extra queueing
+    time from `seen_at_s`. None when no public offer fitted the gang then (nothing to burst to).
+    """
+
+    cluster: ClusterName
+    gpu_type: GpuType
+    kind: CapacityKind
+    usd_per_gpu_hour: float
+    seen_at_s: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class PreemptionOrder:
     """The scheduler's decision to evict this job's running gang so that another job fits, or, for
     a move (`move_to`), so that the job resumes from its checkpoint on idle private GPUs.
@@ -171,6 +188,9 @@ class JobRecord:
     # its index when the set is an array. Records written before the fields existed have neither.
     job_set: str = ""
     array_index: int | None = None
+    # The current attempt's burst-at-once alternative, written by the scheduler (issue 35); None on
+    # records written before the field existed and while the placer has not yet considered it.
+    burst_offer: BurstOffer | None = None
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -364,7 +384,32 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         ],
         # Only a set's jobs carry these: every other record stays as it was written before them.
         **({"job_set": job.job_set, "array_index": job.array_index} if job.job_set else {}),
+        **({"burst_offer": _burst_offer_to_dict(job.burst_offer)} if job.burst_offer else {}),
     }
+
+
+def _burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
+    return {
+        "cluster": b.cluster,
+        "gpu_type": b.gpu_type,
+        "kind": b.kind.value,
+        "usd_per_gpu_hour": b.usd_per_gpu_hour,
+        "seen_at_s": b.seen_at_s,
+        "attempt": b.attempt,
+    }
+
+
+def _burst_offer_from_dict(d: dict[str, Any] | None) -> BurstOffer | None:
+    if d is None:
+        return None
+    return BurstOffer(
+        cluster=ClusterName(d["cluster"]),
+        gpu_type=GpuType(d["gpu_type"]),
+        kind=CapacityKind(d["kind"]),
+        usd_per_gpu_hour=float(d["usd_per_gpu_hour"]),
+        seen_at_s=float(d["seen_at_s"]),
+        attempt=int(d["attempt"]),
+    )
 
 
 # Phases by their value: a dict lookup, where `JobPhase(value)` costs a few microseconds, and a
@@ -411,6 +456,7 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         reason=str(d.get("reason", "")),
         job_set=str(d.get("job_set", "")),
         array_index=None if d.get("array_index") is None else int(d["array_index"]),
+        burst_offer=_burst_offer_from_dict(d.get("burst_offer")),
         events=tuple(
             [
                 PhaseEvent(

@@ -35,6 +35,7 @@ from federation.store.job_store import (
     paused_gc,
 )
 from federation.store.jobs import (
+    BurstOffer,
     DispatchRefusal,
     JobPlacement,
     JobRecord,
@@ -102,7 +103,13 @@ def _varied_jobs() -> list[JobRecord]:
         preemption=None,
         events=(*running.events, PhaseEvent(JobPhase.SUCCEEDED, 20.0, 3, "done")),
     )
-    return [base, running, with_dataset, ended, moving]
+    # A job whose attempt waited for private GPUs, with what bursting at once would have cost.
+    waited = replace(
+        running,
+        job_id=JobId("waited"),
+        burst_offer=BurstOffer(ClusterName("aws"), GpuType("H100"), CapacityKind.ON_DEMAND, 4.1, 12.0, 3),
+    )
+    return [base, running, with_dataset, ended, moving, waited]
 
 
 @pytest.mark.parametrize("job", _varied_jobs(), ids=lambda j: j.job_id)
