@@ -72,6 +72,9 @@ _INTERVAL_COLUMNS = (
     "usd_per_gpu_hour",
     "ended",
     "job_name",
+    "job_set",
+    "set_kind",
+    *rows.OFFER_COLUMNS,
 )
 
 
@@ -575,10 +578,13 @@ def intervals_page(conn: Connection, query: IntervalQuery) -> IntervalPage:
             float(r[12]),
             ends.get(r[13]),
             r[14],
+            r[15] or "",
+            r[16] or "",
+            rows.offer_from_columns(int(r[1]), *r[17:22]),
         )
         for r in page
     )
     more = len(found) > query.limit
     return IntervalPage(
-        intervals=intervals, next_after=(str(page[-1][15]), str(page[-1][16])) if more else None
+        intervals=intervals, next_after=(str(page[-1][22]), str(page[-1][23])) if more else None
     )

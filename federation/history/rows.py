@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,8 +16,9 @@ from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob
 from federation.store import money
 from federation.store.intervals import LedgerInterval, interval_from_dict, interval_to_dict
 from federation.store.job_store import wait_to_dict, waits_from_json
-from federation.store.jobs import JobRecord, job_from_json, job_to_dict
+from federation.store.jobs import BurstOffer, JobRecord, job_from_json, job_to_dict
 from federation.store.money import piece_micro_usd
+from placement.model import CapacityKind, ClusterName, GpuType
 
 DAY_S = money.DAY_S
 
@@ -90,7 +92,48 @@ def interval_row(iv: LedgerInterval) -> dict[str, Any]:
     d["interval_id"] = interval_id(iv.job_id, iv.attempt)
     d["user_name"] = d.pop("user")
     d["ended"] = d["ended"] or ""
+    d["job_set"] = iv.job_set
+    d["set_kind"] = iv.set_kind
+    d.pop("burst_offer", None)
+    d.update(offer_columns(iv.burst_offer))
     return d
+
+
+def offer_columns(offer: BurstOffer | None) -> dict[str, Any]:
+    """A burst offer as the intervals table's flat columns (migration 0006), all NULL for none."""
+    if offer is None:
+        return dict.fromkeys(OFFER_COLUMNS)
+    return {
+        "burst_cluster": offer.cluster,
+        "burst_gpu_type": offer.gpu_type,
+        "burst_kind": offer.kind.value,
+        "burst_usd_per_gpu_hour": offer.usd_per_gpu_hour,
+        "burst_seen_at_s": offer.seen_at_s,
+    }
+
+
+OFFER_COLUMNS = ("burst_cluster", "burst_gpu_type", "burst_kind", "burst_usd_per_gpu_hour", "burst_seen_at_s")
+
+
+def offer_from_columns(
+    attempt: int,
+    cluster: str | None,
+    gpu_type: str | None,
+    kind: str | None,
+    usd_per_gpu_hour: float | None,
+    seen_at_s: float | None,
+) -> BurstOffer | None:
+    """The offer back from its columns; None when the row has none (the price is NULL)."""
+    if usd_per_gpu_hour is None or cluster is None or gpu_type is None or kind is None or seen_at_s is None:
+        return None
+    return BurstOffer(
+        cluster=ClusterName(cluster),
+        gpu_type=GpuType(gpu_type),
+        kind=CapacityKind(kind),
+        usd_per_gpu_hour=float(usd_per_gpu_hour),
+        seen_at_s=float(seen_at_s),
+        attempt=attempt,
+    )
 
 
 def interval_from_row(row: Mapping[Any, Any]) -> LedgerInterval:
@@ -98,7 +141,10 @@ def interval_from_row(row: Mapping[Any, Any]) -> LedgerInterval:
     d.pop("interval_id", None)
     d["user"] = d.pop("user_name")
     d["ended"] = d["ended"] or None
-    return interval_from_dict(d)
+    offer = offer_from_columns(int(d["attempt"]), *(d.pop(name, None) for name in OFFER_COLUMNS))
+    d["job_set"] = d.get("job_set") or ""
+    d["set_kind"] = d.get("set_kind") or ""
+    return replace(interval_from_dict(d), burst_offer=offer)
 
 
 def usage_day_rows(iv: LedgerInterval) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 # Double precision on both backends: epoch seconds need more than a 4-byte float's 7 digits.
@@ -109,6 +110,15 @@ intervals = Table(
     Column("usd_per_gpu_hour", Money, nullable=False),
     Column("ended", String, nullable=False),
     Column("job_name", String, nullable=False),
+    # Migration 0006: the job's set and its kind ("" for a job submitted alone), and the attempt's
+    # burst-at-once offer (all NULL when it had none, or was archived before the revision).
+    Column("job_set", String, nullable=False, server_default=text("''")),
+    Column("set_kind", String, nullable=False, server_default=text("''")),
+    Column("burst_cluster", String, nullable=True),
+    Column("burst_gpu_type", String, nullable=True),
+    Column("burst_kind", String, nullable=True),
+    Column("burst_usd_per_gpu_hour", Money, nullable=True),
+    Column("burst_seen_at_s", Seconds, nullable=True),
     Index("ix_history_intervals_job", "job_id"),
 )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from federation.store.jobs import JobRecord
+from federation.store.jobs import BurstOffer, JobRecord
 from federation.store.schema_version import check_json
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 
@@ -59,6 +59,15 @@ class LedgerInterval:
     ended: IntervalEnd | None = None
     # The job's name and labels, for tags in reports and exports.
     job_name: str = ""
+    # The job set the attempt's job belongs to ("" for a job submitted alone), and what kind of set
+    # it is (SetKind), so that finance can group by set and by sweep (issue 34). Absent on older
+    # records: they read as jobs submitted alone.
+    job_set: str = ""
+    set_kind: str = ""
+    # What bursting at once would have cost this attempt: the job record's `burst_offer` when it is
+    # this attempt's (issue 35). Kept here so that an archived job's savings outlive its record in
+    # etcd. None on older records and for an attempt the placer had no public offer for.
+    burst_offer: BurstOffer | None = None
 
     @property
     def key(self) -> bytes:
@@ -78,6 +87,34 @@ class LedgerInterval:
 
     def cost_usd(self, *, since_s: float = float("-inf"), until_s: float) -> float:
         return self.gpu_hours(since_s=since_s, until_s=until_s) * self.usd_per_gpu_hour
+
+
+class SetKind(StrEnum):
+    """What kind of job set an attempt's job came from (its interval's `set_kind`)."""
+
+    SET = "set"
+    ARRAY = "array"
+    SWEEP = "sweep"
+
+
+# The variable a sweep trial's pods carry (federation.jobsets.sweeps.SWEEP_ENV): the store sits below
+# jobsets and cannot import it; a unit test holds the two equal.
+SWEEP_ENV = "GPUFED_SWEEP"
+
+
+def set_kind_of(job: JobRecord) -> SetKind | None:
+    """The kind of set `job` was released from, None for a job submitted alone."""
+    if not job.job_set:
+        return None
+    if any(k == SWEEP_ENV for task in job.spec.tasks for k, _ in task.env):
+        return SetKind.SWEEP
+    return SetKind.ARRAY if job.array_index is not None else SetKind.SET
+
+
+def attempt_offer(job: JobRecord) -> BurstOffer | None:
+    """The job's burst-at-once offer if it is the current attempt's (an older attempt's is stale)."""
+    offer = job.burst_offer
+    return offer if offer is not None and offer.attempt == job.attempt else None
 
 
 def ledger_key(job_id: str, attempt: int) -> bytes:
@@ -149,6 +186,7 @@ def ledger_update(
         end = finished_at_s if finished_at_s is not None else now_s
         end = max(end, start)
         ended = IntervalEnd.PREEMPTED if before.preemption is not None else _end_of(after)
+    set_kind = set_kind_of(before)
     return LedgerInterval(
         job_id=before.job_id,
         attempt=before.attempt,
@@ -165,6 +203,9 @@ def ledger_update(
         usd_per_gpu_hour=placement.usd_per_gpu_hour,
         ended=ended,
         job_name=before.spec.name,
+        job_set=before.job_set,
+        set_kind="" if set_kind is None else set_kind.value,
+        burst_offer=attempt_offer(before),
     )
 
 
@@ -188,7 +229,34 @@ def interval_to_dict(iv: LedgerInterval) -> dict[str, Any]:
         "usd_per_gpu_hour": iv.usd_per_gpu_hour,
         "ended": None if iv.ended is None else iv.ended.value,
         "job_name": iv.job_name,
+        # Only where set, so that every other record stays as it was written before them.
+        **({"job_set": iv.job_set, "set_kind": iv.set_kind} if iv.job_set else {}),
+        **({"burst_offer": burst_offer_to_dict(iv.burst_offer)} if iv.burst_offer else {}),
     }
+
+
+def burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
+    return {
+        "cluster": b.cluster,
+        "gpu_type": b.gpu_type,
+        "kind": b.kind.value,
+        "usd_per_gpu_hour": b.usd_per_gpu_hour,
+        "seen_at_s": b.seen_at_s,
+        "attempt": b.attempt,
+    }
+
+
+def burst_offer_from_dict(d: dict[str, Any] | None) -> BurstOffer | None:
+    if d is None:
+        return None
+    return BurstOffer(
+        cluster=ClusterName(d["cluster"]),
+        gpu_type=GpuType(d["gpu_type"]),
+        kind=CapacityKind(d["kind"]),
+        usd_per_gpu_hour=float(d["usd_per_gpu_hour"]),
+        seen_at_s=float(d["seen_at_s"]),
+        attempt=int(d["attempt"]),
+    )
 
 
 def interval_from_dict(d: dict[str, Any]) -> LedgerInterval:
@@ -208,6 +276,9 @@ def interval_from_dict(d: dict[str, Any]) -> LedgerInterval:
         usd_per_gpu_hour=float(d["usd_per_gpu_hour"]),
         ended=None if d.get("ended") is None else IntervalEnd(d["ended"]),
         job_name=str(d.get("job_name", "")),
+        job_set=str(d.get("job_set", "")),
+        set_kind=str(d.get("set_kind", "")),
+        burst_offer=burst_offer_from_dict(d.get("burst_offer")),
     )
 
 

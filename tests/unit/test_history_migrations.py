@@ -33,7 +33,7 @@ from federation.history.sums import ReportRead, SumsQuery
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
-NEWEST = "0005"
+NEWEST = "0006"
 MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 APRIL = MARCH + 31 * 86_400.0
 
@@ -131,7 +131,7 @@ def test_the_previous_revision_with_rows_upgrades_and_keeps_them(dsn: str) -> No
                 connection.execute(
                     schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
                 )
-                connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
+                connection.execute(schema.intervals.insert(), _old_interval_rows(job))
                 connection.execute(schema.usage_days.insert(), _old_day_rows(job))
         migrate(engine)
         assert current_revision(engine) == NEWEST
@@ -257,6 +257,12 @@ def test_revision_0002_with_rows_upgrades_to_rollup_counts(dsn: str) -> None:
         engine.dispose()
 
 
+def _old_interval_rows(job: ArchivedJob) -> list[dict[str, object]]:
+    """Interval rows as revisions before 0006 kept them: without the set and the burst offer."""
+    new = {"job_set", "set_kind", *rows.OFFER_COLUMNS}
+    return [{k: v for k, v in rows.interval_row(iv).items() if k not in new} for iv in job.intervals]
+
+
 def _old_day_rows(job: ArchivedJob) -> list[dict[str, object]]:
     """Day rows as revisions before 0005 kept them: without `cost_micro_usd`."""
     out = []
@@ -282,7 +288,7 @@ def _write_as_0002(engine: Engine, jobs: Sequence[ArchivedJob]) -> None:
                 connection.execute(
                     schema.waits.insert(), [rows.wait_row(job_id, n, w) for n, w in enumerate(job.waits)]
                 )
-            connection.execute(schema.intervals.insert(), [rows.interval_row(iv) for iv in job.intervals])
+            connection.execute(schema.intervals.insert(), _old_interval_rows(job))
             connection.execute(schema.usage_days.insert(), _old_day_rows(job))
         connection.exec_driver_sql(
             "INSERT INTO history_usage_months"
