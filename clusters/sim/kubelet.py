@@ -25,6 +25,7 @@ the run ends when the process exits, with its exit code, and its output is the c
 
 from __future__ import annotations
 
+import base64
 import functools
 import itertools
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from clusters.sim.capacity import GPU, Demand, NodeInfo
 from clusters.sim.clock import Clock, parse_rfc3339
 from clusters.sim.events import EventRecorder
 from clusters.sim.local_exec import LocalExec
-from clusters.sim.resources import NODES, PODS
+from clusters.sim.resources import NODES, PODS, SECRETS
 from clusters.sim.store import Change, EventType, Key, Store, key_of
 from clusters.sim.timers import Timers
 
@@ -135,9 +136,24 @@ class Kubelet:
         self._node_of: dict[str, str] = {}
         self._nodes: dict[str, tuple[str, NodeInfo]] = {}
         self._ips = itertools.count(2)
-        self._local = None if local_output is None else LocalExec(local_output, self._local_exited)
+        self._local = (
+            None
+            if local_output is None
+            else LocalExec(local_output, self._local_exited, secret_data=self._secret_data)
+        )
         # Pods whose process runs: uid -> (key, run), to end the right run when it exits.
         self._local_runs: dict[str, tuple[Key, int]] = {}
+
+    def _secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's data as the kubelet hands it to a container: base64-decoded."""
+        secret = self._store.get(SECRETS, namespace, name)
+        if secret is None:
+            return None
+        data = {
+            k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (secret.get("data") or {}).items()
+        }
+        data.update({str(k): str(v) for k, v in (secret.get("stringData") or {}).items()})
+        return data
 
     def close(self) -> None:
         """Kill the processes of process mode (the cluster is going away)."""

@@ -91,16 +91,38 @@ def field_value(pod: Obj, path: str) -> str:
     return str(simple.get(path) or "")
 
 
-def container_env(pod: Obj, container: Obj) -> dict[str, str]:
-    """The container's variables in order; a later entry of the same name wins, as in a kubelet."""
+# A Secret's data by (namespace, name), decoded; None when there is no such Secret.
+SecretData = Callable[[str, str], Mapping[str, str] | None]
+
+
+def _no_secrets(namespace: str, name: str) -> None:
+    return None
+
+
+def container_env(pod: Obj, container: Obj, secret_data: SecretData = _no_secrets) -> dict[str, str]:
+    """The container's variables in order; a later entry of the same name wins, as in a kubelet:
+    `envFrom` first, then `env`. Secrets are read from the pod's namespace (a kubelet would refuse
+    to start a container whose non-optional Secret is missing; here such a variable is left unset).
+    ConfigMaps are not read by this mode."""
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
     env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        ref = source.get("secretRef")
+        data = secret_data(namespace, str(ref.get("name", ""))) if ref else None
+        for key, value in (data or {}).items():
+            env[str(source.get("prefix") or "") + key] = value
     for item in container.get("env") or []:
         name = str(item.get("name", ""))
+        value_from = item.get("valueFrom") or {}
         if "value" in item:
             env[name] = expand(str(item.get("value") or ""), env)
-        elif "fieldRef" in (item.get("valueFrom") or {}):
-            env[name] = field_value(pod, str(item["valueFrom"]["fieldRef"].get("fieldPath", "")))
-        # Secrets and ConfigMaps are not read by this mode: such a variable is left unset.
+        elif "fieldRef" in value_from:
+            env[name] = field_value(pod, str(value_from["fieldRef"].get("fieldPath", "")))
+        elif "secretKeyRef" in value_from:
+            ref = value_from["secretKeyRef"]
+            found = (secret_data(namespace, str(ref.get("name", ""))) or {}).get(str(ref.get("key", "")))
+            if found is not None:
+                env[name] = found
     return env
 
 
@@ -158,9 +180,16 @@ def _die_with_parent() -> None:
 class LocalExec:
     """Runs pods' main containers as processes; reports their output lines and exit codes."""
 
-    def __init__(self, on_output: Output, on_exit: Exited, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        on_output: Output,
+        on_exit: Exited,
+        root: Path | None = None,
+        secret_data: SecretData = _no_secrets,
+    ) -> None:
         self._on_output = on_output
         self._on_exit = on_exit
+        self._secret_data = secret_data
         self._root = root or Path(tempfile.mkdtemp(prefix="gpufed-sim-exec-"))
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -178,7 +207,7 @@ class LocalExec:
             )
             self._on_exit(uid, 127)
             return
-        env = container_env(pod, container)
+        env = container_env(pod, container, self._secret_data)
         argv = [expand(str(w), env) for w in (container.get("command") or []) + (container.get("args") or [])]
         pod_dir = self._root / uid
         upper, work = pod_dir / "etc", pod_dir / "work"

@@ -80,6 +80,24 @@ def test_env_resolves_values_field_refs_and_earlier_names() -> None:
     }
 
 
+def test_secret_env_is_read_from_the_pods_own_namespace_as_a_kubelet_does() -> None:
+    pod = a_pod("job-0")
+    secrets = {
+        ("gpufed-nlp", "job-creds"): {"hf.token": "hf_abc", "tracker.API_KEY": "k1"},
+        ("gpufed-vision", "job-creds"): {"hf.token": "someone else's"},
+    }
+    container = {
+        "envFrom": [{"secretRef": {"name": "job-creds"}, "prefix": "S_"}],
+        "env": [
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "job-creds", "key": "hf.token"}}},
+            {"name": "S_hf.token", "value": "env wins over envFrom"},
+            {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": True}}},
+        ],
+    }
+    env = local_exec.container_env(pod, container, lambda ns, name: secrets.get((ns, name)))
+    assert env == {"S_hf.token": "env wins over envFrom", "S_tracker.API_KEY": "k1", "HF_TOKEN": "hf_abc"}
+
+
 def test_hosts_resolve_the_gang_in_its_namespace_only() -> None:
     me = a_pod("job-0")
     peer = a_pod("job-1")
