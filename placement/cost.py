@@ -15,7 +15,8 @@ Waiting for private capacity follows Starburst (Luo et al., USENIX ATC'24): a jo
 cloud prices waits for private GPUs for a time proportional to its compute (GPU-hours), so big jobs,
 which cost most in the cloud, wait longest, and small ones go to the cloud soon. The wait is also
 bounded by what it saves (cloud minus private cost, over the value of an hour of waiting), by a
-maximum, and by the deadline.
+maximum, and by the deadline; the tenant's cost policy and the job's `maxWait` and priority class
+set or shorten it (`wait_policy`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import math
 from collections.abc import Mapping
 
 from placement.model import CapacityKind, EgressRate, GangRequest, GpuType, PolicyConfig
+from placement.model_policy import CostPolicy
+from placement.wait_policy import WaitTerms, latest_start_s, terms_for, wait_s
 
 _GB = 1e9
 _HOUR_S = 3600.0
@@ -106,28 +109,37 @@ class CostModel:
         return start_s + self.transfer_s(gang, store) + self.run_s(gang, gpu_type)
 
     def private_wait_until_s(
-        self, gang: GangRequest, private_cost_usd: float, cloud_cost_usd: float, private_finish_delay_s: float
+        self,
+        gang: GangRequest,
+        private_cost_usd: float,
+        cloud_cost_usd: float,
+        private_finish_delay_s: float,
+        *,
+        terms: WaitTerms | None = None,
+        urgent: bool = False,
     ) -> float:
         """Until when the gang should wait for private GPUs rather than pay `cloud_cost_usd` now.
 
         `private_finish_delay_s`: time from a private start to the finish (transfer and run).
+        `terms`: the wait its tenant's cost policy sets (None: the federation's own, `balanced`);
+        `urgent`: its priority class needs approval, and it never waits (`placement.wait_policy`).
         """
         policy = self.policy
         self.queue_time_reads += 1
         saving = cloud_cost_usd - private_cost_usd
-        if (
-            policy.private_wait_s_per_gpu_hour <= 0
-            or saving <= 0
-            or gang.gpu_count < policy.private_wait_min_gpus
-        ):
+        if terms is None:
+            terms = terms_for(policy, CostPolicy.BALANCED)
+        if saving <= 0 or gang.gpu_count < policy.private_wait_min_gpus:
             return gang.queued_at_s
-        gpu_hours = gang.gpu_count * self.work_s(gang) / _HOUR_S
-        wait_s = min(policy.private_wait_s_per_gpu_hour * gpu_hours, policy.private_wait_max_s)
+        length = wait_s(terms, gang, gang.gpu_count * self.work_s(gang) / _HOUR_S, urgent=urgent)
+        if length <= 0:
+            return gang.queued_at_s
         if policy.wait_value_usd_per_hour > 0:
-            wait_s = min(wait_s, saving / policy.wait_value_usd_per_hour * _HOUR_S)
-        until = gang.queued_at_s + wait_s
-        if gang.deadline_at_s is not None:
-            until = min(until, gang.deadline_at_s - private_finish_delay_s)
+            length = min(length, saving / policy.wait_value_usd_per_hour * _HOUR_S)
+        until = gang.queued_at_s + length
+        latest = latest_start_s(gang, private_finish_delay_s)
+        if latest is not None:
+            until = min(until, latest)
         return until
 
 

@@ -7,7 +7,7 @@ plan compares equal to the plan of an equal snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -296,3 +296,6 @@ class Plan:
     reservations: tuple[Reservation, ...] = ()
     # Running cloud gangs to move back to private GPUs (`PolicyConfig.repatriate`).
     moves: tuple[Move, ...] = ()
+    # Per gang that could not run on private GPUs at once, the cloud offer it would burst to now (the
+    # alternative its private wait was priced against, or the pool asked to grow for it).
+    bursts: Mapping[JobId, Alternative] = field(default_factory=dict)

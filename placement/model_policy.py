@@ -8,8 +8,19 @@ off", so a snapshot built before a rule existed is still read the way it was mea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from placement.model_ids import GpuType, TenantId
+
+
+class CostPolicy(StrEnum):
+    """How a tenant trades time for money when its gangs would pay cloud prices
+    (`placement.wait_policy` says what each sets): `balanced` waits as the federation's policy says,
+    `fast` never waits for private GPUs (it bursts at once), `saver` waits longer."""
+
+    SAVER = "saver"
+    BALANCED = "balanced"
+    FAST = "fast"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,8 @@ class TenantQuota:
     usage_history_gpu_hours: tuple[tuple[GpuType, float], ...] = ()
     # Highest priority value the tenant's jobs may use (None: any).
     max_priority: int | None = None
+    # How long the tenant's gangs wait for private GPUs before paying cloud prices.
+    cost_policy: CostPolicy = CostPolicy.BALANCED
 
     def cap_for(self, gpu_type: GpuType) -> int | None:
         caps = [cap for listed, cap in self.gpu_caps if listed == gpu_type]

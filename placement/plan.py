@@ -95,6 +95,7 @@ def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], 
         capacity_requests=tuple(cycle.room.capacity_requests),
         reservations=tuple(cycle.room.reservations),
         moves=tuple(moves),
+        bursts=cycle.room.bursts,
     )
 
 
@@ -442,7 +443,7 @@ class _Cycle:
                 return _Miss(True, spot_notes) if spot_notes else _NO_FIT
             return _Miss(False, [*self._placement_notes(gang, late, blocked), *spot_notes])
         if self.policy.private_wait_s_per_gpu_hour > 0 and not best.offer.is_private:
-            wait = self.room.private_wait(ctx, shape, group, best.cost_usd)
+            wait = self.room.private_wait(ctx, shape, group, _alternative(best.offer, best.cost_usd))
             if wait is not None:
                 return _Miss(False, [wait], stop=True)
         return best

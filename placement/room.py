@@ -9,9 +9,11 @@ In this order, the first that applies:
    the victims are gone. Victims ordered out by an earlier cycle count the same way until they
    are gone (`RunningGang.evicted_for`, `placement.ordered`): their beneficiary evicts no one new
    and waits, holding only what it needs beyond them, and no other gang counts on them.
-2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`);
-   optionally only if running gangs' run-time limits free room before the wait ends, and with a
-   reservation of that room for the first waiting gang of the cycle (`PolicyConfig`).
+2. Wait for private capacity when the Starburst rule says the cloud is not worth it yet (`cost`),
+   as long as the gang's tenant and job allow (`wait_policy`); optionally only if running gangs'
+   run-time limits free room before the wait ends, and with a reservation of that room for the first
+   waiting gang of the cycle (`PolicyConfig`). The wait's words price it against bursting now
+   (`wait_saving`).
 3. Ask a scalable pool for enough new nodes for the whole gang (`capacity`).
 4. Reserve a start for the first such gang of the cycle (`backfill`).
 
@@ -28,6 +30,7 @@ from placement.cost import CostModel, GangCost
 from placement.fairshare import FairShare
 from placement.inventory import Inventory, Offer, price_factor
 from placement.model import (
+    Alternative,
     CapacityRequest,
     ClusterName,
     GangRequest,
@@ -43,9 +46,12 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.model_policy import CostPolicy
 from placement.ordered import OrderedEvictions
 from placement.preempt import Candidate, RunningIndex, VictimChoice, by_share, choose_victims, preference_of
 from placement.quota import QuotaBook
+from placement.wait_policy import WaitTerms, terms_for
+from placement.wait_saving import WaitSaving, clock
 
 
 class Room:
@@ -102,13 +108,25 @@ class Room:
         self.preemptions: list[Preemption] = []
         self.capacity_requests: list[CapacityRequest] = []
         self.reservations: list[Reservation] = []
+        # Per gang, the cloud offer it would have burst to at once (the private wait's alternative, or
+        # the pool asked to grow for it): the attempt's `burst_offer` in federation.
+        self.bursts: dict[JobId, Alternative] = {}
+        # Each tenant's cost policy, and the wait each policy sets (`wait_policy`).
+        self.cost_policies = {t.tenant: t.cost_policy for t in snapshot.tenants}
+        self._terms_by_policy: dict[CostPolicy, WaitTerms] = {}
 
     def private_wait(
-        self, ctx: GangCost, shape: tuple[int, ...], group: Sequence[GpuType], cloud_cost: float
+        self, ctx: GangCost, shape: tuple[int, ...], group: Sequence[GpuType], burst: Alternative
     ) -> WaitReason | None:
-        """Why to wait for private GPUs rather than pay `cloud_cost` now, if the Starburst rule says so."""
+        """Why to wait for private GPUs rather than burst now to `burst` (the cheapest cloud offer that
+        fits, with its expected cost), if the Starburst rule, as the gang's tenant and job set it, says so.
+
+        `burst` is kept as the attempt's burst-at-once alternative (`bursts`) whether it waits or not."""
+        gang = ctx.gang
+        self.bursts.setdefault(gang.job_id, burst)
+        cloud_cost = burst.expected_cost_usd
         best: tuple[float, tuple[object, ...], Offer] | None = None
-        private = self._private_offers(shape, group, ctx.gang.allow_spot, self.inventory.eligible(ctx.gang))
+        private = self._private_offers(shape, group, gang.allow_spot, self.inventory.eligible(gang))
         for offer in private:
             cost = ctx.cost(offer.view.gpu_type, offer.price_factor, offer.view.store)
             if best is None or (cost, offer.search_key) < best[:2]:
@@ -117,13 +135,21 @@ class Room:
             return None
         private_cost, _, offer = best
         delay = ctx.duration_s(offer.view.gpu_type, offer.view.store)
-        until = self.costs.private_wait_until_s(ctx.gang, private_cost, cloud_cost, delay)
+        priority_class = self.classes.get(gang.priority_class)
+        until = self.costs.private_wait_until_s(
+            gang,
+            private_cost,
+            cloud_cost,
+            delay,
+            terms=self._terms(gang.tenant),
+            urgent=priority_class is not None and priority_class.needs_approval,
+        )
         if self.now >= until:
             return None
         room_at = self._private_room_at(shape, group, ctx, private)
         needs_start = self.policy.private_wait_needs_start and (
             self.policy.private_wait_needs_start_max_gpus is None
-            or ctx.gang.gpu_count <= self.policy.private_wait_needs_start_max_gpus
+            or gang.gpu_count <= self.policy.private_wait_needs_start_max_gpus
         )
         if needs_start and (room_at is None or room_at > until):
             return None
@@ -138,21 +164,24 @@ class Room:
             else:
                 self._keep(hold)
                 self._waiter_holds += 1
-        message = (
-            f"waiting for private GPUs on cluster {offer.view.cluster} ({offer.view.gpu_type}) "
-            f"until {until:g}: "
-            f"cloud now would cost ${cloud_cost:,.2f} against ${private_cost:,.2f}"
-        )
+        view = offer.view
+        saving = WaitSaving(view.cluster, view.gpu_type, private_cost, burst, gang.gpu_count, until)
+        message = saving.words(self.now)
         if room_at is not None and room_at <= until:
-            message += f"; running gangs' run-time limits free room for it by {room_at:g}"
+            message += f"; running gangs' run-time limits free room for it by {clock(room_at, self.now)}"
             if hold is not None:
-                view = hold.offer.view
-                message += f", reserved on cluster {view.cluster} ({view.gpu_type})"
+                held = hold.offer.view
+                message += f", reserved on cluster {held.cluster} ({held.gpu_type})"
                 if hold.start_at_s != room_at:
-                    message += f" from {hold.start_at_s:g}, after earlier reservations"
-        return WaitReason(
-            Code.WAITING_FOR_PRIVATE_CAPACITY, message, offer.view.cluster, offer.view.gpu_type, at_s=until
-        )
+                    message += f" from {clock(hold.start_at_s, self.now)}, after earlier reservations"
+        return WaitReason(Code.WAITING_FOR_PRIVATE_CAPACITY, message, view.cluster, view.gpu_type, at_s=until)
+
+    def _terms(self, tenant: TenantId) -> WaitTerms:
+        policy = self.cost_policies.get(tenant, CostPolicy.BALANCED)
+        terms = self._terms_by_policy.get(policy)
+        if terms is None:
+            terms = self._terms_by_policy[policy] = terms_for(self.policy, policy)
+        return terms
 
     def _private_offers(
         self,
@@ -247,10 +276,13 @@ class Room:
             chosen = self._cheapest_pool(ctx, shape, group)
             if chosen is None:
                 continue
+            cluster, pool, _, pool_cost = chosen
+            burst = Alternative(cluster, pool.gpu_type, pool.kind, pool.usd_per_gpu_hour, pool_cost)
             if self.policy.private_wait_s_per_gpu_hour > 0:
-                wait = self.private_wait(ctx, shape, group, chosen[3])
+                wait = self.private_wait(ctx, shape, group, burst)
                 if wait is not None:
                     return [*notes, wait]
+            self.bursts.setdefault(ctx.gang.job_id, burst)
             return [*notes, self._request_capacity(ctx, chosen)]
         if self.policy.backfill and not self.holds:
             within = self.inventory.eligible(ctx.gang)

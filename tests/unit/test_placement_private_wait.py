@@ -67,8 +67,9 @@ def test_the_wait_says_when_room_frees_and_until_when_it_waits() -> None:
         "onprem",
         WAIT_UNTIL,
     )
-    assert f"until {WAIT_UNTIL:g}" in reason.message
-    assert f"run-time limits free room for it by {NOW + 10 * MINUTE:g}" in reason.message
+    # Times as a UTC clock: NOW is 10:00 on the epoch's day.
+    assert "until 11:20 UTC: saves an estimated $16.00 against bursting now to cloud" in reason.message
+    assert "run-time limits free room for it by 10:10 UTC" in reason.message
 
 
 def small_job_behind(reserve: bool) -> Plan:
@@ -145,7 +146,7 @@ def test_each_waiting_job_reserves_its_own_room_after_the_ones_before() -> None:
     # `j2`'s message says when its reserved room comes, after `j1`'s.
     assert waits["j2"].code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
     assert waits["j2"].at_s == NOW + 1 + 80 * MINUTE
-    assert f"reserved on cluster onprem (A100) from {NOW + 20 * MINUTE:g}" in waits["j2"].message
+    assert "reserved on cluster onprem (A100) from 10:20 UTC" in waits["j2"].message
 
 
 def one_node_two_big_jobs(needs_start: bool) -> Plan:
