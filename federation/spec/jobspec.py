@@ -63,6 +63,17 @@ class DatasetRef:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """What a job writes that becomes a dataset version when it succeeds (issue 34): the job's own
+    tenant's dataset `dataset` (new or existing), the objects under `path` in the store of the
+    cluster it runs on, and the version's name (None: the job's id)."""
+
+    dataset: str
+    path: str
+    version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RestartPolicy:
     on_failure: RestartAction = RestartAction.ABORT_JOB
     on_eviction: RestartAction = RestartAction.RESTART_JOB
@@ -90,6 +101,9 @@ class TrainingJobSpec:
     dataset: DatasetRef | None = None
     # Seconds since the epoch (UTC) by which the job should finish, if the user has a deadline.
     deadline_s: float | None = None
+    # The longest the job may wait for private GPUs rather than pay cloud prices, from its queue
+    # time (`spec.maxWait`; None: as its tenant's cost policy says; 0: never waits).
+    max_wait_s: int | None = None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     # The least memory each GPU must have (GiB), 0 for no bound; with no `gpu_types`, any type with it.
@@ -99,6 +113,8 @@ class TrainingJobSpec:
     # The tenant's pod security level when the job was submitted (set by the server, not written in
     # the manifest): its pods were checked against it, and its namespace is labelled with it.
     pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE
+    # Datasets the job's objects become when it succeeds (`federation.datasets.outputs`).
+    outputs: tuple[OutputSpec, ...] = ()
 
     @property
     def replica_count(self) -> int:

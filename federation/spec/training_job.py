@@ -28,6 +28,7 @@ from federation.spec.jobspec import (
     API_VERSION,
     KIND,
     DatasetRef,
+    OutputSpec,
     RestartAction,
     RestartPolicy,
     TaskSpec,
@@ -61,6 +62,8 @@ MAX_COMMAND_ITEM_CHARS = 4096
 MAX_IMAGE_CHARS = 512
 MAX_RETRIES = 100
 MAX_RUNTIME_S = 30 * 86400
+MAX_OUTPUTS = 16
+MAX_OUTPUT_PATH_CHARS = 512
 DEFAULT_MAX_RUNTIME_S = 86400
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -96,7 +99,9 @@ _SPEC_KEYS = (
     "allowSpot",
     "resumable",
     "deadline",
+    "maxWait",
     "dataset",
+    "outputs",
     "restartPolicy",
     "tasks",
 )
@@ -467,6 +472,15 @@ def _deadline_s(value: object, path: str) -> float | None:
     return seconds
 
 
+def _max_wait_s(value: object, path: str) -> int | None:
+    """`spec.maxWait`: a duration as `maxRuntime`, or 0 for a job that never waits for private GPUs."""
+    if value is None:
+        return None
+    if (value == 0 and not isinstance(value, bool)) or value == "0s":
+        return 0
+    return _duration_s(value, path)
+
+
 def _format_deadline(seconds: float) -> str:
     moment = _EPOCH + timedelta(seconds=seconds)
     return moment.replace(tzinfo=None).isoformat() + "Z"
@@ -498,6 +512,69 @@ def _dataset(value: object, path: str) -> DatasetRef | None:
     if ref.get("version") is None:
         return DatasetRef(name)
     return DatasetRef(name, _matching(ref["version"], f"{path}.version", _VERSION, 64, version_rule))
+
+
+_BARE_DATASET = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+# Where gpufed keeps copies and datasync's state in every store: never a job's output.
+_RESERVED_ROOTS = ("gpufed-cache", ".gpufed")
+
+
+def _output_path(value: object, path: str) -> str:
+    """An object prefix, relative, ending in '/': no empty, '.' or '..' parts, no control characters."""
+    text = _string(value, path)
+    rule = (
+        f"must be a relative object prefix such as 'vision/tokens/' (1 to {MAX_OUTPUT_PATH_CHARS} "
+        "characters, no leading '/', no empty, '.' or '..' parts, no control characters)"
+    )
+    if not text or len(text) > MAX_OUTPUT_PATH_CHARS:
+        raise InvalidSpec(path, f"{rule}, got {shorten(text)}")
+    text = text if text.endswith("/") else text + "/"
+    parts = text[:-1].split("/")
+    if text.startswith("/") or any(p in ("", ".", "..") for p in parts) or not text.isprintable():
+        raise InvalidSpec(path, f"{rule}, got {shorten(text)}")
+    if parts[0] in _RESERVED_ROOTS:
+        raise InvalidSpec(path, f"{parts[0]}/ is reserved for gpufed's copies and state, got {shorten(text)}")
+    return text
+
+
+def _outputs(value: object, path: str) -> tuple[OutputSpec, ...]:
+    """`spec.outputs`: each a dataset of the job's own tenant, on a prefix no other output overlaps."""
+    if value is None:
+        return ()
+    outputs: list[OutputSpec] = []
+    for i, raw in enumerate(_list(value, path, 1, MAX_OUTPUTS)):
+        at = f"{path}[{i}]"
+        item = _mapping(raw, at, ("dataset", "path", "version"), required=("dataset", "path"))
+        name = _string(item["dataset"], f"{at}.dataset")
+        if "/" in name:
+            raise InvalidSpec(
+                f"{at}.dataset",
+                "must be a dataset of the job's own tenant (a bare name): a job cannot write into "
+                f"another tenant's dataset, got {shorten(name)}",
+            )
+        if len(name) > 253 or not _BARE_DATASET.fullmatch(name):
+            raise InvalidSpec(
+                f"{at}.dataset",
+                f"must be a dataset name (lowercase letters, digits, '-' and '.'), got {shorten(name)}",
+            )
+        version = item.get("version")
+        if version is not None:
+            version = _matching(
+                version, f"{at}.version", re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"), 64,
+                "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )  # fmt: skip
+        prefix = _output_path(item["path"], f"{at}.path")
+        for j, other in enumerate(outputs):
+            if other.dataset == name:
+                raise InvalidSpec(f"{at}.dataset", f"dataset {name!r} is already {path}[{j}]'s output")
+            if prefix.startswith(other.path) or other.path.startswith(prefix):
+                raise InvalidSpec(
+                    f"{at}.path",
+                    f"{shorten(prefix)} overlaps {path}[{j}].path {shorten(other.path)}: "
+                    "each output needs a prefix of its own",
+                )
+        outputs.append(OutputSpec(name, prefix, version))
+    return tuple(outputs)
 
 
 def _restart_policy(value: object, path: str) -> RestartPolicy:
@@ -572,7 +649,9 @@ def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> T
         allow_spot=_boolean(spec.get("allowSpot"), "spec.allowSpot"),
         resumable=_boolean(spec.get("resumable"), "spec.resumable"),
         dataset=_dataset(spec.get("dataset"), "spec.dataset"),
+        outputs=_outputs(spec.get("outputs"), "spec.outputs"),
         deadline_s=_deadline_s(spec.get("deadline"), "spec.deadline"),
+        max_wait_s=_max_wait_s(spec.get("maxWait"), "spec.maxWait"),
         labels=labels,
         annotations=annotations,
         min_gpu_memory_gib=memory,
@@ -606,8 +685,16 @@ def _canonical(spec: TrainingJobSpec) -> dict[str, Any]:
     }
     if spec.deadline_s is not None:
         body["deadline"] = _format_deadline(spec.deadline_s)
+    if spec.max_wait_s is not None:
+        body["maxWait"] = _format_duration(spec.max_wait_s)
     if spec.dataset is not None:
         body["dataset"] = str(spec.dataset)
+    if spec.outputs:
+        # Written only when set, so that jobs without outputs keep their canonical form and digest.
+        body["outputs"] = [
+            {"dataset": o.dataset, "path": o.path, **({"version": o.version} if o.version else {})}
+            for o in spec.outputs
+        ]
     body["restartPolicy"] = {
         "onFailure": spec.restart_policy.on_failure.value,
         "onEviction": spec.restart_policy.on_eviction.value,

@@ -17,6 +17,7 @@ import msgspec
 from federation.errors import InvalidTransition
 from federation.spec.jobspec import (
     DatasetRef,
+    OutputSpec,
     PodSecurityLevel,
     RestartAction,
     RestartPolicy,
@@ -274,6 +275,8 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
         if spec.dataset is None
         else {"name": spec.dataset.name, "version": spec.dataset.version},
         "deadline_s": spec.deadline_s,
+        # Only where the job sets it (issue 35).
+        **({} if spec.max_wait_s is None else {"max_wait_s": spec.max_wait_s}),
         "labels": [list(kv) for kv in spec.labels],
         "annotations": [list(kv) for kv in spec.annotations],
         # Only a tenant's level other than the default is written (issue 32).
@@ -281,6 +284,12 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
         # GPU memory and placement rules, only where the job sets them (issue 32).
         **({"min_gpu_memory_gib": spec.min_gpu_memory_gib} if spec.min_gpu_memory_gib else {}),
         **({"pinning": {f: list(getattr(spec.pinning, f)) for f in PINNING_FIELDS}} if spec.pinning else {}),
+        # Outputs that become dataset versions, only where the job declares some (issue 34).
+        **(
+            {"outputs": [{"dataset": o.dataset, "path": o.path, "version": o.version} for o in spec.outputs]}
+            if spec.outputs
+            else {}
+        ),
     }
 
 
@@ -322,12 +331,19 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
         resumable=bool(d.get("resumable", False)),
         dataset=None if ds is None else DatasetRef(name=ds["name"], version=ds["version"]),
         deadline_s=d["deadline_s"],
+        max_wait_s=None if d.get("max_wait_s") is None else int(d["max_wait_s"]),
         labels=_pairs(d["labels"]),
         annotations=_pairs(d["annotations"]),
         pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
         min_gpu_memory_gib=int(d.get("min_gpu_memory_gib", 0)),
         pinning=Pinning(
             **{f: tuple(str(v) for v in (d.get("pinning") or {}).get(f, ())) for f in PINNING_FIELDS}
+        ),
+        outputs=tuple(
+            OutputSpec(
+                str(o["dataset"]), str(o["path"]), None if o.get("version") is None else str(o["version"])
+            )
+            for o in d.get("outputs") or ()
         ),
     )
 
