@@ -112,6 +112,7 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         user_max_priority=user_max,
         approval_expires_at_s=approval_expiry(job, inputs.approvals),
         deadline_at_s=job.spec.deadline_s,
+        max_wait_s=None if job.spec.max_wait_s is None else float(job.spec.max_wait_s),
         dataset_size_bytes=0 if dataset is None else dataset.size_bytes,
         dataset_store=None if dataset is None else dataset.store,
         dataset_cached_in=() if dataset is None else dataset.cached_in,
