@@ -18,6 +18,7 @@ from federation.spec.validate import int_field, name_field, number_field
 from federation.store.records import DatasetLocation, SchedulingSettings, TenantRecord
 from placement.gpu_types import BUILTIN_TYPES, GpuModel
 from placement.model import EgressRate, GpuQuota, GpuType, PolicyConfig, PriorityClass, TenantId
+from placement.model_policy import CostPolicy
 
 # Config key -> PolicyConfig field, for the knobs an operator sets. Seconds and hours are spelled
 # out in the key as the rest of the config does.
@@ -55,6 +56,7 @@ _TENANT_KEYS = frozenset(
         "maxPriorityClass",
         "submitRateLimit",
         "podSecurity",
+        "costPolicy",
     }
 )
 _QUOTA_KEYS = frozenset({"guaranteed", "borrowingLimit", "lendingLimit", "cap"})
@@ -176,7 +178,19 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
         submit_rate_per_s=rate_s,
         submit_burst=burst,
         pod_security=_pod_security(t.get("podSecurity"), f"{at}.podSecurity"),
+        cost_policy=_cost_policy(t.get("costPolicy"), f"{at}.costPolicy"),
     )
+
+
+def _cost_policy(value: Any, at: str) -> CostPolicy:
+    """How long the tenant's jobs wait for private GPUs before paying cloud prices (balanced when not
+    given): docs/placement.md, "Per tenant and per job"."""
+    if value is None:
+        return CostPolicy.BALANCED
+    names = [policy.value for policy in CostPolicy]
+    if value not in names:
+        raise InvalidSpec(at, f"must be one of {', '.join(names)}, got {value!r}")
+    return CostPolicy(value)
 
 
 def _pod_security(value: Any, at: str) -> PodSecurityLevel:
@@ -416,4 +430,6 @@ def tenant_document(t: TenantRecord) -> dict[str, Any]:
         doc["submitRateLimit"] = {"perSecond": t.submit_rate_per_s, "burst": t.submit_burst}
     if t.pod_security is not PodSecurityLevel.BASELINE:
         doc["podSecurity"] = t.pod_security.value
+    # Always written: an admin reading a tenant sees which wait its jobs get, default or not.
+    doc["costPolicy"] = t.cost_policy.value
     return doc

@@ -23,6 +23,7 @@ from placement.model import (
     TenantId,
     TenantQuota,
 )
+from placement.model_policy import CostPolicy
 
 _BUILTIN_REGISTRY = GpuRegistry(BUILTIN_TYPES)
 _registries: dict[tuple[GpuModel, ...], GpuRegistry] = {}
@@ -69,6 +70,9 @@ class TenantRecord:
     submit_burst: int | None = None
     # The Pod Security Standards level the tenant's pods are held to (federation.spec.pod_security).
     pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE
+    # How long the tenant's gangs wait for private GPUs before paying cloud prices (issue 35):
+    # `saver`, `balanced` (the federation's wait) or `fast` (burst at once); placement.wait_policy.
+    cost_policy: CostPolicy = CostPolicy.BALANCED
 
     def quota(
         self,
@@ -91,6 +95,7 @@ class TenantRecord:
             spent_gpu_hours=spent_gpu_hours,
             usage_history_gpu_hours=usage_history_gpu_hours,
             max_priority=max_priority,
+            cost_policy=self.cost_policy,
         )
 
 
@@ -243,6 +248,8 @@ def tenant_to_dict(t: TenantRecord) -> dict[str, Any]:
         "submit_rate_per_s": t.submit_rate_per_s,
         "submit_burst": t.submit_burst,
         "pod_security": t.pod_security.value,
+        # Only a policy other than the default is written, so older records read back unchanged.
+        **({} if t.cost_policy is CostPolicy.BALANCED else {"cost_policy": t.cost_policy.value}),
     }
 
 
@@ -262,6 +269,8 @@ def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:
         submit_burst=None if d.get("submit_burst") is None else int(d["submit_burst"]),
         # Records written before the field existed: baseline, the default level.
         pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
+        # Records written before issue 35: the federation's own wait.
+        cost_policy=CostPolicy(d.get("cost_policy", CostPolicy.BALANCED.value)),
     )
 
 
