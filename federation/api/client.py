@@ -386,8 +386,11 @@ class GpufedClient:
         bucket: str = "",
         tenant: str = "",
         fmt: str = "table",
+        report: str = "",
     ) -> pb.RenderedReport:
-        request = pb.GetReportRequest(group_by=list(group_by), bucket=bucket, tenant=tenant, format=fmt)
+        request = pb.GetReportRequest(
+            group_by=list(group_by), bucket=bucket, tenant=tenant, format=fmt, report=report
+        )
         _set_period(request, start_s, end_s)
         reply: pb.RenderedReport = self._call(self._reports.GetReport, request)
         return reply

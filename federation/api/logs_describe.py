@@ -18,7 +18,9 @@ from federation.api.redact import Redactor
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.history.model import ArchivedAttempt
 from federation.joblogs.archive import KeptAttempt, LogArchive, kept_replica, locate, waiting_reason
+from federation.ledger.report.savings import attempt_savings_text
 from federation.scheduling.members import MemberClusters
+from federation.store.intervals import LedgerInterval
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
 from placement.model import JobPhase
@@ -213,3 +215,13 @@ async def describe(
             if r.reason:
                 out.wait_reasons.append(f"pod {r.pod}: {r.reason}" + (f": {r.message}" if r.message else ""))
     return out
+
+
+def set_savings(out: pb.JobDescription, intervals: Sequence[LedgerInterval]) -> None:
+    """Each ended attempt's cloud cost against bursting at once (issue 35), from its ledger interval
+    (and the offer it carries): the job's own record, so whoever may describe the job may read it."""
+    by_attempt = {iv.attempt: iv for iv in intervals}
+    for a in out.attempts:
+        iv = by_attempt.get(a.attempt)
+        if iv is not None:
+            a.savings = attempt_savings_text(iv)

@@ -143,6 +143,8 @@ def describe_text(d: pb.JobDescription) -> str:
         lines.append(f"  Started:  {_when(a.started_at)}   Finished: {_when(a.finished_at)}")
         outcome = a.outcome or "running"
         lines.append(f"  Outcome:  {outcome}" + (f"   Reason: {a.reason}" if a.reason else ""))
+        if a.savings:
+            lines.append(f"  Savings:  {a.savings}")
         note = a.note + ("; logs kept" if a.logs_kept else "")
         if note:
             lines.append(f"  Source:   {note}")

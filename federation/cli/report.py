@@ -19,6 +19,8 @@ from federation.cli.render import FORMATS, as_dict, structured
 from federation.store.money import MICRO_PER_USD, format_usd
 
 GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind")
+# The savings report's groupings (issue 35), with the job set and the sweep (issue 34).
+SAVINGS_GROUPS = ("tenant", "user", "cluster", "gpu_type", "kind", "set", "sweep")
 BUCKETS = ("", "day", "week", "month")
 REPORT_FORMATS = ("table", "csv", "json", "yaml", "html")
 FOCUS_FORMATS = ("csv", "json", "yaml")
@@ -89,6 +91,16 @@ def period(since: str | None, until: str | None, month: str | None) -> tuple[flo
     )
 
 
+def _groups(text: str, known: tuple[str, ...]) -> list[str]:
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in known]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown grouping {', '.join(unknown)} (known: {', '.join(known)})", param_hint="--by"
+        )
+    return groups
+
+
 def _write(content: str, out: str | None, what: str) -> None:
     if out is None:
         click.echo(content, nl=not content.endswith("\n"))
@@ -137,12 +149,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """GPU-hours and cost from the usage ledger, with quota share, budget and forecast."""
         if ctx.invoked_subcommand is not None:
             return
-        groups = [g.strip() for g in kw["group_by"].split(",") if g.strip()]
-        unknown = [g for g in groups if g not in GROUPS]
-        if unknown:
-            raise click.BadParameter(
-                f"unknown grouping {', '.join(unknown)} (known: {', '.join(GROUPS)})", param_hint="--by"
-            )
+        groups = _groups(kw["group_by"], GROUPS)
         start_s, end_s = period(kw["since"], kw["until"], kw["month"])
         fmt = report_format(kw["fmt"], ctx.obj.output)
         with ctx.obj.client() as client:
@@ -155,6 +162,46 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
                 fmt=_fetch_as(fmt),
             )
         _write(_converted(reply.content, fmt), kw["out"], "report")
+
+    @report.command()
+    @_period_options
+    @click.option(
+        "--by",
+        "group_by",
+        default="tenant,gpu_type",
+        show_default=True,
+        help=f"comma-separated grouping: {', '.join(SAVINGS_GROUPS)}",
+    )
+    @click.option(
+        "--bucket", type=click.Choice(BUCKETS), default="", help="split by day, week (ISO) or month as well"
+    )
+    @click.option(
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(REPORT_FORMATS),
+        default=None,
+        help="table, csv, json, yaml or html (default: gpufed -o, else table)",
+    )
+    @click.pass_obj
+    @rpc
+    def savings(opts: Any, /, **kw: Any) -> None:
+        """What waiting for private GPUs saved: cloud cost paid against bursting every attempt at once
+        (at the offer the placer recorded), the saving and the extra queueing time."""
+        groups = _groups(kw["group_by"], SAVINGS_GROUPS)
+        start_s, end_s = period(kw["since"], kw["until"], kw["month"])
+        fmt = report_format(kw["fmt"], opts.output)
+        with opts.client() as client:
+            reply = client.report(
+                start_s=start_s,
+                end_s=end_s,
+                group_by=groups,
+                bucket=kw["bucket"],
+                tenant=kw["tenant"],
+                fmt=_fetch_as(fmt),
+                report="savings",
+            )
+        _write(_converted(reply.content, fmt), kw["out"], "savings report")
 
     @report.command()
     @_period_options

@@ -17,6 +17,7 @@ from federation.ledger.report.savings import (
     SavingsDim,
     SavingsQuery,
     attempt_saving,
+    attempt_savings_text,
     compute_savings,
 )
 from federation.ledger.report.savings_render import (
@@ -252,3 +253,24 @@ def test_csv_json_table_and_html_carry_every_column() -> None:
     assert 'id="saved">$18.00<' in html
     assert "<script" not in html
     assert "http" not in html.replace('xmlns="http', "")
+
+
+def test_describe_says_what_an_ended_attempt_paid_against_bursting_at_once() -> None:
+    private = attempt("j", start_s=T0, hours=3, burst=offer(4.1, T0 - 1800.0))
+    assert attempt_savings_text(private) == (
+        "paid $0.00 in cloud (private GPUs, $6.00 at the internal rate); bursting at once to "
+        "aws-us-east-1 at $4.10/GPU-hour would have cost $24.60 (saved $24.60, waited +30m)"
+    )
+    dearer = attempt("k", start_s=T0, hours=3, kind=CapacityKind.ON_DEMAND, price=5.0, burst=offer(4.0, T0))
+    assert attempt_savings_text(dearer).endswith("would have cost $24.00 (saved -$6.00, waited +0m)")
+    assert attempt_savings_text(attempt("n", start_s=T0, hours=1, kind=CapacityKind.SPOT, price=2.0)) == (
+        "paid $4.00; no public offer was recorded for it (nothing to burst to): no saving counted"
+    )
+    assert attempt_savings_text(attempt("r", start_s=T0, hours=None, burst=offer(4.0, T0))) == ""
+
+
+def test_the_store_and_the_sweeps_name_the_sweep_variable_alike() -> None:
+    from federation.jobsets.sweeps import SWEEP_ENV as JOBSETS_SWEEP_ENV
+    from federation.store.intervals import SWEEP_ENV
+
+    assert SWEEP_ENV == JOBSETS_SWEEP_ENV

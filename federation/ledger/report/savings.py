@@ -38,7 +38,7 @@ from enum import StrEnum
 from federation.ledger.report.query import Bucket, bucket_end_s, bucket_start_s
 from federation.store.intervals import LedgerInterval, SetKind
 from federation.store.jobs import BurstOffer
-from federation.store.money import day_pieces, piece_micro_usd
+from federation.store.money import day_pieces, format_usd, piece_micro_usd
 from placement.model import CapacityKind, TenantId
 
 
@@ -239,3 +239,27 @@ def _bucket_pieces(start_s: float, end_s: float, bucket: Bucket | None) -> list[
         out.append((at, min(edge, end_s)))
         at = min(edge, end_s)
     return out
+
+
+def attempt_savings_text(iv: LedgerInterval) -> str:
+    """An ended attempt's line for `describe` (issue 35), from its whole interval; "" while it runs."""
+    if iv.end_s is None:
+        return ""
+    s = attempt_saving(iv, until_s=iv.end_s)
+    paid = dollars(s.paid_micro)
+    if s.private_micro:
+        paid += f" in cloud (private GPUs, {dollars(s.private_micro)} at the internal rate)"
+    offer = s.offer
+    if offer is None:
+        return f"paid {paid}; no public offer was recorded for it (nothing to burst to): no saving counted"
+    minutes = round(s.extra_wait_s / 60.0)
+    return (
+        f"paid {paid}; bursting at once to {offer.cluster} at ${offer.usd_per_gpu_hour:.2f}/GPU-hour "
+        f"would have cost {dollars(s.burst_micro)} (saved {dollars(s.saved_micro)}, waited +{minutes}m)"
+    )
+
+
+def dollars(micro: int) -> str:
+    """'$12.35', '-$6.00': to the cent, half to even on the integer."""
+    text = format_usd(abs(micro), places=2)
+    return f"-${text}" if micro < 0 else f"${text}"

@@ -15,7 +15,7 @@ from html import escape
 from typing import Any
 
 from federation.ledger.report.query import bucket_label, iso_utc
-from federation.ledger.report.savings import SavingsReport, SavingsRow
+from federation.ledger.report.savings import SavingsReport, SavingsRow, dollars
 from federation.store.money import format_usd, usd
 
 FIGURES = (
@@ -31,12 +31,6 @@ FIGURES = (
 )
 # How a group with no value reads: a job submitted alone has no set, a job not in a sweep no sweep.
 NONE_LABEL = "-"
-
-
-def dollars(micro: int) -> str:
-    """'$12.35', '-$6.00': to the cent, half to even on the integer."""
-    text = format_usd(abs(micro), places=2)
-    return f"-${text}" if micro < 0 else f"${text}"
 
 
 def headers(report: SavingsReport) -> list[str]:
