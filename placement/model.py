@@ -128,6 +128,9 @@ class GangRequest:
     # False when its replicas differ in what they run (a master of 0 GPUs and workers of 8, say): only
     # a cluster that runs such a gang as one object (Volcano) can take it (`ClusterState.runs_mixed_gangs`).
     uniform: bool = True
+    # The job set it belongs to, qualified by its tenant ("tenant/name"; "" for none): its set-mates'
+    # placements count as copies of their shared dataset (`placement.set_affinity`).
+    job_set: str = ""
     # The longest the job may wait for private GPUs rather than pay cloud prices, from its queue time
     # (the manifest's `spec.maxWait`; None: as long as its tenant's cost policy says).
     max_wait_s: float | None = None

@@ -64,6 +64,7 @@ from placement.quota import QuotaBook
 from placement.reasons import GangExplanation, Tables
 from placement.repatriate import choose_moves
 from placement.room import Room
+from placement.set_affinity import SetStores
 
 
 def plan(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None = None) -> Plan:
@@ -162,6 +163,9 @@ class _Cycle:
         # Replica lists repeat across a long queue: each is sorted into a shape once.
         self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.admissions: list[Admission] = []
+        # Where this cycle placed each job set's gangs that read a dataset: their set-mates decided
+        # later count those stores as holding it (`set_affinity`; earlier cycles' are in the snapshot).
+        self.sets = SetStores()
         self.waiting: list[Waiting] = []
         # The last wait decided for each kind of gang (`GangRequest.decision_key`), and the working
         # state it was decided on (`_state`): another gang of that kind decided on the same state waits
@@ -223,6 +227,7 @@ class _Cycle:
             self._decided[kind] = self.waiting[-1]
 
     def _decide(self, gang: GangRequest) -> None:
+        gang = self.sets.widened(gang)
         # GPUs held for this gang since the cycle began (its victims' of earlier cycles) are its own.
         self.room.ordered.release(gang.job_id)
         gates = self._gates(gang)
@@ -529,6 +534,7 @@ class _Cycle:
         gang, offer = ctx.gang, fit.offer
         cluster, gpu_type = offer.view.cluster, offer.view.gpu_type
         self.inventory.take(offer, fit.placed, shape)
+        self.sets.admitted(gang, offer.view.store)
         self.book.add(gang.tenant, gpu_type, gang.gpu_count)
         self.fair.add(gang.tenant, gpu_type, gang.gpu_count)
         for hold in self.room.holds_on.get(offer, ()):

@@ -31,6 +31,7 @@ from placement.model import (
     TenantId,
 )
 from placement.reserve import PendingGang, reserve_pending
+from placement.set_affinity import SetStores, set_key
 
 _PENDING_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING})
 
@@ -122,6 +123,7 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         gpu_type_policy=job.spec.gpu_type_policy if job.spec.gpu_types else GpuTypePolicy.ANY,
         pinning=job.spec.pinning,
         uniform=uniform(job.spec),
+        job_set=set_key(job.tenant, job.job_set),
     )
 
 
@@ -244,6 +246,22 @@ def move_hold(job: JobRecord) -> PendingGang | None:
     )
 
 
+def set_mates_stores(placed: Sequence[JobRecord], inventories: Sequence[ClusterState]) -> SetStores:
+    """Where each job set's members that read a dataset are placed now (admitted to running), by the
+    object store their cluster reads from: their queued set-mates count those stores as holding the
+    dataset (`placement.set_affinity`). Empty, and no request is touched, when no set member is placed."""
+    stores = {c.name: c.object_store for c in inventories}
+    out = SetStores()
+    for job in placed:
+        if not job.job_set or job.spec.dataset is None or job.placement is None:
+            continue
+        if not job.phase.holds_capacity:
+            continue
+        # The key its queued set-mates' requests have (`gang_request`, `affinity_key`).
+        out.add((set_key(job.tenant, job.job_set), str(job.spec.dataset)), stores.get(job.placement.cluster))
+    return out
+
+
 def build_snapshot(
     jobs: Sequence[JobRecord],
     inputs: PlacerInputs,
@@ -274,7 +292,8 @@ def build_snapshot(
         if between is not None and index % 256 == 0:
             between()
         queued_requests.append(requests(job, inputs))
-    queued = tuple(queued_requests)
+    mates = set_mates_stores(placed, inventories)
+    queued = tuple(mates.widened(g) for g in queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None
