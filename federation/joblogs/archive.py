@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
 
 from clusters.api import ReplicaState
 from clusters.kubernetes.names import object_name, task_name
@@ -217,12 +217,49 @@ def _summary_from(raw: bytes, key: bytes | None = None) -> KeptAttempt:
     return KeptAttempt(**d, replicas=replicas)
 
 
-class LogArchive:
-    """The kept logs and attempt summaries in etcd."""
+class SecretMask(Protocol):
+    """What `federation.secrets.masking.SecretMask` offers (that room sits beside this one)."""
 
-    def __init__(self, kv: KeyValueStore, settings: LogsSettings) -> None:
+    def __bool__(self) -> bool: ...
+    def data(self, raw: bytes) -> bytes: ...
+    def text(self, line: str) -> str: ...
+
+
+def masked_summary(kept: KeptAttempt, mask: SecretMask) -> KeptAttempt:
+    """The summary with the job's secret values masked out of what its pods wrote into it (a
+    termination message, a reason): kept copies in etcd and SQL never hold a value."""
+    if not mask:
+        return kept
+    return replace(
+        kept,
+        reason=mask.text(kept.reason),
+        note=mask.text(kept.note),
+        replicas=tuple(
+            replace(
+                r,
+                state=replace(r.state, reason=mask.text(r.state.reason), message=mask.text(r.state.message)),
+            )
+            for r in kept.replicas
+        ),
+    )
+
+
+class LogArchive:
+    """The kept logs and attempt summaries in etcd.
+
+    `mask_for` gives a job's secret mask (`federation.secrets.jobs.JobSecretMasks`, by job id):
+    what is kept is masked first, so that etcd, and the history store it is archived to, never
+    hold a secret's value that a program printed. None: nothing is masked (tools that only read)."""
+
+    def __init__(
+        self,
+        kv: KeyValueStore,
+        settings: LogsSettings,
+        mask_for: Callable[[str], Awaitable[SecretMask]] | None = None,
+    ) -> None:
         self._kv = kv
         self.settings = settings
+        self._mask_for = mask_for
         self._lease: tuple[int, float] | None = None
 
     async def _lease_id(self) -> int:
@@ -239,6 +276,11 @@ class LogArchive:
         when they fit in one request (the usual case: one round trip and one revision per ended
         attempt, where a put per replica and one for the summary cost two round trips and a
         revision each). A gang whose tails do not fit is written in several, the summary last."""
+        if self._mask_for is not None:
+            mask = await self._mask_for(job_id)
+            if mask:
+                kept = masked_summary(kept, mask)
+                logs = {where: mask.data(data) for where, data in logs.items()}
         try:
             lease = await self._lease_id()
             await self._put_all(job_id, kept, logs, lease)

@@ -67,10 +67,11 @@ from federation.scheduling.members import MemberClusters
 from federation.scheduling.reconciler import Reconciler
 from federation.scheduling.scheduler import Scheduler
 from federation.secrets.crypto import Keyring
-from federation.secrets.jobs import GangSecrets, SecretCheck
+from federation.secrets.jobs import GangSecrets, JobSecretMasks, SecretCheck
 from federation.secrets.keyfile import ENV_VAR as SECRETS_KEY_ENV
 from federation.secrets.keyfile import FILE_NAME as SECRETS_KEY_FILE
 from federation.secrets.keyfile import load_key_file
+from federation.secrets.masking import SecretMask
 from federation.secrets.store import SecretStore
 from federation.security.auth import Authenticator
 from federation.security.ratelimit import READ_RATE_PER_S, ReadRateLimiter
@@ -79,7 +80,7 @@ from federation.store.job_cache import JobCache
 from federation.store.job_store import LEADER_KEY, Fence, KvStore
 from federation.store.kv_etcd import EtcdKv
 from federation.store.records import SchedulingSettings, TenantRecord
-from placement.model import ClusterName, ClusterState, TenantId
+from placement.model import ClusterName, ClusterState, JobId, TenantId
 
 log = structlog.get_logger("gpufed.server")
 
@@ -315,7 +316,16 @@ class FederationServer:
         )
         pb_grpc.add_MembersServicer_to_server(joins, server)
         # As bootstrap wrote them from the config's `logs:`, the same on every server; else ours.
-        archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs)
+        masks = JobSecretMasks(secrets)
+
+        async def mask_for(job_id: str) -> SecretMask:
+            # The job of an attempt being kept is live, so in the cache; etcd if a watch lags.
+            found = job_cache.get(JobId(job_id)) or await store.get_job(JobId(job_id))
+            return (
+                SecretMask(()) if found is None else await masks.for_job(found.value.tenant, found.value.spec)
+            )
+
+        archive = LogArchive(self._kv, await get_logs_settings(self._kv) or cfg.logs, mask_for)
         logs = LogsService(
             history=history,
             store=store,
@@ -326,6 +336,7 @@ class FederationServer:
             archive=archive,
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
             ledger=self._ledger,
+            masks=masks,
         )
         pb_grpc.add_LogsServicer_to_server(logs, server)
 

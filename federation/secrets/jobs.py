@@ -14,6 +14,8 @@ from dataclasses import replace
 
 from clusters.api import GangSecret, GangWorkload
 from federation.errors import InvalidSpec, NotFound
+from federation.secrets.crypto import SecretUnreadable
+from federation.secrets.masking import SecretMask
 from federation.secrets.store import SecretInfo, SecretStore
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.secret_refs import template_refs
@@ -52,6 +54,39 @@ class SecretCheck:
 def uses_secrets(spec: TrainingJobSpec) -> bool:
     """Whether any task's template names a secret (the reconciler releases such attempts' copies)."""
     return any(task.template and next(template_refs(json.loads(task.template)), None) for task in spec.tasks)
+
+
+def spec_secrets(spec: TrainingJobSpec) -> list[str]:
+    """The secrets a job's task templates name (what its pods were given)."""
+    names: set[str] = set()
+    for task in spec.tasks:
+        if task.template:
+            names.update(r.secret for r in template_refs(json.loads(task.template)) if r.secret)
+    return sorted(names)
+
+
+class JobSecretMasks:
+    """The mask of a job's secret values, for its logs and describe view (`federation.secrets.masking`).
+
+    Read from the store when asked: the values the job's pods hold now (a secret put again since
+    the job ran is masked with its new values; lines printed with the old ones, and kept before
+    the put, were masked when kept)."""
+
+    def __init__(self, secrets: SecretStore) -> None:
+        self._secrets = secrets
+
+    async def for_job(self, tenant: str, spec: TrainingJobSpec) -> SecretMask:
+        names = spec_secrets(spec)
+        if not names:
+            return SecretMask(())
+        values: list[bytes] = []
+        missing: list[str] = []
+        for name in names:
+            try:
+                values.extend((await self._secrets.open(tenant, name)).values())
+            except (NotFound, SecretUnreadable):
+                missing.append(name)
+        return SecretMask(values, missing=tuple(missing))
 
 
 def referenced_secrets(gang: GangWorkload) -> list[str]:
