@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -46,6 +47,8 @@ from federation.ledger.cache import LedgerCache
 from federation.ledger.job_cost import job_cost_text
 from federation.metrics import Metrics
 from federation.scheduling.members import MemberClusters
+from federation.secrets.jobs import JobSecretMasks
+from federation.secrets.masking import SecretMask
 from federation.security.auth import Authenticator, Principal
 from federation.security.ratelimit import ReadRateLimiter
 from federation.store.intervals import LedgerInterval
@@ -135,6 +138,13 @@ def _why_none(kept: KeptAttempt, chosen: list[KeptReplica]) -> str:
     return "its containers wrote nothing before the attempt ended"
 
 
+def _unmasked(missing: Sequence[str]) -> str:
+    return (
+        f"secret(s) {', '.join(missing)} were deleted after this job was given them: "
+        "values of theirs that its programs printed cannot be masked here"
+    )
+
+
 class LogsService(pb_grpc.LogsServicer):
     def __init__(
         self,
@@ -149,8 +159,11 @@ class LogsService(pb_grpc.LogsServicer):
         clock: Callable[[], float] = time.time,
         history: HistoryStore | None = None,
         ledger: LedgerCache | None = None,
+        masks: JobSecretMasks | None = None,
     ) -> None:
         self._store = store
+        # The job's secret values, masked out of its logs and describe view (None: no secrets).
+        self._masks = masks
         # Ended jobs archived to SQL (issue 19): their record and attempt summaries; None: live only.
         self._history = history
         # etcd's usage ledger, for a live job's cost (None: no cost shown).
@@ -179,6 +192,11 @@ class LogsService(pb_grpc.LogsServicer):
         stored = await visible_job(who, job_id, self._cache, self._store, self._history, self._read_limiter)
         return stored.value
 
+    async def _mask(self, job: JobRecord) -> SecretMask:
+        if self._masks is None:
+            return SecretMask(())
+        return await self._masks.for_job(job.tenant, job.spec)
+
     def _archived(self, job: JobRecord) -> bool:
         # Ended and gone from etcd (so from the cache): its pods were collected long ago.
         return job.phase.is_terminal and self._cache.get(job.job_id) is None
@@ -203,9 +221,14 @@ class LogsService(pb_grpc.LogsServicer):
         sent_bytes = 0
         limit = self._settings.max_bytes_per_call
         try:
+            mask = await self._mask(job)
             with self._limits.slot(job.tenant):
+                if mask.missing:
+                    yield _pb(Chunk("", 0, "", notice=_unmasked(mask.missing), source=KEPT), attempt)
                 async for chunk in self._chunks(job, attempt, request, options):
                     await guard.check()
+                    if mask and chunk.lines:
+                        chunk = replace(chunk, lines=tuple(mask.text(line) for line in chunk.lines))
                     size = sum(len(line) + 1 for line in chunk.lines)
                     if sent_bytes + size > limit:
                         raise RateLimited(
@@ -373,6 +396,8 @@ class LogsService(pb_grpc.LogsServicer):
                 intervals = () if self._ledger is None else self._ledger.for_job(job.job_id)
             described.job.cost_usd = job_cost_text(intervals, now_s=self._clock())
             set_savings(described, intervals)
+            # Termination messages and events are what its programs and pods wrote: masked too.
+            (await self._mask(job)).message(described)
             return described
 
         return await self._h.unary("DescribeJob", request, context, body)
