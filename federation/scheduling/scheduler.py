@@ -28,6 +28,7 @@ from federation.ledger.cache import LedgerCache
 from federation.ledger.usage import TenantUsage, tenant_usage
 from federation.metrics import Metrics
 from federation.scheduling.archived_usage import ArchivedUsage
+from federation.scheduling.burst_offer import burst_offer_for, needs_burst_offer
 from federation.scheduling.idle import IdleGate
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
@@ -38,6 +39,7 @@ from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrde
 from placement.explain import admitted, move_reason
 from placement.model import (
     Admission,
+    Alternative,
     CapacityRequest,
     ClusterName,
     ClusterState,
@@ -290,7 +292,10 @@ class Scheduler:
             )
         )
         outcomes = await asyncio.gather(
-            *(self._admit(stored_jobs[a.job_id], a, now, fence, semaphore) for a in result.admissions)
+            *(
+                self._admit(stored_jobs[a.job_id], a, now, fence, semaphore, result.bursts.get(a.job_id))
+                for a in result.admissions
+            )
         )
         admitted = sum(outcomes)
         conflicts = len(outcomes) - admitted
@@ -310,6 +315,7 @@ class Scheduler:
             self._capacity.offer(result.capacity_requests, starts)
             waiting = self._capacity.annotate(result.waiting)
         await self._write_reasons(waiting, fence, semaphore)
+        await self._record_bursts(result, stored_jobs, now, fence, semaphore)
         self._metrics.set_queue_depth(planned.queue_depth)
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
@@ -441,7 +447,9 @@ class Scheduler:
         now: float,
         fence: Fence | None,
         semaphore: asyncio.Semaphore,
+        burst: Alternative | None = None,
     ) -> bool:
+        offer = burst_offer_for(stored.value, burst, admission, now)
         job = stored.value.transition(
             JobPhase.ADMITTED,
             by=Owner.SCHEDULER,
@@ -455,6 +463,8 @@ class Scheduler:
                 kind=admission.kind,
                 usd_per_gpu_hour=admission.usd_per_gpu_hour,
             ),
+            # The attempt's burst-at-once alternative, in this same write (`burst_offer`).
+            **({} if offer is None else {"burst_offer": offer}),
         )
         async with semaphore:
             revision = await self._store.commit([(job, stored.mod_revision)], fence=fence)
@@ -475,6 +485,39 @@ class Scheduler:
             usd_per_gpu_hour=admission.usd_per_gpu_hour,
         )
         return True
+
+    async def _record_bursts(
+        self,
+        result: Plan,
+        stored_jobs: Mapping[JobId, Stored[JobRecord]],
+        now: float,
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+    ) -> None:
+        """Record the burst-at-once alternative of each waiting job whose attempt has none yet: one
+        compare-and-swap per attempt (admitted jobs got theirs in the admission's write). A lost race
+        writes nothing; the next cycle tries again."""
+        admitted_ids = {a.job_id for a in result.admissions}
+
+        async def record(stored: Stored[JobRecord], alternative: Alternative) -> None:
+            offer = burst_offer_for(stored.value, alternative, None, now)
+            if offer is None:
+                return
+            async with semaphore:
+                await self._store.commit(
+                    [(replace(stored.value, burst_offer=offer), stored.mod_revision)], fence=fence
+                )
+
+        await asyncio.gather(
+            *(
+                record(stored, alternative)
+                for job_id, alternative in result.bursts.items()
+                if job_id not in admitted_ids
+                and (stored := stored_jobs.get(job_id)) is not None
+                and stored.value.phase is JobPhase.QUEUED
+                and needs_burst_offer(stored.value)
+            )
+        )
 
     async def _read_written_reasons(self, fence: Fence | None) -> None:
         """What the store holds, as this term's starting point: a new leader (or this one back in

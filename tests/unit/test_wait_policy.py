@@ -1,0 +1,207 @@
+"""The wait for private GPUs, per tenant and per job (issue 35): the tenant's cost policy sets the
+wait's figures, a job's maxWait and deadline (less its run-time limit) bound it, and urgent jobs never
+wait; and what `explain` says the wait buys.
+
+Every plan case: a private cluster `onprem` (A100 at $1/GPU-hour, its one node busy until a running
+gang's limit, 10 minutes from now) and a cloud at $3/GPU-hour with room. Job `j` needs 8 GPUs for an
+hour (8 GPU-hours): at 600 s per GPU-hour (`balanced`) it may wait 80 minutes, `saver` 160.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from placement.cost import CostModel
+from placement.model import (
+    Alternative,
+    CapacityKind,
+    ClusterName,
+    GangRequest,
+    GpuType,
+    JobId,
+    PolicyConfig,
+    PriorityClass,
+    TenantId,
+    TenantQuota,
+    WaitCode,
+)
+from placement.model_policy import CostPolicy
+from placement.plan import plan
+from placement.wait_policy import NO_WAIT, SAVER_FACTOR, WaitTerms, latest_start_s, terms_for, wait_s
+from placement.wait_saving import WaitSaving, clock
+from tests.unit.placement_builders import GangBuilder, a_cluster, a_gang, a_snapshot
+
+HOUR = 3600.0
+MINUTE = 60.0
+NOW = 10 * HOUR
+POLICY = PolicyConfig(private_wait_s_per_gpu_hour=600.0, private_wait_max_s=4 * HOUR)
+
+
+def gang(**fields: object) -> GangRequest:
+    base = GangRequest(JobId("j"), TenantId("t"), 1000, NOW, (8,), (GpuType("A100"),), max_runtime_s=3600)
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+TERMS_CASES = [
+    pytest.param(CostPolicy.BALANCED, POLICY, WaitTerms(600.0, 4 * HOUR), id="balanced-is-the-federation-s"),
+    pytest.param(
+        CostPolicy.SAVER, POLICY, WaitTerms(600.0 * SAVER_FACTOR, 4 * HOUR * SAVER_FACTOR), id="saver-doubles"
+    ),
+    pytest.param(CostPolicy.FAST, POLICY, NO_WAIT, id="fast-never-waits"),
+    pytest.param(CostPolicy.SAVER, PolicyConfig(), NO_WAIT, id="federation-off-wins-over-saver"),
+]
+
+
+@pytest.mark.parametrize(("cost_policy", "policy", "expected"), TERMS_CASES)
+def test_a_cost_policy_sets_the_wait_s_figures(
+    cost_policy: CostPolicy, policy: PolicyConfig, expected: WaitTerms
+) -> None:
+    assert terms_for(policy, cost_policy) == expected
+
+
+BALANCED = terms_for(POLICY, CostPolicy.BALANCED)
+SAVER = terms_for(POLICY, CostPolicy.SAVER)
+WAIT_CASES = [
+    # (terms, job's fields, urgent, GPU-hours, seconds it may wait)
+    pytest.param(BALANCED, {}, False, 8.0, 80 * MINUTE, id="compute-weighted"),
+    pytest.param(BALANCED, {}, False, 100.0, 4 * HOUR, id="capped"),
+    pytest.param(SAVER, {}, False, 8.0, 160 * MINUTE, id="saver-waits-twice-as-long"),
+    pytest.param(NO_WAIT, {}, False, 8.0, 0.0, id="fast"),
+    pytest.param(BALANCED, {"max_wait_s": 30 * MINUTE}, False, 8.0, 30 * MINUTE, id="max-wait-shortens"),
+    pytest.param(BALANCED, {"max_wait_s": 10 * HOUR}, False, 8.0, 80 * MINUTE, id="max-wait-never-lengthens"),
+    pytest.param(SAVER, {"max_wait_s": 0.0}, False, 8.0, 0.0, id="max-wait-zero-never-waits"),
+    pytest.param(SAVER, {}, True, 8.0, 0.0, id="urgent-never-waits"),
+]
+
+
+@pytest.mark.parametrize(("terms", "fields", "urgent", "gpu_hours", "expected"), WAIT_CASES)
+def test_how_long_a_gang_may_wait(
+    terms: WaitTerms, fields: dict[str, object], urgent: bool, gpu_hours: float, expected: float
+) -> None:
+    assert wait_s(terms, gang(**fields), gpu_hours, urgent=urgent) == expected
+
+
+def test_the_deadline_leaves_the_longer_of_the_run_and_its_limit() -> None:
+    assert latest_start_s(gang(), 1800.0) is None
+    assert latest_start_s(gang(deadline_at_s=NOW + 2 * HOUR), 1800.0) == NOW + HOUR  # the limit, 1 h
+    assert latest_start_s(gang(deadline_at_s=NOW + 2 * HOUR), 5400.0) == NOW + 2 * HOUR - 5400.0
+
+
+def test_until_combines_the_tenant_the_job_and_the_deadline() -> None:
+    costs = CostModel({}, (), POLICY)
+    # 8 GPUs x 1 h at 600 s per GPU-hour: 80 minutes; saver 160, but the deadline leaves 100.
+    deadline = NOW + 100 * MINUTE + HOUR
+    assert costs.private_wait_until_s(gang(), 8.0, 24.0, HOUR) == NOW + 80 * MINUTE
+    assert costs.private_wait_until_s(gang(), 8.0, 24.0, HOUR, terms=SAVER) == NOW + 160 * MINUTE
+    assert (
+        costs.private_wait_until_s(gang(deadline_at_s=deadline), 8.0, 24.0, HOUR, terms=SAVER)
+        == NOW + 100 * MINUTE
+    )
+    assert costs.private_wait_until_s(gang(), 8.0, 24.0, HOUR, terms=SAVER, urgent=True) == NOW
+    assert costs.private_wait_until_s(gang(), 24.0, 8.0, HOUR) == NOW, "the cloud is cheaper: no wait"
+
+
+def test_the_saving_estimate_and_its_words() -> None:
+    burst = Alternative(ClusterName("aws-us-east-1"), GpuType("A100"), CapacityKind.ON_DEMAND, 4.0961, 400.0)
+    saving = WaitSaving(ClusterName("onprem"), GpuType("A100"), 88.0, burst, 8, NOW + 4 * HOUR + 5 * MINUTE)
+    assert saving.saving_usd == 312.0
+    assert saving.burst_usd_per_hour == pytest.approx(32.7688)
+    assert saving.words(NOW) == (
+        "waiting for private A100 on cluster onprem until 14:05 UTC: saves an estimated $312.00 against "
+        "bursting now to aws-us-east-1 (A100, on-demand) at $32.77/h; bursts then if no room frees"
+    )
+    dearer = WaitSaving(ClusterName("onprem"), GpuType("A100"), 500.0, burst, 8, NOW)
+    assert dearer.saving_usd == 0.0, "never a negative saving"
+
+
+def test_a_clock_names_the_day_only_when_it_is_not_today() -> None:
+    assert clock(NOW + 5 * MINUTE, NOW) == "10:05 UTC"
+    assert clock(NOW + 20 * HOUR, NOW) == "1970-01-02 06:00 UTC"
+
+
+def world(tenant_policy: CostPolicy = CostPolicy.BALANCED, *jobs: GangBuilder) -> list[str]:
+    """What happens to each job: `waits until HH:MM`, or `admitted:<cluster>`."""
+    snapshot = (
+        a_snapshot()
+        .clusters(
+            a_cluster("onprem").pool("A100", free=(0,), price=1.0, name="p"),
+            a_cluster("cloud").provider_cloud().pool("A100", kind=CapacityKind.ON_DEMAND, nodes=4, price=3.0),
+        )
+        .policy(private_wait_s_per_gpu_hour=600.0, private_wait_needs_start=True)
+        .running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 10 * MINUTE)
+        .classes(
+            PriorityClass("normal", 1000),
+            PriorityClass("urgent", 100000, preemptible=False, needs_approval=True),
+        )
+        .tenants(TenantQuota(TenantId("t"), cost_policy=tenant_policy), TenantQuota(TenantId("other")))
+        .queue(*jobs)
+    )
+    result = plan(snapshot.build(), now=NOW)
+    out = [f"admitted:{a.cluster}" for a in result.admissions]
+    for waiting in result.waiting:
+        reason = waiting.reasons[-1]
+        assert reason.code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY
+        assert reason.at_s is not None
+        out.append(f"waits until {clock(reason.at_s, NOW)}")
+    return out
+
+
+def job(**fields: object) -> GangBuilder:
+    builder = a_gang("j").tenant("t").gang(1, gpus=8).runtime(limit_s=3600).queued_at(NOW)
+    if "priority" in fields:
+        builder.priority(int(fields.pop("priority")))  # type: ignore[call-overload]
+    builder._extra.update(fields)
+    return builder
+
+
+PLAN_CASES = [
+    pytest.param(CostPolicy.BALANCED, {}, "waits until 11:20 UTC", id="balanced"),
+    pytest.param(CostPolicy.SAVER, {}, "waits until 12:40 UTC", id="saver"),
+    pytest.param(CostPolicy.FAST, {}, "admitted:cloud", id="fast-bursts-at-once"),
+    pytest.param(CostPolicy.SAVER, {"max_wait_s": 30 * MINUTE}, "waits until 10:30 UTC", id="max-wait"),
+    pytest.param(CostPolicy.SAVER, {"max_wait_s": 5 * MINUTE}, "admitted:cloud", id="max-wait-before-room"),
+    pytest.param(
+        CostPolicy.BALANCED, {"deadline_at_s": NOW + 2 * HOUR}, "waits until 11:00 UTC", id="deadline"
+    ),
+    pytest.param(
+        CostPolicy.SAVER,
+        {"priority_class": "urgent", "approval_expires_at_s": NOW + HOUR, "priority": 100000},
+        "admitted:cloud",
+        id="approved-urgent-never-waits",
+    ),
+]
+
+
+@pytest.mark.parametrize(("tenant_policy", "fields", "expected"), PLAN_CASES)
+def test_the_placer_waits_as_the_tenant_and_the_job_say(
+    tenant_policy: CostPolicy, fields: dict[str, object], expected: str
+) -> None:
+    assert world(tenant_policy, job(**fields)) == [expected]
+
+
+def test_one_tenant_s_policy_is_not_another_s() -> None:
+    other = a_gang("k").tenant("other").gang(1, gpus=8).runtime(limit_s=3600).queued_at(NOW)
+    assert sorted(world(CostPolicy.FAST, other)) == ["waits until 11:20 UTC"]
+
+
+def test_the_plan_keeps_the_burst_at_once_offer_whether_the_gang_waits_or_not() -> None:
+    def bursts(tenant_policy: CostPolicy) -> dict[str, tuple[str, float]]:
+        snapshot = (
+            a_snapshot()
+            .clusters(
+                a_cluster("onprem").pool("A100", free=(0,), price=1.0, name="p"),
+                a_cluster("cloud")
+                .provider_cloud()
+                .pool("A100", kind=CapacityKind.ON_DEMAND, nodes=4, price=3.0),
+            )
+            .policy(private_wait_s_per_gpu_hour=600.0)
+            .tenants(TenantQuota(TenantId("t"), cost_policy=tenant_policy))
+            .queue(job())
+        )
+        result = plan(snapshot.build(), now=NOW)
+        return {j: (a.cluster, a.usd_per_gpu_hour) for j, a in result.bursts.items()}
+
+    assert bursts(CostPolicy.BALANCED) == {"j": ("cloud", 3.0)}
+    assert bursts(CostPolicy.FAST) == {"j": ("cloud", 3.0)}
