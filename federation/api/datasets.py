@@ -8,8 +8,10 @@ cannot help (a missing bucket, bad credentials) and UNAVAILABLE when it may.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 
 from datasync import (
@@ -30,6 +32,15 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.datasets.fence import CopyBusy
 from federation.datasets.grants import GrantDirectory, allows
+from federation.datasets.lineage import LineageStore, Node, walk
+from federation.datasets.outputs import (
+    OutputRecord,
+    OutputsController,
+    OutputState,
+    Registrar,
+    attempt_prefix,
+    version_of,
+)
 from federation.datasets.registry import (
     DatasetRegistry,
     cache_prefix,
@@ -52,13 +63,16 @@ from federation.security.auth import (
     can_read_tenant,
     check_read_dataset,
     check_sync_dataset,
+    job_not_found,
     listable_tenant,
 )
 from federation.security.tokens import SecurityStore
 from federation.spec.validate import name_field, shown
+from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore
+from federation.store.jobs import JobRecord
 from federation.store.records import Role
-from placement.model import JobId, TenantId
+from placement.model import JobId, JobPhase, TenantId
 
 MAX_SHARED = 100
 BUILD_CONCURRENCY = 16
@@ -152,6 +166,7 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
         auth: Authenticator,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        cache: JobCache | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -161,6 +176,12 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
         self._clock = clock
         self._grants = GrantDirectory(registry.kv)
         self._security = SecurityStore(registry.kv)
+        self._lineage = LineageStore(registry.kv)
+        # Outputs of succeeded jobs become versions (issue 34); run by `outputs_controller_running`.
+        registrar = Registrar(kv=registry.kv, store=store, registry=registry, stores=stores, clock=clock)
+        self.outputs = OutputsController(
+            registrar, (lambda: [s.value for s in cache.jobs()]) if cache is not None else (lambda: ())
+        )
 
     async def _readable_jobs(self, who: Principal, job_ids: Iterable[str]) -> tuple[list[str], int]:
         """The job ids the caller may read, and how many others there are: a shared dataset's copies
@@ -383,3 +404,115 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
             return pb.EvictDatasetResponse(freed_bytes=copy.size_bytes)
 
         return await self._h.unary("EvictDataset", request, context, body)
+
+    # ---- outputs and lineage (issue 34)
+
+    async def GetDatasetLineage(
+        self, request: pb.GetDatasetLineageRequest, context: Ctx
+    ) -> pb.DatasetLineage:
+        async def body(who: Principal, req: pb.GetDatasetLineageRequest) -> pb.DatasetLineage:
+            name = dataset_ref_field(req.name)
+            wanted = version_field(req.version) if req.version else None
+            dataset = await self._visible(who, name)
+            found = resolve(dataset, wanted)
+            if found is None:
+                raise NotFound(f"version: dataset {name} has no version {shown(req.version or 'at all')}")
+            view = walk(
+                f"{dataset.name}@{found.version}",
+                datasets=await self._registry.list(),
+                records=await self._lineage.list(),
+                may_see=lambda d: who.role in (Role.ADMIN, Role.INFRA) or d.visible_to(who.tenant),
+                may_read_tenant=lambda tenant: can_read_tenant(who, TenantId(tenant)),
+            )
+            return pb.DatasetLineage(
+                version=node_to_pb(view.node),
+                ancestors=[node_to_pb(n) for n in view.ancestors],
+                descendants=[node_to_pb(n) for n in view.descendants],
+                hidden_descendants=view.hidden_descendants,
+            )
+
+        return await self._h.unary("GetDatasetLineage", request, context, body)
+
+    async def GetJobOutputs(self, request: pb.GetJobOutputsRequest, context: Ctx) -> pb.JobOutputs:
+        async def body(who: Principal, req: pb.GetJobOutputsRequest) -> pb.JobOutputs:
+            if not req.job_id or len(req.job_id) > 253:
+                raise InvalidSpec("job_id", "must be a job id")
+            stored = await self._store.get_job(JobId(req.job_id))
+            if stored is None or not can_read_tenant(who, stored.value.tenant):
+                raise NotFound(job_not_found(req.job_id))
+            job = stored.value
+            outputs = []
+            for index, output in enumerate(job.spec.outputs):
+                record = await self.outputs.records.get(job.job_id, index) or _unrecorded(job, index)
+                outputs.append(
+                    pb.JobOutput(
+                        dataset=record.dataset,
+                        version=record.version,
+                        path=output.path,
+                        state=record.state.value,
+                        reason=record.reason,
+                        store=record.store,
+                        prefix=record.prefix,
+                    )
+                )
+            return pb.JobOutputs(job_id=job.job_id, outputs=outputs)
+
+        return await self._h.unary("GetJobOutputs", request, context, body)
+
+
+def _unrecorded(job: JobRecord, index: int) -> OutputRecord:
+    """What an output with no record yet is, from its job's phase."""
+    output = job.spec.outputs[index]
+    name = f"{job.tenant}/{output.dataset}"
+    version = version_of(output, job.job_id)
+    if job.phase is JobPhase.SUCCEEDED:
+        prefix = attempt_prefix(output, job.job_id, job.attempt)
+        return OutputRecord(OutputState.REGISTERING, name, version, prefix=prefix)
+    if job.phase.is_terminal:
+        return OutputRecord(
+            OutputState.NOT_REGISTERED,
+            name,
+            version,
+            reason=f"the job {job.phase.value.lower()}: a partial output is never registered",
+        )
+    return OutputRecord(OutputState.PENDING, name, version)
+
+
+def node_to_pb(n: Node) -> pb.LineageNode:
+    if n.redacted:
+        return pb.LineageNode(redacted=True, depth=n.depth)
+    dataset, _, version = n.ref.rpartition("@")
+    out = pb.LineageNode(dataset=dataset, version=version, depth=n.depth, inputs=list(n.inputs))
+    if n.version is not None:
+        out.store = n.version.home.store
+        out.prefix = n.version.home.prefix
+        out.manifest_digest = n.version.manifest_digest
+        out.created_at.CopyFrom(convert.timestamp(n.version.created_at_s))
+    if n.made_by is not None:
+        m = n.made_by
+        out.job_id = m.job_id
+        out.attempt = m.attempt
+        out.job_name = m.job_name
+        out.images.extend(m.images)
+        out.params.extend(f"{k}={v}" for k, v in m.params)
+        out.job_set = m.job_set
+    return out
+
+
+@contextlib.asynccontextmanager
+async def outputs_controller_running(servicers: Sequence[object]) -> AsyncIterator[OutputsController | None]:
+    """The registration of succeeded jobs' outputs running while the block runs (every server runs
+    it: registration is idempotent, so two never register a version twice)."""
+    service = next((s for s in servicers if isinstance(s, DatasetService)), None)
+    if service is None:
+        yield None
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.outputs.run(stop), name="gpufed-outputs")
+    try:
+        yield service.outputs
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

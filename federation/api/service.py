@@ -104,6 +104,8 @@ class DatasetPolicy(Protocol):
 
     async def check(self, tenant: TenantId, ref: DatasetRef, settings: SchedulingSettings) -> None: ...
 
+    async def check_outputs(self, tenant: TenantId, spec: TrainingJobSpec) -> None: ...
+
 
 def check_priority_class(
     who: Principal, tenant: TenantRecord, settings: SchedulingSettings, name: str
@@ -321,6 +323,9 @@ class JobService(pb_grpc.JobServiceServicer):
         spec = check_submission(replace(spec, tenant=tenant), record, settings)
         if self._secrets is not None:
             await self._secrets.check(tenant, spec)
+        if spec.outputs:
+            # Outputs become the tenant's dataset versions (issue 34): its own, on its granted prefixes.
+            await self._datasets.check_outputs(tenant, spec)
         return Checked(
             spec=spec, tenant=tenant, record=record, priority=priority, digest=manifest_digest(spec)
         )

@@ -22,12 +22,19 @@ from collections.abc import Callable
 
 import structlog
 
-from datasync import Dataset
+from datasync import Dataset, VersionId
+from federation.datasets.grants import GrantDirectory, allows
 from federation.datasets.registry import DatasetRegistry, qualified, resolve
-from federation.errors import FailedPrecondition
-from federation.spec.jobspec import DatasetRef
+from federation.datasets.stores import StoreDirectory
+from federation.errors import FailedPrecondition, PermissionDenied
+from federation.spec.jobspec import DatasetRef, TrainingJobSpec
+from federation.store.jobs import JobRecord
 from federation.store.records import SchedulingSettings
 from placement.model import TenantId
+
+# (tenant, `tenant/name`, version) -> the live job that will make that version, if any
+# (`federation.datasets.outputs.OutputsController.declared`).
+Declared = Callable[[str, str, str], JobRecord | None]
 
 log = structlog.get_logger("gpufed.datasets")
 
@@ -79,6 +86,8 @@ class DatasetCheck:
         self._clock = clock
         self._datasets: dict[str, Dataset] = {}
         self._read_at = float("-inf")
+        # Set by the outputs controller's wiring: a version a live job will make may be named as input.
+        self.declared: Declared | None = None
         # One listing at a time: a burst of submissions at the refresh moment must not each list.
         self._lock = asyncio.Lock()
 
@@ -101,6 +110,46 @@ class DatasetCheck:
         if dataset is not None:
             self._datasets[dataset.name] = dataset
         reason = refusal(ref, tenant, dataset, settings)
+        if reason is not None and self.pending_output(tenant, ref, dataset) is not None:
+            return  # waits in STAGING until the job that makes it succeeds (federation.datasets.staging)
         if reason is not None:
             log.info("dataset_reference_refused", tenant=tenant, dataset=str(ref))
             raise FailedPrecondition(reason)
+
+    def pending_output(self, tenant: TenantId, ref: DatasetRef, dataset: Dataset | None) -> JobRecord | None:
+        """The live job that will make the version `ref` names, if the tenant may read it once made:
+        its own tenant's, or a version of a dataset its owner shared with it."""
+        if ref.version is None or self.declared is None:
+            return None
+        name = qualified(tenant, ref.name)
+        owner = name.partition("/")[0]
+        if owner != tenant and (dataset is None or not dataset.visible_to(tenant)):
+            return None
+        return self.declared(owner, name, ref.version)
+
+    async def check_outputs(self, tenant: TenantId, spec: TrainingJobSpec) -> None:
+        """A job's outputs: a version that exists already is refused (versions are immutable), and a
+        path must be granted to the tenant in some store (the server reads it with its own rights)."""
+        stores = await StoreDirectory(self._registry.kv).list()
+        grants = GrantDirectory(self._registry.kv)
+        for i, output in enumerate(spec.outputs):
+            at = f"spec.outputs[{i}]"
+            if output.version is not None:
+                stored = await self._registry.lookup(tenant, output.dataset)
+                if stored is not None and stored.value.version(VersionId(output.version)) is not None:
+                    raise FailedPrecondition(
+                        f"{at}.version: {stored.value.name}@{output.version} exists already; versions are "
+                        "immutable, name a new one"
+                    )
+            granted: list[str] = []
+            for record in stores:
+                grant = await grants.effective(record.name, tenant, record.dataset_prefixes)
+                if allows(grant.prefixes, output.path):
+                    break
+                granted.extend(f"{record.name}:{p}" for p in grant.prefixes)
+            else:
+                if stores:
+                    raise PermissionDenied(
+                        f"{at}.path: tenant {tenant} may write datasets only under its granted prefixes "
+                        f"({', '.join(granted) or 'none'}), not {output.path!r}"
+                    )

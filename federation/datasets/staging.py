@@ -22,9 +22,9 @@ from enum import StrEnum
 
 import structlog
 
-from datasync import CopyKey, DatasetName, DatasetVersion, StoreName, VersionId, pin, unpin
-from federation.datasets.check import not_registered
-from federation.datasets.registry import DatasetRegistry, resolve
+from datasync import CopyKey, Dataset, DatasetName, DatasetVersion, StoreName, VersionId, pin, unpin
+from federation.datasets.check import Declared, not_registered
+from federation.datasets.registry import DatasetRegistry, qualified, resolve
 from federation.datasets.staging_run import SyncRunner
 from federation.datasets.syncs import SyncRecord, SyncRecords, SyncState
 from federation.store.jobs import JobRecord, Owner
@@ -70,6 +70,8 @@ class Stager:
         self._runner = runner
         self._cluster_store = cluster_store
         self._clock = clock
+        # Set by the outputs controller's wiring (`federation.datasets.check.Declared`).
+        self.declared: Declared | None = None
 
     async def _target(self, job: JobRecord) -> tuple[DatasetVersion, str] | Gate:
         """The version the job reads and the store it must be in, or the gate when there is nothing to do."""
@@ -79,6 +81,9 @@ class Stager:
         store = self._cluster_store(job.placement.cluster)
         # A bare name is the job's tenant's dataset; `tenant/name` another tenant's (shared with it).
         stored = await self._registry.lookup(job.tenant, ref.name)
+        awaited = self._awaited(job, stored.value if stored is not None else None)
+        if awaited is not None:
+            return awaited
         if stored is None or store is None:
             return READY
         if not stored.value.visible_to(job.tenant):
@@ -88,6 +93,30 @@ class Stager:
         if version is None:
             return Gate(GateKind.FAIL, f"dataset {ref} has no such version")
         return version, store
+
+    def _awaited(self, job: JobRecord, dataset: Dataset | None) -> Gate | None:
+        """The wait of a job whose input version another job will make and has not yet (issue 34)."""
+        ref = job.spec.dataset
+        if ref is None or ref.version is None or self.declared is None:
+            return None
+        if dataset is not None and dataset.version(VersionId(ref.version)) is not None:
+            return None
+        name = qualified(job.tenant, ref.name)
+        owner = name.partition("/")[0]
+        if owner != job.tenant and (dataset is None or not dataset.visible_to(job.tenant)):
+            return None
+        maker = self.declared(owner, name, ref.version)
+        if maker is None:
+            return None
+        # Another tenant's job is not named to this one (it may read the data, not the owner's jobs).
+        who = (
+            f"job {maker.job_id} ({maker.phase.value.lower()})" if owner == job.tenant else "its owner's job"
+        )
+        return Gate(
+            GateKind.STAGE,
+            f"waiting for its input {name}@{ref.version}, the declared output of {who}; "
+            "it goes on once that job succeeds and the version is registered",
+        )
 
     async def prepare(self, job: JobRecord) -> Gate:
         target = await self._target(job)
@@ -114,7 +143,8 @@ class Stager:
     async def poll(self, job: JobRecord) -> Gate:
         target = await self._target(job)
         if isinstance(target, Gate):
-            return target
+            # Still waiting for an input another job makes: stay in STAGING.
+            return WAIT if target.kind is GateKind.STAGE else target
         version, store = target
         held = await self._syncs.get(store, version.dataset, version.version)
         if held is not None and held[0].state is SyncState.FAILED:

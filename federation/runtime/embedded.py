@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from clusters.files import write_atomically
+from federation.api.datasets import outputs_controller_running
 from federation.api.jobsets import set_controller_running
 from federation.datasets.fence import FENCES
 from federation.datasets.stores import StoreRecord
@@ -155,7 +156,8 @@ async def run_up(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            async with set_controller_running(server.servicers):  # job sets (issue 34)
+            # Job sets, and outputs that become dataset versions (issue 34).
+            async with set_controller_running(server.servicers), outputs_controller_running(server.servicers):
                 died = await _until_stopped_or_sim_died(stop, sims)
             log.info("embedded_stopping")
             # Every stop step is bounded, so a stop that still takes this long is a bug: leave the

@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from federation.api.datasets import outputs_controller_running
 from federation.api.jobsets import set_controller_running
 from federation.errors import InvalidSpec
 from federation.runtime.bootstrap import bootstrap
@@ -103,7 +104,7 @@ async def run_server(
         loop.add_signal_handler(sig, stop.set)
     try:
         # Job sets' releases (issue 34), beside the server's own loops.
-        async with set_controller_running(server.servicers):
+        async with set_controller_running(server.servicers), outputs_controller_running(server.servicers):
             await stop.wait()
     finally:
         await server.stop()

@@ -252,7 +252,7 @@ class FederationServer:
             auth=auth,
             metrics=self.metrics,
             tenants=tenants,
-            datasets=DatasetCheck(registry),
+            datasets=(dataset_check := DatasetCheck(registry)),
             read_limiter=ReadRateLimiter(self.config.read_rate_per_s),
             security=security,
             ledger=self._ledger,
@@ -303,8 +303,16 @@ class FederationServer:
         syncs = SyncRecords(self._kv)
         self._stores = stores = StoreDirectory(self._kv)
         datasets = DatasetService(
-            store=store, registry=registry, stores=stores, syncs=syncs, auth=auth, metrics=self.metrics
+            store=store,
+            registry=registry,
+            stores=stores,
+            syncs=syncs,
+            auth=auth,
+            metrics=self.metrics,
+            cache=self._cache,
         )
+        # A version a live job will make may be named as input: accepted, then waited for (issue 34).
+        dataset_check.declared = datasets.outputs.declared
         pb_grpc.add_DatasetsServicer_to_server(datasets, server)
         # `gpufed cluster join`: clusters registered at run time, driven by this server at once.
         joins = MembersService(
@@ -405,6 +413,7 @@ class FederationServer:
             ),
             cluster_store=cluster_stores.get,
         )
+        self._stager.declared = datasets.outputs.declared
         reconciler = Reconciler(
             store=store,
             cache=self._cache,

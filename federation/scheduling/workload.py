@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from clusters.api import GangWorkload, ReplicaSpec
+from federation.datasets.outputs import output_env
 from federation.spec.jobspec import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION
 from federation.spec.pod_template import expanded_template
 from federation.store.jobs import JobRecord
@@ -31,6 +32,8 @@ def sim_duration_s(text: str | None) -> float | None:
 
 def workload_for(job: JobRecord) -> GangWorkload:
     assert job.placement is not None
+    # Where this attempt writes each declared output (issue 34, federation.datasets.outputs).
+    outputs = output_env(job)
     replicas = tuple(
         ReplicaSpec(
             task=task.name,
@@ -38,7 +41,7 @@ def workload_for(job: JobRecord) -> GangWorkload:
             gpu_count=task.gpus_per_replica,
             image=task.image,
             command=task.command,
-            env=task.env,
+            env=(*task.env, *outputs),
             pod_template=expanded_template(task.template, task.shm_size or None),
         )
         for task in job.spec.tasks
