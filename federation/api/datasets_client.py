@@ -82,3 +82,15 @@ class DatasetsClient:
             metadata=self._metadata,
             timeout=TIMEOUT_S,
         )
+
+    def lineage(self, name: str, *, version: str = "") -> pb.DatasetLineage:
+        return self._stub.GetDatasetLineage(
+            pb.GetDatasetLineageRequest(name=name, version=version),
+            metadata=self._metadata,
+            timeout=TIMEOUT_S,
+        )
+
+    def outputs(self, job_id: str) -> pb.JobOutputs:
+        return self._stub.GetJobOutputs(
+            pb.GetJobOutputsRequest(job_id=job_id), metadata=self._metadata, timeout=TIMEOUT_S
+        )

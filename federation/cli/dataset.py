@@ -1,5 +1,5 @@
-"""`gpufed dataset register|list|show|sync|status|evict|verify|grants|grant`: the dataset registry, its
-copies, and who may register what (Datasets).
+"""`gpufed dataset register|list|show|sync|status|evict|verify|grants|grant|lineage|outputs`: the dataset
+registry, its copies, who may register what, and the versions jobs made (Datasets).
 
 `sync` shows the plan first (bytes to copy, egress estimate), then asks the leader to run it; with
 `--wait` it follows the progress (bytes, objects, rate, time left) until the copy is done or failed.
@@ -245,6 +245,65 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         opts.emit(
             reply, f"{reply.tenant} in {reply.store}: {', '.join(reply.prefixes) or 'none'} ({reply.source})"
         )
+
+    @dataset.command(name="lineage")
+    @click.argument("ref", metavar="NAME[@VERSION]")
+    @click.pass_obj
+    @rpc
+    def lineage_cmd(opts: Any, ref: str) -> None:
+        """A version's ancestry (the inputs of the job that made it, and theirs) and its descendants
+        (versions made by jobs that read it), as far as you may see: another tenant's versions are
+        redacted among ancestors and only counted among descendants."""
+        name, _, version = ref.partition("@")
+        with opts.client() as client:
+            reply = DatasetsClient(client).lineage(name, version=version)
+        opts.emit(reply, lineage_text(reply))
+
+    @dataset.command(name="outputs")
+    @click.argument("job_id")
+    @click.pass_obj
+    @rpc
+    def outputs_cmd(opts: Any, job_id: str) -> None:
+        """What became of a job's declared outputs: pending, registered (as which version), or why not."""
+        with opts.client() as client:
+            reply = DatasetsClient(client).outputs(job_id)
+        rows = [("DATASET", "VERSION", "STATE", "WHERE", "REASON")]
+        rows += [
+            (
+                o.dataset,
+                o.version,
+                o.state,
+                f"{o.store}:{o.prefix}" if o.store else o.prefix or "-",
+                o.reason or "-",
+            )
+            for o in reply.outputs
+        ]
+        opts.emit(reply, _table(rows) if reply.outputs else f"job {reply.job_id} declares no outputs")
+
+
+def _node_line(n: pb.LineageNode) -> str:
+    indent = "  " * max(n.depth, 0)
+    if n.redacted:
+        return f"{indent}(redacted: a version you may not see)"
+    line = f"{indent}{n.dataset}@{n.version}"
+    if n.job_id:
+        line += f"  made by job {n.job_id} (attempt {n.attempt}, {', '.join(n.images)})"
+    elif not n.inputs:
+        line += "  registered"
+    return line
+
+
+def lineage_text(r: pb.DatasetLineage) -> str:
+    lines = [_node_line(r.version).strip()]
+    if r.version.params:
+        lines.append("  params: " + " ".join(r.version.params))
+    lines.append("ancestors:" if r.ancestors else "ancestors: none")
+    lines += [_node_line(n) for n in r.ancestors]
+    lines.append("descendants:" if r.descendants or r.hidden_descendants else "descendants: none")
+    lines += [_node_line(n) for n in r.descendants]
+    if r.hidden_descendants:
+        lines.append(f"  and {r.hidden_descendants} in datasets you may not see")
+    return "\n".join(lines)
 
 
 def verify_text(r: pb.VerifyDatasetResponse) -> str:
