@@ -1,5 +1,6 @@
 """`/finance?period=`: GPU-hours and cost per tenant and period, budget burn with its forecast, idle
-cost, and `/finance.csv?period=` to download the same figures.
+cost, what waiting for private GPUs saved (issue 35) and cost by job set (issue 34), and
+`/finance.csv?period=` and `/finance-savings.csv?period=&by=` to download the same figures.
 
 One call as the signed-in user: ReportService.GetReport, grouped by tenant in daily buckets, as JSON
 (`gpufed report --by tenant --bucket day -o json`). The server computes it with the offline report's
@@ -7,7 +8,8 @@ code (`federation.ledger.report`) and its rules: finance reads every tenant, a m
 (and no idle cost, which would tell what others used), nobody else, so admins and infra get the
 console's not-found page here as `gpufed report` refuses them. The page draws the offline HTML
 report's charts from the same series (`federation.ledger.report.html`): cost per day (or week, or
-month) stacked by tenant, and GPU-hours by GPU type.
+month) stacked by tenant, and GPU-hours by GPU type. Two more calls of the same rule give the
+savings report (`gpufed report savings -o json`) by tenant and GPU type, and by job set.
 """
 
 from __future__ import annotations
@@ -86,6 +88,28 @@ def report_request(start_s: float, end_s: float, fmt: str) -> pb.GetReportReques
         bucket="day",
         format=fmt,
     )
+
+
+SAVINGS_GROUPINGS = ("tenant,gpu_type", "set", "sweep", "tenant,set")
+
+
+def savings_request(start_s: float, end_s: float, fmt: str, group_by: Sequence[str]) -> pb.GetReportRequest:
+    return pb.GetReportRequest(
+        start=convert.timestamp(start_s),
+        end=convert.timestamp(end_s),
+        group_by=list(group_by),
+        format=fmt,
+        report="savings",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SavingsView:
+    """The savings report's JSON (`federation.ledger.report.savings_render.savings_dict`), by tenant
+    and GPU type and by job set, as the page shows them."""
+
+    by_type: dict[str, Any]
+    by_set: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +285,83 @@ def _idle(report: Report, view: View) -> str:
     )
 
 
+def _saved_cell(row: dict[str, Any]) -> str:
+    saved = float(row["saved_usd"])
+    css = "num saved negative" if saved < 0 else "num saved"
+    sign = "-" if saved < 0 else ""
+    return f'<td class="{css}">{sign}{_money(abs(saved))}</td>'
+
+
+def _savings_rows(rows: Sequence[dict[str, Any]], dims: Sequence[str]) -> str:
+    out = []
+    for r in rows:
+        keys = "".join(
+            (f'<th scope="row">{e(r[d])}</th>' if i == 0 else f"<td>{e(r[d])}</td>")
+            for i, d in enumerate(dims)
+        )
+        attrs = " ".join(f'data-{e(d.replace("_", "-"))}="{e(r[d])}"' for d in dims)
+        out.append(
+            f"<tr {attrs}>{keys}"
+            f'<td class="num attempts">{int(r["attempts"])}</td>'
+            f'<td class="num no-offer">{int(r["attempts_no_offer"])}</td>'
+            f'<td class="num gpu-hours">{float(r["gpu_hours"]):,.2f}</td>'
+            f'<td class="num paid">{_money(float(r["paid_usd"]))}</td>'
+            f'<td class="num burst">{_money(float(r["burst_usd"]))}</td>'
+            + _saved_cell(r)
+            + f'<td class="num saved-share">{_pct(r.get("saved_share"))}</td>'
+            f'<td class="num extra-wait">{float(r["extra_wait_hours"]):,.2f}</td>'
+            f'<td class="num private">{_money(float(r["private_usd"]))}</td></tr>'
+        )
+    return "<tbody>" + "".join(out) + "</tbody>"
+
+
+_SAVINGS_HEADS = (
+    "Attempts",
+    "No offer",
+    "GPU-hours",
+    "Cloud paid",
+    "Burst at once",
+    "Saved",
+    "Saved share",
+    "Extra wait (h)",
+    "Private (internal)",
+)
+
+
+def _savings(sv: SavingsView, period: str) -> str:
+    total = sv.by_type["total"]
+    saved = float(total["saved_usd"])
+    csv = "/finance-savings.csv?" + urlencode({"period": period, "by": "tenant,gpu_type"})
+    sets_csv = "/finance-savings.csv?" + urlencode({"period": period, "by": "set"})
+    return (
+        "<h2>What waiting saved</h2>"
+        f'<p id="savings-summary">Cloud cost paid <strong id="savings-paid">'
+        f"{_money(float(total['paid_usd']))}</strong>; bursting every attempt at once would have cost "
+        f'<strong id="savings-burst">{_money(float(total["burst_usd"]))}</strong>: saved '
+        f'<strong id="savings-saved">{"-" if saved < 0 else ""}{_money(abs(saved))}</strong> for '
+        f'<strong id="savings-extra-wait">{float(total["extra_wait_hours"]):,.2f}</strong> hours of '
+        f"extra queueing over {int(total['attempts'])} attempts "
+        f"({int(total['attempts_no_offer'])} with nothing to burst to). Each attempt's GPU-hours are "
+        "priced at the cheapest public offer the placer saw when it first considered it. "
+        f'<a id="savings-csv" href="{e(csv)}" download>Download CSV</a></p>'
+        + table(
+            table_id="savings",
+            heads=["Tenant", "GPU type", *_SAVINGS_HEADS],
+            numeric=range(2, 11),
+            body=_savings_rows(sv.by_type["rows"], ("tenant", "gpu_type")),
+        )
+        + "<h2>By job set</h2>"
+        + '<p class="note">Jobs submitted alone are under "-". '
+        f'<a id="sets-csv" href="{e(sets_csv)}" download>Download CSV</a></p>'
+        + table(
+            table_id="finance-sets",
+            heads=["Job set", *_SAVINGS_HEADS],
+            numeric=range(1, 10),
+            body=_savings_rows(sv.by_set["rows"], ("set",)),
+        )
+    )
+
+
 def _period_form(current: str) -> str:
     options = "".join(
         f'<option value="{e(k)}"{" selected" if k == current else ""}>{e(words)}</option>'
@@ -296,7 +397,7 @@ def _daily_table(daily: Sequence[tuple[str, str, float, float]]) -> str:
     )
 
 
-def render_finance(fv: FinanceView, view: View) -> str:
+def render_finance(fv: FinanceView, view: View, savings: SavingsView | None = None) -> str:
     r = fv.report
     q = r.query
     bucket = chart_bucket(math.ceil((q.until_s - q.start_s) / DAY_S))
@@ -341,6 +442,7 @@ def render_finance(fv: FinanceView, view: View) -> str:
         )
         + '<p id="forecast-basis">Budgets and forecasts are for the calendar month '
         f"{e(fv.month)}; the forecast runs to the month's end at {basis}.</p>"
+        + ("" if savings is None else _savings(savings, fv.period))
         + "<h2>Idle provisioned capacity</h2>"
         + _idle(r, view)
     )
@@ -365,7 +467,14 @@ async def finance_page(request: web.Request) -> web.Response:
     fv = report_from_json(
         reply.content, start_s=start, end_s=end, now_s=view.now_s, period=period, words=words
     )
-    return html_response(render_page(view, page="finance", title="Finance", body=render_finance(fv, view)))
+    calls = request.app[CALLS_KEY]
+    by_type = await calls.call(
+        request, "GetReport", savings_request(start, end, "json", ["tenant", "gpu_type"])
+    )
+    by_set = await calls.call(request, "GetReport", savings_request(start, end, "json", ["set"]))
+    savings = SavingsView(by_type=json.loads(by_type.content), by_set=json.loads(by_set.content))
+    body = render_finance(fv, view, savings)
+    return html_response(render_page(view, page="finance", title="Finance", body=body))
 
 
 async def finance_csv(request: web.Request) -> web.Response:
@@ -385,6 +494,29 @@ async def finance_csv(request: web.Request) -> web.Response:
     )
 
 
+async def finance_savings_csv(request: web.Request) -> web.Response:
+    view: View = request[VIEW_KEY]
+    try:
+        _, start, end, _ = _period_of(request, view.now_s)
+    except BadPeriod as bad:
+        return error_page(view, str(bad), 400)
+    by = request.query.get("by", "") or SAVINGS_GROUPINGS[0]
+    if by not in SAVINGS_GROUPINGS:
+        return error_page(view, f"by: {by[:40]!r} is not one of {', '.join(SAVINGS_GROUPINGS)}", 400)
+    reply = await request.app[CALLS_KEY].call(
+        request, "GetReport", savings_request(start, end, "csv", by.split(","))
+    )
+    first = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d")
+    last = (datetime.fromtimestamp(end, UTC) - timedelta(seconds=1)).strftime("%Y-%m-%d")
+    name = f"gpufed-savings-by-{by.replace(',', '-')}-{first}-{last}.csv"
+    return web.Response(
+        text=reply.content,
+        content_type="text/csv",
+        headers={**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/finance", finance_page)
     app.router.add_get("/finance.csv", finance_csv)
+    app.router.add_get("/finance-savings.csv", finance_savings_csv)

@@ -246,4 +246,4 @@ def test_the_pages_register_the_contracts_urls() -> None:
     for module in (queues, clusters, capacity, finance):
         module.add_routes(app)
     paths = sorted(r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource)
-    assert paths == ["/capacity", "/clusters", "/finance", "/finance.csv", "/queues"]
+    assert paths == ["/capacity", "/clusters", "/finance", "/finance-savings.csv", "/finance.csv", "/queues"]
