@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import GpufedError
 from federation.spec.training_job import duration_seconds
+from placement.model_policy import CostPolicy
 
 
 def _when(ts: Timestamp) -> str:
@@ -83,6 +84,25 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         opts.emit(
             {"tenants": [tenant_dict(t) for t in reply.tenants]},
             "\n---\n".join(tenant_text(t) for t in reply.tenants),
+        )
+
+    @tenant.command(name="cost-policy")
+    @click.argument("name")
+    @click.argument("policy", type=click.Choice([p.value for p in CostPolicy]))
+    @click.pass_obj
+    @rpc
+    def tenant_cost_policy(opts: Any, name: str, policy: str) -> None:
+        """Set how long a tenant's jobs wait for private GPUs: saver, balanced or fast (admins).
+
+        Reads the tenant's document, sets costPolicy and writes it back (`tenant set`), so every
+        other key stays as it was."""
+        with opts.client() as client:
+            doc = json.loads(client.get_tenant(name).document)
+            doc["costPolicy"] = policy
+            reply = client.set_tenant(json.dumps(doc))
+        opts.emit(
+            tenant_dict(reply),
+            f"tenant {reply.name}: cost policy {policy}; it applies at the next scheduling cycle",
         )
 
     @tenant.command(name="delete")

@@ -18,7 +18,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console import approvals, capacity, clusters, csrf, finance, job, jobs, jobsets, queues
+from federation.console import (
+    approvals,
+    capacity,
+    clusters,
+    csrf,
+    finance,
+    job,
+    jobs,
+    jobsets,
+    queues,
+    tenants,
+)
 from federation.console.calls import CALLS_KEY, TOKEN_KEY, CallRefused, ConsoleCalls, peer_of
 from federation.console.layout import (
     SECURITY_HEADERS,
@@ -254,6 +265,6 @@ def build_app(
     if readyz is not None:
         app.router.add_get("/readyz", readyz)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
-    for module in (jobs, job, jobsets, approvals, queues, clusters, capacity, finance):
+    for module in (jobs, job, jobsets, approvals, queues, clusters, capacity, finance, tenants):
         module.add_routes(app)
     return app

@@ -28,6 +28,7 @@ NAV: tuple[tuple[str, str, str, frozenset[str]], ...] = (
     ("capacity", "/capacity", "Capacity", frozenset({"admin", "infra", "finance"})),
     ("finance", "/finance", "Finance", frozenset({"member", "finance"})),
     ("approvals", "/approvals", "Approvals", ALL_ROLES),
+    ("tenants", "/tenants", "Tenants", ALL_ROLES),
 )
 
 

@@ -1,0 +1,95 @@
+"""`/tenants`: each tenant the signed-in user may read, with its cost policy (how long its jobs wait
+for private GPUs before paying cloud prices, issue 35) and what that policy sets.
+
+Everyone sees the tenants ListTenants gives them (a member its own, infra, finance and admins all);
+admins also change a tenant's cost policy (form.cost-policy on each row). The change reads the
+tenant's document (GetTenant), sets `costPolicy` and writes it back (SetTenant), as
+`gpufed tenant cost-policy` does: AdminService checks the role again and writes the audit trail, so
+a member's POST is refused there (PERMISSION_DENIED, shown as the 404 page).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from federation.api.v1 import gpufed_pb2 as pb
+from federation.console.calls import CALLS_KEY
+from federation.console.layout import e, html_response, render_page, see_other, table
+from federation.console.view import VIEW_KEY, View
+from placement.model_policy import CostPolicy
+
+# What each policy does, in the docs' words (docs/placement.md, "Per tenant and per job").
+MEANING = {
+    CostPolicy.SAVER.value: "waits twice as long as the federation's wait (seconds per GPU-hour and cap)",
+    CostPolicy.BALANCED.value: "waits as the federation's policy says",
+    CostPolicy.FAST.value: "never waits for private GPUs: bursts to the cloud at once",
+}
+
+
+def _document(tenant: pb.Tenant) -> dict[str, Any]:
+    doc = json.loads(tenant.document) if tenant.document else {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _form(view: View, name: str, current: str) -> str:
+    options = "".join(
+        f'<option value="{e(p.value)}"{" selected" if p.value == current else ""}>{e(p.value)}</option>'
+        for p in CostPolicy
+    )
+    return (
+        f'<form class="cost-policy" method="post" action="/tenants/{e(name)}/cost-policy">'
+        f'<input type="hidden" name="csrf" value="{e(view.csrf)}">'
+        f'<label>Cost policy of {e(name)}<select name="cost_policy">{options}</select></label>'
+        '<button type="submit" class="secondary">Set</button></form>'
+    )
+
+
+def _row(view: View, tenant: pb.Tenant) -> str:
+    doc = _document(tenant)
+    policy = str(doc.get("costPolicy", CostPolicy.BALANCED.value))
+    action = f"<td>{_form(view, tenant.name, policy)}</td>" if view.is_admin else ""
+    return (
+        f'<tr data-tenant="{e(tenant.name)}"><td>{e(tenant.name)}</td><td>{e(doc.get("parent") or "")}</td>'
+        f'<td class="cost-policy-name">{e(policy)}</td><td>{e(MEANING.get(policy, ""))}</td>{action}</tr>'
+    )
+
+
+async def tenants_page(request: web.Request) -> web.StreamResponse:
+    view = request[VIEW_KEY]
+    reply: pb.ListTenantsResponse = await request.app[CALLS_KEY].call(
+        request, "ListTenants", pb.ListTenantsRequest()
+    )
+    columns: tuple[str, ...] = ("Tenant", "Parent", "Cost policy", "What it does")
+    if view.is_admin:
+        columns = (*columns, "Change")
+    rows = "".join(_row(view, t) for t in reply.tenants) or (
+        f'<tr><td colspan="{len(columns)}" class="muted">No tenants.</td></tr>'
+    )
+    intro = (
+        "<p>A tenant's cost policy sets how long its jobs wait for private GPUs before paying cloud "
+        "prices; a job's <code>spec.maxWait</code> and deadline shorten the wait, and jobs of a class "
+        "that needs approval never wait. <code>gpufed explain</code> says what each wait saves.</p>"
+    )
+    body = intro + table(columns, rows, attrs=' id="tenants"')
+    return html_response(render_page(view, page="tenants", title="Tenants", body=body))
+
+
+async def set_cost_policy(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    form = await request.post()
+    value = form.get("cost_policy")
+    calls = request.app[CALLS_KEY]
+    tenant: pb.Tenant = await calls.call(request, "GetTenant", pb.GetTenantRequest(name=name))
+    doc = _document(tenant)
+    # An unknown value goes through as written: SetTenant refuses it, naming the field.
+    doc["costPolicy"] = value if isinstance(value, str) else ""
+    await calls.call(request, "SetTenant", pb.SetTenantRequest(document=json.dumps(doc)))
+    return see_other("/tenants")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/tenants", tenants_page)
+    app.router.add_post("/tenants/{name}/cost-policy", set_cost_policy)
