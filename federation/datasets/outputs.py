@@ -50,7 +50,7 @@ from federation.datasets.grants import GrantDirectory, allows
 from federation.datasets.lineage import Lineage, LineageStore
 from federation.datasets.registry import DatasetRegistry, qualified
 from federation.datasets.stores import StoreDirectory
-from federation.errors import GpufedError
+from federation.errors import Conflict, GpufedError
 from federation.spec.jobspec import OutputSpec
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
@@ -67,6 +67,7 @@ ENV_PREFIX = "GPUFED_OUTPUT_"
 _CLOCK_SLACK_S = 1.0
 DEFAULT_INTERVAL_S = 2.0
 _CONCURRENCY = 16
+_CAS_ATTEMPTS = 5
 
 
 class OutputState(StrEnum):
@@ -260,10 +261,17 @@ class Registrar:
             object_count=manifest.object_count,
             created_at_s=self._clock(),
         )
-        try:
-            await self._registry.add_version(TenantId(tenant), record, manifest, frozenset())
-        except GpufedError as error:
-            raise Refused(str(error)) from error
+        for attempt in range(_CAS_ATTEMPTS):
+            try:
+                await self._registry.add_version(TenantId(tenant), record, manifest, frozenset())
+                break
+            except Conflict:
+                # Another registrar (or a user's register) changed the dataset meanwhile: again; the
+                # same content under the version is then a no-op.
+                if attempt == _CAS_ATTEMPTS - 1:
+                    raise
+            except GpufedError as error:
+                raise Refused(str(error)) from error
         log.info("output_registered", job_id=job.job_id, dataset=name, version=version, store=home_store)
         return OutputRecord(OutputState.REGISTERED, name, version, home_store, home_prefix)
 
