@@ -106,6 +106,8 @@ class DatasetPolicy(Protocol):
 
     async def check_outputs(self, tenant: TenantId, spec: TrainingJobSpec) -> None: ...
 
+    def awaiting(self, job: JobRecord) -> str: ...
+
 
 def check_priority_class(
     who: Principal, tenant: TenantRecord, settings: SchedulingSettings, name: str
@@ -644,10 +646,13 @@ class JobService(pb_grpc.JobServiceServicer):
                 self._read_limiter.admit(who.user)
                 reasons = await self._store.get_wait_reasons(job.job_id)
             reasons = redactor.reasons(reasons)
+            summary = explain_summary(job, len(reasons), now=self._clock())
+            # Held out of the placer's queue until another job makes its input (issue 34).
+            awaiting = self._datasets.awaiting(job) if job.phase is JobPhase.QUEUED else ""
             return pb.ExplainJobResponse(
                 job_id=job.job_id,
                 phase=convert.phase_to_pb(job.phase),
-                summary=explain_summary(job, len(reasons), now=self._clock()),
+                summary=f"queued; {awaiting}" if awaiting else summary,
                 reasons=[convert.wait_reason_to_pb(r) for r in reasons],
             )
 

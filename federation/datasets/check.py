@@ -127,6 +127,27 @@ class DatasetCheck:
             return None
         return self.declared(owner, name, ref.version)
 
+    def awaiting(self, job: JobRecord) -> str:
+        """Why a queued job is held out of the placer's queue ("" when it is not): its input version is
+        one a live job will make (`federation.datasets.outputs.awaited_inputs`), for `explain`."""
+        ref = job.spec.dataset
+        if ref is None or ref.version is None or self.declared is None:
+            return ""
+        name = qualified(job.tenant, ref.name)
+        maker = self.declared(name.partition("/")[0], name, ref.version)
+        if maker is None:
+            return ""
+        # Another tenant's job is not named to this one (it may read the data, not the owner's jobs).
+        who = (
+            f"job {maker.job_id} ({maker.phase.value.lower()})"
+            if maker.tenant == job.tenant
+            else "its owner's job"
+        )
+        return (
+            f"waiting for its input {name}@{ref.version}, the declared output of {who}; "
+            "it is queued for GPUs once that job succeeds and the version is registered"
+        )
+
     async def check_outputs(self, tenant: TenantId, spec: TrainingJobSpec) -> None:
         """A job's outputs: a version that exists already is refused (versions are immutable), and a
         path must be granted to the tenant in some store (the server reads it with its own rights)."""

@@ -106,6 +106,31 @@ def output_env(job: JobRecord) -> tuple[tuple[str, str], ...]:
     return tuple((env_name(o.dataset), attempt_prefix(o, job.job_id, job.attempt)) for o in job.spec.outputs)
 
 
+def awaited_inputs(jobs: Iterable[JobRecord], registered: Callable[[str], object | None]) -> frozenset[str]:
+    """The queued jobs (ids) whose input version a live job among `jobs` will make and the registry
+    does not hold yet (`registered(tenant/name@version)` is None): held out of the placer's queue, so
+    that a consumer holds no GPUs while its producer runs (or waits for the very GPUs it holds).
+    Pure, over the cycle's jobs and locations; a version whose maker has just succeeded is not held
+    here but waited for in STAGING until it is registered (`federation.datasets.staging`)."""
+    made: set[str] = set()
+    for job in jobs:
+        if job.spec.outputs and not job.phase.is_terminal:
+            made.update(
+                f"{qualified(job.tenant, o.dataset)}@{version_of(o, job.job_id)}" for o in job.spec.outputs
+            )
+    if not made:
+        return frozenset()
+    held = set()
+    for job in jobs:
+        ref = job.spec.dataset
+        if job.phase is not JobPhase.QUEUED or ref is None or ref.version is None:
+            continue
+        wanted = f"{qualified(job.tenant, ref.name)}@{ref.version}"
+        if wanted in made and registered(wanted) is None:
+            held.add(job.job_id)
+    return frozenset(held)
+
+
 def _key(job_id: str, index: int) -> bytes:
     return OUTPUTS + f"{job_id}/{index}".encode()
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from clusters.api import GangStatus
+from federation.datasets.outputs import awaited_inputs
 from federation.ledger.usage import TenantUsage
 from federation.spec.jobspec import TrainingJobSpec
 from federation.store.jobs import JobRecord
@@ -281,9 +282,11 @@ def build_snapshot(
     # on a cluster, so the loops below need only the others (a deep queue is most of the jobs).
     queued_jobs: list[JobRecord] = []
     placed: list[JobRecord] = []
+    # Jobs whose input version another live job will make wait out of the queue (issue 34).
+    awaiting = awaited_inputs(jobs, inputs.settings.dataset)
     for job in jobs:
         if job.phase is JobPhase.QUEUED:
-            if not job.cancel_requested:
+            if not job.cancel_requested and job.job_id not in awaiting:
                 queued_jobs.append(job)
         else:
             placed.append(job)

@@ -20,13 +20,21 @@ from datasync import build_manifest, verify
 from datasync.store_config import LocalStoreConfig
 from federation.datasets.check import DatasetCheck
 from federation.datasets.lineage import LineageStore
-from federation.datasets.outputs import OutputsController, OutputState, Registrar, attempt_prefix, output_env
+from federation.datasets.outputs import (
+    OutputsController,
+    OutputState,
+    Registrar,
+    attempt_prefix,
+    awaited_inputs,
+    output_env,
+)
 from federation.datasets.registry import DatasetRegistry
 from federation.datasets.staging import GateKind, Stager
 from federation.datasets.staging_run import SyncRunner
 from federation.datasets.stores import StoreDirectory, StoreRecord
 from federation.datasets.syncs import SyncRecords
 from federation.errors import FailedPrecondition, InvalidSpec, PermissionDenied
+from federation.scheduling.snapshot import PlacerInputs, build_snapshot
 from federation.scheduling.workload import workload_for
 from federation.spec.jobspec import DatasetRef, OutputSpec
 from federation.spec.training_job import parse_manifest
@@ -341,3 +349,25 @@ spec:
     with pytest.raises(FailedPrecondition) as exists:
         await check.check_outputs(TenantId("vision"), again)
     assert "spec.outputs[0].version: vision/tokens@v1 exists already" in str(exists.value)
+
+
+def test_a_consumer_is_held_out_of_the_placers_queue_while_its_producer_lives() -> None:
+    producer = finished(JobPhase.RUNNING)
+    consumer = replace(
+        finished(JobPhase.QUEUED, outputs=(), dataset=DatasetRef("tokens", "v1"), name="train"),
+        placement=None,
+    )
+    unrelated = replace(
+        finished(JobPhase.QUEUED, outputs=(), dataset=DatasetRef("tokens", "v2"), name="other"),
+        placement=None,
+    )
+    nothing: dict[str, object] = {}
+    assert awaited_inputs([producer, consumer, unrelated], nothing.get) == {consumer.job_id}
+    # Registered already (the placer's locations know it), or its maker ended: not held.
+    assert awaited_inputs([producer, consumer], {"vision/tokens@v1": object()}.get) == frozenset()
+    assert awaited_inputs([replace(producer, phase=JobPhase.FAILED), consumer], nothing.get) == frozenset()
+    # The cycle's snapshot leaves the held job out of its queue.
+    snapshot = build_snapshot(
+        [producer, consumer, unrelated], PlacerInputs(SchedulingSettings(), (), {}, ()), []
+    )
+    assert [q.job_id for q in snapshot.queued] == [unrelated.job_id]
