@@ -54,6 +54,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        # Every cycle begun, idle ones (skipped: nothing they read changed) included; `job_admitted`
+        # log lines carry the number of their cycle, so a wait can be counted in cycles.
+        self.cycles_started = Counter(
+            "gpufed_scheduling_cycles_started_total",
+            "Scheduling cycles begun, including those skipped as idle",
+            registry=r,
+        )
         # The worker thread's CPU for the snapshot and the plan: what a cycle costs the machine, apart
         # from the time it waits for the GIL, for etcd, or steps aside for calls.
         self.cycle_cpu_seconds = Counter(

@@ -213,6 +213,9 @@ class Scheduler:
         # Skips cycles that would read exactly what the last one read (`federation.scheduling.idle`).
         self._idle = IdleGate()
         self._last_waiting = 0
+        # Cycles begun, idle ones included: each `job_admitted` line names its cycle's number, which a
+        # client compares with `gpufed_scheduling_cycles_started_total` to count a wait in cycles.
+        self.cycles = 0
 
     @property
     def idle_gate(self) -> IdleGate:
@@ -241,6 +244,10 @@ class Scheduler:
         return sum(gpus for _, gpus in self._preempted)
 
     async def run_cycle(self, fence: Fence | None) -> CycleResult:
+        # Counted before anything is read: a cycle numbered above a count read at some moment saw
+        # every job change made before it (tests/e2e/test_set_fairness.py).
+        self.cycles += 1
+        self._metrics.cycles_started.inc()
         started = time.perf_counter()
         live = self._cache.live_jobs()
         inputs = await self._inputs.read()
@@ -479,6 +486,7 @@ class Scheduler:
         log.info(
             "job_admitted",
             job_id=job.job_id,
+            cycle=self.cycles,
             tenant=job.tenant,
             cluster=admission.cluster,
             gpu_type=admission.gpu_type,
