@@ -78,6 +78,24 @@ class GpufedSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadlineSettings:
+    """Which trace jobs get a deadline, and how tight: Philly records none, so the replay draws them.
+
+    A job gets one with probability `share`, at submission + a factor drawn uniformly from
+    [`min_factor`, `max_factor`] times its trace duration (V100 time), but at least `min_slack_s`
+    after the duration, from a generator seeded by (`seed`, job id): the same jobs get the same
+    deadlines in a sample as in the full week."""
+
+    share: float = 0.0
+    min_factor: float = 2.0
+    max_factor: float = 4.0
+    seed: int = 0
+    # The least time a deadline leaves beyond the job's run: a deadline inside the cloud's lead time
+    # can be met only by private GPUs that happen to be free at that instant.
+    min_slack_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayConfig:
     trace_path: Path
     prices_path: Path
@@ -114,6 +132,9 @@ class ReplayConfig:
     # Jobs whose run-time limit is at least this many hours checkpoint on a signal and may be moved
     # (Philly says nothing about it; 0: every job).
     movable_min_runtime_h: float = 0.0
+    # Deadlines drawn for a share of the jobs (none by default); gpufed's placer sees them, the
+    # yardsticks (burst-now, the fixed waits) do not, and every policy's misses are counted.
+    deadlines: DeadlineSettings = DeadlineSettings()
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
@@ -159,6 +180,32 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
         ),
         prefer_private=bool(doc.get("prefer_private", False)),
     )
+
+
+def _deadlines(doc: Any) -> DeadlineSettings:
+    if doc is None:
+        return DeadlineSettings()
+    if not isinstance(doc, dict):
+        raise ReplayError(
+            "jobs.deadlines: expected a mapping (share, min_factor, max_factor, seed, min_slack_s)"
+        )
+    settings = DeadlineSettings(
+        share=float(doc.get("share", 0.0)),
+        min_factor=float(doc.get("min_factor", 2.0)),
+        max_factor=float(doc.get("max_factor", 4.0)),
+        seed=int(doc.get("seed", 0)),
+        min_slack_s=float(doc.get("min_slack_s", 0.0)),
+    )
+    if settings.min_slack_s < 0:
+        raise ReplayError(f"jobs.deadlines.min_slack_s: must be >= 0 (got {settings.min_slack_s:g})")
+    if not 0.0 <= settings.share <= 1.0:
+        raise ReplayError(f"jobs.deadlines.share: must be between 0 and 1 (got {settings.share:g})")
+    if not 1.0 <= settings.min_factor <= settings.max_factor:
+        raise ReplayError(
+            "jobs.deadlines: need 1 <= min_factor <= max_factor (a deadline before the job's own run "
+            f"time cannot be met; got {settings.min_factor:g} and {settings.max_factor:g})"
+        )
+    return settings
 
 
 def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) -> ReplayConfig:
@@ -241,6 +288,7 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         gpufed_sweep=tuple(_gpufed(g, "policies.gpufed_sweep[]") for g in policies.get("gpufed_sweep", [])),
         spot_curve=bool(policies.get("spot_curve", False)),
         movable_min_runtime_h=float(jobs.get("movable_min_runtime_h", 0.0)),
+        deadlines=_deadlines(jobs.get("deadlines")),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),
         source=source,

@@ -4,6 +4,7 @@
 - Job completion time (JCT): finish minus submission. Queueing delay: start of the attempt that
   completed minus submission (so it includes lost attempts and the cloud lead time).
 - Private utilisation: private GPU-seconds in use within the period over private GPUs x period.
+- Deadlines (`jobs.deadlines`): of the jobs with one, those that finished after it or not at all.
 - Fairness: each team's share of the private GPU-hours used in the period against its entitled share
   (its guarantee share: its share of the week's demand), as Jain's index over received / entitled
   (1 is perfectly proportional) and the largest absolute gap in percentage points.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -51,9 +52,27 @@ class Metrics:
     moves: int = 0
     # Spot runs taken back by their cloud (each a restart from scratch; the lost run is in the bill).
     reclaims: int = 0
+    # Jobs with a deadline (`jobs.deadlines`), those that finished after it (or never), and those whose
+    # deadline the placer found unmeetable and ran without it (gpufed's policies only).
+    deadlines: int = 0
+    deadlines_missed: int = 0
+    deadlines_dropped: int = 0
+    # Which jobs missed their deadline, to compare policies job by job; not a column of the tables.
+    missed_deadline_ids: tuple[str, ...] = field(default=(), repr=False)
 
     def row(self) -> dict[str, object]:
-        return asdict(self)
+        row = asdict(self)
+        del row["missed_deadline_ids"]
+        return row
+
+
+def missed_deadlines(result: Result) -> list[str]:
+    """The jobs with a deadline that finished after it, or did not finish, in id order."""
+    return sorted(
+        o.job.job_id
+        for o in result.outcomes.values()
+        if o.job.deadline_s is not None and (o.finish_s is None or o.finish_s > o.job.deadline_s)
+    )
 
 
 def jain(values: Sequence[float]) -> float:
@@ -106,6 +125,7 @@ def summarise(
     cloud = [i for i in result.intervals if not i.private]
     private_s = sum(clipped_gpu_s(i, period_s) for i in result.intervals if i.private)
     jain_index, gap = fairness(result.intervals, entitled, period_s)
+    missed = missed_deadlines(result)
 
     def stat(values: np.ndarray, q: float | None) -> float:
         if values.size == 0:
@@ -135,4 +155,8 @@ def summarise(
         replay_cpu_s=replay_cpu_s,
         moves=result.moves,
         reclaims=result.reclaims,
+        deadlines=sum(1 for o in result.outcomes.values() if o.job.deadline_s is not None),
+        deadlines_missed=len(missed),
+        deadlines_dropped=result.deadlines_dropped,
+        missed_deadline_ids=tuple(missed),
     )

@@ -55,6 +55,12 @@ class PolicySpec:
     def fifo(self) -> bool:
         return self.kind is PolicyKind.PRIVATE_ONLY
 
+    @property
+    def sees_deadlines(self) -> bool:
+        """Whether the placer is told jobs' deadlines (`jobs.deadlines`): gpufed's own policies. The
+        yardsticks are deadline-blind, as Starburst's fixed wait is; every policy's misses are counted."""
+        return self.kind is PolicyKind.GPUFED
+
     def allows_spot(self, config: ReplayConfig) -> bool:
         """Whether jobs may use spot: every cloud policy with `public.spot`, gpufed with its `spot`."""
         if not self.uses_cloud:

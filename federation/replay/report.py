@@ -19,7 +19,8 @@ import numpy as np
 
 from federation.replay.metrics import Metrics
 
-_COLUMNS = [f.name for f in fields(Metrics)]
+# Per-job lists stay out of the tables.
+_COLUMNS = [f.name for f in fields(Metrics) if f.name != "missed_deadline_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,12 @@ class Headline:
     spot_curve_cost_usd: float | None = None
     spot_clamped: bool = False
     spot_burst_now_cost_usd: float | None = None
+    # Deadlines (`jobs.deadlines`): jobs with one, gpufed's misses, burst-now's, and the jobs gpufed
+    # missed that burst-now met (the count that must be 0).
+    deadlines: int = 0
+    deadlines_missed: int = 0
+    burst_now_deadlines_missed: int = 0
+    missed_by_gpufed_met_by_burst_now: int = 0
 
     @property
     def cost_ratio_vs_fixed_wait_curve(self) -> float:
@@ -134,6 +141,10 @@ def headlines(rows: Sequence[Metrics], policy: str = "gpufed") -> list[Headline]
                     spot_cost,
                     spot_clamped,
                     None if spot_burst is None else spot_burst.cloud_cost_usd,
+                    gpufed.deadlines,
+                    gpufed.deadlines_missed,
+                    burst.deadlines_missed,
+                    len(set(gpufed.missed_deadline_ids) - set(burst.missed_deadline_ids)),
                 )
             )
     return out
@@ -151,6 +162,7 @@ def figure_lines(heads: Sequence[Headline]) -> list[str]:
         lines.append(f"cloud_cost_cut_vs_burst_now_{tag}: {h.cloud_cost_cut_vs_burst_now * 100:.1f} %")
         lines.append(f"avg_jct_vs_burst_now_{tag}: {h.avg_jct_vs_burst_now * 100:+.1f} %")
         lines += _spot_lines(h, tag)
+        lines += _deadline_lines(h, tag)
     if several:
         lines += worst_lines(heads)
     return lines
@@ -164,6 +176,16 @@ def _spot_lines(h: Headline, tag: str) -> list[str]:
     if cut is not None:
         lines.append(f"cloud_cost_cut_vs_spot_burst_now_{tag}: {cut * 100:.1f} %")
     return lines
+
+
+def _deadline_lines(h: Headline, tag: str) -> list[str]:
+    if h.deadlines == 0:
+        return []
+    return [
+        f"deadlines_missed_{tag}: {h.deadlines_missed} jobs",
+        f"deadlines_missed_by_burst_now_{tag}: {h.burst_now_deadlines_missed} jobs",
+        f"deadlines_missed_by_gpufed_met_by_burst_now_{tag}: {h.missed_by_gpufed_met_by_burst_now} jobs",
+    ]
 
 
 def worst_lines(heads: Sequence[Headline]) -> list[str]:
@@ -185,6 +207,12 @@ def worst_lines(heads: Sequence[Headline]) -> list[str]:
             lines.append(f"worst_cost_ratio_vs_spot_fixed_wait_curve_{tag}: {max(spot_ratios):.3f} ratio")
         if spot_cuts:
             lines.append(f"worst_cloud_cost_cut_vs_spot_burst_now_{tag}: {min(spot_cuts) * 100:.1f} %")
+        if any(h.deadlines for h in of_size):
+            # The week where gpufed missed most deadlines, and the most it missed that burst-now met.
+            missed = max(h.deadlines_missed for h in of_size)
+            only = max(h.missed_by_gpufed_met_by_burst_now for h in of_size)
+            lines.append(f"deadlines_missed_{tag}: {missed} jobs")
+            lines.append(f"deadlines_missed_by_gpufed_met_by_burst_now_{tag}: {only} jobs")
     return lines
 
 
@@ -210,6 +238,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("preemptions", "preemptions"),
         ("moves", "moves"),
         ("reclaims", "spot reclaims"),
+        ("deadlines_missed", "deadlines missed"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
         ("replay_cpu_s", "replay CPU s"),
@@ -236,8 +265,13 @@ def headline_table(heads: Sequence[Headline]) -> str:
     )
     if spot:
         title += " spot-aware curve USD at that JCT | ratio vs it | cut vs burst-now with spot |"
+    deadlines = any(h.deadlines for h in heads)
+    if deadlines:
+        title += (
+            " deadlines missed (of jobs with one), gpufed / burst-now | missed by gpufed, met by burst-now |"
+        )
     out.append(title)
-    out.append("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if spot else ""))
+    out.append("|---" * 8 + "|" + ("---|" * 3 if spot else "") + ("---|" * 2 if deadlines else ""))
     for h in heads:
         clamp = " (clamped to the curve's end)" if h.clamped else ""
         line = (
@@ -252,6 +286,11 @@ def headline_table(heads: Sequence[Headline]) -> str:
                 f" {'-' if h.spot_curve_cost_usd is None else f'{h.spot_curve_cost_usd:,.0f}'}{spot_clamp} |"
                 f" {'-' if ratio is None else f'{ratio:.3f}'} |"
                 f" {'-' if cut is None else f'{cut * 100:.1f} %'} |"
+            )
+        if deadlines:
+            line += (
+                f" {h.deadlines_missed} / {h.burst_now_deadlines_missed} (of {h.deadlines:,}) |"
+                f" {h.missed_by_gpufed_met_by_burst_now} |"
             )
         out.append(line)
     return "\n".join(out) + "\n"

@@ -15,6 +15,9 @@ clusters with each node's free GPUs, the teams) and carries out the `Plan` exact
 - a preemption marks the victim as leaving; after its grace period its GPUs are free and it is
   requeued at its original queue time, to restart from scratch (the work done is lost);
 - waiting reasons with an end time (the wait for private GPUs) schedule a wake-up then;
+- a job whose deadline the placer finds it can no longer meet (`deadline_unmeetable`: no placement
+  free now finishes in time by its run-time limit) keeps its place in the queue without the
+  deadline, as its owner would rather it ran late than never; it counts as missed if it ends late;
 - a move (`PolicyConfig.repatriate`) stops the cloud gang at once (billed until then) and restarts
   it on the private nodes the plan chose, best fit, with its progress minus `move_overhead_s`.
 
@@ -126,6 +129,8 @@ class Result:
     move_saving_usd: float = 0.0
     # Spot runs reclaimed (each requeued from scratch; its run so far is billed and lost).
     reclaims: int = 0
+    # Jobs whose deadline the placer gave up on (it could no longer be met) and that ran without it.
+    deadlines_dropped: int = 0
     admissions_by_cycle: list[tuple[float, tuple[JobId, ...]]] = field(default_factory=list)
 
 
@@ -182,6 +187,8 @@ class Simulator:
         self.events: list[tuple[float, int, int, JobId, int]] = []
         self.seq = 0
         self.woken: set[tuple[JobId, float]] = set()
+        # Jobs whose deadline is no longer given to the placer (it found the deadline unmeetable).
+        self.deadline_dropped: set[JobId] = set()
         self.result = Result(policy.name, world.private_gpus, {j.job_id: JobOutcome(j) for j in jobs}, [])
         self.record = record_admissions
         self.speeds = tuple(sorted(config.gpu_speeds))
@@ -190,7 +197,12 @@ class Simulator:
 
     def _request(self, job: TraceJob, queued_at_s: float) -> GangRequest:
         return gang_request(
-            job, self.config, fifo=self.fifo, queued_at_s=queued_at_s, allow_spot=self.allow_spot
+            job,
+            self.config,
+            fifo=self.fifo,
+            queued_at_s=queued_at_s,
+            allow_spot=self.allow_spot,
+            deadline=self.policy.sees_deadlines and job.job_id not in self.deadline_dropped,
         )
 
     def _push(self, at_s: float, kind: Ev, job_id: JobId, attempt: int = 0) -> None:
@@ -343,11 +355,23 @@ class Simulator:
                 self.result.placement_mismatches += 1
         for waiting in decided.waiting:
             for reason in waiting.reasons:
-                if reason.code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY and reason.at_s is not None:
+                if reason.code is WaitCode.DEADLINE_UNMEETABLE:
+                    self._drop_deadline(waiting.job_id, now)
+                elif reason.code is WaitCode.WAITING_FOR_PRIVATE_CAPACITY and reason.at_s is not None:
                     key = (waiting.job_id, reason.at_s)
                     if key not in self.woken:
                         self.woken.add(key)
                         self._push(reason.at_s, Ev.WAKE, waiting.job_id)
+
+    def _drop_deadline(self, job_id: JobId, now: float) -> None:
+        """The job runs without its deadline from the next cycle on (see the module's docstring)."""
+        request = self.queue.get(job_id)
+        if request is None or request.deadline_at_s is None:
+            return
+        self.deadline_dropped.add(job_id)
+        self.result.deadlines_dropped += 1
+        self.queue[job_id] = replace(request, deadline_at_s=None)
+        self._push(now, Ev.WAKE, job_id)
 
     def _move(self, move: Move, now: float) -> bool:
         """Stop a cloud gang now (billed until now) and restart the rest of its work on private GPUs.

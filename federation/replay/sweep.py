@@ -25,7 +25,14 @@ from federation.replay.metrics import Metrics, summarise
 from federation.replay.policies import PolicySpec, policies
 from federation.replay.prices import read_prices
 from federation.replay.sim import Result, simulate
-from federation.replay.trace import TraceJob, assign_gpu_types, mean_demand_gpus, read_trace, sample
+from federation.replay.trace import (
+    TraceJob,
+    assign_deadlines,
+    assign_gpu_types,
+    mean_demand_gpus,
+    read_trace,
+    sample,
+)
 from federation.replay.world import World, build_world, demand_by_team
 
 log = structlog.get_logger(__name__)
@@ -41,7 +48,8 @@ class Inputs:
 
 
 def load_inputs(config: ReplayConfig) -> Inputs:
-    every = assign_gpu_types(read_trace(config.trace_path), config.gpu_mix, config.seed)
+    typed = assign_gpu_types(read_trace(config.trace_path), config.gpu_mix, config.seed)
+    every = assign_deadlines(typed, config.deadlines)
     picked = sample(every, config.limit_jobs, config.every_nth_job)
     demand = mean_demand_gpus(every, config.period_s)
     work = sum(j.num_gpus * j.duration_s for j in every)

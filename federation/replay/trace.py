@@ -14,10 +14,10 @@ import io
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from federation.replay.config import GpuChoice
+from federation.replay.config import DeadlineSettings, GpuChoice
 from federation.replay.errors import ReplayError
 from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
 
@@ -34,6 +34,8 @@ class TraceJob:
     tenant: TenantId
     gpu_types: tuple[GpuType, ...] = ()
     gpu_type_policy: GpuTypePolicy = GpuTypePolicy.ORDERED
+    # When the job must have finished (seconds, the trace's clock), or None (`assign_deadlines`).
+    deadline_s: float | None = None
 
     def replica_gpus(self, gpus_per_node: int) -> tuple[int, ...]:
         """One replica per node: a job above a node's GPUs spans whole nodes (16 GPUs: two of 8)."""
@@ -98,6 +100,25 @@ def assign_gpu_types(jobs: Iterable[TraceJob], mix: Sequence[GpuChoice], seed: i
                 choice.policy,
             )
         )
+    return out
+
+
+def assign_deadlines(jobs: Iterable[TraceJob], settings: DeadlineSettings) -> list[TraceJob]:
+    """A deadline for a seeded share of the jobs: submission + factor x duration, and at least
+    `min_slack_s` beyond the duration.
+
+    Each job draws from its own generator, `random.Random(f"{seed}:deadline:{job_id}")`: first whether
+    it has a deadline (probability `share`), then the factor, uniform in [min_factor, max_factor]. So
+    a job's deadline depends only on the seed and its id, as its GPU types do, and a sample of the
+    week gets the deadlines the full week gives those jobs."""
+    out = []
+    for job in jobs:
+        rng = random.Random(f"{settings.seed}:deadline:{job.job_id}")
+        if settings.share > 0 and rng.random() < settings.share:
+            factor = rng.uniform(settings.min_factor, settings.max_factor)
+            after_s = max(factor * job.duration_s, job.duration_s + settings.min_slack_s)
+            job = replace(job, deadline_s=job.submit_time_s + after_s)
+        out.append(job)
     return out
 
 

@@ -174,10 +174,17 @@ def build_world(
 
 
 def gang_request(
-    job: TraceJob, config: ReplayConfig, *, fifo: bool, queued_at_s: float, allow_spot: bool
+    job: TraceJob,
+    config: ReplayConfig,
+    *,
+    fifo: bool,
+    queued_at_s: float,
+    allow_spot: bool,
+    deadline: bool = False,
 ) -> GangRequest:
     """The job as the placer sees it: its run-time limit is its duration times the configured factor.
-    `allow_spot`: the policy lets every job use spot (the placer may still bound which do)."""
+    `allow_spot`: the policy lets every job use spot (the placer may still bound which do);
+    `deadline`: the placer is told the job's deadline, if it has one."""
     limit_s = math.ceil(job.duration_s * config.runtime_limit_factor)
     return GangRequest(
         job_id=job.job_id,
@@ -190,4 +197,5 @@ def gang_request(
         allow_spot=allow_spot,
         max_runtime_s=limit_s,
         expected_runtime_s=job.duration_s if config.expected_runtime == "exact" else 0.0,
+        deadline_at_s=job.deadline_s if deadline else None,
     )
