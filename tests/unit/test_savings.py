@@ -274,3 +274,38 @@ def test_the_store_and_the_sweeps_name_the_sweep_variable_alike() -> None:
     from federation.store.intervals import SWEEP_ENV
 
     assert SWEEP_ENV == JOBSETS_SWEEP_ENV
+
+
+def test_the_reports_sums_equal_each_attempts_own_figures_for_any_bucket() -> None:
+    import random
+
+    rng = random.Random(5)
+    ivs = []
+    for i in range(300):
+        start = NOV - 86400.0 + rng.uniform(0, 33 * 86400.0)
+        kind = rng.choice(list(CapacityKind))
+        burst = (
+            None if rng.random() < 0.3 else offer(round(rng.uniform(1, 9), 2), start - rng.uniform(-60, 7200))
+        )
+        hours = None if rng.random() < 0.05 else rng.uniform(0.01, 60)
+        ivs.append(
+            attempt(
+                f"j{i}",
+                start_s=start,
+                hours=hours,
+                kind=kind,
+                price=round(rng.uniform(0.5, 7), 2),
+                burst=burst,
+            )
+        )
+    for bucket in (None, Bucket.DAY, Bucket.WEEK, Bucket.MONTH):
+        q = SavingsQuery(start_s=NOV, end_s=DEC, now_s=DEC - 3600.0, bucket=bucket)
+        total = compute_savings(ivs, q).total
+        parts = [attempt_saving(iv, since_s=NOV, until_s=q.until_s) for iv in ivs]
+        counted = [p for p in parts if p.gpu_seconds > 0]
+        assert total.paid_micro == sum(p.paid_micro for p in parts)
+        assert total.burst_micro == sum(p.burst_micro for p in parts)
+        assert total.private_micro == sum(p.private_micro for p in parts)
+        assert total.extra_wait_s == pytest.approx(sum(p.extra_wait_s for p in parts), rel=1e-12)
+        assert total.attempts == len(counted)
+        assert total.attempts_no_offer == sum(p.offer is None for p in counted)

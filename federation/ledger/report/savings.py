@@ -32,13 +32,13 @@ falls in. A row's `attempts` counts the attempts with any time in it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from federation.ledger.report.query import Bucket, bucket_end_s, bucket_start_s
 from federation.store.intervals import LedgerInterval, SetKind
 from federation.store.jobs import BurstOffer
-from federation.store.money import day_pieces, format_usd, piece_micro_usd
+from federation.store.money import day_pieces, format_usd, micro_per_gpu_hour, piece_micro_usd
 from placement.model import CapacityKind, TenantId
 
 
@@ -160,8 +160,6 @@ class SavingsRow:
     extra_wait_s: float = 0.0
     attempts: int = 0
     attempts_no_offer: int = 0
-    # The attempts counted so far (an attempt split across days of one bucket counts once).
-    _seen: set[tuple[str, int]] = field(default_factory=set, repr=False)
 
     @property
     def saved_micro(self) -> int:
@@ -180,19 +178,6 @@ class SavingsRow:
         """The saving as a share of bursting at once; None when bursting would have cost nothing."""
         return None if self.burst_micro == 0 else self.saved_micro / self.burst_micro
 
-    def add(self, iv: LedgerInterval, s: AttemptSaving) -> None:
-        self.gpu_seconds += s.gpu_seconds
-        self.paid_micro += s.paid_micro
-        self.private_micro += s.private_micro
-        self.burst_micro += s.burst_micro
-        self.extra_wait_s += s.extra_wait_s
-        attempt = (iv.job_id, iv.attempt)
-        if attempt not in self._seen:
-            self._seen.add(attempt)
-            self.attempts += 1
-            if s.offer is None:
-                self.attempts_no_offer += 1
-
 
 @dataclass(frozen=True, slots=True)
 class SavingsReport:
@@ -203,27 +188,60 @@ class SavingsReport:
 
 def compute_savings(intervals: Iterable[LedgerInterval], query: SavingsQuery) -> SavingsReport:
     """The savings report over `intervals` (etcd's and the archived ones, each once), grouped by the
-    query's dimensions and bucket, for the tenants it may see."""
+    query's dimensions and bucket, for the tenants it may see.
+
+    The arithmetic is `attempt_saving`'s, inlined (a month of 100,000 attempts spent most of its
+    time building one `AttemptSaving` per piece): each day piece costs
+    `round(gpus x seconds x price_micro / 3600)` at the paid price and at the offer's."""
     since, until = query.start_s, query.until_s
+    tenants, dims, bucket = query.tenants, query.group_by, query.bucket
     rows: dict[tuple[tuple[str, ...], float | None], SavingsRow] = {}
     total = SavingsRow(keys=(), bucket_start_s=None)
     for iv in intervals:
-        if query.tenants is not None and iv.tenant not in query.tenants:
+        if tenants is not None and iv.tenant not in tenants:
             continue
         end = until if iv.end_s is None else min(iv.end_s, until)
         if iv.start_s >= until or end <= since:
             continue
-        keys = tuple(_dim_value(iv, d) for d in query.group_by)
-        for a, b in _bucket_pieces(max(iv.start_s, since), end, query.bucket):
-            # The wait belongs to the piece the start falls in: `attempt_saving` counts it only
-            # when the start is inside [a, b), so an attempt begun before the period adds none.
-            piece = attempt_saving(iv, since_s=a, until_s=b)
-            bucket = None if query.bucket is None else bucket_start_s(a, query.bucket)
-            row = rows.get((keys, bucket))
+        keys = tuple([_dim_value(iv, d) for d in dims])
+        gpus = float(iv.gpu_count)
+        price = float(micro_per_gpu_hour(iv.usd_per_gpu_hour))
+        offer = iv.burst_offer
+        offer_price = None if offer is None else float(micro_per_gpu_hour(offer.usd_per_gpu_hour))
+        public = iv.kind is not CapacityKind.PRIVATE
+        waited = extra_wait_s(iv)
+        first = True
+        for a, b in _bucket_pieces(max(iv.start_s, since), end, bucket):
+            seconds = 0.0
+            cost = burst = 0
+            for x, y in day_pieces(a, b):
+                span = y - x
+                seconds += span
+                cost += round(gpus * span * price / 3600.0)
+                if offer_price is not None:
+                    burst += round(gpus * span * offer_price / 3600.0)
+            paid = cost if public else 0
+            if offer_price is None:
+                burst = paid
+            # The wait belongs to the piece the start falls in, so an attempt begun before the
+            # period adds none.
+            wait = waited if a <= iv.start_s < b else 0.0
+            at = None if bucket is None else bucket_start_s(a, bucket)
+            row = rows.get((keys, at))
             if row is None:
-                row = rows[(keys, bucket)] = SavingsRow(keys=keys, bucket_start_s=bucket)
-            row.add(iv, piece)
-            total.add(iv, piece)
+                row = rows[(keys, at)] = SavingsRow(keys=keys, bucket_start_s=at)
+            # Each piece of an attempt is in another bucket, so in another row: a row counts each
+            # attempt once; the total counts it on its first piece.
+            for target, count in ((row, True), (total, first)):
+                target.gpu_seconds += gpus * seconds
+                target.paid_micro += paid
+                target.private_micro += 0 if public else cost
+                target.burst_micro += burst
+                target.extra_wait_s += wait
+                if count:
+                    target.attempts += 1
+                    target.attempts_no_offer += offer is None
+            first = False
     ordered = sorted(rows.values(), key=lambda r: (r.keys, r.bucket_start_s or 0.0))
     return SavingsReport(query=query, rows=tuple(ordered), total=total)
 
