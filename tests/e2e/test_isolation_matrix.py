@@ -165,6 +165,9 @@ CALLS: dict[str, Call] = {
     ),
     "ListDatasets": lambda c, s, t: DatasetsClient(c).list(tenant=t),
     "GetDataset": lambda c, s, t: DatasetsClient(c).get(_dataset(s, t)),
+    # Outputs and lineage (issue 34): a dataset's lineage as its readers see it, a job's outputs.
+    "GetDatasetLineage": lambda c, s, t: DatasetsClient(c).lineage(_dataset(s, t)),
+    "GetJobOutputs": lambda c, s, t: DatasetsClient(c).outputs(_job(s, t)),
     "SyncDataset": lambda c, s, t: DatasetsClient(c).sync(_dataset(s, t), store="lab-cache", dry_run=True),
     "GetSyncStatus": lambda c, s, t: DatasetsClient(c).status(_dataset(s, t)),
     "EvictDataset": lambda c, s, t: DatasetsClient(c).evict(_dataset(s, t), store="lab-cache"),
@@ -233,6 +236,8 @@ EXPECTED: dict[str, dict[str, tuple[grpc.StatusCode, grpc.StatusCode]]] = {
     "RegisterDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (PD, PD), "member": (OK, PD)},
     "ListDatasets": {"admin": (OK, OK), "infra": (OK, OK), "finance": (PD, PD), "member": (OK, PD)},
     "GetDataset": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "GetDatasetLineage": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
+    "GetJobOutputs": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "SyncDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
     "GetSyncStatus": {"admin": (OK, OK), "infra": (OK, OK), "finance": (NF, NF), "member": (OK, NF)},
     "EvictDataset": {"admin": (OK, OK), "infra": (PD, PD), "finance": (NF, NF), "member": (OK, NF)},
@@ -375,6 +380,7 @@ BY_JOB_ID: dict[str, Callable[[GpufedClient, str], Any]] = {
     "ExplainJob": lambda c, job_id: c.explain(job_id),
     "StreamLogs": lambda c, job_id: list(c.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=5)),
     "DescribeJob": lambda c, job_id: c.describe(job_id),
+    "GetJobOutputs": lambda c, job_id: DatasetsClient(c).outputs(job_id),
     "PreviewCapacityPlan": lambda c, job_id: CapacityClient(c).preview_plan(
         plan_request(
             kind="deadline", cluster="cloud", gpu_type="H100", end_s=time.time() + 3600, job_ids=[job_id]
@@ -420,6 +426,7 @@ def _median_s(samples: list[float]) -> float:
 # Dataset calls (issue 16): alice naming nlp's unshared dataset, and naming one nlp does not have.
 BY_DATASET: dict[str, Callable[[GpufedClient, str], Any]] = {
     "GetDataset": lambda c, ref: DatasetsClient(c).get(ref),
+    "GetDatasetLineage": lambda c, ref: DatasetsClient(c).lineage(ref),
     "SyncDataset": lambda c, ref: DatasetsClient(c).sync(ref, store="lab-cache", dry_run=True),
     "GetSyncStatus": lambda c, ref: DatasetsClient(c).status(ref),
     "EvictDataset": lambda c, ref: DatasetsClient(c).evict(ref, store="lab-cache"),
