@@ -394,6 +394,14 @@ def _requests() -> dict[str, tuple[Callable[[World], Any], st.SearchStrategy[Any
         ),
         "ListDatasets": (lambda w: w.datasets.ListDatasets, st.builds(pb.ListDatasetsRequest, tenant=texts)),
         "GetDataset": (lambda w: w.datasets.GetDataset, st.builds(pb.GetDatasetRequest, name=dataset_names)),
+        "GetDatasetLineage": (
+            lambda w: w.datasets.GetDatasetLineage,
+            st.builds(pb.GetDatasetLineageRequest, name=dataset_names, version=texts),
+        ),
+        "GetJobOutputs": (
+            lambda w: w.datasets.GetJobOutputs,
+            st.builds(pb.GetJobOutputsRequest, job_id=texts),
+        ),
         "SyncDataset": (
             lambda w: w.datasets.SyncDataset,
             st.builds(
