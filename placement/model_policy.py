@@ -140,6 +140,11 @@ class PolicyConfig:
     # nodes the limits seldom promise, may still wait for them.
     private_wait_min_gpus: int = 1
     private_wait_needs_start_max_gpus: int | None = None
+    # The job's length in the wait: `private_wait_needs_start` applies only to gangs whose work (at
+    # speed 1.0, as the cost model counts it) is at most this many hours (None: every gang), so that
+    # long gangs, the ones a spot bound keeps on demand, may wait for private GPUs the limits do not yet
+    # promise: their wait is short against their run (`placement/room.py`).
+    private_wait_needs_start_max_run_h: float | None = None
     # Repatriation: after every queued gang is decided, move a running cloud gang that can stop at a
     # checkpoint (`RunningGang.movable`) to private GPUs left idle, if the cloud cost it would still pay
     # exceeds the cost of the rest on private GPUs plus the move's own cost (its overhead priced at the

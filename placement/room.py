@@ -151,6 +151,10 @@ class Room:
             self.policy.private_wait_needs_start_max_gpus is None
             or gang.gpu_count <= self.policy.private_wait_needs_start_max_gpus
         )
+        max_run_h = self.policy.private_wait_needs_start_max_run_h
+        if needs_start and max_run_h is not None and ctx.work_s > max_run_h * 3600.0:
+            # A long gang waits without the room test (`PolicyConfig.private_wait_needs_start_max_run_h`).
+            needs_start = False
         if needs_start and (room_at is None or room_at > until):
             return None
         hold: Hold | None = None

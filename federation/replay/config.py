@@ -65,6 +65,8 @@ class GpufedSettings:
     # The job's size: fewer GPUs never wait; more than `..._max_gpus` wait without the room test.
     private_wait_min_gpus: int = 1
     private_wait_needs_start_max_gpus: int | None = None
+    # The job's length: gangs of more work than this many hours wait without the room test.
+    private_wait_needs_start_max_run_h: float | None = None
     # Repatriation: move running cloud gangs back to idle private GPUs when that saves money.
     repatriate: bool = False
     repatriate_min_saving_usd: float = 0.0
@@ -170,6 +172,11 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
             None
             if doc.get("private_wait_needs_start_max_gpus") is None
             else int(doc["private_wait_needs_start_max_gpus"])
+        ),
+        private_wait_needs_start_max_run_h=(
+            None
+            if doc.get("private_wait_needs_start_max_run_h") is None
+            else float(doc["private_wait_needs_start_max_run_h"])
         ),
         repatriate=bool(doc.get("repatriate", False)),
         repatriate_min_saving_usd=float(doc.get("repatriate_min_saving_usd", 0.0)),
