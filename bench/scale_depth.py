@@ -1,0 +1,396 @@
+"""Queue depth (issue 33): submitting, listing one tenant's jobs, `explain` and a placer cycle at
+10,000 queued jobs and at 1,000,000, across 100 tenants, on 50 member clusters; the server's memory
+per 100,000 live jobs. Run by `bench/scale.py` (its `placer_cycle_ms_10k`, `queued_1m_list_p99_ms`
+and `rss_mib_per_100k_live_jobs` figures) or alone:
+
+    python bench/scale_depth.py               # 10,000 then 1,000,000 queued
+    python bench/scale_depth.py --quick       # 2,000 then 20,000 queued
+
+How the queue is loaded: not through SubmitJob (a million submissions at 1,000 to 2,000 a second is
+ten minutes of a machine shared with other agents), but straight into etcd, the way the server's
+`KvStore.create_job` writes a submission: the idempotency key and the job's record, each absent
+before, in one transaction, with the store's own encoding (`job_to_dict`), 30 jobs to an etcd
+request, 8 requests in flight. Then `gpufed serve` is started on that etcd, so it lists every job
+as it would after a restart, and its first cycles write every queued job's wait reasons, as they
+would for submitted jobs. Each job asks for one node of 8 A100 for 24 simulated hours; the 50
+in-memory clusters have one such node each, so 50 run and the rest wait for room, and every cycle
+plans over the whole queue.
+
+The figures at each depth: p99 (and p50) of 200 SubmitJob calls, of 200 ListJobs calls for one
+tenant's first page of 100, and of 200 ExplainJob calls on that tenant's queued jobs, one call at a
+time; and the server's own placer cycle (`gpufed_scheduling_cycle_seconds` and its CPU seconds, from
+`/metrics`) over those calls. The server's resident memory is read from /proc after each depth:
+the difference between the two, over the difference in jobs, is the memory per 100,000 live jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import structlog  # noqa: E402
+
+from datasync.loopback_ports import free_port  # noqa: E402
+from federation.api.client import GpufedClient  # noqa: E402
+from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
+from federation.store.job_store import IDEM, _sha256, job_key  # noqa: E402
+from federation.store.jobs import PhaseEvent, job_to_dict  # noqa: E402
+from federation.store.kv import Compare, Put, Txn  # noqa: E402
+from federation.store.kv_etcd import EtcdKv  # noqa: E402
+from placement.model import JobPhase  # noqa: E402
+from tests.conftest import build_job  # noqa: E402
+from tests.e2e.harness import ServerProcess  # noqa: E402
+
+TENANTS = 100
+CLUSTERS = 50
+CALLS = 200
+CYCLES = 3
+# etcd's own quota is 2 GiB; a million jobs, their idempotency keys and wait reasons, with the
+# history etcd keeps until it compacts, need more. A deployment of this depth raises it the same way.
+QUOTA_BYTES = 16 * 2**30
+
+MANIFEST = """\
+apiVersion: gpufed.io/v1
+kind: TrainingJob
+metadata: {name: probe, annotations: {sim.gpufed.io/duration: "24h"}}
+spec:
+  gpuTypes: [A100]
+  tasks:
+    - {name: worker, replicas: 1, image: "pytorch/pytorch:2.3", gpus: 8}
+"""
+
+
+def config_text(tenants: int = TENANTS, clusters: int = CLUSTERS) -> str:
+    lines = ["tenants:", "  - {name: platform}"]
+    lines += [f"  - {{name: t{i}}}" for i in range(tenants)]
+    lines += ["users:", "  - {name: admin, tenant: platform, role: admin}"]
+    lines += [f"  - {{name: u{i}, tenant: t{i}, role: member}}" for i in range(tenants)]
+    lines += ["clusters:"]
+    for c in range(clusters):
+        lines += [
+            f"  - name: c{c:02d}",
+            "    provider: private",
+            f"    region: dc{c % 5}",
+            "    pools: [{name: a100, gpuType: A100, kind: private, usdPerGpuHour: 1.4, gpusPerNode: 8, nodes: 1}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _queued_txn(n: int, now: float) -> Txn:
+    """Job `n` as the server's create_job writes a submission: idempotency key and record, both absent."""
+    tenant = f"t{n % TENANTS}"
+    record = build_job(
+        f"q-{n:07d}", tenant=tenant, gpus=8, gpu="A100", annotations=(("sim.gpufed.io/duration", "24h"),)
+    )
+    submitted = now - 3600.0 + n * 1e-3
+    record = replace(
+        record,
+        user=f"u{n % TENANTS}",
+        submitted_at_s=submitted,
+        queued_at_s=submitted,
+        events=(PhaseEvent(JobPhase.QUEUED, submitted, 1),),
+    )
+    key = job_key(record.job_id)
+    idem = IDEM + tenant.encode() + b"/" + _sha256(f"seed-{n}")
+    digest = json.dumps({"job_id": record.job_id, "digest": "seeded"}).encode()
+    value = json.dumps(job_to_dict(record), separators=(",", ":")).encode()
+    return Txn((Compare.absent(idem), Compare.absent(key)), (Put(idem, digest), Put(key, value)))
+
+
+async def seed_queue(endpoint: str, first: int, last: int) -> float:
+    """Jobs `first` to `last - 1` into etcd (see the module's doc); the seconds it took."""
+    began = time.perf_counter()
+    now = time.time()
+    kv = await EtcdKv.connect(endpoint)
+    try:
+        batch, in_flight = 30, 8
+        n = first
+        while n < last:
+            requests = []
+            for _ in range(in_flight):
+                if n >= last:
+                    break
+                top = min(n + batch, last)
+                requests.append(kv.txn_many([_queued_txn(i, now) for i in range(n, top)]))
+                n = top
+            for results in await asyncio.gather(*requests):
+                assert all(r.succeeded for r in results), "a seeded job existed already"
+    finally:
+        await kv.close()
+    return time.perf_counter() - began
+
+
+class PatientServer(ServerProcess):
+    """A server given longer to list a million jobs than the e2e tests' 90 s."""
+
+    def _wait_serving(self, timeout_s: float) -> None:
+        super()._wait_serving(timeout_s=900.0)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+def _cycles(metrics_port: int) -> tuple[float, float, float]:
+    """The scheduler's cycles so far: (count, seconds, CPU seconds)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    found = []
+    for pattern in (
+        r"^gpufed_scheduling_cycle_seconds_count(?:\{[^}]*\})? (\S+)$",
+        r"^gpufed_scheduling_cycle_seconds_sum(?:\{[^}]*\})? (\S+)$",
+        r"^gpufed_scheduling_cycle_cpu_seconds_total(?:\{[^}]*\})? (\S+)$",
+    ):
+        m = re.search(pattern, text, re.M)
+        found.append(float(m.group(1)) if m else 0.0)
+    return found[0], found[1], found[2]
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(resident, peak resident) MiB of a process, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    values = {k: float(v.split()[0]) / 1024 for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
+    return values["VmRSS"], values["VmHWM"]
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _timed(call: Callable[[int], object], count: int) -> list[float]:
+    times = []
+    for i in range(count):
+        began = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - began)
+    return times
+
+
+@dataclass
+class Depth:
+    queued: int
+    submit_s: list[float]
+    list_s: list[float]
+    explain_s: list[float]
+    cycles: float
+    cycle_ms: float
+    cycle_cpu_ms: float
+    rss_mib: float
+    peak_mib: float
+    listed_jobs: int
+    start_s: float
+
+
+def wait_for_cycle(metrics_port: int, count: float, timeout_s: float) -> bool:
+    """Until the server has completed a scheduling cycle more than `count`; False if none did in time."""
+    deadline = time.monotonic() + timeout_s
+    while _cycles(metrics_port)[0] <= count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def submit_and_cycle(client: GpufedClient, metrics_port: int, timeout_s: float) -> bool:
+    """Submit one job (the next cycle is not skipped as idle: the jobs changed) and wait for a cycle
+    to end after it; False if none did within `timeout_s`."""
+    count = _cycles(metrics_port)[0]
+    client.submit(MANIFEST, idempotency_key=str(uuid.uuid4()))
+    return wait_for_cycle(metrics_port, count, timeout_s)
+
+
+def measure(server: PatientServer, metrics_port: int, queued: int, calls: int, start_s: float) -> Depth:
+    """The calls at one depth, one at a time; then the placer's cycles, apart from them."""
+    cycle_timeout_s = 60 + queued / 1_000
+    assert server.proc is not None
+    token = (server.state_dir / "tokens" / "u7.token").read_text().strip()
+    with GpufedClient(server.target, token, timeout_s=120) as client:
+        page = client.list_page(page_size=100)
+        mine = [j.job_id for j in page.jobs]
+        assert mine, "tenant t7 lists no job"
+        client.whoami()
+        list_s = _timed(lambda _: client.list_page(page_size=100), calls)
+        explain_s = _timed(lambda i: client.explain(mine[i % len(mine)]), calls)
+        submit_s = _timed(lambda i: client.submit(MANIFEST, idempotency_key=str(uuid.uuid4())), calls)
+        # The placer steps aside while calls are in flight (federation.scheduling.yielding), so its
+        # cycles are timed apart from the calls: one submission at a time (a new job, so the next
+        # cycle is not skipped as idle), each followed by the cycle it causes.
+        # One submission and the cycle it causes first, untimed: the cycle running when the calls
+        # ended may have begun before them. (Waiting for a cycle without a change would wait for
+        # the idle gate's replan, 20 cycles' time: federation.scheduling.idle.)
+        timed_out = not submit_and_cycle(client, metrics_port, cycle_timeout_s)
+        before = _cycles(metrics_port)
+        for _ in range(0 if timed_out else CYCLES):
+            if not submit_and_cycle(client, metrics_port, cycle_timeout_s):
+                break
+        after = _cycles(metrics_port)
+    # A cycle that did not end within the timeout is not timed (nan), never guessed.
+    cycles = after[0] - before[0]
+    rss, peak = rss_mib(server.proc.pid)
+    return Depth(
+        queued=queued,
+        submit_s=submit_s,
+        list_s=list_s,
+        explain_s=explain_s,
+        cycles=cycles,
+        cycle_ms=1000 * (after[1] - before[1]) / cycles if cycles else float("nan"),
+        cycle_cpu_ms=1000 * (after[2] - before[2]) / cycles if cycles else float("nan"),
+        rss_mib=rss,
+        peak_mib=peak,
+        listed_jobs=len(page.jobs),
+        start_s=start_s,
+    )
+
+
+def run(
+    shallow: int,
+    deep: int,
+    calls: int = CALLS,
+    say: Callable[[str], None] = print,
+    py_spy: str | None = None,
+    profile: Path | None = None,
+) -> list[Depth]:
+    """Both depths on one etcd: seed `shallow`, serve, measure; stop; seed up to `deep`, serve,
+    measure. With `profile`, py-spy samples the deep server from its launch to its end (raw
+    collapsed stacks into that file)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    depths: list[Depth] = []
+    with tempfile.TemporaryDirectory(prefix="gpufed-scale-depth-") as tmp:
+        work = Path(tmp)
+        config = work / "federation.yaml"
+        config.write_text(config_text())
+        etcd = EtcdProcess(work / "etcd", quota_backend_bytes=QUOTA_BYTES)
+        etcd.start()
+        spies: list[subprocess.Popen[bytes]] = []
+        try:
+            seeded = 0
+            for target in (shallow, deep):
+                seed_s = asyncio.run(seed_queue(etcd.endpoint, seeded, target))
+                say(f"depth: {target} queued jobs in etcd ({target - seeded} written in {seed_s:.1f} s)")
+                seeded = target
+                metrics_port = free_port()
+                server = PatientServer(
+                    etcd.endpoint,
+                    work / "state",
+                    config=config,
+                    identity=f"depth{target}",
+                    extra_args=("--read-rate-per-s", "0", "--metrics-port", str(metrics_port)),
+                )
+                began = time.monotonic()
+                if profile is not None and py_spy and target == deep:
+                    # The server forks from the zygote within the start: sample it once it is there.
+                    threading.Thread(
+                        target=_spy_on, args=(server, py_spy, profile, spies), daemon=True
+                    ).start()
+                server.start()
+                serving_s = time.monotonic() - began
+                say(f"depth: serving (gRPC) {serving_s:.1f} s after launch")
+                try:
+                    deadline = time.monotonic() + 900
+                    while not _ready(f"http://127.0.0.1:{metrics_port}/readyz"):
+                        assert time.monotonic() < deadline, "not ready after 900 s"
+                        time.sleep(0.1)
+                    start_s = time.monotonic() - began
+                    say(f"depth: serving and first pass done {start_s:.1f} s after launch")
+                    depths.append(measure(server, metrics_port, target, calls, start_s))
+                    d = depths[-1]
+                    say(
+                        f"depth {target}: submit p99 {1000 * _q(d.submit_s, 0.99):.1f} ms, list p99 "
+                        f"{1000 * _q(d.list_s, 0.99):.1f} ms, explain p99 {1000 * _q(d.explain_s, 0.99):.1f} ms, "
+                        f"{d.cycles:.0f} cycles of {d.cycle_ms:.0f} ms ({d.cycle_cpu_ms:.0f} ms CPU), "
+                        f"RSS {d.rss_mib:.0f} MiB (peak {d.peak_mib:.0f})"
+                    )
+                finally:
+                    for spy in spies:
+                        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled
+                        spy.wait(timeout=60)
+                    spies.clear()
+                    server.stop()
+        finally:
+            etcd.stop()
+    return depths
+
+
+def _spy_on(server: PatientServer, py_spy: str, profile: Path, spies: list[subprocess.Popen[bytes]]) -> None:
+    while server.proc is None:
+        time.sleep(0.01)
+    spies.append(
+        subprocess.Popen(
+            [py_spy, "record", "-p", str(server.proc.pid), "-r", "20", "-f", "raw", "-o", str(profile)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+
+
+def figures(depths: list[Depth]) -> list[str]:
+    """`name: value unit` lines for the two depths (shallow first)."""
+    shallow, deep = depths
+    lines = []
+    for d, name in ((shallow, "shallow"), (deep, "deep")):
+        lines.append(f"depth_{name}_queued: {d.queued} jobs")
+        lines.append(f"depth_{name}_start_to_first_pass_s: {d.start_s:.1f} s")
+        for what, values in (("submit", d.submit_s), ("list", d.list_s), ("explain", d.explain_s)):
+            lines.append(f"depth_{name}_{what}_p50_ms: {1000 * _q(values, 0.5):.1f} ms")
+            lines.append(f"depth_{name}_{what}_p99_ms: {1000 * _q(values, 0.99):.1f} ms")
+        lines.append(f"depth_{name}_placer_cycle_ms: {d.cycle_ms:.0f} ms")
+        lines.append(f"depth_{name}_placer_cycle_cpu_ms: {d.cycle_cpu_ms:.0f} ms")
+        lines.append(f"depth_{name}_server_rss_mib: {d.rss_mib:.0f} MiB")
+        lines.append(f"depth_{name}_server_peak_rss_mib: {d.peak_mib:.0f} MiB")
+    for what, a, b in (
+        ("submit", shallow.submit_s, deep.submit_s),
+        ("list", shallow.list_s, deep.list_s),
+        ("explain", shallow.explain_s, deep.explain_s),
+    ):
+        lines.append(f"depth_{what}_p99_ratio: {_q(b, 0.99) / _q(a, 0.99):.2f} ratio")
+    lines.append(f"depth_placer_cycle_ratio: {deep.cycle_ms / shallow.cycle_ms:.2f} ratio")
+    per_100k = (deep.rss_mib - shallow.rss_mib) / (deep.queued - shallow.queued) * 100_000
+    lines.append(f"rss_mib_per_100k_live_jobs: {per_100k:.0f} MiB")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2,000 then 20,000 queued")
+    parser.add_argument("--shallow", type=int, default=None)
+    parser.add_argument("--deep", type=int, default=None)
+    parser.add_argument("--calls", type=int, default=CALLS)
+    parser.add_argument("--py-spy", default=None, help="py-spy binary, for --profile")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy's raw stacks of the deep server")
+    args = parser.parse_args()
+    shallow = args.shallow or (2_000 if args.quick else 10_000)
+    deep = args.deep or (20_000 if args.quick else 1_000_000)
+    for line in figures(run(shallow, deep, args.calls, py_spy=args.py_spy, profile=args.profile)):
+        print(line)
+    if args.profile is not None and args.profile.exists():
+        from bench.scale import profile_summary
+
+        print("\n".join(profile_summary(args.profile)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

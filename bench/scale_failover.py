@@ -1,0 +1,252 @@
+"""Failover with 100,000 live jobs (issue 33): the leader of an HA pair is killed with SIGKILL; how
+long until its successor serves and schedules. Run by `bench/scale.py` (its
+`failover_to_scheduling_s`) or alone:
+
+    python bench/scale_failover.py             # 100,000 live jobs
+    python bench/scale_failover.py --quick     # 10,000
+
+A real etcd holds the live jobs, written straight into it through the store's own encoding as
+`bench/history.py`'s restart does (`_live_record`, `_live_interval`): 90 % ended within the hour
+(with their closed ledger intervals), 10 % queued for the H100 pool of the simulated member cluster
+`onprem` (one `python -m clusters.sim` process, shared by both servers as real clusters are). The
+pool has room for 64 of them, so the first leader dispatches 64 gangs that run for a day and the
+rest wait. Two `gpufed serve` processes on that etcd (`--lease-ttl-s`, 2 s by default: etcd's
+least, as tests/e2e/test_crash_ha.py runs them); once the leader's first pass is done and the
+standby serves, the leader is killed with SIGKILL, and from that instant:
+
+* `failover_to_ready_s`: the standby logs `leader_first_pass_done`: it holds the lease, its first
+  reconciler tick and scheduling cycle are done (what makes its `/readyz` 200 as a leader);
+* `failover_to_scheduling_s`: a probe job submitted to the standby right after the kill (a gang of
+  one A100 on the cluster `probe`, free, which no queued job asks for) is admitted, as GetJob on the
+  standby reads it. This includes the lease's TTL: the dead leader's key lives that long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+import structlog  # noqa: E402
+
+from bench.history import RESTART_TENANTS, _live_interval, _live_record  # noqa: E402
+from bench.scale_depth import rss_mib  # noqa: E402
+from datasync.loopback_ports import free_port  # noqa: E402
+from federation.api.client import GpufedClient  # noqa: E402
+from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
+from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
+from federation.runtime.sim_process import SimProcess  # noqa: E402
+from federation.store.intervals import interval_to_dict  # noqa: E402
+from federation.store.job_store import job_key  # noqa: E402
+from federation.store.jobs import job_to_dict  # noqa: E402
+from federation.store.kv import Compare, Put, Txn  # noqa: E402
+from federation.store.kv_etcd import EtcdKv  # noqa: E402
+from placement.model import JobPhase  # noqa: E402
+from tests.e2e.harness import ServerProcess  # noqa: E402
+from tests.e2e.kube import write_config  # noqa: E402
+
+CLUSTERS = [
+    {
+        "name": "onprem",
+        "provider": "private",
+        "region": "dc1",
+        "pools": [
+            {
+                "name": "h100",
+                "gpuType": "H100",
+                "kind": "private",
+                "usdPerGpuHour": 2.2,
+                "gpusPerNode": 8,
+                "nodes": 8,
+            }
+        ],
+    },
+    {
+        "name": "probe",
+        "provider": "private",
+        "region": "dc2",
+        "pools": [
+            {
+                "name": "a100",
+                "gpuType": "A100",
+                "kind": "private",
+                "usdPerGpuHour": 1.1,
+                "gpusPerNode": 8,
+                "nodes": 1,
+            }
+        ],
+    },
+]
+PROBE = """\
+apiVersion: gpufed.io/v1
+kind: TrainingJob
+metadata: {name: failover-probe, annotations: {sim.gpufed.io/duration: "1h"}}
+spec:
+  gpuTypes: [A100]
+  tasks:
+    - {name: worker, replicas: 1, image: "pytorch/pytorch:2.3", gpus: 1}
+"""
+FIRST_PASS = "leader_first_pass_done"  # logged once a leader's first tick and cycle are done
+PLACED = {pb.JOB_PHASE_ADMITTED, pb.JOB_PHASE_DISPATCHED, pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_SUCCEEDED}
+
+
+async def seed(endpoint: str, count: int) -> float:
+    """`count` live jobs, 90 % ended and 10 % queued (see the module's doc); the seconds it took."""
+    began = time.perf_counter()
+    now = time.time()
+    rng = random.Random(7)
+    queued = count // 10
+    phases = [JobPhase.SUCCEEDED] * (count - queued) + [JobPhase.QUEUED] * queued
+    rng.shuffle(phases)
+    kv = await EtcdKv.connect(endpoint)
+    try:
+        txns = []
+        for n, phase in enumerate(phases):
+            record = _live_record(n, phase, now, rng)
+            puts = [Put(job_key(record.job_id), json.dumps(job_to_dict(record)).encode())]
+            if phase is JobPhase.SUCCEEDED:
+                interval = _live_interval(record)
+                puts.append(Put(interval.key, json.dumps(interval_to_dict(interval)).encode()))
+            txns.append(Txn((Compare.absent(job_key(record.job_id)),), tuple(puts)))
+            if len(txns) == 40 * 8 or n == count - 1:
+                batches = [txns[i : i + 40] for i in range(0, len(txns), 40)]
+                await asyncio.gather(*(kv.txn_many(b) for b in batches))
+                txns = []
+    finally:
+        await kv.close()
+    return time.perf_counter() - began
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
+@dataclass
+class Failover:
+    live: int
+    lease_ttl_s: int
+    to_ready_s: float
+    to_scheduling_s: float
+    standby_rss_mib: float
+    seed_s: float
+
+
+class PatientServer(ServerProcess):
+    """A server given longer than the e2e tests' 90 s to list its jobs (two start at once)."""
+
+    def _wait_serving(self, timeout_s: float) -> None:
+        super()._wait_serving(timeout_s=600.0)
+
+
+def run(live: int, lease_ttl_s: int = 2, say: Callable[[str], None] = print) -> Failover:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    with tempfile.TemporaryDirectory(prefix="gpufed-scale-failover-") as tmp:
+        work = Path(tmp)
+        etcd = EtcdProcess(work / "etcd")
+        sims = SimProcess(work / "sim", CLUSTERS)
+        etcd.start()
+        servers: list[PatientServer] = []
+        try:
+            sims.start()
+            seed_s = asyncio.run(seed(etcd.endpoint, live))
+            say(f"failover: {live} live jobs in etcd in {seed_s:.1f} s")
+            config = write_config(
+                work / "federation.yaml",
+                sims,
+                CLUSTERS,
+                grace_s=60,
+                tenants=[{"name": "platform"}] + [{"name": t} for t in RESTART_TENANTS],
+                users=[
+                    {"name": "admin", "tenant": "platform", "role": "admin"},
+                    {"name": "u0", "tenant": "t0"},
+                ],
+            )
+            ports = {name: free_port() for name in "ab"}
+            servers = [
+                PatientServer(
+                    etcd.endpoint,
+                    work / f"state-{name}",
+                    config=config,
+                    identity=name,
+                    extra_args=("--lease-ttl-s", str(lease_ttl_s), "--metrics-port", str(ports[name])),
+                )
+                for name in "ab"
+            ]
+            began = time.monotonic()
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(PatientServer.start, servers))
+            # The leader is the one whose log says so (a standby's /readyz is 200 too: it serves).
+            _until(lambda: any(FIRST_PASS in s.current_log() for s in servers), 600, "a leader's first pass")
+            say(
+                f"failover: both serving, a leader's first pass done, {time.monotonic() - began:.1f} s after launch"
+            )
+            leader, standby = servers if FIRST_PASS in servers[0].current_log() else servers[::-1]
+            token_files = [s.state_dir / "tokens" / "u0.token" for s in servers]
+            token = next(p for p in token_files if p.exists()).read_text().strip()
+            assert standby.proc is not None
+            with GpufedClient(standby.target, token, timeout_s=30) as client:
+                client.whoami()  # the channel is up before the kill, so its setup is not timed
+                standby_rss, _ = rss_mib(standby.proc.pid)
+                killed = time.monotonic()
+                leader.kill()
+                probe = ""
+                while not probe:
+                    try:
+                        probe = client.submit(PROBE, idempotency_key="failover-probe").job_id
+                    except grpc.RpcError:
+                        time.sleep(0.01)
+                _until(lambda: FIRST_PASS in standby.current_log(), 120, "the standby's first pass")
+                to_ready = time.monotonic() - killed
+                _until(lambda: client.get(probe).phase in PLACED, 120, "the probe's admission")
+                to_scheduling = time.monotonic() - killed
+        finally:
+            for server in servers:
+                server.stop()
+            sims.stop()
+            etcd.stop()
+    return Failover(live, lease_ttl_s, to_ready, to_scheduling, standby_rss, seed_s)
+
+
+def figures(f: Failover) -> list[str]:
+    return [
+        f"failover_live_jobs: {f.live} jobs",
+        f"failover_lease_ttl_s: {f.lease_ttl_s} s",
+        f"failover_to_ready_s: {f.to_ready_s:.2f} s",
+        f"failover_to_scheduling_s: {f.to_scheduling_s:.2f} s",
+        f"failover_standby_rss_mib: {f.standby_rss_mib:.0f} MiB",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="10,000 live jobs")
+    parser.add_argument("--live", type=int, default=None)
+    parser.add_argument("--lease-ttl-s", type=int, default=2)
+    args = parser.parse_args()
+    live = args.live or (10_000 if args.quick else 100_000)
+    for line in figures(run(live, args.lease_ttl_s)):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
