@@ -84,6 +84,19 @@ class Stager:
         awaited = self._awaited(job, stored.value if stored is not None else None)
         if awaited is not None:
             return awaited
+        if stored is None and ref.version is not None and self.declared is not None:
+            # Accepted at submission only as a version a live job would make (neither the registry nor
+            # the config's `datasets:` knows it), and that job is no longer making it.
+            settings = await self._runner.settings()
+            if (
+                settings.dataset(str(ref)) is None
+                and settings.dataset(f"{qualified(job.tenant, ref.name)}@{ref.version}") is None
+            ):
+                return Gate(
+                    GateKind.FAIL,
+                    f"dataset {ref} does not exist: no job made it (the job that declared it as its output "
+                    "did not succeed)",
+                )
         if stored is None or store is None:
             return READY
         if not stored.value.visible_to(job.tenant):

@@ -97,6 +97,10 @@ class SyncRunner:
         self._tasks: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._scrubber: Scrubber | None = None
 
+    async def settings(self) -> SchedulingSettings:
+        """The federation's settings, as the runner reads them (the config's `datasets:` among them)."""
+        return await self._settings()
+
     async def start_missing(self) -> None:
         """Start a task for every active sync record that has none here."""
         for record in await self._syncs.list():

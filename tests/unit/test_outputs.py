@@ -371,3 +371,26 @@ def test_a_consumer_is_held_out_of_the_placers_queue_while_its_producer_lives() 
         [producer, consumer, unrelated], PlacerInputs(SchedulingSettings(), (), {}, ()), []
     )
     assert [q.job_id for q in snapshot.queued] == [unrelated.job_id]
+
+
+async def test_a_consumer_whose_producer_failed_fails_in_staging_saying_why(world: World) -> None:
+    jobs = [finished(JobPhase.FAILED)]
+    controller = OutputsController(world.registrar(), lambda: jobs)
+    syncs = SyncRecords(world.kv)
+
+    async def settings() -> SchedulingSettings:
+        return SchedulingSettings()
+
+    runner = SyncRunner(
+        registry=world.registry, syncs=syncs, stores=world.stores, settings=settings,
+        journal_dir=world.root / "journal",
+    )  # fmt: skip
+    stager = Stager(registry=world.registry, syncs=syncs, runner=runner, cluster_store=lambda c: "lab")
+    stager.declared = controller.declared
+    consumer = finished(JobPhase.ADMITTED, outputs=(), dataset=DatasetRef("tokens", "v1"), name="train")
+    gate = await stager.prepare(consumer)
+    assert gate.kind is GateKind.FAIL
+    assert gate.reason == (
+        "dataset tokens@v1 does not exist: no job made it (the job that declared it as its output did not succeed)"
+    )
+    await stager.stop()
