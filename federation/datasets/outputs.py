@@ -121,9 +121,11 @@ def awaited_inputs(jobs: Iterable[JobRecord], registered: Callable[[str], object
     if not made:
         return frozenset()
     held = set()
+    # Run by every cycle over every live job: an enum member read once, not once a job.
+    queued = JobPhase.QUEUED
     for job in jobs:
         ref = job.spec.dataset
-        if job.phase is not JobPhase.QUEUED or ref is None or ref.version is None:
+        if ref is None or ref.version is None or job.phase is not queued:
             continue
         wanted = f"{qualified(job.tenant, ref.name)}@{ref.version}"
         if wanted in made and registered(wanted) is None:
