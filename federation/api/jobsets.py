@@ -31,6 +31,7 @@ from federation.joblogs.stream import split_line
 from federation.jobsets.arrays import parse_array
 from federation.jobsets.controller import SetController
 from federation.jobsets.decide import rerun
+from federation.jobsets.early_stopping import Goal
 from federation.jobsets.records import (
     JobSetRecord,
     MemberState,
@@ -41,10 +42,9 @@ from federation.jobsets.records import (
     set_digest,
 )
 from federation.jobsets.status import MemberView, set_status
-from federation.jobsets.stopping import LiveLines, MedianStopper
+from federation.jobsets.stopping import EarlyStopper, LiveLines
 from federation.jobsets.store import JobSetStore, trial_key, trial_number
 from federation.jobsets.sweeps import (
-    Goal,
     SweepSpec,
     Trial,
     expand,
@@ -562,7 +562,7 @@ async def set_controller_running(servicers: Sequence[object]) -> AsyncIterator[S
     found = (getattr(s, "members", None) for s in servicers)
     members = next((m for m in found if isinstance(m, MemberClusters)), None)
     if members is not None:
-        stopper = MedianStopper(
+        stopper = EarlyStopper(
             sets=calls.sets, store=calls.store, cache=calls.cache, live_lines=live_lines_reader(members)
         )
         tasks.append(asyncio.create_task(stopper.run(stop), name="gpufed-sweep-stopping"))

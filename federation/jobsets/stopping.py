@@ -1,12 +1,13 @@
-"""Early stopping of a sweep's losing trials (median stopping), run beside the set controller.
+"""Early stopping of a sweep's losing trials (median stopping or successive halving), run beside the
+set controller.
 
 Each pass reads, for every sweep with `earlyStopping` that is not cancelled, the intermediate
 values its trials printed (`gpufed-metric: NAME=VALUE step=N`): a running trial's from its live
 log (its first replica's pod, read through the member cluster as `gpufed logs` reads it), an ended
-trial's from its kept log tail (read once: it never changes). A running trial that the median rule
-condemns (`sweeps.median_stop`) is cancelled as `gpufed cancel` does it, the rule's reason as its
-message, so `gpufed sweep results` and `gpufed get` say why it ended. The decision is pure; this
-module only reads and writes.
+trial's from its kept log tail (read once: it never changes). A running trial that the sweep's rule
+condemns (`sweeps.median_stop`, `sweeps.halving_stop`) is cancelled as `gpufed cancel` does it, the
+rule's reason as its message, so `gpufed sweep results` and `gpufed get` say why it ended. The
+decision is pure; this module only reads and writes.
 
 A trial whose cluster cannot be reached is left running this pass; one stopped by two servers at
 once is cancelled once (the cancel is a compare-and-swap on the job's revision).
@@ -22,10 +23,11 @@ from dataclasses import replace
 import structlog
 
 from federation.joblogs.archive import LogArchive, LogsSettings
+from federation.jobsets.early_stopping import EarlyStopping, Goal, MedianStopping, SuccessiveHalving
+from federation.jobsets.early_stopping import stop_reason as decide
 from federation.jobsets.records import JobSetRecord, MemberState
 from federation.jobsets.store import JobSetStore
-from federation.jobsets.sweeps import Goal, MedianStopping, history
-from federation.jobsets.sweeps import median_stop as decide
+from federation.jobsets.sweeps import history
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
@@ -39,14 +41,20 @@ LiveLines = Callable[[JobRecord], Awaitable[Sequence[str] | None]]
 DEFAULT_INTERVAL_S = 2.0
 
 
-def rule_of(record: JobSetRecord) -> MedianStopping | None:
+def rule_of(record: JobSetRecord) -> EarlyStopping | None:
     raw = (record.sweep or {}).get("earlyStopping")
     if not isinstance(raw, dict):
         return None
+    if raw.get("type") == "successiveHalving":
+        return SuccessiveHalving(
+            min_trials=int(raw["minTrials"]),
+            min_step=int(raw["minStep"]),
+            reduction_factor=int(raw["reductionFactor"]),
+        )
     return MedianStopping(min_trials=int(raw["minTrials"]), min_step=int(raw["minStep"]))
 
 
-class MedianStopper:
+class EarlyStopper:
     def __init__(
         self,
         *,
@@ -78,7 +86,7 @@ class MedianStopper:
             self._ended[job.job_id] = values
         return values
 
-    async def sweep_pass(self, record: JobSetRecord, rule: MedianStopping) -> int:
+    async def sweep_pass(self, record: JobSetRecord, rule: EarlyStopping) -> int:
         """Stop what the rule condemns in one sweep now; how many trials were stopped."""
         metric = str(record.sweep["metric"]["name"]) if record.sweep else ""
         goal = Goal(record.sweep["metric"]["goal"]) if record.sweep else Goal.MINIMIZE

@@ -18,13 +18,20 @@ import json
 import math
 import random
 import re
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from federation.errors import InvalidArgument
+from federation.jobsets.early_stopping import (
+    STOPPING_TYPES,
+    EarlyStopping,
+    Goal,
+    MedianStopping,
+    SuccessiveHalving,
+    stopping_to_dict,
+)
 
 # The most trials one sweep may have: as many members as a set of named jobs (its record in etcd
 # holds each trial's values).
@@ -51,11 +58,6 @@ class Search(StrEnum):
     RANDOM = "random"
 
 
-class Goal(StrEnum):
-    MINIMIZE = "minimize"
-    MAXIMIZE = "maximize"
-
-
 @dataclass(frozen=True, slots=True)
 class Choice:
     """Values to pick from: every one in grid search, one at random in random search."""
@@ -76,16 +78,6 @@ Parameter = Choice | Range
 
 
 @dataclass(frozen=True, slots=True)
-class MedianStopping:
-    """Median stopping (Vizier's, as Katib and Ray Tune run it): a running trial whose latest
-    intermediate value is worse than the median of the other trials' values at that step is
-    stopped, once at least `min_trials` others reached the step and from step `min_step` on."""
-
-    min_trials: int = 3
-    min_step: int = 1
-
-
-@dataclass(frozen=True, slots=True)
 class SweepSpec:
     """What a Sweep file says beside its template, checked."""
 
@@ -95,7 +87,7 @@ class SweepSpec:
     seed: int
     metric: str
     goal: Goal
-    early_stopping: MedianStopping | None = None
+    early_stopping: EarlyStopping | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The sweep as the API carries and etcd keeps it (the Sweep file's own keys)."""
@@ -111,17 +103,7 @@ class SweepSpec:
             "trials": self.trials,
             "seed": self.seed,
             "metric": {"name": self.metric, "goal": self.goal.value},
-            **(
-                {}
-                if self.early_stopping is None
-                else {
-                    "earlyStopping": {
-                        "type": "median",
-                        "minTrials": self.early_stopping.min_trials,
-                        "minStep": self.early_stopping.min_step,
-                    }
-                }
-            ),
+            **({} if (rule := self.early_stopping) is None else {"earlyStopping": stopping_to_dict(rule)}),
         }
 
 
@@ -249,19 +231,32 @@ def parse_sweep(raw: Mapping[str, Any]) -> SweepSpec:
     return SweepSpec(tuple(parameters), search, trials, seed, metric["name"], goal, stopping)
 
 
-def _early_stopping(raw: Any) -> MedianStopping | None:
+def _early_stopping(raw: Any) -> EarlyStopping | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise _fail("earlyStopping", "give {type: median, minTrials: N, minStep: S}")
-    extra = sorted(set(raw) - {"type", "minTrials", "minStep"})
+        raise _fail(
+            "earlyStopping",
+            "give {type: median, minTrials: N, minStep: S} or {type: successiveHalving, minTrials: N, "
+            "minStep: S, reductionFactor: R}",
+        )
+    kind = raw.get("type", "median")
+    if kind not in STOPPING_TYPES:
+        raise _fail("earlyStopping.type", f"must be median or successiveHalving, got {kind!r}"[:200])
+    known = ["type", "minTrials", "minStep"] + (["reductionFactor"] if kind == "successiveHalving" else [])
+    extra = sorted(set(raw) - set(known))
     if extra:
-        raise _fail(f"earlyStopping.{extra[0]}", "unknown key (known: type, minTrials, minStep)")
-    if raw.get("type", "median") != "median":
-        raise _fail("earlyStopping.type", f"only median is supported, got {raw.get('type')!r}"[:200])
-    return MedianStopping(
-        min_trials=_whole(raw.get("minTrials", 3), "earlyStopping.minTrials", 1, MAX_TRIALS),
-        min_step=_whole(raw.get("minStep", 1), "earlyStopping.minStep", 0, 10**12),
+        raise _fail(f"earlyStopping.{extra[0]}", f"unknown key for {kind} (known: {', '.join(known)})")
+    min_trials = _whole(raw.get("minTrials", 3), "earlyStopping.minTrials", 1, MAX_TRIALS)
+    if kind == "median":
+        return MedianStopping(
+            min_trials=min_trials, min_step=_whole(raw.get("minStep", 1), "earlyStopping.minStep", 0, 10**12)
+        )
+    # Rungs are minStep times powers of the factor: a first rung at step 0 would make every rung 0.
+    return SuccessiveHalving(
+        min_trials=min_trials,
+        min_step=_whole(raw.get("minStep", 1), "earlyStopping.minStep", 1, 10**12),
+        reduction_factor=_whole(raw.get("reductionFactor", 3), "earlyStopping.reductionFactor", 2, 100),
     )
 
 
@@ -336,38 +331,6 @@ def parse_metric(lines: Iterable[str], name: str) -> float | None:
 def history(lines: Iterable[str], name: str) -> dict[int, float]:
     """The intermediate values a trial printed with a step (`... step=N`), the last one per step."""
     return {step: value for value, step in metric_lines(lines, name) if step is not None}
-
-
-def _at_step(values: Mapping[int, float], step: int) -> float | None:
-    """A trial's value at `step`: its report at the last step at or before it, if it reached it."""
-    if not values or max(values) < step:
-        return None
-    before = [s for s in values if s <= step]
-    return values[max(before)] if before else None
-
-
-def median_stop(
-    trial: Mapping[int, float], others: Sequence[Mapping[int, float]], goal: Goal, rule: MedianStopping
-) -> str | None:
-    """Why a running trial should stop by the median rule, or None to let it run: its latest value
-    is worse than the median of the others' values at the same step."""
-    if not trial:
-        return None
-    step = max(trial)
-    if step < rule.min_step:
-        return None
-    value = trial[step]
-    peers = [v for o in others if (v := _at_step(o, step)) is not None]
-    if len(peers) < rule.min_trials:
-        return None
-    median = statistics.median(peers)
-    worse = value > median if goal is Goal.MINIMIZE else value < median
-    if not worse:
-        return None
-    return (
-        f"early stopping (median rule): {value:.6g} at step {step} is worse than the median "
-        f"{median:.6g} of {len(peers)} other trials at that step"
-    )
 
 
 @dataclass(frozen=True, slots=True)

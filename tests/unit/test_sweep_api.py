@@ -15,7 +15,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallRefused as Refused
 from federation.joblogs.archive import KeptAttempt, LogArchive, LogsSettings
 from federation.jobsets.records import set_key
-from federation.jobsets.stopping import MedianStopper
+from federation.jobsets.stopping import EarlyStopper
 from federation.jobsets.store import PARAMS_ANNOTATION, PARAMS_DIR, PARAMS_VOLUME
 from federation.store.jobs import JobRecord
 from placement.model import JobPhase
@@ -178,7 +178,7 @@ async def test_median_stopping_cancels_the_running_trial_that_loses_and_says_why
 
     calls = world.service.job_sets
     assert calls is not None
-    stopper = MedianStopper(sets=calls.sets, store=world.store, cache=world.cache, live_lines=live_lines)
+    stopper = EarlyStopper(sets=calls.sets, store=world.store, cache=world.cache, live_lines=live_lines)
     assert await stopper.pass_once() == 1
     assert sorted(read) == sorted(live)  # only the sweep with earlyStopping, only its running trials
     # At step 2 the others stood at 0.4 (ended), 0.14 (ended) and 0.2 (running): median 0.2.
@@ -198,3 +198,52 @@ async def test_median_stopping_cancels_the_running_trial_that_loses_and_says_why
     shown = {t.key: t for t in (await results(world, "alice", "stop-me")).trials}
     assert shown["trial-2"].phase == pb.JOB_PHASE_CANCELLED
     assert shown["trial-2"].reason.startswith("early stopping (median rule)")
+
+
+async def test_successive_halving_cancels_the_running_trial_outside_the_best_half_at_its_rung(
+    world: World,
+) -> None:
+    sweep = {
+        "parameters": {"lr": [1, 2, 3, 4, 5]},
+        "metric": {"name": "loss", "goal": "minimize"},
+        "earlyStopping": {"type": "successiveHalving", "minTrials": 2, "minStep": 1, "reductionFactor": 2},
+    }
+    await submit_sweep(world, "alice", "halve-me", sweep)
+    trials = {dict(j.spec.tasks[0].env)["GPUFED_TRIAL"]: j for j in world.live("halve-me")}
+    steps = [f"gpufed-metric: loss={v} step={s}" for s, v in [(1, 0.5), (2, 0.4), (3, 0.3)]]
+    await end_printing(world, trials["0"], JobPhase.SUCCEEDED, *steps)
+    await end_printing(
+        world,
+        trials["1"],
+        JobPhase.SUCCEEDED,
+        "gpufed-metric: loss=0.6 step=1",
+        "gpufed-metric: loss=0.5 step=2",
+    )
+    live = {
+        trials["2"].job_id: [
+            "gpufed-metric: loss=0.9 step=1",
+            "gpufed-metric: loss=0.8 step=2",
+        ],  # loses at rung 2
+        trials["3"].job_id: ["gpufed-metric: loss=0.2 step=2"],  # the best at rung 2
+        trials["4"].job_id: ["warming up"],
+    }
+
+    async def live_lines(job: JobRecord) -> list[str] | None:
+        return live.get(job.job_id)
+
+    calls = world.service.job_sets
+    assert calls is not None
+    stopper = EarlyStopper(sets=calls.sets, store=world.store, cache=world.cache, live_lines=live_lines)
+    assert await stopper.pass_once() == 1
+    # At rung 2 the four trials stood at 0.4, 0.5, 0.8 and 0.2: the best half (0.2, 0.4) go on.
+    stopped = await world.store.get_job(trials["2"].job_id)
+    assert stopped is not None
+    assert stopped.value.cancel_requested
+    assert stopped.value.message == (
+        "early stopping (successive halving): 0.8 at rung step 2 is not among the best 2 of 4 trials at that "
+        "step (1/2 go on; the cutoff is 0.4)"
+    )
+    for key in ("3", "4"):
+        left = await world.store.get_job(trials[key].job_id)
+        assert left is not None
+        assert not left.value.cancel_requested

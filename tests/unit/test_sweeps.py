@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from federation.errors import InvalidArgument
-from federation.jobsets.sweeps import (
-    MAX_TRIALS,
+from federation.jobsets.early_stopping import (
     Goal,
     MedianStopping,
+    SuccessiveHalving,
+    halving_stop,
+    median_stop,
+    stop_reason,
+)
+from federation.jobsets.sweeps import (
+    MAX_TRIALS,
     Trial,
     Value,
     expand,
     history,
-    median_stop,
     params_json,
     parse_metric,
     parse_sweep,
@@ -199,9 +205,21 @@ def test_median_stopping_stops_a_trial_worse_than_the_median_of_others_at_its_st
 @pytest.mark.parametrize(
     ("stopping", "words"),
     [
-        ({"type": "hyperband"}, "sweep earlyStopping.type: only median is supported"),
+        (
+            {"type": "hyperband"},
+            "sweep earlyStopping.type: must be median or successiveHalving, got 'hyperband'",
+        ),
         ({"minTrials": 0}, "sweep earlyStopping.minTrials: must be a whole number from 1"),
-        ({"grace": 3}, "sweep earlyStopping.grace: unknown key"),
+        ({"grace": 3}, "sweep earlyStopping.grace: unknown key for median (known: type, minTrials, minStep)"),
+        ({"reductionFactor": 3}, "sweep earlyStopping.reductionFactor: unknown key for median"),
+        (
+            {"type": "successiveHalving", "reductionFactor": 1},
+            "sweep earlyStopping.reductionFactor: must be a whole number from 2",
+        ),
+        (
+            {"type": "successiveHalving", "minStep": 0},
+            "sweep earlyStopping.minStep: must be a whole number from 1",
+        ),
         ("median", "sweep earlyStopping: give {type: median"),
     ],
 )
@@ -211,6 +229,44 @@ def test_bad_early_stopping_is_named(stopping: Any, words: str) -> None:
     assert words in str(refused.value)
     spec = parse_sweep(sweep(parameters={"lr": [1]}, earlyStopping={"minTrials": 4}))
     assert spec.early_stopping == MedianStopping(min_trials=4, min_step=1)
+    halving = {"type": "successiveHalving", "minStep": 2, "reductionFactor": 4}
+    spec = parse_sweep(sweep(parameters={"lr": [1]}, earlyStopping=halving))
+    assert spec.early_stopping == SuccessiveHalving(min_trials=3, min_step=2, reduction_factor=4)
+    assert spec.to_dict()["earlyStopping"] == {**halving, "minTrials": 3}
+
+
+HALVING = SuccessiveHalving(min_trials=3, min_step=1, reduction_factor=3)
+
+
+def test_successive_halving_rungs_are_min_step_times_powers_of_the_factor() -> None:
+    rungs = SuccessiveHalving(min_trials=1, min_step=2, reduction_factor=3)
+    assert [rungs.rung(step) for step in (0, 1, 2, 5, 6, 17, 18, 54)] == [None, None, 2, 2, 6, 6, 18, 54]
+
+
+def test_successive_halving_keeps_the_best_third_at_each_rung_and_stops_the_rest() -> None:
+    # At rung 3 (steps 3 to 8) five others stood at 0.1 .. 0.5; with the trial, six values: the best
+    # 6 // 3 = 2 go on, so the cutoff is the second best.
+    others = [{1: 0.9, 3: v} for v in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    assert halving_stop({1: 0.9, 3: 0.15}, others, Goal.MINIMIZE, HALVING) is None  # second best
+    assert halving_stop({1: 0.9, 3: 0.2}, others, Goal.MINIMIZE, HALVING) is None  # tied with the cutoff
+    reason = halving_stop({1: 0.9, 3: 0.25, 4: 0.1}, others, Goal.MINIMIZE, HALVING)
+    assert reason == (
+        "early stopping (successive halving): 0.25 at rung step 3 is not among the best 2 of 6 trials at "
+        "that step (1/3 go on; the cutoff is 0.2)"
+    )
+    # Judged at the rung, not at its latest step: its value at step 3 is its report at step 2.
+    assert halving_stop({2: 0.05, 4: 0.9}, others, Goal.MINIMIZE, HALVING) is None
+    assert halving_stop({1: 0.1, 3: 0.45}, others, Goal.MAXIMIZE, HALVING) is None  # best when maximizing
+    assert halving_stop({1: 0.1, 3: 0.15}, others, Goal.MAXIMIZE, HALVING) is not None
+    # Before the first rung, with too few others at its rung, or nothing printed: it runs on.
+    assert halving_stop({}, others, Goal.MINIMIZE, HALVING) is None
+    assert halving_stop({0: 9.0}, others, Goal.MINIMIZE, replace(HALVING, min_step=1)) is None
+    assert halving_stop({9: 5.0}, others, Goal.MINIMIZE, HALVING) is None  # nobody else reached rung 9
+    assert halving_stop({3: 5.0}, others[:2], Goal.MINIMIZE, HALVING) is None  # two others, three needed
+    # The sweep's rule decides which: the same trial passes the median rule and fails halving.
+    median = MedianStopping(min_trials=3, min_step=1)
+    assert stop_reason({3: 0.25}, others, Goal.MINIMIZE, median) is None
+    assert stop_reason({3: 0.25}, others, Goal.MINIMIZE, HALVING) is not None
 
 
 def test_the_sweep_in_the_user_guide_is_one_gpufed_accepts() -> None:
