@@ -330,8 +330,14 @@ class _Reference:
                     best = (c, o.key(), o)
         if best is None:
             return False
+        # A class that needs approval never waits (issue 35); every tenant is balanced here.
+        klass = self.classes.get(ctx.gang.priority_class)
         until = self.costs.private_wait_until_s(
-            ctx.gang, best[0], cloud, ctx.duration_s(best[2].gpu_type, best[2].store)
+            ctx.gang,
+            best[0],
+            cloud,
+            ctx.duration_s(best[2].gpu_type, best[2].store),
+            urgent=klass is not None and klass.needs_approval,
         )
         return self.now < until
 
