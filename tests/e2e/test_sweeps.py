@@ -14,6 +14,9 @@ step (`gpufed-metric: loss=V step=N`, falling as 1/N towards a floor set by its 
 losers (floor 1 or more) step slowly, the others quickly; every loser must be stopped by the rule
 (CANCELLED, the rule's words as its reason, long before its 60 s would end) and the best trial must
 succeed and rank first.
+
+A grid sweep of 8 trials with successive halving (rungs at steps 2, 4, 8, ...; the worse half stops
+at each): every loser is stopped at a rung, the winners succeed and rank first.
 """
 
 from __future__ import annotations
@@ -265,3 +268,50 @@ def test_median_stopping_ends_the_losing_trials_and_ranks_the_rest(
     for t in trials:
         if t["phase"] == "JOB_PHASE_SUCCEEDED":
             assert t["metric"] == pytest.approx(floor_of(lrs[t["key"]])), t
+
+
+# Successive halving's sweep: three winners (floor under 1) and five losers (floor 1 or more).
+HALVING_LRS = [1e-3, 2e-3, 5e-4, 1e-2, 1e-4, 1e-5, 1e-1, 1e-6]
+
+
+def test_successive_halving_stops_every_loser_at_a_rung_and_ranks_the_rest(
+    fed: ServerProcess, tmp_path: Path
+) -> None:
+    """Eight trials at once, rungs at steps 2, 4, 8, 16 and on (factor 2): at each rung the worse
+    half stops. The winners run their 20 steps in under a second; the losers, at 0.5 s a step, are
+    all stopped at some rung long before their minute ends."""
+    doc = yaml.safe_load(sweep_file())
+    doc["metadata"]["name"] = "lr-halve"
+    doc["spec"] = {
+        "search": "grid",
+        "parameters": {"lr": HALVING_LRS},
+        "metric": {"name": "loss", "goal": "minimize"},
+        "earlyStopping": {"type": "successiveHalving", "minTrials": 3, "minStep": 2, "reductionFactor": 2},
+        "template": doc["spec"]["template"],
+    }
+    doc["spec"]["template"]["spec"]["tasks"][0]["command"] = [sys.executable, "-c", STEPPING]
+    path = tmp_path / "halve.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = cli(fed, "alice", "submit", str(path))
+    assert done.returncode == 0, done.stderr
+
+    def finished() -> pb.JobSet | None:
+        with fed.client("alice") as alice:
+            shown = alice.get_set("lr-halve")
+        return shown if shown.done else None
+
+    wait_for(finished, timeout_s=120, interval_s=0.5)
+    out = cli(fed, "alice", "sweep", "results", "lr-halve", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    trials = json.loads(out.stdout)["trials"]
+    lrs = {t["key"]: float(t["parameters"][0]["value"]) for t in trials}
+    for t in trials:
+        if floor_of(lrs[t["key"]]) >= 1:
+            assert t["phase"] == "JOB_PHASE_CANCELLED", t
+            assert t["reason"].startswith("early stopping (successive halving): "), t
+        else:
+            assert t["phase"] == "JOB_PHASE_SUCCEEDED", t
+            assert t["metric"] == pytest.approx(floor_of(lrs[t["key"]])), t
+    # lr = 1e-3 has floor 0: it ranks first.
+    assert lrs[trials[0]["key"]] == 1e-3
+    assert [t["rank"] for t in trials[:3]] == [1, 2, 3]
