@@ -9,6 +9,13 @@ accepted job id is then looked up through the API to prove none was lost.
     python bench/submit.py --quick --dataset          # every job names a dataset (checked at submit)
     python bench/submit.py --servers 2 --processes 2  # two servers on one etcd (one leads),
                                                       # one client process on each
+
+What it measures against, in the same run and on the same etcd, before the submissions (the servers
+idle): etcd's own rate through the project's etcd client (aetcd, the server's), 64 requests in
+flight for `--baseline-s` seconds, of single 1 KiB puts (`etcd_put_per_s`) and of the transaction
+one submission writes, one to a request (`etcd_create_txn_per_s`: the idempotency key and the
+record, each absent before; what a server without group commit could at best do). Aim: 2,000
+submissions a second, p99 20 ms (issue 33), printed beside them.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -116,6 +124,60 @@ def _client_process(
     out.put((latencies, ids, errors))
 
 
+BASELINE_IN_FLIGHT = 64
+AIM_SUBMIT_PER_S = 2000.0
+AIM_SUBMIT_P99_MS = 20.0
+
+
+def etcd_baseline(endpoint: str, seconds: float) -> tuple[float, float]:
+    """(single puts/s, submission-shaped transactions/s) on `endpoint`, 64 in flight, each for
+    `seconds`; under keys of their own (`/bench-baseline/`), deleted after."""
+    import asyncio
+
+    from federation.store.kv import Compare, Put, Txn
+    from federation.store.kv_etcd import EtcdKv
+
+    value = b"x" * 1024
+
+    async def rate(one: Callable[[EtcdKv, int], Awaitable[object]], kv: EtcdKv) -> float:
+        done = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def worker(w: int) -> None:
+            nonlocal done
+            n = 0
+            while time.perf_counter() < stop_at:
+                await one(kv, w * 10_000_000 + n)
+                n += 1
+                done += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(BASELINE_IN_FLIGHT)))
+        return done / (time.perf_counter() - began)
+
+    async def put(kv: EtcdKv, n: int) -> None:
+        await kv.put(b"/bench-baseline/put/%d" % n, value)
+
+    async def create(kv: EtcdKv, n: int) -> None:
+        idem, key = b"/bench-baseline/idem/%d" % n, b"/bench-baseline/job/%d" % n
+        (result,) = await kv.txn_many(
+            [Txn((Compare.absent(idem), Compare.absent(key)), (Put(idem, value[:100]), Put(key, value)))]
+        )
+        assert result.succeeded
+
+    async def run() -> tuple[float, float]:
+        kv = await EtcdKv.connect(endpoint)
+        try:
+            puts = await rate(put, kv)
+            txns = await rate(create, kv)
+            await kv.delete_prefix(b"/bench-baseline/")
+            return puts, txns
+        finally:
+            await kv.close()
+
+    return asyncio.run(run())
+
+
 def _cpu_seconds(pid: int) -> float:
     """User plus system CPU a process has used so far (Linux /proc), to show who used the cores."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -145,8 +207,12 @@ def main() -> int:
         default=1,
         help="gpufed servers on the one etcd; client process i uses server i mod N",
     )
+    parser.add_argument(
+        "--baseline-s", type=float, default=None, help="seconds of each etcd baseline (default 5; quick 2)"
+    )
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
+    baseline_s = args.baseline_s or (2.0 if args.quick else 5.0)
 
     with tempfile.TemporaryDirectory(prefix="gpufed-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -164,6 +230,7 @@ def main() -> int:
                 # Started one after the other: the first takes the lease and leads; the others serve.
                 each.start()
             tokens = [(tmp_path / "state" / "tokens" / f"u{i}.token").read_text().strip() for i in range(4)]
+            etcd_puts, etcd_txns = etcd_baseline(etcd.endpoint, baseline_s)
             # One warm-up call per tenant and server so connection set-up is not measured.
             for token in tokens:
                 for each in servers:
@@ -236,6 +303,11 @@ def main() -> int:
     print(f"submit_clients_in_flight: {clients} requests")
     print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")
+    print(f"submit_aim_per_s: {AIM_SUBMIT_PER_S:.0f} jobs/s")
+    print(f"submit_aim_p99_ms: {AIM_SUBMIT_P99_MS:.0f} ms")
+    print(f"etcd_put_per_s: {etcd_puts:.0f} puts/s")
+    print(f"etcd_create_txn_per_s: {etcd_txns:.0f} txns/s")
+    print(f"submit_to_etcd_put_ratio: {len(accepted) / seconds / etcd_puts:.2f} ratio")
     return 0 if not missing else 1
 
 
