@@ -45,8 +45,8 @@ pytestmark = [pytest.mark.e2e, requires_chromium]
 SCREENSHOTS = os.environ.get("GPUFED_CONSOLE_SCREENSHOTS")
 FOCUS_CLIP: FloatRect = {"x": 0, "y": 0, "width": 1280, "height": 160}
 # The links each role's navigation shows: only pages its API calls answer (issue 30).
-NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/capacity", "/approvals"}  # an admin's
-MEMBER_NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/finance", "/approvals"}
+NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/capacity", "/approvals", "/tenants"}  # an admin's
+MEMBER_NAV_HREFS = {"/jobs", "/sets", "/queues", "/clusters", "/finance", "/approvals", "/tenants"}
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def test_every_page_renders_its_content(up: ConsoleUp, demo: DemoData, browser: 
     context.close()
 
 
-FINANCE_NAV_HREFS = {"/queues", "/clusters", "/capacity", "/finance", "/approvals"}
+FINANCE_NAV_HREFS = {"/queues", "/clusters", "/capacity", "/finance", "/approvals", "/tenants"}
 
 
 def nav_hrefs_ok(hrefs: set[str | None]) -> bool:
@@ -479,10 +479,10 @@ def test_tab_reaches_the_navigation_with_a_visible_focus_ring(
         assert ring, f"{href}: no visible focus ring ({style})"
     if SCREENSHOTS:
         page.screenshot(path=str(Path(SCREENSHOTS) / "keyboard-focus.png"), clip=FOCUS_CLIP)
-    # Enter follows the focused link (the last one reached: Approvals).
+    # Enter follows the focused link (the last one reached: Tenants).
     with page.expect_navigation():
         page.keyboard.press("Enter")
-    assert page.url == f"{up.console_url}/approvals"
+    assert page.url == f"{up.console_url}/tenants"
     context.close()
 
 
