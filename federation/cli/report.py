@@ -149,6 +149,13 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """GPU-hours and cost from the usage ledger, with quota share, budget and forecast."""
         if ctx.invoked_subcommand is not None:
             return
+        if {"set", "sweep"} & {g.strip() for g in kw["group_by"].split(",")}:
+            # The usage report's archived half is summed from rollups that do not carry the set.
+            raise click.BadParameter(
+                "the usage report does not group by set or sweep; "
+                "`gpufed report savings --by set` (or sweep) gives each set's GPU-hours and cost",
+                param_hint="--by",
+            )
         groups = _groups(kw["group_by"], GROUPS)
         start_s, end_s = period(kw["since"], kw["until"], kw["month"])
         fmt = report_format(kw["fmt"], ctx.obj.output)
