@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import re
 import signal
@@ -50,8 +49,8 @@ import structlog  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
-from federation.store.job_store import IDEM, _sha256, job_key  # noqa: E402
-from federation.store.jobs import PhaseEvent, job_to_dict  # noqa: E402
+from federation.store.job_store import IDEM, _dumps, _sha256, job_key  # noqa: E402
+from federation.store.jobs import JobRecord, PhaseEvent, job_to_dict  # noqa: E402
 from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
 from placement.model import JobPhase  # noqa: E402
@@ -65,6 +64,9 @@ CYCLES = 3
 # etcd's own quota is 2 GiB; a million jobs, their idempotency keys and wait reasons, with the
 # history etcd keeps until it compacts, need more. A deployment of this depth raises it the same way.
 QUOTA_BYTES = 16 * 2**30
+
+# The manifest digest recorded with each seeded job's idempotency key (no manifest was sent).
+SEED_DIGEST = "seeded"
 
 MANIFEST = """\
 apiVersion: gpufed.io/v1
@@ -94,24 +96,34 @@ def config_text(tenants: int = TENANTS, clusters: int = CLUSTERS) -> str:
 
 
 def _queued_txn(n: int, now: float) -> Txn:
-    """Job `n` as the server's create_job writes a submission: idempotency key and record, both absent."""
+    """Job `n` as the server's create_job writes a submission: idempotency key and record, both
+    absent before, in the store's own encoding (tests/unit/test_scale_depth_seed.py holds it to
+    create_job's bytes)."""
+    record = queued_record(n, now)
+    tenant = record.tenant
+    key = job_key(record.job_id)
+    idem = IDEM + tenant.encode() + b"/" + _sha256(f"seed-{n}")
+    digest = _dumps({"job_id": record.job_id, "digest": SEED_DIGEST})
+    return Txn(
+        (Compare.absent(idem), Compare.absent(key)),
+        (Put(idem, digest), Put(key, _dumps(job_to_dict(record)))),
+    )
+
+
+def queued_record(n: int, now: float) -> JobRecord:
+    """Job `n` of the seeded queue (`_queued_txn` writes it)."""
     tenant = f"t{n % TENANTS}"
     record = build_job(
         f"q-{n:07d}", tenant=tenant, gpus=8, gpu="A100", annotations=(("sim.gpufed.io/duration", "24h"),)
     )
     submitted = now - 3600.0 + n * 1e-3
-    record = replace(
+    return replace(
         record,
         user=f"u{n % TENANTS}",
         submitted_at_s=submitted,
         queued_at_s=submitted,
         events=(PhaseEvent(JobPhase.QUEUED, submitted, 1),),
     )
-    key = job_key(record.job_id)
-    idem = IDEM + tenant.encode() + b"/" + _sha256(f"seed-{n}")
-    digest = json.dumps({"job_id": record.job_id, "digest": "seeded"}).encode()
-    value = json.dumps(job_to_dict(record), separators=(",", ":")).encode()
-    return Txn((Compare.absent(idem), Compare.absent(key)), (Put(idem, digest), Put(key, value)))
 
 
 async def seed_queue(endpoint: str, first: int, last: int) -> float:
