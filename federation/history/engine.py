@@ -26,7 +26,7 @@ HEAD = "head"
 # The newest migration's revision under migrations/versions. A database already there is opened
 # without Alembic, whose import and script directory scan cost every restart about half a second of
 # CPU for nothing (tests/unit/test_history_migrations.py checks this against Alembic's own head).
-NEWEST_REVISION = "0006"
+NEWEST_REVISION = "0007"
 DEFAULT_FILE = "history.sqlite3"
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # How long a SQLite writer waits for another's lock before failing, rather than failing at once.

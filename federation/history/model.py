@@ -141,6 +141,10 @@ class GroupBy(StrEnum):
     PROVIDER = "provider"
     GPU_TYPE = "gpu_type"
     KIND = "kind"
+    # Migration 0007: the job set ("" for a job submitted alone) and the sweep (the set where it is
+    # a sweep, else ""), from the interval-days only: the rollups do not keep sets.
+    SET = "set"
+    SWEEP = "sweep"
 
 
 class Period(StrEnum):

@@ -2,6 +2,7 @@
 rollups.
 
 * `sums`: GROUP BY sums of interval-days clipped to a range, by any dimensions and a time bucket.
+  By set or sweep (migration 0007) only the interval-days answer: no rollup keeps the set.
   Every bucket a report offers starts at a UTC midnight, and a day row never crosses one, so a
   bucket's sum is the sum of its days' rows, and grouping happens on the `day` column itself.
   Interval counts are COUNT(DISTINCT interval_id). Where a rollup keeps the query's dimensions, its
@@ -46,7 +47,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from federation.history import rows, schema
 from federation.history.model import GroupBy, IntervalKey, IntervalPage, IntervalQuery, Period
 from federation.history.sums import EdgesQuery, SumsQuery, SumsRow, UsageEdge
-from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, whole_months
+from federation.history.usage_sql import DIMENSION_COLUMNS, SQLITE_DAYS_KEY, key_column, whole_months
 from federation.store.intervals import IntervalEnd, LedgerInterval
 from federation.store.money import piece_micro_usd
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
@@ -426,7 +427,7 @@ def _days_statements(
     start, end = _clipped(_SINCE, _UNTIL)
     gpu_seconds = d.c.gpu_count * (end - start)
     inside = and_(d.c.start_s >= _SINCE, d.c.end_s <= _UNTIL)
-    keys = [d.c[DIMENSION_COLUMNS[g]] for g in group_by]
+    keys = [key_column(d, g) for g in group_by]
     bucket = _bucket(period, starts)
     grouped = [bucket.label("bucket"), *keys] if bucket is not None else keys
     count = func.count(func.distinct(d.c.interval_id)) if count_intervals else literal(0)

@@ -166,6 +166,8 @@ def usage_day_rows(iv: LedgerInterval) -> list[dict[str, Any]]:
             "gpu_count": iv.gpu_count,
             "usd_per_gpu_hour": iv.usd_per_gpu_hour,
             "cost_micro_usd": piece_micro_usd(iv.gpu_count, start, end, iv.usd_per_gpu_hour),
+            "job_set": iv.job_set,
+            "set_kind": iv.set_kind,
         }
         for day, start, end in day_pieces(iv.start_s, iv.end_s)
     ]

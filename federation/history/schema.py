@@ -16,7 +16,8 @@ Which index serves which query:
   with the dimensions copied in. A report over [since, until) reads only the days in that range:
   the primary key (day, interval_id) for the federation's report, `ix_history_usage_days_tenant_day`
   (tenant, day; migration 0002) for one tenant's. Grouping by day or month groups on the `day`
-  column itself, so no interval is split at query time.
+  column itself, so no interval is split at query time. A report by job set or sweep (migration
+  0007: `job_set`, `set_kind`) reads these rows too, through the same two keys.
 * `history_usage_months` (migration 0002; interval counts and undivided cost since 0004): the same
   usage summed by month, tenant, cluster, provider, GPU type and kind, kept in step by every
   archive write. A report not grouped by user, by day or by week (`HistoryStore.usage`, and the
@@ -142,6 +143,11 @@ usage_days = Table(
     # Migration 0005: this day's part of the interval in whole micro-dollars, rounded once
     # (`federation.store.money.piece_micro_usd`): what every cost in a report adds up, exactly.
     Column("cost_micro_usd", BigInteger, nullable=False),
+    # Migration 0007: the interval's job set and the set's kind, copied in as the other dimensions
+    # are, for usage reports by set and by sweep ("" for a job submitted alone, and for rows
+    # archived before migration 0006 kept the set).
+    Column("job_set", String, nullable=False, server_default=text("''")),
+    Column("set_kind", String, nullable=False, server_default=text("''")),
     # Day first: the key is the index a period's report reads. On SQLite the table is stored in
     # that order (WITHOUT ROWID), so a month's rows are read in sequence, not looked up one by one.
     PrimaryKeyConstraint("day", "interval_id", name="pk_history_usage_days"),

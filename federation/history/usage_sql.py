@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, func, literal, select
+from sqlalchemy import ColumnElement, Select, Table, and_, case, func, literal, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -28,7 +28,12 @@ DIMENSION_COLUMNS = {
     GroupBy.PROVIDER: "provider",
     GroupBy.GPU_TYPE: "gpu_type",
     GroupBy.KIND: "kind",
+    # In `history_usage_days` only (migration 0007): no rollup keeps the set.
+    GroupBy.SET: "job_set",
+    GroupBy.SWEEP: "sweep",
 }
+# The dimensions only the interval-days keep: a query by any of them reads no rollup.
+DAYS_ONLY = frozenset({GroupBy.USER, GroupBy.SET, GroupBy.SWEEP})
 SQLITE_DAYS_KEY = "sqlite_autoindex_history_usage_days_1"
 _ROLLUP_KEY = ("month", "tenant", "cluster", "provider", "gpu_type", "kind")
 _TENANT_DAY_KEY = ("day", "tenant", "gpu_type")
@@ -60,8 +65,18 @@ def whole_months(since_s: float, until_s: float) -> tuple[float, float] | None:
     return (first, last) if last > first else None
 
 
+def key_column(table: Table, dim: GroupBy) -> ColumnElement[Any]:
+    """A grouping's column in `table`; the sweep is the set where its kind is `sweep`, else "".
+    Its CASE has literal strings, not bound values, so that PostgreSQL sees the GROUP BY's
+    expression and the select's as the same one."""
+    if dim is GroupBy.SWEEP:
+        sweep: ColumnElement[str] = literal_column("'sweep'")
+        return case((table.c.set_kind == sweep, table.c.job_set), else_=literal_column("''"))
+    return table.c[DIMENSION_COLUMNS[dim]]
+
+
 def _uses_rollup(query: UsageQuery) -> bool:
-    return GroupBy.USER not in query.group_by and query.period is not Period.DAY
+    return not DAYS_ONLY & set(query.group_by) and query.period is not Period.DAY
 
 
 def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[Any]:
@@ -72,7 +87,7 @@ def _days_select(query: UsageQuery, since_s: float, until_s: float) -> Select[An
     start = case((d.c.start_s < lo, lo), else_=d.c.start_s)
     end = case((d.c.end_s > hi, hi), else_=d.c.end_s)
     gpu_seconds = d.c.gpu_count * (end - start)
-    keys = [d.c[DIMENSION_COLUMNS[g]] for g in query.group_by]
+    keys = [key_column(d, g) for g in query.group_by]
     period: list[ColumnElement[Any]] = []
     if query.period is Period.DAY:
         period = [d.c.day]

@@ -30,10 +30,11 @@ from federation.history.engine import (
 from federation.history.model import ArchivedJob, GroupBy, KeptLog, UsageQuery
 from federation.history.sql_store import SqlHistoryStore
 from federation.history.sums import ReportRead, SumsQuery
+from federation.history.usage_sql import month_rollup_rows, tenant_day_rollup_rows
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, an_interval, fresh_dsn
 
-NEWEST = "0006"
+NEWEST = "0007"
 MARCH = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 APRIL = MARCH + 31 * 86_400.0
 
@@ -264,11 +265,12 @@ def _old_interval_rows(job: ArchivedJob) -> list[dict[str, object]]:
 
 
 def _old_day_rows(job: ArchivedJob) -> list[dict[str, object]]:
-    """Day rows as revisions before 0005 kept them: without `cost_micro_usd`."""
+    """Day rows as revisions before 0005 kept them: without `cost_micro_usd` (nor 0007's set)."""
     out = []
     for iv in job.intervals:
         for d in rows.usage_day_rows(iv):
-            d.pop("cost_micro_usd")
+            for name in ("cost_micro_usd", "job_set", "set_kind"):
+                d.pop(name)
             out.append(d)
     return out
 
@@ -297,3 +299,66 @@ def _write_as_0002(engine: Engine, jobs: Sequence[ArchivedJob]) -> None:
             " SUM(gpu_count * (end_s - start_s)), SUM(gpu_count * (end_s - start_s) * usd_per_gpu_hour) / 3600.0"
             " FROM history_usage_days GROUP BY substr(day, 1, 7), tenant, cluster, provider, gpu_type, kind"
         )
+
+
+def test_revision_0006_day_rows_take_their_intervals_set_in_0007(dsn: str) -> None:
+    """0007 copies each interval's set and kind (0006's columns) onto its day rows: archived set
+    jobs report by set after the upgrade, and rows without a set (a job alone, or an interval
+    archived before 0006 kept it) read as "no set"."""
+    engine = open_engine(dsn)
+    try:
+        migrate(engine, "0006")
+        at = MARCH + 10 * 86_400.0
+        in_sweep = replace(
+            an_interval("j1", start_s=at, end_s=at + 3_600.0, tenant="t1"), job_set="lr", set_kind="sweep"
+        )
+        # Another tenant's set of the same name (an array): never the same row as t1's.
+        in_array = replace(
+            an_interval("j2", start_s=at, end_s=at + 7_200.0, tenant="t2"), job_set="lr", set_kind="array"
+        )
+        alone = an_interval("j3", start_s=at, end_s=at + 2 * 86_400.0, tenant="t1")
+        jobs = [
+            an_archived_job(iv.job_id, tenant=iv.tenant, intervals=(iv,))
+            for iv in (in_sweep, in_array, alone)
+        ]
+        days = [d for job in jobs for iv in job.intervals for d in rows.usage_day_rows(iv)]
+        months, tenant_days = month_rollup_rows(days), tenant_day_rollup_rows(days)
+        for d in days:  # as 0006 kept them
+            d.pop("job_set")
+            d.pop("set_kind")
+        with engine.begin() as connection:
+            connection.execute(schema.jobs.insert(), [rows.job_row(job) for job in jobs])
+            connection.execute(
+                schema.intervals.insert(), [rows.interval_row(iv) for iv in (in_sweep, in_array)]
+            )
+            # j3 as revisions before 0006 kept it: no set column written at all.
+            connection.execute(schema.intervals.insert(), _old_interval_rows(jobs[2]))
+            connection.execute(schema.usage_days.insert(), days)
+            connection.execute(schema.usage_months.insert(), months)
+            connection.execute(schema.usage_tenant_days.insert(), tenant_days)
+        migrate(engine)
+        assert current_revision(engine) == NEWEST
+        store = SqlHistoryStore(engine)
+        by_set = SumsQuery(MARCH, APRIL, (GroupBy.TENANT, GroupBy.SET))
+        by_sweep = SumsQuery(MARCH, APRIL, (GroupBy.TENANT, GroupBy.SWEEP))
+        got_set, got_sweep = store.read_report(ReportRead((by_set, by_sweep))).sums
+        assert [(r.keys, r.gpu_seconds, r.intervals) for r in got_set] == [
+            (("t1", ""), 8 * 2 * 86_400.0, 1),
+            (("t1", "lr"), 8 * 3_600.0, 1),
+            (("t2", "lr"), 8 * 7_200.0, 1),
+        ]
+        # The array is no sweep: t2's hours are under "no sweep".
+        assert [(r.keys, r.gpu_seconds) for r in got_sweep] == [
+            (("t1", ""), 8 * 2 * 86_400.0),
+            (("t1", "lr"), 8 * 3_600.0),
+            (("t2", ""), 8 * 7_200.0),
+        ]
+        # A day row written after the upgrade carries its set itself.
+        later = replace(
+            an_interval("j4", start_s=at, end_s=at + 60.0, tenant="t2"), job_set="lr", set_kind="array"
+        )
+        store.write_jobs([an_archived_job("j4", tenant="t2", intervals=(later,))])
+        (got,) = store.read_report(ReportRead((by_set,))).sums
+        assert [(r.keys, r.intervals) for r in got][-1] == (("t2", "lr"), 2)
+    finally:
+        engine.dispose()
