@@ -31,7 +31,8 @@ async def test_a_seeded_job_is_stored_as_create_job_stores_its_submission() -> N
     assert len(seeded) == 2
     assert [(kv.key, kv.value) for kv in seeded] == [(kv.key, kv.value) for kv in submitted]
     # Create-only, as a submission: the idempotency key and the record must both be absent.
-    assert all(isinstance(c, Compare) for c in txn.compares) and len(txn.compares) == 2
+    assert all(isinstance(c, Compare) for c in txn.compares)
+    assert len(txn.compares) == 2
     assert {op.key for op in txn.success if isinstance(op, Put)} == {c.key for c in txn.compares}
 
     stored = await KvStore(seeded_kv).get_job(record.job_id)
@@ -45,4 +46,5 @@ async def test_seeding_twice_writes_nothing_the_second_time() -> None:
     kv = MemoryKv()
     (first,) = await kv.txn_many([scale_depth._queued_txn(7, NOW)])
     (again,) = await kv.txn_many([scale_depth._queued_txn(7, NOW)])
-    assert first.succeeded and not again.succeeded
+    assert first.succeeded
+    assert not again.succeeded
