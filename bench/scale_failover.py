@@ -5,9 +5,10 @@ long until its successor serves and schedules. Run by `bench/scale.py` (its
     python bench/scale_failover.py             # 100,000 live jobs
     python bench/scale_failover.py --quick     # 10,000
 
-A real etcd holds the live jobs, written straight into it through the store's own encoding as
-`bench/history.py`'s restart does (`_live_record`, `_live_interval`): 90 % ended within the hour
-(with their closed ledger intervals), 10 % queued for the H100 pool of the simulated member cluster
+A real etcd holds the live jobs, built as `bench/history.py`'s restart builds them (`_live_record`,
+`_live_interval`) and written straight into etcd in the store's own encoding (`_dumps`, as
+`KvStore.commit` writes records and intervals): 90 % ended within the hour (with their closed
+ledger intervals), 10 % queued for the H100 pool of the simulated member cluster
 `onprem` (one `python -m clusters.sim` process, shared by both servers as real clusters are). The
 pool has room for 64 of them, so the first leader dispatches 64 gangs that run for a day and the
 rest wait. Two `gpufed serve` processes on that etcd (`--lease-ttl-s`, 2 s by default: etcd's
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import random
 import sys
@@ -50,7 +50,7 @@ from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.runtime.sim_process import SimProcess  # noqa: E402
 from federation.store.intervals import interval_to_dict  # noqa: E402
-from federation.store.job_store import job_key  # noqa: E402
+from federation.store.job_store import _dumps, job_key  # noqa: E402
 from federation.store.jobs import job_to_dict  # noqa: E402
 from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
@@ -116,10 +116,10 @@ async def seed(endpoint: str, count: int) -> float:
         txns = []
         for n, phase in enumerate(phases):
             record = _live_record(n, phase, now, rng)
-            puts = [Put(job_key(record.job_id), json.dumps(job_to_dict(record)).encode())]
+            puts = [Put(job_key(record.job_id), _dumps(job_to_dict(record)))]
             if phase is JobPhase.SUCCEEDED:
                 interval = _live_interval(record)
-                puts.append(Put(interval.key, json.dumps(interval_to_dict(interval)).encode()))
+                puts.append(Put(interval.key, _dumps(interval_to_dict(interval))))
             txns.append(Txn((Compare.absent(job_key(record.job_id)),), tuple(puts)))
             if len(txns) == 40 * 8 or n == count - 1:
                 batches = [txns[i : i + 40] for i in range(0, len(txns), 40)]
