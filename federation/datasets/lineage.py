@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from datasync import Dataset, DatasetVersion, VersionId
-from federation.store.kv import KeyValueStore
+from federation.store.kv import Compare, KeyValueStore, Put
 from federation.store.schema_version import checked, dumps, loads, stamp_json
 
 LINEAGE = b"/gpufed/lineage/"
@@ -97,6 +97,16 @@ class LineageStore:
 
     async def put(self, record: Lineage) -> None:
         await self._kv.put(lineage_key(record.dataset, record.version), lineage_to_json(record))
+
+    async def create(self, record: Lineage) -> Lineage:
+        """Write `record` unless the version has a lineage already; the one that is kept. Two jobs
+        declaring one version race here: the first to write is the one the version can be made by."""
+        key = lineage_key(record.dataset, record.version)
+        result = await self._kv.txn([Compare.absent(key)], [Put(key, lineage_to_json(record))])
+        if result.succeeded:
+            return record
+        held = await self.get(record.dataset, record.version)
+        return record if held is None else held
 
     async def list(self) -> list[Lineage]:
         page = await self._kv.range_prefix(LINEAGE)

@@ -28,7 +28,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import structlog
@@ -246,8 +246,11 @@ class Registrar:
         made = await self._lineage.get(existing.value.name if existing else name, version)
         if existing is not None and existing.value.version(VersionId(version)) is not None:
             if made is not None and made.job_id == job.job_id:
-                return done  # registered before a restart; only the record was left to write
+                # Registered before a restart; only the record was left to write.
+                return replace(done, store=made.store, prefix=made.prefix)
             raise Refused(f"version: {name}@{version} exists already (made by another job or by hand)")
+        if made is not None and made.job_id != job.job_id:
+            raise Refused(f"version: {name}@{version} is being made by another job ({made.job_id})")
         await self._check_grant(store, tenant, prefix)
         source = await self._stores.client(store)
         manifest = await self._manifest(source, prefix, ended_at_s(job), store)
@@ -262,7 +265,7 @@ class Registrar:
             except DatasyncError as error:
                 raise Refused(f"copying to the home store {home_store} failed: {error}") from error
         inputs = await self._inputs(job)
-        await self._lineage.put(
+        kept = await self._lineage.create(
             Lineage(
                 dataset=existing.value.name if existing else name,
                 version=version,
@@ -279,6 +282,8 @@ class Registrar:
                 job_set=job.job_set,
             )
         )
+        if kept.job_id != job.job_id:
+            raise Refused(f"version: {name}@{version} is being made by another job ({kept.job_id})")
         record = DatasetVersion(
             dataset=DatasetName(output.dataset),
             version=VersionId(version),

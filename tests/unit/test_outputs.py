@@ -394,3 +394,23 @@ async def test_a_consumer_whose_producer_failed_fails_in_staging_saying_why(worl
         "dataset tokens@v1 does not exist: no job made it (the job that declared it as its output did not succeed)"
     )
     await stager.stop()
+
+
+async def test_two_jobs_declaring_one_version_make_it_once_and_the_lineage_names_the_maker(
+    world: World,
+) -> None:
+    jobs = [finished(JobPhase.SUCCEEDED, name=f"twin-{i}") for i in range(2)]
+    for job in jobs:
+        world.write(
+            "lab", attempt_prefix(OUT, job.job_id, 1) + "x.bin", job.job_id.encode(), at_s=time.time() - 60
+        )
+    results = await asyncio.gather(*(world.registrar().register(job) for job in jobs))
+    states = sorted((r.state.value, job.job_id) for (r,), job in zip(results, jobs, strict=True))
+    assert [s for s, _ in states] == ["refused", "registered"], results
+    maker = next(j for s, j in states if s == "registered")
+    lineage = await LineageStore(world.kv).get("vision/tokens", "v1")
+    assert lineage is not None
+    assert lineage.job_id == maker
+    refused = next(r for (r,) in results if r.state is OutputState.REFUSED)
+    assert "vision/tokens@v1" in refused.reason
+    assert maker in refused.reason or "exists already" in refused.reason
