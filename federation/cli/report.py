@@ -18,7 +18,8 @@ from federation.cli.output import OutputHolder
 from federation.cli.render import FORMATS, as_dict, structured
 from federation.store.money import MICRO_PER_USD, format_usd
 
-GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind")
+# A set's name is its tenant's own: by set or sweep, the server groups by tenant too (issue 34).
+GROUPS = ("tenant", "user", "cluster", "provider", "gpu_type", "kind", "set", "sweep")
 # The savings report's groupings (issue 35), with the job set and the sweep (issue 34).
 SAVINGS_GROUPS = ("tenant", "user", "cluster", "gpu_type", "kind", "set", "sweep")
 BUCKETS = ("", "day", "week", "month")
@@ -149,13 +150,6 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         """GPU-hours and cost from the usage ledger, with quota share, budget and forecast."""
         if ctx.invoked_subcommand is not None:
             return
-        if {"set", "sweep"} & {g.strip() for g in kw["group_by"].split(",")}:
-            # The usage report's archived half is summed from rollups that do not carry the set.
-            raise click.BadParameter(
-                "the usage report does not group by set or sweep; "
-                "`gpufed report savings --by set` (or sweep) gives each set's GPU-hours and cost",
-                param_hint="--by",
-            )
         groups = _groups(kw["group_by"], GROUPS)
         start_s, end_s = period(kw["since"], kw["until"], kw["month"])
         fmt = report_format(kw["fmt"], ctx.obj.output)

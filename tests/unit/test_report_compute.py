@@ -427,7 +427,13 @@ def naive_rows(
     out: dict[tuple[tuple[str, ...], float | None], float] = defaultdict(float)
     until = min(query.end_s, query.now_s)
     for iv in ledger:
-        key = tuple(str(getattr(iv, d.value)) for d in query.group_by)
+        # By set: the interval's `job_set`; by sweep: its set where that is a sweep (issue 34).
+        key = tuple(
+            str(iv.job_set if iv.set_kind == "sweep" else "")
+            if d is Dim.SWEEP
+            else str(getattr(iv, "job_set" if d is Dim.SET else d.value))
+            for d in query.group_by
+        )
         a = max(iv.start_s, query.start_s)
         b = min(until, query.now_s if iv.end_s is None else iv.end_s)
         while a < b:

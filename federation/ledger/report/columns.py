@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from federation.store.intervals import LedgerInterval
+from federation.store.intervals import LedgerInterval, SetKind
 from federation.store.money import MICRO_PER_USD, micro_per_gpu_hour
 
 # numpy is imported by the functions that compute, not by the module: the report modules are
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
     F64 = NDArray[np.float64]
     I64 = NDArray[np.int64]
+
+
+_SWEEP = SetKind.SWEEP.value
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,10 +80,20 @@ class Columns:
         self._coded: dict[str, Coded] = {}
 
     def coded(self, field: str) -> Coded:
+        """A label column by the interval's field, or by a report dimension's name where it is not
+        one: `set` (the interval's `job_set`) and `sweep` (its set if that is a sweep, else "")."""
         got = self._coded.get(field)
         if got is None:
-            got = self._coded[field] = encode(list(map(attrgetter(field), self.intervals)))
+            got = self._coded[field] = encode(_labels(self.intervals, field))
         return got
+
+
+def _labels(intervals: Sequence[LedgerInterval], field: str) -> list[object]:
+    if field == "set":
+        return list(map(attrgetter("job_set"), intervals))
+    if field == "sweep":
+        return [iv.job_set if iv.set_kind == _SWEEP else "" for iv in intervals]
+    return list(map(attrgetter(field), intervals))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -22,6 +22,24 @@ class Dim(StrEnum):
     PROVIDER = "provider"
     GPU_TYPE = "gpu_type"
     KIND = "kind"
+    # The job set an interval's job was released from ("" for a job submitted alone), and the same
+    # for sweeps only ("" for every job that is no sweep's trial). A set's name is its tenant's own:
+    # a report by either is also by tenant (`with_set_tenant`), so two tenants' sets of one name
+    # never share a row.
+    SET = "set"
+    SWEEP = "sweep"
+
+
+SET_DIMS = frozenset({Dim.SET, Dim.SWEEP})
+
+
+def with_set_tenant(group_by: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """The grouping with the tenant just before the first set or sweep when it lacks one: a set is
+    named within its tenant, so rows by set alone would add up two tenants' sets of the same name."""
+    if Dim.TENANT in group_by or not SET_DIMS & set(group_by):
+        return group_by
+    at = next(i for i, d in enumerate(group_by) if d in SET_DIMS)
+    return (*group_by[:at], Dim.TENANT, *group_by[at:])
 
 
 class Bucket(StrEnum):
@@ -56,6 +74,9 @@ class ReportQuery:
     def __post_init__(self) -> None:
         if self.end_s <= self.start_s:
             raise ValueError("a report's period must end after it starts")
+        # Frozen: the one place a grouping is completed, so every path (etcd's sums, SQL's, the
+        # renderers' headers) sees the same columns.
+        object.__setattr__(self, "group_by", with_set_tenant(tuple(self.group_by)))
 
     @property
     def until_s(self) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 
 from federation.ledger.report.compute import Report
 from federation.ledger.report.idle import idle_by_cluster
-from federation.ledger.report.query import ForecastBasis, bucket_label, iso_utc, month_start_s
+from federation.ledger.report.query import SET_DIMS, ForecastBasis, bucket_label, iso_utc, month_start_s
 
 
 def _headers(report: Report) -> list[str]:
@@ -23,11 +23,19 @@ def _headers(report: Report) -> list[str]:
     return [*heads, "gpu_hours", "cost_usd", "intervals"]
 
 
+# How a job submitted alone reads by set, and a job that is no sweep's trial by sweep (as in the
+# savings report): set names are DNS labels, so "-" is never one.
+NO_SET = "-"
+
+
 def _cells(report: Report) -> list[list[Any]]:
     bucket = report.query.bucket
+    sets = [d in SET_DIMS for d in report.query.group_by]
     out = []
     for row in report.rows:
         cells: list[Any] = list(row.key)
+        if any(sets):
+            cells = [k or NO_SET if s else k for k, s in zip(cells, sets, strict=True)]
         if bucket is not None and row.bucket_start_s is not None:
             cells.append(bucket_label(row.bucket_start_s, bucket))
         out.append([*cells, row.gpu_hours, row.cost_usd, row.intervals])
