@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from placement.cost import CostModel
 from placement.model import (
@@ -205,3 +207,38 @@ def test_the_plan_keeps_the_burst_at_once_offer_whether_the_gang_waits_or_not() 
 
     assert bursts(CostPolicy.BALANCED) == {"j": ("cloud", 3.0)}
     assert bursts(CostPolicy.FAST) == {"j": ("cloud", 3.0)}
+
+
+@given(
+    cost_policy=st.sampled_from(list(CostPolicy)),
+    max_wait_s=st.none() | st.floats(0, 10 * HOUR),
+    deadline_in_s=st.none() | st.floats(0, 10 * HOUR),
+    limit_s=st.integers(0, 4 * 3600),
+    urgent=st.booleans(),
+    gpu_count=st.integers(1, 64),
+)
+def test_a_wait_never_passes_any_bound(
+    cost_policy: CostPolicy,
+    max_wait_s: float | None,
+    deadline_in_s: float | None,
+    limit_s: int,
+    urgent: bool,
+    gpu_count: int,
+) -> None:
+    costs = CostModel({}, (), POLICY)
+    deadline = None if deadline_in_s is None else NOW + deadline_in_s
+    g = gang(max_wait_s=max_wait_s, deadline_at_s=deadline, max_runtime_s=limit_s, replica_gpus=(gpu_count,))
+    until = costs.private_wait_until_s(
+        g, 1.0, 100.0, 1800.0, terms=terms_for(POLICY, cost_policy), urgent=urgent
+    )
+    waited = until - NOW
+    epsilon = 1e-6  # `until` is a queue time plus a length: float rounding only
+    assert waited <= POLICY.private_wait_max_s * SAVER_FACTOR + epsilon
+    if urgent or cost_policy is CostPolicy.FAST:
+        assert waited <= 0
+    if max_wait_s is not None:
+        assert waited <= max_wait_s + epsilon
+    if deadline is not None and waited > 0:
+        assert until <= deadline - max(1800.0, limit_s), (
+            "a wait leaves the run (or its limit) before the deadline"
+        )
