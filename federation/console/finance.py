@@ -1,6 +1,7 @@
 """`/finance?period=`: GPU-hours and cost per tenant and period, budget burn with its forecast, idle
-cost, what waiting for private GPUs saved (issue 35) and cost by job set (issue 34), and
-`/finance.csv?period=` and `/finance-savings.csv?period=&by=` to download the same figures.
+cost, usage by job set and what waiting for private GPUs saved (issues 34, 35), and
+`/finance.csv?period=&by=` (tenant by day, set, sweep) and `/finance-savings.csv?period=&by=` to
+download the same figures.
 
 One call as the signed-in user: ReportService.GetReport, grouped by tenant in daily buckets, as JSON
 (`gpufed report --by tenant --bucket day -o json`). The server computes it with the offline report's
@@ -9,7 +10,8 @@ code (`federation.ledger.report`) and its rules: finance reads every tenant, a m
 console's not-found page here as `gpufed report` refuses them. The page draws the offline HTML
 report's charts from the same series (`federation.ledger.report.html`): cost per day (or week, or
 month) stacked by tenant, and GPU-hours by GPU type. Two more calls of the same rule give the
-savings report (`gpufed report savings -o json`) by tenant and GPU type, and by job set.
+savings report (`gpufed report savings -o json`) by tenant and GPU type, and by job set; one more the
+usage report by tenant and job set (`gpufed report --by set -o json`).
 """
 
 from __future__ import annotations
@@ -80,14 +82,25 @@ def period_bounds(period: str, now_s: float) -> tuple[float, float, str]:
     return start, next_month_s(start), first.strftime("%B %Y")
 
 
-def report_request(start_s: float, end_s: float, fmt: str) -> pb.GetReportRequest:
+def report_request(
+    start_s: float, end_s: float, fmt: str, group_by: Sequence[str] = ("tenant",), bucket: str = "day"
+) -> pb.GetReportRequest:
     return pb.GetReportRequest(
         start=convert.timestamp(start_s),
         end=convert.timestamp(end_s),
-        group_by=["tenant"],
-        bucket="day",
+        group_by=list(group_by),
+        bucket=bucket,
         format=fmt,
     )
+
+
+# `/finance.csv?by=`: the usage report by tenant and day (the default), or over the period by job set
+# or by sweep (issue 34; the server adds the tenant: a set's name is its tenant's own).
+USAGE_GROUPINGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tenant": (("tenant",), "day"),
+    "set": (("set",), ""),
+    "sweep": (("sweep",), ""),
+}
 
 
 SAVINGS_GROUPINGS = ("tenant,gpu_type", "set", "sweep", "tenant,set")
@@ -362,6 +375,32 @@ def _savings(sv: SavingsView, period: str) -> str:
     )
 
 
+def _usage_by_set(rows: Sequence[dict[str, Any]], period: str) -> str:
+    """The usage report by tenant and job set: every set's GPU-hours and cost, as `gpufed report
+    --by set` gives them (the same rows the savings table's cloud figures are a part of)."""
+    csv = "/finance.csv?" + urlencode({"period": period, "by": "set"})
+    body = "".join(
+        f'<tr data-tenant="{e(r["tenant"])}" data-set="{e(r["set"])}">'
+        f'<th scope="row">{e(r["tenant"])}</th><td>{e(r["set"])}</td>'
+        f'<td class="num gpu-hours">{float(r["gpu_hours"]):,.2f}</td>'
+        f'<td class="num cost">{_money(float(r["cost_usd"]))}</td>'
+        f'<td class="num intervals">{int(r["intervals"])}</td></tr>'
+        for r in rows
+    )
+    return (
+        "<h2>Usage by job set</h2>"
+        '<p class="note">GPU-hours and cost of every job set (an array, a sweep or a set of jobs) per '
+        'tenant, its jobs\' ledger intervals summed; jobs submitted alone are under "-". '
+        f'<a id="usage-sets-csv" href="{e(csv)}" download>Download CSV</a></p>'
+        + table(
+            table_id="usage-sets",
+            heads=["Tenant", "Job set", "GPU-hours", "Cost", "Intervals"],
+            numeric=range(2, 5),
+            body=f"<tbody>{body}</tbody>",
+        )
+    )
+
+
 def _period_form(current: str) -> str:
     options = "".join(
         f'<option value="{e(k)}"{" selected" if k == current else ""}>{e(words)}</option>'
@@ -397,7 +436,12 @@ def _daily_table(daily: Sequence[tuple[str, str, float, float]]) -> str:
     )
 
 
-def render_finance(fv: FinanceView, view: View, savings: SavingsView | None = None) -> str:
+def render_finance(
+    fv: FinanceView,
+    view: View,
+    savings: SavingsView | None = None,
+    by_set: Sequence[dict[str, Any]] | None = None,
+) -> str:
     r = fv.report
     q = r.query
     bucket = chart_bucket(math.ceil((q.until_s - q.start_s) / DAY_S))
@@ -442,6 +486,7 @@ def render_finance(fv: FinanceView, view: View, savings: SavingsView | None = No
         )
         + '<p id="forecast-basis">Budgets and forecasts are for the calendar month '
         f"{e(fv.month)}; the forecast runs to the month's end at {basis}.</p>"
+        + ("" if by_set is None else _usage_by_set(by_set, fv.period))
         + ("" if savings is None else _savings(savings, fv.period))
         + "<h2>Idle provisioned capacity</h2>"
         + _idle(r, view)
@@ -473,7 +518,8 @@ async def finance_page(request: web.Request) -> web.Response:
     )
     by_set = await calls.call(request, "GetReport", savings_request(start, end, "json", ["set"]))
     savings = SavingsView(by_type=json.loads(by_type.content), by_set=json.loads(by_set.content))
-    body = render_finance(fv, view, savings)
+    usage_sets = await calls.call(request, "GetReport", report_request(start, end, "json", ("set",), ""))
+    body = render_finance(fv, view, savings, json.loads(usage_sets.content)["rows"])
     return html_response(render_page(view, page="finance", title="Finance", body=body))
 
 
@@ -483,10 +529,17 @@ async def finance_csv(request: web.Request) -> web.Response:
         _, start, end, _ = _period_of(request, view.now_s)
     except BadPeriod as bad:
         return error_page(view, str(bad), 400)
-    reply = await request.app[CALLS_KEY].call(request, "GetReport", report_request(start, end, "csv"))
+    by = request.query.get("by", "") or "tenant"
+    if by not in USAGE_GROUPINGS:
+        return error_page(view, f"by: {by[:40]!r} is not one of {', '.join(USAGE_GROUPINGS)}", 400)
+    group_by, bucket = USAGE_GROUPINGS[by]
+    reply = await request.app[CALLS_KEY].call(
+        request, "GetReport", report_request(start, end, "csv", group_by, bucket)
+    )
     first = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d")
     last = (datetime.fromtimestamp(end, UTC) - timedelta(seconds=1)).strftime("%Y-%m-%d")
-    name = f"gpufed-usage-{first}-{last}.csv"
+    grouped = "" if by == "tenant" else f"by-{by}-"
+    name = f"gpufed-usage-{grouped}{first}-{last}.csv"
     return web.Response(
         text=reply.content,
         content_type="text/csv",

@@ -12,6 +12,8 @@ nlp (bob) runs its own array also called `shards`, on the cloud's H100s. When ev
 * `--by sweep` has vision's `lr` and puts the arrays' hours under `-`;
 * a member's `--by set` names only its own tenant's sets, and asking for the other tenant's is
   NOT_FOUND, as for every usage report;
+* the console's finance page shows finance both tenants' `shards` rows in its usage-by-set table and
+  bob only nlp's; its `/finance.csv?by=set` download is the same rows, per reader;
 * once the leader has archived every job to SQL (gone from etcd), the same report reads the same,
   byte for byte.
 """
@@ -19,10 +21,13 @@ nlp (bob) runs its own array also called `shards`, on the cloud's H100s. When ev
 from __future__ import annotations
 
 import csv
+import http.client
 import io
 import json
+import re
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from datasync.loopback_ports import free_port
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import CONFIG, ServerProcess, manifest, run_cli, wait_for
@@ -44,7 +50,10 @@ RETAIN_S = 10
 def server(etcd: EtcdProcess, tmp_path: Path) -> Iterator[ServerProcess]:
     config = tmp_path / "federation.yaml"
     config.write_text(CONFIG.read_text() + f"history:\n  retainInEtcd: {RETAIN_S}s\n")
-    process = ServerProcess(etcd.endpoint, tmp_path / "state", config=config)
+    # The console is served on the metrics port.
+    process = ServerProcess(
+        etcd.endpoint, tmp_path / "state", config=config, extra_args=("--metrics-port", str(free_port()))
+    )
     process.start()
     try:
         yield process
@@ -92,6 +101,27 @@ def _sweep(tmp_path: Path) -> Path:
         )
     )
     return path
+
+
+def _console(server: ServerProcess, user: str, path: str) -> tuple[int, str]:
+    """Sign in to the console with the user's token, as a browser does, and read a page."""
+    port = int(server.extra_args[server.extra_args.index("--metrics-port") + 1])
+    token = (server.state_dir / "tokens" / f"{user}.token").read_text().strip()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        body = urllib.parse.urlencode({"token": token})
+        headers = {"Origin": f"http://127.0.0.1:{port}", "Content-Type": "application/x-www-form-urlencoded"}
+        conn.request("POST", "/login", body=body, headers=headers)
+        signed = conn.getresponse()
+        signed.read()
+        assert signed.status == 303
+        cookie = re.search(r"gpufed_session=([^;]+)", signed.getheader("Set-Cookie") or "")
+        assert cookie
+        conn.request("GET", path, headers={"Cookie": f"gpufed_session={cookie.group(1)}"})
+        page = conn.getresponse()
+        return page.status, page.read().decode()
+    finally:
+        conn.close()
 
 
 def _rows(text: str) -> list[dict[str, str]]:
@@ -175,6 +205,25 @@ def test_each_sets_usage_is_the_sum_of_its_jobs_ledger_intervals_before_and_afte
     assert refused.returncode != 0
     assert "not found" in refused.stderr.lower()
     assert "vision" not in _gpufed(server, "bob", "report", "--by", "set", "-o", "json", *period).stdout
+
+    # The console's finance page and its download, under the same rule.
+    status, page = _console(server, "fin", "/finance?period=7d")
+    assert status == 200
+    table = page[page.index('id="usage-sets"') :]
+    for tenant, name in got:
+        assert f'<tr data-tenant="{tenant}" data-set="{name}">' in table
+    status, page = _console(server, "bob", "/finance?period=7d")
+    assert status == 200
+    table = page[page.index('id="usage-sets"') :]
+    assert '<tr data-tenant="nlp" data-set="shards">' in table
+    assert 'data-tenant="vision"' not in table
+    assert 'href="/finance.csv?period=7d&amp;by=set"' in page
+    for user, expected in (("fin", set(got)), ("bob", {("nlp", "shards")})):
+        status, text = _console(server, user, "/finance.csv?period=7d&by=set")
+        assert status == 200
+        assert {(r["tenant"], r["set"]) for r in _rows(text)} == expected
+    status, _ = _console(server, "fin", "/finance.csv?period=7d&by=pipeline")
+    assert status == 400
 
     # Archived to SQL and gone from etcd: the same report, summed from the history's day rows.
     jobs = set(in_set) | {lone}
