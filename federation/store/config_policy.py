@@ -30,6 +30,7 @@ _POLICY_KEYS: dict[str, str] = {
     "privateWaitSecondsPerGpuHour": "private_wait_s_per_gpu_hour",
     "privateWaitMaxSeconds": "private_wait_max_s",
     "privateWaitNeedsStart": "private_wait_needs_start",
+    "privateWaitNeedsStartMaxRunHours": "private_wait_needs_start_max_run_h",
     "privateWaitReserve": "private_wait_reserve",
     "privateWaitReservations": "private_wait_reservations",
     "repatriate": "repatriate",

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from federation.errors import InvalidSpec
+from federation.store.config_policy import parse_settings
+from federation.store.records import settings_from_dict, settings_to_dict
 from placement.plan import plan
 from tests.unit.test_placement_private_wait import HOUR, MINUTE, NOW, big_job, outcome
 
@@ -42,3 +45,12 @@ def test_the_length_does_nothing_without_the_room_test() -> None:
     snapshot = big_job().policy(private_wait_needs_start=False, private_wait_needs_start_max_run_h=0.5)
     snapshot = snapshot.running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 2 * HOUR)
     assert outcome(plan(snapshot.build(), now=NOW)) == "waiting_for_private_capacity"
+
+
+def test_the_length_is_a_config_key_and_survives_etcd() -> None:
+    settings = parse_settings({"policy": {"privateWaitNeedsStartMaxRunHours": 24}})
+    assert settings.policy.private_wait_needs_start_max_run_h == 24.0
+    assert settings_from_dict(settings_to_dict(settings)).policy == settings.policy
+    assert parse_settings({}).policy.private_wait_needs_start_max_run_h is None
+    with pytest.raises(InvalidSpec, match="privateWaitNeedsStartMaxRunHours"):
+        parse_settings({"policy": {"privateWaitNeedsStartMaxRunHours": -1}})
