@@ -14,15 +14,32 @@ events) show how long the reconciler took to notice. Each stage's rate is the jo
 over the time between its 10th and 90th percentile: the stage whose rate falls furthest below the
 one before it is the bottleneck, and where the jobs wait longest is printed beside it.
 
-    python bench/scale.py                 # 100 member clusters, 4 tenants, 4,000 jobs
-    python bench/scale.py --quick         # 10 clusters, 600 jobs, within a minute
-    python bench/scale.py --py-spy /tmp/pyspy-venv/bin/py-spy --profile /tmp/scale.txt
+    python bench/scale.py                 # 100 member clusters, 4 tenants, 4,000 jobs; then the rest
+    python bench/scale.py --quick         # 10 clusters, 600 jobs; the rest at small sizes
+    python bench/scale.py --parts lifecycle --py-spy /tmp/pyspy/bin/py-spy --profile /tmp/scale
+    python bench/scale.py --parts depth --depths 10000 1000000   # the issue's million (about 8 GiB)
 
 `--profile` samples the server with py-spy during the run and prints the functions it spent most
 time in (own and total), from py-spy's raw (collapsed stacks) output.
 
-Figures as `name: value unit` lines at the end; the issue's figures this benchmark does not measure
-yet are listed as such, never given a value.
+After the lifecycle, each on an etcd and servers of its own (`--parts` picks among lifecycle,
+placer, depth, failover):
+
+* placer: `bench/placer.py` run as it is (its 10,000-gang, 50-cluster snapshot, offline, with the
+  reference placer on the same snapshot in the same run): `placer_cycle_ms_10k_offline`,
+  `placer_reference_cycle_ms_10k_offline`, `placer_admissions_agree`.
+* depth: `bench/scale_depth.py` (its docstring says how the queue is loaded: straight into etcd as
+  `create_job` writes a submission): submit, list one tenant's jobs, explain and the server's own
+  placer cycle at 10,000 queued jobs of 100 tenants on 50 clusters and at a deeper queue;
+  `placer_cycle_ms_10k` is the server's cycle at 10,000, `rss_mib_per_100k_live_jobs` the server's
+  memory per 100,000 more jobs, `queued_1m_list_p99_ms` one tenant's list at 1,000,000 queued
+  (measured only when `--depths` reaches a million: by default the deep queue is 100,000, as a
+  million takes the server about 7 GiB, more than this shared machine's share; said as such).
+* failover: `bench/scale_failover.py`: an HA pair with 100,000 live jobs, the leader killed with
+  SIGKILL: `failover_to_scheduling_s` until a job submitted to the successor after the kill is
+  admitted (with `--lease-ttl-s`, 2 s by default; the dead leader's lease is most of it).
+
+Figures as `name: value unit` lines at the end; a figure not measured says so and why, never a value.
 
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
