@@ -55,7 +55,8 @@ async def test_a_waiting_job_records_what_bursting_at_once_would_cost_once_per_a
         revision = (await world.store.get_job(job_id)).mod_revision  # type: ignore[union-attr]
         await world.step(60.0)
         again = await world.store.get_job(job_id)
-        assert again is not None and again.value.burst_offer == offer, "kept unchanged in later cycles"
+        assert again is not None
+        assert again.value.burst_offer == offer, "kept unchanged in later cycles"
         assert again.mod_revision == revision, "no write per cycle"
         # A new attempt gets its own.
         await world.store.commit([(replace(again.value, attempt=2), again.mod_revision)])
