@@ -122,9 +122,9 @@ PHASE_STAGE = {
 # million would take about 7 GiB for the server alone, more than this machine's share; `--depths
 # 10000 1000000` measures it where there is the memory.
 DEPTHS = (10_000, 100_000)
-QUICK_DEPTHS = (1_000, 10_000)
+QUICK_DEPTHS = (1_000, 5_000)
 FAILOVER_LIVE = 100_000
-QUICK_FAILOVER_LIVE = 5_000
+QUICK_FAILOVER_LIVE = 2_000
 
 
 @dataclass
@@ -386,10 +386,10 @@ def main() -> int:
         nargs=2,
         default=None,
         metavar=("SHALLOW", "DEEP"),
-        help="queued jobs of the depth part (default 10,000 and 1,000,000; quick 1,000 and 10,000)",
+        help="queued jobs of the depth part (default 10,000 and 100,000; quick 1,000 and 5,000)",
     )
     parser.add_argument(
-        "--failover-live", type=int, default=None, help="live jobs of the failover (100,000; quick 5,000)"
+        "--failover-live", type=int, default=None, help="live jobs of the failover (100,000; quick 2,000)"
     )
     parser.add_argument("--lease-ttl-s", type=int, default=2, help="the HA pair's leader lease")
     args = parser.parse_args()
@@ -531,6 +531,26 @@ def main() -> int:
 PARTS = ("lifecycle", "placer", "depth", "failover")
 
 
+def placer_offline_quick() -> list[str]:
+    import statistics
+
+    from bench.placer import timed
+    from bench.placer_reference import plan_reference
+    from bench.placer_scenario import NOW, build
+    from placement.plan import plan
+
+    snapshot = build(gangs=10_000)
+    times, result = timed(lambda: plan(snapshot, now=NOW), 3)
+    reference_times, reference = timed(lambda: plan_reference(snapshot, NOW), 1)
+    fast = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in result.admissions]  # type: ignore[attr-defined]
+    slow = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in reference]  # type: ignore[attr-defined]
+    return [
+        f"placer_cycle_ms_10k_offline: {statistics.median(times):.1f} ms",
+        f"placer_reference_cycle_ms_10k_offline: {reference_times[0]:.1f} ms",
+        f"placer_admissions_agree: {int(fast == slow)} bool",
+    ]
+
+
 def other_figures(args: argparse.Namespace, parts: set[str]) -> list[str]:
     """The figures of the other parts, measured after the lifecycle (each on its own etcd and
     servers), as `name: value unit` lines, each part's progress printed as it goes."""
@@ -541,7 +561,7 @@ def other_figures(args: argparse.Namespace, parts: set[str]) -> list[str]:
         lines += placer_offline(args.quick)
     if "depth" in parts:
         shallow, deep = args.depths or (QUICK_DEPTHS if args.quick else DEPTHS)
-        depths = scale_depth.run(shallow, deep, calls=50 if args.quick else scale_depth.CALLS)
+        depths = scale_depth.run(shallow, deep, calls=30 if args.quick else scale_depth.CALLS)
         lines += scale_depth.figures(depths)
         by_depth = {d.queued: d for d in depths}
         if 10_000 in by_depth:
@@ -564,8 +584,12 @@ def other_figures(args: argparse.Namespace, parts: set[str]) -> list[str]:
 
 def placer_offline(quick: bool) -> list[str]:
     """bench/placer.py's cycle over its 10,000-gang, 50-cluster snapshot (offline, in its own
-    process) and the reference placer's on the same snapshot, in the same run."""
-    argv = [sys.executable, str(ROOT / "bench" / "placer.py"), *(["--quick"] if quick else [])]
+    process) and the reference placer's on the same snapshot, in the same run. --quick: its
+    snapshot, timer and reference, but three runs of the placer and one of the reference only
+    (bench/placer.py --quick also measures equal gangs' reuse, most of its minute)."""
+    if quick:
+        return placer_offline_quick()
+    argv = [sys.executable, str(ROOT / "bench" / "placer.py")]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     found = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     return [
