@@ -124,6 +124,14 @@ def test_the_shipped_config_waits_says_what_it_saves_and_fast_bursts_at_once(up:
     wait_for(lambda: up.phase("sara", waiter) == "RUNNING", timeout_s=90, what="the waiter bursts")
     assert cluster_of(up, "sara", waiter) == "aws-us-east-1"
     assert stored_record(up, waiter)["burst_offer"] == offer
+    # A new job of the fast tenant, with private GPUs still full, bursts at once: its burst-at-once
+    # alternative is the offer it was admitted to, recorded in the admission's own write.
+    quick = submit(up, "sara", "quick", "4h")
+    wait_for(lambda: up.phase("sara", quick) == "RUNNING", timeout_s=90, what="the fast job bursts")
+    assert cluster_of(up, "sara", quick) == "aws-us-east-1"
+    quick_offer = stored_record(up, quick)["burst_offer"]
+    assert isinstance(quick_offer, dict)
+    assert (quick_offer["cluster"], quick_offer["kind"]) == ("aws-us-east-1", "on_demand")
 
 
 async def _signed_in(up: ConsoleUp, user: str) -> tuple[aiohttp.ClientSession, str]:
