@@ -104,9 +104,6 @@ class TrainingJobSpec:
     # The longest the job may wait for private GPUs rather than pay cloud prices, from its queue
     # time (`spec.maxWait`; None: as its tenant's cost policy says; 0: never waits).
     max_wait_s: int | None = None
-    # The longest the job may wait for private GPUs rather than pay cloud prices, from its queue
-    # time (`spec.maxWait`; None: as its tenant's cost policy says; 0: never waits).
-    max_wait_s: int | None = None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     # The least memory each GPU must have (GiB), 0 for no bound; with no `gpu_types`, any type with it.

@@ -100,7 +100,6 @@ _SPEC_KEYS = (
     "resumable",
     "deadline",
     "maxWait",
-    "maxWait",
     "dataset",
     "outputs",
     "restartPolicy",
@@ -482,15 +481,6 @@ def _max_wait_s(value: object, path: str) -> int | None:
     return _duration_s(value, path)
 
 
-def _max_wait_s(value: object, path: str) -> int | None:
-    """`spec.maxWait`: a duration as `maxRuntime`, or 0 for a job that never waits for private GPUs."""
-    if value is None:
-        return None
-    if (value == 0 and not isinstance(value, bool)) or value == "0s":
-        return 0
-    return _duration_s(value, path)
-
-
 def _format_deadline(seconds: float) -> str:
     moment = _EPOCH + timedelta(seconds=seconds)
     return moment.replace(tzinfo=None).isoformat() + "Z"
@@ -662,7 +652,6 @@ def parse_manifest(text: str | bytes, *, priority_classes: Collection[str]) -> T
         outputs=_outputs(spec.get("outputs"), "spec.outputs"),
         deadline_s=_deadline_s(spec.get("deadline"), "spec.deadline"),
         max_wait_s=_max_wait_s(spec.get("maxWait"), "spec.maxWait"),
-        max_wait_s=_max_wait_s(spec.get("maxWait"), "spec.maxWait"),
         labels=labels,
         annotations=annotations,
         min_gpu_memory_gib=memory,
@@ -696,8 +685,6 @@ def _canonical(spec: TrainingJobSpec) -> dict[str, Any]:
     }
     if spec.deadline_s is not None:
         body["deadline"] = _format_deadline(spec.deadline_s)
-    if spec.max_wait_s is not None:
-        body["maxWait"] = _format_duration(spec.max_wait_s)
     if spec.max_wait_s is not None:
         body["maxWait"] = _format_duration(spec.max_wait_s)
     if spec.dataset is not None:

@@ -277,8 +277,6 @@ def spec_to_dict(spec: TrainingJobSpec) -> dict[str, Any]:
         "deadline_s": spec.deadline_s,
         # Only where the job sets it (issue 35).
         **({} if spec.max_wait_s is None else {"max_wait_s": spec.max_wait_s}),
-        # Only where the job sets it (issue 35).
-        **({} if spec.max_wait_s is None else {"max_wait_s": spec.max_wait_s}),
         "labels": [list(kv) for kv in spec.labels],
         "annotations": [list(kv) for kv in spec.annotations],
         # Only a tenant's level other than the default is written (issue 32).
@@ -333,7 +331,6 @@ def spec_from_dict(d: dict[str, Any]) -> TrainingJobSpec:
         resumable=bool(d.get("resumable", False)),
         dataset=None if ds is None else DatasetRef(name=ds["name"], version=ds["version"]),
         deadline_s=d["deadline_s"],
-        max_wait_s=None if d.get("max_wait_s") is None else int(d["max_wait_s"]),
         max_wait_s=None if d.get("max_wait_s") is None else int(d["max_wait_s"]),
         labels=_pairs(d["labels"]),
         annotations=_pairs(d["annotations"]),
