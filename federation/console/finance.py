@@ -368,9 +368,10 @@ def _savings(sv: SavingsView, period: str) -> str:
         f'<a id="sets-csv" href="{e(sets_csv)}" download>Download CSV</a></p>'
         + table(
             table_id="finance-sets",
-            heads=["Job set", *_SAVINGS_HEADS],
-            numeric=range(1, 10),
-            body=_savings_rows(sv.by_set["rows"], ("set",)),
+            heads=["Tenant", "Job set", *_SAVINGS_HEADS],
+            numeric=range(2, 11),
+            # By set is by tenant and set: set names are per tenant.
+            body=_savings_rows(sv.by_set["rows"], ("tenant", "set")),
         )
     )
 

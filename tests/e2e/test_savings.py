@@ -190,7 +190,10 @@ def test_a_job_that_waited_for_private_gpus_shows_its_saving_and_its_wait(
     assert "finance role" in admin.stderr
 
     by_set = _savings_csv(server, "fin", period, "--by", "set")
-    assert [(r["set"], r["attempts"]) for r in by_set] == [("-", "2")]
+    assert [(r["tenant"], r["set"], r["attempts"]) for r in by_set] == [
+        ("nlp", "-", "1"),
+        ("vision", "-", "1"),
+    ]
 
     # Archived to the history store and gone from etcd: the same report, from SQL's intervals.
     def archived() -> bool:

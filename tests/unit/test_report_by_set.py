@@ -29,6 +29,7 @@ from federation.history.sql_store import SqlHistoryStore
 from federation.ledger.job_cost import interval_micro_usd
 from federation.ledger.report import Bucket, Dim, ReportQuery, compute_report, render_csv, render_json
 from federation.ledger.report.query import with_set_tenant
+from federation.ledger.report.savings import SavingsDim, SavingsQuery, compute_savings
 from federation.store.intervals import LedgerInterval, SetKind
 from federation.store.money import MICRO_PER_USD
 from placement.model import TenantId
@@ -205,3 +206,14 @@ def test_by_set_renders_the_same_before_and_after_archiving_with_the_ungrouped_t
     rows = list(csv.DictReader(io.StringIO(render_csv(got))))
     assert list(rows[0]) == ["tenant", "set", "week", "gpu_hours", "cost_usd", "intervals"]
     assert {r["set"] for r in rows} == {"lr", "eval-shards", "pipeline", "-"}
+
+
+def test_the_savings_report_by_set_keeps_two_tenants_sets_of_one_name_apart_too() -> None:
+    closed, opened = _set_ledger()
+    everything = closed + opened
+    query = SavingsQuery(start_s=NOW - 70 * DAY, end_s=NOW, now_s=NOW, group_by=(SavingsDim.SET,))
+    assert query.group_by == (SavingsDim.TENANT, SavingsDim.SET)
+    report = compute_savings(everything, query)
+    lr = {r.keys for r in report.rows if r.keys[1] == "lr"}
+    assert lr == {(t, "lr") for t in {iv.tenant for iv in everything if iv.job_set == "lr"}}
+    assert len(lr) >= 2

@@ -197,15 +197,16 @@ def test_grouped_by_set_and_by_sweep() -> None:
         attempt("alone", start_s=T0, hours=1),
     ]
     by_set = compute_savings(ivs, SavingsQuery(start_s=NOV, end_s=DEC, now_s=NOW, group_by=(SavingsDim.SET,)))
+    # By set is by tenant and set (set names are per tenant, issue 34).
     assert {r.keys: (r.attempts, r.gpu_hours) for r in by_set.rows} == {
-        ("",): (1, 2.0),
-        ("lr",): (2, 6.0),
-        ("shards",): (1, 2.0),
+        ("vision", ""): (1, 2.0),
+        ("vision", "lr"): (2, 6.0),
+        ("vision", "shards"): (1, 2.0),
     }
     by_sweep = compute_savings(
         ivs, SavingsQuery(start_s=NOV, end_s=DEC, now_s=NOW, group_by=(SavingsDim.SWEEP,))
     )
-    assert {r.keys: r.attempts for r in by_sweep.rows} == {("",): 2, ("lr",): 2}
+    assert {r.keys: r.attempts for r in by_sweep.rows} == {("vision", ""): 2, ("vision", "lr"): 2}
     rows = list(csv.DictReader(io.StringIO(render_savings_csv(by_sweep))))
     assert [(r["sweep"], r["burst_usd"]) for r in rows] == [("-", "0.000000"), ("lr", "24.000000")]
 

@@ -57,8 +57,8 @@ def test_the_page_says_what_waiting_saved_and_what_it_cost_in_time() -> None:
 def test_by_set_rows_name_each_set_escaped_and_lone_jobs_as_a_dash() -> None:
     page = _page()
     sets = page[page.index('id="finance-sets"') :]
-    assert '<tr data-set="lr">' in sets
-    assert '<tr data-set="-">' in sets
+    assert '<tr data-tenant="vision" data-set="lr">' in sets
+    assert '<tr data-tenant="vision" data-set="-">' in sets
     assert EVIL not in page
     assert "&lt;b onclick=&quot;x&quot;&gt;" in sets
 

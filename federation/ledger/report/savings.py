@@ -54,6 +54,9 @@ class SavingsDim(StrEnum):
     SWEEP = "sweep"
 
 
+_SET_DIMS = frozenset({SavingsDim.SET, SavingsDim.SWEEP})
+
+
 @dataclass(frozen=True, slots=True)
 class SavingsQuery:
     start_s: float
@@ -69,6 +72,14 @@ class SavingsQuery:
             raise ValueError("a report's period must end after it starts")
         if not self.group_by:
             raise ValueError("a savings report groups by at least one dimension")
+        # A set's name is its tenant's own (as in the usage report, `query.with_set_tenant`): by set
+        # or sweep without the tenant, it goes just before the first of them, so two tenants' sets
+        # of one name are never one row.
+        dims = tuple(self.group_by)
+        if SavingsDim.TENANT not in dims and _SET_DIMS & set(dims):
+            at = next(i for i, d in enumerate(dims) if d in _SET_DIMS)
+            dims = (*dims[:at], SavingsDim.TENANT, *dims[at:])
+        object.__setattr__(self, "group_by", dims)
 
     @property
     def until_s(self) -> float:
