@@ -67,6 +67,10 @@ def ledger(count: int, month_start: float, seed: int = 7) -> list[LedgerInterval
                 end_s=None if i % 50 == 0 else start + length,
                 usd_per_gpu_hour=rng.uniform(0.5, 7.0),
                 ended=None if i % 50 == 0 else IntervalEnd.FINISHED,
+                # Half the jobs in sets (issue 34), a fifth sweep trials; by the index, so the
+                # generator's other draws (and so every other figure's ledger) are unchanged.
+                job_set=f"set-{i % 400}" if i % 2 == 0 else "",
+                set_kind=("sweep" if i % 10 < 4 else "array") if i % 2 == 0 else "",
             )
         )
     return out
@@ -112,6 +116,9 @@ def main() -> int:
         "by_tenant_day_last_7_days_forecast": ReportQuery(
             start, end, now, (Dim.TENANT,), Bucket.DAY, forecast=ForecastBasis.LAST_7_DAYS
         ),
+        # Issue 34: by set (the query adds the tenant: a set's name is its tenant's own), by sweep.
+        "by_set": ReportQuery(start, end, now, (Dim.SET,)),
+        "by_sweep_week": ReportQuery(start, end, now, (Dim.SWEEP,), Bucket.WEEK),
         "one_tenant_by_day": ReportQuery(
             start, end, now, (Dim.TENANT,), Bucket.DAY, frozenset({TenantId("team-3")})
         ),
