@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/replay.py                 # the config's week, every policy and size
     .venv/bin/python bench/replay.py --weeks all     # every week beside it (../shared/data/traces/)
-    .venv/bin/python bench/replay.py --quick         # every 20th job (under a minute)
+    .venv/bin/python bench/replay.py --quick         # every 20th job, no sweep rows (under a minute)
     .venv/bin/python bench/replay.py --weeks all --every 5 --policies burst_now,gpufed  # tuning
     .venv/bin/python bench/replay.py --ray           # the sweep in parallel with Ray
     .venv/bin/python bench/replay.py --workers 1     # serially (default: a process per core)
@@ -69,6 +69,10 @@ def main() -> None:
     # 125 s of CPU over all policies and sizes, over a minute even with two idle cores.
     every = args.every or (20 if args.quick else 1)
     config = dataclasses.replace(config, every_nth_job=every)
+    if args.quick:
+        # A smoke check of the curves and gpufed's own setting: the sweep's other settings (eight rows
+        # since issue 35) would take it past a minute on two cores.
+        config = dataclasses.replace(config, gpufed_sweep=())
     if args.policies:
         config = dataclasses.replace(config, only_policies=tuple(args.policies.split(",")))
     sampled = every > 1 or bool(args.policies)
