@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from federation.store.jobs import BurstOffer, JobRecord
+from federation.store.jobs import BurstOffer, JobRecord, burst_offer_from_dict, burst_offer_to_dict
 from federation.store.schema_version import check_json
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 
@@ -233,30 +233,6 @@ def interval_to_dict(iv: LedgerInterval) -> dict[str, Any]:
         **({"job_set": iv.job_set, "set_kind": iv.set_kind} if iv.job_set else {}),
         **({"burst_offer": burst_offer_to_dict(iv.burst_offer)} if iv.burst_offer else {}),
     }
-
-
-def burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
-    return {
-        "cluster": b.cluster,
-        "gpu_type": b.gpu_type,
-        "kind": b.kind.value,
-        "usd_per_gpu_hour": b.usd_per_gpu_hour,
-        "seen_at_s": b.seen_at_s,
-        "attempt": b.attempt,
-    }
-
-
-def burst_offer_from_dict(d: dict[str, Any] | None) -> BurstOffer | None:
-    if d is None:
-        return None
-    return BurstOffer(
-        cluster=ClusterName(d["cluster"]),
-        gpu_type=GpuType(d["gpu_type"]),
-        kind=CapacityKind(d["kind"]),
-        usd_per_gpu_hour=float(d["usd_per_gpu_hour"]),
-        seen_at_s=float(d["seen_at_s"]),
-        attempt=int(d["attempt"]),
-    )
 
 
 def interval_from_dict(d: dict[str, Any]) -> LedgerInterval:

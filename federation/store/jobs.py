@@ -400,11 +400,11 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         ],
         # Only a set's jobs carry these: every other record stays as it was written before them.
         **({"job_set": job.job_set, "array_index": job.array_index} if job.job_set else {}),
-        **({"burst_offer": _burst_offer_to_dict(job.burst_offer)} if job.burst_offer else {}),
+        **({"burst_offer": burst_offer_to_dict(job.burst_offer)} if job.burst_offer else {}),
     }
 
 
-def _burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
+def burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
     return {
         "cluster": b.cluster,
         "gpu_type": b.gpu_type,
@@ -415,7 +415,7 @@ def _burst_offer_to_dict(b: BurstOffer) -> dict[str, Any]:
     }
 
 
-def _burst_offer_from_dict(d: dict[str, Any] | None) -> BurstOffer | None:
+def burst_offer_from_dict(d: dict[str, Any] | None) -> BurstOffer | None:
     if d is None:
         return None
     return BurstOffer(
@@ -472,7 +472,7 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         reason=str(d.get("reason", "")),
         job_set=str(d.get("job_set", "")),
         array_index=None if d.get("array_index") is None else int(d["array_index"]),
-        burst_offer=_burst_offer_from_dict(d.get("burst_offer")),
+        burst_offer=burst_offer_from_dict(d.get("burst_offer")),
         events=tuple(
             [
                 PhaseEvent(
