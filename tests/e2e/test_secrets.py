@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,20 +122,12 @@ def _refers(name: str) -> str:
     )
 
 
-@pytest.fixture
-def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    path = write_config(
-        tmp_path / "federation.yaml",
-        sims,
-        CLUSTERS,
-        grace_s=8,
-        tenants=[{"name": "platform"}, {"name": "vision"}, {"name": "nlp"}],
-        users=[
-            {"name": "admin", "tenant": "platform", "role": "admin"},
-            {"name": "alice", "tenant": "vision"},
-            {"name": "bob", "tenant": "nlp"},
-        ],
-    )
+@contextmanager
+def secrets_server(
+    etcd: EtcdProcess, sims: SimProcess, tmp_path: Path, clusters: list[dict[str, Any]], **config: Any
+) -> Iterator[ServerProcess]:
+    """`gpufed serve` on the simulator's `clusters` with a secrets key file and a console port."""
+    path = write_config(tmp_path / "federation.yaml", sims, clusters, grace_s=8, **config)
     state = tmp_path / "state"
     # As `gpufed up` makes it: beside the state, never in etcd.
     create_key_file(state / "secrets.key")
@@ -146,6 +139,23 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
+    with secrets_server(
+        etcd,
+        sims,
+        tmp_path,
+        CLUSTERS,
+        tenants=[{"name": "platform"}, {"name": "vision"}, {"name": "nlp"}],
+        users=[
+            {"name": "admin", "tenant": "platform", "role": "admin"},
+            {"name": "alice", "tenant": "vision"},
+            {"name": "bob", "tenant": "nlp"},
+        ],
+    ) as process:
+        yield process
 
 
 def kubectl(sims: SimProcess, cluster: str, *args: str) -> subprocess.CompletedProcess[str]:

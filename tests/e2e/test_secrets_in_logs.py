@@ -21,15 +21,13 @@ from typing import Any
 import pytest
 
 from clusters.sim import local_exec
-from datasync.loopback_ports import free_port
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
-from federation.secrets.keyfile import create_key_file
 from tests.contract.kube.kubectl import KUBECTL
 from tests.e2e.harness import ServerProcess, run_cli, wait_for
-from tests.e2e.kube import job_of, write_config
-from tests.e2e.test_secrets import console_pages
+from tests.e2e.kube import job_of
+from tests.e2e.test_secrets import console_pages, secrets_server
 from tests.etcdctl import etcdctl
 
 pytestmark = [
@@ -86,27 +84,18 @@ def leaks(text: str) -> list[str]:
 
 @pytest.fixture
 def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerProcess]:
-    path = write_config(
-        tmp_path / "federation.yaml",
+    with secrets_server(
+        etcd,
         sims,
+        tmp_path,
         CLUSTERS,
-        grace_s=8,
         tenants=[{"name": "platform"}, {"name": "vision"}],
         users=[
             {"name": "admin", "tenant": "platform", "role": "admin"},
             {"name": "alice", "tenant": "vision"},
         ],
-    )
-    state = tmp_path / "state"
-    create_key_file(state / "secrets.key")
-    process = ServerProcess(
-        etcd.endpoint, state, config=path, extra_args=("--metrics-port", str(free_port()))
-    )
-    process.start()
-    try:
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def logs(fed: ServerProcess, job_id: str, *, check: bool = True) -> str:
