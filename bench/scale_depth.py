@@ -21,6 +21,13 @@ tenant's first page of 100, and of 200 ExplainJob calls on that tenant's queued 
 time; and the server's own placer cycle (`gpufed_scheduling_cycle_seconds` and its CPU seconds, from
 `/metrics`) over those calls. The server's resident memory is read from /proc after each depth:
 the difference between the two, over the difference in jobs, is the memory per 100,000 live jobs.
+
+Measured 2026-11-30 (2 shared cores, load 3 to 8), 10,000 then 100,000 queued: submit p99 5.5 and
+93.8 ms (each submission changes the jobs, so the next cycle, 1.5 s at 100,000, is not skipped),
+list p99 4.5 and 6.7 ms, explain p99 3.4 and 8.1 ms, the server's cycle 157 and 1,494 ms (102 and
+948 ms of CPU), first pass 5.8 and 37.6 s after launch, 715 MiB per 100,000 jobs (737 and 739 in
+two other runs): a million would take the server about 7 GiB, so `bench/scale.py` stops at 100,000
+by default. At 100,000, a quarter of the server's samples were writing the new jobs' wait reasons.
 """
 
 from __future__ import annotations

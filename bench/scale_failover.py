@@ -20,6 +20,10 @@ standby serves, the leader is killed with SIGKILL, and from that instant:
 * `failover_to_scheduling_s`: a probe job submitted to the standby right after the kill (a gang of
   one A100 on the cluster `probe`, free, which no queued job asks for) is admitted, as GetJob on the
   standby reads it. This includes the lease's TTL: the dead leader's key lives that long.
+
+Measured 2026-11-30 (2 shared cores, load 4 to 6), 100,000 live jobs: 2.82 s to scheduling with
+the 2 s lease, 6.43 s with the default 5 s lease; the standby held 680 to 700 MiB. The issue's
+bound of 5 s is met only with the shorter lease.
 """
 
 from __future__ import annotations
