@@ -377,12 +377,14 @@ class Kubelet:
             oom_s if oom and oom_s is not None else run_s, lambda: self._finish(key, uid, run, oom)
         )
 
-    def _local_exited(self, uid: str, code: int) -> None:
+    def _local_exited(self, uid: str, code: int, message: str) -> None:
         held = self._local_runs.pop(uid, None)
         if held is not None:
-            self._finish(held[0], uid, held[1], False, code)
+            self._finish(held[0], uid, held[1], False, code, message)
 
-    def _finish(self, key: Key, uid: str, run: int, oom: bool, code: int | None = None) -> None:
+    def _finish(
+        self, key: Key, uid: str, run: int, oom: bool, code: int | None = None, message: str = ""
+    ) -> None:
         pod = self._current(key, uid)
         if pod is None or podstatus.phase(pod) != "Running" or podstatus.restart_count(pod) != run:
             return
@@ -396,7 +398,10 @@ class Kubelet:
         if restarts(pod, code) and not podstatus.is_deleting(pod):
             backoff_s = min(_BACKOFF_CAP_S, self._restart_backoff_s * 2**run)
             crashed = self._store.update(
-                PODS, podstatus.crashed(pod, wall_s, exit_code=code, reason=reason, backoff_s=backoff_s)
+                PODS,
+                podstatus.crashed(
+                    pod, wall_s, exit_code=code, reason=reason, backoff_s=backoff_s, container_message=message
+                ),
             )
             for c in podstatus.containers(crashed):
                 m = crashed["metadata"]
@@ -414,7 +419,9 @@ class Kubelet:
             return
         self._store.update(
             PODS,
-            podstatus.terminated(pod, wall_s, exit_code=code, reason=None, container_reason=reason),
+            podstatus.terminated(
+                pod, wall_s, exit_code=code, reason=None, container_reason=reason, container_message=message
+            ),
         )
 
     def _restart(self, key: Key, uid: str, run: int) -> None:

@@ -16,11 +16,21 @@ an unchanged launcher (gloo, gRPC, MPI) resolves `MASTER_ADDR` and reads `/etc/g
 as it would in a pod, and nothing outside the process sees either. A per-pod hosts mapping through
 the environment was the other choice; it needs every launcher to read it, which real ones do not.
 Volumes mounted outside `/etc` are not materialised (the process would see the host's path).
+
+* its termination message: as a kubelet does, the file at the container's `terminationMessagePath`
+  is created empty before the start and read when the process ends, at most
+  `termination_message_limit` bytes of it (4096, less when the pod has more than three containers),
+  into the container's terminated state's `message`. With `terminationMessagePolicy:
+  FallbackToLogsOnError`, an empty file and a non-zero exit give the last 80 lines of the output
+  instead, at most 2048 bytes of them. Only a path under `/etc` is read here (the overlay's upper
+  layer is the pod's own); the default `/dev/termination-log`, and any other path, is the host's
+  in this mode, so no message is read from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
@@ -28,7 +38,8 @@ import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +59,17 @@ _PR_SET_PDEATHSIG = 1
 # One process's output kept per line: a runaway line must not hold the simulator's memory.
 _MAX_LINE = 64 * 1024
 
+# The kubelet's limits on termination messages (Kubernetes, "Determine the Reason for Pod Failure"):
+# at most 4096 bytes a container, and 12 KiB for all of a pod's containers, shared equally; the
+# log's fallback at most 2048 bytes or 80 lines, whichever is smaller.
+MAX_MESSAGE_BYTES = 4096
+MAX_POD_MESSAGE_BYTES = 12 * 1024
+FALLBACK_LOG_BYTES = 2048
+FALLBACK_LOG_LINES = 80
+DEFAULT_MESSAGE_PATH = "/dev/termination-log"
+
 Output = Callable[[str, str, str], None]  # pod uid, container, line
-Exited = Callable[[str, int], None]  # pod uid, exit code
+Exited = Callable[[str, int, str], None]  # pod uid, exit code, termination message
 
 
 def available() -> str | None:
@@ -171,10 +191,65 @@ def _mounted_files(pod: Obj, container: Obj) -> dict[str, str]:
     return files
 
 
+def termination_message_limit(pod: Obj) -> int:
+    """The most bytes of one container's termination message: 4096, or the pod's 12 KiB shared by
+    all its containers (init containers too) when that is less, as the kubelet cuts them."""
+    spec = pod.get("spec") or {}
+    count = len(spec.get("containers") or []) + len(spec.get("initContainers") or [])
+    return min(MAX_MESSAGE_BYTES, MAX_POD_MESSAGE_BYTES // max(1, count))
+
+
+def message_file(upper: Path, container: Obj) -> Path | None:
+    """Where, in the pod's /etc overlay, the process's termination message file is; None when its
+    path is not under /etc (not readable in process mode) or leaves it."""
+    path = str(container.get("terminationMessagePath") or DEFAULT_MESSAGE_PATH)
+    if not path.startswith("/etc/") or ".." in path.split("/"):
+        return None
+    return upper / path.removeprefix("/etc/")
+
+
+def _regular_file_in(file: Path, upper: Path) -> bool:
+    """Whether `file` is a regular file of the pod's own /etc layer `upper`, reached without a link.
+    The simulator reads it with its own rights on the host: a symbolic link the process made (of the
+    file or of a directory above it) would otherwise hand it a host file, and a FIFO would block."""
+    try:
+        real = file.resolve(strict=True)
+        return real == upper.resolve(strict=True) / file.relative_to(upper) and real.is_file()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def termination_message(
+    file: Path | None, upper: Path, limit: int, *, policy: str, exit_code: int, last_lines: Sequence[str]
+) -> str:
+    """The container's terminated `message`: the first `limit` bytes of its message file (policy
+    File, the default); with FallbackToLogsOnError, when the file is empty and the container failed,
+    the end of its output (at most FALLBACK_LOG_LINES lines and FALLBACK_LOG_BYTES bytes)."""
+    data = b""
+    if file is not None and _regular_file_in(file, upper):
+        with file.open("rb") as f:
+            data = f.read(limit)
+    if not data and policy == "FallbackToLogsOnError" and exit_code != 0:
+        tail = "".join(line + "\n" for line in list(last_lines)[-FALLBACK_LOG_LINES:]).encode()
+        data = tail[-min(limit, FALLBACK_LOG_BYTES) :]
+    # The API holds text: a cut inside a UTF-8 sequence reads as U+FFFD, as it does from a kubelet.
+    return data.decode("utf-8", "replace")
+
+
 def _die_with_parent() -> None:
     # The processes must not outlive the simulator that ran them, however it ends.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """How the container's termination message is read when its process ends."""
+
+    file: Path | None
+    upper: Path
+    limit: int
+    policy: str
 
 
 class LocalExec:
@@ -205,7 +280,7 @@ class LocalExec:
             self._on_output(
                 uid, name, "[sim] local exec needs the container's command (the image is not run)"
             )
-            self._on_exit(uid, 127)
+            self._on_exit(uid, 127, "")
             return
         env = container_env(pod, container, self._secret_data)
         argv = [expand(str(w), env) for w in (container.get("command") or []) + (container.get("args") or [])]
@@ -220,10 +295,23 @@ class LocalExec:
             target = upper / path.removeprefix("/etc/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
+        message = message_file(upper, container)
+        if message is not None and not message.exists():
+            # The kubelet creates the file (empty) and mounts it before the container starts.
+            message.parent.mkdir(parents=True, exist_ok=True)
+            message.touch()
+        ending = _Ending(
+            message,
+            upper,
+            termination_message_limit(pod),
+            str(container.get("terminationMessagePolicy") or "File"),
+        )
         cwd = str(container.get("workingDir") or "")
         setup = [str(upper), str(work), host]
         task = asyncio.get_running_loop().create_task(
-            self._run(uid, name, [*setup, *argv], env, cwd if cwd and Path(cwd).is_dir() else str(pod_dir))
+            self._run(
+                uid, name, [*setup, *argv], env, cwd if cwd and Path(cwd).is_dir() else str(pod_dir), ending
+            )
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -241,7 +329,9 @@ class LocalExec:
         for uid in list(self._procs):
             self.stop(uid)
 
-    async def _run(self, uid: str, name: str, args: list[str], env: dict[str, str], cwd: str) -> None:
+    async def _run(
+        self, uid: str, name: str, args: list[str], env: dict[str, str], cwd: str, ending: _Ending
+    ) -> None:
         try:
             proc = await asyncio.create_subprocess_exec(
                 "unshare", "--mount", "--uts", "--fork", "--kill-child", "--",
@@ -257,7 +347,7 @@ class LocalExec:
             )  # fmt: skip
         except OSError as error:
             self._on_output(uid, name, f"[sim] local exec could not start: {error}")
-            self._on_exit(uid, 128)
+            self._on_exit(uid, 128, "")
             return
         self._procs[uid] = proc
         if uid in self._stopped:
@@ -265,6 +355,7 @@ class LocalExec:
             self.stop(uid)
         log.info("sim_local_exec_started", uid=uid, pid=proc.pid)
         assert proc.stdout is not None
+        last_lines: collections.deque[str] = collections.deque(maxlen=FALLBACK_LOG_LINES)
         while True:
             try:
                 raw = await proc.stdout.readline()
@@ -272,10 +363,25 @@ class LocalExec:
                 raw = b"[sim] (a line over 64 KiB was cut)\n"
             if not raw:
                 break
-            self._on_output(uid, name, raw.decode(errors="replace").rstrip("\n"))
+            line = raw.decode(errors="replace").rstrip("\n")
+            last_lines.append(line)
+            self._on_output(uid, name, line)
         code = await proc.wait()
         killed = self._procs.pop(uid, None) is None
+        # A signal's death reads as 128 + the signal, as a container runtime reports it.
+        code = code if code >= 0 else 128 - code
+        message = ""
+        if not killed:
+            # Read before the pod's directory (and the file in its /etc) is removed.
+            message = await asyncio.to_thread(
+                termination_message,
+                ending.file,
+                ending.upper,
+                ending.limit,
+                policy=ending.policy,
+                exit_code=code,
+                last_lines=last_lines,
+            )
         await asyncio.to_thread(shutil.rmtree, self._root / uid, True)
         if not killed:
-            # A signal's death reads as 128 + the signal, as a container runtime reports it.
-            self._on_exit(uid, code if code >= 0 else 128 - code)
+            self._on_exit(uid, code, message)

@@ -131,8 +131,11 @@ def rejected(pod: Obj, wall_s: float, reason: str, message: str) -> Obj:
     return new
 
 
-def crashed(pod: Obj, wall_s: float, *, exit_code: int, reason: str, backoff_s: float) -> Obj:
-    """The containers exited and will be restarted: CrashLoopBackOff, the run kept in `lastState`."""
+def crashed(
+    pod: Obj, wall_s: float, *, exit_code: int, reason: str, backoff_s: float, container_message: str = ""
+) -> Obj:
+    """The containers exited and will be restarted: CrashLoopBackOff, the run kept in `lastState`
+    (with the main container's termination message, when it left one)."""
     new = edit(pod, "status")
     status = new.setdefault("status", {})
     stamp = rfc3339(wall_s)
@@ -148,6 +151,8 @@ def crashed(pod: Obj, wall_s: float, *, exit_code: int, reason: str, backoff_s: 
                 "containerID": cs.get("containerID", ""),
             }
         }
+        if container_message and cs is status["containerStatuses"][0]:
+            cs["lastState"]["terminated"]["message"] = container_message
         message = (
             f"back-off {int(backoff_s)}s restarting failed container={cs.get('name')} "
             f"pod={m['name']}_{m.get('namespace', '')}({m.get('uid', '')})"
@@ -207,8 +212,10 @@ def terminated(
     reason: str | None = None,
     message: str | None = None,
     container_reason: str | None = None,
+    container_message: str = "",
 ) -> Obj:
-    """The pod ended: Succeeded when every container exited 0, Failed otherwise."""
+    """The pod ended: Succeeded when every container exited 0, Failed otherwise. `container_message`
+    is the main container's termination message (the kubelet's read of its message file)."""
     new = edit(pod, "status")
     status = new.setdefault("status", {})
     stamp = rfc3339(wall_s)
@@ -238,6 +245,8 @@ def terminated(
         }
         if "containerID" in cs:
             state["containerID"] = cs["containerID"]
+        if container_message and cs is statuses[0]:
+            state["message"] = container_message
         cs["state"] = {"terminated": state}
         cs["ready"] = False
         cs["started"] = False

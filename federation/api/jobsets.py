@@ -45,9 +45,11 @@ from federation.jobsets.status import MemberView, set_status
 from federation.jobsets.stopping import EarlyStopper, LiveLines
 from federation.jobsets.store import JobSetStore, trial_key, trial_number
 from federation.jobsets.sweeps import (
+    MetricSource,
     SweepSpec,
     Trial,
     expand,
+    file_metric,
     params_json,
     parse_metric,
     parse_sweep,
@@ -65,6 +67,7 @@ from federation.security.auth import (
     listable_tenant,
 )
 from federation.spec.jobspec import TrainingJobSpec
+from federation.spec.pod_template import refuse_metric_file_fields
 from federation.spec.validate import free_text, name_field, shown
 from federation.store.intervals import LedgerInterval
 from federation.store.job_cache import JobCache
@@ -197,6 +200,9 @@ class JobSetCalls:
                 f"manifests: every job of a set is for one tenant, these name {', '.join(sorted(tenants))}"
             )
         tenant = checked[0].tenant
+        if sweep is not None and sweep.metric_source is MetricSource.FILE:
+            for t, task in enumerate(checked[0].spec.tasks):
+                refuse_metric_file_fields(task.template, f"manifests[0].spec.tasks[{t}].template")
         # The set itself is the tenant's write: the same rule as a job's submission.
         acting_tenant(who, tenant, action="submit job sets", field="spec.tenant")
         templates: list[SetTemplate] = []
@@ -327,6 +333,7 @@ class JobSetCalls:
             raise FailedPrecondition(f"job set {record.name} is not a sweep: it has no metric to rank")
         metric = str(record.sweep["metric"]["name"])
         goal = Goal(record.sweep["metric"]["goal"])
+        from_file = record.sweep["metric"].get("source") == MetricSource.FILE
         views = await self._views(record)
         status = set_status(record, views, now_s=self._clock())
         trials: list[Trial] = []
@@ -336,7 +343,7 @@ class JobSetCalls:
             values = json.loads(m.params or "{}")
             value = None
             if job is not None and m.state is MemberState.RELEASED and job.phase.is_terminal:
-                value = await self._metric(job, metric)
+                value = await (self._file_metric(job, metric) if from_file else self._metric(job, metric))
             number = trial_number(m.key)
             trials.append(Trial(m.key, number, values, value))
             out = pb.SweepTrial(
@@ -386,6 +393,22 @@ class JobSetCalls:
                 value = parse_metric(lines, name)
                 if value is not None:
                     return value
+        return None
+
+    async def _file_metric(self, job: JobRecord, name: str) -> float | None:
+        """The metric from the termination messages of the job's last attempt, as its kept summary
+        holds them (the pods' `state.terminated.message`, read by the kubelet from the metric file):
+        the first replica (in task order) whose message gives it; None when none does or the
+        summary is no longer kept."""
+        kept = await LogArchive(self.sets.kv, LogsSettings()).summary(job.job_id, job.attempt, self._clock())
+        if kept is None:
+            return None
+        slots = [(t.name, r) for t in job.spec.tasks for r in range(t.replicas)]
+        order = {slot: i for i, slot in enumerate(slots)}
+        for replica in sorted(kept.replicas, key=lambda r: order.get((r.task, r.replica), len(order))):
+            value = file_metric(replica.state.message, name)
+            if value is not None:
+                return value
         return None
 
     # ---- changes

@@ -23,7 +23,7 @@ from federation.jobsets.records import (
     set_key,
     tenant_prefix,
 )
-from federation.jobsets.sweeps import params_json, trial_env
+from federation.jobsets.sweeps import MetricSource, params_json, trial_env
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.pod_template import template_text
 from federation.store.job_store import Stored, job_key
@@ -163,6 +163,9 @@ def member_job(record: JobSetRecord, member: SetMember, *, now_s: float) -> JobR
         values = json.loads(member.params or "{}")
         env |= trial_env(record.name, trial_number(member.key), values)
         spec = with_params_file(spec, params_json(values))
+        metric = record.sweep.get("metric") or {}
+        if metric.get("source") == MetricSource.FILE:
+            spec = with_metric_file(spec, str(metric["path"]))
     return JobRecord(
         job_id=member.job_id,
         tenant=record.tenant,
@@ -221,6 +224,23 @@ def with_params_file(spec: TrainingJobSpec, text: str) -> TrainingJobSpec:
                 *mounts,
                 {"name": PARAMS_VOLUME, "mountPath": PARAMS_DIR, "readOnly": True},
             ]
+        tasks.append(replace(task, template=template_text(template)))
+    return replace(spec, tasks=tuple(tasks))
+
+
+def with_metric_file(spec: TrainingJobSpec, path: str) -> TrainingJobSpec:
+    """`spec` whose every task's main container has `path` as its termination message file, read by
+    the kubelet when the container ends into its terminated state's message (policy File: only the
+    file, never the log). The sweep's submission refused a template that sets either field."""
+    tasks = []
+    for task in spec.tasks:
+        template: dict[str, Any] = (
+            json.loads(task.template) if task.template else {"spec": {"containers": [{}]}}
+        )
+        pod = template.setdefault("spec", {})
+        if not pod.get("containers"):
+            pod["containers"] = [{}]
+        pod["containers"][0] |= {"terminationMessagePath": path, "terminationMessagePolicy": "File"}
         tasks.append(replace(task, template=template_text(template)))
     return replace(spec, tasks=tuple(tasks))
 

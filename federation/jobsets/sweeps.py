@@ -9,6 +9,10 @@ gives the same trials on any server and any Python (the generator is Mersenne Tw
 `random()` and `randrange()` outputs Python keeps stable for a seed).
 
 A trial reports its metric by printing `gpufed-metric: <name>=<value>`; the last such line counts.
+Or, with `metric.source: file`, by writing `<name>=<value>` lines to a file (METRIC_FILE unless
+`metric.path` says otherwise) that its cluster reads as the container's termination message when it
+ends (`terminationMessagePath`, which gpufed sets on each trial's main container; at most 4096 bytes
+are read, so the file holds the final values, not a history).
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ PARAM_ENV_PREFIX = "GPUFED_PARAM_"
 SWEEP_ENV = "GPUFED_SWEEP"
 TRIAL_ENV = "GPUFED_TRIAL"
 METRIC_PREFIX = "gpufed-metric:"
+# Where a trial writes its metric when `metric.source: file` names no path: a file directly under
+# /etc, which a container runtime creates in the image's writable layer (a path under PARAMS_DIR
+# would be inside the read-only downward API volume of the params file, where it cannot be made).
+METRIC_FILE = "/etc/gpufed-metric"
+# The params file's directory (`jobsets.store.PARAMS_DIR`): a read-only volume in every trial.
+_PARAMS_DIR = "/etc/gpufed-sweep"
+# A termination message's most bytes (the kubelet's cut, for a pod of up to three containers).
+TERMINATION_MESSAGE_BYTES = 4096
 
 _PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,62}")
@@ -51,6 +63,13 @@ _METRIC_LINE = re.compile(
 )
 
 Value = str | int | float | bool
+
+
+class MetricSource(StrEnum):
+    """Where a trial's metric is read: its printed log lines, or the file it writes."""
+
+    LOGS = "logs"
+    FILE = "file"
 
 
 class Search(StrEnum):
@@ -88,6 +107,9 @@ class SweepSpec:
     metric: str
     goal: Goal
     early_stopping: EarlyStopping | None = None
+    metric_source: MetricSource = MetricSource.LOGS
+    # The file a trial writes its metric to (its termination message path); "" for logs.
+    metric_path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The sweep as the API carries and etcd keeps it (the Sweep file's own keys)."""
@@ -102,7 +124,14 @@ class SweepSpec:
             "search": self.search.value,
             "trials": self.trials,
             "seed": self.seed,
-            "metric": {"name": self.metric, "goal": self.goal.value},
+            # A logs metric is written as before file metrics were known: an old sweep's digest, and
+            # so its idempotent resubmission, stay the same.
+            "metric": {"name": self.metric, "goal": self.goal.value}
+            | (
+                {}
+                if self.metric_source is MetricSource.LOGS
+                else {"source": self.metric_source.value, "path": self.metric_path}
+            ),
             **({} if (rule := self.early_stopping) is None else {"earlyStopping": stopping_to_dict(rule)}),
         }
 
@@ -202,8 +231,10 @@ def parse_sweep(raw: Mapping[str, Any]) -> SweepSpec:
     metric = raw.get("metric")
     if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
         raise _fail("metric", "give {name: NAME, goal: minimize|maximize}")
-    if sorted(set(metric) - {"name", "goal"}):
-        raise _fail("metric", "only name and goal")
+    extra = sorted(set(metric) - {"name", "goal", "source", "path"})
+    if extra:
+        raise _fail(f"metric.{extra[0]}", "unknown key (known: name, goal, source, path)")
+    source, path = _metric_source(metric)
     if not _METRIC_NAME.fullmatch(metric["name"]):
         raise _fail("metric.name", "a letter then letters, digits, _ . / or -")
     try:
@@ -228,7 +259,42 @@ def parse_sweep(raw: Mapping[str, Any]) -> SweepSpec:
                 "have); use fewer values or search: random",
             )
     stopping = _early_stopping(raw.get("earlyStopping"))
-    return SweepSpec(tuple(parameters), search, trials, seed, metric["name"], goal, stopping)
+    if stopping is not None and source is MetricSource.FILE:
+        # Early stopping judges running trials by their intermediate values; a file's metric is read
+        # only when the trial has ended, so no running trial could ever be judged.
+        raise _fail(
+            "earlyStopping",
+            "needs intermediate values while trials run, and a metric read from a file (metric.source: "
+            "file) is known only when a trial ends; print the metric instead (gpufed-metric: NAME=VALUE "
+            "step=N, metric.source: logs) or drop earlyStopping",
+        )
+    return SweepSpec(tuple(parameters), search, trials, seed, metric["name"], goal, stopping, source, path)
+
+
+def _metric_source(metric: Mapping[str, Any]) -> tuple[MetricSource, str]:
+    """The metric's source and, for a file, its absolute path (METRIC_FILE when none is given)."""
+    text = metric.get("source", "logs")
+    try:
+        source = MetricSource(text)
+    except ValueError:
+        raise _fail("metric.source", f"must be logs or file, got {text!r}"[:200]) from None
+    if source is MetricSource.LOGS:
+        if "path" in metric:
+            raise _fail("metric.path", "is for metric.source: file (a printed metric has no path)")
+        return source, ""
+    path = metric.get("path", METRIC_FILE)
+    if not isinstance(path, str) or not path.startswith("/") or len(path) > 256:
+        raise _fail("metric.path", f"must be an absolute path of at most 256 characters, got {path!r}"[:200])
+    if path.endswith("/") or any(part in ("", ".", "..") for part in path[1:].split("/")):
+        raise _fail("metric.path", f"must name a file, without . or .. or empty parts, got {path!r}"[:200])
+    if any(ch.isspace() or not ch.isprintable() for ch in path):
+        raise _fail("metric.path", "must not contain spaces or control characters")
+    if path == _PARAMS_DIR or path.startswith(_PARAMS_DIR + "/"):
+        raise _fail(
+            "metric.path",
+            f"{_PARAMS_DIR} is the trial's read-only params volume; use another path, such as {METRIC_FILE}",
+        )
+    return source, path
 
 
 def _early_stopping(raw: Any) -> EarlyStopping | None:
@@ -331,6 +397,18 @@ def parse_metric(lines: Iterable[str], name: str) -> float | None:
 def history(lines: Iterable[str], name: str) -> dict[int, float]:
     """The intermediate values a trial printed with a step (`... step=N`), the last one per step."""
     return {step: value for value, step in metric_lines(lines, name) if step is not None}
+
+
+def file_metric(text: str, name: str) -> float | None:
+    """The metric from the text of a trial's metric file (its termination message): the value of the
+    last `NAME=VALUE [step=N]` line for `name`, the printed syntax without its `gpufed-metric:` prefix
+    (which may be there too); None when there is none. A value that is not a finite number is
+    skipped, as in a printed line."""
+    lines = (
+        line if line.lstrip().startswith(METRIC_PREFIX) else f"{METRIC_PREFIX} {line.strip()}"
+        for line in text.splitlines()
+    )
+    return parse_metric(lines, name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,14 @@ OWNED_POD_FIELDS = {
     "hostnameOverride": "gpufed names the pods for the rendezvous",
     "schedulingGates": "gpufed creates the whole gang at once; a gated pod would hold the others",
 }
+# Main-container fields gpufed sets on the trials of a sweep whose metric is read from a file
+# (`metric.source: file`, federation.jobsets): a trial's template may not set them.
+METRIC_FILE_FIELDS = {
+    "terminationMessagePath": "gpufed sets it to the sweep's metric.path, the file a trial writes its "
+    "metric to (metric.source: file)",
+    "terminationMessagePolicy": "gpufed sets it to File for a sweep whose metric is read from a file: "
+    "with FallbackToLogsOnError a failed trial's last log lines would be read as its metric",
+}
 # Node labels that say which GPUs and which capacity a node has: gpufed picks the nodes by them
 # (clusters.kubernetes.inventory reads them; a unit test keeps the two lists together).
 OWNED_NODE_LABELS = frozenset(
@@ -434,6 +442,17 @@ def parse_template(
     image = main.pop("image", None)
     command = main.pop("command", None)
     return template, image, None if command is None else tuple(command)
+
+
+def refuse_metric_file_fields(template_json: str, path: str) -> None:
+    """Refuse a stored template whose main container sets a field of METRIC_FILE_FIELDS: gpufed owns
+    them on a sweep's trials when the metric is read from a file. `path` names the template."""
+    if not template_json:
+        return
+    containers = (json.loads(template_json).get("spec") or {}).get("containers") or [{}]
+    for field, why in METRIC_FILE_FIELDS.items():
+        if field in containers[0]:
+            raise InvalidSpec(f"{path}.spec.containers[0].{field}", why)
 
 
 def template_text(template: dict[str, Any]) -> str:
