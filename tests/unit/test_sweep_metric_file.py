@@ -319,3 +319,17 @@ async def test_process_mode_puts_the_file_the_process_wrote_into_the_terminated_
         assert file_metric(terminated["message"], "loss") == 0.25
     finally:
         engine.kubelet.close()
+
+
+def test_the_guides_file_metric_is_what_a_sweep_takes() -> None:
+    import yaml
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "jobsets.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```yaml\n")[1:]]
+    (text,) = [b for b in blocks if "source: file" in b]
+    spec = parse_sweep({"parameters": {"lr": [1]}, **yaml.safe_load(text)})
+    assert (spec.metric, spec.metric_source, spec.metric_path) == ("loss", MetricSource.FILE, METRIC_FILE)
+    pythons = [b.split("```", 1)[0] for b in page.split("```python\n")[1:]]
+    (python,) = [b for b in pythons if METRIC_FILE in b]
+    assert file_metric("loss=0.5\naccuracy=0.9\n", "loss") == 0.5
+    assert "loss={val_loss}" in python
