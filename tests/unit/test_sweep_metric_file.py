@@ -333,3 +333,26 @@ def test_the_guides_file_metric_is_what_a_sweep_takes() -> None:
     (python,) = [b for b in pythons if METRIC_FILE in b]
     assert file_metric("loss=0.5\naccuracy=0.9\n", "loss") == 0.5
     assert "loss={val_loss}" in python
+
+
+def test_the_message_is_the_main_containers_in_its_terminated_state_or_last_state() -> None:
+    from clusters.sim import podstatus
+
+    pod = {
+        "metadata": {"name": "p", "namespace": "n", "uid": "u"},
+        "spec": {"containers": [{"name": "main"}, {"name": "side"}]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": c, "state": {"running": {"startedAt": "2026-11-30T07:00:00Z"}}}
+                for c in ("main", "side")
+            ],
+        },
+    }
+    ended = podstatus.terminated(pod, 1.0e9, exit_code=0, container_message="loss=1\n")
+    main, side = (cs["state"]["terminated"] for cs in ended["status"]["containerStatuses"])
+    assert main["message"] == "loss=1\n"
+    assert "message" not in side
+    crashed = podstatus.crashed(pod, 1.0e9, exit_code=1, reason="Error", backoff_s=10, container_message="x")
+    assert crashed["status"]["containerStatuses"][0]["lastState"]["terminated"]["message"] == "x"
+    assert "message" not in crashed["status"]["containerStatuses"][1]["lastState"]["terminated"]
