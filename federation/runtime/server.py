@@ -426,7 +426,6 @@ class FederationServer:
             ),
             archived_ids=history.archived_ids if cfg.history.archive else None,
             secrets=GangSecrets(secrets),
-            dispatch_aside=True,
         )
         if cfg.history.archive:
             self._archiver = Archiver(
@@ -587,7 +586,6 @@ class FederationServer:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            await reconciler.stop_dispatches()
             self.metrics.is_leader.set(0)
             self.first_pass_done = False
             if self._stager is not None:

@@ -53,7 +53,7 @@ from clusters.api import (
     VanishedAttempt,
 )
 from federation.datasets.staging import GateKind, Stager, gate_transition
-from federation.errors import NotLeader, StoreUnavailable
+from federation.errors import StoreUnavailable
 from federation.metrics import Metrics
 from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, StaleGang, stale_gangs, unknown_jobs
 from federation.scheduling.dispatch_backoff import (
@@ -88,8 +88,7 @@ RECONCILE_CONCURRENCY = 64
 # Calls in flight to one member cluster (dispatches, cancels, evictions, log reads): what a tick
 # asks of a cluster at once, so that a burst on one cluster neither floods its API server nor takes
 # every slot of the tick from the other clusters. As many as the Kubernetes backend's API threads
-# (clusters.kubernetes.config `api_threads`), which would queue any more. Dispatches aside from the
-# tick (`dispatch_aside`) have as many slots of their own a cluster, and RECONCILE_CONCURRENCY in all.
+# (clusters.kubernetes.config `api_threads`), which would queue any more.
 CLUSTER_CONCURRENCY = 16
 # Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
 # another federation carries many gangs of its; the rest are asked about on later ticks.
@@ -115,17 +114,8 @@ class Reconciler:
         finished_gang_retention_s: float = FINISHED_GANG_RETENTION_S,
         archived_ids: Callable[[Sequence[JobId]], set[JobId]] | None = None,
         secrets: GangSecrets | None = None,
-        dispatch_aside: bool = False,
     ) -> None:
         self._store = store
-        # Dispatches beside the tick rather than in it (the leader's loop sets it; see `tick`).
-        self._dispatch_aside = dispatch_aside
-        # The dispatches started by earlier ticks and still in flight, by job; with the fence they
-        # commit under (a new term's first tick stops an older term's).
-        self._dispatching: dict[JobId, asyncio.Task[bool]] = {}
-        self._dispatch_fence: Fence | None = None
-        self._dispatch_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)
-        self._dispatch_cluster_slots: dict[ClusterName, asyncio.Semaphore] = {}
         # Opens the tenant secrets a gang's pods reference, to send them with it (federation.secrets).
         self._secrets = secrets
         self._finished_gang_retention_s = finished_gang_retention_s
@@ -165,83 +155,8 @@ class Reconciler:
             slot = self._cluster_slots[cluster] = asyncio.Semaphore(CLUSTER_CONCURRENCY)
         return slot
 
-    def _start_dispatch(
-        self,
-        stored: Stored[JobRecord],
-        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
-        lost: set[ClusterName],
-        fence: Fence | None,
-    ) -> None:
-        """Dispatch the job beside the tick: its own task, under RECONCILE_CONCURRENCY dispatches in
-        all and CLUSTER_CONCURRENCY to its cluster (slots of their own, so that the tick's calls to
-        a cluster, an ended attempt's log reads, never wait behind a burst of creates)."""
-        placement = stored.value.placement
-        cluster_slots: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
-        if placement is not None:
-            cluster_slots = self._dispatch_cluster_slots.setdefault(
-                placement.cluster, asyncio.Semaphore(CLUSTER_CONCURRENCY)
-            )
-
-        async def dispatch() -> bool:
-            async with cluster_slots, self._dispatch_slots:
-                return await self._reconcile(stored, statuses, lost, fence)
-
-        self._dispatch_fence = fence
-        self._dispatching[stored.value.job_id] = asyncio.create_task(
-            dispatch(), name=f"gpufed-dispatch-{stored.value.job_id}"
-        )
-
-    def _finish_dispatches(self, fence: Fence | None) -> int:
-        """Forget the dispatches that are done (how many committed); a new term stops the old
-        term's, whose commits its fence would refuse anyway."""
-        if self._dispatching and fence != self._dispatch_fence:
-            self.stop_dispatches_nowait()
-            return 0
-        committed = 0
-        for job_id, task in list(self._dispatching.items()):
-            if not task.done():
-                continue
-            del self._dispatching[job_id]
-            if task.cancelled():
-                continue
-            error = task.exception()
-            if error is None:
-                committed += task.result()
-            elif isinstance(error, (StoreUnavailable, NotLeader)):
-                # Tried again by a later tick (the job is still ADMITTED), or by the next leader.
-                log.warning("dispatch_failed", job_id=job_id, error=str(error))
-            else:
-                log.error("dispatch_crashed", job_id=job_id, exc_info=error)
-        return committed
-
-    def stop_dispatches_nowait(self) -> None:
-        """Cancel the dispatches in flight (a call already sent may still create its gang: the next
-        leader's dispatch finds it by name, as after a crash)."""
-        for task in self._dispatching.values():
-            task.cancel()
-        self._dispatching.clear()
-
-    async def stop_dispatches(self) -> None:
-        """Cancel the dispatches in flight and wait until they are gone (the leader's term ended)."""
-        tasks = list(self._dispatching.values())
-        self.stop_dispatches_nowait()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    @property
-    def dispatches_in_flight(self) -> int:
-        return sum(1 for t in self._dispatching.values() if not t.done())
-
     async def tick(self, fence: Fence | None) -> int:
-        """One pass over every job that may need action; returns how many transitions were committed.
-
-        With `dispatch_aside` (the leader's loop), an ADMITTED or STAGING job's dispatch is started
-        as a task of its own and the tick goes on without waiting for it; the dispatches that ended
-        since the last tick count here. A burst's creates took a tick tens of seconds, in which no
-        ended pod was recorded (its GPUs still counted busy) and no cycle ran (bench/scale.py). A
-        job whose dispatch is in flight is left alone until it is done, so each job still has one
-        action at a time; each dispatch commits under the fence of the tick that started it."""
+        """One pass over every job that may need action; returns how many transitions were committed."""
         # Queued jobs are the scheduler's: skipping them here keeps a tick's cost proportional to the
         # work in flight, not to the length of the queue.
         # The cache's acting jobs, not every live one: a deep queue would cost each tick a walk.
@@ -261,20 +176,7 @@ class Reconciler:
             async with self._cluster_slot(placement.cluster if placement is not None else None), semaphore:
                 return await self._reconcile(stored, statuses, lost, fence)
 
-        if self._dispatch_aside:
-            committed = self._finish_dispatches(fence)
-            now_acting = []
-            for s in live:
-                if s.value.job_id in self._dispatching:
-                    continue  # its dispatch is in flight: one action a job at a time, as in a tick
-                if _dispatches(s.value):
-                    self._start_dispatch(s, statuses, lost, fence)
-                else:
-                    now_acting.append(s)
-            live = now_acting
-        else:
-            committed = 0
-        committed += sum(await asyncio.gather(*(one(s) for s in live)))
+        committed = sum(await asyncio.gather(*(one(s) for s in live)))
         if self._staging is not None:
             await self._staging.tick(s.value for s in acting)
         await self._collect(statuses, semaphore)
@@ -804,13 +706,3 @@ def _charged_until(gang: GangStatus | None, *, cancelled: bool, waited: bool) ->
     if cancelled or waited:
         return gang.pods_ended_at_s if gang.live_pods == 0 else None
     return gang.finished_at_s
-
-
-def _dispatches(job: JobRecord) -> bool:
-    """Whether the tick's action on the job is its dispatch (what `_reconcile` does with it):
-    ADMITTED or STAGING, and neither cancelled nor preempted."""
-    return (
-        job.phase in (JobPhase.ADMITTED, JobPhase.STAGING)
-        and not job.cancel_requested
-        and job.preemption is None
-    )
