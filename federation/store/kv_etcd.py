@@ -15,6 +15,7 @@ revision, so unary calls go straight to the gRPC stubs of aetcd's client; its wa
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -47,6 +48,9 @@ from federation.store.kv import (
 from federation.store.kv_etcd_channel import EndpointClient, EtcdTls, parse_endpoints
 from federation.store.kv_pages import PAGE_TARGET_BYTES
 
+# Watch ids this process gives etcd (`watch_prefix`): unique on every stream, and far above the ids
+# etcd assigns by itself from 0, should anything on the stream ever leave the choice to it.
+_WATCH_IDS = itertools.count(1 << 40)
 _UNAVAILABLE_CODES = frozenset(
     {
         rpc.StatusCode.UNAVAILABLE,
@@ -342,16 +346,38 @@ class EtcdKv:
         # (from its last revision) starts on the next member.
         index = self._current
         client = self._clients[index]
+        # An id of our own in every create: aetcd pairs a "created" answer with the one create it
+        # has pending, by order alone. A create that timed out (a loaded etcd at a large start-up)
+        # still has its answer to come, and the next create on the stream takes that answer: it
+        # then follows the other watch's prefix, and its own answer is cancelled as a stray. The
+        # job cache watched the ledger's prefix that way, and saw no job for 13 minutes (issue 33).
+        wanted = next(_WATCH_IDS)
         try:
             watch = await client.watch(
-                prefix, range_end=prefix_end(prefix), start_revision=start_revision or None
+                prefix, range_end=prefix_end(prefix), start_revision=start_revision or None, watch_id=wanted
             )
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
             raise self._watch_error(index, e) from e
+        if watch.watch_id != wanted:
+            # The answer was another create's: drop that watch and say so; the caller watches again
+            # (and our own answer, when it comes, is cancelled by aetcd or crosses the next create,
+            # which this check catches in turn).
+            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, AttributeError):
+                await watch.cancel()
+            raise StoreUnavailable(
+                f"watch: etcd at {client.endpoint} answered the creation of watch {watch.watch_id} for "
+                f"{wanted} (a creation that timed out earlier); watching again"
+            )
         events = watch.__aiter__()
         try:
             async for ev in events:
                 kv = _kv_from_pb(ev.kv)
+                if not kv.key.startswith(prefix):
+                    # The same crossing seen from the events, should ids ever be reused by a server.
+                    raise StoreUnavailable(
+                        f"watch: etcd at {client.endpoint} sent {kv.key!r} to a watch of {prefix!r}; "
+                        "watching again"
+                    )
                 yield WatchEvent(EventType.PUT if ev.kind == "PUT" else EventType.DELETE, kv)
         except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
             raise self._watch_error(index, e) from e

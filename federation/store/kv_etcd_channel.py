@@ -80,6 +80,35 @@ def parse_endpoints(spec: str | Sequence[str]) -> tuple[tuple[str, ...], bool]:
     return tuple(endpoints), https
 
 
+class _Watcher(aetcd.watcher.Watcher):  # type: ignore[misc]
+    """aetcd's watcher, with each "created" answer matched to its create by watch id.
+
+    aetcd keeps one create pending per stream and takes the next "created" answer as its own. A
+    create that timed out (a loaded etcd at a large start-up) still has its answer to come, and the
+    next create took it: that watch then followed the other watch's prefix, and its own answer was
+    cancelled as a stray. The job cache followed the ledger's prefix that way and saw no job for 13
+    minutes (issue 33). Here a create names its id (aetcd 1.0's request builder dropped the id it
+    was given), and an answer with another id is a stray: cancelled, never taken."""
+
+    _wanted: int | None = None
+
+    def _build_watch_create_request(self, *args: Any, watch_id: int | None = None, **kwargs: Any) -> Any:
+        # Called by `add_callback` under the watcher's lock, once the create is the pending one.
+        request = super()._build_watch_create_request(*args, **kwargs)
+        self._wanted = watch_id
+        if watch_id is not None:
+            request.create_request.watch_id = watch_id
+        return request
+
+    async def _handle_response(self, response: Any) -> None:
+        if response.created:
+            async with self._lock:
+                if self._wanted is not None and response.watch_id != self._wanted:
+                    await self._enqueue_watch_cancel(watch_id=response.watch_id)
+                    return
+        await super()._handle_response(response)
+
+
 class EndpointClient(aetcd.Client):  # type: ignore[misc]
     """aetcd's client of one member, over a channel that may be TLS."""
 
@@ -104,7 +133,5 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = aetcd.watcher.Watcher(
-            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-        )
+        self._watcher = _Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
         self._connected.set()
