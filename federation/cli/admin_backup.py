@@ -58,6 +58,8 @@ def register(cli: click.Group) -> None:
 
         admin = admin_group
 
+    _register_history_downgrade(admin)
+
     @admin.command(name="backup")
     @click.option(
         "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="new or empty dir"
@@ -185,6 +187,38 @@ def register(cli: click.Group) -> None:
                 "manifest": _manifest_dict(m),
             },
             lines,
+        )
+
+
+def _register_history_downgrade(admin: click.Group) -> None:
+    @admin.command(name="history-downgrade")
+    @click.option("--to", "revision", required=True, help="the revision of the release rolled back to")
+    @click.option(
+        "--history-dsn", envvar="GPUFED_HISTORY_DSN", help="the history database (GPUFED_HISTORY_DSN)"
+    )
+    @click.option(
+        "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="read history: from it"
+    )
+    @click.pass_obj
+    def history_downgrade(opts: Any, revision: str, history_dsn: str | None, config_path: str | None) -> None:
+        """Take the history database's schema back to an earlier revision, to roll back a release
+        that migrated it (docs/deploy.md, "Rolling back").
+
+        Stop every server of the newer release first: the columns and tables the later revisions
+        added are dropped, with what they held. Works on the database directly, as backup does;
+        whoever holds its DSN may change its schema anyway."""
+        from federation.history.engine import current_revision, downgrade, open_engine
+
+        engine = open_engine(_dsn(opts, history_dsn, config_path))
+        try:
+            before = current_revision(engine)
+            undone = downgrade(engine, revision)
+        finally:
+            engine.dispose()
+        opts.emit(
+            {"from": before, "to": revision, "undone": undone},
+            f"history schema {before} -> {revision} (undid {', '.join(undone)}); "
+            "start the release whose newest revision this is",
         )
 
 

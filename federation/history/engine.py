@@ -107,6 +107,33 @@ def migrate(engine: Engine, revision: str = HEAD) -> None:
         command.upgrade(config, revision)
 
 
+def downgrade(engine: Engine, revision: str) -> list[str]:
+    """Take the schema back to `revision` (an earlier one), for a rollback to the release whose
+    newest revision it is: the revisions undone, newest first. Each revision's `downgrade` drops
+    what it added, with what it held. Refuses a revision this build does not know, or one that is
+    not earlier than the database's (InvalidArgument, naming the known ones)."""
+    from alembic import command  # only when migrating: see NEWEST_REVISION
+    from alembic.script import ScriptDirectory
+
+    config = _alembic_config(engine)
+    script = ScriptDirectory.from_config(config)
+    known = [r.revision for r in reversed(list(script.walk_revisions()))]
+    if revision not in known:
+        raise InvalidArgument(f"--to: no history revision {revision!r}; this build knows {', '.join(known)}")
+    current = current_revision(engine)
+    if current is None or known.index(revision) >= known.index(current):
+        raise InvalidArgument(
+            f"--to: the database is at revision {current or 'none'}: {revision!r} is not earlier than it"
+        )
+    undone = known[known.index(revision) + 1 : known.index(current) + 1][::-1]
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+    return undone
+
+
 def at_newest_revision(engine: Engine) -> bool:
     """Whether the schema is at NEWEST_REVISION, read without Alembic (its version table holds one
     row on a linear history; a missing table is a database never migrated)."""

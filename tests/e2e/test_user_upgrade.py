@@ -51,7 +51,7 @@ from federation.runtime.postgres_process import PostgresProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
 from tests.e2e.failover import FailoverSubmitter
-from tests.e2e.harness import ServerProcess, manifest, seed_history, wait_for
+from tests.e2e.harness import ServerProcess, manifest, run_cli, seed_history, wait_for
 from tests.e2e.kube import PodRecorder, onprem_a100, write_config
 from tests.etcdctl import etcdctl, keys
 
@@ -60,6 +60,8 @@ pytestmark = pytest.mark.e2e
 # The build before schema versions (issue 31's starting point). At each release this moves to the
 # release before it: the upgrade that users make is from the one to the other.
 PREVIOUS_BUILD = "6790ee4"
+# The newest history revision that build knows: a rollback takes the database back to it first.
+PREVIOUS_HISTORY_REVISION = "0005"
 REPO = Path(__file__).resolve().parents[2]
 # The history database every server shares (PostgreSQL, as a Deployment of more than one server
 # needs), named to the servers by this variable, never by the DSN itself.
@@ -608,8 +610,9 @@ def test_a_newer_configuration_record_refuses_calls_and_a_start_and_is_left_alon
 
 
 def test_rolling_back_to_the_previous_build_serves_what_this_build_wrote(rolled: Rolled) -> None:
-    """`helm rollback` after this build has written: the previous build reads version 1 documents
-    (it ignores the field), so it serves them; nothing runs twice."""
+    """`helm rollback` after this build has written, its history migrations undone first with
+    `gpufed admin history-downgrade`: the previous build reads version 1 documents (it ignores the
+    field), so it serves them, archived jobs included; nothing runs twice."""
     with GpufedClient(rolled.new[0].target, rolled.tokens["admin"]) as admin:
         issued = admin.issue_token("bob").token
         approval = admin.grant_approval(
@@ -625,6 +628,14 @@ def test_rolling_back_to_the_previous_build_serves_what_this_build_wrote(rolled:
     jobs = {d["job_id"] for k, d in docs.items() if k.startswith("/gpufed/jobs/")}
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(ServerProcess.stop, rolled.new))
+    # This build migrated the history past what the previous one knows (it would stop at start,
+    # Alembic unable to locate the newer revision): its CLI takes the schema back first, as
+    # docs/deploy.md's "Rolling back" says. psql is the judge of where the schema is.
+    down = run_cli(
+        "admin", "history-downgrade", "--to", PREVIOUS_HISTORY_REVISION, "--history-dsn", rolled.dsn
+    )
+    assert down.returncode == 0, down.stderr
+    assert _psql(rolled.dsn, "SELECT version_num FROM alembic_version") == [PREVIOUS_HISTORY_REVISION]
     back = rolled.old[0]
     back.start()
     with GpufedClient(back.target, issued) as bob:
