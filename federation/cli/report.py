@@ -122,6 +122,30 @@ def _period_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--out", default=None, help="write to this file instead of the terminal")(fn)
 
 
+def _bucket_and_format(*, remember: bool) -> Callable[[Any], Any]:
+    """`--bucket` and `-o` as every report command takes them (`remember`: the group's `-o` is
+    kept for its subcommands)."""
+
+    def add(fn: Any) -> Any:
+        fn = click.option(
+            "-o",
+            "--output",
+            "fmt",
+            type=click.Choice(REPORT_FORMATS),
+            default=None,
+            callback=_remember if remember else None,
+            help="table, csv, json, yaml or html (default: gpufed -o, else table)",
+        )(fn)
+        return click.option(
+            "--bucket",
+            type=click.Choice(BUCKETS),
+            default="",
+            help="split by day, week (ISO) or month as well",
+        )(fn)
+
+    return add
+
+
 def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
     @cli.group(invoke_without_command=True)
     @_period_options
@@ -132,18 +156,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         show_default=True,
         help=f"comma-separated grouping: {', '.join(GROUPS)}",
     )
-    @click.option(
-        "--bucket", type=click.Choice(BUCKETS), default="", help="split by day, week (ISO) or month as well"
-    )
-    @click.option(
-        "-o",
-        "--output",
-        "fmt",
-        type=click.Choice(REPORT_FORMATS),
-        default=None,
-        callback=_remember,
-        help="table, csv, json, yaml or html (default: gpufed -o, else table)",
-    )
+    @_bucket_and_format(remember=True)
     @click.pass_context
     @rpc
     def report(ctx: click.Context, /, **kw: Any) -> None:
@@ -173,17 +186,7 @@ def register(cli: click.Group, rpc: Callable[[Any], Any]) -> None:
         show_default=True,
         help=f"comma-separated grouping: {', '.join(SAVINGS_GROUPS)}",
     )
-    @click.option(
-        "--bucket", type=click.Choice(BUCKETS), default="", help="split by day, week (ISO) or month as well"
-    )
-    @click.option(
-        "-o",
-        "--output",
-        "fmt",
-        type=click.Choice(REPORT_FORMATS),
-        default=None,
-        help="table, csv, json, yaml or html (default: gpufed -o, else table)",
-    )
+    @_bucket_and_format(remember=False)
     @click.pass_obj
     @rpc
     def savings(opts: Any, /, **kw: Any) -> None:
