@@ -53,7 +53,7 @@ class SecretCheck:
 
 def uses_secrets(spec: TrainingJobSpec) -> bool:
     """Whether any task's template names a secret (the reconciler releases such attempts' copies)."""
-    return any(task.template and next(template_refs(json.loads(task.template)), None) for task in spec.tasks)
+    return bool(spec_secrets(spec))
 
 
 def spec_secrets(spec: TrainingJobSpec) -> list[str]:
