@@ -53,6 +53,7 @@ from federation.logs import configure_logging
 # Not `federation.runtime.embedded`, which only `up` needs (imported there): it imports the whole
 # server, about 0.7 s of every command's start.
 from federation.runtime.endpoint import read_endpoint
+from federation.runtime.role import ServerRole
 
 if TYPE_CHECKING:
     from federation.runtime.embedded import EmbeddedInfo
@@ -352,6 +353,19 @@ def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     help="seconds each etcd member has to answer a call before the server tries the next: with a "
     "member gone, a call costs at most this much more (default 5)",
 )
+# Roles (federation/runtime/role.py): a split deployment runs `api` servers for the clients and
+# `scheduler` servers for the leader's loops, so that planning a deep queue takes no API call's CPU.
+@click.option(
+    "--role",
+    type=click.Choice([r.value for r in ServerRole]),
+    default=ServerRole.ALL.value,
+    show_default=True,
+    envvar="GPUFED_SERVER_ROLE",
+    help="all: serve the API and stand for leader (the scheduling cycle and reconcilers); api: serve "
+    "the API and console only, never lead; scheduler: as all, for the leader candidates of a split "
+    'deployment whose clients use the api servers (docs/deploy.md, "Splitting the API from the '
+    'scheduler") (GPUFED_SERVER_ROLE)',
+)
 @click.pass_obj
 def serve(
     opts: _Opts,
@@ -370,6 +384,7 @@ def serve(
     read_rate_per_s: float | None,
     lease_ttl_s: int | None,
     etcd_timeout_s: float | None,
+    role: str,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
     from federation.runtime.serve import TlsFiles, run_server
@@ -415,6 +430,7 @@ def serve(
             etcd_tls=etcd_tls,
             lease_ttl_s=lease_ttl_s,
             etcd_timeout_s=etcd_timeout_s,
+            role=ServerRole(role),
         )
     )
 

@@ -13,6 +13,10 @@ is ready when
   leader key (a standby serves reads; the leader is someone else's readiness).
 
 A server that neither leads nor sees a leader (just started, or between leaders) is not ready.
+A server of role `api` (`gpufed serve --role api`, federation.runtime.role) never leads, and is
+ready once its caches are listed, leader or none: its reads need no leader, and a submission is
+stored and waits for one, as between leaders; were it unready without a leader, a Service would
+take every API server out of rotation the moment the scheduler's servers were all down.
 The decision is `judge`, pure; the HTTP handler gathers its inputs. Answers 200 with "ready: ..."
 or 503 with "not ready: ...", one line of text, to anyone (it tells nothing a probe may not know).
 """
@@ -34,6 +38,8 @@ class ReadinessInputs:
     first_pass_done: bool
     # The identity in the leader key when this server does not lead (None: no key).
     leader_elsewhere: str | None
+    # A server of role `api`: never leads, and does not wait for a leader.
+    api_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,10 @@ def judge(inputs: ReadinessInputs) -> Readiness:
         return Readiness(False, "job cache not listed")
     if not inputs.ledger_listed:
         return Readiness(False, "ledger cache not listed")
+    if inputs.api_only:
+        if inputs.leader_elsewhere is None:
+            return Readiness(True, "api, no leader: submissions wait for one")
+        return Readiness(True, f"api, leader {inputs.leader_elsewhere}")
     if inputs.leading:
         if inputs.first_pass_done:
             return Readiness(True, "leader, first pass done")

@@ -3,13 +3,18 @@
 The etcd may be a cluster (its members' endpoints, comma-separated) serving TLS with client
 certificates: the files are put in this process's environment (GPUFED_ETCD_CACERT/_CERT/_KEY), where
 every etcd client of the process (bootstrap, the server, its leader election) reads them.
+
+`role` (`--role`, federation.runtime.role) says whether the process stands for leader and runs the
+job sets' and outputs' controllers (`all`, `scheduler`) or only serves the API (`api`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from federation.api.jobsets import set_controller_running
 from federation.errors import InvalidSpec
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
+from federation.runtime.role import ServerRole
 from federation.runtime.server import DEFAULT_ETCD_TIMEOUT_S, FederationServer, ServerConfig
 from federation.store.job_store import KvStore
 from federation.store.kv_etcd import EtcdKv
@@ -45,6 +51,7 @@ async def run_server(
     lease_ttl_s: int | None = None,
     etcd_timeout_s: float | None = None,
     host: str = "127.0.0.1",
+    role: ServerRole = ServerRole.ALL,
 ) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     if etcd_tls is not None:
@@ -82,6 +89,7 @@ async def run_server(
         grpc_host=host,
         grpc_port=port,
         metrics_port=metrics_port,
+        role=role,
     )
     if bootstrap_path is not None:
         # The history database and the archiver's knobs come from the config's `history:`.
@@ -103,8 +111,18 @@ async def run_server(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        # Job sets' releases (issue 34), beside the server's own loops.
-        async with set_controller_running(server.servicers), outputs_controller_running(server.servicers):
+        async with _controllers(server, role):
             await stop.wait()
     finally:
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _controllers(server: FederationServer, role: ServerRole) -> AsyncIterator[None]:
+    """Job sets' releases and outputs' registration (issue 34), beside the server's own loops, on
+    every server that may lead; an `api` server leaves them to those (they walk every live job)."""
+    if not role.runs_controllers:
+        yield
+        return
+    async with set_controller_running(server.servicers), outputs_controller_running(server.servicers):
+        yield

@@ -2,7 +2,8 @@
 
 Any number of servers may share one etcd. All serve reads and submissions; the one holding the
 leader lease also runs the scheduling cycle and the reconcilers, and fences each of its commits
-with the lease, so a server that lost leadership cannot commit a stale decision. Its HTTP port
+with the lease, so a server that lost leadership cannot commit a stale decision. A server of role
+`api` (federation.runtime.role) never stands for leader. Its HTTP port
 serves the web console (`federation.console`) and `/metrics`.
 """
 
@@ -55,6 +56,7 @@ from federation.runtime.heap import HeapFreezer
 from federation.runtime.history_wiring import history_shown, open_history
 from federation.runtime.members_service import MembersService
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
+from federation.runtime.role import ServerRole
 from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.archiver import Archiver
 from federation.scheduling.collector import finished_gang_retention_s
@@ -140,6 +142,8 @@ class ServerConfig:
     # The key that seals tenants' secrets (federation.secrets.keyfile). None: GPUFED_SECRETS_KEY_FILE,
     # else `secrets.key` in the state dir if there is one (`gpufed up` makes it), else no secrets.
     secrets_key_file: Path | None = None
+    # `gpufed serve --role` (federation.runtime.role): an `api` server never stands for leader.
+    role: ServerRole = ServerRole.ALL
 
 
 def _secrets_keyring(cfg: ServerConfig) -> Keyring | None:
@@ -439,8 +443,9 @@ class FederationServer:
             )
         if cfg.etcd_compaction_retention_s is not None:
             self._compactor = Compactor(self._kv, retention_s=cfg.etcd_compaction_retention_s)
-        self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
-        self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
+        if cfg.role.stands_for_leader:
+            self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
+            self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         self._heap_task = asyncio.create_task(self._keep_heap(), name="gpufed-heap")
         log.info(
             "server_started",
@@ -455,6 +460,7 @@ class FederationServer:
             metrics_port=self.metrics_port,
             console_url=self.console_url,
             identity=cfg.identity,
+            role=cfg.role.value,
             # Which database the history goes to, without its password (issue 30, item 10).
             history=history_shown(cfg.history, cfg.state_dir),
         )
@@ -512,6 +518,7 @@ class FederationServer:
             leading=leading,
             first_pass_done=leading and self.first_pass_done,
             leader_elsewhere=leader_elsewhere,
+            api_only=not self.config.role.stands_for_leader,
         )
 
     async def _read_archived_usage(
