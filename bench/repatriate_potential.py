@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,6 +33,7 @@ from federation.replay.config import load_config  # noqa: E402
 from federation.replay.policies import policies  # noqa: E402
 from federation.replay.sim import Simulator, best_fit  # noqa: E402
 from federation.replay.sweep import load_inputs, world_for  # noqa: E402
+from placement.model import GpuType, JobId  # noqa: E402
 
 
 def _fit(nodes: list[int], replicas: tuple[int, ...]) -> bool:
@@ -80,11 +82,11 @@ class Probe(Simulator):
                     if job_id not in self.first_fit:
                         self.first_fit[job_id] = usd_h * (run.finish_s - now) / 3600.0
                     if self.move:
-                        self._move(job_id, run, gpu_type, now)
+                        self._oracle_move(job_id, run, gpu_type, now)
                     break
 
-    def _move(self, job_id, run, gpu_type, now):  # type: ignore[no-untyped-def]
-        # The oracle move: stop the cloud run now, restart the rest of the work on private GPUs.
+    def _oracle_move(self, job_id: JobId, run: Any, gpu_type: GpuType, now: float) -> None:
+        # Not the simulator's own `_move` (a planned `Move`, with its checks): the oracle move stop the cloud run now, restart the rest of the work on private GPUs.
         job = self.jobs[job_id]
         done = (now - run.start_s) * self.config.speed(run.pool.gpu_type)
         remaining = job.duration_s - done + self.overhead_s
@@ -133,7 +135,7 @@ def main() -> None:
     print(f"first_fit_remaining_usd_{tag}: {sum(probe.first_fit.values()):.0f} USD")
     print(f"gangs_that_fit_{tag}: {len(probe.first_fit)} gangs")
     done = [o for o in result.outcomes.values() if o.finish_s is not None]
-    jct = sum(o.finish_s - o.job.submit_time_s for o in done) / len(done) / 3600.0  # type: ignore[operator]
+    jct = sum(o.finish_s - o.job.submit_time_s for o in done if o.finish_s is not None) / len(done) / 3600.0
     print(f"avg_jct_{tag}: {jct:.3f} h ({len(done)} of {len(result.outcomes)} finished)")
     print(f"moves_{tag}: {probe.moves} moves")
 
