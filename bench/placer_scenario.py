@@ -15,8 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from placement.fit import fit_replicas
 from placement.model import (
     NO_PINNING,
+    Admission,
     CapacityKind,
     ClusterName,
     ClusterState,
@@ -29,6 +31,7 @@ from placement.model import (
     NodePool,
     NodeShare,
     Pinning,
+    Plan,
     PolicyConfig,
     PriorityClass,
     Provider,
@@ -287,3 +290,106 @@ def _with_rules(
             pinning = Pinning(clusters=tuple(sorted(rng.sample(names, 6))))
         ruled.append(replace(g, pinning=pinning, uniform=len(set(g.replica_gpus)) == 1))
     return clusters, ruled
+
+
+def advance(
+    snapshot: Snapshot, plan: Plan, now: float, rng: random.Random, *, step_s: float = 10.0, churn: int = 20
+) -> tuple[Snapshot, float]:
+    """The snapshot the server builds for the next cycle after `plan`, `step_s` later.
+
+    As the scheduler sees it: admitted gangs hold their nodes (placed best-fit, as a cluster would),
+    victims are gone and requeued at their old place, requested nodes are counted as asked for, running
+    gangs whose limit has passed (and `churn` others, drawn from `rng`) ended and freed their nodes, and
+    `churn` new gangs were submitted. Seeded, so a sequence of cycles is the same every run.
+    """
+    later = now + step_s
+    admitted = {a.job_id: a for a in plan.admissions}
+    victims = {p.victim: p for p in plan.preemptions}
+    clusters = {c.name: c for c in snapshot.clusters}
+    free = {(c.name, p.name): list(p.free_gpus_per_node) for c in snapshot.clusters for p in c.pools}
+    running: list[RunningGang] = []
+    ending = set(rng.sample(range(len(snapshot.running)), min(churn, len(snapshot.running))))
+    requeued: list[GangRequest] = []
+    for index, gang in enumerate(snapshot.running):
+        ended = index in ending or (gang.ends_at_s is not None and gang.ends_at_s <= later)
+        victim = victims.get(gang.job_id)
+        if ended or victim is not None:
+            for share in gang.nodes:
+                free[(gang.cluster, share.pool)][share.node_index] += share.gpus
+            if victim is not None:
+                requeued.append(_requeued(gang, victim.requeue_queued_at_s))
+            continue
+        running.append(gang)
+    queued: list[GangRequest] = []
+    for gang in snapshot.queued:
+        admission = admitted.get(gang.job_id)
+        if admission is None:
+            queued.append(gang)
+            continue
+        placed = _place(clusters[admission.cluster], admission, gang, free)
+        if placed is None:  # freed GPUs moved under it: it waits again (the server's lost race)
+            queued.append(gang)
+            continue
+        running.append(
+            RunningGang(
+                gang.job_id,
+                gang.tenant,
+                gang.priority,
+                admission.cluster,
+                admission.gpu_type,
+                gang.gpu_count,
+                priority_class=gang.priority_class,
+                queued_at_s=gang.queued_at_s,
+                ends_at_s=later + (gang.max_runtime_s or gang.expected_runtime_s or 3600.0),
+                nodes=placed,
+            )
+        )
+    teams = sorted({t.tenant for t in snapshot.tenants if t.parent is not None})
+    fresh = _gangs(rng, churn, teams)
+    stamp = int(later)
+    queued.extend(replace(g, job_id=JobId(f"{g.job_id}-t{stamp}"), queued_at_s=later) for g in fresh)
+    queued.extend(requeued)
+    asked: dict[tuple[ClusterName, str], int] = {}
+    for request in plan.capacity_requests:
+        asked[(request.cluster, request.pool)] = asked.get((request.cluster, request.pool), 0) + request.nodes
+    states = tuple(
+        replace(
+            c,
+            pools=tuple(replace(p, free_gpus_per_node=tuple(free[(c.name, p.name)])) for p in c.pools),
+            scalable_pools=tuple(
+                replace(s, requested_nodes=s.requested_nodes + asked.get((c.name, s.name), 0))
+                for s in c.scalable_pools
+            ),
+        )
+        for c in snapshot.clusters
+    )
+    return replace(snapshot, queued=tuple(queued), running=tuple(running), clusters=states), later
+
+
+def _requeued(gang: RunningGang, queued_at_s: float) -> GangRequest:
+    return GangRequest(
+        job_id=gang.job_id,
+        tenant=gang.tenant,
+        priority=gang.priority,
+        queued_at_s=queued_at_s,
+        replica_gpus=tuple(s.gpus for s in gang.nodes) or (gang.gpu_count,),
+        gpu_types=(gang.gpu_type,),
+        priority_class=gang.priority_class,
+    )
+
+
+def _place(
+    cluster: ClusterState, admission: Admission, gang: GangRequest, free: dict[tuple[str, str], list[int]]
+) -> tuple[NodeShare, ...] | None:
+    """Best-fit the gang into the admitted pools' nodes (as `reserve_pending` does) and take them."""
+    pools = [p for p in cluster.pools if p.gpu_type == admission.gpu_type and p.kind == admission.kind]
+    nodes = [(p.name, i) for p in pools for i in range(len(free[(cluster.name, p.name)]))]
+    taken = fit_replicas(gang.replica_gpus, [free[(cluster.name, name)][i] for name, i in nodes])
+    if taken is None:
+        return None
+    shares = []
+    for (name, index), gpus in zip(nodes, taken, strict=True):
+        if gpus:
+            free[(cluster.name, name)][index] -= gpus
+            shares.append(NodeShare(name, index, gpus))
+    return tuple(shares)

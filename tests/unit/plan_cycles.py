@@ -1,0 +1,80 @@
+"""Sequences of scheduling cycles for the proof that planning across cycles changes no plan.
+
+Each sequence is what a server or a replay hands the placer cycle after cycle: `(snapshot, now)`
+pairs where the next snapshot follows from the last plan (admitted gangs hold their nodes, victims
+and ended gangs are gone, new gangs arrive, time moves). `plan_bytes` is a plan as bytes, every
+field in order (the admissions' explanations, every waiting reason worded, the bursts), so "the
+same plan" means the same bytes, not equal under some fields' `compare=False`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from bench.placer_scenario import NOW, advance, build
+from placement.model import Plan, Snapshot
+
+Cycle = tuple[Snapshot, float]
+
+ROOT = Path(__file__).resolve().parents[2]
+WEEK = ROOT.parent / "shared" / "data" / "traces" / "philly_week_2017-10-16.csv.gz"
+
+
+def plan_bytes(plan: Plan) -> bytes:
+    """Every part of the plan, in order, as text: two plans are the same when these are equal."""
+    parts = [
+        *(repr((a, a.choice)) for a in plan.admissions),
+        *(repr((w.job_id, w.reasons, [r.message for r in w.reasons])) for w in plan.waiting),
+        *(repr(p) for p in plan.preemptions),
+        *(repr(c) for c in plan.capacity_requests),
+        *(repr(r) for r in plan.reservations),
+        *(repr(m) for m in plan.moves),
+        repr(sorted(plan.bursts.items())),
+    ]
+    return "\n".join(parts).encode()
+
+
+def digest(plan: Plan) -> str:
+    return hashlib.sha256(plan_bytes(plan)).hexdigest()
+
+
+def bench_cycles(
+    gangs: int, cycles: int, plan: Callable[[Snapshot, float], Plan], *, seed: int = 1, churn: int = 20
+) -> Iterator[tuple[Snapshot, float, Plan]]:
+    """The benchmark's federation, cycle after cycle, each next snapshot following `plan`'s plan."""
+    snapshot, now, rng = build(gangs=gangs), NOW, random.Random(seed)
+    for _ in range(cycles):
+        decided = plan(snapshot, now)
+        yield snapshot, now, decided
+        snapshot, now = advance(snapshot, decided, now, rng, churn=churn)
+
+
+def replay_cycles(limit_jobs: int, policy_name: str = "gpufed", size: float = 1.0) -> list[Cycle]:
+    """The cycles a replay of the first `limit_jobs` jobs of a Philly week plans, as it planned them."""
+    import dataclasses
+
+    from federation.replay import sim
+    from federation.replay.config import load_config
+    from federation.replay.policies import policies
+    from federation.replay.sweep import load_inputs, world_for
+
+    config = dataclasses.replace(load_config(ROOT / "bench" / "replay.yaml"), limit_jobs=limit_jobs)
+    (policy,) = [p for p in policies(config) if p.name == policy_name]
+    inputs = load_inputs(config)
+    world = world_for(config, inputs, size)
+    seen: list[Cycle] = []
+    original = sim.plan
+
+    def recording(snapshot: Snapshot, *, now: float) -> Plan:
+        seen.append((snapshot, now))
+        return original(snapshot, now=now)
+
+    sim.plan = recording  # type: ignore[assignment]
+    try:
+        sim.simulate(config, world, policy, inputs.jobs)
+    finally:
+        sim.plan = original  # type: ignore[assignment]
+    return seen
