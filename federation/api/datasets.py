@@ -155,6 +155,11 @@ def sync_to_pb(r: SyncRecord, shown_jobs: tuple[list[str], int] | None = None) -
     )
 
 
+_SUCCEEDED = (JobPhase.SUCCEEDED,)
+# The phases of a job that may yet register an output, or has one to: live, or succeeded.
+_MAKERS = tuple(p for p in JobPhase if not p.is_terminal or p is JobPhase.SUCCEEDED)
+
+
 class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
     def __init__(
         self,
@@ -179,9 +184,19 @@ class DatasetService(DatasetTrustCalls, pb_grpc.DatasetsServicer):
         self._lineage = LineageStore(registry.kv)
         # Outputs of succeeded jobs become versions (issue 34); run by `outputs_controller_running`.
         registrar = Registrar(kv=registry.kv, store=store, registry=registry, stores=stores, clock=clock)
-        self.outputs = OutputsController(
-            registrar, (lambda: [s.value for s in cache.jobs()]) if cache is not None else (lambda: ())
-        )
+        # Only succeeded jobs have outputs to register, and only a tenant's live or succeeded jobs
+        # can still make a version: read those from the cache's index. Every job of the cache, every
+        # pass, was a walk (and a decode) of the whole queue every 2 s: 8 % of a server's CPU with
+        # 100,000 queued jobs (bench/scale.py's depth part, issue 33).
+        if cache is None:
+            self.outputs = OutputsController(registrar, lambda: ())
+        else:
+            self.outputs = OutputsController(
+                registrar,
+                lambda: [s.value for s in cache.jobs()],
+                succeeded=lambda: [s.value for s in cache.ordered(None, _SUCCEEDED)],
+                of_tenant=lambda tenant: [s.value for s in cache.ordered(TenantId(tenant), _MAKERS)],
+            )
 
     async def _readable_jobs(self, who: Principal, job_ids: Iterable[str]) -> tuple[list[str], int]:
         """The job ids the caller may read, and how many others there are: a shared dataset's copies

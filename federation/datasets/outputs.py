@@ -364,17 +364,25 @@ class OutputsController:
         jobs: Callable[[], Iterable[JobRecord]],
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
+        succeeded: Callable[[], Iterable[JobRecord]] | None = None,
+        of_tenant: Callable[[str], Iterable[JobRecord]] | None = None,
     ) -> None:
+        """`jobs`: every job. A server passes narrower reads of its job cache's index too, so that
+        neither a pass nor a check walks (and decodes) a deep queue: `succeeded`, the succeeded jobs
+        (a pass reads only those), and `of_tenant`, one tenant's jobs that are live or succeeded
+        (`declared` reads only those)."""
         self._registrar = registrar
         self.records = registrar.records
         self._jobs = jobs
+        self._succeeded = succeeded or jobs
+        self._of_tenant = of_tenant
         self._interval_s = interval_s
         self._done: set[str] = set()
 
     async def run_once(self) -> int:
         """One pass; how many jobs it finished with."""
         finished = 0
-        for job in list(self._jobs()):
+        for job in list(self._succeeded()):
             if job.phase is not JobPhase.SUCCEEDED or not job.spec.outputs or job.job_id in self._done:
                 continue
             try:
@@ -395,7 +403,7 @@ class OutputsController:
 
     def declared(self, tenant: str, dataset: str, version: str) -> JobRecord | None:
         """A job of `tenant` that will make `dataset@version` (`tenant/name`), and has not yet."""
-        for job in self._jobs():
+        for job in self._jobs() if self._of_tenant is None else self._of_tenant(tenant):
             if job.tenant != tenant or job.job_id in self._done:
                 continue
             if job.phase.is_terminal and job.phase is not JobPhase.SUCCEEDED:
