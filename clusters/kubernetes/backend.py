@@ -44,7 +44,7 @@ from clusters.kubernetes.inventory import (
     pool_layout,
     unpriced,
 )
-from clusters.kubernetes.kube import KubeApi, ListPath, Timeouts, api_client
+from clusters.kubernetes.kube import KubeApi, ListPath, Timeouts, api_client, sibling_client
 from clusters.kubernetes.logs import LOG_THREADS, GangInspection
 from clusters.kubernetes.names import namespace_for, object_name
 from clusters.kubernetes.status import (
@@ -106,7 +106,7 @@ class KubernetesBackend:
             timeouts,
             None
             if client is not None
-            else functools.partial(api_client, config.kubeconfig, config.context, pool_size=LOG_THREADS),
+            else functools.partial(sibling_client, self._client, pool_size=LOG_THREADS),
         )
         self._vanished = VanishedPods(settings.tombstone_ttl_s)
         self._pods: Informer[PodInfo] = self._informer(
@@ -344,7 +344,7 @@ class KubernetesBackend:
         live_keys = set(live)
         gangs = self._gangs()
         stale = [g for key, g in gangs.items() if key not in live_keys]
-        await asyncio.gather(*(self._writer.delete(g.kind, g.namespace, g.name, grace_s) for g in stale))
+        await asyncio.gather(*(self._writer.delete(g, grace_s) for g in stale))
         _, pods = self._pods.snapshot()
         left = (
             {
@@ -407,7 +407,7 @@ class KubernetesBackend:
                 self._tombstones.forget(key)
             if evicted is not None:
                 await self._writer.mark_evicted(gang, evicted)
-        await self._writer.delete(gang.kind, gang.namespace, gang.name, grace_period_s)
+        await self._writer.delete(gang, grace_period_s)
         self._log.info(
             "gang_evicted" if evicted is not None else "gang_cancelled",
             job_id=job_id,

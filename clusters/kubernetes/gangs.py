@@ -8,6 +8,7 @@ again, so a failed dispatch leaves nothing behind that garbage collection would 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
@@ -28,6 +29,8 @@ from clusters.kubernetes.status import (
     JOB_ID_KEY,
     MANAGED_BY,
     MANAGED_BY_KEY,
+    NO_SECRET,
+    SECRET_KEY,
     GangKind,
     GangObject,
     gang_object,
@@ -69,6 +72,10 @@ class GangWriter:
         # The tenant namespaces this writer made or saw, with the pod security level it labelled them.
         self._namespaces: dict[str, str] = {}
         self._queues: set[str] = set()
+        # One make-or-label of a namespace (or queue) at a time: a burst of a new tenant's gangs
+        # on a cluster otherwise sent one create and one label each (4 per tenant and cluster in
+        # bench/scale.py), all but the first answered 409 or changing nothing.
+        self._ensuring: dict[str, asyncio.Lock] = {}
         self._log = log.bind(cluster=config.name)
 
     async def create(self, gang: GangWorkload, selection: manifests.NodeSelection, *, volcano: bool) -> None:
@@ -133,6 +140,7 @@ class GangWriter:
         if volcano:
             await self._queue(gang)
             body = manifests.volcano_job(gang, name, namespace, selection, master_port=settings.master_port)
+            body = _with_secret_mark(body, gang)
             made = await self._call(
                 doing, self._api.create_volcano_job, namespace, body, ok=CONFLICT, dispatching=True
             )
@@ -150,6 +158,7 @@ class GangWriter:
             )
         service = manifests.headless_service(gang, name, namespace, master_port=settings.master_port)
         job = manifests.indexed_job(gang, name, namespace, selection, master_port=settings.master_port)
+        job = _with_secret_mark(job, gang)
         await self._call(doing, self._api.create_service, namespace, service, ok=CONFLICT, dispatching=True)
         try:
             made = await self._call(
@@ -186,16 +195,21 @@ class GangWriter:
                 raise
             self._log.warning("secret_delete_forbidden", namespace=namespace, name=secret)
 
-    async def delete(self, kind: GangKind, namespace: str, name: str, grace_period_s: float) -> None:
+    async def delete(self, gang: GangObject, grace_period_s: float) -> None:
+        """Delete the gang object (its pods go with it, in the foreground), and what it does not own:
+        its Secret, if it may have one, and the headless Service of an Indexed Job. A Volcano Job's
+        Service is its svc plugin's, owned by the Job (an ownerReference): the garbage collector and
+        Volcano's own controller delete it with the Job, so it costs no call here."""
+        namespace, name = gang.namespace, gang.name
         doing = f"delete gang {name} in {namespace}"
-        await self.delete_secret(namespace, name)
-        if kind is GangKind.VOLCANO_JOB:
+        if gang.may_have_secret:
+            await self.delete_secret(namespace, name)
+        if gang.kind is GangKind.VOLCANO_JOB:
             await self._call(
                 doing, self._api.delete_volcano_job, namespace, name, grace_period_s, ok=NOT_FOUND
             )
-        else:
-            await self._call(doing, self._api.delete_job, namespace, name, grace_period_s, ok=NOT_FOUND)
-        # Volcano's svc plugin owns its Service, but a cluster without garbage collection keeps it.
+            return
+        await self._call(doing, self._api.delete_job, namespace, name, grace_period_s, ok=NOT_FOUND)
         await self._call(f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND)
 
     async def delete_leftovers(
@@ -290,33 +304,49 @@ class GangWriter:
             removed.append(key)
         return removed
 
+    def _ensure_lock(self, what: str) -> asyncio.Lock:
+        lock = self._ensuring.get(what)
+        if lock is None:
+            lock = self._ensuring[what] = asyncio.Lock()
+        return lock
+
     async def _namespace(self, gang: GangWorkload) -> str:
         prefix = self._config.settings.namespace_prefix
         namespace = namespace_for(prefix, gang.tenant)
         level = gang.pod_security
-        known = self._namespaces.get(namespace)
-        if known is None:
-            body = manifests.namespace_manifest(prefix, gang.tenant, level)
-            made = await self._call(
-                f"create namespace {namespace}", self._api.create_namespace, body, ok=CONFLICT
-            )
-            # Already there (409): made by an earlier server, perhaps with another level.
-            known = level if made is not None else None
-        if known != level:
-            # The tenant's level changed since (an admin's), or the namespace predates it: Pod
-            # Security Admission must enforce the level this gang's pods were checked against.
-            await self._call(
-                f"label namespace {namespace} pod security {level}",
-                self._api.label_namespace,
-                namespace,
-                manifests.pod_security_labels(level),
-            )
-        self._namespaces[namespace] = level
+        if self._namespaces.get(namespace) == level:
+            return namespace
+        async with self._ensure_lock(f"namespace/{namespace}"):
+            # Another gang of the tenant may have made or labelled it while this one waited.
+            known = self._namespaces.get(namespace)
+            if known == level:
+                return namespace
+            if known is None:
+                body = manifests.namespace_manifest(prefix, gang.tenant, level)
+                made = await self._call(
+                    f"create namespace {namespace}", self._api.create_namespace, body, ok=CONFLICT
+                )
+                # Already there (409): made by an earlier server, perhaps with another level.
+                known = level if made is not None else None
+            if known != level:
+                # The tenant's level changed since (an admin's), or the namespace predates it: Pod
+                # Security Admission must enforce the level this gang's pods were checked against.
+                await self._call(
+                    f"label namespace {namespace} pod security {level}",
+                    self._api.label_namespace,
+                    namespace,
+                    manifests.pod_security_labels(level),
+                )
+            self._namespaces[namespace] = level
         return namespace
 
     async def _queue(self, gang: GangWorkload) -> None:
         queue = queue_for(gang.tenant)
-        if queue not in self._queues:
+        if queue in self._queues:
+            return
+        async with self._ensure_lock(f"queue/{queue}"):
+            if queue in self._queues:
+                return
             body = manifests.queue_manifest(gang.tenant)
             try:
                 await self._call(f"create queue {queue}", self._api.create_queue, body, ok=CONFLICT)
@@ -327,6 +357,13 @@ class GangWriter:
                 # leaves queues out): the job names its queue all the same; say so once.
                 self._log.warning("volcano_queues_not_served", queue=queue)
             self._queues.add(queue)
+
+
+def _with_secret_mark(body: dict[str, Any], gang: GangWorkload) -> dict[str, Any]:
+    """The gang object's manifest, saying whether the gang has a Secret of its own (SECRET_KEY)."""
+    name = str(body["metadata"]["name"])
+    body["metadata"]["annotations"][SECRET_KEY] = secret_object_name(name) if gang.secrets else NO_SECRET
+    return body
 
 
 def _namespace_missing(error: BaseException) -> bool:

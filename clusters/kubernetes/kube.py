@@ -12,6 +12,7 @@ cluster.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,15 @@ def api_client(kubeconfig: Path | None, context: str | None, *, pool_size: int) 
         client_configuration=configuration,
         persist_config=False,
     )
+    return k8s.ApiClient(configuration=configuration)
+
+
+def sibling_client(client: Any, *, pool_size: int) -> Any:
+    """A second `ApiClient` (a connection pool of its own) with `client`'s configuration: the same
+    credentials, TLS and refresh hook, copied as the client's own `get_default_copy` does, rather
+    than the kubeconfig read and parsed again (a tenth of a second of CPU, once per cluster)."""
+    configuration = copy.deepcopy(client.configuration)
+    configuration.connection_pool_maxsize = pool_size
     return k8s.ApiClient(configuration=configuration)
 
 

@@ -291,6 +291,26 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
         yield data
 
 
+def whole_lines(data: bytes) -> bytes:
+    """A log read whole, ending with a newline as `stream_log`'s last chunk does."""
+    return data if not data or data.endswith(b"\n") else data + b"\n"
+
+
+async def read_bounded(
+    executor: Executor, read: Callable[[], bytes], *, cluster: str, pod: str
+) -> AsyncIterator[bytes]:
+    """A log that the API bounds (`tailLines` or `limitBytes`, no follow), read whole on one of
+    `executor`'s threads: one hop to a thread and back instead of `stream_log`'s hop and queued
+    chunk per read, which cost the server most of its CPU for the copy the keeper takes of every
+    ended attempt (bench/scale.py). The whole answer is in memory at once, as the keeper joins it."""
+    try:
+        data = await asyncio.get_running_loop().run_in_executor(executor, read)
+    except Exception as error:
+        raise log_error(error, cluster, pod) from error
+    if data:
+        yield whole_lines(data)
+
+
 class GangInspection:
     """`clusters.api.GangInspector` for the Kubernetes backend: reads on pools of their own."""
 
@@ -390,6 +410,12 @@ class GangInspection:
         kept = self.last_words.log_of(namespace, replica.pod, options)
         if kept is not None:
             return _once(kept)
+        if not options.follow and (options.tail_lines is not None or options.limit_bytes is not None):
+            reader = functools.partial(
+                self._log_reader.read_log, namespace, replica.pod, replica.container, options
+            )
+            bounded = read_bounded(self._logs, reader, cluster=self._cluster, pod=replica.pod)
+            return self._live_else_kept(bounded, namespace, replica.pod, options)
         opener = functools.partial(
             self._log_reader.open_log, namespace, replica.pod, replica.container, options
         )

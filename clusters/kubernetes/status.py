@@ -25,6 +25,11 @@ TENANT_KEY = "gpufed.io/tenant"
 REPLICAS_KEY = "gpufed.io/replicas"
 # Set on the gang just before `evict` deletes it, so the deletion reads as an eviction.
 EVICTED_KEY = "gpufed.io/evicted"
+# The gang's Secret (clusters.kubernetes.secret_objects) by name, or NO_SECRET: set on the gang object
+# when it is created, so that deleting a gang that has none costs no call. A gang made before gpufed
+# said so has neither, and its Secret is deleted by name as before.
+SECRET_KEY = "gpufed.io/secret"
+NO_SECRET = "none"
 MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpufed"
 
@@ -64,6 +69,8 @@ class GangObject:
     # When deletion was asked for (metadata.deletionTimestamp); the object lingers until pods are gone.
     deleting_since_s: float | None
     evicted_reason: str | None
+    # Whether the gang may have a Secret of its own to delete with it (see SECRET_KEY).
+    may_have_secret: bool = True
 
     @property
     def key(self) -> tuple[JobId, int]:
@@ -166,6 +173,7 @@ def gang_object(obj: Json, kind: GangKind) -> GangObject | None:
             parse_time_s(meta["deletionTimestamp"]) or 0.0 if meta.get("deletionTimestamp") else None
         ),
         evicted_reason=(meta.get("annotations") or {}).get(EVICTED_KEY),
+        may_have_secret=(meta.get("annotations") or {}).get(SECRET_KEY) != NO_SECRET,
     )
 
 
