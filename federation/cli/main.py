@@ -338,13 +338,13 @@ def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     "(default 100, burst 200)",
 )
 # etcd raises a shorter lease to its own minimum (2 s with its default election timeout). Tests that
-# kill leaders shorten it, so that each takeover waits 2 s rather than 5.
+# kill leaders shorten it, so that each takeover waits 2 s rather than 3.
 @click.option(
     "--lease-ttl-s",
     type=click.IntRange(min=2),
     default=None,
     help="seconds the leader's etcd lease outlives its last refresh: how long a standby waits to "
-    "take over from a leader that died (default 5)",
+    "take over from a leader that died (default 3)",
 )
 @click.option(
     "--etcd-timeout-s",
