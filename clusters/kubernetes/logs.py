@@ -284,6 +284,10 @@ async def stream_log(
 # Log streams one cluster serves at once; beyond, a stream waits for a thread (the server's own
 # limits refuse long before).
 LOG_THREADS = 256
+# Bounded reads (a tail, read whole: the keeper's copy of every ended attempt) at once per cluster.
+# Each takes a few milliseconds; on the streams' pool a burst of ends started a thread for each
+# read in flight (thread starts showed in the server's profile), where these few are reused.
+TAIL_THREADS = 8
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
@@ -337,6 +341,9 @@ class GangInspection:
         self._logs = ThreadPoolExecutor(
             max_workers=LOG_THREADS, thread_name_prefix=f"gpufed-k8s-log-{cluster}"
         )
+        self._tails = ThreadPoolExecutor(
+            max_workers=TAIL_THREADS, thread_name_prefix=f"gpufed-k8s-tail-{cluster}"
+        )
 
     def observe_pod(self, kind: str, pod: Json) -> None:
         if str((pod.get("metadata") or {}).get("namespace", "")).startswith(self._prefix):
@@ -346,6 +353,7 @@ class GangInspection:
         self.last_words.close()
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._logs.shutdown(wait=False, cancel_futures=True)
+        self._tails.shutdown(wait=False, cancel_futures=True)
         if self._log_client is not None:
             with contextlib.suppress(Exception):
                 self._log_client.close()
@@ -414,7 +422,7 @@ class GangInspection:
             reader = functools.partial(
                 self._log_reader.read_log, namespace, replica.pod, replica.container, options
             )
-            bounded = read_bounded(self._logs, reader, cluster=self._cluster, pod=replica.pod)
+            bounded = read_bounded(self._tails, reader, cluster=self._cluster, pod=replica.pod)
             return self._live_else_kept(bounded, namespace, replica.pod, options)
         opener = functools.partial(
             self._log_reader.open_log, namespace, replica.pod, replica.container, options
