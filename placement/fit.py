@@ -21,6 +21,7 @@ find; the placer then reports the gang as waiting, never as placed where it does
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,14 +106,16 @@ class FreeHistogram:
 
     def __init__(self, free_gpus_per_node: Iterable[int]) -> None:
         free = tuple(free_gpus_per_node)
-        if any(gpus < 0 for gpus in free):
+        if min(free, default=0) < 0:
             raise ValueError(f"a node cannot have a negative number of free GPUs: {free}")
-        self._counts = [0] * (max(free, default=0) + 1)
-        for gpus in free:
-            self._counts[gpus] += 1
+        top = max(free, default=0)
+        self._counts = [0] * (top + 1)
+        # Counted in C: a replay's elastic cloud pools are hundreds of nodes, built every cycle.
+        for gpus, nodes in Counter(free).items():
+            self._counts[gpus] = nodes
         self.node_count = len(free)
         self.total_free = sum(free)
-        self.max_free = max(free, default=0)
+        self.max_free = top
 
     @property
     def counts(self) -> tuple[int, ...]:

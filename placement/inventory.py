@@ -92,8 +92,13 @@ class Offer:
         sizes: list[int] = []
         for pool in pools:
             self.pool_offsets.setdefault(pool.name, len(nodes))
-            nodes.extend(pool.free_gpus_per_node)
-            sizes.extend(max(free, pool.gpus_per_node) for free in pool.free_gpus_per_node)
+            free_per_node, per_node = pool.free_gpus_per_node, pool.gpus_per_node
+            nodes.extend(free_per_node)
+            if max(free_per_node, default=0) <= per_node:
+                # The usual case, and a replay's elastic cloud pools of hundreds of nodes every cycle.
+                sizes.extend([per_node] * len(free_per_node))
+            else:
+                sizes.extend(max(free, per_node) for free in free_per_node)
         self._base_nodes = nodes
         self._placed: list[tuple[int, ...]] = []
         self.node_sizes = tuple(sizes)
