@@ -25,12 +25,13 @@ with every candidate evicted evicts no one.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from placement.fit import fit_replicas
 from placement.inventory import Inventory, Offer
-from placement.model import PreemptionReason, RunningGang, TenantId
+from placement.model import GpuType, PreemptionReason, RunningGang, TenantId
 
 Candidate = tuple[RunningGang, PreemptionReason]
 
@@ -84,13 +85,35 @@ TenantRule = tuple[PreemptionReason, int | None]
 class OfferRunning:
     """The running gangs of one offer, split the ways the victim search reads them."""
 
-    __slots__ = ("all", "by_tenant", "draining")
+    __slots__ = ("all", "by_tenant", "draining", "draining_gpus", "evictable_gpus", "tenant_gpus")
 
     def __init__(self) -> None:
         self.all: list[Located] = []
         self.draining: list[Located] = []
         # Evictable gangs per tenant, lowest priority first.
         self.by_tenant: dict[TenantId, list[Located]] = {}
+        # What a victim search here could free at most (claims during the cycle only lessen it): the
+        # leaving gangs' GPUs, every evictable gang's, and per tenant its gangs' priorities in order with
+        # the GPUs of the gangs before each (`most_freed`).
+        self.draining_gpus = 0
+        self.evictable_gpus = 0
+        self.tenant_gpus: dict[TenantId, tuple[list[int], list[int]]] = {}
+
+    def most_freed(self, tenant: TenantId, below: int | None, others: bool) -> int:
+        """The GPUs the tenant's gangs below priority `below` (None: all) hold here, plus, with `others`,
+        every other tenant's evictable gangs', plus the leaving gangs': at least what any search with
+        that rule could count."""
+        gpus = self.draining_gpus
+        own = self.tenant_gpus.get(tenant)
+        if own is not None:
+            priorities, before = own
+            mine = before[len(priorities) if below is None else bisect_left(priorities, below)]
+            gpus += mine
+            if others:
+                gpus += self.evictable_gpus - before[-1]
+        elif others:
+            gpus += self.evictable_gpus
+        return gpus
 
 
 class RunningIndex:
@@ -109,12 +132,52 @@ class RunningIndex:
             entry.all.append((gang, shares))
             if gang.terminating:
                 entry.draining.append((gang, shares))
+                entry.draining_gpus += gang.gpu_count
             elif preemptible(gang):
                 entry.by_tenant.setdefault(gang.tenant, []).append((gang, shares))
+                entry.evictable_gpus += gang.gpu_count
         for entry in self._by_offer.values():
-            for gangs in entry.by_tenant.values():
+            for tenant, gangs in entry.by_tenant.items():
                 gangs.sort(key=lambda item: (item[0].priority, item[0].job_id))
+                before = [0]
+                for gang, _ in gangs:
+                    before.append(before[-1] + gang.gpu_count)
+                entry.tenant_gpus[tenant] = ([gang.priority for gang, _ in gangs], before)
         self.claimed: set[str] = set()
+        # `may_free`'s answers, with the version of the type's offers each was found at.
+        self._may_free: dict[tuple[GpuType, TenantId, int | None, bool, int], tuple[int, frozenset[int]]] = {}
+
+    def may_free(
+        self,
+        inventory: Inventory,
+        gpu_type: GpuType,
+        tenant: TenantId,
+        below: int | None,
+        others: bool,
+        need: int,
+    ) -> frozenset[int]:
+        """The offers of the type (by id) where a victim search could find `need` GPUs for a preemptor
+        whose rule lets go the tenant's own gangs below priority `below` (None: any) and, with `others`,
+        other tenants' gangs: those whose free GPUs plus every such gang's and every leaving gang's come
+        to `need`. The search finds nothing on any other offer (it counts no more than that).
+
+        Most gangs of a busy cycle that fit nowhere may free enough nowhere either: this answers for
+        all of them at once. Kept while the type's offers are unchanged; gangs claimed meanwhile only
+        lessen what could be freed, so a kept answer still holds every offer the search could use.
+        """
+        key = (gpu_type, tenant, below, others, need)
+        version = inventory.type_version(gpu_type)
+        found = self._may_free.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        ids = frozenset(
+            id(offer)
+            for offer in inventory.search_order((gpu_type,), True)
+            if (entry := self._by_offer.get(id(offer))) is not None
+            and offer.free.total_free + entry.most_freed(tenant, below, others) >= need
+        )
+        self._may_free[key] = (version, ids)
+        return ids
 
     def entries(self) -> Iterable[OfferRunning]:
         return self._by_offer.values()
@@ -168,51 +231,65 @@ def choose_victims(
     """
     best: VictimChoice | None = None
     best_key: tuple[int, int, float, tuple[object, ...]] | None = None
-    need = sum(shape)
-    claimed = index.claimed
     for offer in offers:
-        entry = index.entry(offer)
-        if entry is None or not offer.fits_when_empty(shape):
+        choice = _offer_choice(shape, offer, index, rule, valid, preference)
+        if choice is None:
             continue
-        draining = [(g, s) for g, s in entry.draining if g.job_id not in claimed]
-        room = offer.free.total_free + sum(g.gpu_count for g, _ in draining)
-        eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
-        for tenant, gangs in entry.by_tenant.items():
-            found = rule(offer, tenant)
-            if found is None:
-                continue
-            reason, below = found
-            for gang, shares in gangs:
-                if below is not None and gang.priority >= below:
-                    break
-                if gang.job_id not in claimed:
-                    eligible.append(((gang, reason), shares))
-                    room += gang.gpu_count
-        if room < need:
-            continue  # not enough GPUs even with every candidate gone
-        nodes = offer.nodes()
-        freed = _with([0] * len(nodes), (s for _, shares in draining for s in shares))
-        everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))
-        if fit_replicas(shape, everything) is None:
-            continue  # even evicting every candidate would not do
-        chosen = _smallest_set(shape, nodes, freed, eligible, preference)
-        if chosen is None:
-            continue
-        victims, victim_freed = chosen
-        if not valid(victims):
-            continue
-        used_draining = _needed_draining(shape, nodes, victim_freed, draining)
-        used = {gang.job_id for gang in used_draining}
-        total_freed = _with(victim_freed, (s for g, shares in draining if g.job_id in used for s in shares))
-        taken = fit_replicas(shape, [n + f for n, f in zip(nodes, total_freed, strict=True)])
-        assert taken is not None
-        # The preemptor uses freed GPUs first; whatever it needs beyond them is held from the free ones.
-        nodes_after = tuple(n - max(0, t - f) for n, t, f in zip(nodes, taken, total_freed, strict=True))
-        choice = VictimChoice(offer, tuple(victims), tuple(used_draining), nodes_after)
-        key = (len(victims), choice.victim_gpus, offer_cost(offer), offer.search_key)
+        key = (len(choice.victims), choice.victim_gpus, offer_cost(offer), offer.search_key)
         if best_key is None or key < best_key:
             best, best_key = choice, key
     return best
+
+
+def _offer_choice(
+    shape: tuple[int, ...],
+    offer: Offer,
+    index: RunningIndex,
+    rule: Callable[[Offer, TenantId], TenantRule | None],
+    valid: Callable[[Sequence[Candidate]], bool],
+    preference: Callable[[Candidate], Preference],
+) -> VictimChoice | None:
+    """The fewest victims on one offer that let the gang fit there, or None."""
+    entry = index.entry(offer)
+    if entry is None or not offer.fits_when_empty(shape):
+        return None
+    need = sum(shape)
+    claimed = index.claimed
+    draining = [(g, s) for g, s in entry.draining if g.job_id not in claimed]
+    room = offer.free.total_free + sum(g.gpu_count for g, _ in draining)
+    eligible: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
+    for tenant, gangs in entry.by_tenant.items():
+        found = rule(offer, tenant)
+        if found is None:
+            continue
+        reason, below = found
+        for gang, shares in gangs:
+            if below is not None and gang.priority >= below:
+                break
+            if gang.job_id not in claimed:
+                eligible.append(((gang, reason), shares))
+                room += gang.gpu_count
+    if room < need:
+        return None  # not enough GPUs even with every candidate gone
+    nodes = offer.nodes()
+    freed = _with([0] * len(nodes), (s for _, shares in draining for s in shares))
+    everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))
+    if fit_replicas(shape, everything) is None:
+        return None  # even evicting every candidate would not do
+    chosen = _smallest_set(shape, nodes, freed, eligible, preference)
+    if chosen is None:
+        return None
+    victims, victim_freed = chosen
+    if not valid(victims):
+        return None
+    used_draining = _needed_draining(shape, nodes, victim_freed, draining)
+    used = {gang.job_id for gang in used_draining}
+    total_freed = _with(victim_freed, (s for g, shares in draining if g.job_id in used for s in shares))
+    taken = fit_replicas(shape, [n + f for n, f in zip(nodes, total_freed, strict=True)])
+    assert taken is not None
+    # The preemptor uses freed GPUs first; whatever it needs beyond them is held from the free ones.
+    nodes_after = tuple(n - max(0, t - f) for n, t, f in zip(nodes, taken, total_freed, strict=True))
+    return VictimChoice(offer, tuple(victims), tuple(used_draining), nodes_after)
 
 
 def _smallest_set(

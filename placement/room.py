@@ -48,7 +48,14 @@ from placement.model import (
 from placement.model import WaitCode as Code
 from placement.model_policy import CostPolicy
 from placement.ordered import OrderedEvictions
-from placement.preempt import Candidate, RunningIndex, VictimChoice, by_share, choose_victims, preference_of
+from placement.preempt import (
+    Candidate,
+    RunningIndex,
+    VictimChoice,
+    by_share,
+    choose_victims,
+    preference_of,
+)
 from placement.quota import QuotaBook
 from placement.wait_policy import WaitTerms, terms_for
 from placement.wait_saving import WaitSaving, clock
@@ -359,14 +366,19 @@ class Room:
 
         reclaim: dict[GpuType, bool] = {}
 
+        def reclaims(gpu_type: GpuType) -> bool:
+            may = reclaim.get(gpu_type)
+            if may is None:
+                may = reclaim[gpu_type] = may_reclaim(gpu_type)
+            return may
+
         def rule(offer: Offer, tenant: TenantId) -> tuple[PreemptionReason, int | None] | None:
             if tenant == gang.tenant:
                 return (PreemptionReason.LOWER_PRIORITY, gang.priority)
             gpu_type = offer.view.gpu_type
-            may = reclaim.get(gpu_type)
-            if may is None:
-                may = reclaim[gpu_type] = may_reclaim(gpu_type)
-            if may and book.borrowing(tenant, gpu_type, self.evicted.get((tenant, gpu_type), 0)):
+            if reclaims(gpu_type) and book.borrowing(
+                tenant, gpu_type, self.evicted.get((tenant, gpu_type), 0)
+            ):
                 return (PreemptionReason.RECLAIM_GUARANTEE, None)
             return None
 
@@ -395,7 +407,13 @@ class Room:
                     Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
                 )
             return self._limit_used
-        offers = self.inventory.search_order(group, gang.allow_spot, within)
+        # `rule` lets the gang's own lower priorities go, and others' gangs only where it may reclaim: when
+        # no offer of the types could free enough under that, the search below would find no one.
+        may_free = self.running.may_free
+        hopeful = set().union(
+            *(may_free(self.inventory, t, gang.tenant, gang.priority, reclaims(t), need) for t in group)
+        )
+        offers = [o for o in self.inventory.search_order(group, gang.allow_spot, within) if id(o) in hopeful]
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
         choice = choose_victims(shape, offers, self.running, rule, cost, valid, by_share(self.fair.share))
         if choice is None:
