@@ -54,7 +54,7 @@ freeze removes the garbage collector's 40 ms pauses (a probe thread's worst wake
 44 ms to 3 ms), which touch the slowest calls, not the p99.
 
     python bench/listjobs_queue.py            # 20,000 of bob's jobs, 20 s measured per server
-    python bench/listjobs_queue.py --quick    # 5,000 of bob's jobs, 4 s per server (about a minute)
+    python bench/listjobs_queue.py --quick    # 3,000 of bob's jobs, 3 s per server (under a minute)
     python bench/listjobs_queue.py --concurrency 1 --seconds 15   # the figures above
 
 Prints `figure_name: value unit` lines at the end.
@@ -68,13 +68,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.isolation_load import _cpu_seconds, _measure, _submit_many, _token  # noqa: E402
-from bench.isolation_load import _stack as _shared_stack  # noqa: E402
+from bench.isolation_load import _cpu_seconds, _measure, _submit_many  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
@@ -119,6 +120,8 @@ BOB_JOBS = 20_000
 # end each second), shallow next to the full one. It runs the same jobs with the same churn, so that
 # the two differ only in the queue's depth.
 SHALLOW_JOBS = 400
+QUICK_JOBS = 3_000
+QUICK_SECONDS = 3.0
 
 
 def _cycles(metrics_port: int) -> tuple[float, float, float]:
@@ -130,66 +133,156 @@ def _cycles(metrics_port: int) -> tuple[float, float, float]:
     return tuple(float(m.group(1)) if m else 0.0 for m in (count, total, cpu))  # type: ignore[return-value]
 
 
-def _stack(tmp_path: Path, name: str) -> tuple[EtcdProcess, ServerProcess, int]:
+@dataclass
+class Federation:
+    """One etcd and its servers: one `all` server as today, or a split deployment's `--role
+    scheduler` server (which leads) and `--role api` server (which the clients call)."""
+
+    etcd: EtcdProcess
+    servers: list[ServerProcess]
+    # The HTTP port of the first server, the one that leads (its scheduling cycles).
+    metrics_port: int
+
+    @property
+    def leader(self) -> ServerProcess:
+        return self.servers[0]
+
+    @property
+    def front(self) -> ServerProcess:
+        """Where the clients call: the api server of a split, else the one server."""
+        return self.servers[-1]
+
+    def token(self, user: str) -> str:
+        """The user's token, from the state dir of the server that bootstrapped the config first."""
+        (path,) = [p for s in self.servers if (p := s.state_dir / "tokens" / f"{user}.token").exists()]
+        return path.read_text().strip()
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+        self.etcd.stop()
+
+
+def _federation(tmp_path: Path, name: str, *, split: bool) -> Federation:
+    """The etcd started (here, on the calling thread: etcd dies with the thread that started it) and
+    the servers made, not started; reads not rate-limited, so what is measured is a read's cost."""
+    config = tmp_path / name / "federation.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(CONFIG)
+    etcd = EtcdProcess(tmp_path / name / "etcd")
+    etcd.start()
     metrics_port = free_port()
-    etcd, server = _shared_stack(tmp_path, name, CONFIG, ("--metrics-port", str(metrics_port)))
-    return etcd, server, metrics_port
+    roles = (("scheduler", "--role", "scheduler"), ("api", "--role", "api")) if split else (("all",),)
+    servers = [
+        ServerProcess(
+            etcd.endpoint,
+            tmp_path / name / f"state-{role}",
+            config=config,
+            identity=f"{name}-{role}",
+            extra_args=(
+                "--read-rate-per-s",
+                "0",
+                *flags,
+                *(("--metrics-port", str(metrics_port)) if i == 0 else ()),
+            ),
+        )
+        for i, (role, *flags) in enumerate(roles)
+    ]
+    return Federation(etcd, servers, metrics_port)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="5,000 of bob's jobs, 4 s per server")
+    parser.add_argument("--quick", action="store_true", help="3,000 of bob's jobs, 3 s per server")
     parser.add_argument("--seconds", type=float, default=None, help="measured time per server")
     parser.add_argument("--slice", type=float, default=0.5, help="seconds per turn of the A B B A order")
     parser.add_argument("--jobs", type=int, default=None, help="bob's jobs (default 20,000)")
     parser.add_argument("--concurrency", type=int, default=4, help="alice's lists in flight")
     args = parser.parse_args()
-    seconds = args.seconds or (4.0 if args.quick else 20.0)
-    jobs = args.jobs or (5_000 if args.quick else BOB_JOBS)
+    seconds = args.seconds or (QUICK_SECONDS if args.quick else 20.0)
+    jobs = args.jobs or (QUICK_JOBS if args.quick else BOB_JOBS)
     began = time.monotonic()
-    stacks: list[tuple[EtcdProcess, ServerProcess, int]] = []
+    feds: list[Federation] = []
     with tempfile.TemporaryDirectory(prefix="gpufed-listjobs-queue-") as tmp:
         tmp_path = Path(tmp)
         try:
-            # Two servers alike but for bob's queue, measured in turns of half a second (A B B A ...),
-            # so that whatever else loads the machine weighs on both figures alike.
-            stacks = [_stack(tmp_path, "quiet"), _stack(tmp_path, "shallow"), _stack(tmp_path, "queue")]
-            (_, quiet, _), (_, shallow, _), (_, noisy, metrics_port) = stacks
-            assert noisy.proc is not None
+            # Three federations of one `all` server, alike but for bob's queue (none, 400, the full
+            # one), and a split one (a scheduler server and an api server) with the full queue.
+            for name, split in (("quiet", False), ("shallow", False), ("queue", False), ("split", True)):
+                feds.append(_federation(tmp_path, name, split=split))
+            # Started side by side: each start is seconds of a process's CPU, none waits on another.
+            with ThreadPoolExecutor(5) as pool:
+                list(pool.map(ServerProcess.start, [s for fed in feds for s in fed.servers]))
+            _, shallow, noisy, split_fed = feds
+            noisy_proc, api_proc, scheduler_proc = (
+                noisy.leader.proc,
+                split_fed.front.proc,
+                split_fed.leader.proc,
+            )
+            assert noisy_proc is not None
+            assert api_proc is not None
+            assert scheduler_proc is not None
             alice = ALICE_MANIFEST.replace("NAME", "alice")
-            for server in (quiet, shallow, noisy):
-                _submit_many(server.target, _token(server, "alice"), alice, ALICE_JOBS, 8)
+            # Through the api server of the split, as its clients submit.
+            for fed in feds:
+                _submit_many(fed.front.target, fed.token("alice"), alice, ALICE_JOBS, 8)
             bob = BOB_MANIFEST.replace("NAME", "bob")
-            _submit_many(shallow.target, _token(shallow, "bob"), bob, SHALLOW_JOBS, 16)
+            _submit_many(shallow.front.target, shallow.token("bob"), bob, SHALLOW_JOBS, 16)
             submit_began = time.monotonic()
-            accepted = _submit_many(noisy.target, _token(noisy, "bob"), bob, jobs, 16)
+            with ThreadPoolExecutor(2) as pool:
+                to_all = pool.submit(_submit_many, noisy.front.target, noisy.token("bob"), bob, jobs, 16)
+                to_split = pool.submit(
+                    _submit_many, split_fed.front.target, split_fed.token("bob"), bob, jobs, 16
+                )
+                accepted, accepted_split = to_all.result(), to_split.result()
             submit_s = time.monotonic() - submit_began
             # The first cycles over the new queue write every job's first wait reasons: let them pass.
             time.sleep(min(10.0, 2.0 + jobs / 2_000))
-            print(f"bob's {accepted} jobs in; measuring", file=sys.stderr, flush=True)
-            cycles_before = _cycles(metrics_port)
-            cpu_before = _cpu_seconds(noisy.proc.pid)
-            targets = [(server.target, _token(server, "alice")) for server in (quiet, shallow, noisy)]
-            alone, churn, beside = _measure(targets, args.concurrency, seconds, args.slice)
-            measured_s = 2 * max(1, round(seconds / args.slice)) * args.slice
-            cpu_share = (_cpu_seconds(noisy.proc.pid) - cpu_before) / measured_s
-            cycles_after = _cycles(metrics_port)
+            print(f"bob's {accepted} and {accepted_split} jobs in; measuring", file=sys.stderr, flush=True)
+            processes = {
+                "all": noisy_proc.pid,
+                "split_api": api_proc.pid,
+                "split_scheduler": scheduler_proc.pid,
+            }
+            cycles_before = _cycles(noisy.metrics_port)
+            split_cycles_before = _cycles(split_fed.metrics_port)
+            cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
+            targets = [(fed.front.target, fed.token("alice")) for fed in feds]
+            alone, churn, beside, split_beside = _measure(targets, args.concurrency, seconds, args.slice)
+            measured_s = len(targets) * max(1, round(seconds / args.slice)) * args.slice
+            cpu_share = {
+                name: (_cpu_seconds(pid) - cpu_before[name]) / measured_s for name, pid in processes.items()
+            }
+            cycles_after = _cycles(noisy.metrics_port)
+            split_cycles_after = _cycles(split_fed.metrics_port)
         finally:
-            for etcd, server, _ in stacks:
-                server.stop()
-                etcd.stop()
-    cycles = cycles_after[0] - cycles_before[0]
-    cycle_s = (cycles_after[1] - cycles_before[1]) / cycles if cycles else 0.0
-    cycle_cpu_s = (cycles_after[2] - cycles_before[2]) / cycles if cycles else 0.0
+            for fed in feds:
+                fed.stop()
+    cycles, cycle_s, cycle_cpu_s = _per_cycle(cycles_before, cycles_after)
+    split_cycles, split_cycle_s, split_cycle_cpu_s = _per_cycle(split_cycles_before, split_cycles_after)
     print(
         f"alice: {ALICE_JOBS} jobs; one page each, {args.concurrency} in flight, {seconds:.0f} s per server"
     )
-    print(f"bob: {accepted} of {jobs} jobs accepted in {submit_s:.1f} s (gangs of 8 A100 running 2 s each)")
+    print(
+        f"bob: {accepted} and {accepted_split} of {jobs} jobs accepted in {submit_s:.1f} s "
+        "(gangs of 8 A100 running 2 s each)"
+    )
     print(f"queue's server while measured: {cycles:.0f} placer cycles of {cycle_s * 1e3:.0f} ms on average, ")
-    print(f"  {100 * cpu_share:.0f}% of a core")
-    for name, m in (("alone", alone), ("beside a shallow queue", churn), ("beside", beside)):
+    print(f"  {100 * cpu_share['all']:.0f}% of a core")
+    print(
+        f"split: the scheduler {split_cycles:.0f} cycles of {split_cycle_s * 1e3:.0f} ms, "
+        f"{100 * cpu_share['split_scheduler']:.0f}% of a core; the api server "
+        f"{100 * cpu_share['split_api']:.0f}% of a core"
+    )
+    measured = (
+        ("alone", alone),
+        ("beside a shallow queue", churn),
+        ("beside", beside),
+        ("split, api server beside", split_beside),
+    )
+    for name, m in measured:
         print(
             f"{name}: {m[0]:.0f} lists/s, p50 {m[1] * 1e3:.1f} ms, p99 {m[2] * 1e3:.1f} ms, "
             f"errors {m[3]}, {m[4]} jobs each"
@@ -208,9 +301,30 @@ def main() -> int:
     print(f"listjobs_p99_ratio_deep_to_shallow: {beside[2] / churn[2]:.2f} ratio")
     print(f"placer_cycle_ms_beside_queue: {cycle_s * 1e3:.0f} ms")
     print(f"placer_cycle_cpu_ms_beside_queue: {cycle_cpu_s * 1e3:.0f} ms")
-    print(f"listjobs_errors: {alone[3] + churn[3] + beside[3]} calls")
-    ok = alone[4] == churn[4] == beside[4] == ALICE_JOBS and alone[3] + churn[3] + beside[3] == 0
+    # The split: alice through an `--role api` server while a `--role scheduler` one plans bob's queue.
+    print(f"listjobs_p50_ms_split_api_beside_queue: {split_beside[1] * 1e3:.2f} ms")
+    print(f"listjobs_p99_ms_split_api_beside_queue: {split_beside[2] * 1e3:.2f} ms")
+    print(f"listjobs_p50_ratio_split: {split_beside[1] / alone[1]:.2f} ratio")
+    print(f"listjobs_p99_ratio_split: {split_beside[2] / alone[2]:.2f} ratio")
+    print(f"listjobs_per_s_ratio_split: {split_beside[0] / alone[0]:.2f} ratio")
+    print(f"placer_cycle_ms_split_scheduler: {split_cycle_s * 1e3:.0f} ms")
+    print(f"placer_cycle_cpu_ms_split_scheduler: {split_cycle_cpu_s * 1e3:.0f} ms")
+    print(f"split_api_server_cpu_share: {100 * cpu_share['split_api']:.0f} percent")
+    print(f"split_scheduler_cpu_share: {100 * cpu_share['split_scheduler']:.0f} percent")
+    errors = sum(m[3] for _, m in measured)
+    print(f"listjobs_errors: {errors} calls")
+    ok = all(m[4] == ALICE_JOBS for _, m in measured) and errors == 0 and split_cycles > 0
     return 0 if ok else 1
+
+
+def _per_cycle(
+    before: tuple[float, float, float], after: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """Cycles between two reads of `_cycles`, and their average seconds and CPU seconds."""
+    cycles = after[0] - before[0]
+    if not cycles:
+        return 0.0, 0.0, 0.0
+    return cycles, (after[1] - before[1]) / cycles, (after[2] - before[2]) / cycles
 
 
 if __name__ == "__main__":
