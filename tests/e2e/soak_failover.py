@@ -15,15 +15,17 @@ What "nothing lost, nothing doubled" means here, each judged by a tool that is n
   attempt that holds an interval had a pod that started and every pod that started is charged;
 * no two pods of one job ran at once.
 
-The failover time is measured from the SIGKILL to the instant a surviving server's `/readyz` says
-it leads with its first pass done (a reconciler tick and a scheduling cycle: it schedules), polled
-every 20 ms; the successor's own log gives the split (`leader_acquired`, `leader_first_pass_done`).
+Each takeover is timed from the SIGKILL: to the successor's `leader_acquired` (the dead leader's key
+expired and it won the election) and `leader_first_cycle_done` (its first scheduling cycle committed:
+it schedules again; the failover time), from its own log's timestamps, and to its `/readyz` saying
+it leads with its first pass done (cycle, reconciler tick, cycle), polled every 20 ms.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -77,7 +79,7 @@ class FailoverSoakPlan:
     rate_per_s: float  # submissions offered per second, paced from the start
     kills: int
     servers: int = 3  # two stand by, so a kill never waits for the last victim's restart
-    # Load flows this long from the start, and after each successor's first pass, before a kill.
+    # Each leader leads this long, load flowing, before it is killed.
     kill_gap_s: float = 3.0
     # Submissions go on at least this long, and until the kills are done; then stop.
     min_submit_s: float = 5.0
@@ -98,7 +100,13 @@ class Takeover:
     successor: str
     killed_at_s: float  # since the run began
     to_leading_s: float  # the kill to a survivor's /readyz saying it leads (the key is won)
-    to_ready_s: float  # the kill to its first pass done: scheduling again
+    # The kill to its /readyz saying its first pass is done; None if not within the kill gap.
+    to_ready_s: float | None
+    killed_wall_s: float = 0.0  # time.time() at the kill, to read the successor's log against
+    # From the successor's own log, after the run: the kill to `leader_acquired` (the key won) and
+    # to `leader_first_cycle_done` (its first scheduling cycle committed: it schedules).
+    to_key_s: float | None = None
+    to_scheduling_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,14 +281,17 @@ class FailoverSoakResult:
         return out
 
     def failover_s(self) -> list[float]:
-        return [t.to_ready_s for t in self.takeovers]
+        """The kill to the successor's first cycle done (it schedules), for each takeover whose log
+        says so (one killed in its first cycle does not)."""
+        return [t.to_scheduling_s for t in self.takeovers if t.to_scheduling_s is not None]
 
     def figures(self) -> list[str]:
         """`name: value unit` lines."""
         plan = self.plan
         took = self.submit_took_s + self.drain_took_s
-        ready = self.failover_s() or [0.0]
-        leading = [t.to_leading_s for t in self.takeovers] or [0.0]
+        scheduling = self.failover_s() or [0.0]
+        ready = [t.to_ready_s for t in self.takeovers if t.to_ready_s is not None] or [0.0]
+        key = [t.to_leading_s if t.to_key_s is None else t.to_key_s for t in self.takeovers] or [0.0]
         return [
             f"soak_offered_rate: {plan.rate_per_s:g} jobs/s",
             f"soak_submitted: {self.submitted} jobs",
@@ -297,9 +308,13 @@ class FailoverSoakResult:
             f"soak_pods_created_twice: {len(self.pods_created_twice())} pods",
             f"soak_attempts_beyond_first: {self.attempts_beyond_first()} attempts",
             f"soak_kills: {len(self.takeovers)} kills",
-            f"soak_failover_median_s: {statistics.median(ready):.2f} s",
-            f"soak_failover_max_s: {max(ready):.2f} s",
-            f"soak_failover_to_leading_median_s: {statistics.median(leading):.2f} s",
+            f"soak_failover_median_s: {statistics.median(scheduling):.2f} s",
+            f"soak_failover_max_s: {max(scheduling):.2f} s",
+            f"soak_failover_to_leader_key_median_s: {statistics.median(key):.2f} s",
+            f"soak_failover_to_leader_key_max_s: {max(key):.2f} s",
+            f"soak_failover_to_first_pass_median_s: {statistics.median(ready):.2f} s",
+            f"soak_failover_to_first_pass_max_s: {max(ready):.2f} s",
+            f"soak_failover_unmeasured: {len(self.takeovers) - len(self.failover_s())} kills",
             f"soak_lease_ttl_s: {plan.lease_ttl_s or 'default'} s",
             f"soak_problems: {len(self.problems())} problems",
         ]
@@ -526,6 +541,7 @@ class FailoverSoak:
             for t in stopping:
                 t.join()
             pods.stop()
+        self.result.takeovers = [self._split(t) for t in self.result.takeovers]
         self.result.pods = dict(pods.pods)
         self.result.pod_watch_errors = list(pods.errors)
         # Counted with every server stopped, so nothing moves while the stores are read.
@@ -581,15 +597,16 @@ class FailoverSoak:
     def _alive(self, server: ServerProcess) -> bool:
         return server.proc is not None and server.proc.poll() is None
 
-    def _leader(self) -> ServerProcess | None:
-        """The live server that leads with its first pass done, by its own /readyz."""
-        for server in self.servers:
-            if self._alive(server) and _readyz(self.metrics_ports[server.identity]) == LEADING_READY:
-                return server
-        return None
+    def _leads(self, server: ServerProcess, ready: bool = False) -> bool:
+        """Whether a live server's /readyz says it leads (with its first pass done, if `ready`)."""
+        if not self._alive(server):
+            return False
+        said = _readyz(self.metrics_ports[server.identity])
+        return said == LEADING_READY if ready else said.partition(": ")[2].startswith(LEADING)
 
     def _kill_leaders(self, log: Any) -> None:
         try:
+            time.sleep(self.plan.kill_gap_s)  # the first kill too comes once load flows
             for _ in range(self.plan.kills):
                 self._kill_one(log)
         except Exception as error:  # the run goes on to its count; the missing kills are a problem
@@ -598,44 +615,71 @@ class FailoverSoak:
             self._kills_done.set()
 
     def _kill_one(self, log: Any) -> None:
-        # Load flows a while (from the start, or since the last takeover) before each kill.
-        time.sleep(self.plan.kill_gap_s)
-        # A leader that schedules, and a standby serving beside it to take over.
-        leader = wait_for(self._leader, timeout_s=120, interval_s=0.1)
+        """Kill whoever leads once it has led `kill_gap_s` (load flowing meanwhile), with a standby
+        serving beside it; time the takeover; start the victim again in the background."""
+        plan = self.plan
+        leader = wait_for(
+            lambda: next((s for s in self.servers if self._leads(s)), None), timeout_s=120, interval_s=0.1
+        )
         wait_for(
             lambda: any(self._alive(s) and s is not leader for s in self.servers),
             timeout_s=120,
             interval_s=0.1,
         )
         identity = f"{leader.identity}-{leader.starts}"
-        killed_at = self._now()
+        killed_at, killed_wall = self._now(), time.time()
         leader.kill()
         killed = time.monotonic()
         survivors = [s for s in self.servers if s is not leader and self._alive(s)]
-        leading_s: float | None = None
         successor: ServerProcess | None = None
-        deadline = killed + 120
-        while successor is None and time.monotonic() < deadline:
-            for server in survivors:
-                said = _readyz(self.metrics_ports[server.identity])
-                if said == LEADING_READY:
-                    successor = server
-                elif LEADING in said and "standby" not in said and leading_s is None:
-                    leading_s = time.monotonic() - killed
+        while successor is None:
+            if time.monotonic() > killed + 120:
+                raise RuntimeError(f"no survivor led within 120 s of killing {identity}")
+            successor = next((s for s in survivors if self._leads(s)), None)
             if successor is None:
                 time.sleep(READYZ_POLL_S)
-        if successor is None:
-            raise RuntimeError(f"no survivor led within 120 s of killing {identity}")
-        ready_s = time.monotonic() - killed
+        led = time.monotonic()
+        self._restarts.append(self._starter.submit(self._restart, leader))
+        # Its first pass (cycle, tick, cycle) if it ends within the gap; the next kill comes after
+        # the gap either way, so a kill may also land in a successor's first tick.
+        ready_s: float | None = None
+        while time.monotonic() < led + plan.kill_gap_s:
+            if ready_s is None and self._leads(successor, ready=True):
+                ready_s = time.monotonic() - killed
+            time.sleep(READYZ_POLL_S if ready_s is None else 0.1)
         takeover = Takeover(
-            identity, f"{successor.identity}-{successor.starts}", killed_at, leading_s or ready_s, ready_s
+            identity,
+            f"{successor.identity}-{successor.starts}",
+            killed_at,
+            led - killed,
+            ready_s,
+            killed_wall,
         )
         self.result.takeovers.append(takeover)
+        first_pass = "not within the gap" if ready_s is None else f"{ready_s:.2f} s"
         log(
             f"kill {len(self.result.takeovers)} at {killed_at:.0f} s: {identity} -> {takeover.successor} "
-            f"leads {takeover.to_leading_s:.2f} s, schedules {ready_s:.2f} s after"
+            f"leads {takeover.to_leading_s:.2f} s after, first pass {first_pass}"
         )
-        self._restarts.append(self._starter.submit(self._restart, leader))
+
+    def _split(self, takeover: Takeover) -> Takeover:
+        """The takeover with the successor's own times: the key won, the first cycle done."""
+        name = takeover.successor.rsplit("-", 1)[0]
+        log_path = self.work_dir / f"state-{name}" / f"server-{takeover.successor}.log"
+        found: dict[str, float] = {}
+        with contextlib.suppress(OSError):
+            for line in log_path.read_text(errors="replace").splitlines():
+                for event in ("leader_acquired", "leader_first_cycle_done"):
+                    if event not in found and f'"event": "{event}"' in line:
+                        with contextlib.suppress(ValueError, KeyError):
+                            at = _iso_s(json.loads(line)["timestamp"])
+                            if at is not None and at >= takeover.killed_wall_s:
+                                found[event] = at - takeover.killed_wall_s
+        return dataclasses.replace(
+            takeover,
+            to_key_s=found.get("leader_acquired"),
+            to_scheduling_s=found.get("leader_first_cycle_done"),
+        )
 
     def _restart(self, victim: ServerProcess) -> None:
         try:

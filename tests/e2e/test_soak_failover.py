@@ -21,8 +21,11 @@ pytestmark = pytest.mark.e2e
 PLAN = FailoverSoakPlan(
     rate_per_s=40.0,
     kills=3,
-    kill_gap_s=1.0,
+    kill_gap_s=2.0,
     min_submit_s=4.0,
+    # A few seconds of submissions: the kills come about 5 s apart (the 3 s lease and the gap), and
+    # the backlog keeps the leaders busy after the last submission.
+    max_jobs=240,
     clusters=2,
     nodes_per_cluster=4,
     retain_s=2.0,
