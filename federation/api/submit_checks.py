@@ -8,21 +8,27 @@ shmSize expanded), is held to the tenant's Pod Security Standards level, and the
 with the job, so that the namespace on the member cluster is labelled with the level the pods were
 checked against (`clusters.kubernetes.manifests.namespace_manifest`). An admin sets the level on the
 tenant (`podSecurity:` in its document); a later change applies to jobs submitted after it.
+
+A pod's verdict depends on nothing but its text and the level, and a burst of submissions (a sweep,
+a team's nightly jobs) repeats the same few templates thousands of times: verdicts are kept per
+(text, level), for texts up to `_VERDICT_TEXT_MAX` characters (so the cache stays under a few MiB).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
 from federation.errors import InvalidSpec
 from federation.spec.gpu_request import check_gpu_request
-from federation.spec.jobspec import TrainingJobSpec
+from federation.spec.jobspec import PodSecurityLevel, TrainingJobSpec
 from federation.spec.pod_security import Violation, check_pod
 from federation.spec.pod_template import expanded_template
 from federation.store.records import SchedulingSettings, TenantRecord
 
 _SHORT_FORM = '{"spec":{"containers":[{}]}}'
+_VERDICT_TEXT_MAX = 16 * 1024
 
 
 def check_submission(
@@ -36,12 +42,25 @@ def check_submission(
         # The short form alone makes a pod with one container and no security context, which the
         # restricted level refuses: such a task needs a template that says how it runs.
         text = expanded_template(task.template, task.shm_size or None) or _SHORT_FORM
-        try:
-            check_pod(json.loads(text), level)
-        except Violation as violation:
+        violation = _kept_verdict(text, level) if len(text) <= _VERDICT_TEXT_MAX else _verdict(text, level)
+        if violation is not None:
             raise InvalidSpec(
                 f"spec.tasks[{i}].template.{violation.field}",
                 f"{violation.rule} (tenant {tenant.name!r} is at pod security level {level.value!r}; "
                 "an admin sets it with the tenant's podSecurity)",
-            ) from None
+            )
     return replace(spec, pod_security=level)
+
+
+def _verdict(text: str, level: PodSecurityLevel) -> Violation | None:
+    """The first control of `level` the pod (as JSON text) breaks, or None."""
+    try:
+        check_pod(json.loads(text), level)
+    except Violation as violation:
+        # Kept without its traceback, which would hold the decoded template and the frames.
+        return violation.with_traceback(None)
+    return None
+
+
+# Verdicts are values (a Violation is read for its field and rule, never raised again).
+_kept_verdict = functools.lru_cache(maxsize=256)(_verdict)
