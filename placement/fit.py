@@ -21,7 +21,6 @@ find; the placer then reports the gang as waiting, never as placed where it does
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -106,13 +105,15 @@ class FreeHistogram:
 
     def __init__(self, free_gpus_per_node: Iterable[int]) -> None:
         free = tuple(free_gpus_per_node)
-        if min(free, default=0) < 0:
+        # Counted by distinct value, in C: a replay's elastic cloud pools are hundreds of nodes with one
+        # or two free counts, built every cycle.
+        values = set(free)
+        if min(values, default=0) < 0:
             raise ValueError(f"a node cannot have a negative number of free GPUs: {free}")
-        top = max(free, default=0)
+        top = max(values, default=0)
         self._counts = [0] * (top + 1)
-        # Counted in C: a replay's elastic cloud pools are hundreds of nodes, built every cycle.
-        for gpus, nodes in Counter(free).items():
-            self._counts[gpus] = nodes
+        for gpus in values:
+            self._counts[gpus] = free.count(gpus)
         self.node_count = len(free)
         self.total_free = sum(free)
         self.max_free = top
