@@ -24,9 +24,11 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -37,6 +39,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
@@ -71,6 +74,33 @@ spec:
 """
 
 
+SUBMIT_METHOD = "/gpufed.v1.JobService/SubmitJob"
+# Room in each request for its idempotency key: a run's prefix, the client's index and a counter.
+KEY_LENGTH = 32
+
+
+def request_bytes(wire: str) -> Callable[[str], bytes]:
+    """A SubmitJobRequest for `wire`, serialized once; each call gives it with another key.
+
+    The load generator shares the two cores with the server and etcd: every microsecond a client
+    spends building protobuf messages is one the server does not get. A key of fixed length keeps the
+    message's length fields valid, so a key is written into the bytes instead.
+    """
+    from federation.api.v1 import gpufed_pb2 as pb
+
+    placeholder = "k" * KEY_LENGTH
+    template = pb.SubmitJobRequest(manifest=wire, idempotency_key=placeholder).SerializeToString()
+    assert template.count(placeholder.encode()) == 1, "the manifest must not hold the placeholder"
+    head, tail = template.split(placeholder.encode())
+
+    def with_key(key: str) -> bytes:
+        if len(key) != KEY_LENGTH:
+            raise ValueError(f"idempotency keys here are {KEY_LENGTH} characters: {key!r}")
+        return head + key.encode() + tail
+
+    return with_key
+
+
 def _client_process(
     target: str,
     token: str,
@@ -79,49 +109,59 @@ def _client_process(
     stop_at: float,
     send_yaml: bool,
     dataset: bool,
+    key_prefix: str,
     out: mp.Queue,  # type: ignore[type-arg]
 ) -> None:
     """One client process: `concurrency` submissions in flight at once on one asyncio channel.
 
-    An asyncio client costs far less CPU per call than a thread per call, so on a 2-core machine
-    more of the CPU is left to the server and etcd, which are what is being measured.
+    An asyncio client costs far less CPU per call than a thread per call, and requests are sent as
+    bytes made from one serialized message (`request_bytes`), replies kept as bytes and decoded
+    after the load: on a 2-core machine more of the CPU is left to the server and etcd, which are
+    what is being measured.
     """
     import asyncio
 
     from federation.api.v1 import gpufed_pb2 as pb
-    from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 
     latencies: list[float] = []
-    ids: list[str] = []
+    replies: list[bytes] = []
     errors = 0
     # What GpufedClient sends: the user's YAML read here and sent as JSON (--yaml: sent as written).
     text = MANIFEST + ("  dataset: imagenet@2012\n" if dataset else "")
-    wire = text if send_yaml else wire_manifest(text)
+    request = request_bytes(text if send_yaml else wire_manifest(text))
+    counter = iter(range(10**12))
+    digits = KEY_LENGTH - len(key_prefix)
 
     async def run() -> None:
         nonlocal errors
         metadata = (("authorization", f"Bearer {token}"),)
         async with grpc.aio.insecure_channel(target) as channel:
-            stub = pb_grpc.JobServiceStub(channel)
+            submit: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(SUBMIT_METHOD)
 
             async def worker() -> None:
                 nonlocal errors
-                await asyncio.sleep(max(0.0, start_at - time.time()))
                 while time.time() < stop_at:
-                    request = pb.SubmitJobRequest(manifest=wire, idempotency_key=str(uuid.uuid4()))
+                    body = request(f"{key_prefix}{next(counter):0{digits}d}")
                     began = time.perf_counter()
                     try:
-                        reply = await stub.SubmitJob(request, metadata=metadata, timeout=10)
+                        reply = await submit(body, metadata=metadata, timeout=10)
                     except grpc.RpcError:
                         errors += 1
                         continue
                     latencies.append(time.perf_counter() - began)
-                    ids.append(reply.job_id)
+                    replies.append(reply)
 
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            cpu_at_start.append(time.process_time())
             await asyncio.gather(*(worker() for _ in range(concurrency)))
+            cpu_at_end.append(time.process_time())
 
+    cpu_at_start: list[float] = []
+    cpu_at_end: list[float] = []
     asyncio.run(run())
-    out.put((latencies, ids, errors))
+    ids = [pb.SubmitJobResponse.FromString(reply).job_id for reply in replies]
+    # The client's own CPU during the load: whether the clients, on the same cores, could offer more.
+    out.put((latencies, ids, errors, cpu_at_end[0] - cpu_at_start[0]))
 
 
 BASELINE_IN_FLIGHT = 64
@@ -184,6 +224,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _scheduler_cpu_s(metrics_port: int) -> float:
+    """The leader's scheduling cycles' CPU so far (snapshot and plan, on their worker thread), from
+    its Prometheus endpoint: how much of the server's CPU the growing queue's re-planning took."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith("gpufed_scheduling_cycle_cpu_seconds_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -210,6 +261,20 @@ def main() -> int:
     parser.add_argument(
         "--baseline-s", type=float, default=None, help="seconds of each etcd baseline (default 5; quick 2)"
     )
+    parser.add_argument(
+        "--to-follower",
+        action="store_true",
+        help="with --servers 2 or more: submit only to the servers that do not lead",
+    )
+    parser.add_argument(
+        "--py-spy",
+        default=None,
+        metavar="BIN",
+        help="record the first server that takes submissions with this py-spy binary during the load (raw format)",
+    )
+    parser.add_argument(
+        "--profile-out", default="submit-profile.txt", help="where --py-spy writes its raw stacks"
+    )
     args = parser.parse_args()
     seconds = args.seconds or (5.0 if args.quick else 20.0)
     baseline_s = args.baseline_s or (2.0 if args.quick else 5.0)
@@ -220,8 +285,15 @@ def main() -> int:
         config.write_text(CONFIG)
         etcd = EtcdProcess(tmp_path / "etcd")
         etcd.start()
+        metrics_ports = [free_port() for _ in range(args.servers)]
         servers = [
-            ServerProcess(etcd.endpoint, tmp_path / "state", config=config, identity=f"bench{i}")
+            ServerProcess(
+                etcd.endpoint,
+                tmp_path / "state",
+                config=config,
+                identity=f"bench{i}",
+                extra_args=("--metrics-port", str(metrics_ports[i])),
+            )
             for i in range(args.servers)
         ]
         server = servers[0]
@@ -238,19 +310,24 @@ def main() -> int:
                         c.whoami()
             ctx = mp.get_context("spawn")
             out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            run_id = uuid.uuid4().hex[:8]
             start_at = time.time() + 2.0
             stop_at = start_at + seconds
+            # --to-follower: the submissions go to servers that do not lead (started after the first),
+            # so that the submission path is measured without the scheduling cycle in its process.
+            targets = servers[1:] if args.to_follower and len(servers) > 1 else servers
             procs = [
                 ctx.Process(
                     target=_client_process,
                     args=(
-                        servers[i % len(servers)].target,
+                        targets[i % len(targets)].target,
                         tokens[i % len(tokens)],
                         args.concurrency,
                         start_at,
                         stop_at,
                         args.yaml,
                         args.dataset,
+                        f"{run_id}-{i}-",
                         out,
                     ),
                 )
@@ -258,13 +335,29 @@ def main() -> int:
             ]
             for p in procs:
                 p.start()
-            watched = {f"server{i}": each.proc.pid for i, each in enumerate(servers) if each.proc is not None}
+            watched: dict[str, int | None] = {
+                f"server{i}": each.proc.pid for i, each in enumerate(servers) if each.proc is not None
+            }
             watched["etcd"] = etcd.pid
             while time.time() < start_at:
                 time.sleep(0.01)
+            profiler = None
+            profiled = targets[0].proc
+            if args.py_spy and profiled is not None:
+                record = ("record", "--pid", str(profiled.pid), "--format", "raw", "--nonblocking")
+                duration = ("--rate", "200", "--duration", str(max(1, int(seconds))), "-o", args.profile_out)
+                profiler = subprocess.Popen(
+                    [args.py_spy, *record, *duration],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             cpu_before = {name: _cpu_seconds(pid) for name, pid in watched.items() if pid}
+            scheduler_before = sum(_scheduler_cpu_s(port) for port in metrics_ports)
             results = [out.get(timeout=seconds + 120) for _ in procs]
             cpu_used = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in watched.items() if pid}
+            scheduler_used = sum(_scheduler_cpu_s(port) for port in metrics_ports) - scheduler_before
+            if profiler is not None:
+                profiler.wait(timeout=120)
             for p in procs:
                 p.join()
 
@@ -290,9 +383,20 @@ def main() -> int:
     print(
         f"clients: {clients} in flight ({args.processes} processes x {args.concurrency}), {seconds:.0f} s of load"
     )
+    cpu_used["clients"] = sum(r[3] for r in results)
     for name, used in cpu_used.items():
         print(
-            f"cpu: {name} used {used:.1f} s of CPU in {seconds:.0f} s ({100 * used / seconds:.0f}% of one core)"
+            f"cpu: {name} used {used:.1f} s of CPU in {seconds:.0f} s ({100 * used / seconds:.0f}% of one core,"
+            f" {1000 * used / max(len(accepted), 1):.2f} ms per accepted job)"
+        )
+    server_cpu = sum(used for name, used in cpu_used.items() if name.startswith("server"))
+    print(
+        f"cpu: the scheduling cycles (snapshot and plan) used {scheduler_used:.1f} s of it"
+        f" ({100 * scheduler_used / max(server_cpu, 1e-9):.0f}% of the servers' CPU)"
+    )
+    if args.py_spy:
+        print(
+            f"profile: {args.profile_out} (py-spy's raw stacks of the first server taking submissions, during the load)"
         )
     print(f"servers: {args.servers} on one etcd")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
@@ -301,6 +405,8 @@ def main() -> int:
     print(f"submit_p50_latency: {1000 * statistics.median(latencies):.1f} ms")
     print(f"submit_p99_latency: {1000 * _percentile(latencies, 0.99):.1f} ms")
     print(f"submit_clients_in_flight: {clients} requests")
+    print(f"submit_server_cpu_per_job: {1000 * server_cpu / max(len(accepted), 1):.2f} ms")
+    print(f"submit_scheduler_cpu_share: {100 * scheduler_used / max(server_cpu, 1e-9):.0f} percent")
     print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")
     print(f"submit_aim_per_s: {AIM_SUBMIT_PER_S:.0f} jobs/s")
