@@ -310,16 +310,16 @@ def advance(
     running: list[RunningGang] = []
     ending = set(rng.sample(range(len(snapshot.running)), min(churn, len(snapshot.running))))
     requeued: list[GangRequest] = []
-    for index, gang in enumerate(snapshot.running):
-        ended = index in ending or (gang.ends_at_s is not None and gang.ends_at_s <= later)
-        victim = victims.get(gang.job_id)
+    for index, held in enumerate(snapshot.running):
+        ended = index in ending or (held.ends_at_s is not None and held.ends_at_s <= later)
+        victim = victims.get(held.job_id)
         if ended or victim is not None:
-            for share in gang.nodes:
-                free[(gang.cluster, share.pool)][share.node_index] += share.gpus
+            for share in held.nodes:
+                free[(held.cluster, share.pool)][share.node_index] += share.gpus
             if victim is not None:
-                requeued.append(_requeued(gang, victim.requeue_queued_at_s))
+                requeued.append(_requeued(held, victim.requeue_queued_at_s))
             continue
-        running.append(gang)
+        running.append(held)
     queued: list[GangRequest] = []
     for gang in snapshot.queued:
         admission = admitted.get(gang.job_id)
@@ -379,7 +379,10 @@ def _requeued(gang: RunningGang, queued_at_s: float) -> GangRequest:
 
 
 def _place(
-    cluster: ClusterState, admission: Admission, gang: GangRequest, free: dict[tuple[str, str], list[int]]
+    cluster: ClusterState,
+    admission: Admission,
+    gang: GangRequest,
+    free: dict[tuple[ClusterName, str], list[int]],
 ) -> tuple[NodeShare, ...] | None:
     """Best-fit the gang into the admitted pools' nodes (as `reserve_pending` does) and take them."""
     pools = [p for p in cluster.pools if p.gpu_type == admission.gpu_type and p.kind == admission.kind]

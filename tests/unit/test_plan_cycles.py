@@ -1,0 +1,116 @@
+"""The placer's speed-ups change no plan: the same bytes, cycle after cycle, as before them.
+
+`data/placer_cycles_golden.json` holds the digest of every plan (`plan_cycles.plan_bytes`: the
+admissions with their explanations, every wait reason worded, preemptions, capacity requests,
+reservations, moves, bursts) that the placer of 2026-11-30 before issue 33's work made over:
+
+- bench/placer's federation (10,000 and 3,000 queued gangs, 50 clusters) cycle after cycle, each next
+  snapshot following the last plan as the server's would (`bench.placer_scenario.advance`);
+- the first 250 jobs of a Philly week replayed under gpufed's policy and under burst-now
+  (`federation.replay`), every cycle they planned.
+
+A change to the placer that is meant to be only faster must leave every digest as it is. Regenerate
+the file only for a change that means to plan differently, and say so in its commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.inventory import Inventory
+from placement.model import GpuType, Snapshot, TenantId
+from placement.plan import _plan, plan
+from placement.preempt import RunningIndex
+from tests.properties import examples
+from tests.unit.placement_builders import SnapshotBuilder
+from tests.unit.plan_cycles import WEEK, bench_cycles, digest, plan_bytes, replay_cycles
+from tests.unit.test_placement_preempt import CASES as PREEMPT_CASES
+from tests.unit.test_placement_preempt import NOW as PREEMPT_NOW
+from tests.unit.test_plan_reuse import deep_queues
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "placer_cycles_golden.json").read_text())
+
+
+def _first_difference(got: Iterable[str], kept: list[str]) -> int | None:
+    got = list(got)
+    if len(got) != len(kept):
+        return min(len(got), len(kept))
+    return next((i for i, (a, b) in enumerate(zip(got, kept, strict=True)) if a != b), None)
+
+
+def test_the_busy_federations_cycles_plan_as_before() -> None:
+    """Eight cycles of 3,000 gangs: the cold one (2,000 or so admitted) and the steady ones after it
+    (a few arrivals, ends and admissions each, preemptions up to the interval's limit)."""
+    digests = [digest(p) for _, _, p in bench_cycles(3000, 8, lambda s, now: plan(s, now=now))]
+    assert _first_difference(digests, GOLDEN["bench_3000x8"]) is None
+
+
+def test_every_gang_decided_afresh_plans_as_before_too() -> None:
+    """The digests are of plans that decided every gang afresh (`_plan(reuse=False)`): reuse of a
+    wait within a cycle gives the same bytes as well."""
+    digests = [digest(p) for _, _, p in bench_cycles(3000, 3, lambda s, now: _plan(s, now, reuse=False))]
+    assert _first_difference(digests, GOLDEN["bench_3000x8"][:3]) is None
+
+
+@pytest.mark.skipif(not WEEK.exists(), reason=f"the Philly week is not at {WEEK}")
+@pytest.mark.parametrize("policy", ["gpufed", "burst_now"])
+def test_a_replayed_weeks_cycles_plan_as_before(policy: str) -> None:
+    cycles = replay_cycles(250, policy)
+    assert len(cycles) == len(GOLDEN[f"replay_{policy}_250"])
+    digests = (digest(plan(snapshot, now=now)) for snapshot, now in cycles)
+    assert _first_difference(digests, GOLDEN[f"replay_{policy}_250"]) is None
+
+
+def _every_offer(
+    self: RunningIndex,
+    inventory: Inventory,
+    gpu_type: GpuType,
+    tenant: TenantId,
+    below: int | None,
+    others: bool,
+    need: int,
+) -> frozenset[int]:
+    """`RunningIndex.may_free` without its bound: every offer of the type goes to the victim search."""
+    return frozenset(id(offer) for offer in inventory.search_order((gpu_type,), True))
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(deep_queues(), st.sampled_from([0.0, 50.0, 1e4]))
+def test_passing_over_offers_that_could_not_free_enough_changes_no_plan(
+    snapshot: Snapshot, now: float
+) -> None:
+    """Queues with running gangs on known nodes (some leaving), under policies with preemption and
+    its limit, backfill, private waits and spot bounds: the plan is the same bytes when the victim
+    search is given every offer."""
+    fast = plan_bytes(plan(snapshot, now=now))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunningIndex, "may_free", _every_offer)
+        slow = plan_bytes(plan(snapshot, now=now))
+    assert fast == slow
+
+
+def test_the_busy_federation_plans_alike_with_every_offer_searched() -> None:
+    """The steady cycle of bench/placer's federation, where most of the queue reaches the victim search."""
+    *_, (snapshot, now, decided) = bench_cycles(3000, 3, lambda s, now: plan(s, now=now))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunningIndex, "may_free", _every_offer)
+        assert plan_bytes(plan(snapshot, now=now)) == plan_bytes(decided)
+
+
+@pytest.mark.parametrize(
+    "snapshot", [case.values[0] for case in PREEMPT_CASES], ids=[case.id for case in PREEMPT_CASES]
+)
+def test_each_preemption_rule_plans_alike_with_every_offer_searched(snapshot: SnapshotBuilder) -> None:
+    """The preemption rules one by one (reclaiming a guarantee from borrowers, lower priorities in a
+    tenant, the smallest set, leaving gangs): the bound passes over no offer the search would use."""
+    built = snapshot.build()
+    fast = plan_bytes(plan(built, now=PREEMPT_NOW))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunningIndex, "may_free", _every_offer)
+        assert plan_bytes(plan(built, now=PREEMPT_NOW)) == fast
