@@ -410,9 +410,15 @@ class Room:
         # `rule` lets the gang's own lower priorities go, and others' gangs only where it may reclaim: when
         # no offer of the types could free enough under that, the search below would find no one.
         may_free = self.running.may_free
-        hopeful = set().union(
-            *(may_free(self.inventory, t, gang.tenant, gang.priority, reclaims(t), need) for t in group)
-        )
+        found = [
+            ids
+            for t in group
+            if (ids := may_free(self.inventory, t, gang.tenant, gang.priority, reclaims(t), need))
+        ]
+        if not found:
+            self.no_victims.add(key)
+            return None
+        hopeful = found[0] if len(found) == 1 else frozenset().union(*found)
         offers = [o for o in self.inventory.search_order(group, gang.allow_spot, within) if id(o) in hopeful]
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
         choice = choose_victims(shape, offers, self.running, rule, cost, valid, by_share(self.fair.share))
