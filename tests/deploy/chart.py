@@ -120,15 +120,22 @@ class Pod:
 
 
 def start_pod(
-    render: Render, *, name: str, etcd: str, work: Path, secrets: dict[tuple[str, str], str] | None = None
+    render: Render,
+    *,
+    name: str,
+    etcd: str,
+    work: Path,
+    secrets: dict[tuple[str, str], str] | None = None,
+    deployment: str | None = None,
 ) -> Pod:
     """Start the Deployment's container: its command and arguments with the pod's mounts mapped onto
     local paths (the ConfigMap's file, the state volume), the etcd and ports onto local ones, and its
     environment as the kubelet builds it (`$(POD_NAME)` expanded, `secretKeyRef`s read from
-    `secrets`, keyed by Secret name and key)."""
+    `secrets`, keyed by Secret name and key). `deployment` names which, where the render has two
+    (`scheduler.separate`)."""
     from datasync.loopback_ports import free_port
 
-    container = render.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = render.one("Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]
     config_map = render.one("ConfigMap")
     root = work / name
     bootstrap_in_pod = Path(

@@ -27,6 +27,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: server
 {{- end -}}
 
+{{/* The pods of one component (server, or with `scheduler.separate` the scheduler's): a dict of
+     `root` and `component`. The two Deployments' selectors must not overlap. */}}
+{{- define "gpufed.componentSelector" -}}
+app.kubernetes.io/name: {{ include "gpufed.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
 {{- define "gpufed.etcdSelector" -}}
 app.kubernetes.io/name: {{ include "gpufed.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
