@@ -176,11 +176,27 @@ class Reconciler:
             async with self._cluster_slot(placement.cluster if placement is not None else None), semaphore:
                 return await self._reconcile(stored, statuses, lost, fence)
 
-        committed = sum(await asyncio.gather(*(one(s) for s in live)))
+        committed = sum(await asyncio.gather(*(one(s) for s in live if not self._runs_on(s.value, statuses))))
         if self._staging is not None:
             await self._staging.tick(s.value for s in acting)
         await self._collect(statuses, semaphore)
         return committed
+
+    def _runs_on(self, job: JobRecord, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> bool:
+        """A running job whose gang runs on, on a cluster that answers: `_reconcile` would decide and
+        write nothing for it (its gang's start aside, remembered here). Most live jobs of a real
+        federation are such, for hours; each cost every tick a task, two slots and the keeper's
+        hook, a walk of every running job (bench/scale.py), where these few lookups do."""
+        if job.phase is not JobPhase.RUNNING or job.cancel_requested or job.preemption is not None:
+            return False
+        if job.placement is None:
+            return False
+        gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
+        if gang is None or gang.phase is not GangPhase.RUNNING or gang.orphaned:
+            return False
+        if gang.started_at_s is not None:
+            self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        return True
 
     def _lost_clusters(
         self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
