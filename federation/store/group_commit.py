@@ -6,6 +6,12 @@ transactions that arrive while a batch is in flight wait for it and then go toge
 transactions of one request. Each still commits or fails on its own compares, so callers see
 exactly what a lone `txn` would give them. A lone caller on an idle server is sent at once: batching
 adds no delay, it only collects what queues up anyway.
+
+Before it takes each batch the flusher steps back once to the end of the event loop's queue, so
+that the callers already woken in this turn of the loop (replies read off the same socket, a
+batch's callers resumed together) join it rather than the next. That is one pass of the loop, a
+few microseconds; measured with 8 submissions in flight it made batches 7.2 on average instead of
+4.4, and took a quarter off etcd's CPU and a tenth off the server's per submission (issue 33).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class GroupCommit:
 
     async def _flush(self) -> None:
         while self._pending:
+            await asyncio.sleep(0)  # the callers woken in this turn of the loop join this batch
             batch = self._take_batch()
             if not batch:
                 continue

@@ -3,10 +3,14 @@
 A task's pod is checked against its tenant's pod security level once per (pod text, level)
 (`federation.api.submit_checks`): a burst of submissions repeats a few templates thousands of
 times. Held here to the uncached check, in every level and order, refusals in the same words.
+
+The group commit's flusher lets the callers woken in its turn of the event loop join its batch
+(`federation.store.group_commit`): fewer, larger requests to etcd.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from typing import Any
@@ -21,8 +25,11 @@ from federation.spec.pod_security import Violation, check_pod
 from federation.spec.pod_template import expanded_template
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES
 from federation.spec.training_job import parse_manifest
+from federation.store.group_commit import GroupCommit
+from federation.store.kv import TxnResult
 from federation.store.records import SchedulingSettings, TenantRecord
 from placement.model import TenantId
+from tests.unit.test_group_commit import CountingKv, create
 from tests.unit.test_pod_security import CASES, RESTRICTED_OK
 
 LEVELS = list(PodSecurityLevel)
@@ -131,3 +138,34 @@ def test_the_stored_spec_is_the_one_given_with_the_tenants_level() -> None:
         spec, TenantRecord(name=TenantId("vision"), pod_security=PodSecurityLevel.RESTRICTED), SETTINGS
     )
     assert stored == replace(spec, pod_security=PodSecurityLevel.RESTRICTED)
+
+
+# ---- group commit: callers woken in the same turn of the event loop share one request
+
+
+async def test_callers_woken_in_the_flushers_turn_join_its_batch() -> None:
+    kv = CountingKv()
+    group = GroupCommit(kv, max_batch=16)
+    woken = asyncio.Event()
+
+    async def after_the_first(key: bytes) -> TxnResult:
+        await woken.wait()
+        return await group.run(create(key))
+
+    late = [asyncio.create_task(after_the_first(f"/k/{i}".encode())) for i in range(7)]
+    await asyncio.sleep(0)  # the seven wait on the event
+    first = asyncio.create_task(group.run(create(b"/k/first")))
+    await asyncio.sleep(0)  # the first is pending and the flusher is queued; now wake the rest
+    woken.set()
+    results = await asyncio.gather(first, *late)
+    assert all(r.succeeded for r in results)
+    # Queued behind the flusher, the seven would have gone in a second request.
+    assert kv.requests == [8]
+
+
+async def test_a_lone_transaction_still_goes_in_a_request_of_its_own() -> None:
+    kv = CountingKv()
+    group = GroupCommit(kv)
+    result = await group.run(create(b"/k/alone"))
+    assert result.succeeded
+    assert kv.requests == [1]
