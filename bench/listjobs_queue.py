@@ -54,7 +54,7 @@ freeze removes the garbage collector's 40 ms pauses (a probe thread's worst wake
 44 ms to 3 ms), which touch the slowest calls, not the p99.
 
     python bench/listjobs_queue.py            # 20,000 of bob's jobs, 20 s measured per server
-    python bench/listjobs_queue.py --quick    # 3,000 of bob's jobs, 3 s per server (under a minute)
+    python bench/listjobs_queue.py --quick    # 3,000 of bob's jobs, 2.5 s per server (under a minute)
     python bench/listjobs_queue.py --concurrency 1 --seconds 15   # the figures above
 
 Prints `figure_name: value unit` lines at the end.
@@ -121,7 +121,7 @@ BOB_JOBS = 20_000
 # the two differ only in the queue's depth.
 SHALLOW_JOBS = 400
 QUICK_JOBS = 3_000
-QUICK_SECONDS = 3.0
+QUICK_SECONDS = 2.5
 
 
 def _cycles(metrics_port: int) -> tuple[float, float, float]:
@@ -195,7 +195,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="3,000 of bob's jobs, 3 s per server")
+    parser.add_argument("--quick", action="store_true", help="3,000 of bob's jobs, 2.5 s per server")
     parser.add_argument("--seconds", type=float, default=None, help="measured time per server")
     parser.add_argument("--slice", type=float, default=0.5, help="seconds per turn of the A B B A order")
     parser.add_argument("--jobs", type=int, default=None, help="bob's jobs (default 20,000)")
@@ -209,13 +209,21 @@ def main() -> int:
         tmp_path = Path(tmp)
         try:
             # Three federations of one `all` server, alike but for bob's queue (none, 400, the full
-            # one), and a split one (a scheduler server and an api server) with the full queue.
-            for name, split in (("quiet", False), ("shallow", False), ("queue", False), ("split", True)):
+            # one), and two split ones (a scheduler server and an api server), without a queue and
+            # with the full one.
+            shapes = (
+                ("quiet", False),
+                ("shallow", False),
+                ("queue", False),
+                ("split-quiet", True),
+                ("split", True),
+            )
+            for name, split in shapes:
                 feds.append(_federation(tmp_path, name, split=split))
             # Started side by side: each start is seconds of a process's CPU, none waits on another.
-            with ThreadPoolExecutor(5) as pool:
+            with ThreadPoolExecutor(7) as pool:
                 list(pool.map(ServerProcess.start, [s for fed in feds for s in fed.servers]))
-            _, shallow, noisy, split_fed = feds
+            _, shallow, noisy, _, split_fed = feds
             noisy_proc, api_proc, scheduler_proc = (
                 noisy.leader.proc,
                 split_fed.front.proc,
@@ -250,7 +258,9 @@ def main() -> int:
             split_cycles_before = _cycles(split_fed.metrics_port)
             cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
             targets = [(fed.front.target, fed.token("alice")) for fed in feds]
-            alone, churn, beside, split_beside = _measure(targets, args.concurrency, seconds, args.slice)
+            alone, churn, beside, split_alone, split_beside = _measure(
+                targets, args.concurrency, seconds, args.slice
+            )
             measured_s = len(targets) * max(1, round(seconds / args.slice)) * args.slice
             cpu_share = {
                 name: (_cpu_seconds(pid) - cpu_before[name]) / measured_s for name, pid in processes.items()
@@ -280,6 +290,7 @@ def main() -> int:
         ("alone", alone),
         ("beside a shallow queue", churn),
         ("beside", beside),
+        ("split, api server alone", split_alone),
         ("split, api server beside", split_beside),
     )
     for name, m in measured:
@@ -302,11 +313,16 @@ def main() -> int:
     print(f"placer_cycle_ms_beside_queue: {cycle_s * 1e3:.0f} ms")
     print(f"placer_cycle_cpu_ms_beside_queue: {cycle_cpu_s * 1e3:.0f} ms")
     # The split: alice through an `--role api` server while a `--role scheduler` one plans bob's queue.
+    print(f"listjobs_p50_ms_split_api_alone: {split_alone[1] * 1e3:.2f} ms")
+    print(f"listjobs_p99_ms_split_api_alone: {split_alone[2] * 1e3:.2f} ms")
     print(f"listjobs_p50_ms_split_api_beside_queue: {split_beside[1] * 1e3:.2f} ms")
     print(f"listjobs_p99_ms_split_api_beside_queue: {split_beside[2] * 1e3:.2f} ms")
     print(f"listjobs_p50_ratio_split: {split_beside[1] / alone[1]:.2f} ratio")
     print(f"listjobs_p99_ratio_split: {split_beside[2] / alone[2]:.2f} ratio")
     print(f"listjobs_per_s_ratio_split: {split_beside[0] / alone[0]:.2f} ratio")
+    # The queue's effect within the split: its api server beside the queue against one with none.
+    print(f"listjobs_p50_ratio_split_to_split_alone: {split_beside[1] / split_alone[1]:.2f} ratio")
+    print(f"listjobs_p99_ratio_split_to_split_alone: {split_beside[2] / split_alone[2]:.2f} ratio")
     print(f"placer_cycle_ms_split_scheduler: {split_cycle_s * 1e3:.0f} ms")
     print(f"placer_cycle_cpu_ms_split_scheduler: {split_cycle_cpu_s * 1e3:.0f} ms")
     print(f"split_api_server_cpu_share: {100 * cpu_share['split_api']:.0f} percent")
