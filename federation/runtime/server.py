@@ -100,6 +100,9 @@ LEADER_STOP_TIMEOUT_S = 10.0
 # After a term that a bug ended: the wait before standing again, doubled for each such term in a row.
 LEADER_CRASH_WAIT_S = 1.0
 LEADER_CRASH_WAIT_MAX_S = 60.0
+# How often a standby builds the queued jobs' requests for the cycle it may have to run
+# (`FederationServer._stand_by`).
+STANDBY_WARM_S = 2.0
 # How long a new leader's archiver waits for the first pass before it starts regardless.
 ARCHIVE_WAITS_FOR_FIRST_PASS_S = 30.0
 
@@ -565,7 +568,7 @@ class FederationServer:
         """One term: wait to lead, then schedule until leadership is lost."""
         assert self._election is not None
         election = self._election
-        fence = await election.acquire()
+        fence = await self._stand_by(scheduler, election)
         self.first_pass_done = False
         self.metrics.is_leader.set(1)
         log.info("leader_elected", identity=self.config.identity)
@@ -599,6 +602,29 @@ class FederationServer:
                 # Only the leader copies: a deposed one stops its syncs; the next leader resumes them.
                 await self._stager.stop()
         log.warning("leadership_lost", identity=self.config.identity)
+
+    async def _stand_by(self, scheduler: Scheduler, election: LeaderElection) -> Fence:
+        """Wait to lead, keeping the scheduler's per-job requests built meanwhile, so that a
+        takeover's first cycle does not build them all (`Scheduler.stand_by`). Never cancels a
+        warm-up half-way: the first cycle must not run beside it."""
+        acquiring = asyncio.ensure_future(election.acquire())
+        try:
+            while True:
+                began = time.monotonic()
+                try:
+                    await scheduler.stand_by()
+                except GpufedError as error:  # etcd away: the inputs are read again next time
+                    log.warning("standby_warm_failed", error=str(error))
+                # At most a tenth of the standby's time, however deep the queue.
+                wait_s = max(STANDBY_WARM_S, 10 * (time.monotonic() - began))
+                done, _ = await asyncio.wait({acquiring}, timeout=wait_s)
+                if done:
+                    return acquiring.result()
+        finally:
+            if not acquiring.done():
+                acquiring.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await acquiring
 
     async def _archive_after_first_pass(self, archiver: Archiver, fence: Fence, lost: asyncio.Event) -> None:
         # At most a while: a leader whose cycles keep failing must still keep etcd small.
