@@ -165,7 +165,10 @@ class LeaderElection:
                 return "lease expired"
             if holder is None or holder.create_revision != fence.create_revision:
                 return "leader key no longer ours"
-            last_ok, delay_s = sent, interval_s
+            # The next refresh a third of the TTL after this one was sent, not after its answers
+            # came: with etcd slow to answer (the soak, at a load of 30 on two cores) the two calls
+            # took a second, each period grew by that, and 3 s leases ran out.
+            last_ok, delay_s = sent, max(0.0, sent + interval_s - loop.time())
 
     async def resign(self) -> None:
         """Stop leading and free the key at once (revoking the lease deletes it) for a standby."""
