@@ -9,6 +9,12 @@ accepted job id is then looked up through the API to prove none was lost.
     python bench/submit.py --quick --dataset          # every job names a dataset (checked at submit)
     python bench/submit.py --servers 2 --processes 2  # two servers on one etcd (one leads),
                                                       # one client process on each
+    python bench/submit.py --servers 2 --to-follower  # submit only to the server that does not
+                                                      # lead: the submission path without the
+                                                      # scheduling cycle in its process
+    python bench/submit.py --quick --py-spy /tmp/venv/bin/py-spy --profile-out prof.txt
+                                                      # py-spy's raw stacks of the server taking
+                                                      # submissions, during the load
 
 What it measures against, in the same run and on the same etcd, before the submissions (the servers
 idle): etcd's own rate through the project's etcd client (aetcd, the server's), 64 requests in
@@ -16,6 +22,13 @@ flight for `--baseline-s` seconds, of single 1 KiB puts (`etcd_put_per_s`) and o
 one submission writes, one to a request (`etcd_create_txn_per_s`: the idempotency key and the
 record, each absent before; what a server without group commit could at best do). Aim: 2,000
 submissions a second, p99 20 ms (issue 33), printed beside them.
+
+Where the CPU went, since on a shared 2-core machine the rate says more about the neighbours than
+about gpufed: each process's CPU per accepted job (servers, etcd, and the client processes' own),
+the leader's scheduling cycles' share of the servers' CPU (from its /metrics: snapshot and plan over
+the queue that grows during the run), and what a core would carry at those costs
+(`submit_jobs_per_server_cpu_s`: a server is one Python process; `submit_jobs_per_client_cpu_s`:
+what the load generator can offer from one core).
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -105,8 +119,10 @@ def _client_process(
     target: str,
     token: str,
     concurrency: int,
-    start_at: float,
-    stop_at: float,
+    seconds: float,
+    ready: mp.Queue,  # type: ignore[type-arg]
+    begin: Any,  # a multiprocessing Event, set once every client is ready
+    start: Any,  # a multiprocessing Value("d"): when the load starts, set before `begin`
     send_yaml: bool,
     dataset: bool,
     key_prefix: str,
@@ -137,6 +153,14 @@ def _client_process(
         metadata = (("authorization", f"Bearer {token}"),)
         async with grpc.aio.insecure_channel(target) as channel:
             submit: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(SUBMIT_METHOD)
+
+            await channel.channel_ready()
+            # Ready only once imported and connected: on a busy machine a spawned client took longer
+            # than a fixed head start, and the time it lost was counted as load.
+            ready.put(key_prefix)
+            await asyncio.to_thread(begin.wait)
+            start_at: float = start.value
+            stop_at = start_at + seconds
 
             async def worker() -> None:
                 nonlocal errors
@@ -311,8 +335,9 @@ def main() -> int:
             ctx = mp.get_context("spawn")
             out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
             run_id = uuid.uuid4().hex[:8]
-            start_at = time.time() + 2.0
-            stop_at = start_at + seconds
+            ready: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            start = ctx.Value("d", 0.0)
+            begin = ctx.Event()
             # --to-follower: the submissions go to servers that do not lead (started after the first),
             # so that the submission path is measured without the scheduling cycle in its process.
             targets = servers[1:] if args.to_follower and len(servers) > 1 else servers
@@ -323,8 +348,10 @@ def main() -> int:
                         targets[i % len(targets)].target,
                         tokens[i % len(tokens)],
                         args.concurrency,
-                        start_at,
-                        stop_at,
+                        seconds,
+                        ready,
+                        begin,
+                        start,
                         args.yaml,
                         args.dataset,
                         f"{run_id}-{i}-",
@@ -339,6 +366,11 @@ def main() -> int:
                 f"server{i}": each.proc.pid for i, each in enumerate(servers) if each.proc is not None
             }
             watched["etcd"] = etcd.pid
+            for _ in procs:
+                ready.get(timeout=300)
+            start_at = time.time() + 0.2
+            start.value = start_at
+            begin.set()
             while time.time() < start_at:
                 time.sleep(0.01)
             profiler = None
@@ -407,6 +439,11 @@ def main() -> int:
     print(f"submit_clients_in_flight: {clients} requests")
     print(f"submit_server_cpu_per_job: {1000 * server_cpu / max(len(accepted), 1):.2f} ms")
     print(f"submit_scheduler_cpu_share: {100 * scheduler_used / max(server_cpu, 1e-9):.0f} percent")
+    # What a core would carry at these costs: a busy machine lowers the rate, much less the cost. A
+    # server is one Python process (one core's worth, give or take gRPC's own threads); the clients
+    # are what the load generator could offer from one core.
+    print(f"submit_jobs_per_server_cpu_s: {len(accepted) / max(server_cpu, 1e-9):.0f} jobs/s")
+    print(f"submit_jobs_per_client_cpu_s: {len(accepted) / max(cpu_used['clients'], 1e-9):.0f} jobs/s")
     print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")
     print(f"submit_aim_per_s: {AIM_SUBMIT_PER_S:.0f} jobs/s")
