@@ -46,6 +46,8 @@ class FairShare:
                 for gpu_type, gpu_hours in quota.usage_history_gpu_hours:
                     load[gpu_type] = load.get(gpu_type, 0.0) + gpu_hours / policy.history_horizon_h
         self._shares: dict[TenantId, float] = {}
+        # Grows with every `add`: what was worked out from the shares holds while it is unchanged.
+        self.changes = 0
 
     def share(self, tenant: TenantId) -> float:
         share = self._shares.get(tenant)
@@ -61,6 +63,7 @@ class FairShare:
         load = self._load.setdefault(tenant, {})
         load[gpu_type] = load.get(gpu_type, 0.0) + gpus
         self._shares.pop(tenant, None)
+        self.changes += 1
 
 
 def fair_order(

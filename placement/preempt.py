@@ -26,7 +26,7 @@ with every candidate evicted evicts no one.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from placement.fit import fit_replicas
@@ -215,6 +215,12 @@ def _with(nodes: list[int], shares: Iterable[tuple[int, int]]) -> list[int]:
     return out
 
 
+# Each offer's outcome of earlier victim searches in the cycle (`choose_victims`' `memo`): by (the
+# preemptor's kind, the offer), the offer's version and the caller's stamp it was found at, and the
+# outcome (the victims, or None).
+VictimMemo = dict[tuple[Hashable, Offer], tuple[int, Hashable, VictimChoice | None]]
+
+
 def choose_victims(
     shape: tuple[int, ...],
     offers: Sequence[Offer],
@@ -223,16 +229,33 @@ def choose_victims(
     offer_cost: Callable[[Offer], float],
     valid: Callable[[Sequence[Candidate]], bool],
     preference: Callable[[Candidate], Preference] = _preference,
+    memo: tuple[VictimMemo, Hashable, Hashable] | None = None,
 ) -> VictimChoice | None:
     """The best victim set over `offers`, or None when no set lets the gang fit on any of them.
 
     `rule(offer, tenant)` says whether, why and below which priority the tenant's gangs may be evicted;
     `valid(victims)` may still refuse a whole set (a borrower evicted below its guarantee).
+
+    `memo` is (the outcomes kept, the preemptor's kind, a stamp): an offer's outcome is taken from one
+    kept for the same kind when the offer's version and the stamp are those it was found at. The
+    caller vouches that the kind holds everything `rule`, `valid` and `preference` read of the gang
+    (`offer_cost`, read afresh, is not in the outcome), and that the stamp changes whenever anything
+    else they read changes, and whenever a running gang is claimed (claims are read here).
     """
     best: VictimChoice | None = None
     best_key: tuple[int, int, float, tuple[object, ...]] | None = None
     for offer in offers:
-        choice = _offer_choice(shape, offer, index, rule, valid, preference)
+        choice: VictimChoice | None
+        if memo is None:
+            choice = _offer_choice(shape, offer, index, rule, valid, preference)
+        else:
+            kept, kind, stamp = memo
+            found = kept.get((kind, offer))
+            if found is not None and found[0] == offer.version and found[1] == stamp:
+                choice = found[2]
+            else:
+                choice = _offer_choice(shape, offer, index, rule, valid, preference)
+                kept[(kind, offer)] = (offer.version, stamp, choice)
         if choice is None:
             continue
         key = (len(choice.victims), choice.victim_gpus, offer_cost(offer), offer.search_key)

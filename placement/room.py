@@ -52,6 +52,7 @@ from placement.preempt import (
     Candidate,
     RunningIndex,
     VictimChoice,
+    VictimMemo,
     by_share,
     choose_victims,
     preference_of,
@@ -109,6 +110,8 @@ class Room:
             tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
         ] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
+        # Victim searches' outcomes per offer, kept while nothing they read changed (`_preempt`).
+        self._victim_memo: VictimMemo = {}
         self._limit_used: WaitReason | None = None
         self.evicted: dict[tuple[TenantId, GpuType], int] = {}
         self.victim_ends: dict[str, float] = {}
@@ -421,7 +424,13 @@ class Room:
         hopeful = found[0] if len(found) == 1 else frozenset().union(*found)
         offers = [o for o in self.inventory.search_order(group, gang.allow_spot, within) if id(o) in hopeful]
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
-        choice = choose_victims(shape, offers, self.running, rule, cost, valid, by_share(self.fair.share))
+        # The kind is what `rule` reads of the gang; the stamp grows with all else the search reads that a
+        # cycle changes (usage, fair shares, claims, evictions), each offer's free GPUs aside.
+        stamp = (book.changes, self.fair.changes, len(self.running.claimed), len(self.preemptions))
+        memo = (self._victim_memo, (gang.tenant, gang.priority, shape), stamp)
+        choice = choose_victims(
+            shape, offers, self.running, rule, cost, valid, by_share(self.fair.share), memo
+        )
         if choice is None:
             self.no_victims.add(key)
             return None
