@@ -9,8 +9,12 @@ measured alone; then bob submits 20,000 gangs of 8 A100 that run 2 s each: they 
 a time, and the rest wait, so the placer plans over the whole queue each time one ends. Her lists
 are measured again beside that queue, in the same run, and the two compared.
 
-Two servers alike but for bob's queue are measured in turns of half a second (A B B A ...), so that
-whatever else loads the machine weighs on both figures alike.
+Servers alike but for bob's queue are measured in turns of half a second (A B B A ...), so that
+whatever else loads the machine weighs on every figure alike. Five federations, each on an etcd of
+its own: one `all` server with no queue (alice alone), with 400 of bob's jobs queued, and with the
+full queue; and a split deployment (docs/deploy.md, "Splitting the API from the scheduler": a
+`--role scheduler` server that leads and a `--role api` server that alice and bob call), with no
+queue and with the full one.
 
 Where the time went (py-spy of the queue's server while alice listed): the placer's plan over the
 queue, on a worker thread, held the GIL for CPython's whole 5 ms switch interval at a time while the
@@ -52,6 +56,25 @@ in the issue; p50 does not move. But the p99 ratio is still 1.0 to 2.0: what rem
 cycle's own CPU on the same two cores and the GIL, about 10% of it at one cycle a second. The heap
 freeze removes the garbage collector's 40 ms pauses (a probe thread's worst wake-up beside a cycle,
 44 ms to 3 ms), which touch the slowest calls, not the p99.
+
+2026-11-30, later: the split (`gpufed serve --role`). The `api` server takes no part in the
+election and runs no loop that acts on jobs, so the plan takes none of its GIL. Beside 10,000 of
+bob's queued jobs its etcd saw about 4 revisions a second once the first wait reasons were written,
+and the idle api server used 0.1 to 0.4 % of a core: the queue costs it next to nothing. Three runs
+on this 2-core machine shared with other agents (load 15 to 25), `--concurrency 1 --seconds 15`:
+
+| run | `all` alone p99 | `all` beside 20,000 p99 | ratio | `api` alone p99 | `api` beside 20,000 p99 | ratio | lists/s beside, `all` / `api` |
+|---|---|---|---|---|---|---|---|
+| 1 | 21.2 ms | 44.1 ms | 2.08 | 11.2 ms | 13.7 ms | 1.22 | 286 / 465 |
+| 2 | 11.6 ms | 18.5 ms | 1.59 | 11.0 ms | 15.5 ms | 1.41 | 390 / 437 |
+| 3 | 11.1 ms | 25.5 ms | 2.29 | 11.3 ms | 15.6 ms | 1.38 | 351 / 441 |
+
+p50 did not move (1.4 ms, ratios 1.00 to 1.06). Beside the queue, the api server's p99 was 14 to 16
+ms where the `all` server's was 19 to 44 ms, and it answered 12 to 63 % more lists a second. What
+the split leaves (its ratio 1.2 to 1.4) is the cores: here the scheduler process plans on the same
+two cores as the api server and everyone else's work, and the OS, not the GIL, shares them out. In a
+deployment the two are pods with CPU of their own (the chart's `scheduler.separate`). (The `% of a
+core` lines divide a process's CPU by every server's turns; they divided by two of three before.)
 
     python bench/listjobs_queue.py            # 20,000 of bob's jobs, 20 s measured per server
     python bench/listjobs_queue.py --quick    # 3,000 of bob's jobs, 2.5 s per server (under a minute)
