@@ -12,6 +12,7 @@ of the scenario is the one earlier runs measured.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import replace
 
@@ -396,3 +397,21 @@ def _place(
             free[(cluster.name, name)][index] -= gpus
             shares.append(NodeShare(name, index, gpus))
     return tuple(shares)
+
+
+def plan_bytes(plan: Plan) -> bytes:
+    """Every part of the plan, in order, as text: two plans are the same when these are equal."""
+    parts = [
+        *(repr((a, a.choice)) for a in plan.admissions),
+        *(repr((w.job_id, w.reasons, [r.message for r in w.reasons])) for w in plan.waiting),
+        *(repr(p) for p in plan.preemptions),
+        *(repr(c) for c in plan.capacity_requests),
+        *(repr(r) for r in plan.reservations),
+        *(repr(m) for m in plan.moves),
+        repr(sorted(plan.bursts.items())),
+    ]
+    return "\n".join(parts).encode()
+
+
+def digest(plan: Plan) -> str:
+    return hashlib.sha256(plan_bytes(plan)).hexdigest()

@@ -1,44 +1,27 @@
-"""Sequences of scheduling cycles for the proof that planning across cycles changes no plan.
+"""Sequences of scheduling cycles, for the proof that the placer's speed-ups change no plan.
 
 Each sequence is what a server or a replay hands the placer cycle after cycle: `(snapshot, now)`
 pairs where the next snapshot follows from the last plan (admitted gangs hold their nodes, victims
-and ended gangs are gone, new gangs arrive, time moves). `plan_bytes` is a plan as bytes, every
-field in order (the admissions' explanations, every waiting reason worded, the bursts), so "the
-same plan" means the same bytes, not equal under some fields' `compare=False`.
+and ended gangs are gone, new gangs arrive, time moves). `plan_bytes` (`bench.placer_scenario`) is a
+plan as bytes, every field in order (the admissions' explanations, every waiting reason worded, the
+bursts), so "the same plan" means the same bytes, not equal under some fields' `compare=False`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench.placer_scenario import NOW, advance, build
+from bench.placer_scenario import NOW, advance, build, digest, plan_bytes
 from placement.model import Plan, Snapshot
+
+__all__ = ["WEEK", "bench_cycles", "digest", "plan_bytes", "replay_cycles"]
 
 Cycle = tuple[Snapshot, float]
 
 ROOT = Path(__file__).resolve().parents[2]
 WEEK = ROOT.parent / "shared" / "data" / "traces" / "philly_week_2017-10-16.csv.gz"
-
-
-def plan_bytes(plan: Plan) -> bytes:
-    """Every part of the plan, in order, as text: two plans are the same when these are equal."""
-    parts = [
-        *(repr((a, a.choice)) for a in plan.admissions),
-        *(repr((w.job_id, w.reasons, [r.message for r in w.reasons])) for w in plan.waiting),
-        *(repr(p) for p in plan.preemptions),
-        *(repr(c) for c in plan.capacity_requests),
-        *(repr(r) for r in plan.reservations),
-        *(repr(m) for m in plan.moves),
-        repr(sorted(plan.bursts.items())),
-    ]
-    return "\n".join(parts).encode()
-
-
-def digest(plan: Plan) -> str:
-    return hashlib.sha256(plan_bytes(plan)).hexdigest()
 
 
 def bench_cycles(
