@@ -16,12 +16,14 @@ from pathlib import Path
 from bench.placer_scenario import NOW, advance, build, digest, plan_bytes
 from placement.model import Plan, Snapshot
 
-__all__ = ["WEEK", "bench_cycles", "digest", "plan_bytes", "replay_cycles"]
+__all__ = ["GOLDEN", "WEEK", "bench_cycles", "digest", "plan_bytes", "recorded", "replay_cycles"]
 
 Cycle = tuple[Snapshot, float]
 
 ROOT = Path(__file__).resolve().parents[2]
 WEEK = ROOT.parent / "shared" / "data" / "traces" / "philly_week_2017-10-16.csv.gz"
+DATA = Path(__file__).resolve().parent / "data"
+GOLDEN = DATA / "placer_cycles_golden.json"
 
 
 def bench_cycles(
@@ -44,7 +46,7 @@ def replay_cycles(limit_jobs: int, policy_name: str = "gpufed", size: float = 1.
     from federation.replay.policies import policies
     from federation.replay.sweep import load_inputs, world_for
 
-    config = dataclasses.replace(load_config(ROOT / "bench" / "replay.yaml"), limit_jobs=limit_jobs)
+    config = dataclasses.replace(load_config(DATA / "placer_cycles_replay.yaml"), limit_jobs=limit_jobs)
     (policy,) = [p for p in policies(config) if p.name == policy_name]
     inputs = load_inputs(config)
     world = world_for(config, inputs, size)
@@ -61,3 +63,24 @@ def replay_cycles(limit_jobs: int, policy_name: str = "gpufed", size: float = 1.
     finally:
         setattr(sim, "plan", original)  # noqa: B010
     return seen
+
+
+def recorded(plan: Callable[[Snapshot, float], Plan]) -> dict[str, list[str]]:
+    """The digests `GOLDEN` holds, made with `plan`: what `python -m tests.unit.plan_cycles` writes."""
+    digests = {
+        "bench_3000x8": [digest(p) for _, _, p in bench_cycles(3000, 8, plan)],
+        "bench_10000x4": [digest(p) for _, _, p in bench_cycles(10_000, 4, plan)],
+    }
+    for policy in ("gpufed", "burst_now"):
+        digests[f"replay_{policy}_250"] = [digest(plan(s, now)) for s, now in replay_cycles(250, policy)]
+    return digests
+
+
+if __name__ == "__main__":
+    # Only for a change that means to plan differently (say so in its commit): the digests of today's
+    # placer, every gang decided afresh.
+    import json
+
+    from placement.plan import _plan
+
+    GOLDEN.write_text(json.dumps(recorded(lambda s, now: _plan(s, now, reuse=False)), indent=1) + "\n")

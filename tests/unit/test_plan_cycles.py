@@ -7,10 +7,12 @@ reservations, moves, bursts) that the placer of 2026-11-30 before issue 33's wor
 - bench/placer's federation (10,000 and 3,000 queued gangs, 50 clusters) cycle after cycle, each next
   snapshot following the last plan as the server's would (`bench.placer_scenario.advance`);
 - the first 250 jobs of a Philly week replayed under gpufed's policy and under burst-now
-  (`federation.replay`), every cycle they planned.
+  (`federation.replay`, with the config kept beside the digests, `data/placer_cycles_replay.yaml`),
+  every cycle they planned.
 
-A change to the placer that is meant to be only faster must leave every digest as it is. Regenerate
-the file only for a change that means to plan differently, and say so in its commit.
+A change to the placer that is meant to be only faster must leave every digest as it is. Only a
+change that means to plan differently (or to the replay's simulator) regenerates the file, with
+`python -m tests.unit.plan_cycles`, and says so in its commit.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,12 +33,12 @@ from placement.plan import _plan, plan
 from placement.preempt import RunningIndex, VictimChoice, choose_victims
 from tests.properties import examples
 from tests.unit.placement_builders import SnapshotBuilder
-from tests.unit.plan_cycles import WEEK, bench_cycles, digest, plan_bytes, replay_cycles
+from tests.unit.plan_cycles import GOLDEN, WEEK, bench_cycles, digest, plan_bytes, replay_cycles
 from tests.unit.test_placement_preempt import CASES as PREEMPT_CASES
 from tests.unit.test_placement_preempt import NOW as PREEMPT_NOW
 from tests.unit.test_plan_reuse import deep_queues
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "placer_cycles_golden.json").read_text())
+KEPT = json.loads(GOLDEN.read_text())
 
 
 def _first_difference(got: Iterable[str], kept: list[str]) -> int | None:
@@ -51,14 +52,14 @@ def test_the_busy_federations_cycles_plan_as_before() -> None:
     """Eight cycles of 3,000 gangs: the cold one (2,000 or so admitted) and the steady ones after it
     (a few arrivals, ends and admissions each, preemptions up to the interval's limit)."""
     digests = [digest(p) for _, _, p in bench_cycles(3000, 8, lambda s, now: plan(s, now=now))]
-    assert _first_difference(digests, GOLDEN["bench_3000x8"]) is None
+    assert _first_difference(digests, KEPT["bench_3000x8"]) is None
 
 
 def test_every_gang_decided_afresh_plans_as_before_too() -> None:
     """The digests are of plans that decided every gang afresh (`_plan(reuse=False)`): reuse of a
     wait within a cycle gives the same bytes as well."""
     digests = [digest(p) for _, _, p in bench_cycles(3000, 3, lambda s, now: _plan(s, now, reuse=False))]
-    assert _first_difference(digests, GOLDEN["bench_3000x8"][:3]) is None
+    assert _first_difference(digests, KEPT["bench_3000x8"][:3]) is None
 
 
 @pytest.mark.skipif(not WEEK.exists(), reason=f"the Philly week is not at {WEEK}")
