@@ -167,12 +167,15 @@ class Failover:
     to_first_pass_s: float = 0.0
 
 
-def logged_at(log: str, event: str) -> float | None:
-    """The wall-clock time of the first `event` in a server's JSON log, from its timestamp."""
+def logged_at(log: str, event: str, after: float) -> float | None:
+    """The wall-clock time of the first `event` at or after `after` in a server's JSON log (the
+    standby may have led for a moment while both started)."""
     for line in log.splitlines():
         if f'"event": "{event}"' in line:
             stamp = json.loads(line)["timestamp"]
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            if at >= after:
+                return at
     return None
 
 
@@ -247,7 +250,7 @@ def run(live: int, lease_ttl_s: int | None = None, say: Callable[[str], None] = 
                 to_scheduling = time.monotonic() - killed
             standby_log = standby.current_log()
             split = {
-                event: (logged_at(standby_log, event) or killed_wall) - killed_wall
+                event: (logged_at(standby_log, event, killed_wall) or killed_wall) - killed_wall
                 for event in ("leader_acquired", "leader_first_cycle_done", FIRST_PASS)
             }
         finally:

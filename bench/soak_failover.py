@@ -9,7 +9,7 @@ log), with the key won and the first pass done beside it; the servers run with t
 lease unless `--lease-ttl-s` says otherwise.
 
     python bench/soak_failover.py            # 10,000 jobs offered at 200/s, 20 kills
-    python bench/soak_failover.py --quick    # about a minute: 600 jobs at 100/s, 3 kills
+    python bench/soak_failover.py --quick    # about a minute: 400 jobs at 100/s, 3 kills
     python bench/soak_failover.py --rate 400 --kills 30 --kill-gap-s 10
 
 Submissions go on, paced at the rate, until the kills are done and `--min-submit-s` has passed, or
@@ -45,7 +45,7 @@ def plan_of(args: argparse.Namespace) -> FailoverSoakPlan:
             kills=args.kills if args.kills is not None else 3,
             kill_gap_s=args.kill_gap_s if args.kill_gap_s is not None else 2.0,
             min_submit_s=5.0,
-            max_jobs=args.max_jobs or 600,
+            max_jobs=args.max_jobs or 400,
             clusters=2,
             nodes_per_cluster=8,
             retain_s=2.0,
@@ -79,7 +79,7 @@ def main() -> int:
         "--kill-gap-s", type=float, help="how long a successor leads once it schedules, before its kill (3 s)"
     )
     parser.add_argument("--min-submit-s", type=float, default=30.0, help="submit at least this long")
-    parser.add_argument("--max-jobs", type=int, help="submit at most this many (10,000; quick: 600)")
+    parser.add_argument("--max-jobs", type=int, help="submit at most this many (10,000; quick: 400)")
     parser.add_argument("--retain-s", type=float, default=10.0, help="history.retainInEtcd, seconds")
     parser.add_argument("--lease-ttl-s", type=int, help="the servers' leader lease (default: theirs)")
     parser.add_argument("--work-dir", type=Path, help="keep the run's files here (default: a temp dir)")
