@@ -11,7 +11,9 @@ tenant (`podSecurity:` in its document); a later change applies to jobs submitte
 
 A pod's verdict depends on nothing but its text and the level, and a burst of submissions (a sweep,
 a team's nightly jobs) repeats the same few templates thousands of times: verdicts are kept per
-(text, level), for texts up to `_VERDICT_TEXT_MAX` characters (so the cache stays under a few MiB).
+(tenant, text, level), for texts up to `_VERDICT_TEXT_MAX` characters (so the cache stays under a
+few MiB). Per tenant, so that no tenant can tell, even by how fast it is answered, whether another
+submitted a pod of the same text.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ def check_submission(
         # The short form alone makes a pod with one container and no security context, which the
         # restricted level refuses: such a task needs a template that says how it runs.
         text = expanded_template(task.template, task.shm_size or None) or _SHORT_FORM
-        violation = _kept_verdict(text, level) if len(text) <= _VERDICT_TEXT_MAX else _verdict(text, level)
+        violation = (
+            _kept_verdict(tenant.name, text, level)
+            if len(text) <= _VERDICT_TEXT_MAX
+            else _verdict(text, level)
+        )
         if violation is not None:
             raise InvalidSpec(
                 f"spec.tasks[{i}].template.{violation.field}",
@@ -62,5 +68,7 @@ def _verdict(text: str, level: PodSecurityLevel) -> Violation | None:
     return None
 
 
-# Verdicts are values (a Violation is read for its field and rule, never raised again).
-_kept_verdict = functools.lru_cache(maxsize=256)(_verdict)
+@functools.lru_cache(maxsize=256)
+def _kept_verdict(tenant: str, text: str, level: PodSecurityLevel) -> Violation | None:
+    """`_verdict`, kept per tenant (a Violation is read for its field and rule, never raised again)."""
+    return _verdict(text, level)

@@ -1,8 +1,9 @@
 """The submission path's shortcuts (issue 33) answer exactly as the work they save.
 
-A task's pod is checked against its tenant's pod security level once per (pod text, level)
+A task's pod is checked against its tenant's pod security level once per (tenant, pod text, level)
 (`federation.api.submit_checks`): a burst of submissions repeats a few templates thousands of
-times. Held here to the uncached check, in every level and order, refusals in the same words.
+times. Held here to the uncached check, in every level and order, refusals in the same words; and
+a tenant's verdicts are its own, so another cannot learn by timing that it sent the same pod.
 
 The group commit's flusher lets the callers woken in its turn of the event loop join its batch
 (`federation.store.group_commit`): fewer, larger requests to etcd.
@@ -56,10 +57,12 @@ def a_spec(*templates: dict[str, Any] | None, shm_size: str = "") -> TrainingJob
     return parse_manifest(json.dumps(doc), priority_classes=DEFAULT_PRIORITY_CLASSES.keys())
 
 
-def outcome(spec: TrainingJobSpec, level: PodSecurityLevel) -> tuple[str, str] | PodSecurityLevel:
+def outcome(
+    spec: TrainingJobSpec, level: PodSecurityLevel, tenant: str = "vision"
+) -> tuple[str, str] | PodSecurityLevel:
     try:
         return check_submission(
-            spec, TenantRecord(name=TenantId("vision"), pod_security=level), SETTINGS
+            spec, TenantRecord(name=TenantId(tenant), pod_security=level), SETTINGS
         ).pod_security
     except InvalidSpec as error:
         return error.field, error.rule
@@ -130,6 +133,27 @@ def with_image(template: dict[str, Any], image: str) -> dict[str, Any]:
         for c in out["spec"].get(key, []):
             c.setdefault("image", image)
     return out
+
+
+def test_a_tenants_kept_verdicts_are_its_own() -> None:
+    """Another tenant's identical pod is checked afresh (no hit a timing could show), and each
+    refusal names the tenant that made it."""
+    privileged = {"spec": {"containers": [{"name": "main", "securityContext": {"privileged": True}}]}}
+    spec = a_spec(privileged)
+    submit_checks._kept_verdict.cache_clear()
+    alice = outcome(spec, PodSecurityLevel.BASELINE, tenant="alice")
+    assert submit_checks._kept_verdict.cache_info().hits == 0
+    bob = outcome(spec, PodSecurityLevel.BASELINE, tenant="bob")
+    assert submit_checks._kept_verdict.cache_info().hits == 0
+    assert submit_checks._kept_verdict.cache_info().misses == 2
+    assert isinstance(alice, tuple)
+    assert isinstance(bob, tuple)
+    assert "tenant 'alice'" in alice[1]
+    assert "tenant 'bob'" in bob[1]
+    assert "alice" not in bob[1]
+    # Alice's own second submission is the one answered from what was kept.
+    assert outcome(spec, PodSecurityLevel.BASELINE, tenant="alice") == alice
+    assert submit_checks._kept_verdict.cache_info().hits == 1
 
 
 def test_the_stored_spec_is_the_one_given_with_the_tenants_level() -> None:
