@@ -146,12 +146,13 @@ class Room:
         private_cost, _, offer = best
         delay = ctx.duration_s(offer.view.gpu_type, offer.view.store)
         priority_class = self.classes.get(gang.priority_class)
+        terms = self._terms(gang.tenant)
         until = self.costs.private_wait_until_s(
             gang,
             private_cost,
             cloud_cost,
             delay,
-            terms=self._terms(gang.tenant),
+            terms=terms,
             urgent=priority_class is not None and priority_class.needs_approval,
         )
         if self.now >= until:
@@ -161,9 +162,10 @@ class Room:
             self.policy.private_wait_needs_start_max_gpus is None
             or gang.gpu_count <= self.policy.private_wait_needs_start_max_gpus
         )
-        max_run_h = self.policy.private_wait_needs_start_max_run_h
+        max_run_h = terms.needs_start_max_run_h
         if needs_start and max_run_h is not None and ctx.work_s > max_run_h * 3600.0:
-            # A long gang waits without the room test (`PolicyConfig.private_wait_needs_start_max_run_h`).
+            # A long gang waits without the room test (`PolicyConfig.private_wait_needs_start_max_run_h`,
+            # or its tenant's `saver` policy: `wait_policy`).
             needs_start = False
         if needs_start and (room_at is None or room_at > until):
             return None

@@ -6,11 +6,16 @@ The federation's policy (`PolicyConfig.private_wait_s_per_gpu_hour`, `private_wa
 
 - `fast`: no wait; the gang bursts at once when private GPUs are full (both figures 0).
 - `balanced`: the federation's figures as configured.
-- `saver`: `SAVER_FACTOR` times both figures (twice the seconds per GPU-hour, twice the cap).
+- `saver`: `SAVER_FACTOR` times both figures (twice the seconds per GPU-hour, twice the cap), and the
+  room test only for gangs of at most `SAVER_NEEDS_START_MAX_RUN_H` hours of work (or the
+  federation's own `private_wait_needs_start_max_run_h`, if that is less): a longer gang, which the
+  spot bound keeps on demand, waits for private GPUs even when no running gang's run-time limit
+  promises room before its wait ends. In the replay this is what a wait adds beyond spot on the
+  busiest week, at a cost in JCT a saver accepts (docs/results/README.md).
 
-The room test, reservations, the spot bound and the value of waiting (`wait_value_usd_per_hour`) are
-the federation's for every tenant. With the federation's wait off (0 seconds per GPU-hour) no tenant
-waits, whatever its policy: the admin's switch wins.
+The room test itself, reservations, the spot bound and the value of waiting
+(`wait_value_usd_per_hour`) are the federation's for every tenant. With the federation's wait off
+(0 seconds per GPU-hour) no tenant waits, whatever its policy: the admin's switch wins.
 
 Then the job's bounds, which only ever shorten the wait:
 
@@ -32,14 +37,18 @@ from placement.model_policy import CostPolicy
 
 # How much longer `saver` waits than `balanced`: both the seconds per GPU-hour and the cap.
 SAVER_FACTOR: Final = 2.0
+# `saver`'s room test applies only to gangs of at most this many hours of work (by their limits).
+SAVER_NEEDS_START_MAX_RUN_H: Final = 24.0
 
 
 @dataclass(frozen=True, slots=True)
 class WaitTerms:
-    """The compute-weighted wait in force for one tenant: seconds per GPU-hour of work, and the cap."""
+    """The compute-weighted wait in force for one tenant: seconds per GPU-hour of work, and the cap;
+    and the longest gang (hours of work) the room test applies to (None: every gang)."""
 
     s_per_gpu_hour: float
     max_s: float
+    needs_start_max_run_h: float | None = None
 
     @property
     def waits(self) -> bool:
@@ -53,11 +62,14 @@ def terms_for(policy: PolicyConfig, cost_policy: CostPolicy) -> WaitTerms:
     """The wait a tenant's cost policy sets on top of the federation's."""
     if policy.private_wait_s_per_gpu_hour <= 0 or cost_policy is CostPolicy.FAST:
         return NO_WAIT
+    own = policy.private_wait_needs_start_max_run_h
     if cost_policy is CostPolicy.SAVER:
         return WaitTerms(
-            policy.private_wait_s_per_gpu_hour * SAVER_FACTOR, policy.private_wait_max_s * SAVER_FACTOR
+            policy.private_wait_s_per_gpu_hour * SAVER_FACTOR,
+            policy.private_wait_max_s * SAVER_FACTOR,
+            SAVER_NEEDS_START_MAX_RUN_H if own is None else min(own, SAVER_NEEDS_START_MAX_RUN_H),
         )
-    return WaitTerms(policy.private_wait_s_per_gpu_hour, policy.private_wait_max_s)
+    return WaitTerms(policy.private_wait_s_per_gpu_hour, policy.private_wait_max_s, own)
 
 
 def wait_s(terms: WaitTerms, gang: GangRequest, gpu_hours: float, *, urgent: bool) -> float:

@@ -16,6 +16,7 @@ import yaml
 
 from federation.replay.errors import ReplayError
 from placement.model import GpuType, GpuTypePolicy
+from placement.model_policy import CostPolicy
 
 _HOUR_S = 3600.0
 
@@ -77,6 +78,9 @@ class GpufedSettings:
     spot_max_restart_slowdown: float | None = None
     # Idle private GPUs before any cloud offer, spot included, whatever the internal rate.
     prefer_private: bool = False
+    # Every team's cost policy (`placement.wait_policy`): `saver` doubles the wait and tests room only
+    # for jobs of at most 24 h of work; `fast` never waits.
+    cost_policy: CostPolicy = CostPolicy.BALANCED
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +190,17 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
             None if doc.get("spot_max_restart_slowdown") is None else float(doc["spot_max_restart_slowdown"])
         ),
         prefer_private=bool(doc.get("prefer_private", False)),
+        cost_policy=_cost_policy(doc.get("cost_policy", CostPolicy.BALANCED.value), where),
     )
+
+
+def _cost_policy(value: Any, where: str) -> CostPolicy:
+    try:
+        return CostPolicy(value)
+    except ValueError:
+        raise ReplayError(
+            f"{where}.cost_policy: {value!r} is not one of {[p.value for p in CostPolicy]}"
+        ) from None
 
 
 def _deadlines(doc: Any) -> DeadlineSettings:

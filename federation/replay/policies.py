@@ -26,6 +26,7 @@ from enum import StrEnum
 
 from federation.replay.config import GpufedSettings, ReplayConfig
 from placement.model import PolicyConfig
+from placement.model_policy import CostPolicy
 
 # A rate per GPU-hour so large that `private_wait_max_s` always binds (any job has some GPU-hours).
 _ALWAYS_CAP = 1e15
@@ -66,6 +67,11 @@ class PolicySpec:
         if not self.uses_cloud:
             return False
         return config.allow_spot or self.with_spot_rule or (self.gpufed is not None and self.gpufed.spot)
+
+    @property
+    def cost_policy(self) -> CostPolicy:
+        """Every team's cost policy under this policy: gpufed's setting says (`balanced` elsewhere)."""
+        return CostPolicy.BALANCED if self.gpufed is None else self.gpufed.cost_policy
 
     def policy_config(self, config: ReplayConfig) -> PolicyConfig:
         base = PolicyConfig(preemption=config.preemption, default_grace_period_s=config.grace_period_s)
@@ -135,6 +141,8 @@ def gpufed_name(settings: GpufedSettings) -> str:
             name += f"_slowdown_{settings.spot_max_restart_slowdown * 100:g}pct"
     if settings.prefer_private:
         name += "_private_first"
+    if settings.cost_policy is not CostPolicy.BALANCED:
+        name += f"_{settings.cost_policy.value}"
     return name
 
 

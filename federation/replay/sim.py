@@ -55,6 +55,7 @@ from placement.model import (
     TenantQuota,
     WaitCode,
 )
+from placement.model_policy import CostPolicy
 from placement.plan import plan
 
 
@@ -181,6 +182,8 @@ class Simulator:
             (p.cluster, p.name): 0 for p in self.pools if not p.is_private
         }
         self.teams = world.teams if not self.fifo else ()
+        if policy.cost_policy is not CostPolicy.BALANCED:
+            self.teams = tuple(replace(team, cost_policy=policy.cost_policy) for team in self.teams)
         self.jobs = {j.job_id: j for j in jobs}
         self.queue: dict[JobId, GangRequest] = {}
         self.running: dict[JobId, _Run] = {}

@@ -31,7 +31,15 @@ from placement.model import (
 )
 from placement.model_policy import CostPolicy
 from placement.plan import plan
-from placement.wait_policy import NO_WAIT, SAVER_FACTOR, WaitTerms, latest_start_s, terms_for, wait_s
+from placement.wait_policy import (
+    NO_WAIT,
+    SAVER_FACTOR,
+    SAVER_NEEDS_START_MAX_RUN_H,
+    WaitTerms,
+    latest_start_s,
+    terms_for,
+    wait_s,
+)
 from placement.wait_saving import WaitSaving, clock
 from tests.unit.placement_builders import GangBuilder, a_cluster, a_gang, a_snapshot
 
@@ -49,7 +57,28 @@ def gang(**fields: object) -> GangRequest:
 TERMS_CASES = [
     pytest.param(CostPolicy.BALANCED, POLICY, WaitTerms(600.0, 4 * HOUR), id="balanced-is-the-federation-s"),
     pytest.param(
-        CostPolicy.SAVER, POLICY, WaitTerms(600.0 * SAVER_FACTOR, 4 * HOUR * SAVER_FACTOR), id="saver-doubles"
+        CostPolicy.SAVER,
+        POLICY,
+        WaitTerms(600.0 * SAVER_FACTOR, 4 * HOUR * SAVER_FACTOR, SAVER_NEEDS_START_MAX_RUN_H),
+        id="saver-doubles-and-tests-room-only-for-shorter-gangs",
+    ),
+    pytest.param(
+        CostPolicy.BALANCED,
+        replace(POLICY, private_wait_needs_start_max_run_h=48.0),
+        WaitTerms(600.0, 4 * HOUR, 48.0),
+        id="balanced-keeps-the-federation-s-length-bound",
+    ),
+    pytest.param(
+        CostPolicy.SAVER,
+        replace(POLICY, private_wait_needs_start_max_run_h=10.0),
+        WaitTerms(600.0 * SAVER_FACTOR, 4 * HOUR * SAVER_FACTOR, 10.0),
+        id="saver-takes-the-federation-s-tighter-length-bound",
+    ),
+    pytest.param(
+        CostPolicy.SAVER,
+        replace(POLICY, private_wait_needs_start_max_run_h=48.0),
+        WaitTerms(600.0 * SAVER_FACTOR, 4 * HOUR * SAVER_FACTOR, SAVER_NEEDS_START_MAX_RUN_H),
+        id="saver-s-own-length-bound-when-tighter",
     ),
     pytest.param(CostPolicy.FAST, POLICY, NO_WAIT, id="fast-never-waits"),
     pytest.param(CostPolicy.SAVER, PolicyConfig(), NO_WAIT, id="federation-off-wins-over-saver"),
@@ -123,16 +152,21 @@ def test_a_clock_names_the_day_only_when_it_is_not_today() -> None:
     assert clock(NOW + 20 * HOUR, NOW) == "1970-01-02 06:00 UTC"
 
 
-def world(tenant_policy: CostPolicy = CostPolicy.BALANCED, *jobs: GangBuilder) -> list[str]:
-    """What happens to each job: `waits until HH:MM`, or `admitted:<cluster>`."""
+def world(
+    tenant_policy: CostPolicy = CostPolicy.BALANCED, *jobs: GangBuilder, room_at: float = NOW + 10 * MINUTE
+) -> list[str]:
+    """What happens to each job: `waits until HH:MM`, or `admitted:<cluster>`. `room_at`: when the
+    running gang's limit frees the private node."""
     snapshot = (
         a_snapshot()
         .clusters(
             a_cluster("onprem").pool("A100", free=(0,), price=1.0, name="p"),
             a_cluster("cloud").provider_cloud().pool("A100", kind=CapacityKind.ON_DEMAND, nodes=4, price=3.0),
         )
-        .policy(private_wait_s_per_gpu_hour=600.0, private_wait_needs_start=True)
-        .running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=NOW + 10 * MINUTE)
+        .policy(
+            private_wait_s_per_gpu_hour=600.0, private_wait_max_s=72 * HOUR, private_wait_needs_start=True
+        )
+        .running("r", cluster="onprem", nodes=[("p", 0, 8)], ends_at=room_at)
         .classes(
             PriorityClass("normal", 1000),
             PriorityClass("urgent", 100000, preemptible=False, needs_approval=True),
@@ -181,6 +215,26 @@ def test_the_placer_waits_as_the_tenant_and_the_job_say(
     tenant_policy: CostPolicy, fields: dict[str, object], expected: str
 ) -> None:
     assert world(tenant_policy, job(**fields)) == [expected]
+
+
+# A gang of 8 GPUs whose limit is 30 h (240 GPU-hours: it may wait 40 h, saver 80 h) or 10 h (80
+# GPU-hours: 13 h 20 min, saver 26 h 40 min), while the private node frees only in 100 h:
+# the room test sends it to the cloud at once, unless its tenant is a saver and it is longer than
+# `SAVER_NEEDS_START_MAX_RUN_H`.
+LENGTH_CASES = [
+    pytest.param(CostPolicy.BALANCED, 30, "admitted:cloud", id="balanced-long-gang-needs-room"),
+    pytest.param(CostPolicy.SAVER, 30, "waits until 1970-01-04 18:00 UTC", id="saver-long-gang-waits"),
+    pytest.param(CostPolicy.SAVER, 10, "admitted:cloud", id="saver-short-gang-still-needs-room"),
+    pytest.param(CostPolicy.FAST, 30, "admitted:cloud", id="fast-never-waits"),
+]
+
+
+@pytest.mark.parametrize(("tenant_policy", "limit_h", "expected"), LENGTH_CASES)
+def test_a_saver_s_long_gang_waits_without_the_room_test(
+    tenant_policy: CostPolicy, limit_h: int, expected: str
+) -> None:
+    long_job = a_gang("j").tenant("t").gang(1, gpus=8).runtime(limit_s=limit_h * 3600).queued_at(NOW)
+    assert world(tenant_policy, long_job, room_at=NOW + 100 * HOUR) == [expected]
 
 
 def test_one_tenant_s_policy_is_not_another_s() -> None:
