@@ -18,9 +18,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import structlog
+
 from federation.api.datasets import outputs_controller_running
 from federation.api.jobsets import set_controller_running
 from federation.errors import InvalidSpec
+from federation.history.config import HistorySettings, resolve_dsn
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.role import ServerRole
@@ -28,6 +31,8 @@ from federation.runtime.server import DEFAULT_ETCD_TIMEOUT_S, FederationServer, 
 from federation.store.job_store import KvStore
 from federation.store.kv_etcd import EtcdKv
 from federation.store.kv_etcd_channel import CACERT_ENV, CERT_ENV, KEY_ENV, EtcdTls
+
+log = structlog.get_logger("gpufed.serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,15 @@ async def run_server(
         config = replace(config, etcd_timeout_s=etcd_timeout_s)
     if tls is not None:
         config = replace(config, tls_cert=tls.cert, tls_key=tls.key, tls_client_ca=tls.client_ca)
+    if role is ServerRole.API and _local_history(config.history, state_dir):
+        # Not refused (its reads of live jobs are right), but said at start: no leader archives
+        # into this server's own SQLite file, so its archived jobs and reports would be empty
+        # while the scheduler's servers archive into theirs.
+        log.warning(
+            "api_server_reads_a_local_history",
+            why="an api server never archives, so it sees only what the leaders archive into the "
+            "same database: give it the scheduler servers' PostgreSQL history (history.dsn or dsnEnv)",
+        )
     server = FederationServer(config)
     await server.start()
     stop = asyncio.Event()
@@ -115,6 +129,14 @@ async def run_server(
             await stop.wait()
     finally:
         await server.stop()
+
+
+def _local_history(settings: HistorySettings, state_dir: Path) -> bool:
+    """Whether the history is SQLite (a file under this process's state dir unless told otherwise)."""
+    try:
+        return resolve_dsn(settings, state_dir).startswith("sqlite")
+    except InvalidSpec:
+        return False  # the server's start says what is wrong with it
 
 
 @contextlib.asynccontextmanager

@@ -174,6 +174,9 @@ def test_an_api_server_never_leads_its_jobs_run_by_the_scheduler_and_it_serves_w
         assert _metric(api, "gpufed_leader") == 0
         assert _metric(api, "gpufed_scheduling_cycles_started_total") == 0
         assert "leader_elected" not in api.log_text()
+        # Its history is its own SQLite file here, which no leader archives into: it says so.
+        assert "api_server_reads_a_local_history" in api.log_text()
+        assert "api_server_reads_a_local_history" not in scheduler.log_text()
 
         # Another tenant, through the api server, learns nothing of alice's jobs; no token, no answer.
         assert [j.job_id for j in bob.list_all()] == []
