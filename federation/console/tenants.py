@@ -23,7 +23,10 @@ from placement.model_policy import CostPolicy
 
 # What each policy does, in the docs' words (docs/placement.md, "Per tenant and per job").
 MEANING = {
-    CostPolicy.SAVER.value: "waits twice as long as the federation's wait (seconds per GPU-hour and cap)",
+    CostPolicy.SAVER.value: (
+        "waits twice as long as the federation's wait (seconds per GPU-hour and cap); "
+        "jobs of more than 24 h of work wait even when no room is promised"
+    ),
     CostPolicy.BALANCED.value: "waits as the federation's policy says",
     CostPolicy.FAST.value: "never waits for private GPUs: bursts to the cloud at once",
 }
