@@ -19,6 +19,16 @@ cycle done, from its log) and has led `--kill-gap-s` more; kills after the last 
 the backlog, which keeps every leader busy. The rate offered and the rate the servers acknowledged
 are both printed. Ends with `name: value unit` lines; exit 1 if anything was lost or
 doubled.
+
+Measured 2026-11-30 (two cores shared by seven agents), twice at the defaults: 10,000 jobs offered at
+200/s, submitted at 194.7 and 199.0/s, every one accepted; 20 kills each; 0 lost, 0 doubled, 0
+attempts beyond the first, 0 pods created twice; the lifecycle finished 18 and 22 jobs/s (drains of
+495 and 416 s). The successor held the key 2.1 to 3.4 s after each kill (median 2.65 and 2.91 s).
+Its first cycle was done 3.3 to 11.9 s after the kill (median 5.5 s) in the first run, at a load of
+30 to 45, before the standby warmed its requests and before the keepalive's fixed cadence (three
+leaders lost their lease unkilled). In the second, at a load of 14 to 20, it took 3.4 to 6.2 s
+(median 4.74 s, 13 of 20 within 5 s), with no lease lost unkilled. Later kills are slower: the
+first cycle plans over the queue, up to 9,000 jobs here.
 """
 
 from __future__ import annotations
