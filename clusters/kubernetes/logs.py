@@ -6,6 +6,8 @@ the watch cache, which keeps only what scheduling needs. A log is the pod log AP
 (`read_namespaced_pod_log` with `_preload_content=False`), read on a thread of its own pool and
 handed to the event loop through a bounded queue: a follower that reads slowly holds back its own
 thread, never the loop, and a follow of hours does not hold one of the few threads that writes use.
+A read the API bounds (a tail or a byte limit, without follow: the keeper's copy of every ended
+attempt) is read whole in one hop to a small pool's thread instead (`read_bounded`).
 """
 
 from __future__ import annotations
