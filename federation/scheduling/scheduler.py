@@ -34,7 +34,7 @@ from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
 from federation.scheduling.yielding import StepAside
 from federation.store.job_cache import JobCache
-from federation.store.job_store import Fence, JobStore, Stored
+from federation.store.job_store import Fence, JobStore, Stored, cut_wait_writes, encode_wait_reasons
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
 from placement.explain import admitted, move_reason
 from placement.model import (
@@ -559,23 +559,41 @@ class Scheduler:
 
     def _reasons_to_write(
         self, waiting: Sequence[Waiting], between: Callable[[], None]
-    ) -> tuple[list[Waiting], list[JobId]]:
-        """The waits whose reasons differ from those written, and the jobs no longer waiting."""
+    ) -> tuple[list[_ReasonsWrite], list[JobId]]:
+        """The waits whose reasons differ from those written, each with its stored bytes, and the
+        jobs no longer waiting.
+
+        Waits with equal keys have equal reasons (`Waiting.key`), whoever waits: each key's reasons
+        are worded and encoded once, and that one tuple is what every such job keeps as written
+        (a deep queue waits for a handful of reasons: a tuple of 50 reasons a job, and its JSON,
+        was most of a first pass's CPU and a third of the memory per queued job)."""
+        worded: dict[Hashable, tuple[WaitReason, ...]] = {}
+        encoded: dict[Hashable, bytes] = {}
+        # Whether a tuple written (by identity: the store's reads share them) equals a key's reasons.
+        equal: dict[tuple[int, Hashable], bool] = {}
         changed = []
         for index, w in enumerate(waiting):
             if index % 512 == 0:
                 between()
-            written = self._written_reasons.get(w.job_id)
-            if written is None:
-                changed.append(w)
-                continue
             key = w.key
-            if written[0] == key:
+            written = self._written_reasons.get(w.job_id)
+            if written is not None and written[0] == key:
                 continue  # equal keys, equal reasons: not even worded
-            if written[1] == w.reasons:
-                self._written_reasons[w.job_id] = (key, written[1])
-                continue
-            changed.append(w)
+            reasons = worded.get(key)
+            if reasons is None:
+                reasons = worded[key] = w.reasons
+            if written is not None:
+                pair = (id(written[1]), key)
+                same = equal.get(pair)
+                if same is None:
+                    same = equal[pair] = written[1] == reasons
+                if same:
+                    self._written_reasons[w.job_id] = (key, written[1])
+                    continue
+            value = encoded.get(key)
+            if value is None:
+                value = encoded[key] = encode_wait_reasons(reasons)
+            changed.append(_ReasonsWrite(w.job_id, key, reasons, value))
         still_waiting = {w.job_id for w in waiting}
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so
         # that etcd does not keep one stale key per job ever queued.
@@ -589,15 +607,28 @@ class Scheduler:
         # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
         # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
         changed, left = await asyncio.to_thread(self._reasons_to_write, waiting, StepAside(self._metrics))
+        # Many jobs to a fenced transaction (`put_encoded_wait_reasons`), not one each.
+        values: list[tuple[JobId, bytes | None]] = [(c.job_id, c.value) for c in changed]
+        values += [(job_id, None) for job_id in left]
+        done = {c.job_id: (c.key, c.reasons) for c in changed}
 
-        async def write(w: Waiting) -> None:
+        async def write(run: list[tuple[JobId, bytes | None]]) -> None:
             async with semaphore:
-                await self._store.put_wait_reasons(w.job_id, w.reasons, fence=fence)
-            self._written_reasons[w.job_id] = (w.key, w.reasons)
+                await self._store.put_encoded_wait_reasons(run, fence=fence)
+            for job_id, value in run:
+                if value is None:
+                    del self._written_reasons[job_id]
+                else:
+                    self._written_reasons[job_id] = done[job_id]
 
-        async def clear(job_id: JobId) -> None:
-            async with semaphore:
-                await self._store.put_wait_reasons(job_id, (), fence=fence)
-            del self._written_reasons[job_id]
+        await asyncio.gather(*(write(run) for run in cut_wait_writes(values)))
 
-        await asyncio.gather(*(write(w) for w in changed), *(clear(j) for j in left))
+
+@dataclass(frozen=True, slots=True)
+class _ReasonsWrite:
+    """A waiting job's reasons to write: the wait's key, its reasons and their stored bytes."""
+
+    job_id: JobId
+    key: Hashable
+    reasons: tuple[WaitReason, ...]
+    value: bytes

@@ -20,6 +20,7 @@ import gc
 import hashlib
 import json
 import time
+import zlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import structlog
 
 from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
-from federation.store.group_commit import GroupCommit
+from federation.store.group_commit import DEFAULT_MAX_BATCH, GroupCommit
 from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_json, interval_to_dict
 from federation.store.jobs import JobHead, JobRecord, job_from_json, job_head_from_json, job_to_dict
 from federation.store.kv import (
@@ -42,6 +43,7 @@ from federation.store.kv import (
     Put,
     Txn,
     WatchCompacted,
+    cut_by_size,
 )
 from federation.store.kv_memory import MemoryKv
 from federation.store.kv_pages import pages
@@ -242,6 +244,13 @@ class JobStore(Protocol):
         self, job_id: JobId, reasons: Sequence[WaitReason], *, fence: Fence | None = None
     ) -> None: ...
 
+    async def put_encoded_wait_reasons(
+        self, values: Sequence[tuple[JobId, bytes | None]], *, fence: Fence | None = None
+    ) -> None:
+        """Several jobs' reasons as `encode_wait_reasons` made them (None deletes), in one fenced
+        transaction: at most WAIT_WRITES_PER_TXN (`cut_wait_writes`)."""
+        ...
+
     async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]: ...
 
     async def list_wait_reasons(self) -> dict[JobId, tuple[WaitReason, ...]]:
@@ -416,9 +425,42 @@ def wait_from_dict(d: dict[str, Any]) -> WaitReason:
     )
 
 
+# How etcd keeps a job's wait reasons: their JSON list, zlib-compressed. A job that waits for room
+# has a reason for every cluster, 10 KiB of JSON at 50 clusters and 460 bytes compressed: a million
+# queued jobs' reasons were 10 GiB in etcd, more than its quota and most of what a restart lists.
+# Level 1: as small as 6 on these repetitive lists, and faster.
+WAITS_ZLIB_LEVEL = 1
+# One fenced transaction writes this many jobs' reasons: the group commit nests up to 64
+# transactions in one request, and etcd leaves each of them 128 less that many ops.
+WAIT_WRITES_PER_TXN = MAX_TXN_OPS - DEFAULT_MAX_BATCH
+# And about this many bytes, well inside etcd's request limit beside the batch's other writes.
+WAIT_WRITES_TXN_BYTES = 256 * 1024
+
+
+def cut_wait_writes(values: Sequence[tuple[JobId, bytes | None]]) -> list[list[tuple[JobId, bytes | None]]]:
+    """`values` in runs that `put_encoded_wait_reasons` takes, each one transaction."""
+    return cut_by_size(
+        values,
+        lambda v: len(v[0]) + len(WAITS) + (0 if v[1] is None else len(v[1])),
+        WAIT_WRITES_TXN_BYTES,
+        WAIT_WRITES_PER_TXN,
+    )
+
+
+def encode_wait_reasons(reasons: Sequence[WaitReason]) -> bytes:
+    """A job's wait reasons as etcd keeps them (`WAITS_ZLIB_LEVEL`); `waits_from_json` reads them."""
+    return zlib.compress(_dumps([wait_to_dict(r) for r in reasons]), WAITS_ZLIB_LEVEL)
+
+
 def waits_from_json(raw: bytes | str) -> tuple[WaitReason, ...]:
-    """A job's stored wait reasons (a JSON list of `wait_to_dict`s), as etcd and SQL keep them."""
-    return tuple(wait_from_dict(d) for d in json.loads(raw))  # a list: unversioned
+    """A job's stored wait reasons: a JSON list of `wait_to_dict`s, as SQL keeps them and etcd did
+    before they were compressed (a list: unversioned), or that list compressed (`encode_wait_reasons`)."""
+    if isinstance(raw, bytes) and raw[:1] != b"[":
+        try:
+            raw = zlib.decompress(raw)
+        except zlib.error as e:
+            raise ValueError(f"stored wait reasons are neither a JSON list nor compressed: {e}") from e
+    return tuple(wait_from_dict(d) for d in json.loads(raw))
 
 
 class KvStore:
@@ -568,15 +610,37 @@ class KvStore:
         key = WAITS + job_id.encode()
         if fence is None:
             if reasons:
-                await self._kv.put(key, _dumps([wait_to_dict(r) for r in reasons]))
+                await self._kv.put(key, encode_wait_reasons(reasons))
             else:
                 await self._kv.delete(key)
             return
-        op = Put(key, _dumps([wait_to_dict(r) for r in reasons])) if reasons else Delete(key)
+        op = Put(key, encode_wait_reasons(reasons)) if reasons else Delete(key)
         result = await self._group.run(Txn((fence.compare(),), (op,)))
         if not result.succeeded:
             raise NotLeader(
                 f"leader key {fence.key!r} is no longer ours; wait reasons of {job_id} not written"
+            )
+
+    async def put_encoded_wait_reasons(
+        self, values: Sequence[tuple[JobId, bytes | None]], *, fence: Fence | None = None
+    ) -> None:
+        """Several jobs' wait reasons (`encode_wait_reasons`; None deletes them) in one transaction,
+        fenced: at most WAIT_WRITES_PER_TXN (`cut_wait_writes` cuts a longer list). One write per job
+        was one nested transaction each in the group commit, and most of a deep queue's first pass.
+        With a fence, raises NotLeader if it fails (nothing is written)."""
+        if len(values) > WAIT_WRITES_PER_TXN:
+            raise ValueError(f"{len(values)} jobs' wait reasons in one write; at most {WAIT_WRITES_PER_TXN}")
+        if not values:
+            return
+        ops = tuple(
+            Delete(WAITS + job_id.encode()) if value is None else Put(WAITS + job_id.encode(), value)
+            for job_id, value in values
+        )
+        result = await self._group.run(Txn(() if fence is None else (fence.compare(),), ops))
+        if not result.succeeded:
+            assert fence is not None  # nothing else is compared
+            raise NotLeader(
+                f"leader key {fence.key!r} is no longer ours; wait reasons of {len(values)} jobs not written"
             )
 
     async def get_wait_reasons(self, job_id: JobId) -> tuple[WaitReason, ...]:
@@ -584,10 +648,17 @@ class KvStore:
         return () if kv is None else waits_from_json(kv.value)
 
     async def list_wait_reasons(self) -> dict[JobId, tuple[WaitReason, ...]]:
-        pairs, _ = await self._list(
-            WAITS,
-            lambda kv: (JobId(kv.key[len(WAITS) :].decode()), waits_from_json(kv.value)),
-        )
+        # Jobs that wait for the same reasons have the same stored bytes: decoded once and shared,
+        # so that a new leader holds one tuple per distinct wait, not 50 reasons per queued job.
+        decoded: dict[bytes, tuple[WaitReason, ...]] = {}
+
+        def decode(kv: KeyValue) -> tuple[JobId, tuple[WaitReason, ...]]:
+            reasons = decoded.get(kv.value)
+            if reasons is None:
+                reasons = decoded[kv.value] = waits_from_json(kv.value)
+            return JobId(kv.key[len(WAITS) :].decode()), reasons
+
+        pairs, _ = await self._list(WAITS, decode)
         return dict(pairs)
 
     # ---- configuration

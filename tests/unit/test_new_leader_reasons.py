@@ -11,20 +11,29 @@ import pytest
 
 from federation.metrics import Metrics
 from federation.scheduling.scheduler import Scheduler
+from federation.store.job_store import waits_from_json
 from placement.model import JobId, JobPhase, WaitCode, WaitReason
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
 def _count_writes(world: World, monkeypatch: pytest.MonkeyPatch) -> list[tuple[JobId, int]]:
-    """Every put_wait_reasons call from now on: (job, number of reasons; 0 deletes)."""
+    """Every job whose reasons are written from now on: (job, number of reasons; 0 deletes)."""
     writes: list[tuple[JobId, int]] = []
-    put = world.store.put_wait_reasons
+    put_one = world.store.put_wait_reasons
+    put_many = world.store.put_encoded_wait_reasons
 
     async def counting(job_id: JobId, reasons: Sequence[WaitReason], **kwargs: Any) -> None:
         writes.append((job_id, len(reasons)))
-        await put(job_id, reasons, **kwargs)
+        await put_one(job_id, reasons, **kwargs)
+
+    async def counting_many(values: Sequence[tuple[JobId, bytes | None]], **kwargs: Any) -> None:
+        writes.extend(
+            (job_id, 0 if value is None else len(waits_from_json(value))) for job_id, value in values
+        )
+        await put_many(values, **kwargs)
 
     monkeypatch.setattr(world.store, "put_wait_reasons", counting)
+    monkeypatch.setattr(world.store, "put_encoded_wait_reasons", counting_many)
     return writes
 
 
