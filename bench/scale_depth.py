@@ -133,8 +133,9 @@ def queued_record(n: int, now: float) -> JobRecord:
     )
 
 
-async def seed_queue(endpoint: str, first: int, last: int) -> float:
-    """Jobs `first` to `last - 1` into etcd (see the module's doc); the seconds it took."""
+async def seed_queue(endpoint: str, first: int, last: int, check: Callable[[], None] = lambda: None) -> float:
+    """Jobs `first` to `last - 1` into etcd (see the module's doc); the seconds it took. `check` is
+    called between rounds of requests (the memory guard's)."""
     began = time.perf_counter()
     now = time.time()
     kv = await EtcdKv.connect(endpoint)
@@ -142,6 +143,7 @@ async def seed_queue(endpoint: str, first: int, last: int) -> float:
         batch, in_flight = 30, 8
         n = first
         while n < last:
+            check()
             requests = []
             for _ in range(in_flight):
                 if n >= last:
@@ -156,11 +158,62 @@ async def seed_queue(endpoint: str, first: int, last: int) -> float:
     return time.perf_counter() - began
 
 
+def timeout_for(queued: int) -> float:
+    """How long a server at this depth is given to serve, to finish its first pass, and for one
+    cycle: 900 s up to 100,000 queued jobs, and as much again for each 100,000 more (a million
+    queued, 9,000 s), so that a deep run on a loaded machine is not cut off where it would end."""
+    return 900.0 * max(1.0, queued / 100_000)
+
+
 class PatientServer(ServerProcess):
-    """A server given longer to list a million jobs than the e2e tests' 90 s."""
+    """A server given longer to list a deep queue than the e2e tests' 90 s (`serving_timeout_s`)."""
+
+    serving_timeout_s = 900.0
 
     def _wait_serving(self, timeout_s: float) -> None:
-        super()._wait_serving(timeout_s=900.0)
+        super()._wait_serving(timeout_s=self.serving_timeout_s)
+
+
+class MemoryGuard:
+    """Stops the run when the machine's available memory (/proc/meminfo's MemAvailable) falls below
+    `min_gib`: the server is killed, and `check` raises, naming what it saw. A million queued jobs
+    take gigabytes in the server and in etcd, on a machine whose other users need memory too."""
+
+    def __init__(self, min_gib: float) -> None:
+        self.min_gib = min_gib
+        self.tripped: str | None = None
+        self.lowest_gib = float("inf")
+        self.victims: list[Callable[[], None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="memory-guard")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            gib = available_gib()
+            self.lowest_gib = min(self.lowest_gib, gib)
+            if gib < self.min_gib and self.tripped is None:
+                self.tripped = (
+                    f"available memory fell to {gib:.1f} GiB, below {self.min_gib:.1f} GiB: run stopped"
+                )
+                for victim in self.victims:
+                    victim()
+
+    def check(self) -> None:
+        if self.tripped is not None:
+            raise RuntimeError(self.tripped)
+
+
+def available_gib() -> float:
+    """The machine's available memory (MemAvailable), GiB."""
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    return float(m.group(1)) / 2**20 if m else float("inf")
 
 
 def _ready(url: str) -> bool:
@@ -239,12 +292,14 @@ def submit_and_cycle(client: GpufedClient, metrics_port: int, timeout_s: float) 
     return wait_for_cycle(metrics_port, count, timeout_s)
 
 
-def measure(server: PatientServer, metrics_port: int, queued: int, calls: int, start_s: float) -> Depth:
+def measure(
+    server: PatientServer, metrics_port: int, queued: int, calls: int, start_s: float, timeout_s: float
+) -> Depth:
     """The calls at one depth, one at a time; then the placer's cycles, apart from them."""
-    cycle_timeout_s = 60 + queued / 1_000
+    cycle_timeout_s = timeout_s
     assert server.proc is not None
     token = (server.state_dir / "tokens" / "u7.token").read_text().strip()
-    with GpufedClient(server.target, token, timeout_s=120) as client:
+    with GpufedClient(server.target, token, timeout_s=max(120.0, timeout_s / 10)) as client:
         page = client.list_page(page_size=100)
         mine = [j.job_id for j in page.jobs]
         assert mine, "tenant t7 lists no job"
@@ -289,10 +344,14 @@ def run(
     say: Callable[[str], None] = print,
     py_spy: str | None = None,
     profile: Path | None = None,
+    timeout_s: float | None = None,
+    min_available_gib: float = 0.0,
 ) -> list[Depth]:
     """Both depths on one etcd: seed `shallow`, serve, measure; stop; seed up to `deep`, serve,
     measure. With `profile`, py-spy samples the deep server from its launch to its end (raw
-    collapsed stacks into that file)."""
+    collapsed stacks into that file). `timeout_s`: for the server to serve, to finish its first
+    pass and for each cycle (`timeout_for` the depth if None). `min_available_gib`: the run stops
+    (the server killed, RuntimeError) if the machine's available memory falls below it."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     depths: list[Depth] = []
     with tempfile.TemporaryDirectory(prefix="gpufed-scale-depth-") as tmp:
@@ -302,10 +361,24 @@ def run(
         etcd = EtcdProcess(work / "etcd", quota_backend_bytes=QUOTA_BYTES)
         etcd.start()
         spies: list[subprocess.Popen[bytes]] = []
+        # The server now running, for the memory guard to kill.
+        servers: list[PatientServer] = []
+
+        def kill_server() -> None:
+            for running in servers:
+                if running.proc is not None and running.proc.poll() is None:
+                    running.proc.send_signal(signal.SIGKILL)
+
+        guard = MemoryGuard(min_available_gib) if min_available_gib > 0 else None
+        if guard is not None:
+            guard.victims.append(kill_server)
+            guard.start()
+        check = guard.check if guard is not None else (lambda: None)
         try:
             seeded = 0
             for target in (shallow, deep):
-                seed_s = asyncio.run(seed_queue(etcd.endpoint, seeded, target))
+                wait_s = timeout_for(target) if timeout_s is None else timeout_s
+                seed_s = asyncio.run(seed_queue(etcd.endpoint, seeded, target, check))
                 say(f"depth: {target} queued jobs in etcd ({target - seeded} written in {seed_s:.1f} s)")
                 seeded = target
                 metrics_port = free_port()
@@ -316,23 +389,34 @@ def run(
                     identity=f"depth{target}",
                     extra_args=("--read-rate-per-s", "0", "--metrics-port", str(metrics_port)),
                 )
+                server.serving_timeout_s = wait_s
+                servers[:] = [server]
                 began = time.monotonic()
                 if profile is not None and py_spy and target == deep:
                     # The server forks from the zygote within the start: sample it once it is there.
                     threading.Thread(
                         target=_spy_on, args=(server, py_spy, profile, spies), daemon=True
                     ).start()
-                server.start()
+                try:
+                    server.start()
+                except Exception:
+                    check()  # killed by the memory guard: say so rather than "server exited"
+                    raise
                 serving_s = time.monotonic() - began
                 say(f"depth: serving (gRPC) {serving_s:.1f} s after launch")
                 try:
-                    deadline = time.monotonic() + 900
+                    deadline = time.monotonic() + wait_s
                     while not _ready(f"http://127.0.0.1:{metrics_port}/readyz"):
-                        assert time.monotonic() < deadline, "not ready after 900 s"
+                        check()
+                        assert time.monotonic() < deadline, f"not ready after {wait_s:.0f} s"
                         time.sleep(0.1)
                     start_s = time.monotonic() - began
                     say(f"depth: serving and first pass done {start_s:.1f} s after launch")
-                    depths.append(measure(server, metrics_port, target, calls, start_s))
+                    try:
+                        depths.append(measure(server, metrics_port, target, calls, start_s, wait_s))
+                    except Exception:
+                        check()
+                        raise
                     d = depths[-1]
                     say(
                         f"depth {target}: submit p99 {1000 * _q(d.submit_s, 0.99):.1f} ms, list p99 "
@@ -347,6 +431,9 @@ def run(
                     spies.clear()
                     server.stop()
         finally:
+            if guard is not None:
+                guard.stop()
+                say(f"depth: least memory available during the run {guard.lowest_gib:.1f} GiB")
             etcd.stop()
     return depths
 
@@ -399,10 +486,31 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--py-spy", default=None, help="py-spy binary, for --profile")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy's raw stacks of the deep server")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="for a server to serve, finish its first pass, and each cycle (default: 900 s per 100,000 queued)",
+    )
+    parser.add_argument(
+        "--min-available-gib",
+        type=float,
+        default=0.0,
+        help="stop the run (killing the server) if the machine's available memory falls below this",
+    )
     args = parser.parse_args()
     shallow = args.shallow or (2_000 if args.quick else 10_000)
     deep = args.deep or (20_000 if args.quick else 1_000_000)
-    for line in figures(run(shallow, deep, args.calls, py_spy=args.py_spy, profile=args.profile)):
+    depths = run(
+        shallow,
+        deep,
+        args.calls,
+        py_spy=args.py_spy,
+        profile=args.profile,
+        timeout_s=args.timeout_s,
+        min_available_gib=args.min_available_gib,
+    )
+    for line in figures(depths):
         print(line)
     if args.profile is not None and args.profile.exists():
         from bench.scale import profile_summary

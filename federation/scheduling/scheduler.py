@@ -567,33 +567,51 @@ class Scheduler:
         are worded and encoded once, and that one tuple is what every such job keeps as written
         (a deep queue waits for a handful of reasons: a tuple of 50 reasons a job, and its JSON,
         was most of a first pass's CPU and a third of the memory per queued job)."""
-        worded: dict[Hashable, tuple[WaitReason, ...]] = {}
-        encoded: dict[Hashable, bytes] = {}
+        # Keyed by the key objects' identities, each entry holding its objects (so no id is reused
+        # during the walk): jobs that wait for the same decision share one key object, and a key is
+        # a tuple of the figures of every cluster, whose comparison and hash cost more, job by job,
+        # than the rest of the walk (200 ms a cycle at 50,000 queued, against 30 ms now).
+        same_keys: dict[tuple[int, int], tuple[Hashable, Hashable, bool]] = {}
+        # Each key's reasons, worded once, and their stored bytes; by value behind the identity, so
+        # that equal keys share one tuple.
+        by_key_id: dict[int, tuple[Hashable, _Worded]] = {}
+        by_key: dict[Hashable, _Worded] = {}
         # Whether a tuple written (by identity: the store's reads share them) equals a key's reasons.
-        equal: dict[tuple[int, Hashable], bool] = {}
+        equal: dict[tuple[int, int], tuple[tuple[WaitReason, ...], _Worded, bool]] = {}
         changed = []
         for index, w in enumerate(waiting):
             if index % 512 == 0:
                 between()
             key = w.key
             written = self._written_reasons.get(w.job_id)
-            if written is not None and written[0] == key:
-                continue  # equal keys, equal reasons: not even worded
-            reasons = worded.get(key)
-            if reasons is None:
-                reasons = worded[key] = w.reasons
             if written is not None:
-                pair = (id(written[1]), key)
+                old_key = written[0]
+                if old_key is key:
+                    continue
+                pair = (id(old_key), id(key))
+                hit = same_keys.get(pair)
+                if hit is None:
+                    hit = same_keys[pair] = (old_key, key, old_key == key)
+                if hit[2]:
+                    continue  # equal keys, equal reasons: not even worded
+            found = by_key_id.get(id(key))
+            if found is None:
+                words = by_key.get(key)
+                if words is None:
+                    words = by_key[key] = _Worded(w.reasons)
+                found = by_key_id[id(key)] = (key, words)
+            words = found[1]
+            if written is not None:
+                pair = (id(written[1]), id(words))
                 same = equal.get(pair)
                 if same is None:
-                    same = equal[pair] = written[1] == reasons
-                if same:
+                    same = equal[pair] = (written[1], words, written[1] == words.reasons)
+                if same[2]:
                     self._written_reasons[w.job_id] = (key, written[1])
                     continue
-            value = encoded.get(key)
-            if value is None:
-                value = encoded[key] = encode_wait_reasons(reasons)
-            changed.append(_ReasonsWrite(w.job_id, key, reasons, value))
+            if words.value is None:
+                words.value = encode_wait_reasons(words.reasons)
+            changed.append(_ReasonsWrite(w.job_id, key, words.reasons, words.value))
         still_waiting = {w.job_id for w in waiting}
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so
         # that etcd does not keep one stale key per job ever queued.
@@ -622,6 +640,14 @@ class Scheduler:
                     self._written_reasons[job_id] = done[job_id]
 
         await asyncio.gather(*(write(run) for run in cut_wait_writes(values)))
+
+
+@dataclass(slots=True)
+class _Worded:
+    """One wait's reasons, worded once for every job that waits for them, and their stored bytes."""
+
+    reasons: tuple[WaitReason, ...]
+    value: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
