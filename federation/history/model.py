@@ -52,6 +52,16 @@ class KeptLog:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldCopy:
+    """What the history holds of one archived job, for the archiver's check before it deletes the
+    job from etcd: its record as stored (the JSON text `write_jobs` wrote) and its kept tails' bytes
+    by (attempt, task, replica)."""
+
+    record_json: str
+    logs: Mapping[tuple[int, str, int], bytes]
+
+
+@dataclass(frozen=True, slots=True)
 class WaitSnapshot:
     """The wait reasons a scheduling cycle gave the job, and when."""
 

@@ -17,6 +17,7 @@ from typing import Protocol
 from federation.history.model import (
     ArchivedAudit,
     ArchivedJob,
+    HeldCopy,
     HistoryCounts,
     IntervalPage,
     IntervalQuery,
@@ -46,6 +47,12 @@ class HistoryStore(Protocol):
     def kept_logs(self, job_id: JobId, attempt: int) -> list[KeptLog]:
         """One attempt's kept tails, by task and replica, whatever their age (the caller applies
         the retention: `logs.retainHours` from `kept_at_s`)."""
+        ...
+
+    def held_copies(self, job_ids: Sequence[JobId]) -> dict[JobId, HeldCopy]:
+        """What the history holds of those of `job_ids` that are archived (the others are left
+        out): each one's stored record and kept tails, read together for a batch (two queries per
+        few hundred jobs, on one connection), for the archiver's check before it deletes them."""
         ...
 
     def write_audit(self, records: Sequence[ArchivedAudit]) -> int:

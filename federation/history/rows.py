@@ -57,8 +57,13 @@ def job_row(job: ArchivedJob) -> dict[str, Any]:
         "phase": r.phase.value,
         "submitted_at_s": r.submitted_at_s,
         "ended_at_s": job.ended_at_s,
-        "record_json": _dumps(job_to_dict(r)),
+        "record_json": record_json(r),
     }
+
+
+def record_json(record: JobRecord) -> str:
+    """A job's record as the history stores it (`history_jobs.record_json`)."""
+    return _dumps(job_to_dict(record))
 
 
 def record_from_row(record_json: str) -> JobRecord:

@@ -29,6 +29,7 @@ from federation.history.model import (
     MAX_AUDIT_LIMIT,
     ArchivedAudit,
     ArchivedJob,
+    HeldCopy,
     HistoryCounts,
     IntervalPage,
     IntervalQuery,
@@ -190,6 +191,28 @@ class SqlHistoryStore:
                 waits=tuple(rows.wait_from_row(r) for r in waits.mappings()),
                 intervals=tuple(rows.interval_from_row(r) for r in intervals.mappings()),
             )
+
+    def held_copies(self, job_ids: Sequence[JobId]) -> dict[JobId, HeldCopy]:
+        j, k = schema.jobs, schema.kept_logs
+        records: dict[JobId, str] = {}
+        logs: dict[JobId, dict[tuple[int, str, int], bytes]] = {}
+        try:
+            with self._engine.connect() as conn:
+                for chunk in _chunks(sorted(set(job_ids))):
+                    found = conn.execute(select(j.c.job_id, j.c.record_json).where(j.c.job_id.in_(chunk)))
+                    records.update((JobId(row[0]), str(row[1])) for row in found)
+                    tails = conn.execute(
+                        select(k.c.job_id, k.c.attempt, k.c.task, k.c.replica, k.c.data).where(
+                            k.c.job_id.in_(chunk)
+                        )
+                    )
+                    for job_id, attempt, task, replica, data in tails:
+                        # psycopg answers bytea as memoryview on some paths.
+                        where = (int(attempt), str(task), int(replica))
+                        logs.setdefault(JobId(job_id), {})[where] = bytes(data)
+        except OperationalError as error:
+            raise HistoryUnavailable(f"history read of {len(job_ids)} archived jobs: {error.orig}") from error
+        return {job_id: HeldCopy(text, logs.get(job_id, {})) for job_id, text in records.items()}
 
     def archived_ids(self, job_ids: Sequence[JobId]) -> set[JobId]:
         found: set[JobId] = set()

@@ -9,9 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from federation.errors import InvalidArgument
 from federation.history.model import ArchivedJob, KeptLog
+from federation.history.rows import record_json
 from federation.history.sql_store import SqlHistoryStore
 from placement.model import JobId
 from tests.history_builders import BACKENDS, an_archived_job, fresh_dsn, open_store
@@ -98,3 +100,30 @@ def test_a_tail_of_another_job_or_attempt_zero_is_refused() -> None:
         replace(job, logs=(KeptLog("j2", 1, "worker", 0, 1.0, b""),))
     with pytest.raises(InvalidArgument, match="attempts start at 1"):
         KeptLog("j1", 0, "worker", 0, 1.0, b"")
+
+
+def test_held_copies_read_a_batch_records_and_tails_in_two_queries(store: SqlHistoryStore) -> None:
+    """The archiver's check before it deletes from etcd reads what SQL holds of a whole batch at
+    once: each archived job's record as stored and its tails of every attempt, its own only."""
+    two = replace(with_tails("j2"), logs=(*with_tails("j2").logs, KeptLog("j2", 2, "master", 0, 1.0, b"a2")))
+    assert store.write_jobs([with_tails("j1"), two, an_archived_job("j3")]) == 3
+    statements: list[str] = []
+
+    def listener(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        held = store.held_copies([JobId("j1"), JobId("j2"), JobId("j3"), JobId("not-archived")])
+    finally:
+        event.remove(store.engine, "before_cursor_execute", listener)
+
+    assert len(statements) == 2
+    assert set(held) == {"j1", "j2", "j3"}
+    assert held[JobId("j1")].logs == {(k.attempt, k.task, k.replica): k.data for k in with_tails("j1").logs}
+    assert held[JobId("j1")].logs[(1, "master", 0)] == BINARY
+    assert held[JobId("j2")].logs[(2, "master", 0)] == b"a2"
+    assert held[JobId("j3")].logs == {}
+    found = store.get_job(JobId("j2"))
+    assert found is not None
+    assert held[JobId("j2")].record_json == record_json(found.record)
