@@ -25,7 +25,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 from clusters.api import ReplicaState
@@ -33,7 +33,8 @@ from clusters.kubernetes.names import object_name, task_name
 from federation.errors import InvalidSpec
 from federation.spec.jobspec import TrainingJobSpec
 from federation.spec.validate import int_field, number_field
-from federation.store.kv import MAX_TXN_OPS, KeyValueStore, LeaseNotFound, Put, cut_by_size
+from federation.store.group_commit import GroupCommit
+from federation.store.kv import MAX_TXN_OPS, KeyValueStore, LeaseNotFound, Put, Txn, cut_by_size
 from federation.store.schema_version import loads, unversioned
 from placement.model import JobId
 
@@ -44,6 +45,14 @@ LEASE_REUSE_S = 3600.0
 # Bytes of kept logs per transaction: under etcd's 1.5 MiB request limit with room for the keys and
 # framing; one tail (at most `_MAX_KEEP_KIB`) always fits alone.
 KEEP_TXN_BYTES = 1024 * 1024
+# Attempts kept at once share etcd requests (group commit): a tick that ends many attempts sends
+# their tails and summaries in a few requests, not one each (each Python gRPC call cost the leader
+# more CPU than the bytes it carried). At most this many transactions share a request, so that each
+# may have KEEP_TXN_OPS ops: etcd gives a nested transaction what the request's own count leaves of
+# MAX_TXN_OPS. A request is bounded in bytes too (group commit's 1 MiB): a transaction that does not
+# fit waits for the next, and one of a gang's large tails goes alone.
+KEEP_BATCH = 32
+KEEP_TXN_OPS = MAX_TXN_OPS - KEEP_BATCH
 
 # Reasons a container waits that no waiting will fix: `list` shows them while the job is DISPATCHED.
 WAITING_REASONS = frozenset(
@@ -207,8 +216,15 @@ def replica_key(job_id: str, attempt: int, task: str, replica: int) -> bytes:
 
 
 def _summary_json(kept: KeptAttempt) -> bytes:
-    data = asdict(kept)
+    # What `asdict` gives, built shallowly: asdict deep-copies every value on its way, a few percent
+    # of a busy leader's CPU with an attempt kept per job (tests/unit/test_job_logs.py compares).
+    data = _fields(kept)
+    data["replicas"] = [_fields(r) | {"state": _fields(r.state)} for r in kept.replicas]
     return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in fields(value)}
 
 
 def _summary_from(raw: bytes, key: bytes | None = None) -> KeptAttempt:
@@ -261,31 +277,41 @@ class LogArchive:
         self.settings = settings
         self._mask_for = mask_for
         self._lease: tuple[int, float] | None = None
+        # One grant at a time: attempts kept together (and retrying together after their batch
+        # found the lease gone) share the one lease granted, rather than granting one each.
+        self._granting = asyncio.Lock()
+        self._group = GroupCommit(kv, max_batch=KEEP_BATCH)
 
     async def _lease_id(self) -> int:
         """A lease shared by the attempts kept within an hour: one grant an hour, not one per attempt.
         Its TTL is the retention plus that hour; readers cut at the retention by the time kept."""
-        now = time.monotonic()
-        if self._lease is None or now - self._lease[1] > LEASE_REUSE_S:
-            ttl_s = max(1, round(self.settings.retain_hours * 3600 + LEASE_REUSE_S))
-            self._lease = (await self._kv.grant_lease(ttl_s), now)
-        return self._lease[0]
+        async with self._granting:
+            now = time.monotonic()
+            if self._lease is None or now - self._lease[1] > LEASE_REUSE_S:
+                ttl_s = max(1, round(self.settings.retain_hours * 3600 + LEASE_REUSE_S))
+                self._lease = (await self._kv.grant_lease(ttl_s), now)
+            return self._lease[0]
+
+    def _forget_lease(self, lease: int) -> None:
+        if self._lease is not None and self._lease[0] == lease:
+            self._lease = None
 
     async def keep(self, job_id: str, kept: KeptAttempt, logs: dict[tuple[str, int], bytes]) -> None:
         """Write one attempt: its logs and the summary that says they are there, in one transaction
-        when they fit in one request (the usual case: one round trip and one revision per ended
-        attempt, where a put per replica and one for the summary cost two round trips and a
-        revision each). A gang whose tails do not fit is written in several, the summary last."""
+        when they fit in one request (the usual case), a gang whose tails do not fit in several,
+        the summary last. Attempts kept at the same time share requests (group commit, bounded in
+        transactions and bytes): each transaction still commits on its own, and one too large for
+        a shared request goes alone, failing, if etcd refuses it, only its own attempt."""
         if self._mask_for is not None:
             mask = await self._mask_for(job_id)
             if mask:
                 kept = masked_summary(kept, mask)
                 logs = {where: mask.data(data) for where, data in logs.items()}
+        lease = await self._lease_id()
         try:
-            lease = await self._lease_id()
             await self._put_all(job_id, kept, logs, lease)
         except LeaseNotFound:
-            self._lease = None
+            self._forget_lease(lease)
             await self._put_all(job_id, kept, logs, await self._lease_id())
 
     async def _put_all(
@@ -297,10 +323,10 @@ class LogArchive:
         ]
         puts.append(Put(_key(job_id, kept.attempt, SUMMARY), _summary_json(kept), lease))
         *logs_first, last = cut_by_size(
-            puts, lambda p: len(p.key) + len(p.value), KEEP_TXN_BYTES, MAX_TXN_OPS
+            puts, lambda p: len(p.key) + len(p.value), KEEP_TXN_BYTES, KEEP_TXN_OPS
         )
-        await asyncio.gather(*(self._kv.txn((), run) for run in logs_first))
-        await self._kv.txn((), last)
+        await asyncio.gather(*(self._group.run(Txn((), tuple(run))) for run in logs_first))
+        await self._group.run(Txn((), tuple(last)))
 
     def fresh(self, kept: KeptAttempt, now_s: float) -> bool:
         """Whether an attempt's kept logs are still served: within the retention of when they were

@@ -286,3 +286,69 @@ def test_an_attempt_is_kept_in_as_few_transactions_as_fit(
     assert len(set(written.values())) == revisions
     summary = written.pop(b"/gpufed/logs/job-1/1/_attempt")
     assert summary >= max(written.values())
+
+
+class CountingKv(MemoryKv):
+    """MemoryKv that counts the requests it is sent (a lone txn or a batch of nested ones)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[int] = []
+
+    async def txn(self, compares, success, failure=()):  # type: ignore[no-untyped-def]
+        self.requests.append(1)
+        return await super().txn(compares, success, failure)
+
+    async def txn_many(self, txns):  # type: ignore[no-untyped-def]
+        self.requests.append(len(txns))
+        return await super().txn_many(txns)
+
+
+def test_attempts_kept_together_share_requests_each_whole() -> None:
+    """A tick that ends many attempts keeps them in a few etcd requests (group commit), not one
+    each; each attempt's tails and summary are still all there, its own bytes under its own keys."""
+    kv = CountingKv()
+    archive = LogArchive(kv, LogsSettings(retain_hours=1.0))
+    state = a_replica("Completed", 0)
+
+    def kept(i: int) -> KeptAttempt:
+        return a_kept_attempt(
+            1,
+            (KeptReplica("worker", 0, state, 8),),
+            started_at_s=1.0,
+            finished_at_s=2.0,
+            kept_at_s=1000.0 + i,
+        )
+
+    async def run() -> None:
+        await asyncio.gather(
+            *(archive.keep(f"job-{i}", kept(i), {("worker", 0): f"job-{i}\n".encode()}) for i in range(40))
+        )
+        for i in range(40):
+            assert await archive.log(f"job-{i}", 1, "worker", 0) == f"job-{i}\n".encode()
+            assert await archive.summary(f"job-{i}", 1, now_s=1000.0) == kept(i)
+
+    asyncio.run(run())
+    assert sum(kv.requests) == 40
+    assert len(kv.requests) <= 3, kv.requests
+
+
+def test_a_summary_is_written_as_asdict_writes_it() -> None:
+    """The summary's JSON is built field by field (asdict deep-copies): byte for byte the same."""
+    import json
+    from dataclasses import asdict
+
+    from federation.joblogs.archive import _summary_json
+
+    states = (a_replica("OOMKilled", 137), replace(a_replica(), started_at_s=1.5, container="main"))
+    kept = replace(
+        a_kept_attempt(
+            2,
+            tuple(KeptReplica("worker", i, s, 10 * i, "cut") for i, s in enumerate(states)),
+            started_at_s=0.5,
+            finished_at_s=3.0,
+        ),
+        note="n",
+        started_at_s=None,
+    )
+    assert _summary_json(kept) == json.dumps(asdict(kept), separators=(",", ":")).encode()
