@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from federation.errors import NotLeader
+from federation.store import job_store
 from federation.store.job_store import (
     WAIT_WRITES_PER_TXN,
     WAITS,
@@ -129,3 +130,15 @@ async def test_a_cycle_writes_many_jobs_a_transaction_and_equal_waits_share_thei
         # What explain reads is what the scheduler holds as written; equal reasons are one tuple.
         assert all(stored[j] == written[j][1] for j in waiting)
         assert len({id(written[j][1]) for j in waiting}) == len({written[j][1] for j in waiting})
+
+
+async def test_with_compression_off_the_json_list_is_written_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(job_store, "WAITS_WRITE_COMPRESSED", False)
+    store = InMemoryJobStore()
+    await store.put_wait_reasons(JobId("a"), _room_reasons(2))
+    raw = await store._kv.get(WAITS + b"a")
+    assert raw is not None
+    assert json.loads(raw.value) == [wait_to_dict(r) for r in _room_reasons(2)]
+    assert await store.get_wait_reasons(JobId("a")) == _room_reasons(2)
