@@ -11,8 +11,10 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import pytest
 
+from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import NotLeader
 from federation.store import job_store
 from federation.store.job_store import (
@@ -25,8 +27,11 @@ from federation.store.job_store import (
     wait_to_dict,
     waits_from_json,
 )
-from placement.model import ClusterName, GpuType, JobId, JobPhase, WaitCode, WaitReason
+from federation.store.records import Role, TenantRecord, UserRecord
+from placement.model import ClusterName, GpuType, JobId, JobPhase, TenantId, WaitCode, WaitReason
+from tests.unit.job_service import job_service
 from tests.unit.reconcile_world import a_job, build_world, submit
+from tests.unit.test_redaction import Aborted, Context
 
 
 def _room_reasons(clusters: int = 50) -> tuple[WaitReason, ...]:
@@ -142,3 +147,40 @@ async def test_with_compression_off_the_json_list_is_written_as_before(
     assert raw is not None
     assert json.loads(raw.value) == [wait_to_dict(r) for r in _room_reasons(2)]
     assert await store.get_wait_reasons(JobId("a")) == _room_reasons(2)
+
+
+async def test_another_tenant_learns_nothing_of_reasons_shared_or_batched_with_its_own() -> None:
+    """Two tenants' jobs wait for the same reasons: one tuple in the scheduler, their writes in one
+    transaction. Each member's explain of its own job reads its reasons; another tenant's member
+    asking about it is told no more than of a job that does not exist."""
+    tenants = (TenantRecord(name=TenantId("vision")), TenantRecord(name=TenantId("nlp")))
+    async with build_world(tenants=tenants) as world:
+        for user, tenant in (("alice", "vision"), ("bob", "nlp")):
+            await world.store.put_user(UserRecord(user, TenantId(tenant), Role.MEMBER))
+            await world.store.put_token(f"{user}-token", user)
+        jobs = {
+            tenant: [
+                await submit(world, a_job(f"{tenant}-{n}", gpus=4, tenant=tenant, queued_at_s=1000.0 + n))
+                for n in range(3)
+            ]
+            for tenant in ("vision", "nlp")
+        }
+        await world.step()
+        waiting = {
+            t: [j for j in js if (await world.job(j)).phase is JobPhase.QUEUED] for t, js in jobs.items()
+        }
+        alices, bobs = waiting["vision"][-1], waiting["nlp"][-1]
+        service = job_service(world.store, world.cache)
+        mine = await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), Context("alice-token"))
+        assert [r.message for r in mine.reasons] == [
+            r.message for r in await world.store.get_wait_reasons(alices)
+        ]
+        assert mine.reasons
+        with pytest.raises(Aborted) as theirs:
+            await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), Context("bob-token"))
+        with pytest.raises(Aborted) as nothing:
+            await service.ExplainJob(pb.ExplainJobRequest(job_id=JobId("no-such-job")), Context("bob-token"))
+        assert theirs.value.code == nothing.value.code == grpc.StatusCode.NOT_FOUND
+        # The same words as for a job that is not there, the id asked for aside.
+        assert theirs.value.args[1].replace(alices, "?") == nothing.value.args[1].replace("no-such-job", "?")
+        assert await world.store.get_wait_reasons(bobs)
