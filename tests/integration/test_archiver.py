@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event, text
 
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
@@ -549,3 +550,37 @@ async def test_tails_past_the_logs_retention_are_pruned_from_sql_in_batches(worl
     assert world.history.counts().kept_logs == 2
     assert set(sql_tails(world.history, "kept", 1)) == {(1, "master", 0), (1, "worker", 0)}
     assert world.history.counts().jobs == 2
+
+
+async def test_a_pass_over_jobs_already_in_sql_checks_the_batch_in_two_queries(world: World) -> None:
+    """Jobs a crashed pass wrote are checked against SQL before they leave etcd: the batch is read
+    at once (records and tails), not a `get_job` and a `kept_logs` per job and attempt. A record
+    SQL holds in another form (another build's JSON: other spacing, other key order) is the same
+    record and goes; one that differs stays (test_a_job_changed_after_it_was_read_is_not_deleted)."""
+    for i in range(20):
+        last = await seed_ended(world.store, f"j{i:02d}", ended_at_s=OLD + i, attempts=1 + i % 2)
+        await seed_tails(world.kv, f"j{i:02d}", 1, 2)
+    await world.synced(last)
+    with pytest.raises(StoreUnavailable):
+        await world.archiver(FailingDeletes(world.kv)).archive_once(world.fence)  # type: ignore[arg-type]
+    with world.history.engine.begin() as conn:
+        stored = conn.execute(text("SELECT record_json FROM history_jobs WHERE job_id = 'j03'")).scalar_one()
+        other_form = json.dumps(dict(reversed(list(json.loads(stored).items()))), indent=2)
+        conn.execute(text("UPDATE history_jobs SET record_json = :r WHERE job_id = 'j03'"), {"r": other_form})
+    selects: list[str] = []
+
+    def count(*args: object) -> None:
+        if str(args[2]).lstrip().upper().startswith("SELECT"):
+            selects.append(str(args[2]))
+
+    event.listen(world.history.engine, "before_cursor_execute", count)
+    try:
+        report = await world.archiver().archive_once(world.fence)
+    finally:
+        event.remove(world.history.engine, "before_cursor_execute", count)
+
+    assert (report.jobs_archived, report.jobs_left) == (20, 0)
+    assert len(selects) == 2, selects
+    assert await etcd_keys(world.kv, JOBS) == []
+    assert await etcd_keys(world.kv, LOGS_PREFIX) == []
+    assert world.history.counts().jobs == 20
