@@ -62,6 +62,12 @@ log = structlog.get_logger("gpufed.scheduler")
 
 # Bounded so that a cycle with thousands of admissions does not open thousands of etcd calls at once.
 COMMIT_CONCURRENCY = 64
+# The most jobs whose wait reasons one cycle writes (or deletes): a new leader over a million
+# queued jobs, none of them with reasons yet, wrote them all in its first cycle, minutes of etcd
+# requests of 1 MiB during which its keepalives came too late and it lost its lease, again and
+# again (bench/scale_depth.py). 256 transactions; the next cycles write the rest, in the order the
+# placer left the jobs waiting.
+WAIT_WRITES_PER_CYCLE = 16_384
 # How often the placer's inputs (settings, tenants, users, approvals) are re-read from etcd, and
 # how often usage is re-added from the job records: admin changes apply within this, at a cycle.
 INPUTS_REFRESH_S = 2.0
@@ -339,15 +345,16 @@ class Scheduler:
             starts = {r.job_id: r.start_at_s for r in result.reservations}
             self._capacity.offer(result.capacity_requests, starts)
             waiting = self._capacity.annotate(result.waiting)
-        await self._write_reasons(waiting, fence, semaphore)
+        reasons_left = await self._write_reasons(waiting, fence, semaphore)
         await self._record_bursts(result, stored_jobs, now, fence, semaphore)
         self._metrics.set_queue_depth(planned.queue_depth)
         seconds = time.perf_counter() - started
         self._metrics.cycle_seconds.observe(seconds)
         self._metrics.cycle_cpu_seconds.inc(planned.cpu_s)
         self._last_waiting = len(result.waiting)
-        if admitted or conflicts or result.preemptions or result.moves:
-            # What it wrote changes the jobs; a conflict or an order not written must be tried again.
+        if admitted or conflicts or result.preemptions or result.moves or reasons_left:
+            # What it wrote changes the jobs; a conflict, an order or reasons not written must be
+            # tried again.
             self._idle.forget()
         else:
             self._idle.planned(read, now, seconds)
@@ -620,7 +627,9 @@ class Scheduler:
 
     async def _write_reasons(
         self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
-    ) -> None:
+    ) -> int:
+        """Write the reasons that changed, at most WAIT_WRITES_PER_CYCLE jobs' (in the placer's
+        order of the waiting jobs); returns how many are left for the next cycles."""
         await self._read_written_reasons(fence)
         # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
         # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
@@ -628,6 +637,9 @@ class Scheduler:
         # Many jobs to a fenced transaction (`put_encoded_wait_reasons`), not one each.
         values: list[tuple[JobId, bytes | None]] = [(c.job_id, c.value) for c in changed]
         values += [(job_id, None) for job_id in left]
+        # The rest are found changed again by the next cycle, which the idle gate does not skip.
+        later = max(0, len(values) - WAIT_WRITES_PER_CYCLE)
+        values = values[:WAIT_WRITES_PER_CYCLE]
         done = {c.job_id: (c.key, c.reasons) for c in changed}
 
         async def write(run: list[tuple[JobId, bytes | None]]) -> None:
@@ -640,6 +652,7 @@ class Scheduler:
                     self._written_reasons[job_id] = done[job_id]
 
         await asyncio.gather(*(write(run) for run in cut_wait_writes(values)))
+        return later
 
 
 @dataclass(slots=True)
