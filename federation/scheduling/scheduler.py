@@ -68,6 +68,9 @@ COMMIT_CONCURRENCY = 64
 # again (bench/scale_depth.py). 256 transactions; the next cycles write the rest, in the order the
 # placer left the jobs waiting.
 WAIT_WRITES_PER_CYCLE = 16_384
+# And at most this many of their transactions in flight (of 64 jobs each): etcd applies requests one
+# after another, and a lease's renewal waited behind 2 MiB of them.
+WAIT_WRITES_IN_FLIGHT = 8
 # How often the placer's inputs (settings, tenants, users, approvals) are re-read from etcd, and
 # how often usage is re-added from the job records: admin changes apply within this, at a cycle.
 INPUTS_REFRESH_S = 2.0
@@ -642,8 +645,10 @@ class Scheduler:
         values = values[:WAIT_WRITES_PER_CYCLE]
         done = {c.job_id: (c.key, c.reasons) for c in changed}
 
+        in_flight = asyncio.Semaphore(WAIT_WRITES_IN_FLIGHT)
+
         async def write(run: list[tuple[JobId, bytes | None]]) -> None:
-            async with semaphore:
+            async with in_flight, semaphore:
                 await self._store.put_encoded_wait_reasons(run, fence=fence)
             for job_id, value in run:
                 if value is None:
