@@ -408,6 +408,11 @@ def run(
                     deadline = time.monotonic() + wait_s
                     while not _ready(f"http://127.0.0.1:{metrics_port}/readyz"):
                         check()
+                        assert server.proc is not None
+                        if server.proc.poll() is not None:
+                            raise RuntimeError(
+                                f"the server exited ({server.proc.returncode}) before its first pass"
+                            )
                         assert time.monotonic() < deadline, f"not ready after {wait_s:.0f} s"
                         time.sleep(0.1)
                     start_s = time.monotonic() - began
