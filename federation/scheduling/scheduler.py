@@ -637,12 +637,14 @@ class Scheduler:
         # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
         # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
         changed, left = await asyncio.to_thread(self._reasons_to_write, waiting, StepAside(self._metrics))
-        # Many jobs to a fenced transaction (`put_encoded_wait_reasons`), not one each.
+        # At most WAIT_WRITES_PER_CYCLE jobs: the rest are found changed again by the next cycle,
+        # which the idle gate does not skip. Many jobs to a fenced transaction
+        # (`put_encoded_wait_reasons`), not one each.
+        later = max(0, len(changed) + len(left) - WAIT_WRITES_PER_CYCLE)
+        changed = changed[:WAIT_WRITES_PER_CYCLE]
+        left = left[: WAIT_WRITES_PER_CYCLE - len(changed)]
         values: list[tuple[JobId, bytes | None]] = [(c.job_id, c.value) for c in changed]
         values += [(job_id, None) for job_id in left]
-        # The rest are found changed again by the next cycle, which the idle gate does not skip.
-        later = max(0, len(values) - WAIT_WRITES_PER_CYCLE)
-        values = values[:WAIT_WRITES_PER_CYCLE]
         done = {c.job_id: (c.key, c.reasons) for c in changed}
 
         in_flight = asyncio.Semaphore(WAIT_WRITES_IN_FLIGHT)
