@@ -75,3 +75,32 @@ async def test_large_and_small_tails_of_two_tenants_kept_together_each_whole_and
     assert len(kv.requests) < transactions / 2, kv.requests
     # Bounded: no request over etcd's limit (etcd would have refused it, and every attempt in it).
     assert max(size for _, size in kv.requests) < ETCD_REQUEST_LIMIT
+
+
+async def test_attempts_kept_together_after_their_lease_went_share_one_new_grant(etcd_kv: EtcdKv) -> None:
+    """etcd refuses a whole shared request whose lease is gone: every attempt in it is kept again
+    under one new lease (one grant, not one per attempt), none lost."""
+    kv = CountingKv(etcd_kv)
+    grants: list[int] = []
+
+    async def grant_lease(ttl_s: int) -> int:
+        lease = await etcd_kv.grant_lease(ttl_s)
+        grants.append(lease)
+        return lease
+
+    kv.grant_lease = grant_lease  # type: ignore[attr-defined]
+    archive = LogArchive(kv, LogsSettings())  # type: ignore[arg-type]
+    first, first_logs = attempt("first", 1, 40)
+    await archive.keep("first", first, first_logs)
+    await etcd_kv.revoke_lease(grants[0])  # as etcd would once it ran out, with the leader away
+    wanted = {f"j-{i}": attempt(f"j-{i}", 1, 40) for i in range(20)}
+
+    await asyncio.gather(*(archive.keep(job_id, kept, logs) for job_id, (kept, logs) in wanted.items()))
+
+    assert len(grants) == 2
+    for job_id, (kept, logs) in wanted.items():
+        assert await archive.summary(job_id, 1, now_s=1000.0) == kept
+        found = await etcd_kv.get(b"/gpufed/logs/" + f"{job_id}/1/worker-0".encode())
+        assert found is not None
+        assert found.value == logs[("worker", 0)]
+        assert found.lease == grants[1]
