@@ -19,6 +19,7 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,6 +351,51 @@ def compact_revision(etcd: EtcdProcess) -> int:
     return int(float(found.group(1))) if found else 0
 
 
+@dataclass
+class SubmitTurns:
+    """Where a soak's submitter sends one key: the servers up at each turn, in turn, with a client
+    kept per (server, user)."""
+
+    servers: Callable[[], list[ServerProcess]]
+    clients: dict[tuple[str, str], GpufedClient]
+    token: str
+    user: str
+    timeout_s: float
+    pause_s: float
+
+
+def submit_until_accepted(
+    turns: SubmitTurns,
+    key: str,
+    text: str,
+    *,
+    first_turn: int,
+    on_error: Callable[[], None],
+    lock: threading.Lock,
+) -> str:
+    """Submit `text` under the idempotency key `key` until a server accepts it; its job id.
+
+    A server that is down (or died mid-call) gets the same key again on the next: if the first had
+    accepted it, the retry finds that job instead of making another. `on_error` is called (under
+    `lock`) for each refused call."""
+    for turn in itertools.count(first_turn):
+        servers = turns.servers()
+        server = servers[turn % len(servers)]
+        client = turns.clients.get((server.target, turns.user))
+        if client is None:
+            client = turns.clients[(server.target, turns.user)] = GpufedClient(
+                server.target, turns.token, timeout_s=turns.timeout_s
+            )
+        try:
+            return client.submit(text, idempotency_key=key).job_id
+        except grpc.RpcError:
+            with lock:
+                on_error()
+            turns.clients.pop((server.target, turns.user)).close()
+            time.sleep(turns.pause_s)
+    raise AssertionError("unreachable")
+
+
 class Soak:
     """One soak run under `work_dir`. `run()` returns the result; the processes are gone after."""
 
@@ -513,6 +559,12 @@ class Soak:
         plan = self.plan
         users = [u["name"] for u in USERS if u["name"] != "admin"]
         clients: dict[tuple[str, str], GpufedClient] = {}
+
+        def servers() -> list[ServerProcess]:
+            # The standby only once it serves.
+            standby_up = self._standby is not None and self._standby.done()
+            return self.servers if standby_up else self.servers[:1]
+
         try:
             while (i := next(counter)) < plan.jobs:
                 # Paced: submission i is due at i / rate, so the load is the plan's, whatever the threads.
@@ -523,32 +575,22 @@ class Soak:
                     self._wait_for_kills_or_turn()
                 key, user = f"soak-{i}", users[i % len(users)]
                 text = soak_manifest(i, plan.job_s)
-                for turn in itertools.count(i):
-                    # A server that is down (or died mid-call) gets the same key again on the other:
-                    # if the first had accepted it, the retry finds that job instead of making another.
-                    # The standby only once it serves.
-                    standby_up = self._standby is not None and self._standby.done()
-                    servers = self.servers if standby_up else self.servers[:1]
-                    server = servers[turn % len(servers)]
-                    client = clients.get((server.target, user))
-                    if client is None:
-                        client = clients[(server.target, user)] = GpufedClient(
-                            server.target, self._tokens[user], timeout_s=5
-                        )
-                    try:
-                        job_id = client.submit(text, idempotency_key=key).job_id
-                    except grpc.RpcError:
-                        with self._lock:
-                            self.result.submit_errors += 1
-                        clients.pop((server.target, user)).close()
-                        time.sleep(0.1)
-                        continue
-                    with self._lock:
-                        self.result.accepted[key] = job_id
-                    break
+                job_id = submit_until_accepted(
+                    SubmitTurns(servers, clients, self._tokens[user], user, timeout_s=5, pause_s=0.1),
+                    key,
+                    text,
+                    first_turn=i,
+                    on_error=self._count_submit_error,
+                    lock=self._lock,
+                )
+                with self._lock:
+                    self.result.accepted[key] = job_id
         finally:
             for client in clients.values():
                 client.close()
+
+    def _count_submit_error(self) -> None:
+        self.result.submit_errors += 1
 
     def _wait_for_kills_or_turn(self) -> None:
         """A held-back submission goes once the kills are done, or before, at its turn of one every

@@ -43,8 +43,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from datasync.loopback_ports import free_port
 from federation.api.client import GpufedClient
 from federation.runtime.etcd_process import EtcdProcess
@@ -52,7 +50,15 @@ from federation.runtime.postgres_process import PostgresProcess, postgres_bin_di
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, wait_for
 from tests.e2e.kube import write_config
-from tests.e2e.soak import BOOTSTRAP_FINISHED, DSN_ENV, USERS, clusters, soak_manifest
+from tests.e2e.soak import (
+    BOOTSTRAP_FINISHED,
+    DSN_ENV,
+    USERS,
+    SubmitTurns,
+    clusters,
+    soak_manifest,
+    submit_until_accepted,
+)
 from tests.e2e.soak import SoakPlan as _SizePlan
 from tests.etcdctl import count_keys, etcdctl
 
@@ -599,31 +605,26 @@ class FailoverSoak:
                     self.result.submitted += 1
                 key, user = f"soak-{i}", users[i % len(users)]
                 text = soak_manifest(i, plan.job_s)
-                for turn in itertools.count(i):
-                    # A server that is down (or died mid-call) gets the same key again on the next:
-                    # if the first had accepted it, the retry finds that job, not a second one.
-                    server = self.servers[turn % len(self.servers)]
-                    client = clients.get((server.target, user))
-                    if client is None:
-                        client = clients[(server.target, user)] = GpufedClient(
-                            server.target, self._tokens[user], timeout_s=10
-                        )
-                    try:
-                        job_id = client.submit(text, idempotency_key=key).job_id
-                    except grpc.RpcError:
-                        with self._lock:
-                            self.result.submit_retries += 1
-                        clients.pop((server.target, user)).close()
-                        time.sleep(0.05)
-                        continue
-                    with self._lock:
-                        self.result.accepted[key] = job_id
-                    break
+                job_id = submit_until_accepted(
+                    SubmitTurns(
+                        lambda: self.servers, clients, self._tokens[user], user, timeout_s=10, pause_s=0.05
+                    ),
+                    key,
+                    text,
+                    first_turn=i,
+                    on_error=self._count_submit_retry,
+                    lock=self._lock,
+                )
+                with self._lock:
+                    self.result.accepted[key] = job_id
         finally:
             for client in clients.values():
                 client.close()
 
     # -- kills -----------------------------------------------------------------------------------
+
+    def _count_submit_retry(self) -> None:
+        self.result.submit_retries += 1
 
     def _alive(self, server: ServerProcess) -> bool:
         return server.proc is not None and server.proc.poll() is None
