@@ -5,6 +5,10 @@ and `rss_mib_per_100k_live_jobs` figures) or alone:
 
     python bench/scale_depth.py               # 10,000 then 1,000,000 queued
     python bench/scale_depth.py --quick       # 2,000 then 20,000 queued
+    python bench/scale_depth.py --min-available-gib 3   # stop (server killed) if memory runs short
+
+Timeouts (for the server to serve, to finish its first pass, and for each cycle) grow with the
+depth: 900 s per 100,000 queued jobs, or `--timeout-s`.
 
 How the queue is loaded: not through SubmitJob (a million submissions at 1,000 to 2,000 a second is
 ten minutes of a machine shared with other agents), but straight into etcd, the way the server's
@@ -22,12 +26,23 @@ time; and the server's own placer cycle (`gpufed_scheduling_cycle_seconds` and i
 `/metrics`) over those calls. The server's resident memory is read from /proc after each depth:
 the difference between the two, over the difference in jobs, is the memory per 100,000 live jobs.
 
-Measured 2026-11-30 (2 shared cores, load 3 to 8), 10,000 then 100,000 queued: submit p99 5.5 and
-93.8 ms (each submission changes the jobs, so the next cycle, 1.5 s at 100,000, is not skipped),
-list p99 4.5 and 6.7 ms, explain p99 3.4 and 8.1 ms, the server's cycle 157 and 1,494 ms (102 and
-948 ms of CPU), first pass 5.8 and 37.6 s after launch, 715 MiB per 100,000 jobs (737 and 739 in
-two other runs): a million would take the server about 7 GiB, so `bench/scale.py` stops at 100,000
-by default. At 100,000, a quarter of the server's samples were writing the new jobs' wait reasons.
+Measured 2026-11-30 (2 shared cores, load 3 to 8), 10,000 then 100,000 queued, before the wait
+reasons were compressed, batched and worded once (issue 33): submit p99 5.5 and 93.8 ms, list p99
+4.5 and 6.7 ms, explain p99 3.4 and 8.1 ms, the server's cycle 157 and 1,494 ms (102 and 948 ms
+of CPU), first pass 5.8 and 37.6 s after launch, 715 MiB per 100,000 jobs (737 and 739 in two
+other runs). At 100,000, a quarter of the server's samples were writing the new jobs' wait reasons.
+
+After (5,000 then 50,000 queued, the same day, minutes apart: before 4.9 and 36.3 s to the first
+pass, 742 MiB per 100,000 jobs; after 3.7 and 5.0 s, 400 MiB).
+
+A million (`--shallow 10000 --deep 1000000 --min-available-gib 3`, 2026-11-30, load 2 to 10): the
+queue seeded in 146 s; the server listed it in 54 s and finished its first pass 102 s after launch;
+at 10,000 then 1,000,000 queued, submit p99 8.7 and 8.8 ms (ratio 1.01), one tenant's list p99 6.7
+and 16.2 ms (2.42), explain p99 5.8 and 4.2 ms (0.72), the server's cycle 130 ms (69 ms CPU) and
+12.6 s (8.4 s CPU), RSS 138 MiB and 3.5 GiB: 341 MiB per 100,000 jobs (etcd held 7.6 GiB on disk in the first attempt). The two
+attempts before it never finished the first pass: the leader lost its 3 s lease every 20 to 60 s,
+while its first cycle wrote every job's reasons and while full garbage collections walked the
+million requests it had built (federation.scheduling.scheduler: WAIT_WRITES_PER_CYCLE, paused_gc).
 """
 
 from __future__ import annotations
