@@ -39,10 +39,11 @@ A million (`--shallow 10000 --deep 1000000 --min-available-gib 3`, 2026-11-30, l
 queue seeded in 146 s; the server listed it in 54 s and finished its first pass 102 s after launch;
 at 10,000 then 1,000,000 queued, submit p99 8.7 and 8.8 ms (ratio 1.01), one tenant's list p99 6.7
 and 16.2 ms (2.42), explain p99 5.8 and 4.2 ms (0.72), the server's cycle 130 ms (69 ms CPU) and
-12.6 s (8.4 s CPU), RSS 138 MiB and 3.5 GiB: 341 MiB per 100,000 jobs (etcd held 7.6 GiB on disk in the first attempt). The two
-attempts before it never finished the first pass: the leader lost its 3 s lease every 20 to 60 s,
-while its first cycle wrote every job's reasons and while full garbage collections walked the
-million requests it had built (federation.scheduling.scheduler: WAIT_WRITES_PER_CYCLE, paused_gc).
+12.6 s (8.4 s CPU), RSS 138 MiB and 3.5 GiB: 341 MiB per 100,000 jobs. The two attempts before it
+never finished the first pass (etcd held 7.6 GiB on disk in the first): the leader lost its 3 s
+lease every 20 to 60 s, while its first cycle wrote every job's reasons and while full garbage
+collections walked the million requests it had built (federation.scheduling.scheduler:
+WAIT_WRITES_PER_CYCLE, paused_gc).
 """
 
 from __future__ import annotations
