@@ -35,7 +35,7 @@ placer, depth, failover):
   `placer_cycle_ms_10k` is the server's cycle at 10,000, `rss_mib_per_100k_live_jobs` the server's
   memory per 100,000 more jobs, `queued_1m_list_p99_ms` one tenant's list at 1,000,000 queued
   (measured only when `--depths` reaches a million: by default the deep queue is 100,000, as a
-  million takes the server about 7 GiB, more than this shared machine's share; said as such).
+  million takes etcd several GiB and the server about 3.5 GiB, and seeding it takes minutes).
 * failover: `bench/scale_failover.py`: an HA pair with 100,000 live jobs, the leader killed with
   SIGKILL: `failover_to_scheduling_s` until a job submitted to the successor after the kill is
   admitted, with the servers' default lease (3 s; `--lease-ttl-s` sets another): the dead
@@ -204,9 +204,9 @@ PHASE_STAGE = {
     "SUCCEEDED": "finished",
 }
 # The queue's depths (bench/scale_depth.py) and the live jobs of the failover (bench/scale_failover.py).
-# Not 1,000,000 by default: the server held 737 MiB more per 100,000 queued jobs (2026-11-30), so a
-# million would take about 7 GiB for the server alone, more than this machine's share; `--depths
-# 10000 1000000` measures it where there is the memory.
+# Not 1,000,000 by default: seeding a million jobs takes minutes and etcd several GiB, and the server
+# holds about 341 MiB per 100,000 (3.5 GiB at a million, 2026-11-30); `--depths 10000 1000000`
+# measures it.
 DEPTHS = (10_000, 100_000)
 QUICK_DEPTHS = (1_000, 5_000)
 FAILOVER_LIVE = 100_000

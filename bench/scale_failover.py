@@ -220,7 +220,7 @@ def run(live: int, lease_ttl_s: int | None = None, say: Callable[[str], None] = 
                     work / f"state-{name}",
                     config=config,
                     identity=name,
-                    extra_args=(*lease, "--metrics-port", str(ports[name])),
+                    extra_args=(*lease, "--metrics-port", str(ports[name]), "--compress-wait-reasons"),
                 )
                 for name in "ab"
             ]

@@ -147,6 +147,9 @@ class ServerConfig:
     secrets_key_file: Path | None = None
     # `gpufed serve --role` (federation.runtime.role): an `api` server never stands for leader.
     role: ServerRole = ServerRole.ALL
+    # `gpufed serve --compress-wait-reasons` (`federation.store.job_store.encode_wait_reasons`): on
+    # only once no server of the release before this one is left.
+    compress_wait_reasons: bool = False
 
 
 def _secrets_keyring(cfg: ServerConfig) -> Keyring | None:
@@ -224,7 +227,7 @@ class FederationServer:
         cfg = self.config
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._kv = await EtcdKv.connect(cfg.etcd_endpoint, timeout_s=cfg.etcd_timeout_s)
-        store = KvStore(self._kv)
+        store = KvStore(self._kv, compress_wait_reasons=cfg.compress_wait_reasons)
         self._cache = JobCache(store)
         self._ledger = LedgerCache(store)
         # A restart's longest wait: every job and interval in etcd listed, and the history store

@@ -652,7 +652,7 @@ class Scheduler:
                     self._written_reasons[w.job_id] = (key, written[1])
                     continue
             if words.value is None:
-                words.value = encode_wait_reasons(words.reasons)
+                words.value = encode_wait_reasons(words.reasons, compressed=self._store.compress_wait_reasons)
             changed.append(_ReasonsWrite(w.job_id, key, words.reasons, words.value))
         still_waiting = {w.job_id for w in waiting}
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so

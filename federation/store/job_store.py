@@ -188,6 +188,9 @@ class JobEvent:
 
 
 class JobStore(Protocol):
+    # Whether wait reasons are written compressed (`encode_wait_reasons`, `put_encoded_wait_reasons`).
+    compress_wait_reasons: bool
+
     async def create_job(
         self, job: JobRecord, *, idempotency_key: str, manifest_digest: str
     ) -> tuple[Stored[JobRecord], bool]:
@@ -447,17 +450,17 @@ def cut_wait_writes(values: Sequence[tuple[JobId, bytes | None]]) -> list[list[t
     )
 
 
-# Whether they are written compressed. A build before this one reads only the JSON list: while
-# servers of both run side by side (a roll), its `explain` of a job whose reasons this build wrote
-# fails until it is upgraded. False keeps writing the list (reading both), for the strict
-# read-ahead rule of docs/deploy.md, at ten times the bytes in etcd.
-WAITS_WRITE_COMPRESSED = True
+def encode_wait_reasons(reasons: Sequence[WaitReason], *, compressed: bool) -> bytes:
+    """A job's wait reasons as etcd keeps them: their JSON list, `compressed` or not
+    (`WAITS_ZLIB_LEVEL`); `waits_from_json` reads both.
 
-
-def encode_wait_reasons(reasons: Sequence[WaitReason]) -> bytes:
-    """A job's wait reasons as etcd keeps them (`WAITS_ZLIB_LEVEL`); `waits_from_json` reads them."""
+    This release reads the compressed form and writes it only when the server is told to
+    (`gpufed serve --compress-wait-reasons`): a server of the release before reads only the list,
+    and a leader of it that met a compressed value would fail its every cycle (its list of the
+    stored reasons raises). So the form follows docs/deploy.md's read-ahead rule: written only once
+    no server of an earlier release is left, and by default from the next release on."""
     listed = _dumps([wait_to_dict(r) for r in reasons])
-    return zlib.compress(listed, WAITS_ZLIB_LEVEL) if WAITS_WRITE_COMPRESSED else listed
+    return zlib.compress(listed, WAITS_ZLIB_LEVEL) if compressed else listed
 
 
 def waits_from_json(raw: bytes | str) -> tuple[WaitReason, ...]:
@@ -474,8 +477,10 @@ def waits_from_json(raw: bytes | str) -> tuple[WaitReason, ...]:
 class KvStore:
     """JobStore over any KeyValueStore."""
 
-    def __init__(self, kv: KeyValueStore) -> None:
+    def __init__(self, kv: KeyValueStore, *, compress_wait_reasons: bool = False) -> None:
         self._kv = kv
+        # Whether wait reasons are written compressed (`encode_wait_reasons`).
+        self.compress_wait_reasons = compress_wait_reasons
         # Submissions, admissions and transitions are independent transactions: under load they
         # share etcd requests instead of paying a round trip each.
         self._group = GroupCommit(kv)
@@ -618,11 +623,15 @@ class KvStore:
         key = WAITS + job_id.encode()
         if fence is None:
             if reasons:
-                await self._kv.put(key, encode_wait_reasons(reasons))
+                await self._kv.put(key, encode_wait_reasons(reasons, compressed=self.compress_wait_reasons))
             else:
                 await self._kv.delete(key)
             return
-        op = Put(key, encode_wait_reasons(reasons)) if reasons else Delete(key)
+        op = (
+            Put(key, encode_wait_reasons(reasons, compressed=self.compress_wait_reasons))
+            if reasons
+            else Delete(key)
+        )
         result = await self._group.run(Txn((fence.compare(),), (op,)))
         if not result.succeeded:
             raise NotLeader(

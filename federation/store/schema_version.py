@@ -18,6 +18,8 @@ decoded them with `Record(**doc)`, which refuses a key it does not know: sync re
 settings (`federation.joblogs.archive`). This build reads
 them tolerantly and checks the field, so the next release may write it. Wait reasons
 (`/gpufed/waits/`) are a JSON list, not an object, and are rewritten by every cycle: unversioned.
+This build reads that list zlib-compressed too, and writes it so only when told to
+(`gpufed serve --compress-wait-reasons`, `federation.store.job_store.encode_wait_reasons`).
 """
 
 from __future__ import annotations

@@ -433,3 +433,14 @@ def test_values_schema_is_strict_where_it_matters() -> None:
     assert loose == []
     assert schema["additionalProperties"] is False
     assert REPO.joinpath("deploy/helm/gpufed/values.yaml").is_file()
+
+
+def test_compressed_wait_reasons_are_off_unless_asked_and_then_passed_as_serve_takes_them() -> None:
+    # Off by default: the release before reads only the JSON list (docs/deploy.md, the read-ahead rule).
+    plain = template(_example("single-sqlite"))
+    assert "--compress-wait-reasons" not in _server_container(plain)["args"]
+    asked = template(_example("single-sqlite"), sets=("server.compressWaitReasons=true",))
+    args = _server_container(asked)["args"]
+    assert "--compress-wait-reasons" in args[args.index("serve") + 1 :]
+    parsed = CliRunner().invoke(cli, [*args, "--help"])
+    assert parsed.exit_code == 0, parsed.output

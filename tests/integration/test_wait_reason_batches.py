@@ -31,8 +31,8 @@ REASONS = tuple(
 async def test_full_runs_nested_as_the_group_commit_nests_them_are_taken(
     etcd_kv: EtcdKv, etcd_process: EtcdProcess
 ) -> None:
-    store = KvStore(etcd_kv)
-    value = encode_wait_reasons(REASONS)
+    store = KvStore(etcd_kv, compress_wait_reasons=True)
+    value = encode_wait_reasons(REASONS, compressed=True)
     runs = [
         [(JobId(f"r{r:02d}-{n:02d}"), value) for n in range(WAIT_WRITES_PER_TXN)]
         for r in range(DEFAULT_MAX_BATCH)

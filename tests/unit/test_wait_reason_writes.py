@@ -17,7 +17,6 @@ import pytest
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import NotLeader
 from federation.scheduling import scheduler as scheduler_module
-from federation.store import job_store
 from federation.store.job_store import (
     WAIT_WRITES_PER_TXN,
     WAITS,
@@ -50,8 +49,9 @@ def _room_reasons(clusters: int = 50) -> tuple[WaitReason, ...]:
     )
 
 
-async def test_reasons_are_stored_compressed_and_reasons_stored_as_json_still_read() -> None:
+async def test_reasons_are_stored_compressed_when_asked_and_reasons_stored_as_json_still_read() -> None:
     store = InMemoryJobStore()
+    store.compress_wait_reasons = True
     reasons = _room_reasons()
     await store.put_wait_reasons(JobId("new"), reasons)
     raw = await store._kv.get(WAITS + b"new")
@@ -74,8 +74,8 @@ def test_a_stored_value_that_is_neither_says_so() -> None:
 
 async def test_a_new_leader_holds_one_tuple_per_distinct_stored_wait() -> None:
     store = InMemoryJobStore()
-    value = encode_wait_reasons(_room_reasons())
-    other = encode_wait_reasons(_room_reasons(3))
+    value = encode_wait_reasons(_room_reasons(), compressed=True)
+    other = encode_wait_reasons(_room_reasons(3), compressed=True)
     await store.put_encoded_wait_reasons([(JobId(f"j{n}"), value) for n in range(40)] + [(JobId("k"), other)])
     listed = await store.list_wait_reasons()
     assert len({id(r) for r in listed.values()}) == 2
@@ -85,7 +85,7 @@ async def test_a_new_leader_holds_one_tuple_per_distinct_stored_wait() -> None:
 
 async def test_many_jobs_a_transaction_none_deletes_and_the_bounds_are_kept() -> None:
     store = InMemoryJobStore()
-    value = encode_wait_reasons(_room_reasons())
+    value = encode_wait_reasons(_room_reasons(), compressed=True)
     await store.put_encoded_wait_reasons([(JobId("a"), value), (JobId("b"), value)])
     await store.put_encoded_wait_reasons([(JobId("a"), None), (JobId("c"), value)])
     assert set(await store.list_wait_reasons()) == {JobId("b"), JobId("c")}
@@ -106,7 +106,8 @@ async def test_a_deposed_leader_writes_no_reasons() -> None:
     await store._kv.delete(b"/leader")  # the lease expired: the key is gone
     with pytest.raises(NotLeader):
         await store.put_encoded_wait_reasons(
-            [(JobId("a"), encode_wait_reasons(_room_reasons()))], fence=Fence(b"/leader", created)
+            [(JobId("a"), encode_wait_reasons(_room_reasons(), compressed=True))],
+            fence=Fence(b"/leader", created),
         )
     assert await store.list_wait_reasons() == {}
 
@@ -138,10 +139,10 @@ async def test_a_cycle_writes_many_jobs_a_transaction_and_equal_waits_share_thei
         assert len({id(written[j][1]) for j in waiting}) == len({written[j][1] for j in waiting})
 
 
-async def test_with_compression_off_the_json_list_is_written_as_before(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(job_store, "WAITS_WRITE_COMPRESSED", False)
+async def test_by_default_the_json_list_is_written_as_the_release_before_reads_it() -> None:
+    # docs/deploy.md's read-ahead rule: the release before reads only the JSON list, and its leader's
+    # every cycle would fail on a compressed value (`gpufed serve --compress-wait-reasons` is asked
+    # for once no such server is left).
     store = InMemoryJobStore()
     await store.put_wait_reasons(JobId("a"), _room_reasons(2))
     raw = await store._kv.get(WAITS + b"a")

@@ -112,6 +112,10 @@ spec:
             - --{{ $flag }}={{ $value }}
             {{- end }}
             {{- end }}
+            {{- if $v.server.compressWaitReasons }}
+            # docs/deploy.md: once no server of an earlier release is left.
+            - --compress-wait-reasons
+            {{- end }}
             {{- if $tls }}
             - --tls-cert=/etc/gpufed/tls/tls.crt
             - --tls-key=/etc/gpufed/tls/tls.key
