@@ -19,6 +19,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import threading
 import time
 import zlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -325,23 +326,28 @@ def paused_gc() -> Iterator[None]:
     the restart's critical path) and find no garbage, as the records hold no cycles. Reference
     counting still frees them when the cache drops them."""
     global _gc_pauses, _gc_was_on
-    if _gc_pauses == 0:
-        _gc_was_on = gc.isenabled()
-        gc.disable()
     # Counted: the job and ledger lists run side by side, and the first done must not turn it on.
-    _gc_pauses += 1
+    # Under a lock: the scheduler's cycle and the archiver pause it on worker threads while the
+    # event loop's caches may, and a count that two threads raced on could leave it off for good.
+    with _gc_pause_lock:
+        if _gc_pauses == 0:
+            _gc_was_on = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        _gc_pauses -= 1
-        if _gc_pauses == 0 and _gc_was_on:
-            if gc.get_count()[0] >= FREEZE_AFTER_OBJECTS:
-                gc.freeze()
-            gc.enable()
+        with _gc_pause_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_on:
+                if gc.get_count()[0] >= FREEZE_AFTER_OBJECTS:
+                    gc.freeze()
+                gc.enable()
 
 
 _gc_pauses = 0
 _gc_was_on = True
+_gc_pause_lock = threading.Lock()
 # Objects made under `paused_gc` from which they are frozen rather than handed to the collector.
 FREEZE_AFTER_OBJECTS = 200_000
 
