@@ -125,40 +125,23 @@ def _snapshot_and_plan(
     # came too late and its lease expired (bench/scale_depth.py, every 20 to 40 s). None of it is
     # cyclic: reference counting frees it as before.
     with paused_gc():
-        return _snapshot_and_plan_now(
-            live, inputs, inventories, statuses, usage, preempted_gpus, now, requests, held_off, between
+        cpu_started = time.thread_time()
+        stored = {s.value.job_id: s for s in live}
+        snapshot = build_snapshot(
+            [s.value for s in live],
+            inputs,
+            inventories,
+            statuses=statuses,
+            usage=usage,
+            preempted_gpus_this_interval=preempted_gpus,
+            requests=requests.get,
+            held_off=held_off,
+            between=between,
         )
-
-
-def _snapshot_and_plan_now(
-    live: Sequence[Stored[JobRecord]],
-    inputs: PlacerInputs,
-    inventories: Sequence[ClusterState],
-    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
-    usage: Mapping[TenantId, TenantUsage],
-    preempted_gpus: int,
-    now: float,
-    requests: GangRequests,
-    held_off: frozenset[JobId],
-    between: Callable[[], None] | None,
-) -> _Planned:
-    cpu_started = time.thread_time()
-    stored = {s.value.job_id: s for s in live}
-    snapshot = build_snapshot(
-        [s.value for s in live],
-        inputs,
-        inventories,
-        statuses=statuses,
-        usage=usage,
-        preempted_gpus_this_interval=preempted_gpus,
-        requests=requests.get,
-        held_off=held_off,
-        between=between,
-    )
-    requests.keep_only({q.job_id for q in snapshot.queued})
-    depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
-    result = plan(snapshot, now=now, between=between)
-    return _Planned(result, stored, depth, time.thread_time() - cpu_started)
+        requests.keep_only({q.job_id for q in snapshot.queued})
+        depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
+        result = plan(snapshot, now=now, between=between)
+        return _Planned(result, stored, depth, time.thread_time() - cpu_started)
 
 
 def _warm_requests(jobs: Sequence[Stored[JobRecord]], inputs: PlacerInputs, requests: GangRequests) -> int:
