@@ -45,6 +45,18 @@ class World:
     ledger: LedgerCache
     members: MemberClusters
 
+    def another_scheduler(self) -> Scheduler:
+        """A second server's scheduler over the same store, caches and clusters: a standby, or the
+        leader that takes over, with nothing in memory of what this world's scheduler wrote."""
+        return Scheduler(
+            store=self.store,
+            cache=self.cache,
+            ledger=self.ledger,
+            members=self.members,
+            metrics=Metrics(),
+            clock=self.clock,
+        )
+
     @property
     def cluster(self) -> InMemoryCluster:
         """The first (private, cheapest) cluster: the one jobs land on while it has room."""

@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-from federation.metrics import Metrics
-from federation.scheduling.scheduler import Scheduler
 from federation.store.job_store import waits_from_json
 from placement.model import JobId, JobPhase, WaitCode, WaitReason
 from tests.unit.reconcile_world import World, a_job, build_world, submit
@@ -37,17 +35,6 @@ def _count_writes(world: World, monkeypatch: pytest.MonkeyPatch) -> list[tuple[J
     return writes
 
 
-def _new_leader(world: World) -> Scheduler:
-    return Scheduler(
-        store=world.store,
-        cache=world.cache,
-        ledger=world.ledger,
-        members=world.members,
-        metrics=Metrics(),
-        clock=world.clock,
-    )
-
-
 async def test_a_new_leader_leaves_unchanged_reasons_fixes_changed_ones_and_clears_stale_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -68,7 +55,7 @@ async def test_a_new_leader_leaves_unchanged_reasons_fixes_changed_ones_and_clea
         await world.store.put_wait_reasons(running[0], wrong)
 
         writes = _count_writes(world, monkeypatch)
-        await _new_leader(world).run_cycle(None)
+        await world.another_scheduler().run_cycle(None)
         assert sorted(writes) == sorted([(waiting[1], len(stored[waiting[1]])), (running[0], 0)])
         assert {j: await world.store.get_wait_reasons(j) for j in waiting} == stored
         assert await world.store.get_wait_reasons(running[0]) == ()

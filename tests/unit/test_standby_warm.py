@@ -10,21 +10,8 @@ from typing import Any
 import pytest
 
 import federation.scheduling.snapshot as snapshot_module
-from federation.metrics import Metrics
-from federation.scheduling.scheduler import Scheduler
 from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
-
-
-def _standby(world: World) -> Scheduler:
-    return Scheduler(
-        store=world.store,
-        cache=world.cache,
-        ledger=world.ledger,
-        members=world.members,
-        metrics=Metrics(),
-        clock=world.clock,
-    )
 
 
 def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[JobId]:
@@ -51,7 +38,7 @@ async def test_a_warm_standby_builds_no_request_in_its_first_cycle(monkeypatch: 
         waiting = await _waiting_world(world)
         assert len(waiting) == 4
         built = _count_builds(monkeypatch)
-        standby = _standby(world)
+        standby = world.another_scheduler()
 
         assert await standby.stand_by() == len(waiting)
         assert sorted(built) == sorted(waiting)
@@ -76,7 +63,7 @@ async def test_standing_by_writes_nothing_and_the_first_cycle_admits_what_a_cold
     async with build_world() as warm_world, build_world() as cold_world:
         waiting = await _ended_world(warm_world)
         assert waiting == await _ended_world(cold_world)
-        warm, cold = _standby(warm_world), _standby(cold_world)
+        warm, cold = warm_world.another_scheduler(), cold_world.another_scheduler()
 
         revision = warm_world.cache.revision
         await warm.stand_by()
