@@ -255,5 +255,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone between the kill and the read: reaped, so dead (a read of a vanished pid's stat
+        # raises ESRCH rather than ENOENT once the file was open).
         return False
