@@ -21,6 +21,9 @@ from placement.model import ClusterName, JobId, JobPhase
 
 # Finished gangs of finished jobs are kept this long, so that users can still read their pods' logs.
 FINISHED_GANG_RETENTION_S = 3600.0
+# How long a gang whose own controller ended it is left to stop its remaining pods (Volcano's
+# CompleteJob and AbortJob, an Indexed Job's success policy) before the collector deletes it.
+STOPPING_PATIENCE_S = 30.0
 
 
 def finished_gang_retention_s(retain_in_etcd_s: float | None) -> float:
@@ -63,6 +66,7 @@ def stale_gangs(
     now_s: float,
     retention_s: float = FINISHED_GANG_RETENTION_S,
     archived: Collection[JobId] = (),
+    patience_s: float = STOPPING_PATIENCE_S,
 ) -> list[StaleGang]:
     """Every gang on a reachable cluster that no live attempt needs, in a stable order.
 
@@ -85,7 +89,7 @@ def stale_gangs(
                         StaleGang(cluster=cluster, job_id=job_id, attempt=attempt, why=StaleWhy.ARCHIVED)
                     )
                 continue
-            why = _why_stale(cluster, attempt, gang, job, now_s, retention_s)
+            why = _why_stale(cluster, attempt, gang, job, now_s, retention_s, patience_s)
             if why is not None:
                 stale.append(StaleGang(cluster=cluster, job_id=job_id, attempt=attempt, why=why))
     return stale
@@ -115,12 +119,15 @@ def _why_stale(
     job: JobRecord,
     now_s: float,
     retention_s: float,
+    patience_s: float,
 ) -> StaleWhy | None:
     if attempt > job.attempt:
         # A newer attempt than the record knows: the record is behind (a cache lag), not the gang.
         return None
     why = _unneeded(cluster, attempt, job)
     if why is None:
+        return None
+    if _stopping(gang, now_s, patience_s):
         return None
     if not gang.phase.is_final or gang.live_pods > 0:
         # Still holding GPUs that no attempt will use (its pods may outlive a finished or deleted
@@ -129,6 +136,21 @@ def _why_stale(
     # A finished gang holds no GPUs; keep it a while so that its pods' logs can still be read.
     ended_s = gang.finished_at_s if gang.finished_at_s is not None else _last_event_s(job)
     return StaleWhy.EXPIRED if now_s - ended_s >= retention_s else None
+
+
+def _stopping(gang: GangStatus, now_s: float, patience_s: float) -> bool:
+    """The gang's object ended a moment ago with pods of it still live: its own controller is
+    stopping them (a master's success ends its workers), or the pod watch has not yet shown what
+    the object's watch did. Deleting the gang now would delete its finished pods too, and their logs
+    with them (a two-replica task whose second pod succeeded a moment after the first was gone
+    before kubectl could read it). Orphaned pods have no controller left, and go at once."""
+    return (
+        gang.phase.is_final
+        and not gang.orphaned
+        and gang.live_pods > 0
+        and gang.finished_at_s is not None
+        and now_s - gang.finished_at_s < patience_s
+    )
 
 
 def _unneeded(cluster: ClusterName, attempt: int, job: JobRecord) -> StaleWhy | None:

@@ -230,6 +230,7 @@ class Reconciler:
             now_s=self._clock(),
             retention_s=self._finished_gang_retention_s,
             archived=archived,
+            patience_s=CANCEL_GRACE_PERIOD_S,
         )
         # At once, a cluster's slots at a time: one after the other, a burst's finished gangs took
         # a tick a cancel call each (a second a hundred gangs), which every job waiting to be

@@ -89,10 +89,9 @@ def _job(
     one_task: bool = False,
 ) -> str:
     """A master and `workers` workers; `one_task`: one task (master) of two replicas instead. Volcano ends a
-    gang when its first task completes (`TaskCompleted: CompleteJob`) and stops the others' pods,
-    and gpufed removes at once a gang whose job ended with pods still live (`collector`): a worker
-    that ends a moment after its master is gone before kubectl reads it. One task completes only
-    when both replicas have succeeded, so its pods stay (the collector's retention) to be read."""
+    gang when its first task completes (`TaskCompleted: CompleteJob`) and deletes the others' pods:
+    a worker still running when its master ends is gone before kubectl reads it. One task completes
+    only when both replicas have succeeded, so its pods stay (the collector's retention) to be read."""
     text = manifest(name, workers=workers, gpus=1, duration=duration)
     if one_task:
         master = text.index("    - {name: master")

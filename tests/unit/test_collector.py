@@ -9,6 +9,7 @@ import pytest
 from clusters.api import GangPhase, GangStatus
 from federation.scheduling.collector import (
     FINISHED_GANG_RETENTION_S,
+    STOPPING_PATIENCE_S,
     StaleWhy,
     finished_gang_retention_s,
     stale_gangs,
@@ -112,6 +113,30 @@ LONG_AGO = FINISHED_GANG_RETENTION_S + 1
             gang(GangPhase.SUCCEEDED, finished_ago_s=LONG_AGO),
             StaleWhy.EXPIRED,
             id="finished-gang-past-retention-goes",
+        ),
+        pytest.param(
+            job(JobPhase.SUCCEEDED),
+            replace(gang(GangPhase.SUCCEEDED, finished_ago_s=1), live_pods=1),
+            None,
+            id="a-gang-its-controller-just-ended-is-left-to-stop-its-pods",
+        ),
+        pytest.param(
+            job(JobPhase.SUCCEEDED),
+            replace(gang(GangPhase.SUCCEEDED, finished_ago_s=STOPPING_PATIENCE_S), live_pods=1),
+            StaleWhy.JOB_FINISHED,
+            id="pods-that-outstay-the-patience-go",
+        ),
+        pytest.param(
+            job(JobPhase.FAILED),
+            replace(gang(GangPhase.CANCELLED, finished_ago_s=1), orphaned=True, live_pods=1),
+            StaleWhy.JOB_FINISHED,
+            id="orphaned-pods-have-no-controller-to-wait-for",
+        ),
+        pytest.param(
+            job(JobPhase.SUCCEEDED),
+            replace(gang(GangPhase.SUCCEEDED), live_pods=1),
+            StaleWhy.JOB_FINISHED,
+            id="live-pods-of-a-gang-whose-end-is-unknown-go",
         ),
         pytest.param(
             job(JobPhase.RUNNING),
