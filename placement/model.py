@@ -134,6 +134,10 @@ class GangRequest:
     # The longest the job may wait for private GPUs rather than pay cloud prices, from its queue time
     # (the manifest's `spec.maxWait`; None: as long as its tenant's cost policy says).
     max_wait_s: float | None = None
+    # The job checkpoints (the manifest's `spec.resumable`): a spot reclaim costs it the work since its
+    # last checkpoint (`PolicyConfig.spot_lost_work_h`), not a restart from scratch, so the bound on
+    # restart slowdown (`spot_max_restart_slowdown`) does not keep it off spot.
+    resumable: bool = False
     # Every GPU of the gang: read tens of times per gang and cycle, so summed once here.
     gpu_count: int = field(init=False, repr=False, compare=False)
     # Uniform and pinned nowhere: every cluster may take it (`Inventory.eligible`'s question, asked

@@ -125,6 +125,7 @@ def gang_request(job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         pinning=job.spec.pinning,
         uniform=uniform(job.spec),
         job_set=set_key(job.tenant, job.job_set),
+        resumable=job.spec.resumable,
     )
 
 
