@@ -377,6 +377,18 @@ def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     'deployment whose clients use the api servers (docs/deploy.md, "Splitting the API from the '
     'scheduler") (GPUFED_SERVER_ROLE)',
 )
+# More processes serving the API on the same port (federation/runtime/api_workers.py): one Python
+# process's API is bound by one core (issue 33).
+@click.option(
+    "--api-workers",
+    type=click.IntRange(min=0, max=64),
+    default=0,
+    show_default=True,
+    envvar="GPUFED_API_WORKERS",
+    help="start this many more processes that serve the gRPC API on the same port (role api; the kernel "
+    "deals client connections among them), for more submissions and reads a second than one process's "
+    "core carries; each holds its own job cache (GPUFED_API_WORKERS)",
+)
 @click.pass_obj
 def serve(
     opts: _Opts,
@@ -397,6 +409,7 @@ def serve(
     etcd_timeout_s: float | None,
     role: str,
     compress_wait_reasons: bool,
+    api_workers: int,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
     from federation.runtime.serve import TlsFiles, run_server
@@ -444,6 +457,7 @@ def serve(
             etcd_timeout_s=etcd_timeout_s,
             role=ServerRole(role),
             compress_wait_reasons=compress_wait_reasons,
+            api_workers=api_workers,
         )
     )
 

@@ -5,7 +5,9 @@ certificates: the files are put in this process's environment (GPUFED_ETCD_CACER
 every etcd client of the process (bootstrap, the server, its leader election) reads them.
 
 `role` (`--role`, federation.runtime.role) says whether the process stands for leader and runs the
-job sets' and outputs' controllers (`all`, `scheduler`) or only serves the API (`api`).
+job sets' and outputs' controllers (`all`, `scheduler`) or only serves the API (`api`). With
+`api_workers` (`--api-workers N`), N more `api` processes serve the API on the same port
+(federation.runtime.api_workers).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from federation.api.datasets import outputs_controller_running
 from federation.api.jobsets import set_controller_running
 from federation.errors import InvalidSpec
 from federation.history.config import HistorySettings, resolve_dsn
+from federation.runtime.api_workers import ApiWorkers, check_worker_count
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
 from federation.runtime.role import ServerRole
@@ -58,7 +61,9 @@ async def run_server(
     etcd_timeout_s: float | None = None,
     host: str = "127.0.0.1",
     role: ServerRole = ServerRole.ALL,
+    api_workers: int = 0,
 ) -> None:
+    check_worker_count(api_workers)
     state_dir.mkdir(parents=True, exist_ok=True)
     if etcd_tls is not None:
         for name, path in ((CACERT_ENV, etcd_tls.ca), (CERT_ENV, etcd_tls.cert), (KEY_ENV, etcd_tls.key)):
@@ -96,6 +101,8 @@ async def run_server(
         grpc_port=port,
         metrics_port=metrics_port,
         role=role,
+        # The server and its API workers share the port (federation.runtime.api_workers).
+        grpc_reuse_port=api_workers > 0,
     )
     if bootstrap_path is not None:
         # The history database and the archiver's knobs come from the config's `history:`.
@@ -123,14 +130,19 @@ async def run_server(
         )
     server = FederationServer(config)
     await server.start()
+    # On the port the server bound (the one asked for, or the one it was given for port 0).
+    workers = ApiWorkers(config, server.port, api_workers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        workers.start()
         async with _controllers(server, role):
             await stop.wait()
     finally:
+        # The workers first: their clients move to the server's own process until it stops too.
+        await workers.stop()
         await server.stop()
 
 

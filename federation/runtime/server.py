@@ -150,6 +150,11 @@ class ServerConfig:
     # `gpufed serve --compress-wait-reasons` (`federation.store.job_store.encode_wait_reasons`): on
     # only once no server of the release before this one is left.
     compress_wait_reasons: bool = False
+    # SO_REUSEPORT on the gRPC port: only for a server and its API workers (`gpufed serve
+    # --api-workers`, federation.runtime.api_workers), which share the port on purpose. Otherwise off,
+    # so that a second server started on a port already served fails to bind instead of silently
+    # taking half of its connections (gRPC's own default is on).
+    grpc_reuse_port: bool = False
 
 
 def _secrets_keyring(cfg: ServerConfig) -> Keyring | None:
@@ -252,7 +257,12 @@ class FederationServer:
         auth = Authenticator(store)
         registry = DatasetRegistry(self._kv)
 
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+                ("grpc.so_reuseport", 1 if cfg.grpc_reuse_port else 0),
+            ]
+        )
         security = SecurityStore(self._kv)
         secrets = SecretStore(self._kv, _secrets_keyring(cfg))
         jobs = JobService(
