@@ -89,10 +89,12 @@ def fair_order(
     for gang in queued:
         by_tenant.setdefault(gang.tenant, []).append(gang)
 
+    share = fair.share
+
     def entry(tenant: TenantId, position: int) -> tuple[bool, int, float, float, str, TenantId, int]:
         head = by_tenant[tenant][position]
         borrows = not within_guarantee(head)
-        return (borrows, -head.priority, fair.share(tenant), head.queued_at_s, head.job_id, tenant, position)
+        return (borrows, -head.priority, share(tenant), head.queued_at_s, head.job_id, tenant, position)
 
     heap = []
     for tenant, gangs in by_tenant.items():
@@ -102,8 +104,12 @@ def fair_order(
         gangs.sort(key=_PRIORITY, reverse=True)
         heap.append(entry(tenant, 0))
     heapq.heapify(heap)
+    # The loop runs once per queued gang: names bound locally, the top read by index (a starred
+    # unpacking made a list per gang), the entry made inline rather than by a call.
+    heapreplace, heappop = heapq.heapreplace, heapq.heappop
     while heap:
-        *_, tenant, position = heap[0]
+        top = heap[0]
+        tenant, position = top[5], top[6]
         gangs = by_tenant[tenant]
         if len(heap) == 1:
             # The last tenant with gangs left goes first whatever its standing: the rest of its queue
@@ -115,6 +121,18 @@ def fair_order(
         # Entries are unique (tenant, position), so replacing the top in one sift pops in the same order
         # as a pop and a push.
         if position < len(gangs):
-            heapq.heapreplace(heap, entry(tenant, position))
+            head = gangs[position]
+            heapreplace(
+                heap,
+                (
+                    not within_guarantee(head),
+                    -head.priority,
+                    share(tenant),
+                    head.queued_at_s,
+                    head.job_id,
+                    tenant,
+                    position,
+                ),
+            )
         else:
-            heapq.heappop(heap)
+            heappop(heap)

@@ -46,6 +46,7 @@ from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
     Alternative,
+    CapacityKind,
     Choice,
     ClusterName,
     GangRequest,
@@ -176,17 +177,32 @@ class _Cycle:
         # bookkeeping), and not gangs whose own held GPUs or leaving victims the cycle carries
         # (`OrderedEvictions`): their decisions are their own. Two lists rather than one of pairs: a
         # pair per decision made the garbage collector run more often.
-        first: dict[tuple[object, ...], tuple[JobId, int]] = {}
+        # Keys are looked up by their object first and hashed once per distinct object: equal keys are
+        # mostly one object (the scheduler's requests share them, `snapshot.GangRequests`), and hashing
+        # a 22-field key per queued gang was most of this setup at 100,000 queued. The gangs hold their
+        # keys, so no id is reused during the walk.
+        by_value: dict[tuple[object, ...], int] = {}
+        by_object: dict[int, int] = {}
+        firsts: list[JobId] = []
         kind_of: dict[JobId, int] = {}
         for g in snapshot.queued if reuse else ():
-            earlier = first.setdefault(g.decision_key, (g.job_id, len(first)))
-            if earlier[0] != g.job_id:
-                kind_of[earlier[0]] = kind_of[g.job_id] = earlier[1]
+            key = g.decision_key
+            kind = by_object.get(id(key))
+            if kind is None:
+                kind = by_object[id(key)] = by_value.setdefault(key, len(firsts))
+                if kind == len(firsts):
+                    firsts.append(g.job_id)
+                    continue
+            first = firsts[kind]
+            if first != g.job_id:
+                kind_of[first] = kind_of[g.job_id] = kind
         for job_id in self.room.ordered.carried():
             kind_of.pop(job_id, None)
         self._kind_of = kind_of
-        self._decided_on: list[int] = [-1] * len(first)
-        self._decided: list[Waiting | None] = [None] * len(first)
+        self._decided_on: list[int] = [-1] * len(firsts)
+        self._decided: list[Waiting | None] = [None] * len(firsts)
+        self._guarantees: dict[tuple[TenantId, tuple[GpuType, ...], int], bool] = {}
+        self._guarantee_changes = self.book.changes
 
     def _state(self) -> int:
         """Grows whenever the cycle's working state changes in a way a decision could read.
@@ -202,8 +218,19 @@ class _Cycle:
         return self.inventory.changes + self.book.changes + len(self.room.reservations)
 
     def within_guarantee(self, gang: GangRequest) -> bool:
-        """Whether the gang's tenant could run it on some accepted type without borrowing."""
-        return self.book.within_any_guarantee(gang.tenant, gang.gpu_types, gang.gpu_count)
+        """Whether the gang's tenant could run it on some accepted type without borrowing.
+
+        Asked for every queued gang (`fair_order`), so the answer is kept per (tenant, types, GPUs)
+        while usage is unchanged (`QuotaBook.changes`; guarantees do not change in a cycle)."""
+        book = self.book
+        if book.changes != self._guarantee_changes:
+            self._guarantees.clear()
+            self._guarantee_changes = book.changes
+        key = (gang.tenant, gang.gpu_types, gang.gpu_count)
+        within = self._guarantees.get(key)
+        if within is None:
+            within = self._guarantees[key] = book.within_any_guarantee(*key)
+        return within
 
     # -- step 3 and 4: gates and quota
 
@@ -213,7 +240,8 @@ class _Cycle:
         if kind is None:
             self._decide(gang)
             return
-        state = self._state()
+        # `_state()`, inline: a deep queue takes this path for nearly every gang.
+        state = self.inventory.changes + self.book.changes + len(self.room.reservations)
         if self._decided_on[kind] == state:
             earlier = self._decided[kind]
             assert earlier is not None
@@ -571,6 +599,9 @@ class _Cycle:
             transfer_s=model.transfer_s(gang, store),
             runner_up=None if fit.runner_up is None else _alternative(*fit.runner_up),
             cheaper_full=cheaper_full,
+            spot_lost_work_h=(
+                self.policy.spot_lost_work_h if gang.resumable and offer.kind is CapacityKind.SPOT else None
+            ),
         )
 
     # -- step 7: explain

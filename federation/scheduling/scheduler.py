@@ -134,7 +134,7 @@ def _snapshot_and_plan(
             statuses=statuses,
             usage=usage,
             preempted_gpus_this_interval=preempted_gpus,
-            requests=requests.get,
+            requests=requests,
             held_off=held_off,
             between=between,
         )
