@@ -1,0 +1,175 @@
+"""The leader's scheduling cycle at queue depth, in process (issue 33): the CPU of the server's own
+cycle functions over `bench/scale_depth.py`'s queue, without etcd, a server or gRPC around them.
+
+    python bench/depth_cycle.py                    # 10,000 and 100,000 queued
+    python bench/depth_cycle.py --depths 10000 100000 200000
+    python bench/scale_depth.py --cycle-only       # the same, from scale_depth
+
+What one cycle is here, as in `Scheduler.run_cycle`: the snapshot and plan
+(`scheduler._snapshot_and_plan`, on the jobs as the job cache holds them, with the scheduler's kept
+requests) and the comparison of every waiting job's reasons with those last written
+(`Scheduler._reasons_to_write`). The 50 clusters of one 8-A100 node each, and the queue, are
+`scale_depth`'s. The first cycle builds every request and admits 50 jobs, which then hold their nodes
+(admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
+follows one new submission, as `scale_depth` measures a cycle after a SubmitJob. Measured with
+`time.process_time`, so that other work on a shared machine counts less; the median of the steady
+cycles. It measures where the server's cycle CPU goes (`gpufed_scheduling_cycle_cpu_seconds` is the
+snapshot and plan), not its wall time, which `scale_depth` measures through the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.scale_depth import CLUSTERS, TENANTS, queued_record  # noqa: E402
+from clusters.memory import InMemoryCluster  # noqa: E402
+from federation.ledger.cache import LedgerCache  # noqa: E402
+from federation.metrics import Metrics  # noqa: E402
+from federation.scheduling.members import MemberClusters  # noqa: E402
+from federation.scheduling.scheduler import Scheduler, _snapshot_and_plan  # noqa: E402
+from federation.scheduling.snapshot import GangRequests, PlacerInputs  # noqa: E402
+from federation.store.job_cache import JobCache  # noqa: E402
+from federation.store.job_store import InMemoryJobStore, KvStore, Stored  # noqa: E402
+from federation.store.jobs import JobPlacement, JobRecord, Owner  # noqa: E402
+from federation.store.records import PoolConfig, SchedulingSettings, TenantRecord  # noqa: E402
+from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobPhase, Provider, TenantId  # noqa: E402
+
+STEADY_CYCLES = 3
+
+
+@dataclass(frozen=True)
+class CycleCpu:
+    queued: int
+    first_ms: float
+    steady_ms: float
+    # Of `steady_ms`: the snapshot and plan, and the comparison of the waiting jobs' reasons.
+    steady_plan_ms: float
+    steady_reasons_ms: float
+
+
+def _inventories() -> list[ClusterState]:
+    async def read() -> list[ClusterState]:
+        states = []
+        for c in range(CLUSTERS):
+            pools = (
+                PoolConfig("a100", GpuType("A100"), CapacityKind.PRIVATE, 1.4, gpus_per_node=8, node_count=1),
+            )
+            cluster = InMemoryCluster(
+                ClusterName(f"c{c:02d}"), provider=Provider.PRIVATE, region=f"dc{c % 5}", pools=pools
+            )
+            states.append(await cluster.inventory())
+        return states
+
+    return asyncio.run(read())
+
+
+def _scheduler(store: KvStore) -> Scheduler:
+    """A scheduler for its reasons' bookkeeping only: nothing here starts its caches or clusters."""
+    return Scheduler(
+        store=store,
+        cache=JobCache(store),
+        ledger=LedgerCache(store),
+        members=MemberClusters([], {}),
+        metrics=Metrics(),
+    )
+
+
+def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
+    """The first and the steady cycles' CPU over `queued` queued jobs."""
+    now = time.time()
+    records = {n: queued_record(n, now) for n in range(queued)}
+    inputs = PlacerInputs(
+        settings=SchedulingSettings(),
+        tenants=tuple(TenantRecord(name=TenantId(f"t{i}")) for i in range(TENANTS)),
+        users={},
+        approvals=(),
+    )
+    inventories = _inventories()
+    requests = GangRequests()
+    store = InMemoryJobStore()
+    store.compress_wait_reasons = True
+    scheduler = _scheduler(store)
+    revision = 0
+
+    def cycle() -> tuple[float, float]:
+        nonlocal revision
+        live = [Stored(record, revision) for record in records.values()]
+        began = time.process_time()
+        planned = _snapshot_and_plan(live, inputs, inventories, {}, {}, 0, now, requests)
+        planned_at = time.process_time()
+        changed, left = scheduler._reasons_to_write(planned.plan.waiting, lambda: None)
+        done = time.process_time()
+        # As written: what the next cycle compares with.
+        for write in changed:
+            scheduler._written_reasons[write.job_id] = (write.key, write.reasons)
+        for job_id in left:
+            del scheduler._written_reasons[job_id]
+        for admission in planned.plan.admissions:
+            n = int(admission.job_id.removeprefix("q-"))
+            records[n] = _admitted(records[n], admission.cluster, now)
+        revision += 1
+        return 1000 * (planned_at - began), 1000 * (done - planned_at)
+
+    first = sum(cycle())
+    plans, reasons = [], []
+    for k in range(steady_cycles):
+        # One new submission, as scale_depth's cycle follows a SubmitJob.
+        records[queued + k] = queued_record(queued + k, now)
+        plan_ms, reasons_ms = cycle()
+        plans.append(plan_ms)
+        reasons.append(reasons_ms)
+    totals = [p + r for p, r in zip(plans, reasons, strict=True)]
+    return CycleCpu(
+        queued=queued,
+        first_ms=first,
+        steady_ms=statistics.median(totals),
+        steady_plan_ms=statistics.median(plans),
+        steady_reasons_ms=statistics.median(reasons),
+    )
+
+
+def _admitted(record: JobRecord, cluster: str, now: float) -> JobRecord:
+    placement = JobPlacement(ClusterName(cluster), GpuType("A100"), CapacityKind.PRIVATE, 1.4)
+    return record.transition(JobPhase.ADMITTED, by=Owner.SCHEDULER, at_s=now, placement=placement)
+
+
+def figures(results: list[CycleCpu]) -> list[str]:
+    lines = []
+    for r in results:
+        lines.append(f"cycle_cpu_{r.queued}_first_ms: {r.first_ms:.0f} ms")
+        lines.append(f"cycle_cpu_{r.queued}_steady_ms: {r.steady_ms:.0f} ms")
+        lines.append(f"cycle_cpu_{r.queued}_steady_snapshot_plan_ms: {r.steady_plan_ms:.0f} ms")
+        lines.append(f"cycle_cpu_{r.queued}_steady_reasons_ms: {r.steady_reasons_ms:.0f} ms")
+        lines.append(f"cycle_cpu_{r.queued}_steady_us_per_queued_job: {1000 * r.steady_ms / r.queued:.2f} us")
+    shallow, deep = results[0], results[-1]
+    lines.append(
+        f"cycle_cpu_ratio_{deep.queued}_to_{shallow.queued}: {deep.steady_ms / shallow.steady_ms:.1f} ratio"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--depths", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--quick", action="store_true", help="2,000 and 20,000 queued")
+    args = parser.parse_args(argv)
+    depths = [2_000, 20_000] if args.quick else args.depths
+    results = [measure(d) for d in depths]
+    for line in figures(results):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
