@@ -41,50 +41,126 @@ def _filed_submitted_at(entry: tuple[Filing, Stored[JobRecord]]) -> float:
     return entry[0][0][0]
 
 
+# Keys per chunk of a view: a chunk is split at twice this. An insert or remove moves at most a
+# chunk's keys, not the view's: a flat list of a million queued jobs moved 8 MB of pointers for each
+# job leaving the queue, a millisecond of the event loop each, four views a change.
+CHUNK_KEYS = 1000
+
+
 class _Ordered:
     """List keys in order: insert and remove by bisection, read forward or back from a key. The
     records are looked up by job id in the index's one map (`items`), shared by every view: a map
-    per view was four maps of every job, a quarter of the index's rebuild at a restart."""
+    per view was four maps of every job, a quarter of the index's rebuild at a restart.
 
-    __slots__ = ("_items", "_keys")
+    The keys are kept in sorted chunks of about `CHUNK_KEYS` (as `sortedcontainers.SortedList`
+    does), each with its last key in `_lasts`: a change costs two bisections and moving one chunk's
+    keys, whatever the view's length."""
+
+    __slots__ = ("_chunks", "_items", "_lasts", "_len")
 
     def __init__(self, items: dict[JobId, Stored[JobRecord]], keys: list[ListKey] | None = None) -> None:
-        self._keys: list[ListKey] = [] if keys is None else keys
+        """`keys`, if given, sorted and distinct."""
         self._items = items
+        ordered = [] if keys is None else keys
+        self._chunks: list[list[ListKey]] = [
+            ordered[i : i + CHUNK_KEYS] for i in range(0, len(ordered), CHUNK_KEYS)
+        ]
+        self._lasts: list[ListKey] = [chunk[-1] for chunk in self._chunks]
+        self._len = len(ordered)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._len
+
+    def keys(self) -> list[ListKey]:
+        """Every key in order (tests)."""
+        return [key for chunk in self._chunks for key in chunk]
 
     def put(self, key: ListKey) -> None:
-        keys = self._keys
-        i = bisect.bisect_left(keys, key)
-        if i == len(keys) or keys[i] != key:
-            keys.insert(i, key)
+        chunks, lasts = self._chunks, self._lasts
+        if not chunks:
+            chunks.append([key])
+            lasts.append(key)
+            self._len = 1
+            return
+        c = bisect.bisect_left(lasts, key)
+        if c == len(chunks):
+            c -= 1  # past every key: the last chunk's end
+        chunk = chunks[c]
+        i = bisect.bisect_left(chunk, key)
+        if i < len(chunk) and chunk[i] == key:
+            return
+        chunk.insert(i, key)
+        self._len += 1
+        if len(chunk) > 2 * CHUNK_KEYS:
+            chunks[c : c + 1] = [chunk[:CHUNK_KEYS], chunk[CHUNK_KEYS:]]
+            lasts[c : c + 1] = [chunk[CHUNK_KEYS - 1], chunk[-1]]
+        else:
+            lasts[c] = chunk[-1]
 
     def remove(self, key: ListKey) -> None:
-        keys = self._keys
-        i = bisect.bisect_left(keys, key)
-        if i < len(keys) and keys[i] == key:
-            del keys[i]
+        chunks, lasts = self._chunks, self._lasts
+        c = bisect.bisect_left(lasts, key)
+        if c == len(chunks):
+            return
+        chunk = chunks[c]
+        i = bisect.bisect_left(chunk, key)
+        if i == len(chunk) or chunk[i] != key:
+            return
+        del chunk[i]
+        self._len -= 1
+        if not chunk:
+            del chunks[c]
+            del lasts[c]
+            return
+        lasts[c] = chunk[-1]
+        if len(chunk) < CHUNK_KEYS // 4 and len(chunks) > 1:
+            # A chunk emptied by removals joins a neighbour, so that a view that shrank is not
+            # many tiny chunks (split again if the two are over the bound).
+            left = c - 1 if c > 0 else c
+            joined = chunks[left] + chunks[left + 1]
+            if len(joined) > 2 * CHUNK_KEYS:
+                half = len(joined) // 2
+                chunks[left : left + 2] = [joined[:half], joined[half:]]
+                lasts[left : left + 2] = [joined[half - 1], joined[-1]]
+            else:
+                chunks[left : left + 2] = [joined]
+                lasts[left : left + 2] = [joined[-1]]
 
     def after(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
         """Entries past `start` (all when None), in order. Read it to the end before the index changes."""
-        keys = self._keys
-        i = 0 if start is None else bisect.bisect_right(keys, start)
-        while i < len(keys):
-            key = keys[i]
-            yield key, self._items[JobId(key[1])]
-            i += 1
+        chunks, items = self._chunks, self._items
+        if start is None:
+            c, i = 0, 0
+        else:
+            c = bisect.bisect_right(self._lasts, start)
+            i = bisect.bisect_right(chunks[c], start) if c < len(chunks) else 0
+        while c < len(chunks):
+            chunk = chunks[c]
+            while i < len(chunk):
+                key = chunk[i]
+                yield key, items[JobId(key[1])]
+                i += 1
+            c += 1
+            i = 0
 
     def before(self, start: ListKey | None) -> Iterator[tuple[ListKey, Stored[JobRecord]]]:
         """Entries before `start` (all when None), latest first. Read it to the end before the index
         changes."""
-        keys = self._keys
-        i = len(keys) if start is None else bisect.bisect_left(keys, start)
-        while i > 0:
-            i -= 1
-            key = keys[i]
-            yield key, self._items[JobId(key[1])]
+        chunks, items = self._chunks, self._items
+        if start is None or (c := bisect.bisect_left(self._lasts, start)) == len(chunks):
+            c = len(chunks) - 1
+            i = len(chunks[c]) if chunks else 0
+        else:
+            i = bisect.bisect_left(chunks[c], start)
+        while c >= 0:
+            chunk = chunks[c]
+            while i > 0:
+                i -= 1
+                key = chunk[i]
+                yield key, items[JobId(key[1])]
+            c -= 1
+            if c >= 0:
+                i = len(chunks[c])
 
 
 class JobIndex:
