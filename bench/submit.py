@@ -12,6 +12,11 @@ accepted job id is then looked up through the API to prove none was lost.
     python bench/submit.py --servers 2 --to-follower  # submit only to the server that does not
                                                       # lead: the submission path without the
                                                       # scheduling cycle in its process
+    python bench/submit.py --api-workers 2 --processes 2 --channels 4
+                                                      # the server with two API worker processes on
+                                                      # its port (gpufed serve --api-workers); the
+                                                      # kernel deals connections, so each client
+                                                      # process opens several
     python bench/submit.py --quick --py-spy /tmp/venv/bin/py-spy --profile-out prof.txt
                                                       # py-spy's raw stacks of the server taking
                                                       # submissions, during the load
@@ -59,6 +64,7 @@ from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.spec.manifest_text import wire_manifest  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
+from tests.procnet import LISTEN, api_worker_pids, sockets_on_port  # noqa: E402
 
 CONFIG = """\
 tenants: [{name: platform}, {name: t0}, {name: t1}, {name: t2}, {name: t3}]
@@ -119,6 +125,7 @@ def _client_process(
     target: str,
     token: str,
     concurrency: int,
+    channels: int,
     seconds: float,
     ready: mp.Queue,  # type: ignore[type-arg]
     begin: Any,  # a multiprocessing Event, set once every client is ready
@@ -151,10 +158,18 @@ def _client_process(
     async def run() -> None:
         nonlocal errors
         metadata = (("authorization", f"Bearer {token}"),)
-        async with grpc.aio.insecure_channel(target) as channel:
-            submit: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(SUBMIT_METHOD)
-
-            await channel.channel_ready()
+        # Each channel a TCP connection of its own (a process's channels to one target otherwise
+        # share one): the kernel deals connections, not calls, to a server's API workers.
+        opened = [
+            grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(channels)
+        ]
+        try:
+            submits: list[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = [
+                channel.unary_unary(SUBMIT_METHOD) for channel in opened
+            ]
+            for channel in opened:
+                await channel.channel_ready()
             # Ready only once imported and connected: on a busy machine a spawned client took longer
             # than a fixed head start, and the time it lost was counted as load.
             ready.put(key_prefix)
@@ -162,7 +177,7 @@ def _client_process(
             start_at: float = start.value
             stop_at = start_at + seconds
 
-            async def worker() -> None:
+            async def worker(submit: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]) -> None:
                 nonlocal errors
                 while time.time() < stop_at:
                     body = request(f"{key_prefix}{next(counter):0{digits}d}")
@@ -177,8 +192,11 @@ def _client_process(
 
             await asyncio.sleep(max(0.0, start_at - time.time()))
             cpu_at_start.append(time.process_time())
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker(submits[i % channels]) for i in range(concurrency)))
             cpu_at_end.append(time.process_time())
+        finally:
+            for channel in opened:
+                await channel.close()
 
     cpu_at_start: list[float] = []
     cpu_at_end: list[float] = []
@@ -248,6 +266,29 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _workers_serving(servers: list[ServerProcess], count: int, timeout_s: float = 120.0) -> list[list[int]]:
+    """Each server's API worker pids, once every one listens on its server's port (a server serves
+    before its workers do)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [api_worker_pids(each.state_dir) for each in servers]
+        if all(
+            len(pids) == count and all(sockets_on_port(p, each.port, LISTEN) for p in pids)
+            for pids, each in zip(found, servers, strict=True)
+        ):
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"API workers not serving within {timeout_s} s: {found}")
+        time.sleep(0.2)
+
+
 def _scheduler_cpu_s(metrics_port: int) -> float:
     """The leader's scheduling cycles' CPU so far (snapshot and plan, on their worker thread), from
     its Prometheus endpoint: how much of the server's CPU the growing queue's re-planning took."""
@@ -272,6 +313,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--processes", type=int, default=1, help="client processes")
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight per client process")
+    parser.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="connections per client process (the kernel deals connections, not calls, to API workers)",
+    )
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=0,
+        help="each server with this many API worker processes on its port (gpufed serve --api-workers)",
+    )
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
     parser.add_argument(
         "--dataset", action="store_true", help="every job names a dataset (from the config's datasets:)"
@@ -300,6 +353,8 @@ def main() -> int:
         "--profile-out", default="submit-profile.txt", help="where --py-spy writes its raw stacks"
     )
     args = parser.parse_args()
+    if args.api_workers and args.servers > 1:
+        parser.error("--api-workers with one server only (the servers here share one state dir)")
     seconds = args.seconds or (5.0 if args.quick else 20.0)
     baseline_s = args.baseline_s or (2.0 if args.quick else 5.0)
 
@@ -316,7 +371,7 @@ def main() -> int:
                 tmp_path / "state",
                 config=config,
                 identity=f"bench{i}",
-                extra_args=("--metrics-port", str(metrics_ports[i])),
+                extra_args=("--metrics-port", str(metrics_ports[i]), "--api-workers", str(args.api_workers)),
             )
             for i in range(args.servers)
         ]
@@ -325,6 +380,7 @@ def main() -> int:
             for each in servers:
                 # Started one after the other: the first takes the lease and leads; the others serve.
                 each.start()
+            workers = _workers_serving(servers, args.api_workers)
             tokens = [(tmp_path / "state" / "tokens" / f"u{i}.token").read_text().strip() for i in range(4)]
             etcd_puts, etcd_txns = etcd_baseline(etcd.endpoint, baseline_s)
             # One warm-up call per tenant and server so connection set-up is not measured.
@@ -348,6 +404,7 @@ def main() -> int:
                         targets[i % len(targets)].target,
                         tokens[i % len(tokens)],
                         args.concurrency,
+                        args.channels,
                         seconds,
                         ready,
                         begin,
@@ -365,6 +422,9 @@ def main() -> int:
             watched: dict[str, int | None] = {
                 f"server{i}": each.proc.pid for i, each in enumerate(servers) if each.proc is not None
             }
+            for i, pids in enumerate(workers):
+                for w, pid in enumerate(pids):
+                    watched[f"server{i}-worker{w}"] = pid
             watched["etcd"] = etcd.pid
             for _ in procs:
                 ready.get(timeout=300)
@@ -387,6 +447,9 @@ def main() -> int:
             scheduler_before = sum(_scheduler_cpu_s(port) for port in metrics_ports)
             results = [out.get(timeout=seconds + 120) for _ in procs]
             cpu_used = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in watched.items() if pid}
+            rss_mib = {
+                name: _rss_mib(pid) for name, pid in watched.items() if pid and name.startswith("server")
+            }
             scheduler_used = sum(_scheduler_cpu_s(port) for port in metrics_ports) - scheduler_before
             if profiler is not None:
                 profiler.wait(timeout=120)
@@ -430,7 +493,9 @@ def main() -> int:
         print(
             f"profile: {args.profile_out} (py-spy's raw stacks of the first server taking submissions, during the load)"
         )
-    print(f"servers: {args.servers} on one etcd")
+    print(f"servers: {args.servers} on one etcd, each with {args.api_workers} API workers")
+    for name, rss in rss_mib.items():
+        print(f"rss: {name} {rss:.0f} MiB at the end")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
     print("phases at the end: " + ", ".join(f"{n} {phase}" for phase, n in sorted(phases.items())))
     print(f"submit_throughput: {len(accepted) / seconds:.0f} jobs/s")
@@ -443,6 +508,17 @@ def main() -> int:
     # server is one Python process (one core's worth, give or take gRPC's own threads); the clients
     # are what the load generator could offer from one core.
     print(f"submit_jobs_per_server_cpu_s: {len(accepted) / max(server_cpu, 1e-9):.0f} jobs/s")
+    # With API workers each process has a core's worth at most: what the server's processes would
+    # carry on as many cores, at this CPU a job (an upper bound: the kernel deals connections, not
+    # calls, and the leader's own loops share its process).
+    processes = args.servers * (1 + args.api_workers)
+    print(f"submit_server_processes: {processes} processes")
+    print(
+        f"submit_jobs_per_s_on_server_cores: {processes * len(accepted) / max(server_cpu, 1e-9):.0f} jobs/s"
+    )
+    if args.api_workers:
+        workers_rss = [rss for name, rss in rss_mib.items() if "-worker" in name]
+        print(f"submit_api_worker_rss_mib: {statistics.mean(workers_rss):.0f} MiB")
     print(f"submit_jobs_per_client_cpu_s: {len(accepted) / max(cpu_used['clients'], 1e-9):.0f} jobs/s")
     print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")

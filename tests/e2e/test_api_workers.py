@@ -28,6 +28,7 @@ from federation.api.v1 import gpufed_pb2_grpc as pb_grpc
 from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.etcdctl import etcdctl
+from tests.procnet import ESTABLISHED, LISTEN, api_worker_pids, sockets_on_port
 
 pytestmark = pytest.mark.e2e
 
@@ -35,57 +36,6 @@ WORKERS = 2
 # Connections opened: with 3 processes each gets at least one unless the kernel's hash is very
 # unlucky ((2/3)^36 per process, about 1 in 2,000,000 runs).
 CONNECTIONS = 36
-
-
-def _worker_pids(state_dir: Path) -> list[int]:
-    """Processes running an API worker of this state dir (by their command line)."""
-    found = []
-    marker = str(state_dir.resolve() / "api-workers")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = [a.decode(errors="replace") for a in argv]
-        if "federation.runtime.api_workers" in text and any(a.startswith(marker) for a in text):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
-        pass
-    return inodes
-
-
-def _tcp_rows() -> Iterator[list[str]]:
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as rows:
-            next(rows)
-            for row in rows:
-                yield row.split()
-
-
-def _sockets_on_port(pid: int, port: int, state: str) -> int:
-    """The process's TCP sockets whose local port is `port` in `state` (0A listening, 01 established)."""
-    inodes = _socket_inodes(pid)
-    count = 0
-    for fields in _tcp_rows():
-        local_port = int(fields[1].rsplit(":", 1)[1], 16)
-        if local_port == port and fields[3] == state and fields[9] in inodes:
-            count += 1
-    return count
 
 
 def _channel(target: str) -> grpc.Channel:
@@ -115,9 +65,9 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
     etcd, server = served
     assert server.proc is not None
     state = server.state_dir
-    workers = wait_for(lambda: p if len(p := _worker_pids(state)) == WORKERS else None, timeout_s=60)
+    workers = wait_for(lambda: p if len(p := api_worker_pids(state)) == WORKERS else None, timeout_s=60)
     processes = [server.proc.pid, *workers]
-    wait_for(lambda: all(_sockets_on_port(p, server.port, "0A") for p in processes), timeout_s=90)
+    wait_for(lambda: all(sockets_on_port(p, server.port, LISTEN) for p in processes), timeout_s=90)
 
     alice, bob = _token(server, "alice"), _token(server, "bob")
     channels = [_channel(server.target) for _ in range(CONNECTIONS)]
@@ -131,7 +81,7 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
             submitted[reply.job_id] = tenant
 
         # The kernel dealt the connections to every process on the port.
-        held = {p: _sockets_on_port(p, server.port, "01") for p in processes}
+        held = {p: sockets_on_port(p, server.port, ESTABLISHED) for p in processes}
         assert all(held.values()), f"established connections per process on the port: {held}"
         assert sum(held.values()) >= CONNECTIONS
 
@@ -175,10 +125,10 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
         # A worker that dies is started again, and the port answers meanwhile and after.
         os.kill(workers[0], signal.SIGKILL)
         again = wait_for(
-            lambda: p if len(p := _worker_pids(state)) == WORKERS and workers[0] not in p else None,
+            lambda: p if len(p := api_worker_pids(state)) == WORKERS and workers[0] not in p else None,
             timeout_s=60,
         )
-        wait_for(lambda: all(_sockets_on_port(p, server.port, "0A") for p in again), timeout_s=90)
+        wait_for(lambda: all(sockets_on_port(p, server.port, LISTEN) for p in again), timeout_s=90)
         fresh = _channel(server.target)
         try:
             reply = pb_grpc.JobServiceStub(fresh).SubmitJob(
@@ -193,7 +143,7 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
 
     # The server's stop takes its workers with it.
     server.stop()
-    assert wait_for(lambda: not _worker_pids(state), timeout_s=30)
+    assert wait_for(lambda: not api_worker_pids(state), timeout_s=30)
 
 
 def test_a_second_server_on_a_served_port_fails_to_bind(
