@@ -2,7 +2,8 @@
 
 Expected cost of running a gang on an offer now:
 
-    price per GPU-hour of useful work (spot: x (1 + restart risk per hour x work lost per restart))
+    price per GPU-hour of useful work (spot: x (1 + restart risk per hour x work lost per restart,
+                                       the work since the last checkpoint, `spot_lost_work_h`))
   x GPUs x hours of work at that GPU type's speed
   + egress of the dataset if the cluster reads from another object store (size x rate between stores)
   + the value of the time the job waits for its dataset to move (wait value per hour x transfer hours)
@@ -17,6 +18,11 @@ which cost most in the cloud, wait longest, and small ones go to the cloud soon.
 bounded by what it saves (cloud minus private cost, over the value of an hour of waiting), by a
 maximum, and by the deadline; the tenant's cost policy and the job's `maxWait` and priority class
 set or shorten it (`wait_policy`).
+
+Spot: a policy may bound the slowdown that reclaims cause a gang that restarts from scratch at each
+(`spot_max_restart_slowdown`); that keeps long, wide gangs off spot. A resumable gang (it checkpoints,
+`spec.resumable`) loses only the work since its last checkpoint at a reclaim, which spot's price
+already charges, so the bound does not apply to it (`GangCost.kept_off`).
 """
 
 from __future__ import annotations
@@ -212,11 +218,16 @@ class GangCost:
 
     def kept_off(self, kind: CapacityKind, gpu_type: GpuType, risk_per_hour: float) -> bool:
         """Whether the policy's bound keeps the gang off this capacity: spot whose reclaims at this rate,
-        each a restart from scratch, would slow its run by more than the bound."""
+        each a restart from scratch, would slow its run by more than the bound.
+
+        A resumable gang is never kept off: a reclaim costs it the work since its last checkpoint, not
+        its whole run, so its slowdown does not grow with the run's length, and that loss is already in
+        spot's price per unit of work (`inventory.price_factor`: risk per hour x `spot_lost_work_h`)."""
         limit = self.model.spot_max_exposure
         return (
             kind is CapacityKind.SPOT
             and limit is not None
+            and not self.gang.resumable
             and self.spot_exposure(gpu_type, risk_per_hour) > limit
         )
 

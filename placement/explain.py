@@ -167,6 +167,8 @@ def admitted(admission: Admission) -> str:
         f"{choice.run_hours:.2f} h of work at {admission.gpu_type} speed {choice.speed:g}, "
         "the cheapest placement with room now"
     ]
+    if choice.spot_lost_work_h is not None:
+        parts.append(f"spot: resumable, a reclaim costs about {choice.spot_lost_work_h:g} h of work")
     if choice.dataset_store is not None:
         name = f"dataset {choice.dataset}" if choice.dataset else "the job's dataset"
         if choice.transfer_s > 0 or choice.egress_usd > 0:

@@ -45,6 +45,10 @@ class Choice:
     # lack of free GPUs (None: none was cheaper).
     runner_up: Alternative | None
     cheaper_full: Alternative | None
+    # On spot, for a resumable gang: the work a reclaim is expected to cost it (hours since its last
+    # checkpoint, `PolicyConfig.spot_lost_work_h`); None elsewhere. Out of the repr, which recorded plan
+    # digests hash (tests/unit/test_plan_cycles.py): the words of `explain` carry it.
+    spot_lost_work_h: float | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
