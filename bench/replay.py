@@ -6,6 +6,9 @@
     .venv/bin/python bench/replay.py --weeks all --every 5 --policies burst_now,gpufed  # tuning
     .venv/bin/python bench/replay.py --ray           # the sweep in parallel with Ray
     .venv/bin/python bench/replay.py --workers 1     # serially (default: a process per core)
+    # Replay only the policies a change can touch, the other rows taken from an earlier full run:
+    .venv/bin/python bench/replay.py --weeks all --policies burst_now,gpufed \
+        --reuse docs/results/weeks.csv --out /tmp/merged
 
 Writes the table (Markdown, CSV) and one cost-versus-JCT plot per size to --out (default
 docs/results/ for the full week, a temporary directory for --quick), and ends with the headline
@@ -17,6 +20,14 @@ burst-now run with gpufed's spot rule (`cost_ratio_vs_spot_fixed_wait_curve_<siz
 With `--weeks all` each name carries the week too (`..._<week>_<size>x`), a directory per week holds
 its table and plots, and the last lines are the worst week of each size
 (`worst_cost_ratio_vs_fixed_wait_curve_<size>x` and the like).
+
+`--reuse CSV` (repeatable; a later file wins) fills in the rows of (week, policy, size) this run does
+not replay from earlier runs' CSVs (`weeks.csv`, or a week's `replay.csv`): for a change that cannot
+touch some policies (the on-demand curve never sees spot, so the resumable rule leaves it as it was).
+A reused row has no list of the jobs that missed their deadlines, so replay `burst_now` and the
+policy being judged, whose lists the deadline figures compare. `--no-run` replays nothing and only
+merges. `--headlines-for NAME` prints the figure lines of another policy too, judged as gpufed is
+(`<NAME>:` before each line).
 """
 
 from __future__ import annotations
@@ -34,8 +45,26 @@ sys.path.insert(0, str(ROOT))
 
 from federation.cli.replay import executor_for  # noqa: E402
 from federation.replay.config import load_config  # noqa: E402
-from federation.replay.report import headlines, markdown, write_all  # noqa: E402
-from federation.replay.sweep import for_weeks, sweep_weeks, weeks_beside  # noqa: E402
+from federation.replay.metrics import Metrics  # noqa: E402
+from federation.replay.policies import policies  # noqa: E402
+from federation.replay.report import figure_lines, headlines, markdown, read_csv, worst_lines, write_all  # noqa: E402
+from federation.replay.sweep import for_weeks, sweep_weeks, week_name, weeks_beside  # noqa: E402
+
+
+def merged(
+    run: list[Metrics], reused: list[list[Metrics]], weeks: list[str], order: list[str]
+) -> list[Metrics]:
+    """The rows of this run, and for every (week, policy, size) it did not replay, the last reused
+    file's row; only the weeks of this run, in week, size and policy order."""
+    rows: dict[tuple[str, str, float], Metrics] = {}
+    for earlier in reused:
+        rows.update({(r.week, r.policy, r.size_factor): r for r in earlier if r.week in weeks})
+    rows.update({(r.week, r.policy, r.size_factor): r for r in run})
+    rank = {name: index for index, name in enumerate(order)}
+    return sorted(
+        rows.values(),
+        key=lambda r: (weeks.index(r.week), r.size_factor, rank.get(r.policy, len(rank)), r.policy),
+    )
 
 
 def main() -> None:
@@ -63,6 +92,17 @@ def main() -> None:
         help="local processes (1: serial; default: every core this process may use)",
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier run's CSV whose rows fill in the policies not replayed now (repeatable)",
+    )
+    parser.add_argument("--no-run", action="store_true", help="replay nothing: merge the --reuse files")
+    parser.add_argument(
+        "--headlines-for", action="append", default=[], help="also print this policy's figure lines"
+    )
     args = parser.parse_args()
     config = load_config(args.config)
     # Every 20th, not 10th: with the reservation rule's searches, every 10th job of the week took about
@@ -77,17 +117,27 @@ def main() -> None:
         config = dataclasses.replace(config, gpufed_sweep=())
     if args.policies:
         config = dataclasses.replace(config, only_policies=tuple(args.policies.split(",")))
-    sampled = every > 1 or bool(args.policies)
+    sampled = every > 1 or (bool(args.policies) and not args.reuse)
     out = args.out or (Path(tempfile.mkdtemp(prefix="replay-")) if sampled else ROOT / "docs" / "results")
     traces = weeks_beside(config.trace_path) if args.weeks == "all" else [config.trace_path]
     command = "python bench/replay.py " + " ".join(sys.argv[1:])
     started = time.perf_counter()
-    rows = sweep_weeks(for_weeks(config, traces), executor_for(args.workers, args.ray))
+    configs = for_weeks(config, traces)
+    rows = [] if args.no_run else sweep_weeks(configs, executor_for(args.workers, args.ray))
     elapsed = time.perf_counter() - started
+    if args.reuse:
+        order = [p.name for p in policies(dataclasses.replace(config, only_policies=()))]
+        rows = merged(rows, [read_csv(path) for path in args.reuse], [week_name(t) for t in traces], order)
+    if not rows:
+        parser.error("nothing to report: no replay ran and no reused row is of these weeks")
     lines = write_all(rows, out, command.strip())
     print(markdown(rows, headlines(rows)))
     print(f"results in {out}")
     print(f"sweep_wall_s: {elapsed:.1f} s")
+    for name in args.headlines_for:
+        heads = headlines(rows, policy=name)
+        for line in figure_lines(heads) + (worst_lines(heads) if len(traces) > 1 else []):
+            print(f"{name}: {line}")
     print(f"slowest_replay_s: {max(r.replay_s for r in rows):.1f} s")
     print(f"slowest_replay_cpu_s: {max(r.replay_cpu_s for r in rows):.1f} s")
     # The replays' own CPU, summed: on a shared machine the wall time says more about the others.

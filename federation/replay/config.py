@@ -102,6 +102,21 @@ class DeadlineSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumableSettings:
+    """Which trace jobs checkpoint (`resumable: true` in their manifests): Philly records nothing of
+    it, so the replay draws them. A job is resumable with probability `share`, from a generator seeded
+    by (`seed`, job id), so a sample of the week has the same resumable jobs as the full week.
+
+    A spot reclaim of a resumable job loses the work since its last checkpoint, taken as the placer's
+    `spot_lost_work_h` (or the time since its start, if less), under every policy: checkpointing is
+    the job's doing, not the scheduler's. Which placers are told is the policies' matter
+    (`PolicySpec.sees_resumable`)."""
+
+    share: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayConfig:
     trace_path: Path
     prices_path: Path
@@ -141,6 +156,12 @@ class ReplayConfig:
     # Deadlines drawn for a share of the jobs (none by default); gpufed's placer sees them, the
     # yardsticks (burst-now, the fixed waits) do not, and every policy's misses are counted.
     deadlines: DeadlineSettings = DeadlineSettings()
+    # Resumable jobs drawn for a share of the trace (none by default): a spot reclaim restarts them from
+    # their last checkpoint; gpufed's placer is told which they are.
+    resumable: ResumableSettings = ResumableSettings()
+    # Whether the spot-aware yardstick's placer is told too (`policies.spot_curve_resumable`): off, it
+    # keeps resumable jobs off spot by the restart bound as if each reclaim restarted them from scratch.
+    spot_curve_resumable: bool = False
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
@@ -229,6 +250,20 @@ def _deadlines(doc: Any) -> DeadlineSettings:
     return settings
 
 
+def _resumable(doc: Any) -> ResumableSettings:
+    if doc is None:
+        return ResumableSettings()
+    if not isinstance(doc, dict):
+        raise ReplayError("jobs.resumable: expected a mapping (share, seed)")
+    unknown = sorted(set(doc) - {"share", "seed"})
+    if unknown:
+        raise ReplayError(f"jobs.resumable: unknown keys {unknown} (expected share, seed)")
+    settings = ResumableSettings(share=float(doc.get("share", 0.0)), seed=int(doc.get("seed", 0)))
+    if not 0.0 <= settings.share <= 1.0:
+        raise ReplayError(f"jobs.resumable.share: must be between 0 and 1 (got {settings.share:g})")
+    return settings
+
+
 def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) -> ReplayConfig:
     """A config from its YAML document; relative paths are taken from `base`."""
     if not isinstance(doc, dict):
@@ -310,6 +345,8 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         spot_curve=bool(policies.get("spot_curve", False)),
         movable_min_runtime_h=float(jobs.get("movable_min_runtime_h", 0.0)),
         deadlines=_deadlines(jobs.get("deadlines")),
+        resumable=_resumable(jobs.get("resumable")),
+        spot_curve_resumable=bool(policies.get("spot_curve_resumable", False)),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),
         source=source,

@@ -52,6 +52,8 @@ class Metrics:
     moves: int = 0
     # Spot runs taken back by their cloud (each a restart from scratch; the lost run is in the bill).
     reclaims: int = 0
+    # Of those, reclaims of resumable jobs (restarted from their last checkpoint, not from scratch).
+    reclaims_resumed: int = 0
     # Jobs with a deadline (`jobs.deadlines`), those that finished after it (or never), and those whose
     # deadline the placer found unmeetable and ran without it (gpufed's policies only).
     deadlines: int = 0
@@ -155,6 +157,7 @@ def summarise(
         replay_cpu_s=replay_cpu_s,
         moves=result.moves,
         reclaims=result.reclaims,
+        reclaims_resumed=result.reclaims_resumed,
         deadlines=sum(1 for o in result.outcomes.values() if o.job.deadline_s is not None),
         deadlines_missed=len(missed),
         deadlines_dropped=result.deadlines_dropped,

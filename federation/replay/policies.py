@@ -62,6 +62,12 @@ class PolicySpec:
         yardsticks are deadline-blind, as Starburst's fixed wait is; every policy's misses are counted."""
         return self.kind is PolicyKind.GPUFED
 
+    def sees_resumable(self, config: ReplayConfig) -> bool:
+        """Whether the placer is told which jobs checkpoint (`jobs.resumable`): gpufed's own policies,
+        and the spot-aware yardstick with `policies.spot_curve_resumable`. It matters only under a bound
+        on spot restarts, which a resumable job is not held to (`placement.cost.GangCost.kept_off`)."""
+        return self.kind is PolicyKind.GPUFED or (self.with_spot_rule and config.spot_curve_resumable)
+
     def allows_spot(self, config: ReplayConfig) -> bool:
         """Whether jobs may use spot: every cloud policy with `public.spot`, gpufed with its `spot`."""
         if not self.uses_cloud:

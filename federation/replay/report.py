@@ -238,6 +238,7 @@ def markdown(rows: Sequence[Metrics], heads: Sequence[Headline]) -> str:
         ("preemptions", "preemptions"),
         ("moves", "moves"),
         ("reclaims", "spot reclaims"),
+        ("reclaims_resumed", "of them resumed"),
         ("deadlines_missed", "deadlines missed"),
         ("unfinished", "unfinished"),
         ("replay_s", "replay s"),
@@ -302,6 +303,27 @@ def write_csv(rows: Sequence[Metrics], path: Path) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow(row.row())
+
+
+def read_csv(path: Path) -> list[Metrics]:
+    """Rows written by `write_csv`, as `Metrics` (without their per-job lists of missed deadlines, which
+    the CSV does not hold): for rows that a later run reuses rather than replays again. A column the
+    file lacks (written before it existed) takes the field's default."""
+    kinds = {f.name: f.type for f in fields(Metrics)}
+    rows = []
+    with path.open(newline="") as handle:
+        for line, record in enumerate(csv.DictReader(handle), start=2):
+            values: dict[str, object] = {}
+            for name, text in record.items():
+                kind = kinds.get(name)
+                if kind is None or name == "missed_deadline_ids":
+                    continue
+                try:
+                    values[name] = int(text) if kind == "int" else float(text) if kind == "float" else text
+                except (TypeError, ValueError) as error:
+                    raise ValueError(f"{path}:{line}: column {name}: {error}") from None
+            rows.append(Metrics(**values))  # type: ignore[arg-type]
+    return rows
 
 
 def plot(rows: Sequence[Metrics], size: float, path: Path) -> None:

@@ -14,6 +14,10 @@ clusters with each node's free GPUs, the teams) and carries out the `Plan` exact
   are held from the admission;
 - a preemption marks the victim as leaving; after its grace period its GPUs are free and it is
   requeued at its original queue time, to restart from scratch (the work done is lost);
+- a spot reclaim ends the run (billed until then) and requeues the job at its original queue time:
+  from scratch, or, for a job that checkpoints (`TraceJob.resumable`), with its progress kept but
+  the work since its last checkpoint, taken as `spot_lost_work_h` or the time since it started,
+  whichever is less (the same under every policy: checkpoints are the job's doing);
 - waiting reasons with an end time (the wait for private GPUs) schedule a wake-up then;
 - a job whose deadline the placer finds it can no longer meet (`deadline_unmeetable`: no placement
   free now finishes in time by its run-time limit) keeps its place in the queue without the
@@ -128,8 +132,10 @@ class Result:
     # estimate of what they saved, summed.
     moves: int = 0
     move_saving_usd: float = 0.0
-    # Spot runs reclaimed (each requeued from scratch; its run so far is billed and lost).
+    # Spot runs reclaimed (each requeued; its run so far is billed, and lost unless it checkpoints),
+    # and of those, the runs of resumable jobs, which kept their progress to the last checkpoint.
     reclaims: int = 0
+    reclaims_resumed: int = 0
     # Jobs whose deadline the placer gave up on (it could no longer be met) and that ran without it.
     deadlines_dropped: int = 0
     admissions_by_cycle: list[tuple[float, tuple[JobId, ...]]] = field(default_factory=list)
@@ -169,6 +175,7 @@ class Simulator:
         self.fifo = policy.fifo
         self.policy_config: PolicyConfig = policy.policy_config(config)
         self.allow_spot = policy.allows_spot(config)
+        self.sees_resumable = policy.sees_resumable(config)
         self.pools = [
             p
             for p in world.pools
@@ -206,6 +213,7 @@ class Simulator:
             queued_at_s=queued_at_s,
             allow_spot=self.allow_spot,
             deadline=self.policy.sees_deadlines and job.job_id not in self.deadline_dropped,
+            resumable=self.sees_resumable,
         )
 
     def _push(self, at_s: float, kind: Ev, job_id: JobId, attempt: int = 0) -> None:
@@ -254,15 +262,27 @@ class Simulator:
         if kind is Ev.FINISH:
             self._end(job_id, run, at, completed=True)
             return True
-        # GONE (a victim's grace is over) or RECLAIM (a spot node was taken back): requeue from scratch.
+        # GONE (a victim's grace is over) or RECLAIM (a spot node was taken back): requeue, from scratch
+        # unless a reclaimed job checkpoints.
         if kind is Ev.RECLAIM and run.start_s > at:
             return False
         self._end(job_id, run, at, completed=False)
+        job = self.jobs[job_id]
         if kind is Ev.RECLAIM:
             self.result.reclaims += 1
-        job = self.jobs[job_id]
+            if job.resumable:
+                self.result.reclaims_resumed += 1
+                job = self.jobs[job_id] = self._from_checkpoint(job, run, at)
         self.queue[job_id] = self._request(job, run.gang.queued_at_s)
         return True
+
+    def _from_checkpoint(self, job: TraceJob, run: _Run, at: float) -> TraceJob:
+        """What is left of a resumable job reclaimed at `at`: its work less what it did up to its last
+        checkpoint, `spot_lost_work_h` of run time before the reclaim (none if it ran less than that)."""
+        ran_s = at - run.start_s
+        kept_s = max(0.0, ran_s - self.policy_config.spot_lost_work_h * 3600.0)
+        done = kept_s * self.config.speed(run.pool.gpu_type)
+        return replace(job, duration_s=max(1.0, job.duration_s - done))
 
     def _end(self, job_id: JobId, run: _Run, at: float, *, completed: bool) -> None:
         del self.running[job_id]

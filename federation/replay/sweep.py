@@ -29,6 +29,7 @@ from federation.replay.trace import (
     TraceJob,
     assign_deadlines,
     assign_gpu_types,
+    assign_resumable,
     mean_demand_gpus,
     read_trace,
     sample,
@@ -49,7 +50,7 @@ class Inputs:
 
 def load_inputs(config: ReplayConfig) -> Inputs:
     typed = assign_gpu_types(read_trace(config.trace_path), config.gpu_mix, config.seed)
-    every = assign_deadlines(typed, config.deadlines)
+    every = assign_resumable(assign_deadlines(typed, config.deadlines), config.resumable)
     picked = sample(every, config.limit_jobs, config.every_nth_job)
     demand = mean_demand_gpus(every, config.period_s)
     work = sum(j.num_gpus * j.duration_s for j in every)

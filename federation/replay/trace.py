@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from federation.replay.config import DeadlineSettings, GpuChoice
+from federation.replay.config import DeadlineSettings, GpuChoice, ResumableSettings
 from federation.replay.errors import ReplayError
 from placement.model import GpuType, GpuTypePolicy, JobId, TenantId
 
@@ -36,6 +36,8 @@ class TraceJob:
     gpu_type_policy: GpuTypePolicy = GpuTypePolicy.ORDERED
     # When the job must have finished (seconds, the trace's clock), or None (`assign_deadlines`).
     deadline_s: float | None = None
+    # The job checkpoints: a spot reclaim costs it the work since its last checkpoint (`assign_resumable`).
+    resumable: bool = False
 
     def replica_gpus(self, gpus_per_node: int) -> tuple[int, ...]:
         """One replica per node: a job above a node's GPUs spans whole nodes (16 GPUs: two of 8)."""
@@ -120,6 +122,20 @@ def assign_deadlines(jobs: Iterable[TraceJob], settings: DeadlineSettings) -> li
             job = replace(job, deadline_s=job.submit_time_s + after_s)
         out.append(job)
     return out
+
+
+def assign_resumable(jobs: Iterable[TraceJob], settings: ResumableSettings) -> list[TraceJob]:
+    """A seeded share of the jobs checkpoints: each job draws from its own generator,
+    `random.Random(f"{seed}:resumable:{job_id}")`, so whether it is resumable depends only on the seed
+    and its id (a sample of the week gets the same answer for its jobs as the full week)."""
+    if settings.share <= 0:
+        return list(jobs)
+    return [
+        replace(job, resumable=True)
+        if random.Random(f"{settings.seed}:resumable:{job.job_id}").random() < settings.share
+        else job
+        for job in jobs
+    ]
 
 
 def sample(jobs: Sequence[TraceJob], limit: int, every_nth: int) -> list[TraceJob]:

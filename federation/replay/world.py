@@ -181,10 +181,12 @@ def gang_request(
     queued_at_s: float,
     allow_spot: bool,
     deadline: bool = False,
+    resumable: bool = False,
 ) -> GangRequest:
     """The job as the placer sees it: its run-time limit is its duration times the configured factor.
     `allow_spot`: the policy lets every job use spot (the placer may still bound which do);
-    `deadline`: the placer is told the job's deadline, if it has one."""
+    `deadline`: the placer is told the job's deadline, if it has one;
+    `resumable`: the placer is told whether the job checkpoints."""
     limit_s = math.ceil(job.duration_s * config.runtime_limit_factor)
     return GangRequest(
         job_id=job.job_id,
@@ -198,4 +200,5 @@ def gang_request(
         max_runtime_s=limit_s,
         expected_runtime_s=job.duration_s if config.expected_runtime == "exact" else 0.0,
         deadline_at_s=job.deadline_s if deadline else None,
+        resumable=resumable and job.resumable,
     )
