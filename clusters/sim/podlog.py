@@ -203,6 +203,10 @@ async def _follow(
             wait_s = _POLL_S if due is None else engine.clock.real_delay_s(due - engine.clock.wall_s())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.wait_end().wait(), timeout=min(_POLL_S, max(0.0, wait_s)))
+        # Whether the run (or the pod) had ended is read before its lines: the write below yields,
+        # and a last line printed during it, just before the end, would be lost to a check made
+        # after it (the fresh-clone run lost a rank's last line of an all-reduce so).
+        over = run.ended_wall_s is not None or engine.store.get(PODS, *key) is None
         now = engine.clock.wall_s()
         total = run.count(now)
         fresh = run.lines(now, engine.logs.cap_bytes)
@@ -213,5 +217,5 @@ async def _follow(
             new = [line for line in new if line[0] >= opts.since_wall_s]
         if new:
             await response.write(budget.take(b"".join(_render(line, opts.timestamps) for line in new)))
-        if run.ended_wall_s is not None or engine.store.get(PODS, *key) is None:
+        if over:
             break
