@@ -66,11 +66,19 @@ class FairShare:
         self.changes += 1
 
 
+Entry = tuple[bool, int, float, float, str, TenantId, int]
+
+
 def fair_order(
     queued: Iterable[GangRequest],
     fair: FairShare,
     within_guarantee: Callable[[GangRequest], bool] = lambda gang: True,
 ) -> Iterator[GangRequest]:
+    """The queue in decision order (`FairOrder`)."""
+    return iter(FairOrder(queued, fair, within_guarantee))
+
+
+class FairOrder:
     """The queue in decision order.
 
     Tenants take turns by their next gang: first a gang its tenant can run within its guarantee,
@@ -82,57 +90,110 @@ def fair_order(
     whatever theirs: if a borrower went first it would take the GPUs back each time it was requeued,
     be evicted again, and neither job would ever finish (Kueue orders its heads the same way).
 
-    A generator: the caller decides each gang (and updates `fair` and what `within_guarantee` reads)
-    before asking for the next, so a tenant's standing is read after its previous admission.
+    Iterated once, lazily: the caller decides each gang (and updates `fair` and what
+    `within_guarantee` reads) before asking for the next, so a tenant's standing is read after its
+    previous admission. `heads` tells the caller, between two gangs, what is left and how it stands.
     """
-    by_tenant: dict[TenantId, list[GangRequest]] = {}
-    for gang in queued:
-        by_tenant.setdefault(gang.tenant, []).append(gang)
 
-    share = fair.share
+    def __init__(
+        self,
+        queued: Iterable[GangRequest],
+        fair: FairShare,
+        within_guarantee: Callable[[GangRequest], bool] = lambda gang: True,
+    ) -> None:
+        self.fair = fair
+        self.within_guarantee = within_guarantee
+        self.by_tenant: dict[TenantId, list[GangRequest]] = {}
+        for gang in queued:
+            self.by_tenant.setdefault(gang.tenant, []).append(gang)
+        self.heap: list[Entry] = []
+        for tenant, gangs in self.by_tenant.items():
+            # Priority first (highest first), then queue time and id: two sorts on C-level keys, the
+            # second stable (also when reversed), cost a third of one sort on a tuple-making lambda.
+            gangs.sort(key=_QUEUE_ORDER)
+            gangs.sort(key=_PRIORITY, reverse=True)
+            self.heap.append(self.entry(tenant, 0))
+        heapq.heapify(self.heap)
+        # Whether the walk has handed out a gang (`heads` reads the heap as the walk leaves it).
+        self.started = False
 
-    def entry(tenant: TenantId, position: int) -> tuple[bool, int, float, float, str, TenantId, int]:
-        head = by_tenant[tenant][position]
-        borrows = not within_guarantee(head)
-        return (borrows, -head.priority, share(tenant), head.queued_at_s, head.job_id, tenant, position)
+    def entry(self, tenant: TenantId, position: int) -> Entry:
+        """How the tenant stands with its gang at `position` next, read now."""
+        head = self.by_tenant[tenant][position]
+        borrows = not self.within_guarantee(head)
+        share = self.fair.share(tenant)
+        return (borrows, -head.priority, share, head.queued_at_s, head.job_id, tenant, position)
 
-    heap = []
-    for tenant, gangs in by_tenant.items():
-        # Priority first (highest first), then queue time and id: two sorts on C-level keys, the
-        # second stable (also when reversed), cost a third of one sort on a tuple-making lambda.
-        gangs.sort(key=_QUEUE_ORDER)
-        gangs.sort(key=_PRIORITY, reverse=True)
-        heap.append(entry(tenant, 0))
-    heapq.heapify(heap)
-    # The loop runs once per queued gang: names bound locally, the top read by index (a starred
-    # unpacking made a list per gang), the entry made inline rather than by a call.
-    heapreplace, heappop = heapq.heapreplace, heapq.heappop
-    while heap:
-        top = heap[0]
-        tenant, position = top[5], top[6]
-        gangs = by_tenant[tenant]
-        if len(heap) == 1:
-            # The last tenant with gangs left goes first whatever its standing: the rest of its queue
-            # in order, without weighing each gang (a deep queue of one tenant is mostly this).
-            yield from islice(gangs, position, None)
-            return
-        yield gangs[position]
-        position += 1
-        # Entries are unique (tenant, position), so replacing the top in one sift pops in the same order
-        # as a pop and a push.
-        if position < len(gangs):
-            head = gangs[position]
-            heapreplace(
-                heap,
-                (
-                    not within_guarantee(head),
-                    -head.priority,
-                    share(tenant),
-                    head.queued_at_s,
-                    head.job_id,
-                    tenant,
-                    position,
-                ),
-            )
-        else:
-            heappop(heap)
+    def heads(self) -> list[tuple[Entry, list[GangRequest], int]] | None:
+        """Right after a gang was handed out (before the next is asked for): each tenant with gangs
+        left, as the entry its next gang goes by, its gangs in order and that gang's position (the
+        tenant just served is read now, as the walk would read it next). None while the walk is on
+        its last tenant, or has not begun."""
+        heap = self.heap
+        if not self.started or len(heap) < 2:
+            return None
+        out = []
+        for index, entry in enumerate(heap):
+            tenant, position = entry[5], entry[6]
+            gangs = self.by_tenant[tenant]
+            if index == 0:  # the tenant just served: its gang at `position` is handed out
+                position += 1
+                if position == len(gangs):
+                    continue
+                entry = self.entry(tenant, position)
+            out.append((entry, gangs, position))
+        return out
+
+    def advance(self, positions: Mapping[TenantId, int]) -> None:
+        """Right after a gang was handed out: the tenants named have had their gangs before the
+        positions given handed out too (the caller decided them). A new iteration goes on from there."""
+        heads = self.heads()
+        assert heads is not None
+        heap = []
+        for entry, gangs, position in heads:
+            tenant = entry[5]
+            if tenant in positions:
+                position = positions[tenant]
+                if position == len(gangs):
+                    continue
+                entry = self.entry(tenant, position)
+            heap.append(entry)
+        heapq.heapify(heap)
+        self.heap[:] = heap
+
+    def __iter__(self) -> Iterator[GangRequest]:
+        heap, by_tenant = self.heap, self.by_tenant
+        within_guarantee, share = self.within_guarantee, self.fair.share
+        # The loop runs once per queued gang: names bound locally, the top read by index (a starred
+        # unpacking made a list per gang), the entry made inline rather than by a call.
+        heapreplace, heappop = heapq.heapreplace, heapq.heappop
+        self.started = True
+        while heap:
+            top = heap[0]
+            tenant, position = top[5], top[6]
+            gangs = by_tenant[tenant]
+            if len(heap) == 1:
+                # The last tenant with gangs left goes first whatever its standing: the rest of its
+                # queue in order, without weighing each gang (a deep queue of one tenant is mostly this).
+                yield from islice(gangs, position, None)
+                return
+            yield gangs[position]
+            position += 1
+            # Entries are unique (tenant, position), so replacing the top in one sift pops in the same
+            # order as a pop and a push.
+            if position < len(gangs):
+                head = gangs[position]
+                heapreplace(
+                    heap,
+                    (
+                        not within_guarantee(head),
+                        -head.priority,
+                        share(tenant),
+                        head.queued_at_s,
+                        head.job_id,
+                        tenant,
+                        position,
+                    ),
+                )
+            else:
+                heappop(heap)

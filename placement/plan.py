@@ -2,7 +2,7 @@
 
 1. Working state: offers and their free GPUs (`inventory`), tenant usage against the tree of quotas
    (`quota`), dominant shares (`fairshare`), the cost model (`cost`), running gangs by offer (`preempt`).
-2. Order (`fairshare.fair_order`): tenants take turns by their next gang: gangs their tenant can run
+2. Order (`fairshare.FairOrder`): tenants take turns by their next gang: gangs their tenant can run
    within its guarantee before gangs that would borrow (guarantees are reclaimed whatever the
    borrower's priority, so a borrower first would retake the GPUs after each eviction); then priority
    (highest first); then the tenant with the lowest weighted dominant share; then queue time. Each
@@ -33,20 +33,21 @@ equal plans whatever the order of their tuples.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 from typing import Final
 
 from placement.backfill import Hold
 from placement.cost import CostModel, GangCost, restart_slowdown
-from placement.fairshare import FairShare, fair_order
+from placement.fairshare import Entry, FairOrder, FairShare
 from placement.fit import HistogramFit, gang_shape
 from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
     Alternative,
-    CapacityKind,
     Choice,
     ClusterName,
     GangRequest,
@@ -79,15 +80,40 @@ def plan(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None =
 
 # Decisions between two calls of `plan`'s `between`: tens of microseconds of work each.
 _BETWEEN_EVERY: Final = 16
+# Waits taken in bulk between two calls of `between` (`_Cycle.take_in_bulk`): well under a µs each.
+_BETWEEN_EVERY_BULK: Final = 4096
+# How often the cycle asks whether a stretch of the queue waits as already decided
+# (`_Cycle.take_in_bulk`): after this many gangs, or as many as the queue has kinds and tenants (what
+# the question costs) times `_BULK_PER_KIND`, if more; twice as long after each question that took
+# fewer gangs than that. The tests ask after every gang.
+_BULK_FIRST_CHECK = 63
+_BULK_PER_KIND = 1
+_QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
     """`plan`; with `reuse` off every gang is decided afresh (the tests' check that reuse changes nothing)."""
     cycle = _Cycle(snapshot, now, reuse=reuse)
-    for index, gang in enumerate(fair_order(snapshot.queued, cycle.fair, cycle.within_guarantee)):
+    order = FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee)
+    walk = iter(order)
+    # When to ask next whether a stretch of the queue waits as already decided (`take_in_bulk`): a
+    # question costs what the kinds and tenants number, so it is asked at most once per as many gangs,
+    # and half as often after each that took fewer gangs than that.
+    least = max(_BULK_FIRST_CHECK, _BULK_PER_KIND * (len(cycle.tenant_kinds) + cycle.kinds))
+    gap = least
+    index, check_at = 0, gap
+    while (gang := next(walk, None)) is not None:
         if between is not None and index % _BETWEEN_EVERY == 0:
             between()
         cycle.decide(gang)
+        index += 1
+        if index >= check_at and cycle.kinds:
+            taken = cycle.take_in_bulk(order, between)
+            if taken:
+                index += taken
+                walk = iter(order)  # the walk goes on from the tenants' positions after the stretch
+            gap = least if taken >= gap else 2 * gap
+            check_at = index + gap
     # Last, so that a move only takes private room no queued gang took or could take this cycle.
     moves = choose_moves(snapshot.running, cycle.inventory, cycle.book, cycle.costs, cycle.room.holds_on, now)
     return Plan(
@@ -184,6 +210,8 @@ class _Cycle:
         by_value: dict[tuple[object, ...], int] = {}
         by_object: dict[int, int] = {}
         firsts: list[JobId] = []
+        # The first gang of each kind: what the kind's gangs have in common (`take_in_bulk`).
+        self._kind_gangs: list[GangRequest] = []
         kind_of: dict[JobId, int] = {}
         for g in snapshot.queued if reuse else ():
             key = g.decision_key
@@ -192,6 +220,7 @@ class _Cycle:
                 kind = by_object[id(key)] = by_value.setdefault(key, len(firsts))
                 if kind == len(firsts):
                     firsts.append(g.job_id)
+                    self._kind_gangs.append(g)
                     continue
             first = firsts[kind]
             if first != g.job_id:
@@ -203,6 +232,24 @@ class _Cycle:
         self._decided: list[Waiting | None] = [None] * len(firsts)
         self._guarantees: dict[tuple[TenantId, tuple[GpuType, ...], int], bool] = {}
         self._guarantee_changes = self.book.changes
+        self.kinds = len(firsts) if kind_of else 0
+        # Each tenant's kinds, and how many of its gangs are of no numbered kind (a kind of their own,
+        # or carried) and not yet decided (`take_in_bulk`).
+        self.tenant_kinds: dict[TenantId, list[int]] = {}
+        self._unnumbered_left: dict[TenantId, int] = {}
+        if kind_of:
+            for kind, first_gang in enumerate(self._kind_gangs):
+                self.tenant_kinds.setdefault(first_gang.tenant, []).append(kind)
+                if firsts[kind] not in kind_of:  # its only gang, or a carried one
+                    self._unnumbered_left[first_gang.tenant] = (
+                        self._unnumbered_left.get(first_gang.tenant, 0) + 1
+                    )
+            carried = self.room.ordered.carried()
+            if carried:
+                counted = set(firsts)
+                for g in snapshot.queued:
+                    if g.job_id in carried and g.job_id not in counted:
+                        self._unnumbered_left[g.tenant] = self._unnumbered_left.get(g.tenant, 0) + 1
 
     def _state(self) -> int:
         """Grows whenever the cycle's working state changes in a way a decision could read.
@@ -232,12 +279,82 @@ class _Cycle:
             within = self._guarantees[key] = book.within_any_guarantee(*key)
         return within
 
+    def take_in_bulk(self, order: FairOrder, between: Callable[[], None] | None) -> int:
+        """Decide at once the stretch of the queue, next in `order`, whose gangs all take their kind's
+        wait as decided on the current state; how many that was (0: none, and `order` is untouched).
+
+        `decide` takes such a gang's wait without deciding, and taking a wait changes no state, so
+        within the stretch nothing changes what the others read, nor their order. That order is
+        then a sort: a tenant is "settled" when its gangs left are all of numbered kinds decided on
+        this state, its kinds share one standing (guarantee, priority; its share is unchanged too),
+        and the entry its next gang goes by says the same. A settled tenant's gangs then go by one
+        standing, then queue time and id, the order the walk merges them in. The first gang of an
+        unsettled tenant, at the entry it goes by, ends the stretch. A deep queue that fits nowhere
+        is mostly such stretches: one wait per kind, handed to a million gangs without a heap step
+        and a decision each.
+        """
+        heads = order.heads()
+        if heads is None:
+            return 0
+        state = self._state()
+        decided_on, kind_gangs = self._decided_on, self._kind_gangs
+        settled: list[tuple[Entry, list[GangRequest], int]] = []
+        end: Entry | None = None
+        for entry, gangs, position in heads:
+            tenant = entry[5]
+            kinds = self.tenant_kinds.get(tenant, ())
+            if (
+                kinds
+                and not self._unnumbered_left.get(tenant)
+                and all(decided_on[k] == state for k in kinds)
+                and all(
+                    (not self.within_guarantee(kind_gangs[k]), -kind_gangs[k].priority) == entry[:2]
+                    for k in kinds
+                )
+                and order.fair.share(tenant) == entry[2]
+            ):
+                settled.append((entry, gangs, position))
+            elif end is None or entry < end:
+                end = entry
+        stretch: dict[tuple[bool, int, float], list[GangRequest]] = {}
+        taken: dict[TenantId, int] = {}
+        for entry, gangs, position in settled:
+            standing = entry[:3]
+            if end is None or standing < end[:3]:
+                stop = len(gangs)
+            elif standing > end[:3]:
+                continue
+            else:
+                stop = bisect_left(gangs, end[3:5], position, key=_QUEUE_ORDER)
+            if stop > position:
+                stretch.setdefault(standing, []).extend(gangs[position:stop])
+                taken[entry[5]] = stop
+        if not taken:
+            return 0
+        kind_of, decided, waiting = self._kind_of, self._decided, self.waiting
+        count = 0
+        for standing in sorted(stretch):
+            merged = sorted(stretch[standing], key=_QUEUE_ORDER)
+            count += len(merged)
+            for at in range(0, len(merged), _BETWEEN_EVERY_BULK):
+                if between is not None:
+                    between()
+                for gang in merged[at : at + _BETWEEN_EVERY_BULK]:
+                    job_id = gang.job_id
+                    earlier = decided[kind_of[job_id]]
+                    assert earlier is not None
+                    waiting.append(earlier.for_job(job_id))
+        order.advance(taken)
+        return count
+
     # -- step 3 and 4: gates and quota
 
     def decide(self, gang: GangRequest) -> None:
         """Admit the gang, or leave it waiting with its reasons; a wait may reuse an equal gang's."""
         kind = self._kind_of.get(gang.job_id)
         if kind is None:
+            if self._unnumbered_left:
+                self._unnumbered_left[gang.tenant] -= 1
             self._decide(gang)
             return
         # `_state()`, inline: a deep queue takes this path for nearly every gang.
@@ -599,9 +716,6 @@ class _Cycle:
             transfer_s=model.transfer_s(gang, store),
             runner_up=None if fit.runner_up is None else _alternative(*fit.runner_up),
             cheaper_full=cheaper_full,
-            spot_lost_work_h=(
-                self.policy.spot_lost_work_h if gang.resumable and offer.kind is CapacityKind.SPOT else None
-            ),
         )
 
     # -- step 7: explain
