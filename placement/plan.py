@@ -89,6 +89,7 @@ _BETWEEN_EVERY_BULK: Final = 4096
 _BULK_FIRST_CHECK = 63
 _BULK_PER_KIND = 1
 _QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
+_QUEUED_AT = attrgetter("queued_at_s")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -331,19 +332,18 @@ class _Cycle:
                 taken[entry[5]] = stop
         if not taken:
             return 0
-        kind_of, decided, waiting = self._kind_of, self._decided, self.waiting
+        kind_of, waiting = self._kind_of, self.waiting
+        # Each kind's wait, handed to a job by one call.
+        hand = [w.for_job if w is not None else None for w in self._decided]
         count = 0
         for standing in sorted(stretch):
-            merged = sorted(stretch[standing], key=_QUEUE_ORDER)
+            merged = _by_queue_order(stretch[standing])
             count += len(merged)
             for at in range(0, len(merged), _BETWEEN_EVERY_BULK):
                 if between is not None:
                     between()
-                for gang in merged[at : at + _BETWEEN_EVERY_BULK]:
-                    job_id = gang.job_id
-                    earlier = decided[kind_of[job_id]]
-                    assert earlier is not None
-                    waiting.append(earlier.for_job(job_id))
+                ids = [g.job_id for g in merged[at : at + _BETWEEN_EVERY_BULK]]
+                waiting.extend([hand[kind_of[job_id]](job_id) for job_id in ids])  # type: ignore[misc]
         order.advance(taken)
         return count
 
@@ -768,6 +768,15 @@ class _Cycle:
             return Waiting.explained(gang.job_id, parts[0][1])
         explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single, ruled_out)
         return Waiting.explained(gang.job_id, explanation)
+
+
+def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
+    """The gangs by queue time, then job id. Sorted on the queue time alone (floats, which the sort
+    compares fastest, a third of the time of the pair) when no two gangs share it."""
+    times = [g.queued_at_s for g in gangs]
+    if len(set(times)) == len(times):
+        return sorted(gangs, key=_QUEUED_AT)
+    return sorted(gangs, key=_QUEUE_ORDER)
 
 
 def _ruled_out(gang: GangRequest, clusters: Sequence[ClusterName]) -> WaitReason:
