@@ -304,7 +304,10 @@ class FederationServer:
         job_cache = self._cache
 
         def refusing() -> dict[ClusterName, ClusterRefusing]:
-            return refusing_clusters((s.value for s in job_cache.live_jobs()), time.time())
+            # The acting jobs hold every live job with a refusal or a placement (what the verdict
+            # reads): walking every live job was a walk of the whole queue on the event loop for each
+            # `gpufed clusters`, 0.1 s at a million queued.
+            return refusing_clusters((s.value for s in job_cache.acting_jobs()), time.time())
 
         federation = FederationService(auth=auth, metrics=self.metrics, clusters=clusters, refusing=refusing)
         pb_grpc.add_FederationServiceServicer_to_server(federation, server)
@@ -471,7 +474,7 @@ class FederationServer:
             # the imports included): a shared machine's load swings the wall time, not these.
             listed_cpu_s=round(listed_cpu_s, 3),
             cpu_s=round(time.process_time(), 3),
-            jobs=len(self._cache.jobs()),
+            jobs=self._cache.count(),
             port=self.port,
             metrics_port=self.metrics_port,
             console_url=self.console_url,
