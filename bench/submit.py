@@ -34,6 +34,14 @@ the leader's scheduling cycles' share of the servers' CPU (from its /metrics: sn
 the queue that grows during the run), and what a core would carry at those costs
 (`submit_jobs_per_server_cpu_s`: a server is one Python process; `submit_jobs_per_client_cpu_s`:
 what the load generator can offer from one core).
+
+With `--api-workers N` the server's processes are counted together (`submit_server_cpu_per_job`)
+and `submit_jobs_per_s_on_server_cores` says what they would carry with a core each at that cost.
+Measured 2026-11-30 in A/B turns (`--quick --processes 2 --channels 4`): at load 5 to 6, one process
+1.05 and 1.13 ms a submission (882 and 949 a server CPU-second, at 86 % of a core: 688 and 812/s);
+with 2 workers 1.39 and 1.49 ms over the three processes, 2,164 and 2,016/s on three cores, while the
+two cores shared with etcd and the clients gave 816 and 750/s. At load 24 to 41: 1.03 and 1.22 ms
+against 1.79 and 1.75 ms (1,676 and 1,710/s on three cores). Each worker RSS 103 to 110 MiB.
 """
 
 from __future__ import annotations
