@@ -125,6 +125,7 @@ class ApiWorkers:
             config.state_dir.mkdir(parents=True, exist_ok=True)
             # The config may hold a history DSN with its password: readable by this user only.
             path = config.state_dir / _CONFIG_FILE
+            path.unlink(missing_ok=True)  # made again, so that an older file's mode is not kept
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as out:
                 pickle.dump(config, out)

@@ -6,6 +6,7 @@ What a user of the port must not be able to tell, whichever process the kernel g
 - every accepted submission is in etcd (`etcdctl` counts the keys), once;
 - an idempotency key retried over every connection gives one job, created once;
 - a tenant sees only its own jobs through every connection, and another tenant's job is "not found";
+- each worker's config, which may hold the history database's password, is the server user's alone;
 - a worker SIGKILLed is started again and the port keeps answering; the server's SIGTERM stops every
   worker with it.
 And a second server started on a port already served fails to bind rather than sharing it unnoticed
@@ -67,6 +68,9 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
     state = server.state_dir
     workers = wait_for(lambda: p if len(p := api_worker_pids(state)) == WORKERS else None, timeout_s=60)
     processes = [server.proc.pid, *workers]
+    # Each worker's config (a history DSN may hold a password) is readable by the server's user only.
+    for i in range(WORKERS):
+        assert (state / "api-workers" / str(i) / "config.pickle").stat().st_mode & 0o777 == 0o600
     wait_for(lambda: all(sockets_on_port(p, server.port, LISTEN) for p in processes), timeout_s=90)
 
     alice, bob = _token(server, "alice"), _token(server, "bob")
