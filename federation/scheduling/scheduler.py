@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Protocol
 
 import structlog
@@ -60,6 +61,9 @@ from placement.model import (
     WaitReason,
 )
 from placement.plan import plan
+
+_JOB_ID = attrgetter("job_id")
+_TENANT = attrgetter("tenant")
 
 # The wait key of reasons read from the store: equal to no `Waiting.key`, so they are compared
 # by their worded reasons.
@@ -126,9 +130,12 @@ def _snapshot_and_plan(
     # cyclic: reference counting frees it as before.
     with paused_gc():
         cpu_started = time.thread_time()
-        stored = {s.value.job_id: s for s in live}
+        # One read of each record, and the map by id made by C-level calls (per job, a deep queue's
+        # cycle is a million of each).
+        records = [s.value for s in live]
+        stored = dict(zip(map(_JOB_ID, records), live, strict=True))
         snapshot = build_snapshot(
-            [s.value for s in live],
+            records,
             inputs,
             inventories,
             statuses=statuses,
@@ -138,8 +145,8 @@ def _snapshot_and_plan(
             held_off=held_off,
             between=between,
         )
-        requests.keep_only({q.job_id for q in snapshot.queued})
-        depth: Counter[str] = Counter(q.tenant for q in snapshot.queued)
+        requests.keep_only_queued(snapshot.queued)
+        depth: Counter[str] = Counter(map(_TENANT, snapshot.queued))
         result = plan(snapshot, now=now, between=between)
         return _Planned(result, stored, depth, time.thread_time() - cpu_started)
 
@@ -604,12 +611,16 @@ class Scheduler:
         # Whether a tuple written (by identity: the store's reads share them) equals a key's reasons.
         equal: dict[tuple[int, int], tuple[tuple[WaitReason, ...], _Worded, bool]] = {}
         changed = []
+        # Waiting jobs with reasons written: when they are all that is written, no job left the queue,
+        # and the walk of every written entry to find those that did is skipped.
+        with_written = 0
         for index, w in enumerate(waiting):
             if index % 512 == 0:
                 between()
             key = w.key
             written = self._written_reasons.get(w.job_id)
             if written is not None:
+                with_written += 1
                 old_key = written[0]
                 if old_key is key:
                     continue
@@ -637,9 +648,12 @@ class Scheduler:
             if words.value is None:
                 words.value = encode_wait_reasons(words.reasons, compressed=self._store.compress_wait_reasons)
             changed.append(_ReasonsWrite(w.job_id, key, words.reasons, words.value))
-        still_waiting = {w.job_id for w in waiting}
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so
-        # that etcd does not keep one stale key per job ever queued.
+        # that etcd does not keep one stale key per job ever queued. (Entries are replaced above, never
+        # added, so `with_written` counts distinct written jobs while the waits name each job once.)
+        if with_written == len(self._written_reasons):
+            return changed, []
+        still_waiting = set(map(_JOB_ID, waiting))
         left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
         return changed, left
 
