@@ -34,6 +34,7 @@ equal plans whatever the order of their tuples.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -53,7 +54,6 @@ from placement.model import (
     GangRequest,
     GpuType,
     GpuTypePolicy,
-    JobId,
     Plan,
     RunningGang,
     Snapshot,
@@ -90,6 +90,7 @@ _BULK_FIRST_CHECK = 63
 _BULK_PER_KIND = 1
 _QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
 _QUEUED_AT = attrgetter("queued_at_s")
+_DECISION_KEY = attrgetter("decision_key")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -198,59 +199,53 @@ class _Cycle:
         # The last wait decided for each kind of gang (`GangRequest.decision_key`), and the working
         # state it was decided on (`_state`): another gang of that kind decided on the same state waits
         # for the same reasons, so it takes them without the work. A deep queue is mostly such gangs.
-        # Kinds are numbered once per cycle (`_kind_of`, by job id, whose hash a string keeps), so a
-        # decision looks its kind up without hashing the key again; only gangs whose kind is queued
+        # Kinds are numbered once per cycle by their key objects (`_kind_by_object`, by `id`): equal
+        # keys are mostly one object (the scheduler's requests share them, `snapshot.GangRequests`),
+        # so the objects are counted by C-level calls and each distinct one is hashed once, where
+        # hashing a 22-field key per gang was most of this setup at 100,000 queued. Only kinds queued
         # more than once are numbered (a queue of all different gangs paid 5 to 9% for the
-        # bookkeeping), and not gangs whose own held GPUs or leaving victims the cycle carries
-        # (`OrderedEvictions`): their decisions are their own. Two lists rather than one of pairs: a
-        # pair per decision made the garbage collector run more often.
-        # Keys are looked up by their object first and hashed once per distinct object: equal keys are
-        # mostly one object (the scheduler's requests share them, `snapshot.GangRequests`), and hashing
-        # a 22-field key per queued gang was most of this setup at 100,000 queued. The gangs hold their
-        # keys, so no id is reused during the walk.
+        # bookkeeping), and gangs whose own held GPUs or leaving victims the cycle carries
+        # (`OrderedEvictions`) are decided as their own. Two lists rather than one of pairs: a pair
+        # per decision made the garbage collector run more often. The gangs hold their keys, so no id
+        # is reused during the cycle.
+        queued = snapshot.queued if reuse else ()
+        keys = list(map(_DECISION_KEY, queued))
+        per_object = Counter(map(id, keys))
         by_value: dict[tuple[object, ...], int] = {}
-        by_object: dict[int, int] = {}
-        firsts: list[JobId] = []
-        # The first gang of each kind: what the kind's gangs have in common (`take_in_bulk`).
+        counts: list[int] = []
+        # A gang of each kind: what the kind's gangs have in common (`take_in_bulk`).
         self._kind_gangs: list[GangRequest] = []
-        kind_of: dict[JobId, int] = {}
-        for g in snapshot.queued if reuse else ():
-            key = g.decision_key
-            kind = by_object.get(id(key))
-            if kind is None:
-                kind = by_object[id(key)] = by_value.setdefault(key, len(firsts))
-                if kind == len(firsts):
-                    firsts.append(g.job_id)
-                    self._kind_gangs.append(g)
-                    continue
-            first = firsts[kind]
-            if first != g.job_id:
-                kind_of[first] = kind_of[g.job_id] = kind
-        for job_id in self.room.ordered.carried():
-            kind_of.pop(job_id, None)
-        self._kind_of = kind_of
-        self._decided_on: list[int] = [-1] * len(firsts)
-        self._decided: list[Waiting | None] = [None] * len(firsts)
+        object_kind: dict[int, int] = {}
+        for object_id, sample in dict(zip(map(id, keys), queued, strict=True)).items():
+            kind = by_value.setdefault(sample.decision_key, len(counts))
+            if kind == len(counts):
+                counts.append(0)
+                self._kind_gangs.append(sample)
+            counts[kind] += per_object[object_id]
+            object_kind[object_id] = kind
+        self._kind_by_object = {o: k for o, k in object_kind.items() if counts[k] > 1}
+        self._carried = self.room.ordered.carried()
+        self._decided_on: list[int] = [-1] * len(counts)
+        self._decided: list[Waiting | None] = [None] * len(counts)
         self._guarantees: dict[tuple[TenantId, tuple[GpuType, ...], int], bool] = {}
         self._guarantee_changes = self.book.changes
-        self.kinds = len(firsts) if kind_of else 0
-        # Each tenant's kinds, and how many of its gangs are of no numbered kind (a kind of their own,
-        # or carried) and not yet decided (`take_in_bulk`).
+        numbered = [k for k, count in enumerate(counts) if count > 1]
+        self.kinds = len(numbered)
+        # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
+        # their own, or carried) and not yet decided (`take_in_bulk`).
         self.tenant_kinds: dict[TenantId, list[int]] = {}
         self._unnumbered_left: dict[TenantId, int] = {}
-        if kind_of:
-            for kind, first_gang in enumerate(self._kind_gangs):
-                self.tenant_kinds.setdefault(first_gang.tenant, []).append(kind)
-                if firsts[kind] not in kind_of:  # its only gang, or a carried one
-                    self._unnumbered_left[first_gang.tenant] = (
-                        self._unnumbered_left.get(first_gang.tenant, 0) + 1
-                    )
-            carried = self.room.ordered.carried()
-            if carried:
-                counted = set(firsts)
-                for g in snapshot.queued:
-                    if g.job_id in carried and g.job_id not in counted:
-                        self._unnumbered_left[g.tenant] = self._unnumbered_left.get(g.tenant, 0) + 1
+        if numbered:
+            left = self._unnumbered_left
+            for kind, count in enumerate(counts):
+                tenant = self._kind_gangs[kind].tenant
+                if count > 1:
+                    self.tenant_kinds.setdefault(tenant, []).append(kind)
+                else:
+                    left[tenant] = left.get(tenant, 0) + 1
+            for g in queued if self._carried else ():
+                if g.job_id in self._carried and id(g.decision_key) in self._kind_by_object:
+                    left[g.tenant] = left.get(g.tenant, 0) + 1
 
     def _state(self) -> int:
         """Grows whenever the cycle's working state changes in a way a decision could read.
@@ -332,7 +327,7 @@ class _Cycle:
                 taken[entry[5]] = stop
         if not taken:
             return 0
-        kind_of, waiting = self._kind_of, self.waiting
+        kind_by_object, waiting = self._kind_by_object, self.waiting
         # Each kind's wait, handed to a job by one call.
         hand = [w.for_job if w is not None else None for w in self._decided]
         count = 0
@@ -342,8 +337,12 @@ class _Cycle:
             for at in range(0, len(merged), _BETWEEN_EVERY_BULK):
                 if between is not None:
                     between()
-                ids = [g.job_id for g in merged[at : at + _BETWEEN_EVERY_BULK]]
-                waiting.extend([hand[kind_of[job_id]](job_id) for job_id in ids])  # type: ignore[misc]
+                waiting.extend(
+                    [
+                        hand[kind_by_object[id(g.decision_key)]](g.job_id)  # type: ignore[misc]
+                        for g in merged[at : at + _BETWEEN_EVERY_BULK]
+                    ]
+                )
         order.advance(taken)
         return count
 
@@ -351,8 +350,8 @@ class _Cycle:
 
     def decide(self, gang: GangRequest) -> None:
         """Admit the gang, or leave it waiting with its reasons; a wait may reuse an equal gang's."""
-        kind = self._kind_of.get(gang.job_id)
-        if kind is None:
+        kind = self._kind_by_object.get(id(gang.decision_key))
+        if kind is None or (self._carried and gang.job_id in self._carried):
             if self._unnumbered_left:
                 self._unnumbered_left[gang.tenant] -= 1
             self._decide(gang)
