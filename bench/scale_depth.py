@@ -51,7 +51,7 @@ submission each, CPU ms). Before the depth work on the cycle (2026-11-30, HEAD 5
 10 to 20): 60 ms at 10,000 queued, 771 at 100,000, 1,488 at 200,000 (7.4 to 7.7 µs a queued job:
 snapshot 25%, fair order 25%, decisions taken from an equal gang's 30%, reasons 12%). After it
 (interned decision keys, kept guarantee answers, stretches of the queue decided in bulk,
-`placement.plan._Cycle.take_in_bulk`): 33 to 38 ms, 438 to 461 ms and 932 ms (3.3 to 4.7 µs a
+`placement.plan._Cycle.take_in_bulk`): 32 to 36 ms, 419 to 440 ms and 880 ms (3.2 to 4.4 µs a
 job), the same plans. Through the server (`--shallow 10000 --deep 100000 --calls 100`, load 4 to
 20): the cycle 63 ms (32 ms CPU) and 1,843 ms (450 ms CPU), ratio 29 (14 in CPU); submit p99 14.2
 and 23.5 ms, list p99 3.6 and 9.8 ms, explain p99 8.6 ms at 100,000; 370 MiB per 100,000 jobs. The cycle still grows with the queue: each waiting job still gets its own wait in the
