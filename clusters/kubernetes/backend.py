@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -34,6 +35,7 @@ from clusters.kubernetes.config import KubernetesClusterConfig
 from clusters.kubernetes.errors import is_no_answer, status_of, translate
 from clusters.kubernetes.gangs import GangWriter
 from clusters.kubernetes.inventory import (
+    FINISHED_PHASES,
     NodeInfo,
     PodInfo,
     cluster_state,
@@ -45,7 +47,7 @@ from clusters.kubernetes.inventory import (
     unpriced,
 )
 from clusters.kubernetes.kube import KubeApi, ListPath, Timeouts, api_client, sibling_client
-from clusters.kubernetes.logs import LOG_THREADS, GangInspection
+from clusters.kubernetes.logs import LOG_THREADS, GangInspection, replica_state
 from clusters.kubernetes.names import namespace_for, object_name
 from clusters.kubernetes.status import (
     MANAGED_BY,
@@ -110,7 +112,7 @@ class KubernetesBackend:
         )
         self._vanished = VanishedPods(settings.tombstone_ttl_s)
         self._pods: Informer[PodInfo] = self._informer(
-            "pods", self._api.list_pods, pod_info, observer=self._observe_pod
+            "pods", self._api.list_pods, _pod_info, observer=self._observe_pod, group=_gang_of
         )
         self._inventory_memo: tuple[tuple[int, int, bool], ClusterState] | None = None
         self._statuses_memo: tuple[tuple[int, int, int, int, int], tuple[GangStatus, ...]] | None = None
@@ -125,6 +127,7 @@ class KubernetesBackend:
         parse: Callable[[dict[str, Any]], Any],
         selector: str | None = None,
         observer: Callable[[str, dict[str, Any]], None] | None = None,
+        group: Callable[[Any], str | None] | None = None,
     ) -> Informer[Any]:
         s = self._config.settings
         return Informer(
@@ -139,6 +142,7 @@ class KubernetesBackend:
             backoff_max_s=s.backoff_max_s,
             cluster=self._config.name,
             observer=observer,
+            group=group,
         )
 
     # ---- life ------------------------------------------------------------------------------------
@@ -322,6 +326,24 @@ class KubernetesBackend:
     async def replicas(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[ReplicaState]:
         return await self._inspection.replicas(tenant, job_id, attempt)
 
+    async def ended_replicas(
+        self, tenant: TenantId, job_id: JobId, attempt: int, pods: int
+    ) -> Sequence[ReplicaState] | None:
+        """The pods of an attempt that ended, as the pod watch holds them: no call, where `replicas`
+        lists them (a request, and its answer parsed, for every attempt the keeper keeps). Only when
+        the watch answers and holds exactly the gang's `pods` pods, each finished: a finished pod
+        does not change, so a list would show the same. Else None, and the caller lists them (a pod
+        not finished or not seen yet, one gone, one replaced by a retry)."""
+        if self._health.silent_for_s() > 0 or not self._pods.synced.is_set():
+            return None
+        namespace = namespace_for(self._config.settings.namespace_prefix, tenant)
+        gang = object_name(job_id, attempt)
+        found = [p.replica for p in self._pods.grouped(f"{namespace}/{gang}")]
+        states = [r for r in found if r is not None]
+        if len(found) != pods or len(states) != pods:
+            return None
+        return await self._inspection.with_killed(namespace, gang, states)
+
     async def events(self, tenant: TenantId, job_id: JobId, attempt: int) -> Sequence[GangEvent]:
         return await self._inspection.events(tenant, job_id, attempt)
 
@@ -502,3 +524,17 @@ class KubernetesBackend:
             raise translate(error, self.name, doing, dispatching=dispatching) from error
         self._health.answered()
         return result
+
+
+def _pod_info(pod: dict[str, Any]) -> PodInfo:
+    """A pod as the backend's cache keeps it; a finished gang pod with what `describe` shows of it
+    (once or twice in a pod's life: finished is its last phase)."""
+    info = pod_info(pod)
+    if info.gang is not None and info.phase in FINISHED_PHASES:
+        return dataclasses.replace(info, replica=replica_state(pod))
+    return info
+
+
+def _gang_of(pod: PodInfo) -> str | None:
+    """Where the pod cache files a gang's pod: its namespace and gang name."""
+    return None if pod.gang is None else f"{pod.namespace}/{pod.gang}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from clusters.api import ReplicaState
 from placement.gpu_types import GpuRegistry, node_type
 from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, NodePool, Provider
 
@@ -132,6 +133,9 @@ class PodInfo:
     # When its last container ended (finishedAt), for a finished pod: the moment its GPUs were
     # free, which the federation charges to rather than to when it noticed.
     finished_at_s: float | None = None
+    # A finished gang pod as `describe` and the keeper show it (`logs.replica_state`), set by the
+    # backend's pod watch, so that the keeper reads an ended attempt's pods without a list call.
+    replica: ReplicaState | None = None
 
     @property
     def holds_gpus(self) -> bool:

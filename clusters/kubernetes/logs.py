@@ -379,6 +379,11 @@ class GangInspection:
         pods = await self._read("list the gang's pods", functools.partial(self._reader.gang_pods, gang))
         namespace = namespace_for(self._prefix, tenant)
         found = [replica_state(p) for p in pods if (p.get("metadata") or {}).get("namespace") == namespace]
+        return await self.with_killed(namespace, gang, found)
+
+    async def with_killed(self, namespace: str, gang: str, found: list[ReplicaState]) -> list[ReplicaState]:
+        """The gang's pods `found` on the cluster, with those killed while they ran beside them, in
+        `describe`'s order."""
         if found:
             # Killed pods are shown beside the rest while the gang's pods are there (the keeper
             # reads them all when the gang ends); once every pod is gone, so is the gang's live view,

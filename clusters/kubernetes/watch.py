@@ -59,7 +59,9 @@ class Health:
 class Informer(Generic[T]):
     """A thread that keeps `items` equal to the server's objects of one kind, each reduced by `parse`.
 
-    `parse` returns None for objects the cache should not keep (a node without GPUs).
+    `parse` returns None for objects the cache should not keep (a node without GPUs). With `group`,
+    the items are also filed by the name it gives each (None: not filed), for `grouped`: a gang's
+    pods found without a walk of every pod of the cluster.
     """
 
     def __init__(
@@ -76,8 +78,12 @@ class Informer(Generic[T]):
         backoff_max_s: float,
         cluster: str,
         observer: Callable[[str, Json], None] | None = None,
+        group: Callable[[T], str | None] | None = None,
     ) -> None:
         self.name = name
+        self._group = group
+        # The items by the name `group` gives them, then by key; kept with `_items`, under `_lock`.
+        self._groups: dict[str, dict[str, T]] = {}
         # Told of every watch event as it is applied, on this thread; it must not block.
         self._observer = observer
         self._api = api
@@ -119,6 +125,30 @@ class Informer(Generic[T]):
         with self._lock:
             return self._items.get(key)
 
+    def grouped(self, name: str) -> list[T]:
+        """The items `group` files under `name` (none without `group`)."""
+        with self._lock:
+            return list((self._groups.get(name) or {}).values())
+
+    def _file(self, key: str, old: T | None, new: T | None) -> None:
+        """Moves `key` from the group of its old item to that of its new one; under `_lock`."""
+        if self._group is None:
+            return
+        if old is not None and (was := self._group(old)) is not None:
+            members = self._groups.get(was)
+            if members is not None:
+                members.pop(key, None)
+                if not members:
+                    del self._groups[was]
+        if new is not None and (now := self._group(new)) is not None:
+            self._groups.setdefault(now, {})[key] = new
+
+    def _regroup(self) -> None:
+        """Every item filed again, after a list replaced them all; under `_lock`."""
+        self._groups = {}
+        for key, item in self._items.items():
+            self._file(key, None, item)
+
     def remember(self, obj: Json) -> None:
         """Put an object the backend just created into the cache, unless the watch already has it.
 
@@ -131,6 +161,7 @@ class Informer(Generic[T]):
         with self._lock:
             if _key(obj) not in self._items:
                 self._items[_key(obj)] = parsed
+                self._file(_key(obj), None, parsed)
                 self._version += 1
                 rv = _numeric_rv(obj)
                 if rv is not None:
@@ -225,6 +256,7 @@ class Informer(Generic[T]):
                 elif key not in items and key in self._items:
                     items[key] = self._items[key]
             self._items = items
+            self._regroup()
             self._version += 1
         self._resource_version = resource_version
         self.synced.set()
@@ -287,11 +319,13 @@ class Informer(Generic[T]):
         parsed = None if kind == "DELETED" else self._parse(obj)
         with self._lock:
             self._remembered.pop(key, None)  # the watch shows it now, or its end
+            old = self._items.get(key)
             if parsed is None:
                 changed = self._items.pop(key, None) is not None
             else:
                 self._items[key] = parsed
                 changed = True
+            self._file(key, old, parsed)
             if changed:
                 self._version += 1
         if self._observer is not None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
 
 import structlog
 
@@ -50,7 +51,7 @@ from federation.joblogs.archive import (
 )
 from federation.scheduling.members import MemberClusters
 from federation.store.jobs import JobRecord
-from placement.model import JobPhase
+from placement.model import JobId, JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.logs")
 
@@ -148,18 +149,21 @@ class AttemptKeeper:
         if inspector is None:
             note = f"cluster {placement.cluster} shows no pods"
         else:
+            # Each read within its own `asyncio.timeout`, not `wait_for`: the same bound without a
+            # task of its own for every read of every ended attempt.
             try:
-                replicas = await asyncio.wait_for(
-                    inspector.replicas(before.tenant, before.job_id, before.attempt), timeout_s
-                )
+                async with asyncio.timeout(timeout_s):
+                    replicas = await _ended_replicas(inspector, before)
                 if not replicas and isinstance(inspector, KilledPodLogs):
                     # The cluster killed them (a drain, an eviction) and they went: the backend
                     # read their logs as they were killed.
-                    replicas = await asyncio.wait_for(
-                        inspector.killed_replicas(before.tenant, before.job_id, before.attempt), timeout_s
-                    )
+                    async with asyncio.timeout(timeout_s):
+                        replicas = await inspector.killed_replicas(
+                            before.tenant, before.job_id, before.attempt
+                        )
                     killed = {locate(r, before.spec, before.job_id, before.attempt) for r in replicas}
-                logs, head_cut = await asyncio.wait_for(self._logs(inspector, before, replicas), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    logs, head_cut = await self._logs(inspector, before, replicas)
             except (ClusterError, TimeoutError) as error:
                 note = f"logs not kept: cluster {placement.cluster}: {error or 'no answer in time'}"
         failed = gang is None or gang.phase in (GangPhase.FAILED, GangPhase.EVICTED)
@@ -289,6 +293,26 @@ class AttemptKeeper:
             return None
         reason = waiting_reason(replicas)
         return None if reason == job.reason else replace(job, reason=reason)
+
+
+@runtime_checkable
+class EndedReplicas(Protocol):
+    """A backend that can tell an ended attempt's pods from what it already watches, without a
+    call (the Kubernetes backend's pod watch), or None when it cannot be sure they are all there."""
+
+    async def ended_replicas(
+        self, tenant: TenantId, job_id: JobId, attempt: int, pods: int
+    ) -> Sequence[ReplicaState] | None: ...
+
+
+async def _ended_replicas(inspector: GangInspector, job: JobRecord) -> Sequence[ReplicaState]:
+    """The ended attempt's pods: from the backend's watch where it holds them all, else listed. One
+    call fewer for every attempt the keeper keeps, on the server and on the cluster's API server."""
+    if isinstance(inspector, EndedReplicas):
+        watched = await inspector.ended_replicas(job.tenant, job.job_id, job.attempt, job.spec.replica_count)
+        if watched is not None:
+            return watched
+    return await inspector.replicas(job.tenant, job.job_id, job.attempt)
 
 
 def _tail_lines(keep_bytes: int) -> int:
