@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -55,6 +55,7 @@ from placement.model import (
     GpuType,
     GpuTypePolicy,
     Plan,
+    PolicyConfig,
     RunningGang,
     Snapshot,
     TenantId,
@@ -532,16 +533,8 @@ class _Cycle:
             if ctx.static_order
             else self.inventory.search_order(group, gang.allow_spot, within)
         )
-        candidates: Iterable[tuple[int, float, float, int, Offer]] = (
-            (
-                private_tier(o, policy),
-                ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
-                o.price_factor,
-                o.kind_rank,
-                o,
-            )
-            for o in offers
-            if room_now(o)
+        candidates: Iterable[tuple[int, float, float, int, Offer]] = _candidates(
+            offers, room_now, ctx, policy
         )
         if not ctx.static_order:
             candidates = sorted(candidates, key=lambda c: (c[0], c[1], c[2], c[3], c[4].search_key))
@@ -607,7 +600,7 @@ class _Cycle:
         """The next offer after the chosen rank where the gang would fit now (for `explain`): a few
         offers past the choice at most, so that explaining costs the cycle little."""
         deadline = ctx.gang.deadline_at_s
-        for index, (offer, cost) in enumerate(chain([first], ((c[4], c[1]) for c in rest))):
+        for index, (offer, cost) in enumerate(chain([first], _offers_and_costs(rest))):
             if index >= _RUNNER_UP_SCAN:
                 return None
             if offer.fit(shape) is None:
@@ -790,3 +783,29 @@ def _ruled_out(gang: GangRequest, clusters: Sequence[ClusterName]) -> WaitReason
     else:
         message = f"{named} cannot run this job: {volcano}, and no Volcano is found there"
     return WaitReason(Code.PLACEMENT_RULES, message)
+
+
+# Generator functions, not generator expressions: mypyc compiles a generator expression it cannot
+# specialise into a list, computed all at once, and these two must stay lazy (`_place` stops at the
+# first rank past its best fit, and `room_now` notes the first full offer it meets on the way).
+
+
+def _candidates(
+    offers: Iterable[Offer], room_now: Callable[[Offer], bool], ctx: GangCost, policy: PolicyConfig
+) -> Iterator[tuple[int, float, float, int, Offer]]:
+    """The offers with room now, each with its ranks, in the order given."""
+    for o in offers:
+        if room_now(o):
+            yield (
+                private_tier(o, policy),
+                ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+                o.price_factor,
+                o.kind_rank,
+                o,
+            )
+
+
+def _offers_and_costs(rest: Iterable[tuple[int, float, float, int, Offer]]) -> Iterator[tuple[Offer, float]]:
+    """Each candidate's offer and cost."""
+    for c in rest:
+        yield c[4], c[1]

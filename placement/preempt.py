@@ -340,7 +340,9 @@ def _smallest_set(
         return None
     # Drop, latest-added first, every victim the gang fits without.
     for item in reversed(list(chosen)):
-        rest = [other for other in chosen if other is not item]
+        # Told apart by the gang, not the pair: compiled (mypyc), a pair read from a list is a new tuple,
+        # never `is` another.
+        rest = [other for other in chosen if other[0][0] is not item[0][0]]
         if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
             chosen = rest
     victim_freed = _with([0] * len(nodes), (s for _, shares in chosen for s in shares))
@@ -357,7 +359,7 @@ def _needed_draining(
     kept = list(draining)
     base = [n + f for n, f in zip(nodes, victim_freed, strict=True)]
     for item in reversed(list(kept)):
-        rest = [other for other in kept if other is not item]
+        rest = [other for other in kept if other[0] is not item[0]]  # by the gang (`_smallest_set`)
         if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
             kept = rest
     return [gang for gang, _ in kept]
