@@ -289,6 +289,9 @@ class Archiver:
             self._kv,
             [(s.value.job_id, s.value.attempt) for s in wanted],
             [[summary_key(s.value.job_id, a) for a in range(1, s.value.attempt + 1)] for s in wanted],
+            # The cache's records, decoded for `due_jobs`: not decoded again where etcd holds them
+            # at the same mod revision (the same bytes).
+            known=wanted,
         )
         ready: list[tuple[JobKeys, list[_Tail]]] = []
         for read in reads:

@@ -87,9 +87,12 @@ async def read_jobs(
     kv: KeyValueStore,
     jobs: Sequence[tuple[JobId, int]],
     extra: Sequence[Sequence[bytes]] = (),
+    known: Sequence[Stored[JobRecord]] = (),
 ) -> list[JobKeys | None]:
     """For each (job id, attempts) the job's keys, each job read in one transaction; None where the
-    job is gone. `extra[i]` are further keys to read with job i (at most MAX_TXN_OPS in all)."""
+    job is gone. `extra[i]` are further keys to read with job i (at most MAX_TXN_OPS in all).
+    `known[i]`, job i's record as the caller holds it (the job cache's), is taken as read where etcd
+    still has it at that mod revision (the same bytes), rather than decoded again."""
     out: list[JobKeys | None] = []
     batch: list[tuple[int, list[bytes]]] = []
     results: dict[int, dict[bytes, KeyValue | None]] = {}
@@ -128,9 +131,12 @@ async def read_jobs(
                 intervals.append(interval_from_json(iv.value, iv.key))
         waits_kv = got[WAITS + job_id.encode()]
         extra_keys = list(extra[i]) if i < len(extra) else []
+        held = known[i] if i < len(known) else None
+        if held is None or held.mod_revision != job_kv.mod_revision or held.value.job_id != job_id:
+            held = Stored(job_from_json(job_kv.value, job_kv.key), job_kv.mod_revision)
         out.append(
             JobKeys(
-                job=Stored(job_from_json(job_kv.value, job_kv.key), job_kv.mod_revision),
+                job=held,
                 intervals=tuple(intervals),
                 waits=() if waits_kv is None else waits_from_json(waits_kv.value),
                 waits_revision=0 if waits_kv is None else waits_kv.mod_revision,
