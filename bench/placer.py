@@ -30,6 +30,11 @@ scenario repeats each of a quarter as many gangs four times, as sweeps, arrays a
 equal jobs do, and compares the plan with reuse to the plan that decides every gang afresh, in turns
 in the same process (`repeated_*` figures; the two plans must be equal, reasons and all).
 
+The decision modules run compiled (mypyc, built by `make setup` where a C compiler is found;
+`placement/_compiled.py`) when a build of the sources as they are exists; `compiled: yes/no` says which
+form ran. `GPUFED_PLACEMENT_COMPILED=0 python bench/placer.py` measures the interpreted sources; the
+plans are the same bytes either way.
+
 Wait reasons are worded when read (`placement/reasons.py`); the scheduler reads only those of jobs
 whose reasons changed. `explain_all_ms` is the worst case: wording every waiting job's reasons after
 the cycle, once.
@@ -50,6 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import placement  # noqa: E402
 from bench.placer_reference import plan_reference  # noqa: E402
 from bench.placer_scenario import NOW, advance, build, digest  # noqa: E402
 from placement.model import JobId, Plan, Snapshot  # noqa: E402
@@ -125,6 +131,7 @@ def main() -> None:
     sequence = steady_cycles(snapshot, 3 if args.quick else 6)
     clusters = len(snapshot.clusters)
     types = len({p.gpu_type for c in snapshot.clusters for p in c.pools})
+    print(f"compiled: {'yes' if placement.COMPILED else 'no'}")
     print(
         f"snapshot: {len(snapshot.queued)} waiting gangs, {len(snapshot.running)} running, {clusters} clusters, "
         f"{types} GPU types, {len(snapshot.tenants)} tenants"
