@@ -129,11 +129,11 @@ class ApiWorkers:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as out:
                 pickle.dump(config, out)
-            self._spawn(worker)
+            self._spawn(worker, time.monotonic())
         self._watch = asyncio.get_running_loop().create_task(self._watch_workers(), name="gpufed-api-workers")
         log.info("api_workers_started", count=self._count, pids=self.pids)
 
-    def _spawn(self, worker: _Worker) -> None:
+    def _spawn(self, worker: _Worker, now: float) -> None:
         config = self._configs[worker.index]
         command = [
             sys.executable,
@@ -145,40 +145,43 @@ class ApiWorkers:
             worker.process = subprocess.Popen(
                 die_with_parent(command), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        worker.started_at = time.monotonic()
+        worker.started_at = now
         worker.restart_at = None
 
     async def _watch_workers(self) -> None:
         while not self._stopping:
-            now = time.monotonic()
-            for worker in self._workers:
-                process = worker.process
-                if worker.restart_at is not None:
-                    if now >= worker.restart_at:
-                        self._spawn(worker)
-                        log.info(
-                            "api_worker_restarted",
-                            index=worker.index,
-                            pid=worker.process and worker.process.pid,
-                        )
-                    continue
-                if process is None or process.poll() is None:
-                    continue
-                ran_s = now - worker.started_at
-                worker.pause_s = (
-                    RESTART_MIN_S if ran_s >= HEALTHY_RUN_S else min(RESTART_MAX_S, worker.pause_s * 2)
-                )
-                worker.restart_at = now + worker.pause_s
-                log.warning(
-                    "api_worker_exited",
-                    index=worker.index,
-                    pid=process.pid,
-                    code=process.returncode,
-                    ran_s=round(ran_s, 1),
-                    restart_in_s=worker.pause_s,
-                    log=str(self._configs[worker.index].state_dir / "worker.log"),
-                )
+            self._tend(time.monotonic())
             await asyncio.sleep(_POLL_S)
+
+    def _tend(self, now: float) -> None:
+        """One look at the workers: one that exited is given its restart time, one whose time has
+        come is started again. The pause is RESTART_MIN_S after a worker that ran HEALTHY_RUN_S,
+        else the last pause doubled (at most RESTART_MAX_S): a worker that cannot start (a bad
+        certificate, etcd gone) is not restarted in a tight loop."""
+        for worker in self._workers:
+            if worker.restart_at is not None:
+                if now >= worker.restart_at:
+                    self._spawn(worker, now)
+                    pid = None if worker.process is None else worker.process.pid
+                    log.info("api_worker_restarted", index=worker.index, pid=pid)
+                continue
+            process = worker.process
+            if process is None or process.poll() is None:
+                continue
+            ran_s = now - worker.started_at
+            if ran_s >= HEALTHY_RUN_S:
+                worker.pause_s = RESTART_MIN_S
+            worker.restart_at = now + worker.pause_s
+            log.warning(
+                "api_worker_exited",
+                index=worker.index,
+                pid=process.pid,
+                code=process.returncode,
+                ran_s=round(ran_s, 1),
+                restart_in_s=worker.pause_s,
+                log=str(self._configs[worker.index].state_dir / "worker.log"),
+            )
+            worker.pause_s = min(RESTART_MAX_S, worker.pause_s * 2)
 
     async def stop(self) -> None:
         self._stopping = True

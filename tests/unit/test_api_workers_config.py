@@ -3,6 +3,7 @@ server on its server's port, with a state dir of its own but the server's secret
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,14 @@ import pytest
 from federation.errors import InvalidSpec
 from federation.history.config import HistorySettings
 from federation.history.engine import default_dsn
-from federation.runtime.api_workers import check_worker_count, worker_config
+from federation.runtime.api_workers import (
+    HEALTHY_RUN_S,
+    RESTART_MIN_S,
+    ApiWorkers,
+    _Worker,
+    check_worker_count,
+    worker_config,
+)
 from federation.runtime.role import ServerRole
 from federation.runtime.server import ServerConfig
 from federation.secrets.keyfile import ENV_VAR as SECRETS_KEY_ENV
@@ -50,3 +58,47 @@ def test_the_worker_count_is_bounded() -> None:
         check_worker_count(-1)
     with pytest.raises(InvalidSpec, match="--api-workers"):
         check_worker_count(65)
+
+
+class _Exited:
+    """A worker process that has exited (what `_tend` reads of a Popen)."""
+
+    pid = 4242
+    returncode = 1
+
+    def poll(self) -> int:
+        return 1
+
+
+def test_a_worker_that_keeps_dying_is_restarted_after_doubling_pauses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = ServerConfig(etcd_endpoint="http://e", state_dir=tmp_path)
+    workers = ApiWorkers(server, 50051, 1)
+    spawned: list[float] = []
+
+    def spawn(worker: _Worker, now: float) -> None:
+        spawned.append(now)
+        worker.process = _Exited()  # type: ignore[assignment]
+        worker.started_at = now
+        worker.restart_at = None
+
+    monkeypatch.setattr(workers, "_spawn", spawn)
+    workers._spawn(workers._workers[0], 0.0)
+    now = 0.0
+    while len(spawned) < 8 and now < 1000:
+        workers._tend(now)
+        now += 0.5
+    # Dying at once each time: pauses of 1, 2, 4, 8, 16 s, then the bound, each after the look
+    # (every 0.5 s here) that found the worker gone; the very first look found it at once.
+    pauses = [b - a for a, b in itertools.pairwise(spawned)]
+    assert pauses == [1.0, 2.5, 4.5, 8.5, 16.5, 30.5, 30.5]
+
+    # One that ran long enough before it died is started again after the shortest pause, however
+    # often it failed before that run.
+    worker = workers._workers[0]
+    spawn(worker, 1000.0)
+    worker.pause_s = 16.0
+    workers._tend(1000.0 + HEALTHY_RUN_S)
+    assert worker.restart_at == 1000.0 + HEALTHY_RUN_S + RESTART_MIN_S
+    assert worker.pause_s == 2 * RESTART_MIN_S
