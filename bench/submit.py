@@ -42,6 +42,9 @@ Measured 2026-11-30 in A/B turns (`--quick --processes 2 --channels 4`): at load
 with 2 workers 1.39 and 1.49 ms over the three processes, 2,164 and 2,016/s on three cores, while the
 two cores shared with etcd and the clients gave 816 and 750/s. At load 24 to 41: 1.03 and 1.22 ms
 against 1.79 and 1.75 ms (1,676 and 1,710/s on three cores). Each worker RSS 103 to 110 MiB.
+With 3 client processes (24 in flight, load 10 to 11): one process 0.98 and 1.05 ms (1,022 and 956
+a core); 2 workers 1.28 and 1.29 ms (2,328 and 2,345/s on three cores); 3 workers 1.65 and 1.77 ms
+(2,428 and 2,261/s on four: at 6 calls in flight a process, a fourth adds cost, not rate).
 """
 
 from __future__ import annotations
