@@ -13,21 +13,31 @@
   plans must be those of asking the quota book every time, including cycles in which admissions
   move tenants past their guarantees.
 
+The checks that patch the placer (`Bulk`, the guarantee answers) test nothing where the placer runs
+compiled (mypyc: compiled modules call each other directly, `placement/_compiled.py`); there they
+run again in a process of the interpreted sources.
+
 Each compared over several cycles of bench/placer's federation (30 tenants with guarantees and
 borrowing limits), each next snapshot following the last plan with arrivals, ends and admissions.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import placement
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, gang_request
 from federation.store.jobs import JobRecord
 from federation.store.records import SchedulingSettings
+from placement import _compiled
 from placement import plan as plan_module
 from placement.fairshare import FairOrder
 from placement.model import (
@@ -50,6 +60,11 @@ from tests.conftest import build_job
 from tests.properties import examples
 from tests.unit.plan_cycles import bench_cycles, plan_bytes
 from tests.unit.test_plan_reuse import _copies, deep_queues
+
+ROOT = Path(__file__).resolve().parents[2]
+# For the checks that patch the placer's sources: in a compiled process they would compare the placer
+# with itself, so they run on the sources (`test_the_patching_checks_run_on_the_sources`).
+patches_sources = pytest.mark.skipif(placement.COMPILED, reason="runs on the sources in a process of its own")
 
 INPUTS = PlacerInputs(settings=SchedulingSettings(), tenants=(), users={}, approvals=())
 
@@ -84,6 +99,7 @@ def test_plans_are_the_same_bytes_whether_equal_keys_are_one_object_or_many() ->
     assert checked == 4
 
 
+@patches_sources
 def test_the_kept_guarantee_answers_plan_as_asking_the_book_each_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -168,6 +184,7 @@ def _alike(bulk: Bulk, snapshot: Snapshot, now: float) -> Plan:
     return taken
 
 
+@patches_sources
 def test_the_busy_federations_cycles_plan_alike_with_stretches_taken_in_bulk(bulk: Bulk) -> None:
     """bench/placer's federation cycle after cycle (30 tenants, guarantees, borrowing, priorities,
     preemption, backfill), as built and with each queued gang three times."""
@@ -223,6 +240,7 @@ def _depth(tenants: int, per_tenant: int, free: int, arrivals: int = 0) -> Snaps
     return Snapshot(tuple(queued), (), quotas, clusters)
 
 
+@patches_sources
 @pytest.mark.parametrize("free", [0, 3])
 def test_a_deep_mixed_queue_plans_alike_cycle_after_cycle(bulk: Bulk, free: int) -> None:
     """Cycles with arrivals between them: the plans are the same bytes as without stretches taken
@@ -233,8 +251,28 @@ def test_a_deep_mixed_queue_plans_alike_cycle_after_cycle(bulk: Bulk, free: int)
     assert sum(bulk.taken) > 24 * 20
 
 
+@patches_sources
 @settings(max_examples=examples(120), deadline=None)
 @given(deep_queues(), st.sampled_from([0.0, 50.0, 1e4]))
 def test_any_deep_queue_plans_alike_with_stretches_taken_in_bulk(snapshot: Snapshot, now: float) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         _alike(Bulk(monkeypatch), snapshot, now)
+
+
+@pytest.mark.skipif(not placement.COMPILED, reason="this process runs the sources: the checks above ran")
+def test_the_patching_checks_run_on_the_sources() -> None:
+    env = {**os.environ, _compiled.ENV: "0"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-n0"),
+            *("tests/unit/test_depth_cycle.py", "-k", "not on_the_sources"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout
+    assert "skipped" not in done.stdout
