@@ -60,7 +60,8 @@ and 23.5 ms, list p99 3.6 and 9.8 ms, explain p99 8.6 ms at 100,000; 370 MiB per
 first pass 178 s after launch; submit p99 150.8 (one slow call) and 11.8 ms, list p99 14.8 and
 10.5 ms, explain p99 10.7 and 7.5 ms; the cycle 46 ms (32 ms CPU) and 19.0 s (6.5 s CPU): 410
 times, 205 in CPU; RSS 138 MiB and 3,351 MiB, 325 MiB per 100,000 jobs. In process at a million,
-5.97 s of CPU a steady cycle (6 µs a job: the per-job cost grows past 200,000, memory's share).
+5.97 s of CPU a steady cycle against 8.75 s before (6 µs a job: the per-job cost grows past
+200,000, memory's share).
 The earlier million's cycle was 12.6 s (8.4 s CPU) at a lower load: its CPU fell by a fifth, its
 wall did not, and the aim (within 2x of 10,000) is far off. The cycle still grows with the queue: each waiting job still gets its own wait in the
 plan, and the snapshot and the reasons' comparison still walk every queued job.
