@@ -84,9 +84,12 @@ def build(builds: Path) -> Path:
         for library in source.parent.glob(f"*__mypyc{suffix}"):
             library.rename(built / library.name)
         final = builds / f"placement-{key}"
-        if final.exists():  # another build of the same sources finished first
-            return final
-        built.rename(final)
+        try:
+            built.rename(final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # Another build of the same sources (a second `make setup` at once) finished first.
         return final
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
