@@ -17,6 +17,10 @@ accepted job id is then looked up through the API to prove none was lost.
                                                       # its port (gpufed serve --api-workers); the
                                                       # kernel deals connections, so each client
                                                       # process opens several
+    python bench/submit.py --split --api-workers 2 --processes 3 --channels 4
+                                                      # a split deployment: the clients call a
+                                                      # --role api server with two workers; a
+                                                      # --role scheduler server leads
     python bench/submit.py --quick --py-spy /tmp/venv/bin/py-spy --profile-out prof.txt
                                                       # py-spy's raw stacks of the server taking
                                                       # submissions, during the load
@@ -48,7 +52,15 @@ all its processes (`submit_server_cpu_per_job`; the busiest process's CPU read t
 | and 2 API workers | 1,775, 1,562 /s (1.39, 1.49 ms) | 1,845, 1,809 /s (1.29, 1.28 ms) |
 | and 3 API workers | | 2,026, 1,749 /s (1.65, 1.77 ms) |
 
-The rate itself was 560 to 816/s in every one of these runs: two cores shared by the server's
+A split deployment (`--split --processes 3 --channels 4`, load 5 to 6): the `--role api` server
+the clients call, alone 1,136 and 1,046/s (its busiest process 0.88 and 0.96 ms a job); with 2
+workers 1,463 and 1,843/s (0.68, 0.54 ms); with 3, 1,904 and 1,988/s (0.53, 0.50 ms). The
+scheduler server, on its own process, spent 0.30 to 0.37 ms a job. Each process added to the api
+server adds about 0.3 ms a job in all: 6 calls in flight a process batch less than 24 in one (gRPC's
+reads, the group commit's requests), and on two cores each of seven busy processes is descheduled
+often; its cache's following of every write is 0.05 ms of it.
+
+The rate itself was 530 to 816/s in every one of these runs: two cores shared by the server's
 processes, etcd (0.2 to 0.26 ms a submission) and the clients (0.3 ms). Each worker's RSS was 103 to
 110 MiB. The busiest process is the leader or whichever worker the kernel dealt the most
 connections; the leader's loops work for every job whichever process took it.
@@ -291,15 +303,21 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _workers_serving(servers: list[ServerProcess], count: int, timeout_s: float = 120.0) -> list[list[int]]:
+def _workers_serving(
+    servers: list[ServerProcess], counts: list[int], timeout_s: float = 120.0
+) -> list[list[int]]:
     """Each server's API worker pids, once every one listens on its server's port (a server serves
     before its workers do)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = [api_worker_pids(each.state_dir) for each in servers]
+        # A server without workers is not looked up: the servers here share one state dir.
+        found = [
+            api_worker_pids(each.state_dir) if count else []
+            for each, count in zip(servers, counts, strict=True)
+        ]
         if all(
             len(pids) == count and all(sockets_on_port(p, each.port, LISTEN) for p in pids)
-            for pids, each in zip(found, servers, strict=True)
+            for pids, each, count in zip(found, servers, counts, strict=True)
         ):
             return found
         if time.monotonic() > deadline:
@@ -338,6 +356,11 @@ def main() -> int:
         help="connections per client process (the kernel deals connections, not calls, to API workers)",
     )
     parser.add_argument(
+        "--split",
+        action="store_true",
+        help="a --role scheduler server and a --role api server (with the --api-workers) that the clients call",
+    )
+    parser.add_argument(
         "--api-workers",
         type=int,
         default=0,
@@ -371,8 +394,12 @@ def main() -> int:
         "--profile-out", default="submit-profile.txt", help="where --py-spy writes its raw stacks"
     )
     args = parser.parse_args()
-    if args.api_workers and args.servers > 1:
-        parser.error("--api-workers with one server only (the servers here share one state dir)")
+    if args.split:
+        args.servers, args.to_follower = 2, True
+    elif args.api_workers and args.servers > 1:
+        parser.error("--api-workers with one server, or --split (the servers here share one state dir)")
+    # Workers per server: with --split only the api server has them (the clients' server).
+    worker_counts = [0, args.api_workers] if args.split else [args.api_workers] * args.servers
     seconds = args.seconds or (5.0 if args.quick else 20.0)
     baseline_s = args.baseline_s or (2.0 if args.quick else 5.0)
 
@@ -389,7 +416,13 @@ def main() -> int:
                 tmp_path / "state",
                 config=config,
                 identity=f"bench{i}",
-                extra_args=("--metrics-port", str(metrics_ports[i]), "--api-workers", str(args.api_workers)),
+                extra_args=(
+                    "--metrics-port",
+                    str(metrics_ports[i]),
+                    "--api-workers",
+                    str(worker_counts[i]),
+                    *(("--role", "scheduler" if i == 0 else "api") if args.split else ()),
+                ),
             )
             for i in range(args.servers)
         ]
@@ -398,7 +431,7 @@ def main() -> int:
             for each in servers:
                 # Started one after the other: the first takes the lease and leads; the others serve.
                 each.start()
-            workers = _workers_serving(servers, args.api_workers)
+            workers = _workers_serving(servers, worker_counts)
             tokens = [(tmp_path / "state" / "tokens" / f"u{i}.token").read_text().strip() for i in range(4)]
             etcd_puts, etcd_txns = etcd_baseline(etcd.endpoint, baseline_s)
             # One warm-up call per tenant and server so connection set-up is not measured.
@@ -511,7 +544,8 @@ def main() -> int:
         print(
             f"profile: {args.profile_out} (py-spy's raw stacks of the first server taking submissions, during the load)"
         )
-    print(f"servers: {args.servers} on one etcd, each with {args.api_workers} API workers")
+    roles = " (a scheduler server, and an api server the clients call)" if args.split else ""
+    print(f"servers: {args.servers} on one etcd{roles}, API workers {worker_counts}")
     for name, rss in rss_mib.items():
         print(f"rss: {name} {rss:.0f} MiB at the end")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
@@ -530,8 +564,14 @@ def main() -> int:
     # carry with a core each, the calls dealt among them as in this run. The busiest one saturates
     # first (the leader, whose loops work for every job, whichever process took it), so the figure
     # is the rate at which it would use its whole core, not the average over the processes.
-    processes = args.servers * (1 + args.api_workers)
-    busiest = max(used for name, used in cpu_used.items() if name.startswith("server"))
+    # With --split the scheduler server takes no calls: the busiest of the api server's processes.
+    serving = ("server1",) if args.split else tuple(f"server{i}" for i in range(args.servers))
+    processes = sum(1 + worker_counts[i] for i in range(args.servers) if f"server{i}" in serving)
+    busiest = max(used for name, used in cpu_used.items() if name.split("-")[0] in serving)
+    if args.split:
+        print(
+            f"submit_scheduler_server_cpu_per_job: {1000 * cpu_used['server0'] / max(len(accepted), 1):.2f} ms"
+        )
     print(f"submit_server_processes: {processes} processes")
     print(f"submit_busiest_server_process_cpu_per_job: {1000 * busiest / max(len(accepted), 1):.2f} ms")
     print(f"submit_jobs_per_s_on_server_cores: {len(accepted) / max(busiest, 1e-9):.0f} jobs/s")
