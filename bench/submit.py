@@ -55,7 +55,9 @@ all its processes (`submit_server_cpu_per_job`; the busiest process's CPU read t
 A split deployment (`--split --processes 3 --channels 4`, load 5 to 6): the `--role api` server
 the clients call, alone 1,136 and 1,046/s (its busiest process 0.88 and 0.96 ms a job); with 2
 workers 1,463 and 1,843/s (0.68, 0.54 ms); with 3, 1,904 and 1,988/s (0.53, 0.50 ms). The
-scheduler server, on its own process, spent 0.30 to 0.37 ms a job. Each process added to the api
+scheduler server, on its own process, spent 0.30 to 0.37 ms a job. With 48 in flight
+(`--concurrency 16`): alone 1,103/s (0.91 ms), with 3 workers 2,324/s (its four processes 0.35 to
+0.43 ms a job each, 1.52 ms in all against 1.70 to 1.85 at 24 in flight). Each process added to the api
 server adds about 0.3 ms a job in all: 6 calls in flight a process batch less than 24 in one (gRPC's
 reads, the group commit's requests), and on two cores each of seven busy processes is descheduled
 often; its cache's following of every write is 0.05 ms of it.
