@@ -156,6 +156,23 @@ def test_gpufed_serve_takes_both_command_lines(split: Render) -> None:
         assert parsed.exit_code == 0, parsed.output
 
 
+def test_api_workers_go_to_the_servers_that_serve_the_api(values_file: Path) -> None:
+    """`server.apiWorkers`: more processes on the API's port (docs/deploy.md). In a split they go to
+    the API servers only: the leader candidates serve no client. Off by default."""
+    assert not [a for a in _container(template(values_file), API)["args"] if a.startswith("--api-workers")]
+    render = template(values_file, sets=("server.apiWorkers=3",))
+    api_args = _container(render, API)["args"]
+    assert "--api-workers=3" in api_args[api_args.index("serve") + 1 :]
+    assert not [a for a in _container(render, SCHEDULER)["args"] if a.startswith("--api-workers")]
+    parsed = CliRunner().invoke(cli, [*api_args, "--help"])
+    assert parsed.exit_code == 0, parsed.output
+    (one,) = [d for d in template(sets=("server.apiWorkers=2",)).docs if d["kind"] == "Deployment"]
+    assert "--api-workers=2" in one["spec"]["template"]["spec"]["containers"][0]["args"]
+    refused = template(sets=("server.apiWorkers=-1",))
+    assert refused.code != 0
+    assert "apiWorkers" in refused.stderr, refused.stderr
+
+
 def test_the_split_is_valid_for_each_supported_kubernetes_and_lints(
     split: Render, values_file: Path, tmp_path: Path
 ) -> None:

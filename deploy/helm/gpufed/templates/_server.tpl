@@ -112,6 +112,10 @@ spec:
             - --{{ $flag }}={{ $value }}
             {{- end }}
             {{- end }}
+            {{- if and $v.server.apiWorkers (ne .role "scheduler") }}
+            # docs/deploy.md, "Several API processes in one server": a core for each.
+            - --api-workers={{ $v.server.apiWorkers }}
+            {{- end }}
             {{- if $v.server.compressWaitReasons }}
             # docs/deploy.md: once no server of an earlier release is left.
             - --compress-wait-reasons
