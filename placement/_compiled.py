@@ -24,8 +24,10 @@ import sysconfig
 from pathlib import Path
 
 ENV = "GPUFED_PLACEMENT_COMPILED"
-# The decision code. The model's modules stay interpreted: their classes are the federation's values
-# (copied, pickled, replaced, read by `__slots__`), which mypyc's native classes do not all allow.
+# The decision code. The model's modules stay interpreted, and so do gpu_types (`GpuModel` is in the
+# federation's config records) and reserve (`PendingGang` is built by the scheduler's snapshot): their
+# classes are the federation's values, copied, pickled (the API workers' config) and replaced, and
+# mypyc's native frozen dataclasses can be neither copied nor unpickled.
 COMPILED = (
     "backfill",
     "capacity",
@@ -33,7 +35,6 @@ COMPILED = (
     "explain",
     "fairshare",
     "fit",
-    "gpu_types",
     "inventory",
     "ordered",
     "plan",
@@ -41,7 +42,6 @@ COMPILED = (
     "quota",
     "reasons",
     "repatriate",
-    "reserve",
     "room",
     "set_affinity",
     "wait_policy",

@@ -12,17 +12,24 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import placement
+from federation.store.records import SchedulingSettings
 from placement import _compiled
+from placement.gpu_types import BUILTIN_TYPES
+from placement.model import CapacityKind, ClusterName, GpuType
+from placement.reserve import PendingGang
 from tests.unit.plan_cycles import GOLDEN, WEEK
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +138,19 @@ def test_the_switch_runs_the_sources_whatever_is_built(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[0] == "False"
     assert done.stdout.split()[2] == str(tmp_path / "placement" / "plan.py")
+
+
+def test_the_federations_values_copy_and_pickle() -> None:
+    """Placement classes the federation keeps as values stay interpreted: mypyc's native frozen
+    dataclasses can be neither deep-copied nor unpickled, and the scheduling settings (with the
+    admin's GPU types) go to the API workers as a pickle (federation/runtime/api_workers.py)."""
+    gpu = replace(BUILTIN_TYPES[0], name=GpuType("B300"))
+    settings = SchedulingSettings(gpu_types=(gpu,))
+    pending = PendingGang(ClusterName("dc-1"), GpuType("H100"), CapacityKind.PRIVATE, (8, 8))
+    for value in (settings, pending):
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert copy.deepcopy(value) == value
+    assert {"gpu_types", "reserve"}.isdisjoint(_compiled.COMPILED)
 
 
 @pytest.mark.skipif(
