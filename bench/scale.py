@@ -76,11 +76,14 @@ first and stated below, because it moved the figures by 2x between runs minutes 
   | 100 clusters A | 11.9 | 44.9 (steady 50.3) | 9.58 | 5.16 |
   | 100 clusters A | 11.5 | 48.9 (steady 64.4) | 9.29 | 5.14 |
   | 100 clusters C | 11.0 | 37.2 (steady 59.6) | 10.96 | 5.64 |
+  | 100 clusters C | 9.3 | 78.9 (steady 90.6) | 9.30 | 5.32 |
+  | 100 clusters A | 8.6 | 72.6 (steady 97.3) | 9.20 | 5.12 |
 
   At 10 clusters the server's CPU a job is about 9 % lower and the simulator's 7 %; at 100
   clusters the load moved both more than the change (a run's CPU a job grows with its length, as
-  the loop's turns over the live jobs do). The lifecycle rate is bound by the loop (a job held its
-  GPU 40-56 s for a 3 s run: placed -> dispatched 16-23 s, a pod's end -> recorded 20-33 s), not
+  the loop's turns over the live jobs do; the last pair, 20 minutes after the first at about the
+  same load, ran twice as fast either way). The lifecycle rate is bound by the loop (a job held its
+  GPU 24-56 s for a 3 s run: placed -> dispatched 9-23 s, a pod's end -> recorded 12-33 s), not
   by the server's CPU alone; 200 jobs/s is not reached.
 
 - The archiver's check and the kept logs in batches (2026-11-30, later still). The archiver checks
