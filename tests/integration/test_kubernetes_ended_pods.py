@@ -8,7 +8,9 @@ backend to:
   finished, without a list call;
 - no answer from the watch (so the caller lists) while a pod still runs, or when the watch holds
   another number of pods than the gang has;
-- the keeper keeping an ended attempt's replicas and logs with no list call, as it kept them with it.
+- the keeper keeping an ended attempt's replicas and logs with no list call, as it kept them with it;
+- another tenant's namespace, or a third party's pod labelled as the gang in another namespace,
+  never answering for the gang's pods.
 """
 
 from __future__ import annotations
@@ -172,3 +174,24 @@ async def test_the_keeper_keeps_an_ended_attempt_without_a_pod_list(
         assert r.state == listed[r.state.pod]
         data = await archive.log(job.job_id, job.attempt, r.task, r.replica)
         assert r.size_bytes == len(data) > 0
+
+
+async def test_a_third_partys_pod_with_the_gangs_label_elsewhere_is_not_taken_for_one_of_its_pods(
+    world: tuple[KubernetesBackend, Any],
+) -> None:
+    """Another namespace's pod labelled as the gang (another federation's, or anyone's who may make
+    pods there) is neither shown with the gang's pods nor counted among them."""
+    backend, api = world
+    gang = a_gang("labelled-1", replicas=1, gpus=1, duration_s=0.2)
+    core = k8s.CoreV1Api(api)
+    await asyncio.to_thread(core.create_namespace, {"metadata": {"name": "elsewhere"}})
+    impostor = {
+        "metadata": {"name": "impostor", "labels": {GANG_LABEL: object_name(gang.job_id, gang.attempt)}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1"}]},
+    }
+    await asyncio.to_thread(core.create_namespaced_pod, "elsewhere", impostor)
+    await backend.dispatch(gang)
+    await wait_phase(backend, gang, GangPhase.SUCCEEDED)
+    (watched,) = await _ended(backend, gang, 1)
+    assert watched.pod != "impostor"
+    assert [r.pod for r in await backend.replicas(gang.tenant, gang.job_id, gang.attempt)] == [watched.pod]
