@@ -47,7 +47,7 @@ from federation.cli.replay import executor_for  # noqa: E402
 from federation.replay.config import load_config  # noqa: E402
 from federation.replay.metrics import Metrics  # noqa: E402
 from federation.replay.policies import policies  # noqa: E402
-from federation.replay.report import figure_lines, headlines, markdown, read_csv, worst_lines, write_all  # noqa: E402
+from federation.replay.report import figure_lines, headlines, markdown, read_csv, write_all  # noqa: E402
 from federation.replay.sweep import for_weeks, sweep_weeks, week_name, weeks_beside  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def main() -> None:
     print(f"sweep_wall_s: {elapsed:.1f} s")
     for name in args.headlines_for:
         heads = headlines(rows, policy=name)
-        for line in figure_lines(heads) + (worst_lines(heads) if len(traces) > 1 else []):
+        for line in figure_lines(heads):
             print(f"{name}: {line}")
     print(f"slowest_replay_s: {max(r.replay_s for r in rows):.1f} s")
     print(f"slowest_replay_cpu_s: {max(r.replay_cpu_s for r in rows):.1f} s")
