@@ -34,6 +34,12 @@ leader deletes older ones from SQL here, `archive_batch` rows per short transact
 archiver's rate (`prune_kept_logs`), after each pass's archiving.
 
 Audit records older than `retainInEtcd` follow the same order: `write_audit`, then a fenced delete.
+
+A succeeded job that declares outputs stays in etcd until each output's record
+(`federation.datasets.outputs`) is settled: the outputs controller reads succeeded jobs from the
+job cache, so one archived first would never have its outputs registered (its object store was down
+past `retainInEtcd`, say). Past OUTPUT_HOLD_S more it goes anyway, each unsettled output recorded as
+refused with the reason, so that etcd does not keep it for good and its owner can read why.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from federation.datasets.outputs import OutputRecord, OutputRecords, OutputState, version_of
 from federation.errors import InvalidArgument, NotLeader
 from federation.history.config import HistorySettings
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
@@ -69,7 +76,7 @@ from federation.store.job_store import Fence, Stored, paused_gc
 from federation.store.jobs import JobRecord, job_to_dict
 from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore, cut_by_size
 from federation.store.schema_version import loads, unversioned
-from placement.model import JobId
+from placement.model import JobId, JobPhase
 
 log = structlog.get_logger("gpufed.archiver")
 
@@ -104,6 +111,12 @@ def due_jobs(jobs: Sequence[Stored[JobRecord]], *, now_s: float, retain_s: float
     due = [s for s in jobs if s.value.phase.is_terminal and ended_at_s(s.value) < cutoff]
     due.sort(key=lambda s: (ended_at_s(s.value), s.value.job_id))
     return due
+
+
+# How long past `retainInEtcd` a succeeded job waits in etcd for its outputs to be registered.
+OUTPUT_HOLD_S = 7 * 24 * 3600.0
+# The output states after which nothing more will happen to an output.
+SETTLED_OUTPUTS = frozenset({OutputState.REGISTERED, OutputState.REFUSED, OutputState.NOT_REGISTERED})
 
 
 def summary_key(job_id: str, attempt: int) -> bytes:
@@ -210,6 +223,7 @@ class Archiver:
         # decodes, else it walks the growing heap again and again (2.5 s of CPU at 100,000 jobs).
         with paused_gc():
             due = await asyncio.to_thread(due_jobs, self._cache.jobs(), now_s=now, retain_s=retain)
+        due = await self._outputs_settled(due, now - retain - OUTPUT_HOLD_S)
         if self._metrics is not None:
             self._metrics.archive_backlog.set(len(due))
         archived = left = tails_moved = 0
@@ -274,6 +288,45 @@ class Archiver:
         wait = count / self._settings.archive_rate_per_s - (time.monotonic() - began)
         # Even a batch that already took its share yields, so the loop's other tasks run between batches.
         await asyncio.sleep(max(wait, 0.0))
+
+    async def _outputs_settled(
+        self, due: list[Stored[JobRecord]], give_up_before_s: float
+    ) -> list[Stored[JobRecord]]:
+        """`due` without the succeeded jobs whose outputs are not all settled yet; those that ended
+        before `give_up_before_s` go anyway, each unsettled output recorded as refused."""
+        records = OutputRecords(self._kv)
+        kept: list[Stored[JobRecord]] = []
+        held = 0
+        for stored in due:
+            job = stored.value
+            if job.phase is not JobPhase.SUCCEEDED or not job.spec.outputs:
+                kept.append(stored)
+                continue
+            unsettled = []
+            for index, output in enumerate(job.spec.outputs):
+                record = await records.get(job.job_id, index)
+                if record is None or record.state not in SETTLED_OUTPUTS:
+                    unsettled.append((index, output, record))
+            if not unsettled:
+                kept.append(stored)
+            elif ended_at_s(job) < give_up_before_s:
+                for index, output, record in unsettled:
+                    dataset = record.dataset if record is not None else output.dataset
+                    reason = "not registered before the job was archived; submit the job again to make it"
+                    await records.put(
+                        job.job_id,
+                        index,
+                        OutputRecord(
+                            OutputState.REFUSED, dataset, version_of(output, job.job_id), reason=reason
+                        ),
+                    )
+                log.warning("outputs_abandoned", job_id=job.job_id, outputs=len(unsettled))
+                kept.append(stored)
+            else:
+                held += 1
+        if held:
+            log.info("jobs_held_for_outputs", jobs=held)
+        return kept
 
     async def _archive_jobs(
         self, batch: Sequence[Stored[JobRecord]], idem: dict[JobId, KeyValue], fence: Fence

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, text
 
+from federation.datasets.outputs import OutputRecord, OutputRecords, OutputState
 from federation.errors import NotLeader, StoreUnavailable
 from federation.history.config import HistorySettings
 from federation.history.engine import DEFAULT_FILE
@@ -23,9 +24,10 @@ from federation.ledger.cache import LedgerCache
 from federation.runtime.config import FederationConfig
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.history_wiring import open_history
-from federation.scheduling.archiver import Archiver, summary_key
+from federation.scheduling.archiver import OUTPUT_HOLD_S, Archiver, summary_key
 from federation.scheduling.leader import LeaderElection
 from federation.security.tokens import AUDIT, AuditEvent, SecurityStore
+from federation.spec.jobspec import OutputSpec
 from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_to_dict, ledger_key
 from federation.store.job_cache import JobCache
 from federation.store.job_store import IDEM, JOBS, WAITS, Fence, KvStore, job_key
@@ -54,11 +56,14 @@ async def seed_ended(
     tenant: str = "t1",
     phase: JobPhase = JobPhase.SUCCEEDED,
     attempts: int = 1,
+    outputs: tuple[OutputSpec, ...] = (),
 ) -> int:
     """An ended job as the reconciler leaves it: record, one closed interval per attempt, the wait
     reasons of its last wait, its attempts' kept summaries and its idempotency key. Returns the
     revision of its last write."""
     queued = build_job(job_id, tenant=tenant)
+    if outputs:
+        queued = replace(queued, spec=replace(queued.spec, outputs=outputs))
     stored, _ = await store.create_job(queued, idempotency_key=f"key-{job_id}", manifest_digest="d")
     await store.put_wait_reasons(
         queued.job_id,
@@ -584,3 +589,39 @@ async def test_a_pass_over_jobs_already_in_sql_checks_the_batch_in_two_queries(w
     assert await etcd_keys(world.kv, JOBS) == []
     assert await etcd_keys(world.kv, LOGS_PREFIX) == []
     assert world.history.counts().jobs == 20
+
+
+async def test_a_succeeded_jobs_outputs_are_settled_before_it_leaves_etcd(world: World) -> None:
+    """The outputs controller registers outputs of the succeeded jobs the job cache holds: a job
+    archived first would never have its outputs registered. So a succeeded job with an output not
+    yet registered or refused stays; a failed one (its output is never registered) goes; and past
+    OUTPUT_HOLD_S one goes anyway, its output refused with the reason, for its owner to read."""
+    w = world
+    out = (OutputSpec(dataset="ckpt", path="runs/"),)
+    await seed_ended(w.store, "waiting", ended_at_s=OLD, outputs=out)
+    await seed_ended(w.store, "settled", ended_at_s=OLD, outputs=out)
+    await seed_ended(w.store, "failed", ended_at_s=OLD, outputs=out, phase=JobPhase.FAILED)
+    last = await seed_ended(w.store, "given-up", ended_at_s=OLD - OUTPUT_HOLD_S, outputs=out)
+    records = OutputRecords(w.kv)
+    await records.put("settled", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "settled"))
+    await records.put("waiting", 0, OutputRecord(OutputState.REGISTERING, "t1/ckpt", "waiting"))
+    await w.synced(last)
+
+    report = await w.archiver().archive_once(w.fence)
+
+    assert report.jobs_archived == 3
+    assert await etcd_keys(w.kv, JOBS) == [job_key("waiting")]
+    assert w.history.get_job(build_job("waiting").job_id) is None
+    given_up = await records.get("given-up", 0)
+    assert given_up is not None
+    assert given_up.state is OutputState.REFUSED
+    assert "archived" in given_up.reason
+    registered = await records.get("settled", 0)
+    assert registered is not None
+    assert registered.state is OutputState.REGISTERED
+
+    # Registered at last: the next pass takes it.
+    await records.put("waiting", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "waiting"))
+    again = await w.archiver().archive_once(w.fence)
+    assert again.jobs_archived == 1
+    assert await etcd_keys(w.kv, JOBS) == []
