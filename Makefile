@@ -94,7 +94,7 @@ static: lint typecheck imports
 # The inner loop (about 2 minutes, README): static checks beside the unit and contract tests. Its
 # property tests draw a quarter of their examples (tests/properties.py); `make test` draws them all.
 check: setup
-	@$(MAKE) --no-print-directory -j4 static test-unit
+	@$(MAKE) --no-print-directory -j4 static test-unit test-interpreted
 
 test-unit: setup
 	GPUFED_TEST_TIER=check $(PYTEST) tests/unit tests/contract
@@ -108,7 +108,8 @@ test:
 # The suite runs the placer as `make setup` compiled it (placement/_compiled.py); an image or a
 # machine without a compiler runs its sources, which mypyc can read differently (a generator
 # expression made a list, `is` on a tuple read from a list). The placer's own tests run on the sources
-# too, drawing a quarter of their examples: about 30 s of CPU.
+# too, drawing a quarter of their examples: about 30 s of CPU. The tests that patch the placer's
+# functions run only here (`patches_sources`): compiled modules call each other directly.
 PLACEMENT_TESTS := tests/unit/test_placement_*.py tests/unit/test_plan*.py tests/unit/test_fit.py \
 	tests/unit/test_wait_*.py tests/unit/test_depth_cycle.py tests/unit/test_set_fairness.py \
 	tests/unit/test_preemption_flow.py

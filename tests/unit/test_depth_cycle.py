@@ -23,9 +23,6 @@ borrowing limits), each next snapshot following the last plan with arrivals, end
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,11 +30,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import placement
 from federation.scheduling.snapshot import GangRequests, PlacerInputs, gang_request
 from federation.store.jobs import JobRecord
 from federation.store.records import SchedulingSettings
-from placement import _compiled
 from placement import plan as plan_module
 from placement.fairshare import FairOrder
 from placement.model import (
@@ -58,13 +53,10 @@ from placement.model import (
 from placement.plan import _Cycle, _plan, plan
 from tests.conftest import build_job
 from tests.properties import examples
-from tests.unit.plan_cycles import bench_cycles, plan_bytes
+from tests.unit.plan_cycles import bench_cycles, patches_sources, plan_bytes
 from tests.unit.test_plan_reuse import _copies, deep_queues
 
 ROOT = Path(__file__).resolve().parents[2]
-# For the checks that patch the placer's sources: in a compiled process they would compare the placer
-# with itself, so they run on the sources (`test_the_patching_checks_run_on_the_sources`).
-patches_sources = pytest.mark.skipif(placement.COMPILED, reason="runs on the sources in a process of its own")
 
 INPUTS = PlacerInputs(settings=SchedulingSettings(), tenants=(), users={}, approvals=())
 
@@ -257,22 +249,3 @@ def test_a_deep_mixed_queue_plans_alike_cycle_after_cycle(bulk: Bulk, free: int)
 def test_any_deep_queue_plans_alike_with_stretches_taken_in_bulk(snapshot: Snapshot, now: float) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         _alike(Bulk(monkeypatch), snapshot, now)
-
-
-@pytest.mark.skipif(not placement.COMPILED, reason="this process runs the sources: the checks above ran")
-def test_the_patching_checks_run_on_the_sources() -> None:
-    env = {**os.environ, _compiled.ENV: "0"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-n0"),
-            *("tests/unit/test_depth_cycle.py", "-k", "not on_the_sources"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout
-    assert "skipped" not in done.stdout

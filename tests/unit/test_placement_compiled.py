@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-import placement
 from federation.store.records import SchedulingSettings
 from placement import _compiled
 from placement.gpu_types import BUILTIN_TYPES
@@ -151,27 +150,3 @@ def test_the_federations_values_copy_and_pickle() -> None:
         assert pickle.loads(pickle.dumps(value)) == value
         assert copy.deepcopy(value) == value
     assert {"gpu_types", "reserve"}.isdisjoint(_compiled.COMPILED)
-
-
-@pytest.mark.skipif(
-    not placement.COMPILED, reason="this process runs the sources: test_plan_cycles checks them"
-)
-def test_the_victim_search_comparisons_run_on_the_sources() -> None:
-    """test_plan_cycles' `searching_everything` patches `RunningIndex.may_free` and `room.choose_victims`;
-    compiled modules call those directly, so in this process the comparisons would compare the placer
-    with itself. Run on the interpreted sources, they compare it with the search without shortcuts."""
-    env = {**os.environ, _compiled.ENV: "0"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-n0"),
-            *("tests/unit/test_plan_cycles.py", "-k", "shortcuts or every_offer or searched"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout
-    assert " deselected" in done.stdout

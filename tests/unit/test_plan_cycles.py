@@ -33,7 +33,15 @@ from placement.plan import _plan, plan
 from placement.preempt import RunningIndex, VictimChoice, choose_victims
 from tests.properties import examples
 from tests.unit.placement_builders import SnapshotBuilder
-from tests.unit.plan_cycles import GOLDEN, WEEK, bench_cycles, digest, plan_bytes, replay_cycles
+from tests.unit.plan_cycles import (
+    GOLDEN,
+    WEEK,
+    bench_cycles,
+    digest,
+    patches_sources,
+    plan_bytes,
+    replay_cycles,
+)
 from tests.unit.test_placement_preempt import CASES as PREEMPT_CASES
 from tests.unit.test_placement_preempt import NOW as PREEMPT_NOW
 from tests.unit.test_plan_reuse import deep_queues
@@ -98,6 +106,7 @@ def searching_everything() -> Iterator[None]:
         yield
 
 
+@patches_sources
 @settings(max_examples=examples(150), deadline=None)
 @given(deep_queues(), st.sampled_from([0.0, 50.0, 1e4]))
 def test_the_victim_searchs_shortcuts_change_no_plan(snapshot: Snapshot, now: float) -> None:
@@ -111,6 +120,7 @@ def test_the_victim_searchs_shortcuts_change_no_plan(snapshot: Snapshot, now: fl
     assert fast == slow
 
 
+@patches_sources
 def test_the_busy_federation_plans_alike_with_every_offer_searched_afresh() -> None:
     """The steady cycles of bench/placer's federation, where most of the queue reaches the victim search
     and, once the interval's preemption limit is near, hundreds of gangs find victims they may not
@@ -120,6 +130,7 @@ def test_the_busy_federation_plans_alike_with_every_offer_searched_afresh() -> N
             assert plan_bytes(plan(snapshot, now=now)) == plan_bytes(decided)
 
 
+@patches_sources
 @pytest.mark.parametrize(
     "snapshot", [case.values[0] for case in PREEMPT_CASES], ids=[case.id for case in PREEMPT_CASES]
 )
