@@ -49,6 +49,7 @@ from placement.inventory import Inventory, Offer, private_tier
 from placement.model import (
     Admission,
     Alternative,
+    CapacityKind,
     Choice,
     ClusterName,
     GangRequest,
@@ -708,6 +709,9 @@ class _Cycle:
             transfer_s=model.transfer_s(gang, store),
             runner_up=None if fit.runner_up is None else _alternative(*fit.runner_up),
             cheaper_full=cheaper_full,
+            spot_lost_work_h=(
+                self.policy.spot_lost_work_h if gang.resumable and offer.kind is CapacityKind.SPOT else None
+            ),
         )
 
     # -- step 7: explain
