@@ -123,6 +123,15 @@ def gang_pods(sims: SimProcess, cluster: str, job_id: str) -> list[Any]:
     return list(pods.items)
 
 
+def capacity_types(sims: SimProcess, cluster: str, job_id: str) -> set[str]:
+    """The capacity-type labels of the nodes the job's pods are bound to, read with the official client."""
+    pods = gang_pods(sims, cluster, job_id)
+    assert pods, f"no pod of {job_id} on {cluster}"
+    with _api(sims, cluster) as api:
+        core = k8s.CoreV1Api(api)
+        return {core.read_node(p.spec.node_name).metadata.labels["gpufed.io/capacity-type"] for p in pods}
+
+
 def gpufed_pod_jobs(sims: SimProcess, cluster: str) -> list[str]:
     """The job id of every gpufed pod still on a cluster (one entry a pod), as the official client
     lists them: what the soak checks the collector left behind."""

@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.render import explain_text
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import gang_pods, job_of, serve_clusters
+from tests.e2e.kube import capacity_types, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
@@ -69,14 +67,6 @@ USERS: list[dict[str, Any]] = [
 def day_job(name: str, *, resumable: bool) -> str:
     extra = "  allowSpot: true\n  maxRuntime: 1d\n" + ("  resumable: true\n" if resumable else "")
     return manifest(name, gpus=4, duration="2s", extra_spec=extra)
-
-
-def capacity_types(sims: SimProcess, cluster: str, job_id: str) -> set[str]:
-    pods = gang_pods(sims, cluster, job_id)
-    assert pods, f"no pod of {job_id} on {cluster}"
-    with k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster) as api:  # type: ignore[no-untyped-call]
-        core = k8s.CoreV1Api(api)
-        return {core.read_node(p.spec.node_name).metadata.labels["gpufed.io/capacity-type"] for p in pods}
 
 
 @pytest.fixture
