@@ -141,10 +141,9 @@ class ApiWorkers:
             "federation.runtime.api_workers",
             str(config.state_dir / _CONFIG_FILE),
         ]
-        with open(config.state_dir / "worker.log", "ab") as out:
-            worker.process = subprocess.Popen(
-                die_with_parent(command), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        # The worker logs to the server's own stderr, each line naming it (`api_worker`): in a pod
+        # that is what `kubectl logs` reads, and a file under the state dir would grow unbounded.
+        worker.process = subprocess.Popen(die_with_parent(command), stdin=subprocess.DEVNULL)
         worker.started_at = now
         worker.restart_at = None
 
@@ -179,7 +178,6 @@ class ApiWorkers:
                 code=process.returncode,
                 ran_s=round(ran_s, 1),
                 restart_in_s=worker.pause_s,
-                log=str(self._configs[worker.index].state_dir / "worker.log"),
             )
             worker.pause_s = min(RESTART_MAX_S, worker.pause_s * 2)
 
@@ -227,6 +225,8 @@ def main(argv: list[str]) -> int:
         config = pickle.load(source)  # written by our own server, mode 0600
     if not isinstance(config, ServerConfig):
         raise SystemExit(f"{config_path}: not a server config")
+    # Its lines share the server's stderr: each says which process wrote it.
+    structlog.contextvars.bind_contextvars(api_worker=config.identity)
     asyncio.run(_serve_worker(config))
     return 0
 

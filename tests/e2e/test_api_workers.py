@@ -72,6 +72,10 @@ def test_api_workers_share_the_port_and_the_store(served: tuple[EtcdProcess, Ser
     for i in range(WORKERS):
         assert (state / "api-workers" / str(i) / "config.pickle").stat().st_mode & 0o777 == 0o600
     wait_for(lambda: all(sockets_on_port(p, server.port, LISTEN) for p in processes), timeout_s=90)
+    # The workers log on the server's own stderr (what `kubectl logs` reads), each line naming it.
+    for i in range(WORKERS):
+        assert wait_for(lambda i=i: f"-api{i}" in server.current_log() or None, timeout_s=30)
+    assert not list(state.glob("api-workers/*/worker.log"))
 
     alice, bob = _token(server, "alice"), _token(server, "bob")
     channels = [_channel(server.target) for _ in range(CONNECTIONS)]
