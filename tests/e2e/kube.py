@@ -41,15 +41,19 @@ def onprem_a100(nodes: int) -> dict[str, Any]:
     }
 
 
-def a100_pool(nodes: int) -> dict[str, Any]:
-    """A pool of 8-GPU A100 nodes at the internal rate of $1.10 a GPU-hour."""
+def a100_pool(
+    nodes: int, *, name: str = "a100", kind: str = "private", price: float = 1.1, **extra: Any
+) -> dict[str, Any]:
+    """A pool of 8-GPU A100 nodes, by default private at the internal rate of $1.10 a GPU-hour;
+    `extra`: further pool settings (`reclaimsPerNodeHour` of a spot pool)."""
     return {
-        "name": "a100",
+        "name": name,
         "gpuType": "A100",
-        "kind": "private",
-        "usdPerGpuHour": 1.1,
+        "kind": kind,
+        "usdPerGpuHour": price,
         "gpusPerNode": 8,
         "nodes": nodes,
+        **extra,
     }
 
 

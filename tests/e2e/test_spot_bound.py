@@ -28,32 +28,20 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import capacity_types, gang_pods, job_of, serve_clusters
+from tests.e2e.kube import a100_pool, capacity_types, gang_pods, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
 
-def pool(name: str, kind: str, price: float, nodes: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "gpuType": "A100",
-        "kind": kind,
-        "usdPerGpuHour": price,
-        "gpusPerNode": 8,
-        "nodes": nodes,
-        **extra,
-    }
-
-
 CLUSTERS: list[dict[str, Any]] = [
-    {"name": "dc", "provider": "private", "region": "dc1", "pools": [pool("a100", "private", 1.1, 1)]},
+    {"name": "dc", "provider": "private", "region": "dc1", "pools": [a100_pool(1)]},
     {
         "name": "aws",
         "provider": "aws",
         "region": "us-east-1",
         "pools": [
-            pool("a100-spot", "spot", 0.31, 3, reclaimsPerNodeHour=0.05),
-            pool("a100-od", "on_demand", 2.74, 1),
+            a100_pool(3, name="a100-spot", kind="spot", price=0.31, reclaimsPerNodeHour=0.05),
+            a100_pool(1, name="a100-od", kind="on_demand", price=2.74),
         ],
     },
 ]

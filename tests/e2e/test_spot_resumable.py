@@ -26,23 +26,11 @@ from federation.cli.render import explain_text
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
-from tests.e2e.kube import capacity_types, job_of, serve_clusters
+from tests.e2e.kube import a100_pool, capacity_types, job_of, serve_clusters
 
 pytestmark = pytest.mark.e2e
 
 SPOT_PRICE, ON_DEMAND_PRICE = 0.31, 2.74
-
-
-def pool(name: str, kind: str, price: float, nodes: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "gpuType": "A100",
-        "kind": kind,
-        "usdPerGpuHour": price,
-        "gpusPerNode": 8,
-        "nodes": nodes,
-        **extra,
-    }
 
 
 CLUSTERS: list[dict[str, Any]] = [
@@ -51,8 +39,8 @@ CLUSTERS: list[dict[str, Any]] = [
         "provider": "aws",
         "region": "us-east-1",
         "pools": [
-            pool("a100-spot", "spot", SPOT_PRICE, 2, reclaimsPerNodeHour=0.05),
-            pool("a100-od", "on_demand", ON_DEMAND_PRICE, 2),
+            a100_pool(2, name="a100-spot", kind="spot", price=SPOT_PRICE, reclaimsPerNodeHour=0.05),
+            a100_pool(2, name="a100-od", kind="on_demand", price=ON_DEMAND_PRICE),
         ],
     },
 ]
