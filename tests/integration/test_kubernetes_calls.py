@@ -59,7 +59,8 @@ class Counted:
         return counted
 
 
-async def _backend(tmp_path: Path, *, volcano: bool) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
+async def sim_backend(tmp_path: Path, *, volcano: bool) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
+    """A synced backend on a simulated cluster (Volcano or Indexed Jobs), and an official client of it."""
     async with running_sim(tmp_path, POOLS, volcano=volcano) as (_, kubeconfig):
         config = kube_config("sim", kubeconfig)
         settings = dataclasses.replace(config.settings, use_volcano=None if volcano else False)
@@ -76,7 +77,7 @@ async def _backend(tmp_path: Path, *, volcano: bool) -> AsyncIterator[tuple[Kube
 async def world(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
-    async for pair in _backend(tmp_path, volcano=request.param == "volcano"):
+    async for pair in sim_backend(tmp_path, volcano=request.param == "volcano"):
         yield pair
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from clusters.api import GangPhase, GangWorkload
 from clusters.kubernetes import KubernetesBackend
@@ -35,9 +34,9 @@ from federation.store.jobs import JobPlacement, JobRecord, Owner
 from federation.store.kv_memory import MemoryKv
 from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, TenantId
 from tests.conftest import build_job
-from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
+from tests.contract.conftest import no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, wait_phase
-from tests.contract.simulated import running_sim
+from tests.integration.test_kubernetes_calls import sim_backend
 
 pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
@@ -48,17 +47,8 @@ NS = "gpufed-team-a"
 async def world(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
-    volcano = request.param == "volcano"
-    async with running_sim(tmp_path, POOLS, volcano=volcano) as (_, kubeconfig):
-        config = kube_config("sim", kubeconfig)
-        settings = dataclasses.replace(config.settings, use_volcano=None if volcano else False)
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        try:
-            async with KubernetesBackend(dataclasses.replace(config, settings=settings)) as backend:
-                assert await backend.wait_synced()
-                yield backend, api
-        finally:
-            api.close()
+    async for pair in sim_backend(tmp_path, volcano=request.param == "volcano"):
+        yield pair
 
 
 class PodLists:
