@@ -301,7 +301,8 @@ async def test_verify_finds_corruption_and_the_next_sync_repairs_it() -> None:
     assert (await verify(target, "cache/", manifest)).ok
     # Bit rot: the bytes change but the ETag and size stay, so only reading finds it.
     data, etag, t = target.objects["cache/small/2.bin"]
-    target.objects["cache/small/2.bin"] = (b"X" + data[1:], etag, t)
+    # Every bit of the first byte flipped: writing b"X" there left one random file in 256 as it was.
+    target.objects["cache/small/2.bin"] = (bytes([data[0] ^ 0xFF]) + data[1:], etag, t)
     del target.objects["cache/small/3.bin"]
     report = await verify(target, "cache/", manifest)
     assert report.wrong_hash == ("small/2.bin",)

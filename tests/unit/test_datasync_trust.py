@@ -152,7 +152,8 @@ async def test_version_two_reuses_version_one_and_falls_back_when_the_old_copy_i
     m2 = await build_manifest(source, "v2/")
     # Bit rot in v1's copy under an unchanged ETag: reusing it must not carry it into v2.
     data, etag, t = target.objects["cache/v1/3.bin"]
-    target.objects["cache/v1/3.bin"] = (b"X" + data[1:], etag, t)
+    # Every bit of the first byte flipped: writing b"X" there left one random file in 256 as it was.
+    target.objects["cache/v1/3.bin"] = (bytes([data[0] ^ 0xFF]) + data[1:], etag, t)
 
     reuse = [ExistingCopy("cache/v1/", m1, first.verified_etags)]
     plan = await plan_sync(source, "v2/", target, "cache/v2/", m2, reuse=reuse)
