@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import time
 import uuid
@@ -151,6 +152,12 @@ def _stop_every_live_job(up: ConsoleUp) -> None:
         wait_for(lambda: up.phase("admin", job_id) in TERMINAL, timeout_s=90, what=f"{job_id} stops")  # noqa: B023
 
 
+def _offer_seen_at(up: ConsoleUp, job_id: str) -> float | None:
+    """When the placer recorded the job's burst-at-once offer, from the stored record."""
+    offer = stored_record(up, job_id).get("burst_offer")
+    return float(offer["seen_at_s"]) if isinstance(offer, dict) else None
+
+
 def _iso(at_s: float) -> str:
     return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -179,6 +186,13 @@ def test_the_shipped_config_waits_then_runs_privately_and_finance_sees_the_savin
 
     wait_for(explained, timeout_s=60, what="the waiter waits, saying what it saves")
     assert up.phase("alice", waiter) == "QUEUED"
+    # The placer recorded the burst-at-once offer (etcdctl reads it). A gang's start comes from the
+    # cluster in whole seconds (Kubernetes' startTime), so a wait of under a second can measure as
+    # none: keep the waiter queued until its start's second is past the offer's, or the wait the
+    # report shows could rightly be 0 (as it was, one fresh-clone run in two, before this line).
+    seen_at_s = wait_for(lambda: _offer_seen_at(up, waiter), timeout_s=30, what="the offer is recorded")
+    wait_for(lambda: time.time() >= math.floor(seen_at_s) + 2, timeout_s=5, what="a wait of whole seconds")
+    assert up.phase("alice", waiter) == "QUEUED"
 
     # One of nlp's jobs ends: the waiter takes the private node it leaves, and runs its 10 s there.
     with up.client("bob") as bob:
@@ -200,6 +214,8 @@ def test_the_shipped_config_waits_then_runs_privately_and_finance_sees_the_savin
     assert float(row["burst_usd"]) == pytest.approx(ran["gpu_hours"] * 2.7447, abs=1e-5)
     assert row["saved_usd"] == row["burst_usd"]
     assert float(row["saved_usd"]) > 0
+    # The extra wait is the gang's start (the ledger's) minus when it could have burst.
+    assert float(row["extra_wait_hours"]) == pytest.approx((ran["start_s"] - seen_at_s) / 3600, abs=1e-6)
     assert float(row["extra_wait_hours"]) > 0
     for job_id in fillers[1:]:
         with up.client("bob") as bob:
