@@ -159,9 +159,11 @@ class ReplayConfig:
     # Resumable jobs drawn for a share of the trace (none by default): a spot reclaim restarts them from
     # their last checkpoint; gpufed's placer is told which they are.
     resumable: ResumableSettings = ResumableSettings()
-    # Whether the spot-aware yardstick's placer is told too (`policies.spot_curve_resumable`): off, it
-    # keeps resumable jobs off spot by the restart bound as if each reclaim restarted them from scratch.
-    spot_curve_resumable: bool = False
+    # Whether the spot-aware yardstick's placer is told too (`policies.spot_curve_resumable`, on unless
+    # a config says false): told, that yardstick is gpufed's spot rule with a fixed wait, so a ratio
+    # against it measures what the wait adds; off, it keeps resumable jobs off spot by the restart
+    # bound as if each reclaim restarted them from scratch, which flatters gpufed.
+    spot_curve_resumable: bool = True
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
@@ -346,7 +348,7 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         movable_min_runtime_h=float(jobs.get("movable_min_runtime_h", 0.0)),
         deadlines=_deadlines(jobs.get("deadlines")),
         resumable=_resumable(jobs.get("resumable")),
-        spot_curve_resumable=bool(policies.get("spot_curve_resumable", False)),
+        spot_curve_resumable=bool(policies.get("spot_curve_resumable", True)),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),
         source=source,

@@ -33,7 +33,8 @@ HOLD = a_job("hold", 0, 10_000_000)
 LONG = a_job("long", 1, 10 * HOUR)
 
 
-def config(risk: float = 0.5, spot_curve_resumable: bool = False, **gpufed: Any) -> ReplayConfig:
+def config(risk: float = 0.5, spot_curve_resumable: bool | None = False, **gpufed: Any) -> ReplayConfig:
+    """None: the config does not say `spot_curve_resumable` at all."""
     settings = {
         "private_wait_s_per_gpu_hour": 0,
         "spot": True,
@@ -54,7 +55,7 @@ def config(risk: float = 0.5, spot_curve_resumable: bool = False, **gpufed: Any)
         policies={
             "fixed_waits_s": [50],
             "spot_curve": True,
-            "spot_curve_resumable": spot_curve_resumable,
+            **({} if spot_curve_resumable is None else {"spot_curve_resumable": spot_curve_resumable}),
             "gpufed": settings,
         },
     )
@@ -174,6 +175,15 @@ def test_the_spot_aware_yardstick_is_told_only_when_the_config_says() -> None:
     assert {price for _, _, price, _ in runs_of(told, "long")} == {0.9}
     # The on-demand yardstick never sees spot: resumable or not, the same run.
     assert run(config(), jobs, "burst_now").intervals == run(config(), [HOLD, LONG], "burst_now").intervals
+
+
+def test_a_config_that_does_not_say_tells_the_spot_aware_yardstick() -> None:
+    """Untold, the yardstick keeps resumable long jobs on demand and flatters gpufed: a config must
+    say `spot_curve_resumable: false` to get that."""
+    unsaid = config(spot_curve_resumable=None)
+    assert unsaid.spot_curve_resumable
+    told = run(unsaid, [HOLD, resumable(LONG)], "burst_now_spot")
+    assert {price for _, _, price, _ in runs_of(told, "long")} == {0.9}
 
 
 # -- reports
