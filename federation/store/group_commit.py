@@ -17,14 +17,16 @@ A batch is bounded in bytes as well as in count. etcd refuses a request over its
 whole, and a batch mixes every tenant's transactions: 64 records of a few hundred KiB (large
 manifests) beside another tenant's small ones failed them all. A transaction that does not fit
 waits for a later batch, and one larger than the bound goes alone, failing, if etcd refuses it,
-only for its own caller. A transaction never overtakes an earlier one that writes a key it writes.
+only for its own caller. So in ops: etcd gives each nested transaction only what the batch's own
+count leaves of its ops limit, so a wide transaction goes with few enough others (or alone). A
+transaction never overtakes an earlier one that writes a key it writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from federation.store.kv import MAX_TXN_OPS, Compare, Get, KeyValueStore, Put, Txn, TxnResult
+from federation.store.kv import MAX_TXN_OPS, Compare, Get, KeyValueStore, Put, Txn, TxnResult, txn_ops
 
 # Keep batches well under etcd's request size limit as well as its ops limit.
 DEFAULT_MAX_BATCH = min(64, MAX_TXN_OPS)
@@ -78,16 +80,25 @@ class GroupCommit:
         written: set[bytes] = set()
         waiting: set[bytes] = set()
         size = 0
+        widest = 0
         for txn, future in self._pending:
             if future.done():  # the caller gave up (cancelled): do not send its write
                 continue
             keys = {op.key for op in (*txn.success, *txn.failure) if not isinstance(op, Get)}
             txn_bytes = request_bytes(txn)
-            fits = not batch or (len(batch) < self._max_batch and size + txn_bytes <= self._max_batch_bytes)
+            ops = txn_ops(txn)
+            fits = not batch or (
+                len(batch) < self._max_batch
+                and size + txn_bytes <= self._max_batch_bytes
+                # etcd leaves each nested transaction MAX_TXN_OPS less the batch's count: a wide one
+                # (a commit of a hundred records) beside 63 others failed all 64.
+                and max(widest, ops) <= MAX_TXN_OPS - (len(batch) + 1)
+            )
             if fits and not keys & written and not keys & waiting:
                 batch.append((txn, future))
                 written |= keys
                 size += txn_bytes
+                widest = max(widest, ops)
             else:
                 rest.append((txn, future))
                 waiting |= keys

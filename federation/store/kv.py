@@ -283,6 +283,11 @@ def check_txn_shape(compares: Sequence[Compare], success: Sequence[Op], failure:
             raise KvError("txn writes the same key twice in one branch; etcd rejects that")
 
 
+def txn_ops(txn: Txn) -> int:
+    """What etcd's ops limit counts of a transaction: the longest of its three lists."""
+    return max(len(txn.compares), len(txn.success), len(txn.failure))
+
+
 def check_batch_shape(txns: Sequence[Txn]) -> None:
     """What etcd refuses in a batch of nested transactions: too many, or two writing one key."""
     if len(txns) > MAX_TXN_OPS:
@@ -292,7 +297,7 @@ def check_batch_shape(txns: Sequence[Txn]) -> None:
     room = MAX_TXN_OPS - len(txns)
     for t in txns:
         check_txn_shape(t.compares, t.success, t.failure)
-        if max(len(t.compares), len(t.success), len(t.failure)) > room:
+        if txn_ops(t) > room:
             raise KvError(
                 f"a transaction nested with {len(txns) - 1} others has more than {room} ops;"
                 " etcd refuses that"

@@ -55,3 +55,23 @@ async def test_a_record_too_large_for_etcd_fails_only_its_own_submission(etcd_kv
     assert all(not isinstance(r, BaseException) and r.succeeded for r in results[1:])
     assert await etcd_kv.get(P + b"alice/huge") is None
     await etcd_kv.delete_prefix(P)
+
+
+async def test_a_wide_transaction_does_not_fail_the_others_it_would_be_nested_with(etcd_kv: EtcdKv) -> None:
+    """etcd gives each nested transaction what the request's own count leaves of its ops limit (128):
+    a batch of 64 leaves each 64. A commit of 100 records (a scheduler's batch of transitions, a job
+    set's release) batched with 63 small submissions would have failed all 64; it must go with few
+    enough others, and every one succeed."""
+    group = GroupCommit(etcd_kv)
+    wide = Txn((), tuple(Put(P + b"wide/%d" % i, b"w") for i in range(100)))
+    small = [create(P + b"bob/%d" % i, b"b" * 100) for i in range(63)]
+    # The small ones first, then the wide one, then more small ones: all pending together.
+    later = [create(P + b"carol/%d" % i, b"c" * 100) for i in range(40)]
+    results = await asyncio.gather(*(group.run(t) for t in [*small, wide, *later]), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert failed == []
+    assert all(not isinstance(r, BaseException) and r.succeeded for r in results)
+    # etcd, asked directly, holds all of them.
+    for i in range(100):
+        assert await etcd_kv.get(P + b"wide/%d" % i) is not None
+    await etcd_kv.delete_prefix(P)
