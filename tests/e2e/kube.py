@@ -196,14 +196,25 @@ class PodRecorder:
     stopped: bool = False
 
     def follow(self, sims: SimProcess, cluster: str) -> threading.Thread:
+        """Record `cluster`'s pods from now on: a list, then a watch from the list's resourceVersion
+        (what an informer does), so that no pod is missed however late the watch's thread runs.
+        Without the list, the watch began at whatever moment its request reached the server, and the
+        tests slept a little and hoped it was open: a pod that came and went before it was unseen."""
         api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)  # type: ignore[no-untyped-call]
         core = k8s.CoreV1Api(api)
+        listed = core.list_pod_for_all_namespaces()
+        for pod in listed.items:
+            self._seen(cluster, "ADDED", pod)
         w = k8s_watch.Watch()  # type: ignore[no-untyped-call]
         self.watches.append(w)
 
         def run() -> None:
             try:
-                for event in w.stream(core.list_pod_for_all_namespaces, timeout_seconds=300):  # type: ignore[no-untyped-call]
+                for event in w.stream(  # type: ignore[no-untyped-call]
+                    core.list_pod_for_all_namespaces,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=300,
+                ):
                     self._seen(cluster, event["type"], event["object"])
             except Exception as error:  # the simulator going away at teardown ends the stream
                 if not self.stopped:

@@ -113,7 +113,6 @@ def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart
     recorder = PodRecorder()
     for cluster in ("onprem", "gcp"):
         recorder.follow(sims, cluster)
-    time.sleep(0.5)
     started_s = time.time() - 60
     try:
         with fed.client("ivan") as ivan:

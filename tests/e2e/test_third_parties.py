@@ -100,7 +100,6 @@ def pods(sims: SimProcess) -> Iterator[RunWatch]:
     """Every pod the cluster runs, from a watch opened before anything runs."""
     recorder = RunWatch()
     recorder.follow(sims, "onprem")
-    time.sleep(0.3)
     yield recorder
     recorder.stop()
     assert not recorder.errors, recorder.errors
