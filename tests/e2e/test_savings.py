@@ -141,9 +141,15 @@ def test_a_job_that_waited_for_private_gpus_shows_its_saving_and_its_wait(
     waiter = alice.submit(
         manifest("waiter", gpus=4, duration="5s", extra_spec="  maxRuntime: 10m\n", tenant="vision")
     ).job_id
-    # It waits for the private node rather than bursting to the cloud's A100s.
-    while bob.get(filler).phase == pb.JOB_PHASE_RUNNING:
-        assert alice.get(waiter).phase == pb.JOB_PHASE_QUEUED, "burst while the private node was full"
+    # It waits for the private node rather than bursting to the cloud's A100s. The waiter is read
+    # before the filler: a waiter seen placed while the filler still ran afterwards was placed while
+    # the node was full. (Read the other way round, the filler could end and the waiter be admitted
+    # to the freed node between the two reads, and a busy machine failed the check wrongly.)
+    while True:
+        seen = alice.get(waiter)
+        if bob.get(filler).phase != pb.JOB_PHASE_RUNNING:
+            break
+        assert seen.phase == pb.JOB_PHASE_QUEUED, f"burst while the private node was full: {seen}"
         time.sleep(0.5)
     wait_for(lambda: alice.get(waiter).phase == pb.JOB_PHASE_SUCCEEDED, timeout_s=90)
     assert alice.get(waiter).cluster == "onprem"
