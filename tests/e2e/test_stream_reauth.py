@@ -117,9 +117,13 @@ def test_a_stream_with_no_events_is_ended_too(server: ServerProcess) -> None:
     with server.client("admin") as admin:
         admin.set_user("erin", tenant="nlp", role="member")
         issued = admin.issue_token("erin")
+        # One job, never placed (no B200 here), for the stream's initial listing: its event says the
+        # stream is open before the token is revoked. (A sleep hoped it was: a stream opened after
+        # the revocation is refused at once, and the test passed without a re-check on a timer.)
+        admin.submit(manifest("quiet", gpu="B200", tenant="nlp"))
     with GpufedClient(server.target, issued.token) as erin:
         watcher = Watcher(erin).start()
-        time.sleep(1.0)
+        wait_for(lambda: len(watcher.events) == 1, timeout_s=15)
         with server.client("admin") as admin:
             admin.revoke_token(issued.info.token_id)
         revoked_at = time.monotonic()
@@ -127,3 +131,4 @@ def test_a_stream_with_no_events_is_ended_too(server: ServerProcess) -> None:
     assert watcher.ended is not None
     assert watcher.ended[1] == grpc.StatusCode.UNAUTHENTICATED
     assert watcher.ended[0] - revoked_at <= TOKEN_CACHE_TTL_S + SLACK_S
+    assert [tenant for _, tenant in watcher.events] == ["nlp"], "the stream was not quiet"
