@@ -154,13 +154,19 @@ def test_a_namespace_held_by_a_pod_finalizer_waits_for_it(
 
 # -- pods that ignore SIGTERM ---------------------------------------------------------------------
 
+# The stubborn pod's grace period: the polite pod's deletion (kubectl's start included), a settle and
+# two reads must fit in it while the stubborn pod still runs. 2 s left a busy machine too little:
+# `kubectl delete` alone could take that long under load.
+STUBBORN_GRACE_S = 6
+
 
 def test_a_pod_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period(
     sim: tuple[ThreadedSim, Path], core: client.CoreV1Api
 ) -> None:
     _, kubeconfig = sim
     core.create_namespaced_pod(
-        "default", a_pod("stubborn", annotations=IGNORE_SIGTERM, terminationGracePeriodSeconds=2)
+        "default",
+        a_pod("stubborn", annotations=IGNORE_SIGTERM, terminationGracePeriodSeconds=STUBBORN_GRACE_S),
     )
     core.create_namespaced_pod("default", a_pod("polite", terminationGracePeriodSeconds=30))
     wait_for(lambda: running(core, "default", "stubborn") and running(core, "default", "polite"))
@@ -168,24 +174,24 @@ def test_a_pod_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period(
     started = time.monotonic()
     kubectl(kubeconfig, "delete", "pod", "stubborn", "--wait=false")
 
-    # The default: containers exit promptly on SIGTERM, whatever the grace period.
+    # The default: containers exit promptly on SIGTERM, whatever the grace period (30 s here).
     polite_started = time.monotonic()
     kubectl(kubeconfig, "delete", "pod", "polite")
-    assert time.monotonic() - polite_started < 2.0
+    assert time.monotonic() - polite_started < STUBBORN_GRACE_S
 
     # The polite pod, told to stop after the stubborn one by the same kubelet, has stopped and gone:
     # had the stubborn pod's container obeyed SIGTERM, it would have stopped by now too.
     settle(sim[0])
     pod = core.read_namespaced_pod("stubborn", "default")
     assert pod.metadata.deletion_timestamp is not None
-    assert pod.metadata.deletion_grace_period_seconds == 2
+    assert pod.metadata.deletion_grace_period_seconds == STUBBORN_GRACE_S
     assert pod.status.phase == "Running"
     shown = kubectl(kubeconfig, "get", "pod", "stubborn", "--no-headers").stdout
     assert "Terminating" in shown
 
     # The kubelet reports the killed container (exit 137) before the object goes.
     last = _watch_until_deleted(core, "stubborn", pod.metadata.resource_version)
-    assert time.monotonic() - started >= 1.8
+    assert time.monotonic() - started >= STUBBORN_GRACE_S - 0.2
     assert last.status.phase == "Failed"
     assert last.status.container_statuses[0].state.terminated.exit_code == 137
 
@@ -196,7 +202,7 @@ def _watch_until_deleted(core: client.CoreV1Api, name: str, since_rv: str) -> cl
         "default",
         field_selector=f"metadata.name={name}",
         resource_version=since_rv,
-        timeout_seconds=10,
+        timeout_seconds=30,
     )
     for event in stream:
         if event["type"] == "DELETED":
