@@ -13,12 +13,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import event
 
 from clusters.api import ReplicaState
 from federation.api.admin import AdminService
@@ -268,18 +270,37 @@ ALL = [j[0] for j in JOBS] + ["live"]
 VISION = [j[0] for j in JOBS if j[1] == "vision"] + ["live"]
 
 
+@contextmanager
+def statements(history: SqlHistoryStore) -> Iterator[list[str]]:
+    """The SQL statements the history store runs inside the block. What keeps a read fast is what it
+    asks of the database, which this counts; its seconds on a busy machine say nothing (the bound of
+    0.5 s these tests had was a timed assertion)."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        seen.append(statement)
+
+    event.listen(history.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(history.engine, "before_cursor_execute", record)
+
+
 # ---- GetJob
 
 
 async def test_get_of_an_archived_job_reads_sql_with_the_live_isolation(sqlite_world: World) -> None:
     w = sqlite_world
     await w.archive(["j00", "j02"])
-    started = time.perf_counter()
-    job = await w.get("alice", "j00")
-    took_s = time.perf_counter() - started
+    with statements(w.history) as sql:
+        job = await w.get("alice", "j00")
     assert (job.job_id, job.phase, job.tenant) == ("j00", pb.JOB_PHASE_SUCCEEDED, "vision")
     assert job.manifest  # GetJob's full answer, as for a live job
-    assert took_s < 0.5, f"GetJob of an archived job took {took_s:.3f} s"
+    # The job's own rows by its key (job, attempts, waits, intervals; read twice, for the tenant's
+    # check and the answer), whatever else is archived.
+    assert len(sql) <= 8, sql
+    assert all("WHERE" in s for s in sql), sql
     # Another tenant's archived job and a job that never existed: the same NOT_FOUND, same words.
     with pytest.raises(Refused) as theirs:
         await w.get("alice", "j02")
@@ -372,12 +393,12 @@ async def test_since_and_live_only(sqlite_world: World) -> None:
 async def test_a_list_page_across_the_boundary_is_fast(sqlite_world: World) -> None:
     w = sqlite_world
     await w.archive([j[0] for j in JOBS[:8]])
-    started = time.perf_counter()
-    reply = await w.list("admin", include_archived=True, page_size=10)
-    took_s = time.perf_counter() - started
+    with statements(w.history) as sql:
+        reply = await w.list("admin", include_archived=True, page_size=10)
     assert [j.job_id for j in reply.jobs] == ALL[:10]
     assert reply.next_page_token
-    assert took_s < 0.5, f"a list page across both stores took {took_s:.3f} s"
+    # One query for the archived part of the page, not one per job.
+    assert len(sql) == 1, sql
 
 
 # ---- reports
