@@ -607,6 +607,8 @@ class FederationServer:
         try:
             await self._loop(scheduler, reconciler, fence, election.lost())
         finally:
+            # The reconciler's work in flight (dispatches, ended attempts) belongs to this term.
+            await reconciler.stop()
             for task in (archiving, compacting):
                 if task is not None:
                     task.cancel()

@@ -39,8 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import structlog
 
@@ -80,6 +81,8 @@ from placement.model import ClusterName, JobId, JobPhase
 
 log = structlog.get_logger("gpufed.reconciler")
 
+_K = TypeVar("_K")
+
 CANCEL_GRACE_PERIOD_S = 30.0
 # Jobs reconciled (and stale gangs removed) at once in a tick: etcd took the most puts a second here
 # with about 64 in flight; 128 cost the server more CPU a job in bench/scale.py's 100 clusters (each
@@ -90,6 +93,13 @@ RECONCILE_CONCURRENCY = 64
 # every slot of the tick from the other clusters. As many as the Kubernetes backend's API threads
 # (clusters.kubernetes.config `api_threads`), which would queue any more.
 CLUSTER_CONCURRENCY = 16
+# How long a tick waits for the work it started (a dispatch, an ended attempt's logs and its
+# record, a stale gang's removal) before it returns. What is still in flight then goes on by
+# itself, each result committed as it comes; later ticks leave its job (or gang) alone until it is
+# done, so nothing is started twice. Waiting for all of it made a burst's tick last until its last
+# gang was created (tens of seconds at 100 clusters), and meanwhile no end was recorded and the
+# scheduling cycle, which runs after the tick, placed nothing on the GPUs those ends freed.
+TICK_WAIT_S = 1.0
 # Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
 # another federation carries many gangs of its; the rest are asked about on later ticks.
 MAX_ARCHIVED_LOOKUPS = 2000
@@ -98,6 +108,14 @@ MAX_ARCHIVED_LOOKUPS = 2000
 # archived before the cache forgets them (SQL is written before etcd's delete), so an answer of
 # "not archived" stays true for them too; this only bounds how long a wrong answer would last.
 NOT_ARCHIVED_RECHECK_S = 600.0
+
+
+@dataclass
+class _Lane:
+    """One lane's slots of calls in flight: RECONCILE_CONCURRENCY in all, CLUSTER_CONCURRENCY a cluster."""
+
+    all: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RECONCILE_CONCURRENCY))
+    clusters: dict[ClusterName, asyncio.Semaphore] = field(default_factory=dict)
 
 
 class Reconciler:
@@ -144,43 +162,141 @@ class Reconciler:
         self._started_at: dict[GangKey, float] = {}
         self._refusing: dict[ClusterName, ClusterRefusing] = {}
         self._holding: dict[JobId, list[tuple[ClusterName, int]]] = {}
-        self._cluster_slots: dict[ClusterName, asyncio.Semaphore] = {}
+        # Slots of calls in flight, across ticks, in two lanes: dispatches, and everything else (an
+        # ended attempt's logs and record, cancels, evictions, removals). A burst of thousands of
+        # admitted gangs queued for the one lane ahead of the ends that free GPUs: an end waited
+        # behind every dispatch started before it (20 s at 100 clusters, bench/scale.py).
+        self._lanes: dict[bool, _Lane] = {True: _Lane(), False: _Lane()}
+        # Work that outlasted its tick (TICK_WAIT_S): each job's, and each stale gang's removal.
+        self._in_flight: dict[JobId, asyncio.Task[bool]] = {}
+        self._removing: dict[tuple[ClusterName, JobId, int], asyncio.Task[None]] = {}
+        # The term (fence) the work in flight was started in: a new term cancels what is left of
+        # the old one, whose commits its fence refuses anyway.
+        self._term: Fence | None = None
+        # Transitions committed since the last tick returned, by work of this tick or earlier ones.
+        self._committed = 0
+        # Errors of work that ended since the last tick returned: the next tick raises the first.
+        self._failures: list[BaseException] = []
+        # The revision this reconciler committed for a job, until the job cache shows it: a tick
+        # that read the job before then would act on the attempt again (read an ended attempt's
+        # logs once more, call the cluster) only to lose the compare-and-swap.
+        self._ahead: dict[JobId, int] = {}
 
-    def _cluster_slot(self, cluster: ClusterName | None) -> contextlib.AbstractAsyncContextManager[object]:
-        """One of CLUSTER_CONCURRENCY slots of calls to `cluster`; none is needed without one."""
+    @contextlib.asynccontextmanager
+    async def _slots(self, cluster: ClusterName | None, *, dispatch: bool) -> AsyncIterator[None]:
+        """A call's slots: one of its lane's CLUSTER_CONCURRENCY for `cluster` (none without one),
+        then one of its lane's RECONCILE_CONCURRENCY. The cluster's first: a job waiting for a busy
+        cluster holds no slot that a job of another cluster could use."""
+        lane = self._lanes[dispatch]
         if cluster is None:
-            return contextlib.nullcontext()
-        slot = self._cluster_slots.get(cluster)
+            async with lane.all:
+                yield
+            return
+        slot = lane.clusters.get(cluster)
         if slot is None:
-            slot = self._cluster_slots[cluster] = asyncio.Semaphore(CLUSTER_CONCURRENCY)
-        return slot
+            slot = lane.clusters[cluster] = asyncio.Semaphore(CLUSTER_CONCURRENCY)
+        async with slot, lane.all:
+            yield
 
     async def tick(self, fence: Fence | None) -> int:
-        """One pass over every job that may need action; returns how many transitions were committed."""
+        """One pass over every job that may need action; returns how many transitions were committed
+        since the last tick returned. Waits TICK_WAIT_S at most for the work it started; the rest
+        goes on by itself (its job is left alone by later ticks until it is done)."""
+        if fence != self._term:
+            await self.stop()
+            self._term = fence
         # Queued jobs are the scheduler's: skipping them here keeps a tick's cost proportional to the
         # work in flight, not to the length of the queue.
         # The cache's acting jobs, not every live one: a deep queue would cost each tick a walk.
         acting = self._cache.acting_jobs()
-        live = [s for s in acting if s.value.cancel_requested or s.value.phase is not JobPhase.QUEUED]
         statuses = await self._members.statuses()
         lost = self._lost_clusters(statuses)
         # Over every live job: most jobs a cluster refused are back in the queue.
         self._refusing = refusing_clusters((s.value for s in acting), self._clock())
         self._holding = holding_attempts(statuses)
-        semaphore = asyncio.Semaphore(RECONCILE_CONCURRENCY)
-
-        async def one(stored: Stored[JobRecord]) -> bool:
-            placement = stored.value.placement
-            # The cluster's slot first, then the tick's: a job waiting for a busy cluster holds no
-            # slot that a job of another cluster could use.
-            async with self._cluster_slot(placement.cluster if placement is not None else None), semaphore:
-                return await self._reconcile(stored, statuses, lost, fence)
-
-        committed = sum(await asyncio.gather(*(one(s) for s in live if not self._runs_on(s.value, statuses))))
+        self._forget_seen_commits()
+        for stored in acting:
+            job = stored.value
+            if job.phase is JobPhase.QUEUED and not job.cancel_requested:
+                continue
+            if job.job_id in self._in_flight or self._behind(stored) or self._runs_on(job, statuses):
+                continue
+            self._track(self._in_flight, job.job_id, self._one(stored, statuses, lost, fence))
         if self._staging is not None:
             await self._staging.tick(s.value for s in acting)
-        await self._collect(statuses, semaphore)
+        await self._collect(statuses)
+        await self._settle()
+        committed, self._committed = self._committed, 0
         return committed
+
+    async def stop(self) -> None:
+        """Cancel the work still in flight (a term ended; its fence would refuse the commits anyway),
+        and wait until it has stopped. Cluster calls are idempotent by name, so the next leader's
+        dispatch of the same attempt makes no second gang."""
+        tasks = [*self._in_flight.values(), *self._removing.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._in_flight.clear()
+        self._removing.clear()
+        self._ahead.clear()
+        self._failures.clear()
+
+    async def _one(
+        self,
+        stored: Stored[JobRecord],
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+        lost: set[ClusterName],
+        fence: Fence | None,
+    ) -> bool:
+        job = stored.value
+        dispatch = (
+            job.phase in (JobPhase.ADMITTED, JobPhase.STAGING)
+            and not job.cancel_requested
+            and job.preemption is None
+        )
+        cluster = job.placement.cluster if job.placement is not None else None
+        async with self._slots(cluster, dispatch=dispatch):
+            committed = await self._reconcile(stored, statuses, lost, fence)
+        self._committed += committed
+        return committed
+
+    def _track(self, registry: dict[_K, asyncio.Task[Any]], key: _K, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` as a task filed under `key` until it ends; its error is kept for `_settle`."""
+        task = asyncio.create_task(work)
+        registry[key] = task
+
+        def done(task: asyncio.Task[Any]) -> None:
+            registry.pop(key, None)
+            if not task.cancelled() and (error := task.exception()) is not None:
+                self._failures.append(error)
+
+        task.add_done_callback(done)
+
+    async def _settle(self) -> None:
+        """Wait, TICK_WAIT_S at most, for the work in flight; then raise the first error of work
+        that ended since the last tick (an etcd that does not answer is the leader's loop's to back
+        off from, as when the tick waited for everything)."""
+        pending = [*self._in_flight.values(), *self._removing.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=TICK_WAIT_S)
+        if self._failures:
+            first = self._failures[0]
+            self._failures.clear()
+            raise first
+
+    def _behind(self, stored: Stored[JobRecord]) -> bool:
+        """The job cache has not yet heard of this reconciler's last commit of the job."""
+        ahead = self._ahead.get(stored.value.job_id)
+        return ahead is not None and stored.mod_revision < ahead
+
+    def _forget_seen_commits(self) -> None:
+        """Forget the commits the job cache now shows (or whose job it no longer holds)."""
+        for job_id, revision in list(self._ahead.items()):
+            cached = self._cache.get(job_id)
+            if cached is None or cached.mod_revision >= revision:
+                del self._ahead[job_id]
 
     def _runs_on(self, job: JobRecord, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> bool:
         """A running job whose gang runs on, on a cluster that answers: `_reconcile` would decide and
@@ -214,9 +330,7 @@ class Reconciler:
             if now - since >= self._members.unreachable_grace_s(name)
         }
 
-    async def _collect(
-        self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None], semaphore: asyncio.Semaphore
-    ) -> None:
+    async def _collect(self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> None:
         """Cancel gangs that no current attempt needs (see federation.scheduling.collector)."""
 
         def job_of(job_id: JobId) -> JobRecord | None:
@@ -234,19 +348,23 @@ class Reconciler:
         )
         # At once, a cluster's slots at a time: one after the other, a burst's finished gangs took
         # a tick a cancel call each (a second a hundred gangs), which every job waiting to be
-        # dispatched or recorded as ended waited for (bench/scale.py).
-        await asyncio.gather(*(self._remove_stale(gang, statuses, semaphore) for gang in stale))
+        # dispatched or recorded as ended waited for (bench/scale.py). Each removal is left to
+        # finish by itself (`_settle`), and not started again while it is in flight.
+        for gang in stale:
+            key = (gang.cluster, gang.job_id, gang.attempt)
+            if key in self._removing:
+                continue
+            self._track(self._removing, key, self._remove_stale(gang, statuses))
 
     async def _remove_stale(
         self,
         stale: StaleGang,
         statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
-        semaphore: asyncio.Semaphore,
     ) -> None:
         backend = self._members.get(stale.cluster)
         if backend is None:
             return
-        async with self._cluster_slot(stale.cluster), semaphore:
+        async with self._slots(stale.cluster, dispatch=False):
             gang = (statuses.get(stale.cluster) or {}).get((stale.job_id, stale.attempt))
             if gang is not None and pods_outlive(gang):
                 # Only pods are left, already stopping or orphaned: delete them once, not every tick.
@@ -362,6 +480,7 @@ class Reconciler:
         )
         if revision is None:
             return False
+        self._ahead[job.job_id] = revision
         self._leftovers.forget((job.job_id, job.attempt))
         self._started_at.pop((job.job_id, job.attempt), None)
         self._cancels_sent.discard((job.job_id, job.attempt))
