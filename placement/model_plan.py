@@ -178,6 +178,22 @@ class Explanation(Protocol):
     def build(self) -> tuple[WaitReason, ...]: ...
 
 
+class _Unguarded:
+    """`Waiting`'s slots without its guard against writes: a wait is made as one of these, by plain
+    attribute writes, and then becomes a `Waiting` (a class of the same slots may take another's
+    place). A deep queue's cycle makes one wait per waiting job, and three `object.__setattr__`
+    calls, the only writes `Waiting` allows, took twice as long (0.49 against 0.24 µs a wait)."""
+
+    __slots__ = ("_explanation", "_reasons", "job_id")
+
+    def __init__(
+        self, job_id: JobId, reasons: tuple[WaitReason, ...] | None, explanation: Explanation | None
+    ) -> None:
+        self.job_id = job_id
+        self._reasons = reasons
+        self._explanation = explanation
+
+
 class Waiting:
     """A job left waiting, and every reason why, most fundamental first.
 
@@ -203,11 +219,9 @@ class Waiting:
         cls, job_id: JobId, reasons: tuple[WaitReason, ...] | None, explanation: Explanation | None
     ) -> Waiting:
         """A wait from its slots as they are, without `__init__`'s copy (thousands a cycle)."""
-        waiting = cls.__new__(cls)
-        object.__setattr__(waiting, "job_id", job_id)
-        object.__setattr__(waiting, "_reasons", reasons)
-        object.__setattr__(waiting, "_explanation", explanation)
-        return waiting
+        waiting = _Unguarded(job_id, reasons, explanation)
+        waiting.__class__ = Waiting  # type: ignore[assignment]
+        return waiting  # type: ignore[return-value]
 
     @classmethod
     def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
@@ -215,8 +229,11 @@ class Waiting:
         return cls._of(job_id, None, explanation)
 
     def for_job(self, job_id: JobId) -> Waiting:
-        """The same wait for another job (a gang that waits for the same reasons)."""
-        return Waiting._of(job_id, self._reasons, self._explanation)
+        """The same wait for another job (a gang that waits for the same reasons): one per waiting
+        job of a deep queue, so made here without `_of`'s call."""
+        waiting = _Unguarded(job_id, self._reasons, self._explanation)
+        waiting.__class__ = Waiting  # type: ignore[assignment]
+        return waiting  # type: ignore[return-value]
 
     @property
     def reasons(self) -> tuple[WaitReason, ...]:

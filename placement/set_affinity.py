@@ -62,6 +62,10 @@ class SetStores:
         if key is not None:
             self.add(key, store)
 
+    def placed_any(self) -> bool:
+        """Whether any set member is placed: without one no gang is widened (`widened`)."""
+        return bool(self._stores)
+
     def stores(self, gang: GangRequest) -> frozenset[str]:
         key = affinity_key(gang)
         return frozenset() if key is None else self._stores.get(key, frozenset())

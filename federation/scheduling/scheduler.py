@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain, compress
 from operator import attrgetter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -64,6 +65,7 @@ from placement.plan import plan
 
 _JOB_ID = attrgetter("job_id")
 _TENANT = attrgetter("tenant")
+T = TypeVar("T")
 
 # The wait key of reasons read from the store: equal to no `Waiting.key`, so they are compared
 # by their worded reasons.
@@ -130,10 +132,8 @@ def _snapshot_and_plan(
     # cyclic: reference counting frees it as before.
     with paused_gc():
         cpu_started = time.thread_time()
-        # One read of each record, and the map by id made by C-level calls (per job, a deep queue's
-        # cycle is a million of each).
+        # One read of each record (per job, a deep queue's cycle is a million of each).
         records = [s.value for s in live]
-        stored = dict(zip(map(_JOB_ID, records), live, strict=True))
         snapshot = build_snapshot(
             records,
             inputs,
@@ -148,7 +148,31 @@ def _snapshot_and_plan(
         requests.keep_only_queued(snapshot.queued)
         depth: Counter[str] = Counter(map(_TENANT, snapshot.queued))
         result = plan(snapshot, now=now, between=between)
-        return _Planned(result, stored, depth, time.thread_time() - cpu_started)
+        return _Planned(result, _named(result, records, live), depth, time.thread_time() - cpu_started)
+
+
+def _runs(items: Sequence[T], size: int, between: Callable[[], None]) -> Iterator[Sequence[T]]:
+    """`items` in runs of `size`, `between` called before each."""
+    for start in range(0, len(items), size):
+        between()
+        yield items[start : start + size]
+
+
+def _named(
+    result: Plan, records: Sequence[JobRecord], live: Sequence[Stored[JobRecord]]
+) -> dict[JobId, Stored[JobRecord]]:
+    """The jobs the plan acts on (admitted, evicted, moved, given a burst offer), by id, as the
+    snapshot read them. Only those: a map of every live job cost 0.22 µs a job (22 ms a cycle at
+    100,000 queued) for the tens the plan names. Picked by C-level calls, without a loop per job."""
+    named = {a.job_id for a in result.admissions}
+    named.update(p.victim for p in result.preemptions)
+    named.update(m.job_id for m in result.moves)
+    named.update(result.bursts)
+    if not named:
+        return {}
+    ids = list(map(_JOB_ID, records))
+    picked = list(map(named.__contains__, ids))
+    return dict(zip(compress(ids, picked), compress(live, picked), strict=True))
 
 
 def _warm_requests(jobs: Sequence[Stored[JobRecord]], inputs: PlacerInputs, requests: GangRequests) -> int:
@@ -614,11 +638,11 @@ class Scheduler:
         # Waiting jobs with reasons written: when they are all that is written, no job left the queue,
         # and the walk of every written entry to find those that did is skipped.
         with_written = 0
-        for index, w in enumerate(waiting):
-            if index % 512 == 0:
-                between()
+        written_for = self._written_reasons.get
+        # In runs of 512 with `between` before each: no count and test per job in the walk.
+        for w in chain.from_iterable(_runs(waiting, 512, between)):
             key = w.key
-            written = self._written_reasons.get(w.job_id)
+            written = written_for(w.job_id)
             if written is not None:
                 with_written += 1
                 old_key = written[0]

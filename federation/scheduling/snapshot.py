@@ -344,7 +344,8 @@ def build_snapshot(
                 between()
             queued_requests.append(requests(job, inputs))
     mates = set_mates_stores(placed, inventories)
-    queued = tuple(map(mates.widened, queued_requests))
+    # Most cycles place no set member: then no request is widened, and none is asked (a call per job).
+    queued = tuple(map(mates.widened, queued_requests)) if mates.placed_any() else tuple(queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None

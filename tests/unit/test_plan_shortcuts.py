@@ -1,0 +1,104 @@
+"""Shortcuts of the scheduler's cycle at queue depth (issue 33), each compared with what it stands for,
+made the plain way, on the same inputs.
+
+- A wait handed to another job (`Waiting.for_job`) is made without `Waiting`'s guard and then takes
+  its class: it is the same value as one made by `Waiting(...)`, and as immutable.
+- The scheduler maps by id only the jobs the plan names (`scheduler._named`), not every live job:
+  the same entries as the full map had for those ids.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+from federation.scheduling.scheduler import _named
+from federation.store.job_store import Stored
+from placement.model import (
+    Admission,
+    Alternative,
+    CapacityKind,
+    ClusterName,
+    GpuType,
+    JobId,
+    Move,
+    Plan,
+    Preemption,
+    PreemptionReason,
+    TenantId,
+    Waiting,
+    WaitReason,
+)
+from placement.model import WaitCode as Code
+from tests.conftest import build_job
+
+
+def test_a_wait_for_another_job_is_the_value_waiting_makes() -> None:
+    reasons = (WaitReason(Code.INSUFFICIENT_CAPACITY, "full", ClusterName("c1"), GpuType("A100")),)
+    made = Waiting(JobId("j1"), reasons).for_job(JobId("j2"))
+    plain = Waiting(JobId("j2"), reasons)
+    assert type(made) is Waiting
+    assert (made == plain, hash(made) == hash(plain), made.key == plain.key) == (True, True, True)
+    assert pickle.loads(pickle.dumps(made)) == plain
+    assert copy.deepcopy(made) == plain
+    with pytest.raises(AttributeError, match="immutable"):
+        made.job_id = JobId("j3")
+    assert made.job_id == "j2"
+
+
+def test_the_jobs_by_id_are_the_ones_the_plan_names_as_the_snapshot_read_them() -> None:
+    records = [build_job(f"job-{n}") for n in range(40)]
+    live = [Stored(record, 100 + n) for n, record in enumerate(records)]
+    result = Plan(
+        admissions=(
+            Admission(JobId("job-3"), ClusterName("c1"), GpuType("A100"), CapacityKind.PRIVATE, 1.0, 1.0),
+        ),
+        preemptions=(
+            _preemption("job-7"),
+            # A victim the snapshot did not read (gone meanwhile) is not in the map, as before.
+            _preemption("gone"),
+        ),
+        moves=(_move("job-11"),),
+        bursts={JobId("job-39"): _alternative()},
+    )
+    everything = {s.value.job_id: s for s in live}
+    named = _named(result, records, live)
+    assert named == {JobId(j): everything[JobId(j)] for j in ("job-3", "job-7", "job-11", "job-39")}
+    assert all(named[j] is everything[j] for j in named)
+    assert _named(Plan(), records, live) == {}
+
+
+def _preemption(victim: str) -> Preemption:
+    return Preemption(
+        JobId(victim),
+        TenantId("t1"),
+        ClusterName("c1"),
+        GpuType("A100"),
+        8,
+        PreemptionReason.LOWER_PRIORITY,
+        30.0,
+        JobId("job-3"),
+        0.0,
+    )
+
+
+def _alternative() -> Alternative:
+    return Alternative(ClusterName("c9"), GpuType("A100"), CapacityKind.ON_DEMAND, 3.0, 24.0)
+
+
+def _move(job_id: str) -> Move:
+    return Move(
+        JobId(job_id),
+        TenantId("t1"),
+        8,
+        ClusterName("c9"),
+        GpuType("A100"),
+        3.0,
+        ClusterName("c1"),
+        GpuType("A100"),
+        CapacityKind.PRIVATE,
+        1.0,
+        *(3600.0, 3600.0, 60.0, 24.0, 8.0, 0.5, 15.5, 7200.0),
+    )
