@@ -40,7 +40,10 @@ def test_an_etcd_outage_fails_calls_cleanly_and_the_server_recovers(
     etcd: EtcdProcess, server: ServerProcess, outage: str
 ) -> None:
     with server.client("alice") as alice:
-        before = alice.submit(manifest("before", duration="3s"), idempotency_key="before").job_id
+        # Long enough to be seen RUNNING and still run when etcd goes: a gang that ended before the
+        # reconciler's first look goes from DISPATCHED straight to SUCCEEDED, which a busy machine
+        # made likely for a 3 s job (the wait below then never held).
+        before = alice.submit(manifest("before", duration="12s"), idempotency_key="before").job_id
         wait_for(lambda: alice.get(before).phase == pb.JOB_PHASE_RUNNING, timeout_s=30)
 
         if outage == "killed":
