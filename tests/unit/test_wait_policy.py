@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.cost import CostModel
@@ -41,6 +41,7 @@ from placement.wait_policy import (
     wait_s,
 )
 from placement.wait_saving import WaitSaving, clock
+from tests.properties import examples
 from tests.unit.placement_builders import GangBuilder, a_cluster, a_gang, a_snapshot
 
 HOUR = 3600.0
@@ -263,6 +264,10 @@ def test_the_plan_keeps_the_burst_at_once_offer_whether_the_gang_waits_or_not() 
     assert bursts(CostPolicy.FAST) == {"j": ("cloud", 3.0)}
 
 
+# No deadline: Hypothesis's default (200 ms an example) fails an example that a busy machine merely
+# ran slowly, and `make test-interpreted` runs this on the placer's interpreted sources beside the
+# whole suite. The example count follows the tier (tests/properties.py), as every property test's.
+@settings(max_examples=examples(100), deadline=None)
 @given(
     cost_policy=st.sampled_from(list(CostPolicy)),
     max_wait_s=st.none() | st.floats(0, 10 * HOUR),
