@@ -215,6 +215,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess, etcdctl_binary  # noqa: E402
 from federation.runtime.sim_process import SimProcess  # noqa: E402
 from tests.e2e.harness import ServerProcess, wait_for  # noqa: E402
@@ -567,7 +568,14 @@ def main() -> int:
                 users=users,
                 history={"retainInEtcd": "1s", "archiveRatePerS": 5000, "archiveBatch": 128},
             )
-            server = ServerProcess(etcd.endpoint, work / "state", config=config, identity="scale")
+            metrics_port = free_port()
+            server = ServerProcess(
+                etcd.endpoint,
+                work / "state",
+                config=config,
+                identity="scale",
+                extra_args=("--metrics-port", str(metrics_port)),
+            )
             server.start()
             assert server.proc is not None
             print(f"serving {n_clusters} clusters after {time.monotonic() - began:.0f} s", flush=True)
@@ -590,6 +598,10 @@ def main() -> int:
                             "-f",
                             "raw",
                             "--gil",
+                            # Not paused to be sampled: at 100 clusters the server has thousands of
+                            # threads (the Kubernetes client's), and pausing them all 50 times a
+                            # second slowed a run eightfold.
+                            "--nonblocking",
                             "-o",
                             f"{args.profile}.{name}.txt",
                         ],
@@ -620,6 +632,7 @@ def main() -> int:
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: archived() == len(ids), timeout_s=drain_timeout_s, interval_s=0.2)
             cpu_s = {name: _cpu_seconds(pids[name]) - before for name, before in cpu_before.items()}
+            loop_figures = scheduling_figures(metrics_port)
         finally:
             for spy in spies.values():
                 spy.send_signal(2)  # SIGINT: py-spy writes what it sampled
@@ -645,6 +658,7 @@ def main() -> int:
         job_s,
         observer.errors,
     )
+    print("\n".join(loop_figures))
     for name in spies:
         path = Path(f"{args.profile}.{name}.txt")
         if path.exists():
@@ -736,6 +750,33 @@ def placer_offline(quick: bool) -> list[str]:
         f"placer_reference_cycle_ms_10k_offline: {found['reference_cycle_median_ms']}",
         f"placer_admissions_agree: {found['admissions_agree']}",
     ]
+
+
+# The leader's own account of its scheduling cycles (`/metrics`): how many ran in full, how many the
+# idle gate skipped, and their CPU, which grows with the live jobs and is spent once a loop turn.
+CYCLE_SERIES = {
+    "gpufed_scheduling_cycles_started_total": "scheduling_cycles_started",
+    "gpufed_scheduling_cycle_seconds_count": "scheduling_cycles_planned",
+    "gpufed_scheduling_cycle_seconds_sum": "scheduling_cycles_seconds",
+    "gpufed_scheduling_cycle_cpu_seconds_total": "scheduling_cycles_cpu_s",
+}
+
+
+def scheduling_figures(port: int) -> list[str]:
+    """The scheduling cycles' counts and times from the server's `/metrics`, as `name: value` lines."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError as error:
+        return [f"scheduling_cycles: not read ({error})"]
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in CYCLE_SERIES:
+            found[CYCLE_SERIES[name]] = float(value)
+    return [f"{name}: {found[name]:.2f}" for name in CYCLE_SERIES.values() if name in found]
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -96,6 +96,11 @@ class MemberClusters:
         # order may name them (`hold_off_orders`). Per leader: a new one may order once more, and
         # withdraws again at that order's deadline.
         self._held_off: dict[JobId, float] = {}
+        # Each cluster's gangs by key, with the sequence its backend returned: a backend that
+        # memoises its statuses (the Kubernetes one, until a watch moves) returns the very same
+        # sequence, and the dict is not built again. The reconciler's tick and the scheduling cycle
+        # each read every cluster's, every loop turn (2.4 % of the server's CPU at 100 clusters).
+        self._by_key: dict[ClusterName, tuple[Sequence[GangStatus], dict[GangKey, GangStatus]]] = {}
 
     def hold_off_orders(self, job_id: JobId, until_s: float) -> None:
         """The reconciler withdrew an order its cluster kept refusing: no new one for this job until then."""
@@ -223,8 +228,13 @@ class MemberClusters:
         result: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
         for name in self.names:
             try:
-                result[name] = {(s.job_id, s.attempt): s for s in await self._backends[name].statuses()}
+                gangs = await self._backends[name].statuses()
             except ClusterError as error:
                 log.warning("cluster_status_failed", cluster=name, error=str(error))
                 result[name] = None
+                continue
+            known = self._by_key.get(name)
+            if known is None or known[0] is not gangs:
+                known = self._by_key[name] = (gangs, {(s.job_id, s.attempt): s for s in gangs})
+            result[name] = known[1]
         return result

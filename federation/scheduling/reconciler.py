@@ -170,6 +170,10 @@ class Reconciler:
         # Work that outlasted its tick (TICK_WAIT_S): each job's, and each stale gang's removal.
         self._in_flight: dict[JobId, asyncio.Task[bool]] = {}
         self._removing: dict[tuple[ClusterName, JobId, int], asyncio.Task[None]] = {}
+        # Set while nothing is in flight: `_settle` waits on it, not on every task (an
+        # `asyncio.wait` over thousands of tasks each tick was 5 % of the server's CPU).
+        self._none_in_flight = asyncio.Event()
+        self._none_in_flight.set()
         # The term (fence) the work in flight was started in: a new term cancels what is left of
         # the old one, whose commits its fence refuses anyway.
         self._term: Fence | None = None
@@ -240,6 +244,7 @@ class Reconciler:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._in_flight.clear()
         self._removing.clear()
+        self._none_in_flight.set()
         self._ahead.clear()
         self._failures.clear()
 
@@ -266,9 +271,13 @@ class Reconciler:
         """Run `work` as a task filed under `key` until it ends; its error is kept for `_settle`."""
         task = asyncio.create_task(work)
         registry[key] = task
+        self._none_in_flight.clear()
 
         def done(task: asyncio.Task[Any]) -> None:
-            registry.pop(key, None)
+            if registry.get(key) is task:
+                del registry[key]
+            if not self._in_flight and not self._removing:
+                self._none_in_flight.set()
             if not task.cancelled() and (error := task.exception()) is not None:
                 self._failures.append(error)
 
@@ -278,9 +287,8 @@ class Reconciler:
         """Wait, TICK_WAIT_S at most, for the work in flight; then raise the first error of work
         that ended since the last tick (an etcd that does not answer is the leader's loop's to back
         off from, as when the tick waited for everything)."""
-        pending = [*self._in_flight.values(), *self._removing.values()]
-        if pending:
-            await asyncio.wait(pending, timeout=TICK_WAIT_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_in_flight.wait(), TICK_WAIT_S)
         if self._failures:
             first = self._failures[0]
             self._failures.clear()
