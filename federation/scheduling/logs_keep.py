@@ -272,15 +272,23 @@ class AttemptKeeper:
         head_cut: set[tuple[str, int]] = set()
         return dict(await asyncio.gather(*(one(r) for r in replicas))), head_cut
 
+    def probe_due(self, job: JobRecord) -> bool:
+        """Whether `waiting` would ask the cluster now why the job's pending gang waits: once it has
+        been seen pending for WAIT_PROBE_S, then every WAIT_PROBE_S. Not at first sight: most gangs
+        start within that, and each probe is a call; a burst's thousands of gangs, each seen
+        pending once, made as many calls (bench/scale.py)."""
+        now = self._clock()
+        return now - self._probed_at.setdefault(job.job_id, now) >= WAIT_PROBE_S
+
     async def waiting(self, job: JobRecord, gang: GangStatus | None) -> JobRecord | None:
         """The job with the reason its dispatched gang waits, when that changed; else None."""
         if gang is not None and gang.phase is GangPhase.RUNNING and job.reason in WAITING_REASONS:
             return replace(job, reason="")
         if gang is None or gang.phase is not GangPhase.PENDING:
             return None
-        now = self._clock()
-        if now - self._probed_at.get(job.job_id, float("-inf")) < WAIT_PROBE_S:
+        if not self.probe_due(job):
             return None
+        now = self._clock()
         self._probed_at[job.job_id] = now
         inspector = self._inspector(job)
         if inspector is None:

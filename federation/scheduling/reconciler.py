@@ -223,7 +223,9 @@ class Reconciler:
             job = stored.value
             if job.phase is JobPhase.QUEUED and not job.cancel_requested:
                 continue
-            if job.job_id in self._in_flight or self._behind(stored) or self._runs_on(job, statuses):
+            if job.job_id in self._in_flight or self._behind(stored):
+                continue
+            if self._runs_on(job, statuses) or self._waits_on(job, statuses):
                 continue
             self._track(self._in_flight, job.job_id, self._one(stored, statuses, lost, fence))
         if self._staging is not None:
@@ -317,6 +319,26 @@ class Reconciler:
             return False
         gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
         if gang is None or gang.phase is not GangPhase.RUNNING or gang.orphaned:
+            return False
+        if gang.started_at_s is not None:
+            self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        return True
+
+    def _waits_on(
+        self, job: JobRecord, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
+    ) -> bool:
+        """A dispatched job whose gang is pending, with no probe of why due (`AttemptKeeper.probe_due`):
+        `_reconcile` would decide and write nothing for it. A burst's thousands of dispatched gangs
+        each cost a task and two slots a tick until they ran, the most of the ticks' work once the
+        tick no longer waited for the dispatches (bench/scale.py)."""
+        if job.phase is not JobPhase.DISPATCHED or job.cancel_requested or job.preemption is not None:
+            return False
+        if job.placement is None:
+            return False
+        gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
+        if gang is None or gang.phase is not GangPhase.PENDING or gang.orphaned or pods_outlive(gang):
+            return False
+        if self._keeper is not None and self._keeper.probe_due(job):
             return False
         if gang.started_at_s is not None:
             self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
