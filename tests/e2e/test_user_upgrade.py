@@ -48,6 +48,7 @@ from federation.api.datasets_client import DatasetsClient
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess
+from federation.runtime.server import TENANT_REFRESH_S
 from federation.runtime.sim_process import SimProcess
 from federation.store.schema_version import SCHEMA_FIELD, SCHEMA_VERSION
 from tests.e2e.failover import FailoverSubmitter
@@ -592,6 +593,17 @@ def test_a_newer_configuration_record_refuses_calls_and_a_start_and_is_left_alon
     etcdctl(rolled.etcd.endpoint, "put", key, raw)
     try:
         with GpufedClient(rolled.new[0].target, rolled.tokens["bob"]) as bob:
+            # A server re-reads its tenants for submissions at most every TENANT_REFRESH_S: until it
+            # has, it rightly takes a submission on the record it read before. A manifest that is no
+            # manifest tells the two apart and can never make a job (refused as invalid before the
+            # re-read, for the record after it). Submitting at once, the job was made in one loaded
+            # run, and stayed for the next test, which then found a job the previous build did not.
+            def reread() -> bool:
+                with pytest.raises(grpc.RpcError) as probe:
+                    bob.submit("not a manifest")
+                return probe.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+            wait_for(reread, timeout_s=TENANT_REFRESH_S + 30)
             with pytest.raises(grpc.RpcError) as refused:
                 bob.submit(manifest("refused"))
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
