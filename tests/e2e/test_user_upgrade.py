@@ -571,9 +571,10 @@ def test_a_record_newer_than_this_build_is_refused_naming_its_key_and_left_alone
         assert server.proc.poll() is None
         with GpufedClient(server.target, rolled.tokens["alice"]) as alice:
             assert alice.get(rolled.long_job).phase == RUNNING
+        # Each server learns of the record from its own watch; only the target's was waited for.
         with GpufedClient(server.target, rolled.tokens["bob"]) as bob:
-            assert rolled.waiting_job not in {j.job_id for j in bob.list_all()}
-        assert "stored_record_refused" in server.current_log()
+            wait_for(lambda c=bob: rolled.waiting_job not in {j.job_id for j in c.list_all()}, timeout_s=10)
+        wait_for(lambda s=server: "stored_record_refused" in s.current_log(), timeout_s=10)
     # As an operator would after upgrading: the record back in a form this build reads.
     original = {k: v for k, v in newer.items() if k not in (SCHEMA_FIELD, "later")}
     etcdctl(rolled.etcd.endpoint, "put", key, json.dumps(original))
