@@ -49,6 +49,57 @@ fits its minute with every figure the issue names that a small size can give.
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
 
+- The tick no longer waits for its work (2026-11-30, fourth round). A tick waits at most
+  `TICK_WAIT_S` (1 s) for what it started; dispatches, ended attempts and removals still in flight
+  go on and are committed as they come, and later ticks leave their jobs alone. Dispatches have a
+  lane of slots of their own, so an end no longer queues behind a burst's dispatches; a pending
+  gang is not asked why it waits until it has waited `WAIT_PROBE_S`, and a tick makes no task for
+  it meanwhile. The run now prints the leader's scheduling cycles (from its `/metrics`). In turns,
+  the tree before (A) and after (B, the last rows the final form; the earlier B rows each lack a
+  later step), same moment copies, load at each run's start:
+
+  | run | load | lifecycle (steady) jobs/s | held its GPU | server ms/job | cycles planned |
+  |---|---|---|---|---|---|
+  | --quick A | 9.1 | 44.9 (59.0) | 5.18 s | 7.63 | |
+  | --quick B, 0.2 s wait, one lane | 9.0 | 64.2 (79.9) | 3.43 s | 9.32 | |
+  | --quick B, 0.2 s wait, one lane | 9.4 | 56.5 (92.0) | 4.04 s | 10.00 | |
+  | --quick A | 8.0 | 50.1 (68.8) | 4.41 s | 8.10 | |
+  | --quick B, lanes, 1 s | 7.5 | 80.5 (122.2) | 2.76 s | 7.57 | 34 |
+  | --quick A | 7.4 | 57.6 (106.9) | 3.81 s | 7.22 | 22 |
+  | --quick B final | 17.2 | 43.6 (62.4) | 5.95 s | 9.62 | |
+  | --quick A | 18.1 | 40.4 (66.8) | 5.82 s | 7.73 | |
+  | --quick B final | 17.3 | 34.4 (75.7) | 8.80 s | 9.93 | |
+  | --quick A | 17.5 | 46.0 (78.7) | 4.78 s | 8.00 | |
+  | 100 clusters A | 3.9 | 48.3 (112.9) | 41.5 s | 8.91 | |
+  | 100 clusters B, 0.2 s wait, one lane | 5.9 | 37.7 (42.9) | 44.0 s | 13.53 | |
+  | 100 clusters A | 15.4 | 51.3 (58.4) | 42.3 s | 8.86 | |
+  | 100 clusters B, lanes, 1 s | 7.2 | 73.0 (81.1) | 13.8 s | 10.33 | |
+  | 100 clusters B, lanes, 1 s | 12.3 | 39.3 (43.5) | 50.3 s | 13.35 | |
+  | 100 clusters A | 12.1 | 49.4 (72.0) | 45.7 s | 8.94 | |
+  | 100 clusters B, lanes, 1 s | 7.3 | 37.6 (46.9) | 57.0 s | 12.82 | 61 |
+  | 100 clusters B, + one event, statuses kept | 7.9 | 73.6 (89.2) | 27.7 s | 11.39 | 35 |
+  | 100 clusters A | 8.2 | 89.1 (129.9) | 21.5 s | 7.79 | 13 |
+  | 100 clusters B final | 8.2 | 70.8 (91.8) | 28.7 s | 9.85 | 41 |
+  | 100 clusters A | 6.8 | 101.1 (112.8) | 10.5 s | 8.63 | 17 |
+  | 100 clusters B final, 2.5 s wait | 4.7 | 59.0 (84.8) | 30.6 s | 9.54 | 25 |
+  | 100 clusters B final | 7.2 | 32.8 (40.1) | 60.9 s | 12.72 | 71 |
+
+  What it shows. At 10 clusters at load 7-9 the ends and dispatches no longer wait for
+  each other (a job held its GPU 2.8-4.0 s for a 2 s run against 3.8-5.2 s, 56-81 jobs/s against
+  45-58); under load 17 neither is ahead. At 100 clusters the rate moved 2-3x between runs of the
+  same tree, with how fast the submissions came (180/s spread the work; 460-600/s made a burst of
+  3,200 admissions at once), more than with the change: placed -> dispatched is bound by the
+  dispatch rate (about 100-115 gangs/s, the Kubernetes client's calls on the server's CPU) either way, a
+  burst waiting 15-30 s for it. What the change costs is CPU: 1-4 ms a job more at 100 clusters,
+  almost all of it scheduling cycles. The loop turns about once a second during a burst instead of
+  once a tick of tens of seconds, and each turn plans over every live job (about 0.2 s of the GIL
+  at 4,000 live jobs: py-spy counted 8.2 s of the plan's thread in a run with the change against
+  0.6 s without; 35-71 cycles planned a run against 13-19). Waiting 2.5 s instead of 1 cut the
+  cycles to 25 without a better rate. So, with the waits out of the loop, what bounds the lifecycle
+  at 100 clusters is the server's CPU: dispatch calls and the cycle's cost over the live jobs, the
+  next things to cut (a cycle that plans only when room was freed or jobs arrived, or over what
+  changed; calls to the clusters without a thread hop each).
+
 - An ended attempt's pods from the pod watch (2026-11-30, third round). Where the server's CPU a job
   went, by cProfile on the event loop's thread (`time.thread_time`, a --quick run; py-spy's `--gil`
   sampling at 100 clusters agrees): no function of gpufed's above 3 %; asyncio's own machinery
