@@ -265,6 +265,12 @@ class Reconciler:
         )
         cluster = job.placement.cluster if job.placement is not None else None
         async with self._slots(cluster, dispatch=dispatch):
+            current = self._cache.get(job.job_id)
+            if current is None or current.mod_revision != stored.mod_revision:
+                # Changed while this waited for a slot (a burst's dispatch can wait many seconds):
+                # a cancel, a preemption order. Acting on the old record would call the cluster for
+                # nothing (its commit would lose the compare-and-swap); the next tick reads the new.
+                return False
             committed = await self._reconcile(stored, statuses, lost, fence)
         self._committed += committed
         return committed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -192,3 +193,29 @@ async def test_an_error_of_work_in_flight_is_raised_by_the_next_tick(monkeypatch
         await world._sync()
         assert (await world.job(job)).phase is JobPhase.DISPATCHED
         assert world.cluster.dispatch_count(job, 1) == 1
+
+
+async def test_a_dispatch_that_waited_for_a_slot_acts_on_the_job_as_it_is_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reconciler, "CLUSTER_CONCURRENCY", 1)
+    async with build_world() as world:
+        held = Held(world.cluster)
+        first = await submit(world, a_job("first", gpus=1))
+        second = await submit(world, a_job("second", gpus=1))
+        await _admit(world)
+        await world.reconciler.tick(None)
+        # The cluster's one dispatch slot is held by one of them; the other waits for it.
+        assert len(held.calls) == 1
+        waiting = second if held.calls == [first] else first
+        stored = await world.store.get_job(waiting)
+        assert stored is not None
+        await world.store.commit([(replace(stored.value, cancel_requested=True), stored.mod_revision)])
+        await world._sync()
+        held.release.set()
+        await until(lambda: not world.reconciler._in_flight, "the work in flight done", timeout_s=5)
+        # No gang for the job cancelled while it waited: the cluster was never asked.
+        assert held.calls == [first if waiting == second else second]
+        assert world.cluster.dispatch_count(waiting, 1) == 0
+        await world.step()
+        assert (await world.job(waiting)).phase is JobPhase.CANCELLED
