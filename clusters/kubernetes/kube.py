@@ -102,16 +102,21 @@ def call(
     headers = {"Accept": JSON}
     if body is not None:
         headers["Content-Type"] = content_type
-    request = client.param_serialize(
+    # The body is not handed to `param_serialize`: it is plain JSON already (dicts, lists, strings,
+    # numbers), and the client's walk of it (`sanitize_for_serialization`, a copy of every node)
+    # gives the same bytes for 0.063 ms of CPU a one-pod Volcano Job, against json.dumps' 0.024;
+    # py-spy counted it the largest frame of a gang's create at 100 clusters. The client's REST
+    # layer still serialises and sends it.
+    method, url, header_params, _, post_params = client.param_serialize(
         method=method,
         resource_path=path,
         path_params=path_params or {},
         query_params=[(k, v) for k, v in query if v is not None],
         header_params=headers,
-        body=body,
+        body=None,
         auth_settings=["BearerToken"],
     )
-    response = client.call_api(*request, _request_timeout=timeout)
+    response = client.call_api(method, url, header_params, body, post_params, _request_timeout=timeout)
     if not 200 <= response.status <= 299:
         response.read()
         raise ApiException.from_response(http_resp=response, body=None, data=None)
