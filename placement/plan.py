@@ -37,8 +37,8 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, islice
+from operator import attrgetter, eq
 from typing import Final
 
 from placement.backfill import Hold
@@ -767,12 +767,18 @@ class _Cycle:
 
 
 def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
-    """The gangs by queue time, then job id. Sorted on the queue time alone (floats, which the sort
-    compares fastest, a third of the time of the pair) when no two gangs share it."""
-    times = [g.queued_at_s for g in gangs]
-    if len(set(times)) == len(times):
-        return sorted(gangs, key=_QUEUED_AT)
-    return sorted(gangs, key=_QUEUE_ORDER)
+    """The gangs by queue time, then job id. When no two gangs share a queue time the order is that
+    of the times alone: the positions are sorted on the list of times (floats, which the sort compares
+    fastest, a third of the time of the pair), and the gangs are not read again. A stretch of a deep
+    queue is hundreds of thousands of gangs spread through memory, where each pass that reads them
+    costs 100 to 200 ns a gang in reading alone (sorting on the gangs' times was a second such pass,
+    and a set of the times to find ties cost as much again)."""
+    times = list(map(_QUEUED_AT, gangs))
+    order = sorted(range(len(times)), key=times.__getitem__)
+    in_order = [times[i] for i in order]
+    if any(map(eq, in_order, islice(in_order, 1, None))):
+        return sorted(gangs, key=_QUEUE_ORDER)
+    return [gangs[i] for i in order]
 
 
 def _ruled_out(gang: GangRequest, clusters: Sequence[ClusterName]) -> WaitReason:

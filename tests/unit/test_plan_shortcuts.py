@@ -3,6 +3,8 @@ made the plain way, on the same inputs.
 
 - A wait handed to another job (`Waiting.for_job`) is made without `Waiting`'s guard and then takes
   its class: it is the same value as one made by `Waiting(...)`, and as immutable.
+- A stretch of the queue taken in bulk is put in queue order by sorting the positions on the list of
+  queue times when no two gangs share one (`plan._by_queue_order`): the sort on (time, id).
 - The scheduler maps by id only the jobs the plan names (`scheduler._named`), not every live job:
   the same entries as the full map had for those ids.
 """
@@ -13,6 +15,8 @@ import copy
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from federation.scheduling.scheduler import _named
 from federation.store.job_store import Stored
@@ -21,6 +25,7 @@ from placement.model import (
     Alternative,
     CapacityKind,
     ClusterName,
+    GangRequest,
     GpuType,
     JobId,
     Move,
@@ -32,7 +37,9 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.plan import _by_queue_order
 from tests.conftest import build_job
+from tests.properties import examples
 
 
 def test_a_wait_for_another_job_is_the_value_waiting_makes() -> None:
@@ -102,3 +109,26 @@ def _move(job_id: str) -> Move:
         1.0,
         *(3600.0, 3600.0, 60.0, 24.0, 8.0, 0.5, 15.5, 7200.0),
     )
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 1.0, 1.5, 2.0, 7.25, 1e9]) | st.floats(0, 1e6), max_size=40),
+    st.permutations(list(range(40))),
+)
+def test_a_stretch_in_queue_order_is_the_sort_on_time_and_id(times: list[float], ids: list[int]) -> None:
+    """`plan._by_queue_order` (the positions sorted on the times, when no two gangs share one) is the
+    sort on (queue time, job id): with ties of time and without, in any order."""
+    gangs = [
+        GangRequest(
+            job_id=JobId(f"j{job}"),
+            tenant=TenantId(f"t{job % 3}"),
+            priority=0,
+            queued_at_s=at,
+            replica_gpus=(8,),
+            gpu_types=(GpuType("A100"),),
+        )
+        for at, job in zip(times, ids, strict=False)
+    ]
+    plain = sorted(gangs, key=lambda g: (g.queued_at_s, g.job_id))
+    assert [g.job_id for g in _by_queue_order(gangs)] == [g.job_id for g in plain]
