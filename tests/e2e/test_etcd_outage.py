@@ -18,6 +18,7 @@ import pytest
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from tests.e2e.harness import ServerProcess, manifest, wait_for
+from tests.procstop import wait_until_stopped
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +52,9 @@ def test_an_etcd_outage_fails_calls_cleanly_and_the_server_recovers(
         else:
             assert etcd.pid is not None
             os.kill(etcd.pid, signal.SIGSTOP)
+            # The signal lands asynchronously: on a busy machine etcd stored the submission below
+            # before it stopped (run r7). Hung means every thread stopped.
+            wait_until_stopped(etcd.pid)
         try:
             code, took_s = _refused(
                 lambda: alice.submit(manifest("during", duration="1s"), idempotency_key="during")

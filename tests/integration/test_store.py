@@ -25,6 +25,7 @@ from federation.store.kv_etcd import EtcdKv
 from federation.store.kv_pages import FIRST_PAGE_KEYS, pages
 from federation.store.records import Role, UserRecord
 from placement.model import JobId, JobPhase, TenantId
+from tests.procstop import is_stopped
 
 pytestmark = pytest.mark.integration
 
@@ -310,18 +311,11 @@ async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_pa
             await kv.close()
 
 
-def _thread_states(pid: int) -> list[str]:
-    return [
-        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        for task in Path(f"/proc/{pid}/task").iterdir()
-    ]
-
-
 async def _stopped(pid: int, timeout_s: float = 5.0) -> None:
     """Wait until every thread of `pid` is stopped (state T in /proc)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all(state == "T" for state in _thread_states(pid)):
+        if is_stopped(pid):
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"etcd {pid} did not stop")
