@@ -75,8 +75,12 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         history: HistoryStore | None = None,
+        tenants_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
+        # Called after this service writes or deletes a tenant: the submission path's cached tenants
+        # (`TenantDirectory.forget`) are read again, so this server's next submission sees the write.
+        self._tenants_changed = tenants_changed
         self._security = security
         # Audit records archived to SQL (issue 19); None: etcd's trail only.
         self._history = history
@@ -97,6 +101,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             # The whole tree must stay sound: the parent exists and no cycle appears.
             check_tenant_tree([*others, tenant], "tenant")
             await self._store.put_tenant(tenant)
+            self._tenants_changed()
             await self.audit(who, "tenant_set", tenant.name, req.document[:2000])
             return tenant_to_pb(tenant)
 
@@ -142,6 +147,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
                     "cancel them or let them finish"
                 )
             await self._store.delete_tenant(name)
+            self._tenants_changed()
             await self.audit(who, "tenant_deleted", name)
             return pb.DeleteTenantResponse()
 

@@ -197,6 +197,13 @@ class TenantDirectory:
         await self._refresh()
         return self._settings
 
+    def forget(self) -> None:
+        """Read again at the next call: this server just wrote a tenant, so its own submissions see
+        the change at once (an admin who deletes a tenant, or lowers its limits, is not followed by
+        2 s of submissions on the old record). Other servers, and other API processes, keep the
+        TENANT_REFRESH_S bound."""
+        self._read_at = float("-inf")
+
 
 class FederationServer:
     def __init__(self, config: ServerConfig) -> None:
@@ -286,6 +293,7 @@ class FederationServer:
             cache=self._cache,
             auth=auth,
             metrics=self.metrics,
+            tenants_changed=tenants.forget,
         )
         pb_grpc.add_AdminServiceServicer_to_server(admin, server)
         reports = ReportService(
