@@ -64,6 +64,15 @@ async def _admit(world: World) -> None:
     await world._sync()
 
 
+async def _first_running(world: World) -> JobId:
+    """A 4-GPU job of 5 s, running: the node's GPUs held until it ends."""
+    first = await submit(world, a_job("first", gpus=4, duration="5s"))
+    await world.step()
+    await world.step(1.0)
+    assert (await world.job(first)).phase is JobPhase.RUNNING
+    return first
+
+
 async def test_a_slow_cluster_holds_neither_the_tick_nor_the_other_clusters_dispatches() -> None:
     async with build_world(cluster_count=2) as world:
         onprem, cloud = world.clusters["onprem"], world.clusters["cloud"]
@@ -97,10 +106,7 @@ async def test_an_end_is_recorded_while_its_clusters_dispatches_are_held(
 ) -> None:
     monkeypatch.setattr(reconciler, "CLUSTER_CONCURRENCY", 1)
     async with build_world() as world:
-        first = await submit(world, a_job("first", gpus=4, duration="5s"))
-        await world.step()
-        await world.step(1.0)
-        assert (await world.job(first)).phase is JobPhase.RUNNING
+        first = await _first_running(world)
         held = Held(world.cluster)
         waiting = [await submit(world, a_job(f"next-{i}", gpus=1)) for i in range(3)]
         await _admit(world)
@@ -229,10 +235,7 @@ async def test_an_end_during_a_held_tick_is_noticed_before_it_returns(
 ) -> None:
     monkeypatch.setattr(reconciler, "TICK_HOLD_S", 5.0)
     async with build_world() as world:
-        first = await submit(world, a_job("first", gpus=4, duration="5s"))
-        await world.step()
-        await world.step(1.0)
-        assert (await world.job(first)).phase is JobPhase.RUNNING
+        first = await _first_running(world)
         held = Held(world.cluster)
         waiting = await submit(world, a_job("next", gpus=1))
         await _admit(world)
