@@ -63,6 +63,7 @@ from federation.spec.jobspec import DatasetRef, TrainingJobSpec
 from federation.spec.training_job import manifest_digest, parse_manifest
 from federation.spec.validate import free_text, name_field
 from federation.store.idempotent_retry import accepted_before
+from federation.store.intervals import LedgerInterval
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore, Stored
 from federation.store.jobs import JobRecord
@@ -706,7 +707,10 @@ async def job_cost(
     """`Job.cost_usd` of a job the caller may read: from etcd's ledger while the job is live, from
     the history once archived (revision 0, see `archived_job`); '' when it never ran."""
     job_id = stored.value.job_id
-    if stored.mod_revision == 0 and history is not None:
+    if isinstance(stored, ArchivedStored):
+        # Read with the record (`archived_job`): the history is not asked a second time.
+        intervals = stored.intervals
+    elif stored.mod_revision == 0 and history is not None:
         found = await asyncio.to_thread(history_reads.get_job, history, job_id)
         intervals = () if found is None else found.intervals
     else:
@@ -714,12 +718,23 @@ async def job_cost(
     return job_cost_text(intervals, now_s=now_s)
 
 
-async def archived_job(history: HistoryStore | None, job_id: JobId) -> Stored[JobRecord] | None:
-    """An archived job as the live store gives one; revision 0: it is ended, nobody writes it."""
+class ArchivedStored(Stored[JobRecord]):
+    """An archived job's record as the live store gives one (revision 0: it is ended, nobody writes
+    it), with the ledger intervals read in the same history read, for its cost."""
+
+    __slots__ = ("intervals",)
+
+    def __init__(self, value: JobRecord, intervals: tuple[LedgerInterval, ...]) -> None:
+        super().__init__(value, 0)
+        self.intervals = intervals
+
+
+async def archived_job(history: HistoryStore | None, job_id: JobId) -> ArchivedStored | None:
+    """An archived job as the live store gives one, with its intervals."""
     if history is None:
         return None
     found = await asyncio.to_thread(history_reads.get_job, history, job_id)
-    return None if found is None else Stored(found.record, 0)
+    return None if found is None else ArchivedStored(found.record, found.intervals)
 
 
 def since_filtered(
