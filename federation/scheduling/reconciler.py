@@ -328,21 +328,37 @@ class Reconciler:
             if cached is None or cached.mod_revision >= revision:
                 del self._ahead[job_id]
 
+    def _quiet_gang(
+        self,
+        job: JobRecord,
+        phase: JobPhase,
+        gang_phase: GangPhase,
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None],
+    ) -> GangStatus | None:
+        """The gang of a job in `phase` that nobody asked to stop (no cancel, no preemption), as its
+        cluster reports it, if that is in `gang_phase` and not orphaned; else None."""
+        if job.phase is not phase or job.cancel_requested or job.preemption is not None:
+            return None
+        if job.placement is None:
+            return None
+        gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
+        if gang is None or gang.phase is not gang_phase or gang.orphaned:
+            return None
+        return gang
+
+    def _remember_start(self, job: JobRecord, gang: GangStatus) -> bool:
+        """Keep the gang's start, the one thing `_reconcile` would have taken from a quiet gang."""
+        if gang.started_at_s is not None:
+            self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
+        return True
+
     def _runs_on(self, job: JobRecord, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]) -> bool:
         """A running job whose gang runs on, on a cluster that answers: `_reconcile` would decide and
         write nothing for it (its gang's start aside, remembered here). Most live jobs of a real
         federation are such, for hours; each cost every tick a task, two slots and the keeper's
         hook, a walk of every running job (bench/scale.py), where these few lookups do."""
-        if job.phase is not JobPhase.RUNNING or job.cancel_requested or job.preemption is not None:
-            return False
-        if job.placement is None:
-            return False
-        gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
-        if gang is None or gang.phase is not GangPhase.RUNNING or gang.orphaned:
-            return False
-        if gang.started_at_s is not None:
-            self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
-        return True
+        gang = self._quiet_gang(job, JobPhase.RUNNING, GangPhase.RUNNING, statuses)
+        return gang is not None and self._remember_start(job, gang)
 
     def _waits_on(
         self, job: JobRecord, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
@@ -351,18 +367,12 @@ class Reconciler:
         `_reconcile` would decide and write nothing for it. A burst's thousands of dispatched gangs
         each cost a task and two slots a tick until they ran, the most of the ticks' work once the
         tick no longer waited for the dispatches (bench/scale.py)."""
-        if job.phase is not JobPhase.DISPATCHED or job.cancel_requested or job.preemption is not None:
-            return False
-        if job.placement is None:
-            return False
-        gang = (statuses.get(job.placement.cluster) or {}).get((job.job_id, job.attempt))
-        if gang is None or gang.phase is not GangPhase.PENDING or gang.orphaned or pods_outlive(gang):
+        gang = self._quiet_gang(job, JobPhase.DISPATCHED, GangPhase.PENDING, statuses)
+        if gang is None or pods_outlive(gang):
             return False
         if self._keeper is not None and self._keeper.probe_due(job):
             return False
-        if gang.started_at_s is not None:
-            self._started_at.setdefault((job.job_id, job.attempt), gang.started_at_s)
-        return True
+        return self._remember_start(job, gang)
 
     def _lost_clusters(
         self, statuses: dict[ClusterName, dict[GangKey, GangStatus] | None]
