@@ -232,24 +232,6 @@ class GangRequests:
         self._built[job.job_id] = (job, inputs.version, request)
         return request
 
-    def all(
-        self, jobs: Sequence[JobRecord], inputs: PlacerInputs, between: Callable[[], None] | None = None
-    ) -> list[GangRequest]:
-        """`get` for each job, in order; `between` every few hundred jobs. One loop without a call per
-        kept request: a deep queue's cycle asks for a million, nearly all kept."""
-        built, version = self._built.get, inputs.version
-        out: list[GangRequest] = []
-        append = out.append
-        for index, job in enumerate(jobs):
-            if between is not None and index & 255 == 0:
-                between()
-            hit = built(job.job_id)
-            if hit is not None and hit[0] is job and hit[1] == version:
-                append(hit[2])
-            else:
-                append(self._build(job, inputs))
-        return out
-
     def split(
         self,
         jobs: Sequence[JobRecord],
@@ -257,10 +239,11 @@ class GangRequests:
         held: Collection[str],
         between: Callable[[], None] | None = None,
     ) -> tuple[list[GangRequest], list[JobRecord]]:
-        """The requests of the queued jobs (`all`), but those cancelled or `held`, and the jobs that
-        are not queued, in order; `between` every few hundred jobs. One walk of the jobs for both: a
-        pass over a deep queue's records costs more in reading them from memory (100 to 200 ns a
-        record) than in what it does with each."""
+        """The requests of the queued jobs (`get` for each, without a call per kept request: a deep
+        queue's cycle asks for a million, nearly all kept), but those cancelled or `held`, and the
+        jobs that are not queued, in order; `between` every few hundred jobs. One walk of the jobs
+        for both: a pass over a deep queue's records costs more in reading them from memory (100 to
+        200 ns a record) than in what it does with each."""
         built, version = self._built.get, inputs.version
         out: list[GangRequest] = []
         placed: list[JobRecord] = []

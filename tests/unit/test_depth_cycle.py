@@ -114,7 +114,8 @@ def _job(n: int, *, gpus: int = 8, tenant: str = "vision") -> JobRecord:
 def test_kept_requests_share_one_key_object_per_kind_and_equal_a_fresh_build() -> None:
     requests = GangRequests()
     jobs = [_job(n, gpus=8 if n % 2 else 4) for n in range(6)]
-    built = requests.all(jobs, INPUTS)
+    built, placed = requests.split(jobs, INPUTS, ())
+    assert placed == []  # every job is queued
     assert built[0].decision_key is built[2].decision_key is built[4].decision_key
     assert built[1].decision_key is built[3].decision_key is built[5].decision_key
     assert built[0].decision_key is not built[1].decision_key
@@ -128,7 +129,7 @@ def test_kept_requests_share_one_key_object_per_kind_and_equal_a_fresh_build() -
 def test_kinds_no_kept_request_has_are_forgotten() -> None:
     requests = GangRequests()
     jobs = [_job(n, tenant=f"t{n}") for n in range(3000)]  # a kind each (the tenant is in the key)
-    requests.all(jobs, INPUTS)
+    requests.split(jobs, INPUTS, ())
     assert len(requests._kinds) == 3000
     requests.keep_only({jobs[0].job_id})
     assert len(requests._kinds) == 1
