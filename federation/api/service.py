@@ -445,7 +445,7 @@ class JobService(pb_grpc.JobServiceServicer):
         async def body(who: Principal, req: pb.GetJobRequest) -> pb.Job:
             stored = await self._visible_job(who, req.job_id)
             shown = self._shown(who, stored.value, with_manifest=True)
-            shown.cost_usd = await job_cost(stored, self._ledger, self._history, now_s=self._clock())
+            shown.cost_usd = job_cost(stored, self._ledger, now_s=self._clock())
             return shown
 
         return await self._h.unary("GetJob", request, context, body)
@@ -701,20 +701,14 @@ async def visible_job(
     return stored
 
 
-async def job_cost(
-    stored: Stored[JobRecord], ledger: LedgerCache | None, history: HistoryStore | None, *, now_s: float
-) -> str:
+def job_cost(stored: Stored[JobRecord], ledger: LedgerCache | None, *, now_s: float) -> str:
     """`Job.cost_usd` of a job the caller may read: from etcd's ledger while the job is live, from
-    the history once archived (revision 0, see `archived_job`); '' when it never ran."""
-    job_id = stored.value.job_id
+    the intervals read with its record once archived (`archived_job`, so the history is not asked
+    a second time); '' when it never ran."""
     if isinstance(stored, ArchivedStored):
-        # Read with the record (`archived_job`): the history is not asked a second time.
         intervals = stored.intervals
-    elif stored.mod_revision == 0 and history is not None:
-        found = await asyncio.to_thread(history_reads.get_job, history, job_id)
-        intervals = () if found is None else found.intervals
     else:
-        intervals = () if ledger is None else tuple(ledger.for_job(job_id))
+        intervals = () if ledger is None else tuple(ledger.for_job(stored.value.job_id))
     return job_cost_text(intervals, now_s=now_s)
 
 
