@@ -94,11 +94,9 @@ Prints `figure_name: value unit` lines at the end.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +104,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import server_metrics  # noqa: E402
 from bench.isolation_load import _cpu_seconds, _measure, _submit_many  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
@@ -153,15 +152,6 @@ BOB_JOBS = 20_000
 SHALLOW_JOBS = 400
 QUICK_JOBS = 3_000
 QUICK_SECONDS = 2.5
-
-
-def _cycles(metrics_port: int) -> tuple[float, float, float]:
-    """The scheduler's cycles so far: (count, total seconds, CPU seconds of snapshots and plans)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    count = re.search(r"^gpufed_scheduling_cycle_seconds_count(?:\{[^}]*\})? (\S+)$", text, re.M)
-    total = re.search(r"^gpufed_scheduling_cycle_seconds_sum(?:\{[^}]*\})? (\S+)$", text, re.M)
-    cpu = re.search(r"^gpufed_scheduling_cycle_cpu_seconds_total(?:\{[^}]*\})? (\S+)$", text, re.M)
-    return tuple(float(m.group(1)) if m else 0.0 for m in (count, total, cpu))  # type: ignore[return-value]
 
 
 @dataclass
@@ -285,8 +275,8 @@ def main() -> int:
                 "split_api": api_proc.pid,
                 "split_scheduler": scheduler_proc.pid,
             }
-            cycles_before = _cycles(noisy.metrics_port)
-            split_cycles_before = _cycles(split_fed.metrics_port)
+            cycles_before = server_metrics.cycles(noisy.metrics_port)
+            split_cycles_before = server_metrics.cycles(split_fed.metrics_port)
             cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
             targets = [(fed.front.target, fed.token("alice")) for fed in feds]
             alone, churn, beside, split_alone, split_beside = _measure(
@@ -296,8 +286,8 @@ def main() -> int:
             cpu_share = {
                 name: (_cpu_seconds(pid) - cpu_before[name]) / measured_s for name, pid in processes.items()
             }
-            cycles_after = _cycles(noisy.metrics_port)
-            split_cycles_after = _cycles(split_fed.metrics_port)
+            cycles_after = server_metrics.cycles(noisy.metrics_port)
+            split_cycles_after = server_metrics.cycles(split_fed.metrics_port)
         finally:
             for fed in feds:
                 fed.stop()
@@ -367,7 +357,7 @@ def main() -> int:
 def _per_cycle(
     before: tuple[float, float, float], after: tuple[float, float, float]
 ) -> tuple[float, float, float]:
-    """Cycles between two reads of `_cycles`, and their average seconds and CPU seconds."""
+    """Cycles between two reads of `cycles`, and their average seconds and CPU seconds."""
     cycles = after[0] - before[0]
     if not cycles:
         return 0.0, 0.0, 0.0

@@ -279,6 +279,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import server_metrics  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess, etcdctl_binary  # noqa: E402
 from federation.runtime.sim_process import SimProcess  # noqa: E402
@@ -819,28 +820,20 @@ def placer_offline(quick: bool) -> list[str]:
 # The leader's own account of its scheduling cycles (`/metrics`): how many ran in full, how many the
 # idle gate skipped, and their CPU, which grows with the live jobs and is spent once a loop turn.
 CYCLE_SERIES = {
-    "gpufed_scheduling_cycles_started_total": "scheduling_cycles_started",
-    "gpufed_scheduling_cycle_seconds_count": "scheduling_cycles_planned",
-    "gpufed_scheduling_cycle_seconds_sum": "scheduling_cycles_seconds",
-    "gpufed_scheduling_cycle_cpu_seconds_total": "scheduling_cycles_cpu_s",
+    server_metrics.CYCLES_STARTED: "scheduling_cycles_started",
+    server_metrics.CYCLES_PLANNED: "scheduling_cycles_planned",
+    server_metrics.CYCLES_SECONDS: "scheduling_cycles_seconds",
+    server_metrics.CYCLES_CPU_S: "scheduling_cycles_cpu_s",
 }
 
 
 def scheduling_figures(port: int) -> list[str]:
     """The scheduling cycles' counts and times from the server's `/metrics`, as `name: value` lines."""
-    import urllib.request
-
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+        found = server_metrics.samples(port)
     except OSError as error:
         return [f"scheduling_cycles: not read ({error})"]
-    found = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in CYCLE_SERIES:
-            found[CYCLE_SERIES[name]] = float(value)
-    return [f"{name}: {found[name]:.2f}" for name in CYCLE_SERIES.values() if name in found]
+    return [f"{figure}: {found[series]:.2f}" for series, figure in CYCLE_SERIES.items() if series in found]
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -90,6 +90,7 @@ sys.path.insert(0, str(ROOT))
 
 import structlog  # noqa: E402
 
+from bench import server_metrics  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
@@ -261,20 +262,6 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _cycles(metrics_port: int) -> tuple[float, float, float]:
-    """The scheduler's cycles so far: (count, seconds, CPU seconds)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
-    found = []
-    for pattern in (
-        r"^gpufed_scheduling_cycle_seconds_count(?:\{[^}]*\})? (\S+)$",
-        r"^gpufed_scheduling_cycle_seconds_sum(?:\{[^}]*\})? (\S+)$",
-        r"^gpufed_scheduling_cycle_cpu_seconds_total(?:\{[^}]*\})? (\S+)$",
-    ):
-        m = re.search(pattern, text, re.M)
-        found.append(float(m.group(1)) if m else 0.0)
-    return found[0], found[1], found[2]
-
-
 def rss_mib(pid: int) -> tuple[float, float]:
     """(resident, peak resident) MiB of a process, from /proc."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -314,7 +301,7 @@ class Depth:
 def wait_for_cycle(metrics_port: int, count: float, timeout_s: float) -> bool:
     """Until the server has completed a scheduling cycle more than `count`; False if none did in time."""
     deadline = time.monotonic() + timeout_s
-    while _cycles(metrics_port)[0] <= count:
+    while server_metrics.cycles(metrics_port, timeout_s=30)[0] <= count:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
@@ -324,7 +311,7 @@ def wait_for_cycle(metrics_port: int, count: float, timeout_s: float) -> bool:
 def submit_and_cycle(client: GpufedClient, metrics_port: int, timeout_s: float) -> bool:
     """Submit one job (the next cycle is not skipped as idle: the jobs changed) and wait for a cycle
     to end after it; False if none did within `timeout_s`."""
-    count = _cycles(metrics_port)[0]
+    count = server_metrics.cycles(metrics_port, timeout_s=30)[0]
     client.submit(MANIFEST, idempotency_key=str(uuid.uuid4()))
     return wait_for_cycle(metrics_port, count, timeout_s)
 
@@ -351,11 +338,11 @@ def measure(
         # ended may have begun before them. (Waiting for a cycle without a change would wait for
         # the idle gate's replan, 20 cycles' time: federation.scheduling.idle.)
         timed_out = not submit_and_cycle(client, metrics_port, cycle_timeout_s)
-        before = _cycles(metrics_port)
+        before = server_metrics.cycles(metrics_port, timeout_s=30)
         for _ in range(0 if timed_out else CYCLES):
             if not submit_and_cycle(client, metrics_port, cycle_timeout_s):
                 break
-        after = _cycles(metrics_port)
+        after = server_metrics.cycles(metrics_port, timeout_s=30)
     # A cycle that did not end within the timeout is not timed (nan), never guessed.
     cycles = after[0] - before[0]
     rss, peak = rss_mib(server.proc.pid)

@@ -78,7 +78,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -90,6 +89,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import server_metrics  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
@@ -327,17 +327,6 @@ def _workers_serving(
         time.sleep(0.2)
 
 
-def _scheduler_cpu_s(metrics_port: int) -> float:
-    """The leader's scheduling cycles' CPU so far (snapshot and plan, on their worker thread), from
-    its Prometheus endpoint: how much of the server's CPU the growing queue's re-planning took."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    for line in text.splitlines():
-        if line.startswith("gpufed_scheduling_cycle_cpu_seconds_total "):
-            return float(line.split()[1])
-    return 0.0
-
-
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -497,13 +486,13 @@ def main() -> int:
                     stderr=subprocess.DEVNULL,
                 )
             cpu_before = {name: _cpu_seconds(pid) for name, pid in watched.items() if pid}
-            scheduler_before = sum(_scheduler_cpu_s(port) for port in metrics_ports)
+            scheduler_before = sum(server_metrics.cycles(port)[2] for port in metrics_ports)
             results = [out.get(timeout=seconds + 120) for _ in procs]
             cpu_used = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in watched.items() if pid}
             rss_mib = {
                 name: _rss_mib(pid) for name, pid in watched.items() if pid and name.startswith("server")
             }
-            scheduler_used = sum(_scheduler_cpu_s(port) for port in metrics_ports) - scheduler_before
+            scheduler_used = sum(server_metrics.cycles(port)[2] for port in metrics_ports) - scheduler_before
             if profiler is not None:
                 profiler.wait(timeout=120)
             for p in procs:
