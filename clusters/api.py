@@ -270,6 +270,12 @@ class ClusterBackend(Protocol):
         """Every gang this cluster knows of, finished ones included until they are deleted."""
         ...
 
+    async def observe(self) -> tuple[Sequence[GangStatus], ClusterState]:
+        """`statuses()` and `inventory()` as of one instant: a pod bound between two separate reads
+        would be unbound in one and hold its GPUs in the other. The scheduler's cycle reads both
+        this way, as it holds back exactly the GPUs of live gangs that the inventory does not show."""
+        ...
+
     async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
         """Stop the gang (if it runs) and delete its objects, with every pod, service and pod group
         of the attempt that outlived its gang object. Cancelling a missing gang is fine."""

@@ -199,6 +199,9 @@ class InMemoryCluster:
     async def inventory(self) -> ClusterState:
         self._check_reachable()
         self._now()
+        return self._inventory_view()
+
+    def _inventory_view(self) -> ClusterState:
         if self._inventory is None:
             self._inventory = ClusterState(
                 name=self._name,
@@ -254,9 +257,19 @@ class InMemoryCluster:
     async def statuses(self) -> Sequence[GangStatus]:
         self._check_reachable()
         self._now()
+        return self._statuses_view()
+
+    def _statuses_view(self) -> tuple[GangStatus, ...]:
         if self._statuses is None:
             self._statuses = tuple(self._status_of.values())
         return self._statuses
+
+    async def observe(self) -> tuple[Sequence[GangStatus], ClusterState]:
+        # One advance of the clock for both: a gang that ended between two would be running in the
+        # statuses and gone from the inventory.
+        self._check_reachable()
+        self._now()
+        return self._statuses_view(), self._inventory_view()
 
     async def cancel(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
         """Cancel a running gang (it stays listed as CANCELLED); a finished gang is deleted instead."""

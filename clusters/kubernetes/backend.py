@@ -217,14 +217,39 @@ class KubernetesBackend:
 
     async def inventory(self) -> ClusterState:
         """From the watch cache; an API silent past the threshold gives `reachable=False`."""
+        reachable = await self._inventory_reachable()
+        return self._inventory_of(self._nodes.snapshot(), self._pods.snapshot(), reachable)
+
+    async def statuses(self) -> Sequence[GangStatus]:
+        await self._require_gang_cache()
+        return self._statuses_of(self._nodes.snapshot(), self._pods.snapshot())
+
+    async def observe(self) -> tuple[Sequence[GangStatus], ClusterState]:
+        """The gangs' statuses and the inventory from one look at the node and pod caches.
+
+        The watch threads change the caches at any moment, so two separate reads can straddle a
+        pod's binding: the statuses call it unbound (the federation holds its GPUs back) while the
+        inventory already counts it used. The cycle then saw those GPUs taken twice, and under
+        burst-now sent a gang to a cloud while private GPUs stood free
+        (tests/e2e/test_replay_agreement.py)."""
+        await self._require_gang_cache()
+        reachable = await self._inventory_reachable()
+        nodes, pods = self._nodes.snapshot(), self._pods.snapshot()
+        return self._statuses_of(nodes, pods), self._inventory_of(nodes, pods, reachable)
+
+    async def _inventory_reachable(self) -> bool:
         reachable = self.reachable
         if reachable and not (self._nodes.synced.is_set() and self._pods.synced.is_set()):
             reachable = await self._wait(self._nodes, self._pods)
-        key = (self._nodes.version, self._pods.version, reachable)
+        return reachable
+
+    def _inventory_of(
+        self, nodes_seen: tuple[int, list[NodeInfo]], pods_seen: tuple[int, list[PodInfo]], reachable: bool
+    ) -> ClusterState:
+        key = (nodes_seen[0], pods_seen[0], reachable)
         if self._inventory_memo is not None and self._inventory_memo[0] == key:
             return self._inventory_memo[1]
-        _, nodes = self._nodes.snapshot()
-        _, pods = self._pods.snapshot()
+        nodes, pods = nodes_seen[1], pods_seen[1]
         for gpu_type, kind in unpriced(nodes, self._prices):
             if (gpu_type, kind) not in self._warned_unpriced:
                 self._warned_unpriced.add((gpu_type, kind))
@@ -244,20 +269,19 @@ class KubernetesBackend:
         self._inventory_memo = (key, state)
         return state
 
-    async def statuses(self) -> Sequence[GangStatus]:
-        await self._require_gang_cache()
+    def _statuses_of(
+        self, nodes_seen: tuple[int, list[NodeInfo]], pods_seen: tuple[int, list[PodInfo]]
+    ) -> tuple[GangStatus, ...]:
         now_s = time.time()
         self._tombstones.expire(now_s)
         vc = self._vcjobs.version if self._vcjobs is not None else 0
         # Nodes count too: a running gang's shares are positions in the inventory's node lists.
-        key = (self._jobs.version, vc, self._pods.version, self._tombstones.version, self._nodes.version)
+        key = (self._jobs.version, vc, pods_seen[0], self._tombstones.version, nodes_seen[0])
         if self._statuses_memo is not None and self._statuses_memo[0] == key:
             return self._statuses_memo[1]
         gangs = self._gangs()
-        _, pods = self._pods.snapshot()
-        _, nodes = self._nodes.snapshot()
-        positions = node_positions(pool_layout(nodes, self._prices))
-        summaries = summarize_pods(pods)
+        positions = node_positions(pool_layout(nodes_seen[1], self._prices))
+        summaries = summarize_pods(pods_seen[1])
         found = gang_statuses(gangs.values(), summaries, now_s=now_s, positions=positions)
         orphans = orphan_statuses(summaries, gangs.values(), self._tombstones.by_key())
         reported = gangs.keys() | {(o.job_id, o.attempt) for o in orphans}

@@ -202,14 +202,14 @@ class MemberClusters:
         return 120.0 if record is None else record.unreachable_grace_s
 
     async def inventories(self) -> list[ClusterState]:
-        states = []
-        for name in self.names:
-            try:
-                states.append(self._capable(self._backends[name], await self._backends[name].inventory()))
-            except ClusterError as error:
-                log.warning("cluster_inventory_failed", cluster=name, error=str(error))
-                states.append(_unreachable_state(self._records[name]))
-        return states
+        return [await self._inventory_of(name) for name in self.names]
+
+    async def _inventory_of(self, name: ClusterName) -> ClusterState:
+        try:
+            return self._capable(self._backends[name], await self._backends[name].inventory())
+        except ClusterError as error:
+            log.warning("cluster_inventory_failed", cluster=name, error=str(error))
+            return _unreachable_state(self._records[name])
 
     @staticmethod
     def _capable(backend: ClusterBackend, state: ClusterState) -> ClusterState:
@@ -225,16 +225,39 @@ class MemberClusters:
 
     async def statuses(self) -> dict[ClusterName, dict[GangKey, GangStatus] | None]:
         """Each cluster's gangs by (job, attempt); None for a cluster that did not answer."""
-        result: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
+        return {name: await self._statuses_of(name) for name in self.names}
+
+    async def observe(
+        self,
+    ) -> tuple[dict[ClusterName, dict[GangKey, GangStatus] | None], list[ClusterState]]:
+        """`statuses()` and `inventories()`, each cluster's pair as of one instant (`ClusterBackend.observe`):
+        the scheduler holds back a live gang's GPUs that the inventory does not show, and two reads
+        apart let a pod bound between them count twice. A cluster that does not answer the pair is
+        read as before, each half on its own, so its inventory still says how it stands."""
+        statuses: dict[ClusterName, dict[GangKey, GangStatus] | None] = {}
+        states: list[ClusterState] = []
         for name in self.names:
+            backend = self._backends[name]
             try:
-                gangs = await self._backends[name].statuses()
-            except ClusterError as error:
-                log.warning("cluster_status_failed", cluster=name, error=str(error))
-                result[name] = None
+                gangs, state = await backend.observe()
+            except ClusterError:
+                statuses[name] = await self._statuses_of(name)
+                states.append(await self._inventory_of(name))
                 continue
-            known = self._by_key.get(name)
-            if known is None or known[0] is not gangs:
-                known = self._by_key[name] = (gangs, {(s.job_id, s.attempt): s for s in gangs})
-            result[name] = known[1]
-        return result
+            statuses[name] = self._keyed(name, gangs)
+            states.append(self._capable(backend, state))
+        return statuses, states
+
+    async def _statuses_of(self, name: ClusterName) -> dict[GangKey, GangStatus] | None:
+        try:
+            gangs = await self._backends[name].statuses()
+        except ClusterError as error:
+            log.warning("cluster_status_failed", cluster=name, error=str(error))
+            return None
+        return self._keyed(name, gangs)
+
+    def _keyed(self, name: ClusterName, gangs: Sequence[GangStatus]) -> dict[GangKey, GangStatus]:
+        known = self._by_key.get(name)
+        if known is None or known[0] is not gangs:
+            known = self._by_key[name] = (gangs, {(s.job_id, s.attempt): s for s in gangs})
+        return known[1]

@@ -324,12 +324,12 @@ class Scheduler:
         started = time.perf_counter()
         live = self._cache.live_jobs()
         inputs = await self._inputs.read()
-        # Statuses read with the inventory, not the reconciler's from up to a tick ago: the snapshot
-        # holds back the GPUs of dispatched gangs whose pods the inventory does not show yet, and a
-        # stale status would count a gang bound since then twice. Read first, so a pod bound between
-        # the two reads is counted twice (less free capacity for a cycle), never missed.
-        statuses = await self._members.statuses()
-        inventories = await self._members.inventories()
+        # Statuses read with the inventory, from the same look at each cluster, not the reconciler's
+        # from up to a tick ago: the snapshot holds back the GPUs of live gangs whose pods the
+        # inventory does not show yet, and a status older than the inventory counted a pod bound
+        # since then twice (less free capacity: under burst-now a gang went to a cloud while private
+        # GPUs stood free).
+        statuses, inventories = await self._members.observe()
         if self._capacity is not None:
             inventories = self._capacity.with_scalable_pools(inventories)
         now = self._clock()

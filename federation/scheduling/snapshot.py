@@ -174,23 +174,33 @@ def unbound_replica_gpus(
 ) -> tuple[int, ...]:
     """The GPUs per replica that `job` is promised on its cluster but the inventory does not yet show.
 
-    Admitted and staging gangs are not on the cluster at all. A dispatched gang is on it, but until
+    Admitted and staging gangs are not on the cluster yet. A dispatched gang is on it, but until
     its pods are bound to nodes the inventory counts none of its GPUs: without holding them back, the
     next cycle admitted a second gang into the same GPUs, and that gang sat pending behind work that
     could run for hours. The same holds for a gang already reported running, whose pods the pod
     watch (from which the inventory is computed) has not caught up with yet. Once the cluster
     reports pods on nodes, only the rest is held back.
+
+    A record still admitted or staging may already have its gang on the cluster: the reconciler
+    writes DISPATCHED after the cluster took the gang, and its pods can be bound by the time the
+    cycle looks. `status` (read with the inventory, `ClusterBackend.observe`) is then this very
+    attempt's, and only what it does not show bound is held back; holding all of it counted the
+    bound pods twice, and burst-now sent the next gang to a cloud while private GPUs stood free.
     """
     if job.phase in _PENDING_PHASES:
-        return job.spec.replica_gpus
-    if job.phase not in (JobPhase.DISPATCHED, JobPhase.RUNNING) or not cluster_answered:
+        if status is None or not cluster_answered or status.phase.is_final:
+            # Not on the cluster yet (or pods seen before their gang object, reported orphaned).
+            return job.spec.replica_gpus
+    elif job.phase not in (JobPhase.DISPATCHED, JobPhase.RUNNING) or not cluster_answered:
         # A silent cluster's inventory offers nothing to protect.
         return ()
-    if status is None:
+    elif status is None:
         # Created but not yet seen by the cluster's watch; a running gang that vanished is the
         # reconciler's to handle.
         return job.spec.replica_gpus if job.phase is JobPhase.DISPATCHED else ()
-    if status.phase.is_final or status.bound_gpus is None:
+    elif status.phase.is_final:
+        return ()
+    if status.bound_gpus is None:
         return ()
     bound = status.bound_gpus
     remaining: list[int] = []

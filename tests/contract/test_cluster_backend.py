@@ -138,6 +138,26 @@ async def test_inventory_shows_the_gpus_a_running_gang_uses(subject: Subject) ->
     await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
 
 
+async def test_observe_gives_the_statuses_and_the_inventory_as_the_two_reads_do(subject: Subject) -> None:
+    """`observe` is the pair of `statuses()` and `inventory()` as of one instant: at rest the same
+    values (that the pair is from one instant is shown in tests/integration, by a binding made to
+    land between two looks)."""
+    needs_simulation(subject)
+    gang = a_gang("observed-1", replicas=2, gpus=4, duration_s=30.0)
+    await subject.backend.dispatch(gang)
+    await wait_phase(subject.backend, gang, GangPhase.RUNNING)
+
+    async def settled() -> bool:
+        status = await status_of(subject.backend, gang)
+        return status is not None and status.bound_gpus in (None, gang.gpu_count)
+
+    await eventually(settled, what="the gang's pods bound")
+    statuses, state = await subject.backend.observe()
+    assert set(statuses) == set(await subject.backend.statuses())
+    assert state == await subject.backend.inventory()
+    await subject.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
 async def test_cancel_stops_the_gang_and_frees_its_gpus(subject: Subject) -> None:
     needs_simulation(subject)
     gang = a_gang("stop-1", replicas=2, gpus=8, duration_s=60.0)

@@ -25,9 +25,11 @@ from clusters.api import ClusterUnreachable, GangPhase, GangRejected, GangWorklo
 from clusters.kubernetes import KubernetesBackend
 from clusters.kubernetes.names import object_name
 from clusters.sim import SimCluster
-from placement.model import CapacityKind, GpuType, JobId, NodeShare
+from federation.scheduling.snapshot import unbound_replica_gpus
+from placement.model import CapacityKind, GpuType, JobId, JobPhase, NodeShare
+from tests.conftest import build_job
 from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
-from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, wait_phase
+from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, total_gpus, wait_phase
 from tests.contract.simulated import running_sim
 
 # Every test here checks that the backend it closed left no thread behind.
@@ -196,6 +198,44 @@ async def test_a_pending_gang_says_how_many_of_its_gpus_are_bound_to_nodes(world
 
     await eventually(lambda: reported(hog, GangPhase.RUNNING, 16), what="the running gang's 16 bound GPUs")
     await eventually(lambda: reported(waiting, GangPhase.PENDING, 0), what="the waiting gang with none bound")
+
+
+async def test_a_pod_bound_between_two_looks_is_counted_once_by_observe(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler holds back a live gang's GPUs that its status does not show bound, and the
+    inventory counts bound pods used: read apart, a binding between the two counted the gang twice
+    (the replay-agreement failure, where burst-now sent a gang to a cloud with private GPUs free).
+    The watch thread is made to apply the binding between the backend's first and second look at
+    the pod cache; `observe` must look once."""
+    before = world.backend._pods.snapshot()
+    gang = a_gang("between-1", replicas=1, gpus=8, duration_s=60.0)
+    await world.backend.dispatch(gang)
+    await eventually(
+        lambda: _bound(world, gang, 8), what="the gang's pod bound to a node in the backend's caches"
+    )
+    looks: list[int] = []
+    real = world.backend._pods.snapshot
+
+    def binding_lands_after_the_first_look() -> Any:
+        looks.append(1)
+        return before if len(looks) == 1 else real()
+
+    monkeypatch.setattr(world.backend._pods, "snapshot", binding_lands_after_the_first_look)
+    statuses, state = await world.backend.observe()
+    (status,) = [s for s in statuses if (s.job_id, s.attempt) == (gang.job_id, gang.attempt)]
+    record = build_job(gang.job_id, gpus=8, gpu="H100", phase=JobPhase.DISPATCHED)
+    held_back = sum(unbound_replica_gpus(record, True, status))
+    used = total_gpus(state, H100, ON_DEMAND) - free_gpus(state, H100, ON_DEMAND)
+    assert held_back + used == 8, f"held back {held_back} and counted {used} used: the gang's 8 GPUs once"
+    await world.backend.cancel(gang.job_id, gang.attempt, 0.0)
+
+
+async def _bound(world: World, gang: GangWorkload, gpus: int) -> bool:
+    status = await status_of(world.backend, gang)
+    state = await world.backend.inventory()
+    used = total_gpus(state, H100, ON_DEMAND) - free_gpus(state, H100, ON_DEMAND)
+    return status is not None and status.bound_gpus == gpus and used == gpus
 
 
 async def test_capacity_changes_arrive_by_watch_without_listing_again(world: World) -> None:

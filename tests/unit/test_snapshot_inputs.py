@@ -262,6 +262,34 @@ def _seen(phase: GangPhase, bound_gpus: int | None) -> GangStatus:
         pytest.param(JobPhase.ADMITTED, True, None, (4, 4), id="admitted-not-on-the-cluster-yet"),
         pytest.param(JobPhase.STAGING, True, None, (4, 4), id="staging-not-on-the-cluster-yet"),
         pytest.param(JobPhase.DISPATCHED, True, None, (4, 4), id="dispatched-not-seen-by-the-watch-yet"),
+        # The reconciler writes DISPATCHED after the cluster took the gang: a record read as admitted
+        # can have its pods bound already, and the inventory counts those.
+        pytest.param(
+            JobPhase.ADMITTED, True, _seen(GangPhase.PENDING, 4), (4,), id="admitted-record-gang-half-bound"
+        ),
+        pytest.param(
+            JobPhase.ADMITTED, True, _seen(GangPhase.RUNNING, 8), (), id="admitted-record-gang-all-bound"
+        ),
+        pytest.param(
+            JobPhase.STAGING, True, _seen(GangPhase.PENDING, 0), (4, 4), id="staging-record-gang-unbound"
+        ),
+        pytest.param(
+            JobPhase.ADMITTED,
+            True,
+            _seen(GangPhase.RUNNING, None),
+            (),
+            id="admitted-record-on-a-backend-that-accounts-gangs-at-once",
+        ),
+        pytest.param(
+            JobPhase.ADMITTED,
+            True,
+            _seen(GangPhase.CANCELLED, None),
+            (4, 4),
+            id="admitted-pods-seen-before-their-gang-object",
+        ),
+        pytest.param(
+            JobPhase.ADMITTED, False, None, (4, 4), id="admitted-to-a-silent-cluster-still-promised"
+        ),
         pytest.param(
             JobPhase.DISPATCHED, True, _seen(GangPhase.PENDING, 0), (4, 4), id="dispatched-pods-unbound"
         ),
