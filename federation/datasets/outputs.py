@@ -54,7 +54,7 @@ from federation.errors import Conflict, GpufedError
 from federation.spec.jobspec import OutputSpec
 from federation.store.job_store import JobStore
 from federation.store.jobs import JobRecord
-from federation.store.kv import KeyValueStore
+from federation.store.kv import Compare, KeyValueStore, Put
 from federation.store.schema_version import dumps, loads
 from placement.model import JobPhase, TenantId
 
@@ -76,6 +76,10 @@ class OutputState(StrEnum):
     REGISTERED = "registered"
     REFUSED = "refused"
     NOT_REGISTERED = "not_registered"  # failed or cancelled: partial output is never registered
+
+
+# What no later pass changes: the archiver may move the job once each output is in one of these.
+SETTLED_STATES = frozenset({OutputState.REGISTERED, OutputState.REFUSED, OutputState.NOT_REGISTERED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,19 +142,31 @@ def _key(job_id: str, index: int) -> bytes:
 
 
 class OutputRecords:
+    """Each output's record, written only over the version its writer read (`settle`): the servers'
+    registrars and the leader's archiver settle the same records, and the last write must never
+    turn a registered version into a refused one, or the reverse."""
+
     def __init__(self, kv: KeyValueStore) -> None:
         self._kv = kv
 
     async def get(self, job_id: str, index: int) -> OutputRecord | None:
+        return (await self.read(job_id, index))[0]
+
+    async def read(self, job_id: str, index: int) -> tuple[OutputRecord | None, int]:
+        """The record and its mod revision (0: none), for `settle`."""
         kv = await self._kv.get(_key(job_id, index))
         if kv is None:
-            return None
+            return None, 0
         d = loads(kv.value, kv.key)
-        return OutputRecord(
+        record = OutputRecord(
             OutputState(d["state"]), d["dataset"], d["version"], d["store"], d["prefix"], d["reason"]
         )
+        return record, kv.mod_revision
 
-    async def put(self, job_id: str, index: int, record: OutputRecord) -> None:
+    async def settle(self, job_id: str, index: int, record: OutputRecord, read_at: int) -> OutputRecord:
+        """Write `record` unless the record changed since it was read at mod revision `read_at` (0:
+        absent). Returns what stands: `record`, or the settled record another writer put first."""
+        key = _key(job_id, index)
         body = {
             "state": record.state.value,
             "dataset": record.dataset,
@@ -159,7 +175,18 @@ class OutputRecords:
             "prefix": record.prefix,
             "reason": record.reason,
         }
-        await self._kv.put(_key(job_id, index), dumps(body, sort_keys=True))
+        guard = Compare.absent(key) if read_at == 0 else Compare.mod_revision_is(key, read_at)
+        result = await self._kv.txn([guard], [Put(key, dumps(body, sort_keys=True))])
+        if result.succeeded:
+            return record
+        now, _ = await self.read(job_id, index)
+        if now is not None and now.state in SETTLED_STATES:
+            return now
+        raise OutputRaced(f"output {index} of job {job_id}: its record changed while it was being settled")
+
+
+class OutputRaced(GpufedError):
+    """An output record changed under its writer without being settled: retried at the next pass."""
 
 
 class Refused(Exception):
@@ -202,8 +229,8 @@ class Registrar:
         assert job.phase is JobPhase.SUCCEEDED
         results = []
         for index, output in enumerate(job.spec.outputs):
-            held = await self.records.get(job.job_id, index)
-            if held is not None and held.state in (OutputState.REGISTERED, OutputState.REFUSED):
+            held, read_at = await self.records.read(job.job_id, index)
+            if held is not None and held.state in SETTLED_STATES:
                 results.append(held)
                 continue
             try:
@@ -213,8 +240,7 @@ class Registrar:
                     OutputState.REFUSED, output.dataset, version_of(output, job.job_id), reason=str(refused)
                 )
                 log.warning("output_refused", job_id=job.job_id, dataset=output.dataset, reason=str(refused))
-            await self.records.put(job.job_id, index, record)
-            results.append(record)
+            results.append(await self.records.settle(job.job_id, index, record, read_at))
         return results
 
     async def _store_of(self, job: JobRecord) -> str:

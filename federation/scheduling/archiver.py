@@ -53,7 +53,14 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from federation.datasets.outputs import OutputRecord, OutputRecords, OutputState, version_of
+from federation.datasets.outputs import (
+    SETTLED_STATES,
+    OutputRaced,
+    OutputRecord,
+    OutputRecords,
+    OutputState,
+    version_of,
+)
 from federation.errors import InvalidArgument, NotLeader
 from federation.history.config import HistorySettings
 from federation.history.model import ArchivedAttempt, ArchivedAudit, ArchivedJob, KeptLog, WaitSnapshot
@@ -115,8 +122,6 @@ def due_jobs(jobs: Sequence[Stored[JobRecord]], *, now_s: float, retain_s: float
 
 # How long past `retainInEtcd` a succeeded job waits in etcd for its outputs to be registered.
 OUTPUT_HOLD_S = 7 * 24 * 3600.0
-# The output states after which nothing more will happen to an output.
-SETTLED_OUTPUTS = frozenset({OutputState.REGISTERED, OutputState.REFUSED, OutputState.NOT_REGISTERED})
 
 
 def summary_key(job_id: str, attempt: int) -> bytes:
@@ -304,23 +309,27 @@ class Archiver:
                 continue
             unsettled = []
             for index, output in enumerate(job.spec.outputs):
-                record = await records.get(job.job_id, index)
-                if record is None or record.state not in SETTLED_OUTPUTS:
-                    unsettled.append((index, output, record))
+                record, read_at = await records.read(job.job_id, index)
+                if record is None or record.state not in SETTLED_STATES:
+                    unsettled.append((index, output, record, read_at))
             if not unsettled:
                 kept.append(stored)
             elif ended_at_s(job) < give_up_before_s:
-                for index, output, record in unsettled:
-                    dataset = record.dataset if record is not None else output.dataset
-                    reason = "not registered before the job was archived; submit the job again to make it"
-                    await records.put(
-                        job.job_id,
-                        index,
-                        OutputRecord(
+                abandoned = 0
+                try:
+                    for index, output, record, read_at in unsettled:
+                        dataset = record.dataset if record is not None else output.dataset
+                        reason = "not registered before the job was archived; submit the job again to make it"
+                        refused = OutputRecord(
                             OutputState.REFUSED, dataset, version_of(output, job.job_id), reason=reason
-                        ),
-                    )
-                log.warning("outputs_abandoned", job_id=job.job_id, outputs=len(unsettled))
+                        )
+                        # Over what was read only: a registrar that registered it meanwhile wins.
+                        abandoned += await records.settle(job.job_id, index, refused, read_at) is refused
+                except OutputRaced:
+                    held += 1
+                    continue
+                if abandoned:
+                    log.warning("outputs_abandoned", job_id=job.job_id, outputs=abandoned)
                 kept.append(stored)
             else:
                 held += 1

@@ -32,7 +32,7 @@ from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_t
 from federation.store.job_cache import JobCache
 from federation.store.job_store import IDEM, JOBS, WAITS, Fence, KvStore, job_key
 from federation.store.jobs import JobPlacement, JobRecord, PhaseEvent
-from federation.store.kv import Txn, TxnResult
+from federation.store.kv import KeyValue, Txn, TxnResult
 from federation.store.kv_etcd import EtcdKv
 from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, TenantId
 from placement.model_plan import WaitCode, WaitReason
@@ -603,8 +603,8 @@ async def test_a_succeeded_jobs_outputs_are_settled_before_it_leaves_etcd(world:
     await seed_ended(w.store, "failed", ended_at_s=OLD, outputs=out, phase=JobPhase.FAILED)
     last = await seed_ended(w.store, "given-up", ended_at_s=OLD - OUTPUT_HOLD_S, outputs=out)
     records = OutputRecords(w.kv)
-    await records.put("settled", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "settled"))
-    await records.put("waiting", 0, OutputRecord(OutputState.REGISTERING, "t1/ckpt", "waiting"))
+    await records.settle("settled", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "settled"), 0)
+    await records.settle("waiting", 0, OutputRecord(OutputState.REGISTERING, "t1/ckpt", "waiting"), 0)
     await w.synced(last)
 
     report = await w.archiver().archive_once(w.fence)
@@ -621,7 +621,48 @@ async def test_a_succeeded_jobs_outputs_are_settled_before_it_leaves_etcd(world:
     assert registered.state is OutputState.REGISTERED
 
     # Registered at last: the next pass takes it.
-    await records.put("waiting", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "waiting"))
+    _, read_at = await records.read("waiting", 0)
+    await records.settle("waiting", 0, OutputRecord(OutputState.REGISTERED, "t1/ckpt", "waiting"), read_at)
     again = await w.archiver().archive_once(w.fence)
     assert again.jobs_archived == 1
     assert await etcd_keys(w.kv, JOBS) == []
+
+
+class RegistersAfterTheRead:
+    """etcd, where another server's registrar registers the job's output between the archiver's
+    read of its record and the archiver's write of the refusal."""
+
+    def __init__(self, kv: EtcdKv, key: bytes) -> None:
+        self._kv, self._key, self.raced = kv, key, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._kv, name)
+
+    async def get(self, key: bytes) -> KeyValue | None:
+        found = await self._kv.get(key)
+        if key == self._key and not self.raced:
+            self.raced = True
+            records = OutputRecords(self._kv)
+            done = OutputRecord(OutputState.REGISTERED, "t1/ckpt", "late", "onprem", "runs/late/a1/")
+            await records.settle("late", 0, done, 0 if found is None else found.mod_revision)
+        return found
+
+
+async def test_a_refusal_never_overwrites_a_registration_made_after_the_archiver_read(world: World) -> None:
+    """The registrars run on every server and the archiver on the leader: both settle the same
+    record. A plain put let the archiver's "not registered before the job was archived" land over
+    a version registered a moment before, so the registry held the version while its job said it
+    was refused."""
+    out = (OutputSpec(dataset="ckpt", path="runs/"),)
+    last = await seed_ended(world.store, "late", ended_at_s=OLD - OUTPUT_HOLD_S, outputs=out)
+    await world.synced(last)
+    racing = RegistersAfterTheRead(world.kv, b"/gpufed/outputs/late/0")
+    records = OutputRecords(world.kv)
+
+    report = await world.archiver(racing).archive_once(world.fence)  # type: ignore[arg-type]
+
+    assert racing.raced, "the registration did not land between the read and the write"
+    settled = await records.get("late", 0)
+    assert settled is not None
+    assert settled.state is OutputState.REGISTERED, settled
+    assert report.jobs_archived == 1
