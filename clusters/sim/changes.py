@@ -30,11 +30,17 @@ class EventType(StrEnum):
     ERROR = "ERROR"
 
 
+# What a JSON object's values mostly are: returned as they are, without a call each. A quarter of
+# the simulator's CPU in bench/scale.py was `clone`, most of it the call per string leaf; this form
+# copies a pod in 20 us instead of 28.
+_LEAVES = frozenset({str, int, bool, float, type(None)})
+
+
 def _clone(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
+        return {k: v if type(v) in _LEAVES else _clone(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clone(v) for v in value]
+        return [v if type(v) in _LEAVES else _clone(v) for v in value]
     return value
 
 

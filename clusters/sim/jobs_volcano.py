@@ -319,7 +319,9 @@ class VolcanoJobController:
                     "priorityClassName": spec.get("priorityClassName", ""),
                 },
             }
-            self._store.create(POD_GROUPS, self._admission.admit_create(POD_GROUPS, group, namespace))
+            self._store.create(
+                POD_GROUPS, self._admission.admit_create(POD_GROUPS, group, namespace, owned=True)
+            )
         plugins = spec.get("plugins") or {}
         if "svc" in plugins and self._store.get(SERVICES, namespace, name) is None:
             svc = {
@@ -331,7 +333,7 @@ class VolcanoJobController:
                     "ports": [{"name": "placeholder-volcano", "port": 1, "protocol": "TCP", "targetPort": 1}],
                 },
             }
-            self._store.create(SERVICES, self._admission.admit_create(SERVICES, svc, namespace))
+            self._store.create(SERVICES, self._admission.admit_create(SERVICES, svc, namespace, owned=True))
 
     def _create_missing(self, job: Obj, existing: set[str]) -> list[Obj]:
         created: list[Obj] = []
@@ -341,7 +343,7 @@ class VolcanoJobController:
                 if name not in existing:
                     try:
                         pod = self._admission.admit_create(
-                            PODS, pod_for(job, task, index, name), job["metadata"]["namespace"]
+                            PODS, pod_for(job, task, index, name), job["metadata"]["namespace"], owned=True
                         )
                     except ApiError as error:
                         # Refused at admission (Pod Security): reported on the job, as Volcano does.

@@ -75,7 +75,8 @@ class Lifecycle:
         if propagation == FOREGROUND and dependents:
             if podstatus.is_deleting(obj):
                 return obj
-            marked = clone(obj)
+            # Only its metadata changes: the rest (a Volcano Job's whole spec) is shared.
+            marked = edit(obj)
             m = marked["metadata"]
             m["deletionTimestamp"] = rfc3339(self._clock.wall_s())
             m["deletionGracePeriodSeconds"] = 0

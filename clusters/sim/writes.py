@@ -76,7 +76,8 @@ class Writes:
 
     def create(self, rt: ResourceType, namespace: str | None, body: Any, query: Mapping[str, str]) -> Obj:
         dry = dry_run(query)
-        obj = self._engine.admission.admit_create(rt, body, namespace)
+        # The request's body, parsed for this create alone (ApiServer._create).
+        obj = self._engine.admission.admit_create(rt, body, namespace, owned=True)
         apply.record_update(obj, None, query, "Update")
         return self._engine.store.create(rt, obj, dry_run=dry)
 
