@@ -86,3 +86,37 @@ async def test_dispatches_are_bounded_per_cluster_and_clusters_go_on_together(
         assert seen.peak == {"onprem": 3, "cloud": 3}
         # Neither waited for the other: both clusters had their three calls in flight at once.
         assert seen.peak_all == 6
+
+
+async def test_a_stale_gang_the_cluster_is_deleting_is_not_asked_to_go_again() -> None:
+    """A deleted gang shows (deleting) until its pods are gone: the collector asked its cluster to
+    remove it again at every look meanwhile, a quarter more calls than gangs at 100 clusters
+    (bench/scale.py). Now once, and again only after the cancel grace period."""
+    async with build_world() as world:
+        jobs = [await submit(world, a_job(f"j{i}", gpus=1)) for i in range(4)]
+        await world.step()
+        await world.step(10.0)
+        assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+        asked: list[tuple[str, int]] = []
+        deleting = True
+        cancel = world.cluster.cancel
+
+        async def slow_cancel(job_id: Any, attempt: int, grace_period_s: float) -> None:
+            asked.append((job_id, attempt))
+            if not deleting:  # the deletion is over: the gang goes
+                await cancel(job_id, attempt, grace_period_s)
+
+        world.cluster.cancel = slow_cancel  # type: ignore[method-assign]
+        await world.step(FINISHED_GANG_RETENTION_S + 1.0)
+        await world.step(1.0)
+        await world.step(1.0)
+        # Nine ticks looked at the four deleting gangs; each was asked to go once.
+        assert sorted(job_id for job_id, _ in asked) == sorted(jobs)
+        assert len(await world.cluster.statuses()) == 4
+        # Still shown after the grace period: asked again, as a lost delete would need.
+        deleting = False
+        await world.step(reconciler.CANCEL_GRACE_PERIOD_S)
+        assert len(asked) == 8
+        assert await world.cluster.statuses() == ()
+        await world.step(1.0)
+        assert len(asked) == 8
