@@ -115,6 +115,12 @@ def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart
         recorder.follow(sims, cluster)
     started_s = time.time() - 60
     try:
+        # Granted first: the intern's 5 s job must still run when the urgent one is submitted, and
+        # each call between the two is time a busy machine could let it end by itself in.
+        with fed.client("admin") as admin:
+            admin.grant_approval(
+                tenant="seniors", priority_class="urgent", duration_s=3600, reason="deadline"
+            )
         with fed.client("ivan") as ivan:
             intern = ivan.submit(manifest("intern", workers=1, gpus=8, duration="5s")).job_id
             # No B200 exists anywhere: it waits, and is cancelled before it ever starts.
@@ -127,11 +133,12 @@ def test_the_ledger_matches_the_clusters_gpu_time_to_the_second_across_a_restart
                 )
             ).job_id
             broken = sara.submit(_failing("broken")).job_id
-        with fed.client("admin") as admin:
-            admin.grant_approval(
-                tenant="seniors", priority_class="urgent", duration_s=3600, reason="deadline"
-            )
-        _phase(fed, "sara", paper, pb.JOB_PHASE_RUNNING)
+        # Running, or already ended: a 3 s gang that ends before the reconciler's first look goes from
+        # DISPATCHED straight to SUCCEEDED.
+        wait_for(
+            lambda: job_of(fed, "sara", paper).phase in (pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_SUCCEEDED),
+            timeout_s=60,
+        )
         with fed.client("ivan") as ivan:
             ivan.cancel(never)
         _phase(fed, "sara", broken, pb.JOB_PHASE_FAILED)
