@@ -605,8 +605,8 @@ class JobService(pb_grpc.JobServiceServicer):
         return await self._h.unary("CancelJob", request, context, self._cancel)
 
     async def _cancel(self, who: Principal, req: pb.CancelJobRequest) -> pb.Job:
+        stored = await self._visible_job(who, req.job_id)
         for _ in range(5):
-            stored = await self._visible_job(who, req.job_id)
             check_write_job(who, stored.value.tenant, req.job_id)
             job = stored.value
             if job.phase.is_terminal:
@@ -632,9 +632,13 @@ class JobService(pb_grpc.JobServiceServicer):
                     await self._security.append_audit(event)
                 return self._shown(who, updated)
             await asyncio.sleep(0.01)
+            # Again from etcd, not the cache: the compare failed because the job was written after
+            # the record this server holds, and its cache may trail that write for longer than these
+            # tries last (a busy server's watch), so every retry from it would fail the same way.
             fresh = await self._store.get_job(job.job_id)
             if fresh is None:
                 raise NotFound(job_not_found(req.job_id))
+            stored = fresh
         raise FailedPrecondition(f"job {req.job_id} is changing too fast to cancel; try again")
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context: Ctx) -> pb.ExplainJobResponse:
