@@ -11,13 +11,13 @@ Expired` Status, as a real API server does.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from clusters.sim import errors, reads, table
+from clusters.sim.changes import encode_json
 from clusters.sim.resources import ResourceType
 from clusters.sim.selectors import FieldSelector, LabelSelector
 from clusters.sim.store import Change, EventType, ResourceGone, Store, Watcher
@@ -29,7 +29,7 @@ _BURST = 512
 
 
 def _line(event_type: str, obj: Obj) -> bytes:
-    return json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+    return encode_json({"type": event_type, "object": obj}) + b"\n"
 
 
 async def serve(
