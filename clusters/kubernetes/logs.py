@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -32,7 +31,7 @@ from clusters.api import (
 )
 from clusters.kubernetes.errors import is_no_answer, reason_of, status_of
 from clusters.kubernetes.inventory import GANG_LABEL, parse_time_s
-from clusters.kubernetes.kube import Timeouts, call
+from clusters.kubernetes.kube import Timeouts, call, decode_json
 from clusters.kubernetes.last_words import LastWords
 from clusters.kubernetes.names import namespace_for, object_name
 from placement.model import JobId, TenantId
@@ -196,7 +195,7 @@ class PodReader:
 
 def _items(response: Any) -> list[Json]:
     try:
-        data = json.loads(response.data)
+        data = decode_json(response.data)
     finally:
         response.release_conn()
     return list(data.get("items") or ()) if isinstance(data, dict) else []

@@ -11,7 +11,6 @@ outage. `stop()` shuts the socket under a blocked read, so closing never waits o
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import structlog
 import urllib3
 
 from clusters.kubernetes.errors import is_no_answer, status_of
-from clusters.kubernetes.kube import KubeApi, ListPath
+from clusters.kubernetes.kube import KubeApi, ListPath, decode_json
 
 log = structlog.get_logger("gpufed.clusters.kubernetes")
 
@@ -289,7 +288,7 @@ class Informer(Generic[T]):
                 if self._stop.is_set():
                     break
                 seen += 1
-                self._apply(json.loads(line))
+                self._apply(decode_json(line))
             else:
                 ended = True
         finally:
