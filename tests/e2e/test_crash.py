@@ -38,6 +38,9 @@ def _dispatches(state_dir: Path) -> Counter[tuple[str, int]]:
     return counts
 
 
+DURATION = "4s"
+
+
 @pytest.mark.parametrize("kill_after_s", [0.0, 1.0], ids=["kill-at-first-start", "kill-mid-run"])
 def test_sigkill_with_jobs_queued_and_running_loses_nothing_and_runs_nothing_twice(
     any_etcd: EtcdProcess | EtcdCluster, tmp_path: Path, kill_after_s: float
@@ -46,16 +49,19 @@ def test_sigkill_with_jobs_queued_and_running_loses_nothing_and_runs_nothing_twi
     server.start()
     try:
         with server.client("alice") as alice, server.client("bob") as bob:
-            # 16 A100 on onprem, 8 H100 on cloud: 12 gangs of 4 GPUs cannot all run at once.
+            # 16 A100 on onprem, 8 H100 on cloud: 12 gangs of 4 GPUs cannot all run at once. Each
+            # runs 4 s: the second half is queued until the first ends, and the kill below must land
+            # while it still is (at 2 s, the sleep and the reads before the kill could outlast the
+            # first half on a busy machine, and the second was admitted already).
             accepted = []
             for i in range(8):
                 accepted.append(
-                    alice.submit(manifest(f"a{i}", gpus=2, duration="2s"), idempotency_key=f"a{i}").job_id
+                    alice.submit(manifest(f"a{i}", gpus=2, duration=DURATION), idempotency_key=f"a{i}").job_id
                 )
             for i in range(4):
                 accepted.append(
                     bob.submit(
-                        manifest(f"b{i}", gpus=2, gpu="H100", duration="2s"), idempotency_key=f"b{i}"
+                        manifest(f"b{i}", gpus=2, gpu="H100", duration=DURATION), idempotency_key=f"b{i}"
                     ).job_id
                 )
             # Kill once gangs run (capacity is 24 GPUs for 48 asked, so others are still queued).
@@ -63,13 +69,21 @@ def test_sigkill_with_jobs_queued_and_running_loses_nothing_and_runs_nothing_twi
                 lambda: any(_phase(alice, bob, j) == pb.JOB_PHASE_RUNNING for j in accepted), timeout_s=30
             )
             time.sleep(kill_after_s)
-            phases = Counter(_phase(alice, bob, j) for j in accepted)
+            # At once after a read that saw both: gangs running and jobs still queued.
+            phases = wait_for(
+                lambda: (
+                    (c := Counter(_phase(alice, bob, j) for j in accepted))[pb.JOB_PHASE_RUNNING] > 0
+                    and c[pb.JOB_PHASE_QUEUED] > 0
+                    and c
+                ),
+                timeout_s=30,
+            )
         server.kill()
         # Submissions acknowledged before the kill survive it; idempotent retries after the restart
         # find the same jobs rather than new ones.
         server.start()
         with server.client("alice") as alice, server.client("bob") as bob, server.client("admin") as admin:
-            again = alice.submit(manifest("a0", gpus=2, duration="2s"), idempotency_key="a0")
+            again = alice.submit(manifest("a0", gpus=2, duration=DURATION), idempotency_key="a0")
             assert not again.created
             assert again.job_id == accepted[0]
             wait_for(
