@@ -760,6 +760,11 @@ class Reconciler:
             return self._after_loss(
                 job, RestartAction.RESTART_JOB, "lost its gang object on the cluster (deleted)", now
             )
+        if gang.phase.is_final and job.phase is JobPhase.DISPATCHED and gang.started_at_s is not None:
+            # Over before any look saw it running (a short gang, or a busy leader's look a round
+            # later): its history still says when it ran, as the ledger charges from that start
+            # (`intervals.ledger_update`), rather than a success that never ran.
+            job = job.transition(JobPhase.RUNNING, by=Owner.STATUS, at_s=gang.started_at_s)
         match gang.phase:
             case GangPhase.PENDING:
                 return None

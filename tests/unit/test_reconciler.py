@@ -43,6 +43,24 @@ async def test_a_job_runs_through_every_phase_and_succeeds(world: World) -> None
     assert world.cluster.dispatch_count(job_id, 1) == 1
 
 
+@pytest.mark.parametrize(("exit_code", "ended"), [(0, JobPhase.SUCCEEDED), (3, JobPhase.FAILED)])
+async def test_a_gang_over_before_the_first_look_still_ran_in_its_history(
+    world: World, exit_code: int, ended: JobPhase
+) -> None:
+    """A gang that ends before any look saw it running (a short one, or a busy leader's look a
+    round later) ran all the same: the job's history says when, from its cluster's start, as the
+    ledger charges it; before, a user saw a job that succeeded (or failed) without ever running."""
+    job_id = await submit(world, a_job("brief", duration="0s", exit_code=exit_code))
+    await world.step()
+    job = await world.job(job_id)
+    assert job.phase is ended
+    assert [e.phase for e in job.events] == [JobPhase.ADMITTED, JobPhase.DISPATCHED, JobPhase.RUNNING, ended]
+    dispatched, running = job.events[1], job.events[2]
+    listed, _ = await world.store.list_ledger()
+    (charged,) = [iv for iv in listed if iv.job_id == job_id]
+    assert running.at_s == charged.start_s >= dispatched.at_s
+
+
 @pytest.mark.parametrize(
     ("policy", "expected_phase", "expected_attempt"),
     [
