@@ -49,6 +49,55 @@ fits its minute with every figure the issue names that a small size can give.
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
 
+- CPU a job cut where py-spy put it (2026-11-30, fifth round). Where the server's CPU went at 100
+  clusters (`--gil` samples, tree before): the Kubernetes client's calls on their threads 18 %
+  (urllib3 and http.client's header parsing: a call is about 700 Python calls, 150-250 us of CPU
+  and a thread hop of 45-90 us), the executors' thread wake-ups and starts 12 % (the server runs
+  about 2,800 threads at 100 clusters: 16 API and 8 log threads a cluster, each start walking every
+  other thread's lock), asyncio's machinery 12 %, the informers (watch events read and parsed)
+  10 %, the reconciler's commits 6 %, the archiver 6 % (a third of it listing the tenants'
+  idempotency keys every pass), the tick's looks 5 % (of which the dataset stager's walk of every
+  live job 3 %), dispatch 5 %, the job cache 4 %, the scheduling cycle 4 %. The simulator's:
+  `clone` 23 %, `json.dumps` of watch lines and answers 14 %, the Volcano controller 25 %. What
+  changed: a stale gang whose removal the cluster took is not asked to go again while it shows
+  deleting (4,476-5,035 removals for 4,000 gangs before, one a gang after); answers and watch
+  events parsed by msgspec, a watch stream split as bytes (not `iter_resp_lines`, which copied the
+  rest of a chunk after every line); the stager's walk only when a copy is pinned; in the
+  simulator, a cheaper `clone`, no copy of what a caller made for a create, and msgspec's encoder.
+  In turns, the tree before (A) and after (B: without the stager's change; C: final), load at each
+  run's start and end:
+
+  | run | load | lifecycle (steady) jobs/s | held its GPU | server ms/job | simulator ms/job | etcd ms/job | removals |
+  |---|---|---|---|---|---|---|---|
+  | --quick A | 3.7-5.9 | 68.5 (131.4) | 3.24 s | 7.18 | 4.38 | 1.08 | 681 |
+  | --quick B | 5.9-5.8 | 83.2 (198.1) | 2.72 s | 7.17 | 3.57 | 1.17 | 600 |
+  | --quick A | 5.8-5.7 | 80.6 (129.4) | 2.78 s | 7.22 | 4.33 | 1.00 | 624 |
+  | --quick B | 5.7-6.0 | 76.5 (130.5) | 2.87 s | 6.95 | 3.27 | 1.28 | 600 |
+  | 100 clusters B | 6.0-12.6 | 70.4 (82.0) | 27.0 s | 8.67 | 4.60 | 0.90 | 3,915 |
+  | 100 clusters A | 12.6-11.8 | 70.2 (94.6) | 18.9 s | 9.79 | 5.99 | 1.22 | 5,035 |
+  | 100 clusters A | 11.8-11.2 | 57.3 (68.1) | 32.6 s | 10.68 | 6.25 | 1.06 | 4,590 |
+  | 100 clusters B | 11.2-14.2 | 64.7 (72.5) | 16.9 s | 9.04 | 4.83 | 1.27 | 4,000 |
+  | 100 clusters C | 16.5-12.0 | 98.0 (118.2) | 19.0 s | 8.82 | 4.57 | 0.86 | 4,000 |
+  | 100 clusters A | 12.0-8.8 | 97.9 (101.8) | 8.3 s | 8.71 | 5.66 | 1.06 | 4,476 |
+  | --quick C | 8.8-7.9 | 75.2 (191.7) | 2.71 s | 7.30 | 3.68 | 1.05 | 600 |
+  | --quick A | 7.9-8.2 | 83.0 (127.6) | 2.85 s | 6.90 | 3.98 | 1.08 | 600 |
+  | 100 clusters A | 8.2-19.3 | 35.7 (34.6) | 61.7 s | 11.14 | 5.96 | 1.43 | 4,646 |
+  | 100 clusters C | 18.8-18.5 | 40.7 (46.8) | 53.6 s | 10.60 | 5.08 | 1.29 | 4,000 |
+
+  What it shows. The simulator's CPU a job fell by about a fifth (100 clusters: 4.57-5.08 ms
+  against 5.66-6.25; --quick 3.3-3.7 against 4.0-4.4). The server's fell less than the runs move:
+  at 100 clusters 8.7-10.6 ms against 8.7-11.1 (means 9.3 and 10.1), at 10 clusters the same
+  (6.9-7.3 both). The lifecycle rate followed the load (36-98 jobs/s in the same hour, either
+  tree), as before. So the two cores' ceiling moved from about 2,000 / (10.1 + 6.0 + 1.2) = 115
+  jobs/s to 2,000 / (9.3 + 4.8 + 1.1) = 130 jobs/s. But the server is one process, most of its
+  work under one GIL: at 9.3 ms a job it fills a core at about 1,000 / 9.3 = 108 jobs/s, the rate
+  the quiet machine showed (100-111 jobs/s), whatever the other core does. 200 jobs/s needs the
+  server's CPU a job under 5 ms, or its work split over processes (as `--api-workers` split the
+  submissions): the cluster calls and their watches are the largest part that could go. What is
+  left is spread thin again: the Kubernetes client's calls and their thread hops (three calls a
+  one-pod job: create, the log tail, delete), GIL hand-offs among 2,800 threads, asyncio's
+  machinery, the informers; no function of gpufed's above 3 %.
+
 - The tick no longer waits for all its work (2026-11-30, fourth round). Dispatches, ended
   attempts and removals run as tasks committed as they come, and later ticks leave their jobs
   alone; dispatches have a lane of slots of their own, so an end no longer queues behind a burst's
