@@ -10,7 +10,7 @@ import itertools
 import json
 from collections.abc import Iterator
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusters.kubernetes.kube import KubeApi, decode_json
@@ -33,6 +33,7 @@ def _chunked(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
+@settings(deadline=None)
 @given(
     events=st.lists(
         st.dictionaries(st.text(max_size=8), st.text(max_size=40) | st.integers(), max_size=4), max_size=12
