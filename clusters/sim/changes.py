@@ -58,10 +58,16 @@ def edit(obj: Obj, *parts: str) -> Obj:
     """A copy to change: `metadata` and the named top-level parts deep, the rest shared.
 
     Cheaper than `clone` on hot paths (a status update need not copy the pod's spec); safe because
-    committed objects are never mutated and the store only sets top-level metadata fields.
+    committed objects are never mutated and the store only sets top-level metadata fields. The
+    metadata's `managedFields` is shared too: it is only ever replaced whole (`apply.record_update`),
+    and it mirrors every field set, so copying it was most of a Volcano Job's copy at each status
+    update (a fifth of the simulator's CPU in bench/scale.py at 100 clusters).
     """
     new = dict(obj)
-    new["metadata"] = clone(obj.get("metadata") or {})
+    new["metadata"] = {
+        k: v if k == "managedFields" or type(v) in _LEAVES else _clone(v)
+        for k, v in (obj.get("metadata") or {}).items()
+    }
     for part in parts:
         if part in obj:
             new[part] = clone(obj[part])
