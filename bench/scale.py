@@ -53,19 +53,19 @@ first and stated below, because it moved the figures by 2x between runs minutes 
   clusters (`--gil` samples, tree before): the Kubernetes client's calls on their threads 18 %
   (urllib3 and http.client's header parsing: a call is about 700 Python calls, 150-250 us of CPU
   and a thread hop of 45-90 us), the executors' thread wake-ups and starts 12 % (the server runs
-  about 2,800 threads at 100 clusters: 16 API and 8 log threads a cluster, each start walking every
-  other thread's lock), asyncio's machinery 12 %, the informers (watch events read and parsed)
+  about 2,800 threads at 100 clusters: 16 API, 4 read and 8 tail threads and 4 watches a
+  cluster, each start walking every other thread's lock), asyncio's machinery 12 %, the informers (watch events read and parsed)
   10 %, the reconciler's commits 6 %, the archiver 6 % (a third of it listing the tenants'
   idempotency keys every pass), the tick's looks 5 % (of which the dataset stager's walk of every
   live job 3 %), dispatch 5 %, the job cache 4 %, the scheduling cycle 4 %. The simulator's:
   `clone` 23 %, `json.dumps` of watch lines and answers 14 %, the Volcano controller 25 %. What
   changed: a stale gang whose removal the cluster took is not asked to go again while it shows
-  deleting (4,476-5,035 removals for 4,000 gangs before, one a gang after); answers and watch
+  deleting (4,476-5,818 removals for 4,000 gangs before, at most one a gang after); answers and watch
   events parsed by msgspec, a watch stream split as bytes (not `iter_resp_lines`, which copied the
   rest of a chunk after every line); the stager's walk only when a copy is pinned; in the
   simulator, a cheaper `clone`, no copy of what a caller made for a create, and msgspec's encoder.
-  In turns, the tree before (A) and after (B: without the stager's change; C: final), load at each
-  run's start and end:
+  In turns, the tree before (A) and after (B: without the stager's change; C: with it; D: final,
+  with `edit` sharing `managedFields`), load at each run's start and end:
 
   | run | load | lifecycle (steady) jobs/s | held its GPU | server ms/job | simulator ms/job | etcd ms/job | removals |
   |---|---|---|---|---|---|---|---|
@@ -83,20 +83,32 @@ first and stated below, because it moved the figures by 2x between runs minutes 
   | --quick A | 7.9-8.2 | 83.0 (127.6) | 2.85 s | 6.90 | 3.98 | 1.08 | 600 |
   | 100 clusters A | 8.2-19.3 | 35.7 (34.6) | 61.7 s | 11.14 | 5.96 | 1.43 | 4,646 |
   | 100 clusters C | 18.8-18.5 | 40.7 (46.8) | 53.6 s | 10.60 | 5.08 | 1.29 | 4,000 |
+  | 100 clusters A | 10.1-12.3 | 51.2 (57.4) | 44.2 s | 11.25 | 6.00 | 1.18 | 4,963 |
+  | 100 clusters C | 12.3-9.3 | 89.6 (104.6) | 20.3 s | 8.80 | 4.44 | 0.94 | 4,000 |
+  | 100 clusters C | 5.3-9.7 | 82.1 (88.3) | 19.0 s | 8.27 | 4.39 | 0.97 | 3,856 |
+  | 100 clusters A, unit tests beside it | 9.7-17.9 | 31.4 (35.9) | 64.4 s | 11.76 | 6.47 | 1.48 | 5,818 |
+  | --quick D | 14.7-12.2 | 75.6 (133.5) | 2.61 s | 7.17 | 3.30 | 1.27 | 600 |
+  | --quick A | 12.2-12.1 | 83.4 (183.2) | 2.67 s | 6.93 | 4.20 | 0.88 | 643 |
+  | 100 clusters D | 12.1-21.4 | 54.4 (54.5) | 32.5 s | 9.07 | 4.66 | 1.05 | 3,587 |
+  | 100 clusters A | 21.4-21.7 | 57.2 (74.8) | 36.9 s | 10.04 | 5.46 | 1.07 | 4,652 |
+  | 100 clusters A | 17.9-21.0 | 29.1 (29.1) | 78.5 s | 11.12 | 6.15 | 1.67 | 4,762 |
+  | 100 clusters D, a leader change | 21.0-28.8 | 29.0 (29.7) | 71.1 s | 11.95 | 5.16 | 1.62 | 3,747 |
 
-  What it shows. The simulator's CPU a job fell by about a fifth (100 clusters: 4.57-5.08 ms
-  against 5.66-6.25; --quick 3.3-3.7 against 4.0-4.4). The server's fell less than the runs move:
-  at 100 clusters 8.7-10.6 ms against 8.7-11.1 (means 9.3 and 10.1), at 10 clusters the same
-  (6.9-7.3 both). The lifecycle rate followed the load (36-98 jobs/s in the same hour, either
-  tree), as before. So the two cores' ceiling moved from about 2,000 / (10.1 + 6.0 + 1.2) = 115
-  jobs/s to 2,000 / (9.3 + 4.8 + 1.1) = 130 jobs/s. But the server is one process, most of its
-  work under one GIL: at 9.3 ms a job it fills a core at about 1,000 / 9.3 = 108 jobs/s, the rate
-  the quiet machine showed (100-111 jobs/s), whatever the other core does. 200 jobs/s needs the
-  server's CPU a job under 5 ms, or its work split over processes (as `--api-workers` split the
-  submissions): the cluster calls and their watches are the largest part that could go. What is
-  left is spread thin again: the Kubernetes client's calls and their thread hops (three calls a
-  one-pod job: create, the log tail, delete), GIL hand-offs among 2,800 threads, asyncio's
-  machinery, the informers; no function of gpufed's above 3 %.
+  What it shows. The simulator's CPU a job fell by a fifth: at 100 clusters 4.4-5.2 ms (mean 4.72)
+  against 5.5-6.3 (5.92, the run beside unit tests left out), --quick 3.3-3.7 against 4.0-4.4. The
+  server's fell less, and by less than the runs move: at 100 clusters 8.3-12.0 ms (mean 9.40)
+  against 8.7-11.3 (10.39), an eighth (--quick 7.15 and 7.06, no change); etcd's 1.04-1.24 either
+  way. The lifecycle rate followed the load (29-98 jobs/s within the hour, either tree; a mean of
+  66 after against 57 before, not a difference these loads can show); in --quick the GPUs bound it.
+  So the two cores' ceiling moved from about 2,000 / (10.4 + 5.9 + 1.2) = 114 jobs/s to 2,000 /
+  (9.4 + 4.7 + 1.1) = 132 jobs/s. But the server is one process, most of its work under one GIL:
+  at 9.4 ms a job it fills a core at about 1,000 / 9.4 = 106 jobs/s, the rate the quiet machine
+  showed (100-111 jobs/s), whatever the other core does. 200 jobs/s needs the server's CPU a job
+  under 5 ms, or its work split over processes (as `--api-workers` split the submissions): the
+  cluster calls and their watches are the largest part that could go. What is left is spread thin
+  again: the Kubernetes client's calls and their thread hops (three calls a one-pod job: create,
+  the log tail, delete), GIL hand-offs among 2,800 threads, asyncio's machinery, the informers; no
+  function of gpufed's above 3 %.
 
 - The tick no longer waits for all its work (2026-11-30, fourth round). Dispatches, ended
   attempts and removals run as tasks committed as they come, and later ticks leave their jobs
