@@ -36,11 +36,6 @@ MANAGED_BY = "gpufed"
 # A Job that a disruption (eviction, lost node) ended; our podFailurePolicy's only rule gives this.
 _DISRUPTED = frozenset({"PodFailurePolicy"})
 _VOLCANO_EVICTED = frozenset({"PodEvicted"})
-# How long after a gang's object says it succeeded its pods may still be missing from the pod view
-# (or there without a start): the two come by separate watches, and a busy client reads the pod
-# stream, the busier one, later. Past this, the success stands with its start unknown (pods deleted
-# by someone before gpufed saw them run).
-POD_VIEW_PATIENCE_S = 10.0
 
 
 class GangKind(StrEnum):
@@ -243,12 +238,6 @@ def gang_status(
             outcome = Outcome(GangPhase.EVICTED, gang.evicted_reason, at_s)
         else:
             outcome = Outcome(GangPhase.CANCELLED, "deleted", at_s)
-    if outcome is not None and _pod_view_trails(outcome, started_at_s, now_s):
-        # A gang cannot succeed without its pods having run: none known started means the pod view
-        # has not caught up with the gang's object yet. Reported as not over until it has, so that
-        # the attempt ends with its start (the ledger charges an attempt only from a known start:
-        # a 250 ms gang went unbilled in a loaded HA run).
-        outcome = None
     if outcome is not None:
         message = outcome.message
         if outcome.phase is GangPhase.FAILED and pods.failure:
@@ -285,15 +274,6 @@ def gang_status(
         nodes=node_shares(pods.gpus_by_node, positions) if positions is not None else (),
         bound_gpus=pods.placed_gpus,
         live_pods=pods.live,
-    )
-
-
-def _pod_view_trails(outcome: Outcome, started_at_s: float | None, now_s: float) -> bool:
-    return (
-        outcome.phase is GangPhase.SUCCEEDED
-        and started_at_s is None
-        and outcome.at_s is not None
-        and now_s - outcome.at_s < POD_VIEW_PATIENCE_S
     )
 
 
