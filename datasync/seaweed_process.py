@@ -7,10 +7,11 @@ port is its HTTP port + 10000, because some components (the admin's plugin worke
 whatever flag they were given. S3 credentials come from an identities file written into the data dir
 (`-s3.config`), the way SeaweedFS documents static S3 identities. Telemetry is off: nothing leaves loopback.
 
-A restart on the same data dir reuses the ports of the last run when they are all still free
-(`ports.json`), so the endpoint that clients and `stores.json` know stays right. A pid file in the data
-dir lets a start stop the weed a crashed run left holding the data dir's leveldb lock, and the kernel
-kills weed when the process that started it dies (`child_guard`).
+A restart on the same data dir reuses the ports of the last run that are still free, and draws
+again only those another process took, unless that is the S3 port (`ports.json`), so the endpoint
+that clients and `stores.json` know stays right. A pid file in the data dir lets a start stop the
+weed a crashed run left holding the data dir's leveldb lock, and the kernel kills weed when the
+process that started it dies (`child_guard`).
 
 The embedded default starts two of these (one private store, one public cloud's store), so nothing here is
 test-only: `SeaweedProcess(data_dir).start()` and read `.endpoint`, `.access_key_id`, `.secret_access_key`.
@@ -156,6 +157,11 @@ class SeaweedProcess:
         return url
 
     @property
+    def ports(self) -> dict[str, int]:
+        """Each component's HTTP port (its gRPC port is 10000 above), as this run bound them."""
+        return dict(self._ports)
+
+    @property
     def secret_access_key(self) -> str:
         path = self.data_dir / "s3-secret"
         if not path.exists():
@@ -261,9 +267,20 @@ class SeaweedProcess:
             return None
         if self.s3_port is not None and ports["s3"] != self.s3_port:
             return None
-        if not all(_port_pair_free(p, self.host, reuse_addr=True) for p in ports.values()):
-            return None
-        return ports
+        taken = [name for name, p in ports.items() if not _port_pair_free(p, self.host, reuse_addr=True)]
+        if not taken:
+            return ports
+        if "s3" in taken:
+            return None  # the endpoint moves anyway: every component draws afresh
+        # Only the components whose ports another process holds now draw again: the S3 endpoint, which
+        # clients and `stores.json` know, stays. Redrawing all of them moved the endpoint whenever any
+        # of the ten ports had been taken meanwhile (a neighbouring test's server, on a busy machine).
+        kept = {name: p for name, p in ports.items() if name not in taken}
+        held = {q for p in kept.values() for q in (p, p + _GRPC_OFFSET)}
+        while True:
+            fresh = free_port_pairs(len(taken), self.host)
+            if not {q for p in fresh for q in (p, p + _GRPC_OFFSET)} & held:
+                return {**kept, **dict(zip(taken, fresh, strict=True))}
 
     def _spawn_and_wait(self, identities: Path, timeout_s: float) -> None:
         self._log = self.log_path.open("ab")
