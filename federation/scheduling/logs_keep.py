@@ -88,6 +88,13 @@ class AttemptKeeper:
         # used and dropped by `ended`. Per process: a new leader copies again from its first tick.
         self._copies: dict[tuple[str, int], _Copy] = {}
         self._copied_at: dict[tuple[str, int], float] = {}
+        # When each attempt `ended` kept had started, by its gang, its history or its pods; taken by
+        # the reconciler (`started_at_s`) for the ledger of an attempt whose gang gave no start.
+        self._started: dict[tuple[str, int], float] = {}
+
+    def started_at_s(self, job_id: str, attempt: int) -> float | None:
+        """When the attempt that `ended` just kept had started (once: the entry is dropped)."""
+        return self._started.pop((job_id, attempt), None)
 
     async def stopping(self, job: JobRecord, gang: GangStatus | None) -> None:
         """Copy the logs of an attempt that is being stopped, while its pods are still there."""
@@ -187,6 +194,8 @@ class AttemptKeeper:
             note=note,
             replicas=tuple(kept_replicas),
         )
+        if kept.started_at_s is not None:
+            self._started[(before.job_id, before.attempt)] = kept.started_at_s
         try:
             await self._archive.keep(before.job_id, kept, logs)
         except Exception as error:  # a lost copy must not stop the job's transition

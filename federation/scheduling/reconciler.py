@@ -551,6 +551,12 @@ class Reconciler:
             return False
         if self._keeper is not None and job.placement is not None:
             nxt = await self._keep(job, nxt, gang)
+            # A gang can end before the pod watch showed any of its pods started (the gang's watch
+            # ran ahead): its status then gives no start, but the pods the keeper just read do, and
+            # without one the ledger charged the attempt nothing.
+            kept_start = self._keeper.started_at_s(job.job_id, job.attempt)
+            if kept_start is not None:
+                self._started_at.setdefault((job.job_id, job.attempt), kept_start)
         if nxt is None:
             return False
         entry = None

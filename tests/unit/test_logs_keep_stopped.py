@@ -106,3 +106,23 @@ def test_a_copy_larger_than_keep_kib_says_its_first_lines_were_not_kept() -> Non
         assert replica.cut == "its first lines were not kept (the last 1 KiB are, logs.keepKiB)"
 
     asyncio.run(scenario())
+
+
+def test_an_attempt_whose_gang_gave_no_start_is_timed_by_the_pods_it_kept() -> None:
+    """A gang can end before the pod watch showed its pods started, so its status names no start
+    and the job was never RUNNING; the pods the keeper reads at the end do, and the reconciler takes
+    that start for the ledger (once: a second ask gives nothing)."""
+
+    async def scenario() -> None:
+        pods = Pods(replicas=2, lines=1)
+        archive = LogArchive(MemoryKv(), LogsSettings())
+        keeper = AttemptKeeper(archive, Members(pods), clock=lambda: 200.0)  # type: ignore[arg-type]
+        running = running_job()
+        dispatched = replace(running, phase=JobPhase.DISPATCHED, events=running.events[:-1])
+        over = GangStatus(dispatched.job_id, dispatched.attempt, GangPhase.SUCCEEDED, finished_at_s=150.0)
+        succeeded = dispatched.transition(JobPhase.SUCCEEDED, by=Owner.STATUS, at_s=151.0)
+        await keeper.ended(dispatched, succeeded, over)
+        assert keeper.started_at_s(dispatched.job_id, dispatched.attempt) == 100.0
+        assert keeper.started_at_s(dispatched.job_id, dispatched.attempt) is None
+
+    asyncio.run(scenario())

@@ -12,11 +12,13 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus, RemembersVanished, VanishedAttempt
-from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S
+from federation.metrics import Metrics
+from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S, Reconciler
 from federation.scheduling.workload import sim_duration_s
 from federation.spec.jobspec import RestartAction, RestartPolicy
 from federation.store.intervals import IntervalEnd
 from federation.store.job_store import job_key
+from federation.store.jobs import JobRecord
 from placement.model import JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
@@ -391,3 +393,51 @@ async def test_a_gang_the_history_does_not_know_is_asked_about_once_per_recheck_
         await world.step(NOT_ARCHIVED_RECHECK_S)
         assert sum(foreign in ids for ids in asked) == 2
         assert (foreign, 1) in {(s.job_id, s.attempt) for s in await world.cluster.statuses()}
+
+
+class _PodsSaidWhen:
+    """A keeper whose read of an ended attempt's pods found them started at `at_s`."""
+
+    def __init__(self, at_s: float) -> None:
+        self.at_s = at_s
+
+    def probe_due(self, job: object) -> bool:
+        return False
+
+    async def stopping(self, job: object, gang: object) -> None:
+        return None
+
+    async def waiting(self, job: object, gang: object) -> None:
+        return None
+
+    async def ended(self, before: object, after: JobRecord, gang: object) -> JobRecord:
+        return after
+
+    def started_at_s(self, job_id: str, attempt: int) -> float | None:
+        return self.at_s
+
+
+async def test_a_gang_over_before_the_pod_watch_showed_it_started_is_charged_from_its_pods(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gang's watch ran ahead of the pod watch: the first status after the dispatch says the gang
+    succeeded and names no start, and the job was never RUNNING. The pods the keeper read at the end
+    say when it ran; without them the ledger wrote no interval at all (test_crash_ha, loaded)."""
+    pods_started_at_s = world.clock.now + 0.2
+    world.reconciler = Reconciler(
+        store=world.store,
+        cache=world.cache,
+        members=world.members,
+        metrics=Metrics(),
+        clock=world.clock,
+        keeper=_PodsSaidWhen(pods_started_at_s),  # type: ignore[arg-type]
+    )
+    job_id, shown = await _dispatched_showing_pending(world, monkeypatch, "unseen")
+    shown[0] = GangStatus(
+        job_id=job_id, attempt=1, phase=GangPhase.SUCCEEDED, finished_at_s=world.clock.now + 0.4
+    )
+    await world.step(0.5)
+    assert (await world.job(job_id)).phase is JobPhase.SUCCEEDED
+    listed, _ = await world.store.list_ledger()
+    (charged,) = [iv for iv in listed if iv.job_id == job_id]
+    assert (charged.start_s, charged.end_s) == (pods_started_at_s, shown[0].finished_at_s)
