@@ -3,6 +3,10 @@ authenticator, metrics, tenant directory and dataset check are the store's own."
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+
 from federation.api.service import JobService
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
@@ -11,7 +15,10 @@ from federation.metrics import Metrics
 from federation.runtime.server import TenantDirectory
 from federation.security.auth import Authenticator
 from federation.store.job_cache import JobCache
-from federation.store.job_store import KvStore
+from federation.store.job_store import JobEvent, KvStore
+from federation.store.kv_memory import MemoryKv
+from federation.store.records import Role, TenantRecord, UserRecord
+from placement.model import TenantId
 
 
 def job_service(store: KvStore, cache: JobCache, *, history: HistoryStore | None = None) -> JobService:
@@ -24,3 +31,34 @@ def job_service(store: KvStore, cache: JobCache, *, history: HistoryStore | None
         datasets=DatasetCheck(DatasetRegistry(store.kv)),
         history=history,
     )
+
+
+class GatedStore(KvStore):
+    """The in-memory store (the real KvStore over a MemoryKv), whose watch delivers nothing while the
+    gate is shut: a server's job cache trailing etcd, held back as long as a test needs."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryKv())
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
+        async for event in super().watch_jobs(start_revision=start_revision):
+            await self.gate.wait()
+            yield event
+
+
+@asynccontextmanager
+async def gated_service_for_alice() -> AsyncIterator[tuple[GatedStore, JobCache, JobService]]:
+    """The job API over a `GatedStore` and its cache, with one member, alice (token "alice"), of the
+    tenant "vision"."""
+    store = GatedStore()
+    await store.put_tenant(TenantRecord(TenantId("vision")))
+    await store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
+    await store.put_token("alice", "alice")
+    cache = JobCache(store)
+    await cache.start()
+    try:
+        yield store, cache, job_service(store, cache)
+    finally:
+        await cache.stop()

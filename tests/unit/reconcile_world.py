@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 from clusters.memory import InMemoryCluster
 from federation.ledger.cache import LedgerCache
@@ -55,6 +56,18 @@ class World:
             members=self.members,
             metrics=Metrics(),
             clock=self.clock,
+        )
+
+    def fresh_reconciler(self, **parts: Any) -> Reconciler:
+        """A reconciler over this world's store, cache and clusters with nothing in memory (a new
+        leader's), given any of the optional parts a server wires in (`keeper`, `secrets`, ...)."""
+        return Reconciler(
+            store=self.store,
+            cache=self.cache,
+            members=self.members,
+            metrics=Metrics(),
+            clock=self.clock,
+            **parts,
         )
 
     @property

@@ -21,11 +21,10 @@ from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.store.job_cache import JobCache
-from federation.store.records import Role, TenantRecord, UserRecord
-from placement.model import JobId, TenantId
+from placement.model import JobId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import job_service
-from tests.unit.test_submit_read_your_writes import PEER, GatedStore
+from tests.unit.job_service import GatedStore, gated_service_for_alice
+from tests.unit.test_submit_read_your_writes import PEER
 
 
 @dataclass
@@ -37,14 +36,8 @@ class World:
 
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
-    store = GatedStore()
-    await store.put_tenant(TenantRecord(TenantId("vision")))
-    await store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
-    await store.put_token("alice", "alice")
-    cache = JobCache(store)
-    await cache.start()
-    yield World(store, cache, job_service(store, cache))
-    await cache.stop()
+    async with gated_service_for_alice() as (store, cache, service):
+        yield World(store, cache, service)
 
 
 async def test_a_cancel_while_the_cache_trails_a_write_commits_against_etcds_record(world: World) -> None:

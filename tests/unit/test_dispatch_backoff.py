@@ -16,7 +16,6 @@ from clusters.api import ClusterUnreachable, GangWorkload
 from federation.api.service import explain_summary
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.cli.render import clusters_table
-from federation.metrics import Metrics
 from federation.scheduling.dispatch_backoff import (
     CLUSTER_PROBE_MAX_S,
     MAX_DELAY_S,
@@ -27,7 +26,6 @@ from federation.scheduling.dispatch_backoff import (
     refused,
     refusing_clusters,
 )
-from federation.scheduling.reconciler import Reconciler
 from placement.model import ClusterName, JobId, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
@@ -116,13 +114,7 @@ async def test_the_backoff_survives_a_leader_change(world: World) -> None:
     tries = world.cluster.refused_dispatches
     (entry,) = (await world.job(job_id)).refusals
     # A new leader: a fresh reconciler, nothing in memory but what the store holds.
-    world.reconciler = Reconciler(
-        store=world.store,
-        cache=world.cache,
-        members=world.members,
-        metrics=Metrics(),
-        clock=world.clock,
-    )
+    world.reconciler = world.fresh_reconciler()
     while world.clock.now < entry.retry_at_s - 0.5:
         await world.step(0.25)
     assert world.cluster.refused_dispatches == tries, "the new leader waited out the backoff"

@@ -12,8 +12,7 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangPhase, GangStatus, RemembersVanished, VanishedAttempt
-from federation.metrics import Metrics
-from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S, Reconciler
+from federation.scheduling.reconciler import CANCEL_GRACE_PERIOD_S, NOT_ARCHIVED_RECHECK_S
 from federation.scheduling.workload import sim_duration_s
 from federation.spec.jobspec import RestartAction, RestartPolicy
 from federation.store.intervals import IntervalEnd
@@ -424,14 +423,7 @@ async def test_a_gang_over_before_the_pod_watch_showed_it_started_is_charged_fro
     succeeded and names no start, and the job was never RUNNING. The pods the keeper read at the end
     say when it ran; without them the ledger wrote no interval at all (test_crash_ha, loaded)."""
     pods_started_at_s = world.clock.now + 0.2
-    world.reconciler = Reconciler(
-        store=world.store,
-        cache=world.cache,
-        members=world.members,
-        metrics=Metrics(),
-        clock=world.clock,
-        keeper=_PodsSaidWhen(pods_started_at_s),  # type: ignore[arg-type]
-    )
+    world.reconciler = world.fresh_reconciler(keeper=_PodsSaidWhen(pods_started_at_s))
     job_id, shown = await _dispatched_showing_pending(world, monkeypatch, "unseen")
     shown[0] = GangStatus(
         job_id=job_id, attempt=1, phase=GangPhase.SUCCEEDED, finished_at_s=world.clock.now + 0.4

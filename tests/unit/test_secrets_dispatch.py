@@ -12,8 +12,6 @@ from dataclasses import replace
 import pytest
 
 from clusters.api import GangWorkload
-from federation.metrics import Metrics
-from federation.scheduling.reconciler import Reconciler
 from federation.secrets.crypto import Keyring
 from federation.secrets.jobs import GangSecrets
 from federation.secrets.store import SecretStore
@@ -39,14 +37,7 @@ SECRET_ENV = {
 async def world() -> AsyncIterator[tuple[World, SecretStore, list[GangWorkload], list[tuple[str, str, int]]]]:
     secrets = SecretStore(MemoryKv(), Keyring([os.urandom(32)]))
     async with build_world() as w:
-        w.reconciler = Reconciler(
-            store=w.store,
-            cache=w.cache,
-            members=w.members,
-            metrics=Metrics(),
-            clock=w.clock,
-            secrets=GangSecrets(secrets),
-        )
+        w.reconciler = w.fresh_reconciler(secrets=GangSecrets(secrets))
         sent: list[GangWorkload] = []
         released: list[tuple[str, str, int]] = []
         cluster = w.cluster

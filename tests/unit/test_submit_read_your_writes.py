@@ -7,7 +7,7 @@ The store's watch is held back by a gate the test opens: the cache learns of the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -17,29 +17,10 @@ from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.store.job_cache import JobCache
-from federation.store.job_store import JobEvent, KvStore
-from federation.store.kv_memory import MemoryKv
-from federation.store.records import Role, TenantRecord, UserRecord
-from placement.model import TenantId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import job_service
+from tests.unit.job_service import GatedStore, gated_service_for_alice
 
 PEER = "ipv4:127.0.0.1:40000"
-
-
-class GatedStore(KvStore):
-    """The in-memory store (the real KvStore over a MemoryKv), whose watch delivers nothing while the
-    gate is shut."""
-
-    def __init__(self) -> None:
-        super().__init__(MemoryKv())
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def watch_jobs(self, *, start_revision: int) -> AsyncGenerator[JobEvent, None]:
-        async for event in super().watch_jobs(start_revision=start_revision):
-            await self.gate.wait()
-            yield event
 
 
 @dataclass
@@ -59,15 +40,8 @@ class World:
 
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
-    store = GatedStore()
-    await store.put_tenant(TenantRecord(TenantId("vision")))
-    await store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
-    await store.put_token("alice", "alice")
-    cache = JobCache(store)
-    await cache.start()
-    service = job_service(store, cache)
-    yield World(store, cache, service)
-    await cache.stop()
+    async with gated_service_for_alice() as (store, cache, service):
+        yield World(store, cache, service)
 
 
 async def test_a_submission_answers_once_the_cache_has_the_job_and_the_next_list_finds_it(
