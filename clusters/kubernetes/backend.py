@@ -3,8 +3,10 @@
 One backend drives one kubeconfig context. Reads never touch the API on the caller's path: watch
 threads (`watch.Informer`) keep nodes, pods and gang objects cached, and `inventory()` and
 `statuses()` are computed from that cache, memoised until it changes. Writes (dispatch, cancel,
-evict, garbage collection) go to the API on a small thread pool of the backend's own, so that a slow
-cluster cannot starve the event loop's default executor that the rest of the server shares.
+evict, garbage collection) go to the API on the threads of one pool that every member cluster shares
+(clusters.kubernetes.threads), at most `api_threads` of this cluster's at once: a slow or hung cluster
+holds its own threads and no more, and neither the event loop's default executor that the rest of
+the server uses nor another cluster's calls wait for it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
@@ -59,6 +60,7 @@ from clusters.kubernetes.status import (
     orphan_statuses,
     summarize_pods,
 )
+from clusters.kubernetes.threads import Lane
 from clusters.kubernetes.tombstones import Tombstones
 from clusters.kubernetes.vanished import VanishedPods
 from clusters.kubernetes.watch import Health, Informer
@@ -88,9 +90,7 @@ class KubernetesBackend:
         )
         self._api = KubeApi(self._client, timeouts)
         self._health = Health()
-        self._executor = ThreadPoolExecutor(
-            max_workers=settings.api_threads, thread_name_prefix=f"gpufed-k8s-{config.name}"
-        )
+        self._calls = Lane(f"{config.name} api", settings.api_threads)
         self._nodes: Informer[NodeInfo] = self._informer(
             "nodes", self._api.list_nodes, lambda o: node_info(o, config.provider, self._prices)
         )
@@ -173,11 +173,12 @@ class KubernetesBackend:
         informers = [i for i in (self._nodes, self._pods, self._jobs, self._vcjobs) if i is not None]
         for informer in informers:
             informer.stop()
-        loop = asyncio.get_running_loop()
         for informer in informers:
-            if not await loop.run_in_executor(self._executor, informer.join, 10.0):
+            if not await self._calls.run(informer.join, 10.0):
                 self._log.error("watch_thread_stuck", watch=informer.name)
-        await loop.run_in_executor(None, functools.partial(self._executor.shutdown, cancel_futures=True))
+        # The calls on threads end before their connection pool is closed below; those waiting
+        # for a slot are refused.
+        await self._calls.close()
         self._inspection.close()
         self._api.close()
         self._log.debug("backend_closed")
@@ -244,7 +245,10 @@ class KubernetesBackend:
         return reachable
 
     def _inventory_of(
-        self, nodes_seen: tuple[int, list[NodeInfo]], pods_seen: tuple[int, list[PodInfo]], reachable: bool
+        self,
+        nodes_seen: tuple[int, Sequence[NodeInfo]],
+        pods_seen: tuple[int, Sequence[PodInfo]],
+        reachable: bool,
     ) -> ClusterState:
         key = (nodes_seen[0], pods_seen[0], reachable)
         if self._inventory_memo is not None and self._inventory_memo[0] == key:
@@ -270,7 +274,7 @@ class KubernetesBackend:
         return state
 
     def _statuses_of(
-        self, nodes_seen: tuple[int, list[NodeInfo]], pods_seen: tuple[int, list[PodInfo]]
+        self, nodes_seen: tuple[int, Sequence[NodeInfo]], pods_seen: tuple[int, Sequence[PodInfo]]
     ) -> tuple[GangStatus, ...]:
         now_s = time.time()
         self._tombstones.expire(now_s)
@@ -532,10 +536,10 @@ class KubernetesBackend:
         ok: frozenset[int] = frozenset(),
         dispatching: bool = False,
     ) -> R | None:
-        """Run one blocking API call on the pool; an error whose HTTP status is in `ok` gives None."""
-        loop = asyncio.get_running_loop()
+        """Run one blocking API call on the shared pool, within this cluster's lane; an error whose
+        HTTP status is in `ok` gives None."""
         try:
-            result = await loop.run_in_executor(self._executor, fn, *args)
+            result = await self._calls.run(fn, *args)
         except Exception as error:
             status = status_of(error)
             if status is not None and status in ok:

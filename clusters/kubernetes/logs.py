@@ -34,6 +34,7 @@ from clusters.kubernetes.inventory import GANG_LABEL, parse_time_s
 from clusters.kubernetes.kube import Timeouts, call, decode_json
 from clusters.kubernetes.last_words import LastWords
 from clusters.kubernetes.names import namespace_for, object_name
+from clusters.kubernetes.threads import Lane
 from placement.model import JobId, TenantId
 
 Json = dict[str, Any]
@@ -289,6 +290,9 @@ LOG_THREADS = 256
 # Each takes a few milliseconds; on the streams' pool a burst of ends started a thread for each
 # read in flight (thread starts showed in the server's profile), where these few are reused.
 TAIL_THREADS = 8
+# Lists of a gang's pods and of events at once per cluster (`describe`, a keeper's list when the
+# watch cannot answer).
+READ_THREADS = 4
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
@@ -302,14 +306,15 @@ def whole_lines(data: bytes) -> bytes:
 
 
 async def read_bounded(
-    executor: Executor, read: Callable[[], bytes], *, cluster: str, pod: str
+    lane: Lane, read: Callable[[], bytes], *, cluster: str, pod: str
 ) -> AsyncIterator[bytes]:
-    """A log that the API bounds (`tailLines` or `limitBytes`, no follow), read whole on one of
-    `executor`'s threads: one hop to a thread and back instead of `stream_log`'s hop and queued
-    chunk per read, which cost the server most of its CPU for the copy the keeper takes of every
-    ended attempt (bench/scale.py). The whole answer is in memory at once, as the keeper joins it."""
+    """A log that the API bounds (`tailLines` or `limitBytes`, no follow), read whole on a thread of
+    the shared pool that `lane` bounds: one hop to a thread and back instead of `stream_log`'s hop
+    and queued chunk per read, which cost the server most of its CPU for the copy the keeper takes of
+    every ended attempt (bench/scale.py). The whole answer is in memory at once, as the keeper joins
+    it."""
     try:
-        data = await asyncio.get_running_loop().run_in_executor(executor, read)
+        data = await lane.run(read)
     except Exception as error:
         raise log_error(error, cluster, pod) from error
     if data:
@@ -338,13 +343,14 @@ class GangInspection:
         self._log_reader: PodReader | None = None
         # Killed pods' logs, read as the pod watch sees them go (`observe_pod` is its hook).
         self.last_words = LastWords(cluster, self._reader.read_log, replica_state)
-        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"gpufed-k8s-read-{cluster}")
+        # Lists and bounded reads on the process's shared pool (clusters.kubernetes.threads), each
+        # bounded per cluster as its own pool was; follows keep a pool of their own, as each holds
+        # its thread for as long as it lasts.
+        self._reads = Lane(f"{cluster} reads", READ_THREADS)
         self._logs = ThreadPoolExecutor(
             max_workers=LOG_THREADS, thread_name_prefix=f"gpufed-k8s-log-{cluster}"
         )
-        self._tails = ThreadPoolExecutor(
-            max_workers=TAIL_THREADS, thread_name_prefix=f"gpufed-k8s-tail-{cluster}"
-        )
+        self._tails = Lane(f"{cluster} tails", TAIL_THREADS)
 
     def observe_pod(self, kind: str, pod: Json) -> None:
         if str((pod.get("metadata") or {}).get("namespace", "")).startswith(self._prefix):
@@ -352,16 +358,16 @@ class GangInspection:
 
     def close(self) -> None:
         self.last_words.close()
-        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._reads.refuse()
+        self._tails.refuse()
         self._logs.shutdown(wait=False, cancel_futures=True)
-        self._tails.shutdown(wait=False, cancel_futures=True)
         if self._log_client is not None:
             with contextlib.suppress(Exception):
                 self._log_client.close()
 
     async def _read(self, doing: str, fn: Callable[[], list[Json]]) -> list[Json]:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
+            return await self._reads.run(fn)
         except ApiException as error:
             if status_of(error) == 404:
                 return []
