@@ -98,6 +98,8 @@ class Informer(Generic[T]):
         # resourceVersion: a list taken before their create must not drop them (see `_relist`).
         self._remembered: dict[str, int] = {}
         self._version = 0
+        # The items at `_version`, as `snapshot` last gave them (None before its first look).
+        self._view: tuple[int, tuple[T, ...]] | None = None
         self._resource_version: str | None = None
         self._stop = threading.Event()
         self._response: urllib3.BaseHTTPResponse | None = None
@@ -111,10 +113,17 @@ class Informer(Generic[T]):
 
     # ---- read side (any thread) ------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[int, list[T]]:
-        """The cache's version (bumped on every change) and its items."""
+    def snapshot(self) -> tuple[int, tuple[T, ...]]:
+        """The cache's version (bumped on every change) and its items, as they were at that version.
+
+        Copied once a version, on the first look after a change, and shared by every look until the
+        next: the scheduler's and the reconciler's looks at every cluster each second found most
+        clusters unchanged, and copied their nodes and pods for a memo hit all the same."""
         with self._lock:
-            return self._version, list(self._items.values())
+            view = self._view
+            if view is None or view[0] != self._version:
+                view = self._view = (self._version, tuple(self._items.values()))
+            return view
 
     @property
     def version(self) -> int:
