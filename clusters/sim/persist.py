@@ -66,19 +66,45 @@ def take(cluster: str, store: Store, sim_wall_s: float) -> Snapshot:
     return Snapshot(cluster, store.resource_version, sim_wall_s, time.time(), tuple(store.objects()))
 
 
-def encode(snapshot: Snapshot) -> bytes:
+# An object's encoded entry in the snapshot's list, by the object's identity (with the object, which
+# keeps that identity from being reused): committed objects are never mutated (clusters.sim.store), so
+# an object that did not change since the last snapshot is not encoded again.
+Fragments = dict[int, tuple[Obj, bytes]]
+
+
+def encode(snapshot: Snapshot, fragments: Fragments | None = None) -> bytes:
+    """The snapshot as JSON. With `fragments` (the last snapshot's, replaced in place by this one's),
+    only the objects that changed since are encoded: the same bytes, for a tenth of the CPU of a busy
+    cluster's snapshot, which was a tenth of the simulator's CPU in bench/scale.py (100 clusters, a
+    snapshot each every 0.2 s while their objects change)."""
     # msgspec, not json: a cluster of 1,000 running pods is a 3.7 MB snapshot, which json.dumps took
     # 315 ms to encode (holding the GIL) on a loaded 2-core machine.
-    return msgspec.json.encode(
+    head = msgspec.json.encode(
         {
             "format": FORMAT,
             "cluster": snapshot.cluster,
             "resourceVersion": snapshot.resource_version,
             "simWallSeconds": snapshot.sim_wall_s,
             "realWallSeconds": snapshot.real_wall_s,
-            "objects": [{"type": _type_key(rt), "object": obj} for rt, obj in snapshot.objects],
+            "objects": [],
         }
     )
+    old = fragments if fragments is not None else {}
+    new: Fragments = {}
+    entries = []
+    for rt, obj in snapshot.objects:
+        kept = old.get(id(obj))
+        if kept is not None and kept[0] is obj:
+            entry = kept[1]
+        else:
+            entry = msgspec.json.encode({"type": _type_key(rt), "object": obj})
+        new[id(obj)] = (obj, entry)
+        entries.append(entry)
+    if fragments is not None:
+        fragments.clear()
+        fragments.update(new)
+    # The header ends `"objects":[]}`: the entries go between the brackets.
+    return b"".join((head[:-2], b",".join(entries), head[-2:]))
 
 
 class SnapshotError(Exception):
@@ -109,10 +135,10 @@ def load(path: Path, cluster: str) -> Snapshot | None:
         raise SnapshotError(f"{path}: {type(e).__name__}: {e}") from e
 
 
-def write(path: Path, snapshot: Snapshot) -> None:
+def write(path: Path, snapshot: Snapshot, fragments: Fragments | None = None) -> None:
     """Write whole: a reader (the next simulator) never sees half a snapshot."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, encode(snapshot), durable=True)
+    write_atomically(path, encode(snapshot, fragments), durable=True)
 
 
 class SnapshotWriter:
@@ -129,6 +155,7 @@ class SnapshotWriter:
         self._sim_wall_s = sim_wall_s
         self._interval_s = interval_s
         self._written_rv = -1
+        self._fragments: Fragments = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -150,7 +177,7 @@ class SnapshotWriter:
             return
         # Taken here, on the loop (committed objects are never mutated); encoded and written apart.
         snapshot = take(self._cluster, self._store, self._sim_wall_s())
-        await asyncio.to_thread(write, self._path, snapshot)
+        await asyncio.to_thread(write, self._path, snapshot, self._fragments)
         self._written_rv = snapshot.resource_version
 
     async def stop(self) -> None:
