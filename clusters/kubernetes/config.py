@@ -43,7 +43,8 @@ class KubernetesSettings:
     backoff_max_s: float = 10.0
     # How long inventory(), statuses() and dispatch() wait for the first list before giving up.
     sync_timeout_s: float = 10.0
-    # Threads for API calls (dispatch, cancel); watches have one thread each on top.
+    # API calls (dispatch, cancel) of this cluster on threads at once, on the pool every member
+    # cluster shares (clusters.kubernetes.threads); watches have one thread each on top.
     api_threads: int = 16
     # A cancelled or evicted gang is reported as such for this long after its objects are gone.
     tombstone_ttl_s: float = 600.0
