@@ -24,10 +24,11 @@ import sysconfig
 from pathlib import Path
 
 ENV = "GPUFED_PLACEMENT_COMPILED"
-# The decision code. The model's modules stay interpreted, and so do gpu_types (`GpuModel` is in the
-# federation's config records) and reserve (`PendingGang` is built by the scheduler's snapshot): their
-# classes are the federation's values, copied, pickled (the API workers' config) and replaced, and
-# mypyc's native frozen dataclasses can be neither copied nor unpickled.
+# The decision code and the model it reads: compiled, the model's values are native classes, whose
+# fields the decision code reads as struct fields rather than through Python's attribute lookup (the
+# steady 10,000-gang cycle 153 -> 111 ms of CPU). They copy and pickle by their constructors
+# (`model_values`). Left interpreted: `model_values` itself, and `model_waiting` (`Waiting` is made by
+# giving a plain object its class, which native classes do not allow).
 COMPILED = (
     "backfill",
     "capacity",
@@ -35,13 +36,19 @@ COMPILED = (
     "explain",
     "fairshare",
     "fit",
+    "gpu_types",
     "inventory",
+    "model",
+    "model_ids",
+    "model_plan",
+    "model_policy",
     "ordered",
     "plan",
     "preempt",
     "quota",
     "reasons",
     "repatriate",
+    "reserve",
     "room",
     "set_affinity",
     "wait_policy",

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from placement.model_ids import GpuType
+from placement.model_values import keep_as_values
 
 # Label values vendors write for form factors: the SXM module (HBM3 and "mega" parts are SXM) or a card.
 _FORMS = {"SXM": "SXM", "HBM3": "SXM", "MEGA": "SXM", "PCIE": "PCIE", "NVL": "NVL"}
@@ -202,3 +203,6 @@ def node_type(identified: GpuType, registry: GpuRegistry, priced: Mapping[GpuTyp
     if identified in priced or family not in priced:
         return identified
     return family
+
+
+keep_as_values(GpuModel)

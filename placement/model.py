@@ -17,6 +17,7 @@ from operator import attrgetter
 
 from placement.model_ids import (
     NO_PINNING,
+    PINNING_FIELDS,
     CapacityKind,
     ClusterName,
     GpuType,
@@ -42,6 +43,7 @@ from placement.model_plan import (
     WaitReason,
 )
 from placement.model_policy import EgressRate, GpuQuota, PolicyConfig, PriorityClass, TenantQuota
+from placement.model_values import keep_as_values
 
 __all__ = [
     "NO_PINNING",
@@ -155,7 +157,7 @@ class GangRequest:
         # The placement rules as plain tuples: a Pinning in the key was a Python-level hash on every
         # lookup of the key (three a gang and cycle).
         pinning = self.pinning
-        flat = () if not pinning else tuple(getattr(pinning, name) for name in pinning.__slots__)
+        flat = () if not pinning else tuple(getattr(pinning, name) for name in PINNING_FIELDS)
         object.__setattr__(self, "decision_key", (*key[:_PINNING_AT], flat, *key[_PINNING_AT + 1 :]))
 
 
@@ -318,3 +320,6 @@ class Snapshot:
     policy: PolicyConfig = DEFAULT_POLICY
     # (variant, family) per GPU variant (`placement.gpu_types`): a quota on the family bounds its variants.
     gpu_families: tuple[tuple[GpuType, GpuType], ...] = ()
+
+
+keep_as_values(GangRequest, NodePool, PoolSpec, ScalablePool, ClusterState, NodeShare, RunningGang, Snapshot)

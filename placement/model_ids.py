@@ -7,9 +7,11 @@ import them from there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import NewType
+
+from placement.model_values import keep_as_values
 
 JobId = NewType("JobId", str)
 TenantId = NewType("TenantId", str)
@@ -108,3 +110,8 @@ class Pinning:
 
 
 NO_PINNING = Pinning()
+# Its fields' names, in order. Read from the dataclass, not `__slots__`: a compiled (mypyc) class has none.
+PINNING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Pinning))
+
+
+keep_as_values(Pinning)

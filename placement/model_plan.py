@@ -7,12 +7,16 @@ plan compares equal to the plan of an equal snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
 
 from placement.model_ids import CapacityKind, ClusterName, GpuType, JobId, TenantId
+from placement.model_values import keep_as_values
+
+# Re-exported: a wait is the plan's value, kept in a module of its own only to stay interpreted.
+from placement.model_waiting import Explanation as Explanation
+from placement.model_waiting import Waiting as Waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,110 +171,6 @@ class WaitReason:
     at_s: float | None = None
 
 
-class Explanation(Protocol):
-    """Reasons recorded as figures, worded when first read (see `placement.reasons`)."""
-
-    @property
-    def key(self) -> Hashable:
-        """A value that is equal for two explanations only when their reasons are equal."""
-        ...
-
-    def build(self) -> tuple[WaitReason, ...]: ...
-
-
-class _Unguarded:
-    """`Waiting`'s slots without its guard against writes: a wait is made as one of these, by plain
-    attribute writes, and then becomes a `Waiting` (a class of the same slots may take another's
-    place). A deep queue's cycle makes one wait per waiting job, and three `object.__setattr__`
-    calls, the only writes `Waiting` allows, took twice as long (0.49 against 0.24 µs a wait)."""
-
-    __slots__ = ("_explanation", "_reasons", "job_id")
-
-    def __init__(
-        self, job_id: JobId, reasons: tuple[WaitReason, ...] | None, explanation: Explanation | None
-    ) -> None:
-        self.job_id = job_id
-        self._reasons = reasons
-        self._explanation = explanation
-
-
-class Waiting:
-    """A job left waiting, and every reason why, most fundamental first.
-
-    A cycle leaves thousands of jobs waiting on capacity, so the placer records the figures and the
-    reasons are worded on first read (`reasons`). `key` tells two waits with equal reasons apart from
-    changed ones without wording either: the scheduler writes only jobs whose reasons changed.
-    A value: immutable, equal and hashed by job and reasons.
-    """
-
-    __slots__ = ("_explanation", "_reasons", "job_id")
-
-    job_id: JobId
-    _reasons: tuple[WaitReason, ...] | None
-    _explanation: Explanation | None
-
-    def __init__(self, job_id: JobId, reasons: tuple[WaitReason, ...]) -> None:
-        object.__setattr__(self, "job_id", job_id)
-        object.__setattr__(self, "_reasons", tuple(reasons))
-        object.__setattr__(self, "_explanation", None)
-
-    @classmethod
-    def _of(
-        cls, job_id: JobId, reasons: tuple[WaitReason, ...] | None, explanation: Explanation | None
-    ) -> Waiting:
-        """A wait from its slots as they are, without `__init__`'s copy (thousands a cycle)."""
-        waiting = _Unguarded(job_id, reasons, explanation)
-        waiting.__class__ = Waiting  # type: ignore[assignment]
-        return waiting  # type: ignore[return-value]
-
-    @classmethod
-    def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
-        """A wait whose reasons are worded from `explanation` when first read."""
-        return cls._of(job_id, None, explanation)
-
-    def for_job(self, job_id: JobId) -> Waiting:
-        """The same wait for another job (a gang that waits for the same reasons): one per waiting
-        job of a deep queue, so made here without `_of`'s call."""
-        waiting = _Unguarded(job_id, self._reasons, self._explanation)
-        waiting.__class__ = Waiting  # type: ignore[assignment]
-        return waiting  # type: ignore[return-value]
-
-    @property
-    def reasons(self) -> tuple[WaitReason, ...]:
-        reasons = self._reasons
-        if reasons is None:
-            assert self._explanation is not None
-            reasons = self._explanation.build()
-            object.__setattr__(self, "_reasons", reasons)
-        return reasons
-
-    @property
-    def key(self) -> Hashable:
-        """Equal for two waits with equal reasons (unequal keys may still have equal reasons)."""
-        if self._explanation is not None:
-            return self._explanation.key
-        return self.reasons
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Waiting is immutable: cannot set {name}")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not Waiting:
-            return NotImplemented
-        assert isinstance(other, Waiting)
-        return self.job_id == other.job_id and self.reasons == other.reasons
-
-    def __hash__(self) -> int:
-        return hash((self.job_id, self.reasons))
-
-    def __reduce__(self) -> tuple[type[Waiting], tuple[JobId, tuple[WaitReason, ...]]]:
-        # Copies and pickles carry the worded reasons (the figures refer to the cycle's working state).
-        return (Waiting, (self.job_id, self.reasons))
-
-    def __repr__(self) -> str:
-        return f"Waiting(job_id={self.job_id!r}, reasons={self.reasons!r})"
-
-
 @dataclass(frozen=True, slots=True)
 class Move:
     """Stop a running cloud gang at a checkpoint and restart it at once on idle private GPUs.
@@ -320,3 +220,8 @@ class Plan:
     # Per gang that could not run on private GPUs at once, the cloud offer it would burst to now (the
     # alternative its private wait was priced against, or the pool asked to grow for it).
     bursts: Mapping[JobId, Alternative] = field(default_factory=dict)
+
+
+keep_as_values(
+    Alternative, Choice, Admission, Preemption, CapacityRequest, Reservation, WaitReason, Move, Plan
+)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from placement.model_ids import GpuType, TenantId
+from placement.model_values import keep_as_values
 
 
 class CostPolicy(StrEnum):
@@ -177,3 +178,6 @@ class PolicyConfig:
     default_egress_usd_per_gb: float = 0.09
     # How fast a dataset moves between stores: a moved dataset delays the start by size / rate.
     transfer_bytes_per_s: float = 1e9
+
+
+keep_as_values(GpuQuota, TenantQuota, PriorityClass, EgressRate, PolicyConfig)

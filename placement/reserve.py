@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from placement.fit import fit_replicas
 from placement.model import CapacityKind, ClusterName, ClusterState, GpuType
+from placement.model_values import keep_as_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +59,6 @@ def reserve_pending(state: ClusterState, pending: Iterable[PendingGang]) -> Clus
             )
             offset += count
     return replace(state, pools=tuple(pools))
+
+
+keep_as_values(PendingGang)

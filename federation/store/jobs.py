@@ -37,8 +37,7 @@ from placement.model import (
     RunningGang,
     TenantId,
 )
-
-PINNING_FIELDS = Pinning.__slots__
+from placement.model_ids import PINNING_FIELDS
 
 
 class Owner(StrEnum):

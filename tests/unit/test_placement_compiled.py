@@ -13,6 +13,9 @@
 from __future__ import annotations
 
 import copy
+import copyreg
+import dataclasses
+import importlib
 import json
 import os
 import pickle
@@ -28,8 +31,9 @@ from federation.store.records import SchedulingSettings
 from placement import _compiled
 from placement.gpu_types import BUILTIN_TYPES
 from placement.model import CapacityKind, ClusterName, GpuType
+from placement.plan import plan
 from placement.reserve import PendingGang
-from tests.unit.plan_cycles import GOLDEN, WEEK
+from tests.unit.plan_cycles import GOLDEN, WEEK, bench_cycles
 
 ROOT = Path(__file__).resolve().parents[2]
 KEPT = json.loads(GOLDEN.read_text())
@@ -139,14 +143,92 @@ def test_the_switch_runs_the_sources_whatever_is_built(tmp_path: Path) -> None:
     assert done.stdout.split()[2] == str(tmp_path / "placement" / "plan.py")
 
 
+def _model_values() -> list[type[object]]:
+    """Every frozen dataclass of the model's modules."""
+    found: list[type[object]] = []
+    for name in ("model", "model_ids", "model_plan", "model_policy", "gpu_types", "reserve"):
+        module = importlib.import_module(f"placement.{name}")
+        found += [
+            value
+            for value in vars(module).values()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and dataclasses.is_dataclass(value)
+        ]
+    return found
+
+
+def test_every_model_value_is_registered_to_copy_and_pickle_by_its_constructor() -> None:
+    """A model class added without `keep_as_values` would pickle in the interpreted form and fail to
+    unpickle in the compiled one (mypyc's native frozen classes refuse their attributes being set back)."""
+    classes = _model_values()
+    assert len(classes) >= 25
+    assert [c.__name__ for c in classes if copyreg.dispatch_table.get(c) is None] == []
+
+
 def test_the_federations_values_copy_and_pickle() -> None:
-    """Placement classes the federation keeps as values stay interpreted: mypyc's native frozen
-    dataclasses can be neither deep-copied nor unpickled, and the scheduling settings (with the
-    admin's GPU types) go to the API workers as a pickle (federation/runtime/api_workers.py)."""
+    """The model's classes run compiled where a build exists (native classes), and the federation keeps
+    them as values: the scheduling settings (with the admin's GPU types) go to the API workers as a
+    pickle (federation/runtime/api_workers.py), the replay's workers get configs, and snapshots and
+    plans are values. Each pickles, copies and deep-copies to an equal value."""
     gpu = replace(BUILTIN_TYPES[0], name=GpuType("B300"))
     settings = SchedulingSettings(gpu_types=(gpu,))
     pending = PendingGang(ClusterName("dc-1"), GpuType("H100"), CapacityKind.PRIVATE, (8, 8))
-    for value in (settings, pending):
+    (snapshot, _, decided), *_ = bench_cycles(300, 1, lambda s, now: plan(s, now=now))
+    assert decided.admissions
+    assert decided.waiting
+    assert snapshot.running
+    for value in (settings, pending, snapshot, decided, snapshot.queued[0]):
         assert pickle.loads(pickle.dumps(value)) == value
         assert copy.deepcopy(value) == value
-    assert {"gpu_types", "reserve"}.isdisjoint(_compiled.COMPILED)
+        assert copy.copy(value) == value
+    request = snapshot.queued[0]
+    assert pickle.loads(pickle.dumps(request)).decision_key == request.decision_key
+
+
+CROSS = """
+import pickle, sys, placement
+from placement.plan import plan
+from tests.unit.plan_cycles import bench_cycles, digest
+path = sys.argv[1]
+if sys.argv[2] == "write":
+    (snapshot, now, decided), *_ = bench_cycles(300, 1, lambda s, now: plan(s, now=now))
+    open(path, "wb").write(pickle.dumps((snapshot, now, decided)))
+    print(placement.COMPILED, digest(decided))
+else:
+    snapshot, now, decided = pickle.loads(open(path, "rb").read())
+    print(placement.COMPILED, digest(decided), digest(plan(snapshot, now=now)))
+"""
+
+
+@pytest.mark.skipif(not BUILT, reason=NOT_BUILT)
+@pytest.mark.parametrize(
+    "written_compiled", [True, False], ids=["compiled-to-interpreted", "interpreted-to-compiled"]
+)
+def test_a_pickle_of_one_form_loads_in_the_other(tmp_path: Path, written_compiled: bool) -> None:
+    """A snapshot and its plan pickled by one form load in the other, equal: the same plan again."""
+    path = tmp_path / "cycle.pickle"
+    code = ["-c", CROSS, str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    wrote = subprocess.run(
+        [sys.executable, *code, "write"],
+        cwd=ROOT,
+        env={**env, _compiled.ENV: "1" if written_compiled else "0"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert wrote.returncode == 0, wrote.stderr[-3000:]
+    read = subprocess.run(
+        [sys.executable, *code, "read"],
+        cwd=ROOT,
+        env={**env, _compiled.ENV: "0" if written_compiled else "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    written_form, written_digest = wrote.stdout.split()
+    read_form, read_digest, replanned = read.stdout.split()
+    assert (written_form, read_form) == (str(written_compiled), str(not written_compiled))
+    assert written_digest == read_digest == replanned
