@@ -8,7 +8,11 @@
 #      recipe (this file's BASE_* settings) changes. Remove $BUILD_DIR to pick up Debian's updates.
 #   2. deps: a venv at /opt/gpufed with gpufed's dependencies under constraints.txt, committed as the
 #      image localhost/gpufed-deps:<key>, kept until the base, pyproject.toml or constraints.txt change.
-#   3. gpufed itself, from a wheel built from the committed tree (git HEAD), the user, the labels.
+#   3. the placer compiled with mypyc for the image's Python (docs/placement-compiled.md), in a build
+#      container from a second Debian base that has a C compiler and Python's headers; committed as
+#      localhost/gpufed-placer:<key> and kept until the placer's sources, mypy's version or that base
+#      change. Only the built libraries are copied into the image: no compiler ships.
+#   4. gpufed itself, from a wheel built from the committed tree (git HEAD), the user, the labels.
 # uv downloads into a cache under $BUILD_DIR (mounted into the build), so rebuilding the deps layer
 # after a pin change fetches only what changed.
 set -euo pipefail
@@ -36,6 +40,14 @@ BASE_OPTS=(
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
   --dpkgopt='path-exclude=/usr/share/locale/*'
+)
+
+# The placer's build container: the runtime's python3 plus what mypyc needs to build C extensions.
+BUILD_BASE_PACKAGES=python3,python3-dev,gcc,libc6-dev,ca-certificates
+BUILD_BASE_OPTS=(
+  --mode=root --variant=essential --include="$BUILD_BASE_PACKAGES"
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
+  --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*'
 )
 
 started=$(date +%s)
@@ -74,6 +86,19 @@ make_base() {
     mv "$base_tar.part" "$base_tar"
   else
     log "base: cached $(basename "$base_tar")"
+  fi
+}
+
+# The placer's build base, made only when the placer's layer below is built (as the runtime base is).
+make_build_base() {
+  build_base_tar=$BUILD_DIR/buildbase-$SUITE-$build_base_key.tar
+  if [[ ! -s $build_base_tar ]]; then
+    log "making the Debian $SUITE build base (a C compiler, Python's headers) with mmdebstrap"
+    rm -f "$BUILD_DIR"/buildbase-*.tar "$BUILD_DIR"/buildbase-*.tar.part
+    retry mmdebstrap --quiet --format=tar "${BUILD_BASE_OPTS[@]}" "$SUITE" "$build_base_tar.part" "$MIRROR"
+    mv "$build_base_tar.part" "$build_base_tar"
+  else
+    log "build base: cached $(basename "$build_base_tar")"
   fi
 }
 
@@ -131,10 +156,53 @@ else
   log "deps: cached $deps_image"
 fi
 
-# 4. gpufed, its user and its metadata.
+# 4. The placer compiled for the image's Python, reused until what decides it changes: the placer's
+# sources and the compile tool as committed (git's tree ids, not the archive, whose headers carry the
+# commit's time), the mypy the project's venv has, and the build base.
+mypy_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("mypy"))')
+build_base_key=$(printf '%s\n' "$SUITE" "$MIRROR" "${BUILD_BASE_OPTS[@]}" | key)
+placer_key=$(git rev-parse HEAD:placement HEAD:tools/compile_placement.py HEAD:pyproject.toml \
+  | (cat; echo "$mypy_version $build_base_key") | key)
+placer_image=localhost/gpufed-placer:$placer_key
+if ! buildah inspect --type image "$placer_image" >/dev/null 2>&1; then
+  make_build_base
+  log "compiling the placer with mypyc (mypy $mypy_version) for the image's Python"
+  placer_src=$BUILD_DIR/placer-src
+  rm -rf "$placer_src"
+  mkdir -p "$placer_src"
+  git archive HEAD placement tools/compile_placement.py pyproject.toml | tar -x -C "$placer_src"
+  ctr=$(buildah from --quiet scratch)
+  containers+=("$ctr")
+  buildah add --quiet "$ctr" "$build_base_tar" / >/dev/null
+  buildah copy --quiet "$ctr" "$placer_src" /src >/dev/null
+  retry buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
+    uv venv --quiet --allow-existing --python /usr/bin/python3 /opt/build
+    uv pip install --quiet --python /opt/build/bin/python mypy==$mypy_version setuptools
+  "
+  # --require: a build that cannot compile fails here, rather than shipping the interpreted placer.
+  buildah run --isolation chroot "$ctr" -- sh -euc "
+    cd /src
+    /opt/build/bin/python tools/compile_placement.py --require
+    ls -d /src/.compiled/placement-*
+  "
+  rm -rf "$placer_src"
+  old_placer=$(buildah images --quiet --filter reference='localhost/gpufed-placer' 2>/dev/null || true)
+  buildah commit --quiet --rm "$ctr" "$placer_image" >/dev/null
+  containers=()
+  for id in $old_placer; do buildah rmi --force "$id" >/dev/null 2>&1 || true; done
+else
+  log "placer: cached $placer_image"
+fi
+
+# 5. gpufed, its user and its metadata.
 log "installing gpufed $version ($revision)"
 ctr=$(buildah from --quiet "$deps_image")
 containers+=("$ctr")
+site_packages=$(buildah run --isolation chroot "$ctr" -- /opt/gpufed/bin/python -c \
+  'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# The build sits beside the installed package, where placement/_compiled.py looks for it; it is used
+# only if it was built from the installed sources (their digest names it), which the check below asks.
+buildah copy --quiet --from "$placer_image" "$ctr" /src/.compiled "$site_packages/.compiled" >/dev/null
 buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
   uv pip install --quiet --no-deps --python /opt/gpufed/bin/python /dist/$wheel
   # The root filesystem is read-only at run time, so Python could not cache bytecode then: compile
@@ -143,6 +211,7 @@ buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
   /opt/gpufed/bin/python -m compileall -q -j0 federation clusters placement datasync iac
   cd /
   /opt/gpufed/bin/python -c 'import federation.cli.main, federation.runtime.serve, federation.runtime.server'
+  /opt/gpufed/bin/python -c 'import placement, sys; placement.COMPILED or sys.exit("the image would run the interpreted placer: its build is not of the installed sources")'
   echo 'gpufed:x:$GPUFED_UID:$GPUFED_UID:gpufed:/var/lib/gpufed:/usr/sbin/nologin' >> /etc/passwd
   echo 'gpufed:x:$GPUFED_UID:' >> /etc/group
   mkdir -p /var/lib/gpufed

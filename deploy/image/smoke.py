@@ -9,7 +9,11 @@ directory, against an etcd this script starts on loopback. From outside the imag
   and a user of another tenant cannot see it;
 * the server process runs as the image's fixed non-root UID (read from /proc, not from gpufed);
 * the server wrote nothing to the image's root filesystem outside the paths docs/deploy.md names as
-  writable, so it runs under a Pod's readOnlyRootFilesystem.
+  writable, so it runs under a Pod's readOnlyRootFilesystem;
+* the image's placer runs compiled (mypyc, built for the image's Python by deploy/image/build.sh) and
+  plans the benchmark federation's eight cycles as the bytes recorded in
+  tests/unit/data/placer_cycles_golden.json (the scenario's module is mounted in read-only; nothing of
+  the tests is in the image).
 
 It prints `image_size_mb: N MB`, exits non-zero on any failure, and stops and removes everything it
 started (the etcd, the container, its temporary directories) either way.
@@ -296,6 +300,34 @@ def smoke(image: str, work: Path) -> None:
         print(f"root filesystem: nothing written outside {', '.join('/' + w for w in WRITABLE)}")
 
 
+GOLDEN = REPO / "tests" / "unit" / "data" / "placer_cycles_golden.json"
+# The recorded cycles as tests/unit/plan_cycles.bench_cycles makes them (3,000 gangs, 8 cycles).
+PLACER_CHECK = """
+import json, random, sys
+sys.path.insert(0, "/check")
+import placement, placement.plan
+from bench.placer_scenario import NOW, advance, build, digest
+snapshot, now, rng, digests = build(gangs=3000), NOW, random.Random(1), []
+for _ in range(8):
+    decided = placement.plan.plan(snapshot, now=now)
+    digests.append(digest(decided))
+    snapshot, now = advance(snapshot, decided, now, rng, churn=20)
+print(json.dumps({"compiled": placement.COMPILED, "module": placement.plan.__file__, "digests": digests}))
+"""
+
+
+def check_placer(image: str) -> None:
+    """The image's placer is the compiled build of its own sources, and plans the recorded bytes."""
+    with container(image) as ctr:
+        argv = ["run", "--isolation", "chroot", "-v", f"{REPO / 'bench'}:/check/bench:ro", ctr, "--"]
+        out = json.loads(buildah(*argv, "/opt/gpufed/bin/python", "-c", PLACER_CHECK).splitlines()[-1])
+    if not out["compiled"]:
+        raise SmokeFailed(f"the image's placer runs interpreted ({out['module']})")
+    if out["digests"] != json.loads(GOLDEN.read_text())["bench_3000x8"]:
+        raise SmokeFailed("the image's compiled placer planned other bytes than the recorded cycles")
+    print(f"placer: compiled ({out['module']}), 8 cycles the recorded bytes")
+
+
 def stop(server: subprocess.Popen[bytes], identity: str) -> None:
     """SIGTERM to `buildah run`'s session, then to the server itself if it outlived it."""
     with contextlib.suppress(ProcessLookupError):
@@ -316,6 +348,7 @@ def main() -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpufed-image-smoke-"))
     try:
+        check_placer(image)
         smoke(image, work)
     except (SmokeFailed, grpc.RpcError, OSError) as failed:
         log = work / "server.log"
