@@ -211,7 +211,7 @@ buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
   /opt/gpufed/bin/python -m compileall -q -j0 federation clusters placement datasync iac
   cd /
   /opt/gpufed/bin/python -c 'import federation.cli.main, federation.runtime.serve, federation.runtime.server'
-  /opt/gpufed/bin/python -c 'import placement, sys; placement.COMPILED or sys.exit("the image would run the interpreted placer: its build is not of the installed sources")'
+  /opt/gpufed/bin/python -c 'import placement, sys; placement.COMPILED or sys.exit(\"the image would run the interpreted placer: no build of its installed sources\")'
   echo 'gpufed:x:$GPUFED_UID:$GPUFED_UID:gpufed:/var/lib/gpufed:/usr/sbin/nologin' >> /etc/passwd
   echo 'gpufed:x:$GPUFED_UID:' >> /etc/group
   mkdir -p /var/lib/gpufed
