@@ -74,31 +74,22 @@ trap cleanup EXIT
 mkdir -p "$BUILD_DIR"
 base_key=$(printf '%s\n' "$SUITE" "$MIRROR" "${BASE_OPTS[@]}" | key)
 
-# 1. The base tarball, needed only when the deps layer below is built: the buildah store keeps that
-# layer between builds and between clones. Written beside its final name and renamed, so that an
-# interrupted build never leaves a truncated tarball that a later build would trust.
-make_base() {
-  base_tar=$BUILD_DIR/base-$SUITE-$base_key.tar
-  if [[ ! -s $base_tar ]]; then
-    log "making the Debian $SUITE base with mmdebstrap (a few minutes)"
-    rm -f "$BUILD_DIR"/base-*.tar "$BUILD_DIR"/base-*.tar.part
-    retry mmdebstrap --quiet --format=tar "${BASE_OPTS[@]}" "$SUITE" "$base_tar.part" "$MIRROR"
-    mv "$base_tar.part" "$base_tar"
+# 1. The base tarballs, each made only when a layer below that starts from it is built: the buildah
+# store keeps those layers between builds and between clones. `debian_tarball NAME KEY OPTS...` sets
+# `tarball` to $BUILD_DIR/NAME-SUITE-KEY.tar, made by mmdebstrap with OPTS unless it is there. Written
+# beside its final name and renamed, so that an interrupted build never leaves a truncated tarball
+# that a later build would trust.
+debian_tarball() {
+  local name=$1 tar_key=$2
+  shift 2
+  tarball=$BUILD_DIR/$name-$SUITE-$tar_key.tar
+  if [[ ! -s $tarball ]]; then
+    log "making the Debian $SUITE $name with mmdebstrap (a few minutes)"
+    rm -f "$BUILD_DIR/$name"-*.tar "$BUILD_DIR/$name"-*.tar.part
+    retry mmdebstrap --quiet --format=tar "$@" "$SUITE" "$tarball.part" "$MIRROR"
+    mv "$tarball.part" "$tarball"
   else
-    log "base: cached $(basename "$base_tar")"
-  fi
-}
-
-# The placer's build base, made only when the placer's layer below is built (as the runtime base is).
-make_build_base() {
-  build_base_tar=$BUILD_DIR/buildbase-$SUITE-$build_base_key.tar
-  if [[ ! -s $build_base_tar ]]; then
-    log "making the Debian $SUITE build base (a C compiler, Python's headers) with mmdebstrap"
-    rm -f "$BUILD_DIR"/buildbase-*.tar "$BUILD_DIR"/buildbase-*.tar.part
-    retry mmdebstrap --quiet --format=tar "${BUILD_BASE_OPTS[@]}" "$SUITE" "$build_base_tar.part" "$MIRROR"
-    mv "$build_base_tar.part" "$build_base_tar"
-  else
-    log "build base: cached $(basename "$build_base_tar")"
+    log "$name: cached $(basename "$tarball")"
   fi
 }
 
@@ -135,11 +126,11 @@ mkdir -p "$BUILD_DIR/uv-cache"
 deps_key=$( (echo "$base_key"; git show HEAD:pyproject.toml HEAD:constraints.txt) | key)
 deps_image=localhost/gpufed-deps:$deps_key
 if ! buildah inspect --type image "$deps_image" >/dev/null 2>&1; then
-  make_base
+  debian_tarball base "$base_key" "${BASE_OPTS[@]}"
   log "installing the dependencies into a fresh base"
   ctr=$(buildah from --quiet scratch)
   containers+=("$ctr")
-  buildah add --quiet "$ctr" "$base_tar" / >/dev/null
+  buildah add --quiet "$ctr" "$tarball" / >/dev/null
   # gpufed is installed to resolve its dependencies, then removed: the next layer brings its own.
   retry buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
     uv venv --quiet --allow-existing --python /usr/bin/python3 /opt/gpufed
@@ -165,7 +156,8 @@ placer_key=$(git rev-parse HEAD:placement HEAD:tools/compile_placement.py HEAD:p
   | (cat; echo "$mypy_version $build_base_key") | key)
 placer_image=localhost/gpufed-placer:$placer_key
 if ! buildah inspect --type image "$placer_image" >/dev/null 2>&1; then
-  make_build_base
+  # The placer's build base: the runtime's python3 plus a C compiler and Python's headers.
+  debian_tarball buildbase "$build_base_key" "${BUILD_BASE_OPTS[@]}"
   log "compiling the placer with mypyc (mypy $mypy_version) for the image's Python"
   placer_src=$BUILD_DIR/placer-src
   rm -rf "$placer_src"
@@ -173,7 +165,7 @@ if ! buildah inspect --type image "$placer_image" >/dev/null 2>&1; then
   git archive HEAD placement tools/compile_placement.py pyproject.toml | tar -x -C "$placer_src"
   ctr=$(buildah from --quiet scratch)
   containers+=("$ctr")
-  buildah add --quiet "$ctr" "$build_base_tar" / >/dev/null
+  buildah add --quiet "$ctr" "$tarball" / >/dev/null
   buildah copy --quiet "$ctr" "$placer_src" /src >/dev/null
   retry buildah run --isolation chroot "${uv_mounts[@]}" "$ctr" -- sh -euc "
     uv venv --quiet --allow-existing --python /usr/bin/python3 /opt/build

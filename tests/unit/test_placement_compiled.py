@@ -41,10 +41,10 @@ BUILT = _compiled.build_dir().is_dir()
 NOT_BUILT = "no build of these sources (`make setup` builds one where a C compiler is found)"
 
 
-def _python(code: str, *, compiled: bool, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _python(code: str, *args: str, compiled: bool, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, _compiled.ENV: "1" if compiled else "0", "PYTHONPATH": str(cwd)}
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False
     )
 
 
@@ -208,25 +208,9 @@ else:
 def test_a_pickle_of_one_form_loads_in_the_other(tmp_path: Path, written_compiled: bool) -> None:
     """A snapshot and its plan pickled by one form load in the other, equal: the same plan again."""
     path = tmp_path / "cycle.pickle"
-    code = ["-c", CROSS, str(path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    wrote = subprocess.run(
-        [sys.executable, *code, "write"],
-        cwd=ROOT,
-        env={**env, _compiled.ENV: "1" if written_compiled else "0"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    wrote = _python(CROSS, str(path), "write", compiled=written_compiled)
     assert wrote.returncode == 0, wrote.stderr[-3000:]
-    read = subprocess.run(
-        [sys.executable, *code, "read"],
-        cwd=ROOT,
-        env={**env, _compiled.ENV: "0" if written_compiled else "1"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    read = _python(CROSS, str(path), "read", compiled=not written_compiled)
     assert read.returncode == 0, read.stderr[-3000:]
     written_form, written_digest = wrote.stdout.split()
     read_form, read_digest, replanned = read.stdout.split()
