@@ -90,6 +90,10 @@ class JobCache:
         """How many jobs the cache holds (etcd's), without copying them."""
         return len(self._jobs)
 
+    def count_in(self, tenant: TenantId | None, phase: JobPhase) -> int:
+        """How many jobs of `tenant` (None: every tenant) the cache holds in `phase`, without a walk."""
+        return self._index.count(tenant, phase)
+
     def ordered(
         self,
         tenant: TenantId | None = None,

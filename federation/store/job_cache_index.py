@@ -179,6 +179,12 @@ class JobIndex:
     def __len__(self) -> int:
         return len(self._all)
 
+    def count(self, tenant: TenantId | None, phase: JobPhase) -> int:
+        """How many jobs of `tenant` (None: every tenant) are in `phase`: the length of one view, kept
+        as it changes, so a submission's queue limit costs no walk of the queue."""
+        view = self._by_phase.get(phase) if tenant is None else self._by_tenant_phase.get((tenant, phase))
+        return 0 if view is None else len(view)
+
     def rebuild(self, jobs: Iterable[Stored[JobRecord]]) -> None:
         """The index of `jobs` (distinct jobs, as a list gives them)."""
         self.rebuild_filed(((list_key(s.value), s.value.tenant, s.value.phase), s) for s in jobs)
