@@ -56,10 +56,12 @@ def _hang(backend: KubernetesBackend, gate: threading.Event) -> list[int]:
     """Every create of `backend` blocks until `gate` opens, then goes to its API; answers how many
     have entered."""
     entered = [0]
+    lock = threading.Lock()  # the creates enter on many threads at once
     original: Callable[..., Any] = backend._api.create_volcano_job
 
     def hung(*args: Any) -> Any:
-        entered[0] += 1
+        with lock:
+            entered[0] += 1
         if not gate.wait(timeout=60.0):
             raise TimeoutError("the test never let the hung cluster answer")
         return original(*args)
