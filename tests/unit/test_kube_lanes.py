@@ -167,8 +167,10 @@ async def test_calls_of_many_clusters_one_after_another_reuse_the_pools_threads(
     lanes = [Lane(f"cluster-{i} api", 16, pool) for i in range(100)]
     for lane in lanes:
         assert await lane.run(threading.get_ident) is not None
-    # A pool per cluster started a thread for each of the 100; here the calls found one idle.
-    assert len(pool._threads) <= 2
+    # A pool per cluster started a thread for each of the 100; here the calls found one idle (a
+    # worker counts itself idle just after its call's result is out, so a call may start a second
+    # thread, or a few on a loaded machine).
+    assert len(pool._threads) <= 4
 
 
 def test_a_lane_bound_below_one_is_refused_by_name() -> None:
