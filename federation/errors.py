@@ -73,6 +73,13 @@ class RateLimited(GpufedError):
     retryable = True
 
 
+class QueueFull(GpufedError):
+    """A submission would take a tenant's queued jobs (or the federation's) past their limit
+    (`maxQueuedJobs`): try again once some of them have been placed or cancelled."""
+
+    retryable = True
+
+
 class NotLeader(GpufedError):
     """This server does not hold the leader lease, so it may not commit scheduling decisions."""
 

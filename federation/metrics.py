@@ -27,6 +27,13 @@ class Metrics:
         self.jobs_submitted = Counter(
             "gpufed_jobs_submitted_total", "Jobs accepted by SubmitJob", ["tenant"], registry=r
         )
+        self.submissions_refused = Counter(
+            "gpufed_submissions_refused_total",
+            "Submissions refused before anything was stored: reason queue_full (maxQueuedJobs) or "
+            "rate_limited (submitRateLimit)",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge("gpufed_queue_depth", "Jobs waiting in the queue", ["tenant"], registry=r)
         self.admissions = Counter(
             "gpufed_admissions_total", "Gangs admitted to a cluster", ["cluster", "gpu_type"], registry=r

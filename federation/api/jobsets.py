@@ -140,6 +140,7 @@ class JobSetCalls:
         ledger: LedgerCache | None,
         history: HistoryStore | None,
         clock: Callable[[], float],
+        queue_room: Callable[[TenantId], Awaitable[int | None]] | None = None,
     ) -> None:
         self.sets = sets
         self.store = store
@@ -149,7 +150,10 @@ class JobSetCalls:
         self._ledger = ledger
         self._history = history
         self._clock = clock
-        self.controller = SetController(sets=sets, store=store, cache=cache, clock=clock)
+        self._queue_room = queue_room
+        self.controller = SetController(
+            sets=sets, store=store, cache=cache, clock=clock, queue_room=queue_room
+        )
 
     # ---- submit
 
@@ -493,7 +497,10 @@ class JobSetCalls:
 
     async def shown(self, stored: Stored[JobSetRecord], *, with_members: bool = True) -> pb.JobSet:
         record = stored.value
-        status = set_status(record, await self._views(record), now_s=self._clock())
+        room = None
+        if self._queue_room is not None and any(m.state is MemberState.HELD for m in record.members):
+            room = await self._queue_room(record.tenant)
+        status = set_status(record, await self._views(record), now_s=self._clock(), queue_room=room)
         members: list[pb.JobSetMember] = []
         for s in status.members if with_members else ():
             m, job = s.view.member, s.view.job

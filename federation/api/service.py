@@ -27,6 +27,7 @@ from federation.api.job_queries import (
     summarize,
 )
 from federation.api.jobsets import Checked, JobSetCalls, SetListFilter
+from federation.api.queue_limit import QueueLimits
 from federation.api.redact import Redactor, error_text
 from federation.api.status import status_code_for
 from federation.api.streams import StreamGuard, next_event
@@ -40,6 +41,7 @@ from federation.errors import (
     InvalidSpec,
     NotFound,
     PermissionDenied,
+    QueueFull,
     RateLimited,
 )
 from federation.history.protocol import HistoryStore
@@ -236,13 +238,20 @@ class JobService(pb_grpc.JobServiceServicer):
         self._tenants = tenants
         self._clock = clock
         self._rate_limiter = SubmitRateLimiter()
+        self._queue_limits = QueueLimits(cache, tenants.get, tenants.settings)
         # Job sets (issue 34) keep their records beside the jobs, in the same etcd.
         kv = getattr(store, "kv", None)
         self._sets = (
             None
             if kv is None
             else JobSetCalls(
-                sets=JobSetStore(kv), store=store, cache=cache, ledger=ledger, history=history, clock=clock
+                sets=JobSetStore(kv),
+                store=store,
+                cache=cache,
+                ledger=ledger,
+                history=history,
+                clock=clock,
+                queue_room=self._queue_limits.room,
             )
         )
 
@@ -272,10 +281,15 @@ class JobService(pb_grpc.JobServiceServicer):
         # After the checks, so that a flood of invalid manifests costs the tenant nothing but time.
         try:
             self._rate_limiter.admit(tenant, record.submit_rate_per_s, record.submit_burst)
-        except RateLimited:
+            # A refused submission keeps its place in the rate: a script that retries against a full
+            # queue is slowed as any other.
+            self._queue_limits.check(record, settings)
+        except (RateLimited, QueueFull) as refused:
             # A retry of a submission already accepted creates nothing: answer it, do not refuse it.
             earlier = await accepted_before(self._store, tenant, key, digest)
             if earlier is None:
+                reason = "queue_full" if isinstance(refused, QueueFull) else "rate_limited"
+                self._metrics.submissions_refused.labels(tenant=tenant, reason=reason).inc()
                 raise
             return pb.SubmitJobResponse(
                 job_id=earlier.value.job_id, created=False, job=self._shown(who, earlier.value)

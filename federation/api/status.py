@@ -15,6 +15,7 @@ from federation.errors import (
     NotFound,
     NotLeader,
     PermissionDenied,
+    QueueFull,
     RateLimited,
     StoreUnavailable,
     Unauthenticated,
@@ -31,6 +32,7 @@ _CODES: tuple[tuple[type[GpufedError], grpc.StatusCode], ...] = (
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Conflict, grpc.StatusCode.ABORTED),
     (InvalidTransition, grpc.StatusCode.INTERNAL),
 )

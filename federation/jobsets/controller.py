@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import structlog
@@ -26,7 +26,7 @@ from federation.jobsets.store import JobSetStore, member_job
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobEvent, JobStore, Stored
 from federation.store.jobs import JobRecord
-from placement.model import JobId
+from placement.model import JobId, TenantId
 
 log = structlog.get_logger("gpufed.jobsets")
 
@@ -46,8 +46,12 @@ class SetController:
         cache: JobCache,
         clock: Callable[[], float] = time.time,
         interval_s: float = DEFAULT_INTERVAL_S,
+        queue_room: Callable[[TenantId], Awaitable[int | None]] | None = None,
     ) -> None:
         self._sets = sets
+        # How many of a tenant's jobs may join the queue now (`federation.api.queue_limit`); None:
+        # releases are bounded by the sets' own limits only.
+        self._queue_room = queue_room
         self._store = store
         self._cache = cache
         self._clock = clock
@@ -77,7 +81,8 @@ class SetController:
         for _ in range(_ATTEMPTS):
             record = stored.value
             ended = await self.ended(record)
-            decision = to_release(record, ended.__contains__)
+            room = None if self._queue_room is None else await self._queue_room(record.tenant)
+            decision = to_release(record, ended.__contains__, room)
             if not decision.members:
                 return stored
             now = self._clock()

@@ -31,14 +31,20 @@ def live_members(record: JobSetRecord, ended: Callable[[JobId], bool]) -> int:
     return sum(1 for m in record.members if m.state is MemberState.RELEASED and not ended(m.job_id))
 
 
-def to_release(record: JobSetRecord, ended: Callable[[JobId], bool]) -> Release:
+def to_release(
+    record: JobSetRecord, ended: Callable[[JobId], bool], queue_room: int | None = None
+) -> Release:
     """The held members to release now, in the set's order, so that the live ones stay within the
-    limit; none once the set is cancelled."""
+    set's limit and the released ones within the room the tenant's and the federation's queue limits
+    leave (`queue_room`, None: no limit; `federation.api.queue_limit`); none once the set is
+    cancelled."""
     live = live_members(record, ended)
     held = [m for m in record.members if m.state is MemberState.HELD]
     if record.cancel_requested or not held:
         return Release((), live, len(held))
     room = len(held) if record.max_parallel == 0 else max(0, record.max_parallel - live)
+    if queue_room is not None:
+        room = min(room, queue_room)
     chosen = tuple(held[: min(room, MAX_RELEASE_PER_TXN)])
     return Release(chosen, live, len(held) - len(chosen))
 
@@ -50,10 +56,18 @@ def released(record: JobSetRecord, chosen: Sequence[SetMember]) -> JobSetRecord:
     return record.with_members(members)
 
 
-def held_reason(record: JobSetRecord, live: int) -> str:
-    """What a held member's status says: why it waits, and what lets it go."""
+def held_reason(record: JobSetRecord, live: int, queue_room: int | None = None) -> str:
+    """What a held member's status says: why it waits, and what lets it go. `queue_room`: what the
+    queue limits leave for the tenant now (None: no limit, or not known)."""
     if record.cancel_requested:
         return "cancelled with its set before it was released"
+    if queue_room == 0 and (record.max_parallel == 0 or live < record.max_parallel):
+        return (
+            "held: the tenant's or the federation's queue is at its limit (maxQueuedJobs); released "
+            "as queued jobs are placed"
+        )
+    if record.max_parallel == 0:
+        return "held: released at the set controller's next pass"
     return (
         f"held: the set allows at most {record.max_parallel} jobs at once and {live} are queued or "
         "running; released as they finish"

@@ -48,14 +48,18 @@ class SetStatus:
     done: bool
 
 
-def set_status(record: JobSetRecord, views: list[MemberView], *, now_s: float) -> SetStatus:
+def set_status(
+    record: JobSetRecord, views: list[MemberView], *, now_s: float, queue_room: int | None = None
+) -> SetStatus:
+    """The set's members as shown, with its counts and costs; `queue_room`: what the queue limits
+    leave the tenant now (`held_reason`)."""
     ended = {v.member.job_id for v in views if v.job is None or v.job.phase.is_terminal}
     live = live_members(record, ended.__contains__)
     shown: list[MemberStatus] = []
     for view in views:
         m, job = view.member, view.job
         if m.state is MemberState.HELD:
-            shown.append(MemberStatus(view, HELD, held_reason(record, live)))
+            shown.append(MemberStatus(view, HELD, held_reason(record, live, queue_room)))
         elif m.state is MemberState.CANCELLED:
             shown.append(MemberStatus(view, JobPhase.CANCELLED.value, held_reason(record, live)))
         elif job is None:

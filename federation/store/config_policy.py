@@ -15,7 +15,12 @@ from typing import Any
 from federation.errors import InvalidSpec
 from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.validate import int_field, name_field, number_field
-from federation.store.records import DatasetLocation, SchedulingSettings, TenantRecord
+from federation.store.records import (
+    DEFAULT_MAX_QUEUED_JOBS,
+    DatasetLocation,
+    SchedulingSettings,
+    TenantRecord,
+)
 from placement.gpu_types import BUILTIN_TYPES, GpuModel
 from placement.model import EgressRate, GpuQuota, GpuType, PolicyConfig, PriorityClass, TenantId
 from placement.model_policy import CostPolicy
@@ -56,6 +61,7 @@ _TENANT_KEYS = frozenset(
         "monthlyBudgetGpuHours",
         "maxPriorityClass",
         "submitRateLimit",
+        "maxQueuedJobs",
         "podSecurity",
         "costPolicy",
     }
@@ -68,6 +74,9 @@ _QUOTA_KEYS = frozenset({"guaranteed", "borrowingLimit", "lendingLimit", "cap"})
 # weights from 0.0001 to 999.9999; Kueue's `fairSharing.weight` is a quantity whose weighted share
 # saturates at the int64 maximum, and Slurm's Fairshare raw shares are 32-bit integers, ~4.3e9).
 MAX_WEIGHT = 1000.0
+# The largest queue limit a document may set (`maxQueuedJobs`): far past what any server's memory
+# holds (docs/deploy.md, "Sizing"), but a number, so that a typo of a few more digits is refused.
+MAX_QUEUED_JOBS_LIMIT = 100_000_000
 MIN_WEIGHT = 0.001
 # GPUs in a cap, a quota or a policy limit: beyond any fleet (a million GPUs).
 MAX_GPUS = 1_000_000
@@ -178,6 +187,7 @@ def parse_tenant(doc: Any, at: str, *, priority_classes: Iterable[str]) -> Tenan
         max_priority_class=max_class,
         submit_rate_per_s=rate_s,
         submit_burst=burst,
+        max_queued_jobs=_queue_limit(t.get("maxQueuedJobs"), f"{at}.maxQueuedJobs"),
         pod_security=_pod_security(t.get("podSecurity"), f"{at}.podSecurity"),
         cost_policy=_cost_policy(t.get("costPolicy"), f"{at}.costPolicy"),
     )
@@ -202,6 +212,11 @@ def _pod_security(value: Any, at: str) -> PodSecurityLevel:
     if value not in levels:
         raise InvalidSpec(at, f"must be one of {', '.join(levels)}, got {value!r}")
     return PodSecurityLevel(value)
+
+
+def _queue_limit(value: Any, at: str) -> int | None:
+    """A limit on queued jobs (`maxQueuedJobs`): a count of at least 1; absent or null, none."""
+    return None if value is None else int_field(value, at, minimum=1, maximum=MAX_QUEUED_JOBS_LIMIT)
 
 
 def _submit_rate_limit(doc: Any, at: str) -> tuple[float | None, int | None]:
@@ -356,7 +371,7 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             )
         )
     policy_doc = _mapping(doc.get("policy"), "policy")
-    extra = ("preemptionIntervalSeconds", "usageHalfLifeHours")
+    extra = ("preemptionIntervalSeconds", "usageHalfLifeHours", "maxQueuedJobs")
     _unknown_keys(policy_doc, [*_POLICY_KEYS, *extra], "policy")
     defaults = PolicyConfig()
     kinds = {f.name: type(getattr(defaults, f.name)) for f in fields(PolicyConfig)}
@@ -399,6 +414,10 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             maximum=MAX_HOURS,
         ),
         gpu_types=parse_gpu_types(doc.get("gpuTypes")),
+        # Not given: the default limit; `maxQueuedJobs: null` lifts it.
+        max_queued_jobs=_queue_limit(policy_doc["maxQueuedJobs"], "policy.maxQueuedJobs")
+        if "maxQueuedJobs" in policy_doc
+        else DEFAULT_MAX_QUEUED_JOBS,
     )
 
 
@@ -429,6 +448,8 @@ def tenant_document(t: TenantRecord) -> dict[str, Any]:
         doc["maxPriorityClass"] = t.max_priority_class
     if t.submit_rate_per_s is not None:
         doc["submitRateLimit"] = {"perSecond": t.submit_rate_per_s, "burst": t.submit_burst}
+    if t.max_queued_jobs is not None:
+        doc["maxQueuedJobs"] = t.max_queued_jobs
     if t.pod_security is not PodSecurityLevel.BASELINE:
         doc["podSecurity"] = t.pod_security.value
     # Always written: an admin reading a tenant sees which wait its jobs get, default or not.

@@ -26,6 +26,9 @@ from placement.model import (
 from placement.model_policy import CostPolicy
 
 _BUILTIN_REGISTRY = GpuRegistry(BUILTIN_TYPES)
+# The federation's queue limit unless the config sets another (`policy.maxQueuedJobs`): the million
+# queued jobs bench/scale_depth.py measured, about 3.5 GiB of a server's memory.
+DEFAULT_MAX_QUEUED_JOBS = 1_000_000
 _registries: dict[tuple[GpuModel, ...], GpuRegistry] = {}
 
 
@@ -68,6 +71,10 @@ class TenantRecord:
     # crowd out everyone else's submissions or etcd.
     submit_rate_per_s: float | None = None
     submit_burst: int | None = None
+    # The most of the tenant's jobs that may wait in the queue at once (None: only the federation's
+    # limit): a submission past it is refused, so one team's runaway script neither fills the
+    # server's memory nor crowds out the others' submissions.
+    max_queued_jobs: int | None = None
     # The Pod Security Standards level the tenant's pods are held to (federation.spec.pod_security).
     pod_security: PodSecurityLevel = PodSecurityLevel.BASELINE
     # How long the tenant's gangs wait for private GPUs before paying cloud prices (issue 35):
@@ -189,6 +196,10 @@ class SchedulingSettings:
     usage_half_life_h: float = 24.0
     # GPU types the admin adds to (or redefines in) the built-in registry (`gpuTypes:` in the config).
     gpu_types: tuple[GpuModel, ...] = ()
+    # The most jobs that may wait in the queue at once, all tenants together (None: no limit). Every
+    # live job costs each server about 3.5 KiB (docs/architecture.md, "Memory per live job"): the
+    # default bounds a server's job cache near 3.5 GiB; a smaller server sets a smaller limit.
+    max_queued_jobs: int | None = DEFAULT_MAX_QUEUED_JOBS
 
     def gpu_registry(self) -> GpuRegistry:
         """The known GPU types: built-in ones, then the admin's."""
@@ -247,6 +258,7 @@ def tenant_to_dict(t: TenantRecord) -> dict[str, Any]:
         "max_priority_class": t.max_priority_class,
         "submit_rate_per_s": t.submit_rate_per_s,
         "submit_burst": t.submit_burst,
+        **({} if t.max_queued_jobs is None else {"max_queued_jobs": t.max_queued_jobs}),
         "pod_security": t.pod_security.value,
         # Only a policy other than the default is written, so older records read back unchanged.
         **({} if t.cost_policy is CostPolicy.BALANCED else {"cost_policy": t.cost_policy.value}),
@@ -267,6 +279,7 @@ def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:
         max_priority_class=d.get("max_priority_class"),
         submit_rate_per_s=None if d.get("submit_rate_per_s") is None else float(d["submit_rate_per_s"]),
         submit_burst=None if d.get("submit_burst") is None else int(d["submit_burst"]),
+        max_queued_jobs=None if d.get("max_queued_jobs") is None else int(d["max_queued_jobs"]),
         # Records written before the field existed: baseline, the default level.
         pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
         # Records written before issue 35: the federation's own wait.
@@ -323,11 +336,16 @@ def settings_to_dict(s: SchedulingSettings) -> dict[str, Any]:
         "policy": {f.name: getattr(s.policy, f.name) for f in fields(PolicyConfig)},
         "preemption_interval_s": s.preemption_interval_s,
         "usage_half_life_h": s.usage_half_life_h,
+        "max_queued_jobs": s.max_queued_jobs,
         "gpu_types": [
             {"name": m.name, "family": m.family, "memory_gib": m.memory_gib, "speed": m.speed, "form": m.form}
             for m in s.gpu_types
         ],
     }
+
+
+def _queued_limit(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
@@ -356,6 +374,8 @@ def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
         policy=policy,
         preemption_interval_s=float(d.get("preemption_interval_s", 600.0)),
         usage_half_life_h=float(d.get("usage_half_life_h", 24.0)),
+        # Settings written before the field existed: the default limit. An explicit null: none.
+        max_queued_jobs=_queued_limit(d.get("max_queued_jobs", DEFAULT_MAX_QUEUED_JOBS)),
         gpu_types=tuple(
             GpuModel(
                 GpuType(m["name"]),

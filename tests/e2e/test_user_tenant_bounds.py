@@ -53,6 +53,8 @@ OUT_OF_RANGE = {
     "quota guarantee": ("quotas: {A100: {guaranteed: 10000000000}}", "quotas.A100.guaranteed", "1,000,000"),
     "budget": ("monthlyBudgetGpuHours: 1.0e+300", "monthlyBudgetGpuHours", "from 0 to"),
     "submit rate": ("submitRateLimit: {perSecond: 1.0e+300}", "submitRateLimit.perSecond", "from 0.001 to"),
+    "queue limit": ("maxQueuedJobs: 1000000000000", "maxQueuedJobs", "from 1 to 100,000,000"),
+    "no queue at all": ("maxQueuedJobs: 0", "maxQueuedJobs", "from 1 to 100,000,000"),
     "submit burst": (
         "submitRateLimit: {perSecond: 5, burst: 10000000000}",
         "submitRateLimit.burst",
