@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from federation.cli.main import cli
 from federation.runtime.config import parse_config
 from federation.runtime.etcd_process import etcd_binary
+from federation.store.records import DEFAULT_MAX_QUEUED_JOBS
 from tests.deploy.chart import (
     CHART,
     EXAMPLES,
@@ -444,3 +445,22 @@ def test_compressed_wait_reasons_are_off_unless_asked_and_then_passed_as_serve_t
     assert "--compress-wait-reasons" in args[args.index("serve") + 1 :]
     parsed = CliRunner().invoke(cli, [*args, "--help"])
     assert parsed.exit_code == 0, parsed.output
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        pytest.param((), 400_000, id="sized-with-the-memory-limit"),
+        pytest.param(("config.policy.maxQueuedJobs=77",), 77, id="the-config-wins"),
+        pytest.param(("server.maxQueuedJobs=null",), DEFAULT_MAX_QUEUED_JOBS, id="gpufeds-default"),
+    ],
+)
+def test_the_queue_limit_is_sized_with_the_servers_memory_unless_the_config_sets_it(
+    tools: None, sets: tuple[str, ...], expected: int
+) -> None:
+    """A default install's memory limit (2Gi) holds about 400,000 queued jobs: the chart bounds the
+    queue there, so a burst is refused rather than the server killed for memory (and killed again as
+    it lists the same jobs at its restart)."""
+    render = template(_example("single-sqlite"), sets=sets)
+    config = parse_config(render.one("ConfigMap")["data"]["federation.yaml"])
+    assert config.settings.max_queued_jobs == expected

@@ -81,9 +81,15 @@ app.kubernetes.io/component: etcd
 {{- define "gpufed.cloudDir" -}}/etc/gpufed/cloud{{- end -}}
 
 {{/* The federation config as `gpufed serve --bootstrap` reads it: the values' `config`, with
-     `history.dsnEnv` set by the chart when the history is PostgreSQL. */}}
+     `history.dsnEnv` set by the chart when the history is PostgreSQL, and `policy.maxQueuedJobs`
+     from `server.maxQueuedJobs` when the config does not set it (sized with the memory limit). */}}
 {{- define "gpufed.federationConfig" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- $policy := deepCopy (default (dict) (get $config "policy")) -}}
+{{- if and (not (hasKey $policy "maxQueuedJobs")) (not (kindIs "invalid" .Values.server.maxQueuedJobs)) -}}
+{{- $_ := set $policy "maxQueuedJobs" (int64 .Values.server.maxQueuedJobs) -}}
+{{- $_ := set $config "policy" $policy -}}
+{{- end -}}
 {{- $history := deepCopy (default (dict) (get $config "history")) -}}
 {{- if eq .Values.history.backend "postgresql" -}}
 {{- $_ := set $history "dsnEnv" .Values.history.postgresql.dsnEnv -}}
