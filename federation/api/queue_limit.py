@@ -7,8 +7,10 @@ server past its memory limit; restarted, it would list the same jobs again and b
 submission that would take the queue past a limit is refused with RESOURCE_EXHAUSTED, and nothing
 is stored:
 
-* a tenant's `maxQueuedJobs` (none unless its document sets one) bounds its own queue, so one team's
-  burst cannot use the whole federation's room;
+* a tenant's `maxQueuedJobs` bounds its own queue, so one team's burst cannot use the whole
+  federation's room and have every other team refused; a tenant whose document sets none has the
+  federation's `policy.maxQueuedJobsPerTenant` (`DEFAULT_MAX_QUEUED_JOBS_PER_TENANT`, a quarter of
+  the federation's default; null lifts it);
 * the federation's `policy.maxQueuedJobs` (`DEFAULT_MAX_QUEUED_JOBS` unless the config sets another;
   null lifts it) bounds all queues together.
 
@@ -44,6 +46,8 @@ class QueueCounts:
     tenant_queued: int
     federation_limit: int | None
     federation_queued: int
+    # Whether the tenant's limit is the federation's default for a tenant, its document setting none.
+    tenant_limit_by_default: bool = False
 
 
 def room(counts: QueueCounts) -> int | None:
@@ -62,9 +66,14 @@ def room(counts: QueueCounts) -> int | None:
 def refusal(counts: QueueCounts, adding: int = 1) -> str | None:
     """Why adding `adding` jobs to the queue is refused, or None if it fits."""
     if counts.tenant_limit is not None and counts.tenant_queued + adding > counts.tenant_limit:
+        which = (
+            "policy.maxQueuedJobsPerTenant, as its document sets no maxQueuedJobs"
+            if counts.tenant_limit_by_default
+            else "maxQueuedJobs"
+        )
         return (
             f"tenant {counts.tenant} has {counts.tenant_queued} jobs queued and its limit is "
-            f"{counts.tenant_limit} (maxQueuedJobs): submit again once some have been placed or "
+            f"{counts.tenant_limit} ({which}): submit again once some have been placed or "
             "cancelled, or ask an admin to raise the limit"
         )
     if counts.federation_limit is not None and counts.federation_queued + adding > counts.federation_limit:
@@ -89,12 +98,14 @@ class QueueLimits:
         self._settings = settings
 
     def counts(self, record: TenantRecord, settings: SchedulingSettings) -> QueueCounts:
+        by_default = record.max_queued_jobs is None
         return QueueCounts(
             tenant=record.name,
-            tenant_limit=record.max_queued_jobs,
+            tenant_limit=settings.max_queued_jobs_per_tenant if by_default else record.max_queued_jobs,
             tenant_queued=self._cache.count_in(record.name, JobPhase.QUEUED),
             federation_limit=settings.max_queued_jobs,
             federation_queued=self._cache.count_in(None, JobPhase.QUEUED),
+            tenant_limit_by_default=by_default,
         )
 
     def check(self, record: TenantRecord, settings: SchedulingSettings, adding: int = 1) -> None:

@@ -17,6 +17,7 @@ from federation.spec.jobspec import PodSecurityLevel
 from federation.spec.validate import int_field, name_field, number_field
 from federation.store.records import (
     DEFAULT_MAX_QUEUED_JOBS,
+    DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
     DatasetLocation,
     SchedulingSettings,
     TenantRecord,
@@ -371,7 +372,7 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             )
         )
     policy_doc = _mapping(doc.get("policy"), "policy")
-    extra = ("preemptionIntervalSeconds", "usageHalfLifeHours", "maxQueuedJobs")
+    extra = ("preemptionIntervalSeconds", "usageHalfLifeHours", "maxQueuedJobs", "maxQueuedJobsPerTenant")
     _unknown_keys(policy_doc, [*_POLICY_KEYS, *extra], "policy")
     defaults = PolicyConfig()
     kinds = {f.name: type(getattr(defaults, f.name)) for f in fields(PolicyConfig)}
@@ -418,6 +419,11 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
         max_queued_jobs=_queue_limit(policy_doc["maxQueuedJobs"], "policy.maxQueuedJobs")
         if "maxQueuedJobs" in policy_doc
         else DEFAULT_MAX_QUEUED_JOBS,
+        max_queued_jobs_per_tenant=_queue_limit(
+            policy_doc["maxQueuedJobsPerTenant"], "policy.maxQueuedJobsPerTenant"
+        )
+        if "maxQueuedJobsPerTenant" in policy_doc
+        else DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
     )
 
 

@@ -29,6 +29,10 @@ _BUILTIN_REGISTRY = GpuRegistry(BUILTIN_TYPES)
 # The federation's queue limit unless the config sets another (`policy.maxQueuedJobs`): the million
 # queued jobs bench/scale_depth.py measured, about 3.5 GiB of a server's memory.
 DEFAULT_MAX_QUEUED_JOBS = 1_000_000
+# A tenant's own queue limit unless its document sets one (`policy.maxQueuedJobsPerTenant`): a
+# quarter of the federation's, so that one team's burst cannot fill the whole queue and have every
+# other team's submissions refused.
+DEFAULT_MAX_QUEUED_JOBS_PER_TENANT = 250_000
 _registries: dict[tuple[GpuModel, ...], GpuRegistry] = {}
 
 
@@ -200,6 +204,8 @@ class SchedulingSettings:
     # live job costs each server about 3.5 KiB (docs/architecture.md, "Memory per live job"): the
     # default bounds a server's job cache near 3.5 GiB; a smaller server sets a smaller limit.
     max_queued_jobs: int | None = DEFAULT_MAX_QUEUED_JOBS
+    # A tenant's limit when its document sets none (None: only the federation's applies to it).
+    max_queued_jobs_per_tenant: int | None = DEFAULT_MAX_QUEUED_JOBS_PER_TENANT
 
     def gpu_registry(self) -> GpuRegistry:
         """The known GPU types: built-in ones, then the admin's."""
@@ -337,6 +343,7 @@ def settings_to_dict(s: SchedulingSettings) -> dict[str, Any]:
         "preemption_interval_s": s.preemption_interval_s,
         "usage_half_life_h": s.usage_half_life_h,
         "max_queued_jobs": s.max_queued_jobs,
+        "max_queued_jobs_per_tenant": s.max_queued_jobs_per_tenant,
         "gpu_types": [
             {"name": m.name, "family": m.family, "memory_gib": m.memory_gib, "speed": m.speed, "form": m.form}
             for m in s.gpu_types
@@ -376,6 +383,9 @@ def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
         usage_half_life_h=float(d.get("usage_half_life_h", 24.0)),
         # Settings written before the field existed: the default limit. An explicit null: none.
         max_queued_jobs=_queued_limit(d.get("max_queued_jobs", DEFAULT_MAX_QUEUED_JOBS)),
+        max_queued_jobs_per_tenant=_queued_limit(
+            d.get("max_queued_jobs_per_tenant", DEFAULT_MAX_QUEUED_JOBS_PER_TENANT)
+        ),
         gpu_types=tuple(
             GpuModel(
                 GpuType(m["name"]),

@@ -26,6 +26,7 @@ from federation.store.jobs import Owner
 from federation.store.kv_memory import MemoryKv
 from federation.store.records import (
     DEFAULT_MAX_QUEUED_JOBS,
+    DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
     Role,
     SchedulingSettings,
     TenantRecord,
@@ -104,6 +105,20 @@ async def test_a_neighbour_still_submits_and_learns_nothing_of_the_other_tenants
     assert refused.details.startswith("the federation's queue is full (at most 4 jobs queued")
     assert "vision" not in refused.details
     assert "2" not in refused.details.replace("4", "")
+
+
+async def test_a_tenant_without_its_own_limit_has_the_federations_default_for_one(world: World) -> None:
+    """One team's burst must not fill the federation's whole queue and have every other team
+    refused: a tenant whose document sets no limit has `policy.maxQueuedJobsPerTenant`, and the
+    tenants with room still submit."""
+    await world.store.put_settings(SchedulingSettings(max_queued_jobs=100, max_queued_jobs_per_tenant=3))
+    world.service._tenants.forget()  # type: ignore[attr-defined]
+    for n in range(3):
+        await world.submit("bob", f"b{n}")
+    refused = await world.refused("bob", "b3")
+    assert refused.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "tenant nlp has 3 jobs queued and its limit is 3 (policy.maxQueuedJobsPerTenant" in refused.details
+    await world.submit("alice", "a1")  # vision's own limit (2) is its own, whatever the default
 
 
 async def test_a_retry_of_an_accepted_submission_is_answered_even_at_the_limit(world: World) -> None:
@@ -193,14 +208,21 @@ def test_the_limits_are_read_from_the_config_and_round_trip() -> None:
     assert parse_tenant({"name": "nlp"}, "tenant", priority_classes=()).max_queued_jobs is None
 
     assert parse_settings({}).max_queued_jobs == DEFAULT_MAX_QUEUED_JOBS
+    assert parse_settings({}).max_queued_jobs_per_tenant == DEFAULT_MAX_QUEUED_JOBS_PER_TENANT
+    assert parse_settings({"policy": {"maxQueuedJobsPerTenant": 9}}).max_queued_jobs_per_tenant == 9
+    assert parse_settings({"policy": {"maxQueuedJobsPerTenant": None}}).max_queued_jobs_per_tenant is None
     assert parse_settings({"policy": {"maxQueuedJobs": 200000}}).max_queued_jobs == 200_000
     assert parse_settings({"policy": {"maxQueuedJobs": None}}).max_queued_jobs is None
-    for settings in (SchedulingSettings(max_queued_jobs=7), SchedulingSettings(max_queued_jobs=None)):
+    for settings in (
+        SchedulingSettings(max_queued_jobs=7, max_queued_jobs_per_tenant=2),
+        SchedulingSettings(max_queued_jobs=None, max_queued_jobs_per_tenant=None),
+    ):
         assert settings_from_dict(settings_to_dict(settings)) == settings
     # Settings written before the field existed read as the default limit.
     old = settings_to_dict(SchedulingSettings())
-    del old["max_queued_jobs"]
+    del old["max_queued_jobs"], old["max_queued_jobs_per_tenant"]
     assert settings_from_dict(old).max_queued_jobs == DEFAULT_MAX_QUEUED_JOBS
+    assert settings_from_dict(old).max_queued_jobs_per_tenant == DEFAULT_MAX_QUEUED_JOBS_PER_TENANT
 
 
 @pytest.mark.parametrize("value", [0, -1, "many", 10**12])
@@ -208,6 +230,7 @@ def test_a_bad_limit_is_refused_naming_the_field(value: object) -> None:
     with pytest.raises(InvalidSpec) as bad:
         parse_tenant({"name": "vision", "maxQueuedJobs": value}, "tenant", priority_classes=())
     assert bad.value.field == "tenant.maxQueuedJobs"
-    with pytest.raises(InvalidSpec) as bad_policy:
-        parse_settings({"policy": {"maxQueuedJobs": value}})
-    assert bad_policy.value.field == "policy.maxQueuedJobs"
+    for key in ("maxQueuedJobs", "maxQueuedJobsPerTenant"):
+        with pytest.raises(InvalidSpec) as bad_policy:
+            parse_settings({"policy": {key: value}})
+        assert bad_policy.value.field == f"policy.{key}"
