@@ -177,7 +177,15 @@ class SnapshotWriter:
             return
         # Taken here, on the loop (committed objects are never mutated); encoded and written apart.
         snapshot = take(self._cluster, self._store, self._sim_wall_s())
-        await asyncio.to_thread(write, self._path, snapshot, self._fragments)
+        writing = asyncio.ensure_future(asyncio.to_thread(write, self._path, snapshot, self._fragments))
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # `stop` cancels the ticks, and a cancel cannot stop a thread: the write goes on. Until it
+            # is done, nothing else may write, or stop's last write would share its temporary file
+            # (one a process) and the older snapshot could be renamed over the newer one last.
+            await asyncio.wait([writing])
+            raise
         self._written_rv = snapshot.resource_version
 
     async def stop(self) -> None:
