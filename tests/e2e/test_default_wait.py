@@ -269,3 +269,55 @@ async def test_the_console_shows_each_tenant_s_policy_and_only_an_admin_changes_
     finally:
         await admin.close()
         await sara.close()
+
+
+def _limit_cell(page: str, tenant: str) -> str | None:
+    found = re.search(rf'<tr data-tenant="{tenant}">.*?class="queue-limit-value">([^<]*)<', page, re.S)
+    return found.group(1) if found else None
+
+
+async def test_the_console_shows_each_tenant_s_queue_limit_and_only_an_admin_changes_it(
+    up: ConsoleUp,
+) -> None:
+    """Issue 33's bound on the queue, as an admin meets it in the console: the limit shown, set and
+    cleared (back to the federation's default); a bad value refused naming the field, the stored one
+    kept; a member's change refused by AdminService."""
+    admin, admin_csrf = await _signed_in(up, "admin")
+    sara, sara_csrf = await _signed_in(up, "sara")
+
+    async def set_limit(session: aiohttp.ClientSession, csrf: str, tenant: str, value: str) -> int:
+        async with session.post(
+            f"/tenants/{tenant}/queue-limit",
+            data={"csrf": csrf, "max_queued_jobs": value},
+            allow_redirects=False,
+        ) as r:
+            return r.status
+
+    try:
+        async with sara.get("/tenants") as r:
+            own = await r.text()
+        assert _limit_cell(own, "speech") == "federation default"
+        assert 'class="queue-limit"' not in own, "no form for a member"
+        assert await set_limit(sara, sara_csrf, "speech", "1") == 404, "refused by AdminService"
+
+        assert await set_limit(admin, admin_csrf, "nlp", "5000") == 303
+        async with admin.get("/tenants") as r:
+            assert _limit_cell(await r.text(), "nlp") == "5000"
+        assert "maxQueuedJobs: 5000" in up.gpufed("tenant", "get", "nlp", user="bob").stdout
+
+        async with admin.post(
+            "/tenants/nlp/queue-limit",
+            data={"csrf": admin_csrf, "max_queued_jobs": "0"},
+            allow_redirects=False,
+        ) as r:
+            assert r.status == 400
+            assert "maxQueuedJobs" in await r.text()
+        assert "maxQueuedJobs: 5000" in up.gpufed("tenant", "get", "nlp", user="bob").stdout
+
+        assert await set_limit(admin, admin_csrf, "nlp", "") == 303
+        assert "maxQueuedJobs" not in up.gpufed("tenant", "get", "nlp", user="bob").stdout
+        async with admin.get("/tenants") as r:
+            assert _limit_cell(await r.text(), "speech") == "federation default"
+    finally:
+        await admin.close()
+        await sara.close()
