@@ -233,9 +233,7 @@ class Archiver:
             self._metrics.archive_backlog.set(len(due))
         archived = left = tails_moved = 0
         if due:
-            idem = await idempotency_keys(
-                self._kv, [s.value.tenant for s in due], {s.value.job_id for s in due}
-            )
+            idem = await idempotency_keys(self._kv, [s.value for s in due])
             size = self._settings.archive_batch
             for start in range(0, len(due), size):
                 if lost is not None and lost.is_set():

@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from federation.store.intervals import LedgerInterval, interval_from_json, ledger_key
-from federation.store.job_store import IDEM, WAITS, Fence, Stored, job_key, waits_from_json
+from federation.store.job_store import (
+    IDEM,
+    WAITS,
+    Fence,
+    Stored,
+    idempotency_key_of,
+    job_key,
+    waits_from_json,
+)
 from federation.store.jobs import JobRecord, job_from_json
 from federation.store.kv import MAX_TXN_OPS, Compare, Delete, Get, KeyValue, KeyValueStore, Txn
 from federation.store.kv_pages import pages
@@ -146,12 +154,35 @@ async def read_jobs(
     return out
 
 
-async def idempotency_keys(
-    kv: KeyValueStore, tenants: Sequence[TenantId], job_ids: set[JobId]
-) -> dict[JobId, KeyValue]:
-    """The idempotency keys of the tenants that name one of `job_ids`. The key holds a hash of the
-    client's key, not the job id, so finding a job's key means reading the tenant's keys (paged)."""
+async def idempotency_keys(kv: KeyValueStore, jobs: Sequence[JobRecord]) -> dict[JobId, KeyValue]:
+    """The idempotency key of each of `jobs` that has one, by job. A record names its key
+    (`JobRecord.idempotency_digest`): those are read by name, many to a request, whatever the
+    tenant's other keys. A record written before the field existed does not, and its key holds a hash
+    of the client's key, not the job id: those jobs' tenants' keys are read (paged), as every pass
+    read them before."""
     found: dict[JobId, KeyValue] = {}
+    named = [j for j in jobs if j.idempotency_digest]
+    for start in range(0, len(named), MAX_TXN_OPS):
+        chunk = named[start : start + MAX_TXN_OPS]
+        keys = [idempotency_key_of(j.tenant, j.idempotency_digest) for j in chunk]
+        result = await kv.txn((), tuple(Get(k) for k in keys), ())
+        for job, got in zip(chunk, result.gets, strict=True):
+            # The key is create-only and names the job it created; checked all the same, as the
+            # removal deletes what it names.
+            if got is not None and loads(got.value, got.key).get("job_id") == job.job_id:
+                found[job.job_id] = got
+    # A job set's members are written by the set controller, never with an idempotency key.
+    unnamed = [j for j in jobs if not j.idempotency_digest and not j.job_set]
+    await _listed(kv, [j.tenant for j in unnamed], {j.job_id for j in unnamed}, found)
+    return found
+
+
+async def _listed(
+    kv: KeyValueStore, tenants: Sequence[TenantId], job_ids: set[JobId], found: dict[JobId, KeyValue]
+) -> None:
+    """Into `found`: the keys of `tenants` that name one of `job_ids`, by a paged read of them."""
+    if not job_ids:
+        return
     for tenant in sorted(set(tenants)):
         prefix = IDEM + tenant.encode() + b"/"
         async with contextlib.aclosing(pages(kv, prefix)) as listing:
@@ -159,7 +190,6 @@ async def idempotency_keys(
                 # Decoded on a worker thread: a tenant may hold a key per live job, and a pass must
                 # not hold the event loop for all of them.
                 found.update(await asyncio.to_thread(_naming, page, job_ids))
-    return found
 
 
 def _naming(items: Sequence[KeyValue], job_ids: set[JobId]) -> dict[JobId, KeyValue]:

@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -309,6 +309,11 @@ def _dumps(d: Any) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()
 
 
+def idempotency_key_of(tenant: str, digest: str) -> bytes:
+    """The etcd key of a tenant's idempotency key with this digest (`JobRecord.idempotency_digest`)."""
+    return IDEM + tenant.encode() + b"/" + digest.encode()
+
+
 def _sha256(text: str) -> bytes:
     return hashlib.sha256(text.encode()).hexdigest().encode()
 
@@ -500,7 +505,11 @@ class KvStore:
     async def create_job(
         self, job: JobRecord, *, idempotency_key: str, manifest_digest: str
     ) -> tuple[Stored[JobRecord], bool]:
-        idem = IDEM + job.tenant.encode() + b"/" + _sha256(idempotency_key)
+        digest = _sha256(idempotency_key)
+        idem = idempotency_key_of(job.tenant, digest.decode())
+        # The record names its key, so that the archiver removes it by name (a listing of the
+        # tenant's keys grew with its live jobs).
+        job = replace(job, idempotency_digest=digest.decode())
         key = job_key(job.job_id)
         value = _dumps(job_to_dict(job))
         result = await self._group.run(

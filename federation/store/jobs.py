@@ -191,6 +191,10 @@ class JobRecord:
     # The current attempt's burst-at-once alternative, written by the scheduler (issue 35); None on
     # records written before the field existed and while the placer has not yet considered it.
     burst_offer: BurstOffer | None = None
+    # The digest of the submission's idempotency key, which names its key in etcd
+    # (`job_store.IDEM`/<tenant>/<digest>), written by `create_job`: the archiver removes that key by
+    # name. "" on records written before the field existed (the archiver then looks for it).
+    idempotency_digest: str = ""
 
     def transition(
         self, to: JobPhase, *, by: Owner, at_s: float, reason: str = "", **changes: Any
@@ -400,6 +404,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         # Only a set's jobs carry these: every other record stays as it was written before them.
         **({"job_set": job.job_set, "array_index": job.array_index} if job.job_set else {}),
         **({"burst_offer": burst_offer_to_dict(job.burst_offer)} if job.burst_offer else {}),
+        **({"idempotency_digest": job.idempotency_digest} if job.idempotency_digest else {}),
     }
 
 
@@ -472,6 +477,7 @@ def job_from_dict(d: dict[str, Any]) -> JobRecord:
         job_set=str(d.get("job_set", "")),
         array_index=None if d.get("array_index") is None else int(d["array_index"]),
         burst_offer=burst_offer_from_dict(d.get("burst_offer")),
+        idempotency_digest=str(d.get("idempotency_digest", "")),
         events=tuple(
             [
                 PhaseEvent(
