@@ -267,3 +267,9 @@ def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[
         return subprocess.CompletedProcess(
             argv, code, out.read_text(errors="replace"), err.read_text(errors="replace")
         )
+
+
+def run_cli_as(server: ServerProcess, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`run_cli` against `server` as `user`, with the token file the server wrote for them."""
+    token = server.state_dir / "tokens" / f"{user}.token"
+    return run_cli("--server", server.target, "--token-file", str(token), *args)

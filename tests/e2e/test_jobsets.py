@@ -31,7 +31,7 @@ from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from tests.contract.kube.kubectl import KUBECTL
-from tests.e2e.harness import ServerProcess, run_cli, wait_for
+from tests.e2e.harness import ServerProcess, run_cli_as, wait_for
 from tests.e2e.kube import onprem_a100, serve_clusters, sim_kubectl
 
 pytestmark = pytest.mark.e2e
@@ -139,9 +139,8 @@ class PodWatch:
         self.process.wait(timeout=10)
 
 
-def cli(fed: ServerProcess, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    token = fed.state_dir / "tokens" / f"{user}.token"
-    return run_cli("--server", fed.target, "--token-file", str(token), *args)
+# The CLI as one of the fixture's users (tests/e2e/harness.py).
+cli = run_cli_as
 
 
 def test_an_array_of_200_runs_at_most_20_at_once_as_kubectl_sees_it(

@@ -36,7 +36,7 @@ from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
 from federation.store.kv_etcd import EtcdKv
 from federation.store.schema_version import checked
-from tests.e2e.harness import ServerProcess, run_cli, wait_for
+from tests.e2e.harness import ServerProcess, run_cli_as, wait_for
 from tests.e2e.kube import serve_clusters
 
 pytestmark = [
@@ -124,9 +124,8 @@ def fed(
         yield process
 
 
-def cli(fed: ServerProcess, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    token = fed.state_dir / "tokens" / f"{user}.token"
-    return run_cli("--server", fed.target, "--token-file", str(token), *args)
+# The CLI as one of the fixture's users (tests/e2e/harness.py).
+cli = run_cli_as
 
 
 def cli_json(fed: ServerProcess, user: str, *args: str) -> Any:

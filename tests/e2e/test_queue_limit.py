@@ -13,7 +13,6 @@ needs.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.sim_process import SimProcess
-from tests.e2e.harness import ServerProcess, run_cli, wait_for
+from tests.e2e.harness import ServerProcess, run_cli_as, wait_for
 from tests.e2e.kube import onprem_a100, serve_clusters
 
 pytestmark = pytest.mark.e2e
@@ -49,9 +48,8 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
         yield process
 
 
-def cli(fed: ServerProcess, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    token = fed.state_dir / "tokens" / f"{user}.token"
-    return run_cli("--server", fed.target, "--token-file", str(token), *args)
+# The CLI as one of the fixture's users (tests/e2e/harness.py).
+cli = run_cli_as
 
 
 def waiting_job(path: Path, name: str) -> Path:
