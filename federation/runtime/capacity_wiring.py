@@ -78,7 +78,10 @@ class CapacityWiring:
                 pools=pools,
                 inventories=members.inventories,
                 job=job,
-                live_jobs=lambda: [s.value for s in cache.live_jobs()],
+                # The jobs past the queue are the ones that can hold a pool's nodes (admitted,
+                # staging, dispatched): read from those, not from every live job, which at depth is
+                # a million queued ones per pool and pass.
+                live_jobs=lambda: [s.value for s in cache.acting_jobs()],
             )
         log.info(
             "capacity_configured",
