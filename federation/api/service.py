@@ -24,7 +24,7 @@ from federation.api.job_queries import (
     encode_page_token,
     list_order,
     one_page,
-    summarize,
+    summary_reply,
 )
 from federation.api.jobsets import Checked, JobSetCalls, SetListFilter
 from federation.api.queue_limit import QueueLimits
@@ -543,7 +543,7 @@ class JobService(pb_grpc.JobServiceServicer):
             self._read_limiter.admit(who.user)
             # The same rule as ListJobs: a member its own tenant, finance not at all.
             tenant = listable_tenant(who, req.tenant)
-            return summarize((s.value for s in self._cache.live_jobs()), tenant)
+            return summary_reply(self._cache.summary(), tenant)
 
         return await self._h.unary("SummarizeJobs", request, context, body)
 

@@ -23,6 +23,7 @@ import structlog
 from federation.errors import StoreUnavailable
 from federation.store.job_cache_index import JobIndex, ListKey
 from federation.store.job_store import JobEvent, JobEventType, JobStore, Stored, paused_gc
+from federation.store.job_summary import JobSummaryIndex
 from federation.store.jobs import JobRecord
 from federation.store.kv import WatchCompacted
 from placement.model import JobId, JobPhase, TenantId
@@ -46,6 +47,8 @@ class JobCache:
         self._acting: dict[JobId, Stored[JobRecord]] = {}
         # The same jobs in list order by tenant and phase, so that a listing costs what it shows.
         self._index = JobIndex()
+        # The live jobs' sums SummarizeJobs answers, kept as jobs change once first asked for.
+        self._summary = JobSummaryIndex()
         self._revision = 0
         self._synced = False
         self._task: asyncio.Task[None] | None = None
@@ -106,6 +109,13 @@ class JobCache:
         in reverse from before it), reading only their entries (`federation.store.job_cache_index`).
         Consume it before the next await."""
         return self._index.ordered(tenant, phases, after, newest_first=newest_first)
+
+    def summary(self) -> JobSummaryIndex:
+        """The live jobs' sums by tenant, GPU type and group, built at the first call (and after a
+        fresh list) and kept as jobs change (`federation.store.job_summary`)."""
+        if not self._summary.built:
+            self._summary.build(s.value for s in self._live.values())
+        return self._summary
 
     def live_jobs(self) -> list[Stored[JobRecord]]:
         """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""
@@ -190,6 +200,7 @@ class JobCache:
                 (((head.submitted_at_s, head.job_id), head.tenant, head.phase), stored)
                 for head, stored in listed
             )
+            self._summary.forget()
         if not first:
             for job_id, stored in fresh.items():
                 was = old.get(job_id)
@@ -209,6 +220,10 @@ class JobCache:
         self._advance(revision)
 
     def _apply(self, ev: JobEvent) -> None:
+        was = self._live.get(ev.job_id)
+        self._summary.change(
+            None if was is None else was.value, ev.job if ev.type is JobEventType.PUT else None
+        )
         if ev.type is JobEventType.PUT and ev.job is not None:
             stored = Stored(ev.job, ev.mod_revision)
             self._jobs[ev.job_id] = stored
