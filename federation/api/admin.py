@@ -37,7 +37,7 @@ from federation.store.config_policy import check_tenant_tree, parse_tenant, tena
 from federation.store.job_cache import JobCache
 from federation.store.job_store import JobStore
 from federation.store.records import ApprovalRecord, TenantRecord
-from placement.model import TenantId
+from placement.model import JobPhase, TenantId
 
 log = structlog.get_logger("gpufed.admin")
 
@@ -140,7 +140,10 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             users = sorted(u.name for u in await self._store.list_users() if u.tenant == name)
             if users:
                 raise FailedPrecondition(f"tenant {shown(name)} still has users: {', '.join(users)}")
-            live = sorted(s.value.job_id for s in self._cache.live_jobs() if s.value.tenant == name)
+            # The tenant's own live jobs, from the cache's index (not a walk of every tenant's).
+            live = sorted(
+                s.value.job_id for s in self._cache.ordered(name, [p for p in JobPhase if not p.is_terminal])
+            )
             if live:
                 raise FailedPrecondition(
                     f"tenant {shown(name)} has {len(live)} jobs that have not finished (first: {live[0]}); "

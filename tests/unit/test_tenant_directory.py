@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import pytest
 
 from federation.api.admin import AdminService
@@ -120,5 +121,24 @@ async def test_without_a_write_the_directory_keeps_what_it_read() -> None:
         assert await directory.get(TenantId("retired")) is not None
         await store.delete_tenant("retired")
         assert await directory.get(TenantId("retired")) is not None
+    finally:
+        await cache.stop()
+
+
+async def test_a_tenant_with_a_live_job_is_not_deleted_and_others_jobs_do_not_hold_it() -> None:
+    store, _directory, admin, jobs, cache = await world()
+    try:
+        ctx = root()
+        # vision has a job in the queue: it is not deleted. retired has none: it is, whatever
+        # vision's jobs (the check reads the tenant's own jobs from the cache's index).
+        submitted = await jobs.SubmitJob(pb.SubmitJobRequest(manifest=PRIVILEGED_JOB), ctx)
+        await cache.wait_for_revision((await store.kv.txn((), (), ())).revision)
+        with pytest.raises(CallRefused) as refused:
+            await admin.DeleteTenant(pb.DeleteTenantRequest(name="vision"), ctx)
+        assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"has 1 jobs that have not finished (first: {submitted.job_id})" in refused.value.details
+        assert await store.get_tenant(TenantId("vision")) is not None
+        await admin.DeleteTenant(pb.DeleteTenantRequest(name="retired"), ctx)
+        assert await store.get_tenant(TenantId("retired")) is None
     finally:
         await cache.stop()
