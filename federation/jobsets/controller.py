@@ -35,6 +35,9 @@ Events = asyncio.Queue[JobEvent | None]
 DEFAULT_INTERVAL_S = 2.0
 # Compare-and-swap retries within one pass before the set waits for the next.
 _ATTEMPTS = 5
+# How long a release waits for the job cache to show the controller's last release before reading
+# the queue's room from it; past this the set releases nothing until a later pass.
+ROOM_WAIT_S = 5.0
 
 
 class SetController:
@@ -58,6 +61,9 @@ class SetController:
         self._interval_s = interval_s
         # Cancelled sets whose every job was asked to stop, by revision: not looked at again.
         self._cancel_done: dict[tuple[str, str], int] = {}
+        # The store revision of this controller's last release: the room the queue limits leave is
+        # counted from the job cache, which must show the jobs released before it is read again.
+        self._released_revision = 0
         self.passes = 0
 
     async def ended(self, record: JobSetRecord) -> set[JobId]:
@@ -81,7 +87,7 @@ class SetController:
         for _ in range(_ATTEMPTS):
             record = stored.value
             ended = await self.ended(record)
-            room = None if self._queue_room is None else await self._queue_room(record.tenant)
+            room = await self._room(record.tenant)
             decision = to_release(record, ended.__contains__, room)
             if not decision.members:
                 return stored
@@ -99,12 +105,29 @@ class SetController:
                     held=decision.held_after,
                 )
                 stored = Stored(after, revision)
+                self._released_revision = max(self._released_revision, revision)
                 continue  # more may fit (a release is at most MAX_RELEASE_PER_TXN)
             fresh = await self._sets.get(record.tenant, record.name)
             if fresh is None:
                 return stored
             stored = fresh
         return stored
+
+    async def _room(self, tenant: TenantId) -> int | None:
+        """What the queue limits leave for `tenant` (None: no limit), counting every job this
+        controller released. The cache learns of a release from etcd's watch a moment after its
+        transaction (longer on a busy server); read before, it gave the same room again, and the
+        next release went past the limit. While it trails, no room."""
+        if self._queue_room is None:
+            return None
+        if not await self._cache.wait_for_revision(self._released_revision, timeout_s=ROOM_WAIT_S):
+            log.warning(
+                "job_set_release_waits_for_cache",
+                revision=self._released_revision,
+                cache_revision=self._cache.revision,
+            )
+            return 0
+        return await self._queue_room(tenant)
 
     async def cancel_jobs(self, record: JobSetRecord, reason: str, user: str) -> int:
         """Ask every live job of the set to stop (the dispatcher stops its gang); how many were asked."""
