@@ -275,8 +275,12 @@ class JobSetCalls:
         stored, created = await self.sets.create(record)
         if created:
             # The first members within the limit, now; the controller releases the rest.
+            held = stored.mod_revision
             stored = await self.controller.step(stored)
-            await self._cache.wait_for_revision(stored.mod_revision, timeout_s=5.0)
+            if stored.mod_revision != held:
+                # Released members' jobs are at this revision. With none released (a full queue)
+                # no job changed at it, and the wait could only time out.
+                await self._cache.wait_for_revision(stored.mod_revision, timeout_s=5.0)
         return pb.SubmitJobSetResponse(created=created, job_set=await self.shown(stored))
 
     # ---- reads
