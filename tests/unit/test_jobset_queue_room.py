@@ -5,7 +5,8 @@ The room is read from the job cache (`QueueLimits.room`), which learns of a rele
 etcd's watch a moment after the release's transaction. The controller released again at once (a
 release is at most `MAX_RELEASE_PER_TXN`, and more may fit), and on a busy server read the room
 before its cache had the jobs just released: the same room again, and a set released past the limit
-(tests/e2e/test_queue_limit.py waited for one release into one job's room and saw three). It now
+(in process, where nothing yields to the cache's watch between two releases, every member at once;
+against etcd, whenever its watch is slower than the controller's next read). It now
 waits for its cache to show its own last release before it reads the room again, and releases
 nothing while the cache trails.
 """
