@@ -182,12 +182,22 @@ class TenantDirectory:
         self._tenants: dict[TenantId, TenantRecord] = {}
         self._settings = SchedulingSettings()
         self._read_at = float("-inf")
+        # Counts `forget` calls: a read begun before one may hold what the write replaced. `_held_from`
+        # is the count when the read held now began.
+        self._forgotten = 0
+        self._held_from = 0
 
     async def _refresh(self) -> None:
         if self._clock() - self._read_at > TENANT_REFRESH_S:
-            self._tenants = {t.name: t for t in await self._store.list_tenants()}
-            self._settings = await self._store.get_settings()
-            self._read_at = self._clock()
+            forgotten = self._forgotten
+            tenants = {t.name: t for t in await self._store.list_tenants()}
+            settings = await self._store.get_settings()
+            # Reads overlap (submissions, the set controller's room) and may end in any order: one
+            # begun before a write never replaces one begun after it, and one a write overtook is not
+            # kept as fresh, which hid the write for TENANT_REFRESH_S; the next call reads again.
+            if forgotten >= self._held_from:
+                self._tenants, self._settings, self._held_from = tenants, settings, forgotten
+            self._read_at = self._clock() if self._held_from == self._forgotten else float("-inf")
 
     async def get(self, name: TenantId) -> TenantRecord | None:
         await self._refresh()
@@ -203,6 +213,7 @@ class TenantDirectory:
         2 s of submissions on the old record). Other servers, and other API processes, keep the
         TENANT_REFRESH_S bound."""
         self._read_at = float("-inf")
+        self._forgotten += 1
 
 
 class FederationServer:

@@ -8,6 +8,7 @@ moves, so only that re-read can make the change seen.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -140,5 +141,37 @@ async def test_a_tenant_with_a_live_job_is_not_deleted_and_others_jobs_do_not_ho
         assert await store.get_tenant(TenantId("vision")) is not None
         await admin.DeleteTenant(pb.DeleteTenantRequest(name="retired"), ctx)
         assert await store.get_tenant(TenantId("retired")) is None
+    finally:
+        await cache.stop()
+
+
+async def test_a_read_in_flight_across_the_write_does_not_bring_the_old_record_back() -> None:
+    """Reads overlap: a submission, or the set controller reading its queue room, may be listing the
+    tenants as an admin's write is taken. That read ended after the write and was kept as fresh, so
+    the server's next submissions saw the old record for TENANT_REFRESH_S."""
+    store, directory, admin, _jobs, cache = await world()
+    real_list = store.list_tenants
+    hold = True
+    listed_old = asyncio.Event()
+    release = asyncio.Event()
+
+    async def list_tenants() -> list[TenantRecord]:
+        nonlocal hold
+        listed = await real_list()
+        if hold:
+            hold = False
+            listed_old.set()
+            await release.wait()
+        return listed
+
+    store.list_tenants = list_tenants  # type: ignore[method-assign]
+    try:
+        in_flight = asyncio.create_task(directory.get(TenantId("retired")))
+        await listed_old.wait()  # it holds the tenants as they were before the delete
+        await admin.DeleteTenant(pb.DeleteTenantRequest(name="retired"), root())
+        assert await directory.get(TenantId("retired")) is None
+        release.set()
+        await in_flight  # began before the delete: what it answers is its own
+        assert await directory.get(TenantId("retired")) is None, "the old record came back"
     finally:
         await cache.stop()
