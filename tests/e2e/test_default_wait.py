@@ -92,7 +92,7 @@ def test_the_shipped_config_waits_says_what_it_saves_and_fast_bursts_at_once(up:
     text = wait_for(explained, timeout_s=60, what="the waiter waits for private GPUs")
     assert up.phase("sara", waiter) == "QUEUED"
     # The deadline is a clock time, with its date when it falls on another day than now
-    # (placement.wait_saving): a run after about 21:40 UTC waits past midnight.
+    # (placement.wait_saving): a run after about 21:35 UTC waits past midnight.
     assert re.search(
         r"waiting for private A100 on cluster onprem-a100 until (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC: "
         r"saves an estimated "
