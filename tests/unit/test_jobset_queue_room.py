@@ -51,7 +51,8 @@ class World:
         return sum(1 for s in jobs if s.value.tenant == VISION and s.value.phase is JobPhase.QUEUED)
 
     async def released(self, name: str) -> int:
-        stored = await self.controller()._sets.get(VISION, name)
+        assert self.service.job_sets is not None
+        stored = await self.service.job_sets.sets.get(VISION, name)
         assert stored is not None
         return sum(1 for m in stored.value.members if m.state is MemberState.RELEASED)
 
