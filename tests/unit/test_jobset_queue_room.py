@@ -74,7 +74,7 @@ async def world() -> AsyncIterator[World]:
 
 async def _full_queue_and_a_held_array(world: World) -> JobId:
     """Two queued jobs (the limit) and an array of four, all held; the first job is then cancelled,
-    which leaves room for one. Returns nothing the caller needs but the cancelled job's id."""
+    which leaves room for one. Returns the cancelled job's id."""
     ctx = CallContext("alice", PEER)
     first = await world.service.SubmitJob(pb.SubmitJobRequest(manifest=manifest("a1")), ctx)  # type: ignore[arg-type]
     await world.service.SubmitJob(pb.SubmitJobRequest(manifest=manifest("a2")), ctx)  # type: ignore[arg-type]
