@@ -185,6 +185,8 @@ class SnapshotWriter:
             # is done, nothing else may write, or stop's last write would share its temporary file
             # (one a process) and the older snapshot could be renamed over the newer one last.
             await asyncio.wait([writing])
+            if not writing.cancelled() and (error := writing.exception()) is not None:
+                log.warning("sim_snapshot_failed", cluster=self._cluster, error=str(error))
             raise
         self._written_rv = snapshot.resource_version
 
