@@ -49,6 +49,17 @@ class GatedStore(KvStore):
 
 
 @asynccontextmanager
+async def running_service(store: KvStore) -> AsyncIterator[tuple[JobCache, JobService]]:
+    """The job API over `store` and its cache, the cache following the store until the block ends."""
+    cache = JobCache(store)
+    await cache.start()
+    try:
+        yield cache, job_service(store, cache)
+    finally:
+        await cache.stop()
+
+
+@asynccontextmanager
 async def gated_service_for_alice() -> AsyncIterator[tuple[GatedStore, JobCache, JobService]]:
     """The job API over a `GatedStore` and its cache, with one member, alice (token "alice"), of the
     tenant "vision"."""
@@ -56,9 +67,5 @@ async def gated_service_for_alice() -> AsyncIterator[tuple[GatedStore, JobCache,
     await store.put_tenant(TenantRecord(TenantId("vision")))
     await store.put_user(UserRecord("alice", TenantId("vision"), Role.MEMBER))
     await store.put_token("alice", "alice")
-    cache = JobCache(store)
-    await cache.start()
-    try:
-        yield store, cache, job_service(store, cache)
-    finally:
-        await cache.stop()
+    async with running_service(store) as (cache, service):
+        yield store, cache, service

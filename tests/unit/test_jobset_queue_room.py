@@ -30,7 +30,7 @@ from federation.store.kv_memory import MemoryKv
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import JobId, JobPhase, TenantId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import job_service
+from tests.unit.job_service import running_service
 
 PEER = "ipv4:127.0.0.1:40000"
 VISION = TenantId("vision")
@@ -64,12 +64,8 @@ async def world() -> AsyncIterator[World]:
     await store.put_tenant(TenantRecord(VISION, max_queued_jobs=2))
     await store.put_user(UserRecord("alice", VISION, Role.MEMBER))
     await store.put_token("alice", "alice")
-    cache = JobCache(store)
-    await cache.start()
-    try:
-        yield World(store, cache, job_service(store, cache))
-    finally:
-        await cache.stop()
+    async with running_service(store) as (cache, service):
+        yield World(store, cache, service)
 
 
 async def _full_queue_and_a_held_array(world: World) -> JobId:

@@ -38,7 +38,7 @@ from federation.store.records import (
 )
 from placement.model import JobId, JobPhase, TenantId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import job_service
+from tests.unit.job_service import running_service
 
 PEER = "ipv4:127.0.0.1:40000"
 
@@ -74,12 +74,8 @@ async def world() -> AsyncIterator[World]:
     for user, tenant in (("alice", "vision"), ("bob", "nlp")):
         await store.put_user(UserRecord(user, TenantId(tenant), Role.MEMBER))
         await store.put_token(user, user)
-    cache = JobCache(store)
-    await cache.start()
-    try:
-        yield World(store, cache, job_service(store, cache))
-    finally:
-        await cache.stop()
+    async with running_service(store) as (cache, service):
+        yield World(store, cache, service)
 
 
 async def test_a_tenant_past_its_limit_is_refused_and_nothing_is_stored(world: World) -> None:
