@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.errors import InvalidArgument
 from federation.store.job_cache_index import ListKey, list_key
-from federation.store.job_summary import GROUP_OF, JobGroup, JobSummaryIndex
+from federation.store.job_summary import JobGroup, JobSummaryIndex
 from federation.store.jobs import JobRecord
-from placement.model import JobPhase, TenantId
+from placement.model import TenantId
 
 # A user or cluster name is far shorter; anything longer is not one.
 MAX_FILTER_LENGTH = 128
@@ -32,7 +32,6 @@ _PB_GROUP: dict[JobGroup, pb.JobGroup.ValueType] = {
     JobGroup.ADMITTED: pb.JOB_GROUP_ADMITTED,
     JobGroup.RUNNING: pb.JOB_GROUP_RUNNING,
 }
-_GROUPS: dict[JobPhase, pb.JobGroup.ValueType] = {phase: _PB_GROUP[g] for phase, g in GROUP_OF.items()}
 
 
 # Where a job sorts, as the cache's index sorts it: the position a page token records.
@@ -105,8 +104,8 @@ def one_page(jobs: Iterable[JobRecord], wanted: ListFilter, size: int) -> tuple[
 
 
 def summary_reply(index: JobSummaryIndex, tenant: TenantId | None) -> pb.JobSummary:
-    """SummarizeJobs' answer from the job cache's kept sums: what `summarize` computes over every
-    live job, in the same order, without the walk."""
+    """SummarizeJobs' answer from the job cache's kept sums, rows ordered by tenant, GPU type and
+    group, counts by tenant and group (the order the walk over every live job gave)."""
     rows, counts = index.sums(tenant)
     return pb.JobSummary(
         rows=[

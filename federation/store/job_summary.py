@@ -4,8 +4,8 @@ kept as jobs change rather than summed over every live job at each call.
 SummarizeJobs (the console's queues page, `gpufed queues`) summed every live job of the cache on
 the event loop: at a million queued jobs, seconds of every API call's loop at each page load. The
 job cache now hands each change to this index (the job as it was, the job as it is) and the call
-reads the sums of its tenant. The sums are the ones `summarize` computes from scratch, which
-`tests/unit/test_job_summary.py` holds them to over random changes.
+reads the sums of its tenant. `tests/unit/test_job_summary.py` holds them to that walk over every
+live job (kept there as the reference) over random changes.
 
 Built on first use from the live jobs (and again after the cache lists afresh), so a server that is
 never asked pays nothing, and a restart's list stays as lazy as it is (`Stored.decoded_on_read`).
@@ -115,17 +115,16 @@ class JobSummaryIndex:
     def sums(
         self, tenant: TenantId | None
     ) -> tuple[list[tuple[TenantId, str, JobGroup, int, int]], list[tuple[TenantId, JobGroup, int]]]:
-        """(tenant, GPU type, group, GPUs, jobs) rows and (tenant, group, jobs) counts, sorted, of
-        `tenant` (None: every tenant)."""
-        tenants = sorted(self._by_type) if tenant is None else [tenant]
+        """(tenant, GPU type, group, GPUs, jobs) rows and (tenant, group, jobs) counts of `tenant`
+        (None: every tenant), in no order: the caller orders them as its answer needs."""
         rows = [
             (t, gpu_type, group, sums[0], sums[1])
-            for t in tenants
-            for (gpu_type, group), sums in sorted(self._by_type.get(t, {}).items())
+            for t in (self._by_type if tenant is None else (tenant,))
+            for (gpu_type, group), sums in self._by_type.get(t, {}).items()
         ]
         counts = [
             (t, group, n)
-            for t in (sorted(self._by_group) if tenant is None else [tenant])
-            for group, n in sorted(self._by_group.get(t, {}).items())
+            for t in (self._by_group if tenant is None else (tenant,))
+            for group, n in self._by_group.get(t, {}).items()
         ]
         return rows, counts
