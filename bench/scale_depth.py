@@ -94,7 +94,7 @@ from bench import server_metrics  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
-from federation.store.job_store import _dumps, _sha256, idempotency_key_of, job_key  # noqa: E402
+from federation.store.job_store import _dumps, idempotency_digest, idempotency_key_of, job_key  # noqa: E402
 from federation.store.jobs import JobRecord, PhaseEvent, job_to_dict  # noqa: E402
 from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
@@ -147,7 +147,7 @@ def _queued_txn(n: int, now: float) -> Txn:
     """Job `n` as the server's create_job writes a submission: idempotency key and record, both
     absent before, in the store's own encoding (tests/unit/test_scale_depth_seed.py holds it to
     create_job's bytes)."""
-    digest = _sha256(f"seed-{n}").decode()
+    digest = idempotency_digest(f"seed-{n}")
     # The record names its idempotency key, as create_job writes it (for the archiver).
     record = replace(queued_record(n, now), idempotency_digest=digest)
     key = job_key(record.job_id)

@@ -8,9 +8,7 @@ only when it would refuse, so an accepted key costs one etcd read at most.
 
 from __future__ import annotations
 
-import hashlib
-
-from federation.store.job_store import JobStore, KvStore, Stored, idempotency_key_of
+from federation.store.job_store import JobStore, KvStore, Stored, idempotency_digest, idempotency_key_of
 from federation.store.jobs import JobRecord
 from federation.store.schema_version import loads
 from placement.model import JobId, TenantId
@@ -24,7 +22,7 @@ async def accepted_before(
     if not key or not isinstance(store, KvStore):
         return None
     # The layout KvStore.create_job writes: the tenant, then the key's SHA-256.
-    digest_key = idempotency_key_of(tenant, hashlib.sha256(key.encode()).hexdigest())
+    digest_key = idempotency_key_of(tenant, idempotency_digest(key))
     found = await store.kv.get(digest_key)
     if found is None:
         return None

@@ -309,6 +309,11 @@ def _dumps(d: Any) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()
 
 
+def idempotency_digest(key: str) -> str:
+    """The digest a client's idempotency key is stored under (its SHA-256, hex), never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def idempotency_key_of(tenant: str, digest: str) -> bytes:
     """The etcd key of a tenant's idempotency key with this digest (`JobRecord.idempotency_digest`)."""
     return IDEM + tenant.encode() + b"/" + digest.encode()
@@ -505,11 +510,11 @@ class KvStore:
     async def create_job(
         self, job: JobRecord, *, idempotency_key: str, manifest_digest: str
     ) -> tuple[Stored[JobRecord], bool]:
-        digest = _sha256(idempotency_key)
-        idem = idempotency_key_of(job.tenant, digest.decode())
+        digest = idempotency_digest(idempotency_key)
+        idem = idempotency_key_of(job.tenant, digest)
         # The record names its key, so that the archiver removes it by name (a listing of the
         # tenant's keys grew with its live jobs).
-        job = replace(job, idempotency_digest=digest.decode())
+        job = replace(job, idempotency_digest=digest)
         key = job_key(job.job_id)
         value = _dumps(job_to_dict(job))
         result = await self._group.run(
