@@ -63,9 +63,9 @@ def room(counts: QueueCounts) -> int | None:
     return max(0, min(rooms)) if rooms else None
 
 
-def refusal(counts: QueueCounts, adding: int = 1) -> str | None:
-    """Why adding `adding` jobs to the queue is refused, or None if it fits."""
-    if counts.tenant_limit is not None and counts.tenant_queued + adding > counts.tenant_limit:
+def refusal(counts: QueueCounts) -> str | None:
+    """Why one more job in the queue is refused, or None if it fits."""
+    if counts.tenant_limit is not None and counts.tenant_queued >= counts.tenant_limit:
         which = (
             "policy.maxQueuedJobsPerTenant, as its document sets no maxQueuedJobs"
             if counts.tenant_limit_by_default
@@ -76,7 +76,7 @@ def refusal(counts: QueueCounts, adding: int = 1) -> str | None:
             f"{counts.tenant_limit} ({which}): submit again once some have been placed or "
             "cancelled, or ask an admin to raise the limit"
         )
-    if counts.federation_limit is not None and counts.federation_queued + adding > counts.federation_limit:
+    if counts.federation_limit is not None and counts.federation_queued >= counts.federation_limit:
         return (
             f"the federation's queue is full (at most {counts.federation_limit} jobs queued, "
             "policy.maxQueuedJobs): submit again once some have been placed"
@@ -108,9 +108,9 @@ class QueueLimits:
             tenant_limit_by_default=by_default,
         )
 
-    def check(self, record: TenantRecord, settings: SchedulingSettings, adding: int = 1) -> None:
-        """Raise QueueFull if `adding` more of the tenant's jobs would pass a limit."""
-        why = refusal(self.counts(record, settings), adding)
+    def check(self, record: TenantRecord, settings: SchedulingSettings) -> None:
+        """Raise QueueFull if one more of the tenant's jobs would pass a limit."""
+        why = refusal(self.counts(record, settings))
         if why is not None:
             raise QueueFull(why)
 

@@ -220,6 +220,11 @@ def _queue_limit(value: Any, at: str) -> int | None:
     return None if value is None else int_field(value, at, minimum=1, maximum=MAX_QUEUED_JOBS_LIMIT)
 
 
+def _policy_queue_limit(policy_doc: Mapping[str, Any], key: str, default: int) -> int | None:
+    """`policy.<key>`, a queue limit: not given, `default`; null lifts it."""
+    return _queue_limit(policy_doc[key], f"policy.{key}") if key in policy_doc else default
+
+
 def _submit_rate_limit(doc: Any, at: str) -> tuple[float | None, int | None]:
     """`{perSecond: 20, burst: 100}`: the burst defaults to twice the rate (at least 1)."""
     if doc is None:
@@ -415,15 +420,10 @@ def parse_settings(doc: Mapping[str, Any]) -> SchedulingSettings:
             maximum=MAX_HOURS,
         ),
         gpu_types=parse_gpu_types(doc.get("gpuTypes")),
-        # Not given: the default limit; `maxQueuedJobs: null` lifts it.
-        max_queued_jobs=_queue_limit(policy_doc["maxQueuedJobs"], "policy.maxQueuedJobs")
-        if "maxQueuedJobs" in policy_doc
-        else DEFAULT_MAX_QUEUED_JOBS,
-        max_queued_jobs_per_tenant=_queue_limit(
-            policy_doc["maxQueuedJobsPerTenant"], "policy.maxQueuedJobsPerTenant"
-        )
-        if "maxQueuedJobsPerTenant" in policy_doc
-        else DEFAULT_MAX_QUEUED_JOBS_PER_TENANT,
+        max_queued_jobs=_policy_queue_limit(policy_doc, "maxQueuedJobs", DEFAULT_MAX_QUEUED_JOBS),
+        max_queued_jobs_per_tenant=_policy_queue_limit(
+            policy_doc, "maxQueuedJobsPerTenant", DEFAULT_MAX_QUEUED_JOBS_PER_TENANT
+        ),
     )
 
 

@@ -285,7 +285,7 @@ def tenant_from_dict(d: dict[str, Any]) -> TenantRecord:
         max_priority_class=d.get("max_priority_class"),
         submit_rate_per_s=None if d.get("submit_rate_per_s") is None else float(d["submit_rate_per_s"]),
         submit_burst=None if d.get("submit_burst") is None else int(d["submit_burst"]),
-        max_queued_jobs=None if d.get("max_queued_jobs") is None else int(d["max_queued_jobs"]),
+        max_queued_jobs=_optional_int(d.get("max_queued_jobs")),
         # Records written before the field existed: baseline, the default level.
         pod_security=PodSecurityLevel(d.get("pod_security", PodSecurityLevel.BASELINE.value)),
         # Records written before issue 35: the federation's own wait.
@@ -351,10 +351,6 @@ def settings_to_dict(s: SchedulingSettings) -> dict[str, Any]:
     }
 
 
-def _queued_limit(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
     known = {f.name for f in fields(PolicyConfig)}
     policy = replace(PolicyConfig(), **{k: v for k, v in (d.get("policy") or {}).items() if k in known})
@@ -382,8 +378,8 @@ def settings_from_dict(d: dict[str, Any]) -> SchedulingSettings:
         preemption_interval_s=float(d.get("preemption_interval_s", 600.0)),
         usage_half_life_h=float(d.get("usage_half_life_h", 24.0)),
         # Settings written before the field existed: the default limit. An explicit null: none.
-        max_queued_jobs=_queued_limit(d.get("max_queued_jobs", DEFAULT_MAX_QUEUED_JOBS)),
-        max_queued_jobs_per_tenant=_queued_limit(
+        max_queued_jobs=_optional_int(d.get("max_queued_jobs", DEFAULT_MAX_QUEUED_JOBS)),
+        max_queued_jobs_per_tenant=_optional_int(
             d.get("max_queued_jobs_per_tenant", DEFAULT_MAX_QUEUED_JOBS_PER_TENANT)
         ),
         gpu_types=tuple(
