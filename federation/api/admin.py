@@ -34,10 +34,10 @@ from federation.security.tokens import SecurityStore
 from federation.spec.manifest_text import load_manifest_text
 from federation.spec.validate import free_text, name_field, shown
 from federation.store.config_policy import check_tenant_tree, parse_tenant, tenant_document
-from federation.store.job_cache import JobCache
+from federation.store.job_cache import LIVE_PHASES, JobCache
 from federation.store.job_store import JobStore
 from federation.store.records import ApprovalRecord, TenantRecord
-from placement.model import JobPhase, TenantId
+from placement.model import TenantId
 
 log = structlog.get_logger("gpufed.admin")
 
@@ -141,9 +141,7 @@ class AdminService(AccessAdmin, pb_grpc.AdminServiceServicer):
             if users:
                 raise FailedPrecondition(f"tenant {shown(name)} still has users: {', '.join(users)}")
             # The tenant's own live jobs, from the cache's index (not a walk of every tenant's).
-            live = sorted(
-                s.value.job_id for s in self._cache.ordered(name, [p for p in JobPhase if not p.is_terminal])
-            )
+            live = sorted(s.value.job_id for s in self._cache.ordered(name, LIVE_PHASES))
             if live:
                 raise FailedPrecondition(
                     f"tenant {shown(name)} has {len(live)} jobs that have not finished (first: {live[0]}); "

@@ -78,7 +78,7 @@ from federation.store.archive_txn import (
     read_jobs,
     remove,
 )
-from federation.store.job_cache import JobCache
+from federation.store.job_cache import ENDED_PHASES, JobCache
 from federation.store.job_store import Fence, Stored, paused_gc
 from federation.store.jobs import JobRecord, job_to_dict
 from federation.store.kv import MAX_TXN_OPS, Delete, Get, KeyValue, KeyValueStore, cut_by_size
@@ -119,9 +119,6 @@ def due_jobs(jobs: Sequence[Stored[JobRecord]], *, now_s: float, retain_s: float
     due.sort(key=lambda s: (ended_at_s(s.value), s.value.job_id))
     return due
 
-
-# The phases a job ends in: the only ones the archiver reads from the job cache.
-ENDED_PHASES = tuple(p for p in JobPhase if p.is_terminal)
 
 # How long past `retainInEtcd` a succeeded job waits in etcd for its outputs to be registered.
 OUTPUT_HOLD_S = 7 * 24 * 3600.0

@@ -30,6 +30,11 @@ from placement.model import JobId, JobPhase, TenantId
 
 log = structlog.get_logger(__name__)
 
+# The phases of jobs not finished, and of ended ones: what `ordered` is asked for by readers that need
+# only one kind (a tenant's live jobs, the archiver's ended ones) rather than a copy of every job.
+LIVE_PHASES = tuple(p for p in JobPhase if not p.is_terminal)
+ENDED_PHASES = tuple(p for p in JobPhase if p.is_terminal)
+
 _BACKOFF_START_S = 0.2
 _BACKOFF_MAX_S = 5.0
 
