@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import structlog
 
 from clusters.api import (
+    ClusterError,
     ClusterUnreachable,
     GangEvent,
     GangRejected,
@@ -70,6 +71,11 @@ log = structlog.get_logger("gpufed.clusters.kubernetes")
 
 R = TypeVar("R")
 GANG_SELECTOR = f"{MANAGED_BY_KEY}={MANAGED_BY}"
+# A `deletecollection` refused for want of the verb (403, a role from before gpufed asked for it) or
+# not served for the kind (405): the gangs go one by one, and the collection is asked again after
+# COLLECTION_RETRY_S (an administrator may have run `gpufed cluster join` again meanwhile).
+COLLECTION_REFUSED = frozenset({403, 405})
+COLLECTION_RETRY_S = 600.0
 
 
 class KubernetesBackend:
@@ -119,6 +125,8 @@ class KubernetesBackend:
         self._warned_unpriced: set[tuple[str, str]] = set()
         self._started = False
         self._closed = False
+        # When the cluster last refused a `deletecollection` (403: its account lacks the verb).
+        self._collection_refused_s: float | None = None
 
     def _informer(
         self,
@@ -326,6 +334,51 @@ class KubernetesBackend:
         """Delete the gang (a running one is then reported CANCELLED); deleting a missing one is fine."""
         await self._stop_gang(job_id, attempt, grace_period_s, evicted=None)
 
+    async def cancel_many(self, keys: Collection[tuple[JobId, int]], grace_period_s: float) -> None:
+        """Cancel these gangs as `cancel` cancels each, with one `deletecollection` a namespace and
+        kind (and chunk: `GangWriter.delete_many`). The collector's ended gangs went with a call
+        each, a third of a one-pod job's calls to its cluster (bench/scale.py). A gang the watch does
+        not show yet (`cancel` asks the API for it) goes alone, and so does every gang while the
+        cluster's account may not `deletecollection` (a cluster joined before gpufed asked for the
+        verb answers 403: said once, then asked again after COLLECTION_RETRY_S)."""
+        await self._require_gang_cache()
+        gangs = self._gangs()
+        collective = self._collection_refused_s is None or (
+            time.monotonic() - self._collection_refused_s >= COLLECTION_RETRY_S
+        )
+        singles: list[tuple[JobId, int]] = []
+        groups: dict[tuple[GangKind, str], list[GangObject]] = {}
+        for key in dict.fromkeys(keys):
+            gang = gangs.get(key)
+            if gang is None or not collective:
+                singles.append(key)
+            else:
+                groups.setdefault((gang.kind, gang.namespace), []).append(gang)
+        for (kind, namespace), members in groups.items():
+            for gang in members:
+                self._stopping(gang, evicted=None)
+            await asyncio.gather(
+                *(self._writer.delete_secret(namespace, g.name) for g in members if g.may_have_secret)
+            )
+            try:
+                await self._writer.delete_many(kind, namespace, [g.name for g in members], grace_period_s)
+            except ClusterError as error:
+                refused = None if error.__cause__ is None else status_of(error.__cause__)
+                if refused is None or refused not in COLLECTION_REFUSED:
+                    raise
+                self._collection_refused_s = time.monotonic()
+                collective = False
+                self._log.warning(
+                    "delete_collection_refused",
+                    namespace=namespace,
+                    status=refused,
+                    fix="run `gpufed cluster join` again to grant deletecollection; gangs go one by one",
+                )
+                singles.extend(g.key for g in members)
+                continue
+            self._collection_refused_s = None
+        await asyncio.gather(*(self.cancel(job_id, attempt, grace_period_s) for job_id, attempt in singles))
+
     async def release_secrets(self, tenant: TenantId, job_id: JobId, attempt: int) -> None:
         """Delete the gang's Secret (clusters.kubernetes.secret_objects) by name; 404 is fine."""
         namespace = namespace_for(self._config.settings.namespace_prefix, tenant)
@@ -447,16 +500,8 @@ class KubernetesBackend:
             # An eviction sent again (a new leader does) must not erase how the gang ended.
             await self._remove_leftovers(job_id, attempt, grace_period_s)
             return
-        # Evicted and deleting already: the first reason stands, as on every backend. The delete is
-        # still sent, since the API server keeps the shorter of two grace periods.
-        again = evicted is not None and gang.evicted_reason is not None and gang.deleting_since_s is not None
-        if not again:
-            if gang.outcome is None:
-                self._tombstones.add(key, evicted=evicted, at_s=time.time())
-            else:
-                self._tombstones.forget(key)
-            if evicted is not None:
-                await self._writer.mark_evicted(gang, evicted)
+        if self._stopping(gang, evicted=evicted) and evicted is not None:
+            await self._writer.mark_evicted(gang, evicted)
         await self._writer.delete(gang, grace_period_s)
         self._log.info(
             "gang_evicted" if evicted is not None else "gang_cancelled",
@@ -465,6 +510,20 @@ class KubernetesBackend:
             grace_period_s=grace_period_s,
             reason=evicted,
         )
+
+    def _stopping(self, gang: GangObject, *, evicted: str | None) -> bool:
+        """Remember how a gang about to be deleted ended (a tombstone while it had not ended, as
+        its status then says CANCELLED or EVICTED); False for an eviction sent again, whose first
+        reason stands, as on every backend (the delete is still sent: the API server keeps the
+        shorter of two grace periods)."""
+        again = evicted is not None and gang.evicted_reason is not None and gang.deleting_since_s is not None
+        if again:
+            return False
+        if gang.outcome is None:
+            self._tombstones.add(gang.key, evicted=evicted, at_s=time.time())
+        else:
+            self._tombstones.forget(gang.key)
+        return True
 
     async def _remove_leftovers(self, job_id: JobId, attempt: int, grace_period_s: float) -> None:
         """Delete what an attempt left behind its deleted gang object: pods (orphaned by

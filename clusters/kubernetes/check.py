@@ -244,8 +244,10 @@ def _permissions(api: _Api, cluster: str, role: str) -> list[Finding]:
         found.append(
             Finding(
                 name,
-                Verdict.MISSING,
-                f"refused: gpufed needs it for {permission.why}",
+                Verdict.WARNING if permission.without else Verdict.MISSING,
+                f"refused: gpufed uses it for {permission.why}; without it {permission.without}"
+                if permission.without
+                else f"refused: gpufed needs it for {permission.why}",
                 f"run `gpufed cluster join {cluster} --kubeconfig ADMIN_KUBECONFIG` again, which restores "
                 f"ClusterRole {role}, or add this rule to it: {rule}",
             )

@@ -44,6 +44,17 @@ CONFLICT = frozenset({409})
 NOT_FOUND = frozenset({404})
 
 
+# Gangs named in one `deletecollection`'s label selector: a gang's name is a DNS label (63 bytes at
+# most), so a chunk's selector stays within the few kilobytes of a request line that API servers and
+# proxies take (kube-apiserver's own limit is far above it).
+COLLECTION_CHUNK = 50
+
+
+def gangs_selector(names: Collection[str]) -> str:
+    """The label selector of exactly these gangs of gpufed's (`managed-by=gpufed,gang in (...)`)."""
+    return f"{MANAGED_BY_KEY}={MANAGED_BY},{GANG_LABEL} in ({','.join(sorted(names))})"
+
+
 class Caller(Protocol):
     """Runs a blocking API call off the event loop and maps its errors (the backend's `_call`)."""
 
@@ -211,6 +222,26 @@ class GangWriter:
             return
         await self._call(doing, self._api.delete_job, namespace, name, grace_period_s, ok=NOT_FOUND)
         await self._call(f"delete service {name}", self._api.delete_service, namespace, name, ok=NOT_FOUND)
+
+    async def delete_many(
+        self, kind: GangKind, namespace: str, names: Sequence[str], grace_period_s: float
+    ) -> None:
+        """Delete these gangs of one kind and namespace with one `deletecollection` a chunk of
+        COLLECTION_CHUNK names (an Indexed gang's headless Services with one more), by a selector
+        that names each gang and gpufed as their manager: an object of the namespace that carries no
+        gpufed label, or another gang's, is not picked. Their Secrets are the caller's (`delete`
+        removes one by name). Raises the API's refusal as `delete` does; a cluster whose account
+        lacks the verb answers 403 (`ClusterError` caused by it), and its caller deletes one by one.
+        """
+        for start in range(0, len(names), COLLECTION_CHUNK):
+            chunk = sorted(names[start : start + COLLECTION_CHUNK])
+            selector = gangs_selector(chunk)
+            doing = f"delete gangs {', '.join(chunk)} in {namespace}"
+            if kind is GangKind.VOLCANO_JOB:
+                await self._call(doing, self._api.delete_volcano_jobs, namespace, selector, grace_period_s)
+                continue
+            await self._call(doing, self._api.delete_jobs, namespace, selector, grace_period_s)
+            await self._call(f"delete services of {doing}", self._api.delete_services, namespace, selector)
 
     async def delete_leftovers(
         self, pods: Sequence[tuple[str, str]], name: str, grace_period_s: float, *, volcano: bool

@@ -139,6 +139,14 @@ def json_of(response: urllib3.BaseHTTPResponse) -> Json:
     return data
 
 
+def drain(response: urllib3.BaseHTTPResponse) -> None:
+    """Read the answer off the connection without parsing it; the connection goes back to the pool."""
+    try:
+        response.drain_conn()
+    finally:
+        response.release_conn()
+
+
 class KubeApi:
     """Blocking calls against one cluster. Each raises `ApiException` or a urllib3/socket error."""
 
@@ -326,6 +334,49 @@ class KubeApi:
             f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/namespaces/{{namespace}}/jobs/{{name}}",
             path_params={"namespace": namespace, "name": name},
             body=self._delete_options(grace_period_s),
+        )
+
+    def delete_volcano_jobs(self, namespace: str, label_selector: str, grace_period_s: float) -> None:
+        """Every Volcano Job of the namespace that the selector picks, in one request
+        (`deletecollection`: DELETE on the collection). The answer lists what was deleted; it is
+        read off the connection unparsed, as nothing here needs it."""
+        drain(
+            call(
+                self._client,
+                "DELETE",
+                f"/apis/{VOLCANO_GROUP}/{VOLCANO_VERSION}/namespaces/{{namespace}}/jobs",
+                timeout=self._timeouts.pair(),
+                path_params={"namespace": namespace},
+                query=[("labelSelector", label_selector)],
+                body=self._delete_options(grace_period_s),
+            )
+        )
+
+    def delete_jobs(self, namespace: str, label_selector: str, grace_period_s: float) -> None:
+        """Every Indexed Job of the namespace that the selector picks, in one request."""
+        drain(
+            call(
+                self._client,
+                "DELETE",
+                "/apis/batch/v1/namespaces/{namespace}/jobs",
+                timeout=self._timeouts.pair(),
+                path_params={"namespace": namespace},
+                query=[("labelSelector", label_selector)],
+                body=self._delete_options(grace_period_s),
+            )
+        )
+
+    def delete_services(self, namespace: str, label_selector: str) -> None:
+        """Every Service of the namespace that the selector picks, in one request."""
+        drain(
+            call(
+                self._client,
+                "DELETE",
+                "/api/v1/namespaces/{namespace}/services",
+                timeout=self._timeouts.pair(),
+                path_params={"namespace": namespace},
+                query=[("labelSelector", label_selector)],
+            )
         )
 
     def delete_service(self, namespace: str, name: str) -> None:

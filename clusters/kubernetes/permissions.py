@@ -38,6 +38,9 @@ class Permission:
     scope: Scope
     why: str
     subresource: str = ""
+    # What gpufed does without it, for a verb it can do without (a cluster joined before gpufed asked
+    # for it): `cluster check` then warns rather than fails. Empty: the verb is needed.
+    without: str = ""
 
     @property
     def resource_path(self) -> str:
@@ -72,6 +75,30 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(_BATCH, "jobs", ("create", "patch", "delete"), _N, "dispatch, annotate, cancel Indexed Jobs"),
     Permission(VOLCANO_GROUP, "jobs", ("list", "watch"), _C, "status of gangs run as Volcano Jobs"),
     Permission(VOLCANO_GROUP, "jobs", ("create", "patch", "delete"), _N, "dispatch, annotate, cancel vcjobs"),
+    Permission(
+        _BATCH,
+        "jobs",
+        ("deletecollection",),
+        _N,
+        "removing a tick's ended Indexed Jobs of a namespace in one call, by their labels",
+        without="it deletes them one by one",
+    ),
+    Permission(
+        _CORE,
+        "services",
+        ("deletecollection",),
+        _N,
+        "removing the ended Indexed Jobs' rendezvous services in one call, by their labels",
+        without="it deletes them one by one",
+    ),
+    Permission(
+        VOLCANO_GROUP,
+        "jobs",
+        ("deletecollection",),
+        _N,
+        "removing a tick's ended vcjobs of a namespace in one call, by their labels",
+        without="it deletes them one by one",
+    ),
     Permission(VOLCANO_SCHEDULING_GROUP, "queues", ("create",), _C, "one Volcano queue per tenant"),
     Permission(VOLCANO_SCHEDULING_GROUP, "podgroups", ("delete",), _N, "removing a leftover pod group"),
 )

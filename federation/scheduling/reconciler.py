@@ -41,7 +41,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import structlog
 
@@ -56,7 +56,13 @@ from clusters.api import (
 from federation.datasets.staging import GateKind, Stager, gate_transition
 from federation.errors import StoreUnavailable
 from federation.metrics import Metrics
-from federation.scheduling.collector import FINISHED_GANG_RETENTION_S, StaleGang, stale_gangs, unknown_jobs
+from federation.scheduling.collector import (
+    FINISHED_GANG_RETENTION_S,
+    StaleGang,
+    StaleWhy,
+    stale_gangs,
+    unknown_jobs,
+)
 from federation.scheduling.dispatch_backoff import (
     BACKOFF_PREFIX,
     ClusterRefusing,
@@ -83,6 +89,30 @@ log = structlog.get_logger("gpufed.reconciler")
 
 _K = TypeVar("_K")
 
+
+@runtime_checkable
+class RemovesMany(Protocol):
+    """A backend that removes several gangs in fewer calls than one each (the Kubernetes backend:
+    one `deletecollection` a namespace), each as `cancel` would."""
+
+    async def cancel_many(self, keys: Sequence[GangKey], grace_period_s: float) -> None: ...
+
+
+_REMOVES_MANY: dict[type, bool] = {}
+
+
+def _removes_many(backend: object) -> bool:
+    """isinstance(backend, RemovesMany), answered once a class (a protocol's isinstance walks its
+    members every time, and this is asked for each stale gang at each look)."""
+    if backend is None:
+        return False
+    kind = type(backend)
+    answer = _REMOVES_MANY.get(kind)
+    if answer is None:
+        answer = _REMOVES_MANY[kind] = isinstance(backend, RemovesMany)
+    return answer
+
+
 CANCEL_GRACE_PERIOD_S = 30.0
 # Jobs reconciled (and stale gangs removed) at once in a tick: etcd took the most puts a second here
 # with about 64 in flight; 128 cost the server more CPU a job in bench/scale.py's 100 clusters (each
@@ -104,6 +134,15 @@ CLUSTER_CONCURRENCY = 16
 # jobs): 35-71 cycles a run against 7-19, 1-4 ms of CPU a job more (bench/scale.py).
 TICK_WAIT_S = 1.0
 TICK_HOLD_S = 5.0
+# A member cluster's ended gangs (stale, holding no GPUs: `COLLECT_CAN_WAIT`) are removed together,
+# with one call a namespace where its backend can (`RemovesMany`: the Kubernetes backend's
+# `deletecollection` by label), at most once every COLLECT_HOLD_S or as soon as COLLECT_BATCH wait.
+# Removed at each look, a cluster had one or two a call at 100 clusters (bench/scale.py: a delete
+# was a third of a one-pod job's calls). A gang still holding GPUs goes at once, and the ended ones
+# waiting with it. The wait is nothing beside the hour a finished gang is kept for its logs.
+COLLECT_HOLD_S = 5.0
+COLLECT_BATCH = 50
+COLLECT_CAN_WAIT = frozenset({StaleWhy.EXPIRED, StaleWhy.ARCHIVED})
 # Gangs of unknown jobs asked about a tick: a bound on one SQL lookup when a cluster shared with
 # another federation carries many gangs of its; the rest are asked about on later ticks.
 MAX_ARCHIVED_LOOKUPS = 2000
@@ -181,6 +220,8 @@ class Reconciler:
         # (bench/scale.py: 4,930 removals for 4,000 gangs). Asked again only after
         # CANCEL_GRACE_PERIOD_S, as a cancel is; forgotten once the gang no longer shows.
         self._removed: dict[tuple[ClusterName, JobId, int], float] = {}
+        # When each cluster's stale gangs were last sent to go together (`RemovesMany`).
+        self._batch_sent: dict[ClusterName, float] = {}
         # Set while nothing is in flight: `_settle` waits on it, not on every task (an
         # `asyncio.wait` over thousands of tasks each tick was 5 % of the server's CPU).
         self._none_in_flight = asyncio.Event()
@@ -297,9 +338,16 @@ class Reconciler:
         self._committed += committed
         return committed
 
-    def _track(self, registry: dict[_K, asyncio.Task[Any]], key: _K, work: Coroutine[Any, Any, Any]) -> None:
-        """Run `work` as a task filed under `key` until it ends; its error is kept for `_settle`."""
-        task = asyncio.create_task(work)
+    def _track(
+        self,
+        registry: dict[_K, asyncio.Task[Any]],
+        key: _K,
+        work: Coroutine[Any, Any, Any] | asyncio.Task[Any],
+    ) -> None:
+        """Run `work` as a task filed under `key` until it ends; its error is kept for `_settle`.
+        A task already running may be filed under several keys (one removal of many gangs): its
+        error is then kept once a key."""
+        task = work if isinstance(work, asyncio.Task) else asyncio.create_task(work)
         registry[key] = task
         self._none_in_flight.clear()
 
@@ -420,11 +468,28 @@ class Reconciler:
         # finish by itself (`_settle`), and not started again while it is in flight.
         now = self._clock()
         self._forget_removed(statuses)
+        together: dict[ClusterName, list[StaleGang]] = {}
         for gang in stale:
             key = (gang.cluster, gang.job_id, gang.attempt)
             if key in self._removing or self._removal_sent(key, statuses, now):
                 continue
+            shown = (statuses.get(gang.cluster) or {}).get((gang.job_id, gang.attempt))
+            if not pods_outlive(shown) and _removes_many(self._members.get(gang.cluster)):
+                together.setdefault(gang.cluster, []).append(gang)
+                continue
             self._track(self._removing, key, self._remove_stale(gang, statuses))
+        for cluster, gangs in together.items():
+            due = (
+                now - self._batch_sent.get(cluster, -COLLECT_HOLD_S) >= COLLECT_HOLD_S
+                or len(gangs) >= COLLECT_BATCH
+                or any(g.why not in COLLECT_CAN_WAIT for g in gangs)
+            )
+            if not due:
+                continue
+            self._batch_sent[cluster] = now
+            removal = asyncio.create_task(self._remove_stale_together(cluster, gangs))
+            for gang in gangs:
+                self._track(self._removing, (cluster, gang.job_id, gang.attempt), removal)
 
     def _removal_sent(
         self,
@@ -477,6 +542,27 @@ class Reconciler:
             job_id=stale.job_id,
             attempt=stale.attempt,
             why=stale.why.value,
+        )
+
+    async def _remove_stale_together(self, cluster: ClusterName, gangs: list[StaleGang]) -> None:
+        """Remove a cluster's stale gangs with one `cancel_many` (see COLLECT_HOLD_S)."""
+        backend = self._members.get(cluster)
+        if not isinstance(backend, RemovesMany):
+            return
+        async with self._slots(cluster, dispatch=False):
+            try:
+                await backend.cancel_many([(g.job_id, g.attempt) for g in gangs], CANCEL_GRACE_PERIOD_S)
+            except ClusterError as error:
+                log.warning("stale_gangs_removal_failed", cluster=cluster, count=len(gangs), error=str(error))
+                return
+            now = self._clock()
+            for gang in gangs:
+                self._removed[(cluster, gang.job_id, gang.attempt)] = now
+        log.info(
+            "stale_gangs_removed",
+            cluster=cluster,
+            count=len(gangs),
+            gangs=[f"{g.job_id}/{g.attempt}:{g.why.value}" for g in gangs],
         )
 
     async def _archived_of(self, job_ids: list[JobId]) -> set[JobId]:
