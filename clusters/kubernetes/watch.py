@@ -42,6 +42,11 @@ class Health:
         self._failing_since: float | None = None
 
     def answered(self) -> None:
+        # Read without the lock first: every watch event and call reports here (thousands a second
+        # at 100 clusters), and the cluster is almost always answering. A `failed` racing this
+        # read is ordered after it, as it could have been under the lock.
+        if self._failing_since is None:
+            return
         with self._lock:
             self._failing_since = None
 
