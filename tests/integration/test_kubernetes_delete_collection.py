@@ -171,6 +171,8 @@ async def test_ended_gangs_go_in_one_call_and_nothing_else_of_the_namespace_goes
     listed = await asyncio.to_thread(k8s.CoreV1Api(api).list_namespaced_service, NS)
     services = {s.metadata.name for s in listed.items}
     assert not services & set(named), "a removed gang's Service is left"
+    if not volcano:
+        assert object_name(kept.job_id, kept.attempt) in services, "the kept gang's Service went"
 
 
 async def test_the_simulators_deletecollection_is_what_the_official_client_expects(
