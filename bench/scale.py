@@ -49,6 +49,74 @@ fits its minute with every figure the issue names that a small size can give.
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
 
+- Ended gangs removed together (2026-11-30, seventh round). Where the server's CPU went at 100
+  clusters before (py-spy `--gil`, 1,361 samples, load 0.3): the Kubernetes client's calls on their
+  threads 17 % (the gang's create 8.4 %, the ended pod's log tail 5.1 %, the gang's delete 5.4 %, a
+  call each a one-pod job), the reconciler's jobs on the loop 11 %, the informers' watch events 7 %,
+  asyncio's own callbacks 6 %, the archiver 5 %; the simulator's: its controllers 43 %, aiohttp's
+  handling of requests 36 %, its snapshots 6-9 %. What changed: the collector's ended gangs go
+  together, with one `deletecollection` a namespace by a selector naming each gang and gpufed's
+  manager label (`KubernetesBackend.cancel_many`), a cluster's at most every 5 s or 50 at a time
+  (`COLLECT_HOLD_S`, `COLLECT_BATCH` in federation/scheduling/reconciler.py): 288 calls for 4,000
+  gangs where there were 4,000, the delete's share of the server's samples 1.3-1.7 % after
+  against 6.4 % (B: this alone; C: with the health record read without its lock, the final tree;
+  "C, snapshots": with the simulator's change below that was not kept).
+  Also measured: connection reuse is on (28 connections held to each simulated cluster mid-run: its
+  4 watches and its calls' two pools, of 24 and 8; 5 sockets in TIME_WAIT on the whole machine, no
+  urllib3 "pool is full" warning); the official client reads no body ahead and builds no model on
+  gpufed's calls already; a call through it costs 204 us of the calling thread's CPU against 174 us
+  through urllib3's pool alone (GET /apis, a simulated cluster, timed alone), so going around it
+  would save 15 % of a call: not pursued. Tried and not kept: each of many clusters in one simulator process snapshotted less
+  often (0.01 s a cluster, 1 s at 100): no change in the simulator's CPU (its writer already spaces
+  a cluster's snapshots by four times the last write's time, and the cost is the walk of every
+  object a snapshot). In turns, the tree before (A, fa46855) and after, load at each run's start
+  and end, the server's threads and resident memory at the run's end:
+
+  | run | load | lifecycle (steady) jobs/s | held its GPU | server ms/job | simulator ms/job | etcd ms/job | threads | RSS MiB |
+  |---|---|---|---|---|---|---|---|---|
+  | 100 clusters A | 2.1-4.8 | 92.5 (102.9) | 18.0 s | 8.97 | 4.35 | 1.16 | 542 | 195 |
+  | 100 clusters B | 4.8-6.9 | 101.7 (126.9) | 17.5 s | 7.72 | 3.85 | 0.97 | 528 | 193 |
+  | 100 clusters B | 6.9-6.1 | 81.5 (101.2) | 21.6 s | 7.89 | 4.03 | 1.13 | 531 | 194 |
+  | 100 clusters A | 6.1-5.4 | 92.2 (99.0) | 19.4 s | 8.72 | 4.33 | 1.05 | 538 | 199 |
+  | 100 clusters A | 5.4-19.4 | 99.8 (107.6) | 9.8 s | 8.80 | 4.91 | 1.08 | 538 | 180 |
+  | 100 clusters B | 19.4-12.3 | 94.8 (110.4) | 18.7 s | 8.35 | 4.04 | 1.07 | 529 | 193 |
+  | 100 clusters C, snapshots | 9.9-6.8 | 96.4 (109.8) | 18.8 s | 8.31 | 3.94 | 1.16 | 536 | 194 |
+  | 100 clusters A | 6.8-6.6 | 94.2 (115.3) | 18.9 s | 8.10 | 4.15 | 1.01 | 539 | 197 |
+  | 100 clusters A | 6.6-5.9 | 86.7 (103.2) | 21.1 s | 9.39 | 4.54 | 1.11 | 540 | 197 |
+  | 100 clusters C, snapshots | 5.9-13.9 | 89.8 (99.4) | 18.9 s | 8.64 | 4.43 | 1.13 | 539 | 196 |
+  | --quick A | 10.5-8.7 | 69.4 (105.4) | 3.0 s | 8.27 | 3.25 | 1.50 | 144 | 125 |
+  | --quick C, snapshots | 8.7-7.3 | 67.6 (144.7) | 3.0 s | 7.20 | 2.85 | 1.40 | 157 | 126 |
+  | --quick C, snapshots | 7.3-6.5 | 75.6 (142.7) | 2.9 s | 7.35 | 3.02 | 1.42 | 146 | 124 |
+  | --quick A | 6.5-6.7 | 78.1 (208.0) | 3.1 s | 7.95 | 3.17 | 1.47 | 160 | 126 |
+  | 100 clusters C, snapshots | 6.7-6.3 | 100.1 (118.3) | 20.0 s | 7.89 | 3.79 | 1.03 | 529 | 195 |
+  | 100 clusters A | 6.3-6.6 | 95.2 (111.3) | 18.7 s | 8.42 | 4.11 | 1.04 | 540 | 198 |
+  | 100 clusters A | 6.6-6.1 | 88.3 (109.5) | 19.9 s | 9.08 | 4.33 | 1.18 | 540 | 234 |
+  | 100 clusters C, snapshots | 6.1-5.1 | 88.9 (120.9) | 19.9 s | 8.88 | 4.21 | 1.18 | 530 | 192 |
+  | 100 clusters A | 1.2-2.1 | 110.8 (130.0) | 11.3 s | 7.96 | 4.49 | 1.00 | 538 | 186 |
+  | 100 clusters C | 2.1-3.2 | 124.3 (150.9) | 12.4 s | 7.12 | 3.83 | 0.96 | 518 | 190 |
+  | 100 clusters C | 3.2-3.2 | 123.7 (152.7) | 12.6 s | 6.99 | 3.83 | 1.00 | 528 | 190 |
+  | 100 clusters A | 3.2-4.5 | 110.7 (125.9) | 13.7 s | 7.83 | 4.32 | 0.97 | 539 | 191 |
+  | --quick C | 3.7-3.8 | 69.9 (140.6) | 2.7 s | 7.73 | 3.03 | 1.72 | 122 | 125 |
+  | --quick A | 3.8-3.2 | 73.5 (184.7) | 3.0 s | 7.48 | 3.10 | 1.45 | 147 | 124 |
+  | --quick A | 3.2-3.3 | 71.7 (105.0) | 3.0 s | 7.23 | 3.05 | 1.30 | 147 | 125 |
+  | --quick C | 3.3-3.5 | 67.4 (133.7) | 2.9 s | 6.52 | 2.60 | 1.55 | 137 | 125 |
+  | 100 clusters C | 3.5-4.8 | 109.9 (128.2) | 15.6 s | 7.14 | 3.75 | 0.96 | 538 | 195 |
+  | 100 clusters A | 4.8-6.2 | 94.8 (116.5) | 18.0 s | 7.86 | 4.16 | 1.04 | 539 | 198 |
+
+  What it shows. At 100 clusters the server's CPU a job fell by 0.6 ms, about 7 %: 6.99-8.88 ms
+  (mean 7.89 over 10 runs) against 7.83-9.39 (mean 8.51 over 10), lower than its neighbour of the
+  tree before in 9 pairs of 10, and by 0.7-0.9 ms in the quieter pairs (load 1-5: 7.0-7.1 against
+  7.8-8.0, with 110-124 jobs/s against 95-111); the simulator's by 0.4 ms, a tenth (3.97 against
+  4.37), a request a job fewer; etcd's the same. In --quick (10 clusters, where a cluster's batch is
+  larger) the server's fell by 0.5 ms (mean 7.20 against 7.73, lower in 3 pairs of 4), the
+  simulator's by 0.26; the GPUs bound the rate there. The lifecycle rate followed the load (82-124
+  jobs/s after, mean 101; 87-111 before, mean 97). So the two cores' ceiling moved from about 2,000 /
+  (8.5 + 4.4 + 1.1) = 143 jobs/s to 2,000 / (7.9 + 4.0 + 1.1) = 154 (the quietest pair: 2,000 /
+  (7.05 + 3.83 + 0.98) = 169), and the server alone fills its core at about 1,000 / 7.05 = 142
+  jobs/s on a quiet machine. 200 jobs/s still needs the server under 5 ms a job: what is left of a
+  one-pod job's is two calls (create; the log tail), the informers' events, the reconciler's
+  commits and asyncio's machinery, none above a tenth of the samples.
+
 - One pool of threads for every cluster's calls (2026-11-30, sixth round). Where the server's CPU
   went at 100 clusters before (py-spy `--gil`, 1,409 samples): the Kubernetes client's calls on
   their threads 19.5 %, the pools' threads woken for a call 5 % and started 4.5 % (a pool per
