@@ -143,7 +143,7 @@ class CostModel:
         if policy.wait_value_usd_per_hour > 0:
             length = min(length, saving / policy.wait_value_usd_per_hour * _HOUR_S)
         until = gang.queued_at_s + length
-        latest = latest_start_s(gang, private_finish_delay_s)
+        latest = latest_start_s(gang, private_finish_delay_s, policy.private_wait_deadline_margin_s)
         if latest is not None:
             until = min(until, latest)
         return until

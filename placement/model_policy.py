@@ -146,6 +146,11 @@ class PolicyConfig:
     # long gangs, the ones a spot bound keeps on demand, may wait for private GPUs the limits do not yet
     # promise: their wait is short against their run (`placement/room.py`).
     private_wait_needs_start_max_run_h: float | None = None
+    # A wait bounded by the job's deadline ends this long before the last moment its run-time limit
+    # would still fit: what bursting takes from the wait's end to a running gang (the next cycle, the
+    # cloud nodes' start). Without it a wait that ends on the last second is followed by a burst that
+    # is seconds late, and the deadline is lost to the wait.
+    private_wait_deadline_margin_s: float = 0.0
     # Repatriation: after every queued gang is decided, move a running cloud gang that can stop at a
     # checkpoint (`RunningGang.movable`) to private GPUs left idle, if the cloud cost it would still pay
     # exceeds the cost of the rest on private GPUs plus the move's own cost (its overhead priced at the
@@ -174,6 +179,12 @@ class PolicyConfig:
     # that rate is paid whether the GPUs run or not, a cloud price only while they do. Off: offers are
     # ranked by price alone, so spot priced under the internal rate is taken before idle private GPUs.
     prefer_private: bool = False
+    # What a wait for private GPUs saves: with `private_rate_sunk`, the cloud's whole bill (less the
+    # private offer's own egress and transfer wait), as the internal rate is paid whether the GPUs run
+    # or not; so a gang waits for private GPUs even when its cloud offer (spot) is priced under that
+    # rate. Off: the cloud's bill less the private run at the internal rate, and a gang whose cloud
+    # offer is cheaper than that never waits.
+    private_rate_sunk: bool = False
     # Egress rate between two different stores missing from the snapshot's table.
     default_egress_usd_per_gb: float = 0.09
     # How fast a dataset moves between stores: a moved dataset delays the start by size / rate.

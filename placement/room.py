@@ -31,6 +31,7 @@ from placement.fairshare import FairShare
 from placement.inventory import Inventory, Offer, price_factor
 from placement.model import (
     Alternative,
+    CapacityKind,
     CapacityRequest,
     ClusterName,
     GangRequest,
@@ -96,6 +97,18 @@ class Room:
         # Gangs evicted for a queued gang by an earlier cycle: theirs and their GPUs are that gang's.
         self.ordered = OrderedEvictions(snapshot, inventory, self.running)
         self.growth = Growth(inventory.scalable)
+        # With `PolicyConfig.private_rate_sunk`, the GPU types whose private GPUs gangs with a dearer
+        # cloud alternative want: some run on demand in a cloud now, or waited for them earlier in this
+        # cycle. A gang whose wait only the sunk internal rate makes worth anything (spot priced under
+        # that rate) does not wait for these: freed private GPUs save most where the bill is on demand.
+        # It only grows during a cycle, so a decision reused for an equal later gang (`_Cycle.decide`)
+        # saw the same answer or one that no longer holds back; and every wait that passes it reads the
+        # gang's queue time, which such reuse never crosses.
+        self.dear_types: set[GpuType] = (
+            {g.gpu_type for g in snapshot.running if g.kind is CapacityKind.ON_DEMAND}
+            if policy.private_rate_sunk
+            else set()
+        )
         # Reservations made this cycle, and per offer the last one (a later one starts after it).
         self.holds: list[Hold] = []
         self.holds_on: dict[Offer, list[Hold]] = {}
@@ -144,6 +157,18 @@ class Room:
         if best is None:
             return None
         private_cost, _, offer = best
+        # Whether only the sunk internal rate makes this wait worth anything: the cloud offer (spot) is
+        # priced under the private run at that rate.
+        sunk_only = False
+        if self.policy.private_rate_sunk:
+            sunk_only = cloud_cost <= private_cost
+            if not sunk_only:
+                self.dear_types.add(offer.view.gpu_type)
+            elif offer.view.gpu_type in self.dear_types:
+                return None
+            # The internal rate is paid whether the GPUs run or not: the wait saves the cloud's whole
+            # bill, less what the private offer itself costs (its dataset's move).
+            private_cost = ctx.cost(offer.view.gpu_type, 0.0, offer.view.store)
         delay = ctx.duration_s(offer.view.gpu_type, offer.view.store)
         priority_class = self.classes.get(gang.priority_class)
         terms = self._terms(gang.tenant)
@@ -170,7 +195,8 @@ class Room:
         if needs_start and (room_at is None or room_at > until):
             return None
         hold: Hold | None = None
-        if room_at is not None and room_at <= until and self._may_reserve_for_waiter():
+        # A sunk-only waiter's room is not reserved: the hold would keep it from the dearer gangs behind.
+        if room_at is not None and room_at <= until and not sunk_only and self._may_reserve_for_waiter():
             hold = self._reserve_for_waiter(ctx, shape, private)
             if hold is None or hold.start_at_s > until:
                 # Earlier reservations take the room first: by the limits, none is left before the wait ends.

@@ -82,9 +82,10 @@ def wait_s(terms: WaitTerms, gang: GangRequest, gpu_hours: float, *, urgent: boo
     return length
 
 
-def latest_start_s(gang: GangRequest, private_finish_delay_s: float) -> float | None:
+def latest_start_s(gang: GangRequest, private_finish_delay_s: float, margin_s: float = 0.0) -> float | None:
     """The last moment a wait may end and the job still meet its deadline on the private offer (None:
-    no deadline). `private_finish_delay_s`: its private run from start to finish."""
+    no deadline). `private_finish_delay_s`: its private run from start to finish; `margin_s`: what a
+    burst takes from the wait's end to a running gang (`PolicyConfig.private_wait_deadline_margin_s`)."""
     if gang.deadline_at_s is None:
         return None
-    return gang.deadline_at_s - max(private_finish_delay_s, float(gang.max_runtime_s))
+    return gang.deadline_at_s - max(private_finish_delay_s, float(gang.max_runtime_s)) - margin_s

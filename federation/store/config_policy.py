@@ -37,6 +37,8 @@ _POLICY_KEYS: dict[str, str] = {
     "privateWaitMaxSeconds": "private_wait_max_s",
     "privateWaitNeedsStart": "private_wait_needs_start",
     "privateWaitNeedsStartMaxRunHours": "private_wait_needs_start_max_run_h",
+    "privateWaitDeadlineMarginSeconds": "private_wait_deadline_margin_s",
+    "privateRateSunk": "private_rate_sunk",
     "privateWaitReserve": "private_wait_reserve",
     "privateWaitReservations": "private_wait_reservations",
     "repatriate": "repatriate",

@@ -322,8 +322,10 @@ class SnapshotBuilder:
         queued_at: float = 0.0,
         priority_class: str = "",
         grace_s: float | None = None,
+        kind: CapacityKind | None = None,
     ) -> SnapshotBuilder:
-        """`nodes`: (pool name, node index, GPUs) where the gang sits; `gpus` is their sum when given."""
+        """`nodes`: (pool name, node index, GPUs) where the gang sits; `gpus` is their sum when given;
+        `kind`: the capacity it runs on, as federation records it (None: not said)."""
         shares = tuple(NodeShare(pool, index, n) for pool, index, n in nodes)
         self._running.append(
             RunningGang(
@@ -340,6 +342,7 @@ class SnapshotBuilder:
                 ends_at_s=ends_at,
                 nodes=shares,
                 terminating=terminating,
+                kind=kind,
             )
         )
         return self

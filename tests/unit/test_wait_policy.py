@@ -119,6 +119,25 @@ def test_the_deadline_leaves_the_longer_of_the_run_and_its_limit() -> None:
     assert latest_start_s(gang(), 1800.0) is None
     assert latest_start_s(gang(deadline_at_s=NOW + 2 * HOUR), 1800.0) == NOW + HOUR  # the limit, 1 h
     assert latest_start_s(gang(deadline_at_s=NOW + 2 * HOUR), 5400.0) == NOW + 2 * HOUR - 5400.0
+    # The burst after the wait needs its own time (a cycle, the cloud nodes' start): a margin.
+    assert latest_start_s(gang(deadline_at_s=NOW + 2 * HOUR), 1800.0, 600.0) == NOW + HOUR - 600.0
+
+
+def test_a_deadline_bound_wait_ends_early_enough_for_the_burst_to_meet_it() -> None:
+    """Found by the Philly replay (2017-10-30, 0.75 x): a wait bounded by the deadline ended on the
+    last second its limit fit; the next cycle, 10 s later, found the burst late, and the deadline was
+    lost to the wait. With the margin the wait ends that much earlier and the burst is in time."""
+    deadline = NOW + 100 * MINUTE + HOUR
+    job = gang(deadline_at_s=deadline)
+    exact = CostModel({}, (), POLICY).private_wait_until_s(job, 8.0, 24.0, HOUR, terms=SAVER)
+    assert exact == deadline - HOUR
+    margined = CostModel({}, (), replace(POLICY, private_wait_deadline_margin_s=330.0))
+    until = margined.private_wait_until_s(job, 8.0, 24.0, HOUR, terms=SAVER)
+    assert until == deadline - HOUR - 330.0
+    # A cycle 30 s after the wait's end, plus a 300 s cloud start, still finishes the limit in time.
+    assert until + 30.0 + 300.0 + HOUR <= deadline
+    # No deadline: the margin changes nothing.
+    assert margined.private_wait_until_s(gang(), 8.0, 24.0, HOUR) == NOW + 80 * MINUTE
 
 
 def test_until_combines_the_tenant_the_job_and_the_deadline() -> None:
