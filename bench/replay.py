@@ -55,16 +55,17 @@ def merged(
     run: list[Metrics], reused: list[list[Metrics]], weeks: list[str], order: list[str]
 ) -> list[Metrics]:
     """The rows of this run, and for every (week, policy, size) it did not replay, the last reused
-    file's row; only the weeks of this run, in week, size and policy order."""
+    file's row; only the weeks of this run and the policies of its config (a reused row of a setting
+    the config no longer has is stale, not a result), in week, size and policy order."""
     rows: dict[tuple[str, str, float], Metrics] = {}
+    known = set(order)
     for earlier in reused:
-        rows.update({(r.week, r.policy, r.size_factor): r for r in earlier if r.week in weeks})
+        rows.update(
+            {(r.week, r.policy, r.size_factor): r for r in earlier if r.week in weeks and r.policy in known}
+        )
     rows.update({(r.week, r.policy, r.size_factor): r for r in run})
     rank = {name: index for index, name in enumerate(order)}
-    return sorted(
-        rows.values(),
-        key=lambda r: (weeks.index(r.week), r.size_factor, rank.get(r.policy, len(rank)), r.policy),
-    )
+    return sorted(rows.values(), key=lambda r: (weeks.index(r.week), r.size_factor, rank[r.policy], r.policy))
 
 
 def main() -> None:

@@ -78,6 +78,9 @@ class GpufedSettings:
     spot_max_restart_slowdown: float | None = None
     # Idle private GPUs before any cloud offer, spot included, whatever the internal rate.
     prefer_private: bool = False
+    # A wait for private GPUs is priced against the cloud's whole bill (the internal rate is paid
+    # whether they run or not), so jobs whose spot offer is priced under that rate wait too.
+    private_rate_sunk: bool = False
     # Every team's cost policy (`placement.wait_policy`): `saver` doubles the wait and tests room only
     # for jobs of at most 24 h of work; `fast` never waits.
     cost_policy: CostPolicy = CostPolicy.BALANCED
@@ -164,6 +167,10 @@ class ReplayConfig:
     # against it measures what the wait adds; off, it keeps resumable jobs off spot by the restart
     # bound as if each reclaim restarted them from scratch, which flatters gpufed.
     spot_curve_resumable: bool = True
+    # Whether the fixed-wait curves hold every job for their wait (`policies.fixed_wait_every_job`),
+    # the ones whose cloud offer is priced under the internal rate (spot) too: "wait W, then burst".
+    # Off: such jobs burst at once, as the cost model's saving (cloud less internal rate) is none.
+    fixed_wait_every_job: bool = False
     # Only the first N jobs (0: all); every Nth job (1: all). For quick runs and tests.
     limit_jobs: int = 0
     every_nth_job: int = 1
@@ -213,6 +220,7 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
             None if doc.get("spot_max_restart_slowdown") is None else float(doc["spot_max_restart_slowdown"])
         ),
         prefer_private=bool(doc.get("prefer_private", False)),
+        private_rate_sunk=bool(doc.get("private_rate_sunk", False)),
         cost_policy=_cost_policy(doc.get("cost_policy", CostPolicy.BALANCED.value), where),
     )
 
@@ -349,6 +357,7 @@ def parse_config(doc: dict[str, Any], base: Path, source: Path | None = None) ->
         deadlines=_deadlines(jobs.get("deadlines")),
         resumable=_resumable(jobs.get("resumable")),
         spot_curve_resumable=bool(policies.get("spot_curve_resumable", True)),
+        fixed_wait_every_job=bool(policies.get("fixed_wait_every_job", False)),
         limit_jobs=int(doc.get("limit_jobs", 0)),
         every_nth_job=int(doc.get("every_nth_job", 1)),
         source=source,

@@ -85,7 +85,10 @@ class PolicySpec:
             base = _spot_rule(base, config.gpufed)
         if self.kind is PolicyKind.FIXED_WAIT:
             return replace(
-                base, private_wait_s_per_gpu_hour=_ALWAYS_CAP, private_wait_max_s=self.fixed_wait_s
+                base,
+                private_wait_s_per_gpu_hour=_ALWAYS_CAP,
+                private_wait_max_s=self.fixed_wait_s,
+                private_rate_sunk=config.fixed_wait_every_job,
             )
         if self.kind is PolicyKind.GPUFED:
             assert self.gpufed is not None
@@ -103,6 +106,9 @@ class PolicySpec:
                 repatriate=self.gpufed.repatriate,
                 repatriate_min_saving_usd=self.gpufed.repatriate_min_saving_usd,
                 move_overhead_s=self.gpufed.move_overhead_s,
+                private_rate_sunk=self.gpufed.private_rate_sunk,
+                # What the placer is told of this world: bursting takes a cycle and the cloud's lead time.
+                private_wait_deadline_margin_s=config.cycle_s + config.lead_time_s,
             )
         return base
 
@@ -147,6 +153,8 @@ def gpufed_name(settings: GpufedSettings) -> str:
             name += f"_slowdown_{settings.spot_max_restart_slowdown * 100:g}pct"
     if settings.prefer_private:
         name += "_private_first"
+    if settings.private_rate_sunk:
+        name += "_sunk"
     if settings.cost_policy is not CostPolicy.BALANCED:
         name += f"_{settings.cost_policy.value}"
     return name

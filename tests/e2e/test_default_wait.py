@@ -5,10 +5,10 @@ burst-at-once alternative; a tenant set to `fast` bursts at once; only an admin 
 The shipped federation: `onprem-a100` (4 nodes of 8 A100 at an internal $1.10) and `aws-us-east-1`
 (A100 on demand at $2.7447, spot at $0.3082, both with room). sara (tenant speech, no quotas) fills
 the private node with four 8-GPU jobs whose run-time limit is 20 minutes, then submits `waiter`: one
-replica of 8 A100 for up to 4 hours, not allowing spot. The replay's rule (275 s per GPU-hour, at most
-72 h, room by the limits before the wait ends) says it waits: 32 GPU-hours of work is 8,800 s of wait,
-and the limits free a node within 20 minutes. Bursting now would cost 32 x $2.7447 against
-32 x $1.10 at home: an estimated $52.63 saved, at $21.96 an hour for the gang on aws-us-east-1.
+replica of 8 A100 for up to 4 hours, not allowing spot. The replay's rule (350 s per GPU-hour, at most
+72 h) says it waits: 32 GPU-hours of work is 11,200 s of wait. Bursting now would cost 32 x $2.7447;
+the private node's internal rate is paid whether it runs or not (`privateRateSunk`), so the whole
+bill is the wait's estimated saving, $87.83, at $21.96 an hour for the gang on aws-us-east-1.
 
 The record is read with etcdctl, a judge independent of gpufed's own codec.
 """
@@ -96,13 +96,13 @@ def test_the_shipped_config_waits_says_what_it_saves_and_fast_bursts_at_once(up:
     assert re.search(
         r"waiting for private A100 on cluster onprem-a100 until (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC: "
         r"saves an estimated "
-        r"\$52\.63 against bursting now to aws-us-east-1 \(A100, on-demand\) at \$21\.96/h; "
+        r"\$87\.83 against bursting now to aws-us-east-1 \(A100, on-demand\) at \$21\.96/h; "
         r"bursts then if no room frees",
         text,
     ), text
     described = up.gpufed("describe", waiter, user="sara")
     assert described.returncode == 0, described.stderr
-    assert "saves an estimated $52.63" in described.stdout
+    assert "saves an estimated $87.83" in described.stdout
 
     offer = wait_for(lambda: stored_record(up, waiter).get("burst_offer"), timeout_s=30, what="burst_offer")
     assert isinstance(offer, dict)
@@ -185,7 +185,7 @@ def test_the_shipped_config_waits_then_runs_privately_and_finance_sees_the_savin
     def explained() -> str | None:
         out = up.gpufed("explain", waiter, user="alice")
         assert out.returncode == 0, out.stderr
-        return out.stdout if "saves an estimated $52.63" in out.stdout else None
+        return out.stdout if "saves an estimated $87.83" in out.stdout else None
 
     wait_for(explained, timeout_s=60, what="the waiter waits, saying what it saves")
     assert up.phase("alice", waiter) == "QUEUED"
@@ -220,6 +220,66 @@ def test_the_shipped_config_waits_then_runs_privately_and_finance_sees_the_savin
     # The extra wait is the gang's start (the ledger's) minus when it could have burst.
     assert float(row["extra_wait_hours"]) == pytest.approx((ran["start_s"] - seen_at_s) / 3600, abs=1e-6)
     assert float(row["extra_wait_hours"]) > 0
+    for job_id in fillers[1:]:
+        with up.client("bob") as bob:
+            bob.cancel(job_id)
+
+
+SPOT_SAVING = re.compile(
+    r"waiting for private A100 on cluster onprem-a100 until (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC: "
+    r"saves an estimated \$(?P<usd>\d+\.\d\d) against bursting now to (?P<cluster>[\w-]+) "
+    r"\(A100, spot\) at \$(?P<hourly>\d+\.\d\d)/h"
+)
+
+
+def test_the_shipped_config_holds_a_spot_job_for_private_gpus_and_bills_it_nothing(up: ConsoleUp) -> None:
+    """Spot (A100 at $0.3082) is priced under the private node's internal rate ($1.10), so priced
+    against that rate a wait saves nothing and a job that allows spot went to spot at once. The
+    shipped config counts the internal rate as paid whether the GPUs run or not (`privateRateSunk`):
+    the wait saves the spot bill, the job waits for the private node, and runs there. Nothing runs on
+    demand in a cloud, so no dearer job wants the node."""
+    _stop_every_live_job(up)
+    began = time.time()
+    fillers = [submit(up, "bob", f"nlp-spot-fill-{i}", "20m") for i in range(4)]
+    for job_id in fillers:
+        wait_for(lambda: up.phase("bob", job_id) == "RUNNING", timeout_s=90, what=f"{job_id} runs")  # noqa: B023
+        assert cluster_of(up, "bob", job_id) == "onprem-a100"
+    manifest = JOB.format(name="vision-spot", limit="4h").replace('duration: "2h"', 'duration: "10s"')
+    manifest = manifest.replace("  gpuTypes: [A100]\n", "  gpuTypes: [A100]\n  allowSpot: true\n")
+    with up.client("alice") as alice:
+        spot_job = alice.submit(manifest, idempotency_key=str(uuid.uuid4())).job_id
+
+    def explained() -> re.Match[str] | None:
+        out = up.gpufed("explain", spot_job, user="alice")
+        assert out.returncode == 0, out.stderr
+        return SPOT_SAVING.search(out.stdout)
+
+    found = wait_for(explained, timeout_s=60, what="the spot job waits for private GPUs")
+    # 32 GPU-hours (8 GPUs, a 4 h limit) at spot's price with its reclaim risk (0.05 an hour, half an
+    # hour of work lost each: x 1.025), and nothing off for the private run.
+    assert float(found["usd"]) == pytest.approx(32 * 0.3082 * 1.025, abs=0.01)
+    assert up.phase("alice", spot_job) == "QUEUED"
+    seen_at_s = wait_for(lambda: _offer_seen_at(up, spot_job), timeout_s=30, what="the offer is recorded")
+    offer = stored_record(up, spot_job)["burst_offer"]
+    assert isinstance(offer, dict)
+    assert (offer["cluster"], offer["kind"]) == (found["cluster"], "spot")
+    wait_for(lambda: time.time() >= math.floor(seen_at_s) + 2, timeout_s=5, what="a wait of whole seconds")
+
+    with up.client("bob") as bob:
+        bob.cancel(fillers[0])
+    wait_for(lambda: up.phase("alice", spot_job) == "SUCCEEDED", timeout_s=120, what="the spot job ran")
+    assert cluster_of(up, "alice", spot_job) == "onprem-a100"
+
+    period = ("--from", _iso(began - 60), "--to", _iso(time.time() + 3600))
+    out = up.gpufed("report", "savings", *period, "-o", "json", user="finance")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    rows = [r for r in report["rows"] if r["tenant"] == "vision" and r["gpu_type"] == "A100"]
+    assert rows, report
+    # Bursting at once would have paid spot's price for the hours it ran; it paid nothing in a cloud.
+    (row,) = rows
+    assert float(row["paid_usd"]) == 0.0
+    assert float(row["burst_usd"]) > 0
     for job_id in fillers[1:]:
         with up.client("bob") as bob:
             bob.cancel(job_id)

@@ -98,14 +98,18 @@ def run(policy: str, jobs: Sequence[TraceJob], config: ReplayConfig) -> Result:
 
 def test_gpufeds_wait_ends_in_time_for_the_deadline_and_the_yardsticks_ignore_it() -> None:
     # One private GPU busy until 300; b's 100 s of work would wait 100 s under gpufed's rate. With a
-    # deadline at 170, its wait ends when its run-time limit (150 s) still fits before it: at 20,
-    # admitted to the cloud then, running after the 10 s lead time.
+    # deadline at 170, its wait ends when its run-time limit (150 s) still fits before it once the
+    # burst is running: the placer is told the world's cycle (0 s here) and the cloud's 10 s lead time
+    # as its margin, so the wait ends at 10, and the gang runs from 20, its limit ending on the
+    # deadline. (Without the margin it waited until 20 and ran from 30: its limit no longer fit.)
     config = config_with_deadlines()
+    assert (config.cycle_s, config.lead_time_s) == (0.0, 10.0)
     b = dataclasses.replace(a_job("b", 0, 100), deadline_s=170.0)
     jobs = [a_job("a", 0, 300), b]
     gpufed = run("gpufed", jobs, config)
-    assert gpufed.outcomes[b.job_id].start_s == 30
-    assert gpufed.outcomes[b.job_id].finish_s == 130
+    assert gpufed.outcomes[b.job_id].start_s == 20
+    assert gpufed.outcomes[b.job_id].start_s + 150 <= 170
+    assert gpufed.outcomes[b.job_id].finish_s == 120
     assert missed_deadlines(gpufed) == []
     # Without the deadline it waits its full 100 s.
     plain = run("gpufed", [a_job("a", 0, 300), a_job("b", 0, 100)], config)

@@ -3,7 +3,10 @@ and the shipped config's wait; each bad value named by its field, and each store
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from federation.errors import InvalidSpec
 from federation.runtime.config import parse_config
@@ -14,6 +17,8 @@ from federation.store.jobs import spec_from_dict, spec_to_dict
 from federation.store.records import TenantRecord, tenant_from_dict, tenant_to_dict
 from placement.model import TenantId
 from placement.model_policy import CostPolicy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MANIFEST = """\
 apiVersion: gpufed.io/v1
@@ -78,12 +83,21 @@ def test_a_bad_max_wait_is_named(bad: str) -> None:
 
 
 def test_the_shipped_config_turns_on_the_replay_s_wait() -> None:
+    """The shipped config's wait is the setting the Philly replay measured as `gpufed`: read from the
+    replay's own config, so that a retune of one without the other fails here."""
     policy = parse_config(default_config_path().read_text()).settings.policy
-    assert (
-        policy.private_wait_s_per_gpu_hour,
-        policy.private_wait_max_s,
-        policy.private_wait_needs_start,
-        policy.private_wait_reserve,
-        policy.spot_max_restart_slowdown,
-        policy.prefer_private,
-    ) == (275.0, 259200.0, True, True, 0.3, True)
+    replayed = yaml.safe_load((ROOT / "bench" / "replay.yaml").read_text())["policies"]["gpufed"]
+    knobs = (
+        "private_wait_s_per_gpu_hour",
+        "private_wait_max_s",
+        "private_wait_needs_start",
+        "private_wait_reserve",
+        "spot_max_restart_slowdown",
+        "prefer_private",
+        "private_rate_sunk",
+    )
+    assert {k: getattr(policy, k) for k in knobs} == {k: replayed[k] for k in knobs}
+    assert (policy.private_wait_s_per_gpu_hour, policy.private_rate_sunk) == (350.0, True)
+    # The replay's placer is told its world's cycle and cloud start (30 s + 300 s); the shipped margin
+    # allows a real cloud's node start more.
+    assert policy.private_wait_deadline_margin_s == 600.0
