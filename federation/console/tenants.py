@@ -27,8 +27,7 @@ from placement.model_policy import CostPolicy
 MEANING = {
     CostPolicy.SAVER.value: (
         "waits twice as long as the federation's wait (seconds per GPU-hour and cap); "
-        "where the federation tests for room, its jobs of more than 24 h of work wait even when no "
-        "room is promised"
+        "jobs of more than 24 h of work wait even when no room is promised"
     ),
     CostPolicy.BALANCED.value: "waits as the federation's policy says",
     CostPolicy.FAST.value: "never waits for private GPUs: bursts to the cloud at once",

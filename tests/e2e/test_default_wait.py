@@ -6,7 +6,8 @@ The shipped federation: `onprem-a100` (4 nodes of 8 A100 at an internal $1.10) a
 (A100 on demand at $2.7447, spot at $0.3082, both with room). sara (tenant speech, no quotas) fills
 the private node with four 8-GPU jobs whose run-time limit is 20 minutes, then submits `waiter`: one
 replica of 8 A100 for up to 4 hours, not allowing spot. The replay's rule (350 s per GPU-hour, at most
-72 h) says it waits: 32 GPU-hours of work is 11,200 s of wait. Bursting now would cost 32 x $2.7447;
+72 h, room by the limits before the wait ends) says it waits: 32 GPU-hours of work is 11,200 s of
+wait, and the limits free a node within 20 minutes. Bursting now would cost 32 x $2.7447;
 the private node's internal rate is paid whether it runs or not (`privateRateSunk`), so the whole
 bill is the wait's estimated saving, $87.83, at $21.96 an hour for the gang on aws-us-east-1.
 
@@ -155,6 +156,15 @@ def _stop_every_live_job(up: ConsoleUp) -> None:
         wait_for(lambda: up.phase("admin", job_id) in TERMINAL, timeout_s=90, what=f"{job_id} stops")  # noqa: B023
 
 
+def _fill_the_private_node(up: ConsoleUp, prefix: str) -> list[str]:
+    """Four of nlp's 8-GPU jobs with a 20-minute limit, each running on the private node."""
+    fillers = [submit(up, "bob", f"{prefix}-{i}", "20m") for i in range(4)]
+    for job_id in fillers:
+        wait_for(lambda: up.phase("bob", job_id) == "RUNNING", timeout_s=90, what=f"{job_id} runs")  # noqa: B023
+        assert cluster_of(up, "bob", job_id) == "onprem-a100"
+    return fillers
+
+
 def _offer_seen_at(up: ConsoleUp, job_id: str) -> float | None:
     """When the placer recorded the job's burst-at-once offer, from the stored record."""
     offer = stored_record(up, job_id).get("burst_offer")
@@ -172,10 +182,7 @@ def test_the_shipped_config_waits_then_runs_privately_and_finance_sees_the_savin
     the placer recorded."""
     _stop_every_live_job(up)
     began = time.time()
-    fillers = [submit(up, "bob", f"nlp-fill-{i}", "20m") for i in range(4)]
-    for job_id in fillers:
-        wait_for(lambda: up.phase("bob", job_id) == "RUNNING", timeout_s=90, what=f"{job_id} runs")  # noqa: B023
-        assert cluster_of(up, "bob", job_id) == "onprem-a100"
+    fillers = _fill_the_private_node(up, "nlp-fill")
     with up.client("alice") as alice:
         waiter = alice.submit(
             JOB.format(name="vision-waiter", limit="4h").replace('duration: "2h"', 'duration: "10s"'),
@@ -240,10 +247,7 @@ def test_the_shipped_config_holds_a_spot_job_for_private_gpus_and_bills_it_nothi
     demand in a cloud, so no dearer job wants the node."""
     _stop_every_live_job(up)
     began = time.time()
-    fillers = [submit(up, "bob", f"nlp-spot-fill-{i}", "20m") for i in range(4)]
-    for job_id in fillers:
-        wait_for(lambda: up.phase("bob", job_id) == "RUNNING", timeout_s=90, what=f"{job_id} runs")  # noqa: B023
-        assert cluster_of(up, "bob", job_id) == "onprem-a100"
+    fillers = _fill_the_private_node(up, "nlp-spot-fill")
     manifest = JOB.format(name="vision-spot", limit="4h").replace('duration: "2h"', 'duration: "10s"')
     manifest = manifest.replace("  gpuTypes: [A100]\n", "  gpuTypes: [A100]\n  allowSpot: true\n")
     with up.client("alice") as alice:

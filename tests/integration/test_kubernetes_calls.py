@@ -36,19 +36,16 @@ pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 NS = "gpufed-team-a"
 
 
-class Counted:
-    """The backend's `KubeApi` with each call counted by method name (the API is still called)."""
+SETUP_CALLS = ("create_namespace", "label_namespace", "create_queue", "delete_secret", "delete_service")
 
-    def __init__(self, backend: KubernetesBackend) -> None:
+
+class Counted:
+    """The backend's `KubeApi` with each of `names` counted by method name (the API is still called)."""
+
+    def __init__(self, backend: KubernetesBackend, names: tuple[str, ...] = SETUP_CALLS) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
         api = backend._api
-        for name in (
-            "create_namespace",
-            "label_namespace",
-            "create_queue",
-            "delete_secret",
-            "delete_service",
-        ):
+        for name in names:
             setattr(api, name, self._wrap(name, getattr(api, name)))
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

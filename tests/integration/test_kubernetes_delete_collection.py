@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
 import dataclasses
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from clusters.sim.resources import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, NAMESPA
 from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, status_of, wait_phase
 from tests.contract.simulated import running_sim
-from tests.integration.test_kubernetes_calls import sim_backend
+from tests.integration.test_kubernetes_calls import Counted, sim_backend
 
 pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
@@ -60,23 +59,6 @@ DELETES = (
     "delete_service",
 )
 KUBECTL = shutil.which("kubectl", path=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin")
-
-
-class Counted:
-    """The backend's delete calls counted by method name (the API is still called)."""
-
-    def __init__(self, backend: KubernetesBackend) -> None:
-        self.calls: collections.Counter[str] = collections.Counter()
-        api = backend._api
-        for name in DELETES:
-            setattr(api, name, self._wrap(name, getattr(api, name)))
-
-    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(*args: Any) -> Any:
-            self.calls[name] += 1
-            return fn(*args)
-
-        return counted
 
 
 @pytest.fixture(params=["indexed", "volcano"])
@@ -158,7 +140,7 @@ async def test_ended_gangs_go_in_one_call_and_nothing_else_of_the_namespace_goes
     await asyncio.to_thread(
         _create, api, _third_party("their-copy", copied, volcano=volcano), volcano=volcano
     )
-    counted = Counted(backend)
+    counted = Counted(backend, DELETES)
 
     await backend.cancel_many([(g.job_id, g.attempt) for g in removed], 0.0)
 
@@ -293,7 +275,7 @@ async def test_an_account_without_the_verb_has_its_gangs_removed_one_by_one(
         config = kube_config("sim", kubeconfig)
         async with KubernetesBackend(dataclasses.replace(config)) as backend:
             assert await backend.wait_synced()
-            counted = Counted(backend)
+            counted = Counted(backend, DELETES)
             removed = await _ended(backend, "rb", 3)
             await backend.cancel_many([(g.job_id, g.attempt) for g in removed[:2]], 0.0)
             await _gone(backend, removed[:2])
