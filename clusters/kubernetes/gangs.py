@@ -233,8 +233,9 @@ class GangWriter:
         removes one by name). Raises the API's refusal as `delete` does; a cluster whose account
         lacks the verb answers 403 (`ClusterError` caused by it), and its caller deletes one by one.
         """
-        for start in range(0, len(names), COLLECTION_CHUNK):
-            chunk = sorted(names[start : start + COLLECTION_CHUNK])
+        ordered = sorted(names)
+        for start in range(0, len(ordered), COLLECTION_CHUNK):
+            chunk = ordered[start : start + COLLECTION_CHUNK]
             selector = gangs_selector(chunk)
             doing = f"delete gangs {', '.join(chunk)} in {namespace}"
             if kind is GangKind.VOLCANO_JOB:

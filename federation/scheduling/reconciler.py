@@ -73,7 +73,7 @@ from federation.scheduling.dispatch_backoff import (
     wait_until_s,
 )
 from federation.scheduling.leftovers import Leftovers, holding_attempts, pods_outlive
-from federation.scheduling.logs_keep import AttemptKeeper
+from federation.scheduling.logs_keep import AttemptKeeper, conforms
 from federation.scheduling.members import GangKey, MemberClusters
 from federation.scheduling.workload import workload_for
 from federation.secrets.crypto import SecretUnreadable
@@ -96,21 +96,6 @@ class RemovesMany(Protocol):
     one `deletecollection` a namespace), each as `cancel` would."""
 
     async def cancel_many(self, keys: Sequence[GangKey], grace_period_s: float) -> None: ...
-
-
-_REMOVES_MANY: dict[type, bool] = {}
-
-
-def _removes_many(backend: object) -> bool:
-    """isinstance(backend, RemovesMany), answered once a class (a protocol's isinstance walks its
-    members every time, and this is asked for each stale gang at each look)."""
-    if backend is None:
-        return False
-    kind = type(backend)
-    answer = _REMOVES_MANY.get(kind)
-    if answer is None:
-        answer = _REMOVES_MANY[kind] = isinstance(backend, RemovesMany)
-    return answer
 
 
 CANCEL_GRACE_PERIOD_S = 30.0
@@ -474,7 +459,8 @@ class Reconciler:
             if key in self._removing or self._removal_sent(key, statuses, now):
                 continue
             shown = (statuses.get(gang.cluster) or {}).get((gang.job_id, gang.attempt))
-            if not pods_outlive(shown) and _removes_many(self._members.get(gang.cluster)):
+            # Answered by class (`conforms`): asked for each stale gang at each look.
+            if not pods_outlive(shown) and conforms(self._members.get(gang.cluster), RemovesMany):  # type: ignore[type-abstract]
                 together.setdefault(gang.cluster, []).append(gang)
                 continue
             self._track(self._removing, key, self._remove_stale(gang, statuses))
@@ -547,7 +533,7 @@ class Reconciler:
     async def _remove_stale_together(self, cluster: ClusterName, gangs: list[StaleGang]) -> None:
         """Remove a cluster's stale gangs with one `cancel_many` (see COLLECT_HOLD_S)."""
         backend = self._members.get(cluster)
-        if not isinstance(backend, RemovesMany):
+        if not conforms(backend, RemovesMany):  # type: ignore[type-abstract]
             return
         async with self._slots(cluster, dispatch=False):
             try:
