@@ -16,16 +16,26 @@ fail over in 15 to 17 s; issue 33 asks for 5 s. The default is 3 s: a takeover w
 plus the first cycle (bench/scale_failover.py: 0.1 s at 10,000 live jobs), while a leader survives
 stalls of up to 2 s. etcd raises a lease below its minimum (1.5 election timeouts: 2 s with etcd's
 default 1 s election timeout) to that minimum, so an etcd tuned for slow links may lengthen it.
+
+Who refreshes. Given `refresh_kv` (the server gives a twin of its etcd client, `EtcdKv.twin`), a
+`LeaseKeeper` refreshes from a thread of its own, so the lease outlives stalls of the event loop up to
+the stall limit (`federation.scheduling.lease_keeper` says why and how long). Without it, a task on
+the event loop refreshes through `kv`, and a stall of two thirds of the TTL loses the lease: so it is
+for the in-memory kv of the unit tests, whose leases live in the loop's own objects (not safe to
+touch from another thread) and whose clock is the test's, so that a thread would refresh nothing a
+stall could cost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
-from federation.errors import StoreUnavailable
+from federation.errors import InvalidSpec, StoreUnavailable
+from federation.scheduling.lease_keeper import DEFAULT_STALL_LIMIT_S, LeaseKeeper, refresh_until_lost
 from federation.store.job_store import LEADER_KEY, Fence
 from federation.store.kv import Compare, Get, KeyValueStore, LeaseNotFound, Put, WatchCompacted
 
@@ -39,20 +49,46 @@ DEFAULT_LEASE_TTL_S = 3
 
 class LeaderElection:
     def __init__(
-        self, kv: KeyValueStore, identity: str, *, ttl_s: int = DEFAULT_LEASE_TTL_S, key: bytes = LEADER_KEY
+        self,
+        kv: KeyValueStore,
+        identity: str,
+        *,
+        ttl_s: int = DEFAULT_LEASE_TTL_S,
+        key: bytes = LEADER_KEY,
+        refresh_kv: Callable[[], KeyValueStore] | None = None,
+        stall_limit_s: float | None = None,
     ) -> None:
+        """`refresh_kv`: makes the client a `LeaseKeeper` thread refreshes the lease through (called
+        in that thread, once a term); None: a task on the event loop refreshes it through `kv`.
+        `stall_limit_s`: how long the event loop may run no heartbeat before the keeper gives the
+        lease up (None: `DEFAULT_STALL_LIMIT_S`, or the TTL if longer). At least the TTL: a shorter
+        limit would give a lease up on stalls that the lease outlives by itself."""
+        if stall_limit_s is None:
+            stall_limit_s = max(DEFAULT_STALL_LIMIT_S, float(ttl_s))
+        elif stall_limit_s < ttl_s:
+            raise InvalidSpec(
+                "lease stall limit",
+                f"{stall_limit_s:g} s is shorter than the lease's TTL ({ttl_s} s): give at least the TTL",
+            )
         self._kv = kv
         self.identity = identity
         self._ttl_s = ttl_s
         self._key = key
+        self._refresh_kv = refresh_kv
+        self._stall_limit_s = stall_limit_s
         self._lease = 0
         self._fence: Fence | None = None
         self._lost = asyncio.Event()
+        # Who refreshes this term's lease: a task on the loop (`_keepalive_task`) or a thread.
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._keeper: LeaseKeeper | None = None
 
     @property
     def is_leader(self) -> bool:
-        return self._fence is not None and not self._lost.is_set()
+        # The keeper's own word first: it may have given the lease up while the loop was stalled,
+        # before the loop has run the `lost` it was sent.
+        keeper_gave_up = self._keeper is not None and self._keeper.gave_up
+        return self._fence is not None and not self._lost.is_set() and not keeper_gave_up
 
     @property
     def fence(self) -> Fence | None:
@@ -66,6 +102,8 @@ class LeaderElection:
         """Block until this process leads; returns its fencing token. Retries through etcd outages."""
         if self.is_leader and self._fence is not None:
             return self._fence
+        # The last term's refresher, if it has not ended yet (a keeper still revoking a lost lease).
+        await self._stop_refreshing()
         retry_s = _RETRY_START_S
         while True:
             try:
@@ -101,11 +139,35 @@ class LeaderElection:
         self._lease = lease
         self._fence = Fence(self._key, result.revision)
         self._lost = asyncio.Event()
-        self._keepalive_task = asyncio.create_task(
-            self._keepalive(), name=f"leader-keepalive-{self.identity}"
+        if self._refresh_kv is None:
+            self._keepalive_task = asyncio.create_task(
+                self._keepalive(), name=f"leader-keepalive-{self.identity}"
+            )
+        else:
+            lost = self._lost
+            self._keeper = LeaseKeeper(
+                make_kv=self._refresh_kv,
+                lease=lease,
+                fence=self._fence,
+                ttl_s=self._ttl_s,
+                stall_limit_s=self._stall_limit_s,
+                identity=self.identity,
+                on_lost=lambda why: self._term_lost(lost, why),
+            )
+            self._keeper.start()
+        log.info(
+            "leader_acquired",
+            identity=self.identity,
+            create_revision=result.revision,
+            refreshed_from="thread" if self._keeper is not None else "event loop",
         )
-        log.info("leader_acquired", identity=self.identity, create_revision=result.revision)
         return self._fence
+
+    def _term_lost(self, lost: asyncio.Event, why: str) -> None:
+        """On the loop, from the keeper's thread: the term whose `lost` event this is has ended."""
+        if not lost.is_set():
+            log.warning("leader_lost", identity=self.identity, reason=why)
+            lost.set()
 
     async def _wait_for_vacancy(self) -> None:
         """Until the leader key changes, or a while has passed (the in-memory kv expires leases on access).
@@ -125,8 +187,11 @@ class LeaderElection:
                         return
 
     async def _keepalive(self) -> None:
+        """The loop's own refresher (no `refresh_kv`): refresh until lost, then say so and revoke."""
+        fence = self._fence
+        assert fence is not None
         try:
-            why = await self._refresh_until_lost()
+            why = await refresh_until_lost(self._kv, self._lease, fence, self._ttl_s, identity=self.identity)
         except Exception as error:
             # A task that dies leaves `lost` unset: this server would go on believing it leads while
             # nobody refreshes the lease. Giving up leadership is safe (every commit is fenced) and
@@ -140,43 +205,24 @@ class LeaderElection:
         with contextlib.suppress(StoreUnavailable):
             await self._kv.revoke_lease(self._lease)
 
-    async def _refresh_until_lost(self) -> str:
-        loop = asyncio.get_running_loop()
-        fence = self._fence
-        assert fence is not None
-        interval_s = self._ttl_s / 3
-        # When the last refresh that etcd answered was sent: the lease lives at least ttl_s from then.
-        last_ok = loop.time()
-        delay_s = interval_s
-        while True:
-            await asyncio.sleep(delay_s)
-            sent = loop.time()
-            try:
-                ttl_left = await self._kv.keepalive(self._lease)
-                holder = await self._kv.get(self._key)
-            except StoreUnavailable as e:
-                if loop.time() - last_ok >= self._ttl_s:
-                    return "lease not refreshed for a whole TTL"
-                log.warning("leader_keepalive_failed", identity=self.identity, error=str(e))
-                # Retry sooner than usual: a refresh must land before the TTL runs out.
-                delay_s = min(interval_s, 0.25, max(last_ok + self._ttl_s - loop.time(), 0.0))
-                continue
-            if ttl_left <= 0:
-                return "lease expired"
-            if holder is None or holder.create_revision != fence.create_revision:
-                return "leader key no longer ours"
-            # The next refresh a third of the TTL after this one was sent, not after its answers
-            # came: with etcd slow to answer (the soak, at a load of 30 on two cores) the two calls
-            # took a second, each period grew by that, and 3 s leases ran out.
-            last_ok, delay_s = sent, max(0.0, sent + interval_s - loop.time())
+    async def _stop_refreshing(self) -> None:
+        """End this term's refresher, task or thread, without revoking; waits until it has ended.
 
-    async def resign(self) -> None:
-        """Stop leading and free the key at once (revoking the lease deletes it) for a standby."""
+        One whose term is lost is not cancelled but waited for: it is giving the lease back."""
         task, self._keepalive_task = self._keepalive_task, None
         if task is not None:
-            task.cancel()
+            if not self._lost.is_set():
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
+
+    async def resign(self) -> None:
+        """Stop leading and free the key at once (revoking the lease deletes it) for a standby. No
+        refresher, task or thread, is left once it returns."""
+        await self._stop_refreshing()
         lease, self._lease = self._lease, 0
         was_leader = self._fence is not None
         self._fence = None

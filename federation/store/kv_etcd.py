@@ -176,6 +176,13 @@ class EtcdKv:
             raise
         return kv
 
+    def twin(self) -> EtcdKv:
+        """A second client of the same members (endpoints, TLS and certificates, deadline and channel
+        options as this one), on channels of its own. Call it on the event loop that will use it:
+        it connects there, on its first call. The leader's lease keeper (`federation.scheduling.
+        lease_keeper`) refreshes the lease through one from a thread of its own."""
+        return EtcdKv([c.twin() for c in self._clients], self._timeout_s)
+
     @property
     def current_endpoint(self) -> str:
         """The member calls go to now."""

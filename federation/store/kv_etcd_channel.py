@@ -120,6 +120,12 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         self.endpoint = endpoint
         self._tls = tls
 
+    def twin(self) -> EndpointClient:
+        """A client of the same member, with the same TLS, deadline and channel options, that has not
+        connected yet: a gRPC channel serves the event loop it was made on, so a client for another
+        loop (the leader's lease keeper, in a thread of its own) is made, and connects, there."""
+        return EndpointClient(self.endpoint, tls=self._tls, timeout_s=self._timeout, options=self._options)
+
     async def connect(self) -> None:
         """As aetcd's connect (stubs and watcher on a fresh channel), the channel secure with TLS."""
         if self._connected.is_set():
