@@ -346,6 +346,15 @@ def _store_ports(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     help="seconds the leader's etcd lease outlives its last refresh: how long a standby waits to "
     "take over from a leader that died (default 3)",
 )
+# The lease is refreshed from a thread of its own while the event loop runs a heartbeat within this
+# limit (federation.scheduling.lease_keeper); a loop stalled longer gives the lease up.
+@click.option(
+    "--lease-stall-limit-s",
+    type=click.FloatRange(min=2),
+    default=None,
+    help="seconds the leader's event loop may stall while its lease is still refreshed; a leader "
+    "stalled longer gives the lease up to a standby (default 10, and at least --lease-ttl-s)",
+)
 @click.option(
     "--etcd-timeout-s",
     type=click.FloatRange(min=0.5, max=60),
@@ -406,6 +415,7 @@ def serve(
     tls_client_ca: str | None,
     read_rate_per_s: float | None,
     lease_ttl_s: int | None,
+    lease_stall_limit_s: float | None,
     etcd_timeout_s: float | None,
     role: str,
     compress_wait_reasons: bool,
@@ -413,6 +423,7 @@ def serve(
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
     from federation.runtime.serve import TlsFiles, run_server
+    from federation.scheduling.leader import DEFAULT_LEASE_TTL_S
     from federation.store.kv_etcd_channel import EtcdTls
 
     if (etcd_cert is None) != (etcd_key is None):
@@ -434,6 +445,12 @@ def serve(
         raise click.BadParameter(
             "mutual TLS needs the server's own --tls-cert and --tls-key", param_hint="--tls-client-ca"
         )
+    ttl_s = lease_ttl_s or DEFAULT_LEASE_TTL_S
+    if lease_stall_limit_s is not None and lease_stall_limit_s < ttl_s:
+        raise click.BadParameter(
+            f"{lease_stall_limit_s:g} s is shorter than the lease's TTL ({ttl_s} s): give at least the TTL",
+            param_hint="--lease-stall-limit-s",
+        )
     tls = (
         None
         if tls_cert is None or tls_key is None
@@ -454,6 +471,7 @@ def serve(
             read_rate_per_s=read_rate_per_s,
             etcd_tls=etcd_tls,
             lease_ttl_s=lease_ttl_s,
+            lease_stall_limit_s=lease_stall_limit_s,
             etcd_timeout_s=etcd_timeout_s,
             role=ServerRole(role),
             compress_wait_reasons=compress_wait_reasons,

@@ -57,6 +57,7 @@ async def run_server(
     read_rate_per_s: float | None = None,
     etcd_tls: EtcdTls | None = None,
     lease_ttl_s: int | None = None,
+    lease_stall_limit_s: float | None = None,
     compress_wait_reasons: bool = False,
     etcd_timeout_s: float | None = None,
     host: str = "127.0.0.1",
@@ -113,6 +114,8 @@ async def run_server(
         config = replace(config, read_rate_per_s=read_rate_per_s)
     if lease_ttl_s is not None:
         config = replace(config, lease_ttl_s=lease_ttl_s)
+    if lease_stall_limit_s is not None:
+        config = replace(config, lease_stall_limit_s=lease_stall_limit_s)
     if compress_wait_reasons:
         config = replace(config, compress_wait_reasons=True)
     if etcd_timeout_s is not None:

@@ -123,6 +123,9 @@ class ServerConfig:
     # Cycles never run closer together than this, however often jobs change.
     min_cycle_gap_s: float = 0.05
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    # How long the event loop may stall while the lease keeper's thread still refreshes the lease
+    # (`federation.scheduling.lease_keeper`); None: 10 s, or the TTL if longer.
+    lease_stall_limit_s: float | None = None
     # What each etcd member has to answer a call before the client tries the next (`EtcdKv`).
     etcd_timeout_s: float = DEFAULT_ETCD_TIMEOUT_S
     # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, clients must present
@@ -482,7 +485,14 @@ class FederationServer:
         if cfg.etcd_compaction_retention_s is not None:
             self._compactor = Compactor(self._kv, retention_s=cfg.etcd_compaction_retention_s)
         if cfg.role.stands_for_leader:
-            self._election = LeaderElection(self._kv, cfg.identity, ttl_s=cfg.lease_ttl_s)
+            self._election = LeaderElection(
+                self._kv,
+                cfg.identity,
+                ttl_s=cfg.lease_ttl_s,
+                # Refreshed from a thread with its own client, so that a stalled loop keeps the lease.
+                refresh_kv=self._kv.twin,
+                stall_limit_s=cfg.lease_stall_limit_s,
+            )
             self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")
         self._heap_task = asyncio.create_task(self._keep_heap(), name="gpufed-heap")
         log.info(
