@@ -1,9 +1,13 @@
-"""Leader election on real etcd leases: takeover after a crash, fencing of the old leader, loss on outage."""
+"""Leader election on real etcd leases: takeover after a crash, fencing of the old leader, loss on outage.
+
+Each election refreshes its lease as a server's does: from a lease keeper's thread, through a twin of
+the test's etcd client (tests/integration/test_leader_stall.py stalls the loop meanwhile)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -17,6 +21,7 @@ from federation.store.jobs import JobRecord
 from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
 from tests.contract.helpers import eventually
+from tests.etcdctl import lease_alive
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +59,8 @@ def watches(etcd_kv: EtcdKv, monkeypatch: pytest.MonkeyPatch) -> Watches:
 async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(
     etcd_kv: EtcdKv, watches: Watches
 ) -> None:
-    first = LeaderElection(etcd_kv, "first", ttl_s=5)
-    second = LeaderElection(etcd_kv, "second", ttl_s=5)
+    first = LeaderElection(etcd_kv, "first", ttl_s=5, refresh_kv=etcd_kv.twin)
+    second = LeaderElection(etcd_kv, "second", ttl_s=5, refresh_kv=etcd_kv.twin)
     try:
         fence = await first.acquire()
         key = await etcd_kv.get(LEADER_KEY)
@@ -80,15 +85,16 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
     etcd_kv: EtcdKv, make_job: MakeJob, watches: Watches
 ) -> None:
     store = KvStore(etcd_kv)
-    first = LeaderElection(etcd_kv, "first", ttl_s=2)
-    second = LeaderElection(etcd_kv, "second", ttl_s=2)
+    first = LeaderElection(etcd_kv, "first", ttl_s=2, refresh_kv=etcd_kv.twin)
+    second = LeaderElection(etcd_kv, "second", ttl_s=2, refresh_kv=etcd_kv.twin)
     try:
         old_fence = await first.acquire()
         standby = asyncio.create_task(second.acquire())
         await watches.until(1)  # the standby waits for a vacancy
-        # What SIGKILL looks like to etcd: the keepalives stop and nobody revokes the lease.
-        assert first._keepalive_task is not None
-        first._keepalive_task.cancel()
+        # What SIGKILL looks like to etcd: the keepalives stop and nobody revokes the lease (a
+        # keeper's stop does not revoke).
+        assert first._keeper is not None
+        await first._keeper.stop()
         died = time.monotonic()
         new_fence = await asyncio.wait_for(standby, timeout=6)
         took_s = time.monotonic() - died
@@ -105,8 +111,8 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
 
 
 async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> None:
-    first = LeaderElection(etcd_kv, "first", ttl_s=10)
-    second = LeaderElection(etcd_kv, "second", ttl_s=10)
+    first = LeaderElection(etcd_kv, "first", ttl_s=10, refresh_kv=etcd_kv.twin)
+    second = LeaderElection(etcd_kv, "second", ttl_s=10, refresh_kv=etcd_kv.twin)
     try:
         await first.acquire()
         standby = asyncio.create_task(second.acquire())
@@ -114,6 +120,7 @@ async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> N
         started = time.monotonic()
         await first.resign()
         await asyncio.wait_for(standby, timeout=10)
+        second_lease = second._lease
         # At once, not at the lease's expiry (10 s): half the TTL tells the two apart on a machine
         # busy enough to hold this loop for a second or two (1.5 s did not leave that room).
         assert time.monotonic() - started < 10 / 2
@@ -122,10 +129,13 @@ async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> N
     finally:
         await second.close()
         await first.close()
+    # Nothing left behind: no keeper's thread, no lease.
+    assert [t.name for t in threading.enumerate() if t.name.startswith("gpufed-lease-")] == []
+    assert not lease_alive(etcd_kv.endpoint, second_lease)
 
 
 async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None:
-    election = LeaderElection(etcd_kv, "me", ttl_s=2)
+    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
     try:
         fence = await election.acquire()
         await etcd_kv.delete(fence.key)
@@ -138,7 +148,7 @@ async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None
 async def test_the_leader_gives_up_when_etcd_is_gone_for_a_ttl(tmp_path: Path) -> None:
     with EtcdProcess(tmp_path / "etcd") as etcd:
         kv = await EtcdKv.connect(etcd.endpoint, timeout_s=1.0)
-        election = LeaderElection(kv, "me", ttl_s=2)
+        election = LeaderElection(kv, "me", ttl_s=2, refresh_kv=kv.twin)
         try:
             await election.acquire()
             etcd.kill()
@@ -157,14 +167,15 @@ async def test_an_unexpected_keepalive_error_ends_the_leadership_instead_of_hidi
 ) -> None:
     """Any failure of the lease refresh other than etcd being away still ends the leadership: a
     keepalive task that died quietly would leave this server believing it leads with no lease."""
-    election = LeaderElection(etcd_kv, "me", ttl_s=2)
+    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
     try:
         await election.acquire()
 
-        async def broken(lease_id: int) -> int:
+        async def broken(self: EtcdKv, lease_id: int) -> int:
             raise RuntimeError("a bug, or an error etcd never sent before")
 
-        monkeypatch.setattr(etcd_kv, "keepalive", broken)
+        # On the class: the keeper's thread refreshes through a twin of etcd_kv.
+        monkeypatch.setattr(EtcdKv, "keepalive", broken)
         await asyncio.wait_for(election.lost().wait(), timeout=3)
         assert not election.is_leader
     finally:

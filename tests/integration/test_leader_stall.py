@@ -1,0 +1,233 @@
+"""A leader whose event loop stalls, on a real etcd, judged by etcdctl (federation.scheduling.lease_keeper).
+
+The stall is real: the test's own event loop, which the leader runs on, is blocked in a plain call
+(etcdctl in a subprocess, and a sleep between its calls) for longer than the lease's TTL. The standby
+is another server as far as the leader can tell: an election on an event loop, a thread and an etcd
+client of its own, waiting for the key all the while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from federation.runtime.etcd_process import EtcdProcess
+from federation.scheduling.leader import LeaderElection
+from federation.store.job_store import LEADER_KEY, Fence, KvStore
+from federation.store.jobs import JobRecord
+from federation.store.kv import WatchEvent
+from federation.store.kv_etcd import EtcdKv
+from tests.etcdctl import etcdctl
+from tests.waits import until
+
+pytestmark = pytest.mark.integration
+
+TTL_S = 2
+# How often the blocked loop asks etcdctl while it is blocked.
+_PROBE_EVERY_S = 0.2
+
+
+def leader_key(endpoint: str) -> tuple[str, int] | None:
+    """etcd's own account of the leader key: (holder, create revision), or None if there is none."""
+    answer = json.loads(etcdctl(endpoint, "get", LEADER_KEY.decode(), "-w", "json").stdout)
+    kvs = answer.get("kvs") or []
+    if not kvs:
+        return None
+    return base64.b64decode(kvs[0]["value"]).decode(), int(kvs[0]["create_revision"])
+
+
+def lease_ttl_left(endpoint: str, lease: int) -> int:
+    """`etcdctl lease timetolive`: seconds left, -1 once the lease is revoked or expired."""
+    answer = json.loads(etcdctl(endpoint, "lease", "timetolive", format(lease, "x"), "-w", "json").stdout)
+    return int(answer.get("ttl", -1))
+
+
+def block_the_loop(
+    seconds: float, probe: Callable[[], Any], done: Callable[[Any], bool] = lambda _: False
+) -> list[Any]:
+    """Called on the event loop: blocks it for `seconds` (or until `done` holds of a probe's answer),
+    calling `probe` every `_PROBE_EVERY_S`; returns what it answered. Nothing else runs on the loop
+    meanwhile: no task, no timer, no callback."""
+    seen: list[Any] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        seen.append(probe())
+        if done(seen[-1]):
+            break
+        time.sleep(_PROBE_EVERY_S)
+    return seen
+
+
+def keeper_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("gpufed-lease-")]
+
+
+class Standby:
+    """An election on an event loop and a thread of its own: another server waiting to lead."""
+
+    def __init__(self, endpoint: str, identity: str = "standby") -> None:
+        self._endpoint = endpoint
+        self._identity = identity
+        # Set in the standby's thread: how often it has been refused and watched for a vacancy, and
+        # when (time.monotonic, a clock both threads share) it won the key, with which fence.
+        self.watches = 0
+        self.won_at: float | None = None
+        self.fence: Fence | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name=f"standby-{identity}")
+
+    def __enter__(self) -> Standby:
+        self._thread.start()
+        assert self._ready.wait(30), "the standby's loop did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None
+        assert self._task is not None
+        with contextlib.suppress(RuntimeError):  # its loop ended already
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the standby's thread did not end"
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        kv = await EtcdKv.connect(self._endpoint)
+        etcd_watch = kv.watch_prefix
+
+        def counted_watch(prefix: bytes, *, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+            self.watches += 1
+            return etcd_watch(prefix, start_revision=start_revision)
+
+        kv.watch_prefix = counted_watch  # type: ignore[method-assign]
+        election = LeaderElection(kv, self._identity, ttl_s=TTL_S, refresh_kv=kv.twin)
+        self._ready.set()
+        try:
+            self.fence = await election.acquire()
+            self.won_at = time.monotonic()
+            await asyncio.Event().wait()  # leads until the test ends
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await election.close()
+            await kv.close()
+
+
+@pytest.fixture
+def endpoint(etcd_process: EtcdProcess, etcd_kv: EtcdKv) -> Iterator[str]:
+    # etcd_kv: the store's prefix (the leader key with it) is empty when a test starts.
+    yield etcd_process.endpoint
+    assert keeper_threads() == [], "a lease keeper's thread outlived its election"
+
+
+async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_lease_and_key(
+    etcd_kv: EtcdKv, endpoint: str
+) -> None:
+    leader = LeaderElection(etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=etcd_kv.twin)
+    try:
+        fence = await leader.acquire()
+        lease = leader._lease
+        with Standby(endpoint) as standby:
+            await until(lambda: standby.watches >= 1, "the standby was refused the lead and waits")
+            keeper = leader._keeper
+            assert keeper is not None
+            refreshes_before = keeper.refreshes
+
+            seen = block_the_loop(
+                2.5 * TTL_S, lambda: (lease_ttl_left(endpoint, lease), leader_key(endpoint))
+            )
+
+            # etcd's account, all through the stall: the lease alive, the key ours, unchanged.
+            assert len(seen) >= 5
+            assert [ttl for ttl, _ in seen if ttl <= 0] == []
+            assert {key for _, key in seen} == {("leader", fence.create_revision)}
+            # Refreshed from the keeper's thread meanwhile (every third of the TTL).
+            assert keeper.refreshes >= refreshes_before + 3
+            # Still leader once the loop runs again, past the next refresh, and the standby is not.
+            after = keeper.refreshes
+            await until(lambda: keeper.refreshes > after, "a refresh after the stall")
+            assert leader.is_leader
+            assert not leader.lost().is_set()
+            assert leader_key(endpoint) == ("leader", fence.create_revision)
+            assert standby.won_at is None
+    finally:
+        await leader.close()
+    # A clean stop gives the lease back: the key is gone at once, not a TTL later.
+    assert lease_ttl_left(endpoint, lease) == -1
+    assert leader_key(endpoint) is None
+
+
+async def test_the_same_stall_costs_a_lease_refreshed_on_the_loop(etcd_kv: EtcdKv, endpoint: str) -> None:
+    """The control: what the test above guards against. Refreshed by a task on the blocked loop, the
+    lease runs out within the stall and the standby takes the key."""
+    leader = LeaderElection(etcd_kv, "leader", ttl_s=TTL_S)  # no refresh_kv: refreshed on the loop
+    try:
+        fence = await leader.acquire()
+        with Standby(endpoint) as standby:
+            await until(lambda: standby.watches >= 1, "the standby was refused the lead and waits")
+            seen = block_the_loop(
+                2.5 * TTL_S,
+                lambda: leader_key(endpoint),
+                done=lambda key: key is not None and key[0] == "standby",
+            )
+            assert seen[-1] is not None, f"the lease outlived the stall: {seen}"
+            assert seen[-1][0] == "standby", f"the lease outlived the stall: {seen}"
+            assert standby.fence is not None
+            assert standby.fence.create_revision > fence.create_revision
+            await asyncio.wait_for(leader.lost().wait(), timeout=3 * TTL_S)
+    finally:
+        await leader.close()
+
+
+async def test_a_loop_blocked_past_the_stall_limit_gives_the_lease_up_to_a_standby(
+    etcd_kv: EtcdKv, endpoint: str, make_job: Callable[..., JobRecord]
+) -> None:
+    stall_limit_s = 2 * TTL_S
+    store = KvStore(etcd_kv)
+    stored, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
+    leader = LeaderElection(
+        etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=etcd_kv.twin, stall_limit_s=stall_limit_s
+    )
+    try:
+        old_fence = await leader.acquire()
+        lease = leader._lease
+        with Standby(endpoint) as standby:
+            await until(lambda: standby.watches >= 1, "the standby was refused the lead and waits")
+            blocked_at = time.monotonic()
+            # Blocked until etcd says the standby holds the key, or for much longer than the bound.
+            seen = block_the_loop(
+                stall_limit_s + 3 * TTL_S,
+                lambda: leader_key(endpoint),
+                done=lambda key: key is not None and key[0] == "standby",
+            )
+            # The keeper gave up while the loop was still blocked; is_leader knows it at once.
+            assert not leader.is_leader
+            assert seen[-1] is not None, f"no takeover during the stall: {seen}"
+            assert seen[-1][0] == "standby", f"no takeover during the stall: {seen}"
+            assert standby.won_at is not None
+            assert standby.fence is not None
+            took_s = standby.won_at - blocked_at
+            # Not before the limit (the keeper refreshed till then); within it, a refresh period, the
+            # lease's TTL and etcd's lessor (0.5 s), even had the keeper's revoke not reached etcd.
+            assert stall_limit_s <= took_s < stall_limit_s + TTL_S / 3 + TTL_S + 0.5 + 1.0, took_s
+            assert lease_ttl_left(endpoint, lease) == -1
+            await asyncio.wait_for(leader.lost().wait(), timeout=TTL_S)
+            assert leader.fence is None
+
+            # The old leader's write is refused by etcd; the new leader's is taken.
+            decision = dataclasses.replace(stored.value, message="admitted by the stalled leader")
+            assert await store.commit([(decision, stored.mod_revision)], fence=old_fence) is None
+            assert await store.commit([(decision, stored.mod_revision)], fence=standby.fence) is not None
+    finally:
+        await leader.close()
