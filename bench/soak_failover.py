@@ -34,6 +34,7 @@ first cycle plans over the queue, up to 9,000 jobs here.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -78,6 +79,22 @@ def plan_of(args: argparse.Namespace) -> FailoverSoakPlan:
     )
 
 
+def leases_lost_unkilled(work: Path) -> list[str]:
+    """Each `leader_lost` in the servers' logs, as "server: reason". A SIGKILLed leader logs
+    nothing, so each is a lease lost without a kill: the keeper gave it up (a stall past the limit,
+    etcd away for a TTL) or found its key gone, and it cost a takeover."""
+    lost = []
+    for path in sorted(work.glob("state-*/server-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"event": "leader_lost"' in line:
+                try:
+                    reason = str(json.loads(line).get("reason"))
+                except ValueError:
+                    reason = line
+                lost.append(f"{path.stem.removeprefix('server-')}: {reason}")
+    return lost
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,6 +126,7 @@ def main() -> int:
         result = FailoverSoak(plan, work, postgres, "soak_failover", KUBECTL).run(
             log=lambda m: print(m, flush=True)
         )
+        unkilled = leases_lost_unkilled(work)
     for takeover in result.takeovers:
         print(
             f"kill at {takeover.killed_at_s:.0f} s: {takeover.victim} -> {takeover.successor}, "
@@ -118,9 +136,13 @@ def main() -> int:
     problems = result.problems()
     for problem in problems:
         print(f"PROBLEM: {problem}")
+    for loss in unkilled:
+        print(f"lease lost without a kill: {loss}")
     print(f"soak_total_s: {time.monotonic() - started:.1f} s")
     for line in result.figures():
         print(line)
+    # Not a problem that fails the run (fencing keeps it safe), but each cost a takeover.
+    print(f"soak_leases_lost_unkilled: {len(unkilled)} leases")
     return 1 if problems else 0
 
 
