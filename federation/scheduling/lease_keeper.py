@@ -133,6 +133,8 @@ class LeaseKeeper:
         # When the server's loop last ran a heartbeat this thread posted (time.monotonic: both
         # threads read the same clock). A float written by one thread and read by the other.
         self._loop_seen_at = time.monotonic()
+        # When the last stall was logged (on the server's loop): heartbeats posted before belong to it.
+        self._stall_said_at = float("-inf")
         # Refreshes etcd answered in this term (read by tests and the log: it only ever grows).
         self.refreshes = 0
         # Set by the thread once it has stopped refreshing for a reason of its own: read by
@@ -238,12 +240,25 @@ class LeaseKeeper:
                 f"the event loop ran no heartbeat for {stalled_s:.1f} s "
                 f"(stall limit {self._stall_limit_s:g} s): giving the lease up"
             )
-        if not self._post(self._heartbeat):
+        if not self._post(self._heartbeat, time.monotonic()):
             return "the server's event loop is closed"
         return None
 
-    def _heartbeat(self) -> None:  # on the server's loop
-        self._loop_seen_at = time.monotonic()
+    def _heartbeat(self, posted_at: float) -> None:  # on the server's loop
+        now = self._loop_seen_at = time.monotonic()
+        late_s = now - posted_at
+        # Once a stall: the heartbeats posted during it run together after it, the earliest first.
+        if late_s > self._ttl_s * 2 / 3 and posted_at >= self._stall_said_at:
+            self._stall_said_at = now
+            # A stall that a lease refreshed on the loop would not have outlived: said, so that an
+            # operator sees how close the loop comes to the stall limit.
+            log.warning(
+                "leader_loop_stalled",
+                identity=self._identity,
+                late_s=round(late_s, 2),
+                lease_ttl_s=self._ttl_s,
+                stall_limit_s=self._stall_limit_s,
+            )
 
     def _refreshed(self) -> None:  # in the thread
         self.refreshes += 1

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from federation.runtime.etcd_process import EtcdProcess
 from federation.scheduling.leader import LeaderElection
@@ -144,19 +145,26 @@ async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_leas
             assert keeper is not None
             refreshes_before = keeper.refreshes
 
-            seen = block_the_loop(
-                2.5 * TTL_S, lambda: (lease_ttl_left(endpoint, lease), leader_key(endpoint))
-            )
+            with structlog.testing.capture_logs() as logs:
+                seen = block_the_loop(
+                    2.5 * TTL_S, lambda: (lease_ttl_left(endpoint, lease), leader_key(endpoint))
+                )
+                # Refreshed from the keeper's thread meanwhile (every third of the TTL).
+                during = keeper.refreshes - refreshes_before
+                # Still leader once the loop runs again (the heartbeats posted during the stall run
+                # first), past the next refresh.
+                await until(lambda: keeper.refreshes > refreshes_before + during, "a refresh after the stall")
 
             # etcd's account, all through the stall: the lease alive, the key ours, unchanged.
             assert len(seen) >= 5
             assert [ttl for ttl, _ in seen if ttl <= 0] == []
             assert {key for _, key in seen} == {("leader", fence.create_revision)}
-            # Refreshed from the keeper's thread meanwhile (every third of the TTL).
-            assert keeper.refreshes >= refreshes_before + 3
-            # Still leader once the loop runs again, past the next refresh, and the standby is not.
-            after = keeper.refreshes
-            await until(lambda: keeper.refreshes > after, "a refresh after the stall")
+            assert during >= 3
+            # The stall is said once, with how late the loop ran the first heartbeat posted during it
+            # (posted at most a third of the TTL after the stall began).
+            stalls = [e for e in logs if e["event"] == "leader_loop_stalled"]
+            assert len(stalls) == 1, stalls
+            assert stalls[0]["late_s"] >= 2.5 * TTL_S - TTL_S / 3 - _PROBE_EVERY_S, stalls
             assert leader.is_leader
             assert not leader.lost().is_set()
             assert leader_key(endpoint) == ("leader", fence.create_revision)
