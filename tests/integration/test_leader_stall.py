@@ -161,10 +161,10 @@ async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_leas
             assert {key for _, key in seen} == {("leader", fence.create_revision)}
             assert during >= 3
             # The stall is said once, with how late the loop ran the first heartbeat posted during it
-            # (posted at most a third of the TTL after the stall began).
+            # (a third of the TTL after the stall began, on a quiet machine): longer than the TTL.
             stalls = [e for e in logs if e["event"] == "leader_loop_stalled"]
             assert len(stalls) == 1, stalls
-            assert stalls[0]["late_s"] >= 2.5 * TTL_S - TTL_S / 3 - _PROBE_EVERY_S, stalls
+            assert stalls[0]["late_s"] > TTL_S, stalls
             assert leader.is_leader
             assert not leader.lost().is_set()
             assert leader_key(endpoint) == ("leader", fence.create_revision)
