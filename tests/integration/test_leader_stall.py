@@ -9,67 +9,27 @@ client of its own, waiting for the key all the while.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any
 
 import pytest
 import structlog.testing
 
 from federation.runtime.etcd_process import EtcdProcess
 from federation.scheduling.leader import LeaderElection
-from federation.store.job_store import LEADER_KEY, Fence, KvStore
+from federation.store.job_store import Fence, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
-from tests.etcdctl import etcdctl
+from tests.lease_judge import block_the_loop, keeper_threads, leader_key, lease_ttl_left
 from tests.waits import until
 
 pytestmark = pytest.mark.integration
 
 TTL_S = 2
-# How often the blocked loop asks etcdctl while it is blocked.
-_PROBE_EVERY_S = 0.2
-
-
-def leader_key(endpoint: str) -> tuple[str, int] | None:
-    """etcd's own account of the leader key: (holder, create revision), or None if there is none."""
-    answer = json.loads(etcdctl(endpoint, "get", LEADER_KEY.decode(), "-w", "json").stdout)
-    kvs = answer.get("kvs") or []
-    if not kvs:
-        return None
-    return base64.b64decode(kvs[0]["value"]).decode(), int(kvs[0]["create_revision"])
-
-
-def lease_ttl_left(endpoint: str, lease: int) -> int:
-    """`etcdctl lease timetolive`: seconds left, -1 once the lease is revoked or expired."""
-    answer = json.loads(etcdctl(endpoint, "lease", "timetolive", format(lease, "x"), "-w", "json").stdout)
-    return int(answer.get("ttl", -1))
-
-
-def block_the_loop(
-    seconds: float, probe: Callable[[], Any], done: Callable[[Any], bool] = lambda _: False
-) -> list[Any]:
-    """Called on the event loop: blocks it for `seconds` (or until `done` holds of a probe's answer),
-    calling `probe` every `_PROBE_EVERY_S`; returns what it answered. Nothing else runs on the loop
-    meanwhile: no task, no timer, no callback."""
-    seen: list[Any] = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        seen.append(probe())
-        if done(seen[-1]):
-            break
-        time.sleep(_PROBE_EVERY_S)
-    return seen
-
-
-def keeper_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("gpufed-lease-")]
 
 
 class Standby:
