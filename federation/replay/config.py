@@ -153,8 +153,8 @@ class ReplayConfig:
     # A second yardstick: burst-now and the fixed waits again, with gpufed's spot rule (its bound on
     # restarts and idle private GPUs first), so that what spot alone buys is not read as the wait's.
     spot_curve: bool = False
-    # Jobs whose run-time limit is at least this many hours checkpoint on a signal and may be moved
-    # (Philly says nothing about it; 0: every job).
+    # Of the jobs that checkpoint (`resumable`), those whose run-time limit is at least this many hours
+    # may be moved back to private GPUs (0: any length).
     movable_min_runtime_h: float = 0.0
     # Deadlines drawn for a share of the jobs (none by default); gpufed's placer sees them, the
     # yardsticks (burst-now, the fixed waits) do not, and every policy's misses are counted.

@@ -430,10 +430,15 @@ class Simulator:
         return self.policy_config.repatriate and any(run.gang.movable for run in self.running.values())
 
     def _movable(self, job_id: JobId) -> bool:
-        """Whether the job may be moved: it checkpoints on a signal (the config's assumption)."""
+        """Whether the job may be moved: as the server marks it (`snapshot`: the manifest says
+        `resumable: true`), the job is one the replay drew resumable (`jobs.resumable`), and its
+        run-time limit is at least `jobs.movable_min_runtime_h`. Before, every job was taken to be
+        movable whatever its draw, so the replay moved jobs the leader would never move."""
         if not self.policy_config.repatriate:
             return False
         original = self.result.outcomes[job_id].job
+        if not original.resumable:
+            return False
         limit_h = original.duration_s * self.config.runtime_limit_factor / 3600.0
         return limit_h >= self.config.movable_min_runtime_h
 

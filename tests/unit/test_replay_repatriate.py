@@ -8,6 +8,7 @@ runs in the cloud from 10. When `a` ends at 100, `b` has done 90 s: with a 60 s 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,10 +16,12 @@ import pytest
 from federation.replay.config import ReplayConfig
 from federation.replay.policies import policies
 from federation.replay.sim import Result, simulate
+from federation.replay.trace import TraceJob
 from federation.replay.world import build_world
 from tests.unit.replay_builders import a_config, a_job, a_price_table
 
-JOBS = [a_job("a", 0, 100), a_job("b", 0, 1000)]
+# `b` checkpoints (`resumable: true`): the leader moves only such jobs, and so does the replay.
+JOBS = [a_job("a", 0, 100), replace(a_job("b", 0, 1000), resumable=True)]
 
 
 def config(**gpufed: Any) -> ReplayConfig:
@@ -26,9 +29,9 @@ def config(**gpufed: Any) -> ReplayConfig:
     return a_config(policies={"fixed_waits_s": [], "gpufed": settings})
 
 
-def run(cfg: ReplayConfig) -> Result:
+def run(cfg: ReplayConfig, jobs: list[TraceJob] = JOBS) -> Result:
     spec = next(p for p in policies(cfg) if p.name == "gpufed")
-    return simulate(cfg, build_world(cfg, a_price_table(), JOBS, 1), spec, JOBS)
+    return simulate(cfg, build_world(cfg, a_price_table(), jobs, 1), spec, jobs)
 
 
 def cloud_cost(result: Result) -> float:
@@ -60,6 +63,15 @@ def test_only_jobs_the_config_calls_movable_move() -> None:
         jobs={"runtime_limit_factor": 1.5, "expected_runtime": "exact", "movable_min_runtime_h": 1},
     )
     assert run(cfg).moves == 0
+
+
+def test_a_job_that_does_not_checkpoint_never_moves() -> None:
+    # The server marks a running gang movable only if its manifest says `resumable: true`
+    # (`federation.scheduling.snapshot`); the replay moved every job until it followed the same rule.
+    jobs = [a_job("a", 0, 100), a_job("b", 0, 1000)]
+    result = run(config(), jobs)
+    outcome = result.outcomes["b"]  # type: ignore[index]
+    assert (result.moves, outcome.start_s, outcome.finish_s, outcome.private) == (0, 10, 1010, False)
 
 
 def test_an_overhead_larger_than_the_saving_keeps_it_in_the_cloud() -> None:

@@ -83,8 +83,9 @@ def test_a_bad_max_wait_is_named(bad: str) -> None:
 
 
 def test_the_shipped_config_turns_on_the_replay_s_wait() -> None:
-    """The shipped config's wait is the setting the Philly replay measured as `gpufed`: read from the
-    replay's own config, so that a retune of one without the other fails here."""
+    """The shipped config's wait (and its moves back to private GPUs) is the setting the Philly replay
+    measured as `gpufed`: read from the replay's own config, so that a retune of one without the other
+    fails here."""
     policy = parse_config(default_config_path().read_text()).settings.policy
     replayed = yaml.safe_load((ROOT / "bench" / "replay.yaml").read_text())["policies"]["gpufed"]
     knobs = (
@@ -95,6 +96,9 @@ def test_the_shipped_config_turns_on_the_replay_s_wait() -> None:
         "spot_max_restart_slowdown",
         "prefer_private",
         "private_rate_sunk",
+        "repatriate",
+        "repatriate_min_saving_usd",
+        "move_overhead_s",
     )
     assert {k: getattr(policy, k) for k in knobs} == {k: replayed[k] for k in knobs}
     assert (policy.private_wait_s_per_gpu_hour, policy.private_rate_sunk) == (350.0, True)
