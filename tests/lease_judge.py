@@ -34,19 +34,34 @@ def lease_ttl_left(endpoint: str, lease: int) -> int:
 
 
 def block_the_loop(
-    seconds: float, probe: Callable[[], Any], done: Callable[[Any], bool] = lambda _: False
+    seconds: float,
+    probe: Callable[[], Any],
+    done: Callable[[Any], bool] = lambda _: False,
+    *,
+    busy: bool = False,
 ) -> list[Any]:
     """Called on the event loop: blocks it for `seconds` (or until `done` holds of a probe's answer),
     calling `probe` every `PROBE_EVERY_S`; returns what it answered. Nothing else runs on the loop
-    meanwhile: no task, no timer, no callback."""
+    meanwhile: no task, no timer, no callback. Between probes it sleeps, or with `busy` computes in
+    Python (holding the GIL but for the interpreter's switches, as a long scheduling cycle does)."""
     seen: list[Any] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         seen.append(probe())
         if done(seen[-1]):
             break
-        time.sleep(PROBE_EVERY_S)
+        if busy:
+            _compute_for(PROBE_EVERY_S)
+        else:
+            time.sleep(PROBE_EVERY_S)
     return seen
+
+
+def _compute_for(seconds: float) -> int:
+    end, total = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        total += sum(i * i for i in range(1_000))
+    return total
 
 
 def keeper_threads() -> list[threading.Thread]:

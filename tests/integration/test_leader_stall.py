@@ -92,8 +92,9 @@ def endpoint(etcd_process: EtcdProcess, etcd_kv: EtcdKv) -> Iterator[str]:
     assert keeper_threads() == [], "a lease keeper's thread outlived its election"
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["blocked", "computing"])
 async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_lease_and_key(
-    etcd_kv: EtcdKv, endpoint: str
+    etcd_kv: EtcdKv, endpoint: str, busy: bool
 ) -> None:
     leader = LeaderElection(etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=etcd_kv.twin)
     try:
@@ -107,7 +108,7 @@ async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_leas
 
             with structlog.testing.capture_logs() as logs:
                 seen = block_the_loop(
-                    2.5 * TTL_S, lambda: (lease_ttl_left(endpoint, lease), leader_key(endpoint))
+                    2.5 * TTL_S, lambda: (lease_ttl_left(endpoint, lease), leader_key(endpoint)), busy=busy
                 )
                 # Refreshed from the keeper's thread meanwhile (every third of the TTL).
                 during = keeper.refreshes - refreshes_before
