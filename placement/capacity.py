@@ -47,7 +47,11 @@ class Growth:
         # Pools only shrink during a cycle: a (shape, types, spot) that no pool can hold stays so.
         self._hopeless: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
         self._orders: dict[tuple[tuple[GpuType, ...], bool], list[tuple[ClusterName, ScalablePool]]] = {}
-        self._needed: dict[tuple[tuple[int, ...], int], int | None] = {}
+        self._needed: dict[tuple[int, ...], dict[int, int | None]] = {}
+
+    def hopeless(self, shape: tuple[int, ...], gpu_types: tuple[GpuType, ...], allow_spot: bool) -> bool:
+        """Whether no pool of these types could grow enough for the shape (`choose` found none)."""
+        return (shape, gpu_types, allow_spot) in self._hopeless
 
     def choose(
         self,
@@ -123,9 +127,14 @@ class Growth:
         return None
 
     def _nodes_needed(self, shape: tuple[int, ...], gpus_per_node: int) -> int | None:
-        found = self._needed.get((shape, gpus_per_node), -1)
+        # Kept per shape, then per node size: a search asks for one shape across every pool, and a
+        # (shape, size) key was a tuple made and hashed per pool.
+        by_size = self._needed.get(shape)
+        if by_size is None:
+            by_size = self._needed[shape] = {}
+        found = by_size.get(gpus_per_node, -1)
         if found == -1:
-            found = self._needed[(shape, gpus_per_node)] = nodes_needed(shape, gpus_per_node)
+            found = by_size[gpus_per_node] = nodes_needed(shape, gpus_per_node)
         return found
 
     def _room(self, cluster: ClusterName, pool: ScalablePool) -> int:

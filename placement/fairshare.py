@@ -183,17 +183,23 @@ class FairOrder:
             # order as a pop and a push.
             if position < len(gangs):
                 head = gangs[position]
-                heapreplace(
-                    heap,
-                    (
-                        not within_guarantee(head),
-                        -head.priority,
-                        share(tenant),
-                        head.queued_at_s,
-                        head.job_id,
-                        tenant,
-                        position,
-                    ),
+                entry = (
+                    not within_guarantee(head),
+                    -head.priority,
+                    share(tenant),
+                    head.queued_at_s,
+                    head.job_id,
+                    tenant,
+                    position,
                 )
+                # A tenant whose next gang still goes before both children of the top keeps the top:
+                # the heap stays a heap with two comparisons, where a replace sifts through every
+                # level (a tenant is served many times in a row between two changes of its standing).
+                # Entries are unique, so the gangs come out in the same order either way.
+                size = len(heap)
+                if (size < 2 or entry < heap[1]) and (size < 3 or entry < heap[2]):
+                    heap[0] = entry
+                else:
+                    heapreplace(heap, entry)
             else:
                 heappop(heap)

@@ -314,6 +314,11 @@ class Inventory:
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._by_work_price: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._eligible: dict[tuple[Pinning, bool], frozenset[ClusterName] | None] = {}
+        # The same answers by the id of the rules' object, for gangs of one shape (uniform or not).
+        self._eligible_by_object: dict[bool, dict[int, tuple[Pinning, frozenset[ClusterName] | None]]] = {
+            True: {},
+            False: {},
+        }
         self._within: dict[tuple[int, tuple[GpuType, ...], bool, frozenset[ClusterName]], list[Offer]] = {}
         self._type_version = dict.fromkeys(self.by_type, 0)
         # The view each change of a type touched, in order: entry i took the type to version i + 1.
@@ -326,15 +331,25 @@ class Inventory:
         (the common case, which then takes the unfiltered paths at no cost)."""
         if gang.anywhere:
             return None
-        key = (gang.pinning, gang.uniform)
+        # Asked several times per gang and cycle. Looked up first by the rules' object: a `Pinning` in
+        # a key is hashed and compared by its dataclass's methods, which run interpreted even in the
+        # compiled placer. The object is kept with the answer, so its id is not reused while kept.
+        pinning = gang.pinning
+        by_object = self._eligible_by_object[gang.uniform]
+        kept = by_object.get(id(pinning))
+        if kept is not None and kept[0] is pinning:
+            return kept[1]
+        key = (pinning, gang.uniform)
         if key not in self._eligible:
             allowed = frozenset(
                 name
                 for name, (region, cloud, mixed) in self.sites.items()
-                if (gang.uniform or mixed) and gang.pinning.allows(name, region, cloud)
+                if (gang.uniform or mixed) and pinning.allows(name, region, cloud)
             )
             self._eligible[key] = None if len(allowed) == len(self.sites) else allowed
-        return self._eligible[key]
+        found = self._eligible[key]
+        by_object[id(pinning)] = (pinning, found)
+        return found
 
     def _within_clusters(
         self,

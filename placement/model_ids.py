@@ -98,15 +98,19 @@ class Pinning:
         )
 
     def allows(self, cluster: str, region: str, cloud: str) -> bool:
-        for only, value in ((self.clusters, cluster), (self.regions, region), (self.clouds, cloud)):
-            if only and value not in only:
-                return False
-        excluded = (
-            (self.exclude_clusters, cluster),
-            (self.exclude_regions, region),
-            (self.exclude_clouds, cloud),
+        # Tested in place, with no pairs built per call: asked for every cluster of every distinct
+        # rule in each cycle (`Inventory.eligible`).
+        if self.clusters and cluster not in self.clusters:
+            return False
+        if self.regions and region not in self.regions:
+            return False
+        if self.clouds and cloud not in self.clouds:
+            return False
+        return (
+            cluster not in self.exclude_clusters
+            and region not in self.exclude_regions
+            and cloud not in self.exclude_clouds
         )
-        return not any(value in never for never, value in excluded)
 
 
 NO_PINNING = Pinning()

@@ -37,8 +37,8 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
-from operator import attrgetter, eq
+from itertools import chain, compress, islice, repeat
+from operator import attrgetter, eq, gt, not_, or_
 from typing import Final
 
 from placement.backfill import Hold
@@ -93,6 +93,7 @@ _BULK_PER_KIND = 1
 _QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
 _QUEUED_AT = attrgetter("queued_at_s")
 _DECISION_KEY = attrgetter("decision_key")
+_TENANT = attrgetter("tenant")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -165,6 +166,10 @@ _MAKING_ROOM: Final = frozenset(
     {Code.PREEMPTING, Code.CAPACITY_REQUESTED, Code.WAITING_FOR_PRIVATE_CAPACITY, Code.RESERVED}
 )
 
+# Empty sets of clusters and placements, shared (an empty frozenset is made anew by each call).
+_NO_CLUSTERS: Final[frozenset[ClusterName]] = frozenset()
+_NO_FITS: Final[frozenset[tuple[ClusterName, GpuType]]] = frozenset()
+
 # Most misses of a long queue are this one; it carries no notes, so one value serves them all.
 _NO_FIT: Final = _Miss(True)
 
@@ -180,6 +185,11 @@ class _Cycle:
         self.families = dict(snapshot.gpu_families)
         self._placeable = set(self.inventory.by_type) | {p.gpu_type for _, p in self.inventory.scalable}
         self._offered_types: dict[tuple[GpuType, ...], tuple[GpuType, ...]] = {}
+        # `_explain`'s heads, per (types, clusters allowed, pinned, uniform): see `_head`.
+        self._heads: dict[
+            tuple[tuple[GpuType, ...], frozenset[ClusterName] | None, bool, bool],
+            tuple[tuple[WaitReason, ...], bool, frozenset[ClusterName]],
+        ] = {}
         held: dict[tuple[TenantId, GpuType], int] = {}
         for gang in snapshot.running:
             held[(gang.tenant, gang.gpu_type)] = held.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count
@@ -213,12 +223,22 @@ class _Cycle:
         queued = snapshot.queued if reuse else ()
         keys = list(map(_DECISION_KEY, queued))
         per_object = Counter(map(id, keys))
+        samples = dict(zip(map(id, keys), queued, strict=True))
+        # Equal keys hash equal, so a key object queued once whose hash no other key object shares is
+        # a kind of one gang: it is left unnumbered without going through the dict of values. Each
+        # distinct key is hashed once, and the kinds of one gang are picked out, by C-level calls; a
+        # steady cycle's queue is nearly all such gangs, and putting each one's 22-field key in the
+        # dict of values was most of this setup.
+        hashes = list(map(hash, map(_DECISION_KEY, samples.values())))
+        shared = {h for h, n in Counter(hashes).items() if n > 1}
+        repeated = set(compress(per_object, map(gt, per_object.values(), repeat(1))))
+        maybe = list(map(or_, map(repeated.__contains__, samples), map(shared.__contains__, hashes)))
         by_value: dict[tuple[object, ...], int] = {}
         counts: list[int] = []
-        # A gang of each kind: what the kind's gangs have in common (`take_in_bulk`).
+        # A gang of each numbered kind: what the kind's gangs have in common (`take_in_bulk`).
         self._kind_gangs: list[GangRequest] = []
         object_kind: dict[int, int] = {}
-        for object_id, sample in dict(zip(map(id, keys), queued, strict=True)).items():
+        for object_id, sample in compress(samples.items(), maybe):
             kind = by_value.setdefault(sample.decision_key, len(counts))
             if kind == len(counts):
                 counts.append(0)
@@ -238,7 +258,10 @@ class _Cycle:
         self.tenant_kinds: dict[TenantId, list[int]] = {}
         self._unnumbered_left: dict[TenantId, int] = {}
         if numbered:
-            left = self._unnumbered_left
+            # The kinds of one gang passed over above, counted by tenant at C level.
+            left = self._unnumbered_left = dict(
+                Counter(map(_TENANT, compress(samples.values(), map(not_, maybe))))
+            )
             for kind, count in enumerate(counts):
                 tenant = self._kind_gangs[kind].tenant
                 if count > 1:
@@ -274,7 +297,11 @@ class _Cycle:
         key = (gang.tenant, gang.gpu_types, gang.gpu_count)
         within = self._guarantees.get(key)
         if within is None:
-            within = self._guarantees[key] = book.within_any_guarantee(*key)
+            # Arguments named, not unpacked from the key: the compiled form made a starred call a
+            # generic Python call, a third of this method's cost.
+            within = self._guarantees[key] = book.within_any_guarantee(
+                gang.tenant, gang.gpu_types, gang.gpu_count
+            )
         return within
 
     def take_in_bulk(self, order: FairOrder, between: Callable[[], None] | None) -> int:
@@ -471,17 +498,16 @@ class _Cycle:
         return False
 
     def _gates(self, gang: GangRequest) -> list[WaitReason]:
-        if not self.book.known(gang.tenant):
+        quota = self.book.tenants.get(gang.tenant)
+        if quota is None:
             return [WaitReason(Code.UNKNOWN_TENANT, f"tenant {gang.tenant} is not known to the federation")]
-        reasons = []
-        tenant_max = self.book.tenants[gang.tenant].max_priority
-        for who, limit in ((None, tenant_max), ("the submitting user", gang.user_max_priority)):
-            if limit is not None and gang.priority > limit:
-                subject = who or f"tenant {gang.tenant}"
-                message = f"{subject} may use priority up to {limit}; the job asks {gang.priority}"
-                if gang.priority_class:
-                    message += f" (class {gang.priority_class})"
-                reasons.append(WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant))
+        reasons: list[WaitReason] = []
+        # Asked of every queued gang: the two limits are tested in place, with no pairs built per gang.
+        tenant_max, user_max = quota.max_priority, gang.user_max_priority
+        if tenant_max is not None and gang.priority > tenant_max:
+            reasons.append(_priority_not_allowed(gang, f"tenant {gang.tenant}", tenant_max))
+        if user_max is not None and gang.priority > user_max:
+            reasons.append(_priority_not_allowed(gang, "the submitting user", user_max))
         priority_class = self.room.classes.get(gang.priority_class)
         if priority_class is not None and priority_class.needs_approval:
             expires = gang.approval_expires_at_s
@@ -727,30 +753,17 @@ class _Cycle:
     ) -> Waiting:
         """The gang's wait, with its reasons recorded as figures and worded when read (`reasons`)."""
         gang = ctx.gang
-        head: tuple[WaitReason, ...] = ()
-        by_type = self.inventory.by_type
-        missing = [gpu_type for gpu_type in types if gpu_type not in by_type]
-        if missing and self.families:
-            # A family stands for its variants (`placement.gpu_types`): a variant no cluster has is
-            # not news while another of the family's (or its bare name) is there.
-            present = {self.families.get(t, t) for t in types if t in by_type}
-            missing = [t for t in missing if self.families.get(t, t) not in present]
-        if missing or not types:
-            names = ", ".join(missing) or "(none listed)"
-            only = missing[0] if len(missing) == 1 else None
-            message = f"no cluster has GPUs of type {names}"
-            head = (WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only),)
         within = self.inventory.eligible(gang)
-        ruled_out: frozenset[ClusterName] = frozenset()
-        if within is not None:
-            # Only clusters that have the types are named: those an unpinned job is told about too,
-            # so the rules teach a tenant nothing about the federation it could not learn anyway.
-            ruled_out = frozenset(
-                v.cluster for t in types for v in self.inventory.by_type.get(t, ()) if v.cluster not in within
-            )
-            if ruled_out:
-                head = (*head, _ruled_out(gang, sorted(ruled_out)))
-        fits_now: frozenset[tuple[ClusterName, GpuType]] = frozenset()
+        # The head depends on the types, the clusters allowed and which rules allowed them, not on the
+        # rest of the gang: kept per cycle (each pinned gang built a frozenset, a sort and a worded
+        # reason for it).
+        pinned = bool(gang.pinning)
+        head_key = (types, within, pinned, gang.uniform)
+        kept = self._heads.get(head_key)
+        if kept is None:
+            kept = self._heads[head_key] = self._head(types, within, pinned, gang.uniform)
+        head, missing, ruled_out = kept
+        fits_now = _NO_FITS
         if not capacity_only:
             fits_now = frozenset(
                 (o.view.cluster, o.view.gpu_type)
@@ -764,6 +777,36 @@ class _Cycle:
             return Waiting.explained(gang.job_id, parts[0][1])
         explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single, ruled_out)
         return Waiting.explained(gang.job_id, explanation)
+
+    def _head(
+        self, types: tuple[GpuType, ...], within: frozenset[ClusterName] | None, pinned: bool, uniform: bool
+    ) -> tuple[tuple[WaitReason, ...], bool, frozenset[ClusterName]]:
+        """What a wait's reasons begin with, before quota and capacity: the types no cluster has and
+        the clusters the gang's rules (or its shape) exclude; whether a type is missing; those
+        clusters."""
+        head: tuple[WaitReason, ...] = ()
+        by_type = self.inventory.by_type
+        missing = [gpu_type for gpu_type in types if gpu_type not in by_type]
+        if missing and self.families:
+            # A family stands for its variants (`placement.gpu_types`): a variant no cluster has is
+            # not news while another of the family's (or its bare name) is there.
+            present = {self.families.get(t, t) for t in types if t in by_type}
+            missing = [t for t in missing if self.families.get(t, t) not in present]
+        if missing or not types:
+            names = ", ".join(missing) or "(none listed)"
+            only = missing[0] if len(missing) == 1 else None
+            message = f"no cluster has GPUs of type {names}"
+            head = (WaitReason(Code.NO_CLUSTER_HAS_GPU_TYPE, message, None, only),)
+        ruled_out = _NO_CLUSTERS
+        if within is not None:
+            # Only clusters that have the types are named: those an unpinned job is told about too,
+            # so the rules teach a tenant nothing about the federation it could not learn anyway.
+            ruled_out = frozenset(
+                v.cluster for t in types for v in by_type.get(t, ()) if v.cluster not in within
+            )
+            if ruled_out:
+                head = (*head, _ruled_out(pinned, uniform, sorted(ruled_out)))
+        return head, bool(missing), ruled_out
 
 
 def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
@@ -781,14 +824,23 @@ def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
     return [gangs[i] for i in order]
 
 
-def _ruled_out(gang: GangRequest, clusters: Sequence[ClusterName]) -> WaitReason:
-    """Why the named clusters, which have GPUs the gang accepts, are not considered for it."""
+def _priority_not_allowed(gang: GangRequest, subject: str, limit: int) -> WaitReason:
+    """Why the gang's priority is above what its tenant or its submitter may use."""
+    message = f"{subject} may use priority up to {limit}; the job asks {gang.priority}"
+    if gang.priority_class:
+        message += f" (class {gang.priority_class})"
+    return WaitReason(Code.PRIORITY_NOT_ALLOWED, message, tenant=gang.tenant)
+
+
+def _ruled_out(pinned: bool, uniform: bool, clusters: Sequence[ClusterName]) -> WaitReason:
+    """Why the named clusters, which have GPUs the gang accepts, are not considered for it (`pinned`:
+    the gang has placement rules; `uniform`: its replicas all run the same)."""
     named = f"{'clusters' if len(clusters) > 1 else 'cluster'} {', '.join(clusters)}"
     rules = "the job's placement rules (spec.placement)"
     volcano = "its tasks differ (in GPUs, image, command, env or template), which needs Volcano"
-    if gang.pinning and not gang.uniform:
+    if pinned and not uniform:
         message = f"{named} ruled out by {rules}, or without Volcano while {volcano}"
-    elif gang.pinning:
+    elif pinned:
         message = f"{named} ruled out by {rules}"
     else:
         message = f"{named} cannot run this job: {volcano}, and no Volcano is found there"

@@ -27,7 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from placement import explain
-from placement.model import GpuType, RunningGang, TenantId, TenantQuota, WaitReason
+from placement.model import GpuType, RunningGang, TenantId, TenantQuota, WaitCode, WaitReason
+
+# `limit_reason`'s mark of an answer not kept (None is an answer: no limit is broken).
+_NOT_KEPT = WaitReason(WaitCode.INSUFFICIENT_CAPACITY, "(not kept)")
 
 
 class QuotaBook:
@@ -83,6 +86,10 @@ class QuotaBook:
                 if share is not None:
                     self._guaranteed[(quota.tenant, gpu_type)] = share.guaranteed_gpus
         self._limit_reasons: dict[tuple[TenantId, GpuType, int, int], WaitReason] = {}
+        self._budget_reasons: dict[TenantId, WaitReason | None] = {}
+        # `limit_reason`'s answers, kept while `changes` is what it was when they were worked out.
+        self._limits_kept: dict[tuple[TenantId, GpuType, int], WaitReason | None] = {}
+        self._limits_kept_at = 0
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
         # How many times usage was added to in the cycle (`plan._Cycle._state`).
         self.changes = 0
@@ -168,7 +175,22 @@ class QuotaBook:
         return over
 
     def limit_reason(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
-        """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break."""
+        """The first cap or borrowing limit, from the tenant up, that admitting `need` GPUs would break.
+
+        Asked for every type of every gang a cycle decides; the answer depends only on usage, so it
+        is kept per (tenant, type, GPUs) while usage is unchanged (`changes`): three asks in four of a
+        steady cycle find it kept."""
+        if self.changes != self._limits_kept_at:
+            self._limits_kept.clear()
+            self._limits_kept_at = self.changes
+        key = (tenant, gpu_type, need)
+        kept = self._limits_kept.get(key, _NOT_KEPT)
+        if kept is _NOT_KEPT:
+            kept = self._limits_kept[key] = self.limit_reason_now(tenant, gpu_type, need)
+        return kept
+
+    def limit_reason_now(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
+        """`limit_reason` worked out from usage as it is, without the kept answers."""
         gpu_type = self.account.get(gpu_type, gpu_type)
         usage, limits = self.usage, self._limits
         for node in self.path[tenant]:
@@ -215,9 +237,16 @@ class QuotaBook:
         )
 
     def budget_reason(self, tenant: TenantId) -> WaitReason | None:
+        """The first spent budget from the tenant up. Asked of every queued gang; budgets and what is
+        spent are the snapshot's and do not change in a cycle, so each tenant's answer is kept."""
+        if tenant in self._budget_reasons:
+            return self._budget_reasons[tenant]
+        reason = None
         for node in self.path[tenant]:
             quota = self.tenants[node]
             budget = quota.monthly_budget_gpu_hours
             if budget is not None and quota.spent_gpu_hours >= budget:
-                return explain.budget_spent(node, budget, quota.spent_gpu_hours)
-        return None
+                reason = explain.budget_spent(node, budget, quota.spent_gpu_hours)
+                break
+        self._budget_reasons[tenant] = reason
+        return reason

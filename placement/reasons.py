@@ -225,6 +225,9 @@ class Tables:
             # Only blockers are listed, whatever the shape and the free figures: one table per cycle,
             # and a key that stays equal from cycle to cycle while nothing else changes.
             shape = ()
+            table = self._tables.get((gpu_type, shape, allow_spot, capped))
+            if table is not None:
+                return table
             figures: tuple[Figures, ...] = (None,) * len(self.inventory.by_type.get(gpu_type, ()))
         else:
             figures = self._figures_now(gpu_type, allow_spot)

@@ -62,6 +62,9 @@ from placement.quota import QuotaBook
 from placement.wait_policy import WaitTerms, terms_for
 from placement.wait_saving import WaitSaving, clock
 
+# A victim search's question: (tenant, priority, shape, types, spot, the clusters allowed).
+_SearchKey = tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
+
 
 class Room:
     def __init__(
@@ -119,9 +122,7 @@ class Room:
         # Earliest private room by running gangs' limits, per (shape, types, spot): see `private_wait`.
         self._room_at: dict[tuple[tuple[int, ...], tuple[GpuType, ...], bool], float | None] = {}
         # Victim searches that found nothing; the candidates only dwindle during a cycle.
-        self.no_victims: set[
-            tuple[TenantId, int, tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
-        ] = set()
+        self.no_victims: set[_SearchKey] = set()
         self.preempted_gpus = policy.preempted_gpus_this_interval
         # Victim searches' outcomes per offer, kept while nothing they read changed (`_preempt`).
         self._victim_memo: VictimMemo = {}
@@ -391,25 +392,58 @@ class Room:
         if not self._hopeful(gang, group):
             self.no_victims.add(key)
             return None
+        limit = self.policy.preemption_limit_gpus
+        if limit is not None and self.preempted_gpus >= limit and not self.draining_types.intersection(group):
+            # Nothing may be evicted any more this interval: spare the victim search. Once the limit is
+            # used, every later gang of the cycle gets this same reason.
+            if self._limit_used is None or self._limit_used.held_gpus != self.preempted_gpus:
+                message = (
+                    f"no gang may be preempted for this job until the interval ends: all {limit} GPUs that "
+                    "may be preempted in it are used"
+                )
+                self._limit_used = WaitReason(
+                    Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
+                )
+            return self._limit_used
+        # Whether the gang may reclaim guaranteed GPUs of each type from borrowers.
+        reclaim = {t: book.within_guarantee(gang.tenant, t, need) for t in group}
+        # `rule` lets the gang's own lower priorities go, and others' gangs only where it may reclaim: when
+        # no offer of the types could free enough under that, the search below would find no one.
+        may_free = self.running.may_free
+        found = [
+            ids
+            for t in group
+            if (ids := may_free(self.inventory, t, gang.tenant, gang.priority, reclaim[t], need))
+        ]
+        if not found:
+            self.no_victims.add(key)
+            return None
+        hopeful = found[0] if len(found) == 1 else frozenset().union(*found)
+        offers = [o for o in self.inventory.search_order(group, gang.allow_spot, within) if id(o) in hopeful]
+        return self._search(ctx, shape, key, offers, reclaim)
 
-        def may_reclaim(gpu_type: GpuType) -> bool:
-            return book.within_guarantee(gang.tenant, gpu_type, need)
-
-        reclaim: dict[GpuType, bool] = {}
-
-        def reclaims(gpu_type: GpuType) -> bool:
-            may = reclaim.get(gpu_type)
-            if may is None:
-                may = reclaim[gpu_type] = may_reclaim(gpu_type)
-            return may
+    def _search(
+        self,
+        ctx: GangCost,
+        shape: tuple[int, ...],
+        key: _SearchKey,
+        offers: list[Offer],
+        reclaim: dict[GpuType, bool],
+    ) -> WaitReason | None:
+        """The victim search on the offers that could free enough, and what it leads to. Apart from
+        `_preempt`'s checks, so that the closures the search takes (and the compiled form's
+        environment object for what they read) are made only for the gangs that search, not for
+        every gang that asks."""
+        gang, book, need = ctx.gang, self.book, ctx.gang.gpu_count
+        limit = self.policy.preemption_limit_gpus
 
         def rule(offer: Offer, tenant: TenantId) -> tuple[PreemptionReason, int | None] | None:
             if tenant == gang.tenant:
                 return (PreemptionReason.LOWER_PRIORITY, gang.priority)
             gpu_type = offer.view.gpu_type
-            if reclaims(gpu_type) and book.borrowing(
-                tenant, gpu_type, self.evicted.get((tenant, gpu_type), 0)
-            ):
+            if not reclaim[gpu_type]:
+                return None
+            if book.borrowing(tenant, gpu_type, self.evicted.get((tenant, gpu_type), 0)):
                 return (PreemptionReason.RECLAIM_GUARANTEE, None)
             return None
 
@@ -425,32 +459,6 @@ class Room:
                 evicted[k] = evicted.get(k, 0) + victim.gpu_count
             return True
 
-        limit = self.policy.preemption_limit_gpus
-        if limit is not None and self.preempted_gpus >= limit and not self.draining_types.intersection(group):
-            # Nothing may be evicted any more this interval: spare the victim search. Once the limit is
-            # used, every later gang of the cycle gets this same reason.
-            if self._limit_used is None or self._limit_used.held_gpus != self.preempted_gpus:
-                message = (
-                    f"no gang may be preempted for this job until the interval ends: all {limit} GPUs that "
-                    "may be preempted in it are used"
-                )
-                self._limit_used = WaitReason(
-                    Code.PREEMPTION_LIMIT_REACHED, message, limit_gpus=limit, held_gpus=self.preempted_gpus
-                )
-            return self._limit_used
-        # `rule` lets the gang's own lower priorities go, and others' gangs only where it may reclaim: when
-        # no offer of the types could free enough under that, the search below would find no one.
-        may_free = self.running.may_free
-        found = [
-            ids
-            for t in group
-            if (ids := may_free(self.inventory, t, gang.tenant, gang.priority, reclaims(t), need))
-        ]
-        if not found:
-            self.no_victims.add(key)
-            return None
-        hopeful = found[0] if len(found) == 1 else frozenset().union(*found)
-        offers = [o for o in self.inventory.search_order(group, gang.allow_spot, within) if id(o) in hopeful]
         cost = lambda o: ctx.cost(o.view.gpu_type, o.price_factor, o.view.store)  # noqa: E731
         # The kind is what `rule` reads of the gang; the stamp grows with all else the search reads that a
         # cycle changes (usage, fair shares, claims, evictions), each offer's free GPUs aside.
@@ -641,6 +649,15 @@ class Room:
         return factor / self.costs.snapshot_speed(pool.gpu_type)
 
     def _cheapest_pool(
+        self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
+    ) -> tuple[ClusterName, ScalablePool, int, float] | None:
+        # Most gangs of a busy cycle ask after every pool they could grow has filled: answered here,
+        # before `_grown` makes the closure it passes (and the compiled form its environment object).
+        if self.growth.hopeless(shape, group, ctx.gang.allow_spot):
+            return None
+        return self._grown(ctx, shape, group)
+
+    def _grown(
         self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
     ) -> tuple[ClusterName, ScalablePool, int, float] | None:
         static = None
