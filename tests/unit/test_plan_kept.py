@@ -1,0 +1,242 @@
+"""Answers the placer keeps within a cycle (issue 33, the steady cycle's third round), each compared
+with the answer worked out afresh on the same state.
+
+- `QuotaBook.limit_reason` keeps its answer per (tenant, type, GPUs) while usage is unchanged
+  (`QuotaBook.changes`): the same as `limit_reason_now` after every admission of a run.
+- `QuotaBook.budget_reason` keeps each tenant's answer for the cycle: the same as a fresh book's.
+- `Inventory.eligible` looks the rules up by their object first: equal rules in other objects, and
+  rules that differ, get the answer `Pinning.allows` gives cluster by cluster.
+- `FairOrder` keeps the heap's top when the tenant just served still goes before both its children:
+  the order is the one a plain walk gives (each step, the least of the tenants' entries, the
+  served tenant's read afresh), with standings that move as gangs are handed out.
+- `_Cycle` numbers only the kinds that may be queued more than once (by a count of the keys'
+  hashes): the same kinds as numbering every key by value.
+
+The plans themselves are held to the recorded bytes by `test_plan_cycles` (compiled and
+interpreted); these tests say which shortcut broke if one does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.placer_scenario import NOW, build
+from placement.fairshare import Entry, FairOrder, FairShare
+from placement.inventory import Inventory
+from placement.model import (
+    GangRequest,
+    GpuQuota,
+    GpuType,
+    JobId,
+    Pinning,
+    PolicyConfig,
+    TenantId,
+    TenantQuota,
+)
+from placement.plan import _Cycle
+from placement.quota import QuotaBook
+from tests.properties import examples
+
+A100, H100 = GpuType("A100"), GpuType("H100")
+
+
+def _tree() -> list[TenantQuota]:
+    """An organisation with two teams: caps and borrowing limits at both levels, one budget spent."""
+    return [
+        TenantQuota(
+            TenantId("org"),
+            gpu_caps=((A100, 40),),
+            quotas=(GpuQuota(H100, guaranteed_gpus=8, borrowing_limit_gpus=8),),
+        ),
+        TenantQuota(
+            TenantId("nlp"),
+            parent=TenantId("org"),
+            quotas=(GpuQuota(A100, guaranteed_gpus=8, borrowing_limit_gpus=4),),
+        ),
+        TenantQuota(
+            TenantId("vision"),
+            parent=TenantId("org"),
+            gpu_caps=((H100, 12),),
+            monthly_budget_gpu_hours=100.0,
+            spent_gpu_hours=120.0,
+        ),
+        TenantQuota(TenantId("solo"), quotas=(GpuQuota(A100, guaranteed_gpus=4, borrowing_limit_gpus=0),)),
+    ]
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_a_kept_limit_is_the_limit_worked_out_now(seed: int) -> None:
+    rng = random.Random(seed)
+    book = QuotaBook(_tree(), ())
+    tenants = [TenantId(t) for t in ("org", "nlp", "vision", "solo")]
+    for _ in range(60):
+        tenant, gpu_type, need = rng.choice(tenants), rng.choice((A100, H100)), rng.choice((0, 1, 2, 4, 8))
+        # Asked twice between changes: the second answer is the kept one.
+        for _ in range(2):
+            assert book.limit_reason(tenant, gpu_type, need) == book.limit_reason_now(tenant, gpu_type, need)
+        if rng.random() < 0.4:
+            book.add(rng.choice(tenants), rng.choice((A100, H100)), rng.choice((1, 2, 4)))
+
+
+def test_a_kept_budget_is_a_fresh_books_answer() -> None:
+    book = QuotaBook(_tree(), ())
+    for tenant in ("vision", "nlp", "org", "solo"):
+        first = book.budget_reason(TenantId(tenant))
+        assert book.budget_reason(TenantId(tenant)) is first
+        assert first == QuotaBook(_tree(), ()).budget_reason(TenantId(tenant))
+    assert book.budget_reason(TenantId("vision")) is not None
+    assert book.budget_reason(TenantId("nlp")) is None
+
+
+def test_rules_looked_up_by_object_are_the_rules_answer() -> None:
+    snapshot = build(gangs=50)
+    inventory = Inventory(snapshot.clusters, snapshot.policy)
+    names = sorted(inventory.sites)
+    rules = [
+        Pinning(clusters=tuple(names[:5])),
+        Pinning(exclude_clusters=tuple(names[:3])),
+        Pinning(regions=(inventory.sites[names[0]][0],)),
+        Pinning(exclude_clouds=("private",)),
+        Pinning(clusters=tuple(names[:5]), exclude_clusters=(names[1],)),
+    ]
+    base = snapshot.queued[0]
+    for rule in rules:
+        for uniform in (True, False):
+            expected = frozenset(
+                name
+                for name, (region, cloud, mixed) in inventory.sites.items()
+                if (uniform or mixed) and rule.allows(name, region, cloud)
+            )
+            # The same rules in three objects: the first asks by value, the others by their objects.
+            for pinning in (rule, replace(rule), replace(rule)):
+                gang = replace(base, pinning=pinning, uniform=uniform)
+                for _ in range(2):
+                    found = inventory.eligible(gang)
+                    assert (found if found is not None else frozenset(names)) == expected
+
+
+def _queue(rng: random.Random, tenants: int, gangs: int) -> list[GangRequest]:
+    return [
+        GangRequest(
+            JobId(f"j{n:04d}"),
+            TenantId(f"t{rng.randrange(tenants)}"),
+            rng.choice((0, 0, 0, 5, 10)),
+            float(rng.randrange(100)),
+            (rng.choice((1, 2, 4, 8)),),
+            (A100,),
+        )
+        for n in range(gangs)
+    ]
+
+
+def _plain_walk(
+    queued: list[GangRequest], fair: FairShare, within: dict[JobId, bool], served: list[GangRequest]
+) -> Iterator[GangRequest]:
+    """FairOrder's order without a heap: each step the least of every tenant's entry, the entry of
+    the tenant just served read afresh (the others as they were read when their gang became next)."""
+    order = FairOrder(queued, fair, lambda g: within[g.job_id])  # for its per-tenant order only
+    positions = dict.fromkeys(order.by_tenant, 0)
+    entries: dict[TenantId, Entry] = {t: order.entry(t, 0) for t in order.by_tenant}
+    while entries:
+        tenant = min(entries, key=entries.__getitem__)
+        gangs = order.by_tenant[tenant]
+        gang = gangs[positions[tenant]]
+        yield gang
+        served.append(gang)
+        positions[tenant] += 1
+        if positions[tenant] == len(gangs):
+            del entries[tenant]
+        else:
+            entries[tenant] = order.entry(tenant, positions[tenant])
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1), st.integers(min_value=1, max_value=12))
+def test_the_fair_order_is_the_plain_walks(seed: int, tenants: int) -> None:
+    queued = _queue(random.Random(seed), tenants, 120)
+
+    def walk(plain: bool) -> list[JobId]:
+        # Standings that move as gangs are handed out, the same way in both walks: every third gang
+        # handed out is "admitted" (its tenant's share grows), and a tenant's later gangs borrow once
+        # it has had four.
+        rng = random.Random(seed + 1)
+        names = sorted({g.tenant for g in queued})
+        fair = FairShare(
+            {TenantId(t): TenantQuota(TenantId(t)) for t in names}, {}, {A100: 64}, PolicyConfig()
+        )
+        within = {g.job_id: True for g in queued}
+        had: dict[TenantId, int] = {}
+        served: list[GangRequest] = []
+        walker = (
+            _plain_walk(queued, fair, within, served)
+            if plain
+            else iter(FairOrder(queued, fair, lambda g: within[g.job_id]))
+        )
+        out = []
+        for gang in walker:
+            out.append(gang.job_id)
+            had[gang.tenant] = had.get(gang.tenant, 0) + 1
+            if had[gang.tenant] >= 4:
+                for g in queued:
+                    if g.tenant == gang.tenant:
+                        within[g.job_id] = False
+            if rng.random() < 1 / 3:
+                fair.add(gang.tenant, A100, gang.replica_gpus[0])
+        return out
+
+    assert walk(plain=False) == walk(plain=True)
+
+
+def _kinds(cycle: _Cycle, queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
+    """The numbered kinds as sets of jobs."""
+    by_kind: dict[int, set[JobId]] = {}
+    for g in queued:
+        kind = cycle._kind_by_object.get(id(g.decision_key))
+        if kind is not None:
+            by_kind.setdefault(kind, set()).add(g.job_id)
+    return {frozenset(jobs) for jobs in by_kind.values()}
+
+
+def _kinds_by_value(queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
+    by_value: dict[tuple[object, ...], set[JobId]] = {}
+    for g in queued:
+        by_value.setdefault(g.decision_key, set()).add(g.job_id)
+    return {frozenset(jobs) for jobs in by_value.values() if len(jobs) > 1}
+
+
+def test_kinds_are_those_numbering_every_key_by_value_gives() -> None:
+    snapshot = build(gangs=400)
+    rng = random.Random(7)
+    picked = rng.sample(snapshot.queued, 60)
+    # Equal gangs in other objects (their own key objects) and gangs sharing one key object (as the
+    # scheduler's requests do), among the scenario's gangs of a kind of their own.
+    copies = [
+        replace(g, job_id=JobId(f"{g.job_id}-copy"), queued_at_s=g.queued_at_s + 1) for g in picked[:30]
+    ]
+    shared = []
+    for g in picked[30:]:
+        twin = replace(g, job_id=JobId(f"{g.job_id}-twin"))
+        object.__setattr__(twin, "decision_key", g.decision_key)
+        shared.append(twin)
+    queued = (*snapshot.queued, *copies, *shared)
+    cycle = _Cycle(replace(snapshot, queued=queued), NOW)
+    expected = _kinds_by_value(queued)
+    assert len(expected) == 60
+    assert _kinds(cycle, queued) == expected
+    assert cycle.kinds == len(expected)
+    # Every gang of no numbered kind is counted for its tenant as one left to decide.
+    numbered = {j for kind in expected for j in kind}
+    left: dict[TenantId, int] = {}
+    for g in queued:
+        if g.job_id not in numbered:
+            left[g.tenant] = left.get(g.tenant, 0) + 1
+    assert cycle._unnumbered_left == left
+    # The scenario as built: its few equal gangs (if any) are its only kinds.
+    alone = _Cycle(snapshot, NOW)
+    assert _kinds(alone, snapshot.queued) == _kinds_by_value(snapshot.queued)
