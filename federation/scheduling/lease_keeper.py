@@ -97,6 +97,14 @@ async def refresh_until_lost(
         if holder is None or holder.create_revision != fence.create_revision:
             return "leader key no longer ours"
         on_refreshed()
+        if sent - last_ok > 2 * interval_s:
+            # Refreshed late (the loop or the thread starved, or etcd slow): how close it came.
+            log.warning(
+                "leader_lease_refreshed_late",
+                identity=identity,
+                since_last_s=round(sent - last_ok, 2),
+                lease_ttl_s=ttl_s,
+            )
         # The next refresh a third of the TTL after this one was sent, not after its answers came:
         # with etcd slow to answer (the soak, at a load of 30 on two cores) the two calls took a
         # second, each period grew by that, and 3 s leases ran out.
