@@ -228,6 +228,8 @@ class LeaseKeeper:
                 why = f"keepalive failed: {error!r}"
                 log.exception("leader_keepalive_crashed", identity=self._identity)
             self.gave_up = True
+            # Said from here, at once: a wedged loop would say `leader_lost` only once it runs again.
+            log.warning("leader_lease_given_up", identity=self._identity, reason=why)
             # Told first, revoked after: with etcd away the revoke takes the client's whole deadline,
             # and the server must stop leading at once.
             self._post(self._on_lost, why)
