@@ -11,7 +11,7 @@ loop no longer stops the refreshes. A thread runs Python only while it holds the
 through a loop that is busy in Python (CPython hands the GIL over every 5 ms) or blocked in a call
 that lets the GIL go (a sleep, I/O, most C extensions), not through one C call that holds the GIL for
 seconds (a full garbage collection of millions of objects, which `federation.runtime.heap` and
-`paused_gc` keep away from the loop).
+`paused_gc` are there to prevent).
 
 A loop that is wedged, not just slow, must not lead for ever. At every refresh the thread posts a
 heartbeat onto the server's loop, and it refreshes only while the loop has run one within the stall
@@ -26,8 +26,9 @@ Here etcd enforces the lease's TTL itself, and every leader write is fenced by t
 revision (`federation.store.job_store.Fence`), so the keeper may retry for the whole TTL. What a
 thread in a Python server needs besides is the stall limit: 10 s, client-go's `RenewDeadline`, so
 that a leader whose work has stopped keeps the lead no longer than a Kubernetes leader that cannot
-renew does. It is about five times the longest loop stall the soak saw (about 2 s), and it bounds the
-failover after a wedge: the key goes 10 s to 11 s into the stall (the limit and one refresh period).
+renew does. It is five times the 2 s stall that a 3 s lease refreshed on the loop outlived (the
+soak's stalls at a load of 30 were longer), and it bounds the failover after a wedge: with the
+default lease the key goes 10 s to 11 s into the stall (the limit, then at most one refresh period).
 
 Safety never rests on this thread: a deposed leader's writes fail on the fence whatever the keeper
 believes. The thread only decides how long leadership lasts.
