@@ -36,7 +36,7 @@ logs none). Since 2026-12-01 the lease is refreshed from a thread of its own
 of 3,000 jobs offered at 200/s with 6 kills (`--kills 6 --max-jobs 3000 --min-submit-s 15`, load 4
 to 8) lost and doubled nothing, the key won 2.54 to 3.16 s after each kill and the first cycle done
 2.77 to 3.89 s after it (median 3.43 s), throughput 102 jobs/s; no lease was lost without a kill,
-nor in three `--quick` runs.
+nor in two `--quick` runs.
 """
 
 from __future__ import annotations
