@@ -24,7 +24,6 @@ import dataclasses
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from clusters.sim.resources import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, NAMESPA
 from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, status_of, wait_phase
 from tests.contract.simulated import running_sim
-from tests.integration.test_kubernetes_calls import Counted, sim_backend
+from tests.integration.kube_world import Counted, world_fixture  # noqa: F401 (the `world` fixture)
 
 pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
@@ -59,14 +58,6 @@ DELETES = (
     "delete_service",
 )
 KUBECTL = shutil.which("kubectl", path=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin")
-
-
-@pytest.fixture(params=["indexed", "volcano"])
-async def world(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
-    async for pair in sim_backend(tmp_path, volcano=request.param == "volcano"):
-        yield pair
 
 
 def _third_party(name: str, labels: dict[str, str], *, volcano: bool) -> dict[str, Any]:

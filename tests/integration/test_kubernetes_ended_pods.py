@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,19 +35,11 @@ from placement.model import CapacityKind, ClusterName, GpuType, JobPhase, Tenant
 from tests.conftest import build_job
 from tests.contract.conftest import no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, wait_phase
-from tests.integration.test_kubernetes_calls import sim_backend
+from tests.integration.kube_world import world_fixture  # noqa: F401 (the `world` fixture)
 
 pytestmark = pytest.mark.usefixtures(no_leaked_threads.__name__)
 
 NS = "gpufed-team-a"
-
-
-@pytest.fixture(params=["indexed", "volcano"])
-async def world(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
-    async for pair in sim_backend(tmp_path, volcano=request.param == "volcano"):
-        yield pair
 
 
 class PodLists:
