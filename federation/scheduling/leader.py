@@ -2,20 +2,23 @@
 
 The leader holds a key attached to a lease it keeps alive. If the process dies, the lease expires after
 its TTL and the key goes with it, so a standby takes over within about one TTL. A leader that cannot
-refresh its lease for a whole TTL (etcd unreachable, or the loop stalled) must assume that someone else
-leads: it sets `lost()` and stops. Because it may notice late, every write it makes carries the `Fence`
-(the key's create revision); etcd refuses the write once the key is gone or re-created by a successor.
+refresh its lease for a whole TTL (etcd unreachable), whose key is gone, or whose event loop has
+stalled past the stall limit, must assume that someone else leads: it sets `lost()` and stops.
+Because it may notice late, every write it makes carries the `Fence` (the key's create revision);
+etcd refuses the write once the key is gone or re-created by a successor.
 
 The lease's length is the trade between two failures. After a leader dies, nobody schedules until its
 key expires: the TTL left at the kill (between two thirds of the TTL and all of it, as the lease is
 refreshed every third), up to half a second more until etcd's lessor notices (it looks every 500 ms),
 then the standby's acquire (its watch sees the key go) and first scheduling cycle. A leader whose
-refreshes stop for the TTL less a third (its event loop stalled, or etcd unreachable) loses its term:
-fencing keeps that safe, and it only costs a takeover. Kubernetes' controllers take 15 s leases, and so
-fail over in 15 to 17 s; issue 33 asks for 5 s. The default is 3 s: a takeover within 3.5 s of the kill
-plus the first cycle (bench/scale_failover.py: 0.1 s at 10,000 live jobs), while a leader survives
-stalls of up to 2 s. etcd raises a lease below its minimum (1.5 election timeouts: 2 s with etcd's
-default 1 s election timeout) to that minimum, so an etcd tuned for slow links may lengthen it.
+refreshes stop for the TTL less a third (etcd unreachable) loses its term: fencing keeps that safe,
+and it only costs a takeover. Kubernetes' controllers take 15 s leases, and so fail over in 15 to
+17 s; issue 33 asks for 5 s. The default is 3 s: a takeover within 3.5 s of the kill plus the first
+cycle (bench/scale_failover.py: 0.1 s at 10,000 live jobs). Refreshed from the server's event loop, a
+3 s lease outlived stalls of that loop of up to 2 s only; refreshed from the keeper's thread, it
+outlives them up to the stall limit (10 s). etcd raises a lease below its minimum (1.5 election
+timeouts: 2 s with etcd's default 1 s election timeout) to that minimum, so an etcd tuned for slow
+links may lengthen it.
 
 Who refreshes. Given `refresh_kv` (the server gives a twin of its etcd client, `EtcdKv.twin`), a
 `LeaseKeeper` refreshes from a thread of its own, so the lease outlives stalls of the event loop up to
