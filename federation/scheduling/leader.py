@@ -25,8 +25,8 @@ Who refreshes. Given `refresh_kv` (the server gives a twin of its etcd client, `
 the stall limit (`federation.scheduling.lease_keeper` says why and how long). Without it, a task on
 the event loop refreshes through `kv`, and a stall of two thirds of the TTL loses the lease: so it is
 for the in-memory kv of the unit tests, whose leases live in the loop's own objects (not safe to
-touch from another thread) and run out on the test's clock, not with time: a stall of the loop costs
-them nothing that a thread could save.
+touch from another thread) and expire only when something on that loop calls it: a stall of the loop
+stalls every election on it, the standby's too, so it costs nothing that a thread could save.
 """
 
 from __future__ import annotations
