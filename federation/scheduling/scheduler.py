@@ -322,7 +322,14 @@ class Scheduler:
         self.cycles += 1
         self._metrics.cycles_started.inc()
         started = time.perf_counter()
-        live = self._cache.live_jobs()
+        # The live jobs as of one revision, read together with no await between: the event loop
+        # applies the cache's watch events during this cycle's awaits and while the worker thread
+        # plans, so the cycle works on a copy (a list of references, made at C level: 9 to 12 ms
+        # at a million live jobs, the depth round measured), and the revision it says it read is
+        # the copy's. The revision read after the awaits, as before, could name a job the copy
+        # lacks: the idle gate then skipped the cycles that would have planned it, for up to its
+        # replan interval.
+        live, revision = self._cache.live_jobs(), self._cache.revision
         inputs = await self._inputs.read()
         # Statuses read with the inventory, from the same look at each cluster, not the reconciler's
         # from up to a tick ago: the snapshot holds back the GPUs of live gangs whose pods the
@@ -341,7 +348,7 @@ class Scheduler:
             self._usage_at = float("-inf")
         usage = self._tenant_usage(now, inputs)
         preempted = self._preempted_gpus(now, inputs.settings.preemption_interval_s)
-        read = (self._cache.revision, inputs.version, tuple(inventories), statuses, usage, preempted)
+        read = (revision, inputs.version, tuple(inventories), statuses, usage, preempted)
         if self._idle.may_skip(read, now):
             return CycleResult(admitted=0, conflicts=0, waiting=self._last_waiting, seconds=0.0)
         # Building the snapshot and planning are pure and CPU-bound, and grow with the queue. On a
