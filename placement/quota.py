@@ -99,8 +99,15 @@ class QuotaBook:
         for quota in merged.values():
             for q in quota.quotas:
                 self._update_held_back(quota.tenant, q.gpu_type)
+        # The running gangs' GPUs summed per (tenant, type) first, then added once each: usage is a
+        # sum and what lenders hold back follows usage, so the book is the one adding gang by gang
+        # makes (`changes` counts within a cycle only: it is compared, never read as a number).
+        held: dict[tuple[TenantId, GpuType], int] = {}
         for gang in running:
-            self.add(gang.tenant, gang.gpu_type, gang.gpu_count)
+            key = (gang.tenant, gang.gpu_type)
+            held[key] = held.get(key, 0) + gang.gpu_count
+        for (tenant, gpu_type), gpus in held.items():
+            self.add(tenant, gpu_type, gpus)
 
     def _path_of(self, tenant: TenantId) -> tuple[TenantId, ...]:
         """The tenant and its ancestors, nearest first; a parent cycle or unknown parent ends the path."""
