@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from federation.runtime.etcd_process import EtcdProcess
 from federation.scheduling.leader import LeaderElection
@@ -21,7 +22,7 @@ from federation.store.jobs import JobRecord
 from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
 from tests.contract.helpers import eventually
-from tests.etcdctl import lease_alive
+from tests.etcdctl import etcdctl, lease_alive
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +142,21 @@ async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None
         await etcd_kv.delete(fence.key)
         await asyncio.wait_for(election.lost().wait(), timeout=3)
         assert not election.is_leader
+    finally:
+        await election.close()
+
+
+async def test_the_leader_notices_when_its_lease_is_revoked_behind_its_back(etcd_kv: EtcdKv) -> None:
+    """etcdctl revokes the lease (an operator, or etcd expiring it): the keeper's next refresh finds
+    it gone ("lease expired") and the term ends."""
+    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
+    try:
+        await election.acquire()
+        with structlog.testing.capture_logs() as logs:
+            etcdctl(etcd_kv.endpoint, "lease", "revoke", format(election._lease, "x"))
+            await asyncio.wait_for(election.lost().wait(), timeout=3)
+        assert not election.is_leader
+        assert [e["reason"] for e in logs if e["event"] == "leader_lost"] == ["lease expired"]
     finally:
         await election.close()
 
