@@ -185,10 +185,6 @@ class LeaseKeeper:
         # It has posted its end: what is left of it is returning from its last frame.
         await asyncio.to_thread(self._thread.join, _STOP_WAIT_S)
 
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
     def _run_thread(self) -> None:
         try:
             asyncio.run(self._keep())
