@@ -13,6 +13,7 @@ and reasons are cached by gang shape and invalidated by a version that each chan
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Final
 
 from placement import explain
@@ -45,6 +46,9 @@ def price_factor(
     return usd_per_gpu_hour
 
 
+_WORK_RANK = attrgetter("work_rank")
+
+
 def private_tier(offer: Offer, policy: PolicyConfig) -> int:
     """0 for offers taken before others (private ones, with `prefer_private`), else 1."""
     return 0 if policy.prefer_private and offer.kind is CapacityKind.PRIVATE else 1
@@ -70,6 +74,7 @@ class Offer:
         "usd_per_gpu_hour",
         "version",
         "view",
+        "work_rank",
     )
 
     def __init__(
@@ -109,6 +114,8 @@ class Offer:
         self._fits_empty: dict[tuple[int, ...], bool] = {}
         self.version = 0
         self._fits: dict[tuple[int, ...], tuple[int, HistogramFit | None]] = {}
+        # Place in the inventory's order of every offer by price per unit of work (`by_work_price`).
+        self.work_rank = 0
 
     @property
     def is_private(self) -> bool:
@@ -313,6 +320,8 @@ class Inventory:
         self.stores = stores
         self._search: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
         self._by_work_price: dict[tuple[tuple[GpuType, ...], bool], list[Offer]] = {}
+        # The cost model the offers' `work_rank`s were worked out for (`_rank_by_work_price`).
+        self._ranked_for: CostModel | None = None
         self._eligible: dict[tuple[Pinning, bool], frozenset[ClusterName] | None] = {}
         # The same answers by the id of the rules' object, for gangs of one shape (uniform or not).
         self._eligible_by_object: dict[bool, dict[int, tuple[Pinning, frozenset[ClusterName] | None]]] = {
@@ -423,6 +432,27 @@ class Inventory:
         self._search[(given, allow_spot)] = found
         return found
 
+    def _rank_by_work_price(self, costs: CostModel) -> None:
+        """Rank every offer once in the order `by_work_price` gives (each offer's key is fixed for the
+        cycle), so that each list of types is sorted on the ranks. The keys are unique (`search_key`
+        is), so a list sorted on the ranks is the list sorted on the keys. A cycle asks for hundreds of
+        lists of types, and each sorted its offers on a key worked out per offer and list."""
+        if self._ranked_for is costs:
+            return
+        ordered = sorted(
+            self.offers,
+            key=lambda o: (
+                private_tier(o, costs.policy),
+                o.price_factor / costs.snapshot_speed(o.view.gpu_type),
+                o.price_factor,
+                o.kind_rank,
+                o.search_key,
+            ),
+        )
+        for rank, offer in enumerate(ordered):
+            offer.work_rank = rank
+        self._ranked_for = costs
+
     def by_work_price(
         self,
         gpu_types: Iterable[GpuType],
@@ -444,16 +474,8 @@ class Inventory:
         types = tuple(sorted(set(gpu_types)))
         found = self._by_work_price.get((types, allow_spot))
         if found is None:
-            found = sorted(
-                self.search_order(types, allow_spot),
-                key=lambda o: (
-                    private_tier(o, costs.policy),
-                    o.price_factor / costs.snapshot_speed(o.view.gpu_type),
-                    o.price_factor,
-                    o.kind_rank,
-                    o.search_key,
-                ),
-            )
+            self._rank_by_work_price(costs)
+            found = sorted(self.search_order(types, allow_spot), key=_WORK_RANK)
             self._by_work_price[(types, allow_spot)] = found
         self._by_work_price[(given, allow_spot)] = found
         return found
