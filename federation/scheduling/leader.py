@@ -225,12 +225,15 @@ class LeaderElection:
     async def resign(self) -> None:
         """Stop leading and free the key at once (revoking the lease deletes it) for a standby. No
         refresher, task or thread, is left once it returns."""
+        # A refresher that lost the lease has revoked it already (or etcd was away, and it runs out
+        # by itself): not a second time, which with etcd away would cost a second deadline.
+        given_back = self._lost.is_set() or (self._keeper is not None and self._keeper.gave_up)
         await self._stop_refreshing()
         lease, self._lease = self._lease, 0
         was_leader = self._fence is not None
         self._fence = None
         self._lost.set()
-        if lease:
+        if lease and not given_back:
             with contextlib.suppress(StoreUnavailable):
                 await self._kv.revoke_lease(lease)
         if was_leader:
