@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import ssl
@@ -64,6 +65,7 @@ from federation.scheduling.compactor import DEFAULT_RETENTION_S as COMPACTION_RE
 from federation.scheduling.compactor import Compactor
 from federation.scheduling.dispatch_backoff import ClusterRefusing, refusing_clusters
 from federation.scheduling.leader import DEFAULT_LEASE_TTL_S, LeaderElection
+from federation.scheduling.lease_keeper import keeper_timeout_s
 from federation.scheduling.logs_keep import AttemptKeeper
 from federation.scheduling.members import MemberClusters
 from federation.scheduling.reconciler import Reconciler
@@ -489,8 +491,12 @@ class FederationServer:
                 self._kv,
                 cfg.identity,
                 ttl_s=cfg.lease_ttl_s,
-                # Refreshed from a thread with its own client, so that a stalled loop keeps the lease.
-                refresh_kv=self._kv.twin,
+                # Refreshed from a thread with its own client, so that a stalled loop keeps the lease;
+                # with several etcd members, one that hangs costs a refresh a third of the TTL at most.
+                refresh_kv=functools.partial(
+                    self._kv.twin,
+                    timeout_s=keeper_timeout_s(cfg.lease_ttl_s, self._kv.timeout_s, members=self._kv.members),
+                ),
                 stall_limit_s=cfg.lease_stall_limit_s,
             )
             self._leader_task = asyncio.create_task(self._lead(scheduler, reconciler), name="gpufed-leader")

@@ -52,6 +52,25 @@ log = structlog.get_logger(__name__)
 
 # `gpufed serve --lease-stall-limit-s` unless given: see the module's docstring for why 10.
 DEFAULT_STALL_LIMIT_S = 10.0
+
+
+def keeper_timeout_s(ttl_s: int, timeout_s: float, *, members: int) -> float:
+    """The deadline for each etcd member's answer to the keeper's calls.
+
+    The server's client waits `timeout_s` (`gpufed serve --etcd-timeout-s`, 5 s by default) for a
+    member before it tries the next. A member that hangs rather than refuses (stopped, partitioned,
+    its disk stuck) then holds a refresh that long, past a 3 s lease, though other members would have
+    answered at once. With several members the keeper waits at most a third of the TTL (its refresh
+    period) for each: a refresh caught by a hung member moves on in time for the next member's answer
+    to land two thirds of a TTL after the last one, a third before the lease would run out.
+    With one member there is nowhere to move on to, and a shorter deadline would only cut off a slow
+    answer that still lands in time (at a load of 30 a refresh took a second): the client's own then.
+    """
+    if members < 2:
+        return timeout_s
+    return min(timeout_s, ttl_s / 3)
+
+
 # How long `stop` waits for the thread: a stop cancels its refresh at once, but a thread that has lost
 # the lease first revokes it, which takes at most the client's deadline on each member.
 _STOP_WAIT_S = 15.0

@@ -176,12 +176,24 @@ class EtcdKv:
             raise
         return kv
 
-    def twin(self) -> EtcdKv:
+    def twin(self, *, timeout_s: float | None = None) -> EtcdKv:
         """A second client of the same members (endpoints, TLS and certificates, deadline and channel
-        options as this one), on channels of its own. Call it on the event loop that will use it:
-        it connects there, on its first call. The leader's lease keeper (`federation.scheduling.
-        lease_keeper`) refreshes the lease through one from a thread of its own."""
-        return EtcdKv([c.twin() for c in self._clients], self._timeout_s)
+        options as this one; `timeout_s`, if given, is its deadline for each member's answer instead),
+        on channels of its own. Call it on the event loop that will use it: it connects there, on its
+        first call. The leader's lease keeper (`federation.scheduling.lease_keeper`) refreshes the
+        lease through one from a thread of its own, with a deadline its lease can afford."""
+        deadline = self._timeout_s if timeout_s is None else timeout_s
+        return EtcdKv([c.twin(timeout_s=deadline) for c in self._clients], deadline)
+
+    @property
+    def members(self) -> int:
+        """How many members this client knows: calls move on to the next when one does not answer."""
+        return len(self._clients)
+
+    @property
+    def timeout_s(self) -> float:
+        """The deadline for each member's answer."""
+        return self._timeout_s
 
     @property
     def current_endpoint(self) -> str:

@@ -120,11 +120,13 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         self.endpoint = endpoint
         self._tls = tls
 
-    def twin(self) -> EndpointClient:
-        """A client of the same member, with the same TLS, deadline and channel options, that has not
-        connected yet: a gRPC channel serves the event loop it was made on, so a client for another
-        loop (the leader's lease keeper, in a thread of its own) is made, and connects, there."""
-        return EndpointClient(self.endpoint, tls=self._tls, timeout_s=self._timeout, options=self._options)
+    def twin(self, *, timeout_s: float | None = None) -> EndpointClient:
+        """A client of the same member, with the same TLS, deadline (unless `timeout_s` says another)
+        and channel options, that has not connected yet: a gRPC channel serves the event loop it was
+        made on, so a client for another loop (the leader's lease keeper, in a thread of its own) is
+        made, and connects, there."""
+        deadline = self._timeout if timeout_s is None else timeout_s
+        return EndpointClient(self.endpoint, tls=self._tls, timeout_s=deadline, options=self._options)
 
     async def connect(self) -> None:
         """As aetcd's connect (stubs and watcher on a fresh channel), the channel secure with TLS."""
