@@ -213,6 +213,7 @@ def test_the_config_is_one_gpufed_loads(renders: dict[str, Render], example: str
         (("networkPolicy.memberApiServers.cidrs={not-a-cidr}",), "networkPolicy.memberApiServers.cidrs.0"),
         (("image.digest=latest",), "image.digest"),
         (("server.leaseTtlS=1",), "server.leaseTtlS"),
+        (("server.leaseStallLimitS=1",), "server.leaseStallLimitS"),
         (("config.clsuters={}",), "clsuters"),
     ],
     ids=lambda v: v[0] if isinstance(v, tuple) else v,
@@ -224,6 +225,16 @@ def test_the_schema_refuses_bad_values_naming_the_field(
     assert result.code != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert field in result.stderr, result.stderr
+
+
+def test_the_lease_s_stall_limit_is_gpufed_s_own_unless_set_and_then_passed_as_serve_takes_it() -> None:
+    plain = template(_example("single-sqlite"))
+    assert not any(a.startswith("--lease-stall-limit-s") for a in _server_container(plain)["args"])
+    asked = template(_example("single-sqlite"), sets=("server.leaseTtlS=5", "server.leaseStallLimitS=15"))
+    args = _server_container(asked)["args"]
+    assert "--lease-stall-limit-s=15" in args[args.index("serve") + 1 :]
+    parsed = CliRunner().invoke(cli, [*args, "--help"])
+    assert parsed.exit_code == 0, parsed.output
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ spec:
             - --role={{ . }}
             {{- end }}
             {{- /* null: gpufed's own default; 0 is a value (no limit), so test for null, not falsy. */}}
-            {{- range $flag, $key := dict "read-rate-per-s" "readRatePerS" "lease-ttl-s" "leaseTtlS" "etcd-timeout-s" "etcdTimeoutS" }}
+            {{- range $flag, $key := dict "read-rate-per-s" "readRatePerS" "lease-ttl-s" "leaseTtlS" "lease-stall-limit-s" "leaseStallLimitS" "etcd-timeout-s" "etcdTimeoutS" }}
             {{- $value := get $v.server $key }}
             {{- if not (kindIs "invalid" $value) }}
             - --{{ $flag }}={{ $value }}
