@@ -4,17 +4,14 @@ world of the integration tests that count the calls a gang costs (issue 33)."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import config as k8s_config
 
 from clusters.kubernetes import KubernetesBackend
-from tests.contract.conftest import POOLS, kube_config
-from tests.contract.simulated import running_sim
+from tests.integration.test_kubernetes_backend import open_world
 
 SETUP_CALLS = ("create_namespace", "label_namespace", "create_queue", "delete_secret", "delete_service")
 
@@ -38,16 +35,8 @@ class Counted:
 
 async def sim_backend(tmp_path: Path, *, volcano: bool) -> AsyncIterator[tuple[KubernetesBackend, Any]]:
     """A synced backend on a simulated cluster (Volcano or Indexed Jobs), and an official client of it."""
-    async with running_sim(tmp_path, POOLS, volcano=volcano) as (_, kubeconfig):
-        config = kube_config("sim", kubeconfig)
-        settings = dataclasses.replace(config.settings, use_volcano=None if volcano else False)
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        try:
-            async with KubernetesBackend(dataclasses.replace(config, settings=settings)) as backend:
-                assert await backend.wait_synced()
-                yield backend, api
-        finally:
-            api.close()
+    async for world in open_world(tmp_path, volcano=volcano):
+        yield world.backend, world.api
 
 
 @pytest.fixture(params=["indexed", "volcano"], name="world")
