@@ -79,7 +79,8 @@ def fit_replicas(replica_gpus: Sequence[int], free_gpus_per_node: Sequence[int])
     return tuple(taken)
 
 
-@dataclass(frozen=True, slots=True)
+# Its own `__init__`, compiled to struct writes: made per gang (see `placement.model_plan`'s text).
+@dataclass(frozen=True, slots=True, init=False)
 class HistogramFit:
     """Where a gang would go in a `FreeHistogram`, and how tightly it packs there."""
 
@@ -88,6 +89,16 @@ class HistogramFit:
     nodes_touched: int
     # GPUs left free on the nodes the gang uses: capacity the gang fragments.
     stranded_gpus: int
+
+    def __init__(
+        self,
+        moves: tuple[tuple[int, int], ...],
+        nodes_touched: int,
+        stranded_gpus: int,
+    ) -> None:
+        object.__setattr__(self, "moves", moves)
+        object.__setattr__(self, "nodes_touched", nodes_touched)
+        object.__setattr__(self, "stranded_gpus", stranded_gpus)
 
     @property
     def packing_key(self) -> tuple[int, int]:

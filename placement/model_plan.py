@@ -3,6 +3,14 @@
 Federation applies a `Plan` (commits admissions, evicts victims, hands capacity requests to the
 provisioner) and stores each waiting job's reasons for `explain`. Every type is a frozen value, so a
 plan compares equal to the plan of an equal snapshot.
+
+The values a cycle makes per gang (`WaitReason`, `Admission` and what it holds, `Preemption`; in the
+placer `HistogramFit`, `VictimChoice`, `_Fit`, `_Miss`) are declared `init=False` with an `__init__`
+written out: compiled, the dataclass's generated `__init__` is a Python function (making a
+`WaitReason` by it took about 15,000 instructions), where this one's `object.__setattr__` calls
+compile to struct writes. Its parameters are the fields the dataclass would take, in order, with the
+same defaults (`tests/unit/test_placement_values.py`); equality, hashing and the rest are still the
+dataclass's.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from placement.model_waiting import Explanation as Explanation
 from placement.model_waiting import Waiting as Waiting
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Alternative:
     """An offer the placer weighed against the one it chose."""
 
@@ -29,8 +37,22 @@ class Alternative:
     usd_per_gpu_hour: float
     expected_cost_usd: float
 
+    def __init__(
+        self,
+        cluster: ClusterName,
+        gpu_type: GpuType,
+        kind: CapacityKind,
+        usd_per_gpu_hour: float,
+        expected_cost_usd: float,
+    ) -> None:
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "gpu_type", gpu_type)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "usd_per_gpu_hour", usd_per_gpu_hour)
+        object.__setattr__(self, "expected_cost_usd", expected_cost_usd)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Choice:
     """Why an admission went where it went: the figures `placement.explain.admitted` words for
     `explain` of a running job (price, type, data, and what it beat)."""
@@ -54,8 +76,32 @@ class Choice:
     # digests hash (tests/unit/test_plan_cycles.py): the words of `explain` carry it.
     spot_lost_work_h: float | None = field(default=None, repr=False)
 
+    def __init__(
+        self,
+        speed: float,
+        run_hours: float,
+        dataset: str | None,
+        dataset_store: str | None,
+        cluster_store: str | None,
+        egress_usd: float,
+        transfer_s: float,
+        runner_up: Alternative | None,
+        cheaper_full: Alternative | None,
+        spot_lost_work_h: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "speed", speed)
+        object.__setattr__(self, "run_hours", run_hours)
+        object.__setattr__(self, "dataset", dataset)
+        object.__setattr__(self, "dataset_store", dataset_store)
+        object.__setattr__(self, "cluster_store", cluster_store)
+        object.__setattr__(self, "egress_usd", egress_usd)
+        object.__setattr__(self, "transfer_s", transfer_s)
+        object.__setattr__(self, "runner_up", runner_up)
+        object.__setattr__(self, "cheaper_full", cheaper_full)
+        object.__setattr__(self, "spot_lost_work_h", spot_lost_work_h)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Admission:
     """A decision to run a job's whole gang on one cluster, on one GPU type, at one price."""
 
@@ -69,6 +115,24 @@ class Admission:
     # Why there (None: not recorded). Not part of the decision's equality: it only explains it.
     choice: Choice | None = field(default=None, compare=False)
 
+    def __init__(
+        self,
+        job_id: JobId,
+        cluster: ClusterName,
+        gpu_type: GpuType,
+        kind: CapacityKind,
+        usd_per_gpu_hour: float,
+        expected_cost_usd: float = 0.0,
+        choice: Choice | None = None,
+    ) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "gpu_type", gpu_type)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "usd_per_gpu_hour", usd_per_gpu_hour)
+        object.__setattr__(self, "expected_cost_usd", expected_cost_usd)
+        object.__setattr__(self, "choice", choice)
+
 
 class PreemptionReason(StrEnum):
     # The victim's tenant borrows capacity that the preemptor's tenant is guaranteed.
@@ -80,7 +144,7 @@ class PreemptionReason(StrEnum):
     TENANT_CAP = "tenant_cap"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Preemption:
     """Evict a whole running gang so that `for_job` fits; the victim is requeued at its old position."""
 
@@ -94,6 +158,28 @@ class Preemption:
     for_job: JobId
     # Queue position to requeue the victim at: its original queue time, not the eviction time.
     requeue_queued_at_s: float
+
+    def __init__(
+        self,
+        victim: JobId,
+        tenant: TenantId,
+        cluster: ClusterName,
+        gpu_type: GpuType,
+        gpu_count: int,
+        reason: PreemptionReason,
+        grace_period_s: float,
+        for_job: JobId,
+        requeue_queued_at_s: float,
+    ) -> None:
+        object.__setattr__(self, "victim", victim)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "gpu_type", gpu_type)
+        object.__setattr__(self, "gpu_count", gpu_count)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "grace_period_s", grace_period_s)
+        object.__setattr__(self, "for_job", for_job)
+        object.__setattr__(self, "requeue_queued_at_s", requeue_queued_at_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +236,7 @@ class WaitCode(StrEnum):
     RESERVED = "reserved"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class WaitReason:
     """One reason, with the figures behind it where there are some (None: does not apply)."""
 
@@ -169,6 +255,32 @@ class WaitReason:
     largest_free_node_gpus: int | None = None
     # A time that matters: approval expiry, end of the wait for private capacity, reserved start.
     at_s: float | None = None
+
+    def __init__(
+        self,
+        code: WaitCode,
+        message: str,
+        cluster: ClusterName | None = None,
+        gpu_type: GpuType | None = None,
+        tenant: TenantId | None = None,
+        limit_gpus: int | None = None,
+        held_gpus: int | None = None,
+        needed_gpus: int | None = None,
+        free_gpus: int | None = None,
+        largest_free_node_gpus: int | None = None,
+        at_s: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "gpu_type", gpu_type)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "limit_gpus", limit_gpus)
+        object.__setattr__(self, "held_gpus", held_gpus)
+        object.__setattr__(self, "needed_gpus", needed_gpus)
+        object.__setattr__(self, "free_gpus", free_gpus)
+        object.__setattr__(self, "largest_free_node_gpus", largest_free_node_gpus)
+        object.__setattr__(self, "at_s", at_s)
 
 
 @dataclass(frozen=True, slots=True)

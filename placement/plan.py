@@ -132,7 +132,8 @@ def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], 
     )
 
 
-@dataclass(slots=True)
+# Its own `__init__`, compiled to struct writes: made per gang (see `placement.model_plan`'s text).
+@dataclass(slots=True, init=False)
 class _Fit:
     offer: Offer
     placed: HistogramFit
@@ -141,14 +142,38 @@ class _Fit:
     runner_up: tuple[Offer, float] | None = None
     full: Offer | None = None
 
+    def __init__(
+        self,
+        offer: Offer,
+        placed: HistogramFit,
+        cost_usd: float,
+        runner_up: tuple[Offer, float] | None = None,
+        full: Offer | None = None,
+    ) -> None:
+        self.offer = offer
+        self.placed = placed
+        self.cost_usd = cost_usd
+        self.runner_up = runner_up
+        self.full = full
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class _Miss:
     # Nothing fits for lack of free GPUs (not a deadline, a reservation or a choice to wait).
     capacity_only: bool
     notes: Sequence[WaitReason] = ()
     # The gang chose to wait (for private capacity): try no other type and make no room.
     stop: bool = False
+
+    def __init__(
+        self,
+        capacity_only: bool,
+        notes: Sequence[WaitReason] = (),
+        stop: bool = False,
+    ) -> None:
+        self.capacity_only = capacity_only
+        self.notes = notes
+        self.stop = stop
 
 
 # Offers looked at past the chosen one for the runner-up that `explain` names.
