@@ -97,6 +97,34 @@ class Pinning:
             or self.exclude_clouds
         )
 
+    # The dataclass's equality and hash, written out (the dataclass leaves a class's own): compiled,
+    # the generated ones are Python functions, and every gang's decision key holds its rules, hashed
+    # and compared as the cycle numbers kinds. The same values (`test_placement_values`).
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Pinning:
+            return NotImplemented
+        assert isinstance(other, Pinning)
+        return (
+            self.clusters == other.clusters
+            and self.exclude_clusters == other.exclude_clusters
+            and self.regions == other.regions
+            and self.exclude_regions == other.exclude_regions
+            and self.clouds == other.clouds
+            and self.exclude_clouds == other.exclude_clouds
+        )
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.clusters,
+                self.exclude_clusters,
+                self.regions,
+                self.exclude_regions,
+                self.clouds,
+                self.exclude_clouds,
+            )
+        )
+
     def allows(self, cluster: str, region: str, cloud: str) -> bool:
         # Tested in place, with no pairs built per call: asked for every cluster of every distinct
         # rule in each cycle (`Inventory.eligible`).

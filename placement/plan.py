@@ -64,6 +64,7 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.model_plan import explained_wait, reasoned_wait
 from placement.quota import QuotaBook
 from placement.reasons import GangExplanation, Tables
 from placement.repatriate import choose_moves
@@ -430,7 +431,7 @@ class _Cycle:
         self.room.ordered.release(gang.job_id)
         gates = self._gates(gang)
         if gates:
-            self.waiting.append(Waiting(gang.job_id, tuple(gates)))
+            self.waiting.append(reasoned_wait(gang.job_id, tuple(gates)))
             return
         ctx = GangCost(self.costs, gang)
         shape = self.shapes.get(gang.replica_gpus)
@@ -799,9 +800,9 @@ class _Cycle:
         single = len(types) == 1 and not quota and not missing and not ruled_out
         if single and not notes and not fits_now:
             # The common case of a long queue: the type's table is the whole explanation.
-            return Waiting.explained(gang.job_id, parts[0][1])
+            return explained_wait(gang.job_id, parts[0][1])
         explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single, ruled_out)
-        return Waiting.explained(gang.job_id, explanation)
+        return explained_wait(gang.job_id, explanation)
 
     def _head(
         self, types: tuple[GpuType, ...], within: frozenset[ClusterName] | None, pinned: bool, uniform: bool

@@ -26,7 +26,7 @@ import pytest
 
 from placement.fit import HistogramFit
 from placement.inventory import Inventory, Offer
-from placement.model import CapacityKind, ClusterName, GpuType, JobId, TenantId
+from placement.model import CapacityKind, ClusterName, GpuType, JobId, Pinning, TenantId
 from placement.model_plan import (
     Admission,
     Alternative,
@@ -36,9 +36,10 @@ from placement.model_plan import (
     WaitCode,
     WaitReason,
 )
-from placement.plan import _Fit, _Miss
+from placement.plan import _Fit, _Miss, plan
 from placement.preempt import VictimChoice
 from tests.unit.placement_builders import ClusterBuilder, SnapshotBuilder
+from tests.unit.plan_cycles import bench_cycles
 
 MODULES = ("fit", "model_plan", "plan", "preempt")
 
@@ -159,3 +160,50 @@ def test_the_models_values_still_compare_copy_and_pickle() -> None:
         assert pickle.loads(pickle.dumps(value)) == value
         assert copy.deepcopy(value) == value
         assert repr(copy.deepcopy(value)) == repr(value)
+
+
+def test_waits_made_by_the_compiled_placer_are_the_waits_waiting_makes() -> None:
+    """`explained_wait` and `reasoned_wait` write `Waiting`'s slots through their descriptors (no
+    interpreted call): the same wait as `Waiting.explained` and `Waiting(...)`, slot for slot, still
+    immutable, equal, hashed and pickled as one."""
+    from placement.model_plan import Waiting, explained_wait, reasoned_wait
+
+    (_, _, decided), *_ = bench_cycles(300, 1, lambda s, now: plan(s, now=now))
+    explained = [w for w in decided.waiting if w._explanation is not None]
+    assert explained
+    for wait in explained[:50]:
+        assert wait._explanation is not None
+        made = explained_wait(wait.job_id, wait._explanation)
+        before = Waiting.explained(wait.job_id, wait._explanation)
+        assert type(made) is Waiting
+        assert (made.job_id, made._reasons, made._explanation) == (before.job_id, None, before._explanation)
+        assert made.key == before.key
+        assert made == before
+        assert made.reasons == before.reasons == wait.reasons
+        assert hash(made) == hash(before)
+        assert pickle.loads(pickle.dumps(made)) == made
+    made = reasoned_wait(JobId("j"), (REASON,))
+    assert (made.job_id, made._reasons, made._explanation) == ("j", (REASON,), None)
+    assert made == Waiting(JobId("j"), (REASON,))
+    assert made.key == (REASON,)
+    with pytest.raises(AttributeError):
+        made.job_id = JobId("other")
+
+
+def test_rules_compare_and_hash_as_the_dataclass_did() -> None:
+    """`Pinning`'s own `__eq__` and `__hash__` (compiled: the generated ones are Python functions):
+    equal exactly when every list is, hashed as the tuple of its lists (the dataclass's hash, so sets
+    and dicts of rules hold the same order as before), and not equal to another class's value."""
+    names = [f.name for f in dataclasses.fields(Pinning)]
+    rules = Pinning(("a",), ("b",), ("eu",), ("us",), ("aws",), ("gcp",))
+    assert hash(rules) == hash(tuple(getattr(rules, n) for n in names))
+    assert hash(Pinning()) == hash(((),) * len(names))
+    twin = Pinning(*[tuple(getattr(rules, n)) for n in names])
+    assert twin == rules
+    assert hash(twin) == hash(rules)
+    for name in names:
+        other = dataclasses.replace(rules, **{name: ("z",)})
+        assert other != rules
+    assert rules != tuple(getattr(rules, n) for n in names)
+    assert rules.__eq__(object()) is NotImplemented
+    assert {rules: 1}[twin] == 1
