@@ -94,7 +94,6 @@ _BULK_PER_KIND = 1
 _QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
 _QUEUED_AT = attrgetter("queued_at_s")
 _DECISION_KEY = attrgetter("decision_key")
-_TENANT = attrgetter("tenant")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -248,15 +247,19 @@ class _Cycle:
         # is reused during the cycle.
         queued = snapshot.queued if reuse else ()
         keys = list(map(_DECISION_KEY, queued))
-        per_object = Counter(map(id, keys))
-        samples = dict(zip(map(id, keys), queued, strict=True))
+        ids = list(map(id, keys))
+        samples = dict(zip(ids, queued, strict=True))
+        # Gangs per key object. Where no key object is queued twice (requests made apart, as the
+        # benchmark's), every one counts one gang and none is repeated: no count is made (a
+        # `Counter` counts through its Python-level methods, a tenth of this setup).
+        per_object: dict[int, int] = {} if len(samples) == len(ids) else Counter(ids)
         # Equal keys hash equal, so a key object queued once whose hash no other key object shares is
         # a kind of one gang: it is left unnumbered without going through the dict of values. Each
         # distinct key is hashed once, and the kinds of one gang are picked out, by C-level calls; a
         # steady cycle's queue is nearly all such gangs, and putting each one's 22-field key in the
         # dict of values was most of this setup.
         hashes = list(map(hash, map(_DECISION_KEY, samples.values())))
-        shared = {h for h, n in Counter(hashes).items() if n > 1}
+        shared = _repeated(hashes)
         repeated = set(compress(per_object, map(gt, per_object.values(), repeat(1))))
         maybe = list(map(or_, map(repeated.__contains__, samples), map(shared.__contains__, hashes)))
         by_value: dict[tuple[object, ...], int] = {}
@@ -269,7 +272,7 @@ class _Cycle:
             if kind == len(counts):
                 counts.append(0)
                 self._kind_gangs.append(sample)
-            counts[kind] += per_object[object_id]
+            counts[kind] += per_object.get(object_id, 1)
             object_kind[object_id] = kind
         self._kind_by_object = {o: k for o, k in object_kind.items() if counts[k] > 1}
         self._carried = self.room.ordered.carried()
@@ -285,9 +288,9 @@ class _Cycle:
         self._unnumbered_left: dict[TenantId, int] = {}
         if numbered:
             # The kinds of one gang passed over above, counted by tenant at C level.
-            left = self._unnumbered_left = dict(
-                Counter(map(_TENANT, compress(samples.values(), map(not_, maybe))))
-            )
+            left = self._unnumbered_left = {}
+            for unnumbered in compress(samples.values(), map(not_, maybe)):
+                left[unnumbered.tenant] = left.get(unnumbered.tenant, 0) + 1
             for kind, count in enumerate(counts):
                 tenant = self._kind_gangs[kind].tenant
                 if count > 1:
@@ -833,6 +836,19 @@ class _Cycle:
             if ruled_out:
                 head = (*head, _ruled_out(pinned, uniform, sorted(ruled_out)))
         return head, bool(missing), ruled_out
+
+
+def _repeated(values: list[int]) -> set[int]:
+    """The values the list holds more than once (a compiled loop over two sets: a `Counter` counted
+    through its Python-level methods)."""
+    seen: set[int] = set()
+    again: set[int] = set()
+    for value in values:
+        if value in seen:
+            again.add(value)
+        else:
+            seen.add(value)
+    return again
 
 
 def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
