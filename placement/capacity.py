@@ -10,6 +10,7 @@ Placement sees the new nodes only as inventory in a later snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 
 from placement.model import CapacityKind, ClusterName, GpuType, ScalablePool
 
@@ -34,10 +35,21 @@ def nodes_needed(shape: tuple[int, ...], gpus_per_node: int) -> int | None:
 class Growth:
     """The cycle's scalable pools and what it has asked of them so far."""
 
-    def __init__(self, pools: Sequence[tuple[ClusterName, ScalablePool]]) -> None:
+    def __init__(
+        self,
+        pools: Sequence[tuple[ClusterName, ScalablePool]],
+        static_key: Callable[[ScalablePool], float] | None = None,
+    ) -> None:
+        """`static_key`: a pool's price per unit of work, which orders pools as the cost does for a
+        gang whose cost orders them so (`choose`'s `static`)."""
         self._by_type: dict[GpuType, list[tuple[ClusterName, ScalablePool]]] = {}
         for cluster, pool in pools:
             self._by_type.setdefault(pool.gpu_type, []).append((cluster, pool))
+        self._pools = list(pools)
+        self._static_key = static_key
+        # Every pool by (static key, cluster, name), ranked once when first asked (`_in_order`).
+        self._ranked: list[tuple[ClusterName, ScalablePool]] | None = None
+        self._ranked_exact = False
         self._asked: dict[tuple[ClusterName, str], int] = {}
         # Pools with no room left are dropped from the lists searched: room only shrinks in a cycle, and
         # a pool without room holds no gang. Late in a busy cycle most pools are full. `_filled` counts
@@ -59,19 +71,19 @@ class Growth:
         gpu_types: tuple[GpuType, ...],
         allow_spot: bool,
         cost: Callable[[ClusterName, ScalablePool], float | None],
-        static_key: Callable[[ScalablePool], float] | None = None,
+        static: bool = False,
     ) -> tuple[ClusterName, ScalablePool, int] | None:
         """The cheapest pool of these types that can grow by enough nodes for the gang.
 
         `cost` gives a pool's expected cost for the gang, or None when it is unusable (deadline missed).
-        `static_key`, when the gang's cost orders pools as it does (price per unit of work), lets the
-        search take the first pool in that order that has room.
+        `static`, when the gang's cost orders pools as the growth's static key does (price per unit of
+        work), lets the search take the first pool in that order that has room.
         """
         key = (shape, gpu_types, allow_spot)
         if key in self._hopeless:
             return None
-        if static_key is not None:
-            return self._first_in_order(key, static_key, cost)
+        if static and self._static_key is not None:
+            return self._first_in_order(key, self._static_key, cost)
         best: tuple[ClusterName, ScalablePool, int] | None = None
         best_key: tuple[float, str, str] | None = None
         roomy = False
@@ -105,15 +117,7 @@ class Growth:
         shape, gpu_types, allow_spot = key
         order = self._orders.get((gpu_types, allow_spot))
         if order is None:
-            order = self._orders[(gpu_types, allow_spot)] = sorted(
-                (
-                    (cluster, pool)
-                    for gpu_type in gpu_types
-                    for cluster, pool in self._by_type.get(gpu_type, ())
-                    if allow_spot or pool.kind is not CapacityKind.SPOT
-                ),
-                key=lambda item: (static_key(item[1]), item[0], item[1].name),
-            )
+            order = self._orders[(gpu_types, allow_spot)] = self._in_order(gpu_types, allow_spot, static_key)
         roomy = False
         for cluster, pool in self._pruned(order):
             nodes = self._nodes_needed(shape, pool.gpus_per_node)
@@ -125,6 +129,38 @@ class Growth:
         if not roomy:
             self._hopeless.add(key)
         return None
+
+    def _in_order(
+        self, gpu_types: tuple[GpuType, ...], allow_spot: bool, static_key: Callable[[ScalablePool], float]
+    ) -> list[tuple[ClusterName, ScalablePool]]:
+        """The pools of these types (spot ones only if allowed) by (static key, cluster, name).
+
+        Taken from every pool ranked once, where each list of types sorted its pools, working out each
+        pool's key per list (a steady cycle makes hundreds of lists). Where two pools' keys tie (a
+        pool named twice in a cluster) or a key is not a number, or the types repeat, each list is
+        sorted as before, whose order then depends on the list's own order of types."""
+        ranked = self._ranked
+        if ranked is None:
+            items = self._pools
+            keys = [(static_key(p), c, p.name) for c, p in items]
+            order = sorted(range(len(items)), key=keys.__getitem__)
+            in_order = [keys[i] for i in order]
+            exact = all(a < b for a, b in pairwise(in_order)) and all(k[0] == k[0] for k in keys)
+            ranked = self._ranked = [items[i] for i in order] if exact else []
+            self._ranked_exact = exact
+        wanted = set(gpu_types)
+        if self._ranked_exact and len(wanted) == len(gpu_types):
+            spot = CapacityKind.SPOT
+            return [(c, p) for c, p in ranked if p.gpu_type in wanted and (allow_spot or p.kind is not spot)]
+        return sorted(
+            (
+                (cluster, pool)
+                for gpu_type in gpu_types
+                for cluster, pool in self._by_type.get(gpu_type, ())
+                if allow_spot or pool.kind is not CapacityKind.SPOT
+            ),
+            key=lambda item: (static_key(item[1]), item[0], item[1].name),
+        )
 
     def _nodes_needed(self, shape: tuple[int, ...], gpus_per_node: int) -> int | None:
         # Kept per shape, then per node size: a search asks for one shape across every pool, and a

@@ -99,7 +99,7 @@ class Room:
                 self.evictable_tenants.setdefault(gpu_type, set()).add(tenant)
         # Gangs evicted for a queued gang by an earlier cycle: theirs and their GPUs are that gang's.
         self.ordered = OrderedEvictions(snapshot, inventory, self.running)
-        self.growth = Growth(inventory.scalable)
+        self.growth = Growth(inventory.scalable, self._pool_work_price)
         # With `PolicyConfig.private_rate_sunk`, the GPU types whose private GPUs gangs with a dearer
         # cloud alternative want: some run on demand in a cloud now, or waited for them earlier in this
         # cycle. A gang whose wait only the sunk internal rate makes worth anything (spot priced under
@@ -660,9 +660,7 @@ class Room:
     def _grown(
         self, ctx: GangCost, shape: tuple[int, ...], group: tuple[GpuType, ...]
     ) -> tuple[ClusterName, ScalablePool, int, float] | None:
-        static = None
-        if ctx.static_order and ctx.gang.deadline_at_s is None:
-            static = self._pool_work_price
+        static = ctx.static_order and ctx.gang.deadline_at_s is None
         within = self.inventory.eligible(ctx.gang)
 
         def pool_cost(cluster: ClusterName, pool: ScalablePool) -> float | None:

@@ -9,6 +9,9 @@ with the answer worked out afresh on the same state.
 - `FairOrder` keeps the heap's top when the tenant just served still goes before both its children:
   the order is the one a plain walk gives (each step, the least of the tenants' entries, the
   served tenant's read afresh), with standings that move as gangs are handed out.
+- `Growth` ranks every scalable pool once by its price per unit of work and takes each list of
+  types' pools from that ranking: the order sorting each list gives, with ties (a pool named twice
+  in a cluster), repeated types and spot pools among them.
 - `_Cycle` numbers only the kinds that may be queued more than once (by a count of the keys'
   hashes): the same kinds as numbering every key by value.
 
@@ -26,15 +29,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.placer_scenario import NOW, build
+from placement.capacity import Growth
 from placement.fairshare import Entry, FairOrder, FairShare
 from placement.inventory import Inventory
 from placement.model import (
+    CapacityKind,
+    ClusterName,
     GangRequest,
     GpuQuota,
     GpuType,
     JobId,
     Pinning,
     PolicyConfig,
+    ScalablePool,
     TenantId,
     TenantQuota,
 )
@@ -240,3 +247,45 @@ def test_kinds_are_those_numbering_every_key_by_value_gives() -> None:
     # The scenario as built: its few equal gangs (if any) are its only kinds.
     alone = _Cycle(snapshot, NOW)
     assert _kinds(alone, snapshot.queued) == _kinds_by_value(snapshot.queued)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_pools_ranked_once_are_in_each_lists_sorted_order(seed: int) -> None:
+    rng = random.Random(seed)
+    types = [GpuType(t) for t in ("A100", "H100", "L4", "B200")]
+    pools = []
+    for index in range(rng.randint(0, 30)):
+        # Few names and prices, so that keys tie now and then (the same name twice in a cluster).
+        pool = ScalablePool(
+            name=f"pool-{rng.randint(0, 3)}",
+            gpu_type=rng.choice(types),
+            kind=rng.choice(list(CapacityKind)),
+            usd_per_gpu_hour=rng.choice((1.0, 2.0, 2.5)),
+            gpus_per_node=8,
+            node_count=0,
+            max_nodes=rng.randint(0, 4),
+            restart_risk_per_hour=rng.choice((0.0, 0.1)),
+        )
+        pools.append((ClusterName(f"c{rng.randint(0, 3 if index % 2 else 30)}"), pool))
+    speed = {t: rng.choice((1.0, 2.0)) for t in types}
+
+    def work_price(pool: ScalablePool) -> float:
+        return pool.usd_per_gpu_hour * (1.0 + pool.restart_risk_per_hour) / speed[pool.gpu_type]
+
+    growth = Growth(pools, work_price)
+    for _ in range(20):
+        asked = tuple(rng.sample(types, rng.randint(1, 4)))
+        if rng.random() < 0.2:
+            asked = (*asked, asked[0])
+        spot = rng.random() < 0.5
+        plain = sorted(
+            (
+                (cluster, pool)
+                for gpu_type in asked
+                for cluster, pool in pools
+                if pool.gpu_type == gpu_type and (spot or pool.kind is not CapacityKind.SPOT)
+            ),
+            key=lambda item: (work_price(item[1]), item[0], item[1].name),
+        )
+        assert growth._in_order(asked, spot, work_price) == plain
