@@ -210,6 +210,9 @@ class _Cycle:
         self.families = dict(snapshot.gpu_families)
         self._placeable = set(self.inventory.by_type) | {p.gpu_type for _, p in self.inventory.scalable}
         self._offered_types: dict[tuple[GpuType, ...], tuple[GpuType, ...]] = {}
+        # Each gang's list of types without repeats, kept per list (a queue holds a few hundred lists):
+        # `dict.fromkeys` and a tuple per gang cost ten times the lookup.
+        self._distinct_types: dict[tuple[GpuType, ...], tuple[GpuType, ...]] = {}
         # `_explain`'s heads, per (types, clusters allowed, pinned, uniform): see `_head`.
         self._heads: dict[
             tuple[tuple[GpuType, ...], frozenset[ClusterName] | None, bool, bool],
@@ -440,7 +443,9 @@ class _Cycle:
         shape = self.shapes.get(gang.replica_gpus)
         if shape is None:
             shape = self.shapes[gang.replica_gpus] = gang_shape(gang.replica_gpus)
-        types = tuple(dict.fromkeys(gang.gpu_types))
+        types = self._distinct_types.get(gang.gpu_types)
+        if types is None:
+            types = self._distinct_types[gang.gpu_types] = tuple(dict.fromkeys(gang.gpu_types))
         if self.families and len(types) > 1:
             types = self._offered(types)
         quota: dict[GpuType, WaitReason] = {}
