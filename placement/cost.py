@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Final
 
 from placement.model import CapacityKind, EgressRate, GangRequest, GpuType, PolicyConfig
 from placement.model_policy import CostPolicy
 from placement.wait_policy import WaitTerms, latest_start_s, terms_for, wait_s
 
-_GB = 1e9
-_HOUR_S = 3600.0
+_GB: Final = 1e9
+_HOUR_S: Final = 3600.0
 
 
 class CostModel:

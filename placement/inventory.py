@@ -46,7 +46,7 @@ def price_factor(
     return usd_per_gpu_hour
 
 
-_WORK_RANK = attrgetter("work_rank")
+_WORK_RANK: Final = attrgetter("work_rank")
 
 
 def private_tier(offer: Offer, policy: PolicyConfig) -> int:

@@ -91,9 +91,9 @@ _BETWEEN_EVERY_BULK: Final = 4096
 # fewer gangs than that. The tests ask after every gang.
 _BULK_FIRST_CHECK = 63
 _BULK_PER_KIND = 1
-_QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
-_QUEUED_AT = attrgetter("queued_at_s")
-_DECISION_KEY = attrgetter("decision_key")
+_QUEUE_ORDER: Final = attrgetter("queued_at_s", "job_id")
+_QUEUED_AT: Final = attrgetter("queued_at_s")
+_DECISION_KEY: Final = attrgetter("decision_key")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:

@@ -16,6 +16,7 @@ reasons of a job only when its key changed and the worded reasons did too.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Final
 
 from placement import explain
 from placement.explain import CODE_RANK, ranked
@@ -25,9 +26,9 @@ from placement.model import WaitCode as Code
 
 # Free GPUs and largest free block of a cluster's usable offers (None: none usable).
 Figures = tuple[int, int] | None
-_CAPACITY_CODES = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_CLUSTER})
+_CAPACITY_CODES: Final = frozenset({Code.INSUFFICIENT_CAPACITY, Code.GANG_LARGER_THAN_CLUSTER})
 # The latest rank a cluster's reason (blocker or capacity) can have.
-_LAST_TABLE_RANK = max(
+_LAST_TABLE_RANK: Final = max(
     CODE_RANK[c] for c in (*_CAPACITY_CODES, Code.CLUSTER_UNREACHABLE, Code.SPOT_NOT_ALLOWED)
 )
 
