@@ -19,11 +19,37 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from operator import attrgetter
+from typing import Final
 
 from placement.model import GangRequest, GpuType, PolicyConfig, TenantId, TenantQuota
 
-_QUEUE_ORDER = attrgetter("queued_at_s", "job_id")
-_PRIORITY = attrgetter("priority")
+# Final: the compiled form reads them as statics, where a module global is a dict lookup.
+_QUEUE_ORDER: Final = attrgetter("queued_at_s", "job_id")
+_QUEUED_AT: Final = attrgetter("queued_at_s")
+_JOB_ID: Final = attrgetter("job_id")
+_PRIORITY: Final = attrgetter("priority")
+
+
+def _sort_by_queue_order(gangs: list[GangRequest]) -> None:
+    """Sort the gangs in place by queue time, then job id: on the times alone (floats, which the sort
+    compares fastest, where each pair of a (time, id) key was a tuple made and compared), then each
+    run of equal times by id. The sorts are stable, so the order is the pair's. Times that are not
+    numbers sort by the pair, as before (the order a sort leaves them in then depends on the order it
+    is given)."""
+    if any(gang.queued_at_s != gang.queued_at_s for gang in gangs):
+        gangs.sort(key=_QUEUE_ORDER)
+        return
+    gangs.sort(key=_QUEUED_AT)
+    count = len(gangs)
+    start = 0
+    while start < count:
+        at = gangs[start].queued_at_s
+        end = start + 1
+        while end < count and gangs[end].queued_at_s == at:
+            end += 1
+        if end - start > 1:
+            gangs[start:end] = sorted(gangs[start:end], key=_JOB_ID)
+        start = end
 
 
 class FairShare:
@@ -110,7 +136,7 @@ class FairOrder:
         for tenant, gangs in self.by_tenant.items():
             # Priority first (highest first), then queue time and id: two sorts on C-level keys, the
             # second stable (also when reversed), cost a third of one sort on a tuple-making lambda.
-            gangs.sort(key=_QUEUE_ORDER)
+            _sort_by_queue_order(gangs)
             gangs.sort(key=_PRIORITY, reverse=True)
             self.heap.append(self.entry(tenant, 0))
         heapq.heapify(self.heap)

@@ -12,6 +12,8 @@ with the answer worked out afresh on the same state.
 - `Growth` ranks every scalable pool once by its price per unit of work and takes each list of
   types' pools from that ranking: the order sorting each list gives, with ties (a pool named twice
   in a cluster), repeated types and spot pools among them.
+- `FairOrder` sorts each tenant's queue on the queue times alone, then each run of equal times by
+  job id: the order of the (time, id) sort, with ties, repeated ids and times that are not numbers.
 - `_Cycle` numbers only the kinds that may be queued more than once (by a count of the keys'
   hashes): the same kinds as numbering every key by value.
 
@@ -21,6 +23,7 @@ interpreted); these tests say which shortcut broke if one does.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,7 +33,7 @@ from hypothesis import strategies as st
 
 from bench.placer_scenario import NOW, build
 from placement.capacity import Growth
-from placement.fairshare import Entry, FairOrder, FairShare
+from placement.fairshare import Entry, FairOrder, FairShare, _sort_by_queue_order
 from placement.inventory import Inventory
 from placement.model import (
     CapacityKind,
@@ -289,3 +292,23 @@ def test_pools_ranked_once_are_in_each_lists_sorted_order(seed: int) -> None:
             key=lambda item: (work_price(item[1]), item[0], item[1].name),
         )
         assert growth._in_order(asked, spot, work_price) == plain
+
+
+@settings(max_examples=examples(80), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_a_queue_sorted_on_times_then_ties_is_in_time_and_id_order(seed: int) -> None:
+    rng = random.Random(seed)
+    base = build(gangs=60).queued
+    times = [0.0, -0.0, 1.5, 2.0, 1e9] + ([math.nan] if rng.random() < 0.15 else [])
+    gangs = [
+        replace(
+            rng.choice(base),
+            job_id=JobId(f"job-{rng.randint(0, 40)}"),  # repeated ids now and then
+            queued_at_s=rng.choice(times),
+        )
+        for _ in range(rng.randint(0, 40))
+    ]
+    sorted_here = list(gangs)
+    _sort_by_queue_order(sorted_here)
+    plain = sorted(gangs, key=lambda g: (g.queued_at_s, g.job_id))
+    assert [id(g) for g in sorted_here] == [id(g) for g in plain]
