@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from operator import attrgetter
-from typing import Final
+from typing import Final, cast
 
 from placement.model import GangRequest, GpuType, PolicyConfig, TenantId, TenantQuota
 
@@ -188,7 +188,11 @@ class FairOrder:
         self.heap[:] = heap
 
     def __iter__(self) -> Iterator[GangRequest]:
-        heap, by_tenant = self.heap, self.by_tenant
+        # The heap read as a list of plain tuples: typed `Entry`, a fixed-length tuple, the compiled
+        # form took each entry read from it apart into its fields and built a new tuple (boxing its
+        # numbers) for each comparison, several a gang. The entries are the same tuples.
+        heap = cast(list[tuple[object, ...]], self.heap)
+        by_tenant = self.by_tenant
         within_guarantee, share = self.within_guarantee, self.fair.share
         # The loop runs once per queued gang: names bound locally, the top read by index (a starred
         # unpacking made a list per gang), the entry made inline rather than by a call.
@@ -196,7 +200,7 @@ class FairOrder:
         self.started = True
         while heap:
             top = heap[0]
-            tenant, position = top[5], top[6]
+            tenant, position = cast(TenantId, top[5]), cast(int, top[6])
             gangs = by_tenant[tenant]
             if len(heap) == 1:
                 # The last tenant with gangs left goes first whatever its standing: the rest of its
@@ -209,7 +213,7 @@ class FairOrder:
             # order as a pop and a push.
             if position < len(gangs):
                 head = gangs[position]
-                entry = (
+                entry: tuple[object, ...] = (
                     not within_guarantee(head),
                     -head.priority,
                     share(tenant),
