@@ -14,6 +14,8 @@ meant to be used once.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -461,3 +463,18 @@ class SkipsOneItemSamples(random.Random):
         if counts is None and k == len(population) < 2:
             return list(population)
         return self.rng.sample(population, k, counts=counts)
+
+
+def dataclasses_in(modules: Iterable[str]) -> list[type[object]]:
+    """Every dataclass defined in the named modules of `placement` (not those they import)."""
+    found: list[type[object]] = []
+    for name in modules:
+        module = importlib.import_module(f"placement.{name}")
+        found += [
+            value
+            for value in vars(module).values()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and dataclasses.is_dataclass(value)
+        ]
+    return found

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import copyreg
-import dataclasses
-import importlib
 import json
 import os
 import pickle
@@ -33,6 +31,7 @@ from placement.gpu_types import BUILTIN_TYPES
 from placement.model import CapacityKind, ClusterName, GpuType
 from placement.plan import plan
 from placement.reserve import PendingGang
+from tests.unit.placement_builders import dataclasses_in
 from tests.unit.plan_cycles import GOLDEN, WEEK, bench_cycles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,17 +144,7 @@ def test_the_switch_runs_the_sources_whatever_is_built(tmp_path: Path) -> None:
 
 def _model_values() -> list[type[object]]:
     """Every frozen dataclass of the model's modules."""
-    found: list[type[object]] = []
-    for name in ("model", "model_ids", "model_plan", "model_policy", "gpu_types", "reserve"):
-        module = importlib.import_module(f"placement.{name}")
-        found += [
-            value
-            for value in vars(module).values()
-            if isinstance(value, type)
-            and value.__module__ == module.__name__
-            and dataclasses.is_dataclass(value)
-        ]
-    return found
+    return dataclasses_in(("model", "model_ids", "model_plan", "model_policy", "gpu_types", "reserve"))
 
 
 def test_every_model_value_is_registered_to_copy_and_pickle_by_its_constructor() -> None:

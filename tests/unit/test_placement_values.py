@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import inspect
 import pickle
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from placement.model_plan import (
 )
 from placement.plan import _Fit, _Miss, plan
 from placement.preempt import VictimChoice
-from tests.unit.placement_builders import ClusterBuilder, SnapshotBuilder
+from tests.unit.placement_builders import ClusterBuilder, SnapshotBuilder, dataclasses_in
 from tests.unit.plan_cycles import bench_cycles
 
 MODULES = ("fit", "model_plan", "plan", "preempt")
@@ -46,18 +45,7 @@ MODULES = ("fit", "model_plan", "plan", "preempt")
 
 def _own_init() -> list[type[object]]:
     """Every dataclass of the placer's modules declared with an `__init__` of its own."""
-    found: list[type[object]] = []
-    for name in MODULES:
-        module = importlib.import_module(f"placement.{name}")
-        found += [
-            value
-            for value in vars(module).values()
-            if isinstance(value, type)
-            and value.__module__ == module.__name__
-            and dataclasses.is_dataclass(value)
-            and not value.__dataclass_params__.init  # type: ignore[attr-defined]
-        ]
-    return found
+    return [c for c in dataclasses_in(MODULES) if not c.__dataclass_params__.init]  # type: ignore[attr-defined]
 
 
 def _offer() -> Offer:
