@@ -422,8 +422,10 @@ def serve(
     api_workers: int,
 ) -> None:
     """Run one server against an existing etcd (several may share one etcd)."""
+    from federation.errors import InvalidSpec
     from federation.runtime.serve import TlsFiles, run_server
     from federation.scheduling.leader import DEFAULT_LEASE_TTL_S
+    from federation.scheduling.lease_keeper import stall_limit_for
     from federation.store.kv_etcd_channel import EtcdTls
 
     if (etcd_cert is None) != (etcd_key is None):
@@ -445,12 +447,11 @@ def serve(
         raise click.BadParameter(
             "mutual TLS needs the server's own --tls-cert and --tls-key", param_hint="--tls-client-ca"
         )
-    ttl_s = lease_ttl_s or DEFAULT_LEASE_TTL_S
-    if lease_stall_limit_s is not None and lease_stall_limit_s < ttl_s:
-        raise click.BadParameter(
-            f"{lease_stall_limit_s:g} s is shorter than the lease's TTL ({ttl_s} s): give at least the TTL",
-            param_hint="--lease-stall-limit-s",
-        )
+    try:
+        # Refused here, before anything starts, by the rule the election itself keeps.
+        stall_limit_for(lease_stall_limit_s, lease_ttl_s or DEFAULT_LEASE_TTL_S)
+    except InvalidSpec as error:
+        raise click.BadParameter(error.rule, param_hint="--lease-stall-limit-s") from error
     tls = (
         None
         if tls_cert is None or tls_key is None

@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import structlog
 
-from federation.errors import InvalidSpec, StoreUnavailable
-from federation.scheduling.lease_keeper import DEFAULT_STALL_LIMIT_S, LeaseKeeper, refresh_until_lost
+from federation.errors import StoreUnavailable
+from federation.scheduling.lease_keeper import LeaseKeeper, refresh_until_lost, stall_limit_for
 from federation.store.job_store import LEADER_KEY, Fence
 from federation.store.kv import Compare, Get, KeyValueStore, LeaseNotFound, Put, WatchCompacted
 
@@ -66,13 +66,7 @@ class LeaderElection:
         `stall_limit_s`: how long the event loop may run no heartbeat before the keeper gives the
         lease up (None: `DEFAULT_STALL_LIMIT_S`, or the TTL if longer). At least the TTL: a shorter
         limit would give a lease up on stalls that the lease outlives by itself."""
-        if stall_limit_s is None:
-            stall_limit_s = max(DEFAULT_STALL_LIMIT_S, float(ttl_s))
-        elif stall_limit_s < ttl_s:
-            raise InvalidSpec(
-                "lease stall limit",
-                f"{stall_limit_s:g} s is shorter than the lease's TTL ({ttl_s} s): give at least the TTL",
-            )
+        stall_limit_s = stall_limit_for(stall_limit_s, ttl_s)
         self._kv = kv
         self.identity = identity
         self._ttl_s = ttl_s

@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 import structlog
 
-from federation.errors import GpufedError, StoreUnavailable
+from federation.errors import GpufedError, InvalidSpec, StoreUnavailable
 from federation.store.job_store import Fence
 from federation.store.kv import KeyValueStore
 
@@ -52,6 +52,20 @@ log = structlog.get_logger(__name__)
 
 # `gpufed serve --lease-stall-limit-s` unless given: see the module's docstring for why 10.
 DEFAULT_STALL_LIMIT_S = 10.0
+
+
+def stall_limit_for(stall_limit_s: float | None, ttl_s: int) -> float:
+    """The stall limit a term runs with: `DEFAULT_STALL_LIMIT_S`, or the TTL if longer, unless given;
+    a given one must be at least the TTL (a shorter limit would give a lease up on stalls that the
+    lease outlives by itself). Raises InvalidSpec naming both."""
+    if stall_limit_s is None:
+        return max(DEFAULT_STALL_LIMIT_S, float(ttl_s))
+    if stall_limit_s < ttl_s:
+        raise InvalidSpec(
+            "lease stall limit",
+            f"{stall_limit_s:g} s is shorter than the lease's TTL ({ttl_s} s): give at least the TTL",
+        )
+    return stall_limit_s
 
 
 def keeper_timeout_s(ttl_s: int, timeout_s: float, *, members: int) -> float:
