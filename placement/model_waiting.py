@@ -75,11 +75,9 @@ class Waiting:
 
     @classmethod
     def explained(cls, job_id: JobId, explanation: Explanation) -> Waiting:
-        """A wait whose reasons are worded from `explanation` when first read. Most waits of a cycle
-        are made here, so without `_of`'s call (one interpreted frame less each)."""
-        waiting = _Unguarded(job_id, None, explanation)
-        waiting.__class__ = Waiting  # type: ignore[assignment]
-        return waiting  # type: ignore[return-value]
+        """A wait whose reasons are worded from `explanation` when first read. (The placer makes its
+        waits with `model_plan.explained_wait`, without an interpreted call.)"""
+        return cls._of(job_id, None, explanation)
 
     def for_job(self, job_id: JobId) -> Waiting:
         """The same wait for another job (a gang that waits for the same reasons): one per waiting
