@@ -149,6 +149,11 @@ class GangRequest:
     # equal keys, decided on the same working state, wait for the same reasons (`plan._Cycle.decide`).
     # Made once per request, which the scheduler keeps across cycles, not once per decision.
     decision_key: tuple[object, ...] = field(init=False, repr=False, compare=False)
+    # `hash(decision_key)`, worked out with the key: each cycle's setup looks at every queued gang's
+    # (`plan._Cycle`), and hashing a 22-field key per gang and cycle was a twentieth of a steady cycle.
+    # Whoever puts another key object in its place puts an equal one (the scheduler's interning,
+    # `federation.scheduling.snapshot.GangRequests`), which hashes the same.
+    decision_hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(self.replica_gpus))
@@ -158,13 +163,15 @@ class GangRequest:
         # lookup of the key (three a gang and cycle).
         pinning = self.pinning
         flat = () if not pinning else tuple(getattr(pinning, name) for name in PINNING_FIELDS)
-        object.__setattr__(self, "decision_key", (*key[:_PINNING_AT], flat, *key[_PINNING_AT + 1 :]))
+        decision_key = (*key[:_PINNING_AT], flat, *key[_PINNING_AT + 1 :])
+        object.__setattr__(self, "decision_key", decision_key)
+        object.__setattr__(self, "decision_hash", hash(decision_key))
 
 
 # Taken from the dataclass, so that a field added to GangRequest is part of the key without a change
 # here. The queue time is left out: only the private wait reads it, and a decision that did is not
 # reused (`CostModel.queue_time_reads`).
-_NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "anywhere", "decision_key"})
+_NOT_DECIDING = frozenset({"job_id", "queued_at_s", "gpu_count", "anywhere", "decision_key", "decision_hash"})
 _DECIDING = tuple(f.name for f in fields(GangRequest) if f.name not in _NOT_DECIDING)
 _deciding_fields = attrgetter(*_DECIDING)
 _PINNING_AT = _DECIDING.index("pinning")

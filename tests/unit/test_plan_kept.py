@@ -23,6 +23,7 @@ interpreted); these tests say which shortcut broke if one does.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Iterator
@@ -218,6 +219,19 @@ def _kinds_by_value(queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
     for g in queued:
         by_value.setdefault(g.decision_key, set()).add(g.job_id)
     return {frozenset(jobs) for jobs in by_value.values() if len(jobs) > 1}
+
+
+def test_each_requests_kept_hash_is_its_keys() -> None:
+    """`decision_hash` is what the cycle's setup counts in place of hashing each key: it must be the
+    key's hash for every request, however made (built, replaced, copied)."""
+    snapshot = build(gangs=300)
+    for g in snapshot.queued:
+        for request in (g, replace(g, job_id=JobId(f"{g.job_id}-copy")), copy.deepcopy(g)):
+            assert request.decision_hash == hash(request.decision_key)
+        # Any deciding field changed changes the key, and the hash with it (here, the run time).
+        changed = replace(g, expected_runtime_s=g.expected_runtime_s + 1.0)
+        assert changed.decision_key != g.decision_key
+        assert changed.decision_hash == hash(changed.decision_key)
 
 
 def test_kinds_are_those_numbering_every_key_by_value_gives() -> None:
