@@ -281,8 +281,9 @@ class _Cycle:
         self._carried = self.room.ordered.carried()
         self._decided_on: list[int] = [-1] * len(counts)
         self._decided: list[Waiting | None] = [None] * len(counts)
-        self._guarantees: dict[tuple[TenantId, tuple[GpuType, ...], int], bool] = {}
-        self._guarantee_changes = self.book.changes
+        # `within_guarantee`'s answers: per (tenant, types), the tenant's count of changes to its usage
+        # and the most GPUs it could take within a guarantee then (`QuotaBook.guarantee_headroom`).
+        self._headrooms: dict[tuple[TenantId, tuple[GpuType, ...]], tuple[int, int | None]] = {}
         numbered = [k for k, count in enumerate(counts) if count > 1]
         self.kinds = len(numbered)
         # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
@@ -320,21 +321,19 @@ class _Cycle:
     def within_guarantee(self, gang: GangRequest) -> bool:
         """Whether the gang's tenant could run it on some accepted type without borrowing.
 
-        Asked for every queued gang (`fair_order`), so the answer is kept per (tenant, types, GPUs)
-        while usage is unchanged (`QuotaBook.changes`; guarantees do not change in a cycle)."""
-        book = self.book
-        if book.changes != self._guarantee_changes:
-            self._guarantees.clear()
-            self._guarantee_changes = book.changes
-        key = (gang.tenant, gang.gpu_types, gang.gpu_count)
-        within = self._guarantees.get(key)
-        if within is None:
-            # Arguments named, not unpacked from the key: the compiled form made a starred call a
-            # generic Python call, a third of this method's cost.
-            within = self._guarantees[key] = book.within_any_guarantee(
-                gang.tenant, gang.gpu_types, gang.gpu_count
-            )
-        return within
+        Asked for every queued gang (`fair_order`). The most GPUs the tenant could take within a
+        guarantee of one of the types reads only the tenant's own usage, so it is kept per (tenant,
+        types) while that is unchanged (`QuotaBook.tenant_changes`; guarantees do not change in a
+        cycle), for every gang size: answers kept per size, dropped at any change of any tenant's
+        usage, were worked out afresh for two asks in three."""
+        book, tenant, types = self.book, gang.tenant, gang.gpu_types
+        changed = book.tenant_changes.get(tenant, 0)
+        key = (tenant, types)
+        kept = self._headrooms.get(key)
+        if kept is None or kept[0] != changed:
+            kept = self._headrooms[key] = (changed, book.guarantee_headroom(tenant, types))
+        headroom = kept[1]
+        return headroom is not None and gang.gpu_count <= headroom
 
     def take_in_bulk(self, order: FairOrder, between: Callable[[], None] | None) -> int:
         """Decide at once the stretch of the queue, next in `order`, whose gangs all take their kind's

@@ -93,8 +93,10 @@ class QuotaBook:
         self._limits_kept: dict[tuple[TenantId, GpuType, int], WaitReason | None] = {}
         self._limits_kept_at = 0
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
-        # How many times usage was added to in the cycle (`plan._Cycle._state`).
+        # How many times usage was added to in the cycle (`plan._Cycle._state`), and per tenant how many
+        # times its own usage (its and its descendants' GPUs) was (`guarantee_headroom`).
         self.changes = 0
+        self.tenant_changes: dict[TenantId, int] = {}
         # GPUs held back per type by lenders, summed over leaves, and each leaf's part.
         self.held_back: dict[GpuType, int] = {}
         self._held_back_by: dict[tuple[TenantId, GpuType], int] = {}
@@ -144,6 +146,20 @@ class QuotaBook:
                 return True
         return False
 
+    def guarantee_headroom(self, tenant: TenantId, gpu_types: Iterable[GpuType]) -> int | None:
+        """The most GPUs the tenant could take of one of these types and stay within its guarantee of
+        that type (negative when it is past every one), None for no types: `within_any_guarantee`
+        answers `need <= headroom`. It reads the tenant's own usage and nothing else that changes, so
+        it holds while `tenant_changes[tenant]` is unchanged."""
+        usage, guaranteed, account = self.usage, self._guaranteed, self.account
+        most: int | None = None
+        for gpu_type in gpu_types:
+            key = (tenant, account.get(gpu_type, gpu_type))
+            room = guaranteed.get(key, 0) - usage.get(key, 0)
+            if most is None or room > most:
+                most = room
+        return most
+
     def borrowing(self, tenant: TenantId, gpu_type: GpuType, minus: int = 0) -> bool:
         """Whether the tenant holds more than its guarantee, after giving back `minus` GPUs."""
         gpu_type = self.account.get(gpu_type, gpu_type)
@@ -152,9 +168,11 @@ class QuotaBook:
     def add(self, tenant: TenantId, gpu_type: GpuType, gpus: int) -> None:
         gpu_type = self.account.get(gpu_type, gpu_type)
         self.changes += 1
+        tenant_changes = self.tenant_changes
         for node in self.path.get(tenant, (tenant,)):
             key = (node, gpu_type)
             self.usage[key] = self.usage.get(key, 0) + gpus
+            tenant_changes[node] = tenant_changes.get(node, 0) + 1
         self._update_held_back(tenant, gpu_type)
 
     def _update_held_back(self, tenant: TenantId, gpu_type: GpuType) -> None:

@@ -221,6 +221,33 @@ def _kinds_by_value(queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
     return {frozenset(jobs) for jobs in by_value.values() if len(jobs) > 1}
 
 
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_guarantee_headroom_answers_as_the_book_and_holds_while_its_tenant_is_unchanged(seed: int) -> None:
+    """`_Cycle.within_guarantee` keeps each (tenant, types)'s headroom while the tenant's count of
+    changes is unchanged: the headroom must answer as `within_any_guarantee` for every size, and a
+    kept one must still be right whenever that count did not move (an add anywhere else in the tree,
+    a variant counted against its family)."""
+    rng = random.Random(seed)
+    variant = GpuType("A100-80GB")
+    book = QuotaBook(_tree(), (), families=((variant, A100),))
+    tenants = [TenantId(t) for t in ("org", "nlp", "vision", "solo", "stranger")]
+    lists = [(), (A100,), (H100,), (A100, H100), (variant,), (H100, variant)]
+    kept: dict[tuple[TenantId, tuple[GpuType, ...]], tuple[int, int | None]] = {}
+    for _ in range(200):
+        if rng.random() < 0.4:
+            book.add(rng.choice(tenants), rng.choice([A100, H100, variant]), rng.randint(1, 6))
+        tenant, types = rng.choice(tenants), rng.choice(lists)
+        headroom = book.guarantee_headroom(tenant, types)
+        for need in range(12):
+            assert (headroom is not None and need <= headroom) == book.within_any_guarantee(tenant, types, need)
+        changed = book.tenant_changes.get(tenant, 0)
+        before = kept.get((tenant, types))
+        if before is not None and before[0] == changed:
+            assert before[1] == headroom
+        kept[(tenant, types)] = (changed, headroom)
+
+
 def test_each_requests_kept_hash_is_its_keys() -> None:
     """`decision_hash` is what the cycle's setup counts in place of hashing each key: it must be the
     key's hash for every request, however made (built, replaced, copied)."""
