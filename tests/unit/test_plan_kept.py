@@ -240,7 +240,9 @@ def test_guarantee_headroom_answers_as_the_book_and_holds_while_its_tenant_is_un
         tenant, types = rng.choice(tenants), rng.choice(lists)
         headroom = book.guarantee_headroom(tenant, types)
         for need in range(12):
-            assert (headroom is not None and need <= headroom) == book.within_any_guarantee(tenant, types, need)
+            assert (headroom is not None and need <= headroom) == book.within_any_guarantee(
+                tenant, types, need
+            )
         changed = book.tenant_changes.get(tenant, 0)
         before = kept.get((tenant, types))
         if before is not None and before[0] == changed:
