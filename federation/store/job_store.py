@@ -66,6 +66,7 @@ from federation.store.records import (
     user_to_dict,
 )
 from federation.store.schema_version import SchemaTooNew, check_json, dumps, loads
+from federation.store.written import WrittenRecords
 from placement.model import ClusterName, GpuType, JobId, TenantId, WaitCode, WaitReason
 
 T = TypeVar("T")
@@ -500,6 +501,8 @@ class KvStore:
         # Submissions, admissions and transitions are independent transactions: under load they
         # share etcd requests instead of paying a round trip each.
         self._group = GroupCommit(kv)
+        # The job records this process wrote, by key, until its watch shows them (`_written`).
+        self._written = WrittenRecords()
 
     @property
     def kv(self) -> KeyValueStore:
@@ -517,12 +520,16 @@ class KvStore:
         job = replace(job, idempotency_digest=digest)
         key = job_key(job.job_id)
         value = _dumps(job_to_dict(job))
-        result = await self._group.run(
-            Txn(
-                (Compare.absent(idem), Compare.absent(key)),
-                (Put(idem, _dumps({"job_id": job.job_id, "digest": manifest_digest})), Put(key, value)),
-                (Get(idem), Get(key)),
-            )
+        self._written.add(key, value, job)
+        result = await self._written.settled(
+            self._group.run(
+                Txn(
+                    (Compare.absent(idem), Compare.absent(key)),
+                    (Put(idem, _dumps({"job_id": job.job_id, "digest": manifest_digest})), Put(key, value)),
+                    (Get(idem), Get(key)),
+                )
+            ),
+            ((key, value),),
         )
         if result.succeeded:
             return Stored(job, result.revision), True
@@ -589,12 +596,17 @@ class KvStore:
         compares = [Compare.mod_revision_is(job_key(job.job_id), rev) for job, rev in updates]
         if fence is not None:
             compares.append(fence.compare())
-        puts = tuple(Put(job_key(job.job_id), _dumps(job_to_dict(job))) for job, _ in updates) + tuple(
+        records = tuple((job_key(job.job_id), _dumps(job_to_dict(job)), job) for job, _ in updates)
+        for key, value, job in records:
+            self._written.add(key, value, job)
+        puts = tuple(Put(key, value) for key, value, _ in records) + tuple(
             # Ledger entries ride in the transition's own transaction: written exactly once, with it.
             Put(iv.key, _dumps(interval_to_dict(iv)))
             for iv in ledger
         )
-        result = await self._group.run(Txn(tuple(compares), puts))
+        result = await self._written.settled(
+            self._group.run(Txn(tuple(compares), puts)), tuple((key, value) for key, value, _ in records)
+        )
         return result.revision if result.succeeded else None
 
     async def list_ledger(self) -> tuple[list[LedgerInterval], int]:
@@ -623,6 +635,11 @@ class KvStore:
             async for ev in events:
                 job_id = JobId(ev.kv.key[len(JOBS) :].decode())
                 if ev.type is EventType.PUT:
+                    # A record this process wrote is the one it holds: not decoded again.
+                    mine = self._written.take(ev.kv.key, ev.kv.value)
+                    if mine is not None:
+                        yield JobEvent(JobEventType.PUT, job_id, mine, ev.kv.mod_revision)
+                        continue
                     try:
                         job = job_from_json(ev.kv.value, ev.kv.key)
                     except SchemaTooNew as e:
@@ -632,6 +649,7 @@ class KvStore:
                         continue
                     yield JobEvent(JobEventType.PUT, job_id, job, ev.kv.mod_revision)
                 else:
+                    self._written.forget(ev.kv.key)
                     yield JobEvent(JobEventType.DELETE, job_id, None, ev.kv.mod_revision)
 
     # ---- why jobs wait (written by the scheduler each cycle, read by `gpufed describe`)
