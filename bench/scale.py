@@ -760,6 +760,12 @@ def main() -> int:
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY"), help="py-spy binary, for --profile")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy's collapsed stacks of the server")
     parser.add_argument(
+        "--py-spy-rate",
+        type=int,
+        default=50,
+        help="py-spy's samples a second (50; 200 resolves the smaller parts of a run better)",
+    )
+    parser.add_argument(
         "--parts",
         default=",".join(PARTS),
         help=f"what to measure, of {','.join(PARTS)} (default all)",
@@ -854,7 +860,7 @@ def main() -> int:
                             "-p",
                             str(pid),
                             "-r",
-                            "50",
+                            str(args.py_spy_rate),
                             "-f",
                             "raw",
                             "--gil",
