@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from placement.fit import fit_replicas
+from placement.fit import fit_replicas, fits
 from placement.inventory import Inventory, Offer
 from placement.model import GpuType, PreemptionReason, RunningGang, TenantId
 
@@ -310,7 +310,7 @@ def _offer_choice(
     nodes = offer.nodes()
     freed = _with([0] * len(nodes), (s for _, shares in draining for s in shares))
     everything = _with(_with(nodes, (s for _, shares in eligible for s in shares)), enumerate(freed))
-    if fit_replicas(shape, everything) is None:
+    if not fits(shape, everything):
         return None  # even evicting every candidate would not do
     chosen = _smallest_set(shape, nodes, freed, eligible, preference)
     if chosen is None:
@@ -336,18 +336,18 @@ def _smallest_set(
     preference: Callable[[Candidate], Preference],
 ) -> tuple[list[Candidate], list[int]] | None:
     base = [n + f for n, f in zip(nodes, freed, strict=True)]
-    if fit_replicas(shape, base) is not None:
+    if fits(shape, base):
         return [], [0] * len(nodes)
     ordered = sorted(eligible, key=lambda item: preference(item[0]))
     for candidate, shares in ordered:
-        if fit_replicas(shape, _with(base, shares)) is not None:
+        if fits(shape, _with(base, shares)):
             return [candidate], _with([0] * len(nodes), shares)
     chosen: list[tuple[Candidate, tuple[tuple[int, int], ...]]] = []
     current = base
     for item in ordered:
         chosen.append(item)
         current = _with(current, item[1])
-        if fit_replicas(shape, current) is not None:
+        if fits(shape, current):
             break
     else:
         return None
@@ -356,7 +356,7 @@ def _smallest_set(
         # Told apart by the gang, not the pair: compiled (mypyc), a pair read from a list is a new tuple,
         # never `is` another.
         rest = [other for other in chosen if other[0][0] is not item[0][0]]
-        if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
+        if fits(shape, _with(base, (s for _, shares in rest for s in shares))):
             chosen = rest
     victim_freed = _with([0] * len(nodes), (s for _, shares in chosen for s in shares))
     return [candidate for candidate, _ in sorted(chosen, key=lambda item: preference(item[0]))], victim_freed
@@ -373,6 +373,6 @@ def _needed_draining(
     base = [n + f for n, f in zip(nodes, victim_freed, strict=True)]
     for item in reversed(list(kept)):
         rest = [other for other in kept if other[0] is not item[0]]  # by the gang (`_smallest_set`)
-        if fit_replicas(shape, _with(base, (s for _, shares in rest for s in shares))) is not None:
+        if fits(shape, _with(base, (s for _, shares in rest for s in shares))):
             kept = rest
     return [gang for gang, _ in kept]
