@@ -336,31 +336,31 @@ class Plan:
 
 
 # Waits made by the compiled placer without an interpreted call (`Waiting` stays interpreted,
-# `model_waiting`): a bare object of the class, its three slots written through their descriptors,
-# which skip its guard against writes. By `Waiting.explained` a wait took two interpreted frames
+# `model_waiting`): a bare object of the class, its three slots written by `object.__setattr__`,
+# which skips its guard against writes. By `Waiting.explained` a wait took two interpreted frames
 # (the method, its plain object's `__init__`) and a change of class: about 3,200 instructions, and
-# a steady cycle makes one per waiting gang. The same wait, slot for slot (`test_placement_values`).
+# a steady cycle makes one per waiting gang. Outside a class, the compiled form makes each
+# `object.__setattr__` one C call (`PyObject_GenericSetAttr`), where calling the slots' descriptors'
+# `__set__` went through a generic call with its arguments packed, 600 instructions a slot. The same
+# wait, slot for slot (`test_placement_values`).
 _BARE: Final[Any] = object.__new__
-_SET_JOB_ID: Final[Any] = vars(Waiting)["job_id"].__set__
-_SET_REASONS: Final[Any] = vars(Waiting)["_reasons"].__set__
-_SET_EXPLANATION: Final[Any] = vars(Waiting)["_explanation"].__set__
 
 
 def explained_wait(job_id: JobId, explanation: Explanation) -> Waiting:
     """`Waiting.explained(job_id, explanation)`, made without an interpreted call."""
     waiting: Waiting = _BARE(Waiting)
-    _SET_JOB_ID(waiting, job_id)
-    _SET_REASONS(waiting, None)
-    _SET_EXPLANATION(waiting, explanation)
+    object.__setattr__(waiting, "job_id", job_id)
+    object.__setattr__(waiting, "_reasons", None)
+    object.__setattr__(waiting, "_explanation", explanation)
     return waiting
 
 
 def reasoned_wait(job_id: JobId, reasons: tuple[WaitReason, ...]) -> Waiting:
     """`Waiting(job_id, reasons)`, made without an interpreted call."""
     waiting: Waiting = _BARE(Waiting)
-    _SET_JOB_ID(waiting, job_id)
-    _SET_REASONS(waiting, reasons)
-    _SET_EXPLANATION(waiting, None)
+    object.__setattr__(waiting, "job_id", job_id)
+    object.__setattr__(waiting, "_reasons", reasons)
+    object.__setattr__(waiting, "_explanation", None)
     return waiting
 
 
