@@ -105,24 +105,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import server_metrics  # noqa: E402
-from bench.isolation_load import _cpu_seconds, _measure, _submit_many  # noqa: E402
+from bench.isolation_load import CONFIG, _cpu_seconds, _measure, _submit_many  # noqa: E402
 from datasync.loopback_ports import free_port  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
-CONFIG = """\
-tenants: [{name: platform}, {name: vision}, {name: nlp}]
-users:
-  - {name: admin, tenant: platform, role: admin}
-  - {name: alice, tenant: vision, role: member}
-  - {name: bob, tenant: nlp, role: member}
-clusters:
-  - name: onprem
-    provider: private
-    region: dc1
-    pools: [{name: a100, gpuType: A100, kind: private, usdPerGpuHour: 1.1, gpusPerNode: 8, nodes: 4}]
-"""
-
+# CONFIG (imported): the same three tenants and one private cluster as the isolation benchmark.
 ALICE_MANIFEST = """\
 apiVersion: gpufed.io/v1
 kind: TrainingJob
