@@ -53,7 +53,7 @@ from federation.joblogs.archive import LogArchive, LogsSettings, get_logs_settin
 from federation.ledger.cache import LedgerCache
 from federation.metrics import Metrics
 from federation.runtime.capacity_wiring import CapacityWiring
-from federation.runtime.heap import HeapFreezer
+from federation.runtime.heap import HeapFreezer, tune_collector
 from federation.runtime.history_wiring import history_shown, open_history
 from federation.runtime.members_service import MembersService
 from federation.runtime.readiness import ReadinessInputs, readyz_handler
@@ -254,6 +254,7 @@ class FederationServer:
     async def start(self) -> None:
         cfg = self.config
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        tune_collector()
         self._kv = await EtcdKv.connect(cfg.etcd_endpoint, timeout_s=cfg.etcd_timeout_s)
         store = KvStore(self._kv, compress_wait_reasons=cfg.compress_wait_reasons)
         self._cache = JobCache(store)
