@@ -28,6 +28,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Final
 
 from placement.fit import fit_replicas, fits
 from placement.inventory import Inventory, Offer
@@ -91,6 +93,7 @@ def by_share(share: Callable[[TenantId], float]) -> Callable[[Candidate], Prefer
 
 
 Located = tuple[RunningGang, tuple[tuple[int, int], ...]]
+_JOB_ID: Final = attrgetter("job_id")
 # Who may be evicted from one tenant: the reason, and a priority bound (only gangs below it; None: any).
 TenantRule = tuple[PreemptionReason, int | None]
 
@@ -136,26 +139,41 @@ class RunningIndex:
         self, inventory: Inventory, running: Iterable[RunningGang], preemptible: Callable[[RunningGang], bool]
     ) -> None:
         self._by_offer: dict[int, OfferRunning] = {}
-        for gang in sorted(running, key=lambda g: g.job_id):
+        by_offer = self._by_offer
+        # By job id, the order every list below keeps among equals (an attribute key, called in C).
+        for gang in sorted(running, key=_JOB_ID):
             located = _locate(inventory, gang)
             if located is None:
                 continue
             offer, shares = located
-            entry = self._by_offer.setdefault(id(offer), OfferRunning())
-            entry.all.append((gang, shares))
+            entry = by_offer.get(id(offer))
+            if entry is None:
+                entry = by_offer[id(offer)] = OfferRunning()
+            item = (gang, shares)
+            entry.all.append(item)
             if gang.terminating:
-                entry.draining.append((gang, shares))
+                entry.draining.append(item)
                 entry.draining_gpus += gang.gpu_count
             elif preemptible(gang):
-                entry.by_tenant.setdefault(gang.tenant, []).append((gang, shares))
+                gangs = entry.by_tenant.get(gang.tenant)
+                if gangs is None:
+                    gangs = entry.by_tenant[gang.tenant] = []
+                gangs.append(item)
                 entry.evictable_gpus += gang.gpu_count
-        for entry in self._by_offer.values():
+        for entry in by_offer.values():
             for tenant, gangs in entry.by_tenant.items():
-                gangs.sort(key=lambda item: (item[0].priority, item[0].job_id))
+                # By (priority, job id). The gangs are in job-id order, so a stable sort on the priorities
+                # alone gives it, and none is needed where they already ascend: most lists hold a gang
+                # or two, where sorting each with a key function made a pair per gang in a Python call.
+                priorities = [gang.priority for gang, _ in gangs]
+                if not _ascending(priorities):
+                    order = sorted(range(len(gangs)), key=priorities.__getitem__)
+                    gangs[:] = [gangs[i] for i in order]
+                    priorities = [priorities[i] for i in order]
                 before = [0]
                 for gang, _ in gangs:
                     before.append(before[-1] + gang.gpu_count)
-                entry.tenant_gpus[tenant] = ([gang.priority for gang, _ in gangs], before)
+                entry.tenant_gpus[tenant] = (priorities, before)
         self.claimed: set[str] = set()
         # `may_free`'s answers, with the version of the type's offers each was found at.
         self._may_free: dict[tuple[GpuType, TenantId, int | None, bool, int], tuple[int, frozenset[int]]] = {}
@@ -201,6 +219,11 @@ class RunningIndex:
     def on(self, offer: Offer) -> list[Located]:
         entry = self._by_offer.get(id(offer))
         return [] if entry is None else entry.all
+
+
+def _ascending(values: list[int]) -> bool:
+    """Whether no value is below the one before it."""
+    return all(values[i] >= values[i - 1] for i in range(1, len(values)))
 
 
 def _locate(inventory: Inventory, gang: RunningGang) -> tuple[Offer, tuple[tuple[int, int], ...]] | None:
