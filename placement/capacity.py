@@ -87,12 +87,13 @@ class Growth:
         best: tuple[ClusterName, ScalablePool, int] | None = None
         best_key: tuple[float, str, str] | None = None
         roomy = False
+        by_size = self._needed_by_size(shape)
         for gpu_type in gpu_types:
             pools = self._by_type.get(gpu_type)
             for cluster, pool in self._pruned(pools) if pools else ():
                 if pool.kind is CapacityKind.SPOT and not allow_spot:
                     continue
-                nodes = self._nodes_needed(shape, pool.gpus_per_node)
+                nodes = _nodes_on(by_size, shape, pool.gpus_per_node)
                 if nodes is None or nodes == 0:
                     continue
                 if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
@@ -119,8 +120,9 @@ class Growth:
         if order is None:
             order = self._orders[(gpu_types, allow_spot)] = self._in_order(gpu_types, allow_spot, static_key)
         roomy = False
+        by_size = self._needed_by_size(shape)
         for cluster, pool in self._pruned(order):
-            nodes = self._nodes_needed(shape, pool.gpus_per_node)
+            nodes = _nodes_on(by_size, shape, pool.gpus_per_node)
             if not nodes or pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
                 continue
             roomy = True
@@ -162,16 +164,14 @@ class Growth:
             key=lambda item: (static_key(item[1]), item[0], item[1].name),
         )
 
-    def _nodes_needed(self, shape: tuple[int, ...], gpus_per_node: int) -> int | None:
-        # Kept per shape, then per node size: a search asks for one shape across every pool, and a
-        # (shape, size) key was a tuple made and hashed per pool.
+    def _needed_by_size(self, shape: tuple[int, ...]) -> dict[int, int | None]:
+        """The shape's `nodes_needed` per node size, kept for the cycle: looked up once per search
+        (a search asks for one shape across every pool; looking the shape up per pool hashed it per
+        pool, and a (shape, size) key was a tuple made and hashed per pool)."""
         by_size = self._needed.get(shape)
         if by_size is None:
             by_size = self._needed[shape] = {}
-        found = by_size.get(gpus_per_node, -1)
-        if found == -1:
-            found = by_size[gpus_per_node] = nodes_needed(shape, gpus_per_node)
-        return found
+        return by_size
 
     def _room(self, cluster: ClusterName, pool: ScalablePool) -> int:
         return pool.addable_nodes - self._asked.get((cluster, pool.name), 0)
@@ -190,3 +190,11 @@ class Growth:
         self._asked[key] = self._asked.get(key, 0) + nodes
         if self._room(cluster, pool) <= 0:
             self._filled += 1
+
+
+def _nodes_on(by_size: dict[int, int | None], shape: tuple[int, ...], gpus_per_node: int) -> int | None:
+    """`nodes_needed(shape, gpus_per_node)`, kept in the shape's `by_size`."""
+    found = by_size.get(gpus_per_node, -1)
+    if found == -1:
+        found = by_size[gpus_per_node] = nodes_needed(shape, gpus_per_node)
+    return found
