@@ -574,16 +574,6 @@ class _Cycle:
         # The first offer without room (in a static order, the cheapest): named by `explain` if cheaper.
         full: list[Offer] = []
 
-        def room_now(o: Offer) -> bool:
-            if o.free.total_free < need or o.free.max_free < largest:
-                if not full:
-                    full.append(o)
-                return False
-            if spot_bounded and ctx.kept_off(o.kind, o.view.gpu_type, o.risk_per_hour):
-                refused.append(o)
-                return False
-            return True
-
         # Cost is the gang's GPU-hours times price per unit of work, so with a static order the offers'
         # fixed order by price per unit of work is the order of cost: no sort, and the scan below stops
         # at the first rank past the best fit. Otherwise they are sorted, price breaking ties of cost
@@ -594,7 +584,7 @@ class _Cycle:
             else self.inventory.search_order(group, gang.allow_spot, within)
         )
         candidates: Iterable[tuple[int, float, float, int, Offer]] = _candidates(
-            offers, room_now, ctx, policy
+            offers, ctx, policy, need, largest, spot_bounded, full, refused
         )
         if not ctx.static_order:
             candidates = sorted(candidates, key=lambda c: (c[0], c[1], c[2], c[3], c[4].search_key))
@@ -886,18 +876,36 @@ def _ruled_out(pinned: bool, uniform: bool, clusters: Sequence[ClusterName]) -> 
 
 
 def _candidates(
-    offers: Iterable[Offer], room_now: Callable[[Offer], bool], ctx: GangCost, policy: PolicyConfig
+    offers: Iterable[Offer],
+    ctx: GangCost,
+    policy: PolicyConfig,
+    need: int,
+    largest: int,
+    spot_bounded: bool,
+    full: list[Offer],
+    refused: list[Offer],
 ) -> Iterator[tuple[int, float, float, int, Offer]]:
-    """The offers with room now, each with its ranks, in the order given."""
+    """The offers with room now for `need` GPUs with a replica of `largest`, each with its ranks, in
+    the order given. The first offer without room goes to `full` (named by `explain` if cheaper), and
+    spot offers with room that the bound on restarts keeps from the gang to `refused` (named if it
+    waits). Tested here rather than by a closure of `_place`'s: a call per offer looked at (forty a
+    gang that reaches the offers) went through the closure's generic Python entry."""
     for o in offers:
-        if room_now(o):
-            yield (
-                private_tier(o, policy),
-                ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
-                o.price_factor,
-                o.kind_rank,
-                o,
-            )
+        free = o.free
+        if free.total_free < need or free.max_free < largest:
+            if not full:
+                full.append(o)
+            continue
+        if spot_bounded and ctx.kept_off(o.kind, o.view.gpu_type, o.risk_per_hour):
+            refused.append(o)
+            continue
+        yield (
+            private_tier(o, policy),
+            ctx.cost(o.view.gpu_type, o.price_factor, o.view.store),
+            o.price_factor,
+            o.kind_rank,
+            o,
+        )
 
 
 def _offers_and_costs(rest: Iterable[tuple[int, float, float, int, Offer]]) -> Iterator[tuple[Offer, float]]:
