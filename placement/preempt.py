@@ -177,6 +177,7 @@ class RunningIndex:
         self.claimed: set[str] = set()
         # `may_free`'s answers, with the version of the type's offers each was found at.
         self._may_free: dict[tuple[GpuType, TenantId, int | None, bool, int], tuple[int, frozenset[int]]] = {}
+        self._running_offers: dict[GpuType, list[tuple[Offer, OfferRunning]]] = {}
 
     def may_free(
         self,
@@ -201,11 +202,20 @@ class RunningIndex:
         found = self._may_free.get(key)
         if found is not None and found[0] == version:
             return found[1]
+        running = self._running_offers.get(gpu_type)
+        if running is None:
+            # The type's offers with running gangs, each with its entry, once a cycle: the offers and
+            # their order are fixed for the cycle (`Inventory.search_order`, cached), where each ask
+            # looked every offer's entry up again.
+            running = self._running_offers[gpu_type] = [
+                (offer, entry)
+                for offer in inventory.search_order((gpu_type,), True)
+                if (entry := self._by_offer.get(id(offer))) is not None
+            ]
         ids = frozenset(
             id(offer)
-            for offer in inventory.search_order((gpu_type,), True)
-            if (entry := self._by_offer.get(id(offer))) is not None
-            and offer.free.total_free + entry.most_freed(tenant, below, others) >= need
+            for offer, entry in running
+            if offer.free.total_free + entry.most_freed(tenant, below, others) >= need
         )
         self._may_free[key] = (version, ids)
         return ids
