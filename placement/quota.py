@@ -49,7 +49,11 @@ class QuotaBook:
         merged: dict[TenantId, TenantQuota] = {}
         # A tenant listed twice is a config mistake; merge the entries in a fixed order so that the outcome
         # does not depend on the snapshot's order (the lower cap wins, the first parent in order).
-        for quota in sorted(tenants, key=repr):
+        # Sorted only when a tenant is listed twice: otherwise each tenant's entry is its own whatever
+        # the order, and nothing reads the book's tenants in order (the sort's key is each entry's
+        # `repr`, worked out by the dataclass's interpreted method: a tenth of the book's setup).
+        listed = {quota.tenant for quota in tenants}
+        for quota in tenants if len(listed) == len(tenants) else sorted(tenants, key=repr):
             known = merged.get(quota.tenant)
             if known is None:
                 merged[quota.tenant] = quota

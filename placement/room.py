@@ -82,7 +82,12 @@ class Room:
         self.book = book
         self.fair = fair
         self.costs = costs
-        self.classes = {c.name: c for c in sorted(snapshot.priority_classes, key=repr, reverse=True)}
+        # A class named twice is a config mistake: the one first by `repr` wins, whatever the snapshot's
+        # order. Sorted only then (each `repr` is the dataclass's interpreted method).
+        classes = snapshot.priority_classes
+        if len({c.name for c in classes}) < len(classes):
+            classes = tuple(sorted(classes, key=repr, reverse=True))
+        self.classes = {c.name: c for c in classes}
         self.running = RunningIndex(inventory, snapshot.running, self._preemptible)
         # What preemption could possibly use, per type: lowest evictable priority per tenant, tenants
         # with evictable gangs, and gangs already leaving. Lets most gangs skip the victim search at once.
