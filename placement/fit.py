@@ -154,16 +154,26 @@ class FreeHistogram:
     def __init__(self, free_gpus_per_node: Iterable[int]) -> None:
         free = tuple(free_gpus_per_node)
         # Counted by distinct value, in C: a replay's elastic cloud pools are hundreds of nodes with one
-        # or two free counts, built every cycle.
+        # or two free counts, built every cycle. The lowest, highest and total in loops the compiled
+        # form runs natively: `min` and `max` with a default, and `sum`, were generic calls (every
+        # offer's histogram is built each cycle).
         values = set(free)
-        if min(values, default=0) < 0:
+        low = top = 0
+        for gpus in values:
+            if gpus < low:
+                low = gpus
+            if gpus > top:
+                top = gpus
+        if low < 0:
             raise ValueError(f"a node cannot have a negative number of free GPUs: {free}")
-        top = max(values, default=0)
         self._counts = [0] * (top + 1)
         for gpus in values:
             self._counts[gpus] = free.count(gpus)
+        total = 0
+        for gpus in free:
+            total += gpus
         self.node_count = len(free)
-        self.total_free = sum(free)
+        self.total_free = total
         self.max_free = top
 
     @property

@@ -37,7 +37,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, islice, repeat
+from itertools import chain, compress, islice
 from operator import attrgetter, eq, not_
 from typing import Final
 
@@ -94,7 +94,6 @@ _BULK_PER_KIND = 1
 _QUEUE_ORDER: Final = attrgetter("queued_at_s", "job_id")
 _QUEUED_AT: Final = attrgetter("queued_at_s")
 _DECISION_KEY: Final = attrgetter("decision_key")
-_DECISION_HASH: Final = attrgetter("decision_hash")
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -255,10 +254,13 @@ class _Cycle:
         # (a key object queued twice is two gangs of one hash) are looked at further. A steady cycle's
         # queue is nearly all such gangs; the hashes are counted, and the others picked out, by
         # C-level calls.
-        hashes = list(map(_DECISION_HASH, queued))
+        hashes = [g.decision_hash for g in queued]
         counted = Counter(hashes)
-        alone = list(map(eq, map(counted.__getitem__, hashes), repeat(1)))
-        candidates = list(compress(queued, map(not_, alone)))
+        shared: set[int] = set()
+        if len(counted) < len(hashes):
+            shared = {h for h, n in counted.items() if n > 1}
+        repeated = list(map(shared.__contains__, hashes)) if shared else []
+        candidates = list(compress(queued, repeated))
         keys = list(map(_DECISION_KEY, candidates))
         ids = list(map(id, keys))
         samples = dict(zip(ids, candidates, strict=True))
@@ -293,7 +295,7 @@ class _Cycle:
         if numbered:
             # The kinds of one gang passed over above, counted by tenant.
             left = self._unnumbered_left = {}
-            for unnumbered in compress(queued, alone):
+            for unnumbered in compress(queued, map(not_, repeated)):
                 left[unnumbered.tenant] = left.get(unnumbered.tenant, 0) + 1
             for kind, count in enumerate(counts):
                 tenant = self._kind_gangs[kind].tenant
