@@ -218,10 +218,8 @@ class _Cycle:
             tuple[tuple[GpuType, ...], frozenset[ClusterName] | None, bool, bool],
             tuple[tuple[WaitReason, ...], bool, frozenset[ClusterName]],
         ] = {}
-        held: dict[tuple[TenantId, GpuType], int] = {}
-        for gang in snapshot.running:
-            held[(gang.tenant, gang.gpu_type)] = held.get((gang.tenant, gang.gpu_type), 0) + gang.gpu_count
-        self.fair = FairShare(self.book.tenants, held, self.inventory.capacity_by_type, policy)
+        book = self.book
+        self.fair = FairShare(book.tenants, book.running_gpus, self.inventory.capacity_by_type, policy)
         self.costs = CostModel(dict(sorted(snapshot.gpu_speeds)), snapshot.egress_rates, policy)
         self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
         self.tables = Tables(self.inventory)

@@ -116,6 +116,9 @@ class QuotaBook:
             held[key] = held.get(key, 0) + gang.gpu_count
         for (tenant, gpu_type), gpus in held.items():
             self.add(tenant, gpu_type, gpus)
+        # The running gangs' GPUs per (tenant, type as the gangs name it), for fair shares
+        # (`plan._Cycle`), which summed them again.
+        self.running_gpus = held
 
     def _path_of(self, tenant: TenantId) -> tuple[TenantId, ...]:
         """The tenant and its ancestors, nearest first; a parent cycle or unknown parent ends the path."""
