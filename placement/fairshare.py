@@ -193,7 +193,9 @@ class FairOrder:
         # numbers) for each comparison, several a gang. The entries are the same tuples.
         heap = cast(list[tuple[object, ...]], self.heap)
         by_tenant = self.by_tenant
-        within_guarantee, share = self.within_guarantee, self.fair.share
+        # The fair shares asked of the native class itself: a bound method held as a local is called
+        # through its generic Python entry.
+        within_guarantee, fair = self.within_guarantee, self.fair
         # The loop runs once per queued gang: names bound locally, the top read by index (a starred
         # unpacking made a list per gang), the entry made inline rather than by a call.
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
@@ -216,7 +218,7 @@ class FairOrder:
                 entry: tuple[object, ...] = (
                     not within_guarantee(head),
                     -head.priority,
-                    share(tenant),
+                    fair.share(tenant),
                     head.queued_at_s,
                     head.job_id,
                     tenant,
