@@ -49,6 +49,45 @@ fits its minute with every figure the issue names that a small size can give.
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
 
+- The collector (2026-12-01, eighth round). `perf record -g` on the server (every thread, native
+  frames too) put 16 % of its CPU in CPython's cyclic collector and 29 % in the kernel (futex 17 %:
+  the GIL's hand-offs and the pools' wake-ups); on the simulator, the collector a third. py-spy
+  `--gil` had not shown it, and counts short functions far above their cost (`job_from_json` 3 % of
+  its samples at 5.7 us a record). Counted with `gc.callbacks` over one run: the server's collector
+  3.0 s (13 full collections of 175 ms over the startup heap, never frozen in a run this short),
+  the simulator's 4.6 s (14 of 270 ms). What changed: both set the collector's thresholds to
+  (10,000, 10, 100) and freeze what they made to start (the server at its heap freezer's first
+  look, the simulator once every cluster serves): 0.9 s and 1.1 s after; and the job watch yields
+  the record the server wrote rather than decoding its bytes again (B). `bench_cpu_ms_per_job`
+  (new) is the harness's own CPU. In turns, the tree before (A, 8b32541, its placer compiled) and
+  after (its placer interpreted while another helper changed it: cycles 0.40-0.73 s a run against
+  0.28-0.33), load at each run's start and end:
+
+  | run | load | lifecycle (steady) jobs/s | server ms/job | simulator ms/job | etcd ms/job | cycles CPU s |
+  |---|---|---|---|---|---|---|
+  | 100 clusters A | 3.1-4.6 | 120.0 (140.0) | 6.27 | 3.38 | 0.91 | 0.34 |
+  | 100 clusters B, no simulator change | 4.6-4.0 | 128.5 (146.7) | 5.78 | 3.50 | 1.05 | 0.36 |
+  | 100 clusters A | 4.0-4.7 | 118.5 (141.6) | 6.35 | 3.52 | 0.98 | 0.32 |
+  | 100 clusters B, no simulator change | 4.7-5.1 | 158.7 (199.8) | 4.87 | 3.16 | 0.78 | 0.27 |
+  | 100 clusters A | 5.1-5.8 | 107.8 (127.7) | 7.78 | 3.52 | 0.95 | 0.32 |
+  | 100 clusters B | 5.8-7.8 | 160.6 (204.4) | 4.82 | 2.20 | 0.85 | 0.40 |
+  | 100 clusters A | 3.5-3.9 | 135.4 (176.1) | 5.70 | 3.15 | 0.79 | 0.28 |
+  | 100 clusters B | 3.9-3.7 | 165.2 (191.0) | 4.95 | 2.24 | 0.83 | 0.73 |
+  | 100 clusters A | 3.7-4.7 | 125.6 (140.6) | 6.06 | 3.46 | 0.87 | 0.31 |
+  | 100 clusters B | 4.7-4.5 | 148.2 (192.6) | 5.14 | 2.36 | 0.96 | 0.40 |
+  | 100 clusters A | 4.5-5.6 | 115.5 (124.8) | 6.98 | 3.62 | 1.02 | 0.33 |
+  | 100 clusters B | 5.6-4.7 | 160.7 (226.0) | 5.32 | 2.54 | 0.80 | 0.43 |
+  | 100 clusters A | 4.7-5.1 | 117.1 (139.2) | 6.78 | 3.52 | 0.98 | 0.32 |
+  | 100 clusters B | 5.1-5.0 | 158.2 (213.5) | 4.89 | 2.25 | 0.88 | 0.41 |
+
+  What it shows. The last four pairs (the final tree): the server 5.05 ms of CPU a job against 6.42
+  (medians; 4.91 against 6.34 without the cycles), lower in every pair, by 0.75-1.89 ms; the
+  simulator 2.30 against 3.49; the lifecycle 159.5 jobs/s against 121.4, steady 202 against 140.
+  `--quick` after: server 4.72 ms a job, simulator 1.88, etcd 1.02, the harness 1.84. Tried and
+  not kept (same hour, the tree after): the server's GIL switch interval at 5 ms rather than 0.5
+  (4.68 and 4.38 ms a job against 4.67 and 4.95); the tick's hold at 2 s and 1 s rather than 5
+  (154-175 jobs/s either way).
+
 - Ended gangs removed together (2026-11-30, seventh round). Where the server's CPU went at 100
   clusters before (py-spy `--gil`, 1,361 samples, load 0.3): the Kubernetes client's calls on their
   threads 17 % (the gang's create 8.4 %, the ended pod's log tail 5.1 %, the gang's delete 5.4 %, a
