@@ -37,8 +37,8 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, islice
-from operator import attrgetter, eq, not_
+from itertools import chain, compress, islice, repeat
+from operator import attrgetter, eq, gt, not_, or_
 from typing import Final
 
 from placement.backfill import Hold
@@ -94,6 +94,9 @@ _BULK_PER_KIND = 1
 _QUEUE_ORDER: Final = attrgetter("queued_at_s", "job_id")
 _QUEUED_AT: Final = attrgetter("queued_at_s")
 _DECISION_KEY: Final = attrgetter("decision_key")
+_DECISION_HASH: Final = attrgetter("decision_hash")
+# How much of the queue's start the setup probes for shared key objects (`_Cycle`).
+_PROBE_KEYS: Final = 256
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -239,38 +242,55 @@ class _Cycle:
         # for the same reasons, so it takes them without the work. A deep queue is mostly such gangs.
         # Kinds are numbered once per cycle by their key objects (`_kind_by_object`, by `id`): equal
         # keys are mostly one object (the scheduler's requests share them, `snapshot.GangRequests`),
-        # so the objects are counted by C-level calls and each distinct one is looked up once, where
-        # putting a 22-field key in a dict per gang was most of this setup at 100,000 queued. Only
-        # kinds queued more than once are numbered (a queue of all different gangs paid 5 to 9% for
-        # the bookkeeping), and gangs whose own held GPUs or leaving victims the cycle carries
+        # so the objects are counted by C-level calls and each distinct one is hashed once, where
+        # hashing a 22-field key per gang was most of this setup at 100,000 queued. Only kinds queued
+        # more than once are numbered (a queue of all different gangs paid 5 to 9% for the
+        # bookkeeping), and gangs whose own held GPUs or leaving victims the cycle carries
         # (`OrderedEvictions`) are decided as their own. Two lists rather than one of pairs: a pair
         # per decision made the garbage collector run more often. The gangs hold their keys, so no id
         # is reused during the cycle.
         queued = snapshot.queued if reuse else ()
-        # Equal keys hash equal, so a gang whose key's hash (kept with the key, `decision_hash`) no
-        # other queued gang's shares is a kind of its own, and so is not numbered: only the others
-        # (a key object queued twice is two gangs of one hash) are looked at further. A steady cycle's
-        # queue is nearly all such gangs; the hashes are counted, and the others picked out, by
-        # C-level calls.
-        hashes = [g.decision_hash for g in queued]
-        counted = Counter(hashes)
-        shared: set[int] = set()
-        if len(counted) < len(hashes):
-            shared = {h for h, n in counted.items() if n > 1}
-        repeated = list(map(shared.__contains__, hashes)) if shared else []
-        candidates = list(compress(queued, repeated))
-        keys = list(map(_DECISION_KEY, candidates))
+        # Where the queue's key objects are apart (requests made apart, as the benchmark's; a first
+        # stretch of the queue is probed), most gangs are kinds of their own, told apart by their kept
+        # hashes alone (`GangRequest.decision_hash`, in a compiled loop): only the gangs whose hash
+        # another's shares are looked at below, and the others count as kinds of their own. Where the
+        # objects are shared (the scheduler's interned requests: a deep queue's gangs share a few
+        # hundred), every gang is looked at below, per key object, which costs two passes over the
+        # queue fewer there. Either way the same kinds are numbered.
+        looked_at: Sequence[GangRequest] = queued
+        twice_mask: list[bool] | None = None
+        head = queued[:_PROBE_KEYS]
+        if len({id(g.decision_key) for g in head}) == len(head):
+            every_hash = [g.decision_hash for g in queued]
+            counted = Counter(every_hash)
+            twice: set[int] = set()
+            if len(counted) < len(every_hash):
+                twice = {h for h, n in counted.items() if n > 1}
+            twice_mask = list(map(twice.__contains__, every_hash)) if twice else []
+            looked_at = list(compress(queued, twice_mask))
+        keys = list(map(_DECISION_KEY, looked_at))
         ids = list(map(id, keys))
-        samples = dict(zip(ids, candidates, strict=True))
+        samples = dict(zip(ids, looked_at, strict=True))
         # Gangs per key object. Where no key object is queued twice (requests made apart, as the
-        # benchmark's), every one counts one gang and none is repeated: no count is made.
+        # benchmark's), every one counts one gang and none is repeated: no count is made (a
+        # `Counter` counts through its Python-level methods, a tenth of this setup).
         per_object: dict[int, int] = {} if len(samples) == len(ids) else Counter(ids)
+        # Equal keys hash equal, so a key object queued once whose hash no other key object shares is
+        # a kind of one gang: it is left unnumbered without going through the dict of values. Each
+        # distinct key's hash is read where the request keeps it (`GangRequest.decision_hash`: hashing
+        # a 22-field key per distinct key object and cycle was the most of this setup in a queue of
+        # all different requests), and the kinds of one gang are picked out, by C-level calls. Looked
+        # at per distinct key object, not per gang: a deep queue's gangs share a few hundred objects.
+        hashes = list(map(_DECISION_HASH, samples.values()))
+        shared = _repeated(hashes)
+        repeated = set(compress(per_object, map(gt, per_object.values(), repeat(1))))
+        maybe = list(map(or_, map(repeated.__contains__, samples), map(shared.__contains__, hashes)))
         by_value: dict[tuple[object, ...], int] = {}
         counts: list[int] = []
         # A gang of each numbered kind: what the kind's gangs have in common (`take_in_bulk`).
         self._kind_gangs: list[GangRequest] = []
         object_kind: dict[int, int] = {}
-        for object_id, sample in samples.items():
+        for object_id, sample in compress(samples.items(), maybe):
             kind = by_value.setdefault(sample.decision_key, len(counts))
             if kind == len(counts):
                 counts.append(0)
@@ -291,9 +311,11 @@ class _Cycle:
         self.tenant_kinds: dict[TenantId, list[int]] = {}
         self._unnumbered_left: dict[TenantId, int] = {}
         if numbered:
-            # The kinds of one gang passed over above, counted by tenant.
+            # The kinds of one gang passed over above, counted by tenant at C level.
             left = self._unnumbered_left = {}
-            for unnumbered in compress(queued, map(not_, repeated)):
+            for unnumbered in compress(samples.values(), map(not_, maybe)):
+                left[unnumbered.tenant] = left.get(unnumbered.tenant, 0) + 1
+            for unnumbered in compress(queued, map(not_, twice_mask)) if twice_mask else ():
                 left[unnumbered.tenant] = left.get(unnumbered.tenant, 0) + 1
             for kind, count in enumerate(counts):
                 tenant = self._kind_gangs[kind].tenant
@@ -830,6 +852,19 @@ class _Cycle:
             if ruled_out:
                 head = (*head, _ruled_out(pinned, uniform, sorted(ruled_out)))
         return head, bool(missing), ruled_out
+
+
+def _repeated(values: list[int]) -> set[int]:
+    """The values the list holds more than once (a compiled loop over two sets: a `Counter` counted
+    through its Python-level methods)."""
+    seen: set[int] = set()
+    again: set[int] = set()
+    for value in values:
+        if value in seen:
+            again.add(value)
+        else:
+            seen.add(value)
+    return again
 
 
 def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:

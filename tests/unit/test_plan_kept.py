@@ -277,19 +277,22 @@ def test_kinds_are_those_numbering_every_key_by_value_gives() -> None:
         twin = replace(g, job_id=JobId(f"{g.job_id}-twin"))
         object.__setattr__(twin, "decision_key", g.decision_key)
         shared.append(twin)
-    queued = (*snapshot.queued, *copies, *shared)
-    cycle = _Cycle(replace(snapshot, queued=queued), NOW)
-    expected = _kinds_by_value(queued)
-    assert len(expected) == 60
-    assert _kinds(cycle, queued) == expected
-    assert cycle.kinds == len(expected)
-    # Every gang of no numbered kind is counted for its tenant as one left to decide.
-    numbered = {j for kind in expected for j in kind}
-    left: dict[TenantId, int] = {}
-    for g in queued:
-        if g.job_id not in numbered:
-            left[g.tenant] = left.get(g.tenant, 0) + 1
-    assert cycle._unnumbered_left == left
+    # Key objects apart at the queue's start (the setup tells kinds apart by the kept hashes first),
+    # and a key object shared at once (it looks at every gang per key object).
+    twin_first = (picked[30], shared[0], *(g for g in snapshot.queued if g is not picked[30]))
+    for queued in ((*snapshot.queued, *copies, *shared), (*twin_first, *copies, *shared[1:])):
+        cycle = _Cycle(replace(snapshot, queued=queued), NOW)
+        expected = _kinds_by_value(queued)
+        assert len(expected) == 60
+        assert _kinds(cycle, queued) == expected
+        assert cycle.kinds == len(expected)
+        # Every gang of no numbered kind is counted for its tenant as one left to decide.
+        numbered = {j for kind in expected for j in kind}
+        left: dict[TenantId, int] = {}
+        for g in queued:
+            if g.job_id not in numbered:
+                left[g.tenant] = left.get(g.tenant, 0) + 1
+        assert cycle._unnumbered_left == left
     # The scenario as built: its few equal gangs (if any) are its only kinds.
     alone = _Cycle(snapshot, NOW)
     assert _kinds(alone, snapshot.queued) == _kinds_by_value(snapshot.queued)
