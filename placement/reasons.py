@@ -48,6 +48,7 @@ class Table:
         "previous",
         "shape",
         "static",
+        "version",
         "views",
     )
 
@@ -77,6 +78,9 @@ class Table:
         self._key: Hashable | None = None
         self._per_view: list[WaitReason | None] = []
         self._positions: list[int] = []
+        # The type's version (`Inventory.type_version`) the figures were last found current at (-1:
+        # never, or the table lists blockers only): `Tables.table`'s.
+        self.version = -1
 
     @property
     def key(self) -> Hashable:
@@ -222,6 +226,7 @@ class Tables:
 
     def table(self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool) -> Table:
         """The table as of now: one per (type, shape, spot) between two changes of the type."""
+        version = -1
         if capped:
             # Only blockers are listed, whatever the shape and the free figures: one table per cycle,
             # and a key that stays equal from cycle to cycle while nothing else changes.
@@ -231,7 +236,16 @@ class Tables:
                 return table
             figures: tuple[Figures, ...] = (None,) * len(self.inventory.by_type.get(gpu_type, ()))
         else:
+            # A table whose figures were taken at the type's version now is the table as of now: no
+            # look at the figures (most asks between two changes of the type).
+            version = self.inventory.type_version(gpu_type)
+            table = self._tables.get((gpu_type, shape, allow_spot, capped))
+            if table is not None and table.version == version:
+                return table
             figures = self._figures_now(gpu_type, allow_spot)
+            if table is not None and table.figures is figures:
+                table.version = version
+                return table
         key = (gpu_type, shape, allow_spot, capped)
         table = self._tables.get(key)
         if table is None or (table.figures is not figures and not capped):
@@ -245,6 +259,7 @@ class Tables:
             table = self._tables[key] = Table(
                 views, gpu_type, shape, allow_spot, capped, figures, static, table
             )
+        table.version = version
         return table
 
     def _figures_now(self, gpu_type: GpuType, allow_spot: bool) -> tuple[Figures, ...]:

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from bench.placer_scenario import NOW, build
 from placement.capacity import Growth
 from placement.fairshare import Entry, FairOrder, FairShare, _sort_by_queue_order
+from placement.fit import gang_shape
 from placement.inventory import Inventory
 from placement.model import (
     CapacityKind,
@@ -51,6 +52,7 @@ from placement.model import (
 )
 from placement.plan import _Cycle
 from placement.quota import QuotaBook
+from placement.reasons import Tables
 from tests.properties import examples
 
 A100, H100 = GpuType("A100"), GpuType("H100")
@@ -248,6 +250,23 @@ def test_guarantee_headroom_answers_as_the_book_and_holds_while_its_tenant_is_un
         if before is not None and before[0] == changed:
             assert before[1] == headroom
         kept[(tenant, types)] = (changed, headroom)
+
+
+def test_tables_kept_at_the_types_version_have_the_figures_of_now() -> None:
+    """`Tables.table` hands back a table without looking at the figures while the type's version is
+    the one its figures were found current at: through a cycle's admissions, every table it hands
+    back must carry the figures a fresh look finds."""
+    snapshot = build(gangs=600)
+    cycle = _Cycle(snapshot, NOW)
+    asked = [(g.gpu_types[0], gang_shape(g.replica_gpus), g.allow_spot) for g in snapshot.queued[:40]]
+    for index, gang in enumerate(FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee)):
+        cycle.decide(gang)
+        if index % 7:
+            continue
+        for gpu_type, shape, spot in asked:
+            table = cycle.tables.table(gpu_type, shape, spot, False)
+            assert table.figures == Tables(cycle.inventory)._figures_now(gpu_type, spot)
+    assert cycle.admissions  # the figures moved during the walk
 
 
 def test_each_requests_kept_hash_is_its_keys() -> None:
