@@ -79,10 +79,18 @@ first and stated below, because it moved the figures by 2x between runs minutes 
   | 100 clusters B | 5.6-4.7 | 160.7 (226.0) | 5.32 | 2.54 | 0.80 | 0.43 |
   | 100 clusters A | 4.7-5.1 | 117.1 (139.2) | 6.78 | 3.52 | 0.98 | 0.32 |
   | 100 clusters B | 5.1-5.0 | 158.2 (213.5) | 4.89 | 2.25 | 0.88 | 0.41 |
+  | 100 clusters A | 3.5-3.4 | 130.7 (176.0) | 5.58 | 3.03 | 0.77 | 0.28 |
+  | 100 clusters B | 3.4-4.3 | 172.6 (242.3) | 4.35 | 1.99 | 0.77 | 0.37 |
+  | 100 clusters A | 4.3-5.1 | 148.3 (176.9) | 5.69 | 3.23 | 0.74 | 0.29 |
+  | 100 clusters B | 5.1-5.8 | 180.4 (278.9) | 4.46 | 2.09 | 0.71 | 0.54 |
+  | 100 clusters A | 5.8-5.8 | 131.3 (149.7) | 6.06 | 3.15 | 0.78 | 0.30 |
+  | 100 clusters B | 5.8-5.4 | 167.0 (236.2) | 4.80 | 2.00 | 0.80 | 0.24 |
 
-  What it shows. The last four pairs (the final tree): the server 5.05 ms of CPU a job against 6.42
-  (medians; 4.91 against 6.34 without the cycles), lower in every pair, by 0.75-1.89 ms; the
-  simulator 2.30 against 3.49; the lifecycle 159.5 jobs/s against 121.4, steady 202 against 140.
+  What it shows. The last seven pairs (the final tree): the server 4.89 ms of CPU a job against 6.06
+  (medians; 4.77 against 5.98 without the cycles), lower in every pair, by 0.75-1.89 ms; the
+  simulator 2.24 against 3.23; etcd 0.80 against 0.79; the lifecycle 165.2 jobs/s against 130.7,
+  steady 226 against 150. A run at load 3.3 gave 194.9 jobs/s (steady 252.6), its submissions the
+  slowest stage (240/s), every wait under 1.6 s on average.
   `--quick` after: server 4.72 ms a job, simulator 1.88, etcd 1.02, the harness 1.84. Tried and
   not kept (same hour, the tree after): the server's GIL switch interval at 5 ms rather than 0.5
   (4.68 and 4.38 ms a job against 4.67 and 4.95); the tick's hold at 2 s and 1 s rather than 5
