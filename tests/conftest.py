@@ -17,6 +17,7 @@ from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
 from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv_etcd import EtcdKv
+from federation.store.written import CHECK_ENV
 from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
 
 
@@ -35,6 +36,10 @@ def _port_slot_of_this_worker() -> str | None:
 # Set at import, before any fixture starts a server; the servers' own processes inherit it.
 if (_slot := _port_slot_of_this_worker()) is not None:
     os.environ[SLOT_ENV] = _slot
+
+# Every record a process takes back from its own watch as the one it wrote is checked against the
+# decoding of its bytes (federation.store.written): set at import too, so the servers inherit it.
+os.environ[CHECK_ENV] = "1"
 
 # What a full run writes under the temporary directory at its peak (etcd, SeaweedFS, PostgreSQL and
 # history data), measured by sampling the disk through fresh-clone `make test` runs on four workers:

@@ -13,18 +13,32 @@ is the very encoding of it; a record another process wrote, or this one wrote di
 decoded as before. A write that failed (lost its compare, or raised) takes its entry back, and one
 that was never seen (the watch broke and the cache listed again) is dropped when the key is next
 written or deleted, or when more than `MAX_KEPT` wait: then the record is decoded, as it always was.
+
+What it rests on: a record equals the decoding of its own encoding. A field held in memory as
+something its encoding decodes to differently (a list for a tuple, an int for a float) would leave
+the leader's cache unlike every other reader's. The test suite checks it on every record taken
+(`CHECK_ENV`, set by tests/conftest.py and inherited by the servers the tests start): a record unlike
+its decoding stops the process (`WrittenRecordDiffers`, a `BaseException`, so that no `except
+Exception` on the watch's way turns it into a relist and a log line).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Sequence
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
-from federation.store.jobs import JobRecord
+from federation.store.jobs import JobRecord, job_from_json
 
 # Records kept for the watch at most. A burst's writes are seen within a second or so; a watch that
 # broke leaves its entries until their keys are written again, and this bounds what they hold.
 MAX_KEPT = 16_384
+# "1": every record taken is checked against the decoding of its bytes (the test suite sets it).
+CHECK_ENV: Final = "GPUFED_CHECK_WRITTEN"
+
+
+class WrittenRecordDiffers(BaseException):
+    """A record this process wrote is not what its bytes decode to (only raised under `CHECK_ENV`)."""
 
 
 class _Settled(Protocol):
@@ -38,8 +52,9 @@ R = TypeVar("R", bound=_Settled)
 class WrittenRecords:
     """Records written, by key, with the bytes they were written as."""
 
-    def __init__(self, max_kept: int = MAX_KEPT) -> None:
+    def __init__(self, max_kept: int = MAX_KEPT, *, check: bool | None = None) -> None:
         self._max_kept = max_kept
+        self._check = os.environ.get(CHECK_ENV) == "1" if check is None else check
         self._kept: dict[bytes, tuple[bytes, JobRecord]] = {}
 
     def __len__(self) -> int:
@@ -59,6 +74,17 @@ class WrittenRecords:
         if entry is None or entry[0] != value:
             return None
         del self._kept[key]
+        if self._check:
+            decoded = job_from_json(value, key)
+            if decoded != entry[1]:
+                differ = [
+                    name
+                    for name in type(decoded).__dataclass_fields__
+                    if getattr(decoded, name) != getattr(entry[1], name)
+                ]
+                raise WrittenRecordDiffers(
+                    f"{key.decode()}: the record written differs from its decoding in {differ}"
+                )
         return entry[1]
 
     def forget(self, key: bytes) -> None:

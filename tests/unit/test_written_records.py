@@ -8,6 +8,7 @@ watch brought them back."""
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from federation.store.jobs import JobRecord, job_from_json, job_to_dict
 from federation.store.kv import Put
 from federation.store.kv_memory import MemoryKv
 from federation.store.schema_version import dumps
-from federation.store.written import WrittenRecords
+from federation.store.written import CHECK_ENV, WrittenRecordDiffers, WrittenRecords
 from placement.model import JobPhase
 from tests.conftest import build_job
 
@@ -124,7 +125,7 @@ async def test_a_deleted_job_is_forgotten_and_the_kept_are_bounded() -> None:
     assert events[0].type is JobEventType.DELETE
     assert len(store._written) == 0
 
-    kept = WrittenRecords(max_kept=2)
+    kept = WrittenRecords(max_kept=2, check=False)  # placeholder bytes, not a record's encoding
     job = build_job("g")
     for n in range(5):
         kept.add(f"k{n}".encode(), b"v", job)
@@ -142,3 +143,31 @@ async def test_a_put_through_the_kv_alone_is_not_taken_for_a_write_of_the_store(
     (ev,) = await _events(store, 1, 1)
     assert ev.job == job
     assert ev.job is not job
+
+
+def test_under_the_check_a_record_unlike_its_decoding_stops_the_process() -> None:
+    """The shortcut rests on a record equalling the decoding of its encoding. Under the test suite's
+    check (`CHECK_ENV`, which tests/conftest.py sets for every test and the servers they start), a
+    record held in a form its bytes do not decode to (here its events as a list, which decode as a
+    tuple) raises a `BaseException`, which no `except Exception` on the watch's way can turn into a
+    relist; without the check it is handed back as written."""
+    job = build_job("a")
+    unlike = replace(job, events=list(job.events))  # type: ignore[arg-type]
+    key, value = job_key(job.job_id), dumps(job_to_dict(unlike))
+    assert job_from_json(value) == job
+    assert unlike != job
+
+    checked = WrittenRecords(check=True)
+    checked.add(key, value, unlike)
+    with pytest.raises(WrittenRecordDiffers, match=r"differs from its decoding in \['events'\]"):
+        checked.take(key, value)
+    assert not isinstance(WrittenRecordDiffers("x"), Exception)
+
+    unchecked = WrittenRecords(check=False)
+    unchecked.add(key, value, unlike)
+    assert unchecked.take(key, value) is unlike
+
+
+def test_the_suite_runs_with_the_check_on() -> None:
+    assert os.environ.get(CHECK_ENV) == "1"
+    assert WrittenRecords()._check
