@@ -226,12 +226,14 @@ class Tables:
 
     def table(self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool) -> Table:
         """The table as of now: one per (type, shape, spot) between two changes of the type."""
-        version = -1
         if capped:
             # Only blockers are listed, whatever the shape and the free figures: one table per cycle,
             # and a key that stays equal from cycle to cycle while nothing else changes.
             shape = ()
-            table = self._tables.get((gpu_type, shape, allow_spot, capped))
+        key = (gpu_type, shape, allow_spot, capped)
+        table = self._tables.get(key)
+        version = -1
+        if capped:
             if table is not None:
                 return table
             figures: tuple[Figures, ...] = (None,) * len(self.inventory.by_type.get(gpu_type, ()))
@@ -239,26 +241,21 @@ class Tables:
             # A table whose figures were taken at the type's version now is the table as of now: no
             # look at the figures (most asks between two changes of the type).
             version = self.inventory.type_version(gpu_type)
-            table = self._tables.get((gpu_type, shape, allow_spot, capped))
             if table is not None and table.version == version:
                 return table
             figures = self._figures_now(gpu_type, allow_spot)
             if table is not None and table.figures is figures:
                 table.version = version
                 return table
-        key = (gpu_type, shape, allow_spot, capped)
-        table = self._tables.get(key)
-        if table is None or (table.figures is not figures and not capped):
-            views = self.inventory.by_type.get(gpu_type, [])
-            static = self._static.get((gpu_type, allow_spot))
-            if static is None:
-                static = self._static[(gpu_type, allow_spot)] = tuple(
-                    (v.cluster, v.reachable, tuple(o.capacity.counts for o in v.usable(allow_spot)))
-                    for v in views
-                )
-            table = self._tables[key] = Table(
-                views, gpu_type, shape, allow_spot, capped, figures, static, table
+        # No table for the key, or one whose figures are no longer current: a new one, after it.
+        views = self.inventory.by_type.get(gpu_type, [])
+        static = self._static.get((gpu_type, allow_spot))
+        if static is None:
+            static = self._static[(gpu_type, allow_spot)] = tuple(
+                (v.cluster, v.reachable, tuple(o.capacity.counts for o in v.usable(allow_spot)))
+                for v in views
             )
+        table = self._tables[key] = Table(views, gpu_type, shape, allow_spot, capped, figures, static, table)
         table.version = version
         return table
 
