@@ -262,10 +262,7 @@ class _Cycle:
         head = queued[:_PROBE_KEYS]
         if len({id(g.decision_key) for g in head}) == len(head):
             every_hash = [g.decision_hash for g in queued]
-            counted = Counter(every_hash)
-            twice: set[int] = set()
-            if len(counted) < len(every_hash):
-                twice = {h for h, n in counted.items() if n > 1}
+            twice = _repeated(every_hash)
             twice_mask = list(map(twice.__contains__, every_hash)) if twice else []
             looked_at = list(compress(queued, twice_mask))
         keys = list(map(_DECISION_KEY, looked_at))
