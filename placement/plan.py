@@ -66,7 +66,7 @@ from placement.model import (
 from placement.model import WaitCode as Code
 from placement.model_plan import explained_wait, reasoned_wait
 from placement.quota import QuotaBook
-from placement.reasons import GangExplanation, Tables
+from placement.reasons import GangExplanation, Table, Tables, no_quotas
 from placement.repatriate import choose_moves
 from placement.room import Room
 from placement.set_affinity import SetStores
@@ -97,6 +97,9 @@ _DECISION_KEY: Final = attrgetter("decision_key")
 _DECISION_HASH: Final = attrgetter("decision_hash")
 # How much of the queue's start the setup probes for shared key objects (`_Cycle`).
 _PROBE_KEYS: Final = 256
+# `within_guarantee`'s mark for no types (no headroom at all): below any gang's GPUs, and no
+# headroom (guarantee less usage) comes near it.
+_NO_HEADROOM: Final = -(1 << 60)
 
 
 def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
@@ -298,9 +301,11 @@ class _Cycle:
         self._carried = self.room.ordered.carried()
         self._decided_on: list[int] = [-1] * len(counts)
         self._decided: list[Waiting | None] = [None] * len(counts)
-        # `within_guarantee`'s answers: per (tenant, types), the tenant's count of changes to its usage
-        # and the most GPUs it could take within a guarantee then (`QuotaBook.guarantee_headroom`).
-        self._headrooms: dict[tuple[TenantId, tuple[GpuType, ...]], tuple[int, int | None]] = {}
+        # `within_guarantee`'s answers: per tenant and types, the most GPUs it could take within a
+        # guarantee (`QuotaBook.guarantee_headroom`), found at the tenant's count of changes to its
+        # usage kept per tenant.
+        self._headrooms: dict[TenantId, dict[tuple[GpuType, ...], int]] = {}
+        self._headrooms_at: dict[TenantId, int] = {}
         numbered = [k for k, count in enumerate(counts) if count > 1]
         self.kinds = len(numbered)
         # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
@@ -347,12 +352,18 @@ class _Cycle:
         usage, were worked out afresh for two asks in three."""
         book, tenant, types = self.book, gang.tenant, gang.gpu_types
         changed = book.tenant_changes.get(tenant, 0)
-        key = (tenant, types)
-        kept = self._headrooms.get(key)
-        if kept is None or kept[0] != changed:
-            kept = self._headrooms[key] = (changed, book.guarantee_headroom(tenant, types))
-        headroom = kept[1]
-        return headroom is not None and gang.gpu_count <= headroom
+        # Per tenant, the headrooms by types, all found at the tenant's count of changes kept beside
+        # them (a change drops them all at once): no (tenant, types) key or (count, headroom) value
+        # made per ask.
+        kept = self._headrooms.get(tenant)
+        if kept is None or self._headrooms_at[tenant] != changed:
+            kept = self._headrooms[tenant] = {}
+            self._headrooms_at[tenant] = changed
+        headroom = kept.get(types)
+        if headroom is None:
+            found = book.guarantee_headroom(tenant, types)
+            headroom = kept[types] = _NO_HEADROOM if found is None else found
+        return headroom != _NO_HEADROOM and gang.gpu_count <= headroom
 
     def take_in_bulk(self, order: FairOrder, between: Callable[[], None] | None) -> int:
         """Decide at once the stretch of the queue, next in `order`, whose gangs all take their kind's
@@ -812,12 +823,23 @@ class _Cycle:
                 for o in self.inventory.search_order(types, gang.allow_spot, within)
                 if o.fit(shape) is not None
             )
-        parts = tuple((quota.get(t), self.tables.table(t, shape, gang.allow_spot, t in quota)) for t in types)
+        tables, spot = self.tables, gang.allow_spot
         single = len(types) == 1 and not quota and not missing and not ruled_out
-        if single and not notes and not fits_now:
-            # The common case of a long queue: the type's table is the whole explanation.
-            return explained_wait(gang.job_id, parts[0][1])
-        explanation = GangExplanation(head, parts, fits_now, tuple(notes), shape, single, ruled_out)
+        if single:
+            table = tables.table(types[0], shape, spot, False)
+            if not notes and not fits_now:
+                # The common case of a long queue: the type's table is the whole explanation.
+                return explained_wait(gang.job_id, table)
+            rows: tuple[Table, ...] = (table,)
+            quotas: tuple[WaitReason | None, ...] = no_quotas(1)
+        elif quota:
+            rows = tuple([tables.table(t, shape, spot, t in quota) for t in types])
+            quotas = tuple([quota.get(t) for t in types])
+        else:
+            # No quota reason: every table uncapped, and the reasons a shared tuple of Nones.
+            rows = tuple([tables.table(t, shape, spot, False) for t in types])
+            quotas = no_quotas(len(types))
+        explanation = GangExplanation(head, quotas, rows, fits_now, tuple(notes), shape, single, ruled_out)
         return explained_wait(gang.job_id, explanation)
 
     def _head(

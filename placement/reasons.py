@@ -136,6 +136,15 @@ class Table:
         return True
 
 
+# Quota reasons of a gang with none, per number of types: shared (`GangExplanation.quotas`).
+_NO_QUOTAS: Final[tuple[tuple[None, ...], ...]] = tuple((None,) * n for n in range(9))
+
+
+def no_quotas(count: int) -> tuple[None, ...]:
+    """A tuple of `count` Nones, shared for the counts of most lists of types."""
+    return _NO_QUOTAS[count] if count < len(_NO_QUOTAS) else (None,) * count
+
+
 class GangExplanation:
     """Every reason that keeps one gang from every placement it accepts, most fundamental first.
 
@@ -144,12 +153,13 @@ class GangExplanation:
     reservation gets no capacity reason for the clusters where it fits (`fits_now`).
     """
 
-    __slots__ = ("_key", "fits_now", "head", "notes", "parts", "ruled_out", "shape", "single")
+    __slots__ = ("_key", "fits_now", "head", "notes", "quotas", "ruled_out", "shape", "single", "tables")
 
     def __init__(
         self,
         head: tuple[WaitReason, ...],
-        parts: tuple[tuple[WaitReason | None, Table], ...],
+        quotas: tuple[WaitReason | None, ...],
+        tables: tuple[Table, ...],
         fits_now: frozenset[tuple[ClusterName, GpuType]],
         notes: tuple[WaitReason, ...],
         shape: tuple[int, ...],
@@ -159,7 +169,12 @@ class GangExplanation:
         self.head = head
         # Clusters the gang's placement rules or shape rule out: their capacity is not its reason.
         self.ruled_out = ruled_out
-        self.parts = parts
+        # Per type accepted, its quota reason (None: none) and its table, as two tuples of one length:
+        # a tuple of pairs was one more object per type kept with every wait (the plan holds them
+        # all, and the collector walks each), and the quota reasons of a gang that has none are one
+        # shared tuple of Nones (`no_quotas`).
+        self.quotas = quotas
+        self.tables = tables
         self.fits_now = fits_now
         self.notes = notes
         self.shape = shape
@@ -168,10 +183,15 @@ class GangExplanation:
         self._key: Hashable | None = None
 
     @property
+    def parts(self) -> tuple[tuple[WaitReason | None, Table], ...]:
+        """Per type accepted, its quota reason (None: none) and its table."""
+        return tuple(zip(self.quotas, self.tables, strict=True))
+
+    @property
     def key(self) -> Hashable:
         # Made once: equal gangs decided on the same state share this explanation (`plan._Cycle`).
         if self._key is None:
-            parts = tuple((quota, table.key) for quota, table in self.parts)
+            parts = tuple((quota, table.key) for quota, table in zip(self.quotas, self.tables, strict=True))
             self._key = (
                 self.head,
                 parts,
@@ -187,7 +207,7 @@ class GangExplanation:
         reasons = list(self.head)
         table: tuple[WaitReason, ...] = ()
         fits_now = self.fits_now
-        for quota, recipe in self.parts:
+        for quota, recipe in zip(self.quotas, self.tables, strict=True):
             if quota is not None:
                 reasons.append(quota)
             table = recipe.build()
