@@ -10,7 +10,7 @@ Placement sees the new nodes only as inventory in a later snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import pairwise
+from itertools import compress, pairwise
 
 from placement.model import CapacityKind, ClusterName, GpuType, ScalablePool
 
@@ -153,7 +153,10 @@ class Growth:
         wanted = set(gpu_types)
         if self._ranked_exact and len(wanted) == len(gpu_types):
             spot = CapacityKind.SPOT
-            return [(c, p) for c, p in ranked if p.gpu_type in wanted and (allow_spot or p.kind is not spot)]
+            # The ranked pairs themselves, picked by `compress`, not new ones (compiled, a pair read
+            # into a typed local is taken apart and made anew when stored): the growth keeps each list.
+            picked = [p.gpu_type in wanted and (allow_spot or p.kind is not spot) for _, p in ranked]
+            return list(compress(ranked, picked))
         return sorted(
             (
                 (cluster, pool)
@@ -182,7 +185,7 @@ class Growth:
         """The list without the pools that have no room left (pruned in place, order kept)."""
         if self._pruned_at.get(id(pools), 0) != self._filled:
             self._pruned_at[id(pools)] = self._filled
-            pools[:] = [(c, p) for c, p in pools if self._room(c, p) > 0]
+            pools[:] = list(compress(pools, [self._room(c, p) > 0 for c, p in pools]))
         return pools
 
     def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:
