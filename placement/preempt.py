@@ -149,16 +149,20 @@ class RunningIndex:
             entry = by_offer.get(id(offer))
             if entry is None:
                 entry = by_offer[id(offer)] = OfferRunning()
-            item = (gang, shares)
-            entry.all.append(item)
+            everything = entry.all
+            everything.append((gang, shares))
+            # The other lists take the very pair `all` holds, by a slice of it: compiled, a pair in a
+            # typed local is taken apart and made anew each time it is stored, and a running gang's
+            # pair made twice was two objects kept through the cycle (and in its plan's explanations)
+            # for the collector to walk.
             if gang.terminating:
-                entry.draining.append(item)
+                entry.draining.extend(everything[-1:])
                 entry.draining_gpus += gang.gpu_count
             elif preemptible(gang):
                 gangs = entry.by_tenant.get(gang.tenant)
                 if gangs is None:
                     gangs = entry.by_tenant[gang.tenant] = []
-                gangs.append(item)
+                gangs.extend(everything[-1:])
                 entry.evictable_gpus += gang.gpu_count
         for entry in by_offer.values():
             for tenant, gangs in entry.by_tenant.items():
@@ -168,7 +172,7 @@ class RunningIndex:
                 priorities = [gang.priority for gang, _ in gangs]
                 if not _ascending(priorities):
                     order = sorted(range(len(gangs)), key=priorities.__getitem__)
-                    gangs[:] = [gangs[i] for i in order]
+                    gangs[:] = list(map(gangs.__getitem__, order))  # the pairs themselves, as above
                     priorities = [priorities[i] for i in order]
                 before = [0]
                 for gang, _ in gangs:
