@@ -929,6 +929,7 @@ def main() -> int:
             found = {"server": server.proc.pid, "simulator": sims.pid, "etcd": etcd.pid}
             pids = {name: pid for name, pid in found.items() if pid is not None}
             cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            switches_before = {name: _switches(pid) for name, pid in pids.items()}
             # The harness shares the cores too: this process (the observer's threads), its two
             # `etcdctl watch`es and the submitting process (a child, counted once it is waited for).
             harness_before = _cpu_seconds(os.getpid()) + sum(observer.cpu_seconds())
@@ -954,6 +955,7 @@ def main() -> int:
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: archived() == len(ids), timeout_s=drain_timeout_s, interval_s=0.2)
             cpu_s = {name: _cpu_seconds(pids[name]) - before for name, before in cpu_before.items()}
+            switches = {name: _switches(pids[name]) - before for name, before in switches_before.items()}
             cpu_s["bench"] = (
                 _cpu_seconds(os.getpid())
                 + sum(observer.cpu_seconds())
@@ -962,6 +964,13 @@ def main() -> int:
                 - children_before
             )
             loop_figures = scheduling_figures(metrics_port)
+            for name in ("server", "simulator"):
+                if name in switches:
+                    # Every thread's context switches (voluntary and not) over the run, a job
+                    # archived: the GIL's hand-offs and the threads' wake-ups, in the kernel's count.
+                    loop_figures.append(
+                        f"{name}_switches_per_job: {switches[name] / max(len(ids), 1):.1f} switches"
+                    )
             if "server" in pids:
                 threads, rss_kib = _status(pids["server"], "Threads:"), _status(pids["server"], "VmRSS:")
                 loop_figures.append(f"server_threads: {threads} threads")
@@ -1111,6 +1120,18 @@ def _status(pid: int, field: str) -> int:
         if line.startswith(field):
             return int(line.split()[1])
     return 0
+
+
+def _switches(pid: int) -> int:
+    """The context switches of every thread the process has now (a thread that ended took its own
+    count with it; the servers' threads live through a run)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                    total += int(line.split()[1])
+    return total
 
 
 def _children_cpu_s() -> float:
