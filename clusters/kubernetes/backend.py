@@ -398,7 +398,8 @@ class KubernetesBackend:
         return self._vanished.get((job_id, attempt))
 
     def _observe_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        # On the pod watch's thread, for every event: neither may block.
+        # On the thread that reads the pod watch (the shared reader's, every watch's), for every
+        # event: neither may block.
         self._inspection.observe_pod(kind, obj)
         self._vanished.observe_pod(kind, obj)
 

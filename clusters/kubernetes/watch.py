@@ -1,12 +1,17 @@
-"""List-then-watch caches, one thread each, and the cluster's reachability they measure.
+"""List-then-watch caches, and the cluster's reachability they measure.
 
-The official client blocks, so each watch gets a thread of its own rather than a slot in a shared
-pool that a long watch would hold forever. A watch lists once, then follows the event stream from the
-list's resourceVersion; when the stream ends (the server's timeout) it resumes from the last version
-it saw, and only a `410 Gone` (the version fell out of the server's window) costs a new list. While
-the API cannot be reached the thread retries with a doubling backoff and `Health` records since when;
-the backend reads that to say `reachable=False`, so a blip shorter than the threshold is not an
-outage. `stop()` shuts the socket under a blocked read, so closing never waits out a watch timeout.
+The official client blocks, so each watch has a thread of its own rather than a slot in a shared
+pool that a long watch would hold forever: it lists, makes the watch request and waits for the
+stream to end. The stream's events are read and applied by one thread for every watch of the process
+(`watchreader`), which the 400 watch threads of 100 clusters each woken for every event cost (a
+context switch and a GIL hand-off an event); a response it cannot read is read on the watch's own
+thread as before. A watch lists once, then follows the event stream from the list's resourceVersion;
+when the stream ends (the server's timeout) it resumes from the last version it saw, and only a `410
+Gone` (the version fell out of the server's window) costs a new list. While the API cannot be
+reached the thread retries with a doubling backoff and `Health` records since when; the backend reads
+that to say `reachable=False`, so a blip shorter than the threshold is not an outage. `stop()` shuts
+the socket under a blocked read and takes the stream from the reader, so closing never waits out a
+watch timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import urllib3
 
 from clusters.kubernetes.errors import is_no_answer, status_of
 from clusters.kubernetes.kube import KubeApi, ListPath, decode_json
+from clusters.kubernetes.watchreader import Stream, open_stream, shared_reader
 
 log = structlog.get_logger("gpufed.clusters.kubernetes")
 
@@ -88,7 +94,8 @@ class Informer(Generic[T]):
         self._group = group
         # The items by the name `group` gives them, then by key; kept with `_items`, under `_lock`.
         self._groups: dict[str, dict[str, T]] = {}
-        # Told of every watch event as it is applied, on this thread; it must not block.
+        # Told of every watch event as it is applied, on the thread that reads the stream (the shared
+        # reader's, where every watch's events are applied): it must not block.
         self._observer = observer
         self._api = api
         self._path = path
@@ -108,6 +115,10 @@ class Informer(Generic[T]):
         self._resource_version: str | None = None
         self._stop = threading.Event()
         self._response: urllib3.BaseHTTPResponse | None = None
+        # The stream the shared reader reads for this informer now, and its events so far.
+        self._stream: Stream | None = None
+        self._seen = 0
+        self._cluster = cluster
         self.synced = threading.Event()
         # Counters that tests and the benchmark read: lists made, watch requests made, events seen.
         self.lists = 0
@@ -189,9 +200,12 @@ class Informer(Generic[T]):
         self._stop.set()
         with self._lock:
             response = self._response
+            stream = self._stream
         if response is not None:
-            # Unblocks the read in the watch thread (urllib3 >= 2.3).
+            # Unblocks the read in the watch thread (urllib3 >= 2.3), or ends the shared reader's.
             response.shutdown()
+        if stream is not None:
+            shared_reader().drop(stream)
 
     def join(self, timeout_s: float) -> bool:
         if self._thread.ident is not None:
@@ -290,11 +304,46 @@ class Informer(Generic[T]):
             if status_of(error) == 410:
                 raise Gone from error
             raise
+        self._health.answered()
+        self._seen = 0
+        stream = open_stream(response, self._deliver, name=f"{self._cluster}/{self.name}")
+        if stream is None:
+            return self._read_here(response)
+        with self._lock:
+            self._response = response
+            self._stream = stream
+        if self._stop.is_set():
+            response.shutdown()
+            shared_reader().drop(stream)
+        try:
+            # The reader thread applies the events; this one waits for the stream's end (the
+            # server's timeout, an error, or `stop`), then makes the next request.
+            stream.ended.wait()
+        finally:
+            with self._lock:
+                self._response = None
+                self._stream = None
+            # The client did not read the body, so the connection cannot serve another request.
+            response.close()
+            response.release_conn()
+        if stream.error is not None:
+            raise stream.error
+        return self._seen
+
+    def _deliver(self, line: bytes) -> bool:
+        """One event of the stream, on the reader's thread; False once the informer is stopping."""
+        if self._stop.is_set():
+            return False
+        self._seen += 1
+        self._apply(decode_json(line))
+        return True
+
+    def _read_here(self, response: urllib3.BaseHTTPResponse) -> int:
+        """The stream read on this thread (a response the shared reader cannot read)."""
         with self._lock:
             self._response = response
         if self._stop.is_set():
             response.shutdown()
-        self._health.answered()
         seen = 0
         ended = False
         try:
