@@ -6,9 +6,10 @@ cycle functions over `bench/scale_depth.py`'s queue, without etcd, a server or g
     python bench/scale_depth.py --cycle-only       # the same, from scale_depth
 
 What one cycle is here, as in `Scheduler.run_cycle`: the snapshot and plan
-(`scheduler._snapshot_and_plan`, on the jobs as the job cache holds them, with the scheduler's kept
-requests) and the comparison of every waiting job's reasons with those last written
-(`Scheduler._reasons_to_write`). The 50 clusters of one 8-A100 node each, and the queue, are
+(`scheduler._snapshot_and_plan`, on the live jobs as the scheduler keeps them, with the queue carried
+from the last cycle and the jobs changed since, as the job cache's feed names them) and the
+comparison of the waiting jobs' reasons with those last written (`Scheduler._reasons_to_write`,
+looking for the jobs no longer waiting among those that left the queue or were admitted). The 50 clusters of one 8-A100 node each, and the queue, are
 `scale_depth`'s. The first cycle builds every request and admits 50 jobs, which then hold their nodes
 (admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
 follows one new submission, as `scale_depth` measures a cycle after a SubmitJob. Measured with
@@ -41,7 +42,16 @@ from federation.store.job_cache import JobCache  # noqa: E402
 from federation.store.job_store import InMemoryJobStore, KvStore, Stored  # noqa: E402
 from federation.store.jobs import JobPlacement, JobRecord, Owner  # noqa: E402
 from federation.store.records import PoolConfig, SchedulingSettings, TenantRecord  # noqa: E402
-from placement.model import CapacityKind, ClusterName, ClusterState, GpuType, JobPhase, Provider, TenantId  # noqa: E402
+from placement.model import (  # noqa: E402
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GpuType,
+    JobId,
+    JobPhase,
+    Provider,
+    TenantId,
+)
 
 STEADY_CYCLES = 3
 
@@ -99,24 +109,42 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
     store.compress_wait_reasons = True
     scheduler = _scheduler(store)
     revision = 0
+    # The scheduler's copy of the live jobs, and those changed since the last cycle (None: all).
+    live: dict[JobId, Stored[JobRecord]] = {r.job_id: Stored(r, revision) for r in records.values()}
+    changes: dict[JobId, Stored[JobRecord] | None] | None = None
+
+    def change(record: JobRecord) -> None:
+        nonlocal changes
+        live[record.job_id] = Stored(record, revision)
+        if changes is not None:
+            changes[record.job_id] = live[record.job_id]
 
     def cycle() -> tuple[float, float]:
-        nonlocal revision
-        live = [Stored(record, revision) for record in records.values()]
+        nonlocal revision, changes
         began = time.process_time()
-        planned = _snapshot_and_plan(live, inputs, inventories, {}, {}, 0, now, requests)
+        planned = _snapshot_and_plan(live, changes, inputs, inventories, {}, {}, 0, now, requests)
+        changes = {}
         planned_at = time.process_time()
-        changed, left = scheduler._reasons_to_write(planned.plan.waiting, lambda: None)
+        # Where the scheduler looks for the jobs no longer waiting (`Scheduler._write_reasons`).
+        admitted = {a.job_id for a in planned.plan.admissions}
+        maybe_left = None
+        if planned.departed is not None:
+            maybe_left = scheduler._maybe_left | planned.departed | admitted
+        changed, left = scheduler._reasons_to_write(
+            planned.plan.waiting, lambda: None, maybe_left, planned.queued_ids, admitted
+        )
         done = time.process_time()
         # As written: what the next cycle compares with.
         for write in changed:
             scheduler._written_reasons[write.job_id] = (write.key, write.reasons)
         for job_id in left:
             del scheduler._written_reasons[job_id]
+        scheduler._maybe_left = set()
+        revision += 1
         for admission in planned.plan.admissions:
             n = int(admission.job_id.removeprefix("q-"))
             records[n] = _admitted(records[n], admission.cluster, now)
-        revision += 1
+            change(records[n])
         return 1000 * (planned_at - began), 1000 * (done - planned_at)
 
     first = sum(cycle())
@@ -124,6 +152,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
     for k in range(steady_cycles):
         # One new submission, as scale_depth's cycle follows a SubmitJob.
         records[queued + k] = queued_record(queued + k, now)
+        change(records[queued + k])
         plan_ms, reasons_ms = cycle()
         plans.append(plan_ms)
         reasons.append(reasons_ms)

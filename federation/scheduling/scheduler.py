@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Container, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain, compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter
 from typing import Protocol, TypeVar
 
 import structlog
@@ -33,7 +33,7 @@ from federation.scheduling.archived_usage import ArchivedUsage
 from federation.scheduling.burst_offer import burst_offer_for, needs_burst_offer
 from federation.scheduling.idle import IdleGate
 from federation.scheduling.members import GangKey, MemberClusters
-from federation.scheduling.snapshot import GangRequests, PlacerInputs, build_snapshot
+from federation.scheduling.snapshot import GangRequests, PlacerInputs, snapshot_from
 from federation.scheduling.yielding import StepAside
 from federation.store.job_cache import JobCache
 from federation.store.job_store import (
@@ -64,12 +64,17 @@ from placement.model import (
 from placement.plan import plan
 
 _JOB_ID = attrgetter("job_id")
-_TENANT = attrgetter("tenant")
+_KEY = attrgetter("key")
+_VALUE = attrgetter("value")
+_FIRST = itemgetter(0)
 T = TypeVar("T")
 
 # The wait key of reasons read from the store: equal to no `Waiting.key`, so they are compared
 # by their worded reasons.
 _READ_FROM_STORE = object()
+# What a waiting job without reasons written reads as its written ones (`_reasons_to_write`).
+_NOT_WRITTEN = object()
+_UNWRITTEN: tuple[Hashable, tuple[WaitReason, ...]] = (_NOT_WRITTEN, ())
 
 log = structlog.get_logger("gpufed.scheduler")
 
@@ -108,10 +113,16 @@ class _Planned:
     # Queued jobs by tenant, for the queue-depth gauge.
     queue_depth: Mapping[str, int]
     cpu_s: float
+    # The jobs that left the queue since the last cycle (None: every job was read, so unknown), and
+    # the queue's ids (valid until the next cycle's snapshot): where `_reasons_to_write` looks for
+    # the jobs whose written reasons are to be deleted.
+    departed: set[JobId] | None = None
+    queued_ids: Container[JobId] = ()
 
 
 def _snapshot_and_plan(
-    live: Sequence[Stored[JobRecord]],
+    live: Mapping[JobId, Stored[JobRecord]],
+    changed: Mapping[JobId, Stored[JobRecord] | None] | None,
     inputs: PlacerInputs,
     inventories: Sequence[ClusterState],
     statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None],
@@ -124,6 +135,8 @@ def _snapshot_and_plan(
 ) -> _Planned:
     # Everything here walks every live job: on the worker thread, not the event loop, where 20,000
     # queued jobs made each walk a pause of every API call in flight (issue 30, item 15).
+    # `live`: every live job as the cycle read it; `changed`: those changed since the last call (None:
+    # any may have), from which `requests` carries the queue (`GangRequests.carry`).
     # With the cyclic collector held off, and what the cycle made frozen if it made many objects
     # (`paused_gc`): a new leader's first cycle over a million queued jobs builds their requests,
     # millions of long-lived objects the heap's freezer had not seen, and each full collection
@@ -132,23 +145,27 @@ def _snapshot_and_plan(
     # cyclic: reference counting frees it as before.
     with paused_gc():
         cpu_started = time.thread_time()
-        # One read of each record (per job, a deep queue's cycle is a million of each).
-        records = [s.value for s in live]
-        snapshot = build_snapshot(
-            records,
+        records = None if changed is None else {j: None if s is None else s.value for j, s in changed.items()}
+        queue = requests.carry(records, lambda: map(_VALUE, live.values()), inputs, between)
+        snapshot = snapshot_from(
+            queue.requests,
+            queue.placed,
             inputs,
             inventories,
             statuses=statuses,
             usage=usage,
             preempted_gpus_this_interval=preempted_gpus,
-            requests=requests,
             held_off=held_off,
-            between=between,
         )
-        requests.keep_only_queued(snapshot.queued)
-        depth: Counter[str] = Counter(map(_TENANT, snapshot.queued))
         result = plan(snapshot, now=now, between=between)
-        return _Planned(result, _named(result, records, live), depth, time.thread_time() - cpu_started)
+        return _Planned(
+            result,
+            _named(result, live),
+            queue.depth,
+            time.thread_time() - cpu_started,
+            queue.departed,
+            queue.ids,
+        )
 
 
 def _runs(items: Sequence[T], size: int, between: Callable[[], None]) -> Iterator[Sequence[T]]:
@@ -158,21 +175,14 @@ def _runs(items: Sequence[T], size: int, between: Callable[[], None]) -> Iterato
         yield items[start : start + size]
 
 
-def _named(
-    result: Plan, records: Sequence[JobRecord], live: Sequence[Stored[JobRecord]]
-) -> dict[JobId, Stored[JobRecord]]:
+def _named(result: Plan, live: Mapping[JobId, Stored[JobRecord]]) -> dict[JobId, Stored[JobRecord]]:
     """The jobs the plan acts on (admitted, evicted, moved, given a burst offer), by id, as the
-    snapshot read them. Only those: a map of every live job cost 0.22 µs a job (22 ms a cycle at
-    100,000 queued) for the tens the plan names. Picked by C-level calls, without a loop per job."""
+    snapshot read them."""
     named = {a.job_id for a in result.admissions}
     named.update(p.victim for p in result.preemptions)
     named.update(m.job_id for m in result.moves)
     named.update(result.bursts)
-    if not named:
-        return {}
-    ids = list(map(_JOB_ID, records))
-    picked = list(map(named.__contains__, ids))
-    return dict(zip(compress(ids, picked), compress(live, picked), strict=True))
+    return {job_id: stored for job_id in named if (stored := live.get(job_id)) is not None}
 
 
 def _warm_requests(jobs: Sequence[Stored[JobRecord]], inputs: PlacerInputs, requests: GangRequests) -> int:
@@ -269,6 +279,19 @@ class Scheduler:
         self._reasons_read = False
         self._reasons_fence: Fence | None = None
         self._requests = GangRequests()
+        # The live jobs as the last cycle read them, kept current from the cache's changes (`_read_live`),
+        # and those changed since the last snapshot took them (None: any may have): a cycle over a deep
+        # queue copied every live job and the snapshot walked them all to find the few that changed.
+        self._feed = cache.follow()
+        self._live: dict[JobId, Stored[JobRecord]] = {}
+        self._changed: dict[JobId, Stored[JobRecord] | None] | None = None
+        # The term the live copy and the carried queue were last read under: a new one reads all.
+        self._live_fence: Fence | object | None = _NOT_WRITTEN
+        # Jobs that may have reasons written but wait no more (`_reasons_to_write`): those that left
+        # the queue or were admitted, and those left over by a cycle's bound on writes.
+        self._maybe_left: set[JobId] = set()
+        # One object per value of the wait keys written (`_reasons_to_write`).
+        self._canonical_keys: dict[Hashable, Hashable] = {}
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
@@ -302,6 +325,26 @@ class Scheduler:
             self._usage_at = now
         return self._usage
 
+    def _read_live(self, fence: Fence | None) -> None:
+        """Bring the copy of the live jobs up to the cache's revision from its changes, noting them for
+        the snapshot; on a new term, or when the feed lost track (a relist), copy them all. On the event
+        loop, with no await: the copy is the jobs of the revision read beside it."""
+        ids = self._feed.take()
+        if ids is None or fence != self._live_fence:
+            self._live = self._cache.live_map()
+            self._changed = None
+            self._live_fence = fence
+            return
+        live, get, changed = self._live, self._cache.live_job, self._changed
+        for job_id in ids:
+            stored = get(job_id)
+            if stored is None:
+                live.pop(job_id, None)
+            else:
+                live[job_id] = stored
+            if changed is not None:
+                changed[job_id] = stored
+
     def _preempted_gpus(self, now: float, interval_s: float) -> int:
         while self._preempted and self._preempted[0][0] <= now - interval_s:
             self._preempted.popleft()
@@ -329,7 +372,8 @@ class Scheduler:
         # the copy's. The revision read after the awaits, as before, could name a job the copy
         # lacks: the idle gate then skipped the cycles that would have planned it, for up to its
         # replan interval.
-        live, revision = self._cache.live_jobs(), self._cache.revision
+        self._read_live(fence)
+        live, revision = self._live, self._cache.revision
         inputs = await self._inputs.read()
         # Statuses read with the inventory, from the same look at each cluster, not the reconciler's
         # from up to a tick ago: the snapshot holds back the GPUs of live gangs whose pods the
@@ -357,6 +401,7 @@ class Scheduler:
         planned = await asyncio.to_thread(
             _snapshot_and_plan,
             live,
+            self._changed,
             inputs,
             inventories,
             statuses,
@@ -368,6 +413,9 @@ class Scheduler:
             self._members.held_off(now),
             StepAside(self._metrics),
         )
+        # Taken: the queue carried is as of `live` (an exception above leaves them for the next cycle,
+        # and a carry half-way carries nothing).
+        self._changed = {}
         result, stored_jobs = planned.plan, planned.stored
 
         semaphore = asyncio.Semaphore(COMMIT_CONCURRENCY)
@@ -401,7 +449,7 @@ class Scheduler:
             starts = {r.job_id: r.start_at_s for r in result.reservations}
             self._capacity.offer(result.capacity_requests, starts)
             waiting = self._capacity.annotate(result.waiting)
-        reasons_left = await self._write_reasons(waiting, fence, semaphore)
+        reasons_left = await self._write_reasons(waiting, fence, semaphore, planned)
         await self._record_bursts(result, stored_jobs, now, fence, semaphore)
         self._metrics.set_queue_depth(planned.queue_depth)
         seconds = time.perf_counter() - started
@@ -621,7 +669,12 @@ class Scheduler:
         self._reasons_read, self._reasons_fence = True, fence
 
     def _reasons_to_write(
-        self, waiting: Sequence[Waiting], between: Callable[[], None]
+        self,
+        waiting: Sequence[Waiting],
+        between: Callable[[], None],
+        maybe_left: Collection[JobId] | None = None,
+        queued: Container[JobId] = (),
+        admitted: Container[JobId] = (),
     ) -> tuple[list[_ReasonsWrite], list[JobId]]:
         """The waits whose reasons differ from those written, each with its stored bytes, and the
         jobs no longer waiting.
@@ -629,52 +682,69 @@ class Scheduler:
         Waits with equal keys have equal reasons (`Waiting.key`), whoever waits: each key's reasons
         are worded and encoded once, and that one tuple is what every such job keeps as written
         (a deep queue waits for a handful of reasons: a tuple of 50 reasons a job, and its JSON,
-        was most of a first pass's CPU and a third of the memory per queued job)."""
+        was most of a first pass's CPU and a third of the memory per queued job).
+
+        Each key value has one object kept as written (`_canonical_keys`): a job whose written key is
+        the one object of its wait's key value waits as written, which is found for every waiting job
+        by C-level calls (the placer makes new keys and waits each cycle: a job-by-job comparison of
+        keys cost 0.4 µs a waiting job). Only the others are compared, as before.
+
+        The jobs no longer waiting are looked for among `maybe_left` (with those that left the queue
+        since the last cycle, and those `admitted`: a job in `queued` and not admitted waits), not by
+        a walk of every written entry; a walk is the fallback when they do not account for every
+        written job that does not wait (after a new term's read of the store, or without
+        `maybe_left`)."""
+        written = self._written_reasons
+        ids: list[JobId] = []
+        keys: list[Hashable] = []
+        for run in _runs(waiting, 65_536, between):
+            ids += map(_JOB_ID, run)
+            keys += map(_KEY, run)
+        # Each distinct key object (a deep queue's waits share a few hundred) to its value's one object.
+        key_ids = list(map(id, keys))
+        canonical_keys = self._canonical_keys
+        to_canonical = {
+            key_id: canonical_keys.setdefault(key, key)
+            for key_id, key in dict(zip(key_ids, keys, strict=True)).items()
+        }
+        if len(canonical_keys) > 4 * len(to_canonical) + 1024:
+            # Values no wait has now: forgotten (an entry written with one is compared as before).
+            self._canonical_keys = {key: key for key in to_canonical.values()}
+        canonical = list(map(to_canonical.__getitem__, key_ids))
+        olds = list(map(written.get, ids, repeat(_UNWRITTEN)))
+        old_keys = list(map(_FIRST, olds))
+        with_written = len(old_keys) - old_keys.count(_NOT_WRITTEN)
         # Keyed by the key objects' identities, each entry holding its objects (so no id is reused
-        # during the walk): jobs that wait for the same decision share one key object, and a key is
-        # a tuple of the figures of every cluster, whose comparison and hash cost more, job by job,
-        # than the rest of the walk (200 ms a cycle at 50,000 queued, against 30 ms now).
+        # during the walk): a key is a tuple of the figures of every cluster, whose comparison and
+        # hash cost more, job by job, than the rest of the walk.
         same_keys: dict[tuple[int, int], tuple[Hashable, Hashable, bool]] = {}
-        # Each key's reasons, worded once, and their stored bytes; by value behind the identity, so
-        # that equal keys share one tuple.
-        by_key_id: dict[int, tuple[Hashable, _Worded]] = {}
-        by_key: dict[Hashable, _Worded] = {}
+        # Each key's reasons, worded once, and their stored bytes (keys are the canonical objects).
+        by_key_id: dict[int, _Worded] = {}
         # Whether a tuple written (by identity: the store's reads share them) equals a key's reasons.
         equal: dict[tuple[int, int], tuple[tuple[WaitReason, ...], _Worded, bool]] = {}
         changed = []
-        # Waiting jobs with reasons written: when they are all that is written, no job left the queue,
-        # and the walk of every written entry to find those that did is skipped.
-        with_written = 0
-        written_for = self._written_reasons.get
-        # In runs of 512 with `between` before each: no count and test per job in the walk.
-        for w in chain.from_iterable(_runs(waiting, 512, between)):
-            key = w.key
-            written = written_for(w.job_id)
-            if written is not None:
-                with_written += 1
-                old_key = written[0]
-                if old_key is key:
-                    continue
+        for at in compress(range(len(ids)), map(is_not, old_keys, canonical)):
+            w, key, old = waiting[at], canonical[at], olds[at]
+            if old is not _UNWRITTEN:
+                old_key = old[0]
                 pair = (id(old_key), id(key))
                 hit = same_keys.get(pair)
                 if hit is None:
                     hit = same_keys[pair] = (old_key, key, old_key == key)
                 if hit[2]:
-                    continue  # equal keys, equal reasons: not even worded
-            found = by_key_id.get(id(key))
-            if found is None:
-                words = by_key.get(key)
-                if words is None:
-                    words = by_key[key] = _Worded(w.reasons)
-                found = by_key_id[id(key)] = (key, words)
-            words = found[1]
-            if written is not None:
-                pair = (id(written[1]), id(words))
+                    # Equal keys, equal reasons: not even worded; the one object kept from now on.
+                    written[w.job_id] = (key, old[1])
+                    continue
+            words = by_key_id.get(id(key))
+            if words is None:
+                words = by_key_id[id(key)] = _Worded(w.reasons)
+            if old is not _UNWRITTEN:
+                pair = (id(old[1]), id(words))
                 same = equal.get(pair)
                 if same is None:
-                    same = equal[pair] = (written[1], words, written[1] == words.reasons)
+                    same = equal[pair] = (old[1], words, old[1] == words.reasons)
                 if same[2]:
-                    self._written_reasons[w.job_id] = (key, written[1])
+                    written[w.job_id] = (key, old[1])
                     continue
             if words.value is None:
                 words.value = encode_wait_reasons(words.reasons, compressed=self._store.compress_wait_reasons)
@@ -682,26 +752,57 @@ class Scheduler:
         # A job that stopped waiting (admitted or cancelled) has no reasons any more: they are deleted, so
         # that etcd does not keep one stale key per job ever queued. (Entries are replaced above, never
         # added, so `with_written` counts distinct written jobs while the waits name each job once.)
-        if with_written == len(self._written_reasons):
+        not_waiting = len(written) - with_written
+        if not not_waiting:
             return changed, []
-        still_waiting = set(map(_JOB_ID, waiting))
-        left = [job_id for job_id in self._written_reasons if job_id not in still_waiting]
+        if maybe_left is not None:
+            left = [
+                job_id
+                for job_id in maybe_left
+                if job_id in written and (job_id not in queued or job_id in admitted)
+            ]
+            # A waiting job is queued and not admitted, so each found does not wait: as many as there
+            # are is all of them.
+            if len(left) == not_waiting:
+                return changed, left
+        still_waiting = set(ids)
+        left = [job_id for job_id in written if job_id not in still_waiting]
         return changed, left
 
     async def _write_reasons(
-        self, waiting: Sequence[Waiting], fence: Fence | None, semaphore: asyncio.Semaphore
+        self,
+        waiting: Sequence[Waiting],
+        fence: Fence | None,
+        semaphore: asyncio.Semaphore,
+        planned: _Planned | None = None,
     ) -> int:
         """Write the reasons that changed, at most WAIT_WRITES_PER_CYCLE jobs' (in the placer's
         order of the waiting jobs); returns how many are left for the next cycles."""
         await self._read_written_reasons(fence)
+        maybe_left: set[JobId] | None = None
+        admitted: set[JobId] = set()
+        if planned is not None and planned.departed is not None:
+            maybe_left = self._maybe_left
+            maybe_left |= planned.departed
+            admitted = {a.job_id for a in planned.plan.admissions}
+            maybe_left |= admitted
         # Comparing every waiting job's reasons walks the whole queue: on the worker thread, so that
         # API calls are not held up behind it. Only this cycle touches `_written_reasons`.
-        changed, left = await asyncio.to_thread(self._reasons_to_write, waiting, StepAside(self._metrics))
+        changed, left = await asyncio.to_thread(
+            self._reasons_to_write,
+            waiting,
+            StepAside(self._metrics),
+            maybe_left,
+            () if planned is None else planned.queued_ids,
+            admitted,
+        )
         # At most WAIT_WRITES_PER_CYCLE jobs: the rest are found changed again by the next cycle,
         # which the idle gate does not skip. Many jobs to a fenced transaction
         # (`put_encoded_wait_reasons`), not one each.
         later = max(0, len(changed) + len(left) - WAIT_WRITES_PER_CYCLE)
         changed = changed[:WAIT_WRITES_PER_CYCLE]
+        # Those not deleted this cycle are looked for again in the next.
+        self._maybe_left = set(left[WAIT_WRITES_PER_CYCLE - len(changed) :])
         left = left[: WAIT_WRITES_PER_CYCLE - len(changed)]
         values: list[tuple[JobId, bytes | None]] = [(c.job_id, c.value) for c in changed]
         values += [(job_id, None) for job_id in left]

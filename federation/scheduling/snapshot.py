@@ -8,8 +8,10 @@ changes; with thousands queued, rebuilding every request each cycle cost as much
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 from clusters.api import GangStatus
 from federation.datasets.outputs import awaited_inputs
@@ -215,7 +217,8 @@ def unbound_replica_gpus(
 
 
 class GangRequests:
-    """Each queued job's GangRequest, built once per (record version, inputs version).
+    """Each queued job's GangRequest, built once per (record version, inputs version), and the
+    placer's queue carried from cycle to cycle (`carry`).
 
     Requests with equal decision keys share one key object (`GangRequest.decision_key`, interned
     here): the placer numbers the kinds of gangs each cycle (`placement.plan._Cycle`), and with one
@@ -226,11 +229,26 @@ class GangRequests:
     def __init__(self) -> None:
         self._built: dict[JobId, tuple[JobRecord, int, GangRequest]] = {}
         self._kinds: dict[tuple[object, ...], tuple[object, ...]] = {}
+        # The carried queue (`carry`): while `_carried`, `_built` holds exactly the requests of the
+        # placer's queue as the last carry left it (queued, not cancelled, not awaiting an input),
+        # built with the inputs of `_version`, and the maps below are those jobs' others.
+        self._carried = False
+        self._version = -1
+        # Live jobs not queued, by id: the snapshot's running and pending gangs come from these.
+        self._placed: dict[JobId, JobRecord] = {}
+        # What `awaited_inputs` reads: live jobs that make outputs, and queued ones that read a
+        # version of a dataset (any other job neither makes nor waits for one).
+        self._makers: dict[JobId, JobRecord] = {}
+        self._wanting: dict[JobId, JobRecord] = {}
+        self._held: frozenset[str] = frozenset()
+        # Jobs in the queue by tenant, for the queue-depth gauge.
+        self._depth: dict[str, int] = {}
 
     def get(self, job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         hit = self._built.get(job.job_id)
         if hit is not None and hit[0] is job and hit[1] == inputs.version:
             return hit[2]
+        self._carried = False  # `_built` may now hold a job outside the queue
         return self._build(job, inputs)
 
     def _build(self, job: JobRecord, inputs: PlacerInputs) -> GangRequest:
@@ -254,6 +272,7 @@ class GangRequests:
         jobs that are not queued, in order; `between` every few hundred jobs. One walk of the jobs
         for both: a pass over a deep queue's records costs more in reading them from memory (100 to
         200 ns a record) than in what it does with each."""
+        self._carried = False
         built, version = self._built.get, inputs.version
         out: list[GangRequest] = []
         placed: list[JobRecord] = []
@@ -283,15 +302,179 @@ class GangRequests:
 
     def keep_only(self, job_ids: set[JobId]) -> None:
         """Forget the jobs not in `job_ids`, which holds every job asked for since the last call."""
+        self._carried = False
         if len(self._built) == len(job_ids):
             return  # all asked for this cycle, so nothing else is kept: no walk of the whole queue
         for job_id in [j for j in self._built if j not in job_ids]:
             del self._built[job_id]
+        self._forget_kinds()
+
+    def _forget_kinds(self) -> None:
         if len(self._kinds) > 2 * len(self._built) + 1024:
             # Kinds no kept request has: forgotten, so that a queue of ever new kinds stays bounded.
             self._kinds = {}
             for _, _, request in self._built.values():
                 self._kinds.setdefault(request.decision_key, request.decision_key)
+
+    # ---- the carried queue
+
+    def forget_carried(self) -> None:
+        """The next `carry` reads every job (a new term: nothing carried is trusted)."""
+        self._carried = False
+
+    def carry(
+        self,
+        changed: Mapping[JobId, JobRecord | None] | None,
+        every: Callable[[], Iterable[JobRecord]],
+        inputs: PlacerInputs,
+        between: Callable[[], None] | None = None,
+    ) -> CarriedQueue:
+        """The placer's queue, brought up to date from the jobs `changed` since the last carry (each
+        as it is now, None when no longer live), or from `every` live job when `changed` is None, when
+        nothing is carried yet or the inputs changed (every request depends on them).
+
+        A deep queue's cycle read every record and built a list of every queued job's request, about
+        1 µs a job (half a second of CPU at a million queued); carried, a cycle costs the jobs that
+        changed, the jobs in flight and the queue's tuple, made at C level. Whatever feeds a request or
+        the queue's membership besides the record is in `inputs` (settings, users, approvals: all
+        rebuilt when its version changes), or is read here from the jobs (the inputs awaited from a
+        live job, held out of the queue); a cancel request is on the record. An exception half-way
+        leaves nothing carried."""
+        carried, self._carried = self._carried, False
+        if changed is None or not carried or inputs.version != self._version:
+            departed: set[JobId] | None = None
+            self._carry_all(every(), inputs, between)
+        else:
+            departed = self._carry_changes(changed, inputs)
+        self._forget_kinds()
+        self._version = inputs.version
+        self._carried = True
+        return CarriedQueue(
+            requests=tuple(map(_REQUEST, self._built.values())),
+            placed=list(self._placed.values()),
+            depth=dict(self._depth),
+            departed=departed,
+            ids=self._built.keys(),
+        )
+
+    def _carry_all(
+        self, jobs: Iterable[JobRecord], inputs: PlacerInputs, between: Callable[[], None] | None
+    ) -> None:
+        placed: dict[JobId, JobRecord] = {}
+        makers: dict[JobId, JobRecord] = {}
+        wanting: dict[JobId, JobRecord] = {}
+        candidates: list[JobRecord] = []
+        queued = JobPhase.QUEUED
+        for index, job in enumerate(jobs):
+            if between is not None and index & 255 == 0:
+                between()
+            spec = job.spec
+            if spec.outputs:
+                makers[job.job_id] = job
+            if job.phase is not queued:
+                placed[job.job_id] = job
+                continue
+            ref = spec.dataset
+            if ref is not None and ref.version is not None:
+                wanting[job.job_id] = job
+            if not job.cancel_requested:
+                candidates.append(job)
+        held = awaited_inputs([*makers.values(), *wanting.values()], inputs.settings.dataset)
+        built, version = self._built.get, inputs.version
+        kept: dict[JobId, None] = {}
+        for index, job in enumerate(candidates):
+            if between is not None and index & 255 == 0:
+                between()
+            job_id = job.job_id
+            if job_id in held:
+                continue
+            kept[job_id] = None
+            hit = built(job_id)
+            if hit is None or hit[0] is not job or hit[1] != version:
+                self._build(job, inputs)
+        if len(kept) != len(self._built):
+            for job_id in [j for j in self._built if j not in kept]:
+                del self._built[job_id]
+        self._placed, self._makers, self._wanting, self._held = placed, makers, wanting, held
+        self._depth = dict(Counter(hit[0].tenant for hit in self._built.values()))
+
+    def _carry_changes(self, changed: Mapping[JobId, JobRecord | None], inputs: PlacerInputs) -> set[JobId]:
+        """The jobs that left the queue."""
+        placed, makers, wanting = self._placed, self._makers, self._wanting
+        departed: set[JobId] = set()
+        recheck: dict[JobId, JobRecord] = {}
+        queued = JobPhase.QUEUED
+        for job_id, job in changed.items():
+            placed.pop(job_id, None)
+            makers.pop(job_id, None)
+            wanting.pop(job_id, None)
+            if job is None:
+                self._leave(job_id, departed)
+                continue
+            spec = job.spec
+            if spec.outputs:
+                makers[job_id] = job
+            if job.phase is not queued:
+                placed[job_id] = job
+                self._leave(job_id, departed)
+                continue
+            ref = spec.dataset
+            if ref is not None and ref.version is not None:
+                wanting[job_id] = job
+            recheck[job_id] = job
+        # Who awaits an input changes with the makers and readers above, and with the registry's
+        # locations (in the settings: a change rebuilds everything).
+        held = awaited_inputs([*makers.values(), *wanting.values()], inputs.settings.dataset)
+        if held != self._held:
+            for held_id in held ^ self._held:
+                job = wanting.get(JobId(held_id))
+                if job is not None and job.job_id not in recheck:
+                    recheck[job.job_id] = job
+            self._held = held
+        for job_id, job in recheck.items():
+            if job.cancel_requested or job_id in held:
+                self._leave(job_id, departed)
+            else:
+                self._enter(job, inputs)
+        return departed
+
+    def _enter(self, job: JobRecord, inputs: PlacerInputs) -> None:
+        hit = self._built.get(job.job_id)
+        if hit is not None and hit[0] is job and hit[1] == inputs.version:
+            return
+        if hit is None:
+            self._depth[job.tenant] = self._depth.get(job.tenant, 0) + 1
+        self._build(job, inputs)
+
+    def _leave(self, job_id: JobId, departed: set[JobId]) -> None:
+        hit = self._built.pop(job_id, None)
+        if hit is None:
+            return
+        departed.add(job_id)
+        tenant = hit[0].tenant
+        left = self._depth[tenant] - 1
+        if left:
+            self._depth[tenant] = left
+        else:
+            del self._depth[tenant]
+
+
+_REQUEST = itemgetter(2)
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedQueue:
+    """The placer's queue as `GangRequests.carry` left it."""
+
+    requests: tuple[GangRequest, ...]
+    # Live jobs not queued (running, pending on a cluster): what the snapshot reads besides the queue.
+    placed: list[JobRecord]
+    # Queued jobs by tenant.
+    depth: dict[str, int]
+    # The jobs that left the queue since the last carry; None when every job was read (unknown).
+    departed: set[JobId] | None
+    # The queue's job ids: valid until the next carry.
+    ids: KeysView[JobId]
 
 
 def move_hold(job: JobRecord) -> PendingGang | None:
@@ -345,8 +528,6 @@ def build_snapshot(
     between: Callable[[], None] | None = None,
 ) -> Snapshot:
     """`between`: called every few hundred jobs, as `placement.plan`'s."""
-    statuses = statuses or {}
-    usage = usage or {}
     # One pass splits the queue from the rest and looks up the queued jobs' kept requests: a queued
     # job holds no capacity and has nothing pending on a cluster, so the loops below need only the
     # others (a deep queue is most of the jobs).
@@ -368,9 +549,41 @@ def build_snapshot(
             if between is not None and index % 256 == 0:
                 between()
             queued_requests.append(requests(job, inputs))
+    return snapshot_from(
+        queued_requests,
+        placed,
+        inputs,
+        inventories,
+        statuses=statuses,
+        usage=usage,
+        preempted_gpus_this_interval=preempted_gpus_this_interval,
+        held_off=held_off,
+    )
+
+
+def snapshot_from(
+    queued_requests: Sequence[GangRequest],
+    placed: Sequence[JobRecord],
+    inputs: PlacerInputs,
+    inventories: Sequence[ClusterState],
+    *,
+    statuses: Mapping[ClusterName, Mapping[GangKey, GangStatus] | None] | None = None,
+    usage: Mapping[TenantId, TenantUsage] | None = None,
+    preempted_gpus_this_interval: int = 0,
+    held_off: Collection[JobId] = frozenset(),
+) -> Snapshot:
+    """The snapshot of the queue's requests (`GangRequests.split` or `carry`) and the live jobs that
+    are not queued."""
+    statuses = statuses or {}
+    usage = usage or {}
     mates = set_mates_stores(placed, inventories)
     # Most cycles place no set member: then no request is widened, and none is asked (a call per job).
-    queued = tuple(map(mates.widened, queued_requests)) if mates.placed_any() else tuple(queued_requests)
+    if mates.placed_any():
+        queued = tuple(map(mates.widened, queued_requests))
+    elif isinstance(queued_requests, tuple):
+        queued = queued_requests
+    else:
+        queued = tuple(queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None

@@ -37,6 +37,46 @@ ENDED_PHASES = tuple(p for p in JobPhase if p.is_terminal)
 
 _BACKOFF_START_S = 0.2
 _BACKOFF_MAX_S = 5.0
+# The most job ids a change feed holds between two takes: past it the feed gives up, and its reader
+# reads every job again, as after a relist (a feed nobody takes, a standby's, stays this small).
+FEED_LIMIT = 262_144
+
+
+class ChangeFeed:
+    """The jobs changed since the reader last took them, for a reader that keeps a view of its own
+    (the leader's queue, `federation.scheduling.snapshot.GangRequests`) and would otherwise copy and
+    walk every live job each time it looks: a cycle over a million queued jobs passed over all of
+    them to find the few that changed.
+
+    `take` hands back the ids changed (once each, in the order first changed) and starts afresh, or
+    None when the reader must read every job: at its first take, after a relist (which announces
+    nothing to feeds: anything may have changed), and after more than `limit` changes."""
+
+    __slots__ = ("_changed", "_limit", "_lost")
+
+    def __init__(self, limit: int = FEED_LIMIT) -> None:
+        self._changed: dict[JobId, None] = {}
+        self._limit = limit
+        self._lost = True
+
+    def note(self, job_id: JobId) -> None:
+        if self._lost:
+            return
+        self._changed[job_id] = None
+        if len(self._changed) > self._limit:
+            self.lose()
+
+    def lose(self) -> None:
+        """Everything may have changed: the next take says so (None)."""
+        self._lost = True
+        self._changed = {}
+
+    def take(self) -> list[JobId] | None:
+        if self._lost:
+            self._lost = False
+            return None
+        changed, self._changed = self._changed, {}
+        return list(changed)
 
 
 class JobCache:
@@ -60,6 +100,8 @@ class JobCache:
         self._subscribers: set[asyncio.Queue[JobEvent | None]] = set()
         # Replaced on every advance of the revision; waiters hold the old one, which is set.
         self._advanced = asyncio.Event()
+        # The readers' change feeds (`follow`), each told of every job changed.
+        self._feeds: list[ChangeFeed] = []
 
     @property
     def revision(self) -> int:
@@ -121,6 +163,26 @@ class JobCache:
         if not self._summary.built:
             self._summary.build(s.value for s in self._live.values())
         return self._summary
+
+    def follow(self, limit: int = FEED_LIMIT) -> ChangeFeed:
+        """A feed of the ids of jobs changed from now on (`ChangeFeed`), for as long as the cache
+        lives; its first take says to read every job. Read it and the jobs it names with no await
+        between, and the jobs read are those of `revision`."""
+        feed = ChangeFeed(limit)
+        self._feeds.append(feed)
+        return feed
+
+    def unfollow(self, feed: ChangeFeed) -> None:
+        if feed in self._feeds:
+            self._feeds.remove(feed)
+
+    def live_job(self, job_id: JobId) -> Stored[JobRecord] | None:
+        """The job if it is live (not in a terminal phase), else None."""
+        return self._live.get(job_id)
+
+    def live_map(self) -> dict[JobId, Stored[JobRecord]]:
+        """A copy of the live jobs by id, in the order of `live_jobs`."""
+        return dict(self._live)
 
     def live_jobs(self) -> list[Stored[JobRecord]]:
         """Jobs in a phase that is not terminal (queued, admitted, staging, dispatched, running)."""
@@ -206,6 +268,8 @@ class JobCache:
                 for head, stored in listed
             )
             self._summary.forget()
+        for feed in self._feeds:
+            feed.lose()
         if not first:
             for job_id, stored in fresh.items():
                 was = old.get(job_id)
@@ -246,6 +310,8 @@ class JobCache:
             self._live.pop(ev.job_id, None)
             self._acting.pop(ev.job_id, None)
             self._index.remove(ev.job_id)
+        for feed in self._feeds:
+            feed.note(ev.job_id)
         self._publish(ev)
         self._advance(ev.mod_revision)
 

@@ -71,10 +71,10 @@ def test_the_jobs_by_id_are_the_ones_the_plan_names_as_the_snapshot_read_them() 
         bursts={JobId("job-39"): _alternative()},
     )
     everything = {s.value.job_id: s for s in live}
-    named = _named(result, records, live)
+    named = _named(result, everything)
     assert named == {JobId(j): everything[JobId(j)] for j in ("job-3", "job-7", "job-11", "job-39")}
     assert all(named[j] is everything[j] for j in named)
-    assert _named(Plan(), records, live) == {}
+    assert _named(Plan(), everything) == {}
 
 
 def _preemption(victim: str) -> Preemption:

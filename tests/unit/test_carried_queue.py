@@ -1,0 +1,322 @@
+"""The queue carried from cycle to cycle (issue 33): the scheduler's snapshot is built from the jobs
+that changed (`GangRequests.carry`, fed by the job cache's `ChangeFeed`) and its written reasons are
+found to have left by the same changes (`Scheduler._reasons_to_write`). The proof that carrying
+changes nothing: on seeded random series of submissions, admissions, requeues, cancels, endings,
+producers and consumers of dataset versions, settings, users' limits, approvals, and reads of every
+job (a new term, a relist), each cycle's carried queue, plan and written reasons are compared with
+the full rebuild's."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from federation.ledger.cache import LedgerCache
+from federation.metrics import Metrics
+from federation.scheduling import scheduler as scheduler_module
+from federation.scheduling.members import MemberClusters
+from federation.scheduling.scheduler import Scheduler, _Planned
+from federation.scheduling.snapshot import (
+    GangRequests,
+    PlacerInputs,
+    build_snapshot,
+    gang_request,
+    snapshot_from,
+)
+from federation.spec.jobspec import DatasetRef, OutputSpec
+from federation.store.job_cache import ChangeFeed, JobCache
+from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.jobs import JobPlacement, JobRecord
+from federation.store.records import (
+    ApprovalRecord,
+    DatasetLocation,
+    Role,
+    SchedulingSettings,
+    TenantRecord,
+    UserRecord,
+)
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GpuType,
+    JobId,
+    JobPhase,
+    Plan,
+    PriorityClass,
+    TenantId,
+    WaitReason,
+)
+from placement.plan import plan
+from tests.conftest import build_job
+from tests.unit.placement_builders import a_cluster
+
+NOW = 10_000.0
+TENANTS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
+USERS = ["alice", "bob", "carol"]
+CLASSES = ["default", "high", "urgent"]
+VERSIONS = ["v1", "v2", "v3"]
+
+
+def _clusters() -> list[ClusterState]:
+    return [
+        a_cluster("c1").pool("H100", nodes=2).build(),
+        a_cluster("c2").pool("H100", nodes=1).pool("A100", nodes=1).build(),
+    ]
+
+
+def _settings(rng: random.Random) -> SchedulingSettings:
+    """Classes whose values move (so that a request's priority does), and versions registered."""
+    classes = (
+        PriorityClass("default", rng.choice([0, 5])),
+        PriorityClass("high", rng.choice([10, 20])),
+        PriorityClass("urgent", 30, preemptible=False, needs_approval=rng.random() < 0.5),
+    )
+    registered = tuple(DatasetLocation(f"t1/tokens@{v}", "s3", 1000) for v in VERSIONS if rng.random() < 0.3)
+    return SchedulingSettings(priority_classes=classes, datasets=registered)
+
+
+def _inputs(rng: random.Random, version: int) -> PlacerInputs:
+    users = {
+        name: UserRecord(name, TenantId("t1"), Role.MEMBER, rng.choice([None, None, "default", "high"]))
+        for name in USERS
+    }
+    approvals = tuple(
+        ApprovalRecord(f"a{n}", tenant, "urgent", NOW + rng.choice([-10.0, 100.0]), "", "admin", 0.0)
+        for n, tenant in enumerate(TENANTS)
+        if rng.random() < 0.5
+    )
+    return PlacerInputs(
+        settings=_settings(rng),
+        tenants=tuple(TenantRecord(name=t) for t in TENANTS),
+        users=users,
+        approvals=approvals,
+        version=version,
+    )
+
+
+class World:
+    """Live jobs changed at random, and the ids changed since the last cycle."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.live: dict[JobId, JobRecord] = {}
+        self.changed: dict[JobId, JobRecord | None] = {}
+        self.made = 0
+
+    def put(self, job: JobRecord) -> None:
+        self.live[job.job_id] = job
+        self.changed[job.job_id] = job
+
+    def end(self, job_id: JobId) -> None:
+        del self.live[job_id]
+        self.changed[job_id] = None
+
+    def submit(self) -> None:
+        rng = self.rng
+        self.made += 1
+        job = build_job(
+            f"j{self.made:04d}",
+            tenant=rng.choice(TENANTS),
+            gpus=rng.choice([1, 4, 8, 8, 16]),
+            gpu=rng.choice(["H100", "A100"]),
+        )
+        spec = replace(job.spec, priority_class=rng.choice(CLASSES))
+        roll = rng.random()
+        if roll < 0.15:  # a consumer of a version a producer may make
+            spec = replace(spec, dataset=DatasetRef("tokens", rng.choice(VERSIONS)))
+        elif roll < 0.25:  # a producer
+            spec = replace(spec, outputs=(OutputSpec("tokens", "out/", rng.choice(VERSIONS)),))
+        self.put(
+            replace(
+                job,
+                user=rng.choice(USERS),
+                spec=spec,
+                queued_at_s=float(rng.randrange(100)),
+            )
+        )
+
+    def step(self) -> None:
+        rng = self.rng
+        jobs = list(self.live.values())
+        job = rng.choice(jobs) if jobs else None
+        roll = rng.random()
+        if job is None or roll < 0.35:
+            self.submit()
+        elif roll < 0.5 and job.phase is JobPhase.QUEUED:
+            self.put(
+                replace(
+                    job,
+                    phase=JobPhase.ADMITTED,
+                    placement=JobPlacement(ClusterName("c1"), GpuType("H100"), CapacityKind.PRIVATE, 1.0),
+                )
+            )
+        elif roll < 0.6 and job.phase is not JobPhase.QUEUED:
+            self.put(replace(job, phase=JobPhase.QUEUED, placement=None))  # requeued
+        elif roll < 0.7:
+            self.put(replace(job, cancel_requested=True))
+        elif roll < 0.8:
+            self.end(job.job_id)
+        else:
+            self.put(replace(job))  # a new record of the same values (another revision)
+
+
+def _queue_of(snapshot_queued: Sequence[object]) -> list[object]:
+    return sorted(snapshot_queued, key=lambda g: g.job_id)  # type: ignore[attr-defined]
+
+
+def _plan_facts(result: Plan) -> tuple[object, ...]:
+    return (
+        sorted((a.job_id, a.cluster, a.gpu_type) for a in result.admissions),
+        sorted((w.job_id, w.reasons) for w in result.waiting),
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_carried_queue_is_the_full_rebuilds_on_random_changes(seed: int) -> None:
+    rng = random.Random(seed)
+    world = World(rng)
+    requests = GangRequests()
+    version = 0
+    inputs = _inputs(rng, version)
+    clusters = _clusters()
+    carried_fully = 0
+    for cycle in range(120):
+        for _ in range(rng.randrange(0, 6)):
+            world.step()
+        if rng.random() < 0.1:
+            version += 1
+            inputs = _inputs(rng, version)
+        # A new term or a relist reads every job; so does a standby's warm-up (`get`).
+        full_read = rng.random() < 0.08
+        if rng.random() < 0.05:
+            requests.get(rng.choice(list(world.live.values())), inputs) if world.live else None
+        changed = None if full_read else dict(world.changed)
+        world.changed.clear()
+        carried = requests.carry(changed, lambda: list(world.live.values()), inputs)
+        carried_fully += carried.departed is None
+        full = build_snapshot(list(world.live.values()), inputs, clusters, requests=gang_request)
+        assert _queue_of(carried.requests) == _queue_of(full.queued), cycle
+        assert {j.job_id for j in carried.placed} == {
+            j.job_id for j in world.live.values() if j.phase is not JobPhase.QUEUED
+        }
+        assert carried.depth == dict(Counter(g.tenant for g in full.queued))
+        assert set(carried.ids) == {g.job_id for g in full.queued}
+        # The requests carried are the placer's own: the same kinds share one key object.
+        keys: dict[tuple[object, ...], tuple[object, ...]] = {}
+        for g in carried.requests:
+            assert keys.setdefault(g.decision_key, g.decision_key) is g.decision_key
+        if cycle % 5 == 0:
+            mine = snapshot_from(carried.requests, carried.placed, inputs, clusters)
+            assert _plan_facts(plan(mine, now=NOW)) == _plan_facts(plan(full, now=NOW))
+    assert 0 < carried_fully < 120
+
+
+def test_a_change_feed_names_each_job_once_in_order_and_gives_up_past_its_limit() -> None:
+    feed = ChangeFeed(limit=3)
+    assert feed.take() is None  # its first take: read everything
+    for job_id in ["b", "a", "b"]:
+        feed.note(JobId(job_id))
+    assert feed.take() == ["b", "a"]
+    assert feed.take() == []
+    for job_id in ["a", "b", "c", "d"]:
+        feed.note(JobId(job_id))
+    assert feed.take() is None
+    feed.note(JobId("a"))
+    feed.lose()
+    assert feed.take() is None
+
+
+async def test_a_relist_tells_the_feed_that_anything_may_have_changed() -> None:
+    store = InMemoryJobStore()
+    cache = JobCache(store)
+    feed = cache.follow()
+    await cache.start()
+    try:
+        assert feed.take() is None
+        created, _ = await store.create_job(build_job("a"), idempotency_key="a", manifest_digest="")
+        assert await cache.wait_for_revision(created.mod_revision)
+        assert feed.take() == [JobId("a")]
+        stored = cache.live_job(JobId("a"))
+        assert stored is not None
+        assert stored.value.job_id == "a"
+        assert list(cache.live_map()) == [JobId("a")]
+        await cache._relist()
+        assert feed.take() is None
+        cache.unfollow(feed)
+    finally:
+        await cache.stop()
+
+
+def _scheduler(store: KvStore) -> Scheduler:
+    return Scheduler(
+        store=store,
+        cache=JobCache(store),
+        ledger=LedgerCache(store),
+        members=MemberClusters([], {}),
+        metrics=Metrics(),
+    )
+
+
+def _written(s: Scheduler) -> dict[JobId, tuple[WaitReason, ...]]:
+    return {job_id: reasons for job_id, (_, reasons) in s._written_reasons.items()}
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_reasons_found_by_change_are_those_found_by_walking(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two schedulers, each with a store of its own, write the reasons of the same plans: one looks
+    for the jobs that stopped waiting among those the carried queue says left (and those admitted),
+    the other walks every written entry. Both write and delete the same, across new terms (a read of
+    the store). With a small bound on a cycle's writes, which of the jobs that left are deleted first
+    may differ (the walk's order is the written entries'), so the two are compared whenever neither
+    left anything for later, and once the queue is still, when both have caught up."""
+    bound = 7 if seed % 2 else 16_384
+    monkeypatch.setattr(scheduler_module, "WAIT_WRITES_PER_CYCLE", bound)
+    rng = random.Random(100 + seed)
+    world = World(rng)
+    requests = GangRequests()
+    inputs = _inputs(rng, 0)
+    clusters = _clusters()
+    carried_store, walked_store = InMemoryJobStore(), InMemoryJobStore()
+    by_change, by_walk = _scheduler(carried_store), _scheduler(walked_store)
+    semaphore = asyncio.Semaphore(8)
+    compared = 0
+    for cycle in range(100):
+        still = cycle >= 80  # the last cycles change nothing: both catch up
+        for _ in range(0 if still else rng.randrange(0, 8)):
+            world.step()
+        if not still and rng.random() < 0.05:
+            # A new term: each reads what the store holds again (`_read_written_reasons`).
+            by_change._reasons_read = by_walk._reasons_read = False
+        changed = None if not still and rng.random() < 0.05 else dict(world.changed)
+        world.changed.clear()
+        queue = requests.carry(changed, lambda: list(world.live.values()), inputs)
+        result = plan(snapshot_from(queue.requests, queue.placed, inputs, clusters), now=NOW)
+        planned = _Planned(result, {}, queue.depth, 0.0, queue.departed, queue.ids)
+        later = await by_change._write_reasons(result.waiting, None, semaphore, planned)
+        later += await by_walk._write_reasons(result.waiting, None, semaphore, None)
+        if not later:
+            assert _written(by_change) == _written(by_walk), cycle
+            assert await carried_store.list_wait_reasons() == await walked_store.list_wait_reasons()
+            compared += 1
+        # The scheduler takes the plan's admissions: they leave the queue at the next cycle.
+        for admission in result.admissions:
+            job = world.live[admission.job_id]
+            world.put(
+                replace(
+                    job,
+                    phase=JobPhase.ADMITTED,
+                    placement=JobPlacement(admission.cluster, admission.gpu_type, admission.kind, 1.0),
+                )
+            )
+    assert not later
+    assert compared >= 10
+    # What each holds is the last plan's: every waiting job's reasons, and no other job's.
+    assert _written(by_walk) == {w.job_id: w.reasons for w in result.waiting}
