@@ -47,6 +47,8 @@ def price_factor(
 
 
 _WORK_RANK: Final = attrgetter("work_rank")
+# `eligible`'s mark for rules not asked about yet in the cycle (None is an answer: every cluster).
+_UNASKED: Final[frozenset[ClusterName]] = frozenset({ClusterName("(not asked)")})
 
 
 def private_tier(offer: Offer, policy: PolicyConfig) -> int:
@@ -323,6 +325,14 @@ class Inventory:
         # The cost model the offers' `work_rank`s were worked out for (`_rank_by_work_price`).
         self._ranked_for: CostModel | None = None
         self._eligible: dict[tuple[Pinning, bool], frozenset[ClusterName] | None] = {}
+        # Each (region, cloud) some cluster is in, once, and each site as (name, its place's index,
+        # whether it runs mixed gangs), in `sites`' order (`_allowed`).
+        places: dict[tuple[str, str], int] = {}
+        self._site_rows: list[tuple[ClusterName, int, bool]] = []
+        for name, (region, cloud, mixed) in self.sites.items():
+            place = places.setdefault((region, cloud), len(places))
+            self._site_rows.append((name, place, mixed))
+        self._places = list(places)
         # The same answers by the id of the rules' object, for gangs of one shape (uniform or not).
         self._eligible_by_object: dict[bool, dict[int, tuple[Pinning, frozenset[ClusterName] | None]]] = {
             True: {},
@@ -349,16 +359,28 @@ class Inventory:
         if kept is not None and kept[0] is pinning:
             return kept[1]
         key = (pinning, gang.uniform)
-        if key not in self._eligible:
-            allowed = frozenset(
-                name
-                for name, (region, cloud, mixed) in self.sites.items()
-                if (gang.uniform or mixed) and pinning.allows(name, region, cloud)
-            )
-            self._eligible[key] = None if len(allowed) == len(self.sites) else allowed
-        found = self._eligible[key]
+        found = self._eligible.get(key, _UNASKED)
+        if found is _UNASKED:
+            found = self._eligible[key] = self._allowed(pinning, gang.uniform)
         by_object[id(pinning)] = (pinning, found)
         return found
+
+    def _allowed(self, pinning: Pinning, uniform: bool) -> frozenset[ClusterName] | None:
+        """`eligible`'s answer for the rules and shape, worked out: `Pinning.allows` of every site,
+        with the rules' test of a region and cloud made once per (region, cloud) the sites are in (a
+        dozen, where each of fifty clusters was asked in full) and the names tested against a set."""
+        site_ok = [pinning.allows_site(region, cloud) for region, cloud in self._places]
+        named = set(pinning.clusters) if pinning.clusters else None
+        excluded = pinning.exclude_clusters
+        allowed = frozenset(
+            name
+            for name, place, mixed in self._site_rows
+            if (uniform or mixed)
+            and site_ok[place]
+            and (named is None or name in named)
+            and name not in excluded
+        )
+        return None if len(allowed) == len(self.sites) else allowed
 
     def _within_clusters(
         self,

@@ -125,6 +125,14 @@ class Pinning:
             )
         )
 
+    def allows_site(self, region: str, cloud: str) -> bool:
+        """`allows`' test of the region and cloud alone (the cluster's name aside)."""
+        if self.regions and region not in self.regions:
+            return False
+        if self.clouds and cloud not in self.clouds:
+            return False
+        return region not in self.exclude_regions and cloud not in self.exclude_clouds
+
     def allows(self, cluster: str, region: str, cloud: str) -> bool:
         # Tested in place, with no pairs built per call: asked for every cluster of every distinct
         # rule in each cycle (`Inventory.eligible`).
