@@ -110,10 +110,12 @@ class OfferRunning:
         self.by_tenant: dict[TenantId, list[Located]] = {}
         # What a victim search here could free at most (claims during the cycle only lessen it): the
         # leaving gangs' GPUs, every evictable gang's, and per tenant its gangs' priorities in order with
-        # the GPUs of the gangs before each (`most_freed`).
+        # the GPUs of the gangs before each (`most_freed`): for n gangs one list of the n priorities
+        # then the n + 1 sums (0 first), where two lists in a pair were three objects per tenant and
+        # offer kept through the cycle for the collector to walk.
         self.draining_gpus = 0
         self.evictable_gpus = 0
-        self.tenant_gpus: dict[TenantId, tuple[list[int], list[int]]] = {}
+        self.tenant_gpus: dict[TenantId, list[int]] = {}
 
     def most_freed(self, tenant: TenantId, below: int | None, others: bool) -> int:
         """The GPUs the tenant's gangs below priority `below` (None: all) hold here, plus, with `others`,
@@ -122,11 +124,11 @@ class OfferRunning:
         gpus = self.draining_gpus
         own = self.tenant_gpus.get(tenant)
         if own is not None:
-            priorities, before = own
-            mine = before[len(priorities) if below is None else bisect_left(priorities, below)]
+            count = len(own) >> 1  # gangs: the priorities are own[:count], the sums own[count:]
+            mine = own[count + (count if below is None else bisect_left(own, below, 0, count))]
             gpus += mine
             if others:
-                gpus += self.evictable_gpus - before[-1]
+                gpus += self.evictable_gpus - own[-1]
         elif others:
             gpus += self.evictable_gpus
         return gpus
@@ -174,10 +176,12 @@ class RunningIndex:
                     order = sorted(range(len(gangs)), key=priorities.__getitem__)
                     gangs[:] = list(map(gangs.__getitem__, order))  # the pairs themselves, as above
                     priorities = [priorities[i] for i in order]
-                before = [0]
+                held = 0
+                priorities.append(held)
                 for gang, _ in gangs:
-                    before.append(before[-1] + gang.gpu_count)
-                entry.tenant_gpus[tenant] = (priorities, before)
+                    held += gang.gpu_count
+                    priorities.append(held)
+                entry.tenant_gpus[tenant] = priorities  # the priorities, then the sums
         self.claimed: set[str] = set()
         # `may_free`'s answers, with the version of the type's offers each was found at.
         self._may_free: dict[tuple[GpuType, TenantId, int | None, bool, int], tuple[int, frozenset[int]]] = {}
