@@ -33,6 +33,8 @@ from placement.model import GpuType, RunningGang, TenantId, TenantQuota, WaitCod
 # `limit_reason`'s mark of an answer not kept (None is an answer: no limit is broken). Final: the
 # compiled form reads it as a static, where a module global is a dict lookup (twice an ask).
 _NOT_KEPT: Final = WaitReason(WaitCode.INSUFFICIENT_CAPACITY, "(not kept)")
+# A tenant with no entry in a per-tenant table below: read, never written.
+_NONE: Final[dict[GpuType, int]] = {}
 
 
 class QuotaBook:
@@ -93,10 +95,21 @@ class QuotaBook:
                     self._guaranteed[(quota.tenant, gpu_type)] = share.guaranteed_gpus
         self._limit_reasons: dict[tuple[TenantId, GpuType, int, int], WaitReason] = {}
         self._budget_reasons: dict[TenantId, WaitReason | None] = {}
-        # `limit_reason`'s answers, kept while `changes` is what it was when they were worked out.
-        self._limits_kept: dict[tuple[TenantId, GpuType, int], WaitReason | None] = {}
+        # `limit_reason`'s answers by tenant, type and GPUs, kept while `changes` is what it was when
+        # they were worked out.
+        self._limits_kept: dict[TenantId, dict[GpuType, dict[int, WaitReason | None]]] = {}
         self._limits_kept_at = 0
         self.usage: dict[tuple[TenantId, GpuType], int] = {}
+        # The same figures per tenant, then type, for the questions asked per gang (limits, guarantees,
+        # borrowing): two lookups by strings, whose hashes are kept, where a (tenant, type) key was a
+        # pair made and hashed per ask. `_room_of` is the guarantee less usage (`add` keeps it).
+        self._usage_of: dict[TenantId, dict[GpuType, int]] = {}
+        self._limits_of: dict[TenantId, dict[GpuType, int]] = {}
+        for (tenant, gpu_type), limit in self._limits.items():
+            self._limits_of.setdefault(tenant, {})[gpu_type] = limit
+        self._room_of: dict[TenantId, dict[GpuType, int]] = {}
+        for (tenant, gpu_type), guaranteed in self._guaranteed.items():
+            self._room_of.setdefault(tenant, {})[gpu_type] = guaranteed
         # How many times usage was added to in the cycle (`plan._Cycle._state`), and per tenant how many
         # times its own usage (its and its descendants' GPUs) was (`guarantee_headroom`).
         self.changes = 0
@@ -143,36 +156,30 @@ class QuotaBook:
     def within_guarantee(self, tenant: TenantId, gpu_type: GpuType, need: int) -> bool:
         # `held` and `guaranteed` written out: asked for every type of most gangs a cycle makes room
         # for, where the two calls looked the family up thrice and made the key twice.
-        key = (tenant, self.account.get(gpu_type, gpu_type))
-        return self.usage.get(key, 0) + need <= self._guaranteed.get(key, 0)
+        return need <= self._room_of.get(tenant, _NONE).get(self.account.get(gpu_type, gpu_type), 0)
 
     def within_any_guarantee(self, tenant: TenantId, gpu_types: Iterable[GpuType], need: int) -> bool:
         """Whether `need` more GPUs of one of these types stay within the tenant's guarantee."""
-        usage, guaranteed = self.usage, self._guaranteed
-        for gpu_type in gpu_types:
-            key = (tenant, self.account.get(gpu_type, gpu_type))
-            if usage.get(key, 0) + need <= guaranteed.get(key, 0):
-                return True
-        return False
+        rooms, account = self._room_of.get(tenant, _NONE), self.account
+        return any(need <= rooms.get(account.get(gpu_type, gpu_type), 0) for gpu_type in gpu_types)
 
     def guarantee_headroom(self, tenant: TenantId, gpu_types: Iterable[GpuType]) -> int | None:
         """The most GPUs the tenant could take of one of these types and stay within its guarantee of
         that type (negative when it is past every one), None for no types: `within_any_guarantee`
         answers `need <= headroom`. It reads the tenant's own usage and nothing else that changes, so
         it holds while `tenant_changes[tenant]` is unchanged."""
-        usage, guaranteed, account = self.usage, self._guaranteed, self.account
+        rooms, account = self._room_of.get(tenant, _NONE), self.account
         most: int | None = None
         for gpu_type in gpu_types:
-            key = (tenant, account.get(gpu_type, gpu_type))
-            room = guaranteed.get(key, 0) - usage.get(key, 0)
+            room = rooms.get(account.get(gpu_type, gpu_type), 0)
             if most is None or room > most:
                 most = room
         return most
 
     def borrowing(self, tenant: TenantId, gpu_type: GpuType, minus: int = 0) -> bool:
         """Whether the tenant holds more than its guarantee, after giving back `minus` GPUs."""
-        key = (tenant, self.account.get(gpu_type, gpu_type))
-        return self.usage.get(key, 0) - minus > self._guaranteed.get(key, 0)
+        # usage - minus > guaranteed, as guaranteed - usage < -minus
+        return self._room_of.get(tenant, _NONE).get(self.account.get(gpu_type, gpu_type), 0) < -minus
 
     def add(self, tenant: TenantId, gpu_type: GpuType, gpus: int) -> None:
         gpu_type = self.account.get(gpu_type, gpu_type)
@@ -181,6 +188,14 @@ class QuotaBook:
         for node in self.path.get(tenant, (tenant,)):
             key = (node, gpu_type)
             self.usage[key] = self.usage.get(key, 0) + gpus
+            used = self._usage_of.get(node)
+            if used is None:
+                used = self._usage_of[node] = {}
+            used[gpu_type] = used.get(gpu_type, 0) + gpus
+            rooms = self._room_of.get(node)
+            if rooms is None:
+                rooms = self._room_of[node] = {}
+            rooms[gpu_type] = rooms.get(gpu_type, 0) - gpus
             tenant_changes[node] = tenant_changes.get(node, 0) + 1
         self._update_held_back(tenant, gpu_type)
 
@@ -219,20 +234,27 @@ class QuotaBook:
         if self.changes != self._limits_kept_at:
             self._limits_kept.clear()
             self._limits_kept_at = self.changes
-        key = (tenant, gpu_type, need)
-        kept = self._limits_kept.get(key, _NOT_KEPT)
+        by_type = self._limits_kept.get(tenant)
+        if by_type is None:
+            by_type = self._limits_kept[tenant] = {}
+        by_need = by_type.get(gpu_type)
+        if by_need is None:
+            by_need = by_type[gpu_type] = {}
+        kept = by_need.get(need, _NOT_KEPT)
         if kept is _NOT_KEPT:
-            kept = self._limits_kept[key] = self.limit_reason_now(tenant, gpu_type, need)
+            kept = by_need[need] = self.limit_reason_now(tenant, gpu_type, need)
         return kept
 
     def limit_reason_now(self, tenant: TenantId, gpu_type: GpuType, need: int) -> WaitReason | None:
         """`limit_reason` worked out from usage as it is, without the kept answers."""
         gpu_type = self.account.get(gpu_type, gpu_type)
-        usage, limits = self.usage, self._limits
+        usage, limits = self._usage_of, self._limits_of
         for node in self.path[tenant]:
-            limit = limits.get((node, gpu_type))
-            held = usage.get((node, gpu_type), 0)
-            if limit is not None and held + need > limit:
+            limit = limits.get(node, _NONE).get(gpu_type)
+            if limit is None:
+                continue
+            held = usage.get(node, _NONE).get(gpu_type, 0)
+            if held + need > limit:
                 # A tenant at its limit stays there for many gangs of a long queue: one reason each.
                 key = (node, gpu_type, held, need)
                 reason = self._limit_reasons.get(key)
