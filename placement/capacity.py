@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import compress, pairwise
+from typing import Final
 
 from placement.model import CapacityKind, ClusterName, GpuType, ScalablePool
 
@@ -32,6 +33,10 @@ def nodes_needed(shape: tuple[int, ...], gpus_per_node: int) -> int | None:
     return len(nodes)
 
 
+# A cluster nothing was asked of yet (`Growth._asked`): read, never written.
+_NONE: Final[dict[str, int]] = {}
+
+
 class Growth:
     """The cycle's scalable pools and what it has asked of them so far."""
 
@@ -50,7 +55,9 @@ class Growth:
         # Every pool by (static key, cluster, name), ranked once when first asked (`_in_order`).
         self._ranked: list[tuple[ClusterName, ScalablePool]] | None = None
         self._ranked_exact = False
-        self._asked: dict[tuple[ClusterName, str], int] = {}
+        # Nodes asked for so far, per cluster, then pool name: read for every pool a search passes, where
+        # a (cluster, name) key was a pair made and hashed per pool (two strings' kept hashes instead).
+        self._asked: dict[ClusterName, dict[str, int]] = {}
         # Pools with no room left are dropped from the lists searched: room only shrinks in a cycle, and
         # a pool without room holds no gang. Late in a busy cycle most pools are full. `_filled` counts
         # pools that filled up; a list is pruned again only when it grew since the list's last pruning.
@@ -96,7 +103,7 @@ class Growth:
                 nodes = _nodes_on(by_size, shape, pool.gpus_per_node)
                 if nodes is None or nodes == 0:
                     continue
-                if pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
+                if pool.addable_nodes - self._asked.get(cluster, _NONE).get(pool.name, 0) < nodes:
                     continue
                 roomy = True
                 expected = cost(cluster, pool)
@@ -123,7 +130,7 @@ class Growth:
         by_size = self._needed_by_size(shape)
         for cluster, pool in self._pruned(order):
             nodes = _nodes_on(by_size, shape, pool.gpus_per_node)
-            if not nodes or pool.addable_nodes - self._asked.get((cluster, pool.name), 0) < nodes:
+            if not nodes or pool.addable_nodes - self._asked.get(cluster, _NONE).get(pool.name, 0) < nodes:
                 continue
             roomy = True
             if cost(cluster, pool) is not None:
@@ -177,7 +184,7 @@ class Growth:
         return by_size
 
     def _room(self, cluster: ClusterName, pool: ScalablePool) -> int:
-        return pool.addable_nodes - self._asked.get((cluster, pool.name), 0)
+        return pool.addable_nodes - self._asked.get(cluster, _NONE).get(pool.name, 0)
 
     def _pruned(
         self, pools: list[tuple[ClusterName, ScalablePool]]
@@ -189,8 +196,10 @@ class Growth:
         return pools
 
     def ask(self, cluster: ClusterName, pool: ScalablePool, nodes: int) -> None:
-        key = (cluster, pool.name)
-        self._asked[key] = self._asked.get(key, 0) + nodes
+        asked = self._asked.get(cluster)
+        if asked is None:
+            asked = self._asked[cluster] = {}
+        asked[pool.name] = asked.get(pool.name, 0) + nodes
         if self._room(cluster, pool) <= 0:
             self._filled += 1
 
