@@ -91,7 +91,8 @@ class Room:
         self.running = RunningIndex(inventory, snapshot.running, self._preemptible)
         # What preemption could possibly use, per type: lowest evictable priority per tenant, tenants
         # with evictable gangs, and gangs already leaving. Lets most gangs skip the victim search at once.
-        self.lowest_priority: dict[tuple[TenantId, GpuType], int] = {}
+        # Per tenant, then type (`_hopeful` asks per gang and type: no (tenant, type) pair made to ask).
+        self.lowest_priority: dict[TenantId, dict[GpuType, int]] = {}
         self.evictable_tenants: dict[GpuType, set[TenantId]] = {}
         self.draining_types: set[GpuType] = set()
         for entry in self.running.entries():
@@ -99,8 +100,8 @@ class Room:
                 self.draining_types.add(gang.gpu_type)
             for tenant, gangs in entry.by_tenant.items():
                 gpu_type = gangs[0][0].gpu_type
-                key = (tenant, gpu_type)
-                self.lowest_priority[key] = min(gangs[0][0].priority, self.lowest_priority.get(key, 1 << 62))
+                lowest = self.lowest_priority.setdefault(tenant, {})
+                lowest[gpu_type] = min(gangs[0][0].priority, lowest.get(gpu_type, 1 << 62))
                 self.evictable_tenants.setdefault(gpu_type, set()).add(tenant)
         # Gangs evicted for a queued gang by an earlier cycle: theirs and their GPUs are that gang's.
         self.ordered = OrderedEvictions(snapshot, inventory, self.running)
@@ -370,10 +371,11 @@ class Room:
 
     def _hopeful(self, gang: GangRequest, group: tuple[GpuType, ...]) -> bool:
         """Whether anyone at all could be evicted for the gang on these types (or is leaving already)."""
+        lowest = self.lowest_priority.get(gang.tenant)
         for gpu_type in group:
             if gpu_type in self.draining_types:
                 return True
-            own = self.lowest_priority.get((gang.tenant, gpu_type))
+            own = None if lowest is None else lowest.get(gpu_type)
             if own is not None and own < gang.priority:
                 return True
             others = self.evictable_tenants.get(gpu_type)
