@@ -306,6 +306,7 @@ class _Cycle:
         # usage kept per tenant.
         self._headrooms: dict[TenantId, dict[tuple[GpuType, ...], int]] = {}
         self._headrooms_at: dict[TenantId, int] = {}
+        self._reason_ones: dict[int, tuple[WaitReason, ...]] = {}
         numbered = [k for k, count in enumerate(counts) if count > 1]
         self.kinds = len(numbered)
         # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
@@ -834,13 +835,29 @@ class _Cycle:
             quotas: tuple[WaitReason | None, ...] = no_quotas(1)
         elif quota:
             rows = tuple([tables.table(t, shape, spot, t in quota) for t in types])
-            quotas = tuple([quota.get(t) for t in types])
+            if len(types) == 1:
+                quotas = self._one_reason(quota[types[0]])
+            else:
+                quotas = tuple([quota.get(t) for t in types])
         else:
             # No quota reason: every table uncapped, and the reasons a shared tuple of Nones.
             rows = tuple([tables.table(t, shape, spot, False) for t in types])
             quotas = no_quotas(len(types))
-        explanation = GangExplanation(head, quotas, rows, fits_now, tuple(notes), shape, single, ruled_out)
+        noted = self._one_reason(notes[0]) if len(notes) == 1 else tuple(notes)
+        explanation = GangExplanation(head, quotas, rows, fits_now, noted, shape, single, ruled_out)
         return explained_wait(gang.job_id, explanation)
+
+    # A tuple of one reason, one per reason in the cycle: many waits' explanations hold such a tuple
+    # of a reason many share (a kept quota or preemption-limit reason), and the plan keeps every
+    # explanation, for the collector to walk each. Kept by the reason's id: the tuple holds the
+    # reason, so the id is not reused while kept. A variable-length tuple in the types, so that the
+    # compiled form keeps the very object (a fixed-length one is taken apart and made anew when read).
+    # (Tables are not: a type's table changes with its free GPUs, and one in six asks found one kept.)
+    def _one_reason(self, reason: WaitReason) -> tuple[WaitReason, ...]:
+        kept = self._reason_ones.get(id(reason))
+        if kept is None:
+            kept = self._reason_ones[id(reason)] = (reason,)
+        return kept
 
     def _head(
         self, types: tuple[GpuType, ...], within: frozenset[ClusterName] | None, pinned: bool, uniform: bool
