@@ -9,7 +9,8 @@ What one cycle is here, as in `Scheduler.run_cycle`: the snapshot and plan
 (`scheduler._snapshot_and_plan`, on the live jobs as the scheduler keeps them, with the queue carried
 from the last cycle and the jobs changed since, as the job cache's feed names them) and the
 comparison of the waiting jobs' reasons with those last written (`Scheduler._reasons_to_write`,
-looking for the jobs no longer waiting among those that left the queue or were admitted). The 50 clusters of one 8-A100 node each, and the queue, are
+place by place with the last cycle's waits where the jobs are the same, and looking for the jobs no
+longer waiting among those that left the queue or were admitted). The 50 clusters of one 8-A100 node each, and the queue, are
 `scale_depth`'s. The first cycle builds every request and admits 50 jobs, which then hold their nodes
 (admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
 follows one new submission, as `scale_depth` measures a cycle after a SubmitJob. Measured with
@@ -140,6 +141,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
         for job_id in left:
             del scheduler._written_reasons[job_id]
         scheduler._maybe_left = set()
+        scheduler._waits_written()
         revision += 1
         for admission in planned.plan.admissions:
             n = int(admission.job_id.removeprefix("q-"))
