@@ -55,6 +55,7 @@ from placement.model import (
 from placement.plan import plan
 from tests.conftest import build_job
 from tests.unit.placement_builders import a_cluster
+from tests.unit.reconcile_world import a_job, build_world, submit
 
 NOW = 10_000.0
 TENANTS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
@@ -323,3 +324,55 @@ async def test_reasons_found_by_change_are_those_found_by_walking(
     assert compared >= 10
     # What each holds is the last plan's: every waiting job's reasons, and no other job's.
     assert _written(by_walk) == {w.job_id: w.reasons for w in result.waiting}
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_the_leaders_carried_cycles_leave_nothing_for_a_fresh_scheduler_to_write(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the scheduler's own cycle, on a job cache watching a store: submissions, cancels,
+    endings and relists of the cache at random, the leader carrying its queue between them. After
+    each round, a scheduler that takes over with nothing in memory (reading every job and what the
+    store holds) admits nothing and writes no reasons: the leader's were what a full rebuild finds."""
+    rng = random.Random(200 + seed)
+    async with build_world(cluster_count=1) as world:
+        writes: list[int] = []
+        put_many = world.store.put_encoded_wait_reasons
+
+        async def counting(values: Sequence[tuple[JobId, bytes | None]], **kwargs: object) -> None:
+            writes.append(len(values))
+            await put_many(values, **kwargs)  # type: ignore[arg-type]
+
+        made = 0
+        for _ in range(12):
+            for _ in range(rng.randrange(1, 5)):
+                roll = rng.random()
+                live = [s.value for s in world.cache.live_jobs()]
+                queued = [j for j in live if j.phase is JobPhase.QUEUED and not j.cancel_requested]
+                if roll < 0.6 or not queued:
+                    made += 1
+                    await submit(
+                        world, a_job(f"j{made:03d}", gpus=rng.choice([2, 4, 8]), queued_at_s=1000.0 + made)
+                    )
+                elif roll < 0.8:
+                    job = rng.choice(queued)
+                    stored = world.cache.get(job.job_id)
+                    assert stored is not None
+                    await world.store.commit([(replace(job, cancel_requested=True), stored.mod_revision)])
+                else:
+                    await world.cache._relist()
+            await world.step(rng.choice([0.0, 5.0]))
+            writes.clear()
+            monkeypatch.setattr(world.store, "put_encoded_wait_reasons", counting)
+            fresh = world.another_scheduler()
+            result = await fresh.run_cycle(None)
+            monkeypatch.setattr(world.store, "put_encoded_wait_reasons", put_many)
+            world.cache.unfollow(fresh._feed)
+            assert (result.admitted, writes) == (0, [])
+            stored_reasons = await world.store.list_wait_reasons()
+            waiting = {
+                s.value.job_id
+                for s in world.cache.live_jobs()
+                if s.value.phase is JobPhase.QUEUED and not s.value.cancel_requested
+            }
+            assert set(stored_reasons) == waiting
