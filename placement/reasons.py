@@ -242,7 +242,9 @@ class Tables:
         # (type, spot) -> (type version, figures per view in `by_type` order)
         self._figures: dict[tuple[GpuType, bool], tuple[int, tuple[Figures, ...]]] = {}
         self._static: dict[tuple[GpuType, bool], Hashable] = {}
-        self._tables: dict[tuple[GpuType, tuple[int, ...], bool, bool], Table] = {}
+        # Per type, then shape, the tables by (spot, capped) as a slot 2 * spot + capped: looked up once
+        # or more per waiting gang, where a (type, shape, spot, capped) key was made and hashed per ask.
+        self._tables: dict[GpuType, dict[tuple[int, ...], list[Table | None]]] = {}
 
     def table(self, gpu_type: GpuType, shape: tuple[int, ...], allow_spot: bool, capped: bool) -> Table:
         """The table as of now: one per (type, shape, spot) between two changes of the type."""
@@ -250,8 +252,14 @@ class Tables:
             # Only blockers are listed, whatever the shape and the free figures: one table per cycle,
             # and a key that stays equal from cycle to cycle while nothing else changes.
             shape = ()
-        key = (gpu_type, shape, allow_spot, capped)
-        table = self._tables.get(key)
+        by_shape = self._tables.get(gpu_type)
+        if by_shape is None:
+            by_shape = self._tables[gpu_type] = {}
+        slots = by_shape.get(shape)
+        if slots is None:
+            slots = by_shape[shape] = [None, None, None, None]
+        slot = 2 * allow_spot + capped
+        table = slots[slot]
         version = -1
         if capped:
             if table is not None:
@@ -275,7 +283,8 @@ class Tables:
                 (v.cluster, v.reachable, tuple(o.capacity.counts for o in v.usable(allow_spot)))
                 for v in views
             )
-        table = self._tables[key] = Table(views, gpu_type, shape, allow_spot, capped, figures, static, table)
+        table = Table(views, gpu_type, shape, allow_spot, capped, figures, static, table)
+        slots[slot] = table
         table.version = version
         return table
 
