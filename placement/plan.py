@@ -219,10 +219,14 @@ class _Cycle:
         # Each gang's list of types without repeats, kept per list (a queue holds a few hundred lists):
         # `dict.fromkeys` and a tuple per gang cost ten times the lookup.
         self._distinct_types: dict[tuple[GpuType, ...], tuple[GpuType, ...]] = {}
-        # `_explain`'s heads, per (types, clusters allowed, pinned, uniform): see `_head`.
+        # `_explain`'s heads, per types, then clusters allowed, then (pinned, uniform) as a slot
+        # 2 * pinned + uniform: see `_head`. Nested, so that no 4-field key is made and hashed per wait.
         self._heads: dict[
-            tuple[tuple[GpuType, ...], frozenset[ClusterName] | None, bool, bool],
-            tuple[tuple[WaitReason, ...], bool, frozenset[ClusterName]],
+            tuple[GpuType, ...],
+            dict[
+                frozenset[ClusterName] | None,
+                list[tuple[tuple[WaitReason, ...], bool, frozenset[ClusterName]] | None],
+            ],
         ] = {}
         book = self.book
         self.fair = FairShare(book.tenants, book.running_gpus, self.inventory.capacity_by_type, policy)
@@ -230,9 +234,11 @@ class _Cycle:
         self.room = Room(snapshot, now, self.inventory, self.book, self.fair, self.costs)
         self.tables = Tables(self.inventory)
         # Capacity only shrinks during a cycle, so a (shape, types, spot) that fits nowhere stays so.
-        self.infeasible: set[
-            tuple[tuple[int, ...], tuple[GpuType, ...], bool, frozenset[ClusterName] | None]
-        ] = set()
+        # Kept per types, then clusters allowed, then spot (a slot), as a set of shapes: no 4-field key
+        # made and hashed per gang that asks.
+        self.infeasible: dict[
+            tuple[GpuType, ...], dict[frozenset[ClusterName] | None, list[set[tuple[int, ...]]]]
+        ] = {}
         # Replica lists repeat across a long queue: each is sorted into a shape once.
         self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.admissions: list[Admission] = []
@@ -264,7 +270,7 @@ class _Cycle:
         twice_mask: list[bool] | None = None
         head = queued[:_PROBE_KEYS]
         if len({id(g.decision_key) for g in head}) == len(head):
-            every_hash = [g.decision_hash for g in queued]
+            every_hash: list[object] = [g.decision_hash for g in queued]
             twice = _repeated(every_hash)
             twice_mask = list(map(twice.__contains__, every_hash)) if twice else []
             looked_at = list(compress(queued, twice_mask))
@@ -594,8 +600,14 @@ class _Cycle:
         # its shape: such gangs neither read nor fill the shape's infeasibility cache.
         spot_bounded = gang.allow_spot and self.costs.spot_max_exposure is not None
         within = self.inventory.eligible(gang)
-        key = (shape, group, gang.allow_spot, within)
-        if not spot_bounded and key in self.infeasible:
+        by_within = self.infeasible.get(group)
+        if by_within is None:
+            by_within = self.infeasible[group] = {}
+        by_spot = by_within.get(within)
+        if by_spot is None:
+            by_spot = by_within[within] = [set(), set()]
+        infeasible = by_spot[gang.allow_spot]
+        if not spot_bounded and shape in infeasible:
             return _NO_FIT
         need, largest = gang.gpu_count, shape[0] if shape else 0
         policy = self.policy
@@ -662,7 +674,7 @@ class _Cycle:
             spot_notes = self._spot_notes(ctx, refused)
             if not fitted:
                 if not spot_bounded:
-                    self.infeasible.add(key)
+                    infeasible.add(shape)
                 return _Miss(True, spot_notes) if spot_notes else _NO_FIT
             return _Miss(False, [*self._placement_notes(gang, late, blocked), *spot_notes])
         if self.policy.private_wait_s_per_gpu_hour > 0 and not best.offer.is_private:
@@ -812,10 +824,17 @@ class _Cycle:
         # rest of the gang: kept per cycle (each pinned gang built a frozenset, a sort and a worded
         # reason for it).
         pinned = bool(gang.pinning)
-        head_key = (types, within, pinned, gang.uniform)
-        kept = self._heads.get(head_key)
+        by_within = self._heads.get(types)
+        if by_within is None:
+            by_within = self._heads[types] = {}
+        slots = by_within.get(within)
+        if slots is None:
+            slots = by_within[within] = [None, None, None, None]
+        slot = 2 * pinned + gang.uniform
+        kept = slots[slot]
         if kept is None:
-            kept = self._heads[head_key] = self._head(types, within, pinned, gang.uniform)
+            kept = self._head(types, within, pinned, gang.uniform)
+            slots[slot] = kept
         head, missing, ruled_out = kept
         fits_now = _NO_FITS
         if not capacity_only:
@@ -890,11 +909,13 @@ class _Cycle:
         return head, bool(missing), ruled_out
 
 
-def _repeated(values: list[int]) -> set[int]:
+def _repeated(values: Sequence[object]) -> set[object]:
     """The values the list holds more than once (a compiled loop over two sets: a `Counter` counted
-    through its Python-level methods)."""
-    seen: set[int] = set()
-    again: set[int] = set()
+    through its Python-level methods). Read as objects: the values are hashes, and compiled, an `int`
+    read from a list is unboxed and each set operation boxed it again, a new object each time for
+    most hashes."""
+    seen: set[object] = set()
+    again: set[object] = set()
     for value in values:
         if value in seen:
             again.add(value)
