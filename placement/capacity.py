@@ -64,13 +64,22 @@ class Growth:
         self._filled = 0
         self._pruned_at: dict[int, int] = {}
         # Pools only shrink during a cycle: a (shape, types, spot) that no pool can hold stays so.
-        self._hopeless: set[tuple[tuple[int, ...], tuple[GpuType, ...], bool]] = set()
+        # Kept per types, then spot (a slot), as sets of shapes: no (shape, types, spot) key made and
+        # hashed per gang that asks (most gangs of a busy cycle, `Room._cheapest_pool`).
+        self._hopeless: dict[tuple[GpuType, ...], list[set[tuple[int, ...]]]] = {}
         self._orders: dict[tuple[tuple[GpuType, ...], bool], list[tuple[ClusterName, ScalablePool]]] = {}
         self._needed: dict[tuple[int, ...], dict[int, int | None]] = {}
 
     def hopeless(self, shape: tuple[int, ...], gpu_types: tuple[GpuType, ...], allow_spot: bool) -> bool:
         """Whether no pool of these types could grow enough for the shape (`choose` found none)."""
-        return (shape, gpu_types, allow_spot) in self._hopeless
+        return shape in self._hopeless_shapes(gpu_types, allow_spot)
+
+    def _hopeless_shapes(self, gpu_types: tuple[GpuType, ...], allow_spot: bool) -> set[tuple[int, ...]]:
+        """The shapes no pool of these types (spot ones only if allowed) can grow enough for, so far."""
+        by_spot = self._hopeless.get(gpu_types)
+        if by_spot is None:
+            by_spot = self._hopeless[gpu_types] = [set(), set()]
+        return by_spot[allow_spot]
 
     def choose(
         self,
@@ -86,11 +95,11 @@ class Growth:
         `static`, when the gang's cost orders pools as the growth's static key does (price per unit of
         work), lets the search take the first pool in that order that has room.
         """
-        key = (shape, gpu_types, allow_spot)
-        if key in self._hopeless:
+        hopeless = self._hopeless_shapes(gpu_types, allow_spot)
+        if shape in hopeless:
             return None
         if static and self._static_key is not None:
-            return self._first_in_order(key, self._static_key, cost)
+            return self._first_in_order(shape, gpu_types, allow_spot, self._static_key, cost)
         best: tuple[ClusterName, ScalablePool, int] | None = None
         best_key: tuple[float, str, str] | None = None
         roomy = False
@@ -113,16 +122,17 @@ class Growth:
                 if best_key is None or rank < best_key:
                     best, best_key = (cluster, pool, nodes), rank
         if not roomy:
-            self._hopeless.add(key)
+            hopeless.add(shape)
         return best
 
     def _first_in_order(
         self,
-        key: tuple[tuple[int, ...], tuple[GpuType, ...], bool],
+        shape: tuple[int, ...],
+        gpu_types: tuple[GpuType, ...],
+        allow_spot: bool,
         static_key: Callable[[ScalablePool], float],
         cost: Callable[[ClusterName, ScalablePool], float | None],
     ) -> tuple[ClusterName, ScalablePool, int] | None:
-        shape, gpu_types, allow_spot = key
         order = self._orders.get((gpu_types, allow_spot))
         if order is None:
             order = self._orders[(gpu_types, allow_spot)] = self._in_order(gpu_types, allow_spot, static_key)
@@ -136,7 +146,7 @@ class Growth:
             if cost(cluster, pool) is not None:
                 return cluster, pool, nodes
         if not roomy:
-            self._hopeless.add(key)
+            self._hopeless_shapes(gpu_types, allow_spot).add(shape)
         return None
 
     def _in_order(
