@@ -349,7 +349,10 @@ class WatchReader:
         self._read(stream)
 
     def _read(self, stream: Stream) -> None:
-        """Everything the socket has now, handed on line by line."""
+        """What the socket has now, handed on line by line: one read, unless it filled its buffer or
+        TLS holds decrypted bytes the selector cannot see. Each read gives the GIL up and takes it
+        back, with a forced hand-off when the event loop's thread waits for it, so the reader does
+        not read again only to learn there is nothing more: the selector says so next round."""
         while True:
             try:
                 data = stream.sock.recv(READ_SIZE)
@@ -369,6 +372,8 @@ class WatchReader:
                     self._end(stream)
                 return
             if not self._hand(stream, data):
+                return
+            if len(data) < READ_SIZE and not _pending(stream.sock):
                 return
 
     def _hand(self, stream: Stream, data: bytes) -> bool:
@@ -416,6 +421,11 @@ class WatchReader:
         if error is not None:
             stream.error = error
         stream.ended.set()
+
+
+def _pending(sock: socket.socket) -> int:
+    """Bytes TLS has decrypted and not handed out (none on a plain socket)."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
 
 
 _shared: WatchReader | None = None
