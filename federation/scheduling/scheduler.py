@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Container, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress, count, islice, repeat
+from itertools import compress, count, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Protocol, TypeVar
 
@@ -64,6 +64,9 @@ from placement.model import (
 from placement.plan import plan
 
 _JOB_ID = attrgetter("job_id")
+# Places of the waiting jobs per C-level pass in `Scheduler._reasons_to_write`: such a pass holds the
+# GIL to its end (no bytecode runs), so it is cut into runs with the event loop's turn between.
+_RUN = 65_536
 _KEY = attrgetter("key")
 _VALUE = attrgetter("value")
 _FIRST = itemgetter(0)
@@ -133,8 +136,9 @@ def _snapshot_and_plan(
     held_off: frozenset[JobId] = frozenset(),
     between: Callable[[], None] | None = None,
 ) -> _Planned:
-    # Everything here walks every live job: on the worker thread, not the event loop, where 20,000
-    # queued jobs made each walk a pause of every API call in flight (issue 30, item 15).
+    # On the worker thread, not the event loop, where 20,000 queued jobs made each walk of them a pause
+    # of every API call in flight (issue 30, item 15): the plan still passes over the whole queue, and
+    # a carry that reads every job (a new term, a relist, new inputs) walks them all.
     # `live`: every live job as the cycle read it; `changed`: those changed since the last call (None:
     # any may have), from which `requests` carries the queue (`GangRequests.carry`).
     # With the cyclic collector held off, and what the cycle made frozen if it made many objects
@@ -166,6 +170,29 @@ def _snapshot_and_plan(
             queue.departed,
             queue.ids,
         )
+
+
+def _spans(start: int, stop: int, between: Callable[[], None]) -> Iterator[tuple[int, int]]:
+    """[start, stop) in spans of `_RUN`, `between` called before each."""
+    for at in range(start, stop, _RUN):
+        between()
+        yield at, min(stop, at + _RUN)
+
+
+def _same_for(
+    ids: list[JobId], last: list[JobId], most: int, between: Callable[[], None], *, from_end: bool = False
+) -> int:
+    """How many places from the start (or the end) hold the same job in both lists, at most `most`."""
+    size, before = len(ids), len(last)
+    for start, stop in _spans(0, most, between):
+        if from_end:
+            these, those = ids[size - stop : size - start][::-1], last[before - stop : before - start][::-1]
+        else:
+            these, those = ids[start:stop], last[start:stop]
+        unlike = next(compress(count(start), map(is_not, these, those)), None)
+        if unlike is not None:
+            return unlike
+    return most
 
 
 def _runs(items: Sequence[T], size: int, between: Callable[[], None]) -> Iterator[Sequence[T]]:
@@ -371,11 +398,11 @@ class Scheduler:
         started = time.perf_counter()
         # The live jobs as of one revision, read together with no await between: the event loop
         # applies the cache's watch events during this cycle's awaits and while the worker thread
-        # plans, so the cycle works on a copy (a list of references, made at C level: 9 to 12 ms
-        # at a million live jobs, the depth round measured), and the revision it says it read is
-        # the copy's. The revision read after the awaits, as before, could name a job the copy
-        # lacks: the idle gate then skipped the cycles that would have planned it, for up to its
-        # replan interval.
+        # plans, so the cycle works on a copy (the scheduler's own, brought up to date from the jobs
+        # the cache says changed: a copy of a million live jobs was 9 to 12 ms of every cycle), and
+        # the revision it says it read is the copy's. The revision read after the awaits, as before,
+        # could name a job the copy lacks: the idle gate then skipped the cycles that would have
+        # planned it, for up to its replan interval.
         self._read_live(fence)
         live, revision = self._live, self._cache.revision
         inputs = await self._inputs.read()
@@ -702,27 +729,31 @@ class Scheduler:
         written = self._written_reasons
         ids: list[JobId] = []
         keys: list[Hashable] = []
-        for run in _runs(waiting, 65_536, between):
+        for run in _runs(waiting, _RUN, between):
             ids += map(_JOB_ID, run)
             keys += map(_KEY, run)
         # Each distinct key object (a deep queue's waits share a few hundred) to its value's one object.
-        key_ids = list(map(id, keys))
+        key_ids: list[int] = []
+        distinct: dict[int, Hashable] = {}
+        for start, stop in _spans(0, len(keys), between):
+            some = list(map(id, keys[start:stop]))
+            key_ids += some
+            distinct.update(zip(some, keys[start:stop], strict=True))
         canonical_keys = self._canonical_keys
-        to_canonical = {
-            key_id: canonical_keys.setdefault(key, key)
-            for key_id, key in dict(zip(key_ids, keys, strict=True)).items()
-        }
+        to_canonical = {key_id: canonical_keys.setdefault(key, key) for key_id, key in distinct.items()}
         if len(canonical_keys) > 4 * len(to_canonical) + 1024:
             # Values no wait has now: forgotten (an entry written with one is compared as before).
             self._canonical_keys = {key: key for key in to_canonical.values()}
+        uniform: Hashable | None = None
         if len(to_canonical) == 1:
-            uniform: Hashable | None = next(iter(to_canonical.values()))
+            uniform = next(iter(to_canonical.values()))
             canonical = [uniform] * len(ids)
         else:
-            uniform = None
-            canonical = list(map(to_canonical.__getitem__, key_ids))
+            canonical = []
+            for start, stop in _spans(0, len(keys), between):
+                canonical += map(to_canonical.__getitem__, key_ids[start:stop])
         self._these_waits = _WaitsWritten(ids, canonical, uniform)
-        todo, with_written = self._unlike_written(ids, canonical, uniform)
+        todo, with_written = self._unlike_written(ids, canonical, uniform, between)
         # Keyed by the key objects' identities, each entry holding its objects (so no id is reused
         # during the walk): a key is a tuple of the figures of every cluster, whose comparison and
         # hash cost more, job by job, than the rest of the walk.
@@ -780,7 +811,11 @@ class Scheduler:
         return changed, left
 
     def _unlike_written(
-        self, ids: list[JobId], canonical: list[Hashable], uniform: Hashable | None
+        self,
+        ids: list[JobId],
+        canonical: list[Hashable],
+        uniform: Hashable | None,
+        between: Callable[[], None],
     ) -> tuple[list[int], int]:
         """The places of the waits whose written key is not their key's one object (or with none
         written), and how many waits have reasons written.
@@ -789,33 +824,35 @@ class Scheduler:
         little between cycles: a submission is a wait put in, an admission one taken out), what is
         written for them is the last cycle's keys, place by place, so the two lists are compared by
         C-level calls; only the stretch between the first and the last place where the jobs differ
-        is looked up job by job (a lookup in the written map of a million cost 0.1 µs a job)."""
+        is looked up job by job (a lookup in the written map of a million cost 0.1 µs a job). In
+        runs of `_RUN` places with `between` before each: a C-level pass holds the GIL throughout."""
         written = self._written_reasons
         last, self._last_waits = self._last_waits, None
         size = len(ids)
         head = tail = 0
+        todo: list[int] = []
         if last is not None:
             # The jobs in the same places from the start, and from the end (within what is left).
             both = min(size, len(last.ids))
-            head = next(compress(count(), map(is_not, ids, last.ids)), both)
-            room = both - head
-            tail = next(compress(count(), map(is_not, islice(reversed(ids), room), reversed(last.ids))), room)
-        todo: list[int] = []
-        todo_tail: list[int] = []
-        if (head or tail) and last is not None and (uniform is None or uniform is not last.uniform):
-            todo += compress(range(head), map(is_not, canonical, islice(last.canonical, head)))
-            ends = range(size - tail, size)
-            since = len(last.ids) - tail
-            todo_tail += compress(
-                ends, map(is_not, islice(canonical, size - tail, None), islice(last.canonical, since, None))
-            )
-        olds = list(map(written.get, islice(ids, head, size - tail), repeat(_UNWRITTEN)))
-        old_keys = list(map(_FIRST, olds))
-        todo += compress(
-            range(head, size - tail), map(is_not, old_keys, islice(canonical, head, size - tail))
-        )
-        todo += todo_tail
-        return todo, head + tail + len(old_keys) - old_keys.count(_NOT_WRITTEN)
+            head = _same_for(ids, last.ids, both, between)
+            tail = _same_for(ids, last.ids, both - head, between, from_end=True)
+            if uniform is None or uniform is not last.uniform:
+                for start, stop in _spans(0, head, between):
+                    unlike = map(is_not, canonical[start:stop], last.canonical[start:stop])
+                    todo += compress(range(start, stop), unlike)
+        middle = size - tail
+        with_written = head + tail
+        for start, stop in _spans(head, middle, between):
+            olds = list(map(written.get, ids[start:stop], repeat(_UNWRITTEN)))
+            old_keys = list(map(_FIRST, olds))
+            todo += compress(range(start, stop), map(is_not, old_keys, canonical[start:stop]))
+            with_written += len(old_keys) - old_keys.count(_NOT_WRITTEN)
+        if tail and last is not None and (uniform is None or uniform is not last.uniform):
+            shift = len(last.ids) - size
+            for start, stop in _spans(middle, size, between):
+                unlike = map(is_not, canonical[start:stop], last.canonical[start + shift : stop + shift])
+                todo += compress(range(start, stop), unlike)
+        return todo, with_written
 
     def _waits_written(self) -> None:
         """This cycle's reasons are all written: the next cycle compares its waits with these."""

@@ -4,6 +4,8 @@ Pure: the scheduler reads everything (job cache, etcd records, cluster inventori
 and this module turns it into the placer's values. A queued job's `GangRequest` depends on the job
 record and on the inputs (settings, users, approvals), so it is rebuilt only when one of them
 changes; with thousands queued, rebuilding every request each cycle cost as much as planning them.
+The queue itself is carried from cycle to cycle and updated from the jobs that changed
+(`GangRequests.carry`): reading every queued record to find them cost 0.5 µs a job.
 """
 
 from __future__ import annotations
@@ -318,10 +320,6 @@ class GangRequests:
 
     # ---- the carried queue
 
-    def forget_carried(self) -> None:
-        """The next `carry` reads every job (a new term: nothing carried is trusted)."""
-        self._carried = False
-
     def carry(
         self,
         changed: Mapping[JobId, JobRecord | None] | None,
@@ -578,12 +576,7 @@ def snapshot_from(
     usage = usage or {}
     mates = set_mates_stores(placed, inventories)
     # Most cycles place no set member: then no request is widened, and none is asked (a call per job).
-    if mates.placed_any():
-        queued = tuple(map(mates.widened, queued_requests))
-    elif isinstance(queued_requests, tuple):
-        queued = queued_requests
-    else:
-        queued = tuple(queued_requests)
+    queued = tuple(map(mates.widened, queued_requests)) if mates.placed_any() else tuple(queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None
