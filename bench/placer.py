@@ -144,15 +144,74 @@ def reuse_figures(snapshot: Snapshot, runs: int) -> tuple[float, float, bool]:
     return statistics.median(reused_ms), statistics.median(fresh_ms), equal
 
 
+def collector_figures(snapshot: Snapshot, now: float) -> tuple[int, dict[int, int]]:
+    """What one plan of the snapshot leaves for the cyclic collector: the objects it tracks that the
+    plan holds when `plan` returns (the waits, their explanations and the cycle's state they reach),
+    and the collections of each generation run during the call, the collector on."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        kept = plan(snapshot, now=now)
+        held = len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+    del kept
+    runs: dict[int, int] = {0: 0, 1: 0, 2: 0}
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            runs[info["generation"]] += 1
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        plan(snapshot, now=now)
+    finally:
+        gc.callbacks.remove(count)
+    return held, runs
+
+
+def steady_only(sequence: list[tuple[Snapshot, float, Plan]], *, paused: bool) -> None:
+    """Plan the three steady cycles once each, after one `gc.collect()`: the instructions inside
+    them, counted by
+
+        valgrind --tool=callgrind --collect-atstart=no --toggle-collect='CPyPy_plan___plan' \
+            --zero-before=gc_collect .venv/bin/python bench/placer.py --steady-only paused
+
+    (the compiled `plan` only, and only the calls after the last `gc.collect()`: the plans that made
+    the steady snapshots are not counted; `callgrind_annotate` reads the output). Instructions are
+    the same from run to run whatever the machine's load, where CPU time moves with it."""
+    gc.collect()
+    if paused:
+        gc.disable()
+    try:
+        for cycle_snapshot, cycle_now, _ in sequence[1:4]:
+            plan(cycle_snapshot, now=cycle_now)
+    finally:
+        gc.enable()
+    print(f"compiled: {'yes' if placement.COMPILED else 'no'}")
+    print(f"steady_cycles_planned: {len(sequence[1:4])} cycles, collector {'paused' if paused else 'on'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs (finishes well within a minute)")
     parser.add_argument("--gangs", type=int, default=10_000)
+    parser.add_argument(
+        "--steady-only",
+        choices=("paused", "on"),
+        help="plan each of the three steady cycles once, the collector paused or on, and stop: the run "
+        "to count instructions in (see `steady_only`)",
+    )
     args = parser.parse_args()
     runs, reference_runs = (5, 1) if args.quick else (7, 3)
 
     snapshot = build(gangs=args.gangs)
-    sequence = steady_cycles(snapshot, 3 if args.quick else 6)
+    sequence = steady_cycles(snapshot, 3 if args.quick or args.steady_only else 6)
+    if args.steady_only:
+        steady_only(sequence, paused=args.steady_only == "paused")
+        return
     clusters = len(snapshot.clusters)
     types = len({p.gpu_type for c in snapshot.clusters for p in c.pools})
     print(f"compiled: {'yes' if placement.COMPILED else 'no'}")
@@ -201,6 +260,11 @@ def main() -> None:
         paused = timed_gc_paused(lambda s=cycle_snapshot, n=cycle_now: plan(s, now=n), runs)
         paused_medians.append(statistics.median(paused))
     steady = statistics.median(steady_medians)
+    held, collections = collector_figures(sequence[1][0], sequence[1][1])
+    print(
+        f"collector: the first steady plan holds {held} tracked objects; a run of it, collector on, "
+        f"collected generation 0 {collections[0]} times, 1 {collections[1]}, 2 {collections[2]}"
+    )
     print(
         f"steady cycles: {len(steady_medians)}, {min(steady_runs)} to {max(steady_runs)} waiting gangs; "
         f"median CPU ms per cycle {', '.join(f'{t:.1f}' for t in steady_medians)}"
