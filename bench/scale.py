@@ -49,6 +49,18 @@ fits its minute with every figure the issue names that a small size can give.
 Measured (2 cores shared with three other agents' builds and tests; the load average is printed
 first and stated below, because it moved the figures by 2x between runs minutes apart):
 
+- The watches on one thread (2026-12-01, ninth round; docs/architecture.md has the pairs). Each of
+  the 400 informers at 100 clusters had a thread woken for every event of its stream; one thread
+  (clusters/kubernetes/watchreader.py) now reads every stream's socket through a selector, in
+  batches 10 ms apart. `server_switches_per_job` and `simulator_switches_per_job` (new) count every
+  thread's context switches. In turns with a worktree of b9a785f, 17 pairs at load 3-10 (other
+  helpers' builds and tests on the cores): the server 4.43 ms of CPU a job against 4.60 (medians,
+  lower in 12 pairs of 17), 96.5 context switches a job against 110.8; the simulator and etcd the
+  same; the lifecycle 153.5 jobs/s against 149.8 (higher in 8 of 17: the load's noise is larger
+  than the change), steady 193 against 185. One pair on a quiet machine (load 1.2-1.5): 198.8
+  jobs/s against 199.7, the server 4.16 ms against 4.22. `--quick` after: 14 s at load 7. The call threads (`k8s-calls`, about 2 calls a
+  job at 16-19 switches a call, most of them waits for the GIL) are now the most of the switches.
+
 - The collector (2026-12-01, eighth round). `perf record -g` on the server (every thread, native
   frames too) put 16 % of its CPU in CPython's cyclic collector and 29 % in the kernel (futex 17 %:
   the GIL's hand-offs and the pools' wake-ups); on the simulator, the collector a third. py-spy
