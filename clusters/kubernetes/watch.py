@@ -3,9 +3,9 @@
 The official client blocks, so each watch has a thread of its own rather than a slot in a shared
 pool that a long watch would hold forever: it lists, makes the watch request and waits for the
 stream to end. The stream's events are read and applied by one thread for every watch of the process
-(`watchreader`), which the 400 watch threads of 100 clusters each woken for every event cost (a
-context switch and a GIL hand-off an event); a response it cannot read is read on the watch's own
-thread as before. A watch lists once, then follows the event stream from the list's resourceVersion;
+(`watchreader`): the 400 watch threads of 100 clusters, each woken for every event, cost a context
+switch and a GIL hand-off an event. A response it cannot read is read on the watch's own thread as
+before. A watch lists once, then follows the event stream from the list's resourceVersion;
 when the stream ends (the server's timeout) it resumes from the last version it saw, and only a `410
 Gone` (the version fell out of the server's window) costs a new list. While the API cannot be
 reached the thread retries with a doubling backoff and `Health` records since when; the backend reads
@@ -16,6 +16,7 @@ watch timeout.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -203,7 +204,10 @@ class Informer(Generic[T]):
             stream = self._stream
         if response is not None:
             # Unblocks the read in the watch thread (urllib3 >= 2.3), or ends the shared reader's.
-            response.shutdown()
+            # The watch thread may be closing the response at this moment (its stream ended): then
+            # there is nothing left to unblock.
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                response.shutdown()
         if stream is not None:
             shared_reader().drop(stream)
 

@@ -16,12 +16,14 @@ import queue
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 import urllib3
 from urllib3.exceptions import ProtocolError
 
-from clusters.kubernetes.watch import Gone
+from clusters.kubernetes.kube import ListPath
+from clusters.kubernetes.watch import Gone, Health, Informer
 from clusters.kubernetes.watchreader import BodyLines, Stream, WatchReader, open_stream
 
 WAIT_S = 10.0
@@ -254,3 +256,27 @@ def test_a_stream_silent_past_the_sockets_read_timeout_ends_as_no_answer(reader:
 def test_a_response_without_a_socket_under_it_is_left_to_its_caller(reader: WatchReader) -> None:
     response = urllib3.HTTPResponse(body=b'{"type":"ADDED"}\n', preload_content=False)
     assert open_stream(response, Lines(), name="test/pods", reader=reader) is None
+
+
+class ClosedResponse:
+    """A response the watch thread closed a moment ago: urllib3 refuses to shut its socket then."""
+
+    def shutdown(self) -> None:
+        raise ValueError("Cannot shutdown socket as self._sock_shutdown is not set")
+
+
+def test_stopping_an_informer_whose_stream_just_ended_does_not_raise() -> None:
+    informer: Informer[str] = Informer(
+        "pods",
+        cast(Any, None),
+        path=ListPath("/api/v1/pods"),
+        parse=lambda o: str(o["metadata"]["name"]),
+        health=Health(),
+        watch_timeout_s=1,
+        backoff_min_s=0.1,
+        backoff_max_s=0.2,
+        cluster="c0",
+    )
+    informer._response = cast(Any, ClosedResponse())
+    informer.stop()  # a backend's close() stops every informer; one raising would leave the rest
+    assert informer.join(1.0)
