@@ -83,6 +83,7 @@ from federation.security.tokens import SecurityStore
 from federation.store.job_cache import JobCache
 from federation.store.job_store import LEADER_KEY, Fence, KvStore
 from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_lease import BlockingLeaseClient
 from federation.store.records import SchedulingSettings, TenantRecord
 from placement.model import ClusterName, ClusterState, JobId, TenantId
 
@@ -494,8 +495,11 @@ class FederationServer:
                 ttl_s=cfg.lease_ttl_s,
                 # Refreshed from a thread with its own client, so that a stalled loop keeps the lease;
                 # with several etcd members, one that hangs costs a refresh a third of the TTL at most.
+                # Blocking gRPC: an asyncio client in the thread was woken for every gRPC call of
+                # the server (kv_etcd_lease says why).
                 refresh_kv=functools.partial(
-                    self._kv.twin,
+                    BlockingLeaseClient.twin_of,
+                    self._kv,
                     timeout_s=keeper_timeout_s(cfg.lease_ttl_s, self._kv.timeout_s, members=self._kv.members),
                 ),
                 stall_limit_s=cfg.lease_stall_limit_s,

@@ -20,7 +20,8 @@ outlives them up to the stall limit (10 s). etcd raises a lease below its minimu
 timeouts: 2 s with etcd's default 1 s election timeout) to that minimum, so an etcd tuned for slow
 links may lengthen it.
 
-Who refreshes. Given `refresh_kv` (the server gives a twin of its etcd client, `EtcdKv.twin`), a
+Who refreshes. Given `refresh_kv` (the server gives a blocking twin of its etcd client,
+`federation.store.kv_etcd_lease.BlockingLeaseClient`), a
 `LeaseKeeper` refreshes from a thread of its own, so the lease outlives stalls of the event loop up to
 the stall limit (`federation.scheduling.lease_keeper` says why and how long). Without it, a task on
 the event loop refreshes through `kv`, and a stall of two thirds of the TTL loses the lease: so it is
@@ -38,7 +39,7 @@ from collections.abc import Callable
 import structlog
 
 from federation.errors import StoreUnavailable
-from federation.scheduling.lease_keeper import LeaseKeeper, refresh_until_lost, stall_limit_for
+from federation.scheduling.lease_keeper import LeaseClient, LeaseKeeper, refresh_until_lost, stall_limit_for
 from federation.store.job_store import LEADER_KEY, Fence
 from federation.store.kv import Compare, Get, KeyValueStore, LeaseNotFound, Put, WatchCompacted
 
@@ -58,7 +59,7 @@ class LeaderElection:
         *,
         ttl_s: int = DEFAULT_LEASE_TTL_S,
         key: bytes = LEADER_KEY,
-        refresh_kv: Callable[[], KeyValueStore] | None = None,
+        refresh_kv: Callable[[], LeaseClient] | None = None,
         stall_limit_s: float | None = None,
     ) -> None:
         """`refresh_kv`: makes the client a `LeaseKeeper` thread refreshes the lease through (called

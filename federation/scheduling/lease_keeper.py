@@ -6,12 +6,14 @@ about 2 s only. A big scheduling cycle, a burst of thousands of admissions, or a
 "Failover"): each loss cost a takeover, a cold cache and a first cycle.
 
 `LeaseKeeper` refreshes from a thread with an event loop and an etcd client of its own
-(`EtcdKv.twin`: the same members, TLS and certificates as the server's client), so a stalled server
-loop no longer stops the refreshes. A thread runs Python only while it holds the GIL: it refreshes
-through a loop that is busy in Python (CPython hands the GIL over every 5 ms) or blocked in a call
-that lets the GIL go (a sleep, I/O, most C extensions), not through one C call that holds the GIL for
-seconds (a full garbage collection of millions of objects, which `federation.runtime.heap` and
-`paused_gc` are there to prevent).
+(`BlockingLeaseClient`: the same members, TLS and certificates as the server's client, over gRPC's
+blocking API, since an asyncio client in the thread was woken for every gRPC call of the server:
+`federation.store.kv_etcd_lease` says why), so a stalled server loop no longer stops the refreshes.
+A thread runs Python only while it holds the GIL: it refreshes through a loop that is busy in Python
+(CPython hands the GIL over every 5 ms) or blocked in a call that lets the GIL go (a sleep, I/O,
+most C extensions), not through one C call that holds the GIL for seconds (a full garbage
+collection of millions of objects, which `federation.runtime.heap` and `paused_gc` are there to
+prevent).
 
 A loop that is wedged, not just slow, must not lead for ever. At every refresh the thread posts a
 heartbeat onto the server's loop, and it refreshes only while the loop has run one within the stall
@@ -41,17 +43,31 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
 from federation.errors import GpufedError, InvalidSpec, StoreUnavailable
 from federation.store.job_store import Fence
-from federation.store.kv import KeyValueStore
+from federation.store.kv import KeyValue
 
 log = structlog.get_logger(__name__)
 
 # `gpufed serve --lease-stall-limit-s` unless given: see the module's docstring for why 10.
 DEFAULT_STALL_LIMIT_S = 10.0
+
+
+class LeaseClient(Protocol):
+    """What refreshing a lease asks of the store: the server's own client (`KeyValueStore`), or the
+    keeper thread's (`federation.store.kv_etcd_lease.BlockingLeaseClient`)."""
+
+    async def keepalive(self, lease_id: int) -> int: ...
+
+    async def get(self, key: bytes) -> KeyValue | None: ...
+
+    async def revoke_lease(self, lease_id: int) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 def stall_limit_for(stall_limit_s: float | None, ttl_s: int) -> float:
@@ -91,7 +107,7 @@ _STOP_WAIT_S = 15.0
 
 
 async def refresh_until_lost(
-    kv: KeyValueStore,
+    kv: LeaseClient,
     lease: int,
     fence: Fence,
     ttl_s: int,
@@ -156,7 +172,7 @@ class LeaseKeeper:
     def __init__(
         self,
         *,
-        make_kv: Callable[[], KeyValueStore],
+        make_kv: Callable[[], LeaseClient],
         lease: int,
         fence: Fence,
         ttl_s: int,

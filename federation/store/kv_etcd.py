@@ -120,7 +120,23 @@ _CHANNEL_OPTIONS: dict[str, int] = {
 MAX_REPLY_BYTES = 8 * PAGE_TARGET_BYTES
 
 
-def _kv_from_pb(kv: Any) -> KeyValue:
+def error_from_status(what: str, code: Any, details: str, endpoint: str) -> GpufedError:
+    """The project error for a gRPC status etcd (or gRPC on its behalf) answered with; the same for
+    the asyncio calls here and the blocking ones of `kv_etcd_lease`."""
+    if code is rpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        # Our own cap on a reply (gRPC's words), not an overloaded member: another member would send
+        # the same reply.
+        return ReplyTooLarge(f"{what}: etcd at {endpoint}: {details}")
+    if code in _UNAVAILABLE_CODES or _unavailable_in_other_words(code, details):
+        return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
+    if "compacted" in details:
+        return WatchCompacted(f"{what}: etcd at {endpoint}: {details}")
+    if "lease not found" in details:
+        return LeaseNotFound(f"{what}: etcd at {endpoint}: {details}")
+    return KvError(f"{what}: etcd at {endpoint} refused: {code.name} {details}")
+
+
+def kv_from_pb(kv: Any) -> KeyValue:
     # Positional: called once per key of every listed page (see KeyValue).
     return KeyValue(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
 
@@ -176,14 +192,11 @@ class EtcdKv:
             raise
         return kv
 
-    def twin(self, *, timeout_s: float | None = None) -> EtcdKv:
-        """A second client of the same members (endpoints, TLS and certificates, deadline and channel
-        options as this one; `timeout_s`, if given, is its deadline for each member's answer instead),
-        on channels of its own. Call it on the event loop that will use it: it connects there, on its
-        first call. The leader's lease keeper (`federation.scheduling.lease_keeper`) refreshes the
-        lease through one from a thread of its own, with a deadline its lease can afford."""
-        deadline = self._timeout_s if timeout_s is None else timeout_s
-        return EtcdKv([c.twin(timeout_s=deadline) for c in self._clients], deadline)
+    @property
+    def endpoint_clients(self) -> tuple[EndpointClient, ...]:
+        """The members' clients, in the order calls try them (for a twin on another API: the lease's
+        blocking client, `kv_etcd_lease`)."""
+        return tuple(self._clients)
 
     @property
     def members(self) -> int:
@@ -236,18 +249,7 @@ class EtcdKv:
             return WatchCompacted(f"{what}: etcd at {endpoint} compacted below {e.compacted_revision}")
         cause = e if isinstance(e, rpc.AioRpcError) else e.__cause__
         if isinstance(cause, rpc.AioRpcError):
-            code, details = cause.code(), cause.details() or ""
-            if code is rpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
-                # Our own cap on a reply (gRPC's words), not an overloaded member: another member
-                # would send the same reply.
-                return ReplyTooLarge(f"{what}: etcd at {endpoint}: {details}")
-            if code in _UNAVAILABLE_CODES or _unavailable_in_other_words(code, details):
-                return StoreUnavailable(f"{what}: etcd at {endpoint} did not answer: {code.name} {details}")
-            if "compacted" in details:
-                return WatchCompacted(f"{what}: etcd at {endpoint}: {details}")
-            if "lease not found" in details:
-                return LeaseNotFound(f"{what}: etcd at {endpoint}: {details}")
-            return KvError(f"{what}: etcd at {endpoint} refused: {code.name} {details}")
+            return error_from_status(what, cause.code(), cause.details() or "", endpoint)
         if isinstance(
             e,
             aetcd.exceptions.ConnectionFailedError
@@ -307,7 +309,7 @@ class EtcdKv:
 
     async def get(self, key: bytes) -> KeyValue | None:
         resp = await self._unary("get", lambda c: c.kvstub.Range, rpc.RangeRequest(key=key), idempotent=True)
-        return _kv_from_pb(resp.kvs[0]) if resp.kvs else None
+        return kv_from_pb(resp.kvs[0]) if resp.kvs else None
 
     async def range_prefix(
         self, prefix: bytes, *, limit: int = 0, start: bytes | None = None, revision: int = 0
@@ -315,7 +317,7 @@ class EtcdKv:
         req = range_request(prefix, limit=limit, start=start, revision=revision)
         resp = await self._unary("range", lambda c: c.kvstub.Range, req, idempotent=True)
         return RangeResult(
-            kvs=tuple(map(_kv_from_pb, resp.kvs)), revision=resp.header.revision, more=resp.more
+            kvs=tuple(map(kv_from_pb, resp.kvs)), revision=resp.header.revision, more=resp.more
         )
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
@@ -390,7 +392,7 @@ class EtcdKv:
         events = watch.__aiter__()
         try:
             async for ev in events:
-                kv = _kv_from_pb(ev.kv)
+                kv = kv_from_pb(ev.kv)
                 if not kv.key.startswith(prefix):
                     # The same crossing seen from the events, should ids ever be reused by a server.
                     raise StoreUnavailable(
@@ -491,7 +493,7 @@ def _txn_to_pb(compares: Sequence[Compare], success: Sequence[Op], failure: Sequ
 
 def _txn_result(resp: Any, revision: int) -> TxnResult:
     gets = tuple(
-        _kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
+        kv_from_pb(r.response_range.kvs[0]) if r.response_range.kvs else None
         for r in resp.responses
         if r.WhichOneof("response") == "response_range"
     )

@@ -120,13 +120,13 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         self.endpoint = endpoint
         self._tls = tls
 
-    def twin(self, *, timeout_s: float | None = None) -> EndpointClient:
-        """A client of the same member, with the same TLS, deadline (unless `timeout_s` says another)
-        and channel options, that has not connected yet: a gRPC channel serves the event loop it was
-        made on, so a client for another loop (the leader's lease keeper, in a thread of its own) is
-        made, and connects, there."""
-        deadline = self._timeout if timeout_s is None else timeout_s
-        return EndpointClient(self.endpoint, tls=self._tls, timeout_s=deadline, options=self._options)
+    def blocking_channel(self) -> grpc.Channel:
+        """A channel of gRPC's blocking API to the same member, with the same TLS and options: for a
+        thread that must not share the asyncio API's process-wide poller (`kv_etcd_lease`)."""
+        options = list(self._options.items())
+        if self._tls is None:
+            return grpc.insecure_channel(self.endpoint, options=options)
+        return grpc.secure_channel(self.endpoint, self._tls.credentials(), options=options)
 
     async def connect(self) -> None:
         """As aetcd's connect (stubs and watcher on a fresh channel), the channel secure with TLS."""

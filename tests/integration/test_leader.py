@@ -1,12 +1,13 @@
 """Leader election on real etcd leases: takeover after a crash, fencing of the old leader, loss on outage.
 
-Each election refreshes its lease as a server's does: from a lease keeper's thread, through a twin of
-the test's etcd client (tests/integration/test_leader_stall.py stalls the loop meanwhile)."""
+Each election refreshes its lease as a server's does: from a lease keeper's thread, through a blocking
+twin of the test's etcd client (tests/integration/test_leader_stall.py stalls the loop meanwhile)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -21,6 +22,7 @@ from federation.store.job_store import LEADER_KEY, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_lease import BlockingLeaseClient
 from tests.contract.helpers import eventually
 from tests.etcdctl import etcdctl, lease_alive
 
@@ -60,8 +62,12 @@ def watches(etcd_kv: EtcdKv, monkeypatch: pytest.MonkeyPatch) -> Watches:
 async def test_one_leader_at_a_time_with_its_key_create_revision_as_fence(
     etcd_kv: EtcdKv, watches: Watches
 ) -> None:
-    first = LeaderElection(etcd_kv, "first", ttl_s=5, refresh_kv=etcd_kv.twin)
-    second = LeaderElection(etcd_kv, "second", ttl_s=5, refresh_kv=etcd_kv.twin)
+    first = LeaderElection(
+        etcd_kv, "first", ttl_s=5, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
+    second = LeaderElection(
+        etcd_kv, "second", ttl_s=5, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         fence = await first.acquire()
         key = await etcd_kv.get(LEADER_KEY)
@@ -86,8 +92,12 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
     etcd_kv: EtcdKv, make_job: MakeJob, watches: Watches
 ) -> None:
     store = KvStore(etcd_kv)
-    first = LeaderElection(etcd_kv, "first", ttl_s=2, refresh_kv=etcd_kv.twin)
-    second = LeaderElection(etcd_kv, "second", ttl_s=2, refresh_kv=etcd_kv.twin)
+    first = LeaderElection(
+        etcd_kv, "first", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
+    second = LeaderElection(
+        etcd_kv, "second", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         old_fence = await first.acquire()
         standby = asyncio.create_task(second.acquire())
@@ -112,8 +122,12 @@ async def test_a_standby_wins_within_a_ttl_of_the_leader_dying_and_the_old_fence
 
 
 async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> None:
-    first = LeaderElection(etcd_kv, "first", ttl_s=10, refresh_kv=etcd_kv.twin)
-    second = LeaderElection(etcd_kv, "second", ttl_s=10, refresh_kv=etcd_kv.twin)
+    first = LeaderElection(
+        etcd_kv, "first", ttl_s=10, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
+    second = LeaderElection(
+        etcd_kv, "second", ttl_s=10, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         await first.acquire()
         standby = asyncio.create_task(second.acquire())
@@ -136,7 +150,9 @@ async def test_resign_hands_over_at_once(etcd_kv: EtcdKv, watches: Watches) -> N
 
 
 async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None:
-    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
+    election = LeaderElection(
+        etcd_kv, "me", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         fence = await election.acquire()
         await etcd_kv.delete(fence.key)
@@ -149,7 +165,9 @@ async def test_the_leader_notices_when_its_key_is_taken(etcd_kv: EtcdKv) -> None
 async def test_the_leader_notices_when_its_lease_is_revoked_behind_its_back(etcd_kv: EtcdKv) -> None:
     """etcdctl revokes the lease (an operator, or etcd expiring it): the keeper's next refresh finds
     it gone ("lease expired") and the term ends."""
-    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
+    election = LeaderElection(
+        etcd_kv, "me", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         await election.acquire()
         with structlog.testing.capture_logs() as logs:
@@ -164,7 +182,9 @@ async def test_the_leader_notices_when_its_lease_is_revoked_behind_its_back(etcd
 async def test_the_leader_gives_up_when_etcd_is_gone_for_a_ttl(tmp_path: Path) -> None:
     with EtcdProcess(tmp_path / "etcd") as etcd:
         kv = await EtcdKv.connect(etcd.endpoint, timeout_s=1.0)
-        election = LeaderElection(kv, "me", ttl_s=2, refresh_kv=kv.twin)
+        election = LeaderElection(
+            kv, "me", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, kv)
+        )
         try:
             await election.acquire()
             etcd.kill()
@@ -183,15 +203,17 @@ async def test_an_unexpected_keepalive_error_ends_the_leadership_instead_of_hidi
 ) -> None:
     """Any failure of the lease refresh other than etcd being away still ends the leadership: a
     keepalive task that died quietly would leave this server believing it leads with no lease."""
-    election = LeaderElection(etcd_kv, "me", ttl_s=2, refresh_kv=etcd_kv.twin)
+    election = LeaderElection(
+        etcd_kv, "me", ttl_s=2, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         await election.acquire()
 
-        async def broken(self: EtcdKv, lease_id: int) -> int:
+        async def broken(self: BlockingLeaseClient, lease_id: int) -> int:
             raise RuntimeError("a bug, or an error etcd never sent before")
 
-        # On the class: the keeper's thread refreshes through a twin of etcd_kv.
-        monkeypatch.setattr(EtcdKv, "keepalive", broken)
+        # On the class: the keeper's thread refreshes through a blocking twin of etcd_kv.
+        monkeypatch.setattr(BlockingLeaseClient, "keepalive", broken)
         await asyncio.wait_for(election.lost().wait(), timeout=3)
         assert not election.is_leader
     finally:

@@ -23,6 +23,7 @@ import pytest
 from federation.scheduling.leader import LeaderElection
 from federation.scheduling.lease_keeper import keeper_timeout_s
 from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_lease import BlockingLeaseClient
 from tests.etcd_cluster import EtcdCluster
 from tests.etcdctl import etcdctl
 from tests.lease_judge import lease_ttl_left
@@ -63,7 +64,11 @@ async def _hang_and_watch(cluster: EtcdCluster, *, deadline_s: float, key: bytes
     first = cluster.members[hung].client_url
     kv = await EtcdKv.connect(",".join([first, *others]), timeout_s=SERVER_TIMEOUT_S)
     election = LeaderElection(
-        kv, "leader", ttl_s=TTL_S, key=key, refresh_kv=functools.partial(kv.twin, timeout_s=deadline_s)
+        kv,
+        "leader",
+        ttl_s=TTL_S,
+        key=key,
+        refresh_kv=functools.partial(BlockingLeaseClient.twin_of, kv, timeout_s=deadline_s),
     )
     pid = cluster.members[hung].pid
     assert pid is not None
@@ -120,10 +125,10 @@ def test_one_member_keeps_the_client_s_own_deadline() -> None:
 async def test_the_twin_keeps_every_member_and_takes_the_deadline(cluster: EtcdCluster) -> None:
     kv = await EtcdKv.connect(cluster.endpoint, timeout_s=SERVER_TIMEOUT_S)
     try:
-        twin = kv.twin(timeout_s=1.0)
+        twin = BlockingLeaseClient.twin_of(kv, timeout_s=1.0)
         assert (kv.members, kv.timeout_s) == (3, SERVER_TIMEOUT_S)
         assert (twin.members, twin.timeout_s) == (3, 1.0)
-        assert kv.twin().timeout_s == SERVER_TIMEOUT_S
+        assert BlockingLeaseClient.twin_of(kv).timeout_s == SERVER_TIMEOUT_S
         await twin.close()
     finally:
         await kv.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
@@ -24,6 +25,7 @@ from federation.store.job_store import Fence, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv import WatchEvent
 from federation.store.kv_etcd import EtcdKv
+from federation.store.kv_etcd_lease import BlockingLeaseClient
 from tests.lease_judge import block_the_loop, keeper_threads, leader_key, lease_ttl_left
 from tests.waits import until
 
@@ -72,7 +74,9 @@ class Standby:
             return etcd_watch(prefix, start_revision=start_revision)
 
         kv.watch_prefix = counted_watch  # type: ignore[method-assign]
-        election = LeaderElection(kv, self._identity, ttl_s=TTL_S, refresh_kv=kv.twin)
+        election = LeaderElection(
+            kv, self._identity, ttl_s=TTL_S, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, kv)
+        )
         self._ready.set()
         try:
             self.fence = await election.acquire()
@@ -96,7 +100,9 @@ def endpoint(etcd_process: EtcdProcess, etcd_kv: EtcdKv) -> Iterator[str]:
 async def test_a_leader_whose_loop_is_blocked_for_longer_than_its_ttl_keeps_lease_and_key(
     etcd_kv: EtcdKv, endpoint: str, busy: bool
 ) -> None:
-    leader = LeaderElection(etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=etcd_kv.twin)
+    leader = LeaderElection(
+        etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv)
+    )
     try:
         fence = await leader.acquire()
         lease = leader._lease
@@ -166,7 +172,11 @@ async def test_a_loop_blocked_past_the_stall_limit_gives_the_lease_up_to_a_stand
     store = KvStore(etcd_kv)
     stored, _ = await store.create_job(make_job("j1"), idempotency_key="k", manifest_digest="d")
     leader = LeaderElection(
-        etcd_kv, "leader", ttl_s=TTL_S, refresh_kv=etcd_kv.twin, stall_limit_s=stall_limit_s
+        etcd_kv,
+        "leader",
+        ttl_s=TTL_S,
+        refresh_kv=functools.partial(BlockingLeaseClient.twin_of, etcd_kv),
+        stall_limit_s=stall_limit_s,
     )
     try:
         old_fence = await leader.acquire()
