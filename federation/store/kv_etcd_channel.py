@@ -4,7 +4,7 @@ A production etcd is a cluster of members, each with a client URL of its own, us
 asking clients for a certificate (`--client-cert-auth`). aetcd's client dials one `host:port` over an
 insecure channel only, so `EndpointClient` is aetcd's client with the channel made here: insecure, or
 TLS with the CA and the client's certificate and key. `EtcdKv` keeps one per member and fails over
-between them. Besides `kv_etcd`, the only module that imports aetcd.
+between them. With `kv_etcd` and `kv_etcd_lease`, the only modules that import aetcd.
 
 Endpoints are written as etcdctl takes them: comma-separated `host:port`, optionally `http://` or
 `https://` (the latter demands TLS). The certificate files come from the caller or, as etcdctl's
