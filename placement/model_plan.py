@@ -355,6 +355,18 @@ def explained_wait(job_id: JobId, explanation: Explanation) -> Waiting:
     return waiting
 
 
+def wait_for_job(earlier: Waiting, job_id: JobId) -> Waiting:
+    """The same wait as `earlier` for another job (a gang of a kind already decided this cycle, which
+    waits for the same reasons), made without an interpreted call: a deep queue's cycle makes one per
+    such job (nearly a million at a million queued), and the method that made them (`for_job`) cost
+    two interpreted frames and a change of class, 0.17 µs a wait."""
+    waiting: Waiting = _BARE(Waiting)
+    object.__setattr__(waiting, "job_id", job_id)
+    object.__setattr__(waiting, "_reasons", earlier._reasons)
+    object.__setattr__(waiting, "_explanation", earlier._explanation)
+    return waiting
+
+
 def reasoned_wait(job_id: JobId, reasons: tuple[WaitReason, ...]) -> Waiting:
     """`Waiting(job_id, reasons)`, made without an interpreted call."""
     waiting: Waiting = _BARE(Waiting)

@@ -79,13 +79,6 @@ class Waiting:
         waits with `model_plan.explained_wait`, without an interpreted call.)"""
         return cls._of(job_id, None, explanation)
 
-    def for_job(self, job_id: JobId) -> Waiting:
-        """The same wait for another job (a gang that waits for the same reasons): one per waiting
-        job of a deep queue, so made here without `_of`'s call."""
-        waiting = _Unguarded(job_id, self._reasons, self._explanation)
-        waiting.__class__ = Waiting  # type: ignore[assignment]
-        return waiting  # type: ignore[return-value]
-
     @property
     def reasons(self) -> tuple[WaitReason, ...]:
         reasons = self._reasons

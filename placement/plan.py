@@ -64,7 +64,7 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
-from placement.model_plan import explained_wait, reasoned_wait
+from placement.model_plan import explained_wait, reasoned_wait, wait_for_job
 from placement.quota import QuotaBook
 from placement.reasons import GangExplanation, Table, Tables, no_quotas
 from placement.repatriate import choose_moves
@@ -425,8 +425,7 @@ class _Cycle:
         if not taken:
             return 0
         kind_by_object, waiting = self._kind_by_object, self.waiting
-        # Each kind's wait, handed to a job by one call.
-        hand = [w.for_job if w is not None else None for w in self._decided]
+        decided = self._decided
         count = 0
         for standing in sorted(stretch):
             merged = _by_queue_order(stretch[standing])
@@ -436,7 +435,7 @@ class _Cycle:
                     between()
                 waiting.extend(
                     [
-                        hand[kind_by_object[id(g.decision_key)]](g.job_id)  # type: ignore[misc]
+                        wait_for_job(decided[kind_by_object[id(g.decision_key)]], g.job_id)  # type: ignore[arg-type]
                         for g in merged[at : at + _BETWEEN_EVERY_BULK]
                     ]
                 )
@@ -458,7 +457,7 @@ class _Cycle:
         if self._decided_on[kind] == state:
             earlier = self._decided[kind]
             assert earlier is not None
-            self.waiting.append(earlier.for_job(gang.job_id))
+            self.waiting.append(wait_for_job(earlier, gang.job_id))
             return
         reads, waiting = self.costs.queue_time_reads, len(self.waiting)
         self._decide(gang)

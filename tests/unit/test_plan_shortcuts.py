@@ -37,6 +37,7 @@ from placement.model import (
     WaitReason,
 )
 from placement.model import WaitCode as Code
+from placement.model_plan import wait_for_job
 from placement.plan import _by_queue_order
 from tests.conftest import build_job
 from tests.properties import examples
@@ -44,7 +45,7 @@ from tests.properties import examples
 
 def test_a_wait_for_another_job_is_the_value_waiting_makes() -> None:
     reasons = (WaitReason(Code.INSUFFICIENT_CAPACITY, "full", ClusterName("c1"), GpuType("A100")),)
-    made = Waiting(JobId("j1"), reasons).for_job(JobId("j2"))
+    made = wait_for_job(Waiting(JobId("j1"), reasons), JobId("j2"))
     plain = Waiting(JobId("j2"), reasons)
     assert type(made) is Waiting
     assert (made == plain, hash(made) == hash(plain), made.key == plain.key) == (True, True, True)
