@@ -295,13 +295,6 @@ class GangRequests:
                 out.append(self._build(job, inputs))
         return out, placed
 
-    def keep_only_queued(self, queued: Sequence[GangRequest]) -> None:
-        """`keep_only` the jobs of `queued` (their requests, or requests made from them), which holds
-        every job asked for since the last call, each once; without a set of them when nothing else
-        is kept (every cycle of a queue that only grew or stayed)."""
-        if len(self._built) != len(queued):
-            self.keep_only({q.job_id for q in queued})
-
     def keep_only(self, job_ids: set[JobId]) -> None:
         """Forget the jobs not in `job_ids`, which holds every job asked for since the last call."""
         self._carried = False
