@@ -51,6 +51,7 @@ COMPILED = (
     "reserve",
     "room",
     "set_affinity",
+    "stretch_carry",
     "wait_policy",
     "wait_saving",
 )

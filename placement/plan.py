@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, islice, repeat
-from operator import attrgetter, eq, gt, not_, or_
+from itertools import chain, compress, repeat
+from operator import attrgetter, gt, not_, or_
 from typing import Final
 
 from placement.backfill import Hold
@@ -70,15 +70,24 @@ from placement.reasons import GangExplanation, Table, Tables, no_quotas
 from placement.repatriate import choose_moves
 from placement.room import Room
 from placement.set_affinity import SetStores
+from placement.stretch_carry import PlanCarry, Slice, Standing
 
 
-def plan(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None = None) -> Plan:
+def plan(
+    snapshot: Snapshot,
+    *,
+    now: float,
+    between: Callable[[], None] | None = None,
+    carry: PlanCarry | None = None,
+) -> Plan:
     """Decide which queued gangs to admit where, whom to evict, what to buy, and why the others wait.
 
     `between` is called after every few decisions: the caller's chance to step aside for other work
-    (`federation.scheduling.yielding`); it must not touch the snapshot.
+    (`federation.scheduling.yielding`); it must not touch the snapshot. `carry` is what the last plan
+    over the same queue kept (`placement.stretch_carry`): given or not, the plan is the same; given,
+    a deep queue's stretches cost what changed in them.
     """
-    return _plan(snapshot, now, reuse=True, between=between)
+    return _plan(snapshot, now, reuse=True, between=between, carry=carry)
 
 
 # Decisions between two calls of `plan`'s `between`: tens of microseconds of work each.
@@ -102,9 +111,19 @@ _PROBE_KEYS: Final = 256
 _NO_HEADROOM: Final = -(1 << 60)
 
 
-def _plan(snapshot: Snapshot, now: float, *, reuse: bool, between: Callable[[], None] | None = None) -> Plan:
+def _plan(
+    snapshot: Snapshot,
+    now: float,
+    *,
+    reuse: bool,
+    between: Callable[[], None] | None = None,
+    carry: PlanCarry | None = None,
+) -> Plan:
     """`plan`; with `reuse` off every gang is decided afresh (the tests' check that reuse changes nothing)."""
-    cycle = _Cycle(snapshot, now, reuse=reuse)
+    if carry is None:
+        carry = PlanCarry()
+    carry.begin()
+    cycle = _Cycle(snapshot, now, reuse=reuse, carry=carry)
     order = FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee)
     walk = iter(order)
     # When to ask next whether a stretch of the queue waits as already decided (`take_in_bulk`): a
@@ -208,8 +227,12 @@ _NO_FIT: Final = _Miss(True)
 class _Cycle:
     """The working state of one `plan` call and the decision for one gang at a time."""
 
-    def __init__(self, snapshot: Snapshot, now: float, *, reuse: bool = True) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now: float, *, reuse: bool = True, carry: PlanCarry | None = None
+    ) -> None:
         self.now = now
+        # The stretches the last plan made, which this one's may be edited from (`take_in_bulk`).
+        self._carry = PlanCarry() if carry is None else carry
         self.policy = policy = snapshot.policy
         self.inventory = Inventory(snapshot.clusters, policy)
         self.book = QuotaBook(snapshot.tenants, snapshot.running, snapshot.gpu_families)
@@ -409,7 +432,8 @@ class _Cycle:
                 settled.append((entry, gangs, position))
             elif end is None or entry < end:
                 end = entry
-        stretch: dict[tuple[bool, int, float], list[GangRequest]] = {}
+        # Per standing, each settled tenant's gangs taken: its list and the bounds.
+        stretch: dict[Standing, dict[TenantId, Slice]] = {}
         taken: dict[TenantId, int] = {}
         for entry, gangs, position in settled:
             standing = entry[:3]
@@ -420,25 +444,23 @@ class _Cycle:
             else:
                 stop = bisect_left(gangs, end[3:5], position, key=_QUEUE_ORDER)
             if stop > position:
-                stretch.setdefault(standing, []).extend(gangs[position:stop])
+                stretch.setdefault(standing, {})[entry[5]] = (gangs, position, stop)
                 taken[entry[5]] = stop
         if not taken:
             return 0
-        kind_by_object, waiting = self._kind_by_object, self.waiting
-        decided = self._decided
         count = 0
         for standing in sorted(stretch):
-            merged = _by_queue_order(stretch[standing])
-            count += len(merged)
-            for at in range(0, len(merged), _BETWEEN_EVERY_BULK):
-                if between is not None:
-                    between()
-                waiting.extend(
-                    [
-                        wait_for_job(decided[kind_by_object[id(g.decision_key)]], g.job_id)  # type: ignore[arg-type]
-                        for g in merged[at : at + _BETWEEN_EVERY_BULK]
-                    ]
-                )
+            slices = stretch[standing]
+            # Each kind's decision, for every kind of the stretch's tenants (what the carry checks).
+            decisions: dict[Hashable, Waiting] = {}
+            for tenant in slices:
+                for k in self.tenant_kinds[tenant]:
+                    decisions[kind_gangs[k].decision_key] = self._decided[k]  # type: ignore[assignment]
+            waits = self._carry.stretch_waits(
+                standing, slices, decisions, self._decided, self._kind_by_object, between
+            )
+            count += len(waits)
+            self.waiting.extend(waits)
         order.advance(taken)
         return count
 
@@ -921,21 +943,6 @@ def _repeated(values: Sequence[object]) -> set[object]:
         else:
             seen.add(value)
     return again
-
-
-def _by_queue_order(gangs: list[GangRequest]) -> list[GangRequest]:
-    """The gangs by queue time, then job id. When no two gangs share a queue time the order is that
-    of the times alone: the positions are sorted on the list of times (floats, which the sort compares
-    fastest, a third of the time of the pair), and the gangs are not read again. A stretch of a deep
-    queue is hundreds of thousands of gangs spread through memory, where each pass that reads them
-    costs 100 to 200 ns a gang in reading alone (sorting on the gangs' times was a second such pass,
-    and a set of the times to find ties cost as much again)."""
-    times = list(map(_QUEUED_AT, gangs))
-    order = sorted(range(len(times)), key=times.__getitem__)
-    in_order = [times[i] for i in order]
-    if any(map(eq, in_order, islice(in_order, 1, None))):
-        return sorted(gangs, key=_QUEUE_ORDER)
-    return [gangs[i] for i in order]
 
 
 def _priority_not_allowed(gang: GangRequest, subject: str, limit: int) -> WaitReason:

@@ -161,7 +161,7 @@ def _snapshot_and_plan(
             preempted_gpus_this_interval=preempted_gpus,
             held_off=held_off,
         )
-        result = plan(snapshot, now=now, between=between)
+        result = plan(snapshot, now=now, between=between, carry=requests.plan_carry)
         return _Planned(
             result,
             _named(result, live),

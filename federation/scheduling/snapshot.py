@@ -37,6 +37,7 @@ from placement.model import (
 )
 from placement.reserve import PendingGang, reserve_pending
 from placement.set_affinity import SetStores, set_key
+from placement.stretch_carry import PlanCarry
 
 _PENDING_PHASES = frozenset({JobPhase.ADMITTED, JobPhase.STAGING})
 
@@ -245,6 +246,9 @@ class GangRequests:
         self._held: frozenset[str] = frozenset()
         # Jobs in the queue by tenant, for the queue-depth gauge.
         self._depth: dict[str, int] = {}
+        # What the placer's last plan over this queue kept for the next (`placement.plan`'s `carry`:
+        # the plan is the same without it).
+        self.plan_carry = PlanCarry()
 
     def get(self, job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         hit = self._built.get(job.job_id)

@@ -16,6 +16,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -46,6 +47,7 @@ from placement.model import (
     WaitCode,
 )
 from placement.plan import plan
+from placement.stretch_carry import PlanCarry
 from tests.properties import examples
 from tests.unit.placement_builders import SkipsOneItemSamples, shuffled
 
@@ -486,6 +488,21 @@ def test_the_same_snapshot_in_any_order_gives_the_same_plan(snapshot: Snapshot, 
     expected = plan(snapshot, now=NOW)
     assert plan(snapshot, now=NOW) == expected
     assert plan(shuffled(snapshot, SkipsOneItemSamples(rng)), now=NOW) == expected
+
+
+@SETTINGS
+@given(snapshots(), st.randoms(use_true_random=False))
+def test_a_plan_given_the_last_plans_carry_is_the_plan_made_afresh(
+    snapshot: Snapshot, rng: random.Random
+) -> None:
+    """`placement.stretch_carry`: what one plan keeps changes no later plan, over the same snapshot in
+    another order, or over a queue with a gang gone."""
+    carry = PlanCarry()
+    expected = plan(snapshot, now=NOW)
+    assert plan(snapshot, now=NOW, carry=carry) == expected
+    assert plan(shuffled(snapshot, SkipsOneItemSamples(rng)), now=NOW, carry=carry) == expected
+    fewer = replace(snapshot, queued=snapshot.queued[1:])
+    assert plan(fewer, now=NOW, carry=carry) == plan(fewer, now=NOW)
 
 
 A100 = GpuType("A100")

@@ -4,7 +4,7 @@ made the plain way, on the same inputs.
 - A wait handed to another job (`Waiting.for_job`) is made without `Waiting`'s guard and then takes
   its class: it is the same value as one made by `Waiting(...)`, and as immutable.
 - A stretch of the queue taken in bulk is put in queue order by sorting the positions on the list of
-  queue times when no two gangs share one (`plan._by_queue_order`): the sort on (time, id).
+  queue times when no two gangs share one (`stretch_carry.by_queue_order`): the sort on (time, id).
 - The scheduler maps by id only the jobs the plan names (`scheduler._named`), not every live job:
   the same entries as the full map had for those ids.
 """
@@ -38,7 +38,7 @@ from placement.model import (
 )
 from placement.model import WaitCode as Code
 from placement.model_plan import wait_for_job
-from placement.plan import _by_queue_order
+from placement.stretch_carry import by_queue_order
 from tests.conftest import build_job
 from tests.properties import examples
 
@@ -118,7 +118,7 @@ def _move(job_id: str) -> Move:
     st.permutations(list(range(40))),
 )
 def test_a_stretch_in_queue_order_is_the_sort_on_time_and_id(times: list[float], ids: list[int]) -> None:
-    """`plan._by_queue_order` (the positions sorted on the times, when no two gangs share one) is the
+    """`stretch_carry.by_queue_order` (the positions sorted on the times, when no two gangs share one) is the
     sort on (queue time, job id): with ties of time and without, in any order."""
     gangs = [
         GangRequest(
@@ -132,4 +132,6 @@ def test_a_stretch_in_queue_order_is_the_sort_on_time_and_id(times: list[float],
         for at, job in zip(times, ids, strict=False)
     ]
     plain = sorted(gangs, key=lambda g: (g.queued_at_s, g.job_id))
-    assert [g.job_id for g in _by_queue_order(gangs)] == [g.job_id for g in plain]
+    ordered, numbers = by_queue_order(gangs)
+    assert [g.job_id for g in ordered] == [g.job_id for g in plain]
+    assert numbers == all(g.queued_at_s == g.queued_at_s for g in gangs)

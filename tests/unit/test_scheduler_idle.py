@@ -15,6 +15,7 @@ import pytest
 import federation.scheduling.scheduler as scheduler_module
 from federation.scheduling.idle import IDLE_REPLAN_CYCLES, IdleGate
 from placement.model import JobPhase, Plan, Snapshot
+from placement.stretch_carry import PlanCarry
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
@@ -30,9 +31,15 @@ def plans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     made: list[float] = []
     real = scheduler_module.plan
 
-    def counting(snapshot: Snapshot, *, now: float, between: Callable[[], None] | None = None) -> Plan:
+    def counting(
+        snapshot: Snapshot,
+        *,
+        now: float,
+        between: Callable[[], None] | None = None,
+        carry: PlanCarry | None = None,
+    ) -> Plan:
         made.append(now)
-        return real(snapshot, now=now, between=between)
+        return real(snapshot, now=now, between=between, carry=carry)
 
     monkeypatch.setattr(scheduler_module, "plan", counting)
     return made

@@ -1,0 +1,225 @@
+"""A plan given what the last plan over the same queue kept (`placement.stretch_carry.PlanCarry`) is
+exactly the plan made without it (issue 33).
+
+The carry edits the last cycle's stretches (gangs taken in bulk, `plan._Cycle.take_in_bulk`) into
+this cycle's where the gangs that differ are few and every kind's decision has an equal key. The
+proof: seeded random series of deep queues, cycle after cycle, each plan made with the carry compared,
+byte for byte and key for key, with the plan made afresh. Between cycles: submissions, cancels,
+admissions (the last plan's, taken out of the queue and their room gone), requests replaced under the
+same job (a new priority), tenants' settings (caps, guarantees, priority limits), `now` moving past
+approvals' expiries, deadlines and private waits, capacity freed and taken, and new terms (a new,
+empty carry). Each series must have edited stretches, not only made them afresh.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from federation.scheduling.snapshot import GangRequests
+from placement.model import (
+    CapacityKind,
+    ClusterName,
+    ClusterState,
+    GangRequest,
+    GpuQuota,
+    GpuType,
+    JobId,
+    NodePool,
+    Plan,
+    PolicyConfig,
+    PriorityClass,
+    Provider,
+    Snapshot,
+    TenantId,
+    TenantQuota,
+)
+from placement.plan import plan
+from placement.stretch_carry import PlanCarry
+from tests.properties import examples
+from tests.unit.plan_cycles import bench_cycles, plan_bytes
+from tests.unit.test_plan_reuse import deep_queues
+
+A100, H100 = GpuType("A100"), GpuType("H100")
+TENANTS = 12
+CLASSES = (
+    PriorityClass("default", 0),
+    PriorityClass("high", 10),
+    PriorityClass("urgent", 20, preemptible=False, needs_approval=True),
+)
+
+
+def _same(carried: Plan, fresh: Plan) -> None:
+    assert plan_bytes(carried) == plan_bytes(fresh)
+    # The scheduler writes the reasons of the waits whose key changed: the keys must be alike too.
+    assert [(w.job_id, w.key) for w in carried.waiting] == [(w.job_id, w.key) for w in fresh.waiting]
+
+
+class Queue:
+    """A deep queue of few kinds over clusters mostly full, changed at random between cycles."""
+
+    def __init__(self, rng: random.Random, *, shared_keys: bool) -> None:
+        self.rng = rng
+        self.shared_keys = shared_keys
+        self.keys: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self.queued: dict[JobId, GangRequest] = {}
+        self.made = 0
+        self.now = 5000.0
+        self.free = [rng.choice([0, 0, 0, 8]) for _ in range(8)]
+        self.tenants = [self._tenant(t) for t in range(TENANTS)]
+        self.policy = PolicyConfig()
+        for _ in range(rng.randrange(150, 400)):
+            self.submit()
+
+    def _tenant(self, t: int) -> TenantQuota:
+        rng = self.rng
+        quotas = (GpuQuota(A100, guaranteed_gpus=rng.choice([0, 8, 16]), borrowing_limit_gpus=24),)
+        return TenantQuota(
+            TenantId(f"t{t}"),
+            quotas=quotas if rng.random() < 0.4 else (),
+            gpu_caps=((H100, 8),) if rng.random() < 0.2 else (),
+            max_priority=10 if rng.random() < 0.1 else None,
+        )
+
+    def _key(self, gang: GangRequest) -> GangRequest:
+        if self.shared_keys:  # as the scheduler's kept requests: one key object per kind
+            object.__setattr__(
+                gang, "decision_key", self.keys.setdefault(gang.decision_key, gang.decision_key)
+            )
+        return gang
+
+    def submit(self) -> None:
+        rng = self.rng
+        self.made += 1
+        t = rng.randrange(TENANTS)
+        # A tenant's gangs are of one class (a tenant of one standing settles, and is taken in bulk),
+        # but for a few tenants of mixed classes; the urgent class's approvals and some deadlines
+        # are a few times that `now` moves past.
+        if t % 4 == 0:
+            priority_class = "urgent"
+        elif t % 4 == 1:
+            priority_class = "high"
+        elif t == 2:
+            priority_class = rng.choice(["default", "high"])
+        else:
+            priority_class = "default"
+        gang = GangRequest(
+            JobId(f"q{self.made:05d}"),
+            TenantId(f"t{t}"),
+            {c.name: c.value for c in CLASSES}[priority_class],
+            # Times repeat now and then (the order falls back to the job ids).
+            1000.0 + (self.made if rng.random() < 0.9 else rng.randrange(self.made)),
+            (8 if t % 4 == 0 else rng.choice([8, 8, 8, 4, 16]),),
+            (A100,) if t % 2 else (A100, H100),
+            priority_class=priority_class,
+            approval_expires_at_s=rng.choice([5010.0, 5100.0, 1e9]) if priority_class == "urgent" else None,
+            deadline_at_s=rng.choice([None, 5050.0, 5500.0]) if t in (3, 9) else None,
+        )
+        self.queued[gang.job_id] = self._key(gang)
+
+    def snapshot(self) -> Snapshot:
+        clusters = tuple(
+            ClusterState(
+                ClusterName(f"c{c}"),
+                Provider.PRIVATE if c < 6 else Provider.AWS,
+                "dc1",
+                (
+                    NodePool("a100", A100, CapacityKind.PRIVATE, 1.4, 8, (free, 0)),
+                    NodePool(
+                        "h100", H100, CapacityKind.ON_DEMAND if c >= 6 else CapacityKind.PRIVATE, 2.8, 8, (0,)
+                    ),
+                ),
+            )
+            for c, free in enumerate(self.free)
+        )
+        queued = list(self.queued.values())
+        self.rng.shuffle(queued)
+        return Snapshot(tuple(queued), (), tuple(self.tenants), clusters, CLASSES, policy=self.policy)
+
+    def step(self, last: Plan) -> None:
+        """What happens between two cycles."""
+        rng = self.rng
+        for admission in last.admissions:  # admitted: out of the queue, its room taken
+            del self.queued[admission.job_id]
+        self.free = [0 if rng.random() < 0.5 else f for f in self.free]
+        for _ in range(rng.choice([0, 1, 1, 2, 5, 30])):
+            self.submit()
+        ids = list(self.queued)
+        for _ in range(rng.choice([0, 0, 1, 3])):
+            if ids:
+                del self.queued[ids.pop(rng.randrange(len(ids)))]  # cancelled
+        if ids and rng.random() < 0.3:  # the same job, another request: equal, or of another kind
+            old = self.queued[rng.choice(ids)]
+            new = replace(old) if rng.random() < 0.5 else replace(old, replica_gpus=(rng.choice([4, 8]),))
+            self.queued[old.job_id] = self._key(new)
+        roll = rng.random()
+        if roll < 0.1:
+            self.free[rng.randrange(len(self.free))] = 8  # capacity freed
+        elif roll < 0.2:
+            t = rng.randrange(TENANTS)
+            self.tenants[t] = self._tenant(t)  # the tenant's settings changed
+        elif roll < 0.25:
+            self.policy = rng.choice(
+                [
+                    PolicyConfig(),
+                    PolicyConfig(private_wait_s_per_gpu_hour=600.0, wait_value_usd_per_hour=5.0),
+                    PolicyConfig(preemption=False, backfill=False),
+                ]
+            )
+        # Time moves: past approvals' expiries, deadlines and private waits now and then.
+        self.now += rng.choice([0.0, 1.0, 10.0, 100.0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_carried_plan_is_the_plan_made_afresh_cycle_after_cycle(seed: int) -> None:
+    rng = random.Random(seed)
+    queue = Queue(rng, shared_keys=seed % 2 == 0)
+    carry = PlanCarry()
+    edited = 0
+    for _ in range(40):
+        if rng.random() < 0.05:
+            edited += carry.carried
+            carry = PlanCarry()  # a new term: nothing kept
+        snapshot = queue.snapshot()
+        carried = plan(snapshot, now=queue.now, carry=carry)
+        _same(carried, plan(snapshot, now=queue.now))
+        queue.step(carried)
+    assert edited + carry.carried > 0, "no stretch was edited from the last cycle's"
+
+
+def test_the_busy_federations_cycles_plan_alike_with_a_carry() -> None:
+    """bench/placer's federation cycle after cycle (30 tenants, guarantees, borrowing, priorities,
+    preemption, backfill, deadlines, datasets), each planned with the carry of the last."""
+    carry = PlanCarry()
+
+    def both(snapshot: Snapshot, now: float) -> Plan:
+        carried = plan(snapshot, now=now, carry=carry)
+        _same(carried, plan(snapshot, now=now))
+        return carried
+
+    for _ in bench_cycles(1500, 5, both):
+        pass
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(deep_queues(), st.sampled_from([0.0, 50.0, 1e4]), st.randoms(use_true_random=False))
+def test_any_deep_queue_plans_alike_with_the_last_plans_carry(
+    snapshot: Snapshot, now: float, rng: random.Random
+) -> None:
+    """The policies that reach every path a reuse could go wrong on (preemption and its limit, backfill,
+    the private wait, spot): a plan, then one over the queue with gangs gone and `now` moved, given
+    the first's carry."""
+    carry = PlanCarry()
+    _same(plan(snapshot, now=now, carry=carry), plan(snapshot, now=now))
+    queued = [g for g in snapshot.queued if rng.random() < 0.9]
+    later = replace(snapshot, queued=tuple(queued))
+    now += rng.choice([0.0, 1.0, 60.0])
+    _same(plan(later, now=now, carry=carry), plan(later, now=now))
+
+
+def test_the_scheduler_keeps_a_carry_with_its_queue() -> None:
+    assert isinstance(GangRequests().plan_carry, PlanCarry)
