@@ -1157,6 +1157,23 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def print_timeline(jobs: list[JobTimes], first_sent: float) -> None:
+    """When the first, the 10th and 90th percentile and the last job passed each stage, in seconds
+    after the first submission, and the last archived job's own way: the whole run's figure is the
+    steady rate's span plus the pipeline's fill (the first jobs' way to archived) and drain (the last
+    ones' way from submitted), which these show stage by stage."""
+    print(f"\n{'timeline (s after the first submission)':<42}{'first':>8}{'p10':>8}{'p90':>8}{'last':>8}")
+    for stage in STAGES:
+        times = sorted(j.at[stage] - first_sent for j in jobs if stage in j.at)
+        if times:
+            print(f"{stage:<42}{times[0]:>8.2f}{_q(times, 0.1):>8.2f}{_q(times, 0.9):>8.2f}{times[-1]:>8.2f}")
+    done = [j for j in jobs if "archived" in j.at]
+    if done:
+        last = max(done, key=lambda j: j.at["archived"])
+        way = "  ".join(f"{s} {last.at[s] - first_sent:.2f}" for s in STAGES if s in last.at)
+        print(f"the last archived job: {way}")
+
+
 def report(
     jobs: list[JobTimes],
     records: list[tuple[str, float, float]],
@@ -1212,6 +1229,7 @@ def report(
             f"GPUs: {gpus}; a job held its GPU {mean_held:.2f} s on average (its run {job_s:g} s): "
             f"once they are all taken, at most {gpus / mean_held:.1f} jobs/s placed"
         )
+    print_timeline(jobs, first_sent)
     for error in errors[:3]:
         print(f"observer error: {error}")
     latencies = [acked - sent for _, sent, acked in records]
