@@ -45,6 +45,7 @@ COMPILED = (
     "ordered",
     "plan",
     "preempt",
+    "queue_carry",
     "quota",
     "reasons",
     "repatriate",

@@ -30,15 +30,15 @@ _JOB_ID: Final = attrgetter("job_id")
 _PRIORITY: Final = attrgetter("priority")
 
 
-def _sort_by_queue_order(gangs: list[GangRequest]) -> None:
+def _sort_by_queue_order(gangs: list[GangRequest]) -> bool:
     """Sort the gangs in place by queue time, then job id: on the times alone (floats, which the sort
     compares fastest, where each pair of a (time, id) key was a tuple made and compared), then each
     run of equal times by id. The sorts are stable, so the order is the pair's. Times that are not
     numbers sort by the pair, as before (the order a sort leaves them in then depends on the order it
-    is given)."""
+    is given); whether every time is a number."""
     if any(gang.queued_at_s != gang.queued_at_s for gang in gangs):
         gangs.sort(key=_QUEUE_ORDER)
-        return
+        return False
     gangs.sort(key=_QUEUED_AT)
     count = len(gangs)
     start = 0
@@ -50,6 +50,22 @@ def _sort_by_queue_order(gangs: list[GangRequest]) -> None:
         if end - start > 1:
             gangs[start:end] = sorted(gangs[start:end], key=_JOB_ID)
         start = end
+    return True
+
+
+def tenant_lists(queued: Iterable[GangRequest]) -> tuple[dict[TenantId, list[GangRequest]], bool]:
+    """Each tenant's gangs in its own order: priority first (highest first), then queue time and id;
+    and whether every time is a number (`queue_carry` edits the lists only then)."""
+    by_tenant: dict[TenantId, list[GangRequest]] = {}
+    for gang in queued:
+        by_tenant.setdefault(gang.tenant, []).append(gang)
+    numbers = True
+    for gangs in by_tenant.values():
+        # Two sorts on C-level keys, the second stable (also when reversed), cost a third of one sort
+        # on a tuple-making lambda.
+        numbers = _sort_by_queue_order(gangs) and numbers
+        gangs.sort(key=_PRIORITY, reverse=True)
+    return by_tenant, numbers
 
 
 class FairShare:
@@ -126,18 +142,15 @@ class FairOrder:
         queued: Iterable[GangRequest],
         fair: FairShare,
         within_guarantee: Callable[[GangRequest], bool] = lambda gang: True,
+        by_tenant: dict[TenantId, list[GangRequest]] | None = None,
     ) -> None:
+        """`by_tenant`, if given, is `tenant_lists(queued)`'s lists (`queue_carry` keeps them from
+        the last plan): read, never changed."""
         self.fair = fair
         self.within_guarantee = within_guarantee
-        self.by_tenant: dict[TenantId, list[GangRequest]] = {}
-        for gang in queued:
-            self.by_tenant.setdefault(gang.tenant, []).append(gang)
+        self.by_tenant = tenant_lists(queued)[0] if by_tenant is None else by_tenant
         self.heap: list[Entry] = []
-        for tenant, gangs in self.by_tenant.items():
-            # Priority first (highest first), then queue time and id: two sorts on C-level keys, the
-            # second stable (also when reversed), cost a third of one sort on a tuple-making lambda.
-            _sort_by_queue_order(gangs)
-            gangs.sort(key=_PRIORITY, reverse=True)
+        for tenant in self.by_tenant:
             self.heap.append(self.entry(tenant, 0))
         heapq.heapify(self.heap)
         # Whether the walk has handed out a gang (`heads` reads the heap as the walk leaves it).

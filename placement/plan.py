@@ -122,9 +122,9 @@ def _plan(
     """`plan`; with `reuse` off every gang is decided afresh (the tests' check that reuse changes nothing)."""
     if carry is None:
         carry = PlanCarry()
-    carry.begin()
+    carry.begin(snapshot.queued)
     cycle = _Cycle(snapshot, now, reuse=reuse, carry=carry)
-    order = FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee)
+    order = FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee, carry.queue.tenant_lists())
     walk = iter(order)
     # When to ask next whether a stretch of the queue waits as already decided (`take_in_bulk`): a
     # question costs what the kinds and tenants number, so it is asked at most once per as many gangs,
@@ -297,13 +297,22 @@ class _Cycle:
             twice = _repeated(every_hash)
             twice_mask = list(map(twice.__contains__, every_hash)) if twice else []
             looked_at = list(compress(queued, twice_mask))
-        keys = list(map(_DECISION_KEY, looked_at))
-        ids = list(map(id, keys))
-        samples = dict(zip(ids, looked_at, strict=True))
-        # Gangs per key object. Where no key object is queued twice (requests made apart, as the
-        # benchmark's), every one counts one gang and none is repeated: no count is made (a
-        # `Counter` counts through its Python-level methods, a tenth of this setup).
-        per_object: dict[int, int] = {} if len(samples) == len(ids) else Counter(ids)
+        # The gangs per key object, and a gang of each (by the object's id). Carried from the last
+        # plan over the same queue where the objects are shared (`queue_carry.QueueCarry`: a pass
+        # over a million gangs' keys was a sixth of a steady cycle), else counted here.
+        counted = None if twice_mask is not None or not reuse else self._carry.queue.kind_counts()
+        if counted is not None:
+            samples, per_object = counted
+        else:
+            keys = list(map(_DECISION_KEY, looked_at))
+            ids = list(map(id, keys))
+            samples = dict(zip(ids, looked_at, strict=True))
+            # Where no key object is queued twice (requests made apart, as the benchmark's), every
+            # one counts one gang and none is repeated: no count is made (a `Counter` counts through
+            # its Python-level methods, a tenth of this setup), and none kept.
+            per_object = {} if len(samples) == len(ids) else Counter(ids)
+        if per_object and reuse:
+            self._carry.queue.keep_kind_counts(samples, per_object)
         # Equal keys hash equal, so a key object queued once whose hash no other key object shares is
         # a kind of one gang: it is left unnumbered without going through the dict of values. Each
         # distinct key's hash is read where the request keeps it (`GangRequest.decision_hash`: hashing

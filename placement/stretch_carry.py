@@ -26,13 +26,14 @@ after cycle). Otherwise the stretch is made afresh and kept for the next cycle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import islice
 from operator import attrgetter, eq, ne
 from typing import Final
 
 from placement.model import GangRequest, TenantId, Waiting
 from placement.model_plan import wait_for_job
+from placement.queue_carry import QueueCarry
 
 # The queue order within a stretch: queue time, then job id (unique in the queue).
 _QUEUE_ORDER: Final = attrgetter("queued_at_s", "job_id")
@@ -92,9 +93,11 @@ class PlanCarry:
     """What a plan keeps for the next plan over the same queue: its stretches, by standing, in the
     order made. Any plan may be given it: it is only ever read through the checks above."""
 
-    __slots__ = ("_kept", "_made", "carried", "made_afresh")
+    __slots__ = ("_kept", "_made", "carried", "made_afresh", "queue")
 
     def __init__(self) -> None:
+        # The fair order's per-tenant lists (`queue_carry`).
+        self.queue = QueueCarry()
         self._kept: dict[Standing, list[_Stretch]] = {}
         self._made: dict[Standing, list[_Stretch]] = {}
         # Stretches edited from a kept one, and made afresh, since the carry was made (for the tests
@@ -102,9 +105,10 @@ class PlanCarry:
         self.carried = 0
         self.made_afresh = 0
 
-    def begin(self) -> None:
-        """A plan starts: what the last one made is what this one may edit."""
+    def begin(self, queued: Sequence[GangRequest]) -> None:
+        """A plan over `queued` starts: what the last one made is what this one may edit."""
         self._kept, self._made = self._made, {}
+        self.queue.begin(queued)
 
     def stretch_waits(
         self,

@@ -14,6 +14,7 @@ empty carry). Each series must have edited stretches, not only made them afresh.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -21,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.scheduling.snapshot import GangRequests
+from placement.fairshare import tenant_lists
 from placement.model import (
     CapacityKind,
     ClusterName,
@@ -136,8 +138,10 @@ class Queue:
             )
             for c, free in enumerate(self.free)
         )
+        # In the scheduler's carried order (a changed job's request moves to the end), or any order.
         queued = list(self.queued.values())
-        self.rng.shuffle(queued)
+        if self.rng.random() < 0.1:
+            self.rng.shuffle(queued)
         return Snapshot(tuple(queued), (), tuple(self.tenants), clusters, CLASSES, policy=self.policy)
 
     def step(self, last: Plan) -> None:
@@ -155,6 +159,7 @@ class Queue:
         if ids and rng.random() < 0.3:  # the same job, another request: equal, or of another kind
             old = self.queued[rng.choice(ids)]
             new = replace(old) if rng.random() < 0.5 else replace(old, replica_gpus=(rng.choice([4, 8]),))
+            del self.queued[old.job_id]
             self.queued[old.job_id] = self._key(new)
         roll = rng.random()
         if roll < 0.1:
@@ -174,21 +179,41 @@ class Queue:
         self.now += rng.choice([0.0, 1.0, 10.0, 100.0])
 
 
+def _kept_as_made_afresh(carry: PlanCarry, queued: tuple[GangRequest, ...]) -> None:
+    """What the queue's carry keeps for the next plan is what a plan would make afresh: the tenants'
+    lists (`fairshare.tenant_lists`) and the gangs counted per key object. (A wrong count changes no
+    plan, only which gangs are taken in bulk: it is checked here.)"""
+    kept = carry.queue
+    if kept._lists_of is queued:
+        assert {t: [id(g) for g in gangs] for t, gangs in kept._lists.items()} == {
+            t: [id(g) for g in gangs] for t, gangs in tenant_lists(queued)[0].items()
+        }
+    if kept._counts_of is queued:
+        assert kept._counts == Counter(id(g.decision_key) for g in queued)
+        assert {k: id(g.decision_key) for k, g in kept._samples.items()} == {k: k for k in kept._counts}
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_carried_plan_is_the_plan_made_afresh_cycle_after_cycle(seed: int) -> None:
     rng = random.Random(seed)
     queue = Queue(rng, shared_keys=seed % 2 == 0)
     carry = PlanCarry()
-    edited = 0
+    edited = lists_edited = counted = 0
     for _ in range(40):
         if rng.random() < 0.05:
             edited += carry.carried
+            lists_edited += carry.queue.edited
+            counted += carry.queue.counts_carried
             carry = PlanCarry()  # a new term: nothing kept
         snapshot = queue.snapshot()
         carried = plan(snapshot, now=queue.now, carry=carry)
         _same(carried, plan(snapshot, now=queue.now))
+        _kept_as_made_afresh(carry, snapshot.queued)
         queue.step(carried)
     assert edited + carry.carried > 0, "no stretch was edited from the last cycle's"
+    assert lists_edited + carry.queue.edited > 0, "the tenants' lists were never edited from the last"
+    if queue.shared_keys:  # the kinds' counts are carried where the key objects are shared
+        assert counted + carry.queue.counts_carried > 0, "the kinds were never counted from the last"
 
 
 def test_the_busy_federations_cycles_plan_alike_with_a_carry() -> None:
