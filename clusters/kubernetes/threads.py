@@ -14,6 +14,15 @@ together), so a hung or slow cluster holds its lane's threads and no more, and n
 another cluster's call needs. A call whose caller gave up (cancelled) keeps its slot until its thread
 is done with it: a hung API cannot make its cluster hold more threads than its bound by callers that
 time out and call again.
+
+Results go back to the event loop in batches (`_Inbox`). Handed back one by one
+(`asyncio.wrap_future`), each call's thread ended with `call_soon_threadsafe`, whose write to the
+loop's wake-up socket gives the GIL up and takes it back from the busy loop: three or four context
+switches a call, and a wake-up of the loop for each. Now a call's thread files its result in its
+loop's inbox and wakes the loop only if no wake-up is pending already; the loop takes every result
+filed meanwhile in one callback. bench/scale.py at 100 clusters, six pairs in turns with the lane
+before (load 4.5-9.9): the server's context switches a job 76.2 against 80.8 (medians; fewer in five
+pairs of six), its CPU a job 4.42 ms against 4.45 (within the noise).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -48,6 +58,75 @@ def shared_pool() -> ThreadPoolExecutor:
             # (tests/contract's no_leaked_threads); these are the process's, idle between calls.
             _shared = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix=SHARED_THREAD_NAME)
         return _shared
+
+
+class _Inbox:
+    """Calls' results on their way from the pool's threads to one event loop, taken in batches.
+
+    A thread that files a result wakes the loop (`call_soon_threadsafe`) only when no wake-up is
+    pending: the results filed before the loop gets to `_deliver` go with the first one's wake-up.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._filed: list[tuple[asyncio.Future[Any], Future[Any]]] = []
+        self._woken = False
+
+    def file(self, waiter: asyncio.Future[Any], done: Future[Any]) -> None:
+        """From the thread that completed `done` (or cancelled it): `waiter` gets its outcome."""
+        with self._lock:
+            self._filed.append((waiter, done))
+            if self._woken:
+                return
+            self._woken = True
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            # The loop is closed: nobody is left to await the result.
+            with self._lock:
+                self._woken = False
+
+    def _deliver(self) -> None:
+        with self._lock:
+            filed, self._filed = self._filed, []
+            self._woken = False
+        for waiter, done in filed:
+            if waiter.done():  # its caller gave up (cancelled)
+                continue
+            if done.cancelled():
+                waiter.cancel()
+                continue
+            error = done.exception()
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(done.result())
+
+
+# One inbox per event loop (the server runs one; tests run many, one after another).
+_inboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = weakref.WeakKeyDictionary()
+
+
+def _inbox(loop: asyncio.AbstractEventLoop) -> _Inbox:
+    inbox = _inboxes.get(loop)
+    if inbox is None:
+        inbox = _inboxes[loop] = _Inbox(loop)
+    return inbox
+
+
+async def _outcome(future: Future[R]) -> R:
+    """The result of `future`, a call on a pool's thread, delivered through the loop's inbox."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[R] = loop.create_future()
+    inbox = _inbox(loop)
+    future.add_done_callback(lambda done: inbox.file(waiter, done))
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        # As `asyncio.wrap_future`: the call is taken back if it has not started.
+        future.cancel()
+        raise
 
 
 class Lane:
@@ -90,7 +169,7 @@ class Lane:
             raise
         self._running.add(future)
         try:
-            result = await asyncio.wrap_future(future)
+            result = await _outcome(future)
         except asyncio.CancelledError:
             # The caller gave up; the call may still hold its thread. Its slot is freed when the
             # thread is done with it (at once if it had not started: the cancel takes it back).

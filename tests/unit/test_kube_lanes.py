@@ -6,18 +6,22 @@ threads at 100 clusters), so what a pool per cluster guaranteed must hold lane b
 - a hung cluster holds its bound of threads and no more, and another cluster's calls still run;
 - a caller that gives up does not free its slot while its call still holds a thread;
 - close waits for the calls on threads and refuses new ones;
-- the threads are shared: calls of many clusters one after another reuse one thread.
+- the threads are shared: calls of many clusters one after another reuse one thread;
+- results that end while the loop is busy reach it with one wake-up, not one each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
+from clusters.kubernetes import threads
 from clusters.kubernetes.threads import MAX_THREADS, Lane, shared_pool
 from tests.waits import until
 
@@ -182,3 +186,51 @@ async def test_the_shared_pool_is_one_for_the_process_and_its_threads_are_not_a_
     assert shared_pool() is shared_pool()
     name = await Lane("api", 1).run(lambda: threading.current_thread().name)
     assert not name.startswith("gpufed-")
+
+
+def hold_the_loop_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Block the calling thread (the event loop's) until `condition` holds: a loop busy meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.001)
+
+
+async def test_results_that_end_while_the_loop_is_busy_reach_it_with_one_wake_up(
+    pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each wake-up of the loop from a call's thread is a write to its wake-up socket, which gives the
+    # GIL up and takes it back from a busy loop; the results of calls that end while the loop is busy
+    # go with one.
+    loop = asyncio.get_running_loop()
+    wake_ups = 0
+    wake = loop.call_soon_threadsafe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal wake_ups
+        wake_ups += 1
+        return wake(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    lane = Lane("api", 8, pool)
+    gate = Gate()
+
+    def fails() -> None:
+        gate.call(0)
+        raise ConnectionRefusedError("no answer")
+
+    calls = [asyncio.create_task(lane.run(gate.call, i)) for i in range(7)]
+    failing = asyncio.create_task(lane.run(fails))
+    await until(lambda: gate.entered == 8, "eight calls on threads")
+    inbox = threads._inbox(loop)
+    # The loop is busy (this callback holds it) while every call ends on its thread.
+    gate.opened.set()
+    hold_the_loop_until(lambda: len(inbox._filed) == 8)
+    assert await asyncio.gather(*calls) == list(range(7))
+    with pytest.raises(ConnectionRefusedError):
+        await failing
+    assert wake_ups == 1
+    assert lane.busy == 0
+    # The next call, ending alone, wakes the loop again.
+    assert await lane.run(lambda: "next") == "next"
+    assert wake_ups == 2
