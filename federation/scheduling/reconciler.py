@@ -103,6 +103,14 @@ CANCEL_GRACE_PERIOD_S = 30.0
 # with about 64 in flight; 128 cost the server more CPU a job in bench/scale.py's 100 clusters (each
 # cluster call is a thread of the Kubernetes client, and they contend for the GIL) for no more jobs.
 RECONCILE_CONCURRENCY = 64
+# That bound is the dispatch lane's. The other lane (an ended attempt's logs and record, a running
+# gang's record, cancels, evictions, removals) has RECORD_CONCURRENCY: an ended attempt holds its
+# slot while its pods' logs are read, a call whose answer took 0.1 to 0.7 s at 100 clusters
+# (bench/scale.py, the simulator's loop busy), so with 64 the ends waited for a slot 0.9 s (median,
+# 2.9 at p90) and held their GPUs meanwhile. With 128, six pairs in turns (load 4-9): from a pod's end
+# to its job's record 2.37 s against 2.87 (mean of a run, medians; less in five pairs of six), a GPU
+# held 11.4 s a job against 12.9, the server's CPU a job 4.21 ms against 4.31.
+RECORD_CONCURRENCY = 128
 # Calls in flight to one member cluster (dispatches, cancels, evictions, log reads): what a tick
 # asks of a cluster at once, so that a burst on one cluster neither floods its API server nor takes
 # every slot of the tick from the other clusters. As many as the Kubernetes backend's API threads
@@ -140,9 +148,9 @@ NOT_ARCHIVED_RECHECK_S = 600.0
 
 @dataclass
 class _Lane:
-    """One lane's slots of calls in flight: RECONCILE_CONCURRENCY in all, CLUSTER_CONCURRENCY a cluster."""
+    """One lane's slots of calls in flight: `all` in all, CLUSTER_CONCURRENCY a cluster."""
 
-    all: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RECONCILE_CONCURRENCY))
+    all: asyncio.Semaphore
     clusters: dict[ClusterName, asyncio.Semaphore] = field(default_factory=dict)
 
 
@@ -194,7 +202,10 @@ class Reconciler:
         # ended attempt's logs and record, cancels, evictions, removals). A burst of thousands of
         # admitted gangs queued for the one lane ahead of the ends that free GPUs: an end waited
         # behind every dispatch started before it (20 s at 100 clusters, bench/scale.py).
-        self._lanes: dict[bool, _Lane] = {True: _Lane(), False: _Lane()}
+        self._lanes: dict[bool, _Lane] = {
+            True: _Lane(asyncio.Semaphore(RECONCILE_CONCURRENCY)),
+            False: _Lane(asyncio.Semaphore(RECORD_CONCURRENCY)),
+        }
         # Work that outlasted its tick (TICK_WAIT_S): each job's, and each stale gang's removal.
         self._in_flight: dict[JobId, asyncio.Task[bool]] = {}
         self._removing: dict[tuple[ClusterName, JobId, int], asyncio.Task[None]] = {}
@@ -226,8 +237,8 @@ class Reconciler:
     @contextlib.asynccontextmanager
     async def _slots(self, cluster: ClusterName | None, *, dispatch: bool) -> AsyncIterator[None]:
         """A call's slots: one of its lane's CLUSTER_CONCURRENCY for `cluster` (none without one),
-        then one of its lane's RECONCILE_CONCURRENCY. The cluster's first: a job waiting for a busy
-        cluster holds no slot that a job of another cluster could use."""
+        then one of its lane's in all (RECONCILE_CONCURRENCY, RECORD_CONCURRENCY). The cluster's
+        first: a job waiting for a busy cluster holds no slot that a job of another cluster could use."""
         lane = self._lanes[dispatch]
         if cluster is None:
             async with lane.all:

@@ -120,3 +120,31 @@ async def test_a_stale_gang_the_cluster_is_deleting_is_not_asked_to_go_again() -
         assert await world.cluster.statuses() == ()
         await world.step(1.0)
         assert len(asked) == 8
+
+
+async def test_the_record_lane_is_bounded_apart_from_the_dispatch_lane(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ends, records and removals have RECORD_CONCURRENCY slots in all, dispatches
+    RECONCILE_CONCURRENCY: an ended attempt holds its slot while its logs are read, and with the
+    dispatch lane's 64, ends at 100 clusters waited 1 to 3 s for a slot (bench/scale.py)."""
+    monkeypatch.setattr(reconciler, "RECONCILE_CONCURRENCY", 1)
+    monkeypatch.setattr(reconciler, "RECORD_CONCURRENCY", 5)
+    async with build_world() as world:
+        dispatches = InFlight()
+        dispatches.wrap(world.cluster, "onprem", "dispatch")
+        jobs = []
+        for round_ in range(5):
+            batch = [await submit(world, a_job(f"j{round_}-{i}", gpus=1)) for i in range(8)]
+            await world.step()
+            await world.step(10.0)
+            jobs += batch
+        assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+        assert dispatches.peak_all == 1
+        removals = InFlight()
+        removals.wrap(world.cluster, "onprem", "cancel")
+        await world.step(FINISHED_GANG_RETENTION_S + 1.0)
+        assert await world.cluster.statuses() == ()
+        # Below the cluster's own CLUSTER_CONCURRENCY (16), above the dispatch lane's one.
+        assert removals.peak_all == 5
+        assert removals.calls == 40
