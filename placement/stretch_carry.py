@@ -26,7 +26,7 @@ after cycle). Otherwise the stretch is made afresh and kept for the next cycle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from itertools import islice
 from operator import attrgetter, eq, ne
 from typing import Final
@@ -105,7 +105,7 @@ class PlanCarry:
         self.carried = 0
         self.made_afresh = 0
 
-    def begin(self, queued: Sequence[GangRequest]) -> None:
+    def begin(self, queued: tuple[GangRequest, ...]) -> None:
         """A plan over `queued` starts: what the last one made is what this one may edit."""
         self._kept, self._made = self._made, {}
         self.queue.begin(queued)
