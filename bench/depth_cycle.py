@@ -7,10 +7,13 @@ cycle functions over `bench/scale_depth.py`'s queue, without etcd, a server or g
 
 What one cycle is here, as in `Scheduler.run_cycle`: the snapshot and plan
 (`scheduler._snapshot_and_plan`, on the live jobs as the scheduler keeps them, with the queue carried
-from the last cycle and the jobs changed since, as the job cache's feed names them) and the
-comparison of the waiting jobs' reasons with those last written (`Scheduler._reasons_to_write`,
-place by place with the last cycle's waits where the jobs are the same, and looking for the jobs no
-longer waiting among those that left the queue or were admitted). The 50 clusters of one 8-A100 node each, and the queue, are
+from the last cycle and the jobs changed since, as the job cache's feed names them, and the plan
+given what the last plan over that queue kept, `GangRequests.plan_carry`: the tenants' lists, the
+kinds' counts and the stretches taken in bulk, `placement/stretch_carry.py`) and the comparison of
+the waiting jobs' reasons with those last written (`Scheduler._reasons_to_write`: the waits that are
+the last cycle's very objects found by C-level comparisons and not read, the others place by place or
+looked up, and the jobs no longer waiting looked for among those that left the queue or were
+admitted). The 50 clusters of one 8-A100 node each, and the queue, are
 `scale_depth`'s. The first cycle builds every request and admits 50 jobs, which then hold their nodes
 (admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
 follows one new submission, as `scale_depth` measures a cycle after a SubmitJob. Measured with
