@@ -68,7 +68,9 @@ class _Inbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the inbox is the loop's value in `_inboxes`, which a strong reference back to its
+        # key would keep for ever (every test's loop, one after another).
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._filed: list[tuple[asyncio.Future[Any], Future[Any]]] = []
         self._woken = False
@@ -80,10 +82,13 @@ class _Inbox:
             if self._woken:
                 return
             self._woken = True
+        loop = self._loop()
         try:
-            self._loop.call_soon_threadsafe(self._deliver)
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:
-            # The loop is closed: nobody is left to await the result.
+            # The loop is closed (or gone): nobody is left to await the result.
             with self._lock:
                 self._woken = False
 

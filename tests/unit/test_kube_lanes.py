@@ -13,8 +13,10 @@ threads at 100 clusters), so what a pool per cluster guaranteed must hold lane b
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -234,3 +236,16 @@ async def test_results_that_end_while_the_loop_is_busy_reach_it_with_one_wake_up
     # The next call, ending alone, wakes the loop again.
     assert await lane.run(lambda: "next") == "next"
     assert wake_ups == 2
+
+
+def test_a_loops_inbox_does_not_keep_the_loop() -> None:
+    # The inbox is the loop's value in a weak map: a strong reference back would keep every loop.
+    loop = asyncio.new_event_loop()
+    try:
+        threads._inbox(loop)
+        gone = weakref.ref(loop)
+    finally:
+        loop.close()
+    del loop
+    gc.collect()
+    assert gone() is None
