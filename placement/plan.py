@@ -311,7 +311,9 @@ class _Cycle:
             # one counts one gang and none is repeated: no count is made (a `Counter` counts through
             # its Python-level methods, a tenth of this setup), and none kept.
             per_object = {} if len(samples) == len(ids) else Counter(ids)
-        if per_object and reuse:
+        if per_object and reuse and twice_mask is None:
+            # Kept only as counted over the whole queue (by hashes, only the gangs whose hash repeats
+            # are counted).
             self._carry.queue.keep_kind_counts(samples, per_object)
         # Equal keys hash equal, so a key object queued once whose hash no other key object shares is
         # a kind of one gang: it is left unnumbered without going through the dict of values. Each

@@ -230,6 +230,24 @@ def test_the_busy_federations_cycles_plan_alike_with_a_carry() -> None:
         pass
 
 
+def test_kinds_counted_by_hash_are_not_kept_as_the_queues_counts() -> None:
+    """A queue whose first gangs each hold a key object of their own is counted by hashes, only the
+    gangs whose hash repeats (`plan._Cycle`): those counts are not the queue's and must not be kept,
+    even where some gangs further on share a key object."""
+    queue = Queue(random.Random(3), shared_keys=False)
+    queued = tuple(queue.queued.values())
+    shared = queued[-1]
+    later = tuple(
+        replace(shared, job_id=JobId(f"z{n:03d}"), queued_at_s=shared.queued_at_s + 1 + n) for n in range(40)
+    )
+    for gang in later:
+        object.__setattr__(gang, "decision_key", shared.decision_key)
+    snapshot = replace(queue.snapshot(), queued=queued + later)
+    carry = PlanCarry()
+    _same(plan(snapshot, now=queue.now, carry=carry), plan(snapshot, now=queue.now))
+    _kept_as_made_afresh(carry, snapshot.queued)
+
+
 @settings(max_examples=examples(100), deadline=None)
 @given(deep_queues(), st.sampled_from([0.0, 50.0, 1e4]), st.randoms(use_true_random=False))
 def test_any_deep_queue_plans_alike_with_the_last_plans_carry(
