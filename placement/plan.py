@@ -148,7 +148,7 @@ def _plan(
     moves = choose_moves(snapshot.running, cycle.inventory, cycle.book, cycle.costs, cycle.room.holds_on, now)
     return Plan(
         admissions=tuple(cycle.admissions),
-        waiting=tuple(cycle.waiting),
+        waiting=cycle.all_waiting(),
         preemptions=tuple(cycle.room.preemptions),
         capacity_requests=tuple(cycle.room.capacity_requests),
         reservations=tuple(cycle.room.reservations),
@@ -269,6 +269,9 @@ class _Cycle:
         # later count those stores as holding it (`set_affinity`; earlier cycles' are in the snapshot).
         self.sets = SetStores()
         self.waiting: list[Waiting] = []
+        # The waits before `waiting`'s, in pieces: the stretches' (`take_in_bulk`) and those decided
+        # between them.
+        self._waited: list[list[Waiting]] = []
         # The last wait decided for each kind of gang (`GangRequest.decision_key`), and the working
         # state it was decided on (`_state`): another gang of that kind decided on the same state waits
         # for the same reasons, so it takes them without the work. A deep queue is mostly such gangs.
@@ -369,6 +372,12 @@ class _Cycle:
             for g in queued if self._carried else ():
                 if g.job_id in self._carried and id(g.decision_key) in self._kind_by_object:
                     left[g.tenant] = left.get(g.tenant, 0) + 1
+
+    def all_waiting(self) -> tuple[Waiting, ...]:
+        """Every wait of the cycle, in the order decided."""
+        if not self._waited:
+            return tuple(self.waiting)
+        return tuple(chain.from_iterable([*self._waited, self.waiting]))
 
     def _state(self) -> int:
         """Grows whenever the cycle's working state changes in a way a decision could read.
@@ -471,7 +480,11 @@ class _Cycle:
                 standing, slices, decisions, self._decided, self._kind_by_object, between
             )
             count += len(waits)
-            self.waiting.extend(waits)
+            # A piece of its own, which the plan's tuple copies once (`all_waiting`), where the cycle's
+            # list took a copy of a stretch's million waits first (a reference count touched each).
+            self._waited.append(self.waiting)
+            self._waited.append(waits)
+            self.waiting = []
         order.advance(taken)
         return count
 
