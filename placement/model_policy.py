@@ -146,6 +146,11 @@ class PolicyConfig:
     # long gangs, the ones a spot bound keeps on demand, may wait for private GPUs the limits do not yet
     # promise: their wait is short against their run (`placement/room.py`).
     private_wait_needs_start_max_run_h: float | None = None
+    # Once a dear gang (one whose wait does not rest on the sunk internal rate alone) has waited this
+    # long on the room test's word, the test no longer judges it: it waits on to its wait's end, even
+    # if gangs started since push the limits' room past that end (None: the test judges every cycle).
+    # A wait the test cut short paid the hours already waited and the cloud's bill both.
+    private_wait_needs_start_after_s: float | None = None
     # A wait bounded by the job's deadline ends this long before the last moment its run-time limit
     # would still fit: what bursting takes from the wait's end to a running gang (the next cycle, the
     # cloud nodes' start). Without it a wait that ends on the last second is followed by a burst that

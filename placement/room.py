@@ -199,6 +199,18 @@ class Room:
             # A long gang waits without the room test (`PolicyConfig.private_wait_needs_start_max_run_h`,
             # or its tenant's `saver` policy: `wait_policy`).
             needs_start = False
+        committed_after = self.policy.private_wait_needs_start_after_s
+        if (
+            needs_start
+            and committed_after is not None
+            and not sunk_only
+            and self.now - gang.queued_at_s > committed_after
+        ):
+            # The test let it wait, and it has spent that long of its wait on the test's word
+            # (`PolicyConfig.private_wait_needs_start_after_s`). Gangs started since may push the limits'
+            # room past its wait's end, but runs end before their limits, and bursting now would pay
+            # the cloud's bill on top of the hours waited.
+            needs_start = False
         if needs_start and (room_at is None or room_at > until):
             return None
         hold: Hold | None = None

@@ -68,6 +68,8 @@ class GpufedSettings:
     private_wait_needs_start_max_gpus: int | None = None
     # The job's length: gangs of more work than this many hours wait without the room test.
     private_wait_needs_start_max_run_h: float | None = None
+    # Gangs that have waited this long on the room test's word wait on without it (dear gangs only).
+    private_wait_needs_start_after_s: float | None = None
     # Repatriation: move running cloud gangs back to idle private GPUs when that saves money.
     repatriate: bool = False
     repatriate_min_saving_usd: float = 0.0
@@ -211,6 +213,11 @@ def _gpufed(doc: dict[str, Any], where: str) -> GpufedSettings:
             None
             if doc.get("private_wait_needs_start_max_run_h") is None
             else float(doc["private_wait_needs_start_max_run_h"])
+        ),
+        private_wait_needs_start_after_s=(
+            None
+            if doc.get("private_wait_needs_start_after_s") is None
+            else float(doc["private_wait_needs_start_after_s"])
         ),
         repatriate=bool(doc.get("repatriate", False)),
         repatriate_min_saving_usd=float(doc.get("repatriate_min_saving_usd", 0.0)),

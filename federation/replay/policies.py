@@ -103,6 +103,7 @@ class PolicySpec:
                 private_wait_min_gpus=self.gpufed.private_wait_min_gpus,
                 private_wait_needs_start_max_gpus=self.gpufed.private_wait_needs_start_max_gpus,
                 private_wait_needs_start_max_run_h=self.gpufed.private_wait_needs_start_max_run_h,
+                private_wait_needs_start_after_s=self.gpufed.private_wait_needs_start_after_s,
                 repatriate=self.gpufed.repatriate,
                 repatriate_min_saving_usd=self.gpufed.repatriate_min_saving_usd,
                 move_overhead_s=self.gpufed.move_overhead_s,
@@ -139,6 +140,8 @@ def gpufed_name(settings: GpufedSettings) -> str:
             name += f"_up_to_{settings.private_wait_needs_start_max_gpus}gpus"
         if settings.private_wait_needs_start_max_run_h is not None:
             name += f"_up_to_{settings.private_wait_needs_start_max_run_h:g}h"
+        if settings.private_wait_needs_start_after_s is not None:
+            name += f"_once_after_{_wait_name(settings.private_wait_needs_start_after_s)}"
     if settings.private_wait_reserve:
         name += "_reserve"
         if settings.private_wait_reservations > 1:

@@ -37,6 +37,7 @@ _POLICY_KEYS: dict[str, str] = {
     "privateWaitMaxSeconds": "private_wait_max_s",
     "privateWaitNeedsStart": "private_wait_needs_start",
     "privateWaitNeedsStartMaxRunHours": "private_wait_needs_start_max_run_h",
+    "privateWaitNeedsStartAfterSeconds": "private_wait_needs_start_after_s",
     "privateWaitDeadlineMarginSeconds": "private_wait_deadline_margin_s",
     "privateRateSunk": "private_rate_sunk",
     "privateWaitReserve": "private_wait_reserve",

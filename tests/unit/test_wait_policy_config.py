@@ -92,6 +92,7 @@ def test_the_shipped_config_turns_on_the_replay_s_wait() -> None:
         "private_wait_s_per_gpu_hour",
         "private_wait_max_s",
         "private_wait_needs_start",
+        "private_wait_needs_start_after_s",
         "private_wait_reserve",
         "spot_max_restart_slowdown",
         "prefer_private",
