@@ -54,6 +54,19 @@ CLASSES = (
     PriorityClass("urgent", 20, preemptible=False, needs_approval=True),
 )
 
+# The shipped wait's shape (federation/defaults/federation.yaml): the room test, judged only until a
+# gang has waited `private_wait_needs_start_after_s`, a threshold the queue's gangs cross as `now`
+# moves (a decision that reads each gang's queue time), the reservation and the sunk rate. The rate
+# is high enough that every gang's wait is the longest, 72 h: the queue's gangs still wait.
+SHIPPED_WAIT = PolicyConfig(
+    private_wait_s_per_gpu_hour=3_600_000.0,
+    private_wait_max_s=72 * 3600.0,
+    private_wait_needs_start=True,
+    private_wait_needs_start_after_s=4200.0,
+    private_wait_reserve=True,
+    private_rate_sunk=True,
+)
+
 
 def _same(carried: Plan, fresh: Plan) -> None:
     assert plan_bytes(carried) == plan_bytes(fresh)
@@ -72,8 +85,10 @@ class Queue:
         self.made = 0
         self.now = 5000.0
         self.free = [rng.choice([0, 0, 0, 8]) for _ in range(8)]
+        self.cloud_free = 0
         self.tenants = [self._tenant(t) for t in range(TENANTS)]
-        self.policy = PolicyConfig()
+        # Half the series start under the shipped wait's shape, so that it runs for many cycles.
+        self.policy = SHIPPED_WAIT if rng.random() < 0.5 else PolicyConfig()
         for _ in range(rng.randrange(150, 400)):
             self.submit()
 
@@ -132,7 +147,14 @@ class Queue:
                 (
                     NodePool("a100", A100, CapacityKind.PRIVATE, 1.4, 8, (free, 0)),
                     NodePool(
-                        "h100", H100, CapacityKind.ON_DEMAND if c >= 6 else CapacityKind.PRIVATE, 2.8, 8, (0,)
+                        "h100",
+                        H100,
+                        CapacityKind.ON_DEMAND if c >= 6 else CapacityKind.PRIVATE,
+                        # Dear enough in the cloud that a wait saves more than the sunk rate.
+                        8.0 if c >= 6 else 2.8,
+                        8,
+                        # The cloud's H100s have room now and then: a gang may burst, or wait.
+                        (self.cloud_free,) if c >= 6 else (0,),
                     ),
                 ),
             )
@@ -150,6 +172,7 @@ class Queue:
         for admission in last.admissions:  # admitted: out of the queue, its room taken
             del self.queued[admission.job_id]
         self.free = [0 if rng.random() < 0.5 else f for f in self.free]
+        self.cloud_free = rng.choice([0, 0, 0, 8])
         for _ in range(rng.choice([0, 1, 1, 2, 5, 30])):
             self.submit()
         ids = list(self.queued)
@@ -173,6 +196,7 @@ class Queue:
                     PolicyConfig(),
                     PolicyConfig(private_wait_s_per_gpu_hour=600.0, wait_value_usd_per_hour=5.0),
                     PolicyConfig(preemption=False, backfill=False),
+                    SHIPPED_WAIT,
                 ]
             )
         # Time moves: past approvals' expiries, deadlines and private waits now and then.
