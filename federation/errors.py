@@ -67,6 +67,11 @@ class Conflict(GpufedError):
     retryable = True
 
 
+class JobIdTaken(Conflict):
+    """A new job's id (its name and 32 random bits) is already a live job's: the submission draws
+    another id and tries again, so a caller never sees it (`federation.api.service`)."""
+
+
 class RateLimited(GpufedError):
     """A tenant submits faster than its limit: try again after the time the message gives."""
 

@@ -39,6 +39,7 @@ from federation.errors import (
     GpufedError,
     InvalidArgument,
     InvalidSpec,
+    JobIdTaken,
     NotFound,
     PermissionDenied,
     QueueFull,
@@ -137,9 +138,14 @@ def check_priority_class(
     return value
 
 
+# Ids drawn for one submission before its collision is given up on (each is a live job's with a
+# chance of (live jobs of that name) / 2**32).
+JOB_ID_DRAWS = 8
+
+
 def _new_job_id(name: str) -> JobId:
     # Readable and DNS-label safe: the job name plus 32 random bits (the create is create-only, so a
-    # collision is caught and retried, never overwritten).
+    # collision is caught and another id drawn, never overwritten: `JobService._submit`).
     return JobId(f"{name[:40].rstrip('-')}-{secrets.token_hex(4)}")
 
 
@@ -299,20 +305,30 @@ class JobService(pb_grpc.JobServiceServicer):
             # read, and a flood of unknown ones must stay within the tenant's rate.
             await self._datasets.check(tenant, spec.dataset, settings)
         now = self._clock()
-        job = JobRecord(
-            job_id=_new_job_id(spec.name),
-            tenant=tenant,
-            user=who.user,
-            spec=spec,
-            phase=JobPhase.QUEUED,
-            submitted_at_s=now,
-            queued_at_s=now,
-            priority=priority,
-        )
-        # Without a client key every call is its own submission: key it by the fresh job id.
-        stored, created = await self._store.create_job(
-            job, idempotency_key=key or f"auto:{job.job_id}", manifest_digest=digest
-        )
+        for attempt in range(1, JOB_ID_DRAWS + 1):
+            job = JobRecord(
+                job_id=_new_job_id(spec.name),
+                tenant=tenant,
+                user=who.user,
+                spec=spec,
+                phase=JobPhase.QUEUED,
+                submitted_at_s=now,
+                queued_at_s=now,
+                priority=priority,
+            )
+            try:
+                # Without a client key every call is its own submission: key it by 128 random bits.
+                # Not by the job id, whose 32 random bits can draw a live job's: that job's key would
+                # then answer this submission as a retry of it, and the new job would never be made.
+                stored, created = await self._store.create_job(
+                    job, idempotency_key=key or f"auto:{secrets.token_hex(16)}", manifest_digest=digest
+                )
+                break
+            except JobIdTaken:
+                # The random id is a live job's (likely only among many jobs of one name: a sweep's
+                # trials, a nightly job). The create wrote nothing: draw another id.
+                if attempt == JOB_ID_DRAWS:
+                    raise
         if created:
             self._metrics.jobs_submitted.labels(tenant=tenant).inc()
             log.info("job_submitted", job_id=stored.value.job_id, tenant=tenant, user=who.user)

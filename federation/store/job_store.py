@@ -29,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from federation.errors import Conflict, IdempotencyConflict, NotFound, NotLeader
+from federation.errors import IdempotencyConflict, JobIdTaken, NotFound, NotLeader
 from federation.store.group_commit import DEFAULT_MAX_BATCH, GroupCommit
 from federation.store.intervals import LEDGER_PREFIX, LedgerInterval, interval_from_json, interval_to_dict
 from federation.store.jobs import JobHead, JobRecord, job_from_json, job_head_from_json, job_to_dict
@@ -535,7 +535,7 @@ class KvStore:
             return Stored(job, result.revision), True
         idem_kv, job_kv = result.gets
         if idem_kv is None:
-            raise Conflict(f"job {job.job_id} already exists under another idempotency key")
+            raise JobIdTaken(f"job {job.job_id} already exists under another idempotency key")
         first = loads(idem_kv.value, idem_kv.key)
         if first["digest"] != manifest_digest:
             raise IdempotencyConflict(
