@@ -20,7 +20,7 @@ from clusters.memory import InMemoryCluster
 from federation.scheduling import reconciler
 from federation.scheduling.collector import FINISHED_GANG_RETENTION_S
 from placement.model import JobPhase
-from tests.unit.reconcile_world import a_job, build_world, submit
+from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
 @dataclass
@@ -51,16 +51,20 @@ class InFlight:
         setattr(cluster, method, counted)
 
 
+async def _forty_finished(world: World) -> None:
+    """Forty finished gangs, eight at a time (the cluster's 16 GPUs), kept for their logs."""
+    jobs = []
+    for round_ in range(5):
+        batch = [await submit(world, a_job(f"j{round_}-{i}", gpus=1)) for i in range(8)]
+        await world.step()
+        await world.step(10.0)
+        jobs += batch
+    assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+
+
 async def test_finished_gangs_are_removed_at_once_a_clusters_slots_at_a_time() -> None:
     async with build_world() as world:
-        jobs = []
-        # Forty finished gangs, eight at a time (the cluster's 16 GPUs), kept for their logs.
-        for round_ in range(5):
-            batch = [await submit(world, a_job(f"j{round_}-{i}", gpus=1)) for i in range(8)]
-            await world.step()
-            await world.step(10.0)
-            jobs += batch
-        assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+        await _forty_finished(world)
         assert len(await world.cluster.statuses()) == 40
         seen = InFlight()
         seen.wrap(world.cluster, "onprem", "cancel")
@@ -133,13 +137,7 @@ async def test_the_record_lane_is_bounded_apart_from_the_dispatch_lane(
     async with build_world() as world:
         dispatches = InFlight()
         dispatches.wrap(world.cluster, "onprem", "dispatch")
-        jobs = []
-        for round_ in range(5):
-            batch = [await submit(world, a_job(f"j{round_}-{i}", gpus=1)) for i in range(8)]
-            await world.step()
-            await world.step(10.0)
-            jobs += batch
-        assert {(await world.job(j)).phase for j in jobs} == {JobPhase.SUCCEEDED}
+        await _forty_finished(world)
         assert dispatches.peak_all == 1
         removals = InFlight()
         removals.wrap(world.cluster, "onprem", "cancel")
