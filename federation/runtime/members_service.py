@@ -106,7 +106,7 @@ class MembersService(pb_grpc.MembersServicer):
                 or await StoreDirectory(self._store.kv).get(object_store) is None
             ):
                 raise InvalidSpec(
-                    "objectStore", f"{object_store!r} is not an object store of this federation"
+                    "objectStore", f"{shown(object_store)} is not an object store of this federation"
                 )
             record = replace(record, object_store=object_store)
         return record
