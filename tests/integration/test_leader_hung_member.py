@@ -103,7 +103,12 @@ async def test_a_hung_member_does_not_cost_the_lease_with_the_keeper_s_deadline(
     key = b"/test/leader-hung-member/keeper"
     leads, ttls = await _hang_and_watch(cluster, deadline_s=deadline_s, key=key)
     assert ttls
-    assert min(ttls) > 0, f"etcdctl saw the lease's TTL reach {min(ttls)}: {ttls}"
+    # etcd reports the whole seconds left, cut short (`int64(Remaining().Seconds())`: the steady
+    # readings between refreshes are 2, with 2 to 3 s left), and -1 once the lease is gone. The
+    # keeper's deadline leaves a third of the TTL less the calls' own time when the hung member is
+    # asked first, so a reading of 0 (under a second left, the lease alive) is the design working at
+    # a busy moment; -1 is the loss. A fresh-clone run saw [.., 1, 1, 1, 1, 0, 2, ..].
+    assert min(ttls) >= 0, f"etcdctl saw the lease gone (TTL {min(ttls)}): {ttls}"
     assert leads
 
 
