@@ -14,9 +14,17 @@ the waiting jobs' reasons with those last written (`Scheduler._reasons_to_write`
 the last cycle's very objects found by C-level comparisons and not read, the others place by place or
 looked up, and the jobs no longer waiting looked for among those that left the queue or were
 admitted). The 50 clusters of one 8-A100 node each, and the queue, are
-`scale_depth`'s. The first cycle builds every request and admits 50 jobs, which then hold their nodes
+`scale_depth`'s, with the jobs its calls submit through the API: tenant t7's (user u7's) manifest, a
+kind of gang of its own (another run-time limit than the seeded jobs'), 200 of them queued after the
+seeded ones (`API_JOBS`, scale_depth's SubmitJob calls at its first depth). Without them the benchmark
+missed what the server's cycle does: a tenant of two kinds, the second at the end of its queue, ended
+every stretch taken in bulk (`placement.plan._Cycle.take_in_bulk`) at its next gang, and half of a
+deep queue was decided gang by gang (602 ms of CPU at a million through the server, 110 here). The
+first cycle builds every request and admits 50 jobs, which then hold their nodes
 (admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
-follows one new submission, as `scale_depth` measures a cycle after a SubmitJob. Measured with
+follows one new submission through the API, as `scale_depth` measures a cycle after a SubmitJob. The
+figures say how many gangs a steady plan decided one by one and how many it took in stretches, and
+how many stretches it edited from the last cycle's. Measured with
 `time.process_time`, so that other work on a shared machine counts less; the median of the steady
 cycles. It measures where the server's cycle CPU goes (`gpufed_scheduling_cycle_cpu_seconds` is the
 snapshot and plan), not its wall time, which `scale_depth` measures through the server.
@@ -29,22 +37,23 @@ import asyncio
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.scale_depth import CLUSTERS, TENANTS, queued_record  # noqa: E402
+from bench.scale_depth import CLUSTERS, MANIFEST, TENANTS, queued_record  # noqa: E402
 from clusters.memory import InMemoryCluster  # noqa: E402
 from federation.ledger.cache import LedgerCache  # noqa: E402
 from federation.metrics import Metrics  # noqa: E402
 from federation.scheduling.members import MemberClusters  # noqa: E402
 from federation.scheduling.scheduler import Scheduler, _snapshot_and_plan  # noqa: E402
 from federation.scheduling.snapshot import GangRequests, PlacerInputs  # noqa: E402
+from federation.spec.training_job import parse_manifest  # noqa: E402
 from federation.store.job_cache import JobCache  # noqa: E402
 from federation.store.job_store import InMemoryJobStore, KvStore, Stored  # noqa: E402
-from federation.store.jobs import JobPlacement, JobRecord, Owner  # noqa: E402
+from federation.store.jobs import JobPlacement, JobRecord, Owner, PhaseEvent  # noqa: E402
 from federation.store.records import PoolConfig, SchedulingSettings, TenantRecord  # noqa: E402
 from placement.model import (  # noqa: E402
     CapacityKind,
@@ -58,6 +67,10 @@ from placement.model import (  # noqa: E402
 )
 
 STEADY_CYCLES = 3
+# Jobs submitted through the API before the cycles are timed (scale_depth's 200 SubmitJob calls), all
+# of tenant t7 (its calls' user, u7).
+API_JOBS = 200
+API_TENANT = 7
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,12 @@ class CycleCpu:
     # Of `steady_ms`: the snapshot and plan, and the comparison of the waiting jobs' reasons.
     steady_plan_ms: float
     steady_reasons_ms: float
+    # A steady plan's gangs decided one by one, and taken in stretches (`PlanCarry`'s counts), and its
+    # stretches edited from the last cycle's and made afresh.
+    steady_one_by_one: int = 0
+    steady_in_bulk: int = 0
+    steady_stretches_edited: int = 0
+    steady_stretches_afresh: int = 0
 
 
 def _inventories() -> list[ClusterState]:
@@ -97,10 +116,32 @@ def _scheduler(store: KvStore) -> Scheduler:
     )
 
 
-def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
-    """The first and the steady cycles' CPU over `queued` queued jobs."""
+def api_record(n: int, now: float) -> JobRecord:
+    """The `n`th job submitted through the API by scale_depth's calls: its manifest (`MANIFEST`) for
+    tenant t7, queued after the seeded jobs."""
+    seeded = queued_record(API_TENANT, now)
+    spec = parse_manifest(MANIFEST, priority_classes=[c.name for c in SchedulingSettings().priority_classes])
+    at_s = now + n * 1e-3
+    return replace(
+        seeded,
+        job_id=JobId(f"api-{n:07d}"),
+        spec=replace(spec, tenant=seeded.tenant),
+        submitted_at_s=at_s,
+        queued_at_s=at_s,
+        events=(PhaseEvent(JobPhase.QUEUED, at_s, 1),),
+    )
+
+
+def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API_JOBS) -> CycleCpu:
+    """The first and the steady cycles' CPU over `queued` queued jobs and `api_jobs` more."""
     now = time.time()
-    records = {n: queued_record(n, now) for n in range(queued)}
+    records: dict[JobId, JobRecord] = {}
+    for n in range(queued):
+        record = queued_record(n, now)
+        records[record.job_id] = record
+    for n in range(api_jobs):
+        record = api_record(n, now)
+        records[record.job_id] = record
     inputs = PlacerInputs(
         settings=SchedulingSettings(),
         tenants=tuple(TenantRecord(name=TenantId(f"t{i}")) for i in range(TENANTS)),
@@ -147,20 +188,29 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
         scheduler._waits_written()
         revision += 1
         for admission in planned.plan.admissions:
-            n = int(admission.job_id.removeprefix("q-"))
-            records[n] = _admitted(records[n], admission.cluster, now)
-            change(records[n])
+            job_id = admission.job_id
+            records[job_id] = _admitted(records[job_id], admission.cluster, now)
+            change(records[job_id])
         return 1000 * (planned_at - began), 1000 * (done - planned_at)
 
+    carry = requests.plan_carry
     first = sum(cycle())
     plans, reasons = [], []
+    counted = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
     for k in range(steady_cycles):
         # One new submission, as scale_depth's cycle follows a SubmitJob.
-        records[queued + k] = queued_record(queued + k, now)
-        change(records[queued + k])
+        record = api_record(api_jobs + k, now)
+        records[record.job_id] = record
+        change(record)
         plan_ms, reasons_ms = cycle()
         plans.append(plan_ms)
         reasons.append(reasons_ms)
+    one_by_one, in_bulk, edited, afresh = (
+        (after - before) // steady_cycles
+        for before, after in zip(
+            counted, (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh), strict=True
+        )
+    )
     totals = [p + r for p, r in zip(plans, reasons, strict=True)]
     return CycleCpu(
         queued=queued,
@@ -168,6 +218,10 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES) -> CycleCpu:
         steady_ms=statistics.median(totals),
         steady_plan_ms=statistics.median(plans),
         steady_reasons_ms=statistics.median(reasons),
+        steady_one_by_one=one_by_one,
+        steady_in_bulk=in_bulk,
+        steady_stretches_edited=edited,
+        steady_stretches_afresh=afresh,
     )
 
 
@@ -183,6 +237,10 @@ def figures(results: list[CycleCpu]) -> list[str]:
         lines.append(f"cycle_cpu_{r.queued}_steady_ms: {r.steady_ms:.0f} ms")
         lines.append(f"cycle_cpu_{r.queued}_steady_snapshot_plan_ms: {r.steady_plan_ms:.0f} ms")
         lines.append(f"cycle_cpu_{r.queued}_steady_reasons_ms: {r.steady_reasons_ms:.0f} ms")
+        lines.append(f"cycle_{r.queued}_steady_gangs_one_by_one: {r.steady_one_by_one} gangs")
+        lines.append(f"cycle_{r.queued}_steady_gangs_in_bulk: {r.steady_in_bulk} gangs")
+        lines.append(f"cycle_{r.queued}_steady_stretches_edited: {r.steady_stretches_edited} stretches")
+        lines.append(f"cycle_{r.queued}_steady_stretches_afresh: {r.steady_stretches_afresh} stretches")
         lines.append(f"cycle_cpu_{r.queued}_steady_us_per_queued_job: {1000 * r.steady_ms / r.queued:.2f} us")
     shallow, deep = results[0], results[-1]
     lines.append(

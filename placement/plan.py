@@ -136,6 +136,7 @@ def _plan(
         if between is not None and index % _BETWEEN_EVERY == 0:
             between()
         cycle.decide(gang)
+        carry.one_by_one += 1
         index += 1
         if index >= check_at and cycle.kinds:
             taken = cycle.take_in_bulk(order, between)
@@ -486,6 +487,7 @@ class _Cycle:
             self._waited.append(waits)
             self.waiting = []
         order.advance(taken)
+        self._carry.in_bulk += count
         return count
 
     # -- step 3 and 4: gates and quota

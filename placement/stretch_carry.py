@@ -95,7 +95,7 @@ class PlanCarry:
     """What a plan keeps for the next plan over the same queue: its stretches, by standing, in the
     order made. Any plan may be given it: it is only ever read through the checks above."""
 
-    __slots__ = ("_kept", "_made", "carried", "made_afresh", "queue")
+    __slots__ = ("_kept", "_made", "carried", "in_bulk", "made_afresh", "one_by_one", "queue")
 
     def __init__(self) -> None:
         # The fair order's per-tenant lists (`queue_carry`).
@@ -106,6 +106,11 @@ class PlanCarry:
         # and benchmarks: the figures say whether the carry is used).
         self.carried = 0
         self.made_afresh = 0
+        # Gangs decided one by one and taken in stretches (`plan._Cycle.take_in_bulk`) by the plans
+        # given this carry: a steady cycle over a deep queue that fits nowhere decides a few hundred
+        # one by one, whatever the depth (the server's metrics and the tests read them).
+        self.one_by_one = 0
+        self.in_bulk = 0
 
     def begin(self, queued: tuple[GangRequest, ...]) -> None:
         """A plan over `queued` starts: what the last one made is what this one may edit."""
