@@ -351,6 +351,8 @@ class _Cycle:
         self._headrooms: dict[TenantId, dict[tuple[GpuType, ...], int]] = {}
         self._headrooms_at: dict[TenantId, int] = {}
         self._reason_ones: dict[int, tuple[WaitReason, ...]] = {}
+        # Per tenant, the state and the position `_settled_until` last found.
+        self._settled_at: dict[TenantId, tuple[int, int]] = {}
         numbered = [k for k, count in enumerate(counts) if count > 1]
         self.kinds = len(numbered)
         # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
@@ -429,41 +431,64 @@ class _Cycle:
         unsettled tenant, at the entry it goes by, ends the stretch. A deep queue that fits nowhere
         is mostly such stretches: one wait per kind, handed to a million gangs without a heap step
         and a decision each.
+
+        A tenant whose kinds share its standing but whose gangs are not all of kinds decided on this
+        state (a kind not yet decided, a gang of a kind of its own) is settled up to its first gang
+        that is not (`_settled_until`): its gangs before that one go by its standing and queue time,
+        and that gang, at the entry it will go by, ends the stretch as an unsettled tenant's would. A
+        server's queue has such tenants: jobs submitted through the API are another kind than the
+        seeded ones behind them (another run-time limit), and one such tenant, never settled, ended
+        every stretch at its next gang, so that half of a deep queue was decided gang by gang.
         """
         heads = order.heads()
         if heads is None:
             return 0
         state = self._state()
         decided_on, kind_gangs = self._decided_on, self._kind_gangs
-        settled: list[tuple[Entry, list[GangRequest], int]] = []
+        # (the entry its next gang goes by, its gangs, that gang's position, the first position not
+        # taken in any case).
+        settled: list[tuple[Entry, list[GangRequest], int, int]] = []
         end: Entry | None = None
         for entry, gangs, position in heads:
             tenant = entry[5]
             kinds = self.tenant_kinds.get(tenant, ())
-            if (
+            if not (
                 kinds
-                and not self._unnumbered_left.get(tenant)
-                and all(decided_on[k] == state for k in kinds)
                 and all(
                     (not self.within_guarantee(kind_gangs[k]), -kind_gangs[k].priority) == entry[:2]
                     for k in kinds
                 )
                 and order.fair.share(tenant) == entry[2]
             ):
-                settled.append((entry, gangs, position))
-            elif end is None or entry < end:
-                end = entry
+                if end is None or entry < end:
+                    end = entry
+                continue
+            if not self._unnumbered_left.get(tenant) and all(decided_on[k] == state for k in kinds):
+                settled.append((entry, gangs, position, len(gangs)))
+                continue
+            until = self._settled_until(tenant, gangs, position, state)
+            if until == position:
+                if end is None or entry < end:
+                    end = entry
+                continue
+            settled.append((entry, gangs, position, until))
+            if until < len(gangs):
+                # The gang that is not decided on this state goes by its own entry, as an unsettled
+                # tenant's next gang does.
+                stop_entry = order.entry(tenant, until)
+                if end is None or stop_entry < end:
+                    end = stop_entry
         # Per standing, each settled tenant's gangs taken: its list and the bounds.
         stretch: dict[Standing, dict[TenantId, Slice]] = {}
         taken: dict[TenantId, int] = {}
-        for entry, gangs, position in settled:
+        for entry, gangs, position, until in settled:
             standing = entry[:3]
             if end is None or standing < end[:3]:
-                stop = len(gangs)
+                stop = until
             elif standing > end[:3]:
                 continue
             else:
-                stop = bisect_left(gangs, end[3:5], position, key=_QUEUE_ORDER)
+                stop = bisect_left(gangs, end[3:5], position, until, key=_QUEUE_ORDER)
             if stop > position:
                 stretch.setdefault(standing, {})[entry[5]] = (gangs, position, stop)
                 taken[entry[5]] = stop
@@ -472,11 +497,13 @@ class _Cycle:
         count = 0
         for standing in sorted(stretch):
             slices = stretch[standing]
-            # Each kind's decision, for every kind of the stretch's tenants (what the carry checks).
+            # Each kind's decision, for every kind of the stretch's tenants decided on this state (what
+            # the carry checks; a kind not decided on it has no gang in the stretch).
             decisions: dict[Hashable, Waiting] = {}
             for tenant in slices:
                 for k in self.tenant_kinds[tenant]:
-                    decisions[kind_gangs[k].decision_key] = self._decided[k]  # type: ignore[assignment]
+                    if decided_on[k] == state:
+                        decisions[kind_gangs[k].decision_key] = self._decided[k]  # type: ignore[assignment]
             waits = self._carry.stretch_waits(
                 standing, slices, decisions, self._decided, self._kind_by_object, between
             )
@@ -489,6 +516,27 @@ class _Cycle:
         order.advance(taken)
         self._carry.in_bulk += count
         return count
+
+    def _settled_until(self, tenant: TenantId, gangs: list[GangRequest], position: int, state: int) -> int:
+        """The first position from `position` on of a gang of the tenant's that does not take its
+        kind's wait as decided on `state` (a kind not decided on it, a kind of its own, a gang whose
+        held GPUs the cycle carries), or the end of its gangs. Kept per tenant with the state: while
+        that is unchanged the kinds decided on it only grow, so a later ask goes on from the last
+        answer rather than from `position` (each tenant's gangs read at most once per state)."""
+        kept = self._settled_at.get(tenant)
+        at = position
+        if kept is not None and kept[0] == state and kept[1] > position:
+            at = kept[1]
+        kind_by_object, decided_on, carried = self._kind_by_object, self._decided_on, self._carried
+        size = len(gangs)
+        while at < size:
+            gang = gangs[at]
+            kind = kind_by_object.get(id(gang.decision_key))
+            if kind is None or decided_on[kind] != state or (carried and gang.job_id in carried):
+                break
+            at += 1
+        self._settled_at[tenant] = (state, at)
+        return at
 
     # -- step 3 and 4: gates and quota
 

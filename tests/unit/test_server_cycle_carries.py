@@ -1,0 +1,127 @@
+"""The leader's own cycle (`Scheduler.run_cycle`) over a queue shaped as bench/scale_depth.py's keeps
+carrying its plan from cycle to cycle (issue 33). Counted, not timed.
+
+In process the plan's carry paid (bench/depth_cycle.py: 110 ms of CPU a steady cycle at a million
+queued), but not through the server (602 ms): the server's queue held jobs submitted through the API,
+of another kind than the seeded jobs ahead of them, and that tenant ended every stretch taken in bulk
+at its next gang, so that half the queue was decided gang by gang. Here the cycle runs as the server
+runs it: the job cache over a store, 50 member clusters that run the 50 admitted gangs (statuses,
+usage from the ledger), the inputs read from the store, a clock that moves, the reconciler between
+cycles, one submission through the store before each cycle, and one tenant's jobs of the API's kind
+queued after its seeded ones. Each steady cycle must decide few gangs one by one and edit its
+stretches from the last cycle's, and the written reasons must be compared by the waits' identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bench.depth_cycle import api_record
+from bench.scale_depth import _queued_txn, queued_record
+from clusters.memory import InMemoryCluster
+from federation.ledger.cache import LedgerCache
+from federation.metrics import Metrics
+from federation.scheduling.members import MemberClusters
+from federation.scheduling.reconciler import Reconciler
+from federation.scheduling.scheduler import Scheduler
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore
+from federation.store.records import ClusterRecord, PoolConfig, TenantRecord
+from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
+
+QUEUED = 3_000
+API_JOBS = 30
+CLUSTERS = 50
+TENANTS = 100
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
+    clock = _Clock()
+    store = InMemoryJobStore()
+    store.compress_wait_reasons = True
+    for t in range(TENANTS):
+        await store.put_tenant(TenantRecord(name=TenantId(f"t{t}")))
+    # Seeded as scale_depth seeds etcd (the store's own encoding), an hour before the clock.
+    for start in range(0, QUEUED, 30):
+        await store.kv.txn_many([_queued_txn(n, clock.now) for n in range(start, min(QUEUED, start + 30))])
+    # Then tenant t7's jobs submitted through the API: another kind of gang, queued after the seeded.
+    for n in range(API_JOBS):
+        job = api_record(n, clock.now)
+        await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+    records, clusters = [], {}
+    pools = (PoolConfig("a100", GpuType("A100"), CapacityKind.PRIVATE, 1.4, gpus_per_node=8, node_count=1),)
+    for c in range(CLUSTERS):
+        record = ClusterRecord(
+            name=ClusterName(f"c{c:02d}"), provider=Provider.PRIVATE, region=f"dc{c % 5}", pools=pools
+        )
+        records.append(record)
+        clusters[record.name] = InMemoryCluster(
+            record.name, provider=record.provider, region=record.region, pools=pools, clock=clock
+        )
+    members = MemberClusters(records, clusters)
+    cache = JobCache(store)
+    await cache.start()
+    ledger = LedgerCache(store)
+    await ledger.start()
+    metrics = Metrics()
+    scheduler = Scheduler(
+        store=store, cache=cache, ledger=ledger, members=members, metrics=metrics, clock=clock
+    )
+    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
+    carry = scheduler._requests.plan_carry
+    try:
+        made = QUEUED
+        # The first cycles admit 50 gangs, which the reconciler dispatches and the clusters run.
+        for _ in range(3):
+            clock.now += 2.0
+            await reconciler.tick(None)
+            await _caught_up(store, cache)
+            await scheduler.run_cycle(None)
+        assert sum(1 for s in cache.live_jobs() if s.value.placement is not None) == CLUSTERS
+        for cycle in range(6):
+            clock.now += 2.0
+            await reconciler.tick(None)
+            made += 1
+            job = api_record(API_JOBS + cycle, clock.now) if cycle % 2 else queued_record(made, clock.now)
+            await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+            await _caught_up(store, cache)
+            before = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
+            result = await scheduler.run_cycle(None)
+            one_by_one, in_bulk, edited, afresh = (
+                after - was
+                for was, after in zip(
+                    before, (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh), strict=True
+                )
+            )
+            assert result.admitted == 0
+            waiting = result.waiting
+            assert one_by_one + in_bulk == waiting
+            # The kinds' first gangs and the questions' gaps, not half the queue (it was 1,500 here).
+            assert one_by_one < waiting // 5, (cycle, one_by_one, in_bulk)
+            assert edited > 0, (cycle, edited)
+            assert afresh == 0, (cycle, afresh)
+            # Every reason is written: the next cycle compares by the waits' identity.
+            assert scheduler._last_waits is not None
+    finally:
+        await ledger.stop()
+        await cache.stop()
+
+
+async def _caught_up(store: object, cache: JobCache) -> None:
+    jobs, _ = await store.list_jobs()  # type: ignore[attr-defined]
+    await cache.wait_for_revision(max((j.mod_revision for j in jobs), default=0))
+
+
+def test_the_api_kind_is_another_kind_than_the_seeded_jobs() -> None:
+    """What the test above relies on: scale_depth's API jobs are not its seeded jobs' kind."""
+    seeded, api = queued_record(7, 0.0), api_record(0, 0.0)
+    assert (seeded.tenant, seeded.user) == (api.tenant, api.user)
+    assert replace(seeded.spec, name=api.spec.name) != api.spec
