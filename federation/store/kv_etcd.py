@@ -9,13 +9,14 @@ decides. With every member tried and none answering, the call fails with `StoreU
 aetcd ships no types and raises its own exception tree; here they become frozen values,
 `StoreUnavailable` (etcd did not answer) and `WatchCompacted`. aetcd's `transaction` drops the
 response header (so the revision of a write is lost) and its `get_prefix` has neither limit nor
-revision, so unary calls go straight to the gRPC stubs of aetcd's client; its watcher is used as is.
+revision, so unary calls go straight to the gRPC stubs of aetcd's client. Watches share one stream a
+member, read straight off its stub as well (`kv_etcd_watch`): aetcd's watcher cost several times as
+much an event, and every job cache pays it for every job write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -48,9 +49,7 @@ from federation.store.kv import (
 from federation.store.kv_etcd_channel import EndpointClient, EtcdTls, parse_endpoints
 from federation.store.kv_pages import PAGE_TARGET_BYTES
 
-# Watch ids this process gives etcd (`watch_prefix`): unique on every stream, and far above the ids
-# etcd assigns by itself from 0, should anything on the stream ever leave the choice to it.
-_WATCH_IDS = itertools.count(1 << 40)
+_PUT, _DELETE = EventType.PUT, EventType.DELETE
 _UNAVAILABLE_CODES = frozenset(
     {
         rpc.StatusCode.UNAVAILABLE,
@@ -367,49 +366,49 @@ class EtcdKv:
         # (from its last revision) starts on the next member.
         index = self._current
         client = self._clients[index]
-        # An id of our own in every create: aetcd pairs a "created" answer with the one create it
-        # has pending, by order alone. A create that timed out (a loaded etcd at a large start-up)
-        # still has its answer to come, and the next create on the stream takes that answer: it
-        # then follows the other watch's prefix, and its own answer is cancelled as a stray. The
-        # job cache watched the ledger's prefix that way, and saw no job for 13 minutes (issue 33).
-        wanted = next(_WATCH_IDS)
         try:
-            watch = await client.watch(
-                prefix, range_end=prefix_end(prefix), start_revision=start_revision or None, watch_id=wanted
-            )
-        except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
+            await client.connect()
+            assert client.watches is not None  # made by connect
+            watch = await client.watches.create(prefix, prefix_end(prefix), start_revision)
+        except (
+            aetcd.exceptions.ClientError,
+            rpc.AioRpcError,
+            rpc.BaseError,
+            TimeoutError,
+            StoreUnavailable,
+        ) as e:
             raise self._watch_error(index, e) from e
-        if watch.watch_id != wanted:
-            # The answer was another create's: drop that watch and say so; the caller watches again
-            # (and our own answer, when it comes, is cancelled by aetcd or crosses the next create,
-            # which this check catches in turn).
-            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, AttributeError):
-                await watch.cancel()
-            raise StoreUnavailable(
-                f"watch: etcd at {client.endpoint} answered the creation of watch {watch.watch_id} for "
-                f"{wanted} (a creation that timed out earlier); watching again"
-            )
-        events = watch.__aiter__()
         try:
-            async for ev in events:
-                kv = kv_from_pb(ev.kv)
-                if not kv.key.startswith(prefix):
-                    # The same crossing seen from the events, should ids ever be reused by a server.
-                    raise StoreUnavailable(
-                        f"watch: etcd at {client.endpoint} sent {kv.key!r} to a watch of {prefix!r}; "
-                        "watching again"
+            while True:
+                events = await watch.next_events()
+                if events is None:
+                    return  # the client was closed
+                for ev in events:
+                    kv = ev.kv
+                    if not kv.key.startswith(prefix):
+                        # Another watch's events (ids are the process's own: never, unless a
+                        # server reused one).
+                        raise StoreUnavailable(
+                            f"watch: etcd at {client.endpoint} sent {kv.key!r} to a watch of {prefix!r}; "
+                            "watching again"
+                        )
+                    # Positional, as `kv_from_pb`; the event's type is 0 for a put, 1 for a delete.
+                    yield WatchEvent(
+                        _DELETE if ev.type else _PUT,
+                        KeyValue(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease),
                     )
-                yield WatchEvent(EventType.PUT if ev.kind == "PUT" else EventType.DELETE, kv)
-        except (aetcd.exceptions.ClientError, rpc.AioRpcError, TimeoutError) as e:
+        except (rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
             raise self._watch_error(index, e) from e
+        except StoreUnavailable:
+            self._move_on(index)
+            raise
         finally:
-            # After a client close or a dead stream aetcd has already dropped the watch; nothing to cancel.
-            with contextlib.suppress(aetcd.exceptions.ClientError, rpc.AioRpcError, AttributeError):
-                await watch.cancel()
-            await events.aclose()
+            watch.cancel()
 
     def _watch_error(self, index: int, e: BaseException) -> GpufedError:
-        error = self._error("watch", e, self._clients[index].endpoint)
+        error = (
+            e if isinstance(e, StoreUnavailable) else self._error("watch", e, self._clients[index].endpoint)
+        )
         if isinstance(error, StoreUnavailable):
             self._move_on(index)
         return error

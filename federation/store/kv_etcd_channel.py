@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import aetcd
-import aetcd.watcher
 import grpc
 from aetcd import rpc
 
 from federation.errors import InvalidSpec
+from federation.store.kv_etcd_watch import WatchStream
 
 CACERT_ENV, CERT_ENV, KEY_ENV = "GPUFED_ETCD_CACERT", "GPUFED_ETCD_CERT", "GPUFED_ETCD_KEY"
 
@@ -80,35 +80,6 @@ def parse_endpoints(spec: str | Sequence[str]) -> tuple[tuple[str, ...], bool]:
     return tuple(endpoints), https
 
 
-class _Watcher(aetcd.watcher.Watcher):  # type: ignore[misc]
-    """aetcd's watcher, with each "created" answer matched to its create by watch id.
-
-    aetcd keeps one create pending per stream and takes the next "created" answer as its own. A
-    create that timed out (a loaded etcd at a large start-up) still has its answer to come, and the
-    next create took it: that watch then followed the other watch's prefix, and its own answer was
-    cancelled as a stray. The job cache followed the ledger's prefix that way and saw no job for 13
-    minutes (issue 33). Here a create names its id (aetcd 1.0's request builder dropped the id it
-    was given), and an answer with another id is a stray: cancelled, never taken."""
-
-    _wanted: int | None = None
-
-    def _build_watch_create_request(self, *args: Any, watch_id: int | None = None, **kwargs: Any) -> Any:
-        # Called by `add_callback` under the watcher's lock, once the create is the pending one.
-        request = super()._build_watch_create_request(*args, **kwargs)
-        self._wanted = watch_id
-        if watch_id is not None:
-            request.create_request.watch_id = watch_id
-        return request
-
-    async def _handle_response(self, response: Any) -> None:
-        if response.created:
-            async with self._lock:
-                if self._wanted is not None and response.watch_id != self._wanted:
-                    await self._enqueue_watch_cancel(watch_id=response.watch_id)
-                    return
-        await super()._handle_response(response)
-
-
 class EndpointClient(aetcd.Client):  # type: ignore[misc]
     """aetcd's client of one member, over a channel that may be TLS."""
 
@@ -119,6 +90,9 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         super().__init__(host=host, port=int(port), timeout=timeout_s, options=dict(options))
         self.endpoint = endpoint
         self._tls = tls
+        # The member's one Watch stream, every watch of this client on it (`kv_etcd_watch`); made
+        # with the channel.
+        self.watches: WatchStream | None = None
 
     def blocking_channel(self) -> grpc.Channel:
         """A channel of gRPC's blocking API to the same member, with the same TLS and options: for a
@@ -129,7 +103,8 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         return grpc.secure_channel(self.endpoint, self._tls.credentials(), options=options)
 
     async def connect(self) -> None:
-        """As aetcd's connect (stubs and watcher on a fresh channel), the channel secure with TLS."""
+        """As aetcd's connect (stubs on a fresh channel), the channel secure with TLS; and the watch
+        stream."""
         if self._connected.is_set():
             return
         options = list(self._options.items())
@@ -141,5 +116,19 @@ class EndpointClient(aetcd.Client):  # type: ignore[misc]
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = _Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
+        # Not aetcd's watcher: its own stream (`kv_etcd_watch`), so aetcd's `close` has none to stop.
+        self._watcher = None
+        self.watches = WatchStream(
+            rpc.WatchStub(self.channel),
+            endpoint=self.endpoint,
+            timeout_s=self._timeout,
+            metadata=self.metadata,
+        )
         self._connected.set()
+
+    async def close(self) -> None:
+        """As aetcd's close, every watch on the stream ended first (without an error)."""
+        watches, self.watches = self.watches, None
+        if watches is not None:
+            await watches.close()
+        await super().close()

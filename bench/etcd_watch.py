@@ -1,0 +1,182 @@
+"""The etcd watch path's CPU an event: what every job cache pays for every job write (issue 33).
+
+Every process that holds a job cache (the server, each API worker) follows every job write through
+etcd's watch, and the lifecycle writes each job about eight times. This starts a real etcd and
+measures this process's CPU (`time.process_time`) an event, three ways:
+
+- `watch_raw_us_per_event`: `EtcdKv.watch_prefix` alone, replaying `--jobs` job records written
+  before the watch starts (the gRPC stream, the events' hand-over, `KeyValue`s; no decoding);
+- `watch_jobs_us_per_event`: `KvStore.watch_jobs` over the same history, each record decoded
+  (another process's writes: none of them is this process's own `WrittenRecords`);
+- `job_cache_us_per_event`: a `JobCache` following the same number of live writes, made by a writer
+  process (its CPU is its own), from the cache's start until it holds every job.
+
+    python bench/etcd_watch.py            # 20,000 jobs, 5 rounds
+    python bench/etcd_watch.py --quick    # 5,000 jobs, 3 rounds
+
+The figures are the median of the rounds. Wall time is not used: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
+from federation.store.job_cache import JobCache  # noqa: E402
+from federation.store.job_store import JOBS, PREFIX, KvStore, _dumps, job_key  # noqa: E402
+from federation.store.jobs import job_to_dict  # noqa: E402
+from federation.store.kv import Put, Txn  # noqa: E402
+from federation.store.kv_etcd import EtcdKv  # noqa: E402
+from tests.conftest import build_job  # noqa: E402
+
+# Writes of one request: about what the group commit nests in one under the submission bench's
+# load (7.2 at 8 in flight); each request is one revision, so one watch response.
+BATCH = 8
+
+
+def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
+    out = []
+    for i in range(n):
+        job = build_job(f"{tag}-{i:07d}", tenant=f"t{i % 4}")
+        out.append((job_key(job.job_id), _dumps(job_to_dict(job))))
+    return out
+
+
+async def write_all(kv: EtcdKv, items: list[tuple[bytes, bytes]]) -> int:
+    """Every record written, `BATCH` to a request, 8 requests in flight; the last revision."""
+    batches = [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
+    last = 0
+    sem = asyncio.Semaphore(8)
+
+    async def one(batch: list[tuple[bytes, bytes]]) -> None:
+        nonlocal last
+        async with sem:
+            results = await kv.txn_many([Txn((), (Put(k, v),)) for k, v in batch])
+            last = max(last, results[0].revision)
+
+    await asyncio.gather(*(one(b) for b in batches))
+    return last
+
+
+async def replay(endpoint: str, jobs: int, round_: int) -> tuple[float, float]:
+    """CPU µs an event of the raw watch and of `watch_jobs`, over `jobs` records written before."""
+    kv = await EtcdKv.connect(endpoint)
+    try:
+        await kv.delete_prefix(PREFIX)
+        items = records(jobs, f"h{round_}")
+        start = await kv.put(PREFIX + b"mark", b"x")
+        await write_all(kv, items)
+
+        async def timed(events: contextlib.AbstractAsyncContextManager[object], it: object) -> float:
+            began = time.process_time()
+            seen = 0
+            async with events:
+                async for _ in it:  # type: ignore[attr-defined]
+                    seen += 1
+                    if seen == jobs:
+                        break
+            return 1e6 * (time.process_time() - began) / jobs
+
+        raw = kv.watch_prefix(JOBS, start_revision=start)
+        raw_us = await timed(contextlib.aclosing(raw), raw)
+        store = KvStore(kv)
+        decoded = store.watch_jobs(start_revision=start)
+        decoded_us = await timed(contextlib.aclosing(decoded), decoded)
+        return raw_us, decoded_us
+    finally:
+        await kv.delete_prefix(PREFIX)
+        await kv.close()
+
+
+def _writer(endpoint: str, items: list[tuple[bytes, bytes]], go: object) -> None:
+    async def run() -> None:
+        kv = await EtcdKv.connect(endpoint)
+        try:
+            go.wait()  # type: ignore[attr-defined]
+            await write_all(kv, items)
+        finally:
+            await kv.close()
+
+    asyncio.run(run())
+
+
+async def live(endpoint: str, jobs: int, round_: int) -> float:
+    """CPU µs an event of a `JobCache` following `jobs` writes made by another process."""
+    kv = await EtcdKv.connect(endpoint)
+    try:
+        await kv.delete_prefix(PREFIX)
+        cache = JobCache(KvStore(kv))
+        await cache.start()
+        ctx = mp.get_context("spawn")
+        go = ctx.Event()
+        writer = ctx.Process(target=_writer, args=(endpoint, records(jobs, f"l{round_}"), go))
+        writer.start()
+        try:
+            await asyncio.sleep(0.5)  # the writer's start-up is not ours
+            began = time.process_time()
+            go.set()
+            # Looked at every 20 ms rather than woken at each revision: the bench's own wake-ups
+            # would be counted as the cache's.
+            while cache.count() < jobs:
+                await asyncio.sleep(0.02)
+                if not writer.is_alive() and writer.exitcode != 0:
+                    raise RuntimeError(f"the writer failed (exit code {writer.exitcode})")
+            used = time.process_time() - began
+        finally:
+            writer.join(60)
+            await cache.stop()
+        return 1e6 * used / jobs
+    finally:
+        await kv.delete_prefix(PREFIX)
+        await kv.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="5,000 jobs, 3 rounds")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args()
+    jobs = args.jobs or (5_000 if args.quick else 20_000)
+    rounds = args.rounds or (3 if args.quick else 5)
+    raw, decoded, cached = [], [], []
+    with tempfile.TemporaryDirectory(prefix="etcd-watch-bench-") as tmp:
+        etcd = EtcdProcess(Path(tmp) / "etcd", compaction_retention=None)
+        etcd.start()
+        try:
+            for r in range(rounds):
+                raw_us, decoded_us = asyncio.run(replay(etcd.endpoint, jobs, r))
+                cached_us = asyncio.run(live(etcd.endpoint, jobs, r))
+                print(
+                    f"round {r}: raw {raw_us:.1f} µs, watch_jobs {decoded_us:.1f} µs, "
+                    f"job cache {cached_us:.1f} µs an event",
+                    flush=True,
+                )
+                raw.append(raw_us)
+                decoded.append(decoded_us)
+                cached.append(cached_us)
+        finally:
+            etcd.stop()
+    print(f"jobs a round: {jobs}, rounds: {rounds}")
+    print(f"watch_raw_us_per_event: {statistics.median(raw):.1f} us")
+    print(f"watch_jobs_us_per_event: {statistics.median(decoded):.1f} us")
+    print(f"job_cache_us_per_event: {statistics.median(cached):.1f} us")
+    print(f"job_cache_events_per_cpu_s: {1e6 / statistics.median(cached):.0f} events/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
