@@ -208,9 +208,15 @@ class WatchStream:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            # Handed to every watch on the stream: each raises it (`EtcdKv` says StoreUnavailable).
+            # Handed to every watch on the stream: each raises it. etcd's status is left for
+            # `EtcdKv` to name (compacted, unavailable, refused); anything else is etcd not
+            # answering as it should: the caller watches again.
             if call is self._call:
-                self._end(e)
+                self._end(
+                    e
+                    if isinstance(e, grpc.aio.AioRpcError | StoreUnavailable)
+                    else StoreUnavailable(f"watch: the stream from etcd at {self.endpoint} failed: {e!r}")
+                )
 
     def _handle(self, response: Any) -> None:
         watch_id = response.watch_id
