@@ -46,31 +46,39 @@ def _event_to_pb(e: PhaseEvent) -> pb.PhaseEvent:
 
 
 def job_to_pb(job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
+    """The job as the API shows it. Every reply with a job (a submission's, each of a list's, each
+    watch event) builds one: its timestamps and events are filled in place, where messages made
+    apart and given to the constructor were each copied into it again."""
     placed = job.placement
-    return pb.Job(
+    spec = job.spec
+    shown = pb.Job(
         job_id=job.job_id,
-        name=job.spec.name,
+        name=spec.name,
         tenant=job.tenant,
         user=job.user,
-        phase=phase_to_pb(job.phase),
+        phase=_PHASES[job.phase],
         attempt=job.attempt,
-        priority_class=job.spec.priority_class,
+        priority_class=spec.priority_class,
         priority=job.priority,
-        replica_count=job.spec.replica_count,
-        gpu_count=job.spec.gpu_count,
-        gpu_types=list(job.spec.gpu_types),
+        replica_count=spec.replica_count,
+        gpu_count=spec.gpu_count,
+        gpu_types=spec.gpu_types,
         cluster=placed.cluster if placed else "",
         gpu_type=placed.gpu_type if placed else "",
         capacity_kind=placed.kind.value if placed else "",
         usd_per_gpu_hour=placed.usd_per_gpu_hour if placed else 0.0,
-        submitted_at=timestamp(job.submitted_at_s),
         message=job.message,
         cancel_requested=job.cancel_requested,
-        events=[_event_to_pb(e) for e in job.events],
-        manifest=render_manifest(job.spec) if with_manifest else "",
-        dataset=str(job.spec.dataset) if job.spec.dataset else "",
+        manifest=render_manifest(spec) if with_manifest else "",
+        dataset=str(spec.dataset) if spec.dataset else "",
         reason=job.reason,
     )
+    shown.submitted_at.FromNanoseconds(int(job.submitted_at_s * 1e9))
+    add_event = shown.events.add
+    for e in job.events:
+        event = add_event(phase=_PHASES[e.phase], attempt=e.attempt, reason=e.reason)
+        event.at.FromNanoseconds(int(e.at_s * 1e9))
+    return shown
 
 
 def wait_reason_to_pb(r: WaitReason) -> pb.WaitReason:
