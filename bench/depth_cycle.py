@@ -15,13 +15,14 @@ the last cycle's very objects found by C-level comparisons and not read, the oth
 looked up, and the jobs no longer waiting looked for among those that left the queue or were
 admitted). The 50 clusters of one 8-A100 node each, and the queue, are
 `scale_depth`'s, with the jobs its calls submit through the API: tenant t7's (user u7's) manifest, a
-kind of gang of its own (another run-time limit than the seeded jobs'), 200 of them queued after the
-seeded ones (`API_JOBS`, scale_depth's SubmitJob calls at its first depth). Without them the benchmark
-missed what the server's cycle does: a tenant of two kinds, the second at the end of its queue, ended
+kind of gang of its own (another run-time limit and class than the seeded jobs', the class's value a
+higher priority), 200 of them queued after the seeded ones (`API_JOBS`, scale_depth's SubmitJob calls at its first depth). Without them the benchmark
+missed what the server's cycle does: a tenant of two kinds of two priorities, never settled, ended
 every stretch taken in bulk (`placement.plan._Cycle.take_in_bulk`) at its next gang, and half of a
 deep queue was decided gang by gang (602 ms of CPU at a million through the server, 110 here). The
 first cycle builds every request and admits 50 jobs, which then hold their nodes
-(admitted, as the server's snapshot sees them until they are dispatched); each steady cycle after it
+(admitted, as the server's snapshot sees them until they are dispatched); then the API's jobs are
+submitted, and a cycle plans them; each steady cycle after it
 follows one new submission through the API, as `scale_depth` measures a cycle after a SubmitJob. The
 figures say how many gangs a steady plan decided one by one and how many it took in stretches, and
 how many stretches it edited from the last cycle's. Measured with
@@ -120,12 +121,16 @@ def api_record(n: int, now: float) -> JobRecord:
     """The `n`th job submitted through the API by scale_depth's calls: its manifest (`MANIFEST`) for
     tenant t7, queued after the seeded jobs."""
     seeded = queued_record(API_TENANT, now)
-    spec = parse_manifest(MANIFEST, priority_classes=[c.name for c in SchedulingSettings().priority_classes])
+    classes = {c.name: c.value for c in SchedulingSettings().priority_classes}
+    spec = parse_manifest(MANIFEST, priority_classes=list(classes))
     at_s = now + n * 1e-3
     return replace(
         seeded,
         job_id=JobId(f"api-{n:07d}"),
         spec=replace(spec, tenant=seeded.tenant),
+        # As SubmitJob sets it: its class's value ("normal", 1000), where the seeded jobs' class is
+        # none the settings name (100): the API's jobs go first in their tenant's queue.
+        priority=classes[spec.priority_class],
         submitted_at_s=at_s,
         queued_at_s=at_s,
         events=(PhaseEvent(JobPhase.QUEUED, at_s, 1),),
@@ -138,9 +143,6 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
     records: dict[JobId, JobRecord] = {}
     for n in range(queued):
         record = queued_record(n, now)
-        records[record.job_id] = record
-    for n in range(api_jobs):
-        record = api_record(n, now)
         records[record.job_id] = record
     inputs = PlacerInputs(
         settings=SchedulingSettings(),
@@ -195,6 +197,13 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
 
     carry = requests.plan_carry
     first = sum(cycle())
+    # After the first cycle, as scale_depth's calls come after the server's first pass: the API's jobs
+    # (of a higher priority) wait behind the 50 running gangs of tenants t0 to t49, t7 among them.
+    for n in range(api_jobs):
+        record = api_record(n, now)
+        records[record.job_id] = record
+        change(record)
+    cycle()
     plans, reasons = [], []
     counted = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
     for k in range(steady_cycles):

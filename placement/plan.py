@@ -352,7 +352,7 @@ class _Cycle:
         self._headrooms_at: dict[TenantId, int] = {}
         self._reason_ones: dict[int, tuple[WaitReason, ...]] = {}
         # Per tenant, the state and the position `_settled_until` last found.
-        self._settled_at: dict[TenantId, tuple[int, int]] = {}
+        self._settled_at: dict[TenantId, tuple[int, tuple[object, ...], int]] = {}
         numbered = [k for k, count in enumerate(counts) if count > 1]
         self.kinds = len(numbered)
         # Each tenant's numbered kinds, and how many of its gangs are of no numbered kind (a kind of
@@ -432,13 +432,14 @@ class _Cycle:
         is mostly such stretches: one wait per kind, handed to a million gangs without a heap step
         and a decision each.
 
-        A tenant whose kinds share its standing but whose gangs are not all of kinds decided on this
-        state (a kind not yet decided, a gang of a kind of its own) is settled up to its first gang
-        that is not (`_settled_until`): its gangs before that one go by its standing and queue time,
-        and that gang, at the entry it will go by, ends the stretch as an unsettled tenant's would. A
-        server's queue has such tenants: jobs submitted through the API are another kind than the
-        seeded ones behind them (another run-time limit), and one such tenant, never settled, ended
-        every stretch at its next gang, so that half of a deep queue was decided gang by gang.
+        A tenant whose gangs are not all of kinds decided on this state and of its next gang's
+        standing (a kind not yet decided, a kind of another priority, a gang of a kind of its own) is
+        settled up to its first gang that is not (`_settled_until`): its gangs before that one go by
+        its standing and queue time, and that gang, at the entry it will go by, ends the stretch as an
+        unsettled tenant's would. A server's queue has such tenants: jobs submitted through the API
+        are another kind than the seeded ones (another run-time limit and class, the class's value a
+        higher priority), and one such tenant, never settled even once its API jobs were decided,
+        ended every stretch at its next gang, so that half of a deep queue was decided gang by gang.
         """
         heads = order.heads()
         if heads is None:
@@ -452,21 +453,21 @@ class _Cycle:
         for entry, gangs, position in heads:
             tenant = entry[5]
             kinds = self.tenant_kinds.get(tenant, ())
-            if not (
-                kinds
-                and all(
-                    (not self.within_guarantee(kind_gangs[k]), -kind_gangs[k].priority) == entry[:2]
-                    for k in kinds
-                )
-                and order.fair.share(tenant) == entry[2]
-            ):
+            if not kinds or order.fair.share(tenant) != entry[2]:
                 if end is None or entry < end:
                     end = entry
                 continue
-            if not self._unnumbered_left.get(tenant) and all(decided_on[k] == state for k in kinds):
+            # The kinds that go by the standing of the tenant's next gang, decided on this state.
+            alike = [
+                k
+                for k in kinds
+                if decided_on[k] == state
+                and (not self.within_guarantee(kind_gangs[k]), -kind_gangs[k].priority) == entry[:2]
+            ]
+            if len(alike) == len(kinds) and not self._unnumbered_left.get(tenant):
                 settled.append((entry, gangs, position, len(gangs)))
                 continue
-            until = self._settled_until(tenant, gangs, position, state)
+            until = self._settled_until(tenant, gangs, position, state, entry[:2], alike)
             if until == position:
                 if end is None or entry < end:
                     end = entry
@@ -517,25 +518,36 @@ class _Cycle:
         self._carry.in_bulk += count
         return count
 
-    def _settled_until(self, tenant: TenantId, gangs: list[GangRequest], position: int, state: int) -> int:
+    def _settled_until(
+        self,
+        tenant: TenantId,
+        gangs: list[GangRequest],
+        position: int,
+        state: int,
+        standing: tuple[object, ...],
+        alike: list[int],
+    ) -> int:
         """The first position from `position` on of a gang of the tenant's that does not take its
-        kind's wait as decided on `state` (a kind not decided on it, a kind of its own, a gang whose
-        held GPUs the cycle carries), or the end of its gangs. Kept per tenant with the state: while
-        that is unchanged the kinds decided on it only grow, so a later ask goes on from the last
-        answer rather than from `position` (each tenant's gangs read at most once per state)."""
+        kind's wait as decided on `state` in the `standing` of its next gang (a kind not decided on
+        it, or of another standing, a kind of its own, a gang whose held GPUs the cycle carries), or
+        the end of its gangs; `alike` are the tenant's kinds that do. Kept per tenant with the state
+        and standing: while those are unchanged the kinds decided on them only grow, so a later ask
+        goes on from the last answer rather than from `position` (each tenant's gangs read at most
+        once per state)."""
         kept = self._settled_at.get(tenant)
         at = position
-        if kept is not None and kept[0] == state and kept[1] > position:
-            at = kept[1]
-        kind_by_object, decided_on, carried = self._kind_by_object, self._decided_on, self._carried
+        if kept is not None and kept[0] == state and kept[1] == standing and kept[2] > position:
+            at = kept[2]
+        kind_by_object, carried = self._kind_by_object, self._carried
+        takes = set(alike)
         size = len(gangs)
         while at < size:
             gang = gangs[at]
             kind = kind_by_object.get(id(gang.decision_key))
-            if kind is None or decided_on[kind] != state or (carried and gang.job_id in carried):
+            if kind is None or kind not in takes or (carried and gang.job_id in carried):
                 break
             at += 1
-        self._settled_at[tenant] = (state, at)
+        self._settled_at[tenant] = (state, standing, at)
         return at
 
     # -- step 3 and 4: gates and quota

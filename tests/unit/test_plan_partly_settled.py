@@ -43,19 +43,28 @@ class MixedQueue(Queue):
     manifests have; now and then a run-time limit of its own, a kind of one gang) among their usual
     ones, in queue order."""
 
+    higher = False
+
     def submit(self) -> None:
         super().submit()
         gang = self.queued[JobId(f"q{self.made:05d}")]
         roll = self.rng.random()
         if int(gang.tenant[1:]) % 3 == 1 and roll < 0.35:
             runtime = 86_400 if roll < 0.3 else self.rng.randrange(1, 10**6)
-            self.queued[gang.job_id] = self._key(replace(gang, max_runtime_s=runtime))
+            priority = gang.priority + 1000 if self.higher and roll < 0.2 else gang.priority
+            self.queued[gang.job_id] = self._key(replace(gang, max_runtime_s=runtime, priority=priority))
+
+
+class HigherMixedQueue(MixedQueue):
+    """Its tenants' other kinds of a higher priority too, as the API's class is."""
+
+    higher = True
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_tenants_of_several_kinds_plan_as_every_gang_decided_alone(seed: int) -> None:
     rng = random.Random(1000 + seed)
-    queue = MixedQueue(rng, shared_keys=seed % 2 == 0)
+    queue = (HigherMixedQueue if seed % 4 >= 2 else MixedQueue)(rng, shared_keys=seed % 2 == 0)
     carry = PlanCarry()
     for _ in range(25):
         if rng.random() < 0.05:
@@ -69,7 +78,8 @@ def test_tenants_of_several_kinds_plan_as_every_gang_decided_alone(seed: int) ->
 
 def _server_queue(per_tenant: int, other_kind: int) -> tuple[GangRequest, ...]:
     """scale_depth's queue through the server: 100 tenants of one kind each (8 A100, nothing fits),
-    and tenant t7's last `other_kind` gangs submitted through the API (another run-time limit)."""
+    and tenant t7's `other_kind` gangs submitted through the API after them (another run-time limit,
+    a class of a higher priority)."""
     keys: dict[tuple[object, ...], tuple[object, ...]] = {}
     gangs = []
     for n in range(100 * per_tenant):
@@ -78,9 +88,10 @@ def _server_queue(per_tenant: int, other_kind: int) -> tuple[GangRequest, ...]:
         )
         gangs.append(gang)
     for n in range(other_kind):
+        # Of the API's class, whose value is a higher priority: first in t7's queue.
         gangs.append(
             GangRequest(
-                JobId(f"api-{n:04d}"), TenantId("t7"), 100, 1e6 + n, (8,), (A100,), max_runtime_s=86_400
+                JobId(f"api-{n:04d}"), TenantId("t7"), 1000, 1e6 + n, (8,), (A100,), max_runtime_s=86_400
             )
         )
     for gang in gangs:  # as the scheduler's kept requests: one key object per kind

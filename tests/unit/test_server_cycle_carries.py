@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bench.depth_cycle import api_record
+from bench.depth_cycle import api_record, measure
 from bench.scale_depth import _queued_txn, queued_record
 from clusters.memory import InMemoryCluster
 from federation.ledger.cache import LedgerCache
@@ -29,7 +29,7 @@ from federation.store.job_store import InMemoryJobStore
 from federation.store.records import ClusterRecord, PoolConfig, TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
 
-QUEUED = 3_000
+QUEUED = 8_000
 API_JOBS = 30
 CLUSTERS = 50
 TENANTS = 100
@@ -52,10 +52,6 @@ async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
     # Seeded as scale_depth seeds etcd (the store's own encoding), an hour before the clock.
     for start in range(0, QUEUED, 30):
         await store.kv.txn_many([_queued_txn(n, clock.now) for n in range(start, min(QUEUED, start + 30))])
-    # Then tenant t7's jobs submitted through the API: another kind of gang, queued after the seeded.
-    for n in range(API_JOBS):
-        job = api_record(n, clock.now)
-        await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
     records, clusters = [], {}
     pools = (PoolConfig("a100", GpuType("A100"), CapacityKind.PRIVATE, 1.4, gpus_per_node=8, node_count=1),)
     for c in range(CLUSTERS):
@@ -86,6 +82,11 @@ async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
             await _caught_up(store, cache)
             await scheduler.run_cycle(None)
         assert sum(1 for s in cache.live_jobs() if s.value.placement is not None) == CLUSTERS
+        # Then, as scale_depth's calls after the first pass, tenant t7's jobs submitted through the
+        # API: another kind of gang (another run-time limit and class, of a higher priority).
+        for n in range(API_JOBS):
+            job = api_record(n, clock.now)
+            await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
         for cycle in range(6):
             clock.now += 2.0
             await reconciler.tick(None)
@@ -125,3 +126,15 @@ def test_the_api_kind_is_another_kind_than_the_seeded_jobs() -> None:
     seeded, api = queued_record(7, 0.0), api_record(0, 0.0)
     assert (seeded.tenant, seeded.user) == (api.tenant, api.user)
     assert replace(seeded.spec, name=api.spec.name) != api.spec
+
+
+def test_the_cycle_as_the_server_runs_it_decides_few_gangs_one_by_one_at_depth() -> None:
+    """bench/depth_cycle.py's cycle (the scheduler's live map, the changes, the carried queue, the
+    reasons compared), with the API's jobs submitted after the first cycle admitted tenants t0 to
+    t49's first jobs: t7, running one gang, has jobs of two priorities. Each steady cycle decides a
+    few hundred gangs one by one, whatever the depth (it was half the queue: 10,000 of 20,000)."""
+    measured = measure(20_000, steady_cycles=2, api_jobs=50)
+    assert measured.steady_one_by_one + measured.steady_in_bulk >= 20_000
+    assert measured.steady_one_by_one < 2_000, measured
+    assert measured.steady_stretches_edited > 0, measured
+    assert measured.steady_stretches_afresh == 0, measured
