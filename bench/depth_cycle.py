@@ -169,7 +169,10 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
     def cycle() -> tuple[float, float]:
         nonlocal revision, changes
         began = time.process_time()
-        planned = _snapshot_and_plan(live, changes, inputs, inventories, {}, {}, 0, now, requests)
+        # With a `between`, as the server passes its `StepAside`: the passes over the queue go in runs.
+        planned = _snapshot_and_plan(
+            live, changes, inputs, inventories, {}, {}, 0, now, requests, between=_no_turn
+        )
         changes = {}
         planned_at = time.process_time()
         # Where the scheduler looks for the jobs no longer waiting (`Scheduler._write_reasons`).
@@ -178,7 +181,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         if planned.departed is not None:
             maybe_left = scheduler._maybe_left | planned.departed | admitted
         changed, left = scheduler._reasons_to_write(
-            planned.plan.waiting, lambda: None, maybe_left, planned.queued_ids, admitted
+            planned.plan.waiting, _no_turn, maybe_left, planned.queued_ids, admitted
         )
         done = time.process_time()
         # As written: what the next cycle compares with.
@@ -232,6 +235,10 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         steady_stretches_edited=edited,
         steady_stretches_afresh=afresh,
     )
+
+
+def _no_turn() -> None:
+    """The cycle's `between` here: no event loop waits for a turn."""
 
 
 def _admitted(record: JobRecord, cluster: str, now: float) -> JobRecord:

@@ -122,7 +122,7 @@ def _plan(
     """`plan`; with `reuse` off every gang is decided afresh (the tests' check that reuse changes nothing)."""
     if carry is None:
         carry = PlanCarry()
-    carry.begin(snapshot.queued)
+    carry.begin(snapshot.queued, between)
     cycle = _Cycle(snapshot, now, reuse=reuse, carry=carry)
     order = FairOrder(snapshot.queued, cycle.fair, cycle.within_guarantee, carry.queue.tenant_lists())
     walk = iter(order)

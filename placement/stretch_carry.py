@@ -112,10 +112,10 @@ class PlanCarry:
         self.one_by_one = 0
         self.in_bulk = 0
 
-    def begin(self, queued: tuple[GangRequest, ...]) -> None:
+    def begin(self, queued: tuple[GangRequest, ...], between: Callable[[], None] | None = None) -> None:
         """A plan over `queued` starts: what the last one made is what this one may edit."""
         self._kept, self._made = self._made, {}
-        self.queue.begin(queued)
+        self.queue.begin(queued, between)
 
     def stretch_waits(
         self,
