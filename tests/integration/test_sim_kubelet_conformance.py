@@ -390,13 +390,15 @@ def test_previous_is_the_run_before_the_restart(
     assert 'previous terminated container "main" in pod "steady" not found' in refused.stderr
     annotations = {"sim.gpufed.io/duration": "0.5", "sim.gpufed.io/exit-code": "3"}
     core.create_namespaced_pod("default", a_pod("crashy", restart="OnFailure", annotations=annotations))
-    pod = wait_for(
-        lambda: (
-            (p := core.read_namespaced_pod("crashy", "default")).status.container_statuses[0].restart_count
-            >= 1
-            and p
-        )
-    )
+
+    def restarted_once() -> Any:
+        pod = core.read_namespaced_pod("crashy", "default")
+        # A pod not yet started has no container statuses (the kubelet reports them), so a read soon
+        # after the create may find none: a busy machine's read did.
+        statuses = pod.status.container_statuses or []
+        return pod if statuses and statuses[0].restart_count >= 1 else None
+
+    pod = wait_for(restarted_once)
     last = pod.status.container_statuses[0].last_state.terminated
     assert (last.exit_code, last.reason) == (3, "Error")
 
