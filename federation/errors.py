@@ -68,7 +68,7 @@ class Conflict(GpufedError):
 
 
 class JobIdTaken(Conflict):
-    """A new job's id (its name and 32 random bits) is already a live job's: the submission draws
+    """A new job's id (its name and 64 random bits) is already a live job's: the submission draws
     another id and tries again, so a caller never sees it (`federation.api.service`)."""
 
 

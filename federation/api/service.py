@@ -139,14 +139,19 @@ def check_priority_class(
 
 
 # Ids drawn for one submission before its collision is given up on (each is a live job's with a
-# chance of (live jobs of that name) / 2**32).
+# chance of (live jobs of that name) / 2**64).
 JOB_ID_DRAWS = 8
 
 
 def _new_job_id(name: str) -> JobId:
-    # Readable and DNS-label safe: the job name plus 32 random bits (the create is create-only, so a
-    # collision is caught and another id drawn, never overwritten: `JobService._submit`).
-    return JobId(f"{name[:40].rstrip('-')}-{secrets.token_hex(4)}")
+    # Readable and DNS-label safe: the job name plus 64 random bits. The create is create-only, so a
+    # live job's id is caught and another drawn (`JobService._submit`), but an archived job's is not
+    # there to be caught: with 32 bits, a million jobs of one name (a team's sweeps over the years)
+    # would have drawn about a hundred ids of archived jobs, and such a job is never archived (the
+    # history holds another job under its id) and shares its ledger keys with the old one. With 64
+    # bits, about one in 40 million for that million. Long names are cut short, with a hash, where a
+    # cluster's names need it (`clusters.kubernetes.names`).
+    return JobId(f"{name[:40].rstrip('-')}-{secrets.token_hex(8)}")
 
 
 async def _abort(context: Ctx, error: GpufedError, who: Principal | None) -> None:
@@ -318,7 +323,7 @@ class JobService(pb_grpc.JobServiceServicer):
             )
             try:
                 # Without a client key every call is its own submission: key it by 128 random bits.
-                # Not by the job id, whose 32 random bits can draw a live job's: that job's key would
+                # Not by the job id, whose random bits can draw a live job's: that job's key would
                 # then answer this submission as a retry of it, and the new job would never be made.
                 stored, created = await self._store.create_job(
                     job, idempotency_key=key or f"auto:{secrets.token_hex(16)}", manifest_digest=digest

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.e2e
 FOLLOW_S = 5.0
 COMMAND_TIMEOUT_S = 25.0
 _GRPC_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNAUTHENTICATED")
-_JOB_ID = re.compile(r"\b([a-z0-9][a-z0-9-]*-[0-9a-f]{8}) submitted\b")
+_JOB_ID = re.compile(r"\b([a-z0-9][a-z0-9-]*-[0-9a-f]{16}) submitted\b")
 _PLAN_ID = re.compile(r"\b(plan-[0-9a-f]{8})\b")
 _UP = re.compile(r"^\S*gpufed up\s*&")
 

@@ -399,9 +399,9 @@ def _answer(fn: Callable[[], Any], job_id: str) -> tuple[str, str]:
 
 
 def _missing_like(job_id: str) -> str:
-    """An id of the same shape (name, '-', 8 hex digits) that no job has."""
+    """An id of the same shape (name, '-', 16 hex digits) that no job has."""
     name, _, suffix = job_id.rpartition("-")
-    return f"{name}-{'%08x' % ((int(suffix, 16) + 0x5A5A5A5) % 2**32)}"
+    return f"{name}-{'%016x' % ((int(suffix, 16) + 0x5A5A5A5) % 2**64)}"
 
 
 @pytest.mark.parametrize("call", list(BY_JOB_ID))

@@ -1,4 +1,4 @@
-"""A new job's id is its name and 32 random bits; among many live jobs of one name (a sweep's
+"""A new job's id is its name and 64 random bits; among many live jobs of one name (a sweep's
 trials) a draw can land on a live job's id. The create is create-only, so nothing is overwritten;
 the submission draws another id and the caller never sees the collision. A submission without a
 client key is keyed by random bits of its own, not by the drawn id, or the live job's key would
@@ -17,7 +17,7 @@ from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.errors import JobIdTaken
-from federation.store.jobs import JobId
+from placement.model import JobId
 from tests.e2e.harness import manifest
 from tests.unit.job_service import GatedStore, gated_service_for_alice
 
@@ -72,3 +72,22 @@ def test_the_collision_is_a_conflict_of_its_own() -> None:
     from federation.errors import Conflict
 
     assert issubclass(JobIdTaken, Conflict)
+
+
+def test_a_new_id_is_the_name_cut_to_40_and_64_random_bits() -> None:
+    import re
+
+    from clusters.kubernetes.names import MAX_GANG_NAME, object_name, task_name
+
+    long_name = "a" * 30 + "-" + "b" * 32  # 63 characters, a valid job name
+    ids = {service_module._new_job_id(long_name) for _ in range(1_000)}
+    assert len(ids) == 1_000
+    for job_id in ids:
+        assert re.fullmatch(r"a{30}-b{9}-[0-9a-f]{16}", job_id), job_id
+        # The cluster's names stay valid and apart for the longest ids: cut short with a hash.
+        gang = object_name(job_id, 12)
+        assert len(gang) <= MAX_GANG_NAME
+        assert len(f"{gang}-{task_name(gang, 'worker', 64)}-63") <= 63
+    assert len({object_name(j, 1) for j in ids}) == len(ids)
+    assert service_module._new_job_id("train-")[: len("train-")] == "train-"
+    assert re.fullmatch(r"train-[0-9a-f]{16}", service_module._new_job_id("train"))
