@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 
 import structlog
@@ -98,8 +100,11 @@ class JobCache:
         self._synced = False
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[JobEvent | None]] = set()
-        # Replaced on every advance of the revision; waiters hold the old one, which is set.
-        self._advanced = asyncio.Event()
+        # `wait_for_revision`'s waiters, soonest revision first: (revision, order, future). Woken
+        # when the revision reaches theirs; an asyncio.Event made at every revision, for waiters
+        # or none, was a tenth of what a watched write cost the cache.
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_order = itertools.count()
         # The readers' change feeds (`follow`), each told of every job changed.
         self._feeds: list[ChangeFeed] = []
 
@@ -202,17 +207,28 @@ class JobCache:
         job keys, so a revision of another write (a tenant, wait reasons) is reached only by a later job
         change or a relist.
         """
+        if self._revision >= revision:
+            return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._revision < revision:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
+            woken: asyncio.Future[None] = loop.create_future()
+            heapq.heappush(self._waiters, (revision, next(self._waiter_order), woken))
             try:
                 async with asyncio.timeout(remaining):
-                    await self._advanced.wait()
+                    await woken
             except TimeoutError:
                 return self._revision >= revision
+            finally:
+                # A timeout or a cancel cancels the future (awaited directly); else it is cancelled
+                # here. Either way its entry is left for `_advance` or the sweep.
+                if not woken.done():
+                    woken.cancel()
+                if woken.cancelled():
+                    self._drop_gone_waiters()
         return True
 
     def subscribe(self) -> asyncio.Queue[JobEvent | None]:
@@ -289,10 +305,11 @@ class JobCache:
         self._advance(revision)
 
     def _apply(self, ev: JobEvent) -> None:
-        was = self._live.get(ev.job_id)
-        self._summary.change(
-            None if was is None else was.value, ev.job if ev.type is JobEventType.PUT else None
-        )
+        if self._summary.built:
+            was = self._live.get(ev.job_id)
+            self._summary.change(
+                None if was is None else was.value, ev.job if ev.type is JobEventType.PUT else None
+            )
         if ev.type is JobEventType.PUT and ev.job is not None:
             stored = Stored(ev.job, ev.mod_revision)
             self._jobs[ev.job_id] = stored
@@ -318,10 +335,22 @@ class JobCache:
     def _advance(self, revision: int) -> None:
         if revision > self._revision:
             self._revision = revision
-            self._advanced.set()
-            self._advanced = asyncio.Event()
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= revision:
+                woken = heapq.heappop(waiters)[2]
+                if not woken.done():
+                    woken.set_result(None)
+
+    def _drop_gone_waiters(self) -> None:
+        """Forget the waiters that gave up (timed out, cancelled), once they are many: a wait for a
+        revision no job write reaches (another key's) leaves its entry until a later one does."""
+        if len(self._waiters) > 64:
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
 
     def _publish(self, ev: JobEvent) -> None:
+        if not self._subscribers:
+            return
         for q in list(self._subscribers):
             try:
                 q.put_nowait(ev)
