@@ -9,7 +9,14 @@ measures this process's CPU (`time.process_time`) an event, three ways:
 - `watch_jobs_us_per_event`: `KvStore.watch_jobs` over the same history, each record decoded
   (another process's writes: none of them is this process's own `WrittenRecords`);
 - `job_cache_us_per_event`: a `JobCache` following the same number of live writes, made by a writer
-  process (its CPU is its own), from the cache's start until it holds every job.
+  process (its CPU is its own), from the cache's start until it holds every job;
+- `job_cache_move_us_per_event`: the same cache following a second write of each of those jobs, in
+  another phase (queued to admitted): the lifecycle's most common write (admitted, staging,
+  dispatched, running, ended);
+- `job_cache_rewrite_us_per_event`: and a third, in the same phase (a message): a write that keeps
+  where the job is filed;
+- `job_cache_lifecycle_us_per_event`: the three weighted as a job's ~8 writes are, 1 create, 5 phase
+  changes and 2 others (derived from the three, not measured on its own).
 
     python bench/etcd_watch.py            # 20,000 jobs, 5 rounds
     python bench/etcd_watch.py --quick    # 5,000 jobs, 3 rounds
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import statistics
 import sys
@@ -38,6 +46,7 @@ from federation.store.job_store import JOBS, PREFIX, KvStore, _dumps, job_key  #
 from federation.store.jobs import job_to_dict  # noqa: E402
 from federation.store.kv import Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
+from placement.model import JobPhase  # noqa: E402
 from tests.conftest import build_job  # noqa: E402
 
 # Writes of one request: about what the group commit nests in one under the submission bench's
@@ -45,10 +54,12 @@ from tests.conftest import build_job  # noqa: E402
 BATCH = 8
 
 
-def records(n: int, tag: str) -> list[tuple[bytes, bytes]]:
+def records(n: int, tag: str, **changes: object) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(n):
         job = build_job(f"{tag}-{i:07d}", tenant=f"t{i % 4}")
+        if changes:
+            job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
         out.append((job_key(job.job_id), _dumps(job_to_dict(job))))
     return out
 
@@ -99,44 +110,63 @@ async def replay(endpoint: str, jobs: int, round_: int) -> tuple[float, float]:
         await kv.close()
 
 
-def _writer(endpoint: str, items: list[tuple[bytes, bytes]], go: object) -> None:
+def _writer(endpoint: str, parts: list[list[tuple[bytes, bytes]]], gos: list[object], done: object) -> None:
+    """Each part written when its `go` is set; the last revision of each put on `done`."""
+
     async def run() -> None:
         kv = await EtcdKv.connect(endpoint)
         try:
-            go.wait()  # type: ignore[attr-defined]
-            await write_all(kv, items)
+            for items, go in zip(parts, gos, strict=True):
+                go.wait()  # type: ignore[attr-defined]
+                done.put(await write_all(kv, items))  # type: ignore[attr-defined]
         finally:
             await kv.close()
 
     asyncio.run(run())
 
 
-async def live(endpoint: str, jobs: int, round_: int) -> float:
-    """CPU µs an event of a `JobCache` following `jobs` writes made by another process."""
+async def live(endpoint: str, jobs: int, round_: int) -> tuple[float, float, float]:
+    """CPU µs an event of a `JobCache` following `jobs` writes made by another process: creates,
+    then each job moved to another phase, then each rewritten in that phase."""
     kv = await EtcdKv.connect(endpoint)
     try:
         await kv.delete_prefix(PREFIX)
         cache = JobCache(KvStore(kv))
         await cache.start()
         ctx = mp.get_context("spawn")
-        go = ctx.Event()
-        writer = ctx.Process(target=_writer, args=(endpoint, records(jobs, f"l{round_}"), go))
+        tag = f"l{round_}"
+        parts = [
+            records(jobs, tag),
+            records(jobs, tag, phase=JobPhase.ADMITTED),
+            records(jobs, tag, phase=JobPhase.ADMITTED, message="staged"),
+        ]
+        gos = [ctx.Event() for _ in parts]
+        done = ctx.Queue()
+        writer = ctx.Process(target=_writer, args=(endpoint, parts, gos, done))
         writer.start()
+        used: list[float] = []
         try:
             await asyncio.sleep(0.5)  # the writer's start-up is not ours
-            began = time.process_time()
-            go.set()
-            # Looked at every 20 ms rather than woken at each revision: the bench's own wake-ups
-            # would be counted as the cache's.
-            while cache.count() < jobs:
-                await asyncio.sleep(0.02)
-                if not writer.is_alive() and writer.exitcode != 0:
-                    raise RuntimeError(f"the writer failed (exit code {writer.exitcode})")
-            used = time.process_time() - began
+            for go in gos:
+                began = time.process_time()
+                go.set()
+                # Looked at every 20 ms rather than woken at each revision: the bench's own
+                # wake-ups would be counted as the cache's.
+                last = None
+                while last is None or cache.revision < last:
+                    await asyncio.sleep(0.02)
+                    if last is None and not done.empty():
+                        last = done.get()
+                    if not writer.is_alive() and writer.exitcode != 0:
+                        raise RuntimeError(f"the writer failed (exit code {writer.exitcode})")
+                used.append(time.process_time() - began)
+            if cache.count() != jobs or cache.count_in(None, JobPhase.ADMITTED) != jobs:
+                raise RuntimeError("the cache does not hold every job as last written")
         finally:
             writer.join(60)
             await cache.stop()
-        return 1e6 * used / jobs
+        created, moved, rewritten = (1e6 * u / jobs for u in used)
+        return created, moved, rewritten
     finally:
         await kv.delete_prefix(PREFIX)
         await kv.close()
@@ -152,29 +182,37 @@ def main() -> int:
     args = parser.parse_args()
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     rounds = args.rounds or (3 if args.quick else 5)
-    raw, decoded, cached = [], [], []
+    raw, decoded, cached, moved, rewritten = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="etcd-watch-bench-") as tmp:
         etcd = EtcdProcess(Path(tmp) / "etcd", compaction_retention=None)
         etcd.start()
         try:
             for r in range(rounds):
                 raw_us, decoded_us = asyncio.run(replay(etcd.endpoint, jobs, r))
-                cached_us = asyncio.run(live(etcd.endpoint, jobs, r))
+                cached_us, moved_us, rewritten_us = asyncio.run(live(etcd.endpoint, jobs, r))
                 print(
                     f"round {r}: raw {raw_us:.1f} µs, watch_jobs {decoded_us:.1f} µs, "
-                    f"job cache {cached_us:.1f} µs an event",
+                    f"job cache {cached_us:.1f} µs a create, {moved_us:.1f} µs a phase change, "
+                    f"{rewritten_us:.1f} µs another write",
                     flush=True,
                 )
                 raw.append(raw_us)
                 decoded.append(decoded_us)
                 cached.append(cached_us)
+                moved.append(moved_us)
+                rewritten.append(rewritten_us)
         finally:
             etcd.stop()
     print(f"jobs a round: {jobs}, rounds: {rounds}")
     print(f"watch_raw_us_per_event: {statistics.median(raw):.1f} us")
     print(f"watch_jobs_us_per_event: {statistics.median(decoded):.1f} us")
-    print(f"job_cache_us_per_event: {statistics.median(cached):.1f} us")
-    print(f"job_cache_events_per_cpu_s: {1e6 / statistics.median(cached):.0f} events/s")
+    created_us, moved_us, rewritten_us = (statistics.median(x) for x in (cached, moved, rewritten))
+    lifecycle_us = (created_us + 5 * moved_us + 2 * rewritten_us) / 8
+    print(f"job_cache_us_per_event: {created_us:.1f} us")
+    print(f"job_cache_events_per_cpu_s: {1e6 / created_us:.0f} events/s")
+    print(f"job_cache_move_us_per_event: {moved_us:.1f} us")
+    print(f"job_cache_rewrite_us_per_event: {rewritten_us:.1f} us")
+    print(f"job_cache_lifecycle_us_per_event: {lifecycle_us:.1f} us")
     return 0
 
 
