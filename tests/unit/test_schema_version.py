@@ -83,6 +83,8 @@ def test_the_quick_read_of_the_version_agrees_with_the_decoded_one(raw: bytes, v
     "raw",
     [
         pytest.param(b'{"schema":2,"a":1}', id="first"),
+        pytest.param(b'{"schema":10,"a":1}', id="starts-as-this-builds"),
+        pytest.param(b'{"schema":1e1,"a":1}', id="an-exponent"),
         pytest.param(b'{"a":1,"schema":2}', id="last"),
         pytest.param(b'{"schema":99999999999999,"a":1}', id="huge"),
         pytest.param(b'{"schema":1.5}', id="a-float"),
