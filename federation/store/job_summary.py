@@ -53,6 +53,18 @@ def gpu_types_counted(job: JobRecord, group: JobGroup) -> tuple[str, ...]:
     return tuple(job.spec.gpu_types[:1]) or (ANY_GPU,)
 
 
+# Where a live job counts: its tenant, group, GPUs and the GPU types it counts under.
+Counted = tuple[TenantId, JobGroup, int, tuple[str, ...]]
+
+
+def _counted(job: JobRecord) -> Counted | None:
+    """Where `job` counts in the sums; None when it does not (ended)."""
+    group = GROUP_OF.get(job.phase)
+    if group is None:
+        return None
+    return (job.tenant, group, job.spec.gpu_count, gpu_types_counted(job, group))
+
+
 class JobSummaryIndex:
     def __init__(self) -> None:
         self._built = False
@@ -72,23 +84,29 @@ class JobSummaryIndex:
     def build(self, live: Iterable[JobRecord]) -> None:
         self.forget()
         for job in live:
-            self._add(job, 1)
+            counted = _counted(job)
+            if counted is not None:
+                self._add(counted, 1)
         self._built = True
 
     def change(self, was: JobRecord | None, now: JobRecord | None) -> None:
         """One job's change (`was` None: new; `now` None: gone). Nothing while not built."""
         if not self._built:
             return
-        if was is not None:
-            self._add(was, -1)
-        if now is not None:
-            self._add(now, 1)
+        # Most writes leave a job where it is counted (the same group, GPUs and types: a rewrite
+        # in the same phase, admitted to staging to dispatched): the sums stay, at the cost of
+        # reading where it counts, not of taking it out and putting it back (issue 33).
+        before = None if was is None else _counted(was)
+        after = None if now is None else _counted(now)
+        if before == after:
+            return
+        if before is not None:
+            self._add(before, -1)
+        if after is not None:
+            self._add(after, 1)
 
-    def _add(self, job: JobRecord, sign: int) -> None:
-        group = GROUP_OF.get(job.phase)
-        if group is None:
-            return  # ended: not in the sums
-        tenant = job.tenant
+    def _add(self, counted: Counted, sign: int) -> None:
+        tenant, group, gpus, gpu_types = counted
         per_group = self._by_group.setdefault(tenant, {})
         left = per_group.get(group, 0) + sign
         if left:
@@ -96,8 +114,8 @@ class JobSummaryIndex:
         else:
             del per_group[group]
         by_type = self._by_type.setdefault(tenant, {})
-        gpus = job.spec.gpu_count * sign
-        for gpu_type in gpu_types_counted(job, group):
+        gpus *= sign
+        for gpu_type in gpu_types:
             key = (gpu_type, group)
             sums = by_type.get(key)
             if sums is None:

@@ -14,7 +14,7 @@ from federation.api.job_queries import summary_reply
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.store.job_cache import JobCache
 from federation.store.job_store import KvStore, job_key
-from federation.store.job_summary import ANY_GPU
+from federation.store.job_summary import ANY_GPU, JobSummaryIndex
 from federation.store.jobs import JobPlacement, JobRecord
 from federation.store.kv_memory import MemoryKv
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
@@ -151,3 +151,30 @@ async def test_the_sums_are_built_again_after_a_fresh_list() -> None:
         check(cache)
     finally:
         await cache.stop()
+
+
+def test_a_write_that_keeps_where_a_job_counts_leaves_the_sums_and_one_that_moves_it_moves_them() -> None:
+    # The index skips a change whose job counts where it did (issue 33): a rewrite in the same phase,
+    # or admitted to staging. A rewrite that changes the placement's GPU type, in the same phase,
+    # still moves the job's GPUs between types.
+    index = JobSummaryIndex()
+    index.build([])
+    queued = build_job("a", tenant="vision", gpu="A100")
+    h100 = JobPlacement(ClusterName("c1"), GpuType("H100"), CapacityKind.PRIVATE, 1.0)
+    a100 = JobPlacement(ClusterName("c1"), GpuType("A100"), CapacityKind.PRIVATE, 1.0)
+    steps = [
+        replace(queued, message="waiting"),
+        replace(queued, phase=JobPhase.ADMITTED, placement=h100),
+        replace(queued, phase=JobPhase.STAGING, placement=h100),
+        replace(queued, phase=JobPhase.STAGING, placement=a100),
+        replace(queued, phase=JobPhase.RUNNING, placement=a100, message="up"),
+        replace(queued, phase=JobPhase.SUCCEEDED, placement=a100),
+    ]
+    index.change(None, queued)
+    was = queued
+    for now in steps:
+        index.change(was, now)
+        live = [] if now.phase.is_terminal else [now]
+        for tenant in (None, TenantId("vision")):
+            assert summary_reply(index, tenant) == reference_summary(live, tenant), now
+        was = now
