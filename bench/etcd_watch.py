@@ -20,6 +20,12 @@ measures this process's CPU (`time.process_time`) an event, three ways:
 
     python bench/etcd_watch.py            # 20,000 jobs, 5 rounds
     python bench/etcd_watch.py --quick    # 5,000 jobs, 3 rounds
+    python bench/etcd_watch.py --apply    # no etcd: `JobCache._apply` alone, decoded events
+                                          # handed in (create, phase change, rewrite), with the
+                                          # cyclic collector off, and again with the summary built
+
+`--apply` is the cache's own part of an event, without the watch, the decode and the collector,
+which the live figures carry too and which vary more from run to run.
 
 The figures are the median of the rounds. Wall time is not used: the machine is shared.
 """
@@ -30,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import multiprocessing as mp
 import statistics
 import sys
@@ -42,7 +49,15 @@ sys.path.insert(0, str(ROOT))
 
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.store.job_cache import JobCache  # noqa: E402
-from federation.store.job_store import JOBS, PREFIX, KvStore, _dumps, job_key  # noqa: E402
+from federation.store.job_store import (  # noqa: E402
+    JOBS,
+    PREFIX,
+    JobEvent,
+    JobEventType,
+    KvStore,
+    _dumps,
+    job_key,
+)
 from federation.store.jobs import job_to_dict  # noqa: E402
 from federation.store.kv import Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
@@ -172,6 +187,42 @@ async def live(endpoint: str, jobs: int, round_: int) -> tuple[float, float, flo
         await kv.close()
 
 
+def apply_only(jobs: int, rounds: int) -> None:
+    """CPU µs of `JobCache._apply` an event: creates, phase changes, same-phase rewrites."""
+    made = [build_job(f"a-{i:07d}", tenant=f"t{i % 4}") for i in range(jobs)]
+    moved = [dataclasses.replace(j, phase=JobPhase.ADMITTED) for j in made]
+    rewritten = [dataclasses.replace(j, message="staged") for j in moved]
+
+    async def one(summary: bool) -> list[float]:
+        cache = JobCache(None)  # type: ignore[arg-type]  # never started: events are handed in
+        if summary:
+            cache.summary()  # built (empty), as once SummarizeJobs has been asked
+        revision, used = 0, []
+        for batch in (made, moved, rewritten):
+            events = []
+            for job in batch:
+                revision += 1
+                events.append(JobEvent(JobEventType.PUT, job.job_id, job, revision))
+            began = time.process_time()
+            for ev in events:
+                cache._apply(ev)
+            used.append(1e6 * (time.process_time() - began) / jobs)
+        return used
+
+    for summary in (False, True):
+        runs = []
+        for _ in range(rounds):
+            gc.collect()
+            gc.disable()
+            try:
+                runs.append(asyncio.run(one(summary)))
+            finally:
+                gc.enable()
+        name = "apply_summary" if summary else "apply"
+        for i, kind in enumerate(("create", "move", "rewrite")):
+            print(f"{name}_{kind}_us_per_event: {statistics.median(r[i] for r in runs):.2f} us")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -179,9 +230,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="5,000 jobs, 3 rounds")
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--apply", action="store_true", help="the cache's apply alone, no etcd")
     args = parser.parse_args()
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     rounds = args.rounds or (3 if args.quick else 5)
+    if args.apply:
+        apply_only(jobs, rounds)
+        return 0
     raw, decoded, cached, moved, rewritten = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="etcd-watch-bench-") as tmp:
         etcd = EtcdProcess(Path(tmp) / "etcd", compaction_retention=None)
