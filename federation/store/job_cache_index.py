@@ -243,9 +243,9 @@ class JobIndex:
         self._items[job_id] = stored
         if filed is not None:
             key, was_tenant, was_phase = filed
-            if was_phase == phase and was_tenant == tenant and key == list_key(job):
-                return
             if was_tenant == tenant and key == list_key(job):
+                if was_phase == phase:
+                    return
                 self._filed[job_id] = (key, tenant, phase)
                 self._leave_phase(key, tenant, was_phase)
                 self._phase_views(tenant, phase, key)
