@@ -80,11 +80,11 @@ class World:
         self.clock.now += seconds
         for _ in range(3):
             await self.reconciler.tick(None)
-            await self._sync()
+            await self.caught_up()
             await self.scheduler.run_cycle(None)
-            await self._sync()
+            await self.caught_up()
 
-    async def _sync(self) -> None:
+    async def caught_up(self) -> None:
         # The cache watches job keys only: wait for the latest job write, not the store's revision
         # (wait reasons and approvals move that too, and the cache would never reach it).
         jobs, _ = await self.store.list_jobs()
@@ -133,7 +133,22 @@ async def build_world(
         clusters[name] = InMemoryCluster(
             record.name, provider=record.provider, region=record.region, pools=pools, clock=clock
         )
-    members = MemberClusters(records, {ClusterName(n): c for n, c in clusters.items()})
+    async with wired_world(store, records, clusters, clock, archived_ids=archived_ids) as world:
+        yield world
+
+
+@asynccontextmanager
+async def wired_world(
+    store: KvStore,
+    records: Sequence[ClusterRecord],
+    clusters: dict[str, InMemoryCluster],
+    clock: Clock,
+    *,
+    archived_ids: Callable[[Sequence[JobId]], set[JobId]] | None = None,
+) -> AsyncIterator[World]:
+    """The leader's parts over `store` and `clusters` as the server wires them (job and ledger caches
+    started, a scheduler and a reconciler), stopped on the way out."""
+    members = MemberClusters(list(records), {ClusterName(n): c for n, c in clusters.items()})
     cache = JobCache(store)
     await cache.start()
     ledger = LedgerCache(store)

@@ -61,7 +61,7 @@ async def _phases(world: World, ids: list[JobId]) -> set[JobPhase]:
 async def _admit(world: World) -> None:
     """One scheduling cycle, and the cache caught up with what it wrote."""
     await world.scheduler.run_cycle(None)
-    await world._sync()
+    await world.caught_up()
 
 
 async def _first_running(world: World) -> JobId:
@@ -85,7 +85,7 @@ async def test_a_slow_cluster_holds_neither_the_tick_nor_the_other_clusters_disp
         on_cloud = [j for j in ids if j not in on_prem]
         assert len(on_prem) == len(on_cloud) == 8
         await world.reconciler.tick(None)  # returns, though onprem answers nothing
-        await world._sync()
+        await world.caught_up()
         assert await _phases(world, on_cloud) <= {JobPhase.DISPATCHED, JobPhase.RUNNING}
         assert await _phases(world, on_prem) == {JobPhase.ADMITTED}
         # Later ticks leave the jobs in flight alone: no second call for any of them.
@@ -95,7 +95,7 @@ async def test_a_slow_cluster_holds_neither_the_tick_nor_the_other_clusters_disp
         held.release.set()
         # Committed as they come, with no tick to wait for.
         await until(lambda: not world.reconciler._in_flight, "the work in flight done", timeout_s=5)
-        await world._sync()
+        await world.caught_up()
         assert await _phases(world, on_prem) == {JobPhase.DISPATCHED}
         assert all(onprem.dispatch_count(j, 1) == 1 for j in on_prem)
         assert all(cloud.dispatch_count(j, 1) == 1 for j in on_cloud)
@@ -112,7 +112,7 @@ async def test_an_end_is_recorded_while_its_clusters_dispatches_are_held(
         await _admit(world)
         world.clock.now += 10.0  # the first job's pods end
         await world.reconciler.tick(None)
-        await world._sync()
+        await world.caught_up()
         # The cluster's only dispatch slot is held, and the end is recorded all the same.
         assert held.calls
         assert await _phases(world, waiting) == {JobPhase.ADMITTED}
@@ -149,7 +149,7 @@ async def test_a_leader_change_while_a_dispatch_is_in_flight_makes_one_gang() ->
             "both terms' work done",
             timeout_s=5,
         )
-        await world._sync()
+        await world.caught_up()
         dispatched = await world.job(job)
         assert (dispatched.phase, dispatched.attempt) == (JobPhase.DISPATCHED, 1)
         assert [e.phase for e in dispatched.events].count(JobPhase.DISPATCHED) == 1
@@ -173,7 +173,7 @@ async def test_a_term_that_ends_stops_its_dispatches_in_flight() -> None:
         # The next term dispatches it.
         await world.reconciler.tick(None)
         await until(lambda: not world.reconciler._in_flight, "the work in flight done", timeout_s=5)
-        await world._sync()
+        await world.caught_up()
         assert (await world.job(job)).phase is JobPhase.DISPATCHED
         assert world.cluster.dispatch_count(job, 1) == 1
 
@@ -199,7 +199,7 @@ async def test_an_error_of_work_in_flight_is_raised_by_the_next_tick(monkeypatch
         # Raised once, not for ever: with etcd back, the next tick commits the dispatch.
         await world.reconciler.tick(None)
         await until(lambda: not world.reconciler._in_flight, "the retried dispatch done", timeout_s=5)
-        await world._sync()
+        await world.caught_up()
         assert (await world.job(job)).phase is JobPhase.DISPATCHED
         assert world.cluster.dispatch_count(job, 1) == 1
 
@@ -220,7 +220,7 @@ async def test_a_dispatch_that_waited_for_a_slot_acts_on_the_job_as_it_is_now(
         stored = await world.store.get_job(waiting)
         assert stored is not None
         await world.store.commit([(replace(stored.value, cancel_requested=True), stored.mod_revision)])
-        await world._sync()
+        await world.caught_up()
         held.release.set()
         await until(lambda: not world.reconciler._in_flight, "the work in flight done", timeout_s=5)
         # No gang for the job cancelled while it waited: the cluster was never asked.
@@ -252,5 +252,5 @@ async def test_an_end_during_a_held_tick_is_noticed_before_it_returns(
         held.release.set()
         await tick
         await until(lambda: not world.reconciler._in_flight, "the held dispatch done", timeout_s=5)
-        await world._sync()
+        await world.caught_up()
         assert (await world.job(waiting)).phase is JobPhase.DISPATCHED

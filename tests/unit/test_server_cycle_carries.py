@@ -19,15 +19,10 @@ from dataclasses import replace
 from bench.depth_cycle import api_record, measure
 from bench.scale_depth import _queued_txn, queued_record
 from clusters.memory import InMemoryCluster
-from federation.ledger.cache import LedgerCache
-from federation.metrics import Metrics
-from federation.scheduling.members import MemberClusters
-from federation.scheduling.reconciler import Reconciler
-from federation.scheduling.scheduler import Scheduler
-from federation.store.job_cache import JobCache
 from federation.store.job_store import InMemoryJobStore
 from federation.store.records import ClusterRecord, PoolConfig, TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
+from tests.unit.reconcile_world import Clock, World, wired_world
 
 QUEUED = 8_000
 API_JOBS = 30
@@ -35,16 +30,9 @@ CLUSTERS = 50
 TENANTS = 100
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
-    clock = _Clock()
+    clock = Clock()
+    clock.now = 1_800_000_000.0
     store = InMemoryJobStore()
     store.compress_wait_reasons = True
     for t in range(TENANTS):
@@ -52,7 +40,8 @@ async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
     # Seeded as scale_depth seeds etcd (the store's own encoding), an hour before the clock.
     for start in range(0, QUEUED, 30):
         await store.kv.txn_many([_queued_txn(n, clock.now) for n in range(start, min(QUEUED, start + 30))])
-    records, clusters = [], {}
+    records: list[ClusterRecord] = []
+    clusters: dict[str, InMemoryCluster] = {}
     pools = (PoolConfig("a100", GpuType("A100"), CapacityKind.PRIVATE, 1.4, gpus_per_node=8, node_count=1),)
     for c in range(CLUSTERS):
         record = ClusterRecord(
@@ -62,63 +51,56 @@ async def test_the_servers_steady_cycles_keep_carrying_the_plan() -> None:
         clusters[record.name] = InMemoryCluster(
             record.name, provider=record.provider, region=record.region, pools=pools, clock=clock
         )
-    members = MemberClusters(records, clusters)
-    cache = JobCache(store)
-    await cache.start()
-    ledger = LedgerCache(store)
-    await ledger.start()
-    metrics = Metrics()
-    scheduler = Scheduler(
-        store=store, cache=cache, ledger=ledger, members=members, metrics=metrics, clock=clock
+    async with wired_world(store, records, clusters, clock) as world:
+        await _steady_cycles_carry(world)
+
+
+async def _steady_cycles_carry(world: World) -> None:
+    store, cache, scheduler, reconciler, clock = (
+        world.store,
+        world.cache,
+        world.scheduler,
+        world.reconciler,
+        world.clock,
     )
-    reconciler = Reconciler(store=store, cache=cache, members=members, metrics=metrics, clock=clock)
     carry = scheduler._requests.plan_carry
-    try:
-        made = QUEUED
-        # The first cycles admit 50 gangs, which the reconciler dispatches and the clusters run.
-        for _ in range(3):
-            clock.now += 2.0
-            await reconciler.tick(None)
-            await _caught_up(store, cache)
-            await scheduler.run_cycle(None)
-        assert sum(1 for s in cache.live_jobs() if s.value.placement is not None) == CLUSTERS
-        # Then, as scale_depth's calls after the first pass, tenant t7's jobs submitted through the
-        # API: another kind of gang (another run-time limit and class, of a higher priority).
-        for n in range(API_JOBS):
-            job = api_record(n, clock.now)
-            await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
-        for cycle in range(6):
-            clock.now += 2.0
-            await reconciler.tick(None)
-            made += 1
-            job = api_record(API_JOBS + cycle, clock.now) if cycle % 2 else queued_record(made, clock.now)
-            await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
-            await _caught_up(store, cache)
-            before = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
-            result = await scheduler.run_cycle(None)
-            one_by_one, in_bulk, edited, afresh = (
-                after - was
-                for was, after in zip(
-                    before, (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh), strict=True
-                )
+    made = QUEUED
+    # The first cycles admit 50 gangs, which the reconciler dispatches and the clusters run.
+    for _ in range(3):
+        clock.now += 2.0
+        await reconciler.tick(None)
+        await world.caught_up()
+        await scheduler.run_cycle(None)
+    assert sum(1 for s in cache.live_jobs() if s.value.placement is not None) == CLUSTERS
+    # Then, as scale_depth's calls after the first pass, tenant t7's jobs submitted through the
+    # API: another kind of gang (another run-time limit and class, of a higher priority).
+    for n in range(API_JOBS):
+        job = api_record(n, clock.now)
+        await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+    for cycle in range(6):
+        clock.now += 2.0
+        await reconciler.tick(None)
+        made += 1
+        job = api_record(API_JOBS + cycle, clock.now) if cycle % 2 else queued_record(made, clock.now)
+        await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
+        await world.caught_up()
+        before = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
+        result = await scheduler.run_cycle(None)
+        one_by_one, in_bulk, edited, afresh = (
+            after - was
+            for was, after in zip(
+                before, (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh), strict=True
             )
-            assert result.admitted == 0
-            waiting = result.waiting
-            assert one_by_one + in_bulk == waiting
-            # The kinds' first gangs and the questions' gaps, not half the queue (it was 1,500 here).
-            assert one_by_one < waiting // 5, (cycle, one_by_one, in_bulk)
-            assert edited > 0, (cycle, edited)
-            assert afresh == 0, (cycle, afresh)
-            # Every reason is written: the next cycle compares by the waits' identity.
-            assert scheduler._last_waits is not None
-    finally:
-        await ledger.stop()
-        await cache.stop()
-
-
-async def _caught_up(store: object, cache: JobCache) -> None:
-    jobs, _ = await store.list_jobs()  # type: ignore[attr-defined]
-    await cache.wait_for_revision(max((j.mod_revision for j in jobs), default=0))
+        )
+        assert result.admitted == 0
+        waiting = result.waiting
+        assert one_by_one + in_bulk == waiting
+        # The kinds' first gangs and the questions' gaps, not half the queue (it was 1,500 here).
+        assert one_by_one < waiting // 5, (cycle, one_by_one, in_bulk)
+        assert edited > 0, (cycle, edited)
+        assert afresh == 0, (cycle, afresh)
+        # Every reason is written: the next cycle compares by the waits' identity.
+        assert scheduler._last_waits is not None
 
 
 def test_the_api_kind_is_another_kind_than_the_seeded_jobs() -> None:

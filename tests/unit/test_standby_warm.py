@@ -55,7 +55,7 @@ async def _ended_world(world: World) -> list[JobId]:
     waiting = await _waiting_world(world)
     world.clock.now += 11.0
     await world.reconciler.tick(None)
-    await world._sync()
+    await world.caught_up()
     return waiting
 
 
@@ -71,7 +71,7 @@ async def test_standing_by_writes_nothing_and_the_first_cycle_admits_what_a_cold
 
         results = [await warm.run_cycle(None), await cold.run_cycle(None)]
         assert [(r.admitted, r.waiting) for r in results] == [(2, 2), (2, 2)]
-        await warm_world._sync()
-        await cold_world._sync()
+        await warm_world.caught_up()
+        await cold_world.caught_up()
         phases = [[(await w.job(j)).phase for j in waiting] for w in (warm_world, cold_world)]
         assert phases[0] == phases[1]

@@ -200,7 +200,7 @@ async def test_a_cycle_writes_at_most_its_share_and_the_next_cycles_the_rest(
             await submit(world, a_job(f"j{n:03d}", gpus=4, queued_at_s=1000.0 + n))
         written = []
         for _ in range(4):
-            await world._sync()
+            await world.caught_up()
             await world.scheduler.run_cycle(None)
             written.append(len(await world.store.list_wait_reasons()))
         # The third cycle reads what the second did (it admitted nothing): only the reasons left
