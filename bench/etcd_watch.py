@@ -24,6 +24,10 @@ measures this process's CPU (`time.process_time`) an event, three ways:
                                           # handed in (create, phase change, rewrite), with the
                                           # cyclic collector off, and again with the summary built
 
+    python bench/etcd_watch.py --apply --depth 1000000
+                                          # and the list index alone with a million queued jobs:
+                                          # the oldest 2,000 moved to admitted, then rewritten
+
 `--apply` is the cache's own part of an event, without the watch, the decode and the collector,
 which the live figures carry too and which vary more from run to run.
 
@@ -43,18 +47,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.store.job_cache import JobCache  # noqa: E402
+from federation.store.job_cache_index import JobIndex  # noqa: E402
 from federation.store.job_store import (  # noqa: E402
     JOBS,
     PREFIX,
     JobEvent,
     JobEventType,
     KvStore,
+    Stored,
     _dumps,
     job_key,
 )
@@ -223,6 +230,37 @@ def apply_only(jobs: int, rounds: int) -> None:
             print(f"{name}_{kind}_us_per_event: {statistics.median(r[i] for r in runs):.2f} us")
 
 
+class _Head:
+    """What the index reads of a record, without building a million `JobRecord`s."""
+
+    __slots__ = ("job_id", "phase", "submitted_at_s", "tenant")
+
+    def __init__(self, i: int, phase: JobPhase) -> None:
+        self.job_id = f"d{i:08d}"
+        self.tenant = "alice" if i % 10 == 0 else "bob"
+        self.phase = phase
+        self.submitted_at_s = float(i)
+
+
+def index_at_depth(depth: int, moves: int = 2_000) -> None:
+    """CPU µs of `JobIndex.put` with `depth` queued jobs: the oldest leaving the queue (as a cycle's
+    admissions do, from the front of every view), then each written again in its new phase."""
+    index = JobIndex()
+    index.rebuild(Stored[Any](_Head(i, JobPhase.QUEUED), 1) for i in range(depth))
+    gc.collect()
+    gc.disable()
+    try:
+        for phase_revision, name in ((2, "move"), (3, "rewrite")):
+            batch = [Stored[Any](_Head(i, JobPhase.ADMITTED), phase_revision) for i in range(moves)]
+            began = time.process_time()
+            for stored in batch:
+                index.put(stored)
+            used = 1e6 * (time.process_time() - began) / moves
+            print(f"index_depth_{name}_us_per_event: {used:.2f} us")
+    finally:
+        gc.enable()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -231,10 +269,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--apply", action="store_true", help="the cache's apply alone, no etcd")
+    parser.add_argument("--depth", type=int, default=0, help="with --apply: the index at this depth")
     args = parser.parse_args()
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     rounds = args.rounds or (3 if args.quick else 5)
     if args.apply:
+        if args.depth:
+            print(f"index depth: {args.depth} queued jobs")
+            index_at_depth(args.depth)
         apply_only(jobs, rounds)
         return 0
     raw, decoded, cached, moved, rewritten = [], [], [], [], []
