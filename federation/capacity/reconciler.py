@@ -118,7 +118,7 @@ class CapacityReconciler:
         self._requests = tuple(requests)
         self._starts = dict(starts_at_s)
 
-    def annotate(self, waiting: Sequence[Waiting]) -> list[Waiting]:
+    def annotate(self, waiting: Sequence[Waiting]) -> Sequence[Waiting]:
         return annotate(waiting, self._notes)
 
     def with_scalable_pools(self, states: Sequence[ClusterState]) -> list[ClusterState]:

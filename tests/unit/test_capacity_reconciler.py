@@ -457,3 +457,16 @@ def test_an_operation_a_crashed_leader_recorded_but_never_applied_is_applied_by_
     assert world.nodes() == 6
     (stored,) = world.run(world.store.list_ops())
     assert stored.applied
+
+
+def test_with_no_word_to_add_the_placers_waits_are_handed_on_as_they_are() -> None:
+    # Not copied: a copy of a deep queue's waits held the event loop every cycle (issue 33).
+    from federation.capacity.track import annotate
+
+    waits = tuple(Waiting(JobId(f"j{i}"), ()) for i in range(3))
+    assert annotate(waits, {}) is waits
+    note = WaitReason(WaitCode.CAPACITY_FAILED, "quota")
+    marked = annotate(waits, {JobId("j1"): note})
+    assert [w.reasons for w in marked] == [(), (note,), ()]
+    assert marked[0] is waits[0]
+    assert marked[2] is waits[2]
