@@ -6,35 +6,20 @@ not the length of the queue (issue 30, item 15: alice's ListJobs p99 rose up to 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-
-import pytest
 
 from federation.store.job_cache import JobCache
-from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.job_store import KvStore
 from federation.store.jobs import DispatchRefusal, JobRecord
-from federation.store.kv_memory import MemoryKv
 from placement.model import ClusterName, JobPhase
 from tests.conftest import build_job
+from tests.unit.job_cache_fixtures import cache_fixture, store_fixture  # noqa: F401 (the `cache` and `store` fixtures)
 
 QUEUE = 2_000
 
 
-@pytest.fixture
-def store() -> KvStore:
-    return InMemoryJobStore(MemoryKv())
-
-
-@pytest.fixture
-async def cache(store: KvStore) -> AsyncIterator[JobCache]:
-    c = JobCache(store)
-    await c.start()
-    yield c
-    await c.stop()
-
-
 async def _put(store: KvStore, cache: JobCache, job: JobRecord) -> None:
     current = await store.get_job(job.job_id)
+    revision: int | None
     if current is None:
         stored, _ = await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
         revision = stored.mod_revision

@@ -5,27 +5,13 @@ revision rather than a new asyncio.Event at every revision it passes (issue 33).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 from federation.store.job_cache import JobCache
-from federation.store.job_store import InMemoryJobStore, KvStore
-from federation.store.kv_memory import MemoryKv
+from federation.store.job_store import KvStore
 from tests.conftest import build_job
-
-
-@pytest.fixture
-def store() -> KvStore:
-    return InMemoryJobStore(MemoryKv())
-
-
-@pytest.fixture
-async def cache(store: KvStore) -> AsyncIterator[JobCache]:
-    c = JobCache(store)
-    await c.start()
-    yield c
-    await c.stop()
+from tests.unit.job_cache_fixtures import cache_fixture, store_fixture  # noqa: F401 (the `cache` and `store` fixtures)
 
 
 async def _create(store: KvStore, name: str) -> int:

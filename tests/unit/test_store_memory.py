@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 
 import pytest
@@ -45,6 +45,7 @@ from placement.model import (
     WaitCode,
     WaitReason,
 )
+from tests.unit.job_cache_fixtures import cache_fixture  # noqa: F401 (the `cache` fixture)
 from tests.waits import LoopClock, until
 
 MakeJob = Callable[..., JobRecord]
@@ -87,14 +88,6 @@ def kv(clock: FakeClock) -> MemoryKv:
 @pytest.fixture
 def store(kv: MemoryKv) -> KvStore:
     return InMemoryJobStore(kv)
-
-
-@pytest.fixture
-async def cache(store: KvStore) -> AsyncIterator[JobCache]:
-    c = JobCache(store)
-    await c.start()
-    yield c
-    await c.stop()
 
 
 # ---- create_job and idempotency
