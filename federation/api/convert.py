@@ -6,7 +6,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.spec.training_job import render_manifest
-from federation.store.jobs import JobRecord, PhaseEvent
+from federation.store.jobs import JobRecord
 from placement.model import ClusterState, JobPhase, WaitReason
 
 _PHASES: dict[JobPhase, pb.JobPhase.ValueType] = {
@@ -37,12 +37,13 @@ def phase_name(value: pb.JobPhase.ValueType) -> str:
 
 def timestamp(at_s: float) -> Timestamp:
     ts = Timestamp()
-    ts.FromNanoseconds(int(at_s * 1e9))
+    _set_time(ts, at_s)
     return ts
 
 
-def _event_to_pb(e: PhaseEvent) -> pb.PhaseEvent:
-    return pb.PhaseEvent(phase=phase_to_pb(e.phase), at=timestamp(e.at_s), attempt=e.attempt, reason=e.reason)
+def _set_time(field: Timestamp, at_s: float) -> None:
+    """`field` (a message's own, filled in place) set to `at_s`, rounded as every timestamp here."""
+    field.FromNanoseconds(int(at_s * 1e9))
 
 
 def job_to_pb(job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
@@ -73,11 +74,11 @@ def job_to_pb(job: JobRecord, *, with_manifest: bool = False) -> pb.Job:
         dataset=str(spec.dataset) if spec.dataset else "",
         reason=job.reason,
     )
-    shown.submitted_at.FromNanoseconds(int(job.submitted_at_s * 1e9))
+    _set_time(shown.submitted_at, job.submitted_at_s)
     add_event = shown.events.add
     for e in job.events:
         event = add_event(phase=_PHASES[e.phase], attempt=e.attempt, reason=e.reason)
-        event.at.FromNanoseconds(int(e.at_s * 1e9))
+        _set_time(event.at, e.at_s)
     return shown
 
 

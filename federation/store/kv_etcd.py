@@ -392,11 +392,8 @@ class EtcdKv:
                             f"watch: etcd at {client.endpoint} sent {kv.key!r} to a watch of {prefix!r}; "
                             "watching again"
                         )
-                    # Positional, as `kv_from_pb`; the event's type is 0 for a put, 1 for a delete.
-                    yield WatchEvent(
-                        _DELETE if ev.type else _PUT,
-                        KeyValue(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease),
-                    )
+                    # The event's type is 0 for a put, 1 for a delete.
+                    yield WatchEvent(_DELETE if ev.type else _PUT, kv_from_pb(kv))
         except (rpc.AioRpcError, rpc.BaseError, TimeoutError) as e:
             raise self._watch_error(index, e) from e
         except StoreUnavailable:
