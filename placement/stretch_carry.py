@@ -108,7 +108,7 @@ class PlanCarry:
         self.made_afresh = 0
         # Gangs decided one by one and taken in stretches (`plan._Cycle.take_in_bulk`) by the plans
         # given this carry: a steady cycle over a deep queue that fits nowhere decides a few hundred
-        # one by one, whatever the depth (the server's metrics and the tests read them).
+        # one by one, whatever the depth (the tests and bench/depth_cycle.py read them).
         self.one_by_one = 0
         self.in_bulk = 0
 
