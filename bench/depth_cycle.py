@@ -88,6 +88,11 @@ class CycleCpu:
     steady_in_bulk: int = 0
     steady_stretches_edited: int = 0
     steady_stretches_afresh: int = 0
+    # A steady cycle's queue entries read whole: the gangs the plan compared place by place with the
+    # last plan's queue (`QueueCarry._changes`; none when it takes the scheduler's edits) and the
+    # requests copied into the scheduler's queue chunks (`GangRequests.queue_copied`).
+    steady_queue_compared: int = 0
+    steady_queue_copied: int = 0
 
 
 def _inventories() -> list[ClusterState]:
@@ -208,7 +213,19 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         change(record)
     cycle()
     plans, reasons = [], []
-    counted = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
+
+    def counts() -> tuple[int, ...]:
+        queue = carry.queue
+        return (
+            carry.one_by_one,
+            carry.in_bulk,
+            carry.carried,
+            carry.made_afresh,
+            queue.compared,
+            requests.queue_copied,
+        )
+
+    counted = counts()
     for k in range(steady_cycles):
         # One new submission, as scale_depth's cycle follows a SubmitJob.
         record = api_record(api_jobs + k, now)
@@ -217,11 +234,8 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         plan_ms, reasons_ms = cycle()
         plans.append(plan_ms)
         reasons.append(reasons_ms)
-    one_by_one, in_bulk, edited, afresh = (
-        (after - before) // steady_cycles
-        for before, after in zip(
-            counted, (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh), strict=True
-        )
+    one_by_one, in_bulk, edited, afresh, compared, copied = (
+        (after - before) // steady_cycles for before, after in zip(counted, counts(), strict=True)
     )
     totals = [p + r for p, r in zip(plans, reasons, strict=True)]
     return CycleCpu(
@@ -234,6 +248,8 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         steady_in_bulk=in_bulk,
         steady_stretches_edited=edited,
         steady_stretches_afresh=afresh,
+        steady_queue_compared=compared,
+        steady_queue_copied=copied,
     )
 
 
@@ -257,6 +273,8 @@ def figures(results: list[CycleCpu]) -> list[str]:
         lines.append(f"cycle_{r.queued}_steady_gangs_in_bulk: {r.steady_in_bulk} gangs")
         lines.append(f"cycle_{r.queued}_steady_stretches_edited: {r.steady_stretches_edited} stretches")
         lines.append(f"cycle_{r.queued}_steady_stretches_afresh: {r.steady_stretches_afresh} stretches")
+        lines.append(f"cycle_{r.queued}_steady_queue_compared: {r.steady_queue_compared} gangs")
+        lines.append(f"cycle_{r.queued}_steady_queue_copied: {r.steady_queue_copied} requests")
         lines.append(f"cycle_cpu_{r.queued}_steady_us_per_queued_job: {1000 * r.steady_ms / r.queued:.2f} us")
     shallow, deep = results[0], results[-1]
     lines.append(

@@ -12,6 +12,7 @@ built by older callers keep their meaning.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
@@ -316,7 +317,9 @@ class RunningGang:
 class Snapshot:
     """Everything one scheduling cycle decides from. Built by federation; read-only here."""
 
-    queued: tuple[GangRequest, ...]
+    # A tuple, or the scheduler's carried queue (`placement.queue_chunks.ChunkedQueue`: chunks of
+    # tuples, with the edits since the last cycle's queue, which a steady plan reads instead of it).
+    queued: Sequence[GangRequest]
     running: tuple[RunningGang, ...]
     tenants: tuple[TenantQuota, ...]
     clusters: tuple[ClusterState, ...]

@@ -26,7 +26,7 @@ after cycle). Otherwise the stretch is made afresh and kept for the next cycle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import islice
 from operator import attrgetter, eq, ne
 from typing import Final
@@ -112,7 +112,7 @@ class PlanCarry:
         self.one_by_one = 0
         self.in_bulk = 0
 
-    def begin(self, queued: tuple[GangRequest, ...], between: Callable[[], None] | None = None) -> None:
+    def begin(self, queued: Sequence[GangRequest], between: Callable[[], None] | None = None) -> None:
         """A plan over `queued` starts: what the last one made is what this one may edit."""
         self._kept, self._made = self._made, {}
         self.queue.begin(queued, between)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain, islice
 from operator import itemgetter
 
 from clusters.api import GangStatus
@@ -36,6 +35,7 @@ from placement.model import (
     Snapshot,
     TenantId,
 )
+from placement.queue_chunks import ChunkedQueue, QueueChunks
 from placement.reserve import PendingGang, reserve_pending
 from placement.set_affinity import SetStores, set_key
 from placement.stretch_carry import PlanCarry
@@ -247,9 +247,18 @@ class GangRequests:
         self._held: frozenset[str] = frozenset()
         # Jobs in the queue by tenant, for the queue-depth gauge.
         self._depth: dict[str, int] = {}
+        # The queue handed to the placer, in chunks edited by the carry's changes (`queue_chunks`):
+        # made afresh with `_carry_all`, edited by `_carry_changes`.
+        self._chunks = QueueChunks()
         # What the placer's last plan over this queue kept for the next (`placement.plan`'s `carry`:
         # the plan is the same without it).
         self.plan_carry = PlanCarry()
+
+    @property
+    def queue_copied(self) -> int:
+        """Requests copied into the queue's chunks so far (`queue_chunks.QueueChunks.copied`): a steady
+        cycle copies the chunks its changes touch (for tests and benchmarks)."""
+        return self._chunks.copied
 
     def get(self, job: JobRecord, inputs: PlacerInputs) -> GangRequest:
         hit = self._built.get(job.job_id)
@@ -331,7 +340,9 @@ class GangRequests:
 
         A deep queue's cycle read every record and built a list of every queued job's request, about
         1 µs a job (half a second of CPU at a million queued); carried, a cycle costs the jobs that
-        changed, the jobs in flight and the queue's tuple, made at C level. Whatever feeds a request or
+        changed and the jobs in flight. The queue handed on is in chunks (`placement.queue_chunks`):
+        a change copies its chunk, and the placer reads the edits rather than the queue (its tuple,
+        made each cycle, was 24 ms at a million). Whatever feeds a request or
         the queue's membership besides the record is in `inputs` (settings, users, approvals: all
         rebuilt when its version changes), or is read here from the jobs (the inputs awaited from a
         live job, held out of the queue); a cancel request is on the record. An exception half-way
@@ -340,13 +351,15 @@ class GangRequests:
         if changed is None or not carried or inputs.version != self._version:
             departed: set[JobId] | None = None
             self._carry_all(every(), inputs, between)
+            self._chunks.reset(map(_REQUEST, self._built.values()))
         else:
             departed = self._carry_changes(changed, inputs)
         self._forget_kinds()
         self._version = inputs.version
+        requests = self._chunks.queue()
         self._carried = True
         return CarriedQueue(
-            requests=_queue_of(self._built, between),
+            requests=requests,
             placed=list(self._placed.values()),
             depth=dict(self._depth),
             departed=departed,
@@ -440,12 +453,14 @@ class GangRequests:
             return
         if hit is None:
             self._depth[job.tenant] = self._depth.get(job.tenant, 0) + 1
-        self._build(job, inputs)
+        request = self._build(job, inputs)
+        self._chunks.edit(job.job_id, None if hit is None else hit[2], request)
 
     def _leave(self, job_id: JobId, departed: set[JobId]) -> None:
         hit = self._built.pop(job_id, None)
         if hit is None:
             return
+        self._chunks.edit(job_id, hit[2], None)
         departed.add(job_id)
         tenant = hit[0].tenant
         left = self._depth[tenant] - 1
@@ -456,31 +471,15 @@ class GangRequests:
 
 
 _REQUEST = itemgetter(2)
-# Requests read into the queue's tuple between two calls of `between` (`_queue_of`).
-_QUEUE_RUN = 1 << 16
-
-
-def _queue_of(
-    built: Mapping[JobId, tuple[JobRecord, int, GangRequest]], between: Callable[[], None] | None
-) -> tuple[GangRequest, ...]:
-    """The requests of `built`, in its order. One C-level call made the tuple of a million in 24 ms,
-    holding the GIL throughout (no API call ran); read in runs of `_QUEUE_RUN` with `between` after
-    each, only the last copy (a pointer copied and a count written per request) holds it at once."""
-    if between is None or len(built) <= _QUEUE_RUN:
-        return tuple(map(_REQUEST, built.values()))
-    requests = map(_REQUEST, built.values())
-    runs: list[list[GangRequest]] = []
-    while run := list(islice(requests, _QUEUE_RUN)):
-        runs.append(run)
-        between()
-    return tuple(chain.from_iterable(runs))
 
 
 @dataclass(frozen=True, slots=True)
 class CarriedQueue:
     """The placer's queue as `GangRequests.carry` left it."""
 
-    requests: tuple[GangRequest, ...]
+    # In chunks, with the edits since the last carry's (`placement.queue_chunks`): the placer's queue
+    # carry takes those, and no pass over the queue is made.
+    requests: ChunkedQueue
     # Live jobs not queued (running, pending on a cluster): what the snapshot reads besides the queue.
     placed: list[JobRecord]
     # Queued jobs by tenant.
@@ -592,7 +591,14 @@ def snapshot_from(
     usage = usage or {}
     mates = set_mates_stores(placed, inventories)
     # Most cycles place no set member: then no request is widened, and none is asked (a call per job).
-    queued = tuple(map(mates.widened, queued_requests)) if mates.placed_any() else tuple(queued_requests)
+    # The carried queue is handed on as it is: its edits since the last cycle are what the placer reads.
+    queued: Sequence[GangRequest]
+    if mates.placed_any():
+        queued = tuple(map(mates.widened, queued_requests))
+    elif isinstance(queued_requests, tuple | ChunkedQueue):
+        queued = queued_requests
+    else:
+        queued = tuple(queued_requests)
     running = []
     for job in placed:
         cluster = job.placement.cluster if job.placement is not None else None

@@ -22,6 +22,7 @@ from clusters.memory import InMemoryCluster
 from federation.store.job_store import InMemoryJobStore
 from federation.store.records import ClusterRecord, PoolConfig, TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, Provider, TenantId
+from placement.queue_chunks import CHUNK
 from tests.unit.reconcile_world import Clock, World, wired_world
 
 QUEUED = 8_000
@@ -85,7 +86,12 @@ async def _steady_cycles_carry(world: World) -> None:
         await store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
         await world.caught_up()
         before = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
+        compared, copied = carry.queue.compared, scheduler._requests.queue_copied
         result = await scheduler.run_cycle(None)
+        # The queue is handed on as its edits: no gang compared with the last queue, and only the
+        # chunks the submission touched copied (`placement.queue_chunks`).
+        assert carry.queue.compared == compared, cycle
+        assert scheduler._requests.queue_copied - copied <= CHUNK, cycle
         one_by_one, in_bulk, edited, afresh = (
             after - was
             for was, after in zip(
@@ -120,3 +126,6 @@ def test_the_cycle_as_the_server_runs_it_decides_few_gangs_one_by_one_at_depth()
     assert measured.steady_one_by_one < 2_000, measured
     assert measured.steady_stretches_edited > 0, measured
     assert measured.steady_stretches_afresh == 0, measured
+    # Nothing read the whole queue to find what changed in it: the scheduler's edits were taken.
+    assert measured.steady_queue_compared == 0, measured
+    assert 0 < measured.steady_queue_copied <= 2 * CHUNK, measured
