@@ -21,13 +21,19 @@ class EtcdStatus:
 
 
 def etcdctl(endpoint: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(etcdctl_binary()), f"--endpoints={endpoint}", "--command-timeout=10s", *args],
-        check=check,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    try:
+        return subprocess.run(
+            [str(etcdctl_binary()), f"--endpoints={endpoint}", "--command-timeout=10s", *args],
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.CalledProcessError as error:
+        # The exit status alone does not say why (a timeout, a message too large, etcd gone): etcdctl
+        # says it on stderr, and a failed recount must carry that into the traceback.
+        error.add_note(f"etcdctl stderr: {error.stderr.strip()[-2000:]}")
+        raise
 
 
 def endpoint_status(endpoint: str) -> EtcdStatus:
