@@ -300,7 +300,9 @@ def _command(value: object, path: str) -> tuple[str, ...]:
 
 def _image(value: object, path: str) -> str:
     text = _string(value, path)
-    if not text or len(text) > MAX_IMAGE_CHARS or not text.isprintable() or any(c.isspace() for c in text):
+    # `split()` breaks at exactly what `isspace` calls whitespace: a one-piece split equal to the
+    # text has none (a generator over the characters cost more than the rest of the task's checks).
+    if not text or len(text) > MAX_IMAGE_CHARS or not text.isprintable() or text.split() != [text]:
         raise InvalidSpec(
             path,
             f"must be a container image reference: 1 to {MAX_IMAGE_CHARS} characters without whitespace, "
@@ -766,5 +768,10 @@ def manifest_digest(spec: TrainingJobSpec) -> str:
     Hashed as compact JSON rather than as `render_manifest`'s YAML, so that a PyYAML upgrade that
     changes how text is laid out cannot make a retried submission look like a different job.
     """
-    canonical = json.dumps(_canonical(spec), ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    canonical = _DIGEST_ENCODE(_canonical(spec))
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+# `manifest_digest`'s encoder, kept (`json.dumps` builds one at every call with these arguments):
+# the same arguments, the same text.
+_DIGEST_ENCODE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
