@@ -68,7 +68,7 @@ from federation.spec.validate import free_text, name_field
 from federation.store.idempotent_retry import accepted_before
 from federation.store.intervals import LedgerInterval
 from federation.store.job_cache import JobCache
-from federation.store.job_store import JobStore, Stored
+from federation.store.job_store import JobStore, Stored, idempotency_digest
 from federation.store.jobs import JobRecord
 from federation.store.records import SchedulingSettings, TenantRecord, UserRecord
 from federation.store.schema_version import SchemaTooNew
@@ -311,6 +311,10 @@ class JobService(pb_grpc.JobServiceServicer):
             await self._datasets.check(tenant, spec.dataset, settings)
         now = self._clock()
         for attempt in range(1, JOB_ID_DRAWS + 1):
+            # Without a client key every call is its own submission: key it by 128 random bits.
+            # Not by the job id, whose random bits can draw a live job's: that job's key would
+            # then answer this submission as a retry of it, and the new job would never be made.
+            idempotency_key = key or f"auto:{secrets.token_hex(16)}"
             job = JobRecord(
                 job_id=_new_job_id(spec.name),
                 tenant=tenant,
@@ -320,13 +324,12 @@ class JobService(pb_grpc.JobServiceServicer):
                 submitted_at_s=now,
                 queued_at_s=now,
                 priority=priority,
+                # What the store names the record's key by: given here, the record is not copied there.
+                idempotency_digest=idempotency_digest(idempotency_key),
             )
             try:
-                # Without a client key every call is its own submission: key it by 128 random bits.
-                # Not by the job id, whose random bits can draw a live job's: that job's key would
-                # then answer this submission as a retry of it, and the new job would never be made.
                 stored, created = await self._store.create_job(
-                    job, idempotency_key=key or f"auto:{secrets.token_hex(16)}", manifest_digest=digest
+                    job, idempotency_key=idempotency_key, manifest_digest=digest
                 )
                 break
             except JobIdTaken:
@@ -358,7 +361,7 @@ class JobService(pb_grpc.JobServiceServicer):
         if record is None:
             raise InvalidSpec("spec.tenant", f"tenant {tenant!r} does not exist")
         priority = check_priority_class(who, record, settings, spec.priority_class)
-        spec = check_submission(replace(spec, tenant=tenant), record, settings)
+        spec = check_submission(spec, record, settings, acting=tenant)
         if self._secrets is not None:
             await self._secrets.check(tenant, spec)
         if spec.outputs:
