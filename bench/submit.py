@@ -23,7 +23,12 @@ accepted job id is then looked up through the API to prove none was lost.
                                                       # --role scheduler server leads
     python bench/submit.py --quick --py-spy /tmp/venv/bin/py-spy --profile-out prof.txt
                                                       # py-spy's raw stacks of the server taking
-                                                      # submissions, during the load
+                                                      # submissions, during the load (with each
+                                                      # thread's id: the CPU each thread of that
+                                                      # process used is printed, `cpu: ... thread`)
+    python bench/submit.py --quick --whoami           # the same calls to WhoAmI: what gRPC and the
+                                                      # per-call wrapper cost the server, without
+                                                      # a submission
 
 What it measures against, in the same run and on the same etcd, before the submissions (the servers
 idle): etcd's own rate through the project's etcd client (aetcd, the server's), 64 requests in
@@ -134,6 +139,9 @@ spec:
 
 
 SUBMIT_METHOD = "/gpufed.v1.JobService/SubmitJob"
+# --whoami: the same calls to the cheapest authenticated method, for the server's cost of a call
+# without a submission (gRPC, the per-call wrapper: authentication, metrics).
+WHOAMI_METHOD = "/gpufed.v1.FederationService/WhoAmI"
 # Room in each request for its idempotency key: a run's prefix, the client's index and a counter.
 KEY_LENGTH = 32
 
@@ -173,6 +181,7 @@ def _client_process(
     dataset: bool,
     key_prefix: str,
     out: mp.Queue,  # type: ignore[type-arg]
+    whoami: bool = False,
 ) -> None:
     """One client process: `concurrency` submissions in flight at once on one asyncio channel.
 
@@ -191,6 +200,8 @@ def _client_process(
     # What GpufedClient sends: the user's YAML read here and sent as JSON (--yaml: sent as written).
     text = MANIFEST + ("  dataset: imagenet@2012\n" if dataset else "")
     request = request_bytes(text if send_yaml else wire_manifest(text))
+    if whoami:
+        request = lambda _key: b""  # noqa: E731 (an empty WhoAmIRequest)
     counter = iter(range(10**12))
     digits = KEY_LENGTH - len(key_prefix)
 
@@ -205,7 +216,7 @@ def _client_process(
         ]
         try:
             submits: list[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = [
-                channel.unary_unary(SUBMIT_METHOD) for channel in opened
+                channel.unary_unary(WHOAMI_METHOD if whoami else SUBMIT_METHOD) for channel in opened
             ]
             for channel in opened:
                 await channel.channel_ready()
@@ -240,7 +251,10 @@ def _client_process(
     cpu_at_start: list[float] = []
     cpu_at_end: list[float] = []
     asyncio.run(run())
-    ids = [pb.SubmitJobResponse.FromString(reply).job_id for reply in replies]
+    ids = [
+        f"whoami-{i}" if whoami else pb.SubmitJobResponse.FromString(reply).job_id
+        for i, reply in enumerate(replies)
+    ]
     # The client's own CPU during the load: whether the clients, on the same cores, could offer more.
     out.put((latencies, ids, errors, cpu_at_end[0] - cpu_at_start[0]))
 
@@ -305,6 +319,35 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU each of a process's threads has used so far, by name and thread id (Linux /proc): gRPC's
+    core threads (`event_engine`) are seen by no sampling profiler, and py-spy's `--threads` names
+    the Python threads (all `python` here) by the same ids."""
+    used: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        name = f"{'the event loop' if int(task.name) == pid else name} ({task.name})"
+        used[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
+
+
+def _etcd_requests(client_url: str) -> Counter[str]:
+    """etcd's handled gRPC requests so far, by method (its /metrics; watch streams not counted)."""
+    import urllib.request
+
+    counts: Counter[str] = Counter()
+    with urllib.request.urlopen(f"{client_url}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("grpc_server_handled_total{") and 'grpc_type="unary"' in line:
+                method = line.split('grpc_method="', 1)[1].split('"', 1)[0]
+                counts[method] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
 def _rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -364,6 +407,11 @@ def main() -> int:
         default=0,
         help="each server with this many API worker processes on its port (gpufed serve --api-workers)",
     )
+    parser.add_argument(
+        "--whoami",
+        action="store_true",
+        help="call WhoAmI instead of SubmitJob: what a call costs the server without a submission",
+    )
     parser.add_argument("--yaml", action="store_true", help="send the YAML as written instead of JSON")
     parser.add_argument(
         "--dataset", action="store_true", help="every job names a dataset (from the config's datasets:)"
@@ -390,6 +438,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--profile-out", default="submit-profile.txt", help="where --py-spy writes its raw stacks"
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="with --py-spy: C frames too (py-spy then pauses the server at each sample, so it runs"
+        " many times slower: read shares from it, never rates or CPU)",
     )
     args = parser.parse_args()
     if args.split:
@@ -462,6 +516,7 @@ def main() -> int:
                         args.dataset,
                         f"{run_id}-{i}-",
                         out,
+                        args.whoami,
                     ),
                 )
                 for i in range(args.processes)
@@ -485,7 +540,10 @@ def main() -> int:
             profiler = None
             profiled = targets[0].proc
             if args.py_spy and profiled is not None:
-                record = ("record", "--pid", str(profiled.pid), "--format", "raw", "--nonblocking")
+                record = ("record", "--pid", str(profiled.pid), "--format", "raw", "--threads")
+                # py-spy reads C stacks only with the process paused at each sample: it costs the
+                # server time (rate and CPU figures of such a run are not comparable), not shares.
+                record += ("--native",) if args.native else ("--nonblocking",)
                 duration = ("--rate", "200", "--duration", str(max(1, int(seconds))), "-o", args.profile_out)
                 profiler = subprocess.Popen(
                     [args.py_spy, *record, *duration],
@@ -493,13 +551,20 @@ def main() -> int:
                     stderr=subprocess.DEVNULL,
                 )
             cpu_before = {name: _cpu_seconds(pid) for name, pid in watched.items() if pid}
+            profiled_pid = profiled.pid if profiled is not None else None
+            threads_before = {} if profiled_pid is None else _thread_cpu_seconds(profiled_pid)
             scheduler_before = sum(server_metrics.cycles(port)[2] for port in metrics_ports)
+            etcd_before = _etcd_requests(etcd.client_url)
             results = [out.get(timeout=seconds + 120) for _ in procs]
             cpu_used = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in watched.items() if pid}
+            threads_used = {} if profiled_pid is None else _thread_cpu_seconds(profiled_pid)
+            for name, before in threads_before.items():
+                threads_used[name] = threads_used.get(name, 0.0) - before
             rss_mib = {
                 name: _rss_mib(pid) for name, pid in watched.items() if pid and name.startswith("server")
             }
             scheduler_used = sum(server_metrics.cycles(port)[2] for port in metrics_ports) - scheduler_before
+            etcd_requests = _etcd_requests(etcd.client_url) - etcd_before
             if profiler is not None:
                 profiler.wait(timeout=120)
             for p in procs:
@@ -515,7 +580,7 @@ def main() -> int:
                 # Proof that the leader scheduled all along (a throughput bought by an idle
                 # scheduler would mean nothing): how far the accepted jobs got by the end.
                 phases = Counter(pb.JobPhase.Name(j.phase).removeprefix("JOB_PHASE_") for j in listed)
-                missing = [j for j in accepted if j not in stored]
+                missing = [] if args.whoami else [j for j in accepted if j not in stored]
                 # The list is served from the cache; confirm any stragglers straight from etcd.
                 missing = [j for j in missing if not _exists(admin, j)]
         finally:
@@ -534,6 +599,9 @@ def main() -> int:
             f" {1000 * used / max(len(accepted), 1):.2f} ms per accepted job)"
         )
     server_cpu = sum(used for name, used in cpu_used.items() if name.startswith("server"))
+    for name, used in sorted(threads_used.items(), key=lambda item: -item[1]):
+        if used >= 0.05:
+            print(f"cpu: the first serving process's thread {name} used {used:.2f} s")
     print(
         f"cpu: the scheduling cycles (snapshot and plan) used {scheduler_used:.1f} s of it"
         f" ({100 * scheduler_used / max(server_cpu, 1e-9):.0f}% of the servers' CPU)"
@@ -547,12 +615,18 @@ def main() -> int:
     for name, rss in rss_mib.items():
         print(f"rss: {name} {rss:.0f} MiB at the end")
     print(f"accepted: {len(accepted)}, errors: {errors}, lost: {len(missing)}")
+    print(
+        "etcd requests during the load (every server's, the leader's own included): "
+        + ", ".join(f"{method} {n}" for method, n in etcd_requests.most_common())
+    )
     print("phases at the end: " + ", ".join(f"{n} {phase}" for phase, n in sorted(phases.items())))
     print(f"submit_throughput: {len(accepted) / seconds:.0f} jobs/s")
     print(f"submit_p50_latency: {1000 * statistics.median(latencies):.1f} ms")
     print(f"submit_p99_latency: {1000 * _percentile(latencies, 0.99):.1f} ms")
     print(f"submit_clients_in_flight: {clients} requests")
     print(f"submit_server_cpu_per_job: {1000 * server_cpu / max(len(accepted), 1):.2f} ms")
+    loop_thread = sum(used for name, used in threads_used.items() if name.startswith("the event loop"))
+    print(f"submit_event_loop_cpu_per_job: {1000 * loop_thread / max(len(accepted), 1):.2f} ms")
     print(f"submit_scheduler_cpu_share: {100 * scheduler_used / max(server_cpu, 1e-9):.0f} percent")
     # What a core would carry at these costs: a busy machine lowers the rate, much less the cost. A
     # server is one Python process (one core's worth, give or take gRPC's own threads); the clients
@@ -576,6 +650,7 @@ def main() -> int:
     if args.api_workers:
         workers_rss = [rss for name, rss in rss_mib.items() if "-worker" in name]
         print(f"submit_api_worker_rss_mib: {statistics.mean(workers_rss):.0f} MiB")
+    print(f"submit_etcd_requests_per_job: {sum(etcd_requests.values()) / max(len(accepted), 1):.3f} requests")
     print(f"submit_jobs_per_client_cpu_s: {len(accepted) / max(cpu_used['clients'], 1e-9):.0f} jobs/s")
     print(f"submit_errors: {errors} requests")
     print(f"submit_lost_jobs: {len(missing)} jobs")
