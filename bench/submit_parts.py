@@ -6,7 +6,12 @@ No etcd and no gRPC server: what one submission's own pieces cost, for A/B runs 
 - `etcd_txn_build_us`: a submission's etcd transaction (2 compares, 2 puts, 2 reads) as a
   protobuf request (`kv_etcd._txn_to_pb`);
 - `job_to_pb_us`: a reply's job message for a queued job with two phase events (`convert.job_to_pb`);
-- `log_line_us`: the `job_submitted` line, JSON, written to a file (`federation.logs`).
+- `log_line_us`: the `job_submitted` line, JSON, written to a file (`federation.logs`);
+- `parse_manifest_us`: bench/submit.py's manifest (as its client sends it, JSON) read and validated;
+- `submit_handler_us`: a whole `JobService.SubmitJob` as gRPC calls it, 8 in flight, over the
+  in-memory store (the real `KvStore`, group commit and job cache over a `MemoryKv`): the per-call
+  wrapper (authentication, metrics), the checks, the record's encoding, the log line and the reply.
+  Neither gRPC nor etcd: what the servicer's own Python costs a submission, in one process.
 
     python bench/submit_parts.py            # 5 rounds of 20,000
     python bench/submit_parts.py --quick    # 3 rounds of 5,000
@@ -17,7 +22,9 @@ Each figure is the median of the rounds, in process CPU (`time.process_time`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import os
 import statistics
 import sys
 import tempfile
@@ -30,12 +37,28 @@ sys.path.insert(0, str(ROOT))
 
 import structlog  # noqa: E402
 
+from bench.submit import MANIFEST  # noqa: E402
 from federation.api import convert  # noqa: E402
+from federation.api.service import JobService  # noqa: E402
+from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
+from federation.datasets.check import DatasetCheck  # noqa: E402
+from federation.datasets.registry import DatasetRegistry  # noqa: E402
 from federation.logs import configure_logging  # noqa: E402
+from federation.metrics import Metrics  # noqa: E402
+from federation.runtime.server import TenantDirectory  # noqa: E402
+from federation.security.auth import Authenticator  # noqa: E402
+from federation.spec.manifest_text import wire_manifest  # noqa: E402
+from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES  # noqa: E402
+from federation.spec.training_job import parse_manifest  # noqa: E402
 from federation.store import kv_etcd  # noqa: E402
+from federation.store.job_cache import JobCache  # noqa: E402
+from federation.store.job_store import KvStore  # noqa: E402
 from federation.store.jobs import PhaseEvent  # noqa: E402
 from federation.store.kv import Compare, Get, Put  # noqa: E402
-from placement.model import JobPhase  # noqa: E402
+from federation.store.kv_memory import MemoryKv  # noqa: E402
+from federation.store.records import Role, TenantRecord, UserRecord  # noqa: E402
+from federation.store.written import CHECK_ENV  # noqa: E402
+from placement.model import JobPhase, TenantId  # noqa: E402
 from tests.conftest import build_job  # noqa: E402
 
 
@@ -48,6 +71,70 @@ def timed(one: Callable[[], object], n: int, rounds: int) -> float:
             one()
         figures.append(1e6 * (time.process_time() - began) / n)
     return statistics.median(figures)
+
+
+class _Context:
+    """What `CallHandlers` reads of a gRPC call's context."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"submission refused: {code} {details}")
+
+
+async def _submit_handler_us(n: int, rounds: int, in_flight: int = 8) -> float:
+    """Median µs of process CPU a `SubmitJob`, `in_flight` at once (each round n submissions)."""
+    # As a server runs: not with the test suite's check of every record taken back from the watch
+    # (tests/conftest.py, imported above for `build_job`, turns it on for the whole process).
+    checking = os.environ.pop(CHECK_ENV, None)
+    try:
+        store = KvStore(MemoryKv())
+    finally:
+        if checking is not None:
+            os.environ[CHECK_ENV] = checking
+    # bench/submit.py's tenant, with room for every round's jobs in its queue and rate.
+    await store.put_tenant(
+        TenantRecord(TenantId("t0"), max_queued_jobs=10**9, submit_rate_per_s=1e9, submit_burst=10**9)
+    )
+    await store.put_user(UserRecord("u0", TenantId("t0"), Role.MEMBER))
+    await store.put_token("token-u0", "u0")
+    cache = JobCache(store)
+    await cache.start()
+    service = JobService(
+        store=store,
+        cache=cache,
+        auth=Authenticator(store),
+        metrics=Metrics(),
+        tenants=TenantDirectory(store),
+        datasets=DatasetCheck(DatasetRegistry(store.kv)),
+    )
+    context = _Context("token-u0")
+    wire = wire_manifest(MANIFEST)
+    counter = iter(range(10**12))
+
+    async def submitter(count: int) -> None:
+        for _ in range(count):
+            request = pb.SubmitJobRequest(manifest=wire, idempotency_key=f"key-{next(counter):024d}")
+            reply = await service.SubmitJob(request, context)  # type: ignore[arg-type]
+            assert reply.created
+
+    try:
+        await submitter(50)  # imports, the token's resolution and the tenant's first read
+        figures = []
+        for _ in range(rounds):
+            began = time.process_time()
+            await asyncio.gather(*(submitter(n // in_flight) for _ in range(in_flight)))
+            figures.append(1e6 * (time.process_time() - began) / (in_flight * (n // in_flight)))
+        return statistics.median(figures)
+    finally:
+        await cache.stop()
 
 
 def main() -> int:
@@ -86,10 +173,25 @@ def main() -> int:
             sys.stderr = saved_stderr
             structlog.configure(**saved_config)
 
+        wire = wire_manifest(MANIFEST)
+        parse_us = timed(
+            lambda: parse_manifest(wire, priority_classes=DEFAULT_PRIORITY_CLASSES.keys()), n, rounds
+        )
+        # The handler's log lines go to the same file as the timed line's.
+        sys.stderr = out
+        try:
+            configure_logging(json=True)
+            handler_us = asyncio.run(_submit_handler_us(n, rounds))
+        finally:
+            sys.stderr = saved_stderr
+            structlog.configure(**saved_config)
+
     print(f"rounds: {rounds} of {n}")
     print(f"etcd_txn_build_us: {txn_us:.2f} us")
     print(f"job_to_pb_us: {pb_us:.2f} us")
     print(f"log_line_us: {log_us:.2f} us")
+    print(f"parse_manifest_us: {parse_us:.2f} us")
+    print(f"submit_handler_us: {handler_us:.2f} us")
     return 0
 
 
