@@ -27,6 +27,9 @@ class Metrics:
         self.jobs_submitted = Counter(
             "gpufed_jobs_submitted_total", "Jobs accepted by SubmitJob", ["tenant"], registry=r
         )
+        # Bound children of the two metrics every submission touches (`observe_call`, `job_submitted`).
+        self._latency_children: dict[tuple[str, str], Histogram] = {}
+        self._submitted_children: dict[str, Counter] = {}
         self.submissions_refused = Counter(
             "gpufed_submissions_refused_total",
             "Submissions refused before anything was stored: reason queue_full (maxQueuedJobs) or "
@@ -109,7 +112,19 @@ class Metrics:
         in_flight.set_function(lambda: self.calls_in_flight)
 
     def observe_call(self, method: str, code: str, seconds: float) -> None:
-        self.api_latency.labels(method=method, code=code).observe(seconds)
+        # Each (method, code)'s child kept: `labels()` takes a lock and checks its labels at every
+        # call, every API call pays it, and the children are never removed.
+        child = self._latency_children.get((method, code))
+        if child is None:
+            child = self._latency_children[(method, code)] = self.api_latency.labels(method=method, code=code)
+        child.observe(seconds)
+
+    def job_submitted(self, tenant: str) -> None:
+        """One more job accepted for `tenant` (`gpufed_jobs_submitted_total`)."""
+        child = self._submitted_children.get(tenant)
+        if child is None:
+            child = self._submitted_children[tenant] = self.jobs_submitted.labels(tenant=tenant)
+        child.inc()
 
     def set_queue_depth(self, by_tenant: Mapping[str, int]) -> None:
         # Tenants whose queue emptied must read 0, not keep their last value.

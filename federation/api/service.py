@@ -338,7 +338,7 @@ class JobService(pb_grpc.JobServiceServicer):
                 if attempt == JOB_ID_DRAWS:
                     raise
         if created:
-            self._metrics.jobs_submitted.labels(tenant=tenant).inc()
+            self._metrics.job_submitted(tenant)
             log.info("job_submitted", job_id=stored.value.job_id, tenant=tenant, user=who.user)
         else:
             self._rate_limiter.refund(tenant)

@@ -57,18 +57,26 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
 
 
+def _principal(user: UserRecord) -> Principal:
+    return Principal(
+        user=user.name, tenant=user.tenant, role=user.role, max_priority_class=user.max_priority_class
+    )
+
+
 class Authenticator:
     def __init__(self, store: JobStore, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._clock = clock
-        self._cache: dict[str, tuple[float, UserRecord]] = {}
+        # By token: when it was resolved, and its user's Principal (made once a resolution, not at
+        # every call).
+        self._cache: dict[str, tuple[float, Principal]] = {}
         # Failed authentications per peer, checked before a lookup of a token new to this server.
         self.limits = AuthLimits(clock=clock)
 
     def issued(self, token: str, user: UserRecord) -> None:
         """A token this server just stored: it works on its first call, resolved as a known token
         is (so not behind its address's failed-authentication gate either)."""
-        self._cache[token] = (self._clock(), user)
+        self._cache[token] = (self._clock(), _principal(user))
 
     async def authenticate(
         self,
@@ -91,14 +99,10 @@ class Authenticator:
         now = self._clock()
         hit = self._cache.get(token)
         if hit is not None and now - hit[0] < min(max_age_s, TOKEN_CACHE_TTL_S):
-            user = hit[1]
-        else:
-            user = await self._resolve(token, now, known=hit is not None, peer=peer)
-        return Principal(
-            user=user.name, tenant=user.tenant, role=user.role, max_priority_class=user.max_priority_class
-        )
+            return hit[1]
+        return await self._resolve(token, now, known=hit is not None, peer=peer)
 
-    async def _resolve(self, token: str, now: float, *, known: bool, peer: str) -> UserRecord:
+    async def _resolve(self, token: str, now: float, *, known: bool, peer: str) -> Principal:
         token_id = token_hash(token)[:TOKEN_ID_DIGITS]
         # A token this server resolved before (its entry only aged out) is re-checked without the
         # peer's failed-authentication gate: strangers flooding from the same address (one NAT, one
@@ -137,8 +141,9 @@ class Authenticator:
             raise Unauthenticated("unknown or revoked token")
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[token] = (now, resolved)
-        return resolved
+        principal = _principal(resolved)
+        self._cache[token] = (now, principal)
+        return principal
 
 
 # ---- job authorization: members act within their tenant; admins anywhere; infra reads everything.
