@@ -93,6 +93,8 @@ class CycleCpu:
     # requests copied into the scheduler's queue chunks (`GangRequests.queue_copied`).
     steady_queue_compared: int = 0
     steady_queue_copied: int = 0
+    # And the waits the reasons' comparison read one by one (`Scheduler.waits_compared`).
+    steady_waits_compared: int = 0
 
 
 def _inventories() -> list[ClusterState]:
@@ -223,6 +225,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
             carry.made_afresh,
             queue.compared,
             requests.queue_copied,
+            scheduler.waits_compared,
         )
 
     counted = counts()
@@ -234,7 +237,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         plan_ms, reasons_ms = cycle()
         plans.append(plan_ms)
         reasons.append(reasons_ms)
-    one_by_one, in_bulk, edited, afresh, compared, copied = (
+    one_by_one, in_bulk, edited, afresh, compared, copied, waits_compared = (
         (after - before) // steady_cycles for before, after in zip(counted, counts(), strict=True)
     )
     totals = [p + r for p, r in zip(plans, reasons, strict=True)]
@@ -250,6 +253,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
         steady_stretches_afresh=afresh,
         steady_queue_compared=compared,
         steady_queue_copied=copied,
+        steady_waits_compared=waits_compared,
     )
 
 
@@ -275,6 +279,7 @@ def figures(results: list[CycleCpu]) -> list[str]:
         lines.append(f"cycle_{r.queued}_steady_stretches_afresh: {r.steady_stretches_afresh} stretches")
         lines.append(f"cycle_{r.queued}_steady_queue_compared: {r.steady_queue_compared} gangs")
         lines.append(f"cycle_{r.queued}_steady_queue_copied: {r.steady_queue_copied} requests")
+        lines.append(f"cycle_{r.queued}_steady_waits_compared: {r.steady_waits_compared} waits")
         lines.append(f"cycle_cpu_{r.queued}_steady_us_per_queued_job: {1000 * r.steady_ms / r.queued:.2f} us")
     shallow, deep = results[0], results[-1]
     lines.append(

@@ -15,7 +15,7 @@ dataclass's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
@@ -324,7 +324,8 @@ class Plan:
     """The placer's output: what to admit, whom to evict, what to buy, and for every job left waiting, why."""
 
     admissions: tuple[Admission, ...] = ()
-    waiting: tuple[Waiting, ...] = field(default_factory=tuple)
+    # A tuple, or chunks of one shared with the last plan's where unchanged (`placement.chunks`).
+    waiting: Sequence[Waiting] = field(default_factory=tuple)
     preemptions: tuple[Preemption, ...] = ()
     capacity_requests: tuple[CapacityRequest, ...] = ()
     reservations: tuple[Reservation, ...] = ()

@@ -30,8 +30,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import chain, islice
 from operator import is_not
-from typing import Final, overload
+from typing import Final
 
+from placement.chunks import Chunks
 from placement.model import GangRequest, JobId
 
 # Requests per chunk: an edit copies its chunk (about 20 ns a request), the queue a pointer per chunk.
@@ -39,11 +40,11 @@ CHUNK: Final = 1024
 _NOT_NONE: Final = partial(is_not, None)
 
 
-class ChunkedQueue(Sequence[GangRequest]):
+class ChunkedQueue(Chunks[GangRequest]):
     """A queue of requests held in chunks (`QueueChunks`), and the edits that made it from the queue
     handed before it (`edits_from`)."""
 
-    __slots__ = ("_chunks", "_flat", "_size", "based_on", "inserted", "removed", "token")
+    __slots__ = ("based_on", "inserted", "removed", "token")
 
     def __init__(
         self,
@@ -53,9 +54,7 @@ class ChunkedQueue(Sequence[GangRequest]):
         removed: Sequence[GangRequest] = (),
         inserted: Sequence[GangRequest] = (),
     ) -> None:
-        self._chunks = chunks
-        self._size = size
-        self._flat: tuple[GangRequest, ...] | None = None
+        super().__init__(chunks, size)
         # This queue's identity for the next one's edits, and the one this was edited from (None:
         # made from every request, no edits known).
         self.token = object()
@@ -70,50 +69,6 @@ class ChunkedQueue(Sequence[GangRequest]):
         if self.based_on is None or not isinstance(last, ChunkedQueue) or self.based_on is not last.token:
             return None
         return self.removed, self.inserted
-
-    def as_tuple(self) -> tuple[GangRequest, ...]:
-        """Every request in one tuple, made once (a pass over the queue: the fallback's)."""
-        if self._flat is None:
-            self._flat = tuple(chain.from_iterable(self._chunks))
-        return self._flat
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __iter__(self) -> Iterator[GangRequest]:
-        return chain.from_iterable(self._chunks)
-
-    @overload
-    def __getitem__(self, index: int) -> GangRequest: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[GangRequest, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> GangRequest | tuple[GangRequest, ...]:
-        if isinstance(index, slice):
-            start, stop, step = index.start, index.stop, index.step
-            if start in (None, 0) and step in (None, 1) and stop is not None and stop >= 0:
-                # The head (the placer probes the first few hundred): read from the first chunks only.
-                return tuple(islice(chain.from_iterable(self._chunks), stop))
-            return self.as_tuple()[index]
-        return self.as_tuple()[index]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, ChunkedQueue):
-            return self.as_tuple() == other.as_tuple()
-        if isinstance(other, tuple):
-            return self.as_tuple() == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.as_tuple())
-
-    def __reduce__(self) -> tuple[type[tuple[GangRequest, ...]], tuple[tuple[GangRequest, ...]]]:
-        # Copied and pickled as the tuple of its requests (the edits are this process's bookkeeping).
-        return tuple, (self.as_tuple(),)
-
-    def __repr__(self) -> str:
-        return f"ChunkedQueue({self._size} requests in {len(self._chunks)} chunks)"
 
 
 class QueueChunks:

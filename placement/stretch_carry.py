@@ -25,9 +25,9 @@ after cycle). Otherwise the stretch is made afresh and kept for the next cycle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import islice
+from itertools import accumulate, islice
 from operator import attrgetter, eq, ne
 from typing import Final
 
@@ -42,6 +42,9 @@ _QUEUED_AT: Final = attrgetter("queued_at_s")
 _BETWEEN_EVERY: Final = 1 << 16
 # Waits made between two calls of `between` (`_afresh`): well under a µs each.
 _BETWEEN_EVERY_WAITS: Final = 4096
+# A stretch's waits are kept in chunks of this many (tuples, handed on as the plan's waits,
+# `placement.chunks`): an edit copies its chunk, and a chunk that grows past twice this is split.
+WAIT_CHUNK: Final = 1024
 # A kept stretch is edited, rather than made afresh, for at most this share of its gangs changed
 # (1 in `_EDIT_SHARE`), or `_EDIT_LEAST`: each edit costs a bisection, the copy of the lists once for
 # all.
@@ -79,14 +82,15 @@ class _Stretch:
         slices: dict[TenantId, Slice],
         kinds: dict[Hashable, Waiting],
         merged: list[GangRequest],
-        waits: list[Waiting],
+        waits: list[tuple[Waiting, ...]],
     ) -> None:
         # Per tenant, its gangs' list and the bounds taken (the lists are the fair order's, which no
         # one changes once made).
         self.slices = slices
         # Each kind's decision (by its decision key's value) for every kind of the stretch's tenants.
         self.kinds = kinds
-        # The stretch's gangs in queue order, and the wait of each.
+        # The stretch's gangs in queue order, and the wait of each, in chunks (`WAIT_CHUNK`): the
+        # plan's waits hold the chunks, so an edit replaces the chunks it changes, never changes one.
         self.merged = merged
         self.waits = waits
 
@@ -125,11 +129,12 @@ class PlanCarry:
         decided: list[Waiting | None],
         kind_by_object: dict[int, int],
         between: Callable[[], None] | None,
-    ) -> list[Waiting]:
-        """The waits of the stretch read from `slices`, in queue order; `kinds` holds each kind's
-        decision (by decision key) for every kind of the slices' tenants, and a gang's wait is that of
-        its kind (`kind_by_object`, by its key object) in `decided`, for another job. The list
-        returned is kept: the caller copies it."""
+    ) -> list[tuple[Waiting, ...]]:
+        """The waits of the stretch read from `slices`, in queue order, in chunks; `kinds` holds each
+        kind's decision (by decision key) for every kind of the slices' tenants, and a gang's wait is
+        that of its kind (`kind_by_object`, by its key object) in `decided`, for another job. The list
+        returned is kept (the next plan's edits replace its chunks): the caller copies it, and may keep
+        the chunks, which no one changes."""
         wait_of = _WaitOf(decided, kind_by_object)
         kept = self._kept.get(standing)
         stretch = None
@@ -155,16 +160,18 @@ def _afresh(
     for tenant_gangs, start, stop in slices.values():
         gangs.extend(tenant_gangs[start:stop])
     merged, ordered = by_queue_order(gangs)
-    waits: list[Waiting] = []
+    waits: list[tuple[Waiting, ...]] = []
     decided, kind_by_object = wait_of.decided, wait_of.kind_by_object
-    for at in range(0, len(merged), _BETWEEN_EVERY_WAITS):
-        if between is not None:
+    for at in range(0, len(merged), WAIT_CHUNK):
+        if between is not None and at % _BETWEEN_EVERY_WAITS == 0:
             between()
-        waits.extend(
-            [
-                wait_for_job(decided[kind_by_object[id(g.decision_key)]], g.job_id)  # type: ignore[arg-type]
-                for g in merged[at : at + _BETWEEN_EVERY_WAITS]
-            ]
+        waits.append(
+            tuple(
+                [
+                    wait_for_job(decided[kind_by_object[id(g.decision_key)]], g.job_id)  # type: ignore[arg-type]
+                    for g in merged[at : at + WAIT_CHUNK]
+                ]
+            )
         )
     if not ordered:
         # No order to edit by (a time that is not a number): the next cycle makes it afresh.
@@ -274,14 +281,15 @@ def _diff(
 
 def _apply(
     merged: list[GangRequest],
-    waits: list[Waiting],
+    waits: list[tuple[Waiting, ...]],
     removed: list[GangRequest],
     inserted: list[GangRequest],
     wait_of: _WaitOf,
-) -> tuple[list[GangRequest], list[Waiting]] | None:
-    """`merged` and its `waits` without the removed gangs and with the inserted ones in their places
-    (found by bisection), edited in place if the edits are few, else copied once; None if a gang is not
-    where the order puts it."""
+) -> tuple[list[GangRequest], list[tuple[Waiting, ...]]] | None:
+    """`merged` and its `waits` (in chunks) without the removed gangs and with the inserted ones in
+    their places (found by bisection): the gangs edited in place if the edits are few, else copied
+    once, and the waits' chunks that the edits touch replaced by edited copies (`_edited_chunks`);
+    None if a gang is not where the order puts it."""
     size = len(merged)
     # (place in `merged`, 0 to put in before it or 1 to take it out, the gang's order, the gang).
     edits: list[tuple[int, int, tuple[float, str], GangRequest]] = []
@@ -307,34 +315,70 @@ def _apply(
     if _duplicates(edits):
         return None
     if len(edits) <= _IN_PLACE_MOST:
-        # In place, from the last edit back: each a move of the lists' tails, where a copy touched
-        # every gang and wait (a reference count each, 10 to 20 ms a copy of a million). Taken back
-        # in that order, a place's removal comes before the gangs put in before it, each put in
-        # before the one after it. The lists are the kept stretch's, which no one else holds.
+        # In place, from the last edit back: each a move of the gangs' tail, where a copy touched
+        # every gang (a reference count each, 10 to 20 ms a copy of a million). Taken back in that
+        # order, a place's removal comes before the gangs put in before it, each put in before the one
+        # after it. The list is the kept stretch's, which no one else holds.
         for at, kind, _, gang in reversed(edits):
             if kind == 1:
                 del merged[at]
-                del waits[at]
             else:
                 merged.insert(at, gang)
-                waits.insert(at, wait_of(gang))
-        return merged, waits
-    out_merged: list[GangRequest] = []
-    out_waits: list[Waiting] = []
-    done = 0
+    else:
+        out_merged: list[GangRequest] = []
+        done = 0
+        for at, kind, _, gang in edits:
+            if at > done:
+                out_merged += merged[done:at]
+                done = at
+            if kind == 1:
+                done = at + 1
+            else:
+                out_merged.append(gang)
+        out_merged += merged[done:]
+        merged = out_merged
+    return merged, _edited_chunks(waits, edits, wait_of)
+
+
+def _edited_chunks(
+    waits: list[tuple[Waiting, ...]],
+    edits: list[tuple[int, int, tuple[float, str], GangRequest]],
+    wait_of: _WaitOf,
+) -> list[tuple[Waiting, ...]]:
+    """The waits' chunks with the edits made (places before any edit, in order): each chunk an edit
+    touches is replaced by an edited copy, the others kept as they are. The chunks are tuples that the
+    last plan's waits hold, and a reader finds what changed by them (`placement.chunks.same_chunks`):
+    a copy of every chunk for a few dozen edits made all the waits look new to it."""
+    if not waits:
+        new = tuple(wait_of(gang) for _, kind, _, gang in edits if kind == 0)
+        return [new] if new else []
+    starts = [0, *accumulate(map(len, waits))][:-1]
+    by_chunk: dict[int, list[tuple[int, int, GangRequest]]] = {}
     for at, kind, _, gang in edits:
-        if at > done:
-            out_merged += merged[done:at]
-            out_waits += waits[done:at]
-            done = at
-        if kind == 1:
-            done = at + 1
-        else:
-            out_merged.append(gang)
-            out_waits.append(wait_of(gang))
-    out_merged += merged[done:]
-    out_waits += waits[done:]
-    return out_merged, out_waits
+        chunk_at = max(0, bisect_right(starts, at) - 1)
+        by_chunk.setdefault(chunk_at, []).append((at - starts[chunk_at], kind, gang))
+    oversized = emptied = False
+    for chunk_at, chunk_edits in by_chunk.items():
+        chunk = list(waits[chunk_at])
+        # From the last edit back, as the gangs are edited.
+        for at, kind, gang in reversed(chunk_edits):
+            if kind == 1:
+                del chunk[at]
+            else:
+                chunk.insert(at, wait_of(gang))
+        waits[chunk_at] = tuple(chunk)
+        oversized = oversized or len(chunk) > 2 * WAIT_CHUNK
+        emptied = emptied or not chunk
+    if oversized or emptied:
+        waits[:] = [piece for chunk in waits if chunk for piece in _split(chunk)]
+    return waits
+
+
+def _split(chunk: tuple[Waiting, ...]) -> list[tuple[Waiting, ...]]:
+    """A chunk grown past twice `WAIT_CHUNK` in pieces of `WAIT_CHUNK`; else the chunk itself."""
+    if len(chunk) <= 2 * WAIT_CHUNK:
+        return [chunk]
+    return [chunk[at : at + WAIT_CHUNK] for at in range(0, len(chunk), WAIT_CHUNK)]
 
 
 def _edit_order(edit: tuple[int, int, tuple[float, str], GangRequest]) -> tuple[int, int, tuple[float, str]]:

@@ -45,6 +45,7 @@ from federation.store.job_store import (
     paused_gc,
 )
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PreemptionOrder
+from placement.chunks import Chunks, same_chunks
 from placement.explain import admitted, move_reason
 from placement.model import (
     Admission,
@@ -76,6 +77,10 @@ _KEY = attrgetter("key")
 _ALIGN_WINDOW = 64
 _ALIGN_MISSES = 64
 _ALIGN_MISS_SHARE = 1024
+# Between the chunks two plans share (`_aligned_by_chunks`), a step per 64 waits: the places there are
+# the few that changed (a stretch's edits spread over its chunks, the gangs decided one by one), and
+# giving up on them reads every wait of the queue.
+_ALIGN_CHUNKED_MISS_SHARE = 64
 # More canonical key objects than this and the cycle's comparison reads every wait (and forgets the
 # keys no wait has): the comparison by alignment reads only the waits that differ, not which keys all
 # the waits have.
@@ -186,15 +191,63 @@ def _snapshot_and_plan(
 
 def _aligned(
     waits: Sequence[Waiting], last: Sequence[Waiting], between: Callable[[], None]
-) -> list[tuple[int, int, int]] | None:
+) -> tuple[list[tuple[int, int, int]] | None, int]:
     """The runs of places where `waits` holds the very objects `last` held, in order: (start, stop,
     start in `last`); None if finding them took more than `_ALIGN_MISSES` steps past places that
     differ (each a few C-level calls on short slices). Places differ where waits were made anew (gangs
     decided again: a stretch of places in step), put in or taken out; the runs between are compared
-    by C-level passes. Whatever the lists, each run holds the same objects in both."""
+    by C-level passes. Whatever the lists, each run holds the same objects in both. With the runs, the
+    places of `waits` compared one by one.
+
+    Plans whose waits are chunks (`placement.chunks.Chunks`: a deep queue's stretches, kept by the
+    placer and shared with the last plan's waits where unchanged) are aligned by their chunks first
+    (`_aligned_by_chunks`), reading no wait of a chunk the two share."""
+    if isinstance(waits, Chunks) and isinstance(last, Chunks):
+        return _aligned_by_chunks(waits, last, between)
+    return _aligned_items(waits, last, between), len(waits)
+
+
+def _aligned_by_chunks(
+    waits: Chunks[Waiting], last: Chunks[Waiting], between: Callable[[], None]
+) -> tuple[list[tuple[int, int, int]], int]:
+    """`_aligned` of two plans' chunked waits: the chunks that are the very objects of the last
+    plan's (`same_chunks`, a look-up per chunk: a thousand at a million) are runs as they stand, and
+    only the places between them (the chunks made anew: the gangs decided one by one, the chunks a
+    stretch's edits copied) are aligned wait by wait (`_aligned_items`); a stretch of those that does
+    not align is left out of the runs (read as differing)."""
+    runs: list[tuple[int, int, int]] = []
+    j = i = compared = 0
+    for start, stop, from_last in [*same_chunks(waits, last), (len(waits), len(waits), len(last))]:
+        if start > j and from_last > i:
+            compared += start - j
+            these, those = waits.span(j, start), last.span(i, from_last)
+            between_runs = _aligned_items(these, those, between, _ALIGN_CHUNKED_MISS_SHARE)
+            for sub_start, sub_stop, sub_from in between_runs or ():
+                _add_run(runs, j + sub_start, j + sub_stop, i + sub_from)
+        if stop > start:
+            _add_run(runs, start, stop, from_last)
+        j, i = stop, from_last + (stop - start)
+    return runs, compared
+
+
+def _add_run(runs: list[tuple[int, int, int]], start: int, stop: int, from_last: int) -> None:
+    """The run appended, or joined to the last one if it goes on from it in both lists."""
+    if runs and runs[-1][1] == start and runs[-1][2] + (start - runs[-1][0]) == from_last:
+        runs[-1] = (runs[-1][0], stop, runs[-1][2])
+    else:
+        runs.append((start, stop, from_last))
+
+
+def _aligned_items(
+    waits: Sequence[Waiting],
+    last: Sequence[Waiting],
+    between: Callable[[], None],
+    miss_share: int = _ALIGN_MISS_SHARE,
+) -> list[tuple[int, int, int]] | None:
+    """`_aligned`, wait by wait, with a step past a difference allowed per `miss_share` waits."""
     runs: list[tuple[int, int, int]] = []
     size, before = len(waits), len(last)
-    misses = _ALIGN_MISSES + size // _ALIGN_MISS_SHARE
+    misses = _ALIGN_MISSES + size // miss_share
     i = j = 0
     while j < size and i < before:
         same = _same_from(waits, j, last, i, between)
@@ -408,6 +461,11 @@ class Scheduler:
         # of them has those written (`_WaitsWritten`); and this cycle's, until its writes are done.
         self._last_waits: _WaitsWritten | None = None
         self._these_waits: _WaitsWritten | None = None
+        # Waits read one by one by the reasons' comparison (`_reasons_to_write`): all of them when the
+        # last cycle's are not kept, else those compared place by place with the last cycle's, which
+        # for chunked waits are only the places between the chunks the two plans share (for tests and
+        # benchmarks: a steady cycle reads what changed, not the queue).
+        self.waits_compared = 0
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
@@ -814,6 +872,7 @@ class Scheduler:
         written = self._written_reasons
         found = self._aligned_with_last(waiting, between)
         if found is None:
+            self.waits_compared += len(waiting)
             ids, canonical, uniform = self._canonical_of(waiting, between)
             self._these_waits = _WaitsWritten(ids, canonical, uniform, waiting)
             todo, with_written = self._unlike_written(ids, canonical, uniform, between)
@@ -923,18 +982,22 @@ class Scheduler:
         last = self._last_waits
         if last is None or not last.waits or len(self._canonical_keys) > _CANONICAL_MOST:
             return None
-        runs = _aligned(waiting, last.waits, between)
+        runs, compared = _aligned(waiting, last.waits, between)
+        self.waits_compared += compared
         if runs is None or 2 * sum(stop - start for start, stop, _ in runs) < len(waiting):
             return None
         self._last_waits = None
         loose: list[int] = []
+        loose_waits: list[Waiting] = []
         at = 0
-        for start, stop, _ in runs:
-            loose += range(at, start)
+        for start, stop in [*((start, stop) for start, stop, _ in runs), (len(waiting), len(waiting))]:
+            if start > at:
+                # Read span by span: chunked waits are read from the chunks that hold them.
+                loose += range(at, start)
+                loose_waits += waiting[at:start]
             at = stop
-        loose += range(at, len(waiting))
-        loose_ids = [waiting[place].job_id for place in loose]
-        loose_keys = [waiting[place].key for place in loose]
+        loose_ids = [w.job_id for w in loose_waits]
+        loose_keys = [w.key for w in loose_waits]
         canonical_keys = self._canonical_keys
         to_canonical = {id(key): canonical_keys.setdefault(key, key) for key in loose_keys}
         loose_canonical = [to_canonical[id(key)] for key in loose_keys]

@@ -87,6 +87,7 @@ async def _steady_cycles_carry(world: World) -> None:
         await world.caught_up()
         before = (carry.one_by_one, carry.in_bulk, carry.carried, carry.made_afresh)
         compared, copied = carry.queue.compared, scheduler._requests.queue_copied
+        waits_compared = scheduler.waits_compared
         result = await scheduler.run_cycle(None)
         # The queue is handed on as its edits: no gang compared with the last queue, and only the
         # chunks the submission touched copied (`placement.queue_chunks`).
@@ -107,6 +108,10 @@ async def _steady_cycles_carry(world: World) -> None:
         assert afresh == 0, (cycle, afresh)
         # Every reason is written: the next cycle compares by the waits' identity.
         assert scheduler._last_waits is not None
+        # By the chunks the two plans' waits share: the waits decided one by one and the chunks the
+        # stretches' edits copied are compared, not every wait (at 8,000 queued a stretch's edits
+        # touch most of its chunks of 1,024; bench/depth_cycle.py's test below is deeper).
+        assert scheduler.waits_compared - waits_compared < waiting, cycle
 
 
 def test_the_api_kind_is_another_kind_than_the_seeded_jobs() -> None:
@@ -129,3 +134,5 @@ def test_the_cycle_as_the_server_runs_it_decides_few_gangs_one_by_one_at_depth()
     # Nothing read the whole queue to find what changed in it: the scheduler's edits were taken.
     assert measured.steady_queue_compared == 0, measured
     assert 0 < measured.steady_queue_copied <= 2 * CHUNK, measured
+    # And the reasons' comparison read the waits made anew and the chunks edited, not 20,000.
+    assert 0 < measured.steady_waits_compared < 4_000, measured
