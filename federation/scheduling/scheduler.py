@@ -466,6 +466,8 @@ class Scheduler:
         # for chunked waits are only the places between the chunks the two plans share (for tests and
         # benchmarks: a steady cycle reads what changed, not the queue).
         self.waits_compared = 0
+        # The waits the last comparison did not look at, past its bound on writes (`_reasons_to_write`).
+        self.reasons_unread = 0
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
@@ -850,9 +852,12 @@ class Scheduler:
         maybe_left: Collection[JobId] | None = None,
         queued: Container[JobId] = (),
         admitted: Container[JobId] = (),
+        most: int | None = None,
     ) -> tuple[list[_ReasonsWrite], list[JobId]]:
         """The waits whose reasons differ from those written, each with its stored bytes, and the
-        jobs no longer waiting.
+        jobs no longer waiting; at most `most` waits (None: no bound): the waits past them that may
+        differ are not looked at, and their number is left in `reasons_unread` (the next cycles look
+        at them again).
 
         Waits with equal keys have equal reasons (`Waiting.key`), whoever waits: each key's reasons
         are worded and encoded once, and that one tuple is what every such job keeps as written
@@ -886,8 +891,15 @@ class Scheduler:
         by_key_id: dict[int, _Worded] = {}
         # Whether a tuple written (by identity: the store's reads share them) equals a key's reasons.
         equal: dict[tuple[int, int], tuple[tuple[WaitReason, ...], _Worded, bool]] = {}
-        changed = []
-        for at in todo:
+        changed: list[_ReasonsWrite] = []
+        self.reasons_unread = 0
+        for index, at in enumerate(todo):
+            if most is not None and len(changed) >= most:
+                # A cycle writes at most `most` (`WAIT_WRITES_PER_CYCLE`): the rest would be made into
+                # writes only to be dropped. A new leader over a million queued jobs, none with
+                # reasons written, made a million a cycle for about 60 cycles.
+                self.reasons_unread = len(todo) - index
+                break
             w, key = waiting[at], canonical[at]
             old = written.get(ids[at], _UNWRITTEN)
             if old is not _UNWRITTEN:
@@ -1105,11 +1117,12 @@ class Scheduler:
             maybe_left,
             () if planned is None else planned.queued_ids,
             admitted,
+            WAIT_WRITES_PER_CYCLE,
         )
         # At most WAIT_WRITES_PER_CYCLE jobs: the rest are found changed again by the next cycle,
         # which the idle gate does not skip. Many jobs to a fenced transaction
         # (`put_encoded_wait_reasons`), not one each.
-        later = max(0, len(changed) + len(left) - WAIT_WRITES_PER_CYCLE)
+        later = max(0, len(changed) + len(left) - WAIT_WRITES_PER_CYCLE) + self.reasons_unread
         changed = changed[:WAIT_WRITES_PER_CYCLE]
         # Those not deleted this cycle are looked for again in the next.
         self._maybe_left = set(left[WAIT_WRITES_PER_CYCLE - len(changed) :])

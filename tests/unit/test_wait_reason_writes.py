@@ -206,3 +206,30 @@ async def test_a_cycle_writes_at_most_its_share_and_the_next_cycles_the_rest(
         # The third cycle reads what the second did (it admitted nothing): only the reasons left
         # unwritten keep the idle gate from skipping it.
         assert written == [50, 100, 148, 148]
+
+
+async def test_a_cycle_makes_no_more_writes_than_it_may_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits past a cycle's bound on writes are not worded and made into writes that are then
+    dropped (a new leader over a million queued jobs made a million a cycle, for about 60 cycles): they
+    are counted as unread, and the next cycles look at them again."""
+    monkeypatch.setattr(scheduler_module, "WAIT_WRITES_PER_CYCLE", 40)
+    made: list[int] = []
+    original = scheduler_module.Scheduler._reasons_to_write
+
+    def counted(self: scheduler_module.Scheduler, *args: object, **kwargs: object) -> object:
+        changed, left = original(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(len(changed))
+        return changed, left
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "_reasons_to_write", counted)
+    async with build_world() as world:
+        for n in range(150):
+            await submit(world, a_job(f"j{n:03d}", gpus=4, queued_at_s=1000.0 + n))
+        unread = []
+        for _ in range(5):
+            await world.caught_up()
+            await world.scheduler.run_cycle(None)
+            unread.append(world.scheduler.reasons_unread)
+        assert made == [40, 40, 40, 28]  # the fifth cycle skipped as idle: nothing left to write
+        assert unread == [108, 68, 28, 0, 0]
+        assert len(await world.store.list_wait_reasons()) == 148
