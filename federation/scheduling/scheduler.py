@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Collection, Container, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import compress, count, repeat
-from operator import attrgetter, is_, is_not, itemgetter
+from operator import add, attrgetter, is_, is_not, itemgetter
 from typing import Protocol, TypeVar
 
 import structlog
@@ -340,6 +341,26 @@ def _runs(items: Sequence[T], size: int, between: Callable[[], None]) -> Iterato
         yield items[start : start + size]
 
 
+def _through_runs(places: Sequence[int], runs: Sequence[tuple[int, int, int]]) -> list[int]:
+    """The `places` (ascending, of the last cycle's waits) that `runs` (start, stop, start in the
+    last) carry, as places of this cycle's, ascending: a bisection per run and C-level shifts."""
+    out: list[int] = []
+    for start, stop, from_last in runs:
+        low = bisect_left(places, from_last)
+        high = bisect_left(places, from_last + stop - start, low)
+        if high > low:
+            out += map(add, places[low:high], repeat(start - from_last))
+    return out
+
+
+def _not_written(
+    written: Mapping[JobId, tuple[Hashable, tuple[WaitReason, ...]]], ids: list[JobId], places: list[int]
+) -> int:
+    """How many of the jobs at `places` have no reasons written (C-level)."""
+    olds = map(written.get, map(ids.__getitem__, places), repeat(_UNWRITTEN))
+    return sum(map(is_, olds, repeat(_UNWRITTEN)))
+
+
 def _named(result: Plan, live: Mapping[JobId, Stored[JobRecord]]) -> dict[JobId, Stored[JobRecord]]:
     """The jobs the plan acts on (admitted, evicted, moved, given a burst offer), by id, as the
     snapshot read them."""
@@ -466,8 +487,10 @@ class Scheduler:
         # for chunked waits are only the places between the chunks the two plans share (for tests and
         # benchmarks: a steady cycle reads what changed, not the queue).
         self.waits_compared = 0
-        # The waits the last comparison did not look at, past its bound on writes (`_reasons_to_write`).
+        # The waits the last comparison did not look at, past its bound on writes (`_reasons_to_write`),
+        # and their places in its waits (ascending).
         self.reasons_unread = 0
+        self._unread_places: list[int] = []
         self._inputs = InputsReader(store, clock, dataset_locations)
         self._usage: dict[TenantId, TenantUsage] = {}
         self._usage_at = float("-inf")
@@ -893,12 +916,15 @@ class Scheduler:
         equal: dict[tuple[int, int], tuple[tuple[WaitReason, ...], _Worded, bool]] = {}
         changed: list[_ReasonsWrite] = []
         self.reasons_unread = 0
+        self._unread_places = []
         for index, at in enumerate(todo):
             if most is not None and len(changed) >= most:
                 # A cycle writes at most `most` (`WAIT_WRITES_PER_CYCLE`): the rest would be made into
                 # writes only to be dropped. A new leader over a million queued jobs, none with
-                # reasons written, made a million a cycle for about 60 cycles.
+                # reasons written, made a million a cycle for about 60 cycles. Their places are kept
+                # with this cycle's waits (`_waits_written`): the next cycle compares them again.
                 self.reasons_unread = len(todo) - index
+                self._unread_places = todo[index:]
                 break
             w, key = waiting[at], canonical[at]
             old = written.get(ids[at], _UNWRITTEN)
@@ -1041,6 +1067,12 @@ class Scheduler:
                 with_written += 1
             if old_key is not key:
                 todo.append(place)
+        if last.unwritten:
+            # The last cycle's places left unwritten that the runs carry: compared as those between
+            # the runs are (the loose places are not in a run, so none is twice).
+            unwritten = _through_runs(last.unwritten, runs)
+            with_written -= _not_written(written, ids, unwritten)
+            todo = sorted(todo + unwritten)
         return ids, canonical, todo, with_written
 
     def _unlike_written(
@@ -1085,11 +1117,20 @@ class Scheduler:
             for start, stop in _spans(middle, size, between):
                 unlike = map(is_not, canonical[start:stop], last.canonical[start + shift : stop + shift])
                 todo += compress(range(start, stop), unlike)
+        if last is not None and last.unwritten:
+            # The last cycle's places left unwritten in the head and the tail matched (the middle is
+            # looked up): compared too, once each.
+            runs = [(0, head, 0), (size - tail, size, len(last.ids) - tail)]
+            unwritten = _through_runs(last.unwritten, runs)
+            with_written -= _not_written(written, ids, unwritten)
+            todo = sorted(set(todo).union(unwritten))
         return todo, with_written
 
-    def _waits_written(self) -> None:
-        """This cycle's reasons are all written: the next cycle compares its waits with these."""
-        self._last_waits, self._these_waits = self._these_waits, None
+    def _waits_written(self, unwritten: Sequence[int] = ()) -> None:
+        """This cycle's reasons are written but at the places `unwritten` (ascending): the next cycle
+        compares its waits with these, and those places again."""
+        these, self._these_waits = self._these_waits, None
+        self._last_waits = these if these is None or not unwritten else replace(these, unwritten=unwritten)
 
     async def _write_reasons(
         self,
@@ -1145,6 +1186,11 @@ class Scheduler:
         await asyncio.gather(*(write(run) for run in cut_wait_writes(values)))
         if not later:
             self._waits_written()
+        elif self._unread_places:
+            # Every write made was sent (a cycle makes no more than it sends); the waits past the bound
+            # are left: kept with their places, so that the next cycle compares those and the waits
+            # that changed, not every wait (a new leader's first writing, about 60 cycles at a million).
+            self._waits_written(self._unread_places)
         return later
 
 
@@ -1160,6 +1206,9 @@ class _WaitsWritten:
     # The waits themselves: a wait of the next cycle that is one of these objects is for the same job
     # with the same key (the placer hands a deep queue's unchanged waits on, `placement.stretch_carry`).
     waits: Sequence[Waiting] = ()
+    # The places (ascending) whose reasons were left unwritten past the cycle's bound on writes: what
+    # is written for those jobs is not `canonical`'s, and the next cycle compares them again.
+    unwritten: Sequence[int] = ()
 
 
 @dataclass(slots=True)

@@ -318,7 +318,7 @@ async def test_reasons_found_by_change_are_those_found_by_walking(
     carried_store, walked_store = InMemoryJobStore(), InMemoryJobStore()
     by_change, by_walk = _scheduler(carried_store), _scheduler(walked_store)
     # The walk looks every waiting job up in what it wrote, never place by place with the last cycle.
-    monkeypatch.setattr(by_walk, "_waits_written", lambda: None)
+    monkeypatch.setattr(by_walk, "_waits_written", lambda *_: None)
     # Alignments that step past few differences, or look at few places around each, in some seeds.
     monkeypatch.setattr(scheduler_module, "_ALIGN_MISSES", [64, 2, 0][seed % 3])
     monkeypatch.setattr(scheduler_module, "_ALIGN_WINDOW", [64, 2][seed % 2])

@@ -10,13 +10,31 @@ lists, every shared chunk must be in a run, and only the places between shared c
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from random import Random
 
 import pytest
 
-from federation.scheduling.scheduler import _aligned, _aligned_items
+from federation.ledger.cache import LedgerCache
+from federation.metrics import Metrics
+from federation.scheduling import scheduler as scheduler_module
+from federation.scheduling.members import MemberClusters
+from federation.scheduling.scheduler import Scheduler, _aligned, _aligned_items
+from federation.store.job_cache import JobCache
+from federation.store.job_store import InMemoryJobStore, KvStore
 from placement.chunks import Chunks, same_chunks
-from placement.model import JobId, Waiting
+from placement.model import JobId, WaitCode, Waiting, WaitReason
+
+
+def _scheduler(store: KvStore) -> Scheduler:
+    return Scheduler(
+        store=store,
+        cache=JobCache(store),
+        ledger=LedgerCache(store),
+        members=MemberClusters([], {}),
+        metrics=Metrics(),
+    )
 
 
 def _wait(n: int) -> Waiting:
@@ -112,3 +130,58 @@ def test_the_chunks_shared_are_found_in_order_only() -> None:
     assert same_chunks(Chunks((a, b, c)), Chunks((c, a, b))) == [(0, 3, 1)]
     assert same_chunks(Chunks(((), a)), Chunks(((), a))) == [(0, 1, 0)]
     assert same_chunks(Chunks((a,)), Chunks((b,))) == []
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+async def test_a_new_leaders_first_writing_compares_the_places_left_and_the_changes_only(
+    chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new leader writes a bounded share of the reasons a cycle (`WAIT_WRITES_PER_CYCLE`). The
+    cycle's waits are kept with the places it left unwritten, so the next cycle compares those and
+    what changed, not every wait; every reason is written in the end, as a scheduler that writes them
+    all at once writes them."""
+    monkeypatch.setattr(scheduler_module, "WAIT_WRITES_PER_CYCLE", 40)
+    rng = Random(7)
+    reasons = [(WaitReason(WaitCode.NO_CLUSTER_HAS_GPU_TYPE, f"no room {n}"),) for n in range(3)]
+    waits = [Waiting(JobId(f"j{n:04d}"), rng.choice(reasons)) for n in range(300)]
+    store, whole = InMemoryJobStore(), InMemoryJobStore()
+    bounded, at_once = _scheduler(store), _scheduler(whole)
+    semaphore = asyncio.Semaphore(4)
+
+    def handed(items: list[Waiting]) -> Sequence[Waiting]:
+        return (
+            Chunks(tuple(tuple(items[at : at + 16]) for at in range(0, len(items), 16)))
+            if chunked
+            else tuple(items)
+        )
+
+    last = handed(waits)
+    compared, cycles = [], 0
+    while True:
+        cycles += 1
+        # Between cycles a wait is made anew here and there, and one job leaves for another.
+        if cycles > 1:
+            at = rng.randrange(len(waits))
+            waits[at] = Waiting(waits[at].job_id, rng.choice(reasons))
+            waits.append(Waiting(JobId(f"k{cycles:04d}"), reasons[0]))
+        these = handed(waits)
+        if chunked and isinstance(last, Chunks):
+            # The chunks that hold the same waits are the last plan's objects, as a stretch's are.
+            kept = {tuple(map(id, c)): c for c in last.chunks}
+            chunks = these.chunks if isinstance(these, Chunks) else ()
+            these = Chunks(tuple(kept.get(tuple(map(id, c)), c) for c in chunks))
+        last = these
+        before = bounded.waits_compared
+        later = await bounded._write_reasons(these, None, semaphore, None)
+        compared.append(bounded.waits_compared - before)
+        if not later:
+            break
+        assert cycles < 20
+    monkeypatch.setattr(scheduler_module, "WAIT_WRITES_PER_CYCLE", 16_384)
+    assert not await at_once._write_reasons(last, None, semaphore, None)
+    assert await store.list_wait_reasons() == await whole.list_wait_reasons()
+    assert len(await store.list_wait_reasons()) == len(waits)
+    # The first cycle read every wait; the next ones, kept with the places left, read few.
+    assert compared[0] == 300
+    if chunked:
+        assert max(compared[1:]) < 100, compared
