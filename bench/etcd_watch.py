@@ -69,7 +69,7 @@ from federation.store.jobs import job_to_dict  # noqa: E402
 from federation.store.kv import Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
 from placement.model import JobPhase  # noqa: E402
-from tests.conftest import build_job  # noqa: E402
+from tests.job_builder import build_job  # noqa: E402
 
 # Writes of one request: about what the group commit nests in one under the submission bench's
 # load (7.2 at 8 in flight); each request is one revision, so one watch response.

@@ -93,8 +93,8 @@ from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
 from federation.store.money import piece_micro_usd  # noqa: E402
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, Provider, TenantId  # noqa: E402
-from tests.conftest import build_job  # noqa: E402
 from tests.history_builders import an_archived_job, an_interval  # noqa: E402
+from tests.job_builder import build_job  # noqa: E402
 
 YEAR_START = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 YEAR_END = datetime(2027, 1, 1, tzinfo=UTC).timestamp()

@@ -108,8 +108,8 @@ from federation.store.jobs import JobRecord, PhaseEvent, job_to_dict  # noqa: E4
 from federation.store.kv import Compare, Put, Txn  # noqa: E402
 from federation.store.kv_etcd import EtcdKv  # noqa: E402
 from placement.model import JobPhase  # noqa: E402
-from tests.conftest import build_job  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
+from tests.job_builder import build_job  # noqa: E402
 
 TENANTS = 100
 CLUSTERS = 50

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import statistics
 import sys
 import tempfile
@@ -57,9 +56,8 @@ from federation.store.jobs import PhaseEvent  # noqa: E402
 from federation.store.kv import Compare, Get, Put  # noqa: E402
 from federation.store.kv_memory import MemoryKv  # noqa: E402
 from federation.store.records import Role, TenantRecord, UserRecord  # noqa: E402
-from federation.store.written import CHECK_ENV  # noqa: E402
 from placement.model import JobPhase, TenantId  # noqa: E402
-from tests.conftest import build_job  # noqa: E402
+from tests.job_builder import build_job  # noqa: E402
 
 
 def timed(one: Callable[[], object], n: int, rounds: int) -> float:
@@ -91,14 +89,7 @@ class _Context:
 
 async def _submit_handler_us(n: int, rounds: int, in_flight: int = 8) -> float:
     """Median µs of process CPU a `SubmitJob`, `in_flight` at once (each round n submissions)."""
-    # As a server runs: not with the test suite's check of every record taken back from the watch
-    # (tests/conftest.py, imported above for `build_job`, turns it on for the whole process).
-    checking = os.environ.pop(CHECK_ENV, None)
-    try:
-        store = KvStore(MemoryKv())
-    finally:
-        if checking is not None:
-            os.environ[CHECK_ENV] = checking
+    store = KvStore(MemoryKv())
     # bench/submit.py's tenant, with room for every round's jobs in its queue and rate.
     await store.put_tenant(
         TenantRecord(TenantId("t0"), max_queued_jobs=10**9, submit_rate_per_s=1e9, submit_burst=10**9)

@@ -13,12 +13,11 @@ import pytest
 from datasync.loopback_ports import SLOT_ENV, slot_for
 from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.postgres_process import PostgresProcess, PostgresUnavailable
-from federation.spec.jobspec import RestartPolicy, TaskSpec, TrainingJobSpec
 from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv_etcd import EtcdKv
 from federation.store.written import CHECK_ENV
-from placement.model import GpuType, GpuTypePolicy, JobId, JobPhase, TenantId
+from tests.job_builder import build_job
 
 
 def _port_slot_of_this_worker() -> str | None:
@@ -207,53 +206,6 @@ async def etcd_kv(etcd_process: EtcdProcess) -> AsyncIterator[EtcdKv]:
 @pytest.fixture
 def etcd_store(etcd_kv: EtcdKv) -> KvStore:
     return KvStore(etcd_kv)
-
-
-def build_job(
-    job_id: str,
-    *,
-    tenant: str = "t1",
-    gpus: int = 8,
-    replicas: int = 1,
-    gpu: str = "H100",
-    phase: JobPhase = JobPhase.QUEUED,
-    tasks: tuple[TaskSpec, ...] | None = None,
-    policy: RestartPolicy | None = None,
-    annotations: tuple[tuple[str, str], ...] = (),
-) -> JobRecord:
-    """The one job builder of the test suite: a queued gang of `replicas` workers by default."""
-    tasks = tasks or (
-        TaskSpec(
-            name="worker",
-            replicas=replicas,
-            image="ghcr.io/example/train:1",
-            command=("python", "train.py"),
-            env=(("EPOCHS", "3"),),
-            gpus_per_replica=gpus,
-        ),
-    )
-    spec = TrainingJobSpec(
-        name=f"train-{job_id}",
-        tenant=TenantId(tenant),
-        priority_class="default",
-        tasks=tasks,
-        gpu_types=(GpuType(gpu),),
-        gpu_type_policy=GpuTypePolicy.ORDERED,
-        min_available=sum(t.replicas for t in tasks),
-        max_runtime_s=3600,
-        restart_policy=policy or RestartPolicy(),
-        annotations=tuple(sorted(annotations)),
-    )
-    return JobRecord(
-        job_id=JobId(job_id),
-        tenant=TenantId(tenant),
-        user="alice",
-        spec=spec,
-        phase=phase,
-        submitted_at_s=1000.0,
-        queued_at_s=1000.0,
-        priority=100,
-    )
 
 
 @pytest.fixture

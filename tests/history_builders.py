@@ -19,7 +19,7 @@ from federation.store.intervals import IntervalEnd, LedgerInterval
 from federation.store.jobs import JobPlacement, PhaseEvent
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 from placement.model_plan import WaitCode, WaitReason
-from tests.conftest import build_job
+from tests.job_builder import build_job
 
 BACKENDS = ("sqlite", "postgres")
 _database_numbers = itertools.count()

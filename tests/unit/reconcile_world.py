@@ -22,7 +22,7 @@ from federation.store.job_store import InMemoryJobStore, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.records import ClusterRecord, PoolConfig, SchedulingSettings, TenantRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, Provider, TenantId
-from tests.conftest import build_job
+from tests.job_builder import build_job
 
 A100 = GpuType("A100")
 
