@@ -46,14 +46,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scale_depth import CLUSTERS, MANIFEST, TENANTS, queued_record  # noqa: E402
 from clusters.memory import InMemoryCluster  # noqa: E402
-from federation.ledger.cache import LedgerCache  # noqa: E402
-from federation.metrics import Metrics  # noqa: E402
-from federation.scheduling.members import MemberClusters  # noqa: E402
-from federation.scheduling.scheduler import Scheduler, _snapshot_and_plan  # noqa: E402
+from federation.scheduling.scheduler import _snapshot_and_plan  # noqa: E402
 from federation.scheduling.snapshot import GangRequests, PlacerInputs  # noqa: E402
 from federation.spec.training_job import parse_manifest  # noqa: E402
-from federation.store.job_cache import JobCache  # noqa: E402
-from federation.store.job_store import InMemoryJobStore, KvStore, Stored  # noqa: E402
+from federation.store.job_store import InMemoryJobStore, Stored  # noqa: E402
 from federation.store.jobs import JobPlacement, JobRecord, Owner, PhaseEvent  # noqa: E402
 from federation.store.records import PoolConfig, SchedulingSettings, TenantRecord  # noqa: E402
 from placement.model import (  # noqa: E402
@@ -66,6 +62,7 @@ from placement.model import (  # noqa: E402
     Provider,
     TenantId,
 )
+from tests.unit.reconcile_world import reasons_scheduler  # noqa: E402
 
 STEADY_CYCLES = 3
 # Jobs submitted through the API before the cycles are timed (scale_depth's 200 SubmitJob calls), all
@@ -113,17 +110,6 @@ def _inventories() -> list[ClusterState]:
     return asyncio.run(read())
 
 
-def _scheduler(store: KvStore) -> Scheduler:
-    """A scheduler for its reasons' bookkeeping only: nothing here starts its caches or clusters."""
-    return Scheduler(
-        store=store,
-        cache=JobCache(store),
-        ledger=LedgerCache(store),
-        members=MemberClusters([], {}),
-        metrics=Metrics(),
-    )
-
-
 def api_record(n: int, now: float) -> JobRecord:
     """The `n`th job submitted through the API by scale_depth's calls: its manifest (`MANIFEST`) for
     tenant t7, queued after the seeded jobs."""
@@ -161,7 +147,7 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
     requests = GangRequests()
     store = InMemoryJobStore()
     store.compress_wait_reasons = True
-    scheduler = _scheduler(store)
+    scheduler = reasons_scheduler(store)
     revision = 0
     # The scheduler's copy of the live jobs, and those changed since the last cycle (None: all).
     live: dict[JobId, Stored[JobRecord]] = {r.job_id: Stored(r, revision) for r in records.values()}

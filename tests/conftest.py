@@ -17,7 +17,7 @@ from federation.store.job_store import PREFIX, KvStore
 from federation.store.jobs import JobRecord
 from federation.store.kv_etcd import EtcdKv
 from federation.store.written import CHECK_ENV
-from tests.job_builder import build_job
+from tests.job_builder import build_job as build_job  # re-exported: the tests import it from here
 
 
 def _port_slot_of_this_worker() -> str | None:

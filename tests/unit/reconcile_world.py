@@ -204,3 +204,14 @@ async def submit(world: World, job: JobRecord) -> JobId:
     stored, created = await world.store.create_job(job, idempotency_key=job.job_id, manifest_digest="d")
     assert created
     return stored.value.job_id
+
+
+def reasons_scheduler(store: KvStore) -> Scheduler:
+    """A scheduler for its wait reasons' bookkeeping only: nothing starts its caches or clusters."""
+    return Scheduler(
+        store=store,
+        cache=JobCache(store),
+        ledger=LedgerCache(store),
+        members=MemberClusters([], {}),
+        metrics=Metrics(),
+    )

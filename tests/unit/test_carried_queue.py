@@ -16,10 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from federation.ledger.cache import LedgerCache
-from federation.metrics import Metrics
 from federation.scheduling import scheduler as scheduler_module
-from federation.scheduling.members import MemberClusters
 from federation.scheduling.scheduler import Scheduler, _Planned
 from federation.scheduling.snapshot import (
     GangRequests,
@@ -30,7 +27,7 @@ from federation.scheduling.snapshot import (
 )
 from federation.spec.jobspec import DatasetRef, OutputSpec
 from federation.store.job_cache import ChangeFeed, JobCache
-from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.store.job_store import InMemoryJobStore
 from federation.store.jobs import JobPlacement, JobRecord
 from federation.store.records import (
     ApprovalRecord,
@@ -58,7 +55,7 @@ from placement.plan import plan
 from tests.conftest import build_job
 from tests.unit.placement_builders import a_cluster
 from tests.unit.plan_cycles import plan_bytes
-from tests.unit.reconcile_world import a_job, build_world, submit
+from tests.unit.reconcile_world import a_job, build_world, reasons_scheduler, submit
 
 NOW = 10_000.0
 TENANTS = [TenantId("t1"), TenantId("t2"), TenantId("t3")]
@@ -260,16 +257,6 @@ async def test_a_relist_tells_the_feed_that_anything_may_have_changed() -> None:
         await cache.stop()
 
 
-def _scheduler(store: KvStore) -> Scheduler:
-    return Scheduler(
-        store=store,
-        cache=JobCache(store),
-        ledger=LedgerCache(store),
-        members=MemberClusters([], {}),
-        metrics=Metrics(),
-    )
-
-
 def _handed_on(waiting: Sequence[Waiting], last: Sequence[Waiting]) -> tuple[Waiting, ...]:
     """The waits, each the last plan's object for its job where that has an equal key (so equal
     reasons), as `placement.stretch_carry` hands a deep queue's waits on; and, now and then, one
@@ -316,7 +303,7 @@ async def test_reasons_found_by_change_are_those_found_by_walking(
     inputs = _inputs(rng, 0)
     clusters = _clusters()
     carried_store, walked_store = InMemoryJobStore(), InMemoryJobStore()
-    by_change, by_walk = _scheduler(carried_store), _scheduler(walked_store)
+    by_change, by_walk = reasons_scheduler(carried_store), reasons_scheduler(walked_store)
     # The walk looks every waiting job up in what it wrote, never place by place with the last cycle.
     monkeypatch.setattr(by_walk, "_waits_written", lambda *_: None)
     # Alignments that step past few differences, or look at few places around each, in some seeds.

@@ -16,25 +16,12 @@ from random import Random
 
 import pytest
 
-from federation.ledger.cache import LedgerCache
-from federation.metrics import Metrics
 from federation.scheduling import scheduler as scheduler_module
-from federation.scheduling.members import MemberClusters
-from federation.scheduling.scheduler import Scheduler, _aligned, _aligned_items
-from federation.store.job_cache import JobCache
-from federation.store.job_store import InMemoryJobStore, KvStore
+from federation.scheduling.scheduler import _aligned, _aligned_items
+from federation.store.job_store import InMemoryJobStore
 from placement.chunks import Chunks, same_chunks
 from placement.model import JobId, WaitCode, Waiting, WaitReason
-
-
-def _scheduler(store: KvStore) -> Scheduler:
-    return Scheduler(
-        store=store,
-        cache=JobCache(store),
-        ledger=LedgerCache(store),
-        members=MemberClusters([], {}),
-        metrics=Metrics(),
-    )
+from tests.unit.reconcile_world import reasons_scheduler
 
 
 def _wait(n: int) -> Waiting:
@@ -145,7 +132,7 @@ async def test_a_new_leaders_first_writing_compares_the_places_left_and_the_chan
     reasons = [(WaitReason(WaitCode.NO_CLUSTER_HAS_GPU_TYPE, f"no room {n}"),) for n in range(3)]
     waits = [Waiting(JobId(f"j{n:04d}"), rng.choice(reasons)) for n in range(300)]
     store, whole = InMemoryJobStore(), InMemoryJobStore()
-    bounded, at_once = _scheduler(store), _scheduler(whole)
+    bounded, at_once = reasons_scheduler(store), reasons_scheduler(whole)
     semaphore = asyncio.Semaphore(4)
 
     def handed(items: list[Waiting]) -> Sequence[Waiting]:
