@@ -38,14 +38,8 @@ import structlog  # noqa: E402
 
 from bench.submit import MANIFEST  # noqa: E402
 from federation.api import convert  # noqa: E402
-from federation.api.service import JobService  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
-from federation.datasets.check import DatasetCheck  # noqa: E402
-from federation.datasets.registry import DatasetRegistry  # noqa: E402
 from federation.logs import configure_logging  # noqa: E402
-from federation.metrics import Metrics  # noqa: E402
-from federation.runtime.server import TenantDirectory  # noqa: E402
-from federation.security.auth import Authenticator  # noqa: E402
 from federation.spec.manifest_text import wire_manifest  # noqa: E402
 from federation.spec.priorities import DEFAULT_PRIORITY_CLASSES  # noqa: E402
 from federation.spec.training_job import parse_manifest  # noqa: E402
@@ -58,6 +52,7 @@ from federation.store.kv_memory import MemoryKv  # noqa: E402
 from federation.store.records import Role, TenantRecord, UserRecord  # noqa: E402
 from placement.model import JobPhase, TenantId  # noqa: E402
 from tests.job_builder import build_job  # noqa: E402
+from tests.unit.job_service import job_service  # noqa: E402
 
 
 def timed(one: Callable[[], object], n: int, rounds: int) -> float:
@@ -98,14 +93,7 @@ async def _submit_handler_us(n: int, rounds: int, in_flight: int = 8) -> float:
     await store.put_token("token-u0", "u0")
     cache = JobCache(store)
     await cache.start()
-    service = JobService(
-        store=store,
-        cache=cache,
-        auth=Authenticator(store),
-        metrics=Metrics(),
-        tenants=TenantDirectory(store),
-        datasets=DatasetCheck(DatasetRegistry(store.kv)),
-    )
+    service = job_service(store, cache)
     context = _Context("token-u0")
     wire = wire_manifest(MANIFEST)
     counter = iter(range(10**12))
