@@ -94,19 +94,11 @@ class QueueChunks:
     def reset(self, requests: Iterable[GangRequest]) -> None:
         """The chunks made afresh from `requests`, in order (one request per job): the next queue
         handed has no edits."""
-        chunks: list[tuple[GangRequest, ...]] = []
-        slot: dict[JobId, int] = {}
-        size = 0
-        it = iter(requests)
-        while chunk := tuple(islice(it, CHUNK)):
-            number = len(chunks)
-            slot.update(dict.fromkeys([g.job_id for g in chunk], number))
-            chunks.append(chunk)
-            size += len(chunk)
-        self._chunks, self._slot, self._size = chunks, slot, size
+        self._chunks, self._slot = [], {}
+        self._append(requests)
+        self._size = sum(map(len, self._chunks))
         self._pending = {}
         self._last = None
-        self.copied += size
         self.made_afresh += 1
 
     def edit(self, job_id: JobId, old: GangRequest | None, new: GangRequest | None) -> None:
@@ -153,20 +145,18 @@ class QueueChunks:
         self._last = queue.token
         return queue
 
-    def _append(self, requests: list[GangRequest]) -> None:
+    def _append(self, requests: Iterable[GangRequest]) -> None:
+        """`requests` put in after the last, the last chunk filled first (copied), then new chunks."""
         chunks, slot = self._chunks, self._slot
-        at = 0
+        it = iter(requests)
         if chunks and len(chunks[-1]) < CHUNK:
-            room = CHUNK - len(chunks[-1])
             number = len(chunks) - 1
-            chunks[number] = chunks[number] + tuple(requests[:room])
+            more = tuple(islice(it, CHUNK - len(chunks[number])))
+            chunks[number] += more
             self.copied += len(chunks[number])
-            slot.update(dict.fromkeys([g.job_id for g in requests[:room]], number))
-            at = room
-        while at < len(requests):
-            chunk = tuple(requests[at : at + CHUNK])
+            slot.update(dict.fromkeys([g.job_id for g in more], number))
+        while chunk := tuple(islice(it, CHUNK)):
             number = len(chunks)
             chunks.append(chunk)
             slot.update(dict.fromkeys([g.job_id for g in chunk], number))
             self.copied += len(chunk)
-            at += CHUNK

@@ -63,9 +63,7 @@ def check_submission(
                 f"{violation.rule} (tenant {tenant.name!r} is at pod security level {level.value!r}; "
                 "an admin sets it with the tenant's podSecurity)",
             )
-    if acting is None:
-        return replace(spec, pod_security=level)
-    return replace(spec, tenant=acting, pod_security=level)
+    return replace(spec, tenant=spec.tenant if acting is None else acting, pod_security=level)
 
 
 def _verdict(text: str, level: PodSecurityLevel) -> Violation | None:
