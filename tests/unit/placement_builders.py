@@ -407,7 +407,7 @@ def shuffled(snapshot: Snapshot, rng: random.Random) -> Snapshot:
     speeds and egress rates. Nodes within a pool keep their order when running gangs refer to them by
     index (the order then names the nodes); otherwise they are shuffled too."""
 
-    def shuffle(items: tuple[T, ...]) -> tuple[T, ...]:
+    def shuffle(items: Sequence[T]) -> tuple[T, ...]:
         return tuple(rng.sample(items, len(items)))
 
     pinned = any(r.nodes for r in snapshot.running)
