@@ -4,6 +4,9 @@ cycle functions over `bench/scale_depth.py`'s queue, without etcd, a server or g
     python bench/depth_cycle.py                    # 10,000 and 100,000 queued
     python bench/depth_cycle.py --depths 10000 100000 200000
     python bench/scale_depth.py --cycle-only       # the same, from scale_depth
+    python bench/depth_cycle.py --quick --arrivals 100
+                                                   # each steady cycle follows 100 submissions, as a
+                                                   # cycle amid a stream of them does
 
 What one cycle is here, as in `Scheduler.run_cycle`: the snapshot and plan
 (`scheduler._snapshot_and_plan`, on the live jobs as the scheduler keeps them, with the queue carried
@@ -130,7 +133,9 @@ def api_record(n: int, now: float) -> JobRecord:
     )
 
 
-def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API_JOBS) -> CycleCpu:
+def measure(
+    queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API_JOBS, arrivals: int = 1
+) -> CycleCpu:
     """The first and the steady cycles' CPU over `queued` queued jobs and `api_jobs` more."""
     now = time.time()
     records: dict[JobId, JobRecord] = {}
@@ -216,10 +221,12 @@ def measure(queued: int, steady_cycles: int = STEADY_CYCLES, api_jobs: int = API
 
     counted = counts()
     for k in range(steady_cycles):
-        # One new submission, as scale_depth's cycle follows a SubmitJob.
-        record = api_record(api_jobs + k, now)
-        records[record.job_id] = record
-        change(record)
+        # One new submission, as scale_depth's cycle follows a SubmitJob (or `arrivals` of them: what
+        # a cycle finds during a stream of submissions).
+        for a in range(arrivals):
+            record = api_record(api_jobs + k * arrivals + a, now)
+            records[record.job_id] = record
+            change(record)
         plan_ms, reasons_ms = cycle()
         plans.append(plan_ms)
         reasons.append(reasons_ms)
@@ -280,9 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--depths", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--quick", action="store_true", help="2,000 and 20,000 queued")
+    parser.add_argument(
+        "--arrivals",
+        type=int,
+        default=1,
+        help="submissions each steady cycle follows (1, as scale_depth; more: a cycle amid a stream)",
+    )
     args = parser.parse_args(argv)
     depths = [2_000, 20_000] if args.quick else args.depths
-    results = [measure(d) for d in depths]
+    results = [measure(d, arrivals=args.arrivals) for d in depths]
     for line in figures(results):
         print(line, flush=True)
     return 0
