@@ -7,10 +7,10 @@ finished, and as busy the nodes the test says run jobs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -38,6 +38,8 @@ from placement.model import (
     WaitReason,
 )
 from placement.model_plan import WaitCode
+
+T = TypeVar("T")
 
 CLUSTER = ClusterName("aws-1")
 H100 = GpuType("H100")
@@ -83,7 +85,7 @@ class World:
     busy: dict[PoolKey, int] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     async def inventories(self) -> list[ClusterState]:
