@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,16 +15,16 @@ import pytest
 
 from datasync import transfer
 from datasync.errors import AccessDenied, SyncFailed
-from datasync.journal import MemoryJournal
+from datasync.journal import Journal, MemoryJournal
 from datasync.manifest import build_manifest
 from datasync.marker import MARKER_NAME
 from datasync.model import Manifest
 from datasync.plan import plan_sync
 from datasync.progress import SyncProgress
-from datasync.store import ObjectStore, list_all
+from datasync.store import Blob, ObjectStore, PartInfo, list_all
 from datasync.store_local import LocalStore
 from datasync.store_memory import MemoryStore
-from datasync.sync import run_sync, sync_version
+from datasync.sync import SyncReport, run_sync, sync_version
 from datasync.throttle import ByteBudget, RetryPolicy, TokenBucket
 from datasync.transfer import SyncOptions, folder_marker_phases
 from datasync.verify import verify
@@ -46,19 +47,19 @@ def some_files(n_small: int = 5, n_big: int = 1) -> dict[str, bytes]:
     return files
 
 
-async def synced(source: ObjectStore, target: ObjectStore, manifest: Manifest, **kw: object) -> object:
+async def synced(
+    source: ObjectStore,
+    target: ObjectStore,
+    manifest: Manifest,
+    *,
+    journal: Journal | None = None,
+    recorded_etags: Mapping[str, str] | None = None,
+    options: SyncOptions = SMALL_PARTS,
+) -> SyncReport:
     plan = await plan_sync(
-        source,
-        "v1/",
-        target,
-        "cache/",
-        manifest,
-        journal=kw.get("journal"),  # type: ignore[arg-type]
-        recorded_etags=kw.get("recorded_etags"),  # type: ignore[arg-type]
+        source, "v1/", target, "cache/", manifest, journal=journal, recorded_etags=recorded_etags
     )
-    return await run_sync(
-        plan, source, target, options=kw.get("options", SMALL_PARTS), journal=kw.get("journal")
-    )  # type: ignore[arg-type]
+    return await run_sync(plan, source, target, options=options, journal=journal)
 
 
 async def contents(store: MemoryStore, prefix: str) -> dict[str, bytes]:
@@ -173,12 +174,12 @@ async def test_an_interrupted_multipart_upload_resumes_without_resending_finishe
     original = target.put_part
     sent = 0
 
-    async def dying_put_part(path: str, upload_id: str, n: int, data: bytes):  # type: ignore[no-untyped-def]
+    async def dying_put_part(path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo:
         nonlocal sent
         sent += 1
         if sent > 4:
             raise AccessDenied("process died")
-        return await original(path, upload_id, n, data)
+        return await original(path, upload_id, part_number, data)
 
     target.put_part = dying_put_part  # type: ignore[method-assign]
     with pytest.raises(SyncFailed):
@@ -308,7 +309,7 @@ async def test_verify_finds_corruption_and_the_next_sync_repairs_it() -> None:
     assert report.wrong_hash == ("small/2.bin",)
     assert report.missing == ("small/3.bin",)
     again = await synced(source, target, manifest)
-    assert again.objects_copied == 2  # type: ignore[attr-defined]
+    assert again.objects_copied == 2
     assert (await verify(target, "cache/", manifest)).ok
 
 
@@ -357,7 +358,7 @@ async def test_whole_objects_in_flight_are_held_to_max_buffered_bytes() -> None:
             two_held.set()
         return data
 
-    async def slow_put(path: str, data: bytes) -> str | None:
+    async def slow_put(path: str, data: Blob) -> str | None:
         nonlocal held
         # No object is let go before two are held at once (all the budget allows): the copier must
         # fill it. Bounded, so that a copier that holds only one fails the peak assert below.
@@ -379,7 +380,7 @@ async def test_whole_objects_in_flight_are_held_to_max_buffered_bytes() -> None:
         retry=FAST_RETRY,
     )
     report = await synced(source, target, manifest, options=options)
-    assert report.objects_copied == 24  # type: ignore[attr-defined]
+    assert report.objects_copied == 24
     assert 96 * KIB <= peak <= 128 * KIB, peak  # two at a time: the budget is used, and never exceeded
     assert await contents(target, "cache/") == await contents(source, "v1/")
 
@@ -432,7 +433,7 @@ async def test_no_object_is_written_before_or_beside_the_folder_markers_above_it
     early: list[tuple[str, str]] = []
     original_put = target.put
 
-    async def watched_put(path: str, data: bytes) -> str | None:
+    async def watched_put(path: str, data: Blob) -> str | None:
         key = path.removeprefix("cache/")
         early.extend(
             (key, m)
@@ -449,6 +450,6 @@ async def test_no_object_is_written_before_or_beside_the_folder_markers_above_it
 
     target.put = watched_put  # type: ignore[method-assign]
     report = await synced(source, target, manifest, options=replace(SMALL_PARTS, concurrency=8))
-    assert report.objects_copied == len(files)  # type: ignore[attr-defined]
+    assert report.objects_copied == len(files)
     assert early == []
     assert await contents(target, "cache/") == await contents(source, "v1/")

@@ -16,6 +16,7 @@ from datasync.marker import SyncState, VerifiedObject, read_marker, write_marker
 from datasync.model import Manifest
 from datasync.plan import ExistingCopy, plan_sync
 from datasync.progress import ProgressTracker
+from datasync.store import Blob, PartInfo
 from datasync.store_memory import MemoryStore, md5_etag
 from datasync.store_obstore import obstore_can_name
 from datasync.sync import SyncReport, run_sync
@@ -201,12 +202,12 @@ async def test_a_resumed_sync_counts_reused_parts_apart_and_its_rate_only_from_b
     original = target.put_part
     sent = 0
 
-    async def dying(path: str, upload_id: str, n: int, data: bytes):  # type: ignore[no-untyped-def]
+    async def dying(path: str, upload_id: str, part_number: int, data: Blob) -> PartInfo:
         nonlocal sent
         sent += 1
         if sent > 4:
             raise AccessDenied("process died")
-        return await original(path, upload_id, n, data)
+        return await original(path, upload_id, part_number, data)
 
     target.put_part = dying  # type: ignore[method-assign]
     options = SyncOptions(

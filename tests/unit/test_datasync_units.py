@@ -290,8 +290,9 @@ def test_pins_are_per_job_and_idempotent_and_use_refreshes_recency() -> None:
     state = pin(state, key("a"), "j1", 5.0)
     state = pin(state, key("a"), "j2", 5.0)
     state = unpin(state, key("a"), "j1", 6.0)
-    assert state.get(key("a")) is not None
-    assert state.get(key("a")).pinned_by == {"j2"}
+    a = state.get(key("a"))
+    assert a is not None
+    assert a.pinned_by == {"j2"}
     assert plan_eviction(state, S, 10).evict == (key("b"),)
     state = unpin(state, key("a"), "j2", 7.0)
     state = touch(state, key("b"), 8.0)
