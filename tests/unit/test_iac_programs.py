@@ -50,11 +50,16 @@ class RecordingMonitor(MockMonitor):
 
     def RegisterResource(self, request: Any) -> Any:
         self.ignore_changes[request.name] = list(request.ignoreChanges)
-        return super().RegisterResource(request)
+        # pulumi's MockMonitor.RegisterResource has no annotations.
+        return super().RegisterResource(request)  # type: ignore[no-untyped-call]
+
+
+# The recorded declarations and the monitor that saw their options, as the `mocks` fixture gives them.
+MockPair = tuple[Mocks, RecordingMonitor]
 
 
 @pytest.fixture
-def mocks() -> Iterator[tuple[Mocks, RecordingMonitor]]:
+def mocks() -> Iterator[MockPair]:
     # Pulumi's runtime runs on the thread's current event loop; pytest-asyncio's tests leave none
     # behind when they close theirs, so these tests bring their own.
     loop = asyncio.new_event_loop()
@@ -117,8 +122,8 @@ AZURE = PoolSpec(
 )
 
 
-def _declare(mocks: tuple[Mocks, RecordingMonitor], build: Callable[[], Any]) -> Declared:
-    @pulumi.runtime.test  # type: ignore[misc]
+def _declare(mocks: MockPair, build: Callable[[], Any]) -> Declared:
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]  # pulumi's test decorator has no annotations
     def run() -> Any:
         return build().urn.apply(lambda _: None)
 
@@ -132,7 +137,7 @@ def _declare(mocks: tuple[Mocks, RecordingMonitor], build: Callable[[], Any]) ->
 JOIN_LABELS = {"gpufed.io/pool", "gpufed.io/gpu-type", "gpufed.io/cluster", "gpufed.io/capacity-type"}
 
 
-def test_eks_node_group_is_spot_h100_with_the_nvidia_ami_taints_labels_and_bounds(mocks: Any) -> None:
+def test_eks_node_group_is_spot_h100_with_the_nvidia_ami_taints_labels_and_bounds(mocks: MockPair) -> None:
     from iac.programs import eks_node_group
 
     r = _declare(mocks, lambda: eks_node_group(AWS))
@@ -156,7 +161,7 @@ def test_eks_node_group_is_spot_h100_with_the_nvidia_ami_taints_labels_and_bound
     assert r.ignore_changes == [], "Pulumi owns the count of a pool no autoscaler owns"
 
 
-def test_eks_on_demand_with_the_al2_gpu_image_and_an_autoscaler_owned_count(mocks: Any) -> None:
+def test_eks_on_demand_with_the_al2_gpu_image_and_an_autoscaler_owned_count(mocks: MockPair) -> None:
     from iac.programs import eks_node_group
 
     spec = replace(AWS, kind=CapacityKind.ON_DEMAND, image="AL2_x86_64_GPU", autoscaled=True, min_nodes=1)
@@ -167,7 +172,7 @@ def test_eks_on_demand_with_the_al2_gpu_image_and_an_autoscaler_owned_count(mock
 
 
 def test_gke_node_pool_attaches_accelerators_with_the_driver_and_leaves_the_count_to_the_autoscaler(
-    mocks: Any,
+    mocks: MockPair,
 ) -> None:
     from iac.programs import gke_node_pool
 
@@ -188,7 +193,7 @@ def test_gke_node_pool_attaches_accelerators_with_the_driver_and_leaves_the_coun
     assert sorted(r.ignore_changes) == ["initialNodeCount", "nodeCount"]
 
 
-def test_gke_fixed_size_on_demand_pool_with_a_reservation(mocks: Any) -> None:
+def test_gke_fixed_size_on_demand_pool_with_a_reservation(mocks: MockPair) -> None:
     from iac.programs import gke_node_pool
 
     spec = replace(
@@ -205,7 +210,7 @@ def test_gke_fixed_size_on_demand_pool_with_a_reservation(mocks: Any) -> None:
     assert r.ignore_changes == []
 
 
-def test_aks_agent_pool_is_spot_with_delete_eviction_and_a_price_cap(mocks: Any) -> None:
+def test_aks_agent_pool_is_spot_with_delete_eviction_and_a_price_cap(mocks: MockPair) -> None:
     from iac.programs import aks_agent_pool
 
     r = _declare(mocks, lambda: aks_agent_pool(AZURE))
@@ -224,7 +229,7 @@ def test_aks_agent_pool_is_spot_with_delete_eviction_and_a_price_cap(mocks: Any)
     assert r.ignore_changes == []
 
 
-def test_aks_autoscaled_on_demand_pool_has_bounds_and_leaves_the_count(mocks: Any) -> None:
+def test_aks_autoscaled_on_demand_pool_has_bounds_and_leaves_the_count(mocks: MockPair) -> None:
     from iac.programs import aks_agent_pool
 
     spec = replace(
@@ -246,7 +251,7 @@ def test_aks_autoscaled_on_demand_pool_has_bounds_and_leaves_the_count(mocks: An
     assert r.ignore_changes == ["count"]
 
 
-def test_pool_program_exports_the_pool_and_its_count(mocks: Any) -> None:
+def test_pool_program_exports_the_pool_and_its_count(mocks: MockPair) -> None:
     from iac.programs import pool_program
 
     _declare(mocks, lambda: pool_program(AWS))
@@ -254,7 +259,7 @@ def test_pool_program_exports_the_pool_and_its_count(mocks: Any) -> None:
     assert [d.typ for d in recorded.declared] == ["aws:eks/nodeGroup:NodeGroup"]
 
 
-def test_the_bootstrap_makes_the_names_the_kubernetes_backend_dispatches_to(mocks: Any) -> None:
+def test_the_bootstrap_makes_the_names_the_kubernetes_backend_dispatches_to(mocks: MockPair) -> None:
     from clusters.kubernetes.names import namespace_for, queue_for
     from iac.programs import ClusterBootstrap, bootstrap
 
@@ -264,7 +269,7 @@ def test_the_bootstrap_makes_the_names_the_kubernetes_backend_dispatches_to(mock
         volcano=True,
     )
 
-    @pulumi.runtime.test  # type: ignore[misc]
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]  # pulumi's test decorator has no annotations
     def run() -> Any:
         return pulumi.Output.all(*[r.urn for r in bootstrap(spec)])
 
@@ -288,10 +293,10 @@ def test_the_bootstrap_makes_the_names_the_kubernetes_backend_dispatches_to(mock
     assert queue["spec"] == {"weight": 1, "reclaimable": True}
 
 
-def test_without_volcano_the_bootstrap_makes_no_queue(mocks: Any) -> None:
+def test_without_volcano_the_bootstrap_makes_no_queue(mocks: MockPair) -> None:
     from iac.programs import ClusterBootstrap, bootstrap
 
-    @pulumi.runtime.test  # type: ignore[misc]
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]  # pulumi's test decorator has no annotations
     def run() -> Any:
         made = bootstrap(ClusterBootstrap(tenants=(TenantId("vision"),), priority_classes=(), volcano=False))
         return pulumi.Output.all(*[r.urn for r in made])
@@ -381,7 +386,7 @@ def test_a_bootstrap_with_a_tenant_that_is_no_dns_label_is_refused() -> None:
         ),
     ],
 )
-def test_invalid_pool_specs_are_refused_before_pulumi(spec: PoolSpec, field: str, mocks: Any) -> None:
+def test_invalid_pool_specs_are_refused_before_pulumi(spec: PoolSpec, field: str, mocks: MockPair) -> None:
     from iac.programs import pool_program
 
     with pytest.raises(InvalidPoolSpec) as refused:
