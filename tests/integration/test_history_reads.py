@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ from clusters.api import ReplicaState
 from federation.api.admin import AdminService
 from federation.api.logs import LogsService
 from federation.api.reports import ReportService
-from federation.api.service import JobService
+from federation.api.service import Ctx, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
@@ -68,6 +68,15 @@ JOBS = [
 # The servicers run in process with the console's own call context: the metadata, peer and abort
 # a gRPC server would give them.
 PEER = "ipv4:127.0.0.1:40000"
+
+
+def as_user(who: str) -> Ctx:
+    """The console's in-process context for `who`'s calls (bearer token `who`).
+
+    CallContext has what the servicers use (metadata, peer, abort), not the rest of grpc's abstract
+    ServicerContext, so mypy cannot take it for one: this is the one place that says so.
+    """
+    return CallContext(who, PEER)  # type: ignore[return-value]
 
 
 def _interval(
@@ -144,22 +153,22 @@ class World:
             await _until(lambda: all(self.cache.get(JobId(j)) is None for j in job_ids))
 
     async def list(self, who: str, **fields: Any) -> pb.ListJobsResponse:
-        return await self.jobs.ListJobs(pb.ListJobsRequest(**fields), CallContext(who, PEER))  # type: ignore[arg-type]
+        return await self.jobs.ListJobs(pb.ListJobsRequest(**fields), as_user(who))
 
     async def get(self, who: str, job_id: str) -> pb.Job:
-        return await self.jobs.GetJob(pb.GetJobRequest(job_id=job_id), CallContext(who, PEER))  # type: ignore[arg-type]
+        return await self.jobs.GetJob(pb.GetJobRequest(job_id=job_id), as_user(who))
 
     async def report(self, who: str = "fin", **fields: Any) -> str:
         request = pb.GetReportRequest(**{"format": "json", **fields})
         request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
         request.end.FromNanoseconds(int(NOW * 1e9))
-        reply = await self.reports.GetReport(request, CallContext(who, PEER))  # type: ignore[arg-type]
+        reply = await self.reports.GetReport(request, as_user(who))
         return str(reply.content)
 
     async def focus(self, who: str = "fin") -> str:
         request = pb.ExportFocusRequest(format="csv")
         request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
-        reply = await self.reports.ExportFocus(request, CallContext(who, PEER))  # type: ignore[arg-type]
+        reply = await self.reports.ExportFocus(request, as_user(who))
         return str(reply.content)
 
 
@@ -319,7 +328,7 @@ async def _pages(
     w: World,
     who: str,
     *,
-    archive_between: tuple[list[str], ...] = (),
+    archive_between: Sequence[list[str]] = (),
     page_token_from: str = "",
     **fields: Any,
 ) -> list[list[str]]:
@@ -421,7 +430,7 @@ async def _every_report(w: World) -> list[str]:
     out.append(await w.focus("bob"))
     request = pb.ListLedgerRequest()
     request.start.FromNanoseconds(int((NOW - 40 * 86400.0) * 1e9))
-    ledger = await w.reports.ListLedger(request, CallContext("fin", PEER))  # type: ignore[arg-type]
+    ledger = await w.reports.ListLedger(request, as_user("fin"))
     out.append(str(sorted((i.job_id, i.attempt, i.start_s, i.end_s, i.cost_usd) for i in ledger.intervals)))
     return out
 
@@ -472,19 +481,17 @@ async def test_audit_over_both_stores_newest_first_in_pages(sqlite_world: World)
     seen: list[str] = []
     token = ""
     while True:
-        reply = await w.admin.ListAudit(  # type: ignore[arg-type]
-            pb.ListAuditRequest(limit=2, page_token=token), CallContext("admin", PEER)
-        )
+        reply = await w.admin.ListAudit(pb.ListAuditRequest(limit=2, page_token=token), as_user("admin"))
         seen = [e.action for e in reply.events] + seen
         token = reply.next_page_token
         if not token:
             break
     assert seen == [f"action_{k}" for k in range(6)]
-    whole = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
+    whole = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), as_user("admin"))
     assert [e.action for e in whole.events] == [f"action_{k}" for k in range(6)]
     for who in ("alice", "fin"):
         with pytest.raises(Refused) as refused:
-            await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext(who, PEER))  # type: ignore[arg-type]
+            await w.admin.ListAudit(pb.ListAuditRequest(limit=100), as_user(who))
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 
@@ -505,7 +512,7 @@ def _logs_service(w: World, archive: LogArchive) -> LogsService:
 
 
 async def _stream(logs: LogsService, who: str, job_id: str) -> list[pb.LogChunk]:
-    return [c async for c in logs.StreamLogs(pb.StreamLogsRequest(job_id=job_id), CallContext(who, PEER))]  # type: ignore[arg-type]
+    return [c async for c in logs.StreamLogs(pb.StreamLogsRequest(job_id=job_id), as_user(who))]
 
 
 async def test_describe_and_logs_of_an_archived_job(sqlite_world: World) -> None:
@@ -513,14 +520,14 @@ async def test_describe_and_logs_of_an_archived_job(sqlite_world: World) -> None
     archive = LogArchive(w.kv, LogsSettings(retain_hours=24 * 365.0))
     logs = _logs_service(w, archive)
     await w.archive(["j00", "j02", "j03"])
-    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), as_user("alice"))
     assert described.job.phase == pb.JOB_PHASE_SUCCEEDED
     [attempt] = described.attempts
     assert (attempt.cluster, attempt.gpu_type, attempt.outcome) == ("onprem", "H100", "SUCCEEDED")
     assert attempt.note.startswith("kept when the attempt ended")
     # Another tenant's archived job: NOT_FOUND, as for a job that does not exist.
     for call in (
-        logs.DescribeJob(pb.DescribeJobRequest(job_id="j02"), CallContext("alice", PEER)),  # type: ignore[arg-type]
+        logs.DescribeJob(pb.DescribeJobRequest(job_id="j02"), as_user("alice")),
         _stream(logs, "alice", "j02"),
     ):
         with pytest.raises(Refused) as refused:
@@ -570,7 +577,7 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
         "j00", kept, {("worker", 0): b"t1 done\n"}
     )
     reports = await _every_report(w)
-    audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
+    audit = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), as_user("admin"))
     # The first page is read with everything in etcd; the archiver runs; the rest come from SQL.
     first = await w.list("admin", include_archived=True, page_size=4)
     report = await _archive_once(w)
@@ -581,10 +588,10 @@ async def test_the_reads_agree_before_and_after_the_archiver_runs(world: World) 
     rest = await _pages(w, "admin", page_size=4, page_token_from=first.next_page_token)
     assert [j.job_id for j in first.jobs] + [j for p in rest for j in p] == ALL
     assert await _every_report(w) == reports
-    after = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), CallContext("admin", PEER))  # type: ignore[arg-type]
+    after = await w.admin.ListAudit(pb.ListAuditRequest(limit=100), as_user("admin"))
     assert after.events == audit.events
     assert (await w.get("alice", "j00")).phase == pb.JOB_PHASE_SUCCEEDED
-    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), as_user("alice"))
     assert [(a.attempt, a.reason, [r.pod for r in a.replicas]) for a in described.attempts] == [
         (1, "Completed", ["j00-worker-0"])
     ]
@@ -621,7 +628,7 @@ def _logs_at(w: World, now_s: float, retain_hours: float) -> LogsService:
 
 
 async def _lines(logs: LogsService, who: str, **request: Any) -> list[str]:
-    chunks = logs.StreamLogs(pb.StreamLogsRequest(**request), CallContext(who, PEER))  # type: ignore[arg-type]
+    chunks = logs.StreamLogs(pb.StreamLogsRequest(**request), as_user(who))
     return [line for c in [c async for c in chunks] for line in c.lines]
 
 
@@ -667,7 +674,7 @@ async def test_logs_of_an_archived_job_are_read_from_the_history_store_cut_and_i
             await _lines(logs, who, job_id="j99-missing")
         assert theirs.value.code == missing.value.code == grpc.StatusCode.NOT_FOUND, who
         assert theirs.value.details == f"job '{job_id}' not found"
-    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    described = await logs.DescribeJob(pb.DescribeJobRequest(job_id="j00"), as_user("alice"))
     assert [a.logs_kept for a in described.attempts] == [True]
 
     # Past the retention from when they were kept: not served, as etcd's copy would not be.
@@ -676,7 +683,7 @@ async def test_logs_of_an_archived_job_are_read_from_the_history_store_cut_and_i
         await _lines(late, "alice", job_id="j00")
     assert gone.value.code == grpc.StatusCode.NOT_FOUND
     assert "no longer kept" in gone.value.details
-    described = await late.DescribeJob(pb.DescribeJobRequest(job_id="j00"), CallContext("alice", PEER))  # type: ignore[arg-type]
+    described = await late.DescribeJob(pb.DescribeJobRequest(job_id="j00"), as_user("alice"))
     assert [(a.outcome, a.logs_kept) for a in described.attempts] == [("SUCCEEDED", False)]
 
 
