@@ -199,7 +199,7 @@ async def test_archive_false_leaves_everything_in_etcd(
             return len(passes) >= after_first + PASSES_AFTER_THE_FIRST
 
         await eventually(passes_made, timeout_s=30, what=f"{PASSES_AFTER_THE_FIRST} more leader passes")
-        assert server.metrics.is_leader._value.get() == 1  # type: ignore[attr-defined]
+        assert server.metrics.is_leader._value.get() == 1
         assert server.history is not None
         assert server.history.counts().jobs == 0
     finally:

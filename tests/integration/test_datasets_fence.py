@@ -84,7 +84,7 @@ class CountingStores(StoreDirectory):
         held = self.wrapped.get(name)
         if held is None or held._inner is not inner:
             held = self.wrapped[name] = Counting(inner)
-        return held  # type: ignore[return-value]
+        return held
 
 
 @dataclass

@@ -14,6 +14,7 @@ from datasync.credentials import AwsCredentials, Secret
 from datasync.errors import AccessDenied, ObjectNotFound
 from datasync.s3_requests import S3Requests
 from datasync.seaweed_process import SeaweedProcess
+from datasync.store import Blob
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ async def test_small_objects_round_trip_over_few_connections(seaweed: SeaweedPro
         assert etag is not None
         assert etag.strip('"') == hashlib.md5(body).hexdigest()
 
-    async def get(key: str) -> bytes:
+    async def get(key: str) -> Blob:
         async with slots:
             return await s3.get_object(key)
 

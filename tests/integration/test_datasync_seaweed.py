@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from datasync.journal import LocalJournal
+from datasync.journal import Journal, LocalJournal
 from datasync.manifest import build_manifest
 from datasync.model import Manifest
 from datasync.plan import plan_sync
 from datasync.seaweed_process import SeaweedProcess
-from datasync.store import ObjectStore
+from datasync.store import Blob, ObjectStore
 from datasync.store_obstore import ObstoreStore
 from datasync.sync import SyncReport, run_sync
 from datasync.transfer import SyncOptions
@@ -68,15 +68,18 @@ async def upload(store: ObjectStore, prefix: str, files: dict[str, bytes]) -> No
 
 
 async def sync(
-    source: ObjectStore, target: ObjectStore, prefix: str, manifest: Manifest, **kw: object
+    source: ObjectStore,
+    target: ObjectStore,
+    prefix: str,
+    manifest: Manifest,
+    *,
+    journal: Journal | None = None,
 ) -> SyncReport:
-    plan = await plan_sync(
-        source, prefix + "v1/", target, prefix + "cache/", manifest, journal=kw.get("journal")
-    )  # type: ignore[arg-type]
-    return await run_sync(plan, source, target, options=kw.get("options", OPTIONS), journal=kw.get("journal"))  # type: ignore[arg-type]
+    plan = await plan_sync(source, prefix + "v1/", target, prefix + "cache/", manifest, journal=journal)
+    return await run_sync(plan, source, target, options=OPTIONS, journal=journal)
 
 
-async def target_bytes(target: ObjectStore, prefix: str, path: str) -> bytes:
+async def target_bytes(target: ObjectStore, prefix: str, path: str) -> Blob:
     return await target.get(prefix + "cache/" + path)
 
 

@@ -26,7 +26,7 @@ from clusters.kubernetes import KubernetesBackend
 from clusters.kubernetes.names import object_name
 from clusters.sim import SimCluster
 from federation.scheduling.snapshot import unbound_replica_gpus
-from placement.model import CapacityKind, GpuType, JobId, JobPhase, NodeShare
+from placement.model import CapacityKind, ClusterState, GpuType, JobId, JobPhase, NodeShare
 from tests.conftest import build_job
 from tests.contract.conftest import POOLS, kube_config, no_leaked_threads
 from tests.contract.helpers import a_gang, eventually, free_gpus, status_of, total_gpus, wait_phase
@@ -105,11 +105,11 @@ async def any_world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield w
 
 
-def nodes_free(state: Any, pool: str) -> tuple[int, ...]:
+def nodes_free(state: ClusterState, pool: str) -> tuple[int, ...]:
     return next(p for p in state.pools if p.name == pool).free_gpus_per_node
 
 
-def h100_nodes_free(state: Any) -> tuple[int, ...]:
+def h100_nodes_free(state: ClusterState) -> tuple[int, ...]:
     return nodes_free(state, "h100")
 
 

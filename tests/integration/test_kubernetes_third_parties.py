@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from clusters.api import ClusterUnreachable, GangPhase, GangRejected, VanishedAttempt
+from clusters.api import ClusterUnreachable, GangPhase, GangRejected, GangStatus, VanishedAttempt
 from clusters.kubernetes.errors import NamespaceTerminating, translate
 from clusters.kubernetes.names import object_name
 from tests.contract.conftest import no_leaked_threads
@@ -119,7 +119,7 @@ async def test_pods_orphaned_by_their_gang_object_are_reported_and_removed_by_ca
     name = object_name(gang.job_id, gang.attempt)
     await _delete_gang_object(any_world, name, "Orphan")
 
-    async def orphaned() -> object:
+    async def orphaned() -> GangStatus | None:
         status = await status_of(any_world.backend, gang)
         return status if status is not None and status.orphaned else None
 

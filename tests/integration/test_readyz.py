@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 CONFIG = Path(__file__).parents[1] / "e2e" / "federation.yaml"
 
 
-async def _server(etcd: EtcdProcess, state: Path, identity: str, lease_ttl_s: float = 2) -> FederationServer:
+async def _server(etcd: EtcdProcess, state: Path, identity: str, lease_ttl_s: int = 2) -> FederationServer:
     config = ServerConfig(
         etcd_endpoint=etcd.endpoint,
         state_dir=state,

@@ -166,7 +166,9 @@ def gone(core: client.CoreV1Api, name: str) -> bool:
     try:
         core.read_namespaced_pod(name, "default")
     except ApiException as exc:
-        return exc.status == 404
+        # The kubernetes client is not followed by mypy (pyproject.toml), so its status is Any.
+        status: int = exc.status
+        return status == 404
     return False
 
 

@@ -108,7 +108,7 @@ async def test_a_reply_past_the_clients_cap_is_reply_too_large_and_paging_reads_
     try:
         with pytest.raises(ReplyTooLarge):
             await small.range_prefix(prefix)
-        got = []
+        got: list[bytes] = []
         async for page, _ in pages(small, prefix):
             got.extend(kv.key for kv in page)
         assert got == [prefix + b"%04d" % n for n in range(120)]
@@ -179,7 +179,7 @@ async def test_a_dead_etcd_fails_fast_and_its_data_survives_a_restart(
         await cache.start()
 
         etcd.kill()
-        calls = {
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
             "get_job": lambda: store.get_job(JobId("survivor")),
             "create_job": lambda: store.create_job(make_job("j2"), idempotency_key="k2", manifest_digest="d"),
             "list_jobs": store.list_jobs,
