@@ -18,7 +18,7 @@ def requests(result: Plan) -> list[tuple[str, str, int, tuple[str, ...]]]:
 
 
 def outcome(result: Plan) -> dict[str, str]:
-    out = {a.job_id: "admitted" for a in result.admissions}
+    out: dict[str, str] = {a.job_id: "admitted" for a in result.admissions}
     out.update({w.job_id: w.reasons[-1].code.value for w in result.waiting})
     return out
 

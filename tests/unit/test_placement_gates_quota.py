@@ -15,7 +15,7 @@ URGENT = PriorityClass("urgent", 1000, preemptible=False, needs_approval=True)
 
 def outcome(result: Plan) -> dict[str, str]:
     """Each job: 'admitted' or its first wait code."""
-    out = {a.job_id: "admitted" for a in result.admissions}
+    out: dict[str, str] = {a.job_id: "admitted" for a in result.admissions}
     out.update({w.job_id: w.reasons[0].code.value for w in result.waiting})
     return out
 

@@ -253,7 +253,7 @@ def snapshots(draw: st.DrawFn, max_queue: int = 6) -> Snapshot:
 
 
 def limits(snapshot: Snapshot) -> dict[tuple[str, str], int]:
-    out = {}
+    out: dict[tuple[str, str], int] = {}
     for tenant in snapshot.tenants:
         for gpu_type in TYPES:
             bounds = [tenant.cap_for(gpu_type)]
@@ -308,20 +308,20 @@ def check_caps_and_gates(snapshot: Snapshot) -> None:
             held[(node, gang.gpu_type)] += gang.gpu_count
     new: Counter[tuple[str, str]] = Counter()
     tenants = {t.tenant: t for t in snapshot.tenants}
-    for gang, gpu_type in added_by_plan(snapshot, result):
-        for node in path(snapshot, gang.tenant):
-            new[(node, gpu_type)] += gang.gpu_count
+    for request, gpu_type in added_by_plan(snapshot, result):
+        for node in path(snapshot, request.tenant):
+            new[(node, gpu_type)] += request.gpu_count
             quota = tenants[TenantId(node)]
             budget = quota.monthly_budget_gpu_hours
             assert budget is None or quota.spent_gpu_hours < budget, (
-                f"{gang.job_id}: budget of {node} is spent"
+                f"{request.job_id}: budget of {node} is spent"
             )
-        tenant = tenants[gang.tenant]
-        assert tenant.max_priority is None or gang.priority <= tenant.max_priority
-        assert gang.user_max_priority is None or gang.priority <= gang.user_max_priority
-        if gang.priority_class == "urgent":
-            assert gang.approval_expires_at_s is not None
-            assert gang.approval_expires_at_s > NOW
+        tenant = tenants[request.tenant]
+        assert tenant.max_priority is None or request.priority <= tenant.max_priority
+        assert request.user_max_priority is None or request.priority <= request.user_max_priority
+        if request.priority_class == "urgent":
+            assert request.approval_expires_at_s is not None
+            assert request.approval_expires_at_s > NOW
     # An approved class makes room under its tenant's cap by evicting the tenant's own gangs: what it
     # adds is judged once they are gone.
     for p in result.preemptions:
@@ -332,8 +332,11 @@ def check_caps_and_gates(snapshot: Snapshot) -> None:
         assert new[key] == 0 or held[key] + new[key] <= limit, f"{key}: {held[key]} + {new[key]} > {limit}"
 
 
-def offer_nodes(snapshot: Snapshot) -> dict[tuple[str, str, CapacityKind, float], list[int]]:
-    nodes: dict[tuple[str, str, CapacityKind, float], list[int]] = {}
+Offer = tuple[ClusterName, GpuType, CapacityKind, float]
+
+
+def offer_nodes(snapshot: Snapshot) -> dict[Offer, list[int]]:
+    nodes: dict[Offer, list[int]] = {}
     for cluster in snapshot.clusters:
         for pool in sorted(cluster.pools, key=lambda p: p.name):
             key = (cluster.name, pool.gpu_type, pool.kind, pool.usd_per_gpu_hour)
@@ -359,7 +362,7 @@ def test_gangs_are_admitted_whole_on_one_cluster_where_they_fit(snapshot: Snapsh
             taken = fit_replicas(gang.replica_gpus, replay[key])
             assert taken is not None, f"{gang.job_id} does not fit after the admissions before it"
             replay[key] = [f - t for f, t in zip(replay[key], taken, strict=True)]
-    used: Counter[tuple[str, str, CapacityKind, float]] = Counter()
+    used: Counter[Offer] = Counter()
     for admission in result.admissions:
         used[(admission.cluster, admission.gpu_type, admission.kind, admission.usd_per_gpu_hour)] += gangs[
             admission.job_id
@@ -385,8 +388,8 @@ def check_preemptions(snapshot: Snapshot) -> None:
     # A victim's tenant is judged on what it holds at the preemptor's turn, which may include gangs
     # admitted earlier in the cycle: bound that by everything the plan adds for it.
     added: Counter[tuple[str, str]] = Counter()
-    for gang, gpu_type in added_by_plan(snapshot, result):
-        added[(gang.tenant, gpu_type)] += gang.gpu_count
+    for request, gpu_type in added_by_plan(snapshot, result):
+        added[(request.tenant, gpu_type)] += request.gpu_count
     evicted: Counter[tuple[str, str]] = Counter()
     victims = [p.victim for p in result.preemptions]
     assert len(victims) == len(set(victims))
@@ -440,7 +443,8 @@ def test_every_evicted_gang_is_needed(snapshot: Snapshot) -> None:
     victim_pool = pools[running[first.victim].nodes[0].pool]
     offer = (victim_pool.gpu_type, victim_pool.kind, victim_pool.usd_per_gpu_hour)
     # The offer's node list: its pools in name order, as the placer concatenates them.
-    offsets, nodes = {}, []
+    offsets: dict[str, int] = {}
+    nodes: list[int] = []
     for name in sorted(pools):
         if (pools[name].gpu_type, pools[name].kind, pools[name].usd_per_gpu_hour) == offer:
             offsets[name] = len(nodes)

@@ -10,6 +10,7 @@ itself 8 x 0.25 h x $3 = $6: it saves $184.80.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ NOW = 100 * HOUR
 OVERHEAD_S = 900.0
 
 
-def cloud_gang(job_id: str = "c", **fields: object) -> RunningGang:
+def cloud_gang(job_id: str = "c", **fields: Any) -> RunningGang:
     gang = RunningGang(
         job_id=JobId(job_id),
         tenant=TenantId("t1"),
@@ -53,7 +54,7 @@ def cloud_gang(job_id: str = "c", **fields: object) -> RunningGang:
         started_at_s=NOW - HOUR,
         movable=True,
     )
-    return replace(gang, **fields)  # type: ignore[arg-type]
+    return replace(gang, **fields)
 
 
 def world(free: tuple[int, ...] = (8,), **policy: object) -> SnapshotBuilder:
@@ -127,7 +128,7 @@ def test_a_gang_that_does_not_fit_is_not_moved_and_no_one_is_evicted() -> None:
     ],
 )
 def test_no_move(gang: RunningGang, policy: dict[str, object]) -> None:
-    assert decide(world(**policy), gang).moves == ()
+    assert decide(world().policy(**policy), gang).moves == ()
 
 
 def test_a_margin_just_under_the_saving_still_moves() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -206,7 +206,7 @@ def test_the_fair_order_is_the_plain_walks(seed: int, tenants: int) -> None:
     assert walk(plain=False) == walk(plain=True)
 
 
-def _kinds(cycle: _Cycle, queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
+def _kinds(cycle: _Cycle, queued: Sequence[GangRequest]) -> set[frozenset[JobId]]:
     """The numbered kinds as sets of jobs."""
     by_kind: dict[int, set[JobId]] = {}
     for g in queued:
@@ -216,7 +216,7 @@ def _kinds(cycle: _Cycle, queued: tuple[GangRequest, ...]) -> set[frozenset[JobI
     return {frozenset(jobs) for jobs in by_kind.values()}
 
 
-def _kinds_by_value(queued: tuple[GangRequest, ...]) -> set[frozenset[JobId]]:
+def _kinds_by_value(queued: Sequence[GangRequest]) -> set[frozenset[JobId]]:
     by_value: dict[tuple[object, ...], set[JobId]] = {}
     for g in queued:
         by_value.setdefault(g.decision_key, set()).add(g.job_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -203,7 +204,7 @@ class Queue:
         self.now += rng.choice([0.0, 1.0, 10.0, 100.0])
 
 
-def _kept_as_made_afresh(carry: PlanCarry, queued: tuple[GangRequest, ...]) -> None:
+def _kept_as_made_afresh(carry: PlanCarry, queued: Sequence[GangRequest]) -> None:
     """What the queue's carry keeps for the next plan is what a plan would make afresh: the tenants'
     lists (`fairshare.tenant_lists`) and the gangs counted per key object. (A wrong count changes no
     plan, only which gangs are taken in bulk: it is checked here.)"""
