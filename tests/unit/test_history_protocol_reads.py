@@ -21,7 +21,7 @@ from federation.history.model import ArchivedJob, GroupBy, IntervalQuery, JobFil
 from federation.history.sql_store import SqlHistoryStore
 from federation.history.sums import EdgesQuery, ReportRead, SumsQuery, SumsRow, UsageEdge
 from federation.store.intervals import LedgerInterval
-from placement.model import TenantId
+from placement.model import JobId, TenantId
 from tests.history_builders import BACKENDS, an_archived_job, an_audit, an_interval, fresh_dsn, open_store
 
 DAY = 86_400.0
@@ -145,7 +145,7 @@ def test_intervals_by_range_whole_each_once_in_pages(store: SqlHistoryStore) -> 
     ids = [iv.job_id for iv in everyone]
     assert sorted(ids) == sorted(["long", "late", "other", *(iv.job_id for iv in many)])
     assert len(ids) == len(set(ids)), "an interval crossing midnights is read once"
-    assert {iv.job_id: iv for iv in everyone}["long"] == ivs["long"], "whole, not clipped"
+    assert {iv.job_id: iv for iv in everyone}[JobId("long")] == ivs["long"], "whole, not clipped"
     # One page, or many: the same intervals.
     assert sorted(
         iv.job_id for iv in _all_intervals(store, IntervalQuery(since_s=since, until_s=until))
@@ -205,7 +205,7 @@ def test_sums_group_by_dimension_and_bucket(store: SqlHistoryStore) -> None:
     by_tenant = _sums(store, SumsQuery(*week, (GroupBy.TENANT,)))
     assert by_tenant == (
         # Cost in whole micro-dollars (federation.store.money).
-        SumsRow(("t1",), None, 8 * 8 * 3600 + 2 * 3 * 3600, (8 * 8 * 2 + 2 * 3 * 3.5) * 1_000_000, 2),
+        SumsRow(("t1",), None, 8 * 8 * 3600 + 2 * 3 * 3600, 8 * 8 * 2_000_000 + 2 * 3 * 3_500_000, 2),
         SumsRow(("t2",), None, 4 * 3600, 4 * 2 * 1_000_000, 1),
     )
     by_day = _sums(store, SumsQuery(*week, (GroupBy.USER,), Period.DAY))

@@ -6,7 +6,7 @@ Every test runs on each backend with a fresh, migrated database, so the two cann
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,10 +125,9 @@ def test_usage_is_clipped_to_the_period_and_split_at_midnight(store: SqlHistoryS
     )
     store.write_jobs([job])
     by_day = store.usage(UsageQuery(since_s=MARCH, until_s=MARCH + 2 * DAY, period=Period.DAY))
-    assert [(r.period, r.gpu_hours, r.cost_usd) for r in by_day] == [
-        ("2026-03-01", pytest.approx(16.0), pytest.approx(32.0)),
-        ("2026-03-02", pytest.approx(16.0), pytest.approx(32.0)),
-    ]
+    assert [r.period for r in by_day] == ["2026-03-01", "2026-03-02"]
+    assert [r.gpu_hours for r in by_day] == pytest.approx([16.0, 16.0])
+    assert [r.cost_usd for r in by_day] == pytest.approx([32.0, 32.0])
     # A period that starts and ends inside the interval counts only its part: 23:00 to 01:00.
     inner = store.usage(UsageQuery(since_s=MARCH + 23 * 3600, until_s=MARCH + DAY + 3600))
     assert inner[0].gpu_hours == pytest.approx(16.0)
@@ -163,10 +162,8 @@ def test_usage_groups_by_every_dimension_and_month(store: SqlHistoryStore) -> No
         period=Period.MONTH,
     )
     rows = store.usage(query)
-    assert [(r.keys, r.period, r.gpu_hours) for r in rows] == [
-        (("t1", "H100"), "2026-03", pytest.approx(8.0)),
-        (("t2", "A100"), "2026-04", pytest.approx(16.0)),
-    ]
+    assert [(r.keys, r.period) for r in rows] == [(("t1", "H100"), "2026-03"), (("t2", "A100"), "2026-04")]
+    assert [r.gpu_hours for r in rows] == pytest.approx([8.0, 16.0])
     for dimension in GroupBy:
         grouped = store.usage(replace(query, group_by=(dimension,), period=None))
         assert sum(r.gpu_hours for r in grouped) == pytest.approx(24.0), dimension
@@ -250,9 +247,9 @@ def test_whole_months_from_the_rollup_agree_with_the_days(store: SqlHistoryStore
         ),
     ],
 )
-def test_bad_input_names_the_problem(build: object, names: str) -> None:
+def test_bad_input_names_the_problem(build: Callable[[], object], names: str) -> None:
     with pytest.raises(InvalidArgument, match=names):
-        build()  # type: ignore[operator]
+        build()
 
 
 def test_audit_limit_is_checked(store: SqlHistoryStore) -> None:
