@@ -23,7 +23,7 @@ LOST = (
 )
 
 
-def a_job(job_id: str, phase: int, *, reason: str = "", message: str = "") -> pb.Job:
+def a_job(job_id: str, phase: pb.JobPhase.ValueType, *, reason: str = "", message: str = "") -> pb.Job:
     return pb.Job(
         job_id=job_id, tenant="vision", phase=phase, reason=reason, message=message, gpu_types=["A100"]
     )
@@ -49,7 +49,9 @@ class Jobs(pb_grpc.JobServiceServicer):
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_JobServiceServicer_to_server(Jobs(), server)
+    # The generated base class answers UNIMPLEMENTED for the calls a fake leaves out; mypy-protobuf's
+    # stubs declare every call abstract.
+    pb_grpc.add_JobServiceServicer_to_server(Jobs(), server)  # type: ignore[abstract]
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield f"127.0.0.1:{port}"

@@ -8,13 +8,13 @@ some placed on a cluster, in every phase group.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from federation.api.job_queries import decode_page_token, encode_page_token
-from federation.api.service import JobService
+from federation.api.service import Ctx, JobService
 from federation.api.v1 import gpufed_pb2 as pb
 from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
@@ -55,21 +55,30 @@ JOBS = [
 PEER = "ipv4:127.0.0.1:40000"
 
 
+def as_user(who: str) -> Ctx:
+    """The console's in-process context for `who`'s calls (bearer token `who`).
+
+    CallContext has what the servicers use (metadata, peer, abort), not the rest of grpc's abstract
+    ServicerContext, so mypy cannot take it for one: this is the one place that says so.
+    """
+    return cast(Ctx, CallContext(who, PEER))
+
+
 @dataclass
 class World:
     service: JobService
     cache: JobCache
 
-    async def list(self, who: str, **fields: Any) -> pb.ListJobsResponse:
-        return await self.service.ListJobs(pb.ListJobsRequest(**fields), CallContext(who, PEER))  # type: ignore[arg-type]
+    async def list_jobs(self, who: str, **fields: Any) -> pb.ListJobsResponse:
+        return await self.service.ListJobs(pb.ListJobsRequest(**fields), as_user(who))
 
     async def ids(self, who: str, **fields: Any) -> list[str]:
-        return [j.job_id for j in (await self.list(who, **fields)).jobs]
+        return [j.job_id for j in (await self.list_jobs(who, **fields)).jobs]
 
     async def every_page(self, who: str, **fields: Any) -> list[list[str]]:
         pages, token = [], ""
         while True:
-            reply = await self.list(who, page_token=token, **fields)
+            reply = await self.list_jobs(who, page_token=token, **fields)
             pages.append([j.job_id for j in reply.jobs])
             token = reply.next_page_token
             if not token:
@@ -77,7 +86,7 @@ class World:
 
     async def summary(self, who: str, tenant: str = "") -> pb.JobSummary:
         request = pb.SummarizeJobsRequest(tenant=tenant)
-        return await self.service.SummarizeJobs(request, CallContext(who, PEER))  # type: ignore[arg-type]
+        return await self.service.SummarizeJobs(request, as_user(who))
 
 
 @pytest.fixture
@@ -187,19 +196,19 @@ async def test_pages_follow_each_order_without_repeating_or_skipping(
 
 
 async def test_a_page_token_is_the_last_jobs_place_marked_with_its_order(world: World) -> None:
-    first = await world.list("admin", page_size=2, newest_first=True)
+    first = await world.list_jobs("admin", page_size=2, newest_first=True)
     assert decode_page_token(first.next_page_token, newest_first=True) == (1007.0, "j7")
     assert first.next_page_token == encode_page_token((1007.0, "j7"), newest_first=True)
-    oldest = await world.list("admin", page_size=2)
+    oldest = await world.list_jobs("admin", page_size=2)
     assert decode_page_token(oldest.next_page_token, newest_first=False) == (1001.0, "j1")
 
 
 async def test_a_page_token_of_one_order_is_refused_by_the_other(world: World) -> None:
-    newest = await world.list("admin", page_size=2, newest_first=True)
-    oldest = await world.list("admin", page_size=2)
+    newest = await world.list_jobs("admin", page_size=2, newest_first=True)
+    oldest = await world.list_jobs("admin", page_size=2)
     for token, asked in [(newest.next_page_token, False), (oldest.next_page_token, True)]:
         with pytest.raises(Refused) as refused:
-            await world.list("admin", page_token=token, newest_first=asked)
+            await world.list_jobs("admin", page_token=token, newest_first=asked)
         assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
         assert refused.value.details.startswith("page_token: issued for a listing")
 
@@ -219,7 +228,7 @@ async def test_bad_filters_are_refused_naming_the_field(
     world: World, fields: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(Refused) as refused:
-        await world.list("admin", **fields)
+        await world.list_jobs("admin", **fields)
     assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details.startswith(field)
 
@@ -231,7 +240,7 @@ async def test_bad_filters_are_refused_naming_the_field(
 )
 async def test_filters_do_not_widen_who_may_list(world: World, who: str, fields: dict[str, Any]) -> None:
     with pytest.raises(Refused) as refused:
-        await world.list(who, **fields)
+        await world.list_jobs(who, **fields)
     assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
 
 

@@ -31,7 +31,7 @@ from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import ClusterName, GpuType, JobId, JobPhase, TenantId, WaitCode, WaitReason
 from tests.unit.job_service import job_service
 from tests.unit.reconcile_world import a_job, build_world, submit
-from tests.unit.test_redaction import Aborted, Context
+from tests.unit.test_redaction import Aborted, context
 
 
 def _room_reasons(clusters: int = 50) -> tuple[WaitReason, ...]:
@@ -102,7 +102,9 @@ async def test_many_jobs_a_transaction_none_deletes_and_the_bounds_are_kept() ->
 async def test_a_deposed_leader_writes_no_reasons() -> None:
     store = InMemoryJobStore()
     await store._kv.put(b"/leader", b"me")
-    created = (await store._kv.get(b"/leader")).create_revision  # type: ignore[union-attr]
+    leader = await store._kv.get(b"/leader")
+    assert leader is not None
+    created = leader.create_revision
     await store._kv.delete(b"/leader")  # the lease expired: the key is gone
     with pytest.raises(NotLeader):
         await store.put_encoded_wait_reasons(
@@ -173,15 +175,15 @@ async def test_another_tenant_learns_nothing_of_reasons_shared_or_batched_with_i
         }
         alices, bobs = waiting["vision"][-1], waiting["nlp"][-1]
         service = job_service(world.store, world.cache)
-        mine = await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), Context("alice-token"))
+        mine = await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), context("alice-token"))
         assert [r.message for r in mine.reasons] == [
             r.message for r in await world.store.get_wait_reasons(alices)
         ]
         assert mine.reasons
         with pytest.raises(Aborted) as theirs:
-            await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), Context("bob-token"))
+            await service.ExplainJob(pb.ExplainJobRequest(job_id=alices), context("bob-token"))
         with pytest.raises(Aborted) as nothing:
-            await service.ExplainJob(pb.ExplainJobRequest(job_id=JobId("no-such-job")), Context("bob-token"))
+            await service.ExplainJob(pb.ExplainJobRequest(job_id=JobId("no-such-job")), context("bob-token"))
         assert theirs.value.code == nothing.value.code == grpc.StatusCode.NOT_FOUND
         # The same words as for a job that is not there, the id asked for aside.
         assert theirs.value.args[1].replace(alices, "?") == nothing.value.args[1].replace("no-such-job", "?")
@@ -216,8 +218,10 @@ async def test_a_cycle_makes_no_more_writes_than_it_may_send(monkeypatch: pytest
     made: list[int] = []
     original = scheduler_module.Scheduler._reasons_to_write
 
-    def counted(self: scheduler_module.Scheduler, *args: object, **kwargs: object) -> object:
-        changed, left = original(self, *args, **kwargs)  # type: ignore[arg-type]
+    def counted(
+        self: scheduler_module.Scheduler, *args: Any, **kwargs: Any
+    ) -> tuple[list[scheduler_module._ReasonsWrite], list[JobId]]:
+        changed, left = original(self, *args, **kwargs)
         made.append(len(changed))
         return changed, left
 
