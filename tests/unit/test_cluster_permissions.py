@@ -161,6 +161,12 @@ def test_request_of(method: str, path: str, watch: bool, expected: Request) -> N
 
 def test_rules_hold_exactly_the_list() -> None:
     rules = permissions.cluster_role_rules()
-    granted = {(r["apiGroups"][0], r["resources"][0], v) for r in rules for v in r["verbs"]}  # type: ignore[index]
+    granted: set[tuple[str, str, str]] = set()
+    for r in rules:
+        groups, resources, verbs = r["apiGroups"], r["resources"], r["verbs"]
+        assert isinstance(groups, list)
+        assert isinstance(resources, list)
+        assert isinstance(verbs, list)
+        granted |= {(groups[0], resources[0], v) for v in verbs}
     assert granted == {(p.group, p.resource_path, v) for p in PERMISSIONS for v in p.verbs}
     assert all("*" not in str(r) for r in rules)

@@ -49,7 +49,9 @@ async def test_a_corrupt_record_fails_the_list_and_cancels_the_next_page() -> No
 def test_a_page_of_etcd_asks_for_no_sort_order() -> None:
     # etcd applies a range's limit only after sorting every key to the range's end when a sort
     # order is given: paging a restart's 100,000 jobs then read five billion keys' worth.
-    from federation.store.kv_etcd import range_request, rpc
+    from aetcd import rpc
+
+    from federation.store.kv_etcd import range_request
 
     request = range_request(JOBS, limit=FIRST_PAGE_KEYS, start=JOBS + b"j1\0", revision=42)
     assert request.sort_order == rpc.RangeRequest.NONE

@@ -7,6 +7,7 @@ peer's outgoing connection had taken it as its local port.
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
         # The first draw is the busy port, the next ones are not.
         monkeypatch.setattr(loopback_ports, "ephemeral_range", lambda: (taken + 1, HIGHEST))
         draws = iter([taken - LOWEST, taken - LOWEST, 0, 1, 2, 3])
-        monkeypatch.setattr(loopback_ports.random, "randrange", lambda _n: next(draws))
+        monkeypatch.setattr(random, "randrange", lambda _n: next(draws))
         got = free_port(also=lambda p: p != LOWEST)
         assert got != taken
         assert got == LOWEST + 1
@@ -98,7 +99,7 @@ def test_ports_drawn_together_are_distinct_even_when_the_draws_repeat(
 ) -> None:
     # A cluster's six ports are drawn at once; two equal draws must not give two members one port.
     draws = iter([5, 5, 5, 7, 5, 7, 9])
-    monkeypatch.setattr(loopback_ports.random, "randrange", lambda _n: next(draws))
+    monkeypatch.setattr(random, "randrange", lambda _n: next(draws))
     assert free_ports(3) == [LOWEST + 5, LOWEST + 7, LOWEST + 9]
 
 
@@ -118,7 +119,7 @@ def test_two_slots_never_draw_the_same_port(monkeypatch: pytest.MonkeyPatch) -> 
     drawn: dict[str, set[int]] = {}
     for slot in ("0/4", "1/4"):
         monkeypatch.setenv(SLOT_ENV, slot)
-        monkeypatch.setattr(loopback_ports.random, "randrange", _counting())
+        monkeypatch.setattr(random, "randrange", _counting())
         drawn[slot] = {free_port() for _ in range(100)}
     assert drawn["0/4"].isdisjoint(drawn["1/4"])
     assert {p % 4 for p in drawn["0/4"]} == {0}

@@ -32,17 +32,17 @@ def test_a_leader_before_its_first_pass_is_not_ready() -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "why"),
+    ("inputs", "why"),
     [
-        ({"grpc_serving": False}, "gRPC port not serving yet"),
-        ({"jobs_listed": False}, "job cache not listed"),
-        ({"ledger_listed": False}, "ledger cache not listed"),
+        (replace(SERVING_LEADER, grpc_serving=False), "gRPC port not serving yet"),
+        (replace(SERVING_LEADER, jobs_listed=False), "job cache not listed"),
+        (replace(SERVING_LEADER, ledger_listed=False), "ledger cache not listed"),
     ],
 )
 def test_unlisted_caches_or_a_closed_port_are_not_ready_even_for_a_leader(
-    change: dict[str, bool], why: str
+    inputs: ReadinessInputs, why: str
 ) -> None:
-    verdict = judge(replace(SERVING_LEADER, **change))
+    verdict = judge(inputs)
     assert not verdict.ready
     assert verdict.why == why
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from placement.model import JobPhase
+from federation.store.jobs import JobRecord
+from placement.model import GpuType, JobPhase
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
 
@@ -25,9 +26,9 @@ async def world() -> AsyncIterator[World]:
         yield w
 
 
-def unplaceable(name: str) -> Any:
+def unplaceable(name: str) -> JobRecord:
     job = a_job(name)
-    return replace(job, spec=replace(job.spec, gpu_types=("H200",)))
+    return replace(job, spec=replace(job.spec, gpu_types=(GpuType("H200"),)))
 
 
 async def test_a_job_submitted_during_a_cycles_awaits_is_planned_next(

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
 import federation.scheduling.scheduler as scheduler_module
 from federation.scheduling.idle import IDLE_REPLAN_CYCLES, IdleGate
-from placement.model import JobPhase, Plan, Snapshot
+from federation.store.jobs import JobRecord
+from placement.model import GpuType, JobPhase, Plan, Snapshot
+from placement.plan import plan as placement_plan
 from placement.stretch_carry import PlanCarry
 from tests.unit.reconcile_world import World, a_job, build_world, submit
 
@@ -29,7 +30,7 @@ async def world() -> AsyncIterator[World]:
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The time of every plan the scheduler makes."""
     made: list[float] = []
-    real = scheduler_module.plan
+    real = placement_plan
 
     def counting(
         snapshot: Snapshot,
@@ -45,9 +46,9 @@ def plans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return made
 
 
-def unplaceable(name: str) -> Any:
+def unplaceable(name: str) -> JobRecord:
     job = a_job(name)
-    return replace(job, spec=replace(job.spec, gpu_types=("H200",)))
+    return replace(job, spec=replace(job.spec, gpu_types=(GpuType("H200"),)))
 
 
 async def test_nothing_changed_nothing_replanned_until_the_time_may_matter(

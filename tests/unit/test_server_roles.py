@@ -46,14 +46,14 @@ def test_an_api_server_is_ready_with_or_without_a_leader(leader: str | None, why
 
 
 @pytest.mark.parametrize(
-    ("change", "why"),
+    ("inputs", "why"),
     [
-        ({"grpc_serving": False}, "gRPC port not serving yet"),
-        ({"jobs_listed": False}, "job cache not listed"),
-        ({"ledger_listed": False}, "ledger cache not listed"),
+        (replace(API_LISTED, grpc_serving=False), "gRPC port not serving yet"),
+        (replace(API_LISTED, jobs_listed=False), "job cache not listed"),
+        (replace(API_LISTED, ledger_listed=False), "ledger cache not listed"),
     ],
 )
-def test_an_api_server_with_unlisted_caches_is_not_ready(change: dict[str, bool], why: str) -> None:
-    verdict = judge(replace(API_LISTED, **change))
+def test_an_api_server_with_unlisted_caches_is_not_ready(inputs: ReadinessInputs, why: str) -> None:
+    verdict = judge(inputs)
     assert not verdict.ready
     assert verdict.why == why

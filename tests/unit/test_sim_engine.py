@@ -147,7 +147,9 @@ def test_taint_without_toleration_keeps_pods_off() -> None:
     assert phases(engine) == {"plain": "Pending", "tolerant": "Running"}
 
 
-def an_indexed_job(name: str, replicas: int, *, backoff: int = 0, **template_annotations: str) -> Obj:
+def an_indexed_job(
+    name: str, replicas: int, *, backoff: int = 0, annotations: dict[str, str] | None = None
+) -> Obj:
     return {
         "metadata": {"name": name},
         "spec": {
@@ -156,7 +158,7 @@ def an_indexed_job(name: str, replicas: int, *, backoff: int = 0, **template_ann
             "parallelism": replicas,
             "backoffLimit": backoff,
             "template": {
-                "metadata": {"annotations": template_annotations},
+                "metadata": {"annotations": annotations or {}},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]},
             },
         },
@@ -168,7 +170,9 @@ def test_job_replaces_failed_pods_until_the_backoff_limit() -> None:
     create(
         engine,
         BATCH_JOBS,
-        an_indexed_job("j", 1, backoff=2, **{"sim.gpufed.io/duration": "1", "sim.gpufed.io/exit-code": "1"}),
+        an_indexed_job(
+            "j", 1, backoff=2, annotations={"sim.gpufed.io/duration": "1", "sim.gpufed.io/exit-code": "1"}
+        ),
     )
     for _ in range(3):
         advance(engine, 1)
@@ -181,7 +185,7 @@ def test_job_replaces_failed_pods_until_the_backoff_limit() -> None:
 
 def test_job_deadline_fails_it_and_stops_its_pods() -> None:
     engine = an_engine()
-    body = an_indexed_job("j", 2, **{"sim.gpufed.io/duration": "100"})
+    body = an_indexed_job("j", 2, annotations={"sim.gpufed.io/duration": "100"})
     body["spec"]["activeDeadlineSeconds"] = 5
     create(engine, BATCH_JOBS, body)
     advance(engine, 5)
@@ -278,7 +282,7 @@ def test_kubelet_refuses_a_pinned_pod_beyond_the_node_cpu() -> None:
 
 def test_suspending_a_running_job_deletes_its_pods_without_counting_failures() -> None:
     engine = an_engine()
-    job = create(engine, BATCH_JOBS, an_indexed_job("j", 2, **{"sim.gpufed.io/duration": "100"}))
+    job = create(engine, BATCH_JOBS, an_indexed_job("j", 2, annotations={"sim.gpufed.io/duration": "100"}))
     assert sorted(phases(engine).values()) == ["Running", "Running"]
     suspended = {**job, "spec": {**job["spec"], "suspend": True}}
     engine.store.update(BATCH_JOBS, suspended)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from clusters.sim import SimConfigError, config, kubelet
+from clusters.sim.changes import Change, Watcher
 from clusters.sim.errors import ApiError
 from clusters.sim.patch import JSON_PATCH, MERGE, STRATEGIC, apply
 from clusters.sim.resources import PODS
@@ -93,13 +94,19 @@ def test_resource_version_increases_and_noop_update_keeps_it() -> None:
     assert changed["metadata"]["generation"] == 2
 
 
+def next_event(watcher: Watcher) -> tuple[EventType, Change]:
+    event = watcher.queue.get_nowait()
+    assert event is not None, "the watch ended"  # a None in the queue ends the watch
+    return event
+
+
 async def test_watch_replays_history_and_refuses_expired_versions() -> None:
     store = a_store(limit=5)
     start = store.resource_version
     for i in range(3):
         store.create(PODS, {"metadata": {"name": f"p{i}", "namespace": "default"}})
     watcher = store.watch(PODS, "default", parse_label_selector(""), parse_field_selector(""), start)
-    replayed = [watcher.queue.get_nowait() for _ in range(3)]
+    replayed = [next_event(watcher) for _ in range(3)]
     assert [(t, c.obj["metadata"]["name"]) for t, c in replayed] == [
         (EventType.ADDED, f"p{i}") for i in range(3)
     ]
@@ -114,7 +121,7 @@ async def test_watch_without_version_starts_with_every_object() -> None:
     store.create(PODS, {"metadata": {"name": "a", "namespace": "x"}})
     store.create(PODS, {"metadata": {"name": "b", "namespace": "y"}})
     watcher = store.watch(PODS, "y", parse_label_selector(""), parse_field_selector(""), None)
-    (event_type, change) = watcher.queue.get_nowait()
+    (event_type, change) = next_event(watcher)
     assert (event_type, change.obj["metadata"]["name"]) == (EventType.ADDED, "b")
     assert watcher.queue.empty()
 

@@ -720,7 +720,7 @@ LABEL_KEYS = LABEL_PART | st.builds(lambda a, b: f"{a}.io/{b}", DNS_LABELS, LABE
 ENV_NAMES = st.builds(
     operator.add, st.sampled_from(string.ascii_letters + "_"), st.text(ALNUM + "_", max_size=6)
 )
-GPU_TYPES = joined(ALNUM, "-_.")
+GPU_TYPES = joined(ALNUM, "-_.").map(GpuType)
 IMAGES = st.text(LOWER_ALNUM + "./:_-", min_size=1, max_size=30)
 # Free text: any character but the control (tab and newlines aside) and bidirectional ones, which
 # the parser refuses (see test_control_and_bidi_characters_are_refused_in_free_text).

@@ -8,7 +8,7 @@ wait at 600 s per GPU-hour.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
 from federation.store.records import SchedulingSettings, TenantRecord
@@ -28,7 +28,7 @@ async def full_private(world: World) -> None:
     assert {(await world.job(JobId(n))).phase for n in ("fill1", "fill2")} == {JobPhase.RUNNING}
 
 
-def world_of(cost_policy: CostPolicy) -> AsyncIterator[World]:
+def world_of(cost_policy: CostPolicy) -> AbstractAsyncContextManager[World]:
     tenant = TenantRecord(name=TenantId("vision"), cost_policy=cost_policy)
     return build_world(cluster_count=2, tenants=(tenant,), settings=SchedulingSettings(policy=WAITING))
 
@@ -52,7 +52,9 @@ async def test_a_waiting_job_records_what_bursting_at_once_would_cost_once_per_a
             4.0,
             1,
         )
-        revision = (await world.store.get_job(job_id)).mod_revision  # type: ignore[union-attr]
+        stored = await world.store.get_job(job_id)
+        assert stored is not None
+        revision = stored.mod_revision
         await world.step(60.0)
         again = await world.store.get_job(job_id)
         assert again is not None

@@ -73,7 +73,7 @@ def test_deleting_a_pod_restarts_the_job(kubectl: Kubectl, ns: str) -> None:
 
     def restarted() -> dict[str, Any] | None:
         job = _job(kubectl, ns, "restarts")
-        status = job["status"]
+        status: dict[str, Any] = job["status"]
         pods = facts.pods(kubectl, ns)
         fresh = {p["metadata"]["uid"] for p in pods} - old_uids
         if status.get("state", {}).get("phase") == "Running" and len(fresh) == 2 and len(pods) == 2:
