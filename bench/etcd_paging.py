@@ -28,10 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import history as seeding  # noqa: E402
-
+from bench import history as seeding  # noqa: E402
 from federation.history.sql_store import SqlHistoryStore  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.store.intervals import LEDGER_PREFIX  # noqa: E402

@@ -36,10 +36,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from clusters.logtext import split_stamp, stamp_s  # noqa: E402
 from federation.api.client import GpufedClient  # noqa: E402
 from federation.api.v1 import gpufed_pb2 as pb  # noqa: E402
 from federation.api.v1 import gpufed_pb2_grpc as pb_grpc  # noqa: E402
-from federation.joblogs.stream import split_stamp, stamp_s  # noqa: E402
 from federation.runtime.etcd_process import EtcdProcess  # noqa: E402
 from federation.runtime.sim_process import SimProcess  # noqa: E402
 from tests.e2e.harness import ServerProcess, wait_for  # noqa: E402
@@ -106,6 +106,7 @@ def backlog_lines(kubeconfig: Path, context: str, namespace: str, pod: str) -> i
 def gpufed_rate(target: str, token: str, job_id: str, lines: int) -> float:
     with GpufedClient(target, token) as client:
         stream = client.logs(pb.StreamLogsRequest(job_id=job_id, follow=True))
+        assert isinstance(stream, grpc.Call)  # a server stream is also its call: it can be cancelled
         first = 0.0
         count = 0
         try:
@@ -163,7 +164,7 @@ def _pod_of(kubeconfig: Path, context: str, job_id: str) -> tuple[str, str]:
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
 
-    with k8s_config.new_client_from_config(config_file=str(kubeconfig), context=context) as api:  # type: ignore[no-untyped-call]
+    with k8s_config.new_client_from_config(config_file=str(kubeconfig), context=context) as api:
         pods = k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"gpufed.io/job-id={job_id}")
         pod = pods.items[0]
         return pod.metadata.namespace, pod.metadata.name

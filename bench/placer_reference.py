@@ -19,6 +19,7 @@ from placement.inventory import KIND_RANK, price_factor
 from placement.model import (
     Admission,
     CapacityKind,
+    ClusterName,
     GangRequest,
     GpuType,
     GpuTypePolicy,
@@ -30,7 +31,7 @@ from placement.model import (
 
 @dataclass
 class Offer:
-    cluster: str
+    cluster: ClusterName
     gpu_type: GpuType
     kind: CapacityKind
     price: float
@@ -248,7 +249,7 @@ class _Reference:
             return
         shape = gang_shape(gang.replica_gpus)
         allowed = [t for t in dict.fromkeys(gang.gpu_types) if self._quota_ok(gang, t)]
-        groups = (
+        groups: list[tuple[GpuType, ...]] = (
             [(t,) for t in allowed]
             if gang.gpu_type_policy is GpuTypePolicy.ORDERED
             else ([tuple(allowed)] if allowed else [])

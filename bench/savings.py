@@ -27,10 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from report import ledger  # noqa: E402
-
+from bench.report import ledger  # noqa: E402
 from federation.ledger.report import Bucket, ReportQuery, compute_report  # noqa: E402
 from federation.ledger.report.savings import SavingsDim, SavingsQuery, compute_savings  # noqa: E402
 from federation.ledger.report.savings_render import render_savings_csv, render_savings_html  # noqa: E402

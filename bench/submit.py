@@ -540,7 +540,14 @@ def main() -> int:
             profiler = None
             profiled = targets[0].proc
             if args.py_spy and profiled is not None:
-                record = ("record", "--pid", str(profiled.pid), "--format", "raw", "--threads")
+                record: tuple[str, ...] = (
+                    "record",
+                    "--pid",
+                    str(profiled.pid),
+                    "--format",
+                    "raw",
+                    "--threads",
+                )
                 # py-spy reads C stacks only with the process paused at each sample: it costs the
                 # server time (rate and CPU figures of such a run are not comparable), not shares.
                 record += ("--native",) if args.native else ("--nonblocking",)
