@@ -9,14 +9,16 @@ import functools
 import json
 import sys
 
-import kubernetes_validate
-import kubernetes_validate.utils
+# kubernetes-validate is installed only in .venv-kubevalidate, which runs this script; the project's
+# virtualenv, where mypy runs, cannot import it (and it ships no type information anyway).
+import kubernetes_validate  # type: ignore[import-not-found]
+import kubernetes_validate.utils  # type: ignore[import-not-found]
 import yaml
 
 # `validate` reads and parses the version's `_definitions.json` (megabytes) and the kind's schema on
 # every call: 33 objects on seven versions took 7 s alone and 25 s in a full run. The files do not
 # change within a run, so each is read once; the validation itself is the library's, unchanged.
-kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(  # type: ignore[assignment]
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
     kubernetes_validate.utils.schema_contents
 )
 

@@ -131,7 +131,8 @@ def test_a_kubernetes_older_than_supported_is_refused() -> None:
 
 
 def _server_container(render: Render) -> dict[str, Any]:
-    return render.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    containers: list[dict[str, Any]] = render.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    return containers[0]
 
 
 def _options_of(help_text: str) -> set[str]:
@@ -159,7 +160,10 @@ def test_the_server_gets_only_options_gpufed_serve_has(
     args = container["args"]
     split = args.index("serve")
     global_options, options = serve_options
-    flags = lambda part: {a.split("=", 1)[0] for a in part if a.startswith("--")}  # noqa: E731
+
+    def flags(part: list[str]) -> set[str]:
+        return {a.split("=", 1)[0] for a in part if a.startswith("--")}
+
     assert flags(args[:split]) <= global_options, "global options gpufed does not have"
     assert flags(args[split + 1 :]) <= options, "options gpufed serve does not have"
     # And the CLI's own parser takes the whole line: an unknown option or a missing value fails

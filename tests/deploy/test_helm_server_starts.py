@@ -49,7 +49,8 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
 
 
 def _container() -> dict[str, Any]:
-    return template().one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    containers: list[dict[str, Any]] = template().one("Deployment")["spec"]["template"]["spec"]["containers"]
+    return containers[0]
 
 
 def _ready(pod: Pod) -> bool:
@@ -72,9 +73,13 @@ def test_the_liveness_probe_gets_serving_from_grpc_health(pod: Pod) -> None:
 
 def _check(stub: health_pb2_grpc.HealthStub) -> health_pb2.HealthCheckResponse | None:
     try:
-        return stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+        # types-grpcio-health-checking declares HealthStub without its generated methods.
+        reply: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(), timeout=2
+        )
     except grpc.RpcError:
         return None
+    return reply
 
 
 def test_the_first_admin_token_is_where_the_docs_say_and_works(pod: Pod) -> None:
