@@ -115,9 +115,7 @@ def sim_kubectl_json(sims: SimProcess, cluster: str, *args: str) -> Any:
 
 
 def _api(sims: SimProcess, cluster: str) -> Any:
-    return k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(sims.kubeconfig), context=cluster
-    )
+    return k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)
 
 
 def gang_pods(sims: SimProcess, cluster: str, job_id: str) -> list[Any]:
@@ -200,17 +198,17 @@ class PodRecorder:
         (what an informer does), so that no pod is missed however late the watch's thread runs.
         Without the list, the watch began at whatever moment its request reached the server, and the
         tests slept a little and hoped it was open: a pod that came and went before it was unseen."""
-        api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)  # type: ignore[no-untyped-call]
+        api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)
         core = k8s.CoreV1Api(api)
         listed = core.list_pod_for_all_namespaces()
         for pod in listed.items:
             self._seen(cluster, "ADDED", pod)
-        w = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+        w = k8s_watch.Watch()
         self.watches.append(w)
 
         def run() -> None:
             try:
-                for event in w.stream(  # type: ignore[no-untyped-call]
+                for event in w.stream(
                     core.list_pod_for_all_namespaces,
                     resource_version=listed.metadata.resource_version,
                     timeout_seconds=300,

@@ -103,9 +103,7 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 def sim_nodes(sims: SimProcess | Path, pool: str = "h100-od") -> list[str]:
     """The pool's nodes as the cluster itself reports them (through the simulator's kubeconfig)."""
     kubeconfig = sims if isinstance(sims, Path) else sims.kubeconfig
-    with k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), context="aws-us-east-1"
-    ) as api:
+    with k8s_config.new_client_from_config(config_file=str(kubeconfig), context="aws-us-east-1") as api:
         nodes = k8s.CoreV1Api(api).list_node(label_selector=f"gpufed.io/pool={pool}")
     return sorted(n.metadata.name for n in nodes.items if n.metadata.deletion_timestamp is None)
 
@@ -116,10 +114,8 @@ class PoolNodeCounts:
     machine runs the test's own calls, which a poll between them could miss."""
 
     def __init__(self, kubeconfig: Path, pool: str = "h100-od") -> None:
-        self._api = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), context="aws-us-east-1"
-        )
-        self._watch = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+        self._api = k8s_config.new_client_from_config(config_file=str(kubeconfig), context="aws-us-east-1")
+        self._watch = k8s_watch.Watch()
         self._names: set[str] = set()
         self._created: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -134,7 +130,7 @@ class PoolNodeCounts:
     def _follow(self, pool: str) -> None:
         core = k8s.CoreV1Api(self._api)
         try:
-            for event in self._watch.stream(  # type: ignore[no-untyped-call]
+            for event in self._watch.stream(
                 core.list_node, label_selector=f"gpufed.io/pool={pool}", timeout_seconds=600
             ):
                 node = event["object"]
@@ -166,7 +162,7 @@ class PoolNodeCounts:
 
     def stop(self) -> None:
         self._stopped = True
-        self._watch.stop()  # type: ignore[no-untyped-call]
+        self._watch.stop()
         self._api.close()
 
 
@@ -333,7 +329,7 @@ class TestRefusedPlans:
             with pytest.raises(grpc.RpcError) as refused:
                 capacity.create_plan(plan_request(**args))
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert refused.value.details().startswith(f"{field}:"), refused.value.details()
+            assert (refused.value.details() or "").startswith(f"{field}:"), refused.value.details()
             assert capacity.list_plans(include_ended=True).plans == []
 
 

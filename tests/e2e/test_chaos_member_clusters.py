@@ -365,7 +365,7 @@ def _within(ledger_s: float, pod_s: float) -> bool:
 
 def _node_view_free(sims: SimProcess, cluster: str) -> int:
     """Free GPUs as the cluster's own nodes and pods say: allocatable minus what live pods request."""
-    api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)  # type: ignore[no-untyped-call]
+    api = k8s_config.new_client_from_config(config_file=str(sims.kubeconfig), context=cluster)
     with api:
         core = k8s.CoreV1Api(api)
         nodes = core.list_node().items

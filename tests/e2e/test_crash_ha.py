@@ -81,7 +81,10 @@ def _start_together(servers: list[ServerProcess]) -> ServerProcess:
     the one that won the election."""
     with ThreadPoolExecutor(len(servers)) as pool:
         list(pool.map(ServerProcess.start, servers))
-    return wait_for(lambda: next((s for s in servers if "leader_elected" in s.current_log()), None), 30)
+    leader: ServerProcess = wait_for(
+        lambda: next((s for s in servers if "leader_elected" in s.current_log()), None), 30
+    )
+    return leader
 
 
 @pytest.mark.parametrize("kills", CASES, ids=[f"kills-{k.start + 1}-{k.stop}" for k in CASES])

@@ -29,8 +29,9 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 
+from federation.api.convert import phase_name
 from federation.runtime.embedded import read_endpoint
-from tests.e2e.console_harness import TERMINAL, ConsoleUp, phase_name, wait_for
+from tests.e2e.console_harness import TERMINAL, ConsoleUp, wait_for
 from tests.etcdctl import etcdctl
 
 pytestmark = pytest.mark.e2e

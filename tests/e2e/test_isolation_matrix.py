@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,10 @@ BY_JOB_ID: dict[str, Callable[[GpufedClient, str], Any]] = {
 }
 
 
+def _read_logs(client: GpufedClient, job_id: str) -> list[pb.LogChunk]:
+    return list(client.logs(pb.StreamLogsRequest(job_id=job_id), timeout_s=10))
+
+
 def _answer(fn: Callable[[], Any], job_id: str) -> tuple[str, str]:
     """The whole answer, with the id itself (the one part that differs by design) taken out."""
     try:
@@ -462,7 +467,7 @@ def test_registering_a_name_another_tenant_uses_answers_as_a_fresh_name(server: 
         assert answers[0] == answers[1] == (f"{OWN}/<name>", len(OWN) * 100, 1)
         # Naming the other tenant's namespace is refused alike, whether the name is used there or not.
         refused = [
-            _answer(lambda ref=ref: datasets.register(ref, "v1", store="lab", prefix=f"data/{OWN}/"), ref)
+            _answer(partial(datasets.register, ref, "v1", store="lab", prefix=f"data/{OWN}/"), ref)
             for ref in (used, f"{OTHER}/m-free")
         ]
         assert refused[0] == refused[1]
@@ -486,7 +491,7 @@ def test_another_tenants_dataset_and_a_missing_one_take_the_same_time(server: Se
             for i in range(150):
                 for ref in (theirs, missing) if i % 2 else (missing, theirs):
                     started = time.perf_counter()
-                    assert _code(lambda ref=ref: datasets.get(ref)) == NF
+                    assert _code(partial(datasets.get, ref)) == NF
                     timings[ref].append(time.perf_counter() - started)
                 time.sleep(0.025)
             ratio = _median_s(timings[theirs]) / _median_s(timings[missing])
@@ -510,7 +515,7 @@ def test_another_tenants_job_and_a_missing_job_take_the_same_time(server: Server
                 # Each goes first half the time: the first call after the pause pays for waking up.
                 for job_id in (other, missing) if i % 2 else (missing, other):
                     started = time.perf_counter()
-                    assert _code(lambda job_id=job_id: alice.get(job_id)) == NF
+                    assert _code(partial(alice.get, job_id)) == NF
                     timings[job_id].append(time.perf_counter() - started)
                 # Both cost one read from etcd, within the caller's read limit (100/s): stay under it.
                 time.sleep(0.025)
@@ -568,10 +573,7 @@ def test_archived_jobs_by_role(server: ServerProcess) -> None:
     # Its kept logs, read from the history store, by the same rule as the job itself.
     for role, (on_own, on_other) in expected.items():
         with server.client(ROLES[role]) as client:
-            codes = [
-                _code(lambda j=j: list(client.logs(pb.StreamLogsRequest(job_id=j), timeout_s=10)))
-                for j in (own, other)
-            ]
+            codes = [_code(partial(_read_logs, client, j)) for j in (own, other)]
             assert tuple(codes) == (on_own, on_other), role
     with server.client("alice") as alice:
         chunks = list(alice.logs(pb.StreamLogsRequest(job_id=own), timeout_s=10))

@@ -156,9 +156,15 @@ def test_gangs_queue_when_the_cluster_is_full_and_run_when_it_frees(server: Serv
 
 def test_health_reflection_and_metrics_are_served(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.target) as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        # types-grpcio-health-checking declares HealthStub without its generated methods.
+        health = health_pb2_grpc.HealthStub(channel)
+        status: health_pb2.HealthCheckResponse = health.Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
         assert status.status == health_pb2.HealthCheckResponse.SERVING
-        replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+        # types-grpcio-reflection types the stub's method as binascii's Incomplete (an exception
+        # class it imported by mistake for typeshed's placeholder), so it is not callable to mypy.
+        replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(  # type: ignore[operator]
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
         )
         names = {s.name for r in replies for s in r.list_services_response.service}

@@ -20,7 +20,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -355,10 +355,11 @@ def test_another_tenant_can_neither_read_list_change_nor_use_the_secret(
     with pytest.raises(grpc.RpcError) as listing:
         bob.list_secrets(tenant="vision")
     assert listing.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    for write in (
+    writes: list[Callable[[], object]] = [
         lambda: bob.put_secret("hf", {"token": b"stolen"}, tenant="vision"),
         lambda: bob.delete_secret("hf", tenant="vision"),
-    ):
+    ]
+    for write in writes:
         with pytest.raises(grpc.RpcError) as refused:
             write()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -75,9 +75,10 @@ def fed(etcd: EtcdProcess, sims: SimProcess, tmp_path: Path) -> Iterator[ServerP
 
 
 def running(fed: ServerProcess, job_id: str) -> pb.Job:
-    return wait_for(
+    found: pb.Job = wait_for(
         lambda: (job := job_of(fed, "vic", job_id)).phase == pb.JOB_PHASE_RUNNING and job, timeout_s=60
     )
+    return found
 
 
 def test_idle_private_first_spot_only_for_runs_the_bound_allows(fed: ServerProcess, sims: SimProcess) -> None:

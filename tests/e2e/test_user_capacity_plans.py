@@ -118,7 +118,7 @@ def _cancel_all_and_wait_for_the_configured_pools(fed: ServerProcess, sims: SimP
         if p["state"] not in ("ended", "cancelled"):
             assert gpufed(fed, "infra", "capacity", "plan", "cancel", plan_id)[0] == 0
     for pool in ("h100-od", "h100-spot", "a100-od", "a100-spot"):
-        wait_for(lambda pool=pool: kubectl_nodes(sims, pool) == 2, timeout_s=20)  # type: ignore[misc]
+        wait_for(lambda pool=pool: kubectl_nodes(sims, pool) == 2, timeout_s=20)
 
 
 def _until(seconds_from_now: float) -> str:

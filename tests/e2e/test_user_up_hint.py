@@ -14,7 +14,8 @@ import pytest
 from federation.cli.first_steps import first_steps
 from federation.runtime.config import load_config
 from federation.runtime.embedded import default_config_path
-from federation.store.records import Role, TenantId, UserRecord
+from federation.store.records import Role, UserRecord
+from placement.model import TenantId
 
 pytestmark = pytest.mark.e2e
 

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -178,9 +178,13 @@ def _token(servers: Sequence[ServerProcess], user: str) -> str:
     raise AssertionError(f"no token file for {user}")
 
 
-def _leader(servers: Sequence[ServerProcess]) -> ServerProcess:
+# An old build's server or a new one: _leader gives back the kind it was given.
+Server = TypeVar("Server", bound=ServerProcess)
+
+
+def _leader(servers: Sequence[Server]) -> Server:
     """The server whose latest process won the election (its log says so)."""
-    found: ServerProcess = wait_for(
+    found: Server = wait_for(
         lambda: next((s for s in servers if s.proc is not None and s.proc.poll() is None
                       and "leader_elected" in s.current_log()), None),
         30,
