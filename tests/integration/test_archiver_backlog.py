@@ -17,6 +17,7 @@ from federation.history.engine import DEFAULT_FILE
 from federation.history.sql_store import SqlHistoryStore
 from federation.runtime.bootstrap import bootstrap
 from federation.runtime.config import load_config
+from federation.runtime.etcd_process import EtcdProcess
 from federation.runtime.server import FederationServer, ServerConfig
 from federation.scheduling.scheduler import CycleResult, Scheduler
 from federation.store.intervals import LEDGER_PREFIX
@@ -53,7 +54,7 @@ def _cycle_sample(server: FederationServer) -> tuple[float, float]:
 
 
 async def test_a_backlog_is_archived_at_the_bounded_rate_while_cycles_go_on(
-    etcd_kv: EtcdKv, etcd_process: object, tmp_path: Path
+    etcd_kv: EtcdKv, etcd_process: EtcdProcess, tmp_path: Path
 ) -> None:
     store = KvStore(etcd_kv)
     await bootstrap(store, load_config(CONFIG), tmp_path / "tokens")
@@ -75,7 +76,7 @@ async def test_a_backlog_is_archived_at_the_bounded_rate_while_cycles_go_on(
     state = tmp_path / "state"
     server = FederationServer(
         ServerConfig(
-            etcd_endpoint=etcd_process.endpoint,  # type: ignore[attr-defined]
+            etcd_endpoint=etcd_process.endpoint,
             state_dir=state,
             identity="backlog",
             cycle_interval_s=0.2,
@@ -160,7 +161,7 @@ PASSES_AFTER_THE_FIRST = 5
 
 
 async def test_archive_false_leaves_everything_in_etcd(
-    etcd_kv: EtcdKv, etcd_process: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    etcd_kv: EtcdKv, etcd_process: EtcdProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The leader's passes, counted: an idle cycle is skipped before the cycle metric sees it.
     passes: list[float] = []
@@ -177,7 +178,7 @@ async def test_archive_false_leaves_everything_in_etcd(
     await seed_ended(store, "old", ended_at_s=time.time() - 2 * 3600, tenant="vision")
     server = FederationServer(
         ServerConfig(
-            etcd_endpoint=etcd_process.endpoint,  # type: ignore[attr-defined]
+            etcd_endpoint=etcd_process.endpoint,
             state_dir=tmp_path / "state",
             identity="no-archive",
             cycle_interval_s=0.1,

@@ -372,7 +372,9 @@ async def test_a_gang_that_fits_only_later_waits_whole(any_world: World) -> None
 
     # Not a moment's grace: the scheduler has tried each of the gang's pods and found no room.
     await eventually(both_pods_refused, what="the scheduler to refuse both pods of the later gang")
-    assert (await status_of(any_world.backend, later)).phase is GangPhase.PENDING  # type: ignore[union-attr]
+    later_status = await status_of(any_world.backend, later)
+    assert later_status is not None
+    assert later_status.phase is GangPhase.PENDING
     pods = await any_world.pods_of(object_name(later.job_id, later.attempt))
     assert not [p for p in pods if p.status.phase == "Running"], "part of the gang started"
     await any_world.backend.cancel(big.job_id, big.attempt, 0.0)
@@ -512,7 +514,9 @@ async def test_garbage_collection_removes_attempts_that_are_not_live(any_world: 
     await eventually(gone, what="the stale attempt's gang to be deleted")
     services = await any_world.call(any_world.core.list_namespaced_service, NS)
     assert [s.metadata.name for s in services.items] == [object_name(new.job_id, new.attempt)]
-    assert (await status_of(any_world.backend, new)).phase is GangPhase.RUNNING  # type: ignore[union-attr]
+    new_status = await status_of(any_world.backend, new)
+    assert new_status is not None
+    assert new_status.phase is GangPhase.RUNNING
 
 
 async def test_the_direct_calls_raise_the_apis_status_and_page_lists(world: World) -> None:

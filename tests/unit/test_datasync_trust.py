@@ -41,9 +41,8 @@ async def sync(
     dst: str,
     manifest: Manifest,
     options: SyncOptions = PARTS,
-    **plan_kw: object,
 ) -> SyncReport:
-    plan = await plan_sync(source, src, target, dst, manifest, **plan_kw)  # type: ignore[arg-type]
+    plan = await plan_sync(source, src, target, dst, manifest)
     return await run_sync(plan, source, target, options=options)
 
 
@@ -209,6 +208,7 @@ async def test_a_resumed_sync_counts_reused_parts_apart_and_its_rate_only_from_b
             raise AccessDenied("process died")
         return await original(path, upload_id, part_number, data)
 
+    # mypy refuses any assignment to a method (method-assign); it still checks the stand-in's signature.
     target.put_part = dying  # type: ignore[method-assign]
     options = SyncOptions(
         multipart_threshold_bytes=64 * KIB,
