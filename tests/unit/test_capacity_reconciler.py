@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -18,6 +17,7 @@ from federation.capacity.pools import PoolKey, ScalablePoolEntry, scalable_pools
 from federation.capacity.reconciler import CapacityReconciler
 from federation.capacity.records import CapacitySettings, PendingOp, PlanKind, PlanRecord, ProvisionerKind
 from federation.capacity.store import CapacityStore
+from federation.store.jobs import JobPlacement, JobRecord
 from federation.store.kv_memory import MemoryKv
 from federation.store.records import ClusterRecord, PoolConfig
 from iac.api import ChangeResult
@@ -38,6 +38,7 @@ from placement.model import (
     WaitReason,
 )
 from placement.model_plan import WaitCode
+from tests.job_builder import build_job
 
 T = TypeVar("T")
 
@@ -372,10 +373,10 @@ def test_a_deadline_plan_holds_enough_for_its_jobs_and_nothing_once_they_are_don
     jobs = {JobId("a"): (16, 3600), JobId("b"): (16, 3600)}
     done: set[JobId] = set()
 
-    def job(job_id: JobId) -> Any:
+    def job(job_id: JobId) -> JobRecord:
         gpus, runtime = jobs[job_id]
-        phase = JobPhase.SUCCEEDED if job_id in done else JobPhase.QUEUED
-        return SimpleNamespace(phase=phase, spec=SimpleNamespace(gpu_count=gpus, max_runtime_s=runtime))
+        record = build_job(job_id, gpus=gpus, phase=JobPhase.SUCCEEDED if job_id in done else JobPhase.QUEUED)
+        return replace(record, spec=replace(record.spec, max_runtime_s=runtime))
 
     # Both jobs, an hour each, within 1 h 10 min: they must run side by side, on 32 GPUs (4 nodes).
     plan = PlanRecord(
@@ -416,12 +417,11 @@ def test_the_old_nodes_do_not_go_as_the_new_ones_arrive(world: World) -> None:
 
 
 def test_a_gang_admitted_to_the_pool_holds_its_nodes_before_its_pods_show(world: World) -> None:
-    admitted = SimpleNamespace(
-        phase=JobPhase.ADMITTED,
-        placement=SimpleNamespace(cluster=CLUSTER, gpu_type=H100, kind=CapacityKind.ON_DEMAND),
-        spec=SimpleNamespace(gpu_count=32),
+    admitted = replace(
+        build_job("admitted", gpus=32, phase=JobPhase.ADMITTED),
+        placement=JobPlacement(CLUSTER, H100, CapacityKind.ON_DEMAND, 6.88),
     )
-    live: list[Any] = []
+    live: list[JobRecord] = []
     rec = CapacityReconciler(
         store=world.store,
         provisioner=world.provisioner,
