@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import structlog  # noqa: E402
 
-from clusters.api import GangPhase  # noqa: E402
+from clusters.api import GangPhase, GangWorkload  # noqa: E402
 from clusters.kubernetes import (  # noqa: E402
     GpuPrice,
     KubernetesBackend,
@@ -93,10 +93,10 @@ async def load(
     status_ms: list[float] = []
     gate = asyncio.Semaphore(concurrency)
 
-    async def dispatch_one(gang: object) -> None:
+    async def dispatch_one(gang: GangWorkload) -> None:
         async with gate:
             t = time.perf_counter()
-            await backend.dispatch(gang)  # type: ignore[arg-type]
+            await backend.dispatch(gang)
             dispatch_ms.append((time.perf_counter() - t) * 1000)
 
     seen_all_s = finished_all_s = float("nan")

@@ -42,9 +42,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 # This script is named like the package it measures: drop its own folder from the path so that
 # `import datasync` finds the package, not this file.
@@ -63,7 +66,9 @@ from datasync.s3_requests import S3Requests  # noqa: E402
 from datasync.seaweed_process import SeaweedProcess  # noqa: E402
 from datasync.store import ObjectStore  # noqa: E402
 from datasync.store_config import S3StoreConfig, open_store  # noqa: E402
+from datasync.store_obstore import ObstoreStore  # noqa: E402
 from datasync.sync import SyncReport, run_sync  # noqa: E402
+from datasync.throttle import ByteBudget  # noqa: E402
 from datasync.transfer import SyncOptions  # noqa: E402
 
 MIB = 1024 * 1024
@@ -109,10 +114,12 @@ async def our_sync(
     dst: str,
     manifest: Manifest,
     options: SyncOptions,
-    **plan_kw: object,
+    *,
+    reuse: Sequence[ExistingCopy] = (),
+    recorded_etags: Mapping[str, str] | None = None,
 ) -> tuple[float, SyncReport]:
     started, cpu = time.perf_counter(), time.process_time()
-    plan = await plan_sync(source, src, target, dst, manifest, **plan_kw)  # type: ignore[arg-type]
+    plan = await plan_sync(source, src, target, dst, manifest, reuse=reuse, recorded_etags=recorded_etags)
     report = await run_sync(plan, source, target, options=options)
     CPU_S["ours"].append(time.process_time() - cpu)
     return time.perf_counter() - started, report
@@ -361,27 +368,21 @@ def _rss_mib(field: str) -> float:
     return float("nan")
 
 
-BUDGET_PEAK = [0]
-
-
-def _watch_budget() -> None:
-    """Record the copier's budget peak (what the copier believes it holds), beside the RSS."""
+@contextmanager
+def copier_budgets() -> Iterator[list[ByteBudget]]:
+    """The byte budget of every copier made inside: their peaks are what the copiers believed they
+    held, reported beside the RSS."""
     from datasync import transfer
 
+    budgets: list[ByteBudget] = []
     original = transfer.Copier.__init__
 
-    def init(self: transfer.Copier, *args: object, **kw: object) -> None:
-        original(self, *args, **kw)  # type: ignore[arg-type]
-        budget = self.budget
-        release = budget.release
+    def init(self: transfer.Copier, *args: Any, **kw: Any) -> None:
+        original(self, *args, **kw)
+        budgets.append(self.budget)
 
-        def watched(cost: int) -> None:
-            BUDGET_PEAK[0] = max(BUDGET_PEAK[0], budget.peak_bytes)
-            release(cost)
-
-        budget.release = watched  # type: ignore[method-assign]
-
-    transfer.Copier.__init__ = init  # type: ignore[method-assign]
+    with patch.object(transfer.Copier, "__init__", init):
+        yield budgets
 
 
 async def rss_child_main(spec_path: str) -> None:
@@ -400,11 +401,11 @@ async def rss_child_main(spec_path: str) -> None:
     manifest = manifest_from_json(Path(spec["manifest"]).read_bytes())  # noqa: ASYNC240
     options = SyncOptions()
     plan = await plan_sync(source, spec["prefix"], target, "rss-copy/", manifest)
-    _watch_budget()
-    baseline = _rss_mib("VmRSS")
-    started = time.perf_counter()
-    report = await run_sync(plan, source, target, options=options)
-    took = time.perf_counter() - started
+    with copier_budgets() as budgets:
+        baseline = _rss_mib("VmRSS")
+        started = time.perf_counter()
+        report = await run_sync(plan, source, target, options=options)
+        took = time.perf_counter() - started
     assert report.objects_copied == manifest.object_count, report
     await source.close()
     await target.close()
@@ -417,7 +418,7 @@ async def rss_child_main(spec_path: str) -> None:
                 "seconds": took,
                 "mb_per_s": manifest.total_size_bytes / 1e6 / took,
                 "readbacks": report.readbacks,
-                "budget_peak_mib": BUDGET_PEAK[0] / MIB,
+                "budget_peak_mib": max((b.peak_bytes for b in budgets), default=0) / MIB,
             }
         )
     )
@@ -449,7 +450,8 @@ async def _compare_on(stores: Stores, count: int) -> None:
     process = stores.b
     context = ssl.create_default_context(cafile=str(process.tls.ca)) if process.tls else None
     store = stores.open("b")
-    raw = store.raw  # type: ignore[attr-defined]
+    assert isinstance(store, ObstoreStore)  # an S3 store opens through obstore: its client is compared
+    raw = store.raw
     lean = stores.signed("b")
     credentials = AwsCredentials(process.access_key_id, Secret(process.secret_access_key))
     # aiohttp as tuned as it goes for this: one session, 64 connections kept alive, no decompression.

@@ -46,6 +46,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncGenerator
+from multiprocessing.synchronize import Event as SyncEvent
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ from federation.store.job_cache_index import JobIndex  # noqa: E402
 from federation.store.job_store import (  # noqa: E402
     JOBS,
     PREFIX,
+    InMemoryJobStore,
     JobEvent,
     JobEventType,
     KvStore,
@@ -76,12 +79,16 @@ from tests.job_builder import build_job  # noqa: E402
 BATCH = 8
 
 
-def records(n: int, tag: str, **changes: object) -> list[tuple[bytes, bytes]]:
+def records(
+    n: int, tag: str, *, phase: JobPhase | None = None, message: str | None = None
+) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(n):
         job = build_job(f"{tag}-{i:07d}", tenant=f"t{i % 4}")
-        if changes:
-            job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
+        if phase is not None:
+            job = dataclasses.replace(job, phase=phase)
+        if message is not None:
+            job = dataclasses.replace(job, message=message)
         out.append((job_key(job.job_id), _dumps(job_to_dict(job))))
     return out
 
@@ -111,36 +118,38 @@ async def replay(endpoint: str, jobs: int, round_: int) -> tuple[float, float]:
         start = await kv.put(PREFIX + b"mark", b"x")
         await write_all(kv, items)
 
-        async def timed(events: contextlib.AbstractAsyncContextManager[object], it: object) -> float:
+        async def timed(it: AsyncGenerator[object, None]) -> float:
             began = time.process_time()
             seen = 0
-            async with events:
-                async for _ in it:  # type: ignore[attr-defined]
+            async with contextlib.aclosing(it):
+                async for _ in it:
                     seen += 1
                     if seen == jobs:
                         break
             return 1e6 * (time.process_time() - began) / jobs
 
         raw = kv.watch_prefix(JOBS, start_revision=start)
-        raw_us = await timed(contextlib.aclosing(raw), raw)
+        raw_us = await timed(raw)
         store = KvStore(kv)
         decoded = store.watch_jobs(start_revision=start)
-        decoded_us = await timed(contextlib.aclosing(decoded), decoded)
+        decoded_us = await timed(decoded)
         return raw_us, decoded_us
     finally:
         await kv.delete_prefix(PREFIX)
         await kv.close()
 
 
-def _writer(endpoint: str, parts: list[list[tuple[bytes, bytes]]], gos: list[object], done: object) -> None:
+def _writer(
+    endpoint: str, parts: list[list[tuple[bytes, bytes]]], gos: list[SyncEvent], done: mp.Queue[int]
+) -> None:
     """Each part written when its `go` is set; the last revision of each put on `done`."""
 
     async def run() -> None:
         kv = await EtcdKv.connect(endpoint)
         try:
             for items, go in zip(parts, gos, strict=True):
-                go.wait()  # type: ignore[attr-defined]
-                done.put(await write_all(kv, items))  # type: ignore[attr-defined]
+                go.wait()
+                done.put(await write_all(kv, items))
         finally:
             await kv.close()
 
@@ -163,7 +172,7 @@ async def live(endpoint: str, jobs: int, round_: int) -> tuple[float, float, flo
             records(jobs, tag, phase=JobPhase.ADMITTED, message="staged"),
         ]
         gos = [ctx.Event() for _ in parts]
-        done = ctx.Queue()
+        done: mp.Queue[int] = ctx.Queue()
         writer = ctx.Process(target=_writer, args=(endpoint, parts, gos, done))
         writer.start()
         used: list[float] = []
@@ -201,7 +210,7 @@ def apply_only(jobs: int, rounds: int) -> None:
     rewritten = [dataclasses.replace(j, message="staged") for j in moved]
 
     async def one(summary: bool) -> list[float]:
-        cache = JobCache(None)  # type: ignore[arg-type]  # never started: events are handed in
+        cache = JobCache(InMemoryJobStore())  # never started: events are handed in
         if summary:
             cache.summary()  # built (empty), as once SummarizeJobs has been asked
         revision, used = 0, []

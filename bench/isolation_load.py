@@ -107,7 +107,7 @@ def _list_load(
     concurrency: int,
     seconds: float,
     slice_s: float,
-    out: mp.Queue,  # type: ignore[type-arg]
+    out: mp.Queue[tuple[list[list[float]], list[int], list[int]]],
 ) -> None:
     """One client process: alice's ListJobs, `concurrency` calls in flight, on each (target, token)
     in turn for `slice_s` at a time, in the order A B B A ..., until each had `seconds`."""
@@ -169,7 +169,7 @@ def _measure(
 ) -> list[tuple[float, float, float, int, int]]:
     """Per target: (calls/s, p50 s, p99 s, errors, jobs per answer) of alice's lists."""
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    out: mp.Queue[tuple[list[list[float]], list[int], list[int]]] = ctx.Queue()
     proc = ctx.Process(target=_list_load, args=(targets, concurrency, seconds, slice_s, out))
     proc.start()
     latencies, errors, listed = out.get(timeout=len(targets) * seconds + 120)

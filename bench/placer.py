@@ -57,8 +57,11 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,22 +72,26 @@ from bench.placer_scenario import NOW, advance, build, digest  # noqa: E402
 from placement.model import JobId, Plan, Snapshot  # noqa: E402
 from placement.plan import _plan, plan  # noqa: E402
 
+T = TypeVar("T")
+
 AIM_MS = 50.0
 GOLDEN = ROOT / "tests" / "unit" / "data" / "placer_cycles_golden.json"
 
 
-def timed(function: object, runs: int) -> tuple[list[float], object]:
+def timed(function: Callable[[], T], runs: int) -> tuple[list[float], T]:
     """CPU milliseconds of each of `runs` calls, and the last result."""
-    times, result = [], None
+    if runs < 1:
+        raise ValueError("timed needs at least one run")
+    times: list[float] = []
     for _ in range(runs):
         gc.collect()
         started = time.process_time()
-        result = function()  # type: ignore[operator]
+        result = function()
         times.append((time.process_time() - started) * 1000)
     return times, result
 
 
-def timed_gc_paused(function: object, runs: int) -> list[float]:
+def timed_gc_paused(function: Callable[[], object], runs: int) -> list[float]:
     """`timed`, with the cyclic collector off for each call, as the scheduler plans
     (`federation.scheduling.scheduler._snapshot_and_plan` runs the cycle under `paused_gc`)."""
     times = []
@@ -93,7 +100,7 @@ def timed_gc_paused(function: object, runs: int) -> list[float]:
         gc.disable()
         try:
             started = time.process_time()
-            function()  # type: ignore[operator]
+            function()
             times.append((time.process_time() - started) * 1000)
         finally:
             gc.enable()
@@ -230,8 +237,8 @@ def main() -> None:
         word_times.append((time.perf_counter() - started) * 1000)
     reference_times, reference = timed(lambda: plan_reference(snapshot, NOW), reference_runs)
 
-    fast = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in result.admissions]  # type: ignore[attr-defined]
-    slow = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in reference]  # type: ignore[attr-defined]
+    fast = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in result.admissions]
+    slow = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in reference]
     agree = fast == slow
     if not agree:
         only_fast, only_slow = set(fast) - set(slow), set(slow) - set(fast)
@@ -244,20 +251,20 @@ def main() -> None:
             print("  reference only:", row)
     median = statistics.median(times)
     reference_median = statistics.median(reference_times)
-    admitted = len(result.admissions)  # type: ignore[attr-defined]
+    admitted = len(result.admissions)
     print(
-        f"plan: {admitted} admitted, {len(result.waiting)} waiting, {len(result.preemptions)} preemptions, "  # type: ignore[attr-defined]
-        f"{len(result.capacity_requests)} capacity requests, {len(result.reservations)} reservations"  # type: ignore[attr-defined]
+        f"plan: {admitted} admitted, {len(result.waiting)} waiting, {len(result.preemptions)} preemptions, "
+        f"{len(result.capacity_requests)} capacity requests, {len(result.reservations)} reservations"
     )
     print(
         f"runs_ms: {', '.join(f'{t:.1f}' for t in times)} (reference: {', '.join(f'{t:.0f}' for t in reference_times)})"
     )
     steady_medians, steady_runs, paused_medians = [], [], []
     for cycle_snapshot, cycle_now, _ in sequence[1:]:
-        cycle_times, _ = timed(lambda s=cycle_snapshot, n=cycle_now: plan(s, now=n), runs)
+        cycle_times, _ = timed(partial(plan, cycle_snapshot, now=cycle_now), runs)
         steady_medians.append(statistics.median(cycle_times))
         steady_runs.append(len(cycle_snapshot.queued))
-        paused = timed_gc_paused(lambda s=cycle_snapshot, n=cycle_now: plan(s, now=n), runs)
+        paused = timed_gc_paused(partial(plan, cycle_snapshot, now=cycle_now), runs)
         paused_medians.append(statistics.median(paused))
     steady = statistics.median(steady_medians)
     held, collections = collector_figures(sequence[1][0], sequence[1][1])

@@ -23,16 +23,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from federation.replay.config import load_config  # noqa: E402
-from federation.replay.policies import policies  # noqa: E402
+from federation.replay.config import ReplayConfig, load_config  # noqa: E402
+from federation.replay.policies import PolicySpec, policies  # noqa: E402
 from federation.replay.sim import Simulator, best_fit  # noqa: E402
 from federation.replay.sweep import load_inputs, world_for  # noqa: E402
+from federation.replay.trace import TraceJob  # noqa: E402
+from federation.replay.world import World  # noqa: E402
 from placement.model import GpuType, JobId  # noqa: E402
 
 
@@ -41,8 +44,10 @@ def _fit(nodes: list[int], replicas: tuple[int, ...]) -> bool:
 
 
 class Probe(Simulator):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, config: ReplayConfig, world: World, policy: PolicySpec, jobs: Sequence[TraceJob]
+    ) -> None:
+        super().__init__(config, world, policy, jobs)
         self.last_t: float | None = None
         self.idle_gpu_h: dict[str, float] = {}
         self.fit_usd = 0.0

@@ -699,7 +699,7 @@ def _submit_all(
     count: int,
     job_s: float,
     concurrency: int,
-    out: mp.Queue,  # type: ignore[type-arg]
+    out: mp.Queue[tuple[list[tuple[str, float, float]], int]],
 ) -> None:
     import grpc
 
@@ -962,7 +962,7 @@ def main() -> int:
             harness_before = _cpu_seconds(os.getpid()) + sum(observer.cpu_seconds())
             children_before = _children_cpu_s()
             ctx = mp.get_context("spawn")
-            out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            out: mp.Queue[tuple[list[tuple[str, float, float]], int]] = ctx.Queue()
             submitter = ctx.Process(
                 target=_submit_all, args=(server.target, tokens, n_jobs, job_s, args.concurrency, out)
             )
@@ -1054,8 +1054,8 @@ def placer_offline_quick() -> list[str]:
     snapshot = build(gangs=10_000)
     times, result = timed(lambda: plan(snapshot, now=NOW), 3)
     reference_times, reference = timed(lambda: plan_reference(snapshot, NOW), 1)
-    fast = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in result.admissions]  # type: ignore[attr-defined]
-    slow = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in reference]  # type: ignore[attr-defined]
+    fast = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in result.admissions]
+    slow = [(a.job_id, a.cluster, a.gpu_type, a.kind) for a in reference]
     return [
         f"placer_cycle_ms_10k_offline: {statistics.median(times):.1f} ms",
         f"placer_reference_cycle_ms_10k_offline: {reference_times[0]:.1f} ms",

@@ -168,19 +168,23 @@ def request_bytes(wire: str) -> Callable[[str], bytes]:
     return with_key
 
 
+# What a client process reports: its latencies (s), the job ids accepted, its errors and its CPU seconds.
+ClientResult = tuple[list[float], list[str], int, float]
+
+
 def _client_process(
     target: str,
     token: str,
     concurrency: int,
     channels: int,
     seconds: float,
-    ready: mp.Queue,  # type: ignore[type-arg]
+    ready: mp.Queue[str],
     begin: Any,  # a multiprocessing Event, set once every client is ready
     start: Any,  # a multiprocessing Value("d"): when the load starts, set before `begin`
     send_yaml: bool,
     dataset: bool,
     key_prefix: str,
-    out: mp.Queue,  # type: ignore[type-arg]
+    out: mp.Queue[ClientResult],
     whoami: bool = False,
 ) -> None:
     """One client process: `concurrency` submissions in flight at once on one asyncio channel.
@@ -492,9 +496,9 @@ def main() -> int:
                     with GpufedClient(each.target, token) as c:
                         c.whoami()
             ctx = mp.get_context("spawn")
-            out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            out: mp.Queue[ClientResult] = ctx.Queue()
             run_id = uuid.uuid4().hex[:8]
-            ready: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+            ready: mp.Queue[str] = ctx.Queue()
             start = ctx.Value("d", 0.0)
             begin = ctx.Event()
             # --to-follower: the submissions go to servers that do not lead (started after the first),
