@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -173,7 +173,7 @@ def node_counts(sims: SimProcess) -> Iterator[PoolNodeCounts]:
     counts.stop()
 
 
-def _code(fn: Any) -> grpc.StatusCode:
+def _code(fn: Callable[[], object]) -> grpc.StatusCode:
     try:
         fn()
     except grpc.RpcError as error:

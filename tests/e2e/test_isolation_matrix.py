@@ -119,7 +119,7 @@ def _dataset(server: ServerProcess, tenant: str, name: str | None = None) -> str
     return f"{tenant}/{name}"
 
 
-def _plan_request(server: ServerProcess, tenant: str) -> Any:
+def _plan_request(server: ServerProcess, tenant: str) -> pb.CapacityPlanRequest:
     """A deadline plan for a waiting H100 job of `tenant` (a deadline plan names only waiting jobs of
     its GPU type: replicas of 16 GPUs fit no 8-GPU node), two days ahead (a job without maxRuntime
     counts as 24 h)."""

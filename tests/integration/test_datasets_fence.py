@@ -29,7 +29,7 @@ from datasync import (
     build_manifest,
 )
 from datasync.seaweed_process import SeaweedProcess
-from datasync.store import list_all
+from datasync.store import Blob, list_all
 from federation.datasets.fence import CopyBusy, fence_key, fenced
 from federation.datasets.registry import DatasetRegistry, cache_prefix
 from federation.datasets.staging_run import SyncRunner, evict_copy
@@ -69,7 +69,7 @@ class Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def put(self, path: str, data: Any) -> str | None:
+    async def put(self, path: str, data: Blob) -> str | None:
         self.puts += 1
         return await self._inner.put(path, data)
 
