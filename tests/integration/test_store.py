@@ -186,12 +186,14 @@ async def test_a_dead_etcd_fails_fast_and_its_data_survives_a_restart(
             "commit": lambda: store.commit([(stored.value, stored.mod_revision)]),
             "grant_lease": lambda: kv.grant_lease(5),
         }
-        for name, call in calls.items():
-            started = time.monotonic()
+        for call in calls.values():
+            # Fails rather than waits for etcd to come back: within the client's 2 s deadline, but
+            # bounded here at ten times that, so that a busy machine does not fail a behaviour by
+            # its speed (a call that waited for etcd would never end, and meets the bound).
             with pytest.raises(StoreUnavailable, match=etcd.endpoint):
-                await call()
-            assert time.monotonic() - started < 3, f"{name} took too long to fail"
-        for _ in range(50):
+                async with asyncio.timeout(20):
+                    await call()
+        for _ in range(400):  # 20 s at most
             if not cache.synced:
                 break
             await asyncio.sleep(0.05)
@@ -302,10 +304,11 @@ async def test_a_hung_etcd_fails_calls_at_the_deadline_instead_of_hanging(tmp_pa
             os.kill(etcd.pid, signal.SIGSTOP)  # alive, connected, silent: only a deadline helps
             # The signal lands asynchronously; on a busy machine etcd could still answer one more call.
             await _stopped(etcd.pid)
-            started = time.monotonic()
+            # The client's deadline ends it (DEADLINE_EXCEEDED, not a wait until etcd answers);
+            # bounded here at twenty times that rather than timed, which a busy machine would fail.
             with pytest.raises(StoreUnavailable, match="DEADLINE_EXCEEDED"):
-                await kv.get(b"/gpufed/jobs/x")
-            assert time.monotonic() - started < 2.5
+                async with asyncio.timeout(20):
+                    await kv.get(b"/gpufed/jobs/x")
         finally:
             os.kill(etcd.pid, signal.SIGCONT)
             await kv.close()
