@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -54,6 +54,18 @@ class TlsClient:
     ca_pem: bytes
     cert_pem: bytes | None = None
     key_pem: bytes | None = None
+
+
+class LogStream(Protocol):
+    """What `GpufedClient.logs` returns: gRPC's streaming call, typed by what its callers use. A
+    follow never ends by itself while the attempt runs, so a caller that stops reading (a `gpufed
+    logs -f` interrupted, a test done) cancels it."""
+
+    def __iter__(self) -> Iterator[pb.LogChunk]: ...
+
+    def __next__(self) -> pb.LogChunk: ...
+
+    def cancel(self) -> bool: ...
 
 
 class GpufedClient:
@@ -262,9 +274,9 @@ class GpufedClient:
             pb.ExplainJobRequest(job_id=job_id), metadata=self._metadata, timeout=self._timeout_s
         )
 
-    def logs(self, request: pb.StreamLogsRequest, *, timeout_s: float | None = None) -> Iterator[pb.LogChunk]:
-        """A job's log chunks (federation.api.logs); the iterator can be `cancel()`ed."""
-        stream: Iterator[pb.LogChunk] = pb_grpc.LogsStub(self._channel).StreamLogs(
+    def logs(self, request: pb.StreamLogsRequest, *, timeout_s: float | None = None) -> LogStream:
+        """A job's log chunks (federation.api.logs), as a stream that can be `cancel()`ed."""
+        stream: LogStream = pb_grpc.LogsStub(self._channel).StreamLogs(
             request, metadata=self._metadata, timeout=timeout_s
         )
         return stream

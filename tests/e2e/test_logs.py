@@ -306,12 +306,6 @@ def _running(fed: ServerProcess, user: str, name: str) -> str:
     return job_id
 
 
-def _cancel(stream: Iterator[pb.LogChunk]) -> None:
-    """Cancel a stream GpufedClient.logs gave: a gRPC call, which its Iterator type does not say."""
-    assert isinstance(stream, grpc.RpcContext)
-    stream.cancel()
-
-
 def test_stream_and_byte_limits_hold(limited: ServerProcess) -> None:
     mine = _running(limited, "alice", "mine")
     theirs = _running(limited, "bob", "theirs")
@@ -329,7 +323,7 @@ def test_stream_and_byte_limits_hold(limited: ServerProcess) -> None:
             list(bob.logs(pb.StreamLogsRequest(job_id=theirs, tail_lines=1), timeout_s=10))
     finally:
         for stream in streams:
-            _cancel(stream)
+            stream.cancel()
         for c in clients:
             c.close()
     assert tenant_full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -370,7 +364,7 @@ def test_an_unreachable_cluster_is_unavailable_by_name_and_a_follow_goes_on(
             for chunk in stream:
                 chunks.append(chunk)
                 if stop.is_set():
-                    _cancel(stream)
+                    stream.cancel()
                     return
 
     thread = threading.Thread(target=follow, daemon=True)
