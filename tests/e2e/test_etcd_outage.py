@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -21,6 +23,8 @@ from tests.e2e.harness import ServerProcess, manifest, wait_for
 from tests.procstop import wait_until_stopped
 
 pytestmark = pytest.mark.e2e
+
+_T = TypeVar("_T")
 
 
 @pytest.fixture
@@ -87,9 +91,10 @@ def test_an_etcd_outage_fails_calls_cleanly_and_the_server_recovers(
         assert sorted(j.name for j in alice.list_all()) == ["before", "during"]
 
 
-def _try(fn: object) -> object:
+def _try(fn: Callable[[], _T]) -> _T | None:
+    """fn's value, or None while etcd is unavailable (what wait_for reads as "not yet")."""
     try:
-        return fn()  # type: ignore[operator]
+        return fn()
     except grpc.RpcError as error:
         if error.code() != grpc.StatusCode.UNAVAILABLE:
             raise

@@ -44,7 +44,7 @@ def test_a_member_is_told_a_parent_cap_holds_its_job_without_the_parents_name_or
         wait_for(lambda: bob.get(running).phase == pb.JOB_PHASE_RUNNING, timeout_s=30)
     with capped.client("alice") as alice:
         waiting = alice.submit(manifest("alices-run", gpus=2, duration="1m")).job_id
-        reply = wait_for(lambda: (r := alice.explain(waiting)).reasons and r, timeout_s=30)
+        reply = wait_for(lambda: r if (r := alice.explain(waiting)).reasons else None, timeout_s=30)
         texts = [reply.summary, *(r.message for r in reply.reasons)]
         assert any(r.code == "tenant_cap_reached" for r in reply.reasons), texts
         joined = "\n".join(texts)

@@ -115,7 +115,7 @@ def test_calls_without_a_valid_token_are_unauthenticated(server: ServerProcess) 
 def test_a_waiting_job_is_explained_and_can_be_cancelled(server: ServerProcess) -> None:
     with server.client("bob") as bob:
         job_id = bob.submit(manifest("needs-b200", gpu="B200")).job_id
-        reply = wait_for(lambda: (r := bob.explain(job_id)).reasons and r, timeout_s=15)
+        reply = wait_for(lambda: r if (r := bob.explain(job_id)).reasons else None, timeout_s=15)
         assert reply.phase == pb.JOB_PHASE_QUEUED
         assert reply.reasons[0].code == "no_cluster_has_gpu_type"
         assert "B200" in reply.reasons[0].message
