@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal, Protocol, TypeVar
 
 from datasync.loopback_ports import free_port
 from federation.api.client import GpufedClient, TlsClient, wait_until_serving
@@ -233,7 +233,23 @@ class ServerProcess:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.state_dir.glob("server-*.log")))
 
 
-def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Poll(Protocol[_T_co]):
+    """What wait_for polls: called with no arguments, a falsy value means "not yet".
+
+    A protocol rather than a Callable: lambdas that bind a loop variable as a default
+    (`lambda j=job_id: ...`) are zero-argument calls too, and mypy infers them only against a
+    protocol's __call__. False and None are named so that `job if ready else False` and
+    `ready and job` give the job's type, not object."""
+
+    def __call__(self) -> _T_co | Literal[False] | None: ...
+
+
+def wait_for(predicate: Poll[_T], timeout_s: float = 30.0, interval_s: float = 0.1) -> _T:
+    """The predicate's first truthy value, polled every interval_s; AssertionError past timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()

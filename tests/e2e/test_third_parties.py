@@ -114,7 +114,7 @@ def _job(fed: ServerProcess, job_id: str) -> pb.Job:
 
 
 def _running(fed: ServerProcess, job_id: str, attempt: int, timeout_s: float = 30) -> pb.Job:
-    return wait_for(  # type: ignore[no-any-return]
+    return wait_for(
         lambda: (j := _job(fed, job_id)).phase == pb.JOB_PHASE_RUNNING and j.attempt == attempt and j,
         timeout_s=timeout_s,
     )
