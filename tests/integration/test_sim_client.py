@@ -11,13 +11,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from tests.e2e import harness
+from tests.e2e.harness import Poll
 
 GPU = "nvidia.com/gpu"
 
@@ -53,15 +55,12 @@ def batch(api: client.ApiClient) -> client.BatchV1Api:
     return client.BatchV1Api(api)
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {check}")
-        time.sleep(0.02)
+_T = TypeVar("_T")
+
+
+def wait_for(check: Poll[_T], timeout_s: float = 10.0) -> _T:
+    """tests/e2e/harness.wait_for, polled every 20 ms: the simulator answers in milliseconds."""
+    return harness.wait_for(check, timeout_s, interval_s=0.02)
 
 
 def a_pod(

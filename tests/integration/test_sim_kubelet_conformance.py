@@ -16,16 +16,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from tests.e2e import harness
+from tests.e2e.harness import Poll
 
 KUBECTL = shutil.which(
     "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -78,15 +80,12 @@ def kubectl(
     return result
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {check}")
-        time.sleep(0.05)
+_T = TypeVar("_T")
+
+
+def wait_for(check: Poll[_T], timeout_s: float = 15.0) -> _T:
+    """tests/e2e/harness.wait_for, polled every 50 ms: the simulator answers in milliseconds."""
+    return harness.wait_for(check, timeout_s, interval_s=0.05)
 
 
 def settle(sim: ThreadedSim) -> None:

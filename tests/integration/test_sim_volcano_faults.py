@@ -11,7 +11,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import urllib3
@@ -19,6 +19,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from clusters.sim import SimPoolConfig, ThreadedSim, cluster
+from tests.e2e import harness
+from tests.e2e.harness import Poll
 from tests.integration.test_sim_kubelet_conformance import settle
 
 GROUP, VERSION = "batch.volcano.sh", "v1alpha1"
@@ -49,15 +51,12 @@ def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {check}")
-        time.sleep(0.02)
+_T = TypeVar("_T")
+
+
+def wait_for(check: Poll[_T], timeout_s: float = 10.0) -> _T:
+    """tests/e2e/harness.wait_for, polled every 20 ms: the simulator answers in milliseconds."""
+    return harness.wait_for(check, timeout_s, interval_s=0.02)
 
 
 def admin(sim: ThreadedSim, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
