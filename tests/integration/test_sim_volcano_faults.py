@@ -167,10 +167,12 @@ def test_podgroup_gang_waits_for_min_member(
 ) -> None:
     # 3 x 8 GPUs on two 8-GPU nodes: no pod may start, not even the two that would fit.
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", "jobs", a_vcjob("big", workers=3))
-    wait_for(lambda: all(p.status.conditions for p in core.list_namespaced_pod("default").items) and True)
+    # All three pods, each tried by the scheduler: `all()` of no pods is true before the job has any.
+    wait_for(lambda: len([p for p in core.list_namespaced_pod("default").items if p.status.conditions]) == 3)
     # The scheduler has tried every pod and nothing is left to do: none was bound.
     settle(sim)
-    assert all(p.spec.node_name is None for p in core.list_namespaced_pod("default").items)
+    pods = core.list_namespaced_pod("default").items
+    assert [p.spec.node_name for p in pods] == [None, None, None]
     assert vcjob_state(custom, "big")["phase"] == "Pending"
 
 
