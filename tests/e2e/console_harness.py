@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
@@ -40,6 +40,10 @@ from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 from federation.api.client import GpufedClient, wait_until_serving
 from federation.api.convert import phase_name
 from federation.runtime.embedded import ENDPOINT_FILE, read_endpoint
+
+if TYPE_CHECKING:
+    # Only the type: the harness's module imports the history store, which these tests do not use.
+    from tests.e2e.harness import Poll
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -104,7 +108,12 @@ spec:
 """
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "condition") -> Any:
+_T = TypeVar("_T")
+
+
+def wait_for(predicate: Poll[_T], *, timeout_s: float = 30.0, what: str = "condition") -> _T:
+    """tests/e2e/harness.wait_for's loop, polled every 0.2 s (a page's state, not a process's) and its
+    failure named by `what`, which that one does not take."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
