@@ -80,6 +80,7 @@ class Engine:
             container_start_s=config.container_start_s,
             restart_backoff_s=config.restart_backoff_s,
             local_output=(lambda uid, c, line: self.logs.append(uid, c, line)) if config.local_exec else None,
+            local_drained=(lambda uid: self.logs.drained(uid)) if config.local_exec else None,
         )
         self.logs = LogBook(self.clock, interval_s=config.log_interval_s, cap_bytes=config.log_cap_bytes)
         self.podgc = PodGC(self.store, self.clock, self.lifecycle, config.terminated_pod_gc_threshold)

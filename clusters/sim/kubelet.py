@@ -121,6 +121,7 @@ class Kubelet:
         container_start_s: float,
         restart_backoff_s: float = 10.0,
         local_output: Callable[[str, str, str], None] | None = None,
+        local_drained: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -139,7 +140,9 @@ class Kubelet:
         self._local = (
             None
             if local_output is None
-            else LocalExec(local_output, self._local_exited, secret_data=self._secret_data)
+            else LocalExec(
+                local_output, self._local_exited, secret_data=self._secret_data, on_drained=local_drained
+            )
         )
         # Pods whose process runs: uid -> (key, run), to end the right run when it exits.
         self._local_runs: dict[str, tuple[Key, int]] = {}

@@ -261,9 +261,12 @@ class LocalExec:
         on_exit: Exited,
         root: Path | None = None,
         secret_data: SecretData = _no_secrets,
+        on_drained: Callable[[str], None] | None = None,
     ) -> None:
         self._on_output = on_output
         self._on_exit = on_exit
+        # A killed process's output read to its end: its deleted pod's log may close (`LogBook.drained`).
+        self._on_drained = on_drained
         self._secret_data = secret_data
         self._root = root or Path(tempfile.mkdtemp(prefix="gpufed-sim-exec-"))
         self._procs: dict[str, asyncio.subprocess.Process] = {}
@@ -385,3 +388,5 @@ class LocalExec:
         await asyncio.to_thread(shutil.rmtree, self._root / uid, True)
         if not killed:
             self._on_exit(uid, code, message)
+        elif self._on_drained is not None:
+            self._on_drained(uid)

@@ -60,6 +60,10 @@ class Run:
     # What a real process printed (the kubelet's process mode, `clusters.sim.local_exec`): its
     # lines replace the progress lines; None for a simulated run.
     captured: list[Line] | None = None
+    # The pod was deleted while its process printed: the run ends when the process's output is read
+    # to its end (`LogBook.drained`), as a container runtime copies a killed container's pipe to its
+    # log to the last byte. A line printed just before the kill is in the log, and a follower reads it.
+    draining: bool = False
 
     def _fixed(self) -> list[Line]:
         attempt = f", restart {self.index}" if self.index else ""
@@ -226,9 +230,14 @@ class LogBook:
         pod = change.obj
         uid = pod["metadata"]["uid"]
         if change.type is EventType.DELETED:
-            for name in self._by_pod.pop(uid, set()):
-                for run in self._runs.pop((uid, name), []):
+            runs = self._pod_runs(uid)
+            for run in runs:
+                if run.captured is not None and run.ended_wall_s is None:
+                    run.draining = True  # ended by `drained`, once its process's pipe is read
+                else:
                     self._end(run, 137, "Error")
+            if not any(run.draining for run in runs):
+                self._forget(uid)
             return
         specs = {c.get("name"): c for c in podstatus.containers(pod)}
         burst = burst_offsets_s(pod)
@@ -264,6 +273,23 @@ class LogBook:
         )
         if ended and current is not None and current.ended_wall_s is None:
             self._end(current, int(ended.get("exitCode", 0)), str(ended.get("reason") or ""))
+
+    def drained(self, pod_uid: str) -> None:
+        """A killed process's output was read to its end (process mode): a deleted pod's runs end."""
+        runs = self._pod_runs(pod_uid)
+        if not any(run.draining for run in runs):
+            return  # killed for another reason than its pod's deletion: its runs end as they do
+        for run in runs:
+            self._end(run, 137, "Error")
+        self._forget(pod_uid)
+
+    def _pod_runs(self, pod_uid: str) -> list[Run]:
+        names = self._by_pod.get(pod_uid, set())
+        return [run for name in names for run in self._runs.get((pod_uid, name), [])]
+
+    def _forget(self, pod_uid: str) -> None:
+        for name in self._by_pod.pop(pod_uid, set()):
+            self._runs.pop((pod_uid, name), None)
 
     def _end(self, run: Run, exit_code: int, reason: str) -> None:
         if run.ended_wall_s is not None:
