@@ -265,7 +265,7 @@ class LocalExec:
     ) -> None:
         self._on_output = on_output
         self._on_exit = on_exit
-        # A killed process's output read to its end: its deleted pod's log may close (`LogBook.drained`).
+        # A process's output read to its end: its run's log may close (`LogBook.drained`).
         self._on_drained = on_drained
         self._secret_data = secret_data
         self._root = root or Path(tempfile.mkdtemp(prefix="gpufed-sim-exec-"))
@@ -283,6 +283,7 @@ class LocalExec:
             self._on_output(
                 uid, name, "[sim] local exec needs the container's command (the image is not run)"
             )
+            self._drained(uid)
             self._on_exit(uid, 127, "")
             return
         env = container_env(pod, container, self._secret_data)
@@ -319,6 +320,10 @@ class LocalExec:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _drained(self, uid: str) -> None:
+        if self._on_drained is not None:
+            self._on_drained(uid)
+
     def stop(self, uid: str) -> None:
         """Kill the pod's process (its whole process group): the pod was deleted or ended."""
         proc = self._procs.pop(uid, None)
@@ -350,6 +355,7 @@ class LocalExec:
             )  # fmt: skip
         except OSError as error:
             self._on_output(uid, name, f"[sim] local exec could not start: {error}")
+            self._drained(uid)
             self._on_exit(uid, 128, "")
             return
         self._procs[uid] = proc
@@ -386,7 +392,6 @@ class LocalExec:
                 last_lines=last_lines,
             )
         await asyncio.to_thread(shutil.rmtree, self._root / uid, True)
+        self._drained(uid)  # before the exit is reported: the run has every line by then
         if not killed:
             self._on_exit(uid, code, message)
-        elif self._on_drained is not None:
-            self._on_drained(uid)

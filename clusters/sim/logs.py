@@ -60,10 +60,17 @@ class Run:
     # What a real process printed (the kubelet's process mode, `clusters.sim.local_exec`): its
     # lines replace the progress lines; None for a simulated run.
     captured: list[Line] | None = None
-    # The pod was deleted while its process printed: the run ends when the process's output is read
-    # to its end (`LogBook.drained`), as a container runtime copies a killed container's pipe to its
-    # log to the last byte. A line printed just before the kill is in the log, and a follower reads it.
-    draining: bool = False
+    # Process mode: whether the process's output was read to its end (`LogBook.drained`), and the end
+    # its pod's status or deletion gave before that (`draining`). A container runtime copies a killed
+    # container's pipe to its log to the last byte; the simulator reads its processes' pipes as they
+    # come, so a line printed just before a kill may be read after the kill is seen. The run ends
+    # when the pipe is read, with the end it was given, and a follower reads on until then.
+    drained: bool = False
+    pending_end: tuple[int, str] | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.pending_end is not None and self.ended_wall_s is None
 
     def _fixed(self) -> list[Line]:
         attempt = f", restart {self.index}" if self.index else ""
@@ -210,6 +217,8 @@ class LogBook:
         self.cap_bytes = cap_bytes
         # (pod uid, container name) -> the runs kept, oldest first.
         self._runs: dict[tuple[str, str], list[Run]] = {}
+        # Pods deleted while a run of theirs was draining: forgotten once it has ended.
+        self._deleted: set[str] = set()
         self._by_pod: dict[str, set[str]] = {}
 
     def append(self, pod_uid: str, container: str, text: str) -> None:
@@ -232,11 +241,10 @@ class LogBook:
         if change.type is EventType.DELETED:
             runs = self._pod_runs(uid)
             for run in runs:
-                if run.captured is not None and run.ended_wall_s is None:
-                    run.draining = True  # ended by `drained`, once its process's pipe is read
-                else:
-                    self._end(run, 137, "Error")
-            if not any(run.draining for run in runs):
+                self._end_when_drained(run, 137, "Error")
+            if any(run.draining for run in runs):
+                self._deleted.add(uid)
+            else:
                 self._forget(uid)
             return
         specs = {c.get("name"): c for c in podstatus.containers(pod)}
@@ -272,16 +280,29 @@ class LogBook:
             (cs.get("lastState") or {}).get("terminated") if "waiting" in state else None
         )
         if ended and current is not None and current.ended_wall_s is None:
-            self._end(current, int(ended.get("exitCode", 0)), str(ended.get("reason") or ""))
+            self._end_when_drained(current, int(ended.get("exitCode", 0)), str(ended.get("reason") or ""))
 
     def drained(self, pod_uid: str) -> None:
-        """A killed process's output was read to its end (process mode): a deleted pod's runs end."""
+        """The pod's process's output was read to its end (process mode): its current runs have all
+        their lines, and those given an end meanwhile end now (a deleted pod's are then forgotten)."""
         runs = self._pod_runs(pod_uid)
-        if not any(run.draining for run in runs):
-            return  # killed for another reason than its pod's deletion: its runs end as they do
         for run in runs:
-            self._end(run, 137, "Error")
-        self._forget(pod_uid)
+            if run.ended_wall_s is None:
+                run.drained = True
+            if run.draining and run.pending_end is not None:
+                self._end(run, *run.pending_end)
+        if pod_uid in self._deleted and not any(run.draining for run in runs):
+            self._deleted.discard(pod_uid)
+            self._forget(pod_uid)
+
+    def _end_when_drained(self, run: Run, exit_code: int, reason: str) -> None:
+        """End a run now, or when its process's output is read if a process printed into it."""
+        if run.ended_wall_s is not None or run.pending_end is not None:
+            return
+        if run.captured is not None and not run.drained:
+            run.pending_end = (exit_code, reason)
+        else:
+            self._end(run, exit_code, reason)
 
     def _pod_runs(self, pod_uid: str) -> list[Run]:
         names = self._by_pod.get(pod_uid, set())

@@ -206,8 +206,8 @@ async def _follow(
         # Whether the run (or the pod) had ended is read before its lines: the write below yields,
         # and a last line printed during it, just before the end, would be lost to a check made
         # after it (the fresh-clone run lost a rank's last line of an all-reduce so).
-        # A deleted pod's run whose process's output is still being read (`Run.draining`) is not over:
-        # its last lines are on their way, as from a container runtime's copy of a killed pipe.
+        # A run whose process's output is still being read (`Run.draining`) is not over, even with
+        # its pod gone: its last lines are on their way, as from a container runtime's copy of a pipe.
         over = run.ended_wall_s is not None or (engine.store.get(PODS, *key) is None and not run.draining)
         now = engine.clock.wall_s()
         total = run.count(now)

@@ -1,12 +1,13 @@
-"""The simulated kubelet's process mode keeps a deleted pod's last lines, as a container runtime does.
+"""The simulated kubelet's process mode keeps a killed process's last lines, as a container runtime does.
 
 A runtime copies a container's stdout pipe to its log file to the last byte, even when the container
-is killed because its pod was deleted; `kubectl logs -f`, following the pod, reads to the end of that
-file. The simulator reads its processes' pipes asynchronously, so a line printed just before the
-kill may arrive after the deletion is seen. It used to end the run at the deletion and drop such a
-line: a Volcano job ended by its master's completion lost its other pod's last all-reduce line
-(tests/e2e/test_rendezvous.py, on a busy machine). A process-mode run of a deleted pod now ends
-when its process's output has been read (`LogBook.drained`).
+is killed (its pod deleted, or its job ended by another pod's completion); `kubectl logs -f` reads to
+the end of that file. The simulator reads its processes' pipes asynchronously, so a line printed
+just before the kill may arrive after the container's end or the pod's deletion is seen. It used to
+end the run there and drop such a line: a Volcano job ended by its first pod's completion lost the
+other pod's last all-reduce line (tests/e2e/test_rendezvous.py, on a busy fresh clone). A
+process-mode run now ends when its process's output has been read (`LogBook.drained`), with the end
+it was given.
 """
 
 from __future__ import annotations
@@ -82,3 +83,23 @@ def test_a_process_killed_for_another_reason_than_its_pods_deletion_is_not_ended
     book.observe(Change(3, EventType.MODIFIED, PODS, a_pod({"terminated": {"exitCode": 0}}), None))
     assert run.ended_wall_s is not None
     assert run.exit_code == 0
+
+
+def test_a_status_end_seen_before_the_pipe_is_read_waits_for_its_last_lines() -> None:
+    book, clock = a_book_with_a_running_pod()
+    book.append(UID, "main", "allreduce rank=2")
+    # The kubelet killed the process (its job ended) and the pod's status says the container ended.
+    book.observe(
+        Change(
+            2, EventType.MODIFIED, PODS, a_pod({"terminated": {"exitCode": 0, "reason": "Completed"}}), None
+        )
+    )
+    (run,) = book.runs(UID, "main")
+    assert run.ended_wall_s is None
+    assert run.draining
+    book.append(UID, "main", "allreduce rank=3")
+    book.drained(UID)
+    assert run.exit_code == 0
+    assert run.reason == "Completed"
+    lines = texts(book, clock)
+    assert lines.index("allreduce rank=3") < lines.index("[sim] exited with code 0 (Completed)")
