@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
@@ -26,9 +26,8 @@ from clusters.api import ReplicaState
 from federation.api.admin import AdminService
 from federation.api.logs import LogsService
 from federation.api.reports import ReportService
-from federation.api.service import Ctx, JobService
+from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
@@ -53,6 +52,7 @@ from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import CapacityKind, ClusterName, GpuType, JobId, JobPhase, TenantId
 from tests.conftest import build_job
 from tests.history_builders import BACKENDS, a_finished_replica, a_kept_attempt, fresh_dsn, open_store
+from tests.unit.job_service import as_user
 
 NOW = 1_767_225_600.0 + 20 * 86400.0  # 2026-01-21 00:00 UTC: the reports' "now"
 T0 = NOW - 15 * 86400.0  # the first job's submission, in this month and the one before's reach
@@ -63,20 +63,6 @@ JOBS = [
         [("onprem", "H100", 2.0), ("gcp", "A100", 3.5), ("onprem", "A100", 1.25)] * 5
     )
 ]
-
-
-# The servicers run in process with the console's own call context: the metadata, peer and abort
-# a gRPC server would give them.
-PEER = "ipv4:127.0.0.1:40000"
-
-
-def as_user(who: str) -> Ctx:
-    """The console's in-process context for `who`'s calls (bearer token `who`).
-
-    CallContext has what the servicers use (metadata, peer, abort), not the rest of grpc's abstract
-    ServicerContext, so mypy cannot take it for one: this is the one place that says so.
-    """
-    return cast(Ctx, CallContext(who, PEER))
 
 
 def _interval(

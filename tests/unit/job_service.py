@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
+from typing import cast
 
-from federation.api.service import JobService
+from federation.api.service import Ctx, JobService
+from federation.console.calls import CallContext
 from federation.datasets.check import DatasetCheck
 from federation.datasets.registry import DatasetRegistry
 from federation.history.protocol import HistoryStore
@@ -19,6 +21,19 @@ from federation.store.job_store import JobEvent, KvStore
 from federation.store.kv_memory import MemoryKv
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import TenantId
+
+# The servicers run in process with the console's own call context: the metadata, peer and abort a
+# gRPC server would give them.
+PEER = "ipv4:127.0.0.1:40000"
+
+
+def as_user(who: str, peer: str = PEER) -> Ctx:
+    """The console's in-process context for `who`'s calls (bearer token `who`).
+
+    CallContext has what the servicers use (metadata, peer, abort), not the rest of grpc's abstract
+    ServicerContext, so mypy cannot take it for one: this is the one place that says so.
+    """
+    return cast(Ctx, CallContext(who, peer))
 
 
 def job_service(store: KvStore, cache: JobCache, *, history: HistoryStore | None = None) -> JobService:

@@ -19,12 +19,10 @@ import pytest
 
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.store.job_cache import JobCache
 from placement.model import JobId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import GatedStore, gated_service_for_alice
-from tests.unit.test_submit_read_your_writes import PEER
+from tests.unit.job_service import GatedStore, as_user, gated_service_for_alice
 
 
 @dataclass
@@ -41,8 +39,8 @@ async def world() -> AsyncIterator[World]:
 
 
 async def test_a_cancel_while_the_cache_trails_a_write_commits_against_etcds_record(world: World) -> None:
-    ctx = CallContext("alice", PEER)
-    submitted = await world.service.SubmitJob(pb.SubmitJobRequest(manifest=manifest("train")), ctx)  # type: ignore[arg-type]
+    ctx = as_user("alice")
+    submitted = await world.service.SubmitJob(pb.SubmitJobRequest(manifest=manifest("train")), ctx)
     job_id = JobId(submitted.job_id)
     assert world.cache.get(job_id) is not None
 
@@ -56,7 +54,7 @@ async def test_a_cancel_while_the_cache_trails_a_write_commits_against_etcds_rec
     assert cached is not None
     assert cached.mod_revision == stored.mod_revision, "the cache trails the leader's write"
 
-    shown = await world.service.CancelJob(pb.CancelJobRequest(job_id=job_id, reason="not needed"), ctx)  # type: ignore[arg-type]
+    shown = await world.service.CancelJob(pb.CancelJobRequest(job_id=job_id, reason="not needed"), ctx)
     assert shown.cancel_requested
     after = await world.store.get_job(job_id)
     assert after is not None

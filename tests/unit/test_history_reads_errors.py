@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import text
 
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
 from federation.history.sql_store import SqlHistoryStore
 from federation.store.job_cache import JobCache
@@ -18,7 +17,7 @@ from federation.store.job_store import InMemoryJobStore
 from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import TenantId
 from tests.conftest import build_job
-from tests.unit.job_service import job_service
+from tests.unit.job_service import as_user, job_service
 
 PEER = "ipv4:127.0.0.1:50000"
 
@@ -39,13 +38,13 @@ async def test_a_broken_history_is_unavailable_and_the_live_path_still_answers(t
     try:
         with history.engine.begin() as conn:
             conn.execute(text("DROP TABLE history_jobs"))
-        job = await service.GetJob(pb.GetJobRequest(job_id="live-1"), CallContext("alice", PEER))  # type: ignore[arg-type]
+        job = await service.GetJob(pb.GetJobRequest(job_id="live-1"), as_user("alice", PEER))
         assert job.job_id == "live-1"
-        live = await service.ListJobs(pb.ListJobsRequest(), CallContext("alice", PEER))  # type: ignore[arg-type]
+        live = await service.ListJobs(pb.ListJobsRequest(), as_user("alice", PEER))
         assert [j.job_id for j in live.jobs] == ["live-1"]
         for call in (
-            service.GetJob(pb.GetJobRequest(job_id="gone-00000000"), CallContext("alice", PEER)),  # type: ignore[arg-type]
-            service.ListJobs(pb.ListJobsRequest(include_archived=True), CallContext("alice", PEER)),  # type: ignore[arg-type]
+            service.GetJob(pb.GetJobRequest(job_id="gone-00000000"), as_user("alice", PEER)),
+            service.ListJobs(pb.ListJobsRequest(include_archived=True), as_user("alice", PEER)),
         ):
             with pytest.raises(Refused) as refused:
                 await call

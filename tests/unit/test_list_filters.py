@@ -8,15 +8,14 @@ some placed on a cluster, in every phase group.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
 
 from federation.api.job_queries import decode_page_token, encode_page_token
-from federation.api.service import Ctx, JobService
+from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.console.calls import CallRefused as Refused
 from federation.errors import InvalidArgument
 from federation.store.job_cache import JobCache
@@ -26,7 +25,7 @@ from federation.store.records import Role, TenantRecord, UserRecord
 from placement.model import ClusterName, GpuType, JobPhase, TenantId
 from placement.model_ids import CapacityKind
 from tests.conftest import build_job
-from tests.unit.job_service import job_service
+from tests.unit.job_service import as_user, job_service
 
 Q, A, S, R, OK_, C = (
     JobPhase.QUEUED,
@@ -48,20 +47,6 @@ JOBS = [
     ("j7", "nlp", "dave", C, "", 1, ("H100",)),
     ("j8", "vision", "alice", Q, "", 2, ()),
 ]
-
-
-# The servicers run in process with the console's own call context: the metadata, peer and abort
-# a gRPC server would give them.
-PEER = "ipv4:127.0.0.1:40000"
-
-
-def as_user(who: str) -> Ctx:
-    """The console's in-process context for `who`'s calls (bearer token `who`).
-
-    CallContext has what the servicers use (metadata, peer, abort), not the rest of grpc's abstract
-    ServicerContext, so mypy cannot take it for one: this is the one place that says so.
-    """
-    return cast(Ctx, CallContext(who, PEER))
 
 
 @dataclass

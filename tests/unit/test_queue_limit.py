@@ -15,7 +15,7 @@ import pytest
 from federation.api.queue_limit import QueueCounts, refusal, room
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext, CallRefused
+from federation.console.calls import CallRefused
 from federation.errors import InvalidSpec
 from federation.jobsets.decide import held_reason, to_release
 from federation.jobsets.records import JobSetRecord, MemberState, SetMember, SetTemplate
@@ -38,9 +38,7 @@ from federation.store.records import (
 )
 from placement.model import JobId, JobPhase, TenantId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import running_service
-
-PEER = "ipv4:127.0.0.1:40000"
+from tests.unit.job_service import as_user, running_service
 
 
 @dataclass
@@ -51,7 +49,7 @@ class World:
 
     async def submit(self, user: str, name: str, key: str = "") -> pb.SubmitJobResponse:
         request = pb.SubmitJobRequest(manifest=manifest(name), idempotency_key=key)
-        return await self.service.SubmitJob(request, CallContext(user, PEER))  # type: ignore[arg-type]
+        return await self.service.SubmitJob(request, as_user(user))
 
     async def refused(self, user: str, name: str) -> CallRefused:
         with pytest.raises(CallRefused) as refused:

@@ -15,13 +15,10 @@ import pytest
 import federation.api.service as service_module
 from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.errors import JobIdTaken
 from placement.model import JobId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import GatedStore, gated_service_for_alice
-
-PEER = "ipv4:127.0.0.1:40000"
+from tests.unit.job_service import GatedStore, as_user, gated_service_for_alice
 
 
 @pytest.fixture
@@ -32,7 +29,7 @@ async def alice() -> AsyncIterator[tuple[GatedStore, JobService]]:
 
 async def _submit(service: JobService, key: str = "") -> pb.SubmitJobResponse:
     request = pb.SubmitJobRequest(manifest=manifest("train"), idempotency_key=key)
-    return await service.SubmitJob(request, CallContext("alice", PEER))  # type: ignore[arg-type]
+    return await service.SubmitJob(request, as_user("alice"))
 
 
 def _draws(*ids: str) -> Iterator[JobId]:

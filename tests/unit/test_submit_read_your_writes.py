@@ -9,24 +9,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import cast
 
 import pytest
 
 import federation.api.service as service_module
-from federation.api.service import Ctx, JobService
+from federation.api.service import JobService
 from federation.api.v1 import gpufed_pb2 as pb
-from federation.console.calls import CallContext
 from federation.store.job_cache import JobCache
 from placement.model import JobId
 from tests.e2e.harness import manifest
-from tests.unit.job_service import GatedStore, gated_service_for_alice
+from tests.unit.job_service import GatedStore, as_user, gated_service_for_alice
 
-PEER = "ipv4:127.0.0.1:40000"
-# The console's in-process context for alice's calls. CallContext has what the servicers use
-# (metadata, peer, abort), not the rest of grpc's abstract ServicerContext, so mypy cannot take it
-# for one: this is the one place that says so.
-ALICE = cast(Ctx, CallContext("alice", PEER))
+ALICE = as_user("alice")
 
 
 @dataclass
