@@ -287,9 +287,10 @@ class LogBook:
         their lines, and those given an end meanwhile end now (a deleted pod's are then forgotten)."""
         runs = self._pod_runs(pod_uid)
         for run in runs:
-            if run.ended_wall_s is None:
-                run.drained = True
-            if run.draining and run.pending_end is not None:
+            if run.ended_wall_s is not None:
+                continue
+            run.drained = True
+            if run.pending_end is not None:
                 self._end(run, *run.pending_end)
         if pod_uid in self._deleted and not any(run.draining for run in runs):
             self._deleted.discard(pod_uid)
