@@ -82,7 +82,12 @@ class Engine:
             local_output=(lambda uid, c, line: self.logs.append(uid, c, line)) if config.local_exec else None,
             local_drained=(lambda uid: self.logs.drained(uid)) if config.local_exec else None,
         )
-        self.logs = LogBook(self.clock, interval_s=config.log_interval_s, cap_bytes=config.log_cap_bytes)
+        self.logs = LogBook(
+            self.clock,
+            interval_s=config.log_interval_s,
+            cap_bytes=config.log_cap_bytes,
+            processes=config.local_exec,
+        )
         self.podgc = PodGC(self.store, self.clock, self.lifecycle, config.terminated_pod_gc_threshold)
         self.batch_jobs = BatchJobController(
             self.store, self.clock, self.timers, self.recorder, self.admission, self.lifecycle

@@ -211,8 +211,11 @@ def stamp(wall_s: float) -> str:
 
 
 class LogBook:
-    def __init__(self, clock: Clock, *, interval_s: float, cap_bytes: int) -> None:
+    def __init__(self, clock: Clock, *, interval_s: float, cap_bytes: int, processes: bool = False) -> None:
         self._clock = clock
+        # Process mode (`clusters.sim.local_exec`): every run is a process's, its lines captured from
+        # the start (none printed yet is not a simulated run: its end still waits for the pipe).
+        self._processes = processes
         self.interval_s = interval_s
         self.cap_bytes = cap_bytes
         # (pod uid, container name) -> the runs kept, oldest first.
@@ -270,6 +273,7 @@ class LogBook:
                 image=str(cs.get("image") or spec.get("image") or ""),
                 command=_command(spec),
                 interval_s=self.interval_s,
+                captured=[] if self._processes else None,
             )
             runs = self._runs.setdefault((uid, name), [])
             runs.append(run)

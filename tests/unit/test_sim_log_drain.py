@@ -30,9 +30,9 @@ def a_pod(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def a_book_with_a_running_pod() -> tuple[LogBook, ManualClock]:
+def a_book_with_a_running_pod(*, processes: bool = True) -> tuple[LogBook, ManualClock]:
     clock = ManualClock()
-    book = LogBook(clock, interval_s=1.0, cap_bytes=1 << 20)
+    book = LogBook(clock, interval_s=1.0, cap_bytes=1 << 20, processes=processes)
     book.observe(Change(1, EventType.ADDED, PODS, a_pod({"running": {}}), None))
     return book, clock
 
@@ -66,9 +66,9 @@ def test_a_deleted_pods_process_lines_read_after_the_deletion_are_kept_until_dra
 
 
 def test_a_simulated_run_ends_at_its_pods_deletion() -> None:
-    book, _ = a_book_with_a_running_pod()
+    book, _ = a_book_with_a_running_pod(processes=False)
     (run,) = book.runs(UID, "main")
-    deleted(book)  # no process printed: nothing to wait for
+    deleted(book)  # no process: nothing to wait for
     assert run.ended_wall_s is not None
     assert not run.draining
     assert book.runs(UID, "main") == []
@@ -103,3 +103,20 @@ def test_a_status_end_seen_before_the_pipe_is_read_waits_for_its_last_lines() ->
     assert run.reason == "Completed"
     lines = texts(book, clock)
     assert lines.index("allreduce rank=3") < lines.index("[sim] exited with code 0 (Completed)")
+
+
+def test_a_process_that_printed_nothing_before_its_end_was_seen_keeps_its_lines() -> None:
+    # A jax worker prints nothing before its all-reduce line: the fresh clone's pod showed simulated
+    # progress lines and lost that line, its run taken for a simulated one and ended at the status.
+    book, clock = a_book_with_a_running_pod()
+    assert texts(book, clock)[-1].startswith("[sim] command:")  # no simulated progress lines
+    book.observe(
+        Change(
+            2, EventType.MODIFIED, PODS, a_pod({"terminated": {"exitCode": 0, "reason": "Completed"}}), None
+        )
+    )
+    (run,) = book.runs(UID, "main")
+    assert run.ended_wall_s is None
+    book.append(UID, "main", "allreduce rank=3")
+    book.drained(UID)
+    assert texts(book, clock)[-2:] == ["allreduce rank=3", "[sim] exited with code 0 (Completed)"]
